@@ -1,0 +1,104 @@
+-- campaignctl schema, version 1.
+-- Postgres is the source of truth for who was planned, sent and skipped; Redis only holds claims,
+-- buckets, counters and queues, and can be rebuilt from these tables.
+
+CREATE TABLE campaigns (
+    id            bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    name          text        NOT NULL UNIQUE,
+    channel       text        NOT NULL CHECK (channel IN ('sms', 'email', 'push')),
+    state         text        NOT NULL CHECK (state IN ('planning', 'scheduled', 'running', 'paused',
+                                                        'completed', 'cancelled', 'failed')),
+    message       text        NOT NULL,
+    subject       text        NOT NULL DEFAULT '',
+    code_pool     text,
+    rate          double precision NOT NULL DEFAULT 0,
+    audience_sql  text        NOT NULL,
+    audience      bigint      NOT NULL DEFAULT 0,
+    eligible      bigint      NOT NULL DEFAULT 0,
+    excluded      jsonb       NOT NULL DEFAULT '{}'::jsonb,
+    batch_size    integer     NOT NULL,
+    batches       integer     NOT NULL DEFAULT 0,
+    created_at    timestamptz NOT NULL DEFAULT now(),
+    started_at    timestamptz,
+    finished_at   timestamptz
+);
+
+-- One row per planned recipient. The primary key (campaign_id, user_id) is what makes a second plan of the
+-- same person impossible; status moves pending -> sent | failed | skipped | unknown and never back, except
+-- unknown -> pending on an explicit resend.
+CREATE TABLE campaign_recipients (
+    campaign_id          bigint      NOT NULL REFERENCES campaigns (id) ON DELETE CASCADE,
+    user_id              text        NOT NULL,
+    address              text        NOT NULL,
+    vars                 jsonb       NOT NULL DEFAULT '{}'::jsonb,
+    code                 text,
+    batch                integer     NOT NULL,
+    status               text        NOT NULL DEFAULT 'pending'
+                                     CHECK (status IN ('pending', 'sent', 'failed', 'skipped', 'unknown')),
+    reason               text,
+    attempts             integer     NOT NULL DEFAULT 0,
+    last_error           text,
+    provider_message_id  text,
+    segments             integer,
+    created_at           timestamptz NOT NULL DEFAULT now(),
+    updated_at           timestamptz NOT NULL DEFAULT now(),
+    sent_at              timestamptz,
+    PRIMARY KEY (campaign_id, user_id)
+);
+
+CREATE INDEX campaign_recipients_batch ON campaign_recipients (campaign_id, batch);
+CREATE INDEX campaign_recipients_pending ON campaign_recipients (campaign_id) WHERE status = 'pending';
+
+CREATE TABLE campaign_batches (
+    campaign_id  bigint      NOT NULL REFERENCES campaigns (id) ON DELETE CASCADE,
+    batch        integer     NOT NULL,
+    size         integer     NOT NULL,
+    enqueued_at  timestamptz,
+    PRIMARY KEY (campaign_id, batch)
+);
+
+CREATE TABLE code_pools (
+    name        text        PRIMARY KEY,
+    created_at  timestamptz NOT NULL DEFAULT now()
+);
+
+-- A code is unique across every pool, and once reserved for (campaign, user) it stays with that recipient
+-- across retries. Codes of recipients that were never sent are released (campaign_id back to NULL).
+CREATE TABLE promo_codes (
+    id           bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    pool         text        NOT NULL REFERENCES code_pools (name),
+    code         text        NOT NULL UNIQUE,
+    campaign_id  bigint      REFERENCES campaigns (id),
+    user_id      text,
+    reserved_at  timestamptz,
+    CHECK ((campaign_id IS NULL) = (user_id IS NULL))
+);
+
+CREATE INDEX promo_codes_free ON promo_codes (pool, id) WHERE campaign_id IS NULL;
+CREATE UNIQUE INDEX promo_codes_holder ON promo_codes (campaign_id, user_id) WHERE campaign_id IS NOT NULL;
+
+-- İYS consents, keyed as İYS keys them: (recipient, type, recipient_type). Recipients are canonical:
+-- phones in E.164 (+905XXXXXXXXX), e-mails lower-case.
+CREATE TABLE iys_consents (
+    recipient       text        NOT NULL,
+    type            text        NOT NULL CHECK (type IN ('MESAJ', 'EPOSTA', 'ARAMA')),
+    recipient_type  text        NOT NULL CHECK (recipient_type IN ('BIREYSEL', 'TACIR')),
+    status          text        NOT NULL CHECK (status IN ('ONAY', 'RET')),
+    source          text        NOT NULL DEFAULT '',
+    consent_date    timestamptz NOT NULL,
+    updated_at      timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (recipient, type, recipient_type)
+);
+
+-- Append-only audit of every provider outcome and every send-time block.
+CREATE TABLE send_log (
+    id                   bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    campaign_id          bigint      NOT NULL,
+    user_id              text        NOT NULL,
+    status               text        NOT NULL,
+    reason               text,
+    provider_message_id  text,
+    at                   timestamptz NOT NULL DEFAULT now()
+);
+
+CREATE INDEX send_log_campaign ON send_log (campaign_id, user_id);

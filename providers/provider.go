@@ -1,0 +1,129 @@
+// Package providers defines the one interface every delivery provider (Twilio, SendGrid, push, webhook)
+// implements, and the typed error that tells the engine whether a failed call may be retried, must not be,
+// or left the message in an unknown state.
+//
+// Providers never import the campaign or worker packages: they take a Message and return a Result.
+package providers
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+)
+
+// Message is one message to one recipient.
+type Message struct {
+	// To is the canonical address: E.164 phone for SMS, lower-case e-mail, push token.
+	To string
+	// Subject is the e-mail subject; other channels ignore it.
+	Subject string
+	// Body is the rendered message text.
+	Body string
+	// CampaignID and UserID travel to the provider as metadata where it supports that (never PII).
+	CampaignID int64
+	UserID     string
+}
+
+// Result is what a provider answered for an accepted message.
+type Result struct {
+	// MessageID is the provider's identifier (Twilio SID, SendGrid X-Message-Id).
+	MessageID string
+	// Segments is the number of SMS segments the provider counted (0 when unknown or not SMS).
+	Segments int
+}
+
+// Provider sends messages. Implementations are safe for concurrent use.
+type Provider interface {
+	// Name is a short stable name ("twilio", "sendgrid") used in keys, logs and metrics.
+	Name() string
+	// Send delivers one message. A non-nil error is a *Error unless the context was cancelled before the
+	// request was written.
+	Send(ctx context.Context, m Message) (Result, error)
+}
+
+// Class says what a failed provider call means for the recipient.
+type Class int
+
+const (
+	// Transient means the provider definitely did not accept the message (429, 5xx, connection refused
+	// before the request was written): it is safe to send again later.
+	Transient Class = iota
+	// Permanent means the provider refused this message for good (invalid number, opted out, bad
+	// credentials): it must not be retried.
+	Permanent
+	// Ambiguous means the request was written but no answer arrived (timeout, connection reset): the
+	// provider may or may not have accepted it, so a resend risks a double send.
+	Ambiguous
+)
+
+func (c Class) String() string {
+	switch c {
+	case Transient:
+		return "transient"
+	case Permanent:
+		return "permanent"
+	case Ambiguous:
+		return "ambiguous"
+	}
+	return fmt.Sprintf("class(%d)", int(c))
+}
+
+// Error is a failed provider call. Read it with errors.As.
+type Error struct {
+	Provider string
+	// Status is the HTTP status, 0 when no response arrived.
+	Status int
+	// Code is the provider's own error code (Twilio 21211, 20429), 0 when none.
+	Code int
+	// Message is the provider's error text, free of credentials and of the recipient's address.
+	Message string
+	// RetryAfter is the provider's retry hint (Retry-After, X-RateLimit-Reset), 0 when none.
+	RetryAfter time.Duration
+	Class      Class
+	// Err is the underlying transport error, if any.
+	Err error
+}
+
+func (e *Error) Error() string {
+	s := e.Provider + ": "
+	if e.Status != 0 {
+		s += fmt.Sprintf("http %d", e.Status)
+	}
+	if e.Code != 0 {
+		s += fmt.Sprintf(" code %d", e.Code)
+	}
+	if e.Message != "" {
+		s += ": " + e.Message
+	}
+	if e.Err != nil {
+		s += ": " + e.Err.Error()
+	}
+	return s + " (" + e.Class.String() + ")"
+}
+
+func (e *Error) Unwrap() error { return e.Err }
+
+// Reason is the short text stored with a failed or unknown recipient, e.g. "twilio 21211: invalid To".
+func (e *Error) Reason() string {
+	if e.Code != 0 {
+		return fmt.Sprintf("%s %d: %s", e.Provider, e.Code, e.Message)
+	}
+	if e.Status != 0 {
+		return fmt.Sprintf("%s http %d: %s", e.Provider, e.Status, e.Message)
+	}
+	if e.Err != nil {
+		return fmt.Sprintf("%s: %s", e.Provider, e.Err.Error())
+	}
+	return e.Provider + ": " + e.Message
+}
+
+// ClassOf returns the class of err: the Class of a *Error, Transient for anything else (a context
+// cancelled before the request was written sent nothing).
+func ClassOf(err error) Class {
+	var pe *Error
+	if errors.As(err, &pe) {
+		return pe.Class
+	}
+	return Transient
+}
