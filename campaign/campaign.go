@@ -1,0 +1,144 @@
+package campaign
+
+import (
+	"errors"
+	"fmt"
+	"time"
+)
+
+// State is where a campaign is in its lifecycle.
+type State string
+
+// Campaign states.
+const (
+	StatePlanning  State = "planning"
+	StateScheduled State = "scheduled"
+	StateRunning   State = "running"
+	StatePaused    State = "paused"
+	StateCompleted State = "completed"
+	StateCancelled State = "cancelled"
+	StateFailed    State = "failed"
+)
+
+// Channel is how messages travel.
+type Channel string
+
+// Channels.
+const (
+	ChannelSMS   Channel = "sms"
+	ChannelEmail Channel = "email"
+	ChannelPush  Channel = "push"
+)
+
+// AddressColumn is the audience column that carries the channel's address.
+func (c Channel) AddressColumn() string {
+	switch c {
+	case ChannelEmail:
+		return "email"
+	case ChannelPush:
+		return "push_token"
+	}
+	return "phone"
+}
+
+// IYSType is the İYS consent type that governs the channel ("" for push, which has no İYS channel).
+func (c Channel) IYSType() string {
+	switch c {
+	case ChannelSMS:
+		return "MESAJ"
+	case ChannelEmail:
+		return "EPOSTA"
+	}
+	return ""
+}
+
+// ParseChannel validates a channel name.
+func ParseChannel(s string) (Channel, error) {
+	switch Channel(s) {
+	case ChannelSMS:
+		return ChannelSMS, nil
+	case ChannelEmail, ChannelPush:
+		return "", fmt.Errorf("%w: channel %q is not available in this version; use --channel sms", ErrInvalid, s)
+	}
+	return "", fmt.Errorf("%w: unknown channel %q; use --channel sms, email or push", ErrInvalid, s)
+}
+
+// Recipient statuses.
+const (
+	StatusPending = "pending"
+	StatusSent    = "sent"
+	StatusFailed  = "failed"
+	StatusSkipped = "skipped"
+	StatusUnknown = "unknown"
+)
+
+// Exclusion and skip reasons, as stored and reported.
+const (
+	ReasonMissingUser      = "missing_user_id"
+	ReasonDuplicateUser    = "duplicate_user"
+	ReasonInvalidAddress   = "invalid_address"
+	ReasonDuplicateAddress = "duplicate_address"
+	ReasonNoConsent        = "no_consent"
+	ReasonConsentRET       = "consent_ret"
+	ReasonRevoked          = "revoked"
+	ReasonCancelled        = "cancelled"
+)
+
+// DefaultBatchSize is how many recipients one queued task carries.
+const DefaultBatchSize = 500
+
+// Campaign is one campaign row.
+type Campaign struct {
+	ID          int64
+	Name        string
+	Channel     Channel
+	State       State
+	Message     string
+	Subject     string
+	CodePool    string
+	Rate        float64
+	AudienceSQL string
+	Audience    int64
+	Eligible    int64
+	Excluded    map[string]int64
+	BatchSize   int
+	Batches     int
+	CreatedAt   time.Time
+	StartedAt   *time.Time
+	FinishedAt  *time.Time
+}
+
+// Counts is how many planned recipients are in each status.
+type Counts struct {
+	Planned int64 `json:"planned"`
+	Pending int64 `json:"pending"`
+	Sent    int64 `json:"sent"`
+	Failed  int64 `json:"failed"`
+	Skipped int64 `json:"skipped"`
+	Unknown int64 `json:"unknown"`
+}
+
+// Errors callers branch on.
+var (
+	// ErrNotFound: no campaign with that ID.
+	ErrNotFound = errors.New("campaign not found")
+	// ErrNameTaken: a campaign with that name exists already.
+	ErrNameTaken = errors.New("campaign name already used")
+	// ErrInvalid: the launch request is wrong (bad flag, template, audience query); nothing was written.
+	ErrInvalid = errors.New("invalid campaign")
+	// ErrPoolShort: the code pool has fewer free codes than eligible recipients; nothing was written.
+	ErrPoolShort = errors.New("not enough free promo codes")
+)
+
+// PoolShortError tells how many codes are missing.
+type PoolShortError struct {
+	Pool         string
+	Needed, Free int64
+}
+
+func (e *PoolShortError) Error() string {
+	return fmt.Sprintf("code pool %q has %d free codes but %d recipients are eligible: %d codes missing; add them with `campaignctl codes generate --pool %s --count %d`",
+		e.Pool, e.Free, e.Needed, e.Needed-e.Free, e.Pool, e.Needed-e.Free)
+}
+
+func (e *PoolShortError) Is(target error) bool { return target == ErrPoolShort }

@@ -1,0 +1,133 @@
+package campaign
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"regexp"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// Spec is a launch request, as the marketer gave it.
+type Spec struct {
+	Name        string
+	Channel     Channel
+	AudienceSQL string
+	Message     string
+	Subject     string
+	// CodePool is the pool to reserve one code per recipient from; "" plans without codes.
+	CodePool string
+	// Rate caps this campaign in messages per second over all workers; 0 means only the provider's cap.
+	Rate float64
+	// ProviderRate is the provider's cap in messages per second (0 = none); used for the ETA only.
+	ProviderRate float64
+	// BatchSize is recipients per queued task; 0 means DefaultBatchSize.
+	BatchSize int
+	// DryRun computes the full report inside a transaction that is rolled back: same numbers, nothing written.
+	DryRun bool
+	// StatementTimeout bounds the audience query; 0 means 5 minutes.
+	StatementTimeout time.Duration
+}
+
+// Report is what a launch found and did. It is printed for the marketer and, with --json, for programs.
+type Report struct {
+	ID                 int64            `json:"id,omitempty"`
+	Name               string           `json:"name"`
+	Channel            Channel          `json:"channel"`
+	State              State            `json:"state,omitempty"`
+	DryRun             bool             `json:"dry_run"`
+	Audience           int64            `json:"audience"`
+	Eligible           int64            `json:"eligible"`
+	Excluded           map[string]int64 `json:"excluded"`
+	CodePool           string           `json:"code_pool,omitempty"`
+	CodesNeeded        int64            `json:"codes_needed"`
+	CodesFree          int64            `json:"codes_free"`
+	Batches            int              `json:"batches"`
+	SampleMessage      string           `json:"sample_message,omitempty"`
+	Encoding           string           `json:"encoding,omitempty"`
+	SegmentsPerMessage int              `json:"segments_per_message,omitempty"`
+	Rate               float64          `json:"rate"`
+	ETASeconds         float64          `json:"eta_seconds"`
+	Enqueued           int              `json:"enqueued"`
+}
+
+var nameRE = regexp.MustCompile(`^[\p{L}\p{N}][\p{L}\p{N} ._:/-]{0,127}$`)
+
+// Validate checks the request without touching any database.
+func (s *Spec) Validate() error {
+	if !nameRE.MatchString(s.Name) {
+		return fmt.Errorf("%w: --name %q must be 1-128 letters, digits, spaces or ._:/- and start with a letter or digit", ErrInvalid, s.Name)
+	}
+	if _, err := ParseChannel(string(s.Channel)); err != nil {
+		return err
+	}
+	if strings.TrimSpace(s.AudienceSQL) == "" {
+		return fmt.Errorf("%w: the audience query is empty; put one SELECT returning user_id and %s in the --audience file", ErrInvalid, s.Channel.AddressColumn())
+	}
+	if s.Rate < 0 || math.IsNaN(s.Rate) || math.IsInf(s.Rate, 0) {
+		return fmt.Errorf("%w: --rate %v must be a positive number of messages per second (or 0 for the provider's cap)", ErrInvalid, s.Rate)
+	}
+	if s.BatchSize < 0 || s.BatchSize > 10000 {
+		return fmt.Errorf("%w: batch size %d must be between 1 and 10000", ErrInvalid, s.BatchSize)
+	}
+	if _, err := ParseTemplate(s.Message); err != nil {
+		return err
+	}
+	return nil
+}
+
+// EffectiveRate is the rate the campaign will actually send at: the lower of its own cap and the
+// provider's, 0 when neither caps it.
+func EffectiveRate(campaignRate, providerRate float64) float64 {
+	switch {
+	case campaignRate > 0 && providerRate > 0:
+		return math.Min(campaignRate, providerRate)
+	case campaignRate > 0:
+		return campaignRate
+	}
+	return providerRate
+}
+
+// BatchCount is the number of batches n recipients make at size per batch.
+func BatchCount(n int64, size int) int {
+	if n <= 0 {
+		return 0
+	}
+	return int((n + int64(size) - 1) / int64(size))
+}
+
+// Planner plans campaigns: Engine is the campaignctl database, Audience the one the audience query runs on
+// (often the same).
+type Planner struct {
+	Engine   *pgxpool.Pool
+	Audience *pgxpool.Pool
+}
+
+// Plan validates spec, plans the campaign and commits it in state running, or, on a dry run, computes the
+// same report and rolls back. On error nothing is written; the returned report holds whatever was counted
+// before the error (so a dry run can still show, say, how many codes are missing).
+func (p *Planner) Plan(ctx context.Context, spec Spec) (Report, error) {
+	if spec.BatchSize == 0 {
+		spec.BatchSize = DefaultBatchSize
+	}
+	if spec.StatementTimeout == 0 {
+		spec.StatementTimeout = 5 * time.Minute
+	}
+	rep := Report{Name: spec.Name, Channel: spec.Channel, DryRun: spec.DryRun, CodePool: spec.CodePool, Excluded: map[string]int64{}}
+	if err := spec.Validate(); err != nil {
+		return rep, err
+	}
+	tmpl, _ := ParseTemplate(spec.Message)
+	if err := p.plan(ctx, spec, tmpl, &rep); err != nil {
+		return rep, err
+	}
+	rep.Batches = BatchCount(rep.Eligible, spec.BatchSize)
+	rep.Rate = EffectiveRate(spec.Rate, spec.ProviderRate)
+	if rep.Rate > 0 {
+		rep.ETASeconds = math.Ceil(float64(rep.Eligible) / rep.Rate)
+	}
+	return rep, nil
+}

@@ -1,0 +1,245 @@
+package campaign_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/campaignctl/campaignctl/campaign"
+	"github.com/campaignctl/campaignctl/internal/testdb"
+)
+
+// seedAudience builds a hand-computed audience: 10 rows, 2 eligible, every exclusion reason once
+// (no_consent three times: no row, TACIR only, EPOSTA only).
+func seedAudience(t *testing.T, db *pgxpool.Pool, codes int) {
+	t.Helper()
+	ctx := context.Background()
+	mustExec(t, db, `CREATE TABLE aud (ord int, user_id text, phone text, first_name text)`)
+	mustExec(t, db, `INSERT INTO aud VALUES
+		(1, 'u1', '+905321111111', 'Ayşe'),
+		(2, 'u2', '05321111112', 'Ali'),
+		(3, 'u3', '+905321111113', 'Can'),
+		(4, 'u4', '+905321111114', 'Deniz'),
+		(5, 'u5', '12345', 'Ece'),
+		(6, 'u1', '+905329999999', 'Ayşe'),
+		(7, 'u6', '0532 111 11 11', 'Fatma'),
+		(8, NULL, '+905321111118', 'Gül'),
+		(9, 'u7', '+905321111117', 'Hakan'),
+		(10, 'u8', '+905321111119', 'İpek')`)
+	mustExec(t, db, `INSERT INTO iys_consents (recipient, type, recipient_type, status, source, consent_date) VALUES
+		('+905321111111', 'MESAJ', 'BIREYSEL', 'ONAY', 'HS_WEB', now()),
+		('+905321111112', 'MESAJ', 'BIREYSEL', 'ONAY', 'HS_WEB', now()),
+		('+905321111113', 'MESAJ', 'BIREYSEL', 'RET', 'IYS_KISAMESAJ', now()),
+		('+905321111117', 'MESAJ', 'TACIR', 'ONAY', 'HS_WEB', now()),
+		('+905321111119', 'EPOSTA', 'BIREYSEL', 'ONAY', 'HS_WEB', now()),
+		('+905321111118', 'MESAJ', 'BIREYSEL', 'ONAY', 'HS_WEB', now())`)
+	mustExec(t, db, `INSERT INTO code_pools (name) VALUES ('p')`)
+	for i := 0; i < codes; i++ {
+		if _, err := db.Exec(ctx, `INSERT INTO promo_codes (pool, code) VALUES ('p', 'CODE' || $1::int)`, i); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+func mustExec(t *testing.T, db *pgxpool.Pool, sql string, args ...any) {
+	t.Helper()
+	if _, err := db.Exec(context.Background(), sql, args...); err != nil {
+		t.Fatalf("%s: %v", sql, err)
+	}
+}
+
+func spec(name string) campaign.Spec {
+	return campaign.Spec{
+		Name: name, Channel: campaign.ChannelSMS, CodePool: "p",
+		AudienceSQL: `SELECT user_id, phone, first_name FROM aud ORDER BY ord`,
+		Message:     `Merhaba {{.first_name}}, kodunuz {{.code}}`,
+		BatchSize:   1, ProviderRate: 2,
+	}
+}
+
+func count(t *testing.T, db *pgxpool.Pool, sql string, args ...any) int64 {
+	t.Helper()
+	var n int64
+	if err := db.QueryRow(context.Background(), sql, args...).Scan(&n); err != nil {
+		t.Fatalf("%s: %v", sql, err)
+	}
+	return n
+}
+
+func TestPlanExclusionsAgainstHandComputedAudience(t *testing.T) {
+	t.Parallel()
+	db, _ := testdb.New(t)
+	seedAudience(t, db, 3)
+	p := &campaign.Planner{Engine: db, Audience: db}
+
+	rep, err := p.Plan(context.Background(), spec("summer"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantExcluded := map[string]int64{
+		campaign.ReasonDuplicateUser:    1,
+		campaign.ReasonInvalidAddress:   1,
+		campaign.ReasonDuplicateAddress: 1,
+		campaign.ReasonMissingUser:      1,
+		campaign.ReasonConsentRET:       1,
+		campaign.ReasonNoConsent:        3,
+	}
+	if diff := cmp.Diff(wantExcluded, rep.Excluded); diff != "" {
+		t.Errorf("excluded (-want +got):\n%s", diff)
+	}
+	if rep.Audience != 10 || rep.Eligible != 2 || rep.Batches != 2 || rep.CodesNeeded != 2 || rep.CodesFree != 3 {
+		t.Errorf("report = %+v; want audience 10, eligible 2, batches 2, codes 2 of 3", rep)
+	}
+	if rep.SampleMessage != "Merhaba Ayşe, kodunuz CODE0" {
+		t.Errorf("sample message %q", rep.SampleMessage)
+	}
+	if rep.Encoding != "UCS-2" || rep.SegmentsPerMessage != 1 {
+		t.Errorf("encoding %s/%d, want UCS-2/1 (ş forces UCS-2)", rep.Encoding, rep.SegmentsPerMessage)
+	}
+	if rep.ETASeconds != 1 {
+		t.Errorf("ETA %v s, want 1 (2 recipients at 2/s)", rep.ETASeconds)
+	}
+
+	// Exactly the two eligible users are planned, each once, each with its own reserved code.
+	rows, err := db.Query(context.Background(), `SELECT r.user_id, r.address, r.code, r.batch FROM campaign_recipients r
+		JOIN promo_codes c ON c.code = r.code AND c.campaign_id = r.campaign_id AND c.user_id = r.user_id
+		WHERE r.campaign_id = $1 ORDER BY r.user_id`, rep.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	type planned struct {
+		User, Address, Code string
+		Batch              int
+	}
+	var got []planned
+	for rows.Next() {
+		var p planned
+		if err := rows.Scan(&p.User, &p.Address, &p.Code, &p.Batch); err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, p)
+	}
+	want := []planned{{"u1", "+905321111111", "CODE0", 0}, {"u2", "+905321111112", "CODE1", 1}}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("planned recipients (-want +got):\n%s", diff)
+	}
+	if n := count(t, db, `SELECT count(*) FROM promo_codes WHERE campaign_id IS NULL`); n != 1 {
+		t.Errorf("%d free codes left, want 1", n)
+	}
+	if n := count(t, db, `SELECT count(*) FROM campaign_batches WHERE campaign_id = $1`, rep.ID); n != 2 {
+		t.Errorf("%d batches, want 2", n)
+	}
+	c, err := campaign.NewStore(db).Get(context.Background(), rep.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.State != campaign.StateRunning || c.Eligible != 2 || c.Audience != 10 {
+		t.Errorf("campaign row %+v", c)
+	}
+
+	// The same name again is refused, and nothing more is planned.
+	_, err = p.Plan(context.Background(), spec("summer"))
+	if !errors.Is(err, campaign.ErrNameTaken) {
+		t.Fatalf("second launch with the same name: err = %v, want ErrNameTaken", err)
+	}
+	if n := count(t, db, `SELECT count(*) FROM campaign_recipients`); n != 2 {
+		t.Errorf("%d recipients after refused relaunch, want 2", n)
+	}
+}
+
+func TestDryRunWritesNothing(t *testing.T) {
+	t.Parallel()
+	db, _ := testdb.New(t)
+	seedAudience(t, db, 2)
+	p := &campaign.Planner{Engine: db, Audience: db}
+	s := spec("dry")
+	s.DryRun = true
+	dry, err := p.Plan(context.Background(), s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if dry.ID != 0 || dry.Eligible != 2 || dry.Audience != 10 || dry.SampleMessage == "" {
+		t.Errorf("dry run report %+v", dry)
+	}
+	for _, table := range []string{"campaigns", "campaign_recipients", "campaign_batches"} {
+		if n := count(t, db, `SELECT count(*) FROM `+table); n != 0 {
+			t.Errorf("dry run left %d rows in %s", n, table)
+		}
+	}
+	if n := count(t, db, `SELECT count(*) FROM promo_codes WHERE campaign_id IS NULL`); n != 2 {
+		t.Errorf("dry run reserved codes: %d free, want 2", n)
+	}
+	// The real launch reports the same numbers.
+	s.DryRun = false
+	real, err := p.Plan(context.Background(), s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	opts := cmp.Options{cmpIgnore("ID", "DryRun", "State")}
+	if diff := cmp.Diff(dry, real, opts); diff != "" {
+		t.Errorf("dry run and launch differ (-dry +launch):\n%s", diff)
+	}
+}
+
+func cmpIgnore(fields ...string) cmp.Option {
+	return cmp.FilterPath(func(p cmp.Path) bool {
+		for _, f := range fields {
+			if p.Last().String() == "."+f {
+				return true
+			}
+		}
+		return false
+	}, cmp.Ignore())
+}
+
+func TestPlanRefusals(t *testing.T) {
+	t.Parallel()
+	db, _ := testdb.New(t)
+	seedAudience(t, db, 1)
+	p := &campaign.Planner{Engine: db, Audience: db}
+
+	tests := []struct {
+		name   string
+		edit   func(*campaign.Spec)
+		target error
+		says   []string
+	}{
+		{"pool short", func(s *campaign.Spec) {}, campaign.ErrPoolShort, []string{"1 codes missing", "codes generate --pool p --count 1"}},
+		{"unknown pool", func(s *campaign.Spec) { s.CodePool = "nope" }, campaign.ErrInvalid, []string{`code pool "nope" does not exist`}},
+		{"missing template variable", func(s *campaign.Spec) { s.Message = "Hi {{.nickname}} {{.code}}" }, campaign.ErrInvalid, []string{"{{.nickname}}", "first_name"}},
+		{"no phone column", func(s *campaign.Spec) { s.AudienceSQL = "SELECT user_id, first_name FROM aud" }, campaign.ErrInvalid, []string{"no phone column"}},
+		{"no user_id column", func(s *campaign.Spec) { s.AudienceSQL = "SELECT phone FROM aud" }, campaign.ErrInvalid, []string{"no user_id column"}},
+		{"audience writes", func(s *campaign.Spec) {
+			s.AudienceSQL = "WITH d AS (DELETE FROM aud RETURNING *) SELECT user_id, phone, first_name FROM d"
+		}, campaign.ErrInvalid, []string{"read-only"}},
+		{"audience syntax", func(s *campaign.Spec) { s.AudienceSQL = "SELEC user_id FROM aud" }, campaign.ErrInvalid, []string{"audience query failed"}},
+		{"two statements", func(s *campaign.Spec) { s.AudienceSQL = "SELECT 1; SELECT 2" }, campaign.ErrInvalid, []string{"more than one statement"}},
+		{"unknown channel", func(s *campaign.Spec) { s.Channel = "fax" }, campaign.ErrInvalid, []string{`unknown channel "fax"`}},
+		{"bad template", func(s *campaign.Spec) { s.Message = "Hi {{.first_name" }, campaign.ErrInvalid, []string{"does not parse"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			s := spec("refused " + tt.name)
+			tt.edit(&s)
+			_, err := p.Plan(context.Background(), s)
+			if !errors.Is(err, tt.target) {
+				t.Fatalf("err = %v, want %v", err, tt.target)
+			}
+			for _, w := range tt.says {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("error %q does not say %q", err, w)
+				}
+			}
+		})
+	}
+	if n := count(t, db, `SELECT count(*) FROM campaigns`); n != 0 {
+		t.Errorf("refused launches left %d campaigns", n)
+	}
+	if n := count(t, db, `SELECT count(*) FROM aud`); n != 10 {
+		t.Errorf("the audience table lost rows: %d", n)
+	}
+}

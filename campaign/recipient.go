@@ -1,0 +1,42 @@
+package campaign
+
+import (
+	"bytes"
+	"encoding/json"
+)
+
+// Recipient is one planned recipient as the worker needs it.
+type Recipient struct {
+	UserID  string
+	Address string
+	// Vars is the JSON object of the audience columns other than user_id and the address.
+	Vars []byte
+	Code string
+	// Consent is false when the recipient's consent is no longer ONAY at send time.
+	Consent bool
+}
+
+// TemplateData is the map a message template runs over: the audience columns, the address column under
+// its channel's name, user_id, code and campaign.
+func (r *Recipient) TemplateData(ch Channel, campaignName string) map[string]any {
+	data := map[string]any{}
+	if len(r.Vars) > 0 {
+		dec := json.NewDecoder(bytes.NewReader(r.Vars))
+		dec.UseNumber() // 1234567 stays 1234567, not 1.234567e+06
+		dec.Decode(&data) //nolint:errcheck // written by the planner from a map; cannot be malformed
+	}
+	data["user_id"] = r.UserID
+	data[ch.AddressColumn()] = r.Address
+	data["code"] = r.Code
+	data["campaign"] = campaignName
+	return data
+}
+
+// Outcome is what happened to one recipient in a batch run.
+type Outcome struct {
+	UserID    string
+	Status    string
+	Reason    string
+	MessageID string
+	Segments  int
+}

@@ -1,0 +1,221 @@
+package campaign
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// Store reads and writes campaigns and their recipients. It is safe for concurrent use.
+type Store struct {
+	pool *pgxpool.Pool
+}
+
+// NewStore returns a Store on pool.
+func NewStore(pool *pgxpool.Pool) *Store { return &Store{pool: pool} }
+
+const campaignColumns = `id, name, channel, state, message, subject, coalesce(code_pool, ''), rate, audience_sql,
+	audience, eligible, excluded, batch_size, batches, created_at, started_at, finished_at`
+
+func scanCampaign(row pgx.Row) (*Campaign, error) {
+	var c Campaign
+	var excluded []byte
+	err := row.Scan(&c.ID, &c.Name, &c.Channel, &c.State, &c.Message, &c.Subject, &c.CodePool, &c.Rate, &c.AudienceSQL,
+		&c.Audience, &c.Eligible, &excluded, &c.BatchSize, &c.Batches, &c.CreatedAt, &c.StartedAt, &c.FinishedAt)
+	if err != nil {
+		return nil, err
+	}
+	c.Excluded = map[string]int64{}
+	if err := json.Unmarshal(excluded, &c.Excluded); err != nil {
+		return nil, fmt.Errorf("campaign %d: excluded: %w", c.ID, err)
+	}
+	return &c, nil
+}
+
+// Get returns the campaign with id, or ErrNotFound.
+func (s *Store) Get(ctx context.Context, id int64) (*Campaign, error) {
+	c, err := scanCampaign(s.pool.QueryRow(ctx, `SELECT `+campaignColumns+` FROM campaigns WHERE id = $1`, id))
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, fmt.Errorf("%w: no campaign has id %d (campaignctl status lists them)", ErrNotFound, id)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("get campaign %d: %w", id, err)
+	}
+	return c, nil
+}
+
+// List returns every campaign, newest first.
+func (s *Store) List(ctx context.Context) ([]*Campaign, error) {
+	rows, err := s.pool.Query(ctx, `SELECT `+campaignColumns+` FROM campaigns ORDER BY id DESC`)
+	if err != nil {
+		return nil, fmt.Errorf("list campaigns: %w", err)
+	}
+	defer rows.Close()
+	var out []*Campaign
+	for rows.Next() {
+		c, err := scanCampaign(rows)
+		if err != nil {
+			return nil, fmt.Errorf("list campaigns: %w", err)
+		}
+		out = append(out, c)
+	}
+	return out, rows.Err()
+}
+
+// Counts returns how many of the campaign's recipients are in each status.
+func (s *Store) Counts(ctx context.Context, id int64) (Counts, error) {
+	var c Counts
+	rows, err := s.pool.Query(ctx, `SELECT status, count(*) FROM campaign_recipients WHERE campaign_id = $1 GROUP BY status`, id)
+	if err != nil {
+		return c, fmt.Errorf("count recipients: %w", err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var st string
+		var n int64
+		if err := rows.Scan(&st, &n); err != nil {
+			return c, fmt.Errorf("count recipients: %w", err)
+		}
+		c.Planned += n
+		switch st {
+		case StatusPending:
+			c.Pending = n
+		case StatusSent:
+			c.Sent = n
+		case StatusFailed:
+			c.Failed = n
+		case StatusSkipped:
+			c.Skipped = n
+		case StatusUnknown:
+			c.Unknown = n
+		}
+	}
+	return c, rows.Err()
+}
+
+// PendingBatches returns the batches of campaign id that still have pending recipients; with
+// onlyNotEnqueued, only those never enqueued.
+func (s *Store) PendingBatches(ctx context.Context, id int64, onlyNotEnqueued bool) ([]int, error) {
+	rows, err := s.pool.Query(ctx, `SELECT b.batch FROM campaign_batches b
+		WHERE b.campaign_id = $1 AND (NOT $2 OR b.enqueued_at IS NULL)
+		  AND EXISTS (SELECT 1 FROM campaign_recipients r WHERE r.campaign_id = b.campaign_id AND r.batch = b.batch AND r.status = 'pending')
+		ORDER BY b.batch`, id, onlyNotEnqueued)
+	if err != nil {
+		return nil, fmt.Errorf("pending batches: %w", err)
+	}
+	batches, err := pgx.CollectRows(rows, pgx.RowTo[int])
+	if err != nil {
+		return nil, fmt.Errorf("pending batches: %w", err)
+	}
+	return batches, nil
+}
+
+// MarkEnqueued records that batches were handed to the queue.
+func (s *Store) MarkEnqueued(ctx context.Context, id int64, batches []int) error {
+	_, err := s.pool.Exec(ctx, `UPDATE campaign_batches SET enqueued_at = now()
+		WHERE campaign_id = $1 AND batch = ANY($2) AND enqueued_at IS NULL`, id, batches)
+	if err != nil {
+		return fmt.Errorf("mark enqueued: %w", err)
+	}
+	return nil
+}
+
+// LoadBatch returns the still-pending recipients of one batch, with their consent as it stands now (the
+// send-time re-check: a RET recorded after launch blocks the send).
+func (s *Store) LoadBatch(ctx context.Context, c *Campaign, batch int) ([]Recipient, error) {
+	rows, err := s.pool.Query(ctx, `SELECT r.user_id, r.address, r.vars, coalesce(r.code, ''),
+			coalesce(ic.status = 'ONAY', false) OR $3 = ''
+		FROM campaign_recipients r
+		LEFT JOIN iys_consents ic ON ic.recipient = r.address AND ic.type = $3 AND ic.recipient_type = 'BIREYSEL'
+		WHERE r.campaign_id = $1 AND r.batch = $2 AND r.status = 'pending'
+		ORDER BY r.user_id`, c.ID, batch, c.Channel.IYSType())
+	if err != nil {
+		return nil, fmt.Errorf("load batch %d: %w", batch, err)
+	}
+	out, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Recipient, error) {
+		var r Recipient
+		err := row.Scan(&r.UserID, &r.Address, &r.Vars, &r.Code, &r.Consent)
+		return r, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("load batch %d: %w", batch, err)
+	}
+	return out, nil
+}
+
+// Record writes outcomes in one statement. Only recipients still pending change, so recording the same
+// outcome twice (a redelivered batch) is harmless; codes of recipients that were never sent (failed,
+// skipped) go back to the pool; every transition is appended to send_log. It returns how many recipients
+// actually moved to each status, so counters can be advanced exactly once.
+func (s *Store) Record(ctx context.Context, campaignID int64, outcomes []Outcome) (map[string]int64, error) {
+	moved := map[string]int64{}
+	if len(outcomes) == 0 {
+		return moved, nil
+	}
+	users := make([]string, len(outcomes))
+	statuses := make([]string, len(outcomes))
+	reasons := make([]string, len(outcomes))
+	ids := make([]string, len(outcomes))
+	segs := make([]int32, len(outcomes))
+	for i, o := range outcomes {
+		users[i], statuses[i], reasons[i], ids[i], segs[i] = o.UserID, o.Status, o.Reason, o.MessageID, int32(o.Segments)
+	}
+	rows, err := s.pool.Query(ctx, `
+		WITH o AS (
+			SELECT * FROM unnest($2::text[], $3::text[], $4::text[], $5::text[], $6::int[])
+				AS o(user_id, status, reason, msgid, segments)
+		), upd AS (
+			UPDATE campaign_recipients r SET
+				status = o.status,
+				reason = NULLIF(o.reason, ''),
+				last_error = CASE WHEN o.status IN ('failed', 'unknown') THEN NULLIF(o.reason, '') END,
+				provider_message_id = NULLIF(o.msgid, ''),
+				segments = NULLIF(o.segments, 0),
+				attempts = r.attempts + CASE WHEN o.status IN ('sent', 'failed', 'unknown') THEN 1 ELSE 0 END,
+				code = CASE WHEN o.status IN ('failed', 'skipped') THEN NULL ELSE r.code END,
+				sent_at = CASE WHEN o.status = 'sent' THEN now() END,
+				updated_at = now()
+			FROM o
+			WHERE r.campaign_id = $1 AND r.user_id = o.user_id AND r.status = 'pending'
+			RETURNING r.user_id, r.status, r.reason, r.provider_message_id
+		), log AS (
+			INSERT INTO send_log (campaign_id, user_id, status, reason, provider_message_id)
+			SELECT $1, user_id, status, reason, provider_message_id FROM upd
+		), released AS (
+			UPDATE promo_codes p SET campaign_id = NULL, user_id = NULL, reserved_at = NULL
+			FROM upd WHERE p.campaign_id = $1 AND p.user_id = upd.user_id AND upd.status IN ('failed', 'skipped')
+		)
+		SELECT status, count(*) FROM upd GROUP BY status`, campaignID, users, statuses, reasons, ids, segs)
+	if err != nil {
+		return nil, fmt.Errorf("record outcomes: %w", err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var st string
+		var n int64
+		if err := rows.Scan(&st, &n); err != nil {
+			return nil, fmt.Errorf("record outcomes: %w", err)
+		}
+		moved[st] = n
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("record outcomes: %w", err)
+	}
+	return moved, nil
+}
+
+// CompleteIfDone moves a running campaign to completed when none of its recipients is pending. It
+// reports whether it did.
+func (s *Store) CompleteIfDone(ctx context.Context, id int64) (bool, error) {
+	tag, err := s.pool.Exec(ctx, `UPDATE campaigns SET state = 'completed', finished_at = now()
+		WHERE id = $1 AND state = 'running'
+		  AND NOT EXISTS (SELECT 1 FROM campaign_recipients WHERE campaign_id = $1 AND status = 'pending')`, id)
+	if err != nil {
+		return false, fmt.Errorf("complete campaign %d: %w", id, err)
+	}
+	return tag.RowsAffected() == 1, nil
+}

@@ -1,0 +1,355 @@
+package campaign
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/campaignctl/campaignctl/iys"
+	"github.com/campaignctl/campaignctl/providers"
+)
+
+// plan runs the whole plan inside one engine transaction. The audience query runs in a second, read-only
+// transaction on the audience database; its rows are streamed straight into a temporary staging table with
+// COPY, so no audience is ever held in memory, and everything after that is set-based SQL.
+func (p *Planner) plan(ctx context.Context, spec Spec, tmpl *Template, rep *Report) (err error) {
+	tx, err := p.Engine.Begin(ctx)
+	if err != nil {
+		return fmt.Errorf("plan: %w", err)
+	}
+	defer func() {
+		if err != nil || spec.DryRun {
+			tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck
+		}
+	}()
+
+	var poolExists bool
+	if spec.CodePool != "" {
+		if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM code_pools WHERE name = $1)`, spec.CodePool).Scan(&poolExists); err != nil {
+			return fmt.Errorf("plan: %w", err)
+		}
+		if !poolExists {
+			return fmt.Errorf("%w: code pool %q does not exist; create it with `campaignctl codes generate --pool %s --count N`", ErrInvalid, spec.CodePool, spec.CodePool)
+		}
+	}
+
+	var id int64
+	err = tx.QueryRow(ctx, `INSERT INTO campaigns (name, channel, state, message, subject, code_pool, rate, audience_sql, batch_size)
+		VALUES ($1, $2, 'planning', $3, $4, NULLIF($5, ''), $6, $7, $8) RETURNING id`,
+		spec.Name, spec.Channel, spec.Message, spec.Subject, spec.CodePool, spec.Rate, spec.AudienceSQL, spec.BatchSize).Scan(&id)
+	if err != nil {
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) && pgErr.Code == "23505" {
+			return fmt.Errorf("%w: a campaign named %q exists already; choose another --name (campaignctl status lists them)", ErrNameTaken, spec.Name)
+		}
+		return fmt.Errorf("plan: %w", err)
+	}
+
+	if _, err := tx.Exec(ctx, `CREATE TEMP TABLE audience_stage (ord bigint, user_id text, address text, vars jsonb) ON COMMIT DROP`); err != nil {
+		return fmt.Errorf("plan: %w", err)
+	}
+	if err := p.stageAudience(ctx, tx, spec, tmpl); err != nil {
+		return err
+	}
+
+	// Each row gets one reason, checked in this order; the first row (in query order) of a user, and the
+	// first valid user of a number, is the one kept.
+	if _, err := tx.Exec(ctx, `CREATE TEMP TABLE audience_classified ON COMMIT DROP AS
+		WITH u AS (
+			SELECT s.*, row_number() OVER (PARTITION BY user_id ORDER BY ord) AS urn FROM audience_stage s
+		), a AS (
+			SELECT u.*, row_number() OVER (
+				PARTITION BY (user_id IS NOT NULL AND urn = 1 AND address IS NOT NULL), address ORDER BY ord) AS arn
+			FROM u
+		)
+		SELECT a.ord, a.user_id, a.address, a.vars,
+			CASE WHEN a.user_id IS NULL THEN '`+ReasonMissingUser+`'
+			     WHEN a.urn > 1 THEN '`+ReasonDuplicateUser+`'
+			     WHEN a.address IS NULL THEN '`+ReasonInvalidAddress+`'
+			     WHEN a.arn > 1 THEN '`+ReasonDuplicateAddress+`'
+			     WHEN c.status IS NULL THEN '`+ReasonNoConsent+`'
+			     WHEN c.status <> 'ONAY' THEN '`+ReasonConsentRET+`'
+			END AS reason
+		FROM a LEFT JOIN iys_consents c
+			ON c.recipient = a.address AND c.type = '`+spec.Channel.IYSType()+`' AND c.recipient_type = 'BIREYSEL'`); err != nil {
+		return fmt.Errorf("plan: classify audience: %w", err)
+	}
+
+	rows, err := tx.Query(ctx, `SELECT reason, count(*) FROM audience_classified GROUP BY reason`)
+	if err != nil {
+		return fmt.Errorf("plan: %w", err)
+	}
+	for rows.Next() {
+		var reason *string
+		var n int64
+		if err := rows.Scan(&reason, &n); err != nil {
+			rows.Close()
+			return fmt.Errorf("plan: %w", err)
+		}
+		rep.Audience += n
+		if reason == nil {
+			rep.Eligible = n
+		} else {
+			rep.Excluded[*reason] = n
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("plan: %w", err)
+	}
+
+	if spec.CodePool != "" {
+		rep.CodesNeeded = rep.Eligible
+		if err := tx.QueryRow(ctx, `SELECT count(*) FROM promo_codes WHERE pool = $1 AND campaign_id IS NULL`, spec.CodePool).Scan(&rep.CodesFree); err != nil {
+			return fmt.Errorf("plan: %w", err)
+		}
+		if rep.CodesFree < rep.CodesNeeded {
+			return &PoolShortError{Pool: spec.CodePool, Needed: rep.CodesNeeded, Free: rep.CodesFree}
+		}
+	}
+
+	var inserted int64
+	if spec.CodePool != "" {
+		// Codes are matched to recipients by rank; SKIP LOCKED lets concurrent launches on one pool take
+		// disjoint codes, and the count check below turns any shortfall into a rollback.
+		err = tx.QueryRow(ctx, `
+			WITH e AS (
+				SELECT user_id, address, vars, row_number() OVER (ORDER BY ord) AS rn
+				FROM audience_classified WHERE reason IS NULL
+			), f AS (
+				SELECT id, code FROM promo_codes WHERE pool = $2 AND campaign_id IS NULL
+				ORDER BY id LIMIT $3 FOR UPDATE SKIP LOCKED
+			), fc AS (
+				SELECT id, code, row_number() OVER (ORDER BY id) AS rn FROM f
+			), ins AS (
+				INSERT INTO campaign_recipients (campaign_id, user_id, address, vars, code, batch)
+				SELECT $1, e.user_id, e.address, e.vars, fc.code, (e.rn - 1) / $4
+				FROM e JOIN fc USING (rn)
+				RETURNING user_id, code
+			), res AS (
+				UPDATE promo_codes p SET campaign_id = $1, user_id = ins.user_id, reserved_at = now()
+				FROM ins WHERE p.code = ins.code
+				RETURNING 1
+			)
+			SELECT count(*) FROM res`, id, spec.CodePool, rep.Eligible, spec.BatchSize).Scan(&inserted)
+	} else {
+		var tag pgconn.CommandTag
+		tag, err = tx.Exec(ctx, `
+			INSERT INTO campaign_recipients (campaign_id, user_id, address, vars, batch)
+			SELECT $1, user_id, address, vars, (row_number() OVER (ORDER BY ord) - 1) / $2
+			FROM audience_classified WHERE reason IS NULL`, id, spec.BatchSize)
+		inserted = tag.RowsAffected()
+	}
+	if err != nil {
+		return fmt.Errorf("plan: insert recipients: %w", err)
+	}
+	if inserted != rep.Eligible {
+		// Another launch took some of the counted codes in the meantime.
+		return &PoolShortError{Pool: spec.CodePool, Needed: rep.Eligible, Free: inserted}
+	}
+
+	if _, err := tx.Exec(ctx, `INSERT INTO campaign_batches (campaign_id, batch, size)
+		SELECT campaign_id, batch, count(*) FROM campaign_recipients WHERE campaign_id = $1 GROUP BY campaign_id, batch`, id); err != nil {
+		return fmt.Errorf("plan: batches: %w", err)
+	}
+
+	if err := p.sample(ctx, tx, id, spec, tmpl, rep); err != nil {
+		return err
+	}
+
+	excluded, _ := json.Marshal(rep.Excluded)
+	state := StateRunning
+	if rep.Eligible == 0 {
+		state = StateCompleted
+	}
+	if _, err := tx.Exec(ctx, `UPDATE campaigns SET audience = $2, eligible = $3, excluded = $4, batches = $5, state = $6,
+		started_at = now(), finished_at = CASE WHEN $6 = 'completed' THEN now() END WHERE id = $1`,
+		id, rep.Audience, rep.Eligible, excluded, BatchCount(rep.Eligible, spec.BatchSize), state); err != nil {
+		return fmt.Errorf("plan: %w", err)
+	}
+	if spec.DryRun {
+		return nil
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return fmt.Errorf("plan: commit: %w", err)
+	}
+	rep.ID = id
+	rep.State = state
+	return nil
+}
+
+// sample renders the message of the first planned recipient, so the marketer sees exactly what goes out.
+func (p *Planner) sample(ctx context.Context, tx pgx.Tx, id int64, spec Spec, tmpl *Template, rep *Report) error {
+	var r Recipient
+	err := tx.QueryRow(ctx, `SELECT user_id, address, vars, coalesce(code, '') FROM campaign_recipients
+		WHERE campaign_id = $1 ORDER BY batch, user_id LIMIT 1`, id).Scan(&r.UserID, &r.Address, &r.Vars, &r.Code)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("plan: %w", err)
+	}
+	msg, err := tmpl.Render(r.TemplateData(spec.Channel, spec.Name))
+	if err != nil {
+		return fmt.Errorf("%w: the message template fails for user %s: %v", ErrInvalid, r.UserID, err)
+	}
+	rep.SampleMessage = msg
+	if spec.Channel == ChannelSMS {
+		rep.Encoding, rep.SegmentsPerMessage = providers.SMSSegments(msg)
+	}
+	return nil
+}
+
+// stageAudience runs the audience query read-only and streams its rows into audience_stage.
+func (p *Planner) stageAudience(ctx context.Context, engineTx pgx.Tx, spec Spec, tmpl *Template) error {
+	atx, err := p.Audience.BeginTx(ctx, pgx.TxOptions{AccessMode: pgx.ReadOnly})
+	if err != nil {
+		return fmt.Errorf("audience database: %w", err)
+	}
+	defer atx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck
+	if _, err := atx.Exec(ctx, fmt.Sprintf(`SET LOCAL statement_timeout = %d`, spec.StatementTimeout.Milliseconds())); err != nil {
+		return fmt.Errorf("audience database: %w", err)
+	}
+	rows, err := atx.Query(ctx, spec.AudienceSQL)
+	if err != nil {
+		return audienceError(err, spec.StatementTimeout)
+	}
+	defer rows.Close()
+
+	src := &audienceSource{rows: rows, userIdx: -1, addrIdx: -1}
+	var cols []string
+	for i, fd := range rows.FieldDescriptions() {
+		cols = append(cols, fd.Name)
+		switch fd.Name {
+		case "user_id":
+			src.userIdx = i
+		case spec.Channel.AddressColumn():
+			src.addrIdx = i
+		}
+	}
+	src.names = cols
+	if len(cols) == 0 {
+		// No row description: the statement failed before returning any column, or is not a SELECT.
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return audienceError(err, spec.StatementTimeout)
+		}
+		return fmt.Errorf("%w: the audience query returned no columns; it must be one SELECT returning user_id and %s", ErrInvalid, spec.Channel.AddressColumn())
+	}
+	if src.userIdx < 0 || src.addrIdx < 0 {
+		missing := "user_id"
+		if src.userIdx >= 0 {
+			missing = spec.Channel.AddressColumn()
+		}
+		return fmt.Errorf("%w: the audience query returns no %s column (it returns: %v); select it, e.g. `SELECT id AS user_id, gsm AS phone, ...`",
+			ErrInvalid, missing, cols)
+	}
+	if err := tmpl.Check(append(append([]string(nil), cols...), "code", "campaign")); err != nil {
+		return err
+	}
+	if _, err := engineTx.CopyFrom(ctx, pgx.Identifier{"audience_stage"}, []string{"ord", "user_id", "address", "vars"}, src); err != nil {
+		if src.err != nil {
+			return src.err
+		}
+		if rerr := rows.Err(); rerr != nil {
+			return audienceError(rerr, spec.StatementTimeout)
+		}
+		return fmt.Errorf("plan: stage audience: %w", err)
+	}
+	return nil
+}
+
+func audienceError(err error, timeout time.Duration) error {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		switch {
+		case pgErr.Code == "25006":
+			return fmt.Errorf("%w: the audience query tried to write (%s); it must be a read-only SELECT", ErrInvalid, pgErr.Message)
+		case pgErr.Code == "57014":
+			return fmt.Errorf("%w: the audience query ran longer than %v and was cancelled; add an index or narrow the query", ErrInvalid, timeout)
+		case pgErr.Code == "42601" && pgErr.Message == "cannot insert multiple commands into a prepared statement":
+			return fmt.Errorf("%w: the audience file holds more than one statement; it must be exactly one SELECT", ErrInvalid)
+		}
+		return fmt.Errorf("%w: the audience query failed: %s (SQLSTATE %s); fix the SQL in the --audience file", ErrInvalid, pgErr.Message, pgErr.Code)
+	}
+	return fmt.Errorf("audience query: %w", err)
+}
+
+// audienceSource adapts the audience rows to CopyFrom: it canonicalises the address (an invalid one
+// becomes NULL, to be excluded as invalid_address) and folds the other columns into the vars JSON.
+type audienceSource struct {
+	rows             pgx.Rows
+	names            []string
+	userIdx, addrIdx int
+	ord              int64
+	err              error
+}
+
+func (s *audienceSource) Next() bool { return s.err == nil && s.rows.Next() }
+
+func (s *audienceSource) Values() ([]any, error) {
+	vals, err := s.rows.Values()
+	if err != nil {
+		s.err = fmt.Errorf("audience row %d: %w", s.ord+1, err)
+		return nil, s.err
+	}
+	s.ord++
+	var user, addr any
+	if u := vals[s.userIdx]; u != nil {
+		user = toText(u)
+	}
+	if raw := vals[s.addrIdx]; raw != nil {
+		if a, err := iys.CanonicalPhone(toText(raw)); err == nil {
+			addr = a
+		}
+	}
+	vars := make(map[string]any, len(vals))
+	for i, v := range vals {
+		if i == s.userIdx || i == s.addrIdx {
+			continue
+		}
+		vars[s.names[i]] = jsonValue(v)
+	}
+	b, err := json.Marshal(vars)
+	if err != nil {
+		s.err = fmt.Errorf("audience row %d: %w", s.ord, err)
+		return nil, s.err
+	}
+	return []any{s.ord, user, addr, json.RawMessage(b)}, nil
+}
+
+func (s *audienceSource) Err() error {
+	if s.err != nil {
+		return s.err
+	}
+	return s.rows.Err()
+}
+
+func toText(v any) string {
+	switch v := v.(type) {
+	case string:
+		return v
+	case int64:
+		return strconv.FormatInt(v, 10)
+	case int32:
+		return strconv.FormatInt(int64(v), 10)
+	case [16]byte:
+		return fmt.Sprintf("%x-%x-%x-%x-%x", v[0:4], v[4:6], v[6:8], v[8:10], v[10:16])
+	}
+	return fmt.Sprint(v)
+}
+
+func jsonValue(v any) any {
+	switch v := v.(type) {
+	case [16]byte:
+		return toText(v)
+	case time.Time:
+		return v.Format(time.RFC3339)
+	}
+	return v
+}

@@ -1,0 +1,125 @@
+package campaign
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"regexp"
+	"sort"
+	"strings"
+	"text/template"
+	"text/template/parse"
+)
+
+// Template is a parsed message template: Go text/template over the audience columns plus "code" and
+// "campaign". A key the data lacks is an error, never an empty string in a customer's message.
+type Template struct {
+	src string
+	t   *template.Template
+}
+
+// ParseTemplate parses src.
+func ParseTemplate(src string) (*Template, error) {
+	if strings.TrimSpace(src) == "" {
+		return nil, fmt.Errorf("%w: the message template is empty; pass --message 'Merhaba {{.first_name}}, kodunuz {{.code}}'", ErrInvalid)
+	}
+	t, err := template.New("message").Option("missingkey=error").Parse(src)
+	if err != nil {
+		return nil, fmt.Errorf("%w: message template does not parse: %v", ErrInvalid, err)
+	}
+	return &Template{src: src, t: t}, nil
+}
+
+// Source returns the template text.
+func (t *Template) Source() string { return t.src }
+
+var missingKey = regexp.MustCompile(`map has no entry for key "([^"]*)"`)
+
+// Render executes the template over data.
+func (t *Template) Render(data map[string]any) (string, error) {
+	var b bytes.Buffer
+	if err := t.t.Execute(&b, data); err != nil {
+		if m := missingKey.FindStringSubmatch(err.Error()); m != nil {
+			return "", fmt.Errorf("%w: template uses {{.%s}} but there is no such value", ErrInvalid, m[1])
+		}
+		return "", fmt.Errorf("render message: %w", err)
+	}
+	return b.String(), nil
+}
+
+// Check verifies that every field the template names (outside range/with blocks, where dot changes) is
+// one of keys, and that the template executes over those keys. The error names the missing field and the
+// keys that exist, so the fix is plain.
+func (t *Template) Check(keys []string) error {
+	have := map[string]bool{}
+	for _, k := range keys {
+		have[k] = true
+	}
+	var missing []string
+	seen := map[string]bool{}
+	walkFields(t.t.Tree.Root, func(name string) {
+		if !have[name] && !seen[name] {
+			seen[name] = true
+			missing = append(missing, name)
+		}
+	})
+	if len(missing) > 0 {
+		sorted := append([]string(nil), keys...)
+		sort.Strings(sorted)
+		return fmt.Errorf("%w: the message template uses {{.%s}} but the audience query returns no column %q; available: %s (add the column to the audience SELECT or fix the template)",
+			ErrInvalid, missing[0], missing[0], strings.Join(sorted, ", "))
+	}
+	data := map[string]any{}
+	for _, k := range keys {
+		data[k] = "x"
+	}
+	if _, err := t.Render(data); err != nil && !errors.Is(err, ErrInvalid) {
+		return fmt.Errorf("%w: the message template fails on sample data: %v", ErrInvalid, err)
+	}
+	return nil
+}
+
+// walkFields calls f with the first identifier of every .field reference evaluated against the top-level
+// data. Bodies of range and with are skipped: there dot is something else.
+func walkFields(n parse.Node, f func(string)) {
+	switch n := n.(type) {
+	case *parse.ListNode:
+		if n == nil {
+			return
+		}
+		for _, c := range n.Nodes {
+			walkFields(c, f)
+		}
+	case *parse.ActionNode:
+		walkFields(n.Pipe, f)
+	case *parse.PipeNode:
+		if n == nil {
+			return
+		}
+		for _, c := range n.Cmds {
+			walkFields(c, f)
+		}
+	case *parse.CommandNode:
+		for _, a := range n.Args {
+			walkFields(a, f)
+		}
+	case *parse.FieldNode:
+		if len(n.Ident) > 0 {
+			f(n.Ident[0])
+		}
+	case *parse.ChainNode:
+		walkFields(n.Node, f)
+	case *parse.IfNode:
+		walkFields(n.Pipe, f)
+		walkFields(n.List, f)
+		walkFields(n.ElseList, f)
+	case *parse.RangeNode:
+		walkFields(n.Pipe, f)
+		walkFields(n.ElseList, f)
+	case *parse.WithNode:
+		walkFields(n.Pipe, f)
+		walkFields(n.ElseList, f)
+	case *parse.TemplateNode:
+		walkFields(n.Pipe, f)
+	}
+}

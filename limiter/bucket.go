@@ -1,0 +1,148 @@
+// Package limiter keeps the send rate of every worker process, together, under the provider's and the
+// campaign's caps. The buckets live in Redis (GCRA through go-redis/redis_rate: one key per limit, Redis's
+// own clock, atomic in one script), so adding workers never adds rate. A Redis error is never read as
+// "allowed": the caller gets the error and must not send (fail closed).
+package limiter
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"time"
+
+	"github.com/go-redis/redis_rate/v10"
+	"github.com/redis/go-redis/v9"
+)
+
+// Limit is one cap: at most Rate events per second over every process that uses the same Key.
+type Limit struct {
+	// Key names the bucket, e.g. "provider:twilio" or "campaign:42".
+	Key string
+	// Rate is in events per second; 0 (or less) means no cap.
+	Rate float64
+}
+
+// Bucket takes tokens from Redis-held GCRA buckets.
+type Bucket struct {
+	rdb redis.UniversalClient
+	rl  *redis_rate.Limiter
+	// now and sleep are replaceable in tests.
+	sleep func(ctx context.Context, d time.Duration) error
+}
+
+// New returns a Bucket on rdb.
+func New(rdb redis.UniversalClient) *Bucket {
+	return &Bucket{rdb: rdb, rl: redis_rate.NewLimiter(rdb), sleep: sleepCtx}
+}
+
+// gcra turns a rate in events per second into a redis_rate limit. Rates need not be whole numbers
+// (0.5/s is one event every two seconds), so the period is stretched to keep Rate an integer. The burst is a
+// tenth of a second's worth (at least 1): enough to absorb scheduling jitter, small enough that no one-second
+// window exceeds the cap by more than 10 %.
+func gcra(rate float64) redis_rate.Limit {
+	const scale = 1000
+	n := int(math.Round(rate * scale))
+	if n < 1 {
+		n = 1
+	}
+	burst := int(rate / 10)
+	if burst < 1 {
+		burst = 1
+	}
+	return redis_rate.Limit{Rate: n, Burst: burst, Period: scale * time.Second}
+}
+
+// Wait blocks until it has taken one token from each limit, in order, or ctx is done, or Redis fails. Put
+// the narrowest limit first: a token taken from an earlier limit while a later one is empty is spent, which
+// can only lower the rate, never raise it. A limit paused with Pause is waited out first.
+func (b *Bucket) Wait(ctx context.Context, limits ...Limit) error {
+	for _, l := range limits {
+		if err := b.waitPause(ctx, l.Key); err != nil {
+			return err
+		}
+		if l.Rate <= 0 {
+			continue
+		}
+		lim := gcra(l.Rate)
+		for {
+			res, err := b.rl.Allow(ctx, l.Key, lim)
+			if err != nil {
+				return fmt.Errorf("rate limit %s: %w", l.Key, err)
+			}
+			if res.Allowed > 0 {
+				break
+			}
+			if err := b.sleep(ctx, res.RetryAfter); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+func pauseKey(key string) string { return "limiter:pause:" + key }
+
+// Pause stops every process from taking tokens for key during d, for example after a provider answered
+// 429: the back-off is shared, not felt only by the worker that saw it. A shorter pause never cuts a longer
+// one that is already running.
+func (b *Bucket) Pause(ctx context.Context, key string, d time.Duration) error {
+	if d <= 0 {
+		return nil
+	}
+	// SET ... GT would need Redis 7 for PEXPIRE GT; a tiny script keeps it one round trip on any version.
+	err := pauseScript.Run(ctx, b.rdb, []string{pauseKey(key)}, d.Milliseconds()).Err()
+	if err != nil && err != redis.Nil {
+		return fmt.Errorf("pause %s: %w", key, err)
+	}
+	return nil
+}
+
+// KEYS[1] -> limiter:pause:<key>
+// ARGV[1] -> pause length in milliseconds
+var pauseScript = redis.NewScript(`
+local ttl = redis.call("PTTL", KEYS[1])
+if ttl < tonumber(ARGV[1]) then
+  redis.call("SET", KEYS[1], "1", "PX", ARGV[1])
+end
+return 1`)
+
+// Paused returns how much longer key is paused (0 when it is not).
+func (b *Bucket) Paused(ctx context.Context, key string) (time.Duration, error) {
+	ttl, err := b.rdb.PTTL(ctx, pauseKey(key)).Result()
+	if err != nil {
+		return 0, fmt.Errorf("pause %s: %w", key, err)
+	}
+	if ttl < 0 {
+		return 0, nil
+	}
+	return ttl, nil
+}
+
+func (b *Bucket) waitPause(ctx context.Context, key string) error {
+	for {
+		d, err := b.Paused(ctx, key)
+		if err != nil {
+			return err
+		}
+		if d <= 0 {
+			return nil
+		}
+		if err := b.sleep(ctx, d); err != nil {
+			return err
+		}
+	}
+}
+
+func sleepCtx(ctx context.Context, d time.Duration) error {
+	if d <= 0 {
+		d = time.Millisecond
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}

@@ -1,0 +1,125 @@
+package limiter
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/campaignctl/campaignctl/internal/testredis"
+)
+
+// Three processes' worth of clients share one cap: the total stays within the cap (plus the burst), and
+// the cap is actually used.
+func TestWaitSharedAcrossClients(t *testing.T) {
+	t.Parallel()
+	_, url := testredis.New(t)
+	const rate = 200.0
+	const run = 2 * time.Second
+
+	var sent atomic.Int64
+	var mu sync.Mutex
+	perWindow := map[int64]int{}
+	start := time.Now()
+	ctx, cancel := context.WithTimeout(context.Background(), run)
+	defer cancel()
+
+	var wg sync.WaitGroup
+	for w := 0; w < 3; w++ {
+		opt, err := redis.ParseURL(url)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rdb := redis.NewClient(opt)
+		defer rdb.Close()
+		b := New(rdb)
+		for g := 0; g < 4; g++ {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for {
+					if err := b.Wait(ctx, Limit{Key: "provider:test", Rate: rate}); err != nil {
+						return
+					}
+					sent.Add(1)
+					mu.Lock()
+					perWindow[int64(time.Since(start)/(250*time.Millisecond))]++
+					mu.Unlock()
+				}
+			}()
+		}
+	}
+	wg.Wait()
+
+	total := float64(sent.Load())
+	max := rate*run.Seconds() + gcraBurst(rate)
+	if total > max {
+		t.Fatalf("sent %v in %v, cap allows at most %v", total, run, max)
+	}
+	if total < 0.9*rate*run.Seconds() {
+		t.Fatalf("sent %v in %v, want at least 90%% of the cap (%v)", total, run, rate*run.Seconds())
+	}
+	for w, n := range perWindow {
+		// a quarter-second window may hold its share plus the burst
+		if float64(n) > rate/4+gcraBurst(rate)+1 {
+			t.Errorf("window %d: %d events, cap %v per quarter second", w, n, rate/4)
+		}
+	}
+}
+
+func gcraBurst(rate float64) float64 { return float64(gcra(rate).Burst) }
+
+func TestFractionalRate(t *testing.T) {
+	l := gcra(0.5)
+	if got := l.Period / time.Duration(l.Rate); got != 2*time.Second {
+		t.Fatalf("0.5/s: emission interval %v, want 2s", got)
+	}
+	if l.Burst != 1 {
+		t.Fatalf("burst %d, want 1", l.Burst)
+	}
+}
+
+func TestPauseIsSharedAndNeverShortened(t *testing.T) {
+	t.Parallel()
+	rdb, _ := testredis.New(t)
+	ctx := context.Background()
+	a, b := New(rdb), New(rdb)
+	if err := a.Pause(ctx, "provider:x", 2*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Pause(ctx, "provider:x", 100*time.Millisecond); err != nil {
+		t.Fatal(err)
+	}
+	d, err := b.Paused(ctx, "provider:x")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d < time.Second {
+		t.Fatalf("pause shortened to %v", d)
+	}
+	var slept time.Duration
+	b.sleep = func(ctx context.Context, d time.Duration) error {
+		slept += d
+		rdb.Del(ctx, pauseKey("provider:x"))
+		return nil
+	}
+	if err := b.Wait(ctx, Limit{Key: "provider:x", Rate: 0}); err != nil {
+		t.Fatal(err)
+	}
+	if slept < time.Second {
+		t.Fatalf("Wait slept %v during a 2s pause", slept)
+	}
+}
+
+func TestRedisDownFailsClosed(t *testing.T) {
+	t.Parallel()
+	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", MaxRetries: -1, DialTimeout: 200 * time.Millisecond})
+	defer rdb.Close()
+	err := New(rdb).Wait(context.Background(), Limit{Key: "provider:x", Rate: 10})
+	if err == nil {
+		t.Fatal("Wait with Redis unreachable returned nil: a send would have gone out unmetered")
+	}
+}

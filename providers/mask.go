@@ -1,0 +1,37 @@
+package providers
+
+import "strings"
+
+// MaskAddress hides most of a phone number or e-mail address for logs: "+905321234567" becomes
+// "+9053*****4567" and "ayse.yilmaz@example.com" becomes "a***@example.com".
+func MaskAddress(s string) string {
+	if at := strings.LastIndexByte(s, '@'); at >= 0 {
+		if at == 0 {
+			return "***" + s[at:]
+		}
+		return s[:1] + "***" + s[at:]
+	}
+	if len(s) <= 6 {
+		return strings.Repeat("*", len(s))
+	}
+	keep := 4
+	head := 4
+	if len(s) < head+keep+2 {
+		head = 1
+	}
+	return s[:head] + strings.Repeat("*", len(s)-head-keep) + s[len(s)-keep:]
+}
+
+// AccountLevel reports whether the error is about the sending account or its configuration (bad
+// credentials, a sender the account may not use) rather than about the recipient: failing the recipient
+// would be wrong, and every other recipient would fail the same way, so the work must wait for an operator.
+func (e *Error) AccountLevel() bool {
+	if e.Status == 401 || e.Status == 403 {
+		return true
+	}
+	switch e.Code {
+	case 20003, 21606, 21222, 21224:
+		return true
+	}
+	return false
+}

@@ -1,0 +1,130 @@
+package worker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// ClaimKey is the Redis key that records that a recipient of a campaign was claimed for sending.
+func ClaimKey(campaignID int64, userID string) string {
+	return "sent:" + strconv.FormatInt(campaignID, 10) + ":" + userID
+}
+
+// Claim values. The first letter says what the claim knows:
+//
+//	c|<unix ms>|<owner>   claimed by owner, provider not answered (yet)
+//	s|<message id>|<seg>  provider accepted the message
+//	f|<reason>            provider refused it for good
+//	u|<reason>            the answer never came (ambiguous)
+//	k|<reason>            skipped before any send (consent revoked)
+const (
+	claimPending  = 'c'
+	claimSent     = 's'
+	claimFailed   = 'f'
+	claimUnknown  = 'u'
+	claimSkipped  = 'k'
+	claimSeparate = "|"
+)
+
+// claimState is a decoded claim value.
+type claimState struct {
+	kind      byte
+	at        time.Time
+	owner     string
+	messageID string
+	segments  int
+	reason    string
+}
+
+func parseClaim(v string) claimState {
+	if v == "" {
+		return claimState{kind: claimPending}
+	}
+	parts := strings.SplitN(v, claimSeparate, 3)
+	st := claimState{kind: v[0]}
+	switch st.kind {
+	case claimPending:
+		if len(parts) > 1 {
+			if ms, err := strconv.ParseInt(parts[1], 10, 64); err == nil {
+				st.at = time.UnixMilli(ms)
+			}
+		}
+		if len(parts) > 2 {
+			st.owner = parts[2]
+		}
+	case claimSent:
+		if len(parts) > 1 {
+			st.messageID = parts[1]
+		}
+		if len(parts) > 2 {
+			st.segments, _ = strconv.Atoi(parts[2])
+		}
+	default:
+		if len(parts) > 1 {
+			st.reason = strings.Join(parts[1:], claimSeparate)
+		}
+	}
+	return st
+}
+
+// claims reads and writes recipient claims.
+type claims struct {
+	rdb redis.UniversalClient
+	ttl time.Duration
+}
+
+// take sets the claim to val if it does not exist. It returns ("", true) when the claim is now ours, or
+// the existing value and false.
+func (c *claims) take(ctx context.Context, key, val string) (string, bool, error) {
+	old, err := c.rdb.SetArgs(ctx, key, val, redis.SetArgs{Mode: "NX", Get: true, TTL: c.ttl}).Result()
+	if errors.Is(err, redis.Nil) {
+		return "", true, nil
+	}
+	if err != nil {
+		return "", false, fmt.Errorf("claim %s: %w", key, err)
+	}
+	return old, false, nil
+}
+
+// settle records the provider's answer in a claim we hold, keeping its TTL.
+func (c *claims) settle(ctx context.Context, key, val string) error {
+	if err := c.rdb.SetArgs(ctx, key, val, redis.SetArgs{Mode: "XX", KeepTTL: true}).Err(); err != nil && !errors.Is(err, redis.Nil) {
+		return fmt.Errorf("settle claim %s: %w", key, err)
+	}
+	return nil
+}
+
+// release deletes a claim we hold whose send was definitely not accepted, so a retry may send.
+// Only our own pending value is deleted (compare-and-delete), never an answer.
+func (c *claims) release(ctx context.Context, key, ours string) error {
+	if err := releaseScript.Run(ctx, c.rdb, []string{key}, ours).Err(); err != nil && !errors.Is(err, redis.Nil) {
+		return fmt.Errorf("release claim %s: %w", key, err)
+	}
+	return nil
+}
+
+// KEYS[1] -> sent:<campaign>:<user>
+// ARGV[1] -> the pending value this worker wrote
+var releaseScript = redis.NewScript(`
+if redis.call("GET", KEYS[1]) == ARGV[1] then
+  return redis.call("DEL", KEYS[1])
+end
+return 0`)
+
+func pendingValue(now time.Time, owner string) string {
+	return string(claimPending) + claimSeparate + strconv.FormatInt(now.UnixMilli(), 10) + claimSeparate + owner
+}
+
+func sentValue(messageID string, segments int) string {
+	return string(claimSent) + claimSeparate + messageID + claimSeparate + strconv.Itoa(segments)
+}
+
+func reasonValue(kind byte, reason string) string {
+	return string(kind) + claimSeparate + reason
+}

@@ -1,0 +1,21 @@
+// Package worker runs campaign batches from the Asynq queue and delivers them through the providers.
+//
+// # Delivery guarantee
+//
+// A batch task carries only a campaign ID and a batch number; the handler reads the batch's still-pending
+// recipients from Postgres, so a task that runs twice (redelivery after a crash, a lease lost, a second
+// enqueue after success) only sees what is left. For each recipient, in this order:
+//
+//  1. consent is checked again (a RET recorded after launch blocks the send: skipped, reason revoked);
+//  2. a token is taken from the campaign's and the provider's Redis buckets (shared by all workers);
+//  3. the claim SET sent:<campaign>:<user> NX is taken, just before the provider call;
+//  4. the provider is called, and its answer is written into the claim at once (s|…, f|…, u|…);
+//  5. outcomes are written to Postgres in bulk, only onto rows still pending.
+//
+// A claim that already exists is never sent again: its value says what happened (sent, failed, unknown),
+// or, when it holds no answer, either that another live worker is sending right now (young claim: leave it
+// pending and look again later) or that a worker died while waiting for the provider (old claim: the
+// recipient becomes unknown, since the message may have gone out). A definite transient rejection (429,
+// 5xx, connection refused) releases the claim for a retry; a timeout after the request was written is
+// ambiguous and makes the recipient unknown. Any Redis error stops the batch before the send (fail closed).
+package worker

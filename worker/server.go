@@ -1,0 +1,105 @@
+package worker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"time"
+
+	"github.com/hibiken/asynq"
+	"github.com/redis/go-redis/v9"
+)
+
+// ServerConfig configures an Asynq server that runs batch tasks.
+type ServerConfig struct {
+	// Concurrency is how many batches this process runs at once; default 16.
+	Concurrency int
+	// ShutdownTimeout is how long in-flight batches get to finish on SIGTERM before what is left is handed
+	// back to the queue; default 30 s.
+	ShutdownTimeout time.Duration
+	Logger          *slog.Logger
+}
+
+// RetryDelay is the queue's back-off for a failed batch: the batch's own hint when it gave one, otherwise
+// exponential (2 s·2^n) with jitter, capped at 10 minutes.
+func RetryDelay(n int, err error, _ *asynq.Task) time.Duration {
+	var re *RetryError
+	if errors.As(err, &re) && re.After > 0 {
+		return re.After + rand.N(re.After/4+1)
+	}
+	d := 2 * time.Second << min(n, 9)
+	d = min(d, 10*time.Minute)
+	return d/2 + rand.N(d/2+1)
+}
+
+// isFailure keeps retries that are not the batch's fault from using up its retry budget.
+func isFailure(err error) bool {
+	var re *RetryError
+	if errors.As(err, &re) {
+		return re.Failure
+	}
+	return true
+}
+
+// NewServer builds the Asynq server for h on rdb. The caller runs it with Run or Start/Shutdown.
+func NewServer(rdb redis.UniversalClient, h *Handler, cfg ServerConfig) *asynq.Server {
+	if cfg.Concurrency <= 0 {
+		cfg.Concurrency = 16
+	}
+	if cfg.ShutdownTimeout == 0 {
+		cfg.ShutdownTimeout = 30 * time.Second
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	return asynq.NewServerFromRedisClient(rdb, asynq.Config{
+		Concurrency:              cfg.Concurrency,
+		Queues:                   map[string]int{Queue: 1},
+		RetryDelayFunc:           RetryDelay,
+		IsFailure:                isFailure,
+		ShutdownTimeout:          cfg.ShutdownTimeout,
+		TaskCheckInterval:        250 * time.Millisecond,
+		DelayedTaskCheckInterval: time.Second,
+		Logger:                   asynqLogger{log},
+		LogLevel:                 asynq.WarnLevel,
+		HealthCheckFunc: func(err error) {
+			if err != nil {
+				log.Error("Redis is unreachable: no sends until it is back", "err", err)
+			}
+		},
+		ErrorHandler: asynq.ErrorHandlerFunc(func(ctx context.Context, t *asynq.Task, err error) {
+			id, _ := asynq.GetTaskID(ctx)
+			n, _ := asynq.GetRetryCount(ctx)
+			max, _ := asynq.GetMaxRetry(ctx)
+			log.Warn("batch will run again", "task", id, "attempt", n+1, "max_retry", max, "err", err)
+		}),
+	})
+}
+
+// Serve runs the worker until ctx is done, then shuts down gracefully.
+func Serve(ctx context.Context, rdb redis.UniversalClient, h *Handler, cfg ServerConfig) error {
+	if err := rdb.Ping(ctx).Err(); err != nil {
+		return fmt.Errorf("redis: %w", err)
+	}
+	srv := NewServer(rdb, h, cfg)
+	mux := asynq.NewServeMux()
+	mux.Handle(TaskBatch, h)
+	if err := srv.Start(mux); err != nil {
+		return fmt.Errorf("start worker: %w", err)
+	}
+	<-ctx.Done()
+	srv.Shutdown()
+	return nil
+}
+
+// asynqLogger routes Asynq's own log lines into slog.
+type asynqLogger struct{ l *slog.Logger }
+
+func (a asynqLogger) Debug(args ...any) { a.l.Debug(fmt.Sprint(args...), "component", "asynq") }
+func (a asynqLogger) Info(args ...any)  { a.l.Info(fmt.Sprint(args...), "component", "asynq") }
+func (a asynqLogger) Warn(args ...any)  { a.l.Warn(fmt.Sprint(args...), "component", "asynq") }
+func (a asynqLogger) Error(args ...any) { a.l.Error(fmt.Sprint(args...), "component", "asynq") }
+func (a asynqLogger) Fatal(args ...any) { a.l.Error(fmt.Sprint(args...), "component", "asynq") }

@@ -1,0 +1,86 @@
+package worker
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/hibiken/asynq"
+
+	"github.com/campaignctl/campaignctl/campaign"
+)
+
+// TaskBatch is the Asynq task type of one campaign batch.
+const TaskBatch = "campaign:batch"
+
+// Queue is the Asynq queue campaign batches go to.
+const Queue = "campaigns"
+
+// BatchPayload is the whole payload of a batch task: recipients are read from Postgres.
+type BatchPayload struct {
+	CampaignID int64 `json:"campaign_id"`
+	Batch      int   `json:"batch"`
+}
+
+// TaskID is the deterministic Asynq task ID of a batch, so that enqueueing it twice is a no-op.
+func TaskID(campaignID int64, batch int) string { return fmt.Sprintf("%d:%d", campaignID, batch) }
+
+// MaxRetry is how many times a failing batch is retried before it is archived (the DLQ). With the
+// exponential back-off capped at 10 minutes this spans several hours.
+const MaxRetry = 25
+
+// BatchTimeout bounds one run of a batch; a batch that waits on a slow rate cap hands what is left back to
+// the queue before it.
+const BatchTimeout = time.Hour
+
+// NewBatchTask builds the task for one batch.
+func NewBatchTask(campaignID int64, batch int) (*asynq.Task, error) {
+	payload, err := json.Marshal(BatchPayload{CampaignID: campaignID, Batch: batch})
+	if err != nil {
+		return nil, err
+	}
+	return asynq.NewTask(TaskBatch, payload,
+		asynq.TaskID(TaskID(campaignID, batch)),
+		asynq.Queue(Queue),
+		asynq.MaxRetry(MaxRetry),
+		asynq.Timeout(BatchTimeout),
+	), nil
+}
+
+// Enqueue hands the campaign's batches that still have pending recipients to the queue (with onlyNew,
+// only those never enqueued). A batch already queued, retrying or archived keeps its task: the task ID
+// makes the second enqueue a no-op. It returns how many tasks were newly enqueued and how many were
+// already there.
+func Enqueue(ctx context.Context, client *asynq.Client, store *campaign.Store, campaignID int64, onlyNew bool) (added, existing int, err error) {
+	batches, err := store.PendingBatches(ctx, campaignID, onlyNew)
+	if err != nil {
+		return 0, 0, err
+	}
+	done := make([]int, 0, len(batches))
+	defer func() {
+		if len(done) > 0 {
+			if merr := store.MarkEnqueued(context.WithoutCancel(ctx), campaignID, done); merr != nil && err == nil {
+				err = merr
+			}
+		}
+	}()
+	for _, b := range batches {
+		task, err := NewBatchTask(campaignID, b)
+		if err != nil {
+			return added, existing, err
+		}
+		_, err = client.EnqueueContext(ctx, task)
+		switch {
+		case err == nil:
+			added++
+		case errors.Is(err, asynq.ErrTaskIDConflict):
+			existing++
+		default:
+			return added, existing, fmt.Errorf("enqueue batch %d of campaign %d: %w", b, campaignID, err)
+		}
+		done = append(done, b)
+	}
+	return added, existing, nil
+}
