@@ -1,0 +1,395 @@
+package worker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/campaignctl/campaignctl/campaign"
+	"github.com/campaignctl/campaignctl/internal/testdb"
+	"github.com/campaignctl/campaignctl/internal/testredis"
+	"github.com/campaignctl/campaignctl/providers"
+)
+
+// scriptedProvider records every message it accepts and can be told to fail particular calls. It stands
+// in for the provider's network behaviour only; Postgres and Redis are real.
+type scriptedProvider struct {
+	mu       sync.Mutex
+	accepted map[string][]string // To -> bodies
+	calls    int
+	fail     func(call int, m providers.Message) error
+}
+
+func newProvider() *scriptedProvider { return &scriptedProvider{accepted: map[string][]string{}} }
+
+func (p *scriptedProvider) Name() string { return "test" }
+
+func (p *scriptedProvider) Send(_ context.Context, m providers.Message) (providers.Result, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.calls++
+	if p.fail != nil {
+		if err := p.fail(p.calls, m); err != nil {
+			var pe *providers.Error
+			if errors.As(err, &pe) && pe.Class == providers.Ambiguous {
+				p.accepted[m.To] = append(p.accepted[m.To], m.Body) // written, accepted, answer lost
+			}
+			return providers.Result{}, err
+		}
+	}
+	p.accepted[m.To] = append(p.accepted[m.To], m.Body)
+	return providers.Result{MessageID: fmt.Sprintf("SM%d", p.calls), Segments: 1}, nil
+}
+
+func (p *scriptedProvider) total() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	n := 0
+	for _, b := range p.accepted {
+		n += len(b)
+	}
+	return n
+}
+
+// fixture is a planned campaign on its own database and Redis DB.
+type fixture struct {
+	db       *pgxpool.Pool
+	rdb      *redis.Client
+	store    *campaign.Store
+	provider *scriptedProvider
+	h        *Handler
+	id       int64
+	batches  int
+}
+
+// plan seeds n customers (every third has RET, every fifth has no consent row) with a code pool and
+// launches one campaign in batches of 10.
+func plan(t *testing.T, n int) *fixture {
+	t.Helper()
+	db, _ := testdb.New(t)
+	rdb, _ := testredis.New(t)
+	ctx := context.Background()
+	exec := func(sql string, args ...any) {
+		t.Helper()
+		if _, err := db.Exec(ctx, sql, args...); err != nil {
+			t.Fatalf("%s: %v", sql, err)
+		}
+	}
+	exec(`CREATE TABLE customers (user_id text, phone text, first_name text)`)
+	exec(`INSERT INTO customers SELECT 'u' || i, '+90532' || lpad(i::text, 7, '0'), 'Name' || i FROM generate_series(1, $1) i`, n)
+	exec(`INSERT INTO iys_consents (recipient, type, recipient_type, status, source, consent_date)
+		SELECT '+90532' || lpad(i::text, 7, '0'), 'MESAJ', 'BIREYSEL', CASE WHEN i % 3 = 0 THEN 'RET' ELSE 'ONAY' END, 'HS_WEB', now()
+		FROM generate_series(1, $1) i WHERE i % 5 <> 0`, n)
+	exec(`INSERT INTO code_pools (name) VALUES ('p')`)
+	exec(`INSERT INTO promo_codes (pool, code) SELECT 'p', 'C' || i FROM generate_series(1, $1) i`, n)
+	rep, err := (&campaign.Planner{Engine: db, Audience: db}).Plan(ctx, campaign.Spec{
+		Name: "t", Channel: campaign.ChannelSMS, CodePool: "p", BatchSize: 10,
+		AudienceSQL: `SELECT user_id, phone, first_name FROM customers`,
+		Message:     `Merhaba {{.first_name}}, kodunuz {{.code}}`,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := &fixture{db: db, rdb: rdb, store: campaign.NewStore(db), provider: newProvider(), id: rep.ID, batches: rep.Batches}
+	f.h = f.handler(rdb)
+	return f
+}
+
+func (f *fixture) handler(rdb redis.UniversalClient) *Handler {
+	return NewHandler(Config{
+		Store: f.store, Redis: rdb, Owner: "test",
+		Providers:     map[campaign.Channel]providers.Provider{campaign.ChannelSMS: f.provider},
+		ProviderRates: map[string]float64{},
+	})
+}
+
+func (f *fixture) runAll(t *testing.T) {
+	t.Helper()
+	for b := 0; b < f.batches; b++ {
+		if err := f.h.RunBatch(context.Background(), f.id, b); err != nil {
+			t.Fatalf("batch %d: %v", b, err)
+		}
+	}
+}
+
+func (f *fixture) status(t *testing.T, user string) (status, reason, code string) {
+	t.Helper()
+	var r, c *string
+	err := f.db.QueryRow(context.Background(), `SELECT status, reason, code FROM campaign_recipients WHERE campaign_id = $1 AND user_id = $2`,
+		f.id, user).Scan(&status, &r, &c)
+	if err != nil {
+		t.Fatalf("recipient %s: %v", user, err)
+	}
+	if r != nil {
+		reason = *r
+	}
+	if c != nil {
+		code = *c
+	}
+	return
+}
+
+func (f *fixture) counts(t *testing.T) campaign.Counts {
+	t.Helper()
+	c, err := f.store.Counts(context.Background(), f.id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+func phone(i int) string { return fmt.Sprintf("+90532%07d", i) }
+
+func TestEveryEligibleRecipientGetsExactlyOneMessageWithItsCode(t *testing.T) {
+	t.Parallel()
+	f := plan(t, 150)
+	f.runAll(t)
+
+	// 150 customers: 30 without consent (i%5==0), 40 RET among the rest (i%3==0, i%5!=0): 80 eligible.
+	if got := f.provider.total(); got != 80 {
+		t.Fatalf("provider accepted %d messages, want 80", got)
+	}
+	seenCodes := map[string]string{}
+	for i := 1; i <= 150; i++ {
+		bodies := f.provider.accepted[phone(i)]
+		eligible := i%5 != 0 && i%3 != 0
+		if !eligible {
+			if len(bodies) != 0 {
+				t.Errorf("customer %d has no consent (or RET) but got %d messages", i, len(bodies))
+			}
+			continue
+		}
+		if len(bodies) != 1 {
+			t.Fatalf("customer %d got %d messages, want 1", i, len(bodies))
+		}
+		st, _, code := f.status(t, fmt.Sprintf("u%d", i))
+		if st != campaign.StatusSent {
+			t.Errorf("u%d status %s, want sent", i, st)
+		}
+		if want := fmt.Sprintf("Merhaba Name%d, kodunuz %s", i, code); bodies[0] != want {
+			t.Errorf("u%d got %q, want %q", i, bodies[0], want)
+		}
+		if other, dup := seenCodes[code]; dup {
+			t.Errorf("code %s sent to u%d and %s", code, i, other)
+		}
+		seenCodes[code] = fmt.Sprintf("u%d", i)
+	}
+	c, err := f.store.Get(context.Background(), f.id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.State != campaign.StateCompleted {
+		t.Errorf("campaign state %s, want completed", c.State)
+	}
+	progress, err := f.rdb.HGetAll(context.Background(), ProgressKey(f.id)).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if progress["sent"] != "80" {
+		t.Errorf("progress counters %v, want sent=80", progress)
+	}
+}
+
+func TestRedeliveredBatchSendsNothingAgain(t *testing.T) {
+	t.Parallel()
+	f := plan(t, 30)
+	f.runAll(t)
+	before := f.provider.total()
+	// Every batch delivered again (a lease lost, a second enqueue after success) ...
+	f.runAll(t)
+	// ... and even with Postgres forgetting the outcomes (a crash before the bulk write): the claims hold.
+	if _, err := f.db.Exec(context.Background(), `UPDATE campaign_recipients SET status = 'pending' WHERE campaign_id = $1`, f.id); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.db.Exec(context.Background(), `UPDATE campaigns SET state = 'running' WHERE id = $1`, f.id); err != nil {
+		t.Fatal(err)
+	}
+	f.runAll(t)
+	if after := f.provider.total(); after != before {
+		t.Fatalf("redelivery sent %d more messages", after-before)
+	}
+	if c := f.counts(t); c.Sent != int64(before) || c.Pending != 0 {
+		t.Errorf("counts after redelivery %+v, want %d sent, none pending", c, before)
+	}
+}
+
+func TestRedisUnreachableSendsNothing(t *testing.T) {
+	t.Parallel()
+	f := plan(t, 20)
+	dead := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", MaxRetries: -1, DialTimeout: 100 * time.Millisecond})
+	defer dead.Close()
+	h := f.handler(dead)
+	for b := 0; b < f.batches; b++ {
+		if err := h.RunBatch(context.Background(), f.id, b); err == nil {
+			t.Fatalf("batch %d ran with Redis unreachable and returned no error", b)
+		}
+	}
+	if n := f.provider.total(); n != 0 {
+		t.Fatalf("%d messages sent while Redis was unreachable", n)
+	}
+	if c := f.counts(t); c.Pending != c.Planned {
+		t.Fatalf("counts %+v: recipients left pending state while nothing could be sent", c)
+	}
+}
+
+func TestConsentRevokedAfterLaunchBlocksTheSend(t *testing.T) {
+	t.Parallel()
+	f := plan(t, 10)
+	// u1 answers RET through İYS after the launch.
+	if _, err := f.db.Exec(context.Background(), `UPDATE iys_consents SET status = 'RET' WHERE recipient = $1`, phone(1)); err != nil {
+		t.Fatal(err)
+	}
+	f.runAll(t)
+	if n := len(f.provider.accepted[phone(1)]); n != 0 {
+		t.Fatalf("u1 revoked consent but got %d messages", n)
+	}
+	st, reason, code := f.status(t, "u1")
+	if st != campaign.StatusSkipped || reason != campaign.ReasonRevoked || code != "" {
+		t.Fatalf("u1: status %s reason %s code %q, want skipped/revoked with the code released", st, reason, code)
+	}
+	var holder *string
+	if err := f.db.QueryRow(context.Background(), `SELECT user_id FROM promo_codes WHERE user_id = 'u1'`).Scan(&holder); err == nil {
+		t.Fatalf("u1 still holds a code")
+	}
+}
+
+func TestTransientErrorsRetryAndKeepTheCode(t *testing.T) {
+	t.Parallel()
+	f := plan(t, 4) // eligible: u1, u2, u4
+	failures := 0
+	f.provider.fail = func(call int, m providers.Message) error {
+		if m.To == phone(2) && failures < 2 {
+			failures++
+			return &providers.Error{Provider: "test", Status: 503, Class: providers.Transient}
+		}
+		return nil
+	}
+	f.runAll(t)
+	if n := len(f.provider.accepted[phone(2)]); n != 1 {
+		t.Fatalf("u2 got %d messages after two 503s, want exactly 1", n)
+	}
+	_, _, code := f.status(t, "u2")
+	if !strings.HasSuffix(f.provider.accepted[phone(2)][0], code) {
+		t.Errorf("u2's message %q does not carry its reserved code %s", f.provider.accepted[phone(2)][0], code)
+	}
+}
+
+func TestTransientErrorsExhaustedLeaveThePendingForTheQueue(t *testing.T) {
+	t.Parallel()
+	f := plan(t, 4)
+	f.provider.fail = func(int, providers.Message) error {
+		return &providers.Error{Provider: "test", Status: 429, Code: 20429, RetryAfter: 10 * time.Millisecond, Class: providers.Transient}
+	}
+	err := f.h.RunBatch(context.Background(), f.id, 0)
+	var re *RetryError
+	if !errors.As(err, &re) || !re.Failure {
+		t.Fatalf("err = %v, want a RetryError counted as failure", err)
+	}
+	if c := f.counts(t); c.Pending != c.Planned {
+		t.Fatalf("counts %+v, want all pending", c)
+	}
+	// The claims were released: once the provider recovers, the recipients are sent.
+	f.provider.fail = nil
+	f.runAll(t)
+	if got := f.provider.total(); got != 3 {
+		t.Fatalf("sent %d after recovery, want 3", got)
+	}
+}
+
+func TestPermanentErrorFailsTheRecipientAndReleasesItsCode(t *testing.T) {
+	t.Parallel()
+	f := plan(t, 4)
+	f.provider.fail = func(_ int, m providers.Message) error {
+		if m.To == phone(1) {
+			return &providers.Error{Provider: "twilio", Status: 400, Code: 21610, Message: "opted out", Class: providers.Permanent}
+		}
+		return nil
+	}
+	f.runAll(t)
+	st, reason, code := f.status(t, "u1")
+	if st != campaign.StatusFailed || !strings.Contains(reason, "21610") || code != "" {
+		t.Fatalf("u1: %s %q code %q; want failed with 21610 and no code", st, reason, code)
+	}
+	var free int64
+	f.db.QueryRow(context.Background(), `SELECT count(*) FROM promo_codes WHERE campaign_id IS NULL`).Scan(&free) //nolint:errcheck
+	if free != 2 { // 4 codes, 3 reserved at plan, 1 released
+		t.Errorf("%d free codes, want 2", free)
+	}
+	// A rerun never retries the permanent failure.
+	calls := f.provider.calls
+	f.h.RunBatch(context.Background(), f.id, 0) //nolint:errcheck
+	if f.provider.calls != calls {
+		t.Errorf("permanent failure was retried")
+	}
+}
+
+func TestAccountLevelRejectionFailsNobody(t *testing.T) {
+	t.Parallel()
+	f := plan(t, 4)
+	f.provider.fail = func(int, providers.Message) error {
+		return &providers.Error{Provider: "twilio", Status: 401, Code: 20003, Message: "Authenticate", Class: providers.Permanent}
+	}
+	if err := f.h.RunBatch(context.Background(), f.id, 0); err == nil {
+		t.Fatal("bad credentials: want an error that keeps the batch for retry")
+	}
+	if c := f.counts(t); c.Failed != 0 || c.Pending != c.Planned {
+		t.Fatalf("counts %+v: recipients must stay pending when the account is refused", c)
+	}
+}
+
+func TestAmbiguousTimeoutIsUnknownAndNotResent(t *testing.T) {
+	t.Parallel()
+	f := plan(t, 4)
+	f.provider.fail = func(_ int, m providers.Message) error {
+		if m.To == phone(2) {
+			return &providers.Error{Provider: "test", Class: providers.Ambiguous, Err: context.DeadlineExceeded}
+		}
+		return nil
+	}
+	f.runAll(t)
+	if st, _, _ := f.status(t, "u2"); st != campaign.StatusUnknown {
+		t.Fatalf("u2 status %s, want unknown", st)
+	}
+	f.provider.fail = nil
+	if _, err := f.db.Exec(context.Background(), `UPDATE campaign_recipients SET status = 'pending' WHERE user_id = 'u2'`); err != nil {
+		t.Fatal(err)
+	}
+	f.runAll(t)
+	if n := len(f.provider.accepted[phone(2)]); n != 1 {
+		t.Fatalf("u2 reached the provider %d times; an ambiguous send must not be repeated", n)
+	}
+}
+
+func TestClaimLeftByACrashedWorker(t *testing.T) {
+	t.Parallel()
+	f := plan(t, 4)
+	ctx := context.Background()
+	now := time.Now()
+	// u1: a dead worker claimed it long ago and never recorded an answer: maybe sent, so unknown.
+	f.rdb.Set(ctx, ClaimKey(f.id, "u1"), pendingValue(now.Add(-10*time.Minute), "dead:1"), 0)
+	// u2: the provider answered, the worker died before the bulk write: sent, not resent.
+	f.rdb.Set(ctx, ClaimKey(f.id, "u2"), sentValue("SMabc", 1), 0)
+	// u4: a live worker is sending it right now: leave it alone, come back later.
+	f.rdb.Set(ctx, ClaimKey(f.id, "u4"), pendingValue(now, "live:2"), 0)
+
+	err := f.h.RunBatch(ctx, f.id, 0)
+	var re *RetryError
+	if !errors.As(err, &re) || re.Failure {
+		t.Fatalf("err = %v, want a RetryError that is not a failure (u4 is in flight elsewhere)", err)
+	}
+	if f.provider.total() != 0 {
+		t.Fatalf("sent %d messages; every recipient here was claimed already", f.provider.total())
+	}
+	for user, want := range map[string]string{"u1": campaign.StatusUnknown, "u2": campaign.StatusSent, "u4": campaign.StatusPending} {
+		if st, _, _ := f.status(t, user); st != want {
+			t.Errorf("%s: status %s, want %s", user, st, want)
+		}
+	}
+}
