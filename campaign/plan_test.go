@@ -113,7 +113,7 @@ func TestPlanExclusionsAgainstHandComputedAudience(t *testing.T) {
 	}
 	type planned struct {
 		User, Address, Code string
-		Batch              int
+		Batch               int
 	}
 	var got []planned
 	for rows.Next() {

@@ -22,7 +22,7 @@ func (r *Recipient) TemplateData(ch Channel, campaignName string) map[string]any
 	data := map[string]any{}
 	if len(r.Vars) > 0 {
 		dec := json.NewDecoder(bytes.NewReader(r.Vars))
-		dec.UseNumber() // 1234567 stays 1234567, not 1.234567e+06
+		dec.UseNumber()   // 1234567 stays 1234567, not 1.234567e+06
 		dec.Decode(&data) //nolint:errcheck // written by the planner from a map; cannot be malformed
 	}
 	data["user_id"] = r.UserID

@@ -86,9 +86,9 @@ type Error struct {
 }
 
 func (e *Error) Error() string {
-	s := e.Provider + ": "
+	s := e.Provider
 	if e.Status != 0 {
-		s += fmt.Sprintf("http %d", e.Status)
+		s += fmt.Sprintf(": http %d", e.Status)
 	}
 	if e.Code != 0 {
 		s += fmt.Sprintf(" code %d", e.Code)

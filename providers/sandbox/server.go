@@ -1,0 +1,175 @@
+package sandbox
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"sync/atomic"
+	"time"
+)
+
+// Options configure a Server. The zero value is a sandbox that accepts any well-formed credentials, adds
+// no latency, injects no faults, has no rate limit and logs nothing.
+type Options struct {
+	// TwilioAccountSID and TwilioAuthToken are the credentials accepted. Empty means any alphanumeric pair
+	// whose username equals the account SID in the path.
+	TwilioAccountSID, TwilioAuthToken string
+	// Latency is added to every provider request (not to the control API).
+	Latency time.Duration
+	// Faults are injected into provider requests; change them later with SetFaults.
+	Faults Faults
+	// TwilioRate caps each account's requests per second; the excess gets a real 429 (code 20429).
+	// 0 means no cap.
+	TwilioRate float64
+	// Logger receives one debug record per provider request; nil discards them.
+	Logger *slog.Logger
+}
+
+// Server imitates the providers' HTTP APIs and records what they were asked to send. It is an
+// http.Handler and is safe for concurrent use.
+type Server struct {
+	opts   Options
+	logger *slog.Logger
+	mux    *http.ServeMux
+	faults atomic.Pointer[Faults]
+	log    *messageLog
+	twilio *rateLimiter
+}
+
+// New returns a Server with the given options.
+func New(opts Options) *Server {
+	s := &Server{
+		opts:   opts,
+		logger: opts.Logger,
+		mux:    http.NewServeMux(),
+		log:    newMessageLog(),
+		twilio: newRateLimiter(opts.TwilioRate),
+	}
+	if s.logger == nil {
+		s.logger = slog.New(slog.DiscardHandler)
+	}
+	s.SetFaults(opts.Faults)
+	s.controlRoutes()
+	s.twilioRoutes()
+	return s
+}
+
+// ServeHTTP serves the provider APIs and the /_sandbox/ control API.
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	s.mux.ServeHTTP(w, r)
+}
+
+// Messages returns every message accepted since the start or the last Reset, in the order accepted.
+func (s *Server) Messages() []Message {
+	return s.log.list("")
+}
+
+// SetFaults replaces the injected faults. Rates outside 0..1 are clamped.
+func (s *Server) SetFaults(f Faults) {
+	clamp := func(v *float64) {
+		if !(*v >= 0) { // negative or NaN
+			*v = 0
+		}
+		*v = min(*v, 1)
+	}
+	for _, v := range []*float64{&f.Rate429, &f.Rate500, &f.Rate503, &f.RateRaw503, &f.RateTimeout, &f.RateReset} {
+		clamp(v)
+	}
+	s.faults.Store(&f)
+}
+
+// Stats returns the counters since the start or the last Reset.
+func (s *Server) Stats() Stats {
+	return s.log.snapshot()
+}
+
+// Reset clears the message log, the stats and the rate buckets. Faults stay as they are.
+func (s *Server) Reset() {
+	s.log.reset()
+	s.twilio.reset()
+}
+
+func (s *Server) controlRoutes() {
+	s.mux.HandleFunc("GET /_sandbox/messages", func(w http.ResponseWriter, r *http.Request) {
+		writeJSON(w, http.StatusOK, s.log.list(r.URL.Query().Get("to")))
+	})
+	s.mux.HandleFunc("GET /_sandbox/stats", func(w http.ResponseWriter, r *http.Request) {
+		writeJSON(w, http.StatusOK, s.Stats())
+	})
+	s.mux.HandleFunc("GET /_sandbox/faults", func(w http.ResponseWriter, r *http.Request) {
+		writeJSON(w, http.StatusOK, s.faults.Load())
+	})
+	s.mux.HandleFunc("POST /_sandbox/faults", func(w http.ResponseWriter, r *http.Request) {
+		var f Faults
+		dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, 1<<16))
+		dec.DisallowUnknownFields()
+		if err := dec.Decode(&f); err != nil {
+			writeJSON(w, http.StatusBadRequest, map[string]string{"error": "decode faults: " + err.Error()})
+			return
+		}
+		if err := f.validate(); err != nil {
+			writeJSON(w, http.StatusBadRequest, map[string]string{"error": err.Error()})
+			return
+		}
+		s.SetFaults(f)
+		s.logger.Info("sandbox faults set", "faults", f)
+		writeJSON(w, http.StatusOK, f)
+	})
+	s.mux.HandleFunc("POST /_sandbox/reset", func(w http.ResponseWriter, r *http.Request) {
+		s.Reset()
+		w.WriteHeader(http.StatusNoContent)
+	})
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(v)
+}
+
+// shutdownTimeout bounds how long ListenAndServe waits for requests in flight (a long Latency) to finish.
+const shutdownTimeout = 10 * time.Second
+
+// ListenAndServe serves s on addr until ctx is done, then shuts down gracefully: it stops accepting,
+// releases requests held by the timeout fault (their connections are dropped without an answer) and
+// waits up to 10s for the others to finish. It returns nil after a clean shutdown.
+func ListenAndServe(ctx context.Context, addr string, s *Server) error {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return fmt.Errorf("sandbox listen: %w", err)
+	}
+	stop := make(chan struct{})
+	srv := &http.Server{
+		Handler:           s,
+		ReadHeaderTimeout: 10 * time.Second,
+		BaseContext: func(net.Listener) context.Context {
+			return context.WithValue(context.Background(), shutdownKey{}, (<-chan struct{})(stop))
+		},
+		ErrorLog: slog.NewLogLogger(s.logger.Handler(), slog.LevelDebug),
+	}
+	srv.RegisterOnShutdown(func() { close(stop) })
+
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(ln) }()
+	s.logger.Info("sandbox listening", "addr", ln.Addr().String())
+
+	select {
+	case err := <-errc:
+		return fmt.Errorf("sandbox serve: %w", err)
+	case <-ctx.Done():
+	}
+	sctx, cancel := context.WithTimeout(context.Background(), shutdownTimeout)
+	defer cancel()
+	if err := srv.Shutdown(sctx); err != nil {
+		_ = srv.Close()
+		return fmt.Errorf("sandbox shutdown: %w", err)
+	}
+	if err := <-errc; !errors.Is(err, http.ErrServerClosed) {
+		return fmt.Errorf("sandbox serve: %w", err)
+	}
+	return nil
+}

@@ -1,0 +1,299 @@
+package sandbox
+
+import (
+	"crypto/rand"
+	"crypto/subtle"
+	"encoding/hex"
+	"fmt"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/campaignctl/campaignctl/providers"
+)
+
+// Twilio error codes the sandbox answers with. The permanent recipient errors are also reachable through
+// the magic numbers (see the package doc).
+const (
+	codeAuthenticate     = 20003
+	codeNotFound         = 20404
+	codeMethodNotAllowed = 20004
+	codeTooManyRequests  = 20429
+	codeInternal         = 20500
+	codeUnavailable      = 20503
+	codeInvalidTo        = 21211
+	codeRegionDisabled   = 21408
+	codeBodyRequired     = 21602
+	codeFromRequired     = 21603
+	codeToRequired       = 21604
+	codeFromInvalid      = 21606
+	codeUnverified       = 21608
+	codeOptedOut         = 21610
+	codeNotMobile        = 21614
+	codeBodyTooLong      = 21617
+	codeLandline         = 21635
+)
+
+// twilioMaxBody is the longest Body Twilio accepts, in characters.
+const twilioMaxBody = 1600
+
+// magicPrefix starts the recipients that draw a permanent error: magicPrefix + the five-digit code.
+const magicPrefix = "+9055500"
+
+// magicErrors are the codes a magic recipient can ask for, with Twilio's message for each ("%s" is the
+// recipient, which Twilio's own messages name too).
+var magicErrors = map[string]struct {
+	code int
+	msg  string
+}{
+	"21211": {codeInvalidTo, "Invalid 'To' Phone Number: %s"},
+	"21408": {codeRegionDisabled, "Permission to send an SMS has not been enabled for the region indicated by the 'To' number: %s."},
+	"21606": {codeFromInvalid, "The 'From' phone number provided is not a valid message-capable Twilio phone number for this destination (%s)."},
+	"21608": {codeUnverified, "The number %s is unverified. Trial accounts cannot send messages to unverified numbers."},
+	"21610": {codeOptedOut, "Attempt to send to unsubscribed recipient %s"},
+	"21614": {codeNotMobile, "'To' number %s is not a valid mobile number"},
+	"21635": {codeLandline, "The 'To' number %s is a landline and cannot receive SMS."},
+}
+
+func (s *Server) twilioRoutes() {
+	s.mux.HandleFunc("/2010-04-01/Accounts/{AccountSid}/Messages.json", s.twilioCreateMessage)
+	s.mux.HandleFunc("/2010-04-01/", func(w http.ResponseWriter, r *http.Request) {
+		s.log.request()
+		s.twilioError(w, r, http.StatusNotFound, codeNotFound, "The requested resource "+r.URL.Path+" was not found")
+	})
+}
+
+// twilioCreateMessage imitates POST /2010-04-01/Accounts/{AccountSid}/Messages.json. The order of checks
+// follows Twilio's: authentication, then the account's rate, then the request itself; injected faults
+// come after the rate check, so only authenticated traffic sees them.
+func (s *Server) twilioCreateMessage(w http.ResponseWriter, r *http.Request) {
+	s.log.request()
+	sleep(r.Context(), s.opts.Latency)
+
+	if r.Method != http.MethodPost {
+		s.twilioError(w, r, http.StatusMethodNotAllowed, codeMethodNotAllowed, "Method not allowed")
+		return
+	}
+	account := r.PathValue("AccountSid")
+	if !s.twilioAuthorized(r, account) {
+		w.Header().Set("WWW-Authenticate", `Basic realm="Twilio API"`)
+		s.twilioError(w, r, http.StatusUnauthorized, codeAuthenticate, "Authenticate")
+		return
+	}
+	if !s.twilio.allow(account) {
+		s.twilioError(w, r, http.StatusTooManyRequests, codeTooManyRequests, "Too Many Requests")
+		return
+	}
+	r.Body = http.MaxBytesReader(w, r.Body, 1<<16)
+	if err := r.ParseForm(); err != nil {
+		s.twilioError(w, r, http.StatusBadRequest, codeToRequired, "A 'To' phone number is required.")
+		return
+	}
+
+	hangAfterAccept := false
+	switch s.faults.Load().pick() {
+	case fault429:
+		s.twilioError(w, r, http.StatusTooManyRequests, codeTooManyRequests, "Too Many Requests")
+		return
+	case fault500:
+		s.twilioError(w, r, http.StatusInternalServerError, codeInternal, "Internal Server Error")
+		return
+	case fault503:
+		s.twilioError(w, r, http.StatusServiceUnavailable, codeUnavailable, "Service Unavailable")
+		return
+	case faultRaw503:
+		s.log.rejected(http.StatusServiceUnavailable, 0)
+		s.logRequest(r, http.StatusServiceUnavailable, 0)
+		writeRaw503(w)
+		return
+	case faultReset:
+		s.log.connReset()
+		s.logRequest(r, 0, 0)
+		resetConn(w)
+		return
+	case faultTimeout:
+		hangAfterAccept = true
+	}
+
+	to, from, msid, body := r.PostForm.Get("To"), r.PostForm.Get("From"), r.PostForm.Get("MessagingServiceSid"), r.PostForm.Get("Body")
+	switch {
+	case to == "":
+		s.twilioError(w, r, http.StatusBadRequest, codeToRequired, "A 'To' phone number is required.")
+		return
+	case !isE164(to):
+		s.twilioError(w, r, http.StatusBadRequest, codeInvalidTo, fmt.Sprintf("The 'To' number %s is not a valid phone number.", to))
+		return
+	case from == "" && msid == "":
+		s.twilioError(w, r, http.StatusBadRequest, codeFromRequired, "A 'From' or 'MessagingServiceSid' parameter is required to send a message")
+		return
+	case body == "" && r.PostForm.Get("MediaUrl") == "" && r.PostForm.Get("ContentSid") == "":
+		s.twilioError(w, r, http.StatusBadRequest, codeBodyRequired, "A text message body or media urls must be specified.")
+		return
+	case utf8.RuneCountInString(body) > twilioMaxBody:
+		s.twilioError(w, r, http.StatusBadRequest, codeBodyTooLong, "The concatenated message body exceeds the 1600 character limit.")
+		return
+	}
+	if e, ok := magicErrors[strings.TrimPrefix(to, magicPrefix)]; ok && strings.HasPrefix(to, magicPrefix) {
+		s.twilioError(w, r, http.StatusBadRequest, e.code, fmt.Sprintf(e.msg, to))
+		return
+	}
+
+	m := Message{
+		SID:        newSID("SM"),
+		AccountSID: account,
+		To:         to,
+		From:       from,
+		Body:       body,
+		Status:     "queued",
+		At:         time.Now().UTC(),
+		Hung:       hangAfterAccept,
+	}
+	_, m.NumSegments = providers.SMSSegments(body)
+	if from == "" {
+		// A Messaging Service picks the sender later, so Twilio answers "accepted" and, not knowing the
+		// sender's encoding yet, "0" segments.
+		m.From, m.Status, m.NumSegments = msid, "accepted", 0
+	}
+	s.log.accept(m)
+	if hangAfterAccept {
+		s.logRequest(r, 0, 0)
+		hang(r)
+		return
+	}
+	s.logRequest(r, http.StatusCreated, 0)
+	writeJSON(w, http.StatusCreated, twilioMessageResource(m, from, msid))
+}
+
+// twilioAuthorized checks HTTP Basic auth the way Twilio does for an account's resources: the username is
+// the account SID in the path, and both parts are alphanumeric.
+func (s *Server) twilioAuthorized(r *http.Request, account string) bool {
+	user, pass, ok := r.BasicAuth()
+	if !ok || user == "" || pass == "" || user != account || !isAlnum(user) || !isAlnum(pass) {
+		return false
+	}
+	if s.opts.TwilioAccountSID != "" && user != s.opts.TwilioAccountSID {
+		return false
+	}
+	if s.opts.TwilioAuthToken != "" && subtle.ConstantTimeCompare([]byte(pass), []byte(s.opts.TwilioAuthToken)) != 1 {
+		return false
+	}
+	return true
+}
+
+// twilioMessage is Twilio's Message resource as the 201 carries it. num_segments, num_media and price
+// are strings there, and twilio-go decodes them as such.
+type twilioMessage struct {
+	AccountSID          string            `json:"account_sid"`
+	APIVersion          string            `json:"api_version"`
+	Body                string            `json:"body"`
+	DateCreated         string            `json:"date_created"`
+	DateSent            *string           `json:"date_sent"`
+	DateUpdated         string            `json:"date_updated"`
+	Direction           string            `json:"direction"`
+	ErrorCode           *int              `json:"error_code"`
+	ErrorMessage        *string           `json:"error_message"`
+	From                *string           `json:"from"`
+	MessagingServiceSID *string           `json:"messaging_service_sid"`
+	NumMedia            string            `json:"num_media"`
+	NumSegments         string            `json:"num_segments"`
+	Price               *string           `json:"price"`
+	PriceUnit           string            `json:"price_unit"`
+	SID                 string            `json:"sid"`
+	Status              string            `json:"status"`
+	SubresourceURIs     map[string]string `json:"subresource_uris"`
+	To                  string            `json:"to"`
+	URI                 string            `json:"uri"`
+}
+
+func twilioMessageResource(m Message, from, msid string) twilioMessage {
+	date := m.At.Format(time.RFC1123Z)
+	uri := "/2010-04-01/Accounts/" + m.AccountSID + "/Messages/" + m.SID
+	out := twilioMessage{
+		AccountSID:      m.AccountSID,
+		APIVersion:      "2010-04-01",
+		Body:            m.Body,
+		DateCreated:     date,
+		DateUpdated:     date,
+		Direction:       "outbound-api",
+		NumMedia:        "0",
+		NumSegments:     strconv.Itoa(m.NumSegments),
+		PriceUnit:       "USD",
+		SID:             m.SID,
+		Status:          m.Status,
+		SubresourceURIs: map[string]string{"media": uri + "/Media.json"},
+		To:              m.To,
+		URI:             uri + ".json",
+	}
+	if from != "" {
+		out.From = &from
+	}
+	if msid != "" {
+		out.MessagingServiceSID = &msid
+	}
+	return out
+}
+
+// twilioErrorBody is Twilio's legacy error JSON. twilio-go reads status from the body, not the status
+// line, so it is always present.
+type twilioErrorBody struct {
+	Code     int    `json:"code"`
+	Message  string `json:"message"`
+	MoreInfo string `json:"more_info"`
+	Status   int    `json:"status"`
+}
+
+func (s *Server) twilioError(w http.ResponseWriter, r *http.Request, status, code int, msg string) {
+	s.log.rejected(status, code)
+	s.logRequest(r, status, code)
+	if status == http.StatusTooManyRequests {
+		w.Header().Set("Retry-After", "1")
+	}
+	writeJSON(w, status, twilioErrorBody{
+		Code:     code,
+		Message:  msg,
+		MoreInfo: "https://www.twilio.com/docs/errors/" + strconv.Itoa(code),
+		Status:   status,
+	})
+}
+
+// logRequest writes one debug record per provider request; status 0 means no answer was sent. Only the
+// masked recipient is logged, never the credentials or the body.
+func (s *Server) logRequest(r *http.Request, status, code int) {
+	s.logger.Debug("sandbox twilio request",
+		"account_sid", r.PathValue("AccountSid"),
+		"to", providers.MaskAddress(r.PostForm.Get("To")),
+		"status", status,
+		"code", code)
+}
+
+// newSID returns a Twilio-style resource SID: the two-letter prefix and 32 hex digits.
+func newSID(prefix string) string {
+	var b [16]byte
+	_, _ = rand.Read(b[:])
+	return prefix + hex.EncodeToString(b[:])
+}
+
+// isE164 reports whether s is "+" and 2 to 15 digits, the first not 0.
+func isE164(s string) bool {
+	if len(s) < 3 || len(s) > 16 || s[0] != '+' || s[1] == '0' {
+		return false
+	}
+	for i := 1; i < len(s); i++ {
+		if s[i] < '0' || s[i] > '9' {
+			return false
+		}
+	}
+	return true
+}
+
+func isAlnum(s string) bool {
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9') {
+			return false
+		}
+	}
+	return true
+}

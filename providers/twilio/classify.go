@@ -1,0 +1,136 @@
+package twilio
+
+import (
+	"errors"
+	"net/http"
+	"regexp"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/twilio/twilio-go/client"
+
+	"github.com/campaignctl/campaignctl/providers"
+)
+
+// Codes twilio-go raises itself, before any request, when a credential is not alphanumeric. New rejects
+// such credentials, so these show up only if that check and the SDK's ever disagree.
+const (
+	codeBadUsername = 21222
+	codeBadPassword = 21224
+	codeTooMany     = 20429
+	// codeQueueFull: the sender's queue holds more than 10 hours of messages; slow down and retry.
+	codeQueueFull = 21611
+)
+
+// classify turns a failed CreateMessage into a *providers.Error, reading what the SDK does not keep (the
+// HTTP status, Retry-After, whether the request was written) from the call's recorder.
+func (p *Provider) classify(rec *recorder, err error, to string) error {
+	status, retryAfter := rec.answer()
+	e := &providers.Error{Provider: "twilio", Status: status}
+	var te *client.TwilioRestError
+	switch {
+	case errors.As(err, &te) && status == 0 && !rec.connected() &&
+		(te.Code == codeBadUsername || te.Code == codeBadPassword):
+		e.Code, e.Message, e.Class = te.Code, te.Message, providers.Permanent
+		return e
+	case errors.As(err, &te):
+		// Twilio's JSON error body. The SDK takes Status from the body; the status line is the truth.
+		if e.Status == 0 {
+			e.Status = te.Status
+		}
+		e.Code = te.Code
+		e.Message = p.redact(te.Message, to, true)
+		e.Class = classOfStatus(e.Status, e.Code)
+	case status != 0:
+		// An answer the SDK could not decode: an HTML 5xx from a proxy, or a body cut short.
+		e.Message = "undecodable response"
+		e.Err = p.redactErr(err, to)
+		e.Class = classOfStatus(status, 0)
+		switch {
+		case status >= 200 && status <= 299:
+			// Twilio created the message but we could not read which one.
+			e.Message = "created, but the response could not be read"
+			e.Class = providers.Ambiguous
+		case status >= 300 && status <= 399:
+			e.Message = "unexpected redirect: check TWILIO_BASE_URL"
+		}
+	default:
+		// No answer at all: what matters is whether the request left.
+		e.Err = p.redactErr(err, to)
+		e.Message, e.Class = "request not sent", providers.Transient
+		if rec.written() {
+			e.Message, e.Class = "request sent, no answer", providers.Ambiguous
+		}
+	}
+	if e.Class == providers.Transient {
+		e.RetryAfter = parseRetryAfter(retryAfter, time.Now())
+	}
+	return e
+}
+
+// classOfStatus classifies an error answer: rate limits and server errors may be retried, any other
+// answer is Twilio refusing this message (or this configuration) for good.
+func classOfStatus(status, code int) providers.Class {
+	switch {
+	case status == http.StatusTooManyRequests || code == codeTooMany || code == codeQueueFull:
+		return providers.Transient
+	case status >= 500:
+		return providers.Transient
+	default:
+		return providers.Permanent
+	}
+}
+
+// parseRetryAfter reads a Retry-After header, in seconds or as an HTTP date; 0 when absent or invalid.
+func parseRetryAfter(v string, now time.Time) time.Duration {
+	if v == "" {
+		return 0
+	}
+	if s, err := strconv.Atoi(strings.TrimSpace(v)); err == nil {
+		if s < 0 {
+			return 0
+		}
+		return time.Duration(s) * time.Second
+	}
+	if t, err := http.ParseTime(v); err == nil && t.After(now) {
+		return t.Sub(now)
+	}
+	return 0
+}
+
+// phoneLike matches what could be a phone number in Twilio's error text, which quotes the recipient,
+// sometimes reformatted.
+var phoneLike = regexp.MustCompile(`\+?\d[\d ()-]{6,}\d`)
+
+// redact removes the recipient (and, in Twilio's own messages, anything shaped like a phone number) and
+// the auth token from a text that came from the SDK or from Twilio. Transport error texts are spared the
+// pattern: their URLs carry the account SID, whose digits it would mangle.
+func (p *Provider) redact(s, to string, fromTwilio bool) string {
+	if p.token != "" {
+		s = strings.ReplaceAll(s, p.token, "[token]")
+	}
+	if to != "" {
+		s = strings.ReplaceAll(s, to, "[to]")
+		if bare := strings.TrimPrefix(to, "+"); len(bare) >= 6 {
+			s = strings.ReplaceAll(s, bare, "[to]")
+		}
+	}
+	if fromTwilio {
+		s = phoneLike.ReplaceAllString(s, "[number]")
+	}
+	return s
+}
+
+// redactErr wraps err so that its text is redacted; errors.Is and errors.As still see err.
+func (p *Provider) redactErr(err error, to string) error {
+	return &redactedError{msg: p.redact(err.Error(), to, false), err: err}
+}
+
+type redactedError struct {
+	msg string
+	err error
+}
+
+func (e *redactedError) Error() string { return e.msg }
+func (e *redactedError) Unwrap() error { return e.err }
