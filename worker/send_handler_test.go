@@ -319,7 +319,7 @@ func TestPermanentErrorFailsTheRecipientAndReleasesItsCode(t *testing.T) {
 	}
 	var free int64
 	f.db.QueryRow(context.Background(), `SELECT count(*) FROM promo_codes WHERE campaign_id IS NULL`).Scan(&free) //nolint:errcheck
-	if free != 2 { // 4 codes, 3 reserved at plan, 1 released
+	if free != 2 {                                                                                                // 4 codes, 3 reserved at plan, 1 released
 		t.Errorf("%d free codes, want 2", free)
 	}
 	// A rerun never retries the permanent failure.
