@@ -78,6 +78,7 @@ const (
 	ReasonDuplicateUser    = "duplicate_user"
 	ReasonInvalidAddress   = "invalid_address"
 	ReasonDuplicateAddress = "duplicate_address"
+	ReasonMissingValue     = "missing_value"
 	ReasonNoConsent        = "no_consent"
 	ReasonConsentRET       = "consent_ret"
 	ReasonRevoked          = "revoked"

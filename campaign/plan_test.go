@@ -218,6 +218,7 @@ func TestPlanRefusals(t *testing.T) {
 		}, campaign.ErrInvalid, []string{"read-only"}},
 		{"audience syntax", func(s *campaign.Spec) { s.AudienceSQL = "SELEC user_id FROM aud" }, campaign.ErrInvalid, []string{"audience query failed"}},
 		{"two statements", func(s *campaign.Spec) { s.AudienceSQL = "SELECT 1; SELECT 2" }, campaign.ErrInvalid, []string{"more than one statement"}},
+		{"code without a pool", func(s *campaign.Spec) { s.CodePool = "" }, campaign.ErrInvalid, []string{"{{.code}}", "--code-pool"}},
 		{"unknown channel", func(s *campaign.Spec) { s.Channel = "fax" }, campaign.ErrInvalid, []string{`unknown channel "fax"`}},
 		{"bad template", func(s *campaign.Spec) { s.Message = "Hi {{.first_name" }, campaign.ErrInvalid, []string{"does not parse"}},
 	}
@@ -241,5 +242,20 @@ func TestPlanRefusals(t *testing.T) {
 	}
 	if n := count(t, db, `SELECT count(*) FROM aud`); n != 10 {
 		t.Errorf("the audience table lost rows: %d", n)
+	}
+}
+
+// A row whose column the template uses is NULL is excluded (missing_value), never sent "Merhaba <no value>".
+func TestNullTemplateValueIsExcluded(t *testing.T) {
+	t.Parallel()
+	db, _ := testdb.New(t)
+	seedAudience(t, db, 3)
+	mustExec(t, db, `UPDATE aud SET first_name = NULL WHERE user_id = 'u2'`)
+	rep, err := (&campaign.Planner{Engine: db, Audience: db}).Plan(context.Background(), spec("nulls"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.Eligible != 1 || rep.Excluded[campaign.ReasonMissingValue] != 1 {
+		t.Fatalf("eligible %d, excluded %v; want u2 excluded as missing_value", rep.Eligible, rep.Excluded)
 	}
 }

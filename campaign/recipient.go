@@ -24,10 +24,18 @@ func (r *Recipient) TemplateData(ch Channel, campaignName string) map[string]any
 		dec := json.NewDecoder(bytes.NewReader(r.Vars))
 		dec.UseNumber()   // 1234567 stays 1234567, not 1.234567e+06
 		dec.Decode(&data) //nolint:errcheck // written by the planner from a map; cannot be malformed
+		// A NULL column is left out, so that a template naming it fails instead of printing "<no value>".
+		for k, v := range data {
+			if v == nil {
+				delete(data, k)
+			}
+		}
 	}
 	data["user_id"] = r.UserID
 	data[ch.AddressColumn()] = r.Address
-	data["code"] = r.Code
+	if r.Code != "" {
+		data["code"] = r.Code
+	}
 	data["campaign"] = campaignName
 	return data
 }

@@ -124,27 +124,49 @@ func (s *Store) MarkEnqueued(ctx context.Context, id int64, batches []int) error
 	return nil
 }
 
-// LoadBatch returns the still-pending recipients of one batch, with their consent as it stands now (the
-// send-time re-check: a RET recorded after launch blocks the send).
-func (s *Store) LoadBatch(ctx context.Context, c *Campaign, batch int) ([]Recipient, error) {
-	rows, err := s.pool.Query(ctx, `SELECT r.user_id, r.address, r.vars, coalesce(r.code, ''),
-			coalesce(ic.status = 'ONAY', false) OR $3 = ''
-		FROM campaign_recipients r
-		LEFT JOIN iys_consents ic ON ic.recipient = r.address AND ic.type = $3 AND ic.recipient_type = 'BIREYSEL'
-		WHERE r.campaign_id = $1 AND r.batch = $2 AND r.status = 'pending'
-		ORDER BY r.user_id`, c.ID, batch, c.Channel.IYSType())
+// LoadBatch returns the still-pending recipients of one batch.
+func (s *Store) LoadBatch(ctx context.Context, campaignID int64, batch int) ([]Recipient, error) {
+	rows, err := s.pool.Query(ctx, `SELECT user_id, address, vars, coalesce(code, '')
+		FROM campaign_recipients WHERE campaign_id = $1 AND batch = $2 AND status = 'pending'
+		ORDER BY user_id`, campaignID, batch)
 	if err != nil {
 		return nil, fmt.Errorf("load batch %d: %w", batch, err)
 	}
 	out, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Recipient, error) {
 		var r Recipient
-		err := row.Scan(&r.UserID, &r.Address, &r.Vars, &r.Code, &r.Consent)
+		err := row.Scan(&r.UserID, &r.Address, &r.Vars, &r.Code)
 		return r, err
 	})
 	if err != nil {
 		return nil, fmt.Errorf("load batch %d: %w", batch, err)
 	}
 	return out, nil
+}
+
+// SendGate returns, in one round trip, the campaign's state and which of addrs have consent right now
+// (İYS ONAY for the channel, recipient type BIREYSEL). It is read just before each chunk of sends, so a
+// RET recorded after the launch, or a pause, takes effect within one chunk. Channels without an İYS type
+// (push) report every address as consenting: their opt-in is decided at plan time.
+func (s *Store) SendGate(ctx context.Context, c *Campaign, addrs []string) (State, map[string]bool, error) {
+	var st State
+	var ok []string
+	err := s.pool.QueryRow(ctx, `SELECT coalesce((SELECT state FROM campaigns WHERE id = $1), 'cancelled'),
+			array(SELECT recipient FROM iys_consents
+				WHERE recipient = ANY($2) AND type = $3 AND recipient_type = 'BIREYSEL' AND status = 'ONAY')`,
+		c.ID, addrs, c.Channel.IYSType()).Scan(&st, &ok)
+	if err != nil {
+		return "", nil, fmt.Errorf("send gate: %w", err)
+	}
+	consent := make(map[string]bool, len(addrs))
+	if c.Channel.IYSType() == "" {
+		for _, a := range addrs {
+			consent[a] = true
+		}
+	}
+	for _, a := range ok {
+		consent[a] = true
+	}
+	return st, consent, nil
 }
 
 // Record writes outcomes in one statement. Only recipients still pending change, so recording the same

@@ -6,10 +6,12 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/campaignctl/campaignctl/iys"
 	"github.com/campaignctl/campaignctl/providers"
@@ -73,6 +75,7 @@ func (p *Planner) plan(ctx context.Context, spec Spec, tmpl *Template, rep *Repo
 			     WHEN a.urn > 1 THEN '`+ReasonDuplicateUser+`'
 			     WHEN a.address IS NULL THEN '`+ReasonInvalidAddress+`'
 			     WHEN a.arn > 1 THEN '`+ReasonDuplicateAddress+`'
+			     WHEN `+missingValueTest(tmpl, spec.Channel)+` THEN '`+ReasonMissingValue+`'
 			     WHEN c.status IS NULL THEN '`+ReasonNoConsent+`'
 			     WHEN c.status <> 'ONAY' THEN '`+ReasonConsentRET+`'
 			END AS reason
@@ -183,6 +186,26 @@ func (p *Planner) plan(ctx context.Context, spec Spec, tmpl *Template, rep *Repo
 	return nil
 }
 
+// missingValueTest is the SQL condition that a row lacks (NULL) a column the template uses: such a row
+// is excluded rather than sent "Merhaba <no value>". Field names come from the parsed template and are
+// passed as quoted literals.
+func missingValueTest(tmpl *Template, ch Channel) string {
+	var conds []string
+	for _, f := range tmpl.Fields() {
+		switch f {
+		case "code", "campaign", "user_id", ch.AddressColumn():
+			continue
+		}
+		conds = append(conds, "(a.vars->>"+quoteLiteral(f)+") IS NULL")
+	}
+	if len(conds) == 0 {
+		return "false"
+	}
+	return strings.Join(conds, " OR ")
+}
+
+func quoteLiteral(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
+
 // sample renders the message of the first planned recipient, so the marketer sees exactly what goes out.
 func (p *Planner) sample(ctx context.Context, tx pgx.Tx, id int64, spec Spec, tmpl *Template, rep *Report) error {
 	var r Recipient
@@ -249,7 +272,11 @@ func (p *Planner) stageAudience(ctx context.Context, engineTx pgx.Tx, spec Spec,
 		return fmt.Errorf("%w: the audience query returns no %s column (it returns: %v); select it, e.g. `SELECT id AS user_id, gsm AS phone, ...`",
 			ErrInvalid, missing, cols)
 	}
-	if err := tmpl.Check(append(append([]string(nil), cols...), "code", "campaign")); err != nil {
+	keys := append(append([]string(nil), cols...), "campaign")
+	if spec.CodePool != "" {
+		keys = append(keys, "code")
+	}
+	if err := tmpl.Check(keys); err != nil {
 		return err
 	}
 	if _, err := engineTx.CopyFrom(ctx, pgx.Identifier{"audience_stage"}, []string{"ord", "user_id", "address", "vars"}, src); err != nil {
@@ -338,8 +365,16 @@ func toText(v any) string {
 		return strconv.FormatInt(v, 10)
 	case int32:
 		return strconv.FormatInt(int64(v), 10)
+	case float64:
+		return strconv.FormatFloat(v, 'f', -1, 64)
+	case float32:
+		return strconv.FormatFloat(float64(v), 'f', -1, 32)
 	case [16]byte:
 		return fmt.Sprintf("%x-%x-%x-%x-%x", v[0:4], v[4:6], v[6:8], v[8:10], v[10:16])
+	case pgtype.Numeric:
+		if b, err := v.MarshalJSON(); err == nil {
+			return string(b)
+		}
 	}
 	return fmt.Sprint(v)
 }

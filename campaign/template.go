@@ -47,6 +47,19 @@ func (t *Template) Render(data map[string]any) (string, error) {
 	return b.String(), nil
 }
 
+// Fields returns the top-level fields the template names (outside range/with blocks), each once.
+func (t *Template) Fields() []string {
+	var out []string
+	seen := map[string]bool{}
+	walkFields(t.t.Tree.Root, func(name string) {
+		if !seen[name] {
+			seen[name] = true
+			out = append(out, name)
+		}
+	})
+	return out
+}
+
 // Check verifies that every field the template names (outside range/with blocks, where dot changes) is
 // one of keys, and that the template executes over those keys. The error names the missing field and the
 // keys that exist, so the fix is plain.
@@ -56,16 +69,17 @@ func (t *Template) Check(keys []string) error {
 		have[k] = true
 	}
 	var missing []string
-	seen := map[string]bool{}
-	walkFields(t.t.Tree.Root, func(name string) {
-		if !have[name] && !seen[name] {
-			seen[name] = true
-			missing = append(missing, name)
+	for _, f := range t.Fields() {
+		if !have[f] {
+			missing = append(missing, f)
 		}
-	})
+	}
 	if len(missing) > 0 {
 		sorted := append([]string(nil), keys...)
 		sort.Strings(sorted)
+		if missing[0] == "code" {
+			return fmt.Errorf("%w: the message template uses {{.code}} but no --code-pool is given; pass --code-pool POOL (campaignctl codes generate makes one)", ErrInvalid)
+		}
 		return fmt.Errorf("%w: the message template uses {{.%s}} but the audience query returns no column %q; available: %s (add the column to the audience SELECT or fix the template)",
 			ErrInvalid, missing[0], missing[0], strings.Join(sorted, ", "))
 	}

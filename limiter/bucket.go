@@ -36,19 +36,17 @@ func New(rdb redis.UniversalClient) *Bucket {
 }
 
 // gcra turns a rate in events per second into a redis_rate limit. Rates need not be whole numbers
-// (0.5/s is one event every two seconds), so the period is stretched to keep Rate an integer. The burst is a
-// tenth of a second's worth (at least 1): enough to absorb scheduling jitter, small enough that no one-second
-// window exceeds the cap by more than 10 %.
+// (0.5/s is one event every two seconds), so the period is stretched to keep Rate an integer. The burst is
+// a twentieth of a second's worth (at least 1): with burst 1, every token a sleeping worker wakes up late
+// for is lost and the cap is under-used by 20 % or more; with rate/20, no one-second window holds more
+// than 1.05 times the cap.
 func gcra(rate float64) redis_rate.Limit {
 	const scale = 1000
 	n := int(math.Round(rate * scale))
 	if n < 1 {
 		n = 1
 	}
-	burst := int(rate / 10)
-	if burst < 1 {
-		burst = 1
-	}
+	burst := max(1, int(rate/20))
 	return redis_rate.Limit{Rate: n, Burst: burst, Period: scale * time.Second}
 }
 

@@ -26,11 +26,14 @@ func MaskAddress(s string) string {
 // credentials, a sender the account may not use) rather than about the recipient: failing the recipient
 // would be wrong, and every other recipient would fail the same way, so the work must wait for an operator.
 func (e *Error) AccountLevel() bool {
-	if e.Status == 401 || e.Status == 403 {
+	switch {
+	case e.Status == 401, e.Status == 403, e.Status == 404, e.Status >= 300 && e.Status < 400:
+		// bad credentials, a wrong account or base URL, a proxy in the way
 		return true
 	}
 	switch e.Code {
-	case 20003, 21606, 21222, 21224:
+	case 20003, 20404, 21222, 21224, // credentials, account
+		21212, 21603, 21606, 21659, 21660: // the sender (From) is missing, invalid or not the account's
 		return true
 	}
 	return false

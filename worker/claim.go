@@ -82,7 +82,7 @@ type claims struct {
 // take sets the claim to val if it does not exist. It returns ("", true) when the claim is now ours, or
 // the existing value and false.
 func (c *claims) take(ctx context.Context, key, val string) (string, bool, error) {
-	old, err := c.rdb.SetArgs(ctx, key, val, redis.SetArgs{Mode: "NX", Get: true, TTL: c.ttl}).Result()
+	old, err := takeScript.Run(ctx, c.rdb, []string{key}, val, c.ttl.Milliseconds()).Text()
 	if errors.Is(err, redis.Nil) {
 		return "", true, nil
 	}
@@ -91,6 +91,18 @@ func (c *claims) take(ctx context.Context, key, val string) (string, bool, error
 	}
 	return old, false, nil
 }
+
+// takeScript is SET NX that also returns the value it found, in one atomic round trip (SET NX GET
+// needs Redis 7; this runs on any version the rest of the stack supports).
+//
+// KEYS[1] -> sent:<campaign>:<user>
+// ARGV[1] -> the claim value
+// ARGV[2] -> TTL in milliseconds
+var takeScript = redis.NewScript(`
+local v = redis.call("GET", KEYS[1])
+if v then return v end
+redis.call("SET", KEYS[1], ARGV[1], "PX", ARGV[2])
+return false`)
 
 // settle records the provider's answer in a claim we hold, keeping its TTL.
 func (c *claims) settle(ctx context.Context, key, val string) error {

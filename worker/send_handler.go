@@ -39,8 +39,12 @@ type Config struct {
 	// SendAttempts is how many times a transient provider error is retried in place, with back-off, before
 	// the rest of the batch is handed back to the queue. Default 3.
 	SendAttempts int
-	// FlushEvery is how many outcomes are buffered before they are written to Postgres. Default 100.
-	FlushEvery int
+	// ChunkSize is how many recipients are sent between two reads of the campaign state and consents and
+	// two writes of outcomes to Postgres. Default 25.
+	ChunkSize int
+	// DeadlineMargin is kept free before a batch's deadline to write outcomes and hand the rest back.
+	// Default 30 s.
+	DeadlineMargin time.Duration
 	// Now is the clock; default time.Now.
 	Now func() time.Time
 }
@@ -54,6 +58,9 @@ type Handler struct {
 
 	mu        sync.Mutex
 	templates map[int64]*campaign.Template
+
+	stopping chan struct{}
+	stopOnce sync.Once
 }
 
 // NewHandler returns a Handler for cfg.
@@ -73,8 +80,11 @@ func NewHandler(cfg Config) *Handler {
 	if cfg.SendAttempts == 0 {
 		cfg.SendAttempts = 3
 	}
-	if cfg.FlushEvery == 0 {
-		cfg.FlushEvery = 100
+	if cfg.ChunkSize == 0 {
+		cfg.ChunkSize = 25
+	}
+	if cfg.DeadlineMargin == 0 {
+		cfg.DeadlineMargin = 30 * time.Second
 	}
 	if cfg.Now == nil {
 		cfg.Now = time.Now
@@ -85,6 +95,7 @@ func NewHandler(cfg Config) *Handler {
 		bucket:    limiter.New(cfg.Redis),
 		log:       cfg.Logger,
 		templates: map[int64]*campaign.Template{},
+		stopping:  make(chan struct{}),
 	}
 }
 
@@ -121,7 +132,9 @@ type batchRun struct {
 	counts   map[string]int64
 }
 
-// RunBatch sends the still-pending recipients of one batch.
+// RunBatch sends the still-pending recipients of one batch, a chunk at a time: before each chunk the
+// campaign's state and the chunk's consents are read again (a pause or a RET recorded a moment ago takes
+// effect within one chunk), and after each chunk the outcomes are written to Postgres.
 func (h *Handler) RunBatch(ctx context.Context, campaignID int64, batch int) error {
 	log := h.log.With("campaign_id", campaignID, "batch", batch)
 	c, err := h.cfg.Store.Get(ctx, campaignID)
@@ -130,15 +143,10 @@ func (h *Handler) RunBatch(ctx context.Context, campaignID int64, batch int) err
 		return nil
 	}
 	if err != nil {
-		return err
+		return infra(err)
 	}
-	switch c.State {
-	case campaign.StateRunning:
-	case campaign.StatePaused, campaign.StateScheduled, campaign.StatePlanning:
-		return &RetryError{Err: fmt.Errorf("campaign %d is %s", c.ID, c.State), After: 30 * time.Second}
-	default:
-		log.Info("batch of a finished campaign; nothing to send", "state", c.State)
-		return nil
+	if retry, done := stateGate(c.ID, c.State); retry != nil || done {
+		return retry
 	}
 	provider := h.cfg.Providers[c.Channel]
 	if provider == nil {
@@ -148,9 +156,9 @@ func (h *Handler) RunBatch(ctx context.Context, campaignID int64, batch int) err
 	if err != nil {
 		return fmt.Errorf("campaign %d: %v: %w", c.ID, err, asynq.SkipRetry)
 	}
-	recipients, err := h.cfg.Store.LoadBatch(ctx, c, batch)
+	recipients, err := h.cfg.Store.LoadBatch(ctx, c.ID, batch)
 	if err != nil {
-		return err
+		return infra(err)
 	}
 	run := &batchRun{
 		c: c, batch: batch, provider: provider, tmpl: tmpl, counts: map[string]int64{},
@@ -159,26 +167,39 @@ func (h *Handler) RunBatch(ctx context.Context, campaignID int64, batch int) err
 			{Key: "provider:" + provider.Name(), Rate: h.cfg.ProviderRates[provider.Name()]},
 		},
 	}
+	// waitCtx bounds the waits for tokens: it ends at the soft deadline (the task's, less a margin to write
+	// the outcomes) or when the worker is told to stop, so a slow rate cap hands the rest of the batch back
+	// instead of running into the task timeout. Sends and claim writes keep the task context.
+	waitCtx, cancel := h.waitContext(ctx)
+	defer cancel()
+
 	var stop error
-	for i := range recipients {
-		if stop = h.deliver(ctx, run, &recipients[i]); stop != nil {
+	for start := 0; start < len(recipients) && stop == nil; start += h.cfg.ChunkSize {
+		chunk := recipients[start:min(start+h.cfg.ChunkSize, len(recipients))]
+		if stop = h.gate(ctx, run, chunk); stop != nil {
 			break
 		}
-		if len(run.pending) >= h.cfg.FlushEvery {
-			if err := h.flush(ctx, run); err != nil {
-				stop = err
+		for i := range chunk {
+			if waitCtx.Err() != nil && ctx.Err() == nil {
+				stop = &RetryError{Err: errors.New("batch handed back (worker stopping or batch time used up)"), After: time.Second}
+				break
+			}
+			if stop = h.deliver(ctx, waitCtx, run, &chunk[i]); stop != nil {
 				break
 			}
 		}
-	}
-	// Outcomes already known are written even when the batch stops early; they are in the claims too, so a
-	// failed write is repaired by the next run.
-	if err := h.flush(context.WithoutCancel(ctx), run); err != nil && stop == nil {
-		stop = err
+		// Outcomes already known are written even when the batch stops early; they are in the claims too,
+		// so a failed write is repaired by the next run.
+		if err := h.flush(context.WithoutCancel(ctx), run); err != nil && stop == nil {
+			stop = infra(err)
+		}
 	}
 	log.Info("batch run", "recipients", len(recipients), "sent", run.counts[campaign.StatusSent],
 		"failed", run.counts[campaign.StatusFailed], "skipped", run.counts[campaign.StatusSkipped],
 		"unknown", run.counts[campaign.StatusUnknown], "in_flight_elsewhere", run.busy)
+	if errors.Is(stop, errCampaignOver) {
+		return nil
+	}
 	if stop != nil {
 		return stop
 	}
@@ -186,21 +207,87 @@ func (h *Handler) RunBatch(ctx context.Context, campaignID int64, batch int) err
 		return &RetryError{Err: fmt.Errorf("%d recipients are being sent by another worker", run.busy), After: h.cfg.InFlightGrace}
 	}
 	if done, err := h.cfg.Store.CompleteIfDone(ctx, c.ID); err != nil {
-		return err
+		return infra(err)
 	} else if done {
 		log.Info("campaign completed")
 	}
 	return nil
 }
 
+// errCampaignOver ends a batch whose campaign was cancelled or ended meanwhile.
+var errCampaignOver = errors.New("campaign is over")
+
+// stateGate says what a batch does in a campaign state: go on (nil, false), come back later (a
+// RetryError), or stop for good (nil, true).
+func stateGate(id int64, st campaign.State) (retry error, done bool) {
+	switch st {
+	case campaign.StateRunning:
+		return nil, false
+	case campaign.StatePaused, campaign.StateScheduled, campaign.StatePlanning:
+		return &RetryError{Err: fmt.Errorf("campaign %d is %s", id, st), After: 30 * time.Second}, false
+	}
+	return nil, true
+}
+
+// gate reads the campaign's state and the chunk's consents as they are now.
+func (h *Handler) gate(ctx context.Context, run *batchRun, chunk []campaign.Recipient) error {
+	addrs := make([]string, len(chunk))
+	for i := range chunk {
+		addrs[i] = chunk[i].Address
+	}
+	st, consent, err := h.cfg.Store.SendGate(ctx, run.c, addrs)
+	if err != nil {
+		return infra(err)
+	}
+	if retry, done := stateGate(run.c.ID, st); retry != nil {
+		return retry
+	} else if done {
+		return errCampaignOver
+	}
+	for i := range chunk {
+		chunk[i].Consent = consent[chunk[i].Address]
+	}
+	return nil
+}
+
+// waitContext derives the context token waits run under (see RunBatch).
+func (h *Handler) waitContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	waitCtx, cancel := context.WithCancel(ctx)
+	if dl, ok := ctx.Deadline(); ok {
+		waitCtx, cancel = context.WithDeadline(ctx, dl.Add(-h.cfg.DeadlineMargin))
+	}
+	go func() {
+		select {
+		case <-h.stopping:
+			cancel()
+		case <-waitCtx.Done():
+		}
+	}()
+	return waitCtx, cancel
+}
+
+// Stop asks running batches to hand back what they have not started: each finishes the send in
+// flight, writes its outcomes and returns. Call it before shutting the server down.
+func (h *Handler) Stop() { h.stopOnce.Do(func() { close(h.stopping) }) }
+
+// infra marks an error of Redis or Postgres: the batch waits for them without using up its retries
+// (fail closed: nothing is sent meanwhile, and nothing is given up on).
+func infra(err error) error {
+	var re *RetryError
+	if errors.As(err, &re) {
+		return err
+	}
+	return &RetryError{Err: err, After: 5 * time.Second}
+}
+
 // deliver handles one recipient. A non-nil error stops the batch: the recipient (and the rest) stay
 // pending for the next run.
-func (h *Handler) deliver(ctx context.Context, run *batchRun, r *campaign.Recipient) error {
+func (h *Handler) deliver(ctx, waitCtx context.Context, run *batchRun, r *campaign.Recipient) error {
 	key := ClaimKey(run.c.ID, r.UserID)
 	if !r.Consent {
 		old, ours, err := h.claims.take(ctx, key, reasonValue(claimSkipped, campaign.ReasonRevoked))
 		if err != nil {
-			return err
+			return infra(err)
 		}
 		if ours {
 			run.add(campaign.Outcome{UserID: r.UserID, Status: campaign.StatusSkipped, Reason: campaign.ReasonRevoked})
@@ -218,13 +305,19 @@ func (h *Handler) deliver(ctx context.Context, run *batchRun, r *campaign.Recipi
 	msg := providers.Message{To: r.Address, Subject: run.c.Subject, Body: body, CampaignID: run.c.ID, UserID: r.UserID}
 
 	for attempt := 1; ; attempt++ {
-		if err := h.bucket.Wait(ctx, run.limits...); err != nil {
-			return fmt.Errorf("rate limiter (no send while Redis is unavailable): %w", err)
+		if err := h.bucket.Wait(waitCtx, run.limits...); err != nil {
+			switch {
+			case ctx.Err() != nil:
+				return ctx.Err()
+			case waitCtx.Err() != nil:
+				return &RetryError{Err: errors.New("batch handed back while waiting for the rate limit (worker stopping or batch time used up)"), After: time.Second}
+			}
+			return infra(fmt.Errorf("rate limiter: no send while Redis is unavailable: %w", err))
 		}
 		mine := pendingValue(h.cfg.Now(), h.cfg.Owner)
 		old, ours, err := h.claims.take(ctx, key, mine)
 		if err != nil {
-			return fmt.Errorf("no send while Redis is unavailable: %w", err)
+			return infra(fmt.Errorf("no send while Redis is unavailable: %w", err))
 		}
 		if !ours {
 			h.fromClaim(run, r.UserID, old)
@@ -259,7 +352,7 @@ func (h *Handler) deliver(ctx context.Context, run *batchRun, r *campaign.Recipi
 		}
 		// Transient, or the account itself is refused: nothing was accepted, so the claim is released.
 		if err := h.claims.release(ctx, key, mine); err != nil {
-			return err
+			return infra(err)
 		}
 		if pe.Class == providers.Permanent {
 			return &RetryError{Err: fmt.Errorf("provider refuses the account, not the recipient (fix the configuration; the batch waits): %w", pe), Failure: true}
@@ -268,7 +361,7 @@ func (h *Handler) deliver(ctx context.Context, run *batchRun, r *campaign.Recipi
 		if pe.Status == 429 || pe.Code == 20429 {
 			// Every worker slows down, not only this one.
 			if err := h.bucket.Pause(ctx, "provider:"+run.provider.Name(), wait); err != nil {
-				return err
+				return infra(err)
 			}
 		}
 		if attempt >= h.cfg.SendAttempts {

@@ -393,3 +393,58 @@ func TestClaimLeftByACrashedWorker(t *testing.T) {
 		}
 	}
 }
+
+func TestRETRecordedMidBatchBlocksTheNextChunk(t *testing.T) {
+	t.Parallel()
+	f := plan(t, 4) // eligible u1, u2, u4 in one batch
+	f.h.cfg.ChunkSize = 1
+	f.provider.fail = func(_ int, m providers.Message) error {
+		if m.To == phone(1) {
+			// While u1 is being sent, u2 answers RET through İYS.
+			if _, err := f.db.Exec(context.Background(), `UPDATE iys_consents SET status = 'RET' WHERE recipient = $1`, phone(2)); err != nil {
+				t.Error(err)
+			}
+		}
+		return nil
+	}
+	f.runAll(t)
+	if n := len(f.provider.accepted[phone(2)]); n != 0 {
+		t.Fatalf("u2 revoked consent during the batch but got %d messages", n)
+	}
+	if st, reason, _ := f.status(t, "u2"); st != campaign.StatusSkipped || reason != campaign.ReasonRevoked {
+		t.Fatalf("u2: %s/%s, want skipped/revoked", st, reason)
+	}
+	if n := len(f.provider.accepted[phone(4)]); n != 1 {
+		t.Fatalf("u4 got %d messages, want 1", n)
+	}
+}
+
+func TestPauseAndStopHandTheRestBack(t *testing.T) {
+	t.Parallel()
+	for _, how := range []string{"pause", "stop"} {
+		t.Run(how, func(t *testing.T) {
+			t.Parallel()
+			f := plan(t, 4)
+			f.h.cfg.ChunkSize = 1
+			f.provider.fail = func(call int, _ providers.Message) error {
+				if call == 1 {
+					if how == "pause" {
+						f.db.Exec(context.Background(), `UPDATE campaigns SET state = 'paused' WHERE id = $1`, f.id) //nolint:errcheck
+					} else {
+						f.h.Stop()
+					}
+				}
+				return nil
+			}
+			err := f.h.RunBatch(context.Background(), f.id, 0)
+			var re *RetryError
+			if !errors.As(err, &re) || re.Failure {
+				t.Fatalf("err = %v, want a RetryError that is not a failure", err)
+			}
+			c := f.counts(t)
+			if f.provider.total() != 1 || c.Sent != 1 || c.Pending != 2 {
+				t.Fatalf("after %s: provider %d, counts %+v; want the message in flight finished and recorded, 2 pending", how, f.provider.total(), c)
+			}
+		})
+	}
+}

@@ -91,6 +91,9 @@ func Serve(ctx context.Context, rdb redis.UniversalClient, h *Handler, cfg Serve
 		return fmt.Errorf("start worker: %w", err)
 	}
 	<-ctx.Done()
+	// Batches finish the send in flight, write their outcomes and hand the rest back, well inside the
+	// shutdown timeout; nothing is cut off mid-call.
+	h.Stop()
 	srv.Shutdown()
 	return nil
 }
