@@ -88,7 +88,7 @@ CREATE TABLE iys_consents (
     consent_date    timestamptz NOT NULL,
     updated_at      timestamptz NOT NULL DEFAULT now(),
     PRIMARY KEY (recipient, type, recipient_type)
-);
+) WITH (fillfactor = 50); -- room for in-place (HOT) updates: a sync or re-import rewrites most rows
 
 -- Append-only audit of every provider outcome and every send-time block.
 CREATE TABLE send_log (

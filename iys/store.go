@@ -1,0 +1,228 @@
+package iys
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// ErrNoConsent is returned by Lookup when no consent is stored for the key.
+var ErrNoConsent = errors.New("no İYS consent")
+
+// Consent is one stored İYS consent.
+type Consent struct {
+	Recipient     string    // canonical: E.164 phone or lower-case e-mail
+	Type          string    // MESAJ, EPOSTA or ARAMA
+	RecipientType string    // BIREYSEL or TACIR
+	Status        string    // ONAY or RET
+	Source        string    // as İYS or the import file gave it; may be empty
+	ConsentDate   time.Time // in Europe/Istanbul
+	UpdatedAt     time.Time // when this row was last written locally
+}
+
+// progressEvery is how many rows pass between two Progress calls.
+const progressEvery = 10_000
+
+// importWorkMem lets the in-file de-duplication sort a couple of million rows in memory instead of spilling
+// to disk; it applies to the import's own transaction only.
+const importWorkMem = "256MB"
+
+// Import loads a consent CSV file (see Header and DateLayout) into iys_consents, all or nothing.
+//
+// Every line is validated and its recipient canonicalised for its type (CanonicalPhone for MESAJ and ARAMA,
+// CanonicalEmail for EPOSTA); the first malformed line fails the whole import with a *LineError and nothing
+// is written. Within the file the latest consent_date wins for each key (on a tie, the later line); a row
+// then replaces the stored consent only if its consent_date is the same or later, because İYS keeps the
+// latest decision.
+//
+// The file is streamed: rows are validated as they are read and copied into a temporary table with COPY,
+// so memory stays flat whatever the file's size; the merge is then a few set-based statements (see merge),
+// all in one transaction, so a concurrent reader sees either none or all of the file. While the merge
+// runs, other writers of iys_consents wait; readers do not.
+//
+// On a 2-core machine with a local Postgres 15, 1.7 million rows take about 12 s into an empty table or when
+// nothing changes, and about 28 s when every stored consent is replaced (Postgres rewrites each row and its
+// index entry; see BenchmarkImport).
+func Import(ctx context.Context, pool *pgxpool.Pool, r io.Reader, opts ImportOptions) (ImportReport, error) {
+	var rep ImportReport
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		return rep, fmt.Errorf("import consents: %w", err)
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck
+
+	if _, err := tx.Exec(ctx, `SET LOCAL work_mem = '`+importWorkMem+`'`); err != nil {
+		return rep, fmt.Errorf("import consents: %w", err)
+	}
+	if _, err := tx.Exec(ctx, `CREATE TEMP TABLE iys_import (
+		line            bigint      NOT NULL,
+		recipient       text        NOT NULL,
+		type            text        NOT NULL,
+		recipient_type  text        NOT NULL,
+		status          text        NOT NULL,
+		source          text        NOT NULL,
+		consent_date    timestamptz NOT NULL
+	) ON COMMIT DROP`); err != nil {
+		return rep, fmt.Errorf("import consents: staging table: %w", err)
+	}
+
+	src := &consentSource{rd: newConsentReader(r), progress: opts.Progress}
+	n, err := tx.CopyFrom(ctx, pgx.Identifier{"iys_import"},
+		[]string{"line", "recipient", "type", "recipient_type", "status", "source", "consent_date"}, src)
+	if src.err != nil {
+		return rep, src.err // a *LineError or a read error, already with its context
+	}
+	if err != nil {
+		return rep, fmt.Errorf("import consents: copy: %w", err)
+	}
+	rep.Rows = n
+	if opts.Progress != nil {
+		opts.Progress(n)
+	}
+
+	keys, inserted, updated, err := merge(ctx, tx)
+	if err != nil {
+		return rep, fmt.Errorf("import consents: merge: %w", err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return rep, fmt.Errorf("import consents: commit: %w", err)
+	}
+	rep.Superseded = rep.Rows - keys
+	rep.Inserted = inserted
+	rep.Updated = updated
+	rep.Unchanged = keys - inserted - updated
+	return rep, nil
+}
+
+// latestSQL keeps, for each key in the staged file, the row with the latest consent_date and, on a tie, the
+// latest line: DISTINCT ON keeps the first row of each group in ORDER BY order. COLLATE "C" makes the sort
+// a byte comparison whatever the database's collation (equality is the same), and the output order is the
+// primary key's, so the inserts that follow fill index pages left to right instead of at random.
+const latestSQL = `
+	SELECT DISTINCT ON (recipient COLLATE "C", type COLLATE "C", recipient_type COLLATE "C")
+	       recipient, type, recipient_type, status, source, consent_date
+	FROM iys_import
+	ORDER BY recipient COLLATE "C", type COLLATE "C", recipient_type COLLATE "C", consent_date DESC, line DESC`
+
+// merge folds the staged rows into iys_consents and returns how many distinct keys the file had, how many
+// of them were inserted and how many updated.
+//
+// It takes a SHARE ROW EXCLUSIVE lock first: readers (planning, send-time checks) carry on, but other
+// writers of consents wait until this import commits. That lets it use a plain INSERT for new keys and an
+// UPDATE … FROM for existing ones, which on a million rows is about twice as fast as INSERT … ON CONFLICT
+// (whose speculative insertion probes the index twice and logs twice as much), and it means a key cannot
+// appear between the check and the insert.
+func merge(ctx context.Context, tx pgx.Tx) (keys, inserted, updated int64, err error) {
+	if _, err := tx.Exec(ctx, `LOCK TABLE iys_consents IN SHARE ROW EXCLUSIVE MODE`); err != nil {
+		return 0, 0, 0, err
+	}
+	var empty bool
+	if err := tx.QueryRow(ctx, `SELECT NOT EXISTS (SELECT 1 FROM iys_consents)`).Scan(&empty); err != nil {
+		return 0, 0, 0, err
+	}
+	if empty { // the first import: nothing to compare with, so skip the staging copy and the joins
+		tag, err := tx.Exec(ctx, `
+			INSERT INTO iys_consents (recipient, type, recipient_type, status, source, consent_date)`+latestSQL)
+		if err != nil {
+			return 0, 0, 0, err
+		}
+		return tag.RowsAffected(), tag.RowsAffected(), 0, nil
+	}
+
+	tag, err := tx.Exec(ctx, `CREATE TEMP TABLE iys_latest ON COMMIT DROP AS`+latestSQL)
+	if err != nil {
+		return 0, 0, 0, err
+	}
+	keys = tag.RowsAffected()
+	if _, err := tx.Exec(ctx, `ANALYZE iys_latest`); err != nil { // temp tables get no autovacuum statistics
+		return 0, 0, 0, err
+	}
+	// A stored consent is replaced by a same-date or later one (İYS keeps the latest decision), and only if
+	// something differs, so that importing a file twice reports it unchanged and writes nothing.
+	tag, err = tx.Exec(ctx, `
+		UPDATE iys_consents c
+		SET status = l.status, source = l.source, consent_date = l.consent_date, updated_at = now()
+		FROM iys_latest l
+		WHERE c.recipient = l.recipient AND c.type = l.type AND c.recipient_type = l.recipient_type
+		  AND l.consent_date >= c.consent_date
+		  AND (c.status, c.source, c.consent_date) IS DISTINCT FROM (l.status, l.source, l.consent_date)`)
+	if err != nil {
+		return 0, 0, 0, err
+	}
+	updated = tag.RowsAffected()
+	tag, err = tx.Exec(ctx, `
+		INSERT INTO iys_consents (recipient, type, recipient_type, status, source, consent_date)
+		SELECT recipient, type, recipient_type, status, source, consent_date FROM iys_latest l
+		WHERE NOT EXISTS (SELECT 1 FROM iys_consents c
+		                  WHERE c.recipient = l.recipient AND c.type = l.type AND c.recipient_type = l.recipient_type)`)
+	if err != nil {
+		return 0, 0, 0, err
+	}
+	return keys, tag.RowsAffected(), updated, nil
+}
+
+// consentSource feeds validated rows to COPY as they are read, so the file is never held in memory. pgx
+// calls it from its own goroutine.
+type consentSource struct {
+	rd       *consentReader
+	progress func(int64)
+	row      consentRow
+	vals     [7]any
+	rows     int64
+	err      error
+}
+
+func (s *consentSource) Next() bool {
+	if s.err != nil {
+		return false
+	}
+	row, err := s.rd.next()
+	if err != nil {
+		if err != io.EOF {
+			s.err = err
+		}
+		return false
+	}
+	s.row = row
+	s.rows++
+	if s.progress != nil && s.rows%progressEvery == 0 {
+		s.progress(s.rows)
+	}
+	return true
+}
+
+func (s *consentSource) Values() ([]any, error) {
+	r := &s.row
+	s.vals = [7]any{r.line, r.recipient, r.typ, r.recipientType, r.status, r.source, r.consentDate}
+	return s.vals[:], nil
+}
+
+func (s *consentSource) Err() error { return s.err }
+
+// Lookup returns the stored consent for (recipient, typ, recipientType). The recipient is canonicalised for
+// typ first, so any spelling of the address finds it. It returns an error wrapping ErrNoConsent when there
+// is none, and ErrInvalidPhone, ErrInvalidEmail or ErrInvalidType for an unusable key.
+func Lookup(ctx context.Context, pool *pgxpool.Pool, recipient, typ, recipientType string) (Consent, error) {
+	canon, err := CanonicalRecipient(typ, recipient)
+	if err != nil {
+		return Consent{}, fmt.Errorf("lookup consent: %w", err)
+	}
+	c := Consent{Recipient: canon, Type: typ, RecipientType: recipientType}
+	err = pool.QueryRow(ctx, `
+		SELECT status, source, consent_date, updated_at FROM iys_consents
+		WHERE recipient = $1 AND type = $2 AND recipient_type = $3`,
+		canon, typ, recipientType).Scan(&c.Status, &c.Source, &c.ConsentDate, &c.UpdatedAt)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Consent{}, fmt.Errorf("lookup consent %s %s: %w", typ, recipientType, ErrNoConsent)
+	}
+	if err != nil {
+		return Consent{}, fmt.Errorf("lookup consent: %w", err)
+	}
+	c.ConsentDate = c.ConsentDate.In(istanbul)
+	return c, nil
+}
