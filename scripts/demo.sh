@@ -37,8 +37,8 @@ $ctl migrate
 say "seeding $USERS customers, their İYS consents and the code pool 'demo'"
 $ctl demo seed --users "$USERS" --pool demo
 
-say "starting the provider sandbox on 127.0.0.1:$port (1% 503, 0.5% 429 injected) and two workers"
-$ctl sandbox --addr "127.0.0.1:$port" --fail-503 0.01 --fail-429 0.005 2>.demo/sandbox.log &
+say "starting the provider sandbox on 127.0.0.1:$port (1% 503 and 0.1% 429 injected) and two workers"
+$ctl sandbox --addr "127.0.0.1:$port" --fail-503 0.01 --fail-429 0.001 2>.demo/sandbox.log &
 pids+=($!)
 wait_port 127.0.0.1 "$port" || { echo "the sandbox did not start; see .demo/sandbox.log" >&2; exit 1; }
 for i in 1 2; do
@@ -58,6 +58,11 @@ say "campaign $id: progress"
 timeout 600 $ctl status "$id" --watch >/dev/null
 say "summary"
 $ctl status "$id"
+# What the provider saw: every accepted message, and how many numbers got more than one (must be 0).
+exec 3<>"/dev/tcp/127.0.0.1/$port"
+printf 'GET /_sandbox/stats HTTP/1.0\r\nHost: sandbox\r\n\r\n' >&3
+echo "sandbox: $(tail -n 1 <&3)"
+exec 3<&-
 echo
 echo "Worker logs: .demo/worker1.log .demo/worker2.log; sandbox log: .demo/sandbox.log"
 echo "Inspect later with: bin/campaignctl status $id --json"

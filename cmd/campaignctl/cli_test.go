@@ -1,0 +1,169 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/campaignctl/campaignctl/internal/testdb"
+	"github.com/campaignctl/campaignctl/internal/testredis"
+)
+
+// cli runs a fresh command tree in-process with the given environment.
+func cli(t *testing.T, env map[string]string, args ...string) (stdout, stderr string, code int) {
+	t.Helper()
+	var out, errb bytes.Buffer
+	code = run(args, func(k string) string { return env[k] }, strings.NewReader(""), &out, &errb)
+	return out.String(), errb.String(), code
+}
+
+func writeFile(t *testing.T, name, content string) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), name)
+	if err := os.WriteFile(p, []byte(content), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// badInputEnv is a migrated database with a small audience (3 customers with consent) and a pool of 2
+// codes, and a Redis DB.
+func badInputEnv(t *testing.T) (map[string]string, func() int64) {
+	env, count := badInputDB(t)
+	return env, func() int64 { return count(`SELECT count(*) FROM campaigns`) }
+}
+
+func badInputDB(t *testing.T) (map[string]string, func(sql string) int64) {
+	t.Helper()
+	db, dbURL := testdb.New(t)
+	_, redisURL := testredis.New(t)
+	ctx := context.Background()
+	for _, sql := range []string{
+		`CREATE TABLE customers (user_id text, phone text, first_name text)`,
+		`INSERT INTO customers VALUES ('a', '+905321000001', 'Ada'), ('b', '+905321000002', 'Baran'), ('c', '+905321000003', 'Cem')`,
+		`INSERT INTO iys_consents (recipient, type, recipient_type, status, source, consent_date)
+		 SELECT phone, 'MESAJ', 'BIREYSEL', 'ONAY', 'HS_WEB', now() FROM customers`,
+		`INSERT INTO code_pools VALUES ('small')`,
+		`INSERT INTO promo_codes (pool, code) VALUES ('small', 'X1'), ('small', 'X2')`,
+	} {
+		if _, err := db.Exec(ctx, sql); err != nil {
+			t.Fatal(err)
+		}
+	}
+	count := func(sql string) int64 {
+		var n int64
+		if err := db.QueryRow(ctx, sql).Scan(&n); err != nil {
+			t.Fatalf("%s: %v", sql, err)
+		}
+		return n
+	}
+	return map[string]string{"DATABASE_URL": dbURL, "REDIS_URL": redisURL}, count
+}
+
+func TestBadInputIsRefusedClearlyAndNothingIsWritten(t *testing.T) {
+	t.Parallel()
+	env, campaigns := badInputEnv(t)
+	audience := writeFile(t, "a.sql", "SELECT user_id, phone, first_name FROM customers")
+	noUser := writeFile(t, "b.sql", "SELECT phone, first_name FROM customers")
+	writes := writeFile(t, "c.sql", "WITH d AS (DELETE FROM customers RETURNING *) SELECT user_id, phone FROM d")
+	broken := writeFile(t, "d.sql", "SELECT user_id, phone FROM nowhere")
+	launch := func(extra ...string) []string {
+		args := []string{"launch", "--name", "x", "--channel", "sms", "--audience", audience, "--code-pool", "small",
+			"--message", "Merhaba {{.first_name}} {{.code}}", "--yes"}
+		return append(args, extra...)
+	}
+	tests := []struct {
+		name string
+		args []string
+		code int
+		says []string
+	}{
+		{"unknown channel", append(launch(), "--channel", "fax"), 2, []string{`unknown channel "fax"`, "sms"}},
+		{"missing flags", []string{"launch", "--name", "x"}, 2, []string{"--audience", "--message"}},
+		{"unknown pool", append(launch(), "--code-pool", "nope"), 2, []string{`code pool "nope" does not exist`, "codes generate"}},
+		{"too few codes", launch(), 2, []string{"1 codes missing", "codes generate --pool small --count 1"}},
+		{"template variable missing", append(launch(), "--message", "Hi {{.nick}}"), 2, []string{"{{.nick}}", "first_name"}},
+		{"audience without user_id", append(launch(), "--audience", noUser), 2, []string{"no user_id column"}},
+		{"audience writes", append(launch(), "--audience", writes), 2, []string{"read-only"}},
+		{"audience fails", append(launch(), "--audience", broken), 2, []string{`relation "nowhere" does not exist`}},
+		{"audience file missing", append(launch(), "--audience", "/nonexistent.sql"), 2, []string{"cannot read the audience file"}},
+		{"bad rate", append(launch(), "--rate", "-3"), 2, []string{"--rate"}},
+		{"status of unknown campaign", []string{"status", "999"}, 2, []string{"no campaign has id 999"}},
+		{"bad campaign id", []string{"status", "abc"}, 2, []string{`campaign ID "abc"`}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			stdout, stderr, code := cli(t, env, tt.args...)
+			if code != tt.code {
+				t.Fatalf("exit %d, want %d\nstdout: %s\nstderr: %s", code, tt.code, stdout, stderr)
+			}
+			for _, s := range tt.says {
+				if !strings.Contains(stderr, s) {
+					t.Errorf("stderr does not say %q:\n%s", s, stderr)
+				}
+			}
+		})
+	}
+	if n := campaigns(); n != 0 {
+		t.Fatalf("refused launches left %d campaigns", n)
+	}
+}
+
+func TestMalformedConsentCSVNamesTheLine(t *testing.T) {
+	t.Parallel()
+	env, count := badInputDB(t)
+	csv := writeFile(t, "c.csv", "recipient,type,recipient_type,status,source,consent_date\n"+
+		"+905321000009,MESAJ,BIREYSEL,ONAY,HS_WEB,2026-01-15 10:30:00\n"+
+		"+905321000010,MESAJ,BIREYSEL,OK,HS_WEB,2026-01-15 10:30:00\n")
+	_, stderr, code := cli(t, env, "iys", "import", csv)
+	if code != 2 || !strings.Contains(stderr, "line 3") || !strings.Contains(stderr, "ONAY") {
+		t.Fatalf("exit %d, stderr %q; want exit 2 naming line 3 and the allowed values", code, stderr)
+	}
+	if n := count(`SELECT count(*) FROM iys_consents WHERE recipient = '+905321000009'`); n != 0 {
+		t.Fatalf("a malformed file was partly imported (%d rows)", n)
+	}
+}
+
+func TestServicesUnreachableSayWhereAndWhatToRun(t *testing.T) {
+	t.Parallel()
+	env, campaigns := badInputEnv(t)
+	audience := writeFile(t, "a.sql", "SELECT user_id, phone, first_name FROM customers")
+
+	noRedis := map[string]string{"DATABASE_URL": env["DATABASE_URL"], "REDIS_URL": "redis://127.0.0.1:1/0"}
+	_, stderr, code := cli(t, noRedis, "launch", "--name", "r", "--channel", "sms", "--audience", audience,
+		"--message", "Merhaba {{.first_name}}", "--yes")
+	if code != 1 || !strings.Contains(stderr, "Redis is not reachable at 127.0.0.1:1") || !strings.Contains(stderr, "REDIS_URL") {
+		t.Fatalf("Redis down: exit %d, stderr %q", code, stderr)
+	}
+	if n := campaigns(); n != 0 {
+		t.Fatalf("a launch with Redis down wrote %d campaigns", n)
+	}
+
+	noPG := map[string]string{"DATABASE_URL": "postgres://postgres@127.0.0.1:1/campaignctl?sslmode=disable", "REDIS_URL": env["REDIS_URL"]}
+	_, stderr, code = cli(t, noPG, "status")
+	if code != 1 || !strings.Contains(stderr, "Postgres is not reachable at 127.0.0.1:1") || !strings.Contains(stderr, "DATABASE_URL") {
+		t.Fatalf("Postgres down: exit %d, stderr %q", code, stderr)
+	}
+}
+
+func TestSecretsNeverPrinted(t *testing.T) {
+	t.Parallel()
+	env := map[string]string{"TWILIO_ACCOUNT_SID": "ACnot-alnum", "TWILIO_AUTH_TOKEN": "s3cr3tT0ken", "TWILIO_FROM": "+905550000000"}
+	stdout, stderr, _ := cli(t, env, "worker", "--help")
+	if strings.Contains(stdout+stderr, "s3cr3tT0ken") {
+		t.Fatal("worker --help shows the auth token")
+	}
+	stdout, stderr, code := cli(t, env, "worker")
+	if code == 0 {
+		t.Fatal("worker started with an invalid account SID")
+	}
+	if strings.Contains(stdout+stderr, "s3cr3tT0ken") {
+		t.Fatalf("worker error shows the auth token: %s", stderr)
+	}
+	if !strings.Contains(stderr, "TWILIO_ACCOUNT_SID") {
+		t.Errorf("worker error does not name the variable to fix: %s", stderr)
+	}
+}

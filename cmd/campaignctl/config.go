@@ -1,0 +1,115 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redis/go-redis/v9"
+)
+
+const (
+	defaultDatabaseURL = "postgres://postgres@127.0.0.1:5432/campaignctl?sslmode=disable"
+	defaultRedisURL    = "redis://127.0.0.1:6379/0"
+	// defaultTwilioRate is Twilio's documented short-code throughput ("over 100 segments/s"): a safe cap
+	// that never earns a 20429 storm. Long codes need TWILIO_RATE=1.
+	defaultTwilioRate = 100.0
+)
+
+// setting resolves flag > environment > default.
+func (a *app) setting(flag, env, def string) string {
+	if flag != "" {
+		return flag
+	}
+	if v := a.getenv(env); v != "" {
+		return v
+	}
+	return def
+}
+
+func (a *app) dbURL() string { return a.setting(a.databaseURL, "DATABASE_URL", defaultDatabaseURL) }
+
+func (a *app) audienceDBURL() string {
+	return a.setting(a.audienceURL, "AUDIENCE_DATABASE_URL", a.dbURL())
+}
+
+// redact removes any password from a URL for messages.
+func redact(raw string) string {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return "(unparseable URL)"
+	}
+	return u.Redacted()
+}
+
+// openDB connects to a Postgres database and checks it answers, with an error that says which address
+// failed and what to do.
+func (a *app) openDB(ctx context.Context, raw, envName string) (*pgxpool.Pool, error) {
+	cfg, err := pgxpool.ParseConfig(raw)
+	if err != nil {
+		return nil, usagef("%s is not a valid Postgres URL (%s); use postgres://user[:password]@host:port/database", envName, redact(raw))
+	}
+	cfg.ConnConfig.ConnectTimeout = 5 * time.Second
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("postgres: %w", err)
+	}
+	if err := pool.Ping(ctx); err != nil {
+		pool.Close()
+		return nil, dbError(err, cfg.ConnConfig, envName)
+	}
+	return pool, nil
+}
+
+func dbError(err error, cc *pgx.ConnConfig, envName string) error {
+	addr := fmt.Sprintf("%s:%d", cc.Host, cc.Port)
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "3D000" {
+		return fmt.Errorf("database %q does not exist on %s; create it with `campaignctl migrate`", cc.Database, addr)
+	}
+	return fmt.Errorf("Postgres is not reachable at %s (database %q): %v; start it (scripts/test.sh or scripts/demo.sh install and start it) or point %s at a running server",
+		addr, cc.Database, errors.Unwrap(err), envName)
+}
+
+// openEngine opens the engine database.
+func (a *app) openEngine(ctx context.Context) (*pgxpool.Pool, error) {
+	return a.openDB(ctx, a.dbURL(), "DATABASE_URL")
+}
+
+// openRedis connects to Redis and checks it answers.
+func (a *app) openRedis(ctx context.Context) (*redis.Client, error) {
+	raw := a.setting(a.redisURL, "REDIS_URL", defaultRedisURL)
+	opt, err := redis.ParseURL(raw)
+	if err != nil {
+		// the parser's error quotes the whole URL, password included
+		return nil, usagef("REDIS_URL is not a valid Redis URL (%s); use redis://[:password@]host:port/db", redact(raw))
+	}
+	rdb := redis.NewClient(opt)
+	pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if err := rdb.Ping(pctx).Err(); err != nil {
+		rdb.Close()
+		return nil, fmt.Errorf("Redis is not reachable at %s: %v; nothing was sent. Start it (scripts/test.sh or scripts/demo.sh install and start it) or point REDIS_URL at a running server", opt.Addr, err)
+	}
+	return rdb, nil
+}
+
+// rate reads a messages-per-second cap from the environment.
+func (a *app) rate(env string, def float64) (float64, error) {
+	v := strings.TrimSpace(a.getenv(env))
+	if v == "" {
+		return def, nil
+	}
+	r, err := strconv.ParseFloat(v, 64)
+	if err != nil || r < 0 {
+		return 0, usagef("%s=%q must be a number of messages per second (0 = no cap)", env, v)
+	}
+	return r, nil
+}

@@ -1,0 +1,217 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"sort"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/hibiken/asynq"
+	"github.com/spf13/cobra"
+
+	"github.com/campaignctl/campaignctl/campaign"
+	"github.com/campaignctl/campaignctl/worker"
+)
+
+type launchOptions struct {
+	name, channel, audience, message, subject, codePool string
+	rate                                                float64
+	dryRun, yes, watch, json                            bool
+	timeout                                             time.Duration
+}
+
+func (o *launchOptions) validate() error {
+	var missing []string
+	for flag, v := range map[string]string{"--name": o.name, "--channel": o.channel, "--audience": o.audience, "--message": o.message} {
+		if strings.TrimSpace(v) == "" {
+			missing = append(missing, flag)
+		}
+	}
+	if len(missing) > 0 {
+		sort.Strings(missing)
+		return usagef("missing %s; e.g. campaignctl launch --name yaz-2026 --channel sms --audience audience.sql --message 'Merhaba {{.first_name}}, kodunuz {{.code}}' --code-pool yaz", strings.Join(missing, ", "))
+	}
+	if _, err := campaign.ParseChannel(o.channel); err != nil {
+		return err
+	}
+	return nil
+}
+
+func (a *app) newLaunchCmd() *cobra.Command {
+	var o launchOptions
+	cmd := &cobra.Command{
+		Use:   "launch --name N --channel sms --audience FILE.sql --message TEMPLATE [--code-pool P]",
+		Short: "Plan a campaign (consent, codes, batches) and queue it for the workers",
+		Long: `Plan a campaign and queue it.
+
+The audience file holds one SELECT returning user_id and phone (for sms); every other column is a template
+variable. Only recipients with İYS ONAY for MESAJ/BIREYSEL are kept. One unique code per recipient is
+reserved from --code-pool before anything is queued. --dry-run shows the same report and writes nothing.`,
+		Example: `  campaignctl launch --name yaz-2026 --channel sms --audience audience.sql \
+    --message 'Merhaba {{.first_name}}, kodunuz {{.code}}' --code-pool yaz --dry-run
+  campaignctl launch ... --yes --watch`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := o.validate(); err != nil {
+				return err
+			}
+			return a.launch(cmd.Context(), o)
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&o.name, "name", "", "unique campaign name")
+	f.StringVar(&o.channel, "channel", "sms", "sms (email and push come later)")
+	f.StringVar(&o.audience, "audience", "", "file with the audience SELECT")
+	f.StringVar(&o.message, "message", "", "message template, e.g. 'Merhaba {{.first_name}}, kodunuz {{.code}}'")
+	f.StringVar(&o.subject, "subject", "", "e-mail subject")
+	f.StringVar(&o.codePool, "code-pool", "", "pool to reserve one code per recipient from")
+	f.Float64Var(&o.rate, "rate", 0, "cap for this campaign in messages per second over all workers (0 = provider cap only)")
+	f.BoolVar(&o.dryRun, "dry-run", false, "report what would happen; write and send nothing")
+	f.BoolVar(&o.yes, "yes", false, "do not ask for confirmation")
+	f.BoolVar(&o.watch, "watch", false, "show live progress until the campaign ends")
+	f.BoolVar(&o.json, "json", false, "print the launch report as JSON")
+	f.DurationVar(&o.timeout, "statement-timeout", 5*time.Minute, "limit for the audience query")
+	return cmd
+}
+
+func (a *app) launch(ctx context.Context, o launchOptions) error {
+	sqlText, err := os.ReadFile(o.audience)
+	if err != nil {
+		return usagef("cannot read the audience file: %v", err)
+	}
+	providerRate, err := a.rate("TWILIO_RATE", defaultTwilioRate)
+	if err != nil {
+		return err
+	}
+	engine, err := a.openEngine(ctx)
+	if err != nil {
+		return err
+	}
+	defer engine.Close()
+	audience := engine
+	if u := a.audienceDBURL(); u != a.dbURL() {
+		if audience, err = a.openDB(ctx, u, "AUDIENCE_DATABASE_URL"); err != nil {
+			return err
+		}
+		defer audience.Close()
+	}
+	spec := campaign.Spec{
+		Name: o.name, Channel: campaign.Channel(o.channel), AudienceSQL: string(sqlText), Message: o.message,
+		Subject: o.subject, CodePool: o.codePool, Rate: o.rate, ProviderRate: providerRate, StatementTimeout: o.timeout,
+	}
+	planner := &campaign.Planner{Engine: engine, Audience: audience}
+
+	if o.dryRun {
+		rep, err := planner.Plan(ctx, withDryRun(spec))
+		if rep.Audience > 0 || err == nil {
+			a.printReport(rep, o.json)
+		}
+		return err
+	}
+
+	// Redis must be there before anything is written: a plan that cannot be queued is only half a launch.
+	rdb, err := a.openRedis(ctx)
+	if err != nil {
+		return err
+	}
+	defer rdb.Close()
+
+	if !o.yes && isTerminal(a.stderr) && isTerminalReader(a.stdin) {
+		rep, err := planner.Plan(ctx, withDryRun(spec))
+		a.printReport(rep, false)
+		if err != nil {
+			return err
+		}
+		if !a.confirm(fmt.Sprintf("Send %d messages now?", rep.Eligible)) {
+			return usagef("launch cancelled; nothing was written or sent")
+		}
+	}
+
+	rep, err := planner.Plan(ctx, spec)
+	if err != nil {
+		if rep.Audience > 0 && !o.json {
+			a.printReport(rep, false)
+		}
+		return err
+	}
+	client := asynq.NewClientFromRedisClient(rdb)
+	added, _, err := worker.Enqueue(ctx, client, campaign.NewStore(engine), rep.ID, true)
+	rep.Enqueued = added
+	if err != nil {
+		a.printReport(rep, o.json)
+		return fmt.Errorf("campaign %d is planned but only %d of %d batches were queued: %w; run `campaignctl resume %d` to queue the rest",
+			rep.ID, added, rep.Batches, err, rep.ID)
+	}
+	a.printReport(rep, o.json)
+	if o.watch {
+		return a.watch(ctx, engine, rdb, rep.ID)
+	}
+	return nil
+}
+
+func withDryRun(s campaign.Spec) campaign.Spec { s.DryRun = true; return s }
+
+func (a *app) confirm(question string) bool {
+	fmt.Fprintf(a.stderr, "%s [y/N] ", question)
+	line, _ := bufio.NewReader(a.stdin).ReadString('\n')
+	switch strings.ToLower(strings.TrimSpace(line)) {
+	case "y", "yes", "e", "evet":
+		return true
+	}
+	return false
+}
+
+func isTerminalReader(r io.Reader) bool { return isTerminal(r) }
+
+func (a *app) printReport(rep campaign.Report, asJSON bool) {
+	if asJSON {
+		enc := json.NewEncoder(a.stdout)
+		enc.SetIndent("", "  ")
+		enc.Encode(rep) //nolint:errcheck
+		return
+	}
+	w := tabwriter.NewWriter(a.stdout, 0, 4, 2, ' ', 0)
+	title := "Launch"
+	if rep.DryRun {
+		title = "Dry run (nothing written, nothing sent)"
+	}
+	fmt.Fprintf(w, "%s: %s (%s)\n", title, rep.Name, rep.Channel)
+	if rep.ID != 0 {
+		fmt.Fprintf(w, "  campaign id\t%d\n", rep.ID)
+	}
+	fmt.Fprintf(w, "  audience\t%d\n", rep.Audience)
+	fmt.Fprintf(w, "  eligible\t%d\n", rep.Eligible)
+	reasons := make([]string, 0, len(rep.Excluded))
+	for r := range rep.Excluded {
+		reasons = append(reasons, r)
+	}
+	sort.Strings(reasons)
+	for _, r := range reasons {
+		fmt.Fprintf(w, "  excluded: %s\t%d\n", r, rep.Excluded[r])
+	}
+	if rep.CodePool != "" {
+		fmt.Fprintf(w, "  codes needed / free\t%d / %d (pool %s)\n", rep.CodesNeeded, rep.CodesFree, rep.CodePool)
+	}
+	fmt.Fprintf(w, "  batches\t%d\n", rep.Batches)
+	if rep.SampleMessage != "" {
+		fmt.Fprintf(w, "  first message\t%q\n", rep.SampleMessage)
+	}
+	if rep.Encoding != "" {
+		fmt.Fprintf(w, "  encoding / segments\t%s / %d per message\n", rep.Encoding, rep.SegmentsPerMessage)
+	}
+	if rep.Rate > 0 {
+		fmt.Fprintf(w, "  rate / ETA\t%g msg/s / %s\n", rep.Rate, (time.Duration(rep.ETASeconds) * time.Second).String())
+	} else {
+		fmt.Fprintf(w, "  rate\tno cap\n")
+	}
+	if rep.ID != 0 {
+		fmt.Fprintf(w, "  batches queued\t%d\n", rep.Enqueued)
+	}
+	w.Flush()
+}

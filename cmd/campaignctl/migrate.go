@@ -1,0 +1,76 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/spf13/cobra"
+
+	"github.com/campaignctl/campaignctl/campaign"
+)
+
+func (a *app) newMigrateCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:   "migrate",
+		Short: "Create or upgrade the schema (idempotent); creates the database if it is missing",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			ctx := cmd.Context()
+			if err := a.ensureDatabase(ctx); err != nil {
+				return err
+			}
+			pool, err := a.openEngine(ctx)
+			if err != nil {
+				return err
+			}
+			defer pool.Close()
+			applied, err := campaign.Migrate(ctx, pool)
+			if err != nil {
+				return err
+			}
+			if len(applied) == 0 {
+				fmt.Fprintln(a.stdout, "schema is up to date")
+				return nil
+			}
+			for _, m := range applied {
+				fmt.Fprintln(a.stdout, "applied", m)
+			}
+			return nil
+		},
+	}
+}
+
+// ensureDatabase creates the engine database when the server is up but the database is not there yet, so
+// that `migrate` is the only set-up step on a new server.
+func (a *app) ensureDatabase(ctx context.Context) error {
+	cfg, err := pgx.ParseConfig(a.dbURL())
+	if err != nil {
+		return usagef("DATABASE_URL is not a valid Postgres URL (%s); use postgres://user[:password]@host:port/database", redact(a.dbURL()))
+	}
+	conn, err := pgx.ConnectConfig(ctx, cfg)
+	if err == nil {
+		return conn.Close(ctx)
+	}
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) || pgErr.Code != "3D000" {
+		return dbError(err, cfg, "DATABASE_URL")
+	}
+	admin := cfg.Copy()
+	admin.Database = "postgres"
+	aconn, err := pgx.ConnectConfig(ctx, admin)
+	if err != nil {
+		return dbError(err, admin, "DATABASE_URL")
+	}
+	defer aconn.Close(ctx)
+	if _, err := aconn.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{cfg.Database}.Sanitize()); err != nil {
+		if errors.As(err, &pgErr) && pgErr.Code == "42P04" { // created meanwhile by another process
+			return nil
+		}
+		return fmt.Errorf("create database %q: %w", cfg.Database, err)
+	}
+	fmt.Fprintf(a.stdout, "created database %s\n", cfg.Database)
+	return nil
+}

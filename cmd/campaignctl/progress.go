@@ -1,0 +1,24 @@
+package main
+
+import (
+	"io"
+
+	"github.com/schollz/progressbar/v3"
+)
+
+// taskBar is a progress bar for one long task (imports, code generation, seeding), drawn on stderr only
+// when stderr is a terminal.
+func (a *app) taskBar(total int64, what string) *progressbar.ProgressBar {
+	if !isTerminal(a.stderr) {
+		return progressbar.DefaultSilent(total, what)
+	}
+	return progressbar.NewOptions64(total,
+		progressbar.OptionSetWriter(a.stderr),
+		progressbar.OptionSetDescription(what),
+		progressbar.OptionShowCount(),
+		progressbar.OptionShowIts(),
+		progressbar.OptionSetItsString("rows"),
+		progressbar.OptionThrottle(100_000_000),
+		progressbar.OptionOnCompletion(func() { io.WriteString(a.stderr, "\n") }), //nolint:errcheck
+	)
+}

@@ -1,0 +1,132 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+
+	"github.com/spf13/cobra"
+	"golang.org/x/term"
+
+	"github.com/campaignctl/campaignctl/campaign"
+	"github.com/campaignctl/campaignctl/codes"
+	"github.com/campaignctl/campaignctl/iys"
+)
+
+// app is what every command shares: streams, environment and global flags.
+type app struct {
+	stdin          io.Reader
+	stdout, stderr io.Writer
+	getenv         func(string) string
+	logLevel       string
+	databaseURL    string
+	redisURL       string
+	audienceURL    string
+}
+
+// usageError marks bad usage or bad input (exit code 2).
+type usageError struct{ err error }
+
+func (e usageError) Error() string { return e.err.Error() }
+func (e usageError) Unwrap() error { return e.err }
+
+func usagef(format string, args ...any) error { return usageError{fmt.Errorf(format, args...)} }
+
+// run builds a fresh command tree, runs it and maps the result to an exit code: 0 success, 1 failure,
+// 2 bad usage or bad input.
+func run(args []string, getenv func(string) string, stdin io.Reader, stdout, stderr io.Writer) int {
+	a := &app{stdin: stdin, stdout: stdout, stderr: stderr, getenv: getenv}
+	root := a.newRootCmd()
+	root.SetArgs(args)
+	root.SetIn(stdin)
+	root.SetOut(stdout)
+	root.SetErr(stderr)
+
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	err := root.ExecuteContext(ctx)
+	if err == nil {
+		return 0
+	}
+	fmt.Fprintln(stderr, "Error:", err)
+	if isUsage(err) {
+		return 2
+	}
+	return 1
+}
+
+func isUsage(err error) bool {
+	var ue usageError
+	var le *iys.LineError
+	var cle *codes.LineError
+	switch {
+	case errors.As(err, &ue), errors.As(err, &le), errors.As(err, &cle), errors.Is(err, codes.ErrInvalidOptions),
+		errors.Is(err, campaign.ErrInvalid), errors.Is(err, campaign.ErrNameTaken),
+		errors.Is(err, campaign.ErrPoolShort), errors.Is(err, campaign.ErrNotFound),
+		errors.Is(err, codes.ErrPoolNotFound):
+		return true
+	}
+	// cobra's own flag and argument errors
+	msg := err.Error()
+	for _, p := range []string{"unknown flag", "unknown shorthand flag", "unknown command", "invalid argument", "accepts ", "requires at least", "flag needs an argument", "required flag"} {
+		if strings.Contains(msg, p) {
+			return true
+		}
+	}
+	return false
+}
+
+func (a *app) newRootCmd() *cobra.Command {
+	root := &cobra.Command{
+		Use:           "campaignctl",
+		Short:         "Send a unique promo code to millions by SMS, without double sends and only with İYS consent",
+		SilenceUsage:  true,
+		SilenceErrors: true,
+		PersistentPreRunE: func(cmd *cobra.Command, _ []string) error {
+			switch a.logLevel {
+			case "debug", "info", "warn", "error":
+				return nil
+			}
+			return usagef("--log-level %q: use debug, info, warn or error", a.logLevel)
+		},
+	}
+	root.PersistentFlags().StringVar(&a.logLevel, "log-level", "info", "log level: debug, info, warn, error")
+	root.PersistentFlags().StringVar(&a.databaseURL, "database-url", "", "engine database (default $DATABASE_URL or "+defaultDatabaseURL+")")
+	root.PersistentFlags().StringVar(&a.redisURL, "redis-url", "", "Redis for queues, claims and buckets (default $REDIS_URL or "+defaultRedisURL+")")
+	root.PersistentFlags().StringVar(&a.audienceURL, "audience-database-url", "", "database the audience SQL runs on (default $AUDIENCE_DATABASE_URL or the engine database)")
+
+	root.AddCommand(
+		a.newMigrateCmd(),
+		a.newDemoCmd(),
+		a.newIYSCmd(),
+		a.newCodesCmd(),
+		a.newLaunchCmd(),
+		a.newWorkerCmd(),
+		a.newStatusCmd(),
+		a.newResumeCmd(),
+		a.newSandboxCmd(),
+	)
+	return root
+}
+
+// logger writes structured logs to stderr: text on a terminal, JSON otherwise.
+func (a *app) logger() *slog.Logger {
+	var lvl slog.Level
+	lvl.UnmarshalText([]byte(a.logLevel)) //nolint:errcheck // validated in PersistentPreRunE
+	opts := &slog.HandlerOptions{Level: lvl}
+	if isTerminal(a.stderr) {
+		return slog.New(slog.NewTextHandler(a.stderr, opts))
+	}
+	return slog.New(slog.NewJSONHandler(a.stderr, opts))
+}
+
+func isTerminal(w any) bool {
+	f, ok := w.(*os.File)
+	return ok && term.IsTerminal(int(f.Fd()))
+}

@@ -1,0 +1,85 @@
+package main
+
+import (
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/campaignctl/campaignctl/campaign"
+	"github.com/campaignctl/campaignctl/providers"
+	"github.com/campaignctl/campaignctl/providers/twilio"
+	"github.com/campaignctl/campaignctl/worker"
+)
+
+type workerOptions struct {
+	concurrency int
+	shutdown    time.Duration
+}
+
+func (o *workerOptions) validate() error {
+	if o.concurrency < 1 || o.concurrency > 1000 {
+		return usagef("--concurrency %d: give 1 to 1000 batches at once", o.concurrency)
+	}
+	return nil
+}
+
+func (a *app) newWorkerCmd() *cobra.Command {
+	var o workerOptions
+	cmd := &cobra.Command{
+		Use:   "worker",
+		Short: "Run one worker process: take batches from the queue and send them",
+		Long: `Run one worker process. Run as many as you like, on as many machines: the rate caps
+(TWILIO_RATE and each campaign's --rate) hold over all of them together.
+
+Twilio is configured from TWILIO_ACCOUNT_SID, TWILIO_AUTH_TOKEN, TWILIO_FROM and TWILIO_BASE_URL.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := o.validate(); err != nil {
+				return err
+			}
+			ctx := cmd.Context()
+			log := a.logger()
+			sms, err := twilio.New(twilio.Config{
+				AccountSID: a.getenv("TWILIO_ACCOUNT_SID"),
+				AuthToken:  a.getenv("TWILIO_AUTH_TOKEN"),
+				From:       a.getenv("TWILIO_FROM"),
+				BaseURL:    a.getenv("TWILIO_BASE_URL"),
+			})
+			if err != nil {
+				return usageError{err}
+			}
+			twilioRate, err := a.rate("TWILIO_RATE", defaultTwilioRate)
+			if err != nil {
+				return err
+			}
+			engine, err := a.openEngine(ctx)
+			if err != nil {
+				return err
+			}
+			defer engine.Close()
+			rdb, err := a.openRedis(ctx)
+			if err != nil {
+				return err
+			}
+			defer rdb.Close()
+			host, _ := os.Hostname()
+			h := worker.NewHandler(worker.Config{
+				Store:         campaign.NewStore(engine),
+				Redis:         rdb,
+				Providers:     map[campaign.Channel]providers.Provider{campaign.ChannelSMS: sms},
+				ProviderRates: map[string]float64{sms.Name(): twilioRate},
+				Logger:        log,
+				Owner:         fmt.Sprintf("%s:%d", host, os.Getpid()),
+			})
+			log.Info("worker started", "concurrency", o.concurrency, "twilio_rate", twilioRate, "pid", os.Getpid())
+			err = worker.Serve(ctx, rdb, h, worker.ServerConfig{Concurrency: o.concurrency, ShutdownTimeout: o.shutdown, Logger: log})
+			log.Info("worker stopped")
+			return err
+		},
+	}
+	cmd.Flags().IntVar(&o.concurrency, "concurrency", 16, "batches this process sends at once")
+	cmd.Flags().DurationVar(&o.shutdown, "shutdown-timeout", 30*time.Second, "on SIGTERM, how long in-flight batches may finish before the rest is handed back")
+	return cmd
+}
