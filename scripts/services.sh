@@ -40,8 +40,9 @@ ensure_postgres() {
   if ! as_root grep -q '^host all postgres 127.0.0.1/32 trust' "$hba"; then
     as_root sed -i '1i host all postgres 127.0.0.1/32 trust\nhost all postgres ::1/128 trust' "$hba"
   fi
-  as_root pg_ctlcluster --skip-systemctl-redirect "$ver" main start 2>/dev/null \
-    || as_root pg_ctlcluster "$ver" main start
+  # apt may already have started the cluster (then start fails and reload applies the pg_hba change).
+  as_root pg_ctlcluster --skip-systemctl-redirect "$ver" main start 2>/dev/null || true
+  as_root pg_ctlcluster --skip-systemctl-redirect "$ver" main reload 2>/dev/null || true
   wait_port "$PGHOST_ADDR" "$PGPORT_NUM" || { echo "Postgres did not start; see /var/log/postgresql/" >&2; return 1; }
 }
 

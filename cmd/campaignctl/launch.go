@@ -6,7 +6,9 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"os"
+	"slices"
 	"sort"
 	"strings"
 	"text/tabwriter"
@@ -187,12 +189,7 @@ func (a *app) printReport(rep campaign.Report, asJSON bool) {
 	}
 	fmt.Fprintf(w, "  audience\t%d\n", rep.Audience)
 	fmt.Fprintf(w, "  eligible\t%d\n", rep.Eligible)
-	reasons := make([]string, 0, len(rep.Excluded))
-	for r := range rep.Excluded {
-		reasons = append(reasons, r)
-	}
-	sort.Strings(reasons)
-	for _, r := range reasons {
+	for _, r := range slices.Sorted(maps.Keys(rep.Excluded)) {
 		fmt.Fprintf(w, "  excluded: %s\t%d\n", r, rep.Excluded[r])
 	}
 	if rep.CodePool != "" {

@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
+	"slices"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -137,8 +139,8 @@ func (a *app) printStatus(v statusView) {
 	fmt.Fprintf(w, "campaign %d\t%s (%s)\n", v.ID, v.Name, v.Channel)
 	fmt.Fprintf(w, "state\t%s\n", v.State)
 	fmt.Fprintf(w, "audience / eligible\t%d / %d\n", v.Audience, v.Eligible)
-	for r, n := range v.Excluded {
-		fmt.Fprintf(w, "excluded: %s\t%d\n", r, n)
+	for _, r := range slices.Sorted(maps.Keys(v.Excluded)) {
+		fmt.Fprintf(w, "excluded: %s\t%d\n", r, v.Excluded[r])
 	}
 	fmt.Fprintf(w, "planned\t%d\n", v.Planned)
 	fmt.Fprintf(w, "sent\t%d\n", v.Sent)
