@@ -3,6 +3,7 @@ package campaign
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"math"
 	"regexp"
 	"strings"
@@ -104,6 +105,15 @@ func BatchCount(n int64, size int) int {
 type Planner struct {
 	Engine   *pgxpool.Pool
 	Audience *pgxpool.Pool
+	// Log receives one debug line per planning step with its duration; nil discards them.
+	Log *slog.Logger
+}
+
+// step logs how long a planning step took.
+func (p *Planner) step(name string, start time.Time) {
+	if p.Log != nil {
+		p.Log.Debug("plan step", "step", name, "ms", time.Since(start).Milliseconds())
+	}
 }
 
 // Plan validates spec, plans the campaign and commits it in state running, or, on a dry run, computes the

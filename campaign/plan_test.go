@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/campaignctl/campaignctl/campaign"
+	"github.com/campaignctl/campaignctl/codes"
 	"github.com/campaignctl/campaignctl/internal/testdb"
 )
 
@@ -106,7 +107,7 @@ func TestPlanExclusionsAgainstHandComputedAudience(t *testing.T) {
 
 	// Exactly the two eligible users are planned, each once, each with its own reserved code.
 	rows, err := db.Query(context.Background(), `SELECT r.user_id, r.address, r.code, r.batch FROM campaign_recipients r
-		JOIN promo_codes c ON c.code = r.code AND c.campaign_id = r.campaign_id AND c.user_id = r.user_id
+		JOIN promo_codes c ON c.code = r.code AND c.pool = 'p'
 		WHERE r.campaign_id = $1 ORDER BY r.user_id`, rep.ID)
 	if err != nil {
 		t.Fatal(err)
@@ -127,8 +128,8 @@ func TestPlanExclusionsAgainstHandComputedAudience(t *testing.T) {
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("planned recipients (-want +got):\n%s", diff)
 	}
-	if n := count(t, db, `SELECT count(*) FROM promo_codes WHERE campaign_id IS NULL`); n != 1 {
-		t.Errorf("%d free codes left, want 1", n)
+	if n, err := codes.Free(context.Background(), db, "p"); err != nil || n != 1 {
+		t.Errorf("%d free codes left (%v), want 1", n, err)
 	}
 	if n := count(t, db, `SELECT count(*) FROM campaign_batches WHERE campaign_id = $1`, rep.ID); n != 2 {
 		t.Errorf("%d batches, want 2", n)
@@ -170,8 +171,8 @@ func TestDryRunWritesNothing(t *testing.T) {
 			t.Errorf("dry run left %d rows in %s", n, table)
 		}
 	}
-	if n := count(t, db, `SELECT count(*) FROM promo_codes WHERE campaign_id IS NULL`); n != 2 {
-		t.Errorf("dry run reserved codes: %d free, want 2", n)
+	if n, err := codes.Free(context.Background(), db, "p"); err != nil || n != 2 {
+		t.Errorf("dry run reserved codes: %d free (%v), want 2", n, err)
 	}
 	// The real launch reports the same numbers.
 	s.DryRun = false
@@ -257,5 +258,39 @@ func TestNullTemplateValueIsExcluded(t *testing.T) {
 	}
 	if rep.Eligible != 1 || rep.Excluded[campaign.ReasonMissingValue] != 1 {
 		t.Fatalf("eligible %d, excluded %v; want u2 excluded as missing_value", rep.Eligible, rep.Excluded)
+	}
+}
+
+// A code given back (its recipient failed for good) is the first to be given out again, and no code is
+// ever held by two recipients.
+func TestReleasedCodesAreReusedFirst(t *testing.T) {
+	t.Parallel()
+	db, _ := testdb.New(t)
+	seedAudience(t, db, 3)
+	ctx := context.Background()
+	p := &campaign.Planner{Engine: db, Audience: db}
+	first, err := p.Plan(ctx, spec("first"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	moved, err := campaign.NewStore(db).Record(ctx, first.ID, []campaign.Outcome{{UserID: "u1", Status: campaign.StatusFailed, Reason: "twilio 21610: opted out"}})
+	if err != nil || moved[campaign.StatusFailed] != 1 {
+		t.Fatalf("record: %v %v", moved, err)
+	}
+	second, err := p.Plan(ctx, spec("second"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if second.SampleMessage != "Merhaba Ayşe, kodunuz CODE0" {
+		t.Errorf("second campaign's first message %q, want u1's released CODE0 given out again", second.SampleMessage)
+	}
+	if n := count(t, db, `SELECT count(*) FROM campaign_recipients WHERE code = 'CODE2'`); n != 1 {
+		t.Errorf("the last fresh code is held %d times, want 1", n)
+	}
+	if n := count(t, db, `SELECT count(*) - count(DISTINCT code) FROM campaign_recipients WHERE code IS NOT NULL`); n != 0 {
+		t.Errorf("%d codes held by more than one recipient", n)
+	}
+	if n, err := codes.Free(ctx, db, "p"); err != nil || n != 0 {
+		t.Errorf("%d free codes (%v), want 0", n, err)
 	}
 }

@@ -98,12 +98,15 @@ func (s *Store) Counts(ctx context.Context, id int64) (Counts, error) {
 }
 
 // PendingBatches returns the batches of campaign id that still have pending recipients; with
-// onlyNotEnqueued, only those never enqueued.
+// onlyNotEnqueued, only the batches never enqueued (right after a launch: all of them). The queries are
+// shaped so that fresh, not yet analysed tables cannot lead the planner into a nested loop over a
+// million rows: one pass over the pending index, or none.
 func (s *Store) PendingBatches(ctx context.Context, id int64, onlyNotEnqueued bool) ([]int, error) {
-	rows, err := s.pool.Query(ctx, `SELECT b.batch FROM campaign_batches b
-		WHERE b.campaign_id = $1 AND (NOT $2 OR b.enqueued_at IS NULL)
-		  AND EXISTS (SELECT 1 FROM campaign_recipients r WHERE r.campaign_id = b.campaign_id AND r.batch = b.batch AND r.status = 'pending')
-		ORDER BY b.batch`, id, onlyNotEnqueued)
+	query := `SELECT DISTINCT batch FROM campaign_recipients WHERE campaign_id = $1 AND status = 'pending' ORDER BY batch`
+	if onlyNotEnqueued {
+		query = `SELECT batch FROM campaign_batches WHERE campaign_id = $1 AND enqueued_at IS NULL ORDER BY batch`
+	}
+	rows, err := s.pool.Query(ctx, query, id)
 	if err != nil {
 		return nil, fmt.Errorf("pending batches: %w", err)
 	}
@@ -201,15 +204,17 @@ func (s *Store) Record(ctx context.Context, campaignID int64, outcomes []Outcome
 				code = CASE WHEN o.status IN ('failed', 'skipped') THEN NULL ELSE r.code END,
 				sent_at = CASE WHEN o.status = 'sent' THEN now() END,
 				updated_at = now()
-			FROM o
+			FROM o JOIN campaign_recipients old ON old.campaign_id = $1 AND old.user_id = o.user_id
 			WHERE r.campaign_id = $1 AND r.user_id = o.user_id AND r.status = 'pending'
-			RETURNING r.user_id, r.status, r.reason, r.provider_message_id
+			RETURNING r.user_id, r.status, r.reason, r.provider_message_id, old.code
 		), log AS (
 			INSERT INTO send_log (campaign_id, user_id, status, reason, provider_message_id)
 			SELECT $1, user_id, status, reason, provider_message_id FROM upd
 		), released AS (
-			UPDATE promo_codes p SET campaign_id = NULL, user_id = NULL, reserved_at = NULL
-			FROM upd WHERE p.campaign_id = $1 AND p.user_id = upd.user_id AND upd.status IN ('failed', 'skipped')
+			INSERT INTO released_codes (code, pool)
+			SELECT upd.code, p.pool FROM upd JOIN promo_codes p ON p.code = upd.code
+			WHERE upd.status IN ('failed', 'skipped')
+			ON CONFLICT (code) DO NOTHING
 		)
 		SELECT status, count(*) FROM upd GROUP BY status`, campaignID, users, statuses, reasons, ids, segs)
 	if err != nil {

@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgtype"
 
+	"github.com/campaignctl/campaignctl/codes"
 	"github.com/campaignctl/campaignctl/iys"
 	"github.com/campaignctl/campaignctl/providers"
 )
@@ -31,6 +32,10 @@ func (p *Planner) plan(ctx context.Context, spec Spec, tmpl *Template, rep *Repo
 		}
 	}()
 
+	// Sorts and hashes over a million audience rows stay in memory instead of spilling to disk.
+	if _, err := tx.Exec(ctx, `SET LOCAL work_mem = '256MB'`); err != nil {
+		return fmt.Errorf("plan: %w", err)
+	}
 	var poolExists bool
 	if spec.CodePool != "" {
 		if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM code_pools WHERE name = $1)`, spec.CodePool).Scan(&poolExists); err != nil {
@@ -56,9 +61,12 @@ func (p *Planner) plan(ctx context.Context, spec Spec, tmpl *Template, rep *Repo
 	if _, err := tx.Exec(ctx, `CREATE TEMP TABLE audience_stage (ord bigint, user_id text, address text, vars jsonb) ON COMMIT DROP`); err != nil {
 		return fmt.Errorf("plan: %w", err)
 	}
+	t0 := time.Now()
 	if err := p.stageAudience(ctx, tx, spec, tmpl); err != nil {
 		return err
 	}
+	p.step("stage audience", t0)
+	t0 = time.Now()
 
 	// Each row gets one reason, checked in this order; the first row (in query order) of a user, and the
 	// first valid user of a number, is the one kept.
@@ -83,6 +91,8 @@ func (p *Planner) plan(ctx context.Context, spec Spec, tmpl *Template, rep *Repo
 			ON c.recipient = a.address AND c.type = '`+spec.Channel.IYSType()+`' AND c.recipient_type = 'BIREYSEL'`); err != nil {
 		return fmt.Errorf("plan: classify audience: %w", err)
 	}
+	p.step("classify", t0)
+	t0 = time.Now()
 
 	rows, err := tx.Query(ctx, `SELECT reason, count(*) FROM audience_classified GROUP BY reason`)
 	if err != nil {
@@ -106,41 +116,57 @@ func (p *Planner) plan(ctx context.Context, spec Spec, tmpl *Template, rep *Repo
 		return fmt.Errorf("plan: %w", err)
 	}
 
+	var inserted int64
 	if spec.CodePool != "" {
 		rep.CodesNeeded = rep.Eligible
-		if err := tx.QueryRow(ctx, `SELECT count(*) FROM promo_codes WHERE pool = $1 AND campaign_id IS NULL`, spec.CodePool).Scan(&rep.CodesFree); err != nil {
+		// Serialise with code writers and with other launches on this pool (see code_pools).
+		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1)`, codes.WriteLockKey); err != nil {
+			return fmt.Errorf("plan: %w", err)
+		}
+		var cursor int64
+		if err := tx.QueryRow(ctx, `SELECT next_id FROM code_pools WHERE name = $1 FOR UPDATE`, spec.CodePool).Scan(&cursor); err != nil {
+			return fmt.Errorf("plan: %w", err)
+		}
+		if err := tx.QueryRow(ctx, `SELECT (SELECT count(*) FROM promo_codes WHERE pool = $1 AND id > $2)
+			+ (SELECT count(*) FROM released_codes WHERE pool = $1)`, spec.CodePool, cursor).Scan(&rep.CodesFree); err != nil {
 			return fmt.Errorf("plan: %w", err)
 		}
 		if rep.CodesFree < rep.CodesNeeded {
 			return &PoolShortError{Pool: spec.CodePool, Needed: rep.CodesNeeded, Free: rep.CodesFree}
 		}
-	}
-
-	var inserted int64
-	if spec.CodePool != "" {
-		// Codes are matched to recipients by rank; SKIP LOCKED lets concurrent launches on one pool take
-		// disjoint codes, and the count check below turns any shortfall into a rollback.
+		p.step("count", t0)
+		t0 = time.Now()
+		// Codes are matched to recipients by rank: released codes first, then fresh ones in id order; the
+		// cursor moves to the highest fresh code given out.
+		var maxID int64
 		err = tx.QueryRow(ctx, `
-			WITH e AS (
+			WITH rel AS (
+				DELETE FROM released_codes WHERE code IN (
+					SELECT code FROM released_codes WHERE pool = $2 ORDER BY code LIMIT $3)
+				RETURNING code
+			), fresh AS (
+				SELECT id, code FROM promo_codes WHERE pool = $2 AND id > $5 ORDER BY id LIMIT $3
+			), c AS (
+				SELECT code, id, row_number() OVER (ORDER BY src, id, code) AS rn
+				FROM (SELECT code, 0 AS src, 0::bigint AS id FROM rel
+				      UNION ALL SELECT code, 1, id FROM fresh) u
+			), e AS (
 				SELECT user_id, address, vars, row_number() OVER (ORDER BY ord) AS rn
 				FROM audience_classified WHERE reason IS NULL
-			), f AS (
-				SELECT id, code FROM promo_codes WHERE pool = $2 AND campaign_id IS NULL
-				ORDER BY id LIMIT $3 FOR UPDATE SKIP LOCKED
-			), fc AS (
-				SELECT id, code, row_number() OVER (ORDER BY id) AS rn FROM f
 			), ins AS (
 				INSERT INTO campaign_recipients (campaign_id, user_id, address, vars, code, batch)
-				SELECT $1, e.user_id, e.address, e.vars, fc.code, (e.rn - 1) / $4
-				FROM e JOIN fc USING (rn)
-				RETURNING user_id, code
-			), res AS (
-				UPDATE promo_codes p SET campaign_id = $1, user_id = ins.user_id, reserved_at = now()
-				FROM ins WHERE p.code = ins.code
-				RETURNING 1
+				SELECT $1, e.user_id, e.address, e.vars, c.code, (e.rn - 1) / $4
+				FROM e JOIN c USING (rn)
+				RETURNING code
 			)
-			SELECT count(*) FROM res`, id, spec.CodePool, rep.Eligible, spec.BatchSize).Scan(&inserted)
+			SELECT count(*), coalesce(max(c.id), 0) FROM ins JOIN c USING (code)`,
+			id, spec.CodePool, rep.Eligible, spec.BatchSize, cursor).Scan(&inserted, &maxID)
+		if err == nil && maxID > cursor {
+			_, err = tx.Exec(ctx, `UPDATE code_pools SET next_id = $2 WHERE name = $1`, spec.CodePool, maxID)
+		}
 	} else {
+		p.step("count", t0)
+		t0 = time.Now()
 		var tag pgconn.CommandTag
 		tag, err = tx.Exec(ctx, `
 			INSERT INTO campaign_recipients (campaign_id, user_id, address, vars, batch)
@@ -152,10 +178,12 @@ func (p *Planner) plan(ctx context.Context, spec Spec, tmpl *Template, rep *Repo
 		return fmt.Errorf("plan: insert recipients: %w", err)
 	}
 	if inserted != rep.Eligible {
-		// Another launch took some of the counted codes in the meantime.
+		// Cannot happen under the pool lock; checked so that no recipient is ever planned without a code.
 		return &PoolShortError{Pool: spec.CodePool, Needed: rep.Eligible, Free: inserted}
 	}
 
+	p.step("insert recipients and reserve codes", t0)
+	t0 = time.Now()
 	if _, err := tx.Exec(ctx, `INSERT INTO campaign_batches (campaign_id, batch, size)
 		SELECT campaign_id, batch, count(*) FROM campaign_recipients WHERE campaign_id = $1 GROUP BY campaign_id, batch`, id); err != nil {
 		return fmt.Errorf("plan: batches: %w", err)
@@ -178,9 +206,12 @@ func (p *Planner) plan(ctx context.Context, spec Spec, tmpl *Template, rep *Repo
 	if spec.DryRun {
 		return nil
 	}
+	p.step("batches and sample", t0)
+	t0 = time.Now()
 	if err := tx.Commit(ctx); err != nil {
 		return fmt.Errorf("plan: commit: %w", err)
 	}
+	p.step("commit", t0)
 	rep.ID = id
 	rep.State = state
 	return nil

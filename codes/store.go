@@ -31,7 +31,12 @@ const generateWorkers = 2
 // Import). Generate's connections wait for each other at the end, out of Postgres's sight; if another
 // writer could wait for one of them while the other waited for it, Postgres could not see the deadlock.
 // Serialising the writers rules that out; the planner, which only reserves and releases, never takes it.
-const writeLockKey = 0x636f6465 // "code"
+const writeLockKey = WriteLockKey
+
+// WriteLockKey is the transaction-level advisory lock that serialises everything that adds codes or moves
+// a pool's cursor (Generate, Import and the launch planner's reservation): a code can then never be
+// committed with an id below a cursor that already passed it.
+const WriteLockKey = 0x636f6465 // "code"
 
 // Generate adds exactly opts.Count new random codes to the pool opts.Pool, creating the pool if it is new.
 //
@@ -380,12 +385,11 @@ func (s *lineSource) Err() error { return s.err }
 // Stats returns the code counts of every pool, empty ones included, ordered by pool name.
 func Stats(ctx context.Context, pool *pgxpool.Pool) ([]PoolStats, error) {
 	rows, err := pool.Query(ctx, `
-		SELECT p.name,
-		       count(c.id),
-		       count(c.id) FILTER (WHERE c.campaign_id IS NULL),
-		       count(c.id) FILTER (WHERE c.campaign_id IS NOT NULL)
-		FROM code_pools p LEFT JOIN promo_codes c ON c.pool = p.name
-		GROUP BY p.name
+		SELECT p.name, t.total, t.fresh + r.released, t.total - t.fresh - r.released
+		FROM code_pools p,
+		     LATERAL (SELECT count(*) AS total, count(*) FILTER (WHERE c.id > p.next_id) AS fresh
+		              FROM promo_codes c WHERE c.pool = p.name) t,
+		     LATERAL (SELECT count(*) AS released FROM released_codes rc WHERE rc.pool = p.name) r
 		ORDER BY p.name`)
 	if err != nil {
 		return nil, fmt.Errorf("code pool stats: %w", err)
@@ -405,7 +409,8 @@ func Stats(ctx context.Context, pool *pgxpool.Pool) ([]PoolStats, error) {
 func Free(ctx context.Context, pool *pgxpool.Pool, poolName string) (int64, error) {
 	var free int64
 	err := pool.QueryRow(ctx, `
-		SELECT (SELECT count(*) FROM promo_codes c WHERE c.pool = p.name AND c.campaign_id IS NULL)
+		SELECT (SELECT count(*) FROM promo_codes c WHERE c.pool = p.name AND c.id > p.next_id)
+		     + (SELECT count(*) FROM released_codes rc WHERE rc.pool = p.name)
 		FROM code_pools p WHERE p.name = $1`, poolName).Scan(&free)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return 0, fmt.Errorf("free codes of %q: %w", poolName, ErrPoolNotFound)

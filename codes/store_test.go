@@ -251,14 +251,13 @@ func TestStatsAndFree(t *testing.T) {
 	if _, err := db.Exec(ctx, `INSERT INTO code_pools (name) VALUES ('empty')`); err != nil {
 		t.Fatal(err)
 	}
-	// Reserve two codes of pool b for a campaign, the way the planner does.
-	var campaignID int64
-	if err := db.QueryRow(ctx, `INSERT INTO campaigns (name, channel, state, message, audience_sql, batch_size)
-		VALUES ('c', 'sms', 'planning', 'm', 'SELECT 1', 100) RETURNING id`).Scan(&campaignID); err != nil {
+	// Give out three codes of pool b and take one back, the way the planner and the worker do: the
+	// cursor passes the first three, and the third returns to released_codes.
+	if _, err := db.Exec(ctx, `UPDATE code_pools SET next_id = (SELECT id FROM promo_codes WHERE pool = 'b' ORDER BY id OFFSET 2 LIMIT 1)
+		WHERE name = 'b'`); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := db.Exec(ctx, `UPDATE promo_codes SET campaign_id = $1, user_id = 'u' || id, reserved_at = now()
-		WHERE id IN (SELECT id FROM promo_codes WHERE pool = 'b' ORDER BY id LIMIT 2)`, campaignID); err != nil {
+	if _, err := db.Exec(ctx, `INSERT INTO released_codes (code, pool) SELECT code, pool FROM promo_codes WHERE pool = 'b' ORDER BY id OFFSET 2 LIMIT 1`); err != nil {
 		t.Fatal(err)
 	}
 

@@ -13,6 +13,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/campaignctl/campaignctl/campaign"
+	"github.com/campaignctl/campaignctl/codes"
 	"github.com/campaignctl/campaignctl/internal/testdb"
 	"github.com/campaignctl/campaignctl/internal/testredis"
 	"github.com/campaignctl/campaignctl/providers"
@@ -254,9 +255,9 @@ func TestConsentRevokedAfterLaunchBlocksTheSend(t *testing.T) {
 	if st != campaign.StatusSkipped || reason != campaign.ReasonRevoked || code != "" {
 		t.Fatalf("u1: status %s reason %s code %q, want skipped/revoked with the code released", st, reason, code)
 	}
-	var holder *string
-	if err := f.db.QueryRow(context.Background(), `SELECT user_id FROM promo_codes WHERE user_id = 'u1'`).Scan(&holder); err == nil {
-		t.Fatalf("u1 still holds a code")
+	// 10 codes, 5 eligible planned, u1's code given back.
+	if free, err := codes.Free(context.Background(), f.db, "p"); err != nil || free != 6 {
+		t.Fatalf("%d free codes (%v), want 6: u1's code must go back to the pool", free, err)
 	}
 }
 
@@ -317,10 +318,9 @@ func TestPermanentErrorFailsTheRecipientAndReleasesItsCode(t *testing.T) {
 	if st != campaign.StatusFailed || !strings.Contains(reason, "21610") || code != "" {
 		t.Fatalf("u1: %s %q code %q; want failed with 21610 and no code", st, reason, code)
 	}
-	var free int64
-	f.db.QueryRow(context.Background(), `SELECT count(*) FROM promo_codes WHERE campaign_id IS NULL`).Scan(&free) //nolint:errcheck
-	if free != 2 {                                                                                                // 4 codes, 3 reserved at plan, 1 released
-		t.Errorf("%d free codes, want 2", free)
+	// 4 codes, 3 reserved at plan, 1 released
+	if free, err := codes.Free(context.Background(), f.db, "p"); err != nil || free != 2 {
+		t.Errorf("%d free codes (%v), want 2", free, err)
 	}
 	// A rerun never retries the permanent failure.
 	calls := f.provider.calls

@@ -26,8 +26,12 @@ CREATE TABLE campaigns (
 -- One row per planned recipient. The primary key (campaign_id, user_id) is what makes a second plan of the
 -- same person impossible; status moves pending -> sent | failed | skipped | unknown and never back, except
 -- unknown -> pending on an explicit resend.
+--
+-- Foreign keys are left out on purpose here and below: a launch inserts up to millions of rows in one
+-- statement, and a per-row key check costs seconds there. The planner writes campaign, recipients,
+-- batches and reservations in one transaction, and campaigns are never deleted.
 CREATE TABLE campaign_recipients (
-    campaign_id          bigint      NOT NULL REFERENCES campaigns (id) ON DELETE CASCADE,
+    campaign_id          bigint      NOT NULL,
     user_id              text        NOT NULL,
     address              text        NOT NULL,
     vars                 jsonb       NOT NULL DEFAULT '{}'::jsonb,
@@ -47,35 +51,47 @@ CREATE TABLE campaign_recipients (
 );
 
 CREATE INDEX campaign_recipients_batch ON campaign_recipients (campaign_id, batch);
+CREATE UNIQUE INDEX campaign_recipients_code ON campaign_recipients (code);
 CREATE INDEX campaign_recipients_pending ON campaign_recipients (campaign_id) WHERE status = 'pending';
 
 CREATE TABLE campaign_batches (
-    campaign_id  bigint      NOT NULL REFERENCES campaigns (id) ON DELETE CASCADE,
+    campaign_id  bigint      NOT NULL,
     batch        integer     NOT NULL,
     size         integer     NOT NULL,
     enqueued_at  timestamptz,
     PRIMARY KEY (campaign_id, batch)
 );
 
+-- A pool is a name and a cursor: the codes of the pool with an id above next_id have never been given to
+-- anyone. Reserving n codes takes the released ones first, then the next fresh ones in id order, and moves
+-- the cursor: no per-code write at all, so a million codes are reserved in the time it takes to read them.
+-- Writers of codes and the planner serialise on an advisory lock, so no code with a lower id can appear
+-- after the cursor has passed it.
 CREATE TABLE code_pools (
     name        text        PRIMARY KEY,
+    next_id     bigint      NOT NULL DEFAULT 0,
     created_at  timestamptz NOT NULL DEFAULT now()
 );
 
--- A code is unique across every pool, and once reserved for (campaign, user) it stays with that recipient
--- across retries. Codes of recipients that were never sent are released (campaign_id back to NULL).
+-- Codes are unique across every pool and never change. Who holds a code is campaign_recipients.code (unique
+-- there too): a code is given to at most one recipient at a time, and keeps that recipient across retries.
 CREATE TABLE promo_codes (
-    id           bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-    pool         text        NOT NULL REFERENCES code_pools (name),
-    code         text        NOT NULL UNIQUE,
-    campaign_id  bigint      REFERENCES campaigns (id),
-    user_id      text,
-    reserved_at  timestamptz,
-    CHECK ((campaign_id IS NULL) = (user_id IS NULL))
+    id    bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    pool  text   NOT NULL,
+    code  text   NOT NULL UNIQUE
 );
 
-CREATE INDEX promo_codes_free ON promo_codes (pool, id) WHERE campaign_id IS NULL;
-CREATE UNIQUE INDEX promo_codes_holder ON promo_codes (campaign_id, user_id) WHERE campaign_id IS NOT NULL;
+CREATE INDEX promo_codes_pool ON promo_codes (pool, id);
+
+-- Codes of recipients who were never sent (failed for good, skipped, cancelled) go back to their pool here,
+-- and are the first to be given out again.
+CREATE TABLE released_codes (
+    code         text        PRIMARY KEY,
+    pool         text        NOT NULL,
+    released_at  timestamptz NOT NULL DEFAULT now()
+);
+
+CREATE INDEX released_codes_pool ON released_codes (pool, code);
 
 -- İYS consents, keyed as İYS keys them: (recipient, type, recipient_type). Recipients are canonical:
 -- phones in E.164 (+905XXXXXXXXX), e-mails lower-case.

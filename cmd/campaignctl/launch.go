@@ -107,7 +107,7 @@ func (a *app) launch(ctx context.Context, o launchOptions) error {
 		Name: o.name, Channel: campaign.Channel(o.channel), AudienceSQL: string(sqlText), Message: o.message,
 		Subject: o.subject, CodePool: o.codePool, Rate: o.rate, ProviderRate: providerRate, StatementTimeout: o.timeout,
 	}
-	planner := &campaign.Planner{Engine: engine, Audience: audience}
+	planner := &campaign.Planner{Engine: engine, Audience: audience, Log: a.logger()}
 
 	if o.dryRun {
 		rep, err := planner.Plan(ctx, withDryRun(spec))
