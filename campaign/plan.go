@@ -50,6 +50,11 @@ type Report struct {
 	SampleMessage      string           `json:"sample_message,omitempty"`
 	Encoding           string           `json:"encoding,omitempty"`
 	SegmentsPerMessage int              `json:"segments_per_message,omitempty"`
+	// TotalSegments is the sum of every planned SMS's segments, each message rendered for its recipient:
+	// what the provider will bill and what its throughput is counted in.
+	TotalSegments int64 `json:"total_segments,omitempty"`
+	// UCS2Messages is how many planned SMS need UCS-2 (70/67 characters per segment).
+	UCS2Messages int64 `json:"ucs2_messages,omitempty"`
 	Rate               float64          `json:"rate"`
 	ETASeconds         float64          `json:"eta_seconds"`
 	Enqueued           int              `json:"enqueued"`

@@ -101,6 +101,9 @@ func TestPlanExclusionsAgainstHandComputedAudience(t *testing.T) {
 	if rep.Encoding != "UCS-2" || rep.SegmentsPerMessage != 1 {
 		t.Errorf("encoding %s/%d, want UCS-2/1 (ş forces UCS-2)", rep.Encoding, rep.SegmentsPerMessage)
 	}
+	if rep.TotalSegments != 2 || rep.UCS2Messages != 1 {
+		t.Errorf("total segments %d, UCS-2 messages %d; want 2 and 1 (Ayşe's message is UCS-2, Ali's GSM-7)", rep.TotalSegments, rep.UCS2Messages)
+	}
 	if rep.ETASeconds != 1 {
 		t.Errorf("ETA %v s, want 1 (2 recipients at 2/s)", rep.ETASeconds)
 	}

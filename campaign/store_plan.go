@@ -192,6 +192,13 @@ func (p *Planner) plan(ctx context.Context, spec Spec, tmpl *Template, rep *Repo
 	if err := p.sample(ctx, tx, id, spec, tmpl, rep); err != nil {
 		return err
 	}
+	if spec.Channel == ChannelSMS {
+		if err := p.countSegments(ctx, tx, id, spec, tmpl, rep); err != nil {
+			return err
+		}
+		p.step("render every message", t0)
+		t0 = time.Now()
+	}
 
 	excluded, _ := json.Marshal(rep.Excluded)
 	state := StateRunning
@@ -255,6 +262,35 @@ func (p *Planner) sample(ctx context.Context, tx pgx.Tx, id int64, spec Spec, tm
 	rep.SampleMessage = msg
 	if spec.Channel == ChannelSMS {
 		rep.Encoding, rep.SegmentsPerMessage = providers.SMSSegments(msg)
+	}
+	return nil
+}
+
+// countSegments renders every planned message, as the worker will, and adds up its SMS segments. A
+// message that fails to render stops the launch before anything is written.
+func (p *Planner) countSegments(ctx context.Context, tx pgx.Tx, id int64, spec Spec, tmpl *Template, rep *Report) error {
+	rows, err := tx.Query(ctx, `SELECT user_id, address, vars, coalesce(code, '') FROM campaign_recipients WHERE campaign_id = $1`, id)
+	if err != nil {
+		return fmt.Errorf("plan: %w", err)
+	}
+	defer rows.Close()
+	var r Recipient
+	for rows.Next() {
+		if err := rows.Scan(&r.UserID, &r.Address, &r.Vars, &r.Code); err != nil {
+			return fmt.Errorf("plan: %w", err)
+		}
+		msg, err := tmpl.Render(r.TemplateData(spec.Channel, spec.Name))
+		if err != nil {
+			return fmt.Errorf("%w: the message template fails for user %s: %v", ErrInvalid, r.UserID, err)
+		}
+		enc, n := providers.SMSSegments(msg)
+		rep.TotalSegments += int64(n)
+		if enc == providers.EncodingUCS2 {
+			rep.UCS2Messages++
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("plan: %w", err)
 	}
 	return nil
 }

@@ -202,6 +202,9 @@ func (a *app) printReport(rep campaign.Report, asJSON bool) {
 	if rep.Encoding != "" {
 		fmt.Fprintf(w, "  encoding / segments\t%s / %d per message\n", rep.Encoding, rep.SegmentsPerMessage)
 	}
+	if rep.TotalSegments > 0 {
+		fmt.Fprintf(w, "  SMS segments in all\t%d (%d of %d messages in UCS-2)\n", rep.TotalSegments, rep.UCS2Messages, rep.Eligible)
+	}
 	if rep.Rate > 0 {
 		fmt.Fprintf(w, "  rate / ETA\t%g msg/s / %s\n", rep.Rate, (time.Duration(rep.ETASeconds) * time.Second).String())
 	} else {
