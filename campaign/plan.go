@@ -54,10 +54,10 @@ type Report struct {
 	// what the provider will bill and what its throughput is counted in.
 	TotalSegments int64 `json:"total_segments,omitempty"`
 	// UCS2Messages is how many planned SMS need UCS-2 (70/67 characters per segment).
-	UCS2Messages int64 `json:"ucs2_messages,omitempty"`
-	Rate               float64          `json:"rate"`
-	ETASeconds         float64          `json:"eta_seconds"`
-	Enqueued           int              `json:"enqueued"`
+	UCS2Messages int64   `json:"ucs2_messages,omitempty"`
+	Rate         float64 `json:"rate"`
+	ETASeconds   float64 `json:"eta_seconds"`
+	Enqueued     int     `json:"enqueued"`
 }
 
 var nameRE = regexp.MustCompile(`^[\p{L}\p{N}][\p{L}\p{N} ._:/-]{0,127}$`)
