@@ -202,19 +202,20 @@ func (s *Store) Record(ctx context.Context, campaignID int64, outcomes []Outcome
 				segments = NULLIF(o.segments, 0),
 				attempts = r.attempts + CASE WHEN o.status IN ('sent', 'failed', 'unknown') THEN 1 ELSE 0 END,
 				code = CASE WHEN o.status IN ('failed', 'skipped') THEN NULL ELSE r.code END,
+				code_id = CASE WHEN o.status IN ('failed', 'skipped') THEN NULL ELSE r.code_id END,
 				sent_at = CASE WHEN o.status = 'sent' THEN now() END,
 				updated_at = now()
 			FROM o JOIN campaign_recipients old ON old.campaign_id = $1 AND old.user_id = o.user_id
 			WHERE r.campaign_id = $1 AND r.user_id = o.user_id AND r.status = 'pending'
-			RETURNING r.user_id, r.status, r.reason, r.provider_message_id, old.code
+			RETURNING r.user_id, r.status, r.reason, r.provider_message_id, old.code_id
 		), log AS (
 			INSERT INTO send_log (campaign_id, user_id, status, reason, provider_message_id)
 			SELECT $1, user_id, status, reason, provider_message_id FROM upd
 		), released AS (
-			INSERT INTO released_codes (code, pool)
-			SELECT upd.code, p.pool FROM upd JOIN promo_codes p ON p.code = upd.code
+			INSERT INTO released_codes (code_id, pool)
+			SELECT upd.code_id, p.pool FROM upd JOIN promo_codes p ON p.id = upd.code_id
 			WHERE upd.status IN ('failed', 'skipped')
-			ON CONFLICT (code) DO NOTHING
+			ON CONFLICT (code_id) DO NOTHING
 		)
 		SELECT status, count(*) FROM upd GROUP BY status`, campaignID, users, statuses, reasons, ids, segs)
 	if err != nil {

@@ -141,25 +141,25 @@ func (p *Planner) plan(ctx context.Context, spec Spec, tmpl *Template, rep *Repo
 		var maxID int64
 		err = tx.QueryRow(ctx, `
 			WITH rel AS (
-				DELETE FROM released_codes WHERE code IN (
-					SELECT code FROM released_codes WHERE pool = $2 ORDER BY code LIMIT $3)
-				RETURNING code
+				DELETE FROM released_codes WHERE code_id IN (
+					SELECT code_id FROM released_codes WHERE pool = $2 ORDER BY code_id LIMIT $3)
+				RETURNING code_id
 			), fresh AS (
 				SELECT id, code FROM promo_codes WHERE pool = $2 AND id > $5 ORDER BY id LIMIT $3
 			), c AS (
-				SELECT code, id, row_number() OVER (ORDER BY src, id, code) AS rn
-				FROM (SELECT code, 0 AS src, 0::bigint AS id FROM rel
-				      UNION ALL SELECT code, 1, id FROM fresh) u
+				SELECT id, code, row_number() OVER (ORDER BY src, id) AS rn
+				FROM (SELECT p.id, p.code, 0 AS src FROM rel JOIN promo_codes p ON p.id = rel.code_id
+				      UNION ALL SELECT id, code, 1 FROM fresh) u
 			), e AS (
 				SELECT user_id, address, vars, row_number() OVER (ORDER BY ord) AS rn
 				FROM audience_classified WHERE reason IS NULL
 			), ins AS (
-				INSERT INTO campaign_recipients (campaign_id, user_id, address, vars, code, batch)
-				SELECT $1, e.user_id, e.address, e.vars, c.code, (e.rn - 1) / $4
+				INSERT INTO campaign_recipients (campaign_id, user_id, address, vars, code, code_id, batch)
+				SELECT $1, e.user_id, e.address, e.vars, c.code, c.id, (e.rn - 1) / $4
 				FROM e JOIN c USING (rn)
-				RETURNING code
+				RETURNING code_id
 			)
-			SELECT count(*), coalesce(max(c.id), 0) FROM ins JOIN c USING (code)`,
+			SELECT count(*), coalesce(max(code_id), 0) FROM ins`,
 			id, spec.CodePool, rep.Eligible, spec.BatchSize, cursor).Scan(&inserted, &maxID)
 		if err == nil && maxID > cursor {
 			_, err = tx.Exec(ctx, `UPDATE code_pools SET next_id = $2 WHERE name = $1`, spec.CodePool, maxID)
@@ -192,7 +192,7 @@ func (p *Planner) plan(ctx context.Context, spec Spec, tmpl *Template, rep *Repo
 	if err := p.sample(ctx, tx, id, spec, tmpl, rep); err != nil {
 		return err
 	}
-	if spec.Channel == ChannelSMS {
+	if spec.Channel == ChannelSMS && (spec.DryRun || spec.CountSegments) {
 		if err := p.countSegments(ctx, tx, id, spec, tmpl, rep); err != nil {
 			return err
 		}

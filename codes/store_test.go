@@ -257,7 +257,7 @@ func TestStatsAndFree(t *testing.T) {
 		WHERE name = 'b'`); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := db.Exec(ctx, `INSERT INTO released_codes (code, pool) SELECT code, pool FROM promo_codes WHERE pool = 'b' ORDER BY id OFFSET 2 LIMIT 1`); err != nil {
+	if _, err := db.Exec(ctx, `INSERT INTO released_codes (code_id, pool) SELECT id, pool FROM promo_codes WHERE pool = 'b' ORDER BY id OFFSET 2 LIMIT 1`); err != nil {
 		t.Fatal(err)
 	}
 

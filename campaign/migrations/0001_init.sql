@@ -36,6 +36,7 @@ CREATE TABLE campaign_recipients (
     address              text        NOT NULL,
     vars                 jsonb       NOT NULL DEFAULT '{}'::jsonb,
     code                 text,
+    code_id              bigint,
     batch                integer     NOT NULL,
     status               text        NOT NULL DEFAULT 'pending'
                                      CHECK (status IN ('pending', 'sent', 'failed', 'skipped', 'unknown')),
@@ -51,7 +52,9 @@ CREATE TABLE campaign_recipients (
 );
 
 CREATE INDEX campaign_recipients_batch ON campaign_recipients (campaign_id, batch);
-CREATE UNIQUE INDEX campaign_recipients_code ON campaign_recipients (code);
+-- One holder per code at a time. On the code's id, not its text: fresh codes are given out in id order,
+-- so a launch appends to this index instead of inserting at random places (seconds at a million rows).
+CREATE UNIQUE INDEX campaign_recipients_code_id ON campaign_recipients (code_id);
 CREATE INDEX campaign_recipients_pending ON campaign_recipients (campaign_id) WHERE status = 'pending';
 
 CREATE TABLE campaign_batches (
@@ -73,8 +76,8 @@ CREATE TABLE code_pools (
     created_at  timestamptz NOT NULL DEFAULT now()
 );
 
--- Codes are unique across every pool and never change. Who holds a code is campaign_recipients.code (unique
--- there too): a code is given to at most one recipient at a time, and keeps that recipient across retries.
+-- Codes are unique across every pool and never change. Who holds a code is campaign_recipients.code_id
+-- (unique there too): a code is given to at most one recipient at a time, and keeps that recipient across retries.
 CREATE TABLE promo_codes (
     id    bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     pool  text   NOT NULL,
@@ -86,12 +89,12 @@ CREATE INDEX promo_codes_pool ON promo_codes (pool, id);
 -- Codes of recipients who were never sent (failed for good, skipped, cancelled) go back to their pool here,
 -- and are the first to be given out again.
 CREATE TABLE released_codes (
-    code         text        PRIMARY KEY,
+    code_id      bigint      PRIMARY KEY,
     pool         text        NOT NULL,
     released_at  timestamptz NOT NULL DEFAULT now()
 );
 
-CREATE INDEX released_codes_pool ON released_codes (pool, code);
+CREATE INDEX released_codes_pool ON released_codes (pool, code_id);
 
 -- İYS consents, keyed as İYS keys them: (recipient, type, recipient_type). Recipients are canonical:
 -- phones in E.164 (+905XXXXXXXXX), e-mails lower-case.

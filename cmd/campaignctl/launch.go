@@ -26,6 +26,7 @@ type launchOptions struct {
 	rate                                                float64
 	dryRun, yes, watch, json                            bool
 	timeout                                             time.Duration
+	segments                                            bool
 }
 
 func (o *launchOptions) validate() error {
@@ -79,6 +80,7 @@ reserved from --code-pool before anything is queued. --dry-run shows the same re
 	f.BoolVar(&o.watch, "watch", false, "show live progress until the campaign ends")
 	f.BoolVar(&o.json, "json", false, "print the launch report as JSON")
 	f.DurationVar(&o.timeout, "statement-timeout", 5*time.Minute, "limit for the audience query")
+	f.BoolVar(&o.segments, "count-segments", false, "render every message to report the total SMS segments (a dry run always does)")
 	return cmd
 }
 
@@ -106,6 +108,7 @@ func (a *app) launch(ctx context.Context, o launchOptions) error {
 	spec := campaign.Spec{
 		Name: o.name, Channel: campaign.Channel(o.channel), AudienceSQL: string(sqlText), Message: o.message,
 		Subject: o.subject, CodePool: o.codePool, Rate: o.rate, ProviderRate: providerRate, StatementTimeout: o.timeout,
+		CountSegments: o.segments,
 	}
 	planner := &campaign.Planner{Engine: engine, Audience: audience, Log: a.logger()}
 
