@@ -80,6 +80,7 @@ const (
 	ReasonDuplicateAddress = "duplicate_address"
 	ReasonMissingValue     = "missing_value"
 	ReasonNoConsent        = "no_consent"
+	ReasonFrequencyCap     = "frequency_cap"
 	ReasonConsentRET       = "consent_ret"
 	ReasonRevoked          = "revoked"
 	ReasonCancelled        = "cancelled"
@@ -107,6 +108,12 @@ type Campaign struct {
 	CreatedAt   time.Time
 	StartedAt   *time.Time
 	FinishedAt  *time.Time
+	// StartAt is when sending may begin (nil: at once).
+	StartAt *time.Time
+	// Window is the daily send window (zero: any time).
+	Window Window
+	// FrequencyCap is how long one address gets no second message on this channel (0: no cap).
+	FrequencyCap time.Duration
 }
 
 // Counts is how many planned recipients are in each status.

@@ -34,6 +34,13 @@ type Spec struct {
 	CountSegments bool
 	// StatementTimeout bounds the audience query; 0 means 5 minutes.
 	StatementTimeout time.Duration
+	// StartAt schedules the campaign (zero: start at once).
+	StartAt time.Time
+	// Window keeps sends inside daily hours (zero: any time).
+	Window Window
+	// FrequencyCap excludes, at plan time, and skips, at send time, anyone who got a message on this
+	// channel within this long, across campaigns (0: no cap; the CLI's default is DefaultFrequencyCap).
+	FrequencyCap time.Duration
 }
 
 // Report is what a launch found and did. It is printed for the marketer and, with --json, for programs.
@@ -61,6 +68,9 @@ type Report struct {
 	Rate         float64 `json:"rate"`
 	ETASeconds   float64 `json:"eta_seconds"`
 	Enqueued     int     `json:"enqueued"`
+	// StartAt is when a scheduled campaign begins; Window its daily send window.
+	StartAt *time.Time `json:"start_at,omitempty"`
+	Window  string     `json:"window,omitempty"`
 }
 
 var nameRE = regexp.MustCompile(`^[\p{L}\p{N}][\p{L}\p{N} ._:/-]{0,127}$`)
@@ -78,6 +88,9 @@ func (s *Spec) Validate() error {
 	}
 	if s.Rate < 0 || math.IsNaN(s.Rate) || math.IsInf(s.Rate, 0) {
 		return fmt.Errorf("%w: --rate %v must be a positive number of messages per second (or 0 for the provider's cap)", ErrInvalid, s.Rate)
+	}
+	if s.FrequencyCap < 0 {
+		return fmt.Errorf("%w: --frequency-cap %v must be a duration like 24h, or 0 for none", ErrInvalid, s.FrequencyCap)
 	}
 	if s.BatchSize < 0 || s.BatchSize > 10000 {
 		return fmt.Errorf("%w: batch size %d must be between 1 and 10000", ErrInvalid, s.BatchSize)

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -19,15 +20,27 @@ type Store struct {
 func NewStore(pool *pgxpool.Pool) *Store { return &Store{pool: pool} }
 
 const campaignColumns = `id, name, channel, state, message, subject, coalesce(code_pool, ''), rate, audience_sql,
-	audience, eligible, excluded, batch_size, batches, created_at, started_at, finished_at`
+	audience, eligible, excluded, batch_size, batches, created_at, started_at, finished_at,
+	start_at, send_window, window_zone, frequency_cap_seconds`
 
 func scanCampaign(row pgx.Row) (*Campaign, error) {
 	var c Campaign
 	var excluded []byte
+	var window, zone string
+	var capSeconds int64
 	err := row.Scan(&c.ID, &c.Name, &c.Channel, &c.State, &c.Message, &c.Subject, &c.CodePool, &c.Rate, &c.AudienceSQL,
-		&c.Audience, &c.Eligible, &excluded, &c.BatchSize, &c.Batches, &c.CreatedAt, &c.StartedAt, &c.FinishedAt)
+		&c.Audience, &c.Eligible, &excluded, &c.BatchSize, &c.Batches, &c.CreatedAt, &c.StartedAt, &c.FinishedAt,
+		&c.StartAt, &window, &zone, &capSeconds)
 	if err != nil {
 		return nil, err
+	}
+	c.FrequencyCap = time.Duration(capSeconds) * time.Second
+	loc, err := time.LoadLocation(zone)
+	if err != nil {
+		return nil, fmt.Errorf("campaign %d: window zone %q: %w", c.ID, zone, err)
+	}
+	if c.Window, err = ParseWindow(window, loc); err != nil {
+		return nil, fmt.Errorf("campaign %d: %w", c.ID, err)
 	}
 	c.Excluded = map[string]int64{}
 	if err := json.Unmarshal(excluded, &c.Excluded); err != nil {
@@ -234,6 +247,20 @@ func (s *Store) Record(ctx context.Context, campaignID int64, outcomes []Outcome
 		return nil, fmt.Errorf("record outcomes: %w", err)
 	}
 	return moved, nil
+}
+
+// StartIfDue moves a scheduled campaign whose start time has come to running, and reports its state.
+func (s *Store) StartIfDue(ctx context.Context, id int64) (State, error) {
+	var st State
+	err := s.pool.QueryRow(ctx, `WITH u AS (
+			UPDATE campaigns SET state = 'running', started_at = now()
+			WHERE id = $1 AND state = 'scheduled' AND (start_at IS NULL OR start_at <= now())
+			RETURNING state)
+		SELECT coalesce((SELECT state FROM u), (SELECT state FROM campaigns WHERE id = $1))`, id).Scan(&st)
+	if err != nil {
+		return "", fmt.Errorf("start campaign %d: %w", id, err)
+	}
+	return st, nil
 }
 
 // CompleteIfDone moves a running campaign to completed when none of its recipients is pending. It

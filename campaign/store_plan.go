@@ -47,13 +47,27 @@ func (p *Planner) plan(ctx context.Context, spec Spec, tmpl *Template, rep *Repo
 	}
 
 	var id int64
-	err = tx.QueryRow(ctx, `INSERT INTO campaigns (name, channel, state, message, subject, code_pool, rate, audience_sql, batch_size)
-		VALUES ($1, $2, 'planning', $3, $4, NULLIF($5, ''), $6, $7, $8) RETURNING id`,
-		spec.Name, spec.Channel, spec.Message, spec.Subject, spec.CodePool, spec.Rate, spec.AudienceSQL, spec.BatchSize).Scan(&id)
+	var startAt *time.Time
+	if !spec.StartAt.IsZero() {
+		startAt = &spec.StartAt
+	}
+	zone := DefaultZone
+	if spec.Window.Zone != nil {
+		zone = spec.Window.Zone.String()
+	}
+	err = tx.QueryRow(ctx, `INSERT INTO campaigns (name, channel, state, message, subject, code_pool, rate, audience_sql, batch_size,
+			start_at, send_window, window_zone, frequency_cap_seconds)
+		VALUES ($1, $2, 'planning', $3, $4, NULLIF($5, ''), $6, $7, $8, $9, $10, $11, $12) RETURNING id`,
+		spec.Name, spec.Channel, spec.Message, spec.Subject, spec.CodePool, spec.Rate, spec.AudienceSQL, spec.BatchSize,
+		startAt, spec.Window.String(), zone, int64(spec.FrequencyCap/time.Second)).Scan(&id)
 	if err != nil {
 		var pgErr *pgconn.PgError
 		if errors.As(err, &pgErr) && pgErr.Code == "23505" {
-			return fmt.Errorf("%w: a campaign named %q exists already; choose another --name (campaignctl status lists them)", ErrNameTaken, spec.Name)
+			var other int64
+			var st State
+			p.Engine.QueryRow(context.WithoutCancel(ctx), `SELECT id, state FROM campaigns WHERE name = $1`, spec.Name).Scan(&other, &st) //nolint:errcheck // only for the message
+			return fmt.Errorf("%w: a campaign named %q exists already (id %d, %s); choose another --name, or run `campaignctl resume %d` if that launch was interrupted",
+				ErrNameTaken, spec.Name, other, st, other)
 		}
 		return fmt.Errorf("plan: %w", err)
 	}
@@ -67,6 +81,15 @@ func (p *Planner) plan(ctx context.Context, spec Spec, tmpl *Template, rep *Repo
 	}
 	p.step("stage audience", t0)
 	t0 = time.Now()
+
+	// Who got a message on this channel within the frequency cap, across campaigns (the partial index on
+	// sent_at finds them without touching the rest).
+	if _, err := tx.Exec(ctx, fmt.Sprintf(`CREATE TEMP TABLE recent_sends ON COMMIT DROP AS
+		SELECT DISTINCT s.address FROM campaign_recipients s JOIN campaigns c ON c.id = s.campaign_id
+		WHERE s.status = 'sent' AND s.sent_at > now() - interval '%d seconds' AND c.channel = '%s'`,
+		int64(spec.FrequencyCap/time.Second), spec.Channel)); err != nil {
+		return fmt.Errorf("plan: recent sends: %w", err)
+	}
 
 	// Each row gets one reason, checked in this order; the first row (in query order) of a user, and the
 	// first valid user of a number, is the one kept.
@@ -86,9 +109,11 @@ func (p *Planner) plan(ctx context.Context, spec Spec, tmpl *Template, rep *Repo
 			     WHEN `+missingValueTest(tmpl, spec.Channel)+` THEN '`+ReasonMissingValue+`'
 			     WHEN c.status IS NULL THEN '`+ReasonNoConsent+`'
 			     WHEN c.status <> 'ONAY' THEN '`+ReasonConsentRET+`'
+			     WHEN r.address IS NOT NULL THEN '`+ReasonFrequencyCap+`'
 			END AS reason
 		FROM a LEFT JOIN iys_consents c
-			ON c.recipient = a.address AND c.type = '`+spec.Channel.IYSType()+`' AND c.recipient_type = 'BIREYSEL'`); err != nil {
+			ON c.recipient = a.address AND c.type = '`+spec.Channel.IYSType()+`' AND c.recipient_type = 'BIREYSEL'
+		LEFT JOIN recent_sends r ON r.address = a.address`); err != nil {
 		return fmt.Errorf("plan: classify audience: %w", err)
 	}
 	p.step("classify", t0)
@@ -202,11 +227,16 @@ func (p *Planner) plan(ctx context.Context, spec Spec, tmpl *Template, rep *Repo
 
 	excluded, _ := json.Marshal(rep.Excluded)
 	state := StateRunning
+	if startAt != nil && startAt.After(time.Now()) {
+		state = StateScheduled
+		rep.StartAt = startAt
+	}
 	if rep.Eligible == 0 {
 		state = StateCompleted
 	}
+	rep.Window = spec.Window.String()
 	if _, err := tx.Exec(ctx, `UPDATE campaigns SET audience = $2, eligible = $3, excluded = $4, batches = $5, state = $6,
-		started_at = now(), finished_at = CASE WHEN $6 = 'completed' THEN now() END WHERE id = $1`,
+		started_at = CASE WHEN $6 = 'running' THEN now() END, finished_at = CASE WHEN $6 = 'completed' THEN now() END WHERE id = $1`,
 		id, rep.Audience, rep.Eligible, excluded, BatchCount(rep.Eligible, spec.BatchSize), state); err != nil {
 		return fmt.Errorf("plan: %w", err)
 	}

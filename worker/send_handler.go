@@ -51,10 +51,11 @@ type Config struct {
 
 // Handler processes batch tasks.
 type Handler struct {
-	cfg    Config
-	claims claims
-	bucket *limiter.Bucket
-	log    *slog.Logger
+	cfg       Config
+	claims    claims
+	frequency frequencyCap
+	bucket    *limiter.Bucket
+	log       *slog.Logger
 
 	mu        sync.Mutex
 	templates map[int64]*campaign.Template
@@ -92,6 +93,7 @@ func NewHandler(cfg Config) *Handler {
 	return &Handler{
 		cfg:       cfg,
 		claims:    claims{rdb: cfg.Redis, ttl: cfg.ClaimTTL},
+		frequency: frequencyCap{rdb: cfg.Redis},
 		bucket:    limiter.New(cfg.Redis),
 		log:       cfg.Logger,
 		templates: map[int64]*campaign.Template{},
@@ -144,6 +146,14 @@ func (h *Handler) RunBatch(ctx context.Context, campaignID int64, batch int) err
 	}
 	if err != nil {
 		return infra(err)
+	}
+	if c.State == campaign.StateScheduled {
+		if c.State, err = h.cfg.Store.StartIfDue(ctx, c.ID); err != nil {
+			return infra(err)
+		}
+		if c.State == campaign.StateScheduled && c.StartAt != nil {
+			return &RetryError{Err: fmt.Errorf("campaign %d starts at %s", c.ID, c.StartAt.Format(time.RFC3339)), After: time.Until(*c.StartAt)}
+		}
 	}
 	if retry, done := stateGate(c.ID, c.State); retry != nil || done {
 		return retry
@@ -235,6 +245,10 @@ func (h *Handler) gate(ctx context.Context, run *batchRun, chunk []campaign.Reci
 	for i := range chunk {
 		addrs[i] = chunk[i].Address
 	}
+	if now := h.cfg.Now(); !run.c.Window.Open(now) {
+		next := run.c.Window.NextOpen(now)
+		return &RetryError{Err: fmt.Errorf("outside the send window %s; sending resumes at %s", run.c.Window, next.Format(time.RFC3339)), After: next.Sub(now)}
+	}
 	st, consent, err := h.cfg.Store.SendGate(ctx, run.c, addrs)
 	if err != nil {
 		return infra(err)
@@ -323,6 +337,14 @@ func (h *Handler) deliver(ctx, waitCtx context.Context, run *batchRun, r *campai
 			h.fromClaim(run, r.UserID, old)
 			return nil
 		}
+		if capped, err := h.frequency.take(ctx, run.c, r.Address); err != nil {
+			h.claims.release(context.WithoutCancel(ctx), key, mine) //nolint:errcheck // a kept claim only makes the recipient unknown later
+			return infra(err)
+		} else if capped {
+			h.claims.settle(ctx, key, reasonValue(claimSkipped, campaign.ReasonFrequencyCap)) //nolint:errcheck // Postgres records the skip
+			run.add(campaign.Outcome{UserID: r.UserID, Status: campaign.StatusSkipped, Reason: campaign.ReasonFrequencyCap})
+			return nil
+		}
 		res, err := run.provider.Send(ctx, msg)
 		if err == nil {
 			if err := h.claims.settle(ctx, key, sentValue(res.MessageID, res.Segments)); err != nil {
@@ -347,10 +369,14 @@ func (h *Handler) deliver(ctx, waitCtx context.Context, run *batchRun, r *campai
 			return nil
 		case pe.Class == providers.Permanent && !pe.AccountLevel():
 			h.claims.settle(ctx, key, reasonValue(claimFailed, pe.Reason())) //nolint:errcheck // Postgres records the failure
+			h.frequency.release(ctx, run.c, r.Address)                       //nolint:errcheck // nothing reached the person
 			run.add(campaign.Outcome{UserID: r.UserID, Status: campaign.StatusFailed, Reason: pe.Reason()})
 			return nil
 		}
 		// Transient, or the account itself is refused: nothing was accepted, so the claim is released.
+		if err := h.frequency.release(ctx, run.c, r.Address); err != nil {
+			return infra(err)
+		}
 		if err := h.claims.release(ctx, key, mine); err != nil {
 			return infra(err)
 		}

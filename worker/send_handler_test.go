@@ -72,7 +72,10 @@ type fixture struct {
 
 // plan seeds n customers (every third has RET, every fifth has no consent row) with a code pool and
 // launches one campaign in batches of 10.
-func plan(t *testing.T, n int) *fixture {
+func plan(t *testing.T, n int) *fixture { t.Helper(); return planWith(t, n, nil) }
+
+// planWith is plan with the campaign spec adjusted by edit.
+func planWith(t *testing.T, n int, edit func(*campaign.Spec)) *fixture {
 	t.Helper()
 	db, _ := testdb.New(t)
 	rdb, _ := testredis.New(t)
@@ -89,18 +92,26 @@ func plan(t *testing.T, n int) *fixture {
 		SELECT '+90532' || lpad(i::text, 7, '0'), 'MESAJ', 'BIREYSEL', CASE WHEN i % 3 = 0 THEN 'RET' ELSE 'ONAY' END, 'HS_WEB', now()
 		FROM generate_series(1, $1) i WHERE i % 5 <> 0`, n)
 	exec(`INSERT INTO code_pools (name) VALUES ('p')`)
-	exec(`INSERT INTO promo_codes (pool, code) SELECT 'p', 'C' || i FROM generate_series(1, $1) i`, n)
-	rep, err := (&campaign.Planner{Engine: db, Audience: db}).Plan(ctx, campaign.Spec{
-		Name: "t", Channel: campaign.ChannelSMS, CodePool: "p", BatchSize: 10,
-		AudienceSQL: `SELECT user_id, phone, first_name FROM customers`,
-		Message:     `Merhaba {{.first_name}}, kodunuz {{.code}}`,
-	})
+	exec(`INSERT INTO promo_codes (pool, code) SELECT 'p', 'C' || i FROM generate_series(1, $1) i`, 3*n)
+	spec := fixtureSpec("t")
+	if edit != nil {
+		edit(&spec)
+	}
+	rep, err := (&campaign.Planner{Engine: db, Audience: db}).Plan(ctx, spec)
 	if err != nil {
 		t.Fatal(err)
 	}
 	f := &fixture{db: db, rdb: rdb, store: campaign.NewStore(db), provider: newProvider(), id: rep.ID, batches: rep.Batches}
 	f.h = f.handler(rdb)
 	return f
+}
+
+func fixtureSpec(name string) campaign.Spec {
+	return campaign.Spec{
+		Name: name, Channel: campaign.ChannelSMS, CodePool: "p", BatchSize: 10,
+		AudienceSQL: `SELECT user_id, phone, first_name FROM customers`,
+		Message:     `Merhaba {{.first_name}}, kodunuz {{.code}}`,
+	}
 }
 
 func (f *fixture) handler(rdb redis.UniversalClient) *Handler {
@@ -255,9 +266,9 @@ func TestConsentRevokedAfterLaunchBlocksTheSend(t *testing.T) {
 	if st != campaign.StatusSkipped || reason != campaign.ReasonRevoked || code != "" {
 		t.Fatalf("u1: status %s reason %s code %q, want skipped/revoked with the code released", st, reason, code)
 	}
-	// 10 codes, 5 eligible planned, u1's code given back.
-	if free, err := codes.Free(context.Background(), f.db, "p"); err != nil || free != 6 {
-		t.Fatalf("%d free codes (%v), want 6: u1's code must go back to the pool", free, err)
+	// 30 codes, 5 eligible planned, u1's code given back.
+	if free, err := codes.Free(context.Background(), f.db, "p"); err != nil || free != 26 {
+		t.Fatalf("%d free codes (%v), want 26: u1's code must go back to the pool", free, err)
 	}
 }
 
@@ -318,9 +329,9 @@ func TestPermanentErrorFailsTheRecipientAndReleasesItsCode(t *testing.T) {
 	if st != campaign.StatusFailed || !strings.Contains(reason, "21610") || code != "" {
 		t.Fatalf("u1: %s %q code %q; want failed with 21610 and no code", st, reason, code)
 	}
-	// 4 codes, 3 reserved at plan, 1 released
-	if free, err := codes.Free(context.Background(), f.db, "p"); err != nil || free != 2 {
-		t.Errorf("%d free codes (%v), want 2", free, err)
+	// 12 codes, 3 reserved at plan, 1 released
+	if free, err := codes.Free(context.Background(), f.db, "p"); err != nil || free != 10 {
+		t.Errorf("%d free codes (%v), want 10", free, err)
 	}
 	// A rerun never retries the permanent failure.
 	calls := f.provider.calls
@@ -446,5 +457,85 @@ func TestPauseAndStopHandTheRestBack(t *testing.T) {
 				t.Fatalf("after %s: provider %d, counts %+v; want the message in flight finished and recorded, 2 pending", how, f.provider.total(), c)
 			}
 		})
+	}
+}
+
+// Two campaigns reach the same people within the frequency cap: the second one's sends are skipped
+// (frequency_cap), while a redelivered batch of the first is not stopped by its own mark.
+func TestFrequencyCapAcrossCampaignsAtSendTime(t *testing.T) {
+	t.Parallel()
+	f := planWith(t, 4, func(s *campaign.Spec) { s.FrequencyCap = time.Hour })
+	// The second campaign is planned before the first sends, so the plan-time exclusion cannot see it.
+	rep, err := (&campaign.Planner{Engine: f.db, Audience: f.db}).Plan(context.Background(),
+		func() campaign.Spec { s := fixtureSpec("second"); s.FrequencyCap = time.Hour; return s }())
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.runAll(t)
+	f.runAll(t) // redelivered: nothing more, and nothing skipped by its own mark
+	if got := f.provider.total(); got != 3 {
+		t.Fatalf("first campaign: %d messages, want 3", got)
+	}
+	if c := f.counts(t); c.Sent != 3 || c.Skipped != 0 {
+		t.Fatalf("first campaign counts %+v", c)
+	}
+	if err := f.h.RunBatch(context.Background(), rep.ID, 0); err != nil {
+		t.Fatal(err)
+	}
+	if got := f.provider.total(); got != 3 {
+		t.Fatalf("the second campaign sent %d messages within the frequency cap", got-3)
+	}
+	c, err := f.store.Counts(context.Background(), rep.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Skipped != 3 || c.Pending != 0 {
+		t.Fatalf("second campaign counts %+v, want 3 skipped", c)
+	}
+	// And a third campaign, planned now, excludes them at plan time.
+	third, err := (&campaign.Planner{Engine: f.db, Audience: f.db}).Plan(context.Background(),
+		func() campaign.Spec { s := fixtureSpec("third"); s.FrequencyCap = time.Hour; return s }())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if third.Excluded[campaign.ReasonFrequencyCap] != 3 || third.Eligible != 0 {
+		t.Fatalf("third campaign: eligible %d, excluded %v; want all 3 excluded by the frequency cap", third.Eligible, third.Excluded)
+	}
+}
+
+func TestSendWindowAndScheduleHoldTheBatch(t *testing.T) {
+	t.Parallel()
+	ist, _ := time.LoadLocation(campaign.DefaultZone)
+	window, _ := campaign.ParseWindow("09:00-20:00", ist)
+	start := time.Now().Add(time.Hour)
+	f := planWith(t, 4, func(s *campaign.Spec) { s.Window = window; s.StartAt = start })
+	c, err := f.store.Get(context.Background(), f.id)
+	if err != nil || c.State != campaign.StateScheduled {
+		t.Fatalf("campaign %+v, %v; want scheduled", c, err)
+	}
+	// Before the start time: handed back until then, not counted as a failure.
+	err = f.h.RunBatch(context.Background(), f.id, 0)
+	var re *RetryError
+	if !errors.As(err, &re) || re.Failure || re.After < 50*time.Minute {
+		t.Fatalf("before the start: err %v, want a retry in about an hour", err)
+	}
+	// Started, but at 21:00 Istanbul: outside the window, handed back until 09:00.
+	if _, err := f.db.Exec(context.Background(), `UPDATE campaigns SET start_at = now() - interval '1 minute' WHERE id = $1`, f.id); err != nil {
+		t.Fatal(err)
+	}
+	evening := time.Date(2026, 12, 1, 21, 0, 0, 0, ist)
+	f.h.cfg.Now = func() time.Time { return evening }
+	err = f.h.RunBatch(context.Background(), f.id, 0)
+	if !errors.As(err, &re) || re.Failure || re.After != 12*time.Hour {
+		t.Fatalf("outside the window: err %v, want a retry in 12h", err)
+	}
+	if f.provider.total() != 0 {
+		t.Fatalf("sent %d messages outside the schedule", f.provider.total())
+	}
+	// In the window: sent.
+	f.h.cfg.Now = func() time.Time { return time.Date(2026, 12, 2, 10, 0, 0, 0, ist) }
+	f.runAll(t)
+	if f.provider.total() != 3 {
+		t.Fatalf("sent %d in the window, want 3", f.provider.total())
 	}
 }

@@ -19,12 +19,16 @@ func TestBatchEnqueuedTwiceSendsOnce(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	client := asynq.NewClientFromRedisClient(f.rdb)
+	c, err := f.store.Get(ctx, f.id)
+	if err != nil {
+		t.Fatal(err)
+	}
 
-	added, existing, err := Enqueue(ctx, client, f.store, f.id, true)
+	added, existing, err := Enqueue(ctx, client, f.store, c, true)
 	if err != nil || added != f.batches || existing != 0 {
 		t.Fatalf("first enqueue: added %d existing %d err %v; want %d new", added, existing, err, f.batches)
 	}
-	added, existing, err = Enqueue(ctx, client, f.store, f.id, false)
+	added, existing, err = Enqueue(ctx, client, f.store, c, false)
 	if err != nil || added != 0 || existing != f.batches {
 		t.Fatalf("second enqueue: added %d existing %d err %v; want all %d already queued", added, existing, err, f.batches)
 	}
@@ -47,7 +51,7 @@ func TestBatchEnqueuedTwiceSendsOnce(t *testing.T) {
 		}
 	}
 	// Enqueued once more after completion: the task IDs are free again, the batches have nothing pending.
-	added, _, err = Enqueue(ctx, client, f.store, f.id, false)
+	added, _, err = Enqueue(ctx, client, f.store, c, false)
 	if err != nil || added != 0 {
 		t.Fatalf("enqueue after completion: added %d err %v; want 0", added, err)
 	}

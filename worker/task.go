@@ -51,9 +51,16 @@ func NewBatchTask(campaignID int64, batch int) (*asynq.Task, error) {
 
 // Enqueue hands the campaign's batches that still have pending recipients to the queue (with onlyNew,
 // only those never enqueued). A batch already queued, retrying or archived keeps its task: the task ID
-// makes the second enqueue a no-op. It returns how many tasks were newly enqueued and how many were
-// already there.
-func Enqueue(ctx context.Context, client *asynq.Client, store *campaign.Store, campaignID int64, onlyNew bool) (added, existing int, err error) {
+// makes the second enqueue a no-op. Tasks of a campaign that starts later, or whose send window is
+// closed now, are scheduled for that moment. It returns how many tasks were newly enqueued and how many
+// were already there.
+func Enqueue(ctx context.Context, client *asynq.Client, store *campaign.Store, c *campaign.Campaign, onlyNew bool) (added, existing int, err error) {
+	campaignID := c.ID
+	at := time.Now()
+	if c.StartAt != nil && c.StartAt.After(at) {
+		at = *c.StartAt
+	}
+	at = c.Window.NextOpen(at)
 	batches, err := store.PendingBatches(ctx, campaignID, onlyNew)
 	if err != nil {
 		return 0, 0, err
@@ -71,7 +78,7 @@ func Enqueue(ctx context.Context, client *asynq.Client, store *campaign.Store, c
 		if err != nil {
 			return added, existing, err
 		}
-		_, err = client.EnqueueContext(ctx, task)
+		_, err = client.EnqueueContext(ctx, task, asynq.ProcessAt(at))
 		switch {
 		case err == nil:
 			added++

@@ -18,6 +18,12 @@ CREATE TABLE campaigns (
     excluded      jsonb       NOT NULL DEFAULT '{}'::jsonb,
     batch_size    integer     NOT NULL,
     batches       integer     NOT NULL DEFAULT 0,
+    -- scheduling: when sending may start, the daily window (HH:MM-HH:MM, '' = any time) and its zone
+    start_at      timestamptz,
+    send_window   text        NOT NULL DEFAULT '',
+    window_zone   text        NOT NULL DEFAULT 'Europe/Istanbul',
+    -- no second commercial message to one address on this channel within this many seconds (0 = no cap)
+    frequency_cap_seconds bigint NOT NULL DEFAULT 0,
     created_at    timestamptz NOT NULL DEFAULT now(),
     started_at    timestamptz,
     finished_at   timestamptz
@@ -54,6 +60,8 @@ CREATE TABLE campaign_recipients (
 CREATE INDEX campaign_recipients_batch ON campaign_recipients (campaign_id, batch);
 -- One holder per code at a time. On the code's id, not its text: fresh codes are given out in id order,
 -- so a launch appends to this index instead of inserting at random places (seconds at a million rows).
+-- Recent sends, for the frequency cap at plan time. Partial: a launch inserts pending rows, which it skips.
+CREATE INDEX campaign_recipients_sent ON campaign_recipients (sent_at) WHERE status = 'sent';
 CREATE UNIQUE INDEX campaign_recipients_code_id ON campaign_recipients (code_id);
 CREATE INDEX campaign_recipients_pending ON campaign_recipients (campaign_id) WHERE status = 'pending';
 

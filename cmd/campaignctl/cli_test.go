@@ -91,6 +91,9 @@ func TestBadInputIsRefusedClearlyAndNothingIsWritten(t *testing.T) {
 		{"audience fails", append(launch(), "--audience", broken), 2, []string{`relation "nowhere" does not exist`}},
 		{"audience file missing", append(launch(), "--audience", "/nonexistent.sql"), 2, []string{"cannot read the audience file"}},
 		{"bad rate", append(launch(), "--rate", "-3"), 2, []string{"--rate"}},
+		{"start in the past", append(launch(), "--at", "2020-01-01 10:00"), 2, []string{"in the past"}},
+		{"bad window", append(launch(), "--window", "9-20"), 2, []string{"HH:MM-HH:MM"}},
+		{"bad zone", append(launch(), "--tz", "Mars/Olympus"), 2, []string{"time zone"}},
 		{"status of unknown campaign", []string{"status", "999"}, 2, []string{"no campaign has id 999"}},
 		{"bad campaign id", []string{"status", "abc"}, 2, []string{`campaign ID "abc"`}},
 	}

@@ -27,6 +27,8 @@ type launchOptions struct {
 	dryRun, yes, watch, json                            bool
 	timeout                                             time.Duration
 	segments                                            bool
+	at, window, tz                                      string
+	frequencyCap                                        time.Duration
 }
 
 func (o *launchOptions) validate() error {
@@ -80,6 +82,10 @@ reserved from --code-pool before anything is queued. --dry-run shows the same re
 	f.BoolVar(&o.watch, "watch", false, "show live progress until the campaign ends")
 	f.BoolVar(&o.json, "json", false, "print the launch report as JSON")
 	f.DurationVar(&o.timeout, "statement-timeout", 5*time.Minute, "limit for the audience query")
+	f.StringVar(&o.at, "at", "", `start sending at this time: "2026-12-01 10:00" (in --tz) or RFC 3339`)
+	f.StringVar(&o.window, "window", "", "send only between these hours every day, e.g. 09:00-20:00 (in --tz); batches wait for the next window")
+	f.StringVar(&o.tz, "tz", campaign.DefaultZone, "time zone of --at and --window")
+	f.DurationVar(&o.frequencyCap, "frequency-cap", campaign.DefaultFrequencyCap, "skip anyone who got a message on this channel within this long, across campaigns (0 = no cap)")
 	f.BoolVar(&o.segments, "count-segments", false, "render every message to report the total SMS segments (a dry run always does)")
 	return cmd
 }
@@ -105,10 +111,24 @@ func (a *app) launch(ctx context.Context, o launchOptions) error {
 		}
 		defer audience.Close()
 	}
+	zone, err := time.LoadLocation(o.tz)
+	if err != nil {
+		return usagef("--tz %q is not a known time zone; use an IANA name such as Europe/Istanbul", o.tz)
+	}
+	window, err := campaign.ParseWindow(o.window, zone)
+	if err != nil {
+		return err
+	}
+	var startAt time.Time
+	if o.at != "" {
+		if startAt, err = campaign.ParseAt(o.at, zone, time.Now()); err != nil {
+			return err
+		}
+	}
 	spec := campaign.Spec{
 		Name: o.name, Channel: campaign.Channel(o.channel), AudienceSQL: string(sqlText), Message: o.message,
 		Subject: o.subject, CodePool: o.codePool, Rate: o.rate, ProviderRate: providerRate, StatementTimeout: o.timeout,
-		CountSegments: o.segments,
+		CountSegments: o.segments, StartAt: startAt, Window: window, FrequencyCap: o.frequencyCap,
 	}
 	planner := &campaign.Planner{Engine: engine, Audience: audience, Log: a.logger()}
 
@@ -145,8 +165,12 @@ func (a *app) launch(ctx context.Context, o launchOptions) error {
 		}
 		return err
 	}
-	client := asynq.NewClientFromRedisClient(rdb)
-	added, _, err := worker.Enqueue(ctx, client, campaign.NewStore(engine), rep.ID, true)
+	store := campaign.NewStore(engine)
+	c, err := store.Get(ctx, rep.ID)
+	if err != nil {
+		return fmt.Errorf("campaign %d is planned but not queued: %w; run `campaignctl resume %d`", rep.ID, err, rep.ID)
+	}
+	added, _, err := worker.Enqueue(ctx, asynq.NewClientFromRedisClient(rdb), store, c, true)
 	rep.Enqueued = added
 	if err != nil {
 		a.printReport(rep, o.json)
@@ -212,6 +236,12 @@ func (a *app) printReport(rep campaign.Report, asJSON bool) {
 		fmt.Fprintf(w, "  rate / ETA\t%g msg/s / %s\n", rep.Rate, (time.Duration(rep.ETASeconds) * time.Second).String())
 	} else {
 		fmt.Fprintf(w, "  rate\tno cap\n")
+	}
+	if rep.StartAt != nil {
+		fmt.Fprintf(w, "  starts at\t%s\n", rep.StartAt.Format("2006-01-02 15:04 MST"))
+	}
+	if rep.Window != "" {
+		fmt.Fprintf(w, "  send window\t%s every day\n", rep.Window)
 	}
 	if rep.ID != 0 {
 		fmt.Fprintf(w, "  batches queued\t%d\n", rep.Enqueued)

@@ -69,6 +69,13 @@ func TestLaunchKilledAtAnyPointPlansNobodyTwice(t *testing.T) {
 		time.Sleep(whole * time.Duration(i+1) / 10)
 		cmd.Process.Signal(syscall.SIGKILL) //nolint:errcheck
 		cmd.Wait()                          //nolint:errcheck
+		// The killed process's backend may still be finishing a COMMIT it had received; wait for it.
+		waitFor(t, 30*time.Second, func() bool {
+			var busy int64
+			db.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()
+				AND pid <> pg_backend_pid() AND state NOT IN ('idle')`).Scan(&busy) //nolint:errcheck
+			return busy == 0
+		})
 
 		var id int64
 		err := db.QueryRow(ctx, `SELECT id FROM campaigns WHERE name = $1`, name).Scan(&id)

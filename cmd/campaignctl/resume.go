@@ -39,8 +39,8 @@ Counters are rebuilt from Postgres.`,
 			if err != nil {
 				return err
 			}
-			if c.State != campaign.StateRunning {
-				return usagef("campaign %d is %s; only a running campaign can be resumed", id, c.State)
+			if c.State != campaign.StateRunning && c.State != campaign.StateScheduled {
+				return usagef("campaign %d is %s; only a running or scheduled campaign can be resumed", id, c.State)
 			}
 			counts, err := store.Counts(ctx, id)
 			if err != nil {
@@ -52,7 +52,7 @@ Counters are rebuilt from Postgres.`,
 			}).Err(); err != nil {
 				return fmt.Errorf("rebuild counters: %w", err)
 			}
-			added, existing, err := worker.Enqueue(ctx, asynq.NewClientFromRedisClient(rdb), store, id, false)
+			added, existing, err := worker.Enqueue(ctx, asynq.NewClientFromRedisClient(rdb), store, c, false)
 			if err != nil {
 				return err
 			}

@@ -1,0 +1,70 @@
+package campaign
+
+import (
+	"testing"
+	"time"
+)
+
+func TestWindow(t *testing.T) {
+	ist, _ := time.LoadLocation(DefaultZone)
+	day, _ := ParseWindow("09:00-20:00", ist)
+	night, _ := ParseWindow("22:00-02:00", ist)
+	at := func(s string) time.Time {
+		tm, err := time.ParseInLocation("2006-01-02 15:04", s, ist)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return tm
+	}
+	tests := []struct {
+		w    Window
+		now  string
+		open bool
+		next string
+	}{
+		{day, "2026-12-01 08:59", false, "2026-12-01 09:00"},
+		{day, "2026-12-01 09:00", true, "2026-12-01 09:00"},
+		{day, "2026-12-01 19:59", true, "2026-12-01 19:59"},
+		{day, "2026-12-01 20:00", false, "2026-12-02 09:00"},
+		{night, "2026-12-01 23:30", true, "2026-12-01 23:30"},
+		{night, "2026-12-02 01:59", true, "2026-12-02 01:59"},
+		{night, "2026-12-02 02:00", false, "2026-12-02 22:00"},
+		{Window{}, "2026-12-02 03:00", true, "2026-12-02 03:00"},
+	}
+	for _, tt := range tests {
+		now := at(tt.now)
+		if got := tt.w.Open(now); got != tt.open {
+			t.Errorf("%s at %s: open %v, want %v", tt.w, tt.now, got, tt.open)
+		}
+		if got := tt.w.NextOpen(now); !got.Equal(at(tt.next)) {
+			t.Errorf("%s at %s: next open %s, want %s", tt.w, tt.now, got.In(ist).Format("2006-01-02 15:04"), tt.next)
+		}
+	}
+	// 09:00 Istanbul is 06:00 UTC: the zone, not the machine's clock, decides.
+	if !day.Open(time.Date(2026, 12, 1, 6, 30, 0, 0, time.UTC)) || day.Open(time.Date(2026, 12, 1, 5, 59, 0, 0, time.UTC)) {
+		t.Error("the window is not read in Europe/Istanbul")
+	}
+	for _, bad := range []string{"9-20", "09:00", "09:00-09:00", "25:00-26:00"} {
+		if _, err := ParseWindow(bad, ist); err == nil {
+			t.Errorf("ParseWindow(%q) accepted", bad)
+		}
+	}
+}
+
+func TestParseAt(t *testing.T) {
+	ist, _ := time.LoadLocation(DefaultZone)
+	now := time.Date(2026, 12, 1, 7, 0, 0, 0, time.UTC) // 10:00 in Istanbul
+	got, err := ParseAt("2026-12-01 11:30", ist, now)
+	if err != nil || !got.Equal(time.Date(2026, 12, 1, 8, 30, 0, 0, time.UTC)) {
+		t.Fatalf("ParseAt local = %v, %v", got, err)
+	}
+	if _, err := ParseAt("2026-12-01 09:30", ist, now); err == nil {
+		t.Fatal("a time in the past was accepted")
+	}
+	if got, err := ParseAt("2026-12-02T00:00:00Z", ist, now); err != nil || got.Hour() != 0 {
+		t.Fatalf("ParseAt RFC 3339 = %v, %v", got, err)
+	}
+	if _, err := ParseAt("tomorrow", ist, now); err == nil {
+		t.Fatal("garbage accepted")
+	}
+}
