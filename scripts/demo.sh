@@ -48,11 +48,13 @@ done
 
 name="demo-$(date +%Y%m%d-%H%M%S)"
 message='Merhaba {{.first_name}}, yaz indirimi kodunuz: {{.code}} - Kampanya A.Ş. Ret için RET yazıp 3338e gönderin.'
+# The demo re-seeds the same customers on every run; without --frequency-cap 0 a second run within 24 h
+# would (rightly) skip everyone the first run reached.
+launch=(launch --name "$name" --channel sms --audience scripts/demo/audience.sql --code-pool demo --message "$message" --frequency-cap 0)
 say "dry run"
-$ctl launch --name "$name" --channel sms --audience scripts/demo/audience.sql --code-pool demo --message "$message" --dry-run
+$ctl "${launch[@]}" --dry-run
 say "launch at $TWILIO_RATE messages per second"
-id=$($ctl launch --name "$name" --channel sms --audience scripts/demo/audience.sql --code-pool demo \
-  --message "$message" --yes --json | sed -n 's/^ *"id": *\([0-9]*\),*$/\1/p')
+id=$($ctl "${launch[@]}" --yes --json | sed -n 's/^ *"id": *\([0-9]*\),*$/\1/p')
 [ -n "$id" ] || { echo "launch did not report a campaign id" >&2; exit 1; }
 say "campaign $id: progress"
 timeout 600 $ctl status "$id" --watch >/dev/null
