@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/campaignctl/campaignctl/campaign"
 )
 
 // ClaimKey is the Redis key that records that a recipient of a campaign was claimed for sending.
@@ -79,34 +81,41 @@ type claims struct {
 	ttl time.Duration
 }
 
-// take sets the claim to val if it does not exist. It returns ("", true) when the claim is now ours, or
-// the existing value and false.
-func (c *claims) take(ctx context.Context, key, val string) (string, bool, error) {
-	old, err := takeScript.Run(ctx, c.rdb, []string{key}, val, c.ttl.Milliseconds()).Text()
+// Nonce tells one campaign from another that had the same ID: every claim value starts with its
+// campaign's nonce and a slash. Campaign IDs start again at 1 when the engine database is re-created, but
+// Redis may still hold the claims of the old campaign 1 for weeks; those must not pass for the new one's.
+func Nonce(c *campaign.Campaign) string { return strconv.FormatInt(c.CreatedAt.UnixMicro(), 36) }
+
+// take sets the claim to val if it does not exist (or belongs to another campaign of the same ID). It
+// returns ("", true) when the claim is now ours, or the existing value (without its nonce) and false.
+func (c *claims) take(ctx context.Context, key, nonce, val string) (string, bool, error) {
+	old, err := takeScript.Run(ctx, c.rdb, []string{key}, nonce+"/"+val, c.ttl.Milliseconds(), nonce+"/").Text()
 	if errors.Is(err, redis.Nil) {
 		return "", true, nil
 	}
 	if err != nil {
 		return "", false, fmt.Errorf("claim %s: %w", key, err)
 	}
-	return old, false, nil
+	return strings.TrimPrefix(old, nonce+"/"), false, nil
 }
 
 // takeScript is SET NX that also returns the value it found, in one atomic round trip (SET NX GET
-// needs Redis 7; this runs on any version the rest of the stack supports).
+// needs Redis 7; this runs on any version the rest of the stack supports). A value that does not start
+// with this campaign's nonce is a leftover of an earlier campaign with the same ID, and is replaced.
 //
 // KEYS[1] -> sent:<campaign>:<user>
-// ARGV[1] -> the claim value
+// ARGV[1] -> the claim value, nonce included
 // ARGV[2] -> TTL in milliseconds
+// ARGV[3] -> the nonce prefix ("<nonce>/")
 var takeScript = redis.NewScript(`
 local v = redis.call("GET", KEYS[1])
-if v then return v end
+if v and string.sub(v, 1, string.len(ARGV[3])) == ARGV[3] then return v end
 redis.call("SET", KEYS[1], ARGV[1], "PX", ARGV[2])
 return false`)
 
 // settle records the provider's answer in a claim we hold, keeping its TTL.
-func (c *claims) settle(ctx context.Context, key, val string) error {
-	if err := c.rdb.SetArgs(ctx, key, val, redis.SetArgs{Mode: "XX", KeepTTL: true}).Err(); err != nil && !errors.Is(err, redis.Nil) {
+func (c *claims) settle(ctx context.Context, key, nonce, val string) error {
+	if err := c.rdb.SetArgs(ctx, key, nonce+"/"+val, redis.SetArgs{Mode: "XX", KeepTTL: true}).Err(); err != nil && !errors.Is(err, redis.Nil) {
 		return fmt.Errorf("settle claim %s: %w", key, err)
 	}
 	return nil
@@ -114,8 +123,8 @@ func (c *claims) settle(ctx context.Context, key, val string) error {
 
 // release deletes a claim we hold whose send was definitely not accepted, so a retry may send.
 // Only our own pending value is deleted (compare-and-delete), never an answer.
-func (c *claims) release(ctx context.Context, key, ours string) error {
-	if err := releaseScript.Run(ctx, c.rdb, []string{key}, ours).Err(); err != nil && !errors.Is(err, redis.Nil) {
+func (c *claims) release(ctx context.Context, key, nonce, ours string) error {
+	if err := releaseScript.Run(ctx, c.rdb, []string{key}, nonce+"/"+ours).Err(); err != nil && !errors.Is(err, redis.Nil) {
 		return fmt.Errorf("release claim %s: %w", key, err)
 	}
 	return nil

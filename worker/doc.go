@@ -18,4 +18,8 @@
 // recipient becomes unknown, since the message may have gone out). A definite transient rejection (429,
 // 5xx, connection refused) releases the claim for a retry; a timeout after the request was written is
 // ambiguous and makes the recipient unknown. Any Redis error stops the batch before the send (fail closed).
+//
+// Claim values start with the campaign's nonce (its creation time), because campaign IDs start again at 1
+// when the engine database is re-created while Redis may still hold the old campaign 1's claims: a claim
+// with another nonce is a leftover and is replaced, never read as this campaign's.
 package worker

@@ -125,6 +125,7 @@ func (h *Handler) ProcessTask(ctx context.Context, t *asynq.Task) error {
 // batchRun is the state of one run of one batch.
 type batchRun struct {
 	c        *campaign.Campaign
+	nonce    string
 	batch    int
 	provider providers.Provider
 	limits   []limiter.Limit
@@ -171,7 +172,7 @@ func (h *Handler) RunBatch(ctx context.Context, campaignID int64, batch int) err
 		return infra(err)
 	}
 	run := &batchRun{
-		c: c, batch: batch, provider: provider, tmpl: tmpl, counts: map[string]int64{},
+		c: c, nonce: Nonce(c), batch: batch, provider: provider, tmpl: tmpl, counts: map[string]int64{},
 		limits: []limiter.Limit{
 			{Key: "campaign:" + strconv.FormatInt(c.ID, 10), Rate: c.Rate},
 			{Key: "provider:" + provider.Name(), Rate: h.cfg.ProviderRates[provider.Name()]},
@@ -299,7 +300,7 @@ func infra(err error) error {
 func (h *Handler) deliver(ctx, waitCtx context.Context, run *batchRun, r *campaign.Recipient) error {
 	key := ClaimKey(run.c.ID, r.UserID)
 	if !r.Consent {
-		old, ours, err := h.claims.take(ctx, key, reasonValue(claimSkipped, campaign.ReasonRevoked))
+		old, ours, err := h.claims.take(ctx, key, run.nonce, reasonValue(claimSkipped, campaign.ReasonRevoked))
 		if err != nil {
 			return infra(err)
 		}
@@ -329,7 +330,7 @@ func (h *Handler) deliver(ctx, waitCtx context.Context, run *batchRun, r *campai
 			return infra(fmt.Errorf("rate limiter: no send while Redis is unavailable: %w", err))
 		}
 		mine := pendingValue(h.cfg.Now(), h.cfg.Owner)
-		old, ours, err := h.claims.take(ctx, key, mine)
+		old, ours, err := h.claims.take(ctx, key, run.nonce, mine)
 		if err != nil {
 			return infra(fmt.Errorf("no send while Redis is unavailable: %w", err))
 		}
@@ -338,16 +339,16 @@ func (h *Handler) deliver(ctx, waitCtx context.Context, run *batchRun, r *campai
 			return nil
 		}
 		if capped, err := h.frequency.take(ctx, run.c, r.Address); err != nil {
-			h.claims.release(context.WithoutCancel(ctx), key, mine) //nolint:errcheck // a kept claim only makes the recipient unknown later
+			h.claims.release(context.WithoutCancel(ctx), key, run.nonce, mine) //nolint:errcheck // a kept claim only makes the recipient unknown later
 			return infra(err)
 		} else if capped {
-			h.claims.settle(ctx, key, reasonValue(claimSkipped, campaign.ReasonFrequencyCap)) //nolint:errcheck // Postgres records the skip
+			h.claims.settle(ctx, key, run.nonce, reasonValue(claimSkipped, campaign.ReasonFrequencyCap)) //nolint:errcheck // Postgres records the skip
 			run.add(campaign.Outcome{UserID: r.UserID, Status: campaign.StatusSkipped, Reason: campaign.ReasonFrequencyCap})
 			return nil
 		}
 		res, err := run.provider.Send(ctx, msg)
 		if err == nil {
-			if err := h.claims.settle(ctx, key, sentValue(res.MessageID, res.Segments)); err != nil {
+			if err := h.claims.settle(ctx, key, run.nonce, sentValue(res.MessageID, res.Segments)); err != nil {
 				h.log.Error("provider accepted but the claim could not be updated; Postgres will hold the outcome", "campaign_id", run.c.ID, "user_id", r.UserID, "err", err)
 			}
 			run.add(campaign.Outcome{UserID: r.UserID, Status: campaign.StatusSent, MessageID: res.MessageID, Segments: res.Segments})
@@ -357,18 +358,18 @@ func (h *Handler) deliver(ctx, waitCtx context.Context, run *batchRun, r *campai
 		var pe *providers.Error
 		if !errors.As(err, &pe) {
 			// Cancelled before the request went out: nothing was sent.
-			h.claims.release(context.WithoutCancel(ctx), key, mine) //nolint:errcheck // a kept claim only makes the recipient unknown later
+			h.claims.release(context.WithoutCancel(ctx), key, run.nonce, mine) //nolint:errcheck // a kept claim only makes the recipient unknown later
 			return err
 		}
 		switch {
 		case pe.Class == providers.Ambiguous:
-			h.claims.settle(ctx, key, reasonValue(claimUnknown, pe.Reason())) //nolint:errcheck // an unsettled claim reads as unknown too
+			h.claims.settle(ctx, key, run.nonce, reasonValue(claimUnknown, pe.Reason())) //nolint:errcheck // an unsettled claim reads as unknown too
 			run.add(campaign.Outcome{UserID: r.UserID, Status: campaign.StatusUnknown, Reason: pe.Reason()})
 			h.log.Warn("provider answer lost; recipient is unknown and will not be resent automatically",
 				"campaign_id", run.c.ID, "user_id", r.UserID, "to", providers.MaskAddress(r.Address), "err", pe.Reason())
 			return nil
 		case pe.Class == providers.Permanent && !pe.AccountLevel():
-			h.claims.settle(ctx, key, reasonValue(claimFailed, pe.Reason())) //nolint:errcheck // Postgres records the failure
+			h.claims.settle(ctx, key, run.nonce, reasonValue(claimFailed, pe.Reason())) //nolint:errcheck // Postgres records the failure
 			h.frequency.release(ctx, run.c, r.Address)                       //nolint:errcheck // nothing reached the person
 			run.add(campaign.Outcome{UserID: r.UserID, Status: campaign.StatusFailed, Reason: pe.Reason()})
 			return nil
@@ -377,7 +378,7 @@ func (h *Handler) deliver(ctx, waitCtx context.Context, run *batchRun, r *campai
 		if err := h.frequency.release(ctx, run.c, r.Address); err != nil {
 			return infra(err)
 		}
-		if err := h.claims.release(ctx, key, mine); err != nil {
+		if err := h.claims.release(ctx, key, run.nonce, mine); err != nil {
 			return infra(err)
 		}
 		if pe.Class == providers.Permanent {

@@ -380,25 +380,32 @@ func TestAmbiguousTimeoutIsUnknownAndNotResent(t *testing.T) {
 
 func TestClaimLeftByACrashedWorker(t *testing.T) {
 	t.Parallel()
-	f := plan(t, 4)
+	f := plan(t, 7) // eligible: u1, u2, u4, u7
 	ctx := context.Background()
 	now := time.Now()
+	c, err := f.store.Get(ctx, f.id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := Nonce(c) + "/"
 	// u1: a dead worker claimed it long ago and never recorded an answer: maybe sent, so unknown.
-	f.rdb.Set(ctx, ClaimKey(f.id, "u1"), pendingValue(now.Add(-10*time.Minute), "dead:1"), 0)
+	f.rdb.Set(ctx, ClaimKey(f.id, "u1"), n+pendingValue(now.Add(-10*time.Minute), "dead:1"), 0)
 	// u2: the provider answered, the worker died before the bulk write: sent, not resent.
-	f.rdb.Set(ctx, ClaimKey(f.id, "u2"), sentValue("SMabc", 1), 0)
+	f.rdb.Set(ctx, ClaimKey(f.id, "u2"), n+sentValue("SMabc", 1), 0)
 	// u4: a live worker is sending it right now: leave it alone, come back later.
-	f.rdb.Set(ctx, ClaimKey(f.id, "u4"), pendingValue(now, "live:2"), 0)
+	f.rdb.Set(ctx, ClaimKey(f.id, "u4"), n+pendingValue(now, "live:2"), 0)
+	// u5 is not eligible; u7 has a claim left by an earlier campaign 1 of a database since re-created.
+	f.rdb.Set(ctx, ClaimKey(f.id, "u7"), "oldnonce/"+sentValue("SMstale", 1), 0)
 
-	err := f.h.RunBatch(ctx, f.id, 0)
+	err = f.h.RunBatch(ctx, f.id, 0)
 	var re *RetryError
 	if !errors.As(err, &re) || re.Failure {
 		t.Fatalf("err = %v, want a RetryError that is not a failure (u4 is in flight elsewhere)", err)
 	}
-	if f.provider.total() != 0 {
-		t.Fatalf("sent %d messages; every recipient here was claimed already", f.provider.total())
+	if f.provider.total() != 1 || len(f.provider.accepted[phone(7)]) != 1 {
+		t.Fatalf("sent %v; want exactly one message, to u7, whose claim was an earlier campaign's", f.provider.accepted)
 	}
-	for user, want := range map[string]string{"u1": campaign.StatusUnknown, "u2": campaign.StatusSent, "u4": campaign.StatusPending} {
+	for user, want := range map[string]string{"u1": campaign.StatusUnknown, "u2": campaign.StatusSent, "u4": campaign.StatusPending, "u7": campaign.StatusSent} {
 		if st, _, _ := f.status(t, user); st != want {
 			t.Errorf("%s: status %s, want %s", user, st, want)
 		}
