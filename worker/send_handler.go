@@ -370,7 +370,7 @@ func (h *Handler) deliver(ctx, waitCtx context.Context, run *batchRun, r *campai
 			return nil
 		case pe.Class == providers.Permanent && !pe.AccountLevel():
 			h.claims.settle(ctx, key, run.nonce, reasonValue(claimFailed, pe.Reason())) //nolint:errcheck // Postgres records the failure
-			h.frequency.release(ctx, run.c, r.Address)                       //nolint:errcheck // nothing reached the person
+			h.frequency.release(ctx, run.c, r.Address)                                  //nolint:errcheck // nothing reached the person
 			run.add(campaign.Outcome{UserID: r.UserID, Status: campaign.StatusFailed, Reason: pe.Reason()})
 			return nil
 		}
