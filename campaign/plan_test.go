@@ -5,6 +5,7 @@ import (
 	"errors"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -246,6 +247,12 @@ func TestPlanRefusals(t *testing.T) {
 	}
 	if n := count(t, db, `SELECT count(*) FROM campaigns`); n != 0 {
 		t.Errorf("refused launches left %d campaigns", n)
+	}
+	// Refused launches released the code writers' lock: codes can still be generated.
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := codes.Generate(ctx, db, codes.GenerateOptions{Pool: "p", Count: 1}); err != nil {
+		t.Fatalf("generate after refused launches: %v", err)
 	}
 	if n := count(t, db, `SELECT count(*) FROM aud`); n != 10 {
 		t.Errorf("the audience table lost rows: %d", n)

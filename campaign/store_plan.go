@@ -144,10 +144,26 @@ func (p *Planner) plan(ctx context.Context, spec Spec, tmpl *Template, rep *Repo
 	var inserted int64
 	if spec.CodePool != "" {
 		rep.CodesNeeded = rep.Eligible
-		// Serialise with code writers and with other launches on this pool (see code_pools).
-		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1)`, codes.WriteLockKey); err != nil {
+		// Serialise with code writers (see code_pools) while the cursor is read and the codes are taken: a
+		// writer still running could commit ids below the cursor. Once taken, any later writer gets higher
+		// ids, so the lock is a session lock released right after the reservation, not held through the
+		// rest of the plan (a dry run renders every message). Other launches on the pool wait on the pool
+		// row, locked until commit.
+		if _, err := tx.Exec(ctx, `SELECT pg_advisory_lock($1)`, codes.WriteLockKey); err != nil {
 			return fmt.Errorf("plan: %w", err)
 		}
+		unlocked := false
+		unlock := func() {
+			if !unlocked {
+				unlocked = true
+				if _, err := tx.Exec(context.WithoutCancel(ctx), `SELECT pg_advisory_unlock($1)`, codes.WriteLockKey); err != nil {
+					// An aborted transaction cannot unlock; closing the connection releases the lock and
+					// keeps the pool from handing out a connection that still holds it.
+					tx.Conn().Close(context.WithoutCancel(ctx)) //nolint:errcheck
+				}
+			}
+		}
+		defer unlock()
 		var cursor int64
 		if err := tx.QueryRow(ctx, `SELECT next_id FROM code_pools WHERE name = $1 FOR UPDATE`, spec.CodePool).Scan(&cursor); err != nil {
 			return fmt.Errorf("plan: %w", err)
@@ -189,6 +205,7 @@ func (p *Planner) plan(ctx context.Context, spec Spec, tmpl *Template, rep *Repo
 		if err == nil && maxID > cursor {
 			_, err = tx.Exec(ctx, `UPDATE code_pools SET next_id = $2 WHERE name = $1`, spec.CodePool, maxID)
 		}
+		unlock()
 	} else {
 		p.step("count", t0)
 		t0 = time.Now()

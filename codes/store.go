@@ -30,7 +30,8 @@ const generateWorkers = 2
 // writeLockKey is the transaction-level advisory lock taken by everything that inserts codes (Generate,
 // Import). Generate's connections wait for each other at the end, out of Postgres's sight; if another
 // writer could wait for one of them while the other waited for it, Postgres could not see the deadlock.
-// Serialising the writers rules that out; the planner, which only reserves and releases, never takes it.
+// Serialising the writers rules that out. The launch planner takes it too, while it reserves (see
+// WriteLockKey).
 const writeLockKey = WriteLockKey
 
 // WriteLockKey is the transaction-level advisory lock that serialises everything that adds codes or moves

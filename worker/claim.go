@@ -107,19 +107,47 @@ func (c *claims) take(ctx context.Context, key, nonce, val string) (string, bool
 // ARGV[1] -> the claim value, nonce included
 // ARGV[2] -> TTL in milliseconds
 // ARGV[3] -> the nonce prefix ("<nonce>/")
+// A value is replaced only when it carries another nonce (a slash before the first bar); a value with no
+// nonce at all is kept and read as this campaign's, the safe side.
 var takeScript = redis.NewScript(`
 local v = redis.call("GET", KEYS[1])
-if v and string.sub(v, 1, string.len(ARGV[3])) == ARGV[3] then return v end
+if v then
+  local slash = string.find(v, "/", 1, true)
+  local bar = string.find(v, "|", 1, true)
+  local foreign = slash and (not bar or slash < bar) and string.sub(v, 1, string.len(ARGV[3])) ~= ARGV[3]
+  if not foreign then return v end
+end
 redis.call("SET", KEYS[1], ARGV[1], "PX", ARGV[2])
 return false`)
 
 // settle records the provider's answer in a claim we hold, keeping its TTL.
-func (c *claims) settle(ctx context.Context, key, nonce, val string) error {
-	if err := c.rdb.SetArgs(ctx, key, nonce+"/"+val, redis.SetArgs{Mode: "XX", KeepTTL: true}).Err(); err != nil && !errors.Is(err, redis.Nil) {
+//
+// Compare-and-set: only over our own pending value, and if the key vanished meanwhile (expired, evicted,
+// lost in a failover) it is written again with the full TTL, so the answer is never lost silently.
+func (c *claims) settle(ctx context.Context, key, nonce, mine, val string) error {
+	ok, err := settleScript.Run(ctx, c.rdb, []string{key}, nonce+"/"+val, nonce+"/"+mine, c.ttl.Milliseconds()).Int()
+	if err != nil {
 		return fmt.Errorf("settle claim %s: %w", key, err)
+	}
+	if ok == 0 {
+		return fmt.Errorf("settle claim %s: the claim was taken over by another value", key)
 	}
 	return nil
 }
+
+// KEYS[1] -> sent:<campaign>:<user>
+// ARGV[1] -> the answer to record, nonce included
+// ARGV[2] -> the pending value this worker wrote, nonce included
+// ARGV[3] -> TTL in milliseconds, for a claim that vanished
+var settleScript = redis.NewScript(`
+local v = redis.call("GET", KEYS[1])
+if v and v ~= ARGV[2] then return 0 end
+if v then
+  redis.call("SET", KEYS[1], ARGV[1], "KEEPTTL")
+else
+  redis.call("SET", KEYS[1], ARGV[1], "PX", ARGV[3])
+end
+return 1`)
 
 // release deletes a claim we hold whose send was definitely not accepted, so a retry may send.
 // Only our own pending value is deleted (compare-and-delete), never an answer.

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -12,40 +13,45 @@ import (
 )
 
 // FrequencyKey is the Redis key that marks an address as recently messaged on a channel, across
-// campaigns. Its value is the campaign that messaged it, its TTL the cap.
+// campaigns. Its value is "<campaign id>:<nonce>|<unix ms of the send>".
 func FrequencyKey(ch campaign.Channel, address string) string {
 	return "freq:" + string(ch) + ":" + address
 }
 
-// frequencyCap enforces "at most one commercial message per person and channel per cap" at send time.
-// It is taken after the recipient's claim, so a redelivered batch of the same campaign finds its own mark
-// and goes on, while another campaign finds it and skips the person.
+// frequencyCap enforces "at most one commercial message per person and channel within the cap" at send
+// time. Every send leaves a mark, whatever its own campaign's cap; each campaign then judges a mark by its
+// own cap (a campaign with a 1 h cap is not held back by a send 5 hours ago, one with 24 h is). The mark is
+// taken after the recipient's claim, so a redelivered batch of the same campaign finds its own mark and
+// goes on.
 type frequencyCap struct {
 	rdb redis.UniversalClient
 }
 
-// take marks address for campaign c, or reports that another campaign messaged it within the cap.
-func (f frequencyCap) take(ctx context.Context, c *campaign.Campaign, address string) (capped bool, err error) {
-	if c.FrequencyCap <= 0 {
-		return false, nil
-	}
-	owner := strconv.FormatInt(c.ID, 10)
-	v, err := frequencyScript.Run(ctx, f.rdb, []string{FrequencyKey(c.Channel, address)}, owner, c.FrequencyCap.Milliseconds()).Text()
+// markTTL keeps marks long enough for the default cap and for the campaign's own.
+func markTTL(c *campaign.Campaign) time.Duration {
+	return max(campaign.DefaultFrequencyCap, c.FrequencyCap)
+}
+
+func markOwner(c *campaign.Campaign, nonce string) string {
+	return strconv.FormatInt(c.ID, 10) + ":" + nonce
+}
+
+// take marks address for campaign c at now, or reports that another campaign sent to it within c's cap.
+func (f frequencyCap) take(ctx context.Context, c *campaign.Campaign, nonce, address string, now time.Time) (capped bool, err error) {
+	_, err = frequencyScript.Run(ctx, f.rdb, []string{FrequencyKey(c.Channel, address)},
+		markOwner(c, nonce), now.UnixMilli(), c.FrequencyCap.Milliseconds(), markTTL(c).Milliseconds()).Text()
 	if errors.Is(err, redis.Nil) {
 		return false, nil
 	}
 	if err != nil {
 		return false, fmt.Errorf("frequency cap: %w", err)
 	}
-	return v != owner, nil
+	return true, nil
 }
 
 // release removes campaign c's mark on address when nothing reached the person.
-func (f frequencyCap) release(ctx context.Context, c *campaign.Campaign, address string) error {
-	if c.FrequencyCap <= 0 {
-		return nil
-	}
-	err := releaseScript.Run(ctx, f.rdb, []string{FrequencyKey(c.Channel, address)}, strconv.FormatInt(c.ID, 10)).Err()
+func (f frequencyCap) release(ctx context.Context, c *campaign.Campaign, nonce, address string) error {
+	err := releaseMarkScript.Run(ctx, f.rdb, []string{FrequencyKey(c.Channel, address)}, markOwner(c, nonce)+"|").Err()
 	if err != nil && !errors.Is(err, redis.Nil) {
 		return fmt.Errorf("frequency cap: %w", err)
 	}
@@ -53,11 +59,26 @@ func (f frequencyCap) release(ctx context.Context, c *campaign.Campaign, address
 }
 
 // KEYS[1] -> freq:<channel>:<address>
-// ARGV[1] -> the campaign taking it
-// ARGV[2] -> the cap in milliseconds
-// Returns the campaign that holds the mark when it is another one, nil when the mark is (now) ours.
+// ARGV[1] -> owner "<campaign id>:<nonce>"
+// ARGV[2] -> now, unix ms
+// ARGV[3] -> the checking campaign's cap in ms (0: never capped, but the mark is still left)
+// ARGV[4] -> the mark's TTL in ms
+// Returns the other campaign's mark when the address is capped, nil when the mark is (now) ours.
 var frequencyScript = redis.NewScript(`
 local v = redis.call("GET", KEYS[1])
-if v and v ~= ARGV[1] then return v end
-if not v then redis.call("SET", KEYS[1], ARGV[1], "PX", ARGV[2]) end
+if v then
+  local owner, ts = string.match(v, "^(.*)|(%d+)$")
+  if owner == ARGV[1] then return false end
+  if ts and tonumber(ARGV[2]) - tonumber(ts) < tonumber(ARGV[3]) then return v end
+end
+redis.call("SET", KEYS[1], ARGV[1] .. "|" .. ARGV[2], "PX", ARGV[4])
 return false`)
+
+// KEYS[1] -> freq:<channel>:<address>
+// ARGV[1] -> "<owner>|", the prefix of our own mark
+var releaseMarkScript = redis.NewScript(`
+local v = redis.call("GET", KEYS[1])
+if v and string.sub(v, 1, string.len(ARGV[1])) == ARGV[1] then
+  return redis.call("DEL", KEYS[1])
+end
+return 0`)

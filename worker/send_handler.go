@@ -329,6 +329,11 @@ func (h *Handler) deliver(ctx, waitCtx context.Context, run *batchRun, r *campai
 			}
 			return infra(fmt.Errorf("rate limiter: no send while Redis is unavailable: %w", err))
 		}
+		// The wait for a token may have run past the end of the send window.
+		if now := h.cfg.Now(); !run.c.Window.Open(now) {
+			next := run.c.Window.NextOpen(now)
+			return &RetryError{Err: fmt.Errorf("the send window %s closed; sending resumes at %s", run.c.Window, next.Format(time.RFC3339)), After: next.Sub(now)}
+		}
 		mine := pendingValue(h.cfg.Now(), h.cfg.Owner)
 		old, ours, err := h.claims.take(ctx, key, run.nonce, mine)
 		if err != nil {
@@ -338,17 +343,17 @@ func (h *Handler) deliver(ctx, waitCtx context.Context, run *batchRun, r *campai
 			h.fromClaim(run, r.UserID, old)
 			return nil
 		}
-		if capped, err := h.frequency.take(ctx, run.c, r.Address); err != nil {
+		if capped, err := h.frequency.take(ctx, run.c, run.nonce, r.Address, h.cfg.Now()); err != nil {
 			h.claims.release(context.WithoutCancel(ctx), key, run.nonce, mine) //nolint:errcheck // a kept claim only makes the recipient unknown later
 			return infra(err)
 		} else if capped {
-			h.claims.settle(ctx, key, run.nonce, reasonValue(claimSkipped, campaign.ReasonFrequencyCap)) //nolint:errcheck // Postgres records the skip
+			h.claims.settle(ctx, key, run.nonce, mine, reasonValue(claimSkipped, campaign.ReasonFrequencyCap)) //nolint:errcheck // Postgres records the skip
 			run.add(campaign.Outcome{UserID: r.UserID, Status: campaign.StatusSkipped, Reason: campaign.ReasonFrequencyCap})
 			return nil
 		}
 		res, err := run.provider.Send(ctx, msg)
 		if err == nil {
-			if err := h.claims.settle(ctx, key, run.nonce, sentValue(res.MessageID, res.Segments)); err != nil {
+			if err := h.claims.settle(ctx, key, run.nonce, mine, sentValue(res.MessageID, res.Segments)); err != nil {
 				h.log.Error("provider accepted but the claim could not be updated; Postgres will hold the outcome", "campaign_id", run.c.ID, "user_id", r.UserID, "err", err)
 			}
 			run.add(campaign.Outcome{UserID: r.UserID, Status: campaign.StatusSent, MessageID: res.MessageID, Segments: res.Segments})
@@ -358,28 +363,30 @@ func (h *Handler) deliver(ctx, waitCtx context.Context, run *batchRun, r *campai
 		var pe *providers.Error
 		if !errors.As(err, &pe) {
 			// Cancelled before the request went out: nothing was sent.
-			h.claims.release(context.WithoutCancel(ctx), key, run.nonce, mine) //nolint:errcheck // a kept claim only makes the recipient unknown later
+			h.claims.release(context.WithoutCancel(ctx), key, run.nonce, mine)           //nolint:errcheck // a kept claim only makes the recipient unknown later
+			h.frequency.release(context.WithoutCancel(ctx), run.c, run.nonce, r.Address) //nolint:errcheck // nothing was sent
 			return err
 		}
 		switch {
 		case pe.Class == providers.Ambiguous:
-			h.claims.settle(ctx, key, run.nonce, reasonValue(claimUnknown, pe.Reason())) //nolint:errcheck // an unsettled claim reads as unknown too
+			h.claims.settle(ctx, key, run.nonce, mine, reasonValue(claimUnknown, pe.Reason())) //nolint:errcheck // an unsettled claim reads as unknown too
 			run.add(campaign.Outcome{UserID: r.UserID, Status: campaign.StatusUnknown, Reason: pe.Reason()})
 			h.log.Warn("provider answer lost; recipient is unknown and will not be resent automatically",
 				"campaign_id", run.c.ID, "user_id", r.UserID, "to", providers.MaskAddress(r.Address), "err", pe.Reason())
 			return nil
 		case pe.Class == providers.Permanent && !pe.AccountLevel():
-			h.claims.settle(ctx, key, run.nonce, reasonValue(claimFailed, pe.Reason())) //nolint:errcheck // Postgres records the failure
-			h.frequency.release(ctx, run.c, r.Address)                                  //nolint:errcheck // nothing reached the person
+			h.claims.settle(ctx, key, run.nonce, mine, reasonValue(claimFailed, pe.Reason())) //nolint:errcheck // Postgres records the failure
+			h.frequency.release(ctx, run.c, run.nonce, r.Address)                             //nolint:errcheck // nothing reached the person
 			run.add(campaign.Outcome{UserID: r.UserID, Status: campaign.StatusFailed, Reason: pe.Reason()})
 			return nil
 		}
-		// Transient, or the account itself is refused: nothing was accepted, so the claim is released.
-		if err := h.frequency.release(ctx, run.c, r.Address); err != nil {
-			return infra(err)
-		}
+		// Transient, or the account itself is refused: nothing was accepted, so the claim is released (first:
+		// a claim kept by mistake would make the recipient unknown; a mark kept is ours and harmless).
 		if err := h.claims.release(ctx, key, run.nonce, mine); err != nil {
 			return infra(err)
+		}
+		if err := h.frequency.release(ctx, run.c, run.nonce, r.Address); err != nil {
+			h.log.Warn("frequency mark not released", "campaign_id", run.c.ID, "err", err)
 		}
 		if pe.Class == providers.Permanent {
 			return &RetryError{Err: fmt.Errorf("provider refuses the account, not the recipient (fix the configuration; the batch waits): %w", pe), Failure: true}

@@ -390,8 +390,9 @@ func TestClaimLeftByACrashedWorker(t *testing.T) {
 	n := Nonce(c) + "/"
 	// u1: a dead worker claimed it long ago and never recorded an answer: maybe sent, so unknown.
 	f.rdb.Set(ctx, ClaimKey(f.id, "u1"), n+pendingValue(now.Add(-10*time.Minute), "dead:1"), 0)
-	// u2: the provider answered, the worker died before the bulk write: sent, not resent.
-	f.rdb.Set(ctx, ClaimKey(f.id, "u2"), n+sentValue("SMabc", 1), 0)
+	// u2: the provider answered, the worker died before the bulk write: sent, not resent. (Written without
+	// a nonce, as a claim of an older worker would be: kept and read as this campaign's.)
+	f.rdb.Set(ctx, ClaimKey(f.id, "u2"), sentValue("SMabc", 1), 0)
 	// u4: a live worker is sending it right now: leave it alone, come back later.
 	f.rdb.Set(ctx, ClaimKey(f.id, "u4"), n+pendingValue(now, "live:2"), 0)
 	// u5 is not eligible; u7 has a claim left by an earlier campaign 1 of a database since re-created.
@@ -544,5 +545,42 @@ func TestSendWindowAndScheduleHoldTheBatch(t *testing.T) {
 	f.runAll(t)
 	if f.provider.total() != 3 {
 		t.Fatalf("sent %d in the window, want 3", f.provider.total())
+	}
+}
+
+// Every send leaves a mark, even from a campaign without a cap, and each campaign judges the marks by its
+// own cap.
+func TestFrequencyMarksAreJudgedByEachCampaignsOwnCap(t *testing.T) {
+	t.Parallel()
+	f := planWith(t, 4, func(s *campaign.Spec) { s.FrequencyCap = 0 })
+	planner := &campaign.Planner{Engine: f.db, Audience: f.db}
+	capped := func(name string, cap time.Duration) int64 {
+		s := fixtureSpec(name)
+		s.FrequencyCap = cap
+		rep, err := planner.Plan(context.Background(), s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return rep.ID
+	}
+	hour, longAgo := capped("one-hour cap", time.Hour), capped("one-minute cap", time.Minute)
+	now := time.Now()
+	f.h.cfg.Now = func() time.Time { return now }
+	f.runAll(t) // the uncapped campaign sends to u1, u2, u4
+	if f.provider.total() != 3 {
+		t.Fatalf("uncapped campaign sent %d, want 3", f.provider.total())
+	}
+	f.h.cfg.Now = func() time.Time { return now.Add(10 * time.Minute) }
+	if err := f.h.RunBatch(context.Background(), hour, 0); err != nil {
+		t.Fatal(err)
+	}
+	if f.provider.total() != 3 {
+		t.Fatalf("a campaign with a one-hour cap sent %d messages ten minutes after another campaign", f.provider.total()-3)
+	}
+	if err := f.h.RunBatch(context.Background(), longAgo, 0); err != nil {
+		t.Fatal(err)
+	}
+	if f.provider.total() != 6 {
+		t.Fatalf("a campaign with a one-minute cap sent %d messages, want 3 (the last send was ten minutes ago)", f.provider.total()-3)
 	}
 }

@@ -27,7 +27,9 @@ type ServerConfig struct {
 func RetryDelay(n int, err error, _ *asynq.Task) time.Duration {
 	var re *RetryError
 	if errors.As(err, &re) && re.After > 0 {
-		return re.After + rand.N(re.After/4+1)
+		// A little jitter spreads batches handed back together; bounded, so that a batch waiting for
+		// tomorrow's send window does not come back hours after it opened.
+		return re.After + rand.N(min(re.After/4, 5*time.Second)+1)
 	}
 	d := 2 * time.Second << min(n, 9)
 	d = min(d, 10*time.Minute)
