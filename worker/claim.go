@@ -107,16 +107,11 @@ func (c *claims) take(ctx context.Context, key, nonce, val string) (string, bool
 // ARGV[1] -> the claim value, nonce included
 // ARGV[2] -> TTL in milliseconds
 // ARGV[3] -> the nonce prefix ("<nonce>/")
-// A value is replaced only when it carries another nonce (a slash before the first bar); a value with no
-// nonce at all is kept and read as this campaign's, the safe side.
+// Every released version writes the nonce, so a value without this campaign's nonce is never this
+// campaign's: reading it as ours would record a send that never happened.
 var takeScript = redis.NewScript(`
 local v = redis.call("GET", KEYS[1])
-if v then
-  local slash = string.find(v, "/", 1, true)
-  local bar = string.find(v, "|", 1, true)
-  local foreign = slash and (not bar or slash < bar) and string.sub(v, 1, string.len(ARGV[3])) ~= ARGV[3]
-  if not foreign then return v end
-end
+if v and string.sub(v, 1, string.len(ARGV[3])) == ARGV[3] then return v end
 redis.call("SET", KEYS[1], ARGV[1], "PX", ARGV[2])
 return false`)
 

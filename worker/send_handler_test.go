@@ -390,12 +390,12 @@ func TestClaimLeftByACrashedWorker(t *testing.T) {
 	n := Nonce(c) + "/"
 	// u1: a dead worker claimed it long ago and never recorded an answer: maybe sent, so unknown.
 	f.rdb.Set(ctx, ClaimKey(f.id, "u1"), n+pendingValue(now.Add(-10*time.Minute), "dead:1"), 0)
-	// u2: the provider answered, the worker died before the bulk write: sent, not resent. (Written without
-	// a nonce, as a claim of an older worker would be: kept and read as this campaign's.)
-	f.rdb.Set(ctx, ClaimKey(f.id, "u2"), sentValue("SMabc", 1), 0)
+	// u2: the provider answered, the worker died before the bulk write: sent, not resent.
+	f.rdb.Set(ctx, ClaimKey(f.id, "u2"), n+sentValue("SMabc", 1), 0)
 	// u4: a live worker is sending it right now: leave it alone, come back later.
 	f.rdb.Set(ctx, ClaimKey(f.id, "u4"), n+pendingValue(now, "live:2"), 0)
-	// u5 is not eligible; u7 has a claim left by an earlier campaign 1 of a database since re-created.
+	// u5 is not eligible; u7 has a claim left by an earlier campaign of the same ID, of a database since
+	// re-created.
 	f.rdb.Set(ctx, ClaimKey(f.id, "u7"), "oldnonce/"+sentValue("SMstale", 1), 0)
 
 	err = f.h.RunBatch(ctx, f.id, 0)
