@@ -101,6 +101,20 @@ func (a *app) openRedis(ctx context.Context) (*redis.Client, error) {
 	return rdb, nil
 }
 
+// openServices opens the engine database and Redis, both checked; closeAll releases them.
+func (a *app) openServices(ctx context.Context) (*pgxpool.Pool, *redis.Client, func(), error) {
+	engine, err := a.openEngine(ctx)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	rdb, err := a.openRedis(ctx)
+	if err != nil {
+		engine.Close()
+		return nil, nil, nil, err
+	}
+	return engine, rdb, func() { rdb.Close(); engine.Close() }, nil
+}
+
 // rate reads a messages-per-second cap from the environment.
 func (a *app) rate(env string, def float64) (float64, error) {
 	v := strings.TrimSpace(a.getenv(env))

@@ -24,16 +24,11 @@ Counters are rebuilt from Postgres.`,
 			if err != nil {
 				return err
 			}
-			engine, err := a.openEngine(ctx)
+			engine, rdb, closeAll, err := a.openServices(ctx)
 			if err != nil {
 				return err
 			}
-			defer engine.Close()
-			rdb, err := a.openRedis(ctx)
-			if err != nil {
-				return err
-			}
-			defer rdb.Close()
+			defer closeAll()
 			store := campaign.NewStore(engine)
 			c, err := store.Get(ctx, id)
 			if err != nil {

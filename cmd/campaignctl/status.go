@@ -52,16 +52,11 @@ func (a *app) newStatusCmd() *cobra.Command {
 			} else if watch {
 				return usagef("--watch needs a campaign ID: campaignctl status ID --watch")
 			}
-			engine, err := a.openEngine(ctx)
+			engine, rdb, closeAll, err := a.openServices(ctx)
 			if err != nil {
 				return err
 			}
-			defer engine.Close()
-			rdb, err := a.openRedis(ctx)
-			if err != nil {
-				return err
-			}
-			defer rdb.Close()
+			defer closeAll()
 			store := campaign.NewStore(engine)
 			if id == 0 {
 				return a.listCampaigns(ctx, store, rdb, asJSON)

@@ -54,16 +54,11 @@ Twilio is configured from TWILIO_ACCOUNT_SID, TWILIO_AUTH_TOKEN, TWILIO_FROM and
 			if err != nil {
 				return err
 			}
-			engine, err := a.openEngine(ctx)
+			engine, rdb, closeAll, err := a.openServices(ctx)
 			if err != nil {
 				return err
 			}
-			defer engine.Close()
-			rdb, err := a.openRedis(ctx)
-			if err != nil {
-				return err
-			}
-			defer rdb.Close()
+			defer closeAll()
 			host, _ := os.Hostname()
 			h := worker.NewHandler(worker.Config{
 				Store:         campaign.NewStore(engine),
