@@ -263,6 +263,29 @@ func (s *Store) StartIfDue(ctx context.Context, id int64) (State, error) {
 	return st, nil
 }
 
+// ErrWrongState: the campaign is not in a state the operation applies to.
+var ErrWrongState = errors.New("campaign is not in a state for that")
+
+// Transition moves campaign id from one of the states from to state to, and returns the state it was in.
+// A campaign in any other state is left alone and the error (ErrWrongState, or ErrNotFound) says which
+// state it is in.
+func (s *Store) Transition(ctx context.Context, id int64, from []State, to State) (State, error) {
+	var was State
+	var moved bool
+	err := s.pool.QueryRow(ctx, `WITH cur AS (SELECT state FROM campaigns WHERE id = $1 FOR UPDATE),
+			u AS (UPDATE campaigns SET state = $3 WHERE id = $1 AND state = ANY($2) RETURNING id)
+		SELECT coalesce((SELECT state FROM cur), ''), EXISTS (SELECT 1 FROM u)`, id, from, to).Scan(&was, &moved)
+	switch {
+	case err != nil:
+		return "", fmt.Errorf("campaign %d: %w", id, err)
+	case was == "":
+		return "", fmt.Errorf("%w: no campaign has id %d (campaignctl status lists them)", ErrNotFound, id)
+	case !moved:
+		return was, fmt.Errorf("%w: campaign %d is %s", ErrWrongState, id, was)
+	}
+	return was, nil
+}
+
 // CompleteIfDone moves a running campaign to completed when none of its recipients is pending. It
 // reports whether it did.
 func (s *Store) CompleteIfDone(ctx context.Context, id int64) (bool, error) {

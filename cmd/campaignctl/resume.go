@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"time"
 
 	"github.com/hibiken/asynq"
 	"github.com/spf13/cobra"
@@ -34,8 +35,20 @@ Counters are rebuilt from Postgres.`,
 			if err != nil {
 				return err
 			}
-			if c.State != campaign.StateRunning && c.State != campaign.StateScheduled {
-				return usagef("campaign %d is %s; only a running or scheduled campaign can be resumed", id, c.State)
+			switch c.State {
+			case campaign.StateRunning, campaign.StateScheduled:
+			case campaign.StatePaused:
+				to := campaign.StateRunning
+				if c.StartAt != nil && c.StartAt.After(time.Now()) {
+					to = campaign.StateScheduled
+				}
+				if _, err := store.Transition(ctx, id, []campaign.State{campaign.StatePaused}, to); err != nil {
+					return err
+				}
+				c.State = to
+				fmt.Fprintf(a.stdout, "campaign %d is %s again\n", id, to)
+			default:
+				return usagef("campaign %d is %s; only a running, scheduled or paused campaign can be resumed", id, c.State)
 			}
 			counts, err := store.Counts(ctx, id)
 			if err != nil {

@@ -68,7 +68,7 @@ func isUsage(err error) bool {
 	switch {
 	case errors.As(err, &ue), errors.As(err, &le), errors.As(err, &cle), errors.Is(err, codes.ErrInvalidOptions),
 		errors.Is(err, campaign.ErrInvalid), errors.Is(err, campaign.ErrNameTaken),
-		errors.Is(err, campaign.ErrPoolShort), errors.Is(err, campaign.ErrNotFound),
+		errors.Is(err, campaign.ErrPoolShort), errors.Is(err, campaign.ErrNotFound), errors.Is(err, campaign.ErrWrongState),
 		errors.Is(err, codes.ErrPoolNotFound):
 		return true
 	}
@@ -110,6 +110,8 @@ func (a *app) newRootCmd() *cobra.Command {
 		a.newWorkerCmd(),
 		a.newStatusCmd(),
 		a.newResumeCmd(),
+		a.newPauseCmd(),
+		a.newDLQCmd(),
 		a.newSandboxCmd(),
 	)
 	return root

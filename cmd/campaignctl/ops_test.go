@@ -1,0 +1,109 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/hibiken/asynq"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/campaignctl/campaignctl/campaign"
+	"github.com/campaignctl/campaignctl/worker"
+)
+
+// opsEnv plans a campaign of 3 batches (one recipient each) and queues it.
+func opsEnv(t *testing.T) (env map[string]string, id string, db *pgxpool.Pool, insp *asynq.Inspector) {
+	t.Helper()
+	env, _ = badInputEnv(t)
+	ctx := context.Background()
+	db, err := pgxpool.New(ctx, env["DATABASE_URL"])
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(db.Close)
+	rep, err := (&campaign.Planner{Engine: db, Audience: db}).Plan(ctx, campaign.Spec{
+		Name: "ops", Channel: campaign.ChannelSMS, BatchSize: 1,
+		AudienceSQL: "SELECT user_id, phone, first_name FROM customers", Message: "Merhaba {{.first_name}}",
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	id = strconv.FormatInt(rep.ID, 10)
+	if _, stderr, code := cli(t, env, "resume", id); code != 0 {
+		t.Fatalf("resume: %s", stderr)
+	}
+	opt, _ := redis.ParseURL(env["REDIS_URL"])
+	rdb := redis.NewClient(opt)
+	t.Cleanup(func() { rdb.Close() })
+	return env, id, db, asynq.NewInspectorFromRedisClient(rdb)
+}
+
+func TestPauseAndResume(t *testing.T) {
+	t.Parallel()
+	env, id, db, _ := opsEnv(t)
+	state := func() string {
+		var st string
+		db.QueryRow(context.Background(), `SELECT state FROM campaigns WHERE id = $1`, id).Scan(&st) //nolint:errcheck
+		return st
+	}
+	if out, stderr, code := cli(t, env, "pause", id); code != 0 || !strings.Contains(out, "paused (was running)") || state() != "paused" {
+		t.Fatalf("pause: exit %d, %s%s, state %s", code, out, stderr, state())
+	}
+	if _, stderr, code := cli(t, env, "pause", id); code != 2 || !strings.Contains(stderr, "is paused") {
+		t.Fatalf("pause of a paused campaign: exit %d, %s", code, stderr)
+	}
+	if out, stderr, code := cli(t, env, "resume", id); code != 0 || !strings.Contains(out, "is running again") || state() != "running" {
+		t.Fatalf("resume: exit %d, %s%s, state %s", code, out, stderr, state())
+	}
+	if _, stderr, code := cli(t, env, "pause", "98765"); code != 2 || !strings.Contains(stderr, "no campaign has id 98765") {
+		t.Fatalf("pause of an unknown campaign: exit %d, %s", code, stderr)
+	}
+}
+
+func TestDLQListRetryPurge(t *testing.T) {
+	t.Parallel()
+	env, id, db, insp := opsEnv(t)
+	for _, b := range []string{"0", "2"} {
+		if err := insp.ArchiveTask(worker.Queue, id+":"+b); err != nil {
+			t.Fatal(err)
+		}
+	}
+	out, stderr, code := cli(t, env, "dlq", "list", "--campaign", id, "--json")
+	var entries []dlqEntry
+	if code != 0 || json.Unmarshal([]byte(out), &entries) != nil {
+		t.Fatalf("dlq list: exit %d, %s%s", code, out, stderr)
+	}
+	if len(entries) != 2 || entries[0].TaskID == entries[1].TaskID || strconv.FormatInt(entries[0].CampaignID, 10) != id {
+		t.Fatalf("dlq list: %+v", entries)
+	}
+	if st, _, _ := cli(t, env, "status", id, "--json"); !strings.Contains(st, `"dlq":2`) {
+		t.Fatalf("status does not count the DLQ: %s", st)
+	}
+	if out, stderr, code := cli(t, env, "dlq", "retry", "--campaign", id); code != 0 || !strings.Contains(out, "2 batches queued again") {
+		t.Fatalf("dlq retry: exit %d, %s%s", code, out, stderr)
+	}
+	info, err := insp.GetQueueInfo(worker.Queue)
+	if err != nil || info.Archived != 0 || info.Pending != 3 {
+		t.Fatalf("after retry: %+v, %v; want 3 pending, 0 archived", info, err)
+	}
+	if err := insp.ArchiveTask(worker.Queue, id+":1"); err != nil {
+		t.Fatal(err)
+	}
+	// A cancelled campaign's batches are not retried, and the refusal says why.
+	if _, err := db.Exec(context.Background(), `UPDATE campaigns SET state = 'cancelled' WHERE id = $1`, id); err != nil {
+		t.Fatal(err)
+	}
+	if _, stderr, code := cli(t, env, "dlq", "retry"); code != 2 || !strings.Contains(stderr, "is cancelled") {
+		t.Fatalf("dlq retry of a cancelled campaign: exit %d, %s", code, stderr)
+	}
+	if out, stderr, code := cli(t, env, "dlq", "purge", "--campaign", id); code != 0 || !strings.Contains(out, "1 batches dropped") {
+		t.Fatalf("dlq purge: exit %d, %s%s", code, out, stderr)
+	}
+	if info, err := insp.GetQueueInfo(worker.Queue); err != nil || info.Archived != 0 {
+		t.Fatalf("after purge: %+v, %v", info, err)
+	}
+}
