@@ -10,9 +10,13 @@ import (
 // when stderr is a terminal.
 func (a *app) taskBar(total int64, what string) *progressbar.ProgressBar {
 	if !isTerminal(a.stderr) {
-		return progressbar.DefaultSilent(total, what)
+		// Invisible: no output and no background goroutine.
+		return progressbar.NewOptions64(total, progressbar.OptionSetVisibility(false))
 	}
+	// No spinner ticker: its goroutine reads the bar's state without the bar's lock (a data race in the
+	// library); the bar is redrawn on every update instead.
 	return progressbar.NewOptions64(total,
+		progressbar.OptionSetSpinnerChangeInterval(0),
 		progressbar.OptionSetWriter(a.stderr),
 		progressbar.OptionSetDescription(what),
 		progressbar.OptionShowCount(),
