@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/campaignctl/campaignctl/codes"
 )
 
 // State is where a campaign is in its lifecycle.
@@ -134,8 +136,9 @@ var (
 	ErrNameTaken = errors.New("campaign name already used")
 	// ErrInvalid: the launch request is wrong (bad flag, template, audience query); nothing was written.
 	ErrInvalid = errors.New("invalid campaign")
-	// ErrPoolShort: the code pool has fewer free codes than eligible recipients; nothing was written.
-	ErrPoolShort = errors.New("not enough free promo codes")
+	// ErrPoolShort: the code pool has fewer free codes than eligible recipients; nothing was written. It
+	// is codes.ErrPoolExhausted, so callers of either package branch on one error.
+	ErrPoolShort = codes.ErrPoolExhausted
 )
 
 // PoolShortError tells how many codes are missing.

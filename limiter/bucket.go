@@ -32,7 +32,7 @@ type Bucket struct {
 
 // New returns a Bucket on rdb.
 func New(rdb redis.UniversalClient) *Bucket {
-	return &Bucket{rdb: rdb, rl: redis_rate.NewLimiter(rdb), sleep: sleepCtx}
+	return &Bucket{rdb: rdb, rl: redis_rate.NewLimiter(rdb), sleep: Sleep}
 }
 
 // gcra turns a rate in events per second into a redis_rate limit. Rates need not be whole numbers
@@ -131,7 +131,8 @@ func (b *Bucket) waitPause(ctx context.Context, key string) error {
 	}
 }
 
-func sleepCtx(ctx context.Context, d time.Duration) error {
+// Sleep waits d, or less if ctx ends first (then it returns ctx.Err()).
+func Sleep(ctx context.Context, d time.Duration) error {
 	if d <= 0 {
 		d = time.Millisecond
 	}

@@ -402,7 +402,7 @@ func (h *Handler) deliver(ctx, waitCtx context.Context, run *batchRun, r *campai
 			return &RetryError{Err: fmt.Errorf("provider kept failing: %w", pe), After: wait, Failure: true}
 		}
 		h.log.Debug("transient provider error; retrying", "campaign_id", run.c.ID, "attempt", attempt, "err", pe.Reason(), "wait", wait)
-		if err := sleep(ctx, wait); err != nil {
+		if err := limiter.Sleep(ctx, wait); err != nil {
 			return err
 		}
 	}
@@ -481,15 +481,4 @@ func backoff(attempt int, hint time.Duration) time.Duration {
 	d = min(d, 10*time.Second)
 	d = d/2 + rand.N(d/2+1)
 	return max(d, hint)
-}
-
-func sleep(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-t.C:
-		return nil
-	}
 }

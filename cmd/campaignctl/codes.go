@@ -29,9 +29,20 @@ type codesGenerateOptions struct {
 	length int
 }
 
+// validatePool checks a --pool flag that names a pool to add codes to.
+func validatePool(pool string) error {
+	if pool == "" {
+		return usagef("--pool is required: the name of the pool to add the codes to")
+	}
+	if !codes.ValidPoolName(pool) {
+		return usagef("--pool %q: a pool name is 1 to %d characters of a-z, 0-9, '_' and '-'", pool, codes.MaxPoolNameLen)
+	}
+	return nil
+}
+
 func (o *codesGenerateOptions) validate() error {
-	if o.pool == "" {
-		return usagef("--pool is required: the name of the pool to add codes to")
+	if err := validatePool(o.pool); err != nil {
+		return err
 	}
 	if o.count < 1 {
 		return usagef("--count %d: give the number of new codes to make (at least 1)", o.count)
@@ -81,11 +92,8 @@ type codesImportOptions struct {
 }
 
 func (o *codesImportOptions) validate() error {
-	if o.pool == "" {
-		return usagef("--pool is required: the name of the pool to add the codes to")
-	}
-	if !codes.ValidPoolName(o.pool) {
-		return usagef("--pool %q: a pool name is 1 to %d characters of a-z, 0-9, '_' and '-'", o.pool, codes.MaxPoolNameLen)
+	if err := validatePool(o.pool); err != nil {
+		return err
 	}
 	if o.file == "" {
 		return usagef("give the file of codes: campaignctl codes import --pool %s FILE", o.pool)

@@ -29,17 +29,12 @@ func (a *app) newIYSImportCmd() *cobra.Command {
 				return usagef("cannot read the consent file: %v", err)
 			}
 			defer f.Close()
-			var size int64
-			if st, err := f.Stat(); err == nil {
-				size = st.Size()
-			}
 			pool, err := a.openEngine(cmd.Context())
 			if err != nil {
 				return err
 			}
 			defer pool.Close()
 			bar := a.taskBar(-1, "importing consents")
-			_ = size
 			rep, err := iys.Import(cmd.Context(), pool, f, iys.ImportOptions{Progress: func(rows int64) { bar.Set64(rows) }}) //nolint:errcheck
 			bar.Finish()                                                                                                      //nolint:errcheck
 			if err != nil {

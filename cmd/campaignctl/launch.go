@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
 	"maps"
 	"os"
 	"slices"
@@ -147,7 +146,7 @@ func (a *app) launch(ctx context.Context, o launchOptions) error {
 	}
 	defer rdb.Close()
 
-	if !o.yes && isTerminal(a.stderr) && isTerminalReader(a.stdin) {
+	if !o.yes && isTerminal(a.stderr) && isTerminal(a.stdin) {
 		rep, err := planner.Plan(ctx, withDryRun(spec))
 		a.printReport(rep, false)
 		if err != nil {
@@ -195,8 +194,6 @@ func (a *app) confirm(question string) bool {
 	}
 	return false
 }
-
-func isTerminalReader(r io.Reader) bool { return isTerminal(r) }
 
 func (a *app) printReport(rep campaign.Report, asJSON bool) {
 	if asJSON {

@@ -18,6 +18,17 @@ import (
 // opsEnv plans a campaign of 3 batches (one recipient each) and queues it.
 func opsEnv(t *testing.T) (env map[string]string, id string, db *pgxpool.Pool, insp *asynq.Inspector) {
 	t.Helper()
+	env, id, db, insp = plannedEnv(t)
+	if _, stderr, code := cli(t, env, "resume", id); code != 0 {
+		t.Fatalf("resume: %s", stderr)
+	}
+	return env, id, db, insp
+}
+
+// plannedEnv plans a campaign of 3 batches (one recipient each), as a launch killed after its commit
+// and before queueing would leave it.
+func plannedEnv(t *testing.T) (env map[string]string, id string, db *pgxpool.Pool, insp *asynq.Inspector) {
+	t.Helper()
 	env, _ = badInputEnv(t)
 	ctx := context.Background()
 	db, err := pgxpool.New(ctx, env["DATABASE_URL"])
@@ -32,10 +43,10 @@ func opsEnv(t *testing.T) (env map[string]string, id string, db *pgxpool.Pool, i
 	if err != nil {
 		t.Fatal(err)
 	}
-	id = strconv.FormatInt(rep.ID, 10)
-	if _, stderr, code := cli(t, env, "resume", id); code != 0 {
-		t.Fatalf("resume: %s", stderr)
+	if rep.Batches != 3 {
+		t.Fatalf("planned %d batches, want 3", rep.Batches)
 	}
+	id = strconv.FormatInt(rep.ID, 10)
 	opt, _ := redis.ParseURL(env["REDIS_URL"])
 	rdb := redis.NewClient(opt)
 	t.Cleanup(func() { rdb.Close() })

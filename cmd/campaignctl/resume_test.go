@@ -1,16 +1,9 @@
 package main
 
 import (
-	"context"
-	"strconv"
 	"strings"
 	"testing"
 
-	"github.com/hibiken/asynq"
-	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/redis/go-redis/v9"
-
-	"github.com/campaignctl/campaignctl/campaign"
 	"github.com/campaignctl/campaignctl/worker"
 )
 
@@ -18,24 +11,7 @@ import (
 // once, however often it runs.
 func TestResumeQueuesWhatALaunchDidNotAndIsIdempotent(t *testing.T) {
 	t.Parallel()
-	env, _ := badInputEnv(t)
-	ctx := context.Background()
-	db, err := pgxpool.New(ctx, env["DATABASE_URL"])
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
-	rep, err := (&campaign.Planner{Engine: db, Audience: db}).Plan(ctx, campaign.Spec{
-		Name: "killed", Channel: campaign.ChannelSMS, BatchSize: 1,
-		AudienceSQL: "SELECT user_id, phone, first_name FROM customers", Message: "Merhaba {{.first_name}}",
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if rep.Batches != 3 {
-		t.Fatalf("planned %d batches, want 3", rep.Batches)
-	}
-	id := strconv.FormatInt(rep.ID, 10)
+	env, id, _, insp := plannedEnv(t)
 	out, stderr, code := cli(t, env, "resume", id)
 	if code != 0 || !strings.Contains(out, "3 batches re-enqueued, 0 already queued") {
 		t.Fatalf("first resume: exit %d\n%s%s", code, out, stderr)
@@ -44,10 +20,7 @@ func TestResumeQueuesWhatALaunchDidNotAndIsIdempotent(t *testing.T) {
 	if code != 0 || !strings.Contains(out, "0 batches re-enqueued, 3 already queued") {
 		t.Fatalf("second resume: exit %d\n%s%s", code, out, stderr)
 	}
-	opt, _ := redis.ParseURL(env["REDIS_URL"])
-	rdb := redis.NewClient(opt)
-	defer rdb.Close()
-	info, err := asynq.NewInspectorFromRedisClient(rdb).GetQueueInfo(worker.Queue)
+	info, err := insp.GetQueueInfo(worker.Queue)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -7,15 +7,12 @@ import (
 	"maps"
 	"slices"
 	"strconv"
-	"strings"
 	"text/tabwriter"
 
-	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
 	"github.com/spf13/cobra"
 
 	"github.com/campaignctl/campaignctl/campaign"
-	"github.com/campaignctl/campaignctl/worker"
 )
 
 // statusView is the stable --json shape of one campaign.
@@ -105,28 +102,10 @@ func (a *app) statusOf(ctx context.Context, store *campaign.Store, rdb *redis.Cl
 		Excluded: c.Excluded, Counts: counts, DLQ: dlq, CreatedAt: c.CreatedAt.UTC().Format("2006-01-02T15:04:05Z")}, nil
 }
 
-// dlqCount counts the campaign's archived batches (Asynq's archive is the DLQ); task IDs start "<id>:".
+// dlqCount counts the campaign's archived batches (Asynq's archive is the DLQ).
 func dlqCount(rdb *redis.Client, id int64) (int64, error) {
-	insp := asynq.NewInspectorFromRedisClient(rdb)
-	prefix := strconv.FormatInt(id, 10) + ":"
-	var n int64
-	for page := 1; ; page++ {
-		tasks, err := insp.ListArchivedTasks(worker.Queue, asynq.Page(page), asynq.PageSize(1000))
-		if err != nil {
-			if strings.Contains(err.Error(), "does not exist") {
-				return 0, nil
-			}
-			return 0, fmt.Errorf("read the DLQ: %w", err)
-		}
-		for _, t := range tasks {
-			if strings.HasPrefix(t.ID, prefix) {
-				n++
-			}
-		}
-		if len(tasks) < 1000 {
-			return n, nil
-		}
-	}
+	entries, err := archivedBatches(rdb, id)
+	return int64(len(entries)), err
 }
 
 func (a *app) printStatus(v statusView) {
