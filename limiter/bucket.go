@@ -20,6 +20,9 @@ type Limit struct {
 	Key string
 	// Rate is in events per second; 0 (or less) means no cap.
 	Rate float64
+	// Pausable makes Wait honour a Pause of Key first. Only limits that can be paused (a provider's, after
+	// it answered 429) need it: the check costs a round trip per token.
+	Pausable bool
 }
 
 // Bucket takes tokens from Redis-held GCRA buckets.
@@ -52,11 +55,13 @@ func gcra(rate float64) redis_rate.Limit {
 
 // Wait blocks until it has taken one token from each limit, in order, or ctx is done, or Redis fails. Put
 // the narrowest limit first: a token taken from an earlier limit while a later one is empty is spent, which
-// can only lower the rate, never raise it. A limit paused with Pause is waited out first.
+// can only lower the rate, never raise it. A Pausable limit paused with Pause is waited out first.
 func (b *Bucket) Wait(ctx context.Context, limits ...Limit) error {
 	for _, l := range limits {
-		if err := b.waitPause(ctx, l.Key); err != nil {
-			return err
+		if l.Pausable {
+			if err := b.waitPause(ctx, l.Key); err != nil {
+				return err
+			}
 		}
 		if l.Rate <= 0 {
 			continue

@@ -106,7 +106,7 @@ func TestPauseIsSharedAndNeverShortened(t *testing.T) {
 		rdb.Del(ctx, pauseKey("provider:x"))
 		return nil
 	}
-	if err := b.Wait(ctx, Limit{Key: "provider:x", Rate: 0}); err != nil {
+	if err := b.Wait(ctx, Limit{Key: "provider:x", Rate: 0, Pausable: true}); err != nil {
 		t.Fatal(err)
 	}
 	if slept < time.Second {

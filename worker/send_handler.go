@@ -175,7 +175,7 @@ func (h *Handler) RunBatch(ctx context.Context, campaignID int64, batch int) err
 		c: c, nonce: Nonce(c), batch: batch, provider: provider, tmpl: tmpl, counts: map[string]int64{},
 		limits: []limiter.Limit{
 			{Key: "campaign:" + strconv.FormatInt(c.ID, 10), Rate: c.Rate},
-			{Key: "provider:" + provider.Name(), Rate: h.cfg.ProviderRates[provider.Name()]},
+			{Key: "provider:" + provider.Name(), Rate: h.cfg.ProviderRates[provider.Name()], Pausable: true},
 		},
 	}
 	// waitCtx bounds the waits for tokens: it ends at the soft deadline (the task's, less a margin to write
