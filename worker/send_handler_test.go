@@ -16,6 +16,7 @@ import (
 	"github.com/campaignctl/campaignctl/codes"
 	"github.com/campaignctl/campaignctl/internal/testdb"
 	"github.com/campaignctl/campaignctl/internal/testredis"
+	"github.com/campaignctl/campaignctl/limiter"
 	"github.com/campaignctl/campaignctl/providers"
 )
 
@@ -582,5 +583,49 @@ func TestFrequencyMarksAreJudgedByEachCampaignsOwnCap(t *testing.T) {
 	}
 	if f.provider.total() != 6 {
 		t.Fatalf("a campaign with a one-minute cap sent %d messages, want 3 (the last send was ten minutes ago)", f.provider.total()-3)
+	}
+}
+
+// A 429 slows every worker, not only the one that saw it: the provider's shared pause is set, and any
+// other process's bucket waits it out.
+func TestRateLimitedAnswerPausesEveryWorker(t *testing.T) {
+	t.Parallel()
+	f := plan(t, 4)
+	f.h.cfg.SendAttempts = 1
+	f.provider.fail = func(int, providers.Message) error {
+		return &providers.Error{Provider: "test", Status: 429, Code: 20429, RetryAfter: 3 * time.Second, Class: providers.Transient}
+	}
+	if err := f.h.RunBatch(context.Background(), f.id, 0); err == nil {
+		t.Fatal("a 429 with no attempts left must hand the batch back")
+	}
+	other := limiter.New(f.rdb) // another worker process's bucket on the same Redis
+	paused, err := other.Paused(context.Background(), "provider:test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if paused < 2*time.Second {
+		t.Fatalf("provider pause seen by another worker: %v, want about the 3 s Retry-After", paused)
+	}
+}
+
+// Postgres unreachable: no send either, since outcomes could not be recorded; the batch waits without
+// using up its retries.
+func TestPostgresUnreachableSendsNothing(t *testing.T) {
+	t.Parallel()
+	f := plan(t, 4)
+	dead, err := pgxpool.New(context.Background(), "postgres://postgres@127.0.0.1:1/none?sslmode=disable&connect_timeout=1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dead.Close()
+	h := NewHandler(Config{Store: campaign.NewStore(dead), Redis: f.rdb, Owner: "test",
+		Providers: map[campaign.Channel]providers.Provider{campaign.ChannelSMS: f.provider}})
+	err = h.RunBatch(context.Background(), f.id, 0)
+	var re *RetryError
+	if !errors.As(err, &re) || re.Failure {
+		t.Fatalf("err = %v, want a RetryError that waits without using retries", err)
+	}
+	if f.provider.total() != 0 {
+		t.Fatalf("%d messages sent while Postgres was unreachable", f.provider.total())
 	}
 }
