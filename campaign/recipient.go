@@ -12,8 +12,13 @@ type Recipient struct {
 	// Vars is the JSON object of the audience columns other than user_id and the address.
 	Vars []byte
 	Code string
+	// Attempts counts the runs that tried this recipient (transient failures included).
+	Attempts int
 	// Consent is false when the recipient's consent is no longer ONAY at send time.
 	Consent bool
+	// Suspect is true when the row was taken over from a run that died under another Redis epoch: if no
+	// claim is found, the message may still have been sent.
+	Suspect bool
 }
 
 // TemplateData is the map a message template runs over: the audience columns, the address column under

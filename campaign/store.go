@@ -142,7 +142,7 @@ func (s *Store) MarkEnqueued(ctx context.Context, id int64, batches []int) error
 
 // LoadBatch returns the still-pending recipients of one batch.
 func (s *Store) LoadBatch(ctx context.Context, campaignID int64, batch int) ([]Recipient, error) {
-	rows, err := s.pool.Query(ctx, `SELECT user_id, address, vars, coalesce(code, '')
+	rows, err := s.pool.Query(ctx, `SELECT user_id, address, vars, coalesce(code, ''), attempts
 		FROM campaign_recipients WHERE campaign_id = $1 AND batch = $2 AND status = 'pending'
 		ORDER BY user_id`, campaignID, batch)
 	if err != nil {
@@ -150,7 +150,7 @@ func (s *Store) LoadBatch(ctx context.Context, campaignID int64, batch int) ([]R
 	}
 	out, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Recipient, error) {
 		var r Recipient
-		err := row.Scan(&r.UserID, &r.Address, &r.Vars, &r.Code)
+		err := row.Scan(&r.UserID, &r.Address, &r.Vars, &r.Code, &r.Attempts)
 		return r, err
 	})
 	if err != nil {
@@ -159,39 +159,16 @@ func (s *Store) LoadBatch(ctx context.Context, campaignID int64, batch int) ([]R
 	return out, nil
 }
 
-// SendGate returns, in one round trip, the campaign's state and which of addrs have consent right now
-// (İYS ONAY for the channel, recipient type BIREYSEL). It is read just before each chunk of sends, so a
-// RET recorded after the launch, or a pause, takes effect within one chunk. Channels without an İYS type
-// (push) report every address as consenting: their opt-in is decided at plan time.
-func (s *Store) SendGate(ctx context.Context, c *Campaign, addrs []string) (State, map[string]bool, error) {
-	var st State
-	var ok []string
-	err := s.pool.QueryRow(ctx, `SELECT coalesce((SELECT state FROM campaigns WHERE id = $1), 'cancelled'),
-			array(SELECT recipient FROM iys_consents
-				WHERE recipient = ANY($2) AND type = $3 AND recipient_type = 'BIREYSEL' AND status = 'ONAY')`,
-		c.ID, addrs, c.Channel.IYSType()).Scan(&st, &ok)
-	if err != nil {
-		return "", nil, fmt.Errorf("send gate: %w", err)
-	}
-	consent := make(map[string]bool, len(addrs))
-	if c.Channel.IYSType() == "" {
-		for _, a := range addrs {
-			consent[a] = true
-		}
-	}
-	for _, a := range ok {
-		consent[a] = true
-	}
-	return st, consent, nil
-}
-
 // Record writes outcomes in one statement. Only recipients still pending change, so recording the same
 // outcome twice (a redelivered batch) is harmless; codes of recipients that were never sent (failed,
-// skipped) go back to the pool; every transition is appended to send_log. It returns how many recipients
-// actually moved to each status, so counters can be advanced exactly once.
-func (s *Store) Record(ctx context.Context, campaignID int64, outcomes []Outcome) (map[string]int64, error) {
+// skipped) go back to the pool; every transition is appended to send_log. An outcome with status pending
+// records a transient failure (attempts and last error) and leaves the recipient pending. With a lease
+// (Token not empty), the run's other rows of the batch that are still pending are let go in the same
+// statement: the run has nothing in flight when it records. It returns how many recipients actually moved
+// to each status, so counters can be advanced exactly once.
+func (s *Store) Record(ctx context.Context, campaignID int64, outcomes []Outcome, lease Lease) (map[string]int64, error) {
 	moved := map[string]int64{}
-	if len(outcomes) == 0 {
+	if len(outcomes) == 0 && lease.Token == "" {
 		return moved, nil
 	}
 	users := make([]string, len(outcomes))
@@ -213,14 +190,20 @@ func (s *Store) Record(ctx context.Context, campaignID int64, outcomes []Outcome
 				last_error = CASE WHEN o.status IN ('failed', 'unknown') THEN NULLIF(o.reason, '') END,
 				provider_message_id = NULLIF(o.msgid, ''),
 				segments = NULLIF(o.segments, 0),
-				attempts = r.attempts + CASE WHEN o.status IN ('sent', 'failed', 'unknown') THEN 1 ELSE 0 END,
+				attempts = r.attempts + CASE WHEN o.status IN ('sent', 'failed', 'unknown', 'pending') THEN 1 ELSE 0 END,
 				code = CASE WHEN o.status IN ('failed', 'skipped') THEN NULL ELSE r.code END,
 				code_id = CASE WHEN o.status IN ('failed', 'skipped') THEN NULL ELSE r.code_id END,
 				sent_at = CASE WHEN o.status = 'sent' THEN now() END,
+				lease_token = NULL, lease_until = NULL, lease_epoch = NULL,
 				updated_at = now()
 			FROM o JOIN campaign_recipients old ON old.campaign_id = $1 AND old.user_id = o.user_id
 			WHERE r.campaign_id = $1 AND r.user_id = o.user_id AND r.status = 'pending'
+			  AND (o.status <> 'pending' OR r.lease_token = $8)
 			RETURNING r.user_id, r.status, r.reason, r.provider_message_id, old.code_id
+		), freed AS (
+			UPDATE campaign_recipients r SET lease_token = NULL, lease_until = NULL, lease_epoch = NULL
+			WHERE r.campaign_id = $1 AND r.batch = $7 AND r.lease_token = $8 AND r.status = 'pending'
+			  AND NOT (r.user_id = ANY($2))
 		), log AS (
 			INSERT INTO send_log (campaign_id, user_id, status, reason, provider_message_id)
 			SELECT $1, user_id, status, reason, provider_message_id FROM upd
@@ -230,7 +213,7 @@ func (s *Store) Record(ctx context.Context, campaignID int64, outcomes []Outcome
 			WHERE upd.status IN ('failed', 'skipped')
 			ON CONFLICT (code_id) DO NOTHING
 		)
-		SELECT status, count(*) FROM upd GROUP BY status`, campaignID, users, statuses, reasons, ids, segs)
+		SELECT status, count(*) FROM upd GROUP BY status`, campaignID, users, statuses, reasons, ids, segs, lease.Batch, lease.Token)
 	if err != nil {
 		return nil, fmt.Errorf("record outcomes: %w", err)
 	}
@@ -273,7 +256,9 @@ func (s *Store) Transition(ctx context.Context, id int64, from []State, to State
 	var was State
 	var moved bool
 	err := s.pool.QueryRow(ctx, `WITH cur AS (SELECT state FROM campaigns WHERE id = $1 FOR UPDATE),
-			u AS (UPDATE campaigns SET state = $3 WHERE id = $1 AND state = ANY($2) RETURNING id)
+			u AS (UPDATE campaigns SET state = $3,
+				finished_at = CASE WHEN $3 IN ('completed', 'cancelled', 'failed') THEN now() END
+				WHERE id = $1 AND state = ANY($2) RETURNING id)
 		SELECT coalesce((SELECT state FROM cur), ''), EXISTS (SELECT 1 FROM u)`, id, from, to).Scan(&was, &moved)
 	switch {
 	case err != nil:

@@ -109,6 +109,32 @@ if ttl < tonumber(ARGV[1]) then
 end
 return 1`)
 
+// Strike counts one provider error for key (a 5xx) and, when threshold of them fall within one second
+// over all processes, pauses key for d: a burst of server errors slows every worker, as a 429 does,
+// while a lone error only delays its own retry. It reports whether the pause was set.
+func (b *Bucket) Strike(ctx context.Context, key string, threshold int, d time.Duration) (bool, error) {
+	n, err := strikeScript.Run(ctx, b.rdb, []string{"limiter:strikes:" + key, pauseKey(key)}, threshold, d.Milliseconds()).Int()
+	if err != nil {
+		return false, fmt.Errorf("strike %s: %w", key, err)
+	}
+	return n == 1, nil
+}
+
+// KEYS[1] -> limiter:strikes:<key>, the errors of the current second
+// KEYS[2] -> limiter:pause:<key>
+// ARGV[1] -> how many errors within a second pause the key
+// ARGV[2] -> pause length in milliseconds
+var strikeScript = redis.NewScript(`
+local n = redis.call("INCR", KEYS[1])
+if n == 1 then redis.call("PEXPIRE", KEYS[1], 1000) end
+if n >= tonumber(ARGV[1]) then
+  if redis.call("PTTL", KEYS[2]) < tonumber(ARGV[2]) then
+    redis.call("SET", KEYS[2], "1", "PX", ARGV[2])
+  end
+  return 1
+end
+return 0`)
+
 // Paused returns how much longer key is paused (0 when it is not).
 func (b *Bucket) Paused(ctx context.Context, key string) (time.Duration, error) {
 	ttl, err := b.rdb.PTTL(ctx, pauseKey(key)).Result()

@@ -86,14 +86,32 @@ type claims struct {
 // Redis may still hold the claims of the old campaign 1 for weeks; those must not pass for the new one's.
 func Nonce(c *campaign.Campaign) string { return strconv.FormatInt(c.CreatedAt.UnixMicro(), 36) }
 
+// guard is what a claim must still hold true when it is taken: the Redis epoch its lease recorded, and,
+// for a send, that the campaign is not halted.
+type guard struct {
+	epoch     string
+	halt      string // the campaign's HaltKey
+	checkHalt bool
+}
+
 // take sets the claim to val if it does not exist (or belongs to another campaign of the same ID). It
 // returns ("", true) when the claim is now ours, or the existing value (without its nonce) and false.
-func (c *claims) take(ctx context.Context, key, nonce, val string) (string, bool, error) {
-	old, err := takeScript.Run(ctx, c.rdb, []string{key}, nonce+"/"+val, c.ttl.Milliseconds(), nonce+"/").Text()
+// When Redis lost its data since the lease (errEpoch) or, with checkHalt, the campaign is halted
+// (errHalted), nothing is written. An existing claim is reported whatever the guard says: it is a fact.
+func (c *claims) take(ctx context.Context, key, nonce, val string, g guard) (string, bool, error) {
+	check := "0"
+	if g.checkHalt {
+		check = "1"
+	}
+	old, err := takeScript.Run(ctx, c.rdb, []string{key, EpochKey, g.halt},
+		nonce+"/"+val, c.ttl.Milliseconds(), nonce+"/", g.epoch, check).Text()
 	if errors.Is(err, redis.Nil) {
 		return "", true, nil
 	}
 	if err != nil {
+		if se := scriptError(err); se != err {
+			return "", false, se
+		}
 		return "", false, fmt.Errorf("claim %s: %w", key, err)
 	}
 	return strings.TrimPrefix(old, nonce+"/"), false, nil
@@ -102,16 +120,27 @@ func (c *claims) take(ctx context.Context, key, nonce, val string) (string, bool
 // takeScript is SET NX that also returns the value it found, in one atomic round trip (SET NX GET
 // needs Redis 7; this runs on any version the rest of the stack supports). A value that does not start
 // with this campaign's nonce is a leftover of an earlier campaign with the same ID, and is replaced.
+// A value equal to the one being written is ours already: a client that retried the script after a lost
+// reply must not take its own claim for someone else's.
 //
 // KEYS[1] -> sent:<campaign>:<user>
+// KEYS[2] -> campaignctl:epoch
+// KEYS[3] -> campaign:<id>:halt
 // ARGV[1] -> the claim value, nonce included
 // ARGV[2] -> TTL in milliseconds
 // ARGV[3] -> the nonce prefix ("<nonce>/")
+// ARGV[4] -> the epoch the run's lease recorded
+// ARGV[5] -> "1" to refuse while the campaign is halted
 // Every released version writes the nonce, so a value without this campaign's nonce is never this
 // campaign's: reading it as ours would record a send that never happened.
 var takeScript = redis.NewScript(`
 local v = redis.call("GET", KEYS[1])
-if v and string.sub(v, 1, string.len(ARGV[3])) == ARGV[3] then return v end
+if v and string.sub(v, 1, string.len(ARGV[3])) == ARGV[3] then
+  if v == ARGV[1] then return false end
+  return v
+end
+if redis.call("GET", KEYS[2]) ~= ARGV[4] then return redis.error_reply("EPOCH changed") end
+if ARGV[5] == "1" and redis.call("EXISTS", KEYS[3]) == 1 then return redis.error_reply("HALT") end
 redis.call("SET", KEYS[1], ARGV[1], "PX", ARGV[2])
 return false`)
 

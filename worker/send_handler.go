@@ -34,8 +34,12 @@ type Config struct {
 	ClaimTTL time.Duration
 	// InFlightGrace is how old a claim without an answer must be before it is taken for a dead worker's
 	// (and so unknown) rather than a live one still waiting for the provider. It must exceed the provider
-	// timeout. Default 60 s.
+	// timeout. Default LeaseTTL.
 	InFlightGrace time.Duration
+	// LeaseTTL is how long a batch run's lease on a chunk lasts without renewal (renewed every third of it
+	// while sending); a run that dies holding one delays its chunk by this much. It must exceed the
+	// provider timeout. Default 30 s.
+	LeaseTTL time.Duration
 	// SendAttempts is how many times a transient provider error is retried in place, with back-off, before
 	// the rest of the batch is handed back to the queue. Default 3.
 	SendAttempts int
@@ -75,8 +79,11 @@ func NewHandler(cfg Config) *Handler {
 	if cfg.ClaimTTL == 0 {
 		cfg.ClaimTTL = 45 * 24 * time.Hour
 	}
+	if cfg.LeaseTTL == 0 {
+		cfg.LeaseTTL = 30 * time.Second
+	}
 	if cfg.InFlightGrace == 0 {
-		cfg.InFlightGrace = 60 * time.Second
+		cfg.InFlightGrace = cfg.LeaseTTL
 	}
 	if cfg.SendAttempts == 0 {
 		cfg.SendAttempts = 3
@@ -130,14 +137,43 @@ type batchRun struct {
 	provider providers.Provider
 	limits   []limiter.Limit
 	tmpl     *campaign.Template
-	pending  []campaign.Outcome
-	busy     int
-	counts   map[string]int64
+	lease    campaign.Lease
+	// renewAt is when the chunk's lease is renewed before the next claim.
+	renewAt time.Time
+	// leased are the users of the chunk in hand that this run leased.
+	leased []string
+	guard  guard
+	// pending are outcomes not yet written to Postgres.
+	pending []campaign.Outcome
+	// strikes are recipients that kept failing transiently in this run. They count against the recipient
+	// only once a later send of the run succeeds (the recipient is at fault, not the provider).
+	strikes []campaign.Outcome
+	// failedInARow counts consecutive recipients whose retries all failed transiently.
+	failedInARow int
+	deferred     int
+	busy         int
+	halts        int
+	counts       map[string]int64
 }
 
-// RunBatch sends the still-pending recipients of one batch, a chunk at a time: before each chunk the
-// campaign's state and the chunk's consents are read again (a pause or a RET recorded a moment ago takes
-// effect within one chunk), and after each chunk the outcomes are written to Postgres.
+// Modes of a chunk: send it, or close it because the campaign was cancelled.
+type chunkMode int
+
+const (
+	modeSend chunkMode = iota
+	modeCancel
+)
+
+// MaxRecipientAttempts is how many runs may find the same recipient failing transiently (while others
+// of its batch are sent) before it is failed for good: a poison recipient never holds its batch back for
+// long, and never makes it run out of retries.
+const MaxRecipientAttempts = 5
+
+// RunBatch sends the still-pending recipients of one batch, a chunk at a time. Before each chunk it leases
+// the chunk's rows in Postgres and reads the campaign's state and the chunk's consents as they are now (a
+// pause or a RET recorded a moment ago takes effect within one chunk; a pause also stops the next claim
+// through Redis); after each chunk it writes the outcomes and lets its leases go. A cancelled campaign's
+// batch is closed the same way: recipients become skipped (cancelled) unless their claim says otherwise.
 func (h *Handler) RunBatch(ctx context.Context, campaignID int64, batch int) error {
 	log := h.log.With("campaign_id", campaignID, "batch", batch)
 	c, err := h.cfg.Store.Get(ctx, campaignID)
@@ -156,27 +192,31 @@ func (h *Handler) RunBatch(ctx context.Context, campaignID int64, batch int) err
 			return &RetryError{Err: fmt.Errorf("campaign %d starts at %s", c.ID, c.StartAt.Format(time.RFC3339)), After: time.Until(*c.StartAt)}
 		}
 	}
-	if retry, done := stateGate(c.ID, c.State); retry != nil || done {
+	if _, retry, done := stateGate(c.ID, c.State); retry != nil || done {
 		return retry
 	}
-	provider := h.cfg.Providers[c.Channel]
-	if provider == nil {
-		return fmt.Errorf("no provider is configured for channel %s on this worker", c.Channel)
+	run := &batchRun{c: c, nonce: Nonce(c), batch: batch, counts: map[string]int64{}}
+	if c.State != campaign.StateCancelled {
+		if run.provider = h.cfg.Providers[c.Channel]; run.provider == nil {
+			return fmt.Errorf("no provider is configured for channel %s on this worker", c.Channel)
+		}
+		if run.tmpl, err = h.template(c); err != nil {
+			return fmt.Errorf("campaign %d: %v: %w", c.ID, err, asynq.SkipRetry)
+		}
+		run.limits = []limiter.Limit{
+			{Key: "campaign:" + strconv.FormatInt(c.ID, 10), Rate: c.Rate},
+			{Key: "provider:" + run.provider.Name(), Rate: h.cfg.ProviderRates[run.provider.Name()], Pausable: true},
+		}
 	}
-	tmpl, err := h.template(c)
+	epoch, err := Epoch(ctx, h.cfg.Redis)
 	if err != nil {
-		return fmt.Errorf("campaign %d: %v: %w", c.ID, err, asynq.SkipRetry)
+		return infra(fmt.Errorf("no send while Redis is unavailable: %w", err))
 	}
+	run.lease = campaign.Lease{Batch: batch, Token: randomToken(), Epoch: epoch, TTL: h.cfg.LeaseTTL}
+	run.guard = guard{epoch: epoch, halt: HaltKey(c.ID)}
 	recipients, err := h.cfg.Store.LoadBatch(ctx, c.ID, batch)
 	if err != nil {
 		return infra(err)
-	}
-	run := &batchRun{
-		c: c, nonce: Nonce(c), batch: batch, provider: provider, tmpl: tmpl, counts: map[string]int64{},
-		limits: []limiter.Limit{
-			{Key: "campaign:" + strconv.FormatInt(c.ID, 10), Rate: c.Rate},
-			{Key: "provider:" + provider.Name(), Rate: h.cfg.ProviderRates[provider.Name()], Pausable: true},
-		},
 	}
 	// waitCtx bounds the waits for tokens: it ends at the soft deadline (the task's, less a margin to write
 	// the outcomes) or when the worker is told to stop, so a slow rate cap hands the rest of the batch back
@@ -185,17 +225,38 @@ func (h *Handler) RunBatch(ctx context.Context, campaignID int64, batch int) err
 	defer cancel()
 
 	var stop error
-	for start := 0; start < len(recipients) && stop == nil; start += h.cfg.ChunkSize {
-		chunk := recipients[start:min(start+h.cfg.ChunkSize, len(recipients))]
-		if stop = h.gate(ctx, run, chunk); stop != nil {
+	queue := recipients
+	for len(queue) > 0 && stop == nil {
+		chunk := queue[:min(h.cfg.ChunkSize, len(queue))]
+		queue = queue[len(chunk):]
+		mode, todo, err := h.gate(ctx, run, chunk)
+		if err != nil {
+			stop = err
 			break
 		}
-		for i := range chunk {
+		for i := range todo {
 			if waitCtx.Err() != nil && ctx.Err() == nil {
 				stop = &RetryError{Err: errors.New("batch handed back (worker stopping or batch time used up)"), After: time.Second}
 				break
 			}
-			if stop = h.deliver(ctx, waitCtx, run, &chunk[i]); stop != nil {
+			if mode == modeCancel {
+				err = h.close(ctx, run, &todo[i], reasonValue(claimSkipped, campaign.ReasonCancelled))
+			} else {
+				err = h.deliver(ctx, waitCtx, run, &todo[i])
+			}
+			if errors.Is(err, errHalted) {
+				run.halts++
+				if run.halts > 1 {
+					stop = &RetryError{Err: fmt.Errorf("campaign %d is halted in Redis (%s) but %s in Postgres; `campaignctl resume %d` clears the halt", c.ID, HaltKey(c.ID), run.c.State, c.ID), After: 30 * time.Second}
+					break
+				}
+				// Paused or cancelled a moment ago: what is left goes through the gate again, which reads why.
+				queue = append(append([]campaign.Recipient(nil), todo[i:]...), queue...)
+				log.Info("campaign halted; re-reading its state")
+				break
+			}
+			if err != nil {
+				stop = err
 				break
 			}
 		}
@@ -205,17 +266,27 @@ func (h *Handler) RunBatch(ctx context.Context, campaignID int64, batch int) err
 			stop = infra(err)
 		}
 	}
+	if len(run.strikes) > 0 {
+		// The batch stopped before a later send showed the recipients were at fault: not counted.
+		run.strikes = nil
+	}
 	log.Info("batch run", "recipients", len(recipients), "sent", run.counts[campaign.StatusSent],
 		"failed", run.counts[campaign.StatusFailed], "skipped", run.counts[campaign.StatusSkipped],
-		"unknown", run.counts[campaign.StatusUnknown], "in_flight_elsewhere", run.busy)
+		"unknown", run.counts[campaign.StatusUnknown], "deferred", run.deferred, "in_flight_elsewhere", run.busy)
 	if errors.Is(stop, errCampaignOver) {
 		return nil
+	}
+	if errors.Is(stop, errEpoch) {
+		return &RetryError{Err: stop, After: time.Second}
 	}
 	if stop != nil {
 		return stop
 	}
 	if run.busy > 0 {
-		return &RetryError{Err: fmt.Errorf("%d recipients are being sent by another worker", run.busy), After: h.cfg.InFlightGrace}
+		return &RetryError{Err: fmt.Errorf("%d recipients are being sent by another run of this batch", run.busy), After: h.cfg.LeaseTTL}
+	}
+	if run.deferred > 0 {
+		return &RetryError{Err: fmt.Errorf("%d recipients kept failing with transient provider errors; they are retried later, the rest of the batch is done", run.deferred), Failure: true}
 	}
 	if done, err := h.cfg.Store.CompleteIfDone(ctx, c.ID); err != nil {
 		return infra(err)
@@ -225,43 +296,80 @@ func (h *Handler) RunBatch(ctx context.Context, campaignID int64, batch int) err
 	return nil
 }
 
-// errCampaignOver ends a batch whose campaign was cancelled or ended meanwhile.
+// errCampaignOver ends a batch whose campaign ended meanwhile.
 var errCampaignOver = errors.New("campaign is over")
 
-// stateGate says what a batch does in a campaign state: go on (nil, false), come back later (a
+// stateGate says what a batch does in a campaign state: go on in a mode (nil, false), come back later (a
 // RetryError), or stop for good (nil, true).
-func stateGate(id int64, st campaign.State) (retry error, done bool) {
+func stateGate(id int64, st campaign.State) (mode chunkMode, retry error, done bool) {
 	switch st {
 	case campaign.StateRunning:
-		return nil, false
+		return modeSend, nil, false
+	case campaign.StateCancelled:
+		return modeCancel, nil, false
 	case campaign.StatePaused, campaign.StateScheduled, campaign.StatePlanning:
-		return &RetryError{Err: fmt.Errorf("campaign %d is %s", id, st), After: 30 * time.Second}, false
+		return modeSend, &RetryError{Err: fmt.Errorf("campaign %d is %s", id, st), After: 30 * time.Second}, false
 	}
-	return nil, true
+	return modeSend, nil, true
 }
 
-// gate reads the campaign's state and the chunk's consents as they are now.
-func (h *Handler) gate(ctx context.Context, run *batchRun, chunk []campaign.Recipient) error {
+// gate leases the chunk's rows and reads the campaign's state and the chunk's consents as they are now. It
+// returns the recipients this run now holds, with their consent, in chunk order.
+func (h *Handler) gate(ctx context.Context, run *batchRun, chunk []campaign.Recipient) (chunkMode, []campaign.Recipient, error) {
+	if now := h.cfg.Now(); run.c.State != campaign.StateCancelled && !run.c.Window.Open(now) {
+		next := run.c.Window.NextOpen(now)
+		return 0, nil, &RetryError{Err: fmt.Errorf("outside the send window %s; sending resumes at %s", run.c.Window, next.Format(time.RFC3339)), After: next.Sub(now)}
+	}
+	users := make([]string, len(chunk))
 	addrs := make([]string, len(chunk))
 	for i := range chunk {
-		addrs[i] = chunk[i].Address
+		users[i], addrs[i] = chunk[i].UserID, chunk[i].Address
 	}
-	if now := h.cfg.Now(); !run.c.Window.Open(now) {
-		next := run.c.Window.NextOpen(now)
-		return &RetryError{Err: fmt.Errorf("outside the send window %s; sending resumes at %s", run.c.Window, next.Format(time.RFC3339)), After: next.Sub(now)}
+	at := h.cfg.Now()
+	got, err := h.cfg.Store.LeaseChunk(ctx, run.c, users, addrs, run.lease)
+	if err != nil {
+		return 0, nil, infra(err)
 	}
-	st, consent, err := h.cfg.Store.SendGate(ctx, run.c, addrs)
+	mode, retry, done := stateGate(run.c.ID, got.State)
+	if retry != nil {
+		return 0, nil, retry
+	} else if done {
+		return 0, nil, errCampaignOver
+	}
+	if mode == modeCancel && run.c.State != campaign.StateCancelled {
+		run.c.State = campaign.StateCancelled
+	}
+	run.busy += got.Busy
+	run.renewAt = at.Add(run.lease.TTL / 3)
+	run.leased = run.leased[:0]
+	todo := chunk[:0:0]
+	for _, r := range chunk {
+		suspect, ok := got.Leased[r.UserID]
+		if !ok {
+			continue // sent, or held by a live run of the same batch
+		}
+		r.Consent, r.Suspect = got.Consent[r.Address], suspect
+		todo = append(todo, r)
+		run.leased = append(run.leased, r.UserID)
+	}
+	return mode, todo, nil
+}
+
+// renew extends the chunk's lease when a third of it has passed. A run that lost its lease (it was too
+// slow, and another run took the rows over) must not send: it stops.
+func (h *Handler) renew(ctx context.Context, run *batchRun) error {
+	now := h.cfg.Now()
+	if now.Before(run.renewAt) {
+		return nil
+	}
+	n, err := h.cfg.Store.RenewLease(ctx, run.c.ID, run.leased, run.lease)
 	if err != nil {
 		return infra(err)
 	}
-	if retry, done := stateGate(run.c.ID, st); retry != nil {
-		return retry
-	} else if done {
-		return errCampaignOver
+	if n < len(run.leased) {
+		return &RetryError{Err: fmt.Errorf("lease of batch %d lost to another run (%d of %d rows)", run.batch, len(run.leased)-n, len(run.leased)), After: time.Second}
 	}
-	for i := range chunk {
-		chunk[i].Consent = consent[chunk[i].Address]
-	}
+	run.renewAt = now.Add(run.lease.TTL / 3)
 	return nil
 }
 
@@ -295,29 +403,63 @@ func infra(err error) error {
 	return &RetryError{Err: err, After: 5 * time.Second}
 }
 
+// close settles a recipient that will not be sent (consent revoked, campaign cancelled) with val, unless
+// its claim already holds an answer, which wins.
+func (h *Handler) close(ctx context.Context, run *batchRun, r *campaign.Recipient, val string) error {
+	if r.Suspect {
+		return h.suspect(ctx, run, r)
+	}
+	g := run.guard
+	g.checkHalt = false
+	old, ours, err := h.claims.take(ctx, ClaimKey(run.c.ID, r.UserID), run.nonce, val, g)
+	if err != nil {
+		return infra(err)
+	}
+	if !ours {
+		h.fromClaim(run, r.UserID, old)
+		return nil
+	}
+	st := parseClaim(val)
+	run.add(campaign.Outcome{UserID: r.UserID, Status: campaign.StatusSkipped, Reason: st.reason})
+	return nil
+}
+
+// suspect settles a recipient taken over from a run that died under another Redis epoch: its claim, if
+// Redis still has one, says what happened; without one the message may have been sent, so it is unknown.
+func (h *Handler) suspect(ctx context.Context, run *batchRun, r *campaign.Recipient) error {
+	const why = "Redis lost its data while a worker that has since stopped was sending this chunk; the message may have been sent"
+	g := run.guard
+	g.checkHalt = false
+	old, ours, err := h.claims.take(ctx, ClaimKey(run.c.ID, r.UserID), run.nonce, reasonValue(claimUnknown, why), g)
+	if err != nil {
+		return infra(err)
+	}
+	if !ours {
+		h.fromClaim(run, r.UserID, old)
+		return nil
+	}
+	run.add(campaign.Outcome{UserID: r.UserID, Status: campaign.StatusUnknown, Reason: why})
+	return nil
+}
+
 // deliver handles one recipient. A non-nil error stops the batch: the recipient (and the rest) stay
 // pending for the next run.
 func (h *Handler) deliver(ctx, waitCtx context.Context, run *batchRun, r *campaign.Recipient) error {
-	key := ClaimKey(run.c.ID, r.UserID)
-	if !r.Consent {
-		old, ours, err := h.claims.take(ctx, key, run.nonce, reasonValue(claimSkipped, campaign.ReasonRevoked))
-		if err != nil {
-			return infra(err)
-		}
-		if ours {
-			run.add(campaign.Outcome{UserID: r.UserID, Status: campaign.StatusSkipped, Reason: campaign.ReasonRevoked})
-		} else {
-			h.fromClaim(run, r.UserID, old)
-		}
-		return nil
+	if r.Suspect {
+		return h.suspect(ctx, run, r)
 	}
-
+	if !r.Consent {
+		return h.close(ctx, run, r, reasonValue(claimSkipped, campaign.ReasonRevoked))
+	}
+	key := ClaimKey(run.c.ID, r.UserID)
 	body, err := run.tmpl.Render(r.TemplateData(run.c.Channel, run.c.Name))
 	if err != nil {
 		run.add(campaign.Outcome{UserID: r.UserID, Status: campaign.StatusFailed, Reason: "template: " + err.Error()})
 		return nil
 	}
 	msg := providers.Message{To: r.Address, Subject: run.c.Subject, Body: body, CampaignID: run.c.ID, UserID: r.UserID}
+	g := run.guard
+	g.checkHalt = true
 
 	for attempt := 1; ; attempt++ {
 		if err := h.bucket.Wait(waitCtx, run.limits...); err != nil {
@@ -334,9 +476,19 @@ func (h *Handler) deliver(ctx, waitCtx context.Context, run *batchRun, r *campai
 			next := run.c.Window.NextOpen(now)
 			return &RetryError{Err: fmt.Errorf("the send window %s closed; sending resumes at %s", run.c.Window, next.Format(time.RFC3339)), After: next.Sub(now)}
 		}
+		if err := h.renew(ctx, run); err != nil {
+			return err
+		}
 		mine := pendingValue(h.cfg.Now(), h.cfg.Owner)
-		old, ours, err := h.claims.take(ctx, key, run.nonce, mine)
+		old, ours, err := h.claims.take(ctx, key, run.nonce, mine, g)
+		if errors.Is(err, errHalted) || errors.Is(err, errEpoch) {
+			return err
+		}
 		if err != nil {
+			// The claim may still have been written (the reply was lost); it is released once Redis answers,
+			// since nothing is sent under it.
+			h.releaseLater(key, run.nonce, mine)
+			h.log.Error("Redis is unreachable: no sends until it is back", "campaign_id", run.c.ID, "err", err)
 			return infra(fmt.Errorf("no send while Redis is unavailable: %w", err))
 		}
 		if !ours {
@@ -344,7 +496,7 @@ func (h *Handler) deliver(ctx, waitCtx context.Context, run *batchRun, r *campai
 			return nil
 		}
 		if capped, err := h.frequency.take(ctx, run.c, run.nonce, r.Address, h.cfg.Now()); err != nil {
-			h.claims.release(context.WithoutCancel(ctx), key, run.nonce, mine) //nolint:errcheck // a kept claim only makes the recipient unknown later
+			h.releaseLater(key, run.nonce, mine)
 			return infra(err)
 		} else if capped {
 			h.claims.settle(ctx, key, run.nonce, mine, reasonValue(claimSkipped, campaign.ReasonFrequencyCap)) //nolint:errcheck // Postgres records the skip
@@ -357,6 +509,7 @@ func (h *Handler) deliver(ctx, waitCtx context.Context, run *batchRun, r *campai
 				h.log.Error("provider accepted but the claim could not be updated; Postgres will hold the outcome", "campaign_id", run.c.ID, "user_id", r.UserID, "err", err)
 			}
 			run.add(campaign.Outcome{UserID: r.UserID, Status: campaign.StatusSent, MessageID: res.MessageID, Segments: res.Segments})
+			run.succeeded()
 			return nil
 		}
 
@@ -378,6 +531,7 @@ func (h *Handler) deliver(ctx, waitCtx context.Context, run *batchRun, r *campai
 			h.claims.settle(ctx, key, run.nonce, mine, reasonValue(claimFailed, pe.Reason())) //nolint:errcheck // Postgres records the failure
 			h.frequency.release(ctx, run.c, run.nonce, r.Address)                             //nolint:errcheck // nothing reached the person
 			run.add(campaign.Outcome{UserID: r.UserID, Status: campaign.StatusFailed, Reason: pe.Reason()})
+			run.succeeded()
 			return nil
 		}
 		// Transient, or the account itself is refused: nothing was accepted, so the claim is released (first:
@@ -392,20 +546,77 @@ func (h *Handler) deliver(ctx, waitCtx context.Context, run *batchRun, r *campai
 			return &RetryError{Err: fmt.Errorf("provider refuses the account, not the recipient (fix the configuration; the batch waits): %w", pe), Failure: true}
 		}
 		wait := backoff(attempt, pe.RetryAfter)
+		providerKey := "provider:" + run.provider.Name()
 		if pe.Status == 429 || pe.Code == 20429 {
 			// Every worker slows down, not only this one.
-			if err := h.bucket.Pause(ctx, "provider:"+run.provider.Name(), wait); err != nil {
+			if err := h.bucket.Pause(ctx, providerKey, wait); err != nil {
 				return infra(err)
 			}
+		} else if _, err := h.bucket.Strike(ctx, providerKey, strikeThreshold, wait); err != nil {
+			return infra(err)
 		}
 		if attempt >= h.cfg.SendAttempts {
-			return &RetryError{Err: fmt.Errorf("provider kept failing: %w", pe), After: wait, Failure: true}
+			return h.giveUp(run, r, pe, wait)
 		}
 		h.log.Debug("transient provider error; retrying", "campaign_id", run.c.ID, "attempt", attempt, "err", pe.Reason(), "wait", wait)
 		if err := limiter.Sleep(ctx, wait); err != nil {
 			return err
 		}
 	}
+}
+
+// strikeThreshold is how many 5xx answers within a second, over all workers, pause a provider for
+// everyone.
+const strikeThreshold = 5
+
+// giveUp ends this run's tries of a recipient whose sends kept failing transiently. When the recipient
+// before it failed the same way, the provider is in trouble rather than the recipient: the batch stops and
+// comes back later. Otherwise the recipient is left pending and the batch goes on; once a later send
+// succeeds, the failure counts against the recipient, and a recipient that has failed in
+// MaxRecipientAttempts runs fails for good.
+func (h *Handler) giveUp(run *batchRun, r *campaign.Recipient, pe *providers.Error, wait time.Duration) error {
+	run.failedInARow++
+	if run.failedInARow >= 2 {
+		run.strikes = nil
+		return &RetryError{Err: fmt.Errorf("provider kept failing: %w", pe), After: wait, Failure: true}
+	}
+	run.deferred++
+	o := campaign.Outcome{UserID: r.UserID, Status: campaign.StatusPending, Reason: pe.Reason()}
+	if r.Attempts+1 >= MaxRecipientAttempts {
+		o.Status = campaign.StatusFailed
+		o.Reason = fmt.Sprintf("gave up after %d runs with transient provider errors; last: %s", r.Attempts+1, pe.Reason())
+	}
+	run.strikes = append(run.strikes, o)
+	return nil
+}
+
+// succeeded notes a recipient the provider answered for: the recipients that failed before it were at
+// fault themselves.
+func (run *batchRun) succeeded() {
+	run.failedInARow = 0
+	for _, o := range run.strikes {
+		if o.Status == campaign.StatusFailed {
+			run.deferred--
+		}
+		run.add(o)
+	}
+	run.strikes = run.strikes[:0]
+}
+
+// releaseLater deletes a claim whose SET may have reached Redis although its reply did not, once Redis
+// answers again (for up to a minute). It is compare-and-delete on this worker's own pending value: nothing
+// was sent under it.
+func (h *Handler) releaseLater(key, nonce, mine string) {
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		for ctx.Err() == nil {
+			if err := h.claims.release(ctx, key, nonce, mine); err == nil {
+				return
+			}
+			limiter.Sleep(ctx, time.Second) //nolint:errcheck // the loop checks ctx
+		}
+	}()
 }
 
 // fromClaim turns a claim that already existed into an outcome.
@@ -434,10 +645,16 @@ func (run *batchRun) add(o campaign.Outcome) { run.pending = append(run.pending,
 
 // flush writes buffered outcomes and advances the campaign's Redis counters by what actually changed.
 func (h *Handler) flush(ctx context.Context, run *batchRun) error {
-	if len(run.pending) == 0 {
-		return nil
+	var moved map[string]int64
+	var err error
+	// A Postgres restart takes a few seconds: the outcomes in hand are worth waiting for (they are in the
+	// claims too, but only a run that takes the lease over later would read them).
+	for try := 0; try < 4; try++ {
+		if moved, err = h.cfg.Store.Record(ctx, run.c.ID, run.pending, run.lease); err == nil {
+			break
+		}
+		limiter.Sleep(ctx, time.Duration(try+1)*500*time.Millisecond) //nolint:errcheck // ctx has no deadline here
 	}
-	moved, err := h.cfg.Store.Record(ctx, run.c.ID, run.pending)
 	if err != nil {
 		return err
 	}
@@ -445,6 +662,9 @@ func (h *Handler) flush(ctx context.Context, run *batchRun) error {
 	pipe := h.cfg.Redis.Pipeline()
 	key := ProgressKey(run.c.ID)
 	for st, n := range moved {
+		if st == campaign.StatusPending {
+			continue
+		}
 		run.counts[st] += n
 		pipe.HIncrBy(ctx, key, st, n)
 	}
