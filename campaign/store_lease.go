@@ -166,3 +166,14 @@ func (s *Store) Resend(ctx context.Context, id int64, users []string) (int64, er
 	}
 	return n, nil
 }
+
+// CountReason counts campaign id's recipients in status with reason.
+func (s *Store) CountReason(ctx context.Context, id int64, status, reason string) (int64, error) {
+	var n int64
+	err := s.pool.QueryRow(ctx, `SELECT count(*) FROM campaign_recipients WHERE campaign_id = $1 AND status = $2 AND reason = $3`,
+		id, status, reason).Scan(&n)
+	if err != nil {
+		return 0, fmt.Errorf("count %s (%s) recipients: %w", status, reason, err)
+	}
+	return n, nil
+}

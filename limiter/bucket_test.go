@@ -123,3 +123,26 @@ func TestRedisDownFailsClosed(t *testing.T) {
 		t.Fatal("Wait with Redis unreachable returned nil: a send would have gone out unmetered")
 	}
 }
+
+// A lone 5xx pauses nobody; a burst of them within a second pauses every process.
+func TestBurstOfErrorsPausesEveryone(t *testing.T) {
+	t.Parallel()
+	rdb, _ := testredis.New(t)
+	ctx := context.Background()
+	a, b := New(rdb), New(rdb)
+	for i := 1; i <= 4; i++ {
+		paused, err := a.Strike(ctx, "provider:x", 5, 2*time.Second)
+		if err != nil || paused {
+			t.Fatalf("strike %d: paused %v, err %v; want no pause below the threshold", i, paused, err)
+		}
+	}
+	if d, err := b.Paused(ctx, "provider:x"); err != nil || d != 0 {
+		t.Fatalf("paused %v after 4 errors, err %v", d, err)
+	}
+	if paused, err := b.Strike(ctx, "provider:x", 5, 2*time.Second); err != nil || !paused {
+		t.Fatalf("fifth strike (another process): paused %v, err %v", paused, err)
+	}
+	if d, err := a.Paused(ctx, "provider:x"); err != nil || d < time.Second {
+		t.Fatalf("paused %v, err %v; want about 2 s for everyone", d, err)
+	}
+}

@@ -139,8 +139,8 @@ if v and string.sub(v, 1, string.len(ARGV[3])) == ARGV[3] then
   if v == ARGV[1] then return false end
   return v
 end
-if redis.call("GET", KEYS[2]) ~= ARGV[4] then return redis.error_reply("EPOCH changed") end
-if ARGV[5] == "1" and redis.call("EXISTS", KEYS[3]) == 1 then return redis.error_reply("HALT") end
+if redis.call("GET", KEYS[2]) ~= ARGV[4] then return redis.error_reply("CAMPAIGNCTL_EPOCH changed") end
+if ARGV[5] == "1" and redis.call("EXISTS", KEYS[3]) == 1 then return redis.error_reply("CAMPAIGNCTL_HALT") end
 redis.call("SET", KEYS[1], ARGV[1], "PX", ARGV[2])
 return false`)
 
@@ -201,3 +201,32 @@ func sentValue(messageID string, segments int) string {
 func reasonValue(kind byte, reason string) string {
 	return string(kind) + claimSeparate + reason
 }
+
+// ForgetUnanswered deletes the claims of users of campaign c that hold no provider answer (unknown, or
+// claimed and never answered), so that `resume --resend-unknown` can send them again. Claims that do hold
+// an answer are kept: a recipient whose claim says sent is recorded as sent by the next run, not resent.
+func ForgetUnanswered(ctx context.Context, rdb redis.UniversalClient, c *campaign.Campaign, users []string) error {
+	nonce := Nonce(c)
+	const page = 500
+	for start := 0; start < len(users); start += page {
+		pipe := rdb.Pipeline()
+		for _, u := range users[start:min(start+page, len(users))] {
+			forgetScript.Eval(ctx, pipe, []string{ClaimKey(c.ID, u)}, nonce+"/") //nolint:errcheck // read from Exec (Eval: a pipeline cannot fall back from EVALSHA)
+		}
+		if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
+			return fmt.Errorf("forget unanswered claims of campaign %d: %w", c.ID, err)
+		}
+	}
+	return nil
+}
+
+// KEYS[1] -> sent:<campaign>:<user>
+// ARGV[1] -> "<nonce>/"
+var forgetScript = redis.NewScript(`
+local v = redis.call("GET", KEYS[1])
+if not v then return 0 end
+local p = string.len(ARGV[1])
+if string.sub(v, 1, p) ~= ARGV[1] then return redis.call("DEL", KEYS[1]) end
+local kind = string.sub(v, p + 1, p + 1)
+if kind == "u" or kind == "c" then return redis.call("DEL", KEYS[1]) end
+return 0`)

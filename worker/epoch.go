@@ -83,9 +83,9 @@ func scriptError(err error) error {
 	switch {
 	case err == nil:
 		return nil
-	case strings.HasPrefix(err.Error(), "EPOCH"):
+	case strings.Contains(err.Error(), "CAMPAIGNCTL_EPOCH"):
 		return errEpoch
-	case strings.HasPrefix(err.Error(), "HALT"):
+	case strings.Contains(err.Error(), "CAMPAIGNCTL_HALT"):
 		return errHalted
 	}
 	return err

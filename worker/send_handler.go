@@ -9,6 +9,7 @@ import (
 	"math/rand/v2"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hibiken/asynq"
@@ -53,6 +54,10 @@ type Config struct {
 	Now func() time.Time
 }
 
+// DefaultClaimTTL is how long claims (and a cancelled campaign's halt mark) are kept: longer than any
+// campaign runs.
+const DefaultClaimTTL = 45 * 24 * time.Hour
+
 // Handler processes batch tasks.
 type Handler struct {
 	cfg       Config
@@ -66,6 +71,8 @@ type Handler struct {
 
 	stopping chan struct{}
 	stopOnce sync.Once
+	// lastAnswer is when the provider last answered a send of this process (unix ns).
+	lastAnswer atomic.Int64
 }
 
 // NewHandler returns a Handler for cfg.
@@ -77,7 +84,7 @@ func NewHandler(cfg Config) *Handler {
 		cfg.Owner = "worker"
 	}
 	if cfg.ClaimTTL == 0 {
-		cfg.ClaimTTL = 45 * 24 * time.Hour
+		cfg.ClaimTTL = DefaultClaimTTL
 	}
 	if cfg.LeaseTTL == 0 {
 		cfg.LeaseTTL = 30 * time.Second
@@ -509,7 +516,7 @@ func (h *Handler) deliver(ctx, waitCtx context.Context, run *batchRun, r *campai
 				h.log.Error("provider accepted but the claim could not be updated; Postgres will hold the outcome", "campaign_id", run.c.ID, "user_id", r.UserID, "err", err)
 			}
 			run.add(campaign.Outcome{UserID: r.UserID, Status: campaign.StatusSent, MessageID: res.MessageID, Segments: res.Segments})
-			run.succeeded()
+			h.succeeded(run)
 			return nil
 		}
 
@@ -531,7 +538,7 @@ func (h *Handler) deliver(ctx, waitCtx context.Context, run *batchRun, r *campai
 			h.claims.settle(ctx, key, run.nonce, mine, reasonValue(claimFailed, pe.Reason())) //nolint:errcheck // Postgres records the failure
 			h.frequency.release(ctx, run.c, run.nonce, r.Address)                             //nolint:errcheck // nothing reached the person
 			run.add(campaign.Outcome{UserID: r.UserID, Status: campaign.StatusFailed, Reason: pe.Reason()})
-			run.succeeded()
+			h.succeeded(run)
 			return nil
 		}
 		// Transient, or the account itself is refused: nothing was accepted, so the claim is released (first:
@@ -571,28 +578,38 @@ const strikeThreshold = 5
 
 // giveUp ends this run's tries of a recipient whose sends kept failing transiently. When the recipient
 // before it failed the same way, the provider is in trouble rather than the recipient: the batch stops and
-// comes back later. Otherwise the recipient is left pending and the batch goes on; once a later send
-// succeeds, the failure counts against the recipient, and a recipient that has failed in
-// MaxRecipientAttempts runs fails for good.
+// comes back later. Otherwise the recipient is left pending and the batch goes on. The failure counts
+// against the recipient once the provider is seen to work (a send of this run after it, or any send of
+// this process in the last half minute), and a recipient that failed in MaxRecipientAttempts runs fails
+// for good. A recipient that keeps failing while nothing else is sent stays pending, and its batch ends
+// in the DLQ.
 func (h *Handler) giveUp(run *batchRun, r *campaign.Recipient, pe *providers.Error, wait time.Duration) error {
 	run.failedInARow++
 	if run.failedInARow >= 2 {
 		run.strikes = nil
 		return &RetryError{Err: fmt.Errorf("provider kept failing: %w", pe), After: wait, Failure: true}
 	}
-	run.deferred++
 	o := campaign.Outcome{UserID: r.UserID, Status: campaign.StatusPending, Reason: pe.Reason()}
 	if r.Attempts+1 >= MaxRecipientAttempts {
 		o.Status = campaign.StatusFailed
 		o.Reason = fmt.Sprintf("gave up after %d runs with transient provider errors; last: %s", r.Attempts+1, pe.Reason())
 	}
+	if last := h.lastAnswer.Load(); last != 0 && h.cfg.Now().Sub(time.Unix(0, last)) < 30*time.Second {
+		run.add(o)
+		if o.Status == campaign.StatusPending {
+			run.deferred++
+		}
+		return nil
+	}
+	run.deferred++
 	run.strikes = append(run.strikes, o)
 	return nil
 }
 
 // succeeded notes a recipient the provider answered for: the recipients that failed before it were at
 // fault themselves.
-func (run *batchRun) succeeded() {
+func (h *Handler) succeeded(run *batchRun) {
+	h.lastAnswer.Store(h.cfg.Now().UnixNano())
 	run.failedInARow = 0
 	for _, o := range run.strikes {
 		if o.Status == campaign.StatusFailed {

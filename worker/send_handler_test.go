@@ -27,6 +27,8 @@ type scriptedProvider struct {
 	accepted map[string][]string // To -> bodies
 	calls    int
 	fail     func(call int, m providers.Message) error
+	// before runs ahead of each call, outside the lock (it may run another batch).
+	before func(m providers.Message)
 }
 
 func newProvider() *scriptedProvider { return &scriptedProvider{accepted: map[string][]string{}} }
@@ -34,6 +36,9 @@ func newProvider() *scriptedProvider { return &scriptedProvider{accepted: map[st
 func (p *scriptedProvider) Name() string { return "test" }
 
 func (p *scriptedProvider) Send(_ context.Context, m providers.Message) (providers.Result, error) {
+	if p.before != nil {
+		p.before(m)
+	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.calls++

@@ -2,8 +2,8 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
+	"encoding/json"
 	"fmt"
 	"strconv"
 	"strings"
@@ -99,32 +99,37 @@ func (a *app) dlq(ctx context.Context, o dlqOptions, action string) error {
 		}
 		return w.Flush()
 	case "retry":
-		client := asynq.NewClientFromRedisClient(rdb)
-		done := 0
+		// Decide for every batch before moving any: a refusal leaves the DLQ as it was.
+		var ok, refused []dlqEntry
+		states := map[int64]campaign.State{}
 		for _, e := range entries {
-			c, err := store.Get(ctx, e.CampaignID)
-			if err != nil {
-				return err
+			st, seen := states[e.CampaignID]
+			if !seen {
+				c, err := store.Get(ctx, e.CampaignID)
+				if err != nil {
+					return err
+				}
+				st, states[e.CampaignID] = c.State, c.State
 			}
-			if c.State == campaign.StateCancelled || c.State == campaign.StateFailed || c.State == campaign.StateCompleted {
-				return usagef("batch %d of campaign %d is not retried: the campaign is %s (purge it with `campaignctl dlq purge --campaign %d`)",
-					e.Batch, e.CampaignID, c.State, e.CampaignID)
+			if st == campaign.StateCancelled || st == campaign.StateFailed || st == campaign.StateCompleted {
+				refused = append(refused, e)
+				continue
 			}
-			// Running an archived task again keeps its used-up retry count, so the next failure would archive
-			// it at once; a fresh task under the same ID gets the whole budget.
-			if err := insp.DeleteTask(worker.Queue, e.TaskID); err != nil {
-				return fmt.Errorf("retry batch %d of campaign %d: %w", e.Batch, e.CampaignID, err)
-			}
-			task, err := worker.NewBatchTask(e.CampaignID, e.Batch)
-			if err != nil {
-				return err
-			}
-			if _, err := client.EnqueueContext(ctx, task); err != nil && !errors.Is(err, asynq.ErrTaskIDConflict) {
-				return fmt.Errorf("retry batch %d of campaign %d: %w; run `campaignctl resume %d` to queue it", e.Batch, e.CampaignID, err, e.CampaignID)
-			}
-			done++
+			ok = append(ok, e)
 		}
-		fmt.Fprintf(a.stdout, "%d batches queued again\n", done)
+		if o.campaign != 0 && len(refused) > 0 {
+			return usagef("the DLQ batches of campaign %d are not retried: the campaign is %s, so nothing more is sent for it (drop them with `campaignctl dlq purge --campaign %d`)",
+				o.campaign, states[o.campaign], o.campaign)
+		}
+		for _, e := range ok {
+			if err := requeue(ctx, rdb, e); err != nil {
+				return err
+			}
+		}
+		fmt.Fprintf(a.stdout, "%d batches queued again\n", len(ok))
+		for _, e := range refused {
+			fmt.Fprintf(a.stdout, "batch %d of campaign %d not retried: the campaign is %s\n", e.Batch, e.CampaignID, states[e.CampaignID])
+		}
 	case "purge":
 		for _, e := range entries {
 			if err := insp.DeleteTask(worker.Queue, e.TaskID); err != nil {
@@ -143,7 +148,7 @@ func archivedBatches(rdb *redis.Client, campaignID int64) ([]dlqEntry, error) {
 	for page := 1; ; page++ {
 		tasks, err := insp.ListArchivedTasks(worker.Queue, asynq.Page(page), asynq.PageSize(1000))
 		if err != nil {
-			if strings.Contains(err.Error(), "does not exist") {
+			if errors.Is(err, asynq.ErrQueueNotFound) || strings.Contains(err.Error(), "does not exist") {
 				return out, nil
 			}
 			return nil, fmt.Errorf("read the DLQ: %w", err)

@@ -108,8 +108,16 @@ func TestDLQListRetryPurge(t *testing.T) {
 	if _, err := db.Exec(context.Background(), `UPDATE campaigns SET state = 'cancelled' WHERE id = $1`, id); err != nil {
 		t.Fatal(err)
 	}
-	if _, stderr, code := cli(t, env, "dlq", "retry"); code != 2 || !strings.Contains(stderr, "is cancelled") {
+	if _, stderr, code := cli(t, env, "dlq", "retry", "--campaign", id); code != 2 || !strings.Contains(stderr, "the campaign is cancelled") {
 		t.Fatalf("dlq retry of a cancelled campaign: exit %d, %s", code, stderr)
+	}
+	// Retrying the whole DLQ skips it and says why.
+	if out, stderr, code := cli(t, env, "dlq", "retry"); code != 0 || !strings.Contains(out, "0 batches queued again") ||
+		!strings.Contains(out, "batch 1 of campaign "+id+" not retried: the campaign is cancelled") {
+		t.Fatalf("dlq retry of everything: exit %d, %s%s", code, out, stderr)
+	}
+	if info, err := insp.GetQueueInfo(worker.Queue); err != nil || info.Archived != 1 {
+		t.Fatalf("a refused retry moved the batch: %+v, %v", info, err)
 	}
 	if out, stderr, code := cli(t, env, "dlq", "purge", "--campaign", id); code != 0 || !strings.Contains(out, "1 batches dropped") {
 		t.Fatalf("dlq purge: exit %d, %s%s", code, out, stderr)

@@ -110,6 +110,7 @@ func (a *app) newRootCmd() *cobra.Command {
 		a.newWorkerCmd(),
 		a.newStatusCmd(),
 		a.newResumeCmd(),
+		a.newCancelCmd(),
 		a.newPauseCmd(),
 		a.newDLQCmd(),
 		a.newSandboxCmd(),

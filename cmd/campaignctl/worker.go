@@ -16,11 +16,15 @@ import (
 type workerOptions struct {
 	concurrency int
 	shutdown    time.Duration
+	timeout     time.Duration
 }
 
 func (o *workerOptions) validate() error {
 	if o.concurrency < 1 || o.concurrency > 1000 {
 		return usagef("--concurrency %d: give 1 to 1000 batches at once", o.concurrency)
+	}
+	if o.timeout < 100*time.Millisecond || o.timeout > 5*time.Minute {
+		return usagef("--provider-timeout %v: give 100ms to 5m, e.g. --provider-timeout 10s", o.timeout)
 	}
 	return nil
 }
@@ -46,6 +50,7 @@ Twilio is configured from TWILIO_ACCOUNT_SID, TWILIO_AUTH_TOKEN, TWILIO_FROM and
 				AuthToken:  a.getenv("TWILIO_AUTH_TOKEN"),
 				From:       a.getenv("TWILIO_FROM"),
 				BaseURL:    a.getenv("TWILIO_BASE_URL"),
+				Timeout:    o.timeout,
 			})
 			if err != nil {
 				return usageError{err}
@@ -67,6 +72,9 @@ Twilio is configured from TWILIO_ACCOUNT_SID, TWILIO_AUTH_TOKEN, TWILIO_FROM and
 				ProviderRates: map[string]float64{sms.Name(): twilioRate},
 				Logger:        log,
 				Owner:         fmt.Sprintf("%s:%d", host, os.Getpid()),
+				// A chunk's lease and an unanswered claim must outlive the slowest provider call.
+				LeaseTTL:      3 * o.timeout,
+				InFlightGrace: 3 * o.timeout,
 			})
 			log.Info("worker started", "concurrency", o.concurrency, "twilio_rate", twilioRate, "pid", os.Getpid())
 			err = worker.Serve(ctx, rdb, h, worker.ServerConfig{Concurrency: o.concurrency, ShutdownTimeout: o.shutdown, Logger: log})
@@ -75,6 +83,7 @@ Twilio is configured from TWILIO_ACCOUNT_SID, TWILIO_AUTH_TOKEN, TWILIO_FROM and
 		},
 	}
 	cmd.Flags().IntVar(&o.concurrency, "concurrency", 16, "batches this process sends at once")
+	cmd.Flags().DurationVar(&o.timeout, "provider-timeout", twilio.DefaultTimeout, "how long one provider request may take; a chunk whose worker died is taken over after 3 times this")
 	cmd.Flags().DurationVar(&o.shutdown, "shutdown-timeout", 30*time.Second, "on SIGTERM, how long in-flight batches may finish before the rest is handed back")
 	return cmd
 }

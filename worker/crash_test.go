@@ -1,0 +1,293 @@
+package worker
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/campaignctl/campaignctl/campaign"
+	"github.com/campaignctl/campaignctl/providers"
+)
+
+// batchUsers returns the pending users and addresses of one batch.
+func (f *fixture) batchUsers(t *testing.T, batch int) (users, addrs []string) {
+	t.Helper()
+	rs, err := f.store.LoadBatch(context.Background(), f.id, batch)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range rs {
+		users, addrs = append(users, r.UserID), append(addrs, r.Address)
+	}
+	return users, addrs
+}
+
+func (f *fixture) campaign(t *testing.T) *campaign.Campaign {
+	t.Helper()
+	c, err := f.store.Get(context.Background(), f.id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// assertOnce fails when any address got more than one message.
+func (f *fixture) assertOnce(t *testing.T) {
+	t.Helper()
+	f.provider.mu.Lock()
+	defer f.provider.mu.Unlock()
+	for to, bodies := range f.provider.accepted {
+		if len(bodies) > 1 {
+			t.Errorf("%s got %d messages: %q", to, len(bodies), bodies)
+		}
+	}
+}
+
+// Redis is emptied while a batch is half sent (its claims, queue and counters gone) and the batch is
+// queued again at once, as `resume` does: the second run must leave alone the chunk the first run is
+// sending, whose claims are gone, and the first run must not claim anything under the lost epoch.
+func TestRedisEmptiedMidBatchSendsNobodyTwice(t *testing.T) {
+	t.Parallel()
+	f := plan(t, 10) // eligible in batch 0: u1 u2 u4 u7 u8
+	f.h.cfg.ChunkSize = 2
+	second := f.handler(f.rdb)
+	second.cfg.ChunkSize = 2
+	var secondErr error
+	f.provider.before = func(m providers.Message) {
+		if m.To != phone(2) {
+			return
+		}
+		// u1 was sent and its claim said so; u2 is being sent now. Redis loses everything.
+		if err := f.rdb.FlushDB(context.Background()).Err(); err != nil {
+			t.Error(err)
+		}
+		secondErr = second.RunBatch(context.Background(), f.id, 0)
+	}
+	// The first run may find the rest done by the second, or stop on the lost epoch; either way it must not
+	// count as the batch's failure.
+	err := f.h.RunBatch(context.Background(), f.id, 0)
+	var re *RetryError
+	if err != nil && (!errors.As(err, &re) || re.Failure) {
+		t.Fatalf("first run: err = %v, want nil or a RetryError that is not a failure", err)
+	}
+	if !errors.As(secondErr, &re) || re.Failure {
+		t.Fatalf("second run: err = %v, want a RetryError that is not a failure (a live run held a chunk)", secondErr)
+	}
+	f.provider.before = nil
+	f.runAll(t)
+	f.assertOnce(t)
+	c := f.counts(t)
+	if c.Sent != 5 || c.Pending != 0 || c.Unknown != 0 {
+		t.Fatalf("counts %+v; want the 5 eligible sent once each, none unknown", c)
+	}
+}
+
+// A run that died holding a chunk: once its lease expires the chunk is taken over. Under the same Redis
+// epoch a missing claim means never sent; under another epoch it proves nothing, so the recipient is
+// unknown, not sent again. A claim that holds an answer wins either way.
+func TestDeadRunsChunkIsTakenOver(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name      string
+		sameEpoch bool
+	}{{"same epoch", true}, {"redis lost its data", false}} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			f := plan(t, 10) // eligible in batch 0: u1 u2 u4 u7 u8
+			ctx := context.Background()
+			c := f.campaign(t)
+			epoch, err := Epoch(ctx, f.rdb)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !tc.sameEpoch {
+				epoch = "lost"
+			}
+			users, addrs := f.batchUsers(t, 0)
+			if _, err := f.store.LeaseChunk(ctx, c, users, addrs, campaign.Lease{Token: "dead", Epoch: epoch, TTL: time.Millisecond}); err != nil {
+				t.Fatal(err)
+			}
+			// The dead run had u2 answered.
+			f.rdb.Set(ctx, ClaimKey(f.id, "u2"), Nonce(c)+"/"+sentValue("SMdead", 1), 0)
+			time.Sleep(5 * time.Millisecond)
+			if err := f.h.RunBatch(ctx, f.id, 0); err != nil {
+				t.Fatal(err)
+			}
+			f.assertOnce(t)
+			if len(f.provider.accepted[phone(2)]) != 0 {
+				t.Fatal("u2 was answered before the crash and was sent again")
+			}
+			want, wantProvider := campaign.StatusSent, 4
+			if !tc.sameEpoch {
+				want, wantProvider = campaign.StatusUnknown, 0
+			}
+			if got := f.provider.total(); got != wantProvider {
+				t.Fatalf("provider got %d messages, want %d", got, wantProvider)
+			}
+			for _, u := range []string{"u1", "u4", "u7", "u8"} {
+				if st, _, _ := f.status(t, u); st != want {
+					t.Errorf("%s: %s, want %s", u, st, want)
+				}
+			}
+			if st, _, _ := f.status(t, "u2"); st != campaign.StatusSent {
+				t.Errorf("u2: %s, want sent (its claim says so)", st)
+			}
+		})
+	}
+}
+
+// A chunk under a live lease of another run is left alone.
+func TestLiveLeaseIsLeftAlone(t *testing.T) {
+	t.Parallel()
+	f := plan(t, 10)
+	ctx := context.Background()
+	users, addrs := f.batchUsers(t, 0)
+	if _, err := f.store.LeaseChunk(ctx, f.campaign(t), users[:3], addrs[:3], campaign.Lease{Token: "live", Epoch: "e", TTL: time.Minute}); err != nil {
+		t.Fatal(err)
+	}
+	err := f.h.RunBatch(ctx, f.id, 0)
+	var re *RetryError
+	if !errors.As(err, &re) || re.Failure {
+		t.Fatalf("err = %v, want a RetryError that is not a failure", err)
+	}
+	for _, u := range users[:3] {
+		if st, _, _ := f.status(t, u); st != campaign.StatusPending {
+			t.Errorf("%s is under another run's live lease but became %s", u, st)
+		}
+	}
+	if c := f.counts(t); c.Sent+c.Skipped != int64(len(users)-3) {
+		t.Fatalf("counts %+v; want the %d others done", c, len(users)-3)
+	}
+}
+
+// pause reaches running batches through Redis before their next claim, not at the next chunk.
+func TestPauseStopsBeforeTheNextClaim(t *testing.T) {
+	t.Parallel()
+	f := plan(t, 10) // one chunk of 25 holds the whole batch
+	ctx := context.Background()
+	f.provider.before = func(providers.Message) {
+		if f.provider.total() == 0 {
+			if _, err := f.store.Transition(ctx, f.id, []campaign.State{campaign.StateRunning}, campaign.StatePaused); err != nil {
+				t.Error(err)
+			}
+			if err := Halt(ctx, f.rdb, f.id, "paused", 0); err != nil {
+				t.Error(err)
+			}
+		}
+	}
+	err := f.h.RunBatch(ctx, f.id, 0)
+	var re *RetryError
+	if !errors.As(err, &re) || re.Failure || !strings.Contains(err.Error(), "paused") {
+		t.Fatalf("err = %v, want a RetryError saying the campaign is paused", err)
+	}
+	if got := f.provider.total(); got != 1 {
+		t.Fatalf("%d messages after the pause, want only the one in flight", got)
+	}
+	if c := f.counts(t); c.Sent != 1 || c.Pending != 4 {
+		t.Fatalf("counts %+v", c)
+	}
+}
+
+// cancel mid-batch: the send in flight is recorded, the rest become skipped (cancelled) and give their
+// codes back, and a recipient whose claim holds an answer keeps it.
+func TestCancelClosesTheBatch(t *testing.T) {
+	t.Parallel()
+	f := plan(t, 10)
+	ctx := context.Background()
+	c := f.campaign(t)
+	f.rdb.Set(ctx, ClaimKey(f.id, "u8"), Nonce(c)+"/"+sentValue("SMelsewhere", 1), 0)
+	f.provider.before = func(providers.Message) {
+		if f.provider.total() == 0 {
+			if _, err := f.store.Transition(ctx, f.id, []campaign.State{campaign.StateRunning}, campaign.StateCancelled); err != nil {
+				t.Error(err)
+			}
+			if err := Halt(ctx, f.rdb, f.id, "cancelled", time.Hour); err != nil {
+				t.Error(err)
+			}
+		}
+	}
+	if err := f.h.RunBatch(ctx, f.id, 0); err != nil {
+		t.Fatal(err)
+	}
+	if got := f.provider.total(); got != 1 {
+		t.Fatalf("%d messages, want only the one in flight", got)
+	}
+	st1, _, code1 := f.status(t, "u1")
+	if st1 != campaign.StatusSent || code1 == "" {
+		t.Fatalf("u1 (in flight at the cancel): %s, code %q", st1, code1)
+	}
+	if st, _, _ := f.status(t, "u8"); st != campaign.StatusSent {
+		t.Fatalf("u8 (claim says sent): %s", st)
+	}
+	for _, u := range []string{"u2", "u4", "u7"} {
+		st, reason, code := f.status(t, u)
+		if st != campaign.StatusSkipped || reason != campaign.ReasonCancelled || code != "" {
+			t.Errorf("%s: %s/%s code %q, want skipped/cancelled without a code", u, st, reason, code)
+		}
+	}
+	var released int
+	f.db.QueryRow(ctx, `SELECT count(*) FROM released_codes`).Scan(&released) //nolint:errcheck
+	if released != 3 {
+		t.Fatalf("%d codes back in the pool, want 3", released)
+	}
+}
+
+// A recipient the provider always answers 5xx for does not hold its batch back: the others are sent,
+// and after MaxRecipientAttempts runs it fails for good with the provider's last reason.
+func TestPoisonRecipientDoesNotBlockItsBatch(t *testing.T) {
+	t.Parallel()
+	f := plan(t, 10)
+	f.h.cfg.SendAttempts = 1
+	f.provider.fail = func(_ int, m providers.Message) error {
+		if m.To == phone(1) {
+			return &providers.Error{Provider: "test", Status: 500, Class: providers.Transient, Message: "internal error for this number"}
+		}
+		return nil
+	}
+	ctx := context.Background()
+	for run := 1; run <= MaxRecipientAttempts; run++ {
+		err := f.h.RunBatch(ctx, f.id, 0)
+		if run == 1 {
+			if c := f.counts(t); c.Sent != 4 || c.Pending != 1 {
+				t.Fatalf("after the first run: %+v; want the 4 others sent, u1 pending", c)
+			}
+		}
+		var re *RetryError
+		if run < MaxRecipientAttempts && (!errors.As(err, &re) || !re.Failure) {
+			t.Fatalf("run %d: err = %v, want a RetryError counted as failure", run, err)
+		}
+		if run == MaxRecipientAttempts && err != nil {
+			t.Fatalf("last run: %v", err)
+		}
+	}
+	st, reason, code := f.status(t, "u1")
+	if st != campaign.StatusFailed || !strings.Contains(reason, "gave up after 5 runs") || code != "" {
+		t.Fatalf("u1: %s/%q code %q; want failed after 5 runs, code released", st, reason, code)
+	}
+	if got := f.provider.total(); got != 4 {
+		t.Fatalf("provider accepted %d, want 4", got)
+	}
+}
+
+// Two recipients in a row failing means the provider is in trouble: the batch stops and nobody is held
+// responsible.
+func TestProviderOutageStopsTheBatchWithoutBlamingRecipients(t *testing.T) {
+	t.Parallel()
+	f := plan(t, 10)
+	f.h.cfg.SendAttempts = 1
+	f.provider.fail = func(int, providers.Message) error {
+		return &providers.Error{Provider: "test", Status: 503, Class: providers.Transient}
+	}
+	err := f.h.RunBatch(context.Background(), f.id, 0)
+	var re *RetryError
+	if !errors.As(err, &re) || !re.Failure {
+		t.Fatalf("err = %v, want a RetryError counted as failure", err)
+	}
+	var attempts int
+	f.db.QueryRow(context.Background(), `SELECT coalesce(sum(attempts), 0) FROM campaign_recipients WHERE campaign_id = $1`, f.id).Scan(&attempts) //nolint:errcheck
+	if attempts != 0 || f.provider.calls != 2 {
+		t.Fatalf("attempts %d, provider calls %d; want the batch stopped after 2 calls, nobody charged", attempts, f.provider.calls)
+	}
+}
