@@ -16,6 +16,8 @@ type Lease struct {
 	Epoch string
 	// TTL is how long a lease lasts without renewal; it must exceed the provider's timeout.
 	TTL time.Duration
+	// AnyState leases whatever the campaign's state (the sweeper, which settles and sends nothing).
+	AnyState bool
 }
 
 // Chunk is what LeaseChunk found and took.
@@ -49,7 +51,7 @@ func (s *Store) LeaseChunk(ctx context.Context, c *Campaign, users, addrs []stri
 			SELECT r.user_id, r.lease_token, r.lease_until, r.lease_epoch
 			FROM campaign_recipients r
 			WHERE r.campaign_id = $1 AND r.user_id = ANY($2) AND r.status = 'pending'
-			  AND (SELECT state FROM st) IN ('running', 'cancelled')
+			  AND ($8 OR (SELECT state FROM st) IN ('running', 'cancelled'))
 			FOR UPDATE
 		), got AS (
 			UPDATE campaign_recipients r SET lease_token = $3, lease_epoch = $4,
@@ -66,7 +68,7 @@ func (s *Store) LeaseChunk(ctx context.Context, c *Campaign, users, addrs []stri
 			(SELECT count(*) FROM cur) - (SELECT count(*) FROM got),
 			array(SELECT recipient FROM iys_consents
 				WHERE recipient = ANY($6) AND type = $7 AND recipient_type = 'BIREYSEL' AND status = 'ONAY')`,
-		c.ID, users, l.Token, l.Epoch, l.TTL.Milliseconds(), addrs, c.Channel.IYSType()).
+		c.ID, users, l.Token, l.Epoch, l.TTL.Milliseconds(), addrs, c.Channel.IYSType(), l.AnyState).
 		Scan(&ch.State, &leased, &suspect, &ch.Busy, &ok)
 	if err != nil {
 		return ch, fmt.Errorf("lease chunk of batch %d: %w", l.Batch, err)
@@ -176,4 +178,33 @@ func (s *Store) CountReason(ctx context.Context, id int64, status, reason string
 		return 0, fmt.Errorf("count %s (%s) recipients: %w", status, reason, err)
 	}
 	return n, nil
+}
+
+// Expired is a batch with rows under leases that expired: the run that held them died.
+type Expired struct {
+	CampaignID int64
+	Batch      int
+	Users      []string
+}
+
+// ExpiredLeases returns up to limit rows under expired leases, grouped by batch.
+func (s *Store) ExpiredLeases(ctx context.Context, limit int) ([]Expired, error) {
+	rows, err := s.pool.Query(ctx, `
+		SELECT campaign_id, batch, array_agg(user_id ORDER BY user_id) FROM (
+			SELECT campaign_id, batch, user_id FROM campaign_recipients
+			WHERE lease_token IS NOT NULL AND lease_until < now() AND status = 'pending'
+			ORDER BY lease_until LIMIT $1
+		) x GROUP BY campaign_id, batch`, limit)
+	if err != nil {
+		return nil, fmt.Errorf("expired leases: %w", err)
+	}
+	var out []Expired
+	for rows.Next() {
+		var e Expired
+		if err := rows.Scan(&e.CampaignID, &e.Batch, &e.Users); err != nil {
+			return nil, fmt.Errorf("expired leases: %w", err)
+		}
+		out = append(out, e)
+	}
+	return out, rows.Err()
 }

@@ -5,6 +5,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/services.sh
 ensure_services
+# The chaos test runs a private redis-server of its own (it freezes and empties it).
+if ! command -v redis-server >/dev/null && [ ! -x /usr/bin/redis-server ]; then
+  say "installing redis-server for the chaos test"
+  apt_install redis-server
+fi
 
 if [ $# -eq 0 ]; then set -- ./...; fi
 say "go test -race $*"

@@ -291,3 +291,51 @@ func TestProviderOutageStopsTheBatchWithoutBlamingRecipients(t *testing.T) {
 		t.Fatalf("attempts %d, provider calls %d; want the batch stopped after 2 calls, nobody charged", attempts, f.provider.calls)
 	}
 }
+
+// The sweeper settles a dead run's chunk from its claims, before its batch runs again: answered claims are
+// recorded, a claim without an answer is unknown, a recipient without a claim is freed. A Redis loss after
+// the sweep then costs nothing: the freed recipients are plain pending, and are sent once.
+func TestSweepSettlesADeadRunsChunk(t *testing.T) {
+	t.Parallel()
+	f := plan(t, 10) // eligible in batch 0: u1 u2 u4 u7 u8
+	ctx := context.Background()
+	c := f.campaign(t)
+	epoch, err := Epoch(ctx, f.rdb)
+	if err != nil {
+		t.Fatal(err)
+	}
+	users, addrs := f.batchUsers(t, 0)
+	if _, err := f.store.LeaseChunk(ctx, c, users, addrs, campaign.Lease{Token: "dead", Epoch: epoch, TTL: time.Millisecond}); err != nil {
+		t.Fatal(err)
+	}
+	n := Nonce(c) + "/"
+	f.rdb.Set(ctx, ClaimKey(f.id, "u1"), n+sentValue("SM1", 1), 0)
+	f.rdb.Set(ctx, ClaimKey(f.id, "u2"), n+pendingValue(time.Now(), "dead"), 0)
+	time.Sleep(5 * time.Millisecond)
+	settled, err := f.h.Sweep(ctx)
+	if err != nil || settled != len(users) {
+		t.Fatalf("sweep settled %d, err %v; want %d", settled, err, len(users))
+	}
+	for u, want := range map[string]string{"u1": campaign.StatusSent, "u2": campaign.StatusUnknown, "u4": campaign.StatusPending, "u7": campaign.StatusPending} {
+		if st, _, _ := f.status(t, u); st != want {
+			t.Errorf("%s: %s, want %s", u, st, want)
+		}
+	}
+	var leased int
+	f.db.QueryRow(ctx, `SELECT count(*) FROM campaign_recipients WHERE lease_token IS NOT NULL`).Scan(&leased) //nolint:errcheck
+	if leased != 0 {
+		t.Fatalf("%d rows still leased after the sweep", leased)
+	}
+	// Redis loses its data; the batch runs again.
+	if err := f.rdb.FlushDB(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	f.runAll(t)
+	f.assertOnce(t)
+	if got := f.provider.total(); got != 3 {
+		t.Fatalf("provider got %d, want the 3 freed recipients (u4 u7 u8) once each", got)
+	}
+	if c := f.counts(t); c.Pending != 0 || c.Unknown != 1 {
+		t.Fatalf("counts %+v", c)
+	}
+}

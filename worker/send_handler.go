@@ -653,8 +653,7 @@ func (h *Handler) fromClaim(run *batchRun, userID, val string) {
 			run.busy++
 			return
 		}
-		run.add(campaign.Outcome{UserID: userID, Status: campaign.StatusUnknown,
-			Reason: "a worker stopped after claiming and before the provider answered; the message may have been sent"})
+		run.add(campaign.Outcome{UserID: userID, Status: campaign.StatusUnknown, Reason: reasonDiedMidCall})
 	}
 }
 

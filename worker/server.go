@@ -92,6 +92,9 @@ func Serve(ctx context.Context, rdb redis.UniversalClient, h *Handler, cfg Serve
 	if err := srv.Start(mux); err != nil {
 		return fmt.Errorf("start worker: %w", err)
 	}
+	sweepCtx, stopSweep := context.WithCancel(ctx)
+	defer stopSweep()
+	go h.sweepLoop(sweepCtx, max(2*time.Second, h.cfg.LeaseTTL/3))
 	<-ctx.Done()
 	// Batches finish the send in flight, write their outcomes and hand the rest back, well inside the
 	// shutdown timeout; nothing is cut off mid-call.

@@ -12,3 +12,7 @@ ALTER TABLE campaign_recipients
     ADD COLUMN lease_until timestamptz,
     ADD COLUMN lease_epoch text;
 
+
+-- Expired leases are found by every worker's sweeper, which settles a dead run's chunk from its claims
+-- while Redis still has them. Partial: only rows under a lease are in it.
+CREATE INDEX campaign_recipients_lease ON campaign_recipients (lease_until) WHERE lease_token IS NOT NULL;

@@ -1,7 +1,8 @@
 // Package testredis lends each test a Redis logical database of its own (1 to 15) on the shared local
 // server, so that Asynq's fixed key names, claims and buckets of parallel tests never meet. DB 0 is left to
 // the demo and to operators; the lease keys that arbitrate between test processes live in DB 0 under the
-// prefix "campaignctl:testdb:". Nothing here runs FLUSHALL: a lent DB is emptied with FLUSHDB.
+// prefix "campaignctl:testdb:". Nothing here runs FLUSHALL on the shared server: a lent DB is emptied with
+// FLUSHDB. Tests that must freeze or empty a whole Redis start a private server (StartServer).
 package testredis
 
 import (

@@ -1,0 +1,118 @@
+package worker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/campaignctl/campaignctl/campaign"
+)
+
+// Sweep settles the chunks of batch runs that died (their leases expired) from their claims, while
+// Redis still has them: a recipient whose claim holds an answer gets it recorded, a claim left without an
+// answer makes the recipient unknown (the lease outlived the provider's timeout, so the call is over), and
+// a recipient without a claim was never sent and simply becomes free again. Without the sweep a dead run's
+// chunk waits for its batch to run again (Asynq gives a dead worker's task back after about a minute); if
+// Redis lost its data meanwhile, its recipients could only be marked unknown. It sends nothing. It returns
+// how many recipients it settled or freed.
+func (h *Handler) Sweep(ctx context.Context) (int, error) {
+	expired, err := h.cfg.Store.ExpiredLeases(ctx, 2000)
+	if err != nil || len(expired) == 0 {
+		return 0, err
+	}
+	epoch, err := Epoch(ctx, h.cfg.Redis)
+	if err != nil {
+		return 0, err
+	}
+	campaigns := map[int64]*campaign.Campaign{}
+	n := 0
+	for _, e := range expired {
+		c, ok := campaigns[e.CampaignID]
+		if !ok {
+			if c, err = h.cfg.Store.Get(ctx, e.CampaignID); err != nil {
+				return n, err
+			}
+			campaigns[e.CampaignID] = c
+		}
+		run := &batchRun{c: c, nonce: Nonce(c), batch: e.Batch, counts: map[string]int64{},
+			lease: campaign.Lease{Batch: e.Batch, Token: randomToken(), Epoch: epoch, TTL: h.cfg.LeaseTTL, AnyState: true},
+			guard: guard{epoch: epoch, halt: HaltKey(c.ID)}}
+		got, err := h.cfg.Store.LeaseChunk(ctx, c, e.Users, []string{}, run.lease)
+		if err != nil {
+			return n, err
+		}
+		var serr error
+		for _, u := range e.Users {
+			suspect, ok := got.Leased[u]
+			if !ok {
+				continue
+			}
+			if suspect {
+				if serr = h.suspect(ctx, run, &campaign.Recipient{UserID: u, Suspect: true}); serr != nil {
+					break
+				}
+				continue
+			}
+			val, err := h.cfg.Redis.Get(ctx, ClaimKey(c.ID, u)).Result()
+			if errors.Is(err, redis.Nil) {
+				continue // never claimed: never sent; the lease is let go below
+			}
+			if err != nil {
+				serr = err
+				break
+			}
+			st := parseClaimOf(val, run.nonce)
+			if st.kind == 0 {
+				continue // an earlier campaign's claim
+			}
+			if st.kind == claimPending {
+				run.add(campaign.Outcome{UserID: u, Status: campaign.StatusUnknown, Reason: reasonDiedMidCall})
+				continue
+			}
+			h.fromClaim(run, u, val[len(run.nonce)+1:])
+		}
+		// Records the outcomes and lets every row of the run go (on an error too: what is not settled stays
+		// pending, and its claims are read again by the next run).
+		if err := h.flush(ctx, run); err != nil {
+			return n, err
+		}
+		if serr != nil {
+			return n, serr
+		}
+		n += len(got.Leased)
+	}
+	return n, nil
+}
+
+// parseClaimOf decodes a claim value of the campaign with nonce; kind 0 means it is another campaign's.
+func parseClaimOf(val, nonce string) claimState {
+	if len(val) <= len(nonce) || val[:len(nonce)+1] != nonce+"/" {
+		return claimState{}
+	}
+	return parseClaim(val[len(nonce)+1:])
+}
+
+const reasonDiedMidCall = "a worker stopped after claiming and before the provider answered; the message may have been sent"
+
+// sweepLoop runs Sweep every interval until ctx ends.
+func (h *Handler) sweepLoop(ctx context.Context, every time.Duration) {
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		n, err := h.Sweep(ctx)
+		switch {
+		case err != nil && ctx.Err() == nil:
+			h.log.Warn("sweep of expired leases failed; it runs again shortly", "err", fmt.Sprint(err))
+		case n > 0:
+			h.log.Info("settled the chunks of batch runs that died", "recipients", n)
+		}
+	}
+}
