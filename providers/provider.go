@@ -18,8 +18,14 @@ type Message struct {
 	To string
 	// Subject is the e-mail subject; other channels ignore it.
 	Subject string
-	// Body is the rendered message text.
+	// Body is the rendered message text (for e-mail, the plain-text part).
 	Body string
+	// HTML is the rendered HTML part of an e-mail ("" for none).
+	HTML string
+	// TemplateID names a template kept at the provider (a SendGrid dynamic template "d-..."); Data is then
+	// its data. Push uses Data as the message's data payload.
+	TemplateID string
+	Data       map[string]string
 	// CampaignID and UserID travel to the provider as metadata where it supports that (never PII).
 	CampaignID int64
 	UserID     string
@@ -40,6 +46,18 @@ type Provider interface {
 	// Send delivers one message. A non-nil error is a *Error unless the context was cancelled before the
 	// request was written.
 	Send(ctx context.Context, m Message) (Result, error)
+}
+
+// Batcher is a Provider that sends many messages in one request (SendGrid: up to 1000
+// personalizations). The request succeeds or fails as a whole.
+type Batcher interface {
+	Provider
+	// MaxBatch is the most messages one SendBatch call takes.
+	MaxBatch() int
+	// SendBatch sends ms in one request. On success every message was accepted and results[i] is ms[i]'s.
+	// A non-nil error is a *Error that holds for every message of the request (a 400 for one bad address
+	// fails the whole request: the caller splits it to find the culprit).
+	SendBatch(ctx context.Context, ms []Message) ([]Result, error)
 }
 
 // Class says what a failed provider call means for the recipient.
@@ -81,6 +99,9 @@ type Error struct {
 	// RetryAfter is the provider's retry hint (Retry-After, X-RateLimit-Reset), 0 when none.
 	RetryAfter time.Duration
 	Class      Class
+	// BadAddress marks a permanent error that condemns the address itself for future campaigns (an
+	// unregistered push token), not only this message.
+	BadAddress bool
 	// Err is the underlying transport error, if any.
 	Err error
 }

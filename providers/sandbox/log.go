@@ -9,12 +9,16 @@ import (
 // Message is one message the sandbox accepted: answered with 201, or accepted and then left hanging by
 // the timeout fault.
 type Message struct {
+	// Provider is the API that accepted it: "twilio", "sendgrid", "fcm" or "webhook".
+	Provider   string `json:"provider"`
 	SID        string `json:"sid"`
 	AccountSID string `json:"account_sid"`
 	To         string `json:"to"`
 	// From is the sender, or the MessagingServiceSid when the request named no From.
 	From        string    `json:"from"`
+	Subject     string    `json:"subject,omitempty"`
 	Body        string    `json:"body"`
+	HTML        string    `json:"html,omitempty"`
 	NumSegments int       `json:"num_segments"`
 	Status      string    `json:"status"`
 	At          time.Time `json:"at"`

@@ -27,6 +27,21 @@ type Options struct {
 	TwilioRate float64
 	// Logger receives one debug record per provider request; nil discards them.
 	Logger *slog.Logger
+
+	// SendGridAPIKey is the API key accepted (Authorization: Bearer). Empty means any non-empty key.
+	SendGridAPIKey string
+	// SendGridRate caps each API key's mail/send requests per second; the excess gets a real 429. 0 = no cap.
+	SendGridRate float64
+	// SendGridEventURL receives the signed Event Webhook posts (processed, delivered, bounce, ...); empty
+	// means none are sent.
+	SendGridEventURL string
+
+	// FCMRate caps each project's messages per second; the excess gets a real 429 QUOTA_EXCEEDED. 0 = no cap.
+	FCMRate float64
+
+	// ReceiptDelay is how long after acceptance delivery receipts (Twilio status callbacks, SendGrid
+	// events) are sent. Default 200 ms.
+	ReceiptDelay time.Duration
 }
 
 // Server imitates the providers' HTTP APIs and records what they were asked to send. It is an
@@ -38,6 +53,10 @@ type Server struct {
 	faults atomic.Pointer[Faults]
 	log    *messageLog
 	twilio *rateLimiter
+	// Per-provider state of the other fakes, set up by their route registration.
+	sendgrid *sendgridState
+	fcm      *fcmState
+	receipts *receiptState
 }
 
 // New returns a Server with the given options.
@@ -53,8 +72,14 @@ func New(opts Options) *Server {
 		s.logger = slog.New(slog.DiscardHandler)
 	}
 	s.SetFaults(opts.Faults)
+	if s.opts.ReceiptDelay == 0 {
+		s.opts.ReceiptDelay = 200 * time.Millisecond
+	}
 	s.controlRoutes()
 	s.twilioRoutes()
+	s.sendgridRoutes()
+	s.fcmRoutes()
+	s.receiptRoutes()
 	return s
 }
 

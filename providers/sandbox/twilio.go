@@ -141,6 +141,7 @@ func (s *Server) twilioCreateMessage(w http.ResponseWriter, r *http.Request) {
 	}
 
 	m := Message{
+		Provider:   "twilio",
 		SID:        newSID("SM"),
 		AccountSID: account,
 		To:         to,
