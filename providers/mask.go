@@ -26,6 +26,9 @@ func MaskAddress(s string) string {
 // credentials, a sender the account may not use) rather than about the recipient: failing the recipient
 // would be wrong, and every other recipient would fail the same way, so the work must wait for an operator.
 func (e *Error) AccountLevel() bool {
+	if e.BadAddress {
+		return false // the address is at fault (an unregistered push token answers 404)
+	}
 	switch {
 	case e.Status == 401, e.Status == 403, e.Status == 404, e.Status >= 300 && e.Status < 400:
 		// bad credentials, a wrong account or base URL, a proxy in the way

@@ -36,6 +36,10 @@ type Options struct {
 	// means none are sent.
 	SendGridEventURL string
 
+	// WebhookSecret is the HMAC secret the generic webhook receiver (POST /webhook) verifies; empty means
+	// any signature is refused.
+	WebhookSecret string
+
 	// FCMRate caps each project's messages per second; the excess gets a real 429 QUOTA_EXCEEDED. 0 = no cap.
 	FCMRate float64
 
