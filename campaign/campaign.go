@@ -57,10 +57,8 @@ func (c Channel) IYSType() string {
 // ParseChannel validates a channel name.
 func ParseChannel(s string) (Channel, error) {
 	switch Channel(s) {
-	case ChannelSMS:
-		return ChannelSMS, nil
-	case ChannelEmail, ChannelPush:
-		return "", fmt.Errorf("%w: channel %q is not available in this version; use --channel sms", ErrInvalid, s)
+	case ChannelSMS, ChannelEmail, ChannelPush:
+		return Channel(s), nil
 	}
 	return "", fmt.Errorf("%w: unknown channel %q; use --channel sms, email or push", ErrInvalid, s)
 }
@@ -86,10 +84,24 @@ const (
 	ReasonConsentRET       = "consent_ret"
 	ReasonRevoked          = "revoked"
 	ReasonCancelled        = "cancelled"
+	// ReasonNoOptIn: a push recipient whose audience row does not say push_opt_in = true.
+	ReasonNoOptIn = "no_opt_in"
 )
+
+// OptInColumn is the audience column that carries a push recipient's local opt-in (push has no İYS
+// channel).
+const OptInColumn = "push_opt_in"
 
 // DefaultBatchSize is how many recipients one queued task carries.
 const DefaultBatchSize = 500
+
+// DefaultEmailBatchSize is an e-mail batch: one SendGrid request of 1000 personalizations.
+const DefaultEmailBatchSize = 1000
+
+// Content returns the campaign's message parts.
+func (c *Campaign) Content() Content {
+	return Content{Text: c.Message, Subject: c.Subject, HTML: c.HTML, TemplateID: c.TemplateID}
+}
 
 // Campaign is one campaign row.
 type Campaign struct {
@@ -99,6 +111,8 @@ type Campaign struct {
 	State       State
 	Message     string
 	Subject     string
+	HTML        string
+	TemplateID  string
 	CodePool    string
 	Rate        float64
 	AudienceSQL string

@@ -19,6 +19,9 @@ type Spec struct {
 	AudienceSQL string
 	Message     string
 	Subject     string
+	// HTML is the HTML e-mail template (html/template); TemplateID a SendGrid dynamic template ("d-...").
+	HTML       string
+	TemplateID string
 	// CodePool is the pool to reserve one code per recipient from; "" plans without codes.
 	CodePool string
 	// Rate caps this campaign in messages per second over all workers; 0 means only the provider's cap.
@@ -95,10 +98,24 @@ func (s *Spec) Validate() error {
 	if s.BatchSize < 0 || s.BatchSize > 10000 {
 		return fmt.Errorf("%w: batch size %d must be between 1 and 10000", ErrInvalid, s.BatchSize)
 	}
-	if _, err := ParseTemplate(s.Message); err != nil {
+	if s.Channel != ChannelEmail && (s.HTML != "" || s.TemplateID != "") {
+		return fmt.Errorf("%w: --html and --template-id are for e-mail; a %s message is the --message text", ErrInvalid, s.Channel)
+	}
+	if s.Channel == ChannelEmail && s.Subject == "" && s.TemplateID == "" {
+		return fmt.Errorf("%w: an e-mail needs a subject; pass --subject 'Size özel kod' (or a --template-id whose template has one)", ErrInvalid)
+	}
+	if s.TemplateID != "" && !strings.HasPrefix(s.TemplateID, "d-") {
+		return fmt.Errorf("%w: --template-id %q is not a SendGrid dynamic template ID; they start with d-", ErrInvalid, s.TemplateID)
+	}
+	if _, err := ParseContent(s.Content()); err != nil {
 		return err
 	}
 	return nil
+}
+
+// Content returns the spec's message parts.
+func (s Spec) Content() Content {
+	return Content{Text: s.Message, Subject: s.Subject, HTML: s.HTML, TemplateID: s.TemplateID}
 }
 
 // EffectiveRate is the rate the campaign will actually send at: the lower of its own cap and the
@@ -143,6 +160,9 @@ func (p *Planner) step(name string, start time.Time) {
 func (p *Planner) Plan(ctx context.Context, spec Spec) (Report, error) {
 	if spec.BatchSize == 0 {
 		spec.BatchSize = DefaultBatchSize
+		if spec.Channel == ChannelEmail {
+			spec.BatchSize = DefaultEmailBatchSize
+		}
 	}
 	if spec.StatementTimeout == 0 {
 		spec.StatementTimeout = 5 * time.Minute
@@ -151,7 +171,7 @@ func (p *Planner) Plan(ctx context.Context, spec Spec) (Report, error) {
 	if err := spec.Validate(); err != nil {
 		return rep, err
 	}
-	tmpl, _ := ParseTemplate(spec.Message)
+	tmpl, _ := ParseContent(spec.Content())
 	if err := p.plan(ctx, spec, tmpl, &rep); err != nil {
 		return rep, err
 	}

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -56,10 +57,10 @@ func (p *Planner) plan(ctx context.Context, spec Spec, tmpl *Template, rep *Repo
 		zone = spec.Window.Zone.String()
 	}
 	err = tx.QueryRow(ctx, `INSERT INTO campaigns (name, channel, state, message, subject, code_pool, rate, audience_sql, batch_size,
-			start_at, send_window, window_zone, frequency_cap_seconds)
-		VALUES ($1, $2, 'planning', $3, $4, NULLIF($5, ''), $6, $7, $8, $9, $10, $11, $12) RETURNING id`,
+			start_at, send_window, window_zone, frequency_cap_seconds, html, template_id)
+		VALUES ($1, $2, 'planning', $3, $4, NULLIF($5, ''), $6, $7, $8, $9, $10, $11, $12, $13, $14) RETURNING id`,
 		spec.Name, spec.Channel, spec.Message, spec.Subject, spec.CodePool, spec.Rate, spec.AudienceSQL, spec.BatchSize,
-		startAt, spec.Window.String(), zone, int64(spec.FrequencyCap/time.Second)).Scan(&id)
+		startAt, spec.Window.String(), zone, int64(spec.FrequencyCap/time.Second), spec.HTML, spec.TemplateID).Scan(&id)
 	if err != nil {
 		var pgErr *pgconn.PgError
 		if errors.As(err, &pgErr) && pgErr.Code == "23505" {
@@ -104,15 +105,15 @@ func (p *Planner) plan(ctx context.Context, spec Spec, tmpl *Template, rep *Repo
 		SELECT a.ord, a.user_id, a.address, a.vars,
 			CASE WHEN a.user_id IS NULL THEN '`+ReasonMissingUser+`'
 			     WHEN a.urn > 1 THEN '`+ReasonDuplicateUser+`'
-			     WHEN a.address IS NULL THEN '`+ReasonInvalidAddress+`'
+			     WHEN a.address IS NULL OR ia.address IS NOT NULL THEN '`+ReasonInvalidAddress+`'
 			     WHEN a.arn > 1 THEN '`+ReasonDuplicateAddress+`'
 			     WHEN `+missingValueTest(tmpl, spec.Channel)+` THEN '`+ReasonMissingValue+`'
-			     WHEN c.status IS NULL THEN '`+ReasonNoConsent+`'
-			     WHEN c.status <> 'ONAY' THEN '`+ReasonConsentRET+`'
+			     `+consentTest(spec.Channel)+`
 			     WHEN r.address IS NOT NULL THEN '`+ReasonFrequencyCap+`'
 			END AS reason
 		FROM a LEFT JOIN iys_consents c
 			ON c.recipient = a.address AND c.type = '`+spec.Channel.IYSType()+`' AND c.recipient_type = 'BIREYSEL'
+		LEFT JOIN invalid_addresses ia ON ia.channel = '`+string(spec.Channel)+`' AND ia.address = a.address
 		LEFT JOIN recent_sends r ON r.address = a.address`); err != nil {
 		return fmt.Errorf("plan: classify audience: %w", err)
 	}
@@ -289,6 +290,16 @@ func missingValueTest(tmpl *Template, ch Channel) string {
 	return strings.Join(conds, " OR ")
 }
 
+// consentTest is the classification's consent branch: İYS ONAY for the channel's type, or for push (no
+// İYS channel) the audience's own opt-in column.
+func consentTest(ch Channel) string {
+	if ch.IYSType() == "" {
+		return `WHEN lower(coalesce(a.vars->>'` + OptInColumn + `', '')) NOT IN ('true', 't', '1', 'yes', 'y', 'on') THEN '` + ReasonNoOptIn + `'`
+	}
+	return `WHEN c.status IS NULL THEN '` + ReasonNoConsent + `'
+			     WHEN c.status <> 'ONAY' THEN '` + ReasonConsentRET + `'`
+}
+
 func quoteLiteral(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
 
 // sample renders the message of the first planned recipient, so the marketer sees exactly what goes out.
@@ -358,7 +369,7 @@ func (p *Planner) stageAudience(ctx context.Context, engineTx pgx.Tx, spec Spec,
 	}
 	defer rows.Close()
 
-	src := &audienceSource{rows: rows, userIdx: -1, addrIdx: -1}
+	src := &audienceSource{rows: rows, userIdx: -1, addrIdx: -1, channel: spec.Channel}
 	var cols []string
 	for i, fd := range rows.FieldDescriptions() {
 		cols = append(cols, fd.Name)
@@ -385,6 +396,10 @@ func (p *Planner) stageAudience(ctx context.Context, engineTx pgx.Tx, spec Spec,
 		}
 		return fmt.Errorf("%w: the audience query returns no %s column (it returns: %v); select it, e.g. `SELECT id AS user_id, gsm AS phone, ...`",
 			ErrInvalid, missing, cols)
+	}
+	if spec.Channel == ChannelPush && !slices.Contains(cols, OptInColumn) {
+		return fmt.Errorf("%w: a push audience must return the %s column (true for recipients who opted in to push; push has no İYS consent), e.g. `SELECT id AS user_id, token AS push_token, notify AS %s, ...`",
+			ErrInvalid, OptInColumn, OptInColumn)
 	}
 	keys := append(append([]string(nil), cols...), "campaign")
 	if spec.CodePool != "" {
@@ -427,8 +442,25 @@ type audienceSource struct {
 	rows             pgx.Rows
 	names            []string
 	userIdx, addrIdx int
+	channel          Channel
 	ord              int64
 	err              error
+}
+
+// canonicalAddress returns the address as campaigns store it: E.164 phones, lower-case e-mails, push
+// tokens as given (trimmed; FCM tokens are printable ASCII without spaces).
+func canonicalAddress(ch Channel, raw string) (string, error) {
+	switch ch {
+	case ChannelEmail:
+		return iys.CanonicalEmail(raw)
+	case ChannelPush:
+		t := strings.TrimSpace(raw)
+		if t == "" || len(t) > 4096 || strings.ContainsFunc(t, func(r rune) bool { return r <= ' ' || r > '~' }) {
+			return "", fmt.Errorf("invalid push token")
+		}
+		return t, nil
+	}
+	return iys.CanonicalPhone(raw)
 }
 
 func (s *audienceSource) Next() bool { return s.err == nil && s.rows.Next() }
@@ -445,7 +477,7 @@ func (s *audienceSource) Values() ([]any, error) {
 		user = toText(u)
 	}
 	if raw := vals[s.addrIdx]; raw != nil {
-		if a, err := iys.CanonicalPhone(toText(raw)); err == nil {
+		if a, err := canonicalAddress(s.channel, toText(raw)); err == nil {
 			addr = a
 		}
 	}

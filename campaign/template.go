@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"io"
+	htmltemplate "html/template"
 	"regexp"
 	"sort"
 	"strings"
@@ -12,10 +14,73 @@ import (
 )
 
 // Template is a parsed message template: Go text/template over the audience columns plus "code" and
-// "campaign". A key the data lacks is an error, never an empty string in a customer's message.
+// "campaign". A key the data lacks is an error, never an empty string in a customer's message. An e-mail
+// template also has a subject (text/template) and an HTML part (html/template, which escapes the values);
+// Fields and Check cover every part.
 type Template struct {
-	src string
-	t   *template.Template
+	src     string
+	t       *template.Template
+	subject *template.Template
+	html    *htmltemplate.Template
+}
+
+// Content is the source of every part of a campaign's message.
+type Content struct {
+	// Text is the message (SMS, push body, plain-text e-mail).
+	Text string
+	// Subject is the e-mail subject or push title ("" for none).
+	Subject string
+	// HTML is the HTML e-mail body ("" for none).
+	HTML string
+	// TemplateID names a template kept at the provider (a SendGrid dynamic template); Text may then be empty.
+	TemplateID string
+}
+
+// ParseContent parses every part of c.
+func ParseContent(c Content) (*Template, error) {
+	var t *Template
+	var err error
+	if c.TemplateID != "" && strings.TrimSpace(c.Text) == "" {
+		t = &Template{}
+	} else if t, err = ParseTemplate(c.Text); err != nil {
+		return nil, err
+	}
+	if c.Subject != "" {
+		if t.subject, err = template.New("subject").Option("missingkey=error").Parse(c.Subject); err != nil {
+			return nil, fmt.Errorf("%w: the subject template does not parse: %v", ErrInvalid, err)
+		}
+	}
+	if c.HTML != "" {
+		if t.html, err = htmltemplate.New("html").Option("missingkey=error").Parse(c.HTML); err != nil {
+			return nil, fmt.Errorf("%w: the HTML template does not parse: %v", ErrInvalid, err)
+		}
+	}
+	return t, nil
+}
+
+// Parts is a message rendered for one recipient.
+type Parts struct {
+	Subject, Text, HTML string
+}
+
+// RenderParts renders every part over data.
+func (t *Template) RenderParts(data map[string]any) (Parts, error) {
+	var p Parts
+	var err error
+	if p.Text, err = t.Render(data); err != nil {
+		return p, err
+	}
+	if t.subject != nil {
+		if p.Subject, err = execute(t.subject.Execute, data); err != nil {
+			return p, err
+		}
+	}
+	if t.html != nil {
+		if p.HTML, err = execute(t.html.Execute, data); err != nil {
+			return p, err
+		}
+	}
+	return p, nil
 }
 
 // ParseTemplate parses src.
@@ -35,10 +100,17 @@ func (t *Template) Source() string { return t.src }
 
 var missingKey = regexp.MustCompile(`map has no entry for key "([^"]*)"`)
 
-// Render executes the template over data.
+// Render executes the (text) message template over data.
 func (t *Template) Render(data map[string]any) (string, error) {
+	if t.t == nil {
+		return "", nil
+	}
+	return execute(t.t.Execute, data)
+}
+
+func execute(run func(w io.Writer, data any) error, data map[string]any) (string, error) {
 	var b bytes.Buffer
-	if err := t.t.Execute(&b, data); err != nil {
+	if err := run(&b, data); err != nil {
 		if m := missingKey.FindStringSubmatch(err.Error()); m != nil {
 			return "", fmt.Errorf("%w: template uses {{.%s}} but there is no such value", ErrInvalid, m[1])
 		}
@@ -51,12 +123,21 @@ func (t *Template) Render(data map[string]any) (string, error) {
 func (t *Template) Fields() []string {
 	var out []string
 	seen := map[string]bool{}
-	walkFields(t.t.Tree.Root, func(name string) {
+	add := func(name string) {
 		if !seen[name] {
 			seen[name] = true
 			out = append(out, name)
 		}
-	})
+	}
+	if t.t != nil {
+		walkFields(t.t.Tree.Root, add)
+	}
+	if t.subject != nil {
+		walkFields(t.subject.Tree.Root, add)
+	}
+	if t.html != nil {
+		walkFields(t.html.Tree.Root, add)
+	}
 	return out
 }
 
@@ -87,7 +168,7 @@ func (t *Template) Check(keys []string) error {
 	for _, k := range keys {
 		data[k] = "x"
 	}
-	if _, err := t.Render(data); err != nil && !errors.Is(err, ErrInvalid) {
+	if _, err := t.RenderParts(data); err != nil && !errors.Is(err, ErrInvalid) {
 		return fmt.Errorf("%w: the message template fails on sample data: %v", ErrInvalid, err)
 	}
 	return nil

@@ -66,18 +66,48 @@ func (b *Bucket) Wait(ctx context.Context, limits ...Limit) error {
 		if l.Rate <= 0 {
 			continue
 		}
-		lim := gcra(l.Rate)
-		for {
-			res, err := b.rl.Allow(ctx, l.Key, lim)
-			if err != nil {
-				return fmt.Errorf("rate limit %s: %w", l.Key, err)
-			}
-			if res.Allowed > 0 {
-				break
-			}
-			if err := b.sleep(ctx, res.RetryAfter); err != nil {
+		if err := b.take(ctx, l, 1); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// WaitN is Wait for n events at once (one request that carries n messages). Tokens are taken in pieces
+// no larger than the bucket's burst, so a request larger than the burst waits its fair time instead of
+// never fitting.
+func (b *Bucket) WaitN(ctx context.Context, n int, limits ...Limit) error {
+	for _, l := range limits {
+		if l.Pausable {
+			if err := b.waitPause(ctx, l.Key); err != nil {
 				return err
 			}
+		}
+		if l.Rate <= 0 {
+			continue
+		}
+		if err := b.take(ctx, l, n); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// take takes n tokens from l's bucket, waiting as the bucket says.
+func (b *Bucket) take(ctx context.Context, l Limit, n int) error {
+	lim := gcra(l.Rate)
+	for n > 0 {
+		k := min(n, lim.Burst)
+		res, err := b.rl.AllowN(ctx, l.Key, lim, k)
+		if err != nil {
+			return fmt.Errorf("rate limit %s: %w", l.Key, err)
+		}
+		if res.Allowed > 0 {
+			n -= res.Allowed
+			continue
+		}
+		if err := b.sleep(ctx, res.RetryAfter); err != nil {
+			return err
 		}
 	}
 	return nil

@@ -146,3 +146,22 @@ func TestBurstOfErrorsPausesEveryone(t *testing.T) {
 		t.Fatalf("paused %v, err %v; want about 2 s for everyone", d, err)
 	}
 }
+
+// A request of many messages takes as many tokens, in pieces no larger than the burst, and keeps the rate.
+func TestWaitNKeepsTheRate(t *testing.T) {
+	t.Parallel()
+	rdb, _ := testredis.New(t)
+	b := New(rdb)
+	ctx := context.Background()
+	l := Limit{Key: "provider:n", Rate: 200} // burst 10
+	start := time.Now()
+	for i := 0; i < 3; i++ {
+		if err := b.WaitN(ctx, 50, l); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// 150 tokens at 200/s with a burst of 10: at least (150-10)/200 s.
+	if d := time.Since(start); d < 650*time.Millisecond || d > 2*time.Second {
+		t.Fatalf("150 tokens at 200/s took %v", d)
+	}
+}

@@ -82,3 +82,43 @@ if v and string.sub(v, 1, string.len(ARGV[1])) == ARGV[1] then
   return redis.call("DEL", KEYS[1])
 end
 return 0`)
+
+// takeMany is take for many addresses in one round trip; capped[i] says whether addrs[i] is capped.
+func (f frequencyCap) takeMany(ctx context.Context, c *campaign.Campaign, nonce string, addrs []string, now time.Time) ([]bool, error) {
+	pipe := f.rdb.Pipeline()
+	cmds := make([]*redis.Cmd, len(addrs))
+	for i, a := range addrs {
+		cmds[i] = frequencyScript.Eval(ctx, pipe, []string{FrequencyKey(c.Channel, a)},
+			markOwner(c, nonce), now.UnixMilli(), c.FrequencyCap.Milliseconds(), markTTL(c).Milliseconds())
+	}
+	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
+		return nil, fmt.Errorf("frequency cap: %w", err)
+	}
+	capped := make([]bool, len(addrs))
+	for i, cmd := range cmds {
+		_, err := cmd.Text()
+		switch {
+		case errors.Is(err, redis.Nil):
+		case err == nil:
+			capped[i] = true
+		default:
+			return nil, fmt.Errorf("frequency cap: %w", err)
+		}
+	}
+	return capped, nil
+}
+
+// releaseMany is release for many addresses in one round trip.
+func (f frequencyCap) releaseMany(ctx context.Context, c *campaign.Campaign, nonce string, addrs []string) error {
+	if len(addrs) == 0 {
+		return nil
+	}
+	pipe := f.rdb.Pipeline()
+	for _, a := range addrs {
+		releaseMarkScript.Eval(ctx, pipe, []string{FrequencyKey(c.Channel, a)}, markOwner(c, nonce)+"|")
+	}
+	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
+		return fmt.Errorf("frequency cap: %w", err)
+	}
+	return nil
+}

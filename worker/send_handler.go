@@ -231,15 +231,33 @@ func (h *Handler) RunBatch(ctx context.Context, campaignID int64, batch int) err
 	waitCtx, cancel := h.waitContext(ctx)
 	defer cancel()
 
+	chunkSize := h.cfg.ChunkSize
+	batcher, _ := run.provider.(providers.Batcher)
+	if batcher != nil {
+		// One chunk is one request.
+		chunkSize = batcher.MaxBatch()
+	}
 	var stop error
 	queue := recipients
 	for len(queue) > 0 && stop == nil {
-		chunk := queue[:min(h.cfg.ChunkSize, len(queue))]
+		chunk := queue[:min(chunkSize, len(queue))]
 		queue = queue[len(chunk):]
 		mode, todo, err := h.gate(ctx, run, chunk)
 		if err != nil {
 			stop = err
 			break
+		}
+		if batcher != nil && mode == modeSend {
+			err = h.deliverGroup(ctx, waitCtx, run, batcher, todo)
+			if errors.Is(err, errHalted) && run.halts == 0 {
+				run.halts++
+				queue = append(append([]campaign.Recipient(nil), todo...), queue...)
+				err = nil
+			}
+			if err != nil {
+				stop = err
+			}
+			todo = nil
 		}
 		for i := range todo {
 			if waitCtx.Err() != nil && ctx.Err() == nil {
@@ -285,6 +303,9 @@ func (h *Handler) RunBatch(ctx context.Context, campaignID int64, batch int) err
 	}
 	if errors.Is(stop, errEpoch) {
 		return &RetryError{Err: stop, After: time.Second}
+	}
+	if errors.Is(stop, errHalted) {
+		return &RetryError{Err: fmt.Errorf("campaign %d is halted in Redis (%s) but %s in Postgres; `campaignctl resume %d` clears the halt", c.ID, HaltKey(c.ID), run.c.State, c.ID), After: 30 * time.Second}
 	}
 	if stop != nil {
 		return stop
@@ -459,12 +480,11 @@ func (h *Handler) deliver(ctx, waitCtx context.Context, run *batchRun, r *campai
 		return h.close(ctx, run, r, reasonValue(claimSkipped, campaign.ReasonRevoked))
 	}
 	key := ClaimKey(run.c.ID, r.UserID)
-	body, err := run.tmpl.Render(r.TemplateData(run.c.Channel, run.c.Name))
+	msg, err := run.message(r)
 	if err != nil {
 		run.add(campaign.Outcome{UserID: r.UserID, Status: campaign.StatusFailed, Reason: "template: " + err.Error()})
 		return nil
 	}
-	msg := providers.Message{To: r.Address, Subject: run.c.Subject, Body: body, CampaignID: run.c.ID, UserID: r.UserID}
 	g := run.guard
 	g.checkHalt = true
 
@@ -702,7 +722,7 @@ func (h *Handler) template(c *campaign.Campaign) (*campaign.Template, error) {
 	if t, ok := h.templates[c.ID]; ok {
 		return t, nil
 	}
-	t, err := campaign.ParseTemplate(c.Message)
+	t, err := campaign.ParseContent(c.Content())
 	if err != nil {
 		return nil, err
 	}

@@ -1,0 +1,228 @@
+package worker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/campaignctl/campaignctl/campaign"
+	"github.com/campaignctl/campaignctl/limiter"
+	"github.com/campaignctl/campaignctl/providers"
+)
+
+// message renders the recipient's message.
+func (run *batchRun) message(r *campaign.Recipient) (providers.Message, error) {
+	data := r.TemplateData(run.c.Channel, run.c.Name)
+	parts, err := run.tmpl.RenderParts(data)
+	if err != nil {
+		return providers.Message{}, err
+	}
+	m := providers.Message{To: r.Address, Subject: parts.Subject, Body: parts.Text, HTML: parts.HTML,
+		TemplateID: run.c.TemplateID, CampaignID: run.c.ID, UserID: r.UserID}
+	if run.c.TemplateID != "" || run.c.Channel == campaign.ChannelPush {
+		// A provider-side template (and a push's data payload) gets the values themselves.
+		m.Data = make(map[string]string, len(data))
+		for k, v := range data {
+			if k == run.c.Channel.AddressColumn() {
+				continue
+			}
+			m.Data[k] = fmt.Sprint(v)
+		}
+	}
+	return m, nil
+}
+
+// deliverGroup sends the recipients of one chunk through a provider that takes many in one request
+// (SendGrid). Recipients that will not be sent (consent revoked, taken over from a dead run under
+// another Redis epoch) are settled one by one first; the rest are claimed together just before their
+// request, and their outcomes written into the claims as soon as the provider answers.
+func (h *Handler) deliverGroup(ctx, waitCtx context.Context, run *batchRun, b providers.Batcher, rs []campaign.Recipient) error {
+	send := make([]*campaign.Recipient, 0, len(rs))
+	msgs := make([]providers.Message, 0, len(rs))
+	for i := range rs {
+		r := &rs[i]
+		switch {
+		case r.Suspect:
+			if err := h.suspect(ctx, run, r); err != nil {
+				return err
+			}
+			continue
+		case !r.Consent:
+			if err := h.close(ctx, run, r, reasonValue(claimSkipped, campaign.ReasonRevoked)); err != nil {
+				return err
+			}
+			continue
+		}
+		m, err := run.message(r)
+		if err != nil {
+			run.add(campaign.Outcome{UserID: r.UserID, Status: campaign.StatusFailed, Reason: "template: " + err.Error()})
+			continue
+		}
+		send, msgs = append(send, r), append(msgs, m)
+	}
+	if len(send) == 0 {
+		return nil
+	}
+	return h.sendGroup(ctx, waitCtx, run, b, send, msgs)
+}
+
+// sendGroup sends one request for rs. A request refused for good (400, a message too large to share a
+// request) is split in halves until the recipient at fault is alone, so one bad address never fails a
+// thousand good ones.
+func (h *Handler) sendGroup(ctx, waitCtx context.Context, run *batchRun, b providers.Batcher, rs []*campaign.Recipient, msgs []providers.Message) error {
+	g := run.guard
+	g.checkHalt = true
+	for attempt := 1; ; attempt++ {
+		if err := h.bucket.WaitN(waitCtx, len(rs), run.limits...); err != nil {
+			switch {
+			case ctx.Err() != nil:
+				return ctx.Err()
+			case waitCtx.Err() != nil:
+				return &RetryError{Err: errors.New("batch handed back while waiting for the rate limit (worker stopping or batch time used up)"), After: time.Second}
+			}
+			return infra(fmt.Errorf("rate limiter: no send while Redis is unavailable: %w", err))
+		}
+		if now := h.cfg.Now(); !run.c.Window.Open(now) {
+			next := run.c.Window.NextOpen(now)
+			return &RetryError{Err: fmt.Errorf("the send window %s closed; sending resumes at %s", run.c.Window, next.Format(time.RFC3339)), After: next.Sub(now)}
+		}
+		if err := h.renew(ctx, run); err != nil {
+			return err
+		}
+
+		// Claim everyone of the request at once, just before it.
+		keys := make([]string, len(rs))
+		mine := make([]string, len(rs))
+		pending := pendingValue(h.cfg.Now(), h.cfg.Owner)
+		for i, r := range rs {
+			keys[i], mine[i] = ClaimKey(run.c.ID, r.UserID), pending
+		}
+		got, err := h.claims.takeMany(ctx, keys, run.nonce, mine, g)
+		if errors.Is(err, errHalted) || errors.Is(err, errEpoch) {
+			return err
+		}
+		if err != nil {
+			for i := range keys {
+				h.releaseLater(keys[i], run.nonce, mine[i])
+			}
+			h.log.Error("Redis is unreachable: no sends until it is back", "campaign_id", run.c.ID, "err", err)
+			return infra(fmt.Errorf("no send while Redis is unavailable: %w", err))
+		}
+		var sendRs []*campaign.Recipient
+		var sendMsgs []providers.Message
+		var sendKeys, sendMine, addrs []string
+		for i, t := range got {
+			if !t.ours {
+				h.fromClaim(run, rs[i].UserID, t.old)
+				continue
+			}
+			sendRs, sendMsgs = append(sendRs, rs[i]), append(sendMsgs, msgs[i])
+			sendKeys, sendMine, addrs = append(sendKeys, keys[i]), append(sendMine, mine[i]), append(addrs, rs[i].Address)
+		}
+		if len(sendRs) == 0 {
+			return nil
+		}
+		capped, err := h.frequency.takeMany(ctx, run.c, run.nonce, addrs, h.cfg.Now())
+		if err != nil {
+			h.claims.releaseMany(context.WithoutCancel(ctx), sendKeys, run.nonce, sendMine) //nolint:errcheck // a kept claim only makes the recipient unknown later
+			return infra(err)
+		}
+		rs, msgs, keys, mine, addrs = nil, nil, nil, nil, nil
+		var capKeys, capMine, capVals []string
+		for i := range sendRs {
+			if capped[i] {
+				capKeys, capMine = append(capKeys, sendKeys[i]), append(capMine, sendMine[i])
+				capVals = append(capVals, reasonValue(claimSkipped, campaign.ReasonFrequencyCap))
+				run.add(campaign.Outcome{UserID: sendRs[i].UserID, Status: campaign.StatusSkipped, Reason: campaign.ReasonFrequencyCap})
+				continue
+			}
+			rs, msgs = append(rs, sendRs[i]), append(msgs, sendMsgs[i])
+			keys, mine, addrs = append(keys, sendKeys[i]), append(mine, sendMine[i]), append(addrs, sendRs[i].Address)
+		}
+		if len(capKeys) > 0 {
+			h.claims.settleMany(ctx, capKeys, run.nonce, capMine, capVals) //nolint:errcheck // Postgres records the skips
+		}
+		if len(rs) == 0 {
+			return nil
+		}
+
+		res, err := b.SendBatch(ctx, msgs)
+		if err == nil {
+			vals := make([]string, len(rs))
+			for i, r := range rs {
+				vals[i] = sentValue(res[i].MessageID, res[i].Segments)
+				run.add(campaign.Outcome{UserID: r.UserID, Status: campaign.StatusSent, MessageID: res[i].MessageID, Segments: res[i].Segments})
+			}
+			if err := h.claims.settleMany(ctx, keys, run.nonce, mine, vals); err != nil {
+				h.log.Error("provider accepted but the claims could not be updated; Postgres will hold the outcomes", "campaign_id", run.c.ID, "recipients", len(rs), "err", err)
+			}
+			h.succeeded(run)
+			return nil
+		}
+		var pe *providers.Error
+		if !errors.As(err, &pe) {
+			h.claims.releaseMany(context.WithoutCancel(ctx), keys, run.nonce, mine)           //nolint:errcheck // a kept claim only makes the recipients unknown later
+			h.frequency.releaseMany(context.WithoutCancel(ctx), run.c, run.nonce, addrs) //nolint:errcheck // nothing was sent
+			return err
+		}
+		switch {
+		case pe.Class == providers.Ambiguous:
+			vals := make([]string, len(rs))
+			for i, r := range rs {
+				vals[i] = reasonValue(claimUnknown, pe.Reason())
+				run.add(campaign.Outcome{UserID: r.UserID, Status: campaign.StatusUnknown, Reason: pe.Reason()})
+			}
+			h.claims.settleMany(ctx, keys, run.nonce, mine, vals) //nolint:errcheck // unsettled claims read as unknown too
+			h.log.Warn("provider answer lost; the request's recipients are unknown and will not be resent automatically",
+				"campaign_id", run.c.ID, "recipients", len(rs), "err", pe.Reason())
+			return nil
+		case pe.Class == providers.Permanent && !pe.AccountLevel():
+			if len(rs) == 1 {
+				h.claims.settle(ctx, keys[0], run.nonce, mine[0], reasonValue(claimFailed, pe.Reason())) //nolint:errcheck // Postgres records the failure
+				h.frequency.release(ctx, run.c, run.nonce, addrs[0])                                    //nolint:errcheck // nothing reached the person
+				run.add(campaign.Outcome{UserID: rs[0].UserID, Status: campaign.StatusFailed, Reason: pe.Reason()})
+				h.succeeded(run)
+				return nil
+			}
+			// The request as a whole was refused: nothing was sent. Split it to find who is at fault.
+			if err := h.claims.releaseMany(ctx, keys, run.nonce, mine); err != nil {
+				return infra(err)
+			}
+			h.frequency.releaseMany(ctx, run.c, run.nonce, addrs) //nolint:errcheck // ours, harmless
+			half := len(rs) / 2
+			if err := h.sendGroup(ctx, waitCtx, run, b, rs[:half], msgs[:half]); err != nil {
+				return err
+			}
+			return h.sendGroup(ctx, waitCtx, run, b, rs[half:], msgs[half:])
+		}
+		// Transient, or the account is refused: nothing was accepted.
+		if err := h.claims.releaseMany(ctx, keys, run.nonce, mine); err != nil {
+			return infra(err)
+		}
+		if err := h.frequency.releaseMany(ctx, run.c, run.nonce, addrs); err != nil {
+			h.log.Warn("frequency marks not released", "campaign_id", run.c.ID, "err", err)
+		}
+		if pe.Class == providers.Permanent {
+			return &RetryError{Err: fmt.Errorf("provider refuses the account, not the recipients (fix the configuration; the batch waits): %w", pe), Failure: true}
+		}
+		wait := backoff(attempt, pe.RetryAfter)
+		providerKey := "provider:" + b.Name()
+		if pe.Status == 429 {
+			if err := h.bucket.Pause(ctx, providerKey, wait); err != nil {
+				return infra(err)
+			}
+		} else if _, err := h.bucket.Strike(ctx, providerKey, strikeThreshold, wait); err != nil {
+			return infra(err)
+		}
+		if attempt >= h.cfg.SendAttempts {
+			return &RetryError{Err: fmt.Errorf("provider kept failing a request of %d recipients: %w", len(rs), pe), After: wait, Failure: true}
+		}
+		h.log.Debug("transient provider error; retrying the request", "campaign_id", run.c.ID, "recipients", len(rs),
+			"attempt", strconv.Itoa(attempt), "err", pe.Reason(), "wait", wait)
+		if err := limiter.Sleep(ctx, wait); err != nil {
+			return err
+		}
+	}
+}
