@@ -163,7 +163,7 @@ func (h *Handler) sendGroup(ctx, waitCtx context.Context, run *batchRun, b provi
 		}
 		var pe *providers.Error
 		if !errors.As(err, &pe) {
-			h.claims.releaseMany(context.WithoutCancel(ctx), keys, run.nonce, mine)           //nolint:errcheck // a kept claim only makes the recipients unknown later
+			h.claims.releaseMany(context.WithoutCancel(ctx), keys, run.nonce, mine)      //nolint:errcheck // a kept claim only makes the recipients unknown later
 			h.frequency.releaseMany(context.WithoutCancel(ctx), run.c, run.nonce, addrs) //nolint:errcheck // nothing was sent
 			return err
 		}
@@ -181,7 +181,7 @@ func (h *Handler) sendGroup(ctx, waitCtx context.Context, run *batchRun, b provi
 		case pe.Class == providers.Permanent && !pe.AccountLevel():
 			if len(rs) == 1 {
 				h.claims.settle(ctx, keys[0], run.nonce, mine[0], reasonValue(claimFailed, pe.Reason())) //nolint:errcheck // Postgres records the failure
-				h.frequency.release(ctx, run.c, run.nonce, addrs[0])                                    //nolint:errcheck // nothing reached the person
+				h.frequency.release(ctx, run.c, run.nonce, addrs[0])                                     //nolint:errcheck // nothing reached the person
 				run.add(campaign.Outcome{UserID: rs[0].UserID, Status: campaign.StatusFailed, Reason: pe.Reason()})
 				h.succeeded(run)
 				return nil

@@ -1,7 +1,287 @@
 package sandbox
 
+import (
+	"context"
+	"crypto/hmac"
+	"crypto/sha1"
+	"encoding/base64"
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"slices"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/campaignctl/campaignctl/providers"
+)
+
+// Twilio status callbacks
+//
+// A message accepted with a StatusCallback URL gets Twilio's status callbacks: ReceiptDelay after it
+// was accepted a form-encoded POST with MessageStatus "sent", and ReceiptDelay later one with the final
+// status, "delivered" unless the recipient is a magic receipt number:
+//
+//	+905550030001  failed       ErrorCode 30001 (queue overflow; no "sent" before it)
+//	+905550030003  undelivered  ErrorCode 30003 (unreachable destination handset)
+//	+905550030005  undelivered  ErrorCode 30005 (unknown destination handset)
+//	+905550030006  undelivered  ErrorCode 30006 (landline or unreachable carrier)
+//	+905550030007  undelivered  ErrorCode 30007 (message filtered by the carrier)
+//
+// These share the +9055500NNNNN form of the send-time magic numbers (NNNNN is the code); the 300xx
+// codes are asynchronous ones Twilio never answers a send with, so the send is accepted (201).
+//
+// Each POST carries MessageSid and SmsSid, MessageStatus and SmsStatus, AccountSid, From (or
+// MessagingServiceSid), To, ApiVersion, and ErrorCode on failure, and is signed as Twilio signs:
+// X-Twilio-Signature = base64(HMAC-SHA1(auth token, URL + the POST keys sorted, each followed by its
+// value)), with the auth token the message was sent with. A message accepted and then left hanging by
+// the timeout fault gets its callbacks too, as the real one would be delivered.
+//
+// Callbacks go only to loopback hosts (localhost or a loopback IP, checked again when dialling, and no
+// redirects are followed); any other URL is refused silently and counted. Each callback is tried once,
+// as Twilio does by default; at most maxPendingReceipts messages wait for theirs, and a message beyond
+// that gets none (counted as dropped), so the send path never waits. GET /_sandbox/receipts/stats
+// returns ReceiptStats; Reset does not clear them.
+
+// maxPendingReceipts bounds the messages whose callbacks are scheduled or in flight.
+const maxPendingReceipts = 4096
+
+// receiptTimeout bounds one callback POST.
+const receiptTimeout = 5 * time.Second
+
+// magicReceipts are the recipients (magicPrefix + code) whose message is not delivered, with the final
+// status their callback reports.
+var magicReceipts = map[string]string{
+	"30001": "failed",
+	"30003": "undelivered",
+	"30005": "undelivered",
+	"30006": "undelivered",
+	"30007": "undelivered",
+}
+
+// ReceiptStats counts the delivery receipts the sandbox sent, since it started.
+type ReceiptStats struct {
+	// Scheduled is the number of messages whose callbacks were scheduled.
+	Scheduled int64 `json:"scheduled"`
+	// Sent is the number of callbacks POSTed and answered with a 2xx.
+	Sent int64 `json:"sent"`
+	// Failed is the number of callbacks that got no answer or a non-2xx one.
+	Failed int64 `json:"failed"`
+	// Refused is the number of messages whose StatusCallback was not a loopback http(s) URL.
+	Refused int64 `json:"refused"`
+	// Dropped is the number of messages that got no callbacks because maxPendingReceipts were pending.
+	Dropped int64 `json:"dropped"`
+	// Pending is the number of messages whose callbacks are not all sent yet.
+	Pending int64 `json:"pending"`
+}
+
 // receiptState holds what the receipt emitters need (Twilio status callbacks).
-type receiptState struct{}
+type receiptState struct {
+	client *http.Client
+	slots  chan struct{} // one per pending message; never waited on
+	delay  time.Duration
+
+	scheduled, sent, failed, refused, dropped atomic.Int64
+}
 
 // receiptRoutes sets up the delivery receipt emitters.
-func (s *Server) receiptRoutes() { s.receipts = &receiptState{} }
+func (s *Server) receiptRoutes() {
+	s.receipts = &receiptState{
+		client: loopbackClient(),
+		slots:  make(chan struct{}, maxPendingReceipts),
+		delay:  max(s.opts.ReceiptDelay, 0),
+	}
+	s.mux.HandleFunc("GET /_sandbox/receipts/stats", func(w http.ResponseWriter, r *http.Request) {
+		writeJSON(w, http.StatusOK, s.ReceiptStats())
+	})
+}
+
+// ReceiptStats returns the delivery receipt counters.
+func (s *Server) ReceiptStats() ReceiptStats {
+	rs := s.receipts
+	return ReceiptStats{
+		Scheduled: rs.scheduled.Load(),
+		Sent:      rs.sent.Load(),
+		Failed:    rs.failed.Load(),
+		Refused:   rs.refused.Load(),
+		Dropped:   rs.dropped.Load(),
+		Pending:   int64(len(rs.slots)),
+	}
+}
+
+// twilioCallback is one scheduled status callback chain.
+type twilioCallback struct {
+	url   string
+	token string
+	form  url.Values // the fields every callback of the message carries
+	final string     // "delivered", "undelivered" or "failed"
+	code  string     // ErrorCode of the final callback, "" when delivered
+}
+
+// scheduleTwilioReceipts schedules the status callbacks of m, just accepted by r, if r named a
+// StatusCallback. It never blocks.
+func (s *Server) scheduleTwilioReceipts(r *http.Request, m Message) {
+	cbURL := r.PostForm.Get("StatusCallback")
+	if cbURL == "" {
+		return
+	}
+	rs := s.receipts
+	if !loopbackURL(cbURL) {
+		rs.refused.Add(1)
+		s.logger.Debug("sandbox status callback refused: not a loopback URL", "message_sid", m.SID)
+		return
+	}
+	select {
+	case rs.slots <- struct{}{}:
+	default:
+		rs.dropped.Add(1)
+		s.logger.Debug("sandbox status callback dropped: too many pending", "message_sid", m.SID)
+		return
+	}
+	rs.scheduled.Add(1)
+	_, token, _ := r.BasicAuth()
+	cb := &twilioCallback{
+		url:   cbURL,
+		token: token,
+		form: url.Values{
+			"MessageSid": {m.SID}, "SmsSid": {m.SID},
+			"AccountSid": {m.AccountSID},
+			"To":         {m.To},
+			"ApiVersion": {"2010-04-01"},
+		},
+		final: "delivered",
+	}
+	if msid := r.PostForm.Get("MessagingServiceSid"); msid != "" {
+		cb.form.Set("MessagingServiceSid", msid)
+	}
+	if from := r.PostForm.Get("From"); from != "" {
+		cb.form.Set("From", from)
+	}
+	if status, ok := magicReceipts[strings.TrimPrefix(m.To, magicPrefix)]; ok && strings.HasPrefix(m.To, magicPrefix) {
+		cb.final, cb.code = status, strings.TrimPrefix(m.To, magicPrefix)
+	}
+	if cb.final == "failed" {
+		time.AfterFunc(rs.delay, func() { s.postFinal(cb) })
+		return
+	}
+	time.AfterFunc(rs.delay, func() {
+		s.postTwilioCallback(cb, "sent", "")
+		time.AfterFunc(rs.delay, func() { s.postFinal(cb) })
+	})
+}
+
+func (s *Server) postFinal(cb *twilioCallback) {
+	defer func() { <-s.receipts.slots }()
+	s.postTwilioCallback(cb, cb.final, cb.code)
+}
+
+// postTwilioCallback POSTs one signed status callback and counts the outcome.
+func (s *Server) postTwilioCallback(cb *twilioCallback, status, code string) {
+	form := make(url.Values, len(cb.form)+3)
+	for k, v := range cb.form {
+		form[k] = v
+	}
+	form.Set("MessageStatus", status)
+	form.Set("SmsStatus", status)
+	if code != "" {
+		form.Set("ErrorCode", code)
+	}
+	err := s.receipts.post(cb.url, form, twilioSignature(cb.token, cb.url, form))
+	if err != nil {
+		s.receipts.failed.Add(1)
+		s.logger.Debug("sandbox status callback failed", "message_sid", form.Get("MessageSid"),
+			"to", providers.MaskAddress(form.Get("To")), "status", status, "err", err)
+		return
+	}
+	s.receipts.sent.Add(1)
+	s.logger.Debug("sandbox status callback sent", "message_sid", form.Get("MessageSid"),
+		"to", providers.MaskAddress(form.Get("To")), "status", status)
+}
+
+func (rs *receiptState) post(target string, form url.Values, sig string) error {
+	ctx, cancel := context.WithTimeout(context.Background(), receiptTimeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, target, strings.NewReader(form.Encode()))
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	req.Header.Set("User-Agent", "TwilioProxy/1.1")
+	req.Header.Set("X-Twilio-Signature", sig)
+	resp, err := rs.client.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<16))
+	if resp.StatusCode < 200 || resp.StatusCode > 299 {
+		return errors.New("answered " + strconv.Itoa(resp.StatusCode))
+	}
+	return nil
+}
+
+// twilioSignature is X-Twilio-Signature for a form POST to rawURL: base64(HMAC-SHA1(token, rawURL +
+// each key, sorted, followed by its value)).
+func twilioSignature(token, rawURL string, form url.Values) string {
+	keys := make([]string, 0, len(form))
+	for k := range form {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	mac := hmac.New(sha1.New, []byte(token))
+	mac.Write([]byte(rawURL))
+	for _, k := range keys {
+		for _, v := range form[k] {
+			mac.Write([]byte(k))
+			mac.Write([]byte(v))
+		}
+	}
+	return base64.StdEncoding.EncodeToString(mac.Sum(nil))
+}
+
+// loopbackURL reports whether raw is an http(s) URL whose host is localhost or a loopback IP, with no
+// credentials in it.
+func loopbackURL(raw string) bool {
+	u, err := url.Parse(raw)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.User != nil {
+		return false
+	}
+	host := u.Hostname()
+	if strings.EqualFold(host, "localhost") {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}
+
+// loopbackClient is the callbacks' HTTP client: it dials loopback addresses only (so a "localhost" that
+// resolves elsewhere is refused too) and follows no redirect.
+func loopbackClient() *http.Client {
+	dialer := &net.Dialer{
+		Timeout: receiptTimeout,
+		Control: func(_, address string, _ syscall.RawConn) error {
+			host, _, err := net.SplitHostPort(address)
+			if err != nil {
+				return err
+			}
+			if ip := net.ParseIP(host); ip == nil || !ip.IsLoopback() {
+				return errors.New("sandbox receipts: refusing to dial non-loopback " + host)
+			}
+			return nil
+		},
+	}
+	return &http.Client{
+		Timeout: receiptTimeout,
+		Transport: &http.Transport{
+			Proxy:               nil,
+			DialContext:         dialer.DialContext,
+			MaxIdleConnsPerHost: 16,
+			IdleConnTimeout:     30 * time.Second,
+		},
+		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
+	}
+}

@@ -158,6 +158,7 @@ func (s *Server) twilioCreateMessage(w http.ResponseWriter, r *http.Request) {
 		m.From, m.Status, m.NumSegments = msid, "accepted", 0
 	}
 	s.log.accept(m)
+	s.scheduleTwilioReceipts(r, m)
 	if hangAfterAccept {
 		s.logRequest(r, 0, 0)
 		hang(r)
