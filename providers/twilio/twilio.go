@@ -53,6 +53,9 @@ type Config struct {
 	BaseURL string
 	// Timeout bounds each HTTP request, from dialling to reading the body. Zero means DefaultTimeout.
 	Timeout time.Duration
+	// StatusCallback, when set, is the URL Twilio posts delivery receipts to (`campaignctl webhooks`);
+	// each message's callback carries its campaign and user as query parameters.
+	StatusCallback string
 }
 
 // Provider sends SMS through Twilio. It is safe for concurrent use.
@@ -60,6 +63,7 @@ type Provider struct {
 	accountSID string
 	token      string
 	from       string
+	callback   string
 	creds      *client.Credentials
 	target     *url.URL // nil: leave the SDK's URL alone
 	edge       string
@@ -92,6 +96,7 @@ func New(cfg Config) (*Provider, error) {
 		accountSID: cfg.AccountSID,
 		token:      cfg.AuthToken,
 		from:       cfg.From,
+		callback:   cfg.StatusCallback,
 		creds:      client.NewCredentials(cfg.AccountSID, cfg.AuthToken),
 		timeout:    cfg.Timeout,
 		transport:  newTransport(),
@@ -151,6 +156,9 @@ func (p *Provider) Send(ctx context.Context, m providers.Message) (providers.Res
 	params.SetTo(m.To)
 	params.SetFrom(p.from)
 	params.SetBody(m.Body)
+	if p.callback != "" {
+		params.SetStatusCallback(callbackURL(p.callback, m))
+	}
 	msg, err := api.CreateMessage(params)
 	if err != nil {
 		return providers.Result{}, p.classify(rt, err, m.To)
@@ -246,3 +254,17 @@ func isAlnum(s string) bool {
 
 func isLetter(c byte) bool { return 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' }
 func isDigit(c byte) bool  { return '0' <= c && c <= '9' }
+
+// callbackURL adds the message's campaign and user to the status callback URL, so a receipt names its
+// recipient even before the message's SID is recorded.
+func callbackURL(base string, m providers.Message) string {
+	u, err := url.Parse(base)
+	if err != nil {
+		return base
+	}
+	q := u.Query()
+	q.Set("campaign_id", strconv.FormatInt(m.CampaignID, 10))
+	q.Set("user_id", m.UserID)
+	u.RawQuery = q.Encode()
+	return u.String()
+}

@@ -1,0 +1,105 @@
+package campaign
+
+import (
+	"context"
+	"fmt"
+	"time"
+)
+
+// Delivery statuses, from the providers' receipts.
+const (
+	DeliveryProcessed   = "processed"
+	DeliverySent        = "sent"
+	DeliveryDeferred    = "deferred"
+	DeliveryDelivered   = "delivered"
+	DeliveryUndelivered = "undelivered"
+	DeliveryFailed      = "failed"
+	DeliveryBounced     = "bounced"
+	DeliveryDropped     = "dropped"
+)
+
+// Delivery is one receipt: what happened to a message after the provider accepted it.
+type Delivery struct {
+	Provider string
+	// MessageID is the provider's message ID (Twilio SID, SendGrid message ID); CampaignID and UserID name
+	// the recipient directly when the receipt carries them (0 and "" when not).
+	MessageID  string
+	CampaignID int64
+	UserID     string
+	Status     string
+	Error      string
+	// EventID is the provider's ID of the receipt itself, to apply each once ("" when none).
+	EventID string
+	At      time.Time
+}
+
+// RecordDeliveries applies receipts in one statement and returns how many recipients they changed. A
+// receipt is applied once (by its event ID), never moves a recipient back from a final status (delivered,
+// bounced, ...) to an intermediate one, and a receipt for a recipient recorded unknown proves that the
+// provider accepted the message: the recipient becomes sent.
+func (s *Store) RecordDeliveries(ctx context.Context, ds []Delivery) (int64, error) {
+	if len(ds) == 0 {
+		return 0, nil
+	}
+	n := len(ds)
+	prov, msg, user, st, errs, ev := make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n)
+	camp := make([]int64, n)
+	at := make([]time.Time, n)
+	for i, d := range ds {
+		prov[i], msg[i], camp[i], user[i], st[i], errs[i], ev[i], at[i] = d.Provider, d.MessageID, d.CampaignID, d.UserID, d.Status, d.Error, d.EventID, d.At
+		if at[i].IsZero() {
+			at[i] = time.Now()
+		}
+	}
+	var changed int64
+	err := s.pool.QueryRow(ctx, `
+		WITH d AS (
+			SELECT *, CASE status WHEN 'processed' THEN 1 WHEN 'sent' THEN 1 WHEN 'deferred' THEN 2 ELSE 3 END AS rank
+			FROM unnest($1::text[], $2::text[], $3::bigint[], $4::text[], $5::text[], $6::text[], $7::text[], $8::timestamptz[])
+				AS d(provider, msgid, campaign_id, user_id, status, error, event_id, at)
+		), fresh AS (
+			INSERT INTO receipt_events (provider, event_id)
+			SELECT DISTINCT provider, event_id FROM d WHERE event_id <> ''
+			ON CONFLICT DO NOTHING
+			RETURNING provider, event_id
+		), keyed AS (
+			SELECT r.campaign_id, r.user_id, d.msgid, d.status, d.error, d.at, d.rank
+			FROM d JOIN campaign_recipients r
+			  ON (d.campaign_id > 0 AND r.campaign_id = d.campaign_id AND r.user_id = d.user_id)
+			  OR (d.campaign_id = 0 AND d.msgid <> '' AND r.provider_message_id = d.msgid)
+			WHERE d.event_id = '' OR EXISTS (SELECT 1 FROM fresh f WHERE f.provider = d.provider AND f.event_id = d.event_id)
+		), best AS (
+			SELECT DISTINCT ON (campaign_id, user_id) * FROM keyed ORDER BY campaign_id, user_id, rank DESC, at DESC
+		), upd AS (
+			UPDATE campaign_recipients r SET
+				delivery = b.status, delivery_error = NULLIF(b.error, ''), delivery_at = b.at,
+				status = CASE WHEN r.status = 'unknown' THEN 'sent' ELSE r.status END,
+				provider_message_id = coalesce(r.provider_message_id, NULLIF(b.msgid, '')),
+				sent_at = coalesce(r.sent_at, CASE WHEN r.status = 'unknown' THEN b.at END),
+				updated_at = now()
+			FROM best b
+			WHERE r.campaign_id = b.campaign_id AND r.user_id = b.user_id AND r.status IN ('sent', 'unknown')
+			  AND (r.delivery IS NULL
+			       OR b.rank > CASE r.delivery WHEN 'processed' THEN 1 WHEN 'sent' THEN 1 WHEN 'deferred' THEN 2 ELSE 3 END
+			       OR (b.rank = CASE r.delivery WHEN 'processed' THEN 1 WHEN 'sent' THEN 1 WHEN 'deferred' THEN 2 ELSE 3 END
+			           AND b.at >= r.delivery_at))
+			RETURNING 1
+		)
+		SELECT count(*) FROM upd`, prov, msg, camp, user, st, errs, ev, at).Scan(&changed)
+	if err != nil {
+		return 0, fmt.Errorf("record delivery receipts: %w", err)
+	}
+	return changed, nil
+}
+
+// DeliveryCounts returns how many of the campaign's recipients the receipts say were delivered, and how
+// many were not (undelivered, failed, bounced, dropped).
+func (s *Store) DeliveryCounts(ctx context.Context, id int64) (delivered, undelivered int64, err error) {
+	err = s.pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE delivery = 'delivered'),
+			count(*) FILTER (WHERE delivery IN ('undelivered', 'failed', 'bounced', 'dropped'))
+		FROM campaign_recipients WHERE campaign_id = $1 AND delivery IS NOT NULL`, id).Scan(&delivered, &undelivered)
+	if err != nil {
+		return 0, 0, fmt.Errorf("delivery counts: %w", err)
+	}
+	return delivered, undelivered, nil
+}
