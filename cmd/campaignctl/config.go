@@ -13,6 +13,8 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
+
+	"github.com/campaignctl/campaignctl/campaign"
 )
 
 const (
@@ -21,7 +23,23 @@ const (
 	// defaultTwilioRate is Twilio's documented short-code throughput ("over 100 segments/s"): a safe cap
 	// that never earns a 20429 storm. Long codes need TWILIO_RATE=1.
 	defaultTwilioRate = 100.0
+	// defaultSendGridRate: SendGrid publishes no mail/send limit; plan quotas and reputation are what bite.
+	// 1000 e-mails a second (one full request) is a safe start; raise SENDGRID_RATE for your plan.
+	defaultSendGridRate = 1000.0
+	// defaultFCMRate is half of FCM's default quota (600,000 messages a minute per project).
+	defaultFCMRate = 5000.0
 )
+
+// channelRate is the provider-wide cap of the channel's provider: TWILIO_RATE, SENDGRID_RATE or FCM_RATE.
+func (a *app) channelRate(ch campaign.Channel) (float64, error) {
+	switch ch {
+	case campaign.ChannelEmail:
+		return a.rate("SENDGRID_RATE", defaultSendGridRate)
+	case campaign.ChannelPush:
+		return a.rate("FCM_RATE", defaultFCMRate)
+	}
+	return a.rate("TWILIO_RATE", defaultTwilioRate)
+}
 
 // setting resolves flag > environment > default.
 func (a *app) setting(flag, env, def string) string {

@@ -22,6 +22,7 @@ import (
 
 type launchOptions struct {
 	name, channel, audience, message, subject, codePool string
+	html, templateID                                    string
 	rate                                                float64
 	dryRun, yes, watch, json                            bool
 	timeout                                             time.Duration
@@ -33,6 +34,9 @@ type launchOptions struct {
 func (o *launchOptions) validate() error {
 	var missing []string
 	for flag, v := range map[string]string{"--name": o.name, "--channel": o.channel, "--audience": o.audience, "--message": o.message} {
+		if flag == "--message" && o.templateID != "" {
+			continue // the provider's template is the message
+		}
 		if strings.TrimSpace(v) == "" {
 			missing = append(missing, flag)
 		}
@@ -70,10 +74,12 @@ reserved from --code-pool before anything is queued. --dry-run shows the same re
 	}
 	f := cmd.Flags()
 	f.StringVar(&o.name, "name", "", "unique campaign name")
-	f.StringVar(&o.channel, "channel", "sms", "sms (email and push come later)")
+	f.StringVar(&o.channel, "channel", "sms", "sms, email or push")
 	f.StringVar(&o.audience, "audience", "", "file with the audience SELECT")
 	f.StringVar(&o.message, "message", "", "message template, e.g. 'Merhaba {{.first_name}}, kodunuz {{.code}}'")
-	f.StringVar(&o.subject, "subject", "", "e-mail subject")
+	f.StringVar(&o.subject, "subject", "", "e-mail subject or push title (a template too)")
+	f.StringVar(&o.html, "html", "", "file with the HTML part of an e-mail (html/template; --message is then the plain-text part)")
+	f.StringVar(&o.templateID, "template-id", "", "e-mail: a SendGrid dynamic template (d-...) that gets the audience columns and code as its data")
 	f.StringVar(&o.codePool, "code-pool", "", "pool to reserve one code per recipient from")
 	f.Float64Var(&o.rate, "rate", 0, "cap for this campaign in messages per second over all workers (0 = provider cap only)")
 	f.BoolVar(&o.dryRun, "dry-run", false, "report what would happen; write and send nothing")
@@ -94,9 +100,15 @@ func (a *app) launch(ctx context.Context, o launchOptions) error {
 	if err != nil {
 		return usagef("cannot read the audience file: %v", err)
 	}
-	providerRate, err := a.rate("TWILIO_RATE", defaultTwilioRate)
+	providerRate, err := a.channelRate(campaign.Channel(o.channel))
 	if err != nil {
 		return err
+	}
+	var html []byte
+	if o.html != "" {
+		if html, err = os.ReadFile(o.html); err != nil {
+			return usagef("cannot read the --html file: %v", err)
+		}
 	}
 	engine, err := a.openEngine(ctx)
 	if err != nil {
@@ -126,7 +138,7 @@ func (a *app) launch(ctx context.Context, o launchOptions) error {
 	}
 	spec := campaign.Spec{
 		Name: o.name, Channel: campaign.Channel(o.channel), AudienceSQL: string(sqlText), Message: o.message,
-		Subject: o.subject, CodePool: o.codePool, Rate: o.rate, ProviderRate: providerRate, StatementTimeout: o.timeout,
+		Subject: o.subject, HTML: string(html), TemplateID: o.templateID, CodePool: o.codePool, Rate: o.rate, ProviderRate: providerRate, StatementTimeout: o.timeout,
 		CountSegments: o.segments, StartAt: startAt, Window: window, FrequencyCap: o.frequencyCap,
 	}
 	planner := &campaign.Planner{Engine: engine, Audience: audience, Log: a.logger()}

@@ -111,6 +111,7 @@ func (a *app) newRootCmd() *cobra.Command {
 		a.newStatusCmd(),
 		a.newResumeCmd(),
 		a.newCancelCmd(),
+		a.newWebhooksCmd(),
 		a.newPauseCmd(),
 		a.newDLQCmd(),
 		a.newSandboxCmd(),

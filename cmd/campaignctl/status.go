@@ -25,8 +25,11 @@ type statusView struct {
 	Eligible int64            `json:"eligible"`
 	Excluded map[string]int64 `json:"excluded"`
 	campaign.Counts
-	DLQ       int64  `json:"dlq"`
-	CreatedAt string `json:"created_at"`
+	// Delivered and Undelivered are what the providers' receipts said about the sent messages.
+	Delivered   int64  `json:"delivered"`
+	Undelivered int64  `json:"undelivered"`
+	DLQ         int64  `json:"dlq"`
+	CreatedAt   string `json:"created_at"`
 }
 
 func (a *app) newStatusCmd() *cobra.Command {
@@ -98,8 +101,13 @@ func (a *app) statusOf(ctx context.Context, store *campaign.Store, rdb *redis.Cl
 	if err != nil {
 		return statusView{}, err
 	}
+	delivered, undelivered, err := store.DeliveryCounts(ctx, id)
+	if err != nil {
+		return statusView{}, err
+	}
 	return statusView{ID: c.ID, Name: c.Name, Channel: c.Channel, State: c.State, Audience: c.Audience, Eligible: c.Eligible,
-		Excluded: c.Excluded, Counts: counts, DLQ: dlq, CreatedAt: c.CreatedAt.UTC().Format("2006-01-02T15:04:05Z")}, nil
+		Excluded: c.Excluded, Counts: counts, Delivered: delivered, Undelivered: undelivered, DLQ: dlq,
+		CreatedAt: c.CreatedAt.UTC().Format("2006-01-02T15:04:05Z")}, nil
 }
 
 // dlqCount counts the campaign's archived batches (Asynq's archive is the DLQ).
@@ -117,7 +125,8 @@ func (a *app) printStatus(v statusView) {
 		fmt.Fprintf(w, "excluded: %s\t%d\n", r, v.Excluded[r])
 	}
 	fmt.Fprintf(w, "planned\t%d\n", v.Planned)
-	fmt.Fprintf(w, "sent\t%d\n", v.Sent)
+	fmt.Fprintf(w, "sent (accepted)\t%d\n", v.Sent)
+	fmt.Fprintf(w, "  delivered / not delivered\t%d / %d\n", v.Delivered, v.Undelivered)
 	fmt.Fprintf(w, "failed\t%d\n", v.Failed)
 	fmt.Fprintf(w, "skipped\t%d\n", v.Skipped)
 	fmt.Fprintf(w, "unknown\t%d\n", v.Unknown)
