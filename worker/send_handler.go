@@ -557,6 +557,12 @@ func (h *Handler) deliver(ctx, waitCtx context.Context, run *batchRun, r *campai
 		case pe.Class == providers.Permanent && !pe.AccountLevel():
 			h.claims.settle(ctx, key, run.nonce, mine, reasonValue(claimFailed, pe.Reason())) //nolint:errcheck // Postgres records the failure
 			h.frequency.release(ctx, run.c, run.nonce, r.Address)                             //nolint:errcheck // nothing reached the person
+			if pe.BadAddress {
+				// An unregistered push token: no later campaign should try it.
+				if err := h.cfg.Store.MarkInvalid(ctx, run.c.Channel, r.Address, pe.Reason()); err != nil {
+					h.log.Warn("could not record an invalid address", "campaign_id", run.c.ID, "err", err)
+				}
+			}
 			run.add(campaign.Outcome{UserID: r.UserID, Status: campaign.StatusFailed, Reason: pe.Reason()})
 			h.succeeded(run)
 			return nil

@@ -3,12 +3,13 @@ package main
 import (
 	"fmt"
 	"os"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
 
 	"github.com/campaignctl/campaignctl/campaign"
-	"github.com/campaignctl/campaignctl/providers"
 	"github.com/campaignctl/campaignctl/providers/twilio"
 	"github.com/campaignctl/campaignctl/worker"
 )
@@ -37,7 +38,10 @@ func (a *app) newWorkerCmd() *cobra.Command {
 		Long: `Run one worker process. Run as many as you like, on as many machines: the rate caps
 (TWILIO_RATE and each campaign's --rate) hold over all of them together.
 
-Twilio is configured from TWILIO_ACCOUNT_SID, TWILIO_AUTH_TOKEN, TWILIO_FROM and TWILIO_BASE_URL.`,
+A worker sends the channels whose provider is configured:
+  sms    TWILIO_ACCOUNT_SID, TWILIO_AUTH_TOKEN, TWILIO_FROM [TWILIO_BASE_URL, TWILIO_STATUS_CALLBACK, TWILIO_RATE]
+  email  SENDGRID_API_KEY, SENDGRID_FROM [SENDGRID_FROM_NAME, SENDGRID_BASE_URL, SENDGRID_RATE]
+  push   GOOGLE_APPLICATION_CREDENTIALS [FCM_PROJECT_ID, FCM_BASE_URL, FCM_RATE]`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := o.validate(); err != nil {
@@ -45,17 +49,7 @@ Twilio is configured from TWILIO_ACCOUNT_SID, TWILIO_AUTH_TOKEN, TWILIO_FROM and
 			}
 			ctx := cmd.Context()
 			log := a.logger()
-			sms, err := twilio.New(twilio.Config{
-				AccountSID: a.getenv("TWILIO_ACCOUNT_SID"),
-				AuthToken:  a.getenv("TWILIO_AUTH_TOKEN"),
-				From:       a.getenv("TWILIO_FROM"),
-				BaseURL:    a.getenv("TWILIO_BASE_URL"),
-				Timeout:    o.timeout,
-			})
-			if err != nil {
-				return usageError{err}
-			}
-			twilioRate, err := a.rate("TWILIO_RATE", defaultTwilioRate)
+			provs, rates, err := a.providers(o.timeout)
 			if err != nil {
 				return err
 			}
@@ -68,15 +62,20 @@ Twilio is configured from TWILIO_ACCOUNT_SID, TWILIO_AUTH_TOKEN, TWILIO_FROM and
 			h := worker.NewHandler(worker.Config{
 				Store:         campaign.NewStore(engine),
 				Redis:         rdb,
-				Providers:     map[campaign.Channel]providers.Provider{campaign.ChannelSMS: sms},
-				ProviderRates: map[string]float64{sms.Name(): twilioRate},
+				Providers:     provs,
+				ProviderRates: rates,
 				Logger:        log,
 				Owner:         fmt.Sprintf("%s:%d", host, os.Getpid()),
 				// A chunk's lease and an unanswered claim must outlive the slowest provider call.
 				LeaseTTL:      3 * o.timeout,
 				InFlightGrace: 3 * o.timeout,
 			})
-			log.Info("worker started", "concurrency", o.concurrency, "twilio_rate", twilioRate, "pid", os.Getpid())
+			channels := make([]string, 0, len(provs))
+			for ch, p := range provs {
+				channels = append(channels, fmt.Sprintf("%s=%s (%g/s)", ch, p.Name(), rates[p.Name()]))
+			}
+			slices.Sort(channels)
+			log.Info("worker started", "concurrency", o.concurrency, "providers", strings.Join(channels, ", "), "pid", os.Getpid())
 			err = worker.Serve(ctx, rdb, h, worker.ServerConfig{Concurrency: o.concurrency, ShutdownTimeout: o.shutdown, Logger: log})
 			log.Info("worker stopped")
 			return err
