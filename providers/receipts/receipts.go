@@ -1,0 +1,287 @@
+// Package receipts receives the providers' delivery receipts (Twilio status callbacks, the SendGrid
+// Event Webhook), verifies that the provider sent them, and hands them to a Sink as Receipts.
+//
+// Each provider has its own http.Handler (TwilioHandler, SendGridHandler). A request is verified before
+// anything in it is believed: an unsigned or wrongly signed request (or, for SendGrid, one whose signed
+// timestamp lies outside the replay window) is answered 403, a request that cannot be parsed 400 (413
+// when too large), and a request whose receipts the sink could not record 500, so that the provider
+// delivers it again. A request that was recorded, or held nothing but events that are not receipts
+// (opens, clicks, Twilio's interim statuses), is answered 204.
+//
+// Delivery is at least once: providers repeat a request they saw fail, and SendGrid may repeat events
+// anyway. Sinks dedupe on Receipt.EventID.
+//
+// Status mapping (the raw provider event on the left):
+//
+//	Twilio MessageStatus          Receipt.Status
+//	sent                          sent
+//	delivered                     delivered
+//	undelivered                   undelivered   Error "twilio 30003: unreachable destination handset"
+//	failed                        failed        Error "twilio 30001: queue overflow"
+//	canceled                      failed        Error "canceled"
+//	accepted, scheduled, queued,  (ignored, counted in Stats.Ignored)
+//	sending, read, receiving,
+//	received, partially_delivered
+//
+//	SendGrid event                Receipt.Status
+//	processed                     processed
+//	delivered                     delivered
+//	deferred                      deferred      Error is the receiving server's response
+//	bounce (incl. type=blocked)   bounced       Error is the bounce reason ("blocked: ..." when blocked)
+//	dropped                       dropped       Error is the drop reason ("Bounced Address", ...)
+//	open, click, spamreport,      (ignored, counted in Stats.Ignored)
+//	unsubscribe, group_unsubscribe,
+//	group_resubscribe
+//
+// Secrets (auth tokens, signatures) are never logged; addresses are logged only through
+// providers.MaskAddress, and a recipient's e-mail address quoted in a bounce reason is masked in
+// Receipt.Error too.
+package receipts
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"maps"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+	"unicode/utf8"
+
+	"github.com/campaignctl/campaignctl/providers"
+)
+
+// Receipt statuses. Which provider event maps to which is in the package doc.
+const (
+	// StatusProcessed: SendGrid accepted the message for delivery (SendGrid "processed").
+	StatusProcessed = "processed"
+	// StatusSent: Twilio handed the message to the carrier (Twilio "sent").
+	StatusSent = "sent"
+	// StatusDelivered: the handset or the receiving mail server confirmed delivery (both providers).
+	StatusDelivered = "delivered"
+	// StatusUndelivered: the carrier could not deliver the SMS (Twilio "undelivered", ErrorCode 300xx).
+	StatusUndelivered = "undelivered"
+	// StatusFailed: Twilio could not send the SMS at all (Twilio "failed", and "canceled").
+	StatusFailed = "failed"
+	// StatusBounced: the receiving mail server refused the message (SendGrid "bounce", also "blocked").
+	StatusBounced = "bounced"
+	// StatusDropped: SendGrid did not send the message (suppressed address, invalid, ...).
+	StatusDropped = "dropped"
+	// StatusDeferred: the receiving mail server asked SendGrid to try again later; not final.
+	StatusDeferred = "deferred"
+)
+
+// Receipt is one delivery event for one message.
+type Receipt struct {
+	// Provider is "twilio" or "sendgrid".
+	Provider string
+	// MessageID is the provider's message identifier as the send returned it: the Twilio MessageSid, or
+	// the SendGrid X-Message-Id (sg_message_id up to its first '.'). It may be empty for SendGrid
+	// events that lack sg_message_id (some asynchronous bounces).
+	MessageID string
+	// CampaignID and UserID are what the send attached: the SendGrid custom args campaign_id and
+	// user_id, or the query parameters campaign_id and user_id of the Twilio StatusCallback URL. 0 and
+	// "" when absent.
+	CampaignID int64
+	UserID     string
+	// Status is one of the Status constants.
+	Status string
+	// Error says why a message was not delivered ("" when it was, or when the provider gave no reason).
+	// It never contains the recipient's address.
+	Error string
+	// EventID identifies the event, stable across the provider's repeats of it: SendGrid's sg_event_id;
+	// for Twilio, which has none, MessageSid + ":" + the raw MessageStatus.
+	EventID string
+	// At is when the event happened: SendGrid's event timestamp, or the arrival time of a Twilio callback
+	// (which carries none).
+	At time.Time
+}
+
+// Sink records receipts. Record is called once per provider request with every receipt in it, and may
+// be called concurrently. An error makes the handler answer 500, so the provider delivers the request
+// again: a Sink must tolerate receipts it has already recorded.
+type Sink interface {
+	Record(ctx context.Context, rs []Receipt) error
+}
+
+// SinkFunc adapts a function to a Sink.
+type SinkFunc func(ctx context.Context, rs []Receipt) error
+
+// Record calls f(ctx, rs).
+func (f SinkFunc) Record(ctx context.Context, rs []Receipt) error { return f(ctx, rs) }
+
+// Reasons a request is refused, the keys of Stats.Rejected.
+const (
+	// ReasonUnsigned: the signature header (or SendGrid's timestamp header) is missing.
+	ReasonUnsigned = "unsigned"
+	// ReasonBadSignature: the signature does not match the request.
+	ReasonBadSignature = "bad_signature"
+	// ReasonStale: the signed SendGrid timestamp is outside the replay window (±5 minutes).
+	ReasonStale = "stale"
+	// ReasonMalformed: not a POST, too large, or not parseable, or lacking a required field.
+	ReasonMalformed = "malformed"
+)
+
+// ignoredInvalid is the Stats.Ignored key of a signed event that could not be used (undecodable, no
+// event name or message); ignoredOther that of an event name this package does not know.
+const (
+	ignoredInvalid = "invalid"
+	ignoredOther   = "other"
+)
+
+// Stats counts what a Handler did since it was made.
+type Stats struct {
+	// Accepted is the number of requests answered 204.
+	Accepted int64 `json:"accepted"`
+	// Receipts is the number of receipts the sink recorded.
+	Receipts int64 `json:"receipts"`
+	// Ignored counts the verified events that are not receipts, by provider event name (open, click,
+	// queued, ...; "other" for names this package does not know, "invalid" for unusable events).
+	Ignored map[string]int64 `json:"ignored"`
+	// Rejected counts the refused requests by reason (the Reason constants).
+	Rejected map[string]int64 `json:"rejected"`
+	// SinkErrors is the number of requests answered 500 because the sink failed.
+	SinkErrors int64 `json:"sink_errors"`
+}
+
+// counter is a Handler's Stats behind a mutex; it is touched a few times per request.
+type counter struct {
+	mu sync.Mutex
+	s  Stats
+}
+
+func (c *counter) update(f func(*Stats)) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	f(&c.s)
+}
+
+func (c *counter) snapshot() Stats {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	out := c.s
+	out.Ignored = maps.Clone(c.s.Ignored)
+	out.Rejected = maps.Clone(c.s.Rejected)
+	return out
+}
+
+// rejection is why a request was refused; detail goes to the log only and holds no secret or address.
+type rejection struct {
+	status int
+	reason string
+	detail string
+}
+
+func (r *rejection) Error() string { return r.reason + ": " + r.detail }
+
+func reject(status int, reason, format string, args ...any) *rejection {
+	return &rejection{status: status, reason: reason, detail: fmt.Sprintf(format, args...)}
+}
+
+// Handler receives one provider's receipts. It is an http.Handler and safe for concurrent use.
+type Handler struct {
+	provider string
+	sink     Sink
+	log      *slog.Logger
+	now      func() time.Time
+	// parse verifies r and returns its receipts and the names of the events it ignored.
+	parse   func(h *Handler, r *http.Request) ([]Receipt, []string, *rejection)
+	counter counter
+}
+
+func newHandler(provider string, sink Sink, log *slog.Logger) *Handler {
+	if sink == nil {
+		panic("receipts: nil Sink")
+	}
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	h := &Handler{provider: provider, sink: sink, log: log.With("provider", provider), now: time.Now}
+	h.counter.s = Stats{Ignored: make(map[string]int64), Rejected: make(map[string]int64)}
+	return h
+}
+
+// Stats returns the counters since the handler was made.
+func (h *Handler) Stats() Stats { return h.counter.snapshot() }
+
+// ServeHTTP verifies and parses one provider request and records its receipts.
+func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if r.Method != http.MethodPost {
+		h.refuse(w, r, reject(http.StatusMethodNotAllowed, ReasonMalformed, "method %s", r.Method))
+		return
+	}
+	rs, ignored, rej := h.parse(h, r)
+	if rej != nil {
+		h.refuse(w, r, rej)
+		return
+	}
+	if len(rs) > 0 {
+		if err := h.sink.Record(r.Context(), rs); err != nil {
+			h.counter.update(func(s *Stats) { s.SinkErrors++ })
+			h.log.Error("record receipts", "receipts", len(rs), "err", err)
+			http.Error(w, http.StatusText(http.StatusInternalServerError), http.StatusInternalServerError)
+			return
+		}
+	}
+	h.counter.update(func(s *Stats) {
+		s.Accepted++
+		s.Receipts += int64(len(rs))
+		for _, name := range ignored {
+			s.Ignored[name]++
+		}
+	})
+	h.log.Debug("receipts recorded", "receipts", len(rs), "ignored", len(ignored))
+	w.WriteHeader(http.StatusNoContent)
+}
+
+func (h *Handler) refuse(w http.ResponseWriter, r *http.Request, rej *rejection) {
+	h.counter.update(func(s *Stats) { s.Rejected[rej.reason]++ })
+	h.log.Warn("receipt request refused", "reason", rej.reason, "detail", rej.detail, "remote", r.RemoteAddr, "status", rej.status)
+	if rej.status == http.StatusMethodNotAllowed {
+		w.Header().Set("Allow", http.MethodPost)
+	}
+	http.Error(w, http.StatusText(rej.status), rej.status)
+}
+
+// maxErrorText bounds Receipt.Error: bounce texts can quote a whole SMTP conversation.
+const maxErrorText = 500
+
+// cleanError masks addr wherever the provider's text quotes it and bounds the length.
+func cleanError(text, addr string) string {
+	text = strings.TrimSpace(text)
+	if addr != "" {
+		text = replaceFold(text, addr, providers.MaskAddress(addr))
+	}
+	if len(text) > maxErrorText {
+		cut := maxErrorText
+		for cut > 0 && !utf8.RuneStart(text[cut]) {
+			cut--
+		}
+		text = text[:cut]
+	}
+	return text
+}
+
+// replaceFold replaces every ASCII-case-insensitive occurrence of old in s (mail servers change the case
+// of the address they quote).
+func replaceFold(s, old, repl string) string {
+	if old == "" {
+		return s
+	}
+	lower, lowOld := strings.ToLower(s), strings.ToLower(old)
+	if len(lower) != len(s) { // a non-ASCII case change moved the offsets; fall back to exact matches
+		return strings.ReplaceAll(s, old, repl)
+	}
+	var b strings.Builder
+	for {
+		i := strings.Index(lower, lowOld)
+		if i < 0 {
+			b.WriteString(s)
+			return b.String()
+		}
+		b.WriteString(s[:i])
+		b.WriteString(repl)
+		s, lower = s[i+len(old):], lower[i+len(old):]
+	}
+}
