@@ -36,7 +36,9 @@ type Delivery struct {
 // RecordDeliveries applies receipts in one statement and returns how many recipients they changed. A
 // receipt is applied once (by its event ID), never moves a recipient back from a final status (delivered,
 // bounced, ...) to an intermediate one, and a receipt for a recipient recorded unknown proves that the
-// provider accepted the message: the recipient becomes sent.
+// provider accepted the message: the recipient becomes sent. A receipt may also arrive before the worker
+// has written the send's outcome (the recipient is still pending): its delivery is kept, and the outcome
+// written later leaves it alone.
 func (s *Store) RecordDeliveries(ctx context.Context, ds []Delivery) (int64, error) {
 	if len(ds) == 0 {
 		return 0, nil
@@ -78,7 +80,7 @@ func (s *Store) RecordDeliveries(ctx context.Context, ds []Delivery) (int64, err
 				sent_at = coalesce(r.sent_at, CASE WHEN r.status = 'unknown' THEN b.at END),
 				updated_at = now()
 			FROM best b
-			WHERE r.campaign_id = b.campaign_id AND r.user_id = b.user_id AND r.status IN ('sent', 'unknown')
+			WHERE r.campaign_id = b.campaign_id AND r.user_id = b.user_id AND r.status IN ('pending', 'sent', 'unknown')
 			  AND (r.delivery IS NULL
 			       OR b.rank > CASE r.delivery WHEN 'processed' THEN 1 WHEN 'sent' THEN 1 WHEN 'deferred' THEN 2 ELSE 3 END
 			       OR (b.rank = CASE r.delivery WHEN 'processed' THEN 1 WHEN 'sent' THEN 1 WHEN 'deferred' THEN 2 ELSE 3 END

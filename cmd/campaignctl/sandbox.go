@@ -10,10 +10,12 @@ import (
 )
 
 type sandboxOptions struct {
-	addr       string
-	latency    time.Duration
-	faults     sandbox.Faults
-	twilioRate float64
+	addr                  string
+	latency, receiptDelay time.Duration
+	faults                sandbox.Faults
+	twilioRate            float64
+	sendgridRate, fcmRate float64
+	sendgridEventURL      string
 }
 
 func (o *sandboxOptions) validate() error {
@@ -25,8 +27,13 @@ func (o *sandboxOptions) validate() error {
 			return usagef("%s %v: give a probability between 0 and 1", name, r)
 		}
 	}
-	if o.twilioRate < 0 {
-		return usagef("--twilio-rate %v: give requests per second, or 0 for no cap", o.twilioRate)
+	for name, r := range map[string]float64{"--twilio-rate": o.twilioRate, "--sendgrid-rate": o.sendgridRate, "--fcm-rate": o.fcmRate} {
+		if r < 0 {
+			return usagef("%s %v: give requests per second, or 0 for no cap", name, r)
+		}
+	}
+	if o.receiptDelay < 0 {
+		return usagef("--receipt-delay %v: give a duration of zero or more", o.receiptDelay)
 	}
 	return nil
 }
@@ -35,16 +42,25 @@ func (a *app) newSandboxCmd() *cobra.Command {
 	var o sandboxOptions
 	cmd := &cobra.Command{
 		Use:   "sandbox",
-		Short: "Run a local imitation of the provider APIs (Twilio Messages) with fault injection",
-		Long: `Run a local imitation of Twilio's Messages API on --addr, for demos and tests.
+		Short: "Run a local imitation of the provider APIs (Twilio, SendGrid, FCM, webhook) with fault injection",
+		Long: `Run a local imitation of the providers' APIs on --addr, for demos and tests. Point the workers at it:
 
-Point the workers at it with TWILIO_BASE_URL=http://ADDR. It accepts the credentials in
-TWILIO_ACCOUNT_SID and TWILIO_AUTH_TOKEN (any alphanumeric pair when they are unset), answers as Twilio
-does, and records every accepted message: GET /_sandbox/messages, GET /_sandbox/stats,
+  sms    TWILIO_BASE_URL=http://ADDR    Twilio's Messages API; credentials TWILIO_ACCOUNT_SID and TWILIO_AUTH_TOKEN
+                                        (any alphanumeric pair when unset); signed status callbacks to the
+                                        StatusCallback URL of each message (TWILIO_STATUS_CALLBACK on workers)
+  email  SENDGRID_BASE_URL=http://ADDR  SendGrid v3 Mail Send; key SENDGRID_API_KEY (any when unset); signed
+                                        Event Webhook posts to --sendgrid-event-url (public key at
+                                        GET /v3/user/webhooks/event/settings/signed)
+  push   FCM_BASE_URL=http://ADDR       FCM HTTP v1 with its OAuth2 token endpoint (POST /token)
+  webhook POST http://ADDR/webhook      a receiver that checks the HMAC signature (WEBHOOK_SECRET)
+
+Every accepted message is recorded: GET /_sandbox/messages, GET /_sandbox/stats,
 POST /_sandbox/faults (JSON, e.g. {"rate_503":0.05}), POST /_sandbox/reset.
 
 Magic numbers fail permanently with Twilio's code: +905550021211 (invalid), +905550021610 (opted out),
-+905550021614 (not mobile), +905550021408, +905550021606, +905550021635.`,
++905550021614 (not mobile), +905550021408, +905550021606, +905550021635; +905550030003 (and 30005, 30006,
+30007) are accepted and then undelivered. E-mail addresses starting bounce+, drop+ or defer+ are accepted
+and then bounce, are dropped or deferred.`,
 		Example: `  campaignctl sandbox --addr 127.0.0.1:8025 --fail-503 0.05 --fail-429 0.02 --latency 20ms`,
 		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -59,8 +75,17 @@ Magic numbers fail permanently with Twilio's code: +905550021211 (invalid), +905
 				Faults:           o.faults,
 				TwilioRate:       o.twilioRate,
 				Logger:           log,
+				SendGridAPIKey:   a.getenv("SENDGRID_API_KEY"),
+				SendGridRate:     o.sendgridRate,
+				SendGridEventURL: o.sendgridEventURL,
+				FCMRate:          o.fcmRate,
+				WebhookSecret:    a.getenv("WEBHOOK_SECRET"),
+				ReceiptDelay:     o.receiptDelay,
 			})
-			fmt.Fprintf(a.stderr, "sandbox listening on http://%s (Twilio: TWILIO_BASE_URL=http://%s)\n", o.addr, o.addr)
+			fmt.Fprintf(a.stderr, "sandbox listening on http://%s (TWILIO_BASE_URL, SENDGRID_BASE_URL and FCM_BASE_URL=http://%s)\n", o.addr, o.addr)
+			if o.sendgridEventURL != "" {
+				fmt.Fprintf(a.stderr, "SendGrid events go to %s, signed with SENDGRID_WEBHOOK_PUBLIC_KEY=%s\n", o.sendgridEventURL, s.SendGridEventPublicKey())
+			}
 			return sandbox.ListenAndServe(cmd.Context(), o.addr, s)
 		},
 	}
@@ -74,5 +99,9 @@ Magic numbers fail permanently with Twilio's code: +905550021211 (invalid), +905
 	f.Float64Var(&o.faults.RateTimeout, "fail-timeout", 0, "probability of accepting, then never answering")
 	f.Float64Var(&o.faults.RateReset, "fail-reset", 0, "probability of closing the connection without answering")
 	f.Float64Var(&o.twilioRate, "twilio-rate", 0, "server-side cap in requests per second per account (real 429s); 0 = none")
+	f.Float64Var(&o.sendgridRate, "sendgrid-rate", 0, "server-side cap in mail/send requests per second per API key (real 429s); 0 = none")
+	f.Float64Var(&o.fcmRate, "fcm-rate", 0, "server-side cap in messages per second per project (real 429 QUOTA_EXCEEDED); 0 = none")
+	f.StringVar(&o.sendgridEventURL, "sendgrid-event-url", "", "where to post signed SendGrid delivery events (loopback only), e.g. http://127.0.0.1:8090/sendgrid/events")
+	f.DurationVar(&o.receiptDelay, "receipt-delay", 200*time.Millisecond, "how long after acceptance delivery receipts are sent")
 	return cmd
 }
