@@ -30,6 +30,9 @@ const (
 	ChannelSMS   Channel = "sms"
 	ChannelEmail Channel = "email"
 	ChannelPush  Channel = "push"
+	// ChannelWebhook posts each message, signed, to an in-house system (WEBHOOK_URL); the recipient is
+	// the user_id.
+	ChannelWebhook Channel = "webhook"
 )
 
 // AddressColumn is the audience column that carries the channel's address.
@@ -39,8 +42,19 @@ func (c Channel) AddressColumn() string {
 		return "email"
 	case ChannelPush:
 		return "push_token"
+	case ChannelWebhook:
+		return "user_id"
 	}
 	return "phone"
+}
+
+// OptInColumn is the audience column that carries a recipient's own opt-in on a channel that has no İYS
+// consent type (push_opt_in, webhook_opt_in); "" for İYS channels.
+func (c Channel) OptInColumn() string {
+	if c.IYSType() != "" {
+		return ""
+	}
+	return string(c) + "_opt_in"
 }
 
 // IYSType is the İYS consent type that governs the channel ("" for push, which has no İYS channel).
@@ -57,10 +71,10 @@ func (c Channel) IYSType() string {
 // ParseChannel validates a channel name.
 func ParseChannel(s string) (Channel, error) {
 	switch Channel(s) {
-	case ChannelSMS, ChannelEmail, ChannelPush:
+	case ChannelSMS, ChannelEmail, ChannelPush, ChannelWebhook:
 		return Channel(s), nil
 	}
-	return "", fmt.Errorf("%w: unknown channel %q; use --channel sms, email or push", ErrInvalid, s)
+	return "", fmt.Errorf("%w: unknown channel %q; use --channel sms, email, push or webhook", ErrInvalid, s)
 }
 
 // Recipient statuses.
@@ -84,13 +98,9 @@ const (
 	ReasonConsentRET       = "consent_ret"
 	ReasonRevoked          = "revoked"
 	ReasonCancelled        = "cancelled"
-	// ReasonNoOptIn: a push recipient whose audience row does not say push_opt_in = true.
+	// ReasonNoOptIn: a push or webhook recipient whose audience row does not say <channel>_opt_in = true.
 	ReasonNoOptIn = "no_opt_in"
 )
-
-// OptInColumn is the audience column that carries a push recipient's local opt-in (push has no İYS
-// channel).
-const OptInColumn = "push_opt_in"
 
 // DefaultBatchSize is how many recipients one queued task carries.
 const DefaultBatchSize = 500

@@ -294,7 +294,7 @@ func missingValueTest(tmpl *Template, ch Channel) string {
 // İYS channel) the audience's own opt-in column.
 func consentTest(ch Channel) string {
 	if ch.IYSType() == "" {
-		return `WHEN lower(coalesce(a.vars->>'` + OptInColumn + `', '')) NOT IN ('true', 't', '1', 'yes', 'y', 'on') THEN '` + ReasonNoOptIn + `'`
+		return `WHEN lower(coalesce(a.vars->>'` + ch.OptInColumn() + `', '')) NOT IN ('true', 't', '1', 'yes', 'y', 'on') THEN '` + ReasonNoOptIn + `'`
 	}
 	return `WHEN c.status IS NULL THEN '` + ReasonNoConsent + `'
 			     WHEN c.status <> 'ONAY' THEN '` + ReasonConsentRET + `'`
@@ -373,11 +373,11 @@ func (p *Planner) stageAudience(ctx context.Context, engineTx pgx.Tx, spec Spec,
 	var cols []string
 	for i, fd := range rows.FieldDescriptions() {
 		cols = append(cols, fd.Name)
-		switch fd.Name {
-		case "user_id":
+		if fd.Name == "user_id" {
 			src.userIdx = i
-		case spec.Channel.AddressColumn():
-			src.addrIdx = i
+		}
+		if fd.Name == spec.Channel.AddressColumn() {
+			src.addrIdx = i // the same column as user_id for the webhook channel
 		}
 	}
 	src.names = cols
@@ -397,9 +397,9 @@ func (p *Planner) stageAudience(ctx context.Context, engineTx pgx.Tx, spec Spec,
 		return fmt.Errorf("%w: the audience query returns no %s column (it returns: %v); select it, e.g. `SELECT id AS user_id, gsm AS phone, ...`",
 			ErrInvalid, missing, cols)
 	}
-	if spec.Channel == ChannelPush && !slices.Contains(cols, OptInColumn) {
-		return fmt.Errorf("%w: a push audience must return the %s column (true for recipients who opted in to push; push has no İYS consent), e.g. `SELECT id AS user_id, token AS push_token, notify AS %s, ...`",
-			ErrInvalid, OptInColumn, OptInColumn)
+	if col := spec.Channel.OptInColumn(); col != "" && !slices.Contains(cols, col) {
+		return fmt.Errorf("%w: a %s audience must return the %s column (true for recipients who opted in; %s has no İYS consent), e.g. `SELECT id AS user_id, %s, notify AS %s, ...`",
+			ErrInvalid, spec.Channel, col, spec.Channel, spec.Channel.AddressColumn(), col)
 	}
 	keys := append(append([]string(nil), cols...), "campaign")
 	if spec.CodePool != "" {
@@ -453,6 +453,11 @@ func canonicalAddress(ch Channel, raw string) (string, error) {
 	switch ch {
 	case ChannelEmail:
 		return iys.CanonicalEmail(raw)
+	case ChannelWebhook:
+		if t := strings.TrimSpace(raw); t != "" {
+			return t, nil
+		}
+		return "", fmt.Errorf("empty user_id")
 	case ChannelPush:
 		t := strings.TrimSpace(raw)
 		if t == "" || len(t) > 4096 || strings.ContainsFunc(t, func(r rune) bool { return r <= ' ' || r > '~' }) {

@@ -1,5 +1,9 @@
 -- campaignctl schema, version 3: e-mail and push, and delivery receipts.
 
+-- The webhook channel posts to an in-house system.
+ALTER TABLE campaigns DROP CONSTRAINT campaigns_channel_check,
+    ADD CONSTRAINT campaigns_channel_check CHECK (channel IN ('sms', 'email', 'push', 'webhook'));
+
 -- An e-mail campaign may have an HTML part (html/template) and may name a template kept at the provider
 -- (a SendGrid dynamic template, "d-..."). The subject column already exists.
 ALTER TABLE campaigns

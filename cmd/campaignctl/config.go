@@ -28,6 +28,8 @@ const (
 	defaultSendGridRate = 1000.0
 	// defaultFCMRate is half of FCM's default quota (600,000 messages a minute per project).
 	defaultFCMRate = 5000.0
+	// defaultWebhookRate protects an in-house receiver; raise WEBHOOK_RATE to what it takes.
+	defaultWebhookRate = 100.0
 )
 
 // channelRate is the provider-wide cap of the channel's provider: TWILIO_RATE, SENDGRID_RATE or FCM_RATE.
@@ -37,6 +39,8 @@ func (a *app) channelRate(ch campaign.Channel) (float64, error) {
 		return a.rate("SENDGRID_RATE", defaultSendGridRate)
 	case campaign.ChannelPush:
 		return a.rate("FCM_RATE", defaultFCMRate)
+	case campaign.ChannelWebhook:
+		return a.rate("WEBHOOK_RATE", defaultWebhookRate)
 	}
 	return a.rate("TWILIO_RATE", defaultTwilioRate)
 }

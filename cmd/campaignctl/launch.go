@@ -74,7 +74,7 @@ reserved from --code-pool before anything is queued. --dry-run shows the same re
 	}
 	f := cmd.Flags()
 	f.StringVar(&o.name, "name", "", "unique campaign name")
-	f.StringVar(&o.channel, "channel", "sms", "sms, email or push")
+	f.StringVar(&o.channel, "channel", "sms", "sms, email, push or webhook")
 	f.StringVar(&o.audience, "audience", "", "file with the audience SELECT")
 	f.StringVar(&o.message, "message", "", "message template, e.g. 'Merhaba {{.first_name}}, kodunuz {{.code}}'")
 	f.StringVar(&o.subject, "subject", "", "e-mail subject or push title (a template too)")

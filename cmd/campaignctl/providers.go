@@ -8,6 +8,7 @@ import (
 	"github.com/campaignctl/campaignctl/providers/push"
 	"github.com/campaignctl/campaignctl/providers/sendgrid"
 	"github.com/campaignctl/campaignctl/providers/twilio"
+	"github.com/campaignctl/campaignctl/providers/webhook"
 )
 
 // providers builds the provider of every channel whose settings are present in the environment, and the
@@ -60,8 +61,17 @@ func (a *app) providers(timeout time.Duration) (map[campaign.Channel]providers.P
 			return nil, nil, err
 		}
 	}
+	if a.anySet("WEBHOOK_URL", "WEBHOOK_SECRET") {
+		p, err := webhook.New(webhook.Config{URL: a.getenv("WEBHOOK_URL"), Secret: a.getenv("WEBHOOK_SECRET"), Timeout: timeout})
+		if err != nil {
+			return nil, nil, usageError{err}
+		}
+		if err := add(campaign.ChannelWebhook, p); err != nil {
+			return nil, nil, err
+		}
+	}
 	if len(provs) == 0 {
-		return nil, nil, usagef("no provider is configured: set TWILIO_ACCOUNT_SID, TWILIO_AUTH_TOKEN and TWILIO_FROM (sms), SENDGRID_API_KEY and SENDGRID_FROM (email), or GOOGLE_APPLICATION_CREDENTIALS (push)")
+		return nil, nil, usagef("no provider is configured: set TWILIO_ACCOUNT_SID, TWILIO_AUTH_TOKEN and TWILIO_FROM (sms), SENDGRID_API_KEY and SENDGRID_FROM (email), GOOGLE_APPLICATION_CREDENTIALS (push), or WEBHOOK_URL and WEBHOOK_SECRET (webhook)")
 	}
 	return provs, rates, nil
 }
