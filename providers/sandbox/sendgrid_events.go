@@ -1,0 +1,320 @@
+package sandbox
+
+import (
+	"bytes"
+	"context"
+	"crypto/ecdsa"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// The Event Webhook emitter's bounds.
+const (
+	// sendgridMaxQueued bounds the events waiting to be posted; the events of a request that does not
+	// fit are dropped (and counted), so that a stalled receiver never holds up or grows the send path.
+	sendgridMaxQueued = 100_000
+	// sendgridMaxPerPost bounds the events of one post, as SendGrid batches them.
+	sendgridMaxPerPost = 1000
+	// sendgridPostAttempts is how many times a post is tried before its events are dropped.
+	sendgridPostAttempts = 3
+	sendgridPostTimeout  = 5 * time.Second
+)
+
+// The Event Webhook signature headers (sendgrid-go's eventwebhook.VerificationHTTPHeader and
+// TimestampHTTPHeader).
+const (
+	sendgridSignatureHeader = "X-Twilio-Email-Event-Webhook-Signature"
+	sendgridTimestampHeader = "X-Twilio-Email-Event-Webhook-Timestamp"
+)
+
+// SendGridEventStats counts what the SendGrid fake's Event Webhook emitter did since the Server started.
+type SendGridEventStats struct {
+	// Posted is the number of posts the receiver answered with a 2xx.
+	Posted int `json:"posted"`
+	// Failed is the number of post attempts that failed: an error status, a transport error or a timeout.
+	// A failed post is tried again after ReceiptDelay, three attempts in all.
+	Failed int `json:"failed"`
+	// Events is the number of events in the posts answered with a 2xx.
+	Events int `json:"events"`
+	// Dropped is the number of events given up: the queue was full, or every attempt to post them failed.
+	Dropped int `json:"dropped"`
+	// Queued is the number of events waiting for their time or for the post before them.
+	Queued int `json:"queued"`
+	// Disabled says why no events are sent although Options.SendGridEventURL is set ("" when they are).
+	Disabled string `json:"disabled,omitempty"`
+}
+
+// sendgridEmitter posts the SendGrid fake's events, signed, to Options.SendGridEventURL. Each event is
+// due ReceiptDelay after its message was accepted; one goroutine, started when events are queued and
+// gone when the queue is empty, posts everything due in batches of up to 1000, so a busy send path makes
+// few, large posts. The send path only appends to the queue.
+type sendgridEmitter struct {
+	url    string // "" when no events are sent
+	delay  time.Duration
+	key    *ecdsa.PrivateKey
+	client *http.Client
+	logger *slog.Logger
+
+	mu      sync.Mutex
+	queue   []sendgridPending
+	running bool
+	stats   SendGridEventStats
+}
+
+type sendgridPending struct {
+	due   time.Time
+	event map[string]any
+}
+
+func newSendgridEmitter(rawURL string, delay time.Duration, key *ecdsa.PrivateKey, logger *slog.Logger) *sendgridEmitter {
+	e := &sendgridEmitter{delay: delay, key: key, logger: logger}
+	if rawURL == "" {
+		return e
+	}
+	if err := checkSendgridEventURL(rawURL); err != nil {
+		e.stats.Disabled = err.Error()
+		logger.Error("sandbox sendgrid events disabled", "err", err)
+		return e
+	}
+	e.url = rawURL
+	dialer := &net.Dialer{Timeout: sendgridPostTimeout, Control: sendgridLoopbackOnly}
+	e.client = &http.Client{
+		Transport: &http.Transport{
+			Proxy:               nil, // a proxy would take the events off this machine
+			DialContext:         dialer.DialContext,
+			MaxIdleConnsPerHost: 4,
+			IdleConnTimeout:     30 * time.Second,
+		},
+		Timeout:       sendgridPostTimeout,
+		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
+	}
+	return e
+}
+
+// checkSendgridEventURL accepts only http(s) URLs to this machine: "localhost" or a loopback IP. The
+// dialer checks the address again after resolution.
+func checkSendgridEventURL(raw string) error {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return errors.New("the SendGrid event URL is not a valid URL")
+	}
+	if u.Scheme != "http" && u.Scheme != "https" {
+		return fmt.Errorf("the SendGrid event URL %q is not http(s)", u.Redacted())
+	}
+	host := u.Hostname()
+	if ip := net.ParseIP(host); (ip == nil || !ip.IsLoopback()) && !strings.EqualFold(host, "localhost") {
+		return fmt.Errorf("the SendGrid event URL %q is not on a loopback host: the sandbox posts events only to this machine", u.Redacted())
+	}
+	return nil
+}
+
+// sendgridLoopbackOnly is the event dialer's Control: it refuses any address that is not loopback,
+// whatever the host name resolved to.
+func sendgridLoopbackOnly(_, address string, _ syscall.RawConn) error {
+	host, _, err := net.SplitHostPort(address)
+	if err != nil {
+		return err
+	}
+	if ip := net.ParseIP(host); ip == nil || !ip.IsLoopback() {
+		return fmt.Errorf("sandbox: refusing to post SendGrid events to %s, which is not loopback", host)
+	}
+	return nil
+}
+
+// sendgridEvents returns a recipient's events, processed then the outcome its address asks for, each
+// with the request's custom_args at the top level.
+func sendgridEvents(email, sgMessageID string, at time.Time, args map[string]string, categories []string) []map[string]any {
+	outcome := map[string]any{"event": "delivered", "response": "250 2.0.0 OK sandbox"}
+	local := strings.ToLower(email)
+	switch {
+	case strings.HasPrefix(local, sendgridBouncePrefix):
+		outcome = map[string]any{
+			"event": "bounce", "type": "bounce", "status": "5.1.1",
+			"reason":                "550 5.1.1 The email account that you tried to reach does not exist.",
+			"bounce_classification": "Invalid Address",
+		}
+	case strings.HasPrefix(local, sendgridDropPrefix):
+		outcome = map[string]any{"event": "dropped", "reason": "Bounced Address"}
+	case strings.HasPrefix(local, sendgridDeferPrefix):
+		outcome = map[string]any{"event": "deferred", "response": "421 4.7.0 Try again later", "attempt": "1"}
+	}
+	smtpID := "<" + sgMessageID + "@sandbox.sendgrid.test>"
+	out := make([]map[string]any, 0, 2)
+	for _, ev := range []map[string]any{{"event": "processed"}, outcome} {
+		for k, v := range args {
+			ev[k] = v
+		}
+		if len(categories) > 0 {
+			ev["category"] = categories
+		}
+		// The standard fields win over a custom arg of the same name.
+		ev["email"] = email
+		ev["timestamp"] = at.Unix()
+		ev["sg_event_id"] = newSendgridEventID()
+		ev["sg_message_id"] = sgMessageID
+		ev["smtp-id"] = smtpID
+		out = append(out, ev)
+	}
+	return out
+}
+
+// newSendgridEventID returns a unique sg_event_id: 22 URL-safe base64 characters.
+func newSendgridEventID() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:])
+	return base64.RawURLEncoding.EncodeToString(b[:])
+}
+
+// enabled reports whether events are posted at all.
+func (e *sendgridEmitter) enabled() bool { return e.url != "" }
+
+// enqueue queues the events of messages just accepted, due ReceiptDelay from now. It never blocks on
+// the network: when the queue has no room for all of them, they are dropped.
+func (e *sendgridEmitter) enqueue(events []map[string]any) {
+	if !e.enabled() || len(events) == 0 {
+		return
+	}
+	due := time.Now().Add(e.delay)
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if len(e.queue)+len(events) > sendgridMaxQueued {
+		e.stats.Dropped += len(events)
+		e.logger.Warn("sandbox sendgrid event queue full", "dropped", len(events))
+		return
+	}
+	for _, ev := range events {
+		e.queue = append(e.queue, sendgridPending{due: due, event: ev})
+	}
+	if !e.running {
+		e.running = true
+		go e.run()
+	}
+}
+
+// run posts the queued events as they fall due, and returns when the queue is empty.
+func (e *sendgridEmitter) run() {
+	for {
+		e.mu.Lock()
+		if len(e.queue) == 0 {
+			e.running = false
+			e.queue = nil
+			e.mu.Unlock()
+			return
+		}
+		wait := time.Until(e.queue[0].due)
+		e.mu.Unlock()
+		if wait > 0 {
+			time.Sleep(wait)
+		}
+
+		e.mu.Lock()
+		now := time.Now()
+		n := 0
+		for n < len(e.queue) && n < sendgridMaxPerPost && !e.queue[n].due.After(now) {
+			n++
+		}
+		batch := make([]map[string]any, n)
+		for i := range batch {
+			batch[i] = e.queue[i].event
+		}
+		e.queue = append(e.queue[:0], e.queue[n:]...)
+		e.mu.Unlock()
+		if n > 0 {
+			e.post(batch)
+		}
+	}
+}
+
+// post delivers one batch, signed, trying up to sendgridPostAttempts times.
+func (e *sendgridEmitter) post(batch []map[string]any) {
+	body, err := json.Marshal(batch)
+	if err != nil {
+		e.count(func(st *SendGridEventStats) { st.Dropped += len(batch) })
+		e.logger.Error("sandbox sendgrid events encode", "err", err)
+		return
+	}
+	for attempt := 1; ; attempt++ {
+		err := e.postOnce(body)
+		if err == nil {
+			e.count(func(st *SendGridEventStats) { st.Posted++; st.Events += len(batch) })
+			e.logger.Debug("sandbox sendgrid events posted", "events", len(batch))
+			return
+		}
+		e.count(func(st *SendGridEventStats) { st.Failed++ })
+		e.logger.Warn("sandbox sendgrid events post failed", "events", len(batch), "attempt", attempt, "err", err)
+		if attempt == sendgridPostAttempts {
+			e.count(func(st *SendGridEventStats) { st.Dropped += len(batch) })
+			return
+		}
+		time.Sleep(e.delay)
+	}
+}
+
+func (e *sendgridEmitter) postOnce(body []byte) error {
+	ts := strconv.FormatInt(time.Now().Unix(), 10)
+	sig, err := signSendgridEvents(e.key, ts, body)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), sendgridPostTimeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, e.url, bytes.NewReader(body))
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("User-Agent", "SendGrid Event API")
+	req.Header.Set(sendgridTimestampHeader, ts)
+	req.Header.Set(sendgridSignatureHeader, sig)
+	resp, err := e.client.Do(req)
+	if err != nil {
+		return err
+	}
+	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<16))
+	resp.Body.Close()
+	if resp.StatusCode < 200 || resp.StatusCode > 299 {
+		return fmt.Errorf("receiver answered %d", resp.StatusCode)
+	}
+	return nil
+}
+
+// signSendgridEvents signs as SendGrid does: base64 of the ASN.1 DER ECDSA signature of
+// SHA-256(timestamp + body).
+func signSendgridEvents(key *ecdsa.PrivateKey, ts string, body []byte) (string, error) {
+	h := sha256.New()
+	h.Write([]byte(ts))
+	h.Write(body)
+	sig, err := ecdsa.SignASN1(rand.Reader, key, h.Sum(nil))
+	if err != nil {
+		return "", err
+	}
+	return base64.StdEncoding.EncodeToString(sig), nil
+}
+
+func (e *sendgridEmitter) count(f func(*SendGridEventStats)) {
+	e.mu.Lock()
+	f(&e.stats)
+	e.mu.Unlock()
+}
+
+func (e *sendgridEmitter) snapshot() SendGridEventStats {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	st := e.stats
+	st.Queued = len(e.queue)
+	return st
+}

@@ -1,0 +1,336 @@
+// Package sendgrid sends e-mail through SendGrid's v3 Mail Send API with the official sendgrid-go SDK and
+// turns every failure into a *providers.Error whose Class tells the engine whether to retry, give up, or
+// hold the recipients as unknown.
+//
+// One request carries up to 1000 messages, one personalization each. sendgrid-go's Client writes the body
+// into the shared struct on every send and so is not safe for concurrent use, and its default HTTP
+// client has no timeout; this package therefore builds a fresh rest.Request per call with
+// sendgrid.GetRequest and sends it through one shared rest.Client whose http.Client has a timeout and a
+// RoundTripper that follows each request with net/http/httptrace, to know whether it was written before
+// a transport error.
+package sendgrid
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"html"
+	"net/http"
+	"net/mail"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/sendgrid/rest"
+	sg "github.com/sendgrid/sendgrid-go"
+	sgmail "github.com/sendgrid/sendgrid-go/helpers/mail"
+
+	"github.com/campaignctl/campaignctl/providers"
+)
+
+// DefaultBaseURL is SendGrid's global API host.
+const DefaultBaseURL = "https://api.sendgrid.com"
+
+// DefaultTimeout bounds one HTTP request when Config.Timeout is zero. A request of 1000 personalizations
+// is a few megabytes, and SendGrid answers it in well under a second.
+const DefaultTimeout = 30 * time.Second
+
+// maxBatch is SendGrid's limit of personalizations (and of recipients) per request.
+const maxBatch = 1000
+
+// MaxSubstitutionBytes is SendGrid's limit on the substitutions of one personalization, counted as the
+// bytes of every key and value. A multi-message request carries each recipient's rendered text there.
+const MaxSubstitutionBytes = 10000
+
+// The substitution tags that stand for each recipient's own rendered text in a multi-message request.
+const (
+	textTag = "-campaignctl_text-"
+	htmlTag = "-campaignctl_html-"
+)
+
+const sendPath = "/v3/mail/send"
+
+// maxIdleConns is the shared pool's idle connections per host, sized for a few dozen concurrent senders.
+const maxIdleConns = 128
+
+// Config configures a Provider. The zero value of FromName, BaseURL and Timeout means the default; APIKey
+// and From are required. cmd fills it from SENDGRID_API_KEY, SENDGRID_FROM and SENDGRID_BASE_URL.
+type Config struct {
+	// APIKey is the API key with the Mail Send permission (Authorization: Bearer). It never appears in an
+	// error or a log.
+	APIKey string
+	// From is the sender's address, a Verified Sender or an address of an authenticated domain.
+	From string
+	// FromName is the sender's display name; empty means none.
+	FromName string
+	// BaseURL is the scheme://host[:port] of the API: DefaultBaseURL when empty,
+	// https://api.eu.sendgrid.com for EU subusers, the sandbox in tests.
+	BaseURL string
+	// Timeout bounds each HTTP request, from dialling to reading the body. Zero means DefaultTimeout.
+	Timeout time.Duration
+}
+
+// Provider sends e-mail through SendGrid. It implements providers.Batcher and is safe for concurrent use.
+type Provider struct {
+	key     string
+	from    *sgmail.Email
+	baseURL string
+	client  *rest.Client // shared: it holds only the *http.Client
+}
+
+var _ providers.Batcher = (*Provider)(nil)
+
+// New validates cfg and returns a Provider. Its errors name the environment variable to fix and never
+// contain the API key.
+func New(cfg Config) (*Provider, error) {
+	switch {
+	case cfg.APIKey == "":
+		return nil, errors.New("sendgrid: API key is empty: set SENDGRID_API_KEY")
+	case !isHeaderToken(cfg.APIKey):
+		return nil, errors.New("sendgrid: API key contains spaces or control characters: check SENDGRID_API_KEY")
+	case cfg.From == "":
+		return nil, errors.New("sendgrid: sender is empty: set SENDGRID_FROM to the verified sender's e-mail address")
+	case !isAddress(cfg.From):
+		return nil, fmt.Errorf("sendgrid: sender %q is not a plain ASCII e-mail address: check SENDGRID_FROM", cfg.From)
+	case cfg.Timeout < 0:
+		return nil, fmt.Errorf("sendgrid: timeout %v is negative", cfg.Timeout)
+	}
+	base := DefaultBaseURL
+	if cfg.BaseURL != "" {
+		u, err := parseBaseURL(cfg.BaseURL)
+		if err != nil {
+			return nil, err
+		}
+		base = u
+	}
+	timeout := cfg.Timeout
+	if timeout == 0 {
+		timeout = DefaultTimeout
+	}
+	hc := &http.Client{
+		Transport: &tracingTransport{next: newTransport()},
+		Timeout:   timeout,
+		// SendGrid does not redirect API calls; following one would resend the mail elsewhere.
+		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
+	}
+	return &Provider{
+		key:     cfg.APIKey,
+		from:    sgmail.NewEmail(cfg.FromName, cfg.From),
+		baseURL: base,
+		client:  &rest.Client{HTTPClient: hc},
+	}, nil
+}
+
+// Name returns "sendgrid".
+func (p *Provider) Name() string { return "sendgrid" }
+
+// MaxBatch returns 1000, SendGrid's limit of personalizations per request.
+func (p *Provider) MaxBatch() int { return maxBatch }
+
+// Send sends one message: SendBatch with a batch of one.
+func (p *Provider) Send(ctx context.Context, m providers.Message) (providers.Result, error) {
+	res, err := p.SendBatch(ctx, []providers.Message{m})
+	if err != nil {
+		return providers.Result{}, err
+	}
+	return res[0], nil
+}
+
+// SendBatch sends ms in one Mail Send request, one personalization per message: its To, its Subject and
+// custom_args campaign_id and user_id (which come back at the top level of every Event Webhook event).
+// With a TemplateID, which every message of the batch must share, each personalization carries the
+// message's Data as dynamic_template_data. Without one, every recipient gets exactly their own Body (and
+// HTML): a single message carries them as the content, and a batch carries them as substitutions of
+// shared placeholder content.
+//
+// On success every result holds the request's X-Message-Id, which prefixes the sg_message_id of the
+// events. Every error is a *providers.Error, except when ctx is already done on entry: then nothing was
+// sent and the error wraps ctx.Err(). The class is:
+//   - Permanent, without sending, for a batch SendGrid would refuse: over 1000 messages, two messages to
+//     one address, mixed template IDs, or a message whose text and HTML come to more than 10,000 bytes in
+//     a batch of several (alone it is sent as the content, which has no such limit). Status is then 0.
+//   - Permanent for 400 (Message has SendGrid's reasons and fields), 401 and 403 (AccountLevel), 404 and
+//     any other 4xx but 429, 413 (too large: split the batch) and an unexpected redirect.
+//   - Transient for 429 (RetryAfter from X-RateLimit-Reset, at least a second), any 5xx, and a transport
+//     error before the request was written (connection refused, DNS, TLS).
+//   - Ambiguous when the request was written but no answer came back (timeout, connection reset, EOF):
+//     SendGrid may have accepted the mail.
+//
+// Error texts never contain the API key or a recipient's address.
+func (p *Provider) SendBatch(ctx context.Context, ms []providers.Message) ([]providers.Result, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("sendgrid send: %w", err)
+	}
+	if len(ms) == 0 {
+		return nil, nil
+	}
+	body, err := buildMail(p.from, ms)
+	if err != nil {
+		return nil, err
+	}
+	req := sg.GetRequest(p.key, sendPath, p.baseURL)
+	req.Method = rest.Post
+	req.Body = sgmail.GetRequestBody(body)
+
+	c := newCall()
+	resp, err := p.client.SendWithContext(withCall(ctx, c), req)
+	if resp == nil || resp.StatusCode == 0 {
+		if err == nil {
+			err = errors.New("no response")
+		}
+		return nil, p.transportError(c, err, ms)
+	}
+	if resp.StatusCode < 200 || resp.StatusCode > 299 {
+		return nil, p.statusError(resp, err, ms, time.Now())
+	}
+	// A 2xx whose (empty) body could not be read is still an acceptance: the status and the id came first.
+	id := http.Header(resp.Headers).Get("X-Message-Id")
+	out := make([]providers.Result, len(ms))
+	for i := range out {
+		out[i].MessageID = id
+	}
+	return out, nil
+}
+
+// buildMail builds the Mail Send body for ms, or refuses with a Permanent error what SendGrid would
+// refuse for the whole request.
+func buildMail(from *sgmail.Email, ms []providers.Message) (*sgmail.SGMailV3, error) {
+	if len(ms) > maxBatch {
+		return nil, refuse(fmt.Sprintf("batch of %d messages is over SendGrid's %d per request", len(ms), maxBatch))
+	}
+	seen := make(map[string]struct{}, len(ms))
+	template, anyHTML := ms[0].TemplateID, false
+	for _, m := range ms {
+		to := strings.ToLower(m.To)
+		if _, dup := seen[to]; dup {
+			// SendGrid answers 400 for the whole request; refusing here saves the round trip.
+			return nil, refuse("two messages of one request go to the same address")
+		}
+		seen[to] = struct{}{}
+		if m.TemplateID != template {
+			return nil, refuse("the messages of one request must share one template ID")
+		}
+		anyHTML = anyHTML || m.HTML != ""
+	}
+	multi := template == "" && len(ms) > 1
+	if multi {
+		for _, m := range ms {
+			if substitutionSize(m, anyHTML) > MaxSubstitutionBytes {
+				return nil, refuse("a rendered message is over 10,000 bytes, SendGrid's limit for substitutions: it must be sent alone")
+			}
+		}
+	}
+
+	mail := sgmail.NewV3Mail()
+	mail.SetFrom(from)
+	switch {
+	case template != "":
+		mail.SetTemplateID(template)
+	case multi:
+		mail.AddContent(sgmail.NewContent("text/plain", textTag))
+		if anyHTML {
+			mail.AddContent(sgmail.NewContent("text/html", htmlTag))
+		}
+	default:
+		m := ms[0]
+		if m.Body != "" || m.HTML == "" {
+			mail.AddContent(sgmail.NewContent("text/plain", m.Body))
+		}
+		if m.HTML != "" {
+			mail.AddContent(sgmail.NewContent("text/html", m.HTML))
+		}
+	}
+	for _, m := range ms {
+		pz := sgmail.NewPersonalization()
+		pz.AddTos(sgmail.NewEmail("", m.To))
+		pz.Subject = m.Subject
+		pz.SetCustomArg("campaign_id", strconv.FormatInt(m.CampaignID, 10))
+		pz.SetCustomArg("user_id", m.UserID)
+		switch {
+		case template != "":
+			for k, v := range m.Data {
+				pz.SetDynamicTemplateData(k, v)
+			}
+		case multi:
+			pz.SetSubstitution(textTag, m.Body)
+			if anyHTML {
+				pz.SetSubstitution(htmlTag, htmlOf(m))
+			}
+		}
+		mail.AddPersonalizations(pz)
+	}
+	return mail, nil
+}
+
+// substitutionSize is what m's substitutions weigh against MaxSubstitutionBytes.
+func substitutionSize(m providers.Message, withHTML bool) int {
+	n := len(textTag) + len(m.Body)
+	if withHTML {
+		n += len(htmlTag) + len(htmlOf(m))
+	}
+	return n
+}
+
+// htmlOf is m's HTML part in a request where other messages have one. Content is shared by the whole
+// request, so a message without HTML still gets an HTML part; an empty one would show a blank mail in
+// clients that prefer HTML, so it gets its text, escaped, with its line breaks kept.
+func htmlOf(m providers.Message) string {
+	if m.HTML != "" || m.Body == "" {
+		return m.HTML
+	}
+	return `<div style="white-space: pre-wrap">` + html.EscapeString(m.Body) + `</div>`
+}
+
+// refuse is the Permanent error for a request SendGrid would refuse as a whole; nothing was sent.
+func refuse(msg string) *providers.Error {
+	return &providers.Error{Provider: "sendgrid", Class: providers.Permanent, Message: msg}
+}
+
+// newTransport returns the connection pool shared by every request: net/http's default transport (proxy
+// from the environment, HTTP/2, the usual dial and TLS timeouts) with room for more idle connections.
+func newTransport() http.RoundTripper {
+	base, ok := http.DefaultTransport.(*http.Transport)
+	if !ok {
+		return http.DefaultTransport
+	}
+	t := base.Clone()
+	t.MaxIdleConns = maxIdleConns
+	t.MaxIdleConnsPerHost = maxIdleConns
+	return t
+}
+
+func parseBaseURL(raw string) (string, error) {
+	u, err := url.Parse(raw)
+	if err != nil {
+		// The parse error quotes the input, which could carry credentials; say only what is wrong.
+		return "", errors.New("sendgrid: base URL is not a valid URL: check SENDGRID_BASE_URL")
+	}
+	if (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.User != nil ||
+		(u.Path != "" && u.Path != "/") || u.RawQuery != "" || u.Fragment != "" {
+		return "", fmt.Errorf("sendgrid: base URL %q must be http(s)://host[:port] with no path: check SENDGRID_BASE_URL", u.Redacted())
+	}
+	return u.Scheme + "://" + u.Host, nil
+}
+
+// isHeaderToken reports whether s can travel in the Authorization header as it is: printable ASCII
+// without spaces.
+func isHeaderToken(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if s[i] <= ' ' || s[i] >= 0x7f {
+			return false
+		}
+	}
+	return true
+}
+
+// isAddress reports whether s is a bare ASCII e-mail address (SendGrid refuses Unicode in from).
+func isAddress(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if s[i] <= ' ' || s[i] >= 0x7f {
+			return false
+		}
+	}
+	a, err := mail.ParseAddress(s)
+	return err == nil && a.Address == s && a.Name == ""
+}
