@@ -1,5 +1,11 @@
 // Package sandbox is a local imitation of the delivery providers' HTTP APIs, so that the real vendor SDKs
-// (twilio-go today) can run end to end against loopback in tests, demos and load runs.
+// (twilio-go, sendgrid-go) and the FCM and webhook clients run end to end against loopback in tests,
+// demos and load runs.
+//
+// Twilio is described below. SendGrid's Mail Send and its signed Event Webhook are described on
+// sendgridRoutes (sendgrid.go), FCM HTTP v1 with its OAuth2 token endpoint in fcm.go, the HMAC-checking
+// webhook receiver in webhook.go, and Twilio's signed status callbacks (with the magic numbers
+// +905550030001/30003/30005/30006/30007 that end undelivered or failed) in receipts.go.
 //
 // A *Server is an http.Handler. Mount it with httptest.NewServer in tests or serve it with
 // ListenAndServe. Each vendor lives in its own file and registers its own routes; the control and

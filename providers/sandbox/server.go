@@ -120,6 +120,8 @@ func (s *Server) Stats() Stats {
 func (s *Server) Reset() {
 	s.log.reset()
 	s.twilio.reset()
+	s.sendgrid.limiter.reset()
+	s.ResetFCM()
 }
 
 func (s *Server) controlRoutes() {
