@@ -85,7 +85,7 @@ func isUsage(err error) bool {
 func (a *app) newRootCmd() *cobra.Command {
 	root := &cobra.Command{
 		Use:           "campaignctl",
-		Short:         "Send a unique promo code to millions by SMS, without double sends and only with İYS consent",
+		Short:         "Send a unique promo code to millions by SMS, e-mail or push, without double sends and only with consent",
 		SilenceUsage:  true,
 		SilenceErrors: true,
 		PersistentPreRunE: func(cmd *cobra.Command, _ []string) error {
@@ -115,6 +115,8 @@ func (a *app) newRootCmd() *cobra.Command {
 		a.newPauseCmd(),
 		a.newDLQCmd(),
 		a.newSandboxCmd(),
+		a.newUICmd(),
+		a.newWorkersCmd(),
 	)
 	return root
 }
