@@ -17,7 +17,8 @@ import (
 )
 
 func (a *app) newCodesCmd() *cobra.Command {
-	cmd := &cobra.Command{Use: "codes", Short: "Promo code pools: generate, import, stats"}
+	cmd := &cobra.Command{Use: "codes", Short: "Promo code pools: generate, import, stats", Example: `  campaignctl codes generate --pool yaz --count 100000 --prefix YAZ-
+  campaignctl codes stats --json`}
 	cmd.AddCommand(a.newCodesGenerateCmd(), a.newCodesImportCmd(), a.newCodesStatsCmd())
 	return cmd
 }

@@ -10,13 +10,15 @@ import (
 )
 
 func (a *app) newDemoCmd() *cobra.Command {
-	cmd := &cobra.Command{Use: "demo", Short: "Demo data"}
+	cmd := &cobra.Command{Use: "demo", Short: "Demo data", Example: "  campaignctl demo seed --users 10000"}
 	var users int
 	var pool string
 	seed := &cobra.Command{
 		Use:   "seed --users N",
 		Short: "Create a synthetic audience table customers, İYS consents and a code pool",
-		Args:  cobra.NoArgs,
+		Example: `  campaignctl demo seed --users 10000
+  campaignctl demo seed --users 1000000 --pool big`,
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if users < 1 {
 				return usagef("--users %d: give the number of customers to create (at least 1)", users)

@@ -41,6 +41,8 @@ func (a *app) newDLQCmd() *cobra.Command {
 		Short: "The dead-letter queue: batches that used up their retries (Asynq's archive)",
 		Long: `Batches that used up their retries wait in Asynq's archive, the dead-letter queue. Their recipients
 stay pending in Postgres: nothing is lost, nothing is sent until the batch is retried.`,
+		Example: `  campaignctl dlq list --json
+  campaignctl dlq retry --campaign 42`,
 	}
 	cmd.PersistentFlags().Int64Var(&o.campaign, "campaign", 0, "only this campaign's batches")
 	cmd.PersistentFlags().BoolVar(&o.json, "json", false, "print JSON")

@@ -10,7 +10,7 @@ import (
 )
 
 func (a *app) newIYSCmd() *cobra.Command {
-	cmd := &cobra.Command{Use: "iys", Short: "İYS consents: import"}
+	cmd := &cobra.Command{Use: "iys", Short: "İYS consents: import", Example: "  campaignctl iys import consents.csv"}
 	cmd.AddCommand(a.newIYSImportCmd())
 	return cmd
 }

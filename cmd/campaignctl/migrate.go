@@ -16,7 +16,9 @@ func (a *app) newMigrateCmd() *cobra.Command {
 	return &cobra.Command{
 		Use:   "migrate",
 		Short: "Create or upgrade the schema (idempotent); creates the database if it is missing",
-		Args:  cobra.NoArgs,
+		Example: `  campaignctl migrate
+  DATABASE_URL=postgres://app@db:5432/campaignctl campaignctl migrate`,
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx := cmd.Context()
 			if err := a.ensureDatabase(ctx); err != nil {

@@ -117,6 +117,7 @@ func (a *app) newRootCmd() *cobra.Command {
 		a.newSandboxCmd(),
 		a.newUICmd(),
 		a.newWorkersCmd(),
+		a.newVersionCmd(),
 	)
 	return root
 }
