@@ -13,6 +13,7 @@ import (
 	"golang.org/x/oauth2"
 
 	"github.com/campaignctl/campaignctl/providers"
+	"github.com/campaignctl/campaignctl/providers/internal/wire"
 )
 
 // fcmErrorType is the @type of the error detail that carries FCM's errorCode.
@@ -94,7 +95,7 @@ func classify(status int, retryAfter string, body []byte, to string, now time.Ti
 	}
 	e.Message = text
 	if e.Class == providers.Transient {
-		e.RetryAfter = parseRetryAfter(retryAfter, now)
+		e.RetryAfter = wire.ParseRetryAfter(retryAfter, now)
 	}
 	return e, code
 }
@@ -110,7 +111,7 @@ func tokenError(err error, now time.Time) error {
 		}
 		if st == http.StatusRequestTimeout || st == http.StatusTooManyRequests || st >= 500 {
 			return &providers.Error{Provider: "fcm", Status: st, Class: providers.Transient, Message: what,
-				RetryAfter: parseRetryAfter(re.Response.Header.Get("Retry-After"), now)}
+				RetryAfter: wire.ParseRetryAfter(re.Response.Header.Get("Retry-After"), now)}
 		}
 		// The endpoint refused the service account (invalid_grant: a deleted or rotated key, a wrong
 		// client_email, a clock far off) or is not a token endpoint at all. Every message would fail the
@@ -148,23 +149,6 @@ func sanitizeTokenErr(s string) string {
 		s = s[:i]
 	}
 	return truncate(s, 300)
-}
-
-// parseRetryAfter reads a Retry-After header, in seconds or as an HTTP date; 0 when absent or invalid.
-func parseRetryAfter(v string, now time.Time) time.Duration {
-	if v == "" {
-		return 0
-	}
-	if s, err := strconv.Atoi(strings.TrimSpace(v)); err == nil {
-		if s < 0 {
-			return 0
-		}
-		return time.Duration(s) * time.Second
-	}
-	if t, err := http.ParseTime(v); err == nil && t.After(now) {
-		return t.Sub(now)
-	}
-	return 0
 }
 
 // redactText removes the device token from a text that came from FCM and bounds its length.

@@ -16,7 +16,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"net/http/httptrace"
 	"net/url"
 	"strings"
 	"sync/atomic"
@@ -26,6 +25,7 @@ import (
 	"golang.org/x/oauth2/jwt"
 
 	"github.com/campaignctl/campaignctl/providers"
+	"github.com/campaignctl/campaignctl/providers/internal/wire"
 )
 
 // DefaultBaseURL is the FCM API.
@@ -36,9 +36,6 @@ const DefaultTimeout = 10 * time.Second
 
 // Scope is the OAuth2 scope the access token is requested for.
 const Scope = "https://www.googleapis.com/auth/firebase.messaging"
-
-// maxIdleConns is the shared pool's idle connections per host, sized for a few dozen concurrent senders.
-const maxIdleConns = 128
 
 // maxAnswer bounds the answer body read into memory: a message name or an error is well under 1 KiB.
 const maxAnswer = 1 << 20
@@ -107,7 +104,7 @@ func New(cfg Config) (*Provider, error) {
 		timeout = DefaultTimeout
 	}
 	client := &http.Client{
-		Transport: newTransport(),
+		Transport: wire.NewTransport(),
 		Timeout:   timeout,
 		// FCM does not redirect API calls; following one would resend the message (or the assertion)
 		// elsewhere.
@@ -208,8 +205,8 @@ func (p *Provider) Send(ctx context.Context, m providers.Message) (providers.Res
 // post sends one messages:send request. retry reports a 401 UNAUTHENTICATED answer, which means the
 // access token was refused and nothing was accepted.
 func (p *Provider) post(ctx context.Context, body []byte, tok *oauth2.Token, to string) (res providers.Result, retry bool, err error) {
-	tr := newWriteTracker()
-	reqCtx := httptrace.WithClientTrace(context.WithoutCancel(ctx), tr.trace())
+	var tr wire.Tracker
+	reqCtx := tr.WithTrace(context.WithoutCancel(ctx))
 	req, err := http.NewRequestWithContext(reqCtx, http.MethodPost, p.sendURL, bytes.NewReader(body))
 	if err != nil {
 		return providers.Result{}, false, &providers.Error{Provider: "fcm", Class: providers.Permanent, Message: "cannot build the request", Err: err}
@@ -220,7 +217,7 @@ func (p *Provider) post(ctx context.Context, body []byte, tok *oauth2.Token, to 
 	resp, err := p.client.Do(req)
 	if err != nil {
 		e := &providers.Error{Provider: "fcm", Err: redactErr(err, tok.AccessToken, to), Message: "request not sent", Class: providers.Transient}
-		if tr.written() {
+		if tr.Written() {
 			e.Message, e.Class = "request sent, no answer", providers.Ambiguous
 		}
 		return providers.Result{}, false, e
@@ -284,19 +281,6 @@ func (p *Provider) token(ctx context.Context, src oauth2.TokenSource) (*oauth2.T
 	case <-ctx.Done():
 		return nil, fmt.Errorf("fcm send: waiting for an access token: %w", ctx.Err())
 	}
-}
-
-// newTransport returns the connection pool shared by every Send and token request: net/http's default
-// transport with room for more idle connections.
-func newTransport() http.RoundTripper {
-	base, ok := http.DefaultTransport.(*http.Transport)
-	if !ok {
-		return http.DefaultTransport
-	}
-	t := base.Clone()
-	t.MaxIdleConns = maxIdleConns
-	t.MaxIdleConnsPerHost = maxIdleConns
-	return t
 }
 
 // parseBaseURL checks an FCM_BASE_URL and returns it without a trailing slash. A path is kept (a proxy

@@ -21,6 +21,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
+	"github.com/campaignctl/campaignctl/internal/providertest"
 	"github.com/campaignctl/campaignctl/providers"
 	"github.com/campaignctl/campaignctl/providers/push"
 	"github.com/campaignctl/campaignctl/providers/sandbox"
@@ -121,24 +122,7 @@ func (e *env) secrets(t *testing.T, to string) []string {
 // providerError asserts that err is a *providers.Error from "fcm" free of secrets, and returns it.
 func (e *env) providerError(t *testing.T, err error, to string) *providers.Error {
 	t.Helper()
-	if err == nil {
-		t.Fatal("Send succeeded, want an error")
-	}
-	var pe *providers.Error
-	if !errors.As(err, &pe) {
-		t.Fatalf("error %T %v is not a *providers.Error", err, err)
-	}
-	for _, text := range []string{err.Error(), pe.Reason()} {
-		for _, secret := range e.secrets(t, to) {
-			if strings.Contains(text, secret) {
-				t.Errorf("error text %q contains a secret", text)
-			}
-		}
-	}
-	if pe.Provider != "fcm" {
-		t.Errorf("Provider %q, want fcm", pe.Provider)
-	}
-	return pe
+	return providertest.Error(t, err, "fcm", e.secrets(t, to)...)
 }
 
 func TestSendSuccess(t *testing.T) {
@@ -572,17 +556,12 @@ func TestWrongKeyIsRefused(t *testing.T) {
 
 func TestTokenEndpointUnreachableIsTransient(t *testing.T) {
 	e := newEnv(t, sandbox.Options{})
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	ln.Close()
+	addr := providertest.ClosedAddr(t)
 	if err := sandbox.WriteServiceAccount(e.saPath, "http://"+addr, testProject); err != nil {
 		t.Fatal(err)
 	}
 	p := e.provider(t)
-	_, err = p.Send(context.Background(), providers.Message{To: testToken, Body: "hi"})
+	_, err := p.Send(context.Background(), providers.Message{To: testToken, Body: "hi"})
 	pe := e.providerError(t, err, testToken)
 	if pe.Class != providers.Transient || pe.Status != 0 || pe.Err == nil {
 		t.Errorf("got %+v, want transient with the transport error", pe)
@@ -591,14 +570,9 @@ func TestTokenEndpointUnreachableIsTransient(t *testing.T) {
 
 func TestSendClosedPortIsTransient(t *testing.T) {
 	e := newEnv(t, sandbox.Options{})
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	ln.Close()
+	addr := providertest.ClosedAddr(t)
 	p := e.provider(t, func(c *push.Config) { c.BaseURL = "http://" + addr })
-	_, err = p.Send(context.Background(), providers.Message{To: testToken, Body: "hi"})
+	_, err := p.Send(context.Background(), providers.Message{To: testToken, Body: "hi"})
 	pe := e.providerError(t, err, testToken)
 	if pe.Class != providers.Transient || pe.Status != 0 || pe.Err == nil {
 		t.Errorf("got %+v, want transient with a transport error", pe)

@@ -1,20 +1,14 @@
 package sandbox
 
 import (
-	"context"
 	"crypto/hmac"
 	"crypto/sha1"
 	"encoding/base64"
-	"errors"
-	"io"
-	"net"
 	"net/http"
 	"net/url"
 	"slices"
-	"strconv"
 	"strings"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"github.com/campaignctl/campaignctl/providers"
@@ -49,9 +43,6 @@ import (
 
 // maxPendingReceipts bounds the messages whose callbacks are scheduled or in flight.
 const maxPendingReceipts = 4096
-
-// receiptTimeout bounds one callback POST.
-const receiptTimeout = 5 * time.Second
 
 // magicReceipts are the recipients (magicPrefix + code) whose message is not delivered, with the final
 // status their callback reports.
@@ -203,25 +194,12 @@ func (s *Server) postTwilioCallback(cb *twilioCallback, status, code string) {
 }
 
 func (rs *receiptState) post(target string, form url.Values, sig string) error {
-	ctx, cancel := context.WithTimeout(context.Background(), receiptTimeout)
-	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, target, strings.NewReader(form.Encode()))
-	if err != nil {
-		return err
+	header := http.Header{
+		"Content-Type":       {"application/x-www-form-urlencoded"},
+		"User-Agent":         {"TwilioProxy/1.1"},
+		"X-Twilio-Signature": {sig},
 	}
-	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
-	req.Header.Set("User-Agent", "TwilioProxy/1.1")
-	req.Header.Set("X-Twilio-Signature", sig)
-	resp, err := rs.client.Do(req)
-	if err != nil {
-		return err
-	}
-	defer resp.Body.Close()
-	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<16))
-	if resp.StatusCode < 200 || resp.StatusCode > 299 {
-		return errors.New("answered " + strconv.Itoa(resp.StatusCode))
-	}
-	return nil
+	return postLoopback(rs.client, target, header, strings.NewReader(form.Encode()))
 }
 
 // twilioSignature is X-Twilio-Signature for a form POST to rawURL: base64(HMAC-SHA1(token, rawURL +
@@ -241,47 +219,4 @@ func twilioSignature(token, rawURL string, form url.Values) string {
 		}
 	}
 	return base64.StdEncoding.EncodeToString(mac.Sum(nil))
-}
-
-// loopbackURL reports whether raw is an http(s) URL whose host is localhost or a loopback IP, with no
-// credentials in it.
-func loopbackURL(raw string) bool {
-	u, err := url.Parse(raw)
-	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.User != nil {
-		return false
-	}
-	host := u.Hostname()
-	if strings.EqualFold(host, "localhost") {
-		return true
-	}
-	ip := net.ParseIP(host)
-	return ip != nil && ip.IsLoopback()
-}
-
-// loopbackClient is the callbacks' HTTP client: it dials loopback addresses only (so a "localhost" that
-// resolves elsewhere is refused too) and follows no redirect.
-func loopbackClient() *http.Client {
-	dialer := &net.Dialer{
-		Timeout: receiptTimeout,
-		Control: func(_, address string, _ syscall.RawConn) error {
-			host, _, err := net.SplitHostPort(address)
-			if err != nil {
-				return err
-			}
-			if ip := net.ParseIP(host); ip == nil || !ip.IsLoopback() {
-				return errors.New("sandbox receipts: refusing to dial non-loopback " + host)
-			}
-			return nil
-		},
-	}
-	return &http.Client{
-		Timeout: receiptTimeout,
-		Transport: &http.Transport{
-			Proxy:               nil,
-			DialContext:         dialer.DialContext,
-			MaxIdleConnsPerHost: 16,
-			IdleConnTimeout:     30 * time.Second,
-		},
-		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
-	}
 }

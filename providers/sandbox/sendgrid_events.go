@@ -2,23 +2,16 @@ package sandbox
 
 import (
 	"bytes"
-	"context"
 	"crypto/ecdsa"
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/base64"
 	"encoding/json"
-	"errors"
-	"fmt"
-	"io"
 	"log/slog"
-	"net"
 	"net/http"
-	"net/url"
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
 )
 
@@ -31,7 +24,6 @@ const (
 	sendgridMaxPerPost = 1000
 	// sendgridPostAttempts is how many times a post is tried before its events are dropped.
 	sendgridPostAttempts = 3
-	sendgridPostTimeout  = 5 * time.Second
 )
 
 // The Event Webhook signature headers (sendgrid-go's eventwebhook.VerificationHTTPHeader and
@@ -85,54 +77,15 @@ func newSendgridEmitter(rawURL string, delay time.Duration, key *ecdsa.PrivateKe
 	if rawURL == "" {
 		return e
 	}
-	if err := checkSendgridEventURL(rawURL); err != nil {
+	// Only "localhost" or a loopback IP; the client's dialer checks the address again after resolution.
+	if _, err := parseLoopbackURL("the SendGrid event URL", rawURL); err != nil {
 		e.stats.Disabled = err.Error()
 		logger.Error("sandbox sendgrid events disabled", "err", err)
 		return e
 	}
 	e.url = rawURL
-	dialer := &net.Dialer{Timeout: sendgridPostTimeout, Control: sendgridLoopbackOnly}
-	e.client = &http.Client{
-		Transport: &http.Transport{
-			Proxy:               nil, // a proxy would take the events off this machine
-			DialContext:         dialer.DialContext,
-			MaxIdleConnsPerHost: 4,
-			IdleConnTimeout:     30 * time.Second,
-		},
-		Timeout:       sendgridPostTimeout,
-		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
-	}
+	e.client = loopbackClient()
 	return e
-}
-
-// checkSendgridEventURL accepts only http(s) URLs to this machine: "localhost" or a loopback IP. The
-// dialer checks the address again after resolution.
-func checkSendgridEventURL(raw string) error {
-	u, err := url.Parse(raw)
-	if err != nil {
-		return errors.New("the SendGrid event URL is not a valid URL")
-	}
-	if u.Scheme != "http" && u.Scheme != "https" {
-		return fmt.Errorf("the SendGrid event URL %q is not http(s)", u.Redacted())
-	}
-	host := u.Hostname()
-	if ip := net.ParseIP(host); (ip == nil || !ip.IsLoopback()) && !strings.EqualFold(host, "localhost") {
-		return fmt.Errorf("the SendGrid event URL %q is not on a loopback host: the sandbox posts events only to this machine", u.Redacted())
-	}
-	return nil
-}
-
-// sendgridLoopbackOnly is the event dialer's Control: it refuses any address that is not loopback,
-// whatever the host name resolved to.
-func sendgridLoopbackOnly(_, address string, _ syscall.RawConn) error {
-	host, _, err := net.SplitHostPort(address)
-	if err != nil {
-		return err
-	}
-	if ip := net.ParseIP(host); ip == nil || !ip.IsLoopback() {
-		return fmt.Errorf("sandbox: refusing to post SendGrid events to %s, which is not loopback", host)
-	}
-	return nil
 }
 
 // sendgridEvents returns a recipient's events, processed then the outcome its address asks for, each
@@ -270,26 +223,13 @@ func (e *sendgridEmitter) postOnce(body []byte) error {
 	if err != nil {
 		return err
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), sendgridPostTimeout)
-	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, e.url, bytes.NewReader(body))
-	if err != nil {
-		return err
+	header := http.Header{
+		"Content-Type":          {"application/json"},
+		"User-Agent":            {"SendGrid Event API"},
+		sendgridTimestampHeader: {ts},
+		sendgridSignatureHeader: {sig},
 	}
-	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("User-Agent", "SendGrid Event API")
-	req.Header.Set(sendgridTimestampHeader, ts)
-	req.Header.Set(sendgridSignatureHeader, sig)
-	resp, err := e.client.Do(req)
-	if err != nil {
-		return err
-	}
-	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<16))
-	resp.Body.Close()
-	if resp.StatusCode < 200 || resp.StatusCode > 299 {
-		return fmt.Errorf("receiver answered %d", resp.StatusCode)
-	}
-	return nil
+	return postLoopback(e.client, e.url, header, bytes.NewReader(body))
 }
 
 // signSendgridEvents signs as SendGrid does: base64 of the ASN.1 DER ECDSA signature of

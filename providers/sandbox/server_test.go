@@ -7,7 +7,6 @@ import (
 	"errors"
 	"io"
 	"log/slog"
-	"net"
 	"net/http"
 	"strings"
 	"sync"
@@ -17,6 +16,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"github.com/google/go-cmp/cmp/cmpopts"
 
+	"github.com/campaignctl/campaignctl/internal/providertest"
 	"github.com/campaignctl/campaignctl/providers/sandbox"
 )
 
@@ -184,12 +184,7 @@ func (l *lockedWriter) Write(p []byte) (int, error) {
 
 // ListenAndServe must return once ctx is done, even with a request held by the timeout fault.
 func TestListenAndServeShutsDown(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	ln.Close()
+	addr := providertest.ClosedAddr(t)
 
 	s := sandbox.New(sandbox.Options{Faults: sandbox.Faults{RateTimeout: 1}})
 	ctx, cancel := context.WithCancel(context.Background())

@@ -11,6 +11,7 @@ import (
 	"github.com/sendgrid/rest"
 
 	"github.com/campaignctl/campaignctl/providers"
+	"github.com/campaignctl/campaignctl/providers/internal/wire"
 )
 
 // maxReasons bounds how many of SendGrid's errors go into Error.Message.
@@ -51,9 +52,9 @@ func (p *Provider) statusError(resp *rest.Response, readErr error, ms []provider
 }
 
 // transportError classifies a request that got no answer: what matters is whether it left.
-func (p *Provider) transportError(c *call, err error, ms []providers.Message) error {
+func (p *Provider) transportError(tr *wire.Tracker, err error, ms []providers.Message) error {
 	e := &providers.Error{Provider: "sendgrid", Err: p.redactErr(err, ms), Message: "request not sent", Class: providers.Transient}
-	if c.written() {
+	if tr.Written() {
 		e.Message, e.Class = "request sent, no answer", providers.Ambiguous
 	}
 	return e

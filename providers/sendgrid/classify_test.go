@@ -15,6 +15,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
+	"github.com/campaignctl/campaignctl/internal/providertest"
 	"github.com/campaignctl/campaignctl/providers"
 	"github.com/campaignctl/campaignctl/providers/sandbox"
 	"github.com/campaignctl/campaignctl/providers/sendgrid"
@@ -180,12 +181,7 @@ func TestResetIsAmbiguous(t *testing.T) {
 }
 
 func TestConnectionRefusedIsTransient(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	ln.Close()
+	addr := providertest.ClosedAddr(t)
 	p := newProvider(t, "http://"+addr)
 	m := msg(1)
 	pe := providerError(t, second(p.Send(context.Background(), m)), m)

@@ -6,8 +6,9 @@
 // into the shared struct on every send and so is not safe for concurrent use, and its default HTTP
 // client has no timeout; this package therefore builds a fresh rest.Request per call with
 // sendgrid.GetRequest and sends it through one shared rest.Client whose http.Client has a timeout and a
-// RoundTripper that follows each request with net/http/httptrace, to know whether it was written before
-// a transport error.
+// RoundTripper that bounds the answer. Each request carries in its context (rest.Client sends it with the
+// context it is given) its own wire.Tracker, which follows it with net/http/httptrace to know whether it
+// was written before a transport error.
 package sendgrid
 
 import (
@@ -27,6 +28,7 @@ import (
 	sgmail "github.com/sendgrid/sendgrid-go/helpers/mail"
 
 	"github.com/campaignctl/campaignctl/providers"
+	"github.com/campaignctl/campaignctl/providers/internal/wire"
 )
 
 // DefaultBaseURL is SendGrid's global API host.
@@ -50,9 +52,6 @@ const (
 )
 
 const sendPath = "/v3/mail/send"
-
-// maxIdleConns is the shared pool's idle connections per host, sized for a few dozen concurrent senders.
-const maxIdleConns = 128
 
 // Config configures a Provider. The zero value of FromName, BaseURL and Timeout means the default; APIKey
 // and From are required. cmd fills it from SENDGRID_API_KEY, SENDGRID_FROM and SENDGRID_BASE_URL.
@@ -109,7 +108,7 @@ func New(cfg Config) (*Provider, error) {
 		timeout = DefaultTimeout
 	}
 	hc := &http.Client{
-		Transport: &tracingTransport{next: newTransport()},
+		Transport: &boundingTransport{next: wire.NewTransport()},
 		Timeout:   timeout,
 		// SendGrid does not redirect API calls; following one would resend the mail elsewhere.
 		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
@@ -173,13 +172,13 @@ func (p *Provider) SendBatch(ctx context.Context, ms []providers.Message) ([]pro
 	req.Method = rest.Post
 	req.Body = sgmail.GetRequestBody(body)
 
-	c := newCall()
-	resp, err := p.client.SendWithContext(withCall(ctx, c), req)
+	var tr wire.Tracker
+	resp, err := p.client.SendWithContext(tr.WithTrace(ctx), req)
 	if resp == nil || resp.StatusCode == 0 {
 		if err == nil {
 			err = errors.New("no response")
 		}
-		return nil, p.transportError(c, err, ms)
+		return nil, p.transportError(&tr, err, ms)
 	}
 	if resp.StatusCode < 200 || resp.StatusCode > 299 {
 		return nil, p.statusError(resp, err, ms, time.Now())
@@ -285,19 +284,6 @@ func htmlOf(m providers.Message) string {
 // refuse is the Permanent error for a request SendGrid would refuse as a whole; nothing was sent.
 func refuse(msg string) *providers.Error {
 	return &providers.Error{Provider: "sendgrid", Class: providers.Permanent, Message: msg}
-}
-
-// newTransport returns the connection pool shared by every request: net/http's default transport (proxy
-// from the environment, HTTP/2, the usual dial and TLS timeouts) with room for more idle connections.
-func newTransport() http.RoundTripper {
-	base, ok := http.DefaultTransport.(*http.Transport)
-	if !ok {
-		return http.DefaultTransport
-	}
-	t := base.Clone()
-	t.MaxIdleConns = maxIdleConns
-	t.MaxIdleConnsPerHost = maxIdleConns
-	return t
 }
 
 func parseBaseURL(raw string) (string, error) {

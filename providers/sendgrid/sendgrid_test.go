@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -18,6 +17,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"github.com/sendgrid/sendgrid-go/helpers/eventwebhook"
 
+	"github.com/campaignctl/campaignctl/internal/providertest"
 	"github.com/campaignctl/campaignctl/providers"
 	"github.com/campaignctl/campaignctl/providers/sandbox"
 	"github.com/campaignctl/campaignctl/providers/sendgrid"
@@ -103,28 +103,11 @@ func newProvider(t *testing.T, baseURL string, edit ...func(*sendgrid.Config)) *
 // key nor any recipient of ms, and returns it.
 func providerError(t *testing.T, err error, ms ...providers.Message) *providers.Error {
 	t.Helper()
-	if err == nil {
-		t.Fatal("send succeeded, want an error")
-	}
-	var pe *providers.Error
-	if !errors.As(err, &pe) {
-		t.Fatalf("error %T %v is not a *providers.Error", err, err)
-	}
-	if pe.Provider != "sendgrid" {
-		t.Errorf("Provider %q, want sendgrid", pe.Provider)
-	}
 	secrets := []string{testKey, "campaignctlTestKey"}
 	for _, m := range ms {
 		secrets = append(secrets, m.To, strings.ToLower(m.To))
 	}
-	for _, text := range []string{err.Error(), pe.Reason(), pe.Message} {
-		for _, s := range secrets {
-			if s != "" && strings.Contains(text, s) {
-				t.Errorf("error text %q contains %q", text, s)
-			}
-		}
-	}
-	return pe
+	return providertest.Error(t, err, "sendgrid", secrets...)
 }
 
 func msg(i int) providers.Message {

@@ -4,13 +4,13 @@ import (
 	"errors"
 	"net/http"
 	"regexp"
-	"strconv"
 	"strings"
 	"time"
 
 	"github.com/twilio/twilio-go/client"
 
 	"github.com/campaignctl/campaignctl/providers"
+	"github.com/campaignctl/campaignctl/providers/internal/wire"
 )
 
 // Codes twilio-go raises itself, before any request, when a credential is not alphanumeric. New rejects
@@ -30,7 +30,7 @@ func (p *Provider) classify(rec *recorder, err error, to string) error {
 	e := &providers.Error{Provider: "twilio", Status: status}
 	var te *client.TwilioRestError
 	switch {
-	case errors.As(err, &te) && status == 0 && !rec.connected() &&
+	case errors.As(err, &te) && status == 0 && !rec.Connected() &&
 		(te.Code == codeBadUsername || te.Code == codeBadPassword):
 		e.Code, e.Message, e.Class = te.Code, te.Message, providers.Permanent
 		return e
@@ -59,12 +59,12 @@ func (p *Provider) classify(rec *recorder, err error, to string) error {
 		// No answer at all: what matters is whether the request left.
 		e.Err = p.redactErr(err, to)
 		e.Message, e.Class = "request not sent", providers.Transient
-		if rec.written() {
+		if rec.Written() {
 			e.Message, e.Class = "request sent, no answer", providers.Ambiguous
 		}
 	}
 	if e.Class == providers.Transient {
-		e.RetryAfter = parseRetryAfter(retryAfter, time.Now())
+		e.RetryAfter = wire.ParseRetryAfter(retryAfter, time.Now())
 	}
 	return e
 }
@@ -80,23 +80,6 @@ func classOfStatus(status, code int) providers.Class {
 	default:
 		return providers.Permanent
 	}
-}
-
-// parseRetryAfter reads a Retry-After header, in seconds or as an HTTP date; 0 when absent or invalid.
-func parseRetryAfter(v string, now time.Time) time.Duration {
-	if v == "" {
-		return 0
-	}
-	if s, err := strconv.Atoi(strings.TrimSpace(v)); err == nil {
-		if s < 0 {
-			return 0
-		}
-		return time.Duration(s) * time.Second
-	}
-	if t, err := http.ParseTime(v); err == nil && t.After(now) {
-		return t.Sub(now)
-	}
-	return 0
 }
 
 // phoneLike matches what could be a phone number in Twilio's error text, which quotes the recipient,

@@ -10,6 +10,7 @@ import (
 	"github.com/twilio/twilio-go/client"
 
 	"github.com/campaignctl/campaignctl/providers"
+	"github.com/campaignctl/campaignctl/providers/internal/wire"
 )
 
 func TestParseRetryAfter(t *testing.T) {
@@ -24,7 +25,7 @@ func TestParseRetryAfter(t *testing.T) {
 		now.Add(-time.Minute).Format(http.TimeFormat):     0,
 	}
 	for in, want := range tests {
-		if got := parseRetryAfter(in, now); got != want {
+		if got := wire.ParseRetryAfter(in, now); got != want {
 			t.Errorf("parseRetryAfter(%q) = %v, want %v", in, got, want)
 		}
 	}
@@ -63,26 +64,26 @@ func TestWritten(t *testing.T) {
 	}{
 		{"no connection", func(r *recorder) {}, false},
 		{"connected, write failed", func(r *recorder) {
-			r.gotConn(httptrace.GotConnInfo{})
-			r.wroteRequest(httptrace.WroteRequestInfo{Err: errors.New("broken pipe")})
+			r.GotConn(httptrace.GotConnInfo{})
+			r.WroteRequest(httptrace.WroteRequestInfo{Err: errors.New("broken pipe")})
 		}, false},
 		{"written", func(r *recorder) {
-			r.gotConn(httptrace.GotConnInfo{})
-			r.wroteRequest(httptrace.WroteRequestInfo{})
+			r.GotConn(httptrace.GotConnInfo{})
+			r.WroteRequest(httptrace.WroteRequestInfo{})
 		}, true},
 		{"failed on a reused connection, written on a new one", func(r *recorder) {
-			r.gotConn(httptrace.GotConnInfo{Reused: true})
-			r.wroteRequest(httptrace.WroteRequestInfo{Err: errors.New("EOF")})
-			r.gotConn(httptrace.GotConnInfo{})
-			r.wroteRequest(httptrace.WroteRequestInfo{})
+			r.GotConn(httptrace.GotConnInfo{Reused: true})
+			r.WroteRequest(httptrace.WroteRequestInfo{Err: errors.New("EOF")})
+			r.GotConn(httptrace.GotConnInfo{})
+			r.WroteRequest(httptrace.WroteRequestInfo{})
 		}, true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			r := &recorder{writeDone: make(chan struct{}, 1)}
+			r := &recorder{}
 			tt.events(r)
-			if got := r.written(); got != tt.want {
-				t.Errorf("written() = %v, want %v", got, tt.want)
+			if got := r.Written(); got != tt.want {
+				t.Errorf("Written() = %v, want %v", got, tt.want)
 			}
 		})
 	}
@@ -91,18 +92,18 @@ func TestWritten(t *testing.T) {
 // A write still in progress when the round trip failed is waited for.
 func TestWrittenWaitsForPendingWrite(t *testing.T) {
 	for _, writeErr := range []error{nil, errors.New("use of closed network connection")} {
-		r := &recorder{writeDone: make(chan struct{}, 1)}
-		r.gotConn(httptrace.GotConnInfo{})
+		r := &recorder{}
+		r.GotConn(httptrace.GotConnInfo{})
 		done := make(chan bool)
-		go func() { done <- r.written() }()
-		r.wroteRequest(httptrace.WroteRequestInfo{Err: writeErr})
+		go func() { done <- r.Written() }()
+		r.WroteRequest(httptrace.WroteRequestInfo{Err: writeErr})
 		select {
 		case got := <-done:
 			if want := writeErr == nil; got != want {
-				t.Errorf("write error %v: written() = %v, want %v", writeErr, got, want)
+				t.Errorf("write error %v: Written() = %v, want %v", writeErr, got, want)
 			}
-		case <-time.After(pendingWriteWait / 2):
-			t.Fatalf("written() did not return after the write report")
+		case <-time.After(wire.PendingWriteWait / 2):
+			t.Fatalf("Written() did not return after the write report")
 		}
 	}
 }
@@ -110,9 +111,9 @@ func TestWrittenWaitsForPendingWrite(t *testing.T) {
 func TestClassify(t *testing.T) {
 	p := &Provider{token: "tok3nValue"}
 	answered := func(status int, retryAfter string) *recorder {
-		r := &recorder{writeDone: make(chan struct{}, 1), status: status, retryAfter: retryAfter}
-		r.gotConn(httptrace.GotConnInfo{})
-		r.wroteRequest(httptrace.WroteRequestInfo{})
+		r := &recorder{status: status, retryAfter: retryAfter}
+		r.GotConn(httptrace.GotConnInfo{})
+		r.WroteRequest(httptrace.WroteRequestInfo{})
 		return r
 	}
 	tests := []struct {
@@ -123,7 +124,7 @@ func TestClassify(t *testing.T) {
 		code  int
 		retry time.Duration
 	}{
-		{"local bad password", &recorder{writeDone: make(chan struct{}, 1)},
+		{"local bad password", &recorder{},
 			&client.TwilioRestError{Status: 400, Code: 21224, Message: "Invalid Password. Illegal chars"}, providers.Permanent, 21224, 0},
 		{"429 by status", answered(429, "3"), &client.TwilioRestError{}, providers.Transient, 0, 3 * time.Second},
 		{"20429 by code", answered(400, ""), &client.TwilioRestError{Status: 400, Code: 20429}, providers.Transient, 20429, 0},

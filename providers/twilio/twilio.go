@@ -24,6 +24,7 @@ import (
 	openapi "github.com/twilio/twilio-go/rest/api/v2010"
 
 	"github.com/campaignctl/campaignctl/providers"
+	"github.com/campaignctl/campaignctl/providers/internal/wire"
 )
 
 // DefaultBaseURL is Twilio's REST API.
@@ -31,10 +32,6 @@ const DefaultBaseURL = "https://api.twilio.com"
 
 // DefaultTimeout bounds one HTTP request when Config.Timeout is zero; it is twilio-go's own default.
 const DefaultTimeout = 10 * time.Second
-
-// maxIdleConns is the shared pool's idle connections per host, sized for a few dozen concurrent senders;
-// net/http's default of 2 would make most sends open a new connection.
-const maxIdleConns = 128
 
 // Config configures a Provider. The zero value of BaseURL and Timeout means the default; the other fields
 // are required. cmd fills it from TWILIO_ACCOUNT_SID, TWILIO_AUTH_TOKEN, TWILIO_FROM and TWILIO_BASE_URL.
@@ -99,7 +96,7 @@ func New(cfg Config) (*Provider, error) {
 		callback:   cfg.StatusCallback,
 		creds:      client.NewCredentials(cfg.AccountSID, cfg.AuthToken),
 		timeout:    cfg.Timeout,
-		transport:  newTransport(),
+		transport:  wire.NewTransport(),
 	}
 	if p.timeout == 0 {
 		p.timeout = DefaultTimeout
@@ -139,7 +136,7 @@ func (p *Provider) Send(ctx context.Context, m providers.Message) (providers.Res
 	if err := ctx.Err(); err != nil {
 		return providers.Result{}, fmt.Errorf("twilio send: %w", err)
 	}
-	rt := &recorder{next: p.transport, target: p.target, writeDone: make(chan struct{}, 1)}
+	rt := &recorder{next: p.transport, target: p.target}
 	c := &client.Client{
 		Credentials: p.creds,
 		HTTPClient: &http.Client{
@@ -183,19 +180,6 @@ func (p *Provider) Send(ctx context.Context, m providers.Message) (providers.Res
 		res.Segments, _ = strconv.Atoi(*msg.NumSegments)
 	}
 	return res, nil
-}
-
-// newTransport returns the connection pool shared by every Send: net/http's default transport (proxy
-// from the environment, HTTP/2, the usual dial and TLS timeouts) with room for more idle connections.
-func newTransport() http.RoundTripper {
-	base, ok := http.DefaultTransport.(*http.Transport)
-	if !ok {
-		return http.DefaultTransport
-	}
-	t := base.Clone()
-	t.MaxIdleConns = maxIdleConns
-	t.MaxIdleConnsPerHost = maxIdleConns
-	return t
 }
 
 func parseBaseURL(raw string) (*url.URL, error) {

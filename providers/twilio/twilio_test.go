@@ -14,6 +14,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
+	"github.com/campaignctl/campaignctl/internal/providertest"
 	"github.com/campaignctl/campaignctl/providers"
 	"github.com/campaignctl/campaignctl/providers/sandbox"
 	"github.com/campaignctl/campaignctl/providers/twilio"
@@ -53,24 +54,7 @@ func newProvider(t *testing.T, baseURL string, edit ...func(*twilio.Config)) *tw
 // returns it.
 func providerError(t *testing.T, err error, to string) *providers.Error {
 	t.Helper()
-	if err == nil {
-		t.Fatal("Send succeeded, want an error")
-	}
-	var pe *providers.Error
-	if !errors.As(err, &pe) {
-		t.Fatalf("error %T %v is not a *providers.Error", err, err)
-	}
-	for _, text := range []string{err.Error(), pe.Reason()} {
-		for _, secret := range []string{testToken, to, strings.TrimPrefix(to, "+")} {
-			if strings.Contains(text, secret) {
-				t.Errorf("error text %q contains %q", text, secret)
-			}
-		}
-	}
-	if pe.Provider != "twilio" {
-		t.Errorf("Provider %q, want twilio", pe.Provider)
-	}
-	return pe
+	return providertest.Error(t, err, "twilio", testToken, to, strings.TrimPrefix(to, "+"))
 }
 
 func TestSendSuccess(t *testing.T) {
@@ -242,14 +226,9 @@ func TestSendResetIsAmbiguous(t *testing.T) {
 }
 
 func TestSendClosedPortIsTransient(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	ln.Close()
+	addr := providertest.ClosedAddr(t)
 	p := newProvider(t, "http://"+addr)
-	_, err = p.Send(context.Background(), providers.Message{To: testTo, Body: "hi"})
+	_, err := p.Send(context.Background(), providers.Message{To: testTo, Body: "hi"})
 	pe := providerError(t, err, testTo)
 	if pe.Class != providers.Transient || pe.Status != 0 || pe.Err == nil {
 		t.Errorf("got %+v, want transient with a transport error", pe)

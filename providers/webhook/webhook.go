@@ -29,7 +29,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"net/http/httptrace"
 	"net/url"
 	"strconv"
 	"strings"
@@ -37,6 +36,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/campaignctl/campaignctl/providers"
+	"github.com/campaignctl/campaignctl/providers/internal/wire"
 )
 
 // Header names of a webhook request.
@@ -56,9 +56,8 @@ const DefaultTolerance = 5 * time.Minute
 const signatureVersion = "v1="
 
 const (
-	maxIdleConns = 128
-	maxAnswer    = 1 << 20
-	maxMessage   = 200
+	maxAnswer  = 1 << 20
+	maxMessage = 200
 )
 
 // Config configures a Provider. The zero value of Timeout means the default; URL and Secret are required.
@@ -117,7 +116,7 @@ func New(cfg Config) (*Provider, error) {
 		hidden: hidden,
 		secret: []byte(cfg.Secret),
 		client: &http.Client{
-			Transport: newTransport(),
+			Transport: wire.NewTransport(),
 			Timeout:   timeout,
 			// A redirect would resend the message, signature and all, to an address nobody configured.
 			CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
@@ -175,8 +174,8 @@ func (p *Provider) Send(ctx context.Context, m providers.Message) (providers.Res
 	}
 	ts := strconv.FormatInt(p.now().Unix(), 10)
 
-	tr := newWriteTracker()
-	reqCtx := httptrace.WithClientTrace(context.WithoutCancel(ctx), tr.trace())
+	var tr wire.Tracker
+	reqCtx := tr.WithTrace(context.WithoutCancel(ctx))
 	req, err := http.NewRequestWithContext(reqCtx, http.MethodPost, p.url, bytes.NewReader(body))
 	if err != nil {
 		return providers.Result{}, &providers.Error{Provider: "webhook", Class: providers.Permanent,
@@ -190,7 +189,7 @@ func (p *Provider) Send(ctx context.Context, m providers.Message) (providers.Res
 	resp, err := p.client.Do(req)
 	if err != nil {
 		e := &providers.Error{Provider: "webhook", Err: p.redactErr(err, m.To), Message: "request not sent", Class: providers.Transient}
-		if tr.written() {
+		if tr.Written() {
 			e.Message, e.Class = "request sent, no answer", providers.Ambiguous
 		}
 		return providers.Result{}, e
@@ -215,7 +214,7 @@ func (p *Provider) Send(ctx context.Context, m providers.Message) (providers.Res
 	switch {
 	case st == http.StatusRequestTimeout, st == http.StatusTooManyRequests, st >= 500:
 		e.Class = providers.Transient
-		e.RetryAfter = parseRetryAfter(resp.Header.Get("Retry-After"), p.now())
+		e.RetryAfter = wire.ParseRetryAfter(resp.Header.Get("Retry-After"), p.now())
 	case st >= 300 && st <= 399:
 		e.Class, e.Message = providers.Permanent, "unexpected redirect: check WEBHOOK_URL"
 	default:
@@ -330,18 +329,6 @@ func Verify(secret string, header http.Header, body []byte, now time.Time, toler
 	return nil
 }
 
-// newTransport returns the connection pool shared by every Send.
-func newTransport() http.RoundTripper {
-	base, ok := http.DefaultTransport.(*http.Transport)
-	if !ok {
-		return http.DefaultTransport
-	}
-	t := base.Clone()
-	t.MaxIdleConns = maxIdleConns
-	t.MaxIdleConnsPerHost = maxIdleConns
-	return t
-}
-
 // redact removes the secret, the URL's password and query, and the recipient's address from a text.
 func (p *Provider) redact(s, to string) string {
 	for _, h := range p.hidden {
@@ -368,23 +355,6 @@ type redactedError struct {
 
 func (e *redactedError) Error() string { return e.msg }
 func (e *redactedError) Unwrap() error { return e.err }
-
-// parseRetryAfter reads a Retry-After header, in seconds or as an HTTP date; 0 when absent or invalid.
-func parseRetryAfter(v string, now time.Time) time.Duration {
-	if v == "" {
-		return 0
-	}
-	if s, err := strconv.Atoi(strings.TrimSpace(v)); err == nil {
-		if s < 0 {
-			return 0
-		}
-		return time.Duration(s) * time.Second
-	}
-	if t, err := http.ParseTime(v); err == nil && t.After(now) {
-		return t.Sub(now)
-	}
-	return 0
-}
 
 func truncate(s string, n int) string {
 	if len(s) <= n {

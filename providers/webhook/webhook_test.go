@@ -17,6 +17,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
+	"github.com/campaignctl/campaignctl/internal/providertest"
 	"github.com/campaignctl/campaignctl/providers"
 	"github.com/campaignctl/campaignctl/providers/sandbox"
 	"github.com/campaignctl/campaignctl/providers/webhook"
@@ -57,24 +58,7 @@ func message(to string) providers.Message {
 // and anything else given, and returns it.
 func providerError(t *testing.T, err error, secrets ...string) *providers.Error {
 	t.Helper()
-	if err == nil {
-		t.Fatal("Send succeeded, want an error")
-	}
-	var pe *providers.Error
-	if !errors.As(err, &pe) {
-		t.Fatalf("error %T %v is not a *providers.Error", err, err)
-	}
-	for _, text := range []string{err.Error(), pe.Reason()} {
-		for _, secret := range append([]string{testSecret, testTo}, secrets...) {
-			if strings.Contains(text, secret) {
-				t.Errorf("error text %q contains %q", text, secret)
-			}
-		}
-	}
-	if pe.Provider != "webhook" {
-		t.Errorf("Provider %q, want webhook", pe.Provider)
-	}
-	return pe
+	return providertest.Error(t, err, "webhook", append([]string{testSecret, testTo}, secrets...)...)
 }
 
 func TestSendSuccess(t *testing.T) {
@@ -360,15 +344,10 @@ func TestSendUnexpectedAnswers(t *testing.T) {
 }
 
 func TestSendClosedPortIsTransient(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	ln.Close()
+	addr := providertest.ClosedAddr(t)
 	// The query may hold a credential of the receiver's; it must not show in the error.
 	p := newProvider(t, "http://hook:pwsecret456@"+addr+"/hook?token=querysecret123")
-	_, err = p.Send(context.Background(), message(testTo))
+	_, err := p.Send(context.Background(), message(testTo))
 	pe := providerError(t, err, "querysecret123", "pwsecret456")
 	if pe.Class != providers.Transient || pe.Status != 0 || pe.Err == nil {
 		t.Errorf("got %+v, want transient with a transport error", pe)

@@ -1,0 +1,157 @@
+// Package wire is the HTTP plumbing the provider adapters share: a Tracker that tells whether a request
+// may have reached the server, the connection pool of a provider's client (NewTransport), and the
+// reading of a Retry-After header (ParseRetryAfter).
+//
+// A request that fails without an answer either never left (connection refused, DNS, TLS: sending it
+// again is safe) or was written and then lost its answer (timeout, reset: the provider may have accepted
+// it, and sending it again risks a double send). A Tracker tells the two apart from the GotConn and
+// WroteRequest reports of net/http/httptrace.
+//
+// Use one Tracker per request, attached to the request's context:
+//
+//	var tr wire.Tracker
+//	req, _ := http.NewRequestWithContext(tr.WithTrace(ctx), ...)
+//	resp, err := client.Do(req)
+//	if err != nil && tr.Written() {
+//		// ambiguous: the request may have arrived
+//	}
+//
+// Since each request reports to its own Tracker, what it says cannot be mixed up with another
+// goroutine's request on a shared connection pool.
+package wire
+
+import (
+	"context"
+	"net/http"
+	"net/http/httptrace"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+)
+
+// PendingWriteWait bounds how long Written waits to learn whether a write still in progress got through.
+// net/http may report the end of a write after Do or RoundTrip has already returned (the client timeout
+// cancels the round trip, not the writer); once the connection is closed that report comes at once, so
+// the wait is short in practice.
+const PendingWriteWait = time.Second
+
+// Tracker follows one HTTP request: whether a connection was obtained for it and whether it was written.
+// Its methods are safe for concurrent use (net/http reports writes on its own goroutine, possibly after
+// the round trip has returned). The zero Tracker is ready to use; a Tracker must not be copied after
+// first use.
+type Tracker struct {
+	mu        sync.Mutex
+	writeDone chan struct{} // signalled after each write report, capacity 1; made on first use
+	conns     int           // connections obtained (net/http may retry a request that wrote nothing)
+	writes    int           // write reports, successful or not
+	wrote     bool          // a write succeeded
+}
+
+// WithTrace returns a copy of ctx whose client trace reports to t, composed with any trace ctx already
+// holds. Send the request with that context.
+func (t *Tracker) WithTrace(ctx context.Context) context.Context {
+	return httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{GotConn: t.GotConn, WroteRequest: t.WroteRequest})
+}
+
+// GotConn is the httptrace.ClientTrace hook that counts a connection obtained for the request.
+func (t *Tracker) GotConn(httptrace.GotConnInfo) {
+	t.mu.Lock()
+	t.conns++
+	t.mu.Unlock()
+}
+
+// WroteRequest is the httptrace.ClientTrace hook that records a write report, successful or not. It runs
+// on net/http's writer goroutine, possibly after the round trip has returned.
+func (t *Tracker) WroteRequest(info httptrace.WroteRequestInfo) {
+	t.mu.Lock()
+	t.writes++
+	if info.Err == nil {
+		t.wrote = true
+	}
+	done := t.doneLocked()
+	t.mu.Unlock()
+	select {
+	case done <- struct{}{}:
+	default:
+	}
+}
+
+// Connected reports whether a connection to the server was ever obtained.
+func (t *Tracker) Connected() bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.conns > 0
+}
+
+// Written reports, after a round trip failed without an answer, whether the request may have reached
+// the server. It is false only when that is certain: no connection was made, or every write failed.
+// net/http reports a successful write once the request is in its buffer, just before the flush, so a
+// failed flush counts as written; that errs on the side of ambiguity, never of a double send. While a
+// write is still in progress it waits for its report, at most PendingWriteWait, and then says true.
+func (t *Tracker) Written() bool {
+	timer := time.NewTimer(PendingWriteWait)
+	defer timer.Stop()
+	for {
+		t.mu.Lock()
+		conns, writes, wrote := t.conns, t.writes, t.wrote
+		done := t.doneLocked()
+		t.mu.Unlock()
+		switch {
+		case wrote:
+			return true
+		case conns == 0:
+			return false
+		case writes >= conns:
+			return false
+		}
+		select {
+		case <-done:
+		case <-timer.C:
+			return true // still writing: it may yet arrive
+		}
+	}
+}
+
+// doneLocked returns the write report signal, making it on first use. t.mu must be held.
+func (t *Tracker) doneLocked() chan struct{} {
+	if t.writeDone == nil {
+		t.writeDone = make(chan struct{}, 1)
+	}
+	return t.writeDone
+}
+
+// MaxIdleConns is the idle connections per host of the pool NewTransport returns, sized for a few dozen
+// concurrent senders; net/http's default of 2 would make most sends open a new connection.
+const MaxIdleConns = 128
+
+// NewTransport returns a connection pool for a provider's shared http.Client: net/http's default
+// transport (proxy from the environment, HTTP/2, the usual dial and TLS timeouts) with room for
+// MaxIdleConns idle connections.
+func NewTransport() http.RoundTripper {
+	base, ok := http.DefaultTransport.(*http.Transport)
+	if !ok {
+		return http.DefaultTransport
+	}
+	t := base.Clone()
+	t.MaxIdleConns = MaxIdleConns
+	t.MaxIdleConnsPerHost = MaxIdleConns
+	return t
+}
+
+// ParseRetryAfter reads a Retry-After header, in seconds or as an HTTP date; 0 when absent or invalid.
+func ParseRetryAfter(v string, now time.Time) time.Duration {
+	if v == "" {
+		return 0
+	}
+	if s, err := strconv.Atoi(strings.TrimSpace(v)); err == nil {
+		if s < 0 {
+			return 0
+		}
+		return time.Duration(s) * time.Second
+	}
+	if t, err := http.ParseTime(v); err == nil && t.After(now) {
+		return t.Sub(now)
+	}
+	return 0
+}

@@ -1,0 +1,97 @@
+package sandbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// The sandbox posts delivery receipts (Twilio status callbacks, receipts.go) and events (SendGrid's
+// Event Webhook, sendgrid_events.go) only to this machine: the URL must name "localhost" or a loopback
+// IP, the dialer checks the address again after resolution, and no proxy or redirect is followed.
+
+// loopbackTimeout bounds one receipt or event POST, from the dial to the end of the answer.
+const loopbackTimeout = 5 * time.Second
+
+// parseLoopbackURL parses raw and accepts it only if it is an http(s) URL whose host is "localhost" or a
+// loopback IP. what names the URL in the error ("the SendGrid event URL").
+func parseLoopbackURL(what, raw string) (*url.URL, error) {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return nil, errors.New(what + " is not a valid URL")
+	}
+	if u.Scheme != "http" && u.Scheme != "https" {
+		return nil, fmt.Errorf("%s %q is not http(s)", what, u.Redacted())
+	}
+	host := u.Hostname()
+	if ip := net.ParseIP(host); (ip == nil || !ip.IsLoopback()) && !strings.EqualFold(host, "localhost") {
+		return nil, fmt.Errorf("%s %q is not on a loopback host: the sandbox posts events only to this machine", what, u.Redacted())
+	}
+	return u, nil
+}
+
+// loopbackURL reports whether raw is an http(s) URL whose host is localhost or a loopback IP, with no
+// credentials in it.
+func loopbackURL(raw string) bool {
+	u, err := parseLoopbackURL("the URL", raw)
+	return err == nil && u.User == nil
+}
+
+// loopbackOnly is the dialer's Control: it refuses any address that is not loopback, whatever the host
+// name resolved to.
+func loopbackOnly(_, address string, _ syscall.RawConn) error {
+	host, _, err := net.SplitHostPort(address)
+	if err != nil {
+		return err
+	}
+	if ip := net.ParseIP(host); ip == nil || !ip.IsLoopback() {
+		return errors.New("sandbox: refusing to dial non-loopback " + host)
+	}
+	return nil
+}
+
+// loopbackClient is the HTTP client of receipts and events: it dials loopback addresses only (so a
+// "localhost" that resolves elsewhere is refused too) and follows no redirect.
+func loopbackClient() *http.Client {
+	dialer := &net.Dialer{Timeout: loopbackTimeout, Control: loopbackOnly}
+	return &http.Client{
+		Timeout: loopbackTimeout,
+		Transport: &http.Transport{
+			Proxy:               nil, // a proxy would take the posts off this machine
+			DialContext:         dialer.DialContext,
+			MaxIdleConnsPerHost: 16,
+			IdleConnTimeout:     30 * time.Second,
+		},
+		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
+	}
+}
+
+// postLoopback POSTs body to target through client (a loopbackClient) with the given headers, within
+// loopbackTimeout. It reads a bounded part of the answer, so that the connection can be reused, and
+// fails unless the answer is a 2xx.
+func postLoopback(client *http.Client, target string, header http.Header, body io.Reader) error {
+	ctx, cancel := context.WithTimeout(context.Background(), loopbackTimeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, target, body)
+	if err != nil {
+		return err
+	}
+	req.Header = header
+	resp, err := client.Do(req)
+	if err != nil {
+		return err
+	}
+	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<16))
+	resp.Body.Close()
+	if resp.StatusCode < 200 || resp.StatusCode > 299 {
+		return fmt.Errorf("receiver answered %d", resp.StatusCode)
+	}
+	return nil
+}
