@@ -10,6 +10,11 @@ if ! command -v redis-server >/dev/null && [ ! -x /usr/bin/redis-server ]; then
   say "installing redis-server for the chaos test"
   apt_install redis-server
 fi
+# The UI test loads `campaignctl ui` in headless Chromium (it skips without it).
+if ! command -v chromium >/dev/null && [ ! -x /usr/bin/chromium ]; then
+  say "installing chromium for the UI test"
+  apt_install chromium
+fi
 
 if [ $# -eq 0 ]; then set -- ./...; fi
 say "go test -race $*"

@@ -1,8 +1,323 @@
 package main
 
-import "github.com/spf13/cobra"
+import (
+	"context"
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/hibiken/asynqmon"
+	"github.com/redis/go-redis/v9"
+	"github.com/spf13/cobra"
+
+	"github.com/campaignctl/campaignctl/worker"
+)
+
+// uiAuthEnv holds the UI's credentials (user:password) when no --basic-auth-file is given.
+const uiAuthEnv = "CAMPAIGNCTL_UI_AUTH"
+
+// uiRealm is the realm of the UI's Basic auth challenge.
+const uiRealm = "campaignctl ui"
 
 func (a *app) newUICmd() *cobra.Command {
-	return &cobra.Command{Use: "ui", Short: "The Asynq web UI (asynqmon), embedded", Hidden: true,
-		RunE: func(*cobra.Command, []string) error { return usagef("ui is not available yet") }}
+	var addr, authFile, prometheusAddr string
+	var readOnly bool
+	cmd := &cobra.Command{
+		Use:   "ui",
+		Short: "Serve the Asynq web UI (asynqmon) for the campaign queues",
+		Long: `Serve the Asynq web UI (asynqmon, built in: no Node.js, no npm) on the Redis of REDIS_URL/--redis-url:
+queues, pending, scheduled, retrying and archived (dead-letter) batches, workers and Redis itself. A campaign
+batch shows as "campaign 42, batch 7".
+
+It listens on loopback (127.0.0.1:8080) by default. asynqmon has no login of its own and can delete, run
+and archive tasks, so any other address (0.0.0.0, a LAN IP, a host name other than localhost) needs
+credentials, from either
+  --basic-auth-file FILE   one line user:password; the file must not be readable by other users (chmod 600)
+  ` + uiAuthEnv + `      user:password (the file wins when both are given)
+With credentials, every request (on loopback too) needs HTTP Basic auth. Without them, the loopback UI
+answers only to the host names localhost, 127.0.0.1 and ::1 (no DNS rebinding). Cross-site requests that
+change anything are refused in every mode.
+
+--read-only hides the buttons and refuses every request that would change a queue or a task (405).
+--prometheus-addr turns on asynqmon's metrics view: the Prometheus server that scrapes the workers'
+--metrics-addr. The UI stops gracefully on SIGINT or SIGTERM.`,
+		Example: `  campaignctl ui                                   # http://127.0.0.1:8080/, this machine only
+  campaignctl ui --read-only --addr 127.0.0.1:9000
+
+  # from your laptop, through SSH (then open http://127.0.0.1:8080/)
+  ssh -L 8080:127.0.0.1:8080 ops@queue-host campaignctl ui
+
+  # on the network: credentials first
+  (umask 077; printf 'ops:%s\n' "$(openssl rand -base64 24)" > /etc/campaignctl/ui.auth)
+  campaignctl ui --addr 0.0.0.0:8080 --basic-auth-file /etc/campaignctl/ui.auth --read-only
+  ` + uiAuthEnv + `="ops:$UI_PASSWORD" campaignctl ui --addr 10.0.0.5:8080
+
+  # with the metrics view
+  campaignctl ui --prometheus-addr http://prometheus.monitoring:9090`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			ctx := cmd.Context()
+			host, err := uiCheckAddr(addr)
+			if err != nil {
+				return err
+			}
+			promURL, err := uiCheckPrometheus(prometheusAddr)
+			if err != nil {
+				return err
+			}
+			creds, err := a.uiCredentials(authFile)
+			if err != nil {
+				return err
+			}
+			loopback := uiIsLoopback(host)
+			if !loopback && creds == nil {
+				return usagef("--addr %s is not a loopback address and asynqmon has no login of its own: give credentials with --basic-auth-file FILE (one line user:password, chmod 600) or %s=user:password, or listen on 127.0.0.1",
+					addr, uiAuthEnv)
+			}
+
+			// The same Redis as every other command, checked before anything is served.
+			rdb, err := a.openRedis(ctx)
+			if err != nil {
+				return err
+			}
+			ropt := *rdb.Options()
+			rdb.Close()
+
+			mon := asynqmon.New(asynqmon.Options{
+				RootPath:          "/",
+				RedisConnOpt:      uiRedisOpt{opt: ropt},
+				PayloadFormatter:  uiPayloadFormatter,
+				PrometheusAddress: promURL,
+				ReadOnly:          readOnly,
+			})
+			defer mon.Close()
+
+			log := a.logger()
+			var h http.Handler = http.NewCrossOriginProtection().Handler(mon)
+			if creds != nil {
+				h = creds.require(h, log)
+			} else {
+				h = uiLocalHostOnly(h)
+			}
+
+			ln, err := net.Listen("tcp", addr)
+			if err != nil {
+				return usagef("--addr %s: %v", addr, err)
+			}
+			srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute}
+			stopped := make(chan struct{})
+			go func() {
+				defer close(stopped)
+				<-ctx.Done()
+				shut, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+				defer cancel()
+				srv.Shutdown(shut) //nolint:errcheck // best effort on the way out
+			}()
+
+			var notes []string
+			if !loopback {
+				notes = append(notes, "reachable from the network")
+			}
+			if creds != nil {
+				notes = append(notes, fmt.Sprintf("basic auth as %q from %s", creds.user, creds.source))
+			}
+			if readOnly {
+				notes = append(notes, "read-only")
+			}
+			if promURL != "" {
+				notes = append(notes, "metrics from "+redact(promURL))
+			}
+			line := fmt.Sprintf("Asynq web UI at http://%s/ (Redis %s)", ln.Addr(), ropt.Addr)
+			if len(notes) > 0 {
+				line += "; " + strings.Join(notes, ", ")
+			}
+			fmt.Fprintln(a.stderr, line)
+
+			if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				return err
+			}
+			<-stopped
+			fmt.Fprintln(a.stderr, "Asynq web UI stopped")
+			return nil
+		},
+	}
+	cmd.Flags().StringVar(&addr, "addr", "127.0.0.1:8080", "listen address host:port; anything but loopback needs credentials")
+	cmd.Flags().BoolVar(&readOnly, "read-only", false, "view only: no pausing, deleting, running or archiving")
+	cmd.Flags().StringVar(&authFile, "basic-auth-file", "", "file holding one line user:password (mode 600): every request must log in with it (else $"+uiAuthEnv+")")
+	cmd.Flags().StringVar(&prometheusAddr, "prometheus-addr", "", "Prometheus server URL for the metrics view, e.g. http://127.0.0.1:9090")
+	return cmd
+}
+
+// uiCheckAddr validates --addr and returns its host.
+func uiCheckAddr(addr string) (string, error) {
+	host, port, err := net.SplitHostPort(addr)
+	if err == nil {
+		if n, perr := strconv.Atoi(port); perr != nil || n < 0 || n > 65535 {
+			err = errors.New("bad port")
+		}
+	}
+	if err != nil {
+		return "", usagef("--addr %q: give host:port, e.g. 127.0.0.1:8080 (this machine only) or 0.0.0.0:8080 (every interface, with credentials)", addr)
+	}
+	return host, nil
+}
+
+// uiIsLoopback tells whether a listen host reaches this machine only: localhost or a loopback IP. An
+// empty host (":8080") means every interface.
+func uiIsLoopback(host string) bool {
+	h := strings.TrimSuffix(strings.ToLower(host), ".")
+	if h == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(strings.Trim(h, "[]"))
+	return ip != nil && ip.IsLoopback()
+}
+
+// uiCheckPrometheus validates --prometheus-addr: an http(s) URL with a host, returned without a trailing
+// slash (asynqmon appends /api/v1/...).
+func uiCheckPrometheus(raw string) (string, error) {
+	if raw == "" {
+		return "", nil
+	}
+	u, err := url.Parse(raw)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.RawQuery != "" || u.Fragment != "" {
+		return "", usagef("--prometheus-addr %q: give the Prometheus server's base URL, e.g. http://127.0.0.1:9090", redact(raw))
+	}
+	return strings.TrimSuffix(raw, "/"), nil
+}
+
+// uiRedisOpt hands asynqmon clients with the options of the Redis every other command uses (REDIS_URL or
+// --redis-url). Each call makes a client of its own, which asynqmon closes.
+type uiRedisOpt struct{ opt redis.Options }
+
+func (o uiRedisOpt) MakeRedisClient() any {
+	opt := o.opt
+	return redis.NewClient(&opt)
+}
+
+// uiPayloadFormatter shows a campaign batch as "campaign 42, batch 7"; other payloads as asynqmon would.
+var uiPayloadFormatter = asynqmon.PayloadFormatterFunc(func(taskType string, payload []byte) string {
+	if taskType == worker.TaskBatch {
+		var p struct {
+			CampaignID *int64 `json:"campaign_id"`
+			Batch      *int   `json:"batch"`
+		}
+		if err := json.Unmarshal(payload, &p); err == nil && p.CampaignID != nil && p.Batch != nil {
+			return fmt.Sprintf("campaign %d, batch %d", *p.CampaignID, *p.Batch)
+		}
+	}
+	return asynqmon.DefaultPayloadFormatter.FormatPayload(taskType, payload)
+})
+
+// uiCreds are the UI's Basic auth credentials. Only the user name is ever shown; the password is kept
+// as a hash for the comparison.
+type uiCreds struct {
+	user           string
+	userSum, pwSum [sha256.Size]byte
+	source         string // where they came from, for messages
+}
+
+// uiCredentials reads --basic-auth-file, else CAMPAIGNCTL_UI_AUTH; nil when neither is set. Errors never
+// quote the content.
+func (a *app) uiCredentials(file string) (*uiCreds, error) {
+	if file != "" {
+		fi, err := os.Stat(file)
+		if err != nil {
+			return nil, usagef("--basic-auth-file: %v; write one line user:password to it (chmod 600)", err)
+		}
+		if !fi.Mode().IsRegular() {
+			return nil, usagef("--basic-auth-file %s is not a regular file; write one line user:password to a file (chmod 600)", file)
+		}
+		if perm := fi.Mode().Perm(); perm&0o007 != 0 {
+			return nil, usagef("--basic-auth-file %s can be read or written by other users (mode %04o): chmod 600 %s", file, perm, file)
+		}
+		b, err := os.ReadFile(file)
+		if err != nil {
+			return nil, usagef("--basic-auth-file: %v", err)
+		}
+		c, why := uiParseCreds(string(b))
+		if why != "" {
+			return nil, usagef("--basic-auth-file %s: %s; it must hold one line user:password", file, why)
+		}
+		c.source = file
+		return c, nil
+	}
+	if v := a.getenv(uiAuthEnv); v != "" {
+		c, why := uiParseCreds(v)
+		if why != "" {
+			return nil, usagef("%s: %s; set it to user:password", uiAuthEnv, why)
+		}
+		c.source = uiAuthEnv
+		return c, nil
+	}
+	return nil, nil
+}
+
+// uiParseCreds parses "user:password" (one line; a final line break is allowed). The reason it returns on
+// failure never contains the secret.
+func uiParseCreds(s string) (*uiCreds, string) {
+	s = strings.TrimRight(s, "\r\n")
+	switch {
+	case strings.TrimSpace(s) == "":
+		return nil, "empty"
+	case strings.ContainsAny(s, "\r\n"):
+		return nil, "more than one line"
+	}
+	user, pw, ok := strings.Cut(s, ":")
+	switch {
+	case !ok:
+		return nil, "no ':' between user and password"
+	case user == "":
+		return nil, "the user is empty"
+	case pw == "":
+		return nil, "the password is empty"
+	case strings.ContainsFunc(s, func(r rune) bool { return r < 0x20 || r == 0x7f }):
+		return nil, "control characters"
+	}
+	return &uiCreds{user: user, userSum: sha256.Sum256([]byte(user)), pwSum: sha256.Sum256([]byte(pw))}, ""
+}
+
+// require answers 401 with a Basic challenge to any request without the right credentials. User and
+// password are compared in constant time (as hashes, so that their lengths do not leak either).
+func (c *uiCreds) require(next http.Handler, log *slog.Logger) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		user, pw, ok := r.BasicAuth()
+		if ok {
+			us, ps := sha256.Sum256([]byte(user)), sha256.Sum256([]byte(pw))
+			if subtle.ConstantTimeCompare(us[:], c.userSum[:])&subtle.ConstantTimeCompare(ps[:], c.pwSum[:]) == 1 {
+				next.ServeHTTP(w, r)
+				return
+			}
+			log.Warn("ui: wrong credentials", "remote", r.RemoteAddr, "path", r.URL.Path)
+		}
+		w.Header().Set("WWW-Authenticate", `Basic realm="`+uiRealm+`", charset="UTF-8"`)
+		http.Error(w, "401 Unauthorized: this UI needs its user name and password", http.StatusUnauthorized)
+	})
+}
+
+// uiLocalHostOnly refuses requests whose Host is not a loopback name, so that a web page on a name that
+// resolves to 127.0.0.1 (DNS rebinding) cannot drive an unauthenticated loopback UI.
+func uiLocalHostOnly(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		host := r.Host
+		if h, _, err := net.SplitHostPort(host); err == nil {
+			host = h
+		}
+		if !uiIsLoopback(host) {
+			http.Error(w, fmt.Sprintf("403 Forbidden: without credentials this UI answers only to localhost, 127.0.0.1 or [::1], not to %q; open http://127.0.0.1:PORT/ or start it with --basic-auth-file", r.Host),
+				http.StatusForbidden)
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
 }
