@@ -44,6 +44,29 @@ type Spec struct {
 	// FrequencyCap excludes, at plan time, and skips, at send time, anyone who got a message on this
 	// channel within this long, across campaigns (0: no cap; the CLI's default is DefaultFrequencyCap).
 	FrequencyCap time.Duration
+	// RecipientType is the İYS recipient type whose consents count: BIREYSEL (default) or TACIR.
+	RecipientType string
+	// Transactional marks a message that is not commercial (an order update, a security notice): İYS
+	// consent is not required (law 6563 exempts it), and it carries no promo code.
+	Transactional bool
+	// MaxConsentAge refuses a commercial launch on an İYS channel when the consents were last brought up
+	// to date (an İYS pull, a re-verification, a CSV import) longer ago than this; 0 skips the check.
+	MaxConsentAge time.Duration
+	// AllowStaleConsent launches anyway, and is recorded on the campaign.
+	AllowStaleConsent bool
+	// Rules is the content lint for commercial SMS (nil: no lint).
+	Rules *ContentRules
+}
+
+// ContentRules is what a commercial SMS must carry under law 6563: the sender's identity and how to refuse
+// further messages. Each is a regular expression the rendered text must match.
+type ContentRules struct {
+	// Sender matches the sender's identity (trade name, MERSİS number), e.g. from SENDER_IDENTITY.
+	Sender *regexp.Regexp
+	// SenderHint is what to tell the marketer to add when Sender does not match.
+	SenderHint string
+	// OptOut matches the refusal instruction, e.g. "RET yazıp 4609'a gönderin".
+	OptOut *regexp.Regexp
 }
 
 // Report is what a launch found and did. It is printed for the marketer and, with --json, for programs.
@@ -74,6 +97,14 @@ type Report struct {
 	// StartAt is when a scheduled campaign begins; Window its daily send window.
 	StartAt *time.Time `json:"start_at,omitempty"`
 	Window  string     `json:"window,omitempty"`
+	// RecipientType is the İYS recipient type checked (BIREYSEL or TACIR); Transactional says İYS was not
+	// checked at all.
+	RecipientType string `json:"recipient_type"`
+	Transactional bool   `json:"transactional,omitempty"`
+	// ConsentSyncedAt is when the consents were last brought up to date; StaleConsentAllowed is set when
+	// that was too long ago and the launch went ahead with --allow-stale-consent.
+	ConsentSyncedAt     *time.Time `json:"consent_synced_at,omitempty"`
+	StaleConsentAllowed bool       `json:"stale_consent_allowed,omitempty"`
 }
 
 var nameRE = regexp.MustCompile(`^[\p{L}\p{N}][\p{L}\p{N} ._:/-]{0,127}$`)
@@ -110,7 +141,46 @@ func (s *Spec) Validate() error {
 	if _, err := ParseContent(s.Content()); err != nil {
 		return err
 	}
+	switch s.RecipientType {
+	case "", "BIREYSEL", "TACIR":
+	default:
+		return fmt.Errorf("%w: --recipient-type %q: use BIREYSEL (individuals) or TACIR (merchants)", ErrInvalid, s.RecipientType)
+	}
+	if s.Transactional && s.CodePool != "" {
+		return fmt.Errorf("%w: a transactional message carries no promo code (a code makes it commercial, which needs İYS consent); drop --code-pool or --transactional", ErrInvalid)
+	}
+	if s.MaxConsentAge < 0 {
+		return fmt.Errorf("%w: --max-consent-age %v must be a duration like 24h, or 0 to skip the check", ErrInvalid, s.MaxConsentAge)
+	}
+	return s.lint()
+}
+
+// lint checks a commercial SMS for what law 6563 wants in it. The template is checked as written; a
+// field can carry neither the identity nor the instruction, so the fixed text must.
+func (s Spec) lint() error {
+	if s.Rules == nil || s.Transactional || s.Channel != ChannelSMS {
+		return nil
+	}
+	var missing []string
+	if s.Rules.Sender != nil && !s.Rules.Sender.MatchString(s.Message) {
+		missing = append(missing, "the sender's identity ("+s.Rules.SenderHint+")")
+	}
+	if s.Rules.OptOut != nil && !s.Rules.OptOut.MatchString(s.Message) {
+		missing = append(missing, "how to refuse further messages (e.g. \"RET yazıp 4609'a gönderin\")")
+	}
+	if len(missing) > 0 {
+		return fmt.Errorf("%w: a commercial SMS must carry %s (law 6563); add it to --message, or launch with --transactional if the message is not commercial",
+			ErrInvalid, strings.Join(missing, " and "))
+	}
 	return nil
+}
+
+// recipientType is the İYS recipient type the campaign checks.
+func (s Spec) recipientType() string {
+	if s.RecipientType == "" {
+		return "BIREYSEL"
+	}
+	return s.RecipientType
 }
 
 // Content returns the spec's message parts.
@@ -167,7 +237,8 @@ func (p *Planner) Plan(ctx context.Context, spec Spec) (Report, error) {
 	if spec.StatementTimeout == 0 {
 		spec.StatementTimeout = 5 * time.Minute
 	}
-	rep := Report{Name: spec.Name, Channel: spec.Channel, DryRun: spec.DryRun, CodePool: spec.CodePool, Excluded: map[string]int64{}}
+	rep := Report{Name: spec.Name, Channel: spec.Channel, DryRun: spec.DryRun, CodePool: spec.CodePool, Excluded: map[string]int64{},
+		RecipientType: spec.recipientType(), Transactional: spec.Transactional}
 	if err := spec.Validate(); err != nil {
 		return rep, err
 	}

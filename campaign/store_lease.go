@@ -29,8 +29,8 @@ type Chunk struct {
 	Leased map[string]bool
 	// Busy counts pending rows under another run's live lease.
 	Busy int
-	// Consent holds the addresses that have consent right now (İYS ONAY for the channel, recipient type
-	// BIREYSEL). Channels without an İYS type (push) report every address: their opt-in is decided at plan
+	// Consent holds the addresses that have consent right now (İYS ONAY for the channel and the campaign's
+	// recipient type). Channels without an İYS type (push) report every address: their opt-in is decided at plan
 	// time.
 	Consent map[string]bool
 }
@@ -67,8 +67,8 @@ func (s *Store) LeaseChunk(ctx context.Context, c *Campaign, users, addrs []stri
 			array(SELECT suspect FROM got ORDER BY user_id),
 			(SELECT count(*) FROM cur) - (SELECT count(*) FROM got),
 			array(SELECT recipient FROM iys_consents
-				WHERE recipient = ANY($6) AND type = $7 AND recipient_type = 'BIREYSEL' AND status = 'ONAY')`,
-		c.ID, users, l.Token, l.Epoch, l.TTL.Milliseconds(), addrs, c.Channel.IYSType(), l.AnyState).
+				WHERE recipient = ANY($6) AND type = $7 AND recipient_type = $9 AND status = 'ONAY')`,
+		c.ID, users, l.Token, l.Epoch, l.TTL.Milliseconds(), addrs, c.Channel.IYSType(), l.AnyState, recipientTypeOf(c)).
 		Scan(&ch.State, &leased, &suspect, &ch.Busy, &ok)
 	if err != nil {
 		return ch, fmt.Errorf("lease chunk of batch %d: %w", l.Batch, err)
@@ -76,7 +76,8 @@ func (s *Store) LeaseChunk(ctx context.Context, c *Campaign, users, addrs []stri
 	for i, u := range leased {
 		ch.Leased[u] = suspect[i]
 	}
-	if c.Channel.IYSType() == "" {
+	if c.Channel.IYSType() == "" || c.Transactional {
+		// Push and webhook opt-ins are decided at plan time; a transactional message needs no consent.
 		for _, a := range addrs {
 			ch.Consent[a] = true
 		}
@@ -85,6 +86,13 @@ func (s *Store) LeaseChunk(ctx context.Context, c *Campaign, users, addrs []stri
 		ch.Consent[a] = true
 	}
 	return ch, nil
+}
+
+func recipientTypeOf(c *Campaign) string {
+	if c.RecipientType == "" {
+		return "BIREYSEL"
+	}
+	return c.RecipientType
 }
 
 // RenewLease extends the run's lease on users' rows that are still pending. It returns how many it

@@ -56,11 +56,16 @@ func (p *Planner) plan(ctx context.Context, spec Spec, tmpl *Template, rep *Repo
 	if spec.Window.Zone != nil {
 		zone = spec.Window.Zone.String()
 	}
+	if err := p.consentGate(ctx, tx, spec, rep); err != nil {
+		return err
+	}
 	err = tx.QueryRow(ctx, `INSERT INTO campaigns (name, channel, state, message, subject, code_pool, rate, audience_sql, batch_size,
-			start_at, send_window, window_zone, frequency_cap_seconds, html, template_id)
-		VALUES ($1, $2, 'planning', $3, $4, NULLIF($5, ''), $6, $7, $8, $9, $10, $11, $12, $13, $14) RETURNING id`,
+			start_at, send_window, window_zone, frequency_cap_seconds, html, template_id, recipient_type, transactional,
+			allow_stale_consent, template_hash)
+		VALUES ($1, $2, 'planning', $3, $4, NULLIF($5, ''), $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18) RETURNING id`,
 		spec.Name, spec.Channel, spec.Message, spec.Subject, spec.CodePool, spec.Rate, spec.AudienceSQL, spec.BatchSize,
-		startAt, spec.Window.String(), zone, int64(spec.FrequencyCap/time.Second), spec.HTML, spec.TemplateID).Scan(&id)
+		startAt, spec.Window.String(), zone, int64(spec.FrequencyCap/time.Second), spec.HTML, spec.TemplateID,
+		spec.recipientType(), spec.Transactional, rep.StaleConsentAllowed, spec.Content().Hash()).Scan(&id)
 	if err != nil {
 		var pgErr *pgconn.PgError
 		if errors.As(err, &pgErr) && pgErr.Code == "23505" {
@@ -108,11 +113,11 @@ func (p *Planner) plan(ctx context.Context, spec Spec, tmpl *Template, rep *Repo
 			     WHEN a.address IS NULL OR ia.address IS NOT NULL THEN '`+ReasonInvalidAddress+`'
 			     WHEN a.arn > 1 THEN '`+ReasonDuplicateAddress+`'
 			     WHEN `+missingValueTest(tmpl, spec.Channel)+` THEN '`+ReasonMissingValue+`'
-			     `+consentTest(spec.Channel)+`
+			     `+consentTest(spec)+`
 			     WHEN r.address IS NOT NULL THEN '`+ReasonFrequencyCap+`'
 			END AS reason
 		FROM a LEFT JOIN iys_consents c
-			ON c.recipient = a.address AND c.type = '`+spec.Channel.IYSType()+`' AND c.recipient_type = 'BIREYSEL'
+			ON c.recipient = a.address AND c.type = '`+spec.Channel.IYSType()+`' AND c.recipient_type = '`+spec.recipientType()+`'
 		LEFT JOIN invalid_addresses ia ON ia.channel = '`+string(spec.Channel)+`' AND ia.address = a.address
 		LEFT JOIN recent_sends r ON r.address = a.address`); err != nil {
 		return fmt.Errorf("plan: classify audience: %w", err)
@@ -292,12 +297,43 @@ func missingValueTest(tmpl *Template, ch Channel) string {
 
 // consentTest is the classification's consent branch: İYS ONAY for the channel's type, or for push (no
 // İYS channel) the audience's own opt-in column.
-func consentTest(ch Channel) string {
+func consentTest(spec Spec) string {
+	ch := spec.Channel
+	if spec.Transactional {
+		return "" // not commercial: law 6563 asks no consent
+	}
 	if ch.IYSType() == "" {
 		return `WHEN lower(coalesce(a.vars->>'` + ch.OptInColumn() + `', '')) NOT IN ('true', 't', '1', 'yes', 'y', 'on') THEN '` + ReasonNoOptIn + `'`
 	}
 	return `WHEN c.status IS NULL THEN '` + ReasonNoConsent + `'
 			     WHEN c.status <> 'ONAY' THEN '` + ReasonConsentRET + `'`
+}
+
+// consentGate refuses a commercial launch on an İYS channel whose consents were last brought up to date
+// longer ago than spec.MaxConsentAge, unless spec.AllowStaleConsent (then the report and the campaign
+// record it).
+func (p *Planner) consentGate(ctx context.Context, tx pgx.Tx, spec Spec, rep *Report) error {
+	if spec.Transactional || spec.Channel.IYSType() == "" || spec.MaxConsentAge == 0 {
+		return nil
+	}
+	var last *time.Time
+	if err := tx.QueryRow(ctx, `SELECT max(last_success_at) FROM iys_sync_state`).Scan(&last); err != nil {
+		return fmt.Errorf("plan: consent sync state: %w", err)
+	}
+	rep.ConsentSyncedAt = last
+	if last != nil && time.Since(*last) <= spec.MaxConsentAge {
+		return nil
+	}
+	if spec.AllowStaleConsent {
+		rep.StaleConsentAllowed = true
+		return nil
+	}
+	when := "never"
+	if last != nil {
+		when = fmt.Sprintf("last at %s (%s ago)", last.Format(time.RFC3339), time.Since(*last).Round(time.Minute))
+	}
+	return fmt.Errorf("%w: the İYS consents were brought up to date %s, longer ago than --max-consent-age %v; a RET given since then would be missed. Run `campaignctl iys sync` (or import a fresh consent file), or launch with --allow-stale-consent to go ahead anyway (it is recorded on the campaign)",
+		ErrInvalid, when, spec.MaxConsentAge)
 }
 
 func quoteLiteral(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }

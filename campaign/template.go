@@ -2,6 +2,8 @@ package campaign
 
 import (
 	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	htmltemplate "html/template"
@@ -56,6 +58,15 @@ func ParseContent(c Content) (*Template, error) {
 		}
 	}
 	return t, nil
+}
+
+// Hash identifies the content (every part) in the audit: the SHA-256 of the parts, hex.
+func (c Content) Hash() string {
+	h := sha256.New()
+	for _, part := range []string{c.Text, c.Subject, c.HTML, c.TemplateID} {
+		fmt.Fprintf(h, "%d:%s", len(part), part)
+	}
+	return hex.EncodeToString(h.Sum(nil))
 }
 
 // Parts is a message rendered for one recipient.

@@ -89,6 +89,10 @@ func Import(ctx context.Context, pool *pgxpool.Pool, r io.Reader, opts ImportOpt
 	if err != nil {
 		return rep, fmt.Errorf("import consents: merge: %w", err)
 	}
+	// A file exported from İYS brings the consents up to date as a pull does: launches check how long ago.
+	if err := MarkSynced(ctx, tx, SourceImport); err != nil {
+		return rep, fmt.Errorf("import consents: %w", err)
+	}
 	if err := tx.Commit(ctx); err != nil {
 		return rep, fmt.Errorf("import consents: commit: %w", err)
 	}
@@ -225,4 +229,18 @@ func Lookup(ctx context.Context, pool *pgxpool.Pool, recipient, typ, recipientTy
 	}
 	c.ConsentDate = c.ConsentDate.In(istanbul)
 	return c, nil
+}
+
+// SourceImport names CSV imports in iys_sync_state.
+const SourceImport = "import"
+
+// MarkSynced records that the consents were brought up to date now through source (an İYS pull source,
+// a re-verification, or an import), inside tx.
+func MarkSynced(ctx context.Context, tx pgx.Tx, source string) error {
+	_, err := tx.Exec(ctx, `INSERT INTO iys_sync_state (source, last_success_at) VALUES ($1, now())
+		ON CONFLICT (source) DO UPDATE SET last_success_at = now()`, source)
+	if err != nil {
+		return fmt.Errorf("record the consent sync: %w", err)
+	}
+	return nil
 }

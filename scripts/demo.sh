@@ -20,6 +20,7 @@ export TWILIO_ACCOUNT_SID=ACdemo00000000000000000000000000
 export TWILIO_AUTH_TOKEN=demotoken
 export TWILIO_FROM=+905550000000
 export TWILIO_RATE=${TWILIO_RATE:-1000}
+export SENDER_IDENTITY="Kampanya A.Ş."   # the sender identity every commercial SMS must carry
 
 port=8025
 while port_open 127.0.0.1 "$port"; do port=$((port + 1)); done

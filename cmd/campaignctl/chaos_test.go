@@ -57,7 +57,7 @@ func TestChaos(t *testing.T) {
 	e := &e2eEnv{t: t, bin: binary(t), env: append(os.Environ(),
 		"DATABASE_URL="+dbURL, "REDIS_URL="+rs.URL(),
 		"TWILIO_ACCOUNT_SID=ACchaos000000000000000000000000000", "TWILIO_AUTH_TOKEN=chaostoken", "TWILIO_FROM=+905550000000",
-		"TWILIO_BASE_URL=http://"+sandboxAddr, fmt.Sprintf("TWILIO_RATE=%d", rate),
+		"TWILIO_BASE_URL=http://"+sandboxAddr, fmt.Sprintf("TWILIO_RATE=%d", rate), "SENDER_IDENTITY="+testSender,
 	)}
 
 	e.mustRun("migrate")
@@ -90,7 +90,7 @@ func TestChaos(t *testing.T) {
 	}
 
 	out := e.mustRun("launch", "--name", "chaos", "--channel", "sms", "--audience", audience, "--code-pool", "demo",
-		"--message", "Merhaba {{.first_name}}, kodunuz {{.code}}", "--frequency-cap", "0", "--yes", "--json")
+		"--message", testPrefix+"Merhaba {{.first_name}}, kodunuz {{.code}}", "--frequency-cap", "0", "--yes", "--json")
 	var rep struct {
 		ID       int64 `json:"id"`
 		Eligible int64 `json:"eligible"`

@@ -3,10 +3,13 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/campaignctl/campaignctl/internal/testdb"
 	"github.com/campaignctl/campaignctl/internal/testredis"
@@ -31,6 +34,13 @@ func writeFile(t *testing.T, name, content string) string {
 
 // badInputEnv is a migrated database with a small audience (3 customers with consent) and a pool of 2
 // codes, and a Redis DB.
+// testSender and testPrefix make test messages pass the commercial SMS lint: the sender's identity and
+// how to refuse further messages.
+const (
+	testSender = "ACME A.Ş."
+	testPrefix = "ACME A.Ş. (RET yazıp 4609'a gönderin) "
+)
+
 func badInputEnv(t *testing.T) (map[string]string, func() int64) {
 	env, count := badInputDB(t)
 	return env, func() int64 { return count(`SELECT count(*) FROM campaigns`) }
@@ -47,6 +57,7 @@ func badInputDB(t *testing.T) (map[string]string, func(sql string) int64) {
 		`INSERT INTO iys_consents (recipient, type, recipient_type, status, source, consent_date)
 		 SELECT phone, 'MESAJ', 'BIREYSEL', 'ONAY', 'HS_WEB', now() FROM customers`,
 		`INSERT INTO code_pools VALUES ('small')`,
+		`INSERT INTO iys_sync_state (source, last_success_at) VALUES ('import', now())`,
 		`INSERT INTO promo_codes (pool, code) VALUES ('small', 'X1'), ('small', 'X2')`,
 	} {
 		if _, err := db.Exec(ctx, sql); err != nil {
@@ -60,7 +71,7 @@ func badInputDB(t *testing.T) (map[string]string, func(sql string) int64) {
 		}
 		return n
 	}
-	return map[string]string{"DATABASE_URL": dbURL, "REDIS_URL": redisURL}, count
+	return map[string]string{"DATABASE_URL": dbURL, "REDIS_URL": redisURL, "SENDER_IDENTITY": testSender}, count
 }
 
 func TestBadInputIsRefusedClearlyAndNothingIsWritten(t *testing.T) {
@@ -72,7 +83,7 @@ func TestBadInputIsRefusedClearlyAndNothingIsWritten(t *testing.T) {
 	broken := writeFile(t, "d.sql", "SELECT user_id, phone FROM nowhere")
 	launch := func(extra ...string) []string {
 		args := []string{"launch", "--name", "x", "--channel", "sms", "--audience", audience, "--code-pool", "small",
-			"--message", "Merhaba {{.first_name}} {{.code}}", "--yes"}
+			"--message", testPrefix + "Merhaba {{.first_name}} {{.code}}", "--yes"}
 		return append(args, extra...)
 	}
 	tests := []struct {
@@ -85,7 +96,11 @@ func TestBadInputIsRefusedClearlyAndNothingIsWritten(t *testing.T) {
 		{"missing flags", []string{"launch", "--name", "x"}, 2, []string{"--audience", "--message"}},
 		{"unknown pool", append(launch(), "--code-pool", "nope"), 2, []string{`code pool "nope" does not exist`, "codes generate"}},
 		{"too few codes", launch(), 2, []string{"1 codes missing", "codes generate --pool small --count 1"}},
-		{"template variable missing", append(launch(), "--message", "Hi {{.nick}}"), 2, []string{"{{.nick}}", "first_name"}},
+		{"template variable missing", append(launch(), "--message", testPrefix+"Hi {{.nick}}"), 2, []string{"{{.nick}}", "first_name"}},
+		{"commercial SMS without opt-out", append(launch(), "--message", "ACME A.Ş. Merhaba {{.code}}"), 2, []string{"how to refuse further messages", "law 6563", "--transactional"}},
+		{"commercial SMS without sender", append(launch(), "--message", "Merhaba {{.code}}, RET yazıp 4609'a gönderin"), 2, []string{"the sender's identity", "SENDER_IDENTITY"}},
+		{"transactional with codes", append(launch(), "--transactional"), 2, []string{"transactional message carries no promo code"}},
+		{"bad recipient type", append(launch(), "--recipient-type", "ESNAF"), 2, []string{"BIREYSEL", "TACIR"}},
 		{"audience without user_id", append(launch(), "--audience", noUser), 2, []string{"no user_id column"}},
 		{"audience writes", append(launch(), "--audience", writes), 2, []string{"read-only"}},
 		{"audience fails", append(launch(), "--audience", broken), 2, []string{`relation "nowhere" does not exist`}},
@@ -135,9 +150,9 @@ func TestServicesUnreachableSayWhereAndWhatToRun(t *testing.T) {
 	env, campaigns := badInputEnv(t)
 	audience := writeFile(t, "a.sql", "SELECT user_id, phone, first_name FROM customers")
 
-	noRedis := map[string]string{"DATABASE_URL": env["DATABASE_URL"], "REDIS_URL": "redis://127.0.0.1:1/0"}
+	noRedis := map[string]string{"DATABASE_URL": env["DATABASE_URL"], "REDIS_URL": "redis://127.0.0.1:1/0", "SENDER_IDENTITY": testSender}
 	_, stderr, code := cli(t, noRedis, "launch", "--name", "r", "--channel", "sms", "--audience", audience,
-		"--message", "Merhaba {{.first_name}}", "--yes")
+		"--message", testPrefix+"Merhaba {{.first_name}}", "--yes")
 	if code != 1 || !strings.Contains(stderr, "Redis is not reachable at 127.0.0.1:1") || !strings.Contains(stderr, "REDIS_URL") {
 		t.Fatalf("Redis down: exit %d, stderr %q", code, stderr)
 	}
@@ -168,5 +183,59 @@ func TestSecretsNeverPrinted(t *testing.T) {
 	}
 	if !strings.Contains(stderr, "TWILIO_ACCOUNT_SID") {
 		t.Errorf("worker error does not name the variable to fix: %s", stderr)
+	}
+}
+
+// A commercial launch refuses consents older than --max-consent-age, unless --allow-stale-consent, which
+// is recorded on the campaign; TACIR audiences are checked against TACIR consents; a transactional
+// message is not checked against İYS at all, and says so.
+func TestConsentGates(t *testing.T) {
+	t.Parallel()
+	env, count := badInputDB(t)
+	audience := writeFile(t, "a.sql", "SELECT user_id, phone, first_name FROM customers")
+	launch := func(name string, extra ...string) (string, string, int) {
+		args := append([]string{"launch", "--name", name, "--channel", "sms", "--audience", audience,
+			"--message", testPrefix + "Merhaba {{.first_name}}", "--yes", "--json"}, extra...)
+		return cli(t, env, args...)
+	}
+	db, err := pgxpool.New(context.Background(), env["DATABASE_URL"])
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	if _, err := db.Exec(context.Background(), `UPDATE iys_sync_state SET last_success_at = now() - interval '3 days'`); err != nil {
+		t.Fatal(err)
+	}
+	_, stderr, code := launch("stale")
+	if code != 2 || !strings.Contains(stderr, "longer ago than --max-consent-age 24h0m0s") || !strings.Contains(stderr, "campaignctl iys sync") {
+		t.Fatalf("stale consents: exit %d, %s", code, stderr)
+	}
+	if n := count(`SELECT count(*) FROM campaigns`); n != 0 {
+		t.Fatalf("a refused launch wrote %d campaigns", n)
+	}
+	report := func(out string) map[string]any {
+		m := map[string]any{}
+		if err := json.Unmarshal([]byte(out), &m); err != nil {
+			t.Fatalf("launch --json: %v\n%s", err, out)
+		}
+		return m
+	}
+	out, stderr, code := launch("stale-ok", "--allow-stale-consent")
+	if code != 0 || report(out)["stale_consent_allowed"] != true || count(`SELECT count(*) FROM campaigns WHERE allow_stale_consent`) != 1 {
+		t.Fatalf("--allow-stale-consent: exit %d, %s%s", code, out, stderr)
+	}
+	// TACIR: nobody here has a TACIR consent.
+	out, stderr, code = launch("tacir", "--recipient-type", "TACIR", "--max-consent-age", "0")
+	if r := report(out); code != 0 || r["eligible"] != float64(0) || r["excluded"].(map[string]any)["no_consent"] != float64(3) || r["recipient_type"] != "TACIR" {
+		t.Fatalf("TACIR launch: exit %d, %s%s", code, out, stderr)
+	}
+	// Transactional: no İYS check, no lint; the RET of c counts for nothing.
+	if _, err := db.Exec(context.Background(), `UPDATE iys_consents SET status = 'RET' WHERE recipient = '+905321000003'`); err != nil {
+		t.Fatal(err)
+	}
+	out, stderr, code = cli(t, env, "launch", "--name", "tx", "--channel", "sms", "--audience", audience, "--transactional",
+		"--message", "Siparişiniz yola çıktı", "--yes", "--json")
+	if r := report(out); code != 0 || r["eligible"] != float64(3) || r["transactional"] != true {
+		t.Fatalf("transactional launch: exit %d, %s%s", code, out, stderr)
 	}
 }

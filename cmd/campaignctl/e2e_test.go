@@ -142,7 +142,7 @@ func TestEndToEndSMSCampaign(t *testing.T) {
 	e := &e2eEnv{t: t, bin: binary(t), env: append(os.Environ(),
 		"DATABASE_URL="+dbURL, "REDIS_URL="+redisURL,
 		"TWILIO_ACCOUNT_SID=ACe2e0000000000000000000000000000", "TWILIO_AUTH_TOKEN=e2etoken", "TWILIO_FROM=+905550000000",
-		"TWILIO_BASE_URL=http://"+sandboxAddr, fmt.Sprintf("TWILIO_RATE=%g", rate),
+		"TWILIO_BASE_URL=http://"+sandboxAddr, fmt.Sprintf("TWILIO_RATE=%g", rate), "SENDER_IDENTITY="+testSender,
 	)}
 
 	e.mustRun("migrate")
@@ -182,7 +182,7 @@ func TestEndToEndSMSCampaign(t *testing.T) {
 	e.start("worker 2", "worker", "--concurrency", "8")
 
 	out := e.mustRun("launch", "--name", "e2e", "--channel", "sms", "--audience", audience, "--code-pool", "e2e",
-		"--message", "Merhaba {{.first_name}}, kodunuz {{.code}}", "--yes", "--json")
+		"--message", testPrefix+"Merhaba {{.first_name}}, kodunuz {{.code}}", "--yes", "--json")
 	var rep struct {
 		ID       int64            `json:"id"`
 		Eligible int64            `json:"eligible"`

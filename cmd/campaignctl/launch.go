@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"maps"
 	"os"
+	"regexp"
 	"slices"
 	"sort"
 	"strings"
@@ -22,7 +23,9 @@ import (
 
 type launchOptions struct {
 	name, channel, audience, message, subject, codePool string
-	html, templateID                                    string
+	html, templateID, recipientType                     string
+	transactional, allowStaleConsent                    bool
+	maxConsentAge                                       time.Duration
 	rate                                                float64
 	dryRun, yes, watch, json                            bool
 	timeout                                             time.Duration
@@ -91,6 +94,10 @@ reserved from --code-pool before anything is queued. --dry-run shows the same re
 	f.StringVar(&o.window, "window", "", "send only between these hours every day, e.g. 09:00-20:00 (in --tz); batches wait for the next window")
 	f.StringVar(&o.tz, "tz", campaign.DefaultZone, "time zone of --at and --window")
 	f.DurationVar(&o.frequencyCap, "frequency-cap", campaign.DefaultFrequencyCap, "skip anyone who got a message on this channel within this long, across campaigns (0 = no cap)")
+	f.StringVar(&o.recipientType, "recipient-type", "BIREYSEL", "İYS recipient type whose consents count: BIREYSEL (individuals) or TACIR (merchants)")
+	f.BoolVar(&o.transactional, "transactional", false, "not a commercial message (order, security notice): İYS consent is not checked, no code pool allowed")
+	f.DurationVar(&o.maxConsentAge, "max-consent-age", 24*time.Hour, "refuse when the İYS consents were last synced (or imported) longer ago than this; 0 = no check")
+	f.BoolVar(&o.allowStaleConsent, "allow-stale-consent", false, "launch even when the consents are older than --max-consent-age (recorded on the campaign)")
 	f.BoolVar(&o.segments, "count-segments", false, "render every message to report the total SMS segments (a dry run always does)")
 	return cmd
 }
@@ -140,6 +147,11 @@ func (a *app) launch(ctx context.Context, o launchOptions) error {
 		Name: o.name, Channel: campaign.Channel(o.channel), AudienceSQL: string(sqlText), Message: o.message,
 		Subject: o.subject, HTML: string(html), TemplateID: o.templateID, CodePool: o.codePool, Rate: o.rate, ProviderRate: providerRate, StatementTimeout: o.timeout,
 		CountSegments: o.segments, StartAt: startAt, Window: window, FrequencyCap: o.frequencyCap,
+		RecipientType: o.recipientType, Transactional: o.transactional, MaxConsentAge: o.maxConsentAge,
+		AllowStaleConsent: o.allowStaleConsent,
+	}
+	if spec.Rules, err = a.contentRules(campaign.Channel(o.channel), o.transactional); err != nil {
+		return err
 	}
 	planner := &campaign.Planner{Engine: engine, Audience: audience, Log: a.logger()}
 
@@ -257,3 +269,39 @@ func (a *app) printReport(rep campaign.Report, asJSON bool) {
 	}
 	w.Flush()
 }
+
+// contentRules builds the lint for commercial SMS from the sender profile in the environment:
+// SENDER_IDENTITY (the trade name and MERSİS number the messages must carry, matched literally) or
+// CONTENT_SENDER_PATTERN (a regular expression), and CONTENT_OPTOUT_PATTERN (default: "RET" followed by
+// a short number, as in "RET yazıp 4609'a gönderin").
+func (a *app) contentRules(ch campaign.Channel, transactional bool) (*campaign.ContentRules, error) {
+	if ch != campaign.ChannelSMS || transactional {
+		return nil, nil
+	}
+	r := &campaign.ContentRules{}
+	switch id, pat := a.getenv("SENDER_IDENTITY"), a.getenv("CONTENT_SENDER_PATTERN"); {
+	case pat != "":
+		re, err := regexp.Compile(pat)
+		if err != nil {
+			return nil, usagef("CONTENT_SENDER_PATTERN is not a valid regular expression: %v", err)
+		}
+		r.Sender, r.SenderHint = re, "matching CONTENT_SENDER_PATTERN"
+	case id != "":
+		r.Sender, r.SenderHint = regexp.MustCompile(`(?i)`+regexp.QuoteMeta(id)), fmt.Sprintf("%q, from SENDER_IDENTITY", id)
+	default:
+		return nil, usagef("a commercial SMS must carry the sender's identity (law 6563): set SENDER_IDENTITY to your trade name and MERSİS number as the messages show it, and put it in --message (or launch with --transactional if the message is not commercial)")
+	}
+	opt := a.getenv("CONTENT_OPTOUT_PATTERN")
+	if opt == "" {
+		opt = defaultOptOutPattern
+	}
+	re, err := regexp.Compile(opt)
+	if err != nil {
+		return nil, usagef("CONTENT_OPTOUT_PATTERN is not a valid regular expression: %v", err)
+	}
+	r.OptOut = re
+	return r, nil
+}
+
+// defaultOptOutPattern is "RET" and, within a few words, the short number it goes to.
+const defaultOptOutPattern = `(?i)\bRET\b\D{0,40}\d{3,6}`

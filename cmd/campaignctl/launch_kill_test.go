@@ -38,20 +38,21 @@ func TestLaunchKilledAtAnyPointPlansNobodyTwice(t *testing.T) {
 		 FROM generate_series(1, 4000) i`,
 		`INSERT INTO iys_consents (recipient, type, recipient_type, status, source, consent_date)
 		 SELECT phone, 'MESAJ', 'BIREYSEL', 'ONAY', 'HS_WEB', now() FROM big WHERE substr(user_id, 2)::int <= 3000`,
+		`INSERT INTO iys_sync_state (source, last_success_at) VALUES ('import', now()) ON CONFLICT (source) DO UPDATE SET last_success_at = now()`,
 	} {
 		if _, err := db.Exec(ctx, sql); err != nil {
 			t.Fatal(err)
 		}
 	}
 	bin := binary(t)
-	e := &e2eEnv{t: t, bin: bin, env: append(os.Environ(), "DATABASE_URL="+env["DATABASE_URL"], "REDIS_URL="+env["REDIS_URL"])}
+	e := &e2eEnv{t: t, bin: bin, env: append(os.Environ(), "DATABASE_URL="+env["DATABASE_URL"], "REDIS_URL="+env["REDIS_URL"], "SENDER_IDENTITY="+testSender)}
 	e.mustRun("codes", "generate", "--pool", "kill", "--count", "40000")
 	audience := filepath.Join(t.TempDir(), "a.sql")
 	// pg_sleep holds the first row back a little, so early kills land inside the audience query.
 	os.WriteFile(audience, []byte("SELECT user_id, phone, first_name FROM big, pg_sleep(0.05) ORDER BY user_id"), 0o600) //nolint:errcheck
 	args := func(name string) []string {
 		return []string{"launch", "--name", name, "--channel", "sms", "--audience", audience, "--code-pool", "kill",
-			"--message", "Merhaba {{.first_name}} {{.code}}", "--yes", "--json"}
+			"--message", testPrefix + "Merhaba {{.first_name}} {{.code}}", "--yes", "--json"}
 	}
 
 	// How long a whole launch takes here, to spread the kills over it.

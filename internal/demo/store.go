@@ -7,6 +7,8 @@ import (
 	"sync"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/campaignctl/campaignctl/iys"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/campaignctl/campaignctl/codes"
@@ -80,7 +82,11 @@ func Seed(ctx context.Context, pool *pgxpool.Pool, opts SeedOptions) (SeedReport
 		},
 		func() error {
 			_, err := inTx(ctx, pool, func(tx pgx.Tx) (int64, error) {
-				return 0, writeConsents(ctx, tx, n, userArgs(), &rep)
+				if err := writeConsents(ctx, tx, n, userArgs(), &rep); err != nil {
+					return 0, err
+				}
+				// The demo's consents stand for a fresh export from İYS.
+				return 0, iys.MarkSynced(ctx, tx, iys.SourceImport)
 			})
 			if err != nil {
 				return fmt.Errorf("consents: %w", err)

@@ -1,0 +1,46 @@
+-- campaignctl schema, version 4: İYS sync, consent gates and the send audit.
+
+-- What İYS said last about each consent: its transaction ID and when this engine last heard it.
+ALTER TABLE iys_consents
+    ADD COLUMN transaction_id text,
+    ADD COLUMN synced_at      timestamptz;
+
+-- Every consent change received from the İYS API (pull or re-verification), append-only.
+CREATE TABLE iys_consent_history (
+    id              bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    recipient       text        NOT NULL,
+    type            text        NOT NULL,
+    recipient_type  text        NOT NULL,
+    status          text        NOT NULL,
+    source          text        NOT NULL DEFAULT '',
+    consent_date    timestamptz NOT NULL,
+    transaction_id  text,
+    origin          text        NOT NULL CHECK (origin IN ('pull', 'reverify', 'import')),
+    recorded_at     timestamptz NOT NULL DEFAULT now()
+);
+CREATE INDEX iys_consent_history_recipient ON iys_consent_history (recipient, type, recipient_type, id);
+
+-- The consent-changes pull: one cursor per İYS source, and when the engine's consents were last brought
+-- up to date (a pull that reached the end, a re-verification, or a CSV import).
+CREATE TABLE iys_sync_state (
+    source           text        PRIMARY KEY,
+    cursor           text        NOT NULL DEFAULT '',
+    last_success_at  timestamptz
+);
+
+-- Consent gates chosen at launch.
+ALTER TABLE campaigns
+    ADD COLUMN recipient_type      text    NOT NULL DEFAULT 'BIREYSEL' CHECK (recipient_type IN ('BIREYSEL', 'TACIR')),
+    ADD COLUMN transactional       boolean NOT NULL DEFAULT false,
+    ADD COLUMN allow_stale_consent boolean NOT NULL DEFAULT false,
+    ADD COLUMN template_hash       text    NOT NULL DEFAULT '';
+
+-- The audit: every send and every block, with the consent it was decided on.
+ALTER TABLE send_log
+    ADD COLUMN channel            text,
+    ADD COLUMN consent_status     text,
+    ADD COLUMN consent_source     text,
+    ADD COLUMN consent_date       timestamptz,
+    ADD COLUMN consent_txn        text,
+    ADD COLUMN consent_synced_at  timestamptz,
+    ADD COLUMN template_hash      text;
