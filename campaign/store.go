@@ -201,14 +201,17 @@ func (s *Store) Record(ctx context.Context, campaignID int64, outcomes []Outcome
 			FROM o JOIN campaign_recipients old ON old.campaign_id = $1 AND old.user_id = o.user_id
 			WHERE r.campaign_id = $1 AND r.user_id = o.user_id AND r.status = 'pending'
 			  AND (o.status <> 'pending' OR r.lease_token = $8)
-			RETURNING r.user_id, r.status, r.reason, r.provider_message_id, old.code_id
+			RETURNING r.user_id, r.status, r.reason, r.provider_message_id, old.code_id, r.consent_snapshot AS snap
 		), freed AS (
 			UPDATE campaign_recipients r SET lease_token = NULL, lease_until = NULL, lease_epoch = NULL
 			WHERE r.campaign_id = $1 AND r.batch = $7 AND r.lease_token = $8 AND r.status = 'pending'
 			  AND NOT (r.user_id = ANY($2))
 		), log AS (
-			INSERT INTO send_log (campaign_id, user_id, status, reason, provider_message_id)
-			SELECT $1, user_id, status, reason, provider_message_id FROM upd
+			INSERT INTO send_log (campaign_id, user_id, status, reason, provider_message_id, channel, template_hash,
+				consent_status, consent_source, consent_date, consent_txn, consent_synced_at)
+			SELECT $1, upd.user_id, upd.status, upd.reason, upd.provider_message_id, c.channel, c.template_hash,
+				snap->>'status', snap->>'source', (snap->>'date')::timestamptz, snap->>'transaction_id', (snap->>'synced_at')::timestamptz
+			FROM upd CROSS JOIN (SELECT channel, template_hash FROM campaigns WHERE id = $1) c
 		), released AS (
 			INSERT INTO released_codes (code_id, pool)
 			SELECT upd.code_id, p.pool FROM upd JOIN promo_codes p ON p.id = upd.code_id

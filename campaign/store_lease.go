@@ -55,7 +55,10 @@ func (s *Store) LeaseChunk(ctx context.Context, c *Campaign, users, addrs []stri
 			FOR UPDATE
 		), got AS (
 			UPDATE campaign_recipients r SET lease_token = $3, lease_epoch = $4,
-				lease_until = now() + $5 * interval '1 millisecond'
+				lease_until = now() + $5 * interval '1 millisecond',
+				consent_snapshot = (SELECT jsonb_build_object('status', c.status, 'source', c.source, 'date', c.consent_date,
+						'transaction_id', c.transaction_id, 'synced_at', coalesce(c.synced_at, c.updated_at))
+					FROM iys_consents c WHERE c.recipient = r.address AND c.type = $7 AND c.recipient_type = $9)
 			FROM cur
 			WHERE r.campaign_id = $1 AND r.user_id = cur.user_id
 			  AND (cur.lease_token IS NULL OR cur.lease_token = $3 OR cur.lease_until < now())

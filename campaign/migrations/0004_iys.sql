@@ -35,6 +35,10 @@ ALTER TABLE campaigns
     ADD COLUMN allow_stale_consent boolean NOT NULL DEFAULT false,
     ADD COLUMN template_hash       text    NOT NULL DEFAULT '';
 
+-- The consent a worker read for a recipient when it took the recipient's chunk (status, source, date,
+-- transaction ID, sync time), copied into the audit with the outcome.
+ALTER TABLE campaign_recipients ADD COLUMN consent_snapshot jsonb;
+
 -- The audit: every send and every block, with the consent it was decided on.
 ALTER TABLE send_log
     ADD COLUMN channel            text,
