@@ -317,7 +317,12 @@ func (p *Planner) consentGate(ctx context.Context, tx pgx.Tx, spec Spec, rep *Re
 		return nil
 	}
 	var last *time.Time
-	if err := tx.QueryRow(ctx, `SELECT max(last_success_at) FROM iys_sync_state`).Scan(&last); err != nil {
+	// Up to date as of the latest import or re-verification, or of the older of the two pulls: a pull of
+	// the brand's changes alone says nothing of the RETs citizens gave in İYS.
+	if err := tx.QueryRow(ctx, `SELECT greatest(
+			(SELECT max(last_success_at) FROM iys_sync_state WHERE source IN ('import', 'reverify')),
+			(SELECT CASE WHEN count(last_success_at) = 2 THEN min(last_success_at) END
+			 FROM iys_sync_state WHERE source IN ('pull:HS', 'pull:IYS')))`).Scan(&last); err != nil {
 		return fmt.Errorf("plan: consent sync state: %w", err)
 	}
 	rep.ConsentSyncedAt = last

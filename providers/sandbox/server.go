@@ -46,6 +46,26 @@ type Options struct {
 	// ReceiptDelay is how long after acceptance delivery receipts (Twilio status callbacks, SendGrid
 	// events) are sent. Default 200 ms.
 	ReceiptDelay time.Duration
+
+	// IYSUsername and IYSPassword are the İYS API credentials accepted; both empty means any non-empty pair.
+	IYSUsername, IYSPassword string
+	// IYSCode and IYSBrandCode are the service provider's and the brand's İYS numbers accepted in paths
+	// (403 H353 for others); 0 means any.
+	IYSCode, IYSBrandCode int64
+	// IYSRate caps each client IP's İYS requests per second (İYS allows 10); the excess gets a real 429
+	// H124. 0 = no cap.
+	IYSRate float64
+	// IYSTokenPerHour caps each client IP's İYS token requests per hour (429 H084). 0 = no cap.
+	IYSTokenPerHour int
+	// IYSTokenTTL and IYSRefreshTTL are the İYS access and refresh token lifetimes; 0 means İYS's 2 h and 4 h.
+	IYSTokenTTL, IYSRefreshTTL time.Duration
+	// IYSPullLag is how recent a consent change may be and still be left out of the İYS pull: 0 means İYS's
+	// 1 h, a negative value lists changes at once.
+	IYSPullLag time.Duration
+	// IYSMultiStatusMax is the most recipients one İYS multi-status request may carry; 0 means 1000.
+	IYSMultiStatusMax int
+	// IYSNow is the İYS fake's clock (token expiry, the pull's window, change dates); nil means time.Now.
+	IYSNow func() time.Time
 }
 
 // Server imitates the providers' HTTP APIs and records what they were asked to send. It is an
@@ -61,6 +81,7 @@ type Server struct {
 	sendgrid *sendgridState
 	fcm      *fcmState
 	receipts *receiptState
+	iys      *iysState
 }
 
 // New returns a Server with the given options.
@@ -84,6 +105,7 @@ func New(opts Options) *Server {
 	s.sendgridRoutes()
 	s.fcmRoutes()
 	s.receiptRoutes()
+	s.iysRoutes()
 	return s
 }
 

@@ -1,0 +1,202 @@
+package iys
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// Origins of a consent change in the history.
+const (
+	OriginPull     = "pull"
+	OriginReverify = "reverify"
+)
+
+// Sources of iys_sync_state besides SourceImport: one cursor per pull source, and the re-verification.
+const (
+	SourcePullHS   = "pull:" + PullHS
+	SourcePullIYS  = "pull:" + PullIYS
+	SourceReverify = "reverify"
+)
+
+// ApplyChanges records consents the İYS API reported, in tx: every one is appended to the history, and
+// each becomes the current consent of its key unless a later decision is stored already (İYS keeps the
+// latest). It returns how many current consents changed.
+func ApplyChanges(ctx context.Context, tx pgx.Tx, rs []Record, origin string) (int64, error) {
+	if len(rs) == 0 {
+		return 0, nil
+	}
+	n := len(rs)
+	rec, typ, rtype, st, src, txn := make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n)
+	date := make([]time.Time, n)
+	for i, r := range rs {
+		rec[i], typ[i], rtype[i], st[i], src[i], txn[i] = r.Recipient, r.Type, r.RecipientType, r.Status, r.Source, r.TransactionID
+		date[i] = r.ConsentDate
+		if date[i].IsZero() {
+			date[i] = r.CreationDate // a TACIR record may come without a consent date
+		}
+	}
+	var changed int64
+	err := tx.QueryRow(ctx, `
+		WITH c AS (
+			SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::timestamptz[], $7::text[])
+				WITH ORDINALITY AS c(recipient, type, recipient_type, status, source, consent_date, transaction_id, ord)
+		), hist AS (
+			INSERT INTO iys_consent_history (recipient, type, recipient_type, status, source, consent_date, transaction_id, origin)
+			SELECT recipient, type, recipient_type, status, source, consent_date, NULLIF(transaction_id, ''), $8 FROM c ORDER BY ord
+		), latest AS (
+			SELECT DISTINCT ON (recipient, type, recipient_type) * FROM c
+			ORDER BY recipient, type, recipient_type, consent_date DESC, ord DESC
+		), up AS (
+			INSERT INTO iys_consents AS k (recipient, type, recipient_type, status, source, consent_date, transaction_id, synced_at, updated_at)
+			SELECT recipient, type, recipient_type, status, source, consent_date, NULLIF(transaction_id, ''), now(), now() FROM latest
+			ON CONFLICT (recipient, type, recipient_type) DO UPDATE SET
+				status = EXCLUDED.status, source = EXCLUDED.source, consent_date = EXCLUDED.consent_date,
+				transaction_id = EXCLUDED.transaction_id, synced_at = now(), updated_at = now()
+			WHERE EXCLUDED.consent_date >= k.consent_date
+			RETURNING 1
+		)
+		SELECT count(*) FROM up`, rec, typ, rtype, st, src, date, txn, origin).Scan(&changed)
+	if err != nil {
+		return 0, fmt.Errorf("record İYS consents: %w", err)
+	}
+	return changed, nil
+}
+
+// Cursor returns the stored pull cursor of source ("" when none).
+func Cursor(ctx context.Context, db *pgxpool.Pool, source string) (string, error) {
+	var c string
+	err := db.QueryRow(ctx, `SELECT cursor FROM iys_sync_state WHERE source = $1`, source).Scan(&c)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return "", nil
+	}
+	if err != nil {
+		return "", fmt.Errorf("İYS pull cursor: %w", err)
+	}
+	return c, nil
+}
+
+func saveCursor(ctx context.Context, tx pgx.Tx, source, cursor string) error {
+	_, err := tx.Exec(ctx, `INSERT INTO iys_sync_state (source, cursor) VALUES ($1, $2)
+		ON CONFLICT (source) DO UPDATE SET cursor = EXCLUDED.cursor`, source, cursor)
+	if err != nil {
+		return fmt.Errorf("İYS pull cursor: %w", err)
+	}
+	return nil
+}
+
+// SyncReport is what a sync did.
+type SyncReport struct {
+	// Changes counts the changes received per pull source (HS, IYS); Applied how many current consents
+	// they changed.
+	Changes map[string]int `json:"changes"`
+	Applied int64          `json:"applied"`
+	// Reverified is how many stored consents a re-verification asked İYS about, and Corrected how many
+	// İYS answered differently.
+	Reverified int   `json:"reverified,omitempty"`
+	Corrected  int64 `json:"corrected,omitempty"`
+	// UpToDateAt is when the consents count as brought up to date.
+	UpToDateAt time.Time `json:"up_to_date_at"`
+}
+
+// Sync pulls the consent changes of both sources (the brand's own and the citizens' in İYS) from where
+// the last sync stopped, storing each page with its cursor in one transaction, so a sync that fails half
+// way resumes without losing or repeating anything. When both pulls reach the end, the consents count as
+// up to date (launches check how long ago that was).
+func Sync(ctx context.Context, db *pgxpool.Pool, c *Client) (SyncReport, error) {
+	rep := SyncReport{Changes: map[string]int{}}
+	for _, src := range []struct{ pull, state string }{{PullHS, SourcePullHS}, {PullIYS, SourcePullIYS}} {
+		after, err := Cursor(ctx, db, src.state)
+		if err != nil {
+			return rep, err
+		}
+		err = c.PullAll(ctx, src.pull, after, func(p Page) error {
+			return pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
+				n, err := ApplyChanges(ctx, tx, p.Changes, OriginPull)
+				if err != nil {
+					return err
+				}
+				rep.Changes[src.pull] += len(p.Changes)
+				rep.Applied += n
+				return saveCursor(ctx, tx, src.state, p.After)
+			})
+		})
+		if err != nil {
+			return rep, fmt.Errorf("İYS pull of source %s: %w", src.pull, err)
+		}
+		if err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error { return MarkSynced(ctx, tx, src.state) }); err != nil {
+			return rep, err
+		}
+	}
+	rep.UpToDateAt = time.Now()
+	return rep, nil
+}
+
+// Reverify asks İYS for the current status of every stored consent of type typ and recipientType
+// (multi-status, in the API's chunks) and records the answers that differ. It is the full pass that
+// catches anything a pull missed; it takes about a second per 10,000 consents at İYS's rate limit.
+func Reverify(ctx context.Context, db *pgxpool.Pool, c *Client, typ, recipientType string) (SyncReport, error) {
+	rep := SyncReport{Changes: map[string]int{}}
+	rows, err := db.Query(ctx, `SELECT recipient, status FROM iys_consents WHERE type = $1 AND recipient_type = $2 ORDER BY recipient`,
+		typ, recipientType)
+	if err != nil {
+		return rep, fmt.Errorf("re-verify: %w", err)
+	}
+	stored := map[string]string{}
+	var recipients []string
+	for rows.Next() {
+		var r, st string
+		if err := rows.Scan(&r, &st); err != nil {
+			rows.Close()
+			return rep, fmt.Errorf("re-verify: %w", err)
+		}
+		stored[r] = st
+		recipients = append(recipients, r)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return rep, fmt.Errorf("re-verify: %w", err)
+	}
+	const chunk = 10 * MaxMultiStatus
+	for start := 0; start < len(recipients); start += chunk {
+		part := recipients[start:min(start+chunk, len(recipients))]
+		got, err := c.MultiStatus(ctx, recipientType, typ, part)
+		if err != nil {
+			return rep, fmt.Errorf("re-verify: %w", err)
+		}
+		rep.Reverified += len(part)
+		// Multi-status names only the approved recipients: anyone else is RET or unknown to İYS, and may
+		// not be sent a commercial message either way. Its answers carry no date: they count as of now.
+		now := time.Now()
+		var differ []Record
+		for _, r := range part {
+			want := StatusRejected
+			if _, ok := got[r]; ok {
+				want = StatusApproved
+			}
+			if want != stored[r] {
+				differ = append(differ, Record{Recipient: r, Type: typ, RecipientType: recipientType, Status: want,
+					Source: "IYS_REVERIFY", ConsentDate: now})
+			}
+		}
+		if len(differ) > 0 {
+			err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
+				n, err := ApplyChanges(ctx, tx, differ, OriginReverify)
+				rep.Corrected += n
+				return err
+			})
+			if err != nil {
+				return rep, err
+			}
+		}
+	}
+	if err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error { return MarkSynced(ctx, tx, SourceReverify) }); err != nil {
+		return rep, err
+	}
+	rep.UpToDateAt = time.Now()
+	return rep, nil
+}
