@@ -23,7 +23,14 @@ type Limit struct {
 	// Pausable makes Wait honour a Pause of Key first. Only limits that can be paused (a provider's, after
 	// it answered 429) need it: the check costs a round trip per token.
 	Pausable bool
+	// Observer, when set, is told how long each Wait or WaitN spent on this limit (its pause and its
+	// tokens, Redis round trips included), in seconds; a limit without a cap that cannot be paused reports
+	// nothing. A prometheus.Observer fits. It is instrumentation only: it changes no wait.
+	Observer Observer
 }
+
+// Observer receives one value per observation (a prometheus.Observer satisfies it).
+type Observer interface{ Observe(float64) }
 
 // Bucket takes tokens from Redis-held GCRA buckets.
 type Bucket struct {
@@ -58,15 +65,7 @@ func gcra(rate float64) redis_rate.Limit {
 // can only lower the rate, never raise it. A Pausable limit paused with Pause is waited out first.
 func (b *Bucket) Wait(ctx context.Context, limits ...Limit) error {
 	for _, l := range limits {
-		if l.Pausable {
-			if err := b.waitPause(ctx, l.Key); err != nil {
-				return err
-			}
-		}
-		if l.Rate <= 0 {
-			continue
-		}
-		if err := b.take(ctx, l, 1); err != nil {
+		if err := b.waitOne(ctx, l, 1); err != nil {
 			return err
 		}
 	}
@@ -78,19 +77,32 @@ func (b *Bucket) Wait(ctx context.Context, limits ...Limit) error {
 // never fitting.
 func (b *Bucket) WaitN(ctx context.Context, n int, limits ...Limit) error {
 	for _, l := range limits {
-		if l.Pausable {
-			if err := b.waitPause(ctx, l.Key); err != nil {
-				return err
-			}
-		}
-		if l.Rate <= 0 {
-			continue
-		}
-		if err := b.take(ctx, l, n); err != nil {
+		if err := b.waitOne(ctx, l, n); err != nil {
 			return err
 		}
 	}
 	return nil
+}
+
+// waitOne waits out l's pause (when Pausable) and takes n tokens from it (when capped), and reports the
+// time it took to l.Observer.
+func (b *Bucket) waitOne(ctx context.Context, l Limit, n int) error {
+	if !l.Pausable && l.Rate <= 0 {
+		return nil
+	}
+	if l.Observer != nil {
+		start := time.Now()
+		defer func() { l.Observer.Observe(time.Since(start).Seconds()) }()
+	}
+	if l.Pausable {
+		if err := b.waitPause(ctx, l.Key); err != nil {
+			return err
+		}
+	}
+	if l.Rate <= 0 {
+		return nil
+	}
+	return b.take(ctx, l, n)
 }
 
 // take takes n tokens from l's bucket, waiting as the bucket says.

@@ -58,6 +58,7 @@ func (h *Handler) deliverGroup(ctx, waitCtx context.Context, run *batchRun, b pr
 		m, err := run.message(r)
 		if err != nil {
 			run.add(campaign.Outcome{UserID: r.UserID, Status: campaign.StatusFailed, Reason: "template: " + err.Error()})
+			run.m.Failed(1)
 			continue
 		}
 		send, msgs = append(send, r), append(msgs, m)
@@ -115,6 +116,7 @@ func (h *Handler) sendGroup(ctx, waitCtx context.Context, run *batchRun, b provi
 		var sendKeys, sendMine, addrs []string
 		for i, t := range got {
 			if !t.ours {
+				run.m.ClaimsRefused(1)
 				h.fromClaim(run, rs[i].UserID, t.old)
 				continue
 			}
@@ -136,6 +138,7 @@ func (h *Handler) sendGroup(ctx, waitCtx context.Context, run *batchRun, b provi
 				capKeys, capMine = append(capKeys, sendKeys[i]), append(capMine, sendMine[i])
 				capVals = append(capVals, reasonValue(claimSkipped, campaign.ReasonFrequencyCap))
 				run.add(campaign.Outcome{UserID: sendRs[i].UserID, Status: campaign.StatusSkipped, Reason: campaign.ReasonFrequencyCap})
+				run.m.Skipped(1)
 				continue
 			}
 			rs, msgs = append(rs, sendRs[i]), append(msgs, sendMsgs[i])
@@ -148,13 +151,16 @@ func (h *Handler) sendGroup(ctx, waitCtx context.Context, run *batchRun, b provi
 			return nil
 		}
 
+		start := time.Now()
 		res, err := b.SendBatch(ctx, msgs)
+		run.m.BatchRequest(time.Since(start), len(msgs))
 		if err == nil {
 			vals := make([]string, len(rs))
 			for i, r := range rs {
 				vals[i] = sentValue(res[i].MessageID, res[i].Segments)
 				run.add(campaign.Outcome{UserID: r.UserID, Status: campaign.StatusSent, MessageID: res[i].MessageID, Segments: res[i].Segments})
 			}
+			run.m.Sent(len(rs))
 			if err := h.claims.settleMany(ctx, keys, run.nonce, mine, vals); err != nil {
 				h.log.Error("provider accepted but the claims could not be updated; Postgres will hold the outcomes", "campaign_id", run.c.ID, "recipients", len(rs), "err", err)
 			}
@@ -174,6 +180,7 @@ func (h *Handler) sendGroup(ctx, waitCtx context.Context, run *batchRun, b provi
 				vals[i] = reasonValue(claimUnknown, pe.Reason())
 				run.add(campaign.Outcome{UserID: r.UserID, Status: campaign.StatusUnknown, Reason: pe.Reason()})
 			}
+			run.m.Unknown(len(rs))
 			h.claims.settleMany(ctx, keys, run.nonce, mine, vals) //nolint:errcheck // unsettled claims read as unknown too
 			h.log.Warn("provider answer lost; the request's recipients are unknown and will not be resent automatically",
 				"campaign_id", run.c.ID, "recipients", len(rs), "err", pe.Reason())
@@ -183,9 +190,11 @@ func (h *Handler) sendGroup(ctx, waitCtx context.Context, run *batchRun, b provi
 				h.claims.settle(ctx, keys[0], run.nonce, mine[0], reasonValue(claimFailed, pe.Reason())) //nolint:errcheck // Postgres records the failure
 				h.frequency.release(ctx, run.c, run.nonce, addrs[0])                                     //nolint:errcheck // nothing reached the person
 				run.add(campaign.Outcome{UserID: rs[0].UserID, Status: campaign.StatusFailed, Reason: pe.Reason()})
+				run.m.Failed(1)
 				h.succeeded(run)
 				return nil
 			}
+			run.m.Split(len(rs))
 			// The request as a whole was refused: nothing was sent. Split it to find who is at fault.
 			if err := h.claims.releaseMany(ctx, keys, run.nonce, mine); err != nil {
 				return infra(err)
@@ -196,6 +205,11 @@ func (h *Handler) sendGroup(ctx, waitCtx context.Context, run *batchRun, b provi
 				return err
 			}
 			return h.sendGroup(ctx, waitCtx, run, b, rs[half:], msgs[half:])
+		}
+		if pe.Class == providers.Permanent {
+			run.m.AccountError(len(rs))
+		} else {
+			run.m.Retried(len(rs), pe.Status, pe.Code)
 		}
 		// Transient, or the account is refused: nothing was accepted.
 		if err := h.claims.releaseMany(ctx, keys, run.nonce, mine); err != nil {

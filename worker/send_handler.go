@@ -17,6 +17,7 @@ import (
 
 	"github.com/campaignctl/campaignctl/campaign"
 	"github.com/campaignctl/campaignctl/limiter"
+	"github.com/campaignctl/campaignctl/metrics"
 	"github.com/campaignctl/campaignctl/providers"
 )
 
@@ -52,6 +53,9 @@ type Config struct {
 	DeadlineMargin time.Duration
 	// Now is the clock; default time.Now.
 	Now func() time.Time
+	// Metrics records sends, provider latency, limiter waits, refused claims and retries; nil records
+	// nothing.
+	Metrics *metrics.Metrics
 }
 
 // DefaultClaimTTL is how long claims (and a cancelled campaign's halt mark) are kept: longer than any
@@ -161,6 +165,8 @@ type batchRun struct {
 	busy         int
 	halts        int
 	counts       map[string]int64
+	// m is the metrics of the campaign's provider and channel (nil: none).
+	m *metrics.Sends
 }
 
 // Modes of a chunk: send it, or close it because the campaign was cancelled.
@@ -203,6 +209,13 @@ func (h *Handler) RunBatch(ctx context.Context, campaignID int64, batch int) err
 		return retry
 	}
 	run := &batchRun{c: c, nonce: Nonce(c), batch: batch, counts: map[string]int64{}}
+	if h.cfg.Metrics != nil {
+		name := ""
+		if p := h.cfg.Providers[c.Channel]; p != nil {
+			name = p.Name()
+		}
+		run.m = h.cfg.Metrics.For(name, string(c.Channel))
+	}
 	if c.State != campaign.StateCancelled {
 		if run.provider = h.cfg.Providers[c.Channel]; run.provider == nil {
 			return fmt.Errorf("no provider is configured for channel %s on this worker", c.Channel)
@@ -211,8 +224,8 @@ func (h *Handler) RunBatch(ctx context.Context, campaignID int64, batch int) err
 			return fmt.Errorf("campaign %d: %v: %w", c.ID, err, asynq.SkipRetry)
 		}
 		run.limits = []limiter.Limit{
-			{Key: "campaign:" + strconv.FormatInt(c.ID, 10), Rate: c.Rate},
-			{Key: "provider:" + run.provider.Name(), Rate: h.cfg.ProviderRates[run.provider.Name()], Pausable: true},
+			{Key: "campaign:" + strconv.FormatInt(c.ID, 10), Rate: c.Rate, Observer: run.m.CampaignWait()},
+			{Key: "provider:" + run.provider.Name(), Rate: h.cfg.ProviderRates[run.provider.Name()], Pausable: true, Observer: run.m.ProviderWait()},
 		}
 	}
 	epoch, err := Epoch(ctx, h.cfg.Redis)
@@ -449,6 +462,7 @@ func (h *Handler) close(ctx context.Context, run *batchRun, r *campaign.Recipien
 	}
 	st := parseClaim(val)
 	run.add(campaign.Outcome{UserID: r.UserID, Status: campaign.StatusSkipped, Reason: st.reason})
+	run.m.Skipped(1)
 	return nil
 }
 
@@ -467,6 +481,7 @@ func (h *Handler) suspect(ctx context.Context, run *batchRun, r *campaign.Recipi
 		return nil
 	}
 	run.add(campaign.Outcome{UserID: r.UserID, Status: campaign.StatusUnknown, Reason: why})
+	run.m.Unknown(1)
 	return nil
 }
 
@@ -483,6 +498,7 @@ func (h *Handler) deliver(ctx, waitCtx context.Context, run *batchRun, r *campai
 	msg, err := run.message(r)
 	if err != nil {
 		run.add(campaign.Outcome{UserID: r.UserID, Status: campaign.StatusFailed, Reason: "template: " + err.Error()})
+		run.m.Failed(1)
 		return nil
 	}
 	g := run.guard
@@ -519,6 +535,7 @@ func (h *Handler) deliver(ctx, waitCtx context.Context, run *batchRun, r *campai
 			return infra(fmt.Errorf("no send while Redis is unavailable: %w", err))
 		}
 		if !ours {
+			run.m.ClaimsRefused(1)
 			h.fromClaim(run, r.UserID, old)
 			return nil
 		}
@@ -528,14 +545,18 @@ func (h *Handler) deliver(ctx, waitCtx context.Context, run *batchRun, r *campai
 		} else if capped {
 			h.claims.settle(ctx, key, run.nonce, mine, reasonValue(claimSkipped, campaign.ReasonFrequencyCap)) //nolint:errcheck // Postgres records the skip
 			run.add(campaign.Outcome{UserID: r.UserID, Status: campaign.StatusSkipped, Reason: campaign.ReasonFrequencyCap})
+			run.m.Skipped(1)
 			return nil
 		}
+		start := time.Now()
 		res, err := run.provider.Send(ctx, msg)
+		run.m.Request(time.Since(start))
 		if err == nil {
 			if err := h.claims.settle(ctx, key, run.nonce, mine, sentValue(res.MessageID, res.Segments)); err != nil {
 				h.log.Error("provider accepted but the claim could not be updated; Postgres will hold the outcome", "campaign_id", run.c.ID, "user_id", r.UserID, "err", err)
 			}
 			run.add(campaign.Outcome{UserID: r.UserID, Status: campaign.StatusSent, MessageID: res.MessageID, Segments: res.Segments})
+			run.m.Sent(1)
 			h.succeeded(run)
 			return nil
 		}
@@ -551,6 +572,7 @@ func (h *Handler) deliver(ctx, waitCtx context.Context, run *batchRun, r *campai
 		case pe.Class == providers.Ambiguous:
 			h.claims.settle(ctx, key, run.nonce, mine, reasonValue(claimUnknown, pe.Reason())) //nolint:errcheck // an unsettled claim reads as unknown too
 			run.add(campaign.Outcome{UserID: r.UserID, Status: campaign.StatusUnknown, Reason: pe.Reason()})
+			run.m.Unknown(1)
 			h.log.Warn("provider answer lost; recipient is unknown and will not be resent automatically",
 				"campaign_id", run.c.ID, "user_id", r.UserID, "to", providers.MaskAddress(r.Address), "err", pe.Reason())
 			return nil
@@ -564,8 +586,14 @@ func (h *Handler) deliver(ctx, waitCtx context.Context, run *batchRun, r *campai
 				}
 			}
 			run.add(campaign.Outcome{UserID: r.UserID, Status: campaign.StatusFailed, Reason: pe.Reason()})
+			run.m.Failed(1)
 			h.succeeded(run)
 			return nil
+		}
+		if pe.Class == providers.Permanent {
+			run.m.AccountError(1)
+		} else {
+			run.m.Retried(1, pe.Status, pe.Code)
 		}
 		// Transient, or the account itself is refused: nothing was accepted, so the claim is released (first:
 		// a claim kept by mistake would make the recipient unknown; a mark kept is ours and harmless).

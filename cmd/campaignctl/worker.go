@@ -1,15 +1,21 @@
 package main
 
 import (
+	"context"
 	"fmt"
+	"log/slog"
+	"net"
 	"os"
 	"slices"
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redis/go-redis/v9"
 	"github.com/spf13/cobra"
 
 	"github.com/campaignctl/campaignctl/campaign"
+	"github.com/campaignctl/campaignctl/metrics"
 	"github.com/campaignctl/campaignctl/providers/twilio"
 	"github.com/campaignctl/campaignctl/worker"
 )
@@ -18,6 +24,7 @@ type workerOptions struct {
 	concurrency int
 	shutdown    time.Duration
 	timeout     time.Duration
+	metricsAddr string
 }
 
 func (o *workerOptions) validate() error {
@@ -26,6 +33,11 @@ func (o *workerOptions) validate() error {
 	}
 	if o.timeout < 100*time.Millisecond || o.timeout > 5*time.Minute {
 		return usagef("--provider-timeout %v: give 100ms to 5m, e.g. --provider-timeout 10s", o.timeout)
+	}
+	if o.metricsAddr != "" {
+		if err := metrics.ValidateAddr(o.metricsAddr); err != nil {
+			return usagef("--metrics-addr %v", err)
+		}
 	}
 	return nil
 }
@@ -43,6 +55,8 @@ A worker sends the channels whose provider is configured:
   email  SENDGRID_API_KEY, SENDGRID_FROM [SENDGRID_FROM_NAME, SENDGRID_BASE_URL, SENDGRID_RATE]
   push     GOOGLE_APPLICATION_CREDENTIALS [FCM_PROJECT_ID, FCM_BASE_URL, FCM_RATE]
   webhook  WEBHOOK_URL, WEBHOOK_SECRET [WEBHOOK_RATE]`,
+		Example: `  campaignctl worker --concurrency 16
+  TWILIO_RATE=50 campaignctl worker --provider-timeout 5s`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := o.validate(); err != nil {
@@ -59,6 +73,15 @@ A worker sends the channels whose provider is configured:
 				return err
 			}
 			defer closeAll()
+			var m *metrics.Metrics
+			if o.metricsAddr != "" {
+				var stop func()
+				if m, stop, err = serveMetrics(ctx, o.metricsAddr, engine, rdb, log); err != nil {
+					return err
+				}
+				// Served until the worker has stopped: a graceful shutdown stays observable.
+				defer stop()
+			}
 			host, _ := os.Hostname()
 			h := worker.NewHandler(worker.Config{
 				Store:         campaign.NewStore(engine),
@@ -70,6 +93,7 @@ A worker sends the channels whose provider is configured:
 				// A chunk's lease and an unanswered claim must outlive the slowest provider call.
 				LeaseTTL:      3 * o.timeout,
 				InFlightGrace: 3 * o.timeout,
+				Metrics:       m,
 			})
 			channels := make([]string, 0, len(provs))
 			for ch, p := range provs {
@@ -85,5 +109,41 @@ A worker sends the channels whose provider is configured:
 	cmd.Flags().IntVar(&o.concurrency, "concurrency", 16, "batches this process sends at once")
 	cmd.Flags().DurationVar(&o.timeout, "provider-timeout", twilio.DefaultTimeout, "how long one provider request may take; a chunk whose worker died is taken over after 3 times this")
 	cmd.Flags().DurationVar(&o.shutdown, "shutdown-timeout", 30*time.Second, "on SIGTERM, how long in-flight batches may finish before the rest is handed back")
+	cmd.Flags().StringVar(&o.metricsAddr, "metrics-addr", "", "serve Prometheus metrics at http://ADDR/metrics (with /healthz and /readyz), e.g. 127.0.0.1:9090; empty: none")
 	return cmd
+}
+
+// serveMetrics listens on addr and serves the worker's metrics there (campaignctl_*, Asynq's queues, the
+// progress of running campaigns, Go and process metrics) until stop is called.
+func serveMetrics(ctx context.Context, addr string, engine *pgxpool.Pool, rdb redis.UniversalClient, log *slog.Logger) (*metrics.Metrics, func(), error) {
+	m := metrics.New(log)
+	if err := m.WatchQueues(rdb); err != nil {
+		return nil, nil, fmt.Errorf("metrics: %w", err)
+	}
+	if err := m.WatchCampaigns(engine, rdb, worker.ProgressKey); err != nil {
+		return nil, nil, fmt.Errorf("metrics: %w", err)
+	}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, nil, fmt.Errorf("--metrics-addr %s: cannot listen: %w", addr, err)
+	}
+	ready := func(ctx context.Context) error {
+		if err := rdb.Ping(ctx).Err(); err != nil {
+			return fmt.Errorf("redis: %w", err)
+		}
+		if err := engine.Ping(ctx); err != nil {
+			return fmt.Errorf("postgres: %w", err)
+		}
+		return nil
+	}
+	sctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if err := metrics.Serve(sctx, ln, m.Handler(ready)); err != nil {
+			log.Error("metrics server stopped", "addr", ln.Addr().String(), "err", err)
+		}
+	}()
+	log.Info("metrics served", "url", "http://"+ln.Addr().String()+"/metrics")
+	return m, func() { cancel(); <-done }, nil
 }
