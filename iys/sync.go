@@ -200,3 +200,35 @@ func Reverify(ctx context.Context, db *pgxpool.Pool, c *Client, typ, recipientTy
 	rep.UpToDateAt = time.Now()
 	return rep, nil
 }
+
+// HistEntry is one change in a consent's history.
+type HistEntry struct {
+	Status        string    `json:"status"`
+	Source        string    `json:"source"`
+	ConsentDate   time.Time `json:"consent_date"`
+	TransactionID string    `json:"transaction_id,omitempty"`
+	Origin        string    `json:"origin"`
+	RecordedAt    time.Time `json:"recorded_at"`
+}
+
+// History returns up to limit of the latest changes of one consent, newest first.
+func History(ctx context.Context, db *pgxpool.Pool, recipient, typ, recipientType string, limit int) ([]HistEntry, error) {
+	rows, err := db.Query(ctx, `SELECT status, source, consent_date, coalesce(transaction_id, ''), origin, recorded_at
+		FROM iys_consent_history WHERE recipient = $1 AND type = $2 AND recipient_type = $3 ORDER BY id DESC LIMIT $4`,
+		recipient, typ, recipientType, limit)
+	if err != nil {
+		return nil, fmt.Errorf("consent history: %w", err)
+	}
+	out, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (HistEntry, error) {
+		var h HistEntry
+		err := row.Scan(&h.Status, &h.Source, &h.ConsentDate, &h.TransactionID, &h.Origin, &h.RecordedAt)
+		return h, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("consent history: %w", err)
+	}
+	if out == nil {
+		out = []HistEntry{}
+	}
+	return out, nil
+}

@@ -201,3 +201,13 @@ func httpGetBody(t *testing.T, url string) string {
 	b, _ := io.ReadAll(resp.Body)
 	return string(b)
 }
+
+// listening reports whether an HTTP server answers at addr.
+func listening(addr string) bool {
+	resp, err := http.Get("http://" + addr + "/_sandbox/stats")
+	if err != nil {
+		return false
+	}
+	resp.Body.Close()
+	return true
+}

@@ -54,7 +54,7 @@ func TestEndToEndPushAndWebhook(t *testing.T) {
 	os.WriteFile(hookSQL, []byte("SELECT user_id, webhook_opt_in, first_name FROM devices"), 0o600)          //nolint:errcheck
 
 	e.start("sandbox", "sandbox", "--addr", sandboxAddr)
-	waitFor(t, 10*time.Second, func() bool { return httpGetBody(t, "http://"+sandboxAddr+"/_sandbox/stats") != "" })
+	waitFor(t, 10*time.Second, func() bool { return listening(sandboxAddr) })
 	e.start("worker", "worker", "--concurrency", "4")
 
 	launch := func(name, ch, audience string) (id string, excluded map[string]int64) {

@@ -1,18 +1,196 @@
 package main
 
 import (
+	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
+	"strings"
+	"time"
 
 	"github.com/spf13/cobra"
 
 	"github.com/campaignctl/campaignctl/iys"
+	"github.com/campaignctl/campaignctl/providers"
 )
 
 func (a *app) newIYSCmd() *cobra.Command {
-	cmd := &cobra.Command{Use: "iys", Short: "İYS consents: import", Example: "  campaignctl iys import consents.csv"}
-	cmd.AddCommand(a.newIYSImportCmd())
+	cmd := &cobra.Command{Use: "iys", Short: "İYS consents: import, sync with the İYS API, check one recipient",
+		Example: "  campaignctl iys import consents.csv\n  campaignctl iys sync\n  campaignctl iys check +905321234567"}
+	cmd.AddCommand(a.newIYSImportCmd(), a.newIYSSyncCmd(), a.newIYSCheckCmd())
 	return cmd
+}
+
+// iysClient builds the İYS API client from IYS_BASE_URL, IYS_USERNAME, IYS_PASSWORD, IYS_CODE and
+// IYS_BRAND_CODE; a missing one is named in the error.
+func (a *app) iysClient() (*iys.Client, error) {
+	var missing []string
+	for _, k := range []string{"IYS_BASE_URL", "IYS_USERNAME", "IYS_PASSWORD", "IYS_CODE", "IYS_BRAND_CODE"} {
+		if a.getenv(k) == "" {
+			missing = append(missing, k)
+		}
+	}
+	if len(missing) > 0 {
+		return nil, usagef("the İYS API is not configured: set %s (your İYS API user and your İYS and brand codes)", strings.Join(missing, ", "))
+	}
+	c, err := iys.NewClient(iys.Config{BaseURL: a.getenv("IYS_BASE_URL"), Username: a.getenv("IYS_USERNAME"),
+		Password: a.getenv("IYS_PASSWORD"), IYSCode: a.getenv("IYS_CODE"), BrandCode: a.getenv("IYS_BRAND_CODE"), Logger: a.logger()})
+	if err != nil {
+		return nil, usageError{err}
+	}
+	return c, nil
+}
+
+func (a *app) newIYSSyncCmd() *cobra.Command {
+	var reverify, asJSON bool
+	cmd := &cobra.Command{
+		Use:   "sync",
+		Short: "Pull consent changes from the İYS API (the brand's and the citizens'), from where the last sync stopped",
+		Long: `Pull the consent changes İYS recorded since the last sync, for both sources: the brand's own (HS) and
+the citizens' (IYS: the 3338 short number, web, app, e-Devlet). Each page is stored with its cursor in one
+transaction, so an interrupted sync resumes where it stopped. Every change is kept in the consent history
+with its İYS transaction ID. A RET pulled here blocks the next send to that person, also in campaigns
+already running.
+
+Launches refuse consents older than --max-consent-age (24 h): run this at least that often (e.g. from cron
+every 15 minutes). --reverify also asks İYS for the status of every stored SMS and e-mail consent
+(multi-status), the full pass that catches anything the pull missed.`,
+		Example: `  campaignctl iys sync
+  campaignctl iys sync --reverify --json`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			ctx := cmd.Context()
+			client, err := a.iysClient()
+			if err != nil {
+				return err
+			}
+			pool, err := a.openEngine(ctx)
+			if err != nil {
+				return err
+			}
+			defer pool.Close()
+			rep, err := iys.Sync(ctx, pool, client)
+			if err != nil {
+				return fmt.Errorf("%w (what was pulled before the error is stored; run it again to go on)", err)
+			}
+			if reverify {
+				for _, k := range [][2]string{{iys.TypeMessage, iys.RecipientIndividual}, {iys.TypeMessage, iys.RecipientMerchant},
+					{iys.TypeEmail, iys.RecipientIndividual}, {iys.TypeEmail, iys.RecipientMerchant}} {
+					rv, err := iys.Reverify(ctx, pool, client, k[0], k[1])
+					if err != nil {
+						return err
+					}
+					rep.Reverified += rv.Reverified
+					rep.Corrected += rv.Corrected
+				}
+			}
+			if asJSON {
+				return json.NewEncoder(a.stdout).Encode(rep)
+			}
+			fmt.Fprintf(a.stdout, "pulled %d changes (brand %d, citizens %d); %d consents changed", rep.Changes[iys.PullHS]+rep.Changes[iys.PullIYS],
+				rep.Changes[iys.PullHS], rep.Changes[iys.PullIYS], rep.Applied)
+			if reverify {
+				fmt.Fprintf(a.stdout, "; re-verified %d, %d corrected", rep.Reverified, rep.Corrected)
+			}
+			fmt.Fprintf(a.stdout, "; consents up to date as of %s\n", rep.UpToDateAt.Format(time.RFC3339))
+			return nil
+		},
+	}
+	cmd.Flags().BoolVar(&reverify, "reverify", false, "also ask İYS for the status of every stored consent (multi-status)")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	return cmd
+}
+
+func (a *app) newIYSCheckCmd() *cobra.Command {
+	var typ, recipientType string
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:   "check ADDRESS",
+		Short: "Show one recipient's consent: what this engine holds, its history, and (when configured) what İYS says now",
+		Example: `  campaignctl iys check +905321234567
+  campaignctl iys check ayse@example.com --type EPOSTA --json`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			ctx := cmd.Context()
+			if typ == "" {
+				typ = iys.TypeMessage
+				if strings.Contains(args[0], "@") {
+					typ = iys.TypeEmail
+				}
+			}
+			canon, err := iys.CanonicalRecipient(typ, args[0])
+			if err != nil {
+				return usageError{err}
+			}
+			if recipientType != iys.RecipientIndividual && recipientType != iys.RecipientMerchant {
+				return usagef("--recipient-type %q: use BIREYSEL or TACIR", recipientType)
+			}
+			pool, err := a.openEngine(ctx)
+			if err != nil {
+				return err
+			}
+			defer pool.Close()
+			view := iysCheckView{Recipient: canon, Type: typ, RecipientType: recipientType}
+			c, err := iys.Lookup(ctx, pool, canon, typ, recipientType)
+			switch {
+			case err == nil:
+				view.Local = &c
+			case !errors.Is(err, iys.ErrNoConsent):
+				return err
+			}
+			if view.History, err = iys.History(ctx, pool, canon, typ, recipientType, 10); err != nil {
+				return err
+			}
+			if a.getenv("IYS_BASE_URL") != "" {
+				client, err := a.iysClient()
+				if err != nil {
+					return err
+				}
+				live, err := client.Status(ctx, recipientType, typ, canon)
+				switch {
+				case err == nil:
+					view.IYS = &live
+				case errors.Is(err, iys.ErrNoConsent):
+					view.IYSError = "İYS holds no consent for this recipient"
+				default:
+					view.IYSError = err.Error()
+				}
+			}
+			if asJSON {
+				return json.NewEncoder(a.stdout).Encode(view)
+			}
+			fmt.Fprintf(a.stdout, "%s %s %s\n", providers.MaskAddress(canon), typ, recipientType)
+			if view.Local != nil {
+				fmt.Fprintf(a.stdout, "  here:  %s (source %s, given %s)\n", c.Status, c.Source, c.ConsentDate.Format("2006-01-02 15:04"))
+			} else {
+				fmt.Fprintln(a.stdout, "  here:  no consent (nothing may be sent)")
+			}
+			if view.IYS != nil {
+				fmt.Fprintf(a.stdout, "  İYS:   %s (source %s)\n", view.IYS.Status, view.IYS.Source)
+			} else if view.IYSError != "" {
+				fmt.Fprintf(a.stdout, "  İYS:   %s\n", view.IYSError)
+			}
+			for _, h := range view.History {
+				fmt.Fprintf(a.stdout, "  %s  %s %s via %s (%s)\n", h.RecordedAt.Format(time.RFC3339), h.Status, h.Source, h.Origin, h.TransactionID)
+			}
+			return nil
+		},
+	}
+	cmd.Flags().StringVar(&typ, "type", "", "MESAJ or EPOSTA (default: from the address)")
+	cmd.Flags().StringVar(&recipientType, "recipient-type", iys.RecipientIndividual, "BIREYSEL or TACIR")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	return cmd
+}
+
+// iysCheckView is the --json shape of iys check.
+type iysCheckView struct {
+	Recipient     string          `json:"recipient"`
+	Type          string          `json:"type"`
+	RecipientType string          `json:"recipient_type"`
+	Local         *iys.Consent    `json:"local"`
+	IYS           *iys.Record     `json:"iys,omitempty"`
+	IYSError      string          `json:"iys_error,omitempty"`
+	History       []iys.HistEntry `json:"history"`
 }
 
 func (a *app) newIYSImportCmd() *cobra.Command {

@@ -16,6 +16,8 @@ type sandboxOptions struct {
 	twilioRate            float64
 	sendgridRate, fcmRate float64
 	sendgridEventURL      string
+	iysRate               float64
+	iysPullLag            time.Duration
 }
 
 func (o *sandboxOptions) validate() error {
@@ -31,6 +33,9 @@ func (o *sandboxOptions) validate() error {
 		if r < 0 {
 			return usagef("%s %v: give requests per second, or 0 for no cap", name, r)
 		}
+	}
+	if o.iysRate < 0 || o.iysPullLag < 0 {
+		return usagef("--iys-rate and --iys-pull-lag must not be negative")
 	}
 	if o.receiptDelay < 0 {
 		return usagef("--receipt-delay %v: give a duration of zero or more", o.receiptDelay)
@@ -53,6 +58,9 @@ func (a *app) newSandboxCmd() *cobra.Command {
                                         GET /v3/user/webhooks/event/settings/signed)
   push   FCM_BASE_URL=http://ADDR       FCM HTTP v1 with its OAuth2 token endpoint (POST /token)
   webhook POST http://ADDR/webhook      a receiver that checks the HMAC signature (WEBHOOK_SECRET)
+  İYS    IYS_BASE_URL=http://ADDR       the İYS consent API (token, status, multi-status, changes pull);
+                                        act as a citizen with POST /_sandbox/iys/consents
+                                        {"recipient":"+905321234567","type":"MESAJ","status":"RET","source":"IYS_MESAJ"}
 
 Every accepted message is recorded: GET /_sandbox/messages, GET /_sandbox/stats,
 POST /_sandbox/faults (JSON, e.g. {"rate_503":0.05}), POST /_sandbox/reset.
@@ -81,6 +89,10 @@ and then bounce, are dropped or deferred.`,
 				FCMRate:          o.fcmRate,
 				WebhookSecret:    a.getenv("WEBHOOK_SECRET"),
 				ReceiptDelay:     o.receiptDelay,
+				IYSUsername:      a.getenv("IYS_USERNAME"),
+				IYSPassword:      a.getenv("IYS_PASSWORD"),
+				IYSRate:          o.iysRate,
+				IYSPullLag:       pullLag(o.iysPullLag),
 			})
 			fmt.Fprintf(a.stderr, "sandbox listening on http://%s (TWILIO_BASE_URL, SENDGRID_BASE_URL and FCM_BASE_URL=http://%s)\n", o.addr, o.addr)
 			if o.sendgridEventURL != "" {
@@ -102,6 +114,16 @@ and then bounce, are dropped or deferred.`,
 	f.Float64Var(&o.sendgridRate, "sendgrid-rate", 0, "server-side cap in mail/send requests per second per API key (real 429s); 0 = none")
 	f.Float64Var(&o.fcmRate, "fcm-rate", 0, "server-side cap in messages per second per project (real 429 QUOTA_EXCEEDED); 0 = none")
 	f.StringVar(&o.sendgridEventURL, "sendgrid-event-url", "", "where to post signed SendGrid delivery events (loopback only), e.g. http://127.0.0.1:8090/sendgrid/events")
+	f.Float64Var(&o.iysRate, "iys-rate", 10, "İYS requests per second per client, as İYS allows (real 429 H124 beyond); 0 = none")
+	f.DurationVar(&o.iysPullLag, "iys-pull-lag", time.Hour, "how recent a consent change may be and still be left out of the İYS pull (İYS: 1h); 0 = none")
 	f.DurationVar(&o.receiptDelay, "receipt-delay", 200*time.Millisecond, "how long after acceptance delivery receipts are sent")
 	return cmd
+}
+
+// pullLag maps the flag (0: list changes at once) to the sandbox option (negative: at once).
+func pullLag(d time.Duration) time.Duration {
+	if d == 0 {
+		return -1
+	}
+	return d
 }
