@@ -82,4 +82,3 @@ func TestSyncResumesAfterABadPageAndKeepsTheLatestDecision(t *testing.T) {
 		t.Fatalf("sync state: %d sources with a cursor and a success", got)
 	}
 }
-
