@@ -1,8 +1,313 @@
 package main
 
-import "github.com/spf13/cobra"
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/hibiken/asynq"
+	"github.com/redis/go-redis/v9"
+	"github.com/spf13/cobra"
+
+	"github.com/campaignctl/campaignctl/campaign"
+	"github.com/campaignctl/campaignctl/providers/twilio"
+	"github.com/campaignctl/campaignctl/supervisor"
+	"github.com/campaignctl/campaignctl/worker"
+)
+
+// maxWorkerProcesses bounds --max: a typo such as --max 5000 should not fork-bomb the machine.
+const maxWorkerProcesses = 1000
+
+type workersOptions struct {
+	min, max int
+	interval time.Duration
+	cooldown time.Duration
+	worker   workerOptions
+	// extra are worker flags given after "--", passed through as they are.
+	extra []string
+}
+
+func (o *workersOptions) validate() error {
+	switch {
+	case o.min < 0:
+		return usagef("--min %d: give 0 or more worker processes, e.g. --min 1", o.min)
+	case o.max < 1:
+		return usagef("--max %d: give 1 or more worker processes, e.g. --max 8", o.max)
+	case o.max > maxWorkerProcesses:
+		return usagef("--max %d: at most %d worker processes on one machine; run more machines for more", o.max, maxWorkerProcesses)
+	case o.min > o.max:
+		return usagef("--min %d is above --max %d: give --min ≤ --max, e.g. --min 1 --max 8", o.min, o.max)
+	case o.interval <= 0:
+		return usagef("--interval %v: give a positive duration, e.g. --interval 5s", o.interval)
+	case o.cooldown < 0:
+		return usagef("--cooldown %v: give zero or more, e.g. --cooldown 30s", o.cooldown)
+	case o.worker.shutdown <= 0:
+		return usagef("--shutdown-timeout %v: give a positive duration, e.g. --shutdown-timeout 30s", o.worker.shutdown)
+	}
+	for _, arg := range o.extra {
+		if (arg == "--metrics-addr" || strings.HasPrefix(arg, "--metrics-addr=")) && o.max > 1 {
+			return usagef("--metrics-addr after --: every worker would listen on the same address and all but one would fail; run workers with --metrics-addr each under its own supervisor or process manager, or use --max 1")
+		}
+	}
+	return o.worker.validate()
+}
 
 func (a *app) newWorkersCmd() *cobra.Command {
-	return &cobra.Command{Use: "workers", Short: "Supervise worker processes, scaled by the backlog", Hidden: true,
-		RunE: func(*cobra.Command, []string) error { return usagef("workers is not available yet") }}
+	var o workersOptions
+	cmd := &cobra.Command{
+		Use:   "workers --min N --max M [flags] [-- worker flags]",
+		Short: "Run worker processes and scale them with the backlog and the rate caps",
+		Long: `Run between --min and --max worker processes (campaignctl worker, this same binary, with the same
+environment) and scale them with the batch queue. Their output goes to this command's stdout and stderr
+as it is.
+
+Every --interval the supervisor reads the queue (Asynq's pending, active, and scheduled or retrying tasks
+due within two intervals, and its latency) and the running campaigns' rate caps, and sizes the pool:
+
+  backlog    = pending + active + due
+  need       = ceil(backlog / --concurrency)    a slot for every batch ready now
+  rate_limit = the workers running now           when the campaigns send at 90 % of their caps or more
+             = ceil(rate_cap / per_worker)       otherwise, once a worker's rate has been seen
+  wanted     = min(need, rate_limit), clamped to [--min, --max]
+
+rate_cap is, per provider, the lower of its cap (TWILIO_RATE, SENDGRID_RATE, FCM_RATE, WEBHOOK_RATE) and
+the sum of its running campaigns' --rate, summed over the providers; per_worker is the messages per second
+one worker sent while every slot was busy. More workers than the caps let send would only wait for
+tokens.
+
+It scales up at once. It scales down one worker at a time, once fewer have been enough for --cooldown
+(and --cooldown after the last change) and no pending batch has waited 5s or more, with SIGTERM: the
+worker finishes the send in flight and hands its batches back within --shutdown-timeout, and is
+SIGKILLed only 10s after that. A worker that exits by itself is started again (after 1s, doubling up to
+30s while workers keep dying young); one that exits with status 2 (bad flag or configuration) stops the
+supervisor. SIGTERM or Ctrl-C stops every worker the same graceful way, then the supervisor exits 0.
+
+Each decision is logged with its figures and a reason (backlog, max, rate_cap, idle, backlog_shrank,
+cooldown, min, queue_paused, tasks_waiting). Worker flags this command does not have go after --, as
+they are.`,
+		Example: `  campaignctl workers --min 1 --max 8
+  campaignctl workers --min 2 --max 16 --concurrency 8 --cooldown 1m
+  campaignctl workers --min 0 --max 4 --provider-timeout 5s --interval 2s
+  TWILIO_RATE=50 campaignctl workers --min 1 --max 4 --log-level debug     # every hold logged too`,
+		Args: func(cmd *cobra.Command, args []string) error {
+			if dash := cmd.ArgsLenAtDash(); dash > 0 || (dash < 0 && len(args) > 0) {
+				return usagef("workers takes no arguments; give worker flags after --, e.g. campaignctl workers --max 4 -- --provider-timeout 5s")
+			}
+			return nil
+		},
+		RunE: func(cmd *cobra.Command, args []string) error {
+			o.extra = args
+			if err := o.validate(); err != nil {
+				return err
+			}
+			return a.workers(cmd.Context(), o)
+		},
+	}
+	f := cmd.Flags()
+	f.IntVar(&o.min, "min", 1, "fewest worker processes, kept even when the queue is empty")
+	f.IntVar(&o.max, "max", 4, "most worker processes")
+	f.DurationVar(&o.interval, "interval", 5*time.Second, "how often the queue is read and the pool sized")
+	f.DurationVar(&o.cooldown, "cooldown", 30*time.Second, "how long fewer workers must be enough before one is stopped")
+	f.IntVar(&o.worker.concurrency, "concurrency", 16, "batches each worker sends at once (the worker's --concurrency)")
+	f.DurationVar(&o.worker.timeout, "provider-timeout", twilio.DefaultTimeout, "the workers' --provider-timeout")
+	f.DurationVar(&o.worker.shutdown, "shutdown-timeout", 30*time.Second, "the workers' --shutdown-timeout; a stopped worker still running 10s past it is SIGKILLed")
+	return cmd
+}
+
+// workers runs the supervisor until ctx is done.
+func (a *app) workers(ctx context.Context, o workersOptions) error {
+	// The workers would refuse to start without a provider: say so once, now, with the fix.
+	if _, _, err := a.providers(o.worker.timeout); err != nil {
+		return err
+	}
+	caps := map[string]float64{}
+	for _, ch := range []campaign.Channel{campaign.ChannelSMS, campaign.ChannelEmail, campaign.ChannelPush, campaign.ChannelWebhook} {
+		r, err := a.channelRate(ch)
+		if err != nil {
+			return err
+		}
+		caps[string(ch)] = r
+	}
+	exe, err := os.Executable()
+	if err != nil {
+		return fmt.Errorf("cannot find this program to start workers: %w", err)
+	}
+	engine, rdb, closeAll, err := a.openServices(ctx)
+	if err != nil {
+		return err
+	}
+	defer closeAll()
+
+	// The supervisor's log lines and the workers' output share stderr.
+	stderr := supervisor.LockWriter(a.stderr)
+	la := *a
+	la.stderr = stderr
+	log := la.logger().With("component", "supervisor")
+
+	sup := supervisor.New(supervisor.Config{
+		Policy:          supervisor.Policy{Min: o.min, Max: o.max, Concurrency: o.worker.concurrency, Cooldown: o.cooldown},
+		Interval:        o.interval,
+		ShutdownTimeout: o.worker.shutdown,
+		Path:            exe,
+		Args:            a.workerArgs(o),
+		Env:             a.workerEnv(),
+		Stdout:          a.stdout,
+		Stderr:          stderr,
+		Observer: &queueObserver{
+			insp:      asynq.NewInspectorFromRedisClient(rdb),
+			rdb:       rdb,
+			store:     campaign.NewStore(engine),
+			caps:      caps,
+			lookahead: 2 * o.interval,
+			dueLimit:  o.max * o.worker.concurrency,
+		},
+		Logger: log,
+	})
+	err = sup.Run(ctx)
+	if errors.Is(err, supervisor.ErrWorkerUsage) {
+		return usageError{fmt.Errorf("%w; fix what its message above says, then start the supervisor again", err)}
+	}
+	return err
+}
+
+// workerArgs is the worker command line: the flags the supervisor knows, then those after "--". No
+// secret goes here (a command line is visible to every user of the machine): URLs go in the environment.
+func (a *app) workerArgs(o workersOptions) []string {
+	args := []string{"worker",
+		"--log-level", a.logLevel,
+		"--concurrency", strconv.Itoa(o.worker.concurrency),
+		"--provider-timeout", o.worker.timeout.String(),
+		"--shutdown-timeout", o.worker.shutdown.String(),
+	}
+	return append(args, o.extra...)
+}
+
+// workerEnv is the supervisor's environment, with the URLs given as flags turned into the variables the
+// workers read (the last value of a variable wins).
+func (a *app) workerEnv() []string {
+	env := os.Environ()
+	if a.databaseURL != "" {
+		env = append(env, "DATABASE_URL="+a.databaseURL)
+	}
+	if a.redisURL != "" {
+		env = append(env, "REDIS_URL="+a.redisURL)
+	}
+	if a.audienceURL != "" {
+		env = append(env, "AUDIENCE_DATABASE_URL="+a.audienceURL)
+	}
+	return env
+}
+
+// queueObserver reads the batch queue through Asynq's Inspector, the running campaigns from Postgres and
+// their progress counters from Redis.
+type queueObserver struct {
+	insp  *asynq.Inspector
+	rdb   *redis.Client
+	store *campaign.Store
+	// caps is each channel's provider cap in messages per second (0 = none).
+	caps map[string]float64
+	// lookahead is how far ahead a scheduled or retrying task counts as due.
+	lookahead time.Duration
+	// dueLimit stops counting due tasks where more could not change the decision (max × concurrency).
+	dueLimit int
+}
+
+// Observe implements supervisor.Observer.
+func (q *queueObserver) Observe(ctx context.Context) (supervisor.Observation, error) {
+	o := supervisor.Observation{At: time.Now()}
+	queues, err := q.insp.Queues()
+	if err != nil {
+		return o, fmt.Errorf("list queues: %w", err)
+	}
+	// Before the first launch the queue does not exist yet: nothing is queued.
+	if slices.Contains(queues, worker.Queue) {
+		info, err := q.insp.GetQueueInfo(worker.Queue)
+		if err != nil {
+			return o, fmt.Errorf("queue %s: %w", worker.Queue, err)
+		}
+		o.Pending, o.Active, o.Latency, o.Paused = info.Pending, info.Active, info.Latency, info.Paused
+		horizon := o.At.Add(q.lookahead)
+		if info.Scheduled > 0 {
+			n, err := q.due(q.insp.ListScheduledTasks, horizon, q.dueLimit)
+			if err != nil {
+				return o, fmt.Errorf("scheduled tasks: %w", err)
+			}
+			o.Due += n
+		}
+		if info.Retry > 0 && o.Due < q.dueLimit {
+			n, err := q.due(q.insp.ListRetryTasks, horizon, q.dueLimit-o.Due)
+			if err != nil {
+				return o, fmt.Errorf("retry tasks: %w", err)
+			}
+			o.Due += n
+		}
+	}
+
+	all, err := q.store.List(ctx)
+	if err != nil {
+		return o, err
+	}
+	var running []supervisor.Running
+	var ids []int64
+	for _, c := range all {
+		if c.State == campaign.StateRunning {
+			running = append(running, supervisor.Running{Provider: string(c.Channel), Rate: c.Rate})
+			ids = append(ids, c.ID)
+		}
+	}
+	o.RateCap, o.Uncapped = supervisor.RateCap(running, q.caps)
+	if len(ids) == 0 {
+		return o, nil
+	}
+	pipe := q.rdb.Pipeline()
+	cmds := make([]*redis.SliceCmd, len(ids))
+	for i, id := range ids {
+		cmds[i] = pipe.HMGet(ctx, worker.ProgressKey(id), campaign.StatusSent, campaign.StatusFailed, campaign.StatusUnknown)
+	}
+	if _, err := pipe.Exec(ctx); err != nil {
+		return o, fmt.Errorf("progress counters: %w", err)
+	}
+	o.Sends = make(map[int64]int64, len(ids))
+	for i, id := range ids {
+		var n int64
+		for _, v := range cmds[i].Val() {
+			if s, ok := v.(string); ok {
+				k, _ := strconv.ParseInt(s, 10, 64)
+				n += k
+			}
+		}
+		o.Sends[id] = n
+	}
+	return o, nil
+}
+
+// due counts the tasks of a sorted set (scheduled or retry, earliest first) that are due by horizon, up
+// to limit.
+func (q *queueObserver) due(list func(string, ...asynq.ListOption) ([]*asynq.TaskInfo, error), horizon time.Time, limit int) (int, error) {
+	const pageSize = 100
+	n := 0
+	for page := 1; n < limit; page++ {
+		tasks, err := list(worker.Queue, asynq.PageSize(pageSize), asynq.Page(page))
+		if errors.Is(err, asynq.ErrQueueNotFound) {
+			return n, nil
+		}
+		if err != nil {
+			return n, err
+		}
+		for _, t := range tasks {
+			if t.NextProcessAt.After(horizon) || n >= limit {
+				return n, nil
+			}
+			n++
+		}
+		if len(tasks) < pageSize {
+			break
+		}
+	}
+	return n, nil
 }

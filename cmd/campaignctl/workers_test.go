@@ -1,0 +1,356 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/hibiken/asynq"
+
+	"github.com/campaignctl/campaignctl/campaign"
+	"github.com/campaignctl/campaignctl/internal/testdb"
+	"github.com/campaignctl/campaignctl/internal/testredis"
+	"github.com/campaignctl/campaignctl/supervisor"
+	"github.com/campaignctl/campaignctl/worker"
+)
+
+// Bad flags are refused with exit 2 and the fix, before anything is started.
+func TestWorkersFlagsAreValidated(t *testing.T) {
+	t.Parallel()
+	twilio := map[string]string{"TWILIO_ACCOUNT_SID": "ACx", "TWILIO_AUTH_TOKEN": "secret-token", "TWILIO_FROM": "+905550000000",
+		// nothing listens here: validation must fail before any connection is tried
+		"DATABASE_URL": "postgres://u:pw@127.0.0.1:1/x", "REDIS_URL": "redis://127.0.0.1:1/0"}
+	for _, tc := range []struct {
+		args []string
+		env  map[string]string
+		want string
+	}{
+		{[]string{"--min", "-1"}, twilio, "--min -1: give 0 or more worker processes, e.g. --min 1"},
+		{[]string{"--max", "0"}, twilio, "--max 0: give 1 or more worker processes, e.g. --max 8"},
+		{[]string{"--min", "5", "--max", "2"}, twilio, "--min 5 is above --max 2: give --min ≤ --max"},
+		{[]string{"--max", "100000"}, twilio, "--max 100000: at most 1000 worker processes"},
+		{[]string{"--interval", "0s"}, twilio, "--interval 0s: give a positive duration, e.g. --interval 5s"},
+		{[]string{"--cooldown", "-1s"}, twilio, "--cooldown -1s: give zero or more"},
+		{[]string{"--shutdown-timeout", "0s"}, twilio, "--shutdown-timeout 0s: give a positive duration"},
+		{[]string{"--concurrency", "0"}, twilio, "--concurrency 0: give 1 to 1000"},
+		{[]string{"--provider-timeout", "1ms"}, twilio, "--provider-timeout 1ms: give 100ms to 5m"},
+		{[]string{"extra"}, twilio, "give worker flags after --"},
+		{[]string{"--max", "2", "--", "--metrics-addr", "127.0.0.1:9100"}, twilio, "every worker would listen on the same address"},
+		{[]string{"--max", "2"}, map[string]string{}, "no provider is configured"},
+	} {
+		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
+			out, stderr, code := cli(t, tc.env, append([]string{"workers"}, tc.args...)...)
+			if code != 2 || !strings.Contains(stderr, tc.want) || out != "" {
+				t.Errorf("workers %v: exit %d, stdout %q, stderr %q; want exit 2 saying %q", tc.args, code, out, stderr, tc.want)
+			}
+			if strings.Contains(stderr, "secret-token") || strings.Contains(stderr, ":pw@") {
+				t.Errorf("a secret was printed: %s", stderr)
+			}
+		})
+	}
+	help, _, code := cli(t, nil, "workers", "--help")
+	for _, want := range []string{"--min", "--max", "--cooldown", "ceil(backlog / --concurrency)", "Examples:", "campaignctl workers --min 1 --max 8"} {
+		if code != 0 || !strings.Contains(help, want) {
+			t.Errorf("workers --help (exit %d) lacks %q", code, want)
+		}
+	}
+}
+
+// The observer reads the queue through the Inspector (pending, due soon, paused), the running campaigns
+// from Postgres (their caps) and their progress counters from Redis.
+func TestWorkersObserverReadsTheQueueAndTheCaps(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+
+	// An empty Redis: no queue yet, nothing queued, no error.
+	db0, _ := testdb.New(t)
+	rdb0, _ := testredis.New(t)
+	empty := &queueObserver{insp: asynq.NewInspectorFromRedisClient(rdb0), rdb: rdb0, store: campaign.NewStore(db0),
+		caps: map[string]float64{"sms": 100}, lookahead: 10 * time.Second, dueLimit: 100}
+	o, err := empty.Observe(ctx)
+	if err != nil || o.Pending+o.Active+o.Due != 0 || o.RateCap != 0 || o.Uncapped || o.Sends != nil {
+		t.Fatalf("empty: %+v, %v", o, err)
+	}
+
+	// A running campaign of 3 batches queued, 1 batch due in a second, 1 in an hour.
+	env, id, db, insp := opsEnv(t)
+	rdb := redisFor(t, env)
+	client := asynq.NewClientFromRedisClient(rdb)
+	cid, _ := strconv.ParseInt(id, 10, 64)
+	for batch, in := range map[int]time.Duration{10: time.Second, 11: time.Hour} {
+		task, err := worker.NewBatchTask(cid, batch)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := client.Enqueue(task, asynq.ProcessIn(in)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rdb.HSet(ctx, worker.ProgressKey(cid), campaign.StatusSent, 5, campaign.StatusFailed, 2, campaign.StatusUnknown, 1, campaign.StatusSkipped, 9)
+	q := &queueObserver{insp: insp, rdb: rdb, store: campaign.NewStore(db), caps: map[string]float64{"sms": 100},
+		lookahead: 10 * time.Second, dueLimit: 100}
+	o, err = q.Observe(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o.Pending != 3 || o.Active != 0 || o.Due != 1 || o.Paused || o.RateCap != 100 || o.Uncapped || o.Sends[cid] != 8 {
+		t.Errorf("observed %+v; want 3 pending, 1 due, rate cap 100 (TWILIO_RATE), 8 provider calls", o)
+	}
+
+	// The due count stops at the limit; an uncapped provider leaves the rate unbounded.
+	q.dueLimit, q.lookahead, q.caps = 1, 2*time.Hour, map[string]float64{"sms": 0}
+	if o, err = q.Observe(ctx); err != nil || o.Due != 1 || !o.Uncapped || o.RateCap != 0 {
+		t.Errorf("observed %+v, %v; want 1 due (the limit), uncapped", o, err)
+	}
+
+	// A paused campaign is not running: no cap, no counters. A paused queue says so.
+	if _, stderr, code := cli(t, env, "pause", id); code != 0 {
+		t.Fatalf("pause: %s", stderr)
+	}
+	if err := insp.PauseQueue(worker.Queue); err != nil {
+		t.Fatal(err)
+	}
+	if o, err = q.Observe(ctx); err != nil || o.RateCap != 0 || o.Uncapped || o.Sends != nil || !o.Paused {
+		t.Errorf("observed %+v, %v; want no running campaign and a paused queue", o, err)
+	}
+}
+
+// lockedBuffer collects a process's output while the test reads it.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// supervisorLines are the supervisor's own JSON log lines with message msg.
+func supervisorLines(out, msg string) []map[string]any {
+	var lines []map[string]any
+	for _, l := range strings.Split(out, "\n") {
+		var m map[string]any
+		if json.Unmarshal([]byte(l), &m) == nil && m["component"] == "supervisor" && m["msg"] == msg {
+			lines = append(lines, m)
+		}
+	}
+	return lines
+}
+
+// childrenOf lists the live (not zombie) processes whose parent is pid, from /proc.
+func childrenOf(t *testing.T, pid int) []int {
+	t.Helper()
+	stats, err := filepath.Glob("/proc/[0-9]*/stat")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var kids []int
+	for _, p := range stats {
+		b, err := os.ReadFile(p)
+		if err != nil {
+			continue // gone meanwhile
+		}
+		// pid (comm) state ppid ...; comm may hold spaces and parentheses
+		s := string(b)
+		i := strings.LastIndexByte(s, ')')
+		if i < 0 {
+			continue
+		}
+		f := strings.Fields(s[i+1:])
+		if len(f) < 2 || f[0] == "Z" || f[0] == "X" {
+			continue
+		}
+		if ppid, _ := strconv.Atoi(f[1]); ppid == pid {
+			child, _ := strconv.Atoi(filepath.Base(filepath.Dir(p)))
+			kids = append(kids, child)
+		}
+	}
+	slices.Sort(kids)
+	return kids
+}
+
+// TestWorkersSupervisorEndToEnd runs the built binary: a running campaign of 4 batches whose provider (the
+// sandbox) takes a second per message, and `campaignctl workers --min 1 --max 3 --concurrency 1`. The
+// supervisor scales from 1 to 3 at once for the backlog; once the campaign is cancelled and the queue is
+// empty it scales back to 1, one worker per cooldown, with SIGTERM; a worker killed with SIGKILL is started
+// again; SIGTERM to the supervisor stops everything and exits 0. Processes are counted from /proc, not
+// only from the logs.
+func TestWorkersSupervisorEndToEnd(t *testing.T) {
+	t.Parallel()
+	if testing.Short() {
+		t.Skip("end-to-end run skipped in -short mode")
+	}
+	_, dbURL := testdb.New(t)
+	rdb, redisURL := testredis.New(t)
+	sandboxAddr := freeAddr(t)
+	const authToken = "workerse2esecrettoken7"
+	e := &e2eEnv{t: t, bin: binary(t), env: append(os.Environ(),
+		"DATABASE_URL="+dbURL, "REDIS_URL="+redisURL,
+		"TWILIO_ACCOUNT_SID=ACworkers00000000000000000000000000", "TWILIO_AUTH_TOKEN="+authToken, "TWILIO_FROM=+905550000000",
+		"TWILIO_BASE_URL=http://"+sandboxAddr, "SENDER_IDENTITY="+testSender,
+	)}
+	e.mustRun("demo", "seed", "--users", strconv.Itoa(chaosUsersFor(2000)), "--pool", "demo")
+	audience := writeFile(t, "audience.sql", "SELECT user_id, phone, first_name FROM customers")
+	e.start("sandbox", "sandbox", "--addr", sandboxAddr, "--latency", "1s")
+	out := e.mustRun("launch", "--name", "workers-e2e", "--channel", "sms", "--audience", audience, "--code-pool", "demo",
+		"--message", testPrefix+"Merhaba {{.first_name}}, kodunuz {{.code}}", "--frequency-cap", "0", "--yes", "--json")
+	var rep struct {
+		ID       int64 `json:"id"`
+		Enqueued int   `json:"enqueued"`
+	}
+	if err := json.Unmarshal([]byte(out), &rep); err != nil || rep.Enqueued != 4 {
+		t.Fatalf("launch: %v, %d batches enqueued, want 4\n%s", err, rep.Enqueued, out)
+	}
+
+	logs := &lockedBuffer{}
+	sup := exec.Command(e.bin, "workers", "--min", "1", "--max", "3", "--concurrency", "1",
+		"--interval", "250ms", "--cooldown", "2s", "--shutdown-timeout", "5s", "--provider-timeout", "5s")
+	sup.Env = e.env
+	sup.Stdout, sup.Stderr = logs, logs
+	if err := sup.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan struct{})
+	go func() { sup.Wait(); close(exited) }() //nolint:errcheck // the exit code is read from ProcessState
+	seen := map[int]bool{}
+	t.Cleanup(func() {
+		// Never leave a process behind: SIGTERM, then SIGKILL the supervisor and every worker seen.
+		sup.Process.Signal(syscall.SIGTERM) //nolint:errcheck
+		select {
+		case <-exited:
+		case <-time.After(30 * time.Second):
+			t.Errorf("supervisor still running 30s after SIGTERM")
+			for _, pid := range childrenOf(t, sup.Process.Pid) {
+				seen[pid] = true
+			}
+			sup.Process.Kill() //nolint:errcheck
+			<-exited
+		}
+		for pid := range seen {
+			if syscall.Kill(pid, 0) == nil {
+				t.Errorf("worker %d outlived the supervisor; killing it", pid)
+				syscall.Kill(pid, syscall.SIGKILL) //nolint:errcheck
+			}
+		}
+		if t.Failed() {
+			t.Logf("supervisor and worker output:\n%s", tail(logs.String(), 8000))
+		}
+	})
+	workers := func(n int) func() bool {
+		return func() bool {
+			kids := childrenOf(t, sup.Process.Pid)
+			for _, k := range kids {
+				seen[k] = true
+			}
+			return len(kids) == n
+		}
+	}
+
+	// Up from --min to --max at once: 4 batches want 4 slots of one batch each.
+	waitFor(t, 20*time.Second, func() bool { return len(supervisorLines(logs.String(), "scale up")) > 0 })
+	up := supervisorLines(logs.String(), "scale up")[0]
+	if up["from"] != 1.0 || up["to"] != 3.0 || up["reason"] != supervisor.ReasonBacklog || up["need"] != 4.0 {
+		t.Errorf("first scale up %v; want from=1 to=3 need=4 reason=backlog", up)
+	}
+	waitFor(t, 20*time.Second, workers(3))
+	// The pool holds at --max while the campaign sends (a message a second per worker).
+	waitFor(t, 20*time.Second, func() bool {
+		for _, l := range supervisorLines(logs.String(), "hold") {
+			if l["reason"] == supervisor.ReasonMax {
+				return true
+			}
+		}
+		return false
+	})
+
+	// The queue empties: everything scales back to --min, one worker per cooldown, each stopped
+	// gracefully.
+	e.mustRun("cancel", strconv.FormatInt(rep.ID, 10), "--wait", "20s")
+	waitFor(t, 30*time.Second, func() bool {
+		downs := supervisorLines(logs.String(), "scale down")
+		return len(downs) == 2 && workers(1)()
+	})
+	downs := supervisorLines(logs.String(), "scale down")
+	if downs[0]["from"] != 3.0 || downs[0]["to"] != 2.0 || downs[1]["to"] != 1.0 || downs[1]["reason"] != supervisor.ReasonIdle {
+		t.Errorf("scale downs %v; want 3→2 then 2→1, reason idle", downs)
+	}
+	t1, err1 := time.Parse(time.RFC3339Nano, fmt.Sprint(downs[0]["time"]))
+	t2, err2 := time.Parse(time.RFC3339Nano, fmt.Sprint(downs[1]["time"]))
+	if err1 != nil || err2 != nil || t2.Sub(t1) < 2*time.Second {
+		t.Errorf("scale downs at %v and %v (%v, %v): one per cooldown of 2s", downs[0]["time"], downs[1]["time"], err1, err2)
+	}
+	info, err := asynq.NewInspectorFromRedisClient(rdb).GetQueueInfo(worker.Queue)
+	if err != nil || info.Pending+info.Active+info.Retry+info.Scheduled != 0 {
+		t.Errorf("queue after the cancel: %+v, %v; want empty", info, err)
+	}
+	waitFor(t, 20*time.Second, func() bool { return len(supervisorLines(logs.String(), "worker stopped")) == 2 })
+	for _, l := range supervisorLines(logs.String(), "worker stopped") {
+		if l["exit"] != "exit status 0" {
+			t.Errorf("a worker stopped with SIGTERM: %v; want exit status 0", l)
+		}
+	}
+
+	// A worker killed with SIGKILL is started again, and counted.
+	victim := childrenOf(t, sup.Process.Pid)[0]
+	if err := syscall.Kill(victim, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 20*time.Second, func() bool {
+		kids := childrenOf(t, sup.Process.Pid)
+		for _, k := range kids {
+			seen[k] = true
+		}
+		return len(kids) == 1 && kids[0] != victim && len(supervisorLines(logs.String(), "worker restarted")) == 1
+	})
+	if r := supervisorLines(logs.String(), "worker restarted")[0]; r["restarts"] != 1.0 {
+		t.Errorf("restart logged as %v; want restarts=1", r)
+	}
+	if c := supervisorLines(logs.String(), "worker exited without being asked; restarting it"); len(c) != 1 || c[0]["pid"] != float64(victim) {
+		t.Errorf("crash logged as %v; want one line for pid %d", c, victim)
+	}
+
+	// SIGTERM: every worker stopped, exit 0.
+	if err := sup.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-exited:
+	case <-time.After(30 * time.Second):
+		t.Fatal("supervisor still running 30s after SIGTERM")
+	}
+	if code := sup.ProcessState.ExitCode(); code != 0 {
+		t.Errorf("supervisor exited with %d after SIGTERM, want 0", code)
+	}
+	for pid := range seen {
+		if syscall.Kill(pid, 0) == nil {
+			t.Errorf("worker %d still alive after the supervisor exited", pid)
+		}
+	}
+	if len(supervisorLines(logs.String(), "supervisor stopped")) != 1 {
+		t.Errorf("no \"supervisor stopped\" line")
+	}
+	if strings.Contains(logs.String(), authToken) || strings.Contains(logs.String(), redisURL) && strings.Contains(redisURL, "@") {
+		t.Errorf("a secret appears in the output")
+	}
+	t.Logf("workers seen: %d; %d scale ups, %d scale downs, %d restarts",
+		len(seen), len(supervisorLines(logs.String(), "scale up")), len(downs), len(supervisorLines(logs.String(), "worker restarted")))
+}
