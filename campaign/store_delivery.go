@@ -64,12 +64,18 @@ func (s *Store) RecordDeliveries(ctx context.Context, ds []Delivery) (int64, err
 			SELECT DISTINCT provider, event_id FROM d WHERE event_id <> ''
 			ON CONFLICT DO NOTHING
 			RETURNING provider, event_id
-		), keyed AS (
-			SELECT r.campaign_id, r.user_id, d.msgid, d.status, d.error, d.at, d.rank
-			FROM d JOIN campaign_recipients r
-			  ON (d.campaign_id > 0 AND r.campaign_id = d.campaign_id AND r.user_id = d.user_id)
-			  OR (d.campaign_id = 0 AND d.msgid <> '' AND r.provider_message_id = d.msgid)
+		), todo AS (
+			SELECT * FROM d
 			WHERE d.event_id = '' OR EXISTS (SELECT 1 FROM fresh f WHERE f.provider = d.provider AND f.event_id = d.event_id)
+		), keyed AS (
+			-- Two joins rather than one with OR, so that each uses its index (the primary key, the message ID).
+			SELECT r.campaign_id, r.user_id, d.msgid, d.status, d.error, d.at, d.rank
+			FROM todo d JOIN campaign_recipients r ON r.campaign_id = d.campaign_id AND r.user_id = d.user_id
+			WHERE d.campaign_id > 0
+			UNION ALL
+			SELECT r.campaign_id, r.user_id, d.msgid, d.status, d.error, d.at, d.rank
+			FROM todo d JOIN campaign_recipients r ON r.provider_message_id = d.msgid
+			WHERE d.campaign_id = 0 AND d.msgid <> ''
 		), best AS (
 			SELECT DISTINCT ON (campaign_id, user_id) * FROM keyed ORDER BY campaign_id, user_id, rank DESC, at DESC
 		), upd AS (

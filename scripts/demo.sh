@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # A demo campaign end to end on the local defaults: Postgres, Redis, the provider sandbox and two workers.
 # Makes sure the services run (installs them if needed), builds, migrates, seeds 10,000 customers, launches
-# an SMS campaign, shows its progress until it is done, prints the summary and stops what it started.
+# an SMS campaign, shows its progress until it is done, records the delivery receipts, prints the summary
+# and stops what it started.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/services.sh
@@ -25,6 +26,10 @@ export SENDER_IDENTITY="Kampanya A.Ş."   # the sender identity every commercial
 port=8025
 while port_open 127.0.0.1 "$port"; do port=$((port + 1)); done
 export TWILIO_BASE_URL="http://127.0.0.1:$port"
+# Delivery receipts: the sandbox posts signed status callbacks to `campaignctl webhooks`.
+hooks=$((port + 1))
+while port_open 127.0.0.1 "$hooks"; do hooks=$((hooks + 1)); done
+export TWILIO_STATUS_CALLBACK="http://127.0.0.1:$hooks/twilio/status"
 
 pids=()
 cleanup() {
@@ -42,6 +47,9 @@ say "starting the provider sandbox on 127.0.0.1:$port (1% 503 and 0.1% 429 injec
 $ctl sandbox --addr "127.0.0.1:$port" --fail-503 0.01 --fail-429 0.001 2>.demo/sandbox.log &
 pids+=($!)
 wait_port 127.0.0.1 "$port" || { echo "the sandbox did not start; see .demo/sandbox.log" >&2; exit 1; }
+$ctl webhooks --addr "127.0.0.1:$hooks" 2>.demo/webhooks.log &
+pids+=($!)
+wait_port 127.0.0.1 "$hooks" || { echo "the receipts endpoint did not start; see .demo/webhooks.log" >&2; exit 1; }
 for i in 1 2; do
   $ctl worker --concurrency 8 2>".demo/worker$i.log" &
   pids+=($!)
@@ -59,6 +67,8 @@ id=$($ctl "${launch[@]}" --yes --json | sed -n 's/^ *"id": *\([0-9]*\),*$/\1/p')
 [ -n "$id" ] || { echo "launch did not report a campaign id" >&2; exit 1; }
 say "campaign $id: progress"
 timeout 600 $ctl status "$id" --watch >/dev/null
+say "waiting a moment for the last delivery receipts"
+sleep 2
 say "summary"
 $ctl status "$id"
 # What the provider saw: every accepted message, and how many numbers got more than one (must be 0).
@@ -67,5 +77,5 @@ printf 'GET /_sandbox/stats HTTP/1.0\r\nHost: sandbox\r\n\r\n' >&3
 echo "sandbox: $(tail -n 1 <&3)"
 exec 3<&-
 echo
-echo "Worker logs: .demo/worker1.log .demo/worker2.log; sandbox log: .demo/sandbox.log"
+echo "Worker logs: .demo/worker1.log .demo/worker2.log; sandbox log: .demo/sandbox.log; receipts: .demo/webhooks.log"
 echo "Inspect later with: bin/campaignctl status $id --json"

@@ -58,14 +58,15 @@ URL it called: behind a proxy or tunnel, give that public URL with --public-url.
 			defer engine.Close()
 			store := campaign.NewStore(engine)
 			log := a.logger()
+			batcher := newDeliveryBatcher(store)
+			go batcher.run(ctx)
 			sink := receipts.SinkFunc(func(ctx context.Context, rs []receipts.Receipt) error {
 				ds := make([]campaign.Delivery, len(rs))
 				for i, r := range rs {
 					ds[i] = campaign.Delivery{Provider: r.Provider, MessageID: r.MessageID, CampaignID: r.CampaignID, UserID: r.UserID,
 						Status: r.Status, Error: r.Error, EventID: r.EventID, At: r.At}
 				}
-				_, err := store.RecordDeliveries(ctx, ds)
-				return err
+				return batcher.record(ctx, ds)
 			})
 			mux := http.NewServeMux()
 			handlers := map[string]*receipts.Handler{}
@@ -123,4 +124,75 @@ URL it called: behind a proxy or tunnel, give that public URL with --public-url.
 func writeJSONResponse(w http.ResponseWriter, v any) {
 	w.Header().Set("Content-Type", "application/json")
 	json.NewEncoder(w).Encode(v) //nolint:errcheck // the client went away
+}
+
+// deliveryBatcher writes the receipts of many concurrent requests in one statement (group commit): Twilio
+// posts one callback per message and status, thousands a second during a campaign, and one statement per
+// callback would queue them up behind the connection pool. Each request still answers only after its
+// receipts are committed, so the provider retries whatever failed.
+type deliveryBatcher struct {
+	store *campaign.Store
+	in    chan deliveryRequest
+}
+
+type deliveryRequest struct {
+	ds   []campaign.Delivery
+	done chan error
+}
+
+// maxDeliveryBatch bounds one statement.
+const maxDeliveryBatch = 2000
+
+func newDeliveryBatcher(store *campaign.Store) *deliveryBatcher {
+	return &deliveryBatcher{store: store, in: make(chan deliveryRequest, 1024)}
+}
+
+func (b *deliveryBatcher) record(ctx context.Context, ds []campaign.Delivery) error {
+	req := deliveryRequest{ds: ds, done: make(chan error, 1)}
+	select {
+	case b.in <- req:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	select {
+	case err := <-req.done:
+		return err
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// run collects whatever requests are waiting (at most maxDeliveryBatch receipts) and writes them together;
+// while one statement runs, the next batch gathers.
+func (b *deliveryBatcher) run(ctx context.Context) {
+	for {
+		var first deliveryRequest
+		select {
+		case first = <-b.in:
+		case <-ctx.Done():
+			return
+		}
+		batch := []deliveryRequest{first}
+		n := len(first.ds)
+	gather:
+		for n < maxDeliveryBatch {
+			select {
+			case r := <-b.in:
+				batch = append(batch, r)
+				n += len(r.ds)
+			default:
+				break gather
+			}
+		}
+		all := make([]campaign.Delivery, 0, n)
+		for _, r := range batch {
+			all = append(all, r.ds...)
+		}
+		wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+		_, err := b.store.RecordDeliveries(wctx, all)
+		cancel()
+		for _, r := range batch {
+			r.done <- err
+		}
+	}
 }
