@@ -108,17 +108,15 @@ func (a *app) openEngine(ctx context.Context) (*pgxpool.Pool, error) {
 // openRedis connects to Redis and checks it answers.
 func (a *app) openRedis(ctx context.Context) (*redis.Client, error) {
 	raw := a.setting(a.redisURL, "REDIS_URL", defaultRedisURL)
-	opt, err := redis.ParseURL(raw)
+	rdb, where, err := redisClient(raw)
 	if err != nil {
-		// the parser's error quotes the whole URL, password included
-		return nil, usagef("REDIS_URL is not a valid Redis URL (%s); use redis://[:password@]host:port/db", redact(raw))
+		return nil, usagef("REDIS_URL: %v", err)
 	}
-	rdb := redis.NewClient(opt)
 	pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	if err := rdb.Ping(pctx).Err(); err != nil {
 		rdb.Close()
-		return nil, fmt.Errorf("Redis is not reachable at %s: %v; nothing was sent. Start it (scripts/test.sh or scripts/demo.sh install and start it) or point REDIS_URL at a running server", opt.Addr, err)
+		return nil, fmt.Errorf("Redis is not reachable at %s: %v; nothing was sent. Start it (scripts/test.sh or scripts/demo.sh install and start it) or point REDIS_URL at a running server", where, err)
 	}
 	return rdb, nil
 }

@@ -1,0 +1,89 @@
+package main
+
+import (
+	"fmt"
+	"net/url"
+	"strconv"
+	"strings"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// sentinelScheme is the REDIS_URL form for a Redis behind Sentinel:
+//
+//	redis+sentinel://[[user]:password@]host1:26379[,host2:26379...]/MASTER[/DB][?sentinel_password=...]
+//
+// The password is the master's; sentinel_password (and sentinel_username) authenticate to the sentinels
+// when they require it. The client follows the master through failovers.
+const sentinelScheme = "redis+sentinel"
+
+// redisClient builds the client REDIS_URL names: redis:// and rediss:// (TLS) for one server or a managed
+// endpoint, redis+sentinel:// for a Sentinel-managed master. Redis Cluster is not supported: the claim
+// script reads and writes keys that Cluster would place on different slots.
+func redisClient(raw string) (*redis.Client, string, error) {
+	if strings.HasPrefix(raw, sentinelScheme+"://") {
+		opt, err := parseSentinelURL(raw)
+		if err != nil {
+			return nil, "", err
+		}
+		return redis.NewFailoverClient(opt), "sentinels " + strings.Join(opt.SentinelAddrs, ",") + " master " + opt.MasterName, nil
+	}
+	if strings.HasPrefix(raw, "redis+cluster://") {
+		return nil, "", fmt.Errorf("Redis Cluster is not supported (the claims need their keys on one node); use one server, a managed endpoint, or Sentinel (%s://host:26379/MASTER)", sentinelScheme)
+	}
+	opt, err := redis.ParseURL(raw)
+	if err != nil {
+		// the parser's error quotes the whole URL, password included
+		return nil, "", fmt.Errorf("not a valid Redis URL (%s); use redis://[:password@]host:port/db, rediss:// for TLS, or %s://host:26379,host2:26379/MASTER/db", redact(raw), sentinelScheme)
+	}
+	return redis.NewClient(opt), opt.Addr, nil
+}
+
+func parseSentinelURL(raw string) (*redis.FailoverOptions, error) {
+	bad := func(why string) error {
+		return fmt.Errorf("REDIS_URL %s: %s; use %s://[:password@]host1:26379[,host2:26379]/MASTER[/DB]", redact(raw), why, sentinelScheme)
+	}
+	// url.Parse refuses a list of hosts, so the authority is taken apart by hand.
+	rest := strings.TrimPrefix(raw, sentinelScheme+"://")
+	authority, pathQuery, _ := strings.Cut(rest, "/")
+	u, err := url.Parse("sentinel:///" + pathQuery)
+	if err != nil {
+		return nil, bad("not a URL")
+	}
+	hosts := authority
+	if at := strings.LastIndex(authority, "@"); at >= 0 {
+		hosts = authority[at+1:]
+		ui, err := url.Parse("x://" + authority[:at+1] + "h")
+		if err != nil || ui.User == nil {
+			return nil, bad("the user or password is malformed")
+		}
+		u.User = ui.User
+	}
+	opt := &redis.FailoverOptions{}
+	for _, h := range strings.Split(hosts, ",") {
+		if h == "" {
+			return nil, bad("a sentinel address is empty")
+		}
+		if !strings.Contains(h, ":") {
+			h += ":26379"
+		}
+		opt.SentinelAddrs = append(opt.SentinelAddrs, h)
+	}
+	parts := strings.Split(strings.Trim(u.Path, "/"), "/")
+	if len(parts) == 0 || parts[0] == "" || len(parts) > 2 {
+		return nil, bad("the path must name the master, and may add the DB number")
+	}
+	opt.MasterName = parts[0]
+	if len(parts) == 2 {
+		if opt.DB, err = strconv.Atoi(parts[1]); err != nil || opt.DB < 0 {
+			return nil, bad("the DB number must be a number")
+		}
+	}
+	if u.User != nil {
+		opt.Username = u.User.Username()
+		opt.Password, _ = u.User.Password()
+	}
+	q := u.Query()
+	opt.SentinelUsername, opt.SentinelPassword = q.Get("sentinel_username"), q.Get("sentinel_password")
+	return opt, nil
+}
