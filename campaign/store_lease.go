@@ -48,11 +48,15 @@ func (s *Store) LeaseChunk(ctx context.Context, c *Campaign, users, addrs []stri
 		WITH st AS (
 			SELECT coalesce((SELECT state FROM campaigns WHERE id = $1), 'cancelled') AS state
 		), cur AS (
+			-- One primary-key lookup per user (OFFSET 0 keeps the planner from turning this into a scan of
+			-- every pending row of the campaign, whatever its statistics say).
 			SELECT r.user_id, r.lease_token, r.lease_until, r.lease_epoch
-			FROM campaign_recipients r
-			WHERE r.campaign_id = $1 AND r.user_id = ANY($2) AND r.status = 'pending'
-			  AND ($8 OR (SELECT state FROM st) IN ('running', 'cancelled'))
-			FOR UPDATE
+			FROM unnest($2::text[]) AS u(user_id) CROSS JOIN LATERAL (
+				SELECT * FROM campaign_recipients r
+				WHERE r.campaign_id = $1 AND r.user_id = u.user_id
+				OFFSET 0) r
+			WHERE r.status = 'pending' AND ($8 OR (SELECT state FROM st) IN ('running', 'cancelled'))
+			FOR UPDATE OF r
 		), got AS (
 			UPDATE campaign_recipients r SET lease_token = $3, lease_epoch = $4,
 				lease_until = now() + $5 * interval '1 millisecond',

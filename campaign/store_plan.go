@@ -274,6 +274,14 @@ func (p *Planner) plan(ctx context.Context, spec Spec, tmpl *Template, rep *Repo
 	p.step("commit", t0)
 	rep.ID = id
 	rep.State = state
+	// Fresh statistics, at once: the workers' per-chunk statements look recipients up by their primary
+	// key, and a planner that still believes this campaign has no pending rows would scan the partial
+	// index of pending rows instead, once per chunk. (A sample of 30,000 rows: well under a second.)
+	t0 = time.Now()
+	if _, err := p.Engine.Exec(context.WithoutCancel(ctx), `ANALYZE campaign_recipients`); err != nil && p.Log != nil {
+		p.Log.Warn("could not refresh the planner statistics; autovacuum will", "err", err)
+	}
+	p.step("analyze", t0)
 	return nil
 }
 
