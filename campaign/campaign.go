@@ -140,8 +140,9 @@ type Campaign struct {
 	Window Window
 	// FrequencyCap is how long one address gets no second message on this channel (0: no cap).
 	FrequencyCap time.Duration
-	// RecipientType is the İYS recipient type checked (BIREYSEL or TACIR).
+	// RecipientType is the İYS recipient type checked (BIREYSEL or TACIR), BrandCode the İYS brand.
 	RecipientType string
+	BrandCode     string
 	// Transactional campaigns are not commercial: İYS is not checked.
 	Transactional bool
 	// AllowStaleConsent records that the launch went ahead with consents older than the allowed age.

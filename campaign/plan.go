@@ -46,6 +46,8 @@ type Spec struct {
 	FrequencyCap time.Duration
 	// RecipientType is the İYS recipient type whose consents count: BIREYSEL (default) or TACIR.
 	RecipientType string
+	// BrandCode is the İYS brand whose consents count ("" for consents stored without one).
+	BrandCode string
 	// Transactional marks a message that is not commercial (an order update, a security notice): İYS
 	// consent is not required (law 6563 exempts it), and it carries no promo code.
 	Transactional bool

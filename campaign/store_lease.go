@@ -62,7 +62,7 @@ func (s *Store) LeaseChunk(ctx context.Context, c *Campaign, users, addrs []stri
 				lease_until = now() + $5 * interval '1 millisecond',
 				consent_snapshot = (SELECT jsonb_build_object('status', c.status, 'source', c.source, 'date', c.consent_date,
 						'transaction_id', c.transaction_id, 'synced_at', coalesce(c.synced_at, c.updated_at))
-					FROM iys_consents c WHERE c.recipient = r.address AND c.type = $7 AND c.recipient_type = $9)
+					FROM iys_consents c WHERE c.recipient = r.address AND c.type = $7 AND c.recipient_type = $9 AND c.brand_code = $10)
 			FROM cur
 			WHERE r.campaign_id = $1 AND r.user_id = cur.user_id
 			  AND (cur.lease_token IS NULL OR cur.lease_token = $3 OR cur.lease_until < now())
@@ -74,8 +74,8 @@ func (s *Store) LeaseChunk(ctx context.Context, c *Campaign, users, addrs []stri
 			array(SELECT suspect FROM got ORDER BY user_id),
 			(SELECT count(*) FROM cur) - (SELECT count(*) FROM got),
 			array(SELECT recipient FROM iys_consents
-				WHERE recipient = ANY($6) AND type = $7 AND recipient_type = $9 AND status = 'ONAY')`,
-		c.ID, users, l.Token, l.Epoch, l.TTL.Milliseconds(), addrs, c.Channel.IYSType(), l.AnyState, recipientTypeOf(c)).
+				WHERE recipient = ANY($6) AND type = $7 AND recipient_type = $9 AND brand_code = $10 AND status = 'ONAY')`,
+		c.ID, users, l.Token, l.Epoch, l.TTL.Milliseconds(), addrs, c.Channel.IYSType(), l.AnyState, recipientTypeOf(c), c.BrandCode).
 		Scan(&ch.State, &leased, &suspect, &ch.Busy, &ok)
 	if err != nil {
 		return ch, fmt.Errorf("lease chunk of batch %d: %w", l.Batch, err)

@@ -61,11 +61,11 @@ func (p *Planner) plan(ctx context.Context, spec Spec, tmpl *Template, rep *Repo
 	}
 	err = tx.QueryRow(ctx, `INSERT INTO campaigns (name, channel, state, message, subject, code_pool, rate, audience_sql, batch_size,
 			start_at, send_window, window_zone, frequency_cap_seconds, html, template_id, recipient_type, transactional,
-			allow_stale_consent, template_hash)
-		VALUES ($1, $2, 'planning', $3, $4, NULLIF($5, ''), $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18) RETURNING id`,
+			allow_stale_consent, template_hash, brand_code)
+		VALUES ($1, $2, 'planning', $3, $4, NULLIF($5, ''), $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19) RETURNING id`,
 		spec.Name, spec.Channel, spec.Message, spec.Subject, spec.CodePool, spec.Rate, spec.AudienceSQL, spec.BatchSize,
 		startAt, spec.Window.String(), zone, int64(spec.FrequencyCap/time.Second), spec.HTML, spec.TemplateID,
-		spec.recipientType(), spec.Transactional, rep.StaleConsentAllowed, spec.Content().Hash()).Scan(&id)
+		spec.recipientType(), spec.Transactional, rep.StaleConsentAllowed, spec.Content().Hash(), spec.BrandCode).Scan(&id)
 	if err != nil {
 		var pgErr *pgconn.PgError
 		if errors.As(err, &pgErr) && pgErr.Code == "23505" {
@@ -118,6 +118,7 @@ func (p *Planner) plan(ctx context.Context, spec Spec, tmpl *Template, rep *Repo
 			END AS reason
 		FROM a LEFT JOIN iys_consents c
 			ON c.recipient = a.address AND c.type = '`+spec.Channel.IYSType()+`' AND c.recipient_type = '`+spec.recipientType()+`'
+			AND c.brand_code = `+quoteLiteral(spec.BrandCode)+`
 		LEFT JOIN invalid_addresses ia ON ia.channel = '`+string(spec.Channel)+`' AND ia.address = a.address
 		LEFT JOIN recent_sends r ON r.address = a.address`); err != nil {
 		return fmt.Errorf("plan: classify audience: %w", err)
@@ -328,9 +329,9 @@ func (p *Planner) consentGate(ctx context.Context, tx pgx.Tx, spec Spec, rep *Re
 	// Up to date as of the latest import or re-verification, or of the older of the two pulls: a pull of
 	// the brand's changes alone says nothing of the RETs citizens gave in İYS.
 	if err := tx.QueryRow(ctx, `SELECT greatest(
-			(SELECT max(last_success_at) FROM iys_sync_state WHERE source IN ('import', 'reverify')),
+			(SELECT max(last_success_at) FROM iys_sync_state WHERE brand_code = $1 AND source IN ('import', 'reverify')),
 			(SELECT CASE WHEN count(last_success_at) = 2 THEN min(last_success_at) END
-			 FROM iys_sync_state WHERE source IN ('pull:HS', 'pull:IYS')))`).Scan(&last); err != nil {
+			 FROM iys_sync_state WHERE brand_code = $1 AND source IN ('pull:HS', 'pull:IYS')))`, spec.BrandCode).Scan(&last); err != nil {
 		return fmt.Errorf("plan: consent sync state: %w", err)
 	}
 	rep.ConsentSyncedAt = last

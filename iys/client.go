@@ -117,6 +117,9 @@ type Client struct {
 	sleep      func(ctx context.Context, d time.Duration) error
 }
 
+// BrandCode is the İYS brand code the client works for.
+func (c *Client) BrandCode() string { return c.cfg.BrandCode }
+
 // NewClient checks cfg and returns a Client. It does not contact İYS.
 func NewClient(cfg Config) (*Client, error) {
 	u, err := url.Parse(cfg.BaseURL)

@@ -38,6 +38,9 @@ type ImportOptions struct {
 	// Progress, if not nil, is called with the number of data rows read so far, about every 10,000 rows
 	// and once at the end. It is called from a goroutine other than the caller's, never concurrently.
 	Progress func(rows int64)
+	// BrandCode is the İYS brand the file's consents belong to ("" when there is one brand and the file
+	// does not say).
+	BrandCode string
 }
 
 // ImportReport counts what Import did. Rows = Superseded + Inserted + Updated + Unchanged.

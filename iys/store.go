@@ -85,12 +85,12 @@ func Import(ctx context.Context, pool *pgxpool.Pool, r io.Reader, opts ImportOpt
 		opts.Progress(n)
 	}
 
-	keys, inserted, updated, err := merge(ctx, tx)
+	keys, inserted, updated, err := merge(ctx, tx, opts.BrandCode)
 	if err != nil {
 		return rep, fmt.Errorf("import consents: merge: %w", err)
 	}
 	// A file exported from İYS brings the consents up to date as a pull does: launches check how long ago.
-	if err := MarkSynced(ctx, tx, SourceImport); err != nil {
+	if err := MarkSynced(ctx, tx, opts.BrandCode, SourceImport); err != nil {
 		return rep, fmt.Errorf("import consents: %w", err)
 	}
 	if err := tx.Commit(ctx); err != nil {
@@ -121,17 +121,18 @@ const latestSQL = `
 // UPDATE … FROM for existing ones, which on a million rows is about twice as fast as INSERT … ON CONFLICT
 // (whose speculative insertion probes the index twice and logs twice as much), and it means a key cannot
 // appear between the check and the insert.
-func merge(ctx context.Context, tx pgx.Tx) (keys, inserted, updated int64, err error) {
+func merge(ctx context.Context, tx pgx.Tx, brand string) (keys, inserted, updated int64, err error) {
 	if _, err := tx.Exec(ctx, `LOCK TABLE iys_consents IN SHARE ROW EXCLUSIVE MODE`); err != nil {
 		return 0, 0, 0, err
 	}
 	var empty bool
-	if err := tx.QueryRow(ctx, `SELECT NOT EXISTS (SELECT 1 FROM iys_consents)`).Scan(&empty); err != nil {
+	if err := tx.QueryRow(ctx, `SELECT NOT EXISTS (SELECT 1 FROM iys_consents WHERE brand_code = $1)`, brand).Scan(&empty); err != nil {
 		return 0, 0, 0, err
 	}
 	if empty { // the first import: nothing to compare with, so skip the staging copy and the joins
 		tag, err := tx.Exec(ctx, `
-			INSERT INTO iys_consents (recipient, type, recipient_type, status, source, consent_date)`+latestSQL)
+			INSERT INTO iys_consents (recipient, type, recipient_type, status, source, consent_date, brand_code)
+			SELECT *, $1 FROM (`+latestSQL+`) l`, brand)
 		if err != nil {
 			return 0, 0, 0, err
 		}
@@ -152,18 +153,19 @@ func merge(ctx context.Context, tx pgx.Tx) (keys, inserted, updated int64, err e
 		UPDATE iys_consents c
 		SET status = l.status, source = l.source, consent_date = l.consent_date, updated_at = now()
 		FROM iys_latest l
-		WHERE c.recipient = l.recipient AND c.type = l.type AND c.recipient_type = l.recipient_type
+		WHERE c.recipient = l.recipient AND c.type = l.type AND c.recipient_type = l.recipient_type AND c.brand_code = $1
 		  AND l.consent_date >= c.consent_date
-		  AND (c.status, c.source, c.consent_date) IS DISTINCT FROM (l.status, l.source, l.consent_date)`)
+		  AND (c.status, c.source, c.consent_date) IS DISTINCT FROM (l.status, l.source, l.consent_date)`, brand)
 	if err != nil {
 		return 0, 0, 0, err
 	}
 	updated = tag.RowsAffected()
 	tag, err = tx.Exec(ctx, `
-		INSERT INTO iys_consents (recipient, type, recipient_type, status, source, consent_date)
-		SELECT recipient, type, recipient_type, status, source, consent_date FROM iys_latest l
+		INSERT INTO iys_consents (recipient, type, recipient_type, status, source, consent_date, brand_code)
+		SELECT recipient, type, recipient_type, status, source, consent_date, $1 FROM iys_latest l
 		WHERE NOT EXISTS (SELECT 1 FROM iys_consents c
-		                  WHERE c.recipient = l.recipient AND c.type = l.type AND c.recipient_type = l.recipient_type)`)
+		                  WHERE c.recipient = l.recipient AND c.type = l.type AND c.recipient_type = l.recipient_type
+		                    AND c.brand_code = $1)`, brand)
 	if err != nil {
 		return 0, 0, 0, err
 	}
@@ -212,6 +214,12 @@ func (s *consentSource) Err() error { return s.err }
 // typ first, so any spelling of the address finds it. It returns an error wrapping ErrNoConsent when there
 // is none, and ErrInvalidPhone, ErrInvalidEmail or ErrInvalidType for an unusable key.
 func Lookup(ctx context.Context, pool *pgxpool.Pool, recipient, typ, recipientType string) (Consent, error) {
+	return LookupBrand(ctx, pool, "", recipient, typ, recipientType)
+}
+
+// LookupBrand is Lookup for the consents of one brand (its İYS brand code; "" for consents imported
+// without one).
+func LookupBrand(ctx context.Context, pool *pgxpool.Pool, brand, recipient, typ, recipientType string) (Consent, error) {
 	canon, err := CanonicalRecipient(typ, recipient)
 	if err != nil {
 		return Consent{}, fmt.Errorf("lookup consent: %w", err)
@@ -219,8 +227,8 @@ func Lookup(ctx context.Context, pool *pgxpool.Pool, recipient, typ, recipientTy
 	c := Consent{Recipient: canon, Type: typ, RecipientType: recipientType}
 	err = pool.QueryRow(ctx, `
 		SELECT status, source, consent_date, updated_at FROM iys_consents
-		WHERE recipient = $1 AND type = $2 AND recipient_type = $3`,
-		canon, typ, recipientType).Scan(&c.Status, &c.Source, &c.ConsentDate, &c.UpdatedAt)
+		WHERE recipient = $1 AND type = $2 AND recipient_type = $3 AND brand_code = $4`,
+		canon, typ, recipientType, brand).Scan(&c.Status, &c.Source, &c.ConsentDate, &c.UpdatedAt)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Consent{}, fmt.Errorf("lookup consent %s %s: %w", typ, recipientType, ErrNoConsent)
 	}
@@ -236,9 +244,9 @@ const SourceImport = "import"
 
 // MarkSynced records that the consents were brought up to date now through source (an İYS pull source,
 // a re-verification, or an import), inside tx.
-func MarkSynced(ctx context.Context, tx pgx.Tx, source string) error {
-	_, err := tx.Exec(ctx, `INSERT INTO iys_sync_state (source, last_success_at) VALUES ($1, now())
-		ON CONFLICT (source) DO UPDATE SET last_success_at = now()`, source)
+func MarkSynced(ctx context.Context, tx pgx.Tx, brand, source string) error {
+	_, err := tx.Exec(ctx, `INSERT INTO iys_sync_state (brand_code, source, last_success_at) VALUES ($1, $2, now())
+		ON CONFLICT (brand_code, source) DO UPDATE SET last_success_at = now()`, brand, source)
 	if err != nil {
 		return fmt.Errorf("record the consent sync: %w", err)
 	}

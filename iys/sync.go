@@ -26,7 +26,7 @@ const (
 // ApplyChanges records consents the İYS API reported, in tx: every one is appended to the history, and
 // each becomes the current consent of its key unless a later decision is stored already (İYS keeps the
 // latest). It returns how many current consents changed.
-func ApplyChanges(ctx context.Context, tx pgx.Tx, rs []Record, origin string) (int64, error) {
+func ApplyChanges(ctx context.Context, tx pgx.Tx, brand string, rs []Record, origin string) (int64, error) {
 	if len(rs) == 0 {
 		return 0, nil
 	}
@@ -46,31 +46,31 @@ func ApplyChanges(ctx context.Context, tx pgx.Tx, rs []Record, origin string) (i
 			SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::timestamptz[], $7::text[])
 				WITH ORDINALITY AS c(recipient, type, recipient_type, status, source, consent_date, transaction_id, ord)
 		), hist AS (
-			INSERT INTO iys_consent_history (recipient, type, recipient_type, status, source, consent_date, transaction_id, origin)
-			SELECT recipient, type, recipient_type, status, source, consent_date, NULLIF(transaction_id, ''), $8 FROM c ORDER BY ord
+			INSERT INTO iys_consent_history (recipient, type, recipient_type, brand_code, status, source, consent_date, transaction_id, origin)
+			SELECT recipient, type, recipient_type, $9, status, source, consent_date, NULLIF(transaction_id, ''), $8 FROM c ORDER BY ord
 		), latest AS (
 			SELECT DISTINCT ON (recipient, type, recipient_type) * FROM c
 			ORDER BY recipient, type, recipient_type, consent_date DESC, ord DESC
 		), up AS (
-			INSERT INTO iys_consents AS k (recipient, type, recipient_type, status, source, consent_date, transaction_id, synced_at, updated_at)
-			SELECT recipient, type, recipient_type, status, source, consent_date, NULLIF(transaction_id, ''), now(), now() FROM latest
-			ON CONFLICT (recipient, type, recipient_type) DO UPDATE SET
+			INSERT INTO iys_consents AS k (recipient, type, recipient_type, brand_code, status, source, consent_date, transaction_id, synced_at, updated_at)
+			SELECT recipient, type, recipient_type, $9, status, source, consent_date, NULLIF(transaction_id, ''), now(), now() FROM latest
+			ON CONFLICT (recipient, type, recipient_type, brand_code) DO UPDATE SET
 				status = EXCLUDED.status, source = EXCLUDED.source, consent_date = EXCLUDED.consent_date,
 				transaction_id = EXCLUDED.transaction_id, synced_at = now(), updated_at = now()
 			WHERE EXCLUDED.consent_date >= k.consent_date
 			RETURNING 1
 		)
-		SELECT count(*) FROM up`, rec, typ, rtype, st, src, date, txn, origin).Scan(&changed)
+		SELECT count(*) FROM up`, rec, typ, rtype, st, src, date, txn, origin, brand).Scan(&changed)
 	if err != nil {
 		return 0, fmt.Errorf("record İYS consents: %w", err)
 	}
 	return changed, nil
 }
 
-// Cursor returns the stored pull cursor of source ("" when none).
-func Cursor(ctx context.Context, db *pgxpool.Pool, source string) (string, error) {
+// Cursor returns the stored pull cursor of source for brand ("" when none).
+func Cursor(ctx context.Context, db *pgxpool.Pool, brand, source string) (string, error) {
 	var c string
-	err := db.QueryRow(ctx, `SELECT cursor FROM iys_sync_state WHERE source = $1`, source).Scan(&c)
+	err := db.QueryRow(ctx, `SELECT cursor FROM iys_sync_state WHERE brand_code = $1 AND source = $2`, brand, source).Scan(&c)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return "", nil
 	}
@@ -80,9 +80,9 @@ func Cursor(ctx context.Context, db *pgxpool.Pool, source string) (string, error
 	return c, nil
 }
 
-func saveCursor(ctx context.Context, tx pgx.Tx, source, cursor string) error {
-	_, err := tx.Exec(ctx, `INSERT INTO iys_sync_state (source, cursor) VALUES ($1, $2)
-		ON CONFLICT (source) DO UPDATE SET cursor = EXCLUDED.cursor`, source, cursor)
+func saveCursor(ctx context.Context, tx pgx.Tx, brand, source, cursor string) error {
+	_, err := tx.Exec(ctx, `INSERT INTO iys_sync_state (brand_code, source, cursor) VALUES ($1, $2, $3)
+		ON CONFLICT (brand_code, source) DO UPDATE SET cursor = EXCLUDED.cursor`, brand, source, cursor)
 	if err != nil {
 		return fmt.Errorf("İYS pull cursor: %w", err)
 	}
@@ -109,26 +109,27 @@ type SyncReport struct {
 // up to date (launches check how long ago that was).
 func Sync(ctx context.Context, db *pgxpool.Pool, c *Client) (SyncReport, error) {
 	rep := SyncReport{Changes: map[string]int{}}
+	brand := c.BrandCode()
 	for _, src := range []struct{ pull, state string }{{PullHS, SourcePullHS}, {PullIYS, SourcePullIYS}} {
-		after, err := Cursor(ctx, db, src.state)
+		after, err := Cursor(ctx, db, brand, src.state)
 		if err != nil {
 			return rep, err
 		}
 		err = c.PullAll(ctx, src.pull, after, func(p Page) error {
 			return pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
-				n, err := ApplyChanges(ctx, tx, p.Changes, OriginPull)
+				n, err := ApplyChanges(ctx, tx, brand, p.Changes, OriginPull)
 				if err != nil {
 					return err
 				}
 				rep.Changes[src.pull] += len(p.Changes)
 				rep.Applied += n
-				return saveCursor(ctx, tx, src.state, p.After)
+				return saveCursor(ctx, tx, brand, src.state, p.After)
 			})
 		})
 		if err != nil {
 			return rep, fmt.Errorf("İYS pull of source %s: %w", src.pull, err)
 		}
-		if err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error { return MarkSynced(ctx, tx, src.state) }); err != nil {
+		if err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error { return MarkSynced(ctx, tx, brand, src.state) }); err != nil {
 			return rep, err
 		}
 	}
@@ -141,8 +142,9 @@ func Sync(ctx context.Context, db *pgxpool.Pool, c *Client) (SyncReport, error) 
 // catches anything a pull missed; it takes about a second per 10,000 consents at İYS's rate limit.
 func Reverify(ctx context.Context, db *pgxpool.Pool, c *Client, typ, recipientType string) (SyncReport, error) {
 	rep := SyncReport{Changes: map[string]int{}}
-	rows, err := db.Query(ctx, `SELECT recipient, status FROM iys_consents WHERE type = $1 AND recipient_type = $2 ORDER BY recipient`,
-		typ, recipientType)
+	brand := c.BrandCode()
+	rows, err := db.Query(ctx, `SELECT recipient, status FROM iys_consents WHERE type = $1 AND recipient_type = $2 AND brand_code = $3
+		ORDER BY recipient`, typ, recipientType, brand)
 	if err != nil {
 		return rep, fmt.Errorf("re-verify: %w", err)
 	}
@@ -185,7 +187,7 @@ func Reverify(ctx context.Context, db *pgxpool.Pool, c *Client, typ, recipientTy
 		}
 		if len(differ) > 0 {
 			err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
-				n, err := ApplyChanges(ctx, tx, differ, OriginReverify)
+				n, err := ApplyChanges(ctx, tx, brand, differ, OriginReverify)
 				rep.Corrected += n
 				return err
 			})
@@ -194,7 +196,7 @@ func Reverify(ctx context.Context, db *pgxpool.Pool, c *Client, typ, recipientTy
 			}
 		}
 	}
-	if err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error { return MarkSynced(ctx, tx, SourceReverify) }); err != nil {
+	if err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error { return MarkSynced(ctx, tx, brand, SourceReverify) }); err != nil {
 		return rep, err
 	}
 	rep.UpToDateAt = time.Now()
@@ -211,11 +213,11 @@ type HistEntry struct {
 	RecordedAt    time.Time `json:"recorded_at"`
 }
 
-// History returns up to limit of the latest changes of one consent, newest first.
-func History(ctx context.Context, db *pgxpool.Pool, recipient, typ, recipientType string, limit int) ([]HistEntry, error) {
+// History returns up to limit of the latest changes of one consent of brand, newest first.
+func History(ctx context.Context, db *pgxpool.Pool, brand, recipient, typ, recipientType string, limit int) ([]HistEntry, error) {
 	rows, err := db.Query(ctx, `SELECT status, source, consent_date, coalesce(transaction_id, ''), origin, recorded_at
-		FROM iys_consent_history WHERE recipient = $1 AND type = $2 AND recipient_type = $3 ORDER BY id DESC LIMIT $4`,
-		recipient, typ, recipientType, limit)
+		FROM iys_consent_history WHERE recipient = $1 AND type = $2 AND recipient_type = $3 AND brand_code = $5
+		ORDER BY id DESC LIMIT $4`, recipient, typ, recipientType, limit, brand)
 	if err != nil {
 		return nil, fmt.Errorf("consent history: %w", err)
 	}

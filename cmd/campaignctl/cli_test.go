@@ -239,3 +239,31 @@ func TestConsentGates(t *testing.T) {
 		t.Fatalf("transactional launch: exit %d, %s%s", code, out, stderr)
 	}
 }
+
+// İYS keys a consent by brand too: a launch for brand 777 counts only brand 777's consents, and an import
+// under IYS_BRAND_CODE files its consents under that brand.
+func TestConsentsAreKeyedByBrand(t *testing.T) {
+	t.Parallel()
+	env, _ := badInputDB(t)
+	env["IYS_BRAND_CODE"] = "777"
+	audience := writeFile(t, "a.sql", "SELECT user_id, phone, first_name FROM customers")
+	eligible := func(name string) float64 {
+		out, stderr, code := cli(t, env, "launch", "--name", name, "--channel", "sms", "--audience", audience, "--max-consent-age", "0",
+			"--message", testPrefix+"Merhaba {{.first_name}}", "--yes", "--json")
+		m := map[string]any{}
+		if code != 0 || json.Unmarshal([]byte(out), &m) != nil {
+			t.Fatalf("launch: exit %d, %s%s", code, out, stderr)
+		}
+		return m["eligible"].(float64)
+	}
+	if n := eligible("brand-777-before"); n != 0 {
+		t.Fatalf("brand 777 launch found %v eligible among consents of no brand", n)
+	}
+	csv := writeFile(t, "c.csv", "recipient,type,recipient_type,status,source,consent_date\n+905321000001,MESAJ,BIREYSEL,ONAY,HS_WEB,2026-01-15 10:30:00\n")
+	if out, stderr, code := cli(t, env, "iys", "import", csv); code != 0 {
+		t.Fatalf("import: exit %d, %s%s", code, out, stderr)
+	}
+	if n := eligible("brand-777-after"); n != 1 {
+		t.Fatalf("brand 777 launch found %v eligible, want the one brand 777 consent", n)
+	}
+}

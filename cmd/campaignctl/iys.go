@@ -131,14 +131,15 @@ func (a *app) newIYSCheckCmd() *cobra.Command {
 			}
 			defer pool.Close()
 			view := iysCheckView{Recipient: canon, Type: typ, RecipientType: recipientType}
-			c, err := iys.Lookup(ctx, pool, canon, typ, recipientType)
+			brand := a.getenv("IYS_BRAND_CODE")
+			c, err := iys.LookupBrand(ctx, pool, brand, canon, typ, recipientType)
 			switch {
 			case err == nil:
 				view.Local = &c
 			case !errors.Is(err, iys.ErrNoConsent):
 				return err
 			}
-			if view.History, err = iys.History(ctx, pool, canon, typ, recipientType, 10); err != nil {
+			if view.History, err = iys.History(ctx, pool, brand, canon, typ, recipientType, 10); err != nil {
 				return err
 			}
 			if a.getenv("IYS_BASE_URL") != "" {
@@ -213,8 +214,8 @@ func (a *app) newIYSImportCmd() *cobra.Command {
 			}
 			defer pool.Close()
 			bar := a.taskBar(-1, "importing consents")
-			rep, err := iys.Import(cmd.Context(), pool, f, iys.ImportOptions{Progress: func(rows int64) { bar.Set64(rows) }}) //nolint:errcheck
-			bar.Finish()                                                                                                      //nolint:errcheck
+			rep, err := iys.Import(cmd.Context(), pool, f, iys.ImportOptions{BrandCode: a.getenv("IYS_BRAND_CODE"), Progress: func(rows int64) { bar.Set64(rows) }}) //nolint:errcheck
+			bar.Finish()                                                                                                                                             //nolint:errcheck
 			if err != nil {
 				return fmt.Errorf("%s: %w (nothing was imported)", args[0], err)
 			}

@@ -147,7 +147,7 @@ func (a *app) launch(ctx context.Context, o launchOptions) error {
 		Name: o.name, Channel: campaign.Channel(o.channel), AudienceSQL: string(sqlText), Message: o.message,
 		Subject: o.subject, HTML: string(html), TemplateID: o.templateID, CodePool: o.codePool, Rate: o.rate, ProviderRate: providerRate, StatementTimeout: o.timeout,
 		CountSegments: o.segments, StartAt: startAt, Window: window, FrequencyCap: o.frequencyCap,
-		RecipientType: o.recipientType, Transactional: o.transactional, MaxConsentAge: o.maxConsentAge,
+		RecipientType: o.recipientType, BrandCode: a.getenv("IYS_BRAND_CODE"), Transactional: o.transactional, MaxConsentAge: o.maxConsentAge,
 		AllowStaleConsent: o.allowStaleConsent,
 	}
 	if spec.Rules, err = a.contentRules(campaign.Channel(o.channel), o.transactional); err != nil {
