@@ -130,13 +130,18 @@ func merge(ctx context.Context, tx pgx.Tx, brand string) (keys, inserted, update
 		return 0, 0, 0, err
 	}
 	if empty { // the first import: nothing to compare with, so skip the staging copy and the joins
-		tag, err := tx.Exec(ctx, `
-			INSERT INTO iys_consents (recipient, type, recipient_type, status, source, consent_date, brand_code)
-			SELECT *, $1 FROM (`+latestSQL+`) l`, brand)
+		var n int64
+		err := tx.QueryRow(ctx, `
+			WITH ins AS (
+				INSERT INTO iys_consents (recipient, type, recipient_type, status, source, consent_date, brand_code)
+				SELECT *, $1 FROM (`+latestSQL+`) l
+				RETURNING recipient, type, recipient_type, status, source, consent_date
+			), hist AS (`+historySQL+`)
+			SELECT count(*) FROM ins`, brand).Scan(&n)
 		if err != nil {
 			return 0, 0, 0, err
 		}
-		return tag.RowsAffected(), tag.RowsAffected(), 0, nil
+		return n, n, 0, nil
 	}
 
 	tag, err := tx.Exec(ctx, `CREATE TEMP TABLE iys_latest ON COMMIT DROP AS`+latestSQL)
@@ -149,28 +154,40 @@ func merge(ctx context.Context, tx pgx.Tx, brand string) (keys, inserted, update
 	}
 	// A stored consent is replaced by a same-date or later one (İYS keeps the latest decision), and only if
 	// something differs, so that importing a file twice reports it unchanged and writes nothing.
-	tag, err = tx.Exec(ctx, `
-		UPDATE iys_consents c
-		SET status = l.status, source = l.source, consent_date = l.consent_date, updated_at = now()
-		FROM iys_latest l
-		WHERE c.recipient = l.recipient AND c.type = l.type AND c.recipient_type = l.recipient_type AND c.brand_code = $1
-		  AND l.consent_date >= c.consent_date
-		  AND (c.status, c.source, c.consent_date) IS DISTINCT FROM (l.status, l.source, l.consent_date)`, brand)
+	err = tx.QueryRow(ctx, `
+		WITH ins AS (
+			UPDATE iys_consents c
+			SET status = l.status, source = l.source, consent_date = l.consent_date, updated_at = now()
+			FROM iys_latest l
+			WHERE c.recipient = l.recipient AND c.type = l.type AND c.recipient_type = l.recipient_type AND c.brand_code = $1
+			  AND l.consent_date >= c.consent_date
+			  AND (c.status, c.source, c.consent_date) IS DISTINCT FROM (l.status, l.source, l.consent_date)
+			RETURNING c.recipient, c.type, c.recipient_type, c.status, c.source, c.consent_date
+		), hist AS (`+historySQL+`)
+		SELECT count(*) FROM ins`, brand).Scan(&updated)
 	if err != nil {
 		return 0, 0, 0, err
 	}
-	updated = tag.RowsAffected()
-	tag, err = tx.Exec(ctx, `
-		INSERT INTO iys_consents (recipient, type, recipient_type, status, source, consent_date, brand_code)
-		SELECT recipient, type, recipient_type, status, source, consent_date, $1 FROM iys_latest l
-		WHERE NOT EXISTS (SELECT 1 FROM iys_consents c
-		                  WHERE c.recipient = l.recipient AND c.type = l.type AND c.recipient_type = l.recipient_type
-		                    AND c.brand_code = $1)`, brand)
+	err = tx.QueryRow(ctx, `
+		WITH ins AS (
+			INSERT INTO iys_consents (recipient, type, recipient_type, status, source, consent_date, brand_code)
+			SELECT recipient, type, recipient_type, status, source, consent_date, $1 FROM iys_latest l
+			WHERE NOT EXISTS (SELECT 1 FROM iys_consents c
+			                  WHERE c.recipient = l.recipient AND c.type = l.type AND c.recipient_type = l.recipient_type
+			                    AND c.brand_code = $1)
+			RETURNING recipient, type, recipient_type, status, source, consent_date
+		), hist AS (`+historySQL+`)
+		SELECT count(*) FROM ins`, brand).Scan(&inserted)
 	if err != nil {
 		return 0, 0, 0, err
 	}
-	return keys, tag.RowsAffected(), updated, nil
+	return keys, inserted, updated, nil
 }
+
+// historySQL appends every consent an import changed (the CTE "ins", brand $1) to the history.
+const historySQL = `
+	INSERT INTO iys_consent_history (recipient, type, recipient_type, brand_code, status, source, consent_date, origin)
+	SELECT recipient, type, recipient_type, $1, status, source, consent_date, 'import' FROM ins`
 
 // consentSource feeds validated rows to COPY as they are read, so the file is never held in memory. pgx
 // calls it from its own goroutine.

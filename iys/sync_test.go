@@ -2,8 +2,10 @@ package iys_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/http/httptest"
+	"strings"
 	"testing"
 	"time"
 
@@ -80,5 +82,36 @@ func TestSyncResumesAfterABadPageAndKeepsTheLatestDecision(t *testing.T) {
 	if got := count(`SELECT count(*) FROM iys_sync_state WHERE source IN ('pull:HS', 'pull:IYS') AND last_success_at IS NOT NULL AND cursor <> ''`); got != 1 {
 		// HS had no changes: its cursor stays empty, its success is recorded.
 		t.Fatalf("sync state: %d sources with a cursor and a success", got)
+	}
+}
+
+// An import appends what it changed to the consent history, under its brand; an import that changes
+// nothing appends nothing.
+func TestImportKeepsTheHistory(t *testing.T) {
+	t.Parallel()
+	db, _ := testdb.New(t)
+	ctx := context.Background()
+	const head = "recipient,type,recipient_type,status,source,consent_date\n"
+	imp := func(body string) {
+		t.Helper()
+		if _, err := iys.Import(ctx, db, strings.NewReader(head+body), iys.ImportOptions{BrandCode: "42"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	first := "+905321000001,MESAJ,BIREYSEL,ONAY,HS_WEB,2026-01-15 10:30:00\n+905321000002,MESAJ,BIREYSEL,ONAY,HS_WEB,2026-01-15 10:30:00\n"
+	imp(first)
+	imp(first)
+	imp("+905321000002,MESAJ,BIREYSEL,RET,IYS_MESAJ,2026-02-01 09:00:00\n+905321000003,MESAJ,BIREYSEL,ONAY,HS_WEB,2026-02-01 09:00:00\n")
+	var n, brand42, rets int
+	db.QueryRow(ctx, `SELECT count(*), count(*) FILTER (WHERE brand_code = '42' AND origin = 'import'), count(*) FILTER (WHERE status = 'RET')
+		FROM iys_consent_history`).Scan(&n, &brand42, &rets) //nolint:errcheck
+	if n != 4 || brand42 != 4 || rets != 1 {
+		t.Fatalf("history: %d rows (%d of brand 42 from imports, %d RET); want 4: two new, none for the repeat, one change and one new", n, brand42, rets)
+	}
+	if _, err := iys.LookupBrand(ctx, db, "42", "+905321000002", "MESAJ", "BIREYSEL"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := iys.Lookup(ctx, db, "+905321000002", "MESAJ", "BIREYSEL"); !errors.Is(err, iys.ErrNoConsent) {
+		t.Fatalf("a brand 42 consent was found without a brand: %v", err)
 	}
 }
