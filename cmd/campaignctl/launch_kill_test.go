@@ -38,7 +38,7 @@ func TestLaunchKilledAtAnyPointPlansNobodyTwice(t *testing.T) {
 		 FROM generate_series(1, 4000) i`,
 		`INSERT INTO iys_consents (recipient, type, recipient_type, status, source, consent_date)
 		 SELECT phone, 'MESAJ', 'BIREYSEL', 'ONAY', 'HS_WEB', now() FROM big WHERE substr(user_id, 2)::int <= 3000`,
-		`INSERT INTO iys_sync_state (source, last_success_at) VALUES ('import', now()) ON CONFLICT (source) DO UPDATE SET last_success_at = now()`,
+		`INSERT INTO iys_sync_state (source, last_success_at) VALUES ('import', now()) ON CONFLICT (brand_code, source) DO UPDATE SET last_success_at = now()`,
 	} {
 		if _, err := db.Exec(ctx, sql); err != nil {
 			t.Fatal(err)
