@@ -76,20 +76,7 @@ func (h *Handler) sendGroup(ctx, waitCtx context.Context, run *batchRun, b provi
 	g := run.guard
 	g.checkHalt = true
 	for attempt := 1; ; attempt++ {
-		if err := h.bucket.WaitN(waitCtx, len(rs), run.limits...); err != nil {
-			switch {
-			case ctx.Err() != nil:
-				return ctx.Err()
-			case waitCtx.Err() != nil:
-				return &RetryError{Err: errors.New("batch handed back while waiting for the rate limit (worker stopping or batch time used up)"), After: time.Second}
-			}
-			return infra(fmt.Errorf("rate limiter: no send while Redis is unavailable: %w", err))
-		}
-		if now := h.cfg.Now(); !run.c.Window.Open(now) {
-			next := run.c.Window.NextOpen(now)
-			return &RetryError{Err: fmt.Errorf("the send window %s closed; sending resumes at %s", run.c.Window, next.Format(time.RFC3339)), After: next.Sub(now)}
-		}
-		if err := h.renew(ctx, run); err != nil {
+		if err := h.readyToSend(ctx, waitCtx, run, len(rs)); err != nil {
 			return err
 		}
 

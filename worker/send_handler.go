@@ -505,21 +505,7 @@ func (h *Handler) deliver(ctx, waitCtx context.Context, run *batchRun, r *campai
 	g.checkHalt = true
 
 	for attempt := 1; ; attempt++ {
-		if err := h.bucket.Wait(waitCtx, run.limits...); err != nil {
-			switch {
-			case ctx.Err() != nil:
-				return ctx.Err()
-			case waitCtx.Err() != nil:
-				return &RetryError{Err: errors.New("batch handed back while waiting for the rate limit (worker stopping or batch time used up)"), After: time.Second}
-			}
-			return infra(fmt.Errorf("rate limiter: no send while Redis is unavailable: %w", err))
-		}
-		// The wait for a token may have run past the end of the send window.
-		if now := h.cfg.Now(); !run.c.Window.Open(now) {
-			next := run.c.Window.NextOpen(now)
-			return &RetryError{Err: fmt.Errorf("the send window %s closed; sending resumes at %s", run.c.Window, next.Format(time.RFC3339)), After: next.Sub(now)}
-		}
-		if err := h.renew(ctx, run); err != nil {
+		if err := h.readyToSend(ctx, waitCtx, run, 1); err != nil {
 			return err
 		}
 		mine := pendingValue(h.cfg.Now(), h.cfg.Owner)
@@ -624,6 +610,25 @@ func (h *Handler) deliver(ctx, waitCtx context.Context, run *batchRun, r *campai
 			return err
 		}
 	}
+}
+
+// readyToSend takes n tokens from the campaign's and the provider's buckets, then checks that the send
+// window is still open (the wait may have run past its end) and that the chunk's lease still holds.
+func (h *Handler) readyToSend(ctx, waitCtx context.Context, run *batchRun, n int) error {
+	if err := h.bucket.WaitN(waitCtx, n, run.limits...); err != nil {
+		switch {
+		case ctx.Err() != nil:
+			return ctx.Err()
+		case waitCtx.Err() != nil:
+			return &RetryError{Err: errors.New("batch handed back while waiting for the rate limit (worker stopping or batch time used up)"), After: time.Second}
+		}
+		return infra(fmt.Errorf("rate limiter: no send while Redis is unavailable: %w", err))
+	}
+	if now := h.cfg.Now(); !run.c.Window.Open(now) {
+		next := run.c.Window.NextOpen(now)
+		return &RetryError{Err: fmt.Errorf("the send window %s closed; sending resumes at %s", run.c.Window, next.Format(time.RFC3339)), After: next.Sub(now)}
+	}
+	return h.renew(ctx, run)
 }
 
 // strikeThreshold is how many 5xx answers within a second, over all workers, pause a provider for

@@ -295,7 +295,8 @@ func TestWorkersSupervisorEndToEnd(t *testing.T) {
 	}
 	t1, err1 := time.Parse(time.RFC3339Nano, fmt.Sprint(downs[0]["time"]))
 	t2, err2 := time.Parse(time.RFC3339Nano, fmt.Sprint(downs[1]["time"]))
-	if err1 != nil || err2 != nil || t2.Sub(t1) < 2*time.Second {
+	// The log lines are stamped a moment after each decision: allow them a tenth of a second.
+	if err1 != nil || err2 != nil || t2.Sub(t1) < 1900*time.Millisecond {
 		t.Errorf("scale downs at %v and %v (%v, %v): one per cooldown of 2s", downs[0]["time"], downs[1]["time"], err1, err2)
 	}
 	info, err := asynq.NewInspectorFromRedisClient(rdb).GetQueueInfo(worker.Queue)
