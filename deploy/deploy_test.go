@@ -107,8 +107,8 @@ type commandSpec struct {
 	maxArgs int
 }
 
-// commands is the CLI contract (README.md "Commands", ../shared/design.md "Contract: commands", issue 7 for
-// ui and workers, docs/operations.md for --shutdown-timeout): a manifest may run only these.
+// commands is the CLI contract (README.md "Commands", each command's --help, docs/operations.md for
+// --shutdown-timeout): a manifest may run only these.
 var commands = map[string]commandSpec{
 	"migrate": {},
 	"worker": {flags: map[string]flagSpec{
@@ -146,7 +146,7 @@ var globalFlags = map[string]flagSpec{
 
 // extraEnv are environment variables a container may set beyond README's "Configuration" table.
 var extraEnv = map[string]string{
-	"CAMPAIGNCTL_UI_AUTH":   "campaignctl ui: user:password for HTTP basic auth off loopback (issue 7)",
+	"CAMPAIGNCTL_UI_AUTH":   "campaignctl ui: user:password for HTTP basic auth off loopback",
 	"IYS_BASE_URL":          "design.md: İYS API",
 	"IYS_USERNAME":          "design.md: İYS API",
 	"IYS_PASSWORD":          "design.md: İYS API",
