@@ -212,7 +212,9 @@ if [ "$EXPLAIN" = 1 ]; then
 fi
 
 name="bench-$(date +%Y%m%d-%H%M%S)"
-message='Merhaba {{.first_name}}, kodunuz {{.code}}'
+# A commercial SMS carries the sender's identity and a RET instruction (the launch checks both).
+export SENDER_IDENTITY="Kampanya A.Ş."
+message='Merhaba {{.first_name}}, kodunuz {{.code}} - Kampanya A.Ş. RET yazıp 3338e gönderin'
 launch_row() { # NAME LABEL
   local met
   if [ "$m_rc" -eq 124 ]; then met="timed out after $LAUNCH_TIMEOUT s"

@@ -10,8 +10,10 @@ ALTER TABLE iys_consents DROP CONSTRAINT iys_consents_pkey,
     ADD PRIMARY KEY (recipient, type, recipient_type, brand_code);
 
 -- Every consent change received from the İYS API (pull or re-verification), append-only.
+-- No primary key: it is only appended to and read per recipient, and an import of 1.7 million consents
+-- writes as many rows, each index entry costing time.
 CREATE TABLE iys_consent_history (
-    id              bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    id              bigint GENERATED ALWAYS AS IDENTITY,
     recipient       text        NOT NULL,
     type            text        NOT NULL,
     recipient_type  text        NOT NULL,
@@ -23,7 +25,7 @@ CREATE TABLE iys_consent_history (
     origin          text        NOT NULL CHECK (origin IN ('pull', 'reverify', 'import')),
     recorded_at     timestamptz NOT NULL DEFAULT now()
 );
-CREATE INDEX iys_consent_history_recipient ON iys_consent_history (recipient, type, recipient_type, id);
+CREATE INDEX iys_consent_history_recipient ON iys_consent_history (recipient, type, recipient_type, brand_code, id);
 
 -- The consent-changes pull: one cursor per İYS source, and when the engine's consents were last brought
 -- up to date (a pull that reached the end, a re-verification, or a CSV import).
