@@ -99,6 +99,17 @@ func (p *Planner) plan(ctx context.Context, spec Spec, tmpl *Template, rep *Repo
 
 	// Each row gets one reason, checked in this order; the first row (in query order) of a user, and the
 	// first valid user of a number, is the one kept.
+	// Addresses providers condemned (unregistered push tokens): joined only when the channel has any, so
+	// that a million-row audience does not probe an empty table a million times.
+	var invalidJoin, invalidTest string
+	var anyInvalid bool
+	if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM invalid_addresses WHERE channel = $1)`, spec.Channel).Scan(&anyInvalid); err != nil {
+		return fmt.Errorf("plan: invalid addresses: %w", err)
+	}
+	if anyInvalid {
+		invalidJoin = `LEFT JOIN invalid_addresses ia ON ia.channel = ` + quoteLiteral(string(spec.Channel)) + ` AND ia.address = a.address`
+		invalidTest = ` OR ia.address IS NOT NULL`
+	}
 	if _, err := tx.Exec(ctx, `CREATE TEMP TABLE audience_classified ON COMMIT DROP AS
 		WITH u AS (
 			SELECT s.*, row_number() OVER (PARTITION BY user_id ORDER BY ord) AS urn FROM audience_stage s
@@ -110,7 +121,7 @@ func (p *Planner) plan(ctx context.Context, spec Spec, tmpl *Template, rep *Repo
 		SELECT a.ord, a.user_id, a.address, a.vars,
 			CASE WHEN a.user_id IS NULL THEN '`+ReasonMissingUser+`'
 			     WHEN a.urn > 1 THEN '`+ReasonDuplicateUser+`'
-			     WHEN a.address IS NULL OR ia.address IS NOT NULL THEN '`+ReasonInvalidAddress+`'
+			     WHEN a.address IS NULL`+invalidTest+` THEN '`+ReasonInvalidAddress+`'
 			     WHEN a.arn > 1 THEN '`+ReasonDuplicateAddress+`'
 			     WHEN `+missingValueTest(tmpl, spec.Channel)+` THEN '`+ReasonMissingValue+`'
 			     `+consentTest(spec)+`
@@ -119,7 +130,7 @@ func (p *Planner) plan(ctx context.Context, spec Spec, tmpl *Template, rep *Repo
 		FROM a LEFT JOIN iys_consents c
 			ON c.recipient = a.address AND c.type = '`+spec.Channel.IYSType()+`' AND c.recipient_type = '`+spec.recipientType()+`'
 			AND c.brand_code = `+quoteLiteral(spec.BrandCode)+`
-		LEFT JOIN invalid_addresses ia ON ia.channel = '`+string(spec.Channel)+`' AND ia.address = a.address
+		`+invalidJoin+`
 		LEFT JOIN recent_sends r ON r.address = a.address`); err != nil {
 		return fmt.Errorf("plan: classify audience: %w", err)
 	}
