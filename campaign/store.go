@@ -65,7 +65,16 @@ func (s *Store) Get(ctx context.Context, id int64) (*Campaign, error) {
 
 // List returns every campaign, newest first.
 func (s *Store) List(ctx context.Context) ([]*Campaign, error) {
-	rows, err := s.pool.Query(ctx, `SELECT `+campaignColumns+` FROM campaigns ORDER BY id DESC`)
+	return s.list(ctx, `SELECT `+campaignColumns+` FROM campaigns ORDER BY id DESC`)
+}
+
+// ListIn returns the campaigns in one of states, newest first.
+func (s *Store) ListIn(ctx context.Context, states ...State) ([]*Campaign, error) {
+	return s.list(ctx, `SELECT `+campaignColumns+` FROM campaigns WHERE state = ANY($1) ORDER BY id DESC`, states)
+}
+
+func (s *Store) list(ctx context.Context, sql string, args ...any) ([]*Campaign, error) {
+	rows, err := s.pool.Query(ctx, sql, args...)
 	if err != nil {
 		return nil, fmt.Errorf("list campaigns: %w", err)
 	}

@@ -248,17 +248,15 @@ func (q *queueObserver) Observe(ctx context.Context) (supervisor.Observation, er
 		}
 	}
 
-	all, err := q.store.List(ctx)
+	all, err := q.store.ListIn(ctx, campaign.StateRunning)
 	if err != nil {
 		return o, err
 	}
 	var running []supervisor.Running
 	var ids []int64
 	for _, c := range all {
-		if c.State == campaign.StateRunning {
-			running = append(running, supervisor.Running{Provider: string(c.Channel), Rate: c.Rate})
-			ids = append(ids, c.ID)
-		}
+		running = append(running, supervisor.Running{Provider: string(c.Channel), Rate: c.Rate})
+		ids = append(ids, c.ID)
 	}
 	o.RateCap, o.Uncapped = supervisor.RateCap(running, q.caps)
 	if len(ids) == 0 {
