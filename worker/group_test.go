@@ -2,10 +2,14 @@ package worker
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"sync"
 	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
 
 	"github.com/campaignctl/campaignctl/campaign"
 	"github.com/campaignctl/campaignctl/internal/testdb"
@@ -20,6 +24,10 @@ type batchProvider struct {
 	max      int
 	requests [][]providers.Message
 	accepted map[string][]providers.Message
+	// fail, when set, answers request n (from 1) with an error instead; before runs ahead of each request,
+	// outside the lock.
+	fail   func(n int) error
+	before func(n int)
 }
 
 func (p *batchProvider) Name() string  { return "batch" }
@@ -33,9 +41,20 @@ func (p *batchProvider) Send(ctx context.Context, m providers.Message) (provider
 }
 
 func (p *batchProvider) SendBatch(_ context.Context, ms []providers.Message) ([]providers.Result, error) {
+	if p.before != nil {
+		p.mu.Lock()
+		n := len(p.requests) + 1
+		p.mu.Unlock()
+		p.before(n)
+	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.requests = append(p.requests, ms)
+	if p.fail != nil {
+		if err := p.fail(len(p.requests)); err != nil {
+			return nil, err
+		}
+	}
 	for _, m := range ms {
 		if strings.Contains(m.To, "bad") {
 			return nil, &providers.Error{Provider: "batch", Status: 400, Message: "invalid email", Class: providers.Permanent}
@@ -119,5 +138,98 @@ func TestEmailGoesOutInRequestsOfManyAndABadAddressFailsOnlyItself(t *testing.T)
 	}
 	if got := len(p.requests); got != 7 {
 		t.Fatalf("a second run made %d more requests", got-7)
+	}
+}
+
+// planEmail plans an e-mail campaign of n consenting recipients and returns a handler whose provider takes
+// max messages a request.
+func planEmail(t *testing.T, n, max int, rdb redis.UniversalClient) (*campaign.Store, int64, *batchProvider, *Handler) {
+	t.Helper()
+	db, _ := testdb.New(t)
+	ctx := context.Background()
+	for _, sql := range []string{
+		`CREATE TABLE customers AS SELECT 'u' || i AS user_id, 'user' || i || '@example.com' AS email FROM generate_series(1, ` + fmt.Sprint(n) + `) i`,
+		`INSERT INTO iys_consents (recipient, type, recipient_type, status, source, consent_date)
+			SELECT email, 'EPOSTA', 'BIREYSEL', 'ONAY', 'HS_WEB', now() FROM customers`,
+	} {
+		if _, err := db.Exec(ctx, sql); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rep, err := (&campaign.Planner{Engine: db, Audience: db}).Plan(ctx, campaign.Spec{Name: "mail", Channel: campaign.ChannelEmail,
+		AudienceSQL: `SELECT user_id, email FROM customers`, Subject: "Merhaba", Message: "Size özel"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	store := campaign.NewStore(db)
+	p := &batchProvider{max: max, accepted: map[string][]providers.Message{}}
+	h := NewHandler(Config{Store: store, Redis: rdb, Owner: "test",
+		Providers: map[campaign.Channel]providers.Provider{campaign.ChannelEmail: p}, ProviderRates: map[string]float64{}})
+	return store, rep.ID, p, h
+}
+
+// The multi-recipient path fails closed too: with Redis unreachable no request goes out and everyone
+// stays pending.
+func TestEmailRedisUnreachableSendsNothing(t *testing.T) {
+	t.Parallel()
+	dead := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", MaxRetries: -1, DialTimeout: 100 * time.Millisecond})
+	defer dead.Close()
+	store, id, p, h := planEmail(t, 6, 3, dead)
+	if err := h.RunBatch(context.Background(), id, 0); err == nil {
+		t.Fatal("the batch ran with Redis unreachable and returned no error")
+	}
+	if c, _ := store.Counts(context.Background(), id); len(p.requests) != 0 || c.Pending != 6 {
+		t.Fatalf("%d requests, counts %+v; want none and everyone pending", len(p.requests), c)
+	}
+}
+
+// A pause reaches the multi-recipient path before its next request; a request refused with a 503 is
+// sent again and nobody gets two messages.
+func TestEmailPauseAndTransientRetry(t *testing.T) {
+	t.Parallel()
+	rdb, _ := testredis.New(t)
+	store, id, p, h := planEmail(t, 6, 2, rdb)
+	ctx := context.Background()
+	p.fail = func(n int) error {
+		if n == 1 {
+			return &providers.Error{Provider: "batch", Status: 503, Class: providers.Transient}
+		}
+		return nil
+	}
+	p.before = func(n int) {
+		if n == 2 { // the retry of the first request goes out; then the campaign is paused
+			if _, err := store.Transition(ctx, id, []campaign.State{campaign.StateRunning}, campaign.StatePaused); err != nil {
+				t.Error(err)
+			}
+			if err := Halt(ctx, rdb, id, "paused", 0); err != nil {
+				t.Error(err)
+			}
+		}
+	}
+	err := h.RunBatch(ctx, id, 0)
+	var re *RetryError
+	if !errors.As(err, &re) || re.Failure || !strings.Contains(err.Error(), "paused") {
+		t.Fatalf("err = %v, want a RetryError saying the campaign is paused", err)
+	}
+	if len(p.requests) != 2 || len(p.accepted) != 2 {
+		t.Fatalf("%d requests, %d accepted; want the refused one and its retry only", len(p.requests), len(p.accepted))
+	}
+	// Resumed, the rest goes out, the first two are not sent again.
+	if _, err := store.Transition(ctx, id, []campaign.State{campaign.StatePaused}, campaign.StateRunning); err != nil {
+		t.Fatal(err)
+	}
+	if err := Unhalt(ctx, rdb, id); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.RunBatch(ctx, id, 0); err != nil {
+		t.Fatal(err)
+	}
+	for to, ms := range p.accepted {
+		if len(ms) != 1 {
+			t.Errorf("%s got %d messages", to, len(ms))
+		}
+	}
+	if c, _ := store.Counts(ctx, id); len(p.accepted) != 6 || c.Sent != 6 {
+		t.Fatalf("%d accepted, counts %+v; want all 6 sent once", len(p.accepted), c)
 	}
 }
