@@ -3,12 +3,10 @@ package push
 import (
 	"encoding/json"
 	"errors"
-	"fmt"
 	"net/http"
 	"strconv"
 	"strings"
 	"time"
-	"unicode/utf8"
 
 	"golang.org/x/oauth2"
 
@@ -63,7 +61,7 @@ func classify(status int, retryAfter string, body []byte, to string, now time.Ti
 		if label == "" {
 			label = ge.Error.Status
 		}
-		text = joinNonEmpty(label, redactText(ge.Error.Message, to))
+		text = wire.Join(label, redactText(ge.Error.Message, to))
 	}
 	switch code {
 	case codeUnregistered, codeSenderIDMismatch:
@@ -148,7 +146,7 @@ func sanitizeTokenErr(s string) string {
 	if i := strings.IndexByte(s, '\n'); i >= 0 {
 		s = s[:i]
 	}
-	return truncate(s, 300)
+	return wire.Truncate(s, 300)
 }
 
 // redactText removes the device token from a text that came from FCM and bounds its length.
@@ -156,7 +154,7 @@ func redactText(s, to string) string {
 	if to != "" {
 		s = strings.ReplaceAll(s, to, "[token]")
 	}
-	return truncate(s, maxMessage)
+	return wire.Truncate(s, maxMessage)
 }
 
 // redactErr wraps err so that its text holds neither the access token nor the device token; errors.Is
@@ -168,33 +166,5 @@ func redactErr(err error, accessToken, to string) error {
 			msg = strings.ReplaceAll(msg, secret, "[redacted]")
 		}
 	}
-	return &redactedError{msg: msg, err: err}
-}
-
-type redactedError struct {
-	msg string
-	err error
-}
-
-func (e *redactedError) Error() string { return e.msg }
-func (e *redactedError) Unwrap() error { return e.err }
-
-func truncate(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	for n > 0 && !utf8.RuneStart(s[n]) {
-		n--
-	}
-	return s[:n] + "…"
-}
-
-func joinNonEmpty(a, b string) string {
-	switch {
-	case a == "":
-		return b
-	case b == "":
-		return a
-	}
-	return fmt.Sprintf("%s: %s", a, b)
+	return wire.Redacted(msg, err)
 }

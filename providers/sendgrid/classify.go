@@ -142,13 +142,5 @@ func (p *Provider) redact(s string, ms []providers.Message) string {
 
 // redactErr wraps err so that its text is redacted; errors.Is and errors.As still see err.
 func (p *Provider) redactErr(err error, ms []providers.Message) error {
-	return &redactedError{msg: p.redact(err.Error(), ms), err: err}
+	return wire.Redacted(p.redact(err.Error(), ms), err)
 }
-
-type redactedError struct {
-	msg string
-	err error
-}
-
-func (e *redactedError) Error() string { return e.msg }
-func (e *redactedError) Unwrap() error { return e.err }

@@ -107,13 +107,5 @@ func (p *Provider) redact(s, to string, fromTwilio bool) string {
 
 // redactErr wraps err so that its text is redacted; errors.Is and errors.As still see err.
 func (p *Provider) redactErr(err error, to string) error {
-	return &redactedError{msg: p.redact(err.Error(), to, false), err: err}
+	return wire.Redacted(p.redact(err.Error(), to, false), err)
 }
-
-type redactedError struct {
-	msg string
-	err error
-}
-
-func (e *redactedError) Error() string { return e.msg }
-func (e *redactedError) Unwrap() error { return e.err }

@@ -33,7 +33,6 @@ import (
 	"strconv"
 	"strings"
 	"time"
-	"unicode/utf8"
 
 	"github.com/campaignctl/campaignctl/providers"
 	"github.com/campaignctl/campaignctl/providers/internal/wire"
@@ -220,7 +219,7 @@ func (p *Provider) Send(ctx context.Context, m providers.Message) (providers.Res
 	default:
 		e.Class = providers.Permanent
 		if st == http.StatusUnauthorized || st == http.StatusForbidden {
-			e.Message = joinNonEmpty(e.Message, "check WEBHOOK_SECRET")
+			e.Message = wire.Join(e.Message, "check WEBHOOK_SECRET")
 		}
 	}
 	if readErr != nil {
@@ -257,7 +256,7 @@ func (p *Provider) answerText(data []byte, to string) string {
 	if json.Unmarshal(v.Error, &s) == nil && s != "" {
 		text = s
 	}
-	return truncate(p.redact(text, to), maxMessage)
+	return wire.Truncate(p.redact(text, to), maxMessage)
 }
 
 // sign returns the HeaderSignature value for body sent at timestamp ts.
@@ -345,30 +344,5 @@ func (p *Provider) redact(s, to string) string {
 
 // redactErr wraps err so that its text is redacted; errors.Is and errors.As still see err.
 func (p *Provider) redactErr(err error, to string) error {
-	return &redactedError{msg: p.redact(err.Error(), to), err: err}
-}
-
-type redactedError struct {
-	msg string
-	err error
-}
-
-func (e *redactedError) Error() string { return e.msg }
-func (e *redactedError) Unwrap() error { return e.err }
-
-func truncate(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	for n > 0 && !utf8.RuneStart(s[n]) {
-		n--
-	}
-	return s[:n] + "…"
-}
-
-func joinNonEmpty(a, b string) string {
-	if a == "" {
-		return b
-	}
-	return a + ": " + b
+	return wire.Redacted(p.redact(err.Error(), to), err)
 }
