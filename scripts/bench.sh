@@ -3,16 +3,27 @@
 #   codes generate   --codes N      (default 1,000,000; target ≤ 15 s)
 #   iys import       --consents N   (default 1,700,000 rows; target ≤ 20 s)
 #   launch --dry-run and launch     --customers N (default 1,000,000 with 75% eligible; target ≤ 20 s, ≤ 200 MB)
-# Each is timed with /usr/bin/time -v (wall time and the peak RSS of the campaignctl process). The script
+# and the send scenarios (scripts/bench/send.sh), each against `campaignctl sandbox` with real workers:
+#   SMS end to end                  --sms N (default 200,000), --workers W (2) × --concurrency C (16):
+#                                   ≥ 10,000 msg/s and 0 duplicates, with the loopback HTTP ceiling of the same
+#                                   run beside it; worker peak RSS ≤ 100 MB; Redis ≤ 160 B per planned recipient
+#   e-mail end to end               --email N (default 200,000): ≥ 50,000 msg/s
+#   SMS with 20 ms provider latency --latency-n N (default 32,000) over W × --latency-concurrency (32):
+#                                   ≥ 0.9 of W × concurrency / 20 ms (limited by --concurrency only)
+#   rate kept                       --rate R (default 2,000/s) for --rate-seconds S (15) over 3 workers:
+#                                   no whole second above 1.1 R, a mean of whole seconds ≥ 0.95 R
+# --only launch or --only send runs one half. The launch half is timed with /usr/bin/time -v (wall time and
+# the peak RSS of the campaignctl process). with /usr/bin/time -v (wall time and the peak RSS of the campaignctl process). The script
 # prints a table and appends a dated section with the machine and the figures to docs/benchmarks.md.
 #
 # It uses a database of its own (BENCH_DB, default campaignctl_bench: dropped and re-created at the start,
 # dropped at the end unless --keep) and a Redis DB number of its own (BENCH_REDIS_DB, default 14), leased
 # like the tests lease theirs (key campaignctl:testdb:<n> in DB 0) so a parallel test run never shares it;
-# only that DB is ever flushed. No worker runs: the launch plans and enqueues, nothing is sent.
+# only that DB is ever flushed. The launch benchmark's campaign is never sent (the send half cancels it).
 #
-# usage: scripts/bench.sh [--customers N] [--consents N] [--codes N] [--keep] [--no-record] [--explain]
-#                         [--launch-timeout SECONDS]
+# usage: scripts/bench.sh [--only launch|send] [--customers N] [--consents N] [--codes N] [--sms N] [--email N]
+#                         [--latency-n N] [--rate R] [--rate-seconds S] [--workers W] [--concurrency C]
+#                         [--latency-concurrency C] [--keep] [--no-record] [--explain] [--launch-timeout SECONDS]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/services.sh
@@ -20,6 +31,16 @@ cd "$(dirname "$0")/.."
 usage() {
   cat >&2 <<'EOF'
 usage: scripts/bench.sh [options]
+  --only launch|send    run only the launch benchmarks, or only the send scenarios (default: both)
+  --sms N               recipients of the SMS throughput scenario (default 200000)
+  --email N             recipients of the e-mail throughput scenario (default 200000)
+  --latency-n N         recipients of the 20 ms latency scenario (default 32000: one batch per worker slot)
+  --rate R              the cap of the rate-kept scenario in messages/s (default 2000)
+  --rate-seconds S      how long the rate-kept scenario runs at its cap (default 15)
+  --workers W           worker processes of the throughput and latency scenarios (default 2)
+  --concurrency C       --concurrency of each worker (default 16)
+  --latency-concurrency C  --concurrency of each worker with 20 ms latency (default 32)
+  --send-timeout S      give up on a send scenario after S seconds (default 600)
   --customers N         customers in the launch audience (env BENCH_CUSTOMERS, default 1000000; at most 9999999)
   --consents N          rows in the consent CSV for `iys import` (env BENCH_CONSENTS, default 1700000)
   --codes N             codes for `codes generate` (env BENCH_CODES, default 1000000)
@@ -36,6 +57,8 @@ CUSTOMERS=${BENCH_CUSTOMERS:-1000000}
 CONSENTS=${BENCH_CONSENTS:-1700000}
 CODES=${BENCH_CODES:-1000000}
 LAUNCH_TIMEOUT=${BENCH_LAUNCH_TIMEOUT:-900}
+ONLY="" SMS_N=200000 EMAIL_N=200000 LAT_N=32000 RATE_R=2000 RATE_SECS=15 SEND_WORKERS=2 SEND_CONC=16 LAT_CONC=32
+SEND_TIMEOUT=600
 KEEP=0 KEEP_WORK=0 RECORD=1 EXPLAIN=0
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -47,6 +70,17 @@ while [ $# -gt 0 ]; do
     --codes=*) CODES=${1#*=}; shift ;;
     --launch-timeout) LAUNCH_TIMEOUT=${2:?--launch-timeout needs seconds}; shift 2 ;;
     --launch-timeout=*) LAUNCH_TIMEOUT=${1#*=}; shift ;;
+    --only) ONLY=${2:?--only needs launch or send}; shift 2 ;;
+    --only=*) ONLY=${1#*=}; shift ;;
+    --sms) SMS_N=${2:?--sms needs a number}; shift 2 ;;
+    --email) EMAIL_N=${2:?--email needs a number}; shift 2 ;;
+    --latency-n) LAT_N=${2:?--latency-n needs a number}; shift 2 ;;
+    --rate) RATE_R=${2:?--rate needs messages per second}; shift 2 ;;
+    --rate-seconds) RATE_SECS=${2:?--rate-seconds needs seconds}; shift 2 ;;
+    --workers) SEND_WORKERS=${2:?--workers needs a number}; shift 2 ;;
+    --concurrency) SEND_CONC=${2:?--concurrency needs a number}; shift 2 ;;
+    --latency-concurrency) LAT_CONC=${2:?--latency-concurrency needs a number}; shift 2 ;;
+    --send-timeout) SEND_TIMEOUT=${2:?--send-timeout needs seconds}; shift 2 ;;
     --keep) KEEP=1; shift ;;
     --no-record) RECORD=0; shift ;;
     --explain) EXPLAIN=1; RECORD=0; KEEP_WORK=1; shift ;;
@@ -54,10 +88,19 @@ while [ $# -gt 0 ]; do
     *) echo "unknown argument: $1" >&2; usage; exit 2 ;;
   esac
 done
-for v in CUSTOMERS CONSENTS CODES LAUNCH_TIMEOUT; do
+case "$ONLY" in ""|launch|send) ;; *) echo "--only takes launch or send, got '$ONLY'" >&2; exit 2 ;; esac
+for v in CUSTOMERS CONSENTS CODES LAUNCH_TIMEOUT SMS_N EMAIL_N LAT_N RATE_R RATE_SECS SEND_WORKERS SEND_CONC LAT_CONC SEND_TIMEOUT; do
   [[ ${!v} =~ ^[1-9][0-9]*$ ]] || { echo "${v,,} must be a positive whole number, got '${!v}'" >&2; exit 2; }
 done
 [ "$CUSTOMERS" -le 9999999 ] || { echo "--customers is at most 9999999 (phones are +90532 followed by 7 digits)" >&2; exit 2; }
+if [ "$ONLY" != launch ]; then
+  need=$((SMS_N + LAT_N + RATE_R * RATE_SECS))
+  [ "$need" -le $((CUSTOMERS * 3 / 4)) ] ||
+    { echo "the SMS scenarios need $need customers with consent: raise --customers to $((need * 4 / 3 + 4)) or lower --sms/--latency-n/--rate" >&2; exit 2; }
+  emails=$(( CUSTOMERS < CONSENTS - CUSTOMERS ? CUSTOMERS : CONSENTS - CUSTOMERS ))
+  [ "$EMAIL_N" -le $((emails * 4 / 5)) ] ||
+    { echo "the e-mail scenario needs $EMAIL_N e-mail consents; the consent CSV has $((emails * 4 / 5)) usable: raise --consents or lower --email" >&2; exit 2; }
+fi
 
 BENCH_DB=${BENCH_DB:-campaignctl_bench}
 case "$BENCH_DB" in
@@ -72,6 +115,7 @@ command -v psql >/dev/null || { say "installing the Postgres client with apt"; a
 command -v redis-cli >/dev/null || { say "installing redis-cli with apt"; apt_install redis-tools; }
 [ -x /usr/bin/time ] || { say "installing GNU time with apt"; apt_install time; }
 command -v jq >/dev/null || { say "installing jq with apt"; apt_install jq; }
+command -v curl >/dev/null || { say "installing curl with apt"; apt_install curl; }
 
 PG_BASE="postgres://postgres@$PGHOST_ADDR:$PGPORT_NUM"
 export DATABASE_URL="$PG_BASE/$BENCH_DB?sslmode=disable"
@@ -161,6 +205,7 @@ fmt_n() { sed ':a;s/\B[0-9]\{3\}\>/,&/;ta' <<<"$1"; }
 fail_tail() { echo "--- $1 failed (exit $m_rc); last lines of its stderr:" >&2; tail -n 5 "$work/$1.err" >&2; }
 
 # (a) codes generate
+if [ "$ONLY" != send ]; then
 say "codes generate --pool bench --count $CODES"
 measure codes -- "$ctl" codes generate --pool bench --count "$CODES"
 if [ "$m_rc" -ne 0 ]; then fail_tail codes; met="failed (exit $m_rc)"
@@ -168,6 +213,7 @@ elif [ "$CODES" -eq 1000000 ]; then met=$(verdict "$m_secs" "$m_mb" 15 ""); else
 rows+=("codes generate|$(fmt_n "$CODES") codes|$m_secs|$m_mb|≤ 15 s|$met")
 [ "$m_rc" -ne 0 ] || grep -q "^pool bench: $CODES new codes" "$work/codes.out" ||
   notes+=("codes generate reported: $(head -n 1 "$work/codes.out")")
+fi
 
 # (b) iys import of a generated CSV
 say "writing a consent CSV of $CONSENTS rows"
@@ -178,7 +224,7 @@ say "iys import ($CONSENTS rows)"
 measure iys -- "$ctl" iys import "$work/consents.csv"
 if [ "$m_rc" -ne 0 ]; then fail_tail iys; met="failed (exit $m_rc)"
 elif [ "$CONSENTS" -eq 1700000 ]; then met=$(verdict "$m_secs" "$m_mb" 20 ""); else met="n/a (target is for 1,700,000)"; fi
-rows+=("iys import|$(fmt_n "$CONSENTS") rows|$m_secs|$m_mb|≤ 20 s|$met")
+[ "$ONLY" = send ] && [ "$m_rc" -eq 0 ] || rows+=("iys import|$(fmt_n "$CONSENTS") rows|$m_secs|$m_mb|≤ 20 s|$met")
 [ "$m_rc" -ne 0 ] || grep -q "^imported $CONSENTS consent rows" "$work/iys.out" ||
   notes+=("iys import reported: $(head -n 1 "$work/iys.out")")
 
@@ -189,6 +235,7 @@ say "creating customers ($CUSTOMERS rows)"
 t0=$EPOCHREALTIME
 psql_bench -v customers="$CUSTOMERS" -f scripts/bench/customers.sql
 setup+=("customers table ($(fmt_n "$CUSTOMERS") rows) created with SQL in $(awk -v a="$t0" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.1f", b - a }') s")
+if [ "$ONLY" != send ]; then
 # The pool is new and holds the CODES codes made above, all free; the launch needs one per eligible recipient.
 if [ "$CODES" -lt "$expect_eligible" ]; then
   say "topping the pool up by $((expect_eligible - CODES)) codes for the launch (not timed)"
@@ -274,6 +321,12 @@ if [ "$EXPLAIN" = 1 ]; then
   else
     echo "cannot read the Postgres log ($logfile); no plans to show" >&2
   fi
+fi
+fi # the launch half
+
+if [ "$ONLY" != launch ]; then
+  . scripts/bench/send.sh
+  run_send_scenarios
 fi
 
 # ---------------------------------------------------------------------------------------------------------

@@ -46,6 +46,10 @@ type Stats struct {
 	Recipients int `json:"recipients"`
 	// Duplicates is the number of To with more than one accepted message.
 	Duplicates int `json:"duplicates"`
+	// FirstAcceptedAt and LastAcceptedAt bound the acceptances (zero before the first): the span a
+	// throughput is measured over.
+	FirstAcceptedAt time.Time `json:"first_accepted_at"`
+	LastAcceptedAt  time.Time `json:"last_accepted_at"`
 }
 
 // internLimit bounds the table of shared account SIDs and senders: campaigns use a handful, and a
@@ -112,6 +116,12 @@ func (l *messageLog) accept(m Message) {
 	m.From = l.intern(m.From)
 	l.messages = append(l.messages, m)
 	l.stats.Accepted++
+	if l.stats.FirstAcceptedAt.IsZero() || m.At.Before(l.stats.FirstAcceptedAt) {
+		l.stats.FirstAcceptedAt = m.At
+	}
+	if m.At.After(l.stats.LastAcceptedAt) {
+		l.stats.LastAcceptedAt = m.At
+	}
 	if m.Hung {
 		l.stats.Hung++
 	}

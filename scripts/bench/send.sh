@@ -1,0 +1,204 @@
+# Send scenarios of scripts/bench.sh (sourced by it; uses its ctl, work, rcli, psql_bench, measure rows,
+# notes and fmt_n). Each scenario starts `campaignctl sandbox` (no latency, no cap unless said), launches a
+# campaign with no worker running, then starts the workers and times the campaign from the first to the
+# last acceptance at the sandbox. It records:
+#   - the throughput over that span, and the duplicates the sandbox saw (must be 0);
+#   - each worker's peak RSS (VmHWM, read before it is stopped);
+#   - Redis memory: the highest used_memory seen (sampled every 200 ms) less the figure before the launch,
+#     per planned recipient.
+# Scenarios use disjoint ranges of the customers table, so no frequency cap and no claim of one touches
+# another.
+
+free_port() {
+  local p=$1
+  while port_open 127.0.0.1 "$p"; do p=$((p + 1)); done
+  echo "$p"
+}
+
+redis_used() { rcli INFO memory | sed -n 's/^used_memory:\([0-9]*\).*/\1/p'; }
+
+sandbox_get() { # PATH: GET from the running sandbox
+  curl -fsS "http://127.0.0.1:$sb_port$1"
+}
+
+# start_sandbox ARGS...: starts the sandbox on a free port; sets sb_pid, sb_port.
+start_sandbox() {
+  sb_port=$(free_port 18025)
+  "$ctl" sandbox --addr "127.0.0.1:$sb_port" "$@" 2>"$work/sandbox.$sb_port.err" &
+  sb_pid=$!
+  wait_port 127.0.0.1 "$sb_port" || { echo "the sandbox did not start; see $work/sandbox.$sb_port.err" >&2; return 1; }
+}
+
+stop_pids() {
+  local p
+  for p in "$@"; do kill -TERM "$p" 2>/dev/null || true; done
+  for p in "$@"; do wait "$p" 2>/dev/null || true; done
+}
+
+# audience_sql FILE CHANNEL OFFSET N: N eligible customers from the OFFSET-th eligible one on.
+# SMS: customers whose k % 4 <> 0 (MESAJ ONAY in consents.sql). E-mail: k % 5 <> 0 (EPOSTA ONAY on
+# musteri<k>@example.com, which exists for k <= consents - customers).
+audience_sql() {
+  local file=$1 channel=$2 offset=$3 n=$4
+  if [ "$channel" = sms ]; then
+    cat >"$file" <<EOF
+SELECT user_id, phone, first_name FROM customers
+WHERE substr(user_id, 2)::int % 4 <> 0
+ORDER BY user_id OFFSET $offset LIMIT $n
+EOF
+  else
+    cat >"$file" <<EOF
+SELECT user_id, 'musteri' || substr(user_id, 2)::int || '@example.com' AS email, first_name FROM customers
+WHERE substr(user_id, 2)::int % 5 <> 0
+ORDER BY user_id OFFSET $offset LIMIT $n
+EOF
+  fi
+}
+
+# send_scenario NAME CHANNEL OFFSET N WORKERS CONCURRENCY RATE SANDBOX_ARGS...
+# RATE is the provider cap (TWILIO_RATE / SENDGRID_RATE; 0 = none). Sets s_ok, s_rate, s_secs, s_dups,
+# s_rss (max worker VmHWM MB), s_redis (bytes per planned recipient), s_planned, s_sent.
+send_scenario() {
+  local name=$1 channel=$2 offset=$3 n=$4 workers=$5 conc=$6 rate=$7; shift 7
+  s_ok=0 s_rate=0 s_secs=0 s_dups='?' s_rss=0 s_redis=0 s_planned=0 s_sent=0
+  audience_sql "$work/$name.sql" "$channel" "$offset" "$n"
+  start_sandbox "$@" || return 1
+  local env=(SENDER_IDENTITY="Kampanya A.Ş."
+    TWILIO_ACCOUNT_SID=ACbench0000000000000000000000000 TWILIO_AUTH_TOKEN=benchtoken TWILIO_FROM=+905550000000
+    TWILIO_BASE_URL="http://127.0.0.1:$sb_port" TWILIO_RATE="$rate"
+    SENDGRID_API_KEY=SG.bench-key SENDGRID_FROM=kampanya@example.com SENDGRID_BASE_URL="http://127.0.0.1:$sb_port"
+    SENDGRID_RATE="$rate")
+  local args=(launch --name "$name-$(date +%H%M%S)" --channel "$channel" --audience "$work/$name.sql" --code-pool send --yes --json)
+  if [ "$channel" = sms ]; then
+    args+=(--message 'Merhaba {{.first_name}}, kodunuz {{.code}} - Kampanya A.Ş. RET yazıp 3338e gönderin')
+  else
+    printf '<p>Merhaba {{.first_name}},</p><p>Kodunuz: <b>{{.code}}</b></p>' >"$work/$name.html"
+    args+=(--subject '{{.first_name}}, size özel bir kod' --message 'Merhaba {{.first_name}}, kodunuz {{.code}}' --html "$work/$name.html")
+  fi
+  local base
+  base=$(redis_used)
+  if ! env "${env[@]}" "$ctl" "${args[@]}" >"$work/$name.launch.out" 2>"$work/$name.launch.err"; then
+    echo "--- $name: launch failed; last lines of its stderr:" >&2; tail -n 5 "$work/$name.launch.err" >&2
+    stop_pids "$sb_pid"; return 1
+  fi
+  local id
+  id=$(jq -r '.id' "$work/$name.launch.out")
+  s_planned=$(jq -r '.eligible' "$work/$name.launch.out")
+
+  local wpids=() i
+  for i in $(seq 1 "$workers"); do
+    env "${env[@]}" "$ctl" worker --concurrency "$conc" 2>"$work/$name.worker$i.err" &
+    wpids+=($!)
+  done
+  local peak=$base used deadline=$((SECONDS + SEND_TIMEOUT)) accepted=0 state=""
+  while [ $SECONDS -lt $deadline ]; do
+    used=$(redis_used); [ "${used:-0}" -le "$peak" ] || peak=$used
+    accepted=$(sandbox_get /_sandbox/stats | jq -r '.accepted')
+    if [ "$accepted" -ge "$s_planned" ]; then
+      state=$(psql_bench -Atc "SELECT state FROM campaigns WHERE id = $id")
+      [ "$state" = completed ] && break
+    fi
+    sleep 0.2
+  done
+  used=$(redis_used); [ "${used:-0}" -le "$peak" ] || peak=$used
+  for i in "${!wpids[@]}"; do
+    local hwm
+    hwm=$(awk '/^VmHWM/ { printf "%.0f", $2 / 1024 }' "/proc/${wpids[$i]}/status" 2>/dev/null || echo 0)
+    [ "${hwm:-0}" -le "$s_rss" ] || s_rss=$hwm
+  done
+  stop_pids "${wpids[@]}"
+  local st
+  st=$(sandbox_get /_sandbox/stats)
+  echo "$st" >"$work/$name.stats.json"
+  if [ -n "${SEND_HISTOGRAM:-}" ]; then
+    # Acceptances per whole second (unix seconds), for the rate-kept scenario.
+    sandbox_get /_sandbox/messages | jq -r '.[].at | sub("\\.[0-9]+"; "") | fromdateiso8601' | sort | uniq -c |
+      awk '{ print $2, $1 }' >"$work/$name.seconds"
+  fi
+  stop_pids "$sb_pid"
+  s_dups=$(jq -r '.duplicates' <<<"$st")
+  s_sent=$(psql_bench -Atc "SELECT count(*) FROM campaign_recipients WHERE campaign_id = $id AND status = 'sent'")
+  read -r s_secs s_rate < <(jq -r '((.last_accepted_at | sub("\\.[0-9]+"; "") | fromdateiso8601) as $l0 |
+      (.first_accepted_at | sub("\\.[0-9]+"; "") | fromdateiso8601) as $f0 |
+      def frac(t): (t | capture("\\.(?<f>[0-9]+)").f // "0" | ("0." + .) | tonumber);
+      ($l0 + frac(.last_accepted_at)) - ($f0 + frac(.first_accepted_at))) as $span |
+      "\($span) \(if $span > 0 then .accepted / $span else 0 end)"' <<<"$st")
+  s_redis=$(awk -v p="$peak" -v b="$base" -v n="$s_planned" 'BEGIN { if (n > 0) printf "%.0f", (p - b) / n; else print 0 }')
+  if [ "$state" != completed ]; then
+    notes+=("$name: campaign $id not completed within $SEND_TIMEOUT s ($accepted of $s_planned accepted); worker logs in $work")
+    KEEP_WORK=1
+    return 1
+  fi
+  [ "$s_sent" = "$s_planned" ] || notes+=("$name: $s_sent of $s_planned recipients sent")
+  s_ok=1
+}
+
+fmt_rate() { awk -v r="$1" 'BEGIN { printf "%.0f", r }' | sed ':a;s/\B[0-9]\{3\}\>/,&/;ta'; }
+ge() { awk -v a="$1" -v b="$2" 'BEGIN { exit !(a >= b) }'; }
+
+run_send_scenarios() {
+  say "send scenarios: codes for them (not timed)"
+  local total=$((SMS_N + EMAIL_N + LAT_N + RATE_R * RATE_SECS))
+  "$ctl" codes generate --pool send --count "$total" >/dev/null
+  # The launch benchmark's campaign is not sent: its tasks go, and it is cancelled in Postgres.
+  rcli -n "$REDIS_DB" FLUSHDB >/dev/null
+  psql_bench -qc "UPDATE campaigns SET state = 'cancelled'" >/dev/null
+
+  say "loopback HTTP ceiling (one process, 32 connections, 5 s)"
+  go build -o "$work/loopback" ./scripts/bench/loopback
+  local ceiling
+  ceiling=$("$work/loopback" -duration 5s -concurrency 32 | cut -d' ' -f1)
+  setup+=("loopback HTTP ceiling: $(fmt_rate "$ceiling") requests/s (client and server in one process, 32 keep-alive connections, Twilio-shaped form POST and JSON 201)")
+
+  local off_sms=0
+  say "SMS: $SMS_N recipients, $SEND_WORKERS workers × --concurrency $SEND_CONC, no cap, no latency"
+  if send_scenario sms sms "$off_sms" "$SMS_N" "$SEND_WORKERS" "$SEND_CONC" 0; then
+    local met="no" need
+    need=$(awk -v c="$ceiling" 'BEGIN { print 0.4 * c }')
+    if ge "$s_rate" 10000 && [ "$s_dups" = 0 ]; then met="yes"; fi
+    rows+=("SMS end to end ($SEND_WORKERS workers × $SEND_CONC)|$(fmt_n "$s_planned") recipients|$(printf %.2f "$s_secs")|$s_rss|≥ 10,000 msg/s, 0 duplicates|$met: $(fmt_rate "$s_rate") msg/s ($(awk -v r="$s_rate" -v c="$ceiling" 'BEGIN { printf "%.2f", r / c }') of the loopback ceiling; 0.4 = $(fmt_rate "$need")), $s_dups duplicates")
+    rows+=("worker RSS at full speed (SMS)|$SEND_WORKERS workers|—|$s_rss|≤ 100 MB each|$(if [ "$s_rss" -le 100 ]; then echo yes; else echo no; fi)")
+    rows+=("Redis memory per planned recipient (SMS)|$(fmt_n "$s_planned") recipients|—|—|≤ 160 B|$(if [ "$s_redis" -le 160 ]; then echo yes; else echo no; fi): $s_redis B")
+  else
+    rows+=("SMS end to end|$(fmt_n "$SMS_N") recipients|—|—|≥ 10,000 msg/s|failed (see notes)")
+  fi
+
+  say "e-mail: $EMAIL_N recipients, $SEND_WORKERS workers × --concurrency $SEND_CONC, no cap, no latency"
+  if send_scenario email email 0 "$EMAIL_N" "$SEND_WORKERS" "$SEND_CONC" 0; then
+    local met="no"
+    if ge "$s_rate" 50000 && [ "$s_dups" = 0 ]; then met="yes"; fi
+    local reqs
+    reqs=$(jq -r '.requests' "$work/email.stats.json")
+    rows+=("e-mail end to end ($SEND_WORKERS workers × $SEND_CONC)|$(fmt_n "$s_planned") recipients, $(fmt_n "$reqs") requests|$(printf %.2f "$s_secs")|$s_rss|≥ 50,000 msg/s, 0 duplicates|$met: $(fmt_rate "$s_rate") msg/s, $s_dups duplicates")
+  else
+    rows+=("e-mail end to end|$(fmt_n "$EMAIL_N") recipients|—|—|≥ 50,000 msg/s|failed (see notes)")
+  fi
+
+  local off_lat=$((off_sms + SMS_N))
+  local lat_ms=20 ideal
+  ideal=$(awk -v w="$SEND_WORKERS" -v c="$LAT_CONC" -v l="$lat_ms" 'BEGIN { print w * c * 1000 / l }')
+  say "SMS with ${lat_ms} ms provider latency: $LAT_N recipients, $SEND_WORKERS workers × --concurrency $LAT_CONC"
+  if send_scenario latency sms "$off_lat" "$LAT_N" "$SEND_WORKERS" "$LAT_CONC" 0 --latency "${lat_ms}ms"; then
+    local ratio met
+    ratio=$(awk -v r="$s_rate" -v i="$ideal" 'BEGIN { printf "%.2f", r / i }')
+    met=$(if ge "$ratio" 0.9 && [ "$s_dups" = 0 ]; then echo yes; else echo no; fi)
+    rows+=("SMS, ${lat_ms} ms provider latency ($SEND_WORKERS workers × $LAT_CONC)|$(fmt_n "$s_planned") recipients|$(printf %.2f "$s_secs")|$s_rss|≥ 0.9 of workers × concurrency / latency = $(fmt_rate "$ideal") msg/s|$met: $(fmt_rate "$s_rate") msg/s ($ratio)")
+  else
+    rows+=("SMS, ${lat_ms} ms latency|$(fmt_n "$LAT_N") recipients|—|—|limited by --concurrency|failed (see notes)")
+  fi
+
+  local off_rate=$((off_lat + LAT_N)) rn=$((RATE_R * RATE_SECS))
+  say "SMS at a cap of $RATE_R/s over 3 workers: $rn recipients"
+  if SEND_HISTOGRAM=1 send_scenario rate sms "$off_rate" "$rn" 3 "$SEND_CONC" "$RATE_R"; then
+    # Whole seconds only: the first and last are partial.
+    local max mean
+    read -r max mean < <(sed '1d;$d' "$work/rate.seconds" |
+      awk '{ n++; s += $2; if ($2 > m) m = $2 } END { printf "%d %.0f\n", m, n ? s / n : 0 }')
+    local met=no
+    if awk -v m="$max" -v a="$mean" -v r="$RATE_R" 'BEGIN { exit !(m <= 1.1 * r && a >= 0.95 * r) }' && [ "$s_dups" = 0 ]; then met=yes; fi
+    rows+=("rate kept: cap R = $RATE_R/s over 3 workers|$(fmt_n "$s_planned") recipients|$(printf %.2f "$s_secs")|$s_rss|no second > 1.1 R, mean ≥ 0.95 R|$met: busiest second $max, mean of whole seconds $mean")
+    notes+=("rate kept, acceptances per second: $(awk '{ print $2 }' "$work/rate.seconds" | paste -sd ' ' -)")
+  else
+    rows+=("rate kept|$(fmt_n "$rn") recipients|—|—|≤ 1.1 R, ≥ 0.95 R|failed (see notes)")
+  fi
+}
