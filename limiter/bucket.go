@@ -125,6 +125,10 @@ func (b *Bucket) take(ctx context.Context, l Limit, n int) error {
 	return nil
 }
 
+// PauseKey is the Redis key whose existence pauses the limit key (see Pause); a claim script may read it
+// to check the pause in the same round trip.
+func PauseKey(key string) string { return pauseKey(key) }
+
 func pauseKey(key string) string { return "limiter:pause:" + key }
 
 // Pause stops every process from taking tokens for key during d, for example after a provider answered

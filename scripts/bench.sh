@@ -40,6 +40,7 @@ usage: scripts/bench.sh [options]
   --workers W           worker processes of the throughput and latency scenarios (default 2)
   --concurrency C       --concurrency of each worker (default 16)
   --latency-concurrency C  --concurrency of each worker with 20 ms latency (default 32)
+  --profile             take a 10 s CPU profile of the first worker of each send scenario (kept in the work directory)
   --send-timeout S      give up on a send scenario after S seconds (default 600)
   --customers N         customers in the launch audience (env BENCH_CUSTOMERS, default 1000000; at most 9999999)
   --consents N          rows in the consent CSV for `iys import` (env BENCH_CONSENTS, default 1700000)
@@ -58,7 +59,7 @@ CONSENTS=${BENCH_CONSENTS:-1700000}
 CODES=${BENCH_CODES:-1000000}
 LAUNCH_TIMEOUT=${BENCH_LAUNCH_TIMEOUT:-900}
 ONLY="" SMS_N=200000 EMAIL_N=200000 LAT_N=32000 RATE_R=2000 RATE_SECS=15 SEND_WORKERS=2 SEND_CONC=16 LAT_CONC=32
-SEND_TIMEOUT=600
+SEND_TIMEOUT=600 PROFILE=0
 KEEP=0 KEEP_WORK=0 RECORD=1 EXPLAIN=0
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -81,6 +82,7 @@ while [ $# -gt 0 ]; do
     --concurrency) SEND_CONC=${2:?--concurrency needs a number}; shift 2 ;;
     --latency-concurrency) LAT_CONC=${2:?--latency-concurrency needs a number}; shift 2 ;;
     --send-timeout) SEND_TIMEOUT=${2:?--send-timeout needs seconds}; shift 2 ;;
+    --profile) PROFILE=1; shift ;;
     --keep) KEEP=1; shift ;;
     --no-record) RECORD=0; shift ;;
     --explain) EXPLAIN=1; RECORD=0; KEEP_WORK=1; shift ;;

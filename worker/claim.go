@@ -307,3 +307,200 @@ func (c *claims) releaseMany(ctx context.Context, keys []string, nonce string, m
 	}
 	return nil
 }
+
+// sendClaim is one recipient's claim for a send, with its frequency mark.
+type sendClaim struct {
+	key  string // ClaimKey
+	mine string // the pending value, without the nonce
+	addr string
+}
+
+// answer is a provider's answer still to be written into its claim (values without the nonce).
+type answer struct {
+	key, mine, val string
+}
+
+// claimed is what claimSend found.
+type claimed struct {
+	// kind: 'o' the claim is ours and the mark taken; 'x' the claim exists (old); 'c' the address is
+	// capped by another campaign's mark (old; the claim now records the skip); 'p' the provider is paused
+	// for pause (nothing written).
+	kind  byte
+	old   string
+	pause time.Duration
+}
+
+// claimSend takes a send's claim and its frequency mark in one script call (claimSendScript), first writing
+// prev (the answer to the run's previous send, when not yet written) and, with pauseKey set, checking the
+// provider's pause. Returns errEpoch or errHalted when the guard refuses (prev is written all the same).
+func (c *claims) claimSend(ctx context.Context, camp *campaign.Campaign, nonce string, sc sendClaim, g guard, prev *answer, pauseKey string, now time.Time) (claimed, error) {
+	keys, args := c.claimSendArgs(camp, nonce, sc, g, prev, pauseKey, now)
+	res, err := claimSendScript.Run(ctx, c.rdb, keys, args...).Slice()
+	if err != nil {
+		return claimed{}, fmt.Errorf("claim %s: %w", sc.key, err)
+	}
+	return decodeClaimed(res, nonce)
+}
+
+// claimSendMany is claimSend for the recipients of one request, in one round trip, without a pause check
+// or a previous answer. When the guard refuses, the claims that were taken are released again and the
+// error is returned.
+func (c *claims) claimSendMany(ctx context.Context, camp *campaign.Campaign, nonce string, scs []sendClaim, g guard, now time.Time) ([]claimed, error) {
+	pipe := c.rdb.Pipeline()
+	cmds := make([]*redis.Cmd, len(scs))
+	for i, sc := range scs {
+		keys, args := c.claimSendArgs(camp, nonce, sc, g, nil, "", now)
+		cmds[i] = claimSendScript.Eval(ctx, pipe, keys, args...)
+	}
+	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
+		return nil, fmt.Errorf("claims: %w", err)
+	}
+	out := make([]claimed, len(scs))
+	var refused error
+	for i, cmd := range cmds {
+		res, err := cmd.Slice()
+		if err == nil {
+			out[i], err = decodeClaimed(res, nonce)
+		}
+		switch {
+		case err == nil:
+		case errors.Is(err, errEpoch) || errors.Is(err, errHalted):
+			refused = err
+		default:
+			return nil, fmt.Errorf("claim %s: %w", scs[i].key, err)
+		}
+	}
+	if refused != nil {
+		var keys, mine, addrs []string
+		for i := range out {
+			if out[i].kind == 'o' {
+				keys, mine, addrs = append(keys, scs[i].key), append(mine, scs[i].mine), append(addrs, scs[i].addr)
+			}
+		}
+		c.releaseMany(context.WithoutCancel(ctx), keys, nonce, mine)                              //nolint:errcheck // a kept claim only makes the recipient unknown later
+		frequencyCap{rdb: c.rdb}.releaseMany(context.WithoutCancel(ctx), camp, nonce, addrs, now) //nolint:errcheck // nothing was sent
+		return nil, refused
+	}
+	return out, nil
+}
+
+func (c *claims) claimSendArgs(camp *campaign.Campaign, nonce string, sc sendClaim, g guard, prev *answer, pauseKey string, now time.Time) ([]string, []any) {
+	check := "0"
+	if g.checkHalt {
+		check = "1"
+	}
+	checkPause := "0"
+	if pauseKey != "" {
+		checkPause = "1"
+	} else {
+		pauseKey = g.halt // any key will do: it is not read
+	}
+	prevKey, prevMine, prevVal := sc.key, "", ""
+	if prev != nil {
+		prevKey, prevMine, prevVal = prev.key, nonce+"/"+prev.mine, nonce+"/"+prev.val
+	}
+	keys := append([]string{sc.key, EpochKey, g.halt, pauseKey, prevKey}, markKeys(camp.Channel, sc.addr, now, camp.FrequencyCap)...)
+	return keys, []any{nonce + "/" + sc.mine, c.ttl.Milliseconds(), nonce + "/", g.epoch, check, checkPause, prevMine, prevVal,
+		markOwner(camp, nonce), now.UnixMilli(), camp.FrequencyCap.Milliseconds(), markTTL(camp).Milliseconds(), sc.addr,
+		nonce + "/" + reasonValue(claimSkipped, campaign.ReasonFrequencyCap)}
+}
+
+func decodeClaimed(res []any, nonce string) (claimed, error) {
+	if len(res) < 2 {
+		return claimed{}, fmt.Errorf("claim script answered %v", res)
+	}
+	kind, _ := res[1].(string)
+	var arg string
+	if len(res) > 2 {
+		arg, _ = res[2].(string)
+	}
+	switch kind {
+	case "o":
+		return claimed{kind: 'o'}, nil
+	case "x":
+		return claimed{kind: 'x', old: strings.TrimPrefix(arg, nonce+"/")}, nil
+	case "c":
+		return claimed{kind: 'c', old: arg}, nil
+	case "p":
+		ms, _ := strconv.ParseInt(arg, 10, 64)
+		return claimed{kind: 'p', pause: time.Duration(ms) * time.Millisecond}, nil
+	case "e":
+		return claimed{}, errEpoch
+	case "h":
+		return claimed{}, errHalted
+	}
+	return claimed{}, fmt.Errorf("claim script answered %v", res)
+}
+
+// claimSendScript takes a send's claim and its frequency mark in one atomic step.
+//
+// KEYS[1] -> sent:<campaign>:<user>
+// KEYS[2] -> campaignctl:epoch
+// KEYS[3] -> campaign:<id>:halt
+// KEYS[4] -> limiter:pause:provider:<name> (read only when ARGV[6] is "1")
+// KEYS[5] -> the claim of the run's previous send, whose answer ARGV[8] is written first (when ARGV[7] is set)
+// KEYS[6..] -> the mark hashes of the address for the days the campaign's cap reaches, today's first
+// ARGV[1] -> the pending claim value, nonce included
+// ARGV[2] -> claim TTL in ms
+// ARGV[3] -> "<nonce>/"
+// ARGV[4] -> the epoch the run's lease recorded
+// ARGV[5] -> "1" to refuse while the campaign is halted
+// ARGV[6] -> "1" to refuse (writing nothing but the previous answer) while the provider is paused
+// ARGV[7], ARGV[8] -> the previous send's pending value and answer, nonce included ("" when none)
+// ARGV[9] -> the mark owner "<campaign id>:<nonce>"
+// ARGV[10] -> now, unix ms
+// ARGV[11] -> the campaign's cap in ms (0: never capped, but the mark is still left)
+// ARGV[12] -> the TTL of a day's mark hash in ms
+// ARGV[13] -> the address
+// ARGV[14] -> the claim value of a capped recipient (skipped, frequency_cap), nonce included
+//
+// Returns {settled, kind[, arg]}: settled is 1 when the previous answer is in its claim; kind is "o" (ours),
+// "x" (an existing claim, arg = its value), "c" (capped, arg = the other campaign's mark), "p" (paused for
+// arg ms), "e" (the epoch changed) or "h" (halted). As in takeScript, a value without this campaign's nonce
+// is a leftover of an earlier campaign with the same ID and is replaced, and a value equal to ours is ours.
+var claimSendScript = redis.NewScript(`
+local settled = 0
+if ARGV[7] ~= "" then
+  local pv = redis.call("GET", KEYS[5])
+  if not pv then
+    redis.call("SET", KEYS[5], ARGV[8], "PX", ARGV[2])
+    settled = 1
+  elseif pv == ARGV[7] then
+    redis.call("SET", KEYS[5], ARGV[8], "KEEPTTL")
+    settled = 1
+  elseif pv == ARGV[8] then
+    settled = 1
+  end
+end
+if ARGV[6] == "1" then
+  local p = redis.call("PTTL", KEYS[4])
+  if p > 0 then return {settled, "p", tostring(p)} end
+end
+local v = redis.call("GET", KEYS[1])
+local n = string.len(ARGV[3])
+if v and string.sub(v, 1, n) == ARGV[3] then
+  if v ~= ARGV[1] then return {settled, "x", v} end
+else
+  if redis.call("GET", KEYS[2]) ~= ARGV[4] then return {settled, "e"} end
+  if ARGV[5] == "1" and redis.call("EXISTS", KEYS[3]) == 1 then return {settled, "h"} end
+  redis.call("SET", KEYS[1], ARGV[1], "PX", ARGV[2])
+end
+local now = tonumber(ARGV[10])
+local own = false
+for i = 6, #KEYS do
+  local m = redis.call("HGET", KEYS[i], ARGV[13])
+  if m then
+    local owner, ts = string.match(m, "^(.*)|(%d+)$")
+    if owner == ARGV[9] then
+      own = true
+    elseif ts and now - tonumber(ts) < tonumber(ARGV[11]) then
+      redis.call("SET", KEYS[1], ARGV[14], "KEEPTTL")
+      return {settled, "c", m}
+    end
+  end
+end
+if not own then
+  redis.call("HSET", KEYS[6], ARGV[13], ARGV[9] .. "|" .. ARGV[10])
+  if redis.call("PTTL", KEYS[6]) < tonumber(ARGV[12]) then redis.call("PEXPIRE", KEYS[6], ARGV[12]) end
+end
+return {settled, "o"}`)

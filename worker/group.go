@@ -76,63 +76,44 @@ func (h *Handler) sendGroup(ctx, waitCtx context.Context, run *batchRun, b provi
 	g := run.guard
 	g.checkHalt = true
 	for attempt := 1; ; attempt++ {
-		if err := h.readyToSend(ctx, waitCtx, run, len(rs)); err != nil {
+		if err := h.readyToSend(ctx, waitCtx, run, len(rs), run.limits...); err != nil {
 			return err
 		}
 
-		// Claim everyone of the request at once, just before it.
-		keys := make([]string, len(rs))
-		mine := make([]string, len(rs))
-		pending := pendingValue(h.cfg.Now(), h.cfg.Owner)
+		// Claim everyone of the request at once, just before it, with their frequency marks.
+		now := h.cfg.Now()
+		pending := pendingValue(now, h.cfg.Owner)
+		scs := make([]sendClaim, len(rs))
 		for i, r := range rs {
-			keys[i], mine[i] = ClaimKey(run.c.ID, r.UserID), pending
+			scs[i] = sendClaim{key: ClaimKey(run.c.ID, r.UserID), mine: pending, addr: r.Address}
 		}
-		got, err := h.claims.takeMany(ctx, keys, run.nonce, mine, g)
+		got, err := h.claims.claimSendMany(ctx, run.c, run.nonce, scs, g, now)
 		if errors.Is(err, errHalted) || errors.Is(err, errEpoch) {
 			return err
 		}
 		if err != nil {
-			for i := range keys {
-				h.releaseLater(keys[i], run.nonce, mine[i])
+			for _, sc := range scs {
+				h.releaseLater(sc.key, run.nonce, sc.mine)
 			}
 			h.log.Error("Redis is unreachable: no sends until it is back", "campaign_id", run.c.ID, "err", err)
 			return infra(fmt.Errorf("no send while Redis is unavailable: %w", err))
 		}
-		var sendRs []*campaign.Recipient
-		var sendMsgs []providers.Message
-		var sendKeys, sendMine, addrs []string
-		for i, t := range got {
-			if !t.ours {
+		var keys, mine, addrs []string
+		sendRs, sendMsgs := rs, msgs
+		rs, msgs = nil, nil
+		for i, cl := range got {
+			switch cl.kind {
+			case 'x':
 				run.m.ClaimsRefused(1)
-				h.fromClaim(run, rs[i].UserID, t.old)
+				h.fromClaim(run, sendRs[i].UserID, cl.old)
 				continue
-			}
-			sendRs, sendMsgs = append(sendRs, rs[i]), append(sendMsgs, msgs[i])
-			sendKeys, sendMine, addrs = append(sendKeys, keys[i]), append(sendMine, mine[i]), append(addrs, rs[i].Address)
-		}
-		if len(sendRs) == 0 {
-			return nil
-		}
-		capped, err := h.frequency.takeMany(ctx, run.c, run.nonce, addrs, h.cfg.Now())
-		if err != nil {
-			h.claims.releaseMany(context.WithoutCancel(ctx), sendKeys, run.nonce, sendMine) //nolint:errcheck // a kept claim only makes the recipient unknown later
-			return infra(err)
-		}
-		rs, msgs, keys, mine, addrs = nil, nil, nil, nil, nil
-		var capKeys, capMine, capVals []string
-		for i := range sendRs {
-			if capped[i] {
-				capKeys, capMine = append(capKeys, sendKeys[i]), append(capMine, sendMine[i])
-				capVals = append(capVals, reasonValue(claimSkipped, campaign.ReasonFrequencyCap))
+			case 'c':
 				run.add(campaign.Outcome{UserID: sendRs[i].UserID, Status: campaign.StatusSkipped, Reason: campaign.ReasonFrequencyCap})
 				run.m.Skipped(1)
 				continue
 			}
 			rs, msgs = append(rs, sendRs[i]), append(msgs, sendMsgs[i])
-			keys, mine, addrs = append(keys, sendKeys[i]), append(mine, sendMine[i]), append(addrs, sendRs[i].Address)
-		}
-		if len(capKeys) > 0 {
-			h.claims.settleMany(ctx, capKeys, run.nonce, capMine, capVals) //nolint:errcheck // Postgres records the skips
+			keys, mine, addrs = append(keys, scs[i].key), append(mine, scs[i].mine), append(addrs, scs[i].addr)
 		}
 		if len(rs) == 0 {
 			return nil
@@ -156,8 +137,8 @@ func (h *Handler) sendGroup(ctx, waitCtx context.Context, run *batchRun, b provi
 		}
 		var pe *providers.Error
 		if !errors.As(err, &pe) {
-			h.claims.releaseMany(context.WithoutCancel(ctx), keys, run.nonce, mine)      //nolint:errcheck // a kept claim only makes the recipients unknown later
-			h.frequency.releaseMany(context.WithoutCancel(ctx), run.c, run.nonce, addrs) //nolint:errcheck // nothing was sent
+			h.claims.releaseMany(context.WithoutCancel(ctx), keys, run.nonce, mine)           //nolint:errcheck // a kept claim only makes the recipients unknown later
+			h.frequency.releaseMany(context.WithoutCancel(ctx), run.c, run.nonce, addrs, now) //nolint:errcheck // nothing was sent
 			return err
 		}
 		switch {
@@ -175,7 +156,7 @@ func (h *Handler) sendGroup(ctx, waitCtx context.Context, run *batchRun, b provi
 		case pe.Class == providers.Permanent && !pe.AccountLevel():
 			if len(rs) == 1 {
 				h.claims.settle(ctx, keys[0], run.nonce, mine[0], reasonValue(claimFailed, pe.Reason())) //nolint:errcheck // Postgres records the failure
-				h.frequency.release(ctx, run.c, run.nonce, addrs[0])                                     //nolint:errcheck // nothing reached the person
+				h.frequency.release(ctx, run.c, run.nonce, addrs[0], now)                                //nolint:errcheck // nothing reached the person
 				run.add(campaign.Outcome{UserID: rs[0].UserID, Status: campaign.StatusFailed, Reason: pe.Reason()})
 				run.m.Failed(1)
 				h.succeeded(run)
@@ -186,7 +167,7 @@ func (h *Handler) sendGroup(ctx, waitCtx context.Context, run *batchRun, b provi
 			if err := h.claims.releaseMany(ctx, keys, run.nonce, mine); err != nil {
 				return infra(err)
 			}
-			h.frequency.releaseMany(ctx, run.c, run.nonce, addrs) //nolint:errcheck // ours, harmless
+			h.frequency.releaseMany(ctx, run.c, run.nonce, addrs, now) //nolint:errcheck // ours, harmless
 			half := len(rs) / 2
 			if err := h.sendGroup(ctx, waitCtx, run, b, rs[:half], msgs[:half]); err != nil {
 				return err
@@ -202,7 +183,7 @@ func (h *Handler) sendGroup(ctx, waitCtx context.Context, run *batchRun, b provi
 		if err := h.claims.releaseMany(ctx, keys, run.nonce, mine); err != nil {
 			return infra(err)
 		}
-		if err := h.frequency.releaseMany(ctx, run.c, run.nonce, addrs); err != nil {
+		if err := h.frequency.releaseMany(ctx, run.c, run.nonce, addrs, now); err != nil {
 			h.log.Warn("frequency marks not released", "campaign_id", run.c.ID, "err", err)
 		}
 		if pe.Class == providers.Permanent {

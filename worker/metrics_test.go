@@ -162,7 +162,7 @@ campaignctl_claims_refused_total 0
 		t.Fatalf("provider latency: %d observations (sum %v), want 19", n, sum)
 	}
 	// One wait for the provider's (pausable) limit before each of the 19 calls (its pause is read even
-	// without a cap). The campaign has no --rate: nothing to wait for, nothing observed.
+	// without a cap, by the claim script). The campaign has no --rate: nothing to wait for, nothing observed.
 	n, sum = histogram(t, m.Registry(), "campaignctl_limiter_wait_seconds", map[string]string{"key_kind": "provider", "provider": "test"})
 	if n != 19 || sum <= 0 {
 		t.Fatalf("provider limiter waits: %d observations (sum %vs), want 19", n, sum)

@@ -46,7 +46,7 @@ type Config struct {
 	// the rest of the batch is handed back to the queue. Default 3.
 	SendAttempts int
 	// ChunkSize is how many recipients are sent between two reads of the campaign state and consents and
-	// two writes of outcomes to Postgres. Default 25.
+	// two writes of outcomes to Postgres. Default 100.
 	ChunkSize int
 	// DeadlineMargin is kept free before a batch's deadline to write outcomes and hand the rest back.
 	// Default 30 s.
@@ -100,7 +100,7 @@ func NewHandler(cfg Config) *Handler {
 		cfg.SendAttempts = 3
 	}
 	if cfg.ChunkSize == 0 {
-		cfg.ChunkSize = 25
+		cfg.ChunkSize = 100
 	}
 	if cfg.DeadlineMargin == 0 {
 		cfg.DeadlineMargin = 30 * time.Second
@@ -147,8 +147,15 @@ type batchRun struct {
 	batch    int
 	provider providers.Provider
 	limits   []limiter.Limit
-	tmpl     *campaign.Template
-	lease    campaign.Lease
+	// singleLimits are the limits a one-recipient send waits for: limits, less the provider's pause when
+	// the claim script checks it (piggyback).
+	singleLimits []limiter.Limit
+	// piggyback is set when no send waits for tokens: the claim script then also checks the provider's
+	// pause and writes the previous send's answer (unsettled), one Redis round trip per message.
+	piggyback bool
+	unsettled *answer
+	tmpl      *campaign.Template
+	lease     campaign.Lease
 	// renewAt is when the chunk's lease is renewed before the next claim.
 	renewAt time.Time
 	// leased are the users of the chunk in hand that this run leased.
@@ -226,6 +233,10 @@ func (h *Handler) RunBatch(ctx context.Context, campaignID int64, batch int) err
 		run.limits = []limiter.Limit{
 			{Key: "campaign:" + strconv.FormatInt(c.ID, 10), Rate: c.Rate, Observer: run.m.CampaignWait()},
 			{Key: "provider:" + run.provider.Name(), Rate: h.cfg.ProviderRates[run.provider.Name()], Pausable: true, Observer: run.m.ProviderWait()},
+		}
+		run.singleLimits = run.limits
+		if run.piggyback = c.Rate <= 0 && h.cfg.ProviderRates[run.provider.Name()] <= 0; run.piggyback {
+			run.singleLimits = nil
 		}
 	}
 	epoch, err := Epoch(ctx, h.cfg.Redis)
@@ -504,12 +515,24 @@ func (h *Handler) deliver(ctx, waitCtx context.Context, run *batchRun, r *campai
 	g := run.guard
 	g.checkHalt = true
 
+	var pauseFrom time.Time // when the pause check began (piggyback): the provider limit's wait
 	for attempt := 1; ; attempt++ {
-		if err := h.readyToSend(ctx, waitCtx, run, 1); err != nil {
+		if err := h.readyToSend(ctx, waitCtx, run, 1, run.singleLimits...); err != nil {
 			return err
 		}
-		mine := pendingValue(h.cfg.Now(), h.cfg.Owner)
-		old, ours, err := h.claims.take(ctx, key, run.nonce, mine, g)
+		if pauseFrom.IsZero() {
+			pauseFrom = time.Now()
+		}
+		now := h.cfg.Now()
+		mine := pendingValue(now, h.cfg.Owner)
+		pause := ""
+		if run.piggyback {
+			pause = limiter.PauseKey("provider:" + run.provider.Name())
+		}
+		cl, err := h.claims.claimSend(ctx, run.c, run.nonce, sendClaim{key: key, mine: mine, addr: r.Address}, g, run.unsettled, pause, now)
+		if err == nil || errors.Is(err, errHalted) || errors.Is(err, errEpoch) {
+			run.unsettled = nil // the script wrote it before anything else
+		}
 		if errors.Is(err, errHalted) || errors.Is(err, errEpoch) {
 			return err
 		}
@@ -520,16 +543,27 @@ func (h *Handler) deliver(ctx, waitCtx context.Context, run *batchRun, r *campai
 			h.log.Error("Redis is unreachable: no sends until it is back", "campaign_id", run.c.ID, "err", err)
 			return infra(fmt.Errorf("no send while Redis is unavailable: %w", err))
 		}
-		if !ours {
-			run.m.ClaimsRefused(1)
-			h.fromClaim(run, r.UserID, old)
-			return nil
+		switch cl.kind {
+		case 'p':
+			// The provider is paused (a 429 seen by some worker): nothing was written; wait it out.
+			if err := limiter.Sleep(waitCtx, cl.pause); err != nil {
+				return waitError(ctx, waitCtx, err)
+			}
+			attempt--
+			continue
 		}
-		if capped, err := h.frequency.take(ctx, run.c, run.nonce, r.Address, h.cfg.Now()); err != nil {
-			h.releaseLater(key, run.nonce, mine)
-			return infra(err)
-		} else if capped {
-			h.claims.settle(ctx, key, run.nonce, mine, reasonValue(claimSkipped, campaign.ReasonFrequencyCap)) //nolint:errcheck // Postgres records the skip
+		if run.piggyback {
+			if o := run.m.ProviderWait(); o != nil {
+				o.Observe(time.Since(pauseFrom).Seconds())
+			}
+		}
+		pauseFrom = time.Time{}
+		switch cl.kind {
+		case 'x':
+			run.m.ClaimsRefused(1)
+			h.fromClaim(run, r.UserID, cl.old)
+			return nil
+		case 'c':
 			run.add(campaign.Outcome{UserID: r.UserID, Status: campaign.StatusSkipped, Reason: campaign.ReasonFrequencyCap})
 			run.m.Skipped(1)
 			return nil
@@ -538,8 +572,10 @@ func (h *Handler) deliver(ctx, waitCtx context.Context, run *batchRun, r *campai
 		res, err := run.provider.Send(ctx, msg)
 		run.m.Request(time.Since(start))
 		if err == nil {
-			if err := h.claims.settle(ctx, key, run.nonce, mine, sentValue(res.MessageID, res.Segments)); err != nil {
-				h.log.Error("provider accepted but the claim could not be updated; Postgres will hold the outcome", "campaign_id", run.c.ID, "user_id", r.UserID, "err", err)
+			run.unsettled = &answer{key: key, mine: mine, val: sentValue(res.MessageID, res.Segments)}
+			if !run.piggyback {
+				// A token wait may come before the next claim: the answer is written now.
+				h.settleAnswer(ctx, run)
 			}
 			run.add(campaign.Outcome{UserID: r.UserID, Status: campaign.StatusSent, MessageID: res.MessageID, Segments: res.Segments})
 			run.m.Sent(1)
@@ -550,8 +586,8 @@ func (h *Handler) deliver(ctx, waitCtx context.Context, run *batchRun, r *campai
 		var pe *providers.Error
 		if !errors.As(err, &pe) {
 			// Cancelled before the request went out: nothing was sent.
-			h.claims.release(context.WithoutCancel(ctx), key, run.nonce, mine)           //nolint:errcheck // a kept claim only makes the recipient unknown later
-			h.frequency.release(context.WithoutCancel(ctx), run.c, run.nonce, r.Address) //nolint:errcheck // nothing was sent
+			h.claims.release(context.WithoutCancel(ctx), key, run.nonce, mine)                //nolint:errcheck // a kept claim only makes the recipient unknown later
+			h.frequency.release(context.WithoutCancel(ctx), run.c, run.nonce, r.Address, now) //nolint:errcheck // nothing was sent
 			return err
 		}
 		switch {
@@ -564,7 +600,7 @@ func (h *Handler) deliver(ctx, waitCtx context.Context, run *batchRun, r *campai
 			return nil
 		case pe.Class == providers.Permanent && !pe.AccountLevel():
 			h.claims.settle(ctx, key, run.nonce, mine, reasonValue(claimFailed, pe.Reason())) //nolint:errcheck // Postgres records the failure
-			h.frequency.release(ctx, run.c, run.nonce, r.Address)                             //nolint:errcheck // nothing reached the person
+			h.frequency.release(ctx, run.c, run.nonce, r.Address, now)                        //nolint:errcheck // nothing reached the person
 			if pe.BadAddress {
 				// An unregistered push token: no later campaign should try it.
 				if err := h.cfg.Store.MarkInvalid(ctx, run.c.Channel, r.Address, pe.Reason()); err != nil {
@@ -586,7 +622,7 @@ func (h *Handler) deliver(ctx, waitCtx context.Context, run *batchRun, r *campai
 		if err := h.claims.release(ctx, key, run.nonce, mine); err != nil {
 			return infra(err)
 		}
-		if err := h.frequency.release(ctx, run.c, run.nonce, r.Address); err != nil {
+		if err := h.frequency.release(ctx, run.c, run.nonce, r.Address, now); err != nil {
 			h.log.Warn("frequency mark not released", "campaign_id", run.c.ID, "err", err)
 		}
 		if pe.Class == providers.Permanent {
@@ -614,21 +650,38 @@ func (h *Handler) deliver(ctx, waitCtx context.Context, run *batchRun, r *campai
 
 // readyToSend takes n tokens from the campaign's and the provider's buckets, then checks that the send
 // window is still open (the wait may have run past its end) and that the chunk's lease still holds.
-func (h *Handler) readyToSend(ctx, waitCtx context.Context, run *batchRun, n int) error {
-	if err := h.bucket.WaitN(waitCtx, n, run.limits...); err != nil {
-		switch {
-		case ctx.Err() != nil:
-			return ctx.Err()
-		case waitCtx.Err() != nil:
-			return &RetryError{Err: errors.New("batch handed back while waiting for the rate limit (worker stopping or batch time used up)"), After: time.Second}
-		}
-		return infra(fmt.Errorf("rate limiter: no send while Redis is unavailable: %w", err))
+func (h *Handler) readyToSend(ctx, waitCtx context.Context, run *batchRun, n int, limits ...limiter.Limit) error {
+	if err := h.bucket.WaitN(waitCtx, n, limits...); err != nil {
+		return waitError(ctx, waitCtx, err)
 	}
 	if now := h.cfg.Now(); !run.c.Window.Open(now) {
 		next := run.c.Window.NextOpen(now)
 		return &RetryError{Err: fmt.Errorf("the send window %s closed; sending resumes at %s", run.c.Window, next.Format(time.RFC3339)), After: next.Sub(now)}
 	}
 	return h.renew(ctx, run)
+}
+
+// waitError turns the error of a wait for tokens or a pause into what the batch returns.
+func waitError(ctx, waitCtx context.Context, err error) error {
+	switch {
+	case ctx.Err() != nil:
+		return ctx.Err()
+	case waitCtx.Err() != nil:
+		return &RetryError{Err: errors.New("batch handed back while waiting for the rate limit (worker stopping or batch time used up)"), After: time.Second}
+	}
+	return infra(fmt.Errorf("rate limiter: no send while Redis is unavailable: %w", err))
+}
+
+// settleAnswer writes the answer of the run's last send into its claim, when that has not happened yet.
+func (h *Handler) settleAnswer(ctx context.Context, run *batchRun) {
+	a := run.unsettled
+	if a == nil {
+		return
+	}
+	run.unsettled = nil
+	if err := h.claims.settle(ctx, a.key, run.nonce, a.mine, a.val); err != nil {
+		h.log.Error("provider accepted but the claim could not be updated; Postgres will hold the outcome", "campaign_id", run.c.ID, "err", err)
+	}
 }
 
 // strikeThreshold is how many 5xx answers within a second, over all workers, pause a provider for
@@ -720,6 +773,7 @@ func (run *batchRun) add(o campaign.Outcome) { run.pending = append(run.pending,
 
 // flush writes buffered outcomes and advances the campaign's Redis counters by what actually changed.
 func (h *Handler) flush(ctx context.Context, run *batchRun) error {
+	h.settleAnswer(ctx, run)
 	var moved map[string]int64
 	var err error
 	// A Postgres restart takes a few seconds: the outcomes in hand are worth waiting for (they are in the

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/http"
+	"net/http/pprof"
 	"os"
 	"slices"
 	"strings"
@@ -25,6 +27,7 @@ type workerOptions struct {
 	shutdown    time.Duration
 	timeout     time.Duration
 	metricsAddr string
+	pprofAddr   string
 }
 
 func (o *workerOptions) validate() error {
@@ -37,6 +40,14 @@ func (o *workerOptions) validate() error {
 	if o.metricsAddr != "" {
 		if err := metrics.ValidateAddr(o.metricsAddr); err != nil {
 			return usagef("--metrics-addr %v", err)
+		}
+	}
+	if o.pprofAddr != "" {
+		if err := metrics.ValidateAddr(o.pprofAddr); err != nil {
+			return usagef("--pprof-addr %v", err)
+		}
+		if host, _, _ := net.SplitHostPort(o.pprofAddr); !uiIsLoopback(host) {
+			return usagef("--pprof-addr %s: profiles show the process's memory; bind them to a loopback address, e.g. 127.0.0.1:6060", o.pprofAddr)
 		}
 	}
 	return nil
@@ -82,6 +93,13 @@ A worker sends the channels whose provider is configured:
 				// Served until the worker has stopped: a graceful shutdown stays observable.
 				defer stop()
 			}
+			if o.pprofAddr != "" {
+				stop, err := servePprof(ctx, o.pprofAddr, log)
+				if err != nil {
+					return err
+				}
+				defer stop()
+			}
 			host, _ := os.Hostname()
 			h := worker.NewHandler(worker.Config{
 				Store:         campaign.NewStore(engine),
@@ -107,6 +125,7 @@ A worker sends the channels whose provider is configured:
 		},
 	}
 	cmd.Flags().IntVar(&o.concurrency, "concurrency", 16, "batches this process sends at once")
+	cmd.Flags().StringVar(&o.pprofAddr, "pprof-addr", "", "serve Go's profiles (net/http/pprof) at http://ADDR/debug/pprof/ on a loopback address, e.g. 127.0.0.1:6060; empty: none")
 	cmd.Flags().DurationVar(&o.timeout, "provider-timeout", twilio.DefaultTimeout, "how long one provider request may take; a chunk whose worker died is taken over after 3 times this")
 	cmd.Flags().DurationVar(&o.shutdown, "shutdown-timeout", 30*time.Second, "on SIGTERM, how long in-flight batches may finish before the rest is handed back")
 	cmd.Flags().StringVar(&o.metricsAddr, "metrics-addr", "", "serve Prometheus metrics at http://ADDR/metrics (with /healthz and /readyz), e.g. 127.0.0.1:9090; empty: none")
@@ -146,4 +165,29 @@ func serveMetrics(ctx context.Context, addr string, engine *pgxpool.Pool, rdb re
 	}()
 	log.Info("metrics served", "url", "http://"+ln.Addr().String()+"/metrics")
 	return m, func() { cancel(); <-done }, nil
+}
+
+// servePprof serves Go's profiles (CPU, heap, goroutines, …) at http://addr/debug/pprof/ until stop is
+// called, for `go tool pprof` and scripts/bench.sh --profile.
+func servePprof(ctx context.Context, addr string, log *slog.Logger) (func(), error) {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("--pprof-addr %s: cannot listen: %w", addr, err)
+	}
+	mux := http.NewServeMux()
+	mux.HandleFunc("/debug/pprof/", pprof.Index)
+	mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	sctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if err := metrics.Serve(sctx, ln, mux); err != nil {
+			log.Error("pprof server stopped", "addr", ln.Addr().String(), "err", err)
+		}
+	}()
+	log.Info("profiles served", "url", "http://"+ln.Addr().String()+"/debug/pprof/")
+	return func() { cancel(); <-done }, nil
 }

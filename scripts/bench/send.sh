@@ -29,6 +29,21 @@ start_sandbox() {
   wait_port 127.0.0.1 "$sb_port" || { echo "the sandbox did not start; see $work/sandbox.$sb_port.err" >&2; return 1; }
 }
 
+# cpu_ticks PID...: "pid ticks" (user + system, in clock ticks) of each process still alive.
+cpu_ticks() {
+  local p
+  for p in "$@"; do
+    [ -r "/proc/$p/stat" ] && awk -v p="$p" '{ sub(/^.*\) /, ""); print p, $12 + $13 }' "/proc/$p/stat" 2>/dev/null
+  done
+  return 0
+}
+# cpu_used BEFORE_FILE PIDS...: CPU seconds the processes used since BEFORE_FILE was written (a process
+# that started since counts from zero).
+cpu_used() {
+  local before=$1; shift
+  cpu_ticks "$@" | awk -v hz="$(getconf CLK_TCK)" 'NR == FNR { b[$1] = $2; next } { s += $2 - b[$1] } END { printf "%.1f", s / hz }' "$before" -
+}
+
 stop_pids() {
   local p
   for p in "$@"; do kill -TERM "$p" 2>/dev/null || true; done
@@ -85,11 +100,24 @@ send_scenario() {
   id=$(jq -r '.id' "$work/$name.launch.out")
   s_planned=$(jq -r '.eligible' "$work/$name.launch.out")
 
+  local pg_pids redis_pid
+  pg_pids=$(pgrep -x postgres | tr '\n' ' ' || true)
+  redis_pid=$(pgrep -x redis-server | tr '\n' ' ' || true)
+  cpu_ticks $pg_pids >"$work/$name.cpu.pg"
+  cpu_ticks $redis_pid >"$work/$name.cpu.redis"
+  cpu_ticks "$sb_pid" >"$work/$name.cpu.sandbox"
   local wpids=() i
   for i in $(seq 1 "$workers"); do
-    env "${env[@]}" "$ctl" worker --concurrency "$conc" 2>"$work/$name.worker$i.err" &
+    local extra=()
+    if [ "$i" = 1 ] && [ "${PROFILE:-0}" = 1 ]; then extra=(--pprof-addr "127.0.0.1:$(free_port 16060)"); fi
+    env "${env[@]}" "$ctl" worker --concurrency "$conc" "${extra[@]}" 2>"$work/$name.worker$i.err" &
     wpids+=($!)
+    if [ ${#extra[@]} -gt 0 ]; then
+      # A CPU profile of the first worker, from its second second on, for up to 10 s.
+      (sleep 2; curl -fsS -o "$work/$name.worker1.pprof" "http://${extra[1]}/debug/pprof/profile?seconds=10" 2>/dev/null || true) &
+    fi
   done
+  local t_start=$EPOCHREALTIME
   local peak=$base used deadline=$((SECONDS + SEND_TIMEOUT)) accepted=0 state=""
   while [ $SECONDS -lt $deadline ]; do
     used=$(redis_used); [ "${used:-0}" -le "$peak" ] || peak=$used
@@ -101,12 +129,19 @@ send_scenario() {
     sleep 0.2
   done
   used=$(redis_used); [ "${used:-0}" -le "$peak" ] || peak=$used
+  s_cpu="postgres $(cpu_used "$work/$name.cpu.pg" $(pgrep -x postgres)) s, redis $(cpu_used "$work/$name.cpu.redis" $redis_pid) s, workers $(echo "0 0" >"$work/$name.cpu.none"; cpu_used "$work/$name.cpu.none" "${wpids[@]}") s, sandbox $(cpu_used "$work/$name.cpu.sandbox" "$sb_pid") s over $(awk -v a="$t_start" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.1f", b - a }') s"
+  notes+=("$name: CPU used while the workers ran: $s_cpu")
   for i in "${!wpids[@]}"; do
     local hwm
     hwm=$(awk '/^VmHWM/ { printf "%.0f", $2 / 1024 }' "/proc/${wpids[$i]}/status" 2>/dev/null || echo 0)
     [ "${hwm:-0}" -le "$s_rss" ] || s_rss=$hwm
   done
   stop_pids "${wpids[@]}"
+  if [ -s "$work/$name.worker1.pprof" ]; then
+    mkdir -p "$work/profiles"; cp "$work/$name.worker1.pprof" "$work/profiles/"
+    notes+=("$name: CPU profile of worker 1: $work/profiles/$name.worker1.pprof (go tool pprof -top bin/campaignctl FILE)")
+    KEEP_WORK=1
+  fi
   local st
   st=$(sandbox_get /_sandbox/stats)
   echo "$st" >"$work/$name.stats.json"
