@@ -78,10 +78,10 @@ type fixture struct {
 
 // plan seeds n customers (every third has RET, every fifth has no consent row) with a code pool and
 // launches one campaign in batches of 10.
-func plan(t *testing.T, n int) *fixture { t.Helper(); return planWith(t, n, nil) }
+func plan(t testing.TB, n int) *fixture { t.Helper(); return planWith(t, n, nil) }
 
 // planWith is plan with the campaign spec adjusted by edit.
-func planWith(t *testing.T, n int, edit func(*campaign.Spec)) *fixture {
+func planWith(t testing.TB, n int, edit func(*campaign.Spec)) *fixture {
 	t.Helper()
 	db, _ := testdb.New(t)
 	rdb, _ := testredis.New(t)

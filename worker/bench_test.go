@@ -1,0 +1,145 @@
+package worker
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/campaignctl/campaignctl/campaign"
+)
+
+// Benchmarks of the send path's hot spots against the local Postgres and Redis (no provider: the
+// scripted one answers at once). Run them with
+//
+//	go test ./worker -run '^$' -bench . -benchtime 2s
+//
+// scripts/bench.sh measures the whole engine with the sandbox and real worker processes.
+
+// benchPlan plans n customers (about half are eligible, see planWith) in batches of 500, as launches do.
+func benchPlan(b *testing.B, n int) (*fixture, *campaign.Campaign, []campaign.Recipient) {
+	b.Helper()
+	f := planWith(b, n, func(s *campaign.Spec) { s.BatchSize = 500 })
+	ctx := context.Background()
+	c, err := f.store.Get(ctx, f.id)
+	if err != nil {
+		b.Fatal(err)
+	}
+	var all []campaign.Recipient
+	for batch := 0; batch < f.batches; batch++ {
+		rs, err := f.store.LoadBatch(ctx, f.id, batch)
+		if err != nil {
+			b.Fatal(err)
+		}
+		all = append(all, rs...)
+	}
+	return f, c, all
+}
+
+// BenchmarkRunBatch runs whole batches of 500 through RunBatch with a provider that answers at once: the
+// engine's own cost per recipient (chunk leases and consent reads, one claim script per message, outcome
+// writes, counters).
+func BenchmarkRunBatch(b *testing.B) {
+	f, _, all := benchPlan(b, 40000)
+	ctx := context.Background()
+	ids, batches := []int64{f.id}, f.batches
+	batch, sent := 0, 0
+	for b.Loop() {
+		if batch == batches {
+			b.StopTimer()
+			spec := fixtureSpec(fmt.Sprint("again-", len(ids)))
+			spec.BatchSize, spec.FrequencyCap = 500, 0
+			rep, err := (&campaign.Planner{Engine: f.db, Audience: f.db}).Plan(ctx, spec)
+			if err != nil {
+				b.Fatal(err)
+			}
+			ids, batches, batch = append(ids, rep.ID), rep.Batches, 0
+			b.StartTimer()
+		}
+		before := f.provider.total()
+		if err := f.h.RunBatch(ctx, ids[len(ids)-1], batch); err != nil {
+			b.Fatalf("batch %d: %v", batch, err)
+		}
+		sent += f.provider.total() - before
+		batch++
+	}
+	if sent == 0 || len(all) == 0 {
+		b.Fatal("nothing sent")
+	}
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(sent), "ns/recipient")
+}
+
+// BenchmarkClaimSend takes one recipient's claim and frequency mark while writing the previous send's
+// answer: the one Redis round trip an SMS costs.
+func BenchmarkClaimSend(b *testing.B) {
+	f, c, all := benchPlan(b, 2000)
+	ctx := context.Background()
+	epoch, err := Epoch(ctx, f.rdb)
+	if err != nil {
+		b.Fatal(err)
+	}
+	g := guard{epoch: epoch, halt: HaltKey(c.ID), checkHalt: true}
+	nonce := Nonce(c)
+	var prev *answer
+	i := 0
+	for b.Loop() {
+		r := all[i%len(all)]
+		key := fmt.Sprintf("%s:%d", ClaimKey(c.ID, r.UserID), i/len(all)) // a fresh claim every time round
+		mine := pendingValue(time.Now(), "bench")
+		cl, err := f.h.claims.claimSend(ctx, c, nonce, sendClaim{key: key, mine: mine, addr: r.Address}, g, prev, "limiter:pause:provider:test", time.Now())
+		if err != nil || cl.kind != 'o' {
+			b.Fatalf("claim %d: %+v %v", i, cl, err)
+		}
+		prev = &answer{key: key, mine: mine, val: sentValue("SM0123456789abcdef0123456789abcdef", 1)}
+		i++
+	}
+}
+
+// BenchmarkLeaseAndRecord leases chunks of 100 recipients (state, consents, consent snapshots) and records
+// their outcomes as sent: the Postgres statements of one chunk. The figure to read is ns/recipient.
+func BenchmarkLeaseAndRecord(b *testing.B) {
+	const chunk = 100
+	ctx := context.Background()
+	var f *fixture
+	var c *campaign.Campaign
+	var all []campaign.Recipient
+	next := 0
+	recorded := 0
+	var leaseTime, recordTime time.Duration
+	for b.Loop() {
+		if next+chunk > len(all) {
+			b.StopTimer()
+			f, c, all = benchPlan(b, 20000)
+			next = 0
+			b.StartTimer()
+		}
+		rs := all[next : next+chunk]
+		next += chunk
+		users := make([]string, len(rs))
+		addrs := make([]string, len(rs))
+		for i, r := range rs {
+			users[i], addrs[i] = r.UserID, r.Address
+		}
+		l := campaign.Lease{Batch: 0, Token: randomToken(), Epoch: "bench", TTL: time.Minute}
+		t0 := time.Now()
+		got, err := f.store.LeaseChunk(ctx, c, users, addrs, l)
+		leaseTime += time.Since(t0)
+		if err != nil || len(got.Leased) != len(rs) {
+			b.Fatalf("lease: %d of %d leased, %v", len(got.Leased), len(rs), err)
+		}
+		outs := make([]campaign.Outcome, len(rs))
+		for i, u := range users {
+			outs[i] = campaign.Outcome{UserID: u, Status: campaign.StatusSent, MessageID: "SM" + u, Segments: 1}
+		}
+		t0 = time.Now()
+		moved, err := f.store.Record(ctx, c.ID, outs, l)
+		recordTime += time.Since(t0)
+		if err != nil || moved[campaign.StatusSent] != int64(len(rs)) {
+			b.Fatalf("record: %v %v", moved, err)
+		}
+		recorded += len(rs)
+	}
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(recorded), "ns/recipient")
+	b.ReportMetric(float64(leaseTime.Nanoseconds())/float64(recorded), "lease-ns/recipient")
+	b.ReportMetric(float64(recordTime.Nanoseconds())/float64(recorded), "record-ns/recipient")
+}
