@@ -52,4 +52,7 @@ type Outcome struct {
 	Reason    string
 	MessageID string
 	Segments  int
+	// Snapshot is the consent record read when the chunk was leased (JSON; Chunk.Snapshots), kept in the
+	// row and its audit record. Empty keeps what the row has.
+	Snapshot string
 }

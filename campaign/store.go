@@ -174,8 +174,8 @@ func (s *Store) LoadBatch(ctx context.Context, campaignID int64, batch int) ([]R
 // outcome twice (a redelivered batch) is harmless; codes of recipients that were never sent (failed,
 // skipped) go back to the pool; every transition is appended to send_log. An outcome with status pending
 // records a transient failure (attempts and last error) and leaves the recipient pending. With a lease
-// (Token not empty), the run's other rows of the batch that are still pending are let go in the same
-// statement: the run has nothing in flight when it records. It returns how many recipients actually moved
+// (Token not empty), the run's chunk in hand is emptied in the same statement: the run has nothing in
+// flight when it records. It returns how many recipients actually moved
 // to each status, so counters can be advanced exactly once.
 func (s *Store) Record(ctx context.Context, campaignID int64, outcomes []Outcome, lease Lease) (map[string]int64, error) {
 	moved := map[string]int64{}
@@ -187,13 +187,14 @@ func (s *Store) Record(ctx context.Context, campaignID int64, outcomes []Outcome
 	reasons := make([]string, len(outcomes))
 	ids := make([]string, len(outcomes))
 	segs := make([]int32, len(outcomes))
+	snaps := make([]string, len(outcomes))
 	for i, o := range outcomes {
-		users[i], statuses[i], reasons[i], ids[i], segs[i] = o.UserID, o.Status, o.Reason, o.MessageID, int32(o.Segments)
+		users[i], statuses[i], reasons[i], ids[i], segs[i], snaps[i] = o.UserID, o.Status, o.Reason, o.MessageID, int32(o.Segments), o.Snapshot
 	}
 	rows, err := s.pool.Query(ctx, `
 		WITH o AS (
-			SELECT * FROM unnest($2::text[], $3::text[], $4::text[], $5::text[], $6::int[])
-				AS o(user_id, status, reason, msgid, segments)
+			SELECT * FROM unnest($2::text[], $3::text[], $4::text[], $5::text[], $6::int[], $9::text[])
+				AS o(user_id, status, reason, msgid, segments, snap)
 		), upd AS (
 			UPDATE campaign_recipients r SET
 				status = o.status,
@@ -205,16 +206,16 @@ func (s *Store) Record(ctx context.Context, campaignID int64, outcomes []Outcome
 				code = CASE WHEN o.status IN ('failed', 'skipped') THEN NULL ELSE r.code END,
 				code_id = CASE WHEN o.status IN ('failed', 'skipped') THEN NULL ELSE r.code_id END,
 				sent_at = CASE WHEN o.status = 'sent' THEN now() END,
-				lease_token = NULL, lease_until = NULL, lease_epoch = NULL,
+				consent_snapshot = coalesce(NULLIF(o.snap, '')::jsonb, r.consent_snapshot),
 				updated_at = now()
 			FROM o JOIN campaign_recipients old ON old.campaign_id = $1 AND old.user_id = o.user_id
 			WHERE r.campaign_id = $1 AND r.user_id = o.user_id AND r.status = 'pending'
-			  AND (o.status <> 'pending' OR r.lease_token = $8)
+			  AND (o.status <> 'pending' OR EXISTS (SELECT 1 FROM campaign_batches b
+				WHERE b.campaign_id = $1 AND b.batch = r.batch AND b.lease_token = $8))
 			RETURNING r.user_id, r.status, r.reason, r.provider_message_id, old.code_id, r.consent_snapshot AS snap
 		), freed AS (
-			UPDATE campaign_recipients r SET lease_token = NULL, lease_until = NULL, lease_epoch = NULL
-			WHERE r.campaign_id = $1 AND r.batch = $7 AND r.lease_token = $8 AND r.status = 'pending'
-			  AND NOT (r.user_id = ANY($2))
+			UPDATE campaign_batches SET lease_users = '{}'
+			WHERE campaign_id = $1 AND batch = $7 AND lease_token = $8 AND lease_users <> '{}'
 		), log AS (
 			INSERT INTO send_log (campaign_id, user_id, status, reason, provider_message_id, channel, template_hash,
 				consent_status, consent_source, consent_date, consent_txn, consent_synced_at)
@@ -227,7 +228,7 @@ func (s *Store) Record(ctx context.Context, campaignID int64, outcomes []Outcome
 			WHERE upd.status IN ('failed', 'skipped')
 			ON CONFLICT (code_id) DO NOTHING
 		)
-		SELECT status, count(*) FROM upd GROUP BY status`, campaignID, users, statuses, reasons, ids, segs, lease.Batch, lease.Token)
+		SELECT status, count(*) FROM upd GROUP BY status`, campaignID, users, statuses, reasons, ids, segs, lease.Batch, lease.Token, snaps)
 	if err != nil {
 		return nil, fmt.Errorf("record outcomes: %w", err)
 	}

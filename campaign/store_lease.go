@@ -2,12 +2,15 @@ package campaign
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 )
 
-// Lease identifies one run of one batch: the rows of the chunk it is sending carry its token until they
-// get an outcome or the run ends (see migrations/0002_leases.sql).
+// Lease identifies one run of one batch: the batch row carries its token, and the users of the chunk it
+// is sending, until their outcomes are recorded or the run ends (see migrations/0005_batch_leases.sql).
 type Lease struct {
 	Batch int
 	// Token is random per batch run.
@@ -24,64 +27,116 @@ type Lease struct {
 type Chunk struct {
 	// State is the campaign's state now.
 	State State
-	// Leased holds the users whose rows are now leased to the run. The value is true for a row taken over
-	// from a run that died under another Redis epoch: a missing claim proves nothing for it.
+	// Leased holds the users of the chunk that are still pending, now held by the run, and, when the run
+	// took the batch over from a run that died, that run's chunk in hand. The value is true for a user of
+	// a chunk taken over from a run that died under another Redis epoch: a missing claim proves nothing for
+	// it.
 	Leased map[string]bool
-	// Busy counts pending rows under another run's live lease.
+	// Busy counts pending users of the chunk held by another run's live lease.
 	Busy int
 	// Consent holds the addresses that have consent right now (İYS ONAY for the channel and the campaign's
 	// recipient type). Channels without an İYS type (push) report every address: their opt-in is decided at plan
 	// time.
 	Consent map[string]bool
+	// Snapshots holds, per leased user, the consent record read now (JSON), for the audit of its outcome.
+	Snapshots map[string]string
 }
 
-// LeaseChunk reads the campaign's state and the consents of addrs, and leases the still-pending rows of
-// users that no live run holds, in one statement. Rows are leased only while the campaign is running or
-// cancelled (a cancelled campaign's batches are closed under leases too); in any other state nothing is
-// leased and the caller waits.
+// LeaseChunk reads the campaign's state and the consents of addrs, leases the batch for the run (unless
+// another run holds it under a live lease), and makes users (those still pending) its chunk in hand. It
+// runs in one round trip: the batch row is locked first, so what the lease reads is what a concurrent
+// cancel left. The batch is leased only while the campaign is running or cancelled (a cancelled campaign's
+// batches are closed under leases too); in any other state nothing is leased and the caller waits.
 func (s *Store) LeaseChunk(ctx context.Context, c *Campaign, users, addrs []string, l Lease) (Chunk, error) {
-	ch := Chunk{Leased: map[string]bool{}, Consent: make(map[string]bool, len(addrs))}
-	var leased []string
-	var suspect []bool
-	var ok []string
-	err := s.pool.QueryRow(ctx, `
+	ch := Chunk{Leased: map[string]bool{}, Consent: make(map[string]bool, len(addrs)), Snapshots: map[string]string{}}
+	var (
+		leased, takeover, otherEpoch bool
+		oldUsers, pend, snaps, ok    []string
+	)
+	b := &pgx.Batch{}
+	b.Queue(`SELECT 1 FROM campaign_batches WHERE campaign_id = $1 AND batch = $2 FOR UPDATE`, c.ID, l.Batch)
+	b.Queue(`
 		WITH st AS (
 			SELECT coalesce((SELECT state FROM campaigns WHERE id = $1), 'cancelled') AS state
-		), cur AS (
+		), b AS (
+			SELECT lease_token, lease_until, lease_epoch, lease_users FROM campaign_batches WHERE campaign_id = $1 AND batch = $2
+		), may AS (
+			SELECT $8 OR (SELECT state FROM st) IN ('running', 'cancelled') AS state_ok,
+				b.lease_token IS NULL OR b.lease_token = $3 OR b.lease_until < now() AS free,
+				b.lease_token IS NOT NULL AND b.lease_token <> $3 AS takeover,
+				coalesce(b.lease_epoch, '') <> $4 AS other_epoch,
+				b.lease_users
+			FROM b
+		), cand AS (
+			SELECT u FROM unnest($5::text[]) AS u
+			UNION
+			SELECT u FROM may CROSS JOIN unnest(may.lease_users) AS u WHERE may.takeover AND may.free
+		), pend AS (
 			-- One primary-key lookup per user (OFFSET 0 keeps the planner from turning this into a scan of
 			-- every pending row of the campaign, whatever its statistics say).
-			SELECT r.user_id, r.lease_token, r.lease_until, r.lease_epoch
-			FROM unnest($2::text[]) AS u(user_id) CROSS JOIN LATERAL (
-				SELECT * FROM campaign_recipients r
-				WHERE r.campaign_id = $1 AND r.user_id = u.user_id
+			SELECT r.user_id, r.address, c.status = 'ONAY' AS ok,
+				jsonb_build_object('status', c.status, 'source', c.source, 'date', c.consent_date,
+					'transaction_id', c.transaction_id, 'synced_at', coalesce(c.synced_at, c.updated_at))::text AS snap
+			FROM cand CROSS JOIN LATERAL (
+				SELECT r.user_id, r.address FROM campaign_recipients r
+				WHERE r.campaign_id = $1 AND r.user_id = cand.u AND r.status = 'pending'
 				OFFSET 0) r
-			WHERE r.status = 'pending' AND ($8 OR (SELECT state FROM st) IN ('running', 'cancelled'))
-			FOR UPDATE OF r
-		), got AS (
-			UPDATE campaign_recipients r SET lease_token = $3, lease_epoch = $4,
-				lease_until = now() + $5 * interval '1 millisecond',
-				consent_snapshot = (SELECT jsonb_build_object('status', c.status, 'source', c.source, 'date', c.consent_date,
-						'transaction_id', c.transaction_id, 'synced_at', coalesce(c.synced_at, c.updated_at))
-					FROM iys_consents c WHERE c.recipient = r.address AND c.type = $7 AND c.recipient_type = $9 AND c.brand_code = $10)
-			FROM cur
-			WHERE r.campaign_id = $1 AND r.user_id = cur.user_id
-			  AND (cur.lease_token IS NULL OR cur.lease_token = $3 OR cur.lease_until < now())
-			RETURNING r.user_id,
-				cur.lease_token IS NOT NULL AND cur.lease_token <> $3 AND coalesce(cur.lease_epoch, '') <> $4 AS suspect
+			LEFT JOIN iys_consents c ON c.recipient = r.address AND c.type = $7 AND c.recipient_type = $9 AND c.brand_code = $10
+		), upd AS (
+			UPDATE campaign_batches SET lease_token = $3, lease_epoch = $4,
+				lease_until = now() + $6 * interval '1 millisecond',
+				lease_users = array(SELECT user_id FROM pend)
+			WHERE campaign_id = $1 AND batch = $2 AND (SELECT state_ok AND free FROM may)
+			RETURNING 1
 		)
 		SELECT (SELECT state FROM st),
-			array(SELECT user_id FROM got ORDER BY user_id),
-			array(SELECT suspect FROM got ORDER BY user_id),
-			(SELECT count(*) FROM cur) - (SELECT count(*) FROM got),
-			array(SELECT recipient FROM iys_consents
-				WHERE recipient = ANY($6) AND type = $7 AND recipient_type = $9 AND brand_code = $10 AND status = 'ONAY')`,
-		c.ID, users, l.Token, l.Epoch, l.TTL.Milliseconds(), addrs, c.Channel.IYSType(), l.AnyState, recipientTypeOf(c), c.BrandCode).
-		Scan(&ch.State, &leased, &suspect, &ch.Busy, &ok)
+			EXISTS (SELECT 1 FROM upd),
+			coalesce((SELECT takeover FROM may), false),
+			coalesce((SELECT other_epoch FROM may), false),
+			coalesce((SELECT lease_users FROM may), '{}'),
+			array(SELECT user_id FROM pend WHERE (SELECT state_ok FROM may)),
+			array(SELECT CASE WHEN ok IS NULL THEN '' ELSE snap END FROM pend WHERE (SELECT state_ok FROM may)),
+			array(SELECT address FROM pend WHERE ok)`,
+		c.ID, l.Batch, l.Token, l.Epoch, users, l.TTL.Milliseconds(), c.Channel.IYSType(), l.AnyState, recipientTypeOf(c), c.BrandCode)
+	br := s.pool.SendBatch(ctx, b)
+	var one int
+	err := br.QueryRow().Scan(&one)
+	if errors.Is(err, pgx.ErrNoRows) {
+		br.Close()
+		return ch, fmt.Errorf("lease chunk of batch %d: campaign %d has no such batch", l.Batch, c.ID)
+	}
+	if err == nil {
+		err = br.QueryRow().Scan(&ch.State, &leased, &takeover, &otherEpoch, &oldUsers, &pend, &snaps, &ok)
+	}
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
 	if err != nil {
 		return ch, fmt.Errorf("lease chunk of batch %d: %w", l.Batch, err)
 	}
-	for i, u := range leased {
-		ch.Leased[u] = suspect[i]
+	if leased {
+		suspect := map[string]bool{}
+		if takeover && otherEpoch {
+			for _, u := range oldUsers {
+				suspect[u] = true
+			}
+		}
+		for i, u := range pend {
+			ch.Leased[u] = suspect[u]
+			if snaps[i] != "" {
+				ch.Snapshots[u] = snaps[i]
+			}
+		}
+	} else {
+		inChunk := make(map[string]bool, len(users))
+		for _, u := range users {
+			inChunk[u] = true
+		}
+		for _, u := range pend {
+			if inChunk[u] {
+				ch.Busy++
+			}
+		}
 	}
 	if c.Channel.IYSType() == "" || c.Transactional {
 		// Push and webhook opt-ins are decided at plan time; a transactional message needs no consent.
@@ -102,17 +157,31 @@ func recipientTypeOf(c *Campaign) string {
 	return c.RecipientType
 }
 
-// RenewLease extends the run's lease on users' rows that are still pending. It returns how many it
-// extended: fewer than asked means another run took some over (the lease had expired) and this run must
-// stop sending them.
+// RenewLease extends the run's lease on its batch. It returns how many of users it still holds: all of
+// them, or none when another run took the batch over (the lease had expired) and this run must stop
+// sending.
 func (s *Store) RenewLease(ctx context.Context, campaignID int64, users []string, l Lease) (int, error) {
-	tag, err := s.pool.Exec(ctx, `UPDATE campaign_recipients SET lease_until = now() + $4 * interval '1 millisecond'
-		WHERE campaign_id = $1 AND user_id = ANY($2) AND status = 'pending' AND lease_token = $3`,
-		campaignID, users, l.Token, l.TTL.Milliseconds())
+	tag, err := s.pool.Exec(ctx, `UPDATE campaign_batches SET lease_until = now() + $4 * interval '1 millisecond'
+		WHERE campaign_id = $1 AND batch = $2 AND lease_token = $3`,
+		campaignID, l.Batch, l.Token, l.TTL.Milliseconds())
 	if err != nil {
 		return 0, fmt.Errorf("renew lease of batch %d: %w", l.Batch, err)
 	}
-	return int(tag.RowsAffected()), nil
+	if tag.RowsAffected() == 0 {
+		return 0, nil
+	}
+	return len(users), nil
+}
+
+// ReleaseBatch lets the run's lease on its batch go, unless a chunk is still in hand (its outcomes were
+// not recorded): that one the sweeper settles once the lease has expired.
+func (s *Store) ReleaseBatch(ctx context.Context, campaignID int64, l Lease) error {
+	_, err := s.pool.Exec(ctx, `UPDATE campaign_batches SET lease_token = NULL, lease_until = NULL, lease_epoch = NULL
+		WHERE campaign_id = $1 AND batch = $2 AND lease_token = $3 AND lease_users = '{}'`, campaignID, l.Batch, l.Token)
+	if err != nil {
+		return fmt.Errorf("release lease of batch %d: %w", l.Batch, err)
+	}
+	return nil
 }
 
 // CancelUnleased marks the pending recipients of a cancelled campaign that no run ever leased (or whose
@@ -121,12 +190,18 @@ func (s *Store) RenewLease(ctx context.Context, campaignID int64, users []string
 // can have been sent. Rows under a lease are left to the batch runs, which read the claims.
 func (s *Store) CancelUnleased(ctx context.Context, id int64) (int64, error) {
 	var n int64
-	err := s.pool.QueryRow(ctx, `
-		WITH upd AS (
+	// The campaign's batch rows are locked first (as LeaseChunk locks its one), so no chunk is leased
+	// between what this statement reads and what it writes.
+	b := &pgx.Batch{}
+	b.Queue(`SELECT count(*) FROM (SELECT 1 FROM campaign_batches WHERE campaign_id = $1 ORDER BY batch FOR UPDATE) x`, id)
+	b.Queue(`
+		WITH held AS (
+			SELECT DISTINCT u AS user_id FROM campaign_batches CROSS JOIN unnest(lease_users) AS u WHERE campaign_id = $1
+		), upd AS (
 			UPDATE campaign_recipients r SET status = 'skipped', reason = 'cancelled', code = NULL, code_id = NULL,
 				updated_at = now()
 			FROM campaign_recipients old
-			WHERE r.campaign_id = $1 AND r.status = 'pending' AND r.lease_token IS NULL
+			WHERE r.campaign_id = $1 AND r.status = 'pending' AND NOT EXISTS (SELECT 1 FROM held WHERE held.user_id = r.user_id)
 			  AND old.campaign_id = r.campaign_id AND old.user_id = r.user_id
 			  AND EXISTS (SELECT 1 FROM campaigns WHERE id = $1 AND state = 'cancelled')
 			RETURNING r.user_id, old.code_id
@@ -138,7 +213,16 @@ func (s *Store) CancelUnleased(ctx context.Context, id int64) (int64, error) {
 			SELECT upd.code_id, p.pool FROM upd JOIN promo_codes p ON p.id = upd.code_id
 			ON CONFLICT (code_id) DO NOTHING
 		)
-		SELECT count(*) FROM upd`, id).Scan(&n)
+		SELECT count(*) FROM upd`, id)
+	br := s.pool.SendBatch(ctx, b)
+	var batches int64
+	err := br.QueryRow().Scan(&batches)
+	if err == nil {
+		err = br.QueryRow().Scan(&n)
+	}
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
 	if err != nil {
 		return 0, fmt.Errorf("cancel recipients of campaign %d: %w", id, err)
 	}
@@ -169,8 +253,7 @@ func (s *Store) Resend(ctx context.Context, id int64, users []string) (int64, er
 	var n int64
 	err := s.pool.QueryRow(ctx, `
 		WITH upd AS (
-			UPDATE campaign_recipients SET status = 'pending', reason = NULL,
-				lease_token = NULL, lease_until = NULL, lease_epoch = NULL, updated_at = now()
+			UPDATE campaign_recipients SET status = 'pending', reason = NULL, updated_at = now()
 			WHERE campaign_id = $1 AND user_id = ANY($2) AND status = 'unknown'
 			RETURNING user_id
 		), log AS (
@@ -202,14 +285,13 @@ type Expired struct {
 	Users      []string
 }
 
-// ExpiredLeases returns up to limit rows under expired leases, grouped by batch.
+// ExpiredLeases returns the chunks in hand of up to limit batches whose leases expired: the runs that held
+// them died.
 func (s *Store) ExpiredLeases(ctx context.Context, limit int) ([]Expired, error) {
 	rows, err := s.pool.Query(ctx, `
-		SELECT campaign_id, batch, array_agg(user_id ORDER BY user_id) FROM (
-			SELECT campaign_id, batch, user_id FROM campaign_recipients
-			WHERE lease_token IS NOT NULL AND lease_until < now() AND status = 'pending'
-			ORDER BY lease_until LIMIT $1
-		) x GROUP BY campaign_id, batch`, limit)
+		SELECT campaign_id, batch, lease_users FROM campaign_batches
+		WHERE lease_users <> '{}' AND lease_until < now()
+		ORDER BY lease_until LIMIT $1`, limit)
 	if err != nil {
 		return nil, fmt.Errorf("expired leases: %w", err)
 	}

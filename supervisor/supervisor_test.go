@@ -39,7 +39,11 @@ func fakeWorker(mode string) int {
 		time.Sleep(50 * time.Millisecond)
 		return 1
 	case "stubborn":
+		// (Notify would undo the Ignore: a stubborn worker never listens.)
 		signal.Ignore(syscall.SIGTERM)
+		fmt.Fprintf(os.Stderr, "fake worker %d started\n", os.Getpid())
+		time.Sleep(2 * time.Minute) // never outlive a test that lost track of us
+		return 3
 	}
 	term := make(chan os.Signal, 1)
 	signal.Notify(term, syscall.SIGTERM)

@@ -46,7 +46,7 @@ type Config struct {
 	// the rest of the batch is handed back to the queue. Default 3.
 	SendAttempts int
 	// ChunkSize is how many recipients are sent between two reads of the campaign state and consents and
-	// two writes of outcomes to Postgres. Default 100.
+	// two writes of outcomes to Postgres. Default 100; under a rate cap of R a second, at most max(5, R).
 	ChunkSize int
 	// DeadlineMargin is kept free before a batch's deadline to write outcomes and hand the rest back.
 	// Default 30 s.
@@ -154,6 +154,8 @@ type batchRun struct {
 	// pause and writes the previous send's answer (unsettled), one Redis round trip per message.
 	piggyback bool
 	unsettled *answer
+	// snapshots are the consent records read with the chunk's lease, by user, for the outcomes' audit.
+	snapshots map[string]string
 	tmpl      *campaign.Template
 	lease     campaign.Lease
 	// renewAt is when the chunk's lease is renewed before the next claim.
@@ -215,7 +217,7 @@ func (h *Handler) RunBatch(ctx context.Context, campaignID int64, batch int) err
 	if _, retry, done := stateGate(c.ID, c.State); retry != nil || done {
 		return retry
 	}
-	run := &batchRun{c: c, nonce: Nonce(c), batch: batch, counts: map[string]int64{}}
+	run := &batchRun{c: c, nonce: Nonce(c), batch: batch, counts: map[string]int64{}, snapshots: map[string]string{}}
 	if h.cfg.Metrics != nil {
 		name := ""
 		if p := h.cfg.Providers[c.Channel]; p != nil {
@@ -256,6 +258,17 @@ func (h *Handler) RunBatch(ctx context.Context, campaignID int64, batch int) err
 	defer cancel()
 
 	chunkSize := h.cfg.ChunkSize
+	if run.provider != nil && !run.piggyback {
+		// Under a cap, a chunk takes about a second's worth of the cap at most, so progress (written per
+		// chunk) moves at least about once a second even when the cap is low.
+		rate := h.cfg.ProviderRates[run.provider.Name()]
+		if c.Rate > 0 && (rate <= 0 || c.Rate < rate) {
+			rate = c.Rate
+		}
+		if rate > 0 {
+			chunkSize = min(chunkSize, max(5, int(rate)))
+		}
+	}
 	batcher, _ := run.provider.(providers.Batcher)
 	if batcher != nil {
 		// One chunk is one request.
@@ -318,6 +331,10 @@ func (h *Handler) RunBatch(ctx context.Context, campaignID int64, batch int) err
 	if len(run.strikes) > 0 {
 		// The batch stopped before a later send showed the recipients were at fault: not counted.
 		run.strikes = nil
+	}
+	if err := h.cfg.Store.ReleaseBatch(context.WithoutCancel(ctx), c.ID, run.lease); err != nil {
+		// The lease expires by itself; another run of the batch waits for it until then.
+		log.Warn("batch lease not released", "err", err)
 	}
 	log.Info("batch run", "recipients", len(recipients), "sent", run.counts[campaign.StatusSent],
 		"failed", run.counts[campaign.StatusFailed], "skipped", run.counts[campaign.StatusSkipped],
@@ -395,7 +412,9 @@ func (h *Handler) gate(ctx context.Context, run *batchRun, chunk []campaign.Reci
 	run.renewAt = at.Add(run.lease.TTL / 3)
 	run.leased = run.leased[:0]
 	todo := chunk[:0:0]
+	inChunk := make(map[string]bool, len(chunk))
 	for _, r := range chunk {
+		inChunk[r.UserID] = true
 		suspect, ok := got.Leased[r.UserID]
 		if !ok {
 			continue // sent, or held by a live run of the same batch
@@ -403,6 +422,17 @@ func (h *Handler) gate(ctx context.Context, run *batchRun, chunk []campaign.Reci
 		r.Consent, r.Suspect = got.Consent[r.Address], suspect
 		todo = append(todo, r)
 		run.leased = append(run.leased, r.UserID)
+	}
+	// The batch was taken over from a run that died under another Redis epoch: its chunk in hand is settled
+	// first, whichever chunk of this run its users belong to.
+	for u, suspect := range got.Leased {
+		if suspect && !inChunk[u] {
+			todo = append([]campaign.Recipient{{UserID: u, Suspect: true}}, todo...)
+			run.leased = append(run.leased, u)
+		}
+	}
+	for u, snap := range got.Snapshots {
+		run.snapshots[u] = snap
 	}
 	return mode, todo, nil
 }
@@ -774,6 +804,12 @@ func (run *batchRun) add(o campaign.Outcome) { run.pending = append(run.pending,
 // flush writes buffered outcomes and advances the campaign's Redis counters by what actually changed.
 func (h *Handler) flush(ctx context.Context, run *batchRun) error {
 	h.settleAnswer(ctx, run)
+	for i := range run.pending {
+		o := &run.pending[i]
+		if o.Snapshot == "" {
+			o.Snapshot = run.snapshots[o.UserID]
+		}
+	}
 	var moved map[string]int64
 	var err error
 	// A Postgres restart takes a few seconds: the outcomes in hand are worth waiting for (they are in the
@@ -786,6 +822,11 @@ func (h *Handler) flush(ctx context.Context, run *batchRun) error {
 	}
 	if err != nil {
 		return err
+	}
+	for _, o := range run.pending {
+		if o.Status != campaign.StatusPending {
+			delete(run.snapshots, o.UserID)
+		}
 	}
 	run.pending = run.pending[:0]
 	pipe := h.cfg.Redis.Pipeline()

@@ -37,7 +37,7 @@ func (h *Handler) Sweep(ctx context.Context) (int, error) {
 			}
 			campaigns[e.CampaignID] = c
 		}
-		run := &batchRun{c: c, nonce: Nonce(c), batch: e.Batch, counts: map[string]int64{},
+		run := &batchRun{c: c, nonce: Nonce(c), batch: e.Batch, counts: map[string]int64{}, snapshots: map[string]string{},
 			lease: campaign.Lease{Batch: e.Batch, Token: randomToken(), Epoch: epoch, TTL: h.cfg.LeaseTTL, AnyState: true},
 			guard: guard{epoch: epoch, halt: HaltKey(c.ID)}}
 		got, err := h.cfg.Store.LeaseChunk(ctx, c, e.Users, []string{}, run.lease)
@@ -77,6 +77,9 @@ func (h *Handler) Sweep(ctx context.Context) (int, error) {
 		// Records the outcomes and lets every row of the run go (on an error too: what is not settled stays
 		// pending, and its claims are read again by the next run).
 		if err := h.flush(ctx, run); err != nil {
+			return n, err
+		}
+		if err := h.cfg.Store.ReleaseBatch(ctx, c.ID, run.lease); err != nil {
 			return n, err
 		}
 		if serr != nil {
