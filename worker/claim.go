@@ -2,6 +2,8 @@ package worker
 
 import (
 	"context"
+	"encoding/base64"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"strconv"
@@ -61,8 +63,9 @@ func parseClaim(v string) claimState {
 			st.owner = parts[2]
 		}
 	case claimSent:
+		st.segments = 1
 		if len(parts) > 1 {
-			st.messageID = parts[1]
+			st.messageID = decodeMessageID(parts[1])
 		}
 		if len(parts) > 2 {
 			st.segments, _ = strconv.Atoi(parts[2])
@@ -195,7 +198,37 @@ func pendingValue(now time.Time, owner string) string {
 }
 
 func sentValue(messageID string, segments int) string {
-	return string(claimSent) + claimSeparate + messageID + claimSeparate + strconv.Itoa(segments)
+	v := string(claimSent) + claimSeparate + encodeMessageID(messageID)
+	if segments != 1 {
+		v += claimSeparate + strconv.Itoa(segments)
+	}
+	return v
+}
+
+// encodeMessageID writes a Twilio-style ID (two capital letters and 32 lower-case hex digits, e.g. SM…)
+// as "~", the letters and the 16 bytes in base64 (25 characters instead of 34), so that a sent claim stays
+// a short string (Redis stores values up to 44 bytes inline with their object). Other IDs are kept as they
+// are; none starts with "~".
+func encodeMessageID(id string) string {
+	if len(id) != 34 || id[0] < 'A' || id[0] > 'Z' || id[1] < 'A' || id[1] > 'Z' {
+		return id
+	}
+	raw, err := hex.DecodeString(id[2:])
+	if err != nil || hex.EncodeToString(raw) != id[2:] { // upper-case hex would not come back the same
+		return id
+	}
+	return "~" + id[:2] + base64.RawURLEncoding.EncodeToString(raw)
+}
+
+func decodeMessageID(v string) string {
+	if len(v) != 25 || v[0] != '~' {
+		return v
+	}
+	raw, err := base64.RawURLEncoding.DecodeString(v[3:])
+	if err != nil {
+		return v
+	}
+	return v[1:3] + hex.EncodeToString(raw)
 }
 
 func reasonValue(kind byte, reason string) string {

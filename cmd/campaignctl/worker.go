@@ -4,10 +4,12 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"math"
 	"net"
 	"net/http"
 	"net/http/pprof"
 	"os"
+	"runtime/debug"
 	"slices"
 	"strings"
 	"time"
@@ -28,6 +30,7 @@ type workerOptions struct {
 	timeout     time.Duration
 	metricsAddr string
 	pprofAddr   string
+	memoryMiB   int
 }
 
 func (o *workerOptions) validate() error {
@@ -41,6 +44,9 @@ func (o *workerOptions) validate() error {
 		if err := metrics.ValidateAddr(o.metricsAddr); err != nil {
 			return usagef("--metrics-addr %v", err)
 		}
+	}
+	if o.memoryMiB < 0 || o.memoryMiB > 1<<20 {
+		return usagef("--memory-limit %d: give MiB (e.g. 80), or 0 for none", o.memoryMiB)
 	}
 	if o.pprofAddr != "" {
 		if err := metrics.ValidateAddr(o.pprofAddr); err != nil {
@@ -75,6 +81,7 @@ A worker sends the channels whose provider is configured:
 			}
 			ctx := cmd.Context()
 			log := a.logger()
+			applyMemoryLimit(o.memoryMiB, cmd.Flags().Changed("memory-limit"), log)
 			provs, rates, err := a.providers(o.timeout)
 			if err != nil {
 				return err
@@ -125,6 +132,7 @@ A worker sends the channels whose provider is configured:
 		},
 	}
 	cmd.Flags().IntVar(&o.concurrency, "concurrency", 16, "batches this process sends at once")
+	cmd.Flags().IntVar(&o.memoryMiB, "memory-limit", 80, "soft limit of the Go heap in MiB: the garbage collector works harder near it (GOMEMLIMIT, when set, wins unless this flag is given); 0: none")
 	cmd.Flags().StringVar(&o.pprofAddr, "pprof-addr", "", "serve Go's profiles (net/http/pprof) at http://ADDR/debug/pprof/ on a loopback address, e.g. 127.0.0.1:6060; empty: none")
 	cmd.Flags().DurationVar(&o.timeout, "provider-timeout", twilio.DefaultTimeout, "how long one provider request may take; a chunk whose worker died is taken over after 3 times this")
 	cmd.Flags().DurationVar(&o.shutdown, "shutdown-timeout", 30*time.Second, "on SIGTERM, how long in-flight batches may finish before the rest is handed back")
@@ -190,4 +198,22 @@ func servePprof(ctx context.Context, addr string, log *slog.Logger) (func(), err
 	}()
 	log.Info("profiles served", "url", "http://"+ln.Addr().String()+"/debug/pprof/")
 	return func() { cancel(); <-done }, nil
+}
+
+// applyMemoryLimit sets the Go runtime's soft memory limit to mib MiB (0: none), unless GOMEMLIMIT is set
+// and the flag was not given. Under the limit, the collector runs half as often as Go's default
+// (GOGC=200, unless GOGC is set): a worker trades a little memory it is allowed for CPU.
+func applyMemoryLimit(mib int, given bool, log *slog.Logger) {
+	if os.Getenv("GOMEMLIMIT") != "" && !given {
+		return
+	}
+	if mib == 0 {
+		debug.SetMemoryLimit(math.MaxInt64)
+		return
+	}
+	debug.SetMemoryLimit(int64(mib) << 20)
+	if os.Getenv("GOGC") == "" {
+		debug.SetGCPercent(200)
+	}
+	log.Debug("memory limit", "mib", mib)
 }

@@ -114,7 +114,8 @@ func TestWorkerMetricsEndpointOfTheBinary(t *testing.T) {
 		procEnv = append(procEnv, k+"="+v)
 	}
 	e := &e2eEnv{t: t, bin: binary(t), env: procEnv}
-	e.start("worker", "worker", "--concurrency", "2", "--metrics-addr", addr)
+	pprofAddr := freeAddr(t)
+	e.start("worker", "worker", "--concurrency", "2", "--metrics-addr", addr, "--pprof-addr", pprofAddr)
 	base := "http://" + addr
 	waitFor(t, 20*time.Second, func() bool {
 		resp, err := http.Get(base + "/healthz")
@@ -154,6 +155,11 @@ func TestWorkerMetricsEndpointOfTheBinary(t *testing.T) {
 				t.Fatalf("%s: not within %v; %s", what, timeout, diag())
 			}
 		}
+	}
+
+	// Profiles, for `go tool pprof`, on their own loopback address.
+	if body := scrape(t, "http://"+pprofAddr+"/debug/pprof/"); !strings.Contains(body, "goroutine") {
+		t.Fatalf("/debug/pprof/ on --pprof-addr: %.200s", body)
 	}
 
 	// While it runs: its progress, read from the Redis counters.

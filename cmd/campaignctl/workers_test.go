@@ -355,3 +355,23 @@ func TestWorkersSupervisorEndToEnd(t *testing.T) {
 	t.Logf("workers seen: %d; %d scale ups, %d scale downs, %d restarts",
 		len(seen), len(supervisorLines(logs.String(), "scale up")), len(downs), len(supervisorLines(logs.String(), "worker restarted")))
 }
+
+// worker's own flags are checked before anything is opened: a bad value exits 2 naming it and the fix.
+func TestWorkerFlagErrors(t *testing.T) {
+	t.Parallel()
+	env := map[string]string{"TWILIO_ACCOUNT_SID": "ACx", "TWILIO_AUTH_TOKEN": "secret-token", "TWILIO_FROM": "+905550000000",
+		"DATABASE_URL": "postgres://u:pw@127.0.0.1:1/x", "REDIS_URL": "redis://127.0.0.1:1/0"}
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--memory-limit", "-1"}, "--memory-limit -1: give MiB (e.g. 80), or 0 for none"},
+		{[]string{"--pprof-addr", "0.0.0.0:6060"}, "bind them to a loopback address, e.g. 127.0.0.1:6060"},
+		{[]string{"--pprof-addr", "nope"}, "--pprof-addr \"nope\" is not host:port"},
+	} {
+		out, stderr, code := cli(t, env, append([]string{"worker"}, tc.args...)...)
+		if code != 2 || !strings.Contains(stderr, tc.want) || out != "" {
+			t.Errorf("worker %v: exit %d, stdout %q, stderr %q; want exit 2 saying %q", tc.args, code, out, stderr, tc.want)
+		}
+	}
+}

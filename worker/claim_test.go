@@ -1,0 +1,42 @@
+package worker
+
+import (
+	"strings"
+	"testing"
+)
+
+// A sent claim keeps the provider's message ID and segment count, whatever the ID looks like, and a
+// Twilio-style ID is stored short enough for Redis to keep the whole value inline.
+func TestSentClaimValues(t *testing.T) {
+	t.Parallel()
+	nonce := "mbk2x8a1c9d" // as long as Nonce makes them today
+	for _, tc := range []struct {
+		id       string
+		segments int
+		short    bool
+	}{
+		{"SM0123456789abcdef0123456789abcdef", 1, true},
+		{"MMfedcba9876543210fedcba9876543210", 3, true},
+		{"SM0123456789ABCDEF0123456789abcdef", 1, false}, // upper-case hex: kept as it is
+		{"SMdead", 1, false},
+		{"14c5d75ce93.dfd.64b469.filter0001.16648.5515E0B88.0-0", 1, false}, // a SendGrid ID
+		{"projects/p/messages/0:1500415314455276%31bd1c9631bd1c96", 0, false},
+		{"", 1, false},
+	} {
+		v := sentValue(tc.id, tc.segments)
+		st := parseClaim(v)
+		if st.kind != claimSent || st.messageID != tc.id || st.segments != tc.segments {
+			t.Errorf("sentValue(%q, %d) = %q, parsed back as %+v", tc.id, tc.segments, v, st)
+		}
+		if tc.short && len(nonce)+1+len(v) > 44 {
+			t.Errorf("claim value %q is %d bytes with its nonce; Redis keeps at most 44 inline", v, len(nonce)+1+len(v))
+		}
+		if !tc.short && strings.HasPrefix(v, "s|~") {
+			t.Errorf("%q was shortened to %q", tc.id, v)
+		}
+	}
+	// Claims written before IDs were shortened still read back.
+	if st := parseClaim("s|SM0123456789abcdef0123456789abcdef|2"); st.messageID != "SM0123456789abcdef0123456789abcdef" || st.segments != 2 {
+		t.Errorf("old sent claim parsed as %+v", st)
+	}
+}
