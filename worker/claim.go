@@ -314,17 +314,45 @@ func (c *claims) takeMany(ctx context.Context, keys []string, nonce string, vals
 	return out, nil
 }
 
-// settleMany records answers in claims we hold, in one round trip (see settle).
+// settleMany records answers in claims we hold, in one script call (see settle). It fails when a claim
+// was taken over by another value (the others are written all the same).
 func (c *claims) settleMany(ctx context.Context, keys []string, nonce string, mine, vals []string) error {
-	pipe := c.rdb.Pipeline()
-	for i, k := range keys {
-		settleScript.Eval(ctx, pipe, []string{k}, nonce+"/"+vals[i], nonce+"/"+mine[i], c.ttl.Milliseconds())
+	if len(keys) == 0 {
+		return nil
 	}
-	if _, err := pipe.Exec(ctx); err != nil {
+	args := make([]any, 0, 1+2*len(keys))
+	args = append(args, c.ttl.Milliseconds())
+	for i := range keys {
+		args = append(args, nonce+"/"+mine[i], nonce+"/"+vals[i])
+	}
+	lost, err := settleManyScript.Run(ctx, c.rdb, keys, args...).Int()
+	if err != nil {
 		return fmt.Errorf("settle claims: %w", err)
+	}
+	if lost > 0 {
+		return fmt.Errorf("settle claims: %d of %d were taken over by another value", lost, len(keys))
 	}
 	return nil
 }
+
+// KEYS -> the claims
+// ARGV[1] -> TTL in ms, for a claim that vanished
+// then per claim: the pending value this worker wrote, and the answer (nonces included)
+// Returns how many claims held another value (left alone).
+var settleManyScript = redis.NewScript(`
+local lost = 0
+for i, k in ipairs(KEYS) do
+  local mine, val = ARGV[2 * i], ARGV[2 * i + 1]
+  local v = redis.call("GET", k)
+  if not v then
+    redis.call("SET", k, val, "PX", ARGV[1])
+  elseif v == mine then
+    redis.call("SET", k, val, "KEEPTTL")
+  elseif v ~= val then
+    lost = lost + 1
+  end
+end
+return lost`)
 
 // releaseMany deletes claims we hold whose sends were definitely not accepted, in one round trip.
 func (c *claims) releaseMany(ctx context.Context, keys []string, nonce string, mine []string) error {
@@ -375,47 +403,119 @@ func (c *claims) claimSend(ctx context.Context, camp *campaign.Campaign, nonce s
 	return decodeClaimed(res, nonce)
 }
 
-// claimSendMany is claimSend for the recipients of one request, in one round trip, without a pause check
-// or a previous answer. When the guard refuses, the claims that were taken are released again and the
-// error is returned.
+// claimSendMany is claimSend for the recipients of one request, in one script call, without a pause check
+// or a previous answer: all of them are claimed, or (errEpoch, errHalted) none.
 func (c *claims) claimSendMany(ctx context.Context, camp *campaign.Campaign, nonce string, scs []sendClaim, g guard, now time.Time) ([]claimed, error) {
-	pipe := c.rdb.Pipeline()
-	cmds := make([]*redis.Cmd, len(scs))
-	for i, sc := range scs {
-		keys, args := c.claimSendArgs(camp, nonce, sc, g, nil, "", now)
-		cmds[i] = claimSendScript.Eval(ctx, pipe, keys, args...)
+	if len(scs) == 0 {
+		return nil, nil
 	}
-	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
+	check := "0"
+	if g.checkHalt {
+		check = "1"
+	}
+	marks := len(markKeys(camp.Channel, "", now, camp.FrequencyCap))
+	keys := make([]string, 0, 2+len(scs)*(1+marks))
+	keys = append(keys, EpochKey, g.halt)
+	args := make([]any, 0, 11+len(scs)*2)
+	args = append(args, nonce+"/", c.ttl.Milliseconds(), g.epoch, check, markOwner(camp, nonce), now.UnixMilli(),
+		marks, camp.FrequencyCap.Milliseconds(), markTTL(camp).Milliseconds(), nonce+"/"+reasonValue(claimSkipped, campaign.ReasonFrequencyCap))
+	for _, sc := range scs {
+		keys = append(keys, sc.key)
+		keys = append(keys, markKeys(camp.Channel, sc.addr, now, camp.FrequencyCap)...)
+		args = append(args, nonce+"/"+sc.mine, sc.addr)
+	}
+	res, err := claimManyScript.Run(ctx, c.rdb, keys, args...).StringSlice()
+	if err != nil {
 		return nil, fmt.Errorf("claims: %w", err)
 	}
-	out := make([]claimed, len(scs))
-	var refused error
-	for i, cmd := range cmds {
-		res, err := cmd.Slice()
-		if err == nil {
-			out[i], err = decodeClaimed(res, nonce)
-		}
-		switch {
-		case err == nil:
-		case errors.Is(err, errEpoch) || errors.Is(err, errHalted):
-			refused = err
-		default:
-			return nil, fmt.Errorf("claim %s: %w", scs[i].key, err)
-		}
+	if len(res) == 1 && res[0] == "e" {
+		return nil, errEpoch
 	}
-	if refused != nil {
-		var keys, mine, addrs []string
-		for i := range out {
-			if out[i].kind == 'o' {
-				keys, mine, addrs = append(keys, scs[i].key), append(mine, scs[i].mine), append(addrs, scs[i].addr)
-			}
+	if len(res) == 1 && res[0] == "h" {
+		return nil, errHalted
+	}
+	if len(res) != len(scs) {
+		return nil, fmt.Errorf("claims: the script answered %d results for %d recipients", len(res), len(scs))
+	}
+	out := make([]claimed, len(scs))
+	for i, r := range res {
+		switch {
+		case r == "o":
+			out[i].kind = 'o'
+		case strings.HasPrefix(r, "x"):
+			out[i] = claimed{kind: 'x', old: strings.TrimPrefix(r[1:], nonce+"/")}
+		case strings.HasPrefix(r, "c"):
+			out[i] = claimed{kind: 'c', old: r[1:]}
+		default:
+			return nil, fmt.Errorf("claims: the script answered %q", r)
 		}
-		c.releaseMany(context.WithoutCancel(ctx), keys, nonce, mine)                              //nolint:errcheck // a kept claim only makes the recipient unknown later
-		frequencyCap{rdb: c.rdb}.releaseMany(context.WithoutCancel(ctx), camp, nonce, addrs, now) //nolint:errcheck // nothing was sent
-		return nil, refused
 	}
 	return out, nil
 }
+
+// claimManyScript is claimSendScript for the recipients of one request, guarded once for all.
+//
+// KEYS[1] -> campaignctl:epoch
+// KEYS[2] -> campaign:<id>:halt
+// then per recipient: its claim, followed by its ARGV[7] mark hashes (today's first)
+// ARGV[1] -> "<nonce>/"
+// ARGV[2] -> claim TTL in ms
+// ARGV[3] -> the epoch the run's lease recorded
+// ARGV[4] -> "1" to refuse while the campaign is halted
+// ARGV[5] -> the mark owner "<campaign id>:<nonce>"
+// ARGV[6] -> now, unix ms
+// ARGV[7] -> how many mark hashes each recipient has
+// ARGV[8] -> the campaign's cap in ms
+// ARGV[9] -> the TTL of a day's mark hash in ms
+// ARGV[10] -> the claim value of a capped recipient, nonce included
+// then per recipient: its pending claim value (nonce included) and its address
+//
+// Returns {"e"} or {"h"} (nothing written), or one result per recipient: "o" (ours), "x<value>" (an
+// existing claim) or "c<mark>" (capped; the claim records the skip).
+var claimManyScript = redis.NewScript(`
+if redis.call("GET", KEYS[1]) ~= ARGV[3] then return {"e"} end
+if ARGV[4] == "1" and redis.call("EXISTS", KEYS[2]) == 1 then return {"h"} end
+local m = tonumber(ARGV[7])
+local n = (#KEYS - 2) / (1 + m)
+local p = string.len(ARGV[1])
+local now = tonumber(ARGV[6])
+local cap = tonumber(ARGV[8])
+local out = {}
+for i = 0, n - 1 do
+  local k = 3 + i * (1 + m)
+  local val = ARGV[11 + 2 * i]
+  local addr = ARGV[12 + 2 * i]
+  local v = redis.call("GET", KEYS[k])
+  if v and string.sub(v, 1, p) == ARGV[1] and v ~= val then
+    out[i + 1] = "x" .. v
+  else
+    if v ~= val then redis.call("SET", KEYS[k], val, "PX", ARGV[2]) end
+    local own, capped = false, nil
+    for j = 1, m do
+      local mv = redis.call("HGET", KEYS[k + j], addr)
+      if mv then
+        local owner, ts = string.match(mv, "^(.*)|(%d+)$")
+        if owner == ARGV[5] then
+          own = true
+        elseif ts and now - tonumber(ts) < cap then
+          capped = mv
+          break
+        end
+      end
+    end
+    if capped then
+      redis.call("SET", KEYS[k], ARGV[10], "KEEPTTL")
+      out[i + 1] = "c" .. capped
+    else
+      if not own then
+        redis.call("HSET", KEYS[k + 1], addr, ARGV[5] .. "|" .. ARGV[6])
+        if redis.call("PTTL", KEYS[k + 1]) < tonumber(ARGV[9]) then redis.call("PEXPIRE", KEYS[k + 1], ARGV[9]) end
+      end
+      out[i + 1] = "o"
+    end
+  end
+end
+return out`)
 
 func (c *claims) claimSendArgs(camp *campaign.Campaign, nonce string, sc sendClaim, g guard, prev *answer, pauseKey string, now time.Time) ([]string, []any) {
 	check := "0"

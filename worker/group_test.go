@@ -143,7 +143,7 @@ func TestEmailGoesOutInRequestsOfManyAndABadAddressFailsOnlyItself(t *testing.T)
 
 // planEmail plans an e-mail campaign of n consenting recipients and returns a handler whose provider takes
 // max messages a request.
-func planEmail(t *testing.T, n, max int, rdb redis.UniversalClient) (*campaign.Store, int64, *batchProvider, *Handler) {
+func planEmail(t *testing.T, n, max int, rdb redis.UniversalClient, edit ...func(*campaign.Spec)) (*campaign.Store, int64, *batchProvider, *Handler) {
 	t.Helper()
 	db, _ := testdb.New(t)
 	ctx := context.Background()
@@ -156,8 +156,12 @@ func planEmail(t *testing.T, n, max int, rdb redis.UniversalClient) (*campaign.S
 			t.Fatal(err)
 		}
 	}
-	rep, err := (&campaign.Planner{Engine: db, Audience: db}).Plan(ctx, campaign.Spec{Name: "mail", Channel: campaign.ChannelEmail,
-		AudienceSQL: `SELECT user_id, email FROM customers`, Subject: "Merhaba", Message: "Size özel"})
+	spec := campaign.Spec{Name: "mail", Channel: campaign.ChannelEmail,
+		AudienceSQL: `SELECT user_id, email FROM customers`, Subject: "Merhaba", Message: "Size özel"}
+	for _, e := range edit {
+		e(&spec)
+	}
+	rep, err := (&campaign.Planner{Engine: db, Audience: db}).Plan(ctx, spec)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -231,5 +235,56 @@ func TestEmailPauseAndTransientRetry(t *testing.T) {
 	}
 	if c, _ := store.Counts(ctx, id); len(p.accepted) != 6 || c.Sent != 6 {
 		t.Fatalf("%d accepted, counts %+v; want all 6 sent once", len(p.accepted), c)
+	}
+}
+
+// The claims of one request are taken together: a recipient whose claim already holds an answer is
+// recorded from it, one that another campaign messaged within the cap is skipped (frequency_cap), and
+// neither is in the request. When Redis lost its data since the lease (another epoch), no claim of the
+// request is taken at all.
+func TestEmailRequestClaimsTogether(t *testing.T) {
+	t.Parallel()
+	rdb, _ := testredis.New(t)
+	ctx := context.Background()
+	store, id, p, h := planEmail(t, 6, 10, rdb, func(s *campaign.Spec) { s.FrequencyCap = time.Hour })
+	c, err := store.Get(ctx, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Another epoch than the run's lease: the whole request is refused, nothing is written.
+	run := &batchRun{c: c, nonce: Nonce(c)}
+	scs := []sendClaim{{key: ClaimKey(id, "u1"), mine: pendingValue(time.Now(), "t"), addr: "user1@example.com"}}
+	if _, err := h.claims.claimSendMany(ctx, c, run.nonce, scs, guard{epoch: "not-the-epoch", halt: HaltKey(id)}, time.Now()); !errors.Is(err, errEpoch) {
+		t.Fatalf("claims under another epoch: %v, want errEpoch", err)
+	}
+	if n := rdb.Exists(ctx, ClaimKey(id, "u1")).Val(); n != 0 {
+		t.Fatal("a claim was written under another epoch")
+	}
+	// u2 was answered by an earlier run; u3 got another campaign's message a minute ago.
+	rdb.Set(ctx, ClaimKey(id, "u2"), Nonce(c)+"/"+sentValue("earlier", 1), 0)
+	now := time.Now()
+	rdb.HSet(ctx, FrequencyKey(campaign.ChannelEmail, "user3@example.com", now), "user3@example.com",
+		fmt.Sprintf("%d:other|%d", id+1, now.Add(-time.Minute).UnixMilli()))
+	if err := h.RunBatch(ctx, id, 0); err != nil {
+		t.Fatal(err)
+	}
+	if len(p.requests) != 1 || len(p.requests[0]) != 4 {
+		t.Fatalf("requests %d (first of %d); want one request of the 4 others", len(p.requests), len(p.requests[0]))
+	}
+	for _, m := range p.requests[0] {
+		if m.To == "user2@example.com" || m.To == "user3@example.com" {
+			t.Fatalf("%s was in the request", m.To)
+		}
+	}
+	counts, err := store.Counts(ctx, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	capped, err := store.CountReason(ctx, id, campaign.StatusSkipped, campaign.ReasonFrequencyCap)
+	if err != nil || counts.Sent != 5 || counts.Skipped != 1 || capped != 1 {
+		t.Fatalf("counts %+v, %d skipped for the frequency cap (%v); want u2 sent from its claim, u3 skipped, 4 sent", counts, capped, err)
+	}
+	if v := rdb.Get(ctx, ClaimKey(id, "u3")).Val(); !strings.HasSuffix(v, reasonValue(claimSkipped, campaign.ReasonFrequencyCap)) {
+		t.Fatalf("u3's claim %q does not record the skip", v)
 	}
 }

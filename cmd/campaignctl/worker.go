@@ -132,7 +132,7 @@ A worker sends the channels whose provider is configured:
 		},
 	}
 	cmd.Flags().IntVar(&o.concurrency, "concurrency", 16, "batches this process sends at once")
-	cmd.Flags().IntVar(&o.memoryMiB, "memory-limit", 80, "soft limit of the Go heap in MiB: the garbage collector works harder near it (GOMEMLIMIT, when set, wins unless this flag is given); 0: none")
+	cmd.Flags().IntVar(&o.memoryMiB, "memory-limit", 64, "soft limit of the Go heap in MiB: the garbage collector works harder near it (GOMEMLIMIT, when set, wins unless this flag is given); 0: none")
 	cmd.Flags().StringVar(&o.pprofAddr, "pprof-addr", "", "serve Go's profiles (net/http/pprof) at http://ADDR/debug/pprof/ on a loopback address, e.g. 127.0.0.1:6060; empty: none")
 	cmd.Flags().DurationVar(&o.timeout, "provider-timeout", twilio.DefaultTimeout, "how long one provider request may take; a chunk whose worker died is taken over after 3 times this")
 	cmd.Flags().DurationVar(&o.shutdown, "shutdown-timeout", 30*time.Second, "on SIGTERM, how long in-flight batches may finish before the rest is handed back")
