@@ -208,11 +208,11 @@ func (s *Store) Record(ctx context.Context, campaignID int64, outcomes []Outcome
 				sent_at = CASE WHEN o.status = 'sent' THEN now() END,
 				consent_snapshot = coalesce(NULLIF(o.snap, '')::jsonb, r.consent_snapshot),
 				updated_at = now()
-			FROM o JOIN campaign_recipients old ON old.campaign_id = $1 AND old.user_id = o.user_id
+			FROM o
 			WHERE r.campaign_id = $1 AND r.user_id = o.user_id AND r.status = 'pending'
 			  AND (o.status <> 'pending' OR EXISTS (SELECT 1 FROM campaign_batches b
 				WHERE b.campaign_id = $1 AND b.batch = r.batch AND b.lease_token = $8))
-			RETURNING r.user_id, r.status, r.reason, r.provider_message_id, old.code_id, r.consent_snapshot AS snap
+			RETURNING r.user_id, r.status, r.reason, r.provider_message_id, r.consent_snapshot AS snap
 		), freed AS (
 			UPDATE campaign_batches SET lease_users = '{}'
 			WHERE campaign_id = $1 AND batch = $7 AND lease_token = $8 AND lease_users <> '{}'
@@ -223,8 +223,12 @@ func (s *Store) Record(ctx context.Context, campaignID int64, outcomes []Outcome
 				snap->>'status', snap->>'source', (snap->>'date')::timestamptz, snap->>'transaction_id', (snap->>'synced_at')::timestamptz
 			FROM upd CROSS JOIN (SELECT channel, template_hash FROM campaigns WHERE id = $1) c
 		), released AS (
+			-- The statement's snapshot still shows the rows as they were: their codes before the update.
 			INSERT INTO released_codes (code_id, pool)
-			SELECT upd.code_id, p.pool FROM upd JOIN promo_codes p ON p.id = upd.code_id
+			SELECT was.code_id, p.pool
+			FROM upd
+			JOIN campaign_recipients was ON was.campaign_id = $1 AND was.user_id = upd.user_id
+			JOIN promo_codes p ON p.id = was.code_id
 			WHERE upd.status IN ('failed', 'skipped')
 			ON CONFLICT (code_id) DO NOTHING
 		)
