@@ -2,10 +2,12 @@ package main
 
 import (
 	"fmt"
+	"net"
 	"time"
 
 	"github.com/spf13/cobra"
 
+	"github.com/campaignctl/campaignctl/metrics"
 	"github.com/campaignctl/campaignctl/providers/sandbox"
 )
 
@@ -18,6 +20,7 @@ type sandboxOptions struct {
 	sendgridEventURL      string
 	iysRate               float64
 	iysPullLag            time.Duration
+	pprofAddr             string
 }
 
 func (o *sandboxOptions) validate() error {
@@ -98,6 +101,19 @@ and then bounce, are dropped or deferred.`,
 			if o.sendgridEventURL != "" {
 				fmt.Fprintf(a.stderr, "SendGrid events go to %s, signed with SENDGRID_WEBHOOK_PUBLIC_KEY=%s\n", o.sendgridEventURL, s.SendGridEventPublicKey())
 			}
+			if o.pprofAddr != "" {
+				if err := metrics.ValidateAddr(o.pprofAddr); err != nil {
+					return usagef("--pprof-addr %v", err)
+				}
+				if host, _, _ := net.SplitHostPort(o.pprofAddr); !uiIsLoopback(host) {
+					return usagef("--pprof-addr %s: bind profiles to a loopback address, e.g. 127.0.0.1:6061", o.pprofAddr)
+				}
+				stop, err := servePprof(cmd.Context(), o.pprofAddr, log)
+				if err != nil {
+					return err
+				}
+				defer stop()
+			}
 			return sandbox.ListenAndServe(cmd.Context(), o.addr, s)
 		},
 	}
@@ -116,6 +132,7 @@ and then bounce, are dropped or deferred.`,
 	f.StringVar(&o.sendgridEventURL, "sendgrid-event-url", "", "where to post signed SendGrid delivery events (loopback only), e.g. http://127.0.0.1:8090/sendgrid/events")
 	f.Float64Var(&o.iysRate, "iys-rate", 10, "İYS requests per second per client, as İYS allows (real 429 H124 beyond); 0 = none")
 	f.DurationVar(&o.iysPullLag, "iys-pull-lag", time.Hour, "how recent a consent change may be and still be left out of the İYS pull (İYS: 1h); 0 = none")
+	f.StringVar(&o.pprofAddr, "pprof-addr", "", "serve Go's profiles at http://ADDR/debug/pprof/ on a loopback address (for benchmarks); empty: none")
 	f.DurationVar(&o.receiptDelay, "receipt-delay", 200*time.Millisecond, "how long after acceptance delivery receipts are sent")
 	return cmd
 }

@@ -77,7 +77,12 @@ send_scenario() {
   local name=$1 channel=$2 offset=$3 n=$4 workers=$5 conc=$6 rate=$7; shift 7
   s_ok=0 s_rate=0 s_secs=0 s_dups='?' s_rss=0 s_redis=0 s_planned=0 s_sent=0
   audience_sql "$work/$name.sql" "$channel" "$offset" "$n"
-  start_sandbox "$@" || return 1
+  local sb_extra=()
+  if [ "${PROFILE:-0}" = 1 ]; then sb_extra=(--pprof-addr "127.0.0.1:$(free_port 16160)"); fi
+  start_sandbox "$@" "${sb_extra[@]}" || return 1
+  if [ ${#sb_extra[@]} -gt 0 ]; then
+    (sleep 3; curl -fsS -o "$work/$name.sandbox.pprof" "http://${sb_extra[1]}/debug/pprof/profile?seconds=10" 2>/dev/null || true) &
+  fi
   local env=(SENDER_IDENTITY="Kampanya A.Ş."
     TWILIO_ACCOUNT_SID=ACbench0000000000000000000000000 TWILIO_AUTH_TOKEN=benchtoken TWILIO_FROM=+905550000000
     TWILIO_BASE_URL="http://127.0.0.1:$sb_port" TWILIO_RATE="$rate"
@@ -137,11 +142,14 @@ send_scenario() {
     [ "${hwm:-0}" -le "$s_rss" ] || s_rss=$hwm
   done
   stop_pids "${wpids[@]}"
-  if [ -s "$work/$name.worker1.pprof" ]; then
-    mkdir -p "$work/profiles"; cp "$work/$name.worker1.pprof" "$work/profiles/"
-    notes+=("$name: CPU profile of worker 1: $work/profiles/$name.worker1.pprof (go tool pprof -top bin/campaignctl FILE)")
-    KEEP_WORK=1
-  fi
+  local prof
+  for prof in worker1 sandbox; do
+    if [ -s "$work/$name.$prof.pprof" ]; then
+      mkdir -p "$work/profiles"; cp "$work/$name.$prof.pprof" "$work/profiles/"
+      notes+=("$name: CPU profile of the $prof: $work/profiles/$name.$prof.pprof (go tool pprof -top bin/campaignctl FILE)")
+      KEEP_WORK=1
+    fi
+  done
   local st
   st=$(sandbox_get /_sandbox/stats)
   echo "$st" >"$work/$name.stats.json"
