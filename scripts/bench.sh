@@ -40,6 +40,7 @@ usage: scripts/bench.sh [options]
   --workers W           worker processes of the throughput and latency scenarios (default 2)
   --concurrency C       --concurrency of each worker (default 16)
   --latency-concurrency C  --concurrency of each worker with 20 ms latency (default 32)
+  --scenarios LIST      the send scenarios to run, of sms,email,latency,rate (default: all)
   --profile             take a 10 s CPU profile of the first worker of each send scenario (kept in the work directory)
   --send-timeout S      give up on a send scenario after S seconds (default 600)
   --customers N         customers in the launch audience (env BENCH_CUSTOMERS, default 1000000; at most 9999999)
@@ -59,7 +60,7 @@ CONSENTS=${BENCH_CONSENTS:-1700000}
 CODES=${BENCH_CODES:-1000000}
 LAUNCH_TIMEOUT=${BENCH_LAUNCH_TIMEOUT:-900}
 ONLY="" SMS_N=200000 EMAIL_N=200000 LAT_N=32000 RATE_R=2000 RATE_SECS=15 SEND_WORKERS=2 SEND_CONC=16 LAT_CONC=32
-SEND_TIMEOUT=600 PROFILE=0
+SEND_TIMEOUT=600 PROFILE=0 SCENARIOS=sms,email,latency,rate
 KEEP=0 KEEP_WORK=0 RECORD=1 EXPLAIN=0
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -83,6 +84,7 @@ while [ $# -gt 0 ]; do
     --latency-concurrency) LAT_CONC=${2:?--latency-concurrency needs a number}; shift 2 ;;
     --send-timeout) SEND_TIMEOUT=${2:?--send-timeout needs seconds}; shift 2 ;;
     --profile) PROFILE=1; shift ;;
+    --scenarios) SCENARIOS=${2:?--scenarios needs a list}; shift 2 ;;
     --keep) KEEP=1; shift ;;
     --no-record) RECORD=0; shift ;;
     --explain) EXPLAIN=1; RECORD=0; KEEP_WORK=1; shift ;;
@@ -91,6 +93,9 @@ while [ $# -gt 0 ]; do
   esac
 done
 case "$ONLY" in ""|launch|send) ;; *) echo "--only takes launch or send, got '$ONLY'" >&2; exit 2 ;; esac
+for s in ${SCENARIOS//,/ }; do
+  case "$s" in sms|email|latency|rate) ;; *) echo "--scenarios: unknown scenario '$s' (give a list of sms,email,latency,rate)" >&2; exit 2 ;; esac
+done
 for v in CUSTOMERS CONSENTS CODES LAUNCH_TIMEOUT SMS_N EMAIL_N LAT_N RATE_R RATE_SECS SEND_WORKERS SEND_CONC LAT_CONC SEND_TIMEOUT; do
   [[ ${!v} =~ ^[1-9][0-9]*$ ]] || { echo "${v,,} must be a positive whole number, got '${!v}'" >&2; exit 2; }
 done

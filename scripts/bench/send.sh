@@ -194,6 +194,7 @@ run_send_scenarios() {
   setup+=("loopback HTTP ceiling: $(fmt_rate "$ceiling") requests/s (client and server in one process, 32 keep-alive connections, Twilio-shaped form POST and JSON 201)")
 
   local off_sms=0
+  if want sms; then
   say "SMS: $SMS_N recipients, $SEND_WORKERS workers × --concurrency $SEND_CONC, no cap, no latency"
   if send_scenario sms sms "$off_sms" "$SMS_N" "$SEND_WORKERS" "$SEND_CONC" 0; then
     local met="no" need
@@ -205,7 +206,9 @@ run_send_scenarios() {
   else
     rows+=("SMS end to end|$(fmt_n "$SMS_N") recipients|—|—|≥ 10,000 msg/s|failed (see notes)")
   fi
+  fi
 
+  if want email; then
   say "e-mail: $EMAIL_N recipients, $SEND_WORKERS workers × --concurrency $SEND_CONC, no cap, no latency"
   if send_scenario email email 0 "$EMAIL_N" "$SEND_WORKERS" "$SEND_CONC" 0; then
     local met="no"
@@ -216,10 +219,12 @@ run_send_scenarios() {
   else
     rows+=("e-mail end to end|$(fmt_n "$EMAIL_N") recipients|—|—|≥ 50,000 msg/s|failed (see notes)")
   fi
+  fi
 
   local off_lat=$((off_sms + SMS_N))
   local lat_ms=20 ideal
   ideal=$(awk -v w="$SEND_WORKERS" -v c="$LAT_CONC" -v l="$lat_ms" 'BEGIN { print w * c * 1000 / l }')
+  if want latency; then
   say "SMS with ${lat_ms} ms provider latency: $LAT_N recipients, $SEND_WORKERS workers × --concurrency $LAT_CONC"
   if send_scenario latency sms "$off_lat" "$LAT_N" "$SEND_WORKERS" "$LAT_CONC" 0 --latency "${lat_ms}ms"; then
     local ratio met
@@ -229,8 +234,10 @@ run_send_scenarios() {
   else
     rows+=("SMS, ${lat_ms} ms latency|$(fmt_n "$LAT_N") recipients|—|—|limited by --concurrency|failed (see notes)")
   fi
+  fi
 
   local off_rate=$((off_lat + LAT_N)) rn=$((RATE_R * RATE_SECS))
+  if want rate; then
   say "SMS at a cap of $RATE_R/s over 3 workers: $rn recipients"
   if SEND_HISTOGRAM=1 send_scenario rate sms "$off_rate" "$rn" 3 "$SEND_CONC" "$RATE_R"; then
     # Whole seconds only: the first and last are partial.
@@ -244,4 +251,8 @@ run_send_scenarios() {
   else
     rows+=("rate kept|$(fmt_n "$rn") recipients|—|—|≤ 1.1 R, ≥ 0.95 R|failed (see notes)")
   fi
+  fi
 }
+
+# want NAME: whether the send scenario NAME is in --scenarios.
+want() { [[ ",$SCENARIOS," == *",$1,"* ]]; }
