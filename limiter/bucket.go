@@ -8,6 +8,7 @@ import (
 	"context"
 	"fmt"
 	"math"
+	"sync"
 	"time"
 
 	"github.com/go-redis/redis_rate/v10"
@@ -36,6 +37,10 @@ type Observer interface{ Observe(float64) }
 type Bucket struct {
 	rdb redis.UniversalClient
 	rl  *redis_rate.Limiter
+	// turns holds, per limit key, a one-slot channel: the goroutines of this process that wait for the
+	// same bucket take turns, so that one of them asks Redis at a time instead of all of them polling it
+	// (dozens of senders behind one cap would otherwise spend more on refused asks than on sends).
+	turns sync.Map
 	// now and sleep are replaceable in tests.
 	sleep func(ctx context.Context, d time.Duration) error
 }
@@ -105,8 +110,17 @@ func (b *Bucket) waitOne(ctx context.Context, l Limit, n int) error {
 	return b.take(ctx, l, n)
 }
 
-// take takes n tokens from l's bucket, waiting as the bucket says.
+// take takes n tokens from l's bucket, waiting as the bucket says, in turn with the process's other
+// waiters for the same bucket.
 func (b *Bucket) take(ctx context.Context, l Limit, n int) error {
+	t, _ := b.turns.LoadOrStore(l.Key, make(chan struct{}, 1))
+	turn := t.(chan struct{})
+	select {
+	case turn <- struct{}{}:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	defer func() { <-turn }()
 	lim := gcra(l.Rate)
 	for n > 0 {
 		k := min(n, lim.Burst)

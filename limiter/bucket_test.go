@@ -168,3 +168,55 @@ func TestWaitNKeepsTheRate(t *testing.T) {
 		t.Fatalf("150 tokens at 200/s took %v", d)
 	}
 }
+
+// countCalls counts the commands a client sends (a script call counts once).
+type countCalls struct{ n atomic.Int64 }
+
+func (c *countCalls) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (c *countCalls) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		c.n.Add(1)
+		return next(ctx, cmd)
+	}
+}
+func (c *countCalls) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		c.n.Add(int64(len(cmds)))
+		return next(ctx, cmds)
+	}
+}
+
+// Many goroutines of one process behind one cap take turns asking Redis: the asks stay close to the
+// tokens taken instead of every waiter polling the bucket.
+func TestWaitersOfOneProcessTakeTurns(t *testing.T) {
+	t.Parallel()
+	rdb, _ := testredis.New(t)
+	calls := &countCalls{}
+	rdb.AddHook(calls)
+	b := New(rdb)
+	const waiters, each = 40, 5
+	l := Limit{Key: "turns", Rate: 200}
+	start := time.Now()
+	var wg sync.WaitGroup
+	for range waiters {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range each {
+				if err := b.Wait(context.Background(), l); err != nil {
+					t.Error(err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	tokens := waiters * each
+	if took := time.Since(start); took < 800*time.Millisecond {
+		t.Fatalf("%d tokens at 200/s took %v: the cap was not kept", tokens, took)
+	}
+	// One ask per token, plus about one refused ask per wait (every 5 ms at 200/s with a burst of 10).
+	if n := calls.n.Load(); n > int64(2*tokens) {
+		t.Fatalf("%d Redis calls for %d tokens: waiters poll the bucket instead of taking turns", n, tokens)
+	}
+}
