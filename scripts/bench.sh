@@ -186,7 +186,7 @@ drop_db
 
 # ---------------------------------------------------------------------------------------------------------
 # Measuring. Each row: operation|size|seconds|peak RSS MB|target|met?
-rows=() setup=() notes=()
+rows=() setup=() notes=() said=()  # said: printed, not recorded (paths of this run's work directory)
 
 secs_of() { # "h:mm:ss" or "m:ss.ss" -> seconds
   awk -F: '{ s = 0; for (i = 1; i <= NF; i++) s = s * 60 + $i; printf "%.2f", s }' <<<"$1"
@@ -365,6 +365,7 @@ table | sed 's/^| //; s/ |$//' | column -t -s '|' -o ' | '
 echo
 for s in "${setup[@]}"; do echo "setup: $s"; done
 for n in "${notes[@]}"; do echo "note: $n"; done
+for n in "${said[@]}"; do echo "$n"; done
 echo "commit $commit; $cpu, $cores cores, $mem; Postgres $pgver, Redis $redisver, $gover; load average $load_start at the start, $load at the end"
 
 if [ "$RECORD" = 1 ]; then

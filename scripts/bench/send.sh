@@ -146,7 +146,7 @@ send_scenario() {
   for prof in worker1 sandbox; do
     if [ -s "$work/$name.$prof.pprof" ]; then
       mkdir -p "$work/profiles"; cp "$work/$name.$prof.pprof" "$work/profiles/"
-      notes+=("$name: CPU profile of the $prof: $work/profiles/$name.$prof.pprof (go tool pprof -top bin/campaignctl FILE)")
+      said+=("$name: CPU profile of the $prof: $work/profiles/$name.$prof.pprof (go tool pprof -top bin/campaignctl FILE)")
       KEEP_WORK=1
     fi
   done
