@@ -29,6 +29,9 @@ func (e *Error) AccountLevel() bool {
 	if e.BadAddress {
 		return false // the address is at fault (an unregistered push token answers 404)
 	}
+	if e.Account {
+		return true
+	}
 	switch {
 	case e.Status == 401, e.Status == 403, e.Status == 404, e.Status >= 300 && e.Status < 400:
 		// bad credentials, a wrong account or base URL, a proxy in the way

@@ -99,6 +99,9 @@ type Error struct {
 	// RetryAfter is the provider's retry hint (Retry-After, X-RateLimit-Reset), 0 when none.
 	RetryAfter time.Duration
 	Class      Class
+	// Account marks an error about the sending account or its configuration, when the adapter knows it
+	// from the provider's own code (see AccountLevel).
+	Account bool
 	// BadAddress marks a permanent error that condemns the address itself for future campaigns (an
 	// unregistered push token), not only this message.
 	BadAddress bool

@@ -6,6 +6,8 @@ import (
 	"math/rand/v2"
 	"net"
 	"net/http"
+	"slices"
+	"strings"
 	"time"
 )
 
@@ -27,6 +29,9 @@ type Faults struct {
 	RateTimeout float64 `json:"rate_timeout"`
 	// RateReset reads the request and closes the TCP connection without answering; nothing is recorded.
 	RateReset float64 `json:"rate_reset"`
+	// Only, when set, limits the faults to the APIs it names, comma-separated (twilio, netgsm, sendgrid,
+	// fcm, webhook): e.g. "twilio" makes Twilio fail while Netgsm, the failover, works.
+	Only string `json:"only,omitempty"`
 }
 
 type fault int
@@ -53,12 +58,23 @@ func (f Faults) validate() error {
 			return fmt.Errorf("%s must be between 0 and 1, got %v", r.name, r.v)
 		}
 	}
+	for _, p := range strings.Split(f.Only, ",") {
+		switch strings.TrimSpace(p) {
+		case "", "twilio", "netgsm", "sendgrid", "fcm", "webhook":
+		default:
+			return fmt.Errorf("only: unknown API %q (give twilio, netgsm, sendgrid, fcm or webhook)", p)
+		}
+	}
 	return nil
 }
 
-// pick returns the fault for a request, drawing at most one random number and none when no fault is set.
-func (f *Faults) pick() fault {
-	if *f == (Faults{}) {
+// pick returns the fault for a request to api, drawing at most one random number and none when no fault
+// is set for it.
+func (f *Faults) pick(api string) fault {
+	if *f == (Faults{Only: f.Only}) {
+		return noFault
+	}
+	if f.Only != "" && !slices.Contains(strings.Split(strings.ReplaceAll(f.Only, " ", ""), ","), api) {
 		return noFault
 	}
 	x := rand.Float64()

@@ -3,7 +3,7 @@ package sandbox
 import "testing"
 
 func TestFaultsPick(t *testing.T) {
-	if got := (&Faults{}).pick(); got != noFault {
+	if got := (&Faults{}).pick("twilio"); got != noFault {
 		t.Errorf("no faults: %v", got)
 	}
 	for f, want := range map[Faults]fault{
@@ -14,7 +14,7 @@ func TestFaultsPick(t *testing.T) {
 		{RateTimeout: 1}: faultTimeout,
 		{RateReset: 1}:   faultReset,
 	} {
-		if got := f.pick(); got != want {
+		if got := f.pick("twilio"); got != want {
 			t.Errorf("%+v: picked %v, want %v", f, got, want)
 		}
 	}
@@ -22,7 +22,7 @@ func TestFaultsPick(t *testing.T) {
 	f := Faults{Rate429: 0.5, Rate500: 0.5}
 	seen := map[fault]int{}
 	for range 1000 {
-		seen[f.pick()]++
+		seen[f.pick("twilio")]++
 	}
 	if seen[fault429] < 400 || seen[fault500] < 400 || seen[fault429]+seen[fault500] != 1000 {
 		t.Errorf("draws %v", seen)

@@ -262,7 +262,7 @@ func (s *Server) fcmSend(w http.ResponseWriter, r *http.Request) {
 	}
 
 	hangAfterAccept := false
-	switch s.faults.Load().pick() {
+	switch s.faults.Load().pick("fcm") {
 	case fault429:
 		w.Header().Set("Retry-After", "1")
 		s.fcmError(w, project, "", http.StatusTooManyRequests, "RESOURCE_EXHAUSTED", fcmQuotaExceeded, "Quota exceeded.")

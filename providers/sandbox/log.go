@@ -9,7 +9,7 @@ import (
 // Message is one message the sandbox accepted: answered with 201, or accepted and then left hanging by
 // the timeout fault.
 type Message struct {
-	// Provider is the API that accepted it: "twilio", "sendgrid", "fcm" or "webhook".
+	// Provider is the API that accepted it: "twilio", "netgsm", "sendgrid", "fcm" or "webhook".
 	Provider   string `json:"provider"`
 	SID        string `json:"sid"`
 	AccountSID string `json:"account_sid"`

@@ -175,7 +175,7 @@ func (s *Server) sendgridMailSend(w http.ResponseWriter, r *http.Request) {
 	}
 
 	hangAfterAccept := false
-	switch s.faults.Load().pick() {
+	switch s.faults.Load().pick("sendgrid") {
 	case fault429:
 		s.sendgridTooManyRequests(w, time.Second)
 		return

@@ -28,6 +28,10 @@ type Options struct {
 	// Logger receives one debug record per provider request; nil discards them.
 	Logger *slog.Logger
 
+	// NetgsmUserCode and NetgsmPassword are the Netgsm credentials accepted (Basic auth); both empty
+	// means any non-empty pair.
+	NetgsmUserCode, NetgsmPassword string
+
 	// SendGridAPIKey is the API key accepted (Authorization: Bearer). Empty means any non-empty key.
 	SendGridAPIKey string
 	// SendGridRate caps each API key's mail/send requests per second; the excess gets a real 429. 0 = no cap.
@@ -102,6 +106,7 @@ func New(opts Options) *Server {
 	}
 	s.controlRoutes()
 	s.twilioRoutes()
+	s.netgsmRoutes()
 	s.sendgridRoutes()
 	s.fcmRoutes()
 	s.receiptRoutes()

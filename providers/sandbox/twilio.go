@@ -93,7 +93,7 @@ func (s *Server) twilioCreateMessage(w http.ResponseWriter, r *http.Request) {
 	}
 
 	hangAfterAccept := false
-	switch s.faults.Load().pick() {
+	switch s.faults.Load().pick("twilio") {
 	case fault429:
 		s.twilioError(w, r, http.StatusTooManyRequests, codeTooManyRequests, "Too Many Requests")
 		return

@@ -127,7 +127,7 @@ func (s *Server) webhookReceive(w http.ResponseWriter, r *http.Request) {
 	}
 
 	hangAfterAccept := false
-	switch s.faults.Load().pick() {
+	switch s.faults.Load().pick("webhook") {
 	case fault429:
 		w.Header().Set("Retry-After", "1")
 		s.webhookError(w, "", http.StatusTooManyRequests, "too many requests")

@@ -1,0 +1,157 @@
+package netgsm_test
+
+import (
+	"context"
+	"errors"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/campaignctl/campaignctl/providers"
+	"github.com/campaignctl/campaignctl/providers/netgsm"
+	"github.com/campaignctl/campaignctl/providers/sandbox"
+)
+
+const password = "s3cretpass"
+
+func setup(t *testing.T, cfg netgsm.Config) (*netgsm.Provider, *sandbox.Server) {
+	t.Helper()
+	s := sandbox.New(sandbox.Options{NetgsmUserCode: "8503000000", NetgsmPassword: password})
+	srv := httptest.NewServer(s)
+	t.Cleanup(srv.Close)
+	if cfg.UserCode == "" {
+		cfg.UserCode = "8503000000"
+	}
+	if cfg.Password == "" {
+		cfg.Password = password
+	}
+	if cfg.Header == "" {
+		cfg.Header = "KAMPANYA"
+	}
+	cfg.BaseURL = srv.URL
+	p, err := netgsm.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p, s
+}
+
+func TestSendAccepted(t *testing.T) {
+	t.Parallel()
+	p, s := setup(t, netgsm.Config{})
+	res, err := p.Send(context.Background(), providers.Message{To: "+905321234567", Body: "Merhaba Ayşe, kodunuz ABC123"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	msgs := s.Messages()
+	if len(msgs) != 1 || res.MessageID == "" || msgs[0].SID != res.MessageID || msgs[0].To != "+905321234567" ||
+		msgs[0].From != "KAMPANYA" || msgs[0].Provider != "netgsm" || msgs[0].Body != "Merhaba Ayşe, kodunuz ABC123" {
+		t.Fatalf("result %+v, sandbox saw %+v", res, msgs)
+	}
+	if res.Segments != 1 {
+		t.Errorf("segments %d, want 1", res.Segments)
+	}
+}
+
+func perr(t *testing.T, err error) *providers.Error {
+	t.Helper()
+	var pe *providers.Error
+	if !errors.As(err, &pe) {
+		t.Fatalf("error %v (%T) is not a *providers.Error", err, err)
+	}
+	if strings.Contains(err.Error(), password) {
+		t.Fatalf("the password is in the error: %v", err)
+	}
+	return pe
+}
+
+func TestSendRefusals(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name    string
+		cfg     netgsm.Config
+		to      string
+		class   providers.Class
+		code    int
+		account bool
+		sent    bool // a request reached the sandbox
+	}{
+		{"wrong password", netgsm.Config{Password: "wrongpass"}, "+905321234567", providers.Permanent, 30, true, true},
+		{"İYS refuses the number", netgsm.Config{}, "+905550021610", providers.Permanent, 50, false, true},
+		{"not a Turkish mobile", netgsm.Config{}, "+14155550100", providers.Permanent, 0, false, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			p, s := setup(t, tc.cfg)
+			_, err := p.Send(context.Background(), providers.Message{To: tc.to, Body: "kod"})
+			pe := perr(t, err)
+			if pe.Class != tc.class || pe.Code != tc.code || pe.AccountLevel() != tc.account {
+				t.Fatalf("%v: class %v code %d account %v; want %v %d %v", err, pe.Class, pe.Code, pe.AccountLevel(), tc.class, tc.code, tc.account)
+			}
+			if got := s.Stats().Requests; (got > 0) != tc.sent {
+				t.Fatalf("%d requests reached the sandbox", got)
+			}
+			if len(s.Messages()) != 0 {
+				t.Fatal("a refused message was recorded")
+			}
+		})
+	}
+}
+
+func TestSendFaults(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name   string
+		faults sandbox.Faults
+		class  providers.Class
+		status int
+		code   int
+	}{
+		{"503", sandbox.Faults{Rate503: 1}, providers.Transient, 503, 101},
+		{"500", sandbox.Faults{Rate500: 1}, providers.Transient, 500, 100},
+		{"HTML 503", sandbox.Faults{RateRaw503: 1}, providers.Transient, 503, 0},
+		{"rate limit (code 80)", sandbox.Faults{Rate429: 1}, providers.Transient, 200, 80},
+		{"reset after the request was written", sandbox.Faults{RateReset: 1}, providers.Ambiguous, 0, 0},
+		{"accepted, then no answer", sandbox.Faults{RateTimeout: 1}, providers.Ambiguous, 0, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			p, s := setup(t, netgsm.Config{Timeout: 300 * time.Millisecond})
+			tc.faults.Only = "netgsm"
+			s.SetFaults(tc.faults)
+			_, err := p.Send(context.Background(), providers.Message{To: "+905321234567", Body: "kod"})
+			pe := perr(t, err)
+			if pe.Class != tc.class || pe.Status != tc.status || pe.Code != tc.code {
+				t.Fatalf("%v: class %v status %d code %d; want %v %d %d", err, pe.Class, pe.Status, pe.Code, tc.class, tc.status, tc.code)
+			}
+			if strings.Contains(err.Error(), "5321234567") {
+				t.Fatalf("the number is in the error: %v", err)
+			}
+		})
+	}
+	// Faults aimed at Twilio leave Netgsm alone: that is what a failover test needs.
+	p, s := setup(t, netgsm.Config{})
+	s.SetFaults(sandbox.Faults{Rate503: 1, Only: "twilio"})
+	if _, err := p.Send(context.Background(), providers.Message{To: "+905321234567", Body: "kod"}); err != nil {
+		t.Fatalf("faults for twilio only: %v", err)
+	}
+}
+
+func TestNewRefusesBadConfig(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		cfg  netgsm.Config
+		want string
+	}{
+		{netgsm.Config{Password: "p", Header: "H"}, "set NETGSM_USERCODE"},
+		{netgsm.Config{UserCode: "u", Header: "H"}, "set NETGSM_PASSWORD"},
+		{netgsm.Config{UserCode: "u", Password: "p", Header: "KAMPANYA ŞİRKETİ"}, "check NETGSM_HEADER"},
+		{netgsm.Config{UserCode: "u", Password: "p", Header: "H", IYSFilter: "9"}, "give 11 (individuals)"},
+		{netgsm.Config{UserCode: "u", Password: "p", Header: "H", BaseURL: "ftp://x"}, "check NETGSM_BASE_URL"},
+	} {
+		if _, err := netgsm.New(tc.cfg); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("New(%+v) = %v, want an error saying %q", tc.cfg, err, tc.want)
+		}
+	}
+}

@@ -1,0 +1,156 @@
+package sandbox
+
+import (
+	"crypto/rand"
+	"crypto/subtle"
+	"encoding/json"
+	"math/big"
+	"net/http"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/campaignctl/campaignctl/providers"
+)
+
+// Netgsm's answer codes the fake gives.
+const (
+	netgsmOK          = "00"
+	netgsmText        = "20" // empty or too long text
+	netgsmAuth        = "30" // credentials, or the API user's IP is not allowed
+	netgsmHeader      = "40" // the sender header is not defined
+	netgsmIYS         = "50" // İYS-controlled sending not allowed for the number
+	netgsmParams      = "70" // a parameter is wrong or missing
+	netgsmRate        = "80" // sending rate limit
+	netgsmSystem      = "100"
+	netgsmUnavailable = "101"
+)
+
+// netgsmMaxText is the longest text the fake takes (Netgsm's limit for a long SMS in Turkish).
+const netgsmMaxText = 917
+
+func (s *Server) netgsmRoutes() {
+	s.mux.HandleFunc("/sms/rest/v2/send", s.netgsmSend)
+}
+
+type netgsmAnswer struct {
+	Code        string `json:"code"`
+	Description string `json:"description"`
+	JobID       string `json:"jobid,omitempty"`
+}
+
+func (s *Server) netgsmError(w http.ResponseWriter, status int, code, description string) {
+	s.log.rejected(status, atoiOr0(code))
+	writeJSON(w, status, netgsmAnswer{Code: code, Description: description})
+}
+
+func atoiOr0(s string) int {
+	n := 0
+	for _, c := range s {
+		if c < '0' || c > '9' {
+			return 0
+		}
+		n = n*10 + int(c-'0')
+	}
+	return n
+}
+
+// netgsmSend imitates POST /sms/rest/v2/send of Netgsm's REST API: Basic auth, a JSON body with the sender
+// header, the İYS filter and one or more messages to 10-digit numbers (5XXXXXXXXX), and an answer with a
+// code (00 accepted, with a job ID) whatever the outcome, in a 200 unless the request is malformed (406).
+// Every number is recorded as +90 and the number, so duplicates count across providers. The magic numbers
+// of the Twilio fake fail here as an İYS refusal (code 50).
+func (s *Server) netgsmSend(w http.ResponseWriter, r *http.Request) {
+	s.log.request()
+	sleep(r.Context(), s.opts.Latency)
+	if r.Method != http.MethodPost {
+		s.netgsmError(w, http.StatusMethodNotAllowed, netgsmParams, "Method not allowed")
+		return
+	}
+	user, pass, ok := r.BasicAuth()
+	if !ok || user == "" || pass == "" ||
+		(s.opts.NetgsmUserCode != "" && user != s.opts.NetgsmUserCode) ||
+		(s.opts.NetgsmPassword != "" && subtle.ConstantTimeCompare([]byte(pass), []byte(s.opts.NetgsmPassword)) != 1) {
+		s.netgsmError(w, http.StatusOK, netgsmAuth, "Geçersiz kullanıcı adı, şifre veya kullanıcınızın API erişim izni yok.")
+		return
+	}
+	var req struct {
+		Header    string `json:"msgheader"`
+		Encoding  string `json:"encoding"`
+		IYSFilter string `json:"iysfilter"`
+		Messages  []struct {
+			Msg string `json:"msg"`
+			No  string `json:"no"`
+		} `json:"messages"`
+	}
+	if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, 1<<20)).Decode(&req); err != nil {
+		s.netgsmError(w, http.StatusNotAcceptable, netgsmParams, "Hatalı sorgulama: "+err.Error())
+		return
+	}
+
+	hangAfterAccept := false
+	switch s.faults.Load().pick("netgsm") {
+	case fault429:
+		s.netgsmError(w, http.StatusOK, netgsmRate, "Gönderim hız sınırı aşıldı.")
+		return
+	case fault500:
+		s.netgsmError(w, http.StatusInternalServerError, netgsmSystem, "Sistem hatası.")
+		return
+	case fault503:
+		s.netgsmError(w, http.StatusServiceUnavailable, netgsmUnavailable, "Sistem hatası.")
+		return
+	case faultRaw503:
+		s.log.rejected(http.StatusServiceUnavailable, 0)
+		writeRaw503(w)
+		return
+	case faultReset:
+		s.log.connReset()
+		resetConn(w)
+		return
+	case faultTimeout:
+		hangAfterAccept = true
+	}
+
+	switch {
+	case req.Header == "" || len(req.Header) > 11:
+		s.netgsmError(w, http.StatusOK, netgsmHeader, "Mesaj başlığınız (gönderici adınız) sistemde tanımlı değil.")
+		return
+	case req.IYSFilter != "" && req.IYSFilter != "0" && req.IYSFilter != "11" && req.IYSFilter != "12":
+		s.netgsmError(w, http.StatusNotAcceptable, netgsmParams, "Hatalı iysfilter değeri.")
+		return
+	case len(req.Messages) == 0:
+		s.netgsmError(w, http.StatusNotAcceptable, netgsmParams, "Mesaj listesi boş.")
+		return
+	}
+	for _, m := range req.Messages {
+		switch {
+		case m.Msg == "" || utf8.RuneCountInString(m.Msg) > netgsmMaxText:
+			s.netgsmError(w, http.StatusOK, netgsmText, "Mesaj metni boş ya da çok uzun.")
+			return
+		case len(m.No) != 10 || m.No[0] != '5' || strings.Trim(m.No, "0123456789") != "":
+			s.netgsmError(w, http.StatusNotAcceptable, netgsmParams, "Hatalı numara.")
+			return
+		case req.IYSFilter != "0" && strings.HasPrefix("+90"+m.No, magicPrefix):
+			s.netgsmError(w, http.StatusOK, netgsmIYS, "İYS kontrollü gönderimde alıcının onayı yok.")
+			return
+		}
+	}
+	job := netgsmJobID()
+	for _, m := range req.Messages {
+		msg := Message{Provider: "netgsm", SID: job, AccountSID: user, To: "+90" + m.No, From: req.Header, Body: m.Msg,
+			Status: "queued", At: time.Now().UTC(), Hung: hangAfterAccept}
+		_, msg.NumSegments = providers.SMSSegments(m.Msg)
+		s.log.accept(msg)
+	}
+	if hangAfterAccept {
+		hang(r)
+		return
+	}
+	writeJSON(w, http.StatusOK, netgsmAnswer{Code: netgsmOK, Description: "queued", JobID: job})
+}
+
+// netgsmJobID returns a job ID shaped like Netgsm's: a number of about ten digits.
+func netgsmJobID() string {
+	n, _ := rand.Int(rand.Reader, big.NewInt(9_000_000_000))
+	return n.Add(n, big.NewInt(1_000_000_000)).String()
+}
