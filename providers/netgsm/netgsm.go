@@ -266,4 +266,6 @@ func (p *Provider) redact(s, to string) string {
 	return s
 }
 
-func (p *Provider) redactErr(err error, to string) error { return wire.Redacted(p.redact(err.Error(), to), err) }
+func (p *Provider) redactErr(err error, to string) error {
+	return wire.Redacted(p.redact(err.Error(), to), err)
+}
