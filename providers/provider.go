@@ -29,6 +29,10 @@ type Message struct {
 	// CampaignID and UserID travel to the provider as metadata where it supports that (never PII).
 	CampaignID int64
 	UserID     string
+	// Commercial says the message needs İYS consent (a providers' own İYS check, as Netgsm's, is asked
+	// for); RecipientType is the İYS recipient type of the campaign, BIREYSEL or TACIR.
+	Commercial    bool
+	RecipientType string
 }
 
 // Result is what a provider answered for an accepted message.
@@ -99,6 +103,9 @@ type Error struct {
 	// RetryAfter is the provider's retry hint (Retry-After, X-RateLimit-Reset), 0 when none.
 	RetryAfter time.Duration
 	Class      Class
+	// Throttled marks a refusal that asks the sender to slow down (a 429, or the provider's own rate-limit
+	// code in a 200, as Netgsm's 80 and 85).
+	Throttled bool
 	// Account marks an error about the sending account or its configuration, when the adapter knows it
 	// from the provider's own code (see AccountLevel).
 	Account bool

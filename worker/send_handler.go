@@ -27,6 +27,15 @@ type Config struct {
 	Redis redis.UniversalClient
 	// Providers maps each channel to the provider that sends it.
 	Providers map[campaign.Channel]providers.Provider
+	// Fallback maps a channel to a second provider, used when the first is down: a send the first refused
+	// without accepting it (a 5xx, a 429, a connection that failed before the request was written, or an
+	// account-level refusal) goes through the second at once, under the same claim, and the first is left
+	// alone for FailoverWindow. An ambiguous answer never fails over: the first may have sent it. Only
+	// one-message-a-request providers fail over (SMS).
+	Fallback map[campaign.Channel]providers.Provider
+	// FailoverWindow is how long a first provider that failed is skipped in favour of the fallback before it
+	// is tried again. Default 30 s.
+	FailoverWindow time.Duration
 	// ProviderRates caps each provider (by Name) in messages per second over all workers; 0 = no cap.
 	ProviderRates map[string]float64
 	Logger        *slog.Logger
@@ -77,6 +86,9 @@ type Handler struct {
 	stopOnce sync.Once
 	// lastAnswer is when the provider last answered a send of this process (unix ns).
 	lastAnswer atomic.Int64
+	// downUntil holds, per provider name, until when (unix ns) a first provider that failed is skipped for
+	// its fallback.
+	downUntil sync.Map
 }
 
 // NewHandler returns a Handler for cfg.
@@ -101,6 +113,9 @@ func NewHandler(cfg Config) *Handler {
 	}
 	if cfg.ChunkSize == 0 {
 		cfg.ChunkSize = 100
+	}
+	if cfg.FailoverWindow == 0 {
+		cfg.FailoverWindow = 30 * time.Second
 	}
 	if cfg.DeadlineMargin == 0 {
 		cfg.DeadlineMargin = 30 * time.Second
@@ -153,6 +168,10 @@ type batchRun struct {
 	// piggyback is set when no send waits for tokens: the claim script then also checks the provider's
 	// pause and writes the previous send's answer (unsettled), one Redis round trip per message.
 	piggyback bool
+	// primary and secondary are the routes one-message sends take: the channel's provider, and its
+	// fallback (nil when none).
+	primary   route
+	secondary *route
 	unsettled *answer
 	// snapshots are the consent records read with the chunk's lease, by user, for the outcomes' audit.
 	snapshots map[string]string
@@ -239,6 +258,21 @@ func (h *Handler) RunBatch(ctx context.Context, campaignID int64, batch int) err
 		run.singleLimits = run.limits
 		if run.piggyback = c.Rate <= 0 && h.cfg.ProviderRates[run.provider.Name()] <= 0; run.piggyback {
 			run.singleLimits = nil
+		}
+		run.primary = route{provider: run.provider, limits: run.singleLimits, piggyback: run.piggyback, m: run.m}
+		if run.piggyback {
+			run.primary.pauseKey = limiter.PauseKey("provider:" + run.provider.Name())
+		}
+		if fb := h.cfg.Fallback[c.Channel]; fb != nil {
+			if _, batches := run.provider.(providers.Batcher); !batches {
+				sec := &route{provider: fb, fallback: true}
+				if h.cfg.Metrics != nil {
+					sec.m = h.cfg.Metrics.For(fb.Name(), string(c.Channel))
+				}
+				sec.limits = []limiter.Limit{run.limits[0],
+					{Key: "provider:" + fb.Name(), Rate: h.cfg.ProviderRates[fb.Name()], Pausable: true, Observer: sec.m.ProviderWait()}}
+				run.secondary = sec
+			}
 		}
 	}
 	epoch, err := Epoch(ctx, h.cfg.Redis)
@@ -547,7 +581,8 @@ func (h *Handler) deliver(ctx, waitCtx context.Context, run *batchRun, r *campai
 
 	var pauseFrom time.Time // when the pause check began (piggyback): the provider limit's wait
 	for attempt := 1; ; attempt++ {
-		if err := h.readyToSend(ctx, waitCtx, run, 1, run.singleLimits...); err != nil {
+		rt := h.route(run)
+		if err := h.readyToSend(ctx, waitCtx, run, 1, rt.limits...); err != nil {
 			return err
 		}
 		if pauseFrom.IsZero() {
@@ -555,11 +590,7 @@ func (h *Handler) deliver(ctx, waitCtx context.Context, run *batchRun, r *campai
 		}
 		now := h.cfg.Now()
 		mine := pendingValue(now, h.cfg.Owner)
-		pause := ""
-		if run.piggyback {
-			pause = limiter.PauseKey("provider:" + run.provider.Name())
-		}
-		cl, err := h.claims.claimSend(ctx, run.c, run.nonce, sendClaim{key: key, mine: mine, addr: r.Address}, g, run.unsettled, pause, now)
+		cl, err := h.claims.claimSend(ctx, run.c, run.nonce, sendClaim{key: key, mine: mine, addr: r.Address}, g, run.unsettled, rt.pauseKey, now)
 		if err == nil || errors.Is(err, errHalted) || errors.Is(err, errEpoch) {
 			run.unsettled = nil // the script wrote it before anything else
 		}
@@ -582,33 +613,37 @@ func (h *Handler) deliver(ctx, waitCtx context.Context, run *batchRun, r *campai
 			attempt--
 			continue
 		}
-		if run.piggyback {
-			if o := run.m.ProviderWait(); o != nil {
+		if rt.piggyback {
+			if o := rt.m.ProviderWait(); o != nil {
 				o.Observe(time.Since(pauseFrom).Seconds())
 			}
 		}
 		pauseFrom = time.Time{}
 		switch cl.kind {
 		case 'x':
-			run.m.ClaimsRefused(1)
+			rt.m.ClaimsRefused(1)
 			h.fromClaim(run, r.UserID, cl.old)
 			return nil
 		case 'c':
 			run.add(campaign.Outcome{UserID: r.UserID, Status: campaign.StatusSkipped, Reason: campaign.ReasonFrequencyCap})
-			run.m.Skipped(1)
+			rt.m.Skipped(1)
 			return nil
 		}
 		start := time.Now()
-		res, err := run.provider.Send(ctx, msg)
-		run.m.Request(time.Since(start))
+		res, err := rt.provider.Send(ctx, msg)
+		rt.m.Request(time.Since(start))
 		if err == nil {
 			run.unsettled = &answer{key: key, mine: mine, val: sentValue(res.MessageID, res.Segments)}
-			if !run.piggyback {
+			if !rt.piggyback {
 				// A token wait may come before the next claim: the answer is written now.
 				h.settleAnswer(ctx, run)
 			}
-			run.add(campaign.Outcome{UserID: r.UserID, Status: campaign.StatusSent, MessageID: res.MessageID, Segments: res.Segments})
-			run.m.Sent(1)
+			o := campaign.Outcome{UserID: r.UserID, Status: campaign.StatusSent, MessageID: res.MessageID, Segments: res.Segments}
+			if rt.fallback {
+				o.Reason = "sent through " + rt.provider.Name() + ", the fallback (" + run.provider.Name() + " was down)"
+			}
+			run.add(o)
+			rt.m.Sent(1)
 			h.succeeded(run)
 			return nil
 		}
@@ -624,7 +659,7 @@ func (h *Handler) deliver(ctx, waitCtx context.Context, run *batchRun, r *campai
 		case pe.Class == providers.Ambiguous:
 			h.claims.settle(ctx, key, run.nonce, mine, reasonValue(claimUnknown, pe.Reason())) //nolint:errcheck // an unsettled claim reads as unknown too
 			run.add(campaign.Outcome{UserID: r.UserID, Status: campaign.StatusUnknown, Reason: pe.Reason()})
-			run.m.Unknown(1)
+			rt.m.Unknown(1)
 			h.log.Warn("provider answer lost; recipient is unknown and will not be resent automatically",
 				"campaign_id", run.c.ID, "user_id", r.UserID, "to", providers.MaskAddress(r.Address), "err", pe.Reason())
 			return nil
@@ -638,14 +673,14 @@ func (h *Handler) deliver(ctx, waitCtx context.Context, run *batchRun, r *campai
 				}
 			}
 			run.add(campaign.Outcome{UserID: r.UserID, Status: campaign.StatusFailed, Reason: pe.Reason()})
-			run.m.Failed(1)
+			rt.m.Failed(1)
 			h.succeeded(run)
 			return nil
 		}
 		if pe.Class == providers.Permanent {
-			run.m.AccountError(1)
+			rt.m.AccountError(1)
 		} else {
-			run.m.Retried(1, pe.Status, pe.Code)
+			rt.m.Retried(1, pe.Status, pe.Code)
 		}
 		// Transient, or the account itself is refused: nothing was accepted, so the claim is released (first:
 		// a claim kept by mistake would make the recipient unknown; a mark kept is ours and harmless).
@@ -655,17 +690,23 @@ func (h *Handler) deliver(ctx, waitCtx context.Context, run *batchRun, r *campai
 		if err := h.frequency.release(ctx, run.c, run.nonce, r.Address, now); err != nil {
 			h.log.Warn("frequency mark not released", "campaign_id", run.c.ID, "err", err)
 		}
+		if !rt.fallback && run.secondary != nil {
+			// The first provider is down (or refuses the account): the same recipient goes through the
+			// fallback now, under a new claim of the same key; nothing was accepted by the first.
+			h.markDown(rt.provider.Name())
+			h.log.Warn("provider failed without accepting; failing over", "campaign_id", run.c.ID, "provider", rt.provider.Name(),
+				"fallback", run.secondary.provider.Name(), "for", h.cfg.FailoverWindow, "err", pe.Reason())
+			if pe.Class != providers.Permanent {
+				h.slowDown(ctx, rt, pe, backoff(1, pe.RetryAfter)) //nolint:errcheck // the fallback is what sends now
+			}
+			attempt--
+			continue
+		}
 		if pe.Class == providers.Permanent {
 			return &RetryError{Err: fmt.Errorf("provider refuses the account, not the recipient (fix the configuration; the batch waits): %w", pe), Failure: true}
 		}
 		wait := backoff(attempt, pe.RetryAfter)
-		providerKey := "provider:" + run.provider.Name()
-		if pe.Status == 429 || pe.Code == 20429 {
-			// Every worker slows down, not only this one.
-			if err := h.bucket.Pause(ctx, providerKey, wait); err != nil {
-				return infra(err)
-			}
-		} else if _, err := h.bucket.Strike(ctx, providerKey, strikeThreshold, wait); err != nil {
+		if err := h.slowDown(ctx, rt, pe, wait); err != nil {
 			return infra(err)
 		}
 		if attempt >= h.cfg.SendAttempts {
@@ -676,6 +717,44 @@ func (h *Handler) deliver(ctx, waitCtx context.Context, run *batchRun, r *campai
 			return err
 		}
 	}
+}
+
+// route is the provider a one-message send goes through, with its limits and metrics.
+type route struct {
+	provider providers.Provider
+	limits   []limiter.Limit
+	// pauseKey is the provider's pause, checked by the claim script when piggyback ("" when the limits
+	// check it).
+	pauseKey  string
+	piggyback bool
+	m         *metrics.Sends
+	fallback  bool
+}
+
+// route picks the provider of the next send: the fallback while the first is marked down.
+func (h *Handler) route(run *batchRun) *route {
+	if run.secondary != nil {
+		if until, ok := h.downUntil.Load(run.primary.provider.Name()); ok && h.cfg.Now().UnixNano() < until.(int64) {
+			return run.secondary
+		}
+	}
+	return &run.primary
+}
+
+// markDown skips the provider named for FailoverWindow, in favour of its fallback.
+func (h *Handler) markDown(name string) {
+	h.downUntil.Store(name, h.cfg.Now().Add(h.cfg.FailoverWindow).UnixNano())
+}
+
+// slowDown shares a transient refusal with every worker: a 429 pauses the provider for wait, a 5xx counts
+// towards pausing it (Strike).
+func (h *Handler) slowDown(ctx context.Context, rt *route, pe *providers.Error, wait time.Duration) error {
+	key := "provider:" + rt.provider.Name()
+	if pe.Status == 429 || pe.Code == 20429 || pe.Throttled {
+		return h.bucket.Pause(ctx, key, wait)
+	}
+	_, err := h.bucket.Strike(ctx, key, strikeThreshold, wait)
+	return err
 }
 
 // readyToSend takes n tokens from the campaign's and the provider's buckets, then checks that the send

@@ -23,6 +23,9 @@ const (
 	// defaultTwilioRate is Twilio's documented short-code throughput ("over 100 segments/s"): a safe cap
 	// that never earns a 20429 storm. Long codes need TWILIO_RATE=1.
 	defaultTwilioRate = 100.0
+	// defaultNetgsmRate is a cautious cap for Netgsm, which publishes none and answers code 80 beyond
+	// what the account allows; raise NETGSM_RATE for your contract.
+	defaultNetgsmRate = 50.0
 	// defaultSendGridRate: SendGrid publishes no mail/send limit; plan quotas and reputation are what bite.
 	// 1000 e-mails a second (one full request) is a safe start; raise SENDGRID_RATE for your plan.
 	defaultSendGridRate = 1000.0

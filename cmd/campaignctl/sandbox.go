@@ -37,6 +37,9 @@ func (o *sandboxOptions) validate() error {
 			return usagef("%s %v: give requests per second, or 0 for no cap", name, r)
 		}
 	}
+	if err := o.faults.Validate(); err != nil {
+		return usagef("--fail-only %q: %v", o.faults.Only, err)
+	}
 	if o.iysRate < 0 || o.iysPullLag < 0 {
 		return usagef("--iys-rate and --iys-pull-lag must not be negative")
 	}
@@ -56,6 +59,8 @@ func (a *app) newSandboxCmd() *cobra.Command {
   sms    TWILIO_BASE_URL=http://ADDR    Twilio's Messages API; credentials TWILIO_ACCOUNT_SID and TWILIO_AUTH_TOKEN
                                         (any alphanumeric pair when unset); signed status callbacks to the
                                         StatusCallback URL of each message (TWILIO_STATUS_CALLBACK on workers)
+  sms    NETGSM_BASE_URL=http://ADDR    Netgsm's REST v2 send (the SMS failover); credentials NETGSM_USERCODE and
+                                        NETGSM_PASSWORD (any pair when unset)
   email  SENDGRID_BASE_URL=http://ADDR  SendGrid v3 Mail Send; key SENDGRID_API_KEY (any when unset); signed
                                         Event Webhook posts to --sendgrid-event-url (public key at
                                         GET /v3/user/webhooks/event/settings/signed)
@@ -66,7 +71,7 @@ func (a *app) newSandboxCmd() *cobra.Command {
                                         {"recipient":"+905321234567","type":"MESAJ","status":"RET","source":"IYS_MESAJ"}
 
 Every accepted message is recorded: GET /_sandbox/messages, GET /_sandbox/stats,
-POST /_sandbox/faults (JSON, e.g. {"rate_503":0.05}), POST /_sandbox/reset.
+POST /_sandbox/faults (JSON, e.g. {"rate_503":0.05}; "only":"twilio" aims them at one API), POST /_sandbox/reset.
 
 Magic numbers fail permanently with Twilio's code: +905550021211 (invalid), +905550021610 (opted out),
 +905550021614 (not mobile), +905550021408, +905550021606, +905550021635; +905550030003 (and 30005, 30006,
@@ -82,6 +87,8 @@ and then bounce, are dropped or deferred.`,
 			s := sandbox.New(sandbox.Options{
 				TwilioAccountSID: a.getenv("TWILIO_ACCOUNT_SID"),
 				TwilioAuthToken:  a.getenv("TWILIO_AUTH_TOKEN"),
+				NetgsmUserCode:   a.getenv("NETGSM_USERCODE"),
+				NetgsmPassword:   a.getenv("NETGSM_PASSWORD"),
 				Latency:          o.latency,
 				Faults:           o.faults,
 				TwilioRate:       o.twilioRate,
@@ -126,6 +133,7 @@ and then bounce, are dropped or deferred.`,
 	f.Float64Var(&o.faults.RateRaw503, "fail-raw-503", 0, "probability of an HTML 503")
 	f.Float64Var(&o.faults.RateTimeout, "fail-timeout", 0, "probability of accepting, then never answering")
 	f.Float64Var(&o.faults.RateReset, "fail-reset", 0, "probability of closing the connection without answering")
+	f.StringVar(&o.faults.Only, "fail-only", "", "inject the faults only into these APIs, comma-separated (twilio, netgsm, sendgrid, fcm, webhook); empty: all")
 	f.Float64Var(&o.twilioRate, "twilio-rate", 0, "server-side cap in requests per second per account (real 429s); 0 = none")
 	f.Float64Var(&o.sendgridRate, "sendgrid-rate", 0, "server-side cap in mail/send requests per second per API key (real 429s); 0 = none")
 	f.Float64Var(&o.fcmRate, "fcm-rate", 0, "server-side cap in messages per second per project (real 429 QUOTA_EXCEEDED); 0 = none")

@@ -69,6 +69,10 @@ func (a *app) newWorkerCmd() *cobra.Command {
 
 A worker sends the channels whose provider is configured:
   sms    TWILIO_ACCOUNT_SID, TWILIO_AUTH_TOKEN, TWILIO_FROM [TWILIO_BASE_URL, TWILIO_STATUS_CALLBACK, TWILIO_RATE]
+         and/or NETGSM_USERCODE, NETGSM_PASSWORD, NETGSM_HEADER [NETGSM_BASE_URL, NETGSM_RATE]: with both,
+         Netgsm is the failover: a message Twilio refuses without accepting it (5xx, 429, no connection)
+         goes through Netgsm at once, and Twilio is left alone for 30 s; never after a timeout (Twilio
+         may have sent it)
   email  SENDGRID_API_KEY, SENDGRID_FROM [SENDGRID_FROM_NAME, SENDGRID_BASE_URL, SENDGRID_RATE]
   push     GOOGLE_APPLICATION_CREDENTIALS [FCM_PROJECT_ID, FCM_BASE_URL, FCM_RATE]
   webhook  WEBHOOK_URL, WEBHOOK_SECRET [WEBHOOK_RATE]`,
@@ -82,7 +86,7 @@ A worker sends the channels whose provider is configured:
 			ctx := cmd.Context()
 			log := a.logger()
 			applyMemoryLimit(o.memoryMiB, cmd.Flags().Changed("memory-limit"), log)
-			provs, rates, err := a.providers(o.timeout)
+			set, err := a.providers(o.timeout)
 			if err != nil {
 				return err
 			}
@@ -111,8 +115,9 @@ A worker sends the channels whose provider is configured:
 			h := worker.NewHandler(worker.Config{
 				Store:         campaign.NewStore(engine),
 				Redis:         rdb,
-				Providers:     provs,
-				ProviderRates: rates,
+				Providers:     set.primary,
+				Fallback:      set.fallback,
+				ProviderRates: set.rates,
 				Logger:        log,
 				Owner:         fmt.Sprintf("%s:%d", host, os.Getpid()),
 				// A chunk's lease and an unanswered claim must outlive the slowest provider call.
@@ -120,9 +125,13 @@ A worker sends the channels whose provider is configured:
 				InFlightGrace: 3 * o.timeout,
 				Metrics:       m,
 			})
-			channels := make([]string, 0, len(provs))
-			for ch, p := range provs {
-				channels = append(channels, fmt.Sprintf("%s=%s (%g/s)", ch, p.Name(), rates[p.Name()]))
+			channels := make([]string, 0, len(set.primary))
+			for ch, p := range set.primary {
+				desc := fmt.Sprintf("%s=%s (%g/s)", ch, p.Name(), set.rates[p.Name()])
+				if fb := set.fallback[ch]; fb != nil {
+					desc += fmt.Sprintf(", failing over to %s (%g/s)", fb.Name(), set.rates[fb.Name()])
+				}
+				channels = append(channels, desc)
 			}
 			slices.Sort(channels)
 			log.Info("worker started", "concurrency", o.concurrency, "providers", strings.Join(channels, ", "), "pid", os.Getpid())

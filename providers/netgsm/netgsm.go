@@ -64,7 +64,9 @@ type Config struct {
 	Header string
 	// BaseURL, when set, is where requests go instead of DefaultBaseURL (the sandbox).
 	BaseURL string
-	// IYSFilter is sent with every message: IYSIndividual (the default), IYSMerchant or IYSTransactional.
+	// IYSFilter, when set, is sent with every message instead of the one the message asks for
+	// (IYSIndividual for a commercial message to BIREYSEL, IYSMerchant to TACIR, IYSTransactional for one
+	// that is not commercial).
 	IYSFilter string
 	// Timeout bounds each HTTP request. Zero means DefaultTimeout.
 	Timeout time.Duration
@@ -94,9 +96,7 @@ func New(cfg Config) (*Provider, error) {
 	}
 	filter := cfg.IYSFilter
 	switch filter {
-	case "":
-		filter = IYSIndividual
-	case IYSIndividual, IYSMerchant, IYSTransactional:
+	case "", IYSIndividual, IYSMerchant, IYSTransactional:
 	default:
 		return nil, fmt.Errorf("netgsm: İYS filter %q: give 11 (individuals), 12 (merchants) or 0 (transactional)", filter)
 	}
@@ -191,7 +191,18 @@ func (p *Provider) Send(ctx context.Context, m providers.Message) (providers.Res
 		return providers.Result{}, &providers.Error{Provider: "netgsm", Class: providers.Permanent,
 			Message: "not a Turkish mobile number (+905XXXXXXXXX)"}
 	}
-	body, err := json.Marshal(request{Header: p.header, Encoding: "TR", IYSFilter: p.filter, Messages: []message{{Msg: m.Body, No: no}}})
+	filter := p.filter
+	if filter == "" {
+		switch {
+		case !m.Commercial:
+			filter = IYSTransactional
+		case m.RecipientType == "TACIR":
+			filter = IYSMerchant
+		default:
+			filter = IYSIndividual
+		}
+	}
+	body, err := json.Marshal(request{Header: p.header, Encoding: "TR", IYSFilter: filter, Messages: []message{{Msg: m.Body, No: no}}})
 	if err != nil {
 		return providers.Result{}, &providers.Error{Provider: "netgsm", Class: providers.Permanent, Message: "cannot encode the message", Err: err}
 	}
@@ -239,7 +250,9 @@ func (p *Provider) Send(ctx context.Context, m providers.Message) (providers.Res
 		e.Class = providers.Permanent
 	default:
 		switch e.Code {
-		case 80, 85, 100, 101:
+		case 80, 85:
+			e.Class, e.Throttled = providers.Transient, true
+		case 100, 101:
 			e.Class = providers.Transient
 		case 30, 40, 51:
 			e.Class, e.Account = providers.Permanent, true

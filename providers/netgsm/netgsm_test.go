@@ -3,6 +3,7 @@ package netgsm_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/http/httptest"
 	"strings"
 	"testing"
@@ -54,6 +55,28 @@ func TestSendAccepted(t *testing.T) {
 	}
 }
 
+// The İYS filter follows the campaign: Netgsm checks İYS for commercial messages, for the right recipient
+// type, and not for transactional ones.
+func TestIYSFilterFollowsTheMessage(t *testing.T) {
+	t.Parallel()
+	p, s := setup(t, netgsm.Config{})
+	for i, m := range []providers.Message{
+		{Commercial: true, RecipientType: "BIREYSEL"}, {Commercial: true, RecipientType: "TACIR"}, {Commercial: false},
+	} {
+		m.To, m.Body = fmt.Sprintf("+90532000000%d", i), "kod"
+		if _, err := p.Send(context.Background(), m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var got []string
+	for _, m := range s.Messages() {
+		got = append(got, m.IYSFilter)
+	}
+	if strings.Join(got, ",") != "11,12,0" {
+		t.Fatalf("İYS filters %v, want 11 (individuals), 12 (merchants), 0 (transactional)", got)
+	}
+}
+
 func perr(t *testing.T, err error) *providers.Error {
 	t.Helper()
 	var pe *providers.Error
@@ -84,7 +107,7 @@ func TestSendRefusals(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			p, s := setup(t, tc.cfg)
-			_, err := p.Send(context.Background(), providers.Message{To: tc.to, Body: "kod"})
+			_, err := p.Send(context.Background(), providers.Message{To: tc.to, Body: "kod", Commercial: true})
 			pe := perr(t, err)
 			if pe.Class != tc.class || pe.Code != tc.code || pe.AccountLevel() != tc.account {
 				t.Fatalf("%v: class %v code %d account %v; want %v %d %v", err, pe.Class, pe.Code, pe.AccountLevel(), tc.class, tc.code, tc.account)
@@ -122,6 +145,9 @@ func TestSendFaults(t *testing.T) {
 			s.SetFaults(tc.faults)
 			_, err := p.Send(context.Background(), providers.Message{To: "+905321234567", Body: "kod"})
 			pe := perr(t, err)
+			if pe.Throttled != (tc.code == 80) {
+				t.Errorf("%v: throttled %v", err, pe.Throttled)
+			}
 			if pe.Class != tc.class || pe.Status != tc.status || pe.Code != tc.code {
 				t.Fatalf("%v: class %v status %d code %d; want %v %d %d", err, pe.Class, pe.Status, pe.Code, tc.class, tc.status, tc.code)
 			}

@@ -68,6 +68,9 @@ func (f Faults) validate() error {
 	return nil
 }
 
+// Validate checks the rates (0 to 1) and the APIs named in Only.
+func (f Faults) Validate() error { return f.validate() }
+
 // pick returns the fault for a request to api, drawing at most one random number and none when no fault
 // is set for it.
 func (f *Faults) pick(api string) fault {

@@ -22,6 +22,8 @@ type Message struct {
 	NumSegments int       `json:"num_segments"`
 	Status      string    `json:"status"`
 	At          time.Time `json:"at"`
+	// IYSFilter is the İYS filter a Netgsm request asked for (11 individuals, 12 merchants, 0 none).
+	IYSFilter string `json:"iys_filter,omitempty"`
 	// Hung is true when the sandbox accepted the message but never answered (the timeout fault).
 	Hung bool `json:"hung,omitempty"`
 }

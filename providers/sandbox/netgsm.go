@@ -138,7 +138,7 @@ func (s *Server) netgsmSend(w http.ResponseWriter, r *http.Request) {
 	job := netgsmJobID()
 	for _, m := range req.Messages {
 		msg := Message{Provider: "netgsm", SID: job, AccountSID: user, To: "+90" + m.No, From: req.Header, Body: m.Msg,
-			Status: "queued", At: time.Now().UTC(), Hung: hangAfterAccept}
+			Status: "queued", At: time.Now().UTC(), Hung: hangAfterAccept, IYSFilter: req.IYSFilter}
 		_, msg.NumSegments = providers.SMSSegments(m.Msg)
 		s.log.accept(msg)
 	}

@@ -1,0 +1,113 @@
+package worker
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/campaignctl/campaignctl/campaign"
+	"github.com/campaignctl/campaignctl/providers"
+)
+
+// namedProvider is a scriptedProvider under another name (a second SMS provider).
+type namedProvider struct {
+	*scriptedProvider
+	name string
+}
+
+func (p namedProvider) Name() string { return p.name }
+
+// failoverFixture plans 150 customers (80 eligible) whose first provider answers with fail, and gives the
+// handler a fallback that accepts everything.
+func failoverFixture(t *testing.T, window time.Duration, fail func(call int, m providers.Message) error) (*fixture, *scriptedProvider) {
+	t.Helper()
+	f := plan(t, 150)
+	f.provider.fail = fail
+	fb := newProvider()
+	f.h = NewHandler(Config{Store: f.store, Redis: f.rdb, Owner: "test", FailoverWindow: window,
+		Providers:     map[campaign.Channel]providers.Provider{campaign.ChannelSMS: f.provider},
+		Fallback:      map[campaign.Channel]providers.Provider{campaign.ChannelSMS: namedProvider{fb, "second"}},
+		ProviderRates: map[string]float64{}})
+	return f, fb
+}
+
+// bothOnce checks that nobody got two messages over the two providers together.
+func bothOnce(t *testing.T, a, b *scriptedProvider) int {
+	t.Helper()
+	seen := map[string]int{}
+	for _, p := range []*scriptedProvider{a, b} {
+		p.mu.Lock()
+		for to, bodies := range p.accepted {
+			seen[to] += len(bodies)
+		}
+		p.mu.Unlock()
+	}
+	for to, n := range seen {
+		if n > 1 {
+			t.Errorf("%s got %d messages over the two providers", to, n)
+		}
+	}
+	return len(seen)
+}
+
+// The first SMS provider is down (every call a 503): the recipient whose send it refused goes through the
+// second at once, the first is left alone for the failover window, and everyone gets exactly one message.
+func TestFailoverWhenTheFirstProviderIsDown(t *testing.T) {
+	t.Parallel()
+	f, fb := failoverFixture(t, time.Hour, func(int, providers.Message) error {
+		return &providers.Error{Provider: "test", Status: 503, Class: providers.Transient, Message: "unavailable"}
+	})
+	f.runAll(t)
+	if n := bothOnce(t, f.provider, fb); n != 80 {
+		t.Fatalf("%d recipients got a message, want the 80 eligible", n)
+	}
+	if f.provider.calls != 1 || fb.total() != 80 {
+		t.Fatalf("first provider called %d times (want 1: then it is skipped), fallback accepted %d (want 80)", f.provider.calls, fb.total())
+	}
+	if c := f.counts(t); c.Sent != 80 || c.Pending != 0 {
+		t.Fatalf("counts %+v", c)
+	}
+	n, err := f.store.CountReason(context.Background(), f.id, campaign.StatusSent, "sent through second, the fallback (test was down)")
+	if err != nil || n != 80 {
+		t.Fatalf("%d sent recipients say they went through the fallback (%v), want 80", n, err)
+	}
+}
+
+// An ambiguous answer never fails over: the first provider may have sent the message.
+func TestNoFailoverAfterAnAmbiguousAnswer(t *testing.T) {
+	t.Parallel()
+	f, fb := failoverFixture(t, time.Hour, func(call int, _ providers.Message) error {
+		if call == 1 {
+			return &providers.Error{Provider: "test", Class: providers.Ambiguous, Message: "request sent, no answer"}
+		}
+		return nil
+	})
+	f.runAll(t)
+	bothOnce(t, f.provider, fb)
+	if fb.calls != 0 {
+		t.Fatalf("the fallback was called %d times after an ambiguous answer", fb.calls)
+	}
+	if c := f.counts(t); c.Unknown != 1 || c.Sent != 79 {
+		t.Fatalf("counts %+v; want the first recipient unknown and 79 sent by the first provider", c)
+	}
+}
+
+// Once the failover window has passed, the first provider is tried again and, working again, takes the
+// rest: a short outage moves only what it must.
+func TestFirstProviderIsTriedAgainAfterTheWindow(t *testing.T) {
+	t.Parallel()
+	f, fb := failoverFixture(t, time.Millisecond, func(call int, _ providers.Message) error {
+		if call <= 2 {
+			return &providers.Error{Provider: "test", Status: 500, Class: providers.Transient, Message: "oops"}
+		}
+		return nil
+	})
+	fb.before = func(providers.Message) { time.Sleep(2 * time.Millisecond) } // the window passes during each fallback send
+	f.runAll(t)
+	if n := bothOnce(t, f.provider, fb); n != 80 {
+		t.Fatalf("%d recipients got a message, want 80", n)
+	}
+	if fb.total() != 2 || f.provider.total() != 78 {
+		t.Fatalf("fallback sent %d, first %d; want the fallback to send only the 2 the first refused", fb.total(), f.provider.total())
+	}
+}
