@@ -97,7 +97,7 @@ func (s *Store) LeaseChunk(ctx context.Context, c *Campaign, users, addrs []stri
 			array(SELECT user_id FROM pend WHERE (SELECT state_ok FROM may)),
 			array(SELECT CASE WHEN ok IS NULL THEN '' ELSE snap END FROM pend WHERE (SELECT state_ok FROM may)),
 			array(SELECT address FROM pend WHERE ok)`,
-		c.ID, l.Batch, l.Token, l.Epoch, users, l.TTL.Milliseconds(), c.Channel.IYSType(), l.AnyState, recipientTypeOf(c), c.BrandCode)
+		c.ID, l.Batch, l.Token, l.Epoch, users, l.TTL.Milliseconds(), c.Channel.IYSType(), l.AnyState, c.IYSRecipientType(), c.BrandCode)
 	br := s.pool.SendBatch(ctx, b)
 	var one int
 	err := br.QueryRow().Scan(&one)
@@ -150,7 +150,9 @@ func (s *Store) LeaseChunk(ctx context.Context, c *Campaign, users, addrs []stri
 	return ch, nil
 }
 
-func recipientTypeOf(c *Campaign) string {
+// IYSRecipientType is the İYS recipient type the campaign's consents are checked for: BIREYSEL unless
+// it says TACIR.
+func (c *Campaign) IYSRecipientType() string {
 	if c.RecipientType == "" {
 		return "BIREYSEL"
 	}

@@ -21,7 +21,7 @@ func (run *batchRun) message(r *campaign.Recipient) (providers.Message, error) {
 	}
 	m := providers.Message{To: r.Address, Subject: parts.Subject, Body: parts.Text, HTML: parts.HTML,
 		TemplateID: run.c.TemplateID, CampaignID: run.c.ID, UserID: r.UserID,
-		Commercial: !run.c.Transactional, RecipientType: recipientType(run.c)}
+		Commercial: !run.c.Transactional, RecipientType: run.c.IYSRecipientType()}
 	if run.c.TemplateID != "" || run.c.Channel == campaign.ChannelPush {
 		// A provider-side template (and a push's data payload) gets the values themselves.
 		m.Data = make(map[string]string, len(data))
@@ -208,12 +208,4 @@ func (h *Handler) sendGroup(ctx, waitCtx context.Context, run *batchRun, b provi
 			return err
 		}
 	}
-}
-
-// recipientType is the campaign's İYS recipient type (BIREYSEL unless it says otherwise).
-func recipientType(c *campaign.Campaign) string {
-	if c.RecipientType == "" {
-		return "BIREYSEL"
-	}
-	return c.RecipientType
 }
