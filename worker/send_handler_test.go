@@ -634,3 +634,33 @@ func TestPostgresUnreachableSendsNothing(t *testing.T) {
 		t.Fatalf("%d messages sent while Postgres was unreachable", f.provider.total())
 	}
 }
+
+// A provider paused by another worker (a 429 it saw) holds this worker's sends back until the pause ends,
+// with or without a cap on the provider (the claim script reads the pause in both cases).
+func TestPausedProviderHoldsSendsBack(t *testing.T) {
+	t.Parallel()
+	for _, rate := range []float64{0, 1000} {
+		t.Run(fmt.Sprintf("cap %g", rate), func(t *testing.T) {
+			t.Parallel()
+			f := plan(t, 4)
+			f.h.cfg.ProviderRates = map[string]float64{"test": rate}
+			const pause = 400 * time.Millisecond
+			if err := limiter.New(f.rdb).Pause(context.Background(), "provider:test", pause); err != nil {
+				t.Fatal(err)
+			}
+			start := time.Now()
+			var first time.Duration
+			f.provider.before = func(providers.Message) {
+				if first == 0 {
+					first = time.Since(start)
+				}
+			}
+			if err := f.h.RunBatch(context.Background(), f.id, 0); err != nil {
+				t.Fatal(err)
+			}
+			if f.provider.total() == 0 || first < pause-50*time.Millisecond {
+				t.Fatalf("first send %v after a pause of %v was set (%d sent)", first, pause, f.provider.total())
+			}
+		})
+	}
+}
