@@ -50,8 +50,10 @@ func (o *workersOptions) validate() error {
 		return usagef("--shutdown-timeout %v: give a positive duration, e.g. --shutdown-timeout 30s", o.worker.shutdown)
 	}
 	for _, arg := range o.extra {
-		if (arg == "--metrics-addr" || strings.HasPrefix(arg, "--metrics-addr=")) && o.max > 1 {
-			return usagef("--metrics-addr after --: every worker would listen on the same address and all but one would fail; run workers with --metrics-addr each under its own supervisor or process manager, or use --max 1")
+		for _, flag := range []string{"--metrics-addr", "--pprof-addr"} {
+			if (arg == flag || strings.HasPrefix(arg, flag+"=")) && o.max > 1 {
+				return usagef("%s after --: every worker would listen on the same address and all but one would fail; run workers with %s each under its own supervisor or process manager, or use --max 1", flag, flag)
+			}
 		}
 	}
 	return o.worker.validate()

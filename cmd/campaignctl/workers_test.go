@@ -47,6 +47,7 @@ func TestWorkersFlagsAreValidated(t *testing.T) {
 		{[]string{"--provider-timeout", "1ms"}, twilio, "--provider-timeout 1ms: give 100ms to 5m"},
 		{[]string{"extra"}, twilio, "give worker flags after --"},
 		{[]string{"--max", "2", "--", "--metrics-addr", "127.0.0.1:9100"}, twilio, "every worker would listen on the same address"},
+		{[]string{"--max", "2", "--", "--pprof-addr=127.0.0.1:6060"}, twilio, "--pprof-addr after --: every worker would listen on the same address"},
 		{[]string{"--max", "2"}, map[string]string{}, "no provider is configured"},
 	} {
 		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
