@@ -585,8 +585,12 @@ func (h *Handler) deliver(ctx, waitCtx context.Context, run *batchRun, r *campai
 	g.checkHalt = true
 
 	var pauseFrom time.Time // when the pause check began (piggyback): the provider limit's wait
+	failedOver := false     // this recipient goes through the fallback, whatever the window says by now
 	for attempt := 1; ; attempt++ {
 		rt := h.route(run)
+		if failedOver {
+			rt = run.secondary
+		}
 		if err := h.readyToSend(ctx, waitCtx, run, 1, rt.limits...); err != nil {
 			return err
 		}
@@ -704,6 +708,7 @@ func (h *Handler) deliver(ctx, waitCtx context.Context, run *batchRun, r *campai
 			if pe.Class != providers.Permanent {
 				h.slowDown(ctx, rt, pe, backoff(1, pe.RetryAfter)) //nolint:errcheck // the fallback is what sends now
 			}
+			failedOver = true
 			attempt--
 			continue
 		}
