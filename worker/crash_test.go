@@ -377,3 +377,52 @@ func TestTakenOverChunkOutsideTheFirstChunkIsSettledFirst(t *testing.T) {
 		t.Fatalf("provider got %d messages, want 3", got)
 	}
 }
+
+// A lease taken while a cancel is being written waits for it and sees what it wrote: the chunk's rows the
+// cancel skipped are not leased (and so not sent). The cancel locks the campaign's batch rows first, as
+// CancelUnleased does; LeaseChunk locks its batch row before it reads anything.
+func TestLeaseWaitsForACancelInProgress(t *testing.T) {
+	t.Parallel()
+	f := plan(t, 10) // eligible in batch 0: u1 u2 u4 u7 u8
+	ctx := context.Background()
+	c := f.campaign(t)
+	users, addrs := f.batchUsers(t, 0)
+	tx, err := f.db.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx) //nolint:errcheck
+	for _, sql := range []string{
+		`SELECT 1 FROM campaign_batches WHERE campaign_id = $1 FOR UPDATE`,
+		`UPDATE campaigns SET state = 'cancelled' WHERE id = $1`,
+		`UPDATE campaign_recipients SET status = 'skipped', reason = 'cancelled' WHERE campaign_id = $1 AND status = 'pending'`,
+	} {
+		if _, err := tx.Exec(ctx, sql, f.id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	type result struct {
+		ch  campaign.Chunk
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		ch, err := f.store.LeaseChunk(ctx, c, users, addrs, campaign.Lease{Token: "run", Epoch: "e", TTL: time.Minute})
+		done <- result{ch, err}
+	}()
+	select {
+	case r := <-done:
+		t.Fatalf("the lease did not wait for the cancel's locks: %+v %v", r.ch, r.err)
+	case <-time.After(300 * time.Millisecond):
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	r := <-done
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	if r.ch.State != campaign.StateCancelled || len(r.ch.Leased) != 0 {
+		t.Fatalf("after the cancel: state %s, leased %v; want cancelled and nothing leased (every row was skipped)", r.ch.State, r.ch.Leased)
+	}
+}
