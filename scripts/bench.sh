@@ -41,7 +41,8 @@ usage: scripts/bench.sh [options]
   --concurrency C       --concurrency of each worker (default 16)
   --latency-concurrency C  --concurrency of each worker with 20 ms latency (default 32)
   --scenarios LIST      the send scenarios to run, of sms,email,latency,rate (default: all)
-  --profile             take a 10 s CPU profile of the first worker of each send scenario (kept in the work directory)
+  --profile             take 10 s CPU profiles of the first worker and of the sandbox in each send scenario
+                        (kept in the work directory)
   --send-timeout S      give up on a send scenario after S seconds (default 600)
   --customers N         customers in the launch audience (env BENCH_CUSTOMERS, default 1000000; at most 9999999)
   --consents N          rows in the consent CSV for `iys import` (env BENCH_CONSENTS, default 1700000)
