@@ -35,7 +35,8 @@ const (
 	defaultWebhookRate = 100.0
 )
 
-// channelRate is the provider-wide cap of the channel's provider: TWILIO_RATE, SENDGRID_RATE or FCM_RATE.
+// channelRate is the provider-wide cap of the channel's provider: TWILIO_RATE (NETGSM_RATE when Netgsm
+// alone sends SMS), SENDGRID_RATE, FCM_RATE or WEBHOOK_RATE.
 func (a *app) channelRate(ch campaign.Channel) (float64, error) {
 	switch ch {
 	case campaign.ChannelEmail:
@@ -44,6 +45,10 @@ func (a *app) channelRate(ch campaign.Channel) (float64, error) {
 		return a.rate("FCM_RATE", defaultFCMRate)
 	case campaign.ChannelWebhook:
 		return a.rate("WEBHOOK_RATE", defaultWebhookRate)
+	}
+	if !a.anySet("TWILIO_ACCOUNT_SID", "TWILIO_AUTH_TOKEN", "TWILIO_FROM") && a.anySet("NETGSM_USERCODE", "NETGSM_PASSWORD", "NETGSM_HEADER") {
+		// Netgsm alone sends SMS (with Twilio it is only the failover).
+		return a.rate("NETGSM_RATE", defaultNetgsmRate)
 	}
 	return a.rate("TWILIO_RATE", defaultTwilioRate)
 }
