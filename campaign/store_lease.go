@@ -159,20 +159,16 @@ func (c *Campaign) IYSRecipientType() string {
 	return c.RecipientType
 }
 
-// RenewLease extends the run's lease on its batch. It returns how many of users it still holds: all of
-// them, or none when another run took the batch over (the lease had expired) and this run must stop
-// sending.
-func (s *Store) RenewLease(ctx context.Context, campaignID int64, users []string, l Lease) (int, error) {
+// RenewLease extends the run's lease on its batch. It reports false when another run took the batch over
+// (the lease had expired): this run must stop sending.
+func (s *Store) RenewLease(ctx context.Context, campaignID int64, l Lease) (bool, error) {
 	tag, err := s.pool.Exec(ctx, `UPDATE campaign_batches SET lease_until = now() + $4 * interval '1 millisecond'
 		WHERE campaign_id = $1 AND batch = $2 AND lease_token = $3`,
 		campaignID, l.Batch, l.Token, l.TTL.Milliseconds())
 	if err != nil {
-		return 0, fmt.Errorf("renew lease of batch %d: %w", l.Batch, err)
+		return false, fmt.Errorf("renew lease of batch %d: %w", l.Batch, err)
 	}
-	if tag.RowsAffected() == 0 {
-		return 0, nil
-	}
-	return len(users), nil
+	return tag.RowsAffected() == 1, nil
 }
 
 // ReleaseBatch lets the run's lease on its batch go, unless a chunk is still in hand (its outcomes were

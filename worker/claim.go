@@ -264,56 +264,6 @@ local kind = string.sub(v, p + 1, p + 1)
 if kind == "u" or kind == "c" then return redis.call("DEL", KEYS[1]) end
 return 0`)
 
-// taken is the result of one claim of takeMany.
-type taken struct {
-	old  string // the existing value, without its nonce, when not ours
-	ours bool
-}
-
-// takeMany takes the claims of keys (values vals) in one round trip, as take does one. When the guard
-// refuses (errEpoch, errHalted), the claims that were taken are released again and the error is returned.
-func (c *claims) takeMany(ctx context.Context, keys []string, nonce string, vals []string, g guard) ([]taken, error) {
-	check := "0"
-	if g.checkHalt {
-		check = "1"
-	}
-	pipe := c.rdb.Pipeline()
-	cmds := make([]*redis.Cmd, len(keys))
-	for i, k := range keys {
-		cmds[i] = takeScript.Eval(ctx, pipe, []string{k, EpochKey, g.halt}, nonce+"/"+vals[i], c.ttl.Milliseconds(), nonce+"/", g.epoch, check)
-	}
-	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) && scriptError(err) == err {
-		return nil, fmt.Errorf("claims: %w", err)
-	}
-	out := make([]taken, len(keys))
-	var refused error
-	for i, cmd := range cmds {
-		old, err := cmd.Text()
-		switch {
-		case errors.Is(err, redis.Nil):
-			out[i].ours = true
-		case err == nil:
-			out[i].old = strings.TrimPrefix(old, nonce+"/")
-		case scriptError(err) != err:
-			refused = scriptError(err)
-		default:
-			return nil, fmt.Errorf("claim %s: %w", keys[i], err)
-		}
-	}
-	if refused != nil {
-		var mine []string
-		var theirs []string
-		for i := range out {
-			if out[i].ours {
-				mine, theirs = append(mine, keys[i]), append(theirs, vals[i])
-			}
-		}
-		c.releaseMany(context.WithoutCancel(ctx), mine, nonce, theirs) //nolint:errcheck // a kept claim only makes the recipient unknown later
-		return nil, refused
-	}
-	return out, nil
-}
-
 // settleMany records answers in claims we hold, in one script call (see settle). It fails when a claim
 // was taken over by another value (the others are written all the same).
 func (c *claims) settleMany(ctx context.Context, keys []string, nonce string, mine, vals []string) error {

@@ -162,9 +162,6 @@ type batchRun struct {
 	batch    int
 	provider providers.Provider
 	limits   []limiter.Limit
-	// singleLimits are the limits a one-recipient send waits for: limits, less the provider's pause when
-	// the claim script checks it (piggyback).
-	singleLimits []limiter.Limit
 	// piggyback is set when no send waits for tokens: the claim script then also checks the provider's
 	// pause and writes the previous send's answer (unsettled), one Redis round trip per message.
 	piggyback bool
@@ -179,8 +176,6 @@ type batchRun struct {
 	lease     campaign.Lease
 	// renewAt is when the chunk's lease is renewed before the next claim.
 	renewAt time.Time
-	// leased are the users of the chunk in hand that this run leased.
-	leased []string
 	guard  guard
 	// pending are outcomes not yet written to Postgres.
 	pending []campaign.Outcome
@@ -255,18 +250,17 @@ func (h *Handler) RunBatch(ctx context.Context, campaignID int64, batch int) err
 			{Key: "campaign:" + strconv.FormatInt(c.ID, 10), Rate: c.Rate, Observer: run.m.CampaignWait()},
 			{Key: "provider:" + run.provider.Name(), Rate: h.cfg.ProviderRates[run.provider.Name()], Pausable: true, Observer: run.m.ProviderWait()},
 		}
-		run.singleLimits = run.limits
-		if run.piggyback = c.Rate <= 0 && h.cfg.ProviderRates[run.provider.Name()] <= 0; run.piggyback {
-			run.singleLimits = nil
-		}
+		run.piggyback = c.Rate <= 0 && h.cfg.ProviderRates[run.provider.Name()] <= 0
 		// The claim script checks the provider's pause in the same round trip as the claim, so the token
 		// wait need not (one round trip less per message under a cap; a token taken during a pause is
-		// lost, which only lowers the rate).
+		// lost, which only lowers the rate). Without any cap there is no wait at all.
 		run.primary = route{provider: run.provider, piggyback: run.piggyback, m: run.m,
 			pauseKey: limiter.PauseKey("provider:" + run.provider.Name())}
-		for _, l := range run.singleLimits {
-			l.Pausable = false
-			run.primary.limits = append(run.primary.limits, l)
+		if !run.piggyback {
+			for _, l := range run.limits {
+				l.Pausable = false
+				run.primary.limits = append(run.primary.limits, l)
+			}
 		}
 		if fb := h.cfg.Fallback[c.Channel]; fb != nil {
 			if _, batches := run.provider.(providers.Batcher); !batches {
@@ -449,7 +443,6 @@ func (h *Handler) gate(ctx context.Context, run *batchRun, chunk []campaign.Reci
 	}
 	run.busy += got.Busy
 	run.renewAt = at.Add(run.lease.TTL / 3)
-	run.leased = run.leased[:0]
 	todo := chunk[:0:0]
 	inChunk := make(map[string]bool, len(chunk))
 	for _, r := range chunk {
@@ -460,14 +453,12 @@ func (h *Handler) gate(ctx context.Context, run *batchRun, chunk []campaign.Reci
 		}
 		r.Consent, r.Suspect = got.Consent[r.Address], suspect
 		todo = append(todo, r)
-		run.leased = append(run.leased, r.UserID)
 	}
 	// The batch was taken over from a run that died under another Redis epoch: its chunk in hand is settled
 	// first, whichever chunk of this run its users belong to.
 	for u, suspect := range got.Leased {
 		if suspect && !inChunk[u] {
 			todo = append([]campaign.Recipient{{UserID: u, Suspect: true}}, todo...)
-			run.leased = append(run.leased, u)
 		}
 	}
 	for u, snap := range got.Snapshots {
@@ -483,12 +474,12 @@ func (h *Handler) renew(ctx context.Context, run *batchRun) error {
 	if now.Before(run.renewAt) {
 		return nil
 	}
-	n, err := h.cfg.Store.RenewLease(ctx, run.c.ID, run.leased, run.lease)
+	held, err := h.cfg.Store.RenewLease(ctx, run.c.ID, run.lease)
 	if err != nil {
 		return infra(err)
 	}
-	if n < len(run.leased) {
-		return &RetryError{Err: fmt.Errorf("lease of batch %d lost to another run (%d of %d rows)", run.batch, len(run.leased)-n, len(run.leased)), After: time.Second}
+	if !held {
+		return &RetryError{Err: fmt.Errorf("lease of batch %d lost to another run", run.batch), After: time.Second}
 	}
 	run.renewAt = now.Add(run.lease.TTL / 3)
 	return nil
