@@ -176,7 +176,7 @@ type batchRun struct {
 	lease     campaign.Lease
 	// renewAt is when the chunk's lease is renewed before the next claim.
 	renewAt time.Time
-	guard  guard
+	guard   guard
 	// pending are outcomes not yet written to Postgres.
 	pending []campaign.Outcome
 	// strikes are recipients that kept failing transiently in this run. They count against the recipient
