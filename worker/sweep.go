@@ -2,11 +2,8 @@ package worker
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"time"
-
-	"github.com/redis/go-redis/v9"
 
 	"github.com/campaignctl/campaignctl/campaign"
 )
@@ -45,34 +42,38 @@ func (h *Handler) Sweep(ctx context.Context) (int, error) {
 			return n, err
 		}
 		var serr error
+		var users, keys []string
 		for _, u := range e.Users {
 			suspect, ok := got.Leased[u]
-			if !ok {
-				continue
-			}
-			if suspect {
-				if serr = h.suspect(ctx, run, &campaign.Recipient{UserID: u, Suspect: true}); serr != nil {
-					break
+			switch {
+			case !ok:
+			case suspect:
+				if serr == nil {
+					serr = h.suspect(ctx, run, &campaign.Recipient{UserID: u, Suspect: true})
 				}
-				continue
+			default:
+				users, keys = append(users, u), append(keys, ClaimKey(c.ID, u))
 			}
-			val, err := h.cfg.Redis.Get(ctx, ClaimKey(c.ID, u)).Result()
-			if errors.Is(err, redis.Nil) {
+		}
+		// The claims of the chunk, in one round trip.
+		var vals []any
+		if serr == nil && len(keys) > 0 {
+			vals, serr = h.cfg.Redis.MGet(ctx, keys...).Result()
+		}
+		for i := range vals {
+			val, ok := vals[i].(string)
+			if !ok {
 				continue // never claimed: never sent; the lease is let go below
-			}
-			if err != nil {
-				serr = err
-				break
 			}
 			st := parseClaimOf(val, run.nonce)
 			if st.kind == 0 {
 				continue // an earlier campaign's claim
 			}
 			if st.kind == claimPending {
-				run.add(campaign.Outcome{UserID: u, Status: campaign.StatusUnknown, Reason: reasonDiedMidCall})
+				run.add(campaign.Outcome{UserID: users[i], Status: campaign.StatusUnknown, Reason: reasonDiedMidCall})
 				continue
 			}
-			h.fromClaim(run, u, val[len(run.nonce)+1:])
+			h.fromClaim(run, users[i], val[len(run.nonce)+1:])
 		}
 		// Records the outcomes and lets every row of the run go (on an error too: what is not settled stays
 		// pending, and its claims are read again by the next run).
