@@ -42,13 +42,13 @@ type Chunk struct {
 	Snapshots map[string]string
 }
 
-// LeaseChunk reads the campaign's state and the consents of addrs, leases the batch for the run (unless
+// LeaseChunk reads the campaign's state and the consents of the users' addresses, leases the batch for the run (unless
 // another run holds it under a live lease), and makes users (those still pending) its chunk in hand. It
 // runs in one round trip: the batch row is locked first, so what the lease reads is what a concurrent
 // cancel left. The batch is leased only while the campaign is running or cancelled (a cancelled campaign's
 // batches are closed under leases too); in any other state nothing is leased and the caller waits.
-func (s *Store) LeaseChunk(ctx context.Context, c *Campaign, users, addrs []string, l Lease) (Chunk, error) {
-	ch := Chunk{Leased: map[string]bool{}, Consent: make(map[string]bool, len(addrs)), Snapshots: map[string]string{}}
+func (s *Store) LeaseChunk(ctx context.Context, c *Campaign, users []string, l Lease) (Chunk, error) {
+	ch := Chunk{Leased: map[string]bool{}, Consent: make(map[string]bool, len(users)), Snapshots: map[string]string{}}
 	var (
 		leased, takeover, otherEpoch bool
 		oldUsers, pend, snaps, ok    []string
@@ -96,8 +96,10 @@ func (s *Store) LeaseChunk(ctx context.Context, c *Campaign, users, addrs []stri
 			coalesce((SELECT lease_users FROM may), '{}'),
 			array(SELECT user_id FROM pend WHERE (SELECT state_ok FROM may)),
 			array(SELECT CASE WHEN ok IS NULL THEN '' ELSE snap END FROM pend WHERE (SELECT state_ok FROM may)),
-			array(SELECT address FROM pend WHERE ok)`,
-		c.ID, l.Batch, l.Token, l.Epoch, users, l.TTL.Milliseconds(), c.Channel.IYSType(), l.AnyState, c.IYSRecipientType(), c.BrandCode)
+			array(SELECT address FROM pend WHERE ok OR $11)`,
+		c.ID, l.Batch, l.Token, l.Epoch, users, l.TTL.Milliseconds(), c.Channel.IYSType(), l.AnyState, c.IYSRecipientType(), c.BrandCode,
+		// Push and webhook opt-ins are decided at plan time; a transactional message needs no consent.
+		c.Channel.IYSType() == "" || c.Transactional)
 	br := s.pool.SendBatch(ctx, b)
 	var one int
 	err := br.QueryRow().Scan(&one)
@@ -136,12 +138,6 @@ func (s *Store) LeaseChunk(ctx context.Context, c *Campaign, users, addrs []stri
 			if inChunk[u] {
 				ch.Busy++
 			}
-		}
-	}
-	if c.Channel.IYSType() == "" || c.Transactional {
-		// Push and webhook opt-ins are decided at plan time; a transactional message needs no consent.
-		for _, a := range addrs {
-			ch.Consent[a] = true
 		}
 	}
 	for _, a := range ok {

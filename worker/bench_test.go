@@ -117,13 +117,12 @@ func BenchmarkLeaseAndRecord(b *testing.B) {
 		rs := all[next : next+chunk]
 		next += chunk
 		users := make([]string, len(rs))
-		addrs := make([]string, len(rs))
 		for i, r := range rs {
-			users[i], addrs[i] = r.UserID, r.Address
+			users[i] = r.UserID
 		}
 		l := campaign.Lease{Batch: 0, Token: token, Epoch: "bench", TTL: time.Minute} // one run, chunk after chunk
 		t0 := time.Now()
-		got, err := f.store.LeaseChunk(ctx, c, users, addrs, l)
+		got, err := f.store.LeaseChunk(ctx, c, users, l)
 		leaseTime += time.Since(t0)
 		if err != nil || len(got.Leased) != len(rs) {
 			b.Fatalf("lease: %d of %d leased, %v", len(got.Leased), len(rs), err)

@@ -11,17 +11,17 @@ import (
 	"github.com/campaignctl/campaignctl/providers"
 )
 
-// batchUsers returns the pending users and addresses of one batch.
-func (f *fixture) batchUsers(t *testing.T, batch int) (users, addrs []string) {
+// batchUsers returns the pending users of one batch.
+func (f *fixture) batchUsers(t *testing.T, batch int) (users []string) {
 	t.Helper()
 	rs, err := f.store.LoadBatch(context.Background(), f.id, batch)
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, r := range rs {
-		users, addrs = append(users, r.UserID), append(addrs, r.Address)
+		users = append(users, r.UserID)
 	}
-	return users, addrs
+	return users
 }
 
 func (f *fixture) campaign(t *testing.T) *campaign.Campaign {
@@ -105,8 +105,8 @@ func TestDeadRunsChunkIsTakenOver(t *testing.T) {
 			if !tc.sameEpoch {
 				epoch = "lost"
 			}
-			users, addrs := f.batchUsers(t, 0)
-			if _, err := f.store.LeaseChunk(ctx, c, users, addrs, campaign.Lease{Token: "dead", Epoch: epoch, TTL: time.Millisecond}); err != nil {
+			users := f.batchUsers(t, 0)
+			if _, err := f.store.LeaseChunk(ctx, c, users, campaign.Lease{Token: "dead", Epoch: epoch, TTL: time.Millisecond}); err != nil {
 				t.Fatal(err)
 			}
 			// The dead run had u2 answered.
@@ -144,8 +144,8 @@ func TestLiveLeaseIsLeftAlone(t *testing.T) {
 	t.Parallel()
 	f := plan(t, 10)
 	ctx := context.Background()
-	users, addrs := f.batchUsers(t, 0)
-	if _, err := f.store.LeaseChunk(ctx, f.campaign(t), users[:3], addrs[:3], campaign.Lease{Token: "live", Epoch: "e", TTL: time.Minute}); err != nil {
+	users := f.batchUsers(t, 0)
+	if _, err := f.store.LeaseChunk(ctx, f.campaign(t), users[:3], campaign.Lease{Token: "live", Epoch: "e", TTL: time.Minute}); err != nil {
 		t.Fatal(err)
 	}
 	err := f.h.RunBatch(ctx, f.id, 0)
@@ -308,8 +308,8 @@ func TestSweepSettlesADeadRunsChunk(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	users, addrs := f.batchUsers(t, 0)
-	if _, err := f.store.LeaseChunk(ctx, c, users, addrs, campaign.Lease{Token: "dead", Epoch: epoch, TTL: time.Millisecond}); err != nil {
+	users := f.batchUsers(t, 0)
+	if _, err := f.store.LeaseChunk(ctx, c, users, campaign.Lease{Token: "dead", Epoch: epoch, TTL: time.Millisecond}); err != nil {
 		t.Fatal(err)
 	}
 	n := Nonce(c) + "/"
@@ -352,8 +352,8 @@ func TestTakenOverChunkOutsideTheFirstChunkIsSettledFirst(t *testing.T) {
 	f := plan(t, 10) // eligible in batch 0: u1 u2 u4 u7 u8
 	ctx := context.Background()
 	c := f.campaign(t)
-	users, addrs := f.batchUsers(t, 0)
-	if _, err := f.store.LeaseChunk(ctx, c, users[3:], addrs[3:], campaign.Lease{Token: "dead", Epoch: "lost", TTL: time.Millisecond}); err != nil {
+	users := f.batchUsers(t, 0)
+	if _, err := f.store.LeaseChunk(ctx, c, users[3:], campaign.Lease{Token: "dead", Epoch: "lost", TTL: time.Millisecond}); err != nil {
 		t.Fatal(err)
 	}
 	time.Sleep(5 * time.Millisecond)
@@ -386,7 +386,7 @@ func TestLeaseWaitsForACancelInProgress(t *testing.T) {
 	f := plan(t, 10) // eligible in batch 0: u1 u2 u4 u7 u8
 	ctx := context.Background()
 	c := f.campaign(t)
-	users, addrs := f.batchUsers(t, 0)
+	users := f.batchUsers(t, 0)
 	tx, err := f.db.Begin(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -407,7 +407,7 @@ func TestLeaseWaitsForACancelInProgress(t *testing.T) {
 	}
 	done := make(chan result, 1)
 	go func() {
-		ch, err := f.store.LeaseChunk(ctx, c, users, addrs, campaign.Lease{Token: "run", Epoch: "e", TTL: time.Minute})
+		ch, err := f.store.LeaseChunk(ctx, c, users, campaign.Lease{Token: "run", Epoch: "e", TTL: time.Minute})
 		done <- result{ch, err}
 	}()
 	select {

@@ -423,12 +423,11 @@ func (h *Handler) gate(ctx context.Context, run *batchRun, chunk []campaign.Reci
 		return 0, nil, &RetryError{Err: fmt.Errorf("outside the send window %s; sending resumes at %s", run.c.Window, next.Format(time.RFC3339)), After: next.Sub(now)}
 	}
 	users := make([]string, len(chunk))
-	addrs := make([]string, len(chunk))
 	for i := range chunk {
-		users[i], addrs[i] = chunk[i].UserID, chunk[i].Address
+		users[i] = chunk[i].UserID
 	}
 	at := h.cfg.Now()
-	got, err := h.cfg.Store.LeaseChunk(ctx, run.c, users, addrs, run.lease)
+	got, err := h.cfg.Store.LeaseChunk(ctx, run.c, users, run.lease)
 	if err != nil {
 		return 0, nil, infra(err)
 	}

@@ -37,7 +37,7 @@ func (h *Handler) Sweep(ctx context.Context) (int, error) {
 		run := &batchRun{c: c, nonce: Nonce(c), batch: e.Batch, counts: map[string]int64{}, snapshots: map[string]string{},
 			lease: campaign.Lease{Batch: e.Batch, Token: randomToken(), Epoch: epoch, TTL: h.cfg.LeaseTTL, AnyState: true},
 			guard: guard{epoch: epoch, halt: HaltKey(c.ID)}}
-		got, err := h.cfg.Store.LeaseChunk(ctx, c, e.Users, []string{}, run.lease)
+		got, err := h.cfg.Store.LeaseChunk(ctx, c, e.Users, run.lease)
 		if err != nil {
 			return n, err
 		}

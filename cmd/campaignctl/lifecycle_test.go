@@ -65,7 +65,7 @@ func TestCancel(t *testing.T) {
 		t.Fatal(err)
 	}
 	// A worker leased a and b, had a answered, and died.
-	if _, err := campaign.NewStore(db).LeaseChunk(ctx, c, []string{"a", "b"}, []string{"+905321000001", "+905321000002"},
+	if _, err := campaign.NewStore(db).LeaseChunk(ctx, c, []string{"a", "b"},
 		campaign.Lease{Token: "dead", Epoch: epoch, TTL: time.Millisecond}); err != nil {
 		t.Fatal(err)
 	}
