@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -660,6 +661,37 @@ func TestPausedProviderHoldsSendsBack(t *testing.T) {
 			}
 			if f.provider.total() == 0 || first < pause-50*time.Millisecond {
 				t.Fatalf("first send %v after a pause of %v was set (%d sent)", first, pause, f.provider.total())
+			}
+		})
+	}
+}
+
+// The provider's answer is in the recipient's claim before the next provider call (written with the next
+// claim when nothing is capped, at once under a cap): a worker killed mid-chunk leaves at most the message
+// in flight without an answer, never the ones before it.
+func TestAnswerIsInTheClaimBeforeTheNextSend(t *testing.T) {
+	t.Parallel()
+	for _, rate := range []float64{0, 1000} {
+		t.Run(fmt.Sprintf("cap %g", rate), func(t *testing.T) {
+			t.Parallel()
+			f := plan(t, 30)
+			f.h.cfg.ProviderRates = map[string]float64{"test": rate}
+			nonce := Nonce(f.campaign(t))
+			prev, checked := "", 0
+			f.provider.before = func(m providers.Message) {
+				if prev != "" {
+					i, _ := strconv.Atoi(prev[len(prev)-7:])
+					v := f.rdb.Get(context.Background(), ClaimKey(f.id, fmt.Sprint("u", i))).Val()
+					if !strings.HasPrefix(v, nonce+"/s|") {
+						t.Errorf("before the send to %s, the claim of the previous recipient (%s) is %q, not its answer", m.To, prev, v)
+					}
+					checked++
+				}
+				prev = m.To
+			}
+			f.runAll(t)
+			if checked < 10 {
+				t.Fatalf("only %d sends checked", checked)
 			}
 		})
 	}
