@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"math/big"
 	"net/http"
+	"strconv"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -40,19 +41,9 @@ type netgsmAnswer struct {
 }
 
 func (s *Server) netgsmError(w http.ResponseWriter, status int, code, description string) {
-	s.log.rejected(status, atoiOr0(code))
+	n, _ := strconv.Atoi(code)
+	s.log.rejected(status, n)
 	writeJSON(w, status, netgsmAnswer{Code: code, Description: description})
-}
-
-func atoiOr0(s string) int {
-	n := 0
-	for _, c := range s {
-		if c < '0' || c > '9' {
-			return 0
-		}
-		n = n*10 + int(c-'0')
-	}
-	return n
 }
 
 // netgsmSend imitates POST /sms/rest/v2/send of Netgsm's REST API: Basic auth, a JSON body with the sender
