@@ -24,10 +24,8 @@ func failoverFixture(t *testing.T, window time.Duration, fail func(call int, m p
 	f := plan(t, 150)
 	f.provider.fail = fail
 	fb := newProvider()
-	f.h = NewHandler(Config{Store: f.store, Redis: f.rdb, Owner: "test", FailoverWindow: window,
-		Providers:     map[campaign.Channel]providers.Provider{campaign.ChannelSMS: f.provider},
-		Fallback:      map[campaign.Channel]providers.Provider{campaign.ChannelSMS: namedProvider{fb, "second"}},
-		ProviderRates: map[string]float64{}})
+	f.h.cfg.Fallback = map[campaign.Channel]providers.Provider{campaign.ChannelSMS: namedProvider{fb, "second"}}
+	f.h.cfg.FailoverWindow = window
 	return f, fb
 }
 
