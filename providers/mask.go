@@ -22,6 +22,12 @@ func MaskAddress(s string) string {
 	return s[:head] + strings.Repeat("*", len(s)-head-keep) + s[len(s)-keep:]
 }
 
+// AsksToSlowDown reports whether the provider refused because of the sender's rate (a 429, Twilio's
+// 20429, or an adapter's own rate-limit code: Throttled), rather than for a fault of its own.
+func (e *Error) AsksToSlowDown() bool {
+	return e.Status == 429 || e.Code == 20429 || e.Throttled
+}
+
 // AccountLevel reports whether the error is about the sending account or its configuration (bad
 // credentials, a sender the account may not use) rather than about the recipient: failing the recipient
 // would be wrong, and every other recipient would fail the same way, so the work must wait for an operator.

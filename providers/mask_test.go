@@ -20,3 +20,21 @@ func TestMaskAddress(t *testing.T) {
 		}
 	}
 }
+
+// A rate-limit answer asks every worker to slow down, whichever way the provider says it.
+func TestAsksToSlowDown(t *testing.T) {
+	for _, tc := range []struct {
+		e    Error
+		want bool
+	}{
+		{Error{Status: 429}, true},
+		{Error{Status: 400, Code: 20429}, true},
+		{Error{Status: 200, Code: 80, Throttled: true}, true},
+		{Error{Status: 503}, false},
+		{Error{Status: 200, Code: 100}, false},
+	} {
+		if got := tc.e.AsksToSlowDown(); got != tc.want {
+			t.Errorf("%+v: AsksToSlowDown %v, want %v", tc.e, got, tc.want)
+		}
+	}
+}

@@ -191,12 +191,7 @@ func (h *Handler) sendGroup(ctx, waitCtx context.Context, run *batchRun, b provi
 			return &RetryError{Err: fmt.Errorf("provider refuses the account, not the recipients (fix the configuration; the batch waits): %w", pe), Failure: true}
 		}
 		wait := backoff(attempt, pe.RetryAfter)
-		providerKey := "provider:" + b.Name()
-		if pe.Status == 429 {
-			if err := h.bucket.Pause(ctx, providerKey, wait); err != nil {
-				return infra(err)
-			}
-		} else if _, err := h.bucket.Strike(ctx, providerKey, strikeThreshold, wait); err != nil {
+		if err := h.slowDown(ctx, b.Name(), pe, wait); err != nil {
 			return infra(err)
 		}
 		if attempt >= h.cfg.SendAttempts {

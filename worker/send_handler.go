@@ -696,7 +696,7 @@ func (h *Handler) deliver(ctx, waitCtx context.Context, run *batchRun, r *campai
 			h.log.Warn("provider failed without accepting; failing over", "campaign_id", run.c.ID, "provider", rt.provider.Name(),
 				"fallback", run.secondary.provider.Name(), "for", h.cfg.FailoverWindow, "err", pe.Reason())
 			if pe.Class != providers.Permanent {
-				h.slowDown(ctx, rt, pe, backoff(1, pe.RetryAfter)) //nolint:errcheck // the fallback is what sends now
+				h.slowDown(ctx, rt.provider.Name(), pe, backoff(1, pe.RetryAfter)) //nolint:errcheck // the fallback is what sends now
 			}
 			failedOver = true
 			attempt--
@@ -706,7 +706,7 @@ func (h *Handler) deliver(ctx, waitCtx context.Context, run *batchRun, r *campai
 			return &RetryError{Err: fmt.Errorf("provider refuses the account, not the recipient (fix the configuration; the batch waits): %w", pe), Failure: true}
 		}
 		wait := backoff(attempt, pe.RetryAfter)
-		if err := h.slowDown(ctx, rt, pe, wait); err != nil {
+		if err := h.slowDown(ctx, rt.provider.Name(), pe, wait); err != nil {
 			return infra(err)
 		}
 		if attempt >= h.cfg.SendAttempts {
@@ -746,11 +746,11 @@ func (h *Handler) markDown(name string) {
 	h.downUntil.Store(name, h.cfg.Now().Add(h.cfg.FailoverWindow).UnixNano())
 }
 
-// slowDown shares a transient refusal with every worker: a 429 pauses the provider for wait, a 5xx counts
-// towards pausing it (Strike).
-func (h *Handler) slowDown(ctx context.Context, rt *route, pe *providers.Error, wait time.Duration) error {
-	key := "provider:" + rt.provider.Name()
-	if pe.Status == 429 || pe.Code == 20429 || pe.Throttled {
+// slowDown shares a transient refusal of the provider named with every worker: a rate-limit answer
+// pauses the provider for wait, a 5xx counts towards pausing it (Strike).
+func (h *Handler) slowDown(ctx context.Context, provider string, pe *providers.Error, wait time.Duration) error {
+	key := "provider:" + provider
+	if pe.AsksToSlowDown() {
 		return h.bucket.Pause(ctx, key, wait)
 	}
 	_, err := h.bucket.Strike(ctx, key, strikeThreshold, wait)
