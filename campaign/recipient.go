@@ -3,6 +3,7 @@ package campaign
 import (
 	"bytes"
 	"encoding/json"
+	"time"
 )
 
 // Recipient is one planned recipient as the worker needs it.
@@ -52,7 +53,18 @@ type Outcome struct {
 	Reason    string
 	MessageID string
 	Segments  int
-	// Snapshot is the consent record read when the chunk was leased (JSON; Chunk.Snapshots), kept in the
-	// row and its audit record. Empty keeps what the row has.
-	Snapshot string
+	// Snapshot is the consent record read when the chunk was leased (Chunk.Snapshots), kept in the outcome's
+	// audit record. The zero value records none.
+	Snapshot ConsentRecord
+}
+
+// ConsentRecord is a recipient's İYS consent as a worker read it when it leased the recipient's chunk: what
+// the audit keeps with the outcome that was decided on it.
+type ConsentRecord struct {
+	Status        string // ONAY or RET; empty when no consent was found
+	Source        string
+	TransactionID string
+	Date          time.Time
+	// SyncedAt is when the consent was last confirmed from İYS (or loaded).
+	SyncedAt time.Time
 }

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -170,7 +171,8 @@ func (s *Store) LoadBatch(ctx context.Context, campaignID int64, batch int) ([]R
 	return out, nil
 }
 
-// Record writes outcomes in one statement. Only recipients still pending change, so recording the same
+// Record writes outcomes of recipients of the lease's batch (lease.Batch) in one statement; an outcome of a
+// user of another batch changes nothing. Only recipients still pending change, so recording the same
 // outcome twice (a redelivered batch) is harmless; codes of recipients that were never sent (failed,
 // skipped) go back to the pool; every transition is appended to send_log. An outcome with status pending
 // records a transient failure (attempts and last error) and leaves the recipient pending. With a lease
@@ -182,20 +184,27 @@ func (s *Store) Record(ctx context.Context, campaignID int64, outcomes []Outcome
 	if len(outcomes) == 0 && lease.Token == "" {
 		return moved, nil
 	}
-	users := make([]string, len(outcomes))
-	statuses := make([]string, len(outcomes))
-	reasons := make([]string, len(outcomes))
-	ids := make([]string, len(outcomes))
-	segs := make([]int32, len(outcomes))
-	snaps := make([]string, len(outcomes))
+	n := len(outcomes)
+	users, statuses, reasons, ids := make([]string, n), make([]string, n), make([]string, n), make([]string, n)
+	segs := make([]int32, n)
+	cStatus, cSource, cTxn := make([]string, n), make([]string, n), make([]string, n)
+	cDate, cSynced := make([]pgtype.Timestamptz, n), make([]pgtype.Timestamptz, n)
 	for i, o := range outcomes {
-		users[i], statuses[i], reasons[i], ids[i], segs[i], snaps[i] = o.UserID, o.Status, o.Reason, o.MessageID, int32(o.Segments), o.Snapshot
+		users[i], statuses[i], reasons[i], ids[i], segs[i] = o.UserID, o.Status, o.Reason, o.MessageID, int32(o.Segments)
+		if c := o.Snapshot; c.Status != "" {
+			cStatus[i], cSource[i], cTxn[i] = c.Status, c.Source, c.TransactionID
+			cDate[i] = pgtype.Timestamptz{Time: c.Date, Valid: !c.Date.IsZero()}
+			cSynced[i] = pgtype.Timestamptz{Time: c.SyncedAt, Valid: !c.SyncedAt.IsZero()}
+		}
 	}
 	rows, err := s.pool.Query(ctx, `
 		WITH o AS (
-			SELECT * FROM unnest($2::text[], $3::text[], $4::text[], $5::text[], $6::int[], $9::text[])
-				AS o(user_id, status, reason, msgid, segments, snap)
+			SELECT * FROM unnest($2::text[], $3::text[], $4::text[], $5::text[], $6::int[],
+					$9::text[], $10::text[], $11::timestamptz[], $12::text[], $13::timestamptz[])
+				AS o(user_id, status, reason, msgid, segments, c_status, c_source, c_date, c_txn, c_synced)
 		), upd AS (
+			-- Only rows of the lease's batch: the pending index on (campaign, batch) finds them whatever the
+			-- planner believes about the campaign's size.
 			UPDATE campaign_recipients r SET
 				status = o.status,
 				reason = NULLIF(o.reason, ''),
@@ -206,13 +215,13 @@ func (s *Store) Record(ctx context.Context, campaignID int64, outcomes []Outcome
 				code = CASE WHEN o.status IN ('failed', 'skipped') THEN NULL ELSE r.code END,
 				code_id = CASE WHEN o.status IN ('failed', 'skipped') THEN NULL ELSE r.code_id END,
 				sent_at = CASE WHEN o.status = 'sent' THEN now() END,
-				consent_snapshot = coalesce(NULLIF(o.snap, '')::jsonb, r.consent_snapshot),
 				updated_at = now()
 			FROM o
-			WHERE r.campaign_id = $1 AND r.user_id = o.user_id AND r.status = 'pending'
+			WHERE r.campaign_id = $1 AND r.batch = $7 AND r.status = 'pending' AND r.user_id = o.user_id
 			  AND (o.status <> 'pending' OR EXISTS (SELECT 1 FROM campaign_batches b
-				WHERE b.campaign_id = $1 AND b.batch = r.batch AND b.lease_token = $8))
-			RETURNING r.user_id, r.status, r.reason, r.provider_message_id, r.consent_snapshot AS snap
+				WHERE b.campaign_id = $1 AND b.batch = $7 AND b.lease_token = $8))
+			RETURNING r.user_id, r.status, r.reason, r.provider_message_id,
+				o.c_status, o.c_source, o.c_date, o.c_txn, o.c_synced
 		), freed AS (
 			UPDATE campaign_batches SET lease_users = '{}'
 			WHERE campaign_id = $1 AND batch = $7 AND lease_token = $8 AND lease_users <> '{}'
@@ -220,7 +229,7 @@ func (s *Store) Record(ctx context.Context, campaignID int64, outcomes []Outcome
 			INSERT INTO send_log (campaign_id, user_id, status, reason, provider_message_id, channel, template_hash,
 				consent_status, consent_source, consent_date, consent_txn, consent_synced_at)
 			SELECT $1, upd.user_id, upd.status, upd.reason, upd.provider_message_id, c.channel, c.template_hash,
-				snap->>'status', snap->>'source', (snap->>'date')::timestamptz, snap->>'transaction_id', (snap->>'synced_at')::timestamptz
+				NULLIF(upd.c_status, ''), NULLIF(upd.c_source, ''), upd.c_date, NULLIF(upd.c_txn, ''), upd.c_synced
 			FROM upd CROSS JOIN (SELECT channel, template_hash FROM campaigns WHERE id = $1) c
 		), released AS (
 			-- The statement's snapshot still shows the rows as they were: their codes before the update.
@@ -232,7 +241,8 @@ func (s *Store) Record(ctx context.Context, campaignID int64, outcomes []Outcome
 			WHERE upd.status IN ('failed', 'skipped')
 			ON CONFLICT (code_id) DO NOTHING
 		)
-		SELECT status, count(*) FROM upd GROUP BY status`, campaignID, users, statuses, reasons, ids, segs, lease.Batch, lease.Token, snaps)
+		SELECT status, count(*) FROM upd GROUP BY status`, campaignID, users, statuses, reasons, ids, segs, lease.Batch, lease.Token,
+		cStatus, cSource, cDate, cTxn, cSynced)
 	if err != nil {
 		return nil, fmt.Errorf("record outcomes: %w", err)
 	}

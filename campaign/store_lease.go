@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 )
 
 // Lease identifies one run of one batch: the batch row carries its token, and the users of the chunk it
@@ -38,8 +39,9 @@ type Chunk struct {
 	// recipient type). Channels without an İYS type (push) report every address: their opt-in is decided at plan
 	// time.
 	Consent map[string]bool
-	// Snapshots holds, per leased user, the consent record read now (JSON), for the audit of its outcome.
-	Snapshots map[string]string
+	// Snapshots holds, per leased user with a consent record, that record as read now, for the audit of
+	// its outcome.
+	Snapshots map[string]ConsentRecord
 }
 
 // LeaseChunk reads the campaign's state and the consents of the users' addresses, leases the batch for the run (unless
@@ -48,10 +50,12 @@ type Chunk struct {
 // cancel left. The batch is leased only while the campaign is running or cancelled (a cancelled campaign's
 // batches are closed under leases too); in any other state nothing is leased and the caller waits.
 func (s *Store) LeaseChunk(ctx context.Context, c *Campaign, users []string, l Lease) (Chunk, error) {
-	ch := Chunk{Leased: map[string]bool{}, Consent: make(map[string]bool, len(users)), Snapshots: map[string]string{}}
+	ch := Chunk{Leased: map[string]bool{}, Consent: make(map[string]bool, len(users)), Snapshots: map[string]ConsentRecord{}}
 	var (
 		leased, takeover, otherEpoch bool
-		oldUsers, pend, snaps, ok    []string
+		oldUsers, pend, ok           []string
+		cStatus, cSource, cTxn       []string
+		cDate, cSynced               []pgtype.Timestamptz
 	)
 	b := &pgx.Batch{}
 	b.Queue(`SELECT 1 FROM campaign_batches WHERE campaign_id = $1 AND batch = $2 FOR UPDATE`, c.ID, l.Batch)
@@ -72,16 +76,13 @@ func (s *Store) LeaseChunk(ctx context.Context, c *Campaign, users []string, l L
 			UNION
 			SELECT u FROM may CROSS JOIN unnest(may.lease_users) AS u WHERE may.takeover AND may.free
 		), pend AS (
-			-- One primary-key lookup per user (OFFSET 0 keeps the planner from turning this into a scan of
-			-- every pending row of the campaign, whatever its statistics say).
-			SELECT r.user_id, r.address, c.status = 'ONAY' AS ok,
-				jsonb_build_object('status', c.status, 'source', c.source, 'date', c.consent_date,
-					'transaction_id', c.transaction_id, 'synced_at', coalesce(c.synced_at, c.updated_at))::text AS snap
-			FROM cand CROSS JOIN LATERAL (
-				SELECT r.user_id, r.address FROM campaign_recipients r
-				WHERE r.campaign_id = $1 AND r.user_id = cand.u AND r.status = 'pending'
-				OFFSET 0) r
+			-- The batch's pending rows through the pending index on (campaign, batch), whatever the planner
+			-- believes about the campaign's size: at most a batch of rows, never the campaign's.
+			SELECT r.user_id, r.address, c.status = 'ONAY' AS ok, c.status AS c_status, c.source AS c_source,
+				c.consent_date AS c_date, c.transaction_id AS c_txn, coalesce(c.synced_at, c.updated_at) AS c_synced
+			FROM campaign_recipients r
 			LEFT JOIN iys_consents c ON c.recipient = r.address AND c.type = $7 AND c.recipient_type = $9 AND c.brand_code = $10
+			WHERE r.campaign_id = $1 AND r.batch = $2 AND r.status = 'pending' AND r.user_id IN (SELECT u FROM cand)
 		), upd AS (
 			UPDATE campaign_batches SET lease_token = $3, lease_epoch = $4,
 				lease_until = now() + $6 * interval '1 millisecond',
@@ -95,7 +96,11 @@ func (s *Store) LeaseChunk(ctx context.Context, c *Campaign, users []string, l L
 			coalesce((SELECT other_epoch FROM may), false),
 			coalesce((SELECT lease_users FROM may), '{}'),
 			array(SELECT user_id FROM pend WHERE (SELECT state_ok FROM may)),
-			array(SELECT CASE WHEN ok IS NULL THEN '' ELSE snap END FROM pend WHERE (SELECT state_ok FROM may)),
+			array(SELECT coalesce(c_status, '') FROM pend WHERE (SELECT state_ok FROM may)),
+			array(SELECT coalesce(c_source, '') FROM pend WHERE (SELECT state_ok FROM may)),
+			array(SELECT c_date FROM pend WHERE (SELECT state_ok FROM may)),
+			array(SELECT coalesce(c_txn, '') FROM pend WHERE (SELECT state_ok FROM may)),
+			array(SELECT c_synced FROM pend WHERE (SELECT state_ok FROM may)),
 			array(SELECT address FROM pend WHERE ok OR $11)`,
 		c.ID, l.Batch, l.Token, l.Epoch, users, l.TTL.Milliseconds(), c.Channel.IYSType(), l.AnyState, c.IYSRecipientType(), c.BrandCode,
 		// Push and webhook opt-ins are decided at plan time; a transactional message needs no consent.
@@ -108,7 +113,8 @@ func (s *Store) LeaseChunk(ctx context.Context, c *Campaign, users []string, l L
 		return ch, fmt.Errorf("lease chunk of batch %d: campaign %d has no such batch", l.Batch, c.ID)
 	}
 	if err == nil {
-		err = br.QueryRow().Scan(&ch.State, &leased, &takeover, &otherEpoch, &oldUsers, &pend, &snaps, &ok)
+		err = br.QueryRow().Scan(&ch.State, &leased, &takeover, &otherEpoch, &oldUsers, &pend,
+			&cStatus, &cSource, &cDate, &cTxn, &cSynced, &ok)
 	}
 	if cerr := br.Close(); err == nil {
 		err = cerr
@@ -125,8 +131,9 @@ func (s *Store) LeaseChunk(ctx context.Context, c *Campaign, users []string, l L
 		}
 		for i, u := range pend {
 			ch.Leased[u] = suspect[u]
-			if snaps[i] != "" {
-				ch.Snapshots[u] = snaps[i]
+			if cStatus[i] != "" {
+				ch.Snapshots[u] = ConsentRecord{Status: cStatus[i], Source: cSource[i], TransactionID: cTxn[i],
+					Date: cDate[i].Time, SyncedAt: cSynced[i].Time}
 			}
 		}
 	} else {

@@ -171,7 +171,7 @@ type batchRun struct {
 	secondary *route
 	unsettled *answer
 	// snapshots are the consent records read with the chunk's lease, by user, for the outcomes' audit.
-	snapshots map[string]string
+	snapshots map[string]campaign.ConsentRecord
 	tmpl      *campaign.Template
 	lease     campaign.Lease
 	// renewAt is when the chunk's lease is renewed before the next claim.
@@ -231,7 +231,7 @@ func (h *Handler) RunBatch(ctx context.Context, campaignID int64, batch int) err
 	if _, retry, done := stateGate(c.ID, c.State); retry != nil || done {
 		return retry
 	}
-	run := &batchRun{c: c, nonce: Nonce(c), batch: batch, counts: map[string]int64{}, snapshots: map[string]string{}}
+	run := &batchRun{c: c, nonce: Nonce(c), batch: batch, counts: map[string]int64{}, snapshots: map[string]campaign.ConsentRecord{}}
 	if h.cfg.Metrics != nil {
 		name := ""
 		if p := h.cfg.Providers[c.Channel]; p != nil {
@@ -885,7 +885,7 @@ func (h *Handler) flush(ctx context.Context, run *batchRun) error {
 	h.settleAnswer(ctx, run)
 	for i := range run.pending {
 		o := &run.pending[i]
-		if o.Snapshot == "" {
+		if o.Snapshot.Status == "" {
 			o.Snapshot = run.snapshots[o.UserID]
 		}
 	}

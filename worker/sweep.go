@@ -34,7 +34,7 @@ func (h *Handler) Sweep(ctx context.Context) (int, error) {
 			}
 			campaigns[e.CampaignID] = c
 		}
-		run := &batchRun{c: c, nonce: Nonce(c), batch: e.Batch, counts: map[string]int64{}, snapshots: map[string]string{},
+		run := &batchRun{c: c, nonce: Nonce(c), batch: e.Batch, counts: map[string]int64{}, snapshots: map[string]campaign.ConsentRecord{},
 			lease: campaign.Lease{Batch: e.Batch, Token: randomToken(), Epoch: epoch, TTL: h.cfg.LeaseTTL, AnyState: true},
 			guard: guard{epoch: epoch, halt: HaltKey(c.ID)}}
 		got, err := h.cfg.Store.LeaseChunk(ctx, c, e.Users, run.lease)

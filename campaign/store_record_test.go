@@ -1,0 +1,70 @@
+package campaign_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/campaignctl/campaignctl/campaign"
+	"github.com/campaignctl/campaignctl/internal/testdb"
+)
+
+// Record changes only recipients of the lease's batch, and the audit record of an outcome keeps the consent
+// the lease read for it.
+func TestRecordKeepsToTheLeasesBatchAndAuditsTheConsentRead(t *testing.T) {
+	t.Parallel()
+	db, _ := testdb.New(t)
+	seedAudience(t, db, 3)
+	ctx := context.Background()
+	rep, err := (&campaign.Planner{Engine: db, Audience: db}).Plan(ctx, spec("record"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	store := campaign.NewStore(db)
+	c, err := store.Get(ctx, rep.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var batch int
+	if err := db.QueryRow(ctx, `SELECT batch FROM campaign_recipients WHERE campaign_id = $1 AND user_id = 'u2'`, c.ID).Scan(&batch); err != nil {
+		t.Fatal(err)
+	}
+
+	// u2's outcome under another batch's lease changes nothing.
+	sent := []campaign.Outcome{{UserID: "u2", Status: campaign.StatusSent, MessageID: "SM1"}}
+	moved, err := store.Record(ctx, c.ID, sent, campaign.Lease{Batch: batch + 1})
+	if err != nil || len(moved) != 0 {
+		t.Fatalf("record under batch %d's lease: moved %v (%v), want nothing", batch+1, moved, err)
+	}
+	if n := count(t, db, `SELECT count(*) FROM campaign_recipients WHERE campaign_id = $1 AND user_id = 'u2' AND status = 'pending'`, c.ID); n != 1 {
+		t.Fatal("u2 left pending: recorded under another batch's lease")
+	}
+
+	l := campaign.Lease{Batch: batch, Token: "run-1", Epoch: "e", TTL: time.Minute}
+	ch, err := store.LeaseChunk(ctx, c, []string{"u2"}, l)
+	if err != nil {
+		t.Fatal(err)
+	}
+	snap, ok := ch.Snapshots["u2"]
+	if !ok || snap.Status != "ONAY" || snap.Source != "HS_WEB" || snap.Date.IsZero() || snap.SyncedAt.IsZero() {
+		t.Fatalf("lease read u2's consent as %+v (found %v), want ONAY from HS_WEB with its dates", snap, ok)
+	}
+	sent[0].Snapshot = snap
+	moved, err = store.Record(ctx, c.ID, sent, l)
+	if err != nil || moved[campaign.StatusSent] != 1 {
+		t.Fatalf("record under its own batch's lease: moved %v (%v), want 1 sent", moved, err)
+	}
+	var status, source string
+	var date, synced time.Time
+	err = db.QueryRow(ctx, `SELECT consent_status, consent_source, consent_date, consent_synced_at FROM send_log
+		WHERE campaign_id = $1 AND user_id = 'u2' AND status = 'sent'`, c.ID).Scan(&status, &source, &date, &synced)
+	if err != nil {
+		t.Fatalf("u2's audit record: %v", err)
+	}
+	if status != "ONAY" || source != "HS_WEB" || !date.Equal(snap.Date) || !synced.Equal(snap.SyncedAt) {
+		t.Errorf("audit says %s from %s at %v (synced %v), want the lease's %+v", status, source, date, synced, snap)
+	}
+	if n := count(t, db, `SELECT count(*) FROM campaign_batches WHERE campaign_id = $1 AND batch = $2 AND lease_users <> '{}'`, c.ID, batch); n != 0 {
+		t.Error("the chunk in hand was not emptied by the record")
+	}
+}
