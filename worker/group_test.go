@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/campaignctl/campaignctl/campaign"
@@ -76,18 +77,7 @@ func TestEmailGoesOutInRequestsOfManyAndABadAddressFailsOnlyItself(t *testing.T)
 	db, _ := testdb.New(t)
 	rdb, _ := testredis.New(t)
 	ctx := context.Background()
-	for _, sql := range []string{
-		`CREATE TABLE customers (user_id text, email text, first_name text)`,
-		`INSERT INTO customers SELECT 'u' || i, CASE WHEN i = 7 THEN 'bad' ELSE 'User' END || i || '@Example.com', 'Ad' || i FROM generate_series(1, 10) i`,
-		`INSERT INTO iys_consents (recipient, type, recipient_type, status, source, consent_date)
-			SELECT lower(email), 'EPOSTA', 'BIREYSEL', 'ONAY', 'HS_WEB', now() FROM customers`,
-		`INSERT INTO code_pools (name) VALUES ('p')`,
-		`INSERT INTO promo_codes (pool, code) SELECT 'p', 'C' || i FROM generate_series(1, 20) i`,
-	} {
-		if _, err := db.Exec(ctx, sql); err != nil {
-			t.Fatalf("%s: %v", sql, err)
-		}
-	}
+	seedEmailAudience(t, db, "Example.com")
 	rep, err := (&campaign.Planner{Engine: db, Audience: db}).Plan(ctx, campaign.Spec{
 		Name: "mail", Channel: campaign.ChannelEmail, CodePool: "p",
 		AudienceSQL: `SELECT user_id, email, first_name FROM customers`,
@@ -286,5 +276,27 @@ func TestEmailRequestClaimsTogether(t *testing.T) {
 	}
 	if v := rdb.Get(ctx, ClaimKey(id, "u3")).Val(); !strings.HasSuffix(v, reasonValue(claimSkipped, campaign.ReasonFrequencyCap)) {
 		t.Fatalf("u3's claim %q does not record the skip", v)
+	}
+}
+
+// seedEmailAudience creates customers u1..u10 at User<i>@domain (u7's address, bad7@domain, is one the test
+// providers refuse), each with EPOSTA consent for their lower-cased address, and a code pool p of 20 codes.
+func seedEmailAudience(t *testing.T, db *pgxpool.Pool, domain string) {
+	t.Helper()
+	for _, sql := range []string{
+		`CREATE TABLE customers (user_id text, email text, first_name text)`,
+		`INSERT INTO customers SELECT 'u' || i, CASE WHEN i = 7 THEN 'bad' ELSE 'User' END || i || '@' || $1, 'Ad' || i FROM generate_series(1, 10) i`,
+		`INSERT INTO iys_consents (recipient, type, recipient_type, status, source, consent_date)
+			SELECT lower(email), 'EPOSTA', 'BIREYSEL', 'ONAY', 'HS_WEB', now() FROM customers`,
+		`INSERT INTO code_pools (name) VALUES ('p')`,
+		`INSERT INTO promo_codes (pool, code) SELECT 'p', 'C' || i FROM generate_series(1, 20) i`,
+	} {
+		var args []any
+		if strings.Contains(sql, "$1") {
+			args = append(args, domain)
+		}
+		if _, err := db.Exec(context.Background(), sql, args...); err != nil {
+			t.Fatalf("%s: %v", sql, err)
+		}
 	}
 }

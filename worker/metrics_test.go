@@ -32,8 +32,8 @@ func (f *fixture) withMetrics(t *testing.T, edit func(*Config)) *metrics.Metrics
 	return m
 }
 
-// histogram returns the sample count and sum of the histogram family name with the given labels.
-func histogram(t *testing.T, reg prometheus.Gatherer, name string, labels map[string]string) (uint64, float64) {
+// metric returns the series of family name with the given labels, or nil when it is not exported.
+func metric(t *testing.T, reg prometheus.Gatherer, name string, labels map[string]string) *dto.Metric {
 	t.Helper()
 	fams, err := reg.Gather()
 	if err != nil {
@@ -50,38 +50,30 @@ func histogram(t *testing.T, reg prometheus.Gatherer, name string, labels map[st
 					continue next
 				}
 			}
-			return m.GetHistogram().GetSampleCount(), m.GetHistogram().GetSampleSum()
+			return m
 		}
 	}
-	t.Fatalf("no %s%v in the registry", name, labels)
-	return 0, 0
+	return nil
+}
+
+// histogram returns the sample count and sum of the histogram family name with the given labels.
+func histogram(t *testing.T, reg prometheus.Gatherer, name string, labels map[string]string) (uint64, float64) {
+	t.Helper()
+	m := metric(t, reg, name, labels)
+	if m == nil {
+		t.Fatalf("no %s%v in the registry", name, labels)
+	}
+	return m.GetHistogram().GetSampleCount(), m.GetHistogram().GetSampleSum()
 }
 
 // value returns the counter or gauge of family name with the given labels (0 when it is not exported).
 func value(t *testing.T, reg prometheus.Gatherer, name string, labels map[string]string) float64 {
 	t.Helper()
-	fams, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
+	m := metric(t, reg, name, labels)
+	if m.GetCounter() != nil {
+		return m.GetCounter().GetValue()
 	}
-	for _, fam := range fams {
-		if fam.GetName() != name {
-			continue
-		}
-	next:
-		for _, m := range fam.GetMetric() {
-			for k, v := range labels {
-				if !hasLabel(m, k, v) {
-					continue next
-				}
-			}
-			if m.GetCounter() != nil {
-				return m.GetCounter().GetValue()
-			}
-			return m.GetGauge().GetValue()
-		}
-	}
-	return 0
+	return m.GetGauge().GetValue()
 }
 
 func hasLabel(m *dto.Metric, k, v string) bool {
@@ -239,18 +231,7 @@ func TestMetricsBatchProviderRequests(t *testing.T) {
 	db, _ := testdb.New(t)
 	rdb, _ := testredis.New(t)
 	ctx := context.Background()
-	for _, sql := range []string{
-		`CREATE TABLE customers (user_id text, email text, first_name text)`,
-		`INSERT INTO customers SELECT 'u' || i, CASE WHEN i = 7 THEN 'bad' ELSE 'User' END || i || '@example.com', 'Ad' || i FROM generate_series(1, 10) i`,
-		`INSERT INTO iys_consents (recipient, type, recipient_type, status, source, consent_date)
-			SELECT lower(email), 'EPOSTA', 'BIREYSEL', 'ONAY', 'HS_WEB', now() FROM customers`,
-		`INSERT INTO code_pools (name) VALUES ('p')`,
-		`INSERT INTO promo_codes (pool, code) SELECT 'p', 'C' || i FROM generate_series(1, 20) i`,
-	} {
-		if _, err := db.Exec(ctx, sql); err != nil {
-			t.Fatalf("%s: %v", sql, err)
-		}
-	}
+	seedEmailAudience(t, db, "example.com")
 	rep, err := (&campaign.Planner{Engine: db, Audience: db}).Plan(ctx, campaign.Spec{
 		Name: "mail", Channel: campaign.ChannelEmail, CodePool: "p",
 		AudienceSQL: `SELECT user_id, email, first_name FROM customers`,
