@@ -24,6 +24,9 @@ type Template struct {
 	t       *template.Template
 	subject *template.Template
 	html    *htmltemplate.Template
+	// The plain forms of the parts, when they are plain and render exactly as the templates do (nil when
+	// not): see template_plain.go.
+	plainText, plainSubject, plainHTMLPart *plainTemplate
 }
 
 // Content is the source of every part of a campaign's message.
@@ -51,11 +54,13 @@ func ParseContent(c Content) (*Template, error) {
 		if t.subject, err = template.New("subject").Option("missingkey=error").Parse(c.Subject); err != nil {
 			return nil, fmt.Errorf("%w: the subject template does not parse: %v", ErrInvalid, err)
 		}
+		t.plainSubject = agreed(compilePlain(t.subject.Tree.Root, false), t.subject.Execute)
 	}
 	if c.HTML != "" {
 		if t.html, err = htmltemplate.New("html").Option("missingkey=error").Parse(c.HTML); err != nil {
 			return nil, fmt.Errorf("%w: the HTML template does not parse: %v", ErrInvalid, err)
 		}
+		t.plainHTMLPart = agreed(plainHTML(t.html), t.html.Execute)
 	}
 	return t, nil
 }
@@ -82,12 +87,12 @@ func (t *Template) RenderParts(data map[string]any) (Parts, error) {
 		return p, err
 	}
 	if t.subject != nil {
-		if p.Subject, err = execute(t.subject.Execute, data); err != nil {
+		if p.Subject, err = renderPart(t.plainSubject, t.subject.Execute, data); err != nil {
 			return p, err
 		}
 	}
 	if t.html != nil {
-		if p.HTML, err = execute(t.html.Execute, data); err != nil {
+		if p.HTML, err = renderPart(t.plainHTMLPart, t.html.Execute, data); err != nil {
 			return p, err
 		}
 	}
@@ -103,7 +108,7 @@ func ParseTemplate(src string) (*Template, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: message template does not parse: %v", ErrInvalid, err)
 	}
-	return &Template{src: src, t: t}, nil
+	return &Template{src: src, t: t, plainText: agreed(compilePlain(t.Tree.Root, false), t.Execute)}, nil
 }
 
 // Source returns the template text.
@@ -116,7 +121,26 @@ func (t *Template) Render(data map[string]any) (string, error) {
 	if t.t == nil {
 		return "", nil
 	}
-	return execute(t.t.Execute, data)
+	return renderPart(t.plainText, t.t.Execute, data)
+}
+
+// renderPart renders one part: through its plain form when it has one and can, else through the
+// template package.
+func renderPart(p *plainTemplate, run func(w io.Writer, data any) error, data map[string]any) (string, error) {
+	if p != nil {
+		if out, ok, err := p.render(data); ok {
+			return out, err
+		}
+	}
+	return execute(run, data)
+}
+
+// agreed returns p when it renders as run does (plainAgrees), else nil.
+func agreed(p *plainTemplate, run func(w io.Writer, data any) error) *plainTemplate {
+	if p == nil || !plainAgrees(p, run) {
+		return nil
+	}
+	return p
 }
 
 func execute(run func(w io.Writer, data any) error, data map[string]any) (string, error) {

@@ -108,3 +108,30 @@ func BenchmarkRenderEmail(b *testing.B) {
 		i++
 	}
 }
+
+// BenchmarkRenderEmailPlain is BenchmarkRenderEmail for an e-mail whose values all sit in text (no link
+// carries one): every part renders in its plain form, without the template packages.
+//
+//	go test ./campaign -run '^$' -bench RenderEmailPlain -benchtime 2s
+func BenchmarkRenderEmailPlain(b *testing.B) {
+	tmpl, err := campaign.ParseContent(campaign.Content{
+		Subject: "{{.first_name}}, yaz indirimi kodunuz hazır",
+		Text:    "Merhaba {{.first_name}},\n\nYaz indirimi kodunuz: {{.code}}\nKampanya A.Ş.\n",
+		HTML:    `<p>Merhaba <b>{{.first_name}}</b>,</p><p>Yaz indirimi kodunuz: <code>{{.code}}</code></p><p>Kampanya A.Ş.</p>`,
+	})
+	if err != nil {
+		b.Fatal(err)
+	}
+	data := benchData(64)
+	if p, err := tmpl.RenderParts(data[3]); err != nil || !strings.Contains(p.HTML, "<b>Ömer &lt;Ö&gt;</b>") {
+		b.Fatalf("HTML part %q (%v) does not escape the name", p.HTML, err)
+	}
+	b.ReportAllocs()
+	i := 0
+	for b.Loop() {
+		if _, err := tmpl.RenderParts(data[i%len(data)]); err != nil {
+			b.Fatal(err)
+		}
+		i++
+	}
+}

@@ -1,0 +1,133 @@
+package campaign
+
+import (
+	"encoding/json"
+	"fmt"
+	htmltemplate "html/template"
+	"io"
+	"strings"
+	"text/template/parse"
+)
+
+// plainTemplate is a template part made only of text and {{.field}} actions (what nearly every campaign
+// message is), rendered by writing the text and looking the values up, without text/template's
+// reflection. It renders exactly what the template package would, or reports that it cannot (a value
+// that is not a string or a number), and then the template package renders: see plainParts.
+type plainTemplate struct {
+	segs []plainSeg
+	// html escapes values as html/template does in HTML text and quoted attributes.
+	html bool
+	size int // bytes of text, a hint for the buffer
+}
+
+// plainSeg is literal text, or the value of field when field is not empty.
+type plainSeg struct {
+	text, field string
+}
+
+// htmlValue escapes a value as html/template's escaper for HTML text and quoted attribute values does.
+var htmlValue = strings.NewReplacer("\x00", "\uFFFD", `"`, "&#34;", "&", "&amp;", "'", "&#39;", "+", "&#43;", "<", "&lt;", ">", "&gt;")
+
+// html/template's escaper for HTML text and quoted attribute values, as the escaped tree names it.
+const htmlEscaperName = "_html_template_htmlescaper"
+
+// compilePlain returns the plain form of a template's tree, or nil when the tree has anything but text
+// and single-field actions (pipelines, functions, conditions, nested fields). With html, every action must
+// be the field piped into the HTML escaper and nothing else (the tree html/template escaped).
+func compilePlain(root *parse.ListNode, html bool) *plainTemplate {
+	if root == nil {
+		return nil
+	}
+	p := &plainTemplate{html: html}
+	for _, n := range root.Nodes {
+		switch n := n.(type) {
+		case *parse.TextNode:
+			p.segs = append(p.segs, plainSeg{text: string(n.Text)})
+			p.size += len(n.Text)
+		case *parse.ActionNode:
+			if n.Pipe == nil || len(n.Pipe.Decl) > 0 || n.Pipe.IsAssign {
+				return nil
+			}
+			cmds := n.Pipe.Cmds
+			if html {
+				if len(cmds) != 2 || len(cmds[1].Args) != 1 {
+					return nil
+				}
+				if id, ok := cmds[1].Args[0].(*parse.IdentifierNode); !ok || id.Ident != htmlEscaperName {
+					return nil
+				}
+				cmds = cmds[:1]
+			}
+			if len(cmds) != 1 || len(cmds[0].Args) != 1 {
+				return nil
+			}
+			f, ok := cmds[0].Args[0].(*parse.FieldNode)
+			if !ok || len(f.Ident) != 1 {
+				return nil
+			}
+			p.segs = append(p.segs, plainSeg{field: f.Ident[0]})
+		default:
+			return nil
+		}
+	}
+	return p
+}
+
+// render renders p over data. ok is false when a value is of a type p does not print itself (the
+// template package must render it); a missing value is the template package's error.
+func (p *plainTemplate) render(data map[string]any) (out string, ok bool, err error) {
+	var b strings.Builder
+	b.Grow(p.size + 16*len(p.segs))
+	for _, s := range p.segs {
+		if s.field == "" {
+			b.WriteString(s.text)
+			continue
+		}
+		v, found := data[s.field]
+		if !found {
+			return "", true, fmt.Errorf("%w: template uses {{.%s}} but there is no such value", ErrInvalid, s.field)
+		}
+		var str string
+		switch v := v.(type) {
+		case string:
+			str = v
+		case json.Number:
+			str = string(v)
+		default:
+			return "", false, nil
+		}
+		if p.html {
+			htmlValue.WriteString(&b, str) //nolint:errcheck // a strings.Builder does not fail
+		} else {
+			b.WriteString(str)
+		}
+	}
+	return b.String(), true, nil
+}
+
+// plainHTML returns the plain form of an HTML template, or nil. html/template escapes a template when it
+// first runs: it runs once here (into nothing) so that its tree shows the escaper of every action.
+func plainHTML(t *htmltemplate.Template) *plainTemplate {
+	t.Execute(io.Discard, map[string]any{}) //nolint:errcheck // run only to escape the tree; a missing key is expected
+	if t.Tree == nil {
+		return nil
+	}
+	return compilePlain(t.Tree.Root, true)
+}
+
+// plainAgrees reports whether p renders what run renders, over values that hold every character the
+// escapers treat specially, for each field p names: the plain form is used only when it does.
+func plainAgrees(p *plainTemplate, run func(w io.Writer, data any) error) bool {
+	data := map[string]any{}
+	for i, s := range p.segs {
+		if s.field != "" {
+			data[s.field] = fmt.Sprintf("<a href='x'>\"%s\" & + \x00 ğ ü %d</a>", s.field, i)
+		}
+	}
+	want, err := execute(run, data)
+	if err != nil {
+		return false
+	}
+	got, ok, err := p.render(data)
+	return ok && err == nil && got == want
+}
