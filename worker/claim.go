@@ -120,8 +120,8 @@ func (c *claims) take(ctx context.Context, key, nonce, val string, g guard) (str
 	return strings.TrimPrefix(old, nonce+"/"), false, nil
 }
 
-// takeScript is SET NX that also returns the value it found, in one atomic round trip (SET NX GET
-// needs Redis 7; this runs on any version the rest of the stack supports). A value that does not start
+// takeScript is SET NX that also returns the value it found, in one atomic round trip, with the guards
+// read before anything is written. A value that does not start
 // with this campaign's nonce is a leftover of an earlier campaign with the same ID, and is replaced.
 // A value equal to the one being written is ours already: a client that retried the script after a lost
 // reply must not take its own claim for someone else's.
@@ -293,12 +293,12 @@ var settleManyScript = redis.NewScript(`
 local lost = 0
 for i, k in ipairs(KEYS) do
   local mine, val = ARGV[2 * i], ARGV[2 * i + 1]
-  local v = redis.call("GET", k)
+  -- One write in the usual case (our pending value becomes the answer); what it replaced decides the rest.
+  local v = redis.call("SET", k, val, "KEEPTTL", "GET")
   if not v then
-    redis.call("SET", k, val, "PX", ARGV[1])
-  elseif v == mine then
-    redis.call("SET", k, val, "KEEPTTL")
-  elseif v ~= val then
+    redis.call("PEXPIRE", k, ARGV[1])
+  elseif v ~= mine and v ~= val then
+    redis.call("SET", k, v, "KEEPTTL")
     lost = lost + 1
   end
 end
@@ -435,11 +435,12 @@ for i = 0, n - 1 do
   local k = 3 + i * (1 + m)
   local val = ARGV[11 + 2 * i]
   local addr = ARGV[12 + 2 * i]
-  local v = redis.call("GET", KEYS[k])
+  -- SET NX GET: one call takes a free claim and returns a taken one's value (Redis 7).
+  local v = redis.call("SET", KEYS[k], val, "NX", "GET", "PX", ARGV[2])
   if v and string.sub(v, 1, p) == ARGV[1] and v ~= val then
     out[i + 1] = "x" .. v
   else
-    if v ~= val then redis.call("SET", KEYS[k], val, "PX", ARGV[2]) end
+    if v and v ~= val then redis.call("SET", KEYS[k], val, "PX", ARGV[2]) end
     local own, capped = false, nil
     for j = 1, m do
       local mv = redis.call("HGET", KEYS[k + j], addr)
@@ -459,7 +460,8 @@ for i = 0, n - 1 do
     else
       if not own then
         redis.call("HSET", KEYS[k + 1], addr, ARGV[5] .. "|" .. ARGV[6])
-        if redis.call("PTTL", KEYS[k + 1]) < tonumber(ARGV[9]) then redis.call("PEXPIRE", KEYS[k + 1], ARGV[9]) end
+        -- The TTL carries a day of margin; it is renewed once an hour of that is used (see claimSendScript).
+        if redis.call("PTTL", KEYS[k + 1]) < tonumber(ARGV[9]) - 3600000 then redis.call("PEXPIRE", KEYS[k + 1], ARGV[9]) end
       end
       out[i + 1] = "o"
     end
@@ -544,29 +546,39 @@ func decodeClaimed(res []any, nonce string) (claimed, error) {
 var claimSendScript = redis.NewScript(`
 local settled = 0
 if ARGV[7] ~= "" then
-  local pv = redis.call("GET", KEYS[5])
+  -- One write in the usual case; what it replaced decides whether it stands.
+  local pv = redis.call("SET", KEYS[5], ARGV[8], "KEEPTTL", "GET")
   if not pv then
-    redis.call("SET", KEYS[5], ARGV[8], "PX", ARGV[2])
+    redis.call("PEXPIRE", KEYS[5], ARGV[2])
     settled = 1
-  elseif pv == ARGV[7] then
-    redis.call("SET", KEYS[5], ARGV[8], "KEEPTTL")
+  elseif pv == ARGV[7] or pv == ARGV[8] then
     settled = 1
-  elseif pv == ARGV[8] then
-    settled = 1
+  else
+    redis.call("SET", KEYS[5], pv, "KEEPTTL")
   end
 end
 if ARGV[6] == "1" then
   local p = redis.call("PTTL", KEYS[4])
   if p > 0 then return {settled, "p", tostring(p)} end
 end
-local v = redis.call("GET", KEYS[1])
+-- SET NX GET (Redis 7): a free claim is taken in the same call that finds a taken one. The guards are
+-- read after it; a refused claim is taken back before the script ends, so nothing is seen written.
+local v = redis.call("SET", KEYS[1], ARGV[1], "NX", "GET", "PX", ARGV[2])
 local n = string.len(ARGV[3])
 if v and string.sub(v, 1, n) == ARGV[3] then
   if v ~= ARGV[1] then return {settled, "x", v} end
 else
-  if redis.call("GET", KEYS[2]) ~= ARGV[4] then return {settled, "e"} end
-  if ARGV[5] == "1" and redis.call("EXISTS", KEYS[3]) == 1 then return {settled, "h"} end
-  redis.call("SET", KEYS[1], ARGV[1], "PX", ARGV[2])
+  local refused
+  if redis.call("GET", KEYS[2]) ~= ARGV[4] then
+    refused = "e"
+  elseif ARGV[5] == "1" and redis.call("EXISTS", KEYS[3]) == 1 then
+    refused = "h"
+  end
+  if refused then
+    if not v then redis.call("DEL", KEYS[1]) end
+    return {settled, refused}
+  end
+  if v then redis.call("SET", KEYS[1], ARGV[1], "PX", ARGV[2]) end
 end
 local now = tonumber(ARGV[10])
 local own = false
@@ -584,6 +596,8 @@ for i = 6, #KEYS do
 end
 if not own then
   redis.call("HSET", KEYS[6], ARGV[13], ARGV[9] .. "|" .. ARGV[10])
-  if redis.call("PTTL", KEYS[6]) < tonumber(ARGV[12]) then redis.call("PEXPIRE", KEYS[6], ARGV[12]) end
+  -- ARGV[12] is a day longer than any cap needs: renewing the TTL only once an hour of that margin is
+  -- used spares a write for nearly every mark, and a mark still outlives every cap that judges it.
+  if redis.call("PTTL", KEYS[6]) < tonumber(ARGV[12]) - 3600000 then redis.call("PEXPIRE", KEYS[6], ARGV[12]) end
 end
 return {settled, "o"}`)

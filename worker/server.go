@@ -86,6 +86,9 @@ func Serve(ctx context.Context, rdb redis.UniversalClient, h *Handler, cfg Serve
 	if err := rdb.Ping(ctx).Err(); err != nil {
 		return fmt.Errorf("redis: %w", err)
 	}
+	if err := CheckRedisVersion(ctx, rdb); err != nil {
+		return err
+	}
 	srv := NewServer(rdb, h, cfg)
 	mux := asynq.NewServeMux()
 	mux.Handle(TaskBatch, h)
