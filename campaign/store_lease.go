@@ -75,14 +75,32 @@ func (s *Store) LeaseChunk(ctx context.Context, c *Campaign, users []string, l L
 			SELECT u FROM unnest($5::text[]) AS u
 			UNION
 			SELECT u FROM may CROSS JOIN unnest(may.lease_users) AS u WHERE may.takeover AND may.free
-		), pend AS (
+		), planned AS (
+			-- No consent changed since the launch read them (migration 0007): the consents it planned on
+			-- are the consents now, and no recipient's is read again.
+			SELECT coalesce((SELECT consent_version FROM campaigns WHERE id = $1) = (SELECT version FROM iys_consents_version), false) AS same
+		), pend0 AS (
 			-- The batch's pending rows through the pending index on (campaign, batch), whatever the planner
 			-- believes about the campaign's size: at most a batch of rows, never the campaign's.
-			SELECT r.user_id, r.address, c.status = 'ONAY' AS ok, c.status AS c_status, c.source AS c_source,
-				c.consent_date AS c_date, c.transaction_id AS c_txn, coalesce(c.synced_at, c.updated_at) AS c_synced
+			SELECT r.user_id, r.address, r.consent_status, r.consent_source, r.consent_date, r.consent_txn, r.consent_synced_at,
+				c.status, c.source, c.cdate, c.txn, c.synced
 			FROM campaign_recipients r
-			LEFT JOIN iys_consents c ON c.recipient = r.address AND c.type = $7 AND c.recipient_type = $9 AND c.brand_code = $10
+			LEFT JOIN LATERAL (
+				SELECT c.status, c.source, c.consent_date AS cdate, c.transaction_id AS txn, coalesce(c.synced_at, c.updated_at) AS synced
+				FROM iys_consents c
+				WHERE c.recipient = r.address AND c.type = $7 AND c.recipient_type = $9 AND c.brand_code = $10
+				  AND NOT (SELECT same FROM planned)
+			) c ON true
 			WHERE r.campaign_id = $1 AND r.batch = $2 AND r.status = 'pending' AND r.user_id IN (SELECT u FROM cand)
+		), pend AS (
+			SELECT user_id, address, c_status = 'ONAY' AS ok, c_status, c_source, c_date, c_txn, c_synced
+			FROM (SELECT user_id, address,
+					CASE WHEN (SELECT same FROM planned) THEN consent_status ELSE status END AS c_status,
+					CASE WHEN (SELECT same FROM planned) THEN consent_source ELSE source END AS c_source,
+					CASE WHEN (SELECT same FROM planned) THEN consent_date ELSE cdate END AS c_date,
+					CASE WHEN (SELECT same FROM planned) THEN consent_txn ELSE txn END AS c_txn,
+					CASE WHEN (SELECT same FROM planned) THEN consent_synced_at ELSE synced END AS c_synced
+				FROM pend0) p
 		), upd AS (
 			UPDATE campaign_batches SET lease_token = $3, lease_epoch = $4,
 				lease_until = now() + $6 * interval '1 millisecond',

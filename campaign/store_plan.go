@@ -97,6 +97,18 @@ func (p *Planner) plan(ctx context.Context, spec Spec, tmpl *Template, rep *Repo
 		return fmt.Errorf("plan: recent sends: %w", err)
 	}
 
+	// The consents' version, read before the consents themselves: a change committed after this read
+	// moves the version past what the campaign keeps, so the leases read every consent again; one
+	// committed before it is seen by the classification below (see migration 0007).
+	var consentVersion *int64
+	if consentTest(spec) != "" && spec.Channel.IYSType() != "" {
+		var v int64
+		if err := tx.QueryRow(ctx, `SELECT version FROM iys_consents_version`).Scan(&v); err != nil {
+			return fmt.Errorf("plan: consent version: %w", err)
+		}
+		consentVersion = &v
+	}
+
 	// Each row gets one reason, checked in this order; the first row (in query order) of a user, and the
 	// first valid user of a number, is the one kept.
 	// Addresses providers condemned (unregistered push tokens): joined only when the channel has any, so
@@ -119,6 +131,8 @@ func (p *Planner) plan(ctx context.Context, spec Spec, tmpl *Template, rep *Repo
 			FROM u
 		)
 		SELECT a.ord, a.user_id, a.address, a.vars,
+			c.status AS c_status, c.source AS c_source, c.consent_date AS c_date, c.transaction_id AS c_txn,
+			coalesce(c.synced_at, c.updated_at) AS c_synced,
 			CASE WHEN a.user_id IS NULL THEN '`+ReasonMissingUser+`'
 			     WHEN a.urn > 1 THEN '`+ReasonDuplicateUser+`'
 			     WHEN a.address IS NULL`+invalidTest+` THEN '`+ReasonInvalidAddress+`'
@@ -210,11 +224,13 @@ func (p *Planner) plan(ctx context.Context, spec Spec, tmpl *Template, rep *Repo
 				FROM (SELECT p.id, p.code, 0 AS src FROM rel JOIN promo_codes p ON p.id = rel.code_id
 				      UNION ALL SELECT id, code, 1 FROM fresh) u
 			), e AS (
-				SELECT user_id, address, vars, row_number() OVER (ORDER BY ord) AS rn
+				SELECT user_id, address, vars, c_status, c_source, c_date, c_txn, c_synced, row_number() OVER (ORDER BY ord) AS rn
 				FROM audience_classified WHERE reason IS NULL
 			), ins AS (
-				INSERT INTO campaign_recipients (campaign_id, user_id, address, vars, code, code_id, batch)
-				SELECT $1, e.user_id, e.address, e.vars, c.code, c.id, (e.rn - 1) / $4
+				INSERT INTO campaign_recipients (campaign_id, user_id, address, vars, code, code_id, batch,
+					consent_status, consent_source, consent_date, consent_txn, consent_synced_at)
+				SELECT $1, e.user_id, e.address, e.vars, c.code, c.id, (e.rn - 1) / $4,
+					e.c_status, e.c_source, e.c_date, e.c_txn, e.c_synced
 				FROM e JOIN c USING (rn)
 				RETURNING code_id
 			)
@@ -229,8 +245,10 @@ func (p *Planner) plan(ctx context.Context, spec Spec, tmpl *Template, rep *Repo
 		t0 = time.Now()
 		var tag pgconn.CommandTag
 		tag, err = tx.Exec(ctx, `
-			INSERT INTO campaign_recipients (campaign_id, user_id, address, vars, batch)
-			SELECT $1, user_id, address, vars, (row_number() OVER (ORDER BY ord) - 1) / $2
+			INSERT INTO campaign_recipients (campaign_id, user_id, address, vars, batch,
+				consent_status, consent_source, consent_date, consent_txn, consent_synced_at)
+			SELECT $1, user_id, address, vars, (row_number() OVER (ORDER BY ord) - 1) / $2,
+				c_status, c_source, c_date, c_txn, c_synced
 			FROM audience_classified WHERE reason IS NULL`, id, spec.BatchSize)
 		inserted = tag.RowsAffected()
 	}
@@ -271,8 +289,9 @@ func (p *Planner) plan(ctx context.Context, spec Spec, tmpl *Template, rep *Repo
 	}
 	rep.Window = spec.Window.String()
 	if _, err := tx.Exec(ctx, `UPDATE campaigns SET audience = $2, eligible = $3, excluded = $4, batches = $5, state = $6,
-		started_at = CASE WHEN $6 = 'running' THEN now() END, finished_at = CASE WHEN $6 = 'completed' THEN now() END WHERE id = $1`,
-		id, rep.Audience, rep.Eligible, excluded, BatchCount(rep.Eligible, spec.BatchSize), state); err != nil {
+		started_at = CASE WHEN $6 = 'running' THEN now() END, finished_at = CASE WHEN $6 = 'completed' THEN now() END,
+		consent_version = $7 WHERE id = $1`,
+		id, rep.Audience, rep.Eligible, excluded, BatchCount(rep.Eligible, spec.BatchSize), state, consentVersion); err != nil {
 		return fmt.Errorf("plan: %w", err)
 	}
 	if spec.DryRun {

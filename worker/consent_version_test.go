@@ -1,0 +1,72 @@
+package worker
+
+import (
+	"context"
+	"testing"
+)
+
+// While no consent has changed since the launch, a lease takes the consents the launch planned on and
+// reads none from iys_consents. Seen from outside only when a consent changes behind the version's back
+// (its trigger disabled, which takes a superuser): the send goes out on the planned consent, and the audit
+// says which consent that was.
+func TestLeaseTakesThePlannedConsentsWhileNoneChanged(t *testing.T) {
+	t.Parallel()
+	f := plan(t, 4) // eligible u1, u2, u4
+	ctx := context.Background()
+	var planned, now int64
+	if err := f.db.QueryRow(ctx, `SELECT consent_version, (SELECT version FROM iys_consents_version) FROM campaigns WHERE id = $1`, f.id).Scan(&planned, &now); err != nil {
+		t.Fatal(err)
+	}
+	if planned != now {
+		t.Fatalf("campaign planned on consent version %d, the version is %d with nothing written since", planned, now)
+	}
+	for _, sql := range []string{
+		`ALTER TABLE iys_consents DISABLE TRIGGER iys_consents_changed`,
+		`UPDATE iys_consents SET status = 'RET', source = 'IYS_MOBIL' WHERE recipient = '` + phone(2) + `'`,
+		`ALTER TABLE iys_consents ENABLE TRIGGER iys_consents_changed`,
+	} {
+		if _, err := f.db.Exec(ctx, sql); err != nil {
+			t.Fatal(err)
+		}
+	}
+	f.runAll(t)
+	if n := len(f.provider.accepted[phone(2)]); n != 1 {
+		t.Fatalf("u2: %d messages; the lease read the consent it was to take from the plan", n)
+	}
+	var cst, src string
+	if err := f.db.QueryRow(ctx, `SELECT consent_status, consent_source FROM send_log WHERE campaign_id = $1 AND user_id = 'u2'`, f.id).Scan(&cst, &src); err != nil {
+		t.Fatal(err)
+	}
+	if cst != "ONAY" || src != "HS_WEB" {
+		t.Fatalf("u2's audit: consent %s/%s, want the planned ONAY/HS_WEB", cst, src)
+	}
+}
+
+// Any write to the consents after the launch makes the leases read every consent again: a consent deleted
+// since (no record: no consent) blocks the send as a revocation does, and the others still go out with
+// their consent as read now.
+func TestConsentDeletedAfterLaunchBlocksTheSend(t *testing.T) {
+	t.Parallel()
+	f := plan(t, 4) // eligible u1, u2, u4
+	ctx := context.Background()
+	if _, err := f.db.Exec(ctx, `DELETE FROM iys_consents WHERE recipient = $1`, phone(4)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.db.Exec(ctx, `UPDATE iys_consents SET source = 'IYS_WEB' WHERE recipient = $1`, phone(1)); err != nil {
+		t.Fatal(err)
+	}
+	f.runAll(t)
+	if n := len(f.provider.accepted[phone(4)]); n != 0 {
+		t.Fatalf("u4's consent was deleted after the launch but u4 got %d messages", n)
+	}
+	if st, reason, _ := f.status(t, "u4"); st != "skipped" || reason != "revoked" {
+		t.Fatalf("u4: %s/%s, want skipped/revoked", st, reason)
+	}
+	var src string
+	if err := f.db.QueryRow(ctx, `SELECT consent_source FROM send_log WHERE campaign_id = $1 AND user_id = 'u1' AND status = 'sent'`, f.id).Scan(&src); err != nil {
+		t.Fatal(err)
+	}
+	if src != "IYS_WEB" {
+		t.Fatalf("u1's audit: consent source %s, want IYS_WEB as read at send time", src)
+	}
+}
