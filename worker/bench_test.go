@@ -17,9 +17,12 @@ import (
 // scripts/bench.sh measures the whole engine with the sandbox and real worker processes.
 
 // benchPlan plans n customers (about half are eligible, see planWith) in batches of 500, as launches do.
+// benchBatchSize is the batch size of the benchmarks' campaigns, as a launch makes them.
+const benchBatchSize = 500
+
 func benchPlan(b *testing.B, n int) (*fixture, *campaign.Campaign, []campaign.Recipient) {
 	b.Helper()
-	f := planWith(b, n, func(s *campaign.Spec) { s.BatchSize = 500 })
+	f := planWith(b, n, func(s *campaign.Spec) { s.BatchSize = benchBatchSize })
 	ctx := context.Background()
 	c, err := f.store.Get(ctx, f.id)
 	if err != nil {
@@ -48,7 +51,7 @@ func BenchmarkRunBatch(b *testing.B) {
 		if batch == batches {
 			b.StopTimer()
 			spec := fixtureSpec(fmt.Sprint("again-", len(ids)))
-			spec.BatchSize, spec.FrequencyCap = 500, 0
+			spec.BatchSize, spec.FrequencyCap = benchBatchSize, 0
 			rep, err := (&campaign.Planner{Engine: f.db, Audience: f.db}).Plan(ctx, spec)
 			if err != nil {
 				b.Fatal(err)
@@ -115,12 +118,13 @@ func BenchmarkLeaseAndRecord(b *testing.B) {
 			b.StartTimer()
 		}
 		rs := all[next : next+chunk]
+		batch := next / benchBatchSize // chunks never straddle a batch: benchBatchSize is a multiple of chunk
 		next += chunk
 		users := make([]string, len(rs))
 		for i, r := range rs {
 			users[i] = r.UserID
 		}
-		l := campaign.Lease{Batch: 0, Token: token, Epoch: "bench", TTL: time.Minute} // one run, chunk after chunk
+		l := campaign.Lease{Batch: batch, Token: token, Epoch: "bench", TTL: time.Minute} // one run, chunk after chunk
 		t0 := time.Now()
 		got, err := f.store.LeaseChunk(ctx, c, users, l)
 		leaseTime += time.Since(t0)
