@@ -26,6 +26,13 @@ type Message struct {
 	// its data. Push uses Data as the message's data payload.
 	TemplateID string
 	Data       map[string]string
+	// Shared, when set, is content the message shares with the other messages of its campaign (the same
+	// pointer for all of them), with a tag where each recipient's value goes, and Values are this
+	// message's values for its Tags, in order. A provider that sends many messages in one request may send
+	// Shared once and each recipient's values (SendGrid's substitutions) instead of every rendered Body and
+	// HTML; Body and HTML are set all the same, and putting Values in for Tags gives them byte for byte.
+	Shared *Shared
+	Values []string
 	// CampaignID and UserID travel to the provider as metadata where it supports that (never PII).
 	CampaignID int64
 	UserID     string
@@ -34,6 +41,16 @@ type Message struct {
 	Commercial    bool
 	RecipientType string
 }
+
+// Shared is a message's text and HTML content with substitution tags, written once for many recipients.
+// Every tag starts with SharedTagPrefix and ends with "-"; no other text of the content holds the prefix.
+type Shared struct {
+	Text, HTML string
+	Tags       []string
+}
+
+// SharedTagPrefix starts every tag of a Shared content.
+const SharedTagPrefix = "-campaignctl_v"
 
 // Result is what a provider answered for an accepted message.
 type Result struct {

@@ -22,6 +22,13 @@ func (run *batchRun) message(r *campaign.Recipient) (providers.Message, error) {
 	m := providers.Message{To: r.Address, Subject: parts.Subject, Body: parts.Text, HTML: parts.HTML,
 		TemplateID: run.c.TemplateID, CampaignID: run.c.ID, UserID: r.UserID,
 		Commercial: !run.c.Transactional, RecipientType: run.c.IYSRecipientType()}
+	if run.sharedForm != nil {
+		// A value the shared form cannot write leaves the message rendered only: its request then carries
+		// every recipient's rendered text.
+		if vals, ok, err := run.sharedForm.Values(data); ok && err == nil {
+			m.Shared, m.Values = run.shared, vals
+		}
+	}
 	if run.c.TemplateID != "" || run.c.Channel == campaign.ChannelPush {
 		// A provider-side template (and a push's data payload) gets the values themselves.
 		m.Data = make(map[string]string, len(data))

@@ -300,3 +300,36 @@ func seedEmailAudience(t *testing.T, db *pgxpool.Pool, domain string) {
 		}
 	}
 }
+
+// An e-mail whose parts are plain text and values reaches the provider with the campaign's shared content
+// (one pointer for the request) and its own values, which put into it give the message's rendered text
+// and HTML; the customer columns the template names are the values, escaped in the HTML.
+func TestEmailMessagesCarryTheSharedContent(t *testing.T) {
+	t.Parallel()
+	rdb, _ := testredis.New(t)
+	store, id, p, h := planEmail(t, 4, 10, rdb, func(s *campaign.Spec) {
+		s.AudienceSQL = `SELECT user_id, email, user_id || ' & <' || user_id || '>' AS name FROM customers`
+		s.Message, s.HTML = "Merhaba {{.name}}", "<p>Merhaba <b>{{.name}}</b></p>"
+	})
+	if err := h.RunBatch(context.Background(), id, 0); err != nil {
+		t.Fatal(err)
+	}
+	if c, _ := store.Counts(context.Background(), id); c.Sent != 4 || len(p.requests) != 1 {
+		t.Fatalf("counts %+v in %d requests; want 4 sent in one", c, len(p.requests))
+	}
+	shared := p.requests[0][0].Shared
+	if shared == nil || shared.Text != "Merhaba "+shared.Tags[0] || shared.HTML != "<p>Merhaba <b>"+shared.Tags[1]+"</b></p>" {
+		t.Fatalf("shared content %+v", shared)
+	}
+	for _, m := range p.requests[0] {
+		if m.Shared != shared {
+			t.Fatalf("message to %s does not share the request's content", m.To)
+		}
+		if got := campaign.SubstituteOnce(shared.Text, shared.Tags, m.Values); got != m.Body || !strings.Contains(m.Body, " & <") {
+			t.Errorf("%s: text with its values %q, rendered %q", m.To, got, m.Body)
+		}
+		if got := campaign.SubstituteOnce(shared.HTML, shared.Tags, m.Values); got != m.HTML || !strings.Contains(m.HTML, " &amp; &lt;") {
+			t.Errorf("%s: HTML with its values %q, rendered %q", m.To, got, m.HTML)
+		}
+	}
+}

@@ -173,7 +173,11 @@ type batchRun struct {
 	// snapshots are the consent records read with the chunk's lease, by user, for the outcomes' audit.
 	snapshots map[string]campaign.ConsentRecord
 	tmpl      *campaign.Template
-	lease     campaign.Lease
+	// shared is the e-mail's text and HTML written once with a tag for each value (nil when the template
+	// is not plain text and values), and sharedForm what gives each recipient's values for its tags.
+	shared     *providers.Shared
+	sharedForm *campaign.SharedForm
+	lease      campaign.Lease
 	// renewAt is when the chunk's lease is renewed before the next claim.
 	renewAt time.Time
 	guard   guard
@@ -245,6 +249,12 @@ func (h *Handler) RunBatch(ctx context.Context, campaignID int64, batch int) err
 		}
 		if run.tmpl, err = h.template(c); err != nil {
 			return fmt.Errorf("campaign %d: %v: %w", c.ID, err, asynq.SkipRetry)
+		}
+		if _, batches := run.provider.(providers.Batcher); batches && c.TemplateID == "" {
+			if f := run.tmpl.Shared(providers.SharedTagPrefix); f != nil {
+				run.sharedForm = f
+				run.shared = &providers.Shared{Text: f.Text, HTML: f.HTML, Tags: f.Tags}
+			}
 		}
 		run.limits = []limiter.Limit{
 			{Key: "campaign:" + strconv.FormatInt(c.ID, 10), Rate: c.Rate, Observer: run.m.CampaignWait()},

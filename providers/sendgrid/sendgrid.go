@@ -213,7 +213,11 @@ func buildMail(from *sgmail.Email, ms []providers.Message) (*sgmail.SGMailV3, er
 		anyHTML = anyHTML || m.HTML != ""
 	}
 	multi := template == "" && len(ms) > 1
+	var shared *providers.Shared
 	if multi {
+		shared = sharedOf(ms)
+	}
+	if multi && shared == nil {
 		for _, m := range ms {
 			if substitutionSize(m, anyHTML) > MaxSubstitutionBytes {
 				return nil, refuse("a rendered message is over 10,000 bytes, SendGrid's limit for substitutions: it must be sent alone")
@@ -226,6 +230,11 @@ func buildMail(from *sgmail.Email, ms []providers.Message) (*sgmail.SGMailV3, er
 	switch {
 	case template != "":
 		mail.SetTemplateID(template)
+	case shared != nil:
+		mail.AddContent(sgmail.NewContent("text/plain", shared.Text))
+		if shared.HTML != "" {
+			mail.AddContent(sgmail.NewContent("text/html", shared.HTML))
+		}
 	case multi:
 		mail.AddContent(sgmail.NewContent("text/plain", textTag))
 		if anyHTML {
@@ -251,6 +260,10 @@ func buildMail(from *sgmail.Email, ms []providers.Message) (*sgmail.SGMailV3, er
 			for k, v := range m.Data {
 				pz.SetDynamicTemplateData(k, v)
 			}
+		case shared != nil:
+			for i, tag := range shared.Tags {
+				pz.SetSubstitution(tag, m.Values[i])
+			}
 		case multi:
 			pz.SetSubstitution(textTag, m.Body)
 			if anyHTML {
@@ -260,6 +273,34 @@ func buildMail(from *sgmail.Email, ms []providers.Message) (*sgmail.SGMailV3, er
 		mail.AddPersonalizations(pz)
 	}
 	return mail, nil
+}
+
+// sharedOf returns the content every message of ms shares (providers.Message.Shared) when the request can
+// carry it once with each recipient's values as substitutions, or nil: then each recipient's rendered
+// text and HTML are the substitutions. It can when every message has the same Shared with a value for each
+// tag, no value holds the tags' prefix (a value is never mistaken for a tag), and each recipient's values
+// fit SendGrid's limit.
+func sharedOf(ms []providers.Message) *providers.Shared {
+	shared := ms[0].Shared
+	if shared == nil || shared.Text == "" {
+		return nil
+	}
+	for _, m := range ms {
+		if m.Shared != shared || len(m.Values) != len(shared.Tags) {
+			return nil
+		}
+		n := 0
+		for i, v := range m.Values {
+			if strings.Contains(v, providers.SharedTagPrefix) {
+				return nil
+			}
+			n += len(shared.Tags[i]) + len(v)
+		}
+		if n > MaxSubstitutionBytes {
+			return nil
+		}
+	}
+	return shared
 }
 
 // substitutionSize is what m's substitutions weigh against MaxSubstitutionBytes.

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"html"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -522,5 +523,98 @@ func TestNewValidates(t *testing.T) {
 				t.Errorf("error %q shows the key", err)
 			}
 		})
+	}
+}
+
+// Messages that share one content (providers.Message.Shared) go out as that content once, with each
+// recipient's values as substitutions, and every recipient gets, byte for byte, the message rendered for
+// them. A request with a message that does not share it, or a value that holds the tags' prefix, carries
+// every rendered message instead.
+func TestSendBatchSharedContent(t *testing.T) {
+	shared := &providers.Shared{
+		Text: "Merhaba -campaignctl_v0-, kodunuz -campaignctl_v1-.",
+		HTML: "<p>Merhaba -campaignctl_v2-, kodunuz <b>-campaignctl_v3-</b></p>",
+		Tags: []string{"-campaignctl_v0-", "-campaignctl_v1-", "-campaignctl_v2-", "-campaignctl_v3-"},
+	}
+	make1 := func(i int, name string) providers.Message {
+		code := fmt.Sprintf("K%04d", i)
+		m := msg(i)
+		m.Body = "Merhaba " + name + ", kodunuz " + code + "."
+		m.HTML = "<p>Merhaba " + html.EscapeString(name) + ", kodunuz <b>" + code + "</b></p>"
+		m.Shared, m.Values = shared, []string{name, code, html.EscapeString(name), code}
+		return m
+	}
+	for _, tc := range []struct {
+		name   string
+		edit   func(ms []providers.Message)
+		shared bool
+	}{
+		{"all share", func([]providers.Message) {}, true},
+		{"one rendered only", func(ms []providers.Message) { ms[2].Shared, ms[2].Values = nil, nil }, false},
+		{"a value holding the prefix", func(ms []providers.Message) { ms[1] = make1(1, "x-campaignctl_v1-") }, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t, sandbox.Options{})
+			p := newProvider(t, h.srv.URL)
+			ms := []providers.Message{make1(0, "Ayşe"), make1(1, `Ali & "Veli" <ş>`), make1(2, "Can -campaignctl_text-"), make1(3, "Ece")}
+			tc.edit(ms)
+			if _, err := p.SendBatch(context.Background(), ms); err != nil {
+				t.Fatalf("SendBatch: %v", err)
+			}
+			byTo := recorded(t, h.sb)
+			for i, m := range ms {
+				if r := byTo[m.To]; r.Subject != m.Subject || r.Body != m.Body || r.HTML != m.HTML {
+					t.Errorf("message %d: got subject %q body %q html %q; want %q %q %q", i, r.Subject, r.Body, r.HTML, m.Subject, m.Body, m.HTML)
+				}
+			}
+			w := h.request(t, 0)
+			if got := len(w.Content) == 2 && w.Content[0].Value == shared.Text && w.Content[1].Value == shared.HTML; got != tc.shared {
+				t.Errorf("content %+v: shared %v, want %v", w.Content, got, tc.shared)
+			}
+			if tc.shared {
+				for i, pz := range w.Personalizations {
+					if len(pz.Substitutions) != 4 || pz.Substitutions["-campaignctl_v0-"] != ms[i].Values[0] {
+						t.Errorf("personalization %d substitutions %v, want the recipient's values", i, pz.Substitutions)
+					}
+				}
+			}
+		})
+	}
+}
+
+// A real newsletter's HTML is far over SendGrid's 10,000 bytes of substitutions per recipient: rendered into
+// each recipient's substitutions it could only go one request per recipient, shared it goes 1000 to a
+// request.
+func TestSendBatchLargeSharedHTML(t *testing.T) {
+	h := newHarness(t, sandbox.Options{})
+	p := newProvider(t, h.srv.URL)
+	page := strings.Repeat("<p>Kampanya ayrıntıları &amp; koşullar.</p>\n", 800) // about 35 KB
+	shared := &providers.Shared{Text: "Kodunuz -campaignctl_v0-", HTML: page + "<b>-campaignctl_v0-</b>", Tags: []string{"-campaignctl_v0-"}}
+	ms := make([]providers.Message, 1000)
+	for i := range ms {
+		code := fmt.Sprintf("K%04d", i)
+		ms[i] = msg(i)
+		ms[i].Body, ms[i].HTML = "Kodunuz "+code, page+"<b>"+code+"</b>"
+		ms[i].Shared, ms[i].Values = shared, []string{code}
+	}
+	if _, err := p.SendBatch(context.Background(), ms); err != nil {
+		t.Fatalf("SendBatch: %v", err)
+	}
+	if st := h.sb.Stats(); st.Requests != 1 || st.Accepted != 1000 {
+		t.Fatalf("stats %+v, want one request and 1000 accepted", st)
+	}
+	byTo := recorded(t, h.sb)
+	for i, m := range ms {
+		if r := byTo[m.To]; r.Body != m.Body || r.HTML != m.HTML {
+			t.Fatalf("message %d: body %q, HTML of %d bytes; want %q and %d bytes", i, r.Body, len(r.HTML), m.Body, len(m.HTML))
+		}
+	}
+	// The same messages rendered only: refused as a whole, to be sent one by one.
+	for i := range ms {
+		ms[i].Shared, ms[i].Values = nil, nil
+	}
+	_, err := p.SendBatch(context.Background(), ms)
+	if pe := providerError(t, err, ms...); pe.Class != providers.Permanent || !strings.Contains(pe.Error(), "10,000 bytes") {
+		t.Fatalf("rendered 35 KB messages in one request: %v, want refused for the substitution limit", pe)
 	}
 }
