@@ -83,18 +83,9 @@ func (p *plainTemplate) render(data map[string]any) (out string, ok bool, err er
 			b.WriteString(s.text)
 			continue
 		}
-		v, found := data[s.field]
-		if !found {
-			return "", true, fmt.Errorf("%w: template uses {{.%s}} but there is no such value", ErrInvalid, s.field)
-		}
-		var str string
-		switch v := v.(type) {
-		case string:
-			str = v
-		case json.Number:
-			str = string(v)
-		default:
-			return "", false, nil
+		str, ok, err := plainValue(data, s.field)
+		if !ok || err != nil {
+			return "", ok, err
 		}
 		if p.html {
 			htmlValue.WriteString(&b, str) //nolint:errcheck // a strings.Builder does not fail
@@ -103,6 +94,23 @@ func (p *plainTemplate) render(data map[string]any) (out string, ok bool, err er
 		}
 	}
 	return b.String(), true, nil
+}
+
+// plainValue is field's value in data as the template packages print it, for the values a plain form
+// prints itself: strings and numbers. ok is false for any other type; a missing value is the error the
+// template packages' missingkey=error gives, in the words RenderParts uses.
+func plainValue(data map[string]any, field string) (str string, ok bool, err error) {
+	v, found := data[field]
+	if !found {
+		return "", true, fmt.Errorf("%w: template uses {{.%s}} but there is no such value", ErrInvalid, field)
+	}
+	switch v := v.(type) {
+	case string:
+		return v, true, nil
+	case json.Number:
+		return string(v), true, nil
+	}
+	return "", false, nil
 }
 
 // plainHTML returns the plain form of an HTML template, or nil. html/template escapes a template when it

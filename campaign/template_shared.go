@@ -1,8 +1,6 @@
 package campaign
 
 import (
-	"encoding/json"
-	"fmt"
 	"strconv"
 	"strings"
 )
@@ -80,18 +78,9 @@ func sharedTag(prefix string, i int) string {
 func (f *SharedForm) Values(data map[string]any) (vals []string, ok bool, err error) {
 	vals = make([]string, len(f.slots))
 	for i, s := range f.slots {
-		v, found := data[s.field]
-		if !found {
-			return nil, false, fmt.Errorf("%w: template uses {{.%s}} but there is no such value", ErrInvalid, s.field)
-		}
-		var str string
-		switch v := v.(type) {
-		case string:
-			str = v
-		case json.Number:
-			str = string(v)
-		default:
-			return nil, false, nil
+		str, ok, err := plainValue(data, s.field)
+		if !ok || err != nil {
+			return nil, false, err
 		}
 		if s.html {
 			str = htmlValue.Replace(str)
