@@ -56,6 +56,18 @@ func TestEveryConsentWriteMovesTheVersion(t *testing.T) {
 				pgx.CopyFromRows([][]any{{"+905320000004", "MESAJ", "TACIR", "ONAY", time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}}))
 			return err
 		}, true},
+		{"update in a replica session", func() error {
+			// As a restore or a replication tool runs: ordinary triggers are off there.
+			conn, err := db.Acquire(ctx)
+			if err != nil {
+				return err
+			}
+			defer conn.Release()
+			_, err = conn.Exec(ctx, `SET session_replication_role = replica;
+				UPDATE iys_consents SET status = 'RET' WHERE recipient = '+905320000003';
+				RESET session_replication_role`)
+			return err
+		}, true},
 		{"truncate", exec(db, `TRUNCATE iys_consents`), true},
 	} {
 		before := version()

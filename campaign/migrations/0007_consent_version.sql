@@ -26,6 +26,14 @@ $$;
 -- touch the same consents could each hold a row the other waits for.
 CREATE TRIGGER iys_consents_changed BEFORE INSERT OR UPDATE OR DELETE OR TRUNCATE ON iys_consents
     FOR EACH STATEMENT EXECUTE FUNCTION iys_consents_changed();
+-- Whatever session_replication_role says (a restore or a tool that sets it to replica).
+ALTER TABLE iys_consents ENABLE ALWAYS TRIGGER iys_consents_changed;
+-- Logical replication applies changes row by row and fires no statement trigger for them: a row trigger
+-- enabled only for replication moves the version there too, one write per replicated row, while ordinary
+-- sessions keep one write per statement.
+CREATE TRIGGER iys_consents_replicated AFTER INSERT OR UPDATE OR DELETE ON iys_consents
+    FOR EACH ROW EXECUTE FUNCTION iys_consents_changed();
+ALTER TABLE iys_consents ENABLE REPLICA TRIGGER iys_consents_replicated;
 
 -- NULL (campaigns launched before this version, and those whose consents are not İYS's): the lease reads
 -- every recipient's consent.
