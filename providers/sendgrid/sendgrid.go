@@ -219,6 +219,10 @@ func buildMail(from *sgmail.Email, ms []providers.Message) (*sgmail.SGMailV3, er
 	}
 	if multi && shared == nil {
 		for _, m := range ms {
+			if strings.Contains(m.Subject, textTag) || strings.Contains(m.Subject, htmlTag) {
+				// SendGrid would put the recipient's text into the subject.
+				return nil, refuse("a subject holds the tag that stands for a recipient's text: it must be sent alone")
+			}
 			if substitutionSize(m, anyHTML) > MaxSubstitutionBytes {
 				return nil, refuse("a rendered message is over 10,000 bytes, SendGrid's limit for substitutions: it must be sent alone")
 			}
@@ -286,7 +290,8 @@ func sharedOf(ms []providers.Message) *providers.Shared {
 		return nil
 	}
 	for _, m := range ms {
-		if m.Shared != shared || len(m.Values) != len(shared.Tags) {
+		// SendGrid substitutes in the subject too: a subject that holds the prefix goes without tags.
+		if m.Shared != shared || len(m.Values) != len(shared.Tags) || strings.Contains(m.Subject, providers.SharedTagPrefix) {
 			return nil
 		}
 		n := 0

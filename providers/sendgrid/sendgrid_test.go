@@ -552,6 +552,7 @@ func TestSendBatchSharedContent(t *testing.T) {
 		{"all share", func([]providers.Message) {}, true},
 		{"one rendered only", func(ms []providers.Message) { ms[2].Shared, ms[2].Values = nil, nil }, false},
 		{"a value holding the prefix", func(ms []providers.Message) { ms[1] = make1(1, "x-campaignctl_v1-") }, false},
+		{"a subject holding the prefix", func(ms []providers.Message) { ms[3].Subject = "Ece -campaignctl_v0-" }, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			h := newHarness(t, sandbox.Options{})
@@ -616,5 +617,28 @@ func TestSendBatchLargeSharedHTML(t *testing.T) {
 	_, err := p.SendBatch(context.Background(), ms)
 	if pe := providerError(t, err, ms...); pe.Class != providers.Permanent || !strings.Contains(pe.Error(), "10,000 bytes") {
 		t.Fatalf("rendered 35 KB messages in one request: %v, want refused for the substitution limit", pe)
+	}
+}
+
+// SendGrid substitutes in subjects too: a request whose rendered texts travel as substitutions is refused
+// (before it is sent) when a subject holds their tag, so the worker sends that recipient alone, and the
+// subject arrives as written.
+func TestSubjectHoldingTheTextTag(t *testing.T) {
+	h := newHarness(t, sandbox.Options{})
+	p := newProvider(t, h.srv.URL)
+	ms := []providers.Message{msg(1), msg(2)}
+	ms[1].Subject = "Merhaba -campaignctl_text-"
+	_, err := p.SendBatch(context.Background(), ms)
+	if pe := providerError(t, err, ms...); pe.Class != providers.Permanent || pe.AccountLevel() {
+		t.Fatalf("request with a tag in a subject: %v, want refused for the recipients, to be split", pe)
+	}
+	if st := h.sb.Stats(); st.Requests != 0 {
+		t.Fatalf("%d requests reached SendGrid", st.Requests)
+	}
+	if _, err := p.SendBatch(context.Background(), ms[1:]); err != nil {
+		t.Fatalf("the recipient alone: %v", err)
+	}
+	if r := recorded(t, h.sb)[ms[1].To]; r.Subject != ms[1].Subject || r.Body != ms[1].Body {
+		t.Fatalf("alone: subject %q body %q", r.Subject, r.Body)
 	}
 }
