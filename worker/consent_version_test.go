@@ -3,6 +3,8 @@ package worker
 import (
 	"context"
 	"testing"
+
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // While no consent has changed since the launch, a lease takes the consents the launch planned on and
@@ -68,5 +70,37 @@ func TestConsentDeletedAfterLaunchBlocksTheSend(t *testing.T) {
 	}
 	if src != "IYS_WEB" {
 		t.Fatalf("u1's audit: consent source %s, want IYS_WEB as read at send time", src)
+	}
+}
+
+// A RET written while the launch runs and committed after it (the launch reads the consent before it, as
+// it was) still blocks the send: the writer's version moves only when it commits, so it is not the
+// version the campaign kept, and the lease reads the consents again.
+func TestConsentRevokedDuringTheLaunchBlocksTheSend(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	f := planAround(t, 4, nil, func(db *pgxpool.Pool, launch func()) {
+		tx, err := db.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer tx.Rollback(ctx) //nolint:errcheck // committed below
+		if _, err := tx.Exec(ctx, `UPDATE iys_consents SET status = 'RET' WHERE recipient = $1`, phone(2)); err != nil {
+			t.Fatal(err)
+		}
+		launch()
+		if err := tx.Commit(ctx); err != nil {
+			t.Fatal(err)
+		}
+	})
+	if st, _, _ := f.status(t, "u2"); st != "pending" {
+		t.Fatalf("u2 is %s after the launch; the launch should have planned it on the consent it read", st)
+	}
+	f.runAll(t)
+	if n := len(f.provider.accepted[phone(2)]); n != 0 {
+		t.Fatalf("u2 revoked consent during the launch but got %d messages", n)
+	}
+	if st, reason, _ := f.status(t, "u2"); st != "skipped" || reason != "revoked" {
+		t.Fatalf("u2: %s/%s, want skipped/revoked", st, reason)
 	}
 }

@@ -84,6 +84,13 @@ func plan(t testing.TB, n int) *fixture { t.Helper(); return planWith(t, n, nil)
 // planWith is plan with the campaign spec adjusted by edit.
 func planWith(t testing.TB, n int, edit func(*campaign.Spec)) *fixture {
 	t.Helper()
+	return planAround(t, n, edit, nil)
+}
+
+// planAround is planWith with during run once the customers and consents are in, around the launch: it
+// gets the database and the launch to run (during calls it exactly once).
+func planAround(t testing.TB, n int, edit func(*campaign.Spec), during func(db *pgxpool.Pool, launch func())) *fixture {
+	t.Helper()
 	db, _ := testdb.New(t)
 	rdb, _ := testredis.New(t)
 	ctx := context.Background()
@@ -104,7 +111,14 @@ func planWith(t testing.TB, n int, edit func(*campaign.Spec)) *fixture {
 	if edit != nil {
 		edit(&spec)
 	}
-	rep, err := (&campaign.Planner{Engine: db, Audience: db}).Plan(ctx, spec)
+	var rep campaign.Report
+	var err error
+	launch := func() { rep, err = (&campaign.Planner{Engine: db, Audience: db}).Plan(ctx, spec) }
+	if during != nil {
+		during(db, launch)
+	} else {
+		launch()
+	}
 	if err != nil {
 		t.Fatal(err)
 	}
