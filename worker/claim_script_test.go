@@ -131,8 +131,7 @@ func TestClaimScriptsUndoWhatTheGuardsRefuse(t *testing.T) {
 		t.Fatalf("taken-over claim became %q (TTL %v)", v, left)
 	}
 
-	// claimSendMany: every recipient's mark lands in the day's hash, which gets its TTL even though the
-	// script looks at it once for the whole request.
+	// claimSendMany: every recipient's mark lands in the day's hash, which gets its TTL.
 	e := &campaign.Campaign{ID: 42, Channel: campaign.ChannelEmail, CreatedAt: time.Now(), FrequencyCap: time.Hour}
 	var scs []sendClaim
 	for _, a := range []string{"a@example.com", "b@example.com", "c@example.com", "d@example.com"} {
@@ -152,6 +151,55 @@ func TestClaimScriptsUndoWhatTheGuardsRefuse(t *testing.T) {
 		}
 		if left := rdb.PTTL(ctx, key).Val(); left < markTTL(e)-time.Minute {
 			t.Fatalf("mark hash %s has TTL %v, want about %v", key, left, markTTL(e))
+		}
+	}
+}
+
+// A day's mark hash keeps a day of margin over the longest cap that judges it. Its TTL is renewed once an
+// hour of that margin is used, not at every mark: a hash with more left is not written, one with less is
+// renewed, by the single send's script and by the request's alike.
+func TestMarkHashTTLRenewedOnceAnHourOfMarginIsUsed(t *testing.T) {
+	t.Parallel()
+	rdb, _ := testredis.New(t)
+	ctx := context.Background()
+	cl := &claims{rdb: rdb, ttl: time.Hour}
+	if err := rdb.Set(ctx, EpochKey, "e1", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now()
+	for _, ch := range []campaign.Channel{campaign.ChannelSMS, campaign.ChannelEmail} {
+		c := &campaign.Campaign{ID: 43, Channel: ch, CreatedAt: now}
+		full := markTTL(c)
+		for _, tc := range []struct {
+			addr string
+			left time.Duration // the hash's TTL before the mark
+			want time.Duration // at least this much after it
+			most time.Duration // and at most this much
+		}{
+			{"fresh-" + string(ch), 0, full - time.Minute, full},
+			{"half-hour-used-" + string(ch), full - 30*time.Minute, full - 31*time.Minute, full - 29*time.Minute},
+			{"two-hours-used-" + string(ch), full - 2*time.Hour, full - time.Minute, full},
+		} {
+			key := FrequencyKey(ch, tc.addr, now)
+			rdb.Del(ctx, key)
+			if tc.left > 0 {
+				rdb.HSet(ctx, key, "someone-else", "1|1")
+				rdb.PExpire(ctx, key, tc.left)
+			}
+			sc := sendClaim{key: ClaimKey(c.ID, tc.addr), mine: pendingValue(now, "w"), addr: tc.addr}
+			g := guard{epoch: "e1", halt: HaltKey(c.ID)}
+			var err error
+			if ch == campaign.ChannelEmail {
+				_, err = cl.claimSendMany(ctx, c, Nonce(c), []sendClaim{sc}, g, now)
+			} else {
+				_, err = cl.claimSend(ctx, c, Nonce(c), sc, g, nil, "", now)
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if left := rdb.PTTL(ctx, key).Val(); left < tc.want || left > tc.most {
+				t.Errorf("%s: mark hash TTL %v after the mark (was %v), want %v to %v", tc.addr, left, tc.left, tc.want, tc.most)
+			}
 		}
 	}
 }
