@@ -286,7 +286,7 @@ func TestReleasedCodesAreReusedFirst(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	moved, err := campaign.NewStore(db).Record(ctx, first.ID, []campaign.Outcome{{UserID: "u1", Status: campaign.StatusFailed, Reason: "twilio 21610: opted out"}}, campaign.Lease{})
+	moved, err := campaign.NewStore(db).Record(ctx, first.ID, []campaign.Outcome{{UserID: "u1", Status: campaign.StatusFailed, Reason: "twilio 21610: opted out"}}, campaign.Lease{}, nil)
 	if err != nil || moved[campaign.StatusFailed] != 1 {
 		t.Fatalf("record: %v %v", moved, err)
 	}

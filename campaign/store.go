@@ -175,14 +175,19 @@ func (s *Store) LoadBatch(ctx context.Context, campaignID int64, batch int) ([]R
 // user of another batch changes nothing. Only recipients still pending change, so recording the same
 // outcome twice (a redelivered batch) is harmless; codes of recipients that were never sent (failed,
 // skipped) go back to the pool; every transition is appended to send_log. An outcome with status pending
-// records a transient failure (attempts and last error) and leaves the recipient pending. With a lease
-// (Token not empty), the run's chunk in hand is emptied in the same statement: the run has nothing in
-// flight when it records. It returns how many recipients actually moved
-// to each status, so counters can be advanced exactly once.
-func (s *Store) Record(ctx context.Context, campaignID int64, outcomes []Outcome, lease Lease) (map[string]int64, error) {
+// records a transient failure (attempts and last error) and leaves the recipient pending. A recipient
+// whose receipt arrived before its outcome is recorded sent, whatever the outcome says (see
+// RecordDeliveries). With a lease (Token not empty), the run's chunk in hand becomes inHand in the same
+// statement: the users whose fate the run could not settle (it stopped before reading their claims), which
+// stay leased until the sweeper reads their claims; nil when the run has nothing in flight. It returns how
+// many recipients actually moved to each status, so counters can be advanced exactly once.
+func (s *Store) Record(ctx context.Context, campaignID int64, outcomes []Outcome, lease Lease, inHand []string) (map[string]int64, error) {
 	moved := map[string]int64{}
 	if len(outcomes) == 0 && lease.Token == "" {
 		return moved, nil
+	}
+	if inHand == nil {
+		inHand = []string{}
 	}
 	n := len(outcomes)
 	users, statuses, reasons, ids := make([]string, n), make([]string, n), make([]string, n), make([]string, n)
@@ -205,16 +210,21 @@ func (s *Store) Record(ctx context.Context, campaignID int64, outcomes []Outcome
 		), upd AS (
 			-- Only rows of the lease's batch: the pending index on (campaign, batch) finds them whatever the
 			-- planner believes about the campaign's size.
+			-- A receipt that came in while the row was pending (r.delivery set) proves the provider accepted
+			-- the message, whatever the worker could tell: such a row becomes sent, keeps the receipt's
+			-- message ID and its code, and what the worker saw stays in last_error.
 			UPDATE campaign_recipients r SET
-				status = o.status,
-				reason = NULLIF(o.reason, ''),
-				last_error = CASE WHEN o.status IN ('failed', 'unknown') THEN NULLIF(o.reason, '') END,
-				provider_message_id = NULLIF(o.msgid, ''),
+				status = CASE WHEN r.delivery IS NOT NULL THEN 'sent' ELSE o.status END,
+				reason = CASE WHEN r.delivery IS NOT NULL AND o.status <> 'sent'
+					THEN 'accepted by the provider (its receipt says ' || r.delivery || ')' ELSE NULLIF(o.reason, '') END,
+				last_error = CASE WHEN o.status IN ('failed', 'unknown') OR (r.delivery IS NOT NULL AND o.status <> 'sent')
+					THEN NULLIF(o.reason, '') END,
+				provider_message_id = coalesce(NULLIF(o.msgid, ''), r.provider_message_id),
 				segments = NULLIF(o.segments, 0),
 				attempts = r.attempts + CASE WHEN o.status IN ('sent', 'failed', 'unknown', 'pending') THEN 1 ELSE 0 END,
-				code = CASE WHEN o.status IN ('failed', 'skipped') THEN NULL ELSE r.code END,
-				code_id = CASE WHEN o.status IN ('failed', 'skipped') THEN NULL ELSE r.code_id END,
-				sent_at = CASE WHEN o.status = 'sent' THEN now() END,
+				code = CASE WHEN o.status IN ('failed', 'skipped') AND r.delivery IS NULL THEN NULL ELSE r.code END,
+				code_id = CASE WHEN o.status IN ('failed', 'skipped') AND r.delivery IS NULL THEN NULL ELSE r.code_id END,
+				sent_at = CASE WHEN o.status = 'sent' OR r.delivery IS NOT NULL THEN now() END,
 				updated_at = now()
 			FROM o
 			WHERE r.campaign_id = $1 AND r.batch = $7 AND r.status = 'pending' AND r.user_id = o.user_id
@@ -223,8 +233,8 @@ func (s *Store) Record(ctx context.Context, campaignID int64, outcomes []Outcome
 			RETURNING r.user_id, r.status, r.reason, r.provider_message_id,
 				o.c_status, o.c_source, o.c_date, o.c_txn, o.c_synced
 		), freed AS (
-			UPDATE campaign_batches SET lease_users = '{}'
-			WHERE campaign_id = $1 AND batch = $7 AND lease_token = $8 AND lease_users <> '{}'
+			UPDATE campaign_batches SET lease_users = $14::text[]
+			WHERE campaign_id = $1 AND batch = $7 AND lease_token = $8 AND lease_users <> $14::text[]
 		), log AS (
 			INSERT INTO send_log (campaign_id, user_id, status, reason, provider_message_id, channel, template_hash,
 				consent_status, consent_source, consent_date, consent_txn, consent_synced_at)
@@ -242,7 +252,7 @@ func (s *Store) Record(ctx context.Context, campaignID int64, outcomes []Outcome
 			ON CONFLICT (code_id) DO NOTHING
 		)
 		SELECT status, count(*) FROM upd GROUP BY status`, campaignID, users, statuses, reasons, ids, segs, lease.Batch, lease.Token,
-		cStatus, cSource, cDate, cTxn, cSynced)
+		cStatus, cSource, cDate, cTxn, cSynced, inHand)
 	if err != nil {
 		return nil, fmt.Errorf("record outcomes: %w", err)
 	}

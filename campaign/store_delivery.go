@@ -35,10 +35,12 @@ type Delivery struct {
 
 // RecordDeliveries applies receipts in one statement and returns how many recipients they changed. A
 // receipt is applied once (by its event ID), never moves a recipient back from a final status (delivered,
-// bounced, ...) to an intermediate one, and a receipt for a recipient recorded unknown proves that the
-// provider accepted the message: the recipient becomes sent. A receipt may also arrive before the worker
-// has written the send's outcome (the recipient is still pending): its delivery is kept, and the outcome
-// written later leaves it alone.
+// bounced, ...) to an intermediate one, and changes nothing when it names another message ID than the one
+// recorded for the recipient. Any receipt proves that the provider accepted the message: a recipient
+// recorded unknown becomes sent. A receipt may also arrive before the worker has written the send's
+// outcome (the recipient is still pending): its delivery and message ID are kept, and whatever outcome
+// the worker writes later (an unknown after a held answer, say), the recipient is recorded sent (see
+// Record), is never resent by `resume --resend-unknown`, and keeps its code.
 func (s *Store) RecordDeliveries(ctx context.Context, ds []Delivery) (int64, error) {
 	if len(ds) == 0 {
 		return 0, nil
@@ -87,6 +89,8 @@ func (s *Store) RecordDeliveries(ctx context.Context, ds []Delivery) (int64, err
 				updated_at = now()
 			FROM best b
 			WHERE r.campaign_id = b.campaign_id AND r.user_id = b.user_id AND r.status IN ('pending', 'sent', 'unknown')
+			  -- A receipt for another message than the one recorded is not about this send.
+			  AND (r.provider_message_id IS NULL OR b.msgid = '' OR r.provider_message_id = b.msgid)
 			  AND (r.delivery IS NULL
 			       OR b.rank > CASE r.delivery WHEN 'processed' THEN 1 WHEN 'sent' THEN 1 WHEN 'deferred' THEN 2 ELSE 3 END
 			       OR (b.rank = CASE r.delivery WHEN 'processed' THEN 1 WHEN 'sent' THEN 1 WHEN 'deferred' THEN 2 ELSE 3 END

@@ -54,3 +54,62 @@ func TestRecordDeliveries(t *testing.T) {
 		t.Fatalf("delivery counts %d/%d, %v", d, u, err)
 	}
 }
+
+// A receipt that names another message than the one recorded for the recipient is not about its send and
+// changes nothing; a receipt that overtakes the worker's outcome makes whatever the worker records later a
+// send, keeps the receipt's message ID and the code, and such a recipient is never resent.
+func TestReceiptsAndOutcomesOfOneRecipient(t *testing.T) {
+	t.Parallel()
+	db, _ := testdb.New(t)
+	ctx := context.Background()
+	mustExec(t, db, `INSERT INTO code_pools (name) VALUES ('p')`)
+	mustExec(t, db, `INSERT INTO promo_codes (id, pool, code) OVERRIDING SYSTEM VALUE VALUES (1, 'p', 'C1'), (2, 'p', 'C2'), (3, 'p', 'C3')`)
+	mustExec(t, db, `INSERT INTO campaign_recipients (campaign_id, user_id, address, batch, status, provider_message_id, code, code_id, delivery) VALUES
+		(1, 'a', '+905320000001', 0, 'sent', 'SMa', NULL, NULL, NULL),
+		(1, 'b', '+905320000002', 0, 'pending', NULL, 'C1', 1, NULL),
+		(1, 'c', '+905320000003', 0, 'pending', NULL, 'C2', 2, NULL),
+		(1, 'd', '+905320000004', 0, 'unknown', NULL, 'C3', 3, 'delivered')`)
+	store := campaign.NewStore(db)
+	n, err := store.RecordDeliveries(ctx, []campaign.Delivery{
+		{Provider: "twilio", CampaignID: 1, UserID: "a", MessageID: "SMother", Status: campaign.DeliveryUndelivered},
+		{Provider: "twilio", CampaignID: 1, UserID: "b", MessageID: "SMb", Status: campaign.DeliveryDelivered},
+		{Provider: "twilio", CampaignID: 1, UserID: "c", MessageID: "SMc", Status: campaign.DeliverySent},
+	})
+	if err != nil || n != 2 {
+		t.Fatalf("changed %d, err %v; want b and c only (a's receipt names another message)", n, err)
+	}
+	var dl string
+	if err := db.QueryRow(ctx, `SELECT coalesce(delivery, '') FROM campaign_recipients WHERE user_id = 'a'`).Scan(&dl); err != nil || dl != "" {
+		t.Fatalf("a's delivery %q (%v), want none", dl, err)
+	}
+	// The worker's answers come later: b's was lost (unknown), c's provider said the request failed for
+	// good. Both receipts say the provider accepted the message.
+	moved, err := store.Record(ctx, 1, []campaign.Outcome{
+		{UserID: "b", Status: campaign.StatusUnknown, Reason: "no answer within 10s"},
+		{UserID: "c", Status: campaign.StatusFailed, Reason: "twilio 21610"},
+	}, campaign.Lease{Batch: 0}, nil)
+	if err != nil || moved[campaign.StatusSent] != 2 || len(moved) != 1 {
+		t.Fatalf("moved %v (%v), want both sent", moved, err)
+	}
+	for _, u := range []string{"b", "c"} {
+		var st, msg, code, lastErr string
+		if err := db.QueryRow(ctx, `SELECT status, coalesce(provider_message_id, ''), coalesce(code, ''), coalesce(last_error, '')
+			FROM campaign_recipients WHERE user_id = $1`, u).Scan(&st, &msg, &code, &lastErr); err != nil {
+			t.Fatal(err)
+		}
+		if st != "sent" || msg != "SM"+u || code == "" || lastErr == "" {
+			t.Errorf("%s: %s, message %q, code %q, last error %q; want sent with the receipt's message and its code", u, st, msg, code, lastErr)
+		}
+	}
+	if got := count(t, db, `SELECT count(*) FROM released_codes`); got != 0 {
+		t.Errorf("%d codes back in the pool, want none", got)
+	}
+	// d is unknown with a receipt (recorded so before receipts made it sent): never resent.
+	unknown, err := store.Unknown(ctx, 1)
+	if err != nil || len(unknown) != 0 {
+		t.Fatalf("unknown %v (%v), want none to resend", unknown, err)
+	}
+	if n, err := store.Resend(ctx, 1, []string{"d"}); err != nil || n != 0 {
+		t.Fatalf("resend moved %d (%v), want 0", n, err)
+	}
+}

@@ -33,6 +33,13 @@ type Chunk struct {
 	// a chunk taken over from a run that died under another Redis epoch: a missing claim proves nothing for
 	// it.
 	Leased map[string]bool
+	// Inherited lists the leased users that were the chunk in hand of a run that died: until the run
+	// reads their claims, it does not know whether they were sent, and they stay in its chunk in hand.
+	Inherited []string
+	// Accepted holds the leased users whose delivery receipt arrived while they were pending (a receipt
+	// for a send whose answer was lost, before `resume --resend-unknown` made them pending again): the
+	// provider accepted their message, so they are recorded sent, never sent again.
+	Accepted map[string]bool
 	// Busy counts pending users of the chunk held by another run's live lease.
 	Busy int
 	// Consent holds the addresses that have consent right now (İYS ONAY for the channel and the campaign's
@@ -50,10 +57,10 @@ type Chunk struct {
 // cancel left. The batch is leased only while the campaign is running or cancelled (a cancelled campaign's
 // batches are closed under leases too); in any other state nothing is leased and the caller waits.
 func (s *Store) LeaseChunk(ctx context.Context, c *Campaign, users []string, l Lease) (Chunk, error) {
-	ch := Chunk{Leased: map[string]bool{}, Consent: make(map[string]bool, len(users)), Snapshots: map[string]ConsentRecord{}}
+	ch := Chunk{Leased: map[string]bool{}, Consent: make(map[string]bool, len(users)), Snapshots: map[string]ConsentRecord{}, Accepted: map[string]bool{}}
 	var (
 		leased, takeover, otherEpoch bool
-		oldUsers, pend, ok           []string
+		oldUsers, pend, ok, accepted []string
 		cStatus, cSource, cTxn       []string
 		cDate, cSynced               []pgtype.Timestamptz
 	)
@@ -82,7 +89,7 @@ func (s *Store) LeaseChunk(ctx context.Context, c *Campaign, users []string, l L
 		), pend0 AS (
 			-- The batch's pending rows through the pending index on (campaign, batch), whatever the planner
 			-- believes about the campaign's size: at most a batch of rows, never the campaign's.
-			SELECT r.user_id, r.address, r.consent_status, r.consent_source, r.consent_date, r.consent_txn, r.consent_synced_at,
+			SELECT r.user_id, r.address, r.delivery, r.consent_status, r.consent_source, r.consent_date, r.consent_txn, r.consent_synced_at,
 				c.status, c.source, c.cdate, c.txn, c.synced
 			FROM campaign_recipients r
 			LEFT JOIN LATERAL (
@@ -93,8 +100,8 @@ func (s *Store) LeaseChunk(ctx context.Context, c *Campaign, users []string, l L
 			) c ON true
 			WHERE r.campaign_id = $1 AND r.batch = $2 AND r.status = 'pending' AND r.user_id IN (SELECT u FROM cand)
 		), pend AS (
-			SELECT user_id, address, c_status = 'ONAY' AS ok, c_status, c_source, c_date, c_txn, c_synced
-			FROM (SELECT user_id, address,
+			SELECT user_id, address, delivery, c_status = 'ONAY' AS ok, c_status, c_source, c_date, c_txn, c_synced
+			FROM (SELECT user_id, address, delivery,
 					CASE WHEN (SELECT same FROM planned) THEN consent_status ELSE status END AS c_status,
 					CASE WHEN (SELECT same FROM planned) THEN consent_source ELSE source END AS c_source,
 					CASE WHEN (SELECT same FROM planned) THEN consent_date ELSE cdate END AS c_date,
@@ -119,7 +126,8 @@ func (s *Store) LeaseChunk(ctx context.Context, c *Campaign, users []string, l L
 			array(SELECT c_date FROM pend WHERE (SELECT state_ok FROM may)),
 			array(SELECT coalesce(c_txn, '') FROM pend WHERE (SELECT state_ok FROM may)),
 			array(SELECT c_synced FROM pend WHERE (SELECT state_ok FROM may)),
-			array(SELECT address FROM pend WHERE ok OR $11)`,
+			array(SELECT address FROM pend WHERE ok OR $11),
+			array(SELECT user_id FROM pend WHERE delivery IS NOT NULL AND (SELECT state_ok FROM may))`,
 		c.ID, l.Batch, l.Token, l.Epoch, users, l.TTL.Milliseconds(), c.Channel.IYSType(), l.AnyState, c.IYSRecipientType(), c.BrandCode,
 		// Push and webhook opt-ins are decided at plan time; a transactional message needs no consent.
 		c.Channel.IYSType() == "" || c.Transactional)
@@ -132,7 +140,7 @@ func (s *Store) LeaseChunk(ctx context.Context, c *Campaign, users []string, l L
 	}
 	if err == nil {
 		err = br.QueryRow().Scan(&ch.State, &leased, &takeover, &otherEpoch, &oldUsers, &pend,
-			&cStatus, &cSource, &cDate, &cTxn, &cSynced, &ok)
+			&cStatus, &cSource, &cDate, &cTxn, &cSynced, &ok, &accepted)
 	}
 	if cerr := br.Close(); err == nil {
 		err = cerr
@@ -141,14 +149,17 @@ func (s *Store) LeaseChunk(ctx context.Context, c *Campaign, users []string, l L
 		return ch, fmt.Errorf("lease chunk of batch %d: %w", l.Batch, err)
 	}
 	if leased {
-		suspect := map[string]bool{}
-		if takeover && otherEpoch {
+		inherited := map[string]bool{}
+		if takeover {
 			for _, u := range oldUsers {
-				suspect[u] = true
+				inherited[u] = true
 			}
 		}
 		for i, u := range pend {
-			ch.Leased[u] = suspect[u]
+			ch.Leased[u] = inherited[u] && otherEpoch
+			if inherited[u] {
+				ch.Inherited = append(ch.Inherited, u)
+			}
 			if cStatus[i] != "" {
 				ch.Snapshots[u] = ConsentRecord{Status: cStatus[i], Source: cSource[i], TransactionID: cTxn[i],
 					Date: cDate[i].Time, SyncedAt: cSynced[i].Time}
@@ -164,6 +175,10 @@ func (s *Store) LeaseChunk(ctx context.Context, c *Campaign, users []string, l L
 				ch.Busy++
 			}
 		}
+		accepted = nil
+	}
+	for _, u := range accepted {
+		ch.Accepted[u] = true
 	}
 	for _, a := range ok {
 		ch.Consent[a] = true
@@ -248,9 +263,9 @@ func (s *Store) CancelUnleased(ctx context.Context, id int64) (int64, error) {
 	return n, nil
 }
 
-// Unknown returns the users of campaign id whose outcome is unknown.
+// Unknown returns the users of campaign id whose outcome is unknown and whom no receipt proves sent.
 func (s *Store) Unknown(ctx context.Context, id int64) ([]string, error) {
-	rows, err := s.pool.Query(ctx, `SELECT user_id FROM campaign_recipients WHERE campaign_id = $1 AND status = 'unknown'`, id)
+	rows, err := s.pool.Query(ctx, `SELECT user_id FROM campaign_recipients WHERE campaign_id = $1 AND status = 'unknown' AND delivery IS NULL`, id)
 	if err != nil {
 		return nil, fmt.Errorf("unknown recipients: %w", err)
 	}
@@ -266,14 +281,16 @@ func (s *Store) Unknown(ctx context.Context, id int64) ([]string, error) {
 }
 
 // Resend moves users of campaign id from unknown back to pending, keeping their codes (a person who did
-// get the first message gets the same code again, never a second one), and logs the decision. Their claims
-// must have been cleared first. It returns how many moved.
+// get the first message gets the same code again, never a second one), and logs the decision. A recipient
+// with a delivery receipt is never moved: the receipt proves the provider accepted the message (Record
+// and RecordDeliveries make such a recipient sent; the condition here covers rows recorded before they
+// did). Their claims must have been cleared first. It returns how many moved.
 func (s *Store) Resend(ctx context.Context, id int64, users []string) (int64, error) {
 	var n int64
 	err := s.pool.QueryRow(ctx, `
 		WITH upd AS (
 			UPDATE campaign_recipients SET status = 'pending', reason = NULL, updated_at = now()
-			WHERE campaign_id = $1 AND user_id = ANY($2) AND status = 'unknown'
+			WHERE campaign_id = $1 AND user_id = ANY($2) AND status = 'unknown' AND delivery IS NULL
 			RETURNING user_id
 		), log AS (
 			INSERT INTO send_log (campaign_id, user_id, status, reason)

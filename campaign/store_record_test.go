@@ -32,7 +32,7 @@ func TestRecordKeepsToTheLeasesBatchAndAuditsTheConsentRead(t *testing.T) {
 
 	// u2's outcome under another batch's lease changes nothing.
 	sent := []campaign.Outcome{{UserID: "u2", Status: campaign.StatusSent, MessageID: "SM1"}}
-	moved, err := store.Record(ctx, c.ID, sent, campaign.Lease{Batch: batch + 1})
+	moved, err := store.Record(ctx, c.ID, sent, campaign.Lease{Batch: batch + 1}, nil)
 	if err != nil || len(moved) != 0 {
 		t.Fatalf("record under batch %d's lease: moved %v (%v), want nothing", batch+1, moved, err)
 	}
@@ -50,7 +50,7 @@ func TestRecordKeepsToTheLeasesBatchAndAuditsTheConsentRead(t *testing.T) {
 		t.Fatalf("lease read u2's consent as %+v (found %v), want ONAY from HS_WEB with its dates", snap, ok)
 	}
 	sent[0].Snapshot = snap
-	moved, err = store.Record(ctx, c.ID, sent, l)
+	moved, err = store.Record(ctx, c.ID, sent, l, nil)
 	if err != nil || moved[campaign.StatusSent] != 1 {
 		t.Fatalf("record under its own batch's lease: moved %v (%v), want 1 sent", moved, err)
 	}

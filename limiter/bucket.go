@@ -37,17 +37,54 @@ type Observer interface{ Observe(float64) }
 type Bucket struct {
 	rdb redis.UniversalClient
 	rl  *redis_rate.Limiter
-	// turns holds, per limit key, a one-slot channel: the goroutines of this process that wait for the
-	// same bucket take turns, so that one of them asks Redis at a time instead of all of them polling it
-	// (dozens of senders behind one cap would otherwise spend more on refused asks than on sends).
-	turns sync.Map
+	// turns holds, per limit key with a waiter right now, a one-slot channel: the goroutines of this
+	// process that wait for the same bucket take turns, so that one of them asks Redis at a time instead of
+	// all of them polling it (dozens of senders behind one cap would otherwise spend more on refused asks
+	// than on sends). An entry goes when its last waiter does: keys of finished campaigns do not pile up
+	// over a worker's life.
+	mu    sync.Mutex
+	turns map[string]*turn
 	// now and sleep are replaceable in tests.
 	sleep func(ctx context.Context, d time.Duration) error
 }
 
 // New returns a Bucket on rdb.
 func New(rdb redis.UniversalClient) *Bucket {
-	return &Bucket{rdb: rdb, rl: redis_rate.NewLimiter(rdb), sleep: Sleep}
+	return &Bucket{rdb: rdb, rl: redis_rate.NewLimiter(rdb), sleep: Sleep, turns: map[string]*turn{}}
+}
+
+// turn is one key's slot, with the number of goroutines holding or waiting for it.
+type turn struct {
+	slot    chan struct{}
+	waiters int
+}
+
+// join returns key's turn, counting the caller among its waiters; leave undoes it.
+func (b *Bucket) join(key string) *turn {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	t := b.turns[key]
+	if t == nil {
+		t = &turn{slot: make(chan struct{}, 1)}
+		b.turns[key] = t
+	}
+	t.waiters++
+	return t
+}
+
+func (b *Bucket) leave(key string, t *turn) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if t.waiters--; t.waiters == 0 {
+		delete(b.turns, key)
+	}
+}
+
+// keys is how many limit keys have waiters now (for tests).
+func (b *Bucket) keys() int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return len(b.turns)
 }
 
 // gcra turns a rate in events per second into a redis_rate limit. Rates need not be whole numbers
@@ -113,14 +150,14 @@ func (b *Bucket) waitOne(ctx context.Context, l Limit, n int) error {
 // take takes n tokens from l's bucket, waiting as the bucket says, in turn with the process's other
 // waiters for the same bucket.
 func (b *Bucket) take(ctx context.Context, l Limit, n int) error {
-	t, _ := b.turns.LoadOrStore(l.Key, make(chan struct{}, 1))
-	turn := t.(chan struct{})
+	t := b.join(l.Key)
+	defer b.leave(l.Key, t)
 	select {
-	case turn <- struct{}{}:
+	case t.slot <- struct{}{}:
 	case <-ctx.Done():
 		return ctx.Err()
 	}
-	defer func() { <-turn }()
+	defer func() { <-t.slot }()
 	lim := gcra(l.Rate)
 	for n > 0 {
 		k := min(n, lim.Burst)

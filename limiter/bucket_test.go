@@ -220,3 +220,42 @@ func TestWaitersOfOneProcessTakeTurns(t *testing.T) {
 		t.Fatalf("%d Redis calls for %d tokens: waiters poll the bucket instead of taking turns", n, tokens)
 	}
 }
+
+// A key's turn lives only while someone waits on it: a worker that serves campaign after campaign does not
+// keep one per campaign it ever capped, and waiters of one key still take turns while it lives.
+func TestTurnsGoWithTheirLastWaiter(t *testing.T) {
+	t.Parallel()
+	rdb, _ := testredis.New(t)
+	b := New(rdb)
+	var wg sync.WaitGroup
+	for i := range 50 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			l := Limit{Key: "campaign:" + string(rune('a'+i%26)) + string(rune('a'+i/26)), Rate: 1000}
+			for range 3 {
+				if err := b.Wait(context.Background(), l); err != nil {
+					t.Error(err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if n := b.keys(); n != 0 {
+		t.Fatalf("%d limit keys still held after every wait returned, want 0", n)
+	}
+	// A wait that gives up (its context ends while another holds the turn) leaves nothing behind either.
+	l := Limit{Key: "slow", Rate: 0.5}
+	if err := b.Wait(context.Background(), l); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	if err := b.Wait(ctx, l); err == nil {
+		t.Fatal("a second token at 0.5/s came at once")
+	}
+	if n := b.keys(); n != 0 {
+		t.Fatalf("%d limit keys held after a wait gave up, want 0", n)
+	}
+}

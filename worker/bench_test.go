@@ -136,7 +136,7 @@ func BenchmarkLeaseAndRecord(b *testing.B) {
 			outs[i] = campaign.Outcome{UserID: u, Status: campaign.StatusSent, MessageID: "SM" + u, Segments: 1}
 		}
 		t0 = time.Now()
-		moved, err := f.store.Record(ctx, c.ID, outs, l)
+		moved, err := f.store.Record(ctx, c.ID, outs, l, nil)
 		recordTime += time.Since(t0)
 		if err != nil || moved[campaign.StatusSent] != int64(len(rs)) {
 			b.Fatalf("record: %v %v", moved, err)

@@ -135,6 +135,13 @@ func TestEmailGoesOutInRequestsOfManyAndABadAddressFailsOnlyItself(t *testing.T)
 // max messages a request.
 func planEmail(t *testing.T, n, max int, rdb redis.UniversalClient, edit ...func(*campaign.Spec)) (*campaign.Store, int64, *batchProvider, *Handler) {
 	t.Helper()
+	_, store, id, p, h := planEmailDB(t, n, max, rdb, edit...)
+	return store, id, p, h
+}
+
+// planEmailDB is planEmail that also returns the campaign's database.
+func planEmailDB(t *testing.T, n, max int, rdb redis.UniversalClient, edit ...func(*campaign.Spec)) (*pgxpool.Pool, *campaign.Store, int64, *batchProvider, *Handler) {
+	t.Helper()
 	db, _ := testdb.New(t)
 	ctx := context.Background()
 	for _, sql := range []string{
@@ -159,7 +166,7 @@ func planEmail(t *testing.T, n, max int, rdb redis.UniversalClient, edit ...func
 	p := &batchProvider{max: max, accepted: map[string][]providers.Message{}}
 	h := NewHandler(Config{Store: store, Redis: rdb, Owner: "test",
 		Providers: map[campaign.Channel]providers.Provider{campaign.ChannelEmail: p}, ProviderRates: map[string]float64{}})
-	return store, rep.ID, p, h
+	return db, store, rep.ID, p, h
 }
 
 // The multi-recipient path fails closed too: with Redis unreachable no request goes out and everyone

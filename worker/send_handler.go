@@ -21,9 +21,27 @@ import (
 	"github.com/campaignctl/campaignctl/providers"
 )
 
+// Store is what the send path reads and writes in Postgres, the source of truth: campaigns, their
+// recipients' outcomes and the batch leases. *campaign.Store implements it; tests put faults in front of
+// it (internal/faults).
+type Store interface {
+	Get(ctx context.Context, id int64) (*campaign.Campaign, error)
+	StartIfDue(ctx context.Context, id int64) (campaign.State, error)
+	LoadBatch(ctx context.Context, campaignID int64, batch int) ([]campaign.Recipient, error)
+	LeaseChunk(ctx context.Context, c *campaign.Campaign, users []string, l campaign.Lease) (campaign.Chunk, error)
+	RenewLease(ctx context.Context, campaignID int64, l campaign.Lease) (bool, error)
+	ReleaseBatch(ctx context.Context, campaignID int64, l campaign.Lease) error
+	Record(ctx context.Context, campaignID int64, outcomes []campaign.Outcome, l campaign.Lease, inHand []string) (map[string]int64, error)
+	CompleteIfDone(ctx context.Context, id int64) (bool, error)
+	MarkInvalid(ctx context.Context, ch campaign.Channel, address, reason string) error
+	ExpiredLeases(ctx context.Context, limit int) ([]campaign.Expired, error)
+}
+
+var _ Store = (*campaign.Store)(nil)
+
 // Config configures a Handler. Zero values mean the documented defaults.
 type Config struct {
-	Store *campaign.Store
+	Store Store
 	Redis redis.UniversalClient
 	// Providers maps each channel to the provider that sends it.
 	Providers map[campaign.Channel]providers.Provider
@@ -79,8 +97,11 @@ type Handler struct {
 	bucket    *limiter.Bucket
 	log       *slog.Logger
 
-	mu        sync.Mutex
-	templates map[int64]*campaign.Template
+	mu sync.Mutex
+	// templates holds the parsed content of the campaigns this process sends, by campaign ID, each with
+	// what it was parsed from: a campaign read later with another nonce or content (the engine database
+	// re-created, IDs starting again at 1) misses it. A campaign found over is dropped.
+	templates map[int64]parsedTemplate
 
 	stopping chan struct{}
 	stopOnce sync.Once
@@ -129,7 +150,7 @@ func NewHandler(cfg Config) *Handler {
 		frequency: frequencyCap{rdb: cfg.Redis},
 		bucket:    limiter.New(cfg.Redis),
 		log:       cfg.Logger,
-		templates: map[int64]*campaign.Template{},
+		templates: map[int64]parsedTemplate{},
 		stopping:  make(chan struct{}),
 	}
 }
@@ -183,6 +204,10 @@ type batchRun struct {
 	guard   guard
 	// pending are outcomes not yet written to Postgres.
 	pending []campaign.Outcome
+	// inherited holds the users taken over from a run that died whose fate this run has not read yet
+	// (their claims may say they were sent): if the run stops before it does, they stay in the chunk in
+	// hand for the sweeper, instead of being let go as if nothing had happened to them.
+	inherited map[string]bool
 	// strikes are recipients that kept failing transiently in this run. They count against the recipient
 	// only once a later send of the run succeeds (the recipient is at fault, not the provider).
 	strikes []campaign.Outcome
@@ -218,6 +243,7 @@ func (h *Handler) RunBatch(ctx context.Context, campaignID int64, batch int) err
 	log := h.log.With("campaign_id", campaignID, "batch", batch)
 	c, err := h.cfg.Store.Get(ctx, campaignID)
 	if errors.Is(err, campaign.ErrNotFound) {
+		h.forgetTemplate(campaignID)
 		log.Warn("batch of a campaign that no longer exists; dropping it")
 		return nil
 	}
@@ -233,6 +259,9 @@ func (h *Handler) RunBatch(ctx context.Context, campaignID int64, batch int) err
 		}
 	}
 	if _, retry, done := stateGate(c.ID, c.State); retry != nil || done {
+		if done {
+			h.forgetTemplate(c.ID)
+		}
 		return retry
 	}
 	run := &batchRun{c: c, nonce: Nonce(c), batch: batch, counts: map[string]int64{}, snapshots: map[string]campaign.ConsentRecord{}}
@@ -383,6 +412,7 @@ func (h *Handler) RunBatch(ctx context.Context, campaignID int64, batch int) err
 		"failed", run.counts[campaign.StatusFailed], "skipped", run.counts[campaign.StatusSkipped],
 		"unknown", run.counts[campaign.StatusUnknown], "deferred", run.deferred, "in_flight_elsewhere", run.busy)
 	if errors.Is(stop, errCampaignOver) {
+		h.forgetTemplate(c.ID)
 		return nil
 	}
 	if errors.Is(stop, errEpoch) {
@@ -403,10 +433,15 @@ func (h *Handler) RunBatch(ctx context.Context, campaignID int64, batch int) err
 	if done, err := h.cfg.Store.CompleteIfDone(ctx, c.ID); err != nil {
 		return infra(err)
 	} else if done {
+		h.forgetTemplate(c.ID)
 		log.Info("campaign completed")
 	}
 	return nil
 }
+
+// reasonReceiptFirst is why a pending recipient is recorded sent without a send: a delivery receipt for an
+// earlier send of it (whose answer was lost) arrived after `resume --resend-unknown` made it pending again.
+const reasonReceiptFirst = "accepted by the provider: its delivery receipt arrived before the message was sent again"
 
 // errCampaignOver ends a batch whose campaign ended meanwhile.
 var errCampaignOver = errors.New("campaign is over")
@@ -452,6 +487,12 @@ func (h *Handler) gate(ctx context.Context, run *batchRun, chunk []campaign.Reci
 	}
 	run.busy += got.Busy
 	run.renewAt = at.Add(run.lease.TTL / 3)
+	for _, u := range got.Inherited {
+		if run.inherited == nil {
+			run.inherited = map[string]bool{}
+		}
+		run.inherited[u] = true
+	}
 	todo := chunk[:0:0]
 	inChunk := make(map[string]bool, len(chunk))
 	for _, r := range chunk {
@@ -459,6 +500,10 @@ func (h *Handler) gate(ctx context.Context, run *batchRun, chunk []campaign.Reci
 		suspect, ok := got.Leased[r.UserID]
 		if !ok {
 			continue // sent, or held by a live run of the same batch
+		}
+		if got.Accepted[r.UserID] && !suspect {
+			run.add(campaign.Outcome{UserID: r.UserID, Status: campaign.StatusSent, Reason: reasonReceiptFirst})
+			continue
 		}
 		r.Consent, r.Suspect = got.Consent[r.Address], suspect
 		todo = append(todo, r)
@@ -834,6 +879,7 @@ func (h *Handler) giveUp(run *batchRun, r *campaign.Recipient, pe *providers.Err
 	}
 	run.deferred++
 	run.strikes = append(run.strikes, o)
+	delete(run.inherited, r.UserID) // its claim was released: nothing was sent
 	return nil
 }
 
@@ -881,14 +927,31 @@ func (h *Handler) fromClaim(run *batchRun, userID, val string) {
 		run.add(campaign.Outcome{UserID: userID, Status: campaign.StatusSkipped, Reason: st.reason})
 	default:
 		if !st.at.IsZero() && h.cfg.Now().Sub(st.at) < h.cfg.InFlightGrace {
+			// A live run holds it: its claim is the record, and that run writes the outcome.
 			run.busy++
+			delete(run.inherited, userID)
 			return
 		}
 		run.add(campaign.Outcome{UserID: userID, Status: campaign.StatusUnknown, Reason: reasonDiedMidCall})
 	}
 }
 
-func (run *batchRun) add(o campaign.Outcome) { run.pending = append(run.pending, o) }
+func (run *batchRun) add(o campaign.Outcome) {
+	run.pending = append(run.pending, o)
+	delete(run.inherited, o.UserID)
+}
+
+// inHand lists the users the run must leave in its chunk in hand when it records (see inherited).
+func (run *batchRun) inHand() []string {
+	if len(run.inherited) == 0 {
+		return nil
+	}
+	users := make([]string, 0, len(run.inherited))
+	for u := range run.inherited {
+		users = append(users, u)
+	}
+	return users
+}
 
 // flush writes buffered outcomes and advances the campaign's Redis counters by what actually changed.
 func (h *Handler) flush(ctx context.Context, run *batchRun) error {
@@ -904,7 +967,7 @@ func (h *Handler) flush(ctx context.Context, run *batchRun) error {
 	// A Postgres restart takes a few seconds: the outcomes in hand are worth waiting for (they are in the
 	// claims too, but only a run that takes the lease over later would read them).
 	for try := 0; try < 4; try++ {
-		if moved, err = h.cfg.Store.Record(ctx, run.c.ID, run.pending, run.lease); err == nil {
+		if moved, err = h.cfg.Store.Record(ctx, run.c.ID, run.pending, run.lease, run.inHand()); err == nil {
 			break
 		}
 		limiter.Sleep(ctx, time.Duration(try+1)*500*time.Millisecond) //nolint:errcheck // ctx has no deadline here
@@ -939,18 +1002,47 @@ func ProgressKey(campaignID int64) string {
 	return "campaign:" + strconv.FormatInt(campaignID, 10) + ":progress"
 }
 
+// parsedTemplate is a campaign's parsed content and what it was parsed from.
+type parsedTemplate struct {
+	nonce   string
+	content campaign.Content
+	tmpl    *campaign.Template
+}
+
+// maxTemplates bounds the cache: past it, it starts again empty (a worker rarely sends that many
+// campaigns at once, and a parse costs microseconds).
+const maxTemplates = 256
+
 func (h *Handler) template(c *campaign.Campaign) (*campaign.Template, error) {
+	nonce, content := Nonce(c), c.Content()
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if t, ok := h.templates[c.ID]; ok {
-		return t, nil
+	if p, ok := h.templates[c.ID]; ok && p.nonce == nonce && p.content == content {
+		return p.tmpl, nil
 	}
-	t, err := campaign.ParseContent(c.Content())
+	t, err := campaign.ParseContent(content)
 	if err != nil {
 		return nil, err
 	}
-	h.templates[c.ID] = t
+	if len(h.templates) >= maxTemplates {
+		clear(h.templates)
+	}
+	h.templates[c.ID] = parsedTemplate{nonce: nonce, content: content, tmpl: t}
 	return t, nil
+}
+
+// forgetTemplate drops a campaign's parsed content once its batches find it over.
+func (h *Handler) forgetTemplate(id int64) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	delete(h.templates, id)
+}
+
+// cachedTemplates is how many campaigns' parsed contents the handler holds (for tests).
+func (h *Handler) cachedTemplates() int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return len(h.templates)
 }
 
 // backoff is exponential with jitter (half to all of 250 ms·2^(attempt-1), capped at 10 s), and never

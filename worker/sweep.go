@@ -75,16 +75,19 @@ func (h *Handler) Sweep(ctx context.Context) (int, error) {
 			}
 			h.fromClaim(run, users[i], val[len(run.nonce)+1:])
 		}
-		// Records the outcomes and lets every row of the run go (on an error too: what is not settled stays
-		// pending, and its claims are read again by the next run).
+		if serr != nil {
+			// Redis could not be read: the claims are the only record of what the dead run sent, so nothing
+			// is recorded and nothing let go. The sweep's own lease keeps the chunk in hand until it expires,
+			// and the next sweep reads the claims again (or, if Redis lost them meanwhile, finds another epoch
+			// and makes the chunk unknown).
+			return n, serr
+		}
+		// Records the outcomes and lets every row of the chunk go: those without a claim were never sent.
 		if err := h.flush(ctx, run); err != nil {
 			return n, err
 		}
 		if err := h.cfg.Store.ReleaseBatch(ctx, c.ID, run.lease); err != nil {
 			return n, err
-		}
-		if serr != nil {
-			return n, serr
 		}
 		n += len(got.Leased)
 	}

@@ -1,0 +1,74 @@
+package faults
+
+import (
+	"context"
+
+	"github.com/campaignctl/campaignctl/campaign"
+)
+
+// Store is a campaign.Store whose send-path methods go through rules (matched by method name, e.g.
+// Method("Record")); the others are the real store's.
+type Store struct {
+	*campaign.Store
+	rules
+}
+
+// NewStore wraps s.
+func NewStore(s *campaign.Store) *Store { return &Store{Store: s} }
+
+func (s *Store) call(ctx context.Context, name string, fn func() error) error {
+	return around(ctx, s.pick(Call{Name: name}), fn)
+}
+
+// Get is campaign.Store.Get under the rules.
+func (s *Store) Get(ctx context.Context, id int64) (c *campaign.Campaign, err error) {
+	err = s.call(ctx, "Get", func() (err error) { c, err = s.Store.Get(ctx, id); return })
+	return c, err
+}
+
+// StartIfDue is campaign.Store.StartIfDue under the rules.
+func (s *Store) StartIfDue(ctx context.Context, id int64) (st campaign.State, err error) {
+	err = s.call(ctx, "StartIfDue", func() (err error) { st, err = s.Store.StartIfDue(ctx, id); return })
+	return st, err
+}
+
+// LoadBatch is campaign.Store.LoadBatch under the rules.
+func (s *Store) LoadBatch(ctx context.Context, id int64, batch int) (rs []campaign.Recipient, err error) {
+	err = s.call(ctx, "LoadBatch", func() (err error) { rs, err = s.Store.LoadBatch(ctx, id, batch); return })
+	return rs, err
+}
+
+// LeaseChunk is campaign.Store.LeaseChunk under the rules.
+func (s *Store) LeaseChunk(ctx context.Context, c *campaign.Campaign, users []string, l campaign.Lease) (ch campaign.Chunk, err error) {
+	err = s.call(ctx, "LeaseChunk", func() (err error) { ch, err = s.Store.LeaseChunk(ctx, c, users, l); return })
+	return ch, err
+}
+
+// RenewLease is campaign.Store.RenewLease under the rules.
+func (s *Store) RenewLease(ctx context.Context, id int64, l campaign.Lease) (held bool, err error) {
+	err = s.call(ctx, "RenewLease", func() (err error) { held, err = s.Store.RenewLease(ctx, id, l); return })
+	return held, err
+}
+
+// ReleaseBatch is campaign.Store.ReleaseBatch under the rules.
+func (s *Store) ReleaseBatch(ctx context.Context, id int64, l campaign.Lease) error {
+	return s.call(ctx, "ReleaseBatch", func() error { return s.Store.ReleaseBatch(ctx, id, l) })
+}
+
+// Record is campaign.Store.Record under the rules.
+func (s *Store) Record(ctx context.Context, id int64, outcomes []campaign.Outcome, l campaign.Lease, inHand []string) (moved map[string]int64, err error) {
+	err = s.call(ctx, "Record", func() (err error) { moved, err = s.Store.Record(ctx, id, outcomes, l, inHand); return })
+	return moved, err
+}
+
+// CompleteIfDone is campaign.Store.CompleteIfDone under the rules.
+func (s *Store) CompleteIfDone(ctx context.Context, id int64) (done bool, err error) {
+	err = s.call(ctx, "CompleteIfDone", func() (err error) { done, err = s.Store.CompleteIfDone(ctx, id); return })
+	return done, err
+}
+
+// ExpiredLeases is campaign.Store.ExpiredLeases under the rules.
+func (s *Store) ExpiredLeases(ctx context.Context, limit int) (es []campaign.Expired, err error) {
+	err = s.call(ctx, "ExpiredLeases", func() (err error) { es, err = s.Store.ExpiredLeases(ctx, limit); return })
+	return es, err
+}

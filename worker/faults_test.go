@@ -1,0 +1,482 @@
+package worker
+
+import (
+	"context"
+	"errors"
+	"net/http/httptest"
+	"sort"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/campaignctl/campaignctl/campaign"
+	"github.com/campaignctl/campaignctl/internal/faults"
+	"github.com/campaignctl/campaignctl/internal/testredis"
+	"github.com/campaignctl/campaignctl/providers"
+	"github.com/campaignctl/campaignctl/providers/sandbox"
+	"github.com/campaignctl/campaignctl/providers/twilio"
+)
+
+// faulty returns a handler of the fixture's campaign whose Redis calls and Postgres calls go through
+// fault rules (the fixture's own client and store stay clean, for the test's own reads and writes).
+func (f *fixture) faulty(t *testing.T, edit func(*Config)) (*Handler, *faults.Redis, *faults.Store) {
+	t.Helper()
+	rdb := redis.NewClient(f.rdb.Options())
+	t.Cleanup(func() { rdb.Close() })
+	fr := &faults.Redis{}
+	rdb.AddHook(fr)
+	fs := faults.NewStore(f.store)
+	cfg := Config{Store: fs, Redis: rdb, Owner: "faulty",
+		Providers:     map[campaign.Channel]providers.Provider{campaign.ChannelSMS: f.provider},
+		ProviderRates: map[string]float64{}}
+	if edit != nil {
+		edit(&cfg)
+	}
+	return NewHandler(cfg), fr, fs
+}
+
+// notFailure fails the test unless err is nil or a RetryError that does not use up the batch's retries
+// (Redis or Postgres trouble is not the batch's fault).
+func notFailure(t *testing.T, err error) {
+	t.Helper()
+	var re *RetryError
+	if err != nil && (!errors.As(err, &re) || re.Failure) {
+		t.Fatalf("err = %v, want nil or a RetryError that is not a failure", err)
+	}
+}
+
+// waitUntil polls cond until it holds, failing the test after d.
+func waitUntil(t *testing.T, d time.Duration, what string, cond func() bool) {
+	t.Helper()
+	end := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(end) {
+			t.Fatalf("%s: not within %v", what, d)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// leaseExpired waits until the batch's lease has expired.
+func (f *fixture) leaseExpired(t *testing.T) {
+	t.Helper()
+	waitUntil(t, 10*time.Second, "the batch lease to expire", func() bool {
+		var n int
+		err := f.db.QueryRow(context.Background(), `SELECT count(*) FROM campaign_batches
+			WHERE campaign_id = $1 AND lease_token IS NOT NULL AND lease_until > now()`, f.id).Scan(&n)
+		return err == nil && n == 0
+	})
+}
+
+// A claim that fails in the middle of a batch (Redis gone before the call reached it, or the call ran
+// and its reply was lost) sends nothing for that recipient nor for anyone after it, and the batch waits
+// without using up its retries; once Redis answers, every recipient is sent exactly once.
+func TestClaimFailureMidBatchSendsNothing(t *testing.T) {
+	t.Parallel()
+	for _, kind := range []faults.Kind{faults.Fail, faults.LoseReply} {
+		t.Run(kind.String(), func(t *testing.T) {
+			t.Parallel()
+			f := plan(t, 10) // eligible in batch 0: u1 u2 u4 u7 u8
+			h, fr, _ := f.faulty(t, nil)
+			rule := fr.Add(&faults.Rule{Match: faults.Script(claimSendScript.Hash()), Skip: 2, Times: 1, Kind: kind})
+			notFailure(t, h.RunBatch(context.Background(), f.id, 0))
+			if rule.Hits() != 1 {
+				t.Fatalf("the fault hit %d claims, want 1", rule.Hits())
+			}
+			if got := f.provider.total(); got != 2 {
+				t.Fatalf("provider got %d messages, want 2 (u1 and u2, claimed before the failed claim of u4)", got)
+			}
+			if len(f.provider.accepted[phone(4)]) != 0 {
+				t.Fatal("u4 was sent although its claim failed")
+			}
+			// A claim whose reply was lost may be in Redis: it holds no answer and is released once Redis
+			// answers again.
+			waitUntil(t, 5*time.Second, "u4's orphan claim to be released", func() bool {
+				return f.rdb.Exists(context.Background(), ClaimKey(f.id, "u4")).Val() == 0
+			})
+			notFailure(t, h.RunBatch(context.Background(), f.id, 0))
+			f.assertOnce(t)
+			if c := f.counts(t); c.Sent != 5 || c.Pending != 0 || c.Unknown != 0 {
+				t.Fatalf("counts %+v, want the 5 eligible sent once each", c)
+			}
+		})
+	}
+}
+
+// The same for the multi-recipient path: a request whose claims fail (all at once, in one script call)
+// is not sent, and is sent once later.
+func TestEmailClaimFailureSendsNothing(t *testing.T) {
+	t.Parallel()
+	for _, kind := range []faults.Kind{faults.Fail, faults.LoseReply} {
+		t.Run(kind.String(), func(t *testing.T) {
+			t.Parallel()
+			shared, _ := testredis.New(t)
+			rdb := redis.NewClient(shared.Options())
+			defer rdb.Close()
+			fr := &faults.Redis{}
+			rdb.AddHook(fr)
+			store, id, p, h := planEmail(t, 6, 3, rdb)
+			rule := fr.Add(&faults.Rule{Match: faults.Script(claimManyScript.Hash()), Skip: 1, Times: 1, Kind: kind})
+			notFailure(t, h.RunBatch(context.Background(), id, 0))
+			if rule.Hits() != 1 || len(p.requests) != 1 || len(p.accepted) != 3 {
+				t.Fatalf("fault hits %d, %d requests, %d accepted; want the first request only (3)", rule.Hits(), len(p.requests), len(p.accepted))
+			}
+			waitUntil(t, 5*time.Second, "the orphan claims to be released", func() bool {
+				n := 0
+				for i := 4; i <= 6; i++ {
+					n += int(shared.Exists(context.Background(), ClaimKey(id, "u"+string(rune('0'+i)))).Val())
+				}
+				return n == 0
+			})
+			notFailure(t, h.RunBatch(context.Background(), id, 0))
+			for to, ms := range p.accepted {
+				if len(ms) != 1 {
+					t.Errorf("%s got %d messages", to, len(ms))
+				}
+			}
+			if c, _ := store.Counts(context.Background(), id); c.Sent != 6 || c.Pending != 0 {
+				t.Fatalf("counts %+v, want 6 sent", c)
+			}
+		})
+	}
+}
+
+// The provider accepts a message, and then neither Redis nor Postgres takes its answer: the run dies with
+// the recipient claimed but unanswered. Once the run's lease expires, the recipient is unknown (the
+// message may have gone out) and is never sent again; the ones it had not reached are sent once.
+func TestAnswerLostAfterTheProviderCallIsUnknownNeverResent(t *testing.T) {
+	t.Parallel()
+	f := plan(t, 10) // eligible in batch 0: u1 u2 u4 u7 u8
+	h, fr, fs := f.faulty(t, func(c *Config) { c.LeaseTTL = 300 * time.Millisecond })
+	f.provider.before = func(m providers.Message) {
+		if m.To == phone(2) {
+			// From u2's send on, Redis and Postgres take nothing more from this run.
+			fr.Add(&faults.Rule{Kind: faults.Fail})
+			fs.Add(&faults.Rule{Match: faults.Method("Record", "ReleaseBatch"), Kind: faults.Fail})
+		}
+	}
+	notFailure(t, h.RunBatch(context.Background(), f.id, 0))
+	f.provider.before = nil
+	if f.provider.total() != 2 {
+		t.Fatalf("provider got %d, want u1 and u2", f.provider.total())
+	}
+	f.leaseExpired(t)
+	if _, err := f.h.Sweep(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	f.runAll(t)
+	f.assertOnce(t)
+	for u, want := range map[string]string{"u1": campaign.StatusSent, "u2": campaign.StatusUnknown, "u4": campaign.StatusSent, "u8": campaign.StatusSent} {
+		if st, _, _ := f.status(t, u); st != want {
+			t.Errorf("%s: %s, want %s", u, st, want)
+		}
+	}
+	if got := f.provider.total(); got != 5 {
+		t.Fatalf("provider got %d messages, want 5 (each eligible once)", got)
+	}
+}
+
+// deadRun leases batch 0's pending users for a run that then "dies" (its lease expires at once), under
+// the current Redis epoch, after the provider accepted u1 (answered in its claim) and u2 (claimed, no
+// answer yet).
+func (f *fixture) deadRun(t *testing.T) []string {
+	t.Helper()
+	ctx := context.Background()
+	c := f.campaign(t)
+	epoch, err := Epoch(ctx, f.rdb)
+	if err != nil {
+		t.Fatal(err)
+	}
+	users := f.batchUsers(t, 0)
+	if _, err := f.store.LeaseChunk(ctx, c, users, campaign.Lease{Token: "dead", Epoch: epoch, TTL: time.Millisecond}); err != nil {
+		t.Fatal(err)
+	}
+	n := Nonce(c) + "/"
+	f.rdb.Set(ctx, ClaimKey(f.id, "u1"), n+sentValue("SMdead1", 1), 0)
+	f.rdb.Set(ctx, ClaimKey(f.id, "u2"), n+pendingValue(time.Now(), "dead"), 0)
+	f.provider.mu.Lock()
+	f.provider.accepted[phone(1)] = []string{"sent by the dead run"}
+	f.provider.accepted[phone(2)] = []string{"sent by the dead run"}
+	f.provider.mu.Unlock()
+	time.Sleep(5 * time.Millisecond)
+	return users
+}
+
+// The sweeper leases a dead run's chunk and cannot read its claims (Redis fails the read): it records
+// nothing and lets nothing go. Redis then loses its data; the chunk, still in hand under the old epoch,
+// becomes unknown, and nobody the dead run sent is sent again.
+func TestSweepThatCannotReadTheClaimsLetsNothingGo(t *testing.T) {
+	t.Parallel()
+	f := plan(t, 10)
+	f.deadRun(t)
+	h, fr, _ := f.faulty(t, func(c *Config) { c.LeaseTTL = 200 * time.Millisecond })
+	rule := fr.Add(&faults.Rule{Match: faults.Command("mget"), Kind: faults.Fail})
+	if _, err := h.Sweep(context.Background()); err == nil || rule.Hits() == 0 {
+		t.Fatalf("sweep: err %v after %d failed reads, want the read's error", err, rule.Hits())
+	}
+	var inHand int
+	f.db.QueryRow(context.Background(), `SELECT cardinality(lease_users) FROM campaign_batches WHERE campaign_id = $1 AND batch = 0`, f.id).Scan(&inHand) //nolint:errcheck
+	if inHand != 5 {
+		t.Fatalf("%d users in hand after the failed sweep, want the 5 of the dead run's chunk", inHand)
+	}
+	if err := f.rdb.FlushDB(context.Background()).Err(); err != nil {
+		t.Fatal(err)
+	}
+	fr.Clear()
+	f.leaseExpired(t)
+	if _, err := h.Sweep(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	f.runAll(t)
+	f.assertOnce(t)
+	if got := f.provider.total(); got != 2 {
+		t.Fatalf("provider got %d messages, want only the dead run's 2", got)
+	}
+	if c := f.counts(t); c.Unknown != 5 || c.Pending != 0 {
+		t.Fatalf("counts %+v, want the dead run's chunk of 5 unknown (a missing claim proves nothing once Redis lost its data)", c)
+	}
+}
+
+// A run takes over a dead run's chunk and cannot read the claims there either (its first claim fails):
+// it leaves the dead run's users in its chunk in hand instead of letting them go, so a Redis loss that
+// follows makes them unknown rather than sends them again.
+func TestRunThatCannotReadTakenOverClaimsKeepsThemInHand(t *testing.T) {
+	t.Parallel()
+	f := plan(t, 10)
+	f.deadRun(t)
+	h, fr, _ := f.faulty(t, func(c *Config) { c.LeaseTTL = 200 * time.Millisecond })
+	fr.Add(&faults.Rule{Match: faults.Script(claimSendScript.Hash()), Kind: faults.Fail})
+	notFailure(t, h.RunBatch(context.Background(), f.id, 0))
+	if got := f.provider.total(); got != 2 {
+		t.Fatalf("provider got %d, want the dead run's 2 only", got)
+	}
+	if err := f.rdb.FlushDB(context.Background()).Err(); err != nil {
+		t.Fatal(err)
+	}
+	fr.Clear()
+	f.leaseExpired(t)
+	notFailure(t, h.RunBatch(context.Background(), f.id, 0))
+	f.assertOnce(t)
+	if c := f.counts(t); c.Unknown != 5 || c.Pending != 0 || f.provider.total() != 2 {
+		t.Fatalf("counts %+v, %d messages; want the taken-over chunk unknown and nothing resent", c, f.provider.total())
+	}
+}
+
+// A delivery receipt that arrives while the send's answer is held (the recipient still pending) proves the
+// provider accepted the message: the unknown the worker then records becomes sent, and `resume
+// --resend-unknown` leaves it alone. A receipt that comes only after the resend made a recipient pending
+// again stops that send too. Only recipients with no evidence are sent again.
+func TestReceiptsProveASendWhateverTheWorkerSaw(t *testing.T) {
+	t.Parallel()
+	f := plan(t, 10) // eligible in batch 0: u1 u2 u4 u7 u8
+	ctx := context.Background()
+	ambiguous := &providers.Error{Provider: "test", Class: providers.Ambiguous, Err: context.DeadlineExceeded}
+	f.provider.fail = func(_ int, m providers.Message) error {
+		switch m.To {
+		case phone(2):
+			// The receipt overtakes the answer, which never comes.
+			if _, err := f.store.RecordDeliveries(ctx, []campaign.Delivery{{Provider: "test", CampaignID: f.id, UserID: "u2",
+				MessageID: "SMu2", Status: campaign.DeliveryDelivered}}); err != nil {
+				t.Error(err)
+			}
+			return ambiguous
+		case phone(4), phone(7):
+			return ambiguous
+		}
+		return nil
+	}
+	f.runAll(t)
+	f.provider.fail = nil
+	var msgID, lastErr string
+	if err := f.db.QueryRow(ctx, `SELECT coalesce(provider_message_id, ''), coalesce(last_error, '') FROM campaign_recipients
+		WHERE campaign_id = $1 AND user_id = 'u2'`, f.id).Scan(&msgID, &lastErr); err != nil {
+		t.Fatal(err)
+	}
+	if st, _, code := f.status(t, "u2"); st != campaign.StatusSent || code == "" || msgID != "SMu2" || lastErr == "" {
+		t.Fatalf("u2: %s, code %q, message %q, last error %q; want sent with its code and the receipt's message ID, the lost answer kept as its last error",
+			st, code, msgID, lastErr)
+	}
+	// The operator resends the unknown (resume --resend-unknown); u7's receipt comes in between.
+	unknown, err := f.store.Unknown(ctx, f.id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sort.Strings(unknown)
+	if len(unknown) != 2 || unknown[0] != "u4" || unknown[1] != "u7" {
+		t.Fatalf("unknown %v, want u4 and u7 (u2's receipt proved its send)", unknown)
+	}
+	if err := ForgetUnanswered(ctx, f.rdb, f.campaign(t), unknown); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := f.store.Resend(ctx, f.id, unknown); err != nil || n != 2 {
+		t.Fatalf("resend moved %d (%v), want 2", n, err)
+	}
+	if _, err := f.store.Transition(ctx, f.id, []campaign.State{campaign.StateCompleted}, campaign.StateRunning); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.store.RecordDeliveries(ctx, []campaign.Delivery{{Provider: "test", CampaignID: f.id, UserID: "u7",
+		MessageID: "SMu7", Status: campaign.DeliverySent}}); err != nil {
+		t.Fatal(err)
+	}
+	f.runAll(t)
+	for to, want := range map[string]int{phone(1): 1, phone(2): 1, phone(4): 2, phone(7): 1, phone(8): 1} {
+		if got := len(f.provider.accepted[to]); got != want {
+			t.Errorf("%s reached the provider %d times, want %d", to, got, want)
+		}
+	}
+	for u, want := range map[string]string{"u2": campaign.StatusSent, "u4": campaign.StatusSent, "u7": campaign.StatusSent} {
+		if st, _, _ := f.status(t, u); st != want {
+			t.Errorf("%s: %s, want %s", u, st, want)
+		}
+	}
+	if released := count(t, f, `SELECT count(*) FROM released_codes`); released != 0 {
+		t.Errorf("%d codes went back to the pool; every recipient here was (maybe) sent", released)
+	}
+}
+
+func count(t *testing.T, f *fixture, sql string, args ...any) int {
+	t.Helper()
+	var n int
+	if err := f.db.QueryRow(context.Background(), sql, args...).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// A provider's cap binds through the handler, over two handlers (two workers) sending at once: the
+// sandbox never accepts more than the cap in any second.
+func TestProviderCapBindsThroughTheHandler(t *testing.T) {
+	t.Parallel()
+	const rate = 20
+	f := planWith(t, 90, func(s *campaign.Spec) { s.BatchSize = 30 }) // 48 eligible in 3 batches
+	sb := sandbox.New(sandbox.Options{TwilioAccountSID: "ACcap0000000000000000000000000000", TwilioAuthToken: "captoken"})
+	srv := httptest.NewServer(sb)
+	defer srv.Close()
+	p, err := twilio.New(twilio.Config{AccountSID: "ACcap0000000000000000000000000000", AuthToken: "captoken", From: "+905550000000",
+		BaseURL: srv.URL, Timeout: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	handler := func() *Handler {
+		return NewHandler(Config{Store: f.store, Redis: f.rdb, Owner: "cap",
+			Providers:     map[campaign.Channel]providers.Provider{campaign.ChannelSMS: p},
+			ProviderRates: map[string]float64{"twilio": rate}})
+	}
+	errs := make(chan error, f.batches)
+	for b := 0; b < f.batches; b++ {
+		h := handler()
+		go func() { errs <- h.RunBatch(context.Background(), f.id, b) }()
+	}
+	for range f.batches {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	msgs := sb.Messages()
+	c := f.counts(t)
+	if len(msgs) != int(c.Sent) || c.Pending != 0 || c.Sent < 40 {
+		t.Fatalf("sandbox accepted %d, counts %+v", len(msgs), c)
+	}
+	at := make([]time.Time, len(msgs))
+	for i, m := range msgs {
+		at[i] = m.At
+	}
+	sort.Slice(at, func(i, j int) bool { return at[i].Before(at[j]) })
+	// In any one-second window: the cap plus its burst (one token), and a token of slack for the time
+	// between a token and its request's arrival.
+	for i := range at {
+		j := i
+		for j < len(at) && at[j].Sub(at[i]) < time.Second {
+			j++
+		}
+		if n := j - i; n > rate+2 {
+			t.Fatalf("%d messages accepted within a second from %s, cap %d/s", n, at[i].Format("15:04:05.000"), rate)
+		}
+	}
+	if span := at[len(at)-1].Sub(at[0]); span < time.Duration(float64(len(at)-rate-2)/rate*float64(time.Second)) {
+		t.Fatalf("%d messages in %v at a cap of %d/s", len(at), span, rate)
+	}
+}
+
+// A RET recorded after the launch blocks the e-mail path as it does the SMS one: the person is skipped
+// (revoked), the others of the request are sent.
+func TestRETAfterLaunchBlocksTheEmailPath(t *testing.T) {
+	t.Parallel()
+	rdb, _ := testredis.New(t)
+	db, _, id, p, h := planEmailDB(t, 4, 10, rdb)
+	ctx := context.Background()
+	if _, err := db.Exec(ctx, `UPDATE iys_consents SET status = 'RET', updated_at = now() WHERE recipient = 'user3@example.com'`); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.RunBatch(ctx, id, 0); err != nil {
+		t.Fatal(err)
+	}
+	if len(p.accepted["user3@example.com"]) != 0 {
+		t.Fatal("user3 revoked consent after the launch and was e-mailed")
+	}
+	if len(p.accepted) != 3 {
+		t.Fatalf("%d addresses e-mailed, want the 3 with consent", len(p.accepted))
+	}
+	var st, reason string
+	if err := db.QueryRow(ctx, `SELECT status, coalesce(reason, '') FROM campaign_recipients WHERE campaign_id = $1 AND user_id = 'u3'`, id).Scan(&st, &reason); err != nil {
+		t.Fatal(err)
+	}
+	if st != campaign.StatusSkipped || reason != campaign.ReasonRevoked {
+		t.Fatalf("u3: %s (%s), want skipped (revoked)", st, reason)
+	}
+}
+
+// The parsed template of a campaign is never used for another campaign with the same ID (the engine
+// database re-created while the worker runs: IDs start again at 1), and a finished campaign's is dropped.
+func TestTemplateCacheNeverServesAnotherCampaignOfTheSameID(t *testing.T) {
+	t.Parallel()
+	f := plan(t, 20) // two batches of 10
+	ctx := context.Background()
+	if err := f.h.RunBatch(ctx, f.id, 0); err != nil {
+		t.Fatal(err)
+	}
+	if f.h.cachedTemplates() != 1 {
+		t.Fatalf("%d templates cached while the campaign runs, want 1", f.h.cachedTemplates())
+	}
+	// Campaign f.id is now another campaign: created later, with another text.
+	if _, err := f.db.Exec(ctx, `UPDATE campaigns SET message = 'Yeni metin {{.code}}', created_at = created_at + interval '1 hour' WHERE id = $1`, f.id); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.h.RunBatch(ctx, f.id, 1); err != nil {
+		t.Fatal(err)
+	}
+	for _, u := range f.batchUsersOf(t, 1) {
+		bodies := f.provider.accepted[u]
+		if len(bodies) != 1 || bodies[0][:10] != "Yeni metin" {
+			t.Fatalf("%s got %q, want the campaign's text as it is now", u, bodies)
+		}
+	}
+	if c := f.counts(t); c.Pending != 0 {
+		t.Fatalf("counts %+v", c)
+	}
+	if n := f.h.cachedTemplates(); n != 0 {
+		t.Fatalf("%d templates cached after the campaign completed, want 0", n)
+	}
+}
+
+// batchUsersOf returns the addresses of the sent recipients of one batch.
+func (f *fixture) batchUsersOf(t *testing.T, batch int) (addrs []string) {
+	t.Helper()
+	rows, err := f.db.Query(context.Background(), `SELECT address FROM campaign_recipients WHERE campaign_id = $1 AND batch = $2 AND status = 'sent'`, f.id, batch)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var a string
+		if err := rows.Scan(&a); err != nil {
+			t.Fatal(err)
+		}
+		addrs = append(addrs, a)
+	}
+	if len(addrs) == 0 {
+		t.Fatalf("batch %d sent nobody", batch)
+	}
+	return addrs
+}
