@@ -56,6 +56,11 @@ type Spec struct {
 	MaxConsentAge time.Duration
 	// AllowStaleConsent launches anyway, and is recorded on the campaign.
 	AllowStaleConsent bool
+	// AllowPrivilegedAudience runs the audience query as the audience connection's own role even when that
+	// role may do more than read the audience (a superuser, or a role that can read the engine's tables);
+	// recorded on the campaign. Without it the query runs as campaignctl_audience (see
+	// migrations/0008_audience_role.sql), or such a launch is refused.
+	AllowPrivilegedAudience bool
 	// Rules is the content lint for commercial SMS (nil: no lint).
 	Rules *ContentRules
 }
@@ -107,6 +112,9 @@ type Report struct {
 	// that was too long ago and the launch went ahead with --allow-stale-consent.
 	ConsentSyncedAt     *time.Time `json:"consent_synced_at,omitempty"`
 	StaleConsentAllowed bool       `json:"stale_consent_allowed,omitempty"`
+	// PrivilegedAudience is set when the audience ran with --allow-privileged-audience as a role that may
+	// do more than read it.
+	PrivilegedAudience bool `json:"privileged_audience,omitempty"`
 }
 
 var nameRE = regexp.MustCompile(`^[\p{L}\p{N}][\p{L}\p{N} ._:/-]{0,127}$`)

@@ -21,6 +21,7 @@ func seedAudience(t *testing.T, db *pgxpool.Pool, codes int) {
 	t.Helper()
 	ctx := context.Background()
 	mustExec(t, db, `CREATE TABLE aud (ord int, user_id text, phone text, first_name text)`)
+	mustExec(t, db, `GRANT SELECT ON aud TO campaignctl_audience`)
 	mustExec(t, db, `INSERT INTO aud VALUES
 		(1, 'u1', '+905321111111', 'Ayşe'),
 		(2, 'u2', '05321111112', 'Ali'),

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -61,11 +62,12 @@ func (p *Planner) plan(ctx context.Context, spec Spec, tmpl *Template, rep *Repo
 	}
 	err = tx.QueryRow(ctx, `INSERT INTO campaigns (name, channel, state, message, subject, code_pool, rate, audience_sql, batch_size,
 			start_at, send_window, window_zone, frequency_cap_seconds, html, template_id, recipient_type, transactional,
-			allow_stale_consent, template_hash, brand_code)
-		VALUES ($1, $2, 'planning', $3, $4, NULLIF($5, ''), $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19) RETURNING id`,
+			allow_stale_consent, template_hash, brand_code, privileged_audience)
+		VALUES ($1, $2, 'planning', $3, $4, NULLIF($5, ''), $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20) RETURNING id`,
 		spec.Name, spec.Channel, spec.Message, spec.Subject, spec.CodePool, spec.Rate, spec.AudienceSQL, spec.BatchSize,
 		startAt, spec.Window.String(), zone, int64(spec.FrequencyCap/time.Second), spec.HTML, spec.TemplateID,
-		spec.recipientType(), spec.Transactional, rep.StaleConsentAllowed, spec.Content().Hash(), spec.BrandCode).Scan(&id)
+		spec.recipientType(), spec.Transactional, rep.StaleConsentAllowed, spec.Content().Hash(), spec.BrandCode,
+		spec.AllowPrivilegedAudience).Scan(&id)
 	if err != nil {
 		var pgErr *pgconn.PgError
 		if errors.As(err, &pgErr) && pgErr.Code == "23505" {
@@ -443,20 +445,18 @@ func (p *Planner) stageAudience(ctx context.Context, engineTx pgx.Tx, spec Spec,
 	if _, err := atx.Exec(ctx, fmt.Sprintf(`SET LOCAL statement_timeout = %d`, spec.StatementTimeout.Milliseconds())); err != nil {
 		return fmt.Errorf("audience database: %w", err)
 	}
-	rows, err := atx.Query(ctx, spec.AudienceSQL)
+	rows, cols, err := runAudience(ctx, atx, spec)
 	if err != nil {
-		return audienceError(err, spec.StatementTimeout)
+		return err
 	}
 	defer rows.Close()
 
 	src := &audienceSource{rows: rows, userIdx: -1, addrIdx: -1, channel: spec.Channel}
-	var cols []string
-	for i, fd := range rows.FieldDescriptions() {
-		cols = append(cols, fd.Name)
-		if fd.Name == "user_id" {
+	for i, name := range cols {
+		if name == "user_id" {
 			src.userIdx = i
 		}
-		if fd.Name == spec.Channel.AddressColumn() {
+		if name == spec.Channel.AddressColumn() {
 			src.addrIdx = i // the same column as user_id for the webhook channel
 		}
 	}
@@ -465,7 +465,7 @@ func (p *Planner) stageAudience(ctx context.Context, engineTx pgx.Tx, spec Spec,
 		// No row description: the statement failed before returning any column, or is not a SELECT.
 		rows.Close()
 		if err := rows.Err(); err != nil {
-			return audienceError(err, spec.StatementTimeout)
+			return audienceError(err, spec.StatementTimeout, !spec.AllowPrivilegedAudience)
 		}
 		return fmt.Errorf("%w: the audience query returned no columns; it must be one SELECT returning user_id and %s", ErrInvalid, spec.Channel.AddressColumn())
 	}
@@ -493,17 +493,29 @@ func (p *Planner) stageAudience(ctx context.Context, engineTx pgx.Tx, spec Spec,
 			return src.err
 		}
 		if rerr := rows.Err(); rerr != nil {
-			return audienceError(rerr, spec.StatementTimeout)
+			return audienceError(rerr, spec.StatementTimeout, !spec.AllowPrivilegedAudience)
 		}
 		return fmt.Errorf("plan: stage audience: %w", err)
 	}
 	return nil
 }
 
-func audienceError(err error, timeout time.Duration) error {
+// deniedTable finds the table in PostgreSQL's "permission denied for table x".
+var deniedTable = regexp.MustCompile(`permission denied for (?:table|view|materialized view) (\S+)`)
+
+func audienceError(err error, timeout time.Duration, restricted bool) error {
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) {
 		switch {
+		case restricted && pgErr.Code == "42501":
+			table := "customers"
+			if m := deniedTable.FindStringSubmatch(pgErr.Message); m != nil {
+				table = m[1]
+			}
+			return fmt.Errorf("%w: the audience query was refused what it asked for (%s): it runs as a role that may read only what it is granted, never the engine's own tables or the server's files and sessions. If that table is part of the audience, grant it: GRANT SELECT ON %s TO %s",
+				ErrInvalid, pgErr.Message, table, AudienceRole)
+		case strings.Contains(pgErr.Message, "within security-definer function"):
+			return fmt.Errorf("%w: the audience query tried to change its role (%s); it must be one plain SELECT", ErrInvalid, pgErr.Message)
 		case pgErr.Code == "25006":
 			return fmt.Errorf("%w: the audience query tried to write (%s); it must be a read-only SELECT", ErrInvalid, pgErr.Message)
 		case pgErr.Code == "57014":

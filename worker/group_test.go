@@ -146,6 +146,7 @@ func planEmailDB(t *testing.T, n, max int, rdb redis.UniversalClient, edit ...fu
 	ctx := context.Background()
 	for _, sql := range []string{
 		`CREATE TABLE customers AS SELECT 'u' || i AS user_id, 'user' || i || '@example.com' AS email FROM generate_series(1, ` + fmt.Sprint(n) + `) i`,
+		`GRANT SELECT ON customers TO campaignctl_audience`,
 		`INSERT INTO iys_consents (recipient, type, recipient_type, status, source, consent_date)
 			SELECT email, 'EPOSTA', 'BIREYSEL', 'ONAY', 'HS_WEB', now() FROM customers`,
 	} {
@@ -292,6 +293,7 @@ func seedEmailAudience(t *testing.T, db *pgxpool.Pool, domain string) {
 	t.Helper()
 	for _, sql := range []string{
 		`CREATE TABLE customers (user_id text, email text, first_name text)`,
+		`GRANT SELECT ON customers TO campaignctl_audience`,
 		`INSERT INTO customers SELECT 'u' || i, CASE WHEN i = 7 THEN 'bad' ELSE 'User' END || i || '@' || $1, 'Ad' || i FROM generate_series(1, 10) i`,
 		`INSERT INTO iys_consents (recipient, type, recipient_type, status, source, consent_date)
 			SELECT lower(email), 'EPOSTA', 'BIREYSEL', 'ONAY', 'HS_WEB', now() FROM customers`,

@@ -101,6 +101,7 @@ func planAround(t testing.TB, n int, edit func(*campaign.Spec), during func(db *
 		}
 	}
 	exec(`CREATE TABLE customers (user_id text, phone text, first_name text)`)
+	exec(`GRANT SELECT ON customers TO campaignctl_audience`)
 	exec(`INSERT INTO customers SELECT 'u' || i, '+90532' || lpad(i::text, 7, '0'), 'Name' || i FROM generate_series(1, $1) i`, n)
 	exec(`INSERT INTO iys_consents (recipient, type, recipient_type, status, source, consent_date)
 		SELECT '+90532' || lpad(i::text, 7, '0'), 'MESAJ', 'BIREYSEL', CASE WHEN i % 3 = 0 THEN 'RET' ELSE 'ONAY' END, 'HS_WEB', now()

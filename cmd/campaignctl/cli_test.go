@@ -53,6 +53,7 @@ func badInputDB(t *testing.T) (map[string]string, func(sql string) int64) {
 	ctx := context.Background()
 	for _, sql := range []string{
 		`CREATE TABLE customers (user_id text, phone text, first_name text)`,
+		`GRANT SELECT ON customers TO campaignctl_audience`,
 		`INSERT INTO customers VALUES ('a', '+905321000001', 'Ada'), ('b', '+905321000002', 'Baran'), ('c', '+905321000003', 'Cem')`,
 		`INSERT INTO iys_consents (recipient, type, recipient_type, status, source, consent_date)
 		 SELECT phone, 'MESAJ', 'BIREYSEL', 'ONAY', 'HS_WEB', now() FROM customers`,
@@ -79,7 +80,7 @@ func TestBadInputIsRefusedClearlyAndNothingIsWritten(t *testing.T) {
 	env, campaigns := badInputEnv(t)
 	audience := writeFile(t, "a.sql", "SELECT user_id, phone, first_name FROM customers")
 	noUser := writeFile(t, "b.sql", "SELECT phone, first_name FROM customers")
-	writes := writeFile(t, "c.sql", "WITH d AS (DELETE FROM customers RETURNING *) SELECT user_id, phone FROM d")
+	writes := writeFile(t, "c.sql", "WITH d AS (DELETE FROM customers RETURNING *) SELECT user_id, phone, first_name FROM d")
 	broken := writeFile(t, "d.sql", "SELECT user_id, phone FROM nowhere")
 	launch := func(extra ...string) []string {
 		args := []string{"launch", "--name", "x", "--channel", "sms", "--audience", audience, "--code-pool", "small",

@@ -46,6 +46,7 @@ func TestEndToEndEmailCampaign(t *testing.T) {
 				CASE WHEN i > 5980 AND i <= 6000 THEN 'bounce+' || i || '@example.com' ELSE 'Musteri' || i || '@Example.com' END AS email,
 				'Müşteri' || i AS first_name
 			FROM generate_series(1, 6300) i`,
+		`GRANT SELECT ON customers TO campaignctl_audience`,
 		`INSERT INTO iys_consents (recipient, type, recipient_type, status, source, consent_date)
 			SELECT lower(email), 'EPOSTA', 'BIREYSEL', 'ONAY', 'HS_WEB', now() FROM customers WHERE substr(user_id, 2)::int <= 6000`,
 		`INSERT INTO iys_sync_state (source, last_success_at) VALUES ('import', now())`,

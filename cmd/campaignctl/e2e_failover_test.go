@@ -39,6 +39,7 @@ func TestEndToEndSMSFailover(t *testing.T) {
 	for _, sql := range []string{
 		fmt.Sprintf(`CREATE TABLE customers AS SELECT 'f' || i AS user_id, '+90532' || lpad(i::text, 7, '0') AS phone, 'Ad' || i AS first_name
 			FROM generate_series(1, %d) i`, eligible),
+		`GRANT SELECT ON customers TO campaignctl_audience`,
 		`INSERT INTO iys_consents (recipient, type, recipient_type, status, source, consent_date)
 			SELECT phone, 'MESAJ', 'BIREYSEL', 'ONAY', 'HS_WEB', now() FROM customers`,
 		`INSERT INTO iys_sync_state (source, last_success_at) VALUES ('import', now())`,

@@ -36,7 +36,7 @@ func TestLateRETInIYSBlocksTheNextSend(t *testing.T) {
 	)}
 	e.mustRun("migrate")
 	if _, err := db.Exec(ctx, `CREATE TABLE customers AS SELECT 'c' || i AS user_id, '+90532100000' || i AS phone, 'Ad' || i AS first_name
-		FROM generate_series(1, 3) i`); err != nil {
+		FROM generate_series(1, 3) i; GRANT SELECT ON customers TO campaignctl_audience`); err != nil {
 		t.Fatal(err)
 	}
 	e.start("sandbox", "sandbox", "--addr", addr, "--iys-pull-lag", "0")

@@ -44,6 +44,7 @@ func TestEndToEndPushAndWebhook(t *testing.T) {
 		`CREATE TABLE devices AS SELECT 'd' || i AS user_id,
 			CASE WHEN i IN (3, 4) THEN 'unregistered-' || i ELSE 'tok-' || i END AS push_token,
 			i <= 40 AS push_opt_in, i <= 40 AS webhook_opt_in, 'Ad' || i AS first_name FROM generate_series(1, 50) i`,
+		`GRANT SELECT ON devices TO campaignctl_audience`,
 	} {
 		if _, err := db.Exec(ctx, sql); err != nil {
 			t.Fatal(err)

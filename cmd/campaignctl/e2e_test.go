@@ -149,7 +149,7 @@ func TestEndToEndSMSCampaign(t *testing.T) {
 	// 5,000 customers with ONAY, 300 with RET, 200 without any consent row.
 	if _, err := db.Exec(ctx, `CREATE TABLE customers AS
 		SELECT 'c' || i AS user_id, '0532 ' || lpad(i::text, 7, '0') AS phone, 'Müşteri' || i AS first_name
-		FROM generate_series(1, 5500) i`); err != nil {
+		FROM generate_series(1, 5500) i; GRANT SELECT ON customers TO campaignctl_audience`); err != nil {
 		t.Fatal(err)
 	}
 	csv := filepath.Join(t.TempDir(), "consents.csv")

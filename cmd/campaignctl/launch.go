@@ -22,16 +22,16 @@ import (
 )
 
 type launchOptions struct {
-	name, channel, audience, message, subject, codePool string
-	html, templateID, recipientType                     string
-	transactional, allowStaleConsent                    bool
-	maxConsentAge                                       time.Duration
-	rate                                                float64
-	dryRun, yes, watch, json                            bool
-	timeout                                             time.Duration
-	segments                                            bool
-	at, window, tz                                      string
-	frequencyCap                                        time.Duration
+	name, channel, audience, message, subject, codePool       string
+	html, templateID, recipientType                           string
+	transactional, allowStaleConsent, allowPrivilegedAudience bool
+	maxConsentAge                                             time.Duration
+	rate                                                      float64
+	dryRun, yes, watch, json                                  bool
+	timeout                                                   time.Duration
+	segments                                                  bool
+	at, window, tz                                            string
+	frequencyCap                                              time.Duration
 }
 
 func (o *launchOptions) validate() error {
@@ -98,11 +98,17 @@ reserved from --code-pool before anything is queued. --dry-run shows the same re
 	f.BoolVar(&o.transactional, "transactional", false, "not a commercial message (order, security notice): İYS consent is not checked, no code pool allowed")
 	f.DurationVar(&o.maxConsentAge, "max-consent-age", 24*time.Hour, "refuse when the İYS consents were last synced (or imported) longer ago than this; 0 = no check")
 	f.BoolVar(&o.allowStaleConsent, "allow-stale-consent", false, "launch even when the consents are older than --max-consent-age (recorded on the campaign)")
+	f.BoolVar(&o.allowPrivilegedAudience, "allow-privileged-audience", false, "run the audience query as the audience connection's own role even if it may do more than read the audience (a superuser; recorded on the campaign)")
 	f.BoolVar(&o.segments, "count-segments", false, "render every message to report the total SMS segments (a dry run always does)")
 	return cmd
 }
 
 func (a *app) launch(ctx context.Context, o launchOptions) error {
+	interactive := isTerminal(a.stderr) && isTerminal(a.stdin)
+	if !o.dryRun && !o.yes && !interactive {
+		// gh, kubectl and terraform do not act unattended without being told to: neither does a launch.
+		return usagef("launch sends messages and there is no terminal to ask for confirmation: add --yes to launch unattended (or --dry-run to see the report first); nothing was written or sent")
+	}
 	sqlText, err := os.ReadFile(o.audience)
 	if err != nil {
 		return usagef("cannot read the audience file: %v", err)
@@ -148,7 +154,7 @@ func (a *app) launch(ctx context.Context, o launchOptions) error {
 		Subject: o.subject, HTML: string(html), TemplateID: o.templateID, CodePool: o.codePool, Rate: o.rate, ProviderRate: providerRate, StatementTimeout: o.timeout,
 		CountSegments: o.segments, StartAt: startAt, Window: window, FrequencyCap: o.frequencyCap,
 		RecipientType: o.recipientType, BrandCode: a.getenv("IYS_BRAND_CODE"), Transactional: o.transactional, MaxConsentAge: o.maxConsentAge,
-		AllowStaleConsent: o.allowStaleConsent,
+		AllowStaleConsent: o.allowStaleConsent, AllowPrivilegedAudience: o.allowPrivilegedAudience,
 	}
 	if spec.Rules, err = a.contentRules(campaign.Channel(o.channel), o.transactional); err != nil {
 		return err
@@ -170,7 +176,7 @@ func (a *app) launch(ctx context.Context, o launchOptions) error {
 	}
 	defer rdb.Close()
 
-	if !o.yes && isTerminal(a.stderr) && isTerminal(a.stdin) {
+	if !o.yes && interactive {
 		rep, err := planner.Plan(ctx, withDryRun(spec))
 		a.printReport(rep, false)
 		if err != nil {

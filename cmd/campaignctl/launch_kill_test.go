@@ -36,6 +36,7 @@ func TestLaunchKilledAtAnyPointPlansNobodyTwice(t *testing.T) {
 	for _, sql := range []string{
 		`CREATE TABLE big AS SELECT 'k' || i AS user_id, '+90533' || lpad(i::text, 7, '0') AS phone, 'Ad' || i AS first_name
 		 FROM generate_series(1, 4000) i`,
+		`GRANT SELECT ON big TO campaignctl_audience`,
 		`INSERT INTO iys_consents (recipient, type, recipient_type, status, source, consent_date)
 		 SELECT phone, 'MESAJ', 'BIREYSEL', 'ONAY', 'HS_WEB', now() FROM big WHERE substr(user_id, 2)::int <= 3000`,
 		`INSERT INTO iys_sync_state (source, last_success_at) VALUES ('import', now()) ON CONFLICT (brand_code, source) DO UPDATE SET last_success_at = now()`,

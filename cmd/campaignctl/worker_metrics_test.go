@@ -78,7 +78,7 @@ func TestWorkerMetricsEndpointOfTheBinary(t *testing.T) {
 		"TWILIO_BASE_URL": sb.URL, "SENDER_IDENTITY": testSender}
 	if _, err := db.Exec(ctx, fmt.Sprintf(`CREATE TABLE customers AS
 		SELECT 'c' || i AS user_id, '+90532' || lpad(i::text, 7, '0') AS phone, 'Ad' || i AS first_name
-		FROM generate_series(1, %d) i`, eligible)); err != nil {
+		FROM generate_series(1, %d) i; GRANT SELECT ON customers TO campaignctl_audience`, eligible)); err != nil {
 		t.Fatal(err)
 	}
 	var consents strings.Builder

@@ -7,11 +7,11 @@ import (
 	"sync"
 
 	"github.com/jackc/pgx/v5"
-
-	"github.com/campaignctl/campaignctl/iys"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/campaignctl/campaignctl/campaign"
 	"github.com/campaignctl/campaignctl/codes"
+	"github.com/campaignctl/campaignctl/iys"
 )
 
 // chunk is how many customers one INSERT writes, so that Progress moves while a large seed runs.
@@ -196,6 +196,10 @@ func writeCustomers(ctx context.Context, tx pgx.Tx, n int64, args []any, progres
 		push_token     text,
 		opted_in_push  boolean
 	)`); err != nil {
+		return 0, err
+	}
+	// Audience queries run as the audience role, which reads only what it is granted (migration 0008).
+	if _, err := tx.Exec(ctx, `GRANT SELECT ON customers TO `+campaign.AudienceRole); err != nil {
 		return 0, err
 	}
 	if _, err := tx.Exec(ctx, `TRUNCATE customers`); err != nil {

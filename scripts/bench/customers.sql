@@ -20,4 +20,6 @@ SELECT 'c' || lpad(k::text, 8, '0'),
        (ARRAY['Ayşe', 'Mehmet', 'Zeynep', 'Mustafa', 'Elif', 'Ahmet', 'Şükrü', 'Gülşen', 'İbrahim', 'Çağrı'])[1 + k % 10]
 FROM generate_series(1, :customers) AS k
 CROSS JOIN LATERAL (SELECT (5320000000 + k)::text AS n) AS p;
+-- Audience queries run as the audience role, which reads only what it is granted (migration 0008).
+GRANT SELECT ON customers TO campaignctl_audience;
 ANALYZE customers;
