@@ -51,10 +51,12 @@ func TestAudienceProbesAreRefused(t *testing.T) {
 		"take the role back, then read a file": `SELECT user_id, phone, set_config('role', 'postgres', true) || query_to_xml('SELECT pg_read_file(''/etc/passwd'') AS f', false, false, '')::text AS first_name FROM customers`,
 		"become another session user":          `SELECT user_id, phone, set_config('session_authorization', 'postgres', true) AS first_name FROM customers`,
 	}
+	i := 0
 	for name, sql := range probes {
 		audience := writeFile(t, "probe.sql", sql)
 		for _, mode := range []string{"--dry-run", "--yes"} {
-			stdout, stderr, code := cli(t, env, "launch", "--name", "probe", "--channel", "sms", "--audience", audience,
+			i++
+			stdout, stderr, code := cli(t, env, "launch", "--name", "probe-"+strconv.Itoa(i), "--channel", "sms", "--audience", audience,
 				"--message", testPrefix+"Merhaba {{.first_name}}", mode)
 			if code != 2 {
 				t.Errorf("%s (%s): exit %d, want 2\nstdout: %s\nstderr: %s", name, mode, code, stdout, stderr)
