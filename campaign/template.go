@@ -1,7 +1,6 @@
 package campaign
 
 import (
-	"bytes"
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
@@ -13,6 +12,7 @@ import (
 	"strings"
 	"text/template"
 	"text/template/parse"
+	"time"
 )
 
 // Template is a parsed message template: Go text/template over the audience columns plus "code" and
@@ -51,14 +51,20 @@ func ParseContent(c Content) (*Template, error) {
 		return nil, err
 	}
 	if c.Subject != "" {
-		if t.subject, err = template.New("subject").Option("missingkey=error").Parse(c.Subject); err != nil {
+		if t.subject, err = template.New("subject").Funcs(limitFuncs).Option("missingkey=error").Parse(c.Subject); err != nil {
 			return nil, fmt.Errorf("%w: the subject template does not parse: %v", ErrInvalid, err)
+		}
+		if err := guardTree("subject", t.subject.Tree, len(t.subject.Templates())); err != nil {
+			return nil, err
 		}
 		t.plainSubject = agreed(compilePlain(t.subject.Tree.Root, false), t.subject.Execute)
 	}
 	if c.HTML != "" {
-		if t.html, err = htmltemplate.New("html").Option("missingkey=error").Parse(c.HTML); err != nil {
+		if t.html, err = htmltemplate.New("html").Funcs(htmltemplate.FuncMap(limitFuncs)).Option("missingkey=error").Parse(c.HTML); err != nil {
 			return nil, fmt.Errorf("%w: the HTML template does not parse: %v", ErrInvalid, err)
+		}
+		if err := guardTree("HTML", t.html.Tree, len(t.html.Templates())); err != nil {
+			return nil, err
 		}
 		t.plainHTMLPart = agreed(plainHTML(t.html), t.html.Execute)
 	}
@@ -104,9 +110,12 @@ func ParseTemplate(src string) (*Template, error) {
 	if strings.TrimSpace(src) == "" {
 		return nil, fmt.Errorf("%w: the message template is empty; pass --message 'Merhaba {{.first_name}}, kodunuz {{.code}}'", ErrInvalid)
 	}
-	t, err := template.New("message").Option("missingkey=error").Parse(src)
+	t, err := template.New("message").Funcs(limitFuncs).Option("missingkey=error").Parse(src)
 	if err != nil {
 		return nil, fmt.Errorf("%w: message template does not parse: %v", ErrInvalid, err)
+	}
+	if err := guardTree("message", t.Tree, len(t.Templates())); err != nil {
+		return nil, err
 	}
 	return &Template{src: src, t: t, plainText: agreed(compilePlain(t.Tree.Root, false), t.Execute)}, nil
 }
@@ -129,6 +138,9 @@ func (t *Template) Render(data map[string]any) (string, error) {
 func renderPart(p *plainTemplate, run func(w io.Writer, data any) error, data map[string]any) (string, error) {
 	if p != nil {
 		if out, ok, err := p.render(data); ok {
+			if err == nil && len(out) > MaxPartBytes {
+				return "", limitError(errPartTooLong)
+			}
 			return out, err
 		}
 	}
@@ -144,8 +156,18 @@ func agreed(p *plainTemplate, run func(w io.Writer, data any) error) *plainTempl
 }
 
 func execute(run func(w io.Writer, data any) error, data map[string]any) (string, error) {
-	var b bytes.Buffer
-	if err := run(&b, data); err != nil {
+	if data == nil {
+		data = map[string]any{}
+	}
+	budget := &renderBudget{deadline: time.Now().Add(RenderDeadline)}
+	b := boundedBuffer{deadline: budget.deadline}
+	data[budgetKey] = budget
+	err := run(&b, data)
+	delete(data, budgetKey)
+	if err != nil {
+		if lerr := limitError(err); lerr != nil {
+			return "", lerr
+		}
 		if m := missingKey.FindStringSubmatch(err.Error()); m != nil {
 			return "", fmt.Errorf("%w: template uses {{.%s}} but there is no such value", ErrInvalid, m[1])
 		}
