@@ -147,6 +147,8 @@ type Campaign struct {
 	Transactional bool
 	// AllowStaleConsent records that the launch went ahead with consents older than the allowed age.
 	AllowStaleConsent bool
+	// MaxSegments is the most SMS segments one message may take (launch --max-segments).
+	MaxSegments int
 }
 
 // Counts is how many planned recipients are in each status.

@@ -61,6 +61,10 @@ type Spec struct {
 	// recorded on the campaign. Without it the query runs as campaignctl_audience (see
 	// migrations/0008_audience_role.sql), or such a launch is refused.
 	AllowPrivilegedAudience bool
+	// MaxSegments is the most SMS segments one message may take; 0 means DefaultMaxSegments. A launch whose
+	// first message (or, counting segments, any message) is longer is refused; at send time a longer one
+	// fails.
+	MaxSegments int
 	// Rules is the content lint for commercial SMS (nil: no lint).
 	Rules *ContentRules
 }
@@ -115,7 +119,20 @@ type Report struct {
 	// PrivilegedAudience is set when the audience ran with --allow-privileged-audience as a role that may
 	// do more than read it.
 	PrivilegedAudience bool `json:"privileged_audience,omitempty"`
+	// Warnings are what the marketer should know before sending (a long SMS, an empty audience).
+	Warnings []string `json:"warnings,omitempty"`
 }
+
+// DefaultMaxSegments is the most SMS segments a message may take unless the launch says otherwise: ten is
+// 1,530 GSM-7 characters or 670 in UCS-2 (any Turkish ç ğ ı İ ş), ten times the price of one.
+const DefaultMaxSegments = 10
+
+// WarnSegments is the segment count above which a dry run warns.
+const WarnSegments = 3
+
+// MaxSMSChars is the longest body an SMS provider takes (Twilio refuses more with error 21617), in UTF-16
+// code units.
+const MaxSMSChars = 1600
 
 var nameRE = regexp.MustCompile(`^[\p{L}\p{N}][\p{L}\p{N} ._:/-]{0,127}$`)
 
@@ -158,6 +175,9 @@ func (s *Spec) Validate() error {
 	}
 	if s.Transactional && s.CodePool != "" {
 		return fmt.Errorf("%w: a transactional message carries no promo code (a code makes it commercial, which needs İYS consent); drop --code-pool or --transactional", ErrInvalid)
+	}
+	if s.MaxSegments < 0 || s.MaxSegments > 24 {
+		return fmt.Errorf("%w: --max-segments %d must be between 1 and 24 (24 UCS-2 segments is the %d characters providers take)", ErrInvalid, s.MaxSegments, MaxSMSChars)
 	}
 	if s.MaxConsentAge < 0 {
 		return fmt.Errorf("%w: --max-consent-age %v must be a duration like 24h, or 0 to skip the check", ErrInvalid, s.MaxConsentAge)
@@ -246,6 +266,9 @@ func (p *Planner) Plan(ctx context.Context, spec Spec) (Report, error) {
 	}
 	if spec.StatementTimeout == 0 {
 		spec.StatementTimeout = 5 * time.Minute
+	}
+	if spec.MaxSegments == 0 {
+		spec.MaxSegments = DefaultMaxSegments
 	}
 	rep := Report{Name: spec.Name, Channel: spec.Channel, DryRun: spec.DryRun, CodePool: spec.CodePool, Excluded: map[string]int64{},
 		RecipientType: spec.recipientType(), Transactional: spec.Transactional}

@@ -23,7 +23,7 @@ func NewStore(pool *pgxpool.Pool) *Store { return &Store{pool: pool} }
 const campaignColumns = `id, name, channel, state, message, subject, coalesce(code_pool, ''), rate, audience_sql,
 	audience, eligible, excluded, batch_size, batches, created_at, started_at, finished_at,
 	start_at, send_window, window_zone, frequency_cap_seconds, html, template_id, recipient_type, transactional,
-	allow_stale_consent, brand_code`
+	allow_stale_consent, brand_code, max_segments`
 
 func scanCampaign(row pgx.Row) (*Campaign, error) {
 	var c Campaign
@@ -33,7 +33,7 @@ func scanCampaign(row pgx.Row) (*Campaign, error) {
 	err := row.Scan(&c.ID, &c.Name, &c.Channel, &c.State, &c.Message, &c.Subject, &c.CodePool, &c.Rate, &c.AudienceSQL,
 		&c.Audience, &c.Eligible, &excluded, &c.BatchSize, &c.Batches, &c.CreatedAt, &c.StartedAt, &c.FinishedAt,
 		&c.StartAt, &window, &zone, &capSeconds, &c.HTML, &c.TemplateID, &c.RecipientType, &c.Transactional,
-		&c.AllowStaleConsent, &c.BrandCode)
+		&c.AllowStaleConsent, &c.BrandCode, &c.MaxSegments)
 	if err != nil {
 		return nil, err
 	}

@@ -62,12 +62,12 @@ func (p *Planner) plan(ctx context.Context, spec Spec, tmpl *Template, rep *Repo
 	}
 	err = tx.QueryRow(ctx, `INSERT INTO campaigns (name, channel, state, message, subject, code_pool, rate, audience_sql, batch_size,
 			start_at, send_window, window_zone, frequency_cap_seconds, html, template_id, recipient_type, transactional,
-			allow_stale_consent, template_hash, brand_code, privileged_audience)
-		VALUES ($1, $2, 'planning', $3, $4, NULLIF($5, ''), $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20) RETURNING id`,
+			allow_stale_consent, template_hash, brand_code, privileged_audience, max_segments)
+		VALUES ($1, $2, 'planning', $3, $4, NULLIF($5, ''), $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21) RETURNING id`,
 		spec.Name, spec.Channel, spec.Message, spec.Subject, spec.CodePool, spec.Rate, spec.AudienceSQL, spec.BatchSize,
 		startAt, spec.Window.String(), zone, int64(spec.FrequencyCap/time.Second), spec.HTML, spec.TemplateID,
 		spec.recipientType(), spec.Transactional, rep.StaleConsentAllowed, spec.Content().Hash(), spec.BrandCode,
-		spec.AllowPrivilegedAudience).Scan(&id)
+		spec.AllowPrivilegedAudience, spec.MaxSegments).Scan(&id)
 	if err != nil {
 		var pgErr *pgconn.PgError
 		if errors.As(err, &pgErr) && pgErr.Code == "23505" {
@@ -402,8 +402,42 @@ func (p *Planner) sample(ctx context.Context, tx pgx.Tx, id int64, spec Spec, tm
 	rep.SampleMessage = msg
 	if spec.Channel == ChannelSMS {
 		rep.Encoding, rep.SegmentsPerMessage = providers.SMSSegments(msg)
+		if err := CheckSMSLength(msg, spec.MaxSegments); err != nil {
+			return fmt.Errorf("%w: the first message (user %s) %v", ErrInvalid, r.UserID, err)
+		}
+		if rep.SegmentsPerMessage > WarnSegments {
+			rep.Warnings = append(rep.Warnings, fmt.Sprintf("each message takes %d SMS segments (%s): it is billed %d times; shorten it to %d or fewer if you can",
+				rep.SegmentsPerMessage, rep.Encoding, rep.SegmentsPerMessage, WarnSegments))
+		}
 	}
 	return nil
+}
+
+// CheckSMSLength says why an SMS body cannot go out (nil when it can): more than maxSegments segments, or
+// more characters than providers take.
+func CheckSMSLength(body string, maxSegments int) error {
+	if maxSegments <= 0 {
+		maxSegments = DefaultMaxSegments
+	}
+	enc, n := providers.SMSSegments(body)
+	if units := utf16Len(body); units > MaxSMSChars {
+		return fmt.Errorf("is %d characters long, more than the %d an SMS provider takes; shorten it", units, MaxSMSChars)
+	}
+	if n > maxSegments {
+		return fmt.Errorf("takes %d SMS segments (%s), more than --max-segments %d; shorten it (a single Turkish letter such as ı makes the whole message UCS-2, 67 characters a segment) or raise --max-segments", n, enc, maxSegments)
+	}
+	return nil
+}
+
+func utf16Len(s string) int {
+	n := 0
+	for _, r := range s {
+		n++
+		if r >= 0x10000 {
+			n++
+		}
+	}
+	return n
 }
 
 // countSegments renders every planned message, as the worker will, and adds up its SMS segments. A
@@ -415,6 +449,8 @@ func (p *Planner) countSegments(ctx context.Context, tx pgx.Tx, id int64, spec S
 	}
 	defer rows.Close()
 	var r Recipient
+	var tooLong int
+	var firstLong string
 	for rows.Next() {
 		if err := rows.Scan(&r.UserID, &r.Address, &r.Vars, &r.Code); err != nil {
 			return fmt.Errorf("plan: %w", err)
@@ -428,6 +464,14 @@ func (p *Planner) countSegments(ctx context.Context, tx pgx.Tx, id int64, spec S
 		if enc == providers.EncodingUCS2 {
 			rep.UCS2Messages++
 		}
+		if err := CheckSMSLength(msg, spec.MaxSegments); err != nil && tooLong == 0 {
+			tooLong, firstLong = 1, fmt.Sprintf("user %s's message %v", r.UserID, err)
+		} else if err != nil {
+			tooLong++
+		}
+	}
+	if tooLong > 0 {
+		return fmt.Errorf("%w: %d messages are too long; %s", ErrInvalid, tooLong, firstLong)
 	}
 	if err := rows.Err(); err != nil {
 		return fmt.Errorf("plan: %w", err)
@@ -569,6 +613,17 @@ func (s *audienceSource) Values() ([]any, error) {
 		return nil, s.err
 	}
 	s.ord++
+	for i, v := range vals {
+		if n := valueSize(v); n > MaxValueBytes {
+			user := "?"
+			if u := vals[s.userIdx]; u != nil {
+				user = toText(u)
+			}
+			s.err = fmt.Errorf("%w: audience row %d (user_id %.40s): the value of %s is %d KiB, more than %d KiB; select a shorter value (e.g. left(%s, 500))",
+				ErrInvalid, s.ord, user, s.names[i], n>>10, MaxValueBytes>>10, s.names[i])
+			return nil, s.err
+		}
+	}
 	var user, addr any
 	if u := vals[s.userIdx]; u != nil {
 		user = toText(u)
@@ -598,6 +653,20 @@ func (s *audienceSource) Err() error {
 		return s.err
 	}
 	return s.rows.Err()
+}
+
+// valueSize is the size of a text or binary audience value (0 for others, which are small).
+func valueSize(v any) int {
+	switch v := v.(type) {
+	case string:
+		return len(v)
+	case []byte:
+		return len(v)
+	case map[string]any, []any:
+		b, _ := json.Marshal(v)
+		return len(b)
+	}
+	return 0
 }
 
 func toText(v any) string {

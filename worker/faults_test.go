@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net/http/httptest"
 	"sort"
+	"strings"
 	"testing"
 	"time"
 
@@ -479,4 +480,27 @@ func (f *fixture) batchUsersOf(t *testing.T, batch int) (addrs []string) {
 		t.Fatalf("batch %d sent nobody", batch)
 	}
 	return addrs
+}
+
+// A message that renders longer than the campaign's --max-segments (a long value for one recipient) is
+// not sent: the recipient fails with the reason, its code goes back to the pool, the others go out.
+func TestSMSLongerThanMaxSegmentsFailsAtSendTime(t *testing.T) {
+	t.Parallel()
+	f := planWith(t, 4, func(s *campaign.Spec) { s.MaxSegments = 1 }) // eligible u1 u2 u4
+	ctx := context.Background()
+	if _, err := f.db.Exec(ctx, `UPDATE campaign_recipients SET vars = jsonb_set(vars, '{first_name}', to_jsonb(repeat('ı', 80)))
+		WHERE campaign_id = $1 AND user_id = 'u2'`, f.id); err != nil {
+		t.Fatal(err)
+	}
+	f.runAll(t)
+	if len(f.provider.accepted[phone(2)]) != 0 {
+		t.Fatal("u2's two-segment message was sent under --max-segments 1")
+	}
+	st, reason, code := f.status(t, "u2")
+	if st != campaign.StatusFailed || !strings.Contains(reason, "2 SMS segments") || code != "" {
+		t.Fatalf("u2: %s (%s), code %q; want failed naming the segments, code released", st, reason, code)
+	}
+	if f.provider.total() != 2 {
+		t.Fatalf("provider got %d, want u1 and u4", f.provider.total())
+	}
 }

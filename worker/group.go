@@ -19,6 +19,11 @@ func (run *batchRun) message(r *campaign.Recipient) (providers.Message, error) {
 	if err != nil {
 		return providers.Message{}, err
 	}
+	if run.c.Channel == campaign.ChannelSMS {
+		if err := campaign.CheckSMSLength(parts.Text, run.c.MaxSegments); err != nil {
+			return providers.Message{}, fmt.Errorf("the message %w", err)
+		}
+	}
 	m := providers.Message{To: r.Address, Subject: parts.Subject, Body: parts.Text, HTML: parts.HTML,
 		TemplateID: run.c.TemplateID, CampaignID: run.c.ID, UserID: r.UserID,
 		Commercial: !run.c.Transactional, RecipientType: run.c.IYSRecipientType()}

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"maps"
 	"os"
 	"regexp"
@@ -32,6 +33,7 @@ type launchOptions struct {
 	segments                                                  bool
 	at, window, tz                                            string
 	frequencyCap                                              time.Duration
+	maxSegments                                               int
 }
 
 func (o *launchOptions) validate() error {
@@ -100,6 +102,7 @@ reserved from --code-pool before anything is queued. --dry-run shows the same re
 	f.BoolVar(&o.allowStaleConsent, "allow-stale-consent", false, "launch even when the consents are older than --max-consent-age (recorded on the campaign)")
 	f.BoolVar(&o.allowPrivilegedAudience, "allow-privileged-audience", false, "run the audience query as the audience connection's own role even if it may do more than read the audience (a superuser; recorded on the campaign)")
 	f.BoolVar(&o.segments, "count-segments", false, "render every message to report the total SMS segments (a dry run always does)")
+	f.IntVar(&o.maxSegments, "max-segments", campaign.DefaultMaxSegments, "refuse an SMS longer than this many segments (a dry run warns above 3)")
 	return cmd
 }
 
@@ -109,9 +112,9 @@ func (a *app) launch(ctx context.Context, o launchOptions) error {
 		// gh, kubectl and terraform do not act unattended without being told to: neither does a launch.
 		return usagef("launch sends messages and there is no terminal to ask for confirmation: add --yes to launch unattended (or --dry-run to see the report first); nothing was written or sent")
 	}
-	sqlText, err := os.ReadFile(o.audience)
+	sqlText, err := readBounded(o.audience, maxAudienceFile)
 	if err != nil {
-		return usagef("cannot read the audience file: %v", err)
+		return usagef("cannot read the audience file: %v; it must hold one SELECT", err)
 	}
 	providerRate, err := a.channelRate(campaign.Channel(o.channel))
 	if err != nil {
@@ -119,7 +122,7 @@ func (a *app) launch(ctx context.Context, o launchOptions) error {
 	}
 	var html []byte
 	if o.html != "" {
-		if html, err = os.ReadFile(o.html); err != nil {
+		if html, err = readBounded(o.html, maxHTMLFile); err != nil {
 			return usagef("cannot read the --html file: %v", err)
 		}
 	}
@@ -154,7 +157,7 @@ func (a *app) launch(ctx context.Context, o launchOptions) error {
 		Subject: o.subject, HTML: string(html), TemplateID: o.templateID, CodePool: o.codePool, Rate: o.rate, ProviderRate: providerRate, StatementTimeout: o.timeout,
 		CountSegments: o.segments, StartAt: startAt, Window: window, FrequencyCap: o.frequencyCap,
 		RecipientType: o.recipientType, BrandCode: a.getenv("IYS_BRAND_CODE"), Transactional: o.transactional, MaxConsentAge: o.maxConsentAge,
-		AllowStaleConsent: o.allowStaleConsent, AllowPrivilegedAudience: o.allowPrivilegedAudience,
+		AllowStaleConsent: o.allowStaleConsent, AllowPrivilegedAudience: o.allowPrivilegedAudience, MaxSegments: o.maxSegments,
 	}
 	if spec.Rules, err = a.contentRules(campaign.Channel(o.channel), o.transactional); err != nil {
 		return err
@@ -189,6 +192,10 @@ func (a *app) launch(ctx context.Context, o launchOptions) error {
 
 	rep, err := planner.Plan(ctx, spec)
 	if err != nil {
+		if ctx.Err() != nil {
+			// The plan is one transaction: stopped anywhere before its commit, it left nothing.
+			return fmt.Errorf("launch interrupted: nothing was written or sent (%w)", ctx.Err())
+		}
 		if rep.Audience > 0 && !o.json {
 			a.printReport(rep, false)
 		}
@@ -274,6 +281,33 @@ func (a *app) printReport(rep campaign.Report, asJSON bool) {
 		fmt.Fprintf(w, "  batches queued\t%d\n", rep.Enqueued)
 	}
 	w.Flush()
+	for _, warning := range rep.Warnings {
+		fmt.Fprintf(a.stderr, "warning: %s\n", warning)
+	}
+}
+
+// Bounds of the files a launch reads: one SELECT, one HTML e-mail body.
+const (
+	maxAudienceFile = 1 << 20
+	maxHTMLFile     = campaign.MaxPartBytes
+)
+
+// readBounded reads the file at path, refusing one larger than max bytes before reading past it (a
+// device such as /dev/zero, or a pipe, included).
+func readBounded(path string, max int64) ([]byte, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	b, err := io.ReadAll(io.LimitReader(f, max+1))
+	if err != nil {
+		return nil, err
+	}
+	if int64(len(b)) > max {
+		return nil, fmt.Errorf("%s is larger than %d KiB", path, max>>10)
+	}
+	return b, nil
 }
 
 // contentRules builds the lint for commercial SMS from the sender profile in the environment:

@@ -1,0 +1,116 @@
+package main
+
+import (
+	"context"
+	"os"
+	"os/exec"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// Input past the bounds is refused fast, with exit 2, a message naming the bound and the fix, and nothing
+// written: a device given as the audience or HTML file, a huge column value, a template that loops a
+// billion times, an SMS longer than --max-segments or than providers take.
+func TestBoundsAreRefusedWithNothingWritten(t *testing.T) {
+	t.Parallel()
+	env, count := badInputDB(t)
+	audience := writeFile(t, "a.sql", `SELECT user_id, phone, first_name FROM customers`)
+	huge := writeFile(t, "huge.sql", `SELECT user_id, phone, repeat('x', 50000000) AS first_name FROM customers`)
+	long := strings.Repeat("Çok uzun bir mesaj ", 53) // 1,007 characters, UCS-2: 16 segments
+	launch := func(extra ...string) []string {
+		return append([]string{"launch", "--name", "b", "--channel", "sms", "--audience", audience,
+			"--message", testPrefix + "Merhaba {{.first_name}}", "--yes"}, extra...)
+	}
+	for _, tc := range []struct {
+		name string
+		args []string
+		says []string
+	}{
+		{"audience file is a device", append(launch(), "--audience", "/dev/zero"), []string{"larger than 1024 KiB", "one SELECT"}},
+		{"html file is a device", []string{"launch", "--name", "b", "--channel", "email", "--audience", audience, "--subject", "s",
+			"--message", "m", "--html", "/dev/zero", "--yes"}, []string{"--html", "larger than 1024 KiB"}},
+		{"a 50 MB value", append(launch(), "--audience", huge), []string{"first_name", "more than 64 KiB", "left(first_name"}},
+		{"a billion loops", append(launch(), "--message", testPrefix+"{{range 1000000000}}x{{end}}"), []string{"more than 1000 items"}},
+		{"sixteen segments", append(launch(), "--message", testPrefix+long), []string{"16 SMS segments", "--max-segments 10"}},
+		{"more than providers take", append(launch(), "--message", testPrefix+long+long, "--max-segments", "24"), []string{"more than the 1600"}},
+		{"max segments out of range", append(launch(), "--max-segments", "30"), []string{"--max-segments 30", "between 1 and 24"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			start := time.Now()
+			stdout, stderr, code := cli(t, env, tc.args...)
+			if code != 2 {
+				t.Fatalf("exit %d, want 2\nstdout: %s\nstderr: %s", code, stdout, stderr)
+			}
+			for _, s := range tc.says {
+				if !strings.Contains(stderr, s) {
+					t.Errorf("stderr does not say %q:\n%s", s, stderr)
+				}
+			}
+			if took := time.Since(start); took > 10*time.Second {
+				t.Errorf("refused after %v", took)
+			}
+		})
+	}
+	if n := count(`SELECT count(*) FROM campaigns`); n != 0 {
+		t.Fatalf("refused launches left %d campaigns", n)
+	}
+	// Four segments go out, with a warning in the dry run.
+	four := strings.Repeat("ı", 200)
+	_, stderr, code := cli(t, env, "launch", "--name", "four", "--channel", "sms", "--audience", audience,
+		"--message", testPrefix+four, "--dry-run")
+	if code != 0 || !strings.Contains(stderr, "warning: each message takes 4 SMS segments") {
+		t.Fatalf("a four-segment dry run: exit %d, %s", code, stderr)
+	}
+}
+
+// SIGTERM stops a launch while its audience query runs: it exits at once with nothing written, no
+// campaign and no code reserved.
+func TestSIGTERMStopsALaunchWithNothingWritten(t *testing.T) {
+	t.Parallel()
+	env, count := badInputDB(t)
+	if _, err := mustConnect(t, env["DATABASE_URL"]).Exec(context.Background(), `INSERT INTO promo_codes (pool, code) VALUES ('small', 'X3')`); err != nil {
+		t.Fatal(err)
+	}
+	audience := writeFile(t, "slow.sql", `SELECT user_id, phone, first_name FROM customers, pg_sleep(30)`)
+	cmd := exec.Command(binary(t), "launch", "--name", "slow", "--channel", "sms", "--audience", audience, "--code-pool", "small",
+		"--message", testPrefix+"Merhaba {{.first_name}} {{.code}}", "--yes")
+	cmd.Env = os.Environ()
+	for k, v := range env {
+		cmd.Env = append(cmd.Env, k+"="+v)
+	}
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 20*time.Second, func() bool {
+		return count(`SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'PgSleep' AND datname = current_database()`) > 0
+	})
+	start := time.Now()
+	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		cmd.Process.Kill() //nolint:errcheck
+		t.Fatal("the launch did not stop within 10 s of SIGTERM")
+	}
+	if cmd.ProcessState.ExitCode() == 0 {
+		t.Fatalf("the interrupted launch exited 0: %s", stderr.String())
+	}
+	t.Logf("stopped %v after SIGTERM: %s", time.Since(start).Round(time.Millisecond), strings.TrimSpace(stderr.String()))
+	if n := count(`SELECT count(*) FROM campaigns`); n != 0 {
+		t.Fatalf("the interrupted launch left %d campaigns", n)
+	}
+	if n := count(`SELECT count(*) FROM campaign_recipients`); n != 0 {
+		t.Fatalf("the interrupted launch left %d recipients", n)
+	}
+	waitFor(t, 10*time.Second, func() bool {
+		return count(`SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'PgSleep' AND datname = current_database()`) == 0
+	})
+}
