@@ -152,3 +152,29 @@ func scriptError(err error) error {
 	}
 	return err
 }
+
+// readClaims reads the claims keys hold (nil for none), as MGET does, but only while the epoch is still
+// epoch: a read that reaches a new master after a failover finds the epoch renewed (its connection was
+// checked) and is refused with errEpoch, instead of answering "no claim" for claims that were lost.
+func readClaims(ctx context.Context, rdb redis.Scripter, epoch string, keys []string) ([]any, error) {
+	vals, err := readClaimsScript.Run(ctx, rdb, append([]string{EpochKey}, keys...), epoch).Slice()
+	if err != nil {
+		if se := scriptError(err); se != err {
+			return nil, se
+		}
+		return nil, fmt.Errorf("read claims: %w", err)
+	}
+	if len(vals) != len(keys) {
+		return nil, fmt.Errorf("read claims: %d values for %d keys", len(vals), len(keys))
+	}
+	return vals, nil
+}
+
+// KEYS[1] -> campaignctl:epoch
+// KEYS[2..] -> the claims
+// ARGV[1] -> the epoch the reader's lease recorded
+var readClaimsScript = redis.NewScript(`
+if redis.call("GET", KEYS[1]) ~= ARGV[1] then return redis.error_reply("CAMPAIGNCTL_EPOCH changed") end
+local out = {}
+for i = 2, #KEYS do out[i - 1] = redis.call("GET", KEYS[i]) or false end
+return out`)

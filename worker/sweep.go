@@ -55,10 +55,13 @@ func (h *Handler) Sweep(ctx context.Context) (int, error) {
 				users, keys = append(users, u), append(keys, ClaimKey(c.ID, u))
 			}
 		}
-		// The claims of the chunk, in one round trip.
+		// The claims of the chunk, in one round trip, under the epoch. Claims that could not be read (Redis
+		// gone, or its epoch changed since) free nobody: the chunk stays leased until this lease expires.
 		var vals []any
 		if serr == nil && len(keys) > 0 {
-			vals, serr = h.cfg.Redis.MGet(ctx, keys...).Result()
+			if vals, err = readClaims(ctx, h.cfg.Redis, epoch, keys); err != nil {
+				return n, err
+			}
 		}
 		for i := range vals {
 			val, ok := vals[i].(string)
