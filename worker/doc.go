@@ -19,6 +19,14 @@
 // 5xx, connection refused) releases the claim for a retry; a timeout after the request was written is
 // ambiguous and makes the recipient unknown. Any Redis error stops the batch before the send (fail closed).
 //
+// The claims are only as complete as the Redis that holds them. A random epoch (EpochKey) names the data
+// they were taken in: chunk leases record it, and a claim is refused under another one. It is tied to the
+// master it was issued on (EpochServerKey: run_id and replication ID), and renewed when Redis is emptied,
+// restarted or failed over, even to a replica that lagged and so lost the last claims while keeping the
+// epoch. Every new connection checks it before carrying a command (CheckEpochOnConnect), and so does
+// Epoch, read at each batch start and sweep. A chunk taken over from a dead run under another epoch is
+// settled from the claims that remain; its other recipients become unknown, never sent again.
+//
 // Claim values start with the campaign's nonce (its creation time), because campaign IDs start again at 1
 // when the engine database is re-created while Redis may still hold the old campaign 1's claims: a claim
 // with another nonce is a leftover and is replaced, never read as this campaign's.

@@ -13,30 +13,92 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// EpochKey holds the Redis epoch: a random value written once, so that it changes exactly when Redis
-// loses its data (restarted without persistence, flushed, failed over to an empty replica). A chunk lease
-// in Postgres records the epoch its claims were taken under, and a claim is only taken while the epoch is
-// still the one its lease recorded. So when a run dies holding a lease, the next run knows whether the
-// claims it finds (or does not find) are complete: same epoch, a missing claim means never sent; another
-// epoch, a missing claim proves nothing and the recipient becomes unknown.
+// EpochKey holds the Redis epoch: a random value that changes whenever Redis may have lost data
+// (restarted, flushed, failed over to a replica, even one that had everything), and only then. A chunk
+// lease in Postgres records the epoch its claims were taken under, and a claim is only taken while the
+// epoch is still the one its lease recorded. So when a run dies holding a lease, the next run knows
+// whether the claims it finds (or does not find) are complete: same epoch, a missing claim means never
+// sent; another epoch, a missing claim proves nothing and the recipient becomes unknown.
+//
+// A failover to a replica that lagged loses the claims written in its last moments but keeps the epoch,
+// which was replicated long before. So the epoch is tied to the server that issued it (EpochServerKey),
+// and a new one is issued as soon as a client sees another server, or the same server with another
+// replication history, holding the master role.
 const EpochKey = "campaignctl:epoch"
 
-// Epoch returns the current Redis epoch, creating it when Redis has none (first use, or data lost).
-func Epoch(ctx context.Context, rdb redis.UniversalClient) (string, error) {
-	v, err := epochScript.Run(ctx, rdb, []string{EpochKey}, randomToken()).Text()
-	if err != nil {
-		return "", fmt.Errorf("redis epoch: %w", err)
-	}
-	return v, nil
+// EpochServerKey holds the master the epoch was issued on: "<run_id>/<master_replid>" from INFO. A
+// restart gives Redis a new run_id; a promotion (a failover, REPLICAOF NO ONE) gives the promoted
+// server a new master_replid, and a failover moves to another server with its own run_id. Either way the
+// stored value no longer matches and the epoch is renewed.
+const EpochServerKey = "campaignctl:epoch:server"
+
+// Epoch returns the current Redis epoch, after checking that it was issued on the master it reads
+// (epochScript): Redis's identity is read in the same script that compares it, so no claim can come
+// between them. It creates the epoch when Redis has none, and renews it when the master changed. It fails
+// on a replica: claims are only taken on the master.
+func Epoch(ctx context.Context, rdb redis.Scripter) (string, error) {
+	e, _, err := checkEpoch(ctx, rdb)
+	return e, err
 }
 
+// epochChange says what checkEpoch did.
+type epochChange int
+
+const (
+	epochKept    epochChange = iota // the epoch was issued on this master: unchanged
+	epochCreated                    // Redis had none (first use, or its data is gone)
+	epochRenewed                    // issued on another master, or before the server was recorded
+)
+
+func checkEpoch(ctx context.Context, rdb redis.Scripter) (string, epochChange, error) {
+	res, err := epochScript.Run(ctx, rdb, []string{EpochKey, EpochServerKey}, randomToken()).Slice()
+	if err != nil {
+		if strings.Contains(err.Error(), "CAMPAIGNCTL_NOT_MASTER") {
+			return "", 0, fmt.Errorf("redis epoch: %w (%s)", ErrNotMaster, strings.TrimSpace(strings.TrimPrefix(err.Error(), "CAMPAIGNCTL_NOT_MASTER")))
+		}
+		if strings.Contains(err.Error(), "CAMPAIGNCTL_NO_IDENTITY") {
+			return "", 0, fmt.Errorf("redis epoch: %w", errNoIdentity)
+		}
+		return "", 0, fmt.Errorf("redis epoch: %w", err)
+	}
+	if len(res) != 2 {
+		return "", 0, fmt.Errorf("redis epoch: the script answered %v", res)
+	}
+	e, _ := res[0].(string)
+	n, _ := res[1].(int64)
+	return e, epochChange(n), nil
+}
+
+// ErrNotMaster: the Redis a client reached is a replica. Claims, buckets and queues are written on the
+// master only, and an epoch read on a replica would be checked against another server's identity.
+var ErrNotMaster = errors.New("this Redis is not the master (INFO replication says role is not master); point REDIS_URL at the master, or at the Sentinels with redis+sentinel://")
+
+var errNoIdentity = errors.New("this Redis does not report run_id and master_replid in INFO, so a failover or restart could not be told from a lost claim; every Redis since 4.0 does")
+
+// epochScript returns the epoch, creating it, or renewing it when it was issued on another master.
+//
 // KEYS[1] -> campaignctl:epoch
-// ARGV[1] -> a fresh random value, used when there is none
+// KEYS[2] -> campaignctl:epoch:server
+// ARGV[1] -> a fresh random value, used when a new epoch is needed
+//
+// Returns {epoch, 0 kept | 1 created | 2 renewed}. Two clients that check at once after a failover get the
+// same new epoch: the first renews it and records the server, the second finds it recorded. An epoch
+// without a recorded server (written by an earlier version) is renewed: nothing proves it was issued on
+// this master.
 var epochScript = redis.NewScript(`
+local repl = redis.call("INFO", "replication")
+local role = string.match(repl, "role:(%a+)")
+if role ~= "master" then return redis.error_reply("CAMPAIGNCTL_NOT_MASTER role:" .. tostring(role)) end
+local runid = string.match(redis.call("INFO", "server"), "run_id:(%x+)")
+local replid = string.match(repl, "master_replid:(%x+)")
+if not runid or not replid then return redis.error_reply("CAMPAIGNCTL_NO_IDENTITY") end
+local server = runid .. "/" .. replid
 local v = redis.call("GET", KEYS[1])
-if v then return v end
+if v and redis.call("GET", KEYS[2]) == server then return {v, 0} end
 redis.call("SET", KEYS[1], ARGV[1])
-return ARGV[1]`)
+redis.call("SET", KEYS[2], server)
+if v then return {ARGV[1], 2} end
+return {ARGV[1], 1}`)
 
 // randomToken returns a short random identifier (epochs, lease tokens).
 func randomToken() string {
@@ -72,8 +134,8 @@ func Unhalt(ctx context.Context, rdb redis.UniversalClient, campaignID int64) er
 
 // Errors of the claim script: nothing was written.
 var (
-	// errEpoch: Redis lost its data since the run leased its chunk.
-	errEpoch = errors.New("Redis lost its data (its epoch changed) since this chunk was leased")
+	// errEpoch: Redis lost its data, or its master changed, since the run leased its chunk.
+	errEpoch = errors.New("Redis lost its data or changed master (its epoch changed: emptied, restarted or failed over) since this chunk was leased")
 	// errHalted: the campaign was paused or cancelled.
 	errHalted = errors.New("campaign halted")
 )
@@ -90,3 +152,29 @@ func scriptError(err error) error {
 	}
 	return err
 }
+
+// readClaims reads the claims keys hold (nil for none), as MGET does, but only while the epoch is still
+// epoch: a read that reaches a new master after a failover finds the epoch renewed (its connection was
+// checked) and is refused with errEpoch, instead of answering "no claim" for claims that were lost.
+func readClaims(ctx context.Context, rdb redis.Scripter, epoch string, keys []string) ([]any, error) {
+	vals, err := readClaimsScript.Run(ctx, rdb, append([]string{EpochKey}, keys...), epoch).Slice()
+	if err != nil {
+		if se := scriptError(err); se != err {
+			return nil, se
+		}
+		return nil, fmt.Errorf("read claims: %w", err)
+	}
+	if len(vals) != len(keys) {
+		return nil, fmt.Errorf("read claims: %d values for %d keys", len(vals), len(keys))
+	}
+	return vals, nil
+}
+
+// KEYS[1] -> campaignctl:epoch
+// KEYS[2..] -> the claims
+// ARGV[1] -> the epoch the reader's lease recorded
+var readClaimsScript = redis.NewScript(`
+if redis.call("GET", KEYS[1]) ~= ARGV[1] then return redis.error_reply("CAMPAIGNCTL_EPOCH changed") end
+local out = {}
+for i = 2, #KEYS do out[i - 1] = redis.call("GET", KEYS[i]) or false end
+return out`)

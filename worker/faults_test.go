@@ -212,7 +212,7 @@ func TestSweepThatCannotReadTheClaimsLetsNothingGo(t *testing.T) {
 	f := plan(t, 10)
 	f.deadRun(t)
 	h, fr, _ := f.faulty(t, func(c *Config) { c.LeaseTTL = 200 * time.Millisecond })
-	rule := fr.Add(&faults.Rule{Match: faults.Command("mget"), Kind: faults.Fail})
+	rule := fr.Add(&faults.Rule{Match: faults.Script(readClaimsScript.Hash()), Kind: faults.Fail})
 	if _, err := h.Sweep(context.Background()); err == nil || rule.Hits() == 0 {
 		t.Fatalf("sweep: err %v after %d failed reads, want the read's error", err, rule.Hits())
 	}

@@ -55,10 +55,10 @@ func (h *Handler) Sweep(ctx context.Context) (int, error) {
 				users, keys = append(users, u), append(keys, ClaimKey(c.ID, u))
 			}
 		}
-		// The claims of the chunk, in one round trip.
+		// The claims of the chunk, in one round trip, under the epoch.
 		var vals []any
 		if serr == nil && len(keys) > 0 {
-			vals, serr = h.cfg.Redis.MGet(ctx, keys...).Result()
+			vals, serr = readClaims(ctx, h.cfg.Redis, epoch, keys)
 		}
 		for i := range vals {
 			val, ok := vals[i].(string)
@@ -76,8 +76,8 @@ func (h *Handler) Sweep(ctx context.Context) (int, error) {
 			h.fromClaim(run, users[i], val[len(run.nonce)+1:])
 		}
 		if serr != nil {
-			// Redis could not be read: the claims are the only record of what the dead run sent, so nothing
-			// is recorded and nothing let go. The sweep's own lease keeps the chunk in hand until it expires,
+			// Redis could not be read (gone, or its epoch changed since): the claims are the only record of
+			// what the dead run sent, so nothing is recorded and nothing let go. The sweep's own lease keeps the chunk in hand until it expires,
 			// and the next sweep reads the claims again (or, if Redis lost them meanwhile, finds another epoch
 			// and makes the chunk unknown).
 			return n, serr

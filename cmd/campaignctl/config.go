@@ -15,6 +15,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/campaignctl/campaignctl/campaign"
+	"github.com/campaignctl/campaignctl/worker"
 )
 
 const (
@@ -116,7 +117,7 @@ func (a *app) openEngine(ctx context.Context) (*pgxpool.Pool, error) {
 // openRedis connects to Redis and checks it answers.
 func (a *app) openRedis(ctx context.Context) (*redis.Client, error) {
 	raw := a.setting(a.redisURL, "REDIS_URL", defaultRedisURL)
-	rdb, where, err := redisClient(raw)
+	rdb, where, err := redisClient(raw, a.logger())
 	if err != nil {
 		return nil, usagef("REDIS_URL: %v", err)
 	}
@@ -124,6 +125,9 @@ func (a *app) openRedis(ctx context.Context) (*redis.Client, error) {
 	defer cancel()
 	if err := rdb.Ping(pctx).Err(); err != nil {
 		rdb.Close()
+		if errors.Is(err, worker.ErrNotMaster) {
+			return nil, fmt.Errorf("Redis at %s: %v; nothing was sent", where, err)
+		}
 		return nil, fmt.Errorf("Redis is not reachable at %s: %v; nothing was sent. Start it (scripts/test.sh or scripts/demo.sh install and start it) or point REDIS_URL at a running server", where, err)
 	}
 	return rdb, nil

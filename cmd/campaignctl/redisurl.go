@@ -2,11 +2,14 @@ package main
 
 import (
 	"fmt"
+	"log/slog"
 	"net/url"
 	"strconv"
 	"strings"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/campaignctl/campaignctl/worker"
 )
 
 // sentinelScheme is the REDIS_URL form for a Redis behind Sentinel:
@@ -20,12 +23,17 @@ const sentinelScheme = "redis+sentinel"
 // redisClient builds the client REDIS_URL names: redis:// and rediss:// (TLS) for one server or a managed
 // endpoint, redis+sentinel:// for a Sentinel-managed master. Redis Cluster is not supported: the claim
 // script reads and writes keys that Cluster would place on different slots.
-func redisClient(raw string) (*redis.Client, string, error) {
+//
+// Every new connection checks the Redis epoch before it carries a command (worker.CheckEpochOnConnect):
+// after a failover or a restart the epoch is renewed before anything is claimed on the new master, and a
+// connection to a replica is refused. log (may be nil) is told when the epoch was renewed.
+func redisClient(raw string, log *slog.Logger) (*redis.Client, string, error) {
 	if strings.HasPrefix(raw, sentinelScheme+"://") {
 		opt, err := parseSentinelURL(raw)
 		if err != nil {
 			return nil, "", err
 		}
+		opt.OnConnect = worker.CheckEpochOnConnect(opt.OnConnect, log)
 		return redis.NewFailoverClient(opt), "sentinels " + strings.Join(opt.SentinelAddrs, ",") + " master " + opt.MasterName, nil
 	}
 	if strings.HasPrefix(raw, "redis+cluster://") {
@@ -36,6 +44,7 @@ func redisClient(raw string) (*redis.Client, string, error) {
 		// the parser's error quotes the whole URL, password included
 		return nil, "", fmt.Errorf("not a valid Redis URL (%s); use redis://[:password@]host:port/db, rediss:// for TLS, or %s://host:26379,host2:26379/MASTER/db", redact(raw), sentinelScheme)
 	}
+	opt.OnConnect = worker.CheckEpochOnConnect(opt.OnConnect, log)
 	return redis.NewClient(opt), opt.Addr, nil
 }
 

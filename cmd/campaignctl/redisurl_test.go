@@ -27,11 +27,11 @@ func TestRedisURLForms(t *testing.T) {
 		t.Fatalf("parsed %+v", opt)
 	}
 	for _, raw := range []string{"redis+sentinel://h:26379/", "redis+sentinel://h:26379/m/x", "redis+sentinel://,h/m", "redis+cluster://a,b", "http://x"} {
-		if _, _, err := redisClient(raw); err == nil {
+		if _, _, err := redisClient(raw, nil); err == nil {
 			t.Errorf("%s accepted", raw)
 		}
 	}
-	if _, _, err := redisClient("redis://:topsecret@127.0.0.1:6379/x"); err == nil || strings.Contains(err.Error(), "topsecret") {
+	if _, _, err := redisClient("redis://:topsecret@127.0.0.1:6379/x", nil); err == nil || strings.Contains(err.Error(), "topsecret") {
 		t.Errorf("a bad URL: %v (the password must not be shown)", err)
 	}
 }

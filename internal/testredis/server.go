@@ -31,6 +31,12 @@ type Server struct {
 // The process is killed (SIGKILL, also when frozen) and waited for when the test ends.
 func StartServer(t testing.TB) *Server {
 	t.Helper()
+	return startServer(t)
+}
+
+// serverBinary is the redis-server binary; the test is skipped when there is none.
+func serverBinary(t testing.TB) string {
+	t.Helper()
 	bin, err := exec.LookPath("redis-server")
 	if err != nil {
 		if _, serr := os.Stat("/usr/bin/redis-server"); serr != nil {
@@ -38,12 +44,19 @@ func StartServer(t testing.TB) *Server {
 		}
 		bin = "/usr/bin/redis-server"
 	}
+	return bin
+}
+
+// startServer starts a private redis-server with extra arguments (e.g. --replicaof host port).
+func startServer(t testing.TB, extra ...string) *Server {
+	t.Helper()
+	bin := serverBinary(t)
 	dir := t.TempDir()
 	// The free port is found by listening and closing, so another process may take it in between: try
 	// a few ports before giving up.
 	var lastErr error
 	for attempt := 0; attempt < 3; attempt++ {
-		s, err := start(t, bin, dir, attempt)
+		s, err := start(t, bin, dir, attempt, extra...)
 		if err == nil {
 			return s
 		}
@@ -53,7 +66,7 @@ func StartServer(t testing.TB) *Server {
 	return nil
 }
 
-func start(t testing.TB, bin, dir string, attempt int) (*Server, error) {
+func start(t testing.TB, bin, dir string, attempt int, extra ...string) (*Server, error) {
 	port, err := freePort()
 	if err != nil {
 		return nil, err
@@ -63,8 +76,9 @@ func start(t testing.TB, bin, dir string, attempt int) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	cmd := exec.Command(bin, "--bind", "127.0.0.1", "--port", strconv.Itoa(port),
-		"--save", "", "--appendonly", "no", "--dir", dir, "--daemonize", "no")
+	args := append([]string{"--bind", "127.0.0.1", "--port", strconv.Itoa(port),
+		"--save", "", "--appendonly", "no", "--dir", dir, "--daemonize", "no"}, extra...)
+	cmd := exec.Command(bin, args...)
 	cmd.Stdout, cmd.Stderr = logFile, logFile
 	if err := cmd.Start(); err != nil {
 		logFile.Close()
@@ -131,6 +145,10 @@ func (s *Server) signal(sig os.Signal) {
 		s.t.Fatalf("testredis: %v to redis-server %s: %v", sig, s.addr, err)
 	}
 }
+
+// Kill ends the server with SIGKILL, as a crash or a lost machine would, and waits for it to exit: what
+// it had not replicated is gone. Safe to call twice; the test's cleanup calls it too.
+func (s *Server) Kill() { s.stop() }
 
 // stop kills the server and waits for it; safe to call twice.
 func (s *Server) stop() {
