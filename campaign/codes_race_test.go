@@ -851,6 +851,48 @@ func TestResentUnknownKeepsItsCode(t *testing.T) {
 	checkCodes(t, db)
 }
 
+// A code listed as released while a recipient still holds it (only a faulty release can leave one: a
+// recipient keeping its code, its code filed as released all the same) is not free: a launch does not give
+// it out and does not fail on it with a constraint error; it drops it from the free codes, and the free
+// count never counted it.
+func TestReleasedCodeStillHeldIsNeverGivenOut(t *testing.T) {
+	t.Parallel()
+	db, _ := testdb.New(t)
+	ctx := context.Background()
+	seedCrowd(t, db, 2)
+	addCodes(t, db, "held", 3)
+	p := &campaign.Planner{Engine: db, Audience: db}
+	a, err := p.Plan(ctx, crowdSpec("held-a", "held", 2))
+	if err != nil {
+		t.Fatal(err)
+	}
+	code, codeID := codeOf(t, db, a.ID, "u00001")
+	mustExec(t, db, `INSERT INTO released_codes (code_id, pool) VALUES ($1, 'held')`, codeID)
+	if free, err := codes.Free(ctx, db, "held"); err != nil || free != 1 {
+		t.Errorf("%d codes free (%v), want 1: the held code counted as free", free, err)
+	}
+	if stats, err := codes.Stats(ctx, db); err != nil || len(stats) != 1 || stats[0] != (codes.PoolStats{Pool: "held", Total: 3, Free: 1, Reserved: 2}) {
+		t.Errorf("stats %+v (%v), want 3 codes, 1 free, 2 reserved", stats, err)
+	}
+
+	b, err := p.Plan(ctx, crowdSpec("held-b", "held", 1))
+	if err != nil {
+		t.Fatalf("a launch needing the one free code: %v", err)
+	}
+	if got, _ := codeOf(t, db, b.ID, "u00001"); got == code || got != "HELD-000003" {
+		t.Errorf("the launch gave out %q, want the free HELD-000003 (not %q, still held)", got, code)
+	}
+	if n := count(t, db, `SELECT count(*) FROM released_codes`); n != 0 {
+		t.Errorf("%d codes still listed as released, want the held one dropped", n)
+	}
+	_, err = p.Plan(ctx, crowdSpec("held-c", "held", 1))
+	var short *campaign.PoolShortError
+	if !errors.As(err, &short) || short.Free != 0 {
+		t.Errorf("a launch on the used-up pool: %v; want refused with no code free", err)
+	}
+	checkCodes(t, db)
+}
+
 // A cancel racing the outcome of a chunk in flight: a worker leased batch 0's recipients and sent them,
 // and their outcome comes back unknown (the provider's answer was lost) just as the campaign is cancelled.
 // Whichever gets there first, the chunk's recipients end unknown and keep their codes (the cancel leaves
