@@ -202,6 +202,18 @@ func (p *Planner) plan(ctx context.Context, spec Spec, tmpl *Template, rep *Repo
 		if err := tx.QueryRow(ctx, `SELECT next_id FROM code_pools WHERE name = $1 FOR UPDATE`, spec.CodePool).Scan(&cursor); err != nil {
 			return fmt.Errorf("plan: %w", err)
 		}
+		// A released code that a recipient still holds is not free: only a faulty release leaves one (a
+		// recipient that keeps its code, filed as released all the same), and giving it out would fail
+		// this launch on the unique index of held codes. It leaves the free codes here, under the pool's
+		// lock, and the operator hears of it.
+		dropped, derr := tx.Exec(ctx, `DELETE FROM released_codes rc WHERE rc.pool = $1
+			AND EXISTS (SELECT 1 FROM campaign_recipients r WHERE r.code_id = rc.code_id)`, spec.CodePool)
+		if derr != nil {
+			return fmt.Errorf("plan: %w", derr)
+		}
+		if n := dropped.RowsAffected(); n > 0 && p.Log != nil {
+			p.Log.Warn("codes listed as released were still held by recipients; they are no longer counted free", "pool", spec.CodePool, "codes", n)
+		}
 		if err := tx.QueryRow(ctx, `SELECT (SELECT count(*) FROM promo_codes WHERE pool = $1 AND id > $2)
 			+ (SELECT count(*) FROM released_codes WHERE pool = $1)`, spec.CodePool, cursor).Scan(&rep.CodesFree); err != nil {
 			return fmt.Errorf("plan: %w", err)

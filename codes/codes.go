@@ -3,8 +3,8 @@
 // A code is unique across every pool, which the database enforces (promo_codes.code is UNIQUE); a pool is
 // just a name that codes and campaigns refer to. Codes are either generated here, from crypto/rand over an
 // alphabet without look-alike characters, or imported from a file. A free code is one above its pool's
-// cursor (never given out) or one given back to released_codes; the launch planner reserves free codes for
-// (campaign, user) and gives back those of recipients who were never sent.
+// cursor (never given out) or one given back to released_codes that no recipient holds; the launch planner
+// reserves free codes for (campaign, user), and the codes of recipients who were never sent are given back.
 package codes
 
 import (
