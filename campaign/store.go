@@ -222,15 +222,16 @@ func (s *Store) Record(ctx context.Context, campaignID int64, outcomes []Outcome
 				provider_message_id = coalesce(NULLIF(o.msgid, ''), r.provider_message_id),
 				segments = NULLIF(o.segments, 0),
 				attempts = r.attempts + CASE WHEN o.status IN ('sent', 'failed', 'unknown', 'pending') THEN 1 ELSE 0 END,
-				code = CASE WHEN o.status IN ('failed', 'skipped') AND r.delivery IS NULL THEN NULL ELSE r.code END,
-				code_id = CASE WHEN o.status IN ('failed', 'skipped') AND r.delivery IS NULL THEN NULL ELSE r.code_id END,
+				-- A recipient that was ever unknown (resent since) may hold a code that reached them: it keeps it.
+				code = CASE WHEN o.status IN ('failed', 'skipped') AND r.delivery IS NULL AND NOT `+everUnknown+` THEN NULL ELSE r.code END,
+				code_id = CASE WHEN o.status IN ('failed', 'skipped') AND r.delivery IS NULL AND NOT `+everUnknown+` THEN NULL ELSE r.code_id END,
 				sent_at = CASE WHEN o.status = 'sent' OR r.delivery IS NOT NULL THEN now() END,
 				updated_at = now()
 			FROM o
 			WHERE r.campaign_id = $1 AND r.batch = $7 AND r.status = 'pending' AND r.user_id = o.user_id
 			  AND (o.status <> 'pending' OR EXISTS (SELECT 1 FROM campaign_batches b
 				WHERE b.campaign_id = $1 AND b.batch = $7 AND b.lease_token = $8))
-			RETURNING r.user_id, r.status, r.reason, r.provider_message_id,
+			RETURNING r.user_id, r.status, r.reason, r.provider_message_id, r.code_id AS kept,
 				o.c_status, o.c_source, o.c_date, o.c_txn, o.c_synced
 		), freed AS (
 			UPDATE campaign_batches SET lease_users = $14::text[]
@@ -248,7 +249,7 @@ func (s *Store) Record(ctx context.Context, campaignID int64, outcomes []Outcome
 			FROM upd
 			JOIN campaign_recipients was ON was.campaign_id = $1 AND was.user_id = upd.user_id
 			JOIN promo_codes p ON p.id = was.code_id
-			WHERE upd.status IN ('failed', 'skipped')
+			WHERE upd.status IN ('failed', 'skipped') AND upd.kept IS NULL
 			ON CONFLICT (code_id) DO NOTHING
 		)
 		SELECT status, count(*) FROM upd GROUP BY status`, campaignID, users, statuses, reasons, ids, segs, lease.Batch, lease.Token,
@@ -270,6 +271,11 @@ func (s *Store) Record(ctx context.Context, campaignID int64, outcomes []Outcome
 	}
 	return moved, nil
 }
+
+// everUnknown is the SQL condition that recipient r (of campaign $1) was once recorded unknown: its
+// message may have gone out with its code, so the code never goes back to the pool, whatever happens to a
+// resend (see `resume --resend-unknown`).
+const everUnknown = `EXISTS (SELECT 1 FROM send_log l WHERE l.campaign_id = r.campaign_id AND l.user_id = r.user_id AND l.status = 'unknown')`
 
 // StartIfDue moves a scheduled campaign whose start time has come to running, and reports its state.
 func (s *Store) StartIfDue(ctx context.Context, id int64) (State, error) {

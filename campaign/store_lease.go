@@ -220,8 +220,9 @@ func (s *Store) ReleaseBatch(ctx context.Context, campaignID int64, l Lease) err
 
 // CancelUnleased marks the pending recipients of a cancelled campaign that no run ever leased (or whose
 // run let them go unsent) as skipped (cancelled), and returns their codes to the pool. Such a row has
-// never been claimed for a send, or its claim was released because nothing was accepted: none of them
-// can have been sent. Rows under a lease are left to the batch runs, which read the claims.
+// never been claimed for a send, or its claim was released because nothing was accepted; only a
+// recipient once recorded unknown (pending again for `resume --resend-unknown`) may have got its code
+// already, and keeps it. Rows under a lease are left to the batch runs, which read the claims.
 func (s *Store) CancelUnleased(ctx context.Context, id int64) (int64, error) {
 	var n int64
 	// The campaign's batch rows are locked first (as LeaseChunk locks its one), so no chunk is leased
@@ -232,19 +233,21 @@ func (s *Store) CancelUnleased(ctx context.Context, id int64) (int64, error) {
 		WITH held AS (
 			SELECT DISTINCT u AS user_id FROM campaign_batches CROSS JOIN unnest(lease_users) AS u WHERE campaign_id = $1
 		), upd AS (
-			UPDATE campaign_recipients r SET status = 'skipped', reason = 'cancelled', code = NULL, code_id = NULL,
+			UPDATE campaign_recipients r SET status = 'skipped', reason = 'cancelled',
+				code = CASE WHEN `+everUnknown+` THEN r.code END, code_id = CASE WHEN `+everUnknown+` THEN r.code_id END,
 				updated_at = now()
 			FROM campaign_recipients old
 			WHERE r.campaign_id = $1 AND r.status = 'pending' AND NOT EXISTS (SELECT 1 FROM held WHERE held.user_id = r.user_id)
 			  AND old.campaign_id = r.campaign_id AND old.user_id = r.user_id
 			  AND EXISTS (SELECT 1 FROM campaigns WHERE id = $1 AND state = 'cancelled')
-			RETURNING r.user_id, old.code_id
+			RETURNING r.user_id, old.code_id, r.code_id AS kept
 		), log AS (
 			INSERT INTO send_log (campaign_id, user_id, status, reason)
 			SELECT $1, user_id, 'skipped', 'cancelled' FROM upd
 		), released AS (
 			INSERT INTO released_codes (code_id, pool)
 			SELECT upd.code_id, p.pool FROM upd JOIN promo_codes p ON p.id = upd.code_id
+			WHERE upd.kept IS NULL
 			ON CONFLICT (code_id) DO NOTHING
 		)
 		SELECT count(*) FROM upd`, id)

@@ -143,6 +143,7 @@ func TestLaunchProcessesRacingOnOnePool(t *testing.T) {
 	for _, sql := range []string{
 		fmt.Sprintf(`CREATE TABLE crowd AS SELECT 'k' || i AS user_id, '+90533' || lpad(i::text, 7, '0') AS phone, 'Ad' || i AS first_name
 		 FROM generate_series(1, %d) i`, size),
+		`GRANT SELECT ON crowd TO campaignctl_audience`,
 		`INSERT INTO iys_consents (recipient, type, recipient_type, status, source, consent_date)
 		 SELECT phone, 'MESAJ', 'BIREYSEL', 'ONAY', 'HS_WEB', now() FROM crowd`,
 	} {
