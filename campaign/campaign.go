@@ -93,11 +93,14 @@ const (
 	ReasonInvalidAddress   = "invalid_address"
 	ReasonDuplicateAddress = "duplicate_address"
 	ReasonMissingValue     = "missing_value"
-	ReasonNoConsent        = "no_consent"
-	ReasonFrequencyCap     = "frequency_cap"
-	ReasonConsentRET       = "consent_ret"
-	ReasonRevoked          = "revoked"
-	ReasonCancelled        = "cancelled"
+	// ReasonInvalidValue: a value the message puts in a header (the e-mail subject) holds a line break,
+	// which would let it write headers of its own.
+	ReasonInvalidValue = "invalid_value"
+	ReasonNoConsent    = "no_consent"
+	ReasonFrequencyCap = "frequency_cap"
+	ReasonConsentRET   = "consent_ret"
+	ReasonRevoked      = "revoked"
+	ReasonCancelled    = "cancelled"
 	// ReasonNoOptIn: a push or webhook recipient whose audience row does not say <channel>_opt_in = true.
 	ReasonNoOptIn = "no_opt_in"
 )

@@ -162,6 +162,9 @@ func (s *Spec) Validate() error {
 	if s.Channel == ChannelEmail && s.Subject == "" && s.TemplateID == "" {
 		return fmt.Errorf("%w: an e-mail needs a subject; pass --subject 'Size özel kod' (or a --template-id whose template has one)", ErrInvalid)
 	}
+	if strings.ContainsAny(s.Subject, "\r\n") {
+		return fmt.Errorf("%w: --subject holds a line break; a subject is one line (a header), write it on one", ErrInvalid)
+	}
 	if s.TemplateID != "" && !strings.HasPrefix(s.TemplateID, "d-") {
 		return fmt.Errorf("%w: --template-id %q is not a SendGrid dynamic template ID; they start with d-", ErrInvalid, s.TemplateID)
 	}

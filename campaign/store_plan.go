@@ -140,6 +140,7 @@ func (p *Planner) plan(ctx context.Context, spec Spec, tmpl *Template, rep *Repo
 			     WHEN a.address IS NULL`+invalidTest+` THEN '`+ReasonInvalidAddress+`'
 			     WHEN a.arn > 1 THEN '`+ReasonDuplicateAddress+`'
 			     WHEN `+missingValueTest(tmpl, spec.Channel)+` THEN '`+ReasonMissingValue+`'
+			     WHEN `+headerValueTest(tmpl, spec.Channel)+` THEN '`+ReasonInvalidValue+`'
 			     `+consentTest(spec)+`
 			     WHEN r.address IS NOT NULL THEN '`+ReasonFrequencyCap+`'
 			END AS reason
@@ -341,6 +342,22 @@ func missingValueTest(tmpl *Template, ch Channel) string {
 			continue
 		}
 		conds = append(conds, "(a.vars->>"+quoteLiteral(f)+") IS NULL")
+	}
+	if len(conds) == 0 {
+		return "false"
+	}
+	return strings.Join(conds, " OR ")
+}
+
+// headerValueTest is the SQL condition that a value an e-mail puts in its subject holds a carriage return
+// or a line feed: in a header that would start a header of its own (Bcc: ...).
+func headerValueTest(tmpl *Template, ch Channel) string {
+	if ch != ChannelEmail {
+		return "false"
+	}
+	var conds []string
+	for _, f := range tmpl.HeaderFields() {
+		conds = append(conds, "(a.vars->>"+quoteLiteral(f)+") ~ '[\r\n]'")
 	}
 	if len(conds) == 0 {
 		return "false"

@@ -198,6 +198,21 @@ func (t *Template) Fields() []string {
 	return out
 }
 
+// HeaderFields returns the top-level fields the subject names: their values go into a header.
+func (t *Template) HeaderFields() []string {
+	var out []string
+	if t.subject != nil {
+		seen := map[string]bool{}
+		walkFields(t.subject.Tree.Root, func(name string) {
+			if !seen[name] {
+				seen[name] = true
+				out = append(out, name)
+			}
+		})
+	}
+	return out
+}
+
 // Check verifies that every field the template names (outside range/with blocks, where dot changes) is
 // one of keys, and that the template executes over those keys. The error names the missing field and the
 // keys that exist, so the fix is plain.

@@ -504,3 +504,33 @@ func TestSMSLongerThanMaxSegmentsFailsAtSendTime(t *testing.T) {
 		t.Fatalf("provider got %d, want u1 and u4", f.provider.total())
 	}
 }
+
+// A subject that would hold a line break once rendered (a value changed after the launch) is not sent:
+// the recipient fails as invalid_value, the others of the request go out.
+func TestEmailSubjectWithALineBreakIsNotSent(t *testing.T) {
+	t.Parallel()
+	rdb, _ := testredis.New(t)
+	db, _, id, p, h := planEmailDB(t, 3, 10, rdb)
+	ctx := context.Background()
+	// The worker renders the subject over the values the plan stored: one of them now holds a line break.
+	if _, err := db.Exec(ctx, `UPDATE campaigns SET subject = 'Merhaba {{.first}}' WHERE id = $1`, id); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Exec(ctx, `UPDATE campaign_recipients SET vars = jsonb_build_object('first', CASE user_id WHEN 'u2' THEN E'Ali\r\nBcc: all@example.com' ELSE 'Ada' END)
+		WHERE campaign_id = $1`, id); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.RunBatch(ctx, id, 0); err != nil {
+		t.Fatal(err)
+	}
+	if len(p.accepted["user2@example.com"]) != 0 || len(p.accepted) != 2 {
+		t.Fatalf("accepted %d addresses (user2: %d), want the two others only", len(p.accepted), len(p.accepted["user2@example.com"]))
+	}
+	var st, reason string
+	if err := db.QueryRow(ctx, `SELECT status, coalesce(reason, '') FROM campaign_recipients WHERE campaign_id = $1 AND user_id = 'u2'`, id).Scan(&st, &reason); err != nil {
+		t.Fatal(err)
+	}
+	if st != campaign.StatusFailed || !strings.Contains(reason, campaign.ReasonInvalidValue) {
+		t.Fatalf("u2: %s (%s), want failed as invalid_value", st, reason)
+	}
+}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/campaignctl/campaignctl/campaign"
@@ -19,9 +20,14 @@ func (run *batchRun) message(r *campaign.Recipient) (providers.Message, error) {
 	if err != nil {
 		return providers.Message{}, err
 	}
-	if run.c.Channel == campaign.ChannelSMS {
+	switch run.c.Channel {
+	case campaign.ChannelSMS:
 		if err := campaign.CheckSMSLength(parts.Text, run.c.MaxSegments); err != nil {
 			return providers.Message{}, fmt.Errorf("the message %w", err)
+		}
+	case campaign.ChannelEmail:
+		if strings.ContainsAny(parts.Subject, "\r\n") {
+			return providers.Message{}, fmt.Errorf("the subject would hold a line break (%s)", campaign.ReasonInvalidValue)
 		}
 	}
 	m := providers.Message{To: r.Address, Subject: parts.Subject, Body: parts.Text, HTML: parts.HTML,

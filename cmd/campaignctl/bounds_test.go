@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"os"
 	"os/exec"
 	"strings"
@@ -113,4 +114,60 @@ func TestSIGTERMStopsALaunchWithNothingWritten(t *testing.T) {
 	waitFor(t, 10*time.Second, func() bool {
 		return count(`SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'PgSleep' AND datname = current_database()`) == 0
 	})
+}
+
+// A line break in a header is refused at launch (the subject, the sender's name), and a recipient whose
+// value would put one into the subject is excluded (invalid_value) while the others go ahead.
+func TestHeaderValuesCarryNoLineBreak(t *testing.T) {
+	t.Parallel()
+	env, count := badInputDB(t)
+	db := mustConnect(t, env["DATABASE_URL"])
+	for _, sql := range []string{
+		`CREATE TABLE mail (user_id text, email text, first_name text)`,
+		`GRANT SELECT ON mail TO campaignctl_audience`,
+		"INSERT INTO mail VALUES ('a', 'a@example.com', 'Ada'), ('b', 'b@example.com', E'Ali\\r\\nBcc: all@example.com'), ('c', 'c@example.com', E'Cem\\nX-Evil: 1')",
+		`INSERT INTO iys_consents (recipient, type, recipient_type, status, source, consent_date) SELECT email, 'EPOSTA', 'BIREYSEL', 'ONAY', 'HS_WEB', now() FROM mail`,
+	} {
+		if _, err := db.Exec(context.Background(), sql); err != nil {
+			t.Fatal(err)
+		}
+	}
+	audience := writeFile(t, "mail.sql", `SELECT user_id, email, first_name FROM mail`)
+	mail := func(subject string, extra ...string) []string {
+		return append([]string{"launch", "--name", "m", "--channel", "email", "--audience", audience, "--subject", subject,
+			"--message", "Merhaba {{.first_name}}"}, extra...)
+	}
+	if _, stderr, code := cli(t, env, mail("Hi\r\nBcc: all@example.com", "--yes")...); code != 2 || !strings.Contains(stderr, "line break") {
+		t.Fatalf("a subject with a line break: exit %d, %s", code, stderr)
+	}
+	withName := map[string]string{"SENDGRID_FROM_NAME": "ACME\r\nBcc: all@example.com"}
+	for k, v := range env {
+		withName[k] = v
+	}
+	if _, stderr, code := cli(t, withName, mail("Merhaba {{.first_name}}", "--yes")...); code != 2 || !strings.Contains(stderr, "SENDGRID_FROM_NAME") {
+		t.Fatalf("a sender name with a line break: exit %d, %s", code, stderr)
+	}
+	if n := count(`SELECT count(*) FROM campaigns`); n != 0 {
+		t.Fatalf("refused launches left %d campaigns", n)
+	}
+	out, stderr, code := cli(t, env, mail("Merhaba {{.first_name}}", "--dry-run", "--json")...)
+	if code != 0 {
+		t.Fatalf("dry run: exit %d, %s", code, stderr)
+	}
+	var rep struct {
+		Eligible int64            `json:"eligible"`
+		Excluded map[string]int64 `json:"excluded"`
+	}
+	if err := json.Unmarshal([]byte(out), &rep); err != nil {
+		t.Fatal(err)
+	}
+	if rep.Eligible != 1 || rep.Excluded["invalid_value"] != 2 {
+		t.Fatalf("report %+v, want a eligible and b, c excluded as invalid_value", rep)
+	}
+	// In the body (not a header), a line break is just text.
+	out, _, code = cli(t, env, "launch", "--name", "m2", "--channel", "email", "--audience", audience, "--subject", "Merhaba",
+		"--message", "Merhaba {{.first_name}}", "--dry-run", "--json")
+	if err := json.Unmarshal([]byte(out), &rep); code != 0 || err != nil || rep.Eligible != 3 {
+		t.Fatalf("line breaks in the body only: exit %d, %+v, %v", code, rep, err)
+	}
 }

@@ -14,6 +14,7 @@ import (
 	"strings"
 	"text/tabwriter"
 	"time"
+	"unicode"
 
 	"github.com/hibiken/asynq"
 	"github.com/spf13/cobra"
@@ -115,6 +116,9 @@ func (a *app) launch(ctx context.Context, o launchOptions) error {
 	sqlText, err := readBounded(o.audience, maxAudienceFile)
 	if err != nil {
 		return usagef("cannot read the audience file: %v; it must hold one SELECT", err)
+	}
+	if name := a.getenv("SENDGRID_FROM_NAME"); o.channel == string(campaign.ChannelEmail) && strings.ContainsFunc(name, unicode.IsControl) {
+		return usagef("SENDGRID_FROM_NAME holds a line break or another control character, which would write a header of its own: set it to the sender's name on one line; nothing was written or sent")
 	}
 	providerRate, err := a.channelRate(campaign.Channel(o.channel))
 	if err != nil {

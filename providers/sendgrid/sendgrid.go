@@ -22,6 +22,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode"
 
 	"github.com/sendgrid/rest"
 	sg "github.com/sendgrid/sendgrid-go"
@@ -92,6 +93,8 @@ func New(cfg Config) (*Provider, error) {
 		return nil, errors.New("sendgrid: sender is empty: set SENDGRID_FROM to the verified sender's e-mail address")
 	case !isAddress(cfg.From):
 		return nil, fmt.Errorf("sendgrid: sender %q is not a plain ASCII e-mail address: check SENDGRID_FROM", cfg.From)
+	case strings.ContainsFunc(cfg.FromName, unicode.IsControl):
+		return nil, errors.New("sendgrid: the sender's name holds a line break or another control character, which would write a header of its own: check SENDGRID_FROM_NAME")
 	case cfg.Timeout < 0:
 		return nil, fmt.Errorf("sendgrid: timeout %v is negative", cfg.Timeout)
 	}

@@ -496,6 +496,7 @@ func TestNewValidates(t *testing.T) {
 		{"sender with a name", func(c *sendgrid.Config) { c.From = "Shop <shop@example.com>" }, "SENDGRID_FROM"},
 		{"sender not an address", func(c *sendgrid.Config) { c.From = "shop" }, "SENDGRID_FROM"},
 		{"unicode sender", func(c *sendgrid.Config) { c.From = "şop@example.com" }, "SENDGRID_FROM"},
+		{"sender name with a line break", func(c *sendgrid.Config) { c.FromName = "Shop\r\nBcc: all@example.com" }, "SENDGRID_FROM_NAME"},
 		{"url scheme", func(c *sendgrid.Config) { c.BaseURL = "ftp://localhost" }, "SENDGRID_BASE_URL"},
 		{"url path", func(c *sendgrid.Config) { c.BaseURL = "http://localhost:8025/sendgrid" }, "SENDGRID_BASE_URL"},
 		{"url credentials", func(c *sendgrid.Config) { c.BaseURL = "http://user:" + testKey + "@localhost" }, "SENDGRID_BASE_URL"},
