@@ -3,6 +3,7 @@ package campaign
 import (
 	"context"
 	"embed"
+	"errors"
 	"fmt"
 	"io/fs"
 	"sort"
@@ -76,6 +77,48 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool) ([]string, error) {
 		applied = append(applied, name)
 	}
 	return applied, nil
+}
+
+// ErrSchema: the engine database lacks the schema this binary needs.
+var ErrSchema = errors.New("the engine database's schema is missing or out of date")
+
+// CheckSchema reports, wrapping ErrSchema, when the database behind pool lacks any of the migrations this
+// binary carries: never migrated, or migrated by an older version. A database migrated further (a newer
+// version rolled out first) is fine: migrations only add.
+func CheckSchema(ctx context.Context, pool *pgxpool.Pool) error {
+	names, err := migrationNames()
+	if err != nil {
+		return err
+	}
+	var exists bool
+	if err := pool.QueryRow(ctx, `SELECT to_regclass('schema_migrations') IS NOT NULL`).Scan(&exists); err != nil {
+		return fmt.Errorf("schema check: %w", err)
+	}
+	if !exists {
+		return fmt.Errorf("%w: this database has no campaignctl schema; run `campaignctl migrate` (with the same DATABASE_URL) first", ErrSchema)
+	}
+	var missing []string
+	if err := pool.QueryRow(ctx, `SELECT coalesce(array_agg(n ORDER BY n), '{}') FROM unnest($1::text[]) n
+		WHERE NOT EXISTS (SELECT 1 FROM schema_migrations m WHERE m.name = n)`, names).Scan(&missing); err != nil {
+		return fmt.Errorf("schema check: %w", err)
+	}
+	if len(missing) > 0 {
+		return fmt.Errorf("%w: %d migrations of this version are not applied (%s); run `campaignctl migrate`", ErrSchema, len(missing), strings.Join(missing, ", "))
+	}
+	return nil
+}
+
+func migrationNames() ([]string, error) {
+	paths, err := fs.Glob(migrationFiles, "migrations/*.sql")
+	if err != nil {
+		return nil, err
+	}
+	names := make([]string, len(paths))
+	for i, p := range paths {
+		names[i] = strings.TrimSuffix(strings.TrimPrefix(p, "migrations/"), ".sql")
+	}
+	sort.Strings(names)
+	return names, nil
 }
 
 // MigrationFS returns the embedded migration files (for tools that fingerprint the schema).

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"math"
 	"regexp"
+	"slices"
 	"strings"
 	"time"
 
@@ -168,8 +169,12 @@ func (s *Spec) Validate() error {
 	if s.TemplateID != "" && !strings.HasPrefix(s.TemplateID, "d-") {
 		return fmt.Errorf("%w: --template-id %q is not a SendGrid dynamic template ID; they start with d-", ErrInvalid, s.TemplateID)
 	}
-	if _, err := ParseContent(s.Content()); err != nil {
+	tmpl, err := ParseContent(s.Content())
+	if err != nil {
 		return err
+	}
+	if s.CodePool != "" && s.TemplateID == "" && !slices.Contains(tmpl.Fields(), "code") {
+		return fmt.Errorf("%w: --code-pool reserves a code for every recipient, but the message never shows {{.code}}; add {{.code}} to --message (or --subject, --html), or drop --code-pool", ErrInvalid)
 	}
 	switch s.RecipientType {
 	case "", "BIREYSEL", "TACIR":

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"regexp"
 	"slices"
 	"strconv"
@@ -174,6 +175,18 @@ func (p *Planner) plan(ctx context.Context, spec Spec, tmpl *Template, rep *Repo
 	}
 	if err := rows.Err(); err != nil {
 		return fmt.Errorf("plan: %w", err)
+	}
+	if err := p.brandGate(ctx, tx, spec, rep); err != nil {
+		return err
+	}
+	if rep.Eligible == 0 {
+		if spec.DryRun {
+			rep.Warnings = append(rep.Warnings, "no recipient is eligible: a launch of this audience would be refused")
+		} else if rep.Audience == 0 {
+			return fmt.Errorf("%w: the audience query returned no rows; nothing was written. Check its WHERE clause (a dry run shows the report)", ErrInvalid)
+		} else {
+			return fmt.Errorf("%w: none of the audience's %d rows is eligible (%s); nothing was written. A dry run shows the report", ErrInvalid, rep.Audience, exclusions(rep.Excluded))
+		}
 	}
 
 	var inserted int64
@@ -349,6 +362,34 @@ func missingValueTest(tmpl *Template, ch Channel) string {
 	return strings.Join(conds, " OR ")
 }
 
+// brandGate refuses a launch under an İYS brand code whose audience has consents recorded only without a
+// brand (imported before IYS_BRAND_CODE was set): they would all be excluded as no_consent, silently.
+func (p *Planner) brandGate(ctx context.Context, tx pgx.Tx, spec Spec, rep *Report) error {
+	if spec.BrandCode == "" || spec.Transactional || spec.Channel.IYSType() == "" || rep.Excluded[ReasonNoConsent] == 0 {
+		return nil
+	}
+	var n int64
+	if err := tx.QueryRow(ctx, `SELECT count(*) FROM audience_classified a WHERE a.reason = $1 AND EXISTS (
+			SELECT 1 FROM iys_consents c WHERE c.recipient = a.address AND c.type = $2 AND c.recipient_type = $3 AND c.brand_code = '')`,
+		ReasonNoConsent, spec.Channel.IYSType(), spec.recipientType()).Scan(&n); err != nil {
+		return fmt.Errorf("plan: brand check: %w", err)
+	}
+	if n == 0 {
+		return nil
+	}
+	return fmt.Errorf("%w: IYS_BRAND_CODE is %q, but %d recipients of this audience have consents recorded without a brand (imported before IYS_BRAND_CODE was set), so they would be excluded as no_consent. Import the consent file again with IYS_BRAND_CODE=%s set (or run `campaignctl iys sync`, which records the brand), or launch without IYS_BRAND_CODE",
+		ErrInvalid, spec.BrandCode, n, spec.BrandCode)
+}
+
+// exclusions lists exclusion counts by reason, for a message.
+func exclusions(ex map[string]int64) string {
+	parts := make([]string, 0, len(ex))
+	for _, r := range slices.Sorted(maps.Keys(ex)) {
+		parts = append(parts, fmt.Sprintf("%s %d", r, ex[r]))
+	}
+	return strings.Join(parts, ", ")
+}
+
 // headerValueTest is the SQL condition that a value an e-mail puts in its subject holds a carriage return
 // or a line feed: in a header that would start a header of its own (Bcc: ...).
 func headerValueTest(tmpl *Template, ch Channel) string {
@@ -406,6 +447,12 @@ func (p *Planner) consentGate(ctx context.Context, tx pgx.Tx, spec Spec, rep *Re
 	when := "never"
 	if last != nil {
 		when = fmt.Sprintf("last at %s (%s ago)", last.Format(time.RFC3339), time.Since(*last).Round(time.Minute))
+	}
+	if spec.BrandCode != "" && last == nil {
+		var unbranded bool
+		if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM iys_sync_state WHERE brand_code = '')`).Scan(&unbranded); err == nil && unbranded {
+			when += fmt.Sprintf(" for brand %s (IYS_BRAND_CODE; the consents here were imported without a brand: import them again with IYS_BRAND_CODE set)", spec.BrandCode)
+		}
 	}
 	return fmt.Errorf("%w: the İYS consents were brought up to date %s, longer ago than --max-consent-age %v; a RET given since then would be missed. Run `campaignctl iys sync` (or import a fresh consent file), or launch with --allow-stale-consent to go ahead anyway (it is recorded on the campaign)",
 		ErrInvalid, when, spec.MaxConsentAge)

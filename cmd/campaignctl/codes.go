@@ -80,7 +80,7 @@ func (a *app) newCodesGenerateCmd() *cobra.Command {
 			return nil
 		},
 	}
-	cmd.Flags().StringVar(&o.pool, "pool", "", "pool name")
+	poolVar(cmd.Flags(), &o.pool, "pool", "", "pool name")
 	cmd.Flags().IntVar(&o.count, "count", 0, "how many new codes")
 	cmd.Flags().StringVar(&o.prefix, "prefix", "", "optional prefix, e.g. YAZ-")
 	cmd.Flags().IntVar(&o.length, "length", 8, "length of the random part")
@@ -133,7 +133,7 @@ line, and no code of the file is added.`, codes.MinImportLength, codes.MaxImport
 			return a.codesImport(cmd, o)
 		},
 	}
-	cmd.Flags().StringVar(&o.pool, "pool", "", "pool to add the codes to (created if new)")
+	poolVar(cmd.Flags(), &o.pool, "pool", "", "pool to add the codes to (created if new)")
 	return cmd
 }
 
@@ -250,7 +250,7 @@ Free codes can still be given out; reserved codes belong to a (campaign, recipie
 			return w.Flush()
 		},
 	}
-	cmd.Flags().StringVar(&o.pool, "pool", "", "only this pool")
+	poolVar(cmd.Flags(), &o.pool, "pool", "", "only this pool")
 	cmd.Flags().BoolVar(&o.asJSON, "json", false, "print JSON")
 	return cmd
 }

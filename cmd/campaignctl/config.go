@@ -109,9 +109,17 @@ func dbError(err error, cc *pgx.ConnConfig, envName string) error {
 		addr, cc.Database, errors.Unwrap(err), envName)
 }
 
-// openEngine opens the engine database.
+// openEngine opens the engine database and checks that it carries this version's schema.
 func (a *app) openEngine(ctx context.Context) (*pgxpool.Pool, error) {
-	return a.openDB(ctx, a.dbURL(), "DATABASE_URL")
+	pool, err := a.openDB(ctx, a.dbURL(), "DATABASE_URL")
+	if err != nil {
+		return nil, err
+	}
+	if err := campaign.CheckSchema(ctx, pool); err != nil {
+		pool.Close()
+		return nil, err
+	}
+	return pool, nil
 }
 
 // openRedis connects to Redis and checks it answers.

@@ -47,7 +47,7 @@ func (a *app) newDemoCmd() *cobra.Command {
 		},
 	}
 	seed.Flags().IntVar(&users, "users", 10000, "number of customers")
-	seed.Flags().StringVar(&pool, "pool", "demo", "code pool to fill")
+	poolVar(seed.Flags(), &pool, "pool", "demo", "code pool to fill")
 	cmd.AddCommand(seed)
 	return cmd
 }

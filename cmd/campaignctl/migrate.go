@@ -24,7 +24,7 @@ func (a *app) newMigrateCmd() *cobra.Command {
 			if err := a.ensureDatabase(ctx); err != nil {
 				return err
 			}
-			pool, err := a.openEngine(ctx)
+			pool, err := a.openDB(ctx, a.dbURL(), "DATABASE_URL")
 			if err != nil {
 				return err
 			}

@@ -69,7 +69,7 @@ func isUsage(err error) bool {
 	case errors.As(err, &ue), errors.As(err, &le), errors.As(err, &cle), errors.Is(err, codes.ErrInvalidOptions),
 		errors.Is(err, campaign.ErrInvalid), errors.Is(err, campaign.ErrNameTaken),
 		errors.Is(err, campaign.ErrPoolShort), errors.Is(err, campaign.ErrNotFound), errors.Is(err, campaign.ErrWrongState),
-		errors.Is(err, codes.ErrPoolNotFound):
+		errors.Is(err, codes.ErrPoolNotFound), errors.Is(err, campaign.ErrSchema):
 		return true
 	}
 	// cobra's own flag and argument errors
