@@ -97,7 +97,7 @@ func TestBadInputIsRefusedClearlyAndNothingIsWritten(t *testing.T) {
 		{"missing flags", []string{"launch", "--name", "x"}, 2, []string{"--audience", "--message"}},
 		{"unknown pool", append(launch(), "--code-pool", "nope"), 2, []string{`code pool "nope" does not exist`, "codes generate"}},
 		{"too few codes", launch(), 2, []string{"1 codes missing", "codes generate --pool small --count 1"}},
-		{"template variable missing", append(launch(), "--message", testPrefix+"Hi {{.nick}}"), 2, []string{"{{.nick}}", "first_name"}},
+		{"template variable missing", append(launch(), "--message", testPrefix+"Hi {{.nick}} {{.code}}"), 2, []string{"{{.nick}}", "first_name"}},
 		{"commercial SMS without opt-out", append(launch(), "--message", "ACME A.Ş. Merhaba {{.code}}"), 2, []string{"how to refuse further messages", "law 6563", "--transactional"}},
 		{"commercial SMS without sender", append(launch(), "--message", "Merhaba {{.code}}, RET yazıp 4609'a gönderin"), 2, []string{"the sender's identity", "SENDER_IDENTITY"}},
 		{"transactional with codes", append(launch(), "--transactional"), 2, []string{"transactional message carries no promo code"}},
@@ -225,10 +225,10 @@ func TestConsentGates(t *testing.T) {
 	if code != 0 || report(out)["stale_consent_allowed"] != true || count(`SELECT count(*) FROM campaigns WHERE allow_stale_consent`) != 1 {
 		t.Fatalf("--allow-stale-consent: exit %d, %s%s", code, out, stderr)
 	}
-	// TACIR: nobody here has a TACIR consent.
-	out, stderr, code = launch("tacir", "--recipient-type", "TACIR", "--max-consent-age", "0")
+	// TACIR: nobody here has a TACIR consent (a dry run shows it; a launch of nobody is refused).
+	out, stderr, code = launch("tacir", "--recipient-type", "TACIR", "--max-consent-age", "0", "--dry-run")
 	if r := report(out); code != 0 || r["eligible"] != float64(0) || r["excluded"].(map[string]any)["no_consent"] != float64(3) || r["recipient_type"] != "TACIR" {
-		t.Fatalf("TACIR launch: exit %d, %s%s", code, out, stderr)
+		t.Fatalf("TACIR dry run: exit %d, %s%s", code, out, stderr)
 	}
 	// Transactional: no İYS check, no lint; the RET of c counts for nothing.
 	if _, err := db.Exec(context.Background(), `UPDATE iys_consents SET status = 'RET' WHERE recipient = '+905321000003'`); err != nil {
@@ -257,12 +257,23 @@ func TestConsentsAreKeyedByBrand(t *testing.T) {
 		}
 		return m["eligible"].(float64)
 	}
-	if n := eligible("brand-777-before"); n != 0 {
-		t.Fatalf("brand 777 launch found %v eligible among consents of no brand", n)
+	// Consents of no brand do not count for brand 777, and the launch says so rather than exclude everyone.
+	if _, stderr, code := cli(t, env, "launch", "--name", "brand-777-before", "--channel", "sms", "--audience", audience, "--max-consent-age", "0",
+		"--message", testPrefix+"Merhaba {{.first_name}}", "--yes", "--json"); code != 2 || !strings.Contains(stderr, "recorded without a brand") {
+		t.Fatalf("brand 777 launch over consents of no brand: exit %d, %s", code, stderr)
 	}
 	csv := writeFile(t, "c.csv", "recipient,type,recipient_type,status,source,consent_date\n+905321000001,MESAJ,BIREYSEL,ONAY,HS_WEB,2026-01-15 10:30:00\n")
 	if out, stderr, code := cli(t, env, "iys", "import", csv); code != 0 {
 		t.Fatalf("import: exit %d, %s%s", code, out, stderr)
+	}
+	// Two of the three still have consents of no brand only: still refused, and counted.
+	if _, stderr, code := cli(t, env, "launch", "--name", "brand-777-partly", "--channel", "sms", "--audience", audience, "--max-consent-age", "0",
+		"--message", testPrefix+"Merhaba {{.first_name}}", "--yes"); code != 2 || !strings.Contains(stderr, "2 recipients") {
+		t.Fatalf("brand 777 launch with two consents of no brand left: exit %d, %s", code, stderr)
+	}
+	db := mustConnect(t, env["DATABASE_URL"])
+	if _, err := db.Exec(context.Background(), `DELETE FROM iys_consents WHERE brand_code = ''`); err != nil {
+		t.Fatal(err)
 	}
 	if n := eligible("brand-777-after"); n != 1 {
 		t.Fatalf("brand 777 launch found %v eligible, want the one brand 777 consent", n)

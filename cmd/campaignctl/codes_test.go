@@ -129,7 +129,7 @@ func TestCodesImportRefusesBadInput(t *testing.T) {
 		{"unknown file", []string{"--pool", "yaz", "/nonexistent/codes.txt"}, []string{"cannot read the code file /nonexistent/codes.txt", "no such file"}},
 		{"a directory", []string{"--pool", "yaz", t.TempDir()}, []string{"is a directory"}},
 		{"no pool", []string{good}, []string{"--pool is required"}},
-		{"bad pool name", []string{"--pool", "Yaz 2026", good}, []string{`--pool "Yaz 2026"`, "a-z, 0-9"}},
+		{"bad pool name", []string{"--pool", "Yaz 2026", good}, []string{`--pool "yaz 2026"`, "a-z, 0-9"}},
 		{"no file", []string{"--pool", "yaz"}, []string{"give the file of codes"}},
 		{"two files", []string{"--pool", "yaz", good, good}, []string{"one file"}},
 	}
