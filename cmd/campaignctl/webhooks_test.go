@@ -228,9 +228,10 @@ func TestWebhooksBodyLimits(t *testing.T) {
 	hooks := serveInProcess(t, env, hooksURLRe, "webhooks", "--addr", "127.0.0.1:0")
 	events, twilio := hooks.base+sendgridReceiptPath, hooks.base+twilioReceiptPath
 
-	overLimit := bytes.Repeat([]byte(" "), receipts.MaxSendGridBody+1)
+	// Bounded: 3 MiB is more than a SendGrid batch ever is, 20 KiB more than a Twilio callback.
+	overLimit := bytes.Repeat([]byte(" "), 3<<20)
 	bigForm := hooksCallback("SM0big")
-	bigForm.Set("Body", strings.Repeat("x", receipts.MaxTwilioBody))
+	bigForm.Set("Body", strings.Repeat("x", 20<<10))
 	forged := newHooksKey(t)
 	junk := []byte(`[{"event":"delivered","sg_event_id":"forged","sg_message_id":"m.x"}]`)
 	form := hooksCallback("SM0forged")
@@ -642,7 +643,7 @@ func TestWebhooksJunkPostsKeepMemoryBounded(t *testing.T) {
 	pid := cmd.Process.Pid
 	before := procKB(t, pid, "VmRSS")
 
-	const posts, junkSize = 60, 5 << 20
+	const posts, junkSize = 200, 5 << 20 // with 60, two cores seldom have them all in flight at once
 	junk := bytes.Repeat([]byte("x"), junkSize)
 	fakeSig := map[string]string{ // well formed, so that only the body can show it is forged
 		"X-Twilio-Email-Event-Webhook-Signature": base64.StdEncoding.EncodeToString([]byte{0x30, 0x06, 0x02, 0x01, 0x01, 0x02, 0x01, 0x01}),

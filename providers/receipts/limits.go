@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net/http"
 	"os"
+	"sync"
 	"time"
 
 	"golang.org/x/sync/semaphore"
@@ -27,8 +28,8 @@ const (
 // In-flight bodies: each handler holds at most this many maximum-size bodies in memory at once (more
 // smaller ones). A request beyond that waits up to busyWait for room and is then answered 503 with
 // Retry-After, so that the provider delivers it again; its body is not read. Room is taken for the
-// Content-Length (the maximum when there is none) and given back as soon as the body is verified and
-// parsed, before the sink records it.
+// Content-Length (the maximum when there is none), rounded up to the buffer the body is read into, and
+// given back as soon as the body is verified and parsed, before the sink records it.
 const (
 	twilioInFlight   = 64 // 1 MiB
 	sendgridInFlight = 4  // 8 MiB
@@ -43,6 +44,46 @@ const (
 	defaultBodyGrace = 2 * time.Second
 	minBodyRate      = 256 << 10 // bytes per second
 )
+
+// Large bodies are read into buffers that are used again (sizes 64 KiB to 2 MiB, doubling), so that a
+// stream of them costs the buffers in use, not a garbage collector's worth of fresh ones besides. The
+// room a body takes is the size of its buffer.
+const (
+	minPooledBody = 64 << 10
+	bodyClasses   = 6 // 64 KiB << 5 = 2 MiB
+)
+
+var bodyPools [bodyClasses]sync.Pool
+
+// bodyClass is the pool of a body of n bytes and its buffers' size; -1 and n when it has none.
+func bodyClass(n int64) (int, int64) {
+	if n <= minPooledBody/2 {
+		return -1, n
+	}
+	size := int64(minPooledBody)
+	for c := range bodyClasses {
+		if n <= size {
+			return c, size
+		}
+		size <<= 1
+	}
+	return -1, n
+}
+
+// bodyBuffer is a buffer of at least n bytes, and the function that gives it back once nothing refers
+// to it any more.
+func bodyBuffer(n int64) ([]byte, func()) {
+	c, size := bodyClass(n)
+	if c < 0 {
+		return make([]byte, n), func() {}
+	}
+	b, ok := bodyPools[c].Get().(*[]byte)
+	if !ok {
+		buf := make([]byte, size)
+		b = &buf
+	}
+	return (*b)[:n], func() { bodyPools[c].Put(b) }
+}
 
 // ReasonBusy is the Stats.Rejected key of a request answered 503 because the bodies already being read
 // used up the handler's room.

@@ -299,8 +299,8 @@ func (s *slowSink) Record(ctx context.Context, rs []receipts.Receipt) error {
 	}
 }
 
-// Once the body is in, the body's deadline no longer applies: a sink slower than it still records, and
-// the request is answered 204.
+// The body's deadline is the body's: a sink slower than it still records, and the request is answered
+// 204 (a deadline that covered the sink would cancel the request's context).
 func TestSlowSinkOutlivesTheBodyDeadline(t *testing.T) {
 	sk := &slowSink{delay: time.Second}
 	h := receipts.TwilioHandler(twilioToken, "", sk, nil)

@@ -261,22 +261,17 @@ func (h *Handler) read(w http.ResponseWriter, r *http.Request) ([]Receipt, []str
 	if n < 0 {
 		n = max
 	}
+	_, n = bodyClass(n)
 	if !h.limits.reserve(r.Context(), n) {
 		return nil, nil, unread(w, reject(http.StatusServiceUnavailable, ReasonBusy, "no room for a %d-byte body within %s", n, h.limits.busyWait))
 	}
 	defer h.limits.room.Release(n)
 	// Outside a real server (a ResponseRecorder) there are no deadlines to set, hence the ignored errors.
-	rc := http.NewResponseController(w)
-	rc.SetReadDeadline(time.Now().Add(h.limits.bodyTime(n))) //nolint:errcheck
+	http.NewResponseController(w).SetReadDeadline(time.Now().Add(h.limits.bodyTime(n))) //nolint:errcheck
 	r.Body = http.MaxBytesReader(w, r.Body, max)
-	rs, ignored, rej := h.parse(h, r)
-	if rej == nil {
-		// The whole body is read. A read deadline still pending would, once past, cancel the request's
-		// context while the sink records; how long the sink may take is the write timeout's business. A
-		// refused body keeps its deadline: the server may still read what is left of it.
-		rc.SetReadDeadline(time.Time{}) //nolint:errcheck
-	}
-	return rs, ignored, rej
+	// The deadline does not reach the sink: net/http clears it when it starts watching the connection
+	// after the body's end, and nothing else is read while the sink records.
+	return h.parse(h, r)
 }
 
 // unread marks a request refused before its body was read: the body will not be read, so the

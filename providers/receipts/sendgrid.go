@@ -115,7 +115,8 @@ func SendGridHandler(publicKeyBase64 string, sink Sink, log *slog.Logger) (*Hand
 	}
 	h.parse = func(h *Handler, r *http.Request) ([]Receipt, []string, *rejection) {
 		sig, ts := r.Header.Get(eventwebhook.VerificationHTTPHeader), r.Header.Get(eventwebhook.TimestampHTTPHeader)
-		body, err := readBody(r, h.limits.max)
+		body, done, err := readBody(r, h.limits.max)
+		defer done() // the receipts hold copies of what they take from the body
 		if err != nil {
 			return nil, nil, bodyRejection(err, h.limits.max)
 		}
@@ -156,32 +157,33 @@ func wellFormedSignature(sig string) bool {
 	return err == nil && len(rest) == 0 && rs.R.Sign() > 0 && rs.S.Sign() > 0
 }
 
-// readBody reads r's body, which r.Body bounds to max bytes, into one buffer of its Content-Length, or
-// of max when it has none: a buffer grown as the body comes would be copied, and several copies would
-// be alive at once, beyond the room the handler reserved.
-func readBody(r *http.Request, max int64) ([]byte, error) {
+// readBody reads r's body, which r.Body bounds to max bytes, into one buffer (see bodyBuffer) of its
+// Content-Length, or of max when it has none: a buffer grown as the body comes would be copied, and
+// several copies would be alive at once, beyond the room the handler reserved. done gives the buffer
+// back.
+func readBody(r *http.Request, max int64) (body []byte, done func(), err error) {
 	size := r.ContentLength
 	if size < 0 {
 		size = max
 	}
-	body := make([]byte, size)
+	body, done = bodyBuffer(size)
 	n, err := io.ReadFull(r.Body, body)
 	switch {
 	case r.ContentLength >= 0:
-		return body, err
+		return body, done, err
 	case err == io.EOF || err == io.ErrUnexpectedEOF:
-		return body[:n], nil
+		return body[:n], done, nil
 	case err != nil:
-		return nil, err
+		return nil, done, err
 	}
 	// max bytes without a Content-Length: the body must end here (r.Body says so if it does not).
 	if _, err := io.ReadFull(r.Body, make([]byte, 1)); err != io.EOF {
 		if err == nil {
 			err = &http.MaxBytesError{Limit: max}
 		}
-		return nil, err
+		return nil, done, err
 	}
-	return body, nil
+	return body, done, nil
 }
 
 // sendgridKey parses the key the way eventwebhook does, after checking what that helper assumes (it
