@@ -549,6 +549,9 @@ func TestWebhooksStatsOverTheNetwork(t *testing.T) {
 	if code, _, body := uiDo(t, "GET", plain.base+"/stats", nil); code != http.StatusForbidden {
 		t.Errorf("GET /stats over %s without credentials set: %d %s, want 403", ip, code, body)
 	}
+	if code, _, body := uiDo(t, "GET", plain.base+"/stats", map[string]string{"Host": "127.0.0.1"}); code != http.StatusForbidden {
+		t.Errorf("GET /stats over %s saying Host: 127.0.0.1: %d %s, want 403", ip, code, body)
+	}
 	if code, hdr, _ := uiDo(t, "GET", locked.base+"/stats", nil); code != http.StatusUnauthorized || hdr.Get("WWW-Authenticate") == "" {
 		t.Errorf("GET /stats over %s without credentials: %d, want 401 with a challenge", ip, code)
 	}
