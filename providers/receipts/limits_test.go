@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"net/http/httptrace"
 	"strconv"
 	"strings"
 	"sync"
@@ -322,5 +323,66 @@ func TestSlowSinkOutlivesTheBodyDeadline(t *testing.T) {
 	resp.Body.Close()
 	if resp.StatusCode != http.StatusNoContent || len(sk.all()) != 1 {
 		t.Errorf("status %d with %d receipts recorded, want 204 and 1", resp.StatusCode, len(sk.all()))
+	}
+}
+
+// ctxSink fails a record whose request's context has ended.
+type ctxSink struct{ sink }
+
+func (s *ctxSink) Record(ctx context.Context, rs []receipts.Receipt) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	return s.sink.Record(ctx, rs)
+}
+
+// Requests refused without a body, before reading it or after, leave their connection fit for the next
+// one: the callback that follows on it is recorded (a read deadline there would have ended the
+// connection's context).
+func TestRefusalWithoutBodyKeepsTheConnection(t *testing.T) {
+	sk := &ctxSink{}
+	h := receipts.TwilioHandler(twilioToken, "", sk, nil)
+	receipts.SetTimings(h, time.Second, 100*time.Millisecond)
+	srv := httptest.NewServer(h)
+	defer srv.Close()
+	var conns atomic.Int32
+	client := srv.Client()
+	post := func(body string, hdr map[string]string) int {
+		req, err := http.NewRequest(http.MethodPost, srv.URL+"/twilio/status", strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for k, v := range hdr {
+			req.Header.Set(k, v)
+		}
+		req = req.WithContext(httptrace.WithClientTrace(req.Context(), &httptrace.ClientTrace{
+			GotConn: func(info httptrace.GotConnInfo) {
+				if !info.Reused {
+					conns.Add(1)
+				}
+			},
+		}))
+		resp, err := client.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.Copy(io.Discard, resp.Body) //nolint:errcheck
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	if code := post("", nil); code != http.StatusForbidden {
+		t.Fatalf("unsigned empty POST: %d, want 403", code)
+	}
+	if code := post("", map[string]string{"X-Twilio-Signature": "Zm9yZ2Vk"}); code != http.StatusForbidden {
+		t.Fatalf("forged empty POST: %d, want 403", code)
+	}
+	time.Sleep(300 * time.Millisecond) // past any deadline the refusals might have left
+	form := callbackForm("delivered", "")
+	hdr := map[string]string{"Content-Type": "application/x-www-form-urlencoded", "X-Twilio-Signature": sign(twilioToken, srv.URL+"/twilio/status", form)}
+	if code := post(form.Encode(), hdr); code != http.StatusNoContent || len(sk.all()) != 1 {
+		t.Errorf("callback after it: %d with %d recorded, want 204 and 1", code, len(sk.all()))
+	}
+	if n := conns.Load(); n != 1 {
+		t.Errorf("%d connections, want both requests on one", n)
 	}
 }

@@ -221,7 +221,7 @@ func (h *Handler) Stats() Stats { return h.counter.snapshot() }
 // ServeHTTP verifies and parses one provider request and records its receipts.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if r.Method != http.MethodPost {
-		h.refuse(w, r, unread(w, reject(http.StatusMethodNotAllowed, ReasonMalformed, "method %s", r.Method)))
+		h.refuse(w, r, unread(w, r, reject(http.StatusMethodNotAllowed, ReasonMalformed, "method %s", r.Method)))
 		return
 	}
 	rs, ignored, rej := h.read(w, r)
@@ -251,11 +251,11 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // read checks the headers, then reads the body within the handler's limits and parses it.
 func (h *Handler) read(w http.ResponseWriter, r *http.Request) ([]Receipt, []string, *rejection) {
 	if rej := h.headers(r); rej != nil {
-		return nil, nil, unread(w, rej)
+		return nil, nil, unread(w, r, rej)
 	}
 	max := h.limits.max
 	if r.ContentLength > max {
-		return nil, nil, unread(w, reject(http.StatusRequestEntityTooLarge, ReasonMalformed, "Content-Length %d over %d bytes", r.ContentLength, max))
+		return nil, nil, unread(w, r, reject(http.StatusRequestEntityTooLarge, ReasonMalformed, "Content-Length %d over %d bytes", r.ContentLength, max))
 	}
 	n := r.ContentLength
 	if n < 0 {
@@ -263,23 +263,30 @@ func (h *Handler) read(w http.ResponseWriter, r *http.Request) ([]Receipt, []str
 	}
 	_, n = bodyClass(n)
 	if !h.limits.reserve(r.Context(), n) {
-		return nil, nil, unread(w, reject(http.StatusServiceUnavailable, ReasonBusy, "no room for a %d-byte body within %s", n, h.limits.busyWait))
+		return nil, nil, unread(w, r, reject(http.StatusServiceUnavailable, ReasonBusy, "no room for a %d-byte body within %s", n, h.limits.busyWait))
 	}
 	defer h.limits.room.Release(n)
-	// Outside a real server (a ResponseRecorder) there are no deadlines to set, hence the ignored errors.
-	http.NewResponseController(w).SetReadDeadline(time.Now().Add(h.limits.bodyTime(n))) //nolint:errcheck
-	r.Body = http.MaxBytesReader(w, r.Body, max)
 	// The deadline does not reach the sink: net/http clears it when it starts watching the connection
-	// after the body's end, and nothing else is read while the sink records.
+	// after the body's end, and nothing else is read while the sink records. A request without a body
+	// is watched from the start, and a deadline would end the connection's context, that of the
+	// requests after it too. Outside a real server (a ResponseRecorder) there are no deadlines to set,
+	// hence the ignored errors.
+	if r.ContentLength != 0 {
+		http.NewResponseController(w).SetReadDeadline(time.Now().Add(h.limits.bodyTime(n))) //nolint:errcheck
+	}
+	r.Body = http.MaxBytesReader(w, r.Body, max)
 	return h.parse(h, r)
 }
 
 // unread marks a request refused before its body was read: the body will not be read, so the
 // connection's read deadline is now. The server would otherwise read what is left of a small body
 // before answering, at whatever pace the client sends it; this way it answers at once and closes the
-// connection (a provider opens another for its next post).
-func unread(w http.ResponseWriter, rej *rejection) *rejection {
-	http.NewResponseController(w).SetReadDeadline(time.Now()) //nolint:errcheck // see read
+// connection (a provider opens another for its next post). A request without a body keeps its
+// connection and its deadlines (see read).
+func unread(w http.ResponseWriter, r *http.Request, rej *rejection) *rejection {
+	if r.ContentLength != 0 {
+		http.NewResponseController(w).SetReadDeadline(time.Now()) //nolint:errcheck // see read
+	}
 	return rej
 }
 
