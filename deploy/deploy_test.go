@@ -35,7 +35,8 @@
 //	|                       | RSS) and GOMEMLIMIT below it; GOOGLE_APPLICATION_CREDENTIALS names a mounted Secret file |
 //	| ui Deployment         | runs `ui --read-only`; a non-loopback --addr has credentials (CAMPAIGNCTL_UI_AUTH from  |
 //	|                       | the Secret, or --basic-auth-file); a Service reaches its --addr port                    |
-//	| webhooks Deployment   | a Service reaches its --addr port; TWILIO_STATUS_CALLBACK = --public-url + /twilio/status |
+//	| webhooks Deployment   | a Service reaches its --addr port; TWILIO_STATUS_CALLBACK = --public-url + /twilio/status; |
+//	|                       | probes GET /healthz                                                                     |
 //	| migrate Job           | runs `migrate`                                                                          |
 //	| ScaledObject          | scaleTargetRef names an existing Deployment (apps/v1); 1 <= minReplicaCount <= max       |
 //	|                       | (with no worker running nothing moves scheduled/retry batches to pending); cooldownPeriod |
@@ -241,6 +242,7 @@ func TestChecksCatchBreakage(t *testing.T) {
 		{"UI flag misspelt", "kubernetes/ui.yaml", `"--read-only"`, `"--readonly"`, "--readonly"},
 		{"UI port not exposed", "kubernetes/ui.yaml", `"0.0.0.0:8080"`, `"0.0.0.0:8081"`, "8081"},
 		{"Service selects nothing", "kubernetes/webhooks.yaml", "  selector:\n    app.kubernetes.io/name: campaignctl\n    app.kubernetes.io/component: webhooks\n  ports:", "  selector:\n    app.kubernetes.io/name: campaignctl\n    app.kubernetes.io/component: webhook\n  ports:", "selector"},
+		{"webhooks probed on /stats", "kubernetes/webhooks.yaml", "path: /healthz\n              port: http\n            periodSeconds: 10", "path: /stats\n              port: http\n            periodSeconds: 10", "/healthz"},
 		{"status callback elsewhere", "kubernetes/configmap.yaml", "https://hooks.example.com/twilio/status", "https://hooks.example.org/twilio/status", "TWILIO_STATUS_CALLBACK"},
 		{"rate not a string", "kubernetes/configmap.yaml", `TWILIO_RATE: "100"`, `TWILIO_RATE: 100`, "quote it"},
 		{"Job restarts forever", "kubernetes/migrate-job.yaml", "restartPolicy: Never", "restartPolicy: Always", "restartPolicy"},
@@ -1825,6 +1827,11 @@ func (c *checker) checkWebhooks(d obj[deployment], ct *container, cmd *cmdline, 
 	}
 	if !envFromSecret(ct, "DATABASE_URL") {
 		c.addf(cw, "webhooks needs DATABASE_URL from the Secret")
+	}
+	for kind, pr := range map[string]*probe{"readinessProbe": ct.ReadinessProbe, "livenessProbe": ct.LivenessProbe} {
+		if pr != nil && (pr.HTTPGet == nil || pr.HTTPGet.Path != "/healthz") {
+			c.addf(cw, "%s should GET /healthz (/stats answers the kubelet 403: it is for loopback or credentials)", kind)
+		}
 	}
 }
 

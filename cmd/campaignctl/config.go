@@ -71,13 +71,35 @@ func (a *app) audienceDBURL() string {
 	return a.setting(a.audienceURL, "AUDIENCE_DATABASE_URL", a.dbURL())
 }
 
-// redact removes any password from a URL for messages.
+// redact removes the credentials from a URL for messages: the password, or the user name when it is
+// the only credential (a token). A URL that does not parse has whatever precedes the '@' of its
+// authority masked.
 func redact(raw string) string {
 	u, err := url.Parse(raw)
-	if err != nil {
-		return "(unparseable URL)"
+	if err != nil || u.Opaque != "" {
+		return redactAuthority(raw)
+	}
+	if u.User != nil {
+		if _, hasPassword := u.User.Password(); !hasPassword {
+			u.User = url.User("xxxxx")
+		}
 	}
 	return u.Redacted()
+}
+
+// redactAuthority masks the user information of a URL that url.Parse refuses (or reads as opaque, as
+// it does "user:password@host"): everything after the scheme up to the last '@'. A password may hold
+// any character, so no other delimiter is trusted; masking a path's '@' too is the lesser harm.
+func redactAuthority(raw string) string {
+	start := 0
+	if i := strings.Index(raw, "://"); i >= 0 {
+		start = i + len("://")
+	}
+	at := strings.LastIndex(raw[start:], "@")
+	if at < 0 {
+		return raw
+	}
+	return raw[:start] + "xxxxx" + raw[start+at:]
 }
 
 // openDB connects to a Postgres database and checks it answers, with an error that says which address

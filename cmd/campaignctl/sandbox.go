@@ -112,7 +112,7 @@ and then bounce, are dropped or deferred.`,
 				if err := metrics.ValidateAddr(o.pprofAddr); err != nil {
 					return usagef("--pprof-addr %v", err)
 				}
-				if host, _, _ := net.SplitHostPort(o.pprofAddr); !uiIsLoopback(host) {
+				if host, _, _ := net.SplitHostPort(o.pprofAddr); !isLoopbackHost(host) {
 					return usagef("--pprof-addr %s: bind profiles to a loopback address, e.g. 127.0.0.1:6061", o.pprofAddr)
 				}
 				stop, err := servePprof(cmd.Context(), o.pprofAddr, log)

@@ -2,17 +2,12 @@ package main
 
 import (
 	"context"
-	"crypto/sha256"
-	"crypto/subtle"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"log/slog"
 	"net"
 	"net/http"
 	"net/url"
-	"os"
-	"strconv"
 	"strings"
 	"time"
 
@@ -22,9 +17,6 @@ import (
 
 	"github.com/campaignctl/campaignctl/worker"
 )
-
-// uiAuthEnv holds the UI's credentials (user:password) when no --basic-auth-file is given.
-const uiAuthEnv = "CAMPAIGNCTL_UI_AUTH"
 
 // uiRealm is the realm of the UI's Basic auth challenge.
 const uiRealm = "campaignctl ui"
@@ -67,7 +59,7 @@ change anything are refused in every mode.
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx := cmd.Context()
-			host, err := uiCheckAddr(addr)
+			host, err := checkListenAddr(addr, "127.0.0.1:8080 (this machine only) or 0.0.0.0:8080 (every interface, with credentials)")
 			if err != nil {
 				return err
 			}
@@ -75,11 +67,11 @@ change anything are refused in every mode.
 			if err != nil {
 				return err
 			}
-			creds, err := a.uiCredentials(authFile)
+			creds, err := a.basicAuthFrom(authFile)
 			if err != nil {
 				return err
 			}
-			loopback := uiIsLoopback(host)
+			loopback := isLoopbackHost(host)
 			if !loopback && creds == nil {
 				return usagef("--addr %s is not a loopback address and asynqmon has no login of its own: give credentials with --basic-auth-file FILE (one line user:password, chmod 600) or %s=user:password, or listen on 127.0.0.1",
 					addr, uiAuthEnv)
@@ -105,7 +97,7 @@ change anything are refused in every mode.
 			log := a.logger()
 			var h http.Handler = http.NewCrossOriginProtection().Handler(mon)
 			if creds != nil {
-				h = creds.require(h, log)
+				h = creds.require(uiRealm, "this UI needs its user name and password", h, log)
 			} else {
 				h = uiLocalHostOnly(h)
 			}
@@ -158,31 +150,6 @@ change anything are refused in every mode.
 	return cmd
 }
 
-// uiCheckAddr validates --addr and returns its host.
-func uiCheckAddr(addr string) (string, error) {
-	host, port, err := net.SplitHostPort(addr)
-	if err == nil {
-		if n, perr := strconv.Atoi(port); perr != nil || n < 0 || n > 65535 {
-			err = errors.New("bad port")
-		}
-	}
-	if err != nil {
-		return "", usagef("--addr %q: give host:port, e.g. 127.0.0.1:8080 (this machine only) or 0.0.0.0:8080 (every interface, with credentials)", addr)
-	}
-	return host, nil
-}
-
-// uiIsLoopback tells whether a listen host reaches this machine only: localhost or a loopback IP. An
-// empty host (":8080") means every interface.
-func uiIsLoopback(host string) bool {
-	h := strings.TrimSuffix(strings.ToLower(host), ".")
-	if h == "localhost" {
-		return true
-	}
-	ip := net.ParseIP(strings.Trim(h, "[]"))
-	return ip != nil && ip.IsLoopback()
-}
-
 // uiCheckPrometheus validates --prometheus-addr: an http(s) URL with a host, returned without a trailing
 // slash (asynqmon appends /api/v1/...).
 func uiCheckPrometheus(raw string) (string, error) {
@@ -219,92 +186,6 @@ var uiPayloadFormatter = asynqmon.PayloadFormatterFunc(func(taskType string, pay
 	return asynqmon.DefaultPayloadFormatter.FormatPayload(taskType, payload)
 })
 
-// uiCreds are the UI's Basic auth credentials. Only the user name is ever shown; the password is kept
-// as a hash for the comparison.
-type uiCreds struct {
-	user           string
-	userSum, pwSum [sha256.Size]byte
-	source         string // where they came from, for messages
-}
-
-// uiCredentials reads --basic-auth-file, else CAMPAIGNCTL_UI_AUTH; nil when neither is set. Errors never
-// quote the content.
-func (a *app) uiCredentials(file string) (*uiCreds, error) {
-	if file != "" {
-		fi, err := os.Stat(file)
-		if err != nil {
-			return nil, usagef("--basic-auth-file: %v; write one line user:password to it (chmod 600)", err)
-		}
-		if !fi.Mode().IsRegular() {
-			return nil, usagef("--basic-auth-file %s is not a regular file; write one line user:password to a file (chmod 600)", file)
-		}
-		if perm := fi.Mode().Perm(); perm&0o007 != 0 {
-			return nil, usagef("--basic-auth-file %s can be read or written by other users (mode %04o): chmod 600 %s", file, perm, file)
-		}
-		b, err := os.ReadFile(file)
-		if err != nil {
-			return nil, usagef("--basic-auth-file: %v", err)
-		}
-		c, why := uiParseCreds(string(b))
-		if why != "" {
-			return nil, usagef("--basic-auth-file %s: %s; it must hold one line user:password", file, why)
-		}
-		c.source = file
-		return c, nil
-	}
-	if v := a.getenv(uiAuthEnv); v != "" {
-		c, why := uiParseCreds(v)
-		if why != "" {
-			return nil, usagef("%s: %s; set it to user:password", uiAuthEnv, why)
-		}
-		c.source = uiAuthEnv
-		return c, nil
-	}
-	return nil, nil
-}
-
-// uiParseCreds parses "user:password" (one line; a final line break is allowed). The reason it returns on
-// failure never contains the secret.
-func uiParseCreds(s string) (*uiCreds, string) {
-	s = strings.TrimRight(s, "\r\n")
-	switch {
-	case strings.TrimSpace(s) == "":
-		return nil, "empty"
-	case strings.ContainsAny(s, "\r\n"):
-		return nil, "more than one line"
-	}
-	user, pw, ok := strings.Cut(s, ":")
-	switch {
-	case !ok:
-		return nil, "no ':' between user and password"
-	case user == "":
-		return nil, "the user is empty"
-	case pw == "":
-		return nil, "the password is empty"
-	case strings.ContainsFunc(s, func(r rune) bool { return r < 0x20 || r == 0x7f }):
-		return nil, "control characters"
-	}
-	return &uiCreds{user: user, userSum: sha256.Sum256([]byte(user)), pwSum: sha256.Sum256([]byte(pw))}, ""
-}
-
-// require answers 401 with a Basic challenge to any request without the right credentials. User and
-// password are compared in constant time (as hashes, so that their lengths do not leak either).
-func (c *uiCreds) require(next http.Handler, log *slog.Logger) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		user, pw, ok := r.BasicAuth()
-		if ok {
-			us, ps := sha256.Sum256([]byte(user)), sha256.Sum256([]byte(pw))
-			if subtle.ConstantTimeCompare(us[:], c.userSum[:])&subtle.ConstantTimeCompare(ps[:], c.pwSum[:]) == 1 {
-				next.ServeHTTP(w, r)
-				return
-			}
-			log.Warn("ui: wrong credentials", "remote", r.RemoteAddr, "path", r.URL.Path)
-		}
-		w.Header().Set("WWW-Authenticate", `Basic realm="`+uiRealm+`", charset="UTF-8"`)
-		http.Error(w, "401 Unauthorized: this UI needs its user name and password", http.StatusUnauthorized)
-	})
-}
-
 // uiLocalHostOnly refuses requests whose Host is not a loopback name, so that a web page on a name that
 // resolves to 127.0.0.1 (DNS rebinding) cannot drive an unauthenticated loopback UI.
 func uiLocalHostOnly(next http.Handler) http.Handler {
@@ -313,7 +194,7 @@ func uiLocalHostOnly(next http.Handler) http.Handler {
 		if h, _, err := net.SplitHostPort(host); err == nil {
 			host = h
 		}
-		if !uiIsLoopback(host) {
+		if !isLoopbackHost(host) {
 			http.Error(w, fmt.Sprintf("403 Forbidden: without credentials this UI answers only to localhost, 127.0.0.1 or [::1], not to %q; open http://127.0.0.1:PORT/ or start it with --basic-auth-file", r.Host),
 				http.StatusForbidden)
 			return

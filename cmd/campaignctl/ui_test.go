@@ -43,7 +43,7 @@ func (b *uiSyncBuffer) String() string {
 	return b.buf.String()
 }
 
-// uiServer is a `campaignctl ui` running in-process.
+// uiServer is a `campaignctl ui` (or another serving command) running in-process.
 type uiServer struct {
 	base   string // http://127.0.0.1:PORT
 	stderr *uiSyncBuffer
@@ -56,10 +56,18 @@ var uiURLRe = regexp.MustCompile(`http://(\S+?)/`)
 // the test cancels, and returns once it has printed its URL.
 func uiStart(t *testing.T, env map[string]string, args ...string) *uiServer {
 	t.Helper()
+	return serveInProcess(t, env, uiURLRe, append([]string{"ui"}, args...)...)
+}
+
+// serveInProcess runs the serving command of args in-process, as uiStart does, and returns once its
+// stderr matches urlRe, whose first group is the host:port it listens on.
+func serveInProcess(t *testing.T, env map[string]string, urlRe *regexp.Regexp, args ...string) *uiServer {
+	t.Helper()
+	name := args[0]
 	errb := &uiSyncBuffer{}
 	a := &app{stdin: strings.NewReader(""), stdout: io.Discard, stderr: errb, getenv: func(k string) string { return env[k] }}
 	root := a.newRootCmd()
-	root.SetArgs(append([]string{"ui"}, args...))
+	root.SetArgs(args)
 	root.SetIn(a.stdin)
 	root.SetOut(a.stdout)
 	root.SetErr(errb)
@@ -77,7 +85,7 @@ func uiStart(t *testing.T, env map[string]string, args ...string) *uiServer {
 			select {
 			case result = <-done:
 			case <-time.After(20 * time.Second):
-				t.Errorf("ui did not stop within 20s of its context being cancelled\n%s", errb)
+				t.Errorf("%s did not stop within 20s of its context being cancelled\n%s", name, errb)
 			}
 		})
 		return result
@@ -86,10 +94,10 @@ func uiStart(t *testing.T, env map[string]string, args ...string) *uiServer {
 
 	deadline := time.Now().Add(20 * time.Second)
 	for {
-		if m := uiURLRe.FindStringSubmatch(errb.String()); m != nil {
+		if m := urlRe.FindStringSubmatch(errb.String()); m != nil {
 			host, port, err := net.SplitHostPort(m[1])
 			if err != nil {
-				t.Fatalf("ui printed a URL without a port: %s", errb)
+				t.Fatalf("%s printed a URL without a port: %s", name, errb)
 			}
 			if ip := net.ParseIP(host); ip != nil && ip.IsUnspecified() {
 				host = "127.0.0.1"
@@ -98,11 +106,11 @@ func uiStart(t *testing.T, env map[string]string, args ...string) *uiServer {
 		}
 		select {
 		case err := <-done:
-			t.Fatalf("ui exited before serving: %v\n%s", err, errb)
+			t.Fatalf("%s exited before serving: %v\n%s", name, err, errb)
 		case <-time.After(20 * time.Millisecond):
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("ui printed no URL within 20s:\n%s", errb)
+			t.Fatalf("%s printed no URL within 20s:\n%s", name, errb)
 		}
 	}
 }

@@ -5,9 +5,13 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
+	"log/slog"
+	"maps"
 	"net"
 	"net/http"
 	"net/url"
+	"slices"
 	"strings"
 	"time"
 
@@ -23,8 +27,25 @@ const (
 	sendgridReceiptPath = "/sendgrid/events"
 )
 
+// webhooksRealm is the realm of the Basic auth challenge of GET /stats.
+const webhooksRealm = "campaignctl webhooks"
+
+// The receipts server's limits, for provider callbacks: a provider sends its headers at once and its
+// body right after (the body's own pace is the receipts handlers' business: 2 s, plus 1 s per 256 KiB,
+// see package receipts; no other route reads a body), reuses a connection for its next post within
+// seconds, and sends a few hundred bytes of headers. ReadTimeout is only a backstop: every route sets
+// the deadline of its body itself. WriteTimeout leaves room for a slow Postgres (a batch of receipts is
+// given 30 s), after which the provider gets no answer and posts again.
+const (
+	webhooksReadHeaderTimeout = 5 * time.Second
+	webhooksReadTimeout       = 10 * time.Second
+	webhooksWriteTimeout      = 30 * time.Second
+	webhooksIdleTimeout       = 30 * time.Second
+	webhooksMaxHeaderBytes    = 32 << 10
+)
+
 func (a *app) newWebhooksCmd() *cobra.Command {
-	var addr, publicURL string
+	var addr, publicURL, authFile string
 	cmd := &cobra.Command{
 		Use:   "webhooks",
 		Short: "Receive delivery receipts (Twilio status callbacks, SendGrid's signed Event Webhook) and record them",
@@ -35,31 +56,44 @@ undelivered, bounced or dropped (campaignctl status shows accepted against deliv
                          Workers ask for them when TWILIO_STATUS_CALLBACK is this URL.
   POST ` + sendgridReceiptPath + `   SendGrid's signed Event Webhook, verified with the ECDSA public key in
                          SENDGRID_WEBHOOK_PUBLIC_KEY (base64, from SendGrid's Mail Settings).
-  GET  /stats            accepted and refused requests, by reason.
+  GET  /stats            accepted and refused requests, by reason: from this machine (loopback), or
+                         elsewhere with the user:password of --basic-auth-file or ` + uiAuthEnv + `
+                         (the UI's credentials); otherwise 403, or 401 when credentials are set.
+  GET  /healthz          200 while serving, for probes.
 
 Unsigned, wrongly signed or (SendGrid) stale requests are refused with 403 and counted. Twilio signs the
-URL it called: behind a proxy or tunnel, give that public URL with --public-url.`,
+URL it called: behind a proxy or tunnel, give that public URL with --public-url (scheme, host and path
+prefix only: no user name or password, no query).
+
+Limits, for what the providers send: a Twilio callback (under 1 KiB) may be up to ` + byteSize(receipts.MaxTwilioBody) + `, a SendGrid
+batch (posted at about 768 KB) up to ` + byteSize(receipts.MaxSendGridBody) + `; a larger Content-Length is refused (413) unread.
+Signature headers are checked before a body is read, the signature before anything in the body is
+decoded. The bodies being read at once are bounded per provider (beyond that: 503 with Retry-After, and
+the provider posts again). Headers must arrive within ` + webhooksReadHeaderTimeout.String() + `, a body within 2s plus 1s per 256 KiB
+(else 408); an idle connection is closed after ` + webhooksIdleTimeout.String() + `.`,
 		Example: `  TWILIO_AUTH_TOKEN=... SENDGRID_WEBHOOK_PUBLIC_KEY=... campaignctl webhooks --addr 127.0.0.1:8090
-  campaignctl webhooks --addr 0.0.0.0:8090 --public-url https://hooks.example.com`,
+  campaignctl webhooks --addr 0.0.0.0:8090 --public-url https://hooks.example.com
+  curl http://127.0.0.1:8090/stats                     # on the same machine
+  campaignctl webhooks --addr 0.0.0.0:8090 --basic-auth-file /etc/campaignctl/ui.auth   # /stats from elsewhere too`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx := cmd.Context()
-			if publicURL == "" {
-				publicURL = "http://" + addr
+			if _, err := checkListenAddr(addr, "127.0.0.1:8090 (this machine only) or 0.0.0.0:8090 (every interface)"); err != nil {
+				return err
 			}
-			if u, err := url.Parse(publicURL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-				return usagef("--public-url %q: give the scheme and host the providers call, e.g. https://hooks.example.com", publicURL)
+			if publicURL != "" {
+				u, err := webhooksPublicURL(publicURL)
+				if err != nil {
+					return err
+				}
+				publicURL = u
 			}
-			publicURL = strings.TrimSuffix(publicURL, "/")
-			engine, err := a.openEngine(ctx)
+			creds, err := a.basicAuthFrom(authFile)
 			if err != nil {
 				return err
 			}
-			defer engine.Close()
-			store := campaign.NewStore(engine)
 			log := a.logger()
-			batcher := newDeliveryBatcher(store)
-			go batcher.run(ctx)
+			var batcher *deliveryBatcher // set before anything is served
 			sink := receipts.SinkFunc(func(ctx context.Context, rs []receipts.Receipt) error {
 				ds := make([]campaign.Delivery, len(rs))
 				for i, r := range rs {
@@ -68,47 +102,51 @@ URL it called: behind a proxy or tunnel, give that public URL with --public-url.
 				}
 				return batcher.record(ctx, ds)
 			})
-			mux := http.NewServeMux()
 			handlers := map[string]*receipts.Handler{}
-			if token := a.getenv("TWILIO_AUTH_TOKEN"); token != "" {
-				handlers["twilio"] = receipts.TwilioHandler(token, publicURL, sink, log)
-				mux.Handle("POST "+twilioReceiptPath, handlers["twilio"])
-			}
 			if key := a.getenv("SENDGRID_WEBHOOK_PUBLIC_KEY"); key != "" {
 				h, err := receipts.SendGridHandler(key, sink, log)
 				if err != nil {
 					return usagef("SENDGRID_WEBHOOK_PUBLIC_KEY is not a base64 ECDSA public key (%v); copy it from SendGrid's signed Event Webhook settings", err)
 				}
 				handlers["sendgrid"] = h
-				mux.Handle("POST "+sendgridReceiptPath, h)
 			}
-			if len(handlers) == 0 {
+			token := a.getenv("TWILIO_AUTH_TOKEN")
+			if token == "" && len(handlers) == 0 {
 				return usagef("no receipts to receive: set TWILIO_AUTH_TOKEN (Twilio status callbacks) and/or SENDGRID_WEBHOOK_PUBLIC_KEY (SendGrid events)")
 			}
-			mux.HandleFunc("GET /stats", func(w http.ResponseWriter, _ *http.Request) {
-				stats := map[string]receipts.Stats{}
-				for name, h := range handlers {
-					stats[name] = h.Stats()
-				}
-				writeJSONResponse(w, stats)
-			})
+
+			engine, err := a.openEngine(ctx)
+			if err != nil {
+				return err
+			}
+			defer engine.Close()
+			batcher = newDeliveryBatcher(campaign.NewStore(engine))
+			go batcher.run(ctx)
+
 			ln, err := net.Listen("tcp", addr)
 			if err != nil {
 				return usagef("--addr %s: %v", addr, err)
 			}
-			srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+			if publicURL == "" {
+				publicURL = "http://" + ln.Addr().String()
+			}
+			if token != "" {
+				handlers["twilio"] = receipts.TwilioHandler(token, publicURL, sink, log)
+			}
+			srv := webhooksServer(webhooksMux(handlers, creds, log))
 			go func() {
 				<-ctx.Done()
 				shut, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 				defer cancel()
 				srv.Shutdown(shut) //nolint:errcheck // best effort on the way out
 			}()
-			for name := range handlers {
-				path := twilioReceiptPath
-				if name == "sendgrid" {
-					path = sendgridReceiptPath
-				}
-				fmt.Fprintf(a.stderr, "receiving %s receipts at %s%s\n", name, publicURL, path)
+			stats := "GET /stats from this machine only"
+			if creds != nil {
+				stats = fmt.Sprintf("GET /stats from this machine, or elsewhere with basic auth as %q from %s", creds.user, creds.source)
+			}
+			fmt.Fprintf(a.stderr, "receipts endpoint listening on http://%s; %s\n", ln.Addr(), stats)
+			for _, name := range slices.Sorted(maps.Keys(handlers)) {
+				fmt.Fprintf(a.stderr, "receiving %s receipts at %s%s\n", name, publicURL, webhooksPaths[name])
 			}
 			if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 				return err
@@ -116,9 +154,116 @@ URL it called: behind a proxy or tunnel, give that public URL with --public-url.
 			return nil
 		},
 	}
-	cmd.Flags().StringVar(&addr, "addr", "127.0.0.1:8090", "listen address")
-	cmd.Flags().StringVar(&publicURL, "public-url", "", "the URL the providers call (scheme://host[:port]), if not http://ADDR")
+	cmd.Flags().StringVar(&addr, "addr", "127.0.0.1:8090", "listen address host:port")
+	cmd.Flags().StringVar(&publicURL, "public-url", "", "the URL the providers call (scheme://host[:port][/prefix], no credentials), if not http://ADDR")
+	cmd.Flags().StringVar(&authFile, "basic-auth-file", "", "file holding one line user:password (mode 600) that GET /stats takes from elsewhere than loopback (else $"+uiAuthEnv+")")
 	return cmd
+}
+
+// webhooksPaths are the receipt routes by provider.
+var webhooksPaths = map[string]string{"twilio": twilioReceiptPath, "sendgrid": sendgridReceiptPath}
+
+// webhooksPublicURL validates --public-url and returns it without a trailing slash. No message quotes
+// its credentials: a URL with any is refused (the endpoint checks the providers' signatures, not HTTP
+// authentication, and a password in it would end up in the logs), and every quote goes through redact.
+func webhooksPublicURL(raw string) (string, error) {
+	const want = "give scheme://host[:port] and any path prefix the proxy strips, e.g. https://hooks.example.com"
+	u, err := url.Parse(raw)
+	switch {
+	case err != nil:
+		return "", usagef("--public-url %s is not a valid URL: %s", redact(raw), want)
+	case u.Scheme != "http" && u.Scheme != "https" || u.Host == "" || u.Opaque != "":
+		return "", usagef("--public-url %s: %s", redact(raw), want)
+	case u.User != nil:
+		return "", usagef("--public-url %s holds a user name or password: the providers' signatures are what this endpoint checks, and a password in the URL would end up in the logs; %s",
+			redact(raw), want)
+	case u.RawQuery != "" || u.ForceQuery || u.Fragment != "":
+		bare := *u // a query may hold a token too: it is not quoted
+		bare.RawQuery, bare.ForceQuery, bare.Fragment = "", false, ""
+		return "", usagef("--public-url %s?… has a query or fragment: the receipt paths (%s, %s) are appended to it; %s",
+			redact(bare.String()), twilioReceiptPath, sendgridReceiptPath, want)
+	}
+	return strings.TrimSuffix(raw, "/"), nil
+}
+
+// webhooksServer is the receipts server, with the limits above.
+func webhooksServer(h http.Handler) *http.Server {
+	return &http.Server{
+		Handler:           h,
+		ReadHeaderTimeout: webhooksReadHeaderTimeout,
+		ReadTimeout:       webhooksReadTimeout,
+		WriteTimeout:      webhooksWriteTimeout,
+		IdleTimeout:       webhooksIdleTimeout,
+		MaxHeaderBytes:    webhooksMaxHeaderBytes,
+	}
+}
+
+// webhooksMux routes the receipts of each handler, GET /stats (loopback, or with creds) and GET /healthz.
+func webhooksMux(handlers map[string]*receipts.Handler, creds *basicAuth, log *slog.Logger) http.Handler {
+	mux := http.NewServeMux()
+	receiptRoutes := map[string]bool{}
+	for name, h := range handlers {
+		mux.Handle("POST "+webhooksPaths[name], h)
+		receiptRoutes["POST "+webhooksPaths[name]] = true
+	}
+	mux.Handle("GET /stats", statsAccess(creds, log, http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		stats := map[string]receipts.Stats{}
+		for name, h := range handlers {
+			stats[name] = h.Stats()
+		}
+		writeJSONResponse(w, stats)
+	})))
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		io.WriteString(w, "ok\n") //nolint:errcheck // the client went away
+	})
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if _, pattern := mux.Handler(r); !receiptRoutes[pattern] && r.ContentLength != 0 {
+			// Only the receipts read a body (at a pace of their own): elsewhere the server does not wait
+			// for one either, and answers at once.
+			http.NewResponseController(w).SetReadDeadline(time.Now()) //nolint:errcheck // not a real server
+		}
+		mux.ServeHTTP(w, r)
+	})
+}
+
+// statsAccess serves next to a request from loopback (see fromLoopback) or one with creds; it answers
+// others 401 with a challenge when there are credentials to give, else 403 saying how to read it.
+func statsAccess(creds *basicAuth, log *slog.Logger, next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		var wrong bool
+		if creds != nil {
+			var ok bool
+			if ok, wrong = creds.allows(r); ok {
+				next.ServeHTTP(w, r)
+				return
+			}
+		}
+		if fromLoopback(r) {
+			next.ServeHTTP(w, r)
+			return
+		}
+		if creds == nil {
+			http.Error(w, "403 Forbidden: /stats answers only on this machine (curl http://127.0.0.1:PORT/stats there); to read it from elsewhere, start campaignctl webhooks with --basic-auth-file FILE or "+uiAuthEnv+"=user:password",
+				http.StatusForbidden)
+			return
+		}
+		if wrong {
+			log.Warn("wrong credentials", "realm", webhooksRealm, "remote", r.RemoteAddr, "path", r.URL.Path)
+		}
+		challenge(w, webhooksRealm, "/stats needs the user name and password of --basic-auth-file or "+uiAuthEnv)
+	})
+}
+
+// byteSize writes a power-of-two size for help texts: "16 KiB", "2 MiB".
+func byteSize(n int64) string {
+	switch {
+	case n >= 1<<20 && n%(1<<20) == 0:
+		return fmt.Sprintf("%d MiB", n>>20)
+	case n >= 1<<10 && n%(1<<10) == 0:
+		return fmt.Sprintf("%d KiB", n>>10)
+	}
+	return fmt.Sprintf("%d bytes", n)
 }
 
 func writeJSONResponse(w http.ResponseWriter, v any) {

@@ -52,7 +52,7 @@ func (o *workerOptions) validate() error {
 		if err := metrics.ValidateAddr(o.pprofAddr); err != nil {
 			return usagef("--pprof-addr %v", err)
 		}
-		if host, _, _ := net.SplitHostPort(o.pprofAddr); !uiIsLoopback(host) {
+		if host, _, _ := net.SplitHostPort(o.pprofAddr); !isLoopbackHost(host) {
 			return usagef("--pprof-addr %s: profiles show the process's memory; bind them to a loopback address, e.g. 127.0.0.1:6060", o.pprofAddr)
 		}
 	}

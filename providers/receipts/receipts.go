@@ -4,9 +4,17 @@
 // Each provider has its own http.Handler (TwilioHandler, SendGridHandler). A request is verified before
 // anything in it is believed: an unsigned or wrongly signed request (or, for SendGrid, one whose signed
 // timestamp lies outside the replay window) is answered 403, a request that cannot be parsed 400 (413
-// when too large), and a request whose receipts the sink could not record 500, so that the provider
-// delivers it again. A request that was recorded, or held nothing but events that are not receipts
-// (opens, clicks, Twilio's interim statuses), is answered 204.
+// when too large, 408 when its body came too slowly), and a request whose receipts the sink could not
+// record 500, so that the provider delivers it again. A request that was recorded, or held nothing but
+// events that are not receipts (opens, clicks, Twilio's interim statuses), is answered 204.
+//
+// What an unauthenticated client can make a handler do is bounded: the signature headers are checked
+// before any of the body is read; a Content-Length over the limit (MaxTwilioBody, MaxSendGridBody) is
+// answered 413 unread, and a body without one is read through http.MaxBytesReader; the bodies being read
+// at once are bounded in bytes per handler (a request beyond that waits a moment, then is answered 503
+// with Retry-After, its body unread); a body must arrive at a minimum pace or is cut off (408). The
+// signature is checked on the bounded bytes before anything is decoded: for SendGrid on the raw body
+// before any JSON, for Twilio on the form, which is all it signs.
 //
 // Delivery is at least once: providers repeat a request they saw fail, and SendGrid may repeat events
 // anyway. Sinks dedupe on Receipt.EventID.
@@ -119,7 +127,7 @@ const (
 	ReasonBadSignature = "bad_signature"
 	// ReasonStale: the signed SendGrid timestamp is outside the replay window (±5 minutes).
 	ReasonStale = "stale"
-	// ReasonMalformed: not a POST, too large, or not parseable, or lacking a required field.
+	// ReasonMalformed: not a POST, too large, too slow, or not parseable, or lacking a required field.
 	ReasonMalformed = "malformed"
 )
 
@@ -185,19 +193,24 @@ type Handler struct {
 	sink     Sink
 	log      *slog.Logger
 	now      func() time.Time
-	// parse verifies r and returns its receipts and the names of the events it ignored.
+	limits   limits
+	// headers checks what can be checked from the headers alone (the signature's presence and form),
+	// before any of the body is read; nil when they are fine.
+	headers func(r *http.Request) *rejection
+	// parse verifies r, whose body is bounded, and returns its receipts and the names of the events it
+	// ignored.
 	parse   func(h *Handler, r *http.Request) ([]Receipt, []string, *rejection)
 	counter counter
 }
 
-func newHandler(provider string, sink Sink, log *slog.Logger) *Handler {
+func newHandler(provider string, sink Sink, log *slog.Logger, lim limits) *Handler {
 	if sink == nil {
 		panic("receipts: nil Sink")
 	}
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	h := &Handler{provider: provider, sink: sink, log: log.With("provider", provider), now: time.Now}
+	h := &Handler{provider: provider, sink: sink, log: log.With("provider", provider), now: time.Now, limits: lim}
 	h.counter.s = Stats{Ignored: make(map[string]int64), Rejected: make(map[string]int64)}
 	return h
 }
@@ -208,10 +221,10 @@ func (h *Handler) Stats() Stats { return h.counter.snapshot() }
 // ServeHTTP verifies and parses one provider request and records its receipts.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if r.Method != http.MethodPost {
-		h.refuse(w, r, reject(http.StatusMethodNotAllowed, ReasonMalformed, "method %s", r.Method))
+		h.refuse(w, r, unread(w, r, reject(http.StatusMethodNotAllowed, ReasonMalformed, "method %s", r.Method)))
 		return
 	}
-	rs, ignored, rej := h.parse(h, r)
+	rs, ignored, rej := h.read(w, r)
 	if rej != nil {
 		h.refuse(w, r, rej)
 		return
@@ -235,11 +248,56 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	w.WriteHeader(http.StatusNoContent)
 }
 
+// read checks the headers, then reads the body within the handler's limits and parses it.
+func (h *Handler) read(w http.ResponseWriter, r *http.Request) ([]Receipt, []string, *rejection) {
+	if rej := h.headers(r); rej != nil {
+		return nil, nil, unread(w, r, rej)
+	}
+	max := h.limits.max
+	if r.ContentLength > max {
+		return nil, nil, unread(w, r, reject(http.StatusRequestEntityTooLarge, ReasonMalformed, "Content-Length %d over %d bytes", r.ContentLength, max))
+	}
+	n := r.ContentLength
+	if n < 0 {
+		n = max
+	}
+	_, n = bodyClass(n)
+	if !h.limits.reserve(r.Context(), n) {
+		return nil, nil, unread(w, r, reject(http.StatusServiceUnavailable, ReasonBusy, "no room for a %d-byte body within %s", n, h.limits.busyWait))
+	}
+	defer h.limits.room.Release(n)
+	// The deadline does not reach the sink: net/http clears it when it starts watching the connection
+	// after the body's end, and nothing else is read while the sink records. A request without a body
+	// is watched from the start, and a deadline would end the connection's context, that of the
+	// requests after it too. Outside a real server (a ResponseRecorder) there are no deadlines to set,
+	// hence the ignored errors.
+	if r.ContentLength != 0 {
+		http.NewResponseController(w).SetReadDeadline(time.Now().Add(h.limits.bodyTime(n))) //nolint:errcheck
+	}
+	r.Body = http.MaxBytesReader(w, r.Body, max)
+	return h.parse(h, r)
+}
+
+// unread marks a request refused before its body was read: the body will not be read, so the
+// connection's read deadline is now. The server would otherwise read what is left of a small body
+// before answering, at whatever pace the client sends it; this way it answers at once and closes the
+// connection (a provider opens another for its next post). A request without a body keeps its
+// connection and its deadlines (see read).
+func unread(w http.ResponseWriter, r *http.Request, rej *rejection) *rejection {
+	if r.ContentLength != 0 {
+		http.NewResponseController(w).SetReadDeadline(time.Now()) //nolint:errcheck // see read
+	}
+	return rej
+}
+
 func (h *Handler) refuse(w http.ResponseWriter, r *http.Request, rej *rejection) {
 	h.counter.update(func(s *Stats) { s.Rejected[rej.reason]++ })
 	h.log.Warn("receipt request refused", "reason", rej.reason, "detail", rej.detail, "remote", r.RemoteAddr, "status", rej.status)
-	if rej.status == http.StatusMethodNotAllowed {
+	switch rej.status {
+	case http.StatusMethodNotAllowed:
 		w.Header().Set("Allow", http.MethodPost)
+	case http.StatusServiceUnavailable:
+		w.Header().Set("Retry-After", "1")
 	}
 	http.Error(w, http.StatusText(rej.status), rej.status)
 }

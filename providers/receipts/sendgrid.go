@@ -5,12 +5,14 @@ import (
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/x509"
+	"encoding/asn1"
 	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
+	"math/big"
 	"net/http"
 	"strconv"
 	"strings"
@@ -18,9 +20,6 @@ import (
 
 	"github.com/sendgrid/sendgrid-go/helpers/eventwebhook"
 )
-
-// MaxSendGridBody bounds an Event Webhook request. SendGrid batches events, a few hundred bytes each.
-const MaxSendGridBody = 5 << 20
 
 // ReplayWindow is how far a SendGrid request's signed timestamp may lie from the local clock, either
 // way. SendGrid documents no tolerance; five minutes covers clock skew and its queueing while keeping a
@@ -86,9 +85,11 @@ func (f *flexString) UnmarshalJSON(b []byte) error {
 //
 // publicKeyBase64 is the webhook's verification key as SendGrid shows it (base64 of the PKIX DER of a
 // P-256 key); an error says it is not one. Each request must carry the
-// X-Twilio-Email-Event-Webhook-Signature and -Timestamp headers; the signature is checked with
-// sendgrid-go's eventwebhook.VerifySignature over the timestamp and the raw body, then the timestamp
-// must lie within ReplayWindow of the local clock. Bodies over MaxSendGridBody are refused with 413.
+// X-Twilio-Email-Event-Webhook-Signature and -Timestamp headers, and the signature must be well formed,
+// before the body is read; the signature is checked with sendgrid-go's eventwebhook.VerifySignature
+// over the timestamp and the raw body, before any JSON is decoded, then the timestamp must lie within
+// ReplayWindow of the local clock. Bodies over MaxSendGridBody are refused with 413 (see the package doc
+// for the other limits).
 //
 // processed, delivered, deferred, bounce and dropped events become Receipts (see the package doc);
 // engagement events (open, click, ...) and unusable events are counted in Stats.Ignored. The custom
@@ -101,19 +102,25 @@ func SendGridHandler(publicKeyBase64 string, sink Sink, log *slog.Logger) (*Hand
 	if err != nil {
 		return nil, err
 	}
-	h := newHandler("sendgrid", sink, log)
-	h.parse = func(h *Handler, r *http.Request) ([]Receipt, []string, *rejection) {
+	h := newHandler("sendgrid", sink, log, newLimits(MaxSendGridBody, sendgridInFlight))
+	h.headers = func(r *http.Request) *rejection {
 		sig, ts := r.Header.Get(eventwebhook.VerificationHTTPHeader), r.Header.Get(eventwebhook.TimestampHTTPHeader)
 		if sig == "" || ts == "" {
-			return nil, nil, reject(http.StatusForbidden, ReasonUnsigned, "signature or timestamp header missing")
+			return reject(http.StatusForbidden, ReasonUnsigned, "signature or timestamp header missing")
 		}
-		body, err := io.ReadAll(io.LimitReader(r.Body, MaxSendGridBody+1))
+		if !wellFormedSignature(sig) {
+			return reject(http.StatusForbidden, ReasonBadSignature, "signature header is not a base64 ECDSA signature")
+		}
+		return nil
+	}
+	h.parse = func(h *Handler, r *http.Request) ([]Receipt, []string, *rejection) {
+		sig, ts := r.Header.Get(eventwebhook.VerificationHTTPHeader), r.Header.Get(eventwebhook.TimestampHTTPHeader)
+		body, done, err := readBody(r, h.limits.max)
+		defer done() // the receipts hold copies of what they take from the body
 		if err != nil {
-			return nil, nil, reject(http.StatusBadRequest, ReasonMalformed, "read body: %v", err)
+			return nil, nil, bodyRejection(err, h.limits.max)
 		}
-		if len(body) > MaxSendGridBody {
-			return nil, nil, reject(http.StatusRequestEntityTooLarge, ReasonMalformed, "body over %d bytes", MaxSendGridBody)
-		}
+		// The signature is checked on the raw bytes, before any JSON is decoded.
 		if ok, err := eventwebhook.VerifySignature(key, body, sig, ts); err != nil || !ok {
 			return nil, nil, reject(http.StatusForbidden, ReasonBadSignature, "signature does not match the body")
 		}
@@ -129,6 +136,54 @@ func SendGridHandler(publicKeyBase64 string, sink Sink, log *slog.Logger) (*Hand
 		return h.sendgridReceipts(body)
 	}
 	return h, nil
+}
+
+// maxSignatureLen bounds the signature header: a P-256 signature is at most 72 bytes of DER, 96 of base64.
+const maxSignatureLen = 128
+
+// wellFormedSignature tells whether sig can be a signature at all (base64 of an ASN.1 pair of positive
+// integers, nothing after it), so that a request whose signature could never verify is refused before
+// its body is read.
+func wellFormedSignature(sig string) bool {
+	if len(sig) > maxSignatureLen {
+		return false
+	}
+	der, err := base64.StdEncoding.DecodeString(sig)
+	if err != nil {
+		return false
+	}
+	var rs struct{ R, S *big.Int }
+	rest, err := asn1.Unmarshal(der, &rs)
+	return err == nil && len(rest) == 0 && rs.R.Sign() > 0 && rs.S.Sign() > 0
+}
+
+// readBody reads r's body, which r.Body bounds to max bytes, into one buffer (see bodyBuffer) of its
+// Content-Length, or of max when it has none: a buffer grown as the body comes would be copied, and
+// several copies would be alive at once, beyond the room the handler reserved. done gives the buffer
+// back.
+func readBody(r *http.Request, max int64) (body []byte, done func(), err error) {
+	size := r.ContentLength
+	if size < 0 {
+		size = max
+	}
+	body, done = bodyBuffer(size)
+	n, err := io.ReadFull(r.Body, body)
+	switch {
+	case r.ContentLength >= 0:
+		return body, done, err
+	case err == io.EOF || err == io.ErrUnexpectedEOF:
+		return body[:n], done, nil
+	case err != nil:
+		return nil, done, err
+	}
+	// max bytes without a Content-Length: the body must end here (r.Body says so if it does not).
+	if _, err := io.ReadFull(r.Body, make([]byte, 1)); err != io.EOF {
+		if err == nil {
+			err = &http.MaxBytesError{Limit: max}
+		}
+		return nil, done, err
+	}
+	return body, done, nil
 }
 
 // sendgridKey parses the key the way eventwebhook does, after checking what that helper assumes (it

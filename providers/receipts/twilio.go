@@ -1,7 +1,6 @@
 package receipts
 
 import (
-	"errors"
 	"log/slog"
 	"net/http"
 	"strconv"
@@ -17,9 +16,6 @@ const twilioSignatureHeader = "X-Twilio-Signature"
 
 // maxSIDLen bounds MessageSid and MessageStatus (a SID is 34 characters).
 const maxSIDLen = 64
-
-// maxTwilioForm bounds a status callback's body; a real one is well under 1 KiB.
-const maxTwilioForm = 64 << 10
 
 // twilioStatuses maps the final and "sent" values of MessageStatus to Receipt statuses.
 var twilioStatuses = map[string]string{
@@ -60,6 +56,9 @@ var twilioErrors = map[int]string{
 // publicURL means the request's Host with http, or https under TLS. The validator tries the URL with
 // and without the default port.
 //
+// The X-Twilio-Signature header is checked for before the body is read, and bodies over MaxTwilioBody
+// are refused with 413 (see the package doc for the other limits).
+//
 // The form's MessageSid and MessageStatus are required; ErrorCode becomes Receipt.Error. The query
 // parameters campaign_id and user_id of the callback URL, if present, become Receipt.CampaignID and
 // UserID (a campaign_id that is not an integer makes the request malformed). Interim statuses (queued,
@@ -68,30 +67,30 @@ var twilioErrors = map[int]string{
 // An empty authToken refuses every request, since anyone can sign with an empty key. A nil log
 // discards; a nil sink panics.
 func TwilioHandler(authToken, publicURL string, sink Sink, log *slog.Logger) *Handler {
-	h := newHandler("twilio", sink, log)
+	h := newHandler("twilio", sink, log, newLimits(MaxTwilioBody, twilioInFlight))
 	if authToken == "" {
 		h.log.Error("twilio auth token is empty: every status callback will be refused")
 	}
 	validator := client.NewRequestValidator(authToken)
 	base := strings.TrimRight(publicURL, "/")
-	h.parse = func(h *Handler, r *http.Request) ([]Receipt, []string, *rejection) {
-		sig := r.Header.Get(twilioSignatureHeader)
-		if sig == "" {
-			return nil, nil, reject(http.StatusForbidden, ReasonUnsigned, "no %s header", twilioSignatureHeader)
+	h.headers = func(r *http.Request) *rejection {
+		if r.Header.Get(twilioSignatureHeader) == "" {
+			return reject(http.StatusForbidden, ReasonUnsigned, "no %s header", twilioSignatureHeader)
 		}
-		r.Body = http.MaxBytesReader(nil, r.Body, maxTwilioForm)
+		return nil
+	}
+	h.parse = func(h *Handler, r *http.Request) ([]Receipt, []string, *rejection) {
+		// The signature covers the form, so the form is parsed first: from the body the handler bounded
+		// (ParseForm reads a MaxBytesReader no further than its limit), and only if it is a plain form.
 		if err := r.ParseForm(); err != nil {
-			if _, ok := errors.AsType[*http.MaxBytesError](err); ok {
-				return nil, nil, reject(http.StatusRequestEntityTooLarge, ReasonMalformed, "form over %d bytes", maxTwilioForm)
-			}
-			return nil, nil, reject(http.StatusBadRequest, ReasonMalformed, "parse form: %v", err)
+			return nil, nil, bodyRejection(err, h.limits.max)
 		}
 		params := make(map[string]string, len(r.PostForm))
 		for k, v := range r.PostForm {
 			params[k] = v[0] // what twilio-go's validator does with repeated keys
 		}
 		signedURL := signedURL(base, r)
-		if authToken == "" || !validator.Validate(signedURL, params, sig) {
+		if authToken == "" || !validator.Validate(signedURL, params, r.Header.Get(twilioSignatureHeader)) {
 			return nil, nil, reject(http.StatusForbidden, ReasonBadSignature, "signature does not match %s", redactQuery(signedURL))
 		}
 		return h.twilioReceipt(r, params)
