@@ -13,6 +13,8 @@ import (
 
 	"github.com/go-redis/redis_rate/v10"
 	"github.com/redis/go-redis/v9"
+
+	"github.com/campaignctl/campaignctl/internal/state"
 )
 
 // Limit is one cap: at most Rate events per second over every process that uses the same Key.
@@ -180,7 +182,7 @@ func (b *Bucket) take(ctx context.Context, l Limit, n int) error {
 // to check the pause in the same round trip.
 func PauseKey(key string) string { return pauseKey(key) }
 
-func pauseKey(key string) string { return "limiter:pause:" + key }
+func pauseKey(key string) string { return state.PauseKey(key) }
 
 // Pause stops every process from taking tokens for key during d, for example after a provider answered
 // 429: the back-off is shared, not felt only by the worker that saw it. A shorter pause never cuts a longer
@@ -210,7 +212,7 @@ return 1`)
 // over all processes, pauses key for d: a burst of server errors slows every worker, as a 429 does,
 // while a lone error only delays its own retry. It reports whether the pause was set.
 func (b *Bucket) Strike(ctx context.Context, key string, threshold int, d time.Duration) (bool, error) {
-	n, err := strikeScript.Run(ctx, b.rdb, []string{"limiter:strikes:" + key, pauseKey(key)}, threshold, d.Milliseconds()).Int()
+	n, err := strikeScript.Run(ctx, b.rdb, []string{state.StrikesKey(key), pauseKey(key)}, threshold, d.Milliseconds()).Int()
 	if err != nil {
 		return false, fmt.Errorf("strike %s: %w", key, err)
 	}

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/campaignctl/campaignctl/campaign"
+	"github.com/campaignctl/campaignctl/internal/state"
 )
 
 // Benchmarks of the send path's hot spots against the local Postgres and Redis (no provider: the
@@ -81,19 +82,19 @@ func BenchmarkClaimSend(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	g := guard{epoch: epoch, halt: HaltKey(c.ID), checkHalt: true}
+	g := state.Guard{Epoch: epoch, Halt: HaltKey(c.ID), CheckHalt: true}
 	nonce := Nonce(c)
-	var prev *answer
+	var prev *state.Answer
 	i := 0
 	for b.Loop() {
 		r := all[i%len(all)]
 		key := fmt.Sprintf("%s:%d", ClaimKey(c.ID, r.UserID), i/len(all)) // a fresh claim every time round
-		mine := pendingValue(time.Now(), "bench")
-		cl, err := f.h.claims.claimSend(ctx, c, nonce, sendClaim{key: key, mine: mine, addr: r.Address}, g, prev, "limiter:pause:provider:test", time.Now())
-		if err != nil || cl.kind != 'o' {
+		mine := state.InFlightValue(time.Now(), "bench")
+		cl, err := f.h.state.ClaimSend(ctx, c, nonce, state.SendClaim{Key: key, Mine: mine, Addr: r.Address}, g, prev, "limiter:pause:provider:test", time.Now())
+		if err != nil || cl.Result != state.Ours {
 			b.Fatalf("claim %d: %+v %v", i, cl, err)
 		}
-		prev = &answer{key: key, mine: mine, val: sentValue("SM0123456789abcdef0123456789abcdef", 1)}
+		prev = &state.Answer{Key: key, Mine: mine, Val: state.SentValue("SM0123456789abcdef0123456789abcdef", 1)}
 		i++
 	}
 }
@@ -109,7 +110,7 @@ func BenchmarkLeaseAndRecord(b *testing.B) {
 	next := 0
 	recorded := 0
 	var leaseTime, recordTime time.Duration
-	token := randomToken()
+	token := state.Token()
 	for b.Loop() {
 		if next+chunk > len(all) {
 			b.StopTimer()

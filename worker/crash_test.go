@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/campaignctl/campaignctl/campaign"
+	"github.com/campaignctl/campaignctl/internal/state"
 	"github.com/campaignctl/campaignctl/providers"
 )
 
@@ -110,7 +111,7 @@ func TestDeadRunsChunkIsTakenOver(t *testing.T) {
 				t.Fatal(err)
 			}
 			// The dead run had u2 answered.
-			f.rdb.Set(ctx, ClaimKey(f.id, "u2"), Nonce(c)+"/"+sentValue("SMdead", 1), 0)
+			f.rdb.Set(ctx, ClaimKey(f.id, "u2"), Nonce(c)+"/"+state.SentValue("SMdead", 1), 0)
 			time.Sleep(5 * time.Millisecond)
 			if err := f.h.RunBatch(ctx, f.id, 0); err != nil {
 				t.Fatal(err)
@@ -201,7 +202,7 @@ func TestCancelClosesTheBatch(t *testing.T) {
 	f := plan(t, 10)
 	ctx := context.Background()
 	c := f.campaign(t)
-	f.rdb.Set(ctx, ClaimKey(f.id, "u8"), Nonce(c)+"/"+sentValue("SMelsewhere", 1), 0)
+	f.rdb.Set(ctx, ClaimKey(f.id, "u8"), Nonce(c)+"/"+state.SentValue("SMelsewhere", 1), 0)
 	f.provider.before = func(providers.Message) {
 		if f.provider.total() == 0 {
 			if _, err := f.store.Transition(ctx, f.id, []campaign.State{campaign.StateRunning}, campaign.StateCancelled); err != nil {
@@ -313,8 +314,8 @@ func TestSweepSettlesADeadRunsChunk(t *testing.T) {
 		t.Fatal(err)
 	}
 	n := Nonce(c) + "/"
-	f.rdb.Set(ctx, ClaimKey(f.id, "u1"), n+sentValue("SM1", 1), 0)
-	f.rdb.Set(ctx, ClaimKey(f.id, "u2"), n+pendingValue(time.Now(), "dead"), 0)
+	f.rdb.Set(ctx, ClaimKey(f.id, "u1"), n+state.SentValue("SM1", 1), 0)
+	f.rdb.Set(ctx, ClaimKey(f.id, "u2"), n+state.InFlightValue(time.Now(), "dead"), 0)
 	time.Sleep(5 * time.Millisecond)
 	settled, err := f.h.Sweep(ctx)
 	if err != nil || settled != len(users) {

@@ -13,6 +13,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/campaignctl/campaignctl/campaign"
+	"github.com/campaignctl/campaignctl/internal/state"
 	"github.com/campaignctl/campaignctl/internal/testredis"
 	"github.com/campaignctl/campaignctl/providers"
 )
@@ -133,7 +134,7 @@ func TestTakeoverAfterFailoverToALaggingReplicaSendsNobodyTwice(t *testing.T) {
 // A run that leased its chunk (and read the epoch) before a failover goes on claiming after it: its next
 // claim reaches the new master, which lacks the claims the replica never received. Every connection to
 // the new master is new, and a new connection renews the epoch before it carries anything, so that claim
-// is refused (errEpoch) instead of being taken as a first one: it may be a recipient the dead master had
+// is refused (state.ErrEpoch) instead of being taken as a first one: it may be a recipient the dead master had
 // already seen sent.
 func TestClaimOnTheNewMasterUnderTheOldEpochIsRefused(t *testing.T) {
 	t.Parallel()
@@ -146,7 +147,7 @@ func TestClaimOnTheNewMasterUnderTheOldEpochIsRefused(t *testing.T) {
 	a := master.Addr()
 	addr.Store(&a)
 	rdb := followingClient(t, &addr, true)
-	cl := claims{rdb: rdb, ttl: time.Hour}
+	cl := state.New(rdb, time.Hour)
 	e0, err := Epoch(ctx, rdb)
 	if err != nil {
 		t.Fatal(err)
@@ -155,14 +156,14 @@ func TestClaimOnTheNewMasterUnderTheOldEpochIsRefused(t *testing.T) {
 		t.Fatal(err)
 	}
 	replica.Lag()
-	g := guard{epoch: e0, halt: HaltKey(c.ID), checkHalt: true}
+	g := state.Guard{Epoch: e0, Halt: HaltKey(c.ID), CheckHalt: true}
 	nonce := Nonce(c)
-	sc := sendClaim{key: ClaimKey(c.ID, "u1"), mine: pendingValue(time.Now(), "first"), addr: phone(1)}
-	got, err := cl.claimSend(ctx, c, nonce, sc, g, nil, "", time.Now())
-	if err != nil || got.kind != 'o' {
+	sc := state.SendClaim{Key: ClaimKey(c.ID, "u1"), Mine: state.InFlightValue(time.Now(), "first"), Addr: phone(1)}
+	got, err := cl.ClaimSend(ctx, c, nonce, sc, g, nil, "", time.Now())
+	if err != nil || got.Result != state.Ours {
 		t.Fatalf("claim on the master: %+v %v", got, err)
 	}
-	if err := cl.settle(ctx, sc.key, nonce, sc.mine, sentValue("SMfirst", 1)); err != nil {
+	if err := cl.Settle(ctx, sc.Key, nonce, sc.Mine, state.SentValue("SMfirst", 1)); err != nil {
 		t.Fatal(err)
 	}
 
@@ -171,12 +172,12 @@ func TestClaimOnTheNewMasterUnderTheOldEpochIsRefused(t *testing.T) {
 	if v, err := rdb.Get(ctx, EpochKey).Result(); err != nil || v == e0 {
 		t.Errorf("epoch on the new master before anyone asked for it: %q (%v); want it renewed (was %q)", v, err, e0)
 	}
-	sc.mine = pendingValue(time.Now(), "second")
-	got, err = cl.claimSend(ctx, c, nonce, sc, g, nil, "", time.Now())
-	if !errors.Is(err, errEpoch) {
-		t.Fatalf("claim of u1 (sent, its claim lost) on the new master under the old epoch: %+v %v; want errEpoch", got, err)
+	sc.Mine = state.InFlightValue(time.Now(), "second")
+	got, err = cl.ClaimSend(ctx, c, nonce, sc, g, nil, "", time.Now())
+	if !errors.Is(err, state.ErrEpoch) {
+		t.Fatalf("claim of u1 (sent, its claim lost) on the new master under the old epoch: %+v %v; want state.ErrEpoch", got, err)
 	}
-	if n, _ := rdb.Exists(ctx, sc.key).Result(); n != 0 {
+	if n, _ := rdb.Exists(ctx, sc.Key).Result(); n != 0 {
 		t.Fatal("the refused claim was written")
 	}
 }

@@ -9,26 +9,22 @@ import (
 	"testing"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
 	"github.com/campaignctl/campaignctl/campaign"
 	"github.com/campaignctl/campaignctl/internal/faults"
+	"github.com/campaignctl/campaignctl/internal/state"
 	"github.com/campaignctl/campaignctl/internal/testredis"
 	"github.com/campaignctl/campaignctl/providers"
 	"github.com/campaignctl/campaignctl/providers/sandbox"
 	"github.com/campaignctl/campaignctl/providers/twilio"
 )
 
-// faulty returns a handler of the fixture's campaign whose Redis calls and Postgres calls go through
-// fault rules (the fixture's own client and store stay clean, for the test's own reads and writes).
-func (f *fixture) faulty(t *testing.T, edit func(*Config)) (*Handler, *faults.Redis, *faults.Store) {
+// faulty returns a handler of the fixture's campaign whose calls to the Redis state and to Postgres go
+// through fault rules (the fixture's own client and store stay clean, for the test's own reads and writes).
+func (f *fixture) faulty(t *testing.T, edit func(*Config)) (*Handler, *faults.State, *faults.Store) {
 	t.Helper()
-	rdb := redis.NewClient(f.rdb.Options())
-	t.Cleanup(func() { rdb.Close() })
-	fr := &faults.Redis{}
-	rdb.AddHook(fr)
+	fr := faults.NewState(state.New(f.rdb, DefaultClaimTTL))
 	fs := faults.NewStore(f.store)
-	cfg := Config{Store: fs, Redis: rdb, Owner: "faulty",
+	cfg := Config{Store: fs, Redis: f.rdb, State: fr, Owner: "faulty",
 		Providers:     map[campaign.Channel]providers.Provider{campaign.ChannelSMS: f.provider},
 		ProviderRates: map[string]float64{}}
 	if edit != nil {
@@ -80,7 +76,7 @@ func TestClaimFailureMidBatchSendsNothing(t *testing.T) {
 			t.Parallel()
 			f := plan(t, 10) // eligible in batch 0: u1 u2 u4 u7 u8
 			h, fr, _ := f.faulty(t, nil)
-			rule := fr.Add(&faults.Rule{Match: faults.Script(claimSendScript.Hash()), Skip: 2, Times: 1, Kind: kind})
+			rule := fr.Add(&faults.Rule{Match: faults.Method("ClaimSend"), Skip: 2, Times: 1, Kind: kind})
 			notFailure(t, h.RunBatch(context.Background(), f.id, 0))
 			if rule.Hits() != 1 {
 				t.Fatalf("the fault hit %d claims, want 1", rule.Hits())
@@ -113,12 +109,10 @@ func TestEmailClaimFailureSendsNothing(t *testing.T) {
 		t.Run(kind.String(), func(t *testing.T) {
 			t.Parallel()
 			shared, _ := testredis.New(t)
-			rdb := redis.NewClient(shared.Options())
-			defer rdb.Close()
-			fr := &faults.Redis{}
-			rdb.AddHook(fr)
-			store, id, p, h := planEmail(t, 6, 3, rdb)
-			rule := fr.Add(&faults.Rule{Match: faults.Script(claimManyScript.Hash()), Skip: 1, Times: 1, Kind: kind})
+			store, id, p, h := planEmail(t, 6, 3, shared)
+			fr := faults.NewState(state.New(shared, DefaultClaimTTL))
+			h.state = fr
+			rule := fr.Add(&faults.Rule{Match: faults.Method("ClaimMany"), Skip: 1, Times: 1, Kind: kind})
 			notFailure(t, h.RunBatch(context.Background(), id, 0))
 			if rule.Hits() != 1 || len(p.requests) != 1 || len(p.accepted) != 3 {
 				t.Fatalf("fault hits %d, %d requests, %d accepted; want the first request only (3)", rule.Hits(), len(p.requests), len(p.accepted))
@@ -194,8 +188,8 @@ func (f *fixture) deadRun(t *testing.T) []string {
 		t.Fatal(err)
 	}
 	n := Nonce(c) + "/"
-	f.rdb.Set(ctx, ClaimKey(f.id, "u1"), n+sentValue("SMdead1", 1), 0)
-	f.rdb.Set(ctx, ClaimKey(f.id, "u2"), n+pendingValue(time.Now(), "dead"), 0)
+	f.rdb.Set(ctx, ClaimKey(f.id, "u1"), n+state.SentValue("SMdead1", 1), 0)
+	f.rdb.Set(ctx, ClaimKey(f.id, "u2"), n+state.InFlightValue(time.Now(), "dead"), 0)
 	f.provider.mu.Lock()
 	f.provider.accepted[phone(1)] = []string{"sent by the dead run"}
 	f.provider.accepted[phone(2)] = []string{"sent by the dead run"}
@@ -212,7 +206,7 @@ func TestSweepThatCannotReadTheClaimsLetsNothingGo(t *testing.T) {
 	f := plan(t, 10)
 	f.deadRun(t)
 	h, fr, _ := f.faulty(t, func(c *Config) { c.LeaseTTL = 200 * time.Millisecond })
-	rule := fr.Add(&faults.Rule{Match: faults.Script(readClaimsScript.Hash()), Kind: faults.Fail})
+	rule := fr.Add(&faults.Rule{Match: faults.Method("ReadClaims"), Kind: faults.Fail})
 	if _, err := h.Sweep(context.Background()); err == nil || rule.Hits() == 0 {
 		t.Fatalf("sweep: err %v after %d failed reads, want the read's error", err, rule.Hits())
 	}
@@ -247,7 +241,7 @@ func TestRunThatCannotReadTakenOverClaimsKeepsThemInHand(t *testing.T) {
 	f := plan(t, 10)
 	f.deadRun(t)
 	h, fr, _ := f.faulty(t, func(c *Config) { c.LeaseTTL = 200 * time.Millisecond })
-	fr.Add(&faults.Rule{Match: faults.Script(claimSendScript.Hash()), Kind: faults.Fail})
+	fr.Add(&faults.Rule{Match: faults.Method("ClaimSend"), Kind: faults.Fail})
 	notFailure(t, h.RunBatch(context.Background(), f.id, 0))
 	if got := f.provider.total(); got != 2 {
 		t.Fatalf("provider got %d, want the dead run's 2 only", got)

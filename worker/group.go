@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/campaignctl/campaignctl/campaign"
+	"github.com/campaignctl/campaignctl/internal/state"
 	"github.com/campaignctl/campaignctl/limiter"
 	"github.com/campaignctl/campaignctl/providers"
 )
@@ -69,7 +70,7 @@ func (h *Handler) deliverGroup(ctx, waitCtx context.Context, run *batchRun, b pr
 			}
 			continue
 		case !r.Consent:
-			if err := h.close(ctx, run, r, reasonValue(claimSkipped, campaign.ReasonRevoked)); err != nil {
+			if err := h.close(ctx, run, r, state.ReasonValue(state.Skipped, campaign.ReasonRevoked)); err != nil {
 				return err
 			}
 			continue
@@ -93,7 +94,7 @@ func (h *Handler) deliverGroup(ctx, waitCtx context.Context, run *batchRun, b pr
 // thousand good ones.
 func (h *Handler) sendGroup(ctx, waitCtx context.Context, run *batchRun, b providers.Batcher, rs []*campaign.Recipient, msgs []providers.Message) error {
 	g := run.guard
-	g.checkHalt = true
+	g.CheckHalt = true
 	for attempt := 1; ; attempt++ {
 		if err := h.readyToSend(ctx, waitCtx, run, len(rs), run.limits...); err != nil {
 			return err
@@ -101,18 +102,18 @@ func (h *Handler) sendGroup(ctx, waitCtx context.Context, run *batchRun, b provi
 
 		// Claim everyone of the request at once, just before it, with their frequency marks.
 		now := h.cfg.Now()
-		pending := pendingValue(now, h.cfg.Owner)
-		scs := make([]sendClaim, len(rs))
+		pending := state.InFlightValue(now, h.cfg.Owner)
+		scs := make([]state.SendClaim, len(rs))
 		for i, r := range rs {
-			scs[i] = sendClaim{key: ClaimKey(run.c.ID, r.UserID), mine: pending, addr: r.Address}
+			scs[i] = state.SendClaim{Key: ClaimKey(run.c.ID, r.UserID), Mine: pending, Addr: r.Address}
 		}
-		got, err := h.claims.claimSendMany(ctx, run.c, run.nonce, scs, g, now)
-		if errors.Is(err, errHalted) || errors.Is(err, errEpoch) {
+		got, err := h.state.ClaimMany(ctx, run.c, run.nonce, scs, g, now)
+		if errors.Is(err, state.ErrHalted) || errors.Is(err, state.ErrEpoch) {
 			return err
 		}
 		if err != nil {
 			for _, sc := range scs {
-				h.releaseLater(sc.key, run.nonce, sc.mine)
+				h.releaseLater(sc.Key, run.nonce, sc.Mine)
 			}
 			h.log.Error("Redis is unreachable: no sends until it is back", "campaign_id", run.c.ID, "err", err)
 			return infra(fmt.Errorf("no send while Redis is unavailable: %w", err))
@@ -121,18 +122,18 @@ func (h *Handler) sendGroup(ctx, waitCtx context.Context, run *batchRun, b provi
 		sendRs, sendMsgs := rs, msgs
 		rs, msgs = nil, nil
 		for i, cl := range got {
-			switch cl.kind {
-			case 'x':
+			switch cl.Result {
+			case state.Taken:
 				run.m.ClaimsRefused(1)
-				h.fromClaim(run, sendRs[i].UserID, cl.old)
+				h.fromClaim(run, sendRs[i].UserID, cl.Old)
 				continue
-			case 'c':
+			case state.Capped:
 				run.add(campaign.Outcome{UserID: sendRs[i].UserID, Status: campaign.StatusSkipped, Reason: campaign.ReasonFrequencyCap})
 				run.m.Skipped(1)
 				continue
 			}
 			rs, msgs = append(rs, sendRs[i]), append(msgs, sendMsgs[i])
-			keys, mine, addrs = append(keys, scs[i].key), append(mine, scs[i].mine), append(addrs, scs[i].addr)
+			keys, mine, addrs = append(keys, scs[i].Key), append(mine, scs[i].Mine), append(addrs, scs[i].Addr)
 		}
 		if len(rs) == 0 {
 			return nil
@@ -144,11 +145,11 @@ func (h *Handler) sendGroup(ctx, waitCtx context.Context, run *batchRun, b provi
 		if err == nil {
 			vals := make([]string, len(rs))
 			for i, r := range rs {
-				vals[i] = sentValue(res[i].MessageID, res[i].Segments)
+				vals[i] = state.SentValue(res[i].MessageID, res[i].Segments)
 				run.add(campaign.Outcome{UserID: r.UserID, Status: campaign.StatusSent, MessageID: res[i].MessageID, Segments: res[i].Segments})
 			}
 			run.m.Sent(len(rs))
-			if err := h.claims.settleMany(ctx, keys, run.nonce, mine, vals); err != nil {
+			if err := h.state.SettleMany(ctx, keys, run.nonce, mine, vals); err != nil {
 				h.log.Error("provider accepted but the claims could not be updated; Postgres will hold the outcomes", "campaign_id", run.c.ID, "recipients", len(rs), "err", err)
 			}
 			h.succeeded(run)
@@ -156,26 +157,26 @@ func (h *Handler) sendGroup(ctx, waitCtx context.Context, run *batchRun, b provi
 		}
 		var pe *providers.Error
 		if !errors.As(err, &pe) {
-			h.claims.releaseMany(context.WithoutCancel(ctx), keys, run.nonce, mine)           //nolint:errcheck // a kept claim only makes the recipients unknown later
-			h.frequency.releaseMany(context.WithoutCancel(ctx), run.c, run.nonce, addrs, now) //nolint:errcheck // nothing was sent
+			h.state.ReleaseMany(context.WithoutCancel(ctx), keys, run.nonce, mine)         //nolint:errcheck // a kept claim only makes the recipients unknown later
+			h.state.ReleaseMarks(context.WithoutCancel(ctx), run.c, run.nonce, addrs, now) //nolint:errcheck // nothing was sent
 			return err
 		}
 		switch {
 		case pe.Class == providers.Ambiguous:
 			vals := make([]string, len(rs))
 			for i, r := range rs {
-				vals[i] = reasonValue(claimUnknown, pe.Reason())
+				vals[i] = state.ReasonValue(state.Unknown, pe.Reason())
 				run.add(campaign.Outcome{UserID: r.UserID, Status: campaign.StatusUnknown, Reason: pe.Reason()})
 			}
 			run.m.Unknown(len(rs))
-			h.claims.settleMany(ctx, keys, run.nonce, mine, vals) //nolint:errcheck // unsettled claims read as unknown too
+			h.state.SettleMany(ctx, keys, run.nonce, mine, vals) //nolint:errcheck // unsettled claims read as unknown too
 			h.log.Warn("provider answer lost; the request's recipients are unknown and will not be resent automatically",
 				"campaign_id", run.c.ID, "recipients", len(rs), "err", pe.Reason())
 			return nil
 		case pe.Class == providers.Permanent && !pe.AccountLevel():
 			if len(rs) == 1 {
-				h.claims.settle(ctx, keys[0], run.nonce, mine[0], reasonValue(claimFailed, pe.Reason())) //nolint:errcheck // Postgres records the failure
-				h.frequency.release(ctx, run.c, run.nonce, addrs[0], now)                                //nolint:errcheck // nothing reached the person
+				h.state.Settle(ctx, keys[0], run.nonce, mine[0], state.ReasonValue(state.Failed, pe.Reason())) //nolint:errcheck // Postgres records the failure
+				h.state.ReleaseMarks(ctx, run.c, run.nonce, []string{addrs[0]}, now)                           //nolint:errcheck // nothing reached the person
 				run.add(campaign.Outcome{UserID: rs[0].UserID, Status: campaign.StatusFailed, Reason: pe.Reason()})
 				run.m.Failed(1)
 				h.succeeded(run)
@@ -183,10 +184,10 @@ func (h *Handler) sendGroup(ctx, waitCtx context.Context, run *batchRun, b provi
 			}
 			run.m.Split(len(rs))
 			// The request as a whole was refused: nothing was sent. Split it to find who is at fault.
-			if err := h.claims.releaseMany(ctx, keys, run.nonce, mine); err != nil {
+			if err := h.state.ReleaseMany(ctx, keys, run.nonce, mine); err != nil {
 				return infra(err)
 			}
-			h.frequency.releaseMany(ctx, run.c, run.nonce, addrs, now) //nolint:errcheck // ours, harmless
+			h.state.ReleaseMarks(ctx, run.c, run.nonce, addrs, now) //nolint:errcheck // ours, harmless
 			half := len(rs) / 2
 			if err := h.sendGroup(ctx, waitCtx, run, b, rs[:half], msgs[:half]); err != nil {
 				return err
@@ -199,10 +200,10 @@ func (h *Handler) sendGroup(ctx, waitCtx context.Context, run *batchRun, b provi
 			run.m.Retried(len(rs), pe.Status, pe.Code)
 		}
 		// Transient, or the account is refused: nothing was accepted.
-		if err := h.claims.releaseMany(ctx, keys, run.nonce, mine); err != nil {
+		if err := h.state.ReleaseMany(ctx, keys, run.nonce, mine); err != nil {
 			return infra(err)
 		}
-		if err := h.frequency.releaseMany(ctx, run.c, run.nonce, addrs, now); err != nil {
+		if err := h.state.ReleaseMarks(ctx, run.c, run.nonce, addrs, now); err != nil {
 			h.log.Warn("frequency marks not released", "campaign_id", run.c.ID, "err", err)
 		}
 		if pe.Class == providers.Permanent {

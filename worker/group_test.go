@@ -13,6 +13,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/campaignctl/campaignctl/campaign"
+	"github.com/campaignctl/campaignctl/internal/state"
 	"github.com/campaignctl/campaignctl/internal/testdb"
 	"github.com/campaignctl/campaignctl/internal/testredis"
 	"github.com/campaignctl/campaignctl/providers"
@@ -251,15 +252,15 @@ func TestEmailRequestClaimsTogether(t *testing.T) {
 	}
 	// Another epoch than the run's lease: the whole request is refused, nothing is written.
 	run := &batchRun{c: c, nonce: Nonce(c)}
-	scs := []sendClaim{{key: ClaimKey(id, "u1"), mine: pendingValue(time.Now(), "t"), addr: "user1@example.com"}}
-	if _, err := h.claims.claimSendMany(ctx, c, run.nonce, scs, guard{epoch: "not-the-epoch", halt: HaltKey(id)}, time.Now()); !errors.Is(err, errEpoch) {
-		t.Fatalf("claims under another epoch: %v, want errEpoch", err)
+	scs := []state.SendClaim{{Key: ClaimKey(id, "u1"), Mine: state.InFlightValue(time.Now(), "t"), Addr: "user1@example.com"}}
+	if _, err := h.state.ClaimMany(ctx, c, run.nonce, scs, state.Guard{Epoch: "not-the-epoch", Halt: HaltKey(id)}, time.Now()); !errors.Is(err, state.ErrEpoch) {
+		t.Fatalf("claims under another epoch: %v, want state.ErrEpoch", err)
 	}
 	if n := rdb.Exists(ctx, ClaimKey(id, "u1")).Val(); n != 0 {
 		t.Fatal("a claim was written under another epoch")
 	}
 	// u2 was answered by an earlier run; u3 got another campaign's message a minute ago.
-	rdb.Set(ctx, ClaimKey(id, "u2"), Nonce(c)+"/"+sentValue("earlier", 1), 0)
+	rdb.Set(ctx, ClaimKey(id, "u2"), Nonce(c)+"/"+state.SentValue("earlier", 1), 0)
 	now := time.Now()
 	rdb.HSet(ctx, FrequencyKey(campaign.ChannelEmail, "user3@example.com", now), "user3@example.com",
 		fmt.Sprintf("%d:other|%d", id+1, now.Add(-time.Minute).UnixMilli()))
@@ -282,7 +283,7 @@ func TestEmailRequestClaimsTogether(t *testing.T) {
 	if err != nil || counts.Sent != 5 || counts.Skipped != 1 || capped != 1 {
 		t.Fatalf("counts %+v, %d skipped for the frequency cap (%v); want u2 sent from its claim, u3 skipped, 4 sent", counts, capped, err)
 	}
-	if v := rdb.Get(ctx, ClaimKey(id, "u3")).Val(); !strings.HasSuffix(v, reasonValue(claimSkipped, campaign.ReasonFrequencyCap)) {
+	if v := rdb.Get(ctx, ClaimKey(id, "u3")).Val(); !strings.HasSuffix(v, state.ReasonValue(state.Skipped, campaign.ReasonFrequencyCap)) {
 		t.Fatalf("u3's claim %q does not record the skip", v)
 	}
 }

@@ -16,6 +16,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/campaignctl/campaignctl/campaign"
+	"github.com/campaignctl/campaignctl/internal/state"
 	"github.com/campaignctl/campaignctl/limiter"
 	"github.com/campaignctl/campaignctl/metrics"
 	"github.com/campaignctl/campaignctl/providers"
@@ -42,7 +43,10 @@ var _ Store = (*campaign.Store)(nil)
 // Config configures a Handler. Zero values mean the documented defaults.
 type Config struct {
 	Store Store
+	// Redis holds the rate limiters' buckets, and the State when State is nil.
 	Redis redis.UniversalClient
+	// State is the send path's Redis state; nil means a state.Store on Redis.
+	State State
 	// Providers maps each channel to the provider that sends it.
 	Providers map[campaign.Channel]providers.Provider
 	// Fallback maps a channel to a second provider, used when the first is down: a send the first refused
@@ -91,11 +95,10 @@ const DefaultClaimTTL = 45 * 24 * time.Hour
 
 // Handler processes batch tasks.
 type Handler struct {
-	cfg       Config
-	claims    claims
-	frequency frequencyCap
-	bucket    *limiter.Bucket
-	log       *slog.Logger
+	cfg    Config
+	state  State
+	bucket *limiter.Bucket
+	log    *slog.Logger
 
 	mu sync.Mutex
 	// templates holds the parsed content of the campaigns this process sends, by campaign ID, each with
@@ -144,10 +147,12 @@ func NewHandler(cfg Config) *Handler {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
+	if cfg.State == nil {
+		cfg.State = state.New(cfg.Redis, cfg.ClaimTTL)
+	}
 	return &Handler{
 		cfg:       cfg,
-		claims:    claims{rdb: cfg.Redis, ttl: cfg.ClaimTTL},
-		frequency: frequencyCap{rdb: cfg.Redis},
+		state:     cfg.State,
 		bucket:    limiter.New(cfg.Redis),
 		log:       cfg.Logger,
 		templates: map[int64]parsedTemplate{},
@@ -190,7 +195,7 @@ type batchRun struct {
 	// fallback (nil when none).
 	primary   route
 	secondary *route
-	unsettled *answer
+	unsettled *state.Answer
 	// snapshots are the consent records read with the chunk's lease, by user, for the outcomes' audit.
 	snapshots map[string]campaign.ConsentRecord
 	tmpl      *campaign.Template
@@ -201,7 +206,7 @@ type batchRun struct {
 	lease      campaign.Lease
 	// renewAt is when the chunk's lease is renewed before the next claim.
 	renewAt time.Time
-	guard   guard
+	guard   state.Guard
 	// pending are outcomes not yet written to Postgres.
 	pending []campaign.Outcome
 	// inherited holds the users taken over from a run that died whose fate this run has not read yet
@@ -294,7 +299,7 @@ func (h *Handler) RunBatch(ctx context.Context, campaignID int64, batch int) err
 		// wait need not (one round trip less per message under a cap; a token taken during a pause is
 		// lost, which only lowers the rate). Without any cap there is no wait at all.
 		run.primary = route{provider: run.provider, piggyback: run.piggyback, m: run.m,
-			pauseKey: limiter.PauseKey("provider:" + run.provider.Name())}
+			pauseKey: state.PauseKey(state.ProviderBucket(run.provider.Name()))}
 		if !run.piggyback {
 			for _, l := range run.limits {
 				l.Pausable = false
@@ -313,12 +318,12 @@ func (h *Handler) RunBatch(ctx context.Context, campaignID int64, batch int) err
 			}
 		}
 	}
-	epoch, err := Epoch(ctx, h.cfg.Redis)
+	epoch, err := h.state.Epoch(ctx)
 	if err != nil {
 		return infra(fmt.Errorf("no send while Redis is unavailable: %w", err))
 	}
-	run.lease = campaign.Lease{Batch: batch, Token: randomToken(), Epoch: epoch, TTL: h.cfg.LeaseTTL}
-	run.guard = guard{epoch: epoch, halt: HaltKey(c.ID)}
+	run.lease = campaign.Lease{Batch: batch, Token: state.Token(), Epoch: epoch, TTL: h.cfg.LeaseTTL}
+	run.guard = state.Guard{Epoch: epoch, Halt: state.HaltKey(c.ID)}
 	recipients, err := h.cfg.Store.LoadBatch(ctx, c.ID, batch)
 	if err != nil {
 		return infra(err)
@@ -358,7 +363,7 @@ func (h *Handler) RunBatch(ctx context.Context, campaignID int64, batch int) err
 		}
 		if batcher != nil && mode == modeSend {
 			err = h.deliverGroup(ctx, waitCtx, run, batcher, todo)
-			if errors.Is(err, errHalted) && run.halts == 0 {
+			if errors.Is(err, state.ErrHalted) && run.halts == 0 {
 				run.halts++
 				queue = append(append([]campaign.Recipient(nil), todo...), queue...)
 				err = nil
@@ -374,11 +379,11 @@ func (h *Handler) RunBatch(ctx context.Context, campaignID int64, batch int) err
 				break
 			}
 			if mode == modeCancel {
-				err = h.close(ctx, run, &todo[i], reasonValue(claimSkipped, campaign.ReasonCancelled))
+				err = h.close(ctx, run, &todo[i], state.ReasonValue(state.Skipped, campaign.ReasonCancelled))
 			} else {
 				err = h.deliver(ctx, waitCtx, run, &todo[i])
 			}
-			if errors.Is(err, errHalted) {
+			if errors.Is(err, state.ErrHalted) {
 				run.halts++
 				if run.halts > 1 {
 					stop = &RetryError{Err: fmt.Errorf("campaign %d is halted in Redis (%s) but %s in Postgres; `campaignctl resume %d` clears the halt", c.ID, HaltKey(c.ID), run.c.State, c.ID), After: 30 * time.Second}
@@ -415,10 +420,10 @@ func (h *Handler) RunBatch(ctx context.Context, campaignID int64, batch int) err
 		h.forgetTemplate(c.ID)
 		return nil
 	}
-	if errors.Is(stop, errEpoch) {
+	if errors.Is(stop, state.ErrEpoch) {
 		return &RetryError{Err: stop, After: time.Second}
 	}
-	if errors.Is(stop, errHalted) {
+	if errors.Is(stop, state.ErrHalted) {
 		return &RetryError{Err: fmt.Errorf("campaign %d is halted in Redis (%s) but %s in Postgres; `campaignctl resume %d` clears the halt", c.ID, HaltKey(c.ID), run.c.State, c.ID), After: 30 * time.Second}
 	}
 	if stop != nil {
@@ -576,8 +581,8 @@ func (h *Handler) close(ctx context.Context, run *batchRun, r *campaign.Recipien
 		return h.suspect(ctx, run, r)
 	}
 	g := run.guard
-	g.checkHalt = false
-	old, ours, err := h.claims.take(ctx, ClaimKey(run.c.ID, r.UserID), run.nonce, val, g)
+	g.CheckHalt = false
+	old, ours, err := h.state.Take(ctx, ClaimKey(run.c.ID, r.UserID), run.nonce, val, g)
 	if err != nil {
 		return infra(err)
 	}
@@ -585,8 +590,8 @@ func (h *Handler) close(ctx context.Context, run *batchRun, r *campaign.Recipien
 		h.fromClaim(run, r.UserID, old)
 		return nil
 	}
-	st := parseClaim(val)
-	run.add(campaign.Outcome{UserID: r.UserID, Status: campaign.StatusSkipped, Reason: st.reason})
+	st := state.ParseValue(val)
+	run.add(campaign.Outcome{UserID: r.UserID, Status: campaign.StatusSkipped, Reason: st.Reason})
 	run.m.Skipped(1)
 	return nil
 }
@@ -596,8 +601,8 @@ func (h *Handler) close(ctx context.Context, run *batchRun, r *campaign.Recipien
 func (h *Handler) suspect(ctx context.Context, run *batchRun, r *campaign.Recipient) error {
 	const why = "Redis lost its data while a worker that has since stopped was sending this chunk; the message may have been sent"
 	g := run.guard
-	g.checkHalt = false
-	old, ours, err := h.claims.take(ctx, ClaimKey(run.c.ID, r.UserID), run.nonce, reasonValue(claimUnknown, why), g)
+	g.CheckHalt = false
+	old, ours, err := h.state.Take(ctx, ClaimKey(run.c.ID, r.UserID), run.nonce, state.ReasonValue(state.Unknown, why), g)
 	if err != nil {
 		return infra(err)
 	}
@@ -617,7 +622,7 @@ func (h *Handler) deliver(ctx, waitCtx context.Context, run *batchRun, r *campai
 		return h.suspect(ctx, run, r)
 	}
 	if !r.Consent {
-		return h.close(ctx, run, r, reasonValue(claimSkipped, campaign.ReasonRevoked))
+		return h.close(ctx, run, r, state.ReasonValue(state.Skipped, campaign.ReasonRevoked))
 	}
 	key := ClaimKey(run.c.ID, r.UserID)
 	msg, err := run.message(r)
@@ -627,7 +632,7 @@ func (h *Handler) deliver(ctx, waitCtx context.Context, run *batchRun, r *campai
 		return nil
 	}
 	g := run.guard
-	g.checkHalt = true
+	g.CheckHalt = true
 
 	var pauseFrom time.Time // when the pause check began (piggyback): the provider limit's wait
 	failedOver := false     // this recipient goes through the fallback, whatever the window says by now
@@ -643,12 +648,12 @@ func (h *Handler) deliver(ctx, waitCtx context.Context, run *batchRun, r *campai
 			pauseFrom = time.Now()
 		}
 		now := h.cfg.Now()
-		mine := pendingValue(now, h.cfg.Owner)
-		cl, err := h.claims.claimSend(ctx, run.c, run.nonce, sendClaim{key: key, mine: mine, addr: r.Address}, g, run.unsettled, rt.pauseKey, now)
-		if err == nil || errors.Is(err, errHalted) || errors.Is(err, errEpoch) {
+		mine := state.InFlightValue(now, h.cfg.Owner)
+		cl, err := h.state.ClaimSend(ctx, run.c, run.nonce, state.SendClaim{Key: key, Mine: mine, Addr: r.Address}, g, run.unsettled, rt.pauseKey, now)
+		if err == nil || errors.Is(err, state.ErrHalted) || errors.Is(err, state.ErrEpoch) {
 			run.unsettled = nil // the script wrote it before anything else
 		}
-		if errors.Is(err, errHalted) || errors.Is(err, errEpoch) {
+		if errors.Is(err, state.ErrHalted) || errors.Is(err, state.ErrEpoch) {
 			return err
 		}
 		if err != nil {
@@ -658,10 +663,10 @@ func (h *Handler) deliver(ctx, waitCtx context.Context, run *batchRun, r *campai
 			h.log.Error("Redis is unreachable: no sends until it is back", "campaign_id", run.c.ID, "err", err)
 			return infra(fmt.Errorf("no send while Redis is unavailable: %w", err))
 		}
-		switch cl.kind {
-		case 'p':
+		switch cl.Result {
+		case state.Paused:
 			// The provider is paused (a 429 seen by some worker): nothing was written; wait it out.
-			if err := limiter.Sleep(waitCtx, cl.pause); err != nil {
+			if err := limiter.Sleep(waitCtx, cl.Pause); err != nil {
 				return waitError(ctx, waitCtx, err)
 			}
 			attempt--
@@ -673,12 +678,12 @@ func (h *Handler) deliver(ctx, waitCtx context.Context, run *batchRun, r *campai
 			}
 		}
 		pauseFrom = time.Time{}
-		switch cl.kind {
-		case 'x':
+		switch cl.Result {
+		case state.Taken:
 			rt.m.ClaimsRefused(1)
-			h.fromClaim(run, r.UserID, cl.old)
+			h.fromClaim(run, r.UserID, cl.Old)
 			return nil
-		case 'c':
+		case state.Capped:
 			run.add(campaign.Outcome{UserID: r.UserID, Status: campaign.StatusSkipped, Reason: campaign.ReasonFrequencyCap})
 			rt.m.Skipped(1)
 			return nil
@@ -687,7 +692,7 @@ func (h *Handler) deliver(ctx, waitCtx context.Context, run *batchRun, r *campai
 		res, err := rt.provider.Send(ctx, msg)
 		rt.m.Request(time.Since(start))
 		if err == nil {
-			run.unsettled = &answer{key: key, mine: mine, val: sentValue(res.MessageID, res.Segments)}
+			run.unsettled = &state.Answer{Key: key, Mine: mine, Val: state.SentValue(res.MessageID, res.Segments)}
 			if !rt.piggyback {
 				// A token wait may come before the next claim: the answer is written now.
 				h.settleAnswer(ctx, run)
@@ -705,21 +710,21 @@ func (h *Handler) deliver(ctx, waitCtx context.Context, run *batchRun, r *campai
 		var pe *providers.Error
 		if !errors.As(err, &pe) {
 			// Cancelled before the request went out: nothing was sent.
-			h.claims.release(context.WithoutCancel(ctx), key, run.nonce, mine)                //nolint:errcheck // a kept claim only makes the recipient unknown later
-			h.frequency.release(context.WithoutCancel(ctx), run.c, run.nonce, r.Address, now) //nolint:errcheck // nothing was sent
+			h.state.Release(context.WithoutCancel(ctx), key, run.nonce, mine)                            //nolint:errcheck // a kept claim only makes the recipient unknown later
+			h.state.ReleaseMarks(context.WithoutCancel(ctx), run.c, run.nonce, []string{r.Address}, now) //nolint:errcheck // nothing was sent
 			return err
 		}
 		switch {
 		case pe.Class == providers.Ambiguous:
-			h.claims.settle(ctx, key, run.nonce, mine, reasonValue(claimUnknown, pe.Reason())) //nolint:errcheck // an unsettled claim reads as unknown too
+			h.state.Settle(ctx, key, run.nonce, mine, state.ReasonValue(state.Unknown, pe.Reason())) //nolint:errcheck // an unsettled claim reads as unknown too
 			run.add(campaign.Outcome{UserID: r.UserID, Status: campaign.StatusUnknown, Reason: pe.Reason()})
 			rt.m.Unknown(1)
 			h.log.Warn("provider answer lost; recipient is unknown and will not be resent automatically",
 				"campaign_id", run.c.ID, "user_id", r.UserID, "to", providers.MaskAddress(r.Address), "err", pe.Reason())
 			return nil
 		case pe.Class == providers.Permanent && !pe.AccountLevel():
-			h.claims.settle(ctx, key, run.nonce, mine, reasonValue(claimFailed, pe.Reason())) //nolint:errcheck // Postgres records the failure
-			h.frequency.release(ctx, run.c, run.nonce, r.Address, now)                        //nolint:errcheck // nothing reached the person
+			h.state.Settle(ctx, key, run.nonce, mine, state.ReasonValue(state.Failed, pe.Reason())) //nolint:errcheck // Postgres records the failure
+			h.state.ReleaseMarks(ctx, run.c, run.nonce, []string{r.Address}, now)                   //nolint:errcheck // nothing reached the person
 			if pe.BadAddress {
 				// An unregistered push token: no later campaign should try it.
 				if err := h.cfg.Store.MarkInvalid(ctx, run.c.Channel, r.Address, pe.Reason()); err != nil {
@@ -738,10 +743,10 @@ func (h *Handler) deliver(ctx, waitCtx context.Context, run *batchRun, r *campai
 		}
 		// Transient, or the account itself is refused: nothing was accepted, so the claim is released (first:
 		// a claim kept by mistake would make the recipient unknown; a mark kept is ours and harmless).
-		if err := h.claims.release(ctx, key, run.nonce, mine); err != nil {
+		if err := h.state.Release(ctx, key, run.nonce, mine); err != nil {
 			return infra(err)
 		}
-		if err := h.frequency.release(ctx, run.c, run.nonce, r.Address, now); err != nil {
+		if err := h.state.ReleaseMarks(ctx, run.c, run.nonce, []string{r.Address}, now); err != nil {
 			h.log.Warn("frequency mark not released", "campaign_id", run.c.ID, "err", err)
 		}
 		if !rt.fallback && run.secondary != nil {
@@ -843,7 +848,7 @@ func (h *Handler) settleAnswer(ctx context.Context, run *batchRun) {
 		return
 	}
 	run.unsettled = nil
-	if err := h.claims.settle(ctx, a.key, run.nonce, a.mine, a.val); err != nil {
+	if err := h.state.Settle(ctx, a.Key, run.nonce, a.Mine, a.Val); err != nil {
 		h.log.Error("provider accepted but the claim could not be updated; Postgres will hold the outcome", "campaign_id", run.c.ID, "err", err)
 	}
 }
@@ -905,7 +910,7 @@ func (h *Handler) releaseLater(key, nonce, mine string) {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
 		for ctx.Err() == nil {
-			if err := h.claims.release(ctx, key, nonce, mine); err == nil {
+			if err := h.state.Release(ctx, key, nonce, mine); err == nil {
 				return
 			}
 			limiter.Sleep(ctx, time.Second) //nolint:errcheck // the loop checks ctx
@@ -915,18 +920,18 @@ func (h *Handler) releaseLater(key, nonce, mine string) {
 
 // fromClaim turns a claim that already existed into an outcome.
 func (h *Handler) fromClaim(run *batchRun, userID, val string) {
-	st := parseClaim(val)
-	switch st.kind {
-	case claimSent:
-		run.add(campaign.Outcome{UserID: userID, Status: campaign.StatusSent, MessageID: st.messageID, Segments: st.segments})
-	case claimFailed:
-		run.add(campaign.Outcome{UserID: userID, Status: campaign.StatusFailed, Reason: st.reason})
-	case claimUnknown:
-		run.add(campaign.Outcome{UserID: userID, Status: campaign.StatusUnknown, Reason: st.reason})
-	case claimSkipped:
-		run.add(campaign.Outcome{UserID: userID, Status: campaign.StatusSkipped, Reason: st.reason})
+	st := state.ParseValue(val)
+	switch st.Kind {
+	case state.Sent:
+		run.add(campaign.Outcome{UserID: userID, Status: campaign.StatusSent, MessageID: st.MessageID, Segments: st.Segments})
+	case state.Failed:
+		run.add(campaign.Outcome{UserID: userID, Status: campaign.StatusFailed, Reason: st.Reason})
+	case state.Unknown:
+		run.add(campaign.Outcome{UserID: userID, Status: campaign.StatusUnknown, Reason: st.Reason})
+	case state.Skipped:
+		run.add(campaign.Outcome{UserID: userID, Status: campaign.StatusSkipped, Reason: st.Reason})
 	default:
-		if !st.at.IsZero() && h.cfg.Now().Sub(st.at) < h.cfg.InFlightGrace {
+		if !st.At.IsZero() && h.cfg.Now().Sub(st.At) < h.cfg.InFlightGrace {
 			// A live run holds it: its claim is the record, and that run writes the outcome.
 			run.busy++
 			delete(run.inherited, userID)
@@ -981,25 +986,15 @@ func (h *Handler) flush(ctx context.Context, run *batchRun) error {
 		}
 	}
 	run.pending = run.pending[:0]
-	pipe := h.cfg.Redis.Pipeline()
-	key := ProgressKey(run.c.ID)
+	delete(moved, campaign.StatusPending)
 	for st, n := range moved {
-		if st == campaign.StatusPending {
-			continue
-		}
 		run.counts[st] += n
-		pipe.HIncrBy(ctx, key, st, n)
 	}
-	if _, err := pipe.Exec(ctx); err != nil {
+	if err := h.state.AddProgress(ctx, run.c.ID, moved); err != nil {
 		// Counters are a fast view, rebuilt from Postgres by resume; the outcomes themselves are safe.
 		h.log.Warn("progress counters not updated", "campaign_id", run.c.ID, "err", err)
 	}
 	return nil
-}
-
-// ProgressKey is the Redis hash of a campaign's progress counters.
-func ProgressKey(campaignID int64) string {
-	return "campaign:" + strconv.FormatInt(campaignID, 10) + ":progress"
 }
 
 // parsedTemplate is a campaign's parsed content and what it was parsed from.

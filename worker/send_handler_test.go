@@ -15,6 +15,7 @@ import (
 
 	"github.com/campaignctl/campaignctl/campaign"
 	"github.com/campaignctl/campaignctl/codes"
+	"github.com/campaignctl/campaignctl/internal/state"
 	"github.com/campaignctl/campaignctl/internal/testdb"
 	"github.com/campaignctl/campaignctl/internal/testredis"
 	"github.com/campaignctl/campaignctl/limiter"
@@ -411,14 +412,14 @@ func TestClaimLeftByACrashedWorker(t *testing.T) {
 	}
 	n := Nonce(c) + "/"
 	// u1: a dead worker claimed it long ago and never recorded an answer: maybe sent, so unknown.
-	f.rdb.Set(ctx, ClaimKey(f.id, "u1"), n+pendingValue(now.Add(-10*time.Minute), "dead:1"), 0)
+	f.rdb.Set(ctx, ClaimKey(f.id, "u1"), n+state.InFlightValue(now.Add(-10*time.Minute), "dead:1"), 0)
 	// u2: the provider answered, the worker died before the bulk write: sent, not resent.
-	f.rdb.Set(ctx, ClaimKey(f.id, "u2"), n+sentValue("SMabc", 1), 0)
+	f.rdb.Set(ctx, ClaimKey(f.id, "u2"), n+state.SentValue("SMabc", 1), 0)
 	// u4: a live worker is sending it right now: leave it alone, come back later.
-	f.rdb.Set(ctx, ClaimKey(f.id, "u4"), n+pendingValue(now, "live:2"), 0)
+	f.rdb.Set(ctx, ClaimKey(f.id, "u4"), n+state.InFlightValue(now, "live:2"), 0)
 	// u5 is not eligible; u7 has a claim left by an earlier campaign of the same ID, of a database since
 	// re-created.
-	f.rdb.Set(ctx, ClaimKey(f.id, "u7"), "oldnonce/"+sentValue("SMstale", 1), 0)
+	f.rdb.Set(ctx, ClaimKey(f.id, "u7"), "oldnonce/"+state.SentValue("SMstale", 1), 0)
 
 	err = f.h.RunBatch(ctx, f.id, 0)
 	var re *RetryError

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/campaignctl/campaignctl/campaign"
+	"github.com/campaignctl/campaignctl/internal/state"
 )
 
 // Sweep settles the chunks of batch runs that died (their leases expired) from their claims, while
@@ -20,7 +21,7 @@ func (h *Handler) Sweep(ctx context.Context) (int, error) {
 	if err != nil || len(expired) == 0 {
 		return 0, err
 	}
-	epoch, err := Epoch(ctx, h.cfg.Redis)
+	epoch, err := h.state.Epoch(ctx)
 	if err != nil {
 		return 0, err
 	}
@@ -35,8 +36,8 @@ func (h *Handler) Sweep(ctx context.Context) (int, error) {
 			campaigns[e.CampaignID] = c
 		}
 		run := &batchRun{c: c, nonce: Nonce(c), batch: e.Batch, counts: map[string]int64{}, snapshots: map[string]campaign.ConsentRecord{},
-			lease: campaign.Lease{Batch: e.Batch, Token: randomToken(), Epoch: epoch, TTL: h.cfg.LeaseTTL, AnyState: true},
-			guard: guard{epoch: epoch, halt: HaltKey(c.ID)}}
+			lease: campaign.Lease{Batch: e.Batch, Token: state.Token(), Epoch: epoch, TTL: h.cfg.LeaseTTL, AnyState: true},
+			guard: state.Guard{Epoch: epoch, Halt: state.HaltKey(c.ID)}}
 		got, err := h.cfg.Store.LeaseChunk(ctx, c, e.Users, run.lease)
 		if err != nil {
 			return n, err
@@ -58,18 +59,18 @@ func (h *Handler) Sweep(ctx context.Context) (int, error) {
 		// The claims of the chunk, in one round trip, under the epoch.
 		var vals []any
 		if serr == nil && len(keys) > 0 {
-			vals, serr = readClaims(ctx, h.cfg.Redis, epoch, keys)
+			vals, serr = h.state.ReadClaims(ctx, epoch, keys)
 		}
 		for i := range vals {
 			val, ok := vals[i].(string)
 			if !ok {
 				continue // never claimed: never sent; the lease is let go below
 			}
-			st := parseClaimOf(val, run.nonce)
-			if st.kind == 0 {
+			st := state.ParseValueOf(val, run.nonce)
+			if st.Kind == state.Foreign {
 				continue // an earlier campaign's claim
 			}
-			if st.kind == claimPending {
+			if st.Kind == state.InFlight {
 				run.add(campaign.Outcome{UserID: users[i], Status: campaign.StatusUnknown, Reason: reasonDiedMidCall})
 				continue
 			}
@@ -92,14 +93,6 @@ func (h *Handler) Sweep(ctx context.Context) (int, error) {
 		n += len(got.Leased)
 	}
 	return n, nil
-}
-
-// parseClaimOf decodes a claim value of the campaign with nonce; kind 0 means it is another campaign's.
-func parseClaimOf(val, nonce string) claimState {
-	if len(val) <= len(nonce) || val[:len(nonce)+1] != nonce+"/" {
-		return claimState{}
-	}
-	return parseClaim(val[len(nonce)+1:])
 }
 
 const reasonDiedMidCall = "a worker stopped after claiming and before the provider answered; the message may have been sent"

@@ -9,6 +9,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/campaignctl/campaignctl/campaign"
+	"github.com/campaignctl/campaignctl/internal/state"
 	"github.com/campaignctl/campaignctl/internal/testredis"
 )
 
@@ -74,8 +75,8 @@ func TestSweepAcrossAFailoverFreesNothingItCouldNotRead(t *testing.T) {
 	}
 	// The dead run had u1 sent and was waiting for the provider's answer for u2.
 	n := Nonce(c) + "/"
-	rdb.Set(ctx, ClaimKey(f.id, "u1"), n+sentValue("SMdead", 1), 0)
-	rdb.Set(ctx, ClaimKey(f.id, "u2"), n+pendingValue(time.Now(), "dead"), 0)
+	rdb.Set(ctx, ClaimKey(f.id, "u1"), n+state.SentValue("SMdead", 1), 0)
+	rdb.Set(ctx, ClaimKey(f.id, "u2"), n+state.InFlightValue(time.Now(), "dead"), 0)
 	time.Sleep(5 * time.Millisecond)
 
 	rdb.AddHook(&failOverOn{t: t, key: ClaimKey(f.id, "u1"), master: master, replica: replica, addr: &addr})

@@ -1,16 +1,13 @@
-// Package faults injects failures into the engine's calls to Redis and Postgres, for tests that must see
-// what the send path does when call N fails, stalls, or loses its reply after the server acted on it.
-// The servers stay real: a Redis rule sits in a go-redis hook in front of a real server, a Postgres rule in
-// a wrapper around the real campaign.Store.
+// Package faults injects failures into the send path's calls to its Redis state and to Postgres, for tests
+// that must see what the send path does when call N fails, stalls, or loses its reply after the server
+// acted on it. The servers stay real: a rule sits in a wrapper around the real state.Store (the worker's
+// State) or the real campaign.Store (its Store), the two interfaces the worker reaches them through.
 package faults
 
 import (
 	"context"
-	"crypto/sha1"
-	"encoding/hex"
 	"errors"
 	"fmt"
-	"strings"
 	"sync"
 	"time"
 )
@@ -43,11 +40,9 @@ func (k Kind) String() string {
 // ErrInjected is the error of a call a rule failed (Fail) or whose reply it dropped (LoseReply).
 var ErrInjected = errors.New("injected fault: connection reset by peer")
 
-// Call is one call as the rules see it: a Redis command's name (lower case) and arguments, or the name
-// of a Store method and no arguments.
+// Call is one call as the rules see it: the name of the method called.
 type Call struct {
 	Name string
-	Args []any
 }
 
 // Rule picks calls and says what happens to them.
@@ -149,36 +144,14 @@ func around(ctx context.Context, r *Rule, call func() error) error {
 	return call()
 }
 
-// Command matches Redis commands by name (case-insensitive), e.g. Command("mget").
-func Command(names ...string) func(Call) bool {
+// Method matches calls by method name, e.g. Method("Record", "ReleaseBatch").
+func Method(names ...string) func(Call) bool {
 	return func(c Call) bool {
 		for _, n := range names {
-			if strings.EqualFold(c.Name, n) {
+			if c.Name == n {
 				return true
 			}
 		}
 		return false
 	}
 }
-
-// Script matches the calls of one Lua script, given its SHA-1 (redis.Script's Hash): EVALSHA with it, or
-// EVAL with a source that has it.
-func Script(hash string) func(Call) bool {
-	return func(c Call) bool {
-		if len(c.Args) < 2 {
-			return false
-		}
-		arg, _ := c.Args[1].(string)
-		switch strings.ToLower(c.Name) {
-		case "evalsha", "evalsha_ro":
-			return arg == hash
-		case "eval", "eval_ro":
-			sum := sha1.Sum([]byte(arg))
-			return hex.EncodeToString(sum[:]) == hash
-		}
-		return false
-	}
-}
-
-// Method matches Store methods by name, e.g. Method("Record").
-func Method(names ...string) func(Call) bool { return Command(names...) }

@@ -1,4 +1,4 @@
-package worker
+package state
 
 import (
 	"strings"
@@ -23,10 +23,10 @@ func TestSentClaimValues(t *testing.T) {
 		{"projects/p/messages/0:1500415314455276%31bd1c9631bd1c96", 0, false},
 		{"", 1, false},
 	} {
-		v := sentValue(tc.id, tc.segments)
-		st := parseClaim(v)
-		if st.kind != claimSent || st.messageID != tc.id || st.segments != tc.segments {
-			t.Errorf("sentValue(%q, %d) = %q, parsed back as %+v", tc.id, tc.segments, v, st)
+		v := SentValue(tc.id, tc.segments)
+		st := ParseValue(v)
+		if st.Kind != Sent || st.MessageID != tc.id || st.Segments != tc.segments {
+			t.Errorf("SentValue(%q, %d) = %q, parsed back as %+v", tc.id, tc.segments, v, st)
 		}
 		if tc.short && len(nonce)+1+len(v) > 44 {
 			t.Errorf("claim value %q is %d bytes with its nonce; Redis keeps at most 44 inline", v, len(nonce)+1+len(v))
@@ -36,7 +36,7 @@ func TestSentClaimValues(t *testing.T) {
 		}
 	}
 	// Claims written before IDs were shortened still read back.
-	if st := parseClaim("s|SM0123456789abcdef0123456789abcdef|2"); st.messageID != "SM0123456789abcdef0123456789abcdef" || st.segments != 2 {
+	if st := ParseValue("s|SM0123456789abcdef0123456789abcdef|2"); st.MessageID != "SM0123456789abcdef0123456789abcdef" || st.Segments != 2 {
 		t.Errorf("old sent claim parsed as %+v", st)
 	}
 }

@@ -1,4 +1,4 @@
-package worker
+package state
 
 import (
 	"context"
@@ -9,14 +9,28 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/campaignctl/campaignctl/campaign"
 	"github.com/campaignctl/campaignctl/internal/testredis"
 )
+
+type benchRecipient struct{ UserID, Address string }
+
+// benchCampaign is an SMS campaign of n recipients, without a database: the claim scripts need only its ID,
+// channel, cap and creation time.
+func benchCampaign(n int) (*campaign.Campaign, []benchRecipient) {
+	c := &campaign.Campaign{ID: 7, Channel: campaign.ChannelSMS, CreatedAt: time.Now(), FrequencyCap: campaign.DefaultFrequencyCap}
+	all := make([]benchRecipient, n)
+	for i := range all {
+		all[i] = benchRecipient{UserID: fmt.Sprintf("u%d", i), Address: fmt.Sprintf("+90532%07d", i)}
+	}
+	return c, all
+}
 
 // What it would cost to make every claim durable instead (WAIT for a replica before the provider call),
 // against what the epoch check costs: private redis-server processes, a master and, where named, a
 // replica connected to it directly. Run them with
 //
-//	go test ./worker -run '^$' -bench 'ClaimDurable|EpochCheck|ConnectCheck' -benchtime 2s
+//	go test ./internal/state -run '^$' -bench 'ClaimDurable|EpochCheck|ConnectCheck' -benchtime 2s
 //
 // BenchmarkClaimDurable takes SMS claims (the claim script of BenchmarkClaimSend, the previous answer
 // written in the same call) on the master: alone; with a replica; with a replica and WAIT 1 in the same
@@ -33,7 +47,7 @@ func BenchmarkClaimDurable(b *testing.B) {
 		{"with a replica, WAIT 1 separate", true, "separate"},
 	} {
 		b.Run(tc.name, func(b *testing.B) {
-			f, c, all := benchPlan(b, 2000)
+			c, all := benchCampaign(2000)
 			ctx := context.Background()
 			master := testredis.StartServer(b)
 			if tc.replica {
@@ -41,7 +55,7 @@ func BenchmarkClaimDurable(b *testing.B) {
 			}
 			rdb := redis.NewClient(&redis.Options{Addr: master.Addr(), OnConnect: CheckEpochOnConnect(nil, nil)})
 			defer rdb.Close()
-			cl := claims{rdb: rdb, ttl: f.h.claims.ttl}
+			cl := New(rdb, 45*24*time.Hour)
 			epoch, err := Epoch(ctx, rdb)
 			if err != nil {
 				b.Fatal(err)
@@ -49,16 +63,16 @@ func BenchmarkClaimDurable(b *testing.B) {
 			if err := claimSendScript.Load(ctx, rdb).Err(); err != nil {
 				b.Fatal(err)
 			}
-			g := guard{epoch: epoch, halt: HaltKey(c.ID), checkHalt: true}
+			g := Guard{Epoch: epoch, Halt: HaltKey(c.ID), CheckHalt: true}
 			nonce := Nonce(c)
-			var prev *answer
+			var prev *Answer
 			i := 0
 			for b.Loop() {
 				r := all[i%len(all)]
 				key := fmt.Sprintf("%s:%d", ClaimKey(c.ID, r.UserID), i/len(all))
-				mine := pendingValue(time.Now(), "bench")
-				sc := sendClaim{key: key, mine: mine, addr: r.Address}
-				var got claimed
+				mine := InFlightValue(time.Now(), "bench")
+				sc := SendClaim{Key: key, Mine: mine, Addr: r.Address}
+				var got Claimed
 				switch tc.wait {
 				case "pipelined":
 					keys, args := cl.claimSendArgs(c, nonce, sc, g, prev, "limiter:pause:provider:test", time.Now())
@@ -80,7 +94,7 @@ func BenchmarkClaimDurable(b *testing.B) {
 						b.Fatal(err)
 					}
 				default:
-					got, err = cl.claimSend(ctx, c, nonce, sc, g, prev, "limiter:pause:provider:test", time.Now())
+					got, err = cl.ClaimSend(ctx, c, nonce, sc, g, prev, "limiter:pause:provider:test", time.Now())
 					if err != nil {
 						b.Fatal(err)
 					}
@@ -90,10 +104,10 @@ func BenchmarkClaimDurable(b *testing.B) {
 						}
 					}
 				}
-				if got.kind != 'o' {
+				if got.Result != Ours {
 					b.Fatalf("claim %d: %+v", i, got)
 				}
-				prev = &answer{key: key, mine: mine, val: sentValue("SM0123456789abcdef0123456789abcdef", 1)}
+				prev = &Answer{Key: key, Mine: mine, Val: SentValue("SM0123456789abcdef0123456789abcdef", 1)}
 				i++
 			}
 		})
@@ -109,13 +123,13 @@ func BenchmarkClaimDurableParallel(b *testing.B) {
 			name += ", WAIT 1 pipelined"
 		}
 		b.Run(name, func(b *testing.B) {
-			f, c, all := benchPlan(b, 2000)
+			c, all := benchCampaign(2000)
 			ctx := context.Background()
 			master := testredis.StartServer(b)
 			master.StartDirectReplica(b)
 			rdb := redis.NewClient(&redis.Options{Addr: master.Addr(), PoolSize: 32, OnConnect: CheckEpochOnConnect(nil, nil)})
 			defer rdb.Close()
-			cl := claims{rdb: rdb, ttl: f.h.claims.ttl}
+			cl := New(rdb, 45*24*time.Hour)
 			epoch, err := Epoch(ctx, rdb)
 			if err != nil {
 				b.Fatal(err)
@@ -123,7 +137,7 @@ func BenchmarkClaimDurableParallel(b *testing.B) {
 			if err := claimSendScript.Load(ctx, rdb).Err(); err != nil {
 				b.Fatal(err)
 			}
-			g := guard{epoch: epoch, halt: HaltKey(c.ID), checkHalt: true}
+			g := Guard{Epoch: epoch, Halt: HaltKey(c.ID), CheckHalt: true}
 			nonce := Nonce(c)
 			var next atomic.Int64
 			b.SetParallelism(8)
@@ -132,7 +146,7 @@ func BenchmarkClaimDurableParallel(b *testing.B) {
 					i := int(next.Add(1))
 					r := all[i%len(all)]
 					key := fmt.Sprintf("%s:%d", ClaimKey(c.ID, r.UserID), i/len(all))
-					sc := sendClaim{key: key, mine: pendingValue(time.Now(), "bench"), addr: r.Address}
+					sc := SendClaim{Key: key, Mine: InFlightValue(time.Now(), "bench"), Addr: r.Address}
 					keys, args := cl.claimSendArgs(c, nonce, sc, g, nil, "limiter:pause:provider:test", time.Now())
 					pipe := rdb.Pipeline()
 					res := claimSendScript.EvalSha(ctx, pipe, keys, args...)

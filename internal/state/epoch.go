@@ -1,4 +1,4 @@
-package worker
+package state
 
 import (
 	"context"
@@ -13,7 +13,7 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// EpochKey holds the Redis epoch: a random value that changes whenever Redis may have lost data
+// The Redis epoch (EpochKey) is a random value that changes whenever Redis may have lost data
 // (restarted, flushed, failed over to a replica, even one that had everything), and only then. A chunk
 // lease in Postgres records the epoch its claims were taken under, and a claim is only taken while the
 // epoch is still the one its lease recorded. So when a run dies holding a lease, the next run knows
@@ -21,16 +21,11 @@ import (
 // sent; another epoch, a missing claim proves nothing and the recipient becomes unknown.
 //
 // A failover to a replica that lagged loses the claims written in its last moments but keeps the epoch,
-// which was replicated long before. So the epoch is tied to the server that issued it (EpochServerKey),
+// which was replicated long before. So the epoch is tied to the server that issued it (EpochServerKey:
+// "<run_id>/<master_replid>" from INFO: a restart gives Redis a new run_id, a promotion a new
+// master_replid),
 // and a new one is issued as soon as a client sees another server, or the same server with another
 // replication history, holding the master role.
-const EpochKey = "campaignctl:epoch"
-
-// EpochServerKey holds the master the epoch was issued on: "<run_id>/<master_replid>" from INFO. A
-// restart gives Redis a new run_id; a promotion (a failover, REPLICAOF NO ONE) gives the promoted
-// server a new master_replid, and a failover moves to another server with its own run_id. Either way the
-// stored value no longer matches and the epoch is renewed.
-const EpochServerKey = "campaignctl:epoch:server"
 
 // Epoch returns the current Redis epoch, after checking that it was issued on the master it reads
 // (epochScript): Redis's identity is read in the same script that compares it, so no claim can come
@@ -51,7 +46,7 @@ const (
 )
 
 func checkEpoch(ctx context.Context, rdb redis.Scripter) (string, epochChange, error) {
-	res, err := epochScript.Run(ctx, rdb, []string{EpochKey, EpochServerKey}, randomToken()).Slice()
+	res, err := epochScript.Run(ctx, rdb, []string{EpochKey, EpochServerKey}, Token()).Slice()
 	if err != nil {
 		if strings.Contains(err.Error(), "CAMPAIGNCTL_NOT_MASTER") {
 			return "", 0, fmt.Errorf("redis epoch: %w (%s)", ErrNotMaster, strings.TrimSpace(strings.TrimPrefix(err.Error(), "CAMPAIGNCTL_NOT_MASTER")))
@@ -101,7 +96,7 @@ if v then return {ARGV[1], 2} end
 return {ARGV[1], 1}`)
 
 // randomToken returns a short random identifier (epochs, lease tokens).
-func randomToken() string {
+func Token() string {
 	var b [8]byte
 	if _, err := rand.Read(b[:]); err != nil {
 		// crypto/rand does not fail on supported platforms; the clock keeps the token unique enough.
@@ -110,13 +105,8 @@ func randomToken() string {
 	return hex.EncodeToString(b[:])
 }
 
-// HaltKey is set while a campaign is paused or cancelled. The claim script reads it, so a pause stops new
-// sends on every worker before their next claim (well within a second), not only at the next chunk.
-func HaltKey(campaignID int64) string {
-	return "campaign:" + strconv.FormatInt(campaignID, 10) + ":halt"
-}
-
-// Halt sets the campaign's halt key to why ("paused", "cancelled") for ttl.
+// Halt sets the campaign's halt key to why ("paused", "cancelled") for ttl: no claim for a send is taken
+// while it is set, on any worker.
 func Halt(ctx context.Context, rdb redis.UniversalClient, campaignID int64, why string, ttl time.Duration) error {
 	if err := rdb.Set(ctx, HaltKey(campaignID), why, ttl).Err(); err != nil {
 		return fmt.Errorf("halt campaign %d in Redis: %w", campaignID, err)
@@ -134,30 +124,31 @@ func Unhalt(ctx context.Context, rdb redis.UniversalClient, campaignID int64) er
 
 // Errors of the claim script: nothing was written.
 var (
-	// errEpoch: Redis lost its data, or its master changed, since the run leased its chunk.
-	errEpoch = errors.New("Redis lost its data or changed master (its epoch changed: emptied, restarted or failed over) since this chunk was leased")
-	// errHalted: the campaign was paused or cancelled.
-	errHalted = errors.New("campaign halted")
+	// ErrEpoch: Redis lost its data, or its master changed, since the run leased its chunk: nothing was
+	// written.
+	ErrEpoch = errors.New("Redis lost its data or changed master (its epoch changed: emptied, restarted or failed over) since this chunk was leased")
+	// ErrHalted: the campaign was paused or cancelled: nothing was written.
+	ErrHalted = errors.New("campaign halted")
 )
 
-// scriptError maps the claim script's error replies to errEpoch and errHalted.
+// scriptError maps the claim script's error replies to ErrEpoch and ErrHalted.
 func scriptError(err error) error {
 	switch {
 	case err == nil:
 		return nil
 	case strings.Contains(err.Error(), "CAMPAIGNCTL_EPOCH"):
-		return errEpoch
+		return ErrEpoch
 	case strings.Contains(err.Error(), "CAMPAIGNCTL_HALT"):
-		return errHalted
+		return ErrHalted
 	}
 	return err
 }
 
-// readClaims reads the claims keys hold (nil for none), as MGET does, but only while the epoch is still
+// ReadClaims reads the claims keys hold (nil for none), as MGET does, but only while the epoch is still
 // epoch: a read that reaches a new master after a failover finds the epoch renewed (its connection was
-// checked) and is refused with errEpoch, instead of answering "no claim" for claims that were lost.
-func readClaims(ctx context.Context, rdb redis.Scripter, epoch string, keys []string) ([]any, error) {
-	vals, err := readClaimsScript.Run(ctx, rdb, append([]string{EpochKey}, keys...), epoch).Slice()
+// checked) and is refused with ErrEpoch, instead of answering "no claim" for claims that were lost.
+func (s *Store) ReadClaims(ctx context.Context, epoch string, keys []string) ([]any, error) {
+	vals, err := readClaimsScript.Run(ctx, s.rdb, append([]string{EpochKey}, keys...), epoch).Slice()
 	if err != nil {
 		if se := scriptError(err); se != err {
 			return nil, se
@@ -178,3 +169,6 @@ if redis.call("GET", KEYS[1]) ~= ARGV[1] then return redis.error_reply("CAMPAIGN
 local out = {}
 for i = 2, #KEYS do out[i - 1] = redis.call("GET", KEYS[i]) or false end
 return out`)
+
+// Epoch is the package's Epoch on the store's client.
+func (s *Store) Epoch(ctx context.Context) (string, error) { return Epoch(ctx, s.rdb) }

@@ -1,9 +1,7 @@
-package worker
+package state
 
 import (
 	"context"
-	"encoding/base64"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"strconv"
@@ -15,99 +13,37 @@ import (
 	"github.com/campaignctl/campaignctl/campaign"
 )
 
-// ClaimKey is the Redis key that records that a recipient of a campaign was claimed for sending.
-func ClaimKey(campaignID int64, userID string) string {
-	return "sent:" + strconv.FormatInt(campaignID, 10) + ":" + userID
-}
-
-// Claim values. The first letter says what the claim knows:
-//
-//	c|<unix ms>|<owner>   claimed by owner, provider not answered (yet)
-//	s|<message id>|<seg>  provider accepted the message
-//	f|<reason>            provider refused it for good
-//	u|<reason>            the answer never came (ambiguous)
-//	k|<reason>            skipped before any send (consent revoked)
-const (
-	claimPending  = 'c'
-	claimSent     = 's'
-	claimFailed   = 'f'
-	claimUnknown  = 'u'
-	claimSkipped  = 'k'
-	claimSeparate = "|"
-)
-
-// claimState is a decoded claim value.
-type claimState struct {
-	kind      byte
-	at        time.Time
-	owner     string
-	messageID string
-	segments  int
-	reason    string
-}
-
-func parseClaim(v string) claimState {
-	if v == "" {
-		return claimState{kind: claimPending}
-	}
-	parts := strings.SplitN(v, claimSeparate, 3)
-	st := claimState{kind: v[0]}
-	switch st.kind {
-	case claimPending:
-		if len(parts) > 1 {
-			if ms, err := strconv.ParseInt(parts[1], 10, 64); err == nil {
-				st.at = time.UnixMilli(ms)
-			}
-		}
-		if len(parts) > 2 {
-			st.owner = parts[2]
-		}
-	case claimSent:
-		st.segments = 1
-		if len(parts) > 1 {
-			st.messageID = decodeMessageID(parts[1])
-		}
-		if len(parts) > 2 {
-			st.segments, _ = strconv.Atoi(parts[2])
-		}
-	default:
-		if len(parts) > 1 {
-			st.reason = strings.Join(parts[1:], claimSeparate)
-		}
-	}
-	return st
-}
-
-// claims reads and writes recipient claims.
-type claims struct {
+// Store reads and writes the send path's state in Redis. Claims are kept ttl (longer than any campaign).
+type Store struct {
 	rdb redis.UniversalClient
 	ttl time.Duration
 }
 
-// Nonce tells one campaign from another that had the same ID: every claim value starts with its
-// campaign's nonce and a slash. Campaign IDs start again at 1 when the engine database is re-created, but
-// Redis may still hold the claims of the old campaign 1 for weeks; those must not pass for the new one's.
-func Nonce(c *campaign.Campaign) string { return strconv.FormatInt(c.CreatedAt.UnixMicro(), 36) }
+// New returns a Store on rdb whose claims live ttl.
+func New(rdb redis.UniversalClient, ttl time.Duration) *Store { return &Store{rdb: rdb, ttl: ttl} }
 
-// guard is what a claim must still hold true when it is taken: the Redis epoch its lease recorded, and,
+// Client is the Redis client the store uses.
+func (c *Store) Client() redis.UniversalClient { return c.rdb }
+
+// Guard is what a claim must still hold true when it is taken: the Redis epoch its lease recorded, and,
 // for a send, that the campaign is not halted.
-type guard struct {
-	epoch     string
-	halt      string // the campaign's HaltKey
-	checkHalt bool
+type Guard struct {
+	Epoch     string
+	Halt      string // the campaign's HaltKey
+	CheckHalt bool
 }
 
-// take sets the claim to val if it does not exist (or belongs to another campaign of the same ID). It
+// Take sets the claim to val if it does not exist (or belongs to another campaign of the same ID). It
 // returns ("", true) when the claim is now ours, or the existing value (without its nonce) and false.
-// When Redis lost its data since the lease (errEpoch) or, with checkHalt, the campaign is halted
-// (errHalted), nothing is written. An existing claim is reported whatever the guard says: it is a fact.
-func (c *claims) take(ctx context.Context, key, nonce, val string, g guard) (string, bool, error) {
+// When Redis lost its data since the lease (ErrEpoch) or, with checkHalt, the campaign is halted
+// (ErrHalted), nothing is written. An existing claim is reported whatever the guard says: it is a fact.
+func (c *Store) Take(ctx context.Context, key, nonce, val string, g Guard) (string, bool, error) {
 	check := "0"
-	if g.checkHalt {
+	if g.CheckHalt {
 		check = "1"
 	}
-	old, err := takeScript.Run(ctx, c.rdb, []string{key, EpochKey, g.halt},
-		nonce+"/"+val, c.ttl.Milliseconds(), nonce+"/", g.epoch, check).Text()
+	old, err := takeScript.Run(ctx, c.rdb, []string{key, EpochKey, g.Halt},
+		nonce+"/"+val, c.ttl.Milliseconds(), nonce+"/", g.Epoch, check).Text()
 	if errors.Is(err, redis.Nil) {
 		return "", true, nil
 	}
@@ -147,11 +83,11 @@ if ARGV[5] == "1" and redis.call("EXISTS", KEYS[3]) == 1 then return redis.error
 redis.call("SET", KEYS[1], ARGV[1], "PX", ARGV[2])
 return false`)
 
-// settle records the provider's answer in a claim we hold, keeping its TTL.
+// Settle records the provider's answer in a claim we hold, keeping its TTL.
 //
 // Compare-and-set: only over our own pending value, and if the key vanished meanwhile (expired, evicted,
 // lost in a failover) it is written again with the full TTL, so the answer is never lost silently.
-func (c *claims) settle(ctx context.Context, key, nonce, mine, val string) error {
+func (c *Store) Settle(ctx context.Context, key, nonce, mine, val string) error {
 	ok, err := settleScript.Run(ctx, c.rdb, []string{key}, nonce+"/"+val, nonce+"/"+mine, c.ttl.Milliseconds()).Int()
 	if err != nil {
 		return fmt.Errorf("settle claim %s: %w", key, err)
@@ -176,9 +112,9 @@ else
 end
 return 1`)
 
-// release deletes a claim we hold whose send was definitely not accepted, so a retry may send.
+// Release deletes a claim we hold whose send was definitely not accepted, so a retry may send.
 // Only our own pending value is deleted (compare-and-delete), never an answer.
-func (c *claims) release(ctx context.Context, key, nonce, ours string) error {
+func (c *Store) Release(ctx context.Context, key, nonce, ours string) error {
 	if err := releaseScript.Run(ctx, c.rdb, []string{key}, nonce+"/"+ours).Err(); err != nil && !errors.Is(err, redis.Nil) {
 		return fmt.Errorf("release claim %s: %w", key, err)
 	}
@@ -193,52 +129,11 @@ if redis.call("GET", KEYS[1]) == ARGV[1] then
 end
 return 0`)
 
-func pendingValue(now time.Time, owner string) string {
-	return string(claimPending) + claimSeparate + strconv.FormatInt(now.UnixMilli(), 10) + claimSeparate + owner
-}
-
-func sentValue(messageID string, segments int) string {
-	v := string(claimSent) + claimSeparate + encodeMessageID(messageID)
-	if segments != 1 {
-		v += claimSeparate + strconv.Itoa(segments)
-	}
-	return v
-}
-
-// encodeMessageID writes a Twilio-style ID (two capital letters and 32 lower-case hex digits, e.g. SM…)
-// as "~", the letters and the 16 bytes in base64 (25 characters instead of 34), so that a sent claim stays
-// a short string (Redis stores values up to 44 bytes inline with their object). Other IDs are kept as they
-// are; none starts with "~".
-func encodeMessageID(id string) string {
-	if len(id) != 34 || id[0] < 'A' || id[0] > 'Z' || id[1] < 'A' || id[1] > 'Z' {
-		return id
-	}
-	raw, err := hex.DecodeString(id[2:])
-	if err != nil || hex.EncodeToString(raw) != id[2:] { // upper-case hex would not come back the same
-		return id
-	}
-	return "~" + id[:2] + base64.RawURLEncoding.EncodeToString(raw)
-}
-
-func decodeMessageID(v string) string {
-	if len(v) != 25 || v[0] != '~' {
-		return v
-	}
-	raw, err := base64.RawURLEncoding.DecodeString(v[3:])
-	if err != nil {
-		return v
-	}
-	return v[1:3] + hex.EncodeToString(raw)
-}
-
-func reasonValue(kind byte, reason string) string {
-	return string(kind) + claimSeparate + reason
-}
-
 // ForgetUnanswered deletes the claims of users of campaign c that hold no provider answer (unknown, or
 // claimed and never answered), so that `resume --resend-unknown` can send them again. Claims that do hold
 // an answer are kept: a recipient whose claim says sent is recorded as sent by the next run, not resent.
-func ForgetUnanswered(ctx context.Context, rdb redis.UniversalClient, c *campaign.Campaign, users []string) error {
+func (s *Store) ForgetUnanswered(ctx context.Context, c *campaign.Campaign, users []string) error {
+	rdb := s.rdb
 	nonce := Nonce(c)
 	const page = 500
 	for start := 0; start < len(users); start += page {
@@ -264,9 +159,9 @@ local kind = string.sub(v, p + 1, p + 1)
 if kind == "u" or kind == "c" then return redis.call("DEL", KEYS[1]) end
 return 0`)
 
-// settleMany records answers in claims we hold, in one script call (see settle). It fails when a claim
+// SettleMany records answers in claims we hold, in one script call (see Settle). It fails when a claim
 // was taken over by another value (the others are written all the same).
-func (c *claims) settleMany(ctx context.Context, keys []string, nonce string, mine, vals []string) error {
+func (c *Store) SettleMany(ctx context.Context, keys []string, nonce string, mine, vals []string) error {
 	if len(keys) == 0 {
 		return nil
 	}
@@ -304,8 +199,8 @@ for i, k in ipairs(KEYS) do
 end
 return lost`)
 
-// releaseMany deletes claims we hold whose sends were definitely not accepted, in one round trip.
-func (c *claims) releaseMany(ctx context.Context, keys []string, nonce string, mine []string) error {
+// ReleaseMany deletes claims we hold whose sends were definitely not accepted, in one round trip.
+func (c *Store) ReleaseMany(ctx context.Context, keys []string, nonce string, mine []string) error {
 	if len(keys) == 0 {
 		return nil
 	}
@@ -319,83 +214,95 @@ func (c *claims) releaseMany(ctx context.Context, keys []string, nonce string, m
 	return nil
 }
 
-// sendClaim is one recipient's claim for a send, with its frequency mark.
-type sendClaim struct {
-	key  string // ClaimKey
-	mine string // the pending value, without the nonce
-	addr string
+// SendClaim is one recipient's claim for a send, with its frequency mark.
+type SendClaim struct {
+	Key  string // ClaimKey
+	Mine string // the in-flight value (InFlightValue), without the nonce
+	Addr string
 }
 
-// answer is a provider's answer still to be written into its claim (values without the nonce).
-type answer struct {
-	key, mine, val string
+// Answer is a provider's answer still to be written into its claim (values without the nonce).
+type Answer struct {
+	Key, Mine, Val string
 }
 
-// claimed is what claimSend found.
-type claimed struct {
-	// kind: 'o' the claim is ours and the mark taken; 'x' the claim exists (old); 'c' the address is
-	// capped by another campaign's mark (old; the claim now records the skip); 'p' the provider is paused
-	// for pause (nothing written).
-	kind  byte
-	old   string
-	pause time.Duration
+// Result is what a claim for a send found.
+type Result byte
+
+const (
+	// Ours: the claim is ours now, and the address's frequency mark taken.
+	Ours Result = 'o'
+	// Taken: the claim exists already (Claimed.Old holds its value, nonce removed).
+	Taken Result = 'x'
+	// Capped: the address has another campaign's mark within this campaign's cap (Claimed.Old holds the
+	// mark); the claim now records the skip.
+	Capped Result = 'c'
+	// Paused: the provider is paused for Claimed.Pause; nothing was written.
+	Paused Result = 'p'
+)
+
+// Claimed is what a claim for a send found.
+type Claimed struct {
+	Result Result
+	Old    string
+	Pause  time.Duration
 }
 
-// claimSend takes a send's claim and its frequency mark in one script call (claimSendScript), first writing
+// ClaimSend takes a send's claim and its frequency mark in one script call (claimSendScript), first writing
 // prev (the answer to the run's previous send, when not yet written) and, with pauseKey set, checking the
-// provider's pause. Returns errEpoch or errHalted when the guard refuses (prev is written all the same).
-func (c *claims) claimSend(ctx context.Context, camp *campaign.Campaign, nonce string, sc sendClaim, g guard, prev *answer, pauseKey string, now time.Time) (claimed, error) {
+// provider's pause. Returns ErrEpoch or ErrHalted when the guard refuses (prev is written all the same).
+func (c *Store) ClaimSend(ctx context.Context, camp *campaign.Campaign, nonce string, sc SendClaim, g Guard, prev *Answer, pauseKey string, now time.Time) (Claimed, error) {
 	keys, args := c.claimSendArgs(camp, nonce, sc, g, prev, pauseKey, now)
 	res, err := claimSendScript.Run(ctx, c.rdb, keys, args...).Slice()
 	if err != nil {
-		return claimed{}, fmt.Errorf("claim %s: %w", sc.key, err)
+		return Claimed{}, fmt.Errorf("claim %s: %w", sc.Key, err)
 	}
 	return decodeClaimed(res, nonce)
 }
 
-// claimSendMany is claimSend for the recipients of one request, in one script call, without a pause check
-// or a previous answer: all of them are claimed, or (errEpoch, errHalted) none.
-func (c *claims) claimSendMany(ctx context.Context, camp *campaign.Campaign, nonce string, scs []sendClaim, g guard, now time.Time) ([]claimed, error) {
+// ClaimMany is ClaimSend for the recipients of one request, in one script call, without a pause check
+// or a previous answer: all of them are claimed, or (ErrEpoch, ErrHalted) none.
+func (c *Store) ClaimMany(ctx context.Context, camp *campaign.Campaign, nonce string, scs []SendClaim, g Guard, now time.Time) ([]Claimed, error) {
 	if len(scs) == 0 {
 		return nil, nil
 	}
 	check := "0"
-	if g.checkHalt {
+	if g.CheckHalt {
 		check = "1"
 	}
 	marks := len(markKeys(camp.Channel, "", now, camp.FrequencyCap))
 	keys := make([]string, 0, 2+len(scs)*(1+marks))
-	keys = append(keys, EpochKey, g.halt)
+	keys = append(keys, EpochKey, g.Halt)
 	args := make([]any, 0, 11+len(scs)*2)
-	args = append(args, nonce+"/", c.ttl.Milliseconds(), g.epoch, check, markOwner(camp, nonce), now.UnixMilli(),
-		marks, camp.FrequencyCap.Milliseconds(), markTTL(camp).Milliseconds(), nonce+"/"+reasonValue(claimSkipped, campaign.ReasonFrequencyCap))
+	args = append(args, nonce+"/", c.ttl.Milliseconds(), g.Epoch, check, markOwner(camp, nonce), now.UnixMilli(),
+		marks, camp.FrequencyCap.Milliseconds(), markTTL(camp).Milliseconds(), nonce+"/"+ReasonValue(Skipped, campaign.ReasonFrequencyCap))
 	for _, sc := range scs {
-		keys = append(keys, sc.key)
-		keys = append(keys, markKeys(camp.Channel, sc.addr, now, camp.FrequencyCap)...)
-		args = append(args, nonce+"/"+sc.mine, sc.addr)
+		keys = append(keys, sc.Key)
+		keys = append(keys, markKeys(camp.Channel, sc.Addr, now, camp.FrequencyCap)...)
+		args = append(args, nonce+"/"+sc.Mine, sc.Addr)
 	}
 	res, err := claimManyScript.Run(ctx, c.rdb, keys, args...).StringSlice()
 	if err != nil {
 		return nil, fmt.Errorf("claims: %w", err)
 	}
 	if len(res) == 1 && res[0] == "e" {
-		return nil, errEpoch
+		return nil, ErrEpoch
 	}
 	if len(res) == 1 && res[0] == "h" {
-		return nil, errHalted
+		return nil, ErrHalted
 	}
 	if len(res) != len(scs) {
 		return nil, fmt.Errorf("claims: the script answered %d results for %d recipients", len(res), len(scs))
 	}
-	out := make([]claimed, len(scs))
+	out := make([]Claimed, len(scs))
 	for i, r := range res {
 		switch {
 		case r == "o":
-			out[i].kind = 'o'
+			out[i].Result = Ours
 		case strings.HasPrefix(r, "x"):
-			out[i] = claimed{kind: 'x', old: strings.TrimPrefix(r[1:], nonce+"/")}
+			out[i] = Claimed{Result: Taken, Old: strings.TrimPrefix(r[1:], nonce+"/")}
 		case strings.HasPrefix(r, "c"):
-			out[i] = claimed{kind: 'c', old: r[1:]}
+			out[i] = Claimed{Result: Capped, Old: r[1:]}
 		default:
 			return nil, fmt.Errorf("claims: the script answered %q", r)
 		}
@@ -469,30 +376,30 @@ for i = 0, n - 1 do
 end
 return out`)
 
-func (c *claims) claimSendArgs(camp *campaign.Campaign, nonce string, sc sendClaim, g guard, prev *answer, pauseKey string, now time.Time) ([]string, []any) {
+func (c *Store) claimSendArgs(camp *campaign.Campaign, nonce string, sc SendClaim, g Guard, prev *Answer, pauseKey string, now time.Time) ([]string, []any) {
 	check := "0"
-	if g.checkHalt {
+	if g.CheckHalt {
 		check = "1"
 	}
 	checkPause := "0"
 	if pauseKey != "" {
 		checkPause = "1"
 	} else {
-		pauseKey = g.halt // any key will do: it is not read
+		pauseKey = g.Halt // any key will do: it is not read
 	}
-	prevKey, prevMine, prevVal := sc.key, "", ""
+	prevKey, prevMine, prevVal := sc.Key, "", ""
 	if prev != nil {
-		prevKey, prevMine, prevVal = prev.key, nonce+"/"+prev.mine, nonce+"/"+prev.val
+		prevKey, prevMine, prevVal = prev.Key, nonce+"/"+prev.Mine, nonce+"/"+prev.Val
 	}
-	keys := append([]string{sc.key, EpochKey, g.halt, pauseKey, prevKey}, markKeys(camp.Channel, sc.addr, now, camp.FrequencyCap)...)
-	return keys, []any{nonce + "/" + sc.mine, c.ttl.Milliseconds(), nonce + "/", g.epoch, check, checkPause, prevMine, prevVal,
-		markOwner(camp, nonce), now.UnixMilli(), camp.FrequencyCap.Milliseconds(), markTTL(camp).Milliseconds(), sc.addr,
-		nonce + "/" + reasonValue(claimSkipped, campaign.ReasonFrequencyCap)}
+	keys := append([]string{sc.Key, EpochKey, g.Halt, pauseKey, prevKey}, markKeys(camp.Channel, sc.Addr, now, camp.FrequencyCap)...)
+	return keys, []any{nonce + "/" + sc.Mine, c.ttl.Milliseconds(), nonce + "/", g.Epoch, check, checkPause, prevMine, prevVal,
+		markOwner(camp, nonce), now.UnixMilli(), camp.FrequencyCap.Milliseconds(), markTTL(camp).Milliseconds(), sc.Addr,
+		nonce + "/" + ReasonValue(Skipped, campaign.ReasonFrequencyCap)}
 }
 
-func decodeClaimed(res []any, nonce string) (claimed, error) {
+func decodeClaimed(res []any, nonce string) (Claimed, error) {
 	if len(res) < 2 {
-		return claimed{}, fmt.Errorf("claim script answered %v", res)
+		return Claimed{}, fmt.Errorf("claim script answered %v", res)
 	}
 	kind, _ := res[1].(string)
 	var arg string
@@ -501,20 +408,20 @@ func decodeClaimed(res []any, nonce string) (claimed, error) {
 	}
 	switch kind {
 	case "o":
-		return claimed{kind: 'o'}, nil
+		return Claimed{Result: Ours}, nil
 	case "x":
-		return claimed{kind: 'x', old: strings.TrimPrefix(arg, nonce+"/")}, nil
+		return Claimed{Result: Taken, Old: strings.TrimPrefix(arg, nonce+"/")}, nil
 	case "c":
-		return claimed{kind: 'c', old: arg}, nil
+		return Claimed{Result: Capped, Old: arg}, nil
 	case "p":
 		ms, _ := strconv.ParseInt(arg, 10, 64)
-		return claimed{kind: 'p', pause: time.Duration(ms) * time.Millisecond}, nil
+		return Claimed{Result: Paused, Pause: time.Duration(ms) * time.Millisecond}, nil
 	case "e":
-		return claimed{}, errEpoch
+		return Claimed{}, ErrEpoch
 	case "h":
-		return claimed{}, errHalted
+		return Claimed{}, ErrHalted
 	}
-	return claimed{}, fmt.Errorf("claim script answered %v", res)
+	return Claimed{}, fmt.Errorf("claim script answered %v", res)
 }
 
 // claimSendScript takes a send's claim and its frequency mark in one atomic step.

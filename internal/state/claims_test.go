@@ -1,4 +1,4 @@
-package worker
+package state
 
 import (
 	"context"
@@ -11,7 +11,7 @@ import (
 )
 
 // The claim scripts write a claim in the same call that finds one (SET NX GET, SET GET). These are the
-// cases where what that call found must undo or redirect it: a guard that refuses after a free claim was
+// cases where what that call found must undo or redirect it: a Guard that refuses after a free claim was
 // taken, a leftover of an earlier campaign with the same ID, an answer written over a claim that vanished
 // or that another value took over, and a request's mark hash whose TTL is looked at once.
 func TestClaimScriptsUndoWhatTheGuardsRefuse(t *testing.T) {
@@ -19,15 +19,15 @@ func TestClaimScriptsUndoWhatTheGuardsRefuse(t *testing.T) {
 	rdb, _ := testredis.New(t)
 	ctx := context.Background()
 	const ttl = time.Hour
-	cl := &claims{rdb: rdb, ttl: ttl}
+	cl := New(rdb, ttl)
 	c := &campaign.Campaign{ID: 41, Channel: campaign.ChannelSMS, CreatedAt: time.Now(), FrequencyCap: time.Hour}
 	nonce := Nonce(c)
 	if err := rdb.Set(ctx, EpochKey, "e1", 0).Err(); err != nil {
 		t.Fatal(err)
 	}
-	ok := guard{epoch: "e1", halt: HaltKey(c.ID), checkHalt: true}
+	ok := Guard{Epoch: "e1", Halt: HaltKey(c.ID), CheckHalt: true}
 	now := time.Now()
-	mine := pendingValue(now, "w1")
+	mine := InFlightValue(now, "w1")
 	get := func(key string) (string, time.Duration) {
 		t.Helper()
 		v, err := rdb.Get(ctx, key).Result()
@@ -36,36 +36,36 @@ func TestClaimScriptsUndoWhatTheGuardsRefuse(t *testing.T) {
 		}
 		return v, rdb.PTTL(ctx, key).Val()
 	}
-	claim := func(user string, g guard, prev *answer) (claimed, error) {
-		return cl.claimSend(ctx, c, nonce, sendClaim{key: ClaimKey(c.ID, user), mine: mine, addr: "+9055500000" + user}, g, prev, "", now)
+	claim := func(user string, g Guard, prev *Answer) (Claimed, error) {
+		return cl.ClaimSend(ctx, c, nonce, SendClaim{Key: ClaimKey(c.ID, user), Mine: mine, Addr: "+9055500000" + user}, g, prev, "", now)
 	}
 
 	// A free claim under another epoch, or while the campaign is halted: refused, and nothing stays written.
-	if _, err := claim("1", guard{epoch: "e0", halt: ok.halt, checkHalt: true}, nil); !errors.Is(err, errEpoch) {
-		t.Fatalf("claim under another epoch: %v, want errEpoch", err)
+	if _, err := claim("1", Guard{Epoch: "e0", Halt: ok.Halt, CheckHalt: true}, nil); !errors.Is(err, ErrEpoch) {
+		t.Fatalf("claim under another epoch: %v, want ErrEpoch", err)
 	}
 	if v, _ := get(ClaimKey(c.ID, "1")); v != "" {
 		t.Fatalf("a refused claim left %q", v)
 	}
 	rdb.Set(ctx, HaltKey(c.ID), "paused", 0)
-	if _, err := claim("1", ok, nil); !errors.Is(err, errHalted) {
-		t.Fatalf("claim while halted: %v, want errHalted", err)
+	if _, err := claim("1", ok, nil); !errors.Is(err, ErrHalted) {
+		t.Fatalf("claim while halted: %v, want ErrHalted", err)
 	}
 	if v, _ := get(ClaimKey(c.ID, "1")); v != "" {
 		t.Fatalf("a claim refused by the halt left %q", v)
 	}
 	rdb.Del(ctx, HaltKey(c.ID))
 
-	// A leftover of an earlier campaign 41 stays while the guard refuses, and is replaced once it allows.
-	leftover := "oldnonce/" + sentValue("SMold", 1)
+	// A leftover of an earlier campaign 41 stays while the Guard refuses, and is replaced once it allows.
+	leftover := "oldnonce/" + SentValue("SMold", 1)
 	rdb.Set(ctx, ClaimKey(c.ID, "2"), leftover, 0)
-	if _, err := claim("2", guard{epoch: "e0", halt: ok.halt}, nil); !errors.Is(err, errEpoch) {
-		t.Fatalf("claim over a leftover under another epoch: %v, want errEpoch", err)
+	if _, err := claim("2", Guard{Epoch: "e0", Halt: ok.Halt}, nil); !errors.Is(err, ErrEpoch) {
+		t.Fatalf("claim over a leftover under another epoch: %v, want ErrEpoch", err)
 	}
 	if v, _ := get(ClaimKey(c.ID, "2")); v != leftover {
-		t.Fatalf("the leftover became %q while the guard refused", v)
+		t.Fatalf("the leftover became %q while the Guard refused", v)
 	}
-	if got, err := claim("2", ok, nil); err != nil || got.kind != 'o' {
+	if got, err := claim("2", ok, nil); err != nil || got.Result != Ours {
 		t.Fatalf("claim over a leftover: %+v, %v; want ours", got, err)
 	}
 	if v, left := get(ClaimKey(c.ID, "2")); v != nonce+"/"+mine || left <= 0 || left > ttl {
@@ -74,15 +74,15 @@ func TestClaimScriptsUndoWhatTheGuardsRefuse(t *testing.T) {
 
 	// A free claim is ours with its TTL; the same value again is still ours (a retried script); another
 	// run's claim is reported, not overwritten.
-	if got, err := claim("3", ok, nil); err != nil || got.kind != 'o' {
+	if got, err := claim("3", ok, nil); err != nil || got.Result != Ours {
 		t.Fatalf("free claim: %+v, %v", got, err)
 	}
-	if got, err := claim("3", ok, nil); err != nil || got.kind != 'o' {
+	if got, err := claim("3", ok, nil); err != nil || got.Result != Ours {
 		t.Fatalf("own claim again: %+v, %v; want ours", got, err)
 	}
-	other := nonce + "/" + pendingValue(now, "w2")
+	other := nonce + "/" + InFlightValue(now, "w2")
 	rdb.Set(ctx, ClaimKey(c.ID, "4"), other, 0)
-	if got, err := claim("4", ok, nil); err != nil || got.kind != 'x' || got.old != pendingValue(now, "w2") {
+	if got, err := claim("4", ok, nil); err != nil || got.Result != Taken || got.Old != InFlightValue(now, "w2") {
 		t.Fatalf("claim held by another run: %+v, %v; want it reported", got, err)
 	}
 	if v, _ := get(ClaimKey(c.ID, "4")); v != other {
@@ -91,22 +91,22 @@ func TestClaimScriptsUndoWhatTheGuardsRefuse(t *testing.T) {
 
 	// The previous send's answer rides on the next claim: written over our pending value (TTL kept), written
 	// with the full TTL when the claim vanished, and never over a value someone else wrote.
-	sent := sentValue("SMnew", 1)
+	sent := SentValue("SMnew", 1)
 	rdb.Set(ctx, ClaimKey(c.ID, "5"), nonce+"/"+mine, 10*time.Minute)
-	if _, err := claim("6", ok, &answer{key: ClaimKey(c.ID, "5"), mine: mine, val: sent}); err != nil {
+	if _, err := claim("6", ok, &Answer{Key: ClaimKey(c.ID, "5"), Mine: mine, Val: sent}); err != nil {
 		t.Fatal(err)
 	}
 	if v, left := get(ClaimKey(c.ID, "5")); v != nonce+"/"+sent || left > 10*time.Minute || left <= 0 {
 		t.Fatalf("previous answer over our claim: %q with TTL %v; want the answer with the claim's TTL", v, left)
 	}
-	if _, err := claim("7", ok, &answer{key: ClaimKey(c.ID, "vanished"), mine: mine, val: sent}); err != nil {
+	if _, err := claim("7", ok, &Answer{Key: ClaimKey(c.ID, "vanished"), Mine: mine, Val: sent}); err != nil {
 		t.Fatal(err)
 	}
 	if v, left := get(ClaimKey(c.ID, "vanished")); v != nonce+"/"+sent || left <= 10*time.Minute || left > ttl {
 		t.Fatalf("previous answer over a vanished claim: %q with TTL %v; want the answer with the full TTL", v, left)
 	}
 	rdb.Set(ctx, ClaimKey(c.ID, "8"), other, 0)
-	if _, err := claim("9", ok, &answer{key: ClaimKey(c.ID, "8"), mine: mine, val: sent}); err != nil {
+	if _, err := claim("9", ok, &Answer{Key: ClaimKey(c.ID, "8"), Mine: mine, Val: sent}); err != nil {
 		t.Fatal(err)
 	}
 	if v, left := get(ClaimKey(c.ID, "8")); v != other || left != -1 {
@@ -117,7 +117,7 @@ func TestClaimScriptsUndoWhatTheGuardsRefuse(t *testing.T) {
 	keys := []string{ClaimKey(c.ID, "s1"), ClaimKey(c.ID, "s2"), ClaimKey(c.ID, "s3")}
 	rdb.Set(ctx, keys[0], nonce+"/"+mine, 10*time.Minute)
 	rdb.Set(ctx, keys[2], other, 0)
-	err := cl.settleMany(ctx, keys, nonce, []string{mine, mine, mine}, []string{sent, sent, sent})
+	err := cl.SettleMany(ctx, keys, nonce, []string{mine, mine, mine}, []string{sent, sent, sent})
 	if err == nil {
 		t.Fatal("settleMany over a taken-over claim reported nothing")
 	}
@@ -133,21 +133,21 @@ func TestClaimScriptsUndoWhatTheGuardsRefuse(t *testing.T) {
 
 	// claimSendMany: every recipient's mark lands in the day's hash, which gets its TTL.
 	e := &campaign.Campaign{ID: 42, Channel: campaign.ChannelEmail, CreatedAt: time.Now(), FrequencyCap: time.Hour}
-	var scs []sendClaim
+	var scs []SendClaim
 	for _, a := range []string{"a@example.com", "b@example.com", "c@example.com", "d@example.com"} {
-		scs = append(scs, sendClaim{key: ClaimKey(e.ID, a), mine: mine, addr: a})
+		scs = append(scs, SendClaim{Key: ClaimKey(e.ID, a), Mine: mine, Addr: a})
 	}
-	got, err := cl.claimSendMany(ctx, e, Nonce(e), scs, guard{epoch: "e1", halt: HaltKey(e.ID)}, now)
+	got, err := cl.ClaimMany(ctx, e, Nonce(e), scs, Guard{Epoch: "e1", Halt: HaltKey(e.ID)}, now)
 	if err != nil {
 		t.Fatal(err)
 	}
 	for i, g := range got {
-		if g.kind != 'o' {
+		if g.Result != Ours {
 			t.Fatalf("recipient %d: %+v, want ours", i, g)
 		}
-		key := FrequencyKey(e.Channel, scs[i].addr, now)
-		if rdb.HExists(ctx, key, scs[i].addr).Val() == false {
-			t.Fatalf("no mark for %s in %s", scs[i].addr, key)
+		key := FrequencyKey(e.Channel, scs[i].Addr, now)
+		if rdb.HExists(ctx, key, scs[i].Addr).Val() == false {
+			t.Fatalf("no mark for %s in %s", scs[i].Addr, key)
 		}
 		if left := rdb.PTTL(ctx, key).Val(); left < markTTL(e)-time.Minute {
 			t.Fatalf("mark hash %s has TTL %v, want about %v", key, left, markTTL(e))
@@ -162,7 +162,7 @@ func TestMarkHashTTLRenewedOnceAnHourOfMarginIsUsed(t *testing.T) {
 	t.Parallel()
 	rdb, _ := testredis.New(t)
 	ctx := context.Background()
-	cl := &claims{rdb: rdb, ttl: time.Hour}
+	cl := New(rdb, time.Hour)
 	if err := rdb.Set(ctx, EpochKey, "e1", 0).Err(); err != nil {
 		t.Fatal(err)
 	}
@@ -186,13 +186,13 @@ func TestMarkHashTTLRenewedOnceAnHourOfMarginIsUsed(t *testing.T) {
 				rdb.HSet(ctx, key, "someone-else", "1|1")
 				rdb.PExpire(ctx, key, tc.left)
 			}
-			sc := sendClaim{key: ClaimKey(c.ID, tc.addr), mine: pendingValue(now, "w"), addr: tc.addr}
-			g := guard{epoch: "e1", halt: HaltKey(c.ID)}
+			sc := SendClaim{Key: ClaimKey(c.ID, tc.addr), Mine: InFlightValue(now, "w"), Addr: tc.addr}
+			g := Guard{Epoch: "e1", Halt: HaltKey(c.ID)}
 			var err error
 			if ch == campaign.ChannelEmail {
-				_, err = cl.claimSendMany(ctx, c, Nonce(c), []sendClaim{sc}, g, now)
+				_, err = cl.ClaimMany(ctx, c, Nonce(c), []SendClaim{sc}, g, now)
 			} else {
-				_, err = cl.claimSend(ctx, c, Nonce(c), sc, g, nil, "", now)
+				_, err = cl.ClaimSend(ctx, c, Nonce(c), sc, g, nil, "", now)
 			}
 			if err != nil {
 				t.Fatal(err)

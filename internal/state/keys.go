@@ -1,0 +1,87 @@
+// Package state holds the send path's state in Redis: recipients' claims and the provider's answers in
+// them, the epoch that tells when Redis lost data, campaigns' halts, frequency marks and progress
+// counters. Every key the engine writes is named in this file; every script sits beside the method that
+// runs it. Postgres stays the source of truth: this is what lets many workers agree, fast, on who is being
+// sent right now and what the provider said.
+package state
+
+import (
+	"hash/fnv"
+	"strconv"
+	"time"
+
+	"github.com/campaignctl/campaignctl/campaign"
+)
+
+// The keys, all of them. Asynq keeps its own under "asynq:{campaigns}:" (its queue is named campaigns);
+// go-redis/redis_rate keeps the token buckets under "rate:" followed by a bucket's name (CampaignBucket,
+// ProviderBucket).
+const (
+	// EpochKey holds the Redis epoch (see Epoch).
+	EpochKey = "campaignctl:epoch"
+	// EpochServerKey holds the master the epoch was issued on: "<run_id>/<master_replid>" from INFO.
+	EpochServerKey = "campaignctl:epoch:server"
+)
+
+// ClaimKey is the claim of one recipient of one campaign, "sent:<campaign>:<user>" (its value: Value).
+func ClaimKey(campaignID int64, userID string) string {
+	return "sent:" + strconv.FormatInt(campaignID, 10) + ":" + userID
+}
+
+// HaltKey is set while a campaign is paused or cancelled; claims for sends read it.
+func HaltKey(campaignID int64) string {
+	return "campaign:" + strconv.FormatInt(campaignID, 10) + ":halt"
+}
+
+// ProgressKey is the hash of a campaign's progress counters (sent, failed, skipped, unknown).
+func ProgressKey(campaignID int64) string {
+	return "campaign:" + strconv.FormatInt(campaignID, 10) + ":progress"
+}
+
+// CampaignBucket names a campaign's rate limit (launch --rate).
+func CampaignBucket(campaignID int64) string { return "campaign:" + strconv.FormatInt(campaignID, 10) }
+
+// ProviderBucket names a provider's rate limit.
+func ProviderBucket(provider string) string { return "provider:" + provider }
+
+// PauseKey exists while the limit named bucket is paused (a 429, a burst of 5xx); its TTL is the pause.
+func PauseKey(bucket string) string { return "limiter:pause:" + bucket }
+
+// StrikesKey counts the 5xx answers of the current second for the limit named bucket.
+func StrikesKey(bucket string) string { return "limiter:strikes:" + bucket }
+
+// Frequency marks say that an address was recently messaged on a channel, across campaigns. They live in
+// hashes, one per channel, UTC day and shard: field = address, value = "<campaign id>:<nonce>|<unix ms of
+// the send>". A hash of a few dozen small fields is stored compactly (listpack), about 45 bytes a mark
+// against some 130 for a key of its own, and a day's hashes expire together once no cap can reach them.
+const (
+	markShards = 8192
+	markDay    = 24 * time.Hour
+)
+
+// FrequencyKey is the hash that holds address's mark on channel ch for the UTC day of t.
+func FrequencyKey(ch campaign.Channel, address string, t time.Time) string {
+	return markKey(ch, markShard(address), t.UnixMilli()/markDay.Milliseconds())
+}
+
+func markShard(address string) uint32 {
+	h := fnv.New32a()
+	h.Write([]byte(address)) //nolint:errcheck // hashes never fail
+	return h.Sum32() % markShards
+}
+
+func markKey(ch campaign.Channel, shard uint32, day int64) string {
+	return "freq:" + string(ch) + ":" + strconv.FormatInt(day, 10) + ":" + strconv.FormatUint(uint64(shard), 10)
+}
+
+// markKeys are the hashes a check at now with cap must read, today's first (the one a new mark goes to).
+func markKeys(ch campaign.Channel, address string, now time.Time, cap time.Duration) []string {
+	shard := markShard(address)
+	today := now.UnixMilli() / markDay.Milliseconds()
+	first := (now.UnixMilli() - cap.Milliseconds()) / markDay.Milliseconds()
+	keys := []string{markKey(ch, shard, today)}
+	for d := today - 1; d >= first; d-- {
+		keys = append(keys, markKey(ch, shard, d))
+	}
+	return keys
+}
