@@ -554,19 +554,22 @@ func chaosCheck(t *testing.T, r chaosRun) {
 	// a. Nobody got two messages; nobody outside the plan got one. The one exception is the documented
 	//    cost of `resume --resend-unknown`: an unknown recipient the provider had in fact accepted, resent
 	//    while nothing (no receipt that reached the receiver, no sent outcome, no sent claim) said so.
-	var dups, costs, strangers []string
+	var dups, costs, strangers, briefs []string
+	classes := map[string]int{}
 	extra := 0
 	for to, ms := range perTo {
 		if len(ms) > 1 {
 			extra += len(ms) - 1
 			rc := planned[to]
-			cost, why := chaosJudge(ms, r.history[rc.UserID], r.resends, rc.UserID)
-			line := chaosDuplicateReport(to, rc, ms, r, why)
-			if cost {
+			v := chaosJudge(ms, r.history[rc.UserID], r.resends, rc.UserID)
+			line := chaosDuplicateReport(to, rc, ms, r, v.why)
+			if v.cost {
 				costs = append(costs, line)
 			} else {
 				dups = append(dups, line)
 			}
+			classes[v.class]++
+			briefs = append(briefs, fmt.Sprintf("%s %s: PG %s, delivery %q; %s", rc.UserID, to, rc.Status, rc.Delivery, v.class))
 		}
 		if _, ok := planned[to]; !ok {
 			strangers = append(strangers, fmt.Sprintf("%s accepted %d times, not in the plan", to, len(ms)))
@@ -580,6 +583,16 @@ func chaosCheck(t *testing.T, r chaosRun) {
 			len(costs), strings.Join(costs[:min(len(costs), examples)], "\n  "))
 	}
 	report("a. messages to numbers outside the plan", strangers)
+	if len(briefs) > 0 {
+		var tally []string
+		for c, k := range classes {
+			tally = append(tally, fmt.Sprintf("%5d  %s", k, c))
+		}
+		sort.Sort(sort.Reverse(sort.StringSlice(tally)))
+		sort.Strings(briefs)
+		const most = 200
+		t.Logf("duplicates by kind:\n%s\nevery duplicate (up to %d):\n  %s", strings.Join(tally, "\n"), most, strings.Join(briefs[:min(len(briefs), most)], "\n  "))
+	}
 
 	// b. Every `sent` was accepted, with its code in the body.
 	// c. Everyone never accepted is unknown, or failed with the provider's reason; nobody is pending; and
@@ -697,18 +710,32 @@ func chaosCheck(t *testing.T, r chaosRun) {
 		len(r.msgs), len(perTo), len(dups)+len(costs), extra, len(costs), r.kills, r.selfExits, r.resumes, time.Since(r.began).Round(time.Second))
 }
 
+// chaosVerdict is what chaosJudge found about one recipient accepted more than once.
+type chaosVerdict struct {
+	// cost is true when every repeat is the documented cost of --resend-unknown.
+	cost bool
+	// class names the kind, for a tally: the evidence that existed (or "no resend between"), how the
+	// earlier acceptance was answered and what recorded the recipient unknown.
+	class string
+	why   string
+}
+
 // chaosJudge decides whether the repeated acceptances ms of one recipient (userID; its audit hist) are the
-// documented cost of `resume --resend-unknown` (cost true) or a double send (cost false), and says why.
-// Each acceptance after the first is the cost only if a resend of the recipient was logged between it and
-// the one before, and nothing said at the moment of that resend that an earlier acceptance had happened:
-// no receipt of it answered by the receiver, no sent outcome in the audit, no sent claim in Redis just
-// before the resend command ran.
-func chaosJudge(ms []sandbox.Message, hist []chaosLogEntry, resends []*chaosResend, userID string) (cost bool, why string) {
+// documented cost of `resume --resend-unknown` or a double send, and says why. Each acceptance after the
+// first is the cost only if a resend of the recipient was logged between it and the one before, and
+// nothing said at the moment of that resend that an earlier acceptance had happened: no receipt of it
+// answered by the receiver, no sent outcome in the audit, no sent claim in Redis just before the resend
+// command ran.
+func chaosJudge(ms []sandbox.Message, hist []chaosLogEntry, resends []*chaosResend, userID string) chaosVerdict {
 	ms = slices.Clone(ms)
 	slices.SortStableFunc(ms, func(a, b sandbox.Message) int { return a.At.Compare(b.At) })
 	var whys []string
 	for k := 1; k < len(ms); k++ {
 		prev, cur := ms[k-1].At, ms[k].At
+		answer := "answered"
+		if ms[k-1].Hung {
+			answer = "held"
+		}
 		var resendAt time.Time
 		for _, e := range hist {
 			if e.Status == "pending" && strings.Contains(e.Reason, "--resend-unknown") && e.At.After(prev) && e.At.Before(cur) {
@@ -716,19 +743,24 @@ func chaosJudge(ms []sandbox.Message, hist []chaosLogEntry, resends []*chaosRese
 			}
 		}
 		if resendAt.IsZero() {
-			return false, fmt.Sprintf("accepted again at %s with no resend-unknown of it since the acceptance at %s: a double send",
-				cur.Local().Format("15:04:05.000"), prev.Local().Format("15:04:05.000"))
+			return chaosVerdict{
+				class: fmt.Sprintf("double send, no resend-unknown between the acceptances; the earlier one %s, then %s", answer, chaosLastOutcome(hist, cur)),
+				why: fmt.Sprintf("accepted again at %s with no resend-unknown of it since the acceptance at %s: a double send",
+					cur.Local().Format("15:04:05.000"), prev.Local().Format("15:04:05.000")),
+			}
 		}
-		var evidence []string
+		var evidence, kinds []string
 		for _, m := range ms[:k] {
 			if !m.ReceiptAt.IsZero() && m.ReceiptAt.Before(resendAt) {
 				evidence = append(evidence, fmt.Sprintf("receipt %q of %s (accepted %s) answered by the receiver at %s",
 					m.Receipt, m.SID, m.At.Local().Format("15:04:05.000"), m.ReceiptAt.Local().Format("15:04:05.000")))
+				kinds = append(kinds, "a receipt")
 			}
 		}
 		for _, e := range hist {
 			if e.Status == "sent" && e.At.Before(resendAt) {
 				evidence = append(evidence, "recorded sent at "+e.String())
+				kinds = append(kinds, "a sent outcome")
 			}
 		}
 		var before *chaosResend
@@ -740,15 +772,43 @@ func chaosJudge(ms []sandbox.Message, hist []chaosLogEntry, resends []*chaosRese
 		if before != nil && strings.HasPrefix(before.claims[userID], "s") {
 			evidence = append(evidence, fmt.Sprintf("its claim said sent (%s) just before the resend command of %s",
 				before.claims[userID], before.start.Local().Format("15:04:05.000")))
+			kinds = append(kinds, "a sent claim")
 		}
 		if len(evidence) > 0 {
-			return false, fmt.Sprintf("resent by --resend-unknown at %s although %s: a double send",
-				resendAt.Local().Format("15:04:05.000"), strings.Join(evidence, "; "))
+			slices.Sort(kinds)
+			return chaosVerdict{
+				class: fmt.Sprintf("double send, resent by --resend-unknown despite %s; the earlier acceptance %s, recorded unknown by %s",
+					strings.Join(slices.Compact(kinds), " and "), answer, chaosLastOutcome(hist, resendAt)),
+				why: fmt.Sprintf("resent by --resend-unknown at %s although %s: a double send",
+					resendAt.Local().Format("15:04:05.000"), strings.Join(evidence, "; ")),
+			}
 		}
 		whys = append(whys, fmt.Sprintf("resent at %s with no receipt, sent outcome nor sent claim of the acceptance at %s",
 			resendAt.Local().Format("15:04:05.000"), prev.Local().Format("15:04:05.000")))
 	}
-	return true, strings.Join(whys, "; ")
+	return chaosVerdict{cost: true, class: "cost of --resend-unknown: resent with no evidence of the earlier acceptance", why: strings.Join(whys, "; ")}
+}
+
+// chaosLastOutcome names, for a tally, the last outcome in hist before at: what recorded the recipient.
+func chaosLastOutcome(hist []chaosLogEntry, at time.Time) string {
+	last := chaosLogEntry{Status: "nothing"}
+	for _, e := range hist {
+		if e.At.Before(at) && e.Status != "pending" {
+			last = e
+		}
+	}
+	switch r := last.Reason; {
+	case last.Status != "unknown":
+		return "a " + last.Status + " outcome"
+	case strings.Contains(r, "Timeout") || strings.Contains(r, "deadline exceeded"):
+		return "the provider timeout"
+	case strings.Contains(r, "stopped after claiming"):
+		return "the sweep of a dead worker's chunk"
+	case strings.Contains(r, "lost its data") || strings.Contains(r, "epoch"):
+		return "Redis losing its data"
+	default:
+		return fmt.Sprintf("%.60q", r)
+	}
 }
 
 // chaosDuplicateReport is everything known about a recipient the provider accepted more than once.
