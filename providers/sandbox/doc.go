@@ -55,6 +55,9 @@
 //	GET  /_sandbox/faults                the current Faults
 //	POST /_sandbox/faults                replace the Faults (JSON body)
 //	POST /_sandbox/reset                 clear the message log, the stats and the rate buckets
+//	GET  /_sandbox/receipts/stats        ReceiptStats as JSON (the status callbacks sent, failed, ...)
+//	GET  /_sandbox/receipts              the current ReceiptSettings
+//	POST /_sandbox/receipts              change them: {"delay_ms":50} or {"off":true}, for what is accepted next
 //
 // The sandbox never logs credentials or bodies, and masks phone numbers in its logs with
 // providers.MaskAddress (+905*****4567).

@@ -26,6 +26,12 @@ type Message struct {
 	IYSFilter string `json:"iys_filter,omitempty"`
 	// Hung is true when the sandbox accepted the message but never answered (the timeout fault).
 	Hung bool `json:"hung,omitempty"`
+	// Receipt is the last delivery receipt (Twilio status callback: "sent", "delivered", ...) that the
+	// receiver answered with a 2xx; "" when none was.
+	Receipt string `json:"receipt,omitempty"`
+	// ReceiptAt is when the receiver first answered a receipt of this message with a 2xx: from then on it
+	// held proof that the provider accepted the message. Zero when it never did.
+	ReceiptAt time.Time `json:"receipt_at,omitzero"`
 }
 
 // Stats counts what the sandbox saw since it started or was last reset.
@@ -109,9 +115,9 @@ func (l *messageLog) connReset() {
 	l.mu.Unlock()
 }
 
-// accept records m. Account SIDs and senders repeat on every message of a campaign, so they share one
-// copy each, which keeps millions of records affordable.
-func (l *messageLog) accept(m Message) {
+// accept records m and returns its place in the log. Account SIDs and senders repeat on every message of
+// a campaign, so they share one copy each, which keeps millions of records affordable.
+func (l *messageLog) accept(m Message) int {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	m.AccountSID = l.intern(m.AccountSID)
@@ -134,6 +140,22 @@ func (l *messageLog) accept(m Message) {
 		l.stats.Recipients++
 	case 2:
 		l.stats.Duplicates++
+	}
+	return len(l.messages) - 1
+}
+
+// receipted notes that a receipt with status for the message sid, logged at entry, was answered with a
+// 2xx at at. A log reset since the message was accepted leaves nothing to note.
+func (l *messageLog) receipted(entry int, sid, status string, at time.Time) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if entry < 0 || entry >= len(l.messages) || l.messages[entry].SID != sid {
+		return
+	}
+	m := &l.messages[entry]
+	m.Receipt = status
+	if m.ReceiptAt.IsZero() {
+		m.ReceiptAt = at
 	}
 }
 

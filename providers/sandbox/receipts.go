@@ -4,6 +4,8 @@ import (
 	"crypto/hmac"
 	"crypto/sha1"
 	"encoding/base64"
+	"encoding/json"
+	"fmt"
 	"net/http"
 	"net/url"
 	"slices"
@@ -40,6 +42,12 @@ import (
 // as Twilio does by default; at most maxPendingReceipts messages wait for theirs, and a message beyond
 // that gets none (counted as dropped), so the send path never waits. GET /_sandbox/receipts/stats
 // returns ReceiptStats; Reset does not clear them.
+//
+// The message log keeps, per message, the last status its receiver answered with a 2xx and when the
+// first such answer came (Message.Receipt, Message.ReceiptAt): from that instant the receiver held proof
+// that the provider had accepted the message. GET /_sandbox/receipts returns the ReceiptSettings and
+// POST /_sandbox/receipts changes them while the sandbox runs (the delay, or no callbacks at all), for the
+// messages accepted from then on.
 
 // maxPendingReceipts bounds the messages whose callbacks are scheduled or in flight.
 const maxPendingReceipts = 4096
@@ -68,15 +76,37 @@ type ReceiptStats struct {
 	Dropped int64 `json:"dropped"`
 	// Pending is the number of messages whose callbacks are not all sent yet.
 	Pending int64 `json:"pending"`
+	// Disabled is the number of messages that got no callbacks because ReceiptSettings.Off was set.
+	Disabled int64 `json:"disabled"`
+}
+
+// ReceiptSettings are what can change about the Twilio status callbacks while the sandbox runs. A change
+// applies to the messages accepted after it; callbacks already scheduled keep their times.
+type ReceiptSettings struct {
+	// DelayMS is how long after acceptance the first callback is posted, and how long after it the final
+	// one, in milliseconds (Options.ReceiptDelay at the start).
+	DelayMS int64 `json:"delay_ms"`
+	// Off sends no callbacks at all: the messages accepted meanwhile never get theirs.
+	Off bool `json:"off"`
+}
+
+// maxReceiptDelayMS bounds ReceiptSettings.DelayMS (10 minutes).
+const maxReceiptDelayMS = 10 * 60 * 1000
+
+func (rs ReceiptSettings) validate() error {
+	if rs.DelayMS < 0 || rs.DelayMS > maxReceiptDelayMS {
+		return fmt.Errorf("delay_ms must be between 0 and %d, got %d", maxReceiptDelayMS, rs.DelayMS)
+	}
+	return nil
 }
 
 // receiptState holds what the receipt emitters need (Twilio status callbacks).
 type receiptState struct {
-	client *http.Client
-	slots  chan struct{} // one per pending message; never waited on
-	delay  time.Duration
+	client   *http.Client
+	slots    chan struct{} // one per pending message; never waited on
+	settings atomic.Pointer[ReceiptSettings]
 
-	scheduled, sent, failed, refused, dropped atomic.Int64
+	scheduled, sent, failed, refused, dropped, disabled atomic.Int64
 }
 
 // receiptRoutes sets up the delivery receipt emitters.
@@ -84,11 +114,41 @@ func (s *Server) receiptRoutes() {
 	s.receipts = &receiptState{
 		client: loopbackClient(),
 		slots:  make(chan struct{}, maxPendingReceipts),
-		delay:  max(s.opts.ReceiptDelay, 0),
 	}
+	s.receipts.settings.Store(&ReceiptSettings{DelayMS: max(s.opts.ReceiptDelay, 0).Milliseconds()})
 	s.mux.HandleFunc("GET /_sandbox/receipts/stats", func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, s.ReceiptStats())
 	})
+	s.mux.HandleFunc("GET /_sandbox/receipts", func(w http.ResponseWriter, r *http.Request) {
+		writeJSON(w, http.StatusOK, s.Receipts())
+	})
+	s.mux.HandleFunc("POST /_sandbox/receipts", func(w http.ResponseWriter, r *http.Request) {
+		var rs ReceiptSettings
+		dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, 1<<16))
+		dec.DisallowUnknownFields()
+		if err := dec.Decode(&rs); err != nil {
+			writeJSON(w, http.StatusBadRequest, map[string]string{"error": "decode receipt settings: " + err.Error()})
+			return
+		}
+		if err := s.SetReceipts(rs); err != nil {
+			writeJSON(w, http.StatusBadRequest, map[string]string{"error": err.Error()})
+			return
+		}
+		s.logger.Info("sandbox receipt settings set", "delay_ms", rs.DelayMS, "off", rs.Off)
+		writeJSON(w, http.StatusOK, rs)
+	})
+}
+
+// Receipts returns the current status callback settings.
+func (s *Server) Receipts() ReceiptSettings { return *s.receipts.settings.Load() }
+
+// SetReceipts replaces the status callback settings, for the messages accepted from now on.
+func (s *Server) SetReceipts(rs ReceiptSettings) error {
+	if err := rs.validate(); err != nil {
+		return err
+	}
+	s.receipts.settings.Store(&rs)
+	return nil
 }
 
 // ReceiptStats returns the delivery receipt counters.
@@ -101,6 +161,7 @@ func (s *Server) ReceiptStats() ReceiptStats {
 		Refused:   rs.refused.Load(),
 		Dropped:   rs.dropped.Load(),
 		Pending:   int64(len(rs.slots)),
+		Disabled:  rs.disabled.Load(),
 	}
 }
 
@@ -111,16 +172,23 @@ type twilioCallback struct {
 	form  url.Values // the fields every callback of the message carries
 	final string     // "delivered", "undelivered" or "failed"
 	code  string     // ErrorCode of the final callback, "" when delivered
+	entry int        // the message's place in the log, for its receipt fields
 }
 
-// scheduleTwilioReceipts schedules the status callbacks of m, just accepted by r, if r named a
-// StatusCallback. It never blocks.
-func (s *Server) scheduleTwilioReceipts(r *http.Request, m Message) {
+// scheduleTwilioReceipts schedules the status callbacks of m, just accepted by r and logged at entry, if
+// r named a StatusCallback. It never blocks.
+func (s *Server) scheduleTwilioReceipts(r *http.Request, m Message, entry int) {
 	cbURL := r.PostForm.Get("StatusCallback")
 	if cbURL == "" {
 		return
 	}
 	rs := s.receipts
+	settings := rs.settings.Load()
+	if settings.Off {
+		rs.disabled.Add(1)
+		return
+	}
+	delay := time.Duration(settings.DelayMS) * time.Millisecond
 	if !loopbackURL(cbURL) {
 		rs.refused.Add(1)
 		s.logger.Debug("sandbox status callback refused: not a loopback URL", "message_sid", m.SID)
@@ -145,6 +213,7 @@ func (s *Server) scheduleTwilioReceipts(r *http.Request, m Message) {
 			"ApiVersion": {"2010-04-01"},
 		},
 		final: "delivered",
+		entry: entry,
 	}
 	if msid := r.PostForm.Get("MessagingServiceSid"); msid != "" {
 		cb.form.Set("MessagingServiceSid", msid)
@@ -156,12 +225,12 @@ func (s *Server) scheduleTwilioReceipts(r *http.Request, m Message) {
 		cb.final, cb.code = status, strings.TrimPrefix(m.To, magicPrefix)
 	}
 	if cb.final == "failed" {
-		time.AfterFunc(rs.delay, func() { s.postFinal(cb) })
+		time.AfterFunc(delay, func() { s.postFinal(cb) })
 		return
 	}
-	time.AfterFunc(rs.delay, func() {
+	time.AfterFunc(delay, func() {
 		s.postTwilioCallback(cb, "sent", "")
-		time.AfterFunc(rs.delay, func() { s.postFinal(cb) })
+		time.AfterFunc(delay, func() { s.postFinal(cb) })
 	})
 }
 
@@ -189,6 +258,7 @@ func (s *Server) postTwilioCallback(cb *twilioCallback, status, code string) {
 		return
 	}
 	s.receipts.sent.Add(1)
+	s.log.receipted(cb.entry, form.Get("MessageSid"), status, time.Now().UTC())
 	s.logger.Debug("sandbox status callback sent", "message_sid", form.Get("MessageSid"),
 		"to", providers.MaskAddress(form.Get("To")), "status", status)
 }

@@ -157,8 +157,8 @@ func (s *Server) twilioCreateMessage(w http.ResponseWriter, r *http.Request) {
 		// sender's encoding yet, "0" segments.
 		m.From, m.Status, m.NumSegments = msid, "accepted", 0
 	}
-	s.log.accept(m)
-	s.scheduleTwilioReceipts(r, m)
+	entry := s.log.accept(m)
+	s.scheduleTwilioReceipts(r, m, entry)
 	if hangAfterAccept {
 		s.logRequest(r, 0, 0)
 		hang(r)
