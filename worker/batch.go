@@ -1,0 +1,500 @@
+package worker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/hibiken/asynq"
+
+	"github.com/campaignctl/campaignctl/campaign"
+	"github.com/campaignctl/campaignctl/internal/state"
+	"github.com/campaignctl/campaignctl/limiter"
+	"github.com/campaignctl/campaignctl/metrics"
+	"github.com/campaignctl/campaignctl/providers"
+)
+
+// batchRun is the state of one run of one batch.
+type batchRun struct {
+	c        *campaign.Campaign
+	nonce    string
+	batch    int
+	provider providers.Provider
+	limits   []limiter.Limit
+	// piggyback is set when no send waits for tokens: the claim script then also checks the provider's
+	// pause and writes the previous send's answer (unsettled), one Redis round trip per message.
+	piggyback bool
+	// primary and secondary are the routes one-message sends take: the channel's provider, and its
+	// fallback (nil when none).
+	primary   route
+	secondary *route
+	unsettled *state.Answer
+	// snapshots are the consent records read with the chunk's lease, by user, for the outcomes' audit.
+	snapshots map[string]campaign.ConsentRecord
+	tmpl      *campaign.Template
+	// shared is the e-mail's text and HTML written once with a tag for each value (nil when the template
+	// is not plain text and values), and sharedForm what gives each recipient's values for its tags.
+	shared     *providers.Shared
+	sharedForm *campaign.SharedForm
+	lease      campaign.Lease
+	// renewAt is when the chunk's lease is renewed before the next claim.
+	renewAt time.Time
+	guard   state.Guard
+	// pending are outcomes not yet written to Postgres.
+	pending []campaign.Outcome
+	// inherited holds the users taken over from a run that died whose fate this run has not read yet
+	// (their claims may say they were sent): if the run stops before it does, they stay in the chunk in
+	// hand for the sweeper, instead of being let go as if nothing had happened to them.
+	inherited map[string]bool
+	// strikes are recipients that kept failing transiently in this run. They count against the recipient
+	// only once a later send of the run succeeds (the recipient is at fault, not the provider).
+	strikes []campaign.Outcome
+	// failedInARow counts consecutive recipients whose retries all failed transiently.
+	failedInARow int
+	deferred     int
+	busy         int
+	halts        int
+	counts       map[string]int64
+	// m is the metrics of the campaign's provider and channel (nil: none).
+	m *metrics.Sends
+}
+
+// Modes of a chunk: send it, or close it because the campaign was cancelled.
+type chunkMode int
+
+const (
+	modeSend chunkMode = iota
+	modeCancel
+)
+
+// MaxRecipientAttempts is how many runs may find the same recipient failing transiently (while others
+// of its batch are sent) before it is failed for good: a poison recipient never holds its batch back for
+// long, and never makes it run out of retries.
+const MaxRecipientAttempts = 5
+
+// RunBatch sends the still-pending recipients of one batch, a chunk at a time. Before each chunk it leases
+// the chunk's rows in Postgres and reads the campaign's state and the chunk's consents as they are now (a
+// pause or a RET recorded a moment ago takes effect within one chunk; a pause also stops the next claim
+// through Redis); after each chunk it writes the outcomes and lets its leases go. A cancelled campaign's
+// batch is closed the same way: recipients become skipped (cancelled) unless their claim says otherwise.
+func (h *Handler) RunBatch(ctx context.Context, campaignID int64, batch int) error {
+	log := h.log.With("campaign_id", campaignID, "batch", batch)
+	c, err := h.cfg.Store.Get(ctx, campaignID)
+	if errors.Is(err, campaign.ErrNotFound) {
+		h.forgetTemplate(campaignID)
+		log.Warn("batch of a campaign that no longer exists; dropping it")
+		return nil
+	}
+	if err != nil {
+		return infra(err)
+	}
+	if c.State == campaign.StateScheduled {
+		if c.State, err = h.cfg.Store.StartIfDue(ctx, c.ID); err != nil {
+			return infra(err)
+		}
+		if c.State == campaign.StateScheduled && c.StartAt != nil {
+			return &RetryError{Err: fmt.Errorf("campaign %d starts at %s", c.ID, c.StartAt.Format(time.RFC3339)), After: time.Until(*c.StartAt)}
+		}
+	}
+	if _, retry, done := stateGate(c.ID, c.State); retry != nil || done {
+		if done {
+			h.forgetTemplate(c.ID)
+		}
+		return retry
+	}
+	run := &batchRun{c: c, nonce: Nonce(c), batch: batch, counts: map[string]int64{}, snapshots: map[string]campaign.ConsentRecord{}}
+	if h.cfg.Metrics != nil {
+		name := ""
+		if p := h.cfg.Providers[c.Channel]; p != nil {
+			name = p.Name()
+		}
+		run.m = h.cfg.Metrics.For(name, string(c.Channel))
+	}
+	if c.State != campaign.StateCancelled {
+		if run.provider = h.cfg.Providers[c.Channel]; run.provider == nil {
+			return fmt.Errorf("no provider is configured for channel %s on this worker", c.Channel)
+		}
+		if run.tmpl, err = h.template(c); err != nil {
+			return fmt.Errorf("campaign %d: %v: %w", c.ID, err, asynq.SkipRetry)
+		}
+		if _, batches := run.provider.(providers.Batcher); batches && c.TemplateID == "" {
+			if f := run.tmpl.Shared(providers.SharedTagPrefix); f != nil {
+				run.sharedForm = f
+				run.shared = &providers.Shared{Text: f.Text, HTML: f.HTML, Tags: f.Tags}
+			}
+		}
+		run.limits = []limiter.Limit{
+			{Key: "campaign:" + strconv.FormatInt(c.ID, 10), Rate: c.Rate, Observer: run.m.CampaignWait()},
+			{Key: "provider:" + run.provider.Name(), Rate: h.cfg.ProviderRates[run.provider.Name()], Pausable: true, Observer: run.m.ProviderWait()},
+		}
+		run.piggyback = c.Rate <= 0 && h.cfg.ProviderRates[run.provider.Name()] <= 0
+		// The claim script checks the provider's pause in the same round trip as the claim, so the token
+		// wait need not (one round trip less per message under a cap; a token taken during a pause is
+		// lost, which only lowers the rate). Without any cap there is no wait at all.
+		run.primary = route{provider: run.provider, piggyback: run.piggyback, m: run.m,
+			pauseKey: state.PauseKey(state.ProviderBucket(run.provider.Name()))}
+		if !run.piggyback {
+			for _, l := range run.limits {
+				l.Pausable = false
+				run.primary.limits = append(run.primary.limits, l)
+			}
+		}
+		if fb := h.cfg.Fallback[c.Channel]; fb != nil {
+			if _, batches := run.provider.(providers.Batcher); !batches {
+				sec := &route{provider: fb, fallback: true}
+				if h.cfg.Metrics != nil {
+					sec.m = h.cfg.Metrics.For(fb.Name(), string(c.Channel))
+				}
+				sec.limits = []limiter.Limit{run.limits[0],
+					{Key: "provider:" + fb.Name(), Rate: h.cfg.ProviderRates[fb.Name()], Pausable: true, Observer: sec.m.ProviderWait()}}
+				run.secondary = sec
+			}
+		}
+	}
+	epoch, err := h.state.Epoch(ctx)
+	if err != nil {
+		return infra(fmt.Errorf("no send while Redis is unavailable: %w", err))
+	}
+	run.lease = campaign.Lease{Batch: batch, Token: state.Token(), Epoch: epoch, TTL: h.cfg.LeaseTTL}
+	run.guard = state.Guard{Epoch: epoch, Halt: state.HaltKey(c.ID)}
+	recipients, err := h.cfg.Store.LoadBatch(ctx, c.ID, batch)
+	if err != nil {
+		return infra(err)
+	}
+	// waitCtx bounds the waits for tokens: it ends at the soft deadline (the task's, less a margin to write
+	// the outcomes) or when the worker is told to stop, so a slow rate cap hands the rest of the batch back
+	// instead of running into the task timeout. Sends and claim writes keep the task context.
+	waitCtx, cancel := h.waitContext(ctx)
+	defer cancel()
+
+	chunkSize := h.cfg.ChunkSize
+	if run.provider != nil && !run.piggyback {
+		// Under a cap, a chunk takes about a second's worth of the cap at most, so progress (written per
+		// chunk) moves at least about once a second even when the cap is low.
+		rate := h.cfg.ProviderRates[run.provider.Name()]
+		if c.Rate > 0 && (rate <= 0 || c.Rate < rate) {
+			rate = c.Rate
+		}
+		if rate > 0 {
+			chunkSize = min(chunkSize, max(5, int(rate)))
+		}
+	}
+	batcher, _ := run.provider.(providers.Batcher)
+	if batcher != nil {
+		// One chunk is one request.
+		chunkSize = batcher.MaxBatch()
+	}
+	var stop error
+	queue := recipients
+	for len(queue) > 0 && stop == nil {
+		chunk := queue[:min(chunkSize, len(queue))]
+		queue = queue[len(chunk):]
+		mode, todo, err := h.gate(ctx, run, chunk)
+		if err != nil {
+			stop = err
+			break
+		}
+		if batcher != nil && mode == modeSend {
+			err = h.deliverGroup(ctx, waitCtx, run, batcher, todo)
+			if errors.Is(err, state.ErrHalted) && run.halts == 0 {
+				run.halts++
+				queue = append(append([]campaign.Recipient(nil), todo...), queue...)
+				err = nil
+			}
+			if err != nil {
+				stop = err
+			}
+			todo = nil
+		}
+		for i := range todo {
+			if waitCtx.Err() != nil && ctx.Err() == nil {
+				stop = &RetryError{Err: errors.New("batch handed back (worker stopping or batch time used up)"), After: time.Second}
+				break
+			}
+			if mode == modeCancel {
+				err = h.close(ctx, run, &todo[i], state.ReasonValue(state.Skipped, campaign.ReasonCancelled))
+			} else {
+				err = h.deliver(ctx, waitCtx, run, &todo[i])
+			}
+			if errors.Is(err, state.ErrHalted) {
+				run.halts++
+				if run.halts > 1 {
+					stop = &RetryError{Err: fmt.Errorf("campaign %d is halted in Redis (%s) but %s in Postgres; `campaignctl resume %d` clears the halt", c.ID, HaltKey(c.ID), run.c.State, c.ID), After: 30 * time.Second}
+					break
+				}
+				// Paused or cancelled a moment ago: what is left goes through the gate again, which reads why.
+				queue = append(append([]campaign.Recipient(nil), todo[i:]...), queue...)
+				log.Info("campaign halted; re-reading its state")
+				break
+			}
+			if err != nil {
+				stop = err
+				break
+			}
+		}
+		// Outcomes already known are written even when the batch stops early; they are in the claims too,
+		// so a failed write is repaired by the next run.
+		if err := h.flush(context.WithoutCancel(ctx), run); err != nil && stop == nil {
+			stop = infra(err)
+		}
+	}
+	if len(run.strikes) > 0 {
+		// The batch stopped before a later send showed the recipients were at fault: not counted.
+		run.strikes = nil
+	}
+	if err := h.cfg.Store.ReleaseBatch(context.WithoutCancel(ctx), c.ID, run.lease); err != nil {
+		// The lease expires by itself; another run of the batch waits for it until then.
+		log.Warn("batch lease not released", "err", err)
+	}
+	log.Info("batch run", "recipients", len(recipients), "sent", run.counts[campaign.StatusSent],
+		"failed", run.counts[campaign.StatusFailed], "skipped", run.counts[campaign.StatusSkipped],
+		"unknown", run.counts[campaign.StatusUnknown], "deferred", run.deferred, "in_flight_elsewhere", run.busy)
+	if errors.Is(stop, errCampaignOver) {
+		h.forgetTemplate(c.ID)
+		return nil
+	}
+	if errors.Is(stop, state.ErrEpoch) {
+		return &RetryError{Err: stop, After: time.Second}
+	}
+	if errors.Is(stop, state.ErrHalted) {
+		return &RetryError{Err: fmt.Errorf("campaign %d is halted in Redis (%s) but %s in Postgres; `campaignctl resume %d` clears the halt", c.ID, HaltKey(c.ID), run.c.State, c.ID), After: 30 * time.Second}
+	}
+	if stop != nil {
+		return stop
+	}
+	if run.busy > 0 {
+		return &RetryError{Err: fmt.Errorf("%d recipients are being sent by another run of this batch", run.busy), After: h.cfg.LeaseTTL}
+	}
+	if run.deferred > 0 {
+		return &RetryError{Err: fmt.Errorf("%d recipients kept failing with transient provider errors; they are retried later, the rest of the batch is done", run.deferred), Failure: true}
+	}
+	if done, err := h.cfg.Store.CompleteIfDone(ctx, c.ID); err != nil {
+		return infra(err)
+	} else if done {
+		h.forgetTemplate(c.ID)
+		log.Info("campaign completed")
+	}
+	return nil
+}
+
+// reasonReceiptFirst is why a pending recipient is recorded sent without a send: a delivery receipt for an
+// earlier send of it (whose answer was lost) arrived after `resume --resend-unknown` made it pending again.
+const reasonReceiptFirst = "accepted by the provider: its delivery receipt arrived before the message was sent again"
+
+// errCampaignOver ends a batch whose campaign ended meanwhile.
+var errCampaignOver = errors.New("campaign is over")
+
+// stateGate says what a batch does in a campaign state: go on in a mode (nil, false), come back later (a
+// RetryError), or stop for good (nil, true).
+func stateGate(id int64, st campaign.State) (mode chunkMode, retry error, done bool) {
+	switch st {
+	case campaign.StateRunning:
+		return modeSend, nil, false
+	case campaign.StateCancelled:
+		return modeCancel, nil, false
+	case campaign.StatePaused, campaign.StateScheduled, campaign.StatePlanning:
+		return modeSend, &RetryError{Err: fmt.Errorf("campaign %d is %s", id, st), After: 30 * time.Second}, false
+	}
+	return modeSend, nil, true
+}
+
+// gate leases the chunk's rows and reads the campaign's state and the chunk's consents as they are now. It
+// returns the recipients this run now holds, with their consent, in chunk order.
+func (h *Handler) gate(ctx context.Context, run *batchRun, chunk []campaign.Recipient) (chunkMode, []campaign.Recipient, error) {
+	if now := h.cfg.Now(); run.c.State != campaign.StateCancelled && !run.c.Window.Open(now) {
+		next := run.c.Window.NextOpen(now)
+		return 0, nil, &RetryError{Err: fmt.Errorf("outside the send window %s; sending resumes at %s", run.c.Window, next.Format(time.RFC3339)), After: next.Sub(now)}
+	}
+	users := make([]string, len(chunk))
+	for i := range chunk {
+		users[i] = chunk[i].UserID
+	}
+	at := h.cfg.Now()
+	got, err := h.cfg.Store.LeaseChunk(ctx, run.c, users, run.lease)
+	if err != nil {
+		return 0, nil, infra(err)
+	}
+	mode, retry, done := stateGate(run.c.ID, got.State)
+	if retry != nil {
+		return 0, nil, retry
+	} else if done {
+		return 0, nil, errCampaignOver
+	}
+	if mode == modeCancel && run.c.State != campaign.StateCancelled {
+		run.c.State = campaign.StateCancelled
+	}
+	run.busy += got.Busy
+	run.renewAt = at.Add(run.lease.TTL / 3)
+	for _, u := range got.Inherited {
+		if run.inherited == nil {
+			run.inherited = map[string]bool{}
+		}
+		run.inherited[u] = true
+	}
+	todo := chunk[:0:0]
+	inChunk := make(map[string]bool, len(chunk))
+	for _, r := range chunk {
+		inChunk[r.UserID] = true
+		suspect, ok := got.Leased[r.UserID]
+		if !ok {
+			continue // sent, or held by a live run of the same batch
+		}
+		if got.Accepted[r.UserID] && !suspect {
+			run.add(campaign.Outcome{UserID: r.UserID, Status: campaign.StatusSent, Reason: reasonReceiptFirst})
+			continue
+		}
+		r.Consent, r.Suspect = got.Consent[r.Address], suspect
+		todo = append(todo, r)
+	}
+	// The batch was taken over from a run that died under another Redis epoch: its chunk in hand is settled
+	// first, whichever chunk of this run its users belong to.
+	for u, suspect := range got.Leased {
+		if suspect && !inChunk[u] {
+			todo = append([]campaign.Recipient{{UserID: u, Suspect: true}}, todo...)
+		}
+	}
+	for u, snap := range got.Snapshots {
+		run.snapshots[u] = snap
+	}
+	return mode, todo, nil
+}
+
+// renew extends the chunk's lease when a third of it has passed. A run that lost its lease (it was too
+// slow, and another run took the rows over) must not send: it stops.
+func (h *Handler) renew(ctx context.Context, run *batchRun) error {
+	now := h.cfg.Now()
+	if now.Before(run.renewAt) {
+		return nil
+	}
+	held, err := h.cfg.Store.RenewLease(ctx, run.c.ID, run.lease)
+	if err != nil {
+		return infra(err)
+	}
+	if !held {
+		return &RetryError{Err: fmt.Errorf("lease of batch %d lost to another run", run.batch), After: time.Second}
+	}
+	run.renewAt = now.Add(run.lease.TTL / 3)
+	return nil
+}
+
+// close settles a recipient that will not be sent (consent revoked, campaign cancelled) with val, unless
+// its claim already holds an answer, which wins.
+func (h *Handler) close(ctx context.Context, run *batchRun, r *campaign.Recipient, val string) error {
+	if r.Suspect {
+		return h.suspect(ctx, run, r)
+	}
+	g := run.guard
+	g.CheckHalt = false
+	old, ours, err := h.state.Take(ctx, ClaimKey(run.c.ID, r.UserID), run.nonce, val, g)
+	if err != nil {
+		return infra(err)
+	}
+	if !ours {
+		h.fromClaim(run, r.UserID, old)
+		return nil
+	}
+	st := state.ParseValue(val)
+	run.add(campaign.Outcome{UserID: r.UserID, Status: campaign.StatusSkipped, Reason: st.Reason})
+	run.m.Skipped(1)
+	return nil
+}
+
+// suspect settles a recipient taken over from a run that died under another Redis epoch: its claim, if
+// Redis still has one, says what happened; without one the message may have been sent, so it is unknown.
+func (h *Handler) suspect(ctx context.Context, run *batchRun, r *campaign.Recipient) error {
+	const why = "Redis lost its data while a worker that has since stopped was sending this chunk; the message may have been sent"
+	g := run.guard
+	g.CheckHalt = false
+	old, ours, err := h.state.Take(ctx, ClaimKey(run.c.ID, r.UserID), run.nonce, state.ReasonValue(state.Unknown, why), g)
+	if err != nil {
+		return infra(err)
+	}
+	if !ours {
+		h.fromClaim(run, r.UserID, old)
+		return nil
+	}
+	run.add(campaign.Outcome{UserID: r.UserID, Status: campaign.StatusUnknown, Reason: why})
+	run.m.Unknown(1)
+	return nil
+}
+
+// fromClaim turns a claim that already existed into an outcome.
+func (h *Handler) fromClaim(run *batchRun, userID, val string) {
+	st := state.ParseValue(val)
+	switch st.Kind {
+	case state.Sent:
+		run.add(campaign.Outcome{UserID: userID, Status: campaign.StatusSent, MessageID: st.MessageID, Segments: st.Segments})
+	case state.Failed:
+		run.add(campaign.Outcome{UserID: userID, Status: campaign.StatusFailed, Reason: st.Reason})
+	case state.Unknown:
+		run.add(campaign.Outcome{UserID: userID, Status: campaign.StatusUnknown, Reason: st.Reason})
+	case state.Skipped:
+		run.add(campaign.Outcome{UserID: userID, Status: campaign.StatusSkipped, Reason: st.Reason})
+	default:
+		if !st.At.IsZero() && h.cfg.Now().Sub(st.At) < h.cfg.InFlightGrace {
+			// A live run holds it: its claim is the record, and that run writes the outcome.
+			run.busy++
+			delete(run.inherited, userID)
+			return
+		}
+		run.add(campaign.Outcome{UserID: userID, Status: campaign.StatusUnknown, Reason: reasonDiedMidCall})
+	}
+}
+
+func (run *batchRun) add(o campaign.Outcome) {
+	run.pending = append(run.pending, o)
+	delete(run.inherited, o.UserID)
+}
+
+// inHand lists the users the run must leave in its chunk in hand when it records (see inherited).
+func (run *batchRun) inHand() []string {
+	if len(run.inherited) == 0 {
+		return nil
+	}
+	users := make([]string, 0, len(run.inherited))
+	for u := range run.inherited {
+		users = append(users, u)
+	}
+	return users
+}
+
+// flush writes buffered outcomes and advances the campaign's Redis counters by what actually changed.
+func (h *Handler) flush(ctx context.Context, run *batchRun) error {
+	h.settleAnswer(ctx, run)
+	for i := range run.pending {
+		o := &run.pending[i]
+		if o.Snapshot.Status == "" {
+			o.Snapshot = run.snapshots[o.UserID]
+		}
+	}
+	var moved map[string]int64
+	var err error
+	// A Postgres restart takes a few seconds: the outcomes in hand are worth waiting for (they are in the
+	// claims too, but only a run that takes the lease over later would read them).
+	for try := 0; try < 4; try++ {
+		if moved, err = h.cfg.Store.Record(ctx, run.c.ID, run.pending, run.lease, run.inHand()); err == nil {
+			break
+		}
+		limiter.Sleep(ctx, time.Duration(try+1)*500*time.Millisecond) //nolint:errcheck // ctx has no deadline here
+	}
+	if err != nil {
+		return err
+	}
+	for _, o := range run.pending {
+		if o.Status != campaign.StatusPending {
+			delete(run.snapshots, o.UserID)
+		}
+	}
+	run.pending = run.pending[:0]
+	delete(moved, campaign.StatusPending)
+	for st, n := range moved {
+		run.counts[st] += n
+	}
+	if err := h.state.AddProgress(ctx, run.c.ID, moved); err != nil {
+		// Counters are a fast view, rebuilt from Postgres by resume; the outcomes themselves are safe.
+		h.log.Warn("progress counters not updated", "campaign_id", run.c.ID, "err", err)
+	}
+	return nil
+}

@@ -1,0 +1,254 @@
+package worker
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/hibiken/asynq"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/campaignctl/campaignctl/campaign"
+	"github.com/campaignctl/campaignctl/internal/state"
+	"github.com/campaignctl/campaignctl/limiter"
+	"github.com/campaignctl/campaignctl/metrics"
+	"github.com/campaignctl/campaignctl/providers"
+)
+
+// Store is what the send path reads and writes in Postgres, the source of truth: campaigns, their
+// recipients' outcomes and the batch leases. *campaign.Store implements it; tests put faults in front of
+// it (internal/faults).
+type Store interface {
+	Get(ctx context.Context, id int64) (*campaign.Campaign, error)
+	StartIfDue(ctx context.Context, id int64) (campaign.State, error)
+	LoadBatch(ctx context.Context, campaignID int64, batch int) ([]campaign.Recipient, error)
+	LeaseChunk(ctx context.Context, c *campaign.Campaign, users []string, l campaign.Lease) (campaign.Chunk, error)
+	RenewLease(ctx context.Context, campaignID int64, l campaign.Lease) (bool, error)
+	ReleaseBatch(ctx context.Context, campaignID int64, l campaign.Lease) error
+	Record(ctx context.Context, campaignID int64, outcomes []campaign.Outcome, l campaign.Lease, inHand []string) (map[string]int64, error)
+	CompleteIfDone(ctx context.Context, id int64) (bool, error)
+	MarkInvalid(ctx context.Context, ch campaign.Channel, address, reason string) error
+	ExpiredLeases(ctx context.Context, limit int) ([]campaign.Expired, error)
+}
+
+var _ Store = (*campaign.Store)(nil)
+
+// Config configures a Handler. Zero values mean the documented defaults.
+type Config struct {
+	Store Store
+	// Redis holds the rate limiters' buckets, and the State when State is nil.
+	Redis redis.UniversalClient
+	// State is the send path's Redis state; nil means a state.Store on Redis.
+	State State
+	// Providers maps each channel to the provider that sends it.
+	Providers map[campaign.Channel]providers.Provider
+	// Fallback maps a channel to a second provider, used when the first is down: a send the first refused
+	// without accepting it (a 5xx, a 429, a connection that failed before the request was written, or an
+	// account-level refusal) goes through the second at once, under the same claim, and the first is left
+	// alone for FailoverWindow. An ambiguous answer never fails over: the first may have sent it. Only
+	// one-message-a-request providers fail over (SMS).
+	Fallback map[campaign.Channel]providers.Provider
+	// FailoverWindow is how long a first provider that failed is skipped in favour of the fallback before it
+	// is tried again. Default 30 s.
+	FailoverWindow time.Duration
+	// ProviderRates caps each provider (by Name) in messages per second over all workers; 0 = no cap.
+	ProviderRates map[string]float64
+	Logger        *slog.Logger
+	// Owner identifies this process in claims (host:pid); default "worker".
+	Owner string
+	// ClaimTTL is how long claims are kept; it must outlive any campaign. Default 45 days.
+	ClaimTTL time.Duration
+	// InFlightGrace is how old a claim without an answer must be before it is taken for a dead worker's
+	// (and so unknown) rather than a live one still waiting for the provider. It must exceed the provider
+	// timeout. Default LeaseTTL.
+	InFlightGrace time.Duration
+	// LeaseTTL is how long a batch run's lease on a chunk lasts without renewal (renewed every third of it
+	// while sending); a run that dies holding one delays its chunk by this much. It must exceed the
+	// provider timeout. Default 30 s.
+	LeaseTTL time.Duration
+	// SendAttempts is how many times a transient provider error is retried in place, with back-off, before
+	// the rest of the batch is handed back to the queue. Default 3.
+	SendAttempts int
+	// ChunkSize is how many recipients are sent between two reads of the campaign state and consents and
+	// two writes of outcomes to Postgres. Default 100; under a rate cap of R a second, at most max(5, R).
+	ChunkSize int
+	// DeadlineMargin is kept free before a batch's deadline to write outcomes and hand the rest back.
+	// Default 30 s.
+	DeadlineMargin time.Duration
+	// Now is the clock; default time.Now.
+	Now func() time.Time
+	// Metrics records sends, provider latency, limiter waits, refused claims and retries; nil records
+	// nothing.
+	Metrics *metrics.Metrics
+}
+
+// DefaultClaimTTL is how long claims (and a cancelled campaign's halt mark) are kept: longer than any
+// campaign runs.
+const DefaultClaimTTL = 45 * 24 * time.Hour
+
+// Handler processes batch tasks.
+type Handler struct {
+	cfg    Config
+	state  State
+	bucket *limiter.Bucket
+	log    *slog.Logger
+
+	mu sync.Mutex
+	// templates holds the parsed content of the campaigns this process sends, by campaign ID, each with
+	// what it was parsed from: a campaign read later with another nonce or content (the engine database
+	// re-created, IDs starting again at 1) misses it. A campaign found over is dropped.
+	templates map[int64]parsedTemplate
+
+	stopping chan struct{}
+	stopOnce sync.Once
+	// lastAnswer is when the provider last answered a send of this process (unix ns).
+	lastAnswer atomic.Int64
+	// downUntil holds, per provider name, until when (unix ns) a first provider that failed is skipped for
+	// its fallback.
+	downUntil sync.Map
+}
+
+// NewHandler returns a Handler for cfg.
+func NewHandler(cfg Config) *Handler {
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	if cfg.Owner == "" {
+		cfg.Owner = "worker"
+	}
+	if cfg.ClaimTTL == 0 {
+		cfg.ClaimTTL = DefaultClaimTTL
+	}
+	if cfg.LeaseTTL == 0 {
+		cfg.LeaseTTL = 30 * time.Second
+	}
+	if cfg.InFlightGrace == 0 {
+		cfg.InFlightGrace = cfg.LeaseTTL
+	}
+	if cfg.SendAttempts == 0 {
+		cfg.SendAttempts = 3
+	}
+	if cfg.ChunkSize == 0 {
+		cfg.ChunkSize = 100
+	}
+	if cfg.FailoverWindow == 0 {
+		cfg.FailoverWindow = 30 * time.Second
+	}
+	if cfg.DeadlineMargin == 0 {
+		cfg.DeadlineMargin = 30 * time.Second
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	if cfg.State == nil {
+		cfg.State = state.New(cfg.Redis, cfg.ClaimTTL)
+	}
+	return &Handler{
+		cfg:       cfg,
+		state:     cfg.State,
+		bucket:    limiter.New(cfg.Redis),
+		log:       cfg.Logger,
+		templates: map[int64]parsedTemplate{},
+		stopping:  make(chan struct{}),
+	}
+}
+
+// RetryError asks the queue to run the batch again after After (0: the default back-off). Failure false
+// means the retry is not the batch's fault (another worker holds some claims, the campaign is paused) and
+// does not use up the retry budget.
+type RetryError struct {
+	Err     error
+	After   time.Duration
+	Failure bool
+}
+
+func (e *RetryError) Error() string { return e.Err.Error() }
+
+func (e *RetryError) Unwrap() error { return e.Err }
+
+// ProcessTask implements asynq.Handler.
+func (h *Handler) ProcessTask(ctx context.Context, t *asynq.Task) error {
+	var p BatchPayload
+	if err := json.Unmarshal(t.Payload(), &p); err != nil {
+		return fmt.Errorf("batch payload %q: %v: %w", t.Payload(), err, asynq.SkipRetry)
+	}
+	return h.RunBatch(ctx, p.CampaignID, p.Batch)
+}
+
+// waitContext derives the context token waits run under (see RunBatch).
+func (h *Handler) waitContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	waitCtx, cancel := context.WithCancel(ctx)
+	if dl, ok := ctx.Deadline(); ok {
+		waitCtx, cancel = context.WithDeadline(ctx, dl.Add(-h.cfg.DeadlineMargin))
+	}
+	go func() {
+		select {
+		case <-h.stopping:
+			cancel()
+		case <-waitCtx.Done():
+		}
+	}()
+	return waitCtx, cancel
+}
+
+// Stop asks running batches to hand back what they have not started: each finishes the send in
+// flight, writes its outcomes and returns. Call it before shutting the server down.
+func (h *Handler) Stop() { h.stopOnce.Do(func() { close(h.stopping) }) }
+
+// infra marks an error of Redis or Postgres: the batch waits for them without using up its retries
+// (fail closed: nothing is sent meanwhile, and nothing is given up on).
+func infra(err error) error {
+	var re *RetryError
+	if errors.As(err, &re) {
+		return err
+	}
+	return &RetryError{Err: err, After: 5 * time.Second}
+}
+
+// parsedTemplate is a campaign's parsed content and what it was parsed from.
+type parsedTemplate struct {
+	nonce   string
+	content campaign.Content
+	tmpl    *campaign.Template
+}
+
+// maxTemplates bounds the cache: past it, it starts again empty (a worker rarely sends that many
+// campaigns at once, and a parse costs microseconds).
+const maxTemplates = 256
+
+func (h *Handler) template(c *campaign.Campaign) (*campaign.Template, error) {
+	nonce, content := Nonce(c), c.Content()
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if p, ok := h.templates[c.ID]; ok && p.nonce == nonce && p.content == content {
+		return p.tmpl, nil
+	}
+	t, err := campaign.ParseContent(content)
+	if err != nil {
+		return nil, err
+	}
+	if len(h.templates) >= maxTemplates {
+		clear(h.templates)
+	}
+	h.templates[c.ID] = parsedTemplate{nonce: nonce, content: content, tmpl: t}
+	return t, nil
+}
+
+// forgetTemplate drops a campaign's parsed content once its batches find it over.
+func (h *Handler) forgetTemplate(id int64) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	delete(h.templates, id)
+}
+
+// cachedTemplates is how many campaigns' parsed contents the handler holds (for tests).
+func (h *Handler) cachedTemplates() int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return len(h.templates)
+}
