@@ -2,18 +2,155 @@ package worker
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"time"
 
 	"github.com/campaignctl/campaignctl/campaign"
+	"github.com/campaignctl/campaignctl/internal/state"
+	"github.com/campaignctl/campaignctl/metrics"
 	"github.com/campaignctl/campaignctl/providers"
 )
+
+// verdict is what a provider's answer to a send (one message, or one request of many) says happened.
+// Every send path decides with judge and acts with settleRefusal, so that a claim, a recipient, a code and
+// the provider's pacing are treated alike whichever path sent.
+type verdict int
+
+const (
+	// accepted: the provider took the message(s). The claims get the answer; the recipients are sent.
+	accepted verdict = iota
+	// notSent: the request never left (the run's context ended first). Claims and marks are released.
+	notSent
+	// ambiguous: the request was written and no answer came; it may have been taken. The claims say
+	// unknown, the marks stay (someone may have been reached), the recipients are unknown and keep their
+	// codes; they are never resent on their own.
+	ambiguous
+	// refused: refused for good, for the recipients (a bad address, an opt-out). The claims say failed,
+	// the marks go, the recipients fail with the provider's reason and their codes go back to the pool.
+	refused
+	// accountRefused: the provider refuses the account, not the recipients (credentials, sender). Nothing
+	// was taken: claims and marks are released, nobody fails, and the batch waits for the fix (or the send
+	// fails over to another provider).
+	accountRefused
+	// transient: nothing was taken (429, 5xx, a connection refused before the request was written).
+	// Claims and marks are released; the provider is slowed for every worker and the send is tried again
+	// after a back-off (or fails over).
+	transient
+)
+
+// judge says what err, the error of a provider call, means (nil: accepted), with the provider's error.
+func judge(err error) (verdict, *providers.Error) {
+	if err == nil {
+		return accepted, nil
+	}
+	var pe *providers.Error
+	if !errors.As(err, &pe) {
+		return notSent, nil
+	}
+	switch {
+	case pe.Class == providers.Ambiguous:
+		return ambiguous, pe
+	case pe.Class == providers.Permanent && !pe.AccountLevel():
+		return refused, pe
+	case pe.Class == providers.Permanent:
+		return accountRefused, pe
+	}
+	return transient, pe
+}
+
+// inFlight are the claims one send holds, a recipient each, with the recipients' addresses (their
+// frequency marks) and when they were claimed.
+type inFlight struct {
+	users, keys, values, addrs []string
+	at                         time.Time
+}
+
+func oneInFlight(user, key, value, addr string, at time.Time) inFlight {
+	return inFlight{users: []string{user}, keys: []string{key}, values: []string{value}, addrs: []string{addr}, at: at}
+}
+
+// settleRefusal acts on a verdict other than accepted for the claims of f: what it writes into the claims
+// or releases, the marks it releases, the outcomes it records and counts (see verdict). It fails only when
+// claims that must be released could not be (Redis gone: the batch waits, nothing more is sent).
+func (h *Handler) settleRefusal(ctx context.Context, run *batchRun, m *metrics.Sends, v verdict, pe *providers.Error, f inFlight) error {
+	n := len(f.keys)
+	switch v {
+	case notSent:
+		ctx = context.WithoutCancel(ctx)
+		h.state.ReleaseMany(ctx, f.keys, run.nonce, f.values)      //nolint:errcheck // a claim kept only makes the recipient unknown later
+		h.state.ReleaseMarks(ctx, run.c, run.nonce, f.addrs, f.at) //nolint:errcheck // nothing was sent
+	case ambiguous:
+		h.state.SettleMany(ctx, f.keys, run.nonce, f.values, repeat(state.ReasonValue(state.Unknown, pe.Reason()), n)) //nolint:errcheck // a claim without an answer reads as unknown too
+		for _, u := range f.users {
+			run.add(campaign.Outcome{UserID: u, Status: campaign.StatusUnknown, Reason: pe.Reason()})
+		}
+		m.Unknown(n)
+		h.log.Warn("provider answer lost; the recipients are unknown and will not be resent automatically",
+			"campaign_id", run.c.ID, "recipients", n, "to", providers.MaskAddress(f.addrs[0]), "err", pe.Reason())
+	case refused:
+		h.state.SettleMany(ctx, f.keys, run.nonce, f.values, repeat(state.ReasonValue(state.Failed, pe.Reason()), n)) //nolint:errcheck // Postgres records the failure
+		h.state.ReleaseMarks(ctx, run.c, run.nonce, f.addrs, f.at)                                                    //nolint:errcheck // nothing reached the person
+		if pe.BadAddress {
+			// An unregistered push token: no later campaign should try it.
+			for _, a := range f.addrs {
+				if err := h.cfg.Store.MarkInvalid(ctx, run.c.Channel, a, pe.Reason()); err != nil {
+					h.log.Warn("could not record an invalid address", "campaign_id", run.c.ID, "err", err)
+				}
+			}
+		}
+		for _, u := range f.users {
+			run.add(campaign.Outcome{UserID: u, Status: campaign.StatusFailed, Reason: pe.Reason()})
+		}
+		m.Failed(n)
+		h.answered(run)
+	case accountRefused, transient:
+		if v == accountRefused {
+			m.AccountError(n)
+		} else {
+			m.Retried(n, pe.Status, pe.Code)
+		}
+		// Released first: a claim kept by mistake would make the recipient unknown; a mark kept is ours
+		// and harmless.
+		if err := h.state.ReleaseMany(ctx, f.keys, run.nonce, f.values); err != nil {
+			return waitForServices(err)
+		}
+		if err := h.state.ReleaseMarks(ctx, run.c, run.nonce, f.addrs, f.at); err != nil {
+			h.log.Warn("frequency marks not released", "campaign_id", run.c.ID, "err", err)
+		}
+	}
+	return nil
+}
+
+// accountError is what a batch returns when the provider refuses the account: it waits for the fix,
+// counting against its retries, and nobody fails.
+func accountError(pe *providers.Error) error {
+	return &RetryError{Err: fmt.Errorf("provider refuses the account, not the recipients (fix the configuration; the batch waits): %w", pe), Failure: true}
+}
+
+// backOff slows the provider for every worker after a transient refusal and says how long this send
+// waits before its next attempt.
+func (h *Handler) backOff(ctx context.Context, provider string, pe *providers.Error, attempt int) (time.Duration, error) {
+	wait := backoff(attempt, pe.RetryAfter)
+	if err := h.slowDown(ctx, provider, pe, wait); err != nil {
+		return 0, waitForServices(err)
+	}
+	return wait, nil
+}
+
+func repeat(s string, n int) []string {
+	out := make([]string, n)
+	for i := range out {
+		out[i] = s
+	}
+	return out
+}
 
 // slowDown shares a transient refusal of the provider named with every worker: a rate-limit answer
 // pauses the provider for wait, a 5xx counts towards pausing it (Strike).
 func (h *Handler) slowDown(ctx context.Context, provider string, pe *providers.Error, wait time.Duration) error {
-	key := "provider:" + provider
+	key := state.ProviderBucket(provider)
 	if pe.AsksToSlowDown() {
 		return h.bucket.Pause(ctx, key, wait)
 	}
@@ -35,7 +172,7 @@ const strikeThreshold = 5
 func (h *Handler) giveUp(run *batchRun, r *campaign.Recipient, pe *providers.Error, wait time.Duration) error {
 	run.failedInARow++
 	if run.failedInARow >= 2 {
-		run.strikes = nil
+		run.unblamed = nil
 		return &RetryError{Err: fmt.Errorf("provider kept failing: %w", pe), After: wait, Failure: true}
 	}
 	o := campaign.Outcome{UserID: r.UserID, Status: campaign.StatusPending, Reason: pe.Reason()}
@@ -51,23 +188,23 @@ func (h *Handler) giveUp(run *batchRun, r *campaign.Recipient, pe *providers.Err
 		return nil
 	}
 	run.deferred++
-	run.strikes = append(run.strikes, o)
+	run.unblamed = append(run.unblamed, o)
 	delete(run.inherited, r.UserID) // its claim was released: nothing was sent
 	return nil
 }
 
-// succeeded notes a recipient the provider answered for: the recipients that failed before it were at
-// fault themselves.
-func (h *Handler) succeeded(run *batchRun) {
+// answered notes a send the provider answered (accepted or refused for the recipient): the recipients
+// that kept failing before it were at fault themselves.
+func (h *Handler) answered(run *batchRun) {
 	h.lastAnswer.Store(h.cfg.Now().UnixNano())
 	run.failedInARow = 0
-	for _, o := range run.strikes {
+	for _, o := range run.unblamed {
 		if o.Status == campaign.StatusFailed {
 			run.deferred--
 		}
 		run.add(o)
 	}
-	run.strikes = run.strikes[:0]
+	run.unblamed = run.unblamed[:0]
 }
 
 // backoff is exponential with jitter (half to all of 250 ms·2^(attempt-1), capped at 10 s), and never

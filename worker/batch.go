@@ -23,14 +23,14 @@ type batchRun struct {
 	batch    int
 	provider providers.Provider
 	limits   []limiter.Limit
-	// piggyback is set when no send waits for tokens: the claim script then also checks the provider's
-	// pause and writes the previous send's answer (unsettled), one Redis round trip per message.
-	piggyback bool
+	// answerInNextClaim is set when no send waits for tokens: the claim script then also checks the
+	// provider's pause and writes the previous send's answer (answerDue), one Redis round trip per message.
+	answerInNextClaim bool
 	// primary and secondary are the routes one-message sends take: the channel's provider, and its
 	// fallback (nil when none).
 	primary   route
 	secondary *route
-	unsettled *state.Answer
+	answerDue *state.Answer
 	// snapshots are the consent records read with the chunk's lease, by user, for the outcomes' audit.
 	snapshots map[string]campaign.ConsentRecord
 	tmpl      *campaign.Template
@@ -48,9 +48,9 @@ type batchRun struct {
 	// (their claims may say they were sent): if the run stops before it does, they stay in the chunk in
 	// hand for the sweeper, instead of being let go as if nothing had happened to them.
 	inherited map[string]bool
-	// strikes are recipients that kept failing transiently in this run. They count against the recipient
+	// unblamed are recipients that kept failing transiently in this run. They count against the recipient
 	// only once a later send of the run succeeds (the recipient is at fault, not the provider).
-	strikes []campaign.Outcome
+	unblamed []campaign.Outcome
 	// failedInARow counts consecutive recipients whose retries all failed transiently.
 	failedInARow int
 	deferred     int
@@ -88,11 +88,11 @@ func (h *Handler) RunBatch(ctx context.Context, campaignID int64, batch int) err
 		return nil
 	}
 	if err != nil {
-		return infra(err)
+		return waitForServices(err)
 	}
 	if c.State == campaign.StateScheduled {
 		if c.State, err = h.cfg.Store.StartIfDue(ctx, c.ID); err != nil {
-			return infra(err)
+			return waitForServices(err)
 		}
 		if c.State == campaign.StateScheduled && c.StartAt != nil {
 			return &RetryError{Err: fmt.Errorf("campaign %d starts at %s", c.ID, c.StartAt.Format(time.RFC3339)), After: time.Until(*c.StartAt)}
@@ -129,13 +129,13 @@ func (h *Handler) RunBatch(ctx context.Context, campaignID int64, batch int) err
 			{Key: "campaign:" + strconv.FormatInt(c.ID, 10), Rate: c.Rate, Observer: run.m.CampaignWait()},
 			{Key: "provider:" + run.provider.Name(), Rate: h.cfg.ProviderRates[run.provider.Name()], Pausable: true, Observer: run.m.ProviderWait()},
 		}
-		run.piggyback = c.Rate <= 0 && h.cfg.ProviderRates[run.provider.Name()] <= 0
+		run.answerInNextClaim = c.Rate <= 0 && h.cfg.ProviderRates[run.provider.Name()] <= 0
 		// The claim script checks the provider's pause in the same round trip as the claim, so the token
 		// wait need not (one round trip less per message under a cap; a token taken during a pause is
 		// lost, which only lowers the rate). Without any cap there is no wait at all.
-		run.primary = route{provider: run.provider, piggyback: run.piggyback, m: run.m,
+		run.primary = route{provider: run.provider, answerInNextClaim: run.answerInNextClaim, m: run.m,
 			pauseKey: state.PauseKey(state.ProviderBucket(run.provider.Name()))}
-		if !run.piggyback {
+		if !run.answerInNextClaim {
 			for _, l := range run.limits {
 				l.Pausable = false
 				run.primary.limits = append(run.primary.limits, l)
@@ -155,13 +155,13 @@ func (h *Handler) RunBatch(ctx context.Context, campaignID int64, batch int) err
 	}
 	epoch, err := h.state.Epoch(ctx)
 	if err != nil {
-		return infra(fmt.Errorf("no send while Redis is unavailable: %w", err))
+		return waitForServices(fmt.Errorf("no send while Redis is unavailable: %w", err))
 	}
 	run.lease = campaign.Lease{Batch: batch, Token: state.Token(), Epoch: epoch, TTL: h.cfg.LeaseTTL}
 	run.guard = state.Guard{Epoch: epoch, Halt: state.HaltKey(c.ID)}
 	recipients, err := h.cfg.Store.LoadBatch(ctx, c.ID, batch)
 	if err != nil {
-		return infra(err)
+		return waitForServices(err)
 	}
 	// waitCtx bounds the waits for tokens: it ends at the soft deadline (the task's, less a margin to write
 	// the outcomes) or when the worker is told to stop, so a slow rate cap hands the rest of the batch back
@@ -170,7 +170,7 @@ func (h *Handler) RunBatch(ctx context.Context, campaignID int64, batch int) err
 	defer cancel()
 
 	chunkSize := h.cfg.ChunkSize
-	if run.provider != nil && !run.piggyback {
+	if run.provider != nil && !run.answerInNextClaim {
 		// Under a cap, a chunk takes about a second's worth of the cap at most, so progress (written per
 		// chunk) moves at least about once a second even when the cap is low.
 		rate := h.cfg.ProviderRates[run.provider.Name()]
@@ -237,12 +237,12 @@ func (h *Handler) RunBatch(ctx context.Context, campaignID int64, batch int) err
 		// Outcomes already known are written even when the batch stops early; they are in the claims too,
 		// so a failed write is repaired by the next run.
 		if err := h.flush(context.WithoutCancel(ctx), run); err != nil && stop == nil {
-			stop = infra(err)
+			stop = waitForServices(err)
 		}
 	}
-	if len(run.strikes) > 0 {
+	if len(run.unblamed) > 0 {
 		// The batch stopped before a later send showed the recipients were at fault: not counted.
-		run.strikes = nil
+		run.unblamed = nil
 	}
 	if err := h.cfg.Store.ReleaseBatch(context.WithoutCancel(ctx), c.ID, run.lease); err != nil {
 		// The lease expires by itself; another run of the batch waits for it until then.
@@ -271,7 +271,7 @@ func (h *Handler) RunBatch(ctx context.Context, campaignID int64, batch int) err
 		return &RetryError{Err: fmt.Errorf("%d recipients kept failing with transient provider errors; they are retried later, the rest of the batch is done", run.deferred), Failure: true}
 	}
 	if done, err := h.cfg.Store.CompleteIfDone(ctx, c.ID); err != nil {
-		return infra(err)
+		return waitForServices(err)
 	} else if done {
 		h.forgetTemplate(c.ID)
 		log.Info("campaign completed")
@@ -314,7 +314,7 @@ func (h *Handler) gate(ctx context.Context, run *batchRun, chunk []campaign.Reci
 	at := h.cfg.Now()
 	got, err := h.cfg.Store.LeaseChunk(ctx, run.c, users, run.lease)
 	if err != nil {
-		return 0, nil, infra(err)
+		return 0, nil, waitForServices(err)
 	}
 	mode, retry, done := stateGate(run.c.ID, got.State)
 	if retry != nil {
@@ -370,7 +370,7 @@ func (h *Handler) renew(ctx context.Context, run *batchRun) error {
 	}
 	held, err := h.cfg.Store.RenewLease(ctx, run.c.ID, run.lease)
 	if err != nil {
-		return infra(err)
+		return waitForServices(err)
 	}
 	if !held {
 		return &RetryError{Err: fmt.Errorf("lease of batch %d lost to another run", run.batch), After: time.Second}
@@ -389,7 +389,7 @@ func (h *Handler) close(ctx context.Context, run *batchRun, r *campaign.Recipien
 	g.CheckHalt = false
 	old, ours, err := h.state.Take(ctx, ClaimKey(run.c.ID, r.UserID), run.nonce, val, g)
 	if err != nil {
-		return infra(err)
+		return waitForServices(err)
 	}
 	if !ours {
 		h.fromClaim(run, r.UserID, old)
@@ -409,7 +409,7 @@ func (h *Handler) suspect(ctx context.Context, run *batchRun, r *campaign.Recipi
 	g.CheckHalt = false
 	old, ours, err := h.state.Take(ctx, ClaimKey(run.c.ID, r.UserID), run.nonce, state.ReasonValue(state.Unknown, why), g)
 	if err != nil {
-		return infra(err)
+		return waitForServices(err)
 	}
 	if !ours {
 		h.fromClaim(run, r.UserID, old)

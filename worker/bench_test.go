@@ -90,11 +90,11 @@ func BenchmarkClaimSend(b *testing.B) {
 		r := all[i%len(all)]
 		key := fmt.Sprintf("%s:%d", ClaimKey(c.ID, r.UserID), i/len(all)) // a fresh claim every time round
 		mine := state.InFlightValue(time.Now(), "bench")
-		cl, err := f.h.state.ClaimSend(ctx, c, nonce, state.SendClaim{Key: key, Mine: mine, Addr: r.Address}, g, prev, "limiter:pause:provider:test", time.Now())
+		cl, err := f.h.state.ClaimSend(ctx, c, nonce, state.SendClaim{Key: key, Value: mine, Addr: r.Address}, g, prev, "limiter:pause:provider:test", time.Now())
 		if err != nil || cl.Result != state.Ours {
 			b.Fatalf("claim %d: %+v %v", i, cl, err)
 		}
-		prev = &state.Answer{Key: key, Mine: mine, Val: state.SentValue("SM0123456789abcdef0123456789abcdef", 1)}
+		prev = &state.Answer{Key: key, InFlight: mine, Value: state.SentValue("SM0123456789abcdef0123456789abcdef", 1)}
 		i++
 	}
 }

@@ -32,7 +32,7 @@ func (h *Handler) deliver(ctx, waitCtx context.Context, run *batchRun, r *campai
 	g := run.guard
 	g.CheckHalt = true
 
-	var pauseFrom time.Time // when the pause check began (piggyback): the provider limit's wait
+	var pauseFrom time.Time // when the pause check began (answerInNextClaim): the provider limit's wait
 	failedOver := false     // this recipient goes through the fallback, whatever the window says by now
 	for attempt := 1; ; attempt++ {
 		rt := h.route(run)
@@ -46,10 +46,10 @@ func (h *Handler) deliver(ctx, waitCtx context.Context, run *batchRun, r *campai
 			pauseFrom = time.Now()
 		}
 		now := h.cfg.Now()
-		mine := state.InFlightValue(now, h.cfg.Owner)
-		cl, err := h.state.ClaimSend(ctx, run.c, run.nonce, state.SendClaim{Key: key, Mine: mine, Addr: r.Address}, g, run.unsettled, rt.pauseKey, now)
+		inflight := state.InFlightValue(now, h.cfg.Owner)
+		cl, err := h.state.ClaimSend(ctx, run.c, run.nonce, state.SendClaim{Key: key, Value: inflight, Addr: r.Address}, g, run.answerDue, rt.pauseKey, now)
 		if err == nil || errors.Is(err, state.ErrHalted) || errors.Is(err, state.ErrEpoch) {
-			run.unsettled = nil // the script wrote it before anything else
+			run.answerDue = nil // the script wrote it before anything else
 		}
 		if errors.Is(err, state.ErrHalted) || errors.Is(err, state.ErrEpoch) {
 			return err
@@ -57,9 +57,9 @@ func (h *Handler) deliver(ctx, waitCtx context.Context, run *batchRun, r *campai
 		if err != nil {
 			// The claim may still have been written (the reply was lost); it is released once Redis answers,
 			// since nothing is sent under it.
-			h.releaseLater(key, run.nonce, mine)
+			h.releaseLater(key, run.nonce, inflight)
 			h.log.Error("Redis is unreachable: no sends until it is back", "campaign_id", run.c.ID, "err", err)
-			return infra(fmt.Errorf("no send while Redis is unavailable: %w", err))
+			return waitForServices(fmt.Errorf("no send while Redis is unavailable: %w", err))
 		}
 		switch cl.Result {
 		case state.Paused:
@@ -70,7 +70,7 @@ func (h *Handler) deliver(ctx, waitCtx context.Context, run *batchRun, r *campai
 			attempt--
 			continue
 		}
-		if rt.piggyback {
+		if rt.answerInNextClaim {
 			if o := rt.m.ProviderWait(); o != nil {
 				o.Observe(time.Since(pauseFrom).Seconds())
 			}
@@ -89,9 +89,10 @@ func (h *Handler) deliver(ctx, waitCtx context.Context, run *batchRun, r *campai
 		start := time.Now()
 		res, err := rt.provider.Send(ctx, msg)
 		rt.m.Request(time.Since(start))
-		if err == nil {
-			run.unsettled = &state.Answer{Key: key, Mine: mine, Val: state.SentValue(res.MessageID, res.Segments)}
-			if !rt.piggyback {
+		v, pe := judge(err)
+		if v == accepted {
+			run.answerDue = &state.Answer{Key: key, InFlight: inflight, Value: state.SentValue(res.MessageID, res.Segments)}
+			if !rt.answerInNextClaim {
 				// A token wait may come before the next claim: the answer is written now.
 				h.settleAnswer(ctx, run)
 			}
@@ -101,71 +102,38 @@ func (h *Handler) deliver(ctx, waitCtx context.Context, run *batchRun, r *campai
 			}
 			run.add(o)
 			rt.m.Sent(1)
-			h.succeeded(run)
+			h.answered(run)
 			return nil
 		}
-
-		var pe *providers.Error
-		if !errors.As(err, &pe) {
-			// Cancelled before the request went out: nothing was sent.
-			h.state.Release(context.WithoutCancel(ctx), key, run.nonce, mine)                            //nolint:errcheck // a kept claim only makes the recipient unknown later
-			h.state.ReleaseMarks(context.WithoutCancel(ctx), run.c, run.nonce, []string{r.Address}, now) //nolint:errcheck // nothing was sent
+		if err := h.settleRefusal(ctx, run, rt.m, v, pe, oneInFlight(r.UserID, key, inflight, r.Address, now)); err != nil {
 			return err
 		}
-		switch {
-		case pe.Class == providers.Ambiguous:
-			h.state.Settle(ctx, key, run.nonce, mine, state.ReasonValue(state.Unknown, pe.Reason())) //nolint:errcheck // an unsettled claim reads as unknown too
-			run.add(campaign.Outcome{UserID: r.UserID, Status: campaign.StatusUnknown, Reason: pe.Reason()})
-			rt.m.Unknown(1)
-			h.log.Warn("provider answer lost; recipient is unknown and will not be resent automatically",
-				"campaign_id", run.c.ID, "user_id", r.UserID, "to", providers.MaskAddress(r.Address), "err", pe.Reason())
-			return nil
-		case pe.Class == providers.Permanent && !pe.AccountLevel():
-			h.state.Settle(ctx, key, run.nonce, mine, state.ReasonValue(state.Failed, pe.Reason())) //nolint:errcheck // Postgres records the failure
-			h.state.ReleaseMarks(ctx, run.c, run.nonce, []string{r.Address}, now)                   //nolint:errcheck // nothing reached the person
-			if pe.BadAddress {
-				// An unregistered push token: no later campaign should try it.
-				if err := h.cfg.Store.MarkInvalid(ctx, run.c.Channel, r.Address, pe.Reason()); err != nil {
-					h.log.Warn("could not record an invalid address", "campaign_id", run.c.ID, "err", err)
-				}
-			}
-			run.add(campaign.Outcome{UserID: r.UserID, Status: campaign.StatusFailed, Reason: pe.Reason()})
-			rt.m.Failed(1)
-			h.succeeded(run)
+		switch v {
+		case notSent:
+			return err
+		case ambiguous, refused:
 			return nil
 		}
-		if pe.Class == providers.Permanent {
-			rt.m.AccountError(1)
-		} else {
-			rt.m.Retried(1, pe.Status, pe.Code)
-		}
-		// Transient, or the account itself is refused: nothing was accepted, so the claim is released (first:
-		// a claim kept by mistake would make the recipient unknown; a mark kept is ours and harmless).
-		if err := h.state.Release(ctx, key, run.nonce, mine); err != nil {
-			return infra(err)
-		}
-		if err := h.state.ReleaseMarks(ctx, run.c, run.nonce, []string{r.Address}, now); err != nil {
-			h.log.Warn("frequency mark not released", "campaign_id", run.c.ID, "err", err)
-		}
+		// Nothing was accepted (transient, or the account is refused).
 		if !rt.fallback && run.secondary != nil {
 			// The first provider is down (or refuses the account): the same recipient goes through the
-			// fallback now, under a new claim of the same key; nothing was accepted by the first.
+			// fallback now, under a new claim of the same key.
 			h.markDown(rt.provider.Name())
 			h.log.Warn("provider failed without accepting; failing over", "campaign_id", run.c.ID, "provider", rt.provider.Name(),
 				"fallback", run.secondary.provider.Name(), "for", h.cfg.FailoverWindow, "err", pe.Reason())
-			if pe.Class != providers.Permanent {
+			if v == transient {
 				h.slowDown(ctx, rt.provider.Name(), pe, backoff(1, pe.RetryAfter)) //nolint:errcheck // the fallback is what sends now
 			}
 			failedOver = true
 			attempt--
 			continue
 		}
-		if pe.Class == providers.Permanent {
-			return &RetryError{Err: fmt.Errorf("provider refuses the account, not the recipient (fix the configuration; the batch waits): %w", pe), Failure: true}
+		if v == accountRefused {
+			return accountError(pe)
 		}
-		wait := backoff(attempt, pe.RetryAfter)
-		if err := h.slowDown(ctx, rt.provider.Name(), pe, wait); err != nil {
-			return infra(err)
+		wait, err := h.backOff(ctx, rt.provider.Name(), pe, attempt)
+		if err != nil {
+			return err
 		}
 		if attempt >= h.cfg.SendAttempts {
 			return h.giveUp(run, r, pe, wait)
@@ -181,12 +149,14 @@ func (h *Handler) deliver(ctx, waitCtx context.Context, run *batchRun, r *campai
 type route struct {
 	provider providers.Provider
 	limits   []limiter.Limit
-	// pauseKey is the provider's pause, checked by the claim script when piggyback ("" when the limits
-	// check it).
-	pauseKey  string
-	piggyback bool
-	m         *metrics.Sends
-	fallback  bool
+	// pauseKey is the provider's pause, checked by the claim script when answerInNextClaim ("" when the
+	// limits check it).
+	pauseKey string
+	// answerInNextClaim is set when no send waits for tokens: the claim script then also checks the
+	// provider's pause and writes the previous send's answer, one Redis round trip per message.
+	answerInNextClaim bool
+	m                 *metrics.Sends
+	fallback          bool
 }
 
 // route picks the provider of the next send: the fallback while the first is marked down.
@@ -225,17 +195,17 @@ func waitError(ctx, waitCtx context.Context, err error) error {
 	case waitCtx.Err() != nil:
 		return &RetryError{Err: errors.New("batch handed back while waiting for the rate limit (worker stopping or batch time used up)"), After: time.Second}
 	}
-	return infra(fmt.Errorf("rate limiter: no send while Redis is unavailable: %w", err))
+	return waitForServices(fmt.Errorf("rate limiter: no send while Redis is unavailable: %w", err))
 }
 
 // settleAnswer writes the answer of the run's last send into its claim, when that has not happened yet.
 func (h *Handler) settleAnswer(ctx context.Context, run *batchRun) {
-	a := run.unsettled
+	a := run.answerDue
 	if a == nil {
 		return
 	}
-	run.unsettled = nil
-	if err := h.state.Settle(ctx, a.Key, run.nonce, a.Mine, a.Val); err != nil {
+	run.answerDue = nil
+	if err := h.state.Settle(ctx, a.Key, run.nonce, a.InFlight, a.Value); err != nil {
 		h.log.Error("provider accepted but the claim could not be updated; Postgres will hold the outcome", "campaign_id", run.c.ID, "err", err)
 	}
 }
@@ -243,12 +213,12 @@ func (h *Handler) settleAnswer(ctx context.Context, run *batchRun) {
 // releaseLater deletes a claim whose SET may have reached Redis although its reply did not, once Redis
 // answers again (for up to a minute). It is compare-and-delete on this worker's own pending value: nothing
 // was sent under it.
-func (h *Handler) releaseLater(key, nonce, mine string) {
+func (h *Handler) releaseLater(key, nonce, inflight string) {
 	go func() {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
 		for ctx.Err() == nil {
-			if err := h.state.Release(ctx, key, nonce, mine); err == nil {
+			if err := h.state.Release(ctx, key, nonce, inflight); err == nil {
 				return
 			}
 			limiter.Sleep(ctx, time.Second) //nolint:errcheck // the loop checks ctx

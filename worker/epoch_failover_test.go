@@ -158,12 +158,12 @@ func TestClaimOnTheNewMasterUnderTheOldEpochIsRefused(t *testing.T) {
 	replica.Lag()
 	g := state.Guard{Epoch: e0, Halt: HaltKey(c.ID), CheckHalt: true}
 	nonce := Nonce(c)
-	sc := state.SendClaim{Key: ClaimKey(c.ID, "u1"), Mine: state.InFlightValue(time.Now(), "first"), Addr: phone(1)}
+	sc := state.SendClaim{Key: ClaimKey(c.ID, "u1"), Value: state.InFlightValue(time.Now(), "first"), Addr: phone(1)}
 	got, err := cl.ClaimSend(ctx, c, nonce, sc, g, nil, "", time.Now())
 	if err != nil || got.Result != state.Ours {
 		t.Fatalf("claim on the master: %+v %v", got, err)
 	}
-	if err := cl.Settle(ctx, sc.Key, nonce, sc.Mine, state.SentValue("SMfirst", 1)); err != nil {
+	if err := cl.Settle(ctx, sc.Key, nonce, sc.Value, state.SentValue("SMfirst", 1)); err != nil {
 		t.Fatal(err)
 	}
 
@@ -172,7 +172,7 @@ func TestClaimOnTheNewMasterUnderTheOldEpochIsRefused(t *testing.T) {
 	if v, err := rdb.Get(ctx, EpochKey).Result(); err != nil || v == e0 {
 		t.Errorf("epoch on the new master before anyone asked for it: %q (%v); want it renewed (was %q)", v, err, e0)
 	}
-	sc.Mine = state.InFlightValue(time.Now(), "second")
+	sc.Value = state.InFlightValue(time.Now(), "second")
 	got, err = cl.ClaimSend(ctx, c, nonce, sc, g, nil, "", time.Now())
 	if !errors.Is(err, state.ErrEpoch) {
 		t.Fatalf("claim of u1 (sent, its claim lost) on the new master under the old epoch: %+v %v; want state.ErrEpoch", got, err)

@@ -102,10 +102,10 @@ func (h *Handler) sendGroup(ctx, waitCtx context.Context, run *batchRun, b provi
 
 		// Claim everyone of the request at once, just before it, with their frequency marks.
 		now := h.cfg.Now()
-		pending := state.InFlightValue(now, h.cfg.Owner)
+		value := state.InFlightValue(now, h.cfg.Owner)
 		scs := make([]state.SendClaim, len(rs))
 		for i, r := range rs {
-			scs[i] = state.SendClaim{Key: ClaimKey(run.c.ID, r.UserID), Mine: pending, Addr: r.Address}
+			scs[i] = state.SendClaim{Key: ClaimKey(run.c.ID, r.UserID), Value: value, Addr: r.Address}
 		}
 		got, err := h.state.ClaimMany(ctx, run.c, run.nonce, scs, g, now)
 		if errors.Is(err, state.ErrHalted) || errors.Is(err, state.ErrEpoch) {
@@ -113,12 +113,12 @@ func (h *Handler) sendGroup(ctx, waitCtx context.Context, run *batchRun, b provi
 		}
 		if err != nil {
 			for _, sc := range scs {
-				h.releaseLater(sc.Key, run.nonce, sc.Mine)
+				h.releaseLater(sc.Key, run.nonce, sc.Value)
 			}
 			h.log.Error("Redis is unreachable: no sends until it is back", "campaign_id", run.c.ID, "err", err)
-			return infra(fmt.Errorf("no send while Redis is unavailable: %w", err))
+			return waitForServices(fmt.Errorf("no send while Redis is unavailable: %w", err))
 		}
-		var keys, mine, addrs []string
+		var keys, inflight, addrs []string
 		sendRs, sendMsgs := rs, msgs
 		rs, msgs = nil, nil
 		for i, cl := range got {
@@ -133,7 +133,7 @@ func (h *Handler) sendGroup(ctx, waitCtx context.Context, run *batchRun, b provi
 				continue
 			}
 			rs, msgs = append(rs, sendRs[i]), append(msgs, sendMsgs[i])
-			keys, mine, addrs = append(keys, scs[i].Key), append(mine, scs[i].Mine), append(addrs, scs[i].Addr)
+			keys, inflight, addrs = append(keys, scs[i].Key), append(inflight, scs[i].Value), append(addrs, scs[i].Addr)
 		}
 		if len(rs) == 0 {
 			return nil
@@ -142,50 +142,29 @@ func (h *Handler) sendGroup(ctx, waitCtx context.Context, run *batchRun, b provi
 		start := time.Now()
 		res, err := b.SendBatch(ctx, msgs)
 		run.m.BatchRequest(time.Since(start), len(msgs))
-		if err == nil {
+		if err == nil { // accepted
 			vals := make([]string, len(rs))
 			for i, r := range rs {
 				vals[i] = state.SentValue(res[i].MessageID, res[i].Segments)
 				run.add(campaign.Outcome{UserID: r.UserID, Status: campaign.StatusSent, MessageID: res[i].MessageID, Segments: res[i].Segments})
 			}
 			run.m.Sent(len(rs))
-			if err := h.state.SettleMany(ctx, keys, run.nonce, mine, vals); err != nil {
+			if err := h.state.SettleMany(ctx, keys, run.nonce, inflight, vals); err != nil {
 				h.log.Error("provider accepted but the claims could not be updated; Postgres will hold the outcomes", "campaign_id", run.c.ID, "recipients", len(rs), "err", err)
 			}
-			h.succeeded(run)
+			h.answered(run)
 			return nil
 		}
-		var pe *providers.Error
-		if !errors.As(err, &pe) {
-			h.state.ReleaseMany(context.WithoutCancel(ctx), keys, run.nonce, mine)         //nolint:errcheck // a kept claim only makes the recipients unknown later
-			h.state.ReleaseMarks(context.WithoutCancel(ctx), run.c, run.nonce, addrs, now) //nolint:errcheck // nothing was sent
-			return err
+		v, pe := judge(err)
+		f := inFlight{users: make([]string, len(rs)), keys: keys, values: inflight, addrs: addrs, at: now}
+		for i, r := range rs {
+			f.users[i] = r.UserID
 		}
-		switch {
-		case pe.Class == providers.Ambiguous:
-			vals := make([]string, len(rs))
-			for i, r := range rs {
-				vals[i] = state.ReasonValue(state.Unknown, pe.Reason())
-				run.add(campaign.Outcome{UserID: r.UserID, Status: campaign.StatusUnknown, Reason: pe.Reason()})
-			}
-			run.m.Unknown(len(rs))
-			h.state.SettleMany(ctx, keys, run.nonce, mine, vals) //nolint:errcheck // unsettled claims read as unknown too
-			h.log.Warn("provider answer lost; the request's recipients are unknown and will not be resent automatically",
-				"campaign_id", run.c.ID, "recipients", len(rs), "err", pe.Reason())
-			return nil
-		case pe.Class == providers.Permanent && !pe.AccountLevel():
-			if len(rs) == 1 {
-				h.state.Settle(ctx, keys[0], run.nonce, mine[0], state.ReasonValue(state.Failed, pe.Reason())) //nolint:errcheck // Postgres records the failure
-				h.state.ReleaseMarks(ctx, run.c, run.nonce, []string{addrs[0]}, now)                           //nolint:errcheck // nothing reached the person
-				run.add(campaign.Outcome{UserID: rs[0].UserID, Status: campaign.StatusFailed, Reason: pe.Reason()})
-				run.m.Failed(1)
-				h.succeeded(run)
-				return nil
-			}
-			run.m.Split(len(rs))
+		if v == refused && len(rs) > 1 {
 			// The request as a whole was refused: nothing was sent. Split it to find who is at fault.
-			if err := h.state.ReleaseMany(ctx, keys, run.nonce, mine); err != nil {
-				return infra(err)
+			run.m.Split(len(rs))
+			if err := h.state.ReleaseMany(ctx, keys, run.nonce, inflight); err != nil {
+				return waitForServices(err)
 			}
 			h.state.ReleaseMarks(ctx, run.c, run.nonce, addrs, now) //nolint:errcheck // ours, harmless
 			half := len(rs) / 2
@@ -194,24 +173,20 @@ func (h *Handler) sendGroup(ctx, waitCtx context.Context, run *batchRun, b provi
 			}
 			return h.sendGroup(ctx, waitCtx, run, b, rs[half:], msgs[half:])
 		}
-		if pe.Class == providers.Permanent {
-			run.m.AccountError(len(rs))
-		} else {
-			run.m.Retried(len(rs), pe.Status, pe.Code)
+		if err := h.settleRefusal(ctx, run, run.m, v, pe, f); err != nil {
+			return err
 		}
-		// Transient, or the account is refused: nothing was accepted.
-		if err := h.state.ReleaseMany(ctx, keys, run.nonce, mine); err != nil {
-			return infra(err)
+		switch v {
+		case notSent:
+			return err
+		case ambiguous, refused:
+			return nil
+		case accountRefused:
+			return accountError(pe)
 		}
-		if err := h.state.ReleaseMarks(ctx, run.c, run.nonce, addrs, now); err != nil {
-			h.log.Warn("frequency marks not released", "campaign_id", run.c.ID, "err", err)
-		}
-		if pe.Class == providers.Permanent {
-			return &RetryError{Err: fmt.Errorf("provider refuses the account, not the recipients (fix the configuration; the batch waits): %w", pe), Failure: true}
-		}
-		wait := backoff(attempt, pe.RetryAfter)
-		if err := h.slowDown(ctx, b.Name(), pe, wait); err != nil {
-			return infra(err)
+		wait, err := h.backOff(ctx, b.Name(), pe, attempt)
+		if err != nil {
+			return err
 		}
 		if attempt >= h.cfg.SendAttempts {
 			return &RetryError{Err: fmt.Errorf("provider kept failing a request of %d recipients: %w", len(rs), pe), After: wait, Failure: true}

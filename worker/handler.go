@@ -200,9 +200,9 @@ func (h *Handler) waitContext(ctx context.Context) (context.Context, context.Can
 // flight, writes its outcomes and returns. Call it before shutting the server down.
 func (h *Handler) Stop() { h.stopOnce.Do(func() { close(h.stopping) }) }
 
-// infra marks an error of Redis or Postgres: the batch waits for them without using up its retries
+// waitForServices marks an error of Redis or Postgres: the batch waits for them without using up its retries
 // (fail closed: nothing is sent meanwhile, and nothing is given up on).
-func infra(err error) error {
+func waitForServices(err error) error {
 	var re *RetryError
 	if errors.As(err, &re) {
 		return err

@@ -25,10 +25,10 @@ type State interface {
 	Take(ctx context.Context, key, nonce, val string, g state.Guard) (old string, ours bool, err error)
 	// Settle and SettleMany write answers into claims we hold; Release and ReleaseMany delete claims
 	// we hold whose sends were not accepted.
-	Settle(ctx context.Context, key, nonce, mine, val string) error
-	SettleMany(ctx context.Context, keys []string, nonce string, mine, vals []string) error
-	Release(ctx context.Context, key, nonce, mine string) error
-	ReleaseMany(ctx context.Context, keys []string, nonce string, mine []string) error
+	Settle(ctx context.Context, key, nonce, inflight, answer string) error
+	SettleMany(ctx context.Context, keys []string, nonce string, inflight, vals []string) error
+	Release(ctx context.Context, key, nonce, inflight string) error
+	ReleaseMany(ctx context.Context, keys []string, nonce string, inflight []string) error
 	// ReleaseMarks removes this campaign's frequency marks on addresses nobody reached.
 	ReleaseMarks(ctx context.Context, c *campaign.Campaign, nonce string, addrs []string, now time.Time) error
 	// ReadClaims reads claims while the epoch is still epoch.

@@ -47,23 +47,23 @@ func (s *State) Take(ctx context.Context, key, nonce, val string, g state.Guard)
 }
 
 // Settle is state.Store.Settle under the rules.
-func (s *State) Settle(ctx context.Context, key, nonce, mine, val string) error {
-	return s.call(ctx, "Settle", func() error { return s.Store.Settle(ctx, key, nonce, mine, val) })
+func (s *State) Settle(ctx context.Context, key, nonce, inflight, answer string) error {
+	return s.call(ctx, "Settle", func() error { return s.Store.Settle(ctx, key, nonce, inflight, answer) })
 }
 
 // SettleMany is state.Store.SettleMany under the rules.
-func (s *State) SettleMany(ctx context.Context, keys []string, nonce string, mine, vals []string) error {
-	return s.call(ctx, "SettleMany", func() error { return s.Store.SettleMany(ctx, keys, nonce, mine, vals) })
+func (s *State) SettleMany(ctx context.Context, keys []string, nonce string, inflight, vals []string) error {
+	return s.call(ctx, "SettleMany", func() error { return s.Store.SettleMany(ctx, keys, nonce, inflight, vals) })
 }
 
 // Release is state.Store.Release under the rules.
-func (s *State) Release(ctx context.Context, key, nonce, mine string) error {
-	return s.call(ctx, "Release", func() error { return s.Store.Release(ctx, key, nonce, mine) })
+func (s *State) Release(ctx context.Context, key, nonce, inflight string) error {
+	return s.call(ctx, "Release", func() error { return s.Store.Release(ctx, key, nonce, inflight) })
 }
 
 // ReleaseMany is state.Store.ReleaseMany under the rules.
-func (s *State) ReleaseMany(ctx context.Context, keys []string, nonce string, mine []string) error {
-	return s.call(ctx, "ReleaseMany", func() error { return s.Store.ReleaseMany(ctx, keys, nonce, mine) })
+func (s *State) ReleaseMany(ctx context.Context, keys []string, nonce string, inflight []string) error {
+	return s.call(ctx, "ReleaseMany", func() error { return s.Store.ReleaseMany(ctx, keys, nonce, inflight) })
 }
 
 // ReleaseMarks is state.Store.ReleaseMarks under the rules.

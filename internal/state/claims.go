@@ -87,8 +87,8 @@ return false`)
 //
 // Compare-and-set: only over our own pending value, and if the key vanished meanwhile (expired, evicted,
 // lost in a failover) it is written again with the full TTL, so the answer is never lost silently.
-func (c *Store) Settle(ctx context.Context, key, nonce, mine, val string) error {
-	ok, err := settleScript.Run(ctx, c.rdb, []string{key}, nonce+"/"+val, nonce+"/"+mine, c.ttl.Milliseconds()).Int()
+func (c *Store) Settle(ctx context.Context, key, nonce, inflight, val string) error {
+	ok, err := settleScript.Run(ctx, c.rdb, []string{key}, nonce+"/"+val, nonce+"/"+inflight, c.ttl.Milliseconds()).Int()
 	if err != nil {
 		return fmt.Errorf("settle claim %s: %w", key, err)
 	}
@@ -114,8 +114,8 @@ return 1`)
 
 // Release deletes a claim we hold whose send was definitely not accepted, so a retry may send.
 // Only our own pending value is deleted (compare-and-delete), never an answer.
-func (c *Store) Release(ctx context.Context, key, nonce, ours string) error {
-	if err := releaseScript.Run(ctx, c.rdb, []string{key}, nonce+"/"+ours).Err(); err != nil && !errors.Is(err, redis.Nil) {
+func (c *Store) Release(ctx context.Context, key, nonce, inflight string) error {
+	if err := releaseScript.Run(ctx, c.rdb, []string{key}, nonce+"/"+inflight).Err(); err != nil && !errors.Is(err, redis.Nil) {
 		return fmt.Errorf("release claim %s: %w", key, err)
 	}
 	return nil
@@ -161,14 +161,14 @@ return 0`)
 
 // SettleMany records answers in claims we hold, in one script call (see Settle). It fails when a claim
 // was taken over by another value (the others are written all the same).
-func (c *Store) SettleMany(ctx context.Context, keys []string, nonce string, mine, vals []string) error {
+func (c *Store) SettleMany(ctx context.Context, keys []string, nonce string, inflight, vals []string) error {
 	if len(keys) == 0 {
 		return nil
 	}
 	args := make([]any, 0, 1+2*len(keys))
 	args = append(args, c.ttl.Milliseconds())
 	for i := range keys {
-		args = append(args, nonce+"/"+mine[i], nonce+"/"+vals[i])
+		args = append(args, nonce+"/"+inflight[i], nonce+"/"+vals[i])
 	}
 	lost, err := settleManyScript.Run(ctx, c.rdb, keys, args...).Int()
 	if err != nil {
@@ -187,12 +187,12 @@ func (c *Store) SettleMany(ctx context.Context, keys []string, nonce string, min
 var settleManyScript = redis.NewScript(`
 local lost = 0
 for i, k in ipairs(KEYS) do
-  local mine, val = ARGV[2 * i], ARGV[2 * i + 1]
+  local inflight, val = ARGV[2 * i], ARGV[2 * i + 1]
   -- One write in the usual case (our pending value becomes the answer); what it replaced decides the rest.
   local v = redis.call("SET", k, val, "KEEPTTL", "GET")
   if not v then
     redis.call("PEXPIRE", k, ARGV[1])
-  elseif v ~= mine and v ~= val then
+  elseif v ~= inflight and v ~= val then
     redis.call("SET", k, v, "KEEPTTL")
     lost = lost + 1
   end
@@ -200,13 +200,13 @@ end
 return lost`)
 
 // ReleaseMany deletes claims we hold whose sends were definitely not accepted, in one round trip.
-func (c *Store) ReleaseMany(ctx context.Context, keys []string, nonce string, mine []string) error {
+func (c *Store) ReleaseMany(ctx context.Context, keys []string, nonce string, inflight []string) error {
 	if len(keys) == 0 {
 		return nil
 	}
 	pipe := c.rdb.Pipeline()
 	for i, k := range keys {
-		releaseScript.Eval(ctx, pipe, []string{k}, nonce+"/"+mine[i])
+		releaseScript.Eval(ctx, pipe, []string{k}, nonce+"/"+inflight[i])
 	}
 	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
 		return fmt.Errorf("release claims: %w", err)
@@ -216,14 +216,16 @@ func (c *Store) ReleaseMany(ctx context.Context, keys []string, nonce string, mi
 
 // SendClaim is one recipient's claim for a send, with its frequency mark.
 type SendClaim struct {
-	Key  string // ClaimKey
-	Mine string // the in-flight value (InFlightValue), without the nonce
-	Addr string
+	Key   string // ClaimKey
+	Value string // the in-flight value (InFlightValue), without the nonce
+	Addr  string
 }
 
 // Answer is a provider's answer still to be written into its claim (values without the nonce).
 type Answer struct {
-	Key, Mine, Val string
+	Key      string
+	InFlight string // the claim's in-flight value the answer replaces
+	Value    string // the answer
 }
 
 // Result is what a claim for a send found.
@@ -279,7 +281,7 @@ func (c *Store) ClaimMany(ctx context.Context, camp *campaign.Campaign, nonce st
 	for _, sc := range scs {
 		keys = append(keys, sc.Key)
 		keys = append(keys, markKeys(camp.Channel, sc.Addr, now, camp.FrequencyCap)...)
-		args = append(args, nonce+"/"+sc.Mine, sc.Addr)
+		args = append(args, nonce+"/"+sc.Value, sc.Addr)
 	}
 	res, err := claimManyScript.Run(ctx, c.rdb, keys, args...).StringSlice()
 	if err != nil {
@@ -387,12 +389,12 @@ func (c *Store) claimSendArgs(camp *campaign.Campaign, nonce string, sc SendClai
 	} else {
 		pauseKey = g.Halt // any key will do: it is not read
 	}
-	prevKey, prevMine, prevVal := sc.Key, "", ""
+	prevKey, prevInFlight, prevVal := sc.Key, "", ""
 	if prev != nil {
-		prevKey, prevMine, prevVal = prev.Key, nonce+"/"+prev.Mine, nonce+"/"+prev.Val
+		prevKey, prevInFlight, prevVal = prev.Key, nonce+"/"+prev.InFlight, nonce+"/"+prev.Value
 	}
 	keys := append([]string{sc.Key, EpochKey, g.Halt, pauseKey, prevKey}, markKeys(camp.Channel, sc.Addr, now, camp.FrequencyCap)...)
-	return keys, []any{nonce + "/" + sc.Mine, c.ttl.Milliseconds(), nonce + "/", g.Epoch, check, checkPause, prevMine, prevVal,
+	return keys, []any{nonce + "/" + sc.Value, c.ttl.Milliseconds(), nonce + "/", g.Epoch, check, checkPause, prevInFlight, prevVal,
 		markOwner(camp, nonce), now.UnixMilli(), camp.FrequencyCap.Milliseconds(), markTTL(camp).Milliseconds(), sc.Addr,
 		nonce + "/" + ReasonValue(Skipped, campaign.ReasonFrequencyCap)}
 }

@@ -37,7 +37,7 @@ func TestClaimScriptsUndoWhatTheGuardsRefuse(t *testing.T) {
 		return v, rdb.PTTL(ctx, key).Val()
 	}
 	claim := func(user string, g Guard, prev *Answer) (Claimed, error) {
-		return cl.ClaimSend(ctx, c, nonce, SendClaim{Key: ClaimKey(c.ID, user), Mine: mine, Addr: "+9055500000" + user}, g, prev, "", now)
+		return cl.ClaimSend(ctx, c, nonce, SendClaim{Key: ClaimKey(c.ID, user), Value: mine, Addr: "+9055500000" + user}, g, prev, "", now)
 	}
 
 	// A free claim under another epoch, or while the campaign is halted: refused, and nothing stays written.
@@ -93,20 +93,20 @@ func TestClaimScriptsUndoWhatTheGuardsRefuse(t *testing.T) {
 	// with the full TTL when the claim vanished, and never over a value someone else wrote.
 	sent := SentValue("SMnew", 1)
 	rdb.Set(ctx, ClaimKey(c.ID, "5"), nonce+"/"+mine, 10*time.Minute)
-	if _, err := claim("6", ok, &Answer{Key: ClaimKey(c.ID, "5"), Mine: mine, Val: sent}); err != nil {
+	if _, err := claim("6", ok, &Answer{Key: ClaimKey(c.ID, "5"), InFlight: mine, Value: sent}); err != nil {
 		t.Fatal(err)
 	}
 	if v, left := get(ClaimKey(c.ID, "5")); v != nonce+"/"+sent || left > 10*time.Minute || left <= 0 {
 		t.Fatalf("previous answer over our claim: %q with TTL %v; want the answer with the claim's TTL", v, left)
 	}
-	if _, err := claim("7", ok, &Answer{Key: ClaimKey(c.ID, "vanished"), Mine: mine, Val: sent}); err != nil {
+	if _, err := claim("7", ok, &Answer{Key: ClaimKey(c.ID, "vanished"), InFlight: mine, Value: sent}); err != nil {
 		t.Fatal(err)
 	}
 	if v, left := get(ClaimKey(c.ID, "vanished")); v != nonce+"/"+sent || left <= 10*time.Minute || left > ttl {
 		t.Fatalf("previous answer over a vanished claim: %q with TTL %v; want the answer with the full TTL", v, left)
 	}
 	rdb.Set(ctx, ClaimKey(c.ID, "8"), other, 0)
-	if _, err := claim("9", ok, &Answer{Key: ClaimKey(c.ID, "8"), Mine: mine, Val: sent}); err != nil {
+	if _, err := claim("9", ok, &Answer{Key: ClaimKey(c.ID, "8"), InFlight: mine, Value: sent}); err != nil {
 		t.Fatal(err)
 	}
 	if v, left := get(ClaimKey(c.ID, "8")); v != other || left != -1 {
@@ -135,7 +135,7 @@ func TestClaimScriptsUndoWhatTheGuardsRefuse(t *testing.T) {
 	e := &campaign.Campaign{ID: 42, Channel: campaign.ChannelEmail, CreatedAt: time.Now(), FrequencyCap: time.Hour}
 	var scs []SendClaim
 	for _, a := range []string{"a@example.com", "b@example.com", "c@example.com", "d@example.com"} {
-		scs = append(scs, SendClaim{Key: ClaimKey(e.ID, a), Mine: mine, Addr: a})
+		scs = append(scs, SendClaim{Key: ClaimKey(e.ID, a), Value: mine, Addr: a})
 	}
 	got, err := cl.ClaimMany(ctx, e, Nonce(e), scs, Guard{Epoch: "e1", Halt: HaltKey(e.ID)}, now)
 	if err != nil {
@@ -186,7 +186,7 @@ func TestMarkHashTTLRenewedOnceAnHourOfMarginIsUsed(t *testing.T) {
 				rdb.HSet(ctx, key, "someone-else", "1|1")
 				rdb.PExpire(ctx, key, tc.left)
 			}
-			sc := SendClaim{Key: ClaimKey(c.ID, tc.addr), Mine: InFlightValue(now, "w"), Addr: tc.addr}
+			sc := SendClaim{Key: ClaimKey(c.ID, tc.addr), Value: InFlightValue(now, "w"), Addr: tc.addr}
 			g := Guard{Epoch: "e1", Halt: HaltKey(c.ID)}
 			var err error
 			if ch == campaign.ChannelEmail {

@@ -71,7 +71,7 @@ func BenchmarkClaimDurable(b *testing.B) {
 				r := all[i%len(all)]
 				key := fmt.Sprintf("%s:%d", ClaimKey(c.ID, r.UserID), i/len(all))
 				mine := InFlightValue(time.Now(), "bench")
-				sc := SendClaim{Key: key, Mine: mine, Addr: r.Address}
+				sc := SendClaim{Key: key, Value: mine, Addr: r.Address}
 				var got Claimed
 				switch tc.wait {
 				case "pipelined":
@@ -107,7 +107,7 @@ func BenchmarkClaimDurable(b *testing.B) {
 				if got.Result != Ours {
 					b.Fatalf("claim %d: %+v", i, got)
 				}
-				prev = &Answer{Key: key, Mine: mine, Val: SentValue("SM0123456789abcdef0123456789abcdef", 1)}
+				prev = &Answer{Key: key, InFlight: mine, Value: SentValue("SM0123456789abcdef0123456789abcdef", 1)}
 				i++
 			}
 		})
@@ -146,7 +146,7 @@ func BenchmarkClaimDurableParallel(b *testing.B) {
 					i := int(next.Add(1))
 					r := all[i%len(all)]
 					key := fmt.Sprintf("%s:%d", ClaimKey(c.ID, r.UserID), i/len(all))
-					sc := SendClaim{Key: key, Mine: InFlightValue(time.Now(), "bench"), Addr: r.Address}
+					sc := SendClaim{Key: key, Value: InFlightValue(time.Now(), "bench"), Addr: r.Address}
 					keys, args := cl.claimSendArgs(c, nonce, sc, g, nil, "limiter:pause:provider:test", time.Now())
 					pipe := rdb.Pipeline()
 					res := claimSendScript.EvalSha(ctx, pipe, keys, args...)
