@@ -383,7 +383,7 @@ func (h *Handler) renew(ctx context.Context, run *batchRun) error {
 // its claim already holds an answer, which wins.
 func (h *Handler) close(ctx context.Context, run *batchRun, r *campaign.Recipient, val string) error {
 	if r.Suspect {
-		return h.suspect(ctx, run, r)
+		return h.settleUnverifiable(ctx, run, r)
 	}
 	g := run.guard
 	g.CheckHalt = false
@@ -401,9 +401,9 @@ func (h *Handler) close(ctx context.Context, run *batchRun, r *campaign.Recipien
 	return nil
 }
 
-// suspect settles a recipient taken over from a run that died under another Redis epoch: its claim, if
+// settleUnverifiable settles a recipient taken over from a run that died under another Redis epoch: its claim, if
 // Redis still has one, says what happened; without one the message may have been sent, so it is unknown.
-func (h *Handler) suspect(ctx context.Context, run *batchRun, r *campaign.Recipient) error {
+func (h *Handler) settleUnverifiable(ctx context.Context, run *batchRun, r *campaign.Recipient) error {
 	const why = "Redis lost its data while a worker that has since stopped was sending this chunk; the message may have been sent"
 	g := run.guard
 	g.CheckHalt = false

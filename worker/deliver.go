@@ -17,7 +17,7 @@ import (
 // pending for the next run.
 func (h *Handler) deliver(ctx, waitCtx context.Context, run *batchRun, r *campaign.Recipient) error {
 	if r.Suspect {
-		return h.suspect(ctx, run, r)
+		return h.settleUnverifiable(ctx, run, r)
 	}
 	if !r.Consent {
 		return h.close(ctx, run, r, state.ReasonValue(state.Skipped, campaign.ReasonRevoked))

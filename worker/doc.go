@@ -1,5 +1,18 @@
 // Package worker runs campaign batches from the Asynq queue and delivers them through the providers.
 //
+// # The life of one recipient
+//
+//	launch    planned in Postgres: pending, with its code and batch (campaign.Planner)
+//	queue     its batch is one Asynq task "<campaign>:<batch>" (Enqueue)
+//	lease     a run leases the recipient's chunk: state, consent read again (RunBatch, gate)
+//	pace      a token from the campaign's and the provider's buckets (limiter, readyToSend)
+//	claim     SET NX sent:<campaign>:<user> just before the call (State.ClaimSend / ClaimMany)
+//	send      the provider's adapter (providers.Provider), one message or one request of many
+//	answer    judge: accepted, ambiguous, refused, ... → the claim, the mark, the code (answer.go)
+//	record    outcomes written to Postgres per chunk, the lease let go (flush, campaign.Store.Record)
+//	receipt   a delivery receipt later sets its delivery, and proves a send the worker could not (webhooks)
+//	recover   a dead run's chunk: swept from its claims (Sweep), or unknown when Redis lost them
+//
 // # Delivery guarantee
 //
 // A batch task carries only a campaign ID and a batch number; the handler reads the batch's still-pending
@@ -9,7 +22,7 @@
 //  1. consent is checked again (a RET recorded after launch blocks the send: skipped, reason revoked);
 //  2. a token is taken from the campaign's and the provider's Redis buckets (shared by all workers);
 //  3. the claim SET sent:<campaign>:<user> NX is taken, just before the provider call;
-//  4. the provider is called, and its answer is written into the claim at once (s|…, f|…, u|…);
+//  4. the provider is called, and its answer is written into the claim at once (state.Sent, Failed, Unknown);
 //  5. outcomes are written to Postgres in bulk, only onto rows still pending.
 //
 // A claim that already exists is never sent again: its value says what happened (sent, failed, unknown),

@@ -65,7 +65,7 @@ func (h *Handler) deliverGroup(ctx, waitCtx context.Context, run *batchRun, b pr
 		r := &rs[i]
 		switch {
 		case r.Suspect:
-			if err := h.suspect(ctx, run, r); err != nil {
+			if err := h.settleUnverifiable(ctx, run, r); err != nil {
 				return err
 			}
 			continue

@@ -50,7 +50,7 @@ func (h *Handler) Sweep(ctx context.Context) (int, error) {
 			case !ok:
 			case suspect:
 				if serr == nil {
-					serr = h.suspect(ctx, run, &campaign.Recipient{UserID: u, Suspect: true})
+					serr = h.settleUnverifiable(ctx, run, &campaign.Recipient{UserID: u, Suspect: true})
 				}
 			default:
 				users, keys = append(users, u), append(keys, ClaimKey(c.ID, u))
