@@ -81,7 +81,9 @@ func (s *Store) LeaseChunk(ctx context.Context, c *Campaign, users []string, l L
 		), cand AS (
 			SELECT u FROM unnest($5::text[]) AS u
 			UNION
-			SELECT u FROM may CROSS JOIN unnest(may.lease_users) AS u WHERE may.takeover AND may.free
+			-- The chunk in hand stays in hand: a dead run's (taken over), or the users this run itself kept
+			-- there because it has not read their claims yet (see Record's inHand).
+			SELECT u FROM may CROSS JOIN unnest(may.lease_users) AS u WHERE may.free
 		), planned AS (
 			-- No consent changed since the launch read them (migration 0007): the consents it planned on
 			-- are the consents now, and no recipient's is read again.

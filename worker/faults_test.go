@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net/http/httptest"
+	"slices"
 	"sort"
 	"strings"
 	"testing"
@@ -526,5 +527,54 @@ func TestEmailSubjectWithALineBreakIsNotSent(t *testing.T) {
 	}
 	if st != campaign.StatusFailed || !strings.Contains(reason, campaign.ReasonInvalidValue) {
 		t.Fatalf("u2: %s (%s), want failed as invalid_value", st, reason)
+	}
+}
+
+// A run takes over a dead run's chunk whose users come in its third chunk, and dies (its outcomes never
+// recorded) while sending its second: the dead run's users must still be in hand, so that when Redis then
+// loses its data they become unknown instead of being sent again.
+func TestTakenOverUsersStayInHandUntilTheirClaimsAreRead(t *testing.T) {
+	t.Parallel()
+	f := plan(t, 10) // eligible in batch 0: u1 u2 u4 u7 u8
+	ctx := context.Background()
+	c := f.campaign(t)
+	users := f.batchUsers(t, 0)
+	dead := users[len(users)-1:]
+	epoch, err := Epoch(ctx, f.rdb)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.store.LeaseChunk(ctx, c, dead, campaign.Lease{Token: "dead", Epoch: epoch, TTL: time.Millisecond}); err != nil {
+		t.Fatal(err)
+	}
+	f.rdb.Set(ctx, ClaimKey(f.id, dead[0]), Nonce(c)+"/"+state.SentValue("SMdead", 1), 0)
+	var deadPhone string
+	if err := f.db.QueryRow(ctx, `SELECT address FROM campaign_recipients WHERE campaign_id = $1 AND user_id = $2`, f.id, dead[0]).Scan(&deadPhone); err != nil {
+		t.Fatal(err)
+	}
+	f.provider.mu.Lock()
+	f.provider.accepted[deadPhone] = []string{"sent by the dead run"}
+	f.provider.mu.Unlock()
+	time.Sleep(5 * time.Millisecond)
+
+	h, _, fs := f.faulty(t, func(c *Config) { c.ChunkSize = 2; c.LeaseTTL = 200 * time.Millisecond })
+	// The first chunk is recorded; then the run's writes to Postgres fail: it dies with its second chunk.
+	fs.Add(&faults.Rule{Match: faults.Method("Record", "ReleaseBatch"), Skip: 1, Kind: faults.Fail})
+	notFailure(t, h.RunBatch(ctx, f.id, 0))
+	var inHand []string
+	if err := f.db.QueryRow(ctx, `SELECT lease_users FROM campaign_batches WHERE campaign_id = $1 AND batch = 0`, f.id).Scan(&inHand); err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Contains(inHand, dead[0]) {
+		t.Fatalf("chunk in hand %v after the run died: the dead run's %s is not in it", inHand, dead[0])
+	}
+	if err := f.rdb.FlushDB(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	f.leaseExpired(t)
+	f.runAll(t)
+	f.assertOnce(t)
+	if st, _, _ := f.status(t, dead[0]); st != campaign.StatusUnknown {
+		t.Fatalf("%s: %s, want unknown (sent by the dead run, its claim lost with Redis)", dead[0], st)
 	}
 }
