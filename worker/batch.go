@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strconv"
 	"time"
 
 	"github.com/hibiken/asynq"
@@ -104,54 +103,9 @@ func (h *Handler) RunBatch(ctx context.Context, campaignID int64, batch int) err
 		}
 		return retry
 	}
-	run := &batchRun{c: c, nonce: Nonce(c), batch: batch, counts: map[string]int64{}, snapshots: map[string]campaign.ConsentRecord{}}
-	if h.cfg.Metrics != nil {
-		name := ""
-		if p := h.cfg.Providers[c.Channel]; p != nil {
-			name = p.Name()
-		}
-		run.m = h.cfg.Metrics.For(name, string(c.Channel))
-	}
-	if c.State != campaign.StateCancelled {
-		if run.provider = h.cfg.Providers[c.Channel]; run.provider == nil {
-			return fmt.Errorf("no provider is configured for channel %s on this worker", c.Channel)
-		}
-		if run.tmpl, err = h.template(c); err != nil {
-			return fmt.Errorf("campaign %d: %v: %w", c.ID, err, asynq.SkipRetry)
-		}
-		if _, batches := run.provider.(providers.Batcher); batches && c.TemplateID == "" {
-			if f := run.tmpl.Shared(providers.SharedTagPrefix); f != nil {
-				run.sharedForm = f
-				run.shared = &providers.Shared{Text: f.Text, HTML: f.HTML, Tags: f.Tags}
-			}
-		}
-		run.limits = []limiter.Limit{
-			{Key: "campaign:" + strconv.FormatInt(c.ID, 10), Rate: c.Rate, Observer: run.m.CampaignWait()},
-			{Key: "provider:" + run.provider.Name(), Rate: h.cfg.ProviderRates[run.provider.Name()], Pausable: true, Observer: run.m.ProviderWait()},
-		}
-		run.answerInNextClaim = c.Rate <= 0 && h.cfg.ProviderRates[run.provider.Name()] <= 0
-		// The claim script checks the provider's pause in the same round trip as the claim, so the token
-		// wait need not (one round trip less per message under a cap; a token taken during a pause is
-		// lost, which only lowers the rate). Without any cap there is no wait at all.
-		run.primary = route{provider: run.provider, answerInNextClaim: run.answerInNextClaim, m: run.m,
-			pauseKey: state.PauseKey(state.ProviderBucket(run.provider.Name()))}
-		if !run.answerInNextClaim {
-			for _, l := range run.limits {
-				l.Pausable = false
-				run.primary.limits = append(run.primary.limits, l)
-			}
-		}
-		if fb := h.cfg.Fallback[c.Channel]; fb != nil {
-			if _, batches := run.provider.(providers.Batcher); !batches {
-				sec := &route{provider: fb, fallback: true}
-				if h.cfg.Metrics != nil {
-					sec.m = h.cfg.Metrics.For(fb.Name(), string(c.Channel))
-				}
-				sec.limits = []limiter.Limit{run.limits[0],
-					{Key: "provider:" + fb.Name(), Rate: h.cfg.ProviderRates[fb.Name()], Pausable: true, Observer: sec.m.ProviderWait()}}
-				run.secondary = sec
-			}
-		}
+	run, err := h.newRun(c, batch)
+	if err != nil {
+		return err
 	}
 	epoch, err := h.state.Epoch(ctx)
 	if err != nil {
@@ -277,6 +231,62 @@ func (h *Handler) RunBatch(ctx context.Context, campaignID int64, batch int) err
 		log.Info("campaign completed")
 	}
 	return nil
+}
+
+// newRun prepares a run of batch of campaign c: its template, its provider and fallback with their limits
+// and metrics (a cancelled campaign's run only closes its recipients, and needs none of them).
+func (h *Handler) newRun(c *campaign.Campaign, batch int) (*batchRun, error) {
+	run := &batchRun{c: c, nonce: Nonce(c), batch: batch, counts: map[string]int64{}, snapshots: map[string]campaign.ConsentRecord{}}
+	if h.cfg.Metrics != nil {
+		name := ""
+		if p := h.cfg.Providers[c.Channel]; p != nil {
+			name = p.Name()
+		}
+		run.m = h.cfg.Metrics.For(name, string(c.Channel))
+	}
+	if c.State != campaign.StateCancelled {
+		if run.provider = h.cfg.Providers[c.Channel]; run.provider == nil {
+			return nil, fmt.Errorf("no provider is configured for channel %s on this worker", c.Channel)
+		}
+		var err error
+		if run.tmpl, err = h.template(c); err != nil {
+			return nil, fmt.Errorf("campaign %d: %v: %w", c.ID, err, asynq.SkipRetry)
+		}
+		if _, batches := run.provider.(providers.Batcher); batches && c.TemplateID == "" {
+			if f := run.tmpl.Shared(providers.SharedTagPrefix); f != nil {
+				run.sharedForm = f
+				run.shared = &providers.Shared{Text: f.Text, HTML: f.HTML, Tags: f.Tags}
+			}
+		}
+		run.limits = []limiter.Limit{
+			{Key: state.CampaignBucket(c.ID), Rate: c.Rate, Observer: run.m.CampaignWait()},
+			{Key: state.ProviderBucket(run.provider.Name()), Rate: h.cfg.ProviderRates[run.provider.Name()], Pausable: true, Observer: run.m.ProviderWait()},
+		}
+		run.answerInNextClaim = c.Rate <= 0 && h.cfg.ProviderRates[run.provider.Name()] <= 0
+		// The claim script checks the provider's pause in the same round trip as the claim, so the token
+		// wait need not (one round trip less per message under a cap; a token taken during a pause is
+		// lost, which only lowers the rate). Without any cap there is no wait at all.
+		run.primary = route{provider: run.provider, answerInNextClaim: run.answerInNextClaim, m: run.m,
+			pauseKey: state.PauseKey(state.ProviderBucket(run.provider.Name()))}
+		if !run.answerInNextClaim {
+			for _, l := range run.limits {
+				l.Pausable = false
+				run.primary.limits = append(run.primary.limits, l)
+			}
+		}
+		if fb := h.cfg.Fallback[c.Channel]; fb != nil {
+			if _, batches := run.provider.(providers.Batcher); !batches {
+				sec := &route{provider: fb, fallback: true}
+				if h.cfg.Metrics != nil {
+					sec.m = h.cfg.Metrics.For(fb.Name(), string(c.Channel))
+				}
+				sec.limits = []limiter.Limit{run.limits[0],
+					{Key: state.ProviderBucket(fb.Name()), Rate: h.cfg.ProviderRates[fb.Name()], Pausable: true, Observer: sec.m.ProviderWait()}}
+				run.secondary = sec
+			}
+		}
+	}
+	return run, nil
 }
 
 // reasonReceiptFirst is why a pending recipient is recorded sent without a send: a delivery receipt for an
