@@ -40,6 +40,18 @@
 // Epoch, read at each batch start and sweep. A chunk taken over from a dead run under another epoch is
 // settled from the claims that remain; its other recipients become unknown, never sent again.
 //
+// # Lifecycle
+//
+// Launch plans a campaign in Postgres and then queues one task per batch (plan before queue, so a launch
+// stopped in between leaves either nothing or a complete plan). Pause and Cancel record the new state in
+// Postgres and set the halt mark (HaltKey) that the claim script reads, so no new send starts on any
+// worker once they return; Cancel then closes the recipients not sent. Resume continues a paused
+// campaign, or any campaign after an incident, from Postgres: it rebuilds the progress counters, takes
+// the campaign's batches out of the dead-letter queue and queues every batch with pending recipients.
+// ListDLQ, RetryDLQ and PurgeDLQ work on the dead-letter queue (Asynq's archive); Status and ListStatus
+// read where campaigns stand, and QueueObserver what the worker supervisor sizes its pool by. Each takes
+// an options struct and returns a report, for the CLI to print.
+//
 // Claim values start with the campaign's nonce (its creation time), because campaign IDs start again at 1
 // when the engine database is re-created while Redis may still hold the old campaign 1's claims: a claim
 // with another nonce is a leftover and is replaced, never read as this campaign's.

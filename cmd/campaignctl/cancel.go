@@ -2,22 +2,29 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"os"
 	"time"
 
-	"github.com/hibiken/asynq"
-	"github.com/redis/go-redis/v9"
 	"github.com/spf13/cobra"
 
-	"github.com/campaignctl/campaignctl/campaign"
-	"github.com/campaignctl/campaignctl/limiter"
 	"github.com/campaignctl/campaignctl/worker"
 )
 
+type cancelOptions struct {
+	id   int64
+	wait time.Duration
+}
+
+func (o *cancelOptions) validate() error {
+	if o.wait < 0 {
+		return usagef("--wait %v: give a duration of zero or more, e.g. --wait 1m", o.wait)
+	}
+	return nil
+}
+
 func (a *app) newCancelCmd() *cobra.Command {
-	var wait time.Duration
+	var o cancelOptions
 	cmd := &cobra.Command{
 		Use:   "cancel ID",
 		Short: "End a campaign: nothing more is sent, unsent recipients are skipped (cancelled) and their codes go back to the pool",
@@ -31,91 +38,48 @@ A cancelled campaign cannot be resumed, and its dead-lettered batches are not re
 		Example: `  campaignctl cancel 42`,
 		Args:    cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			ctx := cmd.Context()
-			id, err := parseID(args[0])
-			if err != nil {
+			var err error
+			if o.id, err = parseID(args[0]); err != nil {
 				return err
 			}
-			if wait < 0 {
-				return usagef("--wait %v: give a duration of zero or more, e.g. --wait 1m", wait)
-			}
-			engine, rdb, closeAll, err := a.openServices(ctx)
-			if err != nil {
+			if err := o.validate(); err != nil {
 				return err
 			}
-			defer closeAll()
-			store := campaign.NewStore(engine)
-			was, err := store.Transition(ctx, id, []campaign.State{campaign.StateRunning, campaign.StateScheduled, campaign.StatePaused},
-				campaign.StateCancelled)
-			if err != nil {
-				return fmt.Errorf("%w; only a running, scheduled or paused campaign can be cancelled", err)
-			}
-			if err := worker.Halt(ctx, rdb, id, string(campaign.StateCancelled), worker.DefaultClaimTTL); err != nil {
-				a.logger().Warn("cancel recorded in Postgres, but not in Redis; workers stop at their next chunk instead of their next send", "err", err)
-			}
-			fmt.Fprintf(a.stdout, "campaign %d cancelled (was %s); no new send starts on any worker\n", id, was)
-			return a.closeCancelled(ctx, rdb, store, id, wait)
+			return a.cancel(cmd.Context(), o)
 		},
 	}
-	cmd.Flags().DurationVar(&wait, "wait", time.Minute, "how long to wait for workers to let go of the batches they are sending")
+	cmd.Flags().DurationVar(&o.wait, "wait", time.Minute, "how long to wait for workers to let go of the batches they are sending")
 	return cmd
 }
 
-// closeCancelled turns the pending recipients of a cancelled campaign into skipped (cancelled): first in
-// bulk those no run holds, then batch by batch the rest, reading their claims.
-func (a *app) closeCancelled(ctx context.Context, rdb *redis.Client, store *campaign.Store, id int64, wait time.Duration) error {
-	if _, err := store.CancelUnleased(ctx, id); err != nil {
+func (a *app) cancel(ctx context.Context, o cancelOptions) error {
+	svc, err := a.openServices(ctx)
+	if err != nil {
 		return err
 	}
+	defer svc.Close()
 	host, _ := os.Hostname()
-	h := worker.NewHandler(worker.Config{Store: store, Redis: rdb, Logger: a.logger(), Owner: fmt.Sprintf("%s:%d:cancel", host, os.Getpid())})
-	deadline := time.Now().Add(wait)
-	for {
-		batches, err := store.PendingBatches(ctx, id, false)
-		if err != nil {
-			return err
+	rep, err := worker.Cancel(ctx, worker.CancelOptions{
+		Store: svc.store, Redis: svc.redis, CampaignID: o.id, Wait: o.wait, Logger: a.logger(),
+		Owner: fmt.Sprintf("%s:%d:cancel", host, os.Getpid()),
+		Recorded: func(r worker.CancelReport) {
+			fmt.Fprintf(a.stdout, "campaign %d cancelled (was %s); no new send starts on any worker\n", r.CampaignID, r.Was)
+		},
+	})
+	c := rep.Counts
+	if c.Planned > 0 {
+		fmt.Fprintf(a.stdout, "campaign %d: %d recipients skipped (cancelled)", rep.CampaignID, rep.Cancelled)
+		if rep.CodePool != "" {
+			fmt.Fprintf(a.stdout, ", their codes back in pool %s", rep.CodePool)
 		}
-		held := 0
-		for _, b := range batches {
-			var re *worker.RetryError
-			if err := h.RunBatch(ctx, id, b); errors.As(err, &re) {
-				held++
-			} else if err != nil {
-				return err
-			}
-		}
-		if held == 0 || time.Now().After(deadline) {
-			break
-		}
-		if err := limiter.Sleep(ctx, time.Second); err != nil {
-			return err
-		}
+		fmt.Fprintf(a.stdout, "; %d sent, %d failed, %d skipped, %d unknown\n", c.Sent, c.Failed, c.Skipped, c.Unknown)
 	}
-	counts, err := store.Counts(ctx, id)
 	if err != nil {
 		return err
 	}
-	c, err := store.Get(ctx, id)
-	if err != nil {
-		return err
-	}
-	cancelled, err := store.CountReason(ctx, id, campaign.StatusSkipped, campaign.ReasonCancelled)
-	if err != nil {
-		return err
-	}
-	fmt.Fprintf(a.stdout, "campaign %d: %d recipients skipped (cancelled)", id, cancelled)
-	if c.CodePool != "" {
-		fmt.Fprintf(a.stdout, ", their codes back in pool %s", c.CodePool)
-	}
-	fmt.Fprintf(a.stdout, "; %d sent, %d failed, %d skipped, %d unknown\n", counts.Sent, counts.Failed, counts.Skipped, counts.Unknown)
-	if counts.Pending > 0 {
-		// A live worker still holds them; its batch tasks close them when it lets go.
-		added, _, err := worker.Enqueue(ctx, asynq.NewClientFromRedisClient(rdb), store, c, false)
-		if err != nil {
-			return err
-		}
+	if c.Pending > 0 {
 		fmt.Fprintf(a.stdout, "%d recipients are still held by a worker; %d batches queued so that a worker closes them (campaignctl status %d)\n",
-			counts.Pending, added, id)
+			c.Pending, rep.Requeued, rep.CampaignID)
 	}
 	return nil
 }

@@ -163,18 +163,28 @@ func (a *app) openRedis(ctx context.Context) (*redis.Client, error) {
 	return rdb, nil
 }
 
-// openServices opens the engine database and Redis, both checked; closeAll releases them.
-func (a *app) openServices(ctx context.Context) (*pgxpool.Pool, *redis.Client, func(), error) {
+// services are the engine database and Redis that the campaign commands use, both checked.
+type services struct {
+	engine *pgxpool.Pool
+	redis  *redis.Client
+	store  *campaign.Store
+}
+
+// Close releases both connections.
+func (s *services) Close() { s.redis.Close(); s.engine.Close() }
+
+// openServices opens the engine database and Redis, both checked; Close releases them.
+func (a *app) openServices(ctx context.Context) (*services, error) {
 	engine, err := a.openEngine(ctx)
 	if err != nil {
-		return nil, nil, nil, err
+		return nil, err
 	}
 	rdb, err := a.openRedis(ctx)
 	if err != nil {
 		engine.Close()
-		return nil, nil, nil, err
+		return nil, err
 	}
-	return engine, rdb, func() { rdb.Close(); engine.Close() }, nil
+	return &services{engine: engine, redis: rdb, store: campaign.NewStore(engine)}, nil
 }
 
 // rate reads a messages-per-second cap from the environment.

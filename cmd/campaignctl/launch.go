@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"maps"
@@ -16,7 +17,6 @@ import (
 	"time"
 	"unicode"
 
-	"github.com/hibiken/asynq"
 	"github.com/spf13/cobra"
 
 	"github.com/campaignctl/campaignctl/campaign"
@@ -167,64 +167,54 @@ func (a *app) launch(ctx context.Context, o launchOptions) error {
 		return err
 	}
 	planner := &campaign.Planner{Engine: engine, Audience: audience, Log: a.logger()}
+	lo := worker.LaunchOptions{Planner: planner, Spec: spec}
+	lo.Spec.DryRun = o.dryRun
+	var svc *services
+	if !o.dryRun {
+		// Redis must be there before anything is written: a plan that cannot be queued is only half a launch.
+		rdb, err := a.openRedis(ctx)
+		if err != nil {
+			return err
+		}
+		defer rdb.Close()
+		svc = &services{engine: engine, redis: rdb, store: campaign.NewStore(engine)}
+		lo.Redis = svc.redis
+		if !o.yes && interactive {
+			lo.Confirm = func(preview campaign.Report) bool {
+				a.printReport(preview, false)
+				return a.confirm(fmt.Sprintf("Send %d messages now?", preview.Eligible))
+			}
+		}
+	}
 
-	if o.dryRun {
-		rep, err := planner.Plan(ctx, withDryRun(spec))
+	rep, err := worker.Launch(ctx, lo)
+	var notQueued *worker.NotQueuedError
+	switch {
+	case errors.Is(err, worker.ErrLaunchDeclined):
+		return usageError{err}
+	case o.dryRun:
 		if rep.Audience > 0 || err == nil {
 			a.printReport(rep, o.json)
 		}
 		return err
-	}
-
-	// Redis must be there before anything is written: a plan that cannot be queued is only half a launch.
-	rdb, err := a.openRedis(ctx)
-	if err != nil {
-		return err
-	}
-	defer rdb.Close()
-
-	if !o.yes && interactive {
-		rep, err := planner.Plan(ctx, withDryRun(spec))
+	case rep.DryRun:
+		// The dry run before the confirmation failed.
 		a.printReport(rep, false)
-		if err != nil {
-			return err
-		}
-		if !a.confirm(fmt.Sprintf("Send %d messages now?", rep.Eligible)) {
-			return usagef("launch cancelled; nothing was written or sent")
-		}
+		return err
+	case err == nil, errors.As(err, &notQueued):
+		a.printReport(rep, o.json)
+	case rep.ID == 0 && ctx.Err() == nil && rep.Audience > 0 && !o.json:
+		// The plan failed and wrote nothing; the report says what it counted.
+		a.printReport(rep, false)
 	}
-
-	rep, err := planner.Plan(ctx, spec)
 	if err != nil {
-		if ctx.Err() != nil {
-			// The plan is one transaction: stopped anywhere before its commit, it left nothing.
-			return fmt.Errorf("launch interrupted: nothing was written or sent (%w)", ctx.Err())
-		}
-		if rep.Audience > 0 && !o.json {
-			a.printReport(rep, false)
-		}
 		return err
 	}
-	store := campaign.NewStore(engine)
-	c, err := store.Get(ctx, rep.ID)
-	if err != nil {
-		return fmt.Errorf("campaign %d is planned but not queued: %w; run `campaignctl resume %d`", rep.ID, err, rep.ID)
-	}
-	added, _, err := worker.Enqueue(ctx, asynq.NewClientFromRedisClient(rdb), store, c, true)
-	rep.Enqueued = added
-	if err != nil {
-		a.printReport(rep, o.json)
-		return fmt.Errorf("campaign %d is planned but only %d of %d batches were queued: %w; run `campaignctl resume %d` to queue the rest",
-			rep.ID, added, rep.Batches, err, rep.ID)
-	}
-	a.printReport(rep, o.json)
 	if o.watch {
-		return a.watch(ctx, engine, rdb, rep.ID)
+		return a.watch(ctx, svc, rep.ID)
 	}
 	return nil
 }
-
-func withDryRun(s campaign.Spec) campaign.Spec { s.DryRun = true; return s }
 
 func (a *app) confirm(question string) bool {
 	fmt.Fprintf(a.stderr, "%s [y/N] ", question)

@@ -84,7 +84,7 @@ func TestDLQListRetryPurge(t *testing.T) {
 		}
 	}
 	out, stderr, code := cli(t, env, "dlq", "list", "--campaign", id, "--json")
-	var entries []dlqEntry
+	var entries []worker.DLQEntry
 	if code != 0 || json.Unmarshal([]byte(out), &entries) != nil {
 		t.Fatalf("dlq list: exit %d, %s%s", code, out, stderr)
 	}

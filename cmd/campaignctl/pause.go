@@ -1,15 +1,20 @@
 package main
 
 import (
+	"context"
 	"fmt"
 
 	"github.com/spf13/cobra"
 
-	"github.com/campaignctl/campaignctl/campaign"
 	"github.com/campaignctl/campaignctl/worker"
 )
 
+type pauseOptions struct {
+	id int64
+}
+
 func (a *app) newPauseCmd() *cobra.Command {
+	var o pauseOptions
 	return &cobra.Command{
 		Use:   "pause ID",
 		Short: "Stop a campaign's sends on every worker; `campaignctl resume ID` continues",
@@ -20,27 +25,25 @@ back; queued batches wait. Nothing is lost: the recipients stay pending until ` 
 		Example: `  campaignctl pause 42`,
 		Args:    cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			ctx := cmd.Context()
-			id, err := parseID(args[0])
-			if err != nil {
+			var err error
+			if o.id, err = parseID(args[0]); err != nil {
 				return err
 			}
-			engine, rdb, closeAll, err := a.openServices(ctx)
-			if err != nil {
-				return err
-			}
-			defer closeAll()
-			was, err := campaign.NewStore(engine).Transition(ctx, id,
-				[]campaign.State{campaign.StateRunning, campaign.StateScheduled}, campaign.StatePaused)
-			if err != nil {
-				return fmt.Errorf("%w; only a running or scheduled campaign can be paused", err)
-			}
-			if err := worker.Halt(ctx, rdb, id, string(campaign.StatePaused), 0); err != nil {
-				// Postgres holds the pause: workers still stop at their next chunk (25 recipients).
-				a.logger().Warn("pause recorded in Postgres, but not in Redis; workers stop at their next chunk instead of their next send", "err", err)
-			}
-			fmt.Fprintf(a.stdout, "campaign %d paused (was %s); no new send starts on any worker. Continue with `campaignctl resume %d`\n", id, was, id)
-			return nil
+			return a.pause(cmd.Context(), o)
 		},
 	}
+}
+
+func (a *app) pause(ctx context.Context, o pauseOptions) error {
+	svc, err := a.openServices(ctx)
+	if err != nil {
+		return err
+	}
+	defer svc.Close()
+	rep, err := worker.Pause(ctx, worker.PauseOptions{Store: svc.store, Redis: svc.redis, CampaignID: o.id, Logger: a.logger()})
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(a.stdout, "campaign %d paused (was %s); no new send starts on any worker. Continue with `campaignctl resume %d`\n", rep.CampaignID, rep.Was, rep.CampaignID)
+	return nil
 }

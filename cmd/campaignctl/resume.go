@@ -2,20 +2,20 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"time"
 
-	"github.com/hibiken/asynq"
-	"github.com/redis/go-redis/v9"
 	"github.com/spf13/cobra"
 
-	"github.com/campaignctl/campaignctl/campaign"
 	"github.com/campaignctl/campaignctl/worker"
 )
 
+type resumeOptions struct {
+	id            int64
+	resendUnknown bool
+}
+
 func (a *app) newResumeCmd() *cobra.Command {
-	var resendUnknown bool
+	var o resumeOptions
 	cmd := &cobra.Command{
 		Use:   "resume ID",
 		Short: "Continue a campaign after a pause or any incident: re-queue, rebuild counters, report (safe to repeat)",
@@ -39,139 +39,53 @@ only with --resend-unknown.`,
   campaignctl resume 42 --resend-unknown`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			ctx := cmd.Context()
-			id, err := parseID(args[0])
-			if err != nil {
+			var err error
+			if o.id, err = parseID(args[0]); err != nil {
 				return err
 			}
-			engine, rdb, closeAll, err := a.openServices(ctx)
-			if err != nil {
-				return err
-			}
-			defer closeAll()
-			return a.resume(ctx, campaign.NewStore(engine), rdb, id, resendUnknown)
+			return a.resume(cmd.Context(), o)
 		},
 	}
-	cmd.Flags().BoolVar(&resendUnknown, "resend-unknown", false, "send again the recipients whose outcome is unknown (each may get the message twice, with the same code)")
+	cmd.Flags().BoolVar(&o.resendUnknown, "resend-unknown", false, "send again the recipients whose outcome is unknown (each may get the message twice, with the same code)")
 	return cmd
 }
 
-func (a *app) resume(ctx context.Context, store *campaign.Store, rdb *redis.Client, id int64, resendUnknown bool) error {
-	c, err := store.Get(ctx, id)
+func (a *app) resume(ctx context.Context, o resumeOptions) error {
+	svc, err := a.openServices(ctx)
 	if err != nil {
 		return err
 	}
-	counts, err := store.Counts(ctx, id)
-	if err != nil {
-		return err
+	defer svc.Close()
+	rep, err := worker.Resume(ctx, worker.ResumeOptions{Store: svc.store, Redis: svc.redis, CampaignID: o.id, ResendUnknown: o.resendUnknown})
+	a.printResume(rep, o, err)
+	return err
+}
+
+// printResume prints what resume found and did; after an error, what it did before.
+func (a *app) printResume(rep worker.ResumeReport, o resumeOptions, err error) {
+	id := rep.CampaignID
+	if rep.To != "" {
+		fmt.Fprintf(a.stdout, "campaign %d was %s and is %s again\n", id, rep.Was, rep.To)
 	}
-	switch c.State {
-	case campaign.StateRunning, campaign.StateScheduled:
-	case campaign.StatePaused, campaign.StateCompleted:
-		if c.State == campaign.StateCompleted && (!resendUnknown || counts.Unknown == 0) {
-			hint := ""
-			if counts.Unknown > 0 {
-				hint = fmt.Sprintf(" (%d recipients are unknown: `campaignctl resume %d --resend-unknown` sends them again)", counts.Unknown, id)
-			}
-			return fmt.Errorf("%w: campaign %d is completed; there is nothing to resume%s", campaign.ErrWrongState, id, hint)
-		}
-		to := campaign.StateRunning
-		if c.StartAt != nil && c.StartAt.After(time.Now()) {
-			to = campaign.StateScheduled
-		}
-		if _, err := store.Transition(ctx, id, []campaign.State{c.State}, to); err != nil {
-			return err
-		}
-		fmt.Fprintf(a.stdout, "campaign %d was %s and is %s again\n", id, c.State, to)
-		c.State = to
-	default:
-		return fmt.Errorf("%w: campaign %d is %s and cannot be resumed; only a running, scheduled, paused (or, with --resend-unknown, completed) campaign can",
-			campaign.ErrWrongState, id, c.State)
+	if rep.Found == nil {
+		return
 	}
-	if err := worker.Unhalt(ctx, rdb, id); err != nil {
-		return err
-	}
+	f := rep.Found
 	fmt.Fprintf(a.stdout, "campaign %d found: %d planned, %d sent, %d failed, %d skipped, %d unknown, %d pending\n",
-		id, counts.Planned, counts.Sent, counts.Failed, counts.Skipped, counts.Unknown, counts.Pending)
-
-	if resendUnknown && counts.Unknown > 0 {
-		users, err := store.Unknown(ctx, id)
-		if err != nil {
-			return err
-		}
-		// Claims first: a recipient back in pending with its old claim would only be found unknown again.
-		if err := worker.ForgetUnanswered(ctx, rdb, c, users); err != nil {
-			return err
-		}
-		n, err := store.Resend(ctx, id, users)
-		if err != nil {
-			return err
-		}
-		fmt.Fprintf(a.stdout, "%d unknown recipients will be sent again, with the codes they already hold\n", n)
-		if counts, err = store.Counts(ctx, id); err != nil {
-			return err
-		}
+		id, f.Planned, f.Sent, f.Failed, f.Skipped, f.Unknown, f.Pending)
+	if o.resendUnknown && f.Unknown > 0 && (err == nil || rep.Resent > 0) {
+		fmt.Fprintf(a.stdout, "%d unknown recipients will be sent again, with the codes they already hold\n", rep.Resent)
 	}
-
-	// Counters are a fast view for the progress bars; Postgres has the truth.
-	if err := rdb.HSet(ctx, worker.ProgressKey(id), map[string]any{
-		campaign.StatusSent: counts.Sent, campaign.StatusFailed: counts.Failed,
-		campaign.StatusSkipped: counts.Skipped, campaign.StatusUnknown: counts.Unknown,
-	}).Err(); err != nil {
-		return fmt.Errorf("rebuild counters: %w", err)
-	}
-
-	fromDLQ, err := a.requeueArchived(ctx, rdb, id)
 	if err != nil {
-		return err
+		return
 	}
-	added, existing, err := worker.Enqueue(ctx, asynq.NewClientFromRedisClient(rdb), store, c, false)
-	if err != nil {
-		return err
-	}
-	done, err := store.CompleteIfDone(ctx, id)
-	if err != nil {
-		return err
-	}
+	c := rep.Counts
 	fmt.Fprintf(a.stdout, "campaign %d: %d batches re-enqueued, %d already queued, %d taken back from the DLQ; %d recipients pending, %d unknown\n",
-		id, added, max(existing-fromDLQ, 0), fromDLQ, counts.Pending, counts.Unknown)
-	if counts.Unknown > 0 && !resendUnknown {
+		id, rep.Enqueued, rep.AlreadyQueued, rep.FromDLQ, c.Pending, c.Unknown)
+	if c.Unknown > 0 && !o.resendUnknown {
 		fmt.Fprintf(a.stdout, "unknown recipients are not sent again by default; `campaignctl resume %d --resend-unknown` does\n", id)
 	}
-	if done {
+	if rep.Completed {
 		fmt.Fprintf(a.stdout, "campaign %d had nothing pending and is now completed\n", id)
 	}
-	return nil
-}
-
-// requeueArchived puts the campaign's dead-lettered batches back in the queue with a fresh retry budget,
-// and returns how many it moved.
-func (a *app) requeueArchived(ctx context.Context, rdb *redis.Client, id int64) (int, error) {
-	entries, err := archivedBatches(rdb, id)
-	if err != nil {
-		return 0, err
-	}
-	for i, e := range entries {
-		if err := requeue(ctx, rdb, e); err != nil {
-			return i, err
-		}
-	}
-	return len(entries), nil
-}
-
-// requeue moves one dead-lettered batch back to the queue. Running an archived task again would keep its
-// used-up retry count (the next failure would archive it at once), so the task is deleted and enqueued
-// anew under the same ID.
-func requeue(ctx context.Context, rdb *redis.Client, e dlqEntry) error {
-	if err := asynq.NewInspectorFromRedisClient(rdb).DeleteTask(worker.Queue, e.TaskID); err != nil && !errors.Is(err, asynq.ErrTaskNotFound) {
-		return fmt.Errorf("take batch %d of campaign %d from the DLQ: %w", e.Batch, e.CampaignID, err)
-	}
-	task, err := worker.NewBatchTask(e.CampaignID, e.Batch)
-	if err != nil {
-		return err
-	}
-	if _, err := asynq.NewClientFromRedisClient(rdb).EnqueueContext(ctx, task); err != nil && !errors.Is(err, asynq.ErrTaskIDConflict) {
-		return fmt.Errorf("queue batch %d of campaign %d: %w; run `campaignctl resume %d` to queue it", e.Batch, e.CampaignID, err, e.CampaignID)
-	}
-	return nil
 }

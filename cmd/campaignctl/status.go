@@ -9,31 +9,25 @@ import (
 	"strconv"
 	"text/tabwriter"
 
-	"github.com/redis/go-redis/v9"
 	"github.com/spf13/cobra"
 
-	"github.com/campaignctl/campaignctl/campaign"
+	"github.com/campaignctl/campaignctl/worker"
 )
 
-// statusView is the stable --json shape of one campaign.
-type statusView struct {
-	ID       int64            `json:"id"`
-	Name     string           `json:"name"`
-	Channel  campaign.Channel `json:"channel"`
-	State    campaign.State   `json:"state"`
-	Audience int64            `json:"audience"`
-	Eligible int64            `json:"eligible"`
-	Excluded map[string]int64 `json:"excluded"`
-	campaign.Counts
-	// Delivered and Undelivered are what the providers' receipts said about the sent messages.
-	Delivered   int64  `json:"delivered"`
-	Undelivered int64  `json:"undelivered"`
-	DLQ         int64  `json:"dlq"`
-	CreatedAt   string `json:"created_at"`
+type statusOptions struct {
+	id          int64
+	watch, json bool
+}
+
+func (o *statusOptions) validate() error {
+	if o.id == 0 && o.watch {
+		return usagef("--watch needs a campaign ID: campaignctl status ID --watch")
+	}
+	return nil
 }
 
 func (a *app) newStatusCmd() *cobra.Command {
-	var watch, asJSON bool
+	var o statusOptions
 	cmd := &cobra.Command{
 		Use:   "status [ID]",
 		Short: "Show a campaign's progress, or list campaigns",
@@ -42,41 +36,20 @@ func (a *app) newStatusCmd() *cobra.Command {
   campaignctl status 42 --watch`,
 		Args: cobra.MaximumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			ctx := cmd.Context()
-			var id int64
 			if len(args) == 1 {
 				var err error
-				if id, err = parseID(args[0]); err != nil {
+				if o.id, err = parseID(args[0]); err != nil {
 					return err
 				}
-			} else if watch {
-				return usagef("--watch needs a campaign ID: campaignctl status ID --watch")
 			}
-			engine, rdb, closeAll, err := a.openServices(ctx)
-			if err != nil {
+			if err := o.validate(); err != nil {
 				return err
 			}
-			defer closeAll()
-			store := campaign.NewStore(engine)
-			if id == 0 {
-				return a.listCampaigns(ctx, store, rdb, asJSON)
-			}
-			if watch {
-				return a.watch(ctx, engine, rdb, id)
-			}
-			v, err := a.statusOf(ctx, store, rdb, id)
-			if err != nil {
-				return err
-			}
-			if asJSON {
-				return json.NewEncoder(a.stdout).Encode(v)
-			}
-			a.printStatus(v)
-			return nil
+			return a.status(cmd.Context(), o)
 		},
 	}
-	cmd.Flags().BoolVar(&watch, "watch", false, "draw live progress until the campaign ends")
-	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	cmd.Flags().BoolVar(&o.watch, "watch", false, "draw live progress until the campaign ends")
+	cmd.Flags().BoolVar(&o.json, "json", false, "print JSON")
 	return cmd
 }
 
@@ -88,35 +61,35 @@ func parseID(s string) (int64, error) {
 	return id, nil
 }
 
-func (a *app) statusOf(ctx context.Context, store *campaign.Store, rdb *redis.Client, id int64) (statusView, error) {
-	c, err := store.Get(ctx, id)
+func (a *app) status(ctx context.Context, o statusOptions) error {
+	svc, err := a.openServices(ctx)
 	if err != nil {
-		return statusView{}, err
+		return err
 	}
-	counts, err := store.Counts(ctx, id)
+	defer svc.Close()
+	opts := worker.StatusOptions{Store: svc.store, Redis: svc.redis, CampaignID: o.id}
+	switch {
+	case o.id == 0:
+		list, err := worker.ListStatus(ctx, opts)
+		if err != nil {
+			return err
+		}
+		return a.printStatusList(list, o.json)
+	case o.watch:
+		return a.watch(ctx, svc, o.id)
+	}
+	v, err := worker.Status(ctx, opts)
 	if err != nil {
-		return statusView{}, err
+		return err
 	}
-	dlq, err := dlqCount(rdb, id)
-	if err != nil {
-		return statusView{}, err
+	if o.json {
+		return json.NewEncoder(a.stdout).Encode(v)
 	}
-	delivered, undelivered, err := store.DeliveryCounts(ctx, id)
-	if err != nil {
-		return statusView{}, err
-	}
-	return statusView{ID: c.ID, Name: c.Name, Channel: c.Channel, State: c.State, Audience: c.Audience, Eligible: c.Eligible,
-		Excluded: c.Excluded, Counts: counts, Delivered: delivered, Undelivered: undelivered, DLQ: dlq,
-		CreatedAt: c.CreatedAt.UTC().Format("2006-01-02T15:04:05Z")}, nil
+	a.printStatus(v)
+	return nil
 }
 
-// dlqCount counts the campaign's archived batches (Asynq's archive is the DLQ).
-func dlqCount(rdb *redis.Client, id int64) (int64, error) {
-	entries, err := archivedBatches(rdb, id)
-	return int64(len(entries)), err
-}
-
-func (a *app) printStatus(v statusView) {
+func (a *app) printStatus(v worker.CampaignStatus) {
 	w := tabwriter.NewWriter(a.stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintf(w, "campaign %d\t%s (%s)\n", v.ID, v.Name, v.Channel)
 	fmt.Fprintf(w, "state\t%s\n", v.State)
@@ -135,19 +108,7 @@ func (a *app) printStatus(v statusView) {
 	w.Flush()
 }
 
-func (a *app) listCampaigns(ctx context.Context, store *campaign.Store, rdb *redis.Client, asJSON bool) error {
-	list, err := store.List(ctx)
-	if err != nil {
-		return err
-	}
-	views := make([]statusView, 0, len(list))
-	for _, c := range list {
-		v, err := a.statusOf(ctx, store, rdb, c.ID)
-		if err != nil {
-			return err
-		}
-		views = append(views, v)
-	}
+func (a *app) printStatusList(views []worker.CampaignStatus, asJSON bool) error {
 	if asJSON {
 		return json.NewEncoder(a.stdout).Encode(views)
 	}

@@ -5,33 +5,28 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/redis/go-redis/v9"
 	"github.com/vbauerster/mpb/v8"
 	"github.com/vbauerster/mpb/v8/decor"
 
-	"github.com/campaignctl/campaignctl/campaign"
+	"github.com/campaignctl/campaignctl/worker"
 )
 
 // watch follows a campaign until it is no longer running: live bars on a terminal, one progress line
 // every few seconds otherwise. It ends by itself when the campaign completes, is cancelled or fails.
-func (a *app) watch(ctx context.Context, engine *pgxpool.Pool, rdb *redis.Client, id int64) error {
-	store := campaign.NewStore(engine)
-	v, err := a.statusOf(ctx, store, rdb, id)
+func (a *app) watch(ctx context.Context, svc *services, id int64) error {
+	opts := worker.StatusOptions{Store: svc.store, Redis: svc.redis, CampaignID: id}
+	v, err := worker.Status(ctx, opts)
 	if err != nil {
 		return err
 	}
-	finished := func(v statusView) bool {
-		return v.State == campaign.StateCompleted || v.State == campaign.StateCancelled || v.State == campaign.StateFailed
-	}
 	interval := 2 * time.Second
-	var update func(v statusView, dt time.Duration)
+	var update func(v worker.CampaignStatus, dt time.Duration)
 	var done func()
 	if isTerminal(a.stderr) {
 		interval = 300 * time.Millisecond
 		update, done = a.bars(ctx, v.Planned)
 	} else {
-		update = func(v statusView, _ time.Duration) {
+		update = func(v worker.CampaignStatus, _ time.Duration) {
 			fmt.Fprintf(a.stderr, "campaign %d %s: planned %d sent %d failed %d skipped %d unknown %d pending %d\n",
 				v.ID, v.State, v.Planned, v.Sent, v.Failed, v.Skipped, v.Unknown, v.Pending)
 		}
@@ -42,7 +37,7 @@ func (a *app) watch(ctx context.Context, engine *pgxpool.Pool, rdb *redis.Client
 		now := time.Now()
 		update(v, now.Sub(last))
 		last = now
-		if finished(v) {
+		if v.Over() {
 			done()
 			a.printStatus(v)
 			return nil
@@ -53,7 +48,7 @@ func (a *app) watch(ctx context.Context, engine *pgxpool.Pool, rdb *redis.Client
 			return ctx.Err()
 		case <-time.After(interval):
 		}
-		if v, err = a.statusOf(ctx, store, rdb, id); err != nil {
+		if v, err = worker.Status(ctx, opts); err != nil {
 			done()
 			return err
 		}
@@ -61,7 +56,7 @@ func (a *app) watch(ctx context.Context, engine *pgxpool.Pool, rdb *redis.Client
 }
 
 // bars draws one bar for progress (with rate and ETA) and one per outcome.
-func (a *app) bars(ctx context.Context, planned int64) (func(statusView, time.Duration), func()) {
+func (a *app) bars(ctx context.Context, planned int64) (func(worker.CampaignStatus, time.Duration), func()) {
 	p := mpb.NewWithContext(ctx, mpb.WithOutput(a.stderr), mpb.WithWidth(50), mpb.WithRefreshRate(150*time.Millisecond))
 	total := max(planned, 1)
 	bar := func(name string, extra ...decor.Decorator) *mpb.Bar {
@@ -75,7 +70,7 @@ func (a *app) bars(ctx context.Context, planned int64) (func(statusView, time.Du
 	failed := bar("failed")
 	skipped := bar("skipped")
 	unknown := bar("unknown")
-	return func(v statusView, dt time.Duration) {
+	return func(v worker.CampaignStatus, dt time.Duration) {
 			progress.EwmaSetCurrent(v.Planned-v.Pending, dt)
 			sent.SetCurrent(v.Sent)
 			failed.SetCurrent(v.Failed)

@@ -14,11 +14,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/redis/go-redis/v9"
 	"github.com/spf13/cobra"
 
-	"github.com/campaignctl/campaignctl/campaign"
 	"github.com/campaignctl/campaignctl/metrics"
 	"github.com/campaignctl/campaignctl/providers/twilio"
 	"github.com/campaignctl/campaignctl/worker"
@@ -90,15 +87,15 @@ A worker sends the channels whose provider is configured:
 			if err != nil {
 				return err
 			}
-			engine, rdb, closeAll, err := a.openServices(ctx)
+			svc, err := a.openServices(ctx)
 			if err != nil {
 				return err
 			}
-			defer closeAll()
+			defer svc.Close()
 			var m *metrics.Metrics
 			if o.metricsAddr != "" {
 				var stop func()
-				if m, stop, err = serveMetrics(ctx, o.metricsAddr, engine, rdb, log); err != nil {
+				if m, stop, err = serveMetrics(ctx, o.metricsAddr, svc, log); err != nil {
 					return err
 				}
 				// Served until the worker has stopped: a graceful shutdown stays observable.
@@ -113,8 +110,8 @@ A worker sends the channels whose provider is configured:
 			}
 			host, _ := os.Hostname()
 			h := worker.NewHandler(worker.Config{
-				Store:         campaign.NewStore(engine),
-				Redis:         rdb,
+				Store:         svc.store,
+				Redis:         svc.redis,
 				Providers:     set.primary,
 				Fallback:      set.fallback,
 				ProviderRates: set.rates,
@@ -135,7 +132,7 @@ A worker sends the channels whose provider is configured:
 			}
 			slices.Sort(channels)
 			log.Info("worker started", "concurrency", o.concurrency, "providers", strings.Join(channels, ", "), "pid", os.Getpid())
-			err = worker.Serve(ctx, rdb, h, worker.ServerConfig{Concurrency: o.concurrency, ShutdownTimeout: o.shutdown, Logger: log})
+			err = worker.Serve(ctx, svc.redis, h, worker.ServerConfig{Concurrency: o.concurrency, ShutdownTimeout: o.shutdown, Logger: log})
 			log.Info("worker stopped")
 			return err
 		},
@@ -151,27 +148,19 @@ A worker sends the channels whose provider is configured:
 
 // serveMetrics listens on addr and serves the worker's metrics there (campaignctl_*, Asynq's queues, the
 // progress of running campaigns, Go and process metrics) until stop is called.
-func serveMetrics(ctx context.Context, addr string, engine *pgxpool.Pool, rdb redis.UniversalClient, log *slog.Logger) (*metrics.Metrics, func(), error) {
+func serveMetrics(ctx context.Context, addr string, svc *services, log *slog.Logger) (*metrics.Metrics, func(), error) {
 	m := metrics.New(log)
-	if err := m.WatchQueues(rdb); err != nil {
+	if err := m.WatchQueues(svc.redis); err != nil {
 		return nil, nil, fmt.Errorf("metrics: %w", err)
 	}
-	if err := m.WatchCampaigns(engine, rdb, worker.ProgressKey); err != nil {
+	if err := m.WatchCampaigns(svc.engine, svc.redis, worker.ProgressKey); err != nil {
 		return nil, nil, fmt.Errorf("metrics: %w", err)
 	}
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, nil, fmt.Errorf("--metrics-addr %s: cannot listen: %w", addr, err)
 	}
-	ready := func(ctx context.Context) error {
-		if err := rdb.Ping(ctx).Err(); err != nil {
-			return fmt.Errorf("redis: %w", err)
-		}
-		if err := engine.Ping(ctx); err != nil {
-			return fmt.Errorf("postgres: %w", err)
-		}
-		return nil
-	}
+	ready := worker.Ready(svc.redis, svc.engine)
 	sctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	done := make(chan struct{})
 	go func() {

@@ -5,13 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"slices"
 	"strconv"
 	"strings"
 	"time"
 
-	"github.com/hibiken/asynq"
-	"github.com/redis/go-redis/v9"
 	"github.com/spf13/cobra"
 
 	"github.com/campaignctl/campaignctl/campaign"
@@ -139,11 +136,11 @@ func (a *app) workers(ctx context.Context, o workersOptions) error {
 	if err != nil {
 		return fmt.Errorf("cannot find this program to start workers: %w", err)
 	}
-	engine, rdb, closeAll, err := a.openServices(ctx)
+	svc, err := a.openServices(ctx)
 	if err != nil {
 		return err
 	}
-	defer closeAll()
+	defer svc.Close()
 
 	// The supervisor's log lines and the workers' output share stderr.
 	stderr := supervisor.LockWriter(a.stderr)
@@ -160,13 +157,12 @@ func (a *app) workers(ctx context.Context, o workersOptions) error {
 		Env:             a.workerEnv(),
 		Stdout:          a.stdout,
 		Stderr:          stderr,
-		Observer: &queueObserver{
-			insp:      asynq.NewInspectorFromRedisClient(rdb),
-			rdb:       rdb,
-			store:     campaign.NewStore(engine),
-			caps:      caps,
-			lookahead: 2 * o.interval,
-			dueLimit:  o.max * o.worker.concurrency,
+		Observer: &worker.QueueObserver{
+			Store:     svc.store,
+			Redis:     svc.redis,
+			Caps:      caps,
+			Lookahead: 2 * o.interval,
+			DueLimit:  o.max * o.worker.concurrency,
 		},
 		Logger: log,
 	})
@@ -203,111 +199,4 @@ func (a *app) workerEnv() []string {
 		env = append(env, "AUDIENCE_DATABASE_URL="+a.audienceURL)
 	}
 	return env
-}
-
-// queueObserver reads the batch queue through Asynq's Inspector, the running campaigns from Postgres and
-// their progress counters from Redis.
-type queueObserver struct {
-	insp  *asynq.Inspector
-	rdb   *redis.Client
-	store *campaign.Store
-	// caps is each channel's provider cap in messages per second (0 = none).
-	caps map[string]float64
-	// lookahead is how far ahead a scheduled or retrying task counts as due.
-	lookahead time.Duration
-	// dueLimit stops counting due tasks where more could not change the decision (max × concurrency).
-	dueLimit int
-}
-
-// Observe implements supervisor.Observer.
-func (q *queueObserver) Observe(ctx context.Context) (supervisor.Observation, error) {
-	o := supervisor.Observation{At: time.Now()}
-	queues, err := q.insp.Queues()
-	if err != nil {
-		return o, fmt.Errorf("list queues: %w", err)
-	}
-	// Before the first launch the queue does not exist yet: nothing is queued.
-	if slices.Contains(queues, worker.Queue) {
-		info, err := q.insp.GetQueueInfo(worker.Queue)
-		if err != nil {
-			return o, fmt.Errorf("queue %s: %w", worker.Queue, err)
-		}
-		o.Pending, o.Active, o.Latency, o.Paused = info.Pending, info.Active, info.Latency, info.Paused
-		horizon := o.At.Add(q.lookahead)
-		if info.Scheduled > 0 {
-			n, err := q.due(q.insp.ListScheduledTasks, horizon, q.dueLimit)
-			if err != nil {
-				return o, fmt.Errorf("scheduled tasks: %w", err)
-			}
-			o.Due += n
-		}
-		if info.Retry > 0 && o.Due < q.dueLimit {
-			n, err := q.due(q.insp.ListRetryTasks, horizon, q.dueLimit-o.Due)
-			if err != nil {
-				return o, fmt.Errorf("retry tasks: %w", err)
-			}
-			o.Due += n
-		}
-	}
-
-	all, err := q.store.ListIn(ctx, campaign.StateRunning)
-	if err != nil {
-		return o, err
-	}
-	var running []supervisor.Running
-	var ids []int64
-	for _, c := range all {
-		running = append(running, supervisor.Running{Provider: string(c.Channel), Rate: c.Rate})
-		ids = append(ids, c.ID)
-	}
-	o.RateCap, o.Uncapped = supervisor.RateCap(running, q.caps)
-	if len(ids) == 0 {
-		return o, nil
-	}
-	pipe := q.rdb.Pipeline()
-	cmds := make([]*redis.SliceCmd, len(ids))
-	for i, id := range ids {
-		cmds[i] = pipe.HMGet(ctx, worker.ProgressKey(id), campaign.StatusSent, campaign.StatusFailed, campaign.StatusUnknown)
-	}
-	if _, err := pipe.Exec(ctx); err != nil {
-		return o, fmt.Errorf("progress counters: %w", err)
-	}
-	o.Sends = make(map[int64]int64, len(ids))
-	for i, id := range ids {
-		var n int64
-		for _, v := range cmds[i].Val() {
-			if s, ok := v.(string); ok {
-				k, _ := strconv.ParseInt(s, 10, 64)
-				n += k
-			}
-		}
-		o.Sends[id] = n
-	}
-	return o, nil
-}
-
-// due counts the tasks of a sorted set (scheduled or retry, earliest first) that are due by horizon, up
-// to limit.
-func (q *queueObserver) due(list func(string, ...asynq.ListOption) ([]*asynq.TaskInfo, error), horizon time.Time, limit int) (int, error) {
-	const pageSize = 100
-	n := 0
-	for page := 1; n < limit; page++ {
-		tasks, err := list(worker.Queue, asynq.PageSize(pageSize), asynq.Page(page))
-		if errors.Is(err, asynq.ErrQueueNotFound) {
-			return n, nil
-		}
-		if err != nil {
-			return n, err
-		}
-		for _, t := range tasks {
-			if t.NextProcessAt.After(horizon) || n >= limit {
-				return n, nil
-			}
-			n++
-		}
-		if len(tasks) < pageSize {
-			break
-		}
-	}
-	return n, nil
 }

@@ -2,7 +2,6 @@ package main
 
 import (
 	"bytes"
-	"context"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -18,7 +17,6 @@ import (
 
 	"github.com/hibiken/asynq"
 
-	"github.com/campaignctl/campaignctl/campaign"
 	"github.com/campaignctl/campaignctl/internal/testdb"
 	"github.com/campaignctl/campaignctl/internal/testredis"
 	"github.com/campaignctl/campaignctl/supervisor"
@@ -65,65 +63,6 @@ func TestWorkersFlagsAreValidated(t *testing.T) {
 		if code != 0 || !strings.Contains(help, want) {
 			t.Errorf("workers --help (exit %d) lacks %q", code, want)
 		}
-	}
-}
-
-// The observer reads the queue through the Inspector (pending, due soon, paused), the running campaigns
-// from Postgres (their caps) and their progress counters from Redis.
-func TestWorkersObserverReadsTheQueueAndTheCaps(t *testing.T) {
-	t.Parallel()
-	ctx := context.Background()
-
-	// An empty Redis: no queue yet, nothing queued, no error.
-	db0, _ := testdb.New(t)
-	rdb0, _ := testredis.New(t)
-	empty := &queueObserver{insp: asynq.NewInspectorFromRedisClient(rdb0), rdb: rdb0, store: campaign.NewStore(db0),
-		caps: map[string]float64{"sms": 100}, lookahead: 10 * time.Second, dueLimit: 100}
-	o, err := empty.Observe(ctx)
-	if err != nil || o.Pending+o.Active+o.Due != 0 || o.RateCap != 0 || o.Uncapped || o.Sends != nil {
-		t.Fatalf("empty: %+v, %v", o, err)
-	}
-
-	// A running campaign of 3 batches queued, 1 batch due in a second, 1 in an hour.
-	env, id, db, insp := opsEnv(t)
-	rdb := redisFor(t, env)
-	client := asynq.NewClientFromRedisClient(rdb)
-	cid, _ := strconv.ParseInt(id, 10, 64)
-	for batch, in := range map[int]time.Duration{10: time.Second, 11: time.Hour} {
-		task, err := worker.NewBatchTask(cid, batch)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if _, err := client.Enqueue(task, asynq.ProcessIn(in)); err != nil {
-			t.Fatal(err)
-		}
-	}
-	rdb.HSet(ctx, worker.ProgressKey(cid), campaign.StatusSent, 5, campaign.StatusFailed, 2, campaign.StatusUnknown, 1, campaign.StatusSkipped, 9)
-	q := &queueObserver{insp: insp, rdb: rdb, store: campaign.NewStore(db), caps: map[string]float64{"sms": 100},
-		lookahead: 10 * time.Second, dueLimit: 100}
-	o, err = q.Observe(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if o.Pending != 3 || o.Active != 0 || o.Due != 1 || o.Paused || o.RateCap != 100 || o.Uncapped || o.Sends[cid] != 8 {
-		t.Errorf("observed %+v; want 3 pending, 1 due, rate cap 100 (TWILIO_RATE), 8 provider calls", o)
-	}
-
-	// The due count stops at the limit; an uncapped provider leaves the rate unbounded.
-	q.dueLimit, q.lookahead, q.caps = 1, 2*time.Hour, map[string]float64{"sms": 0}
-	if o, err = q.Observe(ctx); err != nil || o.Due != 1 || !o.Uncapped || o.RateCap != 0 {
-		t.Errorf("observed %+v, %v; want 1 due (the limit), uncapped", o, err)
-	}
-
-	// A paused campaign is not running: no cap, no counters. A paused queue says so.
-	if _, stderr, code := cli(t, env, "pause", id); code != 0 {
-		t.Fatalf("pause: %s", stderr)
-	}
-	if err := insp.PauseQueue(worker.Queue); err != nil {
-		t.Fatal(err)
-	}
-	if o, err = q.Observe(ctx); err != nil || o.RateCap != 0 || o.Uncapped || o.Sends != nil || !o.Paused {
-		t.Errorf("observed %+v, %v; want no running campaign and a paused queue", o, err)
 	}
 }
 

@@ -1,0 +1,211 @@
+package worker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/hibiken/asynq"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/campaignctl/campaignctl/campaign"
+)
+
+// DLQEntry is one dead-lettered batch: a batch task that used up its retries and waits in Asynq's archive.
+// Its recipients stay pending in Postgres. The JSON is the stable shape of `campaignctl dlq list --json`.
+type DLQEntry struct {
+	TaskID       string    `json:"task_id"`
+	CampaignID   int64     `json:"campaign_id"`
+	Batch        int       `json:"batch"`
+	Retried      int       `json:"retried"`
+	MaxRetry     int       `json:"max_retry"`
+	LastError    string    `json:"last_error"`
+	LastFailedAt time.Time `json:"last_failed_at"`
+}
+
+// DLQOptions selects dead-lettered batches for ListDLQ, RetryDLQ and PurgeDLQ.
+type DLQOptions struct {
+	Store *campaign.Store
+	Redis redis.UniversalClient
+	// CampaignID selects one campaign's batches, and that campaign must exist; 0 selects every batch.
+	CampaignID int64
+}
+
+// entries checks that the selected campaign exists and lists its dead-lettered batches.
+func (o DLQOptions) entries(ctx context.Context) ([]DLQEntry, error) {
+	if o.CampaignID != 0 {
+		if _, err := o.Store.Get(ctx, o.CampaignID); err != nil {
+			return nil, err
+		}
+	}
+	return archivedBatches(o.Redis, o.CampaignID)
+}
+
+// ListDLQ returns the selected dead-lettered batches, in the archive's order.
+func ListDLQ(ctx context.Context, o DLQOptions) ([]DLQEntry, error) {
+	return o.entries(ctx)
+}
+
+// DLQRefusal is a dead-lettered batch that RetryDLQ left in the archive, and the state of its campaign.
+type DLQRefusal struct {
+	DLQEntry
+	State campaign.State
+}
+
+// DLQRetryReport is what RetryDLQ did.
+type DLQRetryReport struct {
+	// Queued are the batches queued again, each with a fresh retry budget.
+	Queued []DLQEntry
+	// Refused are the batches of campaigns that are over (cancelled, failed or completed): nothing more is
+	// sent for them, so they stay in the archive.
+	Refused []DLQRefusal
+}
+
+// DLQRefusedError is returned by RetryDLQ for one campaign (DLQOptions.CampaignID) that is over: none of
+// its batches was moved. It wraps campaign.ErrWrongState.
+type DLQRefusedError struct {
+	CampaignID int64
+	State      campaign.State
+}
+
+func (e *DLQRefusedError) Error() string {
+	return fmt.Sprintf("the DLQ batches of campaign %d are not retried: the campaign is %s, so nothing more is sent for it (drop them with `campaignctl dlq purge --campaign %d`)",
+		e.CampaignID, e.State, e.CampaignID)
+}
+
+func (e *DLQRefusedError) Unwrap() error { return campaign.ErrWrongState }
+
+// RetryDLQ queues the selected dead-lettered batches again with a fresh retry budget, except those of
+// campaigns that are over. Every batch is decided before any is moved, so a refusal for the one selected
+// campaign (a *DLQRefusedError) leaves the archive as it was.
+func RetryDLQ(ctx context.Context, o DLQOptions) (DLQRetryReport, error) {
+	var rep DLQRetryReport
+	entries, err := o.entries(ctx)
+	if err != nil {
+		return rep, err
+	}
+	states := map[int64]campaign.State{}
+	for _, e := range entries {
+		st, seen := states[e.CampaignID]
+		if !seen {
+			c, err := o.Store.Get(ctx, e.CampaignID)
+			if err != nil {
+				return rep, err
+			}
+			st, states[e.CampaignID] = c.State, c.State
+		}
+		if st == campaign.StateCancelled || st == campaign.StateFailed || st == campaign.StateCompleted {
+			rep.Refused = append(rep.Refused, DLQRefusal{DLQEntry: e, State: st})
+			continue
+		}
+		rep.Queued = append(rep.Queued, e)
+	}
+	if o.CampaignID != 0 && len(rep.Refused) > 0 {
+		return DLQRetryReport{Refused: rep.Refused}, &DLQRefusedError{CampaignID: o.CampaignID, State: states[o.CampaignID]}
+	}
+	for i, e := range rep.Queued {
+		if err := requeue(ctx, o.Redis, e); err != nil {
+			rep.Queued = rep.Queued[:i]
+			return rep, err
+		}
+	}
+	return rep, nil
+}
+
+// DLQPurgeReport is what PurgeDLQ did.
+type DLQPurgeReport struct {
+	// Dropped are the batches taken out of the archive; their recipients stay pending.
+	Dropped []DLQEntry
+}
+
+// PurgeDLQ drops the selected dead-lettered batches. Their recipients stay pending in Postgres, and a
+// resume of their campaign queues them again.
+func PurgeDLQ(ctx context.Context, o DLQOptions) (DLQPurgeReport, error) {
+	var rep DLQPurgeReport
+	entries, err := o.entries(ctx)
+	if err != nil {
+		return rep, err
+	}
+	insp := asynq.NewInspectorFromRedisClient(o.Redis)
+	for _, e := range entries {
+		if err := insp.DeleteTask(Queue, e.TaskID); err != nil {
+			return rep, fmt.Errorf("purge batch %d of campaign %d: %w", e.Batch, e.CampaignID, err)
+		}
+		rep.Dropped = append(rep.Dropped, e)
+	}
+	return rep, nil
+}
+
+// requeueArchived puts the campaign's dead-lettered batches back in the queue with a fresh retry budget,
+// and returns how many it moved.
+func requeueArchived(ctx context.Context, rdb redis.UniversalClient, campaignID int64) (int, error) {
+	entries, err := archivedBatches(rdb, campaignID)
+	if err != nil {
+		return 0, err
+	}
+	for i, e := range entries {
+		if err := requeue(ctx, rdb, e); err != nil {
+			return i, err
+		}
+	}
+	return len(entries), nil
+}
+
+// requeue moves one dead-lettered batch back to the queue. Running an archived task again would keep its
+// used-up retry count (the next failure would archive it at once), so the task is deleted and enqueued
+// anew under the same ID.
+func requeue(ctx context.Context, rdb redis.UniversalClient, e DLQEntry) error {
+	if err := asynq.NewInspectorFromRedisClient(rdb).DeleteTask(Queue, e.TaskID); err != nil && !errors.Is(err, asynq.ErrTaskNotFound) {
+		return fmt.Errorf("take batch %d of campaign %d from the DLQ: %w", e.Batch, e.CampaignID, err)
+	}
+	task, err := NewBatchTask(e.CampaignID, e.Batch)
+	if err != nil {
+		return err
+	}
+	if _, err := asynq.NewClientFromRedisClient(rdb).EnqueueContext(ctx, task); err != nil && !errors.Is(err, asynq.ErrTaskIDConflict) {
+		return fmt.Errorf("queue batch %d of campaign %d: %w; run `campaignctl resume %d` to queue it", e.Batch, e.CampaignID, err, e.CampaignID)
+	}
+	return nil
+}
+
+// archivedBatches lists the archived batch tasks, of one campaign or all (0).
+func archivedBatches(rdb redis.UniversalClient, campaignID int64) ([]DLQEntry, error) {
+	insp := asynq.NewInspectorFromRedisClient(rdb)
+	const pageSize = 1000
+	var out []DLQEntry
+	for page := 1; ; page++ {
+		tasks, err := insp.ListArchivedTasks(Queue, asynq.Page(page), asynq.PageSize(pageSize))
+		if err != nil {
+			// Before the first launch the queue does not exist: nothing is archived.
+			if errors.Is(err, asynq.ErrQueueNotFound) || strings.Contains(err.Error(), "does not exist") {
+				return out, nil
+			}
+			return nil, fmt.Errorf("read the DLQ: %w", err)
+		}
+		for _, t := range tasks {
+			cid, batch, ok := parseTaskID(t.ID)
+			if !ok || (campaignID != 0 && cid != campaignID) {
+				continue
+			}
+			out = append(out, DLQEntry{TaskID: t.ID, CampaignID: cid, Batch: batch, Retried: t.Retried, MaxRetry: t.MaxRetry,
+				LastError: t.LastErr, LastFailedAt: t.LastFailedAt})
+		}
+		if len(tasks) < pageSize {
+			return out, nil
+		}
+	}
+}
+
+// parseTaskID reads a batch task ID (TaskID) back into its campaign and batch.
+func parseTaskID(id string) (int64, int, bool) {
+	c, b, ok := strings.Cut(id, ":")
+	if !ok {
+		return 0, 0, false
+	}
+	cid, err1 := strconv.ParseInt(c, 10, 64)
+	batch, err2 := strconv.Atoi(b)
+	return cid, batch, err1 == nil && err2 == nil
+}

@@ -1,0 +1,286 @@
+package worker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/hibiken/asynq"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/campaignctl/campaignctl/campaign"
+	"github.com/campaignctl/campaignctl/limiter"
+)
+
+// PauseOptions configures Pause.
+type PauseOptions struct {
+	Store      *campaign.Store
+	Redis      redis.UniversalClient
+	CampaignID int64
+	// Logger is told when the pause is recorded in Postgres but not in Redis; nil discards.
+	Logger *slog.Logger
+}
+
+// PauseReport is what Pause did.
+type PauseReport struct {
+	CampaignID int64
+	// Was is the state the campaign was paused from: running or scheduled.
+	Was campaign.State
+	// Halted says the halt mark is in Redis, so no new send starts on any worker once Pause returned.
+	// Without it (Redis failed) Postgres still holds the pause and workers stop at their next chunk.
+	Halted bool
+}
+
+// Pause stops a running or scheduled campaign's sends on every worker: Postgres records the pause, and
+// a halt mark in Redis makes every worker check it before its next claim. Sends already waiting for the
+// provider finish and are recorded; the recipients not sent stay pending until Resume.
+func Pause(ctx context.Context, o PauseOptions) (PauseReport, error) {
+	rep := PauseReport{CampaignID: o.CampaignID}
+	was, err := o.Store.Transition(ctx, o.CampaignID, []campaign.State{campaign.StateRunning, campaign.StateScheduled}, campaign.StatePaused)
+	if err != nil {
+		return rep, fmt.Errorf("%w; only a running or scheduled campaign can be paused", err)
+	}
+	rep.Was = was
+	if err := Halt(ctx, o.Redis, o.CampaignID, string(campaign.StatePaused), 0); err != nil {
+		orDiscard(o.Logger).Warn("pause recorded in Postgres, but not in Redis; workers stop at their next chunk instead of their next send", "err", err)
+	} else {
+		rep.Halted = true
+	}
+	return rep, nil
+}
+
+// CancelOptions configures Cancel.
+type CancelOptions struct {
+	Store      *campaign.Store
+	Redis      redis.UniversalClient
+	CampaignID int64
+	// Wait is how long Cancel waits for live workers to let go of the batches they are sending; 0 makes
+	// one pass only.
+	Wait time.Duration
+	// Owner names this process in the leases it takes to close batches (host:pid:cancel); default
+	// "cancel".
+	Owner  string
+	Logger *slog.Logger
+	// Recorded, when set, is called once the cancel is recorded (CampaignID, Was and Halted set), before
+	// the batches are closed, which may take up to Wait.
+	Recorded func(CancelReport)
+}
+
+// CancelReport is what Cancel did.
+type CancelReport struct {
+	CampaignID int64
+	// Was is the state the campaign was cancelled from: running, scheduled or paused.
+	Was campaign.State
+	// Halted says the halt mark is in Redis (see PauseReport.Halted).
+	Halted bool
+	// Cancelled counts the campaign's recipients skipped because of the cancel; their codes went back to
+	// CodePool (empty when the campaign has none).
+	Cancelled int64
+	CodePool  string
+	// Counts are the recipients by status once Cancel let go (zero until then). Those still pending are
+	// held by a live worker that did not let go within Wait.
+	Counts campaign.Counts
+	// Requeued counts the batch tasks queued so that a worker closes what is still pending.
+	Requeued int
+}
+
+// Cancel ends a running, scheduled or paused campaign for good. No new send starts on any worker once
+// it is recorded; every recipient not sent yet becomes skipped (cancelled) and its code goes back to the
+// pool, while recipients whose send was answered keep that outcome. Rows no run holds are closed at
+// once; batches a live worker is sending are closed when it lets them go (Cancel looks again every second
+// for up to Wait), and those of a worker that died are closed from their Redis claims.
+func Cancel(ctx context.Context, o CancelOptions) (CancelReport, error) {
+	rep := CancelReport{CampaignID: o.CampaignID}
+	id := o.CampaignID
+	was, err := o.Store.Transition(ctx, id, []campaign.State{campaign.StateRunning, campaign.StateScheduled, campaign.StatePaused},
+		campaign.StateCancelled)
+	if err != nil {
+		return rep, fmt.Errorf("%w; only a running, scheduled or paused campaign can be cancelled", err)
+	}
+	rep.Was = was
+	log := orDiscard(o.Logger)
+	if err := Halt(ctx, o.Redis, id, string(campaign.StateCancelled), DefaultClaimTTL); err != nil {
+		log.Warn("cancel recorded in Postgres, but not in Redis; workers stop at their next chunk instead of their next send", "err", err)
+	} else {
+		rep.Halted = true
+	}
+	if o.Recorded != nil {
+		o.Recorded(rep)
+	}
+
+	if _, err := o.Store.CancelUnleased(ctx, id); err != nil {
+		return rep, err
+	}
+	owner := o.Owner
+	if owner == "" {
+		owner = "cancel"
+	}
+	// A batch run of a cancelled campaign sends nothing: it records what the claims say and skips the rest.
+	h := NewHandler(Config{Store: o.Store, Redis: o.Redis, Logger: log, Owner: owner})
+	deadline := time.Now().Add(o.Wait)
+	for {
+		batches, err := o.Store.PendingBatches(ctx, id, false)
+		if err != nil {
+			return rep, err
+		}
+		held := 0
+		for _, b := range batches {
+			var re *RetryError
+			if err := h.RunBatch(ctx, id, b); errors.As(err, &re) {
+				held++
+			} else if err != nil {
+				return rep, err
+			}
+		}
+		if held == 0 || time.Now().After(deadline) {
+			break
+		}
+		if err := limiter.Sleep(ctx, time.Second); err != nil {
+			return rep, err
+		}
+	}
+	counts, err := o.Store.Counts(ctx, id)
+	if err != nil {
+		return rep, err
+	}
+	c, err := o.Store.Get(ctx, id)
+	if err != nil {
+		return rep, err
+	}
+	cancelled, err := o.Store.CountReason(ctx, id, campaign.StatusSkipped, campaign.ReasonCancelled)
+	if err != nil {
+		return rep, err
+	}
+	rep.Counts, rep.Cancelled, rep.CodePool = counts, cancelled, c.CodePool
+	if counts.Pending > 0 {
+		// A live worker still holds them; its batch tasks close them when it lets go.
+		if rep.Requeued, _, err = Enqueue(ctx, asynq.NewClientFromRedisClient(o.Redis), o.Store, c, false); err != nil {
+			return rep, err
+		}
+	}
+	return rep, nil
+}
+
+// ResumeOptions configures Resume.
+type ResumeOptions struct {
+	Store      *campaign.Store
+	Redis      redis.UniversalClient
+	CampaignID int64
+	// ResendUnknown sends the recipients whose outcome is unknown once more, with the codes they hold,
+	// unless their claim shows the provider had accepted them; it also lets a completed campaign resume.
+	ResendUnknown bool
+}
+
+// ResumeReport is what Resume found and did. When Resume fails part way, it holds what was done.
+type ResumeReport struct {
+	CampaignID int64
+	// Was is the state Resume found. To is the state it moved a paused (or, with ResendUnknown, completed)
+	// campaign to, running or scheduled; empty when the campaign stayed as it was.
+	Was, To campaign.State
+	// Found are the recipients by status when Resume took the campaign up; nil when it could not.
+	Found *campaign.Counts
+	// Resent counts the unknown recipients moved back to pending (ResendUnknown).
+	Resent int64
+	// Counts are the recipients by status after the resend: the progress counters were rebuilt from them.
+	Counts campaign.Counts
+	// Enqueued counts the batch tasks newly queued; AlreadyQueued those that were in the queue already
+	// (queued, scheduled, retrying or running); FromDLQ those taken back from the dead-letter queue with
+	// a fresh retry budget.
+	Enqueued, AlreadyQueued, FromDLQ int
+	// Completed says the campaign had nothing pending and is now completed.
+	Completed bool
+}
+
+// Resume continues a campaign after a pause or after any incident (a killed worker or launch, Redis
+// restarted empty, Postgres restarted), from Postgres, the source of truth: a paused campaign runs again
+// (or waits for its start), its halt mark is cleared, with ResendUnknown the unknown recipients go back
+// to pending, the progress counters are rebuilt, its dead-lettered batches are queued again and every
+// batch with pending recipients that is not queued is queued. Task IDs are deterministic, so Resume is
+// safe to repeat and to run while workers run. A campaign with nothing pending is completed.
+func Resume(ctx context.Context, o ResumeOptions) (ResumeReport, error) {
+	id := o.CampaignID
+	rep := ResumeReport{CampaignID: id}
+	c, err := o.Store.Get(ctx, id)
+	if err != nil {
+		return rep, err
+	}
+	counts, err := o.Store.Counts(ctx, id)
+	if err != nil {
+		return rep, err
+	}
+	rep.Was = c.State
+	switch c.State {
+	case campaign.StateRunning, campaign.StateScheduled:
+	case campaign.StatePaused, campaign.StateCompleted:
+		if c.State == campaign.StateCompleted && (!o.ResendUnknown || counts.Unknown == 0) {
+			hint := ""
+			if counts.Unknown > 0 {
+				hint = fmt.Sprintf(" (%d recipients are unknown: `campaignctl resume %d --resend-unknown` sends them again)", counts.Unknown, id)
+			}
+			return rep, fmt.Errorf("%w: campaign %d is completed; there is nothing to resume%s", campaign.ErrWrongState, id, hint)
+		}
+		to := campaign.StateRunning
+		if c.StartAt != nil && c.StartAt.After(time.Now()) {
+			to = campaign.StateScheduled
+		}
+		if _, err := o.Store.Transition(ctx, id, []campaign.State{c.State}, to); err != nil {
+			return rep, err
+		}
+		rep.To, c.State = to, to
+	default:
+		return rep, fmt.Errorf("%w: campaign %d is %s and cannot be resumed; only a running, scheduled, paused (or, with --resend-unknown, completed) campaign can",
+			campaign.ErrWrongState, id, c.State)
+	}
+	if err := Unhalt(ctx, o.Redis, id); err != nil {
+		return rep, err
+	}
+	found := counts
+	rep.Found = &found
+
+	if o.ResendUnknown && counts.Unknown > 0 {
+		users, err := o.Store.Unknown(ctx, id)
+		if err != nil {
+			return rep, err
+		}
+		// Claims first: a recipient back in pending with its old claim would only be found unknown again.
+		if err := ForgetUnanswered(ctx, o.Redis, c, users); err != nil {
+			return rep, err
+		}
+		if rep.Resent, err = o.Store.Resend(ctx, id, users); err != nil {
+			return rep, err
+		}
+		if counts, err = o.Store.Counts(ctx, id); err != nil {
+			return rep, err
+		}
+	}
+	rep.Counts = counts
+
+	// Counters are a fast view for the progress bars; Postgres has the truth.
+	if err := rebuildProgress(ctx, o.Redis, id, counts); err != nil {
+		return rep, err
+	}
+	if rep.FromDLQ, err = requeueArchived(ctx, o.Redis, id); err != nil {
+		return rep, err
+	}
+	added, existing, err := Enqueue(ctx, asynq.NewClientFromRedisClient(o.Redis), o.Store, c, false)
+	rep.Enqueued = added
+	if err != nil {
+		return rep, err
+	}
+	// The batches taken back from the DLQ were queued a moment ago: Enqueue found them there.
+	rep.AlreadyQueued = max(existing-rep.FromDLQ, 0)
+	if rep.Completed, err = o.Store.CompleteIfDone(ctx, id); err != nil {
+		return rep, err
+	}
+	return rep, nil
+}
+
+// orDiscard is l, or a logger that discards.
+func orDiscard(l *slog.Logger) *slog.Logger {
+	if l == nil {
+		return slog.New(slog.DiscardHandler)
+	}
+	return l
+}

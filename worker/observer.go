@@ -1,0 +1,109 @@
+package worker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/hibiken/asynq"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/campaignctl/campaignctl/campaign"
+	"github.com/campaignctl/campaignctl/supervisor"
+)
+
+// QueueObserver is what the worker supervisor sizes its pool by: the batch queue read through Asynq's
+// Inspector, the running campaigns and their caps from Postgres, and their provider calls so far from
+// their progress counters. It implements supervisor.Observer.
+type QueueObserver struct {
+	Store *campaign.Store
+	Redis redis.UniversalClient
+	// Caps is each channel's provider cap in messages per second (0 = none).
+	Caps map[string]float64
+	// Lookahead is how far ahead a scheduled or retrying task counts as due.
+	Lookahead time.Duration
+	// DueLimit stops counting due tasks where more could not change the decision (max × concurrency).
+	DueLimit int
+}
+
+var _ supervisor.Observer = (*QueueObserver)(nil)
+
+// Observe implements supervisor.Observer.
+func (q *QueueObserver) Observe(ctx context.Context) (supervisor.Observation, error) {
+	o := supervisor.Observation{At: time.Now()}
+	insp := asynq.NewInspectorFromRedisClient(q.Redis)
+	queues, err := insp.Queues()
+	if err != nil {
+		return o, fmt.Errorf("list queues: %w", err)
+	}
+	// Before the first launch the queue does not exist yet: nothing is queued.
+	if slices.Contains(queues, Queue) {
+		info, err := insp.GetQueueInfo(Queue)
+		if err != nil {
+			return o, fmt.Errorf("queue %s: %w", Queue, err)
+		}
+		o.Pending, o.Active, o.Latency, o.Paused = info.Pending, info.Active, info.Latency, info.Paused
+		horizon := o.At.Add(q.Lookahead)
+		if info.Scheduled > 0 {
+			n, err := countDue(insp.ListScheduledTasks, horizon, q.DueLimit)
+			if err != nil {
+				return o, fmt.Errorf("scheduled tasks: %w", err)
+			}
+			o.Due += n
+		}
+		if info.Retry > 0 && o.Due < q.DueLimit {
+			n, err := countDue(insp.ListRetryTasks, horizon, q.DueLimit-o.Due)
+			if err != nil {
+				return o, fmt.Errorf("retry tasks: %w", err)
+			}
+			o.Due += n
+		}
+	}
+
+	all, err := q.Store.ListIn(ctx, campaign.StateRunning)
+	if err != nil {
+		return o, err
+	}
+	var running []supervisor.Running
+	var ids []int64
+	for _, c := range all {
+		running = append(running, supervisor.Running{Provider: string(c.Channel), Rate: c.Rate})
+		ids = append(ids, c.ID)
+	}
+	o.RateCap, o.Uncapped = supervisor.RateCap(running, q.Caps)
+	if len(ids) == 0 {
+		return o, nil
+	}
+	if o.Sends, err = ProviderCalls(ctx, q.Redis, ids); err != nil {
+		return o, err
+	}
+	return o, nil
+}
+
+// countDue counts the tasks of a sorted set (scheduled or retry, earliest first) that are due by horizon, up
+// to limit.
+func countDue(list func(string, ...asynq.ListOption) ([]*asynq.TaskInfo, error), horizon time.Time, limit int) (int, error) {
+	const pageSize = 100
+	n := 0
+	for page := 1; n < limit; page++ {
+		tasks, err := list(Queue, asynq.PageSize(pageSize), asynq.Page(page))
+		if errors.Is(err, asynq.ErrQueueNotFound) {
+			return n, nil
+		}
+		if err != nil {
+			return n, err
+		}
+		for _, t := range tasks {
+			if t.NextProcessAt.After(horizon) || n >= limit {
+				return n, nil
+			}
+			n++
+		}
+		if len(tasks) < pageSize {
+			break
+		}
+	}
+	return n, nil
+}

@@ -1,0 +1,136 @@
+package worker_test
+
+import (
+	"context"
+	"reflect"
+	"testing"
+	"time"
+
+	"github.com/hibiken/asynq"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/campaignctl/campaignctl/campaign"
+	"github.com/campaignctl/campaignctl/worker"
+)
+
+// Status reads Postgres's counts and the campaign's dead-lettered batches; ListStatus does it for every
+// campaign, each with its own DLQ count.
+func TestStatusCountsEachCampaignsDLQ(t *testing.T) {
+	t.Parallel()
+	e := newOpsEnv(t, 3, nil)
+	ctx := context.Background()
+	opts := worker.StatusOptions{Store: e.store, Redis: e.rdb}
+	if list, err := worker.ListStatus(ctx, opts); err != nil || len(list) != 0 {
+		t.Fatalf("no campaign yet: %+v, %v", list, err)
+	}
+	a, b := e.launch(t, "a", 1), e.launch(t, "b", 1)
+	e.archive(t, a, 0, 1)
+	e.archive(t, b, 2)
+	e.exec(t, `UPDATE campaign_recipients SET status = 'sent' WHERE campaign_id = $1 AND user_id = 'u1'`, a.ID)
+
+	opts.CampaignID = a.ID
+	s, err := worker.Status(ctx, opts)
+	if err != nil || s.ID != a.ID || s.Name != "a" || s.State != campaign.StateRunning || s.Planned != 3 || s.Sent != 1 ||
+		s.Pending != 2 || s.DLQ != 2 || s.Over() {
+		t.Fatalf("status of a: %+v, %v", s, err)
+	}
+	want := []string{"id", "name", "channel", "state", "audience", "eligible", "excluded", "planned", "pending", "sent",
+		"failed", "skipped", "unknown", "delivered", "undelivered", "dlq", "created_at"}
+	if keys := jsonKeys(t, s); !reflect.DeepEqual(keys, want) {
+		t.Fatalf("status --json keys %v, want %v", keys, want)
+	}
+
+	list, err := worker.ListStatus(ctx, opts)
+	if err != nil || len(list) != 2 || list[0].ID != b.ID || list[1].ID != a.ID {
+		t.Fatalf("list: %+v, %v; want b then a", list, err)
+	}
+	if list[0].DLQ != 1 || list[1].DLQ != 2 || list[1].Sent != 1 {
+		t.Fatalf("list: b has %d in the DLQ (want 1), a %d (want 2), a sent %d", list[0].DLQ, list[1].DLQ, list[1].Sent)
+	}
+	e.exec(t, `UPDATE campaigns SET state = 'cancelled' WHERE id = $1`, a.ID)
+	if s, err = worker.Status(ctx, opts); err != nil || !s.Over() {
+		t.Fatalf("a cancelled campaign is not over: %+v, %v", s, err)
+	}
+}
+
+// The observer reads the queue through the Inspector (pending, due soon, paused), the running campaigns
+// from Postgres (their caps) and their provider calls from the progress counters.
+func TestQueueObserverReadsTheQueueAndTheCaps(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+
+	// An empty Redis: no queue yet, nothing queued, no error.
+	empty := newOpsEnv(t, 1, nil)
+	q := &worker.QueueObserver{Store: empty.store, Redis: empty.rdb, Caps: map[string]float64{"sms": 100}, Lookahead: 10 * time.Second, DueLimit: 100}
+	o, err := q.Observe(ctx)
+	if err != nil || o.Pending+o.Active+o.Due != 0 || o.RateCap != 0 || o.Uncapped || o.Sends != nil {
+		t.Fatalf("empty: %+v, %v", o, err)
+	}
+
+	// A running campaign of 3 batches queued, 1 batch due in a second, 1 in an hour.
+	e := newOpsEnv(t, 3, nil)
+	c := e.launch(t, "observed", 1)
+	client := asynq.NewClientFromRedisClient(e.rdb)
+	for batch, in := range map[int]time.Duration{10: time.Second, 11: time.Hour} {
+		task, err := worker.NewBatchTask(c.ID, batch)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := client.Enqueue(task, asynq.ProcessIn(in)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	e.rdb.HSet(ctx, worker.ProgressKey(c.ID), campaign.StatusSent, 5, campaign.StatusFailed, 2, campaign.StatusUnknown, 1, campaign.StatusSkipped, 9)
+	q = &worker.QueueObserver{Store: e.store, Redis: e.rdb, Caps: map[string]float64{"sms": 100}, Lookahead: 10 * time.Second, DueLimit: 100}
+	if o, err = q.Observe(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if o.Pending != 3 || o.Active != 0 || o.Due != 1 || o.Paused || o.RateCap != 100 || o.Uncapped || o.Sends[c.ID] != 8 {
+		t.Errorf("observed %+v; want 3 pending, 1 due, rate cap 100, 8 provider calls", o)
+	}
+
+	// The due count stops at the limit; an uncapped provider leaves the rate unbounded.
+	q.DueLimit, q.Lookahead, q.Caps = 1, 2*time.Hour, map[string]float64{"sms": 0}
+	if o, err = q.Observe(ctx); err != nil || o.Due != 1 || !o.Uncapped || o.RateCap != 0 {
+		t.Errorf("observed %+v, %v; want 1 due (the limit), uncapped", o, err)
+	}
+
+	// A paused campaign is not running: no cap, no counters. A paused queue says so.
+	if _, err := worker.Pause(ctx, worker.PauseOptions{Store: e.store, Redis: e.rdb, CampaignID: c.ID}); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.insp.PauseQueue(worker.Queue); err != nil {
+		t.Fatal(err)
+	}
+	if o, err = q.Observe(ctx); err != nil || o.RateCap != 0 || o.Uncapped || o.Sends != nil || !o.Paused {
+		t.Errorf("observed %+v, %v; want no running campaign and a paused queue", o, err)
+	}
+}
+
+// ProviderCalls adds up sent, failed and unknown (the provider was called), not skipped; a campaign
+// without counters made none.
+func TestProviderCalls(t *testing.T) {
+	t.Parallel()
+	e := newOpsEnv(t, 1, nil)
+	ctx := context.Background()
+	e.rdb.HSet(ctx, worker.ProgressKey(7), campaign.StatusSent, 3, campaign.StatusFailed, 1, campaign.StatusUnknown, 2, campaign.StatusSkipped, 50)
+	got, err := worker.ProviderCalls(ctx, e.rdb, []int64{7, 8})
+	if err != nil || !reflect.DeepEqual(got, map[int64]int64{7: 6, 8: 0}) {
+		t.Fatalf("provider calls %v, %v; want 7: 6, 8: 0", got, err)
+	}
+}
+
+// Ready answers while Redis and Postgres both do, and names the one that does not.
+func TestReady(t *testing.T) {
+	t.Parallel()
+	e := newOpsEnv(t, 1, nil)
+	ctx := context.Background()
+	if err := worker.Ready(e.rdb, e.db)(ctx); err != nil {
+		t.Fatalf("ready: %v", err)
+	}
+	down := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", MaxRetries: -1, DialTimeout: time.Second})
+	t.Cleanup(func() { down.Close() })
+	if err := worker.Ready(down, e.db)(ctx); err == nil || err.Error()[:6] != "redis:" {
+		t.Fatalf("ready with Redis down: %v, want a redis: error", err)
+	}
+}
