@@ -22,61 +22,6 @@ const (
 	StateFailed    State = "failed"
 )
 
-// Channel is how messages travel.
-type Channel string
-
-// Channels.
-const (
-	ChannelSMS   Channel = "sms"
-	ChannelEmail Channel = "email"
-	ChannelPush  Channel = "push"
-	// ChannelWebhook posts each message, signed, to an in-house system (WEBHOOK_URL); the recipient is
-	// the user_id.
-	ChannelWebhook Channel = "webhook"
-)
-
-// AddressColumn is the audience column that carries the channel's address.
-func (c Channel) AddressColumn() string {
-	switch c {
-	case ChannelEmail:
-		return "email"
-	case ChannelPush:
-		return "push_token"
-	case ChannelWebhook:
-		return "user_id"
-	}
-	return "phone"
-}
-
-// OptInColumn is the audience column that carries a recipient's own opt-in on a channel that has no İYS
-// consent type (push_opt_in, webhook_opt_in); "" for İYS channels.
-func (c Channel) OptInColumn() string {
-	if c.IYSType() != "" {
-		return ""
-	}
-	return string(c) + "_opt_in"
-}
-
-// IYSType is the İYS consent type that governs the channel ("" for push, which has no İYS channel).
-func (c Channel) IYSType() string {
-	switch c {
-	case ChannelSMS:
-		return "MESAJ"
-	case ChannelEmail:
-		return "EPOSTA"
-	}
-	return ""
-}
-
-// ParseChannel validates a channel name.
-func ParseChannel(s string) (Channel, error) {
-	switch Channel(s) {
-	case ChannelSMS, ChannelEmail, ChannelPush, ChannelWebhook:
-		return Channel(s), nil
-	}
-	return "", fmt.Errorf("%w: unknown channel %q; use --channel sms, email, push or webhook", ErrInvalid, s)
-}
-
 // Recipient statuses.
 const (
 	StatusPending = "pending"
@@ -104,12 +49,6 @@ const (
 	// ReasonNoOptIn: a push or webhook recipient whose audience row does not say <channel>_opt_in = true.
 	ReasonNoOptIn = "no_opt_in"
 )
-
-// DefaultBatchSize is how many recipients one queued task carries.
-const DefaultBatchSize = 500
-
-// DefaultEmailBatchSize is an e-mail batch: one SendGrid request of 1000 personalizations.
-const DefaultEmailBatchSize = 1000
 
 // Content returns the campaign's message parts.
 func (c *Campaign) Content() Content {

@@ -14,8 +14,6 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgtype"
-
-	"github.com/campaignctl/campaignctl/iys"
 )
 
 // stageAudience runs the audience query read-only and streams its rows into audience_stage.
@@ -34,7 +32,7 @@ func (p *Planner) stageAudience(ctx context.Context, engineTx pgx.Tx, spec Spec,
 	}
 	defer rows.Close()
 
-	src := &audienceSource{rows: rows, userIdx: -1, addrIdx: -1, channel: spec.Channel}
+	src := &audienceSource{rows: rows, userIdx: -1, addrIdx: -1, canonical: spec.Channel.Spec().Canonical}
 	for i, name := range cols {
 		if name == "user_id" {
 			src.userIdx = i
@@ -117,30 +115,10 @@ type audienceSource struct {
 	rows             pgx.Rows
 	names            []string
 	userIdx, addrIdx int
-	channel          Channel
-	ord              int64
-	err              error
-}
-
-// canonicalAddress returns the address as campaigns store it: E.164 phones, lower-case e-mails, push
-// tokens as given (trimmed; FCM tokens are printable ASCII without spaces).
-func canonicalAddress(ch Channel, raw string) (string, error) {
-	switch ch {
-	case ChannelEmail:
-		return iys.CanonicalEmail(raw)
-	case ChannelWebhook:
-		if t := strings.TrimSpace(raw); t != "" {
-			return t, nil
-		}
-		return "", fmt.Errorf("empty user_id")
-	case ChannelPush:
-		t := strings.TrimSpace(raw)
-		if t == "" || len(t) > 4096 || strings.ContainsFunc(t, func(r rune) bool { return r <= ' ' || r > '~' }) {
-			return "", fmt.Errorf("invalid push token")
-		}
-		return t, nil
-	}
-	return iys.CanonicalPhone(raw)
+	// canonical is the channel's (ChannelSpec.Canonical).
+	canonical func(raw string) (string, error)
+	ord       int64
+	err       error
 }
 
 func (s *audienceSource) Next() bool { return s.err == nil && s.rows.Next() }
@@ -168,7 +146,7 @@ func (s *audienceSource) Values() ([]any, error) {
 		user = toText(u)
 	}
 	if raw := vals[s.addrIdx]; raw != nil {
-		if a, err := canonicalAddress(s.channel, toText(raw)); err == nil {
+		if a, err := s.canonical(toText(raw)); err == nil {
 			addr = a
 		}
 	}

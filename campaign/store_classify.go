@@ -121,10 +121,11 @@ func missingValueTest(tmpl *Template, ch Channel) string {
 	return strings.Join(conds, " OR ")
 }
 
-// headerValueTest is the SQL condition that a value an e-mail puts in its subject holds a carriage return
-// or a line feed: in a header that would start a header of its own (Bcc: ...).
+// headerValueTest is the SQL condition that a value the message puts in a subject that travels as a header
+// (an e-mail's) holds a carriage return or a line feed: in a header that would start a header of its own
+// (Bcc: ...).
 func headerValueTest(tmpl *Template, ch Channel) string {
-	if ch != ChannelEmail {
+	if !ch.Spec().SubjectHeader {
 		return "false"
 	}
 	var conds []string

@@ -109,7 +109,7 @@ func (p *Planner) plan(ctx context.Context, spec Spec, tmpl *Template, rep *Repo
 	if err := p.sample(ctx, tx, id, spec, tmpl, rep); err != nil {
 		return err
 	}
-	if spec.Channel == ChannelSMS && (spec.DryRun || spec.CountSegments) {
+	if spec.Channel.Spec().Segmented && (spec.DryRun || spec.CountSegments) {
 		if err := p.countSegments(ctx, tx, id, spec, tmpl, rep); err != nil {
 			return err
 		}

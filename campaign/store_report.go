@@ -26,7 +26,7 @@ func (p *Planner) sample(ctx context.Context, tx pgx.Tx, id int64, spec Spec, tm
 		return fmt.Errorf("%w: the message template fails for user %s: %v", ErrInvalid, r.UserID, err)
 	}
 	rep.SampleMessage = msg
-	if spec.Channel == ChannelSMS {
+	if spec.Channel.Spec().Segmented {
 		rep.Encoding, rep.SegmentsPerMessage = providers.SMSSegments(msg)
 		if err := CheckSMSLength(msg, spec.MaxSegments); err != nil {
 			return fmt.Errorf("%w: the first message (user %s) %v", ErrInvalid, r.UserID, err)
