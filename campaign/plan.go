@@ -218,12 +218,7 @@ func (s Spec) lint() error {
 }
 
 // recipientType is the İYS recipient type the campaign checks.
-func (s Spec) recipientType() string {
-	if s.RecipientType == "" {
-		return "BIREYSEL"
-	}
-	return s.RecipientType
-}
+func (s Spec) recipientType() string { return iysRecipientType(s.RecipientType) }
 
 // Content returns the spec's message parts.
 func (s Spec) Content() Content {

@@ -16,6 +16,7 @@ import (
 // read before the consents (nil when İYS is not consulted).
 func (p *Planner) classify(ctx context.Context, tx pgx.Tx, spec Spec, tmpl *Template, rep *Report) (*int64, error) {
 	t0 := time.Now()
+	rule := spec.consentRule()
 	// Who got a message on this channel within the frequency cap, across campaigns (the partial index on
 	// sent_at finds them without touching the rest).
 	if _, err := tx.Exec(ctx, fmt.Sprintf(`CREATE TEMP TABLE recent_sends ON COMMIT DROP AS
@@ -29,7 +30,7 @@ func (p *Planner) classify(ctx context.Context, tx pgx.Tx, spec Spec, tmpl *Temp
 	// moves the version past what the campaign keeps, so the leases read every consent again; one
 	// committed before it is seen by the classification below (see migration 0007).
 	var consentVersion *int64
-	if consentTest(spec) != "" && spec.Channel.IYSType() != "" {
+	if rule.checksIYS() {
 		var v int64
 		if err := tx.QueryRow(ctx, `SELECT version FROM iys_consents_version`).Scan(&v); err != nil {
 			return nil, fmt.Errorf("plan: consent version: %w", err)
@@ -67,12 +68,10 @@ func (p *Planner) classify(ctx context.Context, tx pgx.Tx, spec Spec, tmpl *Temp
 			     WHEN a.arn > 1 THEN '`+ReasonDuplicateAddress+`'
 			     WHEN `+missingValueTest(tmpl, spec.Channel)+` THEN '`+ReasonMissingValue+`'
 			     WHEN `+headerValueTest(tmpl, spec.Channel)+` THEN '`+ReasonInvalidValue+`'
-			     `+consentTest(spec)+`
-			     WHEN r.address IS NOT NULL THEN '`+ReasonFrequencyCap+`'
+			     ELSE coalesce(`+rule.refusalSQL("c.status", "a.vars")+`,
+			          CASE WHEN r.address IS NOT NULL THEN '`+ReasonFrequencyCap+`' END)
 			END AS reason
-		FROM a LEFT JOIN iys_consents c
-			ON c.recipient = a.address AND c.type = '`+spec.Channel.IYSType()+`' AND c.recipient_type = '`+spec.recipientType()+`'
-			AND c.brand_code = `+quoteLiteral(spec.BrandCode)+`
+		FROM a LEFT JOIN iys_consents c ON `+rule.joinSQL("c", "a.address", quoteLiteral)+`
 		`+invalidJoin+`
 		LEFT JOIN recent_sends r ON r.address = a.address`); err != nil {
 		return nil, fmt.Errorf("plan: classify audience: %w", err)
@@ -138,20 +137,6 @@ func headerValueTest(tmpl *Template, ch Channel) string {
 	return strings.Join(conds, " OR ")
 }
 
-// consentTest is the classification's consent branch: İYS ONAY for the channel's type, or for push (no
-// İYS channel) the audience's own opt-in column.
-func consentTest(spec Spec) string {
-	ch := spec.Channel
-	if spec.Transactional {
-		return "" // not commercial: law 6563 asks no consent
-	}
-	if ch.IYSType() == "" {
-		return `WHEN lower(coalesce(a.vars->>'` + ch.OptInColumn() + `', '')) NOT IN ('true', 't', '1', 'yes', 'y', 'on') THEN '` + ReasonNoOptIn + `'`
-	}
-	return `WHEN c.status IS NULL THEN '` + ReasonNoConsent + `'
-			     WHEN c.status <> 'ONAY' THEN '` + ReasonConsentRET + `'`
-}
-
 // exclusions lists exclusion counts by reason, for a message.
 func exclusions(ex map[string]int64) string {
 	parts := make([]string, 0, len(ex))
@@ -160,5 +145,3 @@ func exclusions(ex map[string]int64) string {
 	}
 	return strings.Join(parts, ", ")
 }
-
-func quoteLiteral(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }

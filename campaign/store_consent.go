@@ -12,7 +12,7 @@ import (
 // longer ago than spec.MaxConsentAge, unless spec.AllowStaleConsent (then the report and the campaign
 // record it).
 func (p *Planner) consentGate(ctx context.Context, tx pgx.Tx, spec Spec, rep *Report) error {
-	if spec.Transactional || spec.Channel.IYSType() == "" || spec.MaxConsentAge == 0 {
+	if !spec.consentRule().checksIYS() || spec.MaxConsentAge == 0 {
 		return nil
 	}
 	var last *time.Time
@@ -49,13 +49,17 @@ func (p *Planner) consentGate(ctx context.Context, tx pgx.Tx, spec Spec, rep *Re
 // brandGate refuses a launch under an İYS brand code whose audience has consents recorded only without a
 // brand (imported before IYS_BRAND_CODE was set): they would all be excluded as no_consent, silently.
 func (p *Planner) brandGate(ctx context.Context, tx pgx.Tx, spec Spec, rep *Report) error {
-	if spec.BrandCode == "" || spec.Transactional || spec.Channel.IYSType() == "" || rep.Excluded[ReasonNoConsent] == 0 {
+	rule := spec.consentRule()
+	if spec.BrandCode == "" || !rule.checksIYS() || rep.Excluded[ReasonNoConsent] == 0 {
 		return nil
 	}
 	var n int64
-	if err := tx.QueryRow(ctx, `SELECT count(*) FROM audience_classified a WHERE a.reason = $1 AND EXISTS (
-			SELECT 1 FROM iys_consents c WHERE c.recipient = a.address AND c.type = $2 AND c.recipient_type = $3 AND c.brand_code = '')`,
-		ReasonNoConsent, spec.Channel.IYSType(), spec.recipientType()).Scan(&n); err != nil {
+	args := params{ReasonNoConsent}
+	// The consents the rule would read if they had been recorded without a brand (the statement is built
+	// before it is run: its parameters are added as it is).
+	sql := `SELECT count(*) FROM audience_classified a WHERE a.reason = $1 AND EXISTS (
+			SELECT 1 FROM iys_consents c WHERE ` + rule.withBrand("").joinSQL("c", "a.address", args.bind) + `)`
+	if err := tx.QueryRow(ctx, sql, args...).Scan(&n); err != nil {
 		return fmt.Errorf("plan: brand check: %w", err)
 	}
 	if n == 0 {
