@@ -50,6 +50,36 @@ const (
 	ReasonNoOptIn = "no_opt_in"
 )
 
+// The statuses, states and reasons as SQL literals, for the statements that test or set them. They are
+// written into the statements' text rather than passed as parameters: the planner then matches the
+// partial indexes on status = 'pending' and status = 'sent' (migrations 0001 and 0005), which a
+// parameter's value would hide from it.
+const (
+	sqlPending = "'" + StatusPending + "'"
+	sqlSent    = "'" + StatusSent + "'"
+	sqlFailed  = "'" + StatusFailed + "'"
+	sqlSkipped = "'" + StatusSkipped + "'"
+	sqlUnknown = "'" + StatusUnknown + "'"
+
+	sqlStatePlanning  = "'" + string(StatePlanning) + "'"
+	sqlStateScheduled = "'" + string(StateScheduled) + "'"
+	sqlStateRunning   = "'" + string(StateRunning) + "'"
+	sqlStateCompleted = "'" + string(StateCompleted) + "'"
+	sqlStateCancelled = "'" + string(StateCancelled) + "'"
+	sqlStateFailed    = "'" + string(StateFailed) + "'"
+
+	sqlReasonCancelled = "'" + ReasonCancelled + "'"
+)
+
+// SQLSTATE codes the store tells apart (PostgreSQL's errcodes, Appendix A of its manual).
+const (
+	pgUniqueViolation        = "23505" // a second campaign of the same name
+	pgInsufficientPrivilege  = "42501" // the audience role reads what it was not granted
+	pgReadOnlySQLTransaction = "25006" // the audience query tried to write
+	pgQueryCanceled          = "57014" // the audience query outran its statement timeout
+	pgSyntaxError            = "42601" // also: more than one statement in the audience file
+)
+
 // Content returns the campaign's message parts.
 func (c *Campaign) Content() Content {
 	return Content{Text: c.Message, Subject: c.Subject, HTML: c.HTML, TemplateID: c.TemplateID}

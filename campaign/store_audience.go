@@ -88,7 +88,7 @@ func audienceError(err error, timeout time.Duration, restricted bool) error {
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) {
 		switch {
-		case restricted && pgErr.Code == "42501":
+		case restricted && pgErr.Code == pgInsufficientPrivilege:
 			table := "customers"
 			if m := deniedTable.FindStringSubmatch(pgErr.Message); m != nil {
 				table = m[1]
@@ -97,11 +97,11 @@ func audienceError(err error, timeout time.Duration, restricted bool) error {
 				ErrInvalid, pgErr.Message, table, AudienceRole)
 		case strings.Contains(pgErr.Message, "within security-definer function"):
 			return fmt.Errorf("%w: the audience query tried to change its role (%s); it must be one plain SELECT", ErrInvalid, pgErr.Message)
-		case pgErr.Code == "25006":
+		case pgErr.Code == pgReadOnlySQLTransaction:
 			return fmt.Errorf("%w: the audience query tried to write (%s); it must be a read-only SELECT", ErrInvalid, pgErr.Message)
-		case pgErr.Code == "57014":
+		case pgErr.Code == pgQueryCanceled:
 			return fmt.Errorf("%w: the audience query ran longer than %v and was cancelled; add an index or narrow the query", ErrInvalid, timeout)
-		case pgErr.Code == "42601" && pgErr.Message == "cannot insert multiple commands into a prepared statement":
+		case pgErr.Code == pgSyntaxError && pgErr.Message == "cannot insert multiple commands into a prepared statement":
 			return fmt.Errorf("%w: the audience file holds more than one statement; it must be exactly one SELECT", ErrInvalid)
 		}
 		return fmt.Errorf("%w: the audience query failed: %s (SQLSTATE %s); fix the SQL in the --audience file", ErrInvalid, pgErr.Message, pgErr.Code)

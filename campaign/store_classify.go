@@ -21,7 +21,7 @@ func (p *Planner) classify(ctx context.Context, tx pgx.Tx, spec Spec, tmpl *Temp
 	// sent_at finds them without touching the rest).
 	if _, err := tx.Exec(ctx, fmt.Sprintf(`CREATE TEMP TABLE recent_sends ON COMMIT DROP AS
 		SELECT DISTINCT s.address FROM campaign_recipients s JOIN campaigns c ON c.id = s.campaign_id
-		WHERE s.status = 'sent' AND s.sent_at > now() - interval '%d seconds' AND c.channel = '%s'`,
+		WHERE s.status = `+sqlSent+` AND s.sent_at > now() - interval '%d seconds' AND c.channel = '%s'`,
 		int64(spec.FrequencyCap/time.Second), spec.Channel)); err != nil {
 		return nil, fmt.Errorf("plan: recent sends: %w", err)
 	}

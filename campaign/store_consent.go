@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/campaignctl/campaignctl/iys"
 )
 
 // consentGate refuses a commercial launch on an İYS channel whose consents were last brought up to date
@@ -19,9 +21,9 @@ func (p *Planner) consentGate(ctx context.Context, tx pgx.Tx, spec Spec, rep *Re
 	// Up to date as of the latest import or re-verification, or of the older of the two pulls: a pull of
 	// the brand's changes alone says nothing of the RETs citizens gave in İYS.
 	if err := tx.QueryRow(ctx, `SELECT greatest(
-			(SELECT max(last_success_at) FROM iys_sync_state WHERE brand_code = $1 AND source IN ('import', 'reverify')),
+			(SELECT max(last_success_at) FROM iys_sync_state WHERE brand_code = $1 AND source IN (`+quoteLiteral(iys.SourceImport)+`, `+quoteLiteral(iys.SourceReverify)+`)),
 			(SELECT CASE WHEN count(last_success_at) = 2 THEN min(last_success_at) END
-			 FROM iys_sync_state WHERE brand_code = $1 AND source IN ('pull:HS', 'pull:IYS')))`, spec.BrandCode).Scan(&last); err != nil {
+			 FROM iys_sync_state WHERE brand_code = $1 AND source IN (`+quoteLiteral(iys.SourcePullHS)+`, `+quoteLiteral(iys.SourcePullIYS)+`)))`, spec.BrandCode).Scan(&last); err != nil {
 		return fmt.Errorf("plan: consent sync state: %w", err)
 	}
 	rep.ConsentSyncedAt = last

@@ -69,11 +69,11 @@ func (s *Store) LeaseChunk(ctx context.Context, c *Campaign, users []string, l L
 	// The statement is built first: the consent rule's values become parameters as it is.
 	sql := `
 		WITH st AS (
-			SELECT coalesce((SELECT state FROM campaigns WHERE id = $1), 'cancelled') AS state
+			SELECT coalesce((SELECT state FROM campaigns WHERE id = $1), ` + sqlStateCancelled + `) AS state
 		), b AS (
 			SELECT lease_token, lease_until, lease_epoch, lease_users FROM campaign_batches WHERE campaign_id = $1 AND batch = $2
 		), may AS (
-			SELECT $7 OR (SELECT state FROM st) IN ('running', 'cancelled') AS state_ok,
+			SELECT $7 OR (SELECT state FROM st) IN (` + sqlStateRunning + `, ` + sqlStateCancelled + `) AS state_ok,
 				b.lease_token IS NULL OR b.lease_token = $3 OR b.lease_until < now() AS free,
 				b.lease_token IS NOT NULL AND b.lease_token <> $3 AS takeover,
 				coalesce(b.lease_epoch, '') <> $4 AS other_epoch,
@@ -99,7 +99,7 @@ func (s *Store) LeaseChunk(ctx context.Context, c *Campaign, users []string, l L
 				WHERE ` + rule.joinSQL("c", "r.address", args.bind) + `
 				  AND NOT (SELECT same FROM planned)
 			) c ON true
-			WHERE r.campaign_id = $1 AND r.batch = $2 AND r.status = 'pending' AND r.user_id IN (SELECT u FROM cand)
+			WHERE r.campaign_id = $1 AND r.batch = $2 AND r.status = ` + sqlPending + ` AND r.user_id IN (SELECT u FROM cand)
 		), pend AS (
 			SELECT user_id, address, delivery, (` + rule.refusalSQL("c_status", "vars") + `) IS NULL AS ok,
 				c_status, c_source, c_date, c_txn, c_synced
@@ -230,17 +230,17 @@ func (s *Store) CancelUnleased(ctx context.Context, id int64) (int64, error) {
 		WITH held AS (
 			SELECT DISTINCT u AS user_id FROM campaign_batches CROSS JOIN unnest(lease_users) AS u WHERE campaign_id = $1
 		), upd AS (
-			UPDATE campaign_recipients r SET status = 'skipped', reason = 'cancelled',
+			UPDATE campaign_recipients r SET status = `+sqlSkipped+`, reason = `+sqlReasonCancelled+`,
 				code = CASE WHEN `+everUnknown+` THEN r.code END, code_id = CASE WHEN `+everUnknown+` THEN r.code_id END,
 				updated_at = now()
 			FROM campaign_recipients old
-			WHERE r.campaign_id = $1 AND r.status = 'pending' AND NOT EXISTS (SELECT 1 FROM held WHERE held.user_id = r.user_id)
+			WHERE r.campaign_id = $1 AND r.status = `+sqlPending+` AND NOT EXISTS (SELECT 1 FROM held WHERE held.user_id = r.user_id)
 			  AND old.campaign_id = r.campaign_id AND old.user_id = r.user_id
-			  AND EXISTS (SELECT 1 FROM campaigns WHERE id = $1 AND state = 'cancelled')
+			  AND EXISTS (SELECT 1 FROM campaigns WHERE id = $1 AND state = `+sqlStateCancelled+`)
 			RETURNING r.user_id, old.code_id, r.code_id AS kept
 		), log AS (
 			INSERT INTO send_log (campaign_id, user_id, status, reason)
-			SELECT $1, user_id, 'skipped', 'cancelled' FROM upd
+			SELECT $1, user_id, `+sqlSkipped+`, `+sqlReasonCancelled+` FROM upd
 		), released AS (
 			INSERT INTO released_codes (code_id, pool)
 			SELECT upd.code_id, p.pool FROM upd JOIN promo_codes p ON p.id = upd.code_id
@@ -265,7 +265,7 @@ func (s *Store) CancelUnleased(ctx context.Context, id int64) (int64, error) {
 
 // Unknown returns the users of campaign id whose outcome is unknown and whom no receipt proves sent.
 func (s *Store) Unknown(ctx context.Context, id int64) ([]string, error) {
-	rows, err := s.pool.Query(ctx, `SELECT user_id FROM campaign_recipients WHERE campaign_id = $1 AND status = 'unknown' AND delivery IS NULL`, id)
+	rows, err := s.pool.Query(ctx, `SELECT user_id FROM campaign_recipients WHERE campaign_id = $1 AND status = `+sqlUnknown+` AND delivery IS NULL`, id)
 	if err != nil {
 		return nil, fmt.Errorf("unknown recipients: %w", err)
 	}
@@ -289,12 +289,12 @@ func (s *Store) Resend(ctx context.Context, id int64, users []string) (int64, er
 	var n int64
 	err := s.pool.QueryRow(ctx, `
 		WITH upd AS (
-			UPDATE campaign_recipients SET status = 'pending', reason = NULL, updated_at = now()
-			WHERE campaign_id = $1 AND user_id = ANY($2) AND status = 'unknown' AND delivery IS NULL
+			UPDATE campaign_recipients SET status = `+sqlPending+`, reason = NULL, updated_at = now()
+			WHERE campaign_id = $1 AND user_id = ANY($2) AND status = `+sqlUnknown+` AND delivery IS NULL
 			RETURNING user_id
 		), log AS (
 			INSERT INTO send_log (campaign_id, user_id, status, reason)
-			SELECT $1, user_id, 'pending', 'resend of an unknown outcome (resume --resend-unknown)' FROM upd
+			SELECT $1, user_id, `+sqlPending+`, 'resend of an unknown outcome (resume --resend-unknown)' FROM upd
 		)
 		SELECT count(*) FROM upd`, id, users).Scan(&n)
 	if err != nil {

@@ -53,14 +53,14 @@ func (p *Planner) plan(ctx context.Context, spec Spec, tmpl *Template, rep *Repo
 	err = tx.QueryRow(ctx, `INSERT INTO campaigns (name, channel, state, message, subject, code_pool, rate, audience_sql, batch_size,
 			start_at, send_window, window_zone, frequency_cap_seconds, html, template_id, recipient_type, transactional,
 			allow_stale_consent, template_hash, brand_code, privileged_audience, max_segments)
-		VALUES ($1, $2, 'planning', $3, $4, NULLIF($5, ''), $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21) RETURNING id`,
+		VALUES ($1, $2, `+sqlStatePlanning+`, $3, $4, NULLIF($5, ''), $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21) RETURNING id`,
 		spec.Name, spec.Channel, spec.Message, spec.Subject, spec.CodePool, spec.Rate, spec.AudienceSQL, spec.BatchSize,
 		startAt, spec.Window.String(), zone, int64(spec.FrequencyCap/time.Second), spec.HTML, spec.TemplateID,
 		spec.recipientType(), spec.Transactional, rep.StaleConsentAllowed, spec.Content().Hash(), spec.BrandCode,
 		spec.AllowPrivilegedAudience, spec.MaxSegments).Scan(&id)
 	if err != nil {
 		var pgErr *pgconn.PgError
-		if errors.As(err, &pgErr) && pgErr.Code == "23505" {
+		if errors.As(err, &pgErr) && pgErr.Code == pgUniqueViolation {
 			var other int64
 			var st State
 			p.Engine.QueryRow(context.WithoutCancel(ctx), `SELECT id, state FROM campaigns WHERE name = $1`, spec.Name).Scan(&other, &st) //nolint:errcheck // only for the message
@@ -128,7 +128,7 @@ func (p *Planner) plan(ctx context.Context, spec Spec, tmpl *Template, rep *Repo
 	}
 	rep.Window = spec.Window.String()
 	if _, err := tx.Exec(ctx, `UPDATE campaigns SET audience = $2, eligible = $3, excluded = $4, batches = $5, state = $6,
-		started_at = CASE WHEN $6 = 'running' THEN now() END, finished_at = CASE WHEN $6 = 'completed' THEN now() END,
+		started_at = CASE WHEN $6 = `+sqlStateRunning+` THEN now() END, finished_at = CASE WHEN $6 = `+sqlStateCompleted+` THEN now() END,
 		consent_version = $7 WHERE id = $1`,
 		id, rep.Audience, rep.Eligible, excluded, BatchCount(rep.Eligible, spec.BatchSize), state, consentVersion); err != nil {
 		return fmt.Errorf("plan: %w", err)
