@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/campaignctl/campaignctl/campaign"
 	"github.com/campaignctl/campaignctl/internal/testdb"
@@ -65,7 +64,7 @@ func TestConsentIsDecidedAlikeAtPlanAndSendTime(t *testing.T) {
 				for i, v := range consentVariants {
 					for _, optIn := range []bool{false, true} {
 						n := 2*i + btoi(optIn)
-						id := fmt.Sprintf("c%d-u%d", combo, n)
+						id := fmt.Sprintf("c%02d-u%02d", combo, n)
 						phone := fmt.Sprintf("+90532%02d%05d", combo, n)
 						addr := map[string]string{"phone": phone, "email": fmt.Sprintf("c%du%d@example.com", combo, n),
 							"push_token": fmt.Sprintf("tok-%d-%d", combo, n), "user_id": id}[ch.AddressColumn]
@@ -144,7 +143,7 @@ func TestConsentIsDecidedAlikeAtPlanAndSendTime(t *testing.T) {
 				if diff := cmp.Diff(wantExcluded, repB.Excluded); diff != "" {
 					t.Errorf("%s: the launch excludes (-want +got):\n%s", label, diff)
 				}
-				planned := plannedUsers(t, db, repB.ID)
+				planned := recipientsOf(t, db, repB.ID, 0)
 				if diff := cmp.Diff(wantPlanned, planned); diff != "" {
 					t.Errorf("%s: the launch plans (-want +got):\n%s", label, diff)
 				}
@@ -159,7 +158,7 @@ func TestConsentIsDecidedAlikeAtPlanAndSendTime(t *testing.T) {
 					if err != nil {
 						t.Fatal(err)
 					}
-					ids := plannedUsers(t, db, run.id)
+					ids := recipientsOf(t, db, run.id, 0)
 					chunk, err := store.LeaseChunk(ctx, c, ids, campaign.Lease{Batch: 0, Token: fmt.Sprintf("run-%d", run.id), Epoch: "e", TTL: time.Minute})
 					if err != nil {
 						t.Fatalf("%s: %s: %v", label, run.name, err)
@@ -203,28 +202,6 @@ func expectedRefusal(ch campaign.ChannelSpec, transactional bool, v consentVaria
 		}
 	}
 	return campaign.ReasonNoConsent
-}
-
-func plannedUsers(t *testing.T, db *pgxpool.Pool, id int64) []string {
-	t.Helper()
-	rows, err := db.Query(context.Background(), `SELECT user_id FROM campaign_recipients WHERE campaign_id = $1
-		ORDER BY (regexp_match(user_id, 'u(\d+)$'))[1]::int`, id)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer rows.Close()
-	var out []string
-	for rows.Next() {
-		var u string
-		if err := rows.Scan(&u); err != nil {
-			t.Fatal(err)
-		}
-		out = append(out, u)
-	}
-	if err := rows.Err(); err != nil {
-		t.Fatal(err)
-	}
-	return out
 }
 
 func btoi(b bool) int {
