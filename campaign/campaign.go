@@ -22,61 +22,6 @@ const (
 	StateFailed    State = "failed"
 )
 
-// Channel is how messages travel.
-type Channel string
-
-// Channels.
-const (
-	ChannelSMS   Channel = "sms"
-	ChannelEmail Channel = "email"
-	ChannelPush  Channel = "push"
-	// ChannelWebhook posts each message, signed, to an in-house system (WEBHOOK_URL); the recipient is
-	// the user_id.
-	ChannelWebhook Channel = "webhook"
-)
-
-// AddressColumn is the audience column that carries the channel's address.
-func (c Channel) AddressColumn() string {
-	switch c {
-	case ChannelEmail:
-		return "email"
-	case ChannelPush:
-		return "push_token"
-	case ChannelWebhook:
-		return "user_id"
-	}
-	return "phone"
-}
-
-// OptInColumn is the audience column that carries a recipient's own opt-in on a channel that has no İYS
-// consent type (push_opt_in, webhook_opt_in); "" for İYS channels.
-func (c Channel) OptInColumn() string {
-	if c.IYSType() != "" {
-		return ""
-	}
-	return string(c) + "_opt_in"
-}
-
-// IYSType is the İYS consent type that governs the channel ("" for push, which has no İYS channel).
-func (c Channel) IYSType() string {
-	switch c {
-	case ChannelSMS:
-		return "MESAJ"
-	case ChannelEmail:
-		return "EPOSTA"
-	}
-	return ""
-}
-
-// ParseChannel validates a channel name.
-func ParseChannel(s string) (Channel, error) {
-	switch Channel(s) {
-	case ChannelSMS, ChannelEmail, ChannelPush, ChannelWebhook:
-		return Channel(s), nil
-	}
-	return "", fmt.Errorf("%w: unknown channel %q; use --channel sms, email, push or webhook", ErrInvalid, s)
-}
-
 // Recipient statuses.
 const (
 	StatusPending = "pending"
@@ -105,11 +50,35 @@ const (
 	ReasonNoOptIn = "no_opt_in"
 )
 
-// DefaultBatchSize is how many recipients one queued task carries.
-const DefaultBatchSize = 500
+// The statuses, states and reasons as SQL literals, for the statements that test or set them. They are
+// written into the statements' text rather than passed as parameters: the planner then matches the
+// partial indexes on status = 'pending' and status = 'sent' (migrations 0001 and 0005), which a
+// parameter's value would hide from it.
+const (
+	sqlPending = "'" + StatusPending + "'"
+	sqlSent    = "'" + StatusSent + "'"
+	sqlFailed  = "'" + StatusFailed + "'"
+	sqlSkipped = "'" + StatusSkipped + "'"
+	sqlUnknown = "'" + StatusUnknown + "'"
 
-// DefaultEmailBatchSize is an e-mail batch: one SendGrid request of 1000 personalizations.
-const DefaultEmailBatchSize = 1000
+	sqlStatePlanning  = "'" + string(StatePlanning) + "'"
+	sqlStateScheduled = "'" + string(StateScheduled) + "'"
+	sqlStateRunning   = "'" + string(StateRunning) + "'"
+	sqlStateCompleted = "'" + string(StateCompleted) + "'"
+	sqlStateCancelled = "'" + string(StateCancelled) + "'"
+	sqlStateFailed    = "'" + string(StateFailed) + "'"
+
+	sqlReasonCancelled = "'" + ReasonCancelled + "'"
+)
+
+// SQLSTATE codes the store tells apart (PostgreSQL's errcodes, Appendix A of its manual).
+const (
+	pgUniqueViolation        = "23505" // a second campaign of the same name
+	pgInsufficientPrivilege  = "42501" // the audience role reads what it was not granted
+	pgReadOnlySQLTransaction = "25006" // the audience query tried to write
+	pgQueryCanceled          = "57014" // the audience query outran its statement timeout
+	pgSyntaxError            = "42601" // also: more than one statement in the audience file
+)
 
 // Content returns the campaign's message parts.
 func (c *Campaign) Content() Content {

@@ -145,6 +145,7 @@ func (s *Spec) Validate() error {
 	if _, err := ParseChannel(string(s.Channel)); err != nil {
 		return err
 	}
+	ch := s.Channel.Spec()
 	if strings.TrimSpace(s.AudienceSQL) == "" {
 		return fmt.Errorf("%w: the audience query is empty; put one SELECT returning user_id and %s in the --audience file", ErrInvalid, s.Channel.AddressColumn())
 	}
@@ -157,11 +158,14 @@ func (s *Spec) Validate() error {
 	if s.BatchSize < 0 || s.BatchSize > 10000 {
 		return fmt.Errorf("%w: batch size %d must be between 1 and 10000", ErrInvalid, s.BatchSize)
 	}
-	if s.Channel != ChannelEmail && (s.HTML != "" || s.TemplateID != "") {
-		return fmt.Errorf("%w: --html and --template-id are for e-mail; a %s message is the --message text", ErrInvalid, s.Channel)
+	if s.HTML != "" && !ch.HTML {
+		return fmt.Errorf("%w: --html is for %s; a %s message is the --message text", ErrInvalid, titlesWhere(func(c ChannelSpec) bool { return c.HTML }), s.Channel)
 	}
-	if s.Channel == ChannelEmail && s.Subject == "" && s.TemplateID == "" {
-		return fmt.Errorf("%w: an e-mail needs a subject; pass --subject 'Size özel kod' (or a --template-id whose template has one)", ErrInvalid)
+	if s.TemplateID != "" && !ch.TemplateID {
+		return fmt.Errorf("%w: --template-id is for %s; a %s message is the --message text", ErrInvalid, titlesWhere(func(c ChannelSpec) bool { return c.TemplateID }), s.Channel)
+	}
+	if ch.SubjectRequired && s.Subject == "" && s.TemplateID == "" {
+		return fmt.Errorf("%w: a message by %s needs a subject; pass --subject 'Size özel kod' (or a --template-id whose template has one)", ErrInvalid, ch.Title)
 	}
 	if strings.ContainsAny(s.Subject, "\r\n") {
 		return fmt.Errorf("%w: --subject holds a line break; a subject is one line (a header), write it on one", ErrInvalid)
@@ -196,7 +200,7 @@ func (s *Spec) Validate() error {
 // lint checks a commercial SMS for what law 6563 wants in it. The template is checked as written; a
 // field can carry neither the identity nor the instruction, so the fixed text must.
 func (s Spec) lint() error {
-	if s.Rules == nil || s.Transactional || s.Channel != ChannelSMS {
+	if s.Rules == nil || s.Transactional || !s.Channel.Spec().Linted {
 		return nil
 	}
 	var missing []string
@@ -214,12 +218,7 @@ func (s Spec) lint() error {
 }
 
 // recipientType is the İYS recipient type the campaign checks.
-func (s Spec) recipientType() string {
-	if s.RecipientType == "" {
-		return "BIREYSEL"
-	}
-	return s.RecipientType
-}
+func (s Spec) recipientType() string { return iysRecipientType(s.RecipientType) }
 
 // Content returns the spec's message parts.
 func (s Spec) Content() Content {
@@ -268,8 +267,8 @@ func (p *Planner) step(name string, start time.Time) {
 func (p *Planner) Plan(ctx context.Context, spec Spec) (Report, error) {
 	if spec.BatchSize == 0 {
 		spec.BatchSize = DefaultBatchSize
-		if spec.Channel == ChannelEmail {
-			spec.BatchSize = DefaultEmailBatchSize
+		if n := spec.Channel.Spec().BatchSize; n > 0 {
+			spec.BatchSize = n
 		}
 	}
 	if spec.StatementTimeout == 0 {

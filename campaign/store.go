@@ -127,7 +127,7 @@ func (s *Store) Counts(ctx context.Context, id int64) (Counts, error) {
 // shaped so that fresh, not yet analysed tables cannot lead the planner into a nested loop over a
 // million rows: one pass over the pending index, or none.
 func (s *Store) PendingBatches(ctx context.Context, id int64, onlyNotEnqueued bool) ([]int, error) {
-	query := `SELECT DISTINCT batch FROM campaign_recipients WHERE campaign_id = $1 AND status = 'pending' ORDER BY batch`
+	query := `SELECT DISTINCT batch FROM campaign_recipients WHERE campaign_id = $1 AND status = ` + sqlPending + ` ORDER BY batch`
 	if onlyNotEnqueued {
 		query = `SELECT batch FROM campaign_batches WHERE campaign_id = $1 AND enqueued_at IS NULL ORDER BY batch`
 	}
@@ -155,7 +155,7 @@ func (s *Store) MarkEnqueued(ctx context.Context, id int64, batches []int) error
 // LoadBatch returns the still-pending recipients of one batch.
 func (s *Store) LoadBatch(ctx context.Context, campaignID int64, batch int) ([]Recipient, error) {
 	rows, err := s.pool.Query(ctx, `SELECT user_id, address, vars, coalesce(code, ''), attempts
-		FROM campaign_recipients WHERE campaign_id = $1 AND batch = $2 AND status = 'pending'
+		FROM campaign_recipients WHERE campaign_id = $1 AND batch = $2 AND status = `+sqlPending+`
 		ORDER BY user_id`, campaignID, batch)
 	if err != nil {
 		return nil, fmt.Errorf("load batch %d: %w", batch, err)
@@ -214,22 +214,22 @@ func (s *Store) Record(ctx context.Context, campaignID int64, outcomes []Outcome
 			-- the message, whatever the worker could tell: such a row becomes sent, keeps the receipt's
 			-- message ID and its code, and what the worker saw stays in last_error.
 			UPDATE campaign_recipients r SET
-				status = CASE WHEN r.delivery IS NOT NULL THEN 'sent' ELSE o.status END,
-				reason = CASE WHEN r.delivery IS NOT NULL AND o.status <> 'sent'
+				status = CASE WHEN r.delivery IS NOT NULL THEN `+sqlSent+` ELSE o.status END,
+				reason = CASE WHEN r.delivery IS NOT NULL AND o.status <> `+sqlSent+`
 					THEN 'accepted by the provider (its receipt says ' || r.delivery || ')' ELSE NULLIF(o.reason, '') END,
-				last_error = CASE WHEN o.status IN ('failed', 'unknown') OR (r.delivery IS NOT NULL AND o.status <> 'sent')
+				last_error = CASE WHEN o.status IN (`+sqlFailed+`, `+sqlUnknown+`) OR (r.delivery IS NOT NULL AND o.status <> `+sqlSent+`)
 					THEN NULLIF(o.reason, '') END,
 				provider_message_id = coalesce(NULLIF(o.msgid, ''), r.provider_message_id),
 				segments = NULLIF(o.segments, 0),
-				attempts = r.attempts + CASE WHEN o.status IN ('sent', 'failed', 'unknown', 'pending') THEN 1 ELSE 0 END,
+				attempts = r.attempts + CASE WHEN o.status IN (`+sqlSent+`, `+sqlFailed+`, `+sqlUnknown+`, `+sqlPending+`) THEN 1 ELSE 0 END,
 				-- A recipient that was ever unknown (resent since) may hold a code that reached them: it keeps it.
-				code = CASE WHEN o.status IN ('failed', 'skipped') AND r.delivery IS NULL AND NOT `+everUnknown+` THEN NULL ELSE r.code END,
-				code_id = CASE WHEN o.status IN ('failed', 'skipped') AND r.delivery IS NULL AND NOT `+everUnknown+` THEN NULL ELSE r.code_id END,
-				sent_at = CASE WHEN o.status = 'sent' OR r.delivery IS NOT NULL THEN now() END,
+				code = CASE WHEN o.status IN (`+sqlFailed+`, `+sqlSkipped+`) AND r.delivery IS NULL AND NOT `+everUnknown+` THEN NULL ELSE r.code END,
+				code_id = CASE WHEN o.status IN (`+sqlFailed+`, `+sqlSkipped+`) AND r.delivery IS NULL AND NOT `+everUnknown+` THEN NULL ELSE r.code_id END,
+				sent_at = CASE WHEN o.status = `+sqlSent+` OR r.delivery IS NOT NULL THEN now() END,
 				updated_at = now()
 			FROM o
-			WHERE r.campaign_id = $1 AND r.batch = $7 AND r.status = 'pending' AND r.user_id = o.user_id
-			  AND (o.status <> 'pending' OR EXISTS (SELECT 1 FROM campaign_batches b
+			WHERE r.campaign_id = $1 AND r.batch = $7 AND r.status = `+sqlPending+` AND r.user_id = o.user_id
+			  AND (o.status <> `+sqlPending+` OR EXISTS (SELECT 1 FROM campaign_batches b
 				WHERE b.campaign_id = $1 AND b.batch = $7 AND b.lease_token = $8))
 			RETURNING r.user_id, r.status, r.reason, r.provider_message_id, r.code_id AS kept,
 				o.c_status, o.c_source, o.c_date, o.c_txn, o.c_synced
@@ -249,7 +249,7 @@ func (s *Store) Record(ctx context.Context, campaignID int64, outcomes []Outcome
 			FROM upd
 			JOIN campaign_recipients was ON was.campaign_id = $1 AND was.user_id = upd.user_id
 			JOIN promo_codes p ON p.id = was.code_id
-			WHERE upd.status IN ('failed', 'skipped') AND upd.kept IS NULL
+			WHERE upd.status IN (`+sqlFailed+`, `+sqlSkipped+`) AND upd.kept IS NULL
 			ON CONFLICT (code_id) DO NOTHING
 		)
 		SELECT status, count(*) FROM upd GROUP BY status`, campaignID, users, statuses, reasons, ids, segs, lease.Batch, lease.Token,
@@ -275,14 +275,14 @@ func (s *Store) Record(ctx context.Context, campaignID int64, outcomes []Outcome
 // everUnknown is the SQL condition that recipient r (of campaign $1) was once recorded unknown: its
 // message may have gone out with its code, so the code never goes back to the pool, whatever happens to a
 // resend (see `resume --resend-unknown`).
-const everUnknown = `EXISTS (SELECT 1 FROM send_log l WHERE l.campaign_id = r.campaign_id AND l.user_id = r.user_id AND l.status = 'unknown')`
+const everUnknown = `EXISTS (SELECT 1 FROM send_log l WHERE l.campaign_id = r.campaign_id AND l.user_id = r.user_id AND l.status = ` + sqlUnknown + `)`
 
 // StartIfDue moves a scheduled campaign whose start time has come to running, and reports its state.
 func (s *Store) StartIfDue(ctx context.Context, id int64) (State, error) {
 	var st State
 	err := s.pool.QueryRow(ctx, `WITH u AS (
-			UPDATE campaigns SET state = 'running', started_at = now()
-			WHERE id = $1 AND state = 'scheduled' AND (start_at IS NULL OR start_at <= now())
+			UPDATE campaigns SET state = `+sqlStateRunning+`, started_at = now()
+			WHERE id = $1 AND state = `+sqlStateScheduled+` AND (start_at IS NULL OR start_at <= now())
 			RETURNING state)
 		SELECT coalesce((SELECT state FROM u), (SELECT state FROM campaigns WHERE id = $1))`, id).Scan(&st)
 	if err != nil {
@@ -302,7 +302,7 @@ func (s *Store) Transition(ctx context.Context, id int64, from []State, to State
 	var moved bool
 	err := s.pool.QueryRow(ctx, `WITH cur AS (SELECT state FROM campaigns WHERE id = $1 FOR UPDATE),
 			u AS (UPDATE campaigns SET state = $3,
-				finished_at = CASE WHEN $3 IN ('completed', 'cancelled', 'failed') THEN now() END
+				finished_at = CASE WHEN $3 IN (`+sqlStateCompleted+`, `+sqlStateCancelled+`, `+sqlStateFailed+`) THEN now() END
 				WHERE id = $1 AND state = ANY($2) RETURNING id)
 		SELECT coalesce((SELECT state FROM cur), ''), EXISTS (SELECT 1 FROM u)`, id, from, to).Scan(&was, &moved)
 	switch {
@@ -319,9 +319,9 @@ func (s *Store) Transition(ctx context.Context, id int64, from []State, to State
 // CompleteIfDone moves a running campaign to completed when none of its recipients is pending. It
 // reports whether it did.
 func (s *Store) CompleteIfDone(ctx context.Context, id int64) (bool, error) {
-	tag, err := s.pool.Exec(ctx, `UPDATE campaigns SET state = 'completed', finished_at = now()
-		WHERE id = $1 AND state = 'running'
-		  AND NOT EXISTS (SELECT 1 FROM campaign_recipients WHERE campaign_id = $1 AND status = 'pending')`, id)
+	tag, err := s.pool.Exec(ctx, `UPDATE campaigns SET state = `+sqlStateCompleted+`, finished_at = now()
+		WHERE id = $1 AND state = `+sqlStateRunning+`
+		  AND NOT EXISTS (SELECT 1 FROM campaign_recipients WHERE campaign_id = $1 AND status = `+sqlPending+`)`, id)
 	if err != nil {
 		return false, fmt.Errorf("complete campaign %d: %w", id, err)
 	}

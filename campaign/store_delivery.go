@@ -3,6 +3,7 @@ package campaign
 import (
 	"context"
 	"fmt"
+	"strings"
 	"time"
 )
 
@@ -17,6 +18,18 @@ const (
 	DeliveryBounced     = "bounced"
 	DeliveryDropped     = "dropped"
 )
+
+// deliveryRank is the SQL expression of how far the receipt status in col went: accepted (processed,
+// sent), held back for now (deferred), or final (delivered, bounced, ...). Receipts arrive out of order, and
+// a recipient's delivery never moves back to a lower rank.
+func deliveryRank(col string) string {
+	return "CASE " + col + " WHEN " + quoteLiteral(DeliveryProcessed) + " THEN 1 WHEN " + quoteLiteral(DeliverySent) +
+		" THEN 1 WHEN " + quoteLiteral(DeliveryDeferred) + " THEN 2 ELSE 3 END"
+}
+
+// sqlUndelivered lists, as SQL literals, the final receipt statuses of a message that did not arrive.
+var sqlUndelivered = strings.Join([]string{quoteLiteral(DeliveryUndelivered), quoteLiteral(DeliveryFailed),
+	quoteLiteral(DeliveryBounced), quoteLiteral(DeliveryDropped)}, ", ")
 
 // Delivery is one receipt: what happened to a message after the provider accepted it.
 type Delivery struct {
@@ -58,7 +71,7 @@ func (s *Store) RecordDeliveries(ctx context.Context, ds []Delivery) (int64, err
 	var changed int64
 	err := s.pool.QueryRow(ctx, `
 		WITH d AS (
-			SELECT *, CASE status WHEN 'processed' THEN 1 WHEN 'sent' THEN 1 WHEN 'deferred' THEN 2 ELSE 3 END AS rank
+			SELECT *, `+deliveryRank("status")+` AS rank
 			FROM unnest($1::text[], $2::text[], $3::bigint[], $4::text[], $5::text[], $6::text[], $7::text[], $8::timestamptz[])
 				AS d(provider, msgid, campaign_id, user_id, status, error, event_id, at)
 		), fresh AS (
@@ -83,17 +96,17 @@ func (s *Store) RecordDeliveries(ctx context.Context, ds []Delivery) (int64, err
 		), upd AS (
 			UPDATE campaign_recipients r SET
 				delivery = b.status, delivery_error = NULLIF(b.error, ''), delivery_at = b.at,
-				status = CASE WHEN r.status = 'unknown' THEN 'sent' ELSE r.status END,
+				status = CASE WHEN r.status = `+sqlUnknown+` THEN `+sqlSent+` ELSE r.status END,
 				provider_message_id = coalesce(r.provider_message_id, NULLIF(b.msgid, '')),
-				sent_at = coalesce(r.sent_at, CASE WHEN r.status = 'unknown' THEN b.at END),
+				sent_at = coalesce(r.sent_at, CASE WHEN r.status = `+sqlUnknown+` THEN b.at END),
 				updated_at = now()
 			FROM best b
-			WHERE r.campaign_id = b.campaign_id AND r.user_id = b.user_id AND r.status IN ('pending', 'sent', 'unknown')
+			WHERE r.campaign_id = b.campaign_id AND r.user_id = b.user_id AND r.status IN (`+sqlPending+`, `+sqlSent+`, `+sqlUnknown+`)
 			  -- A receipt for another message than the one recorded is not about this send.
 			  AND (r.provider_message_id IS NULL OR b.msgid = '' OR r.provider_message_id = b.msgid)
 			  AND (r.delivery IS NULL
-			       OR b.rank > CASE r.delivery WHEN 'processed' THEN 1 WHEN 'sent' THEN 1 WHEN 'deferred' THEN 2 ELSE 3 END
-			       OR (b.rank = CASE r.delivery WHEN 'processed' THEN 1 WHEN 'sent' THEN 1 WHEN 'deferred' THEN 2 ELSE 3 END
+			       OR b.rank > `+deliveryRank("r.delivery")+`
+			       OR (b.rank = `+deliveryRank("r.delivery")+`
 			           AND b.at >= r.delivery_at))
 			RETURNING 1
 		)
@@ -107,8 +120,8 @@ func (s *Store) RecordDeliveries(ctx context.Context, ds []Delivery) (int64, err
 // DeliveryCounts returns how many of the campaign's recipients the receipts say were delivered, and how
 // many were not (undelivered, failed, bounced, dropped).
 func (s *Store) DeliveryCounts(ctx context.Context, id int64) (delivered, undelivered int64, err error) {
-	err = s.pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE delivery = 'delivered'),
-			count(*) FILTER (WHERE delivery IN ('undelivered', 'failed', 'bounced', 'dropped'))
+	err = s.pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE delivery = `+quoteLiteral(DeliveryDelivered)+`),
+			count(*) FILTER (WHERE delivery IN (`+sqlUndelivered+`))
 		FROM campaign_recipients WHERE campaign_id = $1 AND delivery IS NOT NULL`, id).Scan(&delivered, &undelivered)
 	if err != nil {
 		return 0, 0, fmt.Errorf("delivery counts: %w", err)

@@ -42,9 +42,9 @@ type Chunk struct {
 	Accepted map[string]bool
 	// Busy counts pending users of the chunk held by another run's live lease.
 	Busy int
-	// Consent holds the addresses that have consent right now (İYS ONAY for the channel and the campaign's
-	// recipient type). Channels without an İYS type (push) report every address: their opt-in is decided at plan
-	// time.
+	// Consent holds the addresses whose recipients the campaign's consent rule lets be sent right now
+	// (consent.go): İYS ONAY for the channel's type, the campaign's recipient type and brand, or the
+	// planned opt-in on a channel without an İYS type, or any recipient of a transactional message.
 	Consent map[string]bool
 	// Snapshots holds, per leased user with a consent record, that record as read now, for the audit of
 	// its outcome.
@@ -64,15 +64,16 @@ func (s *Store) LeaseChunk(ctx context.Context, c *Campaign, users []string, l L
 		cStatus, cSource, cTxn       []string
 		cDate, cSynced               []pgtype.Timestamptz
 	)
-	b := &pgx.Batch{}
-	b.Queue(`SELECT 1 FROM campaign_batches WHERE campaign_id = $1 AND batch = $2 FOR UPDATE`, c.ID, l.Batch)
-	b.Queue(`
+	args := params{c.ID, l.Batch, l.Token, l.Epoch, users, l.TTL.Milliseconds(), l.AnyState}
+	rule := c.consentRule()
+	// The statement is built first: the consent rule's values become parameters as it is.
+	sql := `
 		WITH st AS (
-			SELECT coalesce((SELECT state FROM campaigns WHERE id = $1), 'cancelled') AS state
+			SELECT coalesce((SELECT state FROM campaigns WHERE id = $1), ` + sqlStateCancelled + `) AS state
 		), b AS (
 			SELECT lease_token, lease_until, lease_epoch, lease_users FROM campaign_batches WHERE campaign_id = $1 AND batch = $2
 		), may AS (
-			SELECT $8 OR (SELECT state FROM st) IN ('running', 'cancelled') AS state_ok,
+			SELECT $7 OR (SELECT state FROM st) IN (` + sqlStateRunning + `, ` + sqlStateCancelled + `) AS state_ok,
 				b.lease_token IS NULL OR b.lease_token = $3 OR b.lease_until < now() AS free,
 				b.lease_token IS NOT NULL AND b.lease_token <> $3 AS takeover,
 				coalesce(b.lease_epoch, '') <> $4 AS other_epoch,
@@ -91,19 +92,20 @@ func (s *Store) LeaseChunk(ctx context.Context, c *Campaign, users []string, l L
 		), pend0 AS (
 			-- The batch's pending rows through the pending index on (campaign, batch), whatever the planner
 			-- believes about the campaign's size: at most a batch of rows, never the campaign's.
-			SELECT r.user_id, r.address, r.delivery, r.consent_status, r.consent_source, r.consent_date, r.consent_txn, r.consent_synced_at,
+			SELECT r.user_id, r.address, r.vars, r.delivery, r.consent_status, r.consent_source, r.consent_date, r.consent_txn, r.consent_synced_at,
 				c.status, c.source, c.cdate, c.txn, c.synced
 			FROM campaign_recipients r
 			LEFT JOIN LATERAL (
 				SELECT c.status, c.source, c.consent_date AS cdate, c.transaction_id AS txn, coalesce(c.synced_at, c.updated_at) AS synced
 				FROM iys_consents c
-				WHERE c.recipient = r.address AND c.type = $7 AND c.recipient_type = $9 AND c.brand_code = $10
+				WHERE ` + rule.joinSQL("c", "r.address", args.bind) + `
 				  AND NOT (SELECT same FROM planned)
 			) c ON true
-			WHERE r.campaign_id = $1 AND r.batch = $2 AND r.status = 'pending' AND r.user_id IN (SELECT u FROM cand)
+			WHERE r.campaign_id = $1 AND r.batch = $2 AND r.status = ` + sqlPending + ` AND r.user_id IN (SELECT u FROM cand)
 		), pend AS (
-			SELECT user_id, address, delivery, c_status = 'ONAY' AS ok, c_status, c_source, c_date, c_txn, c_synced
-			FROM (SELECT user_id, address, delivery,
+			SELECT user_id, address, delivery, (` + rule.refusalSQL("c_status", "vars") + `) IS NULL AS ok,
+				c_status, c_source, c_date, c_txn, c_synced
+			FROM (SELECT user_id, address, vars, delivery,
 					CASE WHEN (SELECT same FROM planned) THEN consent_status ELSE status END AS c_status,
 					CASE WHEN (SELECT same FROM planned) THEN consent_source ELSE source END AS c_source,
 					CASE WHEN (SELECT same FROM planned) THEN consent_date ELSE cdate END AS c_date,
@@ -128,11 +130,11 @@ func (s *Store) LeaseChunk(ctx context.Context, c *Campaign, users []string, l L
 			array(SELECT c_date FROM pend WHERE (SELECT state_ok FROM may)),
 			array(SELECT coalesce(c_txn, '') FROM pend WHERE (SELECT state_ok FROM may)),
 			array(SELECT c_synced FROM pend WHERE (SELECT state_ok FROM may)),
-			array(SELECT address FROM pend WHERE ok OR $11),
-			array(SELECT user_id FROM pend WHERE delivery IS NOT NULL AND (SELECT state_ok FROM may))`,
-		c.ID, l.Batch, l.Token, l.Epoch, users, l.TTL.Milliseconds(), c.Channel.IYSType(), l.AnyState, c.IYSRecipientType(), c.BrandCode,
-		// Push and webhook opt-ins are decided at plan time; a transactional message needs no consent.
-		c.Channel.IYSType() == "" || c.Transactional)
+			array(SELECT address FROM pend WHERE ok),
+			array(SELECT user_id FROM pend WHERE delivery IS NOT NULL AND (SELECT state_ok FROM may))`
+	b := &pgx.Batch{}
+	b.Queue(`SELECT 1 FROM campaign_batches WHERE campaign_id = $1 AND batch = $2 FOR UPDATE`, c.ID, l.Batch)
+	b.Queue(sql, args...)
 	br := s.pool.SendBatch(ctx, b)
 	var one int
 	err := br.QueryRow().Scan(&one)
@@ -190,12 +192,7 @@ func (s *Store) LeaseChunk(ctx context.Context, c *Campaign, users []string, l L
 
 // IYSRecipientType is the İYS recipient type the campaign's consents are checked for: BIREYSEL unless
 // it says TACIR.
-func (c *Campaign) IYSRecipientType() string {
-	if c.RecipientType == "" {
-		return "BIREYSEL"
-	}
-	return c.RecipientType
-}
+func (c *Campaign) IYSRecipientType() string { return iysRecipientType(c.RecipientType) }
 
 // RenewLease extends the run's lease on its batch. It reports false when another run took the batch over
 // (the lease had expired): this run must stop sending.
@@ -235,17 +232,17 @@ func (s *Store) CancelUnleased(ctx context.Context, id int64) (int64, error) {
 		WITH held AS (
 			SELECT DISTINCT u AS user_id FROM campaign_batches CROSS JOIN unnest(lease_users) AS u WHERE campaign_id = $1
 		), upd AS (
-			UPDATE campaign_recipients r SET status = 'skipped', reason = 'cancelled',
+			UPDATE campaign_recipients r SET status = `+sqlSkipped+`, reason = `+sqlReasonCancelled+`,
 				code = CASE WHEN `+everUnknown+` THEN r.code END, code_id = CASE WHEN `+everUnknown+` THEN r.code_id END,
 				updated_at = now()
 			FROM campaign_recipients old
-			WHERE r.campaign_id = $1 AND r.status = 'pending' AND NOT EXISTS (SELECT 1 FROM held WHERE held.user_id = r.user_id)
+			WHERE r.campaign_id = $1 AND r.status = `+sqlPending+` AND NOT EXISTS (SELECT 1 FROM held WHERE held.user_id = r.user_id)
 			  AND old.campaign_id = r.campaign_id AND old.user_id = r.user_id
-			  AND EXISTS (SELECT 1 FROM campaigns WHERE id = $1 AND state = 'cancelled')
+			  AND EXISTS (SELECT 1 FROM campaigns WHERE id = $1 AND state = `+sqlStateCancelled+`)
 			RETURNING r.user_id, old.code_id, r.code_id AS kept
 		), log AS (
 			INSERT INTO send_log (campaign_id, user_id, status, reason)
-			SELECT $1, user_id, 'skipped', 'cancelled' FROM upd
+			SELECT $1, user_id, `+sqlSkipped+`, `+sqlReasonCancelled+` FROM upd
 		), released AS (
 			INSERT INTO released_codes (code_id, pool)
 			SELECT upd.code_id, p.pool FROM upd JOIN promo_codes p ON p.id = upd.code_id
@@ -270,7 +267,7 @@ func (s *Store) CancelUnleased(ctx context.Context, id int64) (int64, error) {
 
 // Unknown returns the users of campaign id whose outcome is unknown and whom no receipt proves sent.
 func (s *Store) Unknown(ctx context.Context, id int64) ([]string, error) {
-	rows, err := s.pool.Query(ctx, `SELECT user_id FROM campaign_recipients WHERE campaign_id = $1 AND status = 'unknown' AND delivery IS NULL`, id)
+	rows, err := s.pool.Query(ctx, `SELECT user_id FROM campaign_recipients WHERE campaign_id = $1 AND status = `+sqlUnknown+` AND delivery IS NULL`, id)
 	if err != nil {
 		return nil, fmt.Errorf("unknown recipients: %w", err)
 	}
@@ -294,12 +291,12 @@ func (s *Store) Resend(ctx context.Context, id int64, users []string) (int64, er
 	var n int64
 	err := s.pool.QueryRow(ctx, `
 		WITH upd AS (
-			UPDATE campaign_recipients SET status = 'pending', reason = NULL, updated_at = now()
-			WHERE campaign_id = $1 AND user_id = ANY($2) AND status = 'unknown' AND delivery IS NULL
+			UPDATE campaign_recipients SET status = `+sqlPending+`, reason = NULL, updated_at = now()
+			WHERE campaign_id = $1 AND user_id = ANY($2) AND status = `+sqlUnknown+` AND delivery IS NULL
 			RETURNING user_id
 		), log AS (
 			INSERT INTO send_log (campaign_id, user_id, status, reason)
-			SELECT $1, user_id, 'pending', 'resend of an unknown outcome (resume --resend-unknown)' FROM upd
+			SELECT $1, user_id, `+sqlPending+`, 'resend of an unknown outcome (resume --resend-unknown)' FROM upd
 		)
 		SELECT count(*) FROM upd`, id, users).Scan(&n)
 	if err != nil {

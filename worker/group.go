@@ -21,15 +21,14 @@ func (run *batchRun) message(r *campaign.Recipient) (providers.Message, error) {
 	if err != nil {
 		return providers.Message{}, err
 	}
-	switch run.c.Channel {
-	case campaign.ChannelSMS:
+	ch := run.c.Channel.Spec()
+	if ch.Segmented {
 		if err := campaign.CheckSMSLength(parts.Text, run.c.MaxSegments); err != nil {
 			return providers.Message{}, fmt.Errorf("the message %w", err)
 		}
-	case campaign.ChannelEmail:
-		if strings.ContainsAny(parts.Subject, "\r\n") {
-			return providers.Message{}, fmt.Errorf("the subject would hold a line break (%s)", campaign.ReasonInvalidValue)
-		}
+	}
+	if ch.SubjectHeader && strings.ContainsAny(parts.Subject, "\r\n") {
+		return providers.Message{}, fmt.Errorf("the subject would hold a line break (%s)", campaign.ReasonInvalidValue)
 	}
 	m := providers.Message{To: r.Address, Subject: parts.Subject, Body: parts.Text, HTML: parts.HTML,
 		TemplateID: run.c.TemplateID, CampaignID: run.c.ID, UserID: r.UserID,
@@ -41,11 +40,11 @@ func (run *batchRun) message(r *campaign.Recipient) (providers.Message, error) {
 			m.Shared, m.Values = run.shared, vals
 		}
 	}
-	if run.c.TemplateID != "" || run.c.Channel == campaign.ChannelPush {
+	if run.c.TemplateID != "" || ch.Data {
 		// A provider-side template (and a push's data payload) gets the values themselves.
 		m.Data = make(map[string]string, len(data))
 		for k, v := range data {
-			if k == run.c.Channel.AddressColumn() {
+			if k == ch.AddressColumn {
 				continue
 			}
 			m.Data[k] = fmt.Sprint(v)

@@ -21,38 +21,7 @@ import (
 const (
 	defaultDatabaseURL = "postgres://postgres@127.0.0.1:5432/campaignctl?sslmode=disable"
 	defaultRedisURL    = "redis://127.0.0.1:6379/0"
-	// defaultTwilioRate is Twilio's documented short-code throughput ("over 100 segments/s"): a safe cap
-	// that never earns a 20429 storm. Long codes need TWILIO_RATE=1.
-	defaultTwilioRate = 100.0
-	// defaultNetgsmRate is a cautious cap for Netgsm, which publishes none and answers code 80 beyond
-	// what the account allows; raise NETGSM_RATE for your contract.
-	defaultNetgsmRate = 50.0
-	// defaultSendGridRate: SendGrid publishes no mail/send limit; plan quotas and reputation are what bite.
-	// 1000 e-mails a second (one full request) is a safe start; raise SENDGRID_RATE for your plan.
-	defaultSendGridRate = 1000.0
-	// defaultFCMRate is half of FCM's default quota (600,000 messages a minute per project).
-	defaultFCMRate = 5000.0
-	// defaultWebhookRate protects an in-house receiver; raise WEBHOOK_RATE to what it takes.
-	defaultWebhookRate = 100.0
 )
-
-// channelRate is the provider-wide cap of the channel's provider: TWILIO_RATE (NETGSM_RATE when Netgsm
-// alone sends SMS), SENDGRID_RATE, FCM_RATE or WEBHOOK_RATE.
-func (a *app) channelRate(ch campaign.Channel) (float64, error) {
-	switch ch {
-	case campaign.ChannelEmail:
-		return a.rate("SENDGRID_RATE", defaultSendGridRate)
-	case campaign.ChannelPush:
-		return a.rate("FCM_RATE", defaultFCMRate)
-	case campaign.ChannelWebhook:
-		return a.rate("WEBHOOK_RATE", defaultWebhookRate)
-	}
-	if !a.anySet("TWILIO_ACCOUNT_SID", "TWILIO_AUTH_TOKEN", "TWILIO_FROM") && a.anySet("NETGSM_USERCODE", "NETGSM_PASSWORD", "NETGSM_HEADER") {
-		// Netgsm alone sends SMS (with Twilio it is only the failover).
-		return a.rate("NETGSM_RATE", defaultNetgsmRate)
-	}
-	return a.rate("TWILIO_RATE", defaultTwilioRate)
-}
 
 // setting resolves flag > environment > default.
 func (a *app) setting(flag, env, def string) string {

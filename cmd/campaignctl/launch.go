@@ -15,7 +15,6 @@ import (
 	"strings"
 	"text/tabwriter"
 	"time"
-	"unicode"
 
 	"github.com/spf13/cobra"
 
@@ -80,7 +79,7 @@ reserved from --code-pool before anything is queued. --dry-run shows the same re
 	}
 	f := cmd.Flags()
 	f.StringVar(&o.name, "name", "", "unique campaign name")
-	f.StringVar(&o.channel, "channel", "sms", "sms, email, push or webhook")
+	f.StringVar(&o.channel, "channel", "sms", campaign.ChannelChoices())
 	f.StringVar(&o.audience, "audience", "", "file with the audience SELECT")
 	f.StringVar(&o.message, "message", "", "message template, e.g. 'Merhaba {{.first_name}}, kodunuz {{.code}}'")
 	f.StringVar(&o.subject, "subject", "", "e-mail subject or push title (a template too)")
@@ -117,8 +116,8 @@ func (a *app) launch(ctx context.Context, o launchOptions) error {
 	if err != nil {
 		return usagef("cannot read the audience file: %v; it must hold one SELECT", err)
 	}
-	if name := a.getenv("SENDGRID_FROM_NAME"); o.channel == string(campaign.ChannelEmail) && strings.ContainsFunc(name, unicode.IsControl) {
-		return usagef("SENDGRID_FROM_NAME holds a line break or another control character, which would write a header of its own: set it to the sender's name on one line; nothing was written or sent")
+	if err := a.launchChecks(campaign.Channel(o.channel)); err != nil {
+		return err
 	}
 	providerRate, err := a.channelRate(campaign.Channel(o.channel))
 	if err != nil {
@@ -309,7 +308,7 @@ func readBounded(path string, max int64) ([]byte, error) {
 // CONTENT_SENDER_PATTERN (a regular expression), and CONTENT_OPTOUT_PATTERN (default: "RET" followed by
 // a short number, as in "RET yazıp 4609'a gönderin").
 func (a *app) contentRules(ch campaign.Channel, transactional bool) (*campaign.ContentRules, error) {
-	if ch != campaign.ChannelSMS || transactional {
+	if !ch.Spec().Linted || transactional {
 		return nil, nil
 	}
 	r := &campaign.ContentRules{}

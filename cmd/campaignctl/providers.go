@@ -1,7 +1,10 @@
 package main
 
 import (
+	"fmt"
+	"strings"
 	"time"
+	"unicode"
 
 	"github.com/campaignctl/campaignctl/campaign"
 	"github.com/campaignctl/campaignctl/providers"
@@ -12,6 +15,118 @@ import (
 	"github.com/campaignctl/campaignctl/providers/webhook"
 )
 
+// Provider-wide caps unless the environment says otherwise, in messages per second.
+const (
+	// defaultTwilioRate is Twilio's documented short-code throughput ("over 100 segments/s"): a safe cap
+	// that never earns a 20429 storm. Long codes need TWILIO_RATE=1.
+	defaultTwilioRate = 100.0
+	// defaultNetgsmRate is a cautious cap for Netgsm, which publishes none and answers code 80 beyond
+	// what the account allows; raise NETGSM_RATE for your contract.
+	defaultNetgsmRate = 50.0
+	// defaultSendGridRate: SendGrid publishes no mail/send limit; plan quotas and reputation are what bite.
+	// 1000 e-mails a second (one full request) is a safe start; raise SENDGRID_RATE for your plan.
+	defaultSendGridRate = 1000.0
+	// defaultFCMRate is half of FCM's default quota (600,000 messages a minute per project).
+	defaultFCMRate = 5000.0
+	// defaultWebhookRate protects an in-house receiver; raise WEBHOOK_RATE to what it takes.
+	defaultWebhookRate = 100.0
+)
+
+// providerSpec registers one provider adapter with the CLI: the channel it sends (a channel's own
+// registration is campaign.ChannelSpec), the settings that configure it, its provider-wide cap and how it
+// is built. The first configured provider of a channel, in providerSpecs' order, sends it; a second one is
+// its fallback (see worker.Config.Fallback).
+type providerSpec struct {
+	// name is the adapter's Name(), which keys its cap.
+	name    string
+	channel campaign.Channel
+	// settings are the variables that configure the adapter: any of them set means it is to be used (its
+	// constructor then names what else is missing). needs are the ones a working setup sets, for the
+	// message when no provider is configured.
+	settings, needs []string
+	// rateEnv names the provider-wide cap's variable, defaultRate its value when unset.
+	rateEnv     string
+	defaultRate float64
+	build       func(a *app, timeout time.Duration) (providers.Provider, error)
+	// check, when set, refuses a launch on the channel whose settings would make bad messages, before
+	// anything is written.
+	check func(a *app) error
+}
+
+// providerSpecs lists every provider adapter the CLI can send through.
+func providerSpecs() []providerSpec {
+	return []providerSpec{
+		{
+			name: "twilio", channel: campaign.ChannelSMS,
+			settings: []string{"TWILIO_ACCOUNT_SID", "TWILIO_AUTH_TOKEN", "TWILIO_FROM"},
+			rateEnv:  "TWILIO_RATE", defaultRate: defaultTwilioRate,
+			build: func(a *app, timeout time.Duration) (providers.Provider, error) {
+				return twilio.New(twilio.Config{
+					AccountSID: a.getenv("TWILIO_ACCOUNT_SID"), AuthToken: a.getenv("TWILIO_AUTH_TOKEN"), From: a.getenv("TWILIO_FROM"),
+					BaseURL: a.getenv("TWILIO_BASE_URL"), StatusCallback: a.getenv("TWILIO_STATUS_CALLBACK"), Timeout: timeout,
+				})
+			},
+		},
+		{
+			// Netgsm sends SMS when Twilio is not configured, and is Twilio's fallback when both are.
+			name: "netgsm", channel: campaign.ChannelSMS,
+			settings: []string{"NETGSM_USERCODE", "NETGSM_PASSWORD", "NETGSM_HEADER"},
+			rateEnv:  "NETGSM_RATE", defaultRate: defaultNetgsmRate,
+			build: func(a *app, timeout time.Duration) (providers.Provider, error) {
+				return netgsm.New(netgsm.Config{
+					UserCode: a.getenv("NETGSM_USERCODE"), Password: a.getenv("NETGSM_PASSWORD"), Header: a.getenv("NETGSM_HEADER"),
+					BaseURL: a.getenv("NETGSM_BASE_URL"), Timeout: timeout,
+				})
+			},
+		},
+		{
+			name: "sendgrid", channel: campaign.ChannelEmail,
+			settings: []string{"SENDGRID_API_KEY", "SENDGRID_FROM"},
+			rateEnv:  "SENDGRID_RATE", defaultRate: defaultSendGridRate,
+			build: func(a *app, timeout time.Duration) (providers.Provider, error) {
+				// One request carries up to 1000 recipients: it is given longer.
+				return sendgrid.New(sendgrid.Config{
+					APIKey: a.getenv("SENDGRID_API_KEY"), From: a.getenv("SENDGRID_FROM"), FromName: a.getenv("SENDGRID_FROM_NAME"),
+					BaseURL: a.getenv("SENDGRID_BASE_URL"), Timeout: 3 * timeout,
+				})
+			},
+			check: func(a *app) error {
+				if strings.ContainsFunc(a.getenv("SENDGRID_FROM_NAME"), unicode.IsControl) {
+					return usagef("SENDGRID_FROM_NAME holds a line break or another control character, which would write a header of its own: set it to the sender's name on one line; nothing was written or sent")
+				}
+				return nil
+			},
+		},
+		{
+			name: "fcm", channel: campaign.ChannelPush,
+			settings: []string{"GOOGLE_APPLICATION_CREDENTIALS", "FCM_PROJECT_ID"}, needs: []string{"GOOGLE_APPLICATION_CREDENTIALS"},
+			rateEnv: "FCM_RATE", defaultRate: defaultFCMRate,
+			build: func(a *app, timeout time.Duration) (providers.Provider, error) {
+				return push.New(push.Config{
+					ProjectID: a.getenv("FCM_PROJECT_ID"), CredentialsFile: a.getenv("GOOGLE_APPLICATION_CREDENTIALS"),
+					BaseURL: a.getenv("FCM_BASE_URL"), Timeout: timeout,
+				})
+			},
+		},
+		{
+			name: "webhook", channel: campaign.ChannelWebhook,
+			settings: []string{"WEBHOOK_URL", "WEBHOOK_SECRET"},
+			rateEnv:  "WEBHOOK_RATE", defaultRate: defaultWebhookRate,
+			build: func(a *app, timeout time.Duration) (providers.Provider, error) {
+				return webhook.New(webhook.Config{URL: a.getenv("WEBHOOK_URL"), Secret: a.getenv("WEBHOOK_SECRET"), Timeout: timeout})
+			},
+		},
+	}
+}
+
+// required is what a working setup of the provider sets.
+func (ps providerSpec) required() []string {
+	if ps.needs != nil {
+		return ps.needs
+	}
+	return ps.settings
+}
+
 // providerSet is what a worker sends through: the provider of each channel, the fallback of a channel
 // (SMS: Netgsm behind Twilio), and the provider-wide caps by provider name.
 type providerSet struct {
@@ -21,89 +136,81 @@ type providerSet struct {
 }
 
 // providers builds the provider of every channel whose settings are present in the environment, and the
-// provider-wide caps (TWILIO_RATE, SENDGRID_RATE, FCM_RATE, NETGSM_RATE). Netgsm sends SMS when Twilio is
-// not configured, and is Twilio's fallback when both are. A channel half configured is an error that names
-// what is missing; no channel at all is one too.
+// provider-wide caps (TWILIO_RATE, SENDGRID_RATE, ...: each providerSpec's rateEnv). A provider half
+// configured is an error that names what is missing; no provider at all is one too.
 func (a *app) providers(timeout time.Duration) (providerSet, error) {
-	fallback := map[campaign.Channel]providers.Provider{}
-	provs := map[campaign.Channel]providers.Provider{}
-	rates := map[string]float64{}
-	add := func(ch campaign.Channel, p providers.Provider) error {
-		r, err := a.channelRate(ch)
-		if err != nil {
-			return err
+	set := providerSet{primary: map[campaign.Channel]providers.Provider{}, fallback: map[campaign.Channel]providers.Provider{}, rates: map[string]float64{}}
+	var hints []string
+	for _, ps := range providerSpecs() {
+		hints = append(hints, fmt.Sprintf("%s (%s)", andList(ps.required()), ps.channel))
+		if !a.anySet(ps.settings...) {
+			continue
 		}
-		provs[ch], rates[p.Name()] = p, r
-		return nil
-	}
-	if a.anySet("TWILIO_ACCOUNT_SID", "TWILIO_AUTH_TOKEN", "TWILIO_FROM") {
-		p, err := twilio.New(twilio.Config{
-			AccountSID: a.getenv("TWILIO_ACCOUNT_SID"), AuthToken: a.getenv("TWILIO_AUTH_TOKEN"), From: a.getenv("TWILIO_FROM"),
-			BaseURL: a.getenv("TWILIO_BASE_URL"), StatusCallback: a.getenv("TWILIO_STATUS_CALLBACK"), Timeout: timeout,
-		})
+		p, err := ps.build(a, timeout)
 		if err != nil {
 			return providerSet{}, usageError{err}
 		}
-		if err := add(campaign.ChannelSMS, p); err != nil {
-			return providerSet{}, err
-		}
-	}
-	if a.anySet("NETGSM_USERCODE", "NETGSM_PASSWORD", "NETGSM_HEADER") {
-		p, err := netgsm.New(netgsm.Config{
-			UserCode: a.getenv("NETGSM_USERCODE"), Password: a.getenv("NETGSM_PASSWORD"), Header: a.getenv("NETGSM_HEADER"),
-			BaseURL: a.getenv("NETGSM_BASE_URL"), Timeout: timeout,
-		})
-		if err != nil {
-			return providerSet{}, usageError{err}
-		}
-		r, err := a.rate("NETGSM_RATE", defaultNetgsmRate)
+		r, err := a.rate(ps.rateEnv, ps.defaultRate)
 		if err != nil {
 			return providerSet{}, err
 		}
-		rates[p.Name()] = r
-		if provs[campaign.ChannelSMS] != nil {
-			fallback[campaign.ChannelSMS] = p
-		} else {
-			provs[campaign.ChannelSMS] = p
+		set.rates[p.Name()] = r
+		switch {
+		case set.primary[ps.channel] == nil:
+			set.primary[ps.channel] = p
+		case set.fallback[ps.channel] == nil:
+			set.fallback[ps.channel] = p
+		default:
+			return providerSet{}, usagef("%s, %s and %s are all configured for %s; a channel sends through one provider and fails over to a second: unset the settings of one",
+				set.primary[ps.channel].Name(), set.fallback[ps.channel].Name(), p.Name(), ps.channel)
 		}
 	}
-	if a.anySet("SENDGRID_API_KEY", "SENDGRID_FROM") {
-		p, err := sendgrid.New(sendgrid.Config{
-			APIKey: a.getenv("SENDGRID_API_KEY"), From: a.getenv("SENDGRID_FROM"), FromName: a.getenv("SENDGRID_FROM_NAME"),
-			BaseURL: a.getenv("SENDGRID_BASE_URL"), Timeout: 3 * timeout,
-		})
-		if err != nil {
-			return providerSet{}, usageError{err}
+	if len(set.primary) == 0 {
+		return providerSet{}, usagef("no provider is configured: set %s", strings.Join(hints[:len(hints)-1], ", ")+", or "+hints[len(hints)-1])
+	}
+	return set, nil
+}
+
+// channelRate is the provider-wide cap of the channel's provider: the cap of its first configured
+// provider (TWILIO_RATE, or NETGSM_RATE when Netgsm alone sends SMS), or of its first registered one when
+// none is configured here.
+func (a *app) channelRate(ch campaign.Channel) (float64, error) {
+	var first *providerSpec
+	for _, ps := range providerSpecs() {
+		if ps.channel != ch {
+			continue
 		}
-		if err := add(campaign.ChannelEmail, p); err != nil {
-			return providerSet{}, err
+		if a.anySet(ps.settings...) {
+			return a.rate(ps.rateEnv, ps.defaultRate)
+		}
+		if first == nil {
+			first = &ps
 		}
 	}
-	if a.anySet("GOOGLE_APPLICATION_CREDENTIALS", "FCM_PROJECT_ID") {
-		p, err := push.New(push.Config{
-			ProjectID: a.getenv("FCM_PROJECT_ID"), CredentialsFile: a.getenv("GOOGLE_APPLICATION_CREDENTIALS"),
-			BaseURL: a.getenv("FCM_BASE_URL"), Timeout: timeout,
-		})
-		if err != nil {
-			return providerSet{}, usageError{err}
-		}
-		if err := add(campaign.ChannelPush, p); err != nil {
-			return providerSet{}, err
+	if first == nil {
+		return 0, nil
+	}
+	return a.rate(first.rateEnv, first.defaultRate)
+}
+
+// launchChecks runs the checks of the channel's providers that refuse a launch (see providerSpec.check).
+func (a *app) launchChecks(ch campaign.Channel) error {
+	for _, ps := range providerSpecs() {
+		if ps.channel == ch && ps.check != nil {
+			if err := ps.check(a); err != nil {
+				return err
+			}
 		}
 	}
-	if a.anySet("WEBHOOK_URL", "WEBHOOK_SECRET") {
-		p, err := webhook.New(webhook.Config{URL: a.getenv("WEBHOOK_URL"), Secret: a.getenv("WEBHOOK_SECRET"), Timeout: timeout})
-		if err != nil {
-			return providerSet{}, usageError{err}
-		}
-		if err := add(campaign.ChannelWebhook, p); err != nil {
-			return providerSet{}, err
-		}
+	return nil
+}
+
+// andList joins names as a sentence does: "A", "A and B", "A, B and C".
+func andList(names []string) string {
+	if len(names) < 2 {
+		return strings.Join(names, "")
 	}
-	if len(provs) == 0 {
-		return providerSet{}, usagef("no provider is configured: set TWILIO_ACCOUNT_SID, TWILIO_AUTH_TOKEN and TWILIO_FROM (sms), NETGSM_USERCODE, NETGSM_PASSWORD and NETGSM_HEADER (sms), SENDGRID_API_KEY and SENDGRID_FROM (email), GOOGLE_APPLICATION_CREDENTIALS (push), or WEBHOOK_URL and WEBHOOK_SECRET (webhook)")
-	}
-	return providerSet{primary: provs, fallback: fallback, rates: rates}, nil
+	return strings.Join(names[:len(names)-1], ", ") + " and " + names[len(names)-1]
 }
 
 func (a *app) anySet(names ...string) bool {

@@ -125,12 +125,12 @@ func (a *app) workers(ctx context.Context, o workersOptions) error {
 		return err
 	}
 	caps := map[string]float64{}
-	for _, ch := range []campaign.Channel{campaign.ChannelSMS, campaign.ChannelEmail, campaign.ChannelPush, campaign.ChannelWebhook} {
-		r, err := a.channelRate(ch)
+	for _, ch := range campaign.Channels() {
+		r, err := a.channelRate(ch.Name)
 		if err != nil {
 			return err
 		}
-		caps[string(ch)] = r
+		caps[string(ch.Name)] = r
 	}
 	exe, err := os.Executable()
 	if err != nil {

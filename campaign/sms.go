@@ -1,0 +1,34 @@
+package campaign
+
+import (
+	"fmt"
+
+	"github.com/campaignctl/campaignctl/providers"
+)
+
+// CheckSMSLength says why an SMS body cannot go out (nil when it can): more than maxSegments segments, or
+// more characters than providers take.
+func CheckSMSLength(body string, maxSegments int) error {
+	if maxSegments <= 0 {
+		maxSegments = DefaultMaxSegments
+	}
+	enc, n := providers.SMSSegments(body)
+	if units := utf16Len(body); units > MaxSMSChars {
+		return fmt.Errorf("is %d characters long, more than the %d an SMS provider takes; shorten it", units, MaxSMSChars)
+	}
+	if n > maxSegments {
+		return fmt.Errorf("takes %d SMS segments (%s), more than --max-segments %d; shorten it (a single Turkish letter such as ı makes the whole message UCS-2, 67 characters a segment) or raise --max-segments", n, enc, maxSegments)
+	}
+	return nil
+}
+
+func utf16Len(s string) int {
+	n := 0
+	for _, r := range s {
+		n++
+		if r >= 0x10000 {
+			n++
+		}
+	}
+	return n
+}

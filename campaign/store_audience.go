@@ -1,0 +1,219 @@
+package campaign
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgtype"
+)
+
+// stageAudience runs the audience query read-only and streams its rows into audience_stage.
+func (p *Planner) stageAudience(ctx context.Context, engineTx pgx.Tx, spec Spec, tmpl *Template) error {
+	atx, err := p.Audience.BeginTx(ctx, pgx.TxOptions{AccessMode: pgx.ReadOnly})
+	if err != nil {
+		return fmt.Errorf("audience database: %w", err)
+	}
+	defer atx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck
+	if _, err := atx.Exec(ctx, fmt.Sprintf(`SET LOCAL statement_timeout = %d`, spec.StatementTimeout.Milliseconds())); err != nil {
+		return fmt.Errorf("audience database: %w", err)
+	}
+	rows, cols, err := runAudience(ctx, atx, spec)
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+
+	src := &audienceSource{rows: rows, userIdx: -1, addrIdx: -1, canonical: spec.Channel.Spec().Canonical}
+	for i, name := range cols {
+		if name == "user_id" {
+			src.userIdx = i
+		}
+		if name == spec.Channel.AddressColumn() {
+			src.addrIdx = i // the same column as user_id for the webhook channel
+		}
+	}
+	src.names = cols
+	if len(cols) == 0 {
+		// No row description: the statement failed before returning any column, or is not a SELECT.
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return audienceError(err, spec.StatementTimeout, !spec.AllowPrivilegedAudience)
+		}
+		return fmt.Errorf("%w: the audience query returned no columns; it must be one SELECT returning user_id and %s", ErrInvalid, spec.Channel.AddressColumn())
+	}
+	if src.userIdx < 0 || src.addrIdx < 0 {
+		missing := "user_id"
+		if src.userIdx >= 0 {
+			missing = spec.Channel.AddressColumn()
+		}
+		return fmt.Errorf("%w: the audience query returns no %s column (it returns: %v); select it, e.g. `SELECT id AS user_id, gsm AS phone, ...`",
+			ErrInvalid, missing, cols)
+	}
+	if col := spec.Channel.OptInColumn(); col != "" && !slices.Contains(cols, col) {
+		return fmt.Errorf("%w: a %s audience must return the %s column (true for recipients who opted in; %s has no İYS consent), e.g. `SELECT id AS user_id, %s, notify AS %s, ...`",
+			ErrInvalid, spec.Channel, col, spec.Channel, spec.Channel.AddressColumn(), col)
+	}
+	keys := append(append([]string(nil), cols...), "campaign")
+	if spec.CodePool != "" {
+		keys = append(keys, "code")
+	}
+	if err := tmpl.Check(keys); err != nil {
+		return err
+	}
+	if _, err := engineTx.CopyFrom(ctx, pgx.Identifier{"audience_stage"}, []string{"ord", "user_id", "address", "vars"}, src); err != nil {
+		if src.err != nil {
+			return src.err
+		}
+		if rerr := rows.Err(); rerr != nil {
+			return audienceError(rerr, spec.StatementTimeout, !spec.AllowPrivilegedAudience)
+		}
+		return fmt.Errorf("plan: stage audience: %w", err)
+	}
+	return nil
+}
+
+// deniedTable finds the table in PostgreSQL's "permission denied for table x".
+var deniedTable = regexp.MustCompile(`permission denied for (?:table|view|materialized view) (\S+)`)
+
+func audienceError(err error, timeout time.Duration, restricted bool) error {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		switch {
+		case restricted && pgErr.Code == pgInsufficientPrivilege:
+			table := "customers"
+			if m := deniedTable.FindStringSubmatch(pgErr.Message); m != nil {
+				table = m[1]
+			}
+			return fmt.Errorf("%w: the audience query was refused what it asked for (%s): it runs as a role that may read only what it is granted, never the engine's own tables or the server's files and sessions. If that table is part of the audience, grant it: GRANT SELECT ON %s TO %s",
+				ErrInvalid, pgErr.Message, table, AudienceRole)
+		case strings.Contains(pgErr.Message, "within security-definer function"):
+			return fmt.Errorf("%w: the audience query tried to change its role (%s); it must be one plain SELECT", ErrInvalid, pgErr.Message)
+		case pgErr.Code == pgReadOnlySQLTransaction:
+			return fmt.Errorf("%w: the audience query tried to write (%s); it must be a read-only SELECT", ErrInvalid, pgErr.Message)
+		case pgErr.Code == pgQueryCanceled:
+			return fmt.Errorf("%w: the audience query ran longer than %v and was cancelled; add an index or narrow the query", ErrInvalid, timeout)
+		case pgErr.Code == pgSyntaxError && pgErr.Message == "cannot insert multiple commands into a prepared statement":
+			return fmt.Errorf("%w: the audience file holds more than one statement; it must be exactly one SELECT", ErrInvalid)
+		}
+		return fmt.Errorf("%w: the audience query failed: %s (SQLSTATE %s); fix the SQL in the --audience file", ErrInvalid, pgErr.Message, pgErr.Code)
+	}
+	return fmt.Errorf("audience query: %w", err)
+}
+
+// audienceSource adapts the audience rows to CopyFrom: it canonicalises the address (an invalid one
+// becomes NULL, to be excluded as invalid_address) and folds the other columns into the vars JSON.
+type audienceSource struct {
+	rows             pgx.Rows
+	names            []string
+	userIdx, addrIdx int
+	// canonical is the channel's (ChannelSpec.Canonical).
+	canonical func(raw string) (string, error)
+	ord       int64
+	err       error
+}
+
+func (s *audienceSource) Next() bool { return s.err == nil && s.rows.Next() }
+
+func (s *audienceSource) Values() ([]any, error) {
+	vals, err := s.rows.Values()
+	if err != nil {
+		s.err = fmt.Errorf("audience row %d: %w", s.ord+1, err)
+		return nil, s.err
+	}
+	s.ord++
+	for i, v := range vals {
+		if n := valueSize(v); n > MaxValueBytes {
+			user := "?"
+			if u := vals[s.userIdx]; u != nil {
+				user = toText(u)
+			}
+			s.err = fmt.Errorf("%w: audience row %d (user_id %.40s): the value of %s is %d KiB, more than %d KiB; select a shorter value (e.g. left(%s, 500))",
+				ErrInvalid, s.ord, user, s.names[i], n>>10, MaxValueBytes>>10, s.names[i])
+			return nil, s.err
+		}
+	}
+	var user, addr any
+	if u := vals[s.userIdx]; u != nil {
+		user = toText(u)
+	}
+	if raw := vals[s.addrIdx]; raw != nil {
+		if a, err := s.canonical(toText(raw)); err == nil {
+			addr = a
+		}
+	}
+	vars := make(map[string]any, len(vals))
+	for i, v := range vals {
+		if i == s.userIdx || i == s.addrIdx {
+			continue
+		}
+		vars[s.names[i]] = jsonValue(v)
+	}
+	b, err := json.Marshal(vars)
+	if err != nil {
+		s.err = fmt.Errorf("audience row %d: %w", s.ord, err)
+		return nil, s.err
+	}
+	return []any{s.ord, user, addr, json.RawMessage(b)}, nil
+}
+
+func (s *audienceSource) Err() error {
+	if s.err != nil {
+		return s.err
+	}
+	return s.rows.Err()
+}
+
+// valueSize is the size of a text or binary audience value (0 for others, which are small).
+func valueSize(v any) int {
+	switch v := v.(type) {
+	case string:
+		return len(v)
+	case []byte:
+		return len(v)
+	case map[string]any, []any:
+		b, _ := json.Marshal(v)
+		return len(b)
+	}
+	return 0
+}
+
+func toText(v any) string {
+	switch v := v.(type) {
+	case string:
+		return v
+	case int64:
+		return strconv.FormatInt(v, 10)
+	case int32:
+		return strconv.FormatInt(int64(v), 10)
+	case float64:
+		return strconv.FormatFloat(v, 'f', -1, 64)
+	case float32:
+		return strconv.FormatFloat(float64(v), 'f', -1, 32)
+	case [16]byte:
+		return fmt.Sprintf("%x-%x-%x-%x-%x", v[0:4], v[4:6], v[6:8], v[8:10], v[10:16])
+	case pgtype.Numeric:
+		if b, err := v.MarshalJSON(); err == nil {
+			return string(b)
+		}
+	}
+	return fmt.Sprint(v)
+}
+
+func jsonValue(v any) any {
+	switch v := v.(type) {
+	case [16]byte:
+		return toText(v)
+	case time.Time:
+		return v.Format(time.RFC3339)
+	}
+	return v
+}

@@ -1,0 +1,147 @@
+package campaign
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// classify gives every staged audience row its reason for exclusion (none: eligible) in the temporary
+// table audience_classified, and counts the rows by reason into rep. It returns the consents' version it
+// read before the consents (nil when İYS is not consulted).
+func (p *Planner) classify(ctx context.Context, tx pgx.Tx, spec Spec, tmpl *Template, rep *Report) (*int64, error) {
+	t0 := time.Now()
+	rule := spec.consentRule()
+	// Who got a message on this channel within the frequency cap, across campaigns (the partial index on
+	// sent_at finds them without touching the rest).
+	if _, err := tx.Exec(ctx, fmt.Sprintf(`CREATE TEMP TABLE recent_sends ON COMMIT DROP AS
+		SELECT DISTINCT s.address FROM campaign_recipients s JOIN campaigns c ON c.id = s.campaign_id
+		WHERE s.status = `+sqlSent+` AND s.sent_at > now() - interval '%d seconds' AND c.channel = '%s'`,
+		int64(spec.FrequencyCap/time.Second), spec.Channel)); err != nil {
+		return nil, fmt.Errorf("plan: recent sends: %w", err)
+	}
+
+	// The consents' version, read before the consents themselves: a change committed after this read
+	// moves the version past what the campaign keeps, so the leases read every consent again; one
+	// committed before it is seen by the classification below (see migration 0007).
+	var consentVersion *int64
+	if rule.checksIYS() {
+		var v int64
+		if err := tx.QueryRow(ctx, `SELECT version FROM iys_consents_version`).Scan(&v); err != nil {
+			return nil, fmt.Errorf("plan: consent version: %w", err)
+		}
+		consentVersion = &v
+	}
+
+	// Each row gets one reason, checked in this order; the first row (in query order) of a user, and the
+	// first valid user of a number, is the one kept.
+	// Addresses providers condemned (unregistered push tokens): joined only when the channel has any, so
+	// that a million-row audience does not probe an empty table a million times.
+	var invalidJoin, invalidTest string
+	var anyInvalid bool
+	if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM invalid_addresses WHERE channel = $1)`, spec.Channel).Scan(&anyInvalid); err != nil {
+		return nil, fmt.Errorf("plan: invalid addresses: %w", err)
+	}
+	if anyInvalid {
+		invalidJoin = `LEFT JOIN invalid_addresses ia ON ia.channel = ` + quoteLiteral(string(spec.Channel)) + ` AND ia.address = a.address`
+		invalidTest = ` OR ia.address IS NOT NULL`
+	}
+	if _, err := tx.Exec(ctx, `CREATE TEMP TABLE audience_classified ON COMMIT DROP AS
+		WITH u AS (
+			SELECT s.*, row_number() OVER (PARTITION BY user_id ORDER BY ord) AS urn FROM audience_stage s
+		), a AS (
+			SELECT u.*, row_number() OVER (
+				PARTITION BY (user_id IS NOT NULL AND urn = 1 AND address IS NOT NULL), address ORDER BY ord) AS arn
+			FROM u
+		)
+		SELECT a.ord, a.user_id, a.address, a.vars,
+			c.status AS c_status, c.source AS c_source, c.consent_date AS c_date, c.transaction_id AS c_txn,
+			coalesce(c.synced_at, c.updated_at) AS c_synced,
+			CASE WHEN a.user_id IS NULL THEN '`+ReasonMissingUser+`'
+			     WHEN a.urn > 1 THEN '`+ReasonDuplicateUser+`'
+			     WHEN a.address IS NULL`+invalidTest+` THEN '`+ReasonInvalidAddress+`'
+			     WHEN a.arn > 1 THEN '`+ReasonDuplicateAddress+`'
+			     WHEN `+missingValueTest(tmpl, spec.Channel)+` THEN '`+ReasonMissingValue+`'
+			     WHEN `+headerValueTest(tmpl, spec.Channel)+` THEN '`+ReasonInvalidValue+`'
+			     ELSE coalesce(`+rule.refusalSQL("c.status", "a.vars")+`,
+			          CASE WHEN r.address IS NOT NULL THEN '`+ReasonFrequencyCap+`' END)
+			END AS reason
+		FROM a LEFT JOIN iys_consents c ON `+rule.joinSQL("c", "a.address", quoteLiteral)+`
+		`+invalidJoin+`
+		LEFT JOIN recent_sends r ON r.address = a.address`); err != nil {
+		return nil, fmt.Errorf("plan: classify audience: %w", err)
+	}
+	p.step("classify", t0)
+
+	rows, err := tx.Query(ctx, `SELECT reason, count(*) FROM audience_classified GROUP BY reason`)
+	if err != nil {
+		return nil, fmt.Errorf("plan: %w", err)
+	}
+	for rows.Next() {
+		var reason *string
+		var n int64
+		if err := rows.Scan(&reason, &n); err != nil {
+			rows.Close()
+			return nil, fmt.Errorf("plan: %w", err)
+		}
+		rep.Audience += n
+		if reason == nil {
+			rep.Eligible = n
+		} else {
+			rep.Excluded[*reason] = n
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("plan: %w", err)
+	}
+	return consentVersion, nil
+}
+
+// missingValueTest is the SQL condition that a row lacks (NULL) a column the template uses: such a row
+// is excluded rather than sent "Merhaba <no value>". Field names come from the parsed template and are
+// passed as quoted literals.
+func missingValueTest(tmpl *Template, ch Channel) string {
+	var conds []string
+	for _, f := range tmpl.Fields() {
+		switch f {
+		case "code", "campaign", "user_id", ch.AddressColumn():
+			continue
+		}
+		conds = append(conds, "(a.vars->>"+quoteLiteral(f)+") IS NULL")
+	}
+	if len(conds) == 0 {
+		return "false"
+	}
+	return strings.Join(conds, " OR ")
+}
+
+// headerValueTest is the SQL condition that a value the message puts in a subject that travels as a header
+// (an e-mail's) holds a carriage return or a line feed: in a header that would start a header of its own
+// (Bcc: ...).
+func headerValueTest(tmpl *Template, ch Channel) string {
+	if !ch.Spec().SubjectHeader {
+		return "false"
+	}
+	var conds []string
+	for _, f := range tmpl.HeaderFields() {
+		conds = append(conds, "(a.vars->>"+quoteLiteral(f)+") ~ '[\r\n]'")
+	}
+	if len(conds) == 0 {
+		return "false"
+	}
+	return strings.Join(conds, " OR ")
+}
+
+// exclusions lists exclusion counts by reason, for a message.
+func exclusions(ex map[string]int64) string {
+	parts := make([]string, 0, len(ex))
+	for _, r := range slices.Sorted(maps.Keys(ex)) {
+		parts = append(parts, fmt.Sprintf("%s %d", r, ex[r]))
+	}
+	return strings.Join(parts, ", ")
+}

@@ -1,0 +1,116 @@
+package campaign
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/campaignctl/campaignctl/codes"
+)
+
+// insertRecipients writes the eligible rows of audience_classified as the campaign's recipients, each with
+// its batch number and, when the campaign has a code pool, one code reserved from it.
+func (p *Planner) insertRecipients(ctx context.Context, tx pgx.Tx, id int64, spec Spec, rep *Report) (err error) {
+	t0 := time.Now()
+	var inserted int64
+	if spec.CodePool != "" {
+		rep.CodesNeeded = rep.Eligible
+		// Serialise with code writers (see code_pools) while the cursor is read and the codes are taken: a
+		// writer still running could commit ids below the cursor. Once taken, any later writer gets higher
+		// ids, so the lock is a session lock released right after the reservation, not held through the
+		// rest of the plan (a dry run renders every message). Other launches on the pool wait on the pool
+		// row, locked until commit.
+		if _, err := tx.Exec(ctx, `SELECT pg_advisory_lock($1)`, codes.WriteLockKey); err != nil {
+			return fmt.Errorf("plan: %w", err)
+		}
+		unlocked := false
+		unlock := func() {
+			if !unlocked {
+				unlocked = true
+				if _, err := tx.Exec(context.WithoutCancel(ctx), `SELECT pg_advisory_unlock($1)`, codes.WriteLockKey); err != nil {
+					// An aborted transaction cannot unlock; closing the connection releases the lock and
+					// keeps the pool from handing out a connection that still holds it.
+					tx.Conn().Close(context.WithoutCancel(ctx)) //nolint:errcheck
+				}
+			}
+		}
+		defer unlock()
+		var cursor int64
+		if err := tx.QueryRow(ctx, `SELECT next_id FROM code_pools WHERE name = $1 FOR UPDATE`, spec.CodePool).Scan(&cursor); err != nil {
+			return fmt.Errorf("plan: %w", err)
+		}
+		// A released code that a recipient still holds is not free: only a faulty release leaves one (a
+		// recipient that keeps its code, filed as released all the same), and giving it out would fail
+		// this launch on the unique index of held codes. It leaves the free codes here, under the pool's
+		// lock, and the operator hears of it.
+		dropped, derr := tx.Exec(ctx, `DELETE FROM released_codes rc WHERE rc.pool = $1
+			AND EXISTS (SELECT 1 FROM campaign_recipients r WHERE r.code_id = rc.code_id)`, spec.CodePool)
+		if derr != nil {
+			return fmt.Errorf("plan: %w", derr)
+		}
+		if n := dropped.RowsAffected(); n > 0 && p.Log != nil {
+			p.Log.Warn("codes listed as released were still held by recipients; they are no longer counted free", "pool", spec.CodePool, "codes", n)
+		}
+		if err := tx.QueryRow(ctx, `SELECT (SELECT count(*) FROM promo_codes WHERE pool = $1 AND id > $2)
+			+ (SELECT count(*) FROM released_codes WHERE pool = $1)`, spec.CodePool, cursor).Scan(&rep.CodesFree); err != nil {
+			return fmt.Errorf("plan: %w", err)
+		}
+		if rep.CodesFree < rep.CodesNeeded {
+			return &PoolShortError{Pool: spec.CodePool, Needed: rep.CodesNeeded, Free: rep.CodesFree}
+		}
+		p.step("count", t0)
+		t0 = time.Now()
+		// Codes are matched to recipients by rank: released codes first, then fresh ones in id order; the
+		// cursor moves to the highest fresh code given out.
+		var maxID int64
+		err = tx.QueryRow(ctx, `
+			WITH rel AS (
+				DELETE FROM released_codes WHERE code_id IN (
+					SELECT code_id FROM released_codes WHERE pool = $2 ORDER BY code_id LIMIT $3)
+				RETURNING code_id
+			), fresh AS (
+				SELECT id, code FROM promo_codes WHERE pool = $2 AND id > $5 ORDER BY id LIMIT $3
+			), c AS (
+				SELECT id, code, row_number() OVER (ORDER BY src, id) AS rn
+				FROM (SELECT p.id, p.code, 0 AS src FROM rel JOIN promo_codes p ON p.id = rel.code_id
+				      UNION ALL SELECT id, code, 1 FROM fresh) u
+			), e AS (
+				SELECT user_id, address, vars, c_status, c_source, c_date, c_txn, c_synced, row_number() OVER (ORDER BY ord) AS rn
+				FROM audience_classified WHERE reason IS NULL
+			), ins AS (
+				INSERT INTO campaign_recipients (campaign_id, user_id, address, vars, code, code_id, batch,
+					consent_status, consent_source, consent_date, consent_txn, consent_synced_at)
+				SELECT $1, e.user_id, e.address, e.vars, c.code, c.id, (e.rn - 1) / $4,
+					e.c_status, e.c_source, e.c_date, e.c_txn, e.c_synced
+				FROM e JOIN c USING (rn)
+				RETURNING code_id
+			)
+			SELECT count(*), coalesce(max(code_id), 0) FROM ins`,
+			id, spec.CodePool, rep.Eligible, spec.BatchSize, cursor).Scan(&inserted, &maxID)
+		if err == nil && maxID > cursor {
+			_, err = tx.Exec(ctx, `UPDATE code_pools SET next_id = $2 WHERE name = $1`, spec.CodePool, maxID)
+		}
+		unlock()
+	} else {
+		var tag pgconn.CommandTag
+		tag, err = tx.Exec(ctx, `
+			INSERT INTO campaign_recipients (campaign_id, user_id, address, vars, batch,
+				consent_status, consent_source, consent_date, consent_txn, consent_synced_at)
+			SELECT $1, user_id, address, vars, (row_number() OVER (ORDER BY ord) - 1) / $2,
+				c_status, c_source, c_date, c_txn, c_synced
+			FROM audience_classified WHERE reason IS NULL`, id, spec.BatchSize)
+		inserted = tag.RowsAffected()
+	}
+	if err != nil {
+		return fmt.Errorf("plan: insert recipients: %w", err)
+	}
+	if inserted != rep.Eligible {
+		// Cannot happen under the pool lock; checked so that no recipient is ever planned without a code.
+		return &PoolShortError{Pool: spec.CodePool, Needed: rep.Eligible, Free: inserted}
+	}
+	p.step("insert recipients and reserve codes", t0)
+	return nil
+}
