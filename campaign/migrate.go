@@ -9,6 +9,8 @@ import (
 	"sort"
 	"strings"
 
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -77,6 +79,37 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool) ([]string, error) {
 		applied = append(applied, name)
 	}
 	return applied, nil
+}
+
+// ErrCreateDatabase: the server refused to create the engine database (wrapping its reason).
+var ErrCreateDatabase = errors.New("create database")
+
+// CreateDatabase creates the database cfg names when the server says it does not exist, connecting to the
+// server's postgres database as cfg's user. It reports whether it created it; a database created meanwhile
+// by another process counts as there. Other connection errors are returned as they are.
+func CreateDatabase(ctx context.Context, cfg *pgx.ConnConfig) (bool, error) {
+	conn, err := pgx.ConnectConfig(ctx, cfg)
+	if err == nil {
+		return false, conn.Close(ctx)
+	}
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) || pgErr.Code != "3D000" { // invalid_catalog_name: no such database
+		return false, err
+	}
+	admin := cfg.Copy()
+	admin.Database = "postgres"
+	aconn, err := pgx.ConnectConfig(ctx, admin)
+	if err != nil {
+		return false, err
+	}
+	defer aconn.Close(ctx)
+	if _, err := aconn.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{cfg.Database}.Sanitize()); err != nil {
+		if errors.As(err, &pgErr) && pgErr.Code == "42P04" { // duplicate_database: created meanwhile
+			return false, nil
+		}
+		return false, fmt.Errorf("%w %q: %w", ErrCreateDatabase, cfg.Database, err)
+	}
+	return true, nil
 }
 
 // ErrSchema: the engine database lacks the schema this binary needs.

@@ -6,7 +6,6 @@ import (
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/spf13/cobra"
 
 	"github.com/campaignctl/campaignctl/campaign"
@@ -52,27 +51,15 @@ func (a *app) ensureDatabase(ctx context.Context) error {
 	if err != nil {
 		return usagef("DATABASE_URL is not a valid Postgres URL (%s); use postgres://user[:password]@host:port/database", redact(a.dbURL()))
 	}
-	conn, err := pgx.ConnectConfig(ctx, cfg)
-	if err == nil {
-		return conn.Close(ctx)
+	created, err := campaign.CreateDatabase(ctx, cfg)
+	if errors.Is(err, campaign.ErrCreateDatabase) {
+		return err
 	}
-	var pgErr *pgconn.PgError
-	if !errors.As(err, &pgErr) || pgErr.Code != "3D000" {
+	if err != nil {
 		return dbError(err, cfg, "DATABASE_URL")
 	}
-	admin := cfg.Copy()
-	admin.Database = "postgres"
-	aconn, err := pgx.ConnectConfig(ctx, admin)
-	if err != nil {
-		return dbError(err, admin, "DATABASE_URL")
+	if created {
+		fmt.Fprintf(a.stdout, "created database %s\n", cfg.Database)
 	}
-	defer aconn.Close(ctx)
-	if _, err := aconn.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{cfg.Database}.Sanitize()); err != nil {
-		if errors.As(err, &pgErr) && pgErr.Code == "42P04" { // created meanwhile by another process
-			return nil
-		}
-		return fmt.Errorf("create database %q: %w", cfg.Database, err)
-	}
-	fmt.Fprintf(a.stdout, "created database %s\n", cfg.Database)
 	return nil
 }
