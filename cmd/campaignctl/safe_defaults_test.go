@@ -138,3 +138,26 @@ func dbName(u string) string {
 	}
 	return s
 }
+
+// migrate creates the engine database when the server has none of that name, and says so; run again, it
+// finds the schema up to date.
+func TestMigrateCreatesTheDatabase(t *testing.T) {
+	t.Parallel()
+	env, _ := badInputDB(t)
+	name := "campaignctl_new_" + randHex(4)
+	t.Cleanup(func() {
+		ctx := context.Background()
+		if c, err := pgx.Connect(ctx, testdb.AdminURL()); err == nil {
+			c.Exec(ctx, `DROP DATABASE IF EXISTS `+name+` WITH (FORCE)`) //nolint:errcheck
+			c.Close(ctx)
+		}
+	})
+	fresh := map[string]string{"DATABASE_URL": strings.Replace(env["DATABASE_URL"], dbName(env["DATABASE_URL"]), name, 1)}
+	out, stderr, code := cli(t, fresh, "migrate")
+	if code != 0 || !strings.Contains(out, "created database "+name) || !strings.Contains(out, "applied 0001_init") {
+		t.Fatalf("migrate of a database that does not exist: exit %d\n%s%s", code, out, stderr)
+	}
+	if out, _, code := cli(t, fresh, "migrate"); code != 0 || strings.TrimSpace(out) != "schema is up to date" {
+		t.Fatalf("second migrate: exit %d, %s", code, out)
+	}
+}
