@@ -23,13 +23,14 @@ type batchRun struct {
 	provider providers.Provider
 	limits   []limiter.Limit
 	// answerInNextClaim is set when no send waits for tokens: the claim script then also checks the
-	// provider's pause and writes the previous send's answer (answerDue), one Redis round trip per message.
+	// provider's pause and writes the previous sends' answers (answersDue), one Redis round trip per message
+	// (per window of messages, when they go out several at a time).
 	answerInNextClaim bool
 	// primary and secondary are the routes one-message sends take: the channel's provider, and its
 	// fallback (nil when none).
 	primary   route
 	secondary *route
-	answerDue *state.Answer
+	answersDue []state.Answer
 	// snapshots are the consent records read with the chunk's lease, by user, for the outcomes' audit.
 	snapshots map[string]campaign.ConsentRecord
 	tmpl      *campaign.Template
@@ -150,8 +151,12 @@ func (h *Handler) RunBatch(ctx context.Context, campaignID int64, batch int) err
 			stop = err
 			break
 		}
-		if batcher != nil && mode == modeSend {
-			err = h.deliverGroup(ctx, waitCtx, run, batcher, todo)
+		if mode == modeSend && (batcher != nil || h.windowed(run)) {
+			if batcher != nil {
+				err = h.deliverGroup(ctx, waitCtx, run, batcher, todo)
+			} else {
+				err = h.deliverWindowed(ctx, waitCtx, run, todo)
+			}
 			if errors.Is(err, state.ErrHalted) && run.halts == 0 {
 				run.halts++
 				queue = append(append([]campaign.Recipient(nil), todo...), queue...)
@@ -472,7 +477,7 @@ func (run *batchRun) inHand() []string {
 
 // flush writes buffered outcomes and advances the campaign's Redis counters by what actually changed.
 func (h *Handler) flush(ctx context.Context, run *batchRun) error {
-	h.settleAnswer(ctx, run)
+	h.settleAnswers(ctx, run)
 	for i := range run.pending {
 		o := &run.pending[i]
 		if o.Snapshot.Status == "" {

@@ -47,9 +47,15 @@ func (h *Handler) deliver(ctx, waitCtx context.Context, run *batchRun, r *campai
 		}
 		now := h.cfg.Now()
 		inflight := state.InFlightValue(now, h.cfg.Owner)
-		cl, err := h.state.ClaimSend(ctx, run.c, run.nonce, state.SendClaim{Key: key, Value: inflight, Addr: r.Address}, g, run.answerDue, rt.pauseKey, now)
+		var prev *state.Answer
+		if len(run.answersDue) == 1 {
+			prev = &run.answersDue[0]
+		} else {
+			h.settleAnswers(ctx, run)
+		}
+		cl, err := h.state.ClaimSend(ctx, run.c, run.nonce, state.SendClaim{Key: key, Value: inflight, Addr: r.Address}, g, prev, rt.pauseKey, now)
 		if err == nil || errors.Is(err, state.ErrHalted) || errors.Is(err, state.ErrEpoch) {
-			run.answerDue = nil // the script wrote it before anything else
+			run.answersDue = run.answersDue[:0] // the script wrote it before anything else
 		}
 		if errors.Is(err, state.ErrHalted) || errors.Is(err, state.ErrEpoch) {
 			return err
@@ -91,10 +97,10 @@ func (h *Handler) deliver(ctx, waitCtx context.Context, run *batchRun, r *campai
 		rt.m.Request(time.Since(start))
 		v, pe := judge(err)
 		if v == accepted {
-			run.answerDue = &state.Answer{Key: key, InFlight: inflight, Value: state.SentValue(res.MessageID, res.Segments)}
+			run.answersDue = append(run.answersDue, state.Answer{Key: key, InFlight: inflight, Value: state.SentValue(res.MessageID, res.Segments)})
 			if !rt.answerInNextClaim {
 				// A token wait may come before the next claim: the answer is written now.
-				h.settleAnswer(ctx, run)
+				h.settleAnswers(ctx, run)
 			}
 			o := campaign.Outcome{UserID: r.UserID, Status: campaign.StatusSent, MessageID: res.MessageID, Segments: res.Segments}
 			if rt.fallback {
@@ -198,15 +204,19 @@ func waitError(ctx, waitCtx context.Context, err error) error {
 	return waitForServices(fmt.Errorf("rate limiter: no send while Redis is unavailable: %w", err))
 }
 
-// settleAnswer writes the answer of the run's last send into its claim, when that has not happened yet.
-func (h *Handler) settleAnswer(ctx context.Context, run *batchRun) {
-	a := run.answerDue
-	if a == nil {
+// settleAnswers writes the answers of the run's last sends into their claims, when that has not happened
+// yet.
+func (h *Handler) settleAnswers(ctx context.Context, run *batchRun) {
+	if len(run.answersDue) == 0 {
 		return
 	}
-	run.answerDue = nil
-	if err := h.state.Settle(ctx, a.Key, run.nonce, a.InFlight, a.Value); err != nil {
-		h.log.Error("provider accepted but the claim could not be updated; Postgres will hold the outcome", "campaign_id", run.c.ID, "err", err)
+	keys, inflight, vals := make([]string, len(run.answersDue)), make([]string, len(run.answersDue)), make([]string, len(run.answersDue))
+	for i, a := range run.answersDue {
+		keys[i], inflight[i], vals[i] = a.Key, a.InFlight, a.Value
+	}
+	run.answersDue = run.answersDue[:0]
+	if err := h.state.SettleMany(ctx, keys, run.nonce, inflight, vals); err != nil {
+		h.log.Error("provider accepted but the claims could not be updated; Postgres will hold the outcomes", "campaign_id", run.c.ID, "recipients", len(keys), "err", err)
 	}
 }
 

@@ -82,7 +82,7 @@ func TestTakeoverAfterFailoverToALaggingReplicaSendsNobodyTwice(t *testing.T) {
 			}
 			replica.Lag()
 
-			cfg := Config{Store: f.store, Redis: rdb, Owner: "dead", LeaseTTL: 300 * time.Millisecond,
+			cfg := Config{Store: f.store, Redis: rdb, Owner: "dead", LeaseTTL: 300 * time.Millisecond, SendWindow: 1,
 				Providers: map[campaign.Channel]providers.Provider{campaign.ChannelSMS: f.provider}, ProviderRates: map[string]float64{}}
 			dead := NewHandler(cfg)
 			exited := make(chan struct{})

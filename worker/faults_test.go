@@ -25,7 +25,7 @@ func (f *fixture) faulty(t *testing.T, edit func(*Config)) (*Handler, *faults.St
 	t.Helper()
 	fr := faults.NewState(state.New(f.rdb, DefaultClaimTTL))
 	fs := faults.NewStore(f.store)
-	cfg := Config{Store: fs, Redis: f.rdb, State: fr, Owner: "faulty",
+	cfg := Config{Store: fs, Redis: f.rdb, State: fr, Owner: "faulty", SendWindow: 1,
 		Providers:     map[campaign.Channel]providers.Provider{campaign.ChannelSMS: f.provider},
 		ProviderRates: map[string]float64{}}
 	if edit != nil {

@@ -74,6 +74,10 @@ type Config struct {
 	// SendAttempts is how many times a transient provider error is retried in place, with back-off, before
 	// the rest of the batch is handed back to the queue. Default 3.
 	SendAttempts int
+	// SendWindow is how many one-message sends a batch run has out at once when no rate cap paces it: they
+	// are claimed together just before they go out, and a crash leaves at most that many in flight.
+	// Default DefaultSendWindow; 1 sends one at a time.
+	SendWindow int
 	// ChunkSize is how many recipients are sent between two reads of the campaign state and consents and
 	// two writes of outcomes to Postgres. Default 100; under a rate cap of R a second, at most max(5, R).
 	ChunkSize int
@@ -132,6 +136,9 @@ func NewHandler(cfg Config) *Handler {
 	}
 	if cfg.SendAttempts == 0 {
 		cfg.SendAttempts = 3
+	}
+	if cfg.SendWindow == 0 {
+		cfg.SendWindow = DefaultSendWindow
 	}
 	if cfg.ChunkSize == 0 {
 		cfg.ChunkSize = 100

@@ -191,7 +191,7 @@ func (p *gatedProvider) calls() int {
 // liveWorker starts a batch run of a worker that sends through p, and returns a channel that gets its
 // result.
 func (e *opsEnv) liveWorker(id int64, batch int, p providers.Provider) <-chan error {
-	h := worker.NewHandler(worker.Config{Store: e.store, Redis: e.rdb, Owner: "live",
+	h := worker.NewHandler(worker.Config{Store: e.store, Redis: e.rdb, Owner: "live", SendWindow: 1,
 		Providers: map[campaign.Channel]providers.Provider{campaign.ChannelSMS: p}, ProviderRates: map[string]float64{}})
 	done := make(chan error, 1)
 	go func() { done <- h.RunBatch(context.Background(), id, batch) }()

@@ -137,9 +137,11 @@ func fixtureSpec(name string) campaign.Spec {
 	}
 }
 
+// handler sends one message at a time (SendWindow 1), so that tests can tell which recipient a fault
+// or a crash met; the windowed path has tests of its own.
 func (f *fixture) handler(rdb redis.UniversalClient) *Handler {
 	return NewHandler(Config{
-		Store: f.store, Redis: rdb, Owner: "test",
+		Store: f.store, Redis: rdb, Owner: "test", SendWindow: 1,
 		Providers:     map[campaign.Channel]providers.Provider{campaign.ChannelSMS: f.provider},
 		ProviderRates: map[string]float64{},
 	})

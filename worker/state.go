@@ -21,6 +21,9 @@ type State interface {
 	// run's previous send); ClaimMany claims the recipients of one request, all or none.
 	ClaimSend(ctx context.Context, c *campaign.Campaign, nonce string, sc state.SendClaim, g state.Guard, prev *state.Answer, pauseKey string, now time.Time) (state.Claimed, error)
 	ClaimMany(ctx context.Context, c *campaign.Campaign, nonce string, scs []state.SendClaim, g state.Guard, now time.Time) ([]state.Claimed, error)
+	// ClaimWindow claims a window of sends about to go out together, after writing the answers of the
+	// window before and checking the provider's pause.
+	ClaimWindow(ctx context.Context, c *campaign.Campaign, nonce string, scs []state.SendClaim, g state.Guard, prev []state.Answer, pauseKey string, now time.Time) ([]state.Claimed, time.Duration, error)
 	// Take sets a claim that is not sent (skipped, unknown) unless one exists, which it returns.
 	Take(ctx context.Context, key, nonce, val string, g state.Guard) (old string, ours bool, err error)
 	// Settle and SettleMany write answers into claims we hold; Release and ReleaseMany delete claims

@@ -40,6 +40,12 @@ func (s *State) ClaimMany(ctx context.Context, c *campaign.Campaign, nonce strin
 	return cls, err
 }
 
+// ClaimWindow is state.Store.ClaimWindow under the rules.
+func (s *State) ClaimWindow(ctx context.Context, c *campaign.Campaign, nonce string, scs []state.SendClaim, g state.Guard, prev []state.Answer, pauseKey string, now time.Time) (cls []state.Claimed, pause time.Duration, err error) {
+	err = s.call(ctx, "ClaimWindow", func() (err error) { cls, pause, err = s.Store.ClaimWindow(ctx, c, nonce, scs, g, prev, pauseKey, now); return })
+	return cls, pause, err
+}
+
 // Take is state.Store.Take under the rules.
 func (s *State) Take(ctx context.Context, key, nonce, val string, g state.Guard) (old string, ours bool, err error) {
 	err = s.call(ctx, "Take", func() (err error) { old, ours, err = s.Store.Take(ctx, key, nonce, val, g); return })

@@ -265,19 +265,38 @@ func (c *Store) ClaimSend(ctx context.Context, camp *campaign.Campaign, nonce st
 // ClaimMany is ClaimSend for the recipients of one request, in one script call, without a pause check
 // or a previous answer: all of them are claimed, or (ErrEpoch, ErrHalted) none.
 func (c *Store) ClaimMany(ctx context.Context, camp *campaign.Campaign, nonce string, scs []SendClaim, g Guard, now time.Time) ([]Claimed, error) {
-	if len(scs) == 0 {
-		return nil, nil
+	cls, _, err := c.ClaimWindow(ctx, camp, nonce, scs, g, nil, "", now)
+	return cls, err
+}
+
+// ClaimWindow claims the recipients of a window of sends about to go out together, in one script call:
+// it first writes prev, the answers to the window before (whatever happens next), then, with pauseKey
+// set, checks the provider's pause (pause > 0: nothing claimed), then claims all of scs, or (ErrEpoch,
+// ErrHalted) none.
+func (c *Store) ClaimWindow(ctx context.Context, camp *campaign.Campaign, nonce string, scs []SendClaim, g Guard, prev []Answer, pauseKey string, now time.Time) (cls []Claimed, pause time.Duration, err error) {
+	if len(scs) == 0 && len(prev) == 0 {
+		return nil, 0, nil
 	}
-	check := "0"
+	check, checkPause := "0", "0"
 	if g.CheckHalt {
 		check = "1"
 	}
+	if pauseKey != "" {
+		checkPause = "1"
+	} else {
+		pauseKey = g.Halt // any key will do: it is not read
+	}
 	marks := len(markKeys(camp.Channel, "", now, camp.FrequencyCap))
-	keys := make([]string, 0, 2+len(scs)*(1+marks))
-	keys = append(keys, EpochKey, g.Halt)
-	args := make([]any, 0, 11+len(scs)*2)
+	keys := make([]string, 0, 3+len(prev)+len(scs)*(1+marks))
+	keys = append(keys, EpochKey, g.Halt, pauseKey)
+	args := make([]any, 0, 12+2*len(prev)+2*len(scs))
 	args = append(args, nonce+"/", c.ttl.Milliseconds(), g.Epoch, check, markOwner(camp, nonce), now.UnixMilli(),
-		marks, camp.FrequencyCap.Milliseconds(), markTTL(camp).Milliseconds(), nonce+"/"+ReasonValue(Skipped, campaign.ReasonFrequencyCap))
+		marks, camp.FrequencyCap.Milliseconds(), markTTL(camp).Milliseconds(), nonce+"/"+ReasonValue(Skipped, campaign.ReasonFrequencyCap),
+		checkPause, len(prev))
+	for _, a := range prev {
+		keys = append(keys, a.Key)
+		args = append(args, nonce+"/"+a.InFlight, nonce+"/"+a.Value)
+	}
 	for _, sc := range scs {
 		keys = append(keys, sc.Key)
 		keys = append(keys, markKeys(camp.Channel, sc.Addr, now, camp.FrequencyCap)...)
@@ -285,16 +304,19 @@ func (c *Store) ClaimMany(ctx context.Context, camp *campaign.Campaign, nonce st
 	}
 	res, err := claimManyScript.Run(ctx, c.rdb, keys, args...).StringSlice()
 	if err != nil {
-		return nil, fmt.Errorf("claims: %w", err)
+		return nil, 0, fmt.Errorf("claims: %w", err)
 	}
-	if len(res) == 1 && res[0] == "e" {
-		return nil, ErrEpoch
-	}
-	if len(res) == 1 && res[0] == "h" {
-		return nil, ErrHalted
+	switch {
+	case len(res) == 1 && res[0] == "e":
+		return nil, 0, ErrEpoch
+	case len(res) == 1 && res[0] == "h":
+		return nil, 0, ErrHalted
+	case len(res) == 2 && res[0] == "p":
+		ms, _ := strconv.ParseInt(res[1], 10, 64)
+		return nil, time.Duration(ms) * time.Millisecond, nil
 	}
 	if len(res) != len(scs) {
-		return nil, fmt.Errorf("claims: the script answered %d results for %d recipients", len(res), len(scs))
+		return nil, 0, fmt.Errorf("claims: the script answered %d results for %d recipients", len(res), len(scs))
 	}
 	out := make([]Claimed, len(scs))
 	for i, r := range res {
@@ -306,16 +328,19 @@ func (c *Store) ClaimMany(ctx context.Context, camp *campaign.Campaign, nonce st
 		case strings.HasPrefix(r, "c"):
 			out[i] = Claimed{Result: Capped, Old: r[1:]}
 		default:
-			return nil, fmt.Errorf("claims: the script answered %q", r)
+			return nil, 0, fmt.Errorf("claims: the script answered %q", r)
 		}
 	}
-	return out, nil
+	return out, 0, nil
 }
 
-// claimManyScript is claimSendScript for the recipients of one request, guarded once for all.
+// claimManyScript is claimSendScript for the recipients of one request, or of a window of sends, guarded
+// once for all, after writing the answers to the window before.
 //
 // KEYS[1] -> campaignctl:epoch
 // KEYS[2] -> campaign:<id>:halt
+// KEYS[3] -> limiter:pause:provider:<name> (read only when ARGV[11] is "1")
+// then the ARGV[12] claims whose answers are written first
 // then per recipient: its claim, followed by its ARGV[7] mark hashes (today's first)
 // ARGV[1] -> "<nonce>/"
 // ARGV[2] -> claim TTL in ms
@@ -327,23 +352,44 @@ func (c *Store) ClaimMany(ctx context.Context, camp *campaign.Campaign, nonce st
 // ARGV[8] -> the campaign's cap in ms
 // ARGV[9] -> the TTL of a day's mark hash in ms
 // ARGV[10] -> the claim value of a capped recipient, nonce included
+// ARGV[11] -> "1" to refuse (writing nothing but the answers) while the provider is paused
+// ARGV[12] -> how many answers come first
+// then per answer: the in-flight value it replaces and the answer (nonces included)
 // then per recipient: its pending claim value (nonce included) and its address
 //
-// Returns {"e"} or {"h"} (nothing written), or one result per recipient: "o" (ours), "x<value>" (an
-// existing claim) or "c<mark>" (capped; the claim records the skip).
+// Returns {"p", ms} (paused), {"e"} or {"h"} (nothing claimed; the answers are written all the same), or
+// one result per recipient: "o" (ours), "x<value>" (an existing claim) or "c<mark>" (capped; the claim
+// records the skip).
 var claimManyScript = redis.NewScript(`
+local na = tonumber(ARGV[12])
+for i = 1, na do
+  local key, inflight, val = KEYS[3 + i], ARGV[11 + 2 * i], ARGV[12 + 2 * i]
+  -- One write in the usual case; what it replaced decides whether it stands (as in settleManyScript).
+  local pv = redis.call("SET", key, val, "KEEPTTL", "GET")
+  if not pv then
+    redis.call("PEXPIRE", key, ARGV[2])
+  elseif pv ~= inflight and pv ~= val then
+    redis.call("SET", key, pv, "KEEPTTL")
+  end
+end
+if ARGV[11] == "1" then
+  local pt = redis.call("PTTL", KEYS[3])
+  if pt > 0 then return {"p", tostring(pt)} end
+end
 if redis.call("GET", KEYS[1]) ~= ARGV[3] then return {"e"} end
 if ARGV[4] == "1" and redis.call("EXISTS", KEYS[2]) == 1 then return {"h"} end
 local m = tonumber(ARGV[7])
-local n = (#KEYS - 2) / (1 + m)
+local first = 4 + na
+local n = (#KEYS - first + 1) / (1 + m)
 local p = string.len(ARGV[1])
 local now = tonumber(ARGV[6])
 local cap = tonumber(ARGV[8])
+local base = 12 + 2 * na
 local out = {}
 for i = 0, n - 1 do
-  local k = 3 + i * (1 + m)
-  local val = ARGV[11 + 2 * i]
-  local addr = ARGV[12 + 2 * i]
+  local k = first + i * (1 + m)
+  local val = ARGV[base + 1 + 2 * i]
+  local addr = ARGV[base + 2 + 2 * i]
   -- SET NX GET: one call takes a free claim and returns a taken one's value (Redis 7).
   local v = redis.call("SET", KEYS[k], val, "NX", "GET", "PX", ARGV[2])
   if v and string.sub(v, 1, p) == ARGV[1] and v ~= val then

@@ -1,0 +1,214 @@
+package worker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/campaignctl/campaignctl/campaign"
+	"github.com/campaignctl/campaignctl/internal/state"
+	"github.com/campaignctl/campaignctl/limiter"
+	"github.com/campaignctl/campaignctl/providers"
+)
+
+// DefaultSendWindow is how many one-message sends a batch run has out at once when nothing caps its pace.
+const DefaultSendWindow = 8
+
+// windowed says whether a run's chunk goes out a window at a time: a one-message provider without a
+// fallback, no rate cap to wait for between sends (a cap paces one send at a time), and a window above 1.
+func (h *Handler) windowed(run *batchRun) bool {
+	return h.cfg.SendWindow > 1 && run.provider != nil && run.secondary == nil && run.answerInNextClaim
+}
+
+// windowSend is one recipient of a window, with its message and the attempts it has had.
+type windowSend struct {
+	r       *campaign.Recipient
+	msg     providers.Message
+	attempt int
+}
+
+// deliverWindowed sends a chunk through a one-message provider up to SendWindow at a time. A window's
+// recipients are claimed in one script call just before their requests go out together (the same call
+// writes the answers of the window before and checks the provider's pause), and each answer is judged as a
+// single send's is (judge, settleRefusal). A crash loses at most the window in flight to `unknown`. A
+// recipient refused transiently goes back into the queue for a later window after a back-off; the others
+// of its window are not held up.
+func (h *Handler) deliverWindowed(ctx, waitCtx context.Context, run *batchRun, rs []campaign.Recipient) error {
+	queue := make([]windowSend, 0, len(rs))
+	for i := range rs {
+		r := &rs[i]
+		switch {
+		case r.Suspect:
+			if err := h.settleUnverifiable(ctx, run, r); err != nil {
+				return err
+			}
+			continue
+		case !r.Consent:
+			if err := h.close(ctx, run, r, state.ReasonValue(state.Skipped, campaign.ReasonRevoked)); err != nil {
+				return err
+			}
+			continue
+		}
+		msg, err := run.message(r)
+		if err != nil {
+			run.add(campaign.Outcome{UserID: r.UserID, Status: campaign.StatusFailed, Reason: "template: " + err.Error()})
+			run.m.Failed(1)
+			continue
+		}
+		queue = append(queue, windowSend{r: r, msg: msg, attempt: 1})
+	}
+	rt := &run.primary
+	g := run.guard
+	g.CheckHalt = true
+	var waitFrom time.Time // when the window began to wait for the provider's pause
+	for len(queue) > 0 {
+		if waitCtx.Err() != nil && ctx.Err() == nil {
+			return &RetryError{Err: errors.New("batch handed back (worker stopping or batch time used up)"), After: time.Second}
+		}
+		win := queue[:min(h.cfg.SendWindow, len(queue))]
+		queue = queue[len(win):]
+		if err := h.readyToSend(ctx, waitCtx, run, len(win), rt.limits...); err != nil {
+			return err
+		}
+		if waitFrom.IsZero() {
+			waitFrom = time.Now()
+		}
+		now := h.cfg.Now()
+		inflight := state.InFlightValue(now, h.cfg.Owner)
+		scs := make([]state.SendClaim, len(win))
+		for i, w := range win {
+			scs[i] = state.SendClaim{Key: ClaimKey(run.c.ID, w.r.UserID), Value: inflight, Addr: w.r.Address}
+		}
+		cls, pause, err := h.state.ClaimWindow(ctx, run.c, run.nonce, scs, g, run.answersDue, rt.pauseKey, now)
+		if err == nil || errors.Is(err, state.ErrHalted) || errors.Is(err, state.ErrEpoch) {
+			run.answersDue = run.answersDue[:0] // the script wrote them before anything else
+		}
+		if errors.Is(err, state.ErrHalted) || errors.Is(err, state.ErrEpoch) {
+			return err
+		}
+		if err != nil {
+			// The claims may have been written (the reply was lost): released once Redis answers, since
+			// nothing is sent under them.
+			for _, sc := range scs {
+				h.releaseLater(sc.Key, run.nonce, sc.Value)
+			}
+			h.log.Error("Redis is unreachable: no sends until it is back", "campaign_id", run.c.ID, "err", err)
+			return waitForServices(fmt.Errorf("no send while Redis is unavailable: %w", err))
+		}
+		if pause > 0 {
+			// The provider is paused (a 429 seen by some worker): nothing was claimed; wait it out.
+			if err := limiter.Sleep(waitCtx, pause); err != nil {
+				return waitError(ctx, waitCtx, err)
+			}
+			queue = append(win, queue...)
+			continue
+		}
+		// Each send of the window waited as long for the provider's limit (its pause, read by the claim).
+		if o := rt.m.ProviderWait(); o != nil {
+			for range win {
+				o.Observe(time.Since(waitFrom).Seconds())
+			}
+		}
+		waitFrom = time.Time{}
+		sends := win[:0:0]
+		for i, cl := range cls {
+			switch cl.Result {
+			case state.Taken:
+				rt.m.ClaimsRefused(1)
+				h.fromClaim(run, win[i].r.UserID, cl.Old)
+			case state.Capped:
+				run.add(campaign.Outcome{UserID: win[i].r.UserID, Status: campaign.StatusSkipped, Reason: campaign.ReasonFrequencyCap})
+				rt.m.Skipped(1)
+			default:
+				sends = append(sends, win[i])
+			}
+		}
+		retry, err := h.sendWindow(ctx, run, rt, sends, inflight, now)
+		if len(retry) > 0 {
+			queue = append(retry, queue...)
+		}
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// sendWindow sends the claimed recipients of one window at once and acts on every answer. It returns the
+// recipients to try again in a later window (refused transiently, attempts left, after the back-off it
+// waited), and the error that ends the chunk, if any: every answer of the window is acted on first.
+func (h *Handler) sendWindow(ctx context.Context, run *batchRun, rt *route, sends []windowSend, inflight string, now time.Time) ([]windowSend, error) {
+	type result struct {
+		res providers.Result
+		err error
+	}
+	results := make([]result, len(sends))
+	var wg sync.WaitGroup
+	for i := range sends {
+		wg.Go(func() {
+			start := time.Now()
+			res, err := rt.provider.Send(ctx, sends[i].msg)
+			rt.m.Request(time.Since(start))
+			results[i] = result{res, err}
+		})
+	}
+	wg.Wait()
+	var retry []windowSend
+	var stop error
+	var wait time.Duration
+	for i, w := range sends {
+		key := ClaimKey(run.c.ID, w.r.UserID)
+		v, pe := judge(results[i].err)
+		if v == accepted {
+			res := results[i].res
+			run.answersDue = append(run.answersDue, state.Answer{Key: key, InFlight: inflight, Value: state.SentValue(res.MessageID, res.Segments)})
+			run.add(campaign.Outcome{UserID: w.r.UserID, Status: campaign.StatusSent, MessageID: res.MessageID, Segments: res.Segments})
+			rt.m.Sent(1)
+			h.answered(run)
+			continue
+		}
+		if err := h.settleRefusal(ctx, run, rt.m, v, pe, oneInFlight(w.r.UserID, key, inflight, w.r.Address, now)); err != nil {
+			stop = firstErr(stop, err)
+			continue
+		}
+		switch v {
+		case notSent:
+			stop = firstErr(stop, results[i].err)
+		case accountRefused:
+			stop = firstErr(stop, accountError(pe))
+		case transient:
+			d, err := h.backOff(ctx, rt.provider.Name(), pe, w.attempt)
+			if err != nil {
+				stop = firstErr(stop, err)
+				continue
+			}
+			if w.attempt >= h.cfg.SendAttempts {
+				stop = firstErr(stop, h.giveUp(run, w.r, pe, d))
+				continue
+			}
+			wait = max(wait, d)
+			w.attempt++
+			retry = append(retry, w)
+		}
+	}
+	if stop != nil {
+		return nil, stop
+	}
+	if len(retry) > 0 {
+		h.log.Debug("transient provider errors; retrying after a back-off", "campaign_id", run.c.ID, "recipients", len(retry), "wait", wait)
+		if err := limiter.Sleep(ctx, wait); err != nil {
+			return nil, err
+		}
+	}
+	return retry, nil
+}
+
+// firstErr keeps the first error.
+func firstErr(first, next error) error {
+	if first != nil {
+		return first
+	}
+	return next
+}

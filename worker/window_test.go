@@ -1,0 +1,182 @@
+package worker
+
+import (
+	"context"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/campaignctl/campaignctl/campaign"
+	"github.com/campaignctl/campaignctl/internal/faults"
+	"github.com/campaignctl/campaignctl/internal/state"
+	"github.com/campaignctl/campaignctl/providers"
+)
+
+// windowedFixture is a planned campaign of n customers sent by a handler that has up to window sends out
+// at once (no cap: the windowed path), with its Redis state and Postgres store behind fault rules.
+func windowedFixture(t *testing.T, n, window int) (*fixture, *Handler, *faults.State, *faults.Store) {
+	t.Helper()
+	f := planWith(t, n, func(s *campaign.Spec) { s.BatchSize = 500 })
+	h, fr, fs := f.faulty(t, func(c *Config) { c.SendWindow = window; c.LeaseTTL = 300 * time.Millisecond })
+	return f, h, fr, fs
+}
+
+// Sends go out a window at a time, and everyone eligible gets exactly one message with its code; the
+// claims of a window are one call.
+func TestWindowedSendsEveryoneOnce(t *testing.T) {
+	t.Parallel()
+	f, h, fr, _ := windowedFixture(t, 100, 8) // 54 eligible, in one batch
+	calls := fr.Add(&faults.Rule{Match: faults.Method("ClaimWindow"), Kind: faults.Stall})
+	var inFlight, most atomic.Int64
+	f.provider.before = func(providers.Message) {
+		n := inFlight.Add(1)
+		for m := most.Load(); n > m && !most.CompareAndSwap(m, n); m = most.Load() {
+		}
+		time.Sleep(2 * time.Millisecond)
+		inFlight.Add(-1)
+	}
+	if err := h.RunBatch(context.Background(), f.id, 0); err != nil {
+		t.Fatal(err)
+	}
+	f.assertOnce(t)
+	c := f.counts(t)
+	if c.Sent != c.Planned || c.Pending != 0 || f.provider.total() != int(c.Planned) {
+		t.Fatalf("counts %+v, %d messages", c, f.provider.total())
+	}
+	if m := most.Load(); m < 2 || m > 8 {
+		t.Errorf("at most %d sends were out at once, want 2..8 (the window)", m)
+	}
+	// One call per window of a chunk (100 recipients a chunk, 8 a window), and the last answers written
+	// with the chunk's outcomes.
+	if n := calls.Hits(); n > (int(c.Planned)+7)/8+2 {
+		t.Errorf("%d claim calls for %d recipients in windows of 8", n, c.Planned)
+	}
+	for _, u := range []string{"u1", "u2", "u4"} {
+		v := f.rdb.Get(context.Background(), ClaimKey(f.id, u)).Val()
+		if st := state.ParseValueOf(v, Nonce(f.campaign(t))); st.Kind != state.Sent {
+			t.Errorf("%s's claim is %q, want the provider's answer", u, v)
+		}
+	}
+}
+
+// A window whose claim call fails (before Redis, or with its reply lost) sends nobody of it; everyone is
+// sent once once Redis answers.
+func TestWindowClaimFailureSendsNothing(t *testing.T) {
+	t.Parallel()
+	for _, kind := range []faults.Kind{faults.Fail, faults.LoseReply} {
+		t.Run(kind.String(), func(t *testing.T) {
+			t.Parallel()
+			f, h, fr, _ := windowedFixture(t, 40, 4) // 22 eligible
+			rule := fr.Add(&faults.Rule{Match: faults.Method("ClaimWindow"), Skip: 1, Times: 1, Kind: kind})
+			notFailure(t, h.RunBatch(context.Background(), f.id, 0))
+			if rule.Hits() != 1 || f.provider.total() != 4 {
+				t.Fatalf("fault hits %d, %d sent; want the first window of 4 only", rule.Hits(), f.provider.total())
+			}
+			waitUntil(t, 5*time.Second, "the lost window's claims to be released", func() bool {
+				n := 0
+				for _, u := range f.batchUsers(t, 0) {
+					v := f.rdb.Get(context.Background(), ClaimKey(f.id, u)).Val()
+					if state.ParseValueOf(v, Nonce(f.campaign(t))).Kind == state.InFlight {
+						n++
+					}
+				}
+				return n == 0
+			})
+			notFailure(t, h.RunBatch(context.Background(), f.id, 0))
+			f.assertOnce(t)
+			if c := f.counts(t); c.Sent != c.Planned || c.Pending != 0 {
+				t.Fatalf("counts %+v", c)
+			}
+		})
+	}
+}
+
+// A run dies with a window in flight (the provider accepted it; neither Redis nor Postgres took the
+// answers): once its lease expires, that window is unknown, never resent, and at most a window's worth;
+// the rest is sent once.
+func TestCrashLosesAtMostTheWindowInFlight(t *testing.T) {
+	t.Parallel()
+	f, h, fr, fs := windowedFixture(t, 40, 4)
+	var sends atomic.Int64
+	f.provider.before = func(providers.Message) {
+		if sends.Add(1) == 5 { // the second window is going out: from now on the run can write nothing
+			fr.Add(&faults.Rule{Kind: faults.Fail})
+			fs.Add(&faults.Rule{Match: faults.Method("Record", "ReleaseBatch"), Kind: faults.Fail})
+		}
+	}
+	notFailure(t, h.RunBatch(context.Background(), f.id, 0))
+	f.provider.before = nil
+	f.leaseExpired(t)
+	if _, err := f.h.Sweep(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	f.runAll(t)
+	f.assertOnce(t)
+	c := f.counts(t)
+	if c.Unknown == 0 || c.Unknown > 4 || c.Pending != 0 || c.Sent+c.Unknown != c.Planned {
+		t.Fatalf("counts %+v; want the window in flight (at most 4) unknown, everyone else sent", c)
+	}
+}
+
+// Transient refusals in a window are retried in a later window after a back-off, without holding up the
+// others; an unanswered send is unknown and never resent; a refused one fails with its reason.
+func TestWindowAnswersAreJudgedOneByOne(t *testing.T) {
+	t.Parallel()
+	f, h, _, _ := windowedFixture(t, 40, 8)
+	var first503 atomic.Bool
+	f.provider.fail = func(_ int, m providers.Message) error {
+		switch m.To {
+		case phone(2):
+			if first503.CompareAndSwap(false, true) {
+				return &providers.Error{Provider: "test", Status: 503, Class: providers.Transient}
+			}
+		case phone(4):
+			return &providers.Error{Provider: "test", Class: providers.Ambiguous, Err: context.DeadlineExceeded}
+		case phone(7):
+			return &providers.Error{Provider: "test", Status: 400, Code: 21211, Message: "invalid number", Class: providers.Permanent}
+		}
+		return nil
+	}
+	if err := h.RunBatch(context.Background(), f.id, 0); err != nil {
+		t.Fatal(err)
+	}
+	for u, want := range map[string]string{"u2": campaign.StatusSent, "u4": campaign.StatusUnknown, "u7": campaign.StatusFailed, "u1": campaign.StatusSent} {
+		if st, _, _ := f.status(t, u); st != want {
+			t.Errorf("%s: %s, want %s", u, st, want)
+		}
+	}
+	f.provider.fail = nil
+	if err := h.RunBatch(context.Background(), f.id, 0); err != nil {
+		t.Fatal(err)
+	}
+	if n := len(f.provider.accepted[phone(4)]); n != 1 {
+		t.Errorf("the unanswered u4 reached the provider %d times", n)
+	}
+	if n := len(f.provider.accepted[phone(2)]); n != 1 {
+		t.Errorf("u2 (refused once with a 503) was accepted %d times, want 1", n)
+	}
+	if c := f.counts(t); c.Pending != 0 || c.Unknown != 1 || c.Failed != 1 {
+		t.Fatalf("counts %+v", c)
+	}
+}
+
+// A provider paused by a 429 elsewhere holds the window back until the pause ends; nothing is claimed
+// meanwhile.
+func TestWindowWaitsOutAProviderPause(t *testing.T) {
+	t.Parallel()
+	f, h, _, _ := windowedFixture(t, 20, 8)
+	if err := h.bucket.Pause(context.Background(), state.ProviderBucket("test"), 300*time.Millisecond); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	if err := h.RunBatch(context.Background(), f.id, 0); err != nil {
+		t.Fatal(err)
+	}
+	if took := time.Since(start); took < 250*time.Millisecond {
+		t.Fatalf("the batch finished %v after a 300 ms pause began", took)
+	}
+	f.assertOnce(t)
+	if c := f.counts(t); c.Sent != c.Planned {
+		t.Fatalf("counts %+v", c)
+	}
+}
