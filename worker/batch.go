@@ -28,8 +28,8 @@ type batchRun struct {
 	answerInNextClaim bool
 	// primary and secondary are the routes one-message sends take: the channel's provider, and its
 	// fallback (nil when none).
-	primary   route
-	secondary *route
+	primary    route
+	secondary  *route
 	answersDue []state.Answer
 	// snapshots are the consent records read with the chunk's lease, by user, for the outcomes' audit.
 	snapshots map[string]campaign.ConsentRecord

@@ -42,7 +42,10 @@ func (s *State) ClaimMany(ctx context.Context, c *campaign.Campaign, nonce strin
 
 // ClaimWindow is state.Store.ClaimWindow under the rules.
 func (s *State) ClaimWindow(ctx context.Context, c *campaign.Campaign, nonce string, scs []state.SendClaim, g state.Guard, prev []state.Answer, pauseKey string, now time.Time) (cls []state.Claimed, pause time.Duration, err error) {
-	err = s.call(ctx, "ClaimWindow", func() (err error) { cls, pause, err = s.Store.ClaimWindow(ctx, c, nonce, scs, g, prev, pauseKey, now); return })
+	err = s.call(ctx, "ClaimWindow", func() (err error) {
+		cls, pause, err = s.Store.ClaimWindow(ctx, c, nonce, scs, g, prev, pauseKey, now)
+		return
+	})
 	return cls, pause, err
 }
 
