@@ -282,6 +282,7 @@ func TestConcurrencyLimit(t *testing.T) {
 		Faults: sandbox.Faults{RateTimeout: 1},
 	})
 	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel) // before the server's Close, which waits for the held requests
 	var held sync.WaitGroup
 	for i := range 2 {
 		held.Go(func() {
