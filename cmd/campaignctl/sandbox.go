@@ -1,8 +1,12 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"net"
+	"slices"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -21,6 +25,105 @@ type sandboxOptions struct {
 	iysRate               float64
 	iysPullLag            time.Duration
 	pprofAddr             string
+	// --limit, --limit-concurrency, --limit-segments and --outage, as given.
+	limits, concurrency, segments, outages []string
+}
+
+// pushback turns --limit, --limit-concurrency, --limit-segments and --outage into the sandbox's hidden
+// limits and outage windows.
+func (o *sandboxOptions) pushback() (map[string]sandbox.Limit, []sandbox.OutagePlan, error) {
+	limits := make(map[string]sandbox.Limit)
+	for _, f := range []struct {
+		flag   string
+		values []string
+		set    func(*sandbox.Limit, int)
+	}{
+		{"--limit", o.limits, func(l *sandbox.Limit, n int) { l.Rate = n }},
+		{"--limit-concurrency", o.concurrency, func(l *sandbox.Limit, n int) { l.Concurrency = n }},
+		{"--limit-segments", o.segments, func(l *sandbox.Limit, n int) { l.Segments = n }},
+	} {
+		for _, v := range f.values {
+			apis, val, err := parseAPIValue(v)
+			num := -1
+			if err == nil {
+				num, err = strconv.Atoi(val)
+			}
+			if err == nil && num < 0 {
+				err = errors.New("negative")
+			}
+			if err != nil {
+				return nil, nil, usagef("%s %q: %v; give API=N, e.g. twilio=800 (API: twilio, netgsm, sendgrid, fcm, webhook, a comma-separated list or all; N: a whole number, 0 for no limit)", f.flag, v, err)
+			}
+			for _, a := range apis {
+				l := limits[a]
+				f.set(&l, num)
+				limits[a] = l
+				if err := sandbox.ValidateLimits(map[string]sandbox.Limit{a: l}); err != nil {
+					return nil, nil, usagef("%s %q: %v", f.flag, v, err)
+				}
+			}
+		}
+	}
+	var plans []sandbox.OutagePlan
+	for _, v := range o.outages {
+		p, err := parseOutage(v)
+		if err != nil {
+			return nil, nil, usagef("--outage %q: %v; give API=DURATION[@START][/MODE], e.g. twilio=20s@10s or sendgrid=5s/reset "+
+				"(START: a duration after the sandbox starts or an RFC 3339 time, default now; MODE: 503, raw_503, reset or hang, default 503)", v, err)
+		}
+		plans = append(plans, p)
+	}
+	return limits, plans, nil
+}
+
+// parseAPIValue splits "API=VALUE", where API is one API, a comma-separated list of them or "all".
+func parseAPIValue(v string) (apis []string, value string, err error) {
+	i := strings.LastIndex(v, "=")
+	if i < 0 {
+		return nil, "", errors.New("no =")
+	}
+	names, value := strings.TrimSpace(v[:i]), strings.TrimSpace(v[i+1:])
+	if names == "all" {
+		return sandbox.APIs, value, nil
+	}
+	for _, n := range strings.Split(names, ",") {
+		n = strings.TrimSpace(n)
+		if !slices.Contains(sandbox.APIs, n) {
+			return nil, "", fmt.Errorf("unknown API %q", n)
+		}
+		apis = append(apis, n)
+	}
+	return apis, value, nil
+}
+
+// parseOutage reads API=DURATION[@START][/MODE].
+func parseOutage(v string) (sandbox.OutagePlan, error) {
+	i := strings.Index(v, "=")
+	if i < 0 {
+		return sandbox.OutagePlan{}, errors.New("no =")
+	}
+	apis, _, err := parseAPIValue(v[:i+1])
+	if err != nil {
+		return sandbox.OutagePlan{}, err
+	}
+	p := sandbox.OutagePlan{Only: strings.Join(apis, ",")}
+	spec := v[i+1:]
+	if j := strings.LastIndex(spec, "/"); j >= 0 {
+		p.Mode = sandbox.OutageMode(spec[j+1:])
+		spec = spec[:j]
+	}
+	dur, start, hasStart := strings.Cut(spec, "@")
+	if p.Duration, err = time.ParseDuration(dur); err != nil || p.Duration <= 0 {
+		return p, fmt.Errorf("duration %q: give a positive duration such as 20s", dur)
+	}
+	if hasStart {
+		if p.After, err = time.ParseDuration(start); err != nil {
+			if p.Start, err = time.Parse(time.RFC3339Nano, start); err != nil {
+				return p, fmt.Errorf("start %q: give a duration such as 10s or an RFC 3339 time", start)
+			}
+		}
+	}
+	return p, p.Validate()
 }
 
 func (o *sandboxOptions) validate() error {
@@ -73,14 +176,40 @@ func (a *app) newSandboxCmd() *cobra.Command {
 Every accepted message is recorded: GET /_sandbox/messages, GET /_sandbox/stats,
 POST /_sandbox/faults (JSON, e.g. {"rate_503":0.05}; "only":"twilio" aims them at one API), POST /_sandbox/reset.
 
+Pushback, per API (twilio, netgsm, sendgrid, fcm, webhook; a comma-separated list, or all), for testing
+how senders cope with a provider that pushes back:
+  --limit twilio=800              a hidden rate limit: above 800 requests in any one second (all connections
+                                  together) a request gets the provider's 429 with no Retry-After (Twilio code
+                                  20429; SendGrid's X-RateLimit-Limit/Remaining/Reset; FCM QUOTA_EXCEEDED;
+                                  Netgsm code 80 in a 200) and is not recorded
+  --limit-concurrency twilio=100  at most 100 requests in flight, the excess refused the same way
+  --limit-segments twilio=1000    at most 1000 SMS segments a second (Twilio counts MPS in segments)
+  --outage twilio=20s@10s/503     a hard outage: 10s after the start, for 20s, every request to the API fails
+                                  (503: the provider's JSON 503; raw_503: an HTML 503; reset: the connection is
+                                  reset; hang: no answer until the client gives up), then it recovers by itself;
+                                  START may be an RFC 3339 time, and leaving out @START means now
+At runtime: GET/POST /_sandbox/limits ({"only":"twilio","rate":800,"concurrency":0,"segments":0}),
+GET/POST /_sandbox/outages ({"only":"twilio","mode":"503","after_ms":0,"duration_ms":20000}; "start" takes an
+RFC 3339 time; no duration: until stopped), POST /_sandbox/outages/stop ({"only":"twilio"}, or no body for all).
+GET /_sandbox/timeline[?api=twilio][&since=UNIX] counts, per second of the sandbox's clock, the requests
+accepted, hung and refused by reason (limit, concurrency, segments, outage, rate, fault_429, fault_500,
+fault_503, fault_raw_503, fault_reset, request) and gone, with the totals, the limits and the outage windows;
+GET /_sandbox/stats lists the outage windows too. Injected faults (--fail-*) apply to what the limits let
+through.
+
 Magic numbers fail permanently with Twilio's code: +905550021211 (invalid), +905550021610 (opted out),
 +905550021614 (not mobile), +905550021408, +905550021606, +905550021635; +905550030003 (and 30005, 30006,
 30007) are accepted and then undelivered. E-mail addresses starting bounce+, drop+ or defer+ are accepted
 and then bounce, are dropped or deferred.`,
-		Example: `  campaignctl sandbox --addr 127.0.0.1:8025 --fail-503 0.05 --fail-429 0.02 --latency 20ms`,
-		Args:    cobra.NoArgs,
+		Example: `  campaignctl sandbox --addr 127.0.0.1:8025 --fail-503 0.05 --fail-429 0.02 --latency 20ms
+  campaignctl sandbox --limit twilio=800 --limit sendgrid=20 --outage twilio=20s@10s --fail-500 0.01`,
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := o.validate(); err != nil {
+				return err
+			}
+			limits, outages, err := o.pushback()
+			if err != nil {
 				return err
 			}
 			log := a.logger()
@@ -103,6 +232,8 @@ and then bounce, are dropped or deferred.`,
 				IYSPassword:      a.getenv("IYS_PASSWORD"),
 				IYSRate:          o.iysRate,
 				IYSPullLag:       pullLag(o.iysPullLag),
+				Limits:           limits,
+				Outages:          outages,
 			})
 			fmt.Fprintf(a.stderr, "sandbox listening on http://%s (TWILIO_BASE_URL, SENDGRID_BASE_URL and FCM_BASE_URL=http://%s)\n", o.addr, o.addr)
 			if o.sendgridEventURL != "" {
@@ -142,6 +273,10 @@ and then bounce, are dropped or deferred.`,
 	f.DurationVar(&o.iysPullLag, "iys-pull-lag", time.Hour, "how recent a consent change may be and still be left out of the İYS pull (İYS: 1h); 0 = none")
 	f.StringVar(&o.pprofAddr, "pprof-addr", "", "serve Go's profiles at http://ADDR/debug/pprof/ on a loopback address (for benchmarks); empty: none")
 	f.DurationVar(&o.receiptDelay, "receipt-delay", 200*time.Millisecond, "how long after acceptance delivery receipts are sent")
+	f.StringArrayVar(&o.limits, "limit", nil, "API=R: a hidden limit of R requests in any one second, over it the provider's 429 without Retry-After (repeatable; API may be a comma-separated list or all)")
+	f.StringArrayVar(&o.concurrency, "limit-concurrency", nil, "API=N: at most N requests in flight, the excess refused with the provider's 429 without Retry-After (repeatable)")
+	f.StringArrayVar(&o.segments, "limit-segments", nil, "twilio=S: at most S SMS segments a second, the excess refused with 429 code 20429 without Retry-After")
+	f.StringArrayVar(&o.outages, "outage", nil, "API=DURATION[@START][/MODE]: every request fails for DURATION from START (a duration after the start, or an RFC 3339 time; default now); MODE 503 (default), raw_503, reset or hang (repeatable)")
 	return cmd
 }
 

@@ -48,13 +48,65 @@
 // validation and the magic numbers. So faults hit only authenticated, in-rate traffic, and the timeout
 // fault hangs only messages that would have been accepted (an invalid one gets its 400).
 //
+// # Pushback: hidden limits, outages and the timeline
+//
+// For testing how a sender keeps going when a provider pushes back, every API (twilio, netgsm, sendgrid,
+// fcm, webhook) can have, from Options or at runtime:
+//
+//   - A hidden rate limit (Limit.Rate, --limit twilio=800): at most R requests in any one second, a
+//     sliding window on the sandbox's clock over all connections and credentials together. A request over
+//     it gets the provider's own 429 and no Retry-After, and is not recorded: Twilio's
+//     {"code":20429,"message":"Too Many Requests",...}; SendGrid's documented 429 with X-RateLimit-Limit,
+//     X-RateLimit-Remaining 0 and X-RateLimit-Reset (the Unix second a place frees) and the body
+//     {"errors":[{"field":null,"message":"too many requests"}]}; FCM's 429 RESOURCE_EXHAUSTED with
+//     QUOTA_EXCEEDED; the webhook receiver's 429 {"error":"too many requests"}; Netgsm's code 80 in a
+//     200, as Netgsm says it. Refused requests do not count; each one that passes does, whatever comes
+//     next (an injected fault, a 400).
+//   - A hidden concurrency limit (Limit.Concurrency, --limit-concurrency twilio=100): at most N requests
+//     in flight, counted from arrival to answer (the latency and the timeout fault's hang included); the
+//     excess is refused at once, the same way. Twilio's 20429 is this limit.
+//   - Twilio only, a segment limit (Limit.Segments, --limit-segments twilio=1000): at most S SMS
+//     segments in any one second, counting each valid message's Body as num_segments does (Twilio's MPS
+//     counts segments). A message longer than S passes only into an empty second.
+//   - Outage windows (OutagePlan, --outage twilio=20s@10s/503): from a time, or a delay after now, for a
+//     duration (or until stopped), every request to the API fails as the mode says: 503 (the
+//     provider's JSON 503, no Retry-After), raw_503 (an HTML 503), reset (a TCP reset once the request is
+//     read) or hang (no answer until the client gives up); nothing is recorded, then the API recovers
+//     by itself. The windows, with what each refused, are in Stats.Outages and GET /_sandbox/outages. A
+//     refused connection cannot be imitated for one API of a shared listener: reset is the nearest, and
+//     a client sees its request written.
+//
+// The checks of a request run in this order: an outage and the concurrency limit at the door (before
+// the latency, and the outage again after it), authentication, the per-account cap (TwilioRate,
+// SendGridRate, FCMRate), the hidden rate limit, the body, injected faults, validation and the magic
+// recipients, Twilio's segment limit, acceptance. So injected faults combine with the limits: they hit
+// what the limits let through.
+//
+// GET /_sandbox/timeline (Timeline) counts per second of the sandbox's clock what became of the
+// requests of each API: accepted, hung, refused by reason (limit, concurrency, segments, outage, rate,
+// fault_429, fault_500, fault_503, fault_raw_503, fault_reset, request) and gone (the client left during
+// the latency), with the messages and segments recorded. Each request counts once, in the second it
+// was stamped: when it passed the hidden rate limit if its API has one, so that no second shows more
+// accepted than the limit. The seconds add up to the totals, and the totals to Stats.Requests.
+//
 // # Control API
 //
 //	GET  /_sandbox/messages[?to=+90...]  accepted messages, in order (JSON array)
 //	GET  /_sandbox/stats                 Stats as JSON
 //	GET  /_sandbox/faults                the current Faults
 //	POST /_sandbox/faults                replace the Faults (JSON body)
-//	POST /_sandbox/reset                 clear the message log, the stats and the rate buckets
+//	POST /_sandbox/reset                 clear the message log, the stats, the timeline and the rate buckets
+//	GET  /_sandbox/limits                every API's Limit: {"twilio":{"rate":800,"concurrency":0,"segments":0},...}
+//	POST /_sandbox/limits                {"only":"twilio","rate":800,"concurrency":50,"segments":0}: replace the
+//	                                     named APIs' limits (only: comma-separated, empty for all; 0: none)
+//	GET  /_sandbox/outages               the outage windows, scheduled, active and over ([]OutageWindow)
+//	POST /_sandbox/outages               {"only":"twilio","mode":"503","start":"2026-03-02T10:00:00Z","after_ms":0,
+//	                                     "duration_ms":20000}: open a window per API (no start: after_ms from now;
+//	                                     no duration: until stopped); answers the windows made
+//	POST /_sandbox/outages/stop          {"only":"twilio"}, or no body for all: end the active windows now and
+//	                                     cancel those not begun
+//	GET  /_sandbox/timeline              Timeline; ?api=twilio,sendgrid sums those APIs only, ?since= (Unix
+//	                                     seconds or RFC 3339) leaves out the seconds before
 //	GET  /_sandbox/receipts/stats        ReceiptStats as JSON (the status callbacks sent, failed, ...)
 //	GET  /_sandbox/receipts              the current ReceiptSettings
 //	POST /_sandbox/receipts              change them: {"delay_ms":50} or {"off":true}, for what is accepted next

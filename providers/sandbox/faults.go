@@ -130,11 +130,7 @@ func hang(r *http.Request) {
 // closes it with SO_LINGER 0, so the client sees a TCP reset rather than an orderly close; where the
 // connection cannot be hijacked it aborts the handler, which closes it (or resets the HTTP/2 stream).
 func resetConn(w http.ResponseWriter) {
-	hj, ok := w.(http.Hijacker)
-	if !ok {
-		panic(http.ErrAbortHandler)
-	}
-	conn, _, err := hj.Hijack()
+	conn, _, err := http.NewResponseController(w).Hijack()
 	if err != nil {
 		panic(http.ErrAbortHandler)
 	}

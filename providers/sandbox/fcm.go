@@ -236,8 +236,11 @@ type fcmNotification struct {
 
 // fcmSend imitates POST /v1/projects/{project}/messages:send.
 func (s *Server) fcmSend(w http.ResponseWriter, r *http.Request) {
-	s.log.request()
-	sleep(r.Context(), s.opts.Latency)
+	w, done, ok := s.arrive(w, r, apiFCM, true)
+	defer done()
+	if !ok {
+		return
+	}
 	project := r.PathValue("project")
 
 	if !s.fcm.authorized(r, time.Now()) {
@@ -250,9 +253,13 @@ func (s *Server) fcmSend(w http.ResponseWriter, r *http.Request) {
 	if !s.fcm.limiter.allow(project) {
 		// The bucket refills one token every 1/rate seconds: that is the earliest a retry can pass.
 		wait := max(1, int(math.Ceil(1/s.opts.FCMRate)))
+		mark(w, outRate)
 		w.Header().Set("Retry-After", strconv.Itoa(wait))
 		s.fcmError(w, project, "", http.StatusTooManyRequests, "RESOURCE_EXHAUSTED", fcmQuotaExceeded,
 			"Quota exceeded for quota metric 'Messages per minute' of service 'fcm.googleapis.com'.")
+		return
+	}
+	if s.overRate(w, r) {
 		return
 	}
 	data, err := io.ReadAll(http.MaxBytesReader(w, r.Body, fcmMaxRequest))
@@ -262,7 +269,11 @@ func (s *Server) fcmSend(w http.ResponseWriter, r *http.Request) {
 	}
 
 	hangAfterAccept := false
-	switch s.faults.Load().pick("fcm") {
+	f := s.faults.Load().pick("fcm")
+	if f != noFault && f != faultTimeout {
+		mark(w, faultOutcome(f))
+	}
+	switch f {
 	case fault429:
 		w.Header().Set("Retry-After", "1")
 		s.fcmError(w, project, "", http.StatusTooManyRequests, "RESOURCE_EXHAUSTED", fcmQuotaExceeded, "Quota exceeded.")
@@ -324,7 +335,9 @@ func (s *Server) fcmSend(w http.ResponseWriter, r *http.Request) {
 		m.Subject, m.Body = n.Title, n.Body
 	}
 	s.log.accept(m)
+	recorded(w, 1, 0)
 	if hangAfterAccept {
+		mark(w, outHung)
 		s.fcmLogRequest(project, target, 0, "")
 		hang(r)
 		return

@@ -58,6 +58,9 @@ type Stats struct {
 	// throughput is measured over.
 	FirstAcceptedAt time.Time `json:"first_accepted_at"`
 	LastAcceptedAt  time.Time `json:"last_accepted_at"`
+	// Outages are the outage windows, scheduled, active and over, with what each refused; absent when
+	// there were none. A Reset keeps them.
+	Outages []OutageWindow `json:"outages,omitempty"`
 }
 
 // internLimit bounds the table of shared account SIDs and senders: campaigns use a handful, and a

@@ -41,6 +41,7 @@ type netgsmAnswer struct {
 }
 
 func (s *Server) netgsmError(w http.ResponseWriter, status int, code, description string) {
+	mark(w, outRequest) // Netgsm refuses in a 200 too: the status does not tell
 	n, _ := strconv.Atoi(code)
 	s.log.rejected(status, n)
 	writeJSON(w, status, netgsmAnswer{Code: code, Description: description})
@@ -52,8 +53,11 @@ func (s *Server) netgsmError(w http.ResponseWriter, status int, code, descriptio
 // Every number is recorded as +90 and the number, so duplicates count across providers. The magic numbers
 // of the Twilio fake fail here as an İYS refusal (code 50).
 func (s *Server) netgsmSend(w http.ResponseWriter, r *http.Request) {
-	s.log.request()
-	sleep(r.Context(), s.opts.Latency)
+	w, done, ok := s.arrive(w, r, apiNetgsm, true)
+	defer done()
+	if !ok {
+		return
+	}
 	if r.Method != http.MethodPost {
 		s.netgsmError(w, http.StatusMethodNotAllowed, netgsmParams, "Method not allowed")
 		return
@@ -63,6 +67,9 @@ func (s *Server) netgsmSend(w http.ResponseWriter, r *http.Request) {
 		(s.opts.NetgsmUserCode != "" && user != s.opts.NetgsmUserCode) ||
 		(s.opts.NetgsmPassword != "" && subtle.ConstantTimeCompare([]byte(pass), []byte(s.opts.NetgsmPassword)) != 1) {
 		s.netgsmError(w, http.StatusOK, netgsmAuth, "Geçersiz kullanıcı adı, şifre veya kullanıcınızın API erişim izni yok.")
+		return
+	}
+	if s.overRate(w, r) {
 		return
 	}
 	var req struct {
@@ -80,7 +87,11 @@ func (s *Server) netgsmSend(w http.ResponseWriter, r *http.Request) {
 	}
 
 	hangAfterAccept := false
-	switch s.faults.Load().pick("netgsm") {
+	f := s.faults.Load().pick("netgsm")
+	if f != noFault && f != faultTimeout {
+		mark(w, faultOutcome(f))
+	}
+	switch f {
 	case fault429:
 		s.netgsmError(w, http.StatusOK, netgsmRate, "Gönderim hız sınırı aşıldı.")
 		return
@@ -132,8 +143,10 @@ func (s *Server) netgsmSend(w http.ResponseWriter, r *http.Request) {
 			Status: "queued", At: time.Now().UTC(), Hung: hangAfterAccept, IYSFilter: req.IYSFilter}
 		_, msg.NumSegments = providers.SMSSegments(m.Msg)
 		s.log.accept(msg)
+		recorded(w, 1, msg.NumSegments)
 	}
 	if hangAfterAccept {
+		mark(w, outHung)
 		hang(r)
 		return
 	}

@@ -147,8 +147,11 @@ type sendgridMail struct {
 
 // sendgridMailSend imitates POST /v3/mail/send.
 func (s *Server) sendgridMailSend(w http.ResponseWriter, r *http.Request) {
-	s.log.request()
-	sleep(r.Context(), s.opts.Latency)
+	w, done, ok := s.arrive(w, r, apiSendGrid, true)
+	defer done()
+	if !ok {
+		return
+	}
 
 	if r.Method != http.MethodPost {
 		w.Header().Set("Allow", http.MethodPost)
@@ -161,7 +164,11 @@ func (s *Server) sendgridMailSend(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if !s.sendgrid.limiter.allow(key) {
+		mark(w, outRate)
 		s.sendgridTooManyRequests(w, time.Duration(float64(time.Second)/s.opts.SendGridRate))
+		return
+	}
+	if s.overRate(w, r) {
 		return
 	}
 	raw, tooLarge, err := readSendgridBody(r)
@@ -175,7 +182,11 @@ func (s *Server) sendgridMailSend(w http.ResponseWriter, r *http.Request) {
 	}
 
 	hangAfterAccept := false
-	switch s.faults.Load().pick("sendgrid") {
+	f := s.faults.Load().pick("sendgrid")
+	if f != noFault && f != faultTimeout {
+		mark(w, faultOutcome(f))
+	}
+	switch f {
 	case fault429:
 		s.sendgridTooManyRequests(w, time.Second)
 		return
@@ -218,6 +229,7 @@ func (s *Server) sendgridMailSend(w http.ResponseWriter, r *http.Request) {
 	if m.MailSettings.SandboxMode.Enable {
 		// SendGrid's own sandbox mode: valid, not delivered, not recorded.
 		if hangAfterAccept {
+			mark(w, outHung)
 			hang(r)
 			return
 		}
@@ -227,8 +239,9 @@ func (s *Server) sendgridMailSend(w http.ResponseWriter, r *http.Request) {
 	}
 
 	id := newSendgridID()
-	s.sendgridAccept(&m, id, now.UTC(), hangAfterAccept)
+	recorded(w, s.sendgridAccept(&m, id, now.UTC(), hangAfterAccept), 0)
 	if hangAfterAccept {
+		mark(w, outHung)
 		s.sendgridLogRequest(&m, 0)
 		hang(r)
 		return
@@ -418,8 +431,8 @@ func sendgridASCII(s string) bool {
 }
 
 // sendgridAccept records every recipient of m as a Message, with the substitutions of its
-// personalization applied, and queues its events.
-func (s *Server) sendgridAccept(m *sendgridMail, id string, at time.Time, hung bool) {
+// personalization applied, and queues its events. It returns the number of messages recorded.
+func (s *Server) sendgridAccept(m *sendgridMail, id string, at time.Time, hung bool) int {
 	var text, html string
 	for _, c := range m.Content {
 		switch {
@@ -431,6 +444,7 @@ func (s *Server) sendgridAccept(m *sendgridMail, id string, at time.Time, hung b
 	}
 	emit := s.sendgrid.events.enabled()
 	var events []map[string]any
+	recorded := 0
 	for i, p := range m.Personalizations {
 		subject, body, htmlBody := p.Subject, text, html
 		if subject == "" {
@@ -470,6 +484,7 @@ func (s *Server) sendgridAccept(m *sendgridMail, id string, at time.Time, hung b
 					At:       at,
 					Hung:     hung,
 				})
+				recorded++
 				if emit {
 					events = append(events, sendgridEvents(a.Email, sgID, at, args, m.Categories)...)
 				}
@@ -477,6 +492,7 @@ func (s *Server) sendgridAccept(m *sendgridMail, id string, at time.Time, hung b
 		}
 	}
 	s.sendgrid.events.enqueue(events)
+	return recorded
 }
 
 // sendgridErrorItem and sendgridErrorBody are SendGrid's error answer.

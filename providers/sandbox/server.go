@@ -47,6 +47,15 @@ type Options struct {
 	// FCMRate caps each project's messages per second; the excess gets a real 429 QUOTA_EXCEEDED. 0 = no cap.
 	FCMRate float64
 
+	// Limits are the hidden limits per API, keyed by its name in APIs ("twilio", "netgsm", "sendgrid",
+	// "fcm", "webhook"): the provider's 429 without Retry-After over a rate, a number of requests in
+	// flight, or (Twilio) SMS segments a second. Change them later with SetLimits. New panics on an
+	// entry ValidateLimits refuses.
+	Limits map[string]Limit
+	// Outages are outage windows, their After counted from New. Add more later with StartOutage. New
+	// panics on a plan its Validate refuses.
+	Outages []OutagePlan
+
 	// ReceiptDelay is how long after acceptance delivery receipts (Twilio status callbacks, SendGrid
 	// events) are sent. Default 200 ms.
 	ReceiptDelay time.Duration
@@ -86,6 +95,11 @@ type Server struct {
 	fcm      *fcmState
 	receipts *receiptState
 	iys      *iysState
+	// push holds the hidden limits, the outage windows and the timeline; epoch and now are the clock they
+	// read.
+	push  pushback
+	epoch time.Time
+	now   func() time.Time
 }
 
 // New returns a Server with the given options.
@@ -96,6 +110,22 @@ func New(opts Options) *Server {
 		mux:    http.NewServeMux(),
 		log:    newMessageLog(),
 		twilio: newRateLimiter(opts.TwilioRate),
+		now:    time.Now,
+	}
+	s.epoch = s.now()
+	if err := ValidateLimits(opts.Limits); err != nil {
+		panic("sandbox: Options.Limits: " + err.Error())
+	}
+	var limits [numAPIs]Limit
+	for name, l := range opts.Limits {
+		a, _ := apiNamed(name)
+		limits[a] = l
+	}
+	s.push.limits.Store(&limits)
+	for _, p := range opts.Outages {
+		if _, err := s.push.outages.add(p, s.epoch); err != nil {
+			panic("sandbox: Options.Outages: " + err.Error())
+		}
 	}
 	if s.logger == nil {
 		s.logger = slog.New(slog.DiscardHandler)
@@ -138,17 +168,27 @@ func (s *Server) SetFaults(f Faults) {
 	s.faults.Store(&f)
 }
 
-// Stats returns the counters since the start or the last Reset.
+// Stats returns the counters since the start or the last Reset, and the outage windows.
 func (s *Server) Stats() Stats {
-	return s.log.snapshot()
+	st := s.log.snapshot()
+	if ws := s.Outages(); len(ws) > 0 {
+		st.Outages = ws
+	}
+	return st
 }
 
-// Reset clears the message log, the stats and the rate buckets. Faults stay as they are.
+// Reset clears the message log, the stats, the timeline and the rate buckets and windows. Faults,
+// limits and outage windows stay as they are.
 func (s *Server) Reset() {
 	s.log.reset()
 	s.twilio.reset()
 	s.sendgrid.limiter.reset()
 	s.ResetFCM()
+	s.push.timeline.reset()
+	for a := range s.push.rate {
+		s.push.rate[a].reset()
+	}
+	s.push.segments.reset()
 }
 
 func (s *Server) controlRoutes() {
@@ -181,6 +221,7 @@ func (s *Server) controlRoutes() {
 		s.Reset()
 		w.WriteHeader(http.StatusNoContent)
 	})
+	s.pushbackRoutes()
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) {

@@ -60,17 +60,26 @@ var magicErrors = map[string]struct {
 func (s *Server) twilioRoutes() {
 	s.mux.HandleFunc("/2010-04-01/Accounts/{AccountSid}/Messages.json", s.twilioCreateMessage)
 	s.mux.HandleFunc("/2010-04-01/", func(w http.ResponseWriter, r *http.Request) {
-		s.log.request()
+		w, done, ok := s.arrive(w, r, apiTwilio, false)
+		defer done()
+		if !ok {
+			return
+		}
 		s.twilioError(w, r, http.StatusNotFound, codeNotFound, "The requested resource "+r.URL.Path+" was not found")
 	})
 }
 
 // twilioCreateMessage imitates POST /2010-04-01/Accounts/{AccountSid}/Messages.json. The order of checks
-// follows Twilio's: authentication, then the account's rate, then the request itself; injected faults
-// come after the rate check, so only authenticated traffic sees them.
+// follows Twilio's: an outage and the concurrency limit at the door, authentication, then the account's
+// rate and the hidden rate limit, then the request itself; injected faults come after the rate checks,
+// so only authenticated traffic sees them, and the segment limit after validation, so only messages
+// Twilio would take count.
 func (s *Server) twilioCreateMessage(w http.ResponseWriter, r *http.Request) {
-	s.log.request()
-	sleep(r.Context(), s.opts.Latency)
+	w, done, ok := s.arrive(w, r, apiTwilio, true)
+	defer done()
+	if !ok {
+		return
+	}
 
 	if r.Method != http.MethodPost {
 		s.twilioError(w, r, http.StatusMethodNotAllowed, codeMethodNotAllowed, "Method not allowed")
@@ -83,7 +92,11 @@ func (s *Server) twilioCreateMessage(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if !s.twilio.allow(account) {
+		mark(w, outRate)
 		s.twilioError(w, r, http.StatusTooManyRequests, codeTooManyRequests, "Too Many Requests")
+		return
+	}
+	if s.overRate(w, r) {
 		return
 	}
 	r.Body = http.MaxBytesReader(w, r.Body, 1<<16)
@@ -93,7 +106,11 @@ func (s *Server) twilioCreateMessage(w http.ResponseWriter, r *http.Request) {
 	}
 
 	hangAfterAccept := false
-	switch s.faults.Load().pick("twilio") {
+	f := s.faults.Load().pick("twilio")
+	if f != noFault && f != faultTimeout {
+		mark(w, faultOutcome(f))
+	}
+	switch f {
 	case fault429:
 		s.twilioError(w, r, http.StatusTooManyRequests, codeTooManyRequests, "Too Many Requests")
 		return
@@ -139,6 +156,10 @@ func (s *Server) twilioCreateMessage(w http.ResponseWriter, r *http.Request) {
 		s.twilioError(w, r, http.StatusBadRequest, e.code, fmt.Sprintf(e.msg, to))
 		return
 	}
+	_, segments := providers.SMSSegments(body)
+	if s.overSegments(w, r, segments) {
+		return
+	}
 
 	m := Message{
 		Provider:   "twilio",
@@ -151,15 +172,17 @@ func (s *Server) twilioCreateMessage(w http.ResponseWriter, r *http.Request) {
 		At:         time.Now().UTC(),
 		Hung:       hangAfterAccept,
 	}
-	_, m.NumSegments = providers.SMSSegments(body)
+	m.NumSegments = segments
 	if from == "" {
 		// A Messaging Service picks the sender later, so Twilio answers "accepted" and, not knowing the
 		// sender's encoding yet, "0" segments.
 		m.From, m.Status, m.NumSegments = msid, "accepted", 0
 	}
 	entry := s.log.accept(m)
+	recorded(w, 1, segments)
 	s.scheduleTwilioReceipts(r, m, entry)
 	if hangAfterAccept {
+		mark(w, outHung)
 		s.logRequest(r, 0, 0)
 		hang(r)
 		return
@@ -247,9 +270,14 @@ type twilioErrorBody struct {
 }
 
 func (s *Server) twilioError(w http.ResponseWriter, r *http.Request, status, code int, msg string) {
+	s.twilioReply(w, r, status, code, msg, status == http.StatusTooManyRequests)
+}
+
+// twilioReply answers with Twilio's error JSON, with Retry-After: 1 when retryAfter is set.
+func (s *Server) twilioReply(w http.ResponseWriter, r *http.Request, status, code int, msg string, retryAfter bool) {
 	s.log.rejected(status, code)
 	s.logRequest(r, status, code)
-	if status == http.StatusTooManyRequests {
+	if retryAfter {
 		w.Header().Set("Retry-After", "1")
 	}
 	writeJSON(w, status, twilioErrorBody{

@@ -101,10 +101,13 @@ func (s *Server) WebhookStats() WebhookStats {
 }
 
 func (s *Server) webhookReceive(w http.ResponseWriter, r *http.Request) {
-	s.log.request()
 	h := s.fcm.webhook
 	h.count(func(st *WebhookStats) { st.Requests++ })
-	sleep(r.Context(), s.opts.Latency)
+	w, done, ok := s.arrive(w, r, apiWebhook, true)
+	defer done()
+	if !ok {
+		return
+	}
 
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, webhookMaxBody))
 	if err != nil {
@@ -125,9 +128,16 @@ func (s *Server) webhookReceive(w http.ResponseWriter, r *http.Request) {
 		s.webhookError(w, "", http.StatusUnauthorized, "invalid signature: "+verdict)
 		return
 	}
+	if s.overRate(w, r) {
+		return
+	}
 
 	hangAfterAccept := false
-	switch s.faults.Load().pick("webhook") {
+	f := s.faults.Load().pick("webhook")
+	if f != noFault && f != faultTimeout {
+		mark(w, faultOutcome(f))
+	}
+	switch f {
 	case fault429:
 		w.Header().Set("Retry-After", "1")
 		s.webhookError(w, "", http.StatusTooManyRequests, "too many requests")
@@ -184,8 +194,10 @@ func (s *Server) webhookReceive(w http.ResponseWriter, r *http.Request) {
 		Hung:     hangAfterAccept,
 	}
 	s.log.accept(m)
+	recorded(w, 1, 0)
 	h.count(func(st *WebhookStats) { st.Accepted++ })
 	if hangAfterAccept {
+		mark(w, outHung)
 		s.webhookLogRequest(p.To, 0)
 		hang(r)
 		return

@@ -1,0 +1,163 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/campaignctl/campaignctl/internal/providertest"
+	"github.com/campaignctl/campaignctl/providers/sandbox"
+)
+
+// syncBuffer is a bytes.Buffer the command may write while the test reads.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// The pushback flags reach the sandbox: its control API reports the limits and outage windows they set.
+func TestSandboxPushbackFlags(t *testing.T) {
+	addr := providertest.ClosedAddr(t)
+	var logs syncBuffer
+	a := &app{stdin: strings.NewReader(""), stdout: &logs, stderr: &logs, getenv: func(string) string { return "" }}
+	root := a.newRootCmd()
+	root.SetArgs([]string{"sandbox", "--addr", addr,
+		"--limit", "twilio=3", "--limit", "sendgrid,fcm=40", "--limit-concurrency", "all=7", "--limit-segments", "twilio=9",
+		"--outage", "webhook=30s@1m/reset", "--outage", "netgsm=5s", "--outage", "sendgrid=2s@2031-01-02T03:04:05Z/hang"})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	started := time.Now()
+	go func() { done <- root.ExecuteContext(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Errorf("sandbox: %v", err)
+			}
+		case <-time.After(10 * time.Second):
+			t.Error("sandbox did not stop")
+		}
+		if t.Failed() {
+			t.Logf("sandbox output:\n%s", logs.String())
+		}
+	})
+
+	get := func(path string, v any) {
+		t.Helper()
+		deadline := time.Now().Add(5 * time.Second)
+		for {
+			resp, err := http.Get("http://" + addr + path)
+			if err == nil {
+				defer resp.Body.Close()
+				if err := json.NewDecoder(resp.Body).Decode(v); err != nil {
+					t.Fatalf("GET %s: %v", path, err)
+				}
+				return
+			}
+			select {
+			case err := <-done:
+				t.Fatalf("sandbox ended: %v", err)
+			default:
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("sandbox did not answer: %v", err)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	var limits map[string]sandbox.Limit
+	get("/_sandbox/limits", &limits)
+	want := map[string]sandbox.Limit{
+		"twilio":   {Rate: 3, Concurrency: 7, Segments: 9},
+		"netgsm":   {Concurrency: 7},
+		"sendgrid": {Rate: 40, Concurrency: 7},
+		"fcm":      {Rate: 40, Concurrency: 7},
+		"webhook":  {Concurrency: 7},
+	}
+	for api, l := range want {
+		if limits[api] != l {
+			t.Errorf("%s limit %+v, want %+v", api, limits[api], l)
+		}
+	}
+	var ws []sandbox.OutageWindow
+	get("/_sandbox/outages", &ws)
+	if len(ws) != 3 {
+		t.Fatalf("outages %+v", ws)
+	}
+	hook, netgsm, sg := ws[0], ws[1], ws[2]
+	if hook.API != "webhook" || hook.Mode != sandbox.OutageReset || hook.State != "scheduled" ||
+		hook.Start.Before(started.Add(time.Minute)) || hook.Start.After(time.Now().Add(time.Minute)) || hook.End.Sub(hook.Start) != 30*time.Second {
+		t.Errorf("webhook window %+v", hook)
+	}
+	if netgsm.API != "netgsm" || netgsm.Mode != sandbox.Outage503 || netgsm.State != "active" || netgsm.End.Sub(netgsm.Start) != 5*time.Second {
+		t.Errorf("netgsm window %+v", netgsm)
+	}
+	if sg.API != "sendgrid" || sg.Mode != sandbox.OutageHang || !sg.Start.Equal(time.Date(2031, 1, 2, 3, 4, 5, 0, time.UTC)) || sg.End.Sub(sg.Start) != 2*time.Second {
+		t.Errorf("sendgrid window %+v", sg)
+	}
+}
+
+// Malformed pushback flags are bad usage (exit 2), refused before anything listens.
+func TestSandboxPushbackFlagsRefused(t *testing.T) {
+	addr := providertest.ClosedAddr(t)
+	for _, args := range [][]string{
+		{"--limit", "twilio=-1"},
+		{"--limit", "twillio=5"},
+		{"--limit", "twilio"},
+		{"--limit", "twilio=1.5"},
+		{"--limit-segments", "sendgrid=5"},
+		{"--limit-concurrency", "all=x"},
+		{"--limit", "all=2000000"},
+		{"--outage", "twilio=0s"},
+		{"--outage", "twilio=5s/boom"},
+		{"--outage", "twilio=5s@yesterday"},
+		{"--outage", "twilio"},
+		{"--outage", "nobody=5s"},
+	} {
+		type result struct {
+			stderr string
+			code   int
+		}
+		res := make(chan result, 1)
+		go func() {
+			_, stderr, code := cli(t, nil, append([]string{"sandbox", "--addr", addr}, args...)...)
+			res <- result{stderr, code}
+		}()
+		select {
+		case r := <-res:
+			if r.code != 2 || !strings.Contains(r.stderr, args[0]+" ") {
+				t.Errorf("%v: exit %d, stderr %q; want 2 naming the flag", args, r.code, r.stderr)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatalf("%v: the sandbox started", args)
+		}
+	}
+}
+
+func TestSandboxHelpDescribesPushback(t *testing.T) {
+	stdout, _, code := cli(t, nil, "sandbox", "--help")
+	for _, s := range []string{"--limit twilio=800", "--limit-concurrency", "--limit-segments", "--outage twilio=20s@10s",
+		"/_sandbox/limits", "/_sandbox/outages/stop", "/_sandbox/timeline", "no Retry-After", "raw_503", "reset", "hang"} {
+		if code != 0 || !strings.Contains(stdout, s) {
+			t.Errorf("sandbox --help (exit %d) does not mention %q", code, s)
+		}
+	}
+}
