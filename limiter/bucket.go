@@ -46,13 +46,16 @@ type Bucket struct {
 	// over a worker's life.
 	mu    sync.Mutex
 	turns map[string]*turn
+	// paces are the shared paces this process takes part in, by bucket (see Pace).
+	paces map[string]*Pace
 	// now and sleep are replaceable in tests.
+	now   func() time.Time
 	sleep func(ctx context.Context, d time.Duration) error
 }
 
 // New returns a Bucket on rdb.
 func New(rdb redis.UniversalClient) *Bucket {
-	return &Bucket{rdb: rdb, rl: redis_rate.NewLimiter(rdb), sleep: Sleep, turns: map[string]*turn{}}
+	return &Bucket{rdb: rdb, rl: redis_rate.NewLimiter(rdb), now: time.Now, sleep: Sleep, turns: map[string]*turn{}}
 }
 
 // turn is one key's slot, with the number of goroutines holding or waiting for it.
@@ -94,14 +97,17 @@ func (b *Bucket) keys() int {
 // a twentieth of a second's worth (at least 1): with burst 1, every token a sleeping worker wakes up late
 // for is lost and the cap is under-used by 20 % or more; with rate/20, no one-second window holds more
 // than 1.05 times the cap.
+// Burst is how many tokens a limit of rate may hand out at once: a twentieth of a second's worth, at least
+// one (see gcra).
+func Burst(rate float64) int { return max(1, int(rate/20)) }
+
 func gcra(rate float64) redis_rate.Limit {
 	const scale = 1000
 	n := int(math.Round(rate * scale))
 	if n < 1 {
 		n = 1
 	}
-	burst := max(1, int(rate/20))
-	return redis_rate.Limit{Rate: n, Burst: burst, Period: scale * time.Second}
+	return redis_rate.Limit{Rate: n, Burst: Burst(rate), Period: scale * time.Second}
 }
 
 // Wait blocks until it has taken one token from each limit, in order, or ctx is done, or Redis fails. Put

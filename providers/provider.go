@@ -175,3 +175,9 @@ func ClassOf(err error) Class {
 	}
 	return Transient
 }
+
+// SegmentPaced is implemented by a provider whose rate limit counts SMS segments, not messages (Twilio's
+// messages-per-second count segments): the engine takes a token a segment for it.
+type SegmentPaced interface {
+	PacesSegments() bool
+}

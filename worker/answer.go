@@ -9,6 +9,7 @@ import (
 
 	"github.com/campaignctl/campaignctl/campaign"
 	"github.com/campaignctl/campaignctl/internal/state"
+	"github.com/campaignctl/campaignctl/limiter"
 	"github.com/campaignctl/campaignctl/metrics"
 	"github.com/campaignctl/campaignctl/providers"
 )
@@ -129,14 +130,11 @@ func accountError(pe *providers.Error) error {
 	return &RetryError{Err: fmt.Errorf("provider refuses the account, not the recipients (fix the configuration; the batch waits): %w", pe), Failure: true}
 }
 
-// backOff slows the provider for every worker after a transient refusal and says how long this send
-// waits before its next attempt.
-func (h *Handler) backOff(ctx context.Context, provider string, pe *providers.Error, attempt int) (time.Duration, error) {
-	wait := backoff(attempt, pe.RetryAfter)
-	if err := h.slowDown(ctx, provider, pe, wait); err != nil {
-		return 0, waitForServices(err)
-	}
-	return wait, nil
+// backOff says how long a send refused transiently waits before its next attempt: an exponential back-off
+// with jitter, never shorter than the provider's own Retry-After for that request. Slowing the provider
+// for every worker is the shared pace's part (observe).
+func (h *Handler) backOff(pe *providers.Error, attempt int) time.Duration {
+	return backoff(attempt, pe.RetryAfter)
 }
 
 func repeat(s string, n int) []string {
@@ -147,20 +145,55 @@ func repeat(s string, n int) []string {
 	return out
 }
 
-// slowDown shares a transient refusal of the provider named with every worker: a rate-limit answer
-// pauses the provider for wait, a 5xx counts towards pausing it (Strike).
-func (h *Handler) slowDown(ctx context.Context, provider string, pe *providers.Error, wait time.Duration) error {
-	key := state.ProviderBucket(provider)
-	if pe.AsksToSlowDown() {
-		return h.bucket.Pause(ctx, key, wait)
+// observe tells the provider's shared pace what it answered (see limiter.Pace): throttled and failed
+// requests lower it for every worker, a run of answers raises it back. A request that never left is
+// nothing to it.
+func (h *Handler) observe(ctx context.Context, provider string, v verdict, pe *providers.Error) {
+	var a limiter.Answer
+	var hint time.Duration
+	switch {
+	case v == notSent:
+		return
+	case v == transient && pe.AsksToSlowDown() && pe.RetryAfter > 0:
+		a, hint = limiter.ThrottledFor, pe.RetryAfter
+	case v == transient && pe.AsksToSlowDown():
+		a = limiter.Throttled
+	case v == transient, v == ambiguous:
+		a = limiter.Failed
+	default:
+		a = limiter.Taken
 	}
-	_, err := h.bucket.Strike(ctx, key, strikeThreshold, wait)
-	return err
+	if err := h.pace(provider).Observe(ctx, a, hint); err != nil {
+		h.log.Warn("provider pace not shared", "provider", provider, "err", err)
+	}
 }
 
-// strikeThreshold is how many 5xx answers within a second, over all workers, pause a provider for
-// everyone.
-const strikeThreshold = 5
+// waitWhileDown holds a send back while its provider is down (see limiter.Pace): every second it asks for
+// the probe, the one request a second that may go over all workers, and returns when it has it (probe
+// true: send one request) or the provider is up again. The wait uses none of the batch's retries: when the batch must hand back its
+// recipients meanwhile (the worker stops, the task's time runs out), it says it is waiting, not failing.
+func (h *Handler) waitWhileDown(ctx, waitCtx context.Context, provider string) (probe bool, err error) {
+	p := h.pace(provider)
+	for p.Down(ctx) {
+		if ok, err := p.Probe(ctx); err != nil {
+			return false, waitForServices(err)
+		} else if ok {
+			return true, nil
+		}
+		if err := limiter.Sleep(waitCtx, time.Second); err != nil {
+			if ctx.Err() != nil {
+				return false, ctx.Err()
+			}
+			return false, &RetryError{Err: fmt.Errorf("provider %s is down; the batch waits for it", provider), After: 5 * time.Second}
+		}
+	}
+	return false, nil
+}
+
+// pace is the provider's shared pace under its configured cap.
+func (h *Handler) pace(provider string) *limiter.Pace {
+	return h.bucket.Pace(state.ProviderBucket(provider), h.cfg.ProviderRates[provider])
+}
 
 // giveUp ends this run's tries of a recipient whose sends kept failing transiently. When the recipient
 // before it failed the same way, the provider is in trouble rather than the recipient: the batch stops and

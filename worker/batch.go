@@ -143,7 +143,7 @@ func (h *Handler) RunBatch(ctx context.Context, campaignID int64, batch int) err
 	if batcher != nil {
 		// One chunk is one request.
 		chunkSize = batcher.MaxBatch()
-	} else if h.windowed(run) {
+	} else if h.windowed(run) && run.answerInNextClaim {
 		// Sends a window at a time go fast enough that a chunk of the whole batch (a launch makes them of
 		// 500) still records its outcomes within a second or so; a chunk per batch writes Postgres a
 		// fifth as often. The price is in a double fault only: a dead run's chunk in hand is all of it.
@@ -280,16 +280,15 @@ func (h *Handler) newRun(c *campaign.Campaign, batch int) (*batchRun, error) {
 		// wait need not (one round trip less per message under a cap; a token taken during a pause is
 		// lost, which only lowers the rate). Without any cap there is no wait at all.
 		run.primary = route{provider: run.provider, answerInNextClaim: run.answerInNextClaim, m: run.m,
-			pauseKey: state.PauseKey(state.ProviderBucket(run.provider.Name()))}
-		if !run.answerInNextClaim {
-			for _, l := range run.limits {
-				l.Pausable = false
-				run.primary.limits = append(run.primary.limits, l)
-			}
+			pauseKey: state.PauseKey(state.ProviderBucket(run.provider.Name())), segmentsPaced: pacesSegments(run.provider)}
+		for _, l := range run.limits {
+			// The provider's limit is kept even with no cap: its shared pace may lower it (readyToSend).
+			l.Pausable = false
+			run.primary.limits = append(run.primary.limits, l)
 		}
 		if fb := h.cfg.Fallback[c.Channel]; fb != nil {
 			if _, batches := run.provider.(providers.Batcher); !batches {
-				sec := &route{provider: fb, fallback: true}
+				sec := &route{provider: fb, fallback: true, segmentsPaced: pacesSegments(fb)}
 				if h.cfg.Metrics != nil {
 					sec.m = h.cfg.Metrics.For(fb.Name(), string(c.Channel))
 				}
@@ -486,6 +485,11 @@ func (run *batchRun) inHand() []string {
 // flush writes buffered outcomes and advances the campaign's Redis counters by what actually changed.
 func (h *Handler) flush(ctx context.Context, run *batchRun) error {
 	h.settleAnswers(ctx, run)
+	if run.provider != nil {
+		if err := h.pace(run.provider.Name()).Flush(ctx); err != nil {
+			h.log.Warn("provider pace not shared", "provider", run.provider.Name(), "err", err)
+		}
+	}
 	for i := range run.pending {
 		o := &run.pending[i]
 		if o.Snapshot.Status == "" {

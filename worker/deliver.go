@@ -39,7 +39,12 @@ func (h *Handler) deliver(ctx, waitCtx context.Context, run *batchRun, r *campai
 		if failedOver {
 			rt = run.secondary
 		}
-		if err := h.readyToSend(ctx, waitCtx, run, 1, rt.limits...); err != nil {
+		tokens := 1
+		if rt.segmentsPaced {
+			_, tokens = providers.SMSSegments(msg.Body)
+			tokens = max(1, tokens)
+		}
+		if err := h.readyToSend(ctx, waitCtx, run, tokens, rt.limits...); err != nil {
 			return err
 		}
 		if pauseFrom.IsZero() {
@@ -96,6 +101,7 @@ func (h *Handler) deliver(ctx, waitCtx context.Context, run *batchRun, r *campai
 		res, err := rt.provider.Send(ctx, msg)
 		rt.m.Request(time.Since(start))
 		v, pe := judge(err)
+		h.observe(ctx, rt.provider.Name(), v, pe)
 		if v == accepted {
 			run.answersDue = append(run.answersDue, state.Answer{Key: key, InFlight: inflight, Value: state.SentValue(res.MessageID, res.Segments)})
 			if !rt.answerInNextClaim {
@@ -127,9 +133,6 @@ func (h *Handler) deliver(ctx, waitCtx context.Context, run *batchRun, r *campai
 			h.markDown(rt.provider.Name())
 			h.log.Warn("provider failed without accepting; failing over", "campaign_id", run.c.ID, "provider", rt.provider.Name(),
 				"fallback", run.secondary.provider.Name(), "for", h.cfg.FailoverWindow, "err", pe.Reason())
-			if v == transient {
-				h.slowDown(ctx, rt.provider.Name(), pe, backoff(1, pe.RetryAfter)) //nolint:errcheck // the fallback is what sends now
-			}
 			failedOver = true
 			attempt--
 			continue
@@ -137,9 +140,16 @@ func (h *Handler) deliver(ctx, waitCtx context.Context, run *batchRun, r *campai
 		if v == accountRefused {
 			return accountError(pe)
 		}
-		wait, err := h.backOff(ctx, rt.provider.Name(), pe, attempt)
+		wait := h.backOff(pe, attempt)
+		probe, err := h.waitWhileDown(ctx, waitCtx, rt.provider.Name())
 		if err != nil {
 			return err
+		}
+		if probe {
+			// The provider is down and this send is the probe: it goes now, and an outage uses up nobody's
+			// attempts.
+			attempt--
+			continue
 		}
 		if attempt >= h.cfg.SendAttempts {
 			return h.giveUp(run, r, pe, wait)
@@ -163,6 +173,14 @@ type route struct {
 	answerInNextClaim bool
 	m                 *metrics.Sends
 	fallback          bool
+	// segmentsPaced: the provider's limit counts SMS segments, a token each (providers.SegmentPaced).
+	segmentsPaced bool
+}
+
+// pacesSegments says whether p's rate limit counts SMS segments rather than messages.
+func pacesSegments(p providers.Provider) bool {
+	sp, ok := p.(providers.SegmentPaced)
+	return ok && sp.PacesSegments()
 }
 
 // route picks the provider of the next send: the fallback while the first is marked down.
@@ -183,6 +201,18 @@ func (h *Handler) markDown(name string) {
 // readyToSend takes n tokens from the campaign's and the provider's buckets, then checks that the send
 // window is still open (the wait may have run past its end) and that the chunk's lease still holds.
 func (h *Handler) readyToSend(ctx, waitCtx context.Context, run *batchRun, n int, limits ...limiter.Limit) error {
+	paced := false
+	for i := range limits {
+		// A provider's limit takes its shared pace: the cap, or lower when the provider pushes back.
+		if name, ok := state.ProviderOf(limits[i].Key); ok {
+			limits[i].Rate = h.pace(name).Rate(ctx)
+		}
+		paced = paced || limits[i].Rate > 0
+	}
+	if paced {
+		// A wait may come: the answers of the sends before are written first, not after it.
+		h.settleAnswers(ctx, run)
+	}
 	if err := h.bucket.WaitN(waitCtx, n, limits...); err != nil {
 		return waitError(ctx, waitCtx, err)
 	}

@@ -155,6 +155,7 @@ func (h *Handler) sendGroup(ctx, waitCtx context.Context, run *batchRun, b provi
 			return nil
 		}
 		v, pe := judge(err)
+		h.observe(ctx, b.Name(), v, pe)
 		f := inFlight{users: make([]string, len(rs)), keys: keys, values: inflight, addrs: addrs, at: now}
 		for i, r := range rs {
 			f.users[i] = r.UserID
@@ -183,9 +184,14 @@ func (h *Handler) sendGroup(ctx, waitCtx context.Context, run *batchRun, b provi
 		case accountRefused:
 			return accountError(pe)
 		}
-		wait, err := h.backOff(ctx, b.Name(), pe, attempt)
+		wait := h.backOff(pe, attempt)
+		probe, err := h.waitWhileDown(ctx, waitCtx, b.Name())
 		if err != nil {
 			return err
+		}
+		if probe {
+			attempt--
+			continue
 		}
 		if attempt >= h.cfg.SendAttempts {
 			return &RetryError{Err: fmt.Errorf("provider kept failing a request of %d recipients: %w", len(rs), pe), After: wait, Failure: true}

@@ -610,8 +610,9 @@ func TestFrequencyMarksAreJudgedByEachCampaignsOwnCap(t *testing.T) {
 	}
 }
 
-// A 429 slows every worker, not only the one that saw it: the provider's shared pause is set, and any
-// other process's bucket waits it out.
+// 429s with Retry-After that are most of a second's answers pause every worker, not only the one that saw
+// them: once the second is judged (at the next flush of any worker's answers after it), the provider's
+// shared pause is set, and any other process's bucket waits it out.
 func TestRateLimitedAnswerPausesEveryWorker(t *testing.T) {
 	t.Parallel()
 	f := plan(t, 4)
@@ -623,6 +624,11 @@ func TestRateLimitedAnswerPausesEveryWorker(t *testing.T) {
 		t.Fatal("a 429 with no attempts left must hand the batch back")
 	}
 	other := limiter.New(f.rdb) // another worker process's bucket on the same Redis
+	// The next second: another worker flushes its own answers (none), and the second before is judged.
+	time.Sleep(time.Until(time.Now().Truncate(time.Second).Add(1100 * time.Millisecond)))
+	if err := other.Pace("provider:test", 0).Observe(context.Background(), limiter.Taken, 0); err != nil {
+		t.Fatal(err)
+	}
 	paused, err := other.Paused(context.Background(), "provider:test")
 	if err != nil {
 		t.Fatal(err)

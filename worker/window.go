@@ -13,28 +13,51 @@ import (
 	"github.com/campaignctl/campaignctl/providers"
 )
 
-// DefaultSendWindow is how many one-message sends a batch run has out at once when nothing caps its pace.
+// DefaultSendWindow is how many one-message sends a batch run has out at once.
 const DefaultSendWindow = 8
 
 // windowed says whether a run's chunk goes out a window at a time: a one-message provider without a
-// fallback, no rate cap to wait for between sends (a cap paces one send at a time), and a window above 1.
+// fallback (failing over is decided send by send), and a window above 1.
 func (h *Handler) windowed(run *batchRun) bool {
-	return h.cfg.SendWindow > 1 && run.provider != nil && run.secondary == nil && run.answerInNextClaim
+	return h.cfg.SendWindow > 1 && run.provider != nil && run.secondary == nil
 }
 
-// windowSend is one recipient of a window, with its message and the attempts it has had.
+// windowSize is how many sends may go out together at rate (0: no limit): no more than the limiter's
+// burst, so that a cap holds over every second even when the sends of a window leave at once.
+func (h *Handler) windowSize(rate float64) int {
+	if rate <= 0 {
+		return h.cfg.SendWindow
+	}
+	return max(1, min(h.cfg.SendWindow, limiter.Burst(rate)))
+}
+
+// lowestRate is the lower of two rates, 0 standing for none.
+func lowestRate(a, b float64) float64 {
+	switch {
+	case a <= 0:
+		return b
+	case b <= 0:
+		return a
+	}
+	return min(a, b)
+}
+
+// windowSend is one recipient of a window, with its message, the attempts it has had, and when it may be
+// tried again after a transient refusal.
 type windowSend struct {
-	r       *campaign.Recipient
-	msg     providers.Message
-	attempt int
+	r        *campaign.Recipient
+	msg      providers.Message
+	attempt  int
+	notUntil time.Time
 }
 
 // deliverWindowed sends a chunk through a one-message provider up to SendWindow at a time. A window's
 // recipients are claimed in one script call just before their requests go out together (the same call
 // writes the answers of the window before and checks the provider's pause), and each answer is judged as a
-// single send's is (judge, settleRefusal). A crash loses at most the window in flight to `unknown`. A
-// recipient refused transiently goes back into the queue for a later window after a back-off; the others
-// of its window are not held up.
+// single send's is (judge, settleRefusal, the provider's shared pace). A crash loses at most the window in
+// flight to `unknown`. A recipient refused transiently is tried again in a later window once its back-off
+// (or the provider's Retry-After for it) has passed; the others of the chunk go on meanwhile. While the
+// provider is down, the chunk waits, sending only the probe, and nobody's attempts are used up.
 func (h *Handler) deliverWindowed(ctx, waitCtx context.Context, run *batchRun, rs []campaign.Recipient) error {
 	queue := make([]windowSend, 0, len(rs))
 	for i := range rs {
@@ -60,20 +83,36 @@ func (h *Handler) deliverWindowed(ctx, waitCtx context.Context, run *batchRun, r
 		queue = append(queue, windowSend{r: r, msg: msg, attempt: 1})
 	}
 	rt := &run.primary
+	name := rt.provider.Name()
 	g := run.guard
 	g.CheckHalt = true
-	var waitFrom time.Time // when the window began to wait for the provider's pause
+	var waitFrom time.Time // when the window began to wait for the provider's limit and pause
 	for len(queue) > 0 {
 		if waitCtx.Err() != nil && ctx.Err() == nil {
 			return &RetryError{Err: errors.New("batch handed back (worker stopping or batch time used up)"), After: time.Second}
 		}
-		win := queue[:min(h.cfg.SendWindow, len(queue))]
-		queue = queue[len(win):]
-		if err := h.readyToSend(ctx, waitCtx, run, len(win), rt.limits...); err != nil {
-			return err
-		}
 		if waitFrom.IsZero() {
 			waitFrom = time.Now()
+		}
+		// What may go now: the first recipients whose back-off is over, up to the window.
+		size := h.windowSize(lowestRate(run.c.Rate, h.pace(name).Rate(ctx)))
+		probe, err := h.waitWhileDown(ctx, waitCtx, name)
+		if err != nil {
+			return err
+		}
+		if probe {
+			size = 1
+		}
+		win, rest, next := readyWindow(queue, size, time.Now())
+		if len(win) == 0 {
+			if err := limiter.Sleep(waitCtx, time.Until(next)); err != nil {
+				return waitError(ctx, waitCtx, err)
+			}
+			continue
+		}
+		queue = rest
+		if err := h.readyToSend(ctx, waitCtx, run, tokensOf(rt, win), rt.limits...); err != nil {
+			return err
 		}
 		now := h.cfg.Now()
 		inflight := state.InFlightValue(now, h.cfg.Owner)
@@ -98,14 +137,14 @@ func (h *Handler) deliverWindowed(ctx, waitCtx context.Context, run *batchRun, r
 			return waitForServices(fmt.Errorf("no send while Redis is unavailable: %w", err))
 		}
 		if pause > 0 {
-			// The provider is paused (a 429 seen by some worker): nothing was claimed; wait it out.
+			// The provider is paused (most 429s of a second said how long): nothing was claimed; wait it out.
 			if err := limiter.Sleep(waitCtx, pause); err != nil {
 				return waitError(ctx, waitCtx, err)
 			}
 			queue = append(win, queue...)
 			continue
 		}
-		// Each send of the window waited as long for the provider's limit (its pause, read by the claim).
+		// Each send of the window waited as long for the provider's limit and pause (read by the claim).
 		if o := rt.m.ProviderWait(); o != nil {
 			for range win {
 				o.Observe(time.Since(waitFrom).Seconds())
@@ -126,9 +165,7 @@ func (h *Handler) deliverWindowed(ctx, waitCtx context.Context, run *batchRun, r
 			}
 		}
 		retry, err := h.sendWindow(ctx, run, rt, sends, inflight, now)
-		if len(retry) > 0 {
-			queue = append(retry, queue...)
-		}
+		queue = append(queue, retry...)
 		if err != nil {
 			return err
 		}
@@ -136,9 +173,41 @@ func (h *Handler) deliverWindowed(ctx, waitCtx context.Context, run *batchRun, r
 	return nil
 }
 
+// readyWindow takes from queue up to size recipients whose back-off is over at now, in queue order; it
+// returns them, the rest of the queue, and, when none is ready, when the first will be.
+func readyWindow(queue []windowSend, size int, now time.Time) (win, rest []windowSend, next time.Time) {
+	for _, w := range queue {
+		switch {
+		case len(win) < size && !w.notUntil.After(now):
+			win = append(win, w)
+		default:
+			if next.IsZero() || w.notUntil.Before(next) {
+				next = w.notUntil
+			}
+			rest = append(rest, w)
+		}
+	}
+	return win, rest, next
+}
+
+// tokensOf is what a window takes from the buckets: a message each, or, for a provider whose limit counts
+// SMS segments (Twilio's does), a token a segment.
+func tokensOf(rt *route, win []windowSend) int {
+	if !rt.segmentsPaced {
+		return len(win)
+	}
+	n := 0
+	for _, w := range win {
+		_, segs := providers.SMSSegments(w.msg.Body)
+		n += max(1, segs)
+	}
+	return n
+}
+
 // sendWindow sends the claimed recipients of one window at once and acts on every answer. It returns the
-// recipients to try again in a later window (refused transiently, attempts left, after the back-off it
-// waited), and the error that ends the chunk, if any: every answer of the window is acted on first.
+// recipients to try again (refused transiently, attempts left or the provider down, each with the time
+// its back-off ends), and the error that ends the chunk, if any: every answer of the window is acted on
+// first.
 func (h *Handler) sendWindow(ctx context.Context, run *batchRun, rt *route, sends []windowSend, inflight string, now time.Time) ([]windowSend, error) {
 	type result struct {
 		res providers.Result
@@ -157,10 +226,11 @@ func (h *Handler) sendWindow(ctx context.Context, run *batchRun, rt *route, send
 	wg.Wait()
 	var retry []windowSend
 	var stop error
-	var wait time.Duration
+	name := rt.provider.Name()
 	for i, w := range sends {
 		key := ClaimKey(run.c.ID, w.r.UserID)
 		v, pe := judge(results[i].err)
+		h.observe(ctx, name, v, pe)
 		if v == accepted {
 			res := results[i].res
 			run.answersDue = append(run.answersDue, state.Answer{Key: key, InFlight: inflight, Value: state.SentValue(res.MessageID, res.Segments)})
@@ -179,28 +249,25 @@ func (h *Handler) sendWindow(ctx context.Context, run *batchRun, rt *route, send
 		case accountRefused:
 			stop = firstErr(stop, accountError(pe))
 		case transient:
-			d, err := h.backOff(ctx, rt.provider.Name(), pe, w.attempt)
-			if err != nil {
-				stop = firstErr(stop, err)
+			wait := h.backOff(pe, w.attempt)
+			if h.pace(name).Down(ctx) {
+				// An outage costs nobody an attempt: the recipient waits for the provider with the rest.
+				w.notUntil = time.Now()
+				retry = append(retry, w)
 				continue
 			}
 			if w.attempt >= h.cfg.SendAttempts {
-				stop = firstErr(stop, h.giveUp(run, w.r, pe, d))
+				stop = firstErr(stop, h.giveUp(run, w.r, pe, wait))
 				continue
 			}
-			wait = max(wait, d)
 			w.attempt++
+			w.notUntil = time.Now().Add(wait)
 			retry = append(retry, w)
+			h.log.Debug("transient provider error; retrying after a back-off", "campaign_id", run.c.ID, "attempt", w.attempt, "err", pe.Reason(), "wait", wait)
 		}
 	}
 	if stop != nil {
 		return nil, stop
-	}
-	if len(retry) > 0 {
-		h.log.Debug("transient provider errors; retrying after a back-off", "campaign_id", run.c.ID, "recipients", len(retry), "wait", wait)
-		if err := limiter.Sleep(ctx, wait); err != nil {
-			return nil, err
-		}
 	}
 	return retry, nil
 }

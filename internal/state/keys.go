@@ -8,6 +8,7 @@ package state
 import (
 	"hash/fnv"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/campaignctl/campaignctl/campaign"
@@ -44,8 +45,19 @@ func CampaignBucket(campaignID int64) string { return "campaign:" + strconv.Form
 // ProviderBucket names a provider's rate limit.
 func ProviderBucket(provider string) string { return "provider:" + provider }
 
+// ProviderOf returns the provider whose limit bucket names, if it is a provider's.
+func ProviderOf(bucket string) (string, bool) { return strings.CutPrefix(bucket, "provider:") }
+
 // PauseKey exists while the limit named bucket is paused (a 429, a burst of 5xx); its TTL is the pause.
 func PauseKey(bucket string) string { return "limiter:pause:" + bucket }
+
+// PaceKey holds the shared pace of the limit named bucket: the rate below its cap (if any) and the counts of
+// the current second's answers, by kind (see limiter.Pace).
+func PaceKey(bucket string) string { return "pace:" + bucket }
+
+// PaceProbeKey is taken (SET NX, one second) by the one request a second that may go to a provider that is
+// down.
+func PaceProbeKey(bucket string) string { return "pace:" + bucket + ":probe" }
 
 // StrikesKey counts the 5xx answers of the current second for the limit named bucket.
 func StrikesKey(bucket string) string { return "limiter:strikes:" + bucket }

@@ -113,6 +113,10 @@ func New(cfg Config) (*Provider, error) {
 	return p, nil
 }
 
+// PacesSegments says that Twilio's throughput (messages per second of an account or a sender) counts
+// segments: a three-segment message takes three of them.
+func (p *Provider) PacesSegments() bool { return true }
+
 // Name returns "twilio".
 func (p *Provider) Name() string { return "twilio" }
 

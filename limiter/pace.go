@@ -1,0 +1,224 @@
+package limiter
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/campaignctl/campaignctl/internal/state"
+)
+
+// Answer is what a provider said to one request, as a provider's pace counts it.
+type Answer int
+
+const (
+	// Taken: the provider accepted (or refused for the recipient: it answered, it was not overloaded).
+	Taken Answer = iota
+	// Throttled: 429 without a hint.
+	Throttled
+	// ThrottledFor: 429 with Retry-After.
+	ThrottledFor
+	// Failed: 5xx, or the connection failed before an answer.
+	Failed
+)
+
+// Pace is a provider's pace shared by every worker (in Redis, state.PaceKey): under the configured cap,
+// it lowers when the provider's rejections rise (429s and 5xx as a share of a second's requests, over all
+// workers together, not each one as a stop) and climbs back when they fall, so it settles near the
+// provider's real limit when that is below the cap, and stays at the cap when errors are sporadic. A
+// provider failing (nearly) every request is down: nobody sends until a probe, one request a second over
+// all workers, gets through. When most 429s of a second carry Retry-After, the provider is paused for
+// every worker for that long.
+//
+// Each process adds its answers locally and sends them to Redis at most every PaceFlush, getting the
+// pace back: one round trip a fifth of a second, whatever the number of sends.
+type Pace struct {
+	b       *Bucket
+	bucket  string
+	cap     float64
+	mu      sync.Mutex
+	counts  [4]int64
+	hint    time.Duration
+	flushed time.Time
+	rate    float64 // the pace (0: none below the cap)
+	down    bool
+}
+
+// PaceFlush is how often a process sends its answers to the shared pace.
+const PaceFlush = 200 * time.Millisecond
+
+// Pace returns the shared pace of the limit named bucket, whose configured cap is cap (0: none).
+func (b *Bucket) Pace(bucket string, cap float64) *Pace {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.paces == nil {
+		b.paces = map[string]*Pace{}
+	}
+	p := b.paces[bucket]
+	if p == nil {
+		p = &Pace{b: b, bucket: bucket}
+		b.paces[bucket] = p
+	}
+	p.mu.Lock()
+	p.cap = cap
+	p.mu.Unlock()
+	return p
+}
+
+// Observe counts one answer (with its Retry-After, for ThrottledFor) and, when the last flush is older than
+// PaceFlush, sends the counts to Redis and reads the pace back. A Redis error is returned: the caller is
+// about to fail closed anyway.
+func (p *Pace) Observe(ctx context.Context, a Answer, hint time.Duration) error {
+	p.mu.Lock()
+	p.counts[a]++
+	p.hint = max(p.hint, hint)
+	p.mu.Unlock()
+	return p.refresh(ctx, false)
+}
+
+// Flush sends the answers counted so far to the shared pace now (a run ending its chunk: its last answers
+// must not wait for its next send).
+func (p *Pace) Flush(ctx context.Context) error { return p.refresh(ctx, true) }
+
+// Rate returns the rate to take tokens at: the pace or the cap, whichever is lower (0: neither).
+func (p *Pace) Rate(ctx context.Context) float64 {
+	p.refresh(ctx, false) //nolint:errcheck // a stale pace is the last one read; the claim fails closed
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	switch {
+	case p.rate > 0 && p.cap > 0:
+		return math.Min(p.rate, p.cap)
+	case p.rate > 0:
+		return p.rate
+	}
+	return p.cap
+}
+
+// Down reports whether the provider is down (nine requests in ten failing with 5xx or a dead connection,
+// not throttled) as of the last flush.
+func (p *Pace) Down(ctx context.Context) bool {
+	p.refresh(ctx, false) //nolint:errcheck // as Rate
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.down
+}
+
+// Probe asks for the one request a second that may go to a provider that is down, over all workers.
+func (p *Pace) Probe(ctx context.Context) (bool, error) {
+	ok, err := p.b.rdb.SetNX(ctx, state.PaceProbeKey(p.bucket), "1", time.Second).Result()
+	if err != nil {
+		return false, fmt.Errorf("pace probe %s: %w", p.bucket, err)
+	}
+	return ok, nil
+}
+
+func (p *Pace) refresh(ctx context.Context, force bool) error {
+	p.mu.Lock()
+	now := p.b.now()
+	if !force && now.Sub(p.flushed) < PaceFlush {
+		p.mu.Unlock()
+		return nil
+	}
+	counts, hint := p.counts, p.hint
+	p.counts, p.hint, p.flushed = [4]int64{}, 0, now
+	cap := p.cap
+	p.mu.Unlock()
+	res, err := paceScript.Run(ctx, p.b.rdb, []string{state.PaceKey(p.bucket), state.PauseKey(p.bucket)},
+		now.UnixMilli(), counts[Taken], counts[Throttled], counts[ThrottledFor], counts[Failed], hint.Milliseconds(), cap,
+		paceJudgeAt, paceThrottled, paceFailing, paceClear, paceDownAt).Slice()
+	if err != nil && !errors.Is(err, redis.Nil) {
+		// The counts are given back for the next flush: an answer is never lost to a Redis hiccup.
+		p.mu.Lock()
+		for i := range counts {
+			p.counts[i] += counts[i]
+		}
+		p.hint = max(p.hint, hint)
+		p.mu.Unlock()
+		return fmt.Errorf("pace %s: %w", p.bucket, err)
+	}
+	if len(res) == 2 {
+		rate, _ := res[0].(string)
+		down, _ := res[1].(int64)
+		var r float64
+		fmt.Sscan(rate, &r) //nolint:errcheck // "0" when unparsable: no pace
+		p.mu.Lock()
+		p.rate, p.down = r, down == 1
+		p.mu.Unlock()
+	}
+	return nil
+}
+
+// The pace's rules, per second of requests over all workers.
+const (
+	paceJudgeAt   = 20   // requests a second needs before its share of rejections is judged
+	paceThrottled = 0.03 // more 429s than this share: the pace lowers
+	paceFailing   = 0.20 // more 5xx than this share: the pace lowers
+	paceClear     = 0.01 // fewer rejections of any kind than this share: the pace climbs back
+	paceDownAt    = 5    // requests a second needs, all failing, to call the provider down
+)
+
+// paceScript adds a process's counts to the current second, and when a new second begins, judges the one
+// before and moves the pace (see Pace).
+//
+// KEYS[1] -> pace:<bucket> (hash: rate, sec, ok, thr, hint, fail, down)
+// KEYS[2] -> limiter:pause:<bucket>
+// ARGV[1] -> now, unix ms
+// ARGV[2..5] -> taken, throttled, throttled with a hint, failed
+// ARGV[6] -> the longest hint, ms
+// ARGV[7] -> the configured cap (0: none)
+// ARGV[8..12] -> paceJudgeAt, paceThrottled, paceFailing, paceClear, paceDownAt
+//
+// Returns {rate as a string ("0": no pace below the cap), 1 when down}.
+var paceScript = redis.NewScript(`
+local now = tonumber(ARGV[1])
+local sec = math.floor(now / 1000)
+local h = KEYS[1]
+local st = redis.call("HMGET", h, "rate", "sec", "ok", "thr", "thrh", "fail", "down", "hint")
+local rate = tonumber(st[1]) or 0
+local prev = tonumber(st[2]) or sec
+local down = st[7] == "1"
+if prev < sec then
+  local ok, thr, thrh, fail = tonumber(st[3]) or 0, tonumber(st[4]) or 0, tonumber(st[5]) or 0, tonumber(st[6]) or 0
+  local total = ok + thr + thrh + fail
+  local span = math.max(1, sec - prev)
+  local okRate = ok / span
+  local cap = tonumber(ARGV[7])
+  if down then
+    if ok > 0 then down = false end
+  elseif total >= tonumber(ARGV[12]) and fail * 10 >= total * 9 then
+    -- Failing, not throttling: 429s say the provider is up and busy.
+    down = true
+  end
+  if not down and total >= tonumber(ARGV[8]) then
+    local throttled = (thr + thrh) / total
+    if throttled > tonumber(ARGV[9]) or fail / total > tonumber(ARGV[10]) then
+      local from = okRate
+      if rate > 0 and rate < from then from = rate end
+      rate = math.max(1, from * 0.9)
+    elseif (thr + thrh + fail) / total < tonumber(ARGV[11]) and rate > 0 then
+      rate = rate * 1.05 + 1
+      if (cap > 0 and rate >= cap) or (cap <= 0 and rate > 4 * math.max(okRate, 1)) then rate = 0 end
+    end
+  end
+  if total > 0 and thrh * 2 > total then
+    local hint = tonumber(st[8]) or 1000
+    if hint < 1 then hint = 1000 end
+    if redis.call("PTTL", KEYS[2]) < hint then redis.call("SET", KEYS[2], "1", "PX", hint) end
+  end
+  redis.call("HSET", h, "rate", tostring(rate), "sec", sec, "ok", 0, "thr", 0, "thrh", 0, "fail", 0, "hint", 0, "down", down and "1" or "0")
+elseif st[2] == false then
+  redis.call("HSET", h, "sec", sec)
+end
+redis.call("HINCRBY", h, "ok", ARGV[2])
+redis.call("HINCRBY", h, "thr", ARGV[3])
+redis.call("HINCRBY", h, "thrh", ARGV[4])
+redis.call("HINCRBY", h, "fail", ARGV[5])
+local hint = tonumber(redis.call("HGET", h, "hint") or "0") or 0
+if tonumber(ARGV[6]) > hint then redis.call("HSET", h, "hint", ARGV[6]) end
+redis.call("PEXPIRE", h, 3600000)
+return {tostring(rate), down and 1 or 0}`)
