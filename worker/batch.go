@@ -69,9 +69,6 @@ const (
 	modeCancel
 )
 
-// WindowedChunkSize is the chunk of a run whose sends go out a window at a time.
-const WindowedChunkSize = 500
-
 // MaxRecipientAttempts is how many runs may find the same recipient failing transiently (while others
 // of its batch are sent) before it is failed for good: a poison recipient never holds its batch back for
 // long, and never makes it run out of retries.
@@ -143,11 +140,6 @@ func (h *Handler) RunBatch(ctx context.Context, campaignID int64, batch int) err
 	if batcher != nil {
 		// One chunk is one request.
 		chunkSize = batcher.MaxBatch()
-	} else if h.windowed(run) && run.answerInNextClaim {
-		// Sends a window at a time go fast enough that a chunk of the whole batch (a launch makes them of
-		// 500) still records its outcomes within a second or so; a chunk per batch writes Postgres a
-		// fifth as often. The price is in a double fault only: a dead run's chunk in hand is all of it.
-		chunkSize = max(chunkSize, WindowedChunkSize)
 	}
 	var stop error
 	queue := recipients
