@@ -130,7 +130,7 @@ func (p *Pace) refresh(ctx context.Context, force bool) error {
 	p.mu.Unlock()
 	res, err := paceScript.Run(ctx, p.b.rdb, []string{state.PaceKey(p.bucket), state.PauseKey(p.bucket)},
 		now.UnixMilli(), counts[Taken], counts[Throttled], counts[ThrottledFor], counts[Failed], hint.Milliseconds(), cap,
-		paceJudgeAt, paceThrottled, paceFailing, paceClear, paceDownAt).Slice()
+		paceJudgeAt, paceThrottled, paceFailing, paceEarly, paceDownAt, paceBinding, PaceFlush.Milliseconds()).Slice()
 	if err != nil && !errors.Is(err, redis.Nil) {
 		// The counts are given back for the next flush: an answer is never lost to a Redis hiccup.
 		p.mu.Lock()
@@ -153,72 +153,105 @@ func (p *Pace) refresh(ctx context.Context, force bool) error {
 	return nil
 }
 
-// The pace's rules, per second of requests over all workers.
+// The pace's rules. A window of answers (over all workers) is judged when it is a second old, or early,
+// from PaceFlush on, when it already shows the provider refusing a large share.
 const (
-	paceJudgeAt   = 20   // requests a second needs before its share of rejections is judged
+	paceJudgeAt   = 20   // requests a window needs before its share of rejections is judged
 	paceThrottled = 0.03 // more 429s than this share: the pace lowers
 	paceFailing   = 0.20 // more 5xx than this share: the pace lowers
-	paceClear     = 0.01 // fewer rejections of any kind than this share: the pace climbs back
-	paceDownAt    = 5    // requests a second needs, all failing, to call the provider down
+	paceEarly     = 0.25 // more rejections than this share: judged before the second is over
+	paceDownAt    = 5    // requests a window needs, all failing, to call the provider down
+	paceBinding   = 0.8  // the pace climbs only while the sends reach this share of it
 )
 
-// paceScript adds a process's counts to the current second, and when a new second begins, judges the one
-// before and moves the pace (see Pace).
+// paceScript adds a process's counts to the current window and, when the window is due (see the rules
+// above), judges it and moves the pace:
 //
-// KEYS[1] -> pace:<bucket> (hash: rate, sec, ok, thr, hint, fail, down)
+//   - rejections above their share: the pace lowers to 0.9 of the rate the provider took (the first time,
+//     from no pace, that is its limit as measured), never by more than half in one step, and not again
+//     for windows begun within a second of it (their answers are those of requests sent at the old pace,
+//     and a provider counting over a sliding second still counts those);
+//   - otherwise, while the sends reach the pace, it climbs by 5 % (and one) a second, until the cap,
+//     where it is dropped (no pace below the cap);
+//   - nine in ten requests failing (5xx, not 429: a 429 says the provider is up) is a provider down (a
+//     decrease in the second before is undone: it was the outage beginning); the first request it takes
+//     again ends that, at once;
+//   - most 429s of the window carrying Retry-After pause the provider for every worker.
+//
+// KEYS[1] -> pace:<bucket> (hash: rate, start, last, ok, thr, thrh, fail, hint, down, cool, prev)
 // KEYS[2] -> limiter:pause:<bucket>
 // ARGV[1] -> now, unix ms
 // ARGV[2..5] -> taken, throttled, throttled with a hint, failed
 // ARGV[6] -> the longest hint, ms
 // ARGV[7] -> the configured cap (0: none)
-// ARGV[8..12] -> paceJudgeAt, paceThrottled, paceFailing, paceClear, paceDownAt
+// ARGV[8..14] -> paceJudgeAt, paceThrottled, paceFailing, paceEarly, paceDownAt, paceBinding, PaceFlush ms
 //
 // Returns {rate as a string ("0": no pace below the cap), 1 when down}.
 var paceScript = redis.NewScript(`
 local now = tonumber(ARGV[1])
-local sec = math.floor(now / 1000)
 local h = KEYS[1]
-local st = redis.call("HMGET", h, "rate", "sec", "ok", "thr", "thrh", "fail", "down", "hint")
+local st = redis.call("HMGET", h, "rate", "start", "last", "ok", "thr", "thrh", "fail", "hint", "down", "cool", "prev")
 local rate = tonumber(st[1]) or 0
-local prev = tonumber(st[2]) or sec
-local down = st[7] == "1"
-if prev < sec then
-  local ok, thr, thrh, fail = tonumber(st[3]) or 0, tonumber(st[4]) or 0, tonumber(st[5]) or 0, tonumber(st[6]) or 0
-  local total = ok + thr + thrh + fail
-  local span = math.max(1, sec - prev)
-  local okRate = ok / span
-  local cap = tonumber(ARGV[7])
-  if down then
-    if ok > 0 then down = false end
-  elseif total >= tonumber(ARGV[12]) and fail * 10 >= total * 9 then
-    -- Failing, not throttling: 429s say the provider is up and busy.
+local start = tonumber(st[2]) or now
+local last = tonumber(st[3]) or now
+local ok = (tonumber(st[4]) or 0) + tonumber(ARGV[2])
+local thr = (tonumber(st[5]) or 0) + tonumber(ARGV[3])
+local thrh = (tonumber(st[6]) or 0) + tonumber(ARGV[4])
+local fail = (tonumber(st[7]) or 0) + tonumber(ARGV[5])
+local hint = math.max(tonumber(st[8]) or 0, tonumber(ARGV[6]))
+local down = st[9] == "1"
+local cool = tonumber(st[10]) or 0
+local prev = tonumber(st[11]) or 0
+local cap = tonumber(ARGV[7])
+local judgeAt, maxThr, maxFail, early, downAt, binding, flush =
+  tonumber(ARGV[8]), tonumber(ARGV[9]), tonumber(ARGV[10]), tonumber(ARGV[11]), tonumber(ARGV[12]), tonumber(ARGV[13]), tonumber(ARGV[14])
+local added = tonumber(ARGV[2]) + tonumber(ARGV[3]) + tonumber(ARGV[4]) + tonumber(ARGV[5])
+if added > 0 then last = now end
+local total = ok + thr + thrh + fail
+local elapsed = now - start
+local rejected = thr + thrh + fail
+local due = elapsed >= 1000
+if not due and elapsed >= flush and total >= judgeAt and rejected > total * early then due = true end
+if down and ok > 0 then
+  -- A request taken: the provider is back.
+  down = false
+  due = true
+end
+if due then
+  if not down and total >= downAt and fail * 10 >= total * 9 then
     down = true
+    -- A decrease just before was the outage beginning, not the provider's limit: undone.
+    if now < cool + 1000 then rate = prev end
   end
-  if not down and total >= tonumber(ARGV[8]) then
-    local throttled = (thr + thrh) / total
-    if throttled > tonumber(ARGV[9]) or fail / total > tonumber(ARGV[10]) then
-      local from = okRate
-      if rate > 0 and rate < from then from = rate end
-      rate = math.max(1, from * 0.9)
-    elseif (thr + thrh + fail) / total < tonumber(ARGV[11]) and rate > 0 then
-      rate = rate * 1.05 + 1
-      if (cap > 0 and rate >= cap) or (cap <= 0 and rate > 4 * math.max(okRate, 1)) then rate = 0 end
+  if not down and total >= judgeAt then
+    -- The rate the provider took: over the window's second, or its answers' span when that was longer.
+    local okRate = ok / math.max(1, (last - start) / 1000)
+    if (thr + thrh) > total * maxThr or fail > total * maxFail then
+      if start >= cool then
+        -- From the pace in force (the cap when there is no pace below it).
+        local cur = rate
+        if cur <= 0 then cur = cap end
+        local from = okRate
+        if cur > 0 then from = math.max(math.min(cur, okRate), cur / 2) end
+        prev = rate
+        rate = math.max(1, from * 0.9)
+        cool = now + 1000
+      end
+    else
+      if rate > 0 and okRate >= rate * binding then
+        rate = rate * 1.05 + 1
+        if cap > 0 and rate >= cap then rate = 0 end
+      end
     end
   end
   if total > 0 and thrh * 2 > total then
-    local hint = tonumber(st[8]) or 1000
     if hint < 1 then hint = 1000 end
     if redis.call("PTTL", KEYS[2]) < hint then redis.call("SET", KEYS[2], "1", "PX", hint) end
   end
-  redis.call("HSET", h, "rate", tostring(rate), "sec", sec, "ok", 0, "thr", 0, "thrh", 0, "fail", 0, "hint", 0, "down", down and "1" or "0")
-elseif st[2] == false then
-  redis.call("HSET", h, "sec", sec)
+  redis.call("HSET", h, "rate", tostring(rate), "start", now, "last", now, "ok", 0, "thr", 0, "thrh", 0, "fail", 0,
+    "hint", 0, "down", down and "1" or "0", "cool", cool, "prev", prev)
+else
+  redis.call("HSET", h, "start", start, "last", last, "ok", ok, "thr", thr, "thrh", thrh, "fail", fail, "hint", hint)
 end
-redis.call("HINCRBY", h, "ok", ARGV[2])
-redis.call("HINCRBY", h, "thr", ARGV[3])
-redis.call("HINCRBY", h, "thrh", ARGV[4])
-redis.call("HINCRBY", h, "fail", ARGV[5])
-local hint = tonumber(redis.call("HGET", h, "hint") or "0") or 0
-if tonumber(ARGV[6]) > hint then redis.call("HSET", h, "hint", ARGV[6]) end
 redis.call("PEXPIRE", h, 3600000)
 return {tostring(rate), down and 1 or 0}`)

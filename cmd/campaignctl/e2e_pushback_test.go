@@ -1,0 +1,136 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/campaignctl/campaignctl/internal/testdb"
+	"github.com/campaignctl/campaignctl/internal/testredis"
+	"github.com/campaignctl/campaignctl/providers/sandbox"
+)
+
+// pushbackRun sends n SMS with the built binary through a sandbox started with sandboxArgs, by workers
+// worker processes, TWILIO_RATE rate (0: none), until nothing is pending; it checks from the provider's
+// side that everyone got exactly one message and that nobody failed or landed in the DLQ, and returns the
+// sandbox's timeline of the run.
+func pushbackRun(t *testing.T, n, workers int, rate string, sandboxArgs ...string) sandbox.Timeline {
+	t.Helper()
+	_, dbURL := testdb.New(t)
+	_, redisURL := testredis.New(t)
+	sandboxAddr := freeAddr(t)
+	e := &e2eEnv{t: t, bin: binary(t), env: append(os.Environ(),
+		"DATABASE_URL="+dbURL, "REDIS_URL="+redisURL,
+		"TWILIO_ACCOUNT_SID=ACpush000000000000000000000000000", "TWILIO_AUTH_TOKEN=pushtoken", "TWILIO_FROM=+905550000000",
+		"TWILIO_BASE_URL=http://"+sandboxAddr, "TWILIO_RATE="+rate, "SENDER_IDENTITY="+testSender,
+	)}
+	e.mustRun("migrate")
+	e.mustRun("demo", "seed", "--users", strconv.Itoa(chaosUsersFor(n)), "--pool", "demo")
+	audience := filepath.Join(t.TempDir(), "audience.sql")
+	if err := os.WriteFile(audience, []byte("SELECT user_id, phone, first_name FROM customers"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	e.start("sandbox", append([]string{"sandbox", "--addr", sandboxAddr}, sandboxArgs...)...)
+	waitFor(t, 10*time.Second, func() bool { _, err := chaosAccepted(sandboxAddr); return err == nil })
+	for i := range workers {
+		e.start(fmt.Sprint("worker ", i+1), "worker", "--concurrency", "8", "--provider-timeout", "2s")
+	}
+	out := e.mustRun("launch", "--name", "pushback", "--channel", "sms", "--audience", audience, "--code-pool", "demo",
+		"--message", testPrefix+"Merhaba {{.first_name}}, kodunuz {{.code}}", "--frequency-cap", "0", "--yes", "--json")
+	var rep struct {
+		ID int64 `json:"id"`
+	}
+	if err := json.Unmarshal([]byte(out), &rep); err != nil || rep.ID == 0 {
+		t.Fatalf("launch --json: %v\n%s", err, out)
+	}
+	id := strconv.FormatInt(rep.ID, 10)
+	var st chaosStatus
+	waitFor(t, 3*time.Minute, func() bool {
+		s, err := chaosStatusOf(e, id)
+		st = s
+		return err == nil && s.Pending == 0
+	})
+	if st.Failed != 0 || st.DLQ != 0 || st.Unknown != 0 || st.Sent != int64(n) {
+		t.Errorf("status %+v: want all %d sent, none failed, unknown or in the DLQ", st, n)
+	}
+	perTo := map[string]int{}
+	for _, m := range chaosSandboxMessages(t, sandboxAddr) {
+		perTo[m.To]++
+	}
+	dups := 0
+	for _, c := range perTo {
+		if c > 1 {
+			dups++
+		}
+	}
+	if dups != 0 || len(perTo) != n {
+		t.Errorf("the sandbox accepted messages to %d numbers, %d of them more than once; want %d, once each", len(perTo), dups, n)
+	}
+	resp, err := http.Get("http://" + sandboxAddr + "/_sandbox/timeline?api=twilio")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var tl sandbox.Timeline
+	if err := json.NewDecoder(resp.Body).Decode(&tl); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("sandbox: %d requests, %d accepted, %d refused %v", tl.Total.Requests, tl.Total.Accepted, tl.Total.Refused, tl.Total.RefusedBy)
+	for _, s := range tl.Seconds {
+		t.Logf("  %s accepted %4d refused %4d %v", s.Second.Format("15:04:05"), s.Accepted, s.Refused, s.RefusedBy)
+	}
+	return tl
+}
+
+// Sporadic faults (5 % 503, 2 % 429 with Retry-After) slow the provider's pace no lower than its cap and
+// stop nobody: everyone is sent once, nobody fails.
+func TestPushbackSporadicFaultsStopNobody(t *testing.T) {
+	t.Parallel()
+	if testing.Short() {
+		t.Skip("end-to-end run skipped in -short mode")
+	}
+	_ = pushbackRun(t, 3000, 2, "1500", "--fail-503", "0.05", "--fail-429", "0.02")
+}
+
+// A provider that takes only 300 requests a second and answers 429 (without Retry-After) past it, with no
+// cap configured: the shared pace finds the limit. The first second, sent with no pace known, is refused
+// for the most part; after it, the rejected requests stay a small share.
+func TestPushbackFindsAHiddenLimit(t *testing.T) {
+	t.Parallel()
+	if testing.Short() {
+		t.Skip("end-to-end run skipped in -short mode")
+	}
+	tl := pushbackRun(t, 4000, 3, "0", "--limit", "twilio=300")
+	var requests, refused int
+	for _, s := range tl.Seconds[min(2, len(tl.Seconds)):] {
+		requests, refused = requests+s.Requests, refused+s.Refused
+	}
+	if share := float64(refused) / float64(max(1, requests)); share > 0.05 {
+		t.Errorf("after the first two seconds, %.1f%% of the requests were refused by the hidden limit, want at most 5%%", 100*share)
+	}
+}
+
+// A hard outage in the middle of a campaign costs nobody a retry: nobody fails, nothing lands in the DLQ,
+// sending goes on after the provider is back, and while it is down, only the probes reach it.
+func TestPushbackOutageCostsNoRetry(t *testing.T) {
+	t.Parallel()
+	if testing.Short() {
+		t.Skip("end-to-end run skipped in -short mode")
+	}
+	tl := pushbackRun(t, 3000, 2, "500", "--outage", "twilio=6s@3s")
+	if len(tl.Outages) != 1 || tl.Outages[0].End.IsZero() {
+		t.Fatalf("outages %+v: want the one window, over", tl.Outages)
+	}
+	o := tl.Outages[0]
+	for _, s := range tl.Seconds {
+		// From two seconds into the outage (the workers have seen it) to its end: the probes only.
+		if !s.Second.Before(o.Start.Add(2*time.Second)) && !s.Second.Add(time.Second).After(o.End) && s.Requests > 2 {
+			t.Errorf("%s, inside the outage: %d requests, want one probe a second over every worker", s.Second.Format(time.TimeOnly), s.Requests)
+		}
+	}
+}
