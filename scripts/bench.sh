@@ -12,8 +12,10 @@
 #                                   ≥ 0.9 of W × concurrency / 20 ms (limited by --concurrency only)
 #   rate kept                       --rate R (default 2,000/s) for --rate-seconds S (15) over 3 workers:
 #                                   no whole second above 1.1 R, a mean of whole seconds ≥ 0.95 R
+# and the pushback scenarios (scripts/bench/pushback.sh): sporadic 503s and 429s against the no-fault run,
+# a hidden provider limit with no cap, a 20 s outage in the middle of a campaign.
 # --only launch or --only send runs one half. The launch half is timed with /usr/bin/time -v (wall time and
-# the peak RSS of the campaignctl process). with /usr/bin/time -v (wall time and the peak RSS of the campaignctl process). The script
+# the peak RSS of the campaignctl process). The script
 # prints a table and appends a dated section with the machine and the figures to docs/benchmarks.md.
 #
 # It uses a database of its own (BENCH_DB, default campaignctl_bench: dropped and re-created at the start,
@@ -40,7 +42,7 @@ usage: scripts/bench.sh [options]
   --workers W           worker processes of the throughput and latency scenarios (default 2)
   --concurrency C       --concurrency of each worker (default 16)
   --latency-concurrency C  --concurrency of each worker with 20 ms latency (default 32)
-  --scenarios LIST      the send scenarios to run, of sms,email,latency,rate (default: all)
+  --scenarios LIST      the send scenarios to run, of sms,email,latency,rate,faults,hidden,outage (default: all)
   --profile             take 10 s CPU profiles of the first worker and of the sandbox in each send scenario
                         (kept in the work directory)
   --send-timeout S      give up on a send scenario after S seconds (default 600)
@@ -61,7 +63,8 @@ CONSENTS=${BENCH_CONSENTS:-1700000}
 CODES=${BENCH_CODES:-1000000}
 LAUNCH_TIMEOUT=${BENCH_LAUNCH_TIMEOUT:-900}
 ONLY="" SMS_N=200000 EMAIL_N=200000 LAT_N=32000 RATE_R=2000 RATE_SECS=15 SEND_WORKERS=2 SEND_CONC=16 LAT_CONC=32
-SEND_TIMEOUT=600 PROFILE=0 SCENARIOS=sms,email,latency,rate
+SEND_TIMEOUT=600 PROFILE=0 SCENARIOS=sms,email,latency,rate,faults,hidden,outage
+PUSHBACK_N=94000 # recipients of the pushback scenarios (scripts/bench/pushback.sh)
 KEEP=0 KEEP_WORK=0 RECORD=1 EXPLAIN=0
 while [ $# -gt 0 ]; do
   case "$1" in

@@ -72,7 +72,9 @@ EOF
 
 # send_scenario NAME CHANNEL OFFSET N WORKERS CONCURRENCY RATE SANDBOX_ARGS...
 # RATE is the provider cap (TWILIO_RATE / SENDGRID_RATE; 0 = none). Sets s_ok, s_rate, s_secs, s_dups,
-# s_rss (max worker VmHWM MB), s_redis (bytes per planned recipient), s_planned, s_sent.
+# s_rss (max worker VmHWM MB), s_redis (bytes per planned recipient), s_planned, s_sent, s_id, and writes
+# the sandbox's timeline to $work/NAME.timeline.json. SEND_DURING names a function run in the background
+# from the start of the workers (it may act on the sandbox at $sb_port).
 send_scenario() {
   local name=$1 channel=$2 offset=$3 n=$4 workers=$5 conc=$6 rate=$7; shift 7
   s_ok=0 s_rate=0 s_secs=0 s_dups='?' s_rss=0 s_redis=0 s_planned=0 s_sent=0
@@ -123,16 +125,26 @@ send_scenario() {
     fi
   done
   local t_start=$EPOCHREALTIME
-  local peak=$base used deadline=$((SECONDS + SEND_TIMEOUT)) accepted=0 state=""
+  local during_pid=""
+  if [ -n "${SEND_DURING:-}" ]; then
+    # Something the scenario does to the provider while the campaign runs (an outage, say).
+    "$SEND_DURING" &
+    during_pid=$!
+  fi
+  local peak=$base used deadline=$((SECONDS + SEND_TIMEOUT)) accepted=0 state="" polls=0
   while [ $SECONDS -lt $deadline ]; do
     used=$(redis_used); [ "${used:-0}" -le "$peak" ] || peak=$used
     accepted=$(sandbox_get /_sandbox/stats | jq -r '.accepted')
-    if [ "$accepted" -ge "$s_planned" ]; then
+    polls=$((polls + 1))
+    # Once everyone is accepted, or every few seconds (a campaign may complete with recipients failed).
+    if [ "$accepted" -ge "$s_planned" ] || [ $((polls % 10)) = 0 ]; then
       state=$(psql_bench -Atc "SELECT state FROM campaigns WHERE id = $id")
       [ "$state" = completed ] && break
     fi
     sleep 0.2
   done
+  [ -z "$during_pid" ] || wait "$during_pid" 2>/dev/null || true
+  s_id=$id
   used=$(redis_used); [ "${used:-0}" -le "$peak" ] || peak=$used
   s_cpu="postgres $(cpu_used "$work/$name.cpu.pg" $(pgrep -x postgres)) s, redis $(cpu_used "$work/$name.cpu.redis" $redis_pid) s, workers $(echo "0 0" >"$work/$name.cpu.none"; cpu_used "$work/$name.cpu.none" "${wpids[@]}") s, sandbox $(cpu_used "$work/$name.cpu.sandbox" "$sb_pid") s over $(awk -v a="$t_start" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.1f", b - a }') s"
   notes+=("$name: CPU used while the workers ran: $s_cpu")
@@ -158,6 +170,8 @@ send_scenario() {
     sandbox_get /_sandbox/messages | jq -r '.[].at | sub("\\.[0-9]+"; "") | fromdateiso8601' | sort | uniq -c |
       awk '{ print $2, $1 }' >"$work/$name.seconds"
   fi
+  # Per second, what became of the provider requests (the pushback scenarios read it).
+  sandbox_get "/_sandbox/timeline?api=${SEND_TIMELINE_API:-twilio,sendgrid}" >"$work/$name.timeline.json" || true
   stop_pids "$sb_pid"
   s_dups=$(jq -r '.duplicates' <<<"$st")
   s_sent=$(psql_bench -Atc "SELECT count(*) FROM campaign_recipients WHERE campaign_id = $id AND status = 'sent'")
@@ -181,7 +195,7 @@ ge() { awk -v a="$1" -v b="$2" 'BEGIN { exit !(a >= b) }'; }
 
 run_send_scenarios() {
   say "send scenarios: codes for them (not timed)"
-  local total=$((SMS_N + EMAIL_N + LAT_N + RATE_R * RATE_SECS))
+  local total=$((SMS_N + EMAIL_N + LAT_N + RATE_R * RATE_SECS + PUSHBACK_N))
   "$ctl" codes generate --pool send --count "$total" >/dev/null
   # The launch benchmark's campaign is not sent: its tasks go, and it is cancelled in Postgres.
   rcli -n "$REDIS_DB" FLUSHDB >/dev/null
@@ -252,6 +266,9 @@ run_send_scenarios() {
     rows+=("rate kept|$(fmt_n "$rn") recipients|—|—|≤ 1.1 R, ≥ 0.95 R|failed (see notes)")
   fi
   fi
+
+  . scripts/bench/pushback.sh
+  run_pushback_scenarios $((off_rate + rn))
 }
 
 # want NAME: whether the send scenario NAME is in --scenarios.
