@@ -98,7 +98,7 @@ while [ $# -gt 0 ]; do
 done
 case "$ONLY" in ""|launch|send) ;; *) echo "--only takes launch or send, got '$ONLY'" >&2; exit 2 ;; esac
 for s in ${SCENARIOS//,/ }; do
-  case "$s" in sms|email|latency|rate) ;; *) echo "--scenarios: unknown scenario '$s' (give a list of sms,email,latency,rate)" >&2; exit 2 ;; esac
+  case "$s" in sms|email|latency|rate|faults|hidden|outage) ;; *) echo "--scenarios: unknown scenario '$s' (give a list of sms,email,latency,rate,faults,hidden,outage)" >&2; exit 2 ;; esac
 done
 for v in CUSTOMERS CONSENTS CODES LAUNCH_TIMEOUT SMS_N EMAIL_N LAT_N RATE_R RATE_SECS SEND_WORKERS SEND_CONC LAT_CONC SEND_TIMEOUT; do
   [[ ${!v} =~ ^[1-9][0-9]*$ ]] || { echo "${v,,} must be a positive whole number, got '${!v}'" >&2; exit 2; }
