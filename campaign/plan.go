@@ -27,8 +27,10 @@ type Spec struct {
 	CodePool string
 	// Rate caps this campaign in messages per second over all workers; 0 means only the provider's cap.
 	Rate float64
-	// ProviderRate is the provider's cap in messages per second (0 = none); used for the ETA only.
-	ProviderRate float64
+	// ProviderRate is the provider's cap in messages per second (0 = none), or in SMS segments a second
+	// when ProviderCountsSegments (Twilio's is); used for the ETA only.
+	ProviderRate           float64
+	ProviderCountsSegments bool
 	// BatchSize is recipients per queued task; 0 means DefaultBatchSize.
 	BatchSize int
 	// DryRun computes the full report inside a transaction that is rolled back: same numbers, nothing written.
@@ -287,9 +289,25 @@ func (p *Planner) Plan(ctx context.Context, spec Spec) (Report, error) {
 		return rep, err
 	}
 	rep.Batches = BatchCount(rep.Eligible, spec.BatchSize)
-	rep.Rate = EffectiveRate(spec.Rate, spec.ProviderRate)
-	if rep.Rate > 0 {
-		rep.ETASeconds = math.Ceil(float64(rep.Eligible) / rep.Rate)
-	}
+	rep.Rate, rep.ETASeconds = spec.eta(&rep)
 	return rep, nil
+}
+
+// eta is the message rate a campaign goes at and how long it takes: the slower of its own --rate (in
+// messages) and the provider's cap, which for a provider counting segments takes every segment (the
+// total when counted, else the first message's count for each).
+func (spec *Spec) eta(rep *Report) (rate, seconds float64) {
+	providerMsgs := spec.ProviderRate
+	if spec.ProviderRate > 0 && spec.ProviderCountsSegments && rep.Eligible > 0 {
+		perMessage := float64(max(1, rep.SegmentsPerMessage))
+		if rep.TotalSegments > 0 {
+			perMessage = float64(rep.TotalSegments) / float64(rep.Eligible)
+		}
+		providerMsgs = spec.ProviderRate / perMessage
+	}
+	rate = EffectiveRate(spec.Rate, providerMsgs)
+	if rate > 0 && rep.Eligible > 0 {
+		seconds = math.Ceil(float64(rep.Eligible) / rate)
+	}
+	return rate, seconds
 }

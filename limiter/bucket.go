@@ -47,7 +47,8 @@ type Bucket struct {
 	mu    sync.Mutex
 	turns map[string]*turn
 	// paces are the shared paces this process takes part in, by bucket (see Pace).
-	paces map[string]*Pace
+	paces  map[string]*Pace
+	onPace func(PaceReport)
 	// now and sleep are replaceable in tests.
 	now   func() time.Time
 	sleep func(ctx context.Context, d time.Duration) error

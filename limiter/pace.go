@@ -49,6 +49,45 @@ type Pace struct {
 	down    bool
 }
 
+// PaceEvent is a move of a shared pace.
+type PaceEvent string
+
+const (
+	// PaceLowered: the provider refused more than its share; the pace lowered.
+	PaceLowered PaceEvent = "lowered"
+	// PaceAtCap: the pace climbed back to the configured cap (or, with no cap, is dropped).
+	PaceAtCap PaceEvent = "at_cap"
+	// PaceDown: the provider fails (nearly) every request: only the probe goes.
+	PaceDown PaceEvent = "down"
+	// PaceUp: a request was taken again after the provider was down.
+	PaceUp PaceEvent = "up"
+	// PacePaused: most 429s of a window carried Retry-After: every worker waits it out.
+	PacePaused PaceEvent = "paused"
+)
+
+// PaceReport is what a process read of a shared pace at a flush: the rate sends are paced at and whether
+// the provider is down, and, when this process's answers closed the window that moved the pace, the move
+// (every move is reported once, to one process).
+type PaceReport struct {
+	Bucket string
+	// Rate is the rate in force: the pace, or the cap when it is lower (0: neither).
+	Rate float64
+	Down bool
+	// Event is empty unless the pace moved at this flush; Was is the rate in force before it, and
+	// Requests and Rejected the window that was judged.
+	Event              PaceEvent
+	Was                float64
+	Requests, Rejected int64
+}
+
+// OnPace has f called after every flush of a shared pace of b's (from the goroutine that flushed; f must
+// not block).
+func (b *Bucket) OnPace(f func(PaceReport)) {
+	b.mu.Lock()
+	b.onPace = f
+	b.mu.Unlock()
+}
+
 // PaceFlush is how often a process sends its answers to the shared pace.
 const PaceFlush = 200 * time.Millisecond
 
@@ -74,8 +113,15 @@ func (b *Bucket) Pace(bucket string, cap float64) *Pace {
 // PaceFlush, sends the counts to Redis and reads the pace back. A Redis error is returned: the caller is
 // about to fail closed anyway.
 func (p *Pace) Observe(ctx context.Context, a Answer, hint time.Duration) error {
+	return p.ObserveN(ctx, a, hint, 1)
+}
+
+// ObserveN is Observe for an answer that weighs n tokens of the provider's limit: a request of n messages,
+// or an SMS of n segments where the limit counts segments. The pace is in the limit's tokens, so what the
+// provider took is counted in them too.
+func (p *Pace) ObserveN(ctx context.Context, a Answer, hint time.Duration, n int64) error {
 	p.mu.Lock()
-	p.counts[a]++
+	p.counts[a] += max(1, n)
 	p.hint = max(p.hint, hint)
 	p.mu.Unlock()
 	return p.refresh(ctx, false)
@@ -90,13 +136,7 @@ func (p *Pace) Rate(ctx context.Context) float64 {
 	p.refresh(ctx, false) //nolint:errcheck // a stale pace is the last one read; the claim fails closed
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	switch {
-	case p.rate > 0 && p.cap > 0:
-		return math.Min(p.rate, p.cap)
-	case p.rate > 0:
-		return p.rate
-	}
-	return p.cap
+	return inForce(p.rate, p.cap)
 }
 
 // Down reports whether the provider is down (nine requests in ten failing with 5xx or a dead connection,
@@ -141,16 +181,42 @@ func (p *Pace) refresh(ctx context.Context, force bool) error {
 		p.mu.Unlock()
 		return fmt.Errorf("pace %s: %w", p.bucket, err)
 	}
-	if len(res) == 2 {
+	if len(res) == 6 {
 		rate, _ := res[0].(string)
 		down, _ := res[1].(int64)
-		var r float64
+		ev, _ := res[2].(string)
+		was, _ := res[3].(string)
+		requests, _ := res[4].(int64)
+		rejected, _ := res[5].(int64)
+		var r, w float64
 		fmt.Sscan(rate, &r) //nolint:errcheck // "0" when unparsable: no pace
+		fmt.Sscan(was, &w)  //nolint:errcheck // as rate
 		p.mu.Lock()
 		p.rate, p.down = r, down == 1
 		p.mu.Unlock()
+		p.b.mu.Lock()
+		f := p.b.onPace
+		p.b.mu.Unlock()
+		if f != nil {
+			rep := PaceReport{Bucket: p.bucket, Rate: inForce(r, cap), Down: down == 1, Event: PaceEvent(ev)}
+			if rep.Event != "" {
+				rep.Was, rep.Requests, rep.Rejected = inForce(w, cap), requests, rejected
+			}
+			f(rep)
+		}
 	}
 	return nil
+}
+
+// inForce is the rate sends are paced at: the pace or the cap, whichever is lower (0: neither).
+func inForce(pace, cap float64) float64 {
+	switch {
+	case pace > 0 && cap > 0:
+		return math.Min(pace, cap)
+	case pace > 0:
+		return pace
+	}
+	return cap
 }
 
 // The pace's rules. A window of answers (over all workers) is judged when it is a second old, or early,
@@ -186,7 +252,8 @@ const (
 // ARGV[7] -> the configured cap (0: none)
 // ARGV[8..14] -> paceJudgeAt, paceThrottled, paceFailing, paceEarly, paceDownAt, paceBinding, PaceFlush ms
 //
-// Returns {rate as a string ("0": no pace below the cap), 1 when down}.
+// Returns {rate as a string ("0": no pace below the cap), 1 when down, the move ("" or a PaceEvent), the
+// rate before it, the judged window's requests and rejections}.
 var paceScript = redis.NewScript(`
 local now = tonumber(ARGV[1])
 local h = KEYS[1]
@@ -205,6 +272,7 @@ local prev = tonumber(st[11]) or 0
 local cap = tonumber(ARGV[7])
 local judgeAt, maxThr, maxFail, early, downAt, binding, flush =
   tonumber(ARGV[8]), tonumber(ARGV[9]), tonumber(ARGV[10]), tonumber(ARGV[11]), tonumber(ARGV[12]), tonumber(ARGV[13]), tonumber(ARGV[14])
+local was, ev = rate, ""
 local added = tonumber(ARGV[2]) + tonumber(ARGV[3]) + tonumber(ARGV[4]) + tonumber(ARGV[5])
 if added > 0 then last = now end
 local total = ok + thr + thrh + fail
@@ -216,10 +284,12 @@ if down and ok > 0 then
   -- A request taken: the provider is back.
   down = false
   due = true
+  ev = "up"
 end
 if due then
   if not down and total >= downAt and fail * 10 >= total * 9 then
     down = true
+    ev = "down"
     -- A decrease just before was the outage beginning, not the provider's limit: undone.
     if now < cool + 1000 then rate = prev end
   end
@@ -236,17 +306,24 @@ if due then
         prev = rate
         rate = math.max(1, from * 0.9)
         cool = now + 1000
+        ev = "lowered"
       end
     else
       if rate > 0 and okRate >= rate * binding then
         rate = rate * 1.05 + 1
-        if cap > 0 and rate >= cap then rate = 0 end
+        if cap > 0 and rate >= cap then
+          rate = 0
+          ev = "at_cap"
+        end
       end
     end
   end
   if total > 0 and thrh * 2 > total then
     if hint < 1 then hint = 1000 end
-    if redis.call("PTTL", KEYS[2]) < hint then redis.call("SET", KEYS[2], "1", "PX", hint) end
+    if redis.call("PTTL", KEYS[2]) < hint then
+      redis.call("SET", KEYS[2], "1", "PX", hint)
+      if ev == "" then ev = "paused" end
+    end
   end
   redis.call("HSET", h, "rate", tostring(rate), "start", now, "last", now, "ok", 0, "thr", 0, "thrh", 0, "fail", 0,
     "hint", 0, "down", down and "1" or "0", "cool", cool, "prev", prev)
@@ -254,4 +331,5 @@ else
   redis.call("HSET", h, "start", start, "last", last, "ok", ok, "thr", thr, "thrh", thrh, "fail", fail, "hint", hint)
 end
 redis.call("PEXPIRE", h, 3600000)
-return {tostring(rate), down and 1 or 0}`)
+if ev == "" then return {tostring(rate), down and 1 or 0, "", "0", 0, 0} end
+return {tostring(rate), down and 1 or 0, ev, tostring(was), total, rejected}`)

@@ -3,6 +3,7 @@ package limiter
 import (
 	"context"
 	"math/rand/v2"
+	"slices"
 	"testing"
 	"time"
 
@@ -113,6 +114,12 @@ func TestPaceFindsASlidingLimitAfterABurst(t *testing.T) {
 	t.Parallel()
 	b, clock := fakeClockBucket(t)
 	p := b.Pace("provider:sliding", 0)
+	var lowered []PaceReport
+	b.OnPace(func(r PaceReport) {
+		if r.Event == PaceLowered {
+			lowered = append(lowered, r)
+		}
+	})
 	const limit = 300
 	var admitted []time.Time
 	sent, taken := paceRun(t, p, clock, 40, 5000, func(int) (Answer, time.Duration) {
@@ -134,6 +141,9 @@ func TestPaceFindsASlidingLimitAfterABurst(t *testing.T) {
 	}
 	if rejected := float64(s-k) / float64(s); rejected > 0.05 {
 		t.Errorf("%.1f%% rejected in the steady state, want at most 5%%; sent %v taken %v", 100*rejected, sent, taken)
+	}
+	if len(lowered) == 0 || lowered[0].Was != 0 || lowered[0].Rate > limit || lowered[0].Rejected == 0 {
+		t.Errorf("first lowering reported %+v, want from no pace to at most the limit, with the refusals that moved it", lowered)
 	}
 }
 
@@ -168,6 +178,12 @@ func TestPaceStopsForAProviderThatIsDownAndProbes(t *testing.T) {
 	t.Parallel()
 	b, clock := fakeClockBucket(t)
 	p := b.Pace("provider:down", 0)
+	var events []PaceEvent
+	b.OnPace(func(r PaceReport) {
+		if r.Event != "" {
+			events = append(events, r.Event)
+		}
+	})
 	up := false
 	answer := func(int) (Answer, time.Duration) {
 		if up {
@@ -194,6 +210,9 @@ func TestPaceStopsForAProviderThatIsDownAndProbes(t *testing.T) {
 	}
 	if sent[0] < 300 {
 		t.Fatalf("sent %v after the probe was taken, want sending to go on within the second", sent)
+	}
+	if !slices.Equal(events, []PaceEvent{PaceDown, PaceUp}) {
+		t.Fatalf("pace events %v, want down then up, each reported once", events)
 	}
 }
 

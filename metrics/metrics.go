@@ -83,6 +83,9 @@ type Metrics struct {
 	wait     *prometheus.HistogramVec
 	refused  prometheus.Counter
 	retries  *prometheus.CounterVec
+	pace     *prometheus.GaugeVec
+	down     *prometheus.GaugeVec
+	moves    *prometheus.CounterVec
 
 	mu sync.Mutex
 	by map[[2]string]*Sends
@@ -124,11 +127,40 @@ func New(log *slog.Logger) *Metrics {
 			Namespace: Namespace, Name: "retries_total",
 			Help: "Provider calls answered transiently (nothing accepted, tried again), by provider and reason: 429, 5xx, transport, other.",
 		}, []string{"provider", "reason"}),
+		pace: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: Namespace, Name: "provider_pace_per_second",
+			Help: "The rate this worker paces its sends to a provider at, shared by every worker: the configured cap, lower while the provider pushes back (0: neither, no pace). Every worker reports the same figure: aggregate with max.",
+		}, []string{"provider"}),
+		down: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: Namespace, Name: "provider_down",
+			Help: "1 while the provider fails nearly every request (only a probe a second goes to it, over every worker), else 0.",
+		}, []string{"provider"}),
+		moves: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: Namespace, Name: "provider_pace_changes_total",
+			Help: "Moves of a provider's shared pace, each counted by the one worker whose answers caused it (aggregate with sum): lowered, at_cap (back at the cap), down, up, paused (most 429s carried Retry-After).",
+		}, []string{"provider", "event"}),
 		by: map[[2]string]*Sends{},
 	}
-	m.reg.MustRegister(m.sends, m.duration, m.messages, m.wait, m.refused, m.retries,
+	m.reg.MustRegister(m.sends, m.duration, m.messages, m.wait, m.refused, m.retries, m.pace, m.down, m.moves,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
+}
+
+// Pace records the pace in force for provider and whether it is down, and counts event (a move of the
+// pace, "" for none).
+func (m *Metrics) Pace(provider string, rate float64, down bool, event string) {
+	if m == nil {
+		return
+	}
+	m.pace.WithLabelValues(provider).Set(rate)
+	d := 0.0
+	if down {
+		d = 1
+	}
+	m.down.WithLabelValues(provider).Set(d)
+	if event != "" {
+		m.moves.WithLabelValues(provider, event).Inc()
+	}
 }
 
 // Registry is the registry every collector of m is on.

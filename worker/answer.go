@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"time"
 
@@ -145,10 +146,10 @@ func repeat(s string, n int) []string {
 	return out
 }
 
-// observe tells the provider's shared pace what it answered (see limiter.Pace): throttled and failed
-// requests lower it for every worker, a run of answers raises it back. A request that never left is
-// nothing to it.
-func (h *Handler) observe(ctx context.Context, provider string, v verdict, pe *providers.Error) {
+// observe tells the provider's shared pace what it answered to a request that took tokens of its limit
+// (see limiter.Pace): throttled and failed requests lower it for every worker, a run of answers raises it
+// back. A request that never left is nothing to it.
+func (h *Handler) observe(ctx context.Context, provider string, v verdict, pe *providers.Error, tokens int) {
 	var a limiter.Answer
 	var hint time.Duration
 	switch {
@@ -163,7 +164,7 @@ func (h *Handler) observe(ctx context.Context, provider string, v verdict, pe *p
 	default:
 		a = limiter.Taken
 	}
-	if err := h.pace(provider).Observe(ctx, a, hint); err != nil {
+	if err := h.pace(provider).ObserveN(ctx, a, hint, int64(tokens)); err != nil {
 		h.log.Warn("provider pace not shared", "provider", provider, "err", err)
 	}
 }
@@ -188,6 +189,33 @@ func (h *Handler) waitWhileDown(ctx, waitCtx context.Context, provider string) (
 		}
 	}
 	return false, nil
+}
+
+// paceReport exports a provider's shared pace after each flush, and logs its moves (each is reported to
+// the one worker whose answers caused it, so each is logged once over the fleet).
+func (h *Handler) paceReport(r limiter.PaceReport) {
+	provider, _ := state.ProviderOf(r.Bucket)
+	h.cfg.Metrics.Pace(provider, r.Rate, r.Down, string(r.Event))
+	pace := func(rate float64) any {
+		if rate <= 0 {
+			return "none"
+		}
+		return math.Round(rate)
+	}
+	switch r.Event {
+	case limiter.PaceLowered:
+		h.log.Warn("provider pushes back: its pace is lowered for every worker", "provider", provider,
+			"pace_per_second", pace(r.Rate), "was", pace(r.Was), "refused", r.Rejected, "of", r.Requests)
+	case limiter.PaceAtCap:
+		h.log.Info("provider pace back at its cap", "provider", provider, "pace_per_second", pace(r.Rate))
+	case limiter.PaceDown:
+		h.log.Error("provider down: sends wait (one probe a second over every worker); nobody's retries are used", "provider", provider,
+			"failed", r.Rejected, "of", r.Requests)
+	case limiter.PaceUp:
+		h.log.Info("provider up again: sending goes on", "provider", provider, "pace_per_second", pace(r.Rate))
+	case limiter.PacePaused:
+		h.log.Warn("provider asked every request to wait (most 429s carried Retry-After): every worker pauses", "provider", provider)
+	}
 }
 
 // pace is the provider's shared pace under its configured cap.

@@ -39,12 +39,8 @@ func (h *Handler) deliver(ctx, waitCtx context.Context, run *batchRun, r *campai
 		if failedOver {
 			rt = run.secondary
 		}
-		tokens := 1
-		if rt.segmentsPaced {
-			_, tokens = providers.SMSSegments(msg.Body)
-			tokens = max(1, tokens)
-		}
-		if err := h.readyToSend(ctx, waitCtx, run, tokens, rt.limits...); err != nil {
+		tokens := sendTokens(rt, msg)
+		if err := h.readyToSend(ctx, waitCtx, run, sendSize{msgs: 1, tokens: tokens, calls: 1}, rt.limits...); err != nil {
 			return err
 		}
 		if pauseFrom.IsZero() {
@@ -101,7 +97,7 @@ func (h *Handler) deliver(ctx, waitCtx context.Context, run *batchRun, r *campai
 		res, err := rt.provider.Send(ctx, msg)
 		rt.m.Request(time.Since(start))
 		v, pe := judge(err)
-		h.observe(ctx, rt.provider.Name(), v, pe)
+		h.observe(ctx, rt.provider.Name(), v, pe, tokens)
 		if v == accepted {
 			run.answersDue = append(run.answersDue, state.Answer{Key: key, InFlight: inflight, Value: state.SentValue(res.MessageID, res.Segments)})
 			if !rt.answerInNextClaim {
@@ -198,9 +194,14 @@ func (h *Handler) markDown(name string) {
 	h.downUntil.Store(name, h.cfg.Now().Add(h.cfg.FailoverWindow).UnixNano())
 }
 
-// readyToSend takes n tokens from the campaign's and the provider's buckets, then checks that the send
-// window is still open (the wait may have run past its end) and that the chunk's lease still holds.
-func (h *Handler) readyToSend(ctx, waitCtx context.Context, run *batchRun, n int, limits ...limiter.Limit) error {
+// sendSize is what a send weighs on the limits: msgs messages taken from the campaign's bucket (its
+// --rate is in messages), tokens from the provider's (segments, where its limit counts them), in calls
+// provider calls (each has the wait observed once).
+type sendSize struct{ msgs, tokens, calls int }
+
+// readyToSend takes the tokens of a send of size sz; then it checks that the send window is still open
+// (the wait may have run past its end) and that the chunk's lease still holds.
+func (h *Handler) readyToSend(ctx, waitCtx context.Context, run *batchRun, sz sendSize, limits ...limiter.Limit) error {
 	paced := false
 	for i := range limits {
 		// A provider's limit takes its shared pace: the cap, or lower when the provider pushes back.
@@ -213,8 +214,24 @@ func (h *Handler) readyToSend(ctx, waitCtx context.Context, run *batchRun, n int
 		// A wait may come: the answers of the sends before are written first, not after it.
 		h.settleAnswers(ctx, run)
 	}
-	if err := h.bucket.WaitN(waitCtx, n, limits...); err != nil {
-		return waitError(ctx, waitCtx, err)
+	for _, l := range limits {
+		n := sz.msgs
+		if _, ok := state.ProviderOf(l.Key); ok {
+			n = sz.tokens
+		}
+		// The wait is observed once for each provider call it came before.
+		o := l.Observer
+		l.Observer = nil
+		start := time.Now()
+		if err := h.bucket.WaitN(waitCtx, n, l); err != nil {
+			return waitError(ctx, waitCtx, err)
+		}
+		if o != nil && (l.Pausable || l.Rate > 0) { // a limit with neither waits for nothing
+			waited := time.Since(start).Seconds()
+			for range sz.calls {
+				o.Observe(waited)
+			}
+		}
 	}
 	if now := h.cfg.Now(); !run.c.Window.Open(now) {
 		next := run.c.Window.NextOpen(now)

@@ -95,7 +95,7 @@ func (h *Handler) sendGroup(ctx, waitCtx context.Context, run *batchRun, b provi
 	g := run.guard
 	g.CheckHalt = true
 	for attempt := 1; ; attempt++ {
-		if err := h.readyToSend(ctx, waitCtx, run, len(rs), run.limits...); err != nil {
+		if err := h.readyToSend(ctx, waitCtx, run, sendSize{msgs: len(rs), tokens: len(rs), calls: 1}, run.limits...); err != nil {
 			return err
 		}
 
@@ -155,7 +155,7 @@ func (h *Handler) sendGroup(ctx, waitCtx context.Context, run *batchRun, b provi
 			return nil
 		}
 		v, pe := judge(err)
-		h.observe(ctx, b.Name(), v, pe)
+		h.observe(ctx, b.Name(), v, pe, len(rs))
 		f := inFlight{users: make([]string, len(rs)), keys: keys, values: inflight, addrs: addrs, at: now}
 		for i, r := range rs {
 			f.users[i] = r.UserID

@@ -155,7 +155,7 @@ func NewHandler(cfg Config) *Handler {
 	if cfg.State == nil {
 		cfg.State = state.New(cfg.Redis, cfg.ClaimTTL)
 	}
-	return &Handler{
+	h := &Handler{
 		cfg:       cfg,
 		state:     cfg.State,
 		bucket:    limiter.New(cfg.Redis),
@@ -163,6 +163,8 @@ func NewHandler(cfg Config) *Handler {
 		templates: map[int64]parsedTemplate{},
 		stopping:  make(chan struct{}),
 	}
+	h.bucket.OnPace(h.paceReport)
+	return h
 }
 
 // RetryError asks the queue to run the batch again after After (0: the default back-off). Failure false

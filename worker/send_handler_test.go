@@ -624,8 +624,9 @@ func TestRateLimitedAnswerPausesEveryWorker(t *testing.T) {
 		t.Fatal("a 429 with no attempts left must hand the batch back")
 	}
 	other := limiter.New(f.rdb) // another worker process's bucket on the same Redis
-	// The next second: another worker flushes its own answers (none), and the second before is judged.
-	time.Sleep(time.Until(time.Now().Truncate(time.Second).Add(1100 * time.Millisecond)))
+	// A second after the window began (it began with the batch's first answers, before RunBatch
+	// returned): another worker flushes its own answers (none), and the window is judged.
+	time.Sleep(1100 * time.Millisecond)
 	if err := other.Pace("provider:test", 0).Observe(context.Background(), limiter.Taken, 0); err != nil {
 		t.Fatal(err)
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -87,6 +88,13 @@ func (h *Handler) deliverWindowed(ctx, waitCtx context.Context, run *batchRun, r
 	g := run.guard
 	g.CheckHalt = true
 	var waitFrom time.Time // when the window began to wait for the provider's limit and pause
+	// The provider's wait is observed below, with its pause: not by the limit as well.
+	limits := slices.Clone(rt.limits)
+	for i := range limits {
+		if _, ok := state.ProviderOf(limits[i].Key); ok {
+			limits[i].Observer = nil
+		}
+	}
 	for len(queue) > 0 {
 		if waitCtx.Err() != nil && ctx.Err() == nil {
 			return &RetryError{Err: errors.New("batch handed back (worker stopping or batch time used up)"), After: time.Second}
@@ -111,7 +119,7 @@ func (h *Handler) deliverWindowed(ctx, waitCtx context.Context, run *batchRun, r
 			continue
 		}
 		queue = rest
-		if err := h.readyToSend(ctx, waitCtx, run, tokensOf(rt, win), rt.limits...); err != nil {
+		if err := h.readyToSend(ctx, waitCtx, run, sendSize{msgs: len(win), tokens: tokensOf(rt, win), calls: len(win)}, limits...); err != nil {
 			return err
 		}
 		now := h.cfg.Now()
@@ -198,10 +206,18 @@ func tokensOf(rt *route, win []windowSend) int {
 	}
 	n := 0
 	for _, w := range win {
-		_, segs := providers.SMSSegments(w.msg.Body)
-		n += max(1, segs)
+		n += sendTokens(rt, w.msg)
 	}
 	return n
+}
+
+// sendTokens is what one message takes from its provider's bucket: a token, or one a segment.
+func sendTokens(rt *route, msg providers.Message) int {
+	if !rt.segmentsPaced {
+		return 1
+	}
+	_, segs := providers.SMSSegments(msg.Body)
+	return max(1, segs)
 }
 
 // sendWindow sends the claimed recipients of one window at once and acts on every answer. It returns the
@@ -230,7 +246,7 @@ func (h *Handler) sendWindow(ctx context.Context, run *batchRun, rt *route, send
 	for i, w := range sends {
 		key := ClaimKey(run.c.ID, w.r.UserID)
 		v, pe := judge(results[i].err)
-		h.observe(ctx, name, v, pe)
+		h.observe(ctx, name, v, pe, sendTokens(rt, w.msg))
 		if v == accepted {
 			res := results[i].res
 			run.answersDue = append(run.answersDue, state.Answer{Key: key, InFlight: inflight, Value: state.SentValue(res.MessageID, res.Segments)})

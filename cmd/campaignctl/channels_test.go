@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/campaignctl/campaignctl/campaign"
+	"github.com/campaignctl/campaignctl/providers"
 	"github.com/campaignctl/campaignctl/providers/sandbox"
 )
 
@@ -104,8 +105,13 @@ func TestEveryChannelHasAProvider(t *testing.T) {
 			if set.rates[ps.name] != want {
 				t.Errorf("provider %s: cap %v, want %s=%v", ps.name, set.rates[ps.name], ps.rateEnv, want)
 			}
-			if r, err := a.channelRate(ch.Name); err != nil || r != want {
+			r, segments, err := a.channelRate(ch.Name)
+			if err != nil || r != want {
 				t.Errorf("provider %s alone: the channel's cap %v (%v), want %s=%v", ps.name, r, err, ps.rateEnv, want)
+			}
+			// The dry run's ETA counts segments where the worker's tokens do (the adapter says).
+			if sp, ok := p.(providers.SegmentPaced); segments != (ok && sp.PacesSegments()) {
+				t.Errorf("provider %s: its spec says the cap counts segments: %v; the adapter: %v", ps.name, segments, ok && sp.PacesSegments())
 			}
 			if i > 0 {
 				// A later provider of the channel is the first one's fallback when both are configured.

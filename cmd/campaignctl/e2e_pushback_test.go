@@ -18,8 +18,14 @@ import (
 // pushbackRun sends n SMS with the built binary through a sandbox started with sandboxArgs, by workers
 // worker processes, TWILIO_RATE rate (0: none), until nothing is pending; it checks from the provider's
 // side that everyone got exactly one message and that nobody failed or landed in the DLQ, and returns the
-// sandbox's timeline of the run.
-func pushbackRun(t *testing.T, n, workers int, rate string, sandboxArgs ...string) sandbox.Timeline {
+// sandbox's timeline of the run, and the workers' pushback metrics summed over them: the moves of the
+// shared pace by event (campaignctl_provider_pace_changes_total) and provider_down at the end.
+func pushbackRun(t *testing.T, n, workers int, rate string, sandboxArgs ...string) (sandbox.Timeline, map[string]float64) {
+	return pushbackRunMessage(t, "Merhaba {{.first_name}}, kodunuz {{.code}}", n, workers, rate, sandboxArgs...)
+}
+
+// pushbackRunMessage is pushbackRun with the message's text (after the sender's prefix).
+func pushbackRunMessage(t *testing.T, message string, n, workers int, rate string, sandboxArgs ...string) (sandbox.Timeline, map[string]float64) {
 	t.Helper()
 	_, dbURL := testdb.New(t)
 	_, redisURL := testredis.New(t)
@@ -37,11 +43,13 @@ func pushbackRun(t *testing.T, n, workers int, rate string, sandboxArgs ...strin
 	}
 	e.start("sandbox", append([]string{"sandbox", "--addr", sandboxAddr}, sandboxArgs...)...)
 	waitFor(t, 10*time.Second, func() bool { _, err := chaosAccepted(sandboxAddr); return err == nil })
+	metricsAddrs := make([]string, workers)
 	for i := range workers {
-		e.start(fmt.Sprint("worker ", i+1), "worker", "--concurrency", "8", "--provider-timeout", "2s")
+		metricsAddrs[i] = freeAddr(t)
+		e.start(fmt.Sprint("worker ", i+1), "worker", "--concurrency", "8", "--provider-timeout", "2s", "--metrics-addr", metricsAddrs[i])
 	}
 	out := e.mustRun("launch", "--name", "pushback", "--channel", "sms", "--audience", audience, "--code-pool", "demo",
-		"--message", testPrefix+"Merhaba {{.first_name}}, kodunuz {{.code}}", "--frequency-cap", "0", "--yes", "--json")
+		"--message", testPrefix+message, "--frequency-cap", "0", "--yes", "--json")
 	var rep struct {
 		ID int64 `json:"id"`
 	}
@@ -84,7 +92,18 @@ func pushbackRun(t *testing.T, n, workers int, rate string, sandboxArgs ...strin
 	for _, s := range tl.Seconds {
 		t.Logf("  %s accepted %4d refused %4d %v", s.Second.Format("15:04:05"), s.Accepted, s.Refused, s.RefusedBy)
 	}
-	return tl
+	moves := map[string]float64{}
+	for _, addr := range metricsAddrs {
+		body := scrape(t, "http://"+addr+"/metrics")
+		for _, ev := range []string{"lowered", "at_cap", "down", "up", "paused"} {
+			v, _ := sample(body, `campaignctl_provider_pace_changes_total{event="`+ev+`",provider="twilio"}`)
+			moves[ev] += v
+		}
+		v, _ := sample(body, `campaignctl_provider_down{provider="twilio"}`)
+		moves["down_now"] += v
+	}
+	t.Logf("pace moves over the workers: %v", moves)
+	return tl, moves
 }
 
 // Sporadic faults (5 % 503, 2 % 429 with Retry-After) slow the provider's pace no lower than its cap and
@@ -94,7 +113,10 @@ func TestPushbackSporadicFaultsStopNobody(t *testing.T) {
 	if testing.Short() {
 		t.Skip("end-to-end run skipped in -short mode")
 	}
-	_ = pushbackRun(t, 3000, 2, "1500", "--fail-503", "0.05", "--fail-429", "0.02")
+	_, moves := pushbackRun(t, 3000, 2, "1500", "--fail-503", "0.05", "--fail-429", "0.02")
+	if moves["down"] != 0 || moves["paused"] != 0 {
+		t.Errorf("pace moves %v: sporadic errors stopped the workers (down or paused), want them to slow at most", moves)
+	}
 }
 
 // A provider that takes only 300 requests a second and answers 429 (without Retry-After) past it, with no
@@ -105,7 +127,10 @@ func TestPushbackFindsAHiddenLimit(t *testing.T) {
 	if testing.Short() {
 		t.Skip("end-to-end run skipped in -short mode")
 	}
-	tl := pushbackRun(t, 4000, 3, "0", "--limit", "twilio=300")
+	tl, moves := pushbackRun(t, 4000, 3, "0", "--limit", "twilio=300")
+	if moves["lowered"] == 0 || moves["down"] != 0 {
+		t.Errorf("pace moves %v: want the pace lowered (and reported), the provider never taken for down", moves)
+	}
 	var requests, refused int
 	for _, s := range tl.Seconds[min(2, len(tl.Seconds)):] {
 		requests, refused = requests+s.Requests, refused+s.Refused
@@ -122,7 +147,10 @@ func TestPushbackOutageCostsNoRetry(t *testing.T) {
 	if testing.Short() {
 		t.Skip("end-to-end run skipped in -short mode")
 	}
-	tl := pushbackRun(t, 3000, 2, "500", "--outage", "twilio=6s@3s")
+	tl, moves := pushbackRun(t, 3000, 2, "500", "--outage", "twilio=6s@3s")
+	if moves["down"] == 0 || moves["up"] == 0 || moves["down_now"] != 0 {
+		t.Errorf("pace moves %v: want the provider reported down, then up, and up at the end", moves)
+	}
 	if len(tl.Outages) != 1 || tl.Outages[0].End.IsZero() {
 		t.Fatalf("outages %+v: want the one window, over", tl.Outages)
 	}
@@ -132,5 +160,28 @@ func TestPushbackOutageCostsNoRetry(t *testing.T) {
 		if !s.Second.Before(o.Start.Add(2*time.Second)) && !s.Second.Add(time.Second).After(o.End) && s.Requests > 2 {
 			t.Errorf("%s, inside the outage: %d requests, want one probe a second over every worker", s.Second.Format(time.TimeOnly), s.Requests)
 		}
+	}
+}
+
+// Twilio's limit counts segments: with TWILIO_RATE=150 (segments a second) and a provider that takes 160
+// segments a second, three-segment messages go at 50 a second and none is refused for segments. One token
+// a message would put 450 segments a second on it.
+func TestPushbackSegmentsAreTokens(t *testing.T) {
+	t.Parallel()
+	if testing.Short() {
+		t.Skip("end-to-end run skipped in -short mode")
+	}
+	// UCS-2 (ş, ğ, ı): 67 characters a segment; with the prefix, between 135 and 201 characters: three.
+	long := "Merhaba {{.first_name}}, kodunuz {{.code}}. Bu hafta sonuna kadar geçerli indiriminizi mağazalarımızda ve uygulamamızda kullanabilirsiniz; şartlar için sitemize bakın."
+	// TWILIO_RATE 150 segments a second, the provider's limit 200: a message taken as one token would go
+	// at 150 messages (450 segments) a second, and most of the first second's would be refused.
+	tl, _ := pushbackRunMessage(t, long, 400, 2, "150", "--limit-segments", "twilio=200")
+	if tl.Total.Segments < 3*400 {
+		t.Fatalf("the sandbox counted %d segments for 400 messages, want three each (the test's message is too short)", tl.Total.Segments)
+	}
+	// The bucket's burst and the network's jitter may bunch a few requests into one of the provider's
+	// seconds: one in a hundred, not more.
+	if n := tl.Total.RefusedBy["segments"]; n > 4 {
+		t.Errorf("%d requests of 400 refused over the provider's segment limit, want at most 4: a message takes a token a segment", n)
 	}
 }

@@ -119,7 +119,7 @@ func (a *app) launch(ctx context.Context, o launchOptions) error {
 	if err := a.launchChecks(campaign.Channel(o.channel)); err != nil {
 		return err
 	}
-	providerRate, err := a.channelRate(campaign.Channel(o.channel))
+	providerRate, providerSegments, err := a.channelRate(campaign.Channel(o.channel))
 	if err != nil {
 		return err
 	}
@@ -157,7 +157,7 @@ func (a *app) launch(ctx context.Context, o launchOptions) error {
 	}
 	spec := campaign.Spec{
 		Name: o.name, Channel: campaign.Channel(o.channel), AudienceSQL: string(sqlText), Message: o.message,
-		Subject: o.subject, HTML: string(html), TemplateID: o.templateID, CodePool: o.codePool, Rate: o.rate, ProviderRate: providerRate, StatementTimeout: o.timeout,
+		Subject: o.subject, HTML: string(html), TemplateID: o.templateID, CodePool: o.codePool, Rate: o.rate, ProviderRate: providerRate, ProviderCountsSegments: providerSegments, StatementTimeout: o.timeout,
 		CountSegments: o.segments, StartAt: startAt, Window: window, FrequencyCap: o.frequencyCap,
 		RecipientType: o.recipientType, BrandCode: a.getenv("IYS_BRAND_CODE"), Transactional: o.transactional, MaxConsentAge: o.maxConsentAge,
 		AllowStaleConsent: o.allowStaleConsent, AllowPrivilegedAudience: o.allowPrivilegedAudience, MaxSegments: o.maxSegments,

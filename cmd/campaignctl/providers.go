@@ -47,7 +47,10 @@ type providerSpec struct {
 	// rateEnv names the provider-wide cap's variable, defaultRate its value when unset.
 	rateEnv     string
 	defaultRate float64
-	build       func(a *app, timeout time.Duration) (providers.Provider, error)
+	// segments says the cap counts SMS segments, not messages (Twilio's MPS; the adapter's
+	// providers.SegmentPaced).
+	segments bool
+	build    func(a *app, timeout time.Duration) (providers.Provider, error)
 	// check, when set, refuses a launch on the channel whose settings would make bad messages, before
 	// anything is written.
 	check func(a *app) error
@@ -59,7 +62,7 @@ func providerSpecs() []providerSpec {
 		{
 			name: "twilio", channel: campaign.ChannelSMS,
 			settings: []string{"TWILIO_ACCOUNT_SID", "TWILIO_AUTH_TOKEN", "TWILIO_FROM"},
-			rateEnv:  "TWILIO_RATE", defaultRate: defaultTwilioRate,
+			rateEnv:  "TWILIO_RATE", defaultRate: defaultTwilioRate, segments: true,
 			build: func(a *app, timeout time.Duration) (providers.Provider, error) {
 				return twilio.New(twilio.Config{
 					AccountSID: a.getenv("TWILIO_ACCOUNT_SID"), AuthToken: a.getenv("TWILIO_AUTH_TOKEN"), From: a.getenv("TWILIO_FROM"),
@@ -173,24 +176,26 @@ func (a *app) providers(timeout time.Duration) (providerSet, error) {
 
 // channelRate is the provider-wide cap of the channel's provider: the cap of its first configured
 // provider (TWILIO_RATE, or NETGSM_RATE when Netgsm alone sends SMS), or of its first registered one when
-// none is configured here.
-func (a *app) channelRate(ch campaign.Channel) (float64, error) {
+// none is configured here; segments says that cap counts SMS segments.
+func (a *app) channelRate(ch campaign.Channel) (rate float64, segments bool, err error) {
 	var first *providerSpec
 	for _, ps := range providerSpecs() {
 		if ps.channel != ch {
 			continue
 		}
 		if a.anySet(ps.settings...) {
-			return a.rate(ps.rateEnv, ps.defaultRate)
+			first = &ps
+			break
 		}
 		if first == nil {
 			first = &ps
 		}
 	}
 	if first == nil {
-		return 0, nil
+		return 0, false, nil
 	}
-	return a.rate(first.rateEnv, first.defaultRate)
+	rate, err = a.rate(first.rateEnv, first.defaultRate)
+	return rate, first.segments, err
 }
 
 // launchChecks runs the checks of the channel's providers that refuse a launch (see providerSpec.check).

@@ -39,7 +39,7 @@ func TestSMSProvidersAndTheirCaps(t *testing.T) {
 		if p := set.fallback[campaign.ChannelSMS]; p != nil {
 			fb = p.Name()
 		}
-		rate, err := a.channelRate(campaign.ChannelSMS)
+		rate, _, err := a.channelRate(campaign.ChannelSMS)
 		if err != nil || set.primary[campaign.ChannelSMS].Name() != tc.primary || fb != tc.fallback || rate != tc.rate {
 			t.Errorf("%s: sms by %s, fallback %q, launch cap %v (%v); want %s, %q, %v", tc.name,
 				set.primary[campaign.ChannelSMS].Name(), fb, rate, err, tc.primary, tc.fallback, tc.rate)

@@ -126,7 +126,7 @@ func (a *app) workers(ctx context.Context, o workersOptions) error {
 	}
 	caps := map[string]float64{}
 	for _, ch := range campaign.Channels() {
-		r, err := a.channelRate(ch.Name)
+		r, _, err := a.channelRate(ch.Name) // in segments for Twilio: at most more workers than the cap needs
 		if err != nil {
 			return err
 		}

@@ -25,6 +25,8 @@ outage_during() {
 
 run_pushback_scenarios() {
   local off=$1
+  # One segment (UCS-2, 68 characters with the longest name and code): the caps below are messages too.
+  local SEND_MESSAGE='Kampanya A.Ş.: {{.first_name}}, kodunuz {{.code}}. RET yazıp 3338e gönderin'
 
   if want faults; then
     local fn=15000 base_rate=0

@@ -74,7 +74,8 @@ EOF
 # RATE is the provider cap (TWILIO_RATE / SENDGRID_RATE; 0 = none). Sets s_ok, s_rate, s_secs, s_dups,
 # s_rss (max worker VmHWM MB), s_redis (bytes per planned recipient), s_planned, s_sent, s_id, and writes
 # the sandbox's timeline to $work/NAME.timeline.json. SEND_DURING names a function run in the background
-# from the start of the workers (it may act on the sandbox at $sb_port).
+# from the start of the workers (it may act on the sandbox at $sb_port). SEND_MESSAGE replaces the SMS text
+# (the default is two UCS-2 segments: under TWILIO_RATE, which counts segments, half as many messages go).
 send_scenario() {
   local name=$1 channel=$2 offset=$3 n=$4 workers=$5 conc=$6 rate=$7; shift 7
   s_ok=0 s_rate=0 s_secs=0 s_dups='?' s_rss=0 s_redis=0 s_planned=0 s_sent=0
@@ -92,11 +93,13 @@ send_scenario() {
     SENDGRID_RATE="$rate")
   local args=(launch --name "$name-$(date +%H%M%S)" --channel "$channel" --audience "$work/$name.sql" --code-pool send --yes --json)
   if [ "$channel" = sms ]; then
-    args+=(--message 'Merhaba {{.first_name}}, kodunuz {{.code}} - Kampanya A.Ş. RET yazıp 3338e gönderin')
+    args+=(--message "${SEND_MESSAGE:-Merhaba {{.first_name}}, kodunuz {{.code}} - Kampanya A.Ş. RET yazıp 3338e gönderin}")
   else
     printf '<p>Merhaba {{.first_name}},</p><p>Kodunuz: <b>{{.code}}</b></p>' >"$work/$name.html"
     args+=(--subject '{{.first_name}}, size özel bir kod' --message 'Merhaba {{.first_name}}, kodunuz {{.code}}' --html "$work/$name.html")
   fi
+  # Each scenario starts with no pace learned by the one before (a provider's pace outlives a campaign).
+  rcli -n "$REDIS_DB" --scan --pattern 'pace:*' | while read -r k; do rcli -n "$REDIS_DB" DEL "$k" >/dev/null; done
   local base
   base=$(redis_used)
   if ! env "${env[@]}" "$ctl" "${args[@]}" >"$work/$name.launch.out" 2>"$work/$name.launch.err"; then
