@@ -54,6 +54,9 @@ type ChannelSpec struct {
 	// HTML says the channel takes an HTML part (--html, html/template); TemplateID that it takes a
 	// provider-side template (--template-id, SendGrid's d-...).
 	HTML, TemplateID bool
+	// Unsubscribe says the channel's commercial messages carry a signed one-click unsubscribe link per
+	// recipient (List-Unsubscribe, RFC 8058), which their templates may show as {{.unsubscribe_url}}.
+	Unsubscribe bool
 	// Data says the provider gets the template's values themselves besides the rendered parts (a push's
 	// data payload); a message through a provider template always gets them.
 	Data bool
@@ -74,7 +77,7 @@ var registry = []ChannelSpec{
 	{
 		Name: ChannelEmail, Title: "e-mail", AddressColumn: "email", Canonical: iys.CanonicalEmail,
 		IYSType: iys.TypeEmail, BatchSize: DefaultEmailBatchSize,
-		SubjectRequired: true, SubjectHeader: true, HTML: true, TemplateID: true,
+		SubjectRequired: true, SubjectHeader: true, HTML: true, TemplateID: true, Unsubscribe: true,
 	},
 	{
 		Name: ChannelPush, Title: "push", AddressColumn: "push_token", Canonical: canonicalPushToken,

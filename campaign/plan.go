@@ -222,6 +222,10 @@ func (s Spec) lint() error {
 // recipientType is the İYS recipient type the campaign checks.
 func (s Spec) recipientType() string { return iysRecipientType(s.RecipientType) }
 
+// OneClickUnsubscribe says the campaign's messages carry a one-click unsubscribe link per recipient:
+// commercial messages of a channel that has them (e-mail).
+func (s Spec) OneClickUnsubscribe() bool { return s.Channel.Spec().Unsubscribe && !s.Transactional }
+
 // Content returns the spec's message parts.
 func (s Spec) Content() Content {
 	return Content{Text: s.Message, Subject: s.Subject, HTML: s.HTML, TemplateID: s.TemplateID}

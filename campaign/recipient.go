@@ -20,10 +20,17 @@ type Recipient struct {
 	// Suspect is true when the row was taken over from a run that died under another Redis epoch: if no
 	// claim is found, the message may still have been sent.
 	Suspect bool
+	// UnsubscribeURL is the recipient's one-click unsubscribe link (commercial e-mail; set by the worker),
+	// given to the template as unsubscribe_url.
+	UnsubscribeURL string
 }
 
+// UnsubscribeSample stands for a recipient's unsubscribe link where none is made (the launch's sample
+// message and checks): the real link is signed per recipient by the worker.
+const UnsubscribeSample = "https://unsubscribe.example/u/…"
+
 // TemplateData is the map a message template runs over: the audience columns, the address column under
-// its channel's name, user_id, code and campaign.
+// its channel's name, user_id, code, campaign, and unsubscribe_url when the recipient has one.
 func (r *Recipient) TemplateData(ch Channel, campaignName string) map[string]any {
 	data := map[string]any{}
 	if len(r.Vars) > 0 {
@@ -43,6 +50,9 @@ func (r *Recipient) TemplateData(ch Channel, campaignName string) map[string]any
 		data["code"] = r.Code
 	}
 	data["campaign"] = campaignName
+	if r.UnsubscribeURL != "" {
+		data["unsubscribe_url"] = r.UnsubscribeURL
+	}
 	return data
 }
 

@@ -66,6 +66,11 @@ func (p *Planner) stageAudience(ctx context.Context, engineTx pgx.Tx, spec Spec,
 	if spec.CodePool != "" {
 		keys = append(keys, "code")
 	}
+	if spec.OneClickUnsubscribe() {
+		keys = append(keys, "unsubscribe_url")
+	} else if slices.Contains(tmpl.Fields(), "unsubscribe_url") && !slices.Contains(cols, "unsubscribe_url") {
+		return fmt.Errorf("%w: the message template uses {{.unsubscribe_url}}, which only a commercial e-mail has (a transactional message carries no unsubscribe link); remove it, or launch without --transactional", ErrInvalid)
+	}
 	if err := tmpl.Check(keys); err != nil {
 		return err
 	}

@@ -111,6 +111,10 @@ func missingValueTest(tmpl *Template, ch Channel) string {
 		switch f {
 		case "code", "campaign", "user_id", ch.AddressColumn():
 			continue
+		case "unsubscribe_url":
+			if ch.Spec().Unsubscribe {
+				continue // the worker's, per recipient
+			}
 		}
 		conds = append(conds, "(a.vars->>"+quoteLiteral(f)+") IS NULL")
 	}

@@ -194,6 +194,12 @@ func (s *Store) LeaseChunk(ctx context.Context, c *Campaign, users []string, l L
 // it says TACIR.
 func (c *Campaign) IYSRecipientType() string { return iysRecipientType(c.RecipientType) }
 
+// OneClickUnsubscribe says the campaign's messages carry a one-click unsubscribe link per recipient (see
+// Spec.OneClickUnsubscribe).
+func (c *Campaign) OneClickUnsubscribe() bool {
+	return c.Channel.Spec().Unsubscribe && !c.Transactional
+}
+
 // RenewLease extends the run's lease on its batch. It reports false when another run took the batch over
 // (the lease had expired): this run must stop sending.
 func (s *Store) RenewLease(ctx context.Context, campaignID int64, l Lease) (bool, error) {

@@ -21,6 +21,9 @@ func (p *Planner) sample(ctx context.Context, tx pgx.Tx, id int64, spec Spec, tm
 	if err != nil {
 		return fmt.Errorf("plan: %w", err)
 	}
+	if spec.OneClickUnsubscribe() {
+		r.UnsubscribeURL = UnsubscribeSample
+	}
 	msg, err := tmpl.Render(r.TemplateData(spec.Channel, spec.Name))
 	if err != nil {
 		return fmt.Errorf("%w: the message template fails for user %s: %v", ErrInvalid, r.UserID, err)

@@ -23,7 +23,8 @@ var ErrMalformedResponse = errors.New("malformed İYS response")
 // which lands in Code and Message. Read it with errors.As, or classify it with IsRateLimited, IsAuth,
 // IsValidation, IsAccount and IsRetryable.
 type APIError struct {
-	// Op is the operation: "token", "status", "multi_status" or "changes".
+	// Op is the operation: "token", "status", "multi_status", "changes", "add", "add_batch" or
+	// "add_results" (an item a batch add refused; Status is then 0).
 	Op string
 	// Status is the HTTP status.
 	Status int
@@ -61,7 +62,13 @@ type ErrorDetail struct {
 // Error returns the operation, the HTTP status, the code and the message, with the value masked.
 func (e *APIError) Error() string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "iys %s: HTTP %d", e.Op, e.Status)
+	fmt.Fprintf(&b, "iys %s:", e.Op)
+	if e.Status != 0 {
+		fmt.Fprintf(&b, " HTTP %d", e.Status)
+	}
+	if e.Index != nil && e.Status == 0 {
+		fmt.Fprintf(&b, " item %d", *e.Index)
+	}
 	if e.Code != "" {
 		b.WriteString(" " + e.Code)
 	}

@@ -100,8 +100,8 @@ func (c Config) GoString() string { return c.String() }
 // LogValue is String, for slog.
 func (c Config) LogValue() slog.Value { return slog.StringValue(c.String()) }
 
-// Client talks to the İYS consent API for one brand: single and multi-status queries and the
-// consent-changes pull. It gets and caches its OAuth2 token (refreshing it with the refresh token before
+// Client talks to the İYS consent API for one brand: single and multi-status queries, the
+// consent-changes pull, and adding consents (AddConsent, AddConsents and AddResults, in add.go). It gets and caches its OAuth2 token (refreshing it with the refresh token before
 // it expires, logging in again when that fails, and once more on a 401), keeps under RatePerSecond, and
 // retries 429s (after Retry-After), 5xx and network errors a bounded number of times. It is safe for
 // concurrent use.

@@ -21,6 +21,9 @@ const (
 	opStatus      = "status"
 	opMultiStatus = "multi_status"
 	opChanges     = "changes"
+	opAdd         = "add"
+	opAddBatch    = "add_batch"
+	opAddResults  = "add_results"
 )
 
 // maxResponse bounds a response body: a full page of changes is about 300 kB.
@@ -44,7 +47,8 @@ type call struct {
 // answer. It retries a 429 of the per-second limit after Retry-After (1 s when absent), and 5xx answers
 // and network errors after a doubling back-off, up to MaxRetries times, and never waits longer than
 // MaxRetryWait. A 401 makes it drop the token and try once more with a new one. Every request İYS is
-// asked here is read-only or a token grant, so a retry cannot duplicate anything.
+// asked here is read-only, a token grant or a V2 add, which İYS deduplicates (an identical add returns
+// the first answer's transactionId and records nothing again), so a retry cannot duplicate a change.
 func (c *Client) do(ctx context.Context, cl call) (int, []byte, error) {
 	reauthed := false
 	for attempt := 0; ; attempt++ {

@@ -160,7 +160,12 @@ func (p *Pace) Probe(ctx context.Context) (bool, error) {
 func (p *Pace) refresh(ctx context.Context, force bool) error {
 	p.mu.Lock()
 	now := p.b.now()
-	if !force && now.Sub(p.flushed) < PaceFlush {
+	since := now.Sub(p.flushed)
+	// Answers mostly refused go at once (at most every PaceFlush/8): every process must learn of a
+	// provider's limit before it spends more requests on it.
+	refused := p.counts[Throttled] + p.counts[ThrottledFor] + p.counts[Failed]
+	urgent := refused >= paceUrgent && refused*4 > refused+p.counts[Taken] && since >= PaceFlush/8
+	if !force && !urgent && since < PaceFlush {
 		p.mu.Unlock()
 		return nil
 	}
@@ -220,7 +225,7 @@ func inForce(pace, cap float64) float64 {
 }
 
 // The pace's rules. A window of answers (over all workers) is judged when it is a second old, or early,
-// from PaceFlush on, when it already shows the provider refusing a large share.
+// from a quarter of PaceFlush on, when it already shows the provider refusing a large share.
 const (
 	paceJudgeAt   = 20   // requests a window needs before its share of rejections is judged
 	paceThrottled = 0.03 // more 429s than this share: the pace lowers
@@ -228,13 +233,15 @@ const (
 	paceEarly     = 0.25 // more rejections than this share: judged before the second is over
 	paceDownAt    = 5    // requests a window needs, all failing, to call the provider down
 	paceBinding   = 0.8  // the pace climbs only while the sends reach this share of it
+	paceUrgent    = 10   // refused answers of a process that are sent to the pace before PaceFlush is up
 )
 
 // paceScript adds a process's counts to the current window and, when the window is due (see the rules
 // above), judges it and moves the pace:
 //
 //   - rejections above their share: the pace lowers to 0.9 of the rate the provider took (the first time,
-//     from no pace, that is its limit as measured), never by more than half in one step, and not again
+//     from no pace and no cap, that is its limit as measured, and every worker waits for the end of the
+//     window's second, which the provider spent), never by more than half in one step, and not again
 //     for windows begun within a second of it (their answers are those of requests sent at the old pace,
 //     and a provider counting over a sliding second still counts those);
 //   - otherwise, while the sends reach the pace, it climbs by 5 % (and one) a second, until the cap,
@@ -279,7 +286,7 @@ local total = ok + thr + thrh + fail
 local elapsed = now - start
 local rejected = thr + thrh + fail
 local due = elapsed >= 1000
-if not due and elapsed >= flush and total >= judgeAt and rejected > total * early then due = true end
+if not due and elapsed >= flush / 4 and total >= judgeAt and rejected > total * early then due = true end
 if down and ok > 0 then
   -- A request taken: the provider is back.
   down = false
@@ -307,6 +314,14 @@ if due then
         rate = math.max(1, from * 0.9)
         cool = now + 1000
         ev = "lowered"
+        if cur <= 0 then
+          -- The first measure of a provider with no cap: it took what it takes in a second, and goes on
+          -- refusing until that second is over. Nobody sends until then.
+          local rest = start + 1000 - now
+          if rest > 0 and redis.call("PTTL", KEYS[2]) < rest then
+            redis.call("SET", KEYS[2], "1", "PX", rest)
+          end
+        end
       end
     else
       if rate > 0 and okRate >= rate * binding then

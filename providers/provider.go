@@ -40,7 +40,14 @@ type Message struct {
 	// for); RecipientType is the İYS recipient type of the campaign, BIREYSEL or TACIR.
 	Commercial    bool
 	RecipientType string
+	// ListUnsubscribe is the List-Unsubscribe header of a commercial e-mail ("<https://…/u/TOKEN>", and a
+	// "<mailto:…>" where one is configured): an e-mail provider sends it with List-Unsubscribe-Post:
+	// List-Unsubscribe=One-Click (RFC 8058). "" for none.
+	ListUnsubscribe string
 }
+
+// OneClickPost is the List-Unsubscribe-Post header that makes a List-Unsubscribe link one-click (RFC 8058).
+const OneClickPost = "List-Unsubscribe=One-Click"
 
 // Shared is a message's text and HTML content with substitution tags, written once for many recipients.
 // Every tag starts with SharedTagPrefix and ends with "-"; no other text of the content holds the prefix.

@@ -10,6 +10,7 @@ import (
 
 	"github.com/campaignctl/campaignctl/campaign"
 	"github.com/campaignctl/campaignctl/internal/state"
+	"github.com/campaignctl/campaignctl/internal/unsubscribe"
 	"github.com/campaignctl/campaignctl/limiter"
 	"github.com/campaignctl/campaignctl/metrics"
 	"github.com/campaignctl/campaignctl/providers"
@@ -17,7 +18,11 @@ import (
 
 // batchRun is the state of one run of one batch.
 type batchRun struct {
-	c        *campaign.Campaign
+	c *campaign.Campaign
+	// unsub signs the recipients' unsubscribe links (a commercial e-mail's run; nil otherwise), mailto
+	// the address the header offers besides.
+	unsub    *unsubscribe.Signer
+	mailto   string
 	nonce    string
 	batch    int
 	provider providers.Provider
@@ -125,6 +130,11 @@ func (h *Handler) RunBatch(ctx context.Context, campaignID int64, batch int) err
 	defer cancel()
 
 	chunkSize := h.cfg.ChunkSize
+	batcher, _ := run.provider.(providers.Batcher)
+	if batcher != nil {
+		// One chunk is one request.
+		chunkSize = batcher.MaxBatch()
+	}
 	if run.provider != nil && !run.answerInNextClaim {
 		// Under a cap, a chunk takes about a second's worth of the cap at most, so progress (written per
 		// chunk) moves at least about once a second even when the cap is low.
@@ -133,13 +143,10 @@ func (h *Handler) RunBatch(ctx context.Context, campaignID int64, batch int) err
 			rate = c.Rate
 		}
 		if rate > 0 {
+			// Requests of many too: a chunk leased with its consents must not wait a long time for its
+			// tokens (a RET recorded meanwhile would not be seen).
 			chunkSize = min(chunkSize, max(5, int(rate)))
 		}
-	}
-	batcher, _ := run.provider.(providers.Batcher)
-	if batcher != nil {
-		// One chunk is one request.
-		chunkSize = batcher.MaxBatch()
 	}
 	var stop error
 	queue := recipients
@@ -252,6 +259,13 @@ func (h *Handler) newRun(c *campaign.Campaign, batch int) (*batchRun, error) {
 	if c.State != campaign.StateCancelled {
 		if run.provider = h.cfg.Providers[c.Channel]; run.provider == nil {
 			return nil, fmt.Errorf("no provider is configured for channel %s on this worker", c.Channel)
+		}
+		if c.OneClickUnsubscribe() {
+			if h.cfg.Unsubscribe == nil {
+				h.log.Error("a commercial e-mail needs a one-click unsubscribe link and this worker cannot make one: set WEBHOOKS_PUBLIC_URL and UNSUBSCRIBE_SECRET on it (the values campaignctl webhooks has); the batch waits", "campaign_id", c.ID)
+				return nil, &RetryError{Err: fmt.Errorf("campaign %d is a commercial e-mail and this worker has no WEBHOOKS_PUBLIC_URL and UNSUBSCRIBE_SECRET to make its unsubscribe links", c.ID), After: 30 * time.Second}
+			}
+			run.unsub, run.mailto = h.cfg.Unsubscribe, h.cfg.UnsubscribeMailto
 		}
 		var err error
 		if run.tmpl, err = h.template(c); err != nil {

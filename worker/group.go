@@ -16,6 +16,14 @@ import (
 
 // message renders the recipient's message.
 func (run *batchRun) message(r *campaign.Recipient) (providers.Message, error) {
+	var listUnsubscribe string
+	if run.unsub != nil {
+		r.UnsubscribeURL = run.unsub.URL(run.c.ID, r.UserID)
+		listUnsubscribe = "<" + r.UnsubscribeURL + ">"
+		if run.mailto != "" {
+			listUnsubscribe += ", <mailto:" + run.mailto + "?subject=unsubscribe%20" + run.unsub.Token(run.c.ID, r.UserID) + ">"
+		}
+	}
 	data := r.TemplateData(run.c.Channel, run.c.Name)
 	parts, err := run.tmpl.RenderParts(data)
 	if err != nil {
@@ -32,7 +40,7 @@ func (run *batchRun) message(r *campaign.Recipient) (providers.Message, error) {
 	}
 	m := providers.Message{To: r.Address, Subject: parts.Subject, Body: parts.Text, HTML: parts.HTML,
 		TemplateID: run.c.TemplateID, CampaignID: run.c.ID, UserID: r.UserID,
-		Commercial: !run.c.Transactional, RecipientType: run.c.IYSRecipientType()}
+		Commercial: !run.c.Transactional, RecipientType: run.c.IYSRecipientType(), ListUnsubscribe: listUnsubscribe}
 	if run.sharedForm != nil {
 		// A value the shared form cannot write leaves the message rendered only: its request then carries
 		// every recipient's rendered text.

@@ -92,7 +92,7 @@ func TestEmailGoesOutInRequestsOfManyAndABadAddressFailsOnlyItself(t *testing.T)
 	}
 	p := &batchProvider{max: 4, accepted: map[string][]providers.Message{}}
 	store := campaign.NewStore(db)
-	h := NewHandler(Config{Store: store, Redis: rdb, Owner: "test",
+	h := NewHandler(Config{Store: store, Redis: rdb, Owner: "test", Unsubscribe: testSigner,
 		Providers: map[campaign.Channel]providers.Provider{campaign.ChannelEmail: p}, ProviderRates: map[string]float64{}})
 	if err := h.RunBatch(ctx, rep.ID, 0); err != nil {
 		t.Fatal(err)
@@ -166,7 +166,7 @@ func planEmailDB(t *testing.T, n, max int, rdb redis.UniversalClient, edit ...fu
 	}
 	store := campaign.NewStore(db)
 	p := &batchProvider{max: max, accepted: map[string][]providers.Message{}}
-	h := NewHandler(Config{Store: store, Redis: rdb, Owner: "test",
+	h := NewHandler(Config{Store: store, Redis: rdb, Owner: "test", Unsubscribe: testSigner,
 		Providers: map[campaign.Channel]providers.Provider{campaign.ChannelEmail: p}, ProviderRates: map[string]float64{}})
 	return db, store, rep.ID, p, h
 }

@@ -15,6 +15,7 @@ import (
 
 	"github.com/campaignctl/campaignctl/campaign"
 	"github.com/campaignctl/campaignctl/internal/state"
+	"github.com/campaignctl/campaignctl/internal/unsubscribe"
 	"github.com/campaignctl/campaignctl/limiter"
 	"github.com/campaignctl/campaignctl/metrics"
 	"github.com/campaignctl/campaignctl/providers"
@@ -45,6 +46,12 @@ type Config struct {
 	Redis redis.UniversalClient
 	// State is the send path's Redis state; nil means a state.Store on Redis.
 	State State
+	// Unsubscribe signs the one-click unsubscribe link of each recipient of a commercial e-mail
+	// (WEBHOOKS_PUBLIC_URL, UNSUBSCRIBE_SECRET); nil: this worker sends no commercial e-mail (its batches
+	// wait, without using retries, for a worker that has it). UnsubscribeMailto, when set, is an address
+	// the List-Unsubscribe header offers besides the link.
+	Unsubscribe       *unsubscribe.Signer
+	UnsubscribeMailto string
 	// Providers maps each channel to the provider that sends it.
 	Providers map[campaign.Channel]providers.Provider
 	// Fallback maps a channel to a second provider, used when the first is down: a send the first refused

@@ -242,7 +242,7 @@ func TestMetricsBatchProviderRequests(t *testing.T) {
 	}
 	p := &batchProvider{max: 4, accepted: map[string][]providers.Message{}}
 	m := metrics.New(nil)
-	h := NewHandler(Config{Store: campaign.NewStore(db), Redis: rdb, Owner: "test", Metrics: m,
+	h := NewHandler(Config{Store: campaign.NewStore(db), Redis: rdb, Owner: "test", Metrics: m, Unsubscribe: testSigner,
 		Providers: map[campaign.Channel]providers.Provider{campaign.ChannelEmail: p}, ProviderRates: map[string]float64{"batch": 1000}})
 	if err := h.RunBatch(ctx, rep.ID, 0); err != nil {
 		t.Fatal(err)

@@ -15,9 +15,9 @@ import (
 )
 
 func (a *app) newIYSCmd() *cobra.Command {
-	cmd := &cobra.Command{Use: "iys", Short: "İYS consents: import, sync with the İYS API, check one recipient",
-		Example: "  campaignctl iys import consents.csv\n  campaignctl iys sync\n  campaignctl iys check +905321234567"}
-	cmd.AddCommand(a.newIYSImportCmd(), a.newIYSSyncCmd(), a.newIYSCheckCmd())
+	cmd := &cobra.Command{Use: "iys", Short: "İYS consents: import, sync with the İYS API, check one recipient, register refusals",
+		Example: "  campaignctl iys import consents.csv\n  campaignctl iys sync\n  campaignctl iys check +905321234567\n  campaignctl iys push\n  campaignctl iys outbox"}
+	cmd.AddCommand(a.newIYSImportCmd(), a.newIYSSyncCmd(), a.newIYSCheckCmd(), a.newIYSPushCmd(), a.newIYSOutboxCmd())
 	return cmd
 }
 

@@ -165,6 +165,16 @@ func (a *app) launch(ctx context.Context, o launchOptions) error {
 	if spec.Rules, err = a.contentRules(campaign.Channel(o.channel), o.transactional); err != nil {
 		return err
 	}
+	if spec.OneClickUnsubscribe() {
+		// The workers sign each recipient's link; the launch only makes sure they can be made and served.
+		signer, err := a.unsubscribeSigner()
+		if err != nil {
+			return err
+		}
+		if signer == nil {
+			return errNoUnsubscribe()
+		}
+	}
 	planner := &campaign.Planner{Engine: engine, Audience: audience, Log: a.logger()}
 	lo := worker.LaunchOptions{Planner: planner, Spec: spec}
 	lo.Spec.DryRun = o.dryRun

@@ -22,6 +22,7 @@ type sandboxOptions struct {
 	twilioRate            float64
 	sendgridRate, fcmRate float64
 	sendgridEventURL      string
+	twilioInboundURL      string
 	iysRate               float64
 	iysPullLag            time.Duration
 	pprofAddr             string
@@ -161,12 +162,16 @@ func (a *app) newSandboxCmd() *cobra.Command {
 
   sms    TWILIO_BASE_URL=http://ADDR    Twilio's Messages API; credentials TWILIO_ACCOUNT_SID and TWILIO_AUTH_TOKEN
                                         (any alphanumeric pair when unset); signed status callbacks to the
-                                        StatusCallback URL of each message (TWILIO_STATUS_CALLBACK on workers)
+                                        StatusCallback URL of each message (TWILIO_STATUS_CALLBACK on workers);
+                                        an answer to an SMS, signed with TWILIO_AUTH_TOKEN, to --twilio-inbound-url
+                                        with POST /_sandbox/twilio/inbound {"from":"+905321234567","body":"RET"}
   sms    NETGSM_BASE_URL=http://ADDR    Netgsm's REST v2 send (the SMS failover); credentials NETGSM_USERCODE and
                                         NETGSM_PASSWORD (any pair when unset)
   email  SENDGRID_BASE_URL=http://ADDR  SendGrid v3 Mail Send; key SENDGRID_API_KEY (any when unset); signed
                                         Event Webhook posts to --sendgrid-event-url (public key at
-                                        GET /v3/user/webhooks/event/settings/signed)
+                                        GET /v3/user/webhooks/event/settings/signed); a recipient's refusal with
+                                        POST /_sandbox/sendgrid/events {"event":"unsubscribe","email":"a@example.com"}
+                                        (also group_unsubscribe, spamreport; the custom args of the last message to it)
   push   FCM_BASE_URL=http://ADDR       FCM HTTP v1 with its OAuth2 token endpoint (POST /token)
   webhook POST http://ADDR/webhook      a receiver that checks the HMAC signature (WEBHOOK_SECRET)
   İYS    IYS_BASE_URL=http://ADDR       the İYS consent API (token, status, multi-status, changes pull);
@@ -212,6 +217,9 @@ and then bounce, are dropped or deferred.`,
 			if err != nil {
 				return err
 			}
+			if o.twilioInboundURL != "" && a.getenv("TWILIO_AUTH_TOKEN") == "" {
+				return usagef("--twilio-inbound-url needs TWILIO_AUTH_TOKEN: the incoming SMS are signed with it, and the receiver verifies them with the same token")
+			}
 			log := a.logger()
 			s := sandbox.New(sandbox.Options{
 				TwilioAccountSID: a.getenv("TWILIO_ACCOUNT_SID"),
@@ -225,6 +233,7 @@ and then bounce, are dropped or deferred.`,
 				SendGridAPIKey:   a.getenv("SENDGRID_API_KEY"),
 				SendGridRate:     o.sendgridRate,
 				SendGridEventURL: o.sendgridEventURL,
+				TwilioInboundURL: o.twilioInboundURL,
 				FCMRate:          o.fcmRate,
 				WebhookSecret:    a.getenv("WEBHOOK_SECRET"),
 				ReceiptDelay:     o.receiptDelay,
@@ -238,6 +247,9 @@ and then bounce, are dropped or deferred.`,
 			fmt.Fprintf(a.stderr, "sandbox listening on http://%s (TWILIO_BASE_URL, SENDGRID_BASE_URL and FCM_BASE_URL=http://%s)\n", o.addr, o.addr)
 			if o.sendgridEventURL != "" {
 				fmt.Fprintf(a.stderr, "SendGrid events go to %s, signed with SENDGRID_WEBHOOK_PUBLIC_KEY=%s\n", o.sendgridEventURL, s.SendGridEventPublicKey())
+			}
+			if o.twilioInboundURL != "" {
+				fmt.Fprintf(a.stderr, "Twilio incoming SMS (POST /_sandbox/twilio/inbound) go to %s, signed with TWILIO_AUTH_TOKEN\n", o.twilioInboundURL)
 			}
 			if o.pprofAddr != "" {
 				if err := metrics.ValidateAddr(o.pprofAddr); err != nil {
@@ -269,6 +281,7 @@ and then bounce, are dropped or deferred.`,
 	f.Float64Var(&o.sendgridRate, "sendgrid-rate", 0, "server-side cap in mail/send requests per second per API key (real 429s); 0 = none")
 	f.Float64Var(&o.fcmRate, "fcm-rate", 0, "server-side cap in messages per second per project (real 429 QUOTA_EXCEEDED); 0 = none")
 	f.StringVar(&o.sendgridEventURL, "sendgrid-event-url", "", "where to post signed SendGrid delivery events (loopback only), e.g. http://127.0.0.1:8090/sendgrid/events")
+	f.StringVar(&o.twilioInboundURL, "twilio-inbound-url", "", "where to post the signed incoming SMS that POST /_sandbox/twilio/inbound makes up (loopback only; needs TWILIO_AUTH_TOKEN), e.g. http://127.0.0.1:8090/twilio/inbound")
 	f.Float64Var(&o.iysRate, "iys-rate", 10, "İYS requests per second per client, as İYS allows (real 429 H124 beyond); 0 = none")
 	f.DurationVar(&o.iysPullLag, "iys-pull-lag", time.Hour, "how recent a consent change may be and still be left out of the İYS pull (İYS: 1h); 0 = none")
 	f.StringVar(&o.pprofAddr, "pprof-addr", "", "serve Go's profiles at http://ADDR/debug/pprof/ on a loopback address (for benchmarks); empty: none")

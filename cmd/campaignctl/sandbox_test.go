@@ -5,12 +5,14 @@ import (
 	"context"
 	"encoding/json"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/campaignctl/campaignctl/internal/providertest"
+	"github.com/campaignctl/campaignctl/providers/receipts"
 	"github.com/campaignctl/campaignctl/providers/sandbox"
 )
 
@@ -156,6 +158,110 @@ func TestSandboxHelpDescribesPushback(t *testing.T) {
 	stdout, _, code := cli(t, nil, "sandbox", "--help")
 	for _, s := range []string{"--limit twilio=800", "--limit-concurrency", "--limit-segments", "--outage twilio=20s@10s",
 		"/_sandbox/limits", "/_sandbox/outages/stop", "/_sandbox/timeline", "no Retry-After", "raw_503", "reset", "hang"} {
+		if code != 0 || !strings.Contains(stdout, s) {
+			t.Errorf("sandbox --help (exit %d) does not mention %q", code, s)
+		}
+	}
+}
+
+// --twilio-inbound-url makes POST /_sandbox/twilio/inbound post a signed incoming SMS there, which
+// receipts.TwilioInboundHandler, verifying with the same TWILIO_AUTH_TOKEN, takes as a refusal.
+func TestSandboxTwilioInboundFlag(t *testing.T) {
+	const token = "inboundToken0001"
+	refusals := make(chan receipts.Refusal, 4)
+	recv := httptest.NewUnstartedServer(nil)
+	base := "http://" + recv.Listener.Addr().String()
+	recv.Config.Handler = receipts.TwilioInboundHandler(token, base, nil, receipts.RefusalSinkFunc(func(_ context.Context, rs []receipts.Refusal) error {
+		for _, r := range rs {
+			refusals <- r
+		}
+		return nil
+	}), nil)
+	recv.Start()
+	defer recv.Close()
+
+	addr := providertest.ClosedAddr(t)
+	var logs syncBuffer
+	env := map[string]string{"TWILIO_AUTH_TOKEN": token, "TWILIO_ACCOUNT_SID": "ACinbound0001"}
+	a := &app{stdin: strings.NewReader(""), stdout: &logs, stderr: &logs, getenv: func(k string) string { return env[k] }}
+	root := a.newRootCmd()
+	root.SetArgs([]string{"sandbox", "--addr", addr, "--twilio-inbound-url", base + "/twilio/inbound"})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- root.ExecuteContext(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Errorf("sandbox: %v", err)
+			}
+		case <-time.After(10 * time.Second):
+			t.Error("sandbox did not stop")
+		}
+		if t.Failed() {
+			t.Logf("sandbox output:\n%s", logs.String())
+		}
+	})
+
+	body := `{"from":"+905321234567","to":"+908501234567","body":"iptal"}`
+	var resp *http.Response
+	for deadline := time.Now().Add(5 * time.Second); ; {
+		var err error
+		if resp, err = http.Post("http://"+addr+"/_sandbox/twilio/inbound", "application/json", strings.NewReader(body)); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("sandbox did not answer: %v", err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	defer resp.Body.Close()
+	var res sandbox.TwilioInboundResult
+	if err := json.NewDecoder(resp.Body).Decode(&res); err != nil || resp.StatusCode != http.StatusOK || res.Status != http.StatusOK {
+		t.Fatalf("control: %d %+v (%v)", resp.StatusCode, res, err)
+	}
+	select {
+	case r := <-refusals:
+		if r.Address != "+905321234567" || r.Keyword != "IPTAL" || r.EventID != res.MessageSID || r.Kind != receipts.RefusalInbound {
+			t.Errorf("refusal %+v", r)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("no refusal recorded")
+	}
+	if res.Form["AccountSid"] != "ACinbound0001" {
+		t.Errorf("AccountSid %q", res.Form["AccountSid"])
+	}
+	if strings.Contains(logs.String(), token) {
+		t.Errorf("the sandbox printed the token:\n%s", logs.String())
+	}
+}
+
+// Without a token to sign with, --twilio-inbound-url is bad usage, refused before anything listens.
+func TestSandboxTwilioInboundFlagNeedsToken(t *testing.T) {
+	addr := providertest.ClosedAddr(t)
+	type result struct {
+		stderr string
+		code   int
+	}
+	res := make(chan result, 1)
+	go func() {
+		_, stderr, code := cli(t, nil, "sandbox", "--addr", addr, "--twilio-inbound-url", "http://127.0.0.1:8090/twilio/inbound")
+		res <- result{stderr, code}
+	}()
+	select {
+	case r := <-res:
+		if r.code != 2 || !strings.Contains(r.stderr, "TWILIO_AUTH_TOKEN") {
+			t.Errorf("exit %d, stderr %q; want 2 naming TWILIO_AUTH_TOKEN", r.code, r.stderr)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the sandbox started without a token")
+	}
+}
+
+func TestSandboxHelpDescribesRefusals(t *testing.T) {
+	stdout, _, code := cli(t, nil, "sandbox", "--help")
+	for _, s := range []string{"--twilio-inbound-url", "/_sandbox/twilio/inbound", "/_sandbox/sendgrid/events", "spamreport"} {
 		if code != 0 || !strings.Contains(stdout, s) {
 			t.Errorf("sandbox --help (exit %d) does not mention %q", code, s)
 		}

@@ -8,9 +8,11 @@ import (
 	"slices"
 	"strconv"
 	"text/tabwriter"
+	"time"
 
 	"github.com/spf13/cobra"
 
+	"github.com/campaignctl/campaignctl/iys"
 	"github.com/campaignctl/campaignctl/worker"
 )
 
@@ -82,11 +84,32 @@ func (a *app) status(ctx context.Context, o statusOptions) error {
 	if err != nil {
 		return err
 	}
+	overdue := a.refusalsOverdue(ctx, svc)
 	if o.json {
-		return json.NewEncoder(a.stdout).Encode(v)
+		return json.NewEncoder(a.stdout).Encode(struct {
+			worker.CampaignStatus
+			// Refusals received through the messages and still not in İYS two business days later.
+			IYSRefusalsOverdue int `json:"iys_refusals_overdue"`
+		}{v, overdue})
 	}
 	a.printStatus(v)
+	if overdue > 0 {
+		fmt.Fprintf(a.stdout, "İYS: %d refusals not registered two business days after they came in (the law allows three): run campaignctl iys push\n", overdue)
+	}
 	return nil
+}
+
+// refusalsOverdue counts the refusals still not registered in İYS two business days after they came
+// in, and logs an error when there are any (0 when the outbox cannot be read: status still answers).
+func (a *app) refusalsOverdue(ctx context.Context, svc *services) int {
+	sum, err := iys.Outbox(ctx, svc.engine, time.Now())
+	if err != nil {
+		return 0
+	}
+	if sum.Overdue > 0 {
+		a.logger().Error("refusals not registered in İYS two business days after they came in: run campaignctl iys push", "overdue", sum.Overdue)
+	}
+	return sum.Overdue
 }
 
 func (a *app) printStatus(v worker.CampaignStatus) {

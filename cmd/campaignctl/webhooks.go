@@ -18,12 +18,14 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/campaignctl/campaignctl/campaign"
+	"github.com/campaignctl/campaignctl/internal/unsubscribe"
 	"github.com/campaignctl/campaignctl/providers/receipts"
 )
 
 // Receipt routes of `campaignctl webhooks`.
 const (
 	twilioReceiptPath   = "/twilio/status"
+	twilioInboundPath   = "/twilio/inbound"
 	sendgridReceiptPath = "/sendgrid/events"
 )
 
@@ -46,16 +48,27 @@ const (
 
 func (a *app) newWebhooksCmd() *cobra.Command {
 	var addr, publicURL, authFile string
+	var keywords []string
 	cmd := &cobra.Command{
 		Use:   "webhooks",
-		Short: "Receive delivery receipts (Twilio status callbacks, SendGrid's signed Event Webhook) and record them",
+		Short: "Receive delivery receipts and refusals (Twilio, SendGrid, one-click unsubscribe links) and record them",
 		Long: `Receive the providers' delivery receipts and record, per recipient, whether the message was delivered,
 undelivered, bounced or dropped (campaignctl status shows accepted against delivered).
 
   POST ` + twilioReceiptPath + `     Twilio status callbacks, verified with X-Twilio-Signature and TWILIO_AUTH_TOKEN.
                          Workers ask for them when TWILIO_STATUS_CALLBACK is this URL.
   POST ` + sendgridReceiptPath + `   SendGrid's signed Event Webhook, verified with the ECDSA public key in
-                         SENDGRID_WEBHOOK_PUBLIC_KEY (base64, from SendGrid's Mail Settings).
+                         SENDGRID_WEBHOOK_PUBLIC_KEY (base64, from SendGrid's Mail Settings). Its
+                         unsubscribe, group_unsubscribe and spamreport events are refusals.
+  POST ` + twilioInboundPath + `    Twilio's incoming-message webhook (set it on the sender number or messaging
+                         service), verified like the status callbacks: an SMS whose first word is a
+                         refusal keyword (--refusal-keywords: RET, IPTAL, STOP) is a refusal of its number.
+  GET|POST /u/TOKEN      the one-click unsubscribe links of commercial e-mails (List-Unsubscribe, RFC 8058),
+                         with WEBHOOKS_PUBLIC_URL (this server as recipients reach it) and UNSUBSCRIBE_SECRET
+                         (as on the workers): GET shows a page with a button, POST records the refusal.
+
+A refusal is a local RET at once (a running campaign skips the person from its next chunk; the next launch
+excludes them as consent_ret) and waits in the İYS outbox: campaignctl iys push registers it in İYS.
   GET  /stats            accepted and refused requests, by reason: from this machine (loopback), or
                          elsewhere with the user:password of --basic-auth-file or ` + uiAuthEnv + `
                          (the UI's credentials); otherwise 403, or 401 when credentials are set.
@@ -94,7 +107,8 @@ the provider posts again). Headers must arrive within ` + webhooksReadHeaderTime
 			}
 			log := a.logger()
 			var batcher *deliveryBatcher // set before anything is served
-			sink := receipts.SinkFunc(func(ctx context.Context, rs []receipts.Receipt) error {
+			refusals := &refusalSink{brand: a.getenv("IYS_BRAND_CODE"), log: log}
+			deliveries := receipts.SinkFunc(func(ctx context.Context, rs []receipts.Receipt) error {
 				ds := make([]campaign.Delivery, len(rs))
 				for i, r := range rs {
 					ds[i] = campaign.Delivery{Provider: r.Provider, MessageID: r.MessageID, CampaignID: r.CampaignID, UserID: r.UserID,
@@ -102,6 +116,7 @@ the provider posts again). Headers must arrive within ` + webhooksReadHeaderTime
 				}
 				return batcher.record(ctx, ds)
 			})
+			sink := deliveryAndRefusalSink{Sink: deliveries, refusalSink: refusals}
 			handlers := map[string]*receipts.Handler{}
 			if key := a.getenv("SENDGRID_WEBHOOK_PUBLIC_KEY"); key != "" {
 				h, err := receipts.SendGridHandler(key, sink, log)
@@ -111,8 +126,12 @@ the provider posts again). Headers must arrive within ` + webhooksReadHeaderTime
 				handlers["sendgrid"] = h
 			}
 			token := a.getenv("TWILIO_AUTH_TOKEN")
-			if token == "" && len(handlers) == 0 {
-				return usagef("no receipts to receive: set TWILIO_AUTH_TOKEN (Twilio status callbacks) and/or SENDGRID_WEBHOOK_PUBLIC_KEY (SendGrid events)")
+			signer, err := a.unsubscribeSigner()
+			if err != nil {
+				return err
+			}
+			if token == "" && len(handlers) == 0 && signer == nil {
+				return usagef("nothing to receive: set TWILIO_AUTH_TOKEN (Twilio status callbacks and incoming SMS), SENDGRID_WEBHOOK_PUBLIC_KEY (SendGrid events) and/or WEBHOOKS_PUBLIC_URL with UNSUBSCRIBE_SECRET (one-click unsubscribe links)")
 			}
 
 			engine, err := a.openEngine(ctx)
@@ -120,8 +139,10 @@ the provider posts again). Headers must arrive within ` + webhooksReadHeaderTime
 				return err
 			}
 			defer engine.Close()
+			refusals.pool = engine
 			batcher = newDeliveryBatcher(campaign.NewStore(engine))
 			go batcher.run(ctx)
+			go watchOutbox(ctx, engine, log)
 
 			ln, err := net.Listen("tcp", addr)
 			if err != nil {
@@ -131,9 +152,15 @@ the provider posts again). Headers must arrive within ` + webhooksReadHeaderTime
 				publicURL = "http://" + ln.Addr().String()
 			}
 			if token != "" {
-				handlers["twilio"] = receipts.TwilioHandler(token, publicURL, sink, log)
+				handlers["twilio"] = receipts.TwilioHandler(token, publicURL, deliveries, log)
+				handlers["twilio_inbound"] = receipts.TwilioInboundHandler(token, publicURL, keywords, refusals, log)
 			}
-			srv := webhooksServer(webhooksMux(handlers, creds, log))
+			var extra map[string]http.Handler
+			if signer != nil {
+				u := unsubscribeHandler(signer, campaign.NewStore(engine), refusals, log)
+				extra = map[string]http.Handler{"GET " + unsubscribe.Path: u, "HEAD " + unsubscribe.Path: u, "POST " + unsubscribe.Path: u}
+			}
+			srv := webhooksServer(webhooksMux(handlers, creds, log, extra))
 			go func() {
 				<-ctx.Done()
 				shut, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -146,7 +173,14 @@ the provider posts again). Headers must arrive within ` + webhooksReadHeaderTime
 			}
 			fmt.Fprintf(a.stderr, "receipts endpoint listening on http://%s; %s\n", ln.Addr(), stats)
 			for _, name := range slices.Sorted(maps.Keys(handlers)) {
-				fmt.Fprintf(a.stderr, "receiving %s receipts at %s%s\n", name, publicURL, webhooksPaths[name])
+				what := name + " receipts"
+				if name == "twilio_inbound" {
+					what = "twilio incoming SMS (refusals)"
+				}
+				fmt.Fprintf(a.stderr, "receiving %s at %s%s\n", what, publicURL, webhooksPaths[name])
+			}
+			if signer != nil {
+				fmt.Fprintf(a.stderr, "serving one-click unsubscribe links at %s%s…\n", strings.TrimSuffix(a.getenv(publicURLEnv), "/"), unsubscribe.Path)
 			}
 			if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 				return err
@@ -156,12 +190,13 @@ the provider posts again). Headers must arrive within ` + webhooksReadHeaderTime
 	}
 	cmd.Flags().StringVar(&addr, "addr", "127.0.0.1:8090", "listen address host:port")
 	cmd.Flags().StringVar(&publicURL, "public-url", "", "the URL the providers call (scheme://host[:port][/prefix], no credentials), if not http://ADDR")
+	cmd.Flags().StringSliceVar(&keywords, "refusal-keywords", receipts.DefaultRefusalKeywords, "the first words that make an incoming SMS a refusal (case and İ/ı folded)")
 	cmd.Flags().StringVar(&authFile, "basic-auth-file", "", "file holding one line user:password (mode 600) that GET /stats takes from elsewhere than loopback (else $"+uiAuthEnv+")")
 	return cmd
 }
 
 // webhooksPaths are the receipt routes by provider.
-var webhooksPaths = map[string]string{"twilio": twilioReceiptPath, "sendgrid": sendgridReceiptPath}
+var webhooksPaths = map[string]string{"twilio": twilioReceiptPath, "twilio_inbound": twilioInboundPath, "sendgrid": sendgridReceiptPath}
 
 // webhooksPublicURL validates --public-url and returns it without a trailing slash. No message quotes
 // its credentials: a URL with any is refused (the endpoint checks the providers' signatures, not HTTP
@@ -198,13 +233,20 @@ func webhooksServer(h http.Handler) *http.Server {
 	}
 }
 
-// webhooksMux routes the receipts of each handler, GET /stats (loopback, or with creds) and GET /healthz.
-func webhooksMux(handlers map[string]*receipts.Handler, creds *basicAuth, log *slog.Logger) http.Handler {
+// webhooksMux routes the receipts of each handler, the extra routes (pattern → handler: the unsubscribe
+// links, whose POST bodies are read within a few seconds), GET /stats (loopback, or with creds) and GET
+// /healthz.
+func webhooksMux(handlers map[string]*receipts.Handler, creds *basicAuth, log *slog.Logger, extra map[string]http.Handler) http.Handler {
 	mux := http.NewServeMux()
 	receiptRoutes := map[string]bool{}
 	for name, h := range handlers {
 		mux.Handle("POST "+webhooksPaths[name], h)
 		receiptRoutes["POST "+webhooksPaths[name]] = true
+	}
+	extraRoutes := map[string]bool{}
+	for pattern, h := range extra {
+		mux.Handle(pattern, h)
+		extraRoutes[pattern] = true
 	}
 	mux.Handle("GET /stats", statsAccess(creds, log, http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 		stats := map[string]receipts.Stats{}
@@ -218,7 +260,11 @@ func webhooksMux(handlers map[string]*receipts.Handler, creds *basicAuth, log *s
 		io.WriteString(w, "ok\n") //nolint:errcheck // the client went away
 	})
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if _, pattern := mux.Handler(r); !receiptRoutes[pattern] && r.ContentLength != 0 {
+		_, pattern := mux.Handler(r)
+		if extraRoutes[pattern] && r.ContentLength != 0 {
+			// A one-click POST is a few bytes: it comes at once or not at all.
+			http.NewResponseController(w).SetReadDeadline(time.Now().Add(5 * time.Second)) //nolint:errcheck // not a real server
+		} else if !receiptRoutes[pattern] && r.ContentLength != 0 {
 			// Only the receipts read a body (at a pace of their own): elsewhere the server does not wait
 			// for one either, and answers at once.
 			http.NewResponseController(w).SetReadDeadline(time.Now()) //nolint:errcheck // not a real server

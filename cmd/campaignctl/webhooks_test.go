@@ -453,7 +453,7 @@ func TestWebhooksStatsOnlyOnLoopbackOrWithCredentials(t *testing.T) {
 	if why != "" {
 		t.Fatal(why)
 	}
-	open, locked := webhooksMux(handlers, nil, log), webhooksMux(handlers, creds, log)
+	open, locked := webhooksMux(handlers, nil, log, nil), webhooksMux(handlers, creds, log, nil)
 	get := func(h http.Handler, path, remote, host string, hdr map[string]string, auth ...string) *httptest.ResponseRecorder {
 		r := httptest.NewRequest(http.MethodGet, path, nil)
 		r.RemoteAddr, r.Host = remote, host

@@ -16,6 +16,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/campaignctl/campaignctl/campaign"
 	"github.com/campaignctl/campaignctl/metrics"
 	"github.com/campaignctl/campaignctl/providers/twilio"
 	"github.com/campaignctl/campaignctl/worker"
@@ -70,7 +71,9 @@ A worker sends the channels whose provider is configured:
          Netgsm is the failover: a message Twilio refuses without accepting it (5xx, 429, no connection)
          goes through Netgsm at once, and Twilio is left alone for 30 s; never after a timeout (Twilio
          may have sent it)
-  email  SENDGRID_API_KEY, SENDGRID_FROM [SENDGRID_FROM_NAME, SENDGRID_BASE_URL, SENDGRID_RATE]
+  email  SENDGRID_API_KEY, SENDGRID_FROM [SENDGRID_FROM_NAME, SENDGRID_BASE_URL, SENDGRID_RATE]; commercial
+         e-mail also WEBHOOKS_PUBLIC_URL and UNSUBSCRIBE_SECRET (each message's signed one-click unsubscribe
+         link, served by campaignctl webhooks) [UNSUBSCRIBE_MAILTO: a mailbox the header offers too]
   push     GOOGLE_APPLICATION_CREDENTIALS [FCM_PROJECT_ID, FCM_BASE_URL, FCM_RATE]
   webhook  WEBHOOK_URL, WEBHOOK_SECRET [WEBHOOK_RATE]`,
 		Example: `  campaignctl worker --concurrency 16
@@ -108,15 +111,24 @@ A worker sends the channels whose provider is configured:
 				}
 				defer stop()
 			}
+			signer, err := a.unsubscribeSigner()
+			if err != nil {
+				return err
+			}
+			if signer == nil && set.primary[campaign.ChannelEmail] != nil {
+				log.Warn("this worker sends no commercial e-mail (its batches wait for a worker that can): set WEBHOOKS_PUBLIC_URL and UNSUBSCRIBE_SECRET to sign their one-click unsubscribe links")
+			}
 			host, _ := os.Hostname()
 			h := worker.NewHandler(worker.Config{
-				Store:         svc.store,
-				Redis:         svc.redis,
-				Providers:     set.primary,
-				Fallback:      set.fallback,
-				ProviderRates: set.rates,
-				Logger:        log,
-				Owner:         fmt.Sprintf("%s:%d", host, os.Getpid()),
+				Unsubscribe:       signer,
+				UnsubscribeMailto: a.getenv(unsubMailtoEnv),
+				Store:             svc.store,
+				Redis:             svc.redis,
+				Providers:         set.primary,
+				Fallback:          set.fallback,
+				ProviderRates:     set.rates,
+				Logger:            log,
+				Owner:             fmt.Sprintf("%s:%d", host, os.Getpid()),
 				// A chunk's lease and an unanswered claim must outlive the slowest provider call.
 				LeaseTTL:      3 * o.timeout,
 				InFlightGrace: 3 * o.timeout,
@@ -154,6 +166,9 @@ func serveMetrics(ctx context.Context, addr string, svc *services, log *slog.Log
 		return nil, nil, fmt.Errorf("metrics: %w", err)
 	}
 	if err := m.WatchCampaigns(svc.engine, svc.redis, worker.ProgressKey); err != nil {
+		return nil, nil, fmt.Errorf("metrics: %w", err)
+	}
+	if err := m.WatchOutbox(svc.engine); err != nil {
 		return nil, nil, fmt.Errorf("metrics: %w", err)
 	}
 	ln, err := net.Listen("tcp", addr)

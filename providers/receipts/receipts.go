@@ -1,12 +1,16 @@
 // Package receipts receives the providers' delivery receipts (Twilio status callbacks, the SendGrid
-// Event Webhook), verifies that the provider sent them, and hands them to a Sink as Receipts.
+// Event Webhook), verifies that the provider sent them, and hands them to a Sink as Receipts. The
+// recipients' refusals that come back the same way (SendGrid unsubscribes and spam reports, an SMS
+// answered with RET or IPTAL) go to a RefusalSink as Refusals.
 //
-// Each provider has its own http.Handler (TwilioHandler, SendGridHandler). A request is verified before
-// anything in it is believed: an unsigned or wrongly signed request (or, for SendGrid, one whose signed
-// timestamp lies outside the replay window) is answered 403, a request that cannot be parsed 400 (413
-// when too large, 408 when its body came too slowly), and a request whose receipts the sink could not
-// record 500, so that the provider delivers it again. A request that was recorded, or held nothing but
-// events that are not receipts (opens, clicks, Twilio's interim statuses), is answered 204.
+// Each kind of request has its own http.Handler (TwilioHandler, TwilioInboundHandler, SendGridHandler).
+// A request is verified before anything in it is believed: an unsigned or wrongly signed request (or,
+// for SendGrid, one whose signed timestamp lies outside the replay window) is answered 403, a request
+// that cannot be parsed 400 (413 when too large, 408 when its body came too slowly), and a request whose
+// receipts or refusals a sink could not record 500, so that the provider delivers it again. A request
+// that was recorded, or held nothing but events that are neither (opens, clicks, Twilio's interim
+// statuses), is answered 204; an incoming SMS is answered 200 with an empty TwiML document, so that
+// Twilio sends no reply.
 //
 // What an unauthenticated client can make a handler do is bounded: the signature headers are checked
 // before any of the body is read; a Content-Length over the limit (MaxTwilioBody, MaxSendGridBody) is
@@ -17,7 +21,8 @@
 // before any JSON, for Twilio on the form, which is all it signs.
 //
 // Delivery is at least once: providers repeat a request they saw fail, and SendGrid may repeat events
-// anyway. Sinks dedupe on Receipt.EventID.
+// anyway. Sinks dedupe on Receipt.EventID and Refusal.EventID. When one request holds both receipts and
+// refusals and only the second sink fails, the repeat brings the receipts again.
 //
 // Status mapping (the raw provider event on the left):
 //
@@ -37,9 +42,18 @@
 //	deferred                      deferred      Error is the receiving server's response
 //	bounce (incl. type=blocked)   bounced       Error is the bounce reason ("blocked: ..." when blocked)
 //	dropped                       dropped       Error is the drop reason ("Bounced Address", ...)
-//	open, click, spamreport,      (ignored, counted in Stats.Ignored)
-//	unsubscribe, group_unsubscribe,
+//	open, click,                  (ignored, counted in Stats.Ignored)
 //	group_resubscribe
+//
+//	SendGrid event                Refusal.Kind (when the Sink is also a RefusalSink; else ignored)
+//	unsubscribe                   unsubscribe        Address: the e-mail, lower case
+//	group_unsubscribe             group_unsubscribe  Evidence names the asm_group_id
+//	spamreport                    spamreport
+//
+//	Twilio incoming SMS           Refusal.Kind
+//	Body's first word a keyword   inbound            Address: From; Keyword: RET, IPTAL, STOP, ...
+//	(RET, IPTAL, STOP by default)
+//	any other Body                (ignored, counted in Stats.Ignored["inbound_other"])
 //
 // Secrets (auth tokens, signatures) are never logged; addresses are logged only through
 // providers.MaskAddress, and a recipient's e-mail address quoted in a bounce reason is masked in
@@ -140,16 +154,19 @@ const (
 
 // Stats counts what a Handler did since it was made.
 type Stats struct {
-	// Accepted is the number of requests answered 204.
+	// Accepted is the number of requests answered 204 (200 for incoming SMS).
 	Accepted int64 `json:"accepted"`
 	// Receipts is the number of receipts the sink recorded.
 	Receipts int64 `json:"receipts"`
-	// Ignored counts the verified events that are not receipts, by provider event name (open, click,
-	// queued, ...; "other" for names this package does not know, "invalid" for unusable events).
+	// Refusals is the number of refusals the RefusalSink recorded.
+	Refusals int64 `json:"refusals"`
+	// Ignored counts the verified events that are neither receipts nor refusals, by provider event name
+	// (open, click, queued, ...; "other" for names this package does not know, "invalid" for unusable
+	// events, "inbound_other" for incoming SMS that are not refusals).
 	Ignored map[string]int64 `json:"ignored"`
 	// Rejected counts the refused requests by reason (the Reason constants).
 	Rejected map[string]int64 `json:"rejected"`
-	// SinkErrors is the number of requests answered 500 because the sink failed.
+	// SinkErrors is the number of requests answered 500 because the Sink or the RefusalSink failed.
 	SinkErrors int64 `json:"sink_errors"`
 }
 
@@ -187,30 +204,44 @@ func reject(status int, reason, format string, args ...any) *rejection {
 	return &rejection{status: status, reason: reason, detail: fmt.Sprintf(format, args...)}
 }
 
-// Handler receives one provider's receipts. It is an http.Handler and safe for concurrent use.
+// Handler receives one provider's receipts, or its incoming messages. It is an http.Handler and safe for
+// concurrent use.
 type Handler struct {
 	provider string
-	sink     Sink
+	sink     Sink        // nil for incoming messages
+	refusals RefusalSink // nil when refusals are not recorded
 	log      *slog.Logger
 	now      func() time.Time
 	limits   limits
 	// headers checks what can be checked from the headers alone (the signature's presence and form),
 	// before any of the body is read; nil when they are fine.
 	headers func(r *http.Request) *rejection
-	// parse verifies r, whose body is bounded, and returns its receipts and the names of the events it
-	// ignored.
-	parse   func(h *Handler, r *http.Request) ([]Receipt, []string, *rejection)
+	// parse verifies r, whose body is bounded, and returns what it holds.
+	parse func(h *Handler, r *http.Request) (batch, *rejection)
+	// answer writes the answer to a request that was recorded: 204 unless the provider wants more.
+	answer  func(w http.ResponseWriter)
 	counter counter
 }
 
-func newHandler(provider string, sink Sink, log *slog.Logger, lim limits) *Handler {
-	if sink == nil {
+// batch is what one verified request holds: its receipts, its refusals and the names of the events it
+// ignored.
+type batch struct {
+	receipts []Receipt
+	refusals []Refusal
+	ignored  []string
+}
+
+// newHandler makes a handler that records receipts in sink and refusals in refusals; either may be nil,
+// not both.
+func newHandler(provider string, sink Sink, refusals RefusalSink, log *slog.Logger, lim limits) *Handler {
+	if sink == nil && refusals == nil {
 		panic("receipts: nil Sink")
 	}
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	h := &Handler{provider: provider, sink: sink, log: log.With("provider", provider), now: time.Now, limits: lim}
+	h := &Handler{provider: provider, sink: sink, refusals: refusals, log: log.With("provider", provider), now: time.Now, limits: lim,
+		answer: func(w http.ResponseWriter) { w.WriteHeader(http.StatusNoContent) }}
 	h.counter.s = Stats{Ignored: make(map[string]int64), Rejected: make(map[string]int64)}
 	return h
 }
@@ -218,44 +249,61 @@ func newHandler(provider string, sink Sink, log *slog.Logger, lim limits) *Handl
 // Stats returns the counters since the handler was made.
 func (h *Handler) Stats() Stats { return h.counter.snapshot() }
 
-// ServeHTTP verifies and parses one provider request and records its receipts.
+// ServeHTTP verifies and parses one provider request and records its receipts and refusals, all before
+// it answers.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if r.Method != http.MethodPost {
 		h.refuse(w, r, unread(w, r, reject(http.StatusMethodNotAllowed, ReasonMalformed, "method %s", r.Method)))
 		return
 	}
-	rs, ignored, rej := h.read(w, r)
+	b, rej := h.read(w, r)
 	if rej != nil {
 		h.refuse(w, r, rej)
 		return
 	}
-	if len(rs) > 0 {
-		if err := h.sink.Record(r.Context(), rs); err != nil {
-			h.counter.update(func(s *Stats) { s.SinkErrors++ })
-			h.log.Error("record receipts", "receipts", len(rs), "err", err)
-			http.Error(w, http.StatusText(http.StatusInternalServerError), http.StatusInternalServerError)
+	if len(b.receipts) > 0 {
+		if err := h.sink.Record(r.Context(), b.receipts); err != nil {
+			h.sinkFailed(w, "record receipts", "receipts", len(b.receipts), err)
 			return
+		}
+	}
+	if len(b.refusals) > 0 {
+		if err := h.refusals.Refuse(r.Context(), b.refusals); err != nil {
+			h.sinkFailed(w, "record refusals", "refusals", len(b.refusals), err)
+			return
+		}
+		for _, rf := range b.refusals {
+			h.log.Info("refusal recorded", "kind", rf.Kind, "channel", rf.Channel, "address", providers.MaskAddress(rf.Address),
+				"campaign_id", rf.CampaignID, "event_id", rf.EventID)
 		}
 	}
 	h.counter.update(func(s *Stats) {
 		s.Accepted++
-		s.Receipts += int64(len(rs))
-		for _, name := range ignored {
+		s.Receipts += int64(len(b.receipts))
+		s.Refusals += int64(len(b.refusals))
+		for _, name := range b.ignored {
 			s.Ignored[name]++
 		}
 	})
-	h.log.Debug("receipts recorded", "receipts", len(rs), "ignored", len(ignored))
-	w.WriteHeader(http.StatusNoContent)
+	h.log.Debug("receipts recorded", "receipts", len(b.receipts), "refusals", len(b.refusals), "ignored", len(b.ignored))
+	h.answer(w)
+}
+
+// sinkFailed answers 500, so that the provider delivers the request again.
+func (h *Handler) sinkFailed(w http.ResponseWriter, msg, what string, n int, err error) {
+	h.counter.update(func(s *Stats) { s.SinkErrors++ })
+	h.log.Error(msg, what, n, "err", err)
+	http.Error(w, http.StatusText(http.StatusInternalServerError), http.StatusInternalServerError)
 }
 
 // read checks the headers, then reads the body within the handler's limits and parses it.
-func (h *Handler) read(w http.ResponseWriter, r *http.Request) ([]Receipt, []string, *rejection) {
+func (h *Handler) read(w http.ResponseWriter, r *http.Request) (batch, *rejection) {
 	if rej := h.headers(r); rej != nil {
-		return nil, nil, unread(w, r, rej)
+		return batch{}, unread(w, r, rej)
 	}
 	max := h.limits.max
 	if r.ContentLength > max {
-		return nil, nil, unread(w, r, reject(http.StatusRequestEntityTooLarge, ReasonMalformed, "Content-Length %d over %d bytes", r.ContentLength, max))
+		return batch{}, unread(w, r, reject(http.StatusRequestEntityTooLarge, ReasonMalformed, "Content-Length %d over %d bytes", r.ContentLength, max))
 	}
 	n := r.ContentLength
 	if n < 0 {
@@ -263,7 +311,7 @@ func (h *Handler) read(w http.ResponseWriter, r *http.Request) ([]Receipt, []str
 	}
 	_, n = bodyClass(n)
 	if !h.limits.reserve(r.Context(), n) {
-		return nil, nil, unread(w, r, reject(http.StatusServiceUnavailable, ReasonBusy, "no room for a %d-byte body within %s", n, h.limits.busyWait))
+		return batch{}, unread(w, r, reject(http.StatusServiceUnavailable, ReasonBusy, "no room for a %d-byte body within %s", n, h.limits.busyWait))
 	}
 	defer h.limits.room.Release(n)
 	// The deadline does not reach the sink: net/http clears it when it starts watching the connection

@@ -4,9 +4,11 @@ import (
 	"bytes"
 	"crypto/ecdsa"
 	"crypto/elliptic"
+	"crypto/sha256"
 	"crypto/x509"
 	"encoding/asn1"
 	"encoding/base64"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -19,6 +21,8 @@ import (
 	"time"
 
 	"github.com/sendgrid/sendgrid-go/helpers/eventwebhook"
+
+	"github.com/campaignctl/campaignctl/providers"
 )
 
 // ReplayWindow is how far a SendGrid request's signed timestamp may lie from the local clock, either
@@ -35,10 +39,18 @@ var sendgridStatuses = map[string]string{
 	"dropped":   StatusDropped,
 }
 
-// sendgridEngagement are SendGrid's engagement events, which are counted and not recorded.
+// sendgridEngagement are SendGrid's engagement events, which are counted and not recorded (the refusals
+// among them are recorded when the handler has a RefusalSink).
 var sendgridEngagement = map[string]bool{
 	"open": true, "click": true, "spamreport": true, "unsubscribe": true,
 	"group_unsubscribe": true, "group_resubscribe": true,
+}
+
+// sendgridRefusals maps SendGrid's refusal events to Refusal kinds.
+var sendgridRefusals = map[string]string{
+	"unsubscribe":       RefusalUnsubscribe,
+	"group_unsubscribe": RefusalGroupUnsubscribe,
+	"spamreport":        RefusalSpamReport,
 }
 
 // sendgridEvent is the part of an Event Webhook event that makes a Receipt. custom_args arrive as
@@ -54,6 +66,7 @@ type sendgridEvent struct {
 	Type        string      `json:"type"`
 	CampaignID  flexString  `json:"campaign_id"`
 	UserID      flexString  `json:"user_id"`
+	ASMGroupID  flexString  `json:"asm_group_id"`
 }
 
 // flexString takes a JSON string, number or null: custom args are strings, but a sender that once put a
@@ -95,14 +108,23 @@ func (f *flexString) UnmarshalJSON(b []byte) error {
 // engagement events (open, click, ...) and unusable events are counted in Stats.Ignored. The custom
 // args campaign_id and user_id give CampaignID and UserID (a campaign_id that is not an integer gives
 // 0), sg_message_id up to its first '.' gives MessageID, sg_event_id EventID (sg_message_id:event:timestamp
-// when absent), the reason (bounce,
-// dropped) or response (deferred) Error. A nil log discards; a nil sink panics.
+// when absent), the reason (bounce, dropped) or response (deferred) Error.
+//
+// When sink is also a RefusalSink, unsubscribe, group_unsubscribe and spamreport events become Refusals
+// (see Refusal for their fields), recorded with Refuse in the same request, after the receipts and
+// before the answer: a RefusalSink error answers 500 like a Sink error, and SendGrid posts the whole
+// batch again. An event of these without an e-mail address is counted as "invalid". Otherwise they
+// are counted in Stats.Ignored under their event names. A nil log discards; a nil sink panics.
 func SendGridHandler(publicKeyBase64 string, sink Sink, log *slog.Logger) (*Handler, error) {
+	if sink == nil {
+		panic("receipts: nil Sink")
+	}
 	key, err := sendgridKey(publicKeyBase64)
 	if err != nil {
 		return nil, err
 	}
-	h := newHandler("sendgrid", sink, log, newLimits(MaxSendGridBody, sendgridInFlight))
+	refusals, _ := sink.(RefusalSink)
+	h := newHandler("sendgrid", sink, refusals, log, newLimits(MaxSendGridBody, sendgridInFlight))
 	h.headers = func(r *http.Request) *rejection {
 		sig, ts := r.Header.Get(eventwebhook.VerificationHTTPHeader), r.Header.Get(eventwebhook.TimestampHTTPHeader)
 		if sig == "" || ts == "" {
@@ -113,27 +135,27 @@ func SendGridHandler(publicKeyBase64 string, sink Sink, log *slog.Logger) (*Hand
 		}
 		return nil
 	}
-	h.parse = func(h *Handler, r *http.Request) ([]Receipt, []string, *rejection) {
+	h.parse = func(h *Handler, r *http.Request) (batch, *rejection) {
 		sig, ts := r.Header.Get(eventwebhook.VerificationHTTPHeader), r.Header.Get(eventwebhook.TimestampHTTPHeader)
 		body, done, err := readBody(r, h.limits.max)
 		defer done() // the receipts hold copies of what they take from the body
 		if err != nil {
-			return nil, nil, bodyRejection(err, h.limits.max)
+			return batch{}, bodyRejection(err, h.limits.max)
 		}
 		// The signature is checked on the raw bytes, before any JSON is decoded.
 		if ok, err := eventwebhook.VerifySignature(key, body, sig, ts); err != nil || !ok {
-			return nil, nil, reject(http.StatusForbidden, ReasonBadSignature, "signature does not match the body")
+			return batch{}, reject(http.StatusForbidden, ReasonBadSignature, "signature does not match the body")
 		}
 		// The timestamp is checked after the signature, so that "stale" counts only requests SendGrid
 		// really signed: replays, or a clock that drifted.
 		sec, err := strconv.ParseInt(ts, 10, 64)
 		if err != nil {
-			return nil, nil, reject(http.StatusForbidden, ReasonStale, "timestamp %q is not Unix seconds", ts)
+			return batch{}, reject(http.StatusForbidden, ReasonStale, "timestamp %q is not Unix seconds", ts)
 		}
 		if d := h.now().Sub(time.Unix(sec, 0)); d > ReplayWindow || d < -ReplayWindow {
-			return nil, nil, reject(http.StatusForbidden, ReasonStale, "timestamp %s off the local clock", d.Round(time.Second))
+			return batch{}, reject(http.StatusForbidden, ReasonStale, "timestamp %s off the local clock", d.Round(time.Second))
 		}
-		return h.sendgridReceipts(body)
+		return h.sendgridBatch(body)
 	}
 	return h, nil
 }
@@ -203,17 +225,25 @@ func sendgridKey(b64 string) (*ecdsa.PublicKey, error) {
 	return eventwebhook.ConvertPublicKeyBase64ToECDSA(strings.TrimSpace(b64))
 }
 
-func (h *Handler) sendgridReceipts(body []byte) ([]Receipt, []string, *rejection) {
+// sendgridBatch reads the verified events of body.
+func (h *Handler) sendgridBatch(body []byte) (batch, *rejection) {
 	var raw []json.RawMessage
 	if err := json.Unmarshal(body, &raw); err != nil {
-		return nil, nil, reject(http.StatusBadRequest, ReasonMalformed, "body is not a JSON array of events: %v", err)
+		return batch{}, reject(http.StatusBadRequest, ReasonMalformed, "body is not a JSON array of events: %v", err)
 	}
-	var rs []Receipt
-	var ignored []string
+	var b batch
 	for _, m := range raw {
 		var e sendgridEvent
 		if err := json.Unmarshal(m, &e); err != nil || e.Event == "" {
-			ignored = append(ignored, ignoredInvalid)
+			b.ignored = append(b.ignored, ignoredInvalid)
+			continue
+		}
+		if kind, ok := sendgridRefusals[e.Event]; ok && h.refusals != nil {
+			if rf, ok := h.sendgridRefusal(&e, kind); ok {
+				b.refusals = append(b.refusals, rf)
+			} else {
+				b.ignored = append(b.ignored, ignoredInvalid)
+			}
 			continue
 		}
 		status, ok := sendgridStatuses[e.Event]
@@ -222,7 +252,7 @@ func (h *Handler) sendgridReceipts(body []byte) ([]Receipt, []string, *rejection
 			if sendgridEngagement[e.Event] {
 				name = e.Event
 			}
-			ignored = append(ignored, name)
+			b.ignored = append(b.ignored, name)
 			continue
 		}
 		rc := Receipt{
@@ -230,25 +260,17 @@ func (h *Handler) sendgridReceipts(body []byte) ([]Receipt, []string, *rejection
 			MessageID: e.SGMessageID,
 			UserID:    string(e.UserID),
 			Status:    status,
-			EventID:   e.SGEventID,
-			At:        h.now().UTC(),
+			EventID:   e.eventID(),
+			At:        h.sendgridAt(&e),
 		}
 		if i := strings.IndexByte(rc.MessageID, '.'); i >= 0 {
 			rc.MessageID = rc.MessageID[:i]
 		}
 		if rc.MessageID == "" && e.CampaignID == "" && e.UserID == "" {
-			ignored = append(ignored, ignoredInvalid) // nothing to match it to a send
+			b.ignored = append(b.ignored, ignoredInvalid) // nothing to match it to a send
 			continue
 		}
-		if rc.EventID == "" {
-			rc.EventID = e.SGMessageID + ":" + e.Event + ":" + e.Timestamp.String()
-		}
-		if id, err := strconv.ParseInt(string(e.CampaignID), 10, 64); err == nil {
-			rc.CampaignID = id
-		}
-		if sec, err := e.Timestamp.Int64(); err == nil && sec > 0 {
-			rc.At = time.Unix(sec, 0).UTC()
-		}
+		rc.CampaignID = e.campaignID()
 		switch e.Event {
 		case "bounce":
 			rc.Error = cleanError(e.Reason, e.Email)
@@ -260,7 +282,69 @@ func (h *Handler) sendgridReceipts(body []byte) ([]Receipt, []string, *rejection
 		case "deferred":
 			rc.Error = cleanError(e.Response, e.Email)
 		}
-		rs = append(rs, rc)
+		b.receipts = append(b.receipts, rc)
 	}
-	return rs, ignored, nil
+	return b, nil
+}
+
+// sendgridRefusal is the Refusal of a refusal event; false when it names no address to refuse.
+func (h *Handler) sendgridRefusal(e *sendgridEvent, kind string) (Refusal, bool) {
+	addr := strings.ToLower(strings.TrimSpace(e.Email))
+	if addr == "" || len(addr) > maxAddressLen {
+		return Refusal{}, false
+	}
+	rf := Refusal{
+		Provider:   "sendgrid",
+		Channel:    ChannelEmail,
+		Address:    addr,
+		CampaignID: e.campaignID(),
+		UserID:     string(e.UserID),
+		Kind:       kind,
+		EventID:    e.eventID(),
+		At:         h.sendgridAt(e),
+	}
+	if rf.EventID == ":"+e.Event+":"+e.Timestamp.String() {
+		// Neither sg_event_id nor sg_message_id: two addresses refusing in the same second would share
+		// the ID, and a sink deduping on it would lose one. A digest of the address keeps them apart
+		// without putting the address in the ID.
+		sum := sha256.Sum256([]byte(addr))
+		rf.EventID += ":" + hex.EncodeToString(sum[:8])
+	}
+	evidence := "sendgrid " + e.Event
+	if e.SGEventID != "" {
+		evidence += " sg_event_id=" + e.SGEventID
+	} else {
+		evidence += " sg_message_id=" + e.SGMessageID + " timestamp=" + e.Timestamp.String()
+	}
+	if e.ASMGroupID != "" {
+		evidence += " asm_group_id=" + string(e.ASMGroupID)
+	}
+	// The address may be quoted in any field a sender controls; the evidence must not carry it.
+	rf.Evidence = cleanEvidence(replaceFold(evidence, addr, providers.MaskAddress(addr)))
+	return rf, true
+}
+
+// eventID is sg_event_id, or sg_message_id:event:timestamp when SendGrid gave none.
+func (e *sendgridEvent) eventID() string {
+	if e.SGEventID != "" {
+		return e.SGEventID
+	}
+	return e.SGMessageID + ":" + e.Event + ":" + e.Timestamp.String()
+}
+
+// campaignID is the custom arg campaign_id, 0 when absent or not an integer.
+func (e *sendgridEvent) campaignID() int64 {
+	id, err := strconv.ParseInt(string(e.CampaignID), 10, 64)
+	if err != nil {
+		return 0
+	}
+	return id
+}
+
+// sendgridAt is the event's timestamp, or now when it has none.
+func (h *Handler) sendgridAt(e *sendgridEvent) time.Time {
+	if sec, err := e.Timestamp.Int64(); err == nil && sec > 0 {
+		return time.Unix(sec, 0).UTC()
+	}
+	return h.now().UTC()
 }

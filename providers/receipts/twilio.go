@@ -67,9 +67,22 @@ var twilioErrors = map[int]string{
 // An empty authToken refuses every request, since anyone can sign with an empty key. A nil log
 // discards; a nil sink panics.
 func TwilioHandler(authToken, publicURL string, sink Sink, log *slog.Logger) *Handler {
-	h := newHandler("twilio", sink, log, newLimits(MaxTwilioBody, twilioInFlight))
+	if sink == nil {
+		panic("receipts: nil Sink")
+	}
+	h := newHandler("twilio", sink, nil, log, newLimits(MaxTwilioBody, twilioInFlight))
+	twilioSigned(h, authToken, publicURL, "status callback", func(h *Handler, r *http.Request, form map[string]string) (batch, *rejection) {
+		rs, ignored, rej := h.twilioReceipt(r, form)
+		return batch{receipts: rs, ignored: ignored}, rej
+	})
+	return h
+}
+
+// twilioSigned makes h verify X-Twilio-Signature, as TwilioHandler describes, and hand the verified
+// form to next. what names the requests in the log ("status callback").
+func twilioSigned(h *Handler, authToken, publicURL, what string, next func(h *Handler, r *http.Request, form map[string]string) (batch, *rejection)) {
 	if authToken == "" {
-		h.log.Error("twilio auth token is empty: every status callback will be refused")
+		h.log.Error("twilio auth token is empty: every " + what + " will be refused")
 	}
 	validator := client.NewRequestValidator(authToken)
 	base := strings.TrimRight(publicURL, "/")
@@ -79,11 +92,11 @@ func TwilioHandler(authToken, publicURL string, sink Sink, log *slog.Logger) *Ha
 		}
 		return nil
 	}
-	h.parse = func(h *Handler, r *http.Request) ([]Receipt, []string, *rejection) {
+	h.parse = func(h *Handler, r *http.Request) (batch, *rejection) {
 		// The signature covers the form, so the form is parsed first: from the body the handler bounded
 		// (ParseForm reads a MaxBytesReader no further than its limit), and only if it is a plain form.
 		if err := r.ParseForm(); err != nil {
-			return nil, nil, bodyRejection(err, h.limits.max)
+			return batch{}, bodyRejection(err, h.limits.max)
 		}
 		params := make(map[string]string, len(r.PostForm))
 		for k, v := range r.PostForm {
@@ -91,11 +104,10 @@ func TwilioHandler(authToken, publicURL string, sink Sink, log *slog.Logger) *Ha
 		}
 		signedURL := signedURL(base, r)
 		if authToken == "" || !validator.Validate(signedURL, params, r.Header.Get(twilioSignatureHeader)) {
-			return nil, nil, reject(http.StatusForbidden, ReasonBadSignature, "signature does not match %s", redactQuery(signedURL))
+			return batch{}, reject(http.StatusForbidden, ReasonBadSignature, "signature does not match %s", redactQuery(signedURL))
 		}
-		return h.twilioReceipt(r, params)
+		return next(h, r, params)
 	}
-	return h
 }
 
 func (h *Handler) twilioReceipt(r *http.Request, form map[string]string) ([]Receipt, []string, *rejection) {

@@ -5,7 +5,10 @@
 // Twilio is described below. SendGrid's Mail Send and its signed Event Webhook are described on
 // sendgridRoutes (sendgrid.go), FCM HTTP v1 with its OAuth2 token endpoint in fcm.go, the HMAC-checking
 // webhook receiver in webhook.go, and Twilio's signed status callbacks (with the magic numbers
-// +905550030001/30003/30005/30006/30007 that end undelivered or failed) in receipts.go.
+// +905550030001/30003/30005/30006/30007 that end undelivered or failed) in receipts.go. The recipients'
+// refusals that come back through the providers are made up on demand: SendGrid's unsubscribe,
+// group_unsubscribe and spamreport events in sendgrid_refusals.go, and Twilio's incoming SMS (an answer
+// of RET or IPTAL), posted to Options.TwilioInboundURL, in twilio_inbound.go.
 //
 // A *Server is an http.Handler. Mount it with httptest.NewServer in tests or serve it with
 // ListenAndServe. Each vendor lives in its own file and registers its own routes; the control and
@@ -110,6 +113,38 @@
 //	GET  /_sandbox/receipts/stats        ReceiptStats as JSON (the status callbacks sent, failed, ...)
 //	GET  /_sandbox/receipts              the current ReceiptSettings
 //	POST /_sandbox/receipts              change them: {"delay_ms":50} or {"off":true}, for what is accepted next
+//	POST /_sandbox/sendgrid/events       {"event":"unsubscribe","email":"a@example.com","campaign_id":"1","user_id":"u1"}:
+//	                                     post now, signed, to Options.SendGridEventURL a recipient's unsubscribe,
+//	                                     group_unsubscribe or spamreport event (without campaign_id and user_id, the
+//	                                     custom args of the last message to that address); answers SendGridEventResult
+//	POST /_sandbox/twilio/inbound        {"from":"+905321234567","to":"+908501234567","body":"RET"}: post now, signed
+//	                                     with Options.TwilioAuthToken, to Options.TwilioInboundURL the incoming SMS
+//	                                     (no "to": the sender of the last SMS to "from"); answers TwilioInboundResult
+//
+// The last two post once, at once, and answer 200 with the receiver's status inside whenever it
+// answered, 502 when it did not, 400 for a request that cannot be posted and 409 when the URL (or, for
+// Twilio, the auth token) is missing.
+//
+// # İYS
+//
+// The İYS consent registry's API, with its own token, rate, faults and stats (IYSStats, not Stats),
+// is described in iys.go and, for adding consents, iys_add.go:
+//
+//	POST /oauth2/token                                         password and refresh_token grants
+//	POST /sps/{iysCode}/brands/{brandCode}/consents/status     one consent
+//	POST /sps/{iysCode}/brands/{brandCode}/consents/{recipientType}/status/{type}   which are ONAY
+//	GET  /sps/{iysCode}/brands/{brandCode}/consents/changes    the consent-changes pull
+//	POST /v2/sps/{iysCode}/brands/{brandCode}/consents         add one consent (V2: idempotent)
+//	POST /v2/sps/{iysCode}/brands/{brandCode}/consents/request asynchronous batch add, up to 1000
+//	GET  /v2/sps/{iysCode}/brands/{brandCode}/consents/request/{requestId}   the batch's result
+//	                                                           (the three adds also without /v2: V1)
+//	POST /_sandbox/iys/consents, GET /_sandbox/iys/consents    act as a citizen; the current consents
+//	GET  /_sandbox/iys/stats                                   IYSStats (adds received, accepted, refused...)
+//	GET  /_sandbox/iys/faults, POST /_sandbox/iys/faults       injected İYS faults
+//	GET  /_sandbox/iys/settings, POST /_sandbox/iys/settings   IYSSettings: {"batch_delay_ms":200,
+//	                                                           "batch_enqueue_ms":0}, how long a batch's
+//	                                                           result stays empty, then half "enqueue"
+//	POST /_sandbox/iys/tokens/expire, /_sandbox/iys/tokens/revoke, /_sandbox/iys/reset
 //
 // The sandbox never logs credentials or bodies, and masks phone numbers in its logs with
 // providers.MaskAddress (+905*****4567).

@@ -29,6 +29,11 @@ import (
 //	                                                                        which of ≤1000 recipients are ONAY
 //	GET  /sps/{iysCode}/brands/{brandCode}/consents/changes?after=&limit=&source=
 //	                                                                        the consent-changes pull
+//	POST /v2/sps/{iysCode}/brands/{brandCode}/consents                      add one consent, idempotent
+//	POST /v2/sps/{iysCode}/brands/{brandCode}/consents/request              asynchronous batch add (≤1000)
+//	GET  /v2/sps/{iysCode}/brands/{brandCode}/consents/request/{requestId}  the batch's result
+//	                                                                        (each also without /v2: İYS's V1,
+//	                                                                        not idempotent; see iys_add.go)
 //	POST /_sandbox/iys/consents          act as a citizen (or seed): record changes; JSON object or array
 //	GET  /_sandbox/iys/consents          the current consents, as status answers them (JSON array)
 //	GET  /_sandbox/iys/stats             IYSStats as JSON
@@ -36,7 +41,10 @@ import (
 //	POST /_sandbox/iys/faults            replace them, e.g. {"malformed":2} or {"rate_limited":1}
 //	POST /_sandbox/iys/tokens/expire     every access token issued expires now (refresh tokens stay valid)
 //	POST /_sandbox/iys/tokens/revoke     forget every access and refresh token
-//	POST /_sandbox/iys/reset             clear consents, changes, IYSStats, faults and the rate buckets
+//	GET  /_sandbox/iys/settings          the IYSSettings (batch add delays)
+//	POST /_sandbox/iys/settings          change them, e.g. {"batch_delay_ms":0,"batch_enqueue_ms":0}
+//	POST /_sandbox/iys/reset             clear consents, changes, batches, IYSStats, faults and the rate
+//	                                     buckets (the IYSSettings stay)
 //
 // # Token
 //
@@ -169,6 +177,37 @@ type IYSStats struct {
 	// Consents is the number of keys with a current consent; Changes the number of changes recorded.
 	Consents int `json:"consents"`
 	Changes  int `json:"changes"`
+
+	// AddsReceived counts the consents the add endpoints received, one per single add and one per item
+	// of a batch, once the request passed the rate, token, codes and injected faults (a request refused
+	// by those is not received). AddsReceived = AddsAccepted + AddsReplayed + the sum of AddsRefused +
+	// AddsPending.
+	AddsReceived int `json:"adds_received"`
+	// AddsAccepted counts the adds that changed a consent (each recorded as a change with an HS_ source).
+	AddsAccepted int `json:"adds_accepted"`
+	// AddsReplayed counts the V2 adds identical to one already stored, answered with its transactionId
+	// and recording nothing.
+	AddsReplayed int `json:"adds_replayed"`
+	// AddsRefused counts refused adds by İYS code: H174, H175, H178 (single adds and batch items) and the
+	// validation codes (H162, H112, H014...); a batch refused whole (H091, H194, an invalid item) counts
+	// each of its items under the refusal's code, an empty or unreadable one counts once.
+	AddsRefused map[string]int `json:"adds_refused"`
+	// AddsPending is the number of batch items not processed yet.
+	AddsPending int `json:"adds_pending"`
+	// AddsAcceptedByKey counts AddsAccepted per consent key, IYSAddKey(recipient, type, recipientType)
+	// ("+905321234567/MESAJ/BIREYSEL"), the recipient as İYS stores it: a test can check that a refusal
+	// arrived exactly once, however often the client retried.
+	AddsAcceptedByKey map[string]int `json:"adds_accepted_by_key"`
+	// AddBatches counts the batch adds accepted (202); AddResultQueries the result queries answered,
+	// AddResultsEmpty those answered with an empty list (not processed yet).
+	AddBatches       int `json:"add_batches"`
+	AddResultQueries int `json:"add_result_queries"`
+	AddResultsEmpty  int `json:"add_results_empty"`
+}
+
+// newIYSStats returns zero counters with their maps made.
+func newIYSStats() IYSStats {
+	return IYSStats{ByCode: make(map[string]int), AddsRefused: make(map[string]int), AddsAcceptedByKey: make(map[string]int)}
 }
 
 // IYSFaults are the failures the İYS fake injects into its next API answers (the token endpoint is
@@ -211,6 +250,7 @@ type iysState struct {
 	current map[iysKey]iysEvent
 	faults  IYSFaults
 	stats   IYSStats
+	add     iysAddState // the add endpoints' batches, idempotence memory and settings (iys_add.go)
 }
 
 // hourWindow counts token requests of one client IP in the current hour.
@@ -245,13 +285,15 @@ func (s *Server) iysRoutes() {
 		st.multiMax = iysDefaultMulti
 	}
 	_, _ = rand.Read(st.jwtKey[:])
-	st.stats.ByCode = make(map[string]int)
+	st.stats = newIYSStats()
+	st.add.init()
 	s.iys = st
 
 	s.mux.HandleFunc("POST /oauth2/token", s.iysToken)
 	s.mux.HandleFunc("POST /sps/{iysCode}/brands/{brandCode}/consents/status", s.iysStatus)
 	s.mux.HandleFunc("POST /sps/{iysCode}/brands/{brandCode}/consents/{recipientType}/status/{type}", s.iysMultiStatus)
 	s.mux.HandleFunc("GET /sps/{iysCode}/brands/{brandCode}/consents/changes", s.iysChanges)
+	s.iysAddRoutes()
 	s.iysControlRoutes()
 }
 
@@ -267,6 +309,7 @@ type iysErrorItem struct {
 	Message  string `json:"message"`
 	Location []any  `json:"location,omitempty"`
 	Value    any    `json:"value,omitempty"`
+	Index    *int   `json:"index,omitempty"` // the item of a list request the error is about
 }
 
 // iysFail answers with İYS's error JSON and counts it.
@@ -315,6 +358,7 @@ func (s *Server) iysBegin(w http.ResponseWriter, r *http.Request, op string) (ok
 	st := s.iys
 	st.count(func(x *IYSStats) { x.Requests++ })
 	sleep(r.Context(), s.opts.Latency)
+	st.settle() // batches due by now are processed before anything this request sees
 	if !st.limiter.allow(clientIP(r)) {
 		// The bucket refills one token every 1/rate seconds: the earliest a retry can pass.
 		w.Header().Set("Retry-After", strconv.Itoa(max(1, int(math.Ceil(1/s.opts.IYSRate)))))
@@ -410,7 +454,12 @@ func clientIP(r *http.Request) string {
 
 // iysDecode reads a JSON object body strictly: unknown fields get H118, as İYS's do.
 func iysDecode(w http.ResponseWriter, r *http.Request, v any) (int, iysErrorItem, bool) {
-	data, err := io.ReadAll(http.MaxBytesReader(w, r.Body, iysMaxBody))
+	return iysDecodeLimit(w, r, v, iysMaxBody)
+}
+
+// iysDecodeLimit is iysDecode for a body of up to limit bytes.
+func iysDecodeLimit(w http.ResponseWriter, r *http.Request, v any, limit int64) (int, iysErrorItem, bool) {
+	data, err := io.ReadAll(http.MaxBytesReader(w, r.Body, limit))
 	if err != nil {
 		return http.StatusBadRequest, iysErrorItem{Code: "H014", Message: iysMsgJSON}, false
 	}
@@ -704,9 +753,14 @@ func cmpEvent(a, b iysEvent) int {
 
 // record stores one change and makes it the key's current consent. c must be validated and complete.
 func (st *iysState) record(c IYSConsent, created time.Time) {
-	ev := iysEvent{c: c, created: created, ms: created.UnixMilli()}
 	st.mu.Lock()
 	defer st.mu.Unlock()
+	st.recordLocked(c, created)
+}
+
+// recordLocked is record with st.mu held.
+func (st *iysState) recordLocked(c IYSConsent, created time.Time) {
+	ev := iysEvent{c: c, created: created, ms: created.UnixMilli()}
 	i, _ := slices.BinarySearchFunc(st.events, ev, cmpEvent)
 	st.events = slices.Insert(st.events, i, ev)
 	k := iysKey{c.Recipient, c.Type, c.RecipientType}

@@ -102,6 +102,7 @@ func (s *Server) iysControlAdd(w http.ResponseWriter, r *http.Request) {
 // changes as recorded, which status and the pull will answer.
 func (s *Server) AddIYSConsents(cs ...IYSConsent) ([]IYSConsent, error) {
 	st := s.iys
+	st.settle()
 	now := st.now()
 	out := make([]IYSConsent, len(cs))
 	created := make([]time.Time, len(cs))
@@ -186,6 +187,7 @@ func (st *iysState) checkControlConsent(c IYSConsent, now time.Time) (IYSConsent
 // recipient, type and recipient type.
 func (s *Server) IYSConsents() []IYSConsent {
 	st := s.iys
+	st.settle()
 	st.mu.Lock()
 	out := make([]IYSConsent, 0, len(st.current))
 	for _, ev := range st.current {
@@ -201,10 +203,13 @@ func (s *Server) IYSConsents() []IYSConsent {
 // IYSStats returns the İYS fake's counters since the start or the last ResetIYS.
 func (s *Server) IYSStats() IYSStats {
 	st := s.iys
+	st.settle()
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	out := st.stats
 	out.ByCode = maps.Clone(st.stats.ByCode)
+	out.AddsRefused = maps.Clone(st.stats.AddsRefused)
+	out.AddsAcceptedByKey = maps.Clone(st.stats.AddsAcceptedByKey)
 	out.MultiStatusBatches = slices.Clone(st.stats.MultiStatusBatches)
 	return out
 }
@@ -219,8 +224,9 @@ func (s *Server) SetIYSFaults(f IYSFaults) {
 	s.iys.mu.Unlock()
 }
 
-// ResetIYS clears the İYS fake's consents and changes, IYSStats, the pending faults and its rate and
-// hourly token buckets. Issued tokens stay valid, so that a running client keeps its session.
+// ResetIYS clears the İYS fake's consents and changes, the batch adds and the V2 idempotence memory,
+// IYSStats, the pending faults and its rate and hourly token buckets. Issued tokens stay valid, so that a
+// running client keeps its session, and so do the IYSSettings.
 func (s *Server) ResetIYS() {
 	st := s.iys
 	st.mu.Lock()
@@ -228,7 +234,8 @@ func (s *Server) ResetIYS() {
 	clear(st.current)
 	clear(st.tokenHr)
 	st.faults = IYSFaults{}
-	st.stats = IYSStats{ByCode: make(map[string]int)}
+	st.stats = newIYSStats()
+	st.add.reset()
 	st.mu.Unlock()
 	st.limiter.reset()
 }

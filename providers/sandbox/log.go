@@ -15,13 +15,16 @@ type Message struct {
 	AccountSID string `json:"account_sid"`
 	To         string `json:"to"`
 	// From is the sender, or the MessagingServiceSid when the request named no From.
-	From        string    `json:"from"`
-	Subject     string    `json:"subject,omitempty"`
-	Body        string    `json:"body"`
-	HTML        string    `json:"html,omitempty"`
-	NumSegments int       `json:"num_segments"`
-	Status      string    `json:"status"`
-	At          time.Time `json:"at"`
+	From    string `json:"from"`
+	Subject string `json:"subject,omitempty"`
+	Body    string `json:"body"`
+	HTML    string `json:"html,omitempty"`
+	// Headers are the e-mail headers a SendGrid request set for this message (its own personalization's
+	// over the request's): List-Unsubscribe, List-Unsubscribe-Post, ...
+	Headers     map[string]string `json:"headers,omitempty"`
+	NumSegments int               `json:"num_segments"`
+	Status      string            `json:"status"`
+	At          time.Time         `json:"at"`
 	// IYSFilter is the İYS filter a Netgsm request asked for (11 individuals, 12 merchants, 0 none).
 	IYSFilter string `json:"iys_filter,omitempty"`
 	// Hung is true when the sandbox accepted the message but never answered (the timeout fault).

@@ -50,11 +50,12 @@ const (
 )
 
 // sendgridState is the SendGrid fake's state: the rate buckets per API key, the Event Webhook signing key
-// and the emitter.
+// and the emitter, and the last message to each recipient, for its refusal events.
 type sendgridState struct {
 	limiter   *rateLimiter
 	publicKey string // base64 PKIX DER of the signing key's public half
 	events    *sendgridEmitter
+	sent      *sendgridSent
 }
 
 // sendgridRoutes registers the SendGrid v3 Mail Send fake:
@@ -62,6 +63,8 @@ type sendgridState struct {
 //	POST /v3/mail/send                                 Mail Send (research §5.1)
 //	GET  /v3/user/webhooks/event/settings/signed[/id]  {"public_key": base64 PKIX DER} of the event signing key
 //	GET  /_sandbox/sendgrid/events/stats               SendGridEventStats as JSON
+//	POST /_sandbox/sendgrid/events                     post a recipient's unsubscribe, group_unsubscribe or
+//	                                                   spamreport event now (sendgrid_refusals.go)
 //
 // Mail Send checks a request in SendGrid's order: the Bearer API key (Options.SendGridAPIKey; empty means
 // any), the key's rate (Options.SendGridRate, a real 429 with X-RateLimit-* headers), the body size (413
@@ -89,6 +92,7 @@ func (s *Server) sendgridRoutes() {
 		limiter:   newRateLimiter(s.opts.SendGridRate),
 		publicKey: base64.StdEncoding.EncodeToString(der),
 		events:    newSendgridEmitter(s.opts.SendGridEventURL, s.opts.ReceiptDelay, key, s.logger),
+		sent:      newSendgridSent(),
 	}
 	s.mux.HandleFunc("/v3/mail/send", s.sendgridMailSend)
 	s.mux.HandleFunc("GET /v3/user/webhooks/event/settings/signed", s.sendgridSigningKey)
@@ -96,6 +100,7 @@ func (s *Server) sendgridRoutes() {
 	s.mux.HandleFunc("GET /_sandbox/sendgrid/events/stats", func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, s.SendGridEventStats())
 	})
+	s.sendgridRefusalRoute()
 }
 
 // SendGridEventPublicKey returns the public key that verifies the sandbox's Event Webhook signatures, as
@@ -125,6 +130,7 @@ type sendgridPersonalization struct {
 	Subject             string            `json:"subject"`
 	Substitutions       map[string]string `json:"substitutions"`
 	CustomArgs          map[string]string `json:"custom_args"`
+	Headers             map[string]string `json:"headers"`
 	DynamicTemplateData map[string]any    `json:"dynamic_template_data"`
 	SendAt              int64             `json:"send_at"`
 }
@@ -137,6 +143,7 @@ type sendgridMail struct {
 	TemplateID       string                    `json:"template_id"`
 	Categories       []string                  `json:"categories"`
 	CustomArgs       map[string]string         `json:"custom_args"`
+	Headers          map[string]string         `json:"headers"`
 	SendAt           int64                     `json:"send_at"`
 	MailSettings     struct {
 		SandboxMode struct {
@@ -444,6 +451,7 @@ func (s *Server) sendgridAccept(m *sendgridMail, id string, at time.Time, hung b
 	}
 	emit := s.sendgrid.events.enabled()
 	var events []map[string]any
+	var sent []sendgridRemember
 	recorded := 0
 	for i, p := range m.Personalizations {
 		subject, body, htmlBody := p.Subject, text, html
@@ -467,6 +475,14 @@ func (s *Server) sendgridAccept(m *sendgridMail, id string, at time.Time, hung b
 		for k, v := range p.CustomArgs {
 			args[k] = v
 		}
+		var headers map[string]string
+		if len(m.Headers)+len(p.Headers) > 0 {
+			headers = maps.Clone(m.Headers)
+			if headers == nil {
+				headers = map[string]string{}
+			}
+			maps.Copy(headers, p.Headers) // a personalization's headers win, as SendGrid's do
+		}
 		n := 0
 		for _, list := range [][]sendgridAddress{p.To, p.CC, p.BCC} {
 			for _, a := range list {
@@ -480,6 +496,7 @@ func (s *Server) sendgridAccept(m *sendgridMail, id string, at time.Time, hung b
 					Subject:  subject,
 					Body:     body,
 					HTML:     htmlBody,
+					Headers:  headers,
 					Status:   "processed",
 					At:       at,
 					Hung:     hung,
@@ -487,11 +504,13 @@ func (s *Server) sendgridAccept(m *sendgridMail, id string, at time.Time, hung b
 				recorded++
 				if emit {
 					events = append(events, sendgridEvents(a.Email, sgID, at, args, m.Categories)...)
+					sent = append(sent, sendgridRemember{email: a.Email, mail: sendgridSentMail{sgMessageID: sgID, args: args, categories: m.Categories}})
 				}
 			}
 		}
 	}
 	s.sendgrid.events.enqueue(events)
+	s.sendgrid.sent.remember(sent)
 	return recorded
 }
 

@@ -18,6 +18,9 @@ type Options struct {
 	// TwilioAccountSID and TwilioAuthToken are the credentials accepted. Empty means any alphanumeric pair
 	// whose username equals the account SID in the path.
 	TwilioAccountSID, TwilioAuthToken string
+	// TwilioInboundURL receives the incoming SMS that POST /_sandbox/twilio/inbound makes up, as Twilio
+	// posts them to a number's messaging URL, signed with TwilioAuthToken; empty means none can be sent.
+	TwilioInboundURL string
 	// Latency is added to every provider request (not to the control API).
 	Latency time.Duration
 	// Faults are injected into provider requests; change them later with SetFaults.
@@ -94,6 +97,7 @@ type Server struct {
 	sendgrid *sendgridState
 	fcm      *fcmState
 	receipts *receiptState
+	inbound  *twilioInboundState
 	iys      *iysState
 	// push holds the hidden limits, the outage windows and the timeline; epoch and now are the clock they
 	// read.
@@ -183,6 +187,7 @@ func (s *Server) Reset() {
 	s.log.reset()
 	s.twilio.reset()
 	s.sendgrid.limiter.reset()
+	s.sendgrid.sent.reset()
 	s.ResetFCM()
 	s.push.timeline.reset()
 	for a := range s.push.rate {

@@ -67,6 +67,7 @@ func (s *Server) twilioRoutes() {
 		}
 		s.twilioError(w, r, http.StatusNotFound, codeNotFound, "The requested resource "+r.URL.Path+" was not found")
 	})
+	s.twilioInboundRoutes()
 }
 
 // twilioCreateMessage imitates POST /2010-04-01/Accounts/{AccountSid}/Messages.json. The order of checks

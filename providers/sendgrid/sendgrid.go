@@ -262,6 +262,11 @@ func buildMail(from *sgmail.Email, ms []providers.Message) (*sgmail.SGMailV3, er
 		pz.Subject = m.Subject
 		pz.SetCustomArg("campaign_id", strconv.FormatInt(m.CampaignID, 10))
 		pz.SetCustomArg("user_id", m.UserID)
+		if m.ListUnsubscribe != "" {
+			// Per recipient: each link is signed for its own audience row.
+			pz.SetHeader("List-Unsubscribe", m.ListUnsubscribe)
+			pz.SetHeader("List-Unsubscribe-Post", providers.OneClickPost)
+		}
 		switch {
 		case template != "":
 			for k, v := range m.Data {

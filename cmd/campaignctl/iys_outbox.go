@@ -1,0 +1,155 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/campaignctl/campaignctl/iys"
+	"github.com/campaignctl/campaignctl/providers"
+)
+
+func (a *app) newIYSPushCmd() *cobra.Command {
+	var asJSON bool
+	var wait, resultAfter time.Duration
+	var batchFrom int
+	cmd := &cobra.Command{
+		Use:   "push",
+		Short: "Register the refusals received through the messages in İYS, once, and exit",
+		Long: `Send the İYS outbox once and exit: every RET that a refusal received through the brand's own messages
+(a one-click unsubscribe, a SendGrid unsubscribe or spam report, an SMS "RET" to the sender) turned from
+ONAY, for the brand of IYS_BRAND_CODE (and those recorded without a brand). Law 6563 wants such a refusal
+in İYS within three business days: run this from cron (every 15 minutes, say).
+
+A few RETs go one request each (İYS's idempotent V2 add); from --batch-from on they go in asynchronous
+batches of up to 1000, whose results İYS gives no sooner than --result-after later: a later run (or
+--wait) collects them. Each RET reaches İYS once however many times its refusal arrived. İYS holding RET
+already (H174) is recorded as such; any other refusal by İYS (H175, H178, H467, …) is recorded with its code
+and not tried again. 429 and 5xx answers are retried by later runs with back-off. A RET still not
+registered two business days after its refusal is reported as overdue (here, in campaignctl iys outbox,
+in campaignctl status, and in the worker metric campaignctl_iys_outbox_overdue).`,
+		Example: `  campaignctl iys push
+  campaignctl iys push --wait 10m --json`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			ctx := cmd.Context()
+			if wait < 0 || resultAfter < 0 || batchFrom < 0 {
+				return usagef("--wait, --result-after and --batch-from take positive values")
+			}
+			client, err := a.iysClient()
+			if err != nil {
+				return err
+			}
+			pool, err := a.openEngine(ctx)
+			if err != nil {
+				return err
+			}
+			defer pool.Close()
+			rep, err := iys.Push(ctx, pool, client, iys.PushOptions{BatchFrom: batchFrom, ResultAfter: resultAfter, Wait: wait, PollEvery: min(10*time.Second, max(time.Second, resultAfter/10))})
+			log := a.logger()
+			if rep.Overdue > 0 {
+				log.Error("refusals not registered in İYS two business days after they were received: the law allows three; see campaignctl iys outbox --state waiting,sent", "overdue", rep.Overdue)
+			}
+			if rep.OtherBrand > 0 {
+				log.Warn("refusals wait for another brand: run campaignctl iys push with that brand's IYS_BRAND_CODE", "waiting", rep.OtherBrand)
+			}
+			if err != nil {
+				return fmt.Errorf("%w (what was answered before the error is recorded; run it again to go on)", err)
+			}
+			if asJSON {
+				return json.NewEncoder(a.stdout).Encode(rep)
+			}
+			fmt.Fprintf(a.stdout, "sent %d RETs to İYS; accepted %d, already RET %d, refused %d; %d to retry later, %d awaiting İYS's result; %d overdue\n",
+				rep.Sent, rep.Accepted, rep.Already, rep.Refused, rep.Retrying, rep.Awaiting, rep.Overdue)
+			return nil
+		},
+	}
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	cmd.Flags().DurationVar(&wait, "wait", 0, "stay up to this long for the results of the batches sent (0: collect them at the next run)")
+	cmd.Flags().DurationVar(&resultAfter, "result-after", 5*time.Minute, "how long after a batch its result is first asked for (İYS: at least 5m)")
+	cmd.Flags().IntVar(&batchFrom, "batch-from", 50, "from this many waiting RETs on, send them in batches of up to 1000")
+	return cmd
+}
+
+func (a *app) newIYSOutboxCmd() *cobra.Command {
+	var asJSON, withAddress bool
+	var states []string
+	var limit int
+	cmd := &cobra.Command{
+		Use:   "outbox",
+		Short: "Show the refusals waiting for İYS, sent, and done, with where each came from",
+		Example: `  campaignctl iys outbox
+  campaignctl iys outbox --state waiting,sent --json`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			ctx := cmd.Context()
+			for _, s := range states {
+				switch s {
+				case iys.OutboxWaiting, iys.OutboxSent, iys.OutboxAccepted, iys.OutboxAlready, iys.OutboxRefused:
+				default:
+					return usagef("--state %q: use waiting, sent, accepted, already or refused (comma-separated)", s)
+				}
+			}
+			if limit < 0 {
+				return usagef("--limit %d: give 0 (all) or more", limit)
+			}
+			pool, err := a.openEngine(ctx)
+			if err != nil {
+				return err
+			}
+			defer pool.Close()
+			now := time.Now()
+			sum, err := iys.Outbox(ctx, pool, now)
+			if err != nil {
+				return err
+			}
+			items, err := iys.OutboxItems(ctx, pool, now, limit, states...)
+			if err != nil {
+				return err
+			}
+			if !withAddress {
+				for i := range items {
+					items[i].Recipient = providers.MaskAddress(items[i].Recipient)
+				}
+			}
+			if sum.Overdue > 0 {
+				a.logger().Error("refusals not registered in İYS two business days after they were received: run campaignctl iys push (the law allows three business days)", "overdue", sum.Overdue)
+			}
+			if asJSON {
+				if items == nil {
+					items = []iys.OutboxItem{}
+				}
+				return json.NewEncoder(a.stdout).Encode(struct {
+					iys.OutboxSummary
+					Items []iys.OutboxItem `json:"items"`
+				}{sum, items})
+			}
+			fmt.Fprintf(a.stdout, "waiting %d, sent %d (result awaited), accepted %d, already RET %d, refused %d; overdue %d\n",
+				sum.States[iys.OutboxWaiting], sum.States[iys.OutboxSent], sum.States[iys.OutboxAccepted], sum.States[iys.OutboxAlready], sum.States[iys.OutboxRefused], sum.Overdue)
+			if len(items) == 0 {
+				return nil
+			}
+			tw := tabwriter.NewWriter(a.stdout, 2, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "ID\tSTATE\tRECIPIENT\tTYPE\tREFUSED AT\tVIA\tATTEMPTS\tRESULT")
+			for _, it := range items {
+				result := it.TransactionID
+				if it.ErrorCode != "" || it.Error != "" {
+					result = it.ErrorCode + " " + it.Error
+				}
+				if it.Overdue {
+					result = "OVERDUE " + result
+				}
+				fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t%d\t%s\n", it.ID, it.State, it.Recipient, it.Type, it.RefusedAt.In(iys.Istanbul()).Format("2006-01-02 15:04"), it.Via, it.Attempts, result)
+			}
+			return tw.Flush()
+		},
+	}
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	cmd.Flags().BoolVar(&withAddress, "with-address", false, "show the addresses in full (masked otherwise)")
+	cmd.Flags().StringSliceVar(&states, "state", nil, "only these states: waiting, sent, accepted, already, refused")
+	cmd.Flags().IntVar(&limit, "limit", 100, "at most this many rows, newest first (0: all)")
+	return cmd
+}

@@ -1,0 +1,223 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"html/template"
+	"log/slog"
+	"net/http"
+	"net/url"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/campaignctl/campaignctl/campaign"
+	"github.com/campaignctl/campaignctl/internal/unsubscribe"
+	"github.com/campaignctl/campaignctl/iys"
+	"github.com/campaignctl/campaignctl/providers"
+	"github.com/campaignctl/campaignctl/providers/receipts"
+)
+
+// The environment of the one-click unsubscribe links.
+const (
+	publicURLEnv   = "WEBHOOKS_PUBLIC_URL"
+	unsubSecretEnv = "UNSUBSCRIBE_SECRET"
+	unsubMailtoEnv = "UNSUBSCRIBE_MAILTO"
+)
+
+// unsubscribeSigner reads WEBHOOKS_PUBLIC_URL and UNSUBSCRIBE_SECRET: nil when neither is set, a usage
+// error naming the fix when only one is, or either is malformed. No message quotes the secret.
+func (a *app) unsubscribeSigner() (*unsubscribe.Signer, error) {
+	base, secret := a.getenv(publicURLEnv), a.getenv(unsubSecretEnv)
+	switch {
+	case base == "" && secret == "":
+		return nil, nil
+	case base == "":
+		return nil, usagef("%s is set but %s is not: set it to the URL where recipients reach campaignctl webhooks (e.g. https://hooks.example.com)", unsubSecretEnv, publicURLEnv)
+	case secret == "":
+		return nil, usagef("%s is set but %s is not: generate one with `openssl rand -hex 32` and give the same value to the workers and to campaignctl webhooks", publicURLEnv, unsubSecretEnv)
+	}
+	u, err := url.Parse(base)
+	if err != nil || (u.Scheme != "https" && u.Scheme != "http") || u.Host == "" || u.User != nil || u.RawQuery != "" || u.Fragment != "" {
+		return nil, usagef("%s %s is not a base URL: give scheme://host[:port][/prefix] with no user, password or query, e.g. https://hooks.example.com", publicURLEnv, redact(base))
+	}
+	s, err := unsubscribe.New(secret, base)
+	if err != nil {
+		return nil, usageError{err}
+	}
+	return s, nil
+}
+
+// errNoUnsubscribe refuses a commercial e-mail launch that could not carry its one-click links.
+func errNoUnsubscribe() error {
+	return usagef("a commercial e-mail must carry a one-click unsubscribe link (Gmail and Yahoo require it of bulk senders; law 6563 requires an easy refusal): set %s (where recipients reach `campaignctl webhooks`) and %s (`openssl rand -hex 32`), the same on the workers and on campaignctl webhooks; or launch with --transactional if the e-mail is not commercial",
+		publicURLEnv, unsubSecretEnv)
+}
+
+// refusalSink records refusals (SendGrid events, Twilio inbound SMS, one-click links) as local RETs with
+// their İYS outbox rows (iys.RecordRefusals). brand is the İYS brand a RET is stored under where the
+// address has no consent at all.
+type refusalSink struct {
+	pool  *pgxpool.Pool
+	brand string
+	log   *slog.Logger
+}
+
+// Refuse implements receipts.RefusalSink.
+func (s *refusalSink) Refuse(ctx context.Context, rs []receipts.Refusal) error {
+	out := make([]iys.Refusal, 0, len(rs))
+	for _, r := range rs {
+		typ, via := iys.TypeEmail, iys.ViaSendGrid
+		if r.Channel == string(campaign.ChannelSMS) {
+			typ, via = iys.TypeMessage, iys.ViaTwilioInbound
+		}
+		if _, err := iys.CanonicalRecipient(typ, r.Address); err != nil {
+			// Nothing to refuse for an address that is none (a forged event cannot get here: it is signed).
+			s.log.Warn("refusal with an unusable address ignored", "via", via, "kind", r.Kind, "address", providers.MaskAddress(r.Address))
+			continue
+		}
+		out = append(out, iys.Refusal{Via: via, EventID: r.EventID, Kind: r.Kind, Recipient: r.Address, Type: typ,
+			CampaignID: r.CampaignID, UserID: r.UserID, Evidence: r.Evidence, At: r.At})
+	}
+	return s.record(ctx, out)
+}
+
+func (s *refusalSink) record(ctx context.Context, rs []iys.Refusal) error {
+	rep, err := iys.RecordRefusals(ctx, s.pool, s.brand, rs)
+	if err != nil {
+		return err
+	}
+	for _, r := range rs {
+		s.log.Info("refusal recorded", "via", r.Via, "kind", r.Kind, "type", r.Type, "address", providers.MaskAddress(r.Recipient), "campaign_id", r.CampaignID)
+	}
+	if rep.Recorded > 0 {
+		s.log.Info("refusals made local RETs", "recorded", rep.Recorded, "repeats", rep.Repeats, "consents_revoked", rep.Revoked, "queued_for_iys", rep.Outboxed)
+	}
+	return nil
+}
+
+// deliveryAndRefusalSink is the webhooks' sink: receipts go to the delivery batcher, refusals (SendGrid
+// unsubscribe, group_unsubscribe and spamreport events in the same posts) to the refusal sink.
+type deliveryAndRefusalSink struct {
+	receipts.Sink
+	*refusalSink
+}
+
+// unsubscribePage is the page of a one-click link: the question with its button, or what happened.
+var unsubscribePage = template.Must(template.New("u").Parse(`<!doctype html>
+<html lang="tr"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width, initial-scale=1">
+<meta name="robots" content="noindex"><title>{{.TitleTR}} / {{.TitleEN}}</title>
+<style>body{font-family:system-ui,sans-serif;max-width:34em;margin:3em auto;padding:0 1em;line-height:1.5}
+button{font-size:1.1em;padding:.6em 1.4em;cursor:pointer}p.en{color:#555}</style></head>
+<body><h1>{{.TitleTR}}</h1><p>{{.TextTR}}</p><p class="en" lang="en"><b>{{.TitleEN}}</b> — {{.TextEN}}</p>
+{{if .Ask}}<form method="post"><input type="hidden" name="List-Unsubscribe" value="One-Click"><input type="hidden" name="via" value="page">
+<button type="submit">Aboneliğimi iptal et / Unsubscribe</button></form>{{end}}
+</body></html>
+`))
+
+type unsubscribeText struct {
+	TitleTR, TextTR, TitleEN, TextEN string
+	Ask                              bool
+}
+
+var (
+	unsubAsk = unsubscribeText{TitleTR: "E-posta aboneliğinden çıkış", TextTR: "Bu markanın ticari e-postalarını artık almak istemiyorsanız aşağıdaki düğmeye basın. İzniniz geri alınır ve İleti Yönetim Sistemi'ne (İYS) bildirilir.",
+		TitleEN: "Unsubscribe", TextEN: "Press the button to stop this brand's commercial e-mails. Your consent is withdrawn and reported to İYS, the Turkish consent registry.", Ask: true}
+	unsubDone = unsubscribeText{TitleTR: "Aboneliğiniz iptal edildi", TextTR: "Bu markadan artık ticari e-posta almayacaksınız. Talebiniz İYS'ye bildirilecek.",
+		TitleEN: "You are unsubscribed", TextEN: "You will get no more commercial e-mails from this brand. Your refusal is reported to İYS."}
+	unsubBad = unsubscribeText{TitleTR: "Bağlantı geçersiz", TextTR: "Bu bağlantı geçerli değil. E-postadaki bağlantıyı eksiksiz kopyaladığınızdan emin olun.",
+		TitleEN: "This link is not valid", TextEN: "Check that the whole link from the e-mail was used."}
+	unsubFailed = unsubscribeText{TitleTR: "Şu anda işlenemedi", TextTR: "Talebiniz kaydedilemedi; lütfen birkaç dakika sonra tekrar deneyin.",
+		TitleEN: "Not recorded yet", TextEN: "Your request could not be recorded; please try again in a few minutes."}
+)
+
+// maxUnsubscribeBody bounds a one-click POST: RFC 8058's body is the 26 bytes List-Unsubscribe=One-Click.
+const maxUnsubscribeBody = 1 << 10
+
+// unsubscribeHandler serves the one-click links (unsubscribe.Path + TOKEN): GET shows the question with a
+// button (a mail client's or a scanner's GET changes nothing), POST with List-Unsubscribe=One-Click (RFC
+// 8058, from the mail client, or the button) records the refusal. A token that does not verify is 403, a
+// valid one for a user the campaign never had 404: neither changes anything.
+func unsubscribeHandler(signer *unsubscribe.Signer, store *campaign.Store, sink *refusalSink, log *slog.Logger) http.Handler {
+	page := func(w http.ResponseWriter, status int, t unsubscribeText) {
+		w.Header().Set("Content-Type", "text/html; charset=utf-8")
+		w.Header().Set("Cache-Control", "no-store")
+		w.Header().Set("Referrer-Policy", "no-referrer")
+		w.Header().Set("X-Frame-Options", "DENY")
+		w.WriteHeader(status)
+		unsubscribePage.Execute(w, t) //nolint:errcheck // the client went away
+	}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		token := strings.TrimPrefix(r.URL.Path, unsubscribe.Path)
+		id, user, err := signer.Check(token)
+		if err != nil {
+			log.Warn("unsubscribe link refused", "reason", "bad_signature", "remote", r.RemoteAddr)
+			page(w, http.StatusForbidden, unsubBad)
+			return
+		}
+		addr, ch, _, err := store.LinkRecipient(r.Context(), id, user)
+		switch {
+		case errors.Is(err, campaign.ErrNoRecipient):
+			log.Warn("unsubscribe link of no recipient", "campaign_id", id, "remote", r.RemoteAddr)
+			page(w, http.StatusNotFound, unsubBad)
+			return
+		case err != nil:
+			log.Error("unsubscribe link", "campaign_id", id, "err", err)
+			page(w, http.StatusServiceUnavailable, unsubFailed)
+			return
+		case ch.Spec().IYSType == "":
+			page(w, http.StatusNotFound, unsubBad)
+			return
+		}
+		if r.Method == http.MethodGet || r.Method == http.MethodHead {
+			page(w, http.StatusOK, unsubAsk)
+			return
+		}
+		if r.Method != http.MethodPost {
+			w.Header().Set("Allow", "GET, POST")
+			http.Error(w, http.StatusText(http.StatusMethodNotAllowed), http.StatusMethodNotAllowed)
+			return
+		}
+		r.Body = http.MaxBytesReader(w, r.Body, maxUnsubscribeBody)
+		if err := r.ParseForm(); err != nil || r.PostForm.Get("List-Unsubscribe") != "One-Click" {
+			http.Error(w, "400 Bad Request: a one-click unsubscribe POST carries List-Unsubscribe=One-Click (RFC 8058)", http.StatusBadRequest)
+			return
+		}
+		from := "the mail client's one-click POST (RFC 8058)"
+		if r.PostForm.Get("via") == "page" {
+			from = "the button of the unsubscribe page"
+		}
+		err = sink.record(r.Context(), []iys.Refusal{{Via: iys.ViaOneClick, EventID: fmt.Sprintf("%d:%s", id, user), Kind: iys.ViaOneClick,
+			Recipient: addr, Type: ch.Spec().IYSType, CampaignID: id, UserID: user, At: time.Now(),
+			Evidence: fmt.Sprintf("unsubscribe link of campaign %d, user %s, through %s", id, user, from)}})
+		if err != nil {
+			log.Error("record a one-click unsubscribe", "campaign_id", id, "err", err)
+			page(w, http.StatusServiceUnavailable, unsubFailed)
+			return
+		}
+		page(w, http.StatusOK, unsubDone)
+	})
+}
+
+// outboxWatchEvery is how often a running `campaignctl webhooks` looks for refusals overdue in İYS.
+const outboxWatchEvery = 10 * time.Minute
+
+// watchOutbox logs an error, at the start and then every outboxWatchEvery, while refusals wait for İYS
+// longer than two business days (the law allows three): someone must run campaignctl iys push.
+func watchOutbox(ctx context.Context, pool *pgxpool.Pool, log *slog.Logger) {
+	t := time.NewTicker(outboxWatchEvery)
+	defer t.Stop()
+	for {
+		if sum, err := iys.Outbox(ctx, pool, time.Now()); err == nil && sum.Overdue > 0 {
+			log.Error("refusals not registered in İYS two business days after they were received (the law allows three): run campaignctl iys push, and schedule it",
+				"overdue", sum.Overdue, "oldest", sum.Oldest)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}

@@ -1,0 +1,92 @@
+// Package unsubscribe builds and checks the one-click unsubscribe links of commercial e-mails (RFC 8058):
+// one per recipient of a campaign, signed with UNSUBSCRIBE_SECRET, served by `campaignctl webhooks` at
+// Path.
+//
+// A link is BASE/u/TOKEN, TOKEN = base64url(campaign ID as decimal ":" user ID) "." base64url of the first
+// 16 bytes of HMAC-SHA256(secret, "campaignctl-unsubscribe-v1\x00" campaign ID ":" user ID). It names the
+// audience row it was made for and nothing else (no address); it cannot be forged without the secret, nor
+// found by trying campaign and user IDs. It does not expire: a person may unsubscribe from an e-mail read
+// months later, and a replayed link only repeats a refusal already recorded.
+package unsubscribe
+
+import (
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/base64"
+	"errors"
+	"strconv"
+	"strings"
+)
+
+// Path is the route prefix of the links on the webhooks server.
+const Path = "/u/"
+
+// MinSecret is the shortest UNSUBSCRIBE_SECRET accepted, in bytes.
+const MinSecret = 16
+
+// ErrBadLink is returned for a token that is malformed or whose signature does not match.
+var ErrBadLink = errors.New("unsubscribe link not valid")
+
+// Signer makes and checks the links of one secret and public base URL.
+type Signer struct {
+	key  []byte
+	base string
+}
+
+// New returns a Signer for the secret and the base URL where `campaignctl webhooks` is reached
+// (WEBHOOKS_PUBLIC_URL, without a trailing slash). The secret must be at least MinSecret bytes.
+func New(secret, base string) (*Signer, error) {
+	if len(secret) < MinSecret {
+		return nil, errors.New("UNSUBSCRIBE_SECRET is shorter than 16 bytes: generate one with `openssl rand -hex 32` and give the same value to the workers and to campaignctl webhooks")
+	}
+	return &Signer{key: []byte(secret), base: strings.TrimSuffix(base, "/")}, nil
+}
+
+// String never shows the secret.
+func (s *Signer) String() string { return "unsubscribe.Signer{base: " + s.base + "}" }
+
+func (s *Signer) mac(campaignID int64, userID string) []byte {
+	m := hmac.New(sha256.New, s.key)
+	m.Write([]byte("campaignctl-unsubscribe-v1\x00" + strconv.FormatInt(campaignID, 10) + ":" + userID))
+	return m.Sum(nil)[:16]
+}
+
+// Token returns the token of the link for userID of campaignID.
+func (s *Signer) Token(campaignID int64, userID string) string {
+	enc := base64.RawURLEncoding
+	return enc.EncodeToString([]byte(strconv.FormatInt(campaignID, 10)+":"+userID)) + "." + enc.EncodeToString(s.mac(campaignID, userID))
+}
+
+// URL returns the link for userID of campaignID.
+func (s *Signer) URL(campaignID int64, userID string) string {
+	return s.base + Path + s.Token(campaignID, userID)
+}
+
+// Check returns the campaign and user a token was made for, or ErrBadLink.
+func (s *Signer) Check(token string) (int64, string, error) {
+	if len(token) > 512 {
+		return 0, "", ErrBadLink
+	}
+	payload, sig, ok := strings.Cut(token, ".")
+	if !ok {
+		return 0, "", ErrBadLink
+	}
+	enc := base64.RawURLEncoding
+	raw, err1 := enc.DecodeString(payload)
+	mac, err2 := enc.DecodeString(sig)
+	if err1 != nil || err2 != nil {
+		return 0, "", ErrBadLink
+	}
+	cid, user, ok := strings.Cut(string(raw), ":")
+	if !ok || user == "" {
+		return 0, "", ErrBadLink
+	}
+	id, err := strconv.ParseInt(cid, 10, 64)
+	if err != nil || id <= 0 || strconv.FormatInt(id, 10) != cid {
+		return 0, "", ErrBadLink
+	}
+	if !hmac.Equal(mac, s.mac(id, user)) {
+		return 0, "", ErrBadLink
+	}
+	return id, user, nil
+}

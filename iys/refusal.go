@@ -1,0 +1,198 @@
+package iys
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// Where a refusal came from (Refusal.Via).
+const (
+	ViaOneClick      = "one_click"      // the signed unsubscribe link of an e-mail (List-Unsubscribe)
+	ViaSendGrid      = "sendgrid"       // a SendGrid unsubscribe, group_unsubscribe or spamreport event
+	ViaTwilioInbound = "twilio_inbound" // an SMS to the sender whose text is a refusal keyword
+)
+
+// The İYS sources of a RET the brand received through its own channels.
+const (
+	SourceEmail = "HS_EPOSTA"
+	SourceSMS   = "HS_MESAJ"
+)
+
+// SourceRefusal names refusals in the consent history (iys_consent_history.origin).
+const SourceRefusal = "refusal"
+
+// Refusal is one refusal as it arrived: a person who said, through a message of the brand's, that they
+// want no more.
+type Refusal struct {
+	// Via is where it came from (the Via constants), EventID what identifies it there, stable across a
+	// provider's repeats (a SendGrid sg_event_id, a Twilio MessageSid, a link's campaign and user).
+	Via, EventID string
+	// Kind is the provider's name for it: unsubscribe, group_unsubscribe, spamreport, inbound, one_click.
+	Kind string
+	// Recipient is the address that refused, in any spelling; Type its İYS type (EPOSTA or MESAJ).
+	Recipient, Type string
+	// CampaignID and UserID name the campaign and audience row the refusal answered, when known.
+	CampaignID int64
+	UserID     string
+	// Evidence is a short text for the audit, without the address.
+	Evidence string
+	// At is when the person refused (the provider's event time).
+	At time.Time
+}
+
+// source is the İYS source a refusal of r's type is registered with.
+func (r Refusal) source() string {
+	if r.Type == "EPOSTA" {
+		return SourceEmail
+	}
+	return SourceSMS
+}
+
+// RefusalReport is what RecordRefusals did.
+type RefusalReport struct {
+	// Recorded is the number of refusals new to the engine; Repeats those recorded before (the same event
+	// again), which changed nothing.
+	Recorded, Repeats int
+	// Revoked is the number of stored consents turned from ONAY to RET; Outboxed the RETs queued for İYS.
+	Revoked, Outboxed int
+}
+
+// ErrBadRefusal is returned, wrapped, for a refusal whose address is not one of its type.
+var ErrBadRefusal = errors.New("unusable refusal")
+
+// RecordRefusals makes each refusal a local RET at once, in one transaction: every stored consent of the
+// address and type (every brand, both recipient types) that is ONAY and dated no later than the refusal
+// becomes RET with the refusal's source and time (which moves iys_consents_version, so the next chunk of
+// every running campaign skips the person as revoked, and the next launch excludes them as consent_ret);
+// an address with no stored consent at all gets a RET of recipient type BIREYSEL under brand, so that it
+// is excluded too. Each change is appended to the consent history (origin "refusal"), the refusal to the
+// refusals audit, and each consent turned to RET to the İYS outbox (a consent already RET or never stored
+// has nothing to register there). A refusal recorded before (same Via and EventID) changes nothing.
+func RecordRefusals(ctx context.Context, pool *pgxpool.Pool, brand string, rs []Refusal) (RefusalReport, error) {
+	var rep RefusalReport
+	if len(rs) == 0 {
+		return rep, nil
+	}
+	canon := make([]Refusal, len(rs))
+	for i, r := range rs {
+		if r.Type != "EPOSTA" && r.Type != "MESAJ" {
+			return rep, fmt.Errorf("%w: type %q (want EPOSTA or MESAJ)", ErrBadRefusal, r.Type)
+		}
+		addr, err := CanonicalRecipient(r.Type, r.Recipient)
+		if err != nil {
+			return rep, fmt.Errorf("%w: %w", ErrBadRefusal, err)
+		}
+		if r.Via == "" || r.EventID == "" {
+			return rep, fmt.Errorf("%w: no source or event ID", ErrBadRefusal)
+		}
+		r.Recipient = addr
+		if r.At.IsZero() {
+			r.At = time.Now()
+		}
+		r.Evidence = strings.ToValidUTF8(r.Evidence, "?")
+		if len(r.Evidence) > 500 {
+			r.Evidence = r.Evidence[:500]
+		}
+		canon[i] = r
+	}
+	err := pgx.BeginTxFunc(ctx, pool, pgx.TxOptions{}, func(tx pgx.Tx) error {
+		rep = RefusalReport{}
+		for _, r := range canon {
+			var id int64
+			err := tx.QueryRow(ctx, `
+				INSERT INTO refusals (via, event_id, kind, recipient, type, source, campaign_id, user_id, evidence, refused_at)
+				VALUES ($1, $2, $3, $4, $5, $6, NULLIF($7, 0), NULLIF($8, ''), $9, $10)
+				ON CONFLICT (via, event_id) DO NOTHING RETURNING id`,
+				r.Via, r.EventID, r.Kind, r.Recipient, r.Type, r.source(), r.CampaignID, r.UserID, r.Evidence, r.At).Scan(&id)
+			if errors.Is(err, pgx.ErrNoRows) {
+				rep.Repeats++
+				continue
+			}
+			if err != nil {
+				return fmt.Errorf("record refusal: %w", err)
+			}
+			rep.Recorded++
+			var revoked, outboxed int
+			// One statement: the consents turned to RET, their history, and their outbox rows.
+			err = tx.QueryRow(ctx, `
+				WITH turned AS (
+					UPDATE iys_consents SET status = 'RET', source = $3, consent_date = $4, transaction_id = NULL, updated_at = now()
+					WHERE recipient = $1 AND type = $2 AND status = 'ONAY' AND consent_date <= $4
+					RETURNING recipient, type, recipient_type, brand_code
+				), hist AS (
+					INSERT INTO iys_consent_history (recipient, type, recipient_type, brand_code, status, source, consent_date, origin)
+					SELECT recipient, type, recipient_type, brand_code, 'RET', $3, $4, 'refusal' FROM turned
+				), queued AS (
+					INSERT INTO iys_outbox (refusal_id, brand_code, recipient, type, recipient_type, source, consent_date, due_at)
+					SELECT $5, brand_code, recipient, type, recipient_type, $3, $4, $6 FROM turned
+					ON CONFLICT (brand_code, recipient, type, recipient_type) WHERE state IN ('waiting', 'sent') DO NOTHING
+					RETURNING 1
+				)
+				SELECT (SELECT count(*) FROM turned), (SELECT count(*) FROM queued)`,
+				r.Recipient, r.Type, r.source(), r.At, id, AddBusinessDays(r.At, 2)).Scan(&revoked, &outboxed)
+			if err != nil {
+				return fmt.Errorf("record refusal: revoke the consents: %w", err)
+			}
+			if revoked == 0 {
+				// Nothing stored was ONAY: a RET is stored where no consent is, so the address is excluded
+				// from now on even where a campaign would not read İYS's answer for it.
+				if _, err := tx.Exec(ctx, `
+					WITH ins AS (
+						INSERT INTO iys_consents (recipient, type, recipient_type, brand_code, status, source, consent_date)
+						SELECT $1, $2, 'BIREYSEL', $3, 'RET', $4, $5
+						WHERE NOT EXISTS (SELECT 1 FROM iys_consents WHERE recipient = $1 AND type = $2)
+						RETURNING recipient, type, recipient_type, brand_code
+					)
+					INSERT INTO iys_consent_history (recipient, type, recipient_type, brand_code, status, source, consent_date, origin)
+					SELECT recipient, type, recipient_type, brand_code, 'RET', $4, $5, 'refusal' FROM ins`,
+					r.Recipient, r.Type, brand, r.source(), r.At); err != nil {
+					return fmt.Errorf("record refusal: store the RET: %w", err)
+				}
+			}
+			if _, err := tx.Exec(ctx, `UPDATE refusals SET consents = $2 WHERE id = $1`, id, revoked); err != nil {
+				return fmt.Errorf("record refusal: %w", err)
+			}
+			rep.Revoked += revoked
+			rep.Outboxed += outboxed
+		}
+		return nil
+	})
+	if err != nil {
+		return RefusalReport{}, err
+	}
+	return rep, nil
+}
+
+// turkishHolidays are the fixed-date public holidays (month, day) that are not business days: New Year,
+// National Sovereignty and Children's Day, Labour Day, Youth Day, Democracy Day, Victory Day, Republic
+// Day. The religious holidays move with the lunar calendar and are not counted: a deadline computed here
+// is never later than the real one.
+var turkishHolidays = map[[2]int]bool{{1, 1}: true, {4, 23}: true, {5, 1}: true, {5, 19}: true, {7, 15}: true, {8, 30}: true, {10, 29}: true}
+
+// BusinessDay tells whether t's day in Istanbul is a business day (not a weekend or a fixed holiday).
+func BusinessDay(t time.Time) bool {
+	t = t.In(istanbul)
+	if wd := t.Weekday(); wd == time.Saturday || wd == time.Sunday {
+		return false
+	}
+	return !turkishHolidays[[2]int{int(t.Month()), t.Day()}]
+}
+
+// AddBusinessDays returns t moved n business days on (Istanbul days): the time of day is kept, weekends
+// and fixed holidays are skipped.
+func AddBusinessDays(t time.Time, n int) time.Time {
+	d := t.In(istanbul)
+	for n > 0 {
+		d = d.AddDate(0, 0, 1)
+		if BusinessDay(d) {
+			n--
+		}
+	}
+	return d
+}
