@@ -258,3 +258,76 @@ func TestPacePausesWhenMost429sSayHowLong(t *testing.T) {
 		t.Fatalf("pause %v after a second of mostly 429 with Retry-After: 2, want about 2 s", ttl)
 	}
 }
+
+// The first measure of a provider with no cap comes after it took what it takes in a second: every worker
+// waits for the end of that second (the provider refuses until then), and no one waits when a cap or a
+// pace was there before.
+func TestPaceFirstMeasurePausesToTheEndOfTheSpentSecond(t *testing.T) {
+	t.Parallel()
+	b, clock := fakeClockBucket(t)
+	ctx := context.Background()
+	p := b.Pace("provider:cold", 0)
+	start := *clock
+	if err := p.Observe(ctx, Taken, 0); err != nil { // the window begins
+		t.Fatal(err)
+	}
+	for i := range 100 {
+		a := Taken
+		if i >= 40 {
+			a = Throttled
+		}
+		if err := p.Observe(ctx, a, 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	*clock = clock.Add(250 * time.Millisecond)
+	if err := p.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if r := p.Rate(ctx); r <= 0 {
+		t.Fatalf("no pace after a window 60 %% refused")
+	}
+	paused, err := b.Paused(ctx, "provider:cold")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := start.Add(time.Second).Sub(*clock); paused < want-100*time.Millisecond || paused > want+100*time.Millisecond {
+		t.Fatalf("paused %v after the first measure, want about %v (to the end of the window's second)", paused, want)
+	}
+
+	capped := b.Pace("provider:capped", 500)
+	for i := range 100 {
+		a := Taken
+		if i >= 40 {
+			a = Throttled
+		}
+		capped.Observe(ctx, a, 0) //nolint:errcheck
+	}
+	*clock = clock.Add(250 * time.Millisecond)
+	capped.Flush(ctx) //nolint:errcheck
+	if paused, _ := b.Paused(ctx, "provider:capped"); paused > 0 {
+		t.Fatalf("a capped provider was paused %v by a lowering", paused)
+	}
+}
+
+// A process whose answers are mostly refused sends them to the shared pace at once (from an eighth of
+// PaceFlush on), not at its next regular flush: the other workers learn of the limit sooner.
+func TestPaceRefusedAnswersAreSharedAtOnce(t *testing.T) {
+	t.Parallel()
+	b, clock := fakeClockBucket(t)
+	ctx := context.Background()
+	p := b.Pace("provider:urgent", 0)
+	if err := p.Observe(ctx, Taken, 0); err != nil {
+		t.Fatal(err)
+	}
+	*clock = clock.Add(PaceFlush / 4)
+	for range paceUrgent {
+		if err := p.Observe(ctx, Throttled, 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	thr, err := b.rdb.HGet(ctx, state.PaceKey("provider:urgent"), "thr").Int()
+	if err != nil || thr != paceUrgent {
+		t.Fatalf("refused answers in the shared window: %d (%v), want %d before PaceFlush is up", thr, err, paceUrgent)
+	}
+}

@@ -121,6 +121,7 @@ func TestSIGTERMStopsALaunchWithNothingWritten(t *testing.T) {
 func TestHeaderValuesCarryNoLineBreak(t *testing.T) {
 	t.Parallel()
 	env, count := badInputDB(t)
+	env["WEBHOOKS_PUBLIC_URL"], env["UNSUBSCRIBE_SECRET"] = "https://hooks.example.com", "bounds-test-secret-0123456789"
 	db := mustConnect(t, env["DATABASE_URL"])
 	for _, sql := range []string{
 		`CREATE TABLE mail (user_id text, email text, first_name text)`,
@@ -169,5 +170,61 @@ func TestHeaderValuesCarryNoLineBreak(t *testing.T) {
 		"--message", "Merhaba {{.first_name}}", "--dry-run", "--json")
 	if err := json.Unmarshal([]byte(out), &rep); code != 0 || err != nil || rep.Eligible != 3 {
 		t.Fatalf("line breaks in the body only: exit %d, %+v, %v", code, rep, err)
+	}
+}
+
+// A commercial e-mail launch without what its one-click unsubscribe links need is refused, naming the
+// fix, and writes nothing; a transactional one needs none.
+func TestCommercialEmailLaunchNeedsUnsubscribeLinks(t *testing.T) {
+	t.Parallel()
+	env, count := badInputDB(t)
+	db := mustConnect(t, env["DATABASE_URL"])
+	for _, sql := range []string{
+		`CREATE TABLE mail (user_id text, email text)`,
+		`GRANT SELECT ON mail TO campaignctl_audience`,
+		"INSERT INTO mail VALUES ('a', 'a@example.com')",
+		`INSERT INTO iys_consents (recipient, type, recipient_type, status, source, consent_date) SELECT email, 'EPOSTA', 'BIREYSEL', 'ONAY', 'HS_WEB', now() FROM mail`,
+	} {
+		if _, err := db.Exec(context.Background(), sql); err != nil {
+			t.Fatal(err)
+		}
+	}
+	audience := writeFile(t, "mail.sql", `SELECT user_id, email FROM mail`)
+	args := []string{"launch", "--name", "m", "--channel", "email", "--audience", audience, "--subject", "Merhaba", "--message", "Size özel", "--yes"}
+	with := func(kv ...string) map[string]string {
+		e := map[string]string{}
+		for k, v := range env {
+			e[k] = v
+		}
+		for i := 0; i < len(kv); i += 2 {
+			e[kv[i]] = kv[i+1]
+		}
+		return e
+	}
+	for _, c := range []struct {
+		env  map[string]string
+		want string
+	}{
+		{env, "set WEBHOOKS_PUBLIC_URL"},
+		{with("WEBHOOKS_PUBLIC_URL", "https://hooks.example.com"), "UNSUBSCRIBE_SECRET is not"},
+		{with("UNSUBSCRIBE_SECRET", "a-secret-of-enough-length-0123"), "WEBHOOKS_PUBLIC_URL is not"},
+		{with("UNSUBSCRIBE_SECRET", "short", "WEBHOOKS_PUBLIC_URL", "https://hooks.example.com"), "shorter than 16 bytes"},
+		{with("UNSUBSCRIBE_SECRET", "a-secret-of-enough-length-0123", "WEBHOOKS_PUBLIC_URL", "https://user:pw@hooks.example.com"), "no user, password"},
+	} {
+		_, stderr, code := cli(t, c.env, args...)
+		if code != 2 || !strings.Contains(stderr, c.want) || strings.Contains(stderr, "a-secret-of-enough") || strings.Contains(stderr, ":pw@") {
+			t.Errorf("launch: exit %d, %s; want 2 naming %q, no secret", code, stderr, c.want)
+		}
+	}
+	if n := count(`SELECT count(*) FROM campaigns`); n != 0 {
+		t.Fatalf("refused launches left %d campaigns", n)
+	}
+	if _, stderr, code := cli(t, env, append(args[:len(args)-1], "--transactional", "--dry-run")...); code != 0 {
+		t.Fatalf("a transactional e-mail needs no unsubscribe link: exit %d, %s", code, stderr)
+	}
+	// A transactional message cannot show a link it has not.
+	bad := []string{"launch", "--name", "m", "--channel", "email", "--audience", audience, "--subject", "Merhaba", "--message", "Çık: {{.unsubscribe_url}}", "--transactional", "--dry-run"}
+	if _, stderr, code := cli(t, env, bad...); code != 2 || !strings.Contains(stderr, "only a commercial e-mail has") {
+		t.Fatalf("a transactional template with {{.unsubscribe_url}}: exit %d, %s", code, stderr)
 	}
 }

@@ -35,7 +35,7 @@ func TestEndToEndEmailCampaign(t *testing.T) {
 	env := append(os.Environ(),
 		"DATABASE_URL="+dbURL, "REDIS_URL="+redisURL,
 		"SENDGRID_API_KEY=SG.e2e-key", "SENDGRID_FROM=kampanya@example.com", "SENDGRID_BASE_URL=http://"+sandboxAddr,
-		"SENDGRID_RATE=0",
+		"SENDGRID_RATE=0", "WEBHOOKS_PUBLIC_URL=http://"+hooksAddr, "UNSUBSCRIBE_SECRET=e2e-email-secret-0123456789",
 	)
 	e := &e2eEnv{t: t, bin: binary(t), env: env}
 	e.mustRun("migrate")

@@ -1,0 +1,222 @@
+package iys_test
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/campaignctl/campaignctl/internal/testdb"
+	"github.com/campaignctl/campaignctl/iys"
+	"github.com/campaignctl/campaignctl/providers/sandbox"
+)
+
+// consentRows stores consents: recipient, type, recipient type, brand, status, consent date.
+func consentRows(t *testing.T, pool *pgxpool.Pool, rows ...[6]any) {
+	t.Helper()
+	for _, r := range rows {
+		if _, err := pool.Exec(context.Background(), `INSERT INTO iys_consents (recipient, type, recipient_type, brand_code, status, source, consent_date)
+			VALUES ($1, $2, $3, $4, $5, 'HS_WEB', $6)`, r[0], r[1], r[2], r[3], r[4], r[5]); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+func consentStatus(t *testing.T, pool *pgxpool.Pool, recipient, typ, rtype, brand string) string {
+	t.Helper()
+	var st string
+	pool.QueryRow(context.Background(), `SELECT status FROM iys_consents WHERE recipient = $1 AND type = $2 AND recipient_type = $3 AND brand_code = $4`,
+		recipient, typ, rtype, brand).Scan(&st) //nolint:errcheck
+	return st
+}
+
+// A refusal turns every ONAY of its address and type to RET (every brand, both recipient types), once
+// however often it arrives; an address with nothing stored gets a RET too, with nothing for İYS; a
+// consent given after the refusal stands.
+func TestRecordRefusalsMakesLocalRETsOnce(t *testing.T) {
+	t.Parallel()
+	pool, _ := testdb.New(t)
+	ctx := context.Background()
+	day := time.Now().Add(-24 * time.Hour)
+	consentRows(t, pool,
+		[6]any{"+905321111111", "MESAJ", "BIREYSEL", "654321", "ONAY", day},
+		[6]any{"+905321111111", "MESAJ", "TACIR", "654321", "ONAY", day},
+		[6]any{"+905321111111", "MESAJ", "BIREYSEL", "", "ONAY", day},
+		[6]any{"+905321111111", "EPOSTA", "BIREYSEL", "654321", "ONAY", day}, // another type: untouched
+		[6]any{"late@example.com", "EPOSTA", "BIREYSEL", "654321", "ONAY", time.Now().Add(time.Hour)},
+	)
+	var v0 int64
+	pool.QueryRow(ctx, `SELECT version FROM iys_consents_version`).Scan(&v0) //nolint:errcheck
+	sms := iys.Refusal{Via: iys.ViaTwilioInbound, EventID: "SM1", Kind: "inbound", Recipient: "0532 111 11 11", Type: "MESAJ", Evidence: "twilio inbound SM1 \"RET\"", At: time.Now()}
+	rep, err := iys.RecordRefusals(ctx, pool, "654321", []iys.Refusal{sms, sms})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.Recorded != 1 || rep.Repeats != 1 || rep.Revoked != 3 || rep.Outboxed != 3 {
+		t.Fatalf("report %+v; want 1 recorded, 1 repeat, 3 consents revoked and queued", rep)
+	}
+	for _, k := range [][3]string{{"BIREYSEL", "654321"}, {"TACIR", "654321"}, {"BIREYSEL", ""}} {
+		if st := consentStatus(t, pool, "+905321111111", "MESAJ", k[0], k[1]); st != "RET" {
+			t.Errorf("MESAJ %s brand %q: %s, want RET", k[0], k[1], st)
+		}
+	}
+	if st := consentStatus(t, pool, "+905321111111", "EPOSTA", "BIREYSEL", "654321"); st != "ONAY" {
+		t.Errorf("an SMS refusal touched the e-mail consent: %s", st)
+	}
+	var v1 int64
+	pool.QueryRow(ctx, `SELECT version FROM iys_consents_version`).Scan(&v1) //nolint:errcheck
+	if v1 == v0 {
+		t.Error("the consent version did not move: running campaigns would not read the RET")
+	}
+	// A second refusal of the same person, another event: recorded, nothing more to register.
+	again := sms
+	again.EventID = "SM2"
+	if rep, err = iys.RecordRefusals(ctx, pool, "654321", []iys.Refusal{again}); err != nil || rep.Recorded != 1 || rep.Revoked != 0 || rep.Outboxed != 0 {
+		t.Fatalf("second refusal: %+v %v; want recorded, nothing revoked or queued", rep, err)
+	}
+	// Nothing stored: a RET under the brand, nothing for İYS (it refuses a first add as RET).
+	unknown := iys.Refusal{Via: iys.ViaSendGrid, EventID: "sg-1", Kind: "spamreport", Recipient: "New@Example.com", Type: "EPOSTA", Evidence: "sendgrid spamreport", At: time.Now()}
+	late := iys.Refusal{Via: iys.ViaSendGrid, EventID: "sg-2", Kind: "unsubscribe", Recipient: "late@example.com", Type: "EPOSTA", Evidence: "sendgrid unsubscribe", At: time.Now()}
+	if rep, err = iys.RecordRefusals(ctx, pool, "654321", []iys.Refusal{unknown, late}); err != nil || rep.Recorded != 2 || rep.Outboxed != 0 {
+		t.Fatalf("refusals of an unknown address and of a later consent: %+v %v", rep, err)
+	}
+	if st := consentStatus(t, pool, "new@example.com", "EPOSTA", "BIREYSEL", "654321"); st != "RET" {
+		t.Errorf("an address with no consent: %q, want a stored RET", st)
+	}
+	if st := consentStatus(t, pool, "late@example.com", "EPOSTA", "BIREYSEL", "654321"); st != "ONAY" {
+		t.Errorf("a consent given after the refusal: %s, want it kept", st)
+	}
+	var outbox, hist int
+	pool.QueryRow(ctx, `SELECT count(*) FROM iys_outbox`).Scan(&outbox)                                 //nolint:errcheck
+	pool.QueryRow(ctx, `SELECT count(*) FROM iys_consent_history WHERE origin = 'refusal'`).Scan(&hist) //nolint:errcheck
+	if outbox != 3 || hist != 4 {
+		t.Fatalf("outbox %d rows, history %d refusal rows; want 3 and 4", outbox, hist)
+	}
+	if _, err := iys.RecordRefusals(ctx, pool, "", []iys.Refusal{{Via: iys.ViaSendGrid, EventID: "x", Recipient: "not an address", Type: "EPOSTA"}}); err == nil {
+		t.Fatal("a refusal of no address was recorded")
+	}
+}
+
+// Push registers each RET once: one request each for a few, batches for many (results collected by a
+// later run or --wait); İYS holding RET already is "already", a refusal by İYS is kept with its code and
+// not sent again; a second push sends nothing.
+func TestPushRegistersEachRETOnce(t *testing.T) {
+	for _, batchFrom := range []int{50, 2} {
+		t.Run(fmt.Sprintf("batch from %d", batchFrom), func(t *testing.T) {
+			t.Parallel()
+			e := newEnv(t, sandbox.Options{}, nil)
+			pool, _ := testdb.New(t)
+			ctx := context.Background()
+			brand := fmt.Sprint(testBrand)
+			two := time.Now().Add(-48 * time.Hour).In(iys.Istanbul()).Format(iys.DateLayout)
+			e.seed(t,
+				sandbox.IYSConsent{Recipient: "+905322222221", Type: "MESAJ", Status: "ONAY", Source: "HS_WEB", CreationDate: two},
+				sandbox.IYSConsent{Recipient: "+905322222222", Type: "MESAJ", Status: "RET", Source: "HS_WEB", CreationDate: two},
+				sandbox.IYSConsent{Recipient: "a@example.com", Type: "EPOSTA", Status: "ONAY", Source: "HS_WEB", CreationDate: two})
+			day := time.Now().Add(-24 * time.Hour)
+			consentRows(t, pool,
+				[6]any{"+905322222221", "MESAJ", "BIREYSEL", brand, "ONAY", day},
+				[6]any{"+905322222222", "MESAJ", "BIREYSEL", brand, "ONAY", day},  // İYS has RET already
+				[6]any{"+905322222223", "MESAJ", "BIREYSEL", brand, "ONAY", day},  // unknown to İYS: H175
+				[6]any{"a@example.com", "EPOSTA", "BIREYSEL", "", "ONAY", day},    // no brand: pushed under the client's
+				[6]any{"b@example.com", "EPOSTA", "BIREYSEL", "999", "ONAY", day}, // another brand: waits
+			)
+			var rs []iys.Refusal
+			for i, a := range []string{"+905322222221", "+905322222222", "+905322222223", "a@example.com", "b@example.com"} {
+				typ := "MESAJ"
+				if a[0] != '+' {
+					typ = "EPOSTA"
+				}
+				rs = append(rs, iys.Refusal{Via: iys.ViaTwilioInbound, EventID: fmt.Sprint("ev", i), Kind: "inbound", Recipient: a, Type: typ, Evidence: "test", At: time.Now().Add(-time.Minute)})
+			}
+			if _, err := iys.RecordRefusals(ctx, pool, brand, rs); err != nil {
+				t.Fatal(err)
+			}
+			c := e.client(t, nil)
+			opts := iys.PushOptions{BatchFrom: batchFrom, ResultAfter: 300 * time.Millisecond, Wait: 10 * time.Second, PollEvery: 100 * time.Millisecond}
+			rep, err := iys.Push(ctx, pool, c, opts)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if rep.Sent != 4 || rep.Accepted != 2 || rep.Already != 1 || rep.Refused != 1 || rep.OtherBrand != 1 || rep.Awaiting != 0 {
+				t.Fatalf("push %+v; want 4 sent: 2 accepted, 1 already, 1 refused; 1 for another brand", rep)
+			}
+			if rep, err = iys.Push(ctx, pool, c, opts); err != nil || rep.Sent != 0 {
+				t.Fatalf("second push %+v %v; want nothing sent", rep, err)
+			}
+			st := e.s.IYSStats()
+			for _, k := range []string{sandbox.IYSAddKey("+905322222221", "MESAJ", "BIREYSEL"), sandbox.IYSAddKey("a@example.com", "EPOSTA", "BIREYSEL")} {
+				if st.AddsAcceptedByKey[k] != 1 {
+					t.Errorf("İYS registered %s %d times, want once", k, st.AddsAcceptedByKey[k])
+				}
+			}
+			items, err := iys.OutboxItems(ctx, pool, time.Now(), 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := map[string]string{}
+			for _, it := range items {
+				got[it.Recipient] = it.State + " " + it.ErrorCode
+			}
+			want := map[string]string{"+905322222221": "accepted ", "+905322222222": "already H174", "+905322222223": "refused H175",
+				"a@example.com": "accepted ", "b@example.com": "waiting "}
+			if fmt.Sprint(got) != fmt.Sprint(want) {
+				t.Fatalf("outbox %v\nwant   %v", got, want)
+			}
+		})
+	}
+}
+
+// A RET that İYS cannot take now (a 5xx) waits for its back-off, then goes.
+func TestPushRetriesTransientErrorsLater(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, sandbox.Options{}, nil)
+	pool, _ := testdb.New(t)
+	ctx := context.Background()
+	brand := fmt.Sprint(testBrand)
+	e.seed(t, sandbox.IYSConsent{Recipient: "+905323333331", Type: "MESAJ", Status: "ONAY", Source: "HS_WEB", CreationDate: time.Now().Add(-48 * time.Hour).In(iys.Istanbul()).Format(iys.DateLayout)})
+	consentRows(t, pool, [6]any{"+905323333331", "MESAJ", "BIREYSEL", brand, "ONAY", time.Now().Add(-24 * time.Hour)})
+	if _, err := iys.RecordRefusals(ctx, pool, brand, []iys.Refusal{{Via: iys.ViaOneClick, EventID: "1:u", Kind: "one_click", Recipient: "+905323333331", Type: "MESAJ", Evidence: "t", At: time.Now().Add(-time.Minute)}}); err != nil {
+		t.Fatal(err)
+	}
+	e.s.SetIYSFaults(sandbox.IYSFaults{Unavailable: 20})
+	c := e.client(t, nil)
+	rep, err := iys.Push(ctx, pool, c, iys.PushOptions{})
+	if err != nil || rep.Retrying != 1 || rep.Accepted != 0 {
+		t.Fatalf("push during an outage: %+v %v; want 1 to retry", rep, err)
+	}
+	var next time.Time
+	var attempts int
+	pool.QueryRow(ctx, `SELECT next_at, attempts FROM iys_outbox`).Scan(&next, &attempts) //nolint:errcheck
+	if attempts != 1 || time.Until(next) < 20*time.Second {
+		t.Fatalf("after a 503: attempts %d, next try in %v; want 1 and a back-off", attempts, time.Until(next))
+	}
+	e.s.SetIYSFaults(sandbox.IYSFaults{})
+	pool.Exec(ctx, `UPDATE iys_outbox SET next_at = now()`) //nolint:errcheck // the back-off is over
+	if rep, err = iys.Push(ctx, pool, c, iys.PushOptions{}); err != nil || rep.Accepted != 1 {
+		t.Fatalf("push after the outage: %+v %v", rep, err)
+	}
+}
+
+// Two business days skip weekends and the fixed holidays (Istanbul days).
+func TestAddBusinessDays(t *testing.T) {
+	at := func(s string) time.Time {
+		d, err := time.ParseInLocation("2006-01-02 15:04", s, iys.Istanbul())
+		if err != nil {
+			t.Fatal(err)
+		}
+		return d
+	}
+	for _, c := range [][2]string{
+		{"2026-12-01 10:00", "2026-12-03 10:00"}, // Tuesday → Thursday
+		{"2026-12-04 10:00", "2026-12-08 10:00"}, // Friday → Tuesday
+		{"2026-10-27 10:00", "2026-10-30 10:00"}, // Tuesday, over Republic Day (Thursday 29th)
+		{"2026-12-05 23:30", "2026-12-08 23:30"}, // Saturday → Tuesday
+	} {
+		if got := iys.AddBusinessDays(at(c[0]), 2); !got.Equal(at(c[1])) {
+			t.Errorf("%s + 2 business days = %s, want %s", c[0], got.Format("2006-01-02 15:04 Mon"), c[1])
+		}
+	}
+}
