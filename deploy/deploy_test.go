@@ -161,7 +161,7 @@ var extraEnv = map[string]string{
 
 // secretEnv are settings that carry credentials: a manifest takes them from a Secret, never as a value.
 var secretEnv = []string{"DATABASE_URL", "AUDIENCE_DATABASE_URL", "REDIS_URL", "TWILIO_ACCOUNT_SID", "TWILIO_AUTH_TOKEN",
-	"SENDGRID_API_KEY", "SENDGRID_WEBHOOK_PUBLIC_KEY", "WEBHOOK_SECRET", "IYS_PASSWORD", "CAMPAIGNCTL_UI_AUTH"}
+	"SENDGRID_API_KEY", "SENDGRID_WEBHOOK_PUBLIC_KEY", "WEBHOOK_SECRET", "IYS_PASSWORD", "CAMPAIGNCTL_UI_AUTH", "UNSUBSCRIBE_SECRET"}
 
 // derivedSecretKeys are the example Secret's values that are not placeholders of their own: each is
 // checked against what it derives from.
