@@ -90,7 +90,8 @@ send_scenario() {
     TWILIO_ACCOUNT_SID=ACbench0000000000000000000000000 TWILIO_AUTH_TOKEN=benchtoken TWILIO_FROM=+905550000000
     TWILIO_BASE_URL="http://127.0.0.1:$sb_port" TWILIO_RATE="$rate"
     SENDGRID_API_KEY=SG.bench-key SENDGRID_FROM=kampanya@example.com SENDGRID_BASE_URL="http://127.0.0.1:$sb_port"
-    SENDGRID_RATE="$rate")
+    SENDGRID_RATE="$rate"
+    WEBHOOKS_PUBLIC_URL=https://hooks.example.com UNSUBSCRIBE_SECRET=bench-unsubscribe-secret-0123456789)
   local args=(launch --name "$name-$(date +%H%M%S)" --channel "$channel" --audience "$work/$name.sql" --code-pool send --yes --json)
   if [ "$channel" = sms ]; then
     args+=(--message "${SEND_MESSAGE:-Merhaba {{.first_name}}, kodunuz {{.code}} - Kampanya A.Ş. RET yazıp 3338e gönderin}")
