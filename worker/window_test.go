@@ -180,3 +180,25 @@ func TestWindowWaitsOutAProviderPause(t *testing.T) {
 		t.Fatalf("counts %+v", c)
 	}
 }
+
+// A RET recorded after the launch blocks the windowed path too: the person is skipped (revoked) and their
+// code goes back; the others of the window are sent.
+func TestWindowedSendSkipsARevokedConsent(t *testing.T) {
+	t.Parallel()
+	f, h, _, _ := windowedFixture(t, 10, 8)
+	if _, err := f.db.Exec(context.Background(), `UPDATE iys_consents SET status = 'RET' WHERE recipient = $1`, phone(1)); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.RunBatch(context.Background(), f.id, 0); err != nil {
+		t.Fatal(err)
+	}
+	if n := len(f.provider.accepted[phone(1)]); n != 0 {
+		t.Fatalf("u1 revoked consent but got %d messages", n)
+	}
+	if st, reason, code := f.status(t, "u1"); st != campaign.StatusSkipped || reason != campaign.ReasonRevoked || code != "" {
+		t.Fatalf("u1: %s/%s code %q, want skipped/revoked with the code released", st, reason, code)
+	}
+	if c := f.counts(t); c.Sent != c.Planned-1 || c.Pending != 0 {
+		t.Fatalf("counts %+v, want all but u1 sent", c)
+	}
+}
