@@ -80,3 +80,32 @@ func (p *Planner) countSegments(ctx context.Context, tx pgx.Tx, id int64, spec S
 	}
 	return nil
 }
+
+// ReasonCounts returns the campaign's failed and skipped recipients counted by reason, at most top
+// reasons of each (the most frequent).
+func (s *Store) ReasonCounts(ctx context.Context, id int64, top int) (failed, skipped map[string]int64, err error) {
+	rows, err := s.pool.Query(ctx, `
+		SELECT status, reason, n FROM (
+			SELECT status, coalesce(reason, '') AS reason, count(*) AS n,
+			       row_number() OVER (PARTITION BY status ORDER BY count(*) DESC, coalesce(reason, '')) AS rank
+			FROM campaign_recipients WHERE campaign_id = $1 AND status IN ('failed', 'skipped') GROUP BY status, coalesce(reason, '')
+		) r WHERE rank <= $2`, id, top)
+	if err != nil {
+		return nil, nil, fmt.Errorf("reasons: %w", err)
+	}
+	defer rows.Close()
+	failed, skipped = map[string]int64{}, map[string]int64{}
+	for rows.Next() {
+		var st, reason string
+		var n int64
+		if err := rows.Scan(&st, &reason, &n); err != nil {
+			return nil, nil, fmt.Errorf("reasons: %w", err)
+		}
+		if st == StatusFailed {
+			failed[reason] = n
+		} else {
+			skipped[reason] = n
+		}
+	}
+	return failed, skipped, rows.Err()
+}

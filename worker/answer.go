@@ -126,8 +126,13 @@ func (h *Handler) settleRefusal(ctx context.Context, run *batchRun, m *metrics.S
 }
 
 // accountError is what a batch returns when the provider refuses the account: it waits for the fix,
-// counting against its retries, and nobody fails.
-func accountError(pe *providers.Error) error {
+// counting against its retries, and nobody fails. The wait is noted for campaignctl status
+// (provider_auth).
+func (h *Handler) accountError(ctx context.Context, run *batchRun, pe *providers.Error) error {
+	if h.cfg.Redis != nil {
+		state.NoteWaiting(context.WithoutCancel(ctx), h.cfg.Redis, run.c.ID, state.Waiting{Reason: WaitProviderAuth, //nolint:errcheck // status only
+			Detail: fmt.Sprintf("%s refuses the account (%v): fix its credentials or sender on the workers; the batches wait and go on by themselves", pe.Provider, pe)})
+	}
 	return &RetryError{Err: fmt.Errorf("provider refuses the account, not the recipients (fix the configuration; the batch waits): %w", pe), Failure: true}
 }
 

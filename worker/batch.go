@@ -236,6 +236,10 @@ func (h *Handler) RunBatch(ctx context.Context, campaignID int64, batch int) err
 	if run.deferred > 0 {
 		return &RetryError{Err: fmt.Errorf("%d recipients kept failing with transient provider errors; they are retried later, the rest of the batch is done", run.deferred), Failure: true}
 	}
+	if h.cfg.Redis != nil {
+		// The batch went through: whatever account refusal was noted for it is over.
+		state.ClearWaiting(ctx, h.cfg.Redis, c.ID, WaitProviderAuth) //nolint:errcheck // status only; it expires
+	}
 	if done, err := h.cfg.Store.CompleteIfDone(ctx, c.ID); err != nil {
 		return waitForServices(err)
 	} else if done {

@@ -134,7 +134,7 @@ func (h *Handler) deliver(ctx, waitCtx context.Context, run *batchRun, r *campai
 			continue
 		}
 		if v == accountRefused {
-			return accountError(pe)
+			return h.accountError(ctx, run, pe)
 		}
 		wait := h.backOff(pe, attempt)
 		probe, err := h.waitWhileDown(ctx, waitCtx, rt.provider.Name())

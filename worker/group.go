@@ -190,7 +190,7 @@ func (h *Handler) sendGroup(ctx, waitCtx context.Context, run *batchRun, b provi
 		case ambiguous, refused:
 			return nil
 		case accountRefused:
-			return accountError(pe)
+			return h.accountError(ctx, run, pe)
 		}
 		wait := h.backOff(pe, attempt)
 		probe, err := h.waitWhileDown(ctx, waitCtx, b.Name())

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strconv"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -28,6 +29,20 @@ type CampaignStatus struct {
 	// DLQ counts the campaign's batches that used up their retries.
 	DLQ       int64  `json:"dlq"`
 	CreatedAt string `json:"created_at"`
+	// StartAt is when a scheduled campaign starts (launch --at); StartedAt when it started sending,
+	// FinishedAt when it ended. All UTC; absent when not set.
+	StartAt    *time.Time `json:"start_at,omitempty"`
+	StartedAt  *time.Time `json:"started_at,omitempty"`
+	FinishedAt *time.Time `json:"finished_at,omitempty"`
+	// FailedByReason and SkippedByReason count the failed and skipped recipients by reason (the ten
+	// most frequent of each).
+	FailedByReason  map[string]int64 `json:"failed_by_reason"`
+	SkippedByReason map[string]int64 `json:"skipped_by_reason"`
+	// Waiting says why the campaign is not moving; absent while it moves (or is over).
+	Waiting *Waiting `json:"waiting,omitempty"`
+	// RedisUnavailable is set when Redis could not be read: the figures are Postgres's alone (the DLQ
+	// and the waiting reason are unknown).
+	RedisUnavailable bool `json:"redis_unavailable,omitempty"`
 }
 
 // Over reports whether the campaign has ended (completed, cancelled or failed): nothing more is sent.
@@ -38,6 +53,7 @@ func (s CampaignStatus) Over() bool {
 // StatusOptions selects the campaign Status reads.
 type StatusOptions struct {
 	Store *campaign.Store
+	// Redis is nil when it cannot be reached: the status is then Postgres's alone (RedisUnavailable).
 	Redis redis.UniversalClient
 	// CampaignID is the campaign Status reads; ListStatus reads every campaign.
 	CampaignID int64
@@ -49,11 +65,16 @@ func Status(ctx context.Context, o StatusOptions) (CampaignStatus, error) {
 	if err != nil {
 		return CampaignStatus{}, err
 	}
+	if o.Redis == nil {
+		s, err := statusOf(ctx, o.Store, nil, c, 0)
+		s.RedisUnavailable = true
+		return s, err
+	}
 	dlq, err := archivedBatches(o.Redis, o.CampaignID)
 	if err != nil {
 		return CampaignStatus{}, err
 	}
-	return statusOf(ctx, o.Store, c, int64(len(dlq)))
+	return statusOf(ctx, o.Store, o.Redis, c, int64(len(dlq)))
 }
 
 // ListStatus reads where every campaign stands, newest first. The dead-letter queue is read once for all.
@@ -63,7 +84,7 @@ func ListStatus(ctx context.Context, o StatusOptions) ([]CampaignStatus, error) 
 		return nil, err
 	}
 	dlq := map[int64]int64{}
-	if len(list) > 0 {
+	if len(list) > 0 && o.Redis != nil {
 		entries, err := archivedBatches(o.Redis, 0)
 		if err != nil {
 			return nil, err
@@ -74,16 +95,17 @@ func ListStatus(ctx context.Context, o StatusOptions) ([]CampaignStatus, error) 
 	}
 	out := make([]CampaignStatus, 0, len(list))
 	for _, c := range list {
-		s, err := statusOf(ctx, o.Store, c, dlq[c.ID])
+		s, err := statusOf(ctx, o.Store, o.Redis, c, dlq[c.ID])
 		if err != nil {
 			return nil, err
 		}
+		s.RedisUnavailable = o.Redis == nil
 		out = append(out, s)
 	}
 	return out, nil
 }
 
-func statusOf(ctx context.Context, store *campaign.Store, c *campaign.Campaign, dlq int64) (CampaignStatus, error) {
+func statusOf(ctx context.Context, store *campaign.Store, rdb redis.UniversalClient, c *campaign.Campaign, dlq int64) (CampaignStatus, error) {
 	counts, err := store.Counts(ctx, c.ID)
 	if err != nil {
 		return CampaignStatus{}, err
@@ -92,9 +114,28 @@ func statusOf(ctx context.Context, store *campaign.Store, c *campaign.Campaign, 
 	if err != nil {
 		return CampaignStatus{}, err
 	}
-	return CampaignStatus{ID: c.ID, Name: c.Name, Channel: c.Channel, State: c.State, Audience: c.Audience, Eligible: c.Eligible,
+	failed, skipped, err := store.ReasonCounts(ctx, c.ID, 10)
+	if err != nil {
+		return CampaignStatus{}, err
+	}
+	s := CampaignStatus{ID: c.ID, Name: c.Name, Channel: c.Channel, State: c.State, Audience: c.Audience, Eligible: c.Eligible,
 		Excluded: c.Excluded, Counts: counts, Delivered: delivered, Undelivered: undelivered, DLQ: dlq,
-		CreatedAt: c.CreatedAt.UTC().Format("2006-01-02T15:04:05Z")}, nil
+		CreatedAt: c.CreatedAt.UTC().Format("2006-01-02T15:04:05Z"),
+		StartAt: utcOrNil(c.StartAt), StartedAt: utcOrNil(c.StartedAt), FinishedAt: utcOrNil(c.FinishedAt),
+		FailedByReason: failed, SkippedByReason: skipped}
+	if rdb != nil {
+		if s.Waiting, err = waitingOf(ctx, rdb, c, counts, dlq, time.Now()); err != nil {
+			return CampaignStatus{}, err
+		}
+	}
+	return s, nil
+}
+
+func utcOrNil(t *time.Time) *time.Time {
+	if t == nil {
+		return nil
+	}
+	return utc(*t)
 }
 
 // rebuildProgress sets the campaign's progress counters (ProgressKey) to counts, read from Postgres.

@@ -263,7 +263,7 @@ func (h *Handler) sendWindow(ctx context.Context, run *batchRun, rt *route, send
 		case notSent:
 			stop = firstErr(stop, results[i].err)
 		case accountRefused:
-			stop = firstErr(stop, accountError(pe))
+			stop = firstErr(stop, h.accountError(ctx, run, pe))
 		case transient:
 			wait := h.backOff(pe, w.attempt)
 			if h.pace(name).Down(ctx) {

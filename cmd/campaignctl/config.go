@@ -140,7 +140,12 @@ type services struct {
 }
 
 // Close releases both connections.
-func (s *services) Close() { s.redis.Close(); s.engine.Close() }
+func (s *services) Close() {
+	if s.redis != nil {
+		s.redis.Close()
+	}
+	s.engine.Close()
+}
 
 // openServices opens the engine database and Redis, both checked; Close releases them.
 func (a *app) openServices(ctx context.Context) (*services, error) {

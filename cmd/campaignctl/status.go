@@ -12,6 +12,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/campaignctl/campaignctl/campaign"
 	"github.com/campaignctl/campaignctl/iys"
 	"github.com/campaignctl/campaignctl/worker"
 )
@@ -19,12 +20,19 @@ import (
 type statusOptions struct {
 	id          int64
 	watch, json bool
+	tz          string
+	loc         *time.Location
 }
 
 func (o *statusOptions) validate() error {
 	if o.id == 0 && o.watch {
 		return usagef("--watch needs a campaign ID: campaignctl status ID --watch")
 	}
+	loc, err := time.LoadLocation(o.tz)
+	if err != nil || o.tz == "" {
+		return usagef("--tz %q is not a known time zone; use an IANA name such as Europe/Istanbul or UTC", o.tz)
+	}
+	o.loc = loc
 	return nil
 }
 
@@ -52,6 +60,7 @@ func (a *app) newStatusCmd() *cobra.Command {
 	}
 	cmd.Flags().BoolVar(&o.watch, "watch", false, "draw live progress until the campaign ends")
 	cmd.Flags().BoolVar(&o.json, "json", false, "print JSON")
+	cmd.Flags().StringVar(&o.tz, "tz", "Europe/Istanbul", "the time zone of the times shown in the table (JSON is always UTC)")
 	return cmd
 }
 
@@ -65,11 +74,26 @@ func parseID(s string) (int64, error) {
 
 func (a *app) status(ctx context.Context, o statusOptions) error {
 	svc, err := a.openServices(ctx)
-	if err != nil {
+	var rdbErr error
+	if err != nil && !o.watch {
+		// The campaign's state is in Postgres: status answers without Redis, and says so.
+		engine, perr := a.openEngine(ctx)
+		if perr != nil {
+			return err
+		}
+		rdbErr = err
+		svc = &services{engine: engine, store: campaign.NewStore(engine)}
+	} else if err != nil {
 		return err
 	}
 	defer svc.Close()
-	opts := worker.StatusOptions{Store: svc.store, Redis: svc.redis, CampaignID: o.id}
+	if rdbErr != nil {
+		a.logger().Warn("Redis is unreachable: the status below is Postgres's alone (no DLQ count, no waiting reason); nothing is sent until Redis is back", "err", rdbErr)
+	}
+	opts := worker.StatusOptions{Store: svc.store, CampaignID: o.id}
+	if svc.redis != nil {
+		opts.Redis = svc.redis
+	}
 	switch {
 	case o.id == 0:
 		list, err := worker.ListStatus(ctx, opts)
@@ -92,7 +116,7 @@ func (a *app) status(ctx context.Context, o statusOptions) error {
 			IYSRefusalsOverdue int `json:"iys_refusals_overdue"`
 		}{v, overdue})
 	}
-	a.printStatus(v)
+	a.printStatus(v, o.loc)
 	if overdue > 0 {
 		fmt.Fprintf(a.stdout, "İYS: %d refusals not registered two business days after they came in (the law allows three): run campaignctl iys push\n", overdue)
 	}
@@ -112,10 +136,34 @@ func (a *app) refusalsOverdue(ctx context.Context, svc *services) int {
 	return sum.Overdue
 }
 
-func (a *app) printStatus(v worker.CampaignStatus) {
+func (a *app) printStatus(v worker.CampaignStatus, loc *time.Location) {
+	if loc == nil {
+		loc = iys.Istanbul()
+	}
+	at := func(t *time.Time) string { return t.In(loc).Format("2006-01-02 15:04:05 MST") }
 	w := tabwriter.NewWriter(a.stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintf(w, "campaign %d\t%s (%s)\n", v.ID, v.Name, v.Channel)
 	fmt.Fprintf(w, "state\t%s\n", v.State)
+	if v.RedisUnavailable {
+		fmt.Fprintf(w, "redis\tunreachable: figures from Postgres alone (no DLQ count, no waiting reason)\n")
+	}
+	if v.Waiting != nil {
+		fmt.Fprintf(w, "waiting\t%s: %s\n", v.Waiting.Reason, v.Waiting.Detail)
+		if v.Waiting.Since != nil {
+			fmt.Fprintf(w, "  since\t%s\n", at(v.Waiting.Since))
+		}
+		if v.Waiting.Until != nil {
+			fmt.Fprintf(w, "  until\t%s\n", at(v.Waiting.Until))
+		}
+	}
+	for _, t := range []struct {
+		name string
+		t    *time.Time
+	}{{"starts at", v.StartAt}, {"started", v.StartedAt}, {"finished", v.FinishedAt}} {
+		if t.t != nil {
+			fmt.Fprintf(w, "%s\t%s\n", t.name, at(t.t))
+		}
+	}
 	fmt.Fprintf(w, "audience / eligible\t%d / %d\n", v.Audience, v.Eligible)
 	for _, r := range slices.Sorted(maps.Keys(v.Excluded)) {
 		fmt.Fprintf(w, "excluded: %s\t%d\n", r, v.Excluded[r])
@@ -124,7 +172,13 @@ func (a *app) printStatus(v worker.CampaignStatus) {
 	fmt.Fprintf(w, "sent (accepted)\t%d\n", v.Sent)
 	fmt.Fprintf(w, "  delivered / not delivered\t%d / %d\n", v.Delivered, v.Undelivered)
 	fmt.Fprintf(w, "failed\t%d\n", v.Failed)
+	for _, r := range slices.Sorted(maps.Keys(v.FailedByReason)) {
+		fmt.Fprintf(w, "  failed: %s\t%d\n", r, v.FailedByReason[r])
+	}
 	fmt.Fprintf(w, "skipped\t%d\n", v.Skipped)
+	for _, r := range slices.Sorted(maps.Keys(v.SkippedByReason)) {
+		fmt.Fprintf(w, "  skipped: %s\t%d\n", r, v.SkippedByReason[r])
+	}
 	fmt.Fprintf(w, "unknown\t%d\n", v.Unknown)
 	fmt.Fprintf(w, "pending\t%d\n", v.Pending)
 	fmt.Fprintf(w, "dlq batches\t%d\n", v.DLQ)

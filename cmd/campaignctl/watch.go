@@ -39,7 +39,7 @@ func (a *app) watch(ctx context.Context, svc *services, id int64) error {
 		last = now
 		if v.Over() {
 			done()
-			a.printStatus(v)
+			a.printStatus(v, nil)
 			return nil
 		}
 		select {

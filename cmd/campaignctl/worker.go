@@ -17,6 +17,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/campaignctl/campaignctl/campaign"
+	"github.com/campaignctl/campaignctl/internal/state"
 	"github.com/campaignctl/campaignctl/metrics"
 	"github.com/campaignctl/campaignctl/providers/twilio"
 	"github.com/campaignctl/campaignctl/worker"
@@ -119,6 +120,7 @@ A worker sends the channels whose provider is configured:
 				log.Warn("this worker sends no commercial e-mail (its batches wait for a worker that can): set WEBHOOKS_PUBLIC_URL and UNSUBSCRIBE_SECRET to sign their one-click unsubscribe links")
 			}
 			host, _ := os.Hostname()
+			owner := fmt.Sprintf("%s:%d", host, os.Getpid())
 			h := worker.NewHandler(worker.Config{
 				Unsubscribe:       signer,
 				UnsubscribeMailto: a.getenv(unsubMailtoEnv),
@@ -128,7 +130,7 @@ A worker sends the channels whose provider is configured:
 				Fallback:          set.fallback,
 				ProviderRates:     set.rates,
 				Logger:            log,
-				Owner:             fmt.Sprintf("%s:%d", host, os.Getpid()),
+				Owner:             owner,
 				// A chunk's lease and an unanswered claim must outlive the slowest provider call.
 				LeaseTTL:      3 * o.timeout,
 				InFlightGrace: 3 * o.timeout,
@@ -143,6 +145,15 @@ A worker sends the channels whose provider is configured:
 				channels = append(channels, desc)
 			}
 			slices.Sort(channels)
+			info := state.WorkerInfo{Owner: owner, Providers: map[string]string{}, Commercial: map[string]bool{}}
+			for ch, p := range set.primary {
+				info.Providers[string(ch)] = p.Name()
+				info.Commercial[string(ch)] = !ch.Spec().Unsubscribe || signer != nil
+			}
+			beat, stopBeat := context.WithCancel(context.WithoutCancel(ctx))
+			beatDone := make(chan struct{})
+			go func() { defer close(beatDone); worker.Heartbeat(beat, svc.redis, info) }()
+			defer func() { stopBeat(); <-beatDone }()
 			log.Info("worker started", "concurrency", o.concurrency, "providers", strings.Join(channels, ", "), "pid", os.Getpid())
 			err = worker.Serve(ctx, svc.redis, h, worker.ServerConfig{Concurrency: o.concurrency, ShutdownTimeout: o.shutdown, Logger: log})
 			log.Info("worker stopped")

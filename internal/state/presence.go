@@ -1,0 +1,133 @@
+package state
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// WorkerKey is a worker process's heartbeat, "campaignctl:worker:<owner>" (a WorkerInfo in JSON, expiring
+// WorkerTTL after it was last written).
+func WorkerKey(owner string) string { return workerPrefix + owner }
+
+const workerPrefix = "campaignctl:worker:"
+
+// WaitingKey is the hash of what a campaign's batches wait on, as workers noted it: a reason each
+// (provider_auth, …) with a Waiting in JSON; the hash expires WaitingTTL after its last note.
+func WaitingKey(campaignID int64) string {
+	return "campaign:" + strconv.FormatInt(campaignID, 10) + ":waiting"
+}
+
+// WorkerTTL is how long a worker's heartbeat lasts unrenewed; a worker renews it every WorkerTTL/3.
+const WorkerTTL = 30 * time.Second
+
+// WaitingTTL is how long a waiting note lasts unrenewed: a batch that waits notes it again at each try.
+const WaitingTTL = 2 * time.Minute
+
+// WorkerInfo is what a worker publishes about itself.
+type WorkerInfo struct {
+	Owner string `json:"owner"`
+	// Providers maps each channel the worker sends to its provider ("sms": "twilio").
+	Providers map[string]string `json:"providers"`
+	// Commercial lists the channels whose commercial messages it may send (e-mail needs the unsubscribe
+	// link settings).
+	Commercial map[string]bool `json:"commercial"`
+	Started    time.Time       `json:"started"`
+}
+
+// PublishWorker writes w's heartbeat (WorkerTTL).
+func PublishWorker(ctx context.Context, rdb redis.UniversalClient, w WorkerInfo) error {
+	b, _ := json.Marshal(w)
+	return rdb.Set(ctx, WorkerKey(w.Owner), b, WorkerTTL).Err()
+}
+
+// RemoveWorker deletes w's heartbeat (a worker stopping).
+func RemoveWorker(ctx context.Context, rdb redis.UniversalClient, owner string) error {
+	return rdb.Del(ctx, WorkerKey(owner)).Err()
+}
+
+// Workers returns the workers whose heartbeat is alive.
+func Workers(ctx context.Context, rdb redis.UniversalClient) ([]WorkerInfo, error) {
+	var keys []string
+	iter := rdb.Scan(ctx, 0, workerPrefix+"*", 100).Iterator()
+	for iter.Next(ctx) {
+		keys = append(keys, iter.Val())
+	}
+	if err := iter.Err(); err != nil {
+		return nil, fmt.Errorf("workers: %w", err)
+	}
+	if len(keys) == 0 {
+		return nil, nil
+	}
+	vals, err := rdb.MGet(ctx, keys...).Result()
+	if err != nil {
+		return nil, fmt.Errorf("workers: %w", err)
+	}
+	var out []WorkerInfo
+	for _, v := range vals {
+		s, ok := v.(string)
+		if !ok {
+			continue
+		}
+		var w WorkerInfo
+		if json.Unmarshal([]byte(s), &w) == nil {
+			out = append(out, w)
+		}
+	}
+	return out, nil
+}
+
+// Waiting is what a campaign waits on.
+type Waiting struct {
+	Reason string     `json:"reason"`
+	Detail string     `json:"detail"`
+	Since  *time.Time `json:"since,omitempty"`
+	Until  *time.Time `json:"until,omitempty"`
+}
+
+// NoteWaiting records that a batch of campaign id waits on w.Reason; the first note of a reason keeps its
+// Since.
+func NoteWaiting(ctx context.Context, rdb redis.UniversalClient, id int64, w Waiting) error {
+	key := WaitingKey(id)
+	if old, err := rdb.HGet(ctx, key, w.Reason).Result(); err == nil {
+		var prev Waiting
+		if json.Unmarshal([]byte(old), &prev) == nil && prev.Since != nil {
+			w.Since = prev.Since
+		}
+	}
+	if w.Since == nil {
+		now := time.Now().UTC()
+		w.Since = &now
+	}
+	b, _ := json.Marshal(w)
+	pipe := rdb.TxPipeline()
+	pipe.HSet(ctx, key, w.Reason, b)
+	pipe.Expire(ctx, key, WaitingTTL)
+	_, err := pipe.Exec(ctx)
+	return err
+}
+
+// ClearWaiting removes the note of reason for campaign id (the batch got past it).
+func ClearWaiting(ctx context.Context, rdb redis.UniversalClient, id int64, reason string) error {
+	return rdb.HDel(ctx, WaitingKey(id), reason).Err()
+}
+
+// Waits returns the notes of campaign id by reason.
+func Waits(ctx context.Context, rdb redis.UniversalClient, id int64) (map[string]Waiting, error) {
+	m, err := rdb.HGetAll(ctx, WaitingKey(id)).Result()
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]Waiting{}
+	for k, v := range m {
+		var w Waiting
+		if json.Unmarshal([]byte(v), &w) == nil {
+			out[k] = w
+		}
+	}
+	return out, nil
+}

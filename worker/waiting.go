@@ -1,0 +1,160 @@
+package worker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/hibiken/asynq"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/campaignctl/campaignctl/campaign"
+	"github.com/campaignctl/campaignctl/internal/state"
+)
+
+// The reasons a campaign is not moving (CampaignStatus.Waiting.Reason).
+const (
+	WaitScheduled          = "scheduled"             // its --at is still ahead
+	WaitWindowClosed       = "window_closed"         // outside its --window
+	WaitPaused             = "paused"                // campaignctl pause
+	WaitProviderPaused     = "provider_paused"       // the provider asked every request to wait (Retry-After)
+	WaitProviderDown       = "provider_down"         // the provider fails (nearly) every request: only probes go
+	WaitProviderAuth       = "provider_auth"         // the provider refuses the account (credentials, sender)
+	WaitNoWorker           = "no_worker"             // no worker is running
+	WaitNoWorkerForChannel = "no_worker_for_channel" // no running worker sends the campaign's channel
+	WaitRedisLostData      = "redis_lost_data"       // its batches are gone from the queue: resume
+	WaitDLQ                = "dlq"                   // its remaining batches used up their retries
+)
+
+// Waiting is what a campaign waits on (CampaignStatus.Waiting).
+type Waiting = state.Waiting
+
+// waitingOf says why campaign c, with counts and dlq batches in the dead-letter queue, is not moving, or
+// nil when nothing holds it (it moves, or it is over). Each reason is read from where it lives: the
+// campaign (scheduled, paused, window), the workers' heartbeats (no worker, none for the channel), the
+// queue (batches gone, or all in the DLQ), the provider's shared pace and pause, and the notes workers
+// leave when a batch waits on the provider's account.
+func waitingOf(ctx context.Context, rdb redis.UniversalClient, c *campaign.Campaign, counts campaign.Counts, dlq int64, now time.Time) (*Waiting, error) {
+	over := c.State == campaign.StateCompleted || c.State == campaign.StateCancelled || c.State == campaign.StateFailed
+	if over || counts.Pending == 0 {
+		return nil, nil
+	}
+	id := c.ID
+	if c.StartAt != nil && c.StartAt.After(now) {
+		return &Waiting{Reason: WaitScheduled, Detail: fmt.Sprintf("starts at %s (launch --at)", c.StartAt.UTC().Format(time.RFC3339)), Until: utc(*c.StartAt)}, nil
+	}
+	if c.State == campaign.StatePaused {
+		return &Waiting{Reason: WaitPaused, Detail: fmt.Sprintf("paused; campaignctl resume %d goes on, campaignctl cancel %d ends it", id, id)}, nil
+	}
+	workers, err := state.Workers(ctx, rdb)
+	if err != nil {
+		return nil, err
+	}
+	if len(workers) == 0 {
+		return &Waiting{Reason: WaitNoWorker, Detail: "no worker is running: start campaignctl worker (or campaignctl workers)"}, nil
+	}
+	ch := c.Channel.Spec()
+	provider := ""
+	commercialOK := false
+	for _, w := range workers {
+		if p := w.Providers[string(c.Channel)]; p != "" {
+			if provider == "" {
+				provider = p
+			}
+			commercialOK = commercialOK || w.Commercial[string(c.Channel)]
+		}
+	}
+	if provider == "" {
+		return &Waiting{Reason: WaitNoWorkerForChannel, Detail: fmt.Sprintf("%d workers run, none sends %s: configure its provider on one (campaignctl worker --help)", len(workers), ch.Title)}, nil
+	}
+	if c.OneClickUnsubscribe() && !commercialOK {
+		return &Waiting{Reason: WaitNoWorkerForChannel, Detail: "no running worker can make the one-click unsubscribe links of a commercial e-mail: set WEBHOOKS_PUBLIC_URL and UNSUBSCRIBE_SECRET on the workers"}, nil
+	}
+	queued, err := queuedBatches(rdb, id)
+	if err != nil {
+		return nil, err
+	}
+	if queued == 0 && dlq == 0 {
+		return &Waiting{Reason: WaitRedisLostData, Detail: fmt.Sprintf("%d recipients pending and none of the campaign's batches is queued: Redis lost its data (restarted empty, flushed, failed over). Run campaignctl resume %d", counts.Pending, id)}, nil
+	}
+	if !c.Window.Open(now) {
+		next := c.Window.NextOpen(now)
+		return &Waiting{Reason: WaitWindowClosed, Detail: fmt.Sprintf("outside its send window %s; it goes on at %s", c.Window, next.Format(time.RFC3339)), Until: utc(next)}, nil
+	}
+	notes, err := state.Waits(ctx, rdb, id)
+	if err != nil {
+		return nil, err
+	}
+	if w, ok := notes[WaitProviderAuth]; ok {
+		return &w, nil
+	}
+	bucket := state.ProviderBucket(provider)
+	if down, _ := rdb.HGet(ctx, state.PaceKey(bucket), "down").Result(); down == "1" {
+		return &Waiting{Reason: WaitProviderDown, Detail: fmt.Sprintf("%s fails (nearly) every request: sends wait, one probe a second over every worker; nobody's retries are used", provider)}, nil
+	}
+	if pttl, err := rdb.PTTL(ctx, state.PauseKey(bucket)).Result(); err == nil && pttl > 0 {
+		return &Waiting{Reason: WaitProviderPaused, Detail: fmt.Sprintf("%s asked every request to wait (Retry-After)", provider), Until: utc(now.Add(pttl))}, nil
+	}
+	if queued == 0 {
+		return &Waiting{Reason: WaitDLQ, Detail: fmt.Sprintf("%d batches used up their retries and wait in the dead-letter queue: see campaignctl dlq list --campaign %d, fix the cause, then campaignctl dlq retry --campaign %d", dlq, id, id)}, nil
+	}
+	return nil, nil
+}
+
+func utc(t time.Time) *time.Time {
+	u := t.UTC()
+	return &u
+}
+
+
+// queuedBatches counts the campaign's batches waiting in the queue, running, scheduled or to retry.
+func queuedBatches(rdb redis.UniversalClient, campaignID int64) (int, error) {
+	insp := asynq.NewInspectorFromRedisClient(rdb)
+	const pageSize = 1000
+	n := 0
+	lists := []func(string, ...asynq.ListOption) ([]*asynq.TaskInfo, error){insp.ListPendingTasks, insp.ListActiveTasks, insp.ListScheduledTasks, insp.ListRetryTasks}
+	for _, list := range lists {
+		for page := 1; ; page++ {
+			tasks, err := list(Queue, asynq.Page(page), asynq.PageSize(pageSize))
+			if err != nil {
+				if errors.Is(err, asynq.ErrQueueNotFound) || strings.Contains(err.Error(), "does not exist") {
+					break
+				}
+				return 0, fmt.Errorf("read the queue: %w", err)
+			}
+			for _, t := range tasks {
+				if cid, _, ok := parseTaskID(t.ID); ok && cid == campaignID {
+					n++
+				}
+			}
+			if len(tasks) < pageSize {
+				break
+			}
+		}
+	}
+	return n, nil
+}
+
+// Heartbeat publishes info (what this worker sends) now and every state.WorkerTTL/3 until ctx ends, and
+// removes it then: campaignctl status reads the heartbeats to tell "no worker" and "no worker for the
+// channel" apart from a campaign that moves. A failed write is retried at the next beat.
+func Heartbeat(ctx context.Context, rdb redis.UniversalClient, info state.WorkerInfo) {
+	if info.Started.IsZero() {
+		info.Started = time.Now().UTC()
+	}
+	t := time.NewTicker(state.WorkerTTL / 3)
+	defer t.Stop()
+	for {
+		state.PublishWorker(ctx, rdb, info) //nolint:errcheck // retried at the next beat
+		select {
+		case <-ctx.Done():
+			rm, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
+			state.RemoveWorker(rm, rdb, info.Owner) //nolint:errcheck // it expires anyway
+			cancel()
+			return
+		case <-t.C:
+		}
+	}
+}

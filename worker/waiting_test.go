@@ -1,0 +1,126 @@
+package worker
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/hibiken/asynq"
+
+	"github.com/campaignctl/campaignctl/internal/state"
+	"github.com/campaignctl/campaignctl/providers"
+)
+
+// Each reason a campaign does not move is read by Status, in the situation that causes it, and the
+// campaign shows none once it moves again.
+func TestStatusSaysWhyACampaignWaits(t *testing.T) {
+	t.Parallel()
+	f := plan(t, 30)
+	ctx := context.Background()
+	exec := func(sql string, args ...any) {
+		t.Helper()
+		if _, err := f.db.Exec(ctx, sql, args...); err != nil {
+			t.Fatal(err)
+		}
+	}
+	expect := func(step, reason string) *Waiting {
+		t.Helper()
+		s, err := Status(ctx, StatusOptions{Store: f.store, Redis: f.rdb, CampaignID: f.id})
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := ""
+		if s.Waiting != nil {
+			got = s.Waiting.Reason
+			if s.Waiting.Detail == "" {
+				t.Errorf("%s: reason %s without a detail", step, got)
+			}
+		}
+		if got != reason {
+			t.Fatalf("%s: waiting %+v, want %q", step, s.Waiting, reason)
+		}
+		return s.Waiting
+	}
+	beat := func(providers map[string]string) {
+		t.Helper()
+		commercial := map[string]bool{}
+		for ch := range providers {
+			commercial[ch] = true
+		}
+		if err := state.PublishWorker(ctx, f.rdb, state.WorkerInfo{Owner: "w1", Providers: providers, Commercial: commercial}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	expect("no heartbeat", WaitNoWorker)
+	beat(map[string]string{"email": "sendgrid"})
+	expect("a worker for e-mail only", WaitNoWorkerForChannel)
+	beat(map[string]string{"sms": f.provider.Name()})
+	expect("no batch in the queue", WaitRedisLostData)
+
+	client := asynq.NewClientFromRedisClient(f.rdb)
+	defer client.Close()
+	if _, _, err := Enqueue(ctx, client, f.store, f.campaign(t), true); err != nil {
+		t.Fatal(err)
+	}
+	expect("queued, nothing in the way", "")
+
+	exec(`UPDATE campaigns SET start_at = now() + interval '1 hour' WHERE id = $1`, f.id)
+	if w := expect("--at ahead", WaitScheduled); w.Until == nil || time.Until(*w.Until) < 50*time.Minute {
+		t.Fatalf("scheduled until %v, want the start in an hour", w.Until)
+	}
+	exec(`UPDATE campaigns SET start_at = NULL WHERE id = $1`, f.id)
+
+	closed := time.Now().In(time.UTC).Add(2 * time.Hour)
+	exec(`UPDATE campaigns SET send_window = $2, window_zone = 'UTC' WHERE id = $1`, f.id,
+		closed.Format("15:04")+"-"+closed.Add(time.Hour).Format("15:04"))
+	if w := expect("outside --window", WaitWindowClosed); w.Until == nil || w.Until.Sub(closed) > time.Minute || closed.Sub(*w.Until) > time.Minute {
+		t.Fatalf("window closed until %v, want about %v", w.Until, closed)
+	}
+	exec(`UPDATE campaigns SET send_window = '' WHERE id = $1`, f.id)
+
+	// The provider refuses the account: the batch notes it, and a batch that gets through clears it.
+	f.provider.fail = func(int, providers.Message) error {
+		return &providers.Error{Provider: "twilio", Status: 401, Code: 20003, Message: "Authenticate", Class: providers.Permanent}
+	}
+	if err := f.h.RunBatch(ctx, f.id, 0); err == nil {
+		t.Fatal("bad credentials: want the batch kept for retry")
+	}
+	expect("bad credentials", WaitProviderAuth)
+	f.provider.fail = nil
+	if err := f.h.RunBatch(ctx, f.id, 0); err != nil {
+		t.Fatal(err)
+	}
+	expect("credentials fixed", "")
+
+	bucket := state.ProviderBucket(f.provider.Name())
+	f.rdb.HSet(ctx, state.PaceKey(bucket), "down", "1")
+	expect("provider down", WaitProviderDown)
+	f.rdb.HSet(ctx, state.PaceKey(bucket), "down", "0")
+	f.rdb.Set(ctx, state.PauseKey(bucket), "1", 5*time.Second)
+	if w := expect("provider paused", WaitProviderPaused); w.Until == nil {
+		t.Fatal("provider pause without its end")
+	}
+	f.rdb.Del(ctx, state.PauseKey(bucket))
+
+	insp := asynq.NewInspectorFromRedisClient(f.rdb)
+	defer insp.Close()
+	if _, err := insp.ArchiveAllPendingTasks(Queue); err != nil {
+		t.Fatal(err)
+	}
+	if w := expect("every batch in the DLQ", WaitDLQ); w.Detail == "" {
+		t.Fatal("no detail")
+	}
+	if _, err := Pause(ctx, PauseOptions{Store: f.store, Redis: f.rdb, CampaignID: f.id}); err != nil {
+		t.Fatal(err)
+	}
+	expect("paused", WaitPaused)
+
+	// Without Redis, the status is Postgres's, and says so.
+	s, err := Status(ctx, StatusOptions{Store: f.store, CampaignID: f.id})
+	if err != nil || !s.RedisUnavailable || s.Waiting != nil || s.Planned == 0 {
+		t.Fatalf("status without Redis: %+v %v", s, err)
+	}
+	if s.SkippedByReason["revoked"]+s.SkippedByReason["no_consent"] == 0 && s.Skipped > 0 {
+		t.Fatalf("skipped %d with reasons %v", s.Skipped, s.SkippedByReason)
+	}
+}
