@@ -121,7 +121,7 @@ func statusOf(ctx context.Context, store *campaign.Store, rdb redis.UniversalCli
 	s := CampaignStatus{ID: c.ID, Name: c.Name, Channel: c.Channel, State: c.State, Audience: c.Audience, Eligible: c.Eligible,
 		Excluded: c.Excluded, Counts: counts, Delivered: delivered, Undelivered: undelivered, DLQ: dlq,
 		CreatedAt: c.CreatedAt.UTC().Format("2006-01-02T15:04:05Z"),
-		StartAt: utcOrNil(c.StartAt), StartedAt: utcOrNil(c.StartedAt), FinishedAt: utcOrNil(c.FinishedAt),
+		StartAt:   utcOrNil(c.StartAt), StartedAt: utcOrNil(c.StartedAt), FinishedAt: utcOrNil(c.FinishedAt),
 		FailedByReason: failed, SkippedByReason: skipped}
 	if rdb != nil {
 		if s.Waiting, err = waitingOf(ctx, rdb, c, counts, dlq, time.Now()); err != nil {

@@ -108,7 +108,6 @@ func utc(t time.Time) *time.Time {
 	return &u
 }
 
-
 // queuedBatches counts the campaign's batches waiting in the queue, running, scheduled or to retry.
 func queuedBatches(rdb redis.UniversalClient, campaignID int64) (int, error) {
 	insp := asynq.NewInspectorFromRedisClient(rdb)
