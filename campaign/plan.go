@@ -70,6 +70,9 @@ type Spec struct {
 	MaxSegments int
 	// Rules is the content lint for commercial SMS (nil: no lint).
 	Rules *ContentRules
+	// UnsubscribeSample stands for the recipients' unsubscribe links in the sample message (the link's
+	// base with a placeholder token; UnsubscribeSample when empty): each real link is signed by the worker.
+	UnsubscribeSample string
 }
 
 // ContentRules is what a commercial SMS must carry under law 6563: the sender's identity and how to refuse

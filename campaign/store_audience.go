@@ -69,7 +69,10 @@ func (p *Planner) stageAudience(ctx context.Context, engineTx pgx.Tx, spec Spec,
 	if spec.OneClickUnsubscribe() {
 		keys = append(keys, "unsubscribe_url")
 	} else if slices.Contains(tmpl.Fields(), "unsubscribe_url") && !slices.Contains(cols, "unsubscribe_url") {
-		return fmt.Errorf("%w: the message template uses {{.unsubscribe_url}}, which only a commercial e-mail has (a transactional message carries no unsubscribe link); remove it, or launch without --transactional", ErrInvalid)
+		if spec.Channel.Spec().Unsubscribe {
+			return fmt.Errorf("%w: the message template uses {{.unsubscribe_url}}, which a transactional e-mail does not have (it carries no unsubscribe link); remove it, or launch without --transactional", ErrInvalid)
+		}
+		return fmt.Errorf("%w: the message template uses {{.unsubscribe_url}}, which only commercial e-mail has: a %s message carries no unsubscribe link (an SMS's opt-out is its RET line); remove it", ErrInvalid, spec.Channel.Spec().Title)
 	}
 	if err := tmpl.Check(keys); err != nil {
 		return err

@@ -23,6 +23,9 @@ func (p *Planner) sample(ctx context.Context, tx pgx.Tx, id int64, spec Spec, tm
 	}
 	if spec.OneClickUnsubscribe() {
 		r.UnsubscribeURL = UnsubscribeSample
+		if spec.UnsubscribeSample != "" {
+			r.UnsubscribeURL = spec.UnsubscribeSample
+		}
 	}
 	msg, err := tmpl.Render(r.TemplateData(spec.Channel, spec.Name))
 	if err != nil {

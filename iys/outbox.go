@@ -42,15 +42,23 @@ type PushOptions struct {
 type PushReport struct {
 	// Sent is the number of RETs sent to İYS in this run (in single requests or batches); Accepted,
 	// Already and Refused the results that came back in this run (of earlier batches too).
-	Sent, Accepted, Already, Refused int
+	Sent     int `json:"sent"`
+	Accepted int `json:"accepted"`
+	Already  int `json:"already"`
+	Refused  int `json:"refused"`
+	// RefusedCodes counts this run's refusals by İYS's code.
+	RefusedCodes map[string]int `json:"refused_codes"`
 	// Retrying is the number that failed with a transient error (429, 5xx, the network) and wait for
 	// their back-off; Awaiting those whose batch result is not in yet.
-	Retrying, Awaiting int
+	Retrying int `json:"retrying"`
+	Awaiting int `json:"awaiting"`
 	// OtherBrand is the number waiting for a brand other than the client's (pushed with that brand's
 	// IYS_BRAND_CODE).
-	OtherBrand int
+	OtherBrand int `json:"other_brand"`
 	// Overdue is the number still not registered two business days after the refusal.
-	Overdue int
+	Overdue int `json:"overdue"`
+	// Waiting is the number left waiting after the run (their back-off not over, or for another brand).
+	Waiting int `json:"waiting"`
 }
 
 // outboxRow is one RET to register.
@@ -82,7 +90,7 @@ func Push(ctx context.Context, pool *pgxpool.Pool, c *Client, opts PushOptions) 
 	if opts.Now == nil {
 		opts.Now = time.Now
 	}
-	var rep PushReport
+	rep := PushReport{RefusedCodes: map[string]int{}}
 	if err := pollResults(ctx, pool, c, opts.Now().Add(-opts.ResultAfter), &rep); err != nil {
 		return rep, err
 	}
@@ -111,7 +119,7 @@ func Push(ctx context.Context, pool *pgxpool.Pool, c *Client, opts PushOptions) 
 	if err != nil {
 		return rep, err
 	}
-	rep.Awaiting, rep.Overdue = sum.States[OutboxSent], sum.Overdue
+	rep.Awaiting, rep.Overdue, rep.Waiting = sum.States[OutboxSent], sum.Overdue, sum.States[OutboxWaiting]
 	rep.OtherBrand = 0
 	for brand, n := range sum.WaitingByBrand {
 		if brand != "" && brand != c.BrandCode() {
@@ -177,6 +185,7 @@ func sendDue(ctx context.Context, pool *pgxpool.Pool, c *Client, opts PushOption
 				continue
 			default:
 				rep.Refused++
+				rep.RefusedCodes[code]++
 				err = finish(ctx, pool, o.id, OutboxRefused, "", code, err.Error())
 			}
 			if err != nil {
@@ -267,6 +276,7 @@ func pollResults(ctx context.Context, pool *pgxpool.Pool, c *Client, sentBefore 
 				err = finishItem(ctx, pool, id, it.Index, OutboxAlready, "", code, it.Err.Error())
 			case it.Status == "failure":
 				rep.Refused++
+				rep.RefusedCodes[code]++
 				msg := "refused"
 				if it.Err != nil {
 					msg = it.Err.Error()

@@ -125,7 +125,7 @@ func (c *Client) backoff(ctx context.Context, op string, attempt, status int, re
 		}
 		wait = c.cfg.MaxRetryWait
 	}
-	args := []any{"op", op, "attempt", attempt + 1, "wait", wait}
+	args := []any{"op", op, "attempt", attempt + 1, "wait", wait.String()}
 	if netErr != nil {
 		args = append(args, "err", netErr.Error())
 	} else {

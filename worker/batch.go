@@ -136,8 +136,9 @@ func (h *Handler) RunBatch(ctx context.Context, campaignID int64, batch int) err
 		chunkSize = batcher.MaxBatch()
 	}
 	if run.provider != nil && !run.answerInNextClaim {
-		// Under a cap, a chunk takes about a second's worth of the cap at most, so progress (written per
-		// chunk) moves at least about once a second even when the cap is low.
+		// Under a cap, a chunk takes about a second's worth of the cap at most (one recipient under 2/s),
+		// so progress (written per chunk) moves about once a second, and a consent read with the chunk's
+		// lease is at most about a second old when its message goes, even when the cap is low.
 		rate := h.cfg.ProviderRates[run.provider.Name()]
 		if c.Rate > 0 && (rate <= 0 || c.Rate < rate) {
 			rate = c.Rate
@@ -145,7 +146,7 @@ func (h *Handler) RunBatch(ctx context.Context, campaignID int64, batch int) err
 		if rate > 0 {
 			// Requests of many too: a chunk leased with its consents must not wait a long time for its
 			// tokens (a RET recorded meanwhile would not be seen).
-			chunkSize = min(chunkSize, max(5, int(rate)))
+			chunkSize = min(chunkSize, max(1, int(rate)))
 		}
 	}
 	var stop error

@@ -721,3 +721,25 @@ func TestAnswerIsInTheClaimBeforeTheNextSend(t *testing.T) {
 		})
 	}
 }
+
+// Under a low --rate a chunk is a second's worth of it: a RET recorded while the campaign sends blocks a
+// recipient whose message is more than about a second away, however low the rate.
+func TestLowRateRETTakesEffectWithinASecond(t *testing.T) {
+	t.Parallel()
+	f := planWith(t, 8, func(s *campaign.Spec) { s.Rate = 2 }) // eligible: u1, u2, u4, u7, u8
+	var once sync.Once
+	f.provider.before = func(providers.Message) {
+		once.Do(func() {
+			if _, err := f.db.Exec(context.Background(), `UPDATE iys_consents SET status = 'RET' WHERE recipient = $1`, phone(8)); err != nil {
+				t.Error(err)
+			}
+		})
+	}
+	f.runAll(t)
+	if n := len(f.provider.accepted[phone(8)]); n != 0 {
+		t.Fatalf("u8 refused while the campaign sent at 2/s, some 2 s before its turn, and got %d messages", n)
+	}
+	if st, reason, _ := f.status(t, "u8"); st != campaign.StatusSkipped || reason != campaign.ReasonRevoked {
+		t.Fatalf("u8: %s/%s, want skipped/revoked", st, reason)
+	}
+}

@@ -35,7 +35,8 @@ func TestStatusCountsEachCampaignsDLQ(t *testing.T) {
 		t.Fatalf("status of a: %+v, %v", s, err)
 	}
 	want := []string{"id", "name", "channel", "state", "audience", "eligible", "excluded", "planned", "pending", "sent",
-		"failed", "skipped", "unknown", "delivered", "undelivered", "dlq", "created_at"}
+		"failed", "skipped", "unknown", "delivered", "undelivered", "dlq", "created_at", "started_at", "failed_by_reason", "skipped_by_reason",
+		"waiting", "reason", "detail"} // no worker runs: waiting says so (no since or until)
 	if keys := jsonKeys(t, s); !reflect.DeepEqual(keys, want) {
 		t.Fatalf("status --json keys %v, want %v", keys, want)
 	}

@@ -224,7 +224,7 @@ func TestCommercialEmailLaunchNeedsUnsubscribeLinks(t *testing.T) {
 	}
 	// A transactional message cannot show a link it has not.
 	bad := []string{"launch", "--name", "m", "--channel", "email", "--audience", audience, "--subject", "Merhaba", "--message", "Çık: {{.unsubscribe_url}}", "--transactional", "--dry-run"}
-	if _, stderr, code := cli(t, env, bad...); code != 2 || !strings.Contains(stderr, "only a commercial e-mail has") {
+	if _, stderr, code := cli(t, env, bad...); code != 2 || !strings.Contains(stderr, "a transactional e-mail does not have") {
 		t.Fatalf("a transactional template with {{.unsubscribe_url}}: exit %d, %s", code, stderr)
 	}
 }

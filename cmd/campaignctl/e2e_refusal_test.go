@@ -297,7 +297,7 @@ func TestRefusalsThroughTheMessagesCloseTheLoop(t *testing.T) {
 		t.Fatalf("iys outbox before push (4 waiting, addresses masked): %v %s", err, out)
 	}
 	for range 2 {
-		if out := e.mustRun("iys", "push"); !strings.Contains(out, "sent") {
+		if out := e.mustRun("iys", "push"); !strings.Contains(out, "tried") {
 			t.Fatalf("iys push: %s", out)
 		}
 	}

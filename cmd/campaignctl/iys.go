@@ -133,6 +133,12 @@ func (a *app) newIYSCheckCmd() *cobra.Command {
 			view := iysCheckView{Recipient: canon, Type: typ, RecipientType: recipientType}
 			brand := a.getenv("IYS_BRAND_CODE")
 			c, err := iys.LookupBrand(ctx, pool, brand, canon, typ, recipientType)
+			if errors.Is(err, iys.ErrNoConsent) && brand != "" {
+				// Consents imported without a brand are this brand's too until a sync records it.
+				if c, err = iys.LookupBrand(ctx, pool, "", canon, typ, recipientType); err == nil {
+					brand = ""
+				}
+			}
 			switch {
 			case err == nil:
 				view.Local = &c
@@ -172,7 +178,11 @@ func (a *app) newIYSCheckCmd() *cobra.Command {
 				fmt.Fprintf(a.stdout, "  İYS:   %s\n", view.IYSError)
 			}
 			for _, h := range view.History {
-				fmt.Fprintf(a.stdout, "  %s  %s %s via %s (%s)\n", h.RecordedAt.Format(time.RFC3339), h.Status, h.Source, h.Origin, h.TransactionID)
+				txn := ""
+				if h.TransactionID != "" {
+					txn = " (" + h.TransactionID + ")"
+				}
+				fmt.Fprintf(a.stdout, "  %s  %s %s via %s%s\n", h.RecordedAt.Format(time.RFC3339), h.Status, h.Source, h.Origin, txn)
 			}
 			return nil
 		},

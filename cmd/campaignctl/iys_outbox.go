@@ -59,11 +59,32 @@ in campaignctl status, and in the worker metric campaignctl_iys_outbox_overdue).
 			if err != nil {
 				return fmt.Errorf("%w (what was answered before the error is recorded; run it again to go on)", err)
 			}
-			if asJSON {
-				return json.NewEncoder(a.stdout).Encode(rep)
+			if wait > 0 && wait < resultAfter && rep.Awaiting > 0 {
+				log.Warn("--wait is shorter than --result-after: the batches' results are asked for from --result-after on; a later run collects them", "wait", wait.String(), "result_after", resultAfter.String())
 			}
-			fmt.Fprintf(a.stdout, "sent %d RETs to İYS; accepted %d, already RET %d, refused %d; %d to retry later, %d awaiting İYS's result; %d overdue\n",
-				rep.Sent, rep.Accepted, rep.Already, rep.Refused, rep.Retrying, rep.Awaiting, rep.Overdue)
+			if asJSON {
+				if err := json.NewEncoder(a.stdout).Encode(rep); err != nil {
+					return err
+				}
+			} else {
+				fmt.Fprintf(a.stdout, "tried %d RETs: accepted by İYS %d, already RET there %d, refused %d; %d could not reach İYS (retried by a later run), %d awaiting İYS's batch result, %d still waiting; %d overdue\n",
+					rep.Sent, rep.Accepted, rep.Already, rep.Refused, rep.Retrying, rep.Awaiting, rep.Waiting, rep.Overdue)
+			}
+			// A RET İYS refused for a reason other than never having had the consent (H175: nothing to
+			// withdraw there) must be registered by hand; one that could not reach İYS is a failure of
+			// this run, for cron to see.
+			hand := 0
+			for code, n := range rep.RefusedCodes {
+				if code != "H175" {
+					hand += n
+				}
+			}
+			switch {
+			case hand > 0:
+				return fmt.Errorf("İYS refused %d RETs (%v): register them by hand in İYS; campaignctl iys outbox --state refused lists them with İYS's message", hand, rep.RefusedCodes)
+			case rep.Retrying > 0:
+				return fmt.Errorf("%d RETs could not reach İYS (429, 5xx or no answer): a later run retries them with back-off; see campaignctl iys outbox --state waiting", rep.Retrying)
+			}
 			return nil
 		},
 	}
@@ -142,7 +163,7 @@ func (a *app) newIYSOutboxCmd() *cobra.Command {
 				if it.Overdue {
 					result = "OVERDUE " + result
 				}
-				fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t%d\t%s\n", it.ID, it.State, it.Recipient, it.Type, it.RefusedAt.In(iys.Istanbul()).Format("2006-01-02 15:04"), it.Via, it.Attempts, result)
+				fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t%d\t%s\n", it.ID, it.State, it.Recipient, it.Type, it.RefusedAt.In(iys.Istanbul()).Format("2006-01-02 15:04 MST"), it.Via, it.Attempts, result)
 			}
 			return tw.Flush()
 		},

@@ -19,6 +19,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/campaignctl/campaignctl/campaign"
+	"github.com/campaignctl/campaignctl/internal/unsubscribe"
 	"github.com/campaignctl/campaignctl/worker"
 )
 
@@ -174,6 +175,7 @@ func (a *app) launch(ctx context.Context, o launchOptions) error {
 		if signer == nil {
 			return errNoUnsubscribe()
 		}
+		spec.UnsubscribeSample = strings.TrimSuffix(a.getenv(publicURLEnv), "/") + unsubscribe.Path + "…"
 	}
 	planner := &campaign.Planner{Engine: engine, Audience: audience, Log: a.logger()}
 	lo := worker.LaunchOptions{Planner: planner, Spec: spec}

@@ -164,7 +164,7 @@ func (a *app) newSandboxCmd() *cobra.Command {
                                         (any alphanumeric pair when unset); signed status callbacks to the
                                         StatusCallback URL of each message (TWILIO_STATUS_CALLBACK on workers);
                                         an answer to an SMS, signed with TWILIO_AUTH_TOKEN, to --twilio-inbound-url
-                                        with POST /_sandbox/twilio/inbound {"from":"+905321234567","body":"RET"}
+                                        with POST /_sandbox/twilio/inbound {"from":"+905321234567","to":"+905550000000","body":"RET"}
   sms    NETGSM_BASE_URL=http://ADDR    Netgsm's REST v2 send (the SMS failover); credentials NETGSM_USERCODE and
                                         NETGSM_PASSWORD (any pair when unset)
   email  SENDGRID_BASE_URL=http://ADDR  SendGrid v3 Mail Send; key SENDGRID_API_KEY (any when unset); signed

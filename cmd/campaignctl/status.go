@@ -100,6 +100,9 @@ func (a *app) status(ctx context.Context, o statusOptions) error {
 		if err != nil {
 			return err
 		}
+		if overdue := a.refusalsOverdue(ctx, svc); overdue > 0 && !o.json {
+			defer fmt.Fprintf(a.stdout, "İYS: %d refusals not registered two business days after they came in (the law allows three): run campaignctl iys push\n", overdue)
+		}
 		return a.printStatusList(list, o.json)
 	case o.watch:
 		return a.watch(ctx, svc, o.id)

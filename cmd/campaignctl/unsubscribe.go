@@ -89,12 +89,9 @@ func (s *refusalSink) record(ctx context.Context, rs []iys.Refusal) error {
 	if err != nil {
 		return err
 	}
-	for _, r := range rs {
-		s.log.Info("refusal recorded", "via", r.Via, "kind", r.Kind, "type", r.Type, "address", providers.MaskAddress(r.Recipient), "campaign_id", r.CampaignID)
-	}
-	if rep.Recorded > 0 {
-		s.log.Info("refusals made local RETs", "recorded", rep.Recorded, "repeats", rep.Repeats, "consents_revoked", rep.Revoked, "queued_for_iys", rep.Outboxed)
-	}
+	// The receipts handlers log each refusal as it arrives (the one-click links, below): this says what it
+	// changed, repeats included.
+	s.log.Info("refusals made local RETs", "recorded", rep.Recorded, "repeats", rep.Repeats, "consents_revoked", rep.Revoked, "queued_for_iys", rep.Outboxed)
 	return nil
 }
 
@@ -153,7 +150,8 @@ func unsubscribeHandler(signer *unsubscribe.Signer, store *campaign.Store, sink 
 		token := strings.TrimPrefix(r.URL.Path, unsubscribe.Path)
 		id, user, err := signer.Check(token)
 		if err != nil {
-			log.Warn("unsubscribe link refused", "reason", "bad_signature", "remote", r.RemoteAddr)
+			log.Warn("unsubscribe link refused", "reason", "bad_signature", "remote", r.RemoteAddr,
+				"hint", "a forged or damaged link; if every link is refused, UNSUBSCRIBE_SECRET here differs from the workers'")
 			page(w, http.StatusForbidden, unsubBad)
 			return
 		}
@@ -189,6 +187,7 @@ func unsubscribeHandler(signer *unsubscribe.Signer, store *campaign.Store, sink 
 		if r.PostForm.Get("via") == "page" {
 			from = "the button of the unsubscribe page"
 		}
+		log.Info("refusal received", "via", iys.ViaOneClick, "type", ch.Spec().IYSType, "address", providers.MaskAddress(addr), "campaign_id", id)
 		err = sink.record(r.Context(), []iys.Refusal{{Via: iys.ViaOneClick, EventID: fmt.Sprintf("%d:%s", id, user), Kind: iys.ViaOneClick,
 			Recipient: addr, Type: ch.Spec().IYSType, CampaignID: id, UserID: user, At: time.Now(),
 			Evidence: fmt.Sprintf("unsubscribe link of campaign %d, user %s, through %s", id, user, from)}})

@@ -71,7 +71,7 @@ func (s *Signer) Check(token string) (int64, string, error) {
 	if !ok {
 		return 0, "", ErrBadLink
 	}
-	enc := base64.RawURLEncoding
+	enc := base64.RawURLEncoding.Strict() // one spelling per token: unused bits must be zero
 	raw, err1 := enc.DecodeString(payload)
 	mac, err2 := enc.DecodeString(sig)
 	if err1 != nil || err2 != nil {

@@ -153,7 +153,7 @@ func (s *Server) twilioInboundForm(in TwilioInbound) (url.Values, error) {
 	case !isE164(in.From):
 		return nil, fmt.Errorf("%w: from %q is not an E.164 number such as +905321234567", errInvalid, in.From)
 	case in.To == "" && to == "":
-		return nil, fmt.Errorf("%w: no \"to\": give the number answered, no SMS from a number was sent to %s", errInvalid, providers.MaskAddress(in.From))
+		return nil, fmt.Errorf("%w: no \"to\" given, and the sandbox sent no SMS to %s to take it from: give \"to\", the number the reply goes to (TWILIO_FROM)", errInvalid, providers.MaskAddress(in.From))
 	case !isE164(to):
 		return nil, fmt.Errorf("%w: to %q is not an E.164 number", errInvalid, to)
 	case utf8.RuneCountInString(in.Body) > twilioMaxBody:

@@ -1,0 +1,39 @@
+package main
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/campaignctl/campaignctl/iys"
+)
+
+// A push that could not reach İYS is a failure of the run (exit 1, saying what happens next), not a
+// success that left everything waiting.
+func TestIYSPushFailsWhenIYSIsUnreachable(t *testing.T) {
+	t.Parallel()
+	env, _ := badInputDB(t)
+	db, err := pgxpool.New(context.Background(), env["DATABASE_URL"])
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	if _, err := iys.RecordRefusals(context.Background(), db, "", []iys.Refusal{{Via: iys.ViaTwilioInbound, EventID: "SM1", Kind: "inbound",
+		Recipient: "+905321000001", Type: "MESAJ", Evidence: "test", At: time.Now()}}); err != nil {
+		t.Fatal(err)
+	}
+	for k, v := range map[string]string{"IYS_BASE_URL": "http://127.0.0.1:1", "IYS_USERNAME": "u", "IYS_PASSWORD": "s3cret-pw", "IYS_CODE": "123456", "IYS_BRAND_CODE": "654321"} {
+		env[k] = v
+	}
+	out, stderr, code := cli(t, env, "iys", "push")
+	if code != 1 || !strings.Contains(stderr, "could not reach İYS") || !strings.Contains(out, "1 could not reach") || strings.Contains(out+stderr, "s3cret-pw") {
+		t.Fatalf("iys push with İYS unreachable: exit %d\n%s\n%s", code, out, stderr)
+	}
+	out, _, code = cli(t, env, "iys", "outbox", "--json")
+	if code != 0 || !strings.Contains(out, `"waiting":1`) {
+		t.Fatalf("outbox after a failed push: exit %d %s; want the RET still waiting", code, out)
+	}
+}
