@@ -94,7 +94,9 @@ send_scenario() {
     WEBHOOKS_PUBLIC_URL=https://hooks.example.com UNSUBSCRIBE_SECRET=bench-unsubscribe-secret-0123456789)
   local args=(launch --name "$name-$(date +%H%M%S)" --channel "$channel" --audience "$work/$name.sql" --code-pool send --yes --json)
   if [ "$channel" = sms ]; then
-    args+=(--message "${SEND_MESSAGE:-Merhaba {{.first_name}}, kodunuz {{.code}} - Kampanya A.Ş. RET yazıp 3338e gönderin}")
+    # The default in a variable: a "}" of the template inside ${SEND_MESSAGE:-...} would end the expansion.
+    local msg='Merhaba {{.first_name}}, kodunuz {{.code}} - Kampanya A.Ş. RET yazıp 3338e gönderin'
+    args+=(--message "${SEND_MESSAGE:-$msg}")
   else
     printf '<p>Merhaba {{.first_name}},</p><p>Kodunuz: <b>{{.code}}</b></p>' >"$work/$name.html"
     args+=(--subject '{{.first_name}}, size özel bir kod' --message 'Merhaba {{.first_name}}, kodunuz {{.code}}' --html "$work/$name.html")
