@@ -259,7 +259,10 @@ run_send_scenarios() {
   local off_rate=$((off_lat + LAT_N)) rn=$((RATE_R * RATE_SECS))
   if want rate; then
   say "SMS at a cap of $RATE_R/s over 3 workers: $rn recipients"
-  if SEND_HISTOGRAM=1 send_scenario rate sms "$off_rate" "$rn" 3 "$SEND_CONC" "$RATE_R"; then
+  # One GSM-7 segment a message: the cap is R messages a second for the campaign and R segments for
+  # Twilio (TWILIO_RATE counts segments), the same number only when each message is one segment.
+  if SEND_HISTOGRAM=1 SEND_MESSAGE='Merhaba {{.first_name}}, kodunuz {{.code}} - Kampanya AS. RET yazip 3338e gonderin' \
+    send_scenario rate sms "$off_rate" "$rn" 3 "$SEND_CONC" "$RATE_R"; then
     # Whole seconds only: the first and last are partial.
     local max mean
     read -r max mean < <(sed '1d;$d' "$work/rate.seconds" |
