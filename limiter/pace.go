@@ -161,10 +161,10 @@ func (p *Pace) refresh(ctx context.Context, force bool) error {
 	p.mu.Lock()
 	now := p.b.now()
 	since := now.Sub(p.flushed)
-	// Answers mostly refused go at once (at most every PaceFlush/8): every process must learn of a
+	// Answers mostly refused go at once (at most every PaceFlush/16): every process must learn of a
 	// provider's limit before it spends more requests on it.
 	refused := p.counts[Throttled] + p.counts[ThrottledFor] + p.counts[Failed]
-	urgent := refused >= paceUrgent && refused*4 > refused+p.counts[Taken] && since >= PaceFlush/8
+	urgent := refused >= paceUrgent && refused*4 > refused+p.counts[Taken] && since >= PaceFlush/16
 	if !force && !urgent && since < PaceFlush {
 		p.mu.Unlock()
 		return nil
@@ -225,7 +225,7 @@ func inForce(pace, cap float64) float64 {
 }
 
 // The pace's rules. A window of answers (over all workers) is judged when it is a second old, or early,
-// from a quarter of PaceFlush on, when it already shows the provider refusing a large share.
+// from an eighth of PaceFlush on, when it already shows the provider refusing a large share.
 const (
 	paceJudgeAt   = 20   // requests a window needs before its share of rejections is judged
 	paceThrottled = 0.03 // more 429s than this share: the pace lowers
@@ -286,7 +286,7 @@ local total = ok + thr + thrh + fail
 local elapsed = now - start
 local rejected = thr + thrh + fail
 local due = elapsed >= 1000
-if not due and elapsed >= flush / 4 and total >= judgeAt and rejected > total * early then due = true end
+if not due and elapsed >= flush / 8 and total >= judgeAt and rejected > total * early then due = true end
 if down and ok > 0 then
   -- A request taken: the provider is back.
   down = false

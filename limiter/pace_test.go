@@ -310,7 +310,7 @@ func TestPaceFirstMeasurePausesToTheEndOfTheSpentSecond(t *testing.T) {
 	}
 }
 
-// A process whose answers are mostly refused sends them to the shared pace at once (from an eighth of
+// A process whose answers are mostly refused sends them to the shared pace at once (from a sixteenth of
 // PaceFlush on), not at its next regular flush: the other workers learn of the limit sooner.
 func TestPaceRefusedAnswersAreSharedAtOnce(t *testing.T) {
 	t.Parallel()
