@@ -259,9 +259,9 @@ run_send_scenarios() {
   local off_rate=$((off_lat + LAT_N)) rn=$((RATE_R * RATE_SECS))
   if want rate; then
   say "SMS at a cap of $RATE_R/s over 3 workers: $rn recipients"
-  # One GSM-7 segment a message: the cap is R messages a second for the campaign and R segments for
-  # Twilio (TWILIO_RATE counts segments), the same number only when each message is one segment.
-  if SEND_HISTOGRAM=1 SEND_MESSAGE='Merhaba {{.first_name}}, kodunuz {{.code}} - Kampanya AS. RET yazip 3338e gonderin' \
+  # One segment a message (UCS-2, under 70 characters): the cap is R messages a second for the campaign
+  # and R segments for Twilio (TWILIO_RATE counts segments), the same only when each message is one.
+  if SEND_HISTOGRAM=1 SEND_MESSAGE='Kampanya A.Ş.: {{.first_name}}, kodunuz {{.code}}. RET yazıp 3338e gönderin' \
     send_scenario rate sms "$off_rate" "$rn" 3 "$SEND_CONC" "$RATE_R"; then
     # Whole seconds only: the first and last are partial.
     local max mean
