@@ -3,6 +3,8 @@ package main
 import (
 	"context"
 	"fmt"
+	"math"
+	"sync/atomic"
 	"time"
 
 	"github.com/vbauerster/mpb/v8"
@@ -11,8 +13,51 @@ import (
 	"github.com/campaignctl/campaignctl/worker"
 )
 
+// rateWindow is how far back the rate a watch shows looks: the acceptances of the last few seconds, so
+// the figure follows a rate that changes (a pace lowered, a window closing) and starts from the truth.
+const rateWindow = 5 * time.Second
+
+// acceptRate follows a campaign's acceptances (sent) over the last rateWindow.
+type acceptRate struct {
+	samples []rateSample
+}
+
+type rateSample struct {
+	at   time.Time
+	sent int64
+}
+
+// add records the count at t and returns the rate over the samples of the last rateWindow (0 until two
+// samples span some time).
+func (r *acceptRate) add(t time.Time, sent int64) float64 {
+	r.samples = append(r.samples, rateSample{t, sent})
+	for len(r.samples) > 2 && t.Sub(r.samples[1].at) >= rateWindow {
+		r.samples = r.samples[1:]
+	}
+	first := r.samples[0]
+	dt := t.Sub(first.at).Seconds()
+	if dt <= 0 {
+		return 0
+	}
+	return float64(sent-first.sent) / dt
+}
+
+// eta is the time left at rate for pending recipients ("" when it cannot be told).
+func eta(pending int64, rate float64) string {
+	switch {
+	case pending == 0:
+		return "0s"
+	case rate <= 0:
+		return "?"
+	}
+	d := time.Duration(math.Ceil(float64(pending)/rate)) * time.Second
+	return d.String()
+}
+
 // watch follows a campaign until it is no longer running: live bars on a terminal, one progress line
-// every few seconds otherwise. It ends by itself when the campaign completes, is cancelled or fails.
+// every few seconds otherwise, with the rate of the last few seconds' acceptances and the ETA at it. It
+// ends by itself when the campaign completes, is cancelled or fails; Ctrl-C (or SIGTERM) only stops the
+// watching: the campaign keeps sending, and the way back is printed.
 func (a *app) watch(ctx context.Context, svc *services, id int64) error {
 	opts := worker.StatusOptions{Store: svc.store, Redis: svc.redis, CampaignID: id}
 	v, err := worker.Status(ctx, opts)
@@ -20,23 +65,25 @@ func (a *app) watch(ctx context.Context, svc *services, id int64) error {
 		return err
 	}
 	interval := 2 * time.Second
-	var update func(v worker.CampaignStatus, dt time.Duration)
+	var rate acceptRate
+	var update func(v worker.CampaignStatus, perSec float64)
 	var done func()
 	if isTerminal(a.stderr) {
 		interval = 300 * time.Millisecond
 		update, done = a.bars(ctx, v.Planned)
 	} else {
-		update = func(v worker.CampaignStatus, _ time.Duration) {
-			fmt.Fprintf(a.stderr, "campaign %d %s: planned %d sent %d failed %d skipped %d unknown %d pending %d\n",
-				v.ID, v.State, v.Planned, v.Sent, v.Failed, v.Skipped, v.Unknown, v.Pending)
+		update = func(v worker.CampaignStatus, perSec float64) {
+			line := fmt.Sprintf("campaign %d %s: planned %d sent %d failed %d skipped %d unknown %d pending %d; %.0f msg/s, ETA %s",
+				v.ID, v.State, v.Planned, v.Sent, v.Failed, v.Skipped, v.Unknown, v.Pending, perSec, eta(v.Pending, perSec))
+			if v.Waiting != nil {
+				line += "; waiting: " + v.Waiting.Reason
+			}
+			fmt.Fprintln(a.stderr, line)
 		}
 		done = func() {}
 	}
-	last := time.Now()
 	for {
-		now := time.Now()
-		update(v, now.Sub(last))
-		last = now
+		update(v, rate.add(time.Now(), v.Sent))
 		if v.Over() {
 			done()
 			a.printStatus(v, nil)
@@ -45,33 +92,51 @@ func (a *app) watch(ctx context.Context, svc *services, id int64) error {
 		select {
 		case <-ctx.Done():
 			done()
-			return ctx.Err()
+			return a.detach(id)
 		case <-time.After(interval):
 		}
 		if v, err = worker.Status(ctx, opts); err != nil {
 			done()
+			if ctx.Err() != nil {
+				return a.detach(id)
+			}
 			return err
 		}
 	}
 }
 
-// bars draws one bar for progress (with rate and ETA) and one per outcome.
-func (a *app) bars(ctx context.Context, planned int64) (func(worker.CampaignStatus, time.Duration), func()) {
-	p := mpb.NewWithContext(ctx, mpb.WithOutput(a.stderr), mpb.WithWidth(50), mpb.WithRefreshRate(150*time.Millisecond))
+// detach ends a watch stopped by the user: the campaign goes on without it.
+func (a *app) detach(id int64) error {
+	fmt.Fprintf(a.stderr, "\nstopped watching; campaign %d keeps sending.\n  watch again: campaignctl status %d --watch\n  pause:       campaignctl pause %d\n  cancel:      campaignctl cancel %d\n", id, id, id, id)
+	return nil
+}
+
+// bars draws one bar for progress (with the rate of the last few seconds' acceptances and the ETA at it)
+// and one per outcome.
+func (a *app) bars(ctx context.Context, planned int64) (func(worker.CampaignStatus, float64), func()) {
+	// Its own context: the bars are taken down by done, after the last figures, not by a Ctrl-C.
+	p := mpb.NewWithContext(context.WithoutCancel(ctx), mpb.WithOutput(a.stderr), mpb.WithWidth(50), mpb.WithRefreshRate(150*time.Millisecond))
 	total := max(planned, 1)
 	bar := func(name string, extra ...decor.Decorator) *mpb.Bar {
 		return p.AddBar(total,
 			mpb.PrependDecorators(decor.Name(name, decor.WC{C: decor.DindentRight | decor.DextraSpace, W: 9}), decor.CountersNoUnit("%d / %d", decor.WCSyncWidth)),
 			mpb.AppendDecorators(extra...))
 	}
+	var speed atomic.Value // read by the bars' goroutine
+	speed.Store("")
 	progress := bar("done", decor.Percentage(decor.WCSyncSpace), decor.Name("  "),
-		decor.EwmaSpeed(nil, "%.0f msg/s", 30), decor.Name("  ETA "), decor.EwmaETA(decor.ET_STYLE_GO, 30))
+		decor.Any(func(decor.Statistics) string { return speed.Load().(string) }))
 	sent := bar("sent")
 	failed := bar("failed")
 	skipped := bar("skipped")
 	unknown := bar("unknown")
-	return func(v worker.CampaignStatus, dt time.Duration) {
-			progress.EwmaSetCurrent(v.Planned-v.Pending, dt)
+	return func(v worker.CampaignStatus, perSec float64) {
+			line := fmt.Sprintf("%.0f msg/s  ETA %s", perSec, eta(v.Pending, perSec))
+			if v.Waiting != nil {
+				line += "  waiting: " + v.Waiting.Reason
+			}
+			speed.Store(line)
+			progress.SetCurrent(v.Planned - v.Pending)
 			sent.SetCurrent(v.Sent)
 			failed.SetCurrent(v.Failed)
 			skipped.SetCurrent(v.Skipped)
