@@ -103,6 +103,10 @@ type Report struct {
 	SampleMessage      string           `json:"sample_message,omitempty"`
 	Encoding           string           `json:"encoding,omitempty"`
 	SegmentsPerMessage int              `json:"segments_per_message,omitempty"`
+	// SampleSubject is the first message's subject (e-mail, push title); SampleHTML its HTML part, kept out
+	// of the JSON report for its size (`launch --dry-run --preview-dir` writes it to a file).
+	SampleSubject string `json:"sample_subject,omitempty"`
+	SampleHTML    string `json:"-"`
 	// TotalSegments is the sum of every planned SMS's segments, each message rendered for its recipient:
 	// what the provider will bill and what its throughput is counted in.
 	TotalSegments int64 `json:"total_segments,omitempty"`

@@ -100,6 +100,11 @@ func (p *Planner) plan(ctx context.Context, spec Spec, tmpl *Template, rep *Repo
 	if err := p.insertRecipients(ctx, tx, id, spec, rep); err != nil {
 		return err
 	}
+	if !spec.DryRun {
+		if err := p.insertExclusions(ctx, tx, id); err != nil {
+			return err
+		}
+	}
 	t0 = time.Now()
 	if _, err := tx.Exec(ctx, `INSERT INTO campaign_batches (campaign_id, batch, size)
 		SELECT campaign_id, batch, count(*) FROM campaign_recipients WHERE campaign_id = $1 GROUP BY campaign_id, batch`, id); err != nil {

@@ -27,11 +27,12 @@ func (p *Planner) sample(ctx context.Context, tx pgx.Tx, id int64, spec Spec, tm
 			r.UnsubscribeURL = spec.UnsubscribeSample
 		}
 	}
-	msg, err := tmpl.Render(r.TemplateData(spec.Channel, spec.Name))
+	parts, err := tmpl.RenderParts(r.TemplateData(spec.Channel, spec.Name))
 	if err != nil {
 		return fmt.Errorf("%w: the message template fails for user %s: %v", ErrInvalid, r.UserID, err)
 	}
-	rep.SampleMessage = msg
+	msg := parts.Text
+	rep.SampleMessage, rep.SampleSubject, rep.SampleHTML = msg, parts.Subject, parts.HTML
 	if spec.Channel.Spec().Segmented {
 		rep.Encoding, rep.SegmentsPerMessage = providers.SMSSegments(msg)
 		if err := CheckSMSLength(msg, spec.MaxSegments); err != nil {

@@ -35,6 +35,8 @@ type launchOptions struct {
 	at, window, tz                                            string
 	frequencyCap                                              time.Duration
 	maxSegments                                               int
+	testTo, testUser                                          string // see testsend.go
+	previewDir                                                string // see preview.go
 }
 
 func (o *launchOptions) validate() error {
@@ -53,6 +55,12 @@ func (o *launchOptions) validate() error {
 	}
 	if _, err := campaign.ParseChannel(o.channel); err != nil {
 		return err
+	}
+	if o.testUser != "" && o.testTo == "" {
+		return usagef("--test-user picks the audience row of a test send: add --test-to ADDRESS")
+	}
+	if o.previewDir != "" && !o.dryRun {
+		return usagef("--preview-dir writes the preview of a dry run: add --dry-run")
 	}
 	return nil
 }
@@ -104,6 +112,9 @@ reserved from --code-pool before anything is queued. --dry-run shows the same re
 	f.BoolVar(&o.allowPrivilegedAudience, "allow-privileged-audience", false, "run the audience query as the audience connection's own role even if it may do more than read the audience (a superuser; recorded on the campaign)")
 	f.BoolVar(&o.segments, "count-segments", false, "render every message to report the total SMS segments (a dry run always does)")
 	f.IntVar(&o.maxSegments, "max-segments", campaign.DefaultMaxSegments, "refuse an SMS longer than this many segments (a dry run warns above 3)")
+	f.StringVar(&o.testTo, "test-to", "", "send one test message to this address only (placeholder code "+testCode+"; no campaign created, no code reserved)")
+	f.StringVar(&o.testUser, "test-user", "", "with --test-to: render for the audience row with this user_id (default: the first row)")
+	f.StringVar(&o.previewDir, "preview-dir", "", "with --dry-run of an e-mail: write the first message's HTML and text to DIR/preview.html and DIR/preview.txt")
 	return cmd
 }
 
@@ -178,6 +189,9 @@ func (a *app) launch(ctx context.Context, o launchOptions) error {
 		spec.UnsubscribeSample = strings.TrimSuffix(a.getenv(publicURLEnv), "/") + unsubscribe.Path + "…"
 	}
 	planner := &campaign.Planner{Engine: engine, Audience: audience, Log: a.logger()}
+	if o.testTo != "" {
+		return a.testSend(ctx, o, spec, planner)
+	}
 	lo := worker.LaunchOptions{Planner: planner, Spec: spec}
 	lo.Spec.DryRun = o.dryRun
 	var svc *services
@@ -206,6 +220,9 @@ func (a *app) launch(ctx context.Context, o launchOptions) error {
 	case o.dryRun:
 		if rep.Audience > 0 || err == nil {
 			a.printReport(rep, o.json)
+		}
+		if err == nil {
+			err = a.emailPreview(rep, o)
 		}
 		return err
 	case rep.DryRun:

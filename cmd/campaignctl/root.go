@@ -109,6 +109,7 @@ func (a *app) newRootCmd() *cobra.Command {
 		a.newLaunchCmd(),
 		a.newWorkerCmd(),
 		a.newStatusCmd(),
+		a.newReportCmd(),
 		a.newResumeCmd(),
 		a.newCancelCmd(),
 		a.newWebhooksCmd(),

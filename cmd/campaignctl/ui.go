@@ -26,7 +26,7 @@ func (a *app) newUICmd() *cobra.Command {
 	var readOnly bool
 	cmd := &cobra.Command{
 		Use:   "ui",
-		Short: "Serve the Asynq web UI (asynqmon) for the campaign queues",
+		Short: "Serve the Asynq web UI (asynqmon) for the campaign queues, and campaign pages at /campaigns",
 		Long: `Serve the Asynq web UI (asynqmon, built in: no Node.js, no npm) on the Redis of REDIS_URL/--redis-url:
 queues, pending, scheduled, retrying and archived (dead-letter) batches, workers and Redis itself. A campaign
 batch shows as "campaign 42, batch 7".
@@ -40,7 +40,12 @@ With credentials, every request (on loopback too) needs HTTP Basic auth. Without
 answers only to the host names localhost, 127.0.0.1 and ::1 (no DNS rebinding). Cross-site requests that
 change anything are refused in every mode.
 
---read-only hides the buttons and refuses every request that would change a queue or a task (405).
+/campaigns lists the campaigns (progress, outcomes, rate, ETA, what each waits on) from the engine database
+(DATABASE_URL, opened on the first visit); /campaigns/ID shows one, with its sends per second and its
+batches in the queue, and pause, resume and cancel buttons (the commands of the same names).
+
+--read-only hides the buttons and refuses every request that would change a queue or a task (405), or a
+campaign (403).
 --prometheus-addr turns on asynqmon's metrics view: the Prometheus server that scrapes the workers'
 --metrics-addr. The UI stops gracefully on SIGINT or SIGTERM.`,
 		Example: `  campaignctl ui                                   # http://127.0.0.1:8080/, this machine only
@@ -82,8 +87,8 @@ change anything are refused in every mode.
 			if err != nil {
 				return err
 			}
+			defer rdb.Close()
 			ropt := *rdb.Options()
-			rdb.Close()
 
 			mon := asynqmon.New(asynqmon.Options{
 				RootPath:          "/",
@@ -95,7 +100,14 @@ change anything are refused in every mode.
 			defer mon.Close()
 
 			log := a.logger()
-			var h http.Handler = http.NewCrossOriginProtection().Handler(mon)
+			// The campaign pages share the server, so the cross-origin check and the credentials below
+			// guard them as they guard asynqmon, which keeps every other path.
+			camp := &uiCampaigns{open: a.openEngine, redis: rdb, readOnly: readOnly, log: log}
+			defer camp.Close()
+			mux := http.NewServeMux()
+			mux.Handle("/", mon)
+			camp.register(mux)
+			var h http.Handler = http.NewCrossOriginProtection().Handler(mux)
 			if creds != nil {
 				h = creds.require(uiRealm, "this UI needs its user name and password", h, log)
 			} else {
@@ -129,7 +141,7 @@ change anything are refused in every mode.
 			if promURL != "" {
 				notes = append(notes, "metrics from "+redact(promURL))
 			}
-			line := fmt.Sprintf("Asynq web UI at http://%s/ (Redis %s)", ln.Addr(), ropt.Addr)
+			line := fmt.Sprintf("Asynq web UI at http://%s/ and campaigns at http://%s/campaigns (Redis %s)", ln.Addr(), ln.Addr(), ropt.Addr)
 			if len(notes) > 0 {
 				line += "; " + strings.Join(notes, ", ")
 			}

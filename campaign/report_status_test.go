@@ -1,0 +1,37 @@
+package campaign
+
+import (
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+)
+
+func TestParseReportStatuses(t *testing.T) {
+	for _, tt := range []struct {
+		in   string
+		want []string
+		bad  bool
+	}{
+		{"", nil, false},
+		{"sent", []string{"sent"}, false},
+		{" Failed, excluded ,failed", []string{"failed", "excluded"}, false},
+		{"sent,,pending", []string{"sent", "pending"}, false},
+		{"delivered", nil, true},
+	} {
+		got, err := ParseReportStatuses(tt.in)
+		if tt.bad {
+			if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "excluded") {
+				t.Errorf("%q: error %v, want ErrInvalid naming the valid statuses", tt.in, err)
+			}
+			continue
+		}
+		if err != nil {
+			t.Errorf("%q: %v", tt.in, err)
+		}
+		if diff := cmp.Diff(tt.want, got); diff != "" {
+			t.Errorf("%q (-want +got):\n%s", tt.in, diff)
+		}
+	}
+}

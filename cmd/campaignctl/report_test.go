@@ -1,0 +1,204 @@
+package main
+
+import (
+	"context"
+	"encoding/csv"
+	"encoding/json"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+)
+
+// reportEnv launches a small SMS campaign whose audience has three eligible customers (a, b, c) and
+// three excluded rows (a second row of a: duplicate_user; d without consent: no_consent; e with a
+// number that is none: invalid_address), then records a as sent and delivered and b as failed, as a
+// worker would. It returns the environment, the campaign's ID and a counter over the engine database.
+func reportEnv(t *testing.T) (map[string]string, string, func(string) int64) {
+	t.Helper()
+	env, count := badInputDB(t)
+	ctx := context.Background()
+	db := mustConnect(t, env["DATABASE_URL"])
+	for _, sql := range []string{
+		`INSERT INTO customers VALUES ('a', '+905321000009', 'Zeki'), ('d', '+905321000004', 'Dora'), ('e', 'not-a-phone', 'Eda')`,
+	} {
+		if _, err := db.Exec(ctx, sql); err != nil {
+			t.Fatal(err)
+		}
+	}
+	audience := writeFile(t, "a.sql", "SELECT user_id, phone, first_name FROM customers ORDER BY first_name")
+	stdout, stderr, code := cli(t, env, "launch", "--name", "rapor", "--channel", "sms", "--audience", audience,
+		"--message", testPrefix+"Merhaba {{.first_name}}", "--yes", "--json")
+	if code != 0 {
+		t.Fatalf("launch: exit %d\nstdout: %s\nstderr: %s", code, stdout, stderr)
+	}
+	var rep struct {
+		ID json.Number `json:"id"`
+	}
+	if err := json.Unmarshal([]byte(stdout), &rep); err != nil || rep.ID == "" {
+		t.Fatalf("launch --json: %v\n%s", err, stdout)
+	}
+	for _, sql := range []string{
+		`UPDATE campaign_recipients SET status = 'sent', provider_message_id = 'SM1', attempts = 1, sent_at = now(),
+			delivery = 'delivered', delivery_at = now() WHERE campaign_id = ` + rep.ID.String() + ` AND user_id = 'a'`,
+		`UPDATE campaign_recipients SET status = 'failed', reason = 'unreachable number', attempts = 1
+			WHERE campaign_id = ` + rep.ID.String() + ` AND user_id = 'b'`,
+	} {
+		if _, err := db.Exec(ctx, sql); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return env, rep.ID.String(), count
+}
+
+// reportCSV runs report with args and returns its CSV rows as user:status:reason, sorted, and the rows.
+func reportCSV(t *testing.T, env map[string]string, args ...string) ([]string, [][]string, string) {
+	t.Helper()
+	stdout, stderr, code := cli(t, env, append([]string{"report"}, args...)...)
+	if code != 0 {
+		t.Fatalf("report %v: exit %d\nstderr: %s", args, code, stderr)
+	}
+	recs, err := csv.NewReader(strings.NewReader(stdout)).ReadAll()
+	if err != nil {
+		t.Fatalf("report %v: not CSV: %v\n%s", args, err, stdout)
+	}
+	if len(recs) == 0 || !slices.Equal(recs[0], reportColumns) {
+		t.Fatalf("report %v: header %v, want %v", args, recs[0], reportColumns)
+	}
+	var keys []string
+	for _, r := range recs[1:] {
+		keys = append(keys, r[0]+":"+r[2]+":"+r[3])
+	}
+	slices.Sort(keys)
+	return keys, recs[1:], stdout
+}
+
+func TestReportListsEveryAudienceRowOnce(t *testing.T) {
+	t.Parallel()
+	env, id, _ := reportEnv(t)
+	all := []string{
+		"a:excluded:duplicate_user", "a:sent:", "b:failed:unreachable number", "c:pending:",
+		"d:excluded:no_consent", "e:excluded:invalid_address",
+	}
+	for _, args := range [][]string{{id}, {id, "--csv"}} {
+		keys, rows, out := reportCSV(t, env, args...)
+		if diff := cmp.Diff(all, keys); diff != "" {
+			t.Errorf("report %v rows (-want +got):\n%s", args, diff)
+		}
+		for _, phone := range []string{"+905321000001", "+905321000002", "+905321000009", "+905321000004"} {
+			if strings.Contains(out, phone) {
+				t.Errorf("report %v prints %s unmasked:\n%s", args, phone, out)
+			}
+		}
+		for _, r := range rows {
+			if r[0] == "a" && r[2] == "sent" && (r[6] != "SM1" || r[7] != "1" || r[8] == "" || r[9] != "delivered" || r[10] == "") {
+				t.Errorf("sent row lacks its message ID, attempts or times: %v", r)
+			}
+		}
+	}
+	withTwilio := map[string]string{"TWILIO_ACCOUNT_SID": "AC1"}
+	for k, v := range env {
+		withTwilio[k] = v
+	}
+	_, rows, _ := reportCSV(t, withTwilio, id, "--status", "sent,pending")
+	for _, r := range rows {
+		if want := map[string]string{"sent": "twilio", "pending": ""}[r[2]]; r[5] != want {
+			t.Errorf("%s row's provider %q, want %q", r[2], r[5], want)
+		}
+	}
+	_, _, out := reportCSV(t, env, id, "--with-address")
+	for _, phone := range []string{"+905321000001", "+905321000002", "+905321000003", "+905321000009", "+905321000004"} {
+		if !strings.Contains(out, phone) {
+			t.Errorf("report --with-address lacks %s:\n%s", phone, out)
+		}
+	}
+}
+
+func TestReportFiltersByStatus(t *testing.T) {
+	t.Parallel()
+	env, id, _ := reportEnv(t)
+	for _, tt := range []struct {
+		status string
+		want   []string
+	}{
+		{"failed", []string{"b:failed:unreachable number"}},
+		{"excluded", []string{"a:excluded:duplicate_user", "d:excluded:no_consent", "e:excluded:invalid_address"}},
+		{"sent, pending", []string{"a:sent:", "c:pending:"}},
+		{"failed,excluded", []string{"a:excluded:duplicate_user", "b:failed:unreachable number", "d:excluded:no_consent", "e:excluded:invalid_address"}},
+		{"unknown", nil},
+	} {
+		keys, _, _ := reportCSV(t, env, id, "--status", tt.status)
+		if diff := cmp.Diff(tt.want, keys); diff != "" {
+			t.Errorf("--status %q (-want +got):\n%s", tt.status, diff)
+		}
+	}
+	_, stderr, code := cli(t, env, "report", id, "--status", "sent,delivered")
+	if code != 2 || !strings.Contains(stderr, `"delivered"`) || !strings.Contains(stderr, "excluded") || !strings.Contains(stderr, "pending") {
+		t.Errorf("--status delivered: exit %d, want 2 naming the valid statuses\n%s", code, stderr)
+	}
+}
+
+func TestReportJSON(t *testing.T) {
+	t.Parallel()
+	env, id, _ := reportEnv(t)
+	stdout, stderr, code := cli(t, env, "report", id, "--json")
+	if code != 0 {
+		t.Fatalf("report --json: exit %d\n%s", code, stderr)
+	}
+	var rows []map[string]any
+	if err := json.Unmarshal([]byte(stdout), &rows); err != nil {
+		t.Fatalf("report --json is not one JSON array: %v\n%s", err, stdout)
+	}
+	if len(rows) != 6 {
+		t.Fatalf("report --json: %d rows, want 6\n%s", len(rows), stdout)
+	}
+	for _, r := range rows {
+		for _, k := range reportColumns {
+			if _, ok := r[k]; !ok {
+				t.Errorf("row %v lacks %q", r, k)
+			}
+		}
+		if r["user_id"] == "a" && r["status"] == "sent" && (r["provider_message_id"] != "SM1" || r["delivered_at"] == nil || r["sent_at"] == nil) {
+			t.Errorf("sent row: %v", r)
+		}
+		if r["address"] == "+905321000001" {
+			t.Errorf("--json prints the address unmasked: %v", r)
+		}
+	}
+	stdout, _, code = cli(t, env, "report", id, "--json", "--status", "unknown")
+	if code != 0 || strings.TrimSpace(stdout) != "[]" {
+		t.Errorf("report --json of no rows: exit %d, %q, want []", code, stdout)
+	}
+	if _, stderr, code := cli(t, env, "report", id, "--json", "--csv"); code != 2 {
+		t.Errorf("--json --csv: exit %d, want 2\n%s", code, stderr)
+	}
+}
+
+func TestReportUnknownCampaignAndBadID(t *testing.T) {
+	t.Parallel()
+	env, _, _ := reportEnv(t)
+	for _, tt := range []struct{ id, says string }{{"999999", "no campaign has id 999999"}, {"x", "must be a positive number"}} {
+		stdout, stderr, code := cli(t, env, "report", tt.id)
+		if code != 2 || !strings.Contains(stderr, tt.says) || stdout != "" {
+			t.Errorf("report %s: exit %d, want 2 saying %q\nstdout: %s\nstderr: %s", tt.id, code, tt.says, stdout, stderr)
+		}
+	}
+}
+
+func TestReportDryRunWritesNoExclusions(t *testing.T) {
+	t.Parallel()
+	env, _, count := reportEnv(t)
+	before := count(`SELECT count(*) FROM campaign_exclusions`)
+	if before != 3 {
+		t.Fatalf("the launch stored %d exclusions, want 3", before)
+	}
+	audience := writeFile(t, "a.sql", "SELECT user_id, phone, first_name FROM customers")
+	if stdout, stderr, code := cli(t, env, "launch", "--name", "prova", "--channel", "sms", "--audience", audience,
+		"--message", testPrefix+"Merhaba {{.first_name}}", "--dry-run"); code != 0 {
+		t.Fatalf("dry run: exit %d\nstdout: %s\nstderr: %s", code, stdout, stderr)
+	}
+	if after := count(`SELECT count(*) FROM campaign_exclusions`); after != before {
+		t.Errorf("a dry run wrote %d exclusions", after-before)
+	}
+}

@@ -1,0 +1,176 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/campaignctl/campaignctl/campaign"
+	"github.com/campaignctl/campaignctl/internal/state"
+	"github.com/campaignctl/campaignctl/iys"
+	"github.com/campaignctl/campaignctl/limiter"
+	"github.com/campaignctl/campaignctl/providers"
+)
+
+// testCode stands for the promo code in a test send: a test reserves no code, and the placeholder shows
+// where the recipient's code goes.
+const testCode = "TEST-KOD"
+
+// testSendTimeout bounds the provider call of a test send.
+const testSendTimeout = 30 * time.Second
+
+// testSendResult is what `launch --test-to` prints (--json: this object).
+type testSendResult struct {
+	Test      bool   `json:"test"`
+	Channel   string `json:"channel"`
+	Provider  string `json:"provider"`
+	To        string `json:"to"`
+	UserID    string `json:"user_id"`
+	MessageID string `json:"message_id"`
+	Code      string `json:"code,omitempty"`
+	Subject   string `json:"subject,omitempty"`
+}
+
+// testSend renders the launch's message for one audience row (--test-user, or the first) and sends it
+// to --test-to alone, through the channel's configured provider and under its provider-wide cap. No
+// campaign is created, no code reserved, nothing queued; the send is audited in send_log as a test
+// (campaign.TestCampaignID, status "test"), since send_log.campaign_id cannot be NULL.
+func (a *app) testSend(ctx context.Context, o launchOptions, spec campaign.Spec, planner *campaign.Planner) error {
+	if o.dryRun {
+		return usagef("--test-to sends one message and --dry-run sends none: leave out one of them")
+	}
+	ch := spec.Channel
+	to, err := ch.Spec().Canonical(o.testTo)
+	if err != nil {
+		return usagef("--test-to %q is not a valid %s address (%v); nothing was sent", o.testTo, ch.Spec().Title, err)
+	}
+	if err := spec.Validate(); err != nil {
+		return err
+	}
+	if !spec.Transactional && ch.IYSType() != "" {
+		status, err := planner.TestConsent(ctx, spec, to)
+		if err != nil {
+			return err
+		}
+		if status != iys.StatusApproved {
+			why := "has no İYS consent"
+			if status != "" {
+				why = "has İYS " + status
+			}
+			return usagef("%s %s for %s (%s): a commercial test goes only to an address with ONAY; import its consent, or add --transactional if the message is not commercial; nothing was sent",
+				providers.MaskAddress(to), why, ch.IYSType(), spec.RecipientType)
+		}
+	}
+	r, err := planner.TestRecipient(ctx, spec, o.testUser)
+	if err != nil {
+		return err
+	}
+	if spec.CodePool != "" {
+		r.Code = testCode
+	}
+	var listUnsubscribe string
+	if spec.OneClickUnsubscribe() {
+		// The link a worker would sign, under the test's campaign ID.
+		signer, err := a.unsubscribeSigner()
+		if err != nil {
+			return err
+		}
+		if signer == nil {
+			return errNoUnsubscribe()
+		}
+		r.UnsubscribeURL = signer.URL(campaign.TestCampaignID, r.UserID)
+		listUnsubscribe = "<" + r.UnsubscribeURL + ">"
+		if mailto := a.getenv(unsubMailtoEnv); mailto != "" {
+			listUnsubscribe += ", <mailto:" + mailto + "?subject=unsubscribe%20" + signer.Token(campaign.TestCampaignID, r.UserID) + ">"
+		}
+	}
+	tmpl, err := campaign.ParseContent(spec.Content())
+	if err != nil {
+		return err
+	}
+	data := r.TemplateData(ch, spec.Name)
+	parts, err := tmpl.RenderParts(data)
+	if err != nil {
+		return usagef("the message does not render for user_id %s: %v", r.UserID, err)
+	}
+	if ch.Spec().Segmented {
+		if err := campaign.CheckSMSLength(parts.Text, spec.MaxSegments); err != nil {
+			return usagef("the message %v", err)
+		}
+	}
+	if ch.Spec().SubjectHeader && strings.ContainsAny(parts.Subject, "\r\n") {
+		return usagef("the subject would hold a line break for user_id %s", r.UserID)
+	}
+	m := providers.Message{To: to, Subject: parts.Subject, Body: parts.Text, HTML: parts.HTML, TemplateID: spec.TemplateID,
+		CampaignID: campaign.TestCampaignID, UserID: r.UserID, Commercial: !spec.Transactional,
+		RecipientType: testRecipientType(spec.RecipientType), ListUnsubscribe: listUnsubscribe}
+	if spec.TemplateID != "" || ch.Spec().Data {
+		m.Data = make(map[string]string, len(data))
+		for k, v := range data {
+			if k != ch.AddressColumn() {
+				m.Data[k] = fmt.Sprint(v)
+			}
+		}
+	}
+
+	set, err := a.providers(testSendTimeout)
+	if err != nil {
+		return err
+	}
+	p := set.primary[ch]
+	if p == nil {
+		return usagef("no provider is configured for %s: set its settings (see campaignctl worker --help); nothing was sent", ch)
+	}
+	rdb, err := a.openRedis(ctx)
+	if err != nil {
+		return err
+	}
+	defer rdb.Close()
+	// The provider's bucket is the one every worker takes from: a test never pushes the provider past its cap.
+	tokens := 1
+	if sp, ok := p.(providers.SegmentPaced); ok && sp.PacesSegments() {
+		_, n := providers.SMSSegments(parts.Text)
+		tokens = max(1, n)
+	}
+	limit := limiter.Limit{Key: state.ProviderBucket(p.Name()), Rate: set.rates[p.Name()], Pausable: true}
+	if err := limiter.New(rdb).WaitN(ctx, tokens, limit); err != nil {
+		return fmt.Errorf("no test send while the provider's rate limit cannot be read: %w", err)
+	}
+	masked := providers.MaskAddress(to)
+	res, sendErr := p.Send(ctx, m)
+	status, reason := campaign.StatusTest, "test to "+masked
+	if sendErr != nil {
+		status, reason = campaign.StatusTestFailed, "test to "+masked+": "+sendErr.Error()
+	}
+	if err := planner.LogTest(context.WithoutCancel(ctx), spec, r.UserID, status, reason, res.MessageID); err != nil {
+		if sendErr == nil {
+			fmt.Fprintf(a.stderr, "warning: the test was sent (%s) but could not be audited: %v\n", res.MessageID, err)
+		}
+	}
+	if sendErr != nil {
+		return fmt.Errorf("test send to %s through %s: %w", masked, p.Name(), sendErr)
+	}
+	out := testSendResult{Test: true, Channel: string(ch), Provider: p.Name(), To: masked, UserID: r.UserID,
+		MessageID: res.MessageID, Code: r.Code, Subject: parts.Subject}
+	if o.json {
+		enc := json.NewEncoder(a.stdout)
+		enc.SetIndent("", "  ")
+		return enc.Encode(out)
+	}
+	fmt.Fprintf(a.stdout, "Test sent to %s via %s (%s), rendered for user_id %s\n  message id\t%s\n", masked, p.Name(), ch, r.UserID, res.MessageID)
+	if r.Code != "" {
+		fmt.Fprintf(a.stdout, "  code\t%s (placeholder: no code was reserved)\n", r.Code)
+	}
+	fmt.Fprintln(a.stdout, "  no campaign was created and nothing was queued")
+	return nil
+}
+
+// testRecipientType is the İYS recipient type a test's message carries: BIREYSEL unless TACIR.
+func testRecipientType(rt string) string {
+	if rt == "" {
+		return iys.RecipientIndividual
+	}
+	return rt
+}

@@ -1,0 +1,214 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/campaignctl/campaignctl/providers/sandbox"
+)
+
+// testSendEnv is badInputDB's database (customers a, b, c with MESAJ consent, pool "small" of 2 codes)
+// with Twilio and SendGrid pointed at an in-process sandbox, and a one-click unsubscribe setup.
+func testSendEnv(t *testing.T) (map[string]string, *sandbox.Server, func(sql string) int64, *pgxpool.Pool) {
+	t.Helper()
+	env, count := badInputDB(t)
+	sb := sandbox.New(sandbox.Options{})
+	srv := httptest.NewServer(sb)
+	t.Cleanup(srv.Close)
+	for k, v := range map[string]string{
+		"TWILIO_ACCOUNT_SID": "ACe2e0000000000000000000000000000", "TWILIO_AUTH_TOKEN": "e2etoken", "TWILIO_FROM": "+905550000000",
+		"TWILIO_BASE_URL": srv.URL, "SENDGRID_API_KEY": "SG.test-key", "SENDGRID_FROM": "kampanya@example.com",
+		"SENDGRID_BASE_URL": srv.URL, "WEBHOOKS_PUBLIC_URL": "https://hooks.example.com", "UNSUBSCRIBE_SECRET": "test-send-secret-0123456789",
+	} {
+		env[k] = v
+	}
+	db, err := pgxpool.New(context.Background(), env["DATABASE_URL"])
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(db.Close)
+	return env, sb, count, db
+}
+
+// nothingPlanned fails the test if a test send left a campaign, a recipient (a reserved code) or a used
+// code behind.
+func nothingPlanned(t *testing.T, count func(string) int64) {
+	t.Helper()
+	if n := count(`SELECT count(*) FROM campaigns`) + count(`SELECT count(*) FROM campaign_recipients`); n != 0 {
+		t.Errorf("a test send wrote %d campaigns and recipients", n)
+	}
+	if n := count(`SELECT count(*) FROM promo_codes WHERE pool = 'small'`); n != 2 {
+		t.Errorf("pool small holds %d codes after a test send, want its 2", n)
+	}
+}
+
+func TestTestSendSMSReachesTheAddressOnceWithAPlaceholderCode(t *testing.T) {
+	t.Parallel()
+	env, sb, count, _ := testSendEnv(t)
+	audience := writeFile(t, "a.sql", "SELECT user_id, phone, first_name FROM customers ORDER BY user_id")
+	out, stderr, code := cli(t, env, "launch", "--name", "yaz", "--channel", "sms", "--audience", audience,
+		"--message", testPrefix+"Merhaba {{.first_name}}, kodunuz {{.code}}", "--code-pool", "small",
+		"--test-to", "0532 100 00 03", "--test-user", "b", "--yes", "--json")
+	if code != 0 {
+		t.Fatalf("test send: exit %d\n%s%s", code, out, stderr)
+	}
+	var res testSendResult
+	if err := json.Unmarshal([]byte(out), &res); err != nil {
+		t.Fatalf("--json: %v\n%s", err, out)
+	}
+	msgs := sb.Messages()
+	if len(msgs) != 1 {
+		t.Fatalf("%d messages reached the sandbox, want 1: %+v", len(msgs), msgs)
+	}
+	m := msgs[0]
+	if m.To != "+905321000003" || !strings.Contains(m.Body, "Merhaba Baran, kodunuz "+testCode) {
+		t.Errorf("sent %q to %s; want the row of b with the placeholder code, to +905321000003", m.Body, m.To)
+	}
+	if !res.Test || res.MessageID != m.SID || res.UserID != "b" || strings.Contains(res.To, "1000003") || res.Code != testCode {
+		t.Errorf("printed %+v; want the sandbox's SID %s and a masked address", res, m.SID)
+	}
+	nothingPlanned(t, count)
+	if n := count(`SELECT count(*) FROM send_log WHERE campaign_id = 0 AND status = 'test' AND user_id = 'b' AND provider_message_id = '` + m.SID + `'`); n != 1 {
+		t.Errorf("%d test entries in send_log, want 1", n)
+	}
+
+	// The first row without --test-user; a user_id that is not in the audience is named and nothing is sent.
+	out, stderr, code = cli(t, env, "launch", "--name", "yaz", "--channel", "sms", "--audience", audience,
+		"--message", testPrefix+"Merhaba {{.first_name}}", "--test-to", "+905321000001", "--yes")
+	if code != 0 || !strings.Contains(out, "user_id a") || len(sb.Messages()) != 2 || !strings.Contains(sb.Messages()[1].Body, "Merhaba Ada") {
+		t.Fatalf("first row: exit %d\n%s%s", code, out, stderr)
+	}
+	_, stderr, code = cli(t, env, "launch", "--name", "yaz", "--channel", "sms", "--audience", audience,
+		"--message", testPrefix+"Merhaba {{.first_name}}", "--test-to", "+905321000001", "--test-user", "nobody-42", "--yes")
+	if code != 2 || !strings.Contains(stderr, `"nobody-42"`) || len(sb.Messages()) != 2 {
+		t.Fatalf("unknown --test-user: exit %d, %d messages, %s", code, len(sb.Messages()), stderr)
+	}
+	nothingPlanned(t, count)
+}
+
+func TestTestSendRefusesAnInvalidAddress(t *testing.T) {
+	t.Parallel()
+	env, sb, count, _ := testSendEnv(t)
+	audience := writeFile(t, "a.sql", "SELECT user_id, phone, first_name FROM customers")
+	for _, c := range []struct{ channel, to string }{{"sms", "12ab"}, {"sms", "kampanya@example.com"}, {"email", "+905321000001"}, {"email", "not an e-mail"}} {
+		_, stderr, code := cli(t, env, "launch", "--name", "yaz", "--channel", c.channel, "--audience", audience, "--subject", "Merhaba",
+			"--message", testPrefix+"Merhaba {{.first_name}}", "--test-to", c.to, "--yes")
+		if code != 2 || !strings.Contains(stderr, "not a valid") {
+			t.Errorf("%s --test-to %q: exit %d, %s", c.channel, c.to, code, stderr)
+		}
+	}
+	if n := len(sb.Messages()); n != 0 {
+		t.Errorf("%d messages sent to invalid addresses", n)
+	}
+	if n := count(`SELECT count(*) FROM send_log`); n != 0 {
+		t.Errorf("%d send_log entries for refused tests", n)
+	}
+	nothingPlanned(t, count)
+}
+
+func TestTestSendNeedsConsentUnlessTransactional(t *testing.T) {
+	t.Parallel()
+	env, sb, count, db := testSendEnv(t)
+	audience := writeFile(t, "a.sql", "SELECT user_id, phone, first_name FROM customers")
+	_, stderr, code := cli(t, env, "launch", "--name", "yaz", "--channel", "sms", "--audience", audience,
+		"--message", testPrefix+"Merhaba {{.first_name}}", "--test-to", "+905329999999", "--yes")
+	if code != 2 || !strings.Contains(stderr, "no İYS consent") || len(sb.Messages()) != 0 {
+		t.Fatalf("no consent: exit %d, %d sent, %s", code, len(sb.Messages()), stderr)
+	}
+	if _, err := db.Exec(context.Background(), `UPDATE iys_consents SET status = 'RET' WHERE recipient = '+905321000003'`); err != nil {
+		t.Fatal(err)
+	}
+	_, stderr, code = cli(t, env, "launch", "--name", "yaz", "--channel", "sms", "--audience", audience,
+		"--message", testPrefix+"Merhaba {{.first_name}}", "--test-to", "+905321000003", "--yes")
+	if code != 2 || !strings.Contains(stderr, "RET") || len(sb.Messages()) != 0 {
+		t.Fatalf("RET: exit %d, %d sent, %s", code, len(sb.Messages()), stderr)
+	}
+	out, stderr, code := cli(t, env, "launch", "--name", "yaz", "--channel", "sms", "--audience", audience, "--transactional",
+		"--message", "Siparişiniz yola çıktı, {{.first_name}}", "--test-to", "+905329999999", "--yes")
+	if code != 0 || len(sb.Messages()) != 1 || sb.Messages()[0].To != "+905329999999" {
+		t.Fatalf("transactional: exit %d, %d sent\n%s%s", code, len(sb.Messages()), out, stderr)
+	}
+	nothingPlanned(t, count)
+}
+
+func TestTestSendEmailCarriesTheUnsubscribeHeaders(t *testing.T) {
+	t.Parallel()
+	env, sb, count, db := testSendEnv(t)
+	for _, sql := range []string{
+		`CREATE TABLE mail_customers (user_id text, email text, first_name text)`,
+		`GRANT SELECT ON mail_customers TO campaignctl_audience`,
+		`INSERT INTO mail_customers VALUES ('m1', 'ada@example.com', 'Ada')`,
+		`INSERT INTO iys_consents (recipient, type, recipient_type, status, source, consent_date)
+		 VALUES ('tester@example.com', 'EPOSTA', 'BIREYSEL', 'ONAY', 'HS_WEB', now())`,
+	} {
+		if _, err := db.Exec(context.Background(), sql); err != nil {
+			t.Fatal(err)
+		}
+	}
+	audience := writeFile(t, "m.sql", "SELECT user_id, email, first_name FROM mail_customers")
+	html := writeFile(t, "m.html", `<p>Merhaba {{.first_name}}, kodunuz <b>{{.code}}</b> <a href="{{.unsubscribe_url}}">çık</a></p>`)
+	out, stderr, code := cli(t, env, "launch", "--name", "mail", "--channel", "email", "--audience", audience, "--code-pool", "small",
+		"--subject", "{{.first_name}}, size özel", "--message", "Merhaba {{.first_name}}, kodunuz {{.code}}", "--html", html,
+		"--test-to", "Tester@Example.com", "--yes")
+	if code != 0 {
+		t.Fatalf("e-mail test send: exit %d\n%s%s", code, out, stderr)
+	}
+	msgs := sb.Messages()
+	if len(msgs) != 1 {
+		t.Fatalf("%d messages, want 1", len(msgs))
+	}
+	m := msgs[0]
+	if m.To != "tester@example.com" || m.Subject != "Ada, size özel" || !strings.Contains(m.Body, testCode) || !strings.Contains(m.HTML, "<b>"+testCode+"</b>") {
+		t.Errorf("sent %+v", m)
+	}
+	if lu := m.Headers["List-Unsubscribe"]; !strings.HasPrefix(lu, "<https://hooks.example.com/") || m.Headers["List-Unsubscribe-Post"] != "List-Unsubscribe=One-Click" || !strings.Contains(m.HTML, "https://hooks.example.com/") {
+		t.Errorf("headers %v, HTML %s: want the one-click unsubscribe link a worker adds", m.Headers, m.HTML)
+	}
+	nothingPlanned(t, count)
+}
+
+func TestTestSendEmailDryRunPreview(t *testing.T) {
+	t.Parallel()
+	env, sb, count, db := testSendEnv(t)
+	for _, sql := range []string{
+		`CREATE TABLE mail_customers (user_id text, email text, first_name text)`,
+		`GRANT SELECT ON mail_customers TO campaignctl_audience`,
+		`INSERT INTO mail_customers VALUES ('m1', 'ada@example.com', 'Ada')`,
+		`INSERT INTO iys_consents (recipient, type, recipient_type, status, source, consent_date)
+		 VALUES ('ada@example.com', 'EPOSTA', 'BIREYSEL', 'ONAY', 'HS_WEB', now())`,
+	} {
+		if _, err := db.Exec(context.Background(), sql); err != nil {
+			t.Fatal(err)
+		}
+	}
+	audience := writeFile(t, "m.sql", "SELECT user_id, email, first_name FROM mail_customers")
+	html := writeFile(t, "m.html", `<p>Merhaba {{.first_name}}</p>`)
+	dir := filepath.Join(t.TempDir(), "preview")
+	out, stderr, code := cli(t, env, "launch", "--name", "mail", "--channel", "email", "--audience", audience,
+		"--subject", "{{.first_name}}, size özel", "--message", "Merhaba {{.first_name}} metin", "--html", html,
+		"--dry-run", "--preview-dir", dir)
+	if code != 0 {
+		t.Fatalf("dry run: exit %d\n%s%s", code, out, stderr)
+	}
+	for _, want := range []string{"from:    kampanya@example.com", "subject: Ada, size özel", "    Merhaba Ada metin"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("dry run output lacks %q:\n%s", want, out)
+		}
+	}
+	for name, want := range map[string]string{"preview.html": "<p>Merhaba Ada</p>", "preview.txt": "Merhaba Ada metin"} {
+		b, err := os.ReadFile(filepath.Join(dir, name))
+		if err != nil || string(b) != want {
+			t.Errorf("%s = %q, %v; want %q", name, b, err, want)
+		}
+	}
+	if len(sb.Messages()) != 0 || count(`SELECT count(*) FROM campaigns`) != 0 {
+		t.Errorf("a dry run sent or wrote something")
+	}
+}
