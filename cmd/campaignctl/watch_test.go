@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -57,7 +56,7 @@ func TestWatchCtrlCDetaches(t *testing.T) {
 		cmd.Env = append(cmd.Env, k+"="+v)
 	}
 	cmd.Env = append(cmd.Env, "PATH="+os.Getenv("PATH"))
-	var errb bytes.Buffer
+	var errb syncBuffer // written by the command's copier while the test reads it
 	cmd.Stderr = &errb
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
