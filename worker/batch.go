@@ -10,7 +10,6 @@ import (
 
 	"github.com/campaignctl/campaignctl/campaign"
 	"github.com/campaignctl/campaignctl/internal/state"
-	"github.com/campaignctl/campaignctl/internal/unsubscribe"
 	"github.com/campaignctl/campaignctl/limiter"
 	"github.com/campaignctl/campaignctl/metrics"
 	"github.com/campaignctl/campaignctl/providers"
@@ -19,10 +18,8 @@ import (
 // batchRun is the state of one run of one batch.
 type batchRun struct {
 	c *campaign.Campaign
-	// unsub signs the recipients' unsubscribe links (a commercial e-mail's run; nil otherwise), mailto
-	// the address the header offers besides.
-	unsub    *unsubscribe.Signer
-	mailto   string
+	// render makes each recipient's message (with the unsubscribe link of a commercial e-mail).
+	render   Renderer
 	nonce    string
 	batch    int
 	provider providers.Provider
@@ -270,12 +267,13 @@ func (h *Handler) newRun(c *campaign.Campaign, batch int) (*batchRun, error) {
 				h.log.Error("a commercial e-mail needs a one-click unsubscribe link and this worker cannot make one: set WEBHOOKS_PUBLIC_URL and UNSUBSCRIBE_SECRET on it (the values campaignctl webhooks has); the batch waits", "campaign_id", c.ID)
 				return nil, &RetryError{Err: fmt.Errorf("campaign %d is a commercial e-mail and this worker has no WEBHOOKS_PUBLIC_URL and UNSUBSCRIBE_SECRET to make its unsubscribe links", c.ID), After: 30 * time.Second}
 			}
-			run.unsub, run.mailto = h.cfg.Unsubscribe, h.cfg.UnsubscribeMailto
+			run.render.Unsubscribe, run.render.Mailto = h.cfg.Unsubscribe, h.cfg.UnsubscribeMailto
 		}
 		var err error
 		if run.tmpl, err = h.template(c); err != nil {
 			return nil, fmt.Errorf("campaign %d: %v: %w", c.ID, err, asynq.SkipRetry)
 		}
+		run.render.Campaign, run.render.Tmpl = c, run.tmpl
 		if _, batches := run.provider.(providers.Batcher); batches && c.TemplateID == "" {
 			if f := run.tmpl.Shared(providers.SharedTagPrefix); f != nil {
 				run.sharedForm = f

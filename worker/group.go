@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/campaignctl/campaignctl/campaign"
@@ -14,48 +13,18 @@ import (
 	"github.com/campaignctl/campaignctl/providers"
 )
 
-// message renders the recipient's message.
+// message renders the recipient's message (Renderer), with the campaign's shared content where the
+// provider takes it.
 func (run *batchRun) message(r *campaign.Recipient) (providers.Message, error) {
-	var listUnsubscribe string
-	if run.unsub != nil {
-		r.UnsubscribeURL = run.unsub.URL(run.c.ID, r.UserID)
-		listUnsubscribe = "<" + r.UnsubscribeURL + ">"
-		if run.mailto != "" {
-			listUnsubscribe += ", <mailto:" + run.mailto + "?subject=unsubscribe%20" + run.unsub.Token(run.c.ID, r.UserID) + ">"
-		}
-	}
-	data := r.TemplateData(run.c.Channel, run.c.Name)
-	parts, err := run.tmpl.RenderParts(data)
+	m, data, err := run.render.Render(r)
 	if err != nil {
 		return providers.Message{}, err
 	}
-	ch := run.c.Channel.Spec()
-	if ch.Segmented {
-		if err := campaign.CheckSMSLength(parts.Text, run.c.MaxSegments); err != nil {
-			return providers.Message{}, fmt.Errorf("the message %w", err)
-		}
-	}
-	if ch.SubjectHeader && strings.ContainsAny(parts.Subject, "\r\n") {
-		return providers.Message{}, fmt.Errorf("the subject would hold a line break (%s)", campaign.ReasonInvalidValue)
-	}
-	m := providers.Message{To: r.Address, Subject: parts.Subject, Body: parts.Text, HTML: parts.HTML,
-		TemplateID: run.c.TemplateID, CampaignID: run.c.ID, UserID: r.UserID,
-		Commercial: !run.c.Transactional, RecipientType: run.c.IYSRecipientType(), ListUnsubscribe: listUnsubscribe}
 	if run.sharedForm != nil {
 		// A value the shared form cannot write leaves the message rendered only: its request then carries
 		// every recipient's rendered text.
 		if vals, ok, err := run.sharedForm.Values(data); ok && err == nil {
 			m.Shared, m.Values = run.shared, vals
-		}
-	}
-	if run.c.TemplateID != "" || ch.Data {
-		// A provider-side template (and a push's data payload) gets the values themselves.
-		m.Data = make(map[string]string, len(data))
-		for k, v := range data {
-			if k == ch.AddressColumn {
-				continue
-			}
-			m.Data[k] = fmt.Sprint(v)
 		}
 	}
 	return m, nil

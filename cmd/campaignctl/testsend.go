@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"strings"
 	"time"
 
 	"github.com/campaignctl/campaignctl/campaign"
@@ -12,6 +11,7 @@ import (
 	"github.com/campaignctl/campaignctl/iys"
 	"github.com/campaignctl/campaignctl/limiter"
 	"github.com/campaignctl/campaignctl/providers"
+	"github.com/campaignctl/campaignctl/worker"
 )
 
 // testCode stands for the promo code in a test send: a test reserves no code, and the placeholder shows
@@ -70,9 +70,10 @@ func (a *app) testSend(ctx context.Context, o launchOptions, spec campaign.Spec,
 	if spec.CodePool != "" {
 		r.Code = testCode
 	}
-	var listUnsubscribe string
+	// Rendered by the worker's own renderer, under the test's campaign ID: what the campaign will send.
+	rd := worker.Renderer{Campaign: &campaign.Campaign{ID: campaign.TestCampaignID, Name: spec.Name, Channel: ch,
+		TemplateID: spec.TemplateID, MaxSegments: spec.MaxSegments, Transactional: spec.Transactional, RecipientType: spec.RecipientType}}
 	if spec.OneClickUnsubscribe() {
-		// The link a worker would sign, under the test's campaign ID.
 		signer, err := a.unsubscribeSigner()
 		if err != nil {
 			return err
@@ -80,40 +81,16 @@ func (a *app) testSend(ctx context.Context, o launchOptions, spec campaign.Spec,
 		if signer == nil {
 			return errNoUnsubscribe()
 		}
-		r.UnsubscribeURL = signer.URL(campaign.TestCampaignID, r.UserID)
-		listUnsubscribe = "<" + r.UnsubscribeURL + ">"
-		if mailto := a.getenv(unsubMailtoEnv); mailto != "" {
-			listUnsubscribe += ", <mailto:" + mailto + "?subject=unsubscribe%20" + signer.Token(campaign.TestCampaignID, r.UserID) + ">"
-		}
+		rd.Unsubscribe, rd.Mailto = signer, a.getenv(unsubMailtoEnv)
 	}
-	tmpl, err := campaign.ParseContent(spec.Content())
-	if err != nil {
+	if rd.Tmpl, err = campaign.ParseContent(spec.Content()); err != nil {
 		return err
 	}
-	data := r.TemplateData(ch, spec.Name)
-	parts, err := tmpl.RenderParts(data)
+	m, _, err := rd.Render(&r)
 	if err != nil {
-		return usagef("the message does not render for user_id %s: %v", r.UserID, err)
+		return usagef("the message for user_id %s: %v; nothing was sent", r.UserID, err)
 	}
-	if ch.Spec().Segmented {
-		if err := campaign.CheckSMSLength(parts.Text, spec.MaxSegments); err != nil {
-			return usagef("the message %v", err)
-		}
-	}
-	if ch.Spec().SubjectHeader && strings.ContainsAny(parts.Subject, "\r\n") {
-		return usagef("the subject would hold a line break for user_id %s", r.UserID)
-	}
-	m := providers.Message{To: to, Subject: parts.Subject, Body: parts.Text, HTML: parts.HTML, TemplateID: spec.TemplateID,
-		CampaignID: campaign.TestCampaignID, UserID: r.UserID, Commercial: !spec.Transactional,
-		RecipientType: testRecipientType(spec.RecipientType), ListUnsubscribe: listUnsubscribe}
-	if spec.TemplateID != "" || ch.Spec().Data {
-		m.Data = make(map[string]string, len(data))
-		for k, v := range data {
-			if k != ch.AddressColumn() {
-				m.Data[k] = fmt.Sprint(v)
-			}
-		}
-	}
+	m.To = to
 
 	set, err := a.providers(testSendTimeout)
 	if err != nil {
@@ -131,7 +108,7 @@ func (a *app) testSend(ctx context.Context, o launchOptions, spec campaign.Spec,
 	// The provider's bucket is the one every worker takes from: a test never pushes the provider past its cap.
 	tokens := 1
 	if sp, ok := p.(providers.SegmentPaced); ok && sp.PacesSegments() {
-		_, n := providers.SMSSegments(parts.Text)
+		_, n := providers.SMSSegments(m.Body)
 		tokens = max(1, n)
 	}
 	limit := limiter.Limit{Key: state.ProviderBucket(p.Name()), Rate: set.rates[p.Name()], Pausable: true}
@@ -153,7 +130,7 @@ func (a *app) testSend(ctx context.Context, o launchOptions, spec campaign.Spec,
 		return fmt.Errorf("test send to %s through %s: %w", masked, p.Name(), sendErr)
 	}
 	out := testSendResult{Test: true, Channel: string(ch), Provider: p.Name(), To: masked, UserID: r.UserID,
-		MessageID: res.MessageID, Code: r.Code, Subject: parts.Subject}
+		MessageID: res.MessageID, Code: r.Code, Subject: m.Subject}
 	if o.json {
 		enc := json.NewEncoder(a.stdout)
 		enc.SetIndent("", "  ")
@@ -165,12 +142,4 @@ func (a *app) testSend(ctx context.Context, o launchOptions, spec campaign.Spec,
 	}
 	fmt.Fprintln(a.stdout, "  no campaign was created and nothing was queued")
 	return nil
-}
-
-// testRecipientType is the İYS recipient type a test's message carries: BIREYSEL unless TACIR.
-func testRecipientType(rt string) string {
-	if rt == "" {
-		return iys.RecipientIndividual
-	}
-	return rt
 }

@@ -1,0 +1,63 @@
+package worker
+
+import (
+	"fmt"
+	"strings"
+
+	"github.com/campaignctl/campaignctl/campaign"
+	"github.com/campaignctl/campaignctl/internal/unsubscribe"
+	"github.com/campaignctl/campaignctl/providers"
+)
+
+// Renderer makes a recipient's message exactly as it goes out: the parts of the template over the
+// recipient's row, the SMS length and subject checks, the one-click unsubscribe link and header of a
+// commercial e-mail, the values for a provider-side template or a push's data. The worker's sends and a
+// launch's test send both use it, so a test shows what the campaign will send.
+type Renderer struct {
+	Campaign *campaign.Campaign
+	Tmpl     *campaign.Template
+	// Unsubscribe signs the link of a commercial e-mail (nil: no link); Mailto is offered besides.
+	Unsubscribe *unsubscribe.Signer
+	Mailto      string
+}
+
+// Render renders r's message (To is r's address) and returns the template's data with it.
+func (rd *Renderer) Render(r *campaign.Recipient) (providers.Message, map[string]any, error) {
+	c := rd.Campaign
+	var listUnsubscribe string
+	if rd.Unsubscribe != nil {
+		r.UnsubscribeURL = rd.Unsubscribe.URL(c.ID, r.UserID)
+		listUnsubscribe = "<" + r.UnsubscribeURL + ">"
+		if rd.Mailto != "" {
+			listUnsubscribe += ", <mailto:" + rd.Mailto + "?subject=unsubscribe%20" + rd.Unsubscribe.Token(c.ID, r.UserID) + ">"
+		}
+	}
+	data := r.TemplateData(c.Channel, c.Name)
+	parts, err := rd.Tmpl.RenderParts(data)
+	if err != nil {
+		return providers.Message{}, nil, err
+	}
+	ch := c.Channel.Spec()
+	if ch.Segmented {
+		if err := campaign.CheckSMSLength(parts.Text, c.MaxSegments); err != nil {
+			return providers.Message{}, nil, fmt.Errorf("the message %w", err)
+		}
+	}
+	if ch.SubjectHeader && strings.ContainsAny(parts.Subject, "\r\n") {
+		return providers.Message{}, nil, fmt.Errorf("the subject would hold a line break (%s)", campaign.ReasonInvalidValue)
+	}
+	m := providers.Message{To: r.Address, Subject: parts.Subject, Body: parts.Text, HTML: parts.HTML,
+		TemplateID: c.TemplateID, CampaignID: c.ID, UserID: r.UserID,
+		Commercial: !c.Transactional, RecipientType: c.IYSRecipientType(), ListUnsubscribe: listUnsubscribe}
+	if c.TemplateID != "" || ch.Data {
+		// A provider-side template (and a push's data payload) gets the values themselves.
+		m.Data = make(map[string]string, len(data))
+		for k, v := range data {
+			if k == ch.AddressColumn {
+				continue
+			}
+			m.Data[k] = fmt.Sprint(v)
+		}
+	}
+	return m, data, nil
+}
