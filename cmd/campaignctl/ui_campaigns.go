@@ -128,6 +128,12 @@ func (u *uiCampaigns) list(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	all, err := worker.ListStatus(ctx, worker.StatusOptions{Store: campaign.NewStore(pool), Redis: u.redis})
+	note := ""
+	if err != nil && u.redis.Ping(ctx).Err() != nil {
+		// As campaignctl status: the campaigns' state is in Postgres, and the page says what is missing.
+		all, err = worker.ListStatus(ctx, worker.StatusOptions{Store: campaign.NewStore(pool)})
+		note = "Redis is unreachable: the figures are Postgres's alone (no DLQ count, no waiting reason), and nothing is sent until it is back."
+	}
 	if err != nil {
 		u.fail(w, err)
 		return
@@ -141,7 +147,7 @@ func (u *uiCampaigns) list(w http.ResponseWriter, r *http.Request) {
 		}
 		rows = append(rows, row)
 	}
-	u.render(w, http.StatusOK, "list", map[string]any{"Title": "Campaigns", "Rows": rows})
+	u.render(w, http.StatusOK, "list", map[string]any{"Title": "Campaigns", "Rows": rows, "Note": note})
 }
 
 // uiPage is what the campaign page shows.
@@ -418,6 +424,7 @@ button.danger{color:#cf222e}svg{background:#fff;border:1px solid #d0d7de}
 
 {{define "list"}}{{template "head" .}}
 <h1>Campaigns</h1>
+{{with .Note}}<div class="note">{{.}}</div>{{end}}
 {{if .Rows}}<table>
 <tr><th>ID</th><th>Name</th><th>Channel</th><th>State</th><th>Progress</th><th>Sent</th><th>Failed</th><th>Skipped</th><th>Unknown</th><th>Rate</th><th>ETA</th><th>Waiting</th></tr>
 {{range .Rows}}<tr>

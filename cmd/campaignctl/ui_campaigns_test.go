@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"html"
 	"image/png"
 	"net/http"
 	"os"
@@ -222,5 +223,19 @@ func TestUICampaignsWithoutPostgres(t *testing.T) {
 	}
 	if code, _, body := uiDo(t, "GET", ui.base+"/", nil); code != 200 || !strings.Contains(body, "<title>Asynq - Monitoring</title>") {
 		t.Errorf("GET / without Postgres: %d %.300s", code, body)
+	}
+}
+
+// With Redis gone after the start, the list still shows the campaigns from Postgres, and says so.
+func TestUICampaignsWithoutRedis(t *testing.T) {
+	t.Parallel()
+	env, _ := uiLaunched(t, 0)
+	srv := testredis.StartServer(t)
+	env["REDIS_URL"] = srv.URL()
+	ui := uiStart(t, env, "--addr", "127.0.0.1:0")
+	srv.Kill()
+	code, _, body := uiDo(t, "GET", ui.base+"/campaigns", nil)
+	if code != http.StatusOK || !strings.Contains(body, html.EscapeString(uiCampaignName)) || !strings.Contains(body, "Redis is unreachable") {
+		t.Fatalf("GET /campaigns with Redis down: %d %.600s; want the campaign from Postgres and a note", code, body)
 	}
 }
