@@ -16,19 +16,11 @@ import (
 // deliver handles one recipient. A non-nil error stops the batch: the recipient (and the rest) stay
 // pending for the next run.
 func (h *Handler) deliver(ctx, waitCtx context.Context, run *batchRun, r *campaign.Recipient) error {
-	if r.Suspect {
-		return h.settleUnverifiable(ctx, run, r)
-	}
-	if !r.Consent {
-		return h.close(ctx, run, r, state.ReasonValue(state.Skipped, campaign.ReasonRevoked))
+	msg, ok, err := h.prepare(ctx, run, r)
+	if err != nil || !ok {
+		return err
 	}
 	key := ClaimKey(run.c.ID, r.UserID)
-	msg, err := run.message(r)
-	if err != nil {
-		run.add(campaign.Outcome{UserID: r.UserID, Status: campaign.StatusFailed, Reason: "template: " + err.Error()})
-		run.m.Failed(1)
-		return nil
-	}
 	g := run.guard
 	g.CheckHalt = true
 

@@ -13,6 +13,27 @@ import (
 	"github.com/campaignctl/campaignctl/providers"
 )
 
+// prepare settles a recipient of the chunk that will not be sent (taken over from a dead run under
+// another Redis epoch: settleUnverifiable; consent no longer ONAY: skipped, revoked; a message that does
+// not render: failed with the reason) and renders the others' message, ok. Every send path (one at a
+// time, windowed, many a request) starts with it: the consent check is written once. A non-nil error
+// (Redis or Postgres) stops the chunk.
+func (h *Handler) prepare(ctx context.Context, run *batchRun, r *campaign.Recipient) (providers.Message, bool, error) {
+	switch {
+	case r.Suspect:
+		return providers.Message{}, false, h.settleUnverifiable(ctx, run, r)
+	case !r.Consent:
+		return providers.Message{}, false, h.close(ctx, run, r, state.ReasonValue(state.Skipped, campaign.ReasonRevoked))
+	}
+	msg, err := run.message(r)
+	if err != nil {
+		run.add(campaign.Outcome{UserID: r.UserID, Status: campaign.StatusFailed, Reason: "template: " + err.Error()})
+		run.m.Failed(1)
+		return providers.Message{}, false, nil
+	}
+	return msg, true, nil
+}
+
 // message renders the recipient's message (Renderer), with the campaign's shared content where the
 // provider takes it.
 func (run *batchRun) message(r *campaign.Recipient) (providers.Message, error) {
@@ -39,25 +60,13 @@ func (h *Handler) deliverGroup(ctx, waitCtx context.Context, run *batchRun, b pr
 	msgs := make([]providers.Message, 0, len(rs))
 	for i := range rs {
 		r := &rs[i]
-		switch {
-		case r.Suspect:
-			if err := h.settleUnverifiable(ctx, run, r); err != nil {
-				return err
-			}
-			continue
-		case !r.Consent:
-			if err := h.close(ctx, run, r, state.ReasonValue(state.Skipped, campaign.ReasonRevoked)); err != nil {
-				return err
-			}
-			continue
-		}
-		m, err := run.message(r)
+		m, ok, err := h.prepare(ctx, run, r)
 		if err != nil {
-			run.add(campaign.Outcome{UserID: r.UserID, Status: campaign.StatusFailed, Reason: "template: " + err.Error()})
-			run.m.Failed(1)
-			continue
+			return err
 		}
-		send, msgs = append(send, r), append(msgs, m)
+		if ok {
+			send, msgs = append(send, r), append(msgs, m)
+		}
 	}
 	if len(send) == 0 {
 		return nil

@@ -63,25 +63,13 @@ func (h *Handler) deliverWindowed(ctx, waitCtx context.Context, run *batchRun, r
 	queue := make([]windowSend, 0, len(rs))
 	for i := range rs {
 		r := &rs[i]
-		switch {
-		case r.Suspect:
-			if err := h.settleUnverifiable(ctx, run, r); err != nil {
-				return err
-			}
-			continue
-		case !r.Consent:
-			if err := h.close(ctx, run, r, state.ReasonValue(state.Skipped, campaign.ReasonRevoked)); err != nil {
-				return err
-			}
-			continue
-		}
-		msg, err := run.message(r)
+		msg, ok, err := h.prepare(ctx, run, r)
 		if err != nil {
-			run.add(campaign.Outcome{UserID: r.UserID, Status: campaign.StatusFailed, Reason: "template: " + err.Error()})
-			run.m.Failed(1)
-			continue
+			return err
 		}
-		queue = append(queue, windowSend{r: r, msg: msg, attempt: 1})
+		if ok {
+			queue = append(queue, windowSend{r: r, msg: msg, attempt: 1})
+		}
 	}
 	rt := &run.primary
 	name := rt.provider.Name()
