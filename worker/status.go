@@ -74,7 +74,7 @@ func Status(ctx context.Context, o StatusOptions) (CampaignStatus, error) {
 	if err != nil {
 		return CampaignStatus{}, err
 	}
-	return statusOf(ctx, o.Store, o.Redis, c, int64(len(dlq)))
+	return statusOf(ctx, o.Store, newWaitEnv(o.Redis), c, int64(len(dlq)))
 }
 
 // ListStatus reads where every campaign stands, newest first. The dead-letter queue is read once for all.
@@ -94,8 +94,12 @@ func ListStatus(ctx context.Context, o StatusOptions) ([]CampaignStatus, error) 
 		}
 	}
 	out := make([]CampaignStatus, 0, len(list))
+	var env *waitEnv
+	if o.Redis != nil {
+		env = newWaitEnv(o.Redis)
+	}
 	for _, c := range list {
-		s, err := statusOf(ctx, o.Store, o.Redis, c, dlq[c.ID])
+		s, err := statusOf(ctx, o.Store, env, c, dlq[c.ID])
 		if err != nil {
 			return nil, err
 		}
@@ -105,7 +109,8 @@ func ListStatus(ctx context.Context, o StatusOptions) ([]CampaignStatus, error) 
 	return out, nil
 }
 
-func statusOf(ctx context.Context, store *campaign.Store, rdb redis.UniversalClient, c *campaign.Campaign, dlq int64) (CampaignStatus, error) {
+// statusOf reads one campaign's status; env (nil without Redis) gives what waitingOf reads of Redis.
+func statusOf(ctx context.Context, store *campaign.Store, env *waitEnv, c *campaign.Campaign, dlq int64) (CampaignStatus, error) {
 	counts, err := store.Counts(ctx, c.ID)
 	if err != nil {
 		return CampaignStatus{}, err
@@ -123,8 +128,8 @@ func statusOf(ctx context.Context, store *campaign.Store, rdb redis.UniversalCli
 		CreatedAt: c.CreatedAt.UTC().Format("2006-01-02T15:04:05Z"),
 		StartAt:   utcOrNil(c.StartAt), StartedAt: utcOrNil(c.StartedAt), FinishedAt: utcOrNil(c.FinishedAt),
 		FailedByReason: failed, SkippedByReason: skipped}
-	if rdb != nil {
-		if s.Waiting, err = waitingOf(ctx, rdb, c, counts, dlq, time.Now()); err != nil {
+	if env != nil {
+		if s.Waiting, err = waitingOf(ctx, env, c, counts, dlq, time.Now()); err != nil {
 			return CampaignStatus{}, err
 		}
 	}

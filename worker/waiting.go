@@ -36,7 +36,7 @@ type Waiting = state.Waiting
 // campaign (scheduled, paused, window), the workers' heartbeats (no worker, none for the channel), the
 // queue (batches gone, or all in the DLQ), the provider's shared pace and pause, and the notes workers
 // leave when a batch waits on the provider's account.
-func waitingOf(ctx context.Context, rdb redis.UniversalClient, c *campaign.Campaign, counts campaign.Counts, dlq int64, now time.Time) (*Waiting, error) {
+func waitingOf(ctx context.Context, env *waitEnv, c *campaign.Campaign, counts campaign.Counts, dlq int64, now time.Time) (*Waiting, error) {
 	over := c.State == campaign.StateCompleted || c.State == campaign.StateCancelled || c.State == campaign.StateFailed
 	if over || counts.Pending == 0 {
 		return nil, nil
@@ -48,7 +48,8 @@ func waitingOf(ctx context.Context, rdb redis.UniversalClient, c *campaign.Campa
 	if c.State == campaign.StatePaused {
 		return &Waiting{Reason: WaitPaused, Detail: fmt.Sprintf("paused; campaignctl resume %d goes on, campaignctl cancel %d ends it", id, id)}, nil
 	}
-	workers, err := state.Workers(ctx, rdb)
+	rdb := env.rdb
+	workers, err := env.workers(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -72,7 +73,7 @@ func waitingOf(ctx context.Context, rdb redis.UniversalClient, c *campaign.Campa
 	if c.OneClickUnsubscribe() && !commercialOK {
 		return &Waiting{Reason: WaitNoWorkerForChannel, Detail: "no running worker can make the one-click unsubscribe links of a commercial e-mail: set WEBHOOKS_PUBLIC_URL and UNSUBSCRIBE_SECRET on the workers"}, nil
 	}
-	queued, err := queuedBatches(rdb, id)
+	queued, err := env.queued(id)
 	if err != nil {
 		return nil, err
 	}
@@ -108,11 +109,46 @@ func utc(t time.Time) *time.Time {
 	return &u
 }
 
-// queuedBatches counts the campaign's batches waiting in the queue, running, scheduled or to retry.
-func queuedBatches(rdb redis.UniversalClient, campaignID int64) (int, error) {
+// waitEnv is what waitingOf reads that is the same for every campaign: the workers' heartbeats and the
+// queue, each read once however many campaigns a status lists.
+type waitEnv struct {
+	rdb         redis.UniversalClient
+	workerList  []state.WorkerInfo
+	byCampaign  map[int64]int
+	haveWorkers bool
+}
+
+func newWaitEnv(rdb redis.UniversalClient) *waitEnv { return &waitEnv{rdb: rdb} }
+
+func (e *waitEnv) workers(ctx context.Context) ([]state.WorkerInfo, error) {
+	if !e.haveWorkers {
+		ws, err := state.Workers(ctx, e.rdb)
+		if err != nil {
+			return nil, err
+		}
+		e.workerList, e.haveWorkers = ws, true
+	}
+	return e.workerList, nil
+}
+
+// queued counts the campaign's batches waiting in the queue, running, scheduled or to retry (the queue is
+// read once, for every campaign).
+func (e *waitEnv) queued(campaignID int64) (int, error) {
+	if e.byCampaign == nil {
+		m, err := queuedByCampaign(e.rdb)
+		if err != nil {
+			return 0, err
+		}
+		e.byCampaign = m
+	}
+	return e.byCampaign[campaignID], nil
+}
+
+// queuedByCampaign counts the queue's batches waiting, running, scheduled or to retry, by campaign.
+func queuedByCampaign(rdb redis.UniversalClient) (map[int64]int, error) {
 	insp := asynq.NewInspectorFromRedisClient(rdb)
 	const pageSize = 1000
-	n := 0
+	out := map[int64]int{}
 	lists := []func(string, ...asynq.ListOption) ([]*asynq.TaskInfo, error){insp.ListPendingTasks, insp.ListActiveTasks, insp.ListScheduledTasks, insp.ListRetryTasks}
 	for _, list := range lists {
 		for page := 1; ; page++ {
@@ -121,11 +157,11 @@ func queuedBatches(rdb redis.UniversalClient, campaignID int64) (int, error) {
 				if errors.Is(err, asynq.ErrQueueNotFound) || strings.Contains(err.Error(), "does not exist") {
 					break
 				}
-				return 0, fmt.Errorf("read the queue: %w", err)
+				return nil, fmt.Errorf("read the queue: %w", err)
 			}
 			for _, t := range tasks {
-				if cid, _, ok := parseTaskID(t.ID); ok && cid == campaignID {
-					n++
+				if cid, _, ok := parseTaskID(t.ID); ok {
+					out[cid]++
 				}
 			}
 			if len(tasks) < pageSize {
@@ -133,7 +169,7 @@ func queuedBatches(rdb redis.UniversalClient, campaignID int64) (int, error) {
 			}
 		}
 	}
-	return n, nil
+	return out, nil
 }
 
 // Heartbeat publishes info (what this worker sends) now and every state.WorkerTTL/3 until ctx ends, and
