@@ -16,7 +16,8 @@ import (
 	"github.com/campaignctl/campaignctl/providers/sandbox"
 )
 
-// syncBuffer is a bytes.Buffer the command may write while the test reads.
+// syncBuffer is a bytes.Buffer a command (in-process or a child process) writes while the test reads it:
+// the tests of this package share it.
 type syncBuffer struct {
 	mu sync.Mutex
 	b  bytes.Buffer

@@ -25,28 +25,10 @@ import (
 	"github.com/campaignctl/campaignctl/worker"
 )
 
-// uiSyncBuffer is a bytes.Buffer the command writes to while the test reads it.
-type uiSyncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *uiSyncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *uiSyncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
 // uiServer is a `campaignctl ui` (or another serving command) running in-process.
 type uiServer struct {
 	base   string // http://127.0.0.1:PORT
-	stderr *uiSyncBuffer
+	stderr *syncBuffer
 	stop   func() error // cancels the command's context (as SIGTERM does) and returns what it returned
 }
 
@@ -64,7 +46,7 @@ func uiStart(t *testing.T, env map[string]string, args ...string) *uiServer {
 func serveInProcess(t *testing.T, env map[string]string, urlRe *regexp.Regexp, args ...string) *uiServer {
 	t.Helper()
 	name := args[0]
-	errb := &uiSyncBuffer{}
+	errb := &syncBuffer{}
 	a := &app{stdin: strings.NewReader(""), stdout: io.Discard, stderr: errb, getenv: func(k string) string { return env[k] }}
 	root := a.newRootCmd()
 	root.SetArgs(args)

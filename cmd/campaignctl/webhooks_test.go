@@ -626,7 +626,7 @@ func TestWebhooksJunkPostsKeepMemoryBounded(t *testing.T) {
 	addr := freeAddr(t)
 	cmd := exec.Command(binary(t), "webhooks", "--addr", addr)
 	cmd.Env = append(os.Environ(), "DATABASE_URL="+env["DATABASE_URL"], "TWILIO_AUTH_TOKEN="+hooksToken, "SENDGRID_WEBHOOK_PUBLIC_KEY="+key.public, uiAuthEnv+"=")
-	var logs uiSyncBuffer
+	var logs syncBuffer
 	cmd.Stdout, cmd.Stderr = &logs, &logs
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -10,7 +9,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -64,24 +62,6 @@ func TestWorkersFlagsAreValidated(t *testing.T) {
 			t.Errorf("workers --help (exit %d) lacks %q", code, want)
 		}
 	}
-}
-
-// lockedBuffer collects a process's output while the test reads it.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }
 
 // supervisorLines are the supervisor's own JSON log lines with message msg.
@@ -161,7 +141,7 @@ func TestWorkersSupervisorEndToEnd(t *testing.T) {
 		t.Fatalf("launch: %v, %d batches enqueued, want 4\n%s", err, rep.Enqueued, out)
 	}
 
-	logs := &lockedBuffer{}
+	logs := &syncBuffer{}
 	sup := exec.Command(e.bin, "workers", "--min", "1", "--max", "3", "--concurrency", "1",
 		"--interval", "250ms", "--cooldown", "2s", "--shutdown-timeout", "5s", "--provider-timeout", "5s")
 	sup.Env = e.env
