@@ -212,3 +212,24 @@ func TestTestSendEmailDryRunPreview(t *testing.T) {
 		t.Errorf("a dry run sent or wrote something")
 	}
 }
+
+// A test send fails closed: with Redis unreachable (the provider's rate limit cannot be read) nothing
+// goes out, and the command says why.
+func TestTestSendSendsNothingWithoutRedis(t *testing.T) {
+	t.Parallel()
+	env, sb, count, _ := testSendEnv(t)
+	env["REDIS_URL"] = "redis://127.0.0.1:1/0"
+	audience := writeFile(t, "a.sql", "SELECT user_id, phone, first_name FROM customers")
+	_, stderr, code := cli(t, env, "launch", "--name", "yaz", "--channel", "sms", "--audience", audience,
+		"--message", testPrefix+"Merhaba {{.first_name}}", "--test-to", "+905321000001", "--yes")
+	if code == 0 || !strings.Contains(strings.ToLower(stderr), "redis") {
+		t.Fatalf("test send with Redis down: exit %d, %s; want a failure naming Redis", code, stderr)
+	}
+	if n := len(sb.Messages()); n != 0 {
+		t.Fatalf("%d messages sent while Redis was unreachable", n)
+	}
+	if n := count(`SELECT count(*) FROM send_log`); n != 0 {
+		t.Fatalf("%d send_log entries for a test that was not sent", n)
+	}
+	nothingPlanned(t, count)
+}
