@@ -122,6 +122,8 @@ type Handler struct {
 	// downUntil holds, per provider name, until when (unix ns) a first provider that failed is skipped for
 	// its fallback.
 	downUntil sync.Map
+	// senders runs the sends of windows (deliverWindowed).
+	senders senders
 }
 
 // NewHandler returns a Handler for cfg.

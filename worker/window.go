@@ -220,7 +220,7 @@ func (h *Handler) sendWindow(ctx context.Context, run *batchRun, rt *route, send
 	results := make([]result, len(sends))
 	var wg sync.WaitGroup
 	for i := range sends {
-		wg.Go(func() {
+		h.senders.Go(&wg, func() {
 			start := time.Now()
 			res, err := rt.provider.Send(ctx, sends[i].msg)
 			rt.m.Request(time.Since(start))

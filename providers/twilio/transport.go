@@ -36,12 +36,15 @@ type recorder struct {
 	retryAfter string
 }
 
-// RoundTrip sends a clone of req to the target host with the recorder's trace attached.
+// RoundTrip sends a copy of req, pointed at the target host, with the recorder's trace attached. The
+// copy is shallow (the header is shared, as net/http shares it): the SDK's request is not reused after
+// the call, and nothing here writes to it.
 func (r *recorder) RoundTrip(req *http.Request) (*http.Response, error) {
-	out := req.Clone(r.WithTrace(req.Context()))
+	out := req.WithContext(r.WithTrace(req.Context()))
 	if r.target != nil {
-		out.URL.Scheme = r.target.Scheme
-		out.URL.Host = r.target.Host
+		u := *out.URL
+		u.Scheme, u.Host = r.target.Scheme, r.target.Host
+		out.URL = &u
 		out.Host = ""
 	}
 	resp, err := r.next.RoundTrip(out)
@@ -53,30 +56,52 @@ func (r *recorder) RoundTrip(req *http.Request) (*http.Response, error) {
 	r.retryAfter = resp.Header.Get("Retry-After")
 	r.mu.Unlock()
 
-	data, err := io.ReadAll(io.LimitReader(resp.Body, maxAnswer+1))
+	buf := answers.Get().(*bytes.Buffer)
+	buf.Reset()
+	_, err = buf.ReadFrom(io.LimitReader(resp.Body, maxAnswer+1))
 	resp.Body.Close()
-	if err == nil && len(data) > maxAnswer {
-		data, err = data[:maxAnswer], errAnswerTooLarge
+	if err == nil && buf.Len() > maxAnswer {
+		buf.Truncate(maxAnswer)
+		err = errAnswerTooLarge
 	}
-	resp.Body = &readBody{r: bytes.NewReader(data), err: err}
+	resp.Body = &readBody{buf: buf, err: err}
 	return resp, nil
 }
 
+// answers holds the buffers answers are read into. A buffer goes back when the SDK closes the body,
+// which it does after decoding a message; an error answer's body is never closed and its buffer is left
+// to the garbage collector.
+var answers = sync.Pool{New: func() any { return bytes.NewBuffer(make([]byte, 0, 2048)) }}
+
 // readBody replays an answer read in full, then the error that cut it short, if any.
 type readBody struct {
-	r   *bytes.Reader
+	mu  sync.Mutex
+	buf *bytes.Buffer // nil once closed
 	err error
 }
 
 func (b *readBody) Read(p []byte) (int, error) {
-	n, err := b.r.Read(p)
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.buf == nil {
+		return 0, errors.New("read on a closed answer")
+	}
+	n, err := b.buf.Read(p)
 	if err == io.EOF && b.err != nil {
 		err = b.err
 	}
 	return n, err
 }
 
-func (b *readBody) Close() error { return nil }
+func (b *readBody) Close() error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.buf != nil && b.buf.Cap() <= 64<<10 {
+		answers.Put(b.buf)
+	}
+	b.buf = nil
+	return nil
+}
 
 // answer returns the HTTP status of the answer (0 when none arrived) and its Retry-After header.
 func (r *recorder) answer() (status int, retryAfter string) {

@@ -61,12 +61,14 @@ type Provider struct {
 	token      string
 	from       string
 	callback   string
-	creds      *client.Credentials
-	target     *url.URL // nil: leave the SDK's URL alone
-	edge       string
-	region     string
-	timeout    time.Duration
-	transport  http.RoundTripper
+	// callbackPrefix is callback ready for a message's campaign and user (callbackPrefix).
+	callbackPrefix string
+	creds          *client.Credentials
+	target         *url.URL // nil: leave the SDK's URL alone
+	edge           string
+	region         string
+	timeout        time.Duration
+	transport      http.RoundTripper
 }
 
 // New validates cfg and returns a Provider. Its errors name the environment variable to fix and never
@@ -90,13 +92,14 @@ func New(cfg Config) (*Provider, error) {
 		return nil, fmt.Errorf("twilio: timeout %v is negative", cfg.Timeout)
 	}
 	p := &Provider{
-		accountSID: cfg.AccountSID,
-		token:      cfg.AuthToken,
-		from:       cfg.From,
-		callback:   cfg.StatusCallback,
-		creds:      client.NewCredentials(cfg.AccountSID, cfg.AuthToken),
-		timeout:    cfg.Timeout,
-		transport:  wire.NewTransport(),
+		accountSID:     cfg.AccountSID,
+		token:          cfg.AuthToken,
+		from:           cfg.From,
+		callback:       cfg.StatusCallback,
+		callbackPrefix: callbackPrefix(cfg.StatusCallback),
+		creds:          client.NewCredentials(cfg.AccountSID, cfg.AuthToken),
+		timeout:        cfg.Timeout,
+		transport:      wire.NewTransport(),
 	}
 	if p.timeout == 0 {
 		p.timeout = DefaultTimeout
@@ -158,7 +161,7 @@ func (p *Provider) Send(ctx context.Context, m providers.Message) (providers.Res
 	params.SetFrom(p.from)
 	params.SetBody(m.Body)
 	if p.callback != "" {
-		params.SetStatusCallback(callbackURL(p.callback, m))
+		params.SetStatusCallback(p.callbackURL(m))
 	}
 	msg, err := api.CreateMessage(params)
 	if err != nil {
@@ -244,15 +247,27 @@ func isLetter(c byte) bool { return 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z'
 func isDigit(c byte) bool  { return '0' <= c && c <= '9' }
 
 // callbackURL adds the message's campaign and user to the status callback URL, so a receipt names its
-// recipient even before the message's SID is recorded.
-func callbackURL(base string, m providers.Message) string {
+// recipient even before the message's SID is recorded. The URL's own part is parsed once (New).
+func (p *Provider) callbackURL(m providers.Message) string {
+	if p.callbackPrefix == "" {
+		return p.callback
+	}
+	return p.callbackPrefix + "campaign_id=" + strconv.FormatInt(m.CampaignID, 10) + "&user_id=" + url.QueryEscape(m.UserID)
+}
+
+// callbackPrefix is the status callback URL with its own query (less any campaign_id and user_id) and the
+// separator the message's parameters follow; "" when base cannot be parsed (it is then used as it is).
+func callbackPrefix(base string) string {
 	u, err := url.Parse(base)
-	if err != nil {
-		return base
+	if base == "" || err != nil {
+		return ""
 	}
 	q := u.Query()
-	q.Set("campaign_id", strconv.FormatInt(m.CampaignID, 10))
-	q.Set("user_id", m.UserID)
-	u.RawQuery = q.Encode()
-	return u.String()
+	q.Del("campaign_id")
+	q.Del("user_id")
+	u.RawQuery, u.Fragment, u.RawFragment = q.Encode(), "", ""
+	if u.RawQuery == "" {
+		return u.String() + "?"
+	}
+	return u.String() + "&"
 }
