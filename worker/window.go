@@ -172,6 +172,15 @@ func (h *Handler) deliverWindowed(ctx, waitCtx context.Context, run *batchRun, r
 // readyWindow takes from queue up to size recipients whose back-off is over at now, in queue order; it
 // returns them, the rest of the queue, and, when none is ready, when the first will be.
 func readyWindow(queue []windowSend, size int, now time.Time) (win, rest []windowSend, next time.Time) {
+	// Usually the head of the queue is ready: the window is that head, and nothing is copied (the window
+	// cannot grow into the rest).
+	k := 0
+	for k < len(queue) && k < size && !queue[k].notUntil.After(now) {
+		k++
+	}
+	if k == size || k == len(queue) {
+		return queue[:k:k], queue[k:], time.Time{}
+	}
 	for _, w := range queue {
 		switch {
 		case len(win) < size && !w.notUntil.After(now):

@@ -202,3 +202,51 @@ func TestWindowedSendSkipsARevokedConsent(t *testing.T) {
 		t.Fatalf("counts %+v, want all but u1 sent", c)
 	}
 }
+
+func TestReadyWindowTakesTheReadyInQueueOrder(t *testing.T) {
+	now := time.Unix(1000, 0)
+	mk := func(ids string, later string) []windowSend {
+		var q []windowSend
+		for _, c := range ids {
+			w := windowSend{r: &campaign.Recipient{UserID: string(c)}}
+			for _, l := range later {
+				if l == c {
+					w.notUntil = now.Add(time.Duration(c-'a'+1) * time.Second)
+				}
+			}
+			q = append(q, w)
+		}
+		return q
+	}
+	ids := func(ws []windowSend) string {
+		s := ""
+		for _, w := range ws {
+			s += w.r.UserID
+		}
+		return s
+	}
+	for _, tc := range []struct {
+		queue, later string
+		size         int
+		win, rest    string
+		next         time.Duration
+	}{
+		{"abcdef", "", 4, "abcd", "ef", 0},
+		{"abc", "", 4, "abc", "", 0},
+		{"abcdef", "b", 3, "acd", "bef", 2 * time.Second},
+		{"abcdef", "ae", 3, "bcd", "aef", time.Second},
+		{"abc", "abc", 2, "", "abc", time.Second},
+	} {
+		win, rest, next := readyWindow(mk(tc.queue, tc.later), tc.size, now)
+		if ids(win) != tc.win || ids(rest) != tc.rest {
+			t.Errorf("%s (later %q) by %d: window %q, rest %q; want %q, %q", tc.queue, tc.later, tc.size, ids(win), ids(rest), tc.win, tc.rest)
+		}
+		if tc.win == "" && next.Sub(now) != tc.next {
+			t.Errorf("%s (later %q): next in %v, want %v", tc.queue, tc.later, next.Sub(now), tc.next)
+		}
+		// A window put back in front of the rest (a pause) must not overwrite the rest.
+		if again := append(win, rest...); ids(again) != tc.win+tc.rest {
+			t.Errorf("%s: window put back gives %q, want %q", tc.queue, ids(again), tc.win+tc.rest)
+		}
+	}
+}

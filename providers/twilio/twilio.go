@@ -143,12 +143,12 @@ func (p *Provider) Send(ctx context.Context, m providers.Message) (providers.Res
 	if err := ctx.Err(); err != nil {
 		return providers.Result{}, fmt.Errorf("twilio send: %w", err)
 	}
-	rt := &recorder{next: p.transport, target: p.target}
+	rt := &recorder{next: p.transport, target: p.target, timeout: p.timeout}
 	c := &client.Client{
 		Credentials: p.creds,
 		HTTPClient: &http.Client{
+			// No Timeout here: the recorder bounds the request (see recorder.RoundTrip).
 			Transport: rt,
-			Timeout:   p.timeout,
 			// Twilio does not redirect API calls; following one would resend the message elsewhere.
 			CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
 		},
