@@ -48,6 +48,7 @@ func lowestRate(a, b float64) float64 {
 type windowSend struct {
 	r        *campaign.Recipient
 	msg      providers.Message
+	tokens   int // what the message takes from its provider's bucket (sendTokens), counted once
 	attempt  int
 	notUntil time.Time
 }
@@ -60,6 +61,7 @@ type windowSend struct {
 // (or the provider's Retry-After for it) has passed; the others of the chunk go on meanwhile. While the
 // provider is down, the chunk waits, sending only the probe, and nobody's attempts are used up.
 func (h *Handler) deliverWindowed(ctx, waitCtx context.Context, run *batchRun, rs []campaign.Recipient) error {
+	rt := &run.primary
 	queue := make([]windowSend, 0, len(rs))
 	for i := range rs {
 		r := &rs[i]
@@ -68,10 +70,9 @@ func (h *Handler) deliverWindowed(ctx, waitCtx context.Context, run *batchRun, r
 			return err
 		}
 		if ok {
-			queue = append(queue, windowSend{r: r, msg: msg, attempt: 1})
+			queue = append(queue, windowSend{r: r, msg: msg, tokens: sendTokens(rt, msg), attempt: 1})
 		}
 	}
-	rt := &run.primary
 	name := rt.provider.Name()
 	g := run.guard
 	g.CheckHalt = true
@@ -107,7 +108,7 @@ func (h *Handler) deliverWindowed(ctx, waitCtx context.Context, run *batchRun, r
 			continue
 		}
 		queue = rest
-		if err := h.readyToSend(ctx, waitCtx, run, sendSize{msgs: len(win), tokens: tokensOf(rt, win), calls: len(win)}, limits...); err != nil {
+		if err := h.readyToSend(ctx, waitCtx, run, sendSize{msgs: len(win), tokens: tokensOf(win), calls: len(win)}, limits...); err != nil {
 			return err
 		}
 		now := h.cfg.Now()
@@ -197,13 +198,10 @@ func readyWindow(queue []windowSend, size int, now time.Time) (win, rest []windo
 
 // tokensOf is what a window takes from the buckets: a message each, or, for a provider whose limit counts
 // SMS segments (Twilio's does), a token a segment.
-func tokensOf(rt *route, win []windowSend) int {
-	if !rt.segmentsPaced {
-		return len(win)
-	}
+func tokensOf(win []windowSend) int {
 	n := 0
 	for _, w := range win {
-		n += sendTokens(rt, w.msg)
+		n += w.tokens
 	}
 	return n
 }
@@ -243,7 +241,7 @@ func (h *Handler) sendWindow(ctx context.Context, run *batchRun, rt *route, send
 	for i, w := range sends {
 		key := ClaimKey(run.c.ID, w.r.UserID)
 		v, pe := judge(results[i].err)
-		h.observe(ctx, name, v, pe, sendTokens(rt, w.msg))
+		h.observe(ctx, name, v, pe, w.tokens)
 		if v == accepted {
 			res := results[i].res
 			run.answersDue = append(run.answersDue, state.Answer{Key: key, InFlight: inflight, Value: state.SentValue(res.MessageID, res.Segments)})
