@@ -43,6 +43,10 @@ usage: scripts/bench.sh [options]
   --concurrency C       --concurrency of each worker (default 16)
   --latency-concurrency C  --concurrency of each worker with 20 ms latency (default 32)
   --scenarios LIST      the send scenarios to run, of sms,email,latency,rate,faults,hidden,outage (default: all)
+  --compare REV         instead of the send scenarios: the SMS scenario for this checkout and for git revision
+                        REV (built from it; it must share this checkout's migrations), alternating, each run
+                        with --sms recipients on the same sandbox; medians of CPU per message by process
+  --rounds K            runs of each side with --compare (default 3)
   --profile             take 10 s CPU profiles of the first worker and of the sandbox in each send scenario
                         (kept in the work directory)
   --send-timeout S      give up on a send scenario after S seconds (default 600)
@@ -65,7 +69,7 @@ LAUNCH_TIMEOUT=${BENCH_LAUNCH_TIMEOUT:-900}
 ONLY="" SMS_N=200000 EMAIL_N=200000 LAT_N=32000 RATE_R=2000 RATE_SECS=15 SEND_WORKERS=2 SEND_CONC=16 LAT_CONC=32
 SEND_TIMEOUT=600 PROFILE=0 SCENARIOS=sms,email,latency,rate,faults,hidden,outage
 PUSHBACK_N=94000 # recipients of the pushback scenarios (scripts/bench/pushback.sh)
-KEEP=0 KEEP_WORK=0 RECORD=1 EXPLAIN=0
+KEEP=0 KEEP_WORK=0 RECORD=1 EXPLAIN=0 COMPARE_REV="" COMPARE_ROUNDS=3
 while [ $# -gt 0 ]; do
   case "$1" in
     --customers) CUSTOMERS=${2:?--customers needs a number}; shift 2 ;;
@@ -88,6 +92,8 @@ while [ $# -gt 0 ]; do
     --latency-concurrency) LAT_CONC=${2:?--latency-concurrency needs a number}; shift 2 ;;
     --send-timeout) SEND_TIMEOUT=${2:?--send-timeout needs seconds}; shift 2 ;;
     --profile) PROFILE=1; shift ;;
+    --compare) COMPARE_REV=${2:?--compare needs a git revision}; ONLY=send; shift 2 ;;
+    --rounds) COMPARE_ROUNDS=${2:?--rounds needs a number}; shift 2 ;;
     --scenarios) SCENARIOS=${2:?--scenarios needs a list}; shift 2 ;;
     --keep) KEEP=1; shift ;;
     --no-record) RECORD=0; shift ;;
@@ -100,11 +106,17 @@ case "$ONLY" in ""|launch|send) ;; *) echo "--only takes launch or send, got '$O
 for s in ${SCENARIOS//,/ }; do
   case "$s" in sms|email|latency|rate|faults|hidden|outage) ;; *) echo "--scenarios: unknown scenario '$s' (give a list of sms,email,latency,rate,faults,hidden,outage)" >&2; exit 2 ;; esac
 done
-for v in CUSTOMERS CONSENTS CODES LAUNCH_TIMEOUT SMS_N EMAIL_N LAT_N RATE_R RATE_SECS SEND_WORKERS SEND_CONC LAT_CONC SEND_TIMEOUT; do
+for v in CUSTOMERS CONSENTS CODES LAUNCH_TIMEOUT SMS_N EMAIL_N LAT_N RATE_R RATE_SECS SEND_WORKERS SEND_CONC LAT_CONC SEND_TIMEOUT COMPARE_ROUNDS; do
   [[ ${!v} =~ ^[1-9][0-9]*$ ]] || { echo "${v,,} must be a positive whole number, got '${!v}'" >&2; exit 2; }
 done
 [ "$CUSTOMERS" -le 9999999 ] || { echo "--customers is at most 9999999 (phones are +90532 followed by 7 digits)" >&2; exit 2; }
-if [ "$ONLY" != launch ]; then
+if [ -n "$COMPARE_REV" ]; then
+  git rev-parse --verify --quiet "$COMPARE_REV^{commit}" >/dev/null ||
+    { echo "--compare: '$COMPARE_REV' is not a git revision here (a commit, a tag or a branch)" >&2; exit 2; }
+  need=$((SMS_N * COMPARE_ROUNDS * 2))
+  [ "$need" -le $((CUSTOMERS * 3 / 4)) ] ||
+    { echo "--compare needs $need customers with consent ($COMPARE_ROUNDS rounds × 2 × --sms $SMS_N): raise --customers to $((need * 4 / 3 + 4)) or lower --sms/--rounds" >&2; exit 2; }
+elif [ "$ONLY" != launch ]; then
   need=$((SMS_N + LAT_N + RATE_R * RATE_SECS))
   [ "$need" -le $((CUSTOMERS * 3 / 4)) ] ||
     { echo "the SMS scenarios need $need customers with consent: raise --customers to $((need * 4 / 3 + 4)) or lower --sms/--latency-n/--rate" >&2; exit 2; }
@@ -180,6 +192,15 @@ go build -o bin/campaignctl ./cmd/campaignctl
 # Run a private copy, so that another session rebuilding bin/campaignctl cannot swap it mid-benchmark.
 cp bin/campaignctl "$work/campaignctl"
 ctl="$work/campaignctl"
+if [ -n "$COMPARE_REV" ]; then
+  rev_commit=$(git rev-parse --short "$COMPARE_REV^{commit}")
+  say "building campaignctl at $COMPARE_REV ($rev_commit)"
+  mkdir -p "$work/rev-src"
+  git archive --format=tar "$rev_commit" | tar -x -C "$work/rev-src"
+  (cd "$work/rev-src" && go build -o "$work/campaignctl-rev" ./cmd/campaignctl)
+  rm -rf "$work/rev-src"
+  rev_ctl="$work/campaignctl-rev"
+fi
 commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
 dirty=$(git status --porcelain -- . ':!docs' ':!scripts' 2>/dev/null | wc -l)
 [ "$dirty" -eq 0 ] || commit="$commit + uncommitted changes to $dirty files"
@@ -335,7 +356,10 @@ if [ "$EXPLAIN" = 1 ]; then
 fi
 fi # the launch half
 
-if [ "$ONLY" != launch ]; then
+if [ -n "$COMPARE_REV" ]; then
+  . scripts/bench/send.sh
+  run_compare
+elif [ "$ONLY" != launch ]; then
   . scripts/bench/send.sh
   run_send_scenarios
 fi

@@ -41,7 +41,7 @@ cpu_ticks() {
 # that started since counts from zero).
 cpu_used() {
   local before=$1; shift
-  cpu_ticks "$@" | awk -v hz="$(getconf CLK_TCK)" 'NR == FNR { b[$1] = $2; next } { s += $2 - b[$1] } END { printf "%.1f", s / hz }' "$before" -
+  cpu_ticks "$@" | awk -v hz="$(getconf CLK_TCK)" 'NR == FNR { b[$1] = $2; next } { s += $2 - b[$1] } END { printf "%.2f", s / hz }' "$before" -
 }
 
 stop_pids() {
@@ -105,7 +105,7 @@ send_scenario() {
   rcli -n "$REDIS_DB" --scan --pattern 'pace:*' | while read -r k; do rcli -n "$REDIS_DB" DEL "$k" >/dev/null; done
   local base
   base=$(redis_used)
-  if ! env "${env[@]}" "$ctl" "${args[@]}" >"$work/$name.launch.out" 2>"$work/$name.launch.err"; then
+  if ! env "${env[@]}" "${run_ctl:-$ctl}" "${args[@]}" >"$work/$name.launch.out" 2>"$work/$name.launch.err"; then
     echo "--- $name: launch failed; last lines of its stderr:" >&2; tail -n 5 "$work/$name.launch.err" >&2
     stop_pids "$sb_pid"; return 1
   fi
@@ -123,7 +123,7 @@ send_scenario() {
   for i in $(seq 1 "$workers"); do
     local extra=()
     if [ "$i" = 1 ] && [ "${PROFILE:-0}" = 1 ]; then extra=(--pprof-addr "127.0.0.1:$(free_port 16060)"); fi
-    env "${env[@]}" "$ctl" worker --concurrency "$conc" "${extra[@]}" 2>"$work/$name.worker$i.err" &
+    env "${env[@]}" "${run_ctl:-$ctl}" worker --concurrency "$conc" "${extra[@]}" 2>"$work/$name.worker$i.err" &
     wpids+=($!)
     if [ ${#extra[@]} -gt 0 ]; then
       # A CPU profile of the first worker, from its second second on, for up to 10 s.
@@ -152,7 +152,10 @@ send_scenario() {
   [ -z "$during_pid" ] || wait "$during_pid" 2>/dev/null || true
   s_id=$id
   used=$(redis_used); [ "${used:-0}" -le "$peak" ] || peak=$used
-  s_cpu="postgres $(cpu_used "$work/$name.cpu.pg" $(pgrep -x postgres)) s, redis $(cpu_used "$work/$name.cpu.redis" $redis_pid) s, workers $(echo "0 0" >"$work/$name.cpu.none"; cpu_used "$work/$name.cpu.none" "${wpids[@]}") s, sandbox $(cpu_used "$work/$name.cpu.sandbox" "$sb_pid") s over $(awk -v a="$t_start" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.1f", b - a }') s"
+  echo "0 0" >"$work/$name.cpu.none"
+  s_pg=$(cpu_used "$work/$name.cpu.pg" $(pgrep -x postgres)) s_rd=$(cpu_used "$work/$name.cpu.redis" $redis_pid)
+  s_wk=$(cpu_used "$work/$name.cpu.none" "${wpids[@]}") s_sb=$(cpu_used "$work/$name.cpu.sandbox" "$sb_pid")
+  s_cpu="postgres $s_pg s, redis $s_rd s, workers $s_wk s, sandbox $s_sb s over $(awk -v a="$t_start" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.1f", b - a }') s"
   notes+=("$name: CPU used while the workers ran: $s_cpu")
   for i in "${!wpids[@]}"; do
     local hwm
@@ -282,3 +285,50 @@ run_send_scenarios() {
 
 # want NAME: whether the send scenario NAME is in --scenarios.
 want() { [[ ",$SCENARIOS," == *",$1,"* ]]; }
+
+# run_compare: the SMS scenario for this checkout and for COMPARE_REV (built into $rev_ctl), alternating,
+# COMPARE_ROUNDS times each, on the same sandbox binary (this checkout's), so that what moves between the
+# two is the engine alone. The machine's speed drifts from run to run on a shared virtual machine (the
+# same binary measured 10-25 % apart within minutes); CPU per message is the steadier figure, and the
+# workers' CPU over the sandbox's (which does the same work a message in both) steadier still.
+run_compare() {
+  say "compare: SMS, $SMS_N recipients a run, $COMPARE_ROUNDS rounds of HEAD ($commit) and $COMPARE_REV, alternating"
+  "$ctl" codes generate --pool send --count $((SMS_N * COMPARE_ROUNDS * 2)) >/dev/null
+  rcli -n "$REDIS_DB" FLUSHDB >/dev/null
+  psql_bench -qc "UPDATE campaigns SET state = 'cancelled'" >/dev/null
+  local off=0 r side bin label out="$work/compare.runs"
+  : >"$out"
+  for r in $(seq 1 "$COMPARE_ROUNDS"); do
+    for side in head rev; do
+      if [ "$side" = head ]; then bin=$ctl label="HEAD ($commit)"; else bin=$rev_ctl label="$COMPARE_REV ($rev_commit)"; fi
+      if run_ctl=$bin send_scenario "cmp-$side-$r" sms "$off" "$SMS_N" "$SEND_WORKERS" "$SEND_CONC" 0 && [ "$s_dups" = 0 ]; then
+        # side rate pg redis workers sandbox (µs a message) rss
+        awk -v s="$side" -v rate="$s_rate" -v n="$s_planned" -v pg="$s_pg" -v rd="$s_rd" -v wk="$s_wk" -v sb="$s_sb" -v rss="$s_rss" \
+          'BEGIN { printf "%s %.0f %.1f %.1f %.1f %.1f %d\n", s, rate, pg * 1e6 / n, rd * 1e6 / n, wk * 1e6 / n, sb * 1e6 / n, rss }' >>"$out"
+        notes+=("compare, round $r, $label: $(fmt_rate "$s_rate") msg/s; $s_cpu")
+      else
+        notes+=("compare, round $r, $label: failed ($s_dups duplicates; worker logs in $work)")
+        KEEP_WORK=1
+      fi
+      off=$((off + SMS_N))
+    done
+  done
+  local side
+  for side in head rev; do
+    if [ "$side" = head ]; then label="HEAD ($commit)"; else label="$COMPARE_REV ($rev_commit)"; fi
+    # Medians of the runs: msg/s, µs a message of Postgres, Redis, the workers and the sandbox, all in, and
+    # the workers over the sandbox.
+    local m
+    m=$(awk -v s="$side" '$1 == s { n++; for (i = 2; i <= 7; i++) v[i, n] = $i; ratio[n] = ($6 > 0 ? $5 / $6 : 0); all[n] = $3 + $4 + $5 }
+      function med(a, n,   i, j, t, b) { for (i = 1; i <= n; i++) b[i] = a[i]; for (i = 1; i <= n; i++) for (j = i + 1; j <= n; j++) if (b[j] < b[i]) { t = b[i]; b[i] = b[j]; b[j] = t }
+        return n % 2 ? b[(n + 1) / 2] : (b[n / 2] + b[n / 2 + 1]) / 2 }
+      END { if (!n) { print "-"; exit } for (i = 2; i <= 7; i++) { for (k = 1; k <= n; k++) c[k] = v[i, k]; m[i] = med(c, n) }
+        printf "%d|%.0f|%.0f|%.0f|%.0f|%.0f|%.0f|%.2f|%d\n", n, m[2], m[3], m[4], m[5], med(all, n), m[6], med(ratio, n), m[7] }' "$out")
+    if [ "$m" = - ]; then
+      rows+=("compare: SMS, $label|$(fmt_n "$SMS_N") recipients a run|—|—|—|failed (see notes)")
+      continue
+    fi
+    IFS='|' read -r cn crate cpg crd cwk call csb cratio crss <<<"$m"
+    rows+=("compare: SMS, $label, median of $cn|$(fmt_n "$SMS_N") recipients a run|—|$crss|side by side|$(fmt_rate "$crate") msg/s; µs a message: Postgres $cpg, Redis $crd, workers $cwk (all in $call), sandbox $csb; workers / sandbox $cratio")
+  done
+}
