@@ -54,7 +54,7 @@ func TestEveryChannelHasAProvider(t *testing.T) {
 	}
 
 	a := &app{stdout: io.Discard, stderr: io.Discard, getenv: func(string) string { return "" }}
-	_, noneErr := a.providers(time.Second)
+	_, noneErr := a.providers(sendOpts{timeout: time.Second})
 	if noneErr == nil {
 		t.Fatal("a worker without settings found a provider")
 	}
@@ -91,7 +91,7 @@ func TestEveryChannelHasAProvider(t *testing.T) {
 				}
 			}
 			a := &app{stdout: io.Discard, stderr: io.Discard, getenv: func(k string) string { return env[k] }}
-			set, err := a.providers(time.Second)
+			set, err := a.providers(sendOpts{timeout: time.Second})
 			if err != nil {
 				t.Errorf("provider %s: %v", ps.name, err)
 				continue
@@ -122,7 +122,7 @@ func TestEveryChannelHasAProvider(t *testing.T) {
 					}
 				}
 				a := &app{stdout: io.Discard, stderr: io.Discard, getenv: func(k string) string { return both[k] }}
-				set, err := a.providers(time.Second)
+				set, err := a.providers(sendOpts{timeout: time.Second})
 				if err != nil || set.primary[ch.Name].Name() != regs[0].name || set.fallback[ch.Name] == nil || set.fallback[ch.Name].Name() != ps.name {
 					t.Errorf("providers %s and %s: primary %v, fallback %v (%v)", regs[0].name, ps.name, set.primary[ch.Name], set.fallback[ch.Name], err)
 				}

@@ -50,10 +50,17 @@ type providerSpec struct {
 	// segments says the cap counts SMS segments, not messages (Twilio's MPS; the adapter's
 	// providers.SegmentPaced).
 	segments bool
-	build    func(a *app, timeout time.Duration) (providers.Provider, error)
+	build    func(a *app, o sendOpts) (providers.Provider, error)
 	// check, when set, refuses a launch on the channel whose settings would make bad messages, before
 	// anything is written.
 	check func(a *app) error
+}
+
+// sendOpts is how a process talks to its providers: how long one request may take, and the most requests
+// it has in flight at once (the size of each provider's connection pool; 0: the default).
+type sendOpts struct {
+	timeout time.Duration
+	conns   int
 }
 
 // providerSpecs lists every provider adapter the CLI can send through.
@@ -63,10 +70,10 @@ func providerSpecs() []providerSpec {
 			name: "twilio", channel: campaign.ChannelSMS,
 			settings: []string{"TWILIO_ACCOUNT_SID", "TWILIO_AUTH_TOKEN", "TWILIO_FROM"},
 			rateEnv:  "TWILIO_RATE", defaultRate: defaultTwilioRate, segments: true,
-			build: func(a *app, timeout time.Duration) (providers.Provider, error) {
+			build: func(a *app, o sendOpts) (providers.Provider, error) {
 				return twilio.New(twilio.Config{
 					AccountSID: a.getenv("TWILIO_ACCOUNT_SID"), AuthToken: a.getenv("TWILIO_AUTH_TOKEN"), From: a.getenv("TWILIO_FROM"),
-					BaseURL: a.getenv("TWILIO_BASE_URL"), StatusCallback: a.getenv("TWILIO_STATUS_CALLBACK"), Timeout: timeout,
+					BaseURL: a.getenv("TWILIO_BASE_URL"), StatusCallback: a.getenv("TWILIO_STATUS_CALLBACK"), Timeout: o.timeout, Conns: o.conns,
 				})
 			},
 		},
@@ -75,10 +82,10 @@ func providerSpecs() []providerSpec {
 			name: "netgsm", channel: campaign.ChannelSMS,
 			settings: []string{"NETGSM_USERCODE", "NETGSM_PASSWORD", "NETGSM_HEADER"},
 			rateEnv:  "NETGSM_RATE", defaultRate: defaultNetgsmRate,
-			build: func(a *app, timeout time.Duration) (providers.Provider, error) {
+			build: func(a *app, o sendOpts) (providers.Provider, error) {
 				return netgsm.New(netgsm.Config{
 					UserCode: a.getenv("NETGSM_USERCODE"), Password: a.getenv("NETGSM_PASSWORD"), Header: a.getenv("NETGSM_HEADER"),
-					BaseURL: a.getenv("NETGSM_BASE_URL"), Timeout: timeout,
+					BaseURL: a.getenv("NETGSM_BASE_URL"), Timeout: o.timeout, Conns: o.conns,
 				})
 			},
 		},
@@ -86,11 +93,11 @@ func providerSpecs() []providerSpec {
 			name: "sendgrid", channel: campaign.ChannelEmail,
 			settings: []string{"SENDGRID_API_KEY", "SENDGRID_FROM"},
 			rateEnv:  "SENDGRID_RATE", defaultRate: defaultSendGridRate,
-			build: func(a *app, timeout time.Duration) (providers.Provider, error) {
+			build: func(a *app, o sendOpts) (providers.Provider, error) {
 				// One request carries up to 1000 recipients: it is given longer.
 				return sendgrid.New(sendgrid.Config{
 					APIKey: a.getenv("SENDGRID_API_KEY"), From: a.getenv("SENDGRID_FROM"), FromName: a.getenv("SENDGRID_FROM_NAME"),
-					BaseURL: a.getenv("SENDGRID_BASE_URL"), Timeout: 3 * timeout,
+					BaseURL: a.getenv("SENDGRID_BASE_URL"), Timeout: 3 * o.timeout, Conns: o.conns,
 				})
 			},
 			check: func(a *app) error {
@@ -104,10 +111,10 @@ func providerSpecs() []providerSpec {
 			name: "fcm", channel: campaign.ChannelPush,
 			settings: []string{"GOOGLE_APPLICATION_CREDENTIALS", "FCM_PROJECT_ID"}, needs: []string{"GOOGLE_APPLICATION_CREDENTIALS"},
 			rateEnv: "FCM_RATE", defaultRate: defaultFCMRate,
-			build: func(a *app, timeout time.Duration) (providers.Provider, error) {
+			build: func(a *app, o sendOpts) (providers.Provider, error) {
 				return push.New(push.Config{
 					ProjectID: a.getenv("FCM_PROJECT_ID"), CredentialsFile: a.getenv("GOOGLE_APPLICATION_CREDENTIALS"),
-					BaseURL: a.getenv("FCM_BASE_URL"), Timeout: timeout,
+					BaseURL: a.getenv("FCM_BASE_URL"), Timeout: o.timeout, Conns: o.conns,
 				})
 			},
 		},
@@ -115,8 +122,8 @@ func providerSpecs() []providerSpec {
 			name: "webhook", channel: campaign.ChannelWebhook,
 			settings: []string{"WEBHOOK_URL", "WEBHOOK_SECRET"},
 			rateEnv:  "WEBHOOK_RATE", defaultRate: defaultWebhookRate,
-			build: func(a *app, timeout time.Duration) (providers.Provider, error) {
-				return webhook.New(webhook.Config{URL: a.getenv("WEBHOOK_URL"), Secret: a.getenv("WEBHOOK_SECRET"), Timeout: timeout})
+			build: func(a *app, o sendOpts) (providers.Provider, error) {
+				return webhook.New(webhook.Config{URL: a.getenv("WEBHOOK_URL"), Secret: a.getenv("WEBHOOK_SECRET"), Timeout: o.timeout, Conns: o.conns})
 			},
 		},
 	}
@@ -141,7 +148,7 @@ type providerSet struct {
 // providers builds the provider of every channel whose settings are present in the environment, and the
 // provider-wide caps (TWILIO_RATE, SENDGRID_RATE, ...: each providerSpec's rateEnv). A provider half
 // configured is an error that names what is missing; no provider at all is one too.
-func (a *app) providers(timeout time.Duration) (providerSet, error) {
+func (a *app) providers(o sendOpts) (providerSet, error) {
 	set := providerSet{primary: map[campaign.Channel]providers.Provider{}, fallback: map[campaign.Channel]providers.Provider{}, rates: map[string]float64{}}
 	var hints []string
 	for _, ps := range providerSpecs() {
@@ -149,7 +156,7 @@ func (a *app) providers(timeout time.Duration) (providerSet, error) {
 		if !a.anySet(ps.settings...) {
 			continue
 		}
-		p, err := ps.build(a, timeout)
+		p, err := ps.build(a, o)
 		if err != nil {
 			return providerSet{}, usageError{err}
 		}

@@ -31,7 +31,7 @@ func TestSMSProvidersAndTheirCaps(t *testing.T) {
 		{"both", both, "twilio", "netgsm", 80},
 	} {
 		a := &app{stdout: io.Discard, stderr: io.Discard, getenv: func(k string) string { return tc.env[k] }}
-		set, err := a.providers(time.Second)
+		set, err := a.providers(sendOpts{timeout: time.Second})
 		if err != nil {
 			t.Fatalf("%s: %v", tc.name, err)
 		}

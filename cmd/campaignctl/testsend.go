@@ -92,7 +92,7 @@ func (a *app) testSend(ctx context.Context, o launchOptions, spec campaign.Spec,
 	}
 	m.To = to
 
-	set, err := a.providers(testSendTimeout)
+	set, err := a.providers(sendOpts{timeout: testSendTimeout})
 	if err != nil {
 		return err
 	}

@@ -87,7 +87,8 @@ A worker sends the channels whose provider is configured:
 			ctx := cmd.Context()
 			log := a.logger()
 			applyMemoryLimit(o.memoryMiB, cmd.Flags().Changed("memory-limit"), log)
-			set, err := a.providers(o.timeout)
+			// Each batch run has up to a window of one-message sends out at once.
+			set, err := a.providers(sendOpts{timeout: o.timeout, conns: o.concurrency * worker.DefaultSendWindow})
 			if err != nil {
 				return err
 			}

@@ -121,7 +121,7 @@ they are.`,
 // workers runs the supervisor until ctx is done.
 func (a *app) workers(ctx context.Context, o workersOptions) error {
 	// The workers would refuse to start without a provider: say so once, now, with the fix.
-	if _, err := a.providers(o.worker.timeout); err != nil {
+	if _, err := a.providers(sendOpts{timeout: o.worker.timeout}); err != nil {
 		return err
 	}
 	caps := map[string]float64{}

@@ -70,6 +70,9 @@ type Config struct {
 	IYSFilter string
 	// Timeout bounds each HTTP request. Zero means DefaultTimeout.
 	Timeout time.Duration
+	// Conns is the most requests the process has in flight to the provider at once, for the size of the
+	// connection pool (wire.NewTransport); zero means wire.MaxIdleConns.
+	Conns int
 }
 
 // Provider sends SMS through Netgsm. It is safe for concurrent use.
@@ -116,7 +119,7 @@ func New(cfg Config) (*Provider, error) {
 		endpoint: strings.TrimSuffix(u.String(), "/") + SendPath,
 		user:     cfg.UserCode, pass: cfg.Password, header: cfg.Header, filter: filter,
 		client: &http.Client{
-			Transport: wire.NewTransport(),
+			Transport: wire.NewTransport(cfg.Conns),
 			Timeout:   timeout,
 			// A redirect would send the message (and the credentials) somewhere nobody configured.
 			CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },

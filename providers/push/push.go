@@ -57,6 +57,9 @@ type Config struct {
 	BaseURL string
 	// Timeout bounds each HTTP request, from dialling to reading the body. Zero means DefaultTimeout.
 	Timeout time.Duration
+	// Conns is the most requests the process has in flight to the provider at once, for the size of the
+	// connection pool (wire.NewTransport); zero means wire.MaxIdleConns.
+	Conns int
 }
 
 // Provider sends push notifications through FCM HTTP v1. It is safe for concurrent use.
@@ -104,7 +107,7 @@ func New(cfg Config) (*Provider, error) {
 		timeout = DefaultTimeout
 	}
 	client := &http.Client{
-		Transport: wire.NewTransport(),
+		Transport: wire.NewTransport(cfg.Conns),
 		Timeout:   timeout,
 		// FCM does not redirect API calls; following one would resend the message (or the assertion)
 		// elsewhere.

@@ -53,6 +53,8 @@ type Stats struct {
 	Hung int `json:"hung"`
 	// Resets is the number of connections closed without an answer.
 	Resets int `json:"resets"`
+	// Connections is the number of connections clients opened to the sandbox.
+	Connections int64 `json:"connections"`
 	// Recipients is the number of distinct To with at least one accepted message.
 	Recipients int `json:"recipients"`
 	// Duplicates is the number of To with more than one accepted message.

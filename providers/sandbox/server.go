@@ -89,6 +89,8 @@ type Options struct {
 type Server struct {
 	opts   Options
 	logger *slog.Logger
+	// conns counts the connections opened to the server (ConnState), since it started or was Reset.
+	conns  atomic.Int64
 	mux    *http.ServeMux
 	faults atomic.Pointer[Faults]
 	log    *messageLog
@@ -175,6 +177,7 @@ func (s *Server) SetFaults(f Faults) {
 // Stats returns the counters since the start or the last Reset, and the outage windows.
 func (s *Server) Stats() Stats {
 	st := s.log.snapshot()
+	st.Connections = s.conns.Load()
 	if ws := s.Outages(); len(ws) > 0 {
 		st.Outages = ws
 	}
@@ -185,6 +188,7 @@ func (s *Server) Stats() Stats {
 // limits and outage windows stay as they are.
 func (s *Server) Reset() {
 	s.log.reset()
+	s.conns.Store(0)
 	s.twilio.reset()
 	s.sendgrid.limiter.reset()
 	s.sendgrid.sent.reset()
@@ -235,6 +239,15 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 	_ = json.NewEncoder(w).Encode(v)
 }
 
+// ConnState is the http.Server hook that counts the connections clients open (Stats.Connections): a
+// sender that keeps its connections opens each once; one whose pool is too small for its sends in flight
+// opens them again and again (against a real provider, a TLS handshake each time).
+func (s *Server) ConnState(_ net.Conn, st http.ConnState) {
+	if st == http.StateNew {
+		s.conns.Add(1)
+	}
+}
+
 // shutdownTimeout bounds how long ListenAndServe waits for requests in flight (a long Latency) to finish.
 const shutdownTimeout = 10 * time.Second
 
@@ -253,7 +266,8 @@ func ListenAndServe(ctx context.Context, addr string, s *Server) error {
 		BaseContext: func(net.Listener) context.Context {
 			return context.WithValue(context.Background(), shutdownKey{}, (<-chan struct{})(stop))
 		},
-		ErrorLog: slog.NewLogLogger(s.logger.Handler(), slog.LevelDebug),
+		ErrorLog:  slog.NewLogLogger(s.logger.Handler(), slog.LevelDebug),
+		ConnState: s.ConnState,
 	}
 	srv.RegisterOnShutdown(func() { close(stop) })
 

@@ -69,6 +69,9 @@ type Config struct {
 	BaseURL string
 	// Timeout bounds each HTTP request, from dialling to reading the body. Zero means DefaultTimeout.
 	Timeout time.Duration
+	// Conns is the most requests the process has in flight to the provider at once, for the size of the
+	// connection pool (wire.NewTransport); zero means wire.MaxIdleConns.
+	Conns int
 }
 
 // Provider sends e-mail through SendGrid. It implements providers.Batcher and is safe for concurrent use.
@@ -111,7 +114,7 @@ func New(cfg Config) (*Provider, error) {
 		timeout = DefaultTimeout
 	}
 	hc := &http.Client{
-		Transport: &boundingTransport{next: wire.NewTransport()},
+		Transport: &boundingTransport{next: wire.NewTransport(cfg.Conns)},
 		Timeout:   timeout,
 		// SendGrid does not redirect API calls; following one would resend the mail elsewhere.
 		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },

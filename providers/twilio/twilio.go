@@ -50,6 +50,9 @@ type Config struct {
 	BaseURL string
 	// Timeout bounds each HTTP request, from dialling to reading the body. Zero means DefaultTimeout.
 	Timeout time.Duration
+	// Conns is the most requests the process has in flight to the provider at once, for the size of the
+	// connection pool (wire.NewTransport); zero means wire.MaxIdleConns.
+	Conns int
 	// StatusCallback, when set, is the URL Twilio posts delivery receipts to (`campaignctl webhooks`);
 	// each message's callback carries its campaign and user as query parameters.
 	StatusCallback string
@@ -99,7 +102,7 @@ func New(cfg Config) (*Provider, error) {
 		callbackPrefix: callbackPrefix(cfg.StatusCallback),
 		creds:          client.NewCredentials(cfg.AccountSID, cfg.AuthToken),
 		timeout:        cfg.Timeout,
-		transport:      wire.NewTransport(),
+		transport:      wire.NewTransport(cfg.Conns),
 	}
 	if p.timeout == 0 {
 		p.timeout = DefaultTimeout

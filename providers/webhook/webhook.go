@@ -67,6 +67,9 @@ type Config struct {
 	Secret string
 	// Timeout bounds each HTTP request, from dialling to reading the body. Zero means DefaultTimeout.
 	Timeout time.Duration
+	// Conns is the most requests the process has in flight to the provider at once, for the size of the
+	// connection pool (wire.NewTransport); zero means wire.MaxIdleConns.
+	Conns int
 }
 
 // Provider posts messages to a webhook. It is safe for concurrent use.
@@ -115,7 +118,7 @@ func New(cfg Config) (*Provider, error) {
 		hidden: hidden,
 		secret: []byte(cfg.Secret),
 		client: &http.Client{
-			Transport: wire.NewTransport(),
+			Transport: wire.NewTransport(cfg.Conns),
 			Timeout:   timeout,
 			// A redirect would resend the message, signature and all, to an address nobody configured.
 			CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },

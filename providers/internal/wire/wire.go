@@ -121,21 +121,23 @@ func (t *Tracker) doneLocked() chan struct{} {
 	return t.writeDone
 }
 
-// MaxIdleConns is the idle connections per host of the pool NewTransport returns, sized for a few dozen
-// concurrent senders; net/http's default of 2 would make most sends open a new connection.
+// MaxIdleConns is the fewest idle connections per host the pool NewTransport returns keeps, sized for a
+// few dozen concurrent senders; net/http's default of 2 would make most sends open a new connection.
 const MaxIdleConns = 128
 
 // NewTransport returns a connection pool for a provider's shared http.Client: net/http's default
-// transport (proxy from the environment, HTTP/2, the usual dial and TLS timeouts) with room for
-// MaxIdleConns idle connections.
-func NewTransport() http.RoundTripper {
+// transport (proxy from the environment, HTTP/2, the usual dial and TLS timeouts) that keeps idle up to
+// conns connections to the provider (at least MaxIdleConns). Give it the most requests the process has in
+// flight at once: when more requests finish together than the pool keeps, the surplus connections are
+// closed and the next sends dial (and, against a real provider, shake hands over TLS) again.
+func NewTransport(conns int) http.RoundTripper {
 	base, ok := http.DefaultTransport.(*http.Transport)
 	if !ok {
 		return http.DefaultTransport
 	}
 	t := base.Clone()
-	t.MaxIdleConns = MaxIdleConns
-	t.MaxIdleConnsPerHost = MaxIdleConns
+	t.MaxIdleConns = max(conns, MaxIdleConns)
+	t.MaxIdleConnsPerHost = t.MaxIdleConns
 	return t
 }
 
