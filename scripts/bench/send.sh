@@ -156,7 +156,8 @@ send_scenario() {
   s_pg=$(cpu_used "$work/$name.cpu.pg" $(pgrep -x postgres)) s_rd=$(cpu_used "$work/$name.cpu.redis" $redis_pid)
   s_wk=$(cpu_used "$work/$name.cpu.none" "${wpids[@]}") s_sb=$(cpu_used "$work/$name.cpu.sandbox" "$sb_pid")
   s_cpu="postgres $s_pg s, redis $s_rd s, workers $s_wk s, sandbox $s_sb s over $(awk -v a="$t_start" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.1f", b - a }') s"
-  notes+=("$name: CPU used while the workers ran: $s_cpu")
+  notes+=("$name: CPU used while the workers ran: $s_cpu$(awk -v n="$s_planned" -v pg="$s_pg" -v rd="$s_rd" -v wk="$s_wk" -v sb="$s_sb" \
+    'BEGIN { if (n > 0) printf "; µs a planned recipient: postgres %.0f, redis %.0f, workers %.0f (all in %.0f), sandbox %.0f", pg * 1e6 / n, rd * 1e6 / n, wk * 1e6 / n, (pg + rd + wk) * 1e6 / n, sb * 1e6 / n }')")
   for i in "${!wpids[@]}"; do
     local hwm
     hwm=$(awk '/^VmHWM/ { printf "%.0f", $2 / 1024 }' "/proc/${wpids[$i]}/status" 2>/dev/null || echo 0)
