@@ -37,7 +37,7 @@ func newSandbox(t *testing.T, opts sandbox.Options) (*sandbox.Server, *httptest.
 	return s, srv
 }
 
-func newProvider(t *testing.T, baseURL string, edit ...func(*twilio.Config)) *twilio.Provider {
+func newProvider(t testing.TB, baseURL string, edit ...func(*twilio.Config)) *twilio.Provider {
 	t.Helper()
 	cfg := twilio.Config{AccountSID: testSID, AuthToken: testToken, From: testFrom, BaseURL: baseURL, Timeout: 2 * time.Second}
 	for _, e := range edit {
