@@ -14,8 +14,10 @@ import (
 	"crypto/sha256"
 	"encoding/base64"
 	"errors"
+	"hash"
 	"strconv"
 	"strings"
+	"sync"
 )
 
 // Path is the route prefix of the links on the webhooks server.
@@ -31,6 +33,9 @@ var ErrBadLink = errors.New("unsubscribe link not valid")
 type Signer struct {
 	key  []byte
 	base string
+	// macs holds HMACs keyed with key, reset between uses: a commercial e-mail campaign signs a link per
+	// recipient, and a new HMAC hashes the key's two pads again and allocates two hash states each time.
+	macs sync.Pool
 }
 
 // New returns a Signer for the secret and the base URL where `campaignctl webhooks` is reached
@@ -39,16 +44,20 @@ func New(secret, base string) (*Signer, error) {
 	if len(secret) < MinSecret {
 		return nil, errors.New("UNSUBSCRIBE_SECRET is shorter than 16 bytes: generate one with `openssl rand -hex 32` and give the same value to the workers and to campaignctl webhooks")
 	}
-	return &Signer{key: []byte(secret), base: strings.TrimSuffix(base, "/")}, nil
+	s := &Signer{key: []byte(secret), base: strings.TrimSuffix(base, "/")}
+	s.macs.New = func() any { return hmac.New(sha256.New, s.key) }
+	return s, nil
 }
 
 // String never shows the secret.
 func (s *Signer) String() string { return "unsubscribe.Signer{base: " + s.base + "}" }
 
 func (s *Signer) mac(campaignID int64, userID string) []byte {
-	m := hmac.New(sha256.New, s.key)
+	m := s.macs.Get().(hash.Hash)
+	defer s.macs.Put(m)
+	m.Reset()
 	m.Write([]byte("campaignctl-unsubscribe-v1\x00" + strconv.FormatInt(campaignID, 10) + ":" + userID))
-	return m.Sum(nil)[:16]
+	return m.Sum(make([]byte, 0, sha256.Size))[:16]
 }
 
 // Token returns the token of the link for userID of campaignID.

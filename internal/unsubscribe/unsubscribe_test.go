@@ -1,7 +1,12 @@
 package unsubscribe
 
 import (
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/base64"
+	"strconv"
 	"strings"
+	"sync"
 	"testing"
 )
 
@@ -48,5 +53,46 @@ func TestLinksRoundTripAndCannotBeForged(t *testing.T) {
 	}
 	if strings.Contains(s.String(), "0123456789") {
 		t.Fatal("String shows the secret")
+	}
+}
+
+// The token's signature is the documented one (the first 16 bytes of HMAC-SHA256 of the versioned
+// payload), the same from every goroutine and every call: the Signer reuses its HMACs.
+func TestTokenSignatureIsTheDocumentedHMAC(t *testing.T) {
+	const secret = "a-secret-of-at-least-16-bytes"
+	s, err := New(secret, "https://hooks.example.com")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := func(cid int64, user string) string {
+		m := hmac.New(sha256.New, []byte(secret))
+		m.Write([]byte("campaignctl-unsubscribe-v1\x00" + strconv.FormatInt(cid, 10) + ":" + user))
+		return base64.RawURLEncoding.EncodeToString([]byte(strconv.FormatInt(cid, 10)+":"+user)) + "." +
+			base64.RawURLEncoding.EncodeToString(m.Sum(nil)[:16])
+	}
+	var wg sync.WaitGroup
+	for g := range 4 {
+		wg.Go(func() {
+			for i := range 200 {
+				cid, user := int64(g+1), "u"+strconv.Itoa(i)
+				if got := s.Token(cid, user); got != want(cid, user) {
+					t.Errorf("token of %d/%s = %s, want %s", cid, user, got, want(cid, user))
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+}
+
+// BenchmarkURL is the link of one recipient of a commercial e-mail.
+func BenchmarkURL(b *testing.B) {
+	s, err := New("0123456789abcdef0123", "https://hooks.example.com")
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.ReportAllocs()
+	for i := range b.N {
+		_ = s.URL(42, "c"+strconv.Itoa(i&1023))
 	}
 }
