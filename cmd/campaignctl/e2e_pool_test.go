@@ -1,15 +1,10 @@
 package main
 
 import (
-	"encoding/json"
-	"os"
-	"path/filepath"
 	"strconv"
 	"testing"
 	"time"
 
-	"github.com/campaignctl/campaignctl/internal/testdb"
-	"github.com/campaignctl/campaignctl/internal/testredis"
 	"github.com/campaignctl/campaignctl/worker"
 )
 
@@ -25,37 +20,13 @@ func TestWorkerKeepsAConnectionPerSendInFlight(t *testing.T) {
 	}
 	const concurrency, n = 64, 64 * 500 // a batch of 500 for every batch run
 	inFlight := concurrency * worker.DefaultSendWindow
-	_, dbURL := testdb.New(t)
-	_, redisURL := testredis.New(t)
-	sandboxAddr := freeAddr(t)
-	e := &e2eEnv{t: t, bin: binary(t), env: append(os.Environ(),
-		"DATABASE_URL="+dbURL, "REDIS_URL="+redisURL,
-		"TWILIO_ACCOUNT_SID=ACpool000000000000000000000000000", "TWILIO_AUTH_TOKEN=pooltoken", "TWILIO_FROM=+905550000000",
-		"TWILIO_BASE_URL=http://"+sandboxAddr, "TWILIO_RATE=0", "SENDER_IDENTITY="+testSender,
-	)}
-	e.mustRun("migrate")
-	e.mustRun("demo", "seed", "--users", strconv.Itoa(chaosUsersFor(n)), "--pool", "demo")
-	audience := filepath.Join(t.TempDir(), "audience.sql")
-	if err := os.WriteFile(audience, []byte("SELECT user_id, phone, first_name FROM customers"), 0o600); err != nil {
-		t.Fatal(err)
-	}
 	// 30 ms an answer: every batch run has its window out at once most of the time.
-	e.start("sandbox", "sandbox", "--addr", sandboxAddr, "--latency", "30ms")
-	waitFor(t, 10*time.Second, func() bool { _, err := chaosAccepted(sandboxAddr); return err == nil })
-	out := e.mustRun("launch", "--name", "pool", "--channel", "sms", "--audience", audience, "--code-pool", "demo",
-		"--message", testPrefix+"Merhaba {{.first_name}}, kodunuz {{.code}}", "--frequency-cap", "0", "--yes", "--json")
-	var rep struct {
-		ID       int64 `json:"id"`
-		Enqueued int   `json:"enqueued"`
-	}
-	if err := json.Unmarshal([]byte(out), &rep); err != nil || rep.ID == 0 {
-		t.Fatalf("launch --json: %v\n%s", err, out)
-	}
-	if rep.Enqueued < concurrency {
-		t.Fatalf("%d batches enqueued, want at least %d (one a batch run)", rep.Enqueued, concurrency)
+	e, sandboxAddr, audience := smsSandboxEnv(t, n, "0", "--latency", "30ms")
+	id, enqueued := launchSMS(e, "pool", audience, "Merhaba {{.first_name}}, kodunuz {{.code}}")
+	if enqueued < concurrency {
+		t.Fatalf("%d batches enqueued, want at least %d (one a batch run)", enqueued, concurrency)
 	}
 	e.start("worker", "worker", "--concurrency", strconv.Itoa(concurrency))
-	id := strconv.FormatInt(rep.ID, 10)
 	var st chaosStatus
 	waitFor(t, 2*time.Minute, func() bool {
 		s, err := chaosStatusOf(e, id)

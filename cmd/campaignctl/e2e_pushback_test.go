@@ -4,14 +4,9 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
-	"os"
-	"path/filepath"
-	"strconv"
 	"testing"
 	"time"
 
-	"github.com/campaignctl/campaignctl/internal/testdb"
-	"github.com/campaignctl/campaignctl/internal/testredis"
 	"github.com/campaignctl/campaignctl/providers/sandbox"
 )
 
@@ -27,36 +22,13 @@ func pushbackRun(t *testing.T, n, workers int, rate string, sandboxArgs ...strin
 // pushbackRunMessage is pushbackRun with the message's text (after the sender's prefix).
 func pushbackRunMessage(t *testing.T, message string, n, workers int, rate string, sandboxArgs ...string) (sandbox.Timeline, map[string]float64) {
 	t.Helper()
-	_, dbURL := testdb.New(t)
-	_, redisURL := testredis.New(t)
-	sandboxAddr := freeAddr(t)
-	e := &e2eEnv{t: t, bin: binary(t), env: append(os.Environ(),
-		"DATABASE_URL="+dbURL, "REDIS_URL="+redisURL,
-		"TWILIO_ACCOUNT_SID=ACpush000000000000000000000000000", "TWILIO_AUTH_TOKEN=pushtoken", "TWILIO_FROM=+905550000000",
-		"TWILIO_BASE_URL=http://"+sandboxAddr, "TWILIO_RATE="+rate, "SENDER_IDENTITY="+testSender,
-	)}
-	e.mustRun("migrate")
-	e.mustRun("demo", "seed", "--users", strconv.Itoa(chaosUsersFor(n)), "--pool", "demo")
-	audience := filepath.Join(t.TempDir(), "audience.sql")
-	if err := os.WriteFile(audience, []byte("SELECT user_id, phone, first_name FROM customers"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	e.start("sandbox", append([]string{"sandbox", "--addr", sandboxAddr}, sandboxArgs...)...)
-	waitFor(t, 10*time.Second, func() bool { _, err := chaosAccepted(sandboxAddr); return err == nil })
+	e, sandboxAddr, audience := smsSandboxEnv(t, n, rate, sandboxArgs...)
 	metricsAddrs := make([]string, workers)
 	for i := range workers {
 		metricsAddrs[i] = freeAddr(t)
 		e.start(fmt.Sprint("worker ", i+1), "worker", "--concurrency", "8", "--provider-timeout", "2s", "--metrics-addr", metricsAddrs[i])
 	}
-	out := e.mustRun("launch", "--name", "pushback", "--channel", "sms", "--audience", audience, "--code-pool", "demo",
-		"--message", testPrefix+message, "--frequency-cap", "0", "--yes", "--json")
-	var rep struct {
-		ID int64 `json:"id"`
-	}
-	if err := json.Unmarshal([]byte(out), &rep); err != nil || rep.ID == 0 {
-		t.Fatalf("launch --json: %v\n%s", err, out)
-	}
-	id := strconv.FormatInt(rep.ID, 10)
+	id, _ := launchSMS(e, "pushback", audience, message)
 	var st chaosStatus
 	waitFor(t, 3*time.Minute, func() bool {
 		s, err := chaosStatusOf(e, id)

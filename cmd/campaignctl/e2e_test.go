@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -273,4 +274,41 @@ func waitFor(t *testing.T, timeout time.Duration, cond func() bool) {
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
+}
+
+// smsSandboxEnv prepares an SMS run of the built binary: its own database and Redis DB, Twilio settings
+// pointing at a sandbox (started with sandboxArgs and waited for) under TWILIO_RATE rate, the demo seed's
+// customers for n eligible recipients and the audience query over them. The workers are the caller's.
+func smsSandboxEnv(t *testing.T, n int, rate string, sandboxArgs ...string) (e *e2eEnv, sandboxAddr, audience string) {
+	t.Helper()
+	_, dbURL := testdb.New(t)
+	_, redisURL := testredis.New(t)
+	sandboxAddr = freeAddr(t)
+	e = &e2eEnv{t: t, bin: binary(t), env: append(os.Environ(),
+		"DATABASE_URL="+dbURL, "REDIS_URL="+redisURL,
+		"TWILIO_ACCOUNT_SID=ACsms0000000000000000000000000000", "TWILIO_AUTH_TOKEN=smstoken", "TWILIO_FROM=+905550000000",
+		"TWILIO_BASE_URL=http://"+sandboxAddr, "TWILIO_RATE="+rate, "SENDER_IDENTITY="+testSender,
+	)}
+	e.mustRun("migrate")
+	e.mustRun("demo", "seed", "--users", strconv.Itoa(chaosUsersFor(n)), "--pool", "demo")
+	audience = writeFile(t, "audience.sql", "SELECT user_id, phone, first_name FROM customers")
+	e.start("sandbox", append([]string{"sandbox", "--addr", sandboxAddr}, sandboxArgs...)...)
+	waitFor(t, 10*time.Second, func() bool { _, err := chaosAccepted(sandboxAddr); return err == nil })
+	return e, sandboxAddr, audience
+}
+
+// launchSMS launches an SMS campaign of the audience with the demo pool's codes, no frequency cap, and
+// message after the sender's prefix; it returns the campaign's ID and the batches enqueued.
+func launchSMS(e *e2eEnv, name, audience, message string) (id string, enqueued int) {
+	e.t.Helper()
+	out := e.mustRun("launch", "--name", name, "--channel", "sms", "--audience", audience, "--code-pool", "demo",
+		"--message", testPrefix+message, "--frequency-cap", "0", "--yes", "--json")
+	var rep struct {
+		ID       int64 `json:"id"`
+		Enqueued int   `json:"enqueued"`
+	}
+	if err := json.Unmarshal([]byte(out), &rep); err != nil || rep.ID == 0 {
+		e.t.Fatalf("launch --json: %v\n%s", err, out)
+	}
+	return strconv.FormatInt(rep.ID, 10), rep.Enqueued
 }

@@ -131,14 +131,9 @@ func TestWorkersSupervisorEndToEnd(t *testing.T) {
 	e.mustRun("demo", "seed", "--users", strconv.Itoa(chaosUsersFor(2000)), "--pool", "demo")
 	audience := writeFile(t, "audience.sql", "SELECT user_id, phone, first_name FROM customers")
 	e.start("sandbox", "sandbox", "--addr", sandboxAddr, "--latency", "1s")
-	out := e.mustRun("launch", "--name", "workers-e2e", "--channel", "sms", "--audience", audience, "--code-pool", "demo",
-		"--message", testPrefix+"Merhaba {{.first_name}}, kodunuz {{.code}}", "--frequency-cap", "0", "--yes", "--json")
-	var rep struct {
-		ID       int64 `json:"id"`
-		Enqueued int   `json:"enqueued"`
-	}
-	if err := json.Unmarshal([]byte(out), &rep); err != nil || rep.Enqueued != 4 {
-		t.Fatalf("launch: %v, %d batches enqueued, want 4\n%s", err, rep.Enqueued, out)
+	id, enqueued := launchSMS(e, "workers-e2e", audience, "Merhaba {{.first_name}}, kodunuz {{.code}}")
+	if enqueued != 4 {
+		t.Fatalf("launch: %d batches enqueued, want 4", enqueued)
 	}
 
 	logs := &syncBuffer{}
@@ -204,7 +199,7 @@ func TestWorkersSupervisorEndToEnd(t *testing.T) {
 
 	// The queue empties: everything scales back to --min, one worker per cooldown, each stopped
 	// gracefully.
-	e.mustRun("cancel", strconv.FormatInt(rep.ID, 10), "--wait", "20s")
+	e.mustRun("cancel", id, "--wait", "20s")
 	waitFor(t, 30*time.Second, func() bool {
 		downs := supervisorLines(logs.String(), "scale down")
 		return len(downs) == 2 && workers(1)()
