@@ -156,8 +156,11 @@ send_scenario() {
   s_pg=$(cpu_used "$work/$name.cpu.pg" $(pgrep -x postgres)) s_rd=$(cpu_used "$work/$name.cpu.redis" $redis_pid)
   s_wk=$(cpu_used "$work/$name.cpu.none" "${wpids[@]}") s_sb=$(cpu_used "$work/$name.cpu.sandbox" "$sb_pid")
   s_cpu="postgres $s_pg s, redis $s_rd s, workers $s_wk s, sandbox $s_sb s over $(awk -v a="$t_start" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.1f", b - a }') s"
-  notes+=("$name: CPU used while the workers ran: $s_cpu$(awk -v n="$s_planned" -v pg="$s_pg" -v rd="$s_rd" -v wk="$s_wk" -v sb="$s_sb" \
-    'BEGIN { if (n > 0) printf "; µs a planned recipient: postgres %.0f, redis %.0f, workers %.0f (all in %.0f), sandbox %.0f", pg * 1e6 / n, rd * 1e6 / n, wk * 1e6 / n, (pg + rd + wk) * 1e6 / n, sb * 1e6 / n }')")
+  # CPU a planned recipient, µs: "postgres redis workers sandbox" (run_compare reads them too).
+  s_us=$(awk -v n="$s_planned" -v pg="$s_pg" -v rd="$s_rd" -v wk="$s_wk" -v sb="$s_sb" \
+    'BEGIN { if (n > 0) printf "%.1f %.1f %.1f %.1f", pg * 1e6 / n, rd * 1e6 / n, wk * 1e6 / n, sb * 1e6 / n; else print "0 0 0 0" }')
+  notes+=("$name: CPU used while the workers ran: $s_cpu; $(awk -v u="$s_us" 'BEGIN { split(u, v, " ")
+    printf "µs a planned recipient: postgres %.0f, redis %.0f, workers %.0f (all in %.0f), sandbox %.0f", v[1], v[2], v[3], v[1] + v[2] + v[3], v[4] }')")
   for i in "${!wpids[@]}"; do
     local hwm
     hwm=$(awk '/^VmHWM/ { printf "%.0f", $2 / 1024 }' "/proc/${wpids[$i]}/status" 2>/dev/null || echo 0)
@@ -304,8 +307,7 @@ run_compare() {
       if [ "$side" = head ]; then bin=$ctl label="HEAD ($commit)"; else bin=$rev_ctl label="$COMPARE_REV ($rev_commit)"; fi
       if run_ctl=$bin send_scenario "cmp-$side-$r" sms "$off" "$SMS_N" "$SEND_WORKERS" "$SEND_CONC" 0 && [ "$s_dups" = 0 ]; then
         # side rate pg redis workers sandbox (µs a message) rss
-        awk -v s="$side" -v rate="$s_rate" -v n="$s_planned" -v pg="$s_pg" -v rd="$s_rd" -v wk="$s_wk" -v sb="$s_sb" -v rss="$s_rss" \
-          'BEGIN { printf "%s %.0f %.1f %.1f %.1f %.1f %d\n", s, rate, pg * 1e6 / n, rd * 1e6 / n, wk * 1e6 / n, sb * 1e6 / n, rss }' >>"$out"
+        printf '%s %.0f %s %d\n' "$side" "$s_rate" "$s_us" "$s_rss" >>"$out"
         notes+=("compare, round $r, $label: $(fmt_rate "$s_rate") msg/s; $s_cpu")
       else
         notes+=("compare, round $r, $label: failed ($s_dups duplicates; worker logs in $work)")
@@ -314,7 +316,6 @@ run_compare() {
       off=$((off + SMS_N))
     done
   done
-  local side
   for side in head rev; do
     if [ "$side" = head ]; then label="HEAD ($commit)"; else label="$COMPARE_REV ($rev_commit)"; fi
     # Medians of the runs: msg/s, µs a message of Postgres, Redis, the workers and the sandbox, all in, and
