@@ -123,7 +123,7 @@ type Handler struct {
 	// its fallback.
 	downUntil sync.Map
 	// senders runs the sends of windows (deliverWindowed).
-	senders senders
+	senders *senders
 }
 
 // NewHandler returns a Handler for cfg.
@@ -171,6 +171,7 @@ func NewHandler(cfg Config) *Handler {
 		log:       cfg.Logger,
 		templates: map[int64]parsedTemplate{},
 		stopping:  make(chan struct{}),
+		senders:   newSenders(),
 	}
 	h.bucket.OnPace(h.paceReport)
 	return h

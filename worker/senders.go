@@ -13,16 +13,15 @@ const senderIdle = 10 * time.Second
 // time it doubles) on every message, which cost about 7 % of a worker's CPU. A sender that finished waits
 // senderIdle for the next send, so at full speed the goroutines and their grown stacks are reused; there
 // are never more than the sends in flight at the busiest moment, and none left once sending stops.
-//
-// The zero value is ready to use.
 type senders struct {
-	once sync.Once
-	work chan func()
+	work chan func() // unbuffered: a send is handed over only to a sender waiting for one
 }
+
+// newSenders returns a pool with no sender yet.
+func newSenders() *senders { return &senders{work: make(chan func())} }
 
 // Go runs f on an idle sender, or on a new one when none is idle, and marks it done in wg.
 func (s *senders) Go(wg *sync.WaitGroup, f func()) {
-	s.once.Do(func() { s.work = make(chan func()) })
 	wg.Add(1)
 	job := func() {
 		defer wg.Done()
