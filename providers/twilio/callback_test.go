@@ -15,7 +15,11 @@ func TestCallbackURLNamesTheRecipient(t *testing.T) {
 		{"https://hooks.example.com/twilio/status", url.Values{"campaign_id": {"42"}, "user_id": {"u 1&x=ş"}}},
 		{"https://hooks.example.com/twilio/status?key=abc&campaign_id=7#frag", url.Values{"key": {"abc"}, "campaign_id": {"42"}, "user_id": {"u 1&x=ş"}}},
 	} {
-		p := &Provider{callback: tc.base, callbackPrefix: callbackPrefix(tc.base)}
+		prefix, err := callbackPrefix(tc.base)
+		if err != nil {
+			t.Fatalf("%s: %v", tc.base, err)
+		}
+		p := &Provider{callback: prefix}
 		got, err := url.Parse(p.callbackURL(providers.Message{CampaignID: 42, UserID: "u 1&x=ş"}))
 		if err != nil {
 			t.Fatalf("%s: %v", tc.base, err)

@@ -63,15 +63,15 @@ type Provider struct {
 	accountSID string
 	token      string
 	from       string
-	callback   string
-	// callbackPrefix is callback ready for a message's campaign and user (callbackPrefix).
-	callbackPrefix string
-	creds          *client.Credentials
-	target         *url.URL // nil: leave the SDK's URL alone
-	edge           string
-	region         string
-	timeout        time.Duration
-	transport      http.RoundTripper
+	// callback is the status callback URL ready for a message's campaign and user (callbackPrefix); ""
+	// when none is configured.
+	callback  string
+	creds     *client.Credentials
+	target    *url.URL // nil: leave the SDK's URL alone
+	edge      string
+	region    string
+	timeout   time.Duration
+	transport http.RoundTripper
 }
 
 // New validates cfg and returns a Provider. Its errors name the environment variable to fix and never
@@ -94,15 +94,18 @@ func New(cfg Config) (*Provider, error) {
 	case cfg.Timeout < 0:
 		return nil, fmt.Errorf("twilio: timeout %v is negative", cfg.Timeout)
 	}
+	callback, err := callbackPrefix(cfg.StatusCallback)
+	if err != nil {
+		return nil, err
+	}
 	p := &Provider{
-		accountSID:     cfg.AccountSID,
-		token:          cfg.AuthToken,
-		from:           cfg.From,
-		callback:       cfg.StatusCallback,
-		callbackPrefix: callbackPrefix(cfg.StatusCallback),
-		creds:          client.NewCredentials(cfg.AccountSID, cfg.AuthToken),
-		timeout:        cfg.Timeout,
-		transport:      wire.NewTransport(cfg.Conns),
+		accountSID: cfg.AccountSID,
+		token:      cfg.AuthToken,
+		from:       cfg.From,
+		callback:   callback,
+		creds:      client.NewCredentials(cfg.AccountSID, cfg.AuthToken),
+		timeout:    cfg.Timeout,
+		transport:  wire.NewTransport(cfg.Conns),
 	}
 	if p.timeout == 0 {
 		p.timeout = DefaultTimeout
@@ -252,25 +255,26 @@ func isDigit(c byte) bool  { return '0' <= c && c <= '9' }
 // callbackURL adds the message's campaign and user to the status callback URL, so a receipt names its
 // recipient even before the message's SID is recorded. The URL's own part is parsed once (New).
 func (p *Provider) callbackURL(m providers.Message) string {
-	if p.callbackPrefix == "" {
-		return p.callback
-	}
-	return p.callbackPrefix + "campaign_id=" + strconv.FormatInt(m.CampaignID, 10) + "&user_id=" + url.QueryEscape(m.UserID)
+	return p.callback + "campaign_id=" + strconv.FormatInt(m.CampaignID, 10) + "&user_id=" + url.QueryEscape(m.UserID)
 }
 
 // callbackPrefix is the status callback URL with its own query (less any campaign_id and user_id) and the
-// separator the message's parameters follow; "" when base cannot be parsed (it is then used as it is).
-func callbackPrefix(base string) string {
+// separator the message's parameters follow; "" when base is empty.
+func callbackPrefix(base string) (string, error) {
+	if base == "" {
+		return "", nil
+	}
 	u, err := url.Parse(base)
-	if base == "" || err != nil {
-		return ""
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		// The parse error quotes the input, which could carry a secret in its query; say only what is wrong.
+		return "", errors.New("twilio: status callback is not an http(s) URL: check TWILIO_STATUS_CALLBACK (the public address of `campaignctl webhooks`, e.g. https://hooks.example.com/twilio/status)")
 	}
 	q := u.Query()
 	q.Del("campaign_id")
 	q.Del("user_id")
 	u.RawQuery, u.Fragment, u.RawFragment = q.Encode(), "", ""
 	if u.RawQuery == "" {
-		return u.String() + "?"
+		return u.String() + "?", nil
 	}
-	return u.String() + "&"
+	return u.String() + "&", nil
 }

@@ -431,6 +431,8 @@ func TestNewValidates(t *testing.T) {
 		{"url credentials", func(c *twilio.Config) { c.BaseURL = "http://user:" + testToken + "@localhost/x" }, "TWILIO_BASE_URL"},
 		{"url unparsable", func(c *twilio.Config) { c.BaseURL = "http://[::1" + testToken }, "TWILIO_BASE_URL"},
 		{"negative timeout", func(c *twilio.Config) { c.Timeout = -time.Second }, "timeout"},
+		{"callback not a URL", func(c *twilio.Config) { c.StatusCallback = "hooks.example.com/twilio/status" }, "TWILIO_STATUS_CALLBACK"},
+		{"callback unparsable", func(c *twilio.Config) { c.StatusCallback = "https://[::1/status?key=" + testToken }, "TWILIO_STATUS_CALLBACK"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -456,26 +458,6 @@ func TestNewValidates(t *testing.T) {
 			}
 		})
 	}
-}
-
-// BenchmarkSend measures Send against the sandbox over loopback, SDK and per-call client included.
-func BenchmarkSend(b *testing.B) {
-	s := sandbox.New(sandbox.Options{TwilioAccountSID: testSID, TwilioAuthToken: testToken})
-	srv := httptest.NewServer(s)
-	defer srv.Close()
-	p, err := twilio.New(twilio.Config{AccountSID: testSID, AuthToken: testToken, From: testFrom, BaseURL: srv.URL})
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.SetParallelism(8)
-	b.ReportAllocs()
-	b.RunParallel(func(pb *testing.PB) {
-		for pb.Next() {
-			if _, err := p.Send(context.Background(), providers.Message{To: testTo, Body: "Merhaba, kodunuz ABC123"}); err != nil {
-				b.Fatal(err)
-			}
-		}
-	})
 }
 
 // twilio-go never closes the body of an error answer and stops reading a success body at the end of the
