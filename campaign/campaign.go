@@ -51,9 +51,9 @@ const (
 )
 
 // The statuses, states and reasons as SQL literals, for the statements that test or set them. They are
-// written into the statements' text rather than passed as parameters: the planner then matches the
-// partial indexes on status = 'pending' and status = 'sent' (migrations 0001 and 0005), which a
-// parameter's value would hide from it.
+// written into the statements' text rather than passed as parameters: the planner then knows the value
+// (and any partial index on one, like send_log_message's), which a parameter's generic plan hides from it.
+// No index of campaign_recipients names status (migration 0012): an outcome is written in place.
 const (
 	sqlPending = "'" + StatusPending + "'"
 	sqlSent    = "'" + StatusSent + "'"

@@ -123,11 +123,11 @@ func (s *Store) Counts(ctx context.Context, id int64) (Counts, error) {
 }
 
 // PendingBatches returns the batches of campaign id that still have pending recipients; with
-// onlyNotEnqueued, only the batches never enqueued (right after a launch: all of them). The queries are
-// shaped so that fresh, not yet analysed tables cannot lead the planner into a nested loop over a
-// million rows: one pass over the pending index, or none.
+// onlyNotEnqueued, only the batches never enqueued (right after a launch: all of them). Only the batches
+// not yet settled are looked at, each through the (campaign, batch) index up to its first pending row
+// (a subquery per batch, which the planner cannot turn into a join over the campaign's million rows).
 func (s *Store) PendingBatches(ctx context.Context, id int64, onlyNotEnqueued bool) ([]int, error) {
-	query := `SELECT DISTINCT batch FROM campaign_recipients WHERE campaign_id = $1 AND status = ` + sqlPending + ` ORDER BY batch`
+	query := `SELECT b.batch FROM campaign_batches b WHERE b.campaign_id = $1 AND NOT b.settled AND ` + batchHasPending("b") + ` ORDER BY b.batch`
 	if onlyNotEnqueued {
 		query = `SELECT batch FROM campaign_batches WHERE campaign_id = $1 AND enqueued_at IS NULL ORDER BY batch`
 	}
@@ -208,7 +208,7 @@ func (s *Store) Record(ctx context.Context, campaignID int64, outcomes []Outcome
 					$9::text[], $10::text[], $11::timestamptz[], $12::text[], $13::timestamptz[])
 				AS o(user_id, status, reason, msgid, segments, c_status, c_source, c_date, c_txn, c_synced)
 		), upd AS (
-			-- Only rows of the lease's batch: the pending index on (campaign, batch) finds them whatever the
+			-- Only rows of the lease's batch: the (campaign, batch) index finds them whatever the
 			-- planner believes about the campaign's size.
 			-- A receipt that came in while the row was pending (r.delivery set) proves the provider accepted
 			-- the message, whatever the worker could tell: such a row becomes sent, keeps the receipt's
@@ -316,14 +316,56 @@ func (s *Store) Transition(ctx context.Context, id int64, from []State, to State
 	return was, nil
 }
 
-// CompleteIfDone moves a running campaign to completed when none of its recipients is pending. It
-// reports whether it did.
-func (s *Store) CompleteIfDone(ctx context.Context, id int64) (bool, error) {
-	tag, err := s.pool.Exec(ctx, `UPDATE campaigns SET state = `+sqlStateCompleted+`, finished_at = now()
-		WHERE id = $1 AND state = `+sqlStateRunning+`
-		  AND NOT EXISTS (SELECT 1 FROM campaign_recipients WHERE campaign_id = $1 AND status = `+sqlPending+`)`, id)
+// CompleteIfDone moves a running campaign to completed when none of its recipients is pending, and
+// reports whether it did. It first settles batches (campaign_batches.settled) that have no pending
+// recipient left: those named, or, when none is named, every batch of the campaign not yet settled. A
+// settled batch is never looked at again (until Resend makes a recipient of it pending), so the check at
+// the end of a batch run costs about one batch, not the campaign.
+func (s *Store) CompleteIfDone(ctx context.Context, id int64, batches ...int) (bool, error) {
+	var settle string
+	args := []any{id}
+	if len(batches) > 0 {
+		settle = `AND b.batch = ANY($2::int[])`
+		args = append(args, batches)
+	}
+	// The campaign's row is locked first, and the check reads what was committed by then (a statement of
+	// the batch takes its own snapshot): a concurrent Resend (which locks it too) has either made its
+	// recipients pending and their batches unsettled, or not begun.
+	b := &pgx.Batch{}
+	b.Queue(`SELECT count(*) FROM (SELECT 1 FROM campaigns WHERE id = $1 FOR UPDATE) x`, id)
+	b.Queue(`
+		WITH settled AS (
+			UPDATE campaign_batches b SET settled = true
+			WHERE b.campaign_id = $1 AND NOT b.settled `+settle+` AND NOT `+batchHasPending("b")+`
+			RETURNING b.batch
+		), done AS (
+			UPDATE campaigns SET state = `+sqlStateCompleted+`, finished_at = now()
+			WHERE id = $1 AND state = `+sqlStateRunning+`
+			  AND NOT EXISTS (SELECT 1 FROM campaign_batches b
+				WHERE b.campaign_id = $1 AND NOT b.settled AND b.batch NOT IN (SELECT batch FROM settled)
+				  AND `+batchHasPending("b")+`)
+			RETURNING 1
+		)
+		SELECT EXISTS (SELECT 1 FROM done)`, args...)
+	br := s.pool.SendBatch(ctx, b)
+	var one int
+	var done bool
+	err := br.QueryRow().Scan(&one)
+	if err == nil {
+		err = br.QueryRow().Scan(&done)
+	}
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
 	if err != nil {
 		return false, fmt.Errorf("complete campaign %d: %w", id, err)
 	}
-	return tag.RowsAffected() == 1, nil
+	return done, nil
+}
+
+// batchHasPending is the SQL condition that batch row b has a pending recipient: a subquery, evaluated
+// per batch through the (campaign, batch) index and stopped at the first pending row.
+func batchHasPending(b string) string {
+	return `coalesce((SELECT true FROM campaign_recipients r WHERE r.campaign_id = ` + b + `.campaign_id AND r.batch = ` + b + `.batch
+		AND r.status = ` + sqlPending + ` LIMIT 1), false)`
 }

@@ -17,11 +17,17 @@ import (
 func (p *Planner) classify(ctx context.Context, tx pgx.Tx, spec Spec, tmpl *Template, rep *Report) (*int64, error) {
 	t0 := time.Now()
 	rule := spec.consentRule()
-	// Who got a message on this channel within the frequency cap, across campaigns (the partial index on
-	// sent_at finds them without touching the rest).
+	// Who got a message on this channel within the frequency cap, across campaigns: the audit log's sent
+	// entries of that time (its BRIN index on the time finds them without touching the rest), each
+	// recipient still sent since then (its row, by its key). Every transition to sent is logged by the
+	// statement that makes it, at or after the recipient's sent_at (migration 0012).
 	if _, err := tx.Exec(ctx, fmt.Sprintf(`CREATE TEMP TABLE recent_sends ON COMMIT DROP AS
-		SELECT DISTINCT s.address FROM campaign_recipients s JOIN campaigns c ON c.id = s.campaign_id
-		WHERE s.status = `+sqlSent+` AND s.sent_at > now() - interval '%d seconds' AND c.channel = '%s'`,
+		SELECT DISTINCT s.address
+		FROM send_log l
+		JOIN campaigns c ON c.id = l.campaign_id
+		JOIN campaign_recipients s ON s.campaign_id = l.campaign_id AND s.user_id = l.user_id
+		WHERE l.status = `+sqlSent+` AND l.at > now() - interval '%[1]d seconds' AND c.channel = '%[2]s'
+		  AND s.status = `+sqlSent+` AND s.sent_at > now() - interval '%[1]d seconds'`,
 		int64(spec.FrequencyCap/time.Second), spec.Channel)); err != nil {
 		return nil, fmt.Errorf("plan: recent sends: %w", err)
 	}

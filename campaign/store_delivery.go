@@ -83,13 +83,17 @@ func (s *Store) RecordDeliveries(ctx context.Context, ds []Delivery) (int64, err
 			SELECT * FROM d
 			WHERE d.event_id = '' OR EXISTS (SELECT 1 FROM fresh f WHERE f.provider = d.provider AND f.event_id = d.event_id)
 		), keyed AS (
-			-- Two joins rather than one with OR, so that each uses its index (the primary key, the message ID).
-			SELECT r.campaign_id, r.user_id, d.msgid, d.status, d.error, d.at, d.rank
+			-- Two joins rather than one with OR, so that each uses its index: the primary key, or the audit
+			-- entry that recorded the message ID (the recipient rows keep no index on it, see migration 0012),
+			-- then the primary key.
+			SELECT r.campaign_id, r.user_id, r.status AS was, d.msgid, d.status, d.error, d.at, d.rank
 			FROM todo d JOIN campaign_recipients r ON r.campaign_id = d.campaign_id AND r.user_id = d.user_id
 			WHERE d.campaign_id > 0
 			UNION ALL
-			SELECT r.campaign_id, r.user_id, d.msgid, d.status, d.error, d.at, d.rank
-			FROM todo d JOIN campaign_recipients r ON r.provider_message_id = d.msgid
+			SELECT r.campaign_id, r.user_id, r.status AS was, d.msgid, d.status, d.error, d.at, d.rank
+			FROM todo d
+			JOIN LATERAL (SELECT DISTINCT l.campaign_id, l.user_id FROM send_log l WHERE l.provider_message_id = d.msgid) l ON true
+			JOIN campaign_recipients r ON r.campaign_id = l.campaign_id AND r.user_id = l.user_id AND r.provider_message_id = d.msgid
 			WHERE d.campaign_id = 0 AND d.msgid <> ''
 		), best AS (
 			SELECT DISTINCT ON (campaign_id, user_id) * FROM keyed ORDER BY campaign_id, user_id, rank DESC, at DESC
@@ -108,7 +112,15 @@ func (s *Store) RecordDeliveries(ctx context.Context, ds []Delivery) (int64, err
 			       OR b.rank > `+deliveryRank("r.delivery")+`
 			       OR (b.rank = `+deliveryRank("r.delivery")+`
 			           AND b.at >= r.delivery_at))
-			RETURNING 1
+			RETURNING r.campaign_id, r.user_id, b.was, r.status, r.provider_message_id, b.status AS delivery
+		), log AS (
+			-- A recipient recorded unknown that a receipt proves sent: the transition is audited like the
+			-- others (and a later launch's frequency cap finds the send there).
+			INSERT INTO send_log (campaign_id, user_id, status, reason, provider_message_id, channel, template_hash)
+			SELECT upd.campaign_id, upd.user_id, upd.status, 'accepted by the provider (its receipt says ' || upd.delivery || ')',
+				upd.provider_message_id, c.channel, c.template_hash
+			FROM upd JOIN campaigns c ON c.id = upd.campaign_id
+			WHERE upd.was = `+sqlUnknown+` AND upd.status = `+sqlSent+`
 		)
 		SELECT count(*) FROM upd`, prov, msg, camp, user, st, errs, ev, at).Scan(&changed)
 	if err != nil {

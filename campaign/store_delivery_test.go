@@ -19,6 +19,10 @@ func TestRecordDeliveries(t *testing.T) {
 	mustExec(t, db, `INSERT INTO campaign_recipients (campaign_id, user_id, address, batch, status, provider_message_id) VALUES
 		(1, 'a', '+905320000001', 0, 'sent', 'SMa'), (1, 'b', '+905320000002', 0, 'sent', 'SMb'),
 		(1, 'c', '+905320000003', 0, 'unknown', NULL), (1, 'd', '+905320000004', 0, 'pending', NULL)`)
+	// The audit entries of the two sends, as Record writes them: a receipt naming only the message ID finds
+	// its recipient through them.
+	mustExec(t, db, `INSERT INTO send_log (campaign_id, user_id, status, provider_message_id) VALUES
+		(1, 'a', 'sent', 'SMa'), (1, 'b', 'sent', 'SMb')`)
 	store := campaign.NewStore(db)
 	now := time.Now()
 	n, err := store.RecordDeliveries(ctx, []campaign.Delivery{

@@ -90,7 +90,7 @@ func (s *Store) LeaseChunk(ctx context.Context, c *Campaign, users []string, l L
 			-- are the consents now, and no recipient's is read again.
 			SELECT coalesce((SELECT consent_version FROM campaigns WHERE id = $1) = (SELECT version FROM iys_consents_version), false) AS same
 		), pend0 AS (
-			-- The batch's pending rows through the pending index on (campaign, batch), whatever the planner
+			-- The batch's pending rows through the (campaign, batch) index, whatever the planner
 			-- believes about the campaign's size: at most a batch of rows, never the campaign's.
 			SELECT r.user_id, r.address, r.vars, r.delivery, r.consent_status, r.consent_source, r.consent_date, r.consent_txn, r.consent_synced_at,
 				c.status, c.source, c.cdate, c.txn, c.synced
@@ -292,19 +292,35 @@ func (s *Store) Unknown(ctx context.Context, id int64) ([]string, error) {
 // get the first message gets the same code again, never a second one), and logs the decision. A recipient
 // with a delivery receipt is never moved: the receipt proves the provider accepted the message (Record
 // and RecordDeliveries make such a recipient sent; the condition here covers rows recorded before they
-// did). Their claims must have been cleared first. It returns how many moved.
+// did). Their batches are no longer settled (see CompleteIfDone), in the same transaction, which first
+// locks the campaign's row as CompleteIfDone does: a completion check either sees the recipients pending
+// or ran before they were. Their claims must have been cleared first. It returns how many moved.
 func (s *Store) Resend(ctx context.Context, id int64, users []string) (int64, error) {
-	var n int64
-	err := s.pool.QueryRow(ctx, `
+	b := &pgx.Batch{}
+	b.Queue(`SELECT count(*) FROM (SELECT 1 FROM campaigns WHERE id = $1 FOR UPDATE) x`, id)
+	b.Queue(`
 		WITH upd AS (
 			UPDATE campaign_recipients SET status = `+sqlPending+`, reason = NULL, updated_at = now()
 			WHERE campaign_id = $1 AND user_id = ANY($2) AND status = `+sqlUnknown+` AND delivery IS NULL
-			RETURNING user_id
+			RETURNING user_id, batch
 		), log AS (
 			INSERT INTO send_log (campaign_id, user_id, status, reason)
 			SELECT $1, user_id, `+sqlPending+`, 'resend of an unknown outcome (resume --resend-unknown)' FROM upd
+		), unsettled AS (
+			UPDATE campaign_batches SET settled = false
+			WHERE campaign_id = $1 AND settled AND batch IN (SELECT batch FROM upd)
 		)
-		SELECT count(*) FROM upd`, id, users).Scan(&n)
+		SELECT count(*) FROM upd`, id, users)
+	br := s.pool.SendBatch(ctx, b)
+	var one int
+	var n int64
+	err := br.QueryRow().Scan(&one)
+	if err == nil {
+		err = br.QueryRow().Scan(&n)
+	}
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
 	if err != nil {
 		return 0, fmt.Errorf("resend unknown recipients of campaign %d: %w", id, err)
 	}

@@ -238,7 +238,8 @@ func (h *Handler) RunBatch(ctx context.Context, campaignID int64, batch int) err
 		// The batch went through: whatever account refusal was noted for it is over.
 		state.ClearWaiting(ctx, h.cfg.Redis, c.ID, WaitProviderAuth) //nolint:errcheck // status only; it expires
 	}
-	if done, err := h.cfg.Store.CompleteIfDone(ctx, c.ID); err != nil {
+	// The batch is settled (no pending recipient left) and, if it was the last, the campaign completed.
+	if done, err := h.cfg.Store.CompleteIfDone(ctx, c.ID, batch); err != nil {
 		return waitForServices(err)
 	} else if done {
 		h.forgetTemplate(c.ID)

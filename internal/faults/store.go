@@ -62,8 +62,8 @@ func (s *Store) Record(ctx context.Context, id int64, outcomes []campaign.Outcom
 }
 
 // CompleteIfDone is campaign.Store.CompleteIfDone under the rules.
-func (s *Store) CompleteIfDone(ctx context.Context, id int64) (done bool, err error) {
-	err = s.call(ctx, "CompleteIfDone", func() (err error) { done, err = s.Store.CompleteIfDone(ctx, id); return })
+func (s *Store) CompleteIfDone(ctx context.Context, id int64, batches ...int) (done bool, err error) {
+	err = s.call(ctx, "CompleteIfDone", func() (err error) { done, err = s.Store.CompleteIfDone(ctx, id, batches...); return })
 	return done, err
 }
 

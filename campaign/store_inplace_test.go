@@ -1,0 +1,305 @@
+package campaign_test
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/campaignctl/campaignctl/campaign"
+	"github.com/campaignctl/campaignctl/internal/testdb"
+)
+
+// outcomeColumns are the recipient columns that recording an outcome or a receipt writes.
+var outcomeColumns = []string{"status", "reason", "last_error", "provider_message_id", "segments", "attempts", "sent_at",
+	"updated_at", "delivery", "delivery_error", "delivery_at"}
+
+// No index of campaign_recipients names a column an outcome or a receipt writes (as a key, in an
+// expression or in a predicate), and the table leaves room on its pages: the outcomes of a chunk are
+// written in place (heap-only tuples), without a new entry in any index.
+func TestNoRecipientIndexNamesAnOutcomeColumn(t *testing.T) {
+	t.Parallel()
+	db, _ := testdb.New(t)
+	ctx := context.Background()
+	rows, err := db.Query(ctx, `
+		SELECT i.indexrelid::regclass::text, a.attname
+		FROM pg_index i
+		JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum > 0
+		WHERE i.indrelid = 'campaign_recipients'::regclass
+		  AND (a.attnum = ANY(i.indkey)
+		       OR pg_get_expr(i.indexprs, i.indrelid) ~ ('\m' || a.attname || '\M')
+		       OR pg_get_expr(i.indpred, i.indrelid) ~ ('\m' || a.attname || '\M'))`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	indexed := map[string][]string{}
+	for rows.Next() {
+		var idx, col string
+		if err := rows.Scan(&idx, &col); err != nil {
+			t.Fatal(err)
+		}
+		indexed[col] = append(indexed[col], idx)
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	if len(indexed) == 0 {
+		t.Fatal("found no indexed column at all: the query is wrong")
+	}
+	for _, col := range outcomeColumns {
+		if idx := indexed[col]; len(idx) > 0 {
+			t.Errorf("column %s is named by index %s: every outcome would write a new row version and index entries", col, strings.Join(idx, ", "))
+		}
+	}
+	var opts []string
+	if err := db.QueryRow(ctx, `SELECT coalesce(reloptions, '{}') FROM pg_class WHERE oid = 'campaign_recipients'::regclass`).Scan(&opts); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(strings.Join(opts, ","), "fillfactor=45") {
+		t.Errorf("campaign_recipients options %v, want fillfactor=45 (room for each row's outcome on its page)", opts)
+	}
+}
+
+// seedBulkAudience makes an audience of n SMS recipients with consent, and n codes.
+func seedBulkAudience(t *testing.T, db *pgxpool.Pool, n int) {
+	t.Helper()
+	mustExec(t, db, `CREATE TABLE bulk (ord int, user_id text, phone text, first_name text)`)
+	mustExec(t, db, `GRANT SELECT ON bulk TO campaignctl_audience`)
+	mustExec(t, db, `INSERT INTO bulk SELECT i, 'b' || lpad(i::text, 5, '0'), '+90532' || lpad(i::text, 7, '0'), 'Ayşe'
+		FROM generate_series(1, $1) i`, n)
+	mustExec(t, db, `INSERT INTO iys_consents (recipient, type, recipient_type, status, source, consent_date)
+		SELECT phone, 'MESAJ', 'BIREYSEL', 'ONAY', 'HS_WEB', now() FROM bulk`)
+	mustExec(t, db, `INSERT INTO code_pools (name) VALUES ('p')`)
+	mustExec(t, db, `INSERT INTO promo_codes (pool, code) SELECT 'p', 'BULK' || i FROM generate_series(1, $1) i`, n)
+}
+
+func bulkSpec(name string, batch int) campaign.Spec {
+	s := spec(name)
+	s.AudienceSQL = `SELECT user_id, phone, first_name FROM bulk ORDER BY ord`
+	s.BatchSize = batch
+	return s
+}
+
+// The outcomes of a batch's chunks, recorded as the worker records them (a lease, then the chunk's
+// outcomes), are all heap-only updates: Postgres rewrote no index for them.
+func TestOutcomesAreWrittenInPlace(t *testing.T) {
+	t.Parallel()
+	db, url := testdb.New(t)
+	ctx := context.Background()
+	const n = 300
+	seedBulkAudience(t, db, n)
+	rep, err := (&campaign.Planner{Engine: db, Audience: db}).Plan(ctx, bulkSpec("in-place", n))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// One connection for the store, so that its statistics can be flushed before they are read.
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.MaxConns = 1
+	one, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer one.Close()
+	store := campaign.NewStore(one)
+	c, err := store.Get(ctx, rep.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	recipients, err := store.LoadBatch(ctx, c.ID, 0)
+	if err != nil || len(recipients) != n {
+		t.Fatalf("batch 0 holds %d recipients (%v), want %d", len(recipients), err, n)
+	}
+	flushed := func() (upd, hot int64) {
+		t.Helper()
+		if _, err := one.Exec(ctx, `SELECT pg_stat_force_next_flush()`); err != nil {
+			t.Fatal(err)
+		}
+		if err := one.QueryRow(ctx, `SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables WHERE relid = 'campaign_recipients'::regclass`).Scan(&upd, &hot); err != nil {
+			t.Fatal(err)
+		}
+		return upd, hot
+	}
+	upd0, hot0 := flushed()
+
+	l := campaign.Lease{Batch: 0, Token: "run-1", Epoch: "e", TTL: time.Minute}
+	for start := 0; start < n; start += 100 {
+		chunk := recipients[start : start+100]
+		users := make([]string, len(chunk))
+		outcomes := make([]campaign.Outcome, len(chunk))
+		for i, r := range chunk {
+			users[i] = r.UserID
+			outcomes[i] = campaign.Outcome{UserID: r.UserID, Status: campaign.StatusSent, MessageID: fmt.Sprintf("SM%032d", start+i), Segments: 1}
+		}
+		if _, err := store.LeaseChunk(ctx, c, users, l); err != nil {
+			t.Fatal(err)
+		}
+		moved, err := store.Record(ctx, c.ID, outcomes, l, nil)
+		if err != nil || moved[campaign.StatusSent] != int64(len(chunk)) {
+			t.Fatalf("record chunk at %d: moved %v (%v)", start, moved, err)
+		}
+	}
+	var upd, hot int64
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		if upd, hot = flushed(); upd-upd0 >= n || time.Now().After(deadline) {
+			break
+		}
+	}
+	if upd-upd0 != n {
+		t.Fatalf("%d recipient updates counted, want %d", upd-upd0, n)
+	}
+	// All of them, but for the odd page whose rows grew by more than the room left (these rows are small,
+	// so their outcomes make them grow by half).
+	if hot-hot0 < n*9/10 {
+		t.Errorf("%d of %d outcomes written in place (heap-only); the rest wrote a new row version and index entries", hot-hot0, n)
+	}
+	// The send is found by its message ID and by time, as the dropped indexes found it.
+	changed, err := store.RecordDeliveries(ctx, []campaign.Delivery{{Provider: "twilio", MessageID: fmt.Sprintf("SM%032d", 7), Status: campaign.DeliveryDelivered}})
+	if err != nil || changed != 1 {
+		t.Fatalf("a receipt naming only the message ID changed %d (%v), want its recipient", changed, err)
+	}
+}
+
+// A batch is settled once it has no pending recipient; the campaign completes when none of its batches
+// has one, whichever batch run asks, even one whose own batch was settled long ago; a recipient made
+// pending again by Resend keeps its campaign from completing until it is sent.
+func TestCompletionFollowsThePendingRecipientsOfEveryBatch(t *testing.T) {
+	t.Parallel()
+	db, _ := testdb.New(t)
+	ctx := context.Background()
+	seedBulkAudience(t, db, 6)
+	rep, err := (&campaign.Planner{Engine: db, Audience: db}).Plan(ctx, bulkSpec("settle", 2))
+	if err != nil {
+		t.Fatal(err)
+	}
+	store := campaign.NewStore(db)
+	c, err := store.Get(ctx, rep.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := store.Transition(ctx, c.ID, []campaign.State{campaign.StateScheduled, campaign.StatePlanning, c.State}, campaign.StateRunning); err != nil {
+		t.Fatal(err)
+	}
+	batches, err := store.PendingBatches(ctx, c.ID, false)
+	if err != nil || fmt.Sprint(batches) != "[0 1 2]" {
+		t.Fatalf("pending batches %v (%v), want [0 1 2]", batches, err)
+	}
+	record := func(batch int, status string) {
+		t.Helper()
+		rs, err := store.LoadBatch(ctx, c.ID, batch)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var outs []campaign.Outcome
+		for _, r := range rs {
+			outs = append(outs, campaign.Outcome{UserID: r.UserID, Status: status, MessageID: "SM" + r.UserID})
+		}
+		if _, err := store.Record(ctx, c.ID, outs, campaign.Lease{Batch: batch}, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	settled := func() string {
+		t.Helper()
+		var s string
+		if err := db.QueryRow(ctx, `SELECT string_agg(batch::text, ' ' ORDER BY batch) FILTER (WHERE settled) FROM campaign_batches WHERE campaign_id = $1`, c.ID).Scan(&s); err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	complete := func(want bool, batches ...int) {
+		t.Helper()
+		done, err := store.CompleteIfDone(ctx, c.ID, batches...)
+		if err != nil || done != want {
+			t.Fatalf("complete after batches %v: %v (%v), want %v", batches, done, err, want)
+		}
+	}
+
+	record(0, campaign.StatusSent)
+	complete(false, 0)
+	if s := settled(); s != "0" {
+		t.Fatalf("settled batches %q, want 0", s)
+	}
+	// Batch 2's outcomes come in, but its run never asks (the run that recorded them died): the next
+	// batch's run still completes the campaign.
+	record(2, campaign.StatusSent)
+	complete(false, 0)
+	record(1, campaign.StatusUnknown)
+	complete(true, 1)
+	if s := settled(); s != "0 1" {
+		t.Fatalf("settled batches %q after completion, want 0 1 (2 has nothing pending, and was not asked about)", s)
+	}
+	if batches, err := store.PendingBatches(ctx, c.ID, false); err != nil || len(batches) != 0 {
+		t.Fatalf("pending batches %v (%v) of a completed campaign, want none", batches, err)
+	}
+
+	// resume --resend-unknown: the campaign runs again, batch 1's unknown recipients are pending.
+	if _, err := store.Transition(ctx, c.ID, []campaign.State{campaign.StateCompleted}, campaign.StateRunning); err != nil {
+		t.Fatal(err)
+	}
+	unknown, err := store.Unknown(ctx, c.ID)
+	if err != nil || len(unknown) != 2 {
+		t.Fatalf("unknown %v (%v), want batch 1's two", unknown, err)
+	}
+	if n, err := store.Resend(ctx, c.ID, unknown); err != nil || n != 2 {
+		t.Fatalf("resend moved %d (%v), want 2", n, err)
+	}
+	if s := settled(); s != "0" {
+		t.Fatalf("settled batches %q after the resend, want 0", s)
+	}
+	if batches, err := store.PendingBatches(ctx, c.ID, false); err != nil || fmt.Sprint(batches) != "[1]" {
+		t.Fatalf("pending batches %v (%v) after the resend, want [1]", batches, err)
+	}
+	complete(false, 0)
+	complete(false)
+	record(1, campaign.StatusSent)
+	complete(true, 1)
+}
+
+// A recipient that was unknown and that a receipt proves sent counts for a later launch's frequency cap,
+// as one sent outright does; one sent before the cap's window does not.
+func TestFrequencyCapCountsSendsProvedByReceipts(t *testing.T) {
+	t.Parallel()
+	db, _ := testdb.New(t)
+	ctx := context.Background()
+	seedBulkAudience(t, db, 4)
+	first := bulkSpec("first", 4)
+	rep, err := (&campaign.Planner{Engine: db, Audience: db}).Plan(ctx, first)
+	if err != nil {
+		t.Fatal(err)
+	}
+	store := campaign.NewStore(db)
+	outs := []campaign.Outcome{
+		{UserID: "b00001", Status: campaign.StatusSent, MessageID: "SM1"},
+		{UserID: "b00002", Status: campaign.StatusUnknown, Reason: "timeout"},
+		{UserID: "b00003", Status: campaign.StatusUnknown, Reason: "timeout"},
+		{UserID: "b00004", Status: campaign.StatusSent, MessageID: "SM4"},
+	}
+	if _, err := store.Record(ctx, rep.ID, outs, campaign.Lease{Batch: 0}, nil); err != nil {
+		t.Fatal(err)
+	}
+	// b00002's receipt proves its send; b00003 stays unknown; b00004 was sent two days ago.
+	if n, err := store.RecordDeliveries(ctx, []campaign.Delivery{{Provider: "twilio", CampaignID: rep.ID, UserID: "b00002", MessageID: "SM2", Status: campaign.DeliveryDelivered}}); err != nil || n != 1 {
+		t.Fatalf("receipt changed %d (%v)", n, err)
+	}
+	mustExec(t, db, `UPDATE campaign_recipients SET sent_at = now() - interval '2 days' WHERE user_id = 'b00004'`)
+	mustExec(t, db, `UPDATE send_log SET at = now() - interval '2 days' WHERE user_id = 'b00004'`)
+	if n := count(t, db, `SELECT count(*) FROM send_log WHERE user_id = 'b00002' AND status = 'sent' AND provider_message_id = 'SM2'`); n != 1 {
+		t.Fatalf("%d audit entries of b00002's proved send, want 1", n)
+	}
+
+	mustExec(t, db, `INSERT INTO promo_codes (pool, code) SELECT 'p', 'MORE' || i FROM generate_series(1, 4) i`)
+	second := bulkSpec("second", 4)
+	second.FrequencyCap = 24 * time.Hour
+	rep2, err := (&campaign.Planner{Engine: db, Audience: db}).Plan(ctx, second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := rep2.Excluded[campaign.ReasonFrequencyCap]; got != 2 || rep2.Eligible != 2 {
+		t.Fatalf("second launch: %d capped, %d eligible; want b00001 and b00002 capped, b00003 and b00004 eligible", got, rep2.Eligible)
+	}
+}
