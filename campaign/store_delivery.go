@@ -69,9 +69,17 @@ func (s *Store) RecordDeliveries(ctx context.Context, ds []Delivery) (int64, err
 		}
 	}
 	var changed int64
-	err := s.pool.QueryRow(ctx, `
+	err := s.pool.QueryRow(ctx, recordDeliveriesSQL, prov, msg, camp, user, st, errs, ev, at).Scan(&changed)
+	if err != nil {
+		return 0, fmt.Errorf("record delivery receipts: %w", err)
+	}
+	return changed, nil
+}
+
+// recordDeliveriesSQL is RecordDeliveries' statement.
+var recordDeliveriesSQL = `
 		WITH d AS (
-			SELECT *, `+deliveryRank("status")+` AS rank
+			SELECT *, ` + deliveryRank("status") + ` AS rank
 			FROM unnest($1::text[], $2::text[], $3::bigint[], $4::text[], $5::text[], $6::text[], $7::text[], $8::timestamptz[])
 				AS d(provider, msgid, campaign_id, user_id, status, error, event_id, at)
 		), fresh AS (
@@ -92,7 +100,9 @@ func (s *Store) RecordDeliveries(ctx context.Context, ds []Delivery) (int64, err
 			UNION ALL
 			SELECT r.campaign_id, r.user_id, r.status AS was, d.msgid, d.status, d.error, d.at, d.rank
 			FROM todo d
-			JOIN LATERAL (SELECT DISTINCT l.campaign_id, l.user_id FROM send_log l WHERE l.provider_message_id = d.msgid) l ON true
+			JOIN LATERAL (SELECT DISTINCT l.campaign_id, l.user_id FROM send_log l
+				WHERE hashtext(l.provider_message_id) = hashtext(d.msgid) AND l.provider_message_id IS NOT NULL
+				  AND l.provider_message_id = d.msgid) l ON true
 			JOIN campaign_recipients r ON r.campaign_id = l.campaign_id AND r.user_id = l.user_id AND r.provider_message_id = d.msgid
 			WHERE d.campaign_id = 0 AND d.msgid <> ''
 		), best AS (
@@ -100,17 +110,17 @@ func (s *Store) RecordDeliveries(ctx context.Context, ds []Delivery) (int64, err
 		), upd AS (
 			UPDATE campaign_recipients r SET
 				delivery = b.status, delivery_error = NULLIF(b.error, ''), delivery_at = b.at,
-				status = CASE WHEN r.status = `+sqlUnknown+` THEN `+sqlSent+` ELSE r.status END,
+				status = CASE WHEN r.status = ` + sqlUnknown + ` THEN ` + sqlSent + ` ELSE r.status END,
 				provider_message_id = coalesce(r.provider_message_id, NULLIF(b.msgid, '')),
-				sent_at = coalesce(r.sent_at, CASE WHEN r.status = `+sqlUnknown+` THEN b.at END),
+				sent_at = coalesce(r.sent_at, CASE WHEN r.status = ` + sqlUnknown + ` THEN b.at END),
 				updated_at = now()
 			FROM best b
-			WHERE r.campaign_id = b.campaign_id AND r.user_id = b.user_id AND r.status IN (`+sqlPending+`, `+sqlSent+`, `+sqlUnknown+`)
+			WHERE r.campaign_id = b.campaign_id AND r.user_id = b.user_id AND r.status IN (` + sqlPending + `, ` + sqlSent + `, ` + sqlUnknown + `)
 			  -- A receipt for another message than the one recorded is not about this send.
 			  AND (r.provider_message_id IS NULL OR b.msgid = '' OR r.provider_message_id = b.msgid)
 			  AND (r.delivery IS NULL
-			       OR b.rank > `+deliveryRank("r.delivery")+`
-			       OR (b.rank = `+deliveryRank("r.delivery")+`
+			       OR b.rank > ` + deliveryRank("r.delivery") + `
+			       OR (b.rank = ` + deliveryRank("r.delivery") + `
 			           AND b.at >= r.delivery_at))
 			RETURNING r.campaign_id, r.user_id, b.was, r.status, r.provider_message_id, b.status AS delivery
 		), log AS (
@@ -120,14 +130,9 @@ func (s *Store) RecordDeliveries(ctx context.Context, ds []Delivery) (int64, err
 			SELECT upd.campaign_id, upd.user_id, upd.status, 'accepted by the provider (its receipt says ' || upd.delivery || ')',
 				upd.provider_message_id, c.channel, c.template_hash
 			FROM upd JOIN campaigns c ON c.id = upd.campaign_id
-			WHERE upd.was = `+sqlUnknown+` AND upd.status = `+sqlSent+`
+			WHERE upd.was = ` + sqlUnknown + ` AND upd.status = ` + sqlSent + `
 		)
-		SELECT count(*) FROM upd`, prov, msg, camp, user, st, errs, ev, at).Scan(&changed)
-	if err != nil {
-		return 0, fmt.Errorf("record delivery receipts: %w", err)
-	}
-	return changed, nil
-}
+		SELECT count(*) FROM upd`
 
 // DeliveryCounts returns how many of the campaign's recipients the receipts say were delivered, and how
 // many were not (undelivered, failed, bounced, dropped).

@@ -303,3 +303,38 @@ func TestFrequencyCapCountsSendsProvedByReceipts(t *testing.T) {
 		t.Fatalf("second launch: %d capped, %d eligible; want b00001 and b00002 capped, b00003 and b00004 eligible", got, rep2.Eligible)
 	}
 }
+
+// A receipt that names only the message ID finds its audit entry through send_log_message (the hash of the
+// ID), not by reading the log: the predicate RecordDeliveries uses matches the index.
+func TestReceiptByMessageIDUsesTheAuditIndex(t *testing.T) {
+	t.Parallel()
+	db, _ := testdb.New(t)
+	ctx := context.Background()
+	tx, err := db.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx) //nolint:errcheck // read only
+	if _, err := tx.Exec(ctx, `SET LOCAL enable_seqscan = off`); err != nil {
+		t.Fatal(err)
+	}
+	var plan []string
+	rows, err := tx.Query(ctx, `EXPLAIN SELECT DISTINCT l.campaign_id, l.user_id FROM send_log l
+		WHERE hashtext(l.provider_message_id) = hashtext('SM1') AND l.provider_message_id IS NOT NULL AND l.provider_message_id = 'SM1'`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for rows.Next() {
+		var line string
+		if err := rows.Scan(&line); err != nil {
+			t.Fatal(err)
+		}
+		plan = append(plan, line)
+	}
+	if !strings.Contains(strings.Join(plan, "\n"), "send_log_message") {
+		t.Fatalf("the message-ID lookup does not use send_log_message:\n%s", strings.Join(plan, "\n"))
+	}
+	if !strings.Contains(campaign.RecordDeliveriesSQL, "hashtext(l.provider_message_id) = hashtext(d.msgid) AND l.provider_message_id IS NOT NULL") {
+		t.Fatal("RecordDeliveries no longer looks the message ID up by its hash")
+	}
+}

@@ -39,7 +39,9 @@ DROP INDEX campaign_recipients_sent;
 DROP INDEX campaign_recipients_message;
 
 CREATE INDEX send_log_sent_at ON send_log USING brin (at);
-CREATE INDEX send_log_message ON send_log (provider_message_id) WHERE provider_message_id IS NOT NULL;
+-- By a hash of the message ID: an integer key costs a send a third less to insert than the text (a
+-- message ID is random: each lands on its own leaf), and a receipt compares the ID itself once found.
+CREATE INDEX send_log_message ON send_log (hashtext(provider_message_id)) WHERE provider_message_id IS NOT NULL;
 
 -- Room on each page for every row on it to be rewritten once in place: a row of the bulk case is about
 -- 230 bytes, 280 once its outcome is written, and a chunk rewrites all the rows of a page in one statement

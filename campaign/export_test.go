@@ -1,0 +1,4 @@
+package campaign
+
+// RecordDeliveriesSQL is RecordDeliveries' statement, for tests that check its shape.
+var RecordDeliveriesSQL = recordDeliveriesSQL
