@@ -24,7 +24,8 @@ var errAnswerTooLarge = errors.New("answer larger than 1 MiB")
 // this, and a RoundTripper per call is the only place where it cannot be mixed up with another
 // goroutine's request.
 //
-// It also reads the whole answer before handing it to the SDK. twilio-go v1.31.0 never closes the body
+// It also reads the whole answer before handing it to the SDK (of a 2xx, only the members Send reads:
+// trimAnswer). twilio-go v1.31.0 never closes the body
 // of an error answer and stops reading a success body at the end of the JSON value; unless the last
 // read happens to report the end of the body, the connection (or HTTP/2 stream) stays stuck until the
 // timeout instead of going back to the pool.
@@ -73,6 +74,15 @@ func (r *recorder) RoundTrip(req *http.Request) (*http.Response, error) {
 	if err == nil && buf.Len() > maxAnswer {
 		buf.Truncate(maxAnswer)
 		err = errAnswerTooLarge
+	}
+	if err == nil && resp.StatusCode >= 200 && resp.StatusCode <= 299 {
+		// A message created: the SDK is handed the members Send reads (see readFields), not all thirty.
+		var small [256]byte
+		if t, ok := trimAnswer(small[:0], buf.Bytes()); ok {
+			buf.Reset()
+			buf.Write(t)
+			resp.ContentLength = int64(buf.Len())
+		}
 	}
 	resp.Body = &readBody{buf: buf, err: err}
 	return resp, nil
