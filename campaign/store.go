@@ -239,9 +239,12 @@ func (s *Store) Record(ctx context.Context, campaignID int64, outcomes []Outcome
 		), log AS (
 			INSERT INTO send_log (campaign_id, user_id, status, reason, provider_message_id, channel, template_hash,
 				consent_status, consent_source, consent_date, consent_txn, consent_synced_at)
-			SELECT $1, upd.user_id, upd.status, upd.reason, upd.provider_message_id, c.channel, c.template_hash,
+			-- The campaign's columns as two subqueries, each read once for the chunk (a join read the row
+			-- again for every recipient).
+			SELECT $1, upd.user_id, upd.status, upd.reason, upd.provider_message_id,
+				(SELECT channel FROM campaigns WHERE id = $1), (SELECT template_hash FROM campaigns WHERE id = $1),
 				NULLIF(upd.c_status, ''), NULLIF(upd.c_source, ''), upd.c_date, NULLIF(upd.c_txn, ''), upd.c_synced
-			FROM upd CROSS JOIN (SELECT channel, template_hash FROM campaigns WHERE id = $1) c
+			FROM upd
 		), released AS (
 			-- The statement's snapshot still shows the rows as they were: their codes before the update.
 			INSERT INTO released_codes (code_id, pool)
