@@ -167,7 +167,7 @@ func TestOutcomesAreWrittenInPlace(t *testing.T) {
 
 // A batch is settled once it has no pending recipient; the campaign completes when none of its batches
 // has one, whichever batch run asks, even one whose own batch was settled long ago; a recipient made
-// pending again by Resend keeps its campaign from completing until it is sent.
+// pending again (by Resend, or by hand) keeps its campaign from completing until it is sent.
 func TestCompletionFollowsThePendingRecipientsOfEveryBatch(t *testing.T) {
 	t.Parallel()
 	db, _ := testdb.New(t)
@@ -258,6 +258,19 @@ func TestCompletionFollowsThePendingRecipientsOfEveryBatch(t *testing.T) {
 	complete(false)
 	record(1, campaign.StatusSent)
 	complete(true, 1)
+
+	// An operator makes a recipient of batch 0 pending by hand: the trigger takes the batch's mark away.
+	if _, err := store.Transition(ctx, c.ID, []campaign.State{campaign.StateCompleted}, campaign.StateRunning); err != nil {
+		t.Fatal(err)
+	}
+	mustExec(t, db, `UPDATE campaign_recipients SET status = 'pending' WHERE campaign_id = $1 AND user_id = (
+		SELECT min(user_id) FROM campaign_recipients WHERE campaign_id = $1 AND batch = 0)`, c.ID)
+	if s := settled(); s != "1 2" {
+		t.Fatalf("settled batches %q after a recipient of batch 0 was made pending by hand, want 1 2", s)
+	}
+	complete(false, 1)
+	record(0, campaign.StatusSent)
+	complete(true, 0)
 }
 
 // A recipient that was unknown and that a receipt proves sent counts for a later launch's frequency cap,

@@ -292,9 +292,10 @@ func (s *Store) Unknown(ctx context.Context, id int64) ([]string, error) {
 // get the first message gets the same code again, never a second one), and logs the decision. A recipient
 // with a delivery receipt is never moved: the receipt proves the provider accepted the message (Record
 // and RecordDeliveries make such a recipient sent; the condition here covers rows recorded before they
-// did). Their batches are no longer settled (see CompleteIfDone), in the same transaction, which first
-// locks the campaign's row as CompleteIfDone does: a completion check either sees the recipients pending
-// or ran before they were. Their claims must have been cleared first. It returns how many moved.
+// did). Their batches are no longer settled (see CompleteIfDone: the trigger of migration 0012 clears the
+// marks), in a transaction that first locks the campaign's row as CompleteIfDone does: a completion check
+// either sees the recipients pending or ran before they were. Their claims must have been cleared first.
+// It returns how many moved.
 func (s *Store) Resend(ctx context.Context, id int64, users []string) (int64, error) {
 	b := &pgx.Batch{}
 	b.Queue(`SELECT count(*) FROM (SELECT 1 FROM campaigns WHERE id = $1 FOR UPDATE) x`, id)
@@ -302,13 +303,10 @@ func (s *Store) Resend(ctx context.Context, id int64, users []string) (int64, er
 		WITH upd AS (
 			UPDATE campaign_recipients SET status = `+sqlPending+`, reason = NULL, updated_at = now()
 			WHERE campaign_id = $1 AND user_id = ANY($2) AND status = `+sqlUnknown+` AND delivery IS NULL
-			RETURNING user_id, batch
+			RETURNING user_id
 		), log AS (
 			INSERT INTO send_log (campaign_id, user_id, status, reason)
 			SELECT $1, user_id, `+sqlPending+`, 'resend of an unknown outcome (resume --resend-unknown)' FROM upd
-		), unsettled AS (
-			UPDATE campaign_batches SET settled = false
-			WHERE campaign_id = $1 AND settled AND batch IN (SELECT batch FROM upd)
 		)
 		SELECT count(*) FROM upd`, id, users)
 	br := s.pool.SendBatch(ctx, b)

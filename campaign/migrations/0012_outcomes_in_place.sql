@@ -10,7 +10,7 @@
 -- What the dropped indexes found is found elsewhere:
 --   - a batch's pending rows: the (campaign, batch) index, a batch at a time;
 --   - whether a campaign has pending rows left: its batches not yet settled (campaign_batches.settled,
---     set once a batch has no pending row, cleared when `resume --resend-unknown` makes one pending again),
+--     set once a batch has no pending row, cleared by a trigger when a row of it becomes pending again),
 --     each looked at through the (campaign, batch) index;
 --   - who was sent a message lately (a launch's frequency cap): the audit log's 'sent' entries by time,
 --     through a BRIN index (the log is appended in time order), then the recipient row by its key;
@@ -23,6 +23,20 @@ UPDATE campaign_batches b SET settled = true
 WHERE NOT EXISTS (SELECT 1 FROM campaign_recipients r
                   WHERE r.campaign_id = b.campaign_id AND r.batch = b.batch AND r.status = 'pending');
 CREATE INDEX campaign_batches_unsettled ON campaign_batches (campaign_id, batch) WHERE NOT settled;
+
+-- Whatever makes a recipient pending again (`resume --resend-unknown`, an operator's UPDATE, a binary of an
+-- earlier version) takes its batch's mark away in the same transaction. An outcome never fires it: it
+-- moves a row out of pending, or leaves it there.
+CREATE FUNCTION campaign_batch_unsettle() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    UPDATE campaign_batches SET settled = false
+    WHERE campaign_id = NEW.campaign_id AND batch = NEW.batch AND settled;
+    RETURN NULL;
+END
+$$;
+CREATE TRIGGER campaign_recipients_unsettle AFTER UPDATE OF status, batch ON campaign_recipients
+    FOR EACH ROW WHEN (NEW.status = 'pending' AND (OLD.status <> 'pending' OR OLD.batch <> NEW.batch))
+    EXECUTE FUNCTION campaign_batch_unsettle();
 
 -- A recipient made sent by a receipt (it was unknown) was not logged until now: its entry, so that the
 -- frequency cap sees it.
