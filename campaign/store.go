@@ -320,16 +320,35 @@ func (s *Store) Transition(ctx context.Context, id int64, from []State, to State
 }
 
 // CompleteIfDone moves a running campaign to completed when none of its recipients is pending, and
-// reports whether it did. It first settles batches (campaign_batches.settled) that have no pending
-// recipient left: those named, or, when none is named, every batch of the campaign not yet settled. A
-// settled batch is never looked at again (until Resend makes a recipient of it pending), so the check at
-// the end of a batch run costs about one batch, not the campaign.
-func (s *Store) CompleteIfDone(ctx context.Context, id int64, batches ...int) (bool, error) {
-	var settle string
+// reports whether it did. It first settles (campaign_batches.settled) every batch of the campaign not yet
+// settled that has no pending recipient left. A settled batch is not looked at again until one of its
+// recipients becomes pending again (the trigger of migration 0012 takes its mark away).
+func (s *Store) CompleteIfDone(ctx context.Context, id int64) (bool, error) {
+	done, _, err := s.complete(ctx, id, nil)
+	return done, err
+}
+
+// CloseBatch is CompleteIfDone at the end of a run of batch: only that batch is settled, if it has no
+// pending recipient left, so the check costs about one batch, not the campaign. open reports that the
+// batch still has a pending recipient: one made pending again while the run was sending (`resume
+// --resend-unknown`), which the run never loaded, and which its task must come back for.
+func (s *Store) CloseBatch(ctx context.Context, id int64, batch int) (done, open bool, err error) {
+	done, stillOpen, err := s.complete(ctx, id, []int{batch})
+	return done, len(stillOpen) > 0, err
+}
+
+// complete settles the batches named (all of the campaign's when nil) that have no pending recipient,
+// completes the campaign if no batch has one, and returns the named batches that still have one.
+func (s *Store) complete(ctx context.Context, id int64, batches []int) (done bool, open []int, err error) {
+	var settle, openSQL string
 	args := []any{id}
-	if len(batches) > 0 {
+	if batches != nil {
 		settle = `AND b.batch = ANY($2::int[])`
+		openSQL = `array(SELECT b.batch FROM campaign_batches b WHERE b.campaign_id = $1 AND b.batch = ANY($2::int[])
+			AND NOT b.settled AND b.batch NOT IN (SELECT batch FROM settled))`
 		args = append(args, batches)
+	} else {
+		openSQL = `'{}'::int[]`
 	}
 	// The campaign's row is locked first, and the check reads what was committed by then (a statement of
 	// the batch takes its own snapshot): a concurrent Resend (which locks it too) has either made its
@@ -349,21 +368,20 @@ func (s *Store) CompleteIfDone(ctx context.Context, id int64, batches ...int) (b
 				  AND `+batchHasPending("b")+`)
 			RETURNING 1
 		)
-		SELECT EXISTS (SELECT 1 FROM done)`, args...)
+		SELECT EXISTS (SELECT 1 FROM done), `+openSQL, args...)
 	br := s.pool.SendBatch(ctx, b)
 	var one int
-	var done bool
-	err := br.QueryRow().Scan(&one)
+	err = br.QueryRow().Scan(&one)
 	if err == nil {
-		err = br.QueryRow().Scan(&done)
+		err = br.QueryRow().Scan(&done, &open)
 	}
 	if cerr := br.Close(); err == nil {
 		err = cerr
 	}
 	if err != nil {
-		return false, fmt.Errorf("complete campaign %d: %w", id, err)
+		return false, nil, fmt.Errorf("complete campaign %d: %w", id, err)
 	}
-	return done, nil
+	return done, open, nil
 }
 
 // batchHasPending is the SQL condition that batch row b has a pending recipient: a subquery, evaluated

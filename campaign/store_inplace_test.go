@@ -211,9 +211,16 @@ func TestCompletionFollowsThePendingRecipientsOfEveryBatch(t *testing.T) {
 		}
 		return s
 	}
+	// complete is the check at the end of a run of batches[0] (CloseBatch), or resume's (CompleteIfDone).
 	complete := func(want bool, batches ...int) {
 		t.Helper()
-		done, err := store.CompleteIfDone(ctx, c.ID, batches...)
+		var done bool
+		var err error
+		if len(batches) == 0 {
+			done, err = store.CompleteIfDone(ctx, c.ID)
+		} else {
+			done, _, err = store.CloseBatch(ctx, c.ID, batches[0])
+		}
 		if err != nil || done != want {
 			t.Fatalf("complete after batches %v: %v (%v), want %v", batches, done, err, want)
 		}
@@ -256,8 +263,14 @@ func TestCompletionFollowsThePendingRecipientsOfEveryBatch(t *testing.T) {
 	}
 	complete(false, 0)
 	complete(false)
+	// The run of batch 1 that was sending when the resend happened never loaded them: it must come back.
+	if _, open, err := store.CloseBatch(ctx, c.ID, 1); err != nil || !open {
+		t.Fatalf("batch 1 after the resend: open %v (%v), want open", open, err)
+	}
 	record(1, campaign.StatusSent)
-	complete(true, 1)
+	if done, open, err := store.CloseBatch(ctx, c.ID, 1); err != nil || open || !done {
+		t.Fatalf("batch 1 once sent: open %v, completed %v (%v), want closed and the campaign completed", open, done, err)
+	}
 
 	// An operator makes a recipient of batch 0 pending by hand: the trigger takes the batch's mark away.
 	if _, err := store.Transition(ctx, c.ID, []campaign.State{campaign.StateCompleted}, campaign.StateRunning); err != nil {
@@ -349,5 +362,57 @@ func TestReceiptByMessageIDUsesTheAuditIndex(t *testing.T) {
 	}
 	if !strings.Contains(campaign.RecordDeliveriesSQL, "hashtext(l.provider_message_id) = hashtext(d.msgid) AND l.provider_message_id IS NOT NULL") {
 		t.Fatal("RecordDeliveries no longer looks the message ID up by its hash")
+	}
+}
+
+// A completion that commits just before resume --resend-unknown moves the unknown recipients back to
+// pending (a batch run ending, another resume) does not strand them: Resend runs the campaign again.
+func TestResendAfterACompletionRunsTheCampaignAgain(t *testing.T) {
+	t.Parallel()
+	db, _ := testdb.New(t)
+	ctx := context.Background()
+	seedBulkAudience(t, db, 4)
+	rep, err := (&campaign.Planner{Engine: db, Audience: db}).Plan(ctx, bulkSpec("reopen", 2))
+	if err != nil {
+		t.Fatal(err)
+	}
+	store := campaign.NewStore(db)
+	c, err := store.Get(ctx, rep.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := store.Transition(ctx, c.ID, []campaign.State{campaign.StateScheduled, campaign.StatePlanning, c.State}, campaign.StateRunning); err != nil {
+		t.Fatal(err)
+	}
+	for batch, status := range []string{campaign.StatusUnknown, campaign.StatusSent} {
+		rs, err := store.LoadBatch(ctx, c.ID, batch)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var outs []campaign.Outcome
+		for _, r := range rs {
+			outs = append(outs, campaign.Outcome{UserID: r.UserID, Status: status, MessageID: "SM" + r.UserID})
+		}
+		if _, err := store.Record(ctx, c.ID, outs, campaign.Lease{Batch: batch}, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	unknown, err := store.Unknown(ctx, c.ID)
+	if err != nil || len(unknown) != 2 {
+		t.Fatalf("unknown %v (%v), want batch 0's two", unknown, err)
+	}
+	// The resume read the campaign running; the last batch run's check completes it first.
+	if done, _, err := store.CloseBatch(ctx, c.ID, 1); err != nil || !done {
+		t.Fatalf("close batch 1: completed %v (%v), want completed", done, err)
+	}
+	if n, err := store.Resend(ctx, c.ID, unknown); err != nil || n != 2 {
+		t.Fatalf("resend moved %d (%v), want 2", n, err)
+	}
+	got, err := store.Get(ctx, c.ID)
+	if err != nil || got.State != campaign.StateRunning || got.FinishedAt != nil {
+		t.Fatalf("campaign after the resend: %+v (%v), want running again", got, err)
+	}
+	if batches, err := store.PendingBatches(ctx, c.ID, false); err != nil || fmt.Sprint(batches) != "[0]" {
+		t.Fatalf("pending batches %v (%v), want [0]", batches, err)
 	}
 }

@@ -294,8 +294,9 @@ func (s *Store) Unknown(ctx context.Context, id int64) ([]string, error) {
 // and RecordDeliveries make such a recipient sent; the condition here covers rows recorded before they
 // did). Their batches are no longer settled (see CompleteIfDone: the trigger of migration 0012 clears the
 // marks), in a transaction that first locks the campaign's row as CompleteIfDone does: a completion check
-// either sees the recipients pending or ran before they were. Their claims must have been cleared first.
-// It returns how many moved.
+// either sees the recipients pending or ran before they were, and a campaign a check completed before is
+// running again (scheduled, if its start is still ahead). Their claims must have been cleared first. It
+// returns how many moved.
 func (s *Store) Resend(ctx context.Context, id int64, users []string) (int64, error) {
 	b := &pgx.Batch{}
 	b.Queue(`SELECT count(*) FROM (SELECT 1 FROM campaigns WHERE id = $1 FOR UPDATE) x`, id)
@@ -307,6 +308,12 @@ func (s *Store) Resend(ctx context.Context, id int64, users []string) (int64, er
 		), log AS (
 			INSERT INTO send_log (campaign_id, user_id, status, reason)
 			SELECT $1, user_id, `+sqlPending+`, 'resend of an unknown outcome (resume --resend-unknown)' FROM upd
+		), reopened AS (
+			-- A completion that committed before this transaction took the lock (a batch run ending, another
+			-- resume) does not strand the recipients: the campaign runs again, or waits for its start.
+			UPDATE campaigns SET state = CASE WHEN start_at > now() THEN `+sqlStateScheduled+` ELSE `+sqlStateRunning+` END,
+				finished_at = NULL
+			WHERE id = $1 AND state = `+sqlStateCompleted+` AND EXISTS (SELECT 1 FROM upd)
 		)
 		SELECT count(*) FROM upd`, id, users)
 	br := s.pool.SendBatch(ctx, b)

@@ -239,8 +239,12 @@ func (h *Handler) RunBatch(ctx context.Context, campaignID int64, batch int) err
 		state.ClearWaiting(ctx, h.cfg.Redis, c.ID, WaitProviderAuth) //nolint:errcheck // status only; it expires
 	}
 	// The batch is settled (no pending recipient left) and, if it was the last, the campaign completed.
-	if done, err := h.cfg.Store.CompleteIfDone(ctx, c.ID, batch); err != nil {
+	if done, open, err := h.cfg.Store.CloseBatch(ctx, c.ID, batch); err != nil {
 		return waitForServices(err)
+	} else if open {
+		// Recipients made pending again while this run sent (resume --resend-unknown): its task is the
+		// only one of the batch (a second enqueue of it was refused), so it comes back for them.
+		return &RetryError{Err: errors.New("recipients of this batch were made pending again while it ran; it runs again for them"), After: time.Second}
 	} else if done {
 		h.forgetTemplate(c.ID)
 		log.Info("campaign completed")

@@ -32,7 +32,7 @@ type Store interface {
 	RenewLease(ctx context.Context, campaignID int64, l campaign.Lease) (bool, error)
 	ReleaseBatch(ctx context.Context, campaignID int64, l campaign.Lease) error
 	Record(ctx context.Context, campaignID int64, outcomes []campaign.Outcome, l campaign.Lease, inHand []string) (map[string]int64, error)
-	CompleteIfDone(ctx context.Context, id int64, batches ...int) (bool, error)
+	CloseBatch(ctx context.Context, id int64, batch int) (done, open bool, err error)
 	MarkInvalid(ctx context.Context, ch campaign.Channel, address, reason string) error
 	ExpiredLeases(ctx context.Context, limit int) ([]campaign.Expired, error)
 }

@@ -61,10 +61,10 @@ func (s *Store) Record(ctx context.Context, id int64, outcomes []campaign.Outcom
 	return moved, err
 }
 
-// CompleteIfDone is campaign.Store.CompleteIfDone under the rules.
-func (s *Store) CompleteIfDone(ctx context.Context, id int64, batches ...int) (done bool, err error) {
-	err = s.call(ctx, "CompleteIfDone", func() (err error) { done, err = s.Store.CompleteIfDone(ctx, id, batches...); return })
-	return done, err
+// CloseBatch is campaign.Store.CloseBatch under the rules.
+func (s *Store) CloseBatch(ctx context.Context, id int64, batch int) (done, open bool, err error) {
+	err = s.call(ctx, "CloseBatch", func() (err error) { done, open, err = s.Store.CloseBatch(ctx, id, batch); return })
+	return done, open, err
 }
 
 // ExpiredLeases is campaign.Store.ExpiredLeases under the rules.
