@@ -427,3 +427,37 @@ func TestLeaseWaitsForACancelInProgress(t *testing.T) {
 		t.Fatalf("after the cancel: state %s, leased %v; want cancelled and nothing leased (every row was skipped)", r.ch.State, r.ch.Leased)
 	}
 }
+
+// A dead run's chunk that held the last pending recipients of the campaign, all answered: the sweep
+// records them and completes the campaign, whether or not the batch's task ever comes back.
+func TestSweepCompletesTheCampaignOfALastChunk(t *testing.T) {
+	t.Parallel()
+	f := plan(t, 10) // one batch; eligible: u1 u2 u4 u7 u8
+	ctx := context.Background()
+	c := f.campaign(t)
+	epoch, err := Epoch(ctx, f.rdb)
+	if err != nil {
+		t.Fatal(err)
+	}
+	users := f.batchUsers(t, 0)
+	if _, err := f.store.LeaseChunk(ctx, c, users, campaign.Lease{Token: "dead", Epoch: epoch, TTL: time.Millisecond}); err != nil {
+		t.Fatal(err)
+	}
+	n := Nonce(c) + "/"
+	for _, u := range users {
+		f.rdb.Set(ctx, ClaimKey(f.id, u), n+state.SentValue("SM"+u, 1), 0)
+	}
+	time.Sleep(5 * time.Millisecond)
+	if settled, err := f.h.Sweep(ctx); err != nil || settled != len(users) {
+		t.Fatalf("sweep settled %d, err %v; want %d", settled, err, len(users))
+	}
+	if c := f.counts(t); c.Sent != int64(len(users)) || c.Pending != 0 {
+		t.Fatalf("counts %+v, want all %d sent", c, len(users))
+	}
+	if st := f.campaign(t).State; st != campaign.StateCompleted {
+		t.Fatalf("campaign %s after the sweep of its last chunk, want completed", st)
+	}
+	if f.provider.total() != 0 {
+		t.Fatalf("the sweep sent %d messages", f.provider.total())
+	}
+}
