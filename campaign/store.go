@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strconv"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -324,7 +325,7 @@ func (s *Store) Transition(ctx context.Context, id int64, from []State, to State
 // settled that has no pending recipient left. A settled batch is not looked at again until one of its
 // recipients becomes pending again (the trigger of migration 0012 takes its mark away).
 func (s *Store) CompleteIfDone(ctx context.Context, id int64) (bool, error) {
-	done, _, err := s.complete(ctx, id, nil)
+	done, _, err := s.complete(ctx, id, everyBatch)
 	return done, err
 }
 
@@ -333,32 +334,20 @@ func (s *Store) CompleteIfDone(ctx context.Context, id int64) (bool, error) {
 // batch still has a pending recipient: one made pending again while the run was sending (`resume
 // --resend-unknown`), which the run never loaded, and which its task must come back for.
 func (s *Store) CloseBatch(ctx context.Context, id int64, batch int) (done, open bool, err error) {
-	done, stillOpen, err := s.complete(ctx, id, []int{batch})
-	return done, len(stillOpen) > 0, err
+	return s.complete(ctx, id, batch)
 }
 
-// complete settles the batches named (all of the campaign's when nil) that have no pending recipient,
-// completes the campaign if no batch has one, and returns the named batches that still have one.
-func (s *Store) complete(ctx context.Context, id int64, batches []int) (done bool, open []int, err error) {
-	var settle, openSQL string
-	args := []any{id}
-	if batches != nil {
-		settle = `AND b.batch = ANY($2::int[])`
-		openSQL = `array(SELECT b.batch FROM campaign_batches b WHERE b.campaign_id = $1 AND b.batch = ANY($2::int[])
-			AND NOT b.settled AND b.batch NOT IN (SELECT batch FROM settled))`
-		args = append(args, batches)
-	} else {
-		openSQL = `'{}'::int[]`
-	}
-	// The campaign's row is locked first, and the check reads what was committed by then (a statement of
-	// the batch takes its own snapshot): a concurrent Resend (which locks it too) has either made its
-	// recipients pending and their batches unsettled, or not begun.
-	b := &pgx.Batch{}
-	b.Queue(`SELECT count(*) FROM (SELECT 1 FROM campaigns WHERE id = $1 FOR UPDATE) x`, id)
-	b.Queue(`
+// everyBatch, as complete's batch, settles every batch of the campaign it can.
+const everyBatch = -1
+
+// complete settles batch (every batch: everyBatch) if it has no pending recipient, completes the campaign
+// if no batch has one, and reports whether batch still has one.
+func (s *Store) complete(ctx context.Context, id int64, batch int) (done, open bool, err error) {
+	err = s.underCampaignLock(ctx, id, `
 		WITH settled AS (
 			UPDATE campaign_batches b SET settled = true
-			WHERE b.campaign_id = $1 AND NOT b.settled `+settle+` AND NOT `+batchHasPending("b")+`
+			WHERE b.campaign_id = $1 AND NOT b.settled AND ($2 = `+strconv.Itoa(everyBatch)+` OR b.batch = $2)
+			  AND NOT `+batchHasPending("b")+`
 			RETURNING b.batch
 		), done AS (
 			UPDATE campaigns SET state = `+sqlStateCompleted+`, finished_at = now()
@@ -368,20 +357,33 @@ func (s *Store) complete(ctx context.Context, id int64, batches []int) (done boo
 				  AND `+batchHasPending("b")+`)
 			RETURNING 1
 		)
-		SELECT EXISTS (SELECT 1 FROM done), `+openSQL, args...)
+		SELECT EXISTS (SELECT 1 FROM done),
+			EXISTS (SELECT 1 FROM campaign_batches b WHERE b.campaign_id = $1 AND b.batch = $2
+				AND NOT b.settled AND b.batch NOT IN (SELECT batch FROM settled))`,
+		[]any{id, batch}, &done, &open)
+	if err != nil {
+		return false, false, fmt.Errorf("complete campaign %d: %w", id, err)
+	}
+	return done, open, nil
+}
+
+// underCampaignLock runs sql (one row into dest) in a transaction that first locks campaign id's row. The
+// statement reads what was committed by the time the lock was granted (each statement of a batch takes
+// its own snapshot): the completion check and Resend, which both run so, never interleave.
+func (s *Store) underCampaignLock(ctx context.Context, id int64, sql string, args []any, dest ...any) error {
+	b := &pgx.Batch{}
+	b.Queue(`SELECT count(*) FROM (SELECT 1 FROM campaigns WHERE id = $1 FOR UPDATE) x`, id)
+	b.Queue(sql, args...)
 	br := s.pool.SendBatch(ctx, b)
 	var one int
-	err = br.QueryRow().Scan(&one)
+	err := br.QueryRow().Scan(&one)
 	if err == nil {
-		err = br.QueryRow().Scan(&done, &open)
+		err = br.QueryRow().Scan(dest...)
 	}
 	if cerr := br.Close(); err == nil {
 		err = cerr
 	}
-	if err != nil {
-		return false, nil, fmt.Errorf("complete campaign %d: %w", id, err)
-	}
-	return done, open, nil
+	return err
 }
 
 // batchHasPending is the SQL condition that batch row b has a pending recipient: a subquery, evaluated

@@ -298,9 +298,8 @@ func (s *Store) Unknown(ctx context.Context, id int64) ([]string, error) {
 // running again (scheduled, if its start is still ahead). Their claims must have been cleared first. It
 // returns how many moved.
 func (s *Store) Resend(ctx context.Context, id int64, users []string) (int64, error) {
-	b := &pgx.Batch{}
-	b.Queue(`SELECT count(*) FROM (SELECT 1 FROM campaigns WHERE id = $1 FOR UPDATE) x`, id)
-	b.Queue(`
+	var n int64
+	err := s.underCampaignLock(ctx, id, `
 		WITH upd AS (
 			UPDATE campaign_recipients SET status = `+sqlPending+`, reason = NULL, updated_at = now()
 			WHERE campaign_id = $1 AND user_id = ANY($2) AND status = `+sqlUnknown+` AND delivery IS NULL
@@ -315,17 +314,7 @@ func (s *Store) Resend(ctx context.Context, id int64, users []string) (int64, er
 				finished_at = NULL
 			WHERE id = $1 AND state = `+sqlStateCompleted+` AND EXISTS (SELECT 1 FROM upd)
 		)
-		SELECT count(*) FROM upd`, id, users)
-	br := s.pool.SendBatch(ctx, b)
-	var one int
-	var n int64
-	err := br.QueryRow().Scan(&one)
-	if err == nil {
-		err = br.QueryRow().Scan(&n)
-	}
-	if cerr := br.Close(); err == nil {
-		err = cerr
-	}
+		SELECT count(*) FROM upd`, []any{id, users}, &n)
 	if err != nil {
 		return 0, fmt.Errorf("resend unknown recipients of campaign %d: %w", id, err)
 	}
