@@ -238,18 +238,25 @@ func (h *Handler) RunBatch(ctx context.Context, campaignID int64, batch int) err
 		// The batch went through: whatever account refusal was noted for it is over.
 		state.ClearWaiting(ctx, h.cfg.Redis, c.ID, WaitProviderAuth) //nolint:errcheck // status only; it expires
 	}
-	// The batch is settled (no pending recipient left) and, if it was the last, the campaign completed.
-	if done, open, err := h.cfg.Store.CloseBatch(ctx, c.ID, batch); err != nil {
+	if open, err := h.closeBatch(ctx, c.ID, batch); err != nil {
 		return waitForServices(err)
 	} else if open {
 		// Recipients made pending again while this run sent (resume --resend-unknown): its task is the
 		// only one of the batch (a second enqueue of it was refused), so it comes back for them.
 		return &RetryError{Err: errors.New("recipients of this batch were made pending again while it ran; it runs again for them"), After: time.Second}
-	} else if done {
-		h.forgetTemplate(c.ID)
-		log.Info("campaign completed")
 	}
 	return nil
+}
+
+// closeBatch settles batch of campaign id when it has no pending recipient left and completes the
+// campaign if it was the last (Store.CloseBatch); open reports that the batch still has one.
+func (h *Handler) closeBatch(ctx context.Context, id int64, batch int) (open bool, err error) {
+	done, open, err := h.cfg.Store.CloseBatch(ctx, id, batch)
+	if done {
+		h.forgetTemplate(id)
+		h.log.Info("campaign completed", "campaign_id", id)
+	}
+	return open, err
 }
 
 // newRun prepares a run of batch of campaign c: its template, its provider and fallback with their limits

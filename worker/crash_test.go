@@ -304,16 +304,8 @@ func TestSweepSettlesADeadRunsChunk(t *testing.T) {
 	t.Parallel()
 	f := plan(t, 10) // eligible in batch 0: u1 u2 u4 u7 u8
 	ctx := context.Background()
-	c := f.campaign(t)
-	epoch, err := Epoch(ctx, f.rdb)
-	if err != nil {
-		t.Fatal(err)
-	}
 	users := f.batchUsers(t, 0)
-	if _, err := f.store.LeaseChunk(ctx, c, users, campaign.Lease{Token: "dead", Epoch: epoch, TTL: time.Millisecond}); err != nil {
-		t.Fatal(err)
-	}
-	n := Nonce(c) + "/"
+	n := f.leaseDead(t, users)
 	f.rdb.Set(ctx, ClaimKey(f.id, "u1"), n+state.SentValue("SM1", 1), 0)
 	f.rdb.Set(ctx, ClaimKey(f.id, "u2"), n+state.InFlightValue(time.Now(), "dead"), 0)
 	time.Sleep(5 * time.Millisecond)
@@ -434,16 +426,8 @@ func TestSweepCompletesTheCampaignOfALastChunk(t *testing.T) {
 	t.Parallel()
 	f := plan(t, 10) // one batch; eligible: u1 u2 u4 u7 u8
 	ctx := context.Background()
-	c := f.campaign(t)
-	epoch, err := Epoch(ctx, f.rdb)
-	if err != nil {
-		t.Fatal(err)
-	}
 	users := f.batchUsers(t, 0)
-	if _, err := f.store.LeaseChunk(ctx, c, users, campaign.Lease{Token: "dead", Epoch: epoch, TTL: time.Millisecond}); err != nil {
-		t.Fatal(err)
-	}
-	n := Nonce(c) + "/"
+	n := f.leaseDead(t, users)
 	for _, u := range users {
 		f.rdb.Set(ctx, ClaimKey(f.id, u), n+state.SentValue("SM"+u, 1), 0)
 	}

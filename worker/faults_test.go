@@ -179,16 +179,8 @@ func TestAnswerLostAfterTheProviderCallIsUnknownNeverResent(t *testing.T) {
 func (f *fixture) deadRun(t *testing.T) []string {
 	t.Helper()
 	ctx := context.Background()
-	c := f.campaign(t)
-	epoch, err := Epoch(ctx, f.rdb)
-	if err != nil {
-		t.Fatal(err)
-	}
 	users := f.batchUsers(t, 0)
-	if _, err := f.store.LeaseChunk(ctx, c, users, campaign.Lease{Token: "dead", Epoch: epoch, TTL: time.Millisecond}); err != nil {
-		t.Fatal(err)
-	}
-	n := Nonce(c) + "/"
+	n := f.leaseDead(t, users)
 	f.rdb.Set(ctx, ClaimKey(f.id, "u1"), n+state.SentValue("SMdead1", 1), 0)
 	f.rdb.Set(ctx, ClaimKey(f.id, "u2"), n+state.InFlightValue(time.Now(), "dead"), 0)
 	f.provider.mu.Lock()
@@ -197,6 +189,22 @@ func (f *fixture) deadRun(t *testing.T) []string {
 	f.provider.mu.Unlock()
 	time.Sleep(5 * time.Millisecond)
 	return users
+}
+
+// leaseDead leases users of batch 0, under the current Redis epoch, for a run whose lease expires at once
+// (a run that died), and returns the campaign's claim value prefix ("<nonce>/") for the claims it left.
+func (f *fixture) leaseDead(t *testing.T, users []string) string {
+	t.Helper()
+	ctx := context.Background()
+	c := f.campaign(t)
+	epoch, err := Epoch(ctx, f.rdb)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.store.LeaseChunk(ctx, c, users, campaign.Lease{Token: "dead", Epoch: epoch, TTL: time.Millisecond}); err != nil {
+		t.Fatal(err)
+	}
+	return Nonce(c) + "/"
 }
 
 // The sweeper leases a dead run's chunk and cannot read its claims (Redis fails the read): it records

@@ -93,11 +93,8 @@ func (h *Handler) Sweep(ctx context.Context) (int, error) {
 		// The chunk may have held the batch's last pending recipients, and its task may never come back
 		// (archived after its retries): the batch is closed here too, and the campaign completed if it was
 		// the last.
-		if done, _, err := h.cfg.Store.CloseBatch(ctx, c.ID, e.Batch); err != nil {
+		if _, err := h.closeBatch(ctx, c.ID, e.Batch); err != nil {
 			h.log.Warn("swept batch not closed; its next run or a resume closes it", "campaign_id", c.ID, "batch", e.Batch, "err", fmt.Sprint(err))
-		} else if done {
-			h.forgetTemplate(c.ID)
-			h.log.Info("campaign completed", "campaign_id", c.ID)
 		}
 		n += len(got.Leased)
 	}
