@@ -18,53 +18,22 @@ func trimAnswer(dst, body []byte) (out []byte, ok bool) {
 	s := scanner{b: body}
 	var spans [len(readFields)][2]int
 	var seen [len(readFields)]bool
+	comparable := true
 	s.ws()
-	if !s.eat('{') {
-		return dst, false
-	}
-	s.ws()
-	if !s.eat('}') {
-		for {
-			s.ws()
-			ks := s.i
-			if !s.str() {
-				return dst, false
-			}
-			name := body[ks+1 : s.i-1]
-			field := -1
-			for _, c := range name {
-				if c == '\\' || c >= 0x80 {
-					return dst, false
-				}
-			}
-			for f, want := range readFields {
-				if equalFoldASCII(name, want) {
-					field = f
-				}
-			}
-			s.ws()
-			if !s.eat(':') {
-				return dst, false
-			}
-			s.ws()
-			vs := s.i
-			if !s.value(0) {
-				return dst, false
-			}
-			if field >= 0 {
-				spans[field], seen[field] = [2]int{vs, s.i}, true
-			}
-			s.ws()
-			if s.eat('}') {
-				break
-			}
-			if !s.eat(',') {
-				return dst, false
+	ok = s.object(0, func(name []byte, vs, ve int) {
+		for _, c := range name {
+			if c == '\\' || c >= 0x80 {
+				comparable = false
 			}
 		}
-	}
+		for f, want := range readFields {
+			if equalFoldASCII(name, want) {
+				spans[f], seen[f] = [2]int{vs, ve}, true
+			}
+		}
+	})
 	s.ws()
-	if s.i != len(body) {
+	if !ok || !comparable || s.i != len(body) {
 		return dst, false
 	}
 	dst = append(dst, '{')
@@ -134,32 +103,7 @@ func (s *scanner) value(depth int) bool {
 	case c == '"':
 		return s.str()
 	case c == '{':
-		s.i++
-		s.ws()
-		if s.eat('}') {
-			return true
-		}
-		for {
-			s.ws()
-			if !s.str() {
-				return false
-			}
-			s.ws()
-			if !s.eat(':') {
-				return false
-			}
-			s.ws()
-			if !s.value(depth + 1) {
-				return false
-			}
-			s.ws()
-			if s.eat('}') {
-				return true
-			}
-			if !s.eat(',') {
-				return false
-			}
-		}
+		return s.object(depth, nil)
 	case c == '[':
 		s.i++
 		s.ws()
@@ -189,6 +133,45 @@ func (s *scanner) value(depth int) bool {
 		return s.word("null")
 	}
 	return false
+}
+
+// object scans an object at s.i, its members' values at depth+1, and gives member (when not nil) each
+// member's name (without its quotes, as written) and where its value starts and ends.
+func (s *scanner) object(depth int, member func(name []byte, vs, ve int)) bool {
+	if !s.eat('{') {
+		return false
+	}
+	s.ws()
+	if s.eat('}') {
+		return true
+	}
+	for {
+		s.ws()
+		ks := s.i
+		if !s.str() {
+			return false
+		}
+		name := s.b[ks+1 : s.i-1]
+		s.ws()
+		if !s.eat(':') {
+			return false
+		}
+		s.ws()
+		vs := s.i
+		if !s.value(depth + 1) {
+			return false
+		}
+		if member != nil {
+			member(name, vs, s.i)
+		}
+		s.ws()
+		if s.eat('}') {
+			return true
+		}
+		if !s.eat(',') {
+			return false
+		}
+	}
 }
 
 func (s *scanner) word(w string) bool {
