@@ -28,7 +28,7 @@ const (
 )
 
 // newSandbox starts a Twilio sandbox that accepts only the test credentials.
-func newSandbox(t *testing.T, opts sandbox.Options) (*sandbox.Server, *httptest.Server) {
+func newSandbox(t testing.TB, opts sandbox.Options) (*sandbox.Server, *httptest.Server) {
 	t.Helper()
 	opts.TwilioAccountSID, opts.TwilioAuthToken = testSID, testToken
 	s := sandbox.New(opts)
