@@ -286,21 +286,31 @@ func (c *Store) ClaimWindow(ctx context.Context, camp *campaign.Campaign, nonce 
 	} else {
 		pauseKey = g.Halt // any key will do: it is not read
 	}
+	// The recipients of a window or a request are claimed with one value, and the answers of a window
+	// replace one: each is sent once, not once a recipient (the script's arguments are strings it must
+	// take in one by one). A call whose claims or answers differ sends them each.
+	value, perClaim := sharedValue(len(scs), func(i int) string { return scs[i].Value })
+	inflight, perAnswer := sharedValue(len(prev), func(i int) string { return prev[i].InFlight })
 	marks := len(markKeys(camp.Channel, "", now, camp.FrequencyCap))
 	keys := make([]string, 0, 3+len(prev)+len(scs)*(1+marks))
 	keys = append(keys, EpochKey, g.Halt, pauseKey)
-	args := make([]any, 0, 12+2*len(prev)+2*len(scs))
-	args = append(args, nonce+"/", c.ttl.Milliseconds(), g.Epoch, check, markOwner(camp, nonce), now.UnixMilli(),
-		marks, camp.FrequencyCap.Milliseconds(), markTTL(camp).Milliseconds(), nonce+"/"+ReasonValue(Skipped, campaign.ReasonFrequencyCap),
-		checkPause, len(prev))
+	args := make([]any, 0, 14+2*len(prev)+2*len(scs))
+	args = append(args, nonce+"/", c.ttl.Milliseconds(), g.Epoch, check, markOwner(camp, nonce), now.UnixMilli(), marks, camp.FrequencyCap.Milliseconds(), markTTL(camp).Milliseconds(), nonce+"/"+ReasonValue(Skipped, campaign.ReasonFrequencyCap),
+		checkPause, len(prev), prefixed(nonce, value, perClaim), prefixed(nonce, inflight, perAnswer))
 	for _, a := range prev {
 		keys = append(keys, a.Key)
-		args = append(args, nonce+"/"+a.InFlight, nonce+"/"+a.Value)
+		if perAnswer {
+			args = append(args, nonce+"/"+a.InFlight)
+		}
+		args = append(args, nonce+"/"+a.Value)
 	}
 	for _, sc := range scs {
 		keys = append(keys, sc.Key)
 		keys = append(keys, markKeys(camp.Channel, sc.Addr, now, camp.FrequencyCap)...)
-		args = append(args, nonce+"/"+sc.Value, sc.Addr)
+		if perClaim {
+			args = append(args, nonce+"/"+sc.Value)
+		}
+		args = append(args, sc.Addr)
 	}
 	res, err := claimManyScript.Run(ctx, c.rdb, keys, args...).StringSlice()
 	if err != nil {
@@ -334,6 +344,28 @@ func (c *Store) ClaimWindow(ctx context.Context, camp *campaign.Campaign, nonce 
 	return out, 0, nil
 }
 
+// sharedValue returns the value every one of n items has (v(i)), or ("", true) when they differ.
+func sharedValue(n int, v func(int) string) (string, bool) {
+	if n == 0 {
+		return "", false
+	}
+	first := v(0)
+	for i := 1; i < n; i++ {
+		if v(i) != first {
+			return "", true
+		}
+	}
+	return first, false
+}
+
+// prefixed is value with the nonce, or "" when each item carries its own (each).
+func prefixed(nonce, value string, each bool) string {
+	if each {
+		return ""
+	}
+	return nonce + "/" + value
+}
+
 // claimManyScript is claimSendScript for the recipients of one request, or of a window of sends, guarded
 // once for all, after writing the answers to the window before.
 //
@@ -354,20 +386,28 @@ func (c *Store) ClaimWindow(ctx context.Context, camp *campaign.Campaign, nonce 
 // ARGV[10] -> the claim value of a capped recipient, nonce included
 // ARGV[11] -> "1" to refuse (writing nothing but the answers) while the provider is paused
 // ARGV[12] -> how many answers come first
-// then per answer: the in-flight value it replaces and the answer (nonces included)
-// then per recipient: its pending claim value (nonce included) and its address
+// ARGV[13] -> the pending claim value of every recipient (nonce included), or "" when each has its own
+// ARGV[14] -> the in-flight value every answer replaces (nonce included), or "" when each has its own
+// then per answer: its in-flight value (only when ARGV[14] is "") and the answer (nonces included)
+// then per recipient: its pending claim value (only when ARGV[13] is "") and its address
 //
 // Returns {"p", ms} (paused), {"e"} or {"h"} (nothing claimed; the answers are written all the same), or
 // one result per recipient: "o" (ours), "x<value>" (an existing claim) or "c<mark>" (capped; the claim
 // records the skip).
 var claimManyScript = redis.NewScript(`
 local na = tonumber(ARGV[12])
+local ttl = ARGV[2]
+local shared = ARGV[14]
+local a = 15
 for i = 1, na do
-  local key, inflight, val = KEYS[3 + i], ARGV[11 + 2 * i], ARGV[12 + 2 * i]
+  local inflight = shared
+  if shared == "" then inflight = ARGV[a]; a = a + 1 end
+  local key, val = KEYS[3 + i], ARGV[a]
+  a = a + 1
   -- One write in the usual case; what it replaced decides whether it stands (as in settleManyScript).
   local pv = redis.call("SET", key, val, "KEEPTTL", "GET")
   if not pv then
-    redis.call("PEXPIRE", key, ARGV[2])
+    redis.call("PEXPIRE", key, ttl)
   elseif pv ~= inflight and pv ~= val then
     redis.call("SET", key, pv, "KEEPTTL")
   end
@@ -381,27 +421,33 @@ if ARGV[4] == "1" and redis.call("EXISTS", KEYS[2]) == 1 then return {"h"} end
 local m = tonumber(ARGV[7])
 local first = 4 + na
 local n = (#KEYS - first + 1) / (1 + m)
-local p = string.len(ARGV[1])
+local prefix = ARGV[1]
+local p = string.len(prefix)
+local owner = ARGV[5]
+local mark = owner .. "|" .. ARGV[6]
 local now = tonumber(ARGV[6])
 local cap = tonumber(ARGV[8])
-local base = 12 + 2 * na
+local renew = tonumber(ARGV[9]) - 3600000
+local same = ARGV[13]
 local out = {}
 for i = 0, n - 1 do
   local k = first + i * (1 + m)
-  local val = ARGV[base + 1 + 2 * i]
-  local addr = ARGV[base + 2 + 2 * i]
+  local val = same
+  if same == "" then val = ARGV[a]; a = a + 1 end
+  local addr = ARGV[a]
+  a = a + 1
   -- SET NX GET: one call takes a free claim and returns a taken one's value (Redis 7).
-  local v = redis.call("SET", KEYS[k], val, "NX", "GET", "PX", ARGV[2])
-  if v and string.sub(v, 1, p) == ARGV[1] and v ~= val then
+  local v = redis.call("SET", KEYS[k], val, "NX", "GET", "PX", ttl)
+  if v and v ~= val and string.sub(v, 1, p) == prefix then
     out[i + 1] = "x" .. v
   else
-    if v and v ~= val then redis.call("SET", KEYS[k], val, "PX", ARGV[2]) end
+    if v and v ~= val then redis.call("SET", KEYS[k], val, "PX", ttl) end
     local own, capped = false, nil
     for j = 1, m do
       local mv = redis.call("HGET", KEYS[k + j], addr)
       if mv then
-        local owner, ts = string.match(mv, "^(.*)|(%d+)$")
-        if owner == ARGV[5] then
+        local mo, ts = string.match(mv, "^(.*)|(%d+)$")
+        if mo == owner then
           own = true
         elseif ts and now - tonumber(ts) < cap then
           capped = mv
@@ -414,9 +460,9 @@ for i = 0, n - 1 do
       out[i + 1] = "c" .. capped
     else
       if not own then
-        redis.call("HSET", KEYS[k + 1], addr, ARGV[5] .. "|" .. ARGV[6])
+        redis.call("HSET", KEYS[k + 1], addr, mark)
         -- The TTL carries a day of margin; it is renewed once an hour of that is used (see claimSendScript).
-        if redis.call("PTTL", KEYS[k + 1]) < tonumber(ARGV[9]) - 3600000 then redis.call("PEXPIRE", KEYS[k + 1], ARGV[9]) end
+        if redis.call("PTTL", KEYS[k + 1]) < renew then redis.call("PEXPIRE", KEYS[k + 1], ARGV[9]) end
       end
       out[i + 1] = "o"
     end

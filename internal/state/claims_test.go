@@ -203,3 +203,67 @@ func TestMarkHashTTLRenewedOnceAnHourOfMarginIsUsed(t *testing.T) {
 		}
 	}
 }
+
+// A window's claims and the answers of the window before are usually one value each, sent once to the
+// script; a call whose claims or answers carry values of their own sends each, and every claim and answer
+// lands with its own value, an answer over another value still giving way to it.
+func TestClaimWindowWithValuesOfTheirOwn(t *testing.T) {
+	t.Parallel()
+	rdb, _ := testredis.New(t)
+	ctx := context.Background()
+	cl := New(rdb, time.Hour)
+	c := &campaign.Campaign{ID: 44, Channel: campaign.ChannelSMS, CreatedAt: time.Now(), FrequencyCap: time.Hour}
+	nonce := Nonce(c)
+	if err := rdb.Set(ctx, EpochKey, "e1", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	g := Guard{Epoch: "e1", Halt: HaltKey(c.ID), CheckHalt: true}
+	now := time.Now()
+	for _, tc := range []struct {
+		name               string
+		inflight, claiming [3]string
+	}{
+		{"shared", [3]string{"c:1:w1", "c:1:w1", "c:1:w1"}, [3]string{"c:2:w1", "c:2:w1", "c:2:w1"}},
+		{"their own", [3]string{"c:1:w1", "c:1:w2", "c:1:w3"}, [3]string{"c:2:w1", "c:2:w2", "c:2:w3"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			user := func(i int) string { return tc.name + "-" + string(rune('a'+i)) }
+			var prev []Answer
+			for i := range 3 {
+				key := ClaimKey(c.ID, "prev-"+user(i))
+				rdb.Set(ctx, key, nonce+"/"+tc.inflight[i], time.Hour)
+				prev = append(prev, Answer{Key: key, InFlight: tc.inflight[i], Value: SentValue("SM"+user(i), 1)})
+			}
+			// The third answer's claim was taken over meanwhile: the answer gives way.
+			rdb.Set(ctx, prev[2].Key, nonce+"/c:9:elsewhere", time.Hour)
+			var scs []SendClaim
+			for i := range 3 {
+				scs = append(scs, SendClaim{Key: ClaimKey(c.ID, user(i)), Value: tc.claiming[i], Addr: "+90555" + user(i)})
+			}
+			got, pause, err := cl.ClaimWindow(ctx, c, nonce, scs, g, prev, "", now)
+			if err != nil || pause != 0 {
+				t.Fatalf("claim window: %v (pause %v)", err, pause)
+			}
+			for i, cl := range got {
+				if cl.Result != Ours {
+					t.Errorf("claim %d: %+v, want ours", i, cl)
+				}
+				if v := rdb.Get(ctx, scs[i].Key).Val(); v != nonce+"/"+tc.claiming[i] {
+					t.Errorf("claim %d holds %q, want %q", i, v, nonce+"/"+tc.claiming[i])
+				}
+				if !rdb.HExists(ctx, FrequencyKey(c.Channel, scs[i].Addr, now), scs[i].Addr).Val() {
+					t.Errorf("claim %d: no frequency mark", i)
+				}
+			}
+			for i, a := range prev {
+				want := nonce + "/" + a.Value
+				if i == 2 {
+					want = nonce + "/c:9:elsewhere"
+				}
+				if v := rdb.Get(ctx, a.Key).Val(); v != want {
+					t.Errorf("answer %d: the claim holds %q, want %q", i, v, want)
+				}
+			}
+		})
+	}
+}
