@@ -301,6 +301,55 @@ func TestResentUnknownKeepsItsCode(t *testing.T) {
 	checkCodes(t, db)
 }
 
+// A recipient made unknown by another writer than Record (an operator's UPDATE, a binary of an earlier
+// version that does not set the row's mark) is marked all the same (the trigger of migration 0013): resent,
+// then failed for good or skipped, it keeps its code.
+func TestUnknownWrittenByAnotherWriterKeepsItsCode(t *testing.T) {
+	t.Parallel()
+	db, _ := testdb.New(t)
+	ctx := context.Background()
+	seedCrowd(t, db, 3)
+	addCodes(t, db, "other-writer", 3)
+	p := &campaign.Planner{Engine: db, Audience: db}
+	store := campaign.NewStore(db)
+	a, err := p.Plan(ctx, crowdSpec("other-writer", "other-writer", 3))
+	if err != nil {
+		t.Fatal(err)
+	}
+	const failed, skipped = "u00001", "u00002"
+	users := []string{failed, skipped}
+	planned := map[string]string{}
+	for _, u := range users {
+		planned[u], _ = codeOf(t, db, a.ID, u)
+	}
+	if _, err := db.Exec(ctx, `UPDATE campaign_recipients SET status = 'unknown', reason = 'set by hand'
+		WHERE campaign_id = $1 AND user_id = ANY($2)`, a.ID, users); err != nil {
+		t.Fatal(err)
+	}
+	if n := count(t, db, `SELECT count(*) FROM campaign_recipients WHERE campaign_id = $1 AND ever_unknown`, a.ID); n != 2 {
+		t.Fatalf("%d of 2 recipients made unknown by hand carry the mark", n)
+	}
+	if n, err := store.Resend(ctx, a.ID, users); err != nil || n != 2 {
+		t.Fatalf("resend moved %d (%v), want 2", n, err)
+	}
+	if moved, err := store.Record(ctx, a.ID, []campaign.Outcome{
+		{UserID: failed, Status: campaign.StatusFailed, Reason: "twilio 21610: unsubscribed recipient"},
+		{UserID: skipped, Status: campaign.StatusSkipped, Reason: campaign.ReasonRevoked},
+	}, campaign.Lease{Batch: 0}, nil); err != nil || len(moved) != 2 {
+		t.Fatalf("record the resends: %v, %v", moved, err)
+	}
+	for _, u := range users {
+		if got, _ := codeOf(t, db, a.ID, u); got != planned[u] {
+			t.Errorf("%s (unknown by hand, then resent) holds %q, want its code %q", u, got, planned[u])
+		}
+	}
+	if n := count(t, db, `SELECT count(*) FROM released_codes rc JOIN promo_codes p ON p.id = rc.code_id WHERE p.code = ANY($1)`,
+		[]string{planned[failed], planned[skipped]}); n != 0 {
+		t.Errorf("%d codes of recipients once unknown are back in the pool", n)
+	}
+	checkCodes(t, db)
+}
+
 // A code listed as released while a recipient still holds it (only a faulty release can leave one: a
 // recipient keeping its code, its code filed as released all the same) is not free: a launch does not give
 // it out and does not fail on it with a constraint error; it drops it from the free codes, and the free

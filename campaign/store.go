@@ -227,6 +227,8 @@ func (s *Store) Record(ctx context.Context, campaignID int64, outcomes []Outcome
 				code = CASE WHEN o.status IN (`+sqlFailed+`, `+sqlSkipped+`) AND r.delivery IS NULL AND NOT `+everUnknown+` THEN NULL ELSE r.code END,
 				code_id = CASE WHEN o.status IN (`+sqlFailed+`, `+sqlSkipped+`) AND r.delivery IS NULL AND NOT `+everUnknown+` THEN NULL ELSE r.code_id END,
 				sent_at = CASE WHEN o.status = `+sqlSent+` OR r.delivery IS NOT NULL THEN now() END,
+				-- Set here rather than by the trigger of migration 0013 (a second update of the row).
+				ever_unknown = r.ever_unknown OR (o.status = `+sqlUnknown+` AND r.delivery IS NULL),
 				updated_at = now()
 			FROM o
 			WHERE r.campaign_id = $1 AND r.batch = $7 AND r.status = `+sqlPending+` AND r.user_id = o.user_id
@@ -276,10 +278,10 @@ func (s *Store) Record(ctx context.Context, campaignID int64, outcomes []Outcome
 	return moved, nil
 }
 
-// everUnknown is the SQL condition that recipient r (of campaign $1) was once recorded unknown: its
-// message may have gone out with its code, so the code never goes back to the pool, whatever happens to a
-// resend (see `resume --resend-unknown`).
-const everUnknown = `EXISTS (SELECT 1 FROM send_log l WHERE l.campaign_id = r.campaign_id AND l.user_id = r.user_id AND l.status = ` + sqlUnknown + `)`
+// everUnknown is the SQL condition that recipient r was once recorded unknown: its message may have gone
+// out with its code, so the code never goes back to the pool, whatever happens to a resend (see `resume
+// --resend-unknown`). The row keeps the mark (migration 0013).
+const everUnknown = `r.ever_unknown`
 
 // StartIfDue moves a scheduled campaign whose start time has come to running, and reports its state.
 func (s *Store) StartIfDue(ctx context.Context, id int64) (State, error) {

@@ -104,7 +104,7 @@ func uiRowOf(ctx context.Context, pool *pgxpool.Pool, s worker.CampaignStatus) (
 	if s.State != campaign.StateRunning || s.Pending == 0 {
 		return r, nil
 	}
-	// send_log has no index on at: this reads the campaign's entries (send_log_campaign), so it runs
+	// The window's entries of send_log, found through its BRIN index on at and then filtered by campaign;
 	// only for the running campaigns.
 	var n int64
 	if err := pool.QueryRow(ctx, `SELECT count(*) FROM send_log WHERE campaign_id = $1 AND at > now() - $2::interval
