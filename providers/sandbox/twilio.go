@@ -5,6 +5,7 @@ import (
 	"crypto/subtle"
 	"encoding/hex"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"strconv"
 	"strings"
@@ -189,7 +190,10 @@ func (s *Server) twilioCreateMessage(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	s.logRequest(r, http.StatusCreated, 0)
-	writeJSON(w, http.StatusCreated, twilioMessageResource(m, from, msid))
+	buf := answerBufs.Get().(*[]byte)
+	*buf = appendTwilioMessage((*buf)[:0], &m, from, msid)
+	writeJSONBytes(w, http.StatusCreated, *buf)
+	answerBufs.Put(buf)
 }
 
 // twilioAuthorized checks HTTP Basic auth the way Twilio does for an account's resources: the username is
@@ -208,57 +212,57 @@ func (s *Server) twilioAuthorized(r *http.Request, account string) bool {
 	return true
 }
 
-// twilioMessage is Twilio's Message resource as the 201 carries it. num_segments, num_media and price
-// are strings there, and twilio-go decodes them as such.
-type twilioMessage struct {
-	AccountSID          string            `json:"account_sid"`
-	APIVersion          string            `json:"api_version"`
-	Body                string            `json:"body"`
-	DateCreated         string            `json:"date_created"`
-	DateSent            *string           `json:"date_sent"`
-	DateUpdated         string            `json:"date_updated"`
-	Direction           string            `json:"direction"`
-	ErrorCode           *int              `json:"error_code"`
-	ErrorMessage        *string           `json:"error_message"`
-	From                *string           `json:"from"`
-	MessagingServiceSID *string           `json:"messaging_service_sid"`
-	NumMedia            string            `json:"num_media"`
-	NumSegments         string            `json:"num_segments"`
-	Price               *string           `json:"price"`
-	PriceUnit           string            `json:"price_unit"`
-	SID                 string            `json:"sid"`
-	Status              string            `json:"status"`
-	SubresourceURIs     map[string]string `json:"subresource_uris"`
-	To                  string            `json:"to"`
-	URI                 string            `json:"uri"`
-}
-
-func twilioMessageResource(m Message, from, msid string) twilioMessage {
-	date := m.At.Format(time.RFC1123Z)
-	uri := "/2010-04-01/Accounts/" + m.AccountSID + "/Messages/" + m.SID
-	out := twilioMessage{
-		AccountSID:      m.AccountSID,
-		APIVersion:      "2010-04-01",
-		Body:            m.Body,
-		DateCreated:     date,
-		DateUpdated:     date,
-		Direction:       "outbound-api",
-		NumMedia:        "0",
-		NumSegments:     strconv.Itoa(m.NumSegments),
-		PriceUnit:       "USD",
-		SID:             m.SID,
-		Status:          m.Status,
-		SubresourceURIs: map[string]string{"media": uri + "/Media.json"},
-		To:              m.To,
-		URI:             uri + ".json",
+// appendTwilioMessage appends Twilio's Message resource for m as the 201 carries it, ended by a newline
+// as encoding/json's Encoder ends it. num_segments, num_media and price are strings there, and twilio-go
+// decodes them as such; from and messaging_service_sid are null when the request left them out.
+func appendTwilioMessage(b []byte, m *Message, from, msid string) []byte {
+	// The URIs are escaped piece by piece: none of the pieces after the first starts with a UTF-8
+	// continuation byte (see appendJSONChars).
+	uri := func(b []byte, suffix string) []byte {
+		b = append(b, `"/2010-04-01/Accounts/`...)
+		b = appendJSONChars(b, m.AccountSID)
+		b = append(b, "/Messages/"...)
+		b = appendJSONChars(b, m.SID)
+		b = append(b, suffix...)
+		return append(b, '"')
 	}
-	if from != "" {
-		out.From = &from
+	// An RFC 1123 date has nothing to escape.
+	date := func(b []byte) []byte {
+		b = append(b, '"')
+		b = m.At.AppendFormat(b, time.RFC1123Z)
+		return append(b, '"')
 	}
-	if msid != "" {
-		out.MessagingServiceSID = &msid
+	orNull := func(b []byte, s string) []byte {
+		if s == "" {
+			return append(b, "null"...)
+		}
+		return appendJSONString(b, s)
 	}
-	return out
+	b = append(b, `{"account_sid":`...)
+	b = appendJSONString(b, m.AccountSID)
+	b = append(b, `,"api_version":"2010-04-01","body":`...)
+	b = appendJSONString(b, m.Body)
+	b = append(b, `,"date_created":`...)
+	b = date(b)
+	b = append(b, `,"date_sent":null,"date_updated":`...)
+	b = date(b)
+	b = append(b, `,"direction":"outbound-api","error_code":null,"error_message":null,"from":`...)
+	b = orNull(b, from)
+	b = append(b, `,"messaging_service_sid":`...)
+	b = orNull(b, msid)
+	b = append(b, `,"num_media":"0","num_segments":"`...)
+	b = strconv.AppendInt(b, int64(m.NumSegments), 10)
+	b = append(b, `","price":null,"price_unit":"USD","sid":`...)
+	b = appendJSONString(b, m.SID)
+	b = append(b, `,"status":`...)
+	b = appendJSONString(b, m.Status)
+	b = append(b, `,"subresource_uris":{"media":`...)
+	b = uri(b, "/Media.json")
+	b = append(b, `},"to":`...)
+	b = appendJSONString(b, m.To)
+	b = append(b, `,"uri":`...)
+	b = uri(b, ".json")
+	return append(b, "}\n"...)
 }
 
 // twilioErrorBody is Twilio's legacy error JSON. twilio-go reads status from the body, not the status
@@ -292,6 +296,10 @@ func (s *Server) twilioReply(w http.ResponseWriter, r *http.Request, status, cod
 // logRequest writes one debug record per provider request; status 0 means no answer was sent. Only the
 // masked recipient is logged, never the credentials or the body.
 func (s *Server) logRequest(r *http.Request, status, code int) {
+	// Asked first, so that a sandbox that does not log debug does not mask a number per request for nothing.
+	if !s.logger.Enabled(r.Context(), slog.LevelDebug) {
+		return
+	}
 	s.logger.Debug("sandbox twilio request",
 		"account_sid", r.PathValue("AccountSid"),
 		"to", providers.MaskAddress(r.PostForm.Get("To")),
