@@ -1,12 +1,17 @@
 package sandbox
 
 import (
+	"cmp"
 	"crypto/rand"
 	"crypto/subtle"
 	"encoding/hex"
+	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net/http"
+	"net/url"
+	"os"
 	"strconv"
 	"strings"
 	"time"
@@ -102,7 +107,11 @@ func (s *Server) twilioCreateMessage(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	r.Body = http.MaxBytesReader(w, r.Body, 1<<16)
-	if err := r.ParseForm(); err != nil {
+	form, err := readTwilioForm(r)
+	if x := exchangeOf(w); x != nil {
+		x.recipient = form.to
+	}
+	if err != nil {
 		s.twilioError(w, r, http.StatusBadRequest, codeToRequired, "A 'To' phone number is required.")
 		return
 	}
@@ -124,19 +133,19 @@ func (s *Server) twilioCreateMessage(w http.ResponseWriter, r *http.Request) {
 		return
 	case faultRaw503:
 		s.log.rejected(http.StatusServiceUnavailable, 0)
-		s.logRequest(r, http.StatusServiceUnavailable, 0)
+		s.logRequest(w, r, http.StatusServiceUnavailable, 0)
 		writeRaw503(w)
 		return
 	case faultReset:
 		s.log.connReset()
-		s.logRequest(r, 0, 0)
+		s.logRequest(w, r, 0, 0)
 		resetConn(w)
 		return
 	case faultTimeout:
 		hangAfterAccept = true
 	}
 
-	to, from, msid, body := r.PostForm.Get("To"), r.PostForm.Get("From"), r.PostForm.Get("MessagingServiceSid"), r.PostForm.Get("Body")
+	to, from, msid, body := form.to, form.from, form.msid, form.body
 	switch {
 	case to == "":
 		s.twilioError(w, r, http.StatusBadRequest, codeToRequired, "A 'To' phone number is required.")
@@ -147,7 +156,7 @@ func (s *Server) twilioCreateMessage(w http.ResponseWriter, r *http.Request) {
 	case from == "" && msid == "":
 		s.twilioError(w, r, http.StatusBadRequest, codeFromRequired, "A 'From' or 'MessagingServiceSid' parameter is required to send a message")
 		return
-	case body == "" && r.PostForm.Get("MediaUrl") == "" && r.PostForm.Get("ContentSid") == "":
+	case body == "" && form.mediaURL == "" && form.contentSID == "":
 		s.twilioError(w, r, http.StatusBadRequest, codeBodyRequired, "A text message body or media urls must be specified.")
 		return
 	case utf8.RuneCountInString(body) > twilioMaxBody:
@@ -182,14 +191,14 @@ func (s *Server) twilioCreateMessage(w http.ResponseWriter, r *http.Request) {
 	}
 	entry := s.log.accept(m)
 	recorded(w, 1, segments)
-	s.scheduleTwilioReceipts(r, m, entry)
+	s.scheduleTwilioReceipts(r, &form, m, entry)
 	if hangAfterAccept {
 		mark(w, outHung)
-		s.logRequest(r, 0, 0)
+		s.logRequest(w, r, 0, 0)
 		hang(r)
 		return
 	}
-	s.logRequest(r, http.StatusCreated, 0)
+	s.logRequest(w, r, http.StatusCreated, 0)
 	buf := answerBufs.Get().(*[]byte)
 	*buf = appendTwilioMessage((*buf)[:0], &m, from, msid)
 	writeJSONBytes(w, http.StatusCreated, *buf)
@@ -210,6 +219,86 @@ func (s *Server) twilioAuthorized(r *http.Request, account string) bool {
 		return false
 	}
 	return true
+}
+
+// twilioForm is what the sandbox reads of a Messages.json POST: the first value of each field, as
+// r.PostForm.Get gives it.
+type twilioForm struct {
+	to, from, msid, body, mediaURL, contentSID, statusCallback string
+}
+
+// field returns where f keeps the form field key, and a bit of its own; nil for a field not read.
+func (f *twilioForm) field(key string) (*string, uint8) {
+	switch key {
+	case "To":
+		return &f.to, 1 << 0
+	case "From":
+		return &f.from, 1 << 1
+	case "MessagingServiceSid":
+		return &f.msid, 1 << 2
+	case "Body":
+		return &f.body, 1 << 3
+	case "MediaUrl":
+		return &f.mediaURL, 1 << 4
+	case "ContentSid":
+		return &f.contentSID, 1 << 5
+	case "StatusCallback":
+		return &f.statusCallback, 1 << 6
+	}
+	return nil, 0
+}
+
+// maxFormFields is net/url's default bound on the fields of a query (urlmaxqueryparams).
+const maxFormFields = 10000
+
+// readTwilioForm reads the form of a Messages.json POST as r.ParseForm and r.PostForm.Get would, with
+// the same error wherever ParseForm gives one. The usual request, a form body and no query, is parsed
+// here field by field as url.ParseQuery does, without ParseForm's two maps of slices: they were half of
+// the allocations of an accepted message. Any other request, or a GODEBUG that may change url's bound on
+// the fields, goes through ParseForm itself.
+func readTwilioForm(r *http.Request) (twilioForm, error) {
+	var f twilioForm
+	if r.URL.RawQuery != "" || r.Header.Get("Content-Type") != "application/x-www-form-urlencoded" ||
+		strings.Contains(os.Getenv("GODEBUG"), "urlmaxqueryparams") {
+		err := r.ParseForm()
+		f.to, f.from, f.msid, f.body = r.PostForm.Get("To"), r.PostForm.Get("From"), r.PostForm.Get("MessagingServiceSid"), r.PostForm.Get("Body")
+		f.mediaURL, f.contentSID, f.statusCallback = r.PostForm.Get("MediaUrl"), r.PostForm.Get("ContentSid"), r.PostForm.Get("StatusCallback")
+		return f, err
+	}
+	b, err := io.ReadAll(r.Body)
+	if err != nil {
+		return f, err
+	}
+	q := string(b)
+	if strings.Count(q, "&") >= maxFormFields {
+		return f, errors.New("number of form fields exceeded limit")
+	}
+	var seen uint8 // the fields read: the first value of each is kept
+	for q != "" {
+		var pair string
+		pair, q, _ = strings.Cut(q, "&")
+		if strings.Contains(pair, ";") {
+			err = errors.New("invalid semicolon separator in form")
+			continue
+		}
+		if pair == "" {
+			continue
+		}
+		k, v, _ := strings.Cut(pair, "=")
+		key, kerr := url.QueryUnescape(k)
+		value, verr := url.QueryUnescape(v)
+		if kerr != nil || verr != nil {
+			if err == nil {
+				err = cmp.Or(kerr, verr)
+			}
+			continue
+		}
+		if p, bit := f.field(key); p != nil && seen&bit == 0 {
+			seen |= bit
+			*p = value
+		}
+	}
+	return f, err
 }
 
 // appendTwilioMessage appends Twilio's Message resource for m as the 201 carries it, ended by a newline
@@ -281,7 +370,7 @@ func (s *Server) twilioError(w http.ResponseWriter, r *http.Request, status, cod
 // twilioReply answers with Twilio's error JSON, with Retry-After: 1 when retryAfter is set.
 func (s *Server) twilioReply(w http.ResponseWriter, r *http.Request, status, code int, msg string, retryAfter bool) {
 	s.log.rejected(status, code)
-	s.logRequest(r, status, code)
+	s.logRequest(w, r, status, code)
 	if retryAfter {
 		w.Header().Set("Retry-After", "1")
 	}
@@ -293,16 +382,16 @@ func (s *Server) twilioReply(w http.ResponseWriter, r *http.Request, status, cod
 	})
 }
 
-// logRequest writes one debug record per provider request; status 0 means no answer was sent. Only the
-// masked recipient is logged, never the credentials or the body.
-func (s *Server) logRequest(r *http.Request, status, code int) {
+// logRequest writes one debug record per provider request answered through w; status 0 means no answer
+// was sent. Only the masked recipient is logged, never the credentials or the body.
+func (s *Server) logRequest(w http.ResponseWriter, r *http.Request, status, code int) {
 	// Asked first, so that a sandbox that does not log debug does not mask a number per request for nothing.
 	if !s.logger.Enabled(r.Context(), slog.LevelDebug) {
 		return
 	}
 	s.logger.Debug("sandbox twilio request",
 		"account_sid", r.PathValue("AccountSid"),
-		"to", providers.MaskAddress(r.PostForm.Get("To")),
+		"to", providers.MaskAddress(recipient(w)),
 		"status", status,
 		"code", code)
 }
