@@ -7,7 +7,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"net/http"
 	"net/url"
@@ -199,10 +198,10 @@ func (s *Server) twilioCreateMessage(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	s.logRequest(w, r, http.StatusCreated, 0)
-	buf := answerBufs.Get().(*[]byte)
+	buf := bufs.Get().(*[]byte)
 	*buf = appendTwilioMessage((*buf)[:0], &m, from, msid)
 	writeJSONBytes(w, http.StatusCreated, *buf)
-	answerBufs.Put(buf)
+	bufs.Put(buf)
 }
 
 // twilioAuthorized checks HTTP Basic auth the way Twilio does for an account's resources: the username is
@@ -256,20 +255,21 @@ const maxFormFields = 10000
 // here field by field as url.ParseQuery does, without ParseForm's two maps of slices: they were half of
 // the allocations of an accepted message. Any other request, or a GODEBUG that may change url's bound on
 // the fields, goes through ParseForm itself.
-func readTwilioForm(r *http.Request) (twilioForm, error) {
-	var f twilioForm
+func readTwilioForm(r *http.Request) (f twilioForm, err error) {
 	if r.URL.RawQuery != "" || r.Header.Get("Content-Type") != "application/x-www-form-urlencoded" ||
 		strings.Contains(os.Getenv("GODEBUG"), "urlmaxqueryparams") {
-		err := r.ParseForm()
+		err = r.ParseForm()
 		f.to, f.from, f.msid, f.body = r.PostForm.Get("To"), r.PostForm.Get("From"), r.PostForm.Get("MessagingServiceSid"), r.PostForm.Get("Body")
 		f.mediaURL, f.contentSID, f.statusCallback = r.PostForm.Get("MediaUrl"), r.PostForm.Get("ContentSid"), r.PostForm.Get("StatusCallback")
 		return f, err
 	}
-	b, err := io.ReadAll(r.Body)
+	buf := bufs.Get().(*[]byte)
+	*buf, err = readAll((*buf)[:0], r.Body)
+	q := string(*buf)
+	bufs.Put(buf)
 	if err != nil {
 		return f, err
 	}
-	q := string(b)
 	if strings.Count(q, "&") >= maxFormFields {
 		return f, errors.New("number of form fields exceeded limit")
 	}
