@@ -557,7 +557,8 @@ func (s *Server) sendgridTooManyRequests(w http.ResponseWriter, wait time.Durati
 // sendgridLogRequest writes one debug record per Mail Send request; status 0 means no answer was sent.
 // Only the first recipient is logged, masked; never the API key or the content.
 func (s *Server) sendgridLogRequest(m *sendgridMail, status int) {
-	// Asked first, so that a sandbox that does not log debug does not mask an address per request for nothing.
+	// Asked first (as Debug asks), so that a sandbox that does not log debug does not mask an address per
+	// request for nothing.
 	if !s.logger.Enabled(context.Background(), slog.LevelDebug) {
 		return
 	}

@@ -2,6 +2,7 @@ package sandbox
 
 import (
 	"cmp"
+	"context"
 	"crypto/rand"
 	"crypto/subtle"
 	"encoding/hex"
@@ -385,8 +386,9 @@ func (s *Server) twilioReply(w http.ResponseWriter, r *http.Request, status, cod
 // logRequest writes one debug record per provider request answered through w; status 0 means no answer
 // was sent. Only the masked recipient is logged, never the credentials or the body.
 func (s *Server) logRequest(w http.ResponseWriter, r *http.Request, status, code int) {
-	// Asked first, so that a sandbox that does not log debug does not mask a number per request for nothing.
-	if !s.logger.Enabled(r.Context(), slog.LevelDebug) {
+	// Asked first (as Debug asks), so that a sandbox that does not log debug does not mask a number per
+	// request for nothing.
+	if !s.logger.Enabled(context.Background(), slog.LevelDebug) {
 		return
 	}
 	s.logger.Debug("sandbox twilio request",
