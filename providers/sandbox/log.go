@@ -72,11 +72,64 @@ type Stats struct {
 // flood of distinct values must not grow it without end.
 const internLimit = 1024
 
+// logBlock is how many messages one block of the log holds (about 640 KB of entries). The log grows a
+// block at a time and never moves a message once stored: a single slice, copied whole at each doubling,
+// made the copying (and the page faults of each new, larger array) the costliest part of an acceptance
+// in a long run.
+const logBlock = 4096
+
+// logEntry is a Message as the log keeps it. The fields that SMS leave empty (e-mail subjects, HTML and
+// headers, Netgsm's İYS filter) and those set only later (the receipt) live in extra, so that a logged
+// SMS is 160 bytes instead of a whole Message's 256: the log is most of the sandbox's memory in a long
+// run, and the garbage collector scans all of it.
+type logEntry struct {
+	provider, sid, accountSID, to, from, body, status string
+	at                                                time.Time
+	numSegments                                       int
+	hung                                              bool
+	extra                                             *logExtra
+}
+
+// logExtra holds the Message fields an entry keeps only when they are set.
+type logExtra struct {
+	subject, html, iysFilter, receipt string
+	headers                           map[string]string
+	receiptAt                         time.Time
+}
+
+func newLogEntry(m Message) logEntry {
+	e := logEntry{
+		provider: m.Provider, sid: m.SID, accountSID: m.AccountSID, to: m.To, from: m.From, body: m.Body,
+		status: m.Status, at: m.At, numSegments: m.NumSegments, hung: m.Hung,
+	}
+	if m.Subject != "" || m.HTML != "" || m.IYSFilter != "" || m.Receipt != "" || m.Headers != nil || !m.ReceiptAt.IsZero() {
+		e.extra = &logExtra{
+			subject: m.Subject, html: m.HTML, iysFilter: m.IYSFilter, receipt: m.Receipt,
+			headers: m.Headers, receiptAt: m.ReceiptAt,
+		}
+	}
+	return e
+}
+
+func (e *logEntry) message() Message {
+	m := Message{
+		Provider: e.provider, SID: e.sid, AccountSID: e.accountSID, To: e.to, From: e.from, Body: e.body,
+		Status: e.status, At: e.at, NumSegments: e.numSegments, Hung: e.hung,
+	}
+	if x := e.extra; x != nil {
+		m.Subject, m.HTML, m.IYSFilter, m.Receipt, m.Headers, m.ReceiptAt = x.subject, x.html, x.iysFilter, x.receipt, x.headers, x.receiptAt
+	}
+	return m
+}
+
 // messageLog is the record of everything the provider routes did. One mutex guards it; it is held only
 // to append and count, never across a sleep or a network write.
 type messageLog struct {
-	mu       sync.Mutex
-	messages []Message
+	mu sync.Mutex
+	// blocks hold the messages in the order accepted, logBlock to a block; every block but the last is
+	// full. n is the number of messages.
+	blocks   [][]logEntry
+	n        int
 	perTo    map[string]int32
 	interned map[string]string
 	stats    Stats
@@ -89,7 +142,7 @@ func newMessageLog() *messageLog {
 }
 
 func (l *messageLog) resetLocked() {
-	l.messages = nil
+	l.blocks, l.n = nil, 0
 	l.perTo = make(map[string]int32)
 	l.interned = make(map[string]string)
 	l.stats = Stats{ByStatus: make(map[int]int), ByCode: make(map[int]int)}
@@ -126,11 +179,17 @@ func (l *messageLog) connReset() {
 // accept records m and returns its place in the log. Account SIDs and senders repeat on every message of
 // a campaign, so they share one copy each, which keeps millions of records affordable.
 func (l *messageLog) accept(m Message) int {
+	e := newLogEntry(m)
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	m.AccountSID = l.intern(m.AccountSID)
-	m.From = l.intern(m.From)
-	l.messages = append(l.messages, m)
+	e.accountSID = l.intern(e.accountSID)
+	e.from = l.intern(e.from)
+	if l.n%logBlock == 0 {
+		l.blocks = append(l.blocks, make([]logEntry, 0, logBlock))
+	}
+	last := &l.blocks[len(l.blocks)-1]
+	*last = append(*last, e)
+	l.n++
 	l.stats.Accepted++
 	if l.stats.FirstAcceptedAt.IsZero() || m.At.Before(l.stats.FirstAcceptedAt) {
 		l.stats.FirstAcceptedAt = m.At
@@ -149,21 +208,29 @@ func (l *messageLog) accept(m Message) int {
 	case 2:
 		l.stats.Duplicates++
 	}
-	return len(l.messages) - 1
+	return l.n - 1
 }
 
-// receipted notes that a receipt with status for the message sid, logged at entry, was answered with a
+// at returns the logEntry at place i of the log, which must hold it.
+func (l *messageLog) at(i int) *logEntry {
+	return &l.blocks[i/logBlock][i%logBlock]
+}
+
+// receipted notes that a receipt with status for the message sid, logged at place i, was answered with a
 // 2xx at at. A log reset since the message was accepted leaves nothing to note.
-func (l *messageLog) receipted(entry int, sid, status string, at time.Time) {
+func (l *messageLog) receipted(i int, sid, status string, at time.Time) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if entry < 0 || entry >= len(l.messages) || l.messages[entry].SID != sid {
+	if i < 0 || i >= l.n || l.at(i).sid != sid {
 		return
 	}
-	m := &l.messages[entry]
-	m.Receipt = status
-	if m.ReceiptAt.IsZero() {
-		m.ReceiptAt = at
+	e := l.at(i)
+	if e.extra == nil {
+		e.extra = &logExtra{}
+	}
+	e.extra.receipt = status
+	if e.extra.receiptAt.IsZero() {
+		e.extra.receiptAt = at
 	}
 }
 
@@ -181,15 +248,16 @@ func (l *messageLog) intern(s string) string {
 func (l *messageLog) list(to string) []Message {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if to == "" {
-		out := make([]Message, len(l.messages))
-		copy(out, l.messages)
-		return out
+	n := l.n
+	if to != "" {
+		n = int(l.perTo[to])
 	}
-	out := make([]Message, 0, l.perTo[to])
-	for _, m := range l.messages {
-		if m.To == to {
-			out = append(out, m)
+	out := make([]Message, 0, n)
+	for _, b := range l.blocks {
+		for i := range b {
+			if to == "" || b[i].to == to {
+				out = append(out, b[i].message())
+			}
 		}
 	}
 	return out

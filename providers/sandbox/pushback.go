@@ -207,6 +207,8 @@ type exchange struct {
 	decided  bool
 	messages int
 	segments int
+	// recipient is the recipient the request named, once read: the debug records mask and log it.
+	recipient string
 }
 
 func (x *exchange) Unwrap() http.ResponseWriter { return x.ResponseWriter }
@@ -239,6 +241,14 @@ func (x *exchange) decide(o outcome) {
 		x.at = x.s.now()
 	}
 	x.s.push.timeline.add(x.api, x.at, o, x.messages, x.segments)
+}
+
+// recipient returns the recipient of the request answered through w, "" before it was read.
+func recipient(w http.ResponseWriter) string {
+	if x := exchangeOf(w); x != nil {
+		return x.recipient
+	}
+	return ""
 }
 
 // exchangeOf returns the exchange behind w, nil when w is not one.

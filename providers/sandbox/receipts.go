@@ -175,10 +175,10 @@ type twilioCallback struct {
 	entry int        // the message's place in the log, for its receipt fields
 }
 
-// scheduleTwilioReceipts schedules the status callbacks of m, just accepted by r and logged at entry, if
-// r named a StatusCallback. It never blocks.
-func (s *Server) scheduleTwilioReceipts(r *http.Request, m Message, entry int) {
-	cbURL := r.PostForm.Get("StatusCallback")
+// scheduleTwilioReceipts schedules the status callbacks of m, just accepted by r (whose form is f) and
+// logged at entry, if r named a StatusCallback. It never blocks.
+func (s *Server) scheduleTwilioReceipts(r *http.Request, f *twilioForm, m Message, entry int) {
+	cbURL := f.statusCallback
 	if cbURL == "" {
 		return
 	}
@@ -215,11 +215,11 @@ func (s *Server) scheduleTwilioReceipts(r *http.Request, m Message, entry int) {
 		final: "delivered",
 		entry: entry,
 	}
-	if msid := r.PostForm.Get("MessagingServiceSid"); msid != "" {
-		cb.form.Set("MessagingServiceSid", msid)
+	if f.msid != "" {
+		cb.form.Set("MessagingServiceSid", f.msid)
 	}
-	if from := r.PostForm.Get("From"); from != "" {
-		cb.form.Set("From", from)
+	if f.from != "" {
+		cb.form.Set("From", f.from)
 	}
 	if status, ok := magicReceipts[strings.TrimPrefix(m.To, magicPrefix)]; ok && strings.HasPrefix(m.To, magicPrefix) {
 		cb.final, cb.code = status, strings.TrimPrefix(m.To, magicPrefix)

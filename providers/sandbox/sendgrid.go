@@ -3,6 +3,7 @@ package sandbox
 import (
 	"bytes"
 	"compress/gzip"
+	"context"
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
@@ -12,6 +13,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"log/slog"
 	"maps"
 	"net/http"
 	"net/mail"
@@ -555,6 +557,11 @@ func (s *Server) sendgridTooManyRequests(w http.ResponseWriter, wait time.Durati
 // sendgridLogRequest writes one debug record per Mail Send request; status 0 means no answer was sent.
 // Only the first recipient is logged, masked; never the API key or the content.
 func (s *Server) sendgridLogRequest(m *sendgridMail, status int) {
+	// Asked first (as Debug asks), so that a sandbox that does not log debug does not mask an address per
+	// request for nothing.
+	if !s.logger.Enabled(context.Background(), slog.LevelDebug) {
+		return
+	}
 	to, n := "", 0
 	if m != nil {
 		n = len(m.Personalizations)

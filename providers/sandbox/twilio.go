@@ -1,11 +1,17 @@
 package sandbox
 
 import (
+	"cmp"
+	"context"
 	"crypto/rand"
 	"crypto/subtle"
 	"encoding/hex"
+	"errors"
 	"fmt"
+	"log/slog"
 	"net/http"
+	"net/url"
+	"os"
 	"strconv"
 	"strings"
 	"time"
@@ -101,7 +107,11 @@ func (s *Server) twilioCreateMessage(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	r.Body = http.MaxBytesReader(w, r.Body, 1<<16)
-	if err := r.ParseForm(); err != nil {
+	form, err := readTwilioForm(r)
+	if x := exchangeOf(w); x != nil {
+		x.recipient = form.to
+	}
+	if err != nil {
 		s.twilioError(w, r, http.StatusBadRequest, codeToRequired, "A 'To' phone number is required.")
 		return
 	}
@@ -123,19 +133,19 @@ func (s *Server) twilioCreateMessage(w http.ResponseWriter, r *http.Request) {
 		return
 	case faultRaw503:
 		s.log.rejected(http.StatusServiceUnavailable, 0)
-		s.logRequest(r, http.StatusServiceUnavailable, 0)
+		s.logRequest(w, r, http.StatusServiceUnavailable, 0)
 		writeRaw503(w)
 		return
 	case faultReset:
 		s.log.connReset()
-		s.logRequest(r, 0, 0)
+		s.logRequest(w, r, 0, 0)
 		resetConn(w)
 		return
 	case faultTimeout:
 		hangAfterAccept = true
 	}
 
-	to, from, msid, body := r.PostForm.Get("To"), r.PostForm.Get("From"), r.PostForm.Get("MessagingServiceSid"), r.PostForm.Get("Body")
+	to, from, msid, body := form.to, form.from, form.msid, form.body
 	switch {
 	case to == "":
 		s.twilioError(w, r, http.StatusBadRequest, codeToRequired, "A 'To' phone number is required.")
@@ -146,7 +156,7 @@ func (s *Server) twilioCreateMessage(w http.ResponseWriter, r *http.Request) {
 	case from == "" && msid == "":
 		s.twilioError(w, r, http.StatusBadRequest, codeFromRequired, "A 'From' or 'MessagingServiceSid' parameter is required to send a message")
 		return
-	case body == "" && r.PostForm.Get("MediaUrl") == "" && r.PostForm.Get("ContentSid") == "":
+	case body == "" && form.mediaURL == "" && form.contentSID == "":
 		s.twilioError(w, r, http.StatusBadRequest, codeBodyRequired, "A text message body or media urls must be specified.")
 		return
 	case utf8.RuneCountInString(body) > twilioMaxBody:
@@ -181,15 +191,18 @@ func (s *Server) twilioCreateMessage(w http.ResponseWriter, r *http.Request) {
 	}
 	entry := s.log.accept(m)
 	recorded(w, 1, segments)
-	s.scheduleTwilioReceipts(r, m, entry)
+	s.scheduleTwilioReceipts(r, &form, m, entry)
 	if hangAfterAccept {
 		mark(w, outHung)
-		s.logRequest(r, 0, 0)
+		s.logRequest(w, r, 0, 0)
 		hang(r)
 		return
 	}
-	s.logRequest(r, http.StatusCreated, 0)
-	writeJSON(w, http.StatusCreated, twilioMessageResource(m, from, msid))
+	s.logRequest(w, r, http.StatusCreated, 0)
+	buf := bufs.Get().(*[]byte)
+	*buf = appendTwilioMessage((*buf)[:0], &m, from, msid)
+	writeJSONBytes(w, http.StatusCreated, *buf)
+	bufs.Put(buf)
 }
 
 // twilioAuthorized checks HTTP Basic auth the way Twilio does for an account's resources: the username is
@@ -208,57 +221,138 @@ func (s *Server) twilioAuthorized(r *http.Request, account string) bool {
 	return true
 }
 
-// twilioMessage is Twilio's Message resource as the 201 carries it. num_segments, num_media and price
-// are strings there, and twilio-go decodes them as such.
-type twilioMessage struct {
-	AccountSID          string            `json:"account_sid"`
-	APIVersion          string            `json:"api_version"`
-	Body                string            `json:"body"`
-	DateCreated         string            `json:"date_created"`
-	DateSent            *string           `json:"date_sent"`
-	DateUpdated         string            `json:"date_updated"`
-	Direction           string            `json:"direction"`
-	ErrorCode           *int              `json:"error_code"`
-	ErrorMessage        *string           `json:"error_message"`
-	From                *string           `json:"from"`
-	MessagingServiceSID *string           `json:"messaging_service_sid"`
-	NumMedia            string            `json:"num_media"`
-	NumSegments         string            `json:"num_segments"`
-	Price               *string           `json:"price"`
-	PriceUnit           string            `json:"price_unit"`
-	SID                 string            `json:"sid"`
-	Status              string            `json:"status"`
-	SubresourceURIs     map[string]string `json:"subresource_uris"`
-	To                  string            `json:"to"`
-	URI                 string            `json:"uri"`
+// twilioForm is what the sandbox reads of a Messages.json POST: the first value of each field, as
+// r.PostForm.Get gives it.
+type twilioForm struct {
+	to, from, msid, body, mediaURL, contentSID, statusCallback string
 }
 
-func twilioMessageResource(m Message, from, msid string) twilioMessage {
-	date := m.At.Format(time.RFC1123Z)
-	uri := "/2010-04-01/Accounts/" + m.AccountSID + "/Messages/" + m.SID
-	out := twilioMessage{
-		AccountSID:      m.AccountSID,
-		APIVersion:      "2010-04-01",
-		Body:            m.Body,
-		DateCreated:     date,
-		DateUpdated:     date,
-		Direction:       "outbound-api",
-		NumMedia:        "0",
-		NumSegments:     strconv.Itoa(m.NumSegments),
-		PriceUnit:       "USD",
-		SID:             m.SID,
-		Status:          m.Status,
-		SubresourceURIs: map[string]string{"media": uri + "/Media.json"},
-		To:              m.To,
-		URI:             uri + ".json",
+// field returns where f keeps the form field key, and a bit of its own; nil for a field not read.
+func (f *twilioForm) field(key string) (*string, uint8) {
+	switch key {
+	case "To":
+		return &f.to, 1 << 0
+	case "From":
+		return &f.from, 1 << 1
+	case "MessagingServiceSid":
+		return &f.msid, 1 << 2
+	case "Body":
+		return &f.body, 1 << 3
+	case "MediaUrl":
+		return &f.mediaURL, 1 << 4
+	case "ContentSid":
+		return &f.contentSID, 1 << 5
+	case "StatusCallback":
+		return &f.statusCallback, 1 << 6
 	}
-	if from != "" {
-		out.From = &from
+	return nil, 0
+}
+
+// maxFormFields is net/url's default bound on the fields of a query (urlmaxqueryparams).
+const maxFormFields = 10000
+
+// readTwilioForm reads the form of a Messages.json POST as r.ParseForm and r.PostForm.Get would, with
+// the same error wherever ParseForm gives one. The usual request, a form body and no query, is parsed
+// here field by field as url.ParseQuery does, without ParseForm's two maps of slices: they were half of
+// the allocations of an accepted message. Any other request, or a GODEBUG that may change url's bound on
+// the fields, goes through ParseForm itself.
+func readTwilioForm(r *http.Request) (f twilioForm, err error) {
+	if r.URL.RawQuery != "" || r.Header.Get("Content-Type") != "application/x-www-form-urlencoded" ||
+		strings.Contains(os.Getenv("GODEBUG"), "urlmaxqueryparams") {
+		err = r.ParseForm()
+		f.to, f.from, f.msid, f.body = r.PostForm.Get("To"), r.PostForm.Get("From"), r.PostForm.Get("MessagingServiceSid"), r.PostForm.Get("Body")
+		f.mediaURL, f.contentSID, f.statusCallback = r.PostForm.Get("MediaUrl"), r.PostForm.Get("ContentSid"), r.PostForm.Get("StatusCallback")
+		return f, err
 	}
-	if msid != "" {
-		out.MessagingServiceSID = &msid
+	buf := bufs.Get().(*[]byte)
+	*buf, err = readAll((*buf)[:0], r.Body)
+	q := string(*buf)
+	bufs.Put(buf)
+	if err != nil {
+		return f, err
 	}
-	return out
+	if strings.Count(q, "&") >= maxFormFields {
+		return f, errors.New("number of form fields exceeded limit")
+	}
+	var seen uint8 // the fields read: the first value of each is kept
+	for q != "" {
+		var pair string
+		pair, q, _ = strings.Cut(q, "&")
+		if strings.Contains(pair, ";") {
+			err = errors.New("invalid semicolon separator in form")
+			continue
+		}
+		if pair == "" {
+			continue
+		}
+		k, v, _ := strings.Cut(pair, "=")
+		key, kerr := url.QueryUnescape(k)
+		value, verr := url.QueryUnescape(v)
+		if kerr != nil || verr != nil {
+			if err == nil {
+				err = cmp.Or(kerr, verr)
+			}
+			continue
+		}
+		if p, bit := f.field(key); p != nil && seen&bit == 0 {
+			seen |= bit
+			*p = value
+		}
+	}
+	return f, err
+}
+
+// appendTwilioMessage appends Twilio's Message resource for m as the 201 carries it, ended by a newline
+// as encoding/json's Encoder ends it. num_segments, num_media and price are strings there, and twilio-go
+// decodes them as such; from and messaging_service_sid are null when the request left them out.
+func appendTwilioMessage(b []byte, m *Message, from, msid string) []byte {
+	// The URIs are escaped piece by piece: none of the pieces after the first starts with a UTF-8
+	// continuation byte (see appendJSONChars).
+	uri := func(b []byte, suffix string) []byte {
+		b = append(b, `"/2010-04-01/Accounts/`...)
+		b = appendJSONChars(b, m.AccountSID)
+		b = append(b, "/Messages/"...)
+		b = appendJSONChars(b, m.SID)
+		b = append(b, suffix...)
+		return append(b, '"')
+	}
+	// An RFC 1123 date has nothing to escape.
+	date := func(b []byte) []byte {
+		b = append(b, '"')
+		b = m.At.AppendFormat(b, time.RFC1123Z)
+		return append(b, '"')
+	}
+	orNull := func(b []byte, s string) []byte {
+		if s == "" {
+			return append(b, "null"...)
+		}
+		return appendJSONString(b, s)
+	}
+	b = append(b, `{"account_sid":`...)
+	b = appendJSONString(b, m.AccountSID)
+	b = append(b, `,"api_version":"2010-04-01","body":`...)
+	b = appendJSONString(b, m.Body)
+	b = append(b, `,"date_created":`...)
+	b = date(b)
+	b = append(b, `,"date_sent":null,"date_updated":`...)
+	b = date(b)
+	b = append(b, `,"direction":"outbound-api","error_code":null,"error_message":null,"from":`...)
+	b = orNull(b, from)
+	b = append(b, `,"messaging_service_sid":`...)
+	b = orNull(b, msid)
+	b = append(b, `,"num_media":"0","num_segments":"`...)
+	b = strconv.AppendInt(b, int64(m.NumSegments), 10)
+	b = append(b, `","price":null,"price_unit":"USD","sid":`...)
+	b = appendJSONString(b, m.SID)
+	b = append(b, `,"status":`...)
+	b = appendJSONString(b, m.Status)
+	b = append(b, `,"subresource_uris":{"media":`...)
+	b = uri(b, "/Media.json")
+	b = append(b, `},"to":`...)
+	b = appendJSONString(b, m.To)
+	b = append(b, `,"uri":`...)
+	b = uri(b, ".json")
+	return append(b, "}\n"...)
 }
 
 // twilioErrorBody is Twilio's legacy error JSON. twilio-go reads status from the body, not the status
@@ -277,7 +371,7 @@ func (s *Server) twilioError(w http.ResponseWriter, r *http.Request, status, cod
 // twilioReply answers with Twilio's error JSON, with Retry-After: 1 when retryAfter is set.
 func (s *Server) twilioReply(w http.ResponseWriter, r *http.Request, status, code int, msg string, retryAfter bool) {
 	s.log.rejected(status, code)
-	s.logRequest(r, status, code)
+	s.logRequest(w, r, status, code)
 	if retryAfter {
 		w.Header().Set("Retry-After", "1")
 	}
@@ -289,12 +383,17 @@ func (s *Server) twilioReply(w http.ResponseWriter, r *http.Request, status, cod
 	})
 }
 
-// logRequest writes one debug record per provider request; status 0 means no answer was sent. Only the
-// masked recipient is logged, never the credentials or the body.
-func (s *Server) logRequest(r *http.Request, status, code int) {
+// logRequest writes one debug record per provider request answered through w; status 0 means no answer
+// was sent. Only the masked recipient is logged, never the credentials or the body.
+func (s *Server) logRequest(w http.ResponseWriter, r *http.Request, status, code int) {
+	// Asked first (as Debug asks), so that a sandbox that does not log debug does not mask a number per
+	// request for nothing.
+	if !s.logger.Enabled(context.Background(), slog.LevelDebug) {
+		return
+	}
 	s.logger.Debug("sandbox twilio request",
 		"account_sid", r.PathValue("AccountSid"),
-		"to", providers.MaskAddress(r.PostForm.Get("To")),
+		"to", providers.MaskAddress(recipient(w)),
 		"status", status,
 		"code", code)
 }

@@ -7,6 +7,7 @@ import (
 	"net/http/httptest"
 	"net/url"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -418,3 +419,40 @@ func BenchmarkTwilioCreateMessage(b *testing.B) {
 		b.Fatalf("recorded %d of %d", got, b.N)
 	}
 }
+
+// BenchmarkTwilioHandler measures the sandbox's own work for one accepted message, without the network
+// and net/http's connection handling: what a message costs it on top of reading and writing HTTP.
+func BenchmarkTwilioHandler(b *testing.B) {
+	s := sandbox.New(sandbox.Options{TwilioAccountSID: testSID, TwilioAuthToken: testToken})
+	tmpl, err := http.NewRequest(http.MethodPost, "http://sandbox/2010-04-01/Accounts/"+testSID+"/Messages.json", nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	tmpl.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	tmpl.SetBasicAuth(testSID, testToken)
+	rest := "&From=%2B905550000000&Body=" + url.QueryEscape("Merhaba Ali, kodunuz K7Q2M9XW - RET yazıp 3338e gönderin")
+	w := &discardWriter{header: http.Header{}}
+	b.ReportAllocs()
+	for i := 0; b.Loop(); i++ {
+		body := "To=%2B90532" + strconv.Itoa(1_000_000+i) + rest
+		r := *tmpl
+		r.Body = io.NopCloser(strings.NewReader(body))
+		r.ContentLength = int64(len(body))
+		clear(w.header)
+		w.status = 0
+		s.ServeHTTP(w, &r)
+		if w.status != http.StatusCreated {
+			b.Fatalf("status %d", w.status)
+		}
+	}
+}
+
+// discardWriter is an http.ResponseWriter that keeps only the status.
+type discardWriter struct {
+	header http.Header
+	status int
+}
+
+func (w *discardWriter) Header() http.Header         { return w.header }
+func (w *discardWriter) WriteHeader(status int)      { w.status = status }
+func (w *discardWriter) Write(b []byte) (int, error) { return len(b), nil }
