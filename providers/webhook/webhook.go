@@ -152,8 +152,10 @@ type payload struct {
 //   - Ambiguous when the request was written but no answer came back (timeout, reset): the receiver may
 //     have taken it. Its Idempotency-Key lets a receiver that keeps them drop a resend.
 //
-// Because of that header, net/http itself may resend the request once when a reused keep-alive
-// connection turns out to be dead; a receiver that deduplicates on the key absorbs that too.
+// The transport (wire.NewTransport) never resends a request by itself, not even on a reused keep-alive
+// connection that turns out to be dead: such a request fails as Ambiguous when any of it may have left,
+// and as Transient when none did. Only through a proxy, where net/http sends it, may the request be
+// resent once because of that header; a receiver that deduplicates on the key absorbs that too.
 //
 // Like the other providers, Send does not cancel a request in flight when ctx is done; Config.Timeout
 // bounds it.
