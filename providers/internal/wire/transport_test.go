@@ -15,6 +15,8 @@ import (
 	"net/http/httptest"
 	"net/http/httptrace"
 	"net/url"
+	"os"
+	"os/exec"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -801,6 +803,35 @@ func TestTransportHandsToNetHTTP(t *testing.T) {
 			t.Errorf("the server served %d requests, want none", got)
 		}
 	})
+}
+
+// By default the proxy of the environment applies: a request HTTP_PROXY covers goes to net/http, through
+// the proxy. http.ProxyFromEnvironment reads the environment once a process, so the request is sent by a
+// child process of the test binary, started with HTTP_PROXY set.
+func TestTransportProxyFromEnvironment(t *testing.T) {
+	if os.Getenv("WIRE_TEST_PROXY_CHILD") != "" {
+		tr := &wire.Transport{}
+		got, err := send(tr, context.Background(), http.MethodPost, "http://provider.invalid/send", "Body=hello")
+		if err != nil || got != "proxied http://provider.invalid/send" {
+			t.Fatalf("with HTTP_PROXY=%s: %q, %v", os.Getenv("HTTP_PROXY"), got, err)
+		}
+		return
+	}
+	proxy := newServer(t, func(w http.ResponseWriter, r *http.Request) {
+		io.WriteString(w, "proxied "+r.URL.String())
+	})
+	cmd := exec.Command(os.Args[0], "-test.run=^TestTransportProxyFromEnvironment$", "-test.count=1", "-test.v")
+	cmd.Env = append(os.Environ(), "WIRE_TEST_PROXY_CHILD=1", "HTTP_PROXY="+proxy.URL, "NO_PROXY=", "no_proxy=", "REQUEST_METHOD=")
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("the child process failed: %v\n%s", err, out)
+	}
+	if !strings.Contains(string(out), "--- PASS: TestTransportProxyFromEnvironment") {
+		t.Fatalf("the child process did not run the test:\n%s", out)
+	}
+	if got := proxy.hits.Load(); got != 1 {
+		t.Errorf("the proxy served %d requests, want 1", got)
+	}
 }
 
 // Transport adds no Accept-Encoding: a server that would compress answers when asked sends them plain.
