@@ -82,6 +82,7 @@ type Provider struct {
 	header     string
 	filter     string
 	client     *http.Client
+	timeout    time.Duration
 }
 
 // New validates cfg and returns a Provider. Its errors name the environment variable to fix and never
@@ -118,9 +119,10 @@ func New(cfg Config) (*Provider, error) {
 	return &Provider{
 		endpoint: strings.TrimSuffix(u.String(), "/") + SendPath,
 		user:     cfg.UserCode, pass: cfg.Password, header: cfg.Header, filter: filter,
+		timeout: timeout,
 		client: &http.Client{
+			// No Timeout here: Send bounds the request with a deadline on its context (see Send).
 			Transport: wire.NewTransport(cfg.Conns),
-			Timeout:   timeout,
 			// A redirect would send the message (and the credentials) somewhere nobody configured.
 			CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
 		},
@@ -210,7 +212,12 @@ func (p *Provider) Send(ctx context.Context, m providers.Message) (providers.Res
 		return providers.Result{}, &providers.Error{Provider: "netgsm", Class: providers.Permanent, Message: "cannot encode the message", Err: err}
 	}
 	var tr wire.Tracker
-	req, err := http.NewRequestWithContext(tr.WithTrace(context.WithoutCancel(ctx)), http.MethodPost, p.endpoint, bytes.NewReader(body))
+	// The timeout is a deadline on the request's context rather than http.Client.Timeout: for a
+	// RoundTripper that is not net/http's own (wire's), the client enforces Timeout with a goroutine, a
+	// timer and a channel per request. The answer is read below, before cancel, so the deadline covers it.
+	reqCtx, cancel := context.WithTimeout(tr.WithTrace(context.WithoutCancel(ctx)), p.timeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(reqCtx, http.MethodPost, p.endpoint, bytes.NewReader(body))
 	if err != nil {
 		return providers.Result{}, &providers.Error{Provider: "netgsm", Class: providers.Permanent, Message: "cannot build the request: check NETGSM_BASE_URL"}
 	}

@@ -74,10 +74,11 @@ type Config struct {
 
 // Provider posts messages to a webhook. It is safe for concurrent use.
 type Provider struct {
-	url    string
-	secret []byte
-	client *http.Client
-	now    func() time.Time
+	url     string
+	secret  []byte
+	client  *http.Client
+	timeout time.Duration
+	now     func() time.Time
 	// hidden are the parts of url that may hold a receiver's credential (password, query); they never
 	// appear in an error.
 	hidden []string
@@ -114,12 +115,13 @@ func New(cfg Config) (*Provider, error) {
 		hidden = append(hidden, u.RawQuery)
 	}
 	return &Provider{
-		url:    cfg.URL,
-		hidden: hidden,
-		secret: []byte(cfg.Secret),
+		url:     cfg.URL,
+		hidden:  hidden,
+		secret:  []byte(cfg.Secret),
+		timeout: timeout,
 		client: &http.Client{
+			// No Timeout here: Send bounds the request with a deadline on its context (see Send).
 			Transport: wire.NewTransport(cfg.Conns),
-			Timeout:   timeout,
 			// A redirect would resend the message, signature and all, to an address nobody configured.
 			CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
 		},
@@ -152,8 +154,10 @@ type payload struct {
 //   - Ambiguous when the request was written but no answer came back (timeout, reset): the receiver may
 //     have taken it. Its Idempotency-Key lets a receiver that keeps them drop a resend.
 //
-// Because of that header, net/http itself may resend the request once when a reused keep-alive
-// connection turns out to be dead; a receiver that deduplicates on the key absorbs that too.
+// The transport (wire.NewTransport) never resends a request by itself, not even on a reused keep-alive
+// connection that turns out to be dead: such a request fails as Ambiguous when any of it may have left,
+// and as Transient when none did. Only through a proxy, where net/http sends it, may the request be
+// resent once because of that header; a receiver that deduplicates on the key absorbs that too.
 //
 // Like the other providers, Send does not cancel a request in flight when ctx is done; Config.Timeout
 // bounds it.
@@ -177,7 +181,11 @@ func (p *Provider) Send(ctx context.Context, m providers.Message) (providers.Res
 	ts := strconv.FormatInt(p.now().Unix(), 10)
 
 	var tr wire.Tracker
-	reqCtx := tr.WithTrace(context.WithoutCancel(ctx))
+	// The timeout is a deadline on the request's context rather than http.Client.Timeout: for a
+	// RoundTripper that is not net/http's own (wire's), the client enforces Timeout with a goroutine, a
+	// timer and a channel per request. The answer is read below, before cancel, so the deadline covers it.
+	reqCtx, cancel := context.WithTimeout(tr.WithTrace(context.WithoutCancel(ctx)), p.timeout)
+	defer cancel()
 	req, err := http.NewRequestWithContext(reqCtx, http.MethodPost, p.url, bytes.NewReader(body))
 	if err != nil {
 		return providers.Result{}, &providers.Error{Provider: "webhook", Class: providers.Permanent,

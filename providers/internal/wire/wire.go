@@ -1,11 +1,11 @@
 // Package wire is the HTTP plumbing the provider adapters share: a Tracker that tells whether a request
-// may have reached the server, the connection pool of a provider's client (NewTransport), and the
-// reading of a Retry-After header (ParseRetryAfter).
+// may have reached the server, the transport and connection pool of a provider's client (NewTransport,
+// Transport), and the reading of a Retry-After header (ParseRetryAfter).
 //
 // A request that fails without an answer either never left (connection refused, DNS, TLS: sending it
 // again is safe) or was written and then lost its answer (timeout, reset: the provider may have accepted
 // it, and sending it again risks a double send). A Tracker tells the two apart from the GotConn and
-// WroteRequest reports of net/http/httptrace.
+// WroteRequest reports of net/http/httptrace, which Transport makes as net/http does.
 //
 // Use one Tracker per request, attached to the request's context:
 //
@@ -22,6 +22,7 @@ package wire
 
 import (
 	"context"
+	"errors"
 	"net/http"
 	"net/http/httptrace"
 	"strconv"
@@ -61,12 +62,15 @@ func (t *Tracker) GotConn(httptrace.GotConnInfo) {
 	t.mu.Unlock()
 }
 
-// WroteRequest is the httptrace.ClientTrace hook that records a write report, successful or not. It runs
-// on net/http's writer goroutine, possibly after the round trip has returned.
+// WroteRequest is the httptrace.ClientTrace hook that records a write report, successful or not. A
+// write that failed after part of the request went out (Transport says so) counts as a successful one:
+// the server may have it. Under net/http it runs on the writer goroutine, possibly after the round trip
+// has returned.
 func (t *Tracker) WroteRequest(info httptrace.WroteRequestInfo) {
 	t.mu.Lock()
 	t.writes++
-	if info.Err == nil {
+	var partial *partialWriteError
+	if info.Err == nil || errors.As(info.Err, &partial) {
 		t.wrote = true
 	}
 	done := t.doneLocked()
@@ -85,10 +89,12 @@ func (t *Tracker) Connected() bool {
 }
 
 // Written reports, after a round trip failed without an answer, whether the request may have reached
-// the server. It is false only when that is certain: no connection was made, or every write failed.
-// net/http reports a successful write once the request is in its buffer, just before the flush, so a
-// failed flush counts as written; that errs on the side of ambiguity, never of a double send. While a
-// write is still in progress it waits for its report, at most PendingWriteWait, and then says true.
+// the server. It is false only when that is certain: no connection was made, or every write failed
+// before any of the request left. Transport reports a write once it is flushed, and a failed write
+// that had sent part of the request as such. net/http reports a successful write once the request is in
+// its buffer, just before the flush, so there a failed flush counts as written; that errs on the side
+// of ambiguity, never of a double send. While a write is still in progress it waits for its report, at
+// most PendingWriteWait, and then says true.
 func (t *Tracker) Written() bool {
 	timer := time.NewTimer(PendingWriteWait)
 	defer timer.Stop()
@@ -125,20 +131,13 @@ func (t *Tracker) doneLocked() chan struct{} {
 // few dozen concurrent senders; net/http's default of 2 would make most sends open a new connection.
 const MaxIdleConns = 128
 
-// NewTransport returns a connection pool for a provider's shared http.Client: net/http's default
-// transport (proxy from the environment, HTTP/2, the usual dial and TLS timeouts) that keeps idle up to
-// conns connections to the provider (at least MaxIdleConns). Give it the most requests the process has in
-// flight at once: when more requests finish together than the pool keeps, the surplus connections are
-// closed and the next sends dial (and, against a real provider, shake hands over TLS) again.
+// NewTransport returns the RoundTripper of a provider's shared http.Client: a Transport (HTTP/1.1 on the
+// calling goroutine, handing to net/http what it cannot send itself) that keeps idle up to conns
+// connections per host (at least MaxIdleConns). Give it the most requests the process has in flight at
+// once: when more requests finish together than the pool keeps, the surplus connections are closed and
+// the next sends dial (and, against a real provider, shake hands over TLS) again.
 func NewTransport(conns int) http.RoundTripper {
-	base, ok := http.DefaultTransport.(*http.Transport)
-	if !ok {
-		return http.DefaultTransport
-	}
-	t := base.Clone()
-	t.MaxIdleConns = max(conns, MaxIdleConns)
-	t.MaxIdleConnsPerHost = t.MaxIdleConns
-	return t
+	return &Transport{MaxIdleConnsPerHost: max(conns, MaxIdleConns)}
 }
 
 // ParseRetryAfter reads a Retry-After header, in seconds or as an HTTP date; 0 when absent or invalid.
