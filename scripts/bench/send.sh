@@ -29,6 +29,21 @@ start_sandbox() {
   wait_port 127.0.0.1 "$sb_port" || { echo "the sandbox did not start; see $work/sandbox.$sb_port.err" >&2; return 1; }
 }
 
+# bench_pg_pids: the Postgres processes that work for the benchmark: the server's own (postmaster, WAL
+# writer, checkpointer, background writer, autovacuum launcher) and the backends and autovacuum workers of
+# BENCH_DB, not those of other databases on a shared server (a test run's would inflate the figures).
+bench_pg_pids() {
+  local p cmd
+  for p in $(pgrep -x postgres); do
+    cmd=$(tr '\0' ' ' <"/proc/$p/cmdline" 2>/dev/null) || continue
+    case "$cmd" in
+      *" $BENCH_DB "* | *" $BENCH_DB") echo "$p" ;;
+      *"/bin/postgres "* | *": checkpointer"* | *": background writer"* | *": walwriter"* | \
+        *": autovacuum launcher"* | *": logical replication launcher"* | *": archiver"*) echo "$p" ;;
+    esac
+  done
+}
+
 # cpu_ticks PID...: "pid ticks" (user + system, in clock ticks) of each process still alive.
 cpu_ticks() {
   local p
@@ -114,7 +129,7 @@ send_scenario() {
   s_planned=$(jq -r '.eligible' "$work/$name.launch.out")
 
   local pg_pids redis_pid
-  pg_pids=$(pgrep -x postgres | tr '\n' ' ' || true)
+  pg_pids=$(bench_pg_pids | tr '\n' ' ')
   redis_pid=$(pgrep -x redis-server | tr '\n' ' ' || true)
   cpu_ticks $pg_pids >"$work/$name.cpu.pg"
   cpu_ticks $redis_pid >"$work/$name.cpu.redis"
@@ -164,7 +179,7 @@ send_scenario() {
   s_id=$id
   used=$(redis_used); [ "${used:-0}" -le "$peak" ] || peak=$used
   echo "0 0" >"$work/$name.cpu.none"
-  s_pg=$(cpu_used "$work/$name.cpu.pg" $(pgrep -x postgres)) s_rd=$(cpu_used "$work/$name.cpu.redis" $redis_pid)
+  s_pg=$(cpu_used "$work/$name.cpu.pg" $(bench_pg_pids)) s_rd=$(cpu_used "$work/$name.cpu.redis" $redis_pid)
   s_wk=$(cpu_used "$work/$name.cpu.none" "${wpids[@]}") s_sb=$(cpu_used "$work/$name.cpu.sandbox" "$sb_pid")
   s_cpu="postgres $s_pg s, redis $s_rd s, workers $s_wk s, sandbox $s_sb s over $(awk -v a="$t_start" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.1f", b - a }') s"
   # CPU a planned recipient, µs: "postgres redis workers sandbox" (run_compare reads them too).
