@@ -291,7 +291,8 @@ func (c *Store) ClaimWindow(ctx context.Context, camp *campaign.Campaign, nonce 
 	// take in one by one). A call whose claims or answers differ sends them each.
 	value, perClaim := sharedValue(len(scs), func(i int) string { return scs[i].Value })
 	inflight, perAnswer := sharedValue(len(prev), func(i int) string { return prev[i].InFlight })
-	marks := len(markKeys(camp.Channel, "", now, camp.FrequencyCap))
+	days := markDays(camp.Channel, now, camp.FrequencyCap)
+	marks := len(days)
 	keys := make([]string, 0, 3+len(prev)+len(scs)*(1+marks))
 	keys = append(keys, EpochKey, g.Halt, pauseKey)
 	args := make([]any, 0, 14+2*len(prev)+2*len(scs))
@@ -306,7 +307,7 @@ func (c *Store) ClaimWindow(ctx context.Context, camp *campaign.Campaign, nonce 
 	}
 	for _, sc := range scs {
 		keys = append(keys, sc.Key)
-		keys = append(keys, markKeys(camp.Channel, sc.Addr, now, camp.FrequencyCap)...)
+		keys = days.appendKeys(keys, sc.Addr)
 		if perClaim {
 			args = append(args, nonce+"/"+sc.Value)
 		}

@@ -6,7 +6,6 @@
 package state
 
 import (
-	"hash/fnv"
 	"strconv"
 	"strings"
 	"time"
@@ -76,10 +75,17 @@ func FrequencyKey(ch campaign.Channel, address string, t time.Time) string {
 	return markKey(ch, markShard(address), t.UnixMilli()/markDay.Milliseconds())
 }
 
+// markShard is the FNV-1a hash (32 bits) of address modulo markShards, written out: hash/fnv's costs an
+// allocation a recipient for the hasher and another for the bytes. It must stay FNV-1a, so that marks
+// written before are found in the same hashes (TestMarkShardIsFNV1a).
 func markShard(address string) uint32 {
-	h := fnv.New32a()
-	h.Write([]byte(address)) //nolint:errcheck // hashes never fail
-	return h.Sum32() % markShards
+	const offset, prime = 2166136261, 16777619
+	h := uint32(offset)
+	for i := 0; i < len(address); i++ {
+		h ^= uint32(address[i])
+		h *= prime
+	}
+	return h % markShards
 }
 
 func markKey(ch campaign.Channel, shard uint32, day int64) string {
@@ -88,12 +94,30 @@ func markKey(ch campaign.Channel, shard uint32, day int64) string {
 
 // markKeys are the hashes a check at now with cap must read, today's first (the one a new mark goes to).
 func markKeys(ch campaign.Channel, address string, now time.Time, cap time.Duration) []string {
-	shard := markShard(address)
+	return markDays(ch, now, cap).appendKeys(nil, address)
+}
+
+// markDayPrefixes are the key prefixes of the day hashes a check at some moment with some cap reads,
+// today's first ("freq:<channel>:<day>:"), made once for the recipients of a call.
+type markDayPrefixes []string
+
+// markDays returns the prefixes of the days a check at now with cap reads (markKeys).
+func markDays(ch campaign.Channel, now time.Time, cap time.Duration) markDayPrefixes {
 	today := now.UnixMilli() / markDay.Milliseconds()
 	first := (now.UnixMilli() - cap.Milliseconds()) / markDay.Milliseconds()
-	keys := []string{markKey(ch, shard, today)}
-	for d := today - 1; d >= first; d-- {
-		keys = append(keys, markKey(ch, shard, d))
+	days := make(markDayPrefixes, 0, 1+max(0, today-first))
+	for d := today; d == today || d >= first; d-- {
+		days = append(days, "freq:"+string(ch)+":"+strconv.FormatInt(d, 10)+":")
+	}
+	return days
+}
+
+// appendKeys appends address's hash of each day to keys.
+func (days markDayPrefixes) appendKeys(keys []string, address string) []string {
+	var buf [10]byte
+	shard := strconv.AppendUint(buf[:0], uint64(markShard(address)), 10)
+	for _, p := range days {
+		keys = append(keys, p+string(shard))
 	}
 	return keys
 }
