@@ -21,7 +21,8 @@ type Renderer struct {
 	Mailto      string
 }
 
-// Render renders r's message (To is r's address) and returns the template's data with it.
+// Render renders r's message (To is r's address) and returns the template's data with it: the values the
+// template reads (Template.DataOf), or every value when they go to a provider's template or a push's data.
 func (rd *Renderer) Render(r *campaign.Recipient) (providers.Message, map[string]any, error) {
 	c := rd.Campaign
 	var listUnsubscribe string
@@ -32,12 +33,18 @@ func (rd *Renderer) Render(r *campaign.Recipient) (providers.Message, map[string
 			listUnsubscribe += ", <mailto:" + rd.Mailto + "?subject=unsubscribe%20" + rd.Unsubscribe.Token(c.ID, r.UserID) + ">"
 		}
 	}
-	data := r.TemplateData(c.Channel, c.Name)
+	ch := c.Channel.Spec()
+	var data map[string]any
+	if c.TemplateID != "" || ch.Data {
+		// Every value goes to the provider's template or the push's data.
+		data = r.TemplateData(c.Channel, c.Name)
+	} else {
+		data = rd.Tmpl.DataOf(r, c.Channel, c.Name)
+	}
 	parts, err := rd.Tmpl.RenderParts(data)
 	if err != nil {
 		return providers.Message{}, nil, err
 	}
-	ch := c.Channel.Spec()
 	if ch.Segmented {
 		if err := campaign.CheckSMSLength(parts.Text, c.MaxSegments); err != nil {
 			return providers.Message{}, nil, fmt.Errorf("the message %w", err)
