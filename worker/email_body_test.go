@@ -10,6 +10,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 
@@ -254,5 +255,35 @@ func TestEmailRequestsReachTheSandboxAsRendered(t *testing.T) {
 				t.Errorf("recorded messages (-rendered +recorded):\n%s", diff)
 			}
 		})
+	}
+}
+
+// A commercial e-mail's List-Unsubscribe header is its recipient's signed link, and with a mailto address
+// the mailto link with the link's token, for user IDs of any length; the link the template gets is the one
+// in the header.
+func TestListUnsubscribeIsTheSignedLinkAndItsToken(t *testing.T) {
+	t.Parallel()
+	c := &campaign.Campaign{ID: 4217, Name: "golden", Channel: campaign.ChannelEmail}
+	tmpl, err := campaign.ParseContent(campaign.Content{Subject: "s", Text: "{{.unsubscribe_url}}"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mailto := range []string{"", "cik@example.com", "çok-uzun-bir-adres-" + strings.Repeat("x", 300) + "@example.com"} {
+		rd := Renderer{Campaign: c, Tmpl: tmpl, Unsubscribe: testSigner, Mailto: mailto}
+		for _, user := range []string{"u", "c00000100", strings.Repeat("ş", 150), strings.Repeat("u/", 400)} {
+			r := campaign.Recipient{UserID: user, Address: "a@example.com"}
+			m, _, err := rd.Render(&r)
+			if err != nil {
+				t.Fatal(err)
+			}
+			url := testSigner.URL(c.ID, user)
+			want := "<" + url + ">"
+			if mailto != "" {
+				want += ", <mailto:" + mailto + "?subject=unsubscribe%20" + testSigner.Token(c.ID, user) + ">"
+			}
+			if m.ListUnsubscribe != want || r.UnsubscribeURL != url || m.Body != url {
+				t.Errorf("user %.20q, mailto %.20q: header %q, link %q, text %q; want %q and %q", user, mailto, m.ListUnsubscribe, r.UnsubscribeURL, m.Body, want, url)
+			}
+		}
 	}
 }

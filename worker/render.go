@@ -1,6 +1,7 @@
 package worker
 
 import (
+	"bytes"
 	"fmt"
 	"strings"
 
@@ -27,11 +28,7 @@ func (rd *Renderer) Render(r *campaign.Recipient) (providers.Message, map[string
 	c := rd.Campaign
 	var listUnsubscribe string
 	if rd.Unsubscribe != nil {
-		r.UnsubscribeURL = rd.Unsubscribe.URL(c.ID, r.UserID)
-		listUnsubscribe = "<" + r.UnsubscribeURL + ">"
-		if rd.Mailto != "" {
-			listUnsubscribe += ", <mailto:" + rd.Mailto + "?subject=unsubscribe%20" + rd.Unsubscribe.Token(c.ID, r.UserID) + ">"
-		}
+		listUnsubscribe, r.UnsubscribeURL = rd.listUnsubscribe(c.ID, r.UserID)
 	}
 	ch := c.Channel.Spec()
 	var data map[string]any
@@ -67,4 +64,25 @@ func (rd *Renderer) Render(r *campaign.Recipient) (providers.Message, map[string
 		}
 	}
 	return m, data, nil
+}
+
+// listUnsubscribe returns the List-Unsubscribe header of userID's message, "<URL>" and the mailto link with
+// the URL's token where Mailto is set, and the URL, which the header holds: the link is signed once and
+// both are one string.
+func (rd *Renderer) listUnsubscribe(campaignID int64, userID string) (header, url string) {
+	var buf [256]byte
+	b := append(buf[:0], '<')
+	b = rd.Unsubscribe.AppendURL(b, campaignID, userID)
+	end := len(b)
+	b = append(b, '>')
+	if rd.Mailto != "" {
+		token := b[bytes.LastIndexByte(b[:end], '/')+1 : end]
+		b = append(b, ", <mailto:"...)
+		b = append(b, rd.Mailto...)
+		b = append(b, "?subject=unsubscribe%20"...)
+		b = append(b, token...)
+		b = append(b, '>')
+	}
+	header = string(b)
+	return header, header[1:end]
 }
