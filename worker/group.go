@@ -130,7 +130,11 @@ func (h *Handler) sendGroup(ctx, waitCtx context.Context, run *batchRun, b provi
 		if err == nil { // accepted
 			vals := make([]string, len(rs))
 			for i, r := range rs {
-				vals[i] = state.SentValue(res[i].MessageID, res[i].Segments)
+				if i > 0 && res[i] == res[i-1] {
+					vals[i] = vals[i-1] // one request, one message ID: its value is made once
+				} else {
+					vals[i] = state.SentValue(res[i].MessageID, res[i].Segments)
+				}
 				run.add(campaign.Outcome{UserID: r.UserID, Status: campaign.StatusSent, MessageID: res[i].MessageID, Segments: res[i].Segments})
 			}
 			run.m.Sent(len(rs))
