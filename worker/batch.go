@@ -146,6 +146,8 @@ func (h *Handler) RunBatch(ctx context.Context, campaignID int64, batch int) err
 			chunkSize = min(chunkSize, max(1, int(rate)))
 		}
 	}
+	// A chunk's outcomes are buffered until it is written: room for a whole chunk's from the start.
+	run.pending = make([]campaign.Outcome, 0, min(chunkSize, len(recipients)))
 	var stop error
 	queue := recipients
 	for len(queue) > 0 && stop == nil {
@@ -376,7 +378,7 @@ func (h *Handler) gate(ctx context.Context, run *batchRun, chunk []campaign.Reci
 		}
 		run.inherited[u] = true
 	}
-	todo := chunk[:0:0]
+	todo := make([]campaign.Recipient, 0, len(chunk))
 	inChunk := make(map[string]bool, len(chunk))
 	for _, r := range chunk {
 		inChunk[r.UserID] = true
@@ -398,8 +400,12 @@ func (h *Handler) gate(ctx context.Context, run *batchRun, chunk []campaign.Reci
 			todo = append([]campaign.Recipient{{UserID: u, Suspect: true}}, todo...)
 		}
 	}
-	for u, snap := range got.Snapshots {
-		run.snapshots[u] = snap
+	if len(run.snapshots) == 0 && got.Snapshots != nil {
+		run.snapshots = got.Snapshots // the lease's own map, as large as the chunk: taken, not copied
+	} else {
+		for u, snap := range got.Snapshots {
+			run.snapshots[u] = snap
+		}
 	}
 	return mode, todo, nil
 }
