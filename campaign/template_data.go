@@ -12,7 +12,8 @@ import (
 // that allocates nothing but the values.
 
 // readsOnly returns the fields t reads when every part of t is plain, each once, and nil when a part is
-// not (the template packages then render it, and it may read any value: see DataOf).
+// not (the template packages then render it, and it may read any value: see DataOf). Each field segment
+// of the parts is given its field's index in them.
 func (t *Template) readsOnly() []string {
 	if t.t == nil || t.plainText == nil || (t.subject != nil && t.plainSubject == nil) || (t.html != nil && t.plainHTMLPart == nil) {
 		return nil
@@ -22,8 +23,13 @@ func (t *Template) readsOnly() []string {
 		if p == nil {
 			continue
 		}
-		for _, s := range p.segs {
-			if s.field != "" && !contains(fields, s.field) {
+		for i := range p.segs {
+			s := &p.segs[i]
+			if s.field == "" {
+				continue
+			}
+			if s.idx = index(fields, s.field); s.idx < 0 {
+				s.idx = len(fields)
 				fields = append(fields, s.field)
 			}
 		}
@@ -31,13 +37,14 @@ func (t *Template) readsOnly() []string {
 	return fields
 }
 
-func contains(ss []string, s string) bool {
-	for _, x := range ss {
+// index is the index of s in ss, or -1.
+func index(ss []string, s string) int {
+	for i, x := range ss {
 		if x == s {
-			return true
+			return i
 		}
 	}
-	return false
+	return -1
 }
 
 // DataOf returns the values of r.TemplateData(ch, campaignName) that t reads, for rendering r's message
@@ -50,7 +57,13 @@ func (t *Template) DataOf(r *Recipient, ch Channel, campaignName string) map[str
 		return r.TemplateData(ch, campaignName)
 	}
 	data := make(map[string]any, len(fields))
-	if len(fields) > 0 && len(r.Vars) > 0 && !decodeFields(r.Vars, fields, data) {
+	if len(fields) > 0 && len(r.Vars) > 0 && !scanFields(r.Vars, fields, func(k int, raw []byte) {
+		if v, null := value(raw); null {
+			delete(data, fields[k])
+		} else {
+			data[fields[k]] = v
+		}
+	}) {
 		return r.TemplateData(ch, campaignName)
 	}
 	// The values the engine adds win over columns of the same name, as in TemplateData.
@@ -72,10 +85,10 @@ func (t *Template) DataOf(r *Recipient, ch Channel, campaignName string) map[str
 	return data
 }
 
-// decodeFields puts into data the members of the JSON object vars named in fields, each decoded as
-// TemplateData's json.Decoder (UseNumber) decodes it, a null left out and a repeated name taking its last
-// value. It reports false, having put nothing, when vars is not one valid JSON object.
-func decodeFields(vars []byte, fields []string, data map[string]any) bool {
+// scanFields calls f with the index in fields and the raw value of each member of the JSON object vars
+// that fields names, in the object's order (a repeated name comes again: the last one is the decoder's).
+// It reports false, having called nothing, when vars is not one valid JSON object.
+func scanFields(vars []byte, fields []string, f func(k int, raw []byte)) bool {
 	// Valid first: the decoder takes nothing from a row with a syntax error anywhere.
 	if !json.Valid(vars) {
 		return false
@@ -91,12 +104,8 @@ func decodeFields(vars []byte, fields []string, data map[string]any) bool {
 		i = skipSpace(vars, kEnd)
 		i = skipSpace(vars, i+1) // the colon
 		vEnd := skipValue(vars, i)
-		if f, ok := field(key, fields); ok {
-			if v, null := value(vars[i:vEnd]); null {
-				delete(data, f)
-			} else {
-				data[f] = v
-			}
+		if k := field(key, fields); k >= 0 {
+			f(k, vars[i:vEnd])
 		}
 		i = skipSpace(vars, vEnd)
 		if i < len(vars) && vars[i] == ',' {
@@ -106,21 +115,39 @@ func decodeFields(vars []byte, fields []string, data map[string]any) bool {
 	return true
 }
 
-// field returns the name of fields the quoted key (without its quotes) spells, if any.
-func field(key []byte, fields []string) (string, bool) {
+// field returns the index of the name in fields the quoted key (without its quotes) spells, or -1.
+func field(key []byte, fields []string) int {
 	if bytes.IndexByte(key, '\\') >= 0 {
 		var k string
 		if json.Unmarshal(append(append([]byte{'"'}, key...), '"'), &k) != nil {
-			return "", false
+			return -1
 		}
 		key = []byte(k)
 	}
-	for _, f := range fields {
+	for i, f := range fields {
 		if string(key) == f {
-			return f, true
+			return i
 		}
 	}
-	return "", false
+	return -1
+}
+
+// rowText is value(raw) as a plain form prints it, for a string or a number; null for a null, other for any
+// other value.
+func rowText(raw []byte) (s string, null, other bool) {
+	switch c := raw[0]; {
+	case c == '"':
+		if s := raw[1 : len(raw)-1]; bytes.IndexByte(s, '\\') < 0 && utf8.Valid(s) {
+			return string(s), false, false
+		}
+		json.Unmarshal(raw, &s) //nolint:errcheck // a valid string; unquoted as into an interface
+		return s, false, false
+	case c == '-' || ('0' <= c && c <= '9'):
+		return string(raw), false, false
+	case c == 'n':
+		return "", true, false
+	}
+	return "", false, true
 }
 
 // value decodes one valid JSON value as a json.Decoder with UseNumber decodes it into an interface.

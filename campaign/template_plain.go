@@ -23,6 +23,7 @@ type plainTemplate struct {
 // plainSeg is literal text, or the value of field when field is not empty.
 type plainSeg struct {
 	text, field string
+	idx         int // field's index in the template's plainFields, when every part is plain
 }
 
 // htmlValue escapes a value as html/template's escaper for HTML text and quoted attribute values does.
@@ -133,7 +134,7 @@ func (p *plainTemplate) render(data map[string]any) (out string, ok bool, err er
 func plainValue(data map[string]any, field string) (str string, ok bool, err error) {
 	v, found := data[field]
 	if !found {
-		return "", true, fmt.Errorf("%w: template uses {{.%s}} but there is no such value", ErrInvalid, field)
+		return "", true, noValue(field)
 	}
 	switch v := v.(type) {
 	case string:
@@ -142,6 +143,11 @@ func plainValue(data map[string]any, field string) (str string, ok bool, err err
 		return string(v), true, nil
 	}
 	return "", false, nil
+}
+
+// noValue is the error of a template that names a value the data lacks, in RenderParts' words.
+func noValue(field string) error {
+	return fmt.Errorf("%w: template uses {{.%s}} but there is no such value", ErrInvalid, field)
 }
 
 // plainHTML returns the plain form of an HTML template, or nil. html/template escapes a template when it

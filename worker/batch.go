@@ -36,11 +36,7 @@ type batchRun struct {
 	// snapshots are the consent records read with the chunk's lease, by user, for the outcomes' audit.
 	snapshots map[string]campaign.ConsentRecord
 	tmpl      *campaign.Template
-	// shared is the e-mail's text and HTML written once with a tag for each value (nil when the template
-	// is not plain text and values), and sharedForm what gives each recipient's values for its tags.
-	shared     *providers.Shared
-	sharedForm *campaign.SharedForm
-	lease      campaign.Lease
+	lease     campaign.Lease
 	// renewAt is when the chunk's lease is renewed before the next claim.
 	renewAt time.Time
 	guard   state.Guard
@@ -290,8 +286,10 @@ func (h *Handler) newRun(c *campaign.Campaign, batch int) (*batchRun, error) {
 		run.render.Campaign, run.render.Tmpl = c, run.tmpl
 		if _, batches := run.provider.(providers.Batcher); batches && c.TemplateID == "" {
 			if f := run.tmpl.Shared(providers.SharedTagPrefix); f != nil {
-				run.sharedForm = f
-				run.shared = &providers.Shared{Text: f.Text, HTML: f.HTML, Tags: f.Tags}
+				// The e-mail's text and HTML written once with a tag for each value (when the template is
+				// plain text and values), and what gives each recipient's values for its tags.
+				run.render.Form = f
+				run.render.Shared = &providers.Shared{Text: f.Text, HTML: f.HTML, Tags: f.Tags}
 			}
 		}
 		run.limits = []limiter.Limit{

@@ -68,8 +68,8 @@ func newEmailBench(b *testing.B, n int, edit func(*campaign.Content)) *emailBenc
 	c := &campaign.Campaign{ID: 4217, Name: "email-104512", Channel: campaign.ChannelEmail}
 	e.run = &batchRun{c: c, render: Renderer{Campaign: c, Tmpl: tmpl, Unsubscribe: signer}}
 	if f := tmpl.Shared(providers.SharedTagPrefix); f != nil {
-		e.run.sharedForm = f
-		e.run.shared = &providers.Shared{Text: f.Text, HTML: f.HTML, Tags: f.Tags}
+		e.run.render.Form = f
+		e.run.render.Shared = &providers.Shared{Text: f.Text, HTML: f.HTML, Tags: f.Tags}
 	}
 	names := []string{"Ayşe", "Mehmet", "Zeynep", "Mustafa", "Elif", "Ahmet", "Şükrü", "Gülşen", "İbrahim", "Çağrı"}
 	e.rs = make([]campaign.Recipient, n)

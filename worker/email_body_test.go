@@ -111,8 +111,8 @@ func emailRequest(t *testing.T, tc emailCase, signer *unsubscribe.Signer, mailto
 	}
 	if c.TemplateID == "" {
 		if f := tmpl.Shared(providers.SharedTagPrefix); f != nil {
-			run.sharedForm = f
-			run.shared = &providers.Shared{Text: f.Text, HTML: f.HTML, Tags: f.Tags}
+			run.render.Form = f
+			run.render.Shared = &providers.Shared{Text: f.Text, HTML: f.HTML, Tags: f.Tags}
 		}
 	}
 	var ms []providers.Message
@@ -234,7 +234,7 @@ func TestEmailRequestsReachTheSandboxAsRendered(t *testing.T) {
 			for i, v := range tc.vars {
 				r := campaign.Recipient{UserID: fmt.Sprintf("c%08d", 100+i), Address: fmt.Sprintf("musteri%d@example.com", 100+i),
 					Vars: []byte(v), Code: fmt.Sprintf("KMP%06d", 7919*(i+1))}
-				m, _, err := rd.Render(&r)
+				m, err := rd.Render(&r)
 				if err != nil {
 					continue
 				}
@@ -272,7 +272,7 @@ func TestListUnsubscribeIsTheSignedLinkAndItsToken(t *testing.T) {
 		rd := Renderer{Campaign: c, Tmpl: tmpl, Unsubscribe: testSigner, Mailto: mailto}
 		for _, user := range []string{"u", "c00000100", strings.Repeat("ş", 150), strings.Repeat("u/", 400)} {
 			r := campaign.Recipient{UserID: user, Address: "a@example.com"}
-			m, _, err := rd.Render(&r)
+			m, err := rd.Render(&r)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -285,5 +285,79 @@ func TestListUnsubscribeIsTheSignedLinkAndItsToken(t *testing.T) {
 				t.Errorf("user %.20q, mailto %.20q: header %q, link %q, text %q; want %q and %q", user, mailto, m.ListUnsubscribe, r.UnsubscribeURL, m.Body, want, url)
 			}
 		}
+	}
+}
+
+// A message rendered for the shared form is the message rendered whole, but for the text and HTML it
+// leaves to the form (its parts with its values put in are the rendered ones), and a recipient whose
+// message does not render fails with the same reason either way: a missing value, a subject that would
+// hold a line break, a part too long.
+func TestSharedMessageIsTheRenderedOne(t *testing.T) {
+	t.Parallel()
+	for _, subject := range []string{
+		"{{.first_name}}, size özel bir kod",
+		// Not plain: the message is rendered whole, and goes with the shared content all the same.
+		"{{if .first_name}}{{.first_name}}{{end}}, size özel bir kod",
+	} {
+		t.Run(subject, func(t *testing.T) {
+			t.Parallel()
+			sharedMessageIsTheRenderedOne(t, subject)
+		})
+	}
+}
+
+func sharedMessageIsTheRenderedOne(t *testing.T, subject string) {
+	tmpl, err := campaign.ParseContent(campaign.Content{
+		Subject: subject,
+		Text:    "Merhaba {{.first_name}}, kodunuz {{.code}} ({{.city}}) {{.unsubscribe_url}}",
+		HTML:    "<p>Merhaba {{.first_name}},</p><p>Kodunuz: <b>{{.code}}</b> {{.city}}</p>",
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := tmpl.Shared(providers.SharedTagPrefix)
+	if f == nil {
+		t.Fatal("no shared form")
+	}
+	c := &campaign.Campaign{ID: 4217, Name: "golden", Channel: campaign.ChannelEmail}
+	whole := Renderer{Campaign: c, Tmpl: tmpl, Unsubscribe: testSigner, Mailto: "cik@example.com"}
+	shared := whole
+	shared.Form, shared.Shared = f, &providers.Shared{Text: f.Text, HTML: f.HTML, Tags: f.Tags}
+	vars := append(append([]string(nil), goldenVars...), fallbackVars...)
+	vars = append(vars,
+		`{"city": "x", "first_name": "satır\nsonu"}`,
+		`{"city": "x", "first_name": "satır\rsonu"}`,
+		`{"first_name": "eksik şehir"}`,
+		`{"city": "`+strings.Repeat("<", campaign.MaxPartBytes/4)+`", "first_name": "uzun HTML"}`,
+		`{"city": "`+strings.Repeat("ş", campaign.MaxPartBytes/2)+`", "first_name": "uzun metin"}`,
+		`[1]`, `{"city": "x", "first_name": "bozuk"`)
+	sharedMsgs := 0
+	for i, v := range vars {
+		r := campaign.Recipient{UserID: fmt.Sprintf("c%08d", 100+i), Address: fmt.Sprintf("musteri%d@example.com", 100+i),
+			Vars: []byte(v), Code: fmt.Sprintf("KMP%06d", 7919*(i+1))}
+		r2 := r
+		want, wantErr := whole.Render(&r)
+		got, gotErr := shared.Render(&r2)
+		if fmt.Sprint(gotErr) != fmt.Sprint(wantErr) {
+			t.Errorf("row %.60s: error %v, rendered whole %v", v, gotErr, wantErr)
+			continue
+		}
+		if gotErr != nil {
+			continue
+		}
+		if got.Shared != nil {
+			sharedMsgs++
+			if got.Body != "" || got.HTML != "" {
+				t.Errorf("row %.60s: a message with shared content keeps a text %q and HTML %q of its own", v, got.Body, got.HTML)
+			}
+		}
+		got.Body, got.HTML = got.Parts()
+		got.Shared, got.Values = nil, nil
+		if diff := cmp.Diff(want, got); diff != "" {
+			t.Errorf("row %.60s: (-rendered whole +for the shared form):\n%s", v, diff)
+		}
+	}
+	if sharedMsgs < len(goldenVars) {
+		t.Errorf("%d messages went with the shared content, want at least %d", sharedMsgs, len(goldenVars))
 	}
 }

@@ -35,20 +35,10 @@ func (h *Handler) prepare(ctx context.Context, run *batchRun, r *campaign.Recipi
 }
 
 // message renders the recipient's message (Renderer), with the campaign's shared content where the
-// provider takes it.
+// provider takes it (a value the shared form cannot write leaves the message rendered: its request then
+// carries every recipient's text).
 func (run *batchRun) message(r *campaign.Recipient) (providers.Message, error) {
-	m, data, err := run.render.Render(r)
-	if err != nil {
-		return providers.Message{}, err
-	}
-	if run.sharedForm != nil {
-		// A value the shared form cannot write leaves the message rendered only: its request then carries
-		// every recipient's rendered text.
-		if vals, ok, err := run.sharedForm.Values(data); ok && err == nil {
-			m.Shared, m.Values = run.shared, vals
-		}
-	}
-	return m, nil
+	return run.render.Render(r)
 }
 
 // deliverGroup sends the recipients of one chunk through a provider that takes many in one request

@@ -20,17 +20,35 @@ type Renderer struct {
 	// Unsubscribe signs the link of a commercial e-mail (nil: no link); Mailto is offered besides.
 	Unsubscribe *unsubscribe.Signer
 	Mailto      string
+	// Form, when set, is the template's shared form, and Shared its content as a provider that sends many
+	// messages in one request takes it (providers.Message.Shared): a message it can carry goes with its
+	// values, without a text and HTML of its own.
+	Form   *campaign.SharedForm
+	Shared *providers.Shared
 }
 
-// Render renders r's message (To is r's address) and returns the template's data with it: the values the
-// template reads (Template.DataOf), or every value when they go to a provider's template or a push's data.
-func (rd *Renderer) Render(r *campaign.Recipient) (providers.Message, map[string]any, error) {
+// Render renders r's message (To is r's address).
+func (rd *Renderer) Render(r *campaign.Recipient) (providers.Message, error) {
 	c := rd.Campaign
 	var listUnsubscribe string
 	if rd.Unsubscribe != nil {
 		listUnsubscribe, r.UnsubscribeURL = rd.listUnsubscribe(c.ID, r.UserID)
 	}
 	ch := c.Channel.Spec()
+	m := providers.Message{To: r.Address, TemplateID: c.TemplateID, CampaignID: c.ID, UserID: r.UserID,
+		Commercial: !c.Transactional, RecipientType: c.IYSRecipientType(), ListUnsubscribe: listUnsubscribe}
+	if rd.Form != nil && !ch.Segmented {
+		if p, ok, err := rd.Tmpl.RenderShared(rd.Form, r, c.Channel, c.Name); ok {
+			if err != nil {
+				return providers.Message{}, err
+			}
+			if err := subjectCheck(ch, p.Subject); err != nil {
+				return providers.Message{}, err
+			}
+			m.Subject, m.Shared, m.Values = p.Subject, rd.Shared, p.Values
+			return m, nil
+		}
+	}
 	var data map[string]any
 	if c.TemplateID != "" || ch.Data {
 		// Every value goes to the provider's template or the push's data.
@@ -40,19 +58,24 @@ func (rd *Renderer) Render(r *campaign.Recipient) (providers.Message, map[string
 	}
 	parts, err := rd.Tmpl.RenderParts(data)
 	if err != nil {
-		return providers.Message{}, nil, err
+		return providers.Message{}, err
 	}
 	if ch.Segmented {
 		if err := campaign.CheckSMSLength(parts.Text, c.MaxSegments); err != nil {
-			return providers.Message{}, nil, fmt.Errorf("the message %w", err)
+			return providers.Message{}, fmt.Errorf("the message %w", err)
 		}
 	}
-	if ch.SubjectHeader && strings.ContainsAny(parts.Subject, "\r\n") {
-		return providers.Message{}, nil, fmt.Errorf("the subject would hold a line break (%s)", campaign.ReasonInvalidValue)
+	if err := subjectCheck(ch, parts.Subject); err != nil {
+		return providers.Message{}, err
 	}
-	m := providers.Message{To: r.Address, Subject: parts.Subject, Body: parts.Text, HTML: parts.HTML,
-		TemplateID: c.TemplateID, CampaignID: c.ID, UserID: r.UserID,
-		Commercial: !c.Transactional, RecipientType: c.IYSRecipientType(), ListUnsubscribe: listUnsubscribe}
+	m.Subject, m.Body, m.HTML = parts.Subject, parts.Text, parts.HTML
+	if rd.Form != nil {
+		// A value only the template packages print, a subject that is not plain: rendered here, and when
+		// the values can still go into the shared content they do.
+		if vals, ok, err := rd.Form.Values(data); ok && err == nil {
+			m.Body, m.HTML, m.Shared, m.Values = "", "", rd.Shared, vals
+		}
+	}
 	if c.TemplateID != "" || ch.Data {
 		// A provider-side template (and a push's data payload) gets the values themselves.
 		m.Data = make(map[string]string, len(data))
@@ -63,7 +86,15 @@ func (rd *Renderer) Render(r *campaign.Recipient) (providers.Message, map[string
 			m.Data[k] = fmt.Sprint(v)
 		}
 	}
-	return m, data, nil
+	return m, nil
+}
+
+// subjectCheck refuses a subject that would hold a line break where the subject is a header.
+func subjectCheck(ch campaign.ChannelSpec, subject string) error {
+	if ch.SubjectHeader && strings.ContainsAny(subject, "\r\n") {
+		return fmt.Errorf("the subject would hold a line break (%s)", campaign.ReasonInvalidValue)
+	}
+	return nil
 }
 
 // listUnsubscribe returns the List-Unsubscribe header of userID's message, "<URL>" and the mailto link with

@@ -28,6 +28,9 @@ type layout struct {
 	// multi: several messages without a template; unless shared, each recipient's rendered text (and HTML,
 	// when anyHTML) are the substitutions of tags.
 	multi, anyHTML bool
+	// texts and htmls are the messages' text and HTML (Message.Parts) when the request carries them: one
+	// message, or several without shared content.
+	texts, htmls []string
 }
 
 // plan checks ms against what SendGrid refuses for a whole request (a Permanent error: nothing is sent)
@@ -49,20 +52,26 @@ func plan(ms []providers.Message) (layout, error) {
 		if m.TemplateID != l.template {
 			return layout{}, refuse("the messages of one request must share one template ID")
 		}
-		l.anyHTML = l.anyHTML || m.HTML != ""
 	}
 	l.multi = l.template == "" && len(ms) > 1
 	if l.multi {
 		l.shared = sharedOf(ms)
 	}
-	if l.multi && l.shared == nil {
+	if l.template != "" || l.shared != nil {
+		return l, nil
+	}
+	l.texts, l.htmls = make([]string, len(ms)), make([]string, len(ms))
+	for i := range ms {
+		l.texts[i], l.htmls[i] = ms[i].Parts()
+		l.anyHTML = l.anyHTML || l.htmls[i] != ""
+	}
+	if l.multi {
 		for i := range ms {
-			m := &ms[i]
-			if strings.Contains(m.Subject, textTag) || strings.Contains(m.Subject, htmlTag) {
+			if strings.Contains(ms[i].Subject, textTag) || strings.Contains(ms[i].Subject, htmlTag) {
 				// SendGrid would put the recipient's text into the subject.
 				return layout{}, refuse("a subject holds the tag that stands for a recipient's text: it must be sent alone")
 			}
-			if substitutionSize(m, l.anyHTML) > MaxSubstitutionBytes {
+			if substitutionSize(l.texts[i], l.htmls[i], l.anyHTML) > MaxSubstitutionBytes {
 				return layout{}, refuse("a rendered message is over 10,000 bytes, SendGrid's limit for substitutions: it must be sent alone")
 			}
 		}
@@ -86,7 +95,7 @@ func appendBody(b []byte, from *sgmail.Email, ms []providers.Message, l layout) 
 		if i > 0 {
 			b = append(b, ',')
 		}
-		b = w.append(b, &ms[i])
+		b = w.append(b, ms, i)
 	}
 	b = append(b, ']')
 	switch {
@@ -102,8 +111,8 @@ func appendBody(b []byte, from *sgmail.Email, ms []providers.Message, l layout) 
 		}
 		b = appendContent(b, true, textTag, html)
 	default:
-		m := &ms[0]
-		b = appendContent(b, m.Body != "" || m.HTML == "", m.Body, m.HTML)
+		text, html := l.texts[0], l.htmls[0]
+		b = appendContent(b, text != "" || html == "", text, html)
 	}
 	return append(b, '}')
 }
@@ -162,7 +171,8 @@ type pzWriter struct {
 // append appends m's personalization. Its maps have fixed keys written in sorted order: headers
 // List-Unsubscribe < List-Unsubscribe-Post, the tags -campaignctl_html- < -campaignctl_text-, custom_args
 // campaign_id < user_id.
-func (w *pzWriter) append(b []byte, m *providers.Message) []byte {
+func (w *pzWriter) append(b []byte, ms []providers.Message, i int) []byte {
+	m := &ms[i]
 	b = append(b, `{"to":[`...)
 	b = appendEmail(b, "", m.To)
 	b = append(b, ']')
@@ -197,12 +207,12 @@ func (w *pzWriter) append(b []byte, m *providers.Message) []byte {
 		if w.l.anyHTML {
 			b = appendString(b, htmlTag)
 			b = append(b, ':')
-			b = appendString(b, htmlOf(m))
+			b = appendString(b, htmlOf(w.l.texts[i], w.l.htmls[i]))
 			b = append(b, ',')
 		}
 		b = appendString(b, textTag)
 		b = append(b, ':')
-		b = appendString(b, m.Body)
+		b = appendString(b, w.l.texts[i])
 		b = append(b, '}')
 	}
 	b = append(b, `,"custom_args":{"campaign_id":"`...)
@@ -265,10 +275,9 @@ func bodySize(ms []providers.Message, l layout) int {
 			for i, v := range m.Values {
 				n += 6 + len(l.shared.Tags[i]) + len(v)
 			}
-		case l.multi:
-			n += len(m.Body) + len(m.HTML)
 		default:
-			n += len(m.Body) + len(m.HTML)
+			// An HTML part's tags are escaped (<, >, & take six bytes each): room for some.
+			n += len(l.texts[i]) + 2*len(l.htmls[i])
 		}
 	}
 	if l.shared != nil {

@@ -229,23 +229,25 @@ func sharedOf(ms []providers.Message) *providers.Shared {
 	return shared
 }
 
-// substitutionSize is what m's substitutions weigh against MaxSubstitutionBytes.
-func substitutionSize(m *providers.Message, withHTML bool) int {
-	n := len(textTag) + len(m.Body)
+// substitutionSize is what the substitutions of a message of text and HTML weigh against
+// MaxSubstitutionBytes.
+func substitutionSize(text, html string, withHTML bool) int {
+	n := len(textTag) + len(text)
 	if withHTML {
-		n += len(htmlTag) + len(htmlOf(m))
+		n += len(htmlTag) + len(htmlOf(text, html))
 	}
 	return n
 }
 
-// htmlOf is m's HTML part in a request where other messages have one. Content is shared by the whole
-// request, so a message without HTML still gets an HTML part; an empty one would show a blank mail in
-// clients that prefer HTML, so it gets its text, escaped, with its line breaks kept.
-func htmlOf(m *providers.Message) string {
-	if m.HTML != "" || m.Body == "" {
-		return m.HTML
+// htmlOf is the HTML part of a message of text and HTML in a request where other messages have one.
+// Content is shared by the whole request, so a message without HTML still gets an HTML part; an empty one
+// would show a blank mail in clients that prefer HTML, so it gets its text, escaped, with its line breaks
+// kept.
+func htmlOf(text, htmlPart string) string {
+	if htmlPart != "" || text == "" {
+		return htmlPart
 	}
-	return `<div style="white-space: pre-wrap">` + html.EscapeString(m.Body) + `</div>`
+	return `<div style="white-space: pre-wrap">` + html.EscapeString(text) + `</div>`
 }
 
 // refuse is the Permanent error for a request SendGrid would refuse as a whole; nothing was sent.
