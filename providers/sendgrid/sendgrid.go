@@ -22,6 +22,7 @@ import (
 	"net/mail"
 	"net/url"
 	"strings"
+	"sync"
 	"time"
 	"unicode"
 
@@ -81,7 +82,15 @@ type Provider struct {
 	from    *sgmail.Email
 	baseURL string
 	client  *rest.Client // shared: it holds only the *http.Client
+	// bodies holds request body buffers (*[]byte) for the next requests: a request of 1000
+	// personalizations is half a megabyte, which would be allocated, zeroed and collected each time. A
+	// buffer comes back only once net/http has read the whole body from it (wire.Tracker.Settled).
+	bodies sync.Pool
 }
+
+// maxPooledBody is the largest body buffer kept for another request: requests of a thousand copies of a
+// newsletter are rare, and their buffers are left to the collector.
+const maxPooledBody = 4 << 20
 
 var _ providers.Batcher = (*Provider)(nil)
 
@@ -177,9 +186,20 @@ func (p *Provider) SendBatch(ctx context.Context, ms []providers.Message) ([]pro
 	}
 	req := sg.GetRequest(p.key, sendPath, p.baseURL)
 	req.Method = rest.Post
-	req.Body = appendBody(make([]byte, 0, bodySize(ms, l)), p.from, ms, l)
+	buf, _ := p.bodies.Get().(*[]byte)
+	if size := bodySize(ms, l); buf == nil || cap(*buf) < size {
+		b := make([]byte, 0, size)
+		buf = &b
+	}
+	req.Body = appendBody((*buf)[:0], p.from, ms, l)
 
 	var tr wire.Tracker
+	defer func() {
+		if cap(req.Body) <= maxPooledBody && tr.Settled() {
+			*buf = req.Body[:0]
+			p.bodies.Put(buf)
+		}
+	}()
 	resp, err := p.client.SendWithContext(tr.WithTrace(ctx), req)
 	if resp == nil || resp.StatusCode == 0 {
 		if err == nil {
