@@ -315,7 +315,7 @@ func (c *Store) ClaimWindow(ctx context.Context, camp *campaign.Campaign, nonce 
 	}
 	for _, sc := range scs {
 		keys = append(keys, sc.Key)
-		keys = append(keys, markKeys(camp.Channel, sc.Addr, now, camp.FrequencyCap)...)
+		keys = appendMarkKeys(keys, camp.Channel, sc.Addr, now, camp.FrequencyCap)
 		if perClaim {
 			args = append(args, nonce+"/"+sc.Value)
 		}

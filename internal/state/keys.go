@@ -6,7 +6,6 @@
 package state
 
 import (
-	"hash/fnv"
 	"strconv"
 	"strings"
 	"time"
@@ -26,7 +25,10 @@ const (
 
 // ClaimKey is the claim of one recipient of one campaign, "sent:<campaign>:<user>" (its value: Value).
 func ClaimKey(campaignID int64, userID string) string {
-	return "sent:" + strconv.FormatInt(campaignID, 10) + ":" + userID
+	// Written into one buffer: a key a recipient, one allocation each.
+	var buf [64]byte
+	b := strconv.AppendInt(append(buf[:0], "sent:"...), campaignID, 10)
+	return string(append(append(b, ':'), userID...))
 }
 
 // HaltKey is set while a campaign is paused or cancelled; claims for sends read it.
@@ -76,22 +78,36 @@ func FrequencyKey(ch campaign.Channel, address string, t time.Time) string {
 	return markKey(ch, markShard(address), t.UnixMilli()/markDay.Milliseconds())
 }
 
+// markShard is the shard of address: its 32-bit FNV-1a hash (hash/fnv's New32a, written out: through the
+// hash.Hash interface the hash and the address's bytes were allocated each time) modulo markShards.
 func markShard(address string) uint32 {
-	h := fnv.New32a()
-	h.Write([]byte(address)) //nolint:errcheck // hashes never fail
-	return h.Sum32() % markShards
+	const offset, prime = 2166136261, 16777619
+	h := uint32(offset)
+	for i := 0; i < len(address); i++ {
+		h ^= uint32(address[i])
+		h *= prime
+	}
+	return h % markShards
 }
 
 func markKey(ch campaign.Channel, shard uint32, day int64) string {
-	return "freq:" + string(ch) + ":" + strconv.FormatInt(day, 10) + ":" + strconv.FormatUint(uint64(shard), 10)
+	var buf [64]byte
+	b := append(append(append(buf[:0], "freq:"...), ch...), ':')
+	b = strconv.AppendUint(append(strconv.AppendInt(b, day, 10), ':'), uint64(shard), 10)
+	return string(b)
 }
 
 // markKeys are the hashes a check at now with cap must read, today's first (the one a new mark goes to).
 func markKeys(ch campaign.Channel, address string, now time.Time, cap time.Duration) []string {
+	return appendMarkKeys(nil, ch, address, now, cap)
+}
+
+// appendMarkKeys appends markKeys(ch, address, now, cap) to keys.
+func appendMarkKeys(keys []string, ch campaign.Channel, address string, now time.Time, cap time.Duration) []string {
 	shard := markShard(address)
 	today := now.UnixMilli() / markDay.Milliseconds()
 	first := (now.UnixMilli() - cap.Milliseconds()) / markDay.Milliseconds()
-	keys := []string{markKey(ch, shard, today)}
+	keys = append(keys, markKey(ch, shard, today))
 	for d := today - 1; d >= first; d-- {
 		keys = append(keys, markKey(ch, shard, d))
 	}
