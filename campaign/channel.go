@@ -110,7 +110,15 @@ func (c Channel) Spec() ChannelSpec {
 }
 
 // AddressColumn is the audience column that carries the channel's address.
-func (c Channel) AddressColumn() string { return c.Spec().AddressColumn }
+func (c Channel) AddressColumn() string {
+	// Not through Spec, which copies the whole registration: a message's data asks for it.
+	for i := range registry {
+		if registry[i].Name == c {
+			return registry[i].AddressColumn
+		}
+	}
+	return ""
+}
 
 // OptInColumn is the audience column that carries a recipient's own opt-in on a channel that has no İYS
 // consent type (push_opt_in, webhook_opt_in); "" for İYS channels.

@@ -57,7 +57,7 @@ type Chunk struct {
 // cancel left. The batch is leased only while the campaign is running or cancelled (a cancelled campaign's
 // batches are closed under leases too); in any other state nothing is leased and the caller waits.
 func (s *Store) LeaseChunk(ctx context.Context, c *Campaign, users []string, l Lease) (Chunk, error) {
-	ch := Chunk{Leased: map[string]bool{}, Consent: make(map[string]bool, len(users)), Snapshots: map[string]ConsentRecord{}, Accepted: map[string]bool{}}
+	ch := Chunk{Leased: make(map[string]bool, len(users)), Consent: make(map[string]bool, len(users)), Accepted: map[string]bool{}}
 	var (
 		leased, takeover, otherEpoch bool
 		oldUsers, pend, ok, accepted []string
@@ -152,6 +152,7 @@ func (s *Store) LeaseChunk(ctx context.Context, c *Campaign, users []string, l L
 	if err != nil {
 		return ch, fmt.Errorf("lease chunk of batch %d: %w", l.Batch, err)
 	}
+	ch.Snapshots = make(map[string]ConsentRecord, len(cStatus))
 	if leased {
 		inherited := map[string]bool{}
 		if takeover {

@@ -27,6 +27,8 @@ type Template struct {
 	// The plain forms of the parts, when they are plain and render exactly as the templates do (nil when
 	// not): see template_plain.go.
 	plainText, plainSubject, plainHTMLPart *plainTemplate
+	// plainFields are the fields the parts read when every part is plain, nil when not (DataOf).
+	plainFields []string
 }
 
 // Content is the source of every part of a campaign's message.
@@ -68,6 +70,7 @@ func ParseContent(c Content) (*Template, error) {
 		}
 		t.plainHTMLPart = agreed(plainHTML(t.html), t.html.Execute)
 	}
+	t.plainFields = t.readsOnly()
 	return t, nil
 }
 
@@ -117,7 +120,9 @@ func ParseTemplate(src string) (*Template, error) {
 	if err := guardTree("message", t.Tree, len(t.Templates())); err != nil {
 		return nil, err
 	}
-	return &Template{src: src, t: t, plainText: agreed(compilePlain(t.Tree.Root, false), t.Execute)}, nil
+	tmpl := &Template{src: src, t: t, plainText: agreed(compilePlain(t.Tree.Root, false), t.Execute)}
+	tmpl.plainFields = tmpl.readsOnly()
+	return tmpl, nil
 }
 
 // Source returns the template text.

@@ -23,10 +23,42 @@ type plainTemplate struct {
 // plainSeg is literal text, or the value of field when field is not empty.
 type plainSeg struct {
 	text, field string
+	idx         int // field's index in the template's plainFields, when every part is plain
 }
 
 // htmlValue escapes a value as html/template's escaper for HTML text and quoted attribute values does.
 var htmlValue = strings.NewReplacer("\x00", "\uFFFD", `"`, "&#34;", "&", "&amp;", "'", "&#39;", "+", "&#43;", "<", "&lt;", ">", "&gt;")
+
+// writeHTMLValue writes s to b escaped as htmlValue escapes it. (htmlValue.WriteString would take b as an
+// io.Writer, and so put every builder of a render on the heap.)
+func writeHTMLValue(b *strings.Builder, s string) {
+	start := 0
+	for i := 0; i < len(s); i++ {
+		var esc string
+		switch s[i] {
+		case 0:
+			esc = "\uFFFD"
+		case '"':
+			esc = "&#34;"
+		case '&':
+			esc = "&amp;"
+		case '\'':
+			esc = "&#39;"
+		case '+':
+			esc = "&#43;"
+		case '<':
+			esc = "&lt;"
+		case '>':
+			esc = "&gt;"
+		default:
+			continue
+		}
+		b.WriteString(s[start:i])
+		b.WriteString(esc)
+		start = i + 1
+	}
+	b.WriteString(s[start:])
+}
 
 // html/template's escaper for HTML text and quoted attribute values, as the escaped tree names it.
 const htmlEscaperName = "_html_template_htmlescaper"
@@ -88,7 +120,7 @@ func (p *plainTemplate) render(data map[string]any) (out string, ok bool, err er
 			return "", ok, err
 		}
 		if p.html {
-			htmlValue.WriteString(&b, str) //nolint:errcheck // a strings.Builder does not fail
+			writeHTMLValue(&b, str)
 		} else {
 			b.WriteString(str)
 		}
@@ -102,7 +134,7 @@ func (p *plainTemplate) render(data map[string]any) (out string, ok bool, err er
 func plainValue(data map[string]any, field string) (str string, ok bool, err error) {
 	v, found := data[field]
 	if !found {
-		return "", true, fmt.Errorf("%w: template uses {{.%s}} but there is no such value", ErrInvalid, field)
+		return "", true, noValue(field)
 	}
 	switch v := v.(type) {
 	case string:
@@ -111,6 +143,11 @@ func plainValue(data map[string]any, field string) (str string, ok bool, err err
 		return string(v), true, nil
 	}
 	return "", false, nil
+}
+
+// noValue is the error of a template that names a value the data lacks, in RenderParts' words.
+func noValue(field string) error {
+	return fmt.Errorf("%w: template uses {{.%s}} but there is no such value", ErrInvalid, field)
 }
 
 // plainHTML returns the plain form of an HTML template, or nil. html/template escapes a template when it

@@ -14,6 +14,10 @@ type SharedForm struct {
 	Text, HTML string
 	Tags       []string
 	slots      []sharedSlot // what each tag stands for
+	// The slots of the text's and the HTML's values, in the parts' order, for RenderShared; and each slot's
+	// field's index in the template's plainFields (when every part is plain).
+	textSlots, htmlSlots []int
+	slotField            []int
 }
 
 // sharedSlot is one tag: a field's value as written into the text part, or (html) into the HTML part.
@@ -30,8 +34,9 @@ func (t *Template) Shared(prefix string) *SharedForm {
 		return nil
 	}
 	var slots []sharedSlot
-	index := map[sharedSlot]int{}
-	write := func(b *strings.Builder, p *plainTemplate) bool {
+	var slotField []int
+	slotOf := map[sharedSlot]int{}
+	write := func(b *strings.Builder, p *plainTemplate, segSlots *[]int) bool {
 		for _, s := range p.segs {
 			if s.field == "" {
 				if strings.Contains(s.text, prefix) {
@@ -41,24 +46,28 @@ func (t *Template) Shared(prefix string) *SharedForm {
 				continue
 			}
 			slot := sharedSlot{field: s.field, html: p.html}
-			i, ok := index[slot]
+			i, ok := slotOf[slot]
 			if !ok {
 				i = len(slots)
-				index[slot] = i
+				slotOf[slot] = i
 				slots = append(slots, slot)
+				slotField = append(slotField, index(t.plainFields, s.field))
 			}
+			*segSlots = append(*segSlots, i)
 			b.WriteString(sharedTag(prefix, i))
 		}
 		return true
 	}
 	var text, html strings.Builder
-	if !write(&text, t.plainText) {
+	var textSlots, htmlSlots []int
+	if !write(&text, t.plainText, &textSlots) {
 		return nil
 	}
-	if t.html != nil && !write(&html, t.plainHTMLPart) {
+	if t.html != nil && !write(&html, t.plainHTMLPart, &htmlSlots) {
 		return nil
 	}
-	f := &SharedForm{Text: text.String(), HTML: html.String(), Tags: make([]string, len(slots)), slots: slots}
+	f := &SharedForm{Text: text.String(), HTML: html.String(), Tags: make([]string, len(slots)), slots: slots,
+		textSlots: textSlots, htmlSlots: htmlSlots, slotField: slotField}
 	for i := range slots {
 		f.Tags[i] = sharedTag(prefix, i)
 	}
@@ -120,4 +129,134 @@ func SubstituteOnce(s string, tags, vals []string) string {
 		pairs = append(pairs, tag, vals[i])
 	}
 	return strings.NewReplacer(pairs...).Replace(s)
+}
+
+// SharedParts is a recipient's message in a SharedForm: its subject, and its values for the form's Tags.
+// The form's Text and HTML with the values put in (SubstituteOnce) are its text and HTML.
+type SharedParts struct {
+	Subject string
+	Values  []string
+}
+
+// RenderShared renders r's message as RenderParts renders it over t.DataOf(r, ch, campaignName), but for
+// f, t's shared form: the subject and the values of f's tags, without writing the text and HTML (a
+// thousand recipients' copies of a newsletter are what a request of them held). Their checks are made
+// all the same, in RenderParts' order, and fail as RenderParts fails: a value missing from the text, the
+// subject or the HTML, a part over MaxPartBytes. ok is false when r's message cannot be rendered so: a
+// value only the template packages print, a row that is not one valid JSON object, a part of t that is
+// not plain; RenderParts renders it then.
+func (t *Template) RenderShared(f *SharedForm, r *Recipient, ch Channel, campaignName string) (p SharedParts, ok bool, err error) {
+	fields := t.plainFields
+	if fields == nil {
+		return p, false, nil
+	}
+	// The row's values of the template's fields, by index: a few, kept on the stack.
+	var buf [8]rowValue
+	vals := buf[:0]
+	if len(fields) <= len(buf) {
+		vals = buf[:len(fields)]
+	} else {
+		vals = make([]rowValue, len(fields))
+	}
+	other := false
+	if len(fields) > 0 && len(r.Vars) > 0 && !scanFields(r.Vars, fields, func(k int, raw []byte) {
+		s, null, o := rowText(raw)
+		vals[k] = rowValue{s: s, set: !null, other: o}
+	}) {
+		return p, false, nil
+	}
+	addr := ch.AddressColumn()
+	for k, fd := range fields {
+		switch {
+		case fd == "user_id":
+			vals[k] = rowValue{s: r.UserID, set: true}
+		case fd == addr:
+			vals[k] = rowValue{s: r.Address, set: true}
+		case fd == "code" && r.Code != "":
+			vals[k] = rowValue{s: r.Code, set: true}
+		case fd == "campaign":
+			vals[k] = rowValue{s: campaignName, set: true}
+		case fd == "unsubscribe_url" && r.UnsubscribeURL != "":
+			vals[k] = rowValue{s: r.UnsubscribeURL, set: true}
+		}
+		other = other || (vals[k].set && vals[k].other)
+	}
+	if other {
+		return p, false, nil
+	}
+	p.Values = make([]string, len(f.slots))
+	for i, s := range f.slots {
+		if v := vals[f.slotField[i]]; v.set {
+			p.Values[i] = v.s
+			if s.html {
+				p.Values[i] = htmlValue.Replace(v.s)
+			}
+		}
+	}
+	if err := f.check(t.plainText, f.textSlots, vals, p.Values); err != nil {
+		return p, true, err
+	}
+	if t.plainSubject != nil {
+		if p.Subject, err = renderValues(t.plainSubject, vals); err != nil {
+			return p, true, err
+		}
+	}
+	if t.plainHTMLPart != nil {
+		if err := f.check(t.plainHTMLPart, f.htmlSlots, vals, p.Values); err != nil {
+			return p, true, err
+		}
+	}
+	return p, true, nil
+}
+
+// rowValue is a value of a recipient's row as a plain form prints it; other when only the template
+// packages print it.
+type rowValue struct {
+	s          string
+	set, other bool
+}
+
+// check fails as rendering the part p would: at its first missing value, or when it would be longer than
+// MaxPartBytes. slots are the slots of p's values, in order; values the slots' values.
+func (f *SharedForm) check(p *plainTemplate, slots []int, vals []rowValue, values []string) error {
+	n, j := p.size, 0
+	for _, s := range p.segs {
+		if s.field == "" {
+			continue
+		}
+		if !vals[s.idx].set {
+			return noValue(s.field)
+		}
+		n += len(values[slots[j]])
+		j++
+	}
+	if n > MaxPartBytes {
+		return limitError(errPartTooLong)
+	}
+	return nil
+}
+
+// renderValues renders p over a row's values by index, as render does over its data.
+func renderValues(p *plainTemplate, vals []rowValue) (string, error) {
+	var b strings.Builder
+	b.Grow(p.size + 16*len(p.segs))
+	for _, s := range p.segs {
+		if s.field == "" {
+			b.WriteString(s.text)
+			continue
+		}
+		v := vals[s.idx]
+		if !v.set {
+			return "", noValue(s.field)
+		}
+		if p.html {
+			writeHTMLValue(&b, v.s)
+		} else {
+			b.WriteString(v.s)
+		}
+	}
+	if b.Len() > MaxPartBytes {
+		return "", limitError(errPartTooLong)
+	}
+	return b.String(), nil
 }

@@ -9,6 +9,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 )
 
@@ -29,8 +30,9 @@ type Message struct {
 	// Shared, when set, is content the message shares with the other messages of its campaign (the same
 	// pointer for all of them), with a tag where each recipient's value goes, and Values are this
 	// message's values for its Tags, in order. A provider that sends many messages in one request may send
-	// Shared once and each recipient's values (SendGrid's substitutions) instead of every rendered Body and
-	// HTML; Body and HTML are set all the same, and putting Values in for Tags gives them byte for byte.
+	// Shared once and each recipient's values (SendGrid's substitutions) instead of every rendered text.
+	// Body and HTML are then left empty (a thousand copies of a newsletter are not kept for a request that
+	// carries one): Parts puts Values in for Tags, which gives the rendered text and HTML byte for byte.
 	Shared *Shared
 	Values []string
 	// CampaignID and UserID travel to the provider as metadata where it supports that (never PII).
@@ -46,6 +48,15 @@ type Message struct {
 	ListUnsubscribe string
 }
 
+// Parts returns m's text and HTML: Body and HTML, or, when m has Shared content, that content with m's
+// Values put in.
+func (m *Message) Parts() (text, html string) {
+	if m.Shared == nil {
+		return m.Body, m.HTML
+	}
+	return m.Shared.Parts(m.Values)
+}
+
 // OneClickPost is the List-Unsubscribe-Post header that makes a List-Unsubscribe link one-click (RFC 8058).
 const OneClickPost = "List-Unsubscribe=One-Click"
 
@@ -54,6 +65,17 @@ const OneClickPost = "List-Unsubscribe=One-Click"
 type Shared struct {
 	Text, HTML string
 	Tags       []string
+}
+
+// Parts returns s's text and HTML with values put in for its tags: each tag replaced by the value of the
+// same index, in one pass (a value is never searched for tags).
+func (s *Shared) Parts(values []string) (text, html string) {
+	pairs := make([]string, 0, 2*len(s.Tags))
+	for i, tag := range s.Tags[:min(len(s.Tags), len(values))] {
+		pairs = append(pairs, tag, values[i])
+	}
+	r := strings.NewReplacer(pairs...)
+	return r.Replace(s.Text), r.Replace(s.HTML)
 }
 
 // SharedTagPrefix starts every tag of a Shared content.

@@ -36,11 +36,7 @@ type batchRun struct {
 	// snapshots are the consent records read with the chunk's lease, by user, for the outcomes' audit.
 	snapshots map[string]campaign.ConsentRecord
 	tmpl      *campaign.Template
-	// shared is the e-mail's text and HTML written once with a tag for each value (nil when the template
-	// is not plain text and values), and sharedForm what gives each recipient's values for its tags.
-	shared     *providers.Shared
-	sharedForm *campaign.SharedForm
-	lease      campaign.Lease
+	lease     campaign.Lease
 	// renewAt is when the chunk's lease is renewed before the next claim.
 	renewAt time.Time
 	guard   state.Guard
@@ -146,6 +142,8 @@ func (h *Handler) RunBatch(ctx context.Context, campaignID int64, batch int) err
 			chunkSize = min(chunkSize, max(1, int(rate)))
 		}
 	}
+	// A chunk's outcomes are buffered until it is written: room for a whole chunk's from the start.
+	run.pending = make([]campaign.Outcome, 0, min(chunkSize, len(recipients)))
 	var stop error
 	queue := recipients
 	for len(queue) > 0 && stop == nil {
@@ -288,8 +286,10 @@ func (h *Handler) newRun(c *campaign.Campaign, batch int) (*batchRun, error) {
 		run.render.Campaign, run.render.Tmpl = c, run.tmpl
 		if _, batches := run.provider.(providers.Batcher); batches && c.TemplateID == "" {
 			if f := run.tmpl.Shared(providers.SharedTagPrefix); f != nil {
-				run.sharedForm = f
-				run.shared = &providers.Shared{Text: f.Text, HTML: f.HTML, Tags: f.Tags}
+				// The e-mail's text and HTML written once with a tag for each value (when the template is
+				// plain text and values), and what gives each recipient's values for its tags.
+				run.render.Form = f
+				run.render.Shared = &providers.Shared{Text: f.Text, HTML: f.HTML, Tags: f.Tags}
 			}
 		}
 		run.limits = []limiter.Limit{
@@ -376,7 +376,7 @@ func (h *Handler) gate(ctx context.Context, run *batchRun, chunk []campaign.Reci
 		}
 		run.inherited[u] = true
 	}
-	todo := chunk[:0:0]
+	todo := make([]campaign.Recipient, 0, len(chunk))
 	inChunk := make(map[string]bool, len(chunk))
 	for _, r := range chunk {
 		inChunk[r.UserID] = true
@@ -398,8 +398,12 @@ func (h *Handler) gate(ctx context.Context, run *batchRun, chunk []campaign.Reci
 			todo = append([]campaign.Recipient{{UserID: u, Suspect: true}}, todo...)
 		}
 	}
-	for u, snap := range got.Snapshots {
-		run.snapshots[u] = snap
+	if len(run.snapshots) == 0 && got.Snapshots != nil {
+		run.snapshots = got.Snapshots // the lease's own map, as large as the chunk: taken, not copied
+	} else {
+		for u, snap := range got.Snapshots {
+			run.snapshots[u] = snap
+		}
 	}
 	return mode, todo, nil
 }

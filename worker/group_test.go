@@ -313,7 +313,8 @@ func seedEmailAudience(t *testing.T, db *pgxpool.Pool, domain string) {
 
 // An e-mail whose parts are plain text and values reaches the provider with the campaign's shared content
 // (one pointer for the request) and its own values, which put into it give the message's rendered text
-// and HTML; the customer columns the template names are the values, escaped in the HTML.
+// and HTML; the customer columns the template names are the values, escaped in the HTML. The message
+// keeps no text and HTML of its own.
 func TestEmailMessagesCarryTheSharedContent(t *testing.T) {
 	t.Parallel()
 	rdb, _ := testredis.New(t)
@@ -335,11 +336,16 @@ func TestEmailMessagesCarryTheSharedContent(t *testing.T) {
 		if m.Shared != shared {
 			t.Fatalf("message to %s does not share the request's content", m.To)
 		}
-		if got := campaign.SubstituteOnce(shared.Text, shared.Tags, m.Values); got != m.Body || !strings.Contains(m.Body, " & <") {
-			t.Errorf("%s: text with its values %q, rendered %q", m.To, got, m.Body)
+		name := m.UserID + " & <" + m.UserID + ">"
+		text, html := m.Parts()
+		if want := "Merhaba " + name; text != want || campaign.SubstituteOnce(shared.Text, shared.Tags, m.Values) != want {
+			t.Errorf("%s: text with its values %q, want %q", m.To, text, want)
 		}
-		if got := campaign.SubstituteOnce(shared.HTML, shared.Tags, m.Values); got != m.HTML || !strings.Contains(m.HTML, " &amp; &lt;") {
-			t.Errorf("%s: HTML with its values %q, rendered %q", m.To, got, m.HTML)
+		if want := "<p>Merhaba <b>" + strings.NewReplacer("&", "&amp;", "<", "&lt;", ">", "&gt;").Replace(name) + "</b></p>"; html != want {
+			t.Errorf("%s: HTML with its values %q, want %q", m.To, html, want)
+		}
+		if m.Body != "" || m.HTML != "" {
+			t.Errorf("%s: a message with shared content keeps its own text %q and HTML %q", m.To, m.Body, m.HTML)
 		}
 	}
 }

@@ -1,6 +1,7 @@
 package worker
 
 import (
+	"bytes"
 	"fmt"
 	"strings"
 
@@ -19,36 +20,62 @@ type Renderer struct {
 	// Unsubscribe signs the link of a commercial e-mail (nil: no link); Mailto is offered besides.
 	Unsubscribe *unsubscribe.Signer
 	Mailto      string
+	// Form, when set, is the template's shared form, and Shared its content as a provider that sends many
+	// messages in one request takes it (providers.Message.Shared): a message it can carry goes with its
+	// values, without a text and HTML of its own.
+	Form   *campaign.SharedForm
+	Shared *providers.Shared
 }
 
-// Render renders r's message (To is r's address) and returns the template's data with it.
-func (rd *Renderer) Render(r *campaign.Recipient) (providers.Message, map[string]any, error) {
+// Render renders r's message (To is r's address).
+func (rd *Renderer) Render(r *campaign.Recipient) (providers.Message, error) {
 	c := rd.Campaign
 	var listUnsubscribe string
 	if rd.Unsubscribe != nil {
-		r.UnsubscribeURL = rd.Unsubscribe.URL(c.ID, r.UserID)
-		listUnsubscribe = "<" + r.UnsubscribeURL + ">"
-		if rd.Mailto != "" {
-			listUnsubscribe += ", <mailto:" + rd.Mailto + "?subject=unsubscribe%20" + rd.Unsubscribe.Token(c.ID, r.UserID) + ">"
-		}
-	}
-	data := r.TemplateData(c.Channel, c.Name)
-	parts, err := rd.Tmpl.RenderParts(data)
-	if err != nil {
-		return providers.Message{}, nil, err
+		listUnsubscribe, r.UnsubscribeURL = rd.listUnsubscribe(c.ID, r.UserID)
 	}
 	ch := c.Channel.Spec()
-	if ch.Segmented {
-		if err := campaign.CheckSMSLength(parts.Text, c.MaxSegments); err != nil {
-			return providers.Message{}, nil, fmt.Errorf("the message %w", err)
+	m := providers.Message{To: r.Address, TemplateID: c.TemplateID, CampaignID: c.ID, UserID: r.UserID,
+		Commercial: !c.Transactional, RecipientType: c.IYSRecipientType(), ListUnsubscribe: listUnsubscribe}
+	if rd.Form != nil && !ch.Segmented {
+		if p, ok, err := rd.Tmpl.RenderShared(rd.Form, r, c.Channel, c.Name); ok {
+			if err != nil {
+				return providers.Message{}, err
+			}
+			if err := subjectCheck(ch, p.Subject); err != nil {
+				return providers.Message{}, err
+			}
+			m.Subject, m.Shared, m.Values = p.Subject, rd.Shared, p.Values
+			return m, nil
 		}
 	}
-	if ch.SubjectHeader && strings.ContainsAny(parts.Subject, "\r\n") {
-		return providers.Message{}, nil, fmt.Errorf("the subject would hold a line break (%s)", campaign.ReasonInvalidValue)
+	var data map[string]any
+	if c.TemplateID != "" || ch.Data {
+		// Every value goes to the provider's template or the push's data.
+		data = r.TemplateData(c.Channel, c.Name)
+	} else {
+		data = rd.Tmpl.DataOf(r, c.Channel, c.Name)
 	}
-	m := providers.Message{To: r.Address, Subject: parts.Subject, Body: parts.Text, HTML: parts.HTML,
-		TemplateID: c.TemplateID, CampaignID: c.ID, UserID: r.UserID,
-		Commercial: !c.Transactional, RecipientType: c.IYSRecipientType(), ListUnsubscribe: listUnsubscribe}
+	parts, err := rd.Tmpl.RenderParts(data)
+	if err != nil {
+		return providers.Message{}, err
+	}
+	if ch.Segmented {
+		if err := campaign.CheckSMSLength(parts.Text, c.MaxSegments); err != nil {
+			return providers.Message{}, fmt.Errorf("the message %w", err)
+		}
+	}
+	if err := subjectCheck(ch, parts.Subject); err != nil {
+		return providers.Message{}, err
+	}
+	m.Subject, m.Body, m.HTML = parts.Subject, parts.Text, parts.HTML
+	if rd.Form != nil {
+		// A value only the template packages print, a subject that is not plain: rendered here, and when
+		// the values can still go into the shared content they do.
+		if vals, ok, err := rd.Form.Values(data); ok && err == nil {
+			m.Body, m.HTML, m.Shared, m.Values = "", "", rd.Shared, vals
+		}
+	}
 	if c.TemplateID != "" || ch.Data {
 		// A provider-side template (and a push's data payload) gets the values themselves.
 		m.Data = make(map[string]string, len(data))
@@ -59,5 +86,34 @@ func (rd *Renderer) Render(r *campaign.Recipient) (providers.Message, map[string
 			m.Data[k] = fmt.Sprint(v)
 		}
 	}
-	return m, data, nil
+	return m, nil
+}
+
+// subjectCheck refuses a subject that would hold a line break where the subject is a header.
+func subjectCheck(ch campaign.ChannelSpec, subject string) error {
+	if ch.SubjectHeader && strings.ContainsAny(subject, "\r\n") {
+		return fmt.Errorf("the subject would hold a line break (%s)", campaign.ReasonInvalidValue)
+	}
+	return nil
+}
+
+// listUnsubscribe returns the List-Unsubscribe header of userID's message, "<URL>" and the mailto link with
+// the URL's token where Mailto is set, and the URL, which the header holds: the link is signed once and
+// both are one string.
+func (rd *Renderer) listUnsubscribe(campaignID int64, userID string) (header, url string) {
+	var buf [256]byte
+	b := append(buf[:0], '<')
+	b = rd.Unsubscribe.AppendURL(b, campaignID, userID)
+	end := len(b)
+	b = append(b, '>')
+	if rd.Mailto != "" {
+		token := b[bytes.LastIndexByte(b[:end], '/')+1 : end]
+		b = append(b, ", <mailto:"...)
+		b = append(b, rd.Mailto...)
+		b = append(b, "?subject=unsubscribe%20"...)
+		b = append(b, token...)
+		b = append(b, '>')
+	}
+	header = string(b)
+	return header, header[1:end]
 }

@@ -86,7 +86,7 @@ func (a *app) testSend(ctx context.Context, o launchOptions, spec campaign.Spec,
 	if rd.Tmpl, err = campaign.ParseContent(spec.Content()); err != nil {
 		return err
 	}
-	m, _, err := rd.Render(&r)
+	m, err := rd.Render(&r)
 	if err != nil {
 		return usagef("the message for user_id %s: %v; nothing was sent", r.UserID, err)
 	}

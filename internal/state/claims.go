@@ -167,8 +167,17 @@ func (c *Store) SettleMany(ctx context.Context, keys []string, nonce string, inf
 	}
 	args := make([]any, 0, 1+2*len(keys))
 	args = append(args, c.ttl.Milliseconds())
+	// The claims of one request hold one pending value and get one answer: each argument is made once
+	// and repeated, not made again for every recipient.
+	var in, val any
 	for i := range keys {
-		args = append(args, nonce+"/"+inflight[i], nonce+"/"+vals[i])
+		if i == 0 || inflight[i] != inflight[i-1] {
+			in = nonce + "/" + inflight[i]
+		}
+		if i == 0 || vals[i] != vals[i-1] {
+			val = nonce + "/" + vals[i]
+		}
+		args = append(args, in, val)
 	}
 	lost, err := settleManyScript.Run(ctx, c.rdb, keys, args...).Int()
 	if err != nil {

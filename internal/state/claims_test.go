@@ -131,6 +131,22 @@ func TestClaimScriptsUndoWhatTheGuardsRefuse(t *testing.T) {
 		t.Fatalf("taken-over claim became %q (TTL %v)", v, left)
 	}
 
+	// settleMany: each claim gets its own answer over its own pending value, where they differ.
+	keys = []string{ClaimKey(c.ID, "d1"), ClaimKey(c.ID, "d2"), ClaimKey(c.ID, "d3"), ClaimKey(c.ID, "d4")}
+	ins := []string{mine, mine, "c|2|other-run", "c|2|other-run"}
+	answers := []string{sent, SentValue("SM00000000000000000000000000000002", 1), SentValue("SM00000000000000000000000000000002", 1), sent}
+	for i, k := range keys {
+		rdb.Set(ctx, k, nonce+"/"+ins[i], 10*time.Minute)
+	}
+	if err := cl.SettleMany(ctx, keys, nonce, ins, answers); err != nil {
+		t.Fatal(err)
+	}
+	for i, k := range keys {
+		if v, _ := get(k); v != nonce+"/"+answers[i] {
+			t.Fatalf("claim %d settled as %q, want %q", i, v, nonce+"/"+answers[i])
+		}
+	}
+
 	// claimSendMany: every recipient's mark lands in the day's hash, which gets its TTL.
 	e := &campaign.Campaign{ID: 42, Channel: campaign.ChannelEmail, CreatedAt: time.Now(), FrequencyCap: time.Hour}
 	var scs []SendClaim

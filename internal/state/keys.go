@@ -25,7 +25,10 @@ const (
 
 // ClaimKey is the claim of one recipient of one campaign, "sent:<campaign>:<user>" (its value: Value).
 func ClaimKey(campaignID int64, userID string) string {
-	return "sent:" + strconv.FormatInt(campaignID, 10) + ":" + userID
+	// Written into one buffer: a key a recipient, one allocation each.
+	var buf [64]byte
+	b := strconv.AppendInt(append(buf[:0], "sent:"...), campaignID, 10)
+	return string(append(append(b, ':'), userID...))
 }
 
 // HaltKey is set while a campaign is paused or cancelled; claims for sends read it.
@@ -77,7 +80,7 @@ func FrequencyKey(ch campaign.Channel, address string, t time.Time) string {
 
 // markShard is the FNV-1a hash (32 bits) of address modulo markShards, written out: hash/fnv's costs an
 // allocation a recipient for the hasher and another for the bytes. It must stay FNV-1a, so that marks
-// written before are found in the same hashes (TestMarkShardIsFNV1a).
+// written before are found in the same hashes (TestKeysAreSpelledAsBefore).
 func markShard(address string) uint32 {
 	const offset, prime = 2166136261, 16777619
 	h := uint32(offset)
@@ -89,7 +92,10 @@ func markShard(address string) uint32 {
 }
 
 func markKey(ch campaign.Channel, shard uint32, day int64) string {
-	return "freq:" + string(ch) + ":" + strconv.FormatInt(day, 10) + ":" + strconv.FormatUint(uint64(shard), 10)
+	var buf [64]byte
+	b := append(append(append(buf[:0], "freq:"...), ch...), ':')
+	b = strconv.AppendUint(append(strconv.AppendInt(b, day, 10), ':'), uint64(shard), 10)
+	return string(b)
 }
 
 // markKeys are the hashes a check at now with cap must read, today's first (the one a new mark goes to).

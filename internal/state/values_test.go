@@ -1,7 +1,6 @@
 package state
 
 import (
-	"hash/fnv"
 	"strings"
 	"testing"
 )
@@ -39,17 +38,5 @@ func TestSentClaimValues(t *testing.T) {
 	// Claims written before IDs were shortened still read back.
 	if st := ParseValue("s|SM0123456789abcdef0123456789abcdef|2"); st.MessageID != "SM0123456789abcdef0123456789abcdef" || st.Segments != 2 {
 		t.Errorf("old sent claim parsed as %+v", st)
-	}
-}
-
-// The frequency marks' shards are FNV-1a of the address: a mark written by an earlier version is found
-// in the same hash.
-func TestMarkShardIsFNV1a(t *testing.T) {
-	for _, a := range []string{"", "+905321234567", "musteri42@example.com", "ÇĞİÖŞÜ@örnek.com.tr", "push-token:abc"} {
-		h := fnv.New32a()
-		h.Write([]byte(a))
-		if got, want := markShard(a), h.Sum32()%markShards; got != want {
-			t.Errorf("markShard(%q) = %d, want %d", a, got, want)
-		}
 	}
 }

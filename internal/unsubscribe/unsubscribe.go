@@ -33,10 +33,20 @@ var ErrBadLink = errors.New("unsubscribe link not valid")
 type Signer struct {
 	key  []byte
 	base string
-	// macs holds HMACs keyed with key, reset between uses: a commercial e-mail campaign signs a link per
-	// recipient, and a new HMAC hashes the key's two pads again and allocates two hash states each time.
+	// macs holds signing states (an HMAC keyed with key, reset between uses, and its buffers): a
+	// commercial e-mail campaign signs a link per recipient, and a new HMAC hashes the key's two pads again
+	// and allocates two hash states each time.
 	macs sync.Pool
 }
+
+// macState is an HMAC with the buffers of one signature: the signed message and the sum.
+type macState struct {
+	h        hash.Hash
+	msg, sum []byte
+}
+
+// signed prefixes the payload (campaign ID ":" user ID) in the signed message.
+const signed = "campaignctl-unsubscribe-v1\x00"
 
 // New returns a Signer for the secret and the base URL where `campaignctl webhooks` is reached
 // (WEBHOOKS_PUBLIC_URL, without a trailing slash). The secret must be at least MinSecret bytes.
@@ -45,30 +55,51 @@ func New(secret, base string) (*Signer, error) {
 		return nil, errors.New("UNSUBSCRIBE_SECRET is shorter than 16 bytes: generate one with `openssl rand -hex 32` and give the same value to the workers and to campaignctl webhooks")
 	}
 	s := &Signer{key: []byte(secret), base: strings.TrimSuffix(base, "/")}
-	s.macs.New = func() any { return hmac.New(sha256.New, s.key) }
+	s.macs.New = func() any { return &macState{h: hmac.New(sha256.New, s.key)} }
 	return s, nil
 }
 
 // String never shows the secret.
 func (s *Signer) String() string { return "unsubscribe.Signer{base: " + s.base + "}" }
 
-func (s *Signer) mac(campaignID int64, userID string) []byte {
-	m := s.macs.Get().(hash.Hash)
-	defer s.macs.Put(m)
-	m.Reset()
-	m.Write([]byte("campaignctl-unsubscribe-v1\x00" + strconv.FormatInt(campaignID, 10) + ":" + userID))
-	return m.Sum(make([]byte, 0, sha256.Size))[:16]
+// sign signs the payload of campaignID and userID, and calls f with the payload and the signature (valid
+// only during the call).
+func (s *Signer) sign(campaignID int64, userID string, f func(payload, sig []byte)) {
+	st := s.macs.Get().(*macState)
+	st.msg = append(strconv.AppendInt(append(st.msg[:0], signed...), campaignID, 10), ':')
+	st.msg = append(st.msg, userID...)
+	st.h.Reset()
+	st.h.Write(st.msg)
+	st.sum = st.h.Sum(st.sum[:0])
+	f(st.msg[len(signed):], st.sum[:16])
+	s.macs.Put(st)
+}
+
+// appendToken appends the token for userID of campaignID to b.
+func (s *Signer) appendToken(b []byte, campaignID int64, userID string) []byte {
+	enc := base64.RawURLEncoding
+	s.sign(campaignID, userID, func(payload, sig []byte) {
+		b = append(enc.AppendEncode(b, payload), '.')
+		b = enc.AppendEncode(b, sig)
+	})
+	return b
 }
 
 // Token returns the token of the link for userID of campaignID.
 func (s *Signer) Token(campaignID int64, userID string) string {
-	enc := base64.RawURLEncoding
-	return enc.EncodeToString([]byte(strconv.FormatInt(campaignID, 10)+":"+userID)) + "." + enc.EncodeToString(s.mac(campaignID, userID))
+	return string(s.appendToken(nil, campaignID, userID))
 }
 
 // URL returns the link for userID of campaignID.
 func (s *Signer) URL(campaignID int64, userID string) string {
-	return s.base + Path + s.Token(campaignID, userID)
+	return string(s.AppendURL(nil, campaignID, userID))
+}
+
+// AppendURL appends the link for userID of campaignID to b, as URL returns it. Its token is what follows
+// its last '/' (base64url has none): a message that carries the link and the token builds both at once.
+func (s *Signer) AppendURL(b []byte, campaignID int64, userID string) []byte {
+	b = append(append(b, s.base...), Path...)
+	return s.appendToken(b, campaignID, userID)
 }
 
 // Check returns the campaign and user a token was made for, or ErrBadLink.
@@ -94,7 +125,9 @@ func (s *Signer) Check(token string) (int64, string, error) {
 	if err != nil || id <= 0 || strconv.FormatInt(id, 10) != cid {
 		return 0, "", ErrBadLink
 	}
-	if !hmac.Equal(mac, s.mac(id, user)) {
+	var good bool
+	s.sign(id, user, func(_, sig []byte) { good = hmac.Equal(mac, sig) })
+	if !good {
 		return 0, "", ErrBadLink
 	}
 	return id, user, nil

@@ -74,9 +74,18 @@ func TestTokenSignatureIsTheDocumentedHMAC(t *testing.T) {
 	for g := range 4 {
 		wg.Go(func() {
 			for i := range 200 {
-				cid, user := int64(g+1), "u"+strconv.Itoa(i)
+				// User IDs short and long (past the signing state's buffers as first made), in any script.
+				cid, user := int64(g+1)*int64(i+1), "u"+strconv.Itoa(i)+strings.Repeat("ş€", i%7*20)
 				if got := s.Token(cid, user); got != want(cid, user) {
 					t.Errorf("token of %d/%s = %s, want %s", cid, user, got, want(cid, user))
+					return
+				}
+				if got, url := s.URL(cid, user), "https://hooks.example.com/u/"+want(cid, user); got != url {
+					t.Errorf("link of %d/%s = %s, want %s", cid, user, got, url)
+					return
+				}
+				if got := string(s.AppendURL([]byte("<"), cid, user)); got != "<https://hooks.example.com/u/"+want(cid, user) {
+					t.Errorf("link of %d/%s appended to %q: %s", cid, user, "<", got)
 					return
 				}
 			}

@@ -8,7 +8,9 @@
 // sendgrid.GetRequest and sends it through one shared rest.Client whose http.Client has a timeout and a
 // RoundTripper that bounds the answer. Each request carries in its context (rest.Client sends it with the
 // context it is given) its own wire.Tracker, which follows it with net/http/httptrace to know whether it
-// was written before a transport error.
+// was written before a transport error. The request's body is the one sendgrid-go's helpers and
+// mail.GetRequestBody make, written directly (body.go) without the helpers' maps and encoding/json's
+// reflection.
 package sendgrid
 
 import (
@@ -19,8 +21,8 @@ import (
 	"net/http"
 	"net/mail"
 	"net/url"
-	"strconv"
 	"strings"
+	"sync"
 	"time"
 	"unicode"
 
@@ -80,7 +82,15 @@ type Provider struct {
 	from    *sgmail.Email
 	baseURL string
 	client  *rest.Client // shared: it holds only the *http.Client
+	// bodies holds request body buffers (*[]byte) for the next requests: a request of 1000
+	// personalizations is half a megabyte, which would be allocated, zeroed and collected each time. A
+	// buffer comes back only once net/http has read the whole body from it (wire.Tracker.Settled).
+	bodies sync.Pool
 }
+
+// maxPooledBody is the largest body buffer kept for another request: requests of a thousand copies of a
+// newsletter are rare, and their buffers are left to the collector.
+const maxPooledBody = 4 << 20
 
 var _ providers.Batcher = (*Provider)(nil)
 
@@ -170,15 +180,26 @@ func (p *Provider) SendBatch(ctx context.Context, ms []providers.Message) ([]pro
 	if len(ms) == 0 {
 		return nil, nil
 	}
-	body, err := buildMail(p.from, ms)
+	l, err := plan(ms)
 	if err != nil {
 		return nil, err
 	}
 	req := sg.GetRequest(p.key, sendPath, p.baseURL)
 	req.Method = rest.Post
-	req.Body = sgmail.GetRequestBody(body)
+	buf, _ := p.bodies.Get().(*[]byte)
+	if size := bodySize(ms, l); buf == nil || cap(*buf) < size {
+		b := make([]byte, 0, size)
+		buf = &b
+	}
+	req.Body = appendBody((*buf)[:0], p.from, ms, l)
 
 	var tr wire.Tracker
+	defer func() {
+		if cap(req.Body) <= maxPooledBody && tr.Settled() {
+			*buf = req.Body[:0]
+			p.bodies.Put(buf)
+		}
+	}()
 	resp, err := p.client.SendWithContext(tr.WithTrace(ctx), req)
 	if resp == nil || resp.StatusCode == 0 {
 		if err == nil {
@@ -198,98 +219,6 @@ func (p *Provider) SendBatch(ctx context.Context, ms []providers.Message) ([]pro
 	return out, nil
 }
 
-// buildMail builds the Mail Send body for ms, or refuses with a Permanent error what SendGrid would
-// refuse for the whole request.
-func buildMail(from *sgmail.Email, ms []providers.Message) (*sgmail.SGMailV3, error) {
-	if len(ms) > maxBatch {
-		return nil, refuse(fmt.Sprintf("batch of %d messages is over SendGrid's %d per request", len(ms), maxBatch))
-	}
-	seen := make(map[string]struct{}, len(ms))
-	template, anyHTML := ms[0].TemplateID, false
-	for _, m := range ms {
-		to := strings.ToLower(m.To)
-		if _, dup := seen[to]; dup {
-			// SendGrid answers 400 for the whole request; refusing here saves the round trip.
-			return nil, refuse("two messages of one request go to the same address")
-		}
-		seen[to] = struct{}{}
-		if m.TemplateID != template {
-			return nil, refuse("the messages of one request must share one template ID")
-		}
-		anyHTML = anyHTML || m.HTML != ""
-	}
-	multi := template == "" && len(ms) > 1
-	var shared *providers.Shared
-	if multi {
-		shared = sharedOf(ms)
-	}
-	if multi && shared == nil {
-		for _, m := range ms {
-			if strings.Contains(m.Subject, textTag) || strings.Contains(m.Subject, htmlTag) {
-				// SendGrid would put the recipient's text into the subject.
-				return nil, refuse("a subject holds the tag that stands for a recipient's text: it must be sent alone")
-			}
-			if substitutionSize(m, anyHTML) > MaxSubstitutionBytes {
-				return nil, refuse("a rendered message is over 10,000 bytes, SendGrid's limit for substitutions: it must be sent alone")
-			}
-		}
-	}
-
-	mail := sgmail.NewV3Mail()
-	mail.SetFrom(from)
-	switch {
-	case template != "":
-		mail.SetTemplateID(template)
-	case shared != nil:
-		mail.AddContent(sgmail.NewContent("text/plain", shared.Text))
-		if shared.HTML != "" {
-			mail.AddContent(sgmail.NewContent("text/html", shared.HTML))
-		}
-	case multi:
-		mail.AddContent(sgmail.NewContent("text/plain", textTag))
-		if anyHTML {
-			mail.AddContent(sgmail.NewContent("text/html", htmlTag))
-		}
-	default:
-		m := ms[0]
-		if m.Body != "" || m.HTML == "" {
-			mail.AddContent(sgmail.NewContent("text/plain", m.Body))
-		}
-		if m.HTML != "" {
-			mail.AddContent(sgmail.NewContent("text/html", m.HTML))
-		}
-	}
-	for _, m := range ms {
-		pz := sgmail.NewPersonalization()
-		pz.AddTos(sgmail.NewEmail("", m.To))
-		pz.Subject = m.Subject
-		pz.SetCustomArg("campaign_id", strconv.FormatInt(m.CampaignID, 10))
-		pz.SetCustomArg("user_id", m.UserID)
-		if m.ListUnsubscribe != "" {
-			// Per recipient: each link is signed for its own audience row.
-			pz.SetHeader("List-Unsubscribe", m.ListUnsubscribe)
-			pz.SetHeader("List-Unsubscribe-Post", providers.OneClickPost)
-		}
-		switch {
-		case template != "":
-			for k, v := range m.Data {
-				pz.SetDynamicTemplateData(k, v)
-			}
-		case shared != nil:
-			for i, tag := range shared.Tags {
-				pz.SetSubstitution(tag, m.Values[i])
-			}
-		case multi:
-			pz.SetSubstitution(textTag, m.Body)
-			if anyHTML {
-				pz.SetSubstitution(htmlTag, htmlOf(m))
-			}
-		}
-		mail.AddPersonalizations(pz)
-	}
-	return mail, nil
-}
-
 // sharedOf returns the content every message of ms shares (providers.Message.Shared) when the request can
 // carry it once with each recipient's values as substitutions, or nil: then each recipient's rendered
 // text and HTML are the substitutions. It can when every message has the same Shared with a value for each
@@ -300,7 +229,8 @@ func sharedOf(ms []providers.Message) *providers.Shared {
 	if shared == nil || shared.Text == "" {
 		return nil
 	}
-	for _, m := range ms {
+	for i := range ms {
+		m := &ms[i]
 		// SendGrid substitutes in the subject too: a subject that holds the prefix goes without tags.
 		if m.Shared != shared || len(m.Values) != len(shared.Tags) || strings.Contains(m.Subject, providers.SharedTagPrefix) {
 			return nil
@@ -319,23 +249,25 @@ func sharedOf(ms []providers.Message) *providers.Shared {
 	return shared
 }
 
-// substitutionSize is what m's substitutions weigh against MaxSubstitutionBytes.
-func substitutionSize(m providers.Message, withHTML bool) int {
-	n := len(textTag) + len(m.Body)
+// substitutionSize is what the substitutions of a message of text and HTML weigh against
+// MaxSubstitutionBytes.
+func substitutionSize(text, html string, withHTML bool) int {
+	n := len(textTag) + len(text)
 	if withHTML {
-		n += len(htmlTag) + len(htmlOf(m))
+		n += len(htmlTag) + len(htmlOf(text, html))
 	}
 	return n
 }
 
-// htmlOf is m's HTML part in a request where other messages have one. Content is shared by the whole
-// request, so a message without HTML still gets an HTML part; an empty one would show a blank mail in
-// clients that prefer HTML, so it gets its text, escaped, with its line breaks kept.
-func htmlOf(m providers.Message) string {
-	if m.HTML != "" || m.Body == "" {
-		return m.HTML
+// htmlOf is the HTML part of a message of text and HTML in a request where other messages have one.
+// Content is shared by the whole request, so a message without HTML still gets an HTML part; an empty one
+// would show a blank mail in clients that prefer HTML, so it gets its text, escaped, with its line breaks
+// kept.
+func htmlOf(text, htmlPart string) string {
+	if htmlPart != "" || text == "" {
+		return htmlPart
 	}
-	return `<div style="white-space: pre-wrap">` + html.EscapeString(m.Body) + `</div>`
+	return `<div style="white-space: pre-wrap">` + html.EscapeString(text) + `</div>`
 }
 
 // refuse is the Permanent error for a request SendGrid would refuse as a whole; nothing was sent.

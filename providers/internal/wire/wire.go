@@ -81,6 +81,17 @@ func (t *Tracker) WroteRequest(info httptrace.WroteRequestInfo) {
 	}
 }
 
+// Settled reports whether net/http is done reading the request's body: a connection was obtained and
+// every connection the request got has reported its write (net/http reports it once the body is read
+// whole into the connection's buffer, or the write failed). Only then may the buffer the body was read
+// from be written again: a round trip can end (an early answer, a cancelled context) while the body is
+// still being written.
+func (t *Tracker) Settled() bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.conns > 0 && t.writes >= t.conns
+}
+
 // Connected reports whether a connection to the server was ever obtained.
 func (t *Tracker) Connected() bool {
 	t.mu.Lock()

@@ -2,6 +2,7 @@ package wire_test
 
 import (
 	"context"
+	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -39,6 +40,61 @@ func TestTrackerFollowsRealRequests(t *testing.T) {
 		}
 		if got := tr.Written(); got != tt.written {
 			t.Errorf("%s: Written() = %v, want %v", tt.url, got, tt.written)
+		}
+	}
+}
+
+// watchedBody is a request body that counts the reads made while its tracker already said net/http was
+// done with it.
+type watchedBody struct {
+	left int
+	tr   *wire.Tracker
+	late int
+}
+
+func (b *watchedBody) Read(p []byte) (int, error) {
+	if b.tr.Settled() {
+		b.late++
+	}
+	if b.left == 0 {
+		return 0, io.EOF
+	}
+	n := min(len(p), b.left)
+	b.left -= n
+	return n, nil
+}
+
+// Settled says net/http reads a request's body no more only when it does not, including when the round
+// trip ended before the body was written (a server that answers without reading it), and says so once
+// the write is over.
+func TestSettledOnlyOnceTheBodyIsRead(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/early" {
+			w.WriteHeader(http.StatusRequestEntityTooLarge) // answers before reading 16 MiB
+			return
+		}
+		io.Copy(io.Discard, r.Body) //nolint:errcheck // only read
+	}))
+	defer srv.Close()
+	for _, path := range []string{"/early", "/read"} {
+		for range 5 {
+			var tr wire.Tracker
+			body := &watchedBody{left: 16 << 20, tr: &tr}
+			req, err := http.NewRequestWithContext(tr.WithTrace(context.Background()), http.MethodPost, srv.URL+path, body)
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp, err := srv.Client().Do(req)
+			if err == nil {
+				resp.Body.Close()
+			}
+			tr.Written() // waits for the write's report
+			if !tr.Settled() {
+				t.Fatalf("%s: not settled once the write was reported", path)
+			}
+			if body.late > 0 {
+				t.Fatalf("%s: the body was read %d times after Settled", path, body.late)
+			}
 		}
 	}
 }
