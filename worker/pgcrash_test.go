@@ -364,3 +364,59 @@ func TestReceiptBeforeLostOutcomesProvesTheSendAfterADoubleFault(t *testing.T) {
 		t.Fatalf("counts %+v, want 13 sent and 3 unknown", counts)
 	}
 }
+// `resume --resend-unknown` reads the unknown recipients and forgets their claims before it makes them
+// pending again. When what it read is an outcome committed without waiting for the WAL flush (a chunk's
+// outcomes, a moment old), and Postgres crashes after the claims are forgotten and before the resend is
+// committed, the crash takes the unknown back: the recipients are pending again, in the chunk in hand,
+// with nothing left in Redis to say their messages may have gone out. The resume failed (Postgres went
+// away); nobody asked for them to be sent again, and they must not be.
+func TestResendUnknownCrashingBeforeItsCommitResendsNobody(t *testing.T) {
+	t.Parallel()
+	c := newPGCrash(t)
+	ctx := context.Background()
+	// The second chunk's answers are held until the worker gives up: its four recipients become unknown
+	// (the sandbox accepted their messages).
+	c.store.beforeLease = func(n int) {
+		if n == 1 {
+			c.sandbox.SetFaults(sandbox.Faults{RateTimeout: 1})
+		} else {
+			c.sandbox.SetFaults(sandbox.Faults{})
+		}
+	}
+	var forgotten []string
+	c.store.crash = func() {
+		// resume --resend-unknown, up to the resend's commit.
+		users, err := c.store.Unknown(ctx, c.id)
+		if err != nil {
+			t.Error(err)
+		}
+		if err := ForgetUnanswered(ctx, c.rdb, c.campaign(t), users); err != nil {
+			t.Error(err)
+		}
+		forgotten = users
+		c.pg.Crash()
+	}
+	lost := c.firstRun(t)
+	c.sandbox.SetFaults(sandbox.Faults{})
+	if sort.Strings(forgotten); !slices.Equal(forgotten, lost) {
+		t.Fatalf("the resume read %v as unknown, want the second chunk %v", forgotten, lost)
+	}
+	c.pg.Restart()
+	c.runToEnd(t)
+
+	rs := c.recipients(t)
+	c.checkOnce(t, rs)
+	for _, r := range rs {
+		want := campaign.StatusSent
+		if slices.Contains(lost, r.user) {
+			want = campaign.StatusUnknown
+			if r.status == want && !r.everUnknown {
+				t.Errorf("%s is unknown without the mark that keeps its code out of the pool", r.user)
+			}
+		}
+		if r.status != want || len(r.messages) != 1 {
+			t.Errorf("%s: %s with %d messages, want %s and one message", r.user, r.status, len(r.messages), want)
+		}
+	}
+}
+
