@@ -15,6 +15,8 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/campaignctl/campaignctl/campaign"
+	"github.com/campaignctl/campaignctl/internal/faults"
+	"github.com/campaignctl/campaignctl/internal/state"
 	"github.com/campaignctl/campaignctl/internal/testpg"
 	"github.com/campaignctl/campaignctl/internal/testredis"
 	"github.com/campaignctl/campaignctl/providers"
@@ -112,9 +114,8 @@ func newPGCrash(t *testing.T, edit ...func(*Config)) *pgCrash {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := &pgCrash{fixture: f, pg: pg, redis: red, sandbox: sb}
-	c.store = &crashAfterRecord{Store: f.store, n: 2, crash: pg.Crash}
-	c.rdb = rdb
+	c := &pgCrash{fixture: f, pg: pg, redis: red, sandbox: sb, rdb: rdb,
+		store: &crashAfterRecord{Store: f.store, n: 2, crash: pg.Crash}}
 	// The worker as it runs in production (a window of sends, no cap, the answers written into the claims
 	// with the next claims or before the outcomes), in chunks of 4, with a short lease so that the run after
 	// the crash takes the chunk in hand over soon.
@@ -364,6 +365,7 @@ func TestReceiptBeforeLostOutcomesProvesTheSendAfterADoubleFault(t *testing.T) {
 		t.Fatalf("counts %+v, want 13 sent and 3 unknown", counts)
 	}
 }
+
 // `resume --resend-unknown` reads the unknown recipients and forgets their claims before it makes them
 // pending again. When what it read is an outcome committed without waiting for the WAL flush (a chunk's
 // outcomes, a moment old), and Postgres crashes after the claims are forgotten and before the resend is
@@ -420,3 +422,37 @@ func TestResendUnknownCrashingBeforeItsCommitResendsNobody(t *testing.T) {
 	}
 }
 
+// The claims are where a chunk's outcomes survive a Postgres crash that takes their commit back. When the
+// provider's answers could not be written into the claims (Redis did not answer that one call), Postgres
+// holds the only record of them, and the outcomes must not be committed without waiting for the WAL: the
+// same crash would otherwise turn four recipients the provider accepted, and the worker knew it, into
+// unknown ones (their claims say only that a send was in flight).
+func TestOutcomesWhoseClaimsMissedTheirAnswersSurviveACrash(t *testing.T) {
+	t.Parallel()
+	var rules *faults.State
+	c := newPGCrash(t, func(cfg *Config) {
+		rules = faults.NewState(state.New(cfg.Redis, DefaultClaimTTL))
+		cfg.State = rules
+	})
+	// The first chunk's answers go into their claims; the second chunk's do not.
+	miss := rules.Add(&faults.Rule{Match: faults.Method("SettleMany"), Skip: 1, Times: 1, Kind: faults.Fail})
+	lost := c.firstRun(t)
+	if miss.Hits() != 1 {
+		t.Fatalf("the answers' write failed %d times, want once (the second chunk's)", miss.Hits())
+	}
+	c.pg.Restart()
+	for _, u := range lost {
+		if st, _, _ := c.status(t, u); st != campaign.StatusSent {
+			t.Errorf("%s is %s after the crash, want sent: its outcome was in no claim and had to survive the crash", u, st)
+		}
+	}
+	c.runToEnd(t)
+
+	rs := c.recipients(t)
+	c.checkOnce(t, rs)
+	for _, r := range rs {
+		if r.status != campaign.StatusSent || len(r.messages) != 1 {
+			t.Errorf("%s: %s with %d messages, want sent once (in the crashed chunk: %v)", r.user, r.status, len(r.messages), slices.Contains(lost, r.user))
+		}
+	}
+}
