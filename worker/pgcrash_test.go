@@ -456,3 +456,45 @@ func TestOutcomesWhoseClaimsMissedTheirAnswersSurviveACrash(t *testing.T) {
 		}
 	}
 }
+
+// The sweeper, rather than the batch's next run, may be the one to find the chunk a crash took back (the
+// batch's task waits for its retry): once the dead run's lease has expired it reads the claims and records
+// what they say, sending nothing.
+func TestSweepSettlesTheChunkACrashTookBack(t *testing.T) {
+	t.Parallel()
+	c := newPGCrash(t)
+	lost := c.firstRun(t)
+	c.pg.Restart()
+	c.afterRestart(t, lost)
+	ctx := context.Background()
+	end := time.Now().Add(30 * time.Second)
+	for {
+		n, err := c.h.Sweep(ctx)
+		if err == nil && n > 0 {
+			break
+		}
+		if time.Now().After(end) {
+			t.Fatalf("the sweep never settled the chunk in hand (last: %d, %v)", n, err)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	if n := len(c.sandbox.Messages()); n != 8 {
+		t.Fatalf("the sandbox has %d messages after the sweep, want the 8 sent before the crash (a sweep sends nothing)", n)
+	}
+	rs := c.recipients(t)
+	for _, u := range lost {
+		r := rs[u]
+		if r.status != campaign.StatusSent || len(r.messages) != 1 || r.msgID != r.messages[0].SID {
+			t.Errorf("%s after the sweep: %s, message ID %q, %d messages; want sent with the sandbox's ID from its claim", u, r.status, r.msgID, len(r.messages))
+		}
+	}
+	if n := count(t, c.fixture, `SELECT count(*) FROM campaign_batches WHERE campaign_id = $1 AND lease_users <> '{}'`, c.id); n != 0 {
+		t.Errorf("%d batches still hold a chunk in hand after the sweep", n)
+	}
+	c.runToEnd(t)
+	rs = c.recipients(t)
+	c.checkOnce(t, rs)
+	if counts := c.counts(t); counts.Sent != 16 || counts.Unknown != 0 || counts.Pending != 0 {
+		t.Fatalf("counts %+v, want the 16 sent", counts)
+	}
+}
