@@ -66,6 +66,9 @@ type Outcome struct {
 	// Snapshot is the consent record read when the chunk was leased (Chunk.Snapshots), kept in the outcome's
 	// audit record. The zero value records none.
 	Snapshot ConsentRecord
+	// Durable says that nothing else holds the outcome (the provider's answer could not be written into
+	// the recipient's claim): Record then waits for its commit to reach the disk (see Record).
+	Durable bool
 }
 
 // ConsentRecord is a recipient's İYS consent as a worker read it when it leased the recipient's chunk: what

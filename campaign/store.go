@@ -208,10 +208,17 @@ func (s *Store) Record(ctx context.Context, campaignID int64, outcomes []Outcome
 	// Postgres crash could take back is the last fraction of a second of outcomes, and nothing is lost with
 	// them: each is in its recipient's claim in Redis, which the next run of the batch reads (the rows are
 	// still pending, and their users still in the batch's chunk in hand, whose lease was committed
-	// durably); the next durable commit of any session (the next lease) writes them to disk anyway. See
+	// durably); the next durable commit of any session (the next lease) writes them to disk anyway. An
+	// outcome that is in no claim (Durable) is committed durably, with the others of its statement. See
 	// docs/operations.md, "Durability of outcomes".
+	async := true
+	for i := range outcomes {
+		async = async && !outcomes[i].Durable
+	}
 	b := &pgx.Batch{}
-	b.Queue(`SELECT set_config('synchronous_commit', 'off', true)`)
+	if async {
+		b.Queue(`SELECT set_config('synchronous_commit', 'off', true)`)
+	}
 	b.Queue(`
 		WITH o AS (
 			SELECT * FROM unnest($2::text[], $3::text[], $4::text[], $5::text[], $6::int[],
@@ -270,7 +277,7 @@ func (s *Store) Record(ctx context.Context, campaignID int64, outcomes []Outcome
 		SELECT status, count(*) FROM upd GROUP BY status`, campaignID, users, statuses, reasons, ids, segs, lease.Batch, lease.Token,
 		cStatus, cSource, cDate, cTxn, cSynced, inHand)
 	br := s.pool.SendBatch(ctx, b)
-	err := readMoved(br, moved)
+	err := readMoved(br, async, moved)
 	if cerr := br.Close(); err == nil {
 		err = cerr
 	}
@@ -280,10 +287,12 @@ func (s *Store) Record(ctx context.Context, campaignID int64, outcomes []Outcome
 	return moved, nil
 }
 
-// readMoved reads Record's batch: the setting, then how many recipients moved to each status.
-func readMoved(br pgx.BatchResults, moved map[string]int64) error {
-	if _, err := br.Exec(); err != nil {
-		return err
+// readMoved reads Record's batch: the setting (when async), then how many recipients moved to each status.
+func readMoved(br pgx.BatchResults, async bool, moved map[string]int64) error {
+	if async {
+		if _, err := br.Exec(); err != nil {
+			return err
+		}
 	}
 	rows, err := br.Query()
 	if err != nil {

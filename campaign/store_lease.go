@@ -273,20 +273,37 @@ func (s *Store) CancelUnleased(ctx context.Context, id int64) (int64, error) {
 }
 
 // Unknown returns the users of campaign id whose outcome is unknown and whom no receipt proves sent.
+//
+// What it returns is on disk before it returns. Its caller acts on the list outside Postgres (`resume
+// --resend-unknown` forgets the recipients' claims before Resend), and an unknown outcome may be a chunk's
+// outcome committed a moment ago without waiting for the WAL flush (Record): a crash that took it back
+// after the claims were forgotten would leave the recipient pending, still in its batch's chunk in hand,
+// with nothing left to say that its message may have gone out, and the next run would send it again. So
+// the read takes a lock that is written to the WAL (FOR KEY SHARE on the campaign's row, which holds back
+// only its deletion): the transaction's commit then waits for the WAL to be flushed up to the lock, past
+// every outcome the read saw.
 func (s *Store) Unknown(ctx context.Context, id int64) ([]string, error) {
-	rows, err := s.pool.Query(ctx, `SELECT user_id FROM campaign_recipients WHERE campaign_id = $1 AND status = `+sqlUnknown+` AND delivery IS NULL`, id)
+	b := &pgx.Batch{}
+	b.Queue(`SELECT count(*) FROM (SELECT 1 FROM campaigns WHERE id = $1 FOR KEY SHARE) x`, id)
+	b.Queue(`SELECT user_id FROM campaign_recipients WHERE campaign_id = $1 AND status = `+sqlUnknown+` AND delivery IS NULL`, id)
+	br := s.pool.SendBatch(ctx, b)
+	var one int
+	err := br.QueryRow().Scan(&one)
+	var out []string
+	if err == nil {
+		var rows pgx.Rows
+		if rows, err = br.Query(); err == nil {
+			out, err = pgx.CollectRows(rows, pgx.RowTo[string])
+		}
+	}
+	// The commit, and its wait for the WAL, is the batch's end.
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
 	if err != nil {
 		return nil, fmt.Errorf("unknown recipients: %w", err)
 	}
-	var out []string
-	for rows.Next() {
-		var u string
-		if err := rows.Scan(&u); err != nil {
-			return nil, fmt.Errorf("unknown recipients: %w", err)
-		}
-		out = append(out, u)
-	}
-	return out, rows.Err()
+	return out, nil
 }
 
 // Resend moves users of campaign id from unknown back to pending, keeping their codes (a person who did

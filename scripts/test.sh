@@ -10,6 +10,11 @@ if ! command -v redis-server >/dev/null && [ ! -x /usr/bin/redis-server ]; then
   say "installing redis-server for the chaos test"
   apt_install redis-server
 fi
+# The Postgres crash tests run a private server of their own (internal/testpg: initdb, pg_ctl, postgres).
+if ! [ -x "$(pg_config --bindir 2>/dev/null)/initdb" ] && ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then
+  say "installing the PostgreSQL server programs for the crash tests"
+  apt_install postgresql
+fi
 # The UI test loads `campaignctl ui` in headless Chromium (it skips without it).
 if ! command -v chromium >/dev/null && [ ! -x /usr/bin/chromium ]; then
   say "installing chromium for the UI test"

@@ -84,7 +84,10 @@ func (h *Handler) settleRefusal(ctx context.Context, run *batchRun, m *metrics.S
 		h.state.ReleaseMany(ctx, f.keys, run.nonce, f.values)      //nolint:errcheck // a claim kept only makes the recipient unknown later
 		h.state.ReleaseMarks(ctx, run.c, run.nonce, f.addrs, f.at) //nolint:errcheck // nothing was sent
 	case ambiguous:
-		h.state.SettleMany(ctx, f.keys, run.nonce, f.values, repeat(state.ReasonValue(state.Unknown, pe.Reason()), n)) //nolint:errcheck // a claim without an answer reads as unknown too
+		if err := h.state.SettleMany(ctx, f.keys, run.nonce, f.values, repeat(state.ReasonValue(state.Unknown, pe.Reason()), n)); err != nil {
+			// A claim without an answer reads as unknown too; the outcome is committed durably all the same.
+			run.unclaimed = true
+		}
 		for _, u := range f.users {
 			run.add(campaign.Outcome{UserID: u, Status: campaign.StatusUnknown, Reason: pe.Reason()})
 		}
@@ -92,8 +95,11 @@ func (h *Handler) settleRefusal(ctx context.Context, run *batchRun, m *metrics.S
 		h.log.Warn("provider answer lost; the recipients are unknown and will not be resent automatically",
 			"campaign_id", run.c.ID, "recipients", n, "to", providers.MaskAddress(f.addrs[0]), "err", pe.Reason())
 	case refused:
-		h.state.SettleMany(ctx, f.keys, run.nonce, f.values, repeat(state.ReasonValue(state.Failed, pe.Reason()), n)) //nolint:errcheck // Postgres records the failure
-		h.state.ReleaseMarks(ctx, run.c, run.nonce, f.addrs, f.at)                                                    //nolint:errcheck // nothing reached the person
+		if err := h.state.SettleMany(ctx, f.keys, run.nonce, f.values, repeat(state.ReasonValue(state.Failed, pe.Reason()), n)); err != nil {
+			// Postgres holds the only record of the failure: it is committed durably (flush).
+			run.unclaimed = true
+		}
+		h.state.ReleaseMarks(ctx, run.c, run.nonce, f.addrs, f.at) //nolint:errcheck // nothing reached the person
 		if pe.BadAddress {
 			// An unregistered push token: no later campaign should try it.
 			for _, a := range f.addrs {

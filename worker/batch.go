@@ -42,6 +42,9 @@ type batchRun struct {
 	guard   state.Guard
 	// pending are outcomes not yet written to Postgres.
 	pending []campaign.Outcome
+	// unclaimed is set when an answer of the sends since the last flush could not be written into its
+	// claim: Postgres then holds the only record of it, and the outcomes are committed durably.
+	unclaimed bool
 	// inherited holds the users taken over from a run that died whose fate this run has not read yet
 	// (their claims may say they were sent): if the run stops before it does, they stay in the chunk in
 	// hand for the sweeper, instead of being let go as if nothing had happened to them.
@@ -520,6 +523,7 @@ func (h *Handler) flush(ctx context.Context, run *batchRun) error {
 		if o.Snapshot.Status == "" {
 			o.Snapshot = run.snapshots[o.UserID]
 		}
+		o.Durable = run.unclaimed
 	}
 	var moved map[string]int64
 	var err error
@@ -540,6 +544,7 @@ func (h *Handler) flush(ctx context.Context, run *batchRun) error {
 		}
 	}
 	run.pending = run.pending[:0]
+	run.unclaimed = false
 	delete(moved, campaign.StatusPending)
 	for st, n := range moved {
 		run.counts[st] += n

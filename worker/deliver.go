@@ -255,6 +255,8 @@ func (h *Handler) settleAnswers(ctx context.Context, run *batchRun) {
 	}
 	run.answersDue = run.answersDue[:0]
 	if err := h.state.SettleMany(ctx, keys, run.nonce, inflight, vals); err != nil {
+		// Postgres holds the only record of them: they are committed durably (flush).
+		run.unclaimed = true
 		h.log.Error("provider accepted but the claims could not be updated; Postgres will hold the outcomes", "campaign_id", run.c.ID, "recipients", len(keys), "err", err)
 	}
 }

@@ -134,6 +134,8 @@ func (h *Handler) sendGroup(ctx, waitCtx context.Context, run *batchRun, b provi
 			}
 			run.m.Sent(len(rs))
 			if err := h.state.SettleMany(ctx, keys, run.nonce, inflight, vals); err != nil {
+				// Postgres holds the only record of them: they are committed durably (flush).
+				run.unclaimed = true
 				h.log.Error("provider accepted but the claims could not be updated; Postgres will hold the outcomes", "campaign_id", run.c.ID, "recipients", len(rs), "err", err)
 			}
 			h.answered(run)

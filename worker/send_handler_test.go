@@ -94,6 +94,13 @@ func planAround(t testing.TB, n int, edit func(*campaign.Spec), during func(db *
 	t.Helper()
 	db, _ := testdb.New(t)
 	rdb, _ := testredis.New(t)
+	return planOn(t, db, rdb, n, edit, during)
+}
+
+// planOn is planAround on a migrated database and a Redis of the test's choosing (a private server it may
+// crash or empty).
+func planOn(t testing.TB, db *pgxpool.Pool, rdb *redis.Client, n int, edit func(*campaign.Spec), during func(db *pgxpool.Pool, launch func())) *fixture {
+	t.Helper()
 	ctx := context.Background()
 	exec := func(sql string, args ...any) {
 		t.Helper()

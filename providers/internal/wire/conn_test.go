@@ -572,3 +572,65 @@ func TestTransportWritesTheRequestAsNetHTTP(t *testing.T) {
 		t.Errorf("request as written (-net/http +wire):\n%s", diff)
 	}
 }
+
+// An answer the server held past the request's deadline, and sends late, is never read as the answer of
+// the next request: the connection the held request was written on is closed, not put back for the next
+// request to take unchecked (it was idle for less than a second). Read on it, the late answer would
+// record one recipient's message as another's, or a refused send as accepted.
+func TestTransportNeverReadsAHeldAnswerAsTheNextOne(t *testing.T) {
+	release := make(chan struct{})
+	var once sync.Once
+	free := func() { once.Do(func() { close(release) }) }
+	s := newServer(t, func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		if r.URL.Path == "/held" {
+			<-release
+			io.WriteString(w, "late answer to /held")
+			return
+		}
+		answer(w, r)
+	})
+	t.Cleanup(free) // before the server's Close, which waits for its handlers
+	tr, _ := newTransport(t)
+	mustSend(t, tr, http.MethodPost, s.URL+"/first", "ok /first") // a connection in the pool, as in a running worker
+
+	var trk wire.Tracker
+	ctx, cancel := context.WithTimeout(trk.WithTrace(context.Background()), 100*time.Millisecond)
+	defer cancel()
+	if _, err := send(tr, ctx, http.MethodPost, s.URL+"/held", "Body=held"); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("held request: err %v, want context.DeadlineExceeded", err)
+	}
+	if !trk.Written() {
+		t.Error("Written() = false for a request the server was holding")
+	}
+
+	// The late answer goes out once the next request is written, wherever it was written.
+	wrote := make(chan struct{})
+	next := httptrace.WithClientTrace(context.Background(), &httptrace.ClientTrace{
+		WroteRequest: func(httptrace.WroteRequestInfo) { close(wrote) },
+	})
+	type result struct {
+		body string
+		err  error
+	}
+	done := make(chan result, 1)
+	go func() {
+		body, err := send(tr, next, http.MethodPost, s.URL+"/next", "Body=next")
+		done <- result{body, err}
+	}()
+	select {
+	case <-wrote:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the next request was never written")
+	}
+	free()
+	select {
+	case r := <-done:
+		if r.err != nil || r.body != "ok /next" {
+			t.Fatalf("the next request read %q (%v), want its own answer %q", r.body, r.err, "ok /next")
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the next request got no answer")
+	}
+	s.wantDials(t, 2)
+}
