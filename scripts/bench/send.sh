@@ -158,7 +158,7 @@ send_scenario() {
   # (Forking redis-cli, curl, jq and sed five times a second took 10-15 % of the two cores.)
   local peak_file="$work/$name.redis.peak"
   (rcli -r -1 -i 0.2 INFO memory 2>/dev/null |
-    awk -F: '/^used_memory:/ { v = $2 + 0; if (v > m) { m = v; print m > f; close(f) } }' f="$peak_file") &
+    awk -F: '/^used_memory:/ { v = $2 + 0; if (v > m) { m = v; print m > f; close(f) } }' f="$peak_file") 2>/dev/null &
   local sampler=$!
   local peak=$base used deadline=$((SECONDS + SEND_TIMEOUT)) accepted=0 state="" polls=0 st
   while [ $SECONDS -lt $deadline ]; do
