@@ -69,6 +69,10 @@ type Outcome struct {
 	// Durable says that nothing else holds the outcome (the provider's answer could not be written into
 	// the recipient's claim): Record then waits for its commit to reach the disk (see Record).
 	Durable bool
+	// ReceiptKeyed says that the provider's receipts for MessageID name the campaign and the user
+	// (providers.ReceiptsNameRecipient): the audit entry then needs no place in the message-ID index
+	// (migration 0014). False, the safe value, when unknown.
+	ReceiptKeyed bool
 }
 
 // ConsentRecord is a recipient's İYS consent as a worker read it when it leased the recipient's chunk: what

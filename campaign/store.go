@@ -193,10 +193,11 @@ func (s *Store) Record(ctx context.Context, campaignID int64, outcomes []Outcome
 	n := len(outcomes)
 	users, statuses, reasons, ids := make([]string, n), make([]string, n), make([]string, n), make([]string, n)
 	segs := make([]int32, n)
+	keyed := make([]bool, n)
 	cStatus, cSource, cTxn := make([]string, n), make([]string, n), make([]string, n)
 	cDate, cSynced := make([]pgtype.Timestamptz, n), make([]pgtype.Timestamptz, n)
 	for i, o := range outcomes {
-		users[i], statuses[i], reasons[i], ids[i], segs[i] = o.UserID, o.Status, o.Reason, o.MessageID, int32(o.Segments)
+		users[i], statuses[i], reasons[i], ids[i], segs[i], keyed[i] = o.UserID, o.Status, o.Reason, o.MessageID, int32(o.Segments), o.ReceiptKeyed
 		if c := o.Snapshot; c.Status != "" {
 			cStatus[i], cSource[i], cTxn[i] = c.Status, c.Source, c.TransactionID
 			cDate[i] = pgtype.Timestamptz{Time: c.Date, Valid: !c.Date.IsZero()}
@@ -222,8 +223,8 @@ func (s *Store) Record(ctx context.Context, campaignID int64, outcomes []Outcome
 	b.Queue(`
 		WITH o AS (
 			SELECT * FROM unnest($2::text[], $3::text[], $4::text[], $5::text[], $6::int[],
-					$9::text[], $10::text[], $11::timestamptz[], $12::text[], $13::timestamptz[])
-				AS o(user_id, status, reason, msgid, segments, c_status, c_source, c_date, c_txn, c_synced)
+					$9::text[], $10::text[], $11::timestamptz[], $12::text[], $13::timestamptz[], $15::bool[])
+				AS o(user_id, status, reason, msgid, segments, c_status, c_source, c_date, c_txn, c_synced, keyed)
 		), upd AS (
 			-- Only rows of the lease's batch: the (campaign, batch) index finds them whatever the
 			-- planner believes about the campaign's size.
@@ -251,18 +252,21 @@ func (s *Store) Record(ctx context.Context, campaignID int64, outcomes []Outcome
 			  AND (o.status <> `+sqlPending+` OR EXISTS (SELECT 1 FROM campaign_batches b
 				WHERE b.campaign_id = $1 AND b.batch = $7 AND b.lease_token = $8))
 			RETURNING r.user_id, r.status, r.reason, r.provider_message_id, r.code_id AS kept,
-				o.c_status, o.c_source, o.c_date, o.c_txn, o.c_synced
+				o.c_status, o.c_source, o.c_date, o.c_txn, o.c_synced,
+				-- The message ID the row keeps is the outcome's (not a receipt's that came first).
+				o.keyed AND r.provider_message_id = o.msgid AS keyed
 		), freed AS (
 			UPDATE campaign_batches SET lease_users = $14::text[]
 			WHERE campaign_id = $1 AND batch = $7 AND lease_token = $8 AND lease_users <> $14::text[]
 		), log AS (
 			INSERT INTO send_log (campaign_id, user_id, status, reason, provider_message_id, channel, template_hash,
-				consent_status, consent_source, consent_date, consent_txn, consent_synced_at)
+				consent_status, consent_source, consent_date, consent_txn, consent_synced_at, receipt_keyed)
 			-- The campaign's columns as two subqueries, each read once for the chunk (a join read the row
 			-- again for every recipient).
 			SELECT $1, upd.user_id, upd.status, upd.reason, upd.provider_message_id,
 				(SELECT channel FROM campaigns WHERE id = $1), (SELECT template_hash FROM campaigns WHERE id = $1),
-				NULLIF(upd.c_status, ''), NULLIF(upd.c_source, ''), upd.c_date, NULLIF(upd.c_txn, ''), upd.c_synced
+				NULLIF(upd.c_status, ''), NULLIF(upd.c_source, ''), upd.c_date, NULLIF(upd.c_txn, ''), upd.c_synced,
+				coalesce(upd.keyed, false)
 			FROM upd
 		), released AS (
 			-- The statement's snapshot still shows the rows as they were: their codes before the update.
@@ -275,7 +279,7 @@ func (s *Store) Record(ctx context.Context, campaignID int64, outcomes []Outcome
 			ON CONFLICT (code_id) DO NOTHING
 		)
 		SELECT status, count(*) FROM upd GROUP BY status`, campaignID, users, statuses, reasons, ids, segs, lease.Batch, lease.Token,
-		cStatus, cSource, cDate, cTxn, cSynced, inHand)
+		cStatus, cSource, cDate, cTxn, cSynced, inHand, keyed)
 	br := s.pool.SendBatch(ctx, b)
 	err := readMoved(br, async, moved)
 	if cerr := br.Close(); err == nil {

@@ -92,8 +92,9 @@ var recordDeliveriesSQL = `
 			WHERE d.event_id = '' OR EXISTS (SELECT 1 FROM fresh f WHERE f.provider = d.provider AND f.event_id = d.event_id)
 		), keyed AS (
 			-- Two joins rather than one with OR, so that each uses its index: the primary key, or the audit
-			-- entry that recorded the message ID (the recipient rows keep no index on it, see migration 0012),
-			-- then the primary key.
+			-- entry that recorded the message ID (the recipient rows keep no index on it, see migration 0012)
+			-- of a send whose receipts do not name their recipient (the others name it, and only theirs
+			-- are indexed: migration 0014), then the primary key.
 			SELECT r.campaign_id, r.user_id, r.status AS was, d.msgid, d.status, d.error, d.at, d.rank
 			FROM todo d JOIN campaign_recipients r ON r.campaign_id = d.campaign_id AND r.user_id = d.user_id
 			WHERE d.campaign_id > 0
@@ -102,7 +103,7 @@ var recordDeliveriesSQL = `
 			FROM todo d
 			JOIN LATERAL (SELECT DISTINCT l.campaign_id, l.user_id FROM send_log l
 				WHERE hashtext(l.provider_message_id) = hashtext(d.msgid) AND l.provider_message_id IS NOT NULL
-				  AND l.provider_message_id = d.msgid) l ON true
+				  AND NOT l.receipt_keyed AND l.provider_message_id = d.msgid) l ON true
 			JOIN campaign_recipients r ON r.campaign_id = l.campaign_id AND r.user_id = l.user_id AND r.provider_message_id = d.msgid
 			WHERE d.campaign_id = 0 AND d.msgid <> ''
 		), best AS (

@@ -367,6 +367,55 @@ func TestReceiptByMessageIDUsesTheAuditIndex(t *testing.T) {
 	}
 }
 
+// A send whose receipts name their recipient (a Twilio callback URL with campaign_id and user_id, SendGrid's
+// custom_args) is audited as such and left out of the message-ID index; one whose receipts may name only
+// the message ID stays in it, and such a receipt still finds its recipient.
+func TestOnlySendsWithUnkeyedReceiptsAreIndexedByMessageID(t *testing.T) {
+	t.Parallel()
+	db, _ := testdb.New(t)
+	ctx := context.Background()
+	seedCrowd(t, db, 3)
+	addCodes(t, db, "keyed", 3)
+	store := campaign.NewStore(db)
+	a, err := (&campaign.Planner{Engine: db, Audience: db}).Plan(ctx, crowdSpec("keyed", "keyed", 3))
+	if err != nil {
+		t.Fatal(err)
+	}
+	const keyed, unkeyed = "u00001", "u00002"
+	if moved, err := store.Record(ctx, a.ID, []campaign.Outcome{
+		{UserID: keyed, Status: campaign.StatusSent, MessageID: "SMkeyed", Segments: 1, ReceiptKeyed: true},
+		{UserID: unkeyed, Status: campaign.StatusSent, MessageID: "SMunkeyed", Segments: 1},
+	}, campaign.Lease{Batch: 0}, nil); err != nil || moved[campaign.StatusSent] != 2 {
+		t.Fatalf("record: %v, %v", moved, err)
+	}
+	for user, want := range map[string]bool{keyed: true, unkeyed: false} {
+		var got bool
+		if err := db.QueryRow(ctx, `SELECT receipt_keyed FROM send_log WHERE campaign_id = $1 AND user_id = $2 AND status = 'sent'`,
+			a.ID, user).Scan(&got); err != nil {
+			t.Fatal(err)
+		}
+		if got != want {
+			t.Errorf("%s's audit entry: receipt_keyed %v, want %v", user, got, want)
+		}
+	}
+	// The index holds the unkeyed send's entry only (its predicate), and is what finds it.
+	var indexed int64
+	if err := db.QueryRow(ctx, `SELECT count(*) FROM send_log WHERE campaign_id = $1
+		AND provider_message_id IS NOT NULL AND NOT receipt_keyed`, a.ID).Scan(&indexed); err != nil {
+		t.Fatal(err)
+	}
+	if indexed != 1 {
+		t.Errorf("%d audit entries of the campaign fall under the message-ID index, want 1 (the unkeyed send's)", indexed)
+	}
+	n, err := store.RecordDeliveries(ctx, []campaign.Delivery{
+		{Provider: "twilio", MessageID: "SMunkeyed", Status: "delivered"},
+		{Provider: "twilio", MessageID: "SMkeyed", CampaignID: a.ID, UserID: keyed, Status: "delivered"},
+	})
+	if err != nil || n != 2 {
+		t.Fatalf("receipts changed %d recipients (%v), want 2: the one by message ID alone and the one by its keys", n, err)
+	}
+}
+
 // A completion that commits just before resume --resend-unknown moves the unknown recipients back to
 // pending (a batch run ending, another resume) does not strand them: Resend runs the campaign again.
 func TestResendAfterACompletionRunsTheCampaignAgain(t *testing.T) {

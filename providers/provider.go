@@ -89,6 +89,20 @@ type Result struct {
 	Segments int
 }
 
+// KeyedReceipts is implemented by a provider that knows whether its delivery receipts name the campaign
+// and the user a message was sent for (Message.CampaignID, Message.UserID): a Twilio status callback URL
+// the adapter sets for each message, SendGrid's custom_args.
+type KeyedReceipts interface {
+	ReceiptsNameRecipient() bool
+}
+
+// ReceiptsNameRecipient reports whether p's receipts name the recipient they are about, so that nobody
+// needs to find a message by its ID alone; false when p cannot say.
+func ReceiptsNameRecipient(p Provider) bool {
+	k, ok := p.(KeyedReceipts)
+	return ok && k.ReceiptsNameRecipient()
+}
+
 // Provider sends messages. Implementations are safe for concurrent use.
 type Provider interface {
 	// Name is a short stable name ("twilio", "sendgrid") used in keys, logs and metrics.

@@ -304,7 +304,8 @@ func (h *Handler) newRun(c *campaign.Campaign, batch int) (*batchRun, error) {
 		// wait need not (one round trip less per message under a cap; a token taken during a pause is
 		// lost, which only lowers the rate). Without any cap there is no wait at all.
 		run.primary = route{provider: run.provider, answerInNextClaim: run.answerInNextClaim, m: run.m,
-			pauseKey: state.PauseKey(state.ProviderBucket(run.provider.Name())), segmentsPaced: pacesSegments(run.provider)}
+			pauseKey: state.PauseKey(state.ProviderBucket(run.provider.Name())), segmentsPaced: pacesSegments(run.provider),
+			keyed: providers.ReceiptsNameRecipient(run.provider)}
 		for _, l := range run.limits {
 			// The provider's limit is kept even with no cap: its shared pace may lower it (readyToSend).
 			l.Pausable = false
@@ -312,7 +313,7 @@ func (h *Handler) newRun(c *campaign.Campaign, batch int) (*batchRun, error) {
 		}
 		if fb := h.cfg.Fallback[c.Channel]; fb != nil {
 			if _, batches := run.provider.(providers.Batcher); !batches {
-				sec := &route{provider: fb, fallback: true, segmentsPaced: pacesSegments(fb)}
+				sec := &route{provider: fb, fallback: true, segmentsPaced: pacesSegments(fb), keyed: providers.ReceiptsNameRecipient(fb)}
 				if h.cfg.Metrics != nil {
 					sec.m = h.cfg.Metrics.For(fb.Name(), string(c.Channel))
 				}

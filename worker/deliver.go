@@ -96,7 +96,7 @@ func (h *Handler) deliver(ctx, waitCtx context.Context, run *batchRun, r *campai
 				// A token wait may come before the next claim: the answer is written now.
 				h.settleAnswers(ctx, run)
 			}
-			o := campaign.Outcome{UserID: r.UserID, Status: campaign.StatusSent, MessageID: res.MessageID, Segments: res.Segments}
+			o := campaign.Outcome{UserID: r.UserID, Status: campaign.StatusSent, MessageID: res.MessageID, Segments: res.Segments, ReceiptKeyed: rt.keyed}
 			if rt.fallback {
 				o.Reason = "sent through " + rt.provider.Name() + ", the fallback (" + run.provider.Name() + " was down)"
 			}
@@ -163,6 +163,8 @@ type route struct {
 	fallback          bool
 	// segmentsPaced: the provider's limit counts SMS segments, a token each (providers.SegmentPaced).
 	segmentsPaced bool
+	// keyed: the provider's receipts name their recipient (providers.ReceiptsNameRecipient).
+	keyed bool
 }
 
 // pacesSegments says whether p's rate limit counts SMS segments rather than messages.

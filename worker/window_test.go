@@ -250,3 +250,35 @@ func TestReadyWindowTakesTheReadyInQueueOrder(t *testing.T) {
 		}
 	}
 }
+
+// keyedProvider is a provider whose receipts name their recipient (providers.KeyedReceipts).
+type keyedProvider struct{ *scriptedProvider }
+
+func (keyedProvider) ReceiptsNameRecipient() bool { return true }
+
+// Each send's audit entry says whether its receipts name the recipient, as its provider says: only the
+// others need the message-ID index (migration 0014).
+func TestSendsAuditWhetherTheirReceiptsNameTheRecipient(t *testing.T) {
+	t.Parallel()
+	for _, keyed := range []bool{false, true} {
+		f, h, _, _ := windowedFixture(t, 30, 8)
+		if keyed {
+			h.cfg.Providers[campaign.ChannelSMS] = keyedProvider{f.provider}
+		}
+		if err := h.RunBatch(context.Background(), f.id, 0); err != nil {
+			t.Fatal(err)
+		}
+		var sent, marked int64
+		if err := f.db.QueryRow(context.Background(), `SELECT count(*), count(*) FILTER (WHERE receipt_keyed) FROM send_log
+			WHERE campaign_id = $1 AND status = 'sent'`, f.id).Scan(&sent, &marked); err != nil {
+			t.Fatal(err)
+		}
+		want := int64(0)
+		if keyed {
+			want = sent
+		}
+		if sent == 0 || marked != want {
+			t.Errorf("provider keyed %v: %d of %d sends audited as keyed, want %d", keyed, marked, sent, want)
+		}
+	}
+}

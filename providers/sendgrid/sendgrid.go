@@ -140,6 +140,10 @@ func New(cfg Config) (*Provider, error) {
 // Name returns "sendgrid".
 func (p *Provider) Name() string { return "sendgrid" }
 
+// ReceiptsNameRecipient is true: every personalization carries the custom_args campaign_id and user_id,
+// which come back at the top level of each Event Webhook event about it.
+func (p *Provider) ReceiptsNameRecipient() bool { return true }
+
 // MaxBatch returns 1000, SendGrid's limit of personalizations per request.
 func (p *Provider) MaxBatch() int { return maxBatch }
 

@@ -138,8 +138,8 @@ func recorded(t *testing.T, sb *sandbox.Server) map[string]sandbox.Message {
 func TestSendOne(t *testing.T) {
 	h := newHarness(t, sandbox.Options{})
 	p := newProvider(t, h.srv.URL)
-	if p.Name() != "sendgrid" || p.MaxBatch() != 1000 {
-		t.Errorf("Name %q MaxBatch %d", p.Name(), p.MaxBatch())
+	if p.Name() != "sendgrid" || p.MaxBatch() != 1000 || !providers.ReceiptsNameRecipient(p) {
+		t.Errorf("Name %q MaxBatch %d, receipts name the recipient %v (custom_args)", p.Name(), p.MaxBatch(), providers.ReceiptsNameRecipient(p))
 	}
 	m := msg(1)
 	res, err := p.Send(context.Background(), m)

@@ -32,3 +32,23 @@ func TestCallbackURLNamesTheRecipient(t *testing.T) {
 		}
 	}
 }
+
+// Receipts name their recipient exactly when each message carries the status callback: without one, the
+// only callbacks are an account's or a Messaging Service's, which name the message SID alone.
+func TestReceiptsNameTheRecipientOnlyWithTheCallback(t *testing.T) {
+	for _, tc := range []struct {
+		callback string
+		want     bool
+	}{
+		{"", false},
+		{"https://hooks.example.com/twilio/status", true},
+	} {
+		p, err := New(Config{AccountSID: "AC00000000000000000000000000000000", AuthToken: "token", From: "+905550000000", StatusCallback: tc.callback})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := providers.ReceiptsNameRecipient(p); got != tc.want {
+			t.Errorf("callback %q: receipts name the recipient %v, want %v", tc.callback, got, tc.want)
+		}
+	}
+}

@@ -126,6 +126,12 @@ func New(cfg Config) (*Provider, error) {
 // segments: a three-segment message takes three of them.
 func (p *Provider) PacesSegments() bool { return true }
 
+// ReceiptsNameRecipient says whether the status callbacks of this provider's messages name their
+// campaign and user: they do when Config.StatusCallback is set (the worker sets it on each message, with
+// campaign_id and user_id in its query). Without one, the only receipts are those of a callback set on
+// the account or a Messaging Service, which name the message SID alone.
+func (p *Provider) ReceiptsNameRecipient() bool { return p.callback != "" }
+
 // Name returns "twilio".
 func (p *Provider) Name() string { return "twilio" }
 

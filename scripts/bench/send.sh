@@ -101,9 +101,12 @@ send_scenario() {
   if [ ${#sb_extra[@]} -gt 0 ]; then
     (sleep 3; curl -fsS -o "$work/$name.sandbox.pprof" "http://${sb_extra[1]}/debug/pprof/profile?seconds=10" 2>/dev/null || true) &
   fi
+  # The workers are configured as for receipts in production: each SMS carries its status callback (the
+  # webhooks' public address, naming the message's campaign and user) and each e-mail its custom_args. The
+  # sandbox posts callbacks only to loopback hosts, so none is delivered: the run measures the sends.
   local env=(SENDER_IDENTITY="Kampanya A.Ş."
     TWILIO_ACCOUNT_SID=ACbench0000000000000000000000000 TWILIO_AUTH_TOKEN=benchtoken TWILIO_FROM=+905550000000
-    TWILIO_BASE_URL="http://127.0.0.1:$sb_port" TWILIO_RATE="$rate"
+    TWILIO_BASE_URL="http://127.0.0.1:$sb_port" TWILIO_RATE="$rate" TWILIO_STATUS_CALLBACK=https://hooks.example.com/twilio/status
     SENDGRID_API_KEY=SG.bench-key SENDGRID_FROM=kampanya@example.com SENDGRID_BASE_URL="http://127.0.0.1:$sb_port"
     SENDGRID_RATE="$rate"
     WEBHOOKS_PUBLIC_URL=https://hooks.example.com UNSUBSCRIBE_SECRET=bench-unsubscribe-secret-0123456789)
