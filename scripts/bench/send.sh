@@ -55,6 +55,49 @@ bench_pg_pids() {
   done
 }
 
+# pg_kind_ticks: "pid kind ticks" of each of bench_pg_pids by what it does (backend, autovacuum worker,
+# WAL writer, checkpointer, background writer, postmaster), and "reaped exited ticks": the CPU of the
+# postmaster's children that have exited (an autovacuum worker that finished its table, a backend that
+# disconnected), which no live process carries any more.
+pg_kind_ticks() {
+  local p cmd kind
+  for p in $(bench_pg_pids); do
+    cmd=$(tr '\0' ' ' <"/proc/$p/cmdline" 2>/dev/null) || continue
+    case "$cmd" in
+      *"autovacuum worker"*) kind=autovacuum ;;
+      *": walwriter"*) kind=walwriter ;;
+      *": checkpointer"*) kind=checkpointer ;;
+      *": background writer"*) kind=bgwriter ;;
+      *": autovacuum launcher"* | *": logical replication launcher"* | *": archiver"*) kind=other ;;
+      *"/bin/postgres "*)
+        kind=postmaster
+        awk '{ sub(/^.*\) /, ""); print "reaped exited", $14 + $15 }' "/proc/$p/stat" 2>/dev/null || true ;;
+      *) kind=backends ;;
+    esac
+    awk -v p="$p" -v k="$kind" '{ sub(/^.*\) /, ""); print p, k, $12 + $13 }' "/proc/$p/stat" 2>/dev/null || true
+  done
+}
+# pg_kinds BEFORE_FILE: Postgres CPU seconds since BEFORE_FILE (pg_kind_ticks) by kind of process.
+pg_kinds() {
+  pg_kind_ticks | awk -v hz="$(getconf CLK_TCK)" 'NR == FNR { b[$1] = $3; next }
+    { d[$2] += $3 - b[$1] } END { s = ""; for (k in d) s = s sprintf("%s%s %.2f", s == "" ? "" : ", ", k, d[k] / hz); print s }' "$1" -
+}
+
+# pg_db_stats: the benchmark database's counters (pg_stat_database), one line: commits, blocks read, blocks
+# hit, rows returned, fetched, inserted, updated. pg_db_delta BEFORE_FILE N: what they grew by since, per N.
+pg_db_stats() {
+  psql_bench -Atc "SELECT pg_stat_force_next_flush()" >/dev/null 2>&1 || true
+  psql_bench -AtF' ' -c "SELECT xact_commit, blks_read, blks_hit, tup_returned, tup_fetched, tup_inserted, tup_updated
+    FROM pg_stat_database WHERE datname = current_database()"
+}
+pg_db_delta() {
+  # Backends report their counters at most once a second: wait for the last ones.
+  sleep 1.2
+  pg_db_stats | awk -v n="$2" 'NR == FNR { for (i = 1; i <= NF; i++) b[i] = $i; next }
+    { if (n <= 0) n = 1; printf "commits %.2f, blocks read %.2f, hit %.1f, rows returned %.1f, fetched %.1f, inserted %.2f, updated %.2f",
+        ($1 - b[1]) / n, ($2 - b[2]) / n, ($3 - b[3]) / n, ($4 - b[4]) / n, ($5 - b[5]) / n, ($6 - b[6]) / n, ($7 - b[7]) / n }' "$1" -
+}
+
 # cpu_ticks PID...: "pid ticks" (user + system, in clock ticks) of each process still alive.
 cpu_ticks() {
   local p
@@ -146,6 +189,8 @@ send_scenario() {
   pg_pids=$(bench_pg_pids | tr '\n' ' ')
   redis_pid=$(pgrep -x redis-server | tr '\n' ' ' || true)
   cpu_ticks $pg_pids >"$work/$name.cpu.pg"
+  pg_kind_ticks >"$work/$name.cpu.pgkinds"
+  pg_db_stats >"$work/$name.pgstat"
   cpu_ticks $redis_pid >"$work/$name.cpu.redis"
   cpu_ticks "$sb_pid" >"$work/$name.cpu.sandbox"
   local wpids=() i
@@ -196,6 +241,7 @@ send_scenario() {
   echo "0 0" >"$work/$name.cpu.none"
   s_pg=$(cpu_used "$work/$name.cpu.pg" $(bench_pg_pids)) s_rd=$(cpu_used "$work/$name.cpu.redis" $redis_pid)
   s_wk=$(cpu_used "$work/$name.cpu.none" "${wpids[@]}") s_sb=$(cpu_used "$work/$name.cpu.sandbox" "$sb_pid")
+  notes+=("$name: Postgres CPU by process (s): $(pg_kinds "$work/$name.cpu.pgkinds"); a planned recipient: $(pg_db_delta "$work/$name.pgstat" "$s_planned")")
   s_cpu="postgres $s_pg s, redis $s_rd s, workers $s_wk s, sandbox $s_sb s over $(awk -v a="$t_start" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.1f", b - a }') s"
   # CPU a planned recipient, µs: "postgres redis workers sandbox" (run_compare reads them too).
   s_us=$(awk -v n="$s_planned" -v pg="$s_pg" -v rd="$s_rd" -v wk="$s_wk" -v sb="$s_sb" \
