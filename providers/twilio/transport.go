@@ -2,7 +2,6 @@ package twilio
 
 import (
 	"bytes"
-	"context"
 	"errors"
 	"io"
 	"net/http"
@@ -18,19 +17,19 @@ const maxAnswer = 1 << 20
 
 var errAnswerTooLarge = errors.New("answer larger than 1 MiB")
 
-// recorder is the RoundTripper of a single Send. It points the request at the configured host and
-// remembers what happened to it: whether a connection was obtained and whether the request was written
-// (its embedded wire.Tracker), and the status and Retry-After of the answer. twilio-go keeps none of
-// this, and a RoundTripper per call is the only place where it cannot be mixed up with another
-// goroutine's request.
+// recorder is what a single Send sends through: twilio-go's client for the call (client.go) and the
+// record of what happened to its request: whether a connection was obtained and whether the request was
+// written (its embedded wire.Tracker), and the status and Retry-After of the answer. twilio-go keeps none
+// of this, and a client per call is the only place where it cannot be mixed up with another goroutine's
+// request.
 //
-// It also reads the whole answer before handing it to the SDK (of a 2xx, only the members Send reads:
-// trimAnswer). twilio-go v1.31.0 never closes the body
-// of an error answer and stops reading a success body at the end of the JSON value; unless the last
-// read happens to report the end of the body, the connection (or HTTP/2 stream) stays stuck until the
-// timeout instead of going back to the pool.
+// It reads the whole answer before handing it to the SDK (of a 2xx, only the members Send reads:
+// trimAnswer). twilio-go v1.31.0 stops reading a success body at the end of the JSON value; unless the
+// last read happens to report the end of the body, the connection would stay stuck until the timeout
+// instead of going back to the pool.
 type recorder struct {
 	wire.Tracker
+	p       *Provider
 	next    http.RoundTripper
 	target  *url.URL      // nil: leave the URL alone
 	timeout time.Duration // bounds the request and the reading of its answer
@@ -40,25 +39,10 @@ type recorder struct {
 	retryAfter string
 }
 
-// RoundTrip sends a copy of req, pointed at the target host, with the recorder's trace attached, and
-// reads the answer in full within the recorder's timeout. The copy is shallow (the header is shared, as
-// net/http shares it): the SDK's request is not reused after the call, and nothing here writes to it.
-//
-// The timeout is a deadline on the request's context rather than http.Client.Timeout: for a RoundTripper
-// that is not net/http's own, the client enforces its Timeout with a goroutine and a timer per request,
-// which cost about 2 % of a worker's CPU at full speed. The answer is read here, so the deadline covers
-// all of it.
-func (r *recorder) RoundTrip(req *http.Request) (*http.Response, error) {
-	ctx, cancel := context.WithTimeout(req.Context(), r.timeout)
-	defer cancel()
-	out := req.WithContext(r.WithTrace(ctx))
-	if r.target != nil {
-		u := *out.URL
-		u.Scheme, u.Host = r.target.Scheme, r.target.Host
-		out.URL = &u
-		out.Host = ""
-	}
-	resp, err := r.next.RoundTrip(out)
+// do sends req (whose context carries the recorder's trace and the request's deadline: SendRequest) and
+// reads the answer in full before the deadline.
+func (r *recorder) do(req *http.Request) (*http.Response, error) {
+	resp, err := r.next.RoundTrip(req)
 	if err != nil {
 		return nil, err
 	}
@@ -88,9 +72,8 @@ func (r *recorder) RoundTrip(req *http.Request) (*http.Response, error) {
 	return resp, nil
 }
 
-// answers holds the buffers answers are read into. A buffer goes back when the SDK closes the body,
-// which it does after decoding a message; an error answer's body is never closed and its buffer is left
-// to the garbage collector.
+// answers holds the buffers answers are read into. A buffer goes back when the body is closed: by the SDK
+// after decoding a message, by SendRequest after decoding an error.
 var answers = sync.Pool{New: func() any { return bytes.NewBuffer(make([]byte, 0, 2048)) }}
 
 // readBody replays an answer read in full, then the error that cut it short, if any.

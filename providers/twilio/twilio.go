@@ -3,10 +3,10 @@
 // recipient as unknown.
 //
 // twilio-go v1.31.0 hard-codes https://api.twilio.com, takes no context and hides the HTTP status and
-// headers of an error answer. This package therefore gives the SDK, for each Send, an *http.Client whose
-// RoundTripper rewrites scheme and host to Config.BaseURL (the sandbox in tests), records the status and
-// Retry-After of the answer, and follows the request with net/http/httptrace to know whether it was
-// written before a transport error. That per-call state is what makes the classification exact under
+// headers of an error answer. This package therefore gives the SDK, for each Send, a client of its own
+// (client.BaseClient: client.go) that points the request at Config.BaseURL (the sandbox in tests), records
+// the status and Retry-After of the answer, and follows the request with net/http/httptrace to know
+// whether it was written before a transport error. That per-call state is what makes the classification exact under
 // concurrency; the connection pool behind it is shared by all calls.
 package twilio
 
@@ -66,7 +66,7 @@ type Provider struct {
 	// callback is the status callback URL ready for a message's campaign and user (callbackPrefix); ""
 	// when none is configured.
 	callback  string
-	creds     *client.Credentials
+	auth      string   // the Basic Authorization header of AccountSID and AuthToken
 	target    *url.URL // nil: leave the SDK's URL alone
 	edge      string
 	region    string
@@ -103,7 +103,7 @@ func New(cfg Config) (*Provider, error) {
 		token:      cfg.AuthToken,
 		from:       cfg.From,
 		callback:   callback,
-		creds:      client.NewCredentials(cfg.AccountSID, cfg.AuthToken),
+		auth:       basicAuth(cfg.AccountSID, cfg.AuthToken),
 		timeout:    cfg.Timeout,
 		transport:  wire.NewTransport(cfg.Conns),
 	}
@@ -155,18 +155,8 @@ func (p *Provider) Send(ctx context.Context, m providers.Message) (providers.Res
 	if err := ctx.Err(); err != nil {
 		return providers.Result{}, fmt.Errorf("twilio send: %w", err)
 	}
-	rt := &recorder{next: p.transport, target: p.target, timeout: p.timeout}
-	c := &client.Client{
-		Credentials: p.creds,
-		HTTPClient: &http.Client{
-			// No Timeout here: the recorder bounds the request (see recorder.RoundTrip).
-			Transport: rt,
-			// Twilio does not redirect API calls; following one would resend the message elsewhere.
-			CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
-		},
-	}
-	c.SetAccountSid(p.accountSID)
-	api := openapi.NewApiService(&client.RequestHandler{Client: c, Edge: p.edge, Region: p.region})
+	rt := &recorder{p: p, next: p.transport, target: p.target, timeout: p.timeout}
+	api := openapi.NewApiService(&client.RequestHandler{Client: rt, Edge: p.edge, Region: p.region})
 
 	params := &openapi.CreateMessageParams{}
 	params.SetTo(m.To)

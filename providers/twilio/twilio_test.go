@@ -7,12 +7,14 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"runtime"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/twilio/twilio-go/client"
 
 	"github.com/campaignctl/campaignctl/internal/providertest"
 	"github.com/campaignctl/campaignctl/providers"
@@ -385,7 +387,8 @@ func TestSendUnexpectedAnswers(t *testing.T) {
 }
 
 // The SDK's URL says api.twilio.com; the request must still reach BaseURL, with Basic auth and the
-// account's path.
+// account's path, and be the request twilio-go's own client would send: a form POST with its
+// User-Agent, the form's fields and nothing else.
 func TestSendRewritesHost(t *testing.T) {
 	var got *http.Request
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -405,6 +408,12 @@ func TestSendRewritesHost(t *testing.T) {
 	if got.Host != strings.TrimPrefix(srv.URL, "http://") || got.URL.Path != "/2010-04-01/Accounts/"+testSID+"/Messages.json" ||
 		user != testSID || pass != testToken || got.PostForm.Get("From") != testFrom || got.PostForm.Get("To") != testTo {
 		t.Errorf("request: host %q path %q user %q form %v", got.Host, got.URL.Path, user, got.PostForm)
+	}
+	ua := "twilio-go/" + client.LibraryVersion + " (" + runtime.GOOS + " " + runtime.GOARCH + ") go/" + runtime.Version()
+	if got.Method != http.MethodPost || got.Header.Get("Content-Type") != "application/x-www-form-urlencoded" ||
+		got.Header.Get("User-Agent") != ua || got.URL.RawQuery != "" || len(got.PostForm) != 3 || got.PostForm.Get("Body") != "hi" {
+		t.Errorf("request: %s, Content-Type %q, User-Agent %q (want %q), query %q, form %v", got.Method,
+			got.Header.Get("Content-Type"), got.Header.Get("User-Agent"), ua, got.URL.RawQuery, got.PostForm)
 	}
 }
 
