@@ -84,18 +84,23 @@ pg_kinds() {
 }
 
 # pg_db_stats: the benchmark database's counters (pg_stat_database), one line: commits, blocks read, blocks
-# hit, rows returned, fetched, inserted, updated. pg_db_delta BEFORE_FILE N: what they grew by since, per N.
+# hit, rows returned, fetched, inserted, updated; then the server's (pg_stat_bgwriter, pg_stat_wal): buffers
+# written by backends themselves (to make room: shared_buffers too small for what is being written), by the
+# background writer, by checkpoints, WAL bytes and full-page images. pg_db_delta BEFORE_FILE N: what they
+# grew by since, per N.
 pg_db_stats() {
   psql_bench -Atc "SELECT pg_stat_force_next_flush()" >/dev/null 2>&1 || true
-  psql_bench -AtF' ' -c "SELECT xact_commit, blks_read, blks_hit, tup_returned, tup_fetched, tup_inserted, tup_updated
-    FROM pg_stat_database WHERE datname = current_database()"
+  psql_bench -AtF' ' -c "SELECT d.xact_commit, d.blks_read, d.blks_hit, d.tup_returned, d.tup_fetched, d.tup_inserted, d.tup_updated,
+      b.buffers_backend, b.buffers_clean, b.buffers_checkpoint, w.wal_bytes, w.wal_fpi
+    FROM pg_stat_database d, pg_stat_bgwriter b, pg_stat_wal w WHERE d.datname = current_database()"
 }
 pg_db_delta() {
   # Backends report their counters at most once a second: wait for the last ones.
   sleep 1.2
   pg_db_stats | awk -v n="$2" 'NR == FNR { for (i = 1; i <= NF; i++) b[i] = $i; next }
-    { if (n <= 0) n = 1; printf "commits %.2f, blocks read %.2f, hit %.1f, rows returned %.1f, fetched %.1f, inserted %.2f, updated %.2f",
-        ($1 - b[1]) / n, ($2 - b[2]) / n, ($3 - b[3]) / n, ($4 - b[4]) / n, ($5 - b[5]) / n, ($6 - b[6]) / n, ($7 - b[7]) / n }' "$1" -
+    { if (n <= 0) n = 1; printf "commits %.2f, blocks read %.2f, hit %.1f, rows returned %.1f, fetched %.1f, inserted %.2f, updated %.2f; buffers written by backends %.3f, the background writer %.3f, checkpoints %.3f; WAL %.0f B, full-page images %.3f",
+        ($1 - b[1]) / n, ($2 - b[2]) / n, ($3 - b[3]) / n, ($4 - b[4]) / n, ($5 - b[5]) / n, ($6 - b[6]) / n, ($7 - b[7]) / n,
+        ($8 - b[8]) / n, ($9 - b[9]) / n, ($10 - b[10]) / n, ($11 - b[11]) / n, ($12 - b[12]) / n }' "$1" -
 }
 
 # cpu_ticks PID...: "pid ticks" (user + system, in clock ticks) of each process still alive.
