@@ -3,6 +3,9 @@ package state
 import (
 	"context"
 	"errors"
+	"fmt"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -281,5 +284,118 @@ func TestClaimWindowWithValuesOfTheirOwn(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// The frequency marks a claim finds decide it the same way whichever script takes it (a single send's,
+// or a window's or a request's), and leave the same marks behind: no mark, another campaign's mark within
+// the cap or older, the campaign's own mark (a batch run again), today and the day before, alone or
+// together. A window is claimed with its recipients in one call, one address per case.
+func TestMarksDecideClaimsAlikeInEveryScript(t *testing.T) {
+	t.Parallel()
+	rdb, _ := testredis.New(t)
+	ctx := context.Background()
+	cl := New(rdb, time.Hour)
+	if err := rdb.Set(ctx, EpochKey, "e1", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	// Noon UTC: today's hash and yesterday's are both read with a cap of a day, only today's with an hour.
+	now := time.Now().UTC().Truncate(24 * time.Hour).Add(12 * time.Hour)
+	ms := func(d time.Duration) string { return strconv.FormatInt(now.Add(-d).UnixMilli(), 10) }
+	type marks struct{ today, yesterday string }
+	for _, capDur := range []time.Duration{24 * time.Hour, time.Hour} {
+		c := &campaign.Campaign{ID: 45, Channel: campaign.ChannelSMS, CreatedAt: now, FrequencyCap: capDur}
+		own := markOwner(c, Nonce(c)) + "|" + ms(10*time.Minute)
+		recent := "77:other|" + ms(30*time.Minute)
+		old := "77:other|" + ms(capDur+time.Hour)
+		cases := []struct {
+			name string
+			m    marks
+		}{
+			{"no mark", marks{}},
+			{"another's recent mark today", marks{today: recent}},
+			{"another's recent mark yesterday", marks{yesterday: recent}},
+			{"own mark today", marks{today: own}},
+			{"own mark yesterday", marks{yesterday: own}},
+			{"another's old mark today", marks{today: old}},
+			{"another's old mark yesterday", marks{yesterday: old}},
+			{"recent marks both days", marks{today: recent, yesterday: "78:other|" + ms(20*time.Minute)}},
+			{"own today, another's recent yesterday", marks{today: own, yesterday: recent}},
+			{"another's old today, own yesterday", marks{today: old, yesterday: own}},
+			{"another's recent today, own yesterday", marks{today: recent, yesterday: own}},
+		}
+		type outcome struct {
+			result           Result
+			old              string
+			today, yesterday string
+		}
+		// setup writes the case's marks for addr and returns its two day hashes.
+		setup := func(addr string, m marks) (today, yesterday string) {
+			today, yesterday = FrequencyKey(c.Channel, addr, now), FrequencyKey(c.Channel, addr, now.Add(-24*time.Hour))
+			for key, v := range map[string]string{today: m.today, yesterday: m.yesterday} {
+				rdb.HDel(ctx, key, addr)
+				if v != "" {
+					if err := rdb.HSet(ctx, key, addr, v).Err(); err != nil {
+						t.Fatal(err)
+					}
+				}
+			}
+			return today, yesterday
+		}
+		read := func(addr, today, yesterday string, got Claimed) outcome {
+			o := outcome{result: got.Result, old: got.Old}
+			o.today, _ = rdb.HGet(ctx, today, addr).Result()
+			o.yesterday, _ = rdb.HGet(ctx, yesterday, addr).Result()
+			return o
+		}
+		g := Guard{Epoch: "e1", Halt: HaltKey(c.ID)}
+		var window []SendClaim
+		var want []outcome
+		var keys [][2]string
+		for i, tc := range cases {
+			addr := fmt.Sprintf("+90555%07d", i+100*int(capDur/time.Hour))
+			today, yesterday := setup(addr, tc.m)
+			got, err := cl.ClaimSend(ctx, c, Nonce(c), SendClaim{Key: ClaimKey(c.ID, "single-"+addr), Value: InFlightValue(now, "w"), Addr: addr}, g, nil, "", now)
+			if err != nil {
+				t.Fatal(err)
+			}
+			want = append(want, read(addr, today, yesterday, got))
+			setup(addr, tc.m)
+			window = append(window, SendClaim{Key: ClaimKey(c.ID, "window-"+addr), Value: InFlightValue(now, "w"), Addr: addr})
+			keys = append(keys, [2]string{today, yesterday})
+		}
+		got, _, err := cl.ClaimWindow(ctx, c, Nonce(c), window, g, nil, "", now)
+		if err != nil || len(got) != len(cases) {
+			t.Fatalf("cap %v: window claim: %v %v", capDur, got, err)
+		}
+		for i, tc := range cases {
+			o := read(window[i].Addr, keys[i][0], keys[i][1], got[i])
+			// A new mark carries the time of the claim: the same in both.
+			if o != want[i] {
+				t.Errorf("cap %v, %s: window %+v, single send %+v", capDur, tc.name, o, want[i])
+			}
+		}
+		// What the single send's script decided, spelled out for the cases that matter most.
+		for i, tc := range cases {
+			w := want[i]
+			switch tc.name {
+			case "no mark":
+				if w.result != Ours || !strings.HasPrefix(w.today, markOwner(c, Nonce(c))+"|") {
+					t.Errorf("cap %v, %s: %+v, want ours with a mark today", capDur, tc.name, w)
+				}
+			case "another's recent mark today", "recent marks both days":
+				if w.result != Capped || w.old != recent || w.today != recent {
+					t.Errorf("cap %v, %s: %+v, want capped by today's mark, left as it was", capDur, tc.name, w)
+				}
+			case "own mark yesterday":
+				if w.result != Ours || (capDur > time.Hour && w.today != "") {
+					t.Errorf("cap %v, %s: %+v, want ours without a new mark today", capDur, tc.name, w)
+				}
+			case "another's old mark today":
+				if w.result != Ours || !strings.HasPrefix(w.today, markOwner(c, Nonce(c))+"|") {
+					t.Errorf("cap %v, %s: %+v, want ours, today's mark now ours", capDur, tc.name, w)
+				}
+			}
+		}
 	}
 }
