@@ -42,12 +42,12 @@ func (r *recorder) SetOauth(client.OAuth) {}
 func (r *recorder) OAuth() client.OAuth { return nil }
 
 // SendRequest sends what the SDK built, a form POST, to the configured host with the account's
-// credentials, and gives the SDK what its own client would: the answer of a 1xx, 2xx or 3xx status, and
-// the *client.TwilioRestError of any other (or the error that kept it from being decoded).
+// credentials, and gives the SDK what its own client would: the answer of a 2xx or 3xx status, and the
+// *client.TwilioRestError of any other (or the error that kept it from being decoded).
 func (r *recorder) SendRequest(method, rawURL string, data url.Values, headers map[string]any, body ...byte) (*http.Response, error) {
 	if method != http.MethodPost || len(body) > 0 {
 		// CreateMessage posts a form; nothing else goes through this client.
-		return nil, fmt.Errorf("twilio: %s with a body of its own is not sent by this adapter", method)
+		return nil, fmt.Errorf("twilio: this adapter sends only the form POST of a message, not a %s request", method)
 	}
 	u, err := url.Parse(rawURL)
 	if err != nil {
