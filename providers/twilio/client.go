@@ -47,7 +47,7 @@ func (r *recorder) OAuth() client.OAuth { return nil }
 func (r *recorder) SendRequest(method, rawURL string, data url.Values, headers map[string]any, body ...byte) (*http.Response, error) {
 	if method != http.MethodPost || len(body) > 0 {
 		// CreateMessage posts a form; nothing else goes through this client.
-		return nil, fmt.Errorf("twilio: this adapter sends only the form POST of a message, not a %s request", method)
+		return nil, fmt.Errorf("twilio: this adapter sends only the form POST of a message, not %s with a body of %d bytes", method, len(body))
 	}
 	u, err := url.Parse(rawURL)
 	if err != nil {
