@@ -8,6 +8,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -497,4 +498,47 @@ func TestSweepSettlesTheChunkACrashTookBack(t *testing.T) {
 	if counts := c.counts(t); counts.Sent != 16 || counts.Unknown != 0 || counts.Pending != 0 {
 		t.Fatalf("counts %+v, want the 16 sent", counts)
 	}
+}
+
+// afterSends is a provider that runs then once its nth send has returned.
+type afterSends struct {
+	providers.Provider
+	n    int32
+	sent atomic.Int32
+	then func()
+}
+
+func (p *afterSends) Send(ctx context.Context, m providers.Message) (providers.Result, error) {
+	res, err := p.Provider.Send(ctx, m)
+	if p.sent.Add(1) == p.n {
+		p.then()
+	}
+	return res, err
+}
+
+// The exception of "Durability of outcomes": Redis goes away while the second chunk's window is out, so
+// the answers cannot be written into their claims and Postgres alone holds the chunk's outcomes. They are
+// committed durably, and the crash right after takes none of them back: the chunk's recipients stay sent,
+// each with the message ID the sandbox gave. (Committed like the others, the crash would take them back,
+// and with the claims gone nothing would say they were sent.)
+func TestOutcomesOnlyPostgresHoldsSurviveAPostgresCrash(t *testing.T) {
+	t.Parallel()
+	var kill func()
+	c := newPGCrash(t, func(cfg *Config) {
+		// The second chunk is the fifth to eighth sends, one window: Redis dies as its last one returns.
+		p := &afterSends{Provider: cfg.Providers[campaign.ChannelSMS], n: 8, then: func() { kill() }}
+		cfg.Providers = map[campaign.Channel]providers.Provider{campaign.ChannelSMS: p}
+	})
+	kill = c.redis.Kill
+	held := c.firstRun(t)
+	c.pg.Restart()
+	rs := c.recipients(t)
+	for _, u := range held {
+		r := rs[u]
+		if r.status != campaign.StatusSent || len(r.messages) != 1 || r.msgID != r.messages[0].SID {
+			t.Errorf("%s after the crash: %s, message ID %q, %d messages, want sent once with the sandbox's ID\n%s",
+				u, r.status, r.msgID, len(r.messages), c.pg.Log())
+		}
+	}
+	c.checkOnce(t, rs)
 }
