@@ -17,6 +17,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/campaignctl/campaignctl/internal/jsonstr"
 	"github.com/campaignctl/campaignctl/providers"
 )
 
@@ -307,12 +308,12 @@ func readTwilioForm(r *http.Request) (f twilioForm, err error) {
 // decodes them as such; from and messaging_service_sid are null when the request left them out.
 func appendTwilioMessage(b []byte, m *Message, from, msid string) []byte {
 	// The URIs are escaped piece by piece: none of the pieces after the first starts with a UTF-8
-	// continuation byte (see appendJSONChars).
+	// continuation byte (see jsonstr.AppendChars).
 	uri := func(b []byte, suffix string) []byte {
 		b = append(b, `"/2010-04-01/Accounts/`...)
-		b = appendJSONChars(b, m.AccountSID)
+		b = jsonstr.AppendChars(b, m.AccountSID)
 		b = append(b, "/Messages/"...)
-		b = appendJSONChars(b, m.SID)
+		b = jsonstr.AppendChars(b, m.SID)
 		b = append(b, suffix...)
 		return append(b, '"')
 	}
@@ -326,12 +327,12 @@ func appendTwilioMessage(b []byte, m *Message, from, msid string) []byte {
 		if s == "" {
 			return append(b, "null"...)
 		}
-		return appendJSONString(b, s)
+		return jsonstr.Append(b, s)
 	}
 	b = append(b, `{"account_sid":`...)
-	b = appendJSONString(b, m.AccountSID)
+	b = jsonstr.Append(b, m.AccountSID)
 	b = append(b, `,"api_version":"2010-04-01","body":`...)
-	b = appendJSONString(b, m.Body)
+	b = jsonstr.Append(b, m.Body)
 	b = append(b, `,"date_created":`...)
 	b = date(b)
 	b = append(b, `,"date_sent":null,"date_updated":`...)
@@ -343,13 +344,13 @@ func appendTwilioMessage(b []byte, m *Message, from, msid string) []byte {
 	b = append(b, `,"num_media":"0","num_segments":"`...)
 	b = strconv.AppendInt(b, int64(m.NumSegments), 10)
 	b = append(b, `","price":null,"price_unit":"USD","sid":`...)
-	b = appendJSONString(b, m.SID)
+	b = jsonstr.Append(b, m.SID)
 	b = append(b, `,"status":`...)
-	b = appendJSONString(b, m.Status)
+	b = jsonstr.Append(b, m.Status)
 	b = append(b, `,"subresource_uris":{"media":`...)
 	b = uri(b, "/Media.json")
 	b = append(b, `},"to":`...)
-	b = appendJSONString(b, m.To)
+	b = jsonstr.Append(b, m.To)
 	b = append(b, `,"uri":`...)
 	b = uri(b, ".json")
 	return append(b, "}\n"...)

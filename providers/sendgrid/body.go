@@ -5,10 +5,10 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"unicode/utf8"
 
 	sgmail "github.com/sendgrid/sendgrid-go/helpers/mail"
 
+	"github.com/campaignctl/campaignctl/internal/jsonstr"
 	"github.com/campaignctl/campaignctl/providers"
 )
 
@@ -101,7 +101,7 @@ func appendBody(b []byte, from *sgmail.Email, ms []providers.Message, l layout) 
 	switch {
 	case l.template != "":
 		b = append(b, `,"template_id":`...)
-		b = appendString(b, l.template)
+		b = jsonstr.Append(b, l.template)
 	case l.shared != nil:
 		b = appendContent(b, true, l.shared.Text, l.shared.HTML)
 	case l.multi:
@@ -137,7 +137,7 @@ func appendPart(b []byte, typ, value string) []byte {
 	b = append(b, typ...)
 	if value != "" {
 		b = append(b, `,"value":`...)
-		b = appendString(b, value)
+		b = jsonstr.Append(b, value)
 	}
 	return append(b, '}')
 }
@@ -147,14 +147,14 @@ func appendEmail(b []byte, name, address string) []byte {
 	b = append(b, '{')
 	if name != "" {
 		b = append(b, `"name":`...)
-		b = appendString(b, name)
+		b = jsonstr.Append(b, name)
 	}
 	if address != "" {
 		if name != "" {
 			b = append(b, ',')
 		}
 		b = append(b, `"email":`...)
-		b = appendString(b, address)
+		b = jsonstr.Append(b, address)
 	}
 	return append(b, '}')
 }
@@ -178,13 +178,13 @@ func (w *pzWriter) append(b []byte, ms []providers.Message, i int) []byte {
 	b = append(b, ']')
 	if m.Subject != "" {
 		b = append(b, `,"subject":`...)
-		b = appendString(b, m.Subject)
+		b = jsonstr.Append(b, m.Subject)
 	}
 	if m.ListUnsubscribe != "" {
 		b = append(b, `,"headers":{"List-Unsubscribe":`...)
-		b = appendString(b, m.ListUnsubscribe)
+		b = jsonstr.Append(b, m.ListUnsubscribe)
 		b = append(b, `,"List-Unsubscribe-Post":`...)
-		b = appendString(b, providers.OneClickPost)
+		b = jsonstr.Append(b, providers.OneClickPost)
 		b = append(b, '}')
 	}
 	switch {
@@ -196,29 +196,29 @@ func (w *pzWriter) append(b []byte, ms []providers.Message, i int) []byte {
 				if j > 0 {
 					b = append(b, ',')
 				}
-				b = appendString(b, w.l.shared.Tags[i])
+				b = jsonstr.Append(b, w.l.shared.Tags[i])
 				b = append(b, ':')
-				b = appendString(b, m.Values[i])
+				b = jsonstr.Append(b, m.Values[i])
 			}
 			b = append(b, '}')
 		}
 	case w.l.multi:
 		b = append(b, `,"substitutions":{`...)
 		if w.l.anyHTML {
-			b = appendString(b, htmlTag)
+			b = jsonstr.Append(b, htmlTag)
 			b = append(b, ':')
-			b = appendString(b, htmlOf(w.l.texts[i], w.l.htmls[i]))
+			b = jsonstr.Append(b, htmlOf(w.l.texts[i], w.l.htmls[i]))
 			b = append(b, ',')
 		}
-		b = appendString(b, textTag)
+		b = jsonstr.Append(b, textTag)
 		b = append(b, ':')
-		b = appendString(b, w.l.texts[i])
+		b = jsonstr.Append(b, w.l.texts[i])
 		b = append(b, '}')
 	}
 	b = append(b, `,"custom_args":{"campaign_id":"`...)
 	b = strconv.AppendInt(b, m.CampaignID, 10)
 	b = append(b, `","user_id":`...)
-	b = appendString(b, m.UserID)
+	b = jsonstr.Append(b, m.UserID)
 	b = append(b, '}')
 	if w.l.template != "" && len(m.Data) > 0 {
 		w.keys = w.keys[:0]
@@ -231,9 +231,9 @@ func (w *pzWriter) append(b []byte, ms []providers.Message, i int) []byte {
 			if j > 0 {
 				b = append(b, ',')
 			}
-			b = appendString(b, k)
+			b = jsonstr.Append(b, k)
 			b = append(b, ':')
-			b = appendString(b, m.Data[k])
+			b = jsonstr.Append(b, m.Data[k])
 		}
 		b = append(b, '}')
 	}
@@ -284,71 +284,4 @@ func bodySize(ms []providers.Message, l layout) int {
 		n += len(l.shared.Text) + len(l.shared.HTML)
 	}
 	return n + n/8
-}
-
-// jsonSafe marks the ASCII bytes encoding/json writes as they are in a string when it escapes HTML
-// (json.Marshal): not the control characters, '"', '\\', '<', '>' and '&'.
-var jsonSafe = func() (t [utf8.RuneSelf]bool) {
-	for c := ' '; c < utf8.RuneSelf; c++ {
-		t[c] = true
-	}
-	for _, c := range `"\<>&` {
-		t[c] = false
-	}
-	return t
-}()
-
-const hexDigits = "0123456789abcdef"
-
-// appendString appends s as a JSON string exactly as json.Marshal writes it: '"' and '\\' escaped with a
-// backslash, \b \f \n \r \t by name, other control characters and '<', '>', '&' as \u00XX, U+2028 and
-// U+2029 as \u2028 and \u2029, and every byte that is not part of valid UTF-8 as \ufffd.
-func appendString(b []byte, s string) []byte {
-	b = append(b, '"')
-	start := 0
-	for i := 0; i < len(s); {
-		c := s[i]
-		if c < utf8.RuneSelf {
-			if jsonSafe[c] {
-				i++
-				continue
-			}
-			b = append(b, s[start:i]...)
-			switch c {
-			case '\\', '"':
-				b = append(b, '\\', c)
-			case '\b':
-				b = append(b, '\\', 'b')
-			case '\f':
-				b = append(b, '\\', 'f')
-			case '\n':
-				b = append(b, '\\', 'n')
-			case '\r':
-				b = append(b, '\\', 'r')
-			case '\t':
-				b = append(b, '\\', 't')
-			default:
-				b = append(b, '\\', 'u', '0', '0', hexDigits[c>>4], hexDigits[c&0xF])
-			}
-			i++
-			start = i
-			continue
-		}
-		r, size := utf8.DecodeRuneInString(s[i:])
-		switch {
-		case r == utf8.RuneError && size == 1:
-			b = append(b, s[start:i]...)
-			b = append(b, `\ufffd`...)
-		case r == '\u2028' || r == '\u2029':
-			b = append(b, s[start:i]...)
-			b = append(b, '\\', 'u', '2', '0', '2', hexDigits[r&0xF])
-		default:
-			i += size
-			continue
-		}
-		i += size
-		start = i
-	}
-	b = append(b, s[start:]...)
-	return append(b, '"')
 }

@@ -3,7 +3,6 @@ package sendgrid
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
 	"math/rand/v2"
@@ -210,24 +209,6 @@ func TestSendBatchSendsSendGridGosBody(t *testing.T) {
 		}
 		sent++
 	}
-}
-
-// A string is written as json.Marshal writes it.
-func FuzzString(f *testing.F) {
-	for _, p := range pieces {
-		f.Add(p)
-		f.Add("x" + p + "y" + p)
-	}
-	f.Add(strings.Join(pieces, ""))
-	f.Fuzz(func(t *testing.T, s string) {
-		want, err := json.Marshal(s)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if got := appendString(nil, s); !bytes.Equal(got, want) {
-			t.Fatalf("%q: wrote %s, encoding/json %s", s, got, want)
-		}
-	})
 }
 
 // The tags of a shared content are written in the order of a map's keys: sorted bytewise, each once,
