@@ -9,9 +9,21 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/campaignctl/campaignctl/campaign"
 	"github.com/campaignctl/campaignctl/internal/testredis"
 )
+
+// newClaims is a Store on a Redis DB of the test's own whose epoch is "e1", with claims that last ttl.
+func newClaims(t *testing.T, ttl time.Duration) (*redis.Client, *Store) {
+	t.Helper()
+	rdb, _ := testredis.New(t)
+	if err := rdb.Set(context.Background(), EpochKey, "e1", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	return rdb, New(rdb, ttl)
+}
 
 // The claim scripts write a claim in the same call that finds one (SET NX GET, SET GET). These are the
 // cases where what that call found must undo or redirect it: a Guard that refuses after a free claim was
@@ -19,15 +31,11 @@ import (
 // or that another value took over, and a request's mark hash whose TTL is looked at once.
 func TestClaimScriptsUndoWhatTheGuardsRefuse(t *testing.T) {
 	t.Parallel()
-	rdb, _ := testredis.New(t)
-	ctx := context.Background()
 	const ttl = time.Hour
-	cl := New(rdb, ttl)
+	rdb, cl := newClaims(t, ttl)
+	ctx := context.Background()
 	c := &campaign.Campaign{ID: 41, Channel: campaign.ChannelSMS, CreatedAt: time.Now(), FrequencyCap: time.Hour}
 	nonce := Nonce(c)
-	if err := rdb.Set(ctx, EpochKey, "e1", 0).Err(); err != nil {
-		t.Fatal(err)
-	}
 	ok := Guard{Epoch: "e1", Halt: HaltKey(c.ID), CheckHalt: true}
 	now := time.Now()
 	mine := InFlightValue(now, "w1")
@@ -179,12 +187,8 @@ func TestClaimScriptsUndoWhatTheGuardsRefuse(t *testing.T) {
 // renewed, by the single send's script and by the request's alike.
 func TestMarkHashTTLRenewedOnceAnHourOfMarginIsUsed(t *testing.T) {
 	t.Parallel()
-	rdb, _ := testredis.New(t)
+	rdb, cl := newClaims(t, time.Hour)
 	ctx := context.Background()
-	cl := New(rdb, time.Hour)
-	if err := rdb.Set(ctx, EpochKey, "e1", 0).Err(); err != nil {
-		t.Fatal(err)
-	}
 	now := time.Now()
 	for _, ch := range []campaign.Channel{campaign.ChannelSMS, campaign.ChannelEmail} {
 		c := &campaign.Campaign{ID: 43, Channel: ch, CreatedAt: now}
@@ -228,14 +232,10 @@ func TestMarkHashTTLRenewedOnceAnHourOfMarginIsUsed(t *testing.T) {
 // lands with its own value, an answer over another value still giving way to it.
 func TestClaimWindowWithValuesOfTheirOwn(t *testing.T) {
 	t.Parallel()
-	rdb, _ := testredis.New(t)
+	rdb, cl := newClaims(t, time.Hour)
 	ctx := context.Background()
-	cl := New(rdb, time.Hour)
 	c := &campaign.Campaign{ID: 44, Channel: campaign.ChannelSMS, CreatedAt: time.Now(), FrequencyCap: time.Hour}
 	nonce := Nonce(c)
-	if err := rdb.Set(ctx, EpochKey, "e1", 0).Err(); err != nil {
-		t.Fatal(err)
-	}
 	g := Guard{Epoch: "e1", Halt: HaltKey(c.ID), CheckHalt: true}
 	now := time.Now()
 	for _, tc := range []struct {
@@ -293,12 +293,8 @@ func TestClaimWindowWithValuesOfTheirOwn(t *testing.T) {
 // together. A window is claimed with its recipients in one call, one address per case.
 func TestMarksDecideClaimsAlikeInEveryScript(t *testing.T) {
 	t.Parallel()
-	rdb, _ := testredis.New(t)
+	rdb, cl := newClaims(t, time.Hour)
 	ctx := context.Background()
-	cl := New(rdb, time.Hour)
-	if err := rdb.Set(ctx, EpochKey, "e1", 0).Err(); err != nil {
-		t.Fatal(err)
-	}
 	// Noon UTC: today's hash and yesterday's are both read with a cap of a day, only today's with an hour.
 	now := time.Now().UTC().Truncate(24 * time.Hour).Add(12 * time.Hour)
 	ms := func(d time.Duration) string { return strconv.FormatInt(now.Add(-d).UnixMilli(), 10) }
