@@ -13,6 +13,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/campaignctl/campaignctl/internal/testproc"
 	"github.com/campaignctl/campaignctl/internal/testredis"
 )
 
@@ -77,10 +78,9 @@ func TestSentinelURLReachesTheMaster(t *testing.T) {
 
 func freePortNum(t *testing.T) int {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	port, err := testproc.FreePort()
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
+	return port
 }

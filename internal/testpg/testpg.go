@@ -10,7 +10,6 @@ package testpg
 import (
 	"context"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"os/user"
@@ -27,6 +26,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/campaignctl/campaignctl/campaign"
+	"github.com/campaignctl/campaignctl/internal/testproc"
 )
 
 // installHint is what a test that cannot find or run the server says to do.
@@ -101,7 +101,7 @@ func Start(t testing.TB) *Server {
 	if out, err := s.command("initdb", "-D", s.data, "-U", "postgres", "--auth=trust", "-E", "UTF8", "--locale=C", "--no-instructions").CombinedOutput(); err != nil {
 		t.Fatalf("testpg: initdb: %v\n%s", err, out)
 	}
-	if s.port, err = freePort(); err != nil {
+	if s.port, err = testproc.FreePort(); err != nil {
 		t.Fatalf("testpg: %v", err)
 	}
 	conf := append([]string{"port = " + strconv.Itoa(s.port), "unix_socket_directories = '" + s.dir + "'"}, settings...)
@@ -198,7 +198,7 @@ func (s *Server) start() {
 	for {
 		select {
 		case <-exited:
-			s.t.Fatalf("testpg: postgres exited at start: %s", tail(logPath))
+			s.t.Fatalf("testpg: postgres exited at start: %s", testproc.Tail(logPath, 3000))
 		default:
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
@@ -210,7 +210,7 @@ func (s *Server) start() {
 		}
 		cancel()
 		if time.Now().After(deadline) {
-			s.t.Fatalf("testpg: postgres on port %d does not accept connections after 60s (%v): %s", s.port, err, tail(logPath))
+			s.t.Fatalf("testpg: postgres on port %d does not accept connections after 60s (%v): %s", s.port, err, testproc.Tail(logPath, 3000))
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
@@ -335,25 +335,5 @@ func (s *Server) stop() {
 
 // Log returns the end of the server's current log, for a test's failure message.
 func (s *Server) Log() string {
-	return tail(filepath.Join(s.dir, fmt.Sprintf("postgres-%d.log", s.restarts-1)))
-}
-
-func tail(path string) string {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return err.Error()
-	}
-	if len(b) > 3000 {
-		b = b[len(b)-3000:]
-	}
-	return string(b)
-}
-
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
+	return testproc.Tail(filepath.Join(s.dir, fmt.Sprintf("postgres-%d.log", s.restarts-1)), 3000)
 }

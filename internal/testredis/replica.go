@@ -15,6 +15,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/campaignctl/campaignctl/internal/testproc"
 )
 
 // Replica is a private redis-server that replicates a private master through a link of the test's own
@@ -227,7 +229,7 @@ func StartSentinel(t testing.TB, name string, master *Server, replicas int) *Sen
 	t.Helper()
 	bin := serverBinary(t)
 	dir := t.TempDir()
-	port, err := freePort()
+	port, err := testproc.FreePort()
 	if err != nil {
 		t.Fatal(err)
 	}

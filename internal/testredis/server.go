@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/campaignctl/campaignctl/internal/testproc"
 )
 
 // Server is a private redis-server process that belongs to one test, for the tests that must do to Redis
@@ -68,7 +70,7 @@ func startServer(t testing.TB, extra ...string) *Server {
 }
 
 func start(t testing.TB, bin, dir string, attempt int, extra ...string) (*Server, error) {
-	port, err := freePort()
+	port, err := testproc.FreePort()
 	if err != nil {
 		return nil, err
 	}
@@ -99,7 +101,7 @@ func start(t testing.TB, bin, dir string, attempt int, extra ...string) (*Server
 	for {
 		select {
 		case <-s.exited:
-			return nil, fmt.Errorf("redis-server on %s exited at start: %s", s.addr, s.logTail())
+			return nil, fmt.Errorf("redis-server on %s exited at start: %s", s.addr, testproc.Tail(s.logPath, 2000))
 		default:
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
@@ -110,7 +112,7 @@ func start(t testing.TB, bin, dir string, attempt int, extra ...string) (*Server
 		}
 		if time.Now().After(deadline) {
 			s.stop()
-			return nil, fmt.Errorf("redis-server on %s does not answer PING after 10s (%v): %s", s.addr, err, s.logTail())
+			return nil, fmt.Errorf("redis-server on %s does not answer PING after 10s (%v): %s", s.addr, err, testproc.Tail(s.logPath, 2000))
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
@@ -159,24 +161,4 @@ func (s *Server) stop() {
 	case <-time.After(10 * time.Second):
 		s.t.Errorf("testredis: redis-server %s did not exit 10s after SIGKILL", s.addr)
 	}
-}
-
-func (s *Server) logTail() string {
-	b, err := os.ReadFile(s.logPath)
-	if err != nil {
-		return err.Error()
-	}
-	if len(b) > 2000 {
-		b = b[len(b)-2000:]
-	}
-	return string(b)
-}
-
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
 }
