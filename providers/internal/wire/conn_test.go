@@ -110,15 +110,6 @@ func TestTransportConnectionClose(t *testing.T) {
 
 // A request that says Connection: close ends its connection, even when the server would keep it.
 func TestTransportRequestConnectionClose(t *testing.T) {
-	var hijacked []net.Conn
-	var mu sync.Mutex
-	t.Cleanup(func() {
-		mu.Lock()
-		defer mu.Unlock()
-		for _, c := range hijacked {
-			c.Close()
-		}
-	})
 	s := newServer(t, func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Path != "/asked" {
 			answer(w, r)
@@ -126,14 +117,10 @@ func TestTransportRequestConnectionClose(t *testing.T) {
 		}
 		// A server that ignores the request's Connection: close, and answers whatever comes next on
 		// the connection with an answer that gives it away.
-		c, rw, err := w.(http.Hijacker).Hijack()
-		if err != nil {
-			t.Error(err)
+		rw := hijackOpen(t, w)
+		if rw == nil {
 			return
 		}
-		mu.Lock()
-		hijacked = append(hijacked, c)
-		mu.Unlock()
 		rw.WriteString("HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
 		rw.Flush()
 		if _, err := http.ReadRequest(rw.Reader); err == nil {
@@ -205,28 +192,15 @@ func TestTransportCloseDelimitedAnswer(t *testing.T) {
 // A connection with bytes after the answer (a second answer nobody asked for) is not reused: they
 // would be taken for the next request's answer.
 func TestTransportDropsAConnectionWithBytesAfterTheAnswer(t *testing.T) {
-	var hijacked []net.Conn
-	var mu sync.Mutex
-	t.Cleanup(func() {
-		mu.Lock()
-		defer mu.Unlock()
-		for _, c := range hijacked {
-			c.Close()
-		}
-	})
 	s := newServer(t, func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Path != "/extra" {
 			answer(w, r)
 			return
 		}
-		c, bw, err := w.(http.Hijacker).Hijack()
-		if err != nil {
-			t.Error(err)
+		bw := hijackOpen(t, w) // left open: only the client can tell the answer is bad
+		if bw == nil {
 			return
 		}
-		mu.Lock()
-		hijacked = append(hijacked, c) // left open: only the client can tell the answer is bad
-		mu.Unlock()
 		bw.WriteString("HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nokHTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nstale")
 		bw.Flush()
 	})
@@ -633,4 +607,16 @@ func TestTransportNeverReadsAHeldAnswerAsTheNextOne(t *testing.T) {
 		t.Fatal("the next request got no answer")
 	}
 	s.wantDials(t, 2)
+}
+
+// hijackOpen takes w's connection over from the server for a handler that answers by hand and leaves it
+// open; the test closes it at its end. nil: the takeover failed (reported).
+func hijackOpen(t *testing.T, w http.ResponseWriter) *bufio.ReadWriter {
+	c, rw, err := w.(http.Hijacker).Hijack()
+	if err != nil {
+		t.Error(err)
+		return nil
+	}
+	t.Cleanup(func() { c.Close() })
+	return rw
 }
