@@ -26,20 +26,26 @@ import (
 // code, a one-click unsubscribe link a recipient) over 1000 recipients, sent by the SendGrid adapter to a
 // server that reads the body and answers 202.
 type emailBench struct {
-	run   *batchRun
-	rs    []campaign.Recipient
+	*sendgridSink
+	run *batchRun
+	rs  []campaign.Recipient
+}
+
+// sendgridSink is the SendGrid adapter pointed at a server that reads each request's body and answers
+// 202, with what that server read.
+type sendgridSink struct {
 	p     *sendgrid.Provider
 	bytes atomic.Int64 // request body bytes the server read
 	reqs  atomic.Int64
 }
 
-func newEmailBench(b *testing.B, n int, edit func(*campaign.Content)) *emailBench {
+func newSendGridSink(b *testing.B) *sendgridSink {
 	b.Helper()
-	e := &emailBench{}
+	s := &sendgridSink{}
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		n, _ := io.Copy(io.Discard, r.Body)
-		e.bytes.Add(n)
-		e.reqs.Add(1)
+		s.bytes.Add(n)
+		s.reqs.Add(1)
 		w.Header().Set("X-Message-Id", "benchMessageId00000000")
 		w.WriteHeader(http.StatusAccepted)
 	}))
@@ -48,7 +54,13 @@ func newEmailBench(b *testing.B, n int, edit func(*campaign.Content)) *emailBenc
 	if err != nil {
 		b.Fatal(err)
 	}
-	e.p = p
+	s.p = p
+	return s
+}
+
+func newEmailBench(b *testing.B, n int, edit func(*campaign.Content)) *emailBench {
+	b.Helper()
+	e := &emailBench{sendgridSink: newSendGridSink(b)}
 	content := campaign.Content{
 		Subject: "{{.first_name}}, size özel bir kod",
 		Text:    "Merhaba {{.first_name}}, kodunuz {{.code}}",
@@ -182,25 +194,13 @@ func BenchmarkRunBatchEmail(b *testing.B) {
 	exec(`INSERT INTO iys_consents (recipient, type, recipient_type, status, source, consent_date)
 		SELECT email, 'EPOSTA', 'BIREYSEL', 'ONAY', 'HS_WEB', now() FROM customers`)
 	exec(`INSERT INTO code_pools (name) VALUES ('p')`)
-	var bytes, reqs atomic.Int64
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		n, _ := io.Copy(io.Discard, r.Body)
-		bytes.Add(n)
-		reqs.Add(1)
-		w.Header().Set("X-Message-Id", "benchMessageId00000000")
-		w.WriteHeader(http.StatusAccepted)
-	}))
-	b.Cleanup(srv.Close)
-	p, err := sendgrid.New(sendgrid.Config{APIKey: "SG.bench-key", From: "kampanya@example.com", BaseURL: srv.URL})
-	if err != nil {
-		b.Fatal(err)
-	}
+	sink := newSendGridSink(b)
 	signer, err := unsubscribe.New("bench-unsubscribe-secret-0123456789", "https://hooks.example.com")
 	if err != nil {
 		b.Fatal(err)
 	}
 	h := NewHandler(Config{Store: campaign.NewStore(db), Redis: rdb, Owner: "bench", Unsubscribe: signer,
-		Providers: map[campaign.Channel]providers.Provider{campaign.ChannelEmail: p}, ProviderRates: map[string]float64{}})
+		Providers: map[campaign.Channel]providers.Provider{campaign.ChannelEmail: sink.p}, ProviderRates: map[string]float64{}})
 	plans := 0
 	plan := func() (int64, int) {
 		b.Helper()
@@ -249,11 +249,11 @@ func BenchmarkRunBatchEmail(b *testing.B) {
 	}
 	cpu := cpuTime() - cpu0
 	runtime.ReadMemStats(&after)
-	if reqs.Load() == 0 {
+	if sink.reqs.Load() == 0 {
 		b.Fatal("nothing sent")
 	}
-	sent := float64(reqs.Load()) * campaign.DefaultEmailBatchSize
-	b.ReportMetric(float64(bytes.Load())/sent, "body-B/recipient")
+	sent := float64(sink.reqs.Load()) * campaign.DefaultEmailBatchSize
+	b.ReportMetric(float64(sink.bytes.Load())/sent, "body-B/recipient")
 	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/sent, "ns/recipient")
 	b.ReportMetric(float64(cpu.Nanoseconds())/sent, "cpu-ns/recipient")
 	b.ReportMetric(float64(pgCPU.Nanoseconds())/sent, "pg-cpu-ns/recipient")
