@@ -108,6 +108,12 @@ func compilePlain(root *parse.ListNode, html bool) *plainTemplate {
 // render renders p over data. ok is false when a value is of a type p does not print itself (the
 // template package must render it); a missing value is the template package's error.
 func (p *plainTemplate) render(data map[string]any) (out string, ok bool, err error) {
+	return p.fill(func(s plainSeg) (string, bool, error) { return plainValue(data, s.field) })
+}
+
+// fill writes p's text with the value of each field segment from value (escaped when p is HTML). ok is
+// false, and nothing is written, when value says a field is not p's to print.
+func (p *plainTemplate) fill(value func(s plainSeg) (str string, ok bool, err error)) (out string, ok bool, err error) {
 	var b strings.Builder
 	b.Grow(p.size + 16*len(p.segs))
 	for _, s := range p.segs {
@@ -115,7 +121,7 @@ func (p *plainTemplate) render(data map[string]any) (out string, ok bool, err er
 			b.WriteString(s.text)
 			continue
 		}
-		str, ok, err := plainValue(data, s.field)
+		str, ok, err := value(s)
 		if !ok || err != nil {
 			return "", ok, err
 		}

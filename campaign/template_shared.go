@@ -238,25 +238,17 @@ func (f *SharedForm) check(p *plainTemplate, slots []int, vals []rowValue, value
 
 // renderValues renders p over a row's values by index, as render does over its data.
 func renderValues(p *plainTemplate, vals []rowValue) (string, error) {
-	var b strings.Builder
-	b.Grow(p.size + 16*len(p.segs))
-	for _, s := range p.segs {
-		if s.field == "" {
-			b.WriteString(s.text)
-			continue
+	out, _, err := p.fill(func(s plainSeg) (string, bool, error) {
+		if v := vals[s.idx]; v.set {
+			return v.s, true, nil
 		}
-		v := vals[s.idx]
-		if !v.set {
-			return "", noValue(s.field)
-		}
-		if p.html {
-			writeHTMLValue(&b, v.s)
-		} else {
-			b.WriteString(v.s)
-		}
+		return "", true, noValue(s.field)
+	})
+	if err != nil {
+		return "", err
 	}
-	if b.Len() > MaxPartBytes {
+	if len(out) > MaxPartBytes {
 		return "", limitError(errPartTooLong)
 	}
-	return b.String(), nil
+	return out, nil
 }
