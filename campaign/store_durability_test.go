@@ -15,19 +15,12 @@ import (
 // recorded all the same. The crash itself is worker's TestPostgresCrashAfterAsyncOutcomesLosesNothing.
 func TestRecordLeavesTheSessionsCommitsDurable(t *testing.T) {
 	t.Parallel()
-	planned, url := testdb.New(t)
-	seedAudience(t, planned, 3)
+	launched, url := testdb.New(t)
+	seedAudience(t, launched, 3)
 	ctx := context.Background()
-	rep, err := (&campaign.Planner{Engine: planned, Audience: planned}).Plan(ctx, spec("durable"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := planned(t, launched, spec("durable"))
 	db := newPool(t, url, 1) // one connection: whatever Record leaves on it, the next statement gets
 	store := campaign.NewStore(db)
-	c, err := store.Get(ctx, rep.ID)
-	if err != nil {
-		t.Fatal(err)
-	}
 	var before string
 	if err := db.QueryRow(ctx, `SHOW synchronous_commit`).Scan(&before); err != nil {
 		t.Fatal(err)
@@ -68,15 +61,8 @@ func TestOperatorUnknownRacingAnOutcomeKeepsTheCode(t *testing.T) {
 	ctx := context.Background()
 	seedCrowd(t, db, 4)
 	addCodes(t, db, "race-unknown", 4)
-	rep, err := (&campaign.Planner{Engine: db, Audience: db}).Plan(ctx, crowdSpec("race-unknown", "race-unknown", 4))
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := planned(t, db, crowdSpec("race-unknown", "race-unknown", 4))
 	store := campaign.NewStore(db)
-	c, err := store.Get(ctx, rep.ID)
-	if err != nil {
-		t.Fatal(err)
-	}
 	const u = "u00001"
 	planned, _ := codeOf(t, db, c.ID, u)
 	l := campaign.Lease{Batch: 0, Token: "run-1", Epoch: "e", TTL: time.Minute}

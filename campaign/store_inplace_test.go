@@ -64,21 +64,30 @@ func TestNoRecipientIndexNamesAnOutcomeColumn(t *testing.T) {
 }
 
 // launchCrowd launches an SMS to the first n users of the crowd (seedCrowd) with codes of pool p, in
+
+// planned launches sp on db (the audience's database too) and returns the campaign as Get reads it.
+func planned(t *testing.T, db *pgxpool.Pool, sp campaign.Spec) *campaign.Campaign {
+	t.Helper()
+	ctx := context.Background()
+	rep, err := (&campaign.Planner{Engine: db, Audience: db}).Plan(ctx, sp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := campaign.NewStore(db).Get(ctx, rep.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
 // batches of batch, and returns it running.
 func launchCrowd(t *testing.T, db *pgxpool.Pool, name string, n, batch int) *campaign.Campaign {
 	t.Helper()
 	ctx := context.Background()
 	sp := crowdSpec(name, "p", n)
 	sp.BatchSize = batch
-	rep, err := (&campaign.Planner{Engine: db, Audience: db}).Plan(ctx, sp)
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := planned(t, db, sp)
 	store := campaign.NewStore(db)
-	c, err := store.Get(ctx, rep.ID)
-	if err != nil {
-		t.Fatal(err)
-	}
 	if c.State != campaign.StateRunning {
 		if _, err := store.Transition(ctx, c.ID, []campaign.State{c.State}, campaign.StateRunning); err != nil {
 			t.Fatal(err)

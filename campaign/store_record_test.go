@@ -16,15 +16,8 @@ func TestRecordKeepsToTheLeasesBatchAndAuditsTheConsentRead(t *testing.T) {
 	db, _ := testdb.New(t)
 	seedAudience(t, db, 3)
 	ctx := context.Background()
-	rep, err := (&campaign.Planner{Engine: db, Audience: db}).Plan(ctx, spec("record"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := planned(t, db, spec("record"))
 	store := campaign.NewStore(db)
-	c, err := store.Get(ctx, rep.ID)
-	if err != nil {
-		t.Fatal(err)
-	}
 	var batch int
 	if err := db.QueryRow(ctx, `SELECT batch FROM campaign_recipients WHERE campaign_id = $1 AND user_id = 'u2'`, c.ID).Scan(&batch); err != nil {
 		t.Fatal(err)
