@@ -53,10 +53,10 @@ func (r *recorder) SendRequest(method, rawURL string, data url.Values, headers m
 	if err != nil {
 		return nil, err
 	}
-	if r.target != nil {
-		u.Scheme, u.Host = r.target.Scheme, r.target.Host
+	if t := r.p.target; t != nil {
+		u.Scheme, u.Host = t.Scheme, t.Host
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), r.timeout)
+	ctx, cancel := context.WithTimeout(context.Background(), r.p.timeout)
 	defer cancel()
 	req, err := http.NewRequestWithContext(r.WithTrace(ctx), method, "", strings.NewReader(data.Encode()))
 	if err != nil {

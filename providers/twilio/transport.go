@@ -5,9 +5,7 @@ import (
 	"errors"
 	"io"
 	"net/http"
-	"net/url"
 	"sync"
-	"time"
 
 	"github.com/campaignctl/campaignctl/providers/internal/wire"
 )
@@ -29,10 +27,7 @@ var errAnswerTooLarge = errors.New("answer larger than 1 MiB")
 // instead of going back to the pool.
 type recorder struct {
 	wire.Tracker
-	p       *Provider
-	next    http.RoundTripper
-	target  *url.URL      // nil: leave the URL alone
-	timeout time.Duration // bounds the request and the reading of its answer
+	p *Provider // its transport, target host and timeout
 
 	mu         sync.Mutex
 	status     int
@@ -42,7 +37,7 @@ type recorder struct {
 // do sends req (whose context carries the recorder's trace and the request's deadline: SendRequest) and
 // reads the answer in full before the deadline.
 func (r *recorder) do(req *http.Request) (*http.Response, error) {
-	resp, err := r.next.RoundTrip(req)
+	resp, err := r.p.transport.RoundTrip(req)
 	if err != nil {
 		return nil, err
 	}

@@ -155,7 +155,7 @@ func (p *Provider) Send(ctx context.Context, m providers.Message) (providers.Res
 	if err := ctx.Err(); err != nil {
 		return providers.Result{}, fmt.Errorf("twilio send: %w", err)
 	}
-	rt := &recorder{p: p, next: p.transport, target: p.target, timeout: p.timeout}
+	rt := &recorder{p: p}
 	api := openapi.NewApiService(&client.RequestHandler{Client: rt, Edge: p.edge, Region: p.region})
 
 	params := &openapi.CreateMessageParams{}
