@@ -228,8 +228,8 @@ func inForce(pace, cap float64) float64 {
 // from an eighth of PaceFlush on, when it already shows the provider refusing a large share.
 const (
 	paceJudgeAt   = 20   // requests a window needs before its share of rejections is judged
-	paceThrottled = 0.03 // more 429s than this share: the pace lowers
-	paceFailing   = 0.20 // more 5xx than this share: the pace lowers
+	paceThrottled = 0.03 // more 429s than this share (beyond chance, see paceScript): the pace lowers
+	paceFailing   = 0.20 // more 5xx than this share (beyond chance): the pace lowers
 	paceEarly     = 0.25 // more rejections than this share: judged before the second is over
 	paceDownAt    = 5    // requests a window needs, all failing, to call the provider down
 	paceBinding   = 0.8  // the pace climbs only while the sends reach this share of it
@@ -239,7 +239,8 @@ const (
 // paceScript adds a process's counts to the current window and, when the window is due (see the rules
 // above), judges it and moves the pace:
 //
-//   - rejections above their share: the pace lowers to 0.9 of the rate the provider took (the first time,
+//   - rejections above their share (by more than a standard deviation of a window of that size, so that
+//     the few requests of a campaign's last moments do not lower it by chance): the pace lowers to 0.9 of the rate the provider took (the first time,
 //     from no pace and no cap, that is its limit as measured, and every worker waits for the end of the
 //     window's second, which the provider spent), never by more than half in one step, and not again
 //     for windows begun within a second of it (their answers are those of requests sent at the old pace,
@@ -262,6 +263,11 @@ const (
 // Returns {rate as a string ("0": no pace below the cap), 1 when down, the move ("" or a PaceEvent), the
 // rate before it, the judged window's requests and rejections}.
 var paceScript = redis.NewScript(`
+-- More than share of n, by more than chance makes: a standard deviation of the count at that share (a
+-- window of 200 requests with 8 429s is not a provider refusing more than 3 %; one with 16 is).
+local function beyond(x, n, share)
+  return x > n * share + math.sqrt(n * share * (1 - share))
+end
 local now = tonumber(ARGV[1])
 local h = KEYS[1]
 local st = redis.call("HMGET", h, "rate", "start", "last", "ok", "thr", "thrh", "fail", "hint", "down", "cool", "prev")
@@ -303,7 +309,7 @@ if due then
   if not down and total >= judgeAt then
     -- The rate the provider took: over the window's second, or its answers' span when that was longer.
     local okRate = ok / math.max(1, (last - start) / 1000)
-    if (thr + thrh) > total * maxThr or fail > total * maxFail then
+    if beyond(thr + thrh, total, maxThr) or beyond(fail, total, maxFail) then
       if start >= cool then
         -- From the pace in force (the cap when there is no pace below it).
         local cur = rate

@@ -331,3 +331,34 @@ func TestPaceRefusedAnswersAreSharedAtOnce(t *testing.T) {
 		t.Fatalf("refused answers in the shared window: %d (%v), want %d before PaceFlush is up", thr, err, paceUrgent)
 	}
 }
+
+// A window of few requests whose 429s are a little over their share by chance (8 of 200, where 3 % is 6
+// and a standard deviation 2.4) does not lower the pace: the last moments of a campaign with sporadic 429s
+// keep their rate. Twice as many do.
+func TestPaceIgnoresASmallWindowOverItsShareByChance(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		throttled int
+		lowered   bool
+	}{{8, false}, {16, true}} {
+		b, clock := fakeClockBucket(t)
+		ctx := context.Background()
+		p := b.Pace("provider:tail", 1500)
+		for i := range 200 {
+			a := Taken
+			if i < tc.throttled {
+				a = Throttled
+			}
+			if err := p.Observe(ctx, a, 0); err != nil {
+				t.Fatal(err)
+			}
+		}
+		*clock = clock.Add(time.Second)
+		if err := p.Flush(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if got := p.Rate(ctx) < 1500; got != tc.lowered {
+			t.Errorf("%d 429s of 200: pace %v, lowered %v; want lowered %v", tc.throttled, p.Rate(ctx), got, tc.lowered)
+		}
+	}
+}
