@@ -279,10 +279,12 @@ func (h *Handler) answered(run *batchRun) {
 	run.unblamed = run.unblamed[:0]
 }
 
-// backoff is exponential with jitter (half to all of 250 ms·2^(attempt-1), capped at 10 s), and never
-// shorter than the provider's own hint.
+// backoff is exponential with jitter (half to all of 100 ms·2^(attempt-1), capped at 10 s), and never
+// shorter than the provider's own hint. The first waits are short: a sporadic 5xx is over by the next
+// request, and what keeps a provider that refuses more than now and then from being hammered is its shared
+// pace (limiter.Pace), which every refusal lowers, not one recipient's wait.
 func backoff(attempt int, hint time.Duration) time.Duration {
-	d := 250 * time.Millisecond << min(attempt-1, 6)
+	d := 100 * time.Millisecond << min(attempt-1, 7)
 	d = min(d, 10*time.Second)
 	d = d/2 + rand.N(d/2+1)
 	return max(d, hint)

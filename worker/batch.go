@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/hibiken/asynq"
@@ -57,7 +58,13 @@ type batchRun struct {
 	deferred     int
 	busy         int
 	halts        int
-	counts       map[string]int64
+	// carried are the recipients of a chunk that were all that was left of it, each waiting out the
+	// back-off of a transient refusal, when chunks of the batch followed: they go with the next chunk
+	// (whose lease reads their status and consent again) instead of holding it up. retryOf keeps their
+	// attempts and back-offs, by user, until the next chunk's sends take them up again.
+	carried []campaign.Recipient
+	retryOf map[string]windowSend
+	counts  map[string]int64
 	// m is the metrics of the campaign's provider and channel (nil: none).
 	m *metrics.Sends
 }
@@ -149,9 +156,14 @@ func (h *Handler) RunBatch(ctx context.Context, campaignID int64, batch int) err
 	run.pending = make([]campaign.Outcome, 0, min(chunkSize, len(recipients)))
 	var stop error
 	queue := recipients
-	for len(queue) > 0 && stop == nil {
+	for (len(queue) > 0 || len(run.carried) > 0) && stop == nil {
 		chunk := queue[:min(chunkSize, len(queue))]
 		queue = queue[len(chunk):]
+		if len(run.carried) > 0 {
+			// Behind the chunk's own, so that its sends start at once: their back-offs end meanwhile.
+			chunk = append(slices.Clip(chunk), run.carried...)
+			run.carried = nil
+		}
 		mode, todo, err := h.gate(ctx, run, chunk)
 		if err != nil {
 			stop = err
@@ -161,7 +173,7 @@ func (h *Handler) RunBatch(ctx context.Context, campaignID int64, batch int) err
 			if batcher != nil {
 				err = h.deliverGroup(ctx, waitCtx, run, batcher, todo)
 			} else {
-				err = h.deliverWindowed(ctx, waitCtx, run, todo)
+				err = h.deliverWindowed(ctx, waitCtx, run, todo, len(queue) > 0)
 			}
 			if errors.Is(err, state.ErrHalted) && run.halts == 0 {
 				run.halts++

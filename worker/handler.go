@@ -79,7 +79,8 @@ type Config struct {
 	// provider timeout. Default 30 s.
 	LeaseTTL time.Duration
 	// SendAttempts is how many times a transient provider error is retried in place, with back-off, before
-	// the rest of the batch is handed back to the queue. Default 3.
+	// the rest of the batch is handed back to the queue. Default 5 (with back-offs of 0.05–0.1, 0.1–0.2,
+	// 0.2–0.4 and 0.4–0.8 s, or a Retry-After when longer).
 	SendAttempts int
 	// SendWindow is how many one-message sends a batch run has out at once when no rate cap paces it: they
 	// are claimed together just before they go out, and a crash leaves at most that many in flight.
@@ -144,7 +145,7 @@ func NewHandler(cfg Config) *Handler {
 		cfg.InFlightGrace = cfg.LeaseTTL
 	}
 	if cfg.SendAttempts == 0 {
-		cfg.SendAttempts = 3
+		cfg.SendAttempts = 5
 	}
 	if cfg.SendWindow == 0 {
 		cfg.SendWindow = DefaultSendWindow

@@ -59,8 +59,10 @@ type windowSend struct {
 // single send's is (judge, settleRefusal, the provider's shared pace). A crash loses at most the window in
 // flight to `unknown`. A recipient refused transiently is tried again in a later window once its back-off
 // (or the provider's Retry-After for it) has passed; the others of the chunk go on meanwhile. While the
-// provider is down, the chunk waits, sending only the probe, and nobody's attempts are used up.
-func (h *Handler) deliverWindowed(ctx, waitCtx context.Context, run *batchRun, rs []campaign.Recipient) error {
+// provider is down, the chunk waits, sending only the probe, and nobody's attempts are used up. When all
+// that is left of the chunk waits for back-offs and more chunks follow (more), those recipients are carried
+// over to the next chunk (batchRun.carried) with their attempts, and the batch goes on.
+func (h *Handler) deliverWindowed(ctx, waitCtx context.Context, run *batchRun, rs []campaign.Recipient, more bool) error {
 	rt := &run.primary
 	queue := make([]windowSend, 0, len(rs))
 	for i := range rs {
@@ -69,10 +71,16 @@ func (h *Handler) deliverWindowed(ctx, waitCtx context.Context, run *batchRun, r
 		if err != nil {
 			return err
 		}
-		if ok {
-			queue = append(queue, windowSend{r: r, msg: msg, tokens: sendTokens(rt, msg), attempt: 1})
+		if !ok {
+			continue
 		}
+		w := windowSend{r: r, msg: msg, tokens: sendTokens(rt, msg), attempt: 1}
+		if was, ok := run.retryOf[r.UserID]; ok {
+			w.attempt, w.notUntil = was.attempt, was.notUntil
+		}
+		queue = append(queue, w)
 	}
+	clear(run.retryOf)
 	name := rt.provider.Name()
 	g := run.guard
 	g.CheckHalt = true
@@ -101,6 +109,10 @@ func (h *Handler) deliverWindowed(ctx, waitCtx context.Context, run *batchRun, r
 			size = 1
 		}
 		win, rest, next := readyWindow(queue, size, time.Now())
+		if len(win) == 0 && more {
+			run.carryOver(queue)
+			return nil
+		}
 		if len(win) == 0 {
 			if err := limiter.Sleep(waitCtx, time.Until(next)); err != nil {
 				return waitError(ctx, waitCtx, err)
@@ -168,6 +180,17 @@ func (h *Handler) deliverWindowed(ctx, waitCtx context.Context, run *batchRun, r
 		}
 	}
 	return nil
+}
+
+// carryOver hands the recipients of queue, each waiting out a back-off, to the batch's next chunk.
+func (run *batchRun) carryOver(queue []windowSend) {
+	if run.retryOf == nil {
+		run.retryOf = make(map[string]windowSend, len(queue))
+	}
+	for _, w := range queue {
+		run.carried = append(run.carried, *w.r)
+		run.retryOf[w.r.UserID] = windowSend{attempt: w.attempt, notUntil: w.notUntil}
+	}
 }
 
 // readyWindow takes from queue up to size recipients whose back-off is over at now, in queue order; it

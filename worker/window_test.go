@@ -2,6 +2,8 @@ package worker
 
 import (
 	"context"
+	"errors"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -280,5 +282,92 @@ func TestSendsAuditWhetherTheirReceiptsNameTheRecipient(t *testing.T) {
 		if sent == 0 || marked != want {
 			t.Errorf("provider keyed %v: %d of %d sends audited as keyed, want %d", keyed, marked, sent, want)
 		}
+	}
+}
+
+// A refused send waits half to all of 100 ms·2^(attempt-1), at most 10 s, and never less than the
+// provider's Retry-After.
+func TestBackoffGrowsFromATenthOfASecondAndKeepsTheHint(t *testing.T) {
+	for _, tc := range []struct {
+		attempt  int
+		hint     time.Duration
+		min, max time.Duration
+	}{
+		{1, 0, 50 * time.Millisecond, 100 * time.Millisecond},
+		{2, 0, 100 * time.Millisecond, 200 * time.Millisecond},
+		{4, 0, 400 * time.Millisecond, 800 * time.Millisecond},
+		{9, 0, 5 * time.Second, 10 * time.Second},
+		{40, 0, 5 * time.Second, 10 * time.Second},
+		{1, time.Second, time.Second, time.Second},
+		{4, 3 * time.Second, 3 * time.Second, 3 * time.Second},
+	} {
+		for range 200 {
+			if d := backoff(tc.attempt, tc.hint); d < tc.min || d > tc.max {
+				t.Fatalf("backoff(%d, %v) = %v, want within [%v, %v]", tc.attempt, tc.hint, d, tc.min, tc.max)
+			}
+		}
+	}
+}
+
+// A recipient refused with a Retry-After does not hold up the rest of its batch: when all that is left of
+// its chunk waits for a back-off, it goes with the next chunk, keeping its attempts, and is sent once.
+func TestARefusalWaitsWithoutHoldingUpTheNextChunk(t *testing.T) {
+	t.Parallel()
+	f := planWith(t, 100, func(s *campaign.Spec) { s.BatchSize = 500 }) // 54 eligible, in one batch
+	h, _, _ := f.faulty(t, func(c *Config) { c.SendWindow = 8; c.ChunkSize = 10 })
+	var mu sync.Mutex
+	var order []string
+	refusedOnce := false
+	f.provider.fail = func(_ int, m providers.Message) error {
+		mu.Lock()
+		defer mu.Unlock()
+		order = append(order, m.To)
+		switch m.To {
+		case phone(1):
+			if !refusedOnce {
+				refusedOnce = true
+				return &providers.Error{Provider: "test", Status: 429, Class: providers.Transient, RetryAfter: 400 * time.Millisecond}
+			}
+		case phone(2):
+			return &providers.Error{Provider: "test", Status: 503, Class: providers.Transient}
+		}
+		return nil
+	}
+	err := h.RunBatch(context.Background(), f.id, 0)
+	var re *RetryError
+	if !errors.As(err, &re) {
+		t.Fatalf("RunBatch: %v, want the batch handed back for u2, which kept failing", err)
+	}
+	f.assertOnce(t)
+	first, again, sends2, between := -1, -1, 0, 0
+	for i, to := range order {
+		switch {
+		case to == phone(1) && first < 0:
+			first = i
+		case to == phone(1):
+			again = i
+		case to == phone(2):
+			sends2++
+		case first >= 0 && again < 0:
+			between++
+		}
+	}
+	// Before u1's retry, the batch went on: more sends to others than the rest of u1's chunk of 10 could
+	// make.
+	if first < 0 || again < 0 || between <= 9 {
+		t.Errorf("u1 refused at send %d, tried again at send %d after %d sends to others: the batch waited for it", first, again, between)
+	}
+	if n := len(f.provider.accepted[phone(1)]); n != 1 {
+		t.Errorf("u1 was accepted %d times, want 1", n)
+	}
+	// u2's attempts carry over from chunk to chunk: SendAttempts in all in this run, not per chunk.
+	if sends2 != 5 {
+		t.Errorf("u2 (always 503) was tried %d times in the run, want 5", sends2)
+	}
+	if st, _, _ := f.status(t, "u2"); st != campaign.StatusPending {
+		t.Errorf("u2 is %s, want pending (deferred to a later run)", st)
+	}
+	if c := f.counts(t); c.Sent != c.Planned-1 || c.Pending != 1 {
+		t.Fatalf("counts %+v", c)
 	}
 }
