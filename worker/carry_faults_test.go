@@ -140,6 +140,39 @@ func (cr *carry) onLease(hook func(users []string)) {
 	}
 }
 
+// inNextChunk runs f once, ahead of the first send to someone else than u1 after the lease of the chunk u1
+// is carried into: while that chunk's first window is going out.
+func (cr *carry) inNextChunk(f func()) {
+	var leased, done atomic.Bool
+	cr.onLease(func([]string) { leased.Store(true) })
+	cr.provider.before = func(m providers.Message) {
+		if leased.Load() && m.To != phone(1) && done.CompareAndSwap(false, true) {
+			f()
+		}
+	}
+}
+
+// inHand is the users batch 0 holds in hand (leased, their fate not read yet).
+func (cr *carry) inHand(t *testing.T) []string {
+	t.Helper()
+	var users []string
+	if err := cr.db.QueryRow(context.Background(), `SELECT lease_users FROM campaign_batches WHERE campaign_id = $1 AND batch = 0`, cr.id).Scan(&users); err != nil {
+		t.Fatal(err)
+	}
+	return users
+}
+
+// assertEveryoneSentOnce checks the batch's end: everyone settled and sent, u1 accepted once, every code
+// given once.
+func (cr *carry) assertEveryoneSentOnce(t *testing.T) {
+	t.Helper()
+	c := cr.assertSettled(t)
+	if c.Sent != c.Planned || cr.u1Accepted() != 1 {
+		t.Fatalf("counts %+v, u1 accepted %d times; want everyone sent once", c, cr.u1Accepted())
+	}
+	cr.assertCodesOnce(t)
+}
+
 // mustHaveCarried fails the test unless u1 was carried into a later chunk: otherwise it did not test the
 // carried path.
 func (cr *carry) mustHaveCarried(t *testing.T) {
@@ -243,11 +276,7 @@ func TestCarriedRecipientIsSentOnceWithItsCode(t *testing.T) {
 		t.Fatal(err)
 	}
 	cr.mustHaveCarried(t)
-	c := cr.assertSettled(t)
-	if c.Sent != c.Planned || cr.u1Accepted() != 1 {
-		t.Fatalf("counts %+v, u1 accepted %d times; want everyone sent once", c, cr.u1Accepted())
-	}
-	cr.assertCodesOnce(t)
+	cr.assertEveryoneSentOnce(t)
 }
 
 // u1 answers RET between its refusal and its retry (recorded while its chunk is still sending): the
@@ -322,11 +351,7 @@ func TestCarriedRecipientWaitsOutAPauseBetweenChunks(t *testing.T) {
 		t.Fatal(err)
 	}
 	cr.runToEnd(t, cr.h, 5)
-	c := cr.assertSettled(t)
-	if c.Sent != c.Planned || cr.u1Accepted() != 1 {
-		t.Fatalf("counts %+v, u1 accepted %d times; want everyone sent once", c, cr.u1Accepted())
-	}
-	cr.assertCodesOnce(t)
+	cr.assertEveryoneSentOnce(t)
 	if st := cr.campaign(t).State; st != campaign.StateCompleted {
 		t.Fatalf("campaign %s, want completed", st)
 	}
@@ -354,13 +379,7 @@ func TestCarriedRecipientIsClosedByACancel(t *testing.T) {
 				cr.onLease(func([]string) { cancel() })
 			} else {
 				// u1's retry comes after its back-off (50–100 ms); the first send of its next chunk is now.
-				var leased atomic.Bool
-				cr.onLease(func([]string) { leased.Store(true) })
-				cr.provider.before = func(m providers.Message) {
-					if leased.Load() && m.To != phone(1) {
-						cancel()
-					}
-				}
+				cr.inNextChunk(cancel)
 			}
 			err := cr.h.RunBatch(ctx, cr.id, 0)
 			if err != nil {
@@ -420,18 +439,11 @@ func TestCarriedRecipientIsHandedBackWhenTheRunStops(t *testing.T) {
 			if st, _, _ := cr.status(t, "u1"); st != campaign.StatusPending || cr.u1Accepted() != 0 {
 				t.Fatalf("u1 is %s with %d messages, want pending and unsent", st, cr.u1Accepted())
 			}
-			var inHand int
-			cr.db.QueryRow(ctx, `SELECT cardinality(lease_users) FROM campaign_batches WHERE campaign_id = $1 AND batch = 0`, cr.id).Scan(&inHand) //nolint:errcheck
-			if inHand != 0 {
+			if inHand := len(cr.inHand(t)); inHand != 0 {
 				t.Fatalf("%d users left in hand by a run that stopped cleanly", inHand)
 			}
-			h2, _, _ := cr.faulty(t, func(c *Config) { c.SendWindow, c.ChunkSize, c.LeaseTTL = 8, 10, 300*time.Millisecond })
-			cr.runToEnd(t, h2, 5)
-			c := cr.assertSettled(t)
-			if c.Sent != c.Planned || cr.u1Accepted() != 1 {
-				t.Fatalf("counts %+v, u1 accepted %d times; want everyone sent once", c, cr.u1Accepted())
-			}
-			cr.assertCodesOnce(t)
+			cr.runToEnd(t, cr.h2(), 5)
+			cr.assertEveryoneSentOnce(t)
 		})
 	}
 }
@@ -443,25 +455,19 @@ func TestCarriedRecipientIsHandedBackWhenTheRunStops(t *testing.T) {
 func TestCarriedRecipientOfARunThatDiesIsSentOnceLater(t *testing.T) {
 	t.Parallel()
 	cr := newCarry(t, nil)
-	var leased, died atomic.Bool
-	cr.onLease(func([]string) { leased.Store(true) })
-	cr.provider.before = func(m providers.Message) {
-		if leased.Load() && m.To != phone(1) && died.CompareAndSwap(false, true) {
-			cr.fr.Add(&faults.Rule{Kind: faults.Fail})
-			cr.store.Add(&faults.Rule{Match: faults.Method("Record", "ReleaseBatch"), Kind: faults.Fail})
-		}
-	}
+	var died atomic.Bool
+	cr.inNextChunk(func() {
+		died.Store(true)
+		cr.fr.Add(&faults.Rule{Kind: faults.Fail})
+		cr.store.Add(&faults.Rule{Match: faults.Method("Record", "ReleaseBatch"), Kind: faults.Fail})
+	})
 	notFailure(t, cr.h.RunBatch(context.Background(), cr.id, 0))
 	cr.provider.before = nil
 	cr.mustHaveCarried(t)
 	if !died.Load() || cr.u1Accepted() != 0 {
 		t.Fatalf("died %v, u1 accepted %d times: want the run dead before u1's retry", died.Load(), cr.u1Accepted())
 	}
-	var inHand []string
-	if err := cr.db.QueryRow(context.Background(), `SELECT lease_users FROM campaign_batches WHERE campaign_id = $1 AND batch = 0`, cr.id).Scan(&inHand); err != nil {
-		t.Fatal(err)
-	}
-	if !slices.Contains(inHand, "u1") {
+	if inHand := cr.inHand(t); !slices.Contains(inHand, "u1") {
 		t.Fatalf("chunk in hand %v of the dead run does not hold u1, which it carried", inHand)
 	}
 	cr.leaseExpired(t)
@@ -506,14 +512,10 @@ func TestCarriedRecipientAcrossAnEpochChange(t *testing.T) {
 			if when == "between chunks" {
 				cr.onLease(func([]string) { flush() })
 			} else {
-				var leased, done atomic.Bool
-				cr.onLease(func([]string) { leased.Store(true) })
-				cr.provider.before = func(m providers.Message) {
-					if leased.Load() && m.To != phone(1) && done.CompareAndSwap(false, true) {
-						flush()
-						secondErr = cr.h2().RunBatch(ctx, cr.id, 0)
-					}
-				}
+				cr.inNextChunk(func() {
+					flush()
+					secondErr = cr.h2().RunBatch(ctx, cr.id, 0)
+				})
 			}
 			notFailure(t, cr.h.RunBatch(ctx, cr.id, 0))
 			cr.provider.before = nil
@@ -521,11 +523,7 @@ func TestCarriedRecipientAcrossAnEpochChange(t *testing.T) {
 			notFailure(t, secondErr)
 			cr.assertOnce(t)
 			cr.runToEnd(t, cr.h2(), 10)
-			c := cr.assertSettled(t)
-			if cr.u1Accepted() != 1 || c.Sent != c.Planned {
-				t.Fatalf("counts %+v, u1 accepted %d times; want everyone sent once", c, cr.u1Accepted())
-			}
-			cr.assertCodesOnce(t)
+			cr.assertEveryoneSentOnce(t)
 		})
 	}
 }
@@ -569,11 +567,7 @@ func TestCarriedRecipientUnderATakeover(t *testing.T) {
 			if secondErr != nil {
 				t.Fatalf("the run that took the batch over: %v", secondErr)
 			}
-			c := cr.assertSettled(t)
-			if cr.u1Accepted() != 1 || c.Sent != c.Planned {
-				t.Fatalf("counts %+v, u1 accepted %d times; want everyone sent once", c, cr.u1Accepted())
-			}
-			cr.assertCodesOnce(t)
+			cr.assertEveryoneSentOnce(t)
 		})
 	}
 }
@@ -584,15 +578,11 @@ func TestCarriedRecipientWhoseChunkIsTakenOver(t *testing.T) {
 	t.Parallel()
 	cr := newCarry(t, nil)
 	ctx := context.Background()
-	var leased, stalled atomic.Bool
 	var secondErr error
-	cr.onLease(func([]string) { leased.Store(true) })
-	cr.provider.before = func(m providers.Message) {
-		if leased.Load() && m.To != phone(1) && stalled.CompareAndSwap(false, true) {
-			cr.leaseExpired(t)
-			secondErr = cr.h2().RunBatch(ctx, cr.id, 0)
-		}
-	}
+	cr.inNextChunk(func() {
+		cr.leaseExpired(t)
+		secondErr = cr.h2().RunBatch(ctx, cr.id, 0)
+	})
 	err := cr.h.RunBatch(ctx, cr.id, 0)
 	cr.provider.before = nil
 	cr.mustHaveCarried(t)
@@ -669,11 +659,7 @@ func TestCarriedRecipientWhoseRetryClaimFails(t *testing.T) {
 				return cr.rdb.Exists(context.Background(), u1).Val() == 0
 			})
 			cr.runToEnd(t, cr.h, 5)
-			c := cr.assertSettled(t)
-			if cr.u1Accepted() != 1 || c.Sent != c.Planned {
-				t.Fatalf("counts %+v, u1 accepted %d times; want everyone sent once", c, cr.u1Accepted())
-			}
-			cr.assertCodesOnce(t)
+			cr.assertEveryoneSentOnce(t)
 		})
 	}
 }
@@ -693,13 +679,7 @@ func TestCarriedRecipientSurvivesTheTaskContextEnding(t *testing.T) {
 			if when == "before the next lease" {
 				cr.onLease(func([]string) { cancel() })
 			} else {
-				var leased atomic.Bool
-				cr.onLease(func([]string) { leased.Store(true) })
-				cr.provider.before = func(m providers.Message) {
-					if leased.Load() && m.To != phone(1) {
-						cancel()
-					}
-				}
+				cr.inNextChunk(cancel)
 			}
 			err := cr.h.RunBatch(ctx, cr.id, 0)
 			cr.provider.before = nil
@@ -713,17 +693,11 @@ func TestCarriedRecipientSurvivesTheTaskContextEnding(t *testing.T) {
 			if c := cr.counts(t); c.Sent != int64(cr.provider.total()) {
 				t.Fatalf("counts %+v with %d messages accepted: every answer must be recorded", c, cr.provider.total())
 			}
-			var inHand int
-			cr.db.QueryRow(context.Background(), `SELECT cardinality(lease_users) FROM campaign_batches WHERE campaign_id = $1 AND batch = 0`, cr.id).Scan(&inHand) //nolint:errcheck
-			if inHand != 0 {
+			if inHand := len(cr.inHand(t)); inHand != 0 {
 				t.Fatalf("%d users left in hand", inHand)
 			}
 			cr.runToEnd(t, cr.h2(), 5)
-			c := cr.assertSettled(t)
-			if c.Sent != c.Planned || cr.u1Accepted() != 1 {
-				t.Fatalf("counts %+v, u1 accepted %d times; want everyone sent once", c, cr.u1Accepted())
-			}
-			cr.assertCodesOnce(t)
+			cr.assertEveryoneSentOnce(t)
 		})
 	}
 }
