@@ -1,6 +1,7 @@
 package twilio
 
 import (
+	"bytes"
 	"context"
 	"encoding/base64"
 	"encoding/json"
@@ -8,10 +9,11 @@ import (
 	"net/http"
 	"net/url"
 	"runtime"
-	"strings"
 	"time"
 
 	"github.com/twilio/twilio-go/client"
+
+	"github.com/campaignctl/campaignctl/providers/internal/wire"
 )
 
 // The recorder is also the client twilio-go sends through (client.BaseClient, the SDK's place for a
@@ -27,6 +29,30 @@ var userAgent = fmt.Sprintf("twilio-go/%s (%s %s) go/%s", client.LibraryVersion,
 // basicAuth is the Authorization header of an account SID and auth token.
 func basicAuth(sid, token string) string {
 	return "Basic " + base64.StdEncoding.EncodeToString([]byte(sid+":"+token))
+}
+
+// messagesURL returns rawURL, the SDK's URL of the Messages resource, parsed and pointed at the
+// configured host. The SDK builds the same URL for every message of an account: it is parsed once.
+func (p *Provider) messagesURL(rawURL string) (*url.URL, error) {
+	if c := p.lastURL.Load(); c != nil && c.raw == rawURL {
+		u := c.u
+		return &u, nil
+	}
+	u, err := url.Parse(rawURL)
+	if err != nil {
+		return nil, err
+	}
+	if t := p.target; t != nil {
+		u.Scheme, u.Host = t.Scheme, t.Host
+	}
+	p.lastURL.Store(&parsedURL{raw: rawURL, u: *u})
+	return u, nil
+}
+
+// parsedURL is a URL as the SDK built it and as it is sent.
+type parsedURL struct {
+	raw string
+	u   url.URL
 }
 
 // AccountSid is the account the SDK puts in the request path.
@@ -49,16 +75,13 @@ func (r *recorder) SendRequest(method, rawURL string, data url.Values, headers m
 		// CreateMessage posts a form; nothing else goes through this client.
 		return nil, fmt.Errorf("twilio: this adapter sends only the form POST of a message, not %s with a body of %d bytes", method, len(body))
 	}
-	u, err := url.Parse(rawURL)
+	u, err := r.p.messagesURL(rawURL)
 	if err != nil {
 		return nil, err
 	}
-	if t := r.p.target; t != nil {
-		u.Scheme, u.Host = t.Scheme, t.Host
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), r.p.timeout)
 	defer cancel()
-	req, err := http.NewRequestWithContext(r.WithTrace(ctx), method, "", strings.NewReader(data.Encode()))
+	req, err := http.NewRequestWithContext(r.WithTrace(ctx), method, "", bytes.NewReader(wire.AppendForm(nil, data)))
 	if err != nil {
 		return nil, err
 	}

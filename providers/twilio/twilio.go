@@ -18,6 +18,7 @@ import (
 	"net/url"
 	"os"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	"github.com/twilio/twilio-go/client"
@@ -72,6 +73,7 @@ type Provider struct {
 	region    string
 	timeout   time.Duration
 	transport http.RoundTripper
+	lastURL   atomic.Pointer[parsedURL] // the last Messages URL the SDK gave, parsed
 }
 
 // New validates cfg and returns a Provider. Its errors name the environment variable to fix and never

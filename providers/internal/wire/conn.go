@@ -56,7 +56,10 @@ func (pc *conn) roundTrip(ctx context.Context, trace *httptrace.ClientTrace, req
 		w = req.WithContext(context.Background())
 	}
 	pc.meter.written = 0
-	err := w.Write(pc.bw) // closes req.Body
+	done, err := writeRequest(pc.bw, w) // closes req.Body when done
+	if !done {
+		err = w.Write(pc.bw) // closes req.Body
+	}
 	if err == nil {
 		err = pc.bw.Flush()
 	}
@@ -95,7 +98,10 @@ func (pc *conn) readAnswer(trace *httptrace.ClientTrace, req *http.Request) (*ht
 	}
 	for n := 0; ; n++ {
 		pc.meter.readLeft = maxHeaderBytes
-		resp, err := http.ReadResponse(pc.br, req)
+		resp, done, err := readResponse(pc.br, req)
+		if !done {
+			resp, err = http.ReadResponse(pc.br, req)
+		}
 		pc.meter.readLeft = math.MaxInt64
 		if err != nil {
 			return nil, err
