@@ -246,7 +246,8 @@ const (
 //     for windows begun within a second of it (their answers are those of requests sent at the old pace,
 //     and a provider counting over a sliding second still counts those);
 //   - otherwise, while the sends reach the pace, it climbs by 5 % (and one) a second, until the cap,
-//     where it is dropped (no pace below the cap);
+//     where it is dropped (no pace below the cap); a pace below paceJudgeAt climbs on the requests a
+//     second holds, fewer than a judged window needs (it would never climb again otherwise);
 //   - nine in ten requests failing (5xx, not 429: a 429 says the provider is up) is a provider down (a
 //     decrease in the second before is undone: it was the outage beginning); the first request it takes
 //     again ends that, at once;
@@ -336,6 +337,18 @@ if due then
           rate = 0
           ev = "at_cap"
         end
+      end
+    end
+  elseif not down and total > 0 and rate > 0 and rate < judgeAt then
+    -- A pace under judgeAt a second never fills a window that can be judged: it may not lower further
+    -- on so few requests, but it climbs back while the sends reach it and the rejections are within
+    -- their share, or it would stay there for good.
+    local okRate = ok / math.max(1, (last - start) / 1000)
+    if okRate >= rate * binding and not beyond(thr + thrh, total, maxThr) and not beyond(fail, total, maxFail) then
+      rate = rate * 1.05 + 1
+      if cap > 0 and rate >= cap then
+        rate = 0
+        ev = "at_cap"
       end
     end
   end

@@ -362,3 +362,42 @@ func TestPaceIgnoresASmallWindowOverItsShareByChance(t *testing.T) {
 		}
 	}
 }
+
+// A pace lowered below paceJudgeAt (a cap of 30, a provider failing half the requests for a few seconds)
+// climbs back once the provider takes everything again: a second at such a pace never holds a window that
+// can be judged, and the pace stayed where it was for good.
+func TestPaceClimbsBackFromBelowAJudgedWindow(t *testing.T) {
+	t.Parallel()
+	b, clock := fakeClockBucket(t)
+	ctx := context.Background()
+	const cap = 30
+	p := b.Pace("provider:low", cap)
+	// Senders take tokens at the rate in force, a fifth of a second at a time, carrying the fraction.
+	failing := true
+	carry := 0.0
+	run := func(seconds int) {
+		for range seconds * 5 {
+			carry += p.Rate(ctx) / 5
+			for ; carry >= 1; carry-- {
+				a := Taken
+				if failing && rand.IntN(2) == 0 {
+					a = Failed
+				}
+				if err := p.Observe(ctx, a, 0); err != nil {
+					t.Fatal(err)
+				}
+			}
+			*clock = clock.Add(200 * time.Millisecond)
+		}
+	}
+	run(4)
+	low := p.Rate(ctx)
+	if low >= paceJudgeAt {
+		t.Fatalf("pace %v after 4 s of half the requests failing, want below %d for this test", low, paceJudgeAt)
+	}
+	failing = false
+	run(30)
+	if r := p.Rate(ctx); r != cap {
+		t.Fatalf("pace %v after 30 s with every request taken (from %v), want back at the cap %d", r, low, cap)
+	}
+}
