@@ -40,6 +40,10 @@ type batchRun struct {
 	lease     campaign.Lease
 	// renewAt is when the chunk's lease is renewed before the next claim.
 	renewAt time.Time
+	// consentAt is when the chunk's consents were read (gate, recheck).
+	consentAt time.Time
+	// revoked holds the users recheck found without consent (and settled) or no longer pending: not sent.
+	revoked map[string]bool
 	guard   state.Guard
 	// pending are outcomes not yet written to Postgres.
 	pending []campaign.Outcome
@@ -193,7 +197,7 @@ func (h *Handler) RunBatch(ctx context.Context, campaignID int64, batch int) err
 			if mode == modeCancel {
 				err = h.close(ctx, run, &todo[i], state.ReasonValue(state.Skipped, campaign.ReasonCancelled))
 			} else {
-				err = h.deliver(ctx, waitCtx, run, &todo[i])
+				err = h.deliver(ctx, waitCtx, run, todo[i:])
 			}
 			if errors.Is(err, state.ErrHalted) {
 				run.halts++
@@ -386,6 +390,7 @@ func (h *Handler) gate(ctx context.Context, run *batchRun, chunk []campaign.Reci
 	}
 	run.busy += got.Busy
 	run.renewAt = at.Add(run.lease.TTL / 3)
+	run.consentAt = at
 	for _, u := range got.Inherited {
 		if run.inherited == nil {
 			run.inherited = map[string]bool{}

@@ -13,9 +13,11 @@ import (
 	"github.com/campaignctl/campaignctl/providers"
 )
 
-// deliver handles one recipient. A non-nil error stops the batch: the recipient (and the rest) stay
-// pending for the next run.
-func (h *Handler) deliver(ctx, waitCtx context.Context, run *batchRun, r *campaign.Recipient) error {
+// deliver handles one recipient, the first of rest (the chunk's recipients not handled yet, whose
+// consents it reads again with the recipient's when they have grown old: recheck). A non-nil error stops
+// the batch: the recipient (and the rest) stay pending for the next run.
+func (h *Handler) deliver(ctx, waitCtx context.Context, run *batchRun, rest []campaign.Recipient) error {
+	r := &rest[0]
 	msg, ok, err := h.prepare(ctx, run, r)
 	if err != nil || !ok {
 		return err
@@ -34,6 +36,15 @@ func (h *Handler) deliver(ctx, waitCtx context.Context, run *batchRun, r *campai
 		tokens := sendTokens(rt, msg)
 		if err := h.readyToSend(ctx, waitCtx, run, sendSize{msgs: 1, tokens: tokens, calls: 1}, rt.limits...); err != nil {
 			return err
+		}
+		if h.consentStale(run) {
+			rs := make([]*campaign.Recipient, len(rest))
+			for i := range rest {
+				rs[i] = &rest[i]
+			}
+			if drop, err := h.recheck(ctx, run, rs); err != nil || drop[r.UserID] {
+				return err
+			}
 		}
 		if pauseFrom.IsZero() {
 			pauseFrom = time.Now()

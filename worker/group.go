@@ -20,6 +20,8 @@ import (
 // (Redis or Postgres) stops the chunk.
 func (h *Handler) prepare(ctx context.Context, run *batchRun, r *campaign.Recipient) (providers.Message, bool, error) {
 	switch {
+	case run.revoked[r.UserID]:
+		return providers.Message{}, false, nil // settled by recheck
 	case r.Suspect:
 		return providers.Message{}, false, h.settleUnverifiable(ctx, run, r)
 	case !r.Consent:
@@ -73,6 +75,21 @@ func (h *Handler) sendGroup(ctx, waitCtx context.Context, run *batchRun, b provi
 	for attempt := 1; ; attempt++ {
 		if err := h.readyToSend(ctx, waitCtx, run, sendSize{msgs: len(rs), tokens: len(rs), calls: 1}, run.limits...); err != nil {
 			return err
+		}
+		if drop, err := h.recheck(ctx, run, rs); err != nil {
+			return err
+		} else if len(drop) > 0 {
+			n := 0
+			for i, r := range rs {
+				if !drop[r.UserID] {
+					rs[n], msgs[n] = r, msgs[i]
+					n++
+				}
+			}
+			rs, msgs = rs[:n], msgs[:n]
+			if n == 0 {
+				return nil
+			}
 		}
 
 		// Claim everyone of the request at once, just before it, with their frequency marks.

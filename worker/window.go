@@ -123,6 +123,21 @@ func (h *Handler) deliverWindowed(ctx, waitCtx context.Context, run *batchRun, r
 		if err := h.readyToSend(ctx, waitCtx, run, sendSize{msgs: len(win), tokens: tokensOf(win), calls: len(win)}, limits...); err != nil {
 			return err
 		}
+		if h.consentStale(run) {
+			rs := make([]*campaign.Recipient, 0, len(win)+len(queue))
+			for _, w := range slices.Concat(win, queue) {
+				rs = append(rs, w.r)
+			}
+			drop, err := h.recheck(ctx, run, rs)
+			if err != nil {
+				return err
+			}
+			dropped := func(w windowSend) bool { return drop[w.r.UserID] }
+			win, queue = slices.DeleteFunc(win, dropped), slices.DeleteFunc(queue, dropped)
+			if len(win) == 0 {
+				continue
+			}
+		}
 		now := h.cfg.Now()
 		inflight := state.InFlightValue(now, h.cfg.Owner)
 		scs := make([]state.SendClaim, len(win))

@@ -1,0 +1,94 @@
+package worker
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/campaignctl/campaignctl/campaign"
+	"github.com/campaignctl/campaignctl/internal/state"
+)
+
+// consentMaxAge is how old the consents read with a chunk's lease may be when one of its messages goes.
+// A chunk is sized to go out within about a second, but it can wait far longer for its provider: a pace
+// the provider pushed down, an outage (only the probe goes), a Retry-After, a back-off. A refusal
+// recorded meanwhile (an İYS sync, a RET reply) must still stop the messages not yet sent.
+const consentMaxAge = time.Second
+
+// recheck reads again, when the chunk's were read more than consentMaxAge ago, the consents of rs (the
+// recipients of the chunk still to be sent), with the chunk's lease renewed by the same statement (see
+// LeaseChunk). Those whose consent is gone are settled as revoked; those no longer pending (settled by
+// another hand meanwhile) are left alone. It returns the users not to send, nil when all may go. A lease
+// lost to another run, or a campaign no longer running, ends the chunk as gate ends one.
+func (h *Handler) recheck(ctx context.Context, run *batchRun, rs []*campaign.Recipient) (map[string]bool, error) {
+	at := h.cfg.Now()
+	if !h.consentStale(run) || len(rs) == 0 {
+		return nil, nil
+	}
+	users := make([]string, len(rs))
+	for i, r := range rs {
+		users[i] = r.UserID
+	}
+	got, err := h.cfg.Store.LeaseChunk(ctx, run.c, users, run.lease)
+	if err != nil {
+		return nil, waitForServices(err)
+	}
+	switch mode, retry, done := stateGate(run.c.ID, got.State); {
+	case retry != nil:
+		return nil, retry
+	case done:
+		return nil, errCampaignOver
+	case mode == modeCancel:
+		// Cancelled since the chunk was leased: the batch reads why and closes the rest (gate).
+		return nil, state.ErrHalted
+	}
+	if len(got.Leased) == 0 && got.Busy > 0 {
+		return nil, &RetryError{Err: fmt.Errorf("lease of batch %d lost to another run", run.batch), After: time.Second}
+	}
+	run.consentAt = at
+	run.renewAt = at.Add(run.lease.TTL / 3)
+	if run.snapshots == nil {
+		run.snapshots = make(map[string]campaign.ConsentRecord, len(got.Snapshots))
+	}
+	for u, snap := range got.Snapshots {
+		run.snapshots[u] = snap
+	}
+	var drop map[string]bool
+	for _, r := range rs {
+		_, pending := got.Leased[r.UserID]
+		switch {
+		case run.revoked[r.UserID]:
+		case !pending:
+			// Settled by another hand meanwhile: not this run's to send or to record.
+			if run.revoked == nil {
+				run.revoked = map[string]bool{}
+			}
+			run.revoked[r.UserID] = true
+		case !got.Consent[r.Address]:
+			r.Consent = false
+			if err := h.close(ctx, run, r, state.ReasonValue(state.Skipped, campaign.ReasonRevoked)); err != nil {
+				return nil, err
+			}
+			if run.revoked == nil {
+				run.revoked = map[string]bool{}
+			}
+			run.revoked[r.UserID] = true
+		default:
+			continue
+		}
+		if drop == nil {
+			drop = map[string]bool{}
+		}
+		drop[r.UserID] = true
+	}
+	if len(drop) > 0 {
+		h.log.Info("consent refused while the chunk waited for its provider: not sent", "campaign_id", run.c.ID,
+			"batch", run.batch, "recipients", len(drop))
+	}
+	return drop, nil
+}
+
+// consentStale says whether the chunk's consents were read more than consentMaxAge ago.
+func (h *Handler) consentStale(run *batchRun) bool {
+	return h.cfg.Now().Sub(run.consentAt) > consentMaxAge
+}

@@ -1,0 +1,110 @@
+package worker
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/campaignctl/campaignctl/campaign"
+	"github.com/campaignctl/campaignctl/internal/testredis"
+	"github.com/campaignctl/campaignctl/providers"
+)
+
+// A chunk leased with its consents waits for its provider (its first requests refused with a 429 asking
+// for 2 s) while u8 refuses: when the chunk's messages go, more than a second after its consents were
+// read, they are read again, and u8 is not sent. Before, the consents read with the lease stood however
+// long the chunk waited (a provider outage held one for 15 s, a pace stuck low for minutes). One send at
+// a time (a provider with a fallback) and windows of 8 (the SMS path), whose first window is refused whole.
+func TestAChunkThatWaitedForItsProviderReadsItsConsentsAgain(t *testing.T) {
+	t.Parallel()
+	for _, window := range []int{1, 8} {
+		t.Run(fmt.Sprintf("window %d", window), func(t *testing.T) {
+			t.Parallel()
+			f := planWith(t, 8, nil) // eligible: u1, u2, u4, u7, u8, one chunk
+			h, _, _ := f.faulty(t, func(c *Config) { c.SendWindow = window })
+			refused := 1 // one at a time: u1, which is tried again in place
+			if window > 1 {
+				refused = 5 // the whole first window
+			}
+			var once sync.Once
+			f.provider.before = func(providers.Message) {
+				once.Do(func() {
+					if _, err := f.db.Exec(context.Background(), `UPDATE iys_consents SET status = 'RET', source = 'IYS_MOBIL' WHERE recipient = $1`, phone(8)); err != nil {
+						t.Error(err)
+					}
+				})
+			}
+			f.provider.fail = func(call int, _ providers.Message) error {
+				if call <= refused {
+					return &providers.Error{Provider: "test", Status: 429, Throttled: true, RetryAfter: 2 * time.Second, Class: providers.Transient}
+				}
+				return nil
+			}
+			start := time.Now()
+			if err := h.RunBatch(context.Background(), f.id, 0); err != nil {
+				t.Fatal(err)
+			}
+			if waited := time.Since(start); waited < 2*time.Second {
+				t.Fatalf("the batch took %v: the refusal did not make the chunk wait, so this tests nothing", waited)
+			}
+			if n := len(f.provider.accepted[phone(8)]); n != 0 {
+				t.Fatalf("u8 refused while its chunk waited 2 s for the provider, and got %d messages", n)
+			}
+			if st, reason, code := f.status(t, "u8"); st != campaign.StatusSkipped || reason != campaign.ReasonRevoked || code != "" {
+				t.Fatalf("u8: %s/%s code %q, want skipped/revoked with its code given back", st, reason, code)
+			}
+			for _, u := range []int{1, 2, 4, 7} {
+				if n := len(f.provider.accepted[phone(u)]); n != 1 {
+					t.Errorf("u%d got %d messages, want 1", u, n)
+				}
+			}
+			if c := f.counts(t); c.Sent != 4 || c.Skipped != 1 {
+				t.Fatalf("counts %+v, want 4 sent and u8 skipped", c)
+			}
+		})
+	}
+}
+
+// The same on the e-mail path: a request of 4 refused with a 429 asking for 2 s, user3 refusing
+// meanwhile; the request sent after the wait leaves user3 out.
+func TestAnEmailRequestThatWaitedForItsProviderReadsItsConsentsAgain(t *testing.T) {
+	t.Parallel()
+	rdb, _ := testredis.New(t)
+	db, _, id, p, h := planEmailDB(t, 4, 10, rdb)
+	ctx := context.Background()
+	p.before = func(n int) {
+		if n == 1 {
+			if _, err := db.Exec(ctx, `UPDATE iys_consents SET status = 'RET', updated_at = now() WHERE recipient = 'user3@example.com'`); err != nil {
+				t.Error(err)
+			}
+		}
+	}
+	p.fail = func(n int) error {
+		if n == 1 {
+			return &providers.Error{Provider: "batch", Status: 429, Throttled: true, RetryAfter: 2 * time.Second, Class: providers.Transient}
+		}
+		return nil
+	}
+	start := time.Now()
+	if err := h.RunBatch(ctx, id, 0); err != nil {
+		t.Fatal(err)
+	}
+	if waited := time.Since(start); waited < 2*time.Second {
+		t.Fatalf("the batch took %v: the refusal did not make the request wait, so this tests nothing", waited)
+	}
+	if n := len(p.accepted["user3@example.com"]); n != 0 {
+		t.Fatalf("user3 refused while the request waited 2 s for the provider, and got %d e-mails", n)
+	}
+	if len(p.accepted) != 3 {
+		t.Fatalf("%d addresses e-mailed, want the other 3", len(p.accepted))
+	}
+	var st, reason string
+	if err := db.QueryRow(ctx, `SELECT status, coalesce(reason, '') FROM campaign_recipients WHERE campaign_id = $1 AND user_id = 'u3'`, id).Scan(&st, &reason); err != nil {
+		t.Fatal(err)
+	}
+	if st != campaign.StatusSkipped || reason != campaign.ReasonRevoked {
+		t.Fatalf("u3: %s (%s), want skipped (revoked)", st, reason)
+	}
+}
