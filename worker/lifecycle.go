@@ -189,6 +189,9 @@ type ResumeReport struct {
 	// (queued, scheduled, retrying or running); FromDLQ those taken back from the dead-letter queue with
 	// a fresh retry budget.
 	Enqueued, AlreadyQueued, FromDLQ int
+	// Hastened counts the queued batch tasks that were waiting for a later retry or their scheduled time
+	// and were made to run now (a running campaign whose send window is open).
+	Hastened int
 	// Completed says the campaign had nothing pending and is now completed.
 	Completed bool
 }
@@ -271,6 +274,13 @@ func Resume(ctx context.Context, o ResumeOptions) (ResumeReport, error) {
 	}
 	// The batches taken back from the DLQ were queued a moment ago: Enqueue found them there.
 	rep.AlreadyQueued = max(existing-rep.FromDLQ, 0)
+	if rep.AlreadyQueued > 0 && c.State == campaign.StateRunning && c.Window.Open(time.Now()) {
+		// Batches that met the pause (or a wait of the incident) are waiting to be retried, up to 30 s
+		// from now: they run now.
+		if rep.Hastened, err = runWaiting(ctx, o.Redis, o.Store, id); err != nil {
+			return rep, err
+		}
+	}
 	if rep.Completed, err = o.Store.CompleteIfDone(ctx, id); err != nil {
 		return rep, err
 	}
@@ -283,4 +293,29 @@ func orDiscard(l *slog.Logger) *slog.Logger {
 		return slog.New(slog.DiscardHandler)
 	}
 	return l
+}
+
+// runWaiting makes the campaign's batch tasks that wait for a retry or a scheduled time (with pending
+// recipients) run now. A task that is not waiting (queued, running, done) is left as it is.
+func runWaiting(ctx context.Context, rdb redis.UniversalClient, store *campaign.Store, id int64) (int, error) {
+	batches, err := store.PendingBatches(ctx, id, false)
+	if err != nil {
+		return 0, err
+	}
+	insp := asynq.NewInspectorFromRedisClient(rdb)
+	n := 0
+	for _, b := range batches {
+		info, err := insp.GetTaskInfo(Queue, TaskID(id, b))
+		if err != nil {
+			continue // gone since (done): nothing waits
+		}
+		if info.State != asynq.TaskStateRetry && info.State != asynq.TaskStateScheduled {
+			continue
+		}
+		if err := insp.RunTask(Queue, info.ID); err != nil {
+			continue // it started meanwhile
+		}
+		n++
+	}
+	return n, nil
 }

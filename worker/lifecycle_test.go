@@ -487,3 +487,35 @@ func TestCancelWaitsForTheWorkerToLetGo(t *testing.T) {
 		t.Fatalf("resume of a cancelled campaign: %v, want ErrWrongState", err)
 	}
 }
+
+// A batch that met the pause waits for its retry, 30 s later; resume makes it run now rather than leave
+// the campaign still for up to half a minute after it said it was running again.
+func TestResumeRunsTheBatchesWaitingToRetryNow(t *testing.T) {
+	t.Parallel()
+	e := newOpsEnv(t, 3, nil)
+	ctx := context.Background()
+	c := e.launch(t, "p", 1)
+	if _, err := worker.Pause(ctx, worker.PauseOptions{Store: e.store, Redis: e.rdb, CampaignID: c.ID}); err != nil {
+		t.Fatal(err)
+	}
+	// Batch 0 met the pause: its task waits for a later run, as a retry after 30 s would.
+	id := worker.TaskID(c.ID, 0)
+	if err := e.insp.DeleteTask(worker.Queue, id); err != nil {
+		t.Fatal(err)
+	}
+	task, err := worker.NewBatchTask(c.ID, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := asynq.NewClientFromRedisClient(e.rdb).Enqueue(task, asynq.ProcessIn(30*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	rep, err := worker.Resume(ctx, worker.ResumeOptions{Store: e.store, Redis: e.rdb, CampaignID: c.ID})
+	if err != nil || rep.AlreadyQueued != 3 || rep.Hastened != 1 {
+		t.Fatalf("resume: %+v, %v; want 3 already queued, 1 of them run now", rep, err)
+	}
+	info, err := e.insp.GetTaskInfo(worker.Queue, id)
+	if err != nil || info.State != asynq.TaskStatePending {
+		t.Fatalf("batch 0 after resume: %+v, %v; want pending (to run now)", info, err)
+	}
+}

@@ -82,6 +82,9 @@ func (a *app) printResume(rep worker.ResumeReport, o resumeOptions, err error) {
 	c := rep.Counts
 	fmt.Fprintf(a.stdout, "campaign %d: %d batches re-enqueued, %d already queued, %d taken back from the DLQ; %d recipients pending, %d unknown\n",
 		id, rep.Enqueued, rep.AlreadyQueued, rep.FromDLQ, c.Pending, c.Unknown)
+	if rep.Hastened > 0 {
+		fmt.Fprintf(a.stdout, "%d of the queued batches were waiting to be retried and run now\n", rep.Hastened)
+	}
 	if c.Unknown > 0 && !o.resendUnknown {
 		fmt.Fprintf(a.stdout, "unknown recipients are not sent again by default; `campaignctl resume %d --resend-unknown` does\n", id)
 	}
