@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -244,13 +245,6 @@ and then bounce, are dropped or deferred.`,
 				Limits:           limits,
 				Outages:          outages,
 			})
-			fmt.Fprintf(a.stderr, "sandbox listening on http://%s (TWILIO_BASE_URL, SENDGRID_BASE_URL and FCM_BASE_URL=http://%s)\n", o.addr, o.addr)
-			if o.sendgridEventURL != "" {
-				fmt.Fprintf(a.stderr, "SendGrid events go to %s, signed with SENDGRID_WEBHOOK_PUBLIC_KEY=%s\n", o.sendgridEventURL, s.SendGridEventPublicKey())
-			}
-			if o.twilioInboundURL != "" {
-				fmt.Fprintf(a.stderr, "Twilio incoming SMS (POST /_sandbox/twilio/inbound) go to %s, signed with TWILIO_AUTH_TOKEN\n", o.twilioInboundURL)
-			}
 			if o.pprofAddr != "" {
 				if err := metrics.ValidateAddr(o.pprofAddr); err != nil {
 					return usagef("--pprof-addr %v", err)
@@ -264,7 +258,23 @@ and then bounce, are dropped or deferred.`,
 				}
 				defer stop()
 			}
-			return sandbox.ListenAndServe(cmd.Context(), o.addr, s)
+			// Listening first: the address is announced only once it is ours.
+			ln, err := net.Listen("tcp", o.addr)
+			if err != nil {
+				if errors.Is(err, syscall.EADDRINUSE) {
+					return fmt.Errorf("sandbox: --addr %s is in use: stop what listens there, or give another --addr", o.addr)
+				}
+				return fmt.Errorf("sandbox listen: %w", err)
+			}
+			defer ln.Close()
+			fmt.Fprintf(a.stderr, "sandbox listening on http://%s (TWILIO_BASE_URL, SENDGRID_BASE_URL and FCM_BASE_URL=http://%s)\n", o.addr, o.addr)
+			if o.sendgridEventURL != "" {
+				fmt.Fprintf(a.stderr, "SendGrid events go to %s, signed with SENDGRID_WEBHOOK_PUBLIC_KEY=%s\n", o.sendgridEventURL, s.SendGridEventPublicKey())
+			}
+			if o.twilioInboundURL != "" {
+				fmt.Fprintf(a.stderr, "Twilio incoming SMS (POST /_sandbox/twilio/inbound) go to %s, signed with TWILIO_AUTH_TOKEN\n", o.twilioInboundURL)
+			}
+			return sandbox.Serve(cmd.Context(), ln, s)
 		},
 	}
 	f := cmd.Flags()

@@ -259,6 +259,11 @@ func ListenAndServe(ctx context.Context, addr string, s *Server) error {
 	if err != nil {
 		return fmt.Errorf("sandbox listen: %w", err)
 	}
+	return Serve(ctx, ln, s)
+}
+
+// Serve is ListenAndServe on a listener already open (closed when it returns).
+func Serve(ctx context.Context, ln net.Listener, s *Server) error {
 	stop := make(chan struct{})
 	srv := &http.Server{
 		Handler:           s,
