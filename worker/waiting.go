@@ -49,6 +49,15 @@ func waitingOf(ctx context.Context, env *waitEnv, c *campaign.Campaign, counts c
 		return &Waiting{Reason: WaitPaused, Detail: fmt.Sprintf("paused; campaignctl resume %d goes on, campaignctl cancel %d ends it", id, id)}, nil
 	}
 	rdb := env.rdb
+	// First: after Redis lost its data, the workers' heartbeats are gone for a few seconds too, and
+	// starting a worker would not help; resume does.
+	queued, err := env.queued(id)
+	if err != nil {
+		return nil, err
+	}
+	if queued == 0 && dlq == 0 {
+		return &Waiting{Reason: WaitRedisLostData, Detail: fmt.Sprintf("%d recipients pending and none of the campaign's batches is queued: Redis lost its data (restarted empty, flushed, failed over). Run campaignctl resume %d", counts.Pending, id)}, nil
+	}
 	workers, err := env.workers(ctx)
 	if err != nil {
 		return nil, err
@@ -72,13 +81,6 @@ func waitingOf(ctx context.Context, env *waitEnv, c *campaign.Campaign, counts c
 	}
 	if c.OneClickUnsubscribe() && !commercialOK {
 		return &Waiting{Reason: WaitNoWorkerForChannel, Detail: "no running worker can make the one-click unsubscribe links of a commercial e-mail: set WEBHOOKS_PUBLIC_URL and UNSUBSCRIBE_SECRET on the workers"}, nil
-	}
-	queued, err := env.queued(id)
-	if err != nil {
-		return nil, err
-	}
-	if queued == 0 && dlq == 0 {
-		return &Waiting{Reason: WaitRedisLostData, Detail: fmt.Sprintf("%d recipients pending and none of the campaign's batches is queued: Redis lost its data (restarted empty, flushed, failed over). Run campaignctl resume %d", counts.Pending, id)}, nil
 	}
 	if !c.Window.Open(now) {
 		next := c.Window.NextOpen(now)
