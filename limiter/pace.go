@@ -287,6 +287,14 @@ local cap = tonumber(ARGV[7])
 local judgeAt, maxThr, maxFail, early, downAt, binding, flush =
   tonumber(ARGV[8]), tonumber(ARGV[9]), tonumber(ARGV[10]), tonumber(ARGV[11]), tonumber(ARGV[12]), tonumber(ARGV[13]), tonumber(ARGV[14])
 local was, ev = rate, ""
+-- The pace climbs by 5 % and one, and is dropped at the cap.
+local function climb()
+  rate = rate * 1.05 + 1
+  if cap > 0 and rate >= cap then
+    rate = 0
+    ev = "at_cap"
+  end
+end
 local added = tonumber(ARGV[2]) + tonumber(ARGV[3]) + tonumber(ARGV[4]) + tonumber(ARGV[5])
 if added > 0 then last = now end
 local total = ok + thr + thrh + fail
@@ -330,14 +338,8 @@ if due then
           end
         end
       end
-    else
-      if rate > 0 and okRate >= rate * binding then
-        rate = rate * 1.05 + 1
-        if cap > 0 and rate >= cap then
-          rate = 0
-          ev = "at_cap"
-        end
-      end
+    elseif rate > 0 and okRate >= rate * binding then
+      climb()
     end
   elseif not down and total > 0 and rate > 0 and rate < judgeAt then
     -- A pace under judgeAt a second never fills a window that can be judged: it may not lower further
@@ -345,11 +347,7 @@ if due then
     -- their share, or it would stay there for good.
     local okRate = ok / math.max(1, (last - start) / 1000)
     if okRate >= rate * binding and not beyond(thr + thrh, total, maxThr) and not beyond(fail, total, maxFail) then
-      rate = rate * 1.05 + 1
-      if cap > 0 and rate >= cap then
-        rate = 0
-        ev = "at_cap"
-      end
+      climb()
     end
   end
   if total > 0 and thrh * 2 > total then

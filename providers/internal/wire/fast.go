@@ -317,6 +317,7 @@ var commonHeader = func() map[string]string {
 	return m
 }()
 
+// tokenByte reports whether c may be in an RFC 9110 token.
 func tokenByte(c byte) bool {
 	switch {
 	case 'a' <= c && c <= 'z', 'A' <= c && c <= 'Z', '0' <= c && c <= '9':

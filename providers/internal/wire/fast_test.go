@@ -226,11 +226,7 @@ func BenchmarkReadResponse(b *testing.B) {
 	sr := strings.NewReader("")
 	br := bufio.NewReaderSize(sr, 4096)
 	for _, direct := range []bool{true, false} {
-		name := "net-http"
-		if direct {
-			name = "direct"
-		}
-		b.Run(name, func(b *testing.B) {
+		b.Run(pathName(direct), func(b *testing.B) {
 			b.ReportAllocs()
 			for b.Loop() {
 				sr.Reset(twilioAnswer)
@@ -255,11 +251,7 @@ func BenchmarkWriteRequest(b *testing.B) {
 	const form = "Body=Kampanya+A.%C5%9E.%3A+Merhaba+M%C3%BC%C5%9Fteri+42&From=%2B15005550006&StatusCallback=http%3A%2F%2Fx&To=%2B905321234567"
 	bw := bufio.NewWriterSize(io.Discard, 4096)
 	for _, direct := range []bool{true, false} {
-		name := "net-http"
-		if direct {
-			name = "direct"
-		}
-		b.Run(name, func(b *testing.B) {
+		b.Run(pathName(direct), func(b *testing.B) {
 			b.ReportAllocs()
 			for b.Loop() {
 				req, _ := http.NewRequest(http.MethodPost, "https://api.twilio.com/2010-04-01/Accounts/AC1/Messages.json", strings.NewReader(form))
@@ -294,4 +286,12 @@ func FuzzAppendForm(f *testing.F) {
 			t.Fatalf("AppendForm %q, url.Values.Encode %q", got, want)
 		}
 	})
+}
+
+// pathName names a benchmark of the direct path or of net/http's.
+func pathName(direct bool) string {
+	if direct {
+		return "direct"
+	}
+	return "net-http"
 }
