@@ -118,7 +118,12 @@ func Cancel(ctx context.Context, o CancelOptions) (CancelReport, error) {
 		owner = "cancel"
 	}
 	// A batch run of a cancelled campaign sends nothing: it records what the claims say and skips the rest.
-	h := NewHandler(Config{Store: o.Store, Redis: o.Redis, Logger: log, Owner: owner})
+	// Its line a batch is a worker's log, not the command's answer: it is kept for --log-level debug.
+	hlog := log
+	if !log.Enabled(ctx, slog.LevelDebug) {
+		hlog = slog.New(atLeast{log.Handler(), slog.LevelWarn})
+	}
+	h := NewHandler(Config{Store: o.Store, Redis: o.Redis, Logger: hlog, Owner: owner})
 	deadline := time.Now().Add(o.Wait)
 	for {
 		batches, err := o.Store.PendingBatches(ctx, id, false)
@@ -318,4 +323,21 @@ func runWaiting(ctx context.Context, rdb redis.UniversalClient, store *campaign.
 		n++
 	}
 	return n, nil
+}
+
+// atLeast is a handler that drops the records below a level.
+type atLeast struct {
+	slog.Handler
+	min slog.Level
+}
+
+func (h atLeast) Enabled(ctx context.Context, l slog.Level) bool {
+	return l >= h.min && h.Handler.Enabled(ctx, l)
+}
+
+func (h atLeast) WithAttrs(as []slog.Attr) slog.Handler {
+	return atLeast{h.Handler.WithAttrs(as), h.min}
+}
+func (h atLeast) WithGroup(name string) slog.Handler {
+	return atLeast{h.Handler.WithGroup(name), h.min}
 }
