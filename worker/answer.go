@@ -184,7 +184,7 @@ func (h *Handler) observe(ctx context.Context, provider string, v verdict, pe *p
 // the probe, the one request a second that may go over all workers, and returns when it has it (probe
 // true: send one request) or the provider is up again. The wait uses none of the batch's retries: when the batch must hand back its
 // recipients meanwhile (the worker stops, the task's time runs out), it says it is waiting, not failing.
-func (h *Handler) waitWhileDown(ctx, waitCtx context.Context, provider string) (probe bool, err error) {
+func (h *Handler) waitWhileDown(ctx, waitCtx context.Context, run *batchRun, provider string) (probe bool, err error) {
 	p := h.pace(provider)
 	for p.Down(ctx) {
 		if ok, err := p.Probe(ctx); err != nil {
@@ -192,14 +192,37 @@ func (h *Handler) waitWhileDown(ctx, waitCtx context.Context, provider string) (
 		} else if ok {
 			return true, nil
 		}
-		if err := limiter.Sleep(waitCtx, time.Second); err != nil {
+		if err := h.hold(waitCtx, run, time.Second); err != nil {
 			if ctx.Err() != nil {
 				return false, ctx.Err()
+			}
+			if re := (*RetryError)(nil); errors.As(err, &re) {
+				return false, err // the lease: lost, or Postgres unreachable
 			}
 			return false, &RetryError{Err: fmt.Errorf("provider %s is down; the batch waits for it", provider), After: 5 * time.Second}
 		}
 	}
 	return false, nil
+}
+
+// hold sleeps d (on ctx) while keeping the chunk's lease: it is renewed every third of its TTL, so a long
+// wait for the provider (down, a Retry-After, a back-off) does not let the sweeper take a live run's chunk
+// in hand for a dead run's. A lease lost meanwhile, or Postgres unreachable, ends the wait with renew's
+// RetryError.
+func (h *Handler) hold(ctx context.Context, run *batchRun, d time.Duration) error {
+	end := time.Now().Add(d)
+	for {
+		if err := h.renew(ctx, run); err != nil {
+			return err
+		}
+		left := time.Until(end)
+		if left <= 0 {
+			return nil
+		}
+		if err := limiter.Sleep(ctx, min(left, max(run.lease.TTL/3, time.Millisecond))); err != nil {
+			return err
+		}
+	}
 }
 
 // paceReport exports a provider's shared pace after each flush, and logs its moves (each is reported to

@@ -140,7 +140,7 @@ func (h *Handler) deliver(ctx, waitCtx context.Context, run *batchRun, rest []ca
 			return h.accountError(ctx, run, pe)
 		}
 		wait := h.backOff(pe, attempt)
-		probe, err := h.waitWhileDown(ctx, waitCtx, rt.provider.Name())
+		probe, err := h.waitWhileDown(ctx, waitCtx, run, rt.provider.Name())
 		if err != nil {
 			return err
 		}
@@ -154,7 +154,7 @@ func (h *Handler) deliver(ctx, waitCtx context.Context, run *batchRun, rest []ca
 			return h.giveUp(run, r, pe, wait)
 		}
 		h.log.Debug("transient provider error; retrying", "campaign_id", run.c.ID, "attempt", attempt, "err", pe.Reason(), "wait", wait)
-		if err := limiter.Sleep(ctx, wait); err != nil {
+		if err := h.hold(ctx, run, wait); err != nil {
 			return err
 		}
 	}
@@ -247,11 +247,14 @@ func (h *Handler) readyToSend(ctx, waitCtx context.Context, run *batchRun, sz se
 
 // waitError turns the error of a wait for tokens or a pause into what the batch returns.
 func waitError(ctx, waitCtx context.Context, err error) error {
+	var re *RetryError
 	switch {
 	case ctx.Err() != nil:
 		return ctx.Err()
 	case waitCtx.Err() != nil:
 		return &RetryError{Err: errors.New("batch handed back while waiting for the rate limit (worker stopping or batch time used up)"), After: time.Second}
+	case errors.As(err, &re):
+		return err // the chunk's lease, renewed during the wait (hold)
 	}
 	return waitForServices(fmt.Errorf("rate limiter: no send while Redis is unavailable: %w", err))
 }

@@ -9,7 +9,6 @@ import (
 
 	"github.com/campaignctl/campaignctl/campaign"
 	"github.com/campaignctl/campaignctl/internal/state"
-	"github.com/campaignctl/campaignctl/limiter"
 	"github.com/campaignctl/campaignctl/providers"
 )
 
@@ -190,7 +189,7 @@ func (h *Handler) sendGroup(ctx, waitCtx context.Context, run *batchRun, b provi
 			return h.accountError(ctx, run, pe)
 		}
 		wait := h.backOff(pe, attempt)
-		probe, err := h.waitWhileDown(ctx, waitCtx, b.Name())
+		probe, err := h.waitWhileDown(ctx, waitCtx, run, b.Name())
 		if err != nil {
 			return err
 		}
@@ -203,7 +202,7 @@ func (h *Handler) sendGroup(ctx, waitCtx context.Context, run *batchRun, b provi
 		}
 		h.log.Debug("transient provider error; retrying the request", "campaign_id", run.c.ID, "recipients", len(rs),
 			"attempt", strconv.Itoa(attempt), "err", pe.Reason(), "wait", wait)
-		if err := limiter.Sleep(ctx, wait); err != nil {
+		if err := h.hold(ctx, run, wait); err != nil {
 			return err
 		}
 	}

@@ -108,3 +108,50 @@ func TestAnEmailRequestThatWaitedForItsProviderReadsItsConsentsAgain(t *testing.
 		t.Fatalf("u3: %s (%s), want skipped (revoked)", st, reason)
 	}
 }
+
+// A chunk waiting out a provider that is down keeps its lease: the wait renews it every third of its TTL,
+// so the sweeper never takes a live run's chunk in hand for a dead run's (it did once an outage lasted
+// three provider timeouts: "settled the chunks of batch runs that died", then "lease lost to another run").
+func TestAChunkWaitingForADownProviderKeepsItsLease(t *testing.T) {
+	t.Parallel()
+	f := planWith(t, 8, nil) // eligible: u1, u2, u4, u7, u8, one window
+	const ttl = 600 * time.Millisecond
+	h, _, _ := f.faulty(t, func(c *Config) { c.SendWindow = 8; c.LeaseTTL = ttl })
+	downUntil := time.Now().Add(3 * time.Second)
+	f.provider.fail = func(int, providers.Message) error {
+		if time.Now().Before(downUntil) {
+			return &providers.Error{Provider: "test", Status: 503, Class: providers.Transient}
+		}
+		return nil
+	}
+	done := make(chan error, 1)
+	go func() { done <- h.RunBatch(context.Background(), f.id, 0) }()
+	lapsed := 0
+	tick := time.NewTicker(50 * time.Millisecond)
+	defer tick.Stop()
+	for running := true; running; {
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Fatalf("RunBatch: %v", err)
+			}
+			running = false
+		case <-tick.C:
+			var expired bool
+			if err := f.db.QueryRow(context.Background(), `SELECT coalesce(lease_until < now(), false) FROM campaign_batches
+				WHERE campaign_id = $1 AND batch = 0 AND lease_token IS NOT NULL`, f.id).Scan(&expired); err == nil && expired {
+				lapsed++
+			}
+		}
+	}
+	if time.Now().Before(downUntil) {
+		t.Fatal("the batch ended before the provider came back: this tests nothing")
+	}
+	if lapsed > 0 {
+		t.Fatalf("the chunk's lease had expired at %d of the checks while its run waited for the provider", lapsed)
+	}
+	f.assertOnce(t)
+	if c := f.counts(t); c.Sent != 5 {
+		t.Fatalf("counts %+v, want all 5 sent", c)
+	}
+}

@@ -101,7 +101,7 @@ func (h *Handler) deliverWindowed(ctx, waitCtx context.Context, run *batchRun, r
 		}
 		// What may go now: the first recipients whose back-off is over, up to the window.
 		size := h.windowSize(lowestRate(run.c.Rate, h.pace(name).Rate(ctx)))
-		probe, err := h.waitWhileDown(ctx, waitCtx, name)
+		probe, err := h.waitWhileDown(ctx, waitCtx, run, name)
 		if err != nil {
 			return err
 		}
@@ -114,7 +114,7 @@ func (h *Handler) deliverWindowed(ctx, waitCtx context.Context, run *batchRun, r
 			return nil
 		}
 		if len(win) == 0 {
-			if err := limiter.Sleep(waitCtx, time.Until(next)); err != nil {
+			if err := h.hold(waitCtx, run, time.Until(next)); err != nil {
 				return waitError(ctx, waitCtx, err)
 			}
 			continue
@@ -162,7 +162,7 @@ func (h *Handler) deliverWindowed(ctx, waitCtx context.Context, run *batchRun, r
 		}
 		if pause > 0 {
 			// The provider is paused (most 429s of a second said how long): nothing was claimed; wait it out.
-			if err := limiter.Sleep(waitCtx, pause); err != nil {
+			if err := h.hold(waitCtx, run, pause); err != nil {
 				return waitError(ctx, waitCtx, err)
 			}
 			queue = append(win, queue...)
