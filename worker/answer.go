@@ -196,7 +196,7 @@ func (h *Handler) waitWhileDown(ctx, waitCtx context.Context, run *batchRun, pro
 			if ctx.Err() != nil {
 				return false, ctx.Err()
 			}
-			if re := (*RetryError)(nil); errors.As(err, &re) {
+			if re := (*RetryError)(nil); waitCtx.Err() == nil && errors.As(err, &re) {
 				return false, err // the lease: lost, or Postgres unreachable
 			}
 			return false, &RetryError{Err: fmt.Errorf("provider %s is down; the batch waits for it", provider), After: 5 * time.Second}
