@@ -54,6 +54,7 @@ func (h *Handler) recheck(ctx context.Context, run *batchRun, rs []*campaign.Rec
 		run.snapshots[u] = snap
 	}
 	var drop map[string]bool
+	refused := 0
 	for _, r := range rs {
 		_, pending := got.Leased[r.UserID]
 		switch {
@@ -73,6 +74,7 @@ func (h *Handler) recheck(ctx context.Context, run *batchRun, rs []*campaign.Rec
 				run.revoked = map[string]bool{}
 			}
 			run.revoked[r.UserID] = true
+			refused++
 		default:
 			continue
 		}
@@ -81,9 +83,9 @@ func (h *Handler) recheck(ctx context.Context, run *batchRun, rs []*campaign.Rec
 		}
 		drop[r.UserID] = true
 	}
-	if len(drop) > 0 {
+	if refused > 0 {
 		h.log.Info("consent refused while the chunk waited for its provider: not sent", "campaign_id", run.c.ID,
-			"batch", run.batch, "recipients", len(drop))
+			"batch", run.batch, "recipients", refused)
 	}
 	return drop, nil
 }
