@@ -174,27 +174,37 @@ func requeue(ctx context.Context, rdb redis.UniversalClient, e DLQEntry) error {
 // archivedBatches lists the archived batch tasks, of one campaign or all (0).
 func archivedBatches(rdb redis.UniversalClient, campaignID int64) ([]DLQEntry, error) {
 	insp := asynq.NewInspectorFromRedisClient(rdb)
-	const pageSize = 1000
 	var out []DLQEntry
+	err := batchTasks(insp.ListArchivedTasks, campaignID, func(t *asynq.TaskInfo, cid int64, batch int) {
+		out = append(out, DLQEntry{TaskID: t.ID, CampaignID: cid, Batch: batch, Retried: t.Retried, MaxRetry: t.MaxRetry,
+			LastError: t.LastErr, LastFailedAt: t.LastFailedAt})
+	})
+	if err != nil {
+		return nil, fmt.Errorf("read the DLQ: %w", err)
+	}
+	return out, nil
+}
+
+// batchTasks calls each with the batch tasks, of one campaign or all (0), that list (one of asynq's
+// Inspector.List…Tasks) returns, a page at a time. A queue not created yet (before the first launch)
+// holds none.
+func batchTasks(list func(string, ...asynq.ListOption) ([]*asynq.TaskInfo, error), campaignID int64, each func(t *asynq.TaskInfo, cid int64, batch int)) error {
+	const pageSize = 1000
 	for page := 1; ; page++ {
-		tasks, err := insp.ListArchivedTasks(Queue, asynq.Page(page), asynq.PageSize(pageSize))
+		tasks, err := list(Queue, asynq.Page(page), asynq.PageSize(pageSize))
 		if err != nil {
-			// Before the first launch the queue does not exist: nothing is archived.
 			if errors.Is(err, asynq.ErrQueueNotFound) || strings.Contains(err.Error(), "does not exist") {
-				return out, nil
+				return nil
 			}
-			return nil, fmt.Errorf("read the DLQ: %w", err)
+			return err
 		}
 		for _, t := range tasks {
-			cid, batch, ok := parseTaskID(t.ID)
-			if !ok || (campaignID != 0 && cid != campaignID) {
-				continue
+			if cid, batch, ok := parseTaskID(t.ID); ok && (campaignID == 0 || cid == campaignID) {
+				each(t, cid, batch)
 			}
-			out = append(out, DLQEntry{TaskID: t.ID, CampaignID: cid, Batch: batch, Retried: t.Retried, MaxRetry: t.MaxRetry,
-				LastError: t.LastErr, LastFailedAt: t.LastFailedAt})
 		}
 		if len(tasks) < pageSize {
-			return out, nil
+			return nil
 		}
 	}
 }

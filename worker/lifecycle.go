@@ -282,7 +282,7 @@ func Resume(ctx context.Context, o ResumeOptions) (ResumeReport, error) {
 	if rep.AlreadyQueued > 0 && c.State == campaign.StateRunning && c.Window.Open(time.Now()) {
 		// Batches that met the pause (or a wait of the incident) are waiting to be retried, up to 30 s
 		// from now: they run now.
-		if rep.Hastened, err = runWaiting(ctx, o.Redis, o.Store, id); err != nil {
+		if rep.Hastened, err = runWaiting(o.Redis, id); err != nil {
 			return rep, err
 		}
 	}
@@ -300,27 +300,22 @@ func orDiscard(l *slog.Logger) *slog.Logger {
 	return l
 }
 
-// runWaiting makes the campaign's batch tasks that wait for a retry or a scheduled time (with pending
-// recipients) run now. A task that is not waiting (queued, running, done) is left as it is.
-func runWaiting(ctx context.Context, rdb redis.UniversalClient, store *campaign.Store, id int64) (int, error) {
-	batches, err := store.PendingBatches(ctx, id, false)
-	if err != nil {
-		return 0, err
-	}
+// runWaiting makes the campaign's batch tasks that wait for a retry or a scheduled time run now: one
+// listing of each, a page at a time, not a lookup a batch. A task that started meanwhile is left as it is.
+func runWaiting(rdb redis.UniversalClient, id int64) (int, error) {
 	insp := asynq.NewInspectorFromRedisClient(rdb)
+	var waiting []string
+	collect := func(t *asynq.TaskInfo, _ int64, _ int) { waiting = append(waiting, t.ID) }
+	for _, list := range []func(string, ...asynq.ListOption) ([]*asynq.TaskInfo, error){insp.ListRetryTasks, insp.ListScheduledTasks} {
+		if err := batchTasks(list, id, collect); err != nil {
+			return 0, fmt.Errorf("read the queue: %w", err)
+		}
+	}
 	n := 0
-	for _, b := range batches {
-		info, err := insp.GetTaskInfo(Queue, TaskID(id, b))
-		if err != nil {
-			continue // gone since (done): nothing waits
+	for _, tid := range waiting {
+		if insp.RunTask(Queue, tid) == nil {
+			n++
 		}
-		if info.State != asynq.TaskStateRetry && info.State != asynq.TaskStateScheduled {
-			continue
-		}
-		if err := insp.RunTask(Queue, info.ID); err != nil {
-			continue // it started meanwhile
-		}
-		n++
 	}
 	return n, nil
 }
