@@ -3,11 +3,13 @@ package worker
 import (
 	"context"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/campaignctl/campaignctl/campaign"
+	"github.com/campaignctl/campaignctl/internal/faults"
 	"github.com/campaignctl/campaignctl/internal/testredis"
 	"github.com/campaignctl/campaignctl/providers"
 )
@@ -153,5 +155,76 @@ func TestAChunkWaitingForADownProviderKeepsItsLease(t *testing.T) {
 	f.assertOnce(t)
 	if c := f.counts(t); c.Sent != 5 {
 		t.Fatalf("counts %+v, want all 5 sent", c)
+	}
+}
+
+// Fail closed on the new paths. A chunk that waited for its provider and cannot read its consents again
+// (Postgres unreachable just then) sends nothing more: the batch comes back later, its recipients pending.
+func TestAWaitingChunkThatCannotReadItsConsentsSendsNothing(t *testing.T) {
+	t.Parallel()
+	f := planWith(t, 8, nil) // eligible: u1, u2, u4, u7, u8, one window
+	h, _, fs := f.faulty(t, func(c *Config) { c.SendWindow = 8 })
+	f.provider.fail = func(call int, _ providers.Message) error {
+		if call <= 5 {
+			return &providers.Error{Provider: "test", Status: 429, Throttled: true, RetryAfter: 1500 * time.Millisecond, Class: providers.Transient}
+		}
+		return nil
+	}
+	// The first lease is the gate's; the next is the re-read after the wait.
+	rule := fs.Add(&faults.Rule{Match: faults.Method("LeaseChunk"), Skip: 1, Kind: faults.Fail})
+	err := h.RunBatch(context.Background(), f.id, 0)
+	notFailure(t, err)
+	if err == nil || rule.Hits() == 0 {
+		t.Fatalf("RunBatch: %v after %d failed re-reads; want the batch handed back", err, rule.Hits())
+	}
+	if n := f.provider.total(); n != 0 {
+		t.Fatalf("%d messages accepted after the consents could not be read again", n)
+	}
+	if c := f.counts(t); c.Pending != 5 {
+		t.Fatalf("counts %+v, want all 5 still pending", c)
+	}
+}
+
+// A chunk whose lease another run took over while it waited for a down provider sends nothing once the
+// provider is back: the wait's renewal finds the lease gone and the run stops (the other run holds the
+// chunk now).
+func TestAChunkWhoseLeaseWasTakenWhileItWaitedSendsNothing(t *testing.T) {
+	t.Parallel()
+	f := planWith(t, 8, nil)
+	h, _, _ := f.faulty(t, func(c *Config) { c.SendWindow = 8; c.LeaseTTL = 600 * time.Millisecond })
+	downUntil := time.Now().Add(2 * time.Second)
+	var mu sync.Mutex
+	after := 0 // requests after the takeover
+	taken := false
+	f.provider.fail = func(int, providers.Message) error {
+		mu.Lock()
+		defer mu.Unlock()
+		if taken {
+			after++
+		}
+		if time.Now().Before(downUntil) {
+			return &providers.Error{Provider: "test", Status: 503, Class: providers.Transient}
+		}
+		return nil
+	}
+	go func() {
+		time.Sleep(800 * time.Millisecond) // the provider is down by now; the run waits for it
+		mu.Lock()
+		defer mu.Unlock()
+		if _, err := f.db.Exec(context.Background(), `UPDATE campaign_batches SET lease_token = 'other run', lease_until = now() + interval '1 minute'
+			WHERE campaign_id = $1 AND batch = 0`, f.id); err != nil {
+			t.Error(err)
+		}
+		taken = true
+	}()
+	err := h.RunBatch(context.Background(), f.id, 0)
+	notFailure(t, err)
+	if err == nil || !strings.Contains(err.Error(), "lost to another run") {
+		t.Fatalf("RunBatch: %v, want it to stop because its lease was lost", err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if after > 1 || f.provider.total() != 0 {
+		t.Fatalf("%d requests after another run took the chunk over (%d accepted); want at most a probe already under way, none accepted", after, f.provider.total())
 	}
 }
