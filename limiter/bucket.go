@@ -8,6 +8,7 @@ import (
 	"context"
 	"fmt"
 	"math"
+	"strconv"
 	"sync"
 	"time"
 
@@ -30,7 +31,15 @@ type Limit struct {
 	// tokens, Redis round trips included), in seconds; a limit without a cap that cannot be paused reports
 	// nothing. A prometheus.Observer fits. It is instrumentation only: it changes no wait.
 	Observer Observer
+	// Hold, when set, is how the caller spends its waits on this limit: Hold(ctx, d) sleeps d (or returns
+	// ctx's error, or its own, which ends the wait) and may work meanwhile, as a worker renews the lease
+	// of the chunk it waits to send. While the caller waits for the process's other waiters of the same
+	// bucket, Hold(ctx, 0) is called every HoldEvery. Without Hold, a wait is a plain sleep.
+	Hold func(ctx context.Context, d time.Duration) error
 }
+
+// HoldEvery is how often a wait for the process's other waiters of a bucket calls Limit.Hold.
+const HoldEvery = time.Second
 
 // Observer receives one value per observation (a prometheus.Observer satisfies it).
 type Observer interface{ Observe(float64) }
@@ -123,9 +132,12 @@ func (b *Bucket) Wait(ctx context.Context, limits ...Limit) error {
 	return nil
 }
 
-// WaitN is Wait for n events at once (one request that carries n messages). Tokens are taken in pieces
-// no larger than the bucket's burst, so a request larger than the burst waits its fair time instead of
-// never fitting.
+// WaitN is Wait for n events at once (one request that carries n messages). A request no larger than
+// the bucket's burst takes its tokens when the bucket has them. A larger one reserves them all at once,
+// the bucket running ahead of now by the time they are worth, and waits until the bucket would have let
+// them out: requests of several processes then go out one after the other, each a request's worth of
+// time after the one before, instead of all together once each has collected its tokens piece by piece
+// (which kept the mean rate but put several requests' worth into one second).
 func (b *Bucket) WaitN(ctx context.Context, n int, limits ...Limit) error {
 	for _, l := range limits {
 		if err := b.waitOne(ctx, l, n); err != nil {
@@ -146,7 +158,7 @@ func (b *Bucket) waitOne(ctx context.Context, l Limit, n int) error {
 		defer func() { l.Observer.Observe(time.Since(start).Seconds()) }()
 	}
 	if l.Pausable {
-		if err := b.waitPause(ctx, l.Key); err != nil {
+		if err := b.waitPause(ctx, l); err != nil {
 			return err
 		}
 	}
@@ -161,29 +173,100 @@ func (b *Bucket) waitOne(ctx context.Context, l Limit, n int) error {
 func (b *Bucket) take(ctx context.Context, l Limit, n int) error {
 	t := b.join(l.Key)
 	defer b.leave(l.Key, t)
-	select {
-	case t.slot <- struct{}{}:
-	case <-ctx.Done():
-		return ctx.Err()
+	if err := b.turn(ctx, l, t); err != nil {
+		return err
 	}
 	defer func() { <-t.slot }()
 	lim := gcra(l.Rate)
-	for n > 0 {
-		k := min(n, lim.Burst)
-		res, err := b.rl.AllowN(ctx, l.Key, lim, k)
+	if n > lim.Burst {
+		return b.reserve(ctx, l, n)
+	}
+	for {
+		res, err := b.rl.AllowN(ctx, l.Key, lim, n)
 		if err != nil {
 			return fmt.Errorf("rate limit %s: %w", l.Key, err)
 		}
 		if res.Allowed > 0 {
-			n -= res.Allowed
-			continue
+			return nil
 		}
-		if err := b.sleep(ctx, res.RetryAfter); err != nil {
+		if err := b.wait(ctx, l, res.RetryAfter); err != nil {
 			return err
 		}
 	}
-	return nil
 }
+
+// turn waits for the slot of key's turn t, calling l.Hold every HoldEvery meanwhile.
+func (b *Bucket) turn(ctx context.Context, l Limit, t *turn) error {
+	if l.Hold == nil {
+		select {
+		case t.slot <- struct{}{}:
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	tick := time.NewTicker(HoldEvery)
+	defer tick.Stop()
+	for {
+		select {
+		case t.slot <- struct{}{}:
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-tick.C:
+			if err := l.Hold(ctx, 0); err != nil {
+				return err
+			}
+		}
+	}
+}
+
+// wait spends d as l says (Hold), or sleeps it.
+func (b *Bucket) wait(ctx context.Context, l Limit, d time.Duration) error {
+	if l.Hold != nil {
+		return l.Hold(ctx, d)
+	}
+	return b.sleep(ctx, d)
+}
+
+// reserve takes n tokens, more than l's burst, from its bucket at once and waits until the bucket would
+// have let all of them out (see WaitN). A wait cut short (ctx, Hold) leaves the tokens spent: the rate can
+// only be lower for it, never higher.
+func (b *Bucket) reserve(ctx context.Context, l Limit, n int) error {
+	lim := gcra(l.Rate)
+	interval := lim.Period.Seconds() / float64(lim.Rate)
+	s, err := reserveScript.Run(ctx, b.rdb, []string{state.RateKey(l.Key)}, interval, n, lim.Burst).Text()
+	if err != nil {
+		return fmt.Errorf("rate limit %s: %w", l.Key, err)
+	}
+	ahead, err := strconv.ParseFloat(s, 64)
+	if err != nil {
+		return fmt.Errorf("rate limit %s: the reservation answered %q", l.Key, s)
+	}
+	if ahead <= 0 {
+		return nil
+	}
+	return b.wait(ctx, l, time.Duration(ahead*float64(time.Second)))
+}
+
+// reserveScript moves a GCRA bucket (kept as go-redis/redis_rate keeps it: the theoretical arrival time
+// in seconds since 2017-01-01 on Redis's clock, so the two work on the same key) ahead by n emission
+// intervals from where it stands, or from now when it stands in the past, and returns how long, in
+// seconds, until the bucket would have let the n tokens out (its new arrival time less the burst).
+//
+// KEYS[1] -> the bucket's key
+// ARGV[1] -> the emission interval in seconds
+// ARGV[2] -> n
+// ARGV[3] -> the burst
+var reserveScript = redis.NewScript(`
+local t = redis.call("TIME")
+local now = (t[1] - 1483228800) + t[2] / 1000000
+local at = tonumber(redis.call("GET", KEYS[1]) or "")
+if not at or at < now then at = now end
+local interval = tonumber(ARGV[1])
+local after = at + interval * tonumber(ARGV[2])
+redis.call("SET", KEYS[1], after, "EX", math.ceil(after - now))
+return tostring(after - interval * tonumber(ARGV[3]) - now)`)
 
 // PauseKey is the Redis key whose existence pauses the limit key (see Pause); a claim script may read it
 // to check the pause in the same round trip.
@@ -253,16 +336,16 @@ func (b *Bucket) Paused(ctx context.Context, key string) (time.Duration, error) 
 	return ttl, nil
 }
 
-func (b *Bucket) waitPause(ctx context.Context, key string) error {
+func (b *Bucket) waitPause(ctx context.Context, l Limit) error {
 	for {
-		d, err := b.Paused(ctx, key)
+		d, err := b.Paused(ctx, l.Key)
 		if err != nil {
 			return err
 		}
 		if d <= 0 {
 			return nil
 		}
-		if err := b.sleep(ctx, d); err != nil {
+		if err := b.wait(ctx, l, d); err != nil {
 			return err
 		}
 	}

@@ -2,6 +2,8 @@ package limiter
 
 import (
 	"context"
+	"errors"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -258,4 +260,114 @@ func TestTurnsGoWithTheirLastWaiter(t *testing.T) {
 	if n := b.keys(); n != 0 {
 		t.Fatalf("%d limit keys held after a wait gave up, want 0", n)
 	}
+}
+
+// Requests larger than the burst from several processes go out one after the other, a request's worth of
+// time apart: none of them collects its tokens in pieces alongside the others and fires together with
+// them, which kept the mean rate but put several requests into one second.
+func TestLargeRequestsOfSeveralProcessesGoOutOneAfterTheOther(t *testing.T) {
+	t.Parallel()
+	_, url := testredis.New(t)
+	const rate, n, procs = 400.0, 200, 3 // a request is worth 500 ms, the burst (20 tokens) 50 ms
+	l := Limit{Key: "provider:large", Rate: rate}
+	var mu sync.Mutex
+	var out []time.Duration
+	start := time.Now()
+	var wg sync.WaitGroup
+	for range procs {
+		opt, err := redis.ParseURL(url)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rdb := redis.NewClient(opt)
+		defer rdb.Close()
+		b := New(rdb)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := b.WaitN(context.Background(), n, l); err != nil {
+				t.Error(err)
+				return
+			}
+			mu.Lock()
+			out = append(out, time.Since(start))
+			mu.Unlock()
+		}()
+	}
+	wg.Wait()
+	if len(out) != procs {
+		t.Fatalf("%d of %d requests got their tokens", len(out), procs)
+	}
+	slices.Sort(out)
+	for i := 1; i < len(out); i++ {
+		// 500 ms less the burst's 50 ms, with room for scheduling
+		if gap := out[i] - out[i-1]; gap < 350*time.Millisecond {
+			t.Fatalf("requests of %d tokens at %v/s went out at %v: two within %v of each other", n, rate, out, gap)
+		}
+	}
+	if last := out[len(out)-1]; last < 1300*time.Millisecond {
+		t.Fatalf("%d requests of %d tokens at %v/s all went out by %v", procs, n, rate, last)
+	}
+}
+
+// A limit's Hold spends its waits: the wait for a large request's tokens goes through it, and so does
+// the wait of another goroutine of the process for its turn at the bucket (every HoldEvery, with 0);
+// an error of Hold ends the wait with that error.
+func TestHoldSpendsTheWaits(t *testing.T) {
+	t.Parallel()
+	rdb, _ := testredis.New(t)
+	b := New(rdb)
+	var mu sync.Mutex
+	var first, second []time.Duration
+	hold := func(calls *[]time.Duration) func(context.Context, time.Duration) error {
+		return func(ctx context.Context, d time.Duration) error {
+			mu.Lock()
+			*calls = append(*calls, d)
+			mu.Unlock()
+			return Sleep(ctx, d)
+		}
+	}
+	l := Limit{Key: "provider:held", Rate: 20} // burst 1: 30 tokens are worth 1.5 s
+	l1, l2 := l, l
+	l1.Hold, l2.Hold = hold(&first), hold(&second)
+	done := make(chan error, 1)
+	go func() { done <- b.WaitN(context.Background(), 30, l1) }()
+	waitFor(t, func() bool { mu.Lock(); defer mu.Unlock(); return len(first) > 0 })
+	if err := b.WaitN(context.Background(), 1, l2); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	var held time.Duration
+	for _, d := range first {
+		held += d
+	}
+	if held < time.Second {
+		t.Fatalf("the large request's Hold was given %v (%v); want its wait of about 1.45 s", held, first)
+	}
+	if !slices.Contains(second, 0) {
+		t.Fatalf("the goroutine waiting for its turn for over a second was never held (%v)", second)
+	}
+
+	// An error of Hold ends the wait.
+	stop := errors.New("lease lost")
+	l3 := l
+	l3.Hold = func(context.Context, time.Duration) error { return stop }
+	if err := b.WaitN(context.Background(), 30, l3); !errors.Is(err, stop) {
+		t.Fatalf("WaitN with a Hold that fails: %v, want %v", err, stop)
+	}
+}
+
+// waitFor polls cond for up to 5 s.
+func waitFor(t *testing.T, cond func() bool) {
+	t.Helper()
+	for end := time.Now().Add(5 * time.Second); time.Now().Before(end); time.Sleep(5 * time.Millisecond) {
+		if cond() {
+			return
+		}
+	}
+	t.Fatal("condition not met within 5 s")
 }

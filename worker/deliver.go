@@ -227,6 +227,9 @@ func (h *Handler) readyToSend(ctx, waitCtx context.Context, run *batchRun, sz se
 		// The wait is observed once for each provider call it came before.
 		o := l.Observer
 		l.Observer = nil
+		// However long the wait (a low cap shared by many runs, a large request's tokens, a provider's
+		// pause), the chunk's lease is kept: the sweeper must not take a live run's chunk for a dead one's.
+		l.Hold = func(ctx context.Context, d time.Duration) error { return h.hold(ctx, run, d) }
 		start := time.Now()
 		if err := h.bucket.WaitN(waitCtx, n, l); err != nil {
 			return waitError(ctx, waitCtx, err)

@@ -8,9 +8,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redis/go-redis/v9"
+
 	"github.com/campaignctl/campaignctl/campaign"
 	"github.com/campaignctl/campaignctl/internal/faults"
+	"github.com/campaignctl/campaignctl/internal/state"
 	"github.com/campaignctl/campaignctl/internal/testredis"
+	"github.com/campaignctl/campaignctl/limiter"
 	"github.com/campaignctl/campaignctl/providers"
 )
 
@@ -126,25 +131,9 @@ func TestAChunkWaitingForADownProviderKeepsItsLease(t *testing.T) {
 		}
 		return nil
 	}
-	done := make(chan error, 1)
-	go func() { done <- h.RunBatch(context.Background(), f.id, 0) }()
-	lapsed := 0
-	tick := time.NewTicker(50 * time.Millisecond)
-	defer tick.Stop()
-	for running := true; running; {
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Fatalf("RunBatch: %v", err)
-			}
-			running = false
-		case <-tick.C:
-			var expired bool
-			if err := f.db.QueryRow(context.Background(), `SELECT coalesce(lease_until < now(), false) FROM campaign_batches
-				WHERE campaign_id = $1 AND batch = 0 AND lease_token IS NOT NULL`, f.id).Scan(&expired); err == nil && expired {
-				lapsed++
-			}
-		}
+	lapsed, err := leaseLapses(t, f.db, f.id, func() error { return h.RunBatch(context.Background(), f.id, 0) })
+	if err != nil {
+		t.Fatalf("RunBatch: %v", err)
 	}
 	if time.Now().Before(downUntil) {
 		t.Fatal("the batch ended before the provider came back: this tests nothing")
@@ -226,5 +215,102 @@ func TestAChunkWhoseLeaseWasTakenWhileItWaitedSendsNothing(t *testing.T) {
 	defer mu.Unlock()
 	if after > 1 || f.provider.total() != 0 {
 		t.Fatalf("%d requests after another run took the chunk over (%d accepted); want at most a probe already under way, none accepted", after, f.provider.total())
+	}
+}
+
+// leaseLapses runs run (a run of batch 0 of campaign id) and counts the checks, every 50 ms meanwhile, that
+// found the batch's lease expired while a run held it.
+func leaseLapses(t *testing.T, db *pgxpool.Pool, id int64, run func() error) (int, error) {
+	t.Helper()
+	done := make(chan error, 1)
+	go func() { done <- run() }()
+	lapsed := 0
+	tick := time.NewTicker(50 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		select {
+		case err := <-done:
+			return lapsed, err
+		case <-tick.C:
+			var expired bool
+			if err := db.QueryRow(context.Background(), `SELECT coalesce(lease_until < now(), false) FROM campaign_batches
+				WHERE campaign_id = $1 AND batch = 0 AND lease_token IS NOT NULL`, id).Scan(&expired); err == nil && expired {
+				lapsed++
+			}
+		}
+	}
+}
+
+// reserveAhead has another worker take n tokens of provider's bucket at rate, so that the next send
+// through it waits about n/rate; it returns once they are taken (the other worker waits on meanwhile).
+func reserveAhead(t *testing.T, rdb redis.UniversalClient, provider string, rate float64, n int) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	key := state.ProviderBucket(provider)
+	go limiter.New(rdb).WaitN(ctx, n, limiter.Limit{Key: key, Rate: rate}) //nolint:errcheck // cancelled at the end
+	waitUntil(t, 5*time.Second, "the other worker's reservation", func() bool {
+		ok, err := rdb.Exists(ctx, state.RateKey(key)).Result()
+		return err == nil && ok == 1
+	})
+}
+
+// A chunk waiting for its provider's tokens keeps its lease, however long the wait: with other workers
+// ahead of it in a low cap's bucket (here 2 s of tokens), the wait renews the lease every third of its TTL.
+// It did not before: a wait longer than the lease (3 × --provider-timeout) let the sweeper settle a live
+// run's chunk as a dead run's, and after a Redis data loss made its never-sent recipients unknown.
+func TestAChunkWaitingForItsTokensKeepsItsLease(t *testing.T) {
+	t.Parallel()
+	for _, window := range []int{1, 8} {
+		t.Run(fmt.Sprintf("window %d", window), func(t *testing.T) {
+			t.Parallel()
+			f := planWith(t, 8, nil) // eligible: u1, u2, u4, u7, u8
+			h, _, _ := f.faulty(t, func(c *Config) {
+				c.SendWindow = window
+				c.LeaseTTL = 600 * time.Millisecond
+				c.ProviderRates = map[string]float64{"test": 50}
+			})
+			reserveAhead(t, f.rdb, "test", 50, 100)
+			start := time.Now()
+			lapsed, err := leaseLapses(t, f.db, f.id, func() error { return h.RunBatch(context.Background(), f.id, 0) })
+			if err != nil {
+				t.Fatalf("RunBatch: %v", err)
+			}
+			if took := time.Since(start); took < 1500*time.Millisecond {
+				t.Fatalf("the batch took %v: it did not wait for the tokens ahead of it, so this tests nothing", took)
+			}
+			if lapsed > 0 {
+				t.Fatalf("the chunk's lease had expired at %d of the checks while its run waited for tokens", lapsed)
+			}
+			f.assertOnce(t)
+			if c := f.counts(t); c.Sent != 5 {
+				t.Fatalf("counts %+v, want all 5 sent", c)
+			}
+		})
+	}
+}
+
+// The same for an e-mail request, whose tokens (one a recipient, more than the bucket's burst) are
+// reserved at once and waited for.
+func TestAnEmailRequestWaitingForItsTokensKeepsItsLease(t *testing.T) {
+	t.Parallel()
+	rdb, _ := testredis.New(t)
+	db, _, id, p, h := planEmailDB(t, 4, 10, rdb)
+	h.cfg.LeaseTTL = 600 * time.Millisecond
+	h.cfg.ProviderRates["batch"] = 2 // burst 1: the request of 4 takes 2 s, after 2 s of tokens ahead
+	reserveAhead(t, rdb, "batch", 2, 4)
+	start := time.Now()
+	lapsed, err := leaseLapses(t, db, id, func() error { return h.RunBatch(context.Background(), id, 0) })
+	if err != nil {
+		t.Fatalf("RunBatch: %v", err)
+	}
+	if took := time.Since(start); took < 3*time.Second {
+		t.Fatalf("the batch took %v: it did not wait for its tokens, so this tests nothing", took)
+	}
+	if lapsed > 0 {
+		t.Fatalf("the request's lease had expired at %d of the checks while its run waited for tokens", lapsed)
+	}
+	if len(p.accepted) != 4 {
+		t.Fatalf("%d addresses e-mailed, want 4", len(p.accepted))
 	}
 }

@@ -31,6 +31,10 @@ func ClaimKey(campaignID int64, userID string) string {
 	return string(append(append(b, ':'), userID...))
 }
 
+// RateKey is the Redis key of the token bucket named bucket (CampaignBucket, ProviderBucket), where
+// go-redis/redis_rate keeps it.
+func RateKey(bucket string) string { return "rate:" + bucket }
+
 // HaltKey is set while a campaign is paused or cancelled; claims for sends read it.
 func HaltKey(campaignID int64) string {
 	return "campaign:" + strconv.FormatInt(campaignID, 10) + ":halt"
