@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 )
 
 // ErrPoolNotFound is returned, wrapped, when a named code pool does not exist.
@@ -36,6 +37,9 @@ const DefaultLength = 8
 
 // Limits of GenerateOptions and of imported codes.
 const (
+	// MaxCount is the most codes one Generate makes: 50,000,000 codes are about 4 GB in Postgres with their
+	// index, far more than any campaign reserves; more is a typo (or a run to split in several).
+	MaxCount        = 50_000_000
 	MinLength       = 6  // MinLength is the shortest random part Generate accepts.
 	MaxLength       = 32 // MaxLength is the longest random part Generate accepts.
 	MaxPrefixLen    = 16 // MaxPrefixLen is the longest prefix Generate accepts.
@@ -110,6 +114,9 @@ func checkPoolName(name string) error {
 	return nil
 }
 
+// codeSpace is how many random parts of length characters there are.
+func codeSpace(length int) float64 { return math.Pow(float64(len(Alphabet)), float64(length)) }
+
 // validate checks opts and fills in defaults.
 func (o *GenerateOptions) validate() error {
 	if err := checkPoolName(o.Pool); err != nil {
@@ -123,6 +130,14 @@ func (o *GenerateOptions) validate() error {
 	}
 	if o.Length < MinLength || o.Length > MaxLength {
 		return fmt.Errorf("%w: length must be between %d and %d, got %d", ErrInvalidOptions, MinLength, MaxLength, o.Length)
+	}
+	if o.Count > MaxCount {
+		return fmt.Errorf("%w: count %d is more than the %d codes one run makes; run it again for more", ErrInvalidOptions, o.Count, MaxCount)
+	}
+	// Codes are drawn at random: a pool that fills a large share of the codes of its length spends more and
+	// more draws on codes it has, and one larger than them never ends.
+	if space := codeSpace(o.Length); float64(o.Count) > space/100 {
+		return fmt.Errorf("%w: count %d is more than a hundredth of the %.3g codes of length %d; give a longer --length", ErrInvalidOptions, o.Count, space, o.Length)
 	}
 	if len(o.Prefix) > MaxPrefixLen {
 		return fmt.Errorf("%w: prefix %q is longer than %d characters", ErrInvalidOptions, o.Prefix, MaxPrefixLen)

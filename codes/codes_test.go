@@ -71,10 +71,18 @@ func TestGenerateOptionsValidate(t *testing.T) {
 		{Pool: "yaz", Count: 1, Prefix: "yaz-"},
 		{Pool: "yaz", Count: 1, Prefix: "YAZ_"},
 		{Pool: "yaz", Count: 1, Prefix: strings.Repeat("A", 17)},
+		{Pool: "yaz", Count: 99999999999999},           // more than the codes of the default length: it never ends
+		{Pool: "yaz", Count: MaxCount + 1, Length: 12}, // more than one run makes
+		{Pool: "yaz", Count: 9_000_000, Length: 6},     // over a hundredth of 31^6
 	}
 	for _, o := range bad {
 		if err := o.validate(); !errors.Is(err, ErrInvalidOptions) {
 			t.Errorf("validate(%+v) = %v, want ErrInvalidOptions", o, err)
+		}
+	}
+	for _, o := range []GenerateOptions{{Pool: "yaz", Count: MaxCount}, {Pool: "yaz", Count: 8_000_000, Length: 6}} {
+		if err := o.validate(); err != nil {
+			t.Errorf("validate(%+v) = %v, want nil", o, err)
 		}
 	}
 	o := GenerateOptions{Pool: "yaz_2026-a", Count: 1, Prefix: "YAZ-26"}

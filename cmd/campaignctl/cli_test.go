@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -277,5 +278,23 @@ func TestConsentsAreKeyedByBrand(t *testing.T) {
 	}
 	if n := eligible("brand-777-after"); n != 1 {
 		t.Fatalf("brand 777 launch found %v eligible, want the one brand 777 consent", n)
+	}
+}
+
+// A word that is none of a command group's commands is refused (exit 2, naming the commands), as at the
+// top level: a script with a typo must not succeed doing nothing. The group alone prints its help.
+func TestUnknownSubcommandsAreRefused(t *testing.T) {
+	t.Parallel()
+	for _, args := range [][]string{{"iys", "imprt", "consents.csv"}, {"iys", "psuh"}, {"dlq", "retyr", "--campaign", "23"}, {"codes", "bogus"}, {"demo", "bogus"}} {
+		_, stderr, code := cli(t, nil, args...)
+		if code != 2 || !strings.Contains(stderr, fmt.Sprintf("unknown command %q", args[1])) {
+			t.Errorf("%v: exit %d, stderr %q; want 2 and the unknown command named", args, code, stderr)
+		}
+	}
+	if _, stderr, code := cli(t, nil, "iys", "imprt"); !strings.Contains(stderr, `did you mean "import"`) || code != 2 {
+		t.Errorf("iys imprt: exit %d, %q; want a suggestion", code, stderr)
+	}
+	if stdout, _, code := cli(t, nil, "iys"); code != 0 || !strings.Contains(stdout, "Available Commands") {
+		t.Errorf("iys alone: exit %d, %q; want its help", code, stdout)
 	}
 }

@@ -120,7 +120,43 @@ func (a *app) newRootCmd() *cobra.Command {
 		a.newWorkersCmd(),
 		a.newVersionCmd(),
 	)
+	for _, c := range root.Commands() {
+		refuseUnknownSubcommands(c)
+	}
 	return root
+}
+
+// refuseUnknownSubcommands makes a command group (iys, codes, dlq, demo) refuse a word that is none of
+// its commands, as the root does (exit 2), instead of printing its help and succeeding: a cron job with a
+// typo must fail. The group alone still prints its help.
+func refuseUnknownSubcommands(c *cobra.Command) {
+	if !c.HasSubCommands() {
+		return
+	}
+	for _, sub := range c.Commands() {
+		refuseUnknownSubcommands(sub)
+	}
+	if c.Runnable() {
+		return
+	}
+	c.Args = cobra.ArbitraryArgs
+	c.RunE = func(cmd *cobra.Command, args []string) error {
+		if len(args) == 0 {
+			return cmd.Help()
+		}
+		var names []string
+		for _, sub := range cmd.Commands() {
+			if sub.IsAvailableCommand() {
+				names = append(names, sub.Name())
+			}
+		}
+		hint := ""
+		cmd.SuggestionsMinimumDistance = 2
+		if s := cmd.SuggestionsFor(args[0]); len(s) > 0 {
+			hint = fmt.Sprintf("did you mean %q? ", s[0])
+		}
+		return usagef("unknown command %q for %q: %sits commands are %s (see `%s --help`)", args[0], cmd.CommandPath(), hint, strings.Join(names, ", "), cmd.CommandPath())
+	}
 }
 
 // logger writes structured logs to stderr: text on a terminal, JSON otherwise.
