@@ -124,6 +124,14 @@ func (h *Handler) RunBatch(ctx context.Context, campaignID int64, batch int) err
 	if err != nil {
 		return waitForServices(fmt.Errorf("no send while Redis is unavailable: %w", err))
 	}
+	// Nothing is claimed under an epoch before the frequency marks of the recent sends are back in Redis
+	// (a Redis that lost its data lost them too).
+	if err := h.state.MarksBack(ctx, epoch, h.cfg.Store.RecentSends); err != nil {
+		if errors.Is(err, state.ErrMarksPending) {
+			return &RetryError{Err: err, After: time.Second}
+		}
+		return waitForServices(err)
+	}
 	run.lease = campaign.Lease{Batch: batch, Token: state.Token(), Epoch: epoch, TTL: h.cfg.LeaseTTL}
 	run.guard = state.Guard{Epoch: epoch, Halt: state.HaltKey(c.ID)}
 	recipients, err := h.cfg.Store.LoadBatch(ctx, c.ID, batch)

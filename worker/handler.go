@@ -26,6 +26,7 @@ import (
 // it (internal/faults).
 type Store interface {
 	Get(ctx context.Context, id int64) (*campaign.Campaign, error)
+	RecentSends(ctx context.Context, yield func(campaign.RecentSend) error) (time.Duration, error)
 	StartIfDue(ctx context.Context, id int64) (campaign.State, error)
 	LoadBatch(ctx context.Context, campaignID int64, batch int) ([]campaign.Recipient, error)
 	LeaseChunk(ctx context.Context, c *campaign.Campaign, users []string, l campaign.Lease) (campaign.Chunk, error)

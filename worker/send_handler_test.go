@@ -543,6 +543,66 @@ func TestFrequencyCapAcrossCampaignsAtSendTime(t *testing.T) {
 	}
 }
 
+// The frequency cap holds across a Redis data loss: the marks of the sends before it are written back from
+// the audit log before anything is claimed under the new epoch. Before, a second campaign planned side by
+// side with the first reached again, after a FLUSHALL and a resume, everyone the first had reached.
+func TestFrequencyCapHoldsAfterRedisLosesItsData(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	f := planWith(t, 4, func(s *campaign.Spec) { s.FrequencyCap = time.Hour })
+	rep, err := (&campaign.Planner{Engine: f.db, Audience: f.db}).Plan(ctx,
+		func() campaign.Spec { s := fixtureSpec("second"); s.FrequencyCap = time.Hour; return s }())
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.runAll(t)
+	if got := f.provider.total(); got != 3 {
+		t.Fatalf("first campaign: %d messages, want 3", got)
+	}
+	if err := f.rdb.FlushDB(ctx).Err(); err != nil { // the test's own Redis DB
+		t.Fatal(err)
+	}
+	if err := f.h.RunBatch(ctx, rep.ID, 0); err != nil {
+		t.Fatal(err)
+	}
+	if got := f.provider.total(); got != 3 {
+		t.Fatalf("after Redis lost its data, the second campaign sent %d messages within the frequency cap", got-3)
+	}
+	c, err := f.store.Counts(ctx, rep.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Skipped != 3 || c.Skipped != c.Planned-c.Pending {
+		t.Fatalf("second campaign counts %+v, want its 3 skipped", c)
+	}
+	// Written back once for the epoch: a later run does not write them again.
+	epoch, err := f.rdb.Get(ctx, state.EpochKey).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if done, err := f.rdb.Get(ctx, state.MarksKey).Result(); err != nil || done != epoch {
+		t.Fatalf("marks written back for %q (%v), want the epoch %q", done, err, epoch)
+	}
+}
+
+// While another worker writes the marks back, a batch run sends nothing and comes back soon.
+func TestABatchWaitsWhileTheMarksAreWrittenBack(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	f := plan(t, 4)
+	if err := f.rdb.Set(ctx, "campaignctl:epoch:marks:lock", "another worker", time.Minute).Err(); err != nil {
+		t.Fatal(err)
+	}
+	err := f.h.RunBatch(ctx, f.id, 0)
+	var re *RetryError
+	if !errors.As(err, &re) || re.Failure || !errors.Is(err, state.ErrMarksPending) {
+		t.Fatalf("RunBatch: %v; want a retry that says the marks are being written back", err)
+	}
+	if n := f.provider.total(); n != 0 {
+		t.Fatalf("%d messages sent before the marks were back", n)
+	}
+}
+
 func TestSendWindowAndScheduleHoldTheBatch(t *testing.T) {
 	t.Parallel()
 	ist, _ := time.LoadLocation(campaign.DefaultZone)

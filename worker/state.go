@@ -17,6 +17,9 @@ import (
 type State interface {
 	// Epoch returns the Redis epoch, renewed when the master is not the one that issued it.
 	Epoch(ctx context.Context) (string, error)
+	// MarksBack returns once the frequency marks of the recent sends are in Redis for epoch (written back
+	// from src by the worker that gets the lock after a data loss), or ErrMarksPending meanwhile.
+	MarksBack(ctx context.Context, epoch string, src state.MarkSource) error
 	// ClaimSend claims one recipient just before its provider call (and writes prev, the answer to the
 	// run's previous send); ClaimMany claims the recipients of one request, all or none.
 	ClaimSend(ctx context.Context, c *campaign.Campaign, nonce string, sc state.SendClaim, g state.Guard, prev *state.Answer, pauseKey string, now time.Time) (state.Claimed, error)

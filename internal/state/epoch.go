@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/campaignctl/campaignctl/campaign"
 )
 
 // The Redis epoch (EpochKey) is a random value that changes whenever Redis may have lost data
@@ -172,3 +174,131 @@ return out`)
 
 // Epoch is the package's Epoch on the store's client.
 func (s *Store) Epoch(ctx context.Context) (string, error) { return Epoch(ctx, s.rdb) }
+
+// The frequency marks are only as complete as the Redis that holds them: a Redis that lost its data lost
+// them too, and a campaign planned side by side with another would reach again the people the other one
+// reached before the loss. So the marks of the recent sends are written back from Postgres (the audit log)
+// once for every epoch, before any claim is taken under it: MarksKey records the epoch they were last
+// written back for, and a batch run checks it when it starts (MarksBack). Runs that started under the
+// epoch before are refused at their next claim (ErrEpoch) and start again, so no claim under a new epoch
+// comes before its marks.
+const (
+	MarksKey     = "campaignctl:epoch:marks"
+	marksLockKey = "campaignctl:epoch:marks:lock"
+)
+
+// ErrMarksPending: Redis lost its data (or changed master) and a worker is writing the frequency marks of
+// the recent sends back from Postgres; nothing is claimed meanwhile.
+var ErrMarksPending = errors.New("Redis lost its data (or changed master): a worker is writing the frequency marks of the recent sends back from Postgres; sends wait until it is done")
+
+// MarkSource calls yield with the latest send to each address on each channel within the longest cap a
+// campaign may still apply, and returns that cap (campaign.Store.RecentSends).
+type MarkSource func(ctx context.Context, yield func(campaign.RecentSend) error) (time.Duration, error)
+
+// MarksBack returns nil once the frequency marks have been written back for epoch (see MarksKey): at once
+// when they have, after writing them from src when this call gets the lock, after waiting when another
+// worker writes them, or ErrMarksPending when that takes more than a few seconds.
+func (s *Store) MarksBack(ctx context.Context, epoch string, src MarkSource) error {
+	done, err := s.rdb.Get(ctx, MarksKey).Result()
+	if err != nil && !errors.Is(err, redis.Nil) {
+		return fmt.Errorf("frequency marks: %w", err)
+	}
+	if done == epoch {
+		return nil
+	}
+	token := Token()
+	ok, err := s.rdb.SetNX(ctx, marksLockKey, token, 10*time.Minute).Result()
+	if err != nil {
+		return fmt.Errorf("frequency marks: %w", err)
+	}
+	if !ok {
+		return s.awaitMarks(ctx, epoch)
+	}
+	if err := s.writeMarks(ctx, src); err != nil {
+		s.rdb.Del(context.WithoutCancel(ctx), marksLockKey) //nolint:errcheck // the lock expires by itself
+		return fmt.Errorf("write the frequency marks back after Redis lost its data: %w", err)
+	}
+	n, err := marksDoneScript.Run(ctx, s.rdb, []string{EpochKey, MarksKey, marksLockKey}, epoch, token).Int()
+	if err != nil {
+		return fmt.Errorf("frequency marks: %w", err)
+	}
+	if n == 0 {
+		return ErrMarksPending // Redis lost its data again meanwhile: the next run starts over
+	}
+	return nil
+}
+
+// awaitMarks waits a few seconds for another worker to finish writing the marks back for epoch (a
+// handful of milliseconds for a day's sends of a small fleet), then gives up with ErrMarksPending.
+func (s *Store) awaitMarks(ctx context.Context, epoch string) error {
+	for end := time.Now().Add(5 * time.Second); time.Now().Before(end); {
+		t := time.NewTimer(50 * time.Millisecond)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return ctx.Err()
+		case <-t.C:
+		}
+		done, err := s.rdb.Get(ctx, MarksKey).Result()
+		if err != nil && !errors.Is(err, redis.Nil) {
+			return fmt.Errorf("frequency marks: %w", err)
+		}
+		if done == epoch {
+			return nil
+		}
+	}
+	return ErrMarksPending
+}
+
+// writeMarks writes the marks of the recent sends (src) where Redis has none, a thousand a round trip,
+// and gives each day's hash the TTL a claim would.
+func (s *Store) writeMarks(ctx context.Context, src MarkSource) error {
+	pipe := s.rdb.Pipeline()
+	keys := map[string]bool{}
+	flush := func() error {
+		if pipe.Len() == 0 {
+			return nil
+		}
+		_, err := pipe.Exec(ctx)
+		return err
+	}
+	longest, err := src(ctx, func(rs campaign.RecentSend) error {
+		c := &campaign.Campaign{ID: rs.CampaignID, CreatedAt: rs.CampaignCreated}
+		key := FrequencyKey(rs.Channel, rs.Address, rs.At)
+		// A mark Redis kept (a failover that lost nothing) is as recent or more: it stays.
+		pipe.HSetNX(ctx, key, rs.Address, markOwner(c, Nonce(c))+"|"+strconv.FormatInt(rs.At.UnixMilli(), 10))
+		keys[key] = true
+		if pipe.Len() >= 1000 {
+			return flush()
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	ttl := max(campaign.DefaultFrequencyCap, longest) + markDay
+	for k := range keys {
+		pipe.PExpire(ctx, k, ttl)
+		if pipe.Len() >= 1000 {
+			if err := flush(); err != nil {
+				return err
+			}
+		}
+	}
+	return flush()
+}
+
+// marksDoneScript records that the marks were written back for the epoch, if it is still the epoch and
+// the lock still ours, and releases the lock.
+//
+// KEYS[1] -> campaignctl:epoch
+// KEYS[2] -> MarksKey
+// KEYS[3] -> the lock
+// ARGV[1] -> the epoch
+// ARGV[2] -> the lock's token
+var marksDoneScript = redis.NewScript(`
+if redis.call("GET", KEYS[3]) ~= ARGV[2] then return 0 end
+redis.call("DEL", KEYS[3])
+if redis.call("GET", KEYS[1]) ~= ARGV[1] then return 0 end
+redis.call("SET", KEYS[2], ARGV[1])
+return 1`)

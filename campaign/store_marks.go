@@ -1,0 +1,57 @@
+package campaign
+
+import (
+	"context"
+	"fmt"
+	"time"
+)
+
+// RecentSend is a message that went out, or may have (unknown), lately: the frequency mark it left.
+type RecentSend struct {
+	CampaignID int64
+	// CampaignCreated is the campaign's CreatedAt (its claims' and marks' nonce is made of it).
+	CampaignCreated time.Time
+	Channel         Channel
+	Address         string
+	At              time.Time
+}
+
+// RecentSends calls yield with the latest send to each address on each channel within the longest
+// frequency cap a campaign that may still send keeps (at least DefaultFrequencyCap), read from the audit
+// log, and returns that cap. It is what a Redis that lost its data must get back before anything is
+// claimed again: the marks the send-time cap reads.
+func (s *Store) RecentSends(ctx context.Context, yield func(RecentSend) error) (time.Duration, error) {
+	var secs int64
+	if err := s.pool.QueryRow(ctx, `
+		SELECT greatest($1::bigint, coalesce(max(frequency_cap_seconds), 0)) FROM campaigns
+		WHERE state IN (`+sqlStatePlanning+`, `+sqlStateScheduled+`, `+sqlStateRunning+`, '`+string(StatePaused)+`')`,
+		int64(DefaultFrequencyCap/time.Second)).Scan(&secs); err != nil {
+		return 0, fmt.Errorf("recent sends: the longest cap: %w", err)
+	}
+	rows, err := s.pool.Query(ctx, `
+		SELECT DISTINCT ON (c.channel, r.address) l.campaign_id, c.created_at, c.channel, r.address, l.at
+		FROM send_log l
+		JOIN campaigns c ON c.id = l.campaign_id
+		JOIN campaign_recipients r ON r.campaign_id = l.campaign_id AND r.user_id = l.user_id
+		WHERE l.status IN (`+sqlSent+`, `+sqlUnknown+`) AND l.at > now() - $1 * interval '1 second'
+		ORDER BY c.channel, r.address, l.at DESC`, secs)
+	if err != nil {
+		return 0, fmt.Errorf("recent sends: %w", err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var rs RecentSend
+		var ch string
+		if err := rows.Scan(&rs.CampaignID, &rs.CampaignCreated, &ch, &rs.Address, &rs.At); err != nil {
+			return 0, fmt.Errorf("recent sends: %w", err)
+		}
+		rs.Channel = Channel(ch)
+		if err := yield(rs); err != nil {
+			return 0, err
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return 0, fmt.Errorf("recent sends: %w", err)
+	}
+	return time.Duration(secs) * time.Second, nil
+}
