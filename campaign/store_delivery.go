@@ -39,8 +39,13 @@ type Delivery struct {
 	MessageID  string
 	CampaignID int64
 	UserID     string
-	Status     string
-	Error      string
+	// Address is the recipient the receipt says the message was for ("" when it names none): a receipt
+	// that names its recipient by campaign and user applies only to a recipient with this address, so a
+	// stray one (a campaign ID of a database since re-created, a forged callback) cannot make a recipient
+	// who was never sent look sent.
+	Address string
+	Status  string
+	Error   string
 	// EventID is the provider's ID of the receipt itself, to apply each once ("" when none).
 	EventID string
 	At      time.Time
@@ -59,17 +64,17 @@ func (s *Store) RecordDeliveries(ctx context.Context, ds []Delivery) (int64, err
 		return 0, nil
 	}
 	n := len(ds)
-	prov, msg, user, st, errs, ev := make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n)
+	prov, msg, user, st, errs, ev, addr := make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n)
 	camp := make([]int64, n)
 	at := make([]time.Time, n)
 	for i, d := range ds {
-		prov[i], msg[i], camp[i], user[i], st[i], errs[i], ev[i], at[i] = d.Provider, d.MessageID, d.CampaignID, d.UserID, d.Status, d.Error, d.EventID, d.At
+		prov[i], msg[i], camp[i], user[i], st[i], errs[i], ev[i], at[i], addr[i] = d.Provider, d.MessageID, d.CampaignID, d.UserID, d.Status, d.Error, d.EventID, d.At, d.Address
 		if at[i].IsZero() {
 			at[i] = time.Now()
 		}
 	}
 	var changed int64
-	err := s.pool.QueryRow(ctx, recordDeliveriesSQL, prov, msg, camp, user, st, errs, ev, at).Scan(&changed)
+	err := s.pool.QueryRow(ctx, recordDeliveriesSQL, prov, msg, camp, user, st, errs, ev, at, addr).Scan(&changed)
 	if err != nil {
 		return 0, fmt.Errorf("record delivery receipts: %w", err)
 	}
@@ -80,8 +85,8 @@ func (s *Store) RecordDeliveries(ctx context.Context, ds []Delivery) (int64, err
 var recordDeliveriesSQL = `
 		WITH d AS (
 			SELECT *, ` + deliveryRank("status") + ` AS rank
-			FROM unnest($1::text[], $2::text[], $3::bigint[], $4::text[], $5::text[], $6::text[], $7::text[], $8::timestamptz[])
-				AS d(provider, msgid, campaign_id, user_id, status, error, event_id, at)
+			FROM unnest($1::text[], $2::text[], $3::bigint[], $4::text[], $5::text[], $6::text[], $7::text[], $8::timestamptz[], $9::text[])
+				AS d(provider, msgid, campaign_id, user_id, status, error, event_id, at, address)
 		), fresh AS (
 			INSERT INTO receipt_events (provider, event_id)
 			SELECT DISTINCT provider, event_id FROM d WHERE event_id <> ''
@@ -97,7 +102,9 @@ var recordDeliveriesSQL = `
 			-- are indexed: migration 0014), then the primary key.
 			SELECT r.campaign_id, r.user_id, r.status AS was, d.msgid, d.status, d.error, d.at, d.rank
 			FROM todo d JOIN campaign_recipients r ON r.campaign_id = d.campaign_id AND r.user_id = d.user_id
-			WHERE d.campaign_id > 0
+			-- Named by campaign and user: only for that recipient's address (the message ID branch below
+			-- matches the message ID the send recorded instead).
+			WHERE d.campaign_id > 0 AND (d.address = '' OR lower(d.address) = lower(r.address))
 			UNION ALL
 			SELECT r.campaign_id, r.user_id, r.status AS was, d.msgid, d.status, d.error, d.at, d.rank
 			FROM todo d

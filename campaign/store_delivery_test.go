@@ -117,3 +117,37 @@ func TestReceiptsAndOutcomesOfOneRecipient(t *testing.T) {
 		t.Fatalf("resend moved %d (%v), want 0", n, err)
 	}
 }
+
+// A receipt that names its recipient by campaign and user applies only if it names that recipient's
+// address too: a stray one (a late receipt of a campaign with the same ID in a database since re-created,
+// a forged callback) does not make a recipient who was never sent look accepted, nor one recorded unknown
+// look sent. One that names no address, or the right one in another case, applies.
+func TestARecipientsReceiptMustNameItsAddress(t *testing.T) {
+	t.Parallel()
+	db, _ := testdb.New(t)
+	ctx := context.Background()
+	mustExec(t, db, `INSERT INTO campaign_recipients (campaign_id, user_id, address, batch, status, provider_message_id) VALUES
+		(1, 'p', '+905320000001', 0, 'pending', NULL), (1, 'u', '+905320000002', 0, 'unknown', NULL),
+		(1, 'e', 'Ayse@Example.com', 0, 'pending', NULL), (1, 'n', '+905320000004', 0, 'unknown', NULL)`)
+	store := campaign.NewStore(db)
+	now := time.Now()
+	n, err := store.RecordDeliveries(ctx, []campaign.Delivery{
+		{Provider: "twilio", CampaignID: 1, UserID: "p", Address: "+905559999999", MessageID: "SMx", Status: campaign.DeliveryDelivered, At: now},
+		{Provider: "twilio", CampaignID: 1, UserID: "u", Address: "+905559999998", MessageID: "SMy", Status: campaign.DeliveryDelivered, At: now},
+		{Provider: "sendgrid", CampaignID: 1, UserID: "e", Address: "ayse@example.com", Status: campaign.DeliveryDelivered, EventID: "e1", At: now},
+		{Provider: "twilio", CampaignID: 1, UserID: "n", MessageID: "SMn", Status: campaign.DeliveryDelivered, At: now},
+	})
+	if err != nil || n != 2 {
+		t.Fatalf("changed %d, err %v; want the two receipts of the right (or no) address", n, err)
+	}
+	want := map[string][2]string{"p": {"pending", ""}, "u": {"unknown", ""}, "e": {"pending", "delivered"}, "n": {"sent", "delivered"}}
+	for u, w := range want {
+		var st, dl string
+		if err := db.QueryRow(ctx, `SELECT status, coalesce(delivery, '') FROM campaign_recipients WHERE user_id = $1`, u).Scan(&st, &dl); err != nil {
+			t.Fatal(err)
+		}
+		if st != w[0] || dl != w[1] {
+			t.Errorf("%s: %s/%s, want %s/%s", u, st, dl, w[0], w[1])
+		}
+	}
+}

@@ -112,7 +112,7 @@ the provider posts again). Headers must arrive within ` + webhooksReadHeaderTime
 				ds := make([]campaign.Delivery, len(rs))
 				for i, r := range rs {
 					ds[i] = campaign.Delivery{Provider: r.Provider, MessageID: r.MessageID, CampaignID: r.CampaignID, UserID: r.UserID,
-						Status: r.Status, Error: r.Error, EventID: r.EventID, At: r.At}
+						Address: r.Address, Status: r.Status, Error: r.Error, EventID: r.EventID, At: r.At}
 				}
 				return batcher.record(ctx, ds)
 			})

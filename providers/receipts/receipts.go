@@ -107,6 +107,10 @@ type Receipt struct {
 	// "" when absent.
 	CampaignID int64
 	UserID     string
+	// Address is the recipient the provider says the message was for: Twilio's To, SendGrid's email
+	// (lower-cased); "" when the receipt names none. A receipt that names its recipient by campaign and
+	// user is only applied to a recipient with this address.
+	Address string
 	// Status is one of the Status constants.
 	Status string
 	// Error says why a message was not delivered ("" when it was, or when the provider gave no reason).

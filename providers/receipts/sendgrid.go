@@ -259,6 +259,7 @@ func (h *Handler) sendgridBatch(body []byte) (batch, *rejection) {
 			Provider:  "sendgrid",
 			MessageID: e.SGMessageID,
 			UserID:    string(e.UserID),
+			Address:   strings.ToLower(strings.TrimSpace(e.Email)),
 			Status:    status,
 			EventID:   e.eventID(),
 			At:        h.sendgridAt(&e),

@@ -105,13 +105,13 @@ func TestSendGridEvents(t *testing.T) {
 	at := func(sec int64) time.Time { return time.Unix(sec, 0).UTC() }
 	const mid = "LRzXl_NHStOGhQ4kofSm_A"
 	want := []receipts.Receipt{
-		{Provider: "sendgrid", MessageID: mid, CampaignID: 42, UserID: "u-1", Status: receipts.StatusProcessed, EventID: "ev-proc", At: at(1700000000)},
-		{Provider: "sendgrid", MessageID: mid, CampaignID: 42, UserID: "u-1", Status: receipts.StatusDelivered, EventID: "ev-deliv", At: at(1700000005)},
-		{Provider: "sendgrid", MessageID: mid, CampaignID: 42, UserID: "u-2", Status: receipts.StatusDeferred, Error: "451 4.7.1 Try again later", EventID: "ev-defer", At: at(1700000006)},
-		{Provider: "sendgrid", MessageID: mid, CampaignID: 42, UserID: "u-3", Status: receipts.StatusBounced, Error: "550 5.1.1 <Z***@Example.com>: Recipient address rejected", EventID: "ev-bounce", At: at(1700000007)},
-		{Provider: "sendgrid", MessageID: mid, CampaignID: 42, UserID: "u-4", Status: receipts.StatusBounced, Error: "blocked: 554 listed on a blocklist", EventID: "ev-block", At: at(1700000008)},
-		{Provider: "sendgrid", MessageID: mid, CampaignID: 42, UserID: "u-5", Status: receipts.StatusDropped, Error: "Bounced Address", EventID: "ev-drop", At: at(1700000009)},
-		{Provider: "sendgrid", MessageID: "OtherSystem123", Status: receipts.StatusDelivered, EventID: "ev-other", At: at(1700000500)},
+		{Provider: "sendgrid", MessageID: mid, CampaignID: 42, UserID: "u-1", Address: "ayse.yilmaz@example.com", Status: receipts.StatusProcessed, EventID: "ev-proc", At: at(1700000000)},
+		{Provider: "sendgrid", MessageID: mid, CampaignID: 42, UserID: "u-1", Address: "ayse.yilmaz@example.com", Status: receipts.StatusDelivered, EventID: "ev-deliv", At: at(1700000005)},
+		{Provider: "sendgrid", MessageID: mid, CampaignID: 42, UserID: "u-2", Address: "mehmet@example.com", Status: receipts.StatusDeferred, Error: "451 4.7.1 Try again later", EventID: "ev-defer", At: at(1700000006)},
+		{Provider: "sendgrid", MessageID: mid, CampaignID: 42, UserID: "u-3", Address: "zeynep@example.com", Status: receipts.StatusBounced, Error: "550 5.1.1 <Z***@Example.com>: Recipient address rejected", EventID: "ev-bounce", At: at(1700000007)},
+		{Provider: "sendgrid", MessageID: mid, CampaignID: 42, UserID: "u-4", Address: "ali@example.com", Status: receipts.StatusBounced, Error: "blocked: 554 listed on a blocklist", EventID: "ev-block", At: at(1700000008)},
+		{Provider: "sendgrid", MessageID: mid, CampaignID: 42, UserID: "u-5", Address: "can@example.com", Status: receipts.StatusDropped, Error: "Bounced Address", EventID: "ev-drop", At: at(1700000009)},
+		{Provider: "sendgrid", MessageID: "OtherSystem123", Address: "other@example.com", Status: receipts.StatusDelivered, EventID: "ev-other", At: at(1700000500)},
 	}
 	if diff := cmp.Diff(want, sk.all()); diff != "" {
 		t.Errorf("receipts (-want +got):\n%s", diff)

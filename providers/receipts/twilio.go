@@ -126,6 +126,7 @@ func (h *Handler) twilioReceipt(r *http.Request, form map[string]string) ([]Rece
 		Provider:  "twilio",
 		MessageID: sid,
 		UserID:    q.Get("user_id"),
+		Address:   strings.TrimSpace(form["To"]),
 		EventID:   sid + ":" + raw,
 		At:        h.now().UTC(),
 	}

@@ -151,6 +151,7 @@ func TestTwilioStatuses(t *testing.T) {
 			}
 			want := *tt.want
 			want.Provider, want.MessageID, want.CampaignID, want.UserID = "twilio", messageSID, 42, "u-7"
+			want.Address = "+905551234567" // the callback's To
 			want.EventID = messageSID + ":" + tt.status
 			if diff := cmp.Diff([]receipts.Receipt{want}, got, ignoreAt); diff != "" {
 				t.Errorf("receipts (-want +got):\n%s", diff)
