@@ -52,16 +52,16 @@ func ListDLQ(ctx context.Context, o DLQOptions) ([]DLQEntry, error) {
 // DLQRefusal is a dead-lettered batch that RetryDLQ left in the archive, and the state of its campaign.
 type DLQRefusal struct {
 	DLQEntry
-	State campaign.State
+	State campaign.State `json:"state"`
 }
 
 // DLQRetryReport is what RetryDLQ did.
 type DLQRetryReport struct {
 	// Queued are the batches queued again, each with a fresh retry budget.
-	Queued []DLQEntry
+	Queued []DLQEntry `json:"queued"`
 	// Refused are the batches of campaigns that are over (cancelled, failed or completed): nothing more is
 	// sent for them, so they stay in the archive.
-	Refused []DLQRefusal
+	Refused []DLQRefusal `json:"refused"`
 }
 
 // DLQRefusedError is returned by RetryDLQ for one campaign (DLQOptions.CampaignID) that is over: none of
@@ -118,7 +118,7 @@ func RetryDLQ(ctx context.Context, o DLQOptions) (DLQRetryReport, error) {
 // DLQPurgeReport is what PurgeDLQ did.
 type DLQPurgeReport struct {
 	// Dropped are the batches taken out of the archive; their recipients stay pending.
-	Dropped []DLQEntry
+	Dropped []DLQEntry `json:"dropped"`
 }
 
 // PurgeDLQ drops the selected dead-lettered batches. Their recipients stay pending in Postgres, and a

@@ -238,8 +238,15 @@ func (a *app) launch(ctx context.Context, o launchOptions) error {
 	if err != nil {
 		return err
 	}
+	if o.watch && o.json {
+		// stdout holds the launch report alone: the campaign's end goes to stderr with the progress.
+		return a.watch(ctx, svc, rep.ID, func(v worker.CampaignStatus) error {
+			a.printStatusTo(a.stderr, v, nil)
+			return nil
+		})
+	}
 	if o.watch {
-		return a.watch(ctx, svc, rep.ID)
+		return a.watch(ctx, svc, rep.ID, nil)
 	}
 	return nil
 }

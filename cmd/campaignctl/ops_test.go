@@ -111,7 +111,19 @@ func TestDLQListRetryPurge(t *testing.T) {
 	if _, stderr, code := cli(t, env, "dlq", "retry", "--campaign", id); code != 2 || !strings.Contains(stderr, "the campaign is cancelled") {
 		t.Fatalf("dlq retry of a cancelled campaign: exit %d, %s", code, stderr)
 	}
-	// Retrying the whole DLQ skips it and says why.
+	// Retrying the whole DLQ skips it and says why, in JSON too.
+	var retried struct {
+		Queued  []worker.DLQEntry `json:"queued"`
+		Refused []struct {
+			CampaignID int64  `json:"campaign_id"`
+			Batch      int    `json:"batch"`
+			State      string `json:"state"`
+		} `json:"refused"`
+	}
+	if out, stderr, code := cli(t, env, "dlq", "retry", "--json"); code != 0 || json.Unmarshal([]byte(out), &retried) != nil ||
+		retried.Queued == nil || len(retried.Queued) != 0 || len(retried.Refused) != 1 || retried.Refused[0].Batch != 1 || retried.Refused[0].State != "cancelled" {
+		t.Fatalf("dlq retry --json: exit %d, %s%s", code, out, stderr)
+	}
 	if out, stderr, code := cli(t, env, "dlq", "retry"); code != 0 || !strings.Contains(out, "0 batches queued again") ||
 		!strings.Contains(out, "batch 1 of campaign "+id+" not retried: the campaign is cancelled") {
 		t.Fatalf("dlq retry of everything: exit %d, %s%s", code, out, stderr)
@@ -119,8 +131,12 @@ func TestDLQListRetryPurge(t *testing.T) {
 	if info, err := insp.GetQueueInfo(worker.Queue); err != nil || info.Archived != 1 {
 		t.Fatalf("a refused retry moved the batch: %+v, %v", info, err)
 	}
-	if out, stderr, code := cli(t, env, "dlq", "purge", "--campaign", id); code != 0 || !strings.Contains(out, "1 batches dropped") {
-		t.Fatalf("dlq purge: exit %d, %s%s", code, out, stderr)
+	var purged struct {
+		Dropped []worker.DLQEntry `json:"dropped"`
+	}
+	if out, stderr, code := cli(t, env, "dlq", "purge", "--campaign", id, "--json"); code != 0 || json.Unmarshal([]byte(out), &purged) != nil ||
+		len(purged.Dropped) != 1 || purged.Dropped[0].Batch != 1 {
+		t.Fatalf("dlq purge --json: exit %d, %s%s", code, out, stderr)
 	}
 	if info, err := insp.GetQueueInfo(worker.Queue); err != nil || info.Archived != 0 {
 		t.Fatalf("after purge: %+v, %v", info, err)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"maps"
 	"slices"
 	"strconv"
@@ -104,26 +105,34 @@ func (a *app) status(ctx context.Context, o statusOptions) error {
 			defer fmt.Fprintf(a.stdout, "İYS: %d refusals not registered two business days after they came in (the law allows three): run campaignctl iys push\n", overdue)
 		}
 		return a.printStatusList(list, o.json)
+	case o.watch && o.json:
+		// Progress on stderr; stdout gets the one object status --json prints, once the campaign ends.
+		return a.watch(ctx, svc, o.id, func(v worker.CampaignStatus) error { return a.printStatusJSON(ctx, svc, v) })
 	case o.watch:
-		return a.watch(ctx, svc, o.id)
+		return a.watch(ctx, svc, o.id, nil)
 	}
 	v, err := worker.Status(ctx, opts)
 	if err != nil {
 		return err
 	}
-	overdue := a.refusalsOverdue(ctx, svc)
 	if o.json {
-		return json.NewEncoder(a.stdout).Encode(struct {
-			worker.CampaignStatus
-			// Refusals received through the messages and still not in İYS two business days later.
-			IYSRefusalsOverdue int `json:"iys_refusals_overdue"`
-		}{v, overdue})
+		return a.printStatusJSON(ctx, svc, v)
 	}
+	overdue := a.refusalsOverdue(ctx, svc)
 	a.printStatus(v, o.loc)
 	if overdue > 0 {
 		fmt.Fprintf(a.stdout, "İYS: %d refusals not registered two business days after they came in (the law allows three): run campaignctl iys push\n", overdue)
 	}
 	return nil
+}
+
+// printStatusJSON prints v as status --json does.
+func (a *app) printStatusJSON(ctx context.Context, svc *services, v worker.CampaignStatus) error {
+	return json.NewEncoder(a.stdout).Encode(struct {
+		worker.CampaignStatus
+		// Refusals received through the messages and still not in İYS two business days later.
+		IYSRefusalsOverdue int `json:"iys_refusals_overdue"`
+	}{v, a.refusalsOverdue(ctx, svc)})
 }
 
 // refusalsOverdue counts the refusals still not registered in İYS two business days after they came
@@ -140,11 +149,16 @@ func (a *app) refusalsOverdue(ctx context.Context, svc *services) int {
 }
 
 func (a *app) printStatus(v worker.CampaignStatus, loc *time.Location) {
+	a.printStatusTo(a.stdout, v, loc)
+}
+
+// printStatusTo writes the text of status ID to out.
+func (a *app) printStatusTo(out io.Writer, v worker.CampaignStatus, loc *time.Location) {
 	if loc == nil {
 		loc = iys.Istanbul()
 	}
 	at := func(t *time.Time) string { return t.In(loc).Format("2006-01-02 15:04:05 MST") }
-	w := tabwriter.NewWriter(a.stdout, 0, 4, 2, ' ', 0)
+	w := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
 	fmt.Fprintf(w, "campaign %d\t%s (%s)\n", v.ID, v.Name, v.Channel)
 	fmt.Fprintf(w, "state\t%s\n", v.State)
 	if v.RedisUnavailable {

@@ -58,7 +58,9 @@ func eta(pending int64, rate float64) string {
 // every few seconds otherwise, with the rate of the last few seconds' acceptances and the ETA at it. It
 // ends by itself when the campaign completes, is cancelled or fails; Ctrl-C (or SIGTERM) only stops the
 // watching: the campaign keeps sending, and the way back is printed.
-func (a *app) watch(ctx context.Context, svc *services, id int64) error {
+//
+// final, when not nil, prints the campaign's end instead of printStatus on stdout.
+func (a *app) watch(ctx context.Context, svc *services, id int64, final func(worker.CampaignStatus) error) error {
 	opts := worker.StatusOptions{Store: svc.store, Redis: svc.redis, CampaignID: id}
 	v, err := worker.Status(ctx, opts)
 	if err != nil {
@@ -86,6 +88,9 @@ func (a *app) watch(ctx context.Context, svc *services, id int64) error {
 		update(v, rate.add(time.Now(), v.Sent))
 		if v.Over() {
 			done()
+			if final != nil {
+				return final(v)
+			}
 			a.printStatus(v, nil)
 			return nil
 		}

@@ -72,3 +72,29 @@ func TestWatchCtrlCDetaches(t *testing.T) {
 		t.Fatalf("the progress line shows no rate, ETA or waiting reason:\n%s", errb.String())
 	}
 }
+
+// status --watch --json draws its progress on stderr and prints on stdout, once the campaign is over,
+// the one object status --json prints.
+func TestWatchWithJSONPrintsTheStatusObject(t *testing.T) {
+	t.Parallel()
+	env, _ := badInputDB(t)
+	audience := writeFile(t, "a.sql", `SELECT user_id, phone, first_name FROM customers`)
+	out, stderr, code := cli(t, env, "launch", "--name", "wj", "--channel", "sms", "--audience", audience,
+		"--message", testPrefix+"Merhaba {{.first_name}}", "--yes", "--json")
+	if code != 0 {
+		t.Fatalf("launch: %s", stderr)
+	}
+	var rep struct{ ID int64 }
+	if err := json.Unmarshal([]byte(out), &rep); err != nil {
+		t.Fatal(err)
+	}
+	id := fmt.Sprint(rep.ID)
+	if _, stderr, code := cli(t, env, "cancel", id); code != 0 {
+		t.Fatalf("cancel: %s", stderr)
+	}
+	out, stderr, code = cli(t, env, "status", id, "--watch", "--json")
+	var st map[string]any
+	if code != 0 || json.Unmarshal([]byte(out), &st) != nil || st["state"] != "cancelled" || st["id"] != float64(rep.ID) {
+		t.Fatalf("status --watch --json: exit %d, stdout %q, stderr %s", code, out, stderr)
+	}
+}
