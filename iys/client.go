@@ -192,18 +192,20 @@ func isDigits(s string) bool {
 // Record is one consent as the İYS API reports it: a status answer, or one change of the pull.
 type Record struct {
 	// Recipient is in canonical form (CanonicalRecipient); as İYS gave it if it has none.
-	Recipient string
+	Recipient string `json:"recipient"`
 	// Type is MESAJ, EPOSTA or ARAMA; RecipientType BIREYSEL or TACIR; Status ONAY or RET.
-	Type, RecipientType, Status string
+	Type          string `json:"type"`
+	RecipientType string `json:"recipient_type"`
+	Status        string `json:"status"`
 	// Source is where the consent was given: HS_* (the brand) or IYS_* (the citizen, in İYS).
-	Source string
+	Source string `json:"source"`
 	// ConsentDate is when the consent was given, in Europe/Istanbul; zero when İYS has none (a TACIR
 	// record added without one).
-	ConsentDate time.Time
+	ConsentDate time.Time `json:"consent_date"`
 	// CreationDate is when İYS recorded it, in Europe/Istanbul.
-	CreationDate time.Time
+	CreationDate time.Time `json:"creation_date"`
 	// TransactionID is İYS's ID of the change (64 hex characters): the key of an idempotent upsert.
-	TransactionID string
+	TransactionID string `json:"transaction_id"`
 }
 
 // Page is one answer of the consent-changes pull.

@@ -81,13 +81,15 @@ const numColumns = 6
 type consentReader struct {
 	csv    *csv.Reader
 	header bool
+	// latest is the latest consent_date a row may have: now, with a quarter hour for clocks that differ.
+	latest time.Time
 }
 
 func newConsentReader(r io.Reader) *consentReader {
 	c := csv.NewReader(bufio.NewReaderSize(r, 1<<16))
 	c.FieldsPerRecord = -1 // checked per line, for a better message
 	c.ReuseRecord = true
-	return &consentReader{csv: c}
+	return &consentReader{csv: c, latest: time.Now().Add(15 * time.Minute)}
 }
 
 // next returns the next data row, io.EOF after the last one, or a *LineError.
@@ -106,7 +108,7 @@ func (cr *consentReader) next() (consentRow, error) {
 		return consentRow{}, csvError(err)
 	}
 	line, _ := cr.csv.FieldPos(0)
-	return parseRow(line, rec)
+	return parseRow(line, rec, cr.latest)
 }
 
 func (cr *consentReader) readHeader() error {
@@ -141,7 +143,7 @@ func csvError(err error) error {
 	return fmt.Errorf("read consents: %w", err)
 }
 
-func parseRow(line int, rec []string) (consentRow, error) {
+func parseRow(line int, rec []string, latest time.Time) (consentRow, error) {
 	if len(rec) != numColumns {
 		return consentRow{}, &LineError{Line: line, Msg: fmt.Sprintf("has %d columns, must have %d: %s", len(rec), numColumns, Header)}
 	}
@@ -187,6 +189,9 @@ func parseRow(line int, rec []string) (consentRow, error) {
 		return bad("consent_date", "%q must be YYYY-MM-DD HH:MM:SS in Turkey time, e.g. 2024-05-17 14:30:00", rec[5])
 	} else if err != nil {
 		return bad("consent_date", "%q must be a real date and time as YYYY-MM-DD HH:MM:SS in Turkey time, e.g. 2024-05-17 14:30:00", rec[5])
+	} else if row.consentDate.After(latest) {
+		// A consent dated in the future would also win over every real change made before that date.
+		return bad("consent_date", "%q is in the future (Turkey time); give the date İYS recorded the consent on, as YYYY-MM-DD HH:MM:SS", rec[5])
 	}
 	return row, nil
 }

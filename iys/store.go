@@ -16,13 +16,13 @@ var ErrNoConsent = errors.New("no İYS consent")
 
 // Consent is one stored İYS consent.
 type Consent struct {
-	Recipient     string    // canonical: E.164 phone or lower-case e-mail
-	Type          string    // MESAJ, EPOSTA or ARAMA
-	RecipientType string    // BIREYSEL or TACIR
-	Status        string    // ONAY or RET
-	Source        string    // as İYS or the import file gave it; may be empty
-	ConsentDate   time.Time // in Europe/Istanbul
-	UpdatedAt     time.Time // when this row was last written locally
+	Recipient     string    `json:"recipient"`      // canonical: E.164 phone or lower-case e-mail
+	Type          string    `json:"type"`           // MESAJ, EPOSTA or ARAMA
+	RecipientType string    `json:"recipient_type"` // BIREYSEL or TACIR
+	Status        string    `json:"status"`         // ONAY or RET
+	Source        string    `json:"source"`         // as İYS or the import file gave it; may be empty
+	ConsentDate   time.Time `json:"consent_date"`   // in Europe/Istanbul
+	UpdatedAt     time.Time `json:"updated_at"`     // when this row was last written locally
 }
 
 // progressEvery is how many rows pass between two Progress calls.

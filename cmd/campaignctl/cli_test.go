@@ -111,6 +111,10 @@ func TestBadInputIsRefusedClearlyAndNothingIsWritten(t *testing.T) {
 		{"start in the past", append(launch(), "--at", "2020-01-01 10:00"), 2, []string{"in the past"}},
 		{"bad window", append(launch(), "--window", "9-20"), 2, []string{"HH:MM-HH:MM"}},
 		{"bad zone", append(launch(), "--tz", "Mars/Olympus"), 2, []string{"time zone"}},
+		{"no segments", append(launch(), "--max-segments", "0"), 2, []string{"--max-segments 0", "between 1 and 24"}},
+		{"no statement timeout", append(launch(), "--statement-timeout", "0s"), 2, []string{"--statement-timeout", "positive duration"}},
+		{"SMS with a subject", append(launch(), "--subject", "Merhaba"), 2, []string{"an SMS has none"}},
+		{"two e-mail bodies", append(launch(), "--channel", "email", "--html", audience, "--template-id", "d-123"), 2, []string{"keep one"}},
 		{"status of unknown campaign", []string{"status", "999"}, 2, []string{"no campaign has id 999"}},
 		{"bad campaign id", []string{"status", "abc"}, 2, []string{`campaign ID "abc"`}},
 	}
@@ -160,6 +164,15 @@ func TestServicesUnreachableSayWhereAndWhatToRun(t *testing.T) {
 	}
 	if n := campaigns(); n != 0 {
 		t.Fatalf("a launch with Redis down wrote %d campaigns", n)
+	}
+
+	// A REDIS_URL that is not a URL, or names a database Redis does not have, is the user's to fix (exit 2),
+	// even for status, which otherwise answers from Postgres alone while Redis is down.
+	for url, says := range map[string]string{"notaurl": "not a valid Redis URL", "redis://127.0.0.1:6379/99": "0 to 15"} {
+		bad := map[string]string{"DATABASE_URL": env["DATABASE_URL"], "REDIS_URL": url}
+		if _, stderr, code := cli(t, bad, "status"); code != 2 || !strings.Contains(stderr, says) {
+			t.Fatalf("REDIS_URL=%s: exit %d, stderr %q; want 2 and %q", url, code, stderr, says)
+		}
 	}
 
 	noPG := map[string]string{"DATABASE_URL": "postgres://postgres@127.0.0.1:1/campaignctl?sslmode=disable", "REDIS_URL": env["REDIS_URL"]}

@@ -127,6 +127,9 @@ func (a *app) openRedis(ctx context.Context) (*redis.Client, error) {
 		if errors.Is(err, worker.ErrNotMaster) {
 			return nil, fmt.Errorf("Redis at %s: %v; nothing was sent", where, err)
 		}
+		if strings.Contains(err.Error(), "DB index is out of range") {
+			return nil, usagef("REDIS_URL names a database number this Redis does not have (%s: %v); use one of its databases, 0 to 15 unless its `databases` setting says more, e.g. redis://127.0.0.1:6379/0", where, err)
+		}
 		return nil, fmt.Errorf("Redis is not reachable at %s: %v; nothing was sent. Start it (scripts/test.sh or scripts/demo.sh install and start it) or point REDIS_URL at a running server", where, err)
 	}
 	return rdb, nil

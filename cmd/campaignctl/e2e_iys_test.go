@@ -97,13 +97,22 @@ func TestLateRETInIYSBlocksTheNextSend(t *testing.T) {
 	// iys check shows it, here and in İYS, with its history.
 	out = e.mustRun("iys", "check", "+90 532 100 0002", "--json")
 	var chk struct {
-		Local   struct{ Status string } `json:"local"`
-		IYS     struct{ Status string } `json:"iys"`
+		Local struct {
+			Status        string `json:"status"`
+			RecipientType string `json:"recipient_type"`
+		} `json:"local"`
+		IYS struct {
+			Status        string `json:"status"`
+			TransactionID string `json:"transaction_id"`
+		} `json:"iys"`
 		History []struct {
 			Status, Origin string
 		} `json:"history"`
 	}
-	if err := json.Unmarshal([]byte(out), &chk); err != nil || chk.Local.Status != "RET" || chk.IYS.Status != "RET" || len(chk.History) != 2 || chk.History[0].Status != "RET" {
+	// The fields are spelled as everywhere else in the JSON (snake_case), not as the Go fields.
+	if err := json.Unmarshal([]byte(out), &chk); err != nil || chk.Local.Status != "RET" || chk.Local.RecipientType != "BIREYSEL" ||
+		chk.IYS.Status != "RET" || chk.IYS.TransactionID == "" || len(chk.History) != 2 || chk.History[0].Status != "RET" ||
+		strings.Contains(out, `"Recipient"`) {
 		t.Fatalf("iys check: %v %s", err, out)
 	}
 	if strings.Contains(out+e.mustRun("iys", "sync"), "s3cret-pass") {

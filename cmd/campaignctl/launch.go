@@ -62,6 +62,18 @@ func (o *launchOptions) validate() error {
 	if o.previewDir != "" && !o.dryRun {
 		return usagef("--preview-dir writes the preview of a dry run: add --dry-run")
 	}
+	if o.maxSegments < 1 {
+		return usagef("--max-segments %d: give the longest SMS to send, in segments, between 1 and 24 (default %d)", o.maxSegments, campaign.DefaultMaxSegments)
+	}
+	if o.timeout <= 0 {
+		return usagef("--statement-timeout %s: the audience query always runs with a limit; give a positive duration, e.g. 5m", o.timeout)
+	}
+	if ch, _ := campaign.ParseChannel(o.channel); ch == campaign.ChannelSMS && o.subject != "" {
+		return usagef("--subject is the subject of an e-mail or the title of a push notification; an SMS has none: drop it, or put the text in --message")
+	}
+	if o.html != "" && o.templateID != "" {
+		return usagef("--html and --template-id both give the e-mail's body: keep one (--template-id sends SendGrid's dynamic template %s, --html your own HTML)", o.templateID)
+	}
 	return nil
 }
 

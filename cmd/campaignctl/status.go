@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"maps"
@@ -75,6 +76,10 @@ func parseID(s string) (int64, error) {
 
 func (a *app) status(ctx context.Context, o statusOptions) error {
 	svc, err := a.openServices(ctx)
+	var bad usageError
+	if errors.As(err, &bad) {
+		return err // a REDIS_URL that is not one is the user's to fix, not an outage to work around
+	}
 	var rdbErr error
 	if err != nil && !o.watch {
 		// The campaign's state is in Postgres: status answers without Redis, and says so.
