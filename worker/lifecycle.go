@@ -39,6 +39,11 @@ type PauseReport struct {
 func Pause(ctx context.Context, o PauseOptions) (PauseReport, error) {
 	rep := PauseReport{CampaignID: o.CampaignID}
 	was, err := o.Store.Transition(ctx, o.CampaignID, []campaign.State{campaign.StateRunning, campaign.StateScheduled}, campaign.StatePaused)
+	if errors.Is(err, campaign.ErrWrongState) && was == campaign.StatePaused {
+		// Pausing a paused campaign is what a script that repeats a pause asks for: done already (its halt
+		// is set again, in case Redis lost it).
+		err = nil
+	}
 	if err != nil {
 		return rep, fmt.Errorf("%w; only a running or scheduled campaign can be paused", err)
 	}

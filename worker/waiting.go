@@ -42,11 +42,12 @@ func waitingOf(ctx context.Context, env *waitEnv, c *campaign.Campaign, counts c
 		return nil, nil
 	}
 	id := c.ID
-	if c.StartAt != nil && c.StartAt.After(now) {
-		return &Waiting{Reason: WaitScheduled, Detail: fmt.Sprintf("starts at %s (launch --at)", c.StartAt.UTC().Format(time.RFC3339)), Until: utc(*c.StartAt)}, nil
-	}
+	// Paused first: a scheduled campaign that was paused waits for its resume, not for its start.
 	if c.State == campaign.StatePaused {
 		return &Waiting{Reason: WaitPaused, Detail: fmt.Sprintf("paused; campaignctl resume %d goes on, campaignctl cancel %d ends it", id, id)}, nil
+	}
+	if c.StartAt != nil && c.StartAt.After(now) {
+		return &Waiting{Reason: WaitScheduled, Detail: fmt.Sprintf("starts at %s (launch --at)", c.StartAt.UTC().Format(time.RFC3339)), Until: utc(*c.StartAt)}, nil
 	}
 	rdb := env.rdb
 	// First: after Redis lost its data, the workers' heartbeats are gone for a few seconds too, and
@@ -56,7 +57,7 @@ func waitingOf(ctx context.Context, env *waitEnv, c *campaign.Campaign, counts c
 		return nil, err
 	}
 	if queued == 0 && dlq == 0 {
-		return &Waiting{Reason: WaitRedisLostData, Detail: fmt.Sprintf("%d recipients pending and none of the campaign's batches is queued: Redis lost its data (restarted empty, flushed, failed over). Run campaignctl resume %d", counts.Pending, id)}, nil
+		return &Waiting{Reason: WaitRedisLostData, Detail: fmt.Sprintf("%d recipients pending and none of the campaign's batches is queued: Redis lost its data (restarted empty, flushed, failed over), or the batches were dropped from the dead-letter queue (dlq purge), or the launch stopped before it queued them. Run campaignctl resume %d", counts.Pending, id)}, nil
 	}
 	workers, err := env.workers(ctx)
 	if err != nil {

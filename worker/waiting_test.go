@@ -116,6 +116,10 @@ func TestStatusSaysWhyACampaignWaits(t *testing.T) {
 		t.Fatal(err)
 	}
 	expect("paused", WaitPaused)
+	// A campaign scheduled for later and paused waits for its resume, not for its start.
+	exec(`UPDATE campaigns SET start_at = now() + interval '1 hour' WHERE id = $1`, f.id)
+	expect("scheduled, then paused", WaitPaused)
+	exec(`UPDATE campaigns SET start_at = NULL WHERE id = $1`, f.id)
 
 	// Without Redis, the status is Postgres's, and says so.
 	s, err := Status(ctx, StatusOptions{Store: f.store, CampaignID: f.id})

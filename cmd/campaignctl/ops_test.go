@@ -64,8 +64,14 @@ func TestPauseAndResume(t *testing.T) {
 	if out, stderr, code := cli(t, env, "pause", id); code != 0 || !strings.Contains(out, "paused (was running)") || state() != "paused" {
 		t.Fatalf("pause: exit %d, %s%s, state %s", code, out, stderr, state())
 	}
-	if _, stderr, code := cli(t, env, "pause", id); code != 2 || !strings.Contains(stderr, "is paused") {
-		t.Fatalf("pause of a paused campaign: exit %d, %s", code, stderr)
+	// Pausing again is done already (a script that repeats it does not fail), and the halt is set again.
+	rdb := redisFor(t, env)
+	rdb.Del(context.Background(), worker.HaltKey(loadCampaign(t, db, id).ID))
+	if out, stderr, code := cli(t, env, "pause", id); code != 0 || !strings.Contains(out, "is paused already") || state() != "paused" {
+		t.Fatalf("pause of a paused campaign: exit %d, %s%s", code, out, stderr)
+	}
+	if v, _ := rdb.Get(context.Background(), worker.HaltKey(loadCampaign(t, db, id).ID)).Result(); v != "paused" {
+		t.Fatalf("the repeated pause left the halt mark %q", v)
 	}
 	if out, stderr, code := cli(t, env, "resume", id); code != 0 || !strings.Contains(out, "is running again") || state() != "running" {
 		t.Fatalf("resume: exit %d, %s%s, state %s", code, out, stderr, state())

@@ -6,6 +6,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/campaignctl/campaignctl/campaign"
 	"github.com/campaignctl/campaignctl/worker"
 )
 
@@ -43,6 +44,10 @@ func (a *app) pause(ctx context.Context, o pauseOptions) error {
 	rep, err := worker.Pause(ctx, worker.PauseOptions{Store: svc.store, Redis: svc.redis, CampaignID: o.id, Logger: a.logger()})
 	if err != nil {
 		return err
+	}
+	if rep.Was == campaign.StatePaused {
+		fmt.Fprintf(a.stdout, "campaign %d is paused already; no new send starts on any worker. Continue with `campaignctl resume %d`\n", rep.CampaignID, rep.CampaignID)
+		return nil
 	}
 	fmt.Fprintf(a.stdout, "campaign %d paused (was %s); no new send starts on any worker. Continue with `campaignctl resume %d`\n", rep.CampaignID, rep.Was, rep.CampaignID)
 	return nil

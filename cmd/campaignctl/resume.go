@@ -18,7 +18,7 @@ func (a *app) newResumeCmd() *cobra.Command {
 	var o resumeOptions
 	cmd := &cobra.Command{
 		Use:   "resume ID",
-		Short: "Continue a campaign after a pause or any incident: re-queue, rebuild counters, report (safe to repeat)",
+		Short: "Continue a campaign after a pause or any incident: re-queue, rebuild counters, report (safe to repeat while it runs or is paused)",
 		Long: `Continue a campaign after a pause or after any incident: a killed worker or launch, Redis restarted
 empty (queues, claims and counters gone), Postgres restarted.
 
