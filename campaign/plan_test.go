@@ -157,6 +157,15 @@ func TestPlanExclusionsAgainstHandComputedAudience(t *testing.T) {
 	if n := count(t, db, `SELECT count(*) FROM campaign_recipients`); n != 2 {
 		t.Errorf("%d recipients after refused relaunch, want 2", n)
 	}
+	if !strings.Contains(err.Error(), "campaignctl resume") {
+		t.Errorf("the refusal of a running campaign's name does not say how to go on with it: %v", err)
+	}
+	// Once it ended, resume is no fix: the message does not offer it.
+	mustExec(t, db, `UPDATE campaigns SET state = 'completed' WHERE name = 'summer'`)
+	_, err = p.Plan(context.Background(), spec("summer"))
+	if !errors.Is(err, campaign.ErrNameTaken) || strings.Contains(err.Error(), "resume") || !strings.Contains(err.Error(), "choose another --name") {
+		t.Fatalf("the name of a completed campaign: %v; want ErrNameTaken without resume", err)
+	}
 }
 
 func TestDryRunWritesNothing(t *testing.T) {

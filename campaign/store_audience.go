@@ -55,8 +55,8 @@ func (p *Planner) stageAudience(ctx context.Context, engineTx pgx.Tx, spec Spec,
 		if src.userIdx >= 0 {
 			missing = spec.Channel.AddressColumn()
 		}
-		return fmt.Errorf("%w: the audience query returns no %s column (it returns: %v); select it, e.g. `SELECT id AS user_id, gsm AS phone, ...`",
-			ErrInvalid, missing, cols)
+		return fmt.Errorf("%w: the audience query returns no %s column (it returns: %v); select it, e.g. `SELECT id AS user_id, %s, ...`",
+			ErrInvalid, missing, cols, addressExample(spec.Channel))
 	}
 	if col := spec.Channel.OptInColumn(); col != "" && !slices.Contains(cols, col) {
 		return fmt.Errorf("%w: a %s audience must return the %s column (true for recipients who opted in; %s has no İYS consent), e.g. `SELECT id AS user_id, %s, notify AS %s, ...`",
@@ -97,12 +97,14 @@ func audienceError(err error, timeout time.Duration, restricted bool) error {
 	if errors.As(err, &pgErr) {
 		switch {
 		case restricted && pgErr.Code == pgInsufficientPrivilege:
-			table := "customers"
-			if m := deniedTable.FindStringSubmatch(pgErr.Message); m != nil {
-				table = m[1]
+			m := deniedTable.FindStringSubmatch(pgErr.Message)
+			if m == nil {
+				// A function or a server file, not a table: nothing to grant.
+				return fmt.Errorf("%w: the audience query was refused what it asked for (%s): it runs as a role that may read only the audience tables it is granted, never the server's files, functions that act on the server, or other sessions. Select from the audience tables only, or launch with --allow-privileged-audience (recorded on the campaign)",
+					ErrInvalid, pgErr.Message)
 			}
 			return fmt.Errorf("%w: the audience query was refused what it asked for (%s): it runs as a role that may read only what it is granted, never the engine's own tables or the server's files and sessions. If that table is part of the audience, grant it: GRANT SELECT ON %s TO %s",
-				ErrInvalid, pgErr.Message, table, AudienceRole)
+				ErrInvalid, pgErr.Message, m[1], AudienceRole)
 		case strings.Contains(pgErr.Message, "within security-definer function"):
 			return fmt.Errorf("%w: the audience query tried to change its role (%s); it must be one plain SELECT", ErrInvalid, pgErr.Message)
 		case pgErr.Code == pgReadOnlySQLTransaction:
@@ -224,4 +226,16 @@ func jsonValue(v any) any {
 		return v.Format(time.RFC3339)
 	}
 	return v
+}
+
+// addressExample is how an audience SELECT names the channel's address column, for an error's example.
+func addressExample(ch Channel) string {
+	switch col := ch.AddressColumn(); col {
+	case "phone":
+		return "gsm AS phone"
+	case "email":
+		return "mail AS email"
+	default:
+		return "device_token AS " + col
+	}
 }

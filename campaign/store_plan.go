@@ -64,8 +64,15 @@ func (p *Planner) plan(ctx context.Context, spec Spec, tmpl *Template, rep *Repo
 			var other int64
 			var st State
 			p.Engine.QueryRow(context.WithoutCancel(ctx), `SELECT id, state FROM campaigns WHERE name = $1`, spec.Name).Scan(&other, &st) //nolint:errcheck // only for the message
-			return fmt.Errorf("%w: a campaign named %q exists already (id %d, %s); choose another --name, or run `campaignctl resume %d` if that launch was interrupted",
-				ErrNameTaken, spec.Name, other, st, other)
+			hint := fmt.Sprintf(", or run `campaignctl resume %d` if that launch was interrupted", other)
+			switch st {
+			case StateCompleted, StateCancelled, StateFailed:
+				hint = "; a campaign's name stays its own after it ended (the report and the audit name it)" // nothing to resume
+			case StatePaused:
+				hint = fmt.Sprintf(", or run `campaignctl resume %d` to go on with it", other)
+			}
+			return fmt.Errorf("%w: a campaign named %q exists already (id %d, %s); choose another --name%s",
+				ErrNameTaken, spec.Name, other, st, hint)
 		}
 		return fmt.Errorf("plan: %w", err)
 	}

@@ -203,6 +203,42 @@ func (t *Template) Fields() []string {
 	return out
 }
 
+// partWith names the first part of the message that uses field: "message template" (--message),
+// "subject" (--subject) or "HTML part" (--html).
+func (t *Template) partWith(field string) string {
+	for _, p := range []struct {
+		name string
+		tree *parse.Tree
+	}{{"message template", treeOf(t.t)}, {"subject", treeOf(t.subject)}, {"HTML part (--html)", htmlTreeOf(t.html)}} {
+		if p.tree == nil {
+			continue
+		}
+		found := false
+		walkFields(p.tree.Root, func(name string) { found = found || name == field })
+		if found {
+			if p.name == "subject" {
+				return "subject (--subject)"
+			}
+			return p.name
+		}
+	}
+	return "message template"
+}
+
+func treeOf(t *template.Template) *parse.Tree {
+	if t == nil {
+		return nil
+	}
+	return t.Tree
+}
+
+func htmlTreeOf(t *htmltemplate.Template) *parse.Tree {
+	if t == nil {
+		return nil
+	}
+	return t.Tree
+}
+
 // HeaderFields returns the top-level fields the subject names: their values go into a header.
 func (t *Template) HeaderFields() []string {
 	var out []string
@@ -238,8 +274,8 @@ func (t *Template) Check(keys []string) error {
 		if missing[0] == "code" {
 			return fmt.Errorf("%w: the message template uses {{.code}} but no --code-pool is given; pass --code-pool POOL (campaignctl codes generate makes one)", ErrInvalid)
 		}
-		return fmt.Errorf("%w: the message template uses {{.%s}} but the audience query returns no column %q; available: %s (add the column to the audience SELECT or fix the template)",
-			ErrInvalid, missing[0], missing[0], strings.Join(sorted, ", "))
+		return fmt.Errorf("%w: the %s uses {{.%s}} but the audience query returns no column %q; available: %s (add the column to the audience SELECT or fix the template)",
+			ErrInvalid, t.partWith(missing[0]), missing[0], missing[0], strings.Join(sorted, ", "))
 	}
 	data := map[string]any{}
 	for _, k := range keys {

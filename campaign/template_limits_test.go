@@ -89,3 +89,25 @@ func TestTemplateLimitsCoverEveryPart(t *testing.T) {
 		t.Fatalf("render: %v", err)
 	}
 }
+
+// A field no audience column gives is reported with the part that uses it, so the fix goes where it
+// belongs: the message, the subject or the HTML part.
+func TestAMissingFieldNamesThePartThatUsesIt(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		c    Content
+		part string
+	}{
+		{Content{Text: "Merhaba {{.nick}}"}, "the message template uses {{.nick}}"},
+		{Content{Text: "Merhaba", Subject: "Selam {{.nick}}"}, "the subject (--subject) uses {{.nick}}"},
+		{Content{Text: "Merhaba", HTML: "<p>{{.nick}}</p>"}, "the HTML part (--html) uses {{.nick}}"},
+	} {
+		tmpl, err := ParseContent(tc.c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := tmpl.Check([]string{"first_name"}); err == nil || !strings.Contains(err.Error(), tc.part) {
+			t.Errorf("%+v: %v; want it to say %q", tc.c, err, tc.part)
+		}
+	}
+}
