@@ -151,8 +151,8 @@ func TestTwilioStatusCallbacks(t *testing.T) {
 	sid := sendWithCallback(t, api, "+905551234567", rv.url+"/twilio/status?campaign_id=42&user_id=u-7")
 	got := rv.next(t, 2)
 	want := []receipts.Receipt{
-		{Provider: "twilio", MessageID: sid, CampaignID: 42, UserID: "u-7", Status: receipts.StatusSent, EventID: sid + ":sent"},
-		{Provider: "twilio", MessageID: sid, CampaignID: 42, UserID: "u-7", Status: receipts.StatusDelivered, EventID: sid + ":delivered"},
+		{Provider: "twilio", MessageID: sid, CampaignID: 42, UserID: "u-7", Address: "+905551234567", Status: receipts.StatusSent, EventID: sid + ":sent"},
+		{Provider: "twilio", MessageID: sid, CampaignID: 42, UserID: "u-7", Address: "+905551234567", Status: receipts.StatusDelivered, EventID: sid + ":delivered"},
 	}
 	for i := range got {
 		got[i].At = time.Time{}
