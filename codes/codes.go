@@ -74,6 +74,8 @@ type ImportReport struct {
 	Lines      int64 // codes in the file (blank lines excluded)
 	Inserted   int64 // new codes added to the pool
 	Duplicates int64 // codes skipped: already stored (in any pool) or repeated in the file
+	// InOtherPools counts, by pool, the skipped codes that another pool holds (a code belongs to one pool).
+	InOtherPools map[string]int64
 }
 
 // PoolStats counts the codes of one pool.

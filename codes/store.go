@@ -312,6 +312,9 @@ func Import(ctx context.Context, pool *pgxpool.Pool, poolName string, r io.Reade
 		return rep, fmt.Errorf("import codes: copy: %w", err)
 	}
 	rep.Lines = n
+	if n == 0 {
+		return rep, fmt.Errorf("%w: the file holds no code (one code a line); nothing was imported", ErrInvalidOptions)
+	}
 	// ORDER BY line: when codes are handed out in id order, they go out in the file's order.
 	tag, err := tx.Exec(ctx, `
 		INSERT INTO promo_codes (pool, code)
@@ -319,6 +322,27 @@ func Import(ctx context.Context, pool *pgxpool.Pool, poolName string, r io.Reade
 		ON CONFLICT (code) DO NOTHING`, poolName)
 	if err != nil {
 		return rep, fmt.Errorf("import codes: insert: %w", err)
+	}
+	rows, err := tx.Query(ctx, `SELECT p.pool, count(DISTINCT p.code) FROM codes_import i JOIN promo_codes p ON p.code = i.code
+		WHERE p.pool <> $1 GROUP BY p.pool`, poolName)
+	if err != nil {
+		return rep, fmt.Errorf("import codes: %w", err)
+	}
+	for rows.Next() {
+		var other string
+		var k int64
+		if err := rows.Scan(&other, &k); err != nil {
+			rows.Close()
+			return rep, fmt.Errorf("import codes: %w", err)
+		}
+		if rep.InOtherPools == nil {
+			rep.InOtherPools = map[string]int64{}
+		}
+		rep.InOtherPools[other] = k
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return rep, fmt.Errorf("import codes: %w", err)
 	}
 	if err := tx.Commit(ctx); err != nil {
 		return rep, fmt.Errorf("import codes: commit: %w", err)

@@ -187,7 +187,7 @@ func TestImport(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if diff := cmp.Diff(codes.ImportReport{Lines: 2, Inserted: 1, Duplicates: 1}, rep); diff != "" {
+	if diff := cmp.Diff(codes.ImportReport{Lines: 2, Inserted: 1, Duplicates: 1, InOtherPools: map[string]int64{"partner": 1}}, rep); diff != "" {
 		t.Errorf("second import (-want +got):\n%s", diff)
 	}
 }

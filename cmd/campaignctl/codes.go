@@ -7,7 +7,9 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"maps"
 	"os"
+	"slices"
 	"strings"
 	"text/tabwriter"
 
@@ -170,6 +172,9 @@ func (a *app) codesImport(cmd *cobra.Command, o codesImportOptions) error {
 		return fmt.Errorf("%s: %w (nothing was imported)", o.file, err)
 	}
 	fmt.Fprintf(a.stdout, "pool %s: %d codes read, %d new, %d already known\n", o.pool, rep.Lines, rep.Inserted, rep.Duplicates)
+	for _, other := range slices.Sorted(maps.Keys(rep.InOtherPools)) {
+		fmt.Fprintf(a.stdout, "  %d of them belong to pool %s (a code is in one pool only; they stay there)\n", rep.InOtherPools[other], other)
+	}
 	return nil
 }
 

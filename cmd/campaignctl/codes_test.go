@@ -82,6 +82,15 @@ func TestCodesImportCountsDuplicates(t *testing.T) {
 	t.Parallel()
 	env, count := badInputDB(t)
 
+	// A file without a code is refused, and no pool is made for it.
+	empty := writeFile(t, "empty.txt", "\n  \n")
+	if _, stderr, code := cli(t, env, "codes", "import", "--pool", "nothing", empty); code != 2 || !strings.Contains(stderr, "holds no code") {
+		t.Fatalf("empty file: exit %d, %s", code, stderr)
+	}
+	if n := count(`SELECT count(*) FROM code_pools WHERE name = 'nothing'`); n != 0 {
+		t.Fatalf("an empty import made the pool")
+	}
+
 	// A code that is already stored, in another pool.
 	other := writeFile(t, "other.txt", "KNOWN-0001\n")
 	if stdout, stderr, code := cli(t, env, "codes", "import", "--pool", "other", other); code != 0 {
@@ -94,7 +103,7 @@ func TestCodesImportCountsDuplicates(t *testing.T) {
 	if code != 0 {
 		t.Fatalf("codes import: exit %d\nstdout: %s\nstderr: %s", code, stdout, stderr)
 	}
-	if want := "pool yaz: 5 codes read, 3 new, 2 already known\n"; stdout != want {
+	if want := "pool yaz: 5 codes read, 3 new, 2 already known\n  1 of them belong to pool other (a code is in one pool only; they stay there)\n"; stdout != want {
 		t.Errorf("codes import printed %q, want %q", stdout, want)
 	}
 	if n := count(`SELECT count(*) FROM promo_codes WHERE pool = 'yaz' AND code IN ('NEW-0001', 'NEW-0002', 'new-0001')`); n != 3 {
@@ -106,7 +115,7 @@ func TestCodesImportCountsDuplicates(t *testing.T) {
 
 	// Importing the same file again adds nothing.
 	stdout, _, code = cli(t, env, "codes", "import", "--pool", "yaz", file)
-	if want := "pool yaz: 5 codes read, 0 new, 5 already known\n"; code != 0 || stdout != want {
+	if want := "pool yaz: 5 codes read, 0 new, 5 already known\n  1 of them belong to pool other (a code is in one pool only; they stay there)\n"; code != 0 || stdout != want {
 		t.Errorf("second import: exit %d, printed %q, want %q", code, stdout, want)
 	}
 	want := []map[string]any{{"pool": "yaz", "total": 3.0, "free": 3.0, "reserved": 0.0}}
