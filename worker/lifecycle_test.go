@@ -285,8 +285,13 @@ func TestPause(t *testing.T) {
 	if v, _ := e.rdb.Get(ctx, worker.HaltKey(c.ID)).Result(); v != "paused" {
 		t.Fatalf("halt mark %q, want paused", v)
 	}
-	if _, err := worker.Pause(ctx, worker.PauseOptions{Store: e.store, Redis: e.rdb, CampaignID: c.ID}); !errors.Is(err, campaign.ErrWrongState) {
-		t.Fatalf("pause of a paused campaign: %v, want ErrWrongState", err)
+	// Pausing again is done already: no error, the halt set again.
+	e.rdb.Del(ctx, worker.HaltKey(c.ID))
+	if rep, err := worker.Pause(ctx, worker.PauseOptions{Store: e.store, Redis: e.rdb, CampaignID: c.ID}); err != nil || rep.Was != campaign.StatePaused || !rep.Halted {
+		t.Fatalf("pause of a paused campaign: %+v, %v; want done already", rep, err)
+	}
+	if v, _ := e.rdb.Get(ctx, worker.HaltKey(c.ID)).Result(); v != "paused" {
+		t.Fatalf("halt mark %q after the second pause, want paused", v)
 	}
 	if _, err := worker.Pause(ctx, worker.PauseOptions{Store: e.store, Redis: e.rdb, CampaignID: 987654}); !errors.Is(err, campaign.ErrNotFound) {
 		t.Fatalf("pause of no campaign: %v, want ErrNotFound", err)
