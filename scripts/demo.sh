@@ -62,7 +62,7 @@ message='Merhaba {{.first_name}}, yaz indirimi kodunuz: {{.code}} - Kampanya A.Å
 launch=(launch --name "$name" --channel sms --audience scripts/demo/audience.sql --code-pool demo --message "$message" --frequency-cap 0)
 say "dry run"
 $ctl "${launch[@]}" --dry-run
-say "launch at $TWILIO_RATE messages per second"
+say "launch at $TWILIO_RATE SMS segments per second (TWILIO_RATE counts segments, as Twilio does)"
 id=$($ctl "${launch[@]}" --yes --json | sed -n 's/^ *"id": *\([0-9]*\),*$/\1/p')
 [ -n "$id" ] || { echo "launch did not report a campaign id" >&2; exit 1; }
 say "campaign $id: progress"
