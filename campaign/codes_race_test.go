@@ -407,7 +407,7 @@ func TestLaunchRacingCodeWritersNeverSharesACode(t *testing.T) {
 				if errs[2] != nil || gen.Generated != generated {
 					t.Errorf("%s: generate added %d codes (%v), want %d", label, gen.Generated, errs[2], generated)
 				}
-				if want := (codes.ImportReport{Lines: imported + 41, Inserted: imported, Duplicates: 41}); errs[3] != nil || imp != want {
+				if want := (codes.ImportReport{Lines: imported + 41, Inserted: imported, Duplicates: 41}); errs[3] != nil || imp.Lines != want.Lines || imp.Inserted != want.Inserted || imp.Duplicates != want.Duplicates {
 					t.Errorf("%s: import %+v (%v), want %+v", label, imp, errs[3], want)
 				}
 				total := int64(initial + generated + imported)

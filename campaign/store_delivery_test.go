@@ -5,6 +5,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/campaignctl/campaignctl/campaign"
 	"github.com/campaignctl/campaignctl/internal/testdb"
 )
@@ -44,15 +46,7 @@ func TestRecordDeliveries(t *testing.T) {
 		t.Fatalf("late receipts changed %d, err %v", n, err)
 	}
 	want := map[string][2]string{"a": {"sent", "delivered"}, "b": {"sent", "bounced"}, "c": {"sent", "delivered"}, "d": {"pending", "delivered"}}
-	for u, w := range want {
-		var st, dl string
-		if err := db.QueryRow(ctx, `SELECT status, coalesce(delivery, '') FROM campaign_recipients WHERE user_id = $1`, u).Scan(&st, &dl); err != nil {
-			t.Fatal(err)
-		}
-		if st != w[0] || dl != w[1] {
-			t.Errorf("%s: %s/%s, want %s/%s", u, st, dl, w[0], w[1])
-		}
-	}
+	assertDeliveries(t, db, want)
 	d, u, err := store.DeliveryCounts(ctx, 1)
 	if err != nil || d != 3 || u != 1 {
 		t.Fatalf("delivery counts %d/%d, %v", d, u, err)
@@ -141,9 +135,15 @@ func TestARecipientsReceiptMustNameItsAddress(t *testing.T) {
 		t.Fatalf("changed %d, err %v; want the two receipts of the right (or no) address", n, err)
 	}
 	want := map[string][2]string{"p": {"pending", ""}, "u": {"unknown", ""}, "e": {"pending", "delivered"}, "n": {"sent", "delivered"}}
+	assertDeliveries(t, db, want)
+}
+
+// assertDeliveries checks each user's status and delivery (want: user -> {status, delivery}).
+func assertDeliveries(t *testing.T, db *pgxpool.Pool, want map[string][2]string) {
+	t.Helper()
 	for u, w := range want {
 		var st, dl string
-		if err := db.QueryRow(ctx, `SELECT status, coalesce(delivery, '') FROM campaign_recipients WHERE user_id = $1`, u).Scan(&st, &dl); err != nil {
+		if err := db.QueryRow(context.Background(), `SELECT status, coalesce(delivery, '') FROM campaign_recipients WHERE user_id = $1`, u).Scan(&st, &dl); err != nil {
 			t.Fatal(err)
 		}
 		if st != w[0] || dl != w[1] {

@@ -31,13 +31,7 @@ func TestWaitSharedAcrossClients(t *testing.T) {
 
 	var wg sync.WaitGroup
 	for w := 0; w < 3; w++ {
-		opt, err := redis.ParseURL(url)
-		if err != nil {
-			t.Fatal(err)
-		}
-		rdb := redis.NewClient(opt)
-		defer rdb.Close()
-		b := New(rdb)
+		b := New(newClient(t, url))
 		for g := 0; g < 4; g++ {
 			wg.Add(1)
 			go func() {
@@ -275,13 +269,7 @@ func TestLargeRequestsOfSeveralProcessesGoOutOneAfterTheOther(t *testing.T) {
 	start := time.Now()
 	var wg sync.WaitGroup
 	for range procs {
-		opt, err := redis.ParseURL(url)
-		if err != nil {
-			t.Fatal(err)
-		}
-		rdb := redis.NewClient(opt)
-		defer rdb.Close()
-		b := New(rdb)
+		b := New(newClient(t, url)) // a process of its own: its own client and turns
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -370,4 +358,16 @@ func waitFor(t *testing.T, cond func() bool) {
 		}
 	}
 	t.Fatal("condition not met within 5 s")
+}
+
+// newClient is a client of its own on the Redis at url, closed at the end of the test.
+func newClient(t *testing.T, url string) *redis.Client {
+	t.Helper()
+	opt, err := redis.ParseURL(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rdb := redis.NewClient(opt)
+	t.Cleanup(func() { rdb.Close() })
+	return rdb
 }
