@@ -137,8 +137,9 @@ func TestUICampaignsPages(t *testing.T) {
 	if s := uiState(t, env, id); s != "paused" {
 		t.Fatalf("after pause from the page the campaign is %s, want paused", s)
 	}
-	if code, _, body := uiDo(t, "POST", page+"/pause", nil); code != http.StatusConflict {
-		t.Errorf("pause a paused campaign: %d %s, want 409", code, body)
+	// Pausing it again (a page left open) is done already, as on the command line.
+	if code, _, body := uiDo(t, "POST", page+"/pause", nil); code != 200 || uiState(t, env, id) != "paused" {
+		t.Errorf("pause a paused campaign: %d %s, want 200 and still paused", code, tail(body, 2000))
 	}
 	if code, _, body := uiDo(t, "POST", page+"/resume", nil); code != 200 || uiState(t, env, id) != "running" {
 		t.Fatalf("resume from the page: %d %s; campaign %s", code, tail(body, 2000), uiState(t, env, id))
