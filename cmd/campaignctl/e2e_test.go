@@ -182,8 +182,10 @@ func TestEndToEndSMSCampaign(t *testing.T) {
 	e.start("worker 1", "worker", "--concurrency", "8")
 	e.start("worker 2", "worker", "--concurrency", "8")
 
+	// --watch with --json: the launch returns when the campaign is over, and stdout holds the launch
+	// report alone (the progress and the campaign's end go to stderr).
 	out := e.mustRun("launch", "--name", "e2e", "--channel", "sms", "--audience", audience, "--code-pool", "e2e",
-		"--message", testPrefix+"Merhaba {{.first_name}}, kodunuz {{.code}}", "--yes", "--json")
+		"--message", testPrefix+"Merhaba {{.first_name}}, kodunuz {{.code}}", "--yes", "--json", "--watch")
 	var rep struct {
 		ID       int64            `json:"id"`
 		Eligible int64            `json:"eligible"`
