@@ -106,6 +106,9 @@ type Campaign struct {
 	CreatedAt   time.Time
 	StartedAt   *time.Time
 	FinishedAt  *time.Time
+	// StateSince is when the campaign entered its state through a pause, resume or cancel (nil: another
+	// way, or before schema version 15).
+	StateSince *time.Time
 	// StartAt is when sending may begin (nil: at once).
 	StartAt *time.Time
 	// Window is the daily send window (zero: any time).

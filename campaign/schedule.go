@@ -80,6 +80,19 @@ func (w Window) NextOpen(t time.Time) time.Time {
 	return open
 }
 
+// LastClose returns the last moment the window closed at or before t (the zero Window never closes: t).
+func (w Window) LastClose(t time.Time) time.Time {
+	if w.IsZero() {
+		return t
+	}
+	lt := t.In(w.Zone)
+	c := time.Date(lt.Year(), lt.Month(), lt.Day(), w.End/60, w.End%60, 0, 0, w.Zone)
+	if c.After(t) {
+		c = time.Date(lt.Year(), lt.Month(), lt.Day()-1, w.End/60, w.End%60, 0, 0, w.Zone)
+	}
+	return c
+}
+
 // ParseAt reads a start time: RFC 3339 ("2026-12-01T10:00:00+03:00"), or "2026-12-01 10:00" in zone. It
 // must lie in the future.
 func ParseAt(s string, zone *time.Location, now time.Time) (time.Time, error) {

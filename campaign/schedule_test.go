@@ -68,3 +68,26 @@ func TestParseAt(t *testing.T) {
 		t.Fatal("garbage accepted")
 	}
 }
+
+func TestLastClose(t *testing.T) {
+	t.Parallel()
+	ist, err := time.LoadLocation(DefaultZone)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := ParseWindow("09:00-20:00", ist)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct{ at, want string }{
+		{"2026-12-02 21:30", "2026-12-02 20:00"}, // closed this evening
+		{"2026-12-03 07:00", "2026-12-02 20:00"}, // still closed next morning
+		{"2026-12-02 20:00", "2026-12-02 20:00"},
+	} {
+		at, _ := time.ParseInLocation("2006-01-02 15:04", tc.at, ist)
+		want, _ := time.ParseInLocation("2006-01-02 15:04", tc.want, ist)
+		if got := w.LastClose(at); !got.Equal(want) {
+			t.Errorf("LastClose(%s) = %v, want %v", tc.at, got, want)
+		}
+	}
+}

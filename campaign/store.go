@@ -24,7 +24,7 @@ func NewStore(pool *pgxpool.Pool) *Store { return &Store{pool: pool} }
 const campaignColumns = `id, name, channel, state, message, subject, coalesce(code_pool, ''), rate, audience_sql,
 	audience, eligible, excluded, batch_size, batches, created_at, started_at, finished_at,
 	start_at, send_window, window_zone, frequency_cap_seconds, html, template_id, recipient_type, transactional,
-	allow_stale_consent, brand_code, max_segments`
+	allow_stale_consent, brand_code, max_segments, state_since`
 
 func scanCampaign(row pgx.Row) (*Campaign, error) {
 	var c Campaign
@@ -34,7 +34,7 @@ func scanCampaign(row pgx.Row) (*Campaign, error) {
 	err := row.Scan(&c.ID, &c.Name, &c.Channel, &c.State, &c.Message, &c.Subject, &c.CodePool, &c.Rate, &c.AudienceSQL,
 		&c.Audience, &c.Eligible, &excluded, &c.BatchSize, &c.Batches, &c.CreatedAt, &c.StartedAt, &c.FinishedAt,
 		&c.StartAt, &window, &zone, &capSeconds, &c.HTML, &c.TemplateID, &c.RecipientType, &c.Transactional,
-		&c.AllowStaleConsent, &c.BrandCode, &c.MaxSegments)
+		&c.AllowStaleConsent, &c.BrandCode, &c.MaxSegments, &c.StateSince)
 	if err != nil {
 		return nil, err
 	}
@@ -343,7 +343,7 @@ func (s *Store) Transition(ctx context.Context, id int64, from []State, to State
 	var was State
 	var moved bool
 	err := s.pool.QueryRow(ctx, `WITH cur AS (SELECT state FROM campaigns WHERE id = $1 FOR UPDATE),
-			u AS (UPDATE campaigns SET state = $3,
+			u AS (UPDATE campaigns SET state = $3, state_since = now(),
 				finished_at = CASE WHEN $3 IN (`+sqlStateCompleted+`, `+sqlStateCancelled+`, `+sqlStateFailed+`) THEN now() END
 				WHERE id = $1 AND state = ANY($2) RETURNING id)
 		SELECT coalesce((SELECT state FROM cur), ''), EXISTS (SELECT 1 FROM u)`, id, from, to).Scan(&was, &moved)

@@ -162,6 +162,13 @@ func (h *Handler) RunBatch(ctx context.Context, campaignID int64, batch int) err
 			// Requests of many too: a chunk leased with its consents must not wait a long time for its
 			// tokens (a RET recorded meanwhile would not be seen).
 			chunkSize = min(chunkSize, max(1, int(rate)))
+			if batcher != nil {
+				// And a request, whose recipients reach the provider at once, is a tenth of a second's worth
+				// at most: requests a second's worth each, spaced a second apart, put two in the same second
+				// as soon as one goes out a little late (2,000 e-mails in a second under a cap of 1,000);
+				// with a tenth, no second holds more than about 1.1 times the cap.
+				chunkSize = min(chunkSize, max(1, int(rate/10)))
+			}
 		}
 	}
 	// A chunk's outcomes are buffered until it is written: room for a whole chunk's from the start.

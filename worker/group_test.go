@@ -349,3 +349,24 @@ func TestEmailMessagesCarryTheSharedContent(t *testing.T) {
 		}
 	}
 }
+
+// Under a cap, a request carries a tenth of a second's worth of it at most, so that no second holds much
+// more than the cap however the requests of the workers fall: with requests of a second's worth, two of
+// them a little less than a second apart put twice the cap into one second.
+func TestAnEmailRequestUnderACapIsATenthOfASecondsWorth(t *testing.T) {
+	t.Parallel()
+	rdb, _ := testredis.New(t)
+	_, id, p, h := planEmail(t, 12, 1000, rdb)
+	h.cfg.ProviderRates["batch"] = 40 // requests of 4
+	if err := h.RunBatch(context.Background(), id, 0); err != nil {
+		t.Fatal(err)
+	}
+	if len(p.accepted) != 12 {
+		t.Fatalf("%d addresses e-mailed, want 12", len(p.accepted))
+	}
+	for i, r := range p.requests {
+		if len(r) > 4 {
+			t.Fatalf("request %d carried %d recipients under a cap of 40/s, want at most 4", i+1, len(r))
+		}
+	}
+}

@@ -292,14 +292,14 @@ func TestAnEmailRequestWaitingForItsTokensKeepsItsLease(t *testing.T) {
 	rdb, _ := testredis.New(t)
 	db, _, id, p, h := planEmailDB(t, 4, 10, rdb)
 	h.cfg.LeaseTTL = 600 * time.Millisecond
-	h.cfg.ProviderRates["batch"] = 2 // burst 1: the request of 4 takes 2 s, after 2 s of tokens ahead
-	reserveAhead(t, rdb, "batch", 2, 4)
+	h.cfg.ProviderRates["batch"] = 20 // burst 1, requests of 2 (a tenth of a second's worth), after 2 s of tokens ahead
+	reserveAhead(t, rdb, "batch", 20, 40)
 	start := time.Now()
 	lapsed, err := leaseLapses(t, db, id, func() error { return h.RunBatch(context.Background(), id, 0) })
 	if err != nil {
 		t.Fatalf("RunBatch: %v", err)
 	}
-	if took := time.Since(start); took < 3*time.Second {
+	if took := time.Since(start); took < 1800*time.Millisecond {
 		t.Fatalf("the batch took %v: it did not wait for its tokens, so this tests nothing", took)
 	}
 	if lapsed > 0 {

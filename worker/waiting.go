@@ -44,10 +44,15 @@ func waitingOf(ctx context.Context, env *waitEnv, c *campaign.Campaign, counts c
 	id := c.ID
 	// Paused first: a scheduled campaign that was paused waits for its resume, not for its start.
 	if c.State == campaign.StatePaused {
-		return &Waiting{Reason: WaitPaused, Detail: fmt.Sprintf("paused; campaignctl resume %d goes on, campaignctl cancel %d ends it", id, id)}, nil
+		w := &Waiting{Reason: WaitPaused, Detail: fmt.Sprintf("paused; campaignctl resume %d goes on, campaignctl cancel %d ends it", id, id)}
+		if c.StateSince != nil {
+			w.Since = utc(*c.StateSince)
+		}
+		return w, nil
 	}
 	if c.StartAt != nil && c.StartAt.After(now) {
-		return &Waiting{Reason: WaitScheduled, Detail: fmt.Sprintf("starts at %s (launch --at)", c.StartAt.UTC().Format(time.RFC3339)), Until: utc(*c.StartAt)}, nil
+		return &Waiting{Reason: WaitScheduled, Detail: fmt.Sprintf("starts at %s (launch --at)", c.StartAt.UTC().Format(time.RFC3339)),
+			Since: utc(c.CreatedAt), Until: utc(*c.StartAt)}, nil
 	}
 	rdb := env.rdb
 	// First: after Redis lost its data, the workers' heartbeats are gone for a few seconds too, and
@@ -85,7 +90,12 @@ func waitingOf(ctx context.Context, env *waitEnv, c *campaign.Campaign, counts c
 	}
 	if !c.Window.Open(now) {
 		next := c.Window.NextOpen(now)
-		return &Waiting{Reason: WaitWindowClosed, Detail: fmt.Sprintf("outside its send window %s; it goes on at %s", c.Window, next.Format(time.RFC3339)), Until: utc(next)}, nil
+		since := c.Window.LastClose(now)
+		if since.Before(c.CreatedAt) {
+			since = c.CreatedAt // launched while the window was closed
+		}
+		return &Waiting{Reason: WaitWindowClosed, Detail: fmt.Sprintf("outside its send window %s; it goes on at %s", c.Window, next.Format(time.RFC3339)),
+			Since: utc(since), Until: utc(next)}, nil
 	}
 	notes, err := state.Waits(ctx, rdb, id)
 	if err != nil {

@@ -67,16 +67,17 @@ func TestStatusSaysWhyACampaignWaits(t *testing.T) {
 	expect("queued, nothing in the way", "")
 
 	exec(`UPDATE campaigns SET start_at = now() + interval '1 hour' WHERE id = $1`, f.id)
-	if w := expect("--at ahead", WaitScheduled); w.Until == nil || time.Until(*w.Until) < 50*time.Minute {
-		t.Fatalf("scheduled until %v, want the start in an hour", w.Until)
+	if w := expect("--at ahead", WaitScheduled); w.Until == nil || time.Until(*w.Until) < 50*time.Minute || w.Since == nil || time.Since(*w.Since) > time.Minute {
+		t.Fatalf("scheduled since %v until %v, want since the launch, until the start in an hour", w.Since, w.Until)
 	}
 	exec(`UPDATE campaigns SET start_at = NULL WHERE id = $1`, f.id)
 
 	closed := time.Now().In(time.UTC).Add(2 * time.Hour)
 	exec(`UPDATE campaigns SET send_window = $2, window_zone = 'UTC' WHERE id = $1`, f.id,
 		closed.Format("15:04")+"-"+closed.Add(time.Hour).Format("15:04"))
-	if w := expect("outside --window", WaitWindowClosed); w.Until == nil || w.Until.Sub(closed) > time.Minute || closed.Sub(*w.Until) > time.Minute {
-		t.Fatalf("window closed until %v, want about %v", w.Until, closed)
+	if w := expect("outside --window", WaitWindowClosed); w.Until == nil || w.Until.Sub(closed) > time.Minute || closed.Sub(*w.Until) > time.Minute ||
+		w.Since == nil || w.Since.After(time.Now()) || time.Since(*w.Since) > time.Minute {
+		t.Fatalf("window closed since %v until %v, want since the launch (it closed before), until about %v", w.Since, w.Until, closed)
 	}
 	exec(`UPDATE campaigns SET send_window = '' WHERE id = $1`, f.id)
 
@@ -115,7 +116,9 @@ func TestStatusSaysWhyACampaignWaits(t *testing.T) {
 	if _, err := Pause(ctx, PauseOptions{Store: f.store, Redis: f.rdb, CampaignID: f.id}); err != nil {
 		t.Fatal(err)
 	}
-	expect("paused", WaitPaused)
+	if w := expect("paused", WaitPaused); w.Since == nil || time.Since(*w.Since) > time.Minute || time.Until(*w.Since) > time.Second {
+		t.Fatalf("paused since %v, want the pause's time", w.Since)
+	}
 	// A campaign scheduled for later and paused waits for its resume, not for its start.
 	exec(`UPDATE campaigns SET start_at = now() + interval '1 hour' WHERE id = $1`, f.id)
 	expect("scheduled, then paused", WaitPaused)
