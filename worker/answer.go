@@ -8,6 +8,8 @@ import (
 	"math/rand/v2"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/campaignctl/campaignctl/campaign"
 	"github.com/campaignctl/campaignctl/internal/state"
 	"github.com/campaignctl/campaignctl/limiter"
@@ -215,6 +217,9 @@ func (h *Handler) hold(ctx context.Context, run *batchRun, d time.Duration) erro
 		if err := h.renew(ctx, run); err != nil {
 			return err
 		}
+		if err := h.sameEpoch(ctx, run); err != nil {
+			return err
+		}
 		left := time.Until(end)
 		if left <= 0 {
 			return nil
@@ -223,6 +228,24 @@ func (h *Handler) hold(ctx context.Context, run *batchRun, d time.Duration) erro
 			return err
 		}
 	}
+}
+
+// sameEpoch ends a wait of run whose Redis epoch changed meanwhile (Redis lost its data, or failed over):
+// its claims would be refused anyway, and the sooner it lets its batch go, the sooner a run under the new
+// epoch takes it (a run waiting out tokens reserved before the loss held it for seconds). A Redis that does
+// not answer leaves the wait alone: the claim after it fails closed.
+func (h *Handler) sameEpoch(ctx context.Context, run *batchRun) error {
+	if h.cfg.Redis == nil || run.guard.Epoch == "" {
+		return nil
+	}
+	e, err := h.cfg.Redis.Get(ctx, state.EpochKey).Result()
+	if err != nil && !errors.Is(err, redis.Nil) {
+		return nil
+	}
+	if e != run.guard.Epoch {
+		return &RetryError{Err: state.ErrEpoch, After: time.Second}
+	}
+	return nil
 }
 
 // paceReport exports a provider's shared pace after each flush, and logs its moves (each is reported to

@@ -2,6 +2,7 @@ package worker
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"sync"
@@ -307,5 +308,38 @@ func TestAnEmailRequestWaitingForItsTokensKeepsItsLease(t *testing.T) {
 	}
 	if len(p.accepted) != 4 {
 		t.Fatalf("%d addresses e-mailed, want 4", len(p.accepted))
+	}
+}
+
+// A run waiting for its tokens lets its batch go as soon as the Redis epoch changes (Redis lost its data
+// or failed over): its claims would be refused anyway. It held the batch until its wait ended, and the
+// resumed runs of the new epoch were turned away meanwhile ("being sent by another run").
+func TestAWaitingRunLetsItsBatchGoWhenTheEpochChanges(t *testing.T) {
+	t.Parallel()
+	f := planWith(t, 8, nil)
+	h, _, _ := f.faulty(t, func(c *Config) {
+		c.SendWindow = 8
+		c.LeaseTTL = 600 * time.Millisecond
+		c.ProviderRates = map[string]float64{"test": 50}
+	})
+	reserveAhead(t, f.rdb, "test", 50, 150) // 3 s of tokens ahead
+	go func() {
+		time.Sleep(500 * time.Millisecond)
+		f.rdb.Set(context.Background(), state.EpochKey, "after-a-failover", 0) //nolint:errcheck // checked by the run's outcome
+	}()
+	start := time.Now()
+	err := h.RunBatch(context.Background(), f.id, 0)
+	if took := time.Since(start); took > 2*time.Second {
+		t.Fatalf("the run let its batch go %v after it started, with the epoch changed at 0.5 s", took)
+	}
+	if !errors.Is(err, state.ErrEpoch) {
+		t.Fatalf("RunBatch: %v, want the epoch change", err)
+	}
+	notFailure(t, err)
+	if n := f.provider.total(); n != 0 {
+		t.Fatalf("%d messages sent under the changed epoch", n)
+	}
+	if c := f.counts(t); c.Pending != 5 {
+		t.Fatalf("counts %+v, want all 5 still pending", c)
 	}
 }
