@@ -55,3 +55,18 @@ func (s *Store) RecentSends(ctx context.Context, yield func(RecentSend) error) (
 	}
 	return time.Duration(secs) * time.Second, nil
 }
+
+// ChunksInHandElsewhere counts the batches with a chunk in hand under another Redis epoch than epoch: runs
+// that leased before Redis lost its data (still sending, or dead and not swept yet: a sweeper settles a
+// dead run's chunk a few seconds after its lease expired). Their answered sends reach the audit log only
+// when they record their chunks, so the marks of an epoch are written back once there are none. A chunk
+// whose lease expired more than two minutes ago no longer counts: a sweep that cannot settle it must not
+// hold every send back.
+func (s *Store) ChunksInHandElsewhere(ctx context.Context, epoch string) (int, error) {
+	var n int
+	if err := s.pool.QueryRow(ctx, `SELECT count(*) FROM campaign_batches
+		WHERE lease_users <> '{}' AND coalesce(lease_epoch, '') <> $1 AND lease_until > now() - interval '2 minutes'`, epoch).Scan(&n); err != nil {
+		return 0, fmt.Errorf("chunks in hand under another epoch: %w", err)
+	}
+	return n, nil
+}

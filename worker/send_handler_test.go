@@ -585,6 +585,49 @@ func TestFrequencyCapHoldsAfterRedisLosesItsData(t *testing.T) {
 	}
 }
 
+// The marks are written back only once no chunk is in hand under the epoch before the loss: a run that
+// leased before it records its answered sends in the audit log when its chunk ends (slow provider calls
+// can make that seconds later), and a rebuild read before would miss them. An outside check found 1,915
+// people reached twice that way.
+func TestTheMarksWaitForTheChunksLeasedBeforeTheLoss(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	f := planWith(t, 4, func(s *campaign.Spec) { s.FrequencyCap = time.Hour })
+	rep, err := (&campaign.Planner{Engine: f.db, Audience: f.db}).Plan(ctx,
+		func() campaign.Spec { s := fixtureSpec("second"); s.FrequencyCap = time.Hour; return s }())
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.runAll(t)
+	// A run of the first campaign still has a chunk in hand, leased before the loss.
+	if _, err := f.db.Exec(ctx, `UPDATE campaign_batches SET lease_token = 'alive', lease_epoch = 'before-the-loss',
+		lease_until = now() + interval '1 minute', lease_users = '{u1}' WHERE campaign_id = $1 AND batch = 0`, f.id); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.rdb.FlushDB(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	err = f.h.RunBatch(ctx, rep.ID, 0)
+	if !errors.Is(err, state.ErrMarksPending) {
+		t.Fatalf("RunBatch while a chunk of the epoch before is in hand: %v, want a wait for it", err)
+	}
+	notFailure(t, err)
+	if got := f.provider.total(); got != 3 {
+		t.Fatalf("the second campaign sent %d messages before the marks were back", got-3)
+	}
+	// That run records its chunk and lets it go: the marks are written back, and the cap holds.
+	if _, err := f.db.Exec(ctx, `UPDATE campaign_batches SET lease_token = NULL, lease_epoch = NULL, lease_until = NULL,
+		lease_users = '{}' WHERE campaign_id = $1 AND batch = 0`, f.id); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.h.RunBatch(ctx, rep.ID, 0); err != nil {
+		t.Fatal(err)
+	}
+	if got := f.provider.total(); got != 3 {
+		t.Fatalf("the second campaign sent %d messages within the frequency cap", got-3)
+	}
+}
+
 // While another worker writes the marks back, a batch run sends nothing and comes back soon.
 func TestABatchWaitsWhileTheMarksAreWrittenBack(t *testing.T) {
 	t.Parallel()

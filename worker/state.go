@@ -19,7 +19,7 @@ type State interface {
 	Epoch(ctx context.Context) (string, error)
 	// MarksBack returns once the frequency marks of the recent sends are in Redis for epoch (written back
 	// from src by the worker that gets the lock after a data loss), or ErrMarksPending meanwhile.
-	MarksBack(ctx context.Context, epoch string, src state.MarkSource) error
+	MarksBack(ctx context.Context, epoch string, src state.MarkSource, busy func(ctx context.Context, epoch string) (int, error)) error
 	// ClaimSend claims one recipient just before its provider call (and writes prev, the answer to the
 	// run's previous send); ClaimMany claims the recipients of one request, all or none.
 	ClaimSend(ctx context.Context, c *campaign.Campaign, nonce string, sc state.SendClaim, g state.Guard, prev *state.Answer, pauseKey string, now time.Time) (state.Claimed, error)

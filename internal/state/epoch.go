@@ -185,7 +185,19 @@ func (s *Store) Epoch(ctx context.Context) (string, error) { return Epoch(ctx, s
 const (
 	MarksKey     = "campaignctl:epoch:marks"
 	marksLockKey = "campaignctl:epoch:marks:lock"
+	// marksLockTTL bounds how long a worker that died while writing the marks holds the others up; the
+	// writer extends it with every thousand marks.
+	marksLockTTL = 30 * time.Second
 )
+
+// extendLockScript extends a lock held with token.
+//
+// KEYS[1] -> the lock
+// ARGV[1] -> the token
+// ARGV[2] -> the TTL in ms
+var extendLockScript = redis.NewScript(`
+if redis.call("GET", KEYS[1]) == ARGV[1] then return redis.call("PEXPIRE", KEYS[1], ARGV[2]) end
+return 0`)
 
 // ErrMarksPending: Redis lost its data (or changed master) and a worker is writing the frequency marks of
 // the recent sends back from Postgres; nothing is claimed meanwhile.
@@ -197,8 +209,10 @@ type MarkSource func(ctx context.Context, yield func(campaign.RecentSend) error)
 
 // MarksBack returns nil once the frequency marks have been written back for epoch (see MarksKey): at once
 // when they have, after writing them from src when this call gets the lock, after waiting when another
-// worker writes them, or ErrMarksPending when that takes more than a few seconds.
-func (s *Store) MarksBack(ctx context.Context, epoch string, src MarkSource) error {
+// worker writes them, or ErrMarksPending when that takes more than a few seconds. They are written only
+// once no chunk is in hand under an earlier epoch (busy): a run that leased before the loss records its
+// answered sends in the audit log when its chunk ends, and the marks must include them.
+func (s *Store) MarksBack(ctx context.Context, epoch string, src MarkSource, busy func(ctx context.Context, epoch string) (int, error)) error {
 	done, err := s.rdb.Get(ctx, MarksKey).Result()
 	if err != nil && !errors.Is(err, redis.Nil) {
 		return fmt.Errorf("frequency marks: %w", err)
@@ -206,15 +220,20 @@ func (s *Store) MarksBack(ctx context.Context, epoch string, src MarkSource) err
 	if done == epoch {
 		return nil
 	}
+	if n, err := busy(ctx, epoch); err != nil {
+		return err
+	} else if n > 0 {
+		return fmt.Errorf("%w (%d chunks leased before the loss are still being recorded)", ErrMarksPending, n)
+	}
 	token := Token()
-	ok, err := s.rdb.SetNX(ctx, marksLockKey, token, 10*time.Minute).Result()
+	ok, err := s.rdb.SetNX(ctx, marksLockKey, token, marksLockTTL).Result()
 	if err != nil {
 		return fmt.Errorf("frequency marks: %w", err)
 	}
 	if !ok {
 		return s.awaitMarks(ctx, epoch)
 	}
-	if err := s.writeMarks(ctx, src); err != nil {
+	if err := s.writeMarks(ctx, src, token); err != nil {
 		s.rdb.Del(context.WithoutCancel(ctx), marksLockKey) //nolint:errcheck // the lock expires by itself
 		return fmt.Errorf("write the frequency marks back after Redis lost its data: %w", err)
 	}
@@ -252,13 +271,15 @@ func (s *Store) awaitMarks(ctx context.Context, epoch string) error {
 
 // writeMarks writes the marks of the recent sends (src) where Redis has none, a thousand a round trip,
 // and gives each day's hash the TTL a claim would.
-func (s *Store) writeMarks(ctx context.Context, src MarkSource) error {
+func (s *Store) writeMarks(ctx context.Context, src MarkSource, token string) error {
 	pipe := s.rdb.Pipeline()
 	keys := map[string]bool{}
 	flush := func() error {
 		if pipe.Len() == 0 {
 			return nil
 		}
+		// The lock lives while the writing goes on, and not much longer once its worker is gone.
+		extendLockScript.Eval(ctx, pipe, []string{marksLockKey}, token, marksLockTTL.Milliseconds()) //nolint:errcheck // read from Exec (Eval: a pipeline cannot fall back from EVALSHA)
 		_, err := pipe.Exec(ctx)
 		return err
 	}
