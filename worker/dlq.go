@@ -82,7 +82,7 @@ func (e *DLQRefusedError) Unwrap() error { return campaign.ErrWrongState }
 // campaigns that are over. Every batch is decided before any is moved, so a refusal for the one selected
 // campaign (a *DLQRefusedError) leaves the archive as it was.
 func RetryDLQ(ctx context.Context, o DLQOptions) (DLQRetryReport, error) {
-	var rep DLQRetryReport
+	rep := DLQRetryReport{Queued: []DLQEntry{}, Refused: []DLQRefusal{}} // lists, never null, in JSON
 	entries, err := o.entries(ctx)
 	if err != nil {
 		return rep, err
@@ -124,7 +124,7 @@ type DLQPurgeReport struct {
 // PurgeDLQ drops the selected dead-lettered batches. Their recipients stay pending in Postgres, and a
 // resume of their campaign queues them again.
 func PurgeDLQ(ctx context.Context, o DLQOptions) (DLQPurgeReport, error) {
-	var rep DLQPurgeReport
+	rep := DLQPurgeReport{Dropped: []DLQEntry{}}
 	entries, err := o.entries(ctx)
 	if err != nil {
 		return rep, err

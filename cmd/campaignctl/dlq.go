@@ -90,7 +90,7 @@ func (a *app) dlq(ctx context.Context, o dlqOptions, action string) error {
 			return err
 		}
 		if o.json {
-			return json.NewEncoder(a.stdout).Encode(nonNil(rep))
+			return json.NewEncoder(a.stdout).Encode(rep)
 		}
 		fmt.Fprintf(a.stdout, "%d batches queued again\n", len(rep.Queued))
 		for _, r := range rep.Refused {
@@ -102,27 +102,9 @@ func (a *app) dlq(ctx context.Context, o dlqOptions, action string) error {
 			return err
 		}
 		if o.json {
-			return json.NewEncoder(a.stdout).Encode(nonNil(rep))
+			return json.NewEncoder(a.stdout).Encode(rep)
 		}
 		fmt.Fprintf(a.stdout, "%d batches dropped from the DLQ; their recipients stay pending (`campaignctl resume ID` queues them again)\n", len(rep.Dropped))
 	}
 	return nil
-}
-
-// nonNil returns rep with its nil lists made empty, so that --json prints [] rather than null.
-func nonNil[R worker.DLQRetryReport | worker.DLQPurgeReport](rep R) R {
-	switch r := any(&rep).(type) {
-	case *worker.DLQRetryReport:
-		if r.Queued == nil {
-			r.Queued = []worker.DLQEntry{}
-		}
-		if r.Refused == nil {
-			r.Refused = []worker.DLQRefusal{}
-		}
-	case *worker.DLQPurgeReport:
-		if r.Dropped == nil {
-			r.Dropped = []worker.DLQEntry{}
-		}
-	}
-	return rep
 }
