@@ -179,7 +179,7 @@ func (b *Bucket) take(ctx context.Context, l Limit, n int) error {
 	defer func() { <-t.slot }()
 	lim := gcra(l.Rate)
 	if n > lim.Burst {
-		return b.reserve(ctx, l, n)
+		return b.reserve(ctx, l, lim, n)
 	}
 	for {
 		res, err := b.rl.AllowN(ctx, l.Key, lim, n)
@@ -232,8 +232,7 @@ func (b *Bucket) wait(ctx context.Context, l Limit, d time.Duration) error {
 // reserve takes n tokens, more than l's burst, from its bucket at once and waits until the bucket would
 // have let all of them out (see WaitN). A wait cut short (ctx, Hold) leaves the tokens spent: the rate can
 // only be lower for it, never higher.
-func (b *Bucket) reserve(ctx context.Context, l Limit, n int) error {
-	lim := gcra(l.Rate)
+func (b *Bucket) reserve(ctx context.Context, l Limit, lim redis_rate.Limit, n int) error {
 	interval := lim.Period.Seconds() / float64(lim.Rate)
 	s, err := reserveScript.Run(ctx, b.rdb, []string{state.RateKey(l.Key)}, interval, n, lim.Burst).Text()
 	if err != nil {

@@ -214,11 +214,16 @@ func (h *Handler) waitWhileDown(ctx, waitCtx context.Context, run *batchRun, pro
 func (h *Handler) hold(ctx context.Context, run *batchRun, d time.Duration) error {
 	end := time.Now().Add(d)
 	for {
+		// The epoch is read when the lease is renewed (every third of its TTL), not at every call: the
+		// wait for a turn calls hold every second in each waiting run.
+		due := !h.cfg.Now().Before(run.renewAt)
 		if err := h.renew(ctx, run); err != nil {
 			return err
 		}
-		if err := h.sameEpoch(ctx, run); err != nil {
-			return err
+		if due {
+			if err := h.sameEpoch(ctx, run); err != nil {
+				return err
+			}
 		}
 		left := time.Until(end)
 		if left <= 0 {
