@@ -504,14 +504,8 @@ func TestPauseAndStopHandTheRestBack(t *testing.T) {
 // (frequency_cap), while a redelivered batch of the first is not stopped by its own mark.
 func TestFrequencyCapAcrossCampaignsAtSendTime(t *testing.T) {
 	t.Parallel()
-	f := planWith(t, 4, func(s *campaign.Spec) { s.FrequencyCap = time.Hour })
 	// The second campaign is planned before the first sends, so the plan-time exclusion cannot see it.
-	rep, err := (&campaign.Planner{Engine: f.db, Audience: f.db}).Plan(context.Background(),
-		func() campaign.Spec { s := fixtureSpec("second"); s.FrequencyCap = time.Hour; return s }())
-	if err != nil {
-		t.Fatal(err)
-	}
-	f.runAll(t)
+	f, second := sentByTheFirstOfTwo(t)
 	f.runAll(t) // redelivered: nothing more, and nothing skipped by its own mark
 	if got := f.provider.total(); got != 3 {
 		t.Fatalf("first campaign: %d messages, want 3", got)
@@ -519,13 +513,13 @@ func TestFrequencyCapAcrossCampaignsAtSendTime(t *testing.T) {
 	if c := f.counts(t); c.Sent != 3 || c.Skipped != 0 {
 		t.Fatalf("first campaign counts %+v", c)
 	}
-	if err := f.h.RunBatch(context.Background(), rep.ID, 0); err != nil {
+	if err := f.h.RunBatch(context.Background(), second, 0); err != nil {
 		t.Fatal(err)
 	}
 	if got := f.provider.total(); got != 3 {
 		t.Fatalf("the second campaign sent %d messages within the frequency cap", got-3)
 	}
-	c, err := f.store.Counts(context.Background(), rep.ID)
+	c, err := f.store.Counts(context.Background(), second)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -549,26 +543,17 @@ func TestFrequencyCapAcrossCampaignsAtSendTime(t *testing.T) {
 func TestFrequencyCapHoldsAfterRedisLosesItsData(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	f := planWith(t, 4, func(s *campaign.Spec) { s.FrequencyCap = time.Hour })
-	rep, err := (&campaign.Planner{Engine: f.db, Audience: f.db}).Plan(ctx,
-		func() campaign.Spec { s := fixtureSpec("second"); s.FrequencyCap = time.Hour; return s }())
-	if err != nil {
-		t.Fatal(err)
-	}
-	f.runAll(t)
-	if got := f.provider.total(); got != 3 {
-		t.Fatalf("first campaign: %d messages, want 3", got)
-	}
+	f, second := sentByTheFirstOfTwo(t)
 	if err := f.rdb.FlushDB(ctx).Err(); err != nil { // the test's own Redis DB
 		t.Fatal(err)
 	}
-	if err := f.h.RunBatch(ctx, rep.ID, 0); err != nil {
+	if err := f.h.RunBatch(ctx, second, 0); err != nil {
 		t.Fatal(err)
 	}
 	if got := f.provider.total(); got != 3 {
 		t.Fatalf("after Redis lost its data, the second campaign sent %d messages within the frequency cap", got-3)
 	}
-	c, err := f.store.Counts(ctx, rep.ID)
+	c, err := f.store.Counts(ctx, second)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -592,13 +577,7 @@ func TestFrequencyCapHoldsAfterRedisLosesItsData(t *testing.T) {
 func TestTheMarksWaitForTheChunksLeasedBeforeTheLoss(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	f := planWith(t, 4, func(s *campaign.Spec) { s.FrequencyCap = time.Hour })
-	rep, err := (&campaign.Planner{Engine: f.db, Audience: f.db}).Plan(ctx,
-		func() campaign.Spec { s := fixtureSpec("second"); s.FrequencyCap = time.Hour; return s }())
-	if err != nil {
-		t.Fatal(err)
-	}
-	f.runAll(t)
+	f, second := sentByTheFirstOfTwo(t)
 	// A run of the first campaign still has a chunk in hand, leased before the loss.
 	if _, err := f.db.Exec(ctx, `UPDATE campaign_batches SET lease_token = 'alive', lease_epoch = 'before-the-loss',
 		lease_until = now() + interval '1 minute', lease_users = '{u1}' WHERE campaign_id = $1 AND batch = 0`, f.id); err != nil {
@@ -607,7 +586,7 @@ func TestTheMarksWaitForTheChunksLeasedBeforeTheLoss(t *testing.T) {
 	if err := f.rdb.FlushDB(ctx).Err(); err != nil {
 		t.Fatal(err)
 	}
-	err = f.h.RunBatch(ctx, rep.ID, 0)
+	err := f.h.RunBatch(ctx, second, 0)
 	if !errors.Is(err, state.ErrMarksPending) {
 		t.Fatalf("RunBatch while a chunk of the epoch before is in hand: %v, want a wait for it", err)
 	}
@@ -620,7 +599,7 @@ func TestTheMarksWaitForTheChunksLeasedBeforeTheLoss(t *testing.T) {
 		lease_users = '{}' WHERE campaign_id = $1 AND batch = 0`, f.id); err != nil {
 		t.Fatal(err)
 	}
-	if err := f.h.RunBatch(ctx, rep.ID, 0); err != nil {
+	if err := f.h.RunBatch(ctx, second, 0); err != nil {
 		t.Fatal(err)
 	}
 	if got := f.provider.total(); got != 3 {
@@ -852,4 +831,21 @@ func TestLowRateRETTakesEffectWithinASecond(t *testing.T) {
 	if st, reason, _ := f.status(t, "u8"); st != campaign.StatusSkipped || reason != campaign.ReasonRevoked {
 		t.Fatalf("u8: %s/%s, want skipped/revoked", st, reason)
 	}
+}
+
+// sentByTheFirstOfTwo plans two campaigns with a cap of an hour on the same 3 eligible people, the second
+// before the first sends (so its plan excludes nobody), and runs the first: everyone has its message.
+func sentByTheFirstOfTwo(t *testing.T) (f *fixture, second int64) {
+	t.Helper()
+	f = planWith(t, 4, func(s *campaign.Spec) { s.FrequencyCap = time.Hour })
+	rep, err := (&campaign.Planner{Engine: f.db, Audience: f.db}).Plan(context.Background(),
+		func() campaign.Spec { s := fixtureSpec("second"); s.FrequencyCap = time.Hour; return s }())
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.runAll(t)
+	if got := f.provider.total(); got != 3 {
+		t.Fatalf("first campaign: %d messages, want 3", got)
+	}
+	return f, rep.ID
 }
