@@ -53,6 +53,9 @@ func (h *Handler) recheck(ctx context.Context, run *batchRun, rs []*campaign.Rec
 	for u, snap := range got.Snapshots {
 		run.snapshots[u] = snap
 	}
+	if run.revoked == nil {
+		run.revoked = map[string]bool{}
+	}
 	var drop map[string]bool
 	refused := 0
 	for _, r := range rs {
@@ -61,17 +64,11 @@ func (h *Handler) recheck(ctx context.Context, run *batchRun, rs []*campaign.Rec
 		case run.revoked[r.UserID]:
 		case !pending:
 			// Settled by another hand meanwhile: not this run's to send or to record.
-			if run.revoked == nil {
-				run.revoked = map[string]bool{}
-			}
 			run.revoked[r.UserID] = true
 		case !got.Consent[r.Address]:
 			r.Consent = false
 			if err := h.close(ctx, run, r, state.ReasonValue(state.Skipped, campaign.ReasonRevoked)); err != nil {
 				return nil, err
-			}
-			if run.revoked == nil {
-				run.revoked = map[string]bool{}
 			}
 			run.revoked[r.UserID] = true
 			refused++
