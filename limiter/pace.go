@@ -63,6 +63,10 @@ const (
 	PaceUp PaceEvent = "up"
 	// PacePaused: most 429s of a window carried Retry-After: every worker waits it out.
 	PacePaused PaceEvent = "paused"
+	// PaceRemeasured: the answers of the window that lowered the pace, counted once every process had sent
+	// them, showed the provider took more than the window had counted when it was judged: the pace is
+	// raised to what they show.
+	PaceRemeasured PaceEvent = "remeasured"
 )
 
 // PaceReport is what a process read of a shared pace at a flush: the rate sends are paced at and whether
@@ -251,9 +255,17 @@ const (
 //   - nine in ten requests failing (5xx, not 429: a 429 says the provider is up) is a provider down (a
 //     decrease in the second before is undone: it was the outage beginning); the first request it takes
 //     again ends that, at once;
-//   - most 429s of the window carrying Retry-After pause the provider for every worker.
+//   - most 429s of the window carrying Retry-After pause the provider for every worker;
+//   - a lowering is measured again once every process has sent what it counted before it: refused answers
+//     reach the window at once but taken ones every PaceFlush, so a window judged early (a burst refused
+//     in its first tenth of a second) held all of the refusals and only the taken answers some processes
+//     had sent by then. The taken answers that come in until PaceFlush and a half after sending resumed
+//     (the end of the first measure's pause) count for the lowered window, less what the new pace could
+//     have sent since; when they show the provider took more, the pace is raised to what the lowering
+//     would have made of them (three workers were held at 56/s by a limit of 800, then climbed for 50 s).
 //
-// KEYS[1] -> pace:<bucket> (hash: rate, start, last, ok, thr, thrh, fail, hint, down, cool, prev)
+// KEYS[1] -> pace:<bucket> (hash: rate, start, last, ok, thr, thrh, fail, hint, down, cool, prev, and the
+// lowered window measured again: mfrom, mat, mgo, mok, mcur)
 // KEYS[2] -> limiter:pause:<bucket>
 // ARGV[1] -> now, unix ms
 // ARGV[2..5] -> taken, throttled, throttled with a hint, failed
@@ -271,7 +283,8 @@ local function beyond(x, n, share)
 end
 local now = tonumber(ARGV[1])
 local h = KEYS[1]
-local st = redis.call("HMGET", h, "rate", "start", "last", "ok", "thr", "thrh", "fail", "hint", "down", "cool", "prev")
+local st = redis.call("HMGET", h, "rate", "start", "last", "ok", "thr", "thrh", "fail", "hint", "down", "cool", "prev",
+  "mfrom", "mat", "mgo", "mok", "mcur")
 local rate = tonumber(st[1]) or 0
 local start = tonumber(st[2]) or now
 local last = tonumber(st[3]) or now
@@ -283,6 +296,8 @@ local hint = math.max(tonumber(st[8]) or 0, tonumber(ARGV[6]))
 local down = st[9] == "1"
 local cool = tonumber(st[10]) or 0
 local prev = tonumber(st[11]) or 0
+local mfrom, mat, mgo = tonumber(st[12]) or 0, tonumber(st[13]) or 0, tonumber(st[14]) or 0
+local mok, mcur = (tonumber(st[15]) or 0) + tonumber(ARGV[2]), tonumber(st[16]) or 0
 local cap = tonumber(ARGV[7])
 local judgeAt, maxThr, maxFail, early, downAt, binding, flush =
   tonumber(ARGV[8]), tonumber(ARGV[9]), tonumber(ARGV[10]), tonumber(ARGV[11]), tonumber(ARGV[12]), tonumber(ARGV[13]), tonumber(ARGV[14])
@@ -294,6 +309,22 @@ local function climb()
     rate = 0
     ev = "at_cap"
   end
+end
+-- The lowered window measured again, once every process has sent what it counted before the lowering.
+if mat > 0 and now >= mgo + flush * 1.5 then
+  if rate > 0 and not down then
+    local took = math.max(0, mok - rate * (now - mgo) / 1000) / math.max(1, (mat - mfrom) / 1000)
+    local from = took
+    if mcur > 0 then from = math.max(math.min(mcur, took), mcur / 2) end
+    local fixed = math.max(1, from * 0.9)
+    if fixed > rate then
+      was = rate
+      rate = fixed
+      if cap > 0 and rate >= cap then rate = 0 end
+      ev = "remeasured"
+    end
+  end
+  mat = 0
 end
 local added = tonumber(ARGV[2]) + tonumber(ARGV[3]) + tonumber(ARGV[4]) + tonumber(ARGV[5])
 if added > 0 then last = now end
@@ -329,6 +360,7 @@ if due then
         rate = math.max(1, from * 0.9)
         cool = now + 1000
         ev = "lowered"
+        mfrom, mat, mgo, mok, mcur = start, now, now, ok, math.max(0, cur)
         if cur <= 0 then
           -- The first measure of a provider with no cap: it took what it takes in a second, and goes on
           -- refusing until that second is over. Nobody sends until then.
@@ -336,6 +368,7 @@ if due then
           if rest > 0 and redis.call("PTTL", KEYS[2]) < rest then
             redis.call("SET", KEYS[2], "1", "PX", rest)
           end
+          mgo = math.max(now, start + 1000)
         end
       end
     elseif rate > 0 and okRate >= rate * binding then
@@ -361,6 +394,12 @@ if due then
     "hint", 0, "down", down and "1" or "0", "cool", cool, "prev", prev)
 else
   redis.call("HSET", h, "start", start, "last", last, "ok", ok, "thr", thr, "thrh", thrh, "fail", fail, "hint", hint)
+  if ev ~= "" then redis.call("HSET", h, "rate", tostring(rate)) end
+end
+if mat > 0 then
+  redis.call("HSET", h, "mfrom", mfrom, "mat", mat, "mgo", mgo, "mok", mok, "mcur", mcur)
+elseif tonumber(st[13]) then
+  redis.call("HDEL", h, "mfrom", "mat", "mgo", "mok", "mcur")
 end
 redis.call("PEXPIRE", h, 3600000)
 if ev == "" then return {tostring(rate), down and 1 or 0, "", "0", 0, 0} end

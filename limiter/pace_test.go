@@ -401,3 +401,88 @@ func TestPaceClimbsBackFromBelowAJudgedWindow(t *testing.T) {
 		t.Fatalf("pace %v after 30 s with every request taken (from %v), want back at the cap %d", r, low, cap)
 	}
 }
+
+// Several processes share a provider with a hidden limit over a sliding second and no cap, each sending its
+// answers to the shared pace on its own schedule: refused answers at once, taken ones every PaceFlush. The
+// window judged first holds all of the refusals and only the taken answers some processes had sent by
+// then; the pace must still settle near the limit, not at the share of it that had been counted (three
+// workers of a fast machine were held at 56/s by a limit of 800, then climbed for 50 s).
+func TestPaceOfSeveralProcessesSettlesNearAHiddenLimit(t *testing.T) {
+	t.Parallel()
+	rdb, _ := testredis.New(t)
+	ctx := context.Background()
+	clock := time.Date(2026, 12, 1, 10, 0, 0, 0, time.UTC)
+	const procs, limit, offered = 3, 800, 15000.0
+	const step = 5 * time.Millisecond
+	paces := make([]*Pace, procs)
+	for i := range paces {
+		b := New(rdb)
+		b.now = func() time.Time { return clock }
+		paces[i] = b.Pace("provider:hidden-shared", 0)
+		b.OnPace(func(r PaceReport) {
+			if r.Event != "" {
+				t.Logf("%v %+v", clock.Format("05.000"), r)
+			}
+		})
+	}
+	var admitted []time.Time
+	answer := func() Answer {
+		for len(admitted) > 0 && clock.Sub(admitted[0]) >= time.Second {
+			admitted = admitted[1:]
+		}
+		if len(admitted) < limit {
+			admitted = append(admitted, clock)
+			return Taken
+		}
+		return Throttled
+	}
+	const seconds = 40
+	sent, taken := make([]int, seconds), make([]int, seconds)
+	carry := make([]float64, procs)
+	var pausedUntil time.Time
+	for s := range seconds {
+		for range time.Second / step {
+			// A pause is a key with a TTL in Redis's own time: read in the test's clock, then let go.
+			paused, err := paces[0].b.Paused(ctx, "provider:hidden-shared")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if paused > 0 {
+				pausedUntil = clock.Add(paused)
+				rdb.Del(ctx, state.PauseKey("provider:hidden-shared"))
+			}
+			for i, p := range paces {
+				r := p.Rate(ctx)
+				if r <= 0 || r > offered {
+					r = offered
+				}
+				if clock.Before(pausedUntil) {
+					continue
+				}
+				carry[i] += r / procs * step.Seconds()
+				for ; carry[i] >= 1; carry[i]-- {
+					a := answer()
+					sent[s]++
+					if a == Taken {
+						taken[s]++
+					}
+					if err := p.Observe(ctx, a, 0); err != nil {
+						t.Fatal(err)
+					}
+				}
+			}
+			clock = clock.Add(step)
+		}
+	}
+	t.Logf("taken per second %v", taken)
+	var n, k int
+	for i := 10; i < seconds; i++ {
+		n, k = n+sent[i], k+taken[i]
+	}
+	if rate := float64(k) / float64(seconds-10); rate < 0.85*limit {
+		t.Errorf("steady rate %.0f/s, want at least %.0f (0.85 of the limit); taken per second %v", rate, 0.85*limit, taken)
+	}
+	if rejected := float64(n-k) / float64(n); rejected > 0.05 {
+		t.Errorf("%.1f%% rejected in the steady state, want at most 5%%; sent %v taken %v", 100*rejected, sent, taken)
+	}
+}

@@ -268,6 +268,9 @@ func (h *Handler) paceReport(r limiter.PaceReport) {
 	case limiter.PaceLowered:
 		h.log.Warn("provider pushes back: its pace is lowered for every worker", "provider", provider,
 			"pace_per_second", pace(r.Rate), "was", pace(r.Was), "refused", r.Rejected, "of", r.Requests)
+	case limiter.PaceRemeasured:
+		h.log.Info("provider pace measured again with every worker's answers: raised for every worker", "provider", provider,
+			"pace_per_second", pace(r.Rate), "was", pace(r.Was))
 	case limiter.PaceAtCap:
 		h.log.Info("provider pace back at its cap", "provider", provider, "pace_per_second", pace(r.Rate))
 	case limiter.PaceDown:
