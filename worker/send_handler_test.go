@@ -15,6 +15,7 @@ import (
 
 	"github.com/campaignctl/campaignctl/campaign"
 	"github.com/campaignctl/campaignctl/codes"
+	"github.com/campaignctl/campaignctl/internal/faults"
 	"github.com/campaignctl/campaignctl/internal/state"
 	"github.com/campaignctl/campaignctl/internal/testdb"
 	"github.com/campaignctl/campaignctl/internal/testredis"
@@ -604,6 +605,60 @@ func TestTheMarksWaitForTheChunksLeasedBeforeTheLoss(t *testing.T) {
 	}
 	if got := f.provider.total(); got != 3 {
 		t.Fatalf("the second campaign sent %d messages within the frequency cap", got-3)
+	}
+}
+
+// Postgres failing while the marks are written back (the audit log's stream broken after a first send, or
+// the count of chunks still in hand refused) leaves the epoch without its marks: the run claims nothing,
+// sends nothing, waits without using up its retries, and leaves the lock to the next run, which writes
+// them all and keeps the cap.
+func TestMarksBackFailsClosedWhenPostgresFails(t *testing.T) {
+	t.Parallel()
+	for name, rule := range map[string]*faults.Rule{
+		"the audit log's stream breaks":      {Match: faults.Method("RecentSends/row"), Skip: 1, Kind: faults.Fail},
+		"the chunks in hand are not counted": {Match: faults.Method("ChunksInHandElsewhere"), Kind: faults.Fail},
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			f, second := sentByTheFirstOfTwo(t)
+			if err := f.rdb.FlushDB(ctx).Err(); err != nil { // the test's own Redis DB
+				t.Fatal(err)
+			}
+			h, _, fs := f.faulty(t, nil)
+			r := fs.Add(rule)
+			err := h.RunBatch(ctx, second, 0)
+			if err == nil || r.Hits() == 0 {
+				t.Fatalf("RunBatch with Postgres failing under the marks: %v (%d faults), want an error", err, r.Hits())
+			}
+			notFailure(t, err)
+			if got := f.provider.total(); got != 3 {
+				t.Fatalf("%d messages sent while the marks could not be written back", got-3)
+			}
+			if n := f.rdb.Keys(ctx, "sent:*").Val(); len(n) != 0 {
+				t.Fatalf("claims taken while the marks could not be written back: %v", n)
+			}
+			if done := f.rdb.Get(ctx, state.MarksKey).Val(); done != "" {
+				t.Fatalf("the marks recorded as written back for %q after a failure", done)
+			}
+			if f.rdb.Exists(ctx, "campaignctl:epoch:marks:lock").Val() != 0 {
+				t.Fatal("the failed writer kept the lock")
+			}
+			fs.Clear()
+			if err := h.RunBatch(ctx, second, 0); err != nil {
+				t.Fatal(err)
+			}
+			if got := f.provider.total(); got != 3 {
+				t.Fatalf("the second campaign sent %d messages within the frequency cap", got-3)
+			}
+			c, err := f.store.Counts(ctx, second)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if c.Skipped != 3 {
+				t.Fatalf("second campaign counts %+v, want its 3 skipped by the cap", c)
+			}
+		})
 	}
 }
 

@@ -2,6 +2,7 @@ package faults
 
 import (
 	"context"
+	"time"
 
 	"github.com/campaignctl/campaignctl/campaign"
 )
@@ -71,4 +72,26 @@ func (s *Store) CloseBatch(ctx context.Context, id int64, batch int) (done, open
 func (s *Store) ExpiredLeases(ctx context.Context, limit int) (es []campaign.Expired, err error) {
 	err = s.call(ctx, "ExpiredLeases", func() (err error) { es, err = s.Store.ExpiredLeases(ctx, limit); return })
 	return es, err
+}
+
+// RecentSends is campaign.Store.RecentSends under the rules. A rule that fails it after Skip sends (Kind
+// Fail with Match Method("RecentSends/row")) breaks the stream in the middle, as a connection lost while
+// the rows come in would.
+func (s *Store) RecentSends(ctx context.Context, yield func(campaign.RecentSend) error) (longest time.Duration, err error) {
+	err = s.call(ctx, "RecentSends", func() (err error) {
+		longest, err = s.Store.RecentSends(ctx, func(rs campaign.RecentSend) error {
+			if err := around(ctx, s.pick(Call{Name: "RecentSends/row"}), func() error { return nil }); err != nil {
+				return err
+			}
+			return yield(rs)
+		})
+		return err
+	})
+	return longest, err
+}
+
+// ChunksInHandElsewhere is campaign.Store.ChunksInHandElsewhere under the rules.
+func (s *Store) ChunksInHandElsewhere(ctx context.Context, epoch string, id int64, batch int) (n int, err error) {
+	err = s.call(ctx, "ChunksInHandElsewhere", func() (err error) { n, err = s.Store.ChunksInHandElsewhere(ctx, epoch, id, batch); return })
+	return n, err
 }
