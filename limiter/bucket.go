@@ -290,10 +290,16 @@ func (b *Bucket) Pause(ctx context.Context, key string, d time.Duration) error {
 
 // KEYS[1] -> limiter:pause:<key>
 // ARGV[1] -> pause length in milliseconds
+// The key holds when the pause began (unix ms), kept while a longer pause extends it (status's since).
 var pauseScript = redis.NewScript(`
 local ttl = redis.call("PTTL", KEYS[1])
 if ttl < tonumber(ARGV[1]) then
-  redis.call("SET", KEYS[1], "1", "PX", ARGV[1])
+  local since = redis.call("GET", KEYS[1])
+  if not since then
+    local t = redis.call("TIME")
+    since = tostring(t[1] * 1000 + math.floor(t[2] / 1000))
+  end
+  redis.call("SET", KEYS[1], since, "PX", ARGV[1])
 end
 return 1`)
 
@@ -317,7 +323,13 @@ local n = redis.call("INCR", KEYS[1])
 if n == 1 then redis.call("PEXPIRE", KEYS[1], 1000) end
 if n >= tonumber(ARGV[1]) then
   if redis.call("PTTL", KEYS[2]) < tonumber(ARGV[2]) then
-    redis.call("SET", KEYS[2], "1", "PX", ARGV[2])
+    -- The pause's key holds when it began, as in pauseScript.
+    local since = redis.call("GET", KEYS[2])
+    if not since then
+      local t = redis.call("TIME")
+      since = tostring(t[1] * 1000 + math.floor(t[2] / 1000))
+    end
+    redis.call("SET", KEYS[2], since, "PX", ARGV[2])
   end
   return 1
 end

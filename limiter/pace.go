@@ -264,9 +264,9 @@ const (
 //     have sent since; when they show the provider took more, the pace is raised to what the lowering
 //     would have made of them (three workers were held at 56/s by a limit of 800, then climbed for 50 s).
 //
-// KEYS[1] -> pace:<bucket> (hash: rate, start, last, ok, thr, thrh, fail, hint, down, cool, prev, and the
+// KEYS[1] -> pace:<bucket> (hash: rate, start, last, ok, thr, thrh, fail, hint, down, downat, cool, prev, and the
 // lowered window measured again: mfrom, mat, mgo, mok, mcur)
-// KEYS[2] -> limiter:pause:<bucket>
+// KEYS[2] -> limiter:pause:<bucket> (holds when the pause began, unix ms)
 // ARGV[1] -> now, unix ms
 // ARGV[2..5] -> taken, throttled, throttled with a hint, failed
 // ARGV[6] -> the longest hint, ms
@@ -343,6 +343,7 @@ if due then
   if not down and total >= downAt and fail * 10 >= total * 9 then
     down = true
     ev = "down"
+    redis.call("HSET", h, "downat", now)
     -- A decrease just before was the outage beginning, not the provider's limit: undone.
     if now < cool + 1000 then rate = prev end
   end
@@ -366,7 +367,7 @@ if due then
           -- refusing until that second is over. Nobody sends until then.
           local rest = start + 1000 - now
           if rest > 0 and redis.call("PTTL", KEYS[2]) < rest then
-            redis.call("SET", KEYS[2], "1", "PX", rest)
+            redis.call("SET", KEYS[2], redis.call("GET", KEYS[2]) or ARGV[1], "PX", rest)
           end
           mgo = math.max(now, start + 1000)
         end
@@ -386,7 +387,8 @@ if due then
   if total > 0 and thrh * 2 > total then
     if hint < 1 then hint = 1000 end
     if redis.call("PTTL", KEYS[2]) < hint then
-      redis.call("SET", KEYS[2], "1", "PX", hint)
+      -- The key holds when the pause began (status's since), kept while a longer one extends it.
+      redis.call("SET", KEYS[2], redis.call("GET", KEYS[2]) or ARGV[1], "PX", hint)
       if ev == "" then ev = "paused" end
     end
   end

@@ -191,10 +191,16 @@ func TestPaceStopsForAProviderThatIsDownAndProbes(t *testing.T) {
 		}
 		return Failed, 0
 	}
+	start := *clock
 	sent, _ := paceRun(t, p, clock, 3, 500, answer)
 	ctx := context.Background()
 	if !p.Down(ctx) {
 		t.Fatalf("not down after 3 s of every request failing (sent %v)", sent)
+	}
+	// When it went down is kept (status says since when a campaign waits for it).
+	if at, err := b.rdb.HGet(ctx, state.PaceKey("provider:down"), "downat").Int64(); err != nil ||
+		at < start.UnixMilli() || at > start.Add(2*time.Second).UnixMilli() {
+		t.Fatalf("went down at %v (%v), want within the first 2 s from %v", at, err, start.UnixMilli())
 	}
 	if sent[0] > 201 || sent[1]+sent[2] > 2 {
 		t.Fatalf("sent %v: want at most two fifths of a second's worth, then the probes only", sent)
@@ -248,6 +254,7 @@ func TestPacePausesWhenMost429sSayHowLong(t *testing.T) {
 	t.Parallel()
 	b, clock := fakeClockBucket(t)
 	p := b.Pace("provider:busy", 0)
+	start := *clock
 	paceRun(t, p, clock, 2, 100, func(i int) (Answer, time.Duration) {
 		if i%10 < 8 {
 			return ThrottledFor, 2 * time.Second
@@ -256,6 +263,11 @@ func TestPacePausesWhenMost429sSayHowLong(t *testing.T) {
 	})
 	if ttl := b.rdb.PTTL(context.Background(), state.PauseKey("provider:busy")).Val(); ttl < time.Second {
 		t.Fatalf("pause %v after a second of mostly 429 with Retry-After: 2, want about 2 s", ttl)
+	}
+	// The pause's key holds when it began (status's since).
+	if at, err := b.rdb.Get(context.Background(), state.PauseKey("provider:busy")).Int64(); err != nil ||
+		at < start.UnixMilli() || at > clock.UnixMilli() {
+		t.Fatalf("pause began at %v (%v), want between %v and %v", at, err, start.UnixMilli(), clock.UnixMilli())
 	}
 }
 

@@ -66,15 +66,19 @@ func Status(ctx context.Context, o StatusOptions) (CampaignStatus, error) {
 		return CampaignStatus{}, err
 	}
 	if o.Redis == nil {
-		s, err := statusOf(ctx, o.Store, nil, c, 0)
+		s, err := statusOf(ctx, o.Store, nil, c, dlqBatches{})
 		s.RedisUnavailable = true
 		return s, err
 	}
-	dlq, err := archivedBatches(o.Redis, o.CampaignID)
+	entries, err := archivedBatches(o.Redis, o.CampaignID)
 	if err != nil {
 		return CampaignStatus{}, err
 	}
-	return statusOf(ctx, o.Store, newWaitEnv(o.Redis), c, int64(len(dlq)))
+	var dlq dlqBatches
+	for _, e := range entries {
+		dlq.add(e)
+	}
+	return statusOf(ctx, o.Store, newWaitEnv(o.Redis), c, dlq)
 }
 
 // ListStatus reads where every campaign stands, newest first. The dead-letter queue is read once for all.
@@ -83,14 +87,16 @@ func ListStatus(ctx context.Context, o StatusOptions) ([]CampaignStatus, error) 
 	if err != nil {
 		return nil, err
 	}
-	dlq := map[int64]int64{}
+	dlq := map[int64]dlqBatches{}
 	if len(list) > 0 && o.Redis != nil {
 		entries, err := archivedBatches(o.Redis, 0)
 		if err != nil {
 			return nil, err
 		}
 		for _, e := range entries {
-			dlq[e.CampaignID]++
+			d := dlq[e.CampaignID]
+			d.add(e)
+			dlq[e.CampaignID] = d
 		}
 	}
 	out := make([]CampaignStatus, 0, len(list))
@@ -110,7 +116,7 @@ func ListStatus(ctx context.Context, o StatusOptions) ([]CampaignStatus, error) 
 }
 
 // statusOf reads one campaign's status; env (nil without Redis) gives what waitingOf reads of Redis.
-func statusOf(ctx context.Context, store *campaign.Store, env *waitEnv, c *campaign.Campaign, dlq int64) (CampaignStatus, error) {
+func statusOf(ctx context.Context, store *campaign.Store, env *waitEnv, c *campaign.Campaign, dlq dlqBatches) (CampaignStatus, error) {
 	counts, err := store.Counts(ctx, c.ID)
 	if err != nil {
 		return CampaignStatus{}, err
@@ -124,7 +130,7 @@ func statusOf(ctx context.Context, store *campaign.Store, env *waitEnv, c *campa
 		return CampaignStatus{}, err
 	}
 	s := CampaignStatus{ID: c.ID, Name: c.Name, Channel: c.Channel, State: c.State, Audience: c.Audience, Eligible: c.Eligible,
-		Excluded: c.Excluded, Counts: counts, Delivered: delivered, Undelivered: undelivered, DLQ: dlq,
+		Excluded: c.Excluded, Counts: counts, Delivered: delivered, Undelivered: undelivered, DLQ: dlq.n,
 		CreatedAt: c.CreatedAt.UTC().Format("2006-01-02T15:04:05Z"),
 		StartAt:   utcOrNil(c.StartAt), StartedAt: utcOrNil(c.StartedAt), FinishedAt: utcOrNil(c.FinishedAt),
 		FailedByReason: failed, SkippedByReason: skipped}
@@ -134,6 +140,20 @@ func statusOf(ctx context.Context, store *campaign.Store, env *waitEnv, c *campa
 		}
 	}
 	return s, nil
+}
+
+// dlqBatches is what status reads of a campaign's batches in the DLQ: how many, and when the last of
+// them failed.
+type dlqBatches struct {
+	n    int64
+	last time.Time
+}
+
+func (d *dlqBatches) add(e DLQEntry) {
+	d.n++
+	if e.LastFailedAt.After(d.last) {
+		d.last = e.LastFailedAt
+	}
 }
 
 func utcOrNil(t *time.Time) *time.Time {

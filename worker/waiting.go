@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
 
@@ -35,8 +36,11 @@ type Waiting = state.Waiting
 // nil when nothing holds it (it moves, or it is over). Each reason is read from where it lives: the
 // campaign (scheduled, paused, window), the workers' heartbeats (no worker, none for the channel), the
 // queue (batches gone, or all in the DLQ), the provider's shared pace and pause, and the notes workers
-// leave when a batch waits on the provider's account.
-func waitingOf(ctx context.Context, env *waitEnv, c *campaign.Campaign, counts campaign.Counts, dlq int64, now time.Time) (*Waiting, error) {
+// leave when a batch waits on the provider's account. Since is when the wait began, where that is known:
+// the campaign's start, pause or the window's close; the last heartbeat of a worker (of one for the
+// channel) when that came after the campaign could send; when the provider went down or was paused; when
+// the last batch in the DLQ failed. After Redis lost its data, nothing says when: it is left out.
+func waitingOf(ctx context.Context, env *waitEnv, c *campaign.Campaign, counts campaign.Counts, dlq dlqBatches, now time.Time) (*Waiting, error) {
 	over := c.State == campaign.StateCompleted || c.State == campaign.StateCancelled || c.State == campaign.StateFailed
 	if over || counts.Pending == 0 {
 		return nil, nil
@@ -61,15 +65,37 @@ func waitingOf(ctx context.Context, env *waitEnv, c *campaign.Campaign, counts c
 	if err != nil {
 		return nil, err
 	}
-	if queued == 0 && dlq == 0 {
+	if queued == 0 && dlq.n == 0 {
 		return &Waiting{Reason: WaitRedisLostData, Detail: fmt.Sprintf("%d recipients pending and none of the campaign's batches is queued: Redis lost its data (restarted empty, flushed, failed over), or the batches were dropped from the dead-letter queue (dlq purge), or the launch stopped before it queued them. Run campaignctl resume %d", counts.Pending, id)}, nil
 	}
 	workers, err := env.workers(ctx)
 	if err != nil {
 		return nil, err
 	}
+	seen, err := env.seen(ctx)
+	if err != nil {
+		return nil, err
+	}
+	// A wait for a worker began when the campaign could send, or when the last worker that could send it
+	// was last seen, whichever came later.
+	since := func(field string) *time.Time {
+		t := c.CreatedAt
+		if c.StartedAt != nil {
+			t = *c.StartedAt
+		}
+		if c.StartAt != nil && c.StartAt.After(t) {
+			t = *c.StartAt // launch --at, not started by a worker yet
+		}
+		if c.StateSince != nil && c.StateSince.After(t) {
+			t = *c.StateSince // resumed
+		}
+		if s, ok := seen[field]; ok && s.After(t) {
+			t = s
+		}
+		return utc(t)
+	}
 	if len(workers) == 0 {
-		return &Waiting{Reason: WaitNoWorker, Detail: "no worker is running: start campaignctl worker (or campaignctl workers)"}, nil
+		return &Waiting{Reason: WaitNoWorker, Detail: "no worker is running: start campaignctl worker (or campaignctl workers)", Since: since(state.SeenAny)}, nil
 	}
 	ch := c.Channel.Spec()
 	provider := ""
@@ -83,10 +109,12 @@ func waitingOf(ctx context.Context, env *waitEnv, c *campaign.Campaign, counts c
 		}
 	}
 	if provider == "" {
-		return &Waiting{Reason: WaitNoWorkerForChannel, Detail: fmt.Sprintf("%d workers run, none sends %s: configure its provider on one (campaignctl worker --help)", len(workers), ch.Title)}, nil
+		return &Waiting{Reason: WaitNoWorkerForChannel, Detail: fmt.Sprintf("%d workers run, none sends %s: configure its provider on one (campaignctl worker --help)", len(workers), ch.Title),
+			Since: since(string(c.Channel))}, nil
 	}
 	if c.OneClickUnsubscribe() && !commercialOK {
-		return &Waiting{Reason: WaitNoWorkerForChannel, Detail: "no running worker can make the one-click unsubscribe links of a commercial e-mail: set WEBHOOKS_PUBLIC_URL and UNSUBSCRIBE_SECRET on the workers"}, nil
+		return &Waiting{Reason: WaitNoWorkerForChannel, Detail: "no running worker can make the one-click unsubscribe links of a commercial e-mail: set WEBHOOKS_PUBLIC_URL and UNSUBSCRIBE_SECRET on the workers",
+			Since: since(string(c.Channel) + state.SeenCommercial)}, nil
 	}
 	if !c.Window.Open(now) {
 		next := c.Window.NextOpen(now)
@@ -105,16 +133,38 @@ func waitingOf(ctx context.Context, env *waitEnv, c *campaign.Campaign, counts c
 		return &w, nil
 	}
 	bucket := state.ProviderBucket(provider)
-	if down, _ := rdb.HGet(ctx, state.PaceKey(bucket), "down").Result(); down == "1" {
-		return &Waiting{Reason: WaitProviderDown, Detail: fmt.Sprintf("%s fails (nearly) every request: sends wait, one probe a second over every worker; nobody's retries are used", provider)}, nil
+	if pace, _ := rdb.HMGet(ctx, state.PaceKey(bucket), "down", "downat").Result(); len(pace) == 2 && pace[0] == "1" {
+		return &Waiting{Reason: WaitProviderDown, Detail: fmt.Sprintf("%s fails (nearly) every request: sends wait, one probe a second over every worker; nobody's retries are used", provider),
+			Since: unixMilli(pace[1])}, nil
 	}
 	if pttl, err := rdb.PTTL(ctx, state.PauseKey(bucket)).Result(); err == nil && pttl > 0 {
-		return &Waiting{Reason: WaitProviderPaused, Detail: fmt.Sprintf("%s asked every request to wait (Retry-After)", provider), Until: utc(now.Add(pttl))}, nil
+		began, _ := rdb.Get(ctx, state.PauseKey(bucket)).Result()
+		return &Waiting{Reason: WaitProviderPaused, Detail: fmt.Sprintf("%s asked every request to wait (Retry-After)", provider), Since: unixMilli(began), Until: utc(now.Add(pttl))}, nil
 	}
 	if queued == 0 {
-		return &Waiting{Reason: WaitDLQ, Detail: fmt.Sprintf("%d batches used up their retries and wait in the dead-letter queue: see campaignctl dlq list --campaign %d, fix the cause, then campaignctl dlq retry --campaign %d", dlq, id, id)}, nil
+		w := &Waiting{Reason: WaitDLQ, Detail: fmt.Sprintf("%d batches used up their retries and wait in the dead-letter queue: see campaignctl dlq list --campaign %d, fix the cause, then campaignctl dlq retry --campaign %d", dlq.n, id, id)}
+		if !dlq.last.IsZero() {
+			w.Since = utc(dlq.last)
+		}
+		return w, nil
 	}
 	return nil, nil
+}
+
+// unixMilli reads a time written as unix milliseconds (a pause's beginning, a pace's fall); nil when v
+// holds none (a key written by an earlier version holds "1").
+func unixMilli(v any) *time.Time {
+	var ms int64
+	switch v := v.(type) {
+	case string:
+		ms, _ = strconv.ParseInt(v, 10, 64)
+	case int64:
+		ms = v
+	}
+	if ms < 1e12 { // before 2001: not a time
+		return nil
+	}
+	return utc(time.UnixMilli(ms))
 }
 
 func utc(t time.Time) *time.Time {
@@ -127,8 +177,21 @@ func utc(t time.Time) *time.Time {
 type waitEnv struct {
 	rdb         redis.UniversalClient
 	workerList  []state.WorkerInfo
+	lastSeen    map[string]time.Time
 	byCampaign  map[int64]int
 	haveWorkers bool
+}
+
+// seen returns when workers were last seen (state.LastSeen), read once.
+func (e *waitEnv) seen(ctx context.Context) (map[string]time.Time, error) {
+	if e.lastSeen == nil {
+		m, err := state.LastSeen(ctx, e.rdb)
+		if err != nil {
+			return nil, err
+		}
+		e.lastSeen = m
+	}
+	return e.lastSeen, nil
 }
 
 func newWaitEnv(rdb redis.UniversalClient) *waitEnv { return &waitEnv{rdb: rdb} }

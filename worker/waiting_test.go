@@ -8,6 +8,7 @@ import (
 	"github.com/hibiken/asynq"
 
 	"github.com/campaignctl/campaignctl/internal/state"
+	"github.com/campaignctl/campaignctl/limiter"
 	"github.com/campaignctl/campaignctl/providers"
 )
 
@@ -60,11 +61,28 @@ func TestStatusSaysWhyACampaignWaits(t *testing.T) {
 	if _, _, err := Enqueue(ctx, client, f.store, f.campaign(t), true); err != nil {
 		t.Fatal(err)
 	}
-	expect("no heartbeat", WaitNoWorker)
+	c := f.campaign(t)
+	recent := func(step string, w *Waiting, from time.Time) {
+		t.Helper()
+		if w.Since == nil || w.Since.Before(from.Truncate(time.Millisecond)) || w.Since.After(time.Now().Add(time.Second)) {
+			t.Fatalf("%s: since %v, want between %v and now", step, w.Since, from)
+		}
+	}
+	// Never a worker: the wait began with the launch.
+	recent("no heartbeat", expect("no heartbeat", WaitNoWorker), c.CreatedAt)
 	beat(map[string]string{"email": "sendgrid"})
-	expect("a worker for e-mail only", WaitNoWorkerForChannel)
+	recent("a worker for e-mail only", expect("a worker for e-mail only", WaitNoWorkerForChannel), c.CreatedAt)
+	time.Sleep(20 * time.Millisecond)
+	lastBeat := time.Now()
 	beat(map[string]string{"sms": f.provider.Name()})
 	expect("queued, nothing in the way", "")
+	// The worker is gone (its heartbeat expired): the wait began with its last heartbeat, not the launch.
+	if err := state.RemoveWorker(ctx, f.rdb, "w1"); err != nil {
+		t.Fatal(err)
+	}
+	recent("the worker gone", expect("the worker gone", WaitNoWorker), lastBeat)
+	beat(map[string]string{"sms": f.provider.Name()})
+	expect("a worker back", "")
 
 	exec(`UPDATE campaigns SET start_at = now() + interval '1 hour' WHERE id = $1`, f.id)
 	if w := expect("--at ahead", WaitScheduled); w.Until == nil || time.Until(*w.Until) < 50*time.Minute || w.Since == nil || time.Since(*w.Since) > time.Minute {
@@ -96,12 +114,26 @@ func TestStatusSaysWhyACampaignWaits(t *testing.T) {
 	expect("credentials fixed", "")
 
 	bucket := state.ProviderBucket(f.provider.Name())
-	f.rdb.HSet(ctx, state.PaceKey(bucket), "down", "1")
-	expect("provider down", WaitProviderDown)
+	wentDown := time.Now().Add(-3 * time.Minute).Truncate(time.Millisecond)
+	f.rdb.HSet(ctx, state.PaceKey(bucket), "down", "1", "downat", wentDown.UnixMilli())
+	if w := expect("provider down", WaitProviderDown); w.Since == nil || !w.Since.Equal(wentDown) {
+		t.Fatalf("provider down since %v, want %v (when the pace went down)", w.Since, wentDown)
+	}
 	f.rdb.HSet(ctx, state.PaceKey(bucket), "down", "0")
-	f.rdb.Set(ctx, state.PauseKey(bucket), "1", 5*time.Second)
-	if w := expect("provider paused", WaitProviderPaused); w.Until == nil {
-		t.Fatal("provider pause without its end")
+	pausedAt := time.Now()
+	if err := limiter.New(f.rdb).Pause(ctx, bucket, 5*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(20 * time.Millisecond)
+	// A longer pause extends it: the wait still began with the first.
+	extendedAt := time.Now()
+	if err := limiter.New(f.rdb).Pause(ctx, bucket, 8*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if w := expect("provider paused", WaitProviderPaused); w.Until == nil || w.Since == nil ||
+		w.Since.Before(pausedAt.Add(-time.Second)) || !w.Since.Before(extendedAt.Add(-10*time.Millisecond)) {
+		t.Fatalf("provider paused since %v until %v, want since about %v", w.Since, w.Until, pausedAt)
+
 	}
 	f.rdb.Del(ctx, state.PauseKey(bucket))
 
@@ -110,8 +142,9 @@ func TestStatusSaysWhyACampaignWaits(t *testing.T) {
 	if _, err := insp.ArchiveAllPendingTasks(Queue); err != nil {
 		t.Fatal(err)
 	}
-	if w := expect("every batch in the DLQ", WaitDLQ); w.Detail == "" {
-		t.Fatal("no detail")
+	if w := expect("every batch in the DLQ", WaitDLQ); w.Detail == "" || w.Since != nil {
+		// Archived by hand, never failed: nothing says when they stopped.
+		t.Fatalf("DLQ wait %+v, want a detail and no since", w)
 	}
 	if _, err := Pause(ctx, PauseOptions{Store: f.store, Redis: f.rdb, CampaignID: f.id}); err != nil {
 		t.Fatal(err)

@@ -39,10 +39,53 @@ type WorkerInfo struct {
 	Started    time.Time       `json:"started"`
 }
 
-// PublishWorker writes w's heartbeat (WorkerTTL).
+// PublishWorker writes w's heartbeat (WorkerTTL), and notes when a worker, and one for each of its
+// channels, was last seen (SeenKey).
 func PublishWorker(ctx context.Context, rdb redis.UniversalClient, w WorkerInfo) error {
 	b, _ := json.Marshal(w)
-	return rdb.Set(ctx, WorkerKey(w.Owner), b, WorkerTTL).Err()
+	now := strconv.FormatInt(time.Now().UnixMilli(), 10)
+	seen := []any{SeenAny, now}
+	for ch := range w.Providers {
+		seen = append(seen, ch, now)
+		if w.Commercial[ch] {
+			seen = append(seen, ch+SeenCommercial, now)
+		}
+	}
+	pipe := rdb.TxPipeline()
+	pipe.Set(ctx, WorkerKey(w.Owner), b, WorkerTTL)
+	pipe.HSet(ctx, SeenKey, seen...)
+	pipe.PExpire(ctx, SeenKey, seenTTL)
+	_, err := pipe.Exec(ctx)
+	return err
+}
+
+// SeenKey is the hash of when a worker's heartbeat was last written: SeenAny for any worker, a channel
+// for one that sends it, the channel and SeenCommercial for one that may send its commercial messages
+// (unix ms). campaignctl status says since when a campaign waits for a worker from it.
+const SeenKey = "campaignctl:seen:workers"
+
+// The fields of SeenKey besides the channels.
+const (
+	SeenAny        = "any"
+	SeenCommercial = ":commercial"
+)
+
+// seenTTL keeps the last sighting of a worker long after the last one stopped.
+const seenTTL = 30 * 24 * time.Hour
+
+// LastSeen returns when a worker was last seen (SeenKey's fields); a field never written is absent.
+func LastSeen(ctx context.Context, rdb redis.UniversalClient) (map[string]time.Time, error) {
+	m, err := rdb.HGetAll(ctx, SeenKey).Result()
+	if err != nil {
+		return nil, fmt.Errorf("workers last seen: %w", err)
+	}
+	out := make(map[string]time.Time, len(m))
+	for k, v := range m {
+		if ms, err := strconv.ParseInt(v, 10, 64); err == nil {
+			out[k] = time.UnixMilli(ms).UTC()
+		}
+	}
+	return out, nil
 }
 
 // RemoveWorker deletes w's heartbeat (a worker stopping).
