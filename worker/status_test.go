@@ -36,7 +36,7 @@ func TestStatusCountsEachCampaignsDLQ(t *testing.T) {
 	}
 	want := []string{"id", "name", "channel", "state", "audience", "eligible", "excluded", "planned", "pending", "sent",
 		"failed", "skipped", "unknown", "delivered", "undelivered", "dlq", "created_at", "started_at", "failed_by_reason", "skipped_by_reason",
-		"waiting", "reason", "detail"} // no worker runs: waiting says so (no since or until)
+		"waiting", "reason", "detail", "since"} // no worker runs: waiting says so, since the launch (no until)
 	if keys := jsonKeys(t, s); !reflect.DeepEqual(keys, want) {
 		t.Fatalf("status --json keys %v, want %v", keys, want)
 	}
