@@ -288,19 +288,26 @@ func (b *Bucket) Pause(ctx context.Context, key string, d time.Duration) error {
 	return nil
 }
 
+// pauseLua is the Lua function pause(key, ms) of the scripts that pause a limit: key (limiter:pause:<…>)
+// lives ms more unless it already lives longer (a shorter pause never cuts a longer one), and holds when
+// the pause began, unix ms, kept while a longer pause extends it (status's since).
+const pauseLua = `
+local function pause(key, ms)
+  if redis.call("PTTL", key) < tonumber(ms) then
+    local since = redis.call("GET", key)
+    if not since then
+      local t = redis.call("TIME")
+      since = tostring(t[1] * 1000 + math.floor(t[2] / 1000))
+    end
+    redis.call("SET", key, since, "PX", ms)
+  end
+end
+`
+
 // KEYS[1] -> limiter:pause:<key>
 // ARGV[1] -> pause length in milliseconds
-// The key holds when the pause began (unix ms), kept while a longer pause extends it (status's since).
-var pauseScript = redis.NewScript(`
-local ttl = redis.call("PTTL", KEYS[1])
-if ttl < tonumber(ARGV[1]) then
-  local since = redis.call("GET", KEYS[1])
-  if not since then
-    local t = redis.call("TIME")
-    since = tostring(t[1] * 1000 + math.floor(t[2] / 1000))
-  end
-  redis.call("SET", KEYS[1], since, "PX", ARGV[1])
-end
+var pauseScript = redis.NewScript(pauseLua + `
+pause(KEYS[1], ARGV[1])
 return 1`)
 
 // Strike counts one provider error for key (a 5xx) and, when threshold of them fall within one second
@@ -318,19 +325,11 @@ func (b *Bucket) Strike(ctx context.Context, key string, threshold int, d time.D
 // KEYS[2] -> limiter:pause:<key>
 // ARGV[1] -> how many errors within a second pause the key
 // ARGV[2] -> pause length in milliseconds
-var strikeScript = redis.NewScript(`
+var strikeScript = redis.NewScript(pauseLua + `
 local n = redis.call("INCR", KEYS[1])
 if n == 1 then redis.call("PEXPIRE", KEYS[1], 1000) end
 if n >= tonumber(ARGV[1]) then
-  if redis.call("PTTL", KEYS[2]) < tonumber(ARGV[2]) then
-    -- The pause's key holds when it began, as in pauseScript.
-    local since = redis.call("GET", KEYS[2])
-    if not since then
-      local t = redis.call("TIME")
-      since = tostring(t[1] * 1000 + math.floor(t[2] / 1000))
-    end
-    redis.call("SET", KEYS[2], since, "PX", ARGV[2])
-  end
+  pause(KEYS[2], ARGV[2])
   return 1
 end
 return 0`)

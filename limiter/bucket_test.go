@@ -138,11 +138,24 @@ func TestBurstOfErrorsPausesEveryone(t *testing.T) {
 	if d, err := b.Paused(ctx, "provider:x"); err != nil || d != 0 {
 		t.Fatalf("paused %v after 4 errors, err %v", d, err)
 	}
+	before := time.Now().Truncate(time.Millisecond)
 	if paused, err := b.Strike(ctx, "provider:x", 5, 2*time.Second); err != nil || !paused {
 		t.Fatalf("fifth strike (another process): paused %v, err %v", paused, err)
 	}
 	if d, err := a.Paused(ctx, "provider:x"); err != nil || d < time.Second {
 		t.Fatalf("paused %v, err %v; want about 2 s for everyone", d, err)
+	}
+	// The pause says when it began (status's since), and a sixth strike extending it keeps that.
+	began, err := rdb.Get(ctx, PauseKey("provider:x")).Int64()
+	if err != nil || began < before.UnixMilli() || began > time.Now().UnixMilli() {
+		t.Fatalf("pause began at %d (%v), want between %d and now", began, err, before.UnixMilli())
+	}
+	time.Sleep(20 * time.Millisecond)
+	if _, err := a.Strike(ctx, "provider:x", 5, 3*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if again, err := rdb.Get(ctx, PauseKey("provider:x")).Int64(); err != nil || again != began {
+		t.Fatalf("the extended pause began at %d (%v), want %d still", again, err, began)
 	}
 }
 
