@@ -262,10 +262,16 @@ const (
 //     had sent by then. The taken answers that come in until PaceFlush and a half after sending resumed
 //     (the end of the first measure's pause) count for the lowered window, less what the new pace could
 //     have sent since; when they show the provider took more, the pace is raised to what the lowering
-//     would have made of them (three workers were held at 56/s by a limit of 800, then climbed for 50 s).
+//     would have made of them (three workers were held at 56/s by a limit of 800, then climbed for 50 s);
+//   - what the provider took is what it took over the window's second, or, when more, the share it took of
+//     what was sent times the pace: a window judged early on a cluster of refusals, or one that began in a
+//     wait, held less than a second's worth of sends (three workers against a limit of 100 saw their pace
+//     halved on 22 refusals of 64 again and again);
+//   - a window no answer came into for two seconds is left unjudged (a new one begins), and a pace left
+//     from traffic over a minute ago is forgotten: the next campaign measures the provider afresh.
 //
 // KEYS[1] -> pace:<bucket> (hash: rate, start, last, ok, thr, thrh, fail, hint, down, downat, cool, prev, and the
-// lowered window measured again: mfrom, mat, mgo, mok, mcur)
+// lowered window measured again: mfrom, mat, mgo, mok, mcur, mrej)
 // KEYS[2] -> limiter:pause:<bucket> (holds when the pause began, unix ms)
 // ARGV[1] -> now, unix ms
 // ARGV[2..5] -> taken, throttled, throttled with a hint, failed
@@ -281,23 +287,38 @@ var paceScript = redis.NewScript(`
 local function beyond(x, n, share)
   return x > n * share + math.sqrt(n * share * (1 - share))
 end
+-- The rate a provider took in a window of span ms with ok taken and rejected refused, while the pace in
+-- force was cur: what it took over the window's second (or its span, when longer), or, when more, the
+-- share it took of what was sent times the pace. The second says too little when less than a second's
+-- worth was sent in it: a window judged early on a cluster of refusals, or one that began in a wait.
+local function took(ok, rejected, span, cur)
+  local r = ok / math.max(1, span / 1000)
+  if cur > 0 then r = math.max(r, cur * ok / math.max(1, ok + rejected)) end
+  return r
+end
 local now = tonumber(ARGV[1])
 local h = KEYS[1]
 local st = redis.call("HMGET", h, "rate", "start", "last", "ok", "thr", "thrh", "fail", "hint", "down", "cool", "prev",
-  "mfrom", "mat", "mgo", "mok", "mcur")
+  "mfrom", "mat", "mgo", "mok", "mcur", "mrej")
 local rate = tonumber(st[1]) or 0
 local start = tonumber(st[2]) or now
 local last = tonumber(st[3]) or now
-local ok = (tonumber(st[4]) or 0) + tonumber(ARGV[2])
-local thr = (tonumber(st[5]) or 0) + tonumber(ARGV[3])
-local thrh = (tonumber(st[6]) or 0) + tonumber(ARGV[4])
-local fail = (tonumber(st[7]) or 0) + tonumber(ARGV[5])
-local hint = math.max(tonumber(st[8]) or 0, tonumber(ARGV[6]))
+-- A window no answer came into for two seconds (the sends stopped, or waited out a pause) is left
+-- unjudged: judged now, its second would stretch over the silence and show a rate the provider never
+-- set. A new one begins with these answers.
+local fresh = now - last > 2000
+if fresh then start = now end
+local function counted(i) if fresh then return 0 end return tonumber(st[i]) or 0 end
+local ok = counted(4) + tonumber(ARGV[2])
+local thr = counted(5) + tonumber(ARGV[3])
+local thrh = counted(6) + tonumber(ARGV[4])
+local fail = counted(7) + tonumber(ARGV[5])
+local hint = math.max(counted(8), tonumber(ARGV[6]))
 local down = st[9] == "1"
 local cool = tonumber(st[10]) or 0
 local prev = tonumber(st[11]) or 0
 local mfrom, mat, mgo = tonumber(st[12]) or 0, tonumber(st[13]) or 0, tonumber(st[14]) or 0
-local mok, mcur = (tonumber(st[15]) or 0) + tonumber(ARGV[2]), tonumber(st[16]) or 0
+local mok, mcur, mrej = (tonumber(st[15]) or 0) + tonumber(ARGV[2]), tonumber(st[16]) or 0, tonumber(st[17]) or 0
 local cap = tonumber(ARGV[7])
 local judgeAt, maxThr, maxFail, early, downAt, binding, flush =
   tonumber(ARGV[8]), tonumber(ARGV[9]), tonumber(ARGV[10]), tonumber(ARGV[11]), tonumber(ARGV[12]), tonumber(ARGV[13]), tonumber(ARGV[14])
@@ -310,14 +331,19 @@ local function climb()
     ev = "at_cap"
   end
 end
+-- A pace left from traffic over a minute ago is forgotten: what the provider counted then is long gone,
+-- and the next campaign measures it afresh instead of climbing from an old incident's low.
+if rate > 0 and not down and now - last > 60000 then
+  rate, prev, mat = 0, 0, 0
+end
 -- The lowered window measured again, once every process has sent what it counted before the lowering.
 if mat > 0 and now >= mgo + flush * 1.5 then
   if rate > 0 and not down then
-    local took = math.max(0, mok - rate * (now - mgo) / 1000) / math.max(1, (mat - mfrom) / 1000)
-    local from = took
-    if mcur > 0 then from = math.max(math.min(mcur, took), mcur / 2) end
+    local from = took(math.max(0, mok - rate * (now - mgo) / 1000), mrej, mat - mfrom, mcur)
+    if mcur > 0 then from = math.max(math.min(mcur, from), mcur / 2) end
     local fixed = math.max(1, from * 0.9)
-    if fixed > rate then
+    -- Raised when that is worth a move (not by a fraction of a request a second).
+    if fixed > rate * 1.01 + 1 then
       was = rate
       rate = fixed
       if cap > 0 and rate >= cap then rate = 0 end
@@ -355,13 +381,13 @@ if due then
         -- From the pace in force (the cap when there is no pace below it).
         local cur = rate
         if cur <= 0 then cur = cap end
-        local from = okRate
-        if cur > 0 then from = math.max(math.min(cur, okRate), cur / 2) end
+        local from = took(ok, rejected, last - start, cur)
+        if cur > 0 then from = math.max(math.min(cur, from), cur / 2) end
         prev = rate
         rate = math.max(1, from * 0.9)
         cool = now + 1000
         ev = "lowered"
-        mfrom, mat, mgo, mok, mcur = start, now, now, ok, math.max(0, cur)
+        mfrom, mat, mgo, mok, mcur, mrej = start, now, now, ok, math.max(0, cur), rejected
         if cur <= 0 then
           -- The first measure of a provider with no cap: it took what it takes in a second, and goes on
           -- refusing until that second is over. Nobody sends until then.
@@ -396,12 +422,12 @@ if due then
     "hint", 0, "down", down and "1" or "0", "cool", cool, "prev", prev)
 else
   redis.call("HSET", h, "start", start, "last", last, "ok", ok, "thr", thr, "thrh", thrh, "fail", fail, "hint", hint)
-  if ev ~= "" then redis.call("HSET", h, "rate", tostring(rate)) end
+  if rate ~= tonumber(st[1] or 0) then redis.call("HSET", h, "rate", tostring(rate), "prev", prev) end
 end
 if mat > 0 then
-  redis.call("HSET", h, "mfrom", mfrom, "mat", mat, "mgo", mgo, "mok", mok, "mcur", mcur)
+  redis.call("HSET", h, "mfrom", mfrom, "mat", mat, "mgo", mgo, "mok", mok, "mcur", mcur, "mrej", mrej)
 elseif tonumber(st[13]) then
-  redis.call("HDEL", h, "mfrom", "mat", "mgo", "mok", "mcur")
+  redis.call("HDEL", h, "mfrom", "mat", "mgo", "mok", "mcur", "mrej")
 end
 redis.call("PEXPIRE", h, 3600000)
 if ev == "" then return {tostring(rate), down and 1 or 0, "", "0", 0, 0} end

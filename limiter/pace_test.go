@@ -2,6 +2,7 @@ package limiter
 
 import (
 	"context"
+	"math"
 	"math/rand/v2"
 	"slices"
 	"testing"
@@ -421,16 +422,54 @@ func TestPaceClimbsBackFromBelowAJudgedWindow(t *testing.T) {
 // workers of a fast machine were held at 56/s by a limit of 800, then climbed for 50 s).
 func TestPaceOfSeveralProcessesSettlesNearAHiddenLimit(t *testing.T) {
 	t.Parallel()
+	sent, taken := sharedPaceRun(t, 800, 15000, []time.Duration{0, 0, 0}, 5*time.Millisecond, 40)
+	steadyNearTheLimit(t, 800, sent[10:], taken[10:])
+}
+
+// Three processes started two seconds apart, each sending in bursts (a window of sends at a time), share a
+// provider whose hidden limit is low: a second refused in clusters shows early as a part of a second with
+// a third refused, which must not halve the pace (an outside run of three workers against a limit of 100
+// saw it fall to 45/s again and again, 79/s steady).
+func TestPaceOfStaggeredBurstyProcessesSettlesNearALowLimit(t *testing.T) {
+	t.Parallel()
+	sent, taken := sharedPaceRun(t, 200, 5000, []time.Duration{0, 2 * time.Second, 4 * time.Second}, 200*time.Millisecond, 60)
+	steadyNearTheLimit(t, 200, sent[3:], taken[3:])
+}
+
+func steadyNearTheLimit(t *testing.T, limit float64, sent, taken []int) {
+	t.Helper()
+	var n, k int
+	for i := range sent {
+		n, k = n+sent[i], k+taken[i]
+	}
+	t.Logf("steady %.0f/s, %.1f%% rejected", float64(k)/float64(len(sent)), 100*float64(n-k)/float64(n))
+	if rate := float64(k) / float64(len(sent)); rate < 0.85*limit {
+		t.Errorf("steady rate %.0f/s, want at least %.0f (0.85 of the limit); taken per second %v", rate, 0.85*limit, taken)
+	}
+	if rejected := float64(n-k) / float64(n); rejected > 0.05 {
+		t.Errorf("%.1f%% rejected in the steady state, want at most 5%%; sent %v taken %v", 100*rejected, sent, taken)
+	}
+}
+
+// sharedPaceRun drives one shared pace from several processes (a Bucket each, on one Redis and one fake
+// clock) for seconds: process i starts at starts[i]; together they send at the pace (offered a second
+// without one), split evenly among the started ones, each releasing what it may send every burst; the
+// provider takes limit a sliding second and answers 429 past it. It returns per second the requests sent
+// and the ones taken.
+func sharedPaceRun(t *testing.T, limit int, offered float64, starts []time.Duration, burst time.Duration, seconds int) (sent, taken []int) {
+	t.Helper()
 	rdb, _ := testredis.New(t)
 	ctx := context.Background()
 	clock := time.Date(2026, 12, 1, 10, 0, 0, 0, time.UTC)
-	const procs, limit, offered = 3, 800, 15000.0
+	begin := clock
 	const step = 5 * time.Millisecond
+	const key = "provider:hidden-shared"
+	procs := len(starts)
 	paces := make([]*Pace, procs)
 	for i := range paces {
 		b := New(rdb)
 		b.now = func() time.Time { return clock }
-		paces[i] = b.Pace("provider:hidden-shared", 0)
+		paces[i] = b.Pace(key, 0)
 		b.OnPace(func(r PaceReport) {
 			if r.Event != "" {
 				t.Logf("%v %+v", clock.Format("05.000"), r)
@@ -448,30 +487,39 @@ func TestPaceOfSeveralProcessesSettlesNearAHiddenLimit(t *testing.T) {
 		}
 		return Throttled
 	}
-	const seconds = 40
-	sent, taken := make([]int, seconds), make([]int, seconds)
+	sent, taken = make([]int, seconds), make([]int, seconds)
 	carry := make([]float64, procs)
 	var pausedUntil time.Time
 	for s := range seconds {
 		for range time.Second / step {
 			// A pause is a key with a TTL in Redis's own time: read in the test's clock, then let go.
-			paused, err := paces[0].b.Paused(ctx, "provider:hidden-shared")
+			paused, err := paces[0].b.Paused(ctx, key)
 			if err != nil {
 				t.Fatal(err)
 			}
 			if paused > 0 {
 				pausedUntil = clock.Add(paused)
-				rdb.Del(ctx, state.PauseKey("provider:hidden-shared"))
+				rdb.Del(ctx, state.PauseKey(key))
+			}
+			started := 0
+			for _, at := range starts {
+				if !clock.Before(begin.Add(at)) {
+					started++
+				}
 			}
 			for i, p := range paces {
+				if clock.Before(begin.Add(starts[i])) || clock.Before(pausedUntil) {
+					continue
+				}
 				r := p.Rate(ctx)
 				if r <= 0 || r > offered {
 					r = offered
 				}
-				if clock.Before(pausedUntil) {
+				carry[i] += r / float64(started) * step.Seconds()
+				// Each process's bursts fall at their own moments.
+				if (clock.Sub(begin)+time.Duration(i)*3*step)%burst != 0 {
 					continue
 				}
-				carry[i] += r / procs * step.Seconds()
 				for ; carry[i] >= 1; carry[i]-- {
 					a := answer()
 					sent[s]++
@@ -487,14 +535,81 @@ func TestPaceOfSeveralProcessesSettlesNearAHiddenLimit(t *testing.T) {
 		}
 	}
 	t.Logf("taken per second %v", taken)
-	var n, k int
-	for i := 10; i < seconds; i++ {
-		n, k = n+sent[i], k+taken[i]
+	return sent, taken
+}
+
+// A window judged before its second is over, on a cluster of refusals (a third of 64 answers in 0.3 s, at
+// a pace of 224), shows what the provider took as the share of what was sent at the pace, not as 42 taken
+// in a whole second: the pace lowers to about 0.9 × 224 × 42/64, not by half (an outside run saw the
+// pace of three workers halved this way again and again, 79/s steady against a limit of 100).
+func TestPaceJudgedEarlyLowersByTheShareRefused(t *testing.T) {
+	t.Parallel()
+	b, clock := fakeClockBucket(t)
+	ctx := context.Background()
+	const key = "provider:cluster"
+	if err := b.rdb.HSet(ctx, state.PaceKey(key), "rate", "224", "start", clock.UnixMilli(), "last", clock.UnixMilli()).Err(); err != nil {
+		t.Fatal(err)
 	}
-	if rate := float64(k) / float64(seconds-10); rate < 0.85*limit {
-		t.Errorf("steady rate %.0f/s, want at least %.0f (0.85 of the limit); taken per second %v", rate, 0.85*limit, taken)
+	p := b.Pace(key, 0)
+	var lowered PaceReport
+	b.OnPace(func(r PaceReport) {
+		if r.Event == PaceLowered {
+			lowered = r
+		}
+	})
+	p.flushed = *clock // the pace was read just now
+	for i := range 64 {
+		a := Taken
+		if i%3 == 0 {
+			a = Throttled
+		}
+		*clock = clock.Add(300 * time.Millisecond / 64)
+		if err := p.Observe(ctx, a, 0); err != nil {
+			t.Fatal(err)
+		}
 	}
-	if rejected := float64(n-k) / float64(n); rejected > 0.05 {
-		t.Errorf("%.1f%% rejected in the steady state, want at most 5%%; sent %v taken %v", 100*rejected, sent, taken)
+	if err := p.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	want := 0.9 * 224 * float64(lowered.Requests-lowered.Rejected) / float64(lowered.Requests)
+	if lowered.Event == "" || math.Abs(lowered.Rate-want) > 1 || lowered.Rate < 0.55*224 {
+		t.Fatalf("lowered %+v, want from 224 to about %.0f (0.9 of the share taken), not by half", lowered, want)
+	}
+}
+
+// A pace lowered by an incident a minute and more ago is forgotten at the next answer (the next campaign
+// measures the provider afresh instead of climbing 5 % a second from the incident's low), and the answers
+// of a window that went silent for seconds are not judged with the next ones.
+func TestPaceForgetsAnOldIncident(t *testing.T) {
+	t.Parallel()
+	b, clock := fakeClockBucket(t)
+	ctx := context.Background()
+	const key = "provider:old"
+	old := clock.Add(-2 * time.Minute).UnixMilli()
+	// Lowered to 9/s two minutes ago, with a window of refusals left unjudged when the sends stopped.
+	if err := b.rdb.HSet(ctx, state.PaceKey(key), "rate", "9", "start", old, "last", old, "thr", 40, "ok", 5).Err(); err != nil {
+		t.Fatal(err)
+	}
+	p := b.Pace(key, 0)
+	var events []PaceReport
+	b.OnPace(func(r PaceReport) {
+		if r.Event != "" {
+			events = append(events, r)
+		}
+	})
+	for range 30 {
+		if err := p.Observe(ctx, Taken, 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	*clock = clock.Add(300 * time.Millisecond)
+	if r := p.Rate(ctx); r != 0 {
+		t.Fatalf("pace %v after two minutes without a send, want none (the provider measured afresh)", r)
+	}
+	if len(events) != 0 {
+		t.Fatalf("pace moves %+v: the old window's refusals were judged with the new answers", events)
+	}
+	if thr, _ := b.rdb.HGet(ctx, state.PaceKey(key), "thr").Int(); thr != 0 {
+		t.Fatalf("the new window holds %d refusals of the old one", thr)
 	}
 }
