@@ -294,6 +294,10 @@ func (h *Handler) closeBatch(ctx context.Context, id int64, batch int) (open boo
 	return open, err
 }
 
+// noProviderRetry is how soon a batch handed back by a worker without its channel's provider is offered
+// to the fleet again: a worker that has it takes it then.
+const noProviderRetry = 5 * time.Second
+
 // newRun prepares a run of batch of campaign c: its template, its provider and fallback with their limits
 // and metrics (a cancelled campaign's run only closes its recipients, and needs none of them).
 func (h *Handler) newRun(c *campaign.Campaign, batch int) (*batchRun, error) {
@@ -307,7 +311,10 @@ func (h *Handler) newRun(c *campaign.Campaign, batch int) (*batchRun, error) {
 	}
 	if c.State != campaign.StateCancelled {
 		if run.provider = h.cfg.Providers[c.Channel]; run.provider == nil {
-			return nil, fmt.Errorf("no provider is configured for channel %s on this worker", c.Channel)
+			// Another worker of the fleet may send the channel: the batch goes back to the queue for it,
+			// without using a retry (a fleet with no worker for it shows no_worker_for_channel in status;
+			// its batches must not end in the DLQ for that).
+			return nil, &RetryError{Err: fmt.Errorf("no provider is configured for channel %s on this worker (%s); the batch waits for a worker that sends it", c.Channel, c.Channel.Spec().Title), After: noProviderRetry}
 		}
 		if c.OneClickUnsubscribe() {
 			if h.cfg.Unsubscribe == nil {

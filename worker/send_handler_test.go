@@ -805,6 +805,42 @@ func TestPostgresUnreachableSendsNothing(t *testing.T) {
 	}
 }
 
+// A worker without the campaign's channel (an e-mail-only worker of a mixed fleet picking an SMS batch)
+// hands the batch back to the queue without using one of its retries: an outside run saw an SMS batch
+// retried 4 times in 15 s by such a worker, on its way to the DLQ while no SMS worker ran. Nothing is sent,
+// claimed or leased, and a worker that has the channel sends the batch afterwards.
+func TestAWorkerWithoutTheChannelHandsTheBatchBack(t *testing.T) {
+	t.Parallel()
+	f := plan(t, 4)
+	ctx := context.Background()
+	emailOnly := NewHandler(Config{Store: f.store, Redis: f.rdb, Owner: "email-only",
+		Providers: map[campaign.Channel]providers.Provider{campaign.ChannelEmail: f.provider}})
+	err := emailOnly.RunBatch(ctx, f.id, 0)
+	var re *RetryError
+	if !errors.As(err, &re) || re.Failure || re.After <= 0 || !strings.Contains(err.Error(), "sms") {
+		t.Fatalf("err = %v, want a RetryError naming the channel that waits without using retries", err)
+	}
+	if isFailure(err) {
+		t.Fatal("the queue would count the hand-back as a failure")
+	}
+	if n := f.provider.total(); n != 0 {
+		t.Fatalf("%d messages sent by a worker without the channel", n)
+	}
+	if keys := f.rdb.Keys(ctx, "sent:*").Val(); len(keys) != 0 {
+		t.Fatalf("claims taken by a worker without the channel: %v", keys)
+	}
+	var leased int
+	if err := f.db.QueryRow(ctx, `SELECT count(*) FROM campaign_batches WHERE campaign_id = $1 AND lease_token IS NOT NULL`, f.id).Scan(&leased); err != nil || leased != 0 {
+		t.Fatalf("%d batches leased (%v) by a worker without the channel", leased, err)
+	}
+	if err := f.h.RunBatch(ctx, f.id, 0); err != nil {
+		t.Fatal(err)
+	}
+	if f.provider.total() == 0 {
+		t.Fatal("the worker with the channel sent nothing")
+	}
+}
+
 // A provider paused by another worker (a 429 it saw) holds this worker's sends back until the pause ends,
 // with or without a cap on the provider (the claim script reads the pause in both cases).
 func TestPausedProviderHoldsSendsBack(t *testing.T) {
