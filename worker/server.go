@@ -76,6 +76,11 @@ func NewServer(rdb redis.UniversalClient, h *Handler, cfg ServerConfig) *asynq.S
 			id, _ := asynq.GetTaskID(ctx)
 			n, _ := asynq.GetRetryCount(ctx)
 			max, _ := asynq.GetMaxRetry(ctx)
+			if errors.Is(err, asynq.SkipRetry) || isFailure(err) && n >= max {
+				log.Error("batch moved to the dead-letter queue: campaignctl dlq list shows it, dlq retry runs it again once the cause is fixed",
+					"task", id, "attempt", n+1, "max_retry", max, "err", err)
+				return
+			}
 			log.Warn("batch will run again", "task", id, "attempt", n+1, "max_retry", max, "err", err)
 		}),
 	})

@@ -142,7 +142,7 @@ func waitingOf(ctx context.Context, env *waitEnv, c *campaign.Campaign, counts c
 		return &Waiting{Reason: WaitProviderPaused, Detail: fmt.Sprintf("%s asked every request to wait (Retry-After)", provider), Since: unixMilli(began), Until: utc(now.Add(pttl))}, nil
 	}
 	if queued == 0 {
-		w := &Waiting{Reason: WaitDLQ, Detail: fmt.Sprintf("%d batches used up their retries and wait in the dead-letter queue: see campaignctl dlq list --campaign %d, fix the cause, then campaignctl dlq retry --campaign %d", dlq.n, id, id)}
+		w := &Waiting{Reason: WaitDLQ, Detail: fmt.Sprintf("%d batches wait in the dead-letter queue (their retries used up, or a failure no retry would mend): see campaignctl dlq list --campaign %d, fix the cause, then campaignctl dlq retry --campaign %d", dlq.n, id, id)}
 		if !dlq.last.IsZero() {
 			w.Since = utc(dlq.last)
 		}
