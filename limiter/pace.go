@@ -249,7 +249,8 @@ const (
 //     window's second, which the provider spent), never by more than half in one step, and not again
 //     for windows begun within a second of it (their answers are those of requests sent at the old pace,
 //     and a provider counting over a sliding second still counts those);
-//   - otherwise, while the sends reach the pace, it climbs by 5 % (and one) a second, until the cap,
+//   - otherwise, while the sends reach the pace, it climbs by 5 % (and one) a second, 10, 20 then 40 % after
+//     three, five and seven seconds in a row without a refusal (see climb), until the cap,
 //     where it is dropped (no pace below the cap); a pace below paceJudgeAt climbs on the requests a
 //     second holds, fewer than a judged window needs (it would never climb again otherwise);
 //   - nine in ten requests failing (5xx, not 429: a 429 says the provider is up) is a provider down (a
@@ -263,6 +264,7 @@ const (
 //     (the end of the first measure's pause) count for the lowered window, less what the new pace could
 //     have sent since; when they show the provider took more, the pace is raised to what the lowering
 //     would have made of them (three workers were held at 56/s by a limit of 800, then climbed for 50 s);
+//   - a window is judged early only when it holds a quarter of a second's worth of the pace in force;
 //   - what the provider took is what it took over the window's second, or, when more, the share it took of
 //     what was sent times the pace: a window judged early on a cluster of refusals, or one that began in a
 //     wait, held less than a second's worth of sends (three workers against a limit of 100 saw their pace
@@ -271,7 +273,7 @@ const (
 //     from traffic over a minute ago is forgotten: the next campaign measures the provider afresh.
 //
 // KEYS[1] -> pace:<bucket> (hash: rate, start, last, ok, thr, thrh, fail, hint, down, downat, cool, prev, and the
-// lowered window measured again: mfrom, mat, mgo, mok, mcur, mrej)
+// lowered window measured again: mfrom, mat, mgo, mok, mcur, mrej; up, the clean seconds in a row)
 // KEYS[2] -> limiter:pause:<bucket> (holds when the pause began, unix ms)
 // ARGV[1] -> now, unix ms
 // ARGV[2..5] -> taken, throttled, throttled with a hint, failed
@@ -299,7 +301,7 @@ end
 local now = tonumber(ARGV[1])
 local h = KEYS[1]
 local st = redis.call("HMGET", h, "rate", "start", "last", "ok", "thr", "thrh", "fail", "hint", "down", "cool", "prev",
-  "mfrom", "mat", "mgo", "mok", "mcur", "mrej")
+  "mfrom", "mat", "mgo", "mok", "mcur", "mrej", "up")
 local rate = tonumber(st[1]) or 0
 local start = tonumber(st[2]) or now
 local last = tonumber(st[3]) or now
@@ -319,13 +321,21 @@ local cool = tonumber(st[10]) or 0
 local prev = tonumber(st[11]) or 0
 local mfrom, mat, mgo = tonumber(st[12]) or 0, tonumber(st[13]) or 0, tonumber(st[14]) or 0
 local mok, mcur, mrej = (tonumber(st[15]) or 0) + tonumber(ARGV[2]), tonumber(st[16]) or 0, tonumber(st[17]) or 0
+local up = tonumber(st[18]) or 0
 local cap = tonumber(ARGV[7])
 local judgeAt, maxThr, maxFail, early, downAt, binding, flush =
   tonumber(ARGV[8]), tonumber(ARGV[9]), tonumber(ARGV[10]), tonumber(ARGV[11]), tonumber(ARGV[12]), tonumber(ARGV[13]), tonumber(ARGV[14])
 local was, ev = rate, ""
 -- The pace climbs by 5 % and one, and is dropped at the cap.
-local function climb()
-  rate = rate * 1.05 + 1
+-- The climb is 5 % a second, and 10, 20, then 40 % after three, five and seven seconds in a row without
+-- a single refusal: near the provider's limit a few refusals come before the steps grow; far under it
+-- (after an outage, a burst of 429s, a limit raised again) the pace gets back within seconds instead of
+-- half a minute.
+local function climb(refused)
+  local step = 0.05
+  if up >= 7 then step = 0.4 elseif up >= 5 then step = 0.2 elseif up >= 3 then step = 0.1 end
+  rate = rate * (1 + step) + 1
+  if refused == 0 then up = up + 1 else up = 0 end
   if cap > 0 and rate >= cap then
     rate = 0
     ev = "at_cap"
@@ -334,7 +344,7 @@ end
 -- A pace left from traffic over a minute ago is forgotten: what the provider counted then is long gone,
 -- and the next campaign measures it afresh instead of climbing from an old incident's low.
 if rate > 0 and not down and now - last > 60000 then
-  rate, prev, mat = 0, 0, 0
+  rate, prev, mat, up = 0, 0, 0, 0
 end
 -- The lowered window measured again, once every process has sent what it counted before the lowering.
 if mat > 0 and now >= mgo + flush * 1.5 then
@@ -358,7 +368,12 @@ local total = ok + thr + thrh + fail
 local elapsed = now - start
 local rejected = thr + thrh + fail
 local due = elapsed >= 1000
-if not due and elapsed >= flush / 8 and total >= judgeAt and rejected > total * early then due = true end
+-- Judged early only on a window that holds enough of a second: with a pace in force, a quarter of a
+-- second's worth of it (a window of a few dozen answers, most of them one process's refusals sent at
+-- once while the others' accepted answers wait for their flush, would cut the pace deep for nothing).
+local earlyAt = judgeAt
+if rate > 0 then earlyAt = math.max(judgeAt, rate / 4) elseif cap > 0 then earlyAt = math.max(judgeAt, cap / 4) end
+if not due and elapsed >= flush / 8 and total >= earlyAt and rejected > total * early then due = true end
 if down and ok > 0 then
   -- A request taken: the provider is back.
   down = false
@@ -369,6 +384,7 @@ if due then
   if not down and total >= downAt and fail * 10 >= total * 9 then
     down = true
     ev = "down"
+    up = 0
     redis.call("HSET", h, "downat", now)
     -- A decrease just before was the outage beginning, not the provider's limit: undone.
     if now < cool + 1000 then rate = prev end
@@ -387,6 +403,7 @@ if due then
         rate = math.max(1, from * 0.9)
         cool = now + 1000
         ev = "lowered"
+        up = 0
         mfrom, mat, mgo, mok, mcur, mrej = start, now, now, ok, math.max(0, cur), rejected
         if cur <= 0 then
           -- The first measure of a provider with no cap: it took what it takes in a second, and goes on
@@ -399,7 +416,7 @@ if due then
         end
       end
     elseif rate > 0 and okRate >= rate * binding then
-      climb()
+      climb(rejected)
     end
   elseif not down and total > 0 and rate > 0 and rate < judgeAt then
     -- A pace under judgeAt a second never fills a window that can be judged: it may not lower further
@@ -407,7 +424,7 @@ if due then
     -- their share, or it would stay there for good.
     local okRate = ok / math.max(1, (last - start) / 1000)
     if okRate >= rate * binding and not beyond(thr + thrh, total, maxThr) and not beyond(fail, total, maxFail) then
-      climb()
+      climb(rejected)
     end
   end
   if total > 0 and thrh * 2 > total then
@@ -419,7 +436,7 @@ if due then
     end
   end
   redis.call("HSET", h, "rate", tostring(rate), "start", now, "last", now, "ok", 0, "thr", 0, "thrh", 0, "fail", 0,
-    "hint", 0, "down", down and "1" or "0", "cool", cool, "prev", prev)
+    "hint", 0, "down", down and "1" or "0", "cool", cool, "prev", prev, "up", up)
 else
   redis.call("HSET", h, "start", start, "last", last, "ok", ok, "thr", thr, "thrh", thrh, "fail", fail, "hint", hint)
   if rate ~= tonumber(st[1] or 0) then redis.call("HSET", h, "rate", tostring(rate), "prev", prev) end

@@ -613,3 +613,58 @@ func TestPaceForgetsAnOldIncident(t *testing.T) {
 		t.Fatalf("the new window holds %d refusals of the old one", thr)
 	}
 }
+
+// Far under what the provider takes (after a burst of 429s, an outage, a limit raised again), the pace
+// climbs 5 % a second for three clean seconds, then faster: an outside run spent 31 s climbing from 206
+// to 75 % of a limit raised back to 1,600, and 40 s from 17/s after five seconds of 429s.
+func TestPaceClimbsFastFarUnderTheLimit(t *testing.T) {
+	t.Parallel()
+	b, clock := fakeClockBucket(t)
+	ctx := context.Background()
+	const key = "provider:raised"
+	if err := b.rdb.HSet(ctx, state.PaceKey(key), "rate", "50", "start", clock.UnixMilli(), "last", clock.UnixMilli()).Err(); err != nil {
+		t.Fatal(err)
+	}
+	p := b.Pace(key, 0)
+	paceRun(t, p, clock, 10, 100000, func(int) (Answer, time.Duration) { return Taken, 0 })
+	if r := p.Rate(ctx); r < 200 {
+		t.Fatalf("pace %v after 10 clean seconds from 50, want at least 200 (5 %% a second would give 94)", r)
+	}
+}
+
+// A window of a few dozen answers, most of them one process's refusals sent at once while the others'
+// accepted answers wait for their flush, is not judged before its second is over when a pace is in force:
+// an outside run saw "10 refused of 24" take the pace of three workers from 216 to 113.
+func TestPaceDoesNotJudgeAFewDozenAnswersEarly(t *testing.T) {
+	t.Parallel()
+	b, clock := fakeClockBucket(t)
+	ctx := context.Background()
+	const key = "provider:few"
+	if err := b.rdb.HSet(ctx, state.PaceKey(key), "rate", "216", "start", clock.UnixMilli(), "last", clock.UnixMilli()).Err(); err != nil {
+		t.Fatal(err)
+	}
+	p := b.Pace(key, 0)
+	p.flushed = *clock
+	var moves []PaceReport
+	b.OnPace(func(r PaceReport) {
+		if r.Event != "" {
+			moves = append(moves, r)
+		}
+	})
+	*clock = clock.Add(100 * time.Millisecond)
+	for i := range 24 {
+		a := Taken
+		if i >= 14 {
+			a = Throttled
+		}
+		if err := p.Observe(ctx, a, 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := p.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if len(moves) != 0 || p.Rate(ctx) != 216 {
+		t.Fatalf("pace %v, moves %+v after 10 refused of 24 in a tenth of a second, want 216 until the second is judged", p.Rate(ctx), moves)
+	}
+}
