@@ -246,7 +246,7 @@ const (
 //   - rejections above their share (by more than a standard deviation of a window of that size, so that
 //     the few requests of a campaign's last moments do not lower it by chance): the pace lowers to 0.9 of the rate the provider took (the first time,
 //     from no pace and no cap, that is its limit as measured, and every worker waits for the end of the
-//     window's second, which the provider spent), never by more than half in one step, and not again
+//     window's second, which the provider spent), never below 0.9 of half the pace in one step, and not again
 //     for windows begun within a second of it (their answers are those of requests sent at the old pace,
 //     and a provider counting over a sliding second still counts those);
 //   - otherwise, while the sends reach the pace, it climbs by 5 % (and one) a second, 10, 20 then 40 % after
@@ -264,7 +264,7 @@ const (
 //     (the end of the first measure's pause) count for the lowered window, less what the new pace could
 //     have sent since; when they show the provider took more, the pace is raised to what the lowering
 //     would have made of them (three workers were held at 56/s by a limit of 800, then climbed for 50 s);
-//   - a window is judged early only when it holds a quarter of a second's worth of the pace in force;
+//   - a window is judged early only when it holds a third of a second's worth of the pace in force;
 //   - what the provider took is what it took over the window's second, or, when more, the share it took of
 //     what was sent times the pace: a window judged early on a cluster of refusals, or one that began in a
 //     wait, held less than a second's worth of sends (three workers against a limit of 100 saw their pace
@@ -368,11 +368,12 @@ local total = ok + thr + thrh + fail
 local elapsed = now - start
 local rejected = thr + thrh + fail
 local due = elapsed >= 1000
--- Judged early only on a window that holds enough of a second: with a pace in force, a quarter of a
+-- Judged early only on a window that holds enough of a second: with a pace in force, a third of a
 -- second's worth of it (a window of a few dozen answers, most of them one process's refusals sent at
--- once while the others' accepted answers wait for their flush, would cut the pace deep for nothing).
+-- once while the others' accepted answers wait for their flush, would cut the pace deep for nothing:
+-- 24 refused of 64 at a pace of 234 did, with a quarter).
 local earlyAt = judgeAt
-if rate > 0 then earlyAt = math.max(judgeAt, rate / 4) elseif cap > 0 then earlyAt = math.max(judgeAt, cap / 4) end
+if rate > 0 then earlyAt = math.max(judgeAt, rate / 3) elseif cap > 0 then earlyAt = math.max(judgeAt, cap / 3) end
 if not due and elapsed >= flush / 8 and total >= earlyAt and rejected > total * early then due = true end
 if down and ok > 0 then
   -- A request taken: the provider is back.

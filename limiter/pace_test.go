@@ -538,9 +538,9 @@ func sharedPaceRun(t *testing.T, limit int, offered float64, starts []time.Durat
 	return sent, taken
 }
 
-// A window judged before its second is over, on a cluster of refusals (a third of 64 answers in 0.3 s, at
-// a pace of 224), shows what the provider took as the share of what was sent at the pace, not as 42 taken
-// in a whole second: the pace lowers to about 0.9 × 224 × 42/64, not by half (an outside run saw the
+// A window judged before its second is over, on a cluster of refusals (a third of 96 answers in 0.4 s, at
+// a pace of 224), shows what the provider took as the share of what was sent at the pace, not as what it
+// took counted over a whole second: the pace lowers to about 0.9 × 224 × 2/3, not by half (an outside run saw the
 // pace of three workers halved this way again and again, 79/s steady against a limit of 100).
 func TestPaceJudgedEarlyLowersByTheShareRefused(t *testing.T) {
 	t.Parallel()
@@ -558,12 +558,12 @@ func TestPaceJudgedEarlyLowersByTheShareRefused(t *testing.T) {
 		}
 	})
 	p.flushed = *clock // the pace was read just now
-	for i := range 64 {
+	for i := range 96 {
 		a := Taken
 		if i%3 == 0 {
 			a = Throttled
 		}
-		*clock = clock.Add(300 * time.Millisecond / 64)
+		*clock = clock.Add(400 * time.Millisecond / 96)
 		if err := p.Observe(ctx, a, 0); err != nil {
 			t.Fatal(err)
 		}
@@ -666,5 +666,21 @@ func TestPaceDoesNotJudgeAFewDozenAnswersEarly(t *testing.T) {
 	}
 	if len(moves) != 0 || p.Rate(ctx) != 216 {
 		t.Fatalf("pace %v, moves %+v after 10 refused of 24 in a tenth of a second, want 216 until the second is judged", p.Rate(ctx), moves)
+	}
+	// Nor a third of a second short of it: 34 refused of 64 (an outside run saw 234 -> 131 on 24 of 64).
+	for i := range 40 {
+		a := Taken
+		if i >= 16 {
+			a = Throttled
+		}
+		if err := p.Observe(ctx, a, 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := p.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if len(moves) != 0 || p.Rate(ctx) != 216 {
+		t.Fatalf("pace %v, moves %+v after 34 refused of 64 in a tenth of a second, want 216 until the second is judged", p.Rate(ctx), moves)
 	}
 }
