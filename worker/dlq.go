@@ -23,7 +23,9 @@ type DLQEntry struct {
 	Retried      int       `json:"retried"`
 	MaxRetry     int       `json:"max_retry"`
 	LastError    string    `json:"last_error"`
-	LastFailedAt time.Time `json:"last_failed_at"`
+	// LastFailedAt is when its last run failed (UTC); null for a batch moved to the DLQ by hand before it
+	// ever failed.
+	LastFailedAt *time.Time `json:"last_failed_at"`
 }
 
 // DLQOptions selects dead-lettered batches for ListDLQ, RetryDLQ and PurgeDLQ.
@@ -171,13 +173,21 @@ func requeue(ctx context.Context, rdb redis.UniversalClient, e DLQEntry) error {
 	return nil
 }
 
+// failedAt is a task's last failure in UTC, nil when it never failed (the queue's zero time).
+func failedAt(t time.Time) *time.Time {
+	if t.IsZero() {
+		return nil
+	}
+	return utc(t)
+}
+
 // archivedBatches lists the archived batch tasks, of one campaign or all (0).
 func archivedBatches(rdb redis.UniversalClient, campaignID int64) ([]DLQEntry, error) {
 	insp := asynq.NewInspectorFromRedisClient(rdb)
 	var out []DLQEntry
 	err := batchTasks(insp.ListArchivedTasks, campaignID, func(t *asynq.TaskInfo, cid int64, batch int) {
 		out = append(out, DLQEntry{TaskID: t.ID, CampaignID: cid, Batch: batch, Retried: t.Retried, MaxRetry: t.MaxRetry,
-			LastError: t.LastErr, LastFailedAt: t.LastFailedAt})
+			LastError: t.LastErr, LastFailedAt: failedAt(t.LastFailedAt)})
 	})
 	if err != nil {
 		return nil, fmt.Errorf("read the DLQ: %w", err)

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"reflect"
 	"regexp"
+	"strings"
 	"testing"
 
 	"github.com/campaignctl/campaignctl/campaign"
@@ -78,6 +79,10 @@ func TestDLQListRetryPurge(t *testing.T) {
 	want := []string{"task_id", "campaign_id", "batch", "retried", "max_retry", "last_error", "last_failed_at"}
 	if keys := jsonKeys(t, list[0]); !reflect.DeepEqual(keys, want) {
 		t.Fatalf("dlq list --json keys %v, want %v", keys, want)
+	}
+	// Moved there by hand before they ever ran: no failure time (null, not the year 1).
+	if b, _ := json.Marshal(list[0]); list[0].LastFailedAt != nil || !strings.Contains(string(b), `"last_failed_at":null`) {
+		t.Fatalf("a batch that never failed: %s", b)
 	}
 	if _, err := worker.ListDLQ(ctx, opts(987654)); !errors.Is(err, campaign.ErrNotFound) {
 		t.Fatalf("list of no campaign: %v, want ErrNotFound", err)

@@ -151,8 +151,8 @@ type dlqBatches struct {
 
 func (d *dlqBatches) add(e DLQEntry) {
 	d.n++
-	if e.LastFailedAt.After(d.last) {
-		d.last = e.LastFailedAt
+	if e.LastFailedAt != nil && e.LastFailedAt.After(d.last) {
+		d.last = *e.LastFailedAt
 	}
 }
 

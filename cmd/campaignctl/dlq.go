@@ -81,7 +81,11 @@ func (a *app) dlq(ctx context.Context, o dlqOptions, action string) error {
 		w := tabwriter.NewWriter(a.stdout, 0, 4, 2, ' ', 0)
 		fmt.Fprintln(w, "CAMPAIGN\tBATCH\tATTEMPTS\tLAST FAILED\tLAST ERROR")
 		for _, e := range entries {
-			fmt.Fprintf(w, "%d\t%d\t%d\t%s\t%s\n", e.CampaignID, e.Batch, e.Retried+1, e.LastFailedAt.UTC().Format(time.RFC3339), e.LastError)
+			failed := "—" // moved there by hand before it ever failed
+			if e.LastFailedAt != nil {
+				failed = e.LastFailedAt.Format(time.RFC3339)
+			}
+			fmt.Fprintf(w, "%d\t%d\t%d\t%s\t%s\n", e.CampaignID, e.Batch, e.Retried+1, failed, e.LastError)
 		}
 		return w.Flush()
 	case "retry":
