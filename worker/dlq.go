@@ -17,12 +17,12 @@ import (
 // DLQEntry is one dead-lettered batch: a batch task that used up its retries and waits in Asynq's archive.
 // Its recipients stay pending in Postgres. The JSON is the stable shape of `campaignctl dlq list --json`.
 type DLQEntry struct {
-	TaskID       string    `json:"task_id"`
-	CampaignID   int64     `json:"campaign_id"`
-	Batch        int       `json:"batch"`
-	Retried      int       `json:"retried"`
-	MaxRetry     int       `json:"max_retry"`
-	LastError    string    `json:"last_error"`
+	TaskID     string `json:"task_id"`
+	CampaignID int64  `json:"campaign_id"`
+	Batch      int    `json:"batch"`
+	Retried    int    `json:"retried"`
+	MaxRetry   int    `json:"max_retry"`
+	LastError  string `json:"last_error"`
 	// LastFailedAt is when its last run failed (UTC); null for a batch moved to the DLQ by hand before it
 	// ever failed.
 	LastFailedAt *time.Time `json:"last_failed_at"`
