@@ -288,19 +288,23 @@ func (b *Bucket) Pause(ctx context.Context, key string, d time.Duration) error {
 	return nil
 }
 
-// pauseLua is the Lua function pause(key, ms) of the scripts that pause a limit: key (limiter:pause:<…>)
-// lives ms more unless it already lives longer (a shorter pause never cuts a longer one), and holds when
-// the pause began, unix ms, kept while a longer pause extends it (status's since).
+// pauseLua is the Lua function pause(key, ms[, now]) of the scripts that pause a limit: key
+// (limiter:pause:<…>) lives ms more unless it already lives longer (a shorter pause never cuts a longer
+// one), and holds when the pause began, unix ms (now, or Redis's clock), kept while a longer pause
+// extends it (status's since). It returns whether it paused.
 const pauseLua = `
-local function pause(key, ms)
-  if redis.call("PTTL", key) < tonumber(ms) then
-    local since = redis.call("GET", key)
+local function pause(key, ms, now)
+  if redis.call("PTTL", key) >= tonumber(ms) then return false end
+  local since = redis.call("GET", key)
+  if not since then
+    since = now
     if not since then
       local t = redis.call("TIME")
       since = tostring(t[1] * 1000 + math.floor(t[2] / 1000))
     end
-    redis.call("SET", key, since, "PX", ms)
   end
+  redis.call("SET", key, since, "PX", ms)
+  return true
 end
 `
 

@@ -283,7 +283,7 @@ const (
 //
 // Returns {rate as a string ("0": no pace below the cap), 1 when down, the move ("" or a PaceEvent), the
 // rate before it, the judged window's requests and rejections}.
-var paceScript = redis.NewScript(`
+var paceScript = redis.NewScript(pauseLua + `
 -- More than share of n, by more than chance makes: a standard deviation of the count at that share (a
 -- window of 200 requests with 8 429s is not a provider refusing more than 3 %; one with 16 is).
 local function beyond(x, n, share)
@@ -297,6 +297,13 @@ local function took(ok, rejected, span, cur)
   local r = ok / math.max(1, span / 1000)
   if cur > 0 then r = math.max(r, cur * ok / math.max(1, ok + rejected)) end
   return r
+end
+-- The pace a lowering sets, from the pace in force cur (0: none, nor a cap) and the window it judged:
+-- 0.9 of what the provider took, and at least 0.9 of half of cur.
+local function lowerTo(ok, rejected, span, cur)
+  local from = took(ok, rejected, span, cur)
+  if cur > 0 then from = math.max(math.min(cur, from), cur / 2) end
+  return math.max(1, from * 0.9)
 end
 local now = tonumber(ARGV[1])
 local h = KEYS[1]
@@ -326,7 +333,6 @@ local cap = tonumber(ARGV[7])
 local judgeAt, maxThr, maxFail, early, downAt, binding, flush =
   tonumber(ARGV[8]), tonumber(ARGV[9]), tonumber(ARGV[10]), tonumber(ARGV[11]), tonumber(ARGV[12]), tonumber(ARGV[13]), tonumber(ARGV[14])
 local was, ev = rate, ""
--- The pace climbs by 5 % and one, and is dropped at the cap.
 -- The climb is 5 % a second, and 10, 20, then 40 % after three, five and seven seconds in a row without
 -- a single refusal: near the provider's limit a few refusals come before the steps grow; far under it
 -- (after an outage, a burst of 429s, a limit raised again) the pace gets back within seconds instead of
@@ -349,9 +355,7 @@ end
 -- The lowered window measured again, once every process has sent what it counted before the lowering.
 if mat > 0 and now >= mgo + flush * 1.5 then
   if rate > 0 and not down then
-    local from = took(math.max(0, mok - rate * (now - mgo) / 1000), mrej, mat - mfrom, mcur)
-    if mcur > 0 then from = math.max(math.min(mcur, from), mcur / 2) end
-    local fixed = math.max(1, from * 0.9)
+    local fixed = lowerTo(math.max(0, mok - rate * (now - mgo) / 1000), mrej, mat - mfrom, mcur)
     -- Raised when that is worth a move (not by a fraction of a request a second).
     if fixed > rate * 1.01 + 1 then
       was = rate
@@ -390,18 +394,16 @@ if due then
     -- A decrease just before was the outage beginning, not the provider's limit: undone.
     if now < cool + 1000 then rate = prev end
   end
+  -- The rate the provider took: over the window's second, or its answers' span when that was longer.
+  local okRate = ok / math.max(1, (last - start) / 1000)
   if not down and total >= judgeAt then
-    -- The rate the provider took: over the window's second, or its answers' span when that was longer.
-    local okRate = ok / math.max(1, (last - start) / 1000)
     if beyond(thr + thrh, total, maxThr) or beyond(fail, total, maxFail) then
       if start >= cool then
         -- From the pace in force (the cap when there is no pace below it).
         local cur = rate
         if cur <= 0 then cur = cap end
-        local from = took(ok, rejected, last - start, cur)
-        if cur > 0 then from = math.max(math.min(cur, from), cur / 2) end
         prev = rate
-        rate = math.max(1, from * 0.9)
+        rate = lowerTo(ok, rejected, last - start, cur)
         cool = now + 1000
         ev = "lowered"
         up = 0
@@ -410,9 +412,7 @@ if due then
           -- The first measure of a provider with no cap: it took what it takes in a second, and goes on
           -- refusing until that second is over. Nobody sends until then.
           local rest = start + 1000 - now
-          if rest > 0 and redis.call("PTTL", KEYS[2]) < rest then
-            redis.call("SET", KEYS[2], redis.call("GET", KEYS[2]) or ARGV[1], "PX", rest)
-          end
+          if rest > 0 then pause(KEYS[2], rest, ARGV[1]) end
           mgo = math.max(now, start + 1000)
         end
       end
@@ -423,18 +423,13 @@ if due then
     -- A pace under judgeAt a second never fills a window that can be judged: it may not lower further
     -- on so few requests, but it climbs back while the sends reach it and the rejections are within
     -- their share, or it would stay there for good.
-    local okRate = ok / math.max(1, (last - start) / 1000)
     if okRate >= rate * binding and not beyond(thr + thrh, total, maxThr) and not beyond(fail, total, maxFail) then
       climb(rejected)
     end
   end
   if total > 0 and thrh * 2 > total then
     if hint < 1 then hint = 1000 end
-    if redis.call("PTTL", KEYS[2]) < hint then
-      -- The key holds when the pause began (status's since), kept while a longer one extends it.
-      redis.call("SET", KEYS[2], redis.call("GET", KEYS[2]) or ARGV[1], "PX", hint)
-      if ev == "" then ev = "paused" end
-    end
+    if pause(KEYS[2], hint, ARGV[1]) and ev == "" then ev = "paused" end
   end
   redis.call("HSET", h, "rate", tostring(rate), "start", now, "last", now, "ok", 0, "thr", 0, "thrh", 0, "fail", 0,
     "hint", 0, "down", down and "1" or "0", "cool", cool, "prev", prev, "up", up)
