@@ -72,13 +72,13 @@ func waitingOf(ctx context.Context, env *waitEnv, c *campaign.Campaign, counts c
 	if err != nil {
 		return nil, err
 	}
-	seen, err := env.seen(ctx)
-	if err != nil {
-		return nil, err
-	}
 	// A wait for a worker began when the campaign could send, or when the last worker that could send it
-	// was last seen, whichever came later.
-	since := func(field string) *time.Time {
+	// was last seen, whichever came later (the sightings are read only for such a wait).
+	since := func(field string) (*time.Time, error) {
+		seen, err := env.seen(ctx)
+		if err != nil {
+			return nil, err
+		}
 		t := c.CreatedAt
 		if c.StartedAt != nil {
 			t = *c.StartedAt
@@ -92,10 +92,17 @@ func waitingOf(ctx context.Context, env *waitEnv, c *campaign.Campaign, counts c
 		if s, ok := seen[field]; ok && s.After(t) {
 			t = s
 		}
-		return utc(t)
+		return utc(t), nil
+	}
+	waitWorker := func(reason, detail, field string) (*Waiting, error) {
+		t, err := since(field)
+		if err != nil {
+			return nil, err
+		}
+		return &Waiting{Reason: reason, Detail: detail, Since: t}, nil
 	}
 	if len(workers) == 0 {
-		return &Waiting{Reason: WaitNoWorker, Detail: "no worker is running: start campaignctl worker (or campaignctl workers)", Since: since(state.SeenAny)}, nil
+		return waitWorker(WaitNoWorker, "no worker is running: start campaignctl worker (or campaignctl workers)", state.SeenAny)
 	}
 	ch := c.Channel.Spec()
 	provider := ""
@@ -109,12 +116,12 @@ func waitingOf(ctx context.Context, env *waitEnv, c *campaign.Campaign, counts c
 		}
 	}
 	if provider == "" {
-		return &Waiting{Reason: WaitNoWorkerForChannel, Detail: fmt.Sprintf("%d workers run, none sends %s: configure its provider on one (campaignctl worker --help)", len(workers), ch.Title),
-			Since: since(string(c.Channel))}, nil
+		return waitWorker(WaitNoWorkerForChannel, fmt.Sprintf("%d workers run, none sends %s: configure its provider on one (campaignctl worker --help)", len(workers), ch.Title),
+			string(c.Channel))
 	}
 	if c.OneClickUnsubscribe() && !commercialOK {
-		return &Waiting{Reason: WaitNoWorkerForChannel, Detail: "no running worker can make the one-click unsubscribe links of a commercial e-mail: set WEBHOOKS_PUBLIC_URL and UNSUBSCRIBE_SECRET on the workers",
-			Since: since(string(c.Channel) + state.SeenCommercial)}, nil
+		return waitWorker(WaitNoWorkerForChannel, "no running worker can make the one-click unsubscribe links of a commercial e-mail: set WEBHOOKS_PUBLIC_URL and UNSUBSCRIBE_SECRET on the workers",
+			string(c.Channel)+state.SeenCommercial)
 	}
 	if !c.Window.Open(now) {
 		next := c.Window.NextOpen(now)
@@ -151,16 +158,11 @@ func waitingOf(ctx context.Context, env *waitEnv, c *campaign.Campaign, counts c
 	return nil, nil
 }
 
-// unixMilli reads a time written as unix milliseconds (a pause's beginning, a pace's fall); nil when v
-// holds none (a key written by an earlier version holds "1").
+// unixMilli reads a time Redis holds as unix milliseconds (a pause's beginning, a pace's fall); nil when v
+// holds none (a missing field, or a key written by an earlier version: "1").
 func unixMilli(v any) *time.Time {
-	var ms int64
-	switch v := v.(type) {
-	case string:
-		ms, _ = strconv.ParseInt(v, 10, 64)
-	case int64:
-		ms = v
-	}
+	s, _ := v.(string)
+	ms, _ := strconv.ParseInt(s, 10, 64)
 	if ms < 1e12 { // before 2001: not a time
 		return nil
 	}
