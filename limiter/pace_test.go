@@ -545,35 +545,54 @@ func sharedPaceRun(t *testing.T, limit int, offered float64, starts []time.Durat
 func TestPaceJudgedEarlyLowersByTheShareRefused(t *testing.T) {
 	t.Parallel()
 	b, clock := fakeClockBucket(t)
-	ctx := context.Background()
-	const key = "provider:cluster"
-	if err := b.rdb.HSet(ctx, state.PaceKey(key), "rate", "224", "start", clock.UnixMilli(), "last", clock.UnixMilli()).Err(); err != nil {
+	p, moves := pacedAt(t, b, *clock, "provider:cluster", "rate", "224")
+	answerAll(t, p, clock, 96, func(i int) bool { return i%3 == 0 }, 400*time.Millisecond/96)
+	if len(*moves) != 1 || (*moves)[0].Event != PaceLowered {
+		t.Fatalf("moves %+v, want one lowering", *moves)
+	}
+	lowered := (*moves)[0]
+	want := 0.9 * 224 * float64(lowered.Requests-lowered.Rejected) / float64(lowered.Requests)
+	if math.Abs(lowered.Rate-want) > 1 || lowered.Rate < 0.55*224 {
+		t.Fatalf("lowered %+v, want from 224 to about %.0f (0.9 of the share taken), not by half", lowered, want)
+	}
+}
+
+// pacedAt is a process's view of the shared pace key whose hash starts as fields (what earlier answers
+// left), with its window begun and read at the clock's now, and the moves reported to this process.
+func pacedAt(t *testing.T, b *Bucket, now time.Time, key string, fields ...any) (*Pace, *[]PaceReport) {
+	t.Helper()
+	fields = append([]any{"start", now.UnixMilli(), "last", now.UnixMilli()}, fields...)
+	if err := b.rdb.HSet(context.Background(), state.PaceKey(key), fields...).Err(); err != nil {
 		t.Fatal(err)
 	}
 	p := b.Pace(key, 0)
-	var lowered PaceReport
+	p.flushed = now
+	moves := &[]PaceReport{}
 	b.OnPace(func(r PaceReport) {
-		if r.Event == PaceLowered {
-			lowered = r
+		if r.Event != "" {
+			*moves = append(*moves, r)
 		}
 	})
-	p.flushed = *clock // the pace was read just now
-	for i := range 96 {
+	return p, moves
+}
+
+// answerAll has p observe n answers, the i-th refused (429) when refused(i) and taken otherwise, the clock
+// moving step before each, then flushes them.
+func answerAll(t *testing.T, p *Pace, clock *time.Time, n int, refused func(i int) bool, step time.Duration) {
+	t.Helper()
+	ctx := context.Background()
+	for i := range n {
 		a := Taken
-		if i%3 == 0 {
+		if refused(i) {
 			a = Throttled
 		}
-		*clock = clock.Add(400 * time.Millisecond / 96)
+		*clock = clock.Add(step)
 		if err := p.Observe(ctx, a, 0); err != nil {
 			t.Fatal(err)
 		}
 	}
 	if err := p.Flush(ctx); err != nil {
 		t.Fatal(err)
-	}
-	want := 0.9 * 224 * float64(lowered.Requests-lowered.Rejected) / float64(lowered.Requests)
-	if lowered.Event == "" || math.Abs(lowered.Rate-want) > 1 || lowered.Rate < 0.55*224 {
-		t.Fatalf("lowered %+v, want from 224 to about %.0f (0.9 of the share taken), not by half", lowered, want)
 	}
 }
 
@@ -583,33 +602,17 @@ func TestPaceJudgedEarlyLowersByTheShareRefused(t *testing.T) {
 func TestPaceForgetsAnOldIncident(t *testing.T) {
 	t.Parallel()
 	b, clock := fakeClockBucket(t)
-	ctx := context.Background()
 	const key = "provider:old"
-	old := clock.Add(-2 * time.Minute).UnixMilli()
 	// Lowered to 9/s two minutes ago, with a window of refusals left unjudged when the sends stopped.
-	if err := b.rdb.HSet(ctx, state.PaceKey(key), "rate", "9", "start", old, "last", old, "thr", 40, "ok", 5).Err(); err != nil {
-		t.Fatal(err)
-	}
-	p := b.Pace(key, 0)
-	var events []PaceReport
-	b.OnPace(func(r PaceReport) {
-		if r.Event != "" {
-			events = append(events, r)
-		}
-	})
-	for range 30 {
-		if err := p.Observe(ctx, Taken, 0); err != nil {
-			t.Fatal(err)
-		}
-	}
-	*clock = clock.Add(300 * time.Millisecond)
-	if r := p.Rate(ctx); r != 0 {
+	p, moves := pacedAt(t, b, clock.Add(-2*time.Minute), key, "rate", "9", "thr", 40, "ok", 5)
+	answerAll(t, p, clock, 30, func(int) bool { return false }, 10*time.Millisecond)
+	if r := p.Rate(context.Background()); r != 0 {
 		t.Fatalf("pace %v after two minutes without a send, want none (the provider measured afresh)", r)
 	}
-	if len(events) != 0 {
-		t.Fatalf("pace moves %+v: the old window's refusals were judged with the new answers", events)
+	if len(*moves) != 0 {
+		t.Fatalf("pace moves %+v: the old window's refusals were judged with the new answers", *moves)
 	}
-	if thr, _ := b.rdb.HGet(ctx, state.PaceKey(key), "thr").Int(); thr != 0 {
+	if thr, _ := b.rdb.HGet(context.Background(), state.PaceKey(key), "thr").Int(); thr != 0 {
 		t.Fatalf("the new window holds %d refusals of the old one", thr)
 	}
 }
@@ -620,14 +623,9 @@ func TestPaceForgetsAnOldIncident(t *testing.T) {
 func TestPaceClimbsFastFarUnderTheLimit(t *testing.T) {
 	t.Parallel()
 	b, clock := fakeClockBucket(t)
-	ctx := context.Background()
-	const key = "provider:raised"
-	if err := b.rdb.HSet(ctx, state.PaceKey(key), "rate", "50", "start", clock.UnixMilli(), "last", clock.UnixMilli()).Err(); err != nil {
-		t.Fatal(err)
-	}
-	p := b.Pace(key, 0)
+	p, _ := pacedAt(t, b, *clock, "provider:raised", "rate", "50")
 	paceRun(t, p, clock, 10, 100000, func(int) (Answer, time.Duration) { return Taken, 0 })
-	if r := p.Rate(ctx); r < 200 {
+	if r := p.Rate(context.Background()); r < 200 {
 		t.Fatalf("pace %v after 10 clean seconds from 50, want at least 200 (5 %% a second would give 94)", r)
 	}
 }
@@ -638,49 +636,15 @@ func TestPaceClimbsFastFarUnderTheLimit(t *testing.T) {
 func TestPaceDoesNotJudgeAFewDozenAnswersEarly(t *testing.T) {
 	t.Parallel()
 	b, clock := fakeClockBucket(t)
-	ctx := context.Background()
-	const key = "provider:few"
-	if err := b.rdb.HSet(ctx, state.PaceKey(key), "rate", "216", "start", clock.UnixMilli(), "last", clock.UnixMilli()).Err(); err != nil {
-		t.Fatal(err)
-	}
-	p := b.Pace(key, 0)
-	p.flushed = *clock
-	var moves []PaceReport
-	b.OnPace(func(r PaceReport) {
-		if r.Event != "" {
-			moves = append(moves, r)
-		}
-	})
+	p, moves := pacedAt(t, b, *clock, "provider:few", "rate", "216")
 	*clock = clock.Add(100 * time.Millisecond)
-	for i := range 24 {
-		a := Taken
-		if i >= 14 {
-			a = Throttled
-		}
-		if err := p.Observe(ctx, a, 0); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := p.Flush(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if len(moves) != 0 || p.Rate(ctx) != 216 {
-		t.Fatalf("pace %v, moves %+v after 10 refused of 24 in a tenth of a second, want 216 until the second is judged", p.Rate(ctx), moves)
+	answerAll(t, p, clock, 24, func(i int) bool { return i >= 14 }, 0)
+	if len(*moves) != 0 || p.Rate(context.Background()) != 216 {
+		t.Fatalf("pace %v, moves %+v after 10 refused of 24 in a tenth of a second, want 216 until the second is judged", p.Rate(context.Background()), *moves)
 	}
 	// Nor a third of a second short of it: 34 refused of 64 (an outside run saw 234 -> 131 on 24 of 64).
-	for i := range 40 {
-		a := Taken
-		if i >= 16 {
-			a = Throttled
-		}
-		if err := p.Observe(ctx, a, 0); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := p.Flush(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if len(moves) != 0 || p.Rate(ctx) != 216 {
-		t.Fatalf("pace %v, moves %+v after 34 refused of 64 in a tenth of a second, want 216 until the second is judged", p.Rate(ctx), moves)
+	answerAll(t, p, clock, 40, func(i int) bool { return i >= 16 }, 0)
+	if len(*moves) != 0 || p.Rate(context.Background()) != 216 {
+		t.Fatalf("pace %v, moves %+v after 34 refused of 64 in a tenth of a second, want 216 until the second is judged", p.Rate(context.Background()), *moves)
 	}
 }
