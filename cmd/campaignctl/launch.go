@@ -275,6 +275,11 @@ func (a *app) confirm(question string) bool {
 
 func (a *app) printReport(rep campaign.Report, asJSON bool) {
 	if asJSON {
+		if rep.StartAt != nil {
+			// Times in JSON are in UTC, as status gives them; the table shows --tz's.
+			u := rep.StartAt.UTC()
+			rep.StartAt = &u
+		}
 		enc := json.NewEncoder(a.stdout)
 		enc.SetIndent("", "  ")
 		enc.Encode(rep) //nolint:errcheck

@@ -28,15 +28,21 @@ func TestOperatorViewOfTheDemo(t *testing.T) {
 	e.mustRun("demo", "seed", "--users", "300", "--pool", "demo")
 	audience := filepath.Join(t.TempDir(), "audience.sql")
 	os.WriteFile(audience, []byte("SELECT user_id, phone, first_name FROM customers"), 0o600) //nolint:errcheck
+	launchedAt := map[string]string{}                                                         // start_at of launch --json, by campaign
 	launch := func(name string, extra ...string) string {
 		t.Helper()
 		out := e.mustRun(append([]string{"launch", "--name", name, "--channel", "sms", "--audience", audience,
 			"--message", testPrefix + "Merhaba {{.first_name}}", "--frequency-cap", "0", "--yes", "--json"}, extra...)...)
-		var rep struct{ ID int64 }
+		var rep struct {
+			ID      int64
+			StartAt string `json:"start_at"`
+		}
 		if err := json.Unmarshal([]byte(out), &rep); err != nil || rep.ID == 0 {
 			t.Fatalf("launch: %v %s", err, out)
 		}
-		return fmt.Sprint(rep.ID)
+		id := fmt.Sprint(rep.ID)
+		launchedAt[id] = rep.StartAt
+		return id
 	}
 	waiting := func(id string) (string, string) {
 		t.Helper()
@@ -49,13 +55,24 @@ func TestOperatorViewOfTheDemo(t *testing.T) {
 		if err := json.Unmarshal([]byte(e.mustRun("status", id, "--json")), &st); err != nil {
 			t.Fatal(err)
 		}
+		if launchedAt[id] != st.StartAt {
+			t.Errorf("campaign %s: launch --json says start_at %q, status --json %q: both are in UTC", id, launchedAt[id], st.StartAt)
+		}
 		if st.Waiting == nil {
 			return "", ""
 		}
 		return st.Waiting.Reason, st.Waiting.Until
 	}
-	later := time.Now().In(time.UTC).Add(3 * time.Hour)
-	scheduled := launch("scheduled", "--at", later.Format("2006-01-02 15:04"), "--tz", "UTC")
+	// --at in a zone that is not UTC: the JSON of launch and of status both give the moment in UTC.
+	istanbul, err := time.LoadLocation("Europe/Istanbul")
+	if err != nil {
+		t.Fatal(err)
+	}
+	later := time.Now().In(istanbul).Add(3 * time.Hour)
+	scheduled := launch("scheduled", "--at", later.Format("2006-01-02 15:04"), "--tz", "Europe/Istanbul")
+	if at := launchedAt[scheduled]; !strings.HasSuffix(at, "Z") {
+		t.Errorf("launch --json --at … --tz Europe/Istanbul: start_at %q, want it in UTC", at)
+	}
 	closedFrom := time.Now().In(time.UTC).Add(2 * time.Hour)
 	windowed := launch("windowed", "--window", closedFrom.Format("15:04")+"-"+closedFrom.Add(time.Hour).Format("15:04"), "--tz", "UTC")
 	paused := launch("paused")
