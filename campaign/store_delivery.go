@@ -60,8 +60,25 @@ type Delivery struct {
 // the worker writes later (an unknown after a held answer, say), the recipient is recorded sent (see
 // Record), is never resent by `resume --resend-unknown`, and keeps its code.
 func (s *Store) RecordDeliveries(ctx context.Context, ds []Delivery) (int64, error) {
+	res, err := s.ApplyDeliveries(ctx, ds)
+	return res.Changed, err
+}
+
+// DeliveriesApplied is what ApplyDeliveries did with a list of receipts.
+type DeliveriesApplied struct {
+	// Changed is how many recipients the receipts changed.
+	Changed int64
+	// Unmatched holds the positions (in the list given) of the receipts that name no recipient: no
+	// campaign and user of this engine's (or not at the receipt's address), or, for a receipt keyed by
+	// message ID, no message it sent; whether delivered for the first time or again.
+	Unmatched []int
+}
+
+// ApplyDeliveries is RecordDeliveries, and also says which receipts named no recipient.
+func (s *Store) ApplyDeliveries(ctx context.Context, ds []Delivery) (DeliveriesApplied, error) {
+	var res DeliveriesApplied
 	if len(ds) == 0 {
-		return 0, nil
+		return res, nil
 	}
 	n := len(ds)
 	prov, msg, user, st, errs, ev, addr := make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n)
@@ -73,12 +90,15 @@ func (s *Store) RecordDeliveries(ctx context.Context, ds []Delivery) (int64, err
 			at[i] = time.Now()
 		}
 	}
-	var changed int64
-	err := s.pool.QueryRow(ctx, recordDeliveriesSQL, prov, msg, camp, user, st, errs, ev, at, addr).Scan(&changed)
+	var unmatched []int32
+	err := s.pool.QueryRow(ctx, recordDeliveriesSQL, prov, msg, camp, user, st, errs, ev, at, addr).Scan(&res.Changed, &unmatched)
 	if err != nil {
-		return 0, fmt.Errorf("record delivery receipts: %w", err)
+		return DeliveriesApplied{}, fmt.Errorf("record delivery receipts: %w", err)
 	}
-	return changed, nil
+	for _, i := range unmatched {
+		res.Unmatched = append(res.Unmatched, int(i)-1)
+	}
+	return res, nil
 }
 
 // recordDeliveriesSQL is RecordDeliveries' statement.
@@ -86,27 +106,29 @@ var recordDeliveriesSQL = `
 		WITH d AS (
 			SELECT *, ` + deliveryRank("status") + ` AS rank
 			FROM unnest($1::text[], $2::text[], $3::bigint[], $4::text[], $5::text[], $6::text[], $7::text[], $8::timestamptz[], $9::text[])
-				AS d(provider, msgid, campaign_id, user_id, status, error, event_id, at, address)
+				WITH ORDINALITY AS d(provider, msgid, campaign_id, user_id, status, error, event_id, at, address, ord)
 		), fresh AS (
 			INSERT INTO receipt_events (provider, event_id)
 			SELECT DISTINCT provider, event_id FROM d WHERE event_id <> ''
 			ON CONFLICT DO NOTHING
 			RETURNING provider, event_id
 		), todo AS (
-			SELECT * FROM d
-			WHERE d.event_id = '' OR EXISTS (SELECT 1 FROM fresh f WHERE f.provider = d.provider AND f.event_id = d.event_id)
+			-- Every receipt is matched (so that a stray one is told apart even when delivered again); only
+			-- the fresh ones (an event not seen before) are applied.
+			SELECT *, d.event_id = '' OR EXISTS (SELECT 1 FROM fresh f WHERE f.provider = d.provider AND f.event_id = d.event_id) AS new
+			FROM d
 		), keyed AS (
 			-- Two joins rather than one with OR, so that each uses its index: the primary key, or the audit
 			-- entry that recorded the message ID (the recipient rows keep no index on it, see migration 0012)
 			-- of a send whose receipts do not name their recipient (the others name it, and only theirs
 			-- are indexed: migration 0014), then the primary key.
-			SELECT r.campaign_id, r.user_id, r.status AS was, d.msgid, d.status, d.error, d.at, d.rank
+			SELECT d.ord, d.new, r.campaign_id, r.user_id, r.status AS was, d.msgid, d.status, d.error, d.at, d.rank
 			FROM todo d JOIN campaign_recipients r ON r.campaign_id = d.campaign_id AND r.user_id = d.user_id
 			-- Named by campaign and user: only for that recipient's address (the message ID branch below
 			-- matches the message ID the send recorded instead).
 			WHERE d.campaign_id > 0 AND (d.address = '' OR lower(d.address) = lower(r.address))
 			UNION ALL
-			SELECT r.campaign_id, r.user_id, r.status AS was, d.msgid, d.status, d.error, d.at, d.rank
+			SELECT d.ord, d.new, r.campaign_id, r.user_id, r.status AS was, d.msgid, d.status, d.error, d.at, d.rank
 			FROM todo d
 			JOIN LATERAL (SELECT DISTINCT l.campaign_id, l.user_id FROM send_log l
 				WHERE hashtext(l.provider_message_id) = hashtext(d.msgid) AND l.provider_message_id IS NOT NULL
@@ -114,7 +136,7 @@ var recordDeliveriesSQL = `
 			JOIN campaign_recipients r ON r.campaign_id = l.campaign_id AND r.user_id = l.user_id AND r.provider_message_id = d.msgid
 			WHERE d.campaign_id = 0 AND d.msgid <> ''
 		), best AS (
-			SELECT DISTINCT ON (campaign_id, user_id) * FROM keyed ORDER BY campaign_id, user_id, rank DESC, at DESC
+			SELECT DISTINCT ON (campaign_id, user_id) * FROM keyed WHERE new ORDER BY campaign_id, user_id, rank DESC, at DESC
 		), upd AS (
 			UPDATE campaign_recipients r SET
 				delivery = b.status, delivery_error = NULLIF(b.error, ''), delivery_at = b.at,
@@ -140,7 +162,9 @@ var recordDeliveriesSQL = `
 			FROM upd JOIN campaigns c ON c.id = upd.campaign_id
 			WHERE upd.was = ` + sqlUnknown + ` AND upd.status = ` + sqlSent + `
 		)
-		SELECT count(*) FROM upd`
+		SELECT (SELECT count(*) FROM upd),
+			-- The receipts that named no recipient of ours (a stray callback), delivered again or not.
+			array(SELECT ord::int FROM todo WHERE NOT EXISTS (SELECT 1 FROM keyed k WHERE k.ord = todo.ord) ORDER BY ord)`
 
 // DeliveryCounts returns how many of the campaign's recipients the receipts say were delivered, and how
 // many were not (undelivered, failed, bounced, dropped).

@@ -98,7 +98,7 @@ func (s *refusalSink) record(ctx context.Context, rs []iys.Refusal) error {
 // deliveryAndRefusalSink is the webhooks' sink: receipts go to the delivery batcher, refusals (SendGrid
 // unsubscribe, group_unsubscribe and spamreport events in the same posts) to the refusal sink.
 type deliveryAndRefusalSink struct {
-	receipts.Sink
+	receipts.MatchingSink
 	*refusalSink
 }
 

@@ -106,17 +106,9 @@ the provider posts again). Headers must arrive within ` + webhooksReadHeaderTime
 				return err
 			}
 			log := a.logger()
-			var batcher *deliveryBatcher // set before anything is served
 			refusals := &refusalSink{brand: a.getenv("IYS_BRAND_CODE"), log: log}
-			deliveries := receipts.SinkFunc(func(ctx context.Context, rs []receipts.Receipt) error {
-				ds := make([]campaign.Delivery, len(rs))
-				for i, r := range rs {
-					ds[i] = campaign.Delivery{Provider: r.Provider, MessageID: r.MessageID, CampaignID: r.CampaignID, UserID: r.UserID,
-						Address: r.Address, Status: r.Status, Error: r.Error, EventID: r.EventID, At: r.At}
-				}
-				return batcher.record(ctx, ds)
-			})
-			sink := deliveryAndRefusalSink{Sink: deliveries, refusalSink: refusals}
+			deliveries := &batchedDeliveries{} // its batcher is set before anything is served
+			sink := deliveryAndRefusalSink{MatchingSink: deliveries, refusalSink: refusals}
 			handlers := map[string]*receipts.Handler{}
 			if key := a.getenv("SENDGRID_WEBHOOK_PUBLIC_KEY"); key != "" {
 				h, err := receipts.SendGridHandler(key, sink, log)
@@ -140,8 +132,8 @@ the provider posts again). Headers must arrive within ` + webhooksReadHeaderTime
 			}
 			defer engine.Close()
 			refusals.pool = engine
-			batcher = newDeliveryBatcher(campaign.NewStore(engine))
-			go batcher.run(ctx)
+			deliveries.batcher = newDeliveryBatcher(campaign.NewStore(engine))
+			go deliveries.batcher.run(ctx)
 			go watchOutbox(ctx, engine, log)
 
 			ln, err := net.Listen("tcp", addr)
@@ -328,7 +320,33 @@ type deliveryBatcher struct {
 
 type deliveryRequest struct {
 	ds   []campaign.Delivery
-	done chan error
+	done chan deliveryResult
+}
+
+// deliveryResult is what became of one request's receipts: the positions of those that named no
+// recipient, or the statement's error.
+type deliveryResult struct {
+	unmatched []int
+	err       error
+}
+
+// batchedDeliveries is the webhooks' receipts.MatchingSink: receipts go through the batcher.
+type batchedDeliveries struct {
+	batcher *deliveryBatcher
+}
+
+func (d *batchedDeliveries) Record(ctx context.Context, rs []receipts.Receipt) error {
+	_, err := d.RecordMatched(ctx, rs)
+	return err
+}
+
+func (d *batchedDeliveries) RecordMatched(ctx context.Context, rs []receipts.Receipt) ([]int, error) {
+	ds := make([]campaign.Delivery, len(rs))
+	for i, r := range rs {
+		ds[i] = campaign.Delivery{Provider: r.Provider, MessageID: r.MessageID, CampaignID: r.CampaignID, UserID: r.UserID,
+			Address: r.Address, Status: r.Status, Error: r.Error, EventID: r.EventID, At: r.At}
+	}
+	return d.batcher.record(ctx, ds)
 }
 
 // maxDeliveryBatch bounds one statement.
@@ -338,18 +356,20 @@ func newDeliveryBatcher(store *campaign.Store) *deliveryBatcher {
 	return &deliveryBatcher{store: store, in: make(chan deliveryRequest, 1024)}
 }
 
-func (b *deliveryBatcher) record(ctx context.Context, ds []campaign.Delivery) error {
-	req := deliveryRequest{ds: ds, done: make(chan error, 1)}
+// record writes ds with other requests' receipts and returns the positions in ds of those that named no
+// recipient.
+func (b *deliveryBatcher) record(ctx context.Context, ds []campaign.Delivery) ([]int, error) {
+	req := deliveryRequest{ds: ds, done: make(chan deliveryResult, 1)}
 	select {
 	case b.in <- req:
 	case <-ctx.Done():
-		return ctx.Err()
+		return nil, ctx.Err()
 	}
 	select {
-	case err := <-req.done:
-		return err
+	case res := <-req.done:
+		return res.unmatched, res.err
 	case <-ctx.Done():
-		return ctx.Err()
+		return nil, ctx.Err()
 	}
 }
 
@@ -380,10 +400,23 @@ func (b *deliveryBatcher) run(ctx context.Context) {
 			all = append(all, r.ds...)
 		}
 		wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
-		_, err := b.store.RecordDeliveries(wctx, all)
+		applied, err := b.store.ApplyDeliveries(wctx, all)
 		cancel()
-		for _, r := range batch {
-			r.done <- err
+		// Each request gets back the positions among its own receipts.
+		results := make([]deliveryResult, len(batch))
+		for i := range results {
+			results[i].err = err
+		}
+		start, req := 0, 0
+		for _, u := range applied.Unmatched {
+			for u >= start+len(batch[req].ds) {
+				start += len(batch[req].ds)
+				req++
+			}
+			results[req].unmatched = append(results[req].unmatched, u-start)
+		}
+		for i, r := range batch {
+			r.done <- results[i]
 		}
 	}
 }

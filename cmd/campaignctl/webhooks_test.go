@@ -33,6 +33,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/campaignctl/campaignctl/campaign"
 	"github.com/campaignctl/campaignctl/internal/testdb"
 	"github.com/campaignctl/campaignctl/providers/receipts"
 )
@@ -705,5 +706,89 @@ func TestWebhooksJunkPostsKeepMemoryBounded(t *testing.T) {
 	}
 	if n := recorded(); n != 0 {
 		t.Errorf("%d receipts recorded from junk", n)
+	}
+}
+
+// A verified receipt that names nobody this engine sent to (a stray callback: another phone for a user of
+// the campaign, a user it never planned) is answered like the others, so the provider stops posting it,
+// but recorded nowhere and counted apart in /stats as unmatched, not as a receipt.
+func TestWebhooksCountStrayReceiptsApart(t *testing.T) {
+	t.Parallel()
+	db, dbURL := testdb.New(t)
+	if _, err := db.Exec(t.Context(), `INSERT INTO campaign_recipients (campaign_id, user_id, address, batch, status, provider_message_id)
+		VALUES (1, 'u1', '+905551234567', 0, 'sent', 'SM1')`); err != nil {
+		t.Fatal(err)
+	}
+	env := map[string]string{"DATABASE_URL": dbURL, "TWILIO_AUTH_TOKEN": hooksToken}
+	hooks := serveInProcess(t, env, hooksURLRe, "webhooks", "--addr", "127.0.0.1:0")
+	post := func(user, sid, to string) {
+		t.Helper()
+		target := hooks.base + twilioReceiptPath + "?campaign_id=1&user_id=" + user
+		form := hooksCallback(sid)
+		form.Set("To", to)
+		hdr := map[string]string{"Content-Type": "application/x-www-form-urlencoded", "X-Twilio-Signature": twilioSig(hooksToken, target, form)}
+		if code := hooksPost(t, target, strings.NewReader(form.Encode()), hdr); code != http.StatusNoContent {
+			t.Fatalf("callback %s for %s: status %d, want 204", sid, user, code)
+		}
+	}
+	post("u1", "SM1", "+905551234567")    // the recipient's own
+	post("ghost", "SM2", "+905551234567") // a user the campaign never planned
+	post("u1", "SM3", "+905559999999")    // the campaign's user, another phone
+	post("u1", "SM3", "+905559999999")    // the same stray delivered again
+	code, _, body := uiDo(t, "GET", hooks.base+"/stats", nil)
+	var st map[string]receipts.Stats
+	if err := json.Unmarshal([]byte(body), &st); code != http.StatusOK || err != nil {
+		t.Fatalf("GET /stats: %d %v %s", code, err, body)
+	}
+	if tw := st["twilio"]; tw.Accepted != 4 || tw.Receipts != 1 || tw.Unmatched != 3 {
+		t.Errorf("/stats twilio: accepted %d, receipts %d, unmatched %d; want 4 answered, 1 receipt recorded (the recipient's own), 3 unmatched",
+			tw.Accepted, tw.Receipts, tw.Unmatched)
+	}
+	if n := countRows(t, db, `SELECT count(*) FROM campaign_recipients WHERE delivery = 'delivered'`); n != 1 {
+		t.Errorf("%d recipients delivered, want the one whose receipt named them", n)
+	}
+}
+
+// The batcher writes the receipts of many requests in one statement; each request gets back the
+// positions of its own stray receipts, not another's.
+func TestDeliveryBatcherGivesEachRequestItsOwnStrays(t *testing.T) {
+	t.Parallel()
+	db, _ := testdb.New(t)
+	if _, err := db.Exec(t.Context(), `INSERT INTO campaign_recipients (campaign_id, user_id, address, batch, status)
+		SELECT 1, 'u' || i, '+90555000000' || i, 0, 'sent' FROM generate_series(0, 5) i`); err != nil {
+		t.Fatal(err)
+	}
+	b := newDeliveryBatcher(campaign.NewStore(db))
+	rcpt := func(user string) campaign.Delivery {
+		return campaign.Delivery{Provider: "twilio", CampaignID: 1, UserID: user, MessageID: "SM" + user, Status: campaign.DeliveryDelivered,
+			EventID: "SM" + user + ":delivered", At: time.Now()}
+	}
+	requests := [][]campaign.Delivery{
+		{rcpt("u0"), rcpt("x0"), rcpt("u1")},
+		{rcpt("x1"), rcpt("x2")},
+		{rcpt("u2"), rcpt("u3"), rcpt("u4"), rcpt("x3")},
+	}
+	want := [][]int{{1}, {0, 1}, {3}}
+	got := make([][]int, len(requests))
+	errs := make([]error, len(requests))
+	var wg sync.WaitGroup
+	for i, ds := range requests {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			got[i], errs[i] = b.record(t.Context(), ds)
+		}()
+	}
+	// All three wait in the queue before the batcher starts: one statement takes them together.
+	waitFor(t, 5*time.Second, func() bool { return len(b.in) == len(requests) })
+	go b.run(t.Context())
+	wg.Wait()
+	for i := range requests {
+		if errs[i] != nil || !slices.Equal(got[i], want[i]) {
+			t.Errorf("request %d: unmatched %v (err %v), want %v", i, got[i], errs[i], want[i])
+		}
+	}
+	if n := countRows(t, db, `SELECT count(*) FROM campaign_recipients WHERE delivery = 'delivered'`); n != 5 {
+		t.Errorf("%d recipients delivered, want the 5 named", n)
 	}
 }

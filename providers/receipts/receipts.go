@@ -131,6 +131,16 @@ type Sink interface {
 	Record(ctx context.Context, rs []Receipt) error
 }
 
+// MatchingSink is a Sink that also says which receipts named nothing it knows (a stray callback: a
+// message it never sent, a campaign or user that is not its own). The Handler counts them apart
+// (Stats.Unmatched) and logs them.
+type MatchingSink interface {
+	Sink
+	// RecordMatched records rs like Record and returns the positions in rs of the receipts that matched
+	// nothing, whether the provider delivered them for the first time or again.
+	RecordMatched(ctx context.Context, rs []Receipt) (unmatched []int, err error)
+}
+
 // SinkFunc adapts a function to a Sink.
 type SinkFunc func(ctx context.Context, rs []Receipt) error
 
@@ -162,6 +172,10 @@ type Stats struct {
 	Accepted int64 `json:"accepted"`
 	// Receipts is the number of receipts the sink recorded.
 	Receipts int64 `json:"receipts"`
+	// Unmatched is the number of verified receipts that named no message, campaign or user of this
+	// engine's (a MatchingSink said so): answered like the others, so the provider stops posting them, and
+	// recorded nowhere.
+	Unmatched int64 `json:"unmatched"`
 	// Refusals is the number of refusals the RefusalSink recorded.
 	Refusals int64 `json:"refusals"`
 	// Ignored counts the verified events that are neither receipts nor refusals, by provider event name
@@ -265,10 +279,22 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		h.refuse(w, r, rej)
 		return
 	}
+	var unmatched []int
 	if len(b.receipts) > 0 {
-		if err := h.sink.Record(r.Context(), b.receipts); err != nil {
+		var err error
+		if ms, ok := h.sink.(MatchingSink); ok {
+			unmatched, err = ms.RecordMatched(r.Context(), b.receipts)
+		} else {
+			err = h.sink.Record(r.Context(), b.receipts)
+		}
+		if err != nil {
 			h.sinkFailed(w, "record receipts", "receipts", len(b.receipts), err)
 			return
+		}
+		for _, i := range unmatched {
+			rc := b.receipts[i]
+			h.log.Warn("receipt names no message sent by this engine; ignored", "provider", h.provider,
+				"message_id", rc.MessageID, "campaign_id", rc.CampaignID, "user_id", rc.UserID, "status", rc.Status)
 		}
 	}
 	if len(b.refusals) > 0 {
@@ -283,7 +309,8 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	h.counter.update(func(s *Stats) {
 		s.Accepted++
-		s.Receipts += int64(len(b.receipts))
+		s.Receipts += int64(len(b.receipts) - len(unmatched))
+		s.Unmatched += int64(len(unmatched))
 		s.Refusals += int64(len(b.refusals))
 		for _, name := range b.ignored {
 			s.Ignored[name]++
