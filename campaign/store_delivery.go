@@ -115,18 +115,25 @@ var recordDeliveriesSQL = `
 		), todo AS (
 			-- Every receipt is matched (so that a stray one is told apart even when delivered again); only
 			-- the fresh ones (an event not seen before) are applied.
-			SELECT *, d.event_id = '' OR EXISTS (SELECT 1 FROM fresh f WHERE f.provider = d.provider AND f.event_id = d.event_id) AS new
-			FROM d
+			-- A join, not EXISTS in the select list: that would scan fresh once per receipt.
+			SELECT d.*, d.event_id = '' OR f.event_id IS NOT NULL AS new
+			FROM d LEFT JOIN fresh f ON f.provider = d.provider AND f.event_id = d.event_id
 		), keyed AS (
 			-- Two joins rather than one with OR, so that each uses its index: the primary key, or the audit
 			-- entry that recorded the message ID (the recipient rows keep no index on it, see migration 0012)
 			-- of a send whose receipts do not name their recipient (the others name it, and only theirs
 			-- are indexed: migration 0014), then the primary key.
-			SELECT d.ord, d.new, r.campaign_id, r.user_id, r.status AS was, d.msgid, d.status, d.error, d.at, d.rank
-			FROM todo d JOIN campaign_recipients r ON r.campaign_id = d.campaign_id AND r.user_id = d.user_id
-			-- Named by campaign and user: only for that recipient's address (the message ID branch below
-			-- matches the message ID the send recorded instead).
-			WHERE d.campaign_id > 0 AND (d.address = '' OR lower(d.address) = lower(r.address))
+			-- Each a lookup per receipt (OFFSET 0 keeps the subquery a lookup): keyed is read twice, so it is
+			-- planned on its own, where a join could hash the whole recipients table.
+			SELECT d.ord, d.new, r.campaign_id, r.user_id, r.was, d.msgid, d.status, d.error, d.at, d.rank
+			FROM todo d JOIN LATERAL (
+				SELECT r.campaign_id, r.user_id, r.status AS was FROM campaign_recipients r
+				WHERE r.campaign_id = d.campaign_id AND r.user_id = d.user_id
+				  -- Named by campaign and user: only for that recipient's address (the message ID branch
+				  -- below matches the message ID the send recorded instead).
+				  AND (d.address = '' OR lower(d.address) = lower(r.address))
+				OFFSET 0) r ON true
+			WHERE d.campaign_id > 0
 			UNION ALL
 			SELECT d.ord, d.new, r.campaign_id, r.user_id, r.status AS was, d.msgid, d.status, d.error, d.at, d.rank
 			FROM todo d
