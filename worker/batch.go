@@ -153,18 +153,29 @@ func (h *Handler) RunBatch(ctx context.Context, campaignID int64, batch int) err
 		// One chunk is one request.
 		chunkSize = batcher.MaxBatch()
 	}
+	// share, when set, gives the chunk's size before each lease (sharedChunk).
+	var share func() int
 	if run.provider != nil && !run.answerInNextClaim {
-		// Under a cap, a chunk takes about a second's worth of the cap at most (one recipient under 2/s),
-		// so progress (written per chunk) moves about once a second, and a consent read with the chunk's
-		// lease is at most about a second old when its message goes, even when the cap is low.
+		// Under a cap, a chunk takes about a second's worth of the run's share of the cap at most (one
+		// recipient under 2/s), so progress (written per chunk) moves about once a second, and a consent
+		// read with the chunk's lease is at most about a second old when its message goes (older, recheck
+		// reads it again), even when the cap is low and shared by this process's runs. Runs of other
+		// processes are not counted: their share is not known here.
 		rate := h.cfg.ProviderRates[run.provider.Name()]
-		if c.Rate > 0 && (rate <= 0 || c.Rate < rate) {
+		campaignCap := c.Rate > 0 && (rate <= 0 || c.Rate < rate)
+		if campaignCap {
 			rate = c.Rate
 		}
 		if rate > 0 {
 			// Requests of many too: a chunk leased with its consents must not wait a long time for its
 			// tokens (a RET recorded meanwhile would not be seen).
 			chunkSize = min(chunkSize, max(1, int(rate)))
+			if batcher == nil {
+				leave := h.enter(c.ID, run.provider.Name())
+				defer leave()
+				base := chunkSize
+				share = func() int { return sharedChunk(base, rate, h.sharers(c.ID, run.provider.Name(), campaignCap)) }
+			}
 			if batcher != nil {
 				// And a request, whose recipients reach the provider at once, is a tenth of a second's worth
 				// at most: requests a second's worth each, spaced a second apart, put two in the same second
@@ -179,6 +190,9 @@ func (h *Handler) RunBatch(ctx context.Context, campaignID int64, batch int) err
 	var stop error
 	queue := recipients
 	for (len(queue) > 0 || len(run.carried) > 0) && stop == nil {
+		if share != nil {
+			chunkSize = share()
+		}
 		chunk := queue[:min(chunkSize, len(queue))]
 		queue = queue[len(chunk):]
 		if len(run.carried) > 0 {
@@ -281,6 +295,12 @@ func (h *Handler) RunBatch(ctx context.Context, campaignID int64, batch int) err
 		return &RetryError{Err: errors.New("recipients of this batch were made pending again while it ran; it runs again for them"), After: time.Second}
 	}
 	return nil
+}
+
+// sharedChunk is the size of a chunk under a cap of rate a second shared by runs runs of this process:
+// about a second's worth of one run's share, one recipient at least, base at most.
+func sharedChunk(base int, rate float64, runs int) int {
+	return min(base, max(1, int(rate/float64(runs))))
 }
 
 // closeBatch settles batch of campaign id when it has no pending recipient left and completes the

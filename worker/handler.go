@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -127,6 +128,43 @@ type Handler struct {
 	downUntil sync.Map
 	// senders runs the sends of windows (deliverWindowed).
 	senders *senders
+	// active counts this process's batch runs under way, by provider ("p:<name>") and by campaign
+	// ("c:<id>"), under mu: the runs that share a cap (sharers).
+	active map[string]int
+}
+
+// enter counts a run of campaign id through provider name as under way until the returned func is called.
+func (h *Handler) enter(id int64, name string) (leave func()) {
+	keys := [2]string{"p:" + name, "c:" + strconv.FormatInt(id, 10)}
+	h.mu.Lock()
+	if h.active == nil {
+		h.active = map[string]int{}
+	}
+	for _, k := range keys {
+		h.active[k]++
+	}
+	h.mu.Unlock()
+	return func() {
+		h.mu.Lock()
+		for _, k := range keys {
+			if h.active[k]--; h.active[k] <= 0 {
+				delete(h.active, k)
+			}
+		}
+		h.mu.Unlock()
+	}
+}
+
+// sharers is how many runs of this process share the cap that binds a run of campaign id through provider
+// name: the runs of that provider when the provider's cap binds, those of the campaign when its own does.
+func (h *Handler) sharers(id int64, name string, campaignCapBinds bool) int {
+	k := "p:" + name
+	if campaignCapBinds {
+		k = "c:" + strconv.FormatInt(id, 10)
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return max(1, h.active[k])
 }
 
 // NewHandler returns a Handler for cfg.

@@ -924,6 +924,71 @@ func TestLowRateRETTakesEffectWithinASecond(t *testing.T) {
 	}
 }
 
+// Under a low cap shared by several runs of a worker, a chunk is a second's worth of one run's share, not
+// of the whole cap: each run's outcomes (and so the campaign's progress) are written about once a second
+// (with chunks of the whole cap, three runs sharing 4/s leased chunks of 4, written every 3 s or so).
+func TestASharedLowCapKeepsChunksASecondOfEachRunsShare(t *testing.T) {
+	t.Parallel()
+	f := planWith(t, 45, func(s *campaign.Spec) { s.Rate = 4; s.BatchSize = 8 }) // 24 eligible, 3 batches
+	if f.batches != 3 {
+		t.Fatalf("%d batches, want 3", f.batches)
+	}
+	h, _, fs := f.faulty(t, nil)
+	var mu sync.Mutex
+	leased := map[string]bool{}
+	largest, chunks := 0, 0 // of the chunks leased while the 3 runs shared the cap
+	h.cfg.Store = &leaseHookStore{Store: fs, before: func(n int, users []string) {
+		if n <= 3 {
+			// The first leases wait until the three runs are under way: a run's later chunks are sized
+			// with all three counted (its first may have been sized before the others came).
+			deadline := time.Now().Add(5 * time.Second)
+			for h.sharers(f.id, f.provider.Name(), true) < 3 && time.Now().Before(deadline) {
+				time.Sleep(time.Millisecond)
+			}
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		fresh := 0
+		for _, u := range users {
+			if !leased[u] {
+				fresh++
+			}
+			leased[u] = true
+		}
+		if n <= 3 || h.sharers(f.id, f.provider.Name(), true) < 3 {
+			return
+		}
+		if fresh == 0 {
+			return // a chunk's consents read again (recheck), not a chunk
+		}
+		chunks++
+		largest = max(largest, len(users))
+	}}
+	var wg sync.WaitGroup
+	for b := range f.batches {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := h.RunBatch(context.Background(), f.id, b); err != nil {
+				t.Errorf("batch %d: %v", b, err)
+			}
+		}()
+	}
+	wg.Wait()
+	if got := f.provider.total(); got != 24 {
+		t.Fatalf("%d messages, want the 24 eligible", got)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if chunks < 3 {
+		t.Fatalf("only %d chunks leased while the 3 runs shared the cap", chunks)
+	}
+	// A second's worth of a third of 4/s is one recipient.
+	if largest != 1 {
+		t.Errorf("while 3 runs shared a cap of 4/s, the largest of %d chunks held %d recipients, want 1", chunks, largest)
+	}
+}
+
 // sentByTheFirstOfTwo plans two campaigns with a cap of an hour on the same 3 eligible people, the second
 // before the first sends (so its plan excludes nobody), and runs the first: everyone has its message.
 func sentByTheFirstOfTwo(t *testing.T) (f *fixture, second int64) {
