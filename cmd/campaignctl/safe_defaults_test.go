@@ -99,7 +99,18 @@ func TestUnmigratedDatabaseSaysToMigrate(t *testing.T) {
 	if _, err := admin.Exec(ctx, `CREATE DATABASE `+name); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { admin.Exec(context.Background(), `DROP DATABASE IF EXISTS `+name+` WITH (FORCE)`) }) //nolint:errcheck
+	t.Cleanup(func() {
+		// admin is closed by then (deferred above): the drop needs a connection of its own.
+		c, err := pgx.Connect(context.Background(), testdb.AdminURL())
+		if err != nil {
+			t.Logf("database %s left behind: %v", name, err)
+			return
+		}
+		defer c.Close(context.Background())
+		if _, err := c.Exec(context.Background(), `DROP DATABASE IF EXISTS `+name+` WITH (FORCE)`); err != nil {
+			t.Logf("database %s left behind: %v", name, err)
+		}
+	})
 	bare := map[string]string{}
 	for k, v := range env {
 		bare[k] = v
