@@ -517,16 +517,7 @@ func TestFrequencyCapAcrossCampaignsAtSendTime(t *testing.T) {
 	if err := f.h.RunBatch(context.Background(), second, 0); err != nil {
 		t.Fatal(err)
 	}
-	if got := f.provider.total(); got != 3 {
-		t.Fatalf("the second campaign sent %d messages within the frequency cap", got-3)
-	}
-	c, err := f.store.Counts(context.Background(), second)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if c.Skipped != 3 || c.Pending != 0 {
-		t.Fatalf("second campaign counts %+v, want 3 skipped", c)
-	}
+	f.secondKeptTheCap(t, second)
 	// And a third campaign, planned now, excludes them at plan time.
 	third, err := (&campaign.Planner{Engine: f.db, Audience: f.db}).Plan(context.Background(),
 		func() campaign.Spec { s := fixtureSpec("third"); s.FrequencyCap = time.Hour; s.DryRun = true; return s }())
@@ -551,16 +542,7 @@ func TestFrequencyCapHoldsAfterRedisLosesItsData(t *testing.T) {
 	if err := f.h.RunBatch(ctx, second, 0); err != nil {
 		t.Fatal(err)
 	}
-	if got := f.provider.total(); got != 3 {
-		t.Fatalf("after Redis lost its data, the second campaign sent %d messages within the frequency cap", got-3)
-	}
-	c, err := f.store.Counts(ctx, second)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if c.Skipped != 3 || c.Skipped != c.Planned-c.Pending {
-		t.Fatalf("second campaign counts %+v, want its 3 skipped", c)
-	}
+	f.secondKeptTheCap(t, second)
 	// Written back once for the epoch: a later run does not write them again.
 	epoch, err := f.rdb.Get(ctx, state.EpochKey).Result()
 	if err != nil {
@@ -648,16 +630,7 @@ func TestMarksBackFailsClosedWhenPostgresFails(t *testing.T) {
 			if err := h.RunBatch(ctx, second, 0); err != nil {
 				t.Fatal(err)
 			}
-			if got := f.provider.total(); got != 3 {
-				t.Fatalf("the second campaign sent %d messages within the frequency cap", got-3)
-			}
-			c, err := f.store.Counts(ctx, second)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if c.Skipped != 3 {
-				t.Fatalf("second campaign counts %+v, want its 3 skipped by the cap", c)
-			}
+			f.secondKeptTheCap(t, second)
 		})
 	}
 }
@@ -986,6 +959,22 @@ func TestASharedLowCapKeepsChunksASecondOfEachRunsShare(t *testing.T) {
 	// A second's worth of a third of 4/s is one recipient.
 	if largest != 1 {
 		t.Errorf("while 3 runs shared a cap of 4/s, the largest of %d chunks held %d recipients, want 1", chunks, largest)
+	}
+}
+
+// secondKeptTheCap checks, once the second campaign of sentByTheFirstOfTwo has run, that it sent nothing
+// more and skipped its 3 recipients for the frequency cap.
+func (f *fixture) secondKeptTheCap(t *testing.T, second int64) {
+	t.Helper()
+	if got := f.provider.total(); got != 3 {
+		t.Fatalf("the second campaign sent %d messages within the frequency cap", got-3)
+	}
+	c, err := f.store.Counts(context.Background(), second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Skipped != 3 || c.Pending != 0 {
+		t.Fatalf("second campaign counts %+v, want its 3 skipped by the cap", c)
 	}
 }
 
