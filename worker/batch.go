@@ -171,12 +171,16 @@ func (h *Handler) RunBatch(ctx context.Context, campaignID int64, batch int) err
 			// tokens (a RET recorded meanwhile would not be seen).
 			chunkSize = min(chunkSize, max(1, int(rate)))
 			if batcher == nil {
-				leave := h.enter(c.ID, run.provider.Name())
-				defer leave()
+				// A run takes the provider's tokens whichever cap binds it: it is counted under both.
+				providerKey, campaignKey := capKeys(c.ID, run.provider.Name())
+				defer h.enter(providerKey, campaignKey)()
+				key := providerKey
+				if campaignCap {
+					key = campaignKey
+				}
 				base := chunkSize
-				share = func() int { return sharedChunk(base, rate, h.sharers(c.ID, run.provider.Name(), campaignCap)) }
-			}
-			if batcher != nil {
+				share = func() int { return sharedChunk(base, rate, h.sharers(key)) }
+			} else {
 				// And a request, whose recipients reach the provider at once, is a tenth of a second's worth
 				// at most: requests a second's worth each, spaced a second apart, put two in the same second
 				// as soon as one goes out a little late (2,000 e-mails in a second under a cap of 1,000);

@@ -133,9 +133,13 @@ type Handler struct {
 	active map[string]int
 }
 
-// enter counts a run of campaign id through provider name as under way until the returned func is called.
-func (h *Handler) enter(id int64, name string) (leave func()) {
-	keys := [2]string{"p:" + name, "c:" + strconv.FormatInt(id, 10)}
+// capKeys are the keys under which a run of campaign id through provider name is counted in active.
+func capKeys(id int64, name string) (provider, campaign string) {
+	return "p:" + name, "c:" + strconv.FormatInt(id, 10)
+}
+
+// enter counts a run as under way under keys (capKeys) until the returned func is called.
+func (h *Handler) enter(keys ...string) (leave func()) {
 	h.mu.Lock()
 	if h.active == nil {
 		h.active = map[string]int{}
@@ -155,16 +159,11 @@ func (h *Handler) enter(id int64, name string) (leave func()) {
 	}
 }
 
-// sharers is how many runs of this process share the cap that binds a run of campaign id through provider
-// name: the runs of that provider when the provider's cap binds, those of the campaign when its own does.
-func (h *Handler) sharers(id int64, name string, campaignCapBinds bool) int {
-	k := "p:" + name
-	if campaignCapBinds {
-		k = "c:" + strconv.FormatInt(id, 10)
-	}
+// sharers is how many runs of this process are under way under key: those sharing the cap it names.
+func (h *Handler) sharers(key string) int {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	return max(1, h.active[k])
+	return max(1, h.active[key])
 }
 
 // NewHandler returns a Handler for cfg.

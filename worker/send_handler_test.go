@@ -907,6 +907,7 @@ func TestASharedLowCapKeepsChunksASecondOfEachRunsShare(t *testing.T) {
 		t.Fatalf("%d batches, want 3", f.batches)
 	}
 	h, _, fs := f.faulty(t, nil)
+	_, campaignKey := capKeys(f.id, f.provider.Name()) // the campaign's --rate is the cap here
 	var mu sync.Mutex
 	leased := map[string]bool{}
 	largest, chunks := 0, 0 // of the chunks leased while the 3 runs shared the cap
@@ -915,7 +916,7 @@ func TestASharedLowCapKeepsChunksASecondOfEachRunsShare(t *testing.T) {
 			// The first leases wait until the three runs are under way: a run's later chunks are sized
 			// with all three counted (its first may have been sized before the others came).
 			deadline := time.Now().Add(5 * time.Second)
-			for h.sharers(f.id, f.provider.Name(), true) < 3 && time.Now().Before(deadline) {
+			for h.sharers(campaignKey) < 3 && time.Now().Before(deadline) {
 				time.Sleep(time.Millisecond)
 			}
 		}
@@ -928,7 +929,7 @@ func TestASharedLowCapKeepsChunksASecondOfEachRunsShare(t *testing.T) {
 			}
 			leased[u] = true
 		}
-		if n <= 3 || h.sharers(f.id, f.provider.Name(), true) < 3 {
+		if n <= 3 || h.sharers(campaignKey) < 3 {
 			return
 		}
 		if fresh == 0 {
