@@ -2,6 +2,7 @@ package campaign_test
 
 import (
 	"context"
+	"slices"
 	"testing"
 	"time"
 
@@ -125,14 +126,19 @@ func TestARecipientsReceiptMustNameItsAddress(t *testing.T) {
 		(1, 'e', 'Ayse@Example.com', 0, 'pending', NULL), (1, 'n', '+905320000004', 0, 'unknown', NULL)`)
 	store := campaign.NewStore(db)
 	now := time.Now()
-	n, err := store.RecordDeliveries(ctx, []campaign.Delivery{
+	res, err := store.ApplyDeliveries(ctx, []campaign.Delivery{
 		{Provider: "twilio", CampaignID: 1, UserID: "p", Address: "+905559999999", MessageID: "SMx", Status: campaign.DeliveryDelivered, At: now},
 		{Provider: "twilio", CampaignID: 1, UserID: "u", Address: "+905559999998", MessageID: "SMy", Status: campaign.DeliveryDelivered, At: now},
 		{Provider: "sendgrid", CampaignID: 1, UserID: "e", Address: "ayse@example.com", Status: campaign.DeliveryDelivered, EventID: "e1", At: now},
 		{Provider: "twilio", CampaignID: 1, UserID: "n", MessageID: "SMn", Status: campaign.DeliveryDelivered, At: now},
+		{Provider: "twilio", MessageID: "SMnobody", Status: campaign.DeliveryDelivered, At: now}, // keyed by a message ID never sent
 	})
-	if err != nil || n != 2 {
-		t.Fatalf("changed %d, err %v; want the two receipts of the right (or no) address", n, err)
+	if err != nil || res.Changed != 2 {
+		t.Fatalf("changed %d, err %v; want the two receipts of the right (or no) address", res.Changed, err)
+	}
+	// The receipts of another address, and the one of a message never sent, matched nobody.
+	if !slices.Equal(res.Unmatched, []int{0, 1, 4}) {
+		t.Errorf("unmatched %v, want [0 1 4]", res.Unmatched)
 	}
 	want := map[string][2]string{"p": {"pending", ""}, "u": {"unknown", ""}, "e": {"pending", "delivered"}, "n": {"sent", "delivered"}}
 	assertDeliveries(t, db, want)
