@@ -254,8 +254,9 @@ const (
 //     where it is dropped (no pace below the cap); a pace below paceJudgeAt climbs on the requests a
 //     second holds, fewer than a judged window needs (it would never climb again otherwise);
 //   - nine in ten requests failing (5xx, not 429: a 429 says the provider is up) is a provider down (a
-//     decrease in the second before is undone: it was the outage beginning); the first request it takes
-//     again ends that, at once;
+//     decrease in the second before is undone: it was the outage beginning), judged as soon as
+//     paceDownAt answers of the window show it (from an eighth of PaceFlush on); the first request it
+//     takes again ends that, at once;
 //   - most 429s of the window carrying Retry-After pause the provider for every worker;
 //   - a lowering is measured again once every process has sent what it counted before it: refused answers
 //     reach the window at once but taken ones every PaceFlush, so a window judged early (a burst refused
@@ -379,6 +380,10 @@ local due = elapsed >= 1000
 local earlyAt = judgeAt
 if rate > 0 then earlyAt = math.max(judgeAt, rate / 3) elseif cap > 0 then earlyAt = math.max(judgeAt, cap / 3) end
 if not due and elapsed >= flush / 8 and total >= earlyAt and rejected > total * early then due = true end
+-- A provider failing (nearly) every request is judged down as soon as downAt answers show it, not at the
+-- end of the window's second: a recipient's retries, with their back-offs, can all be spent in less than
+-- a second, and an outage must cost nobody an attempt.
+if not due and not down and elapsed >= flush / 8 and total >= downAt and fail * 10 >= total * 9 then due = true end
 if down and ok > 0 then
   -- A request taken: the provider is back.
   down = false

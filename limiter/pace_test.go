@@ -223,6 +223,48 @@ func TestPaceStopsForAProviderThatIsDownAndProbes(t *testing.T) {
 	}
 }
 
+// A provider failing every request is called down on its first few answers, not at the end of the
+// window's second: a recipient's five attempts, with their back-offs, can all be spent within 0.75 s,
+// and an outage must cost nobody an attempt. A few failures among answers mostly taken are not an outage.
+func TestPaceCallsAProviderDownOnItsFirstFailures(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	for _, tc := range []struct {
+		name     string
+		taken    int
+		failed   int
+		wantDown bool
+	}{
+		{"every answer failing", 0, paceDownAt, true},
+		{"fewer answers than it takes", 0, paceDownAt - 1, false},
+		{"one in six taken", 1, paceDownAt, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			b, clock := fakeClockBucket(t)
+			p := b.Pace("provider:early-down", 0)
+			for range tc.taken {
+				if err := p.Observe(ctx, Taken, 0); err != nil {
+					t.Fatal(err)
+				}
+			}
+			for range tc.failed {
+				if err := p.Observe(ctx, Failed, 0); err != nil {
+					t.Fatal(err)
+				}
+				*clock = clock.Add(10 * time.Millisecond)
+			}
+			if err := p.Flush(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if got := p.Down(ctx); got != tc.wantDown {
+				t.Fatalf("down %v after %d taken and %d failed in %v, want %v", got, tc.taken, tc.failed,
+					time.Duration(tc.failed)*10*time.Millisecond, tc.wantDown)
+			}
+		})
+	}
+}
+
 // An outage beginning mid-second shows first as a second with many 5xx, which lowers the pace, then as
 // a provider down: once it is back, sending goes on at the pace of before, not the lowered one.
 func TestPaceOutageDoesNotLowerThePace(t *testing.T) {

@@ -148,7 +148,11 @@ func (h *Handler) accountError(ctx context.Context, run *batchRun, pe *providers
 // with jitter, never shorter than the provider's own Retry-After for that request. Slowing the provider
 // for every worker is the shared pace's part (observe).
 func (h *Handler) backOff(pe *providers.Error, attempt int) time.Duration {
-	return backoff(attempt, pe.RetryAfter)
+	jitter := h.jitter
+	if jitter == nil {
+		jitter = rand.N[time.Duration]
+	}
+	return backoff(attempt, pe.RetryAfter, jitter)
 }
 
 func repeat(s string, n int) []string {
@@ -178,6 +182,16 @@ func (h *Handler) observe(ctx context.Context, provider string, v verdict, pe *p
 		a = limiter.Taken
 	}
 	if err := h.pace(provider).ObserveN(ctx, a, hint, int64(tokens)); err != nil {
+		h.log.Warn("provider pace not shared", "provider", provider, "err", err)
+	}
+}
+
+// beforeGivingUp is called when a recipient's (or a request's) last attempt has failed transiently: the
+// provider's pace is sent this worker's answers at once, so that whether the provider is down (and the
+// attempt then not used up) is judged on every answer. The last flush was likely just before that send
+// (the loop reads the pace before each one), so the failure would otherwise wait for the next.
+func (h *Handler) beforeGivingUp(ctx context.Context, provider string) {
+	if err := h.pace(provider).Flush(ctx); err != nil {
 		h.log.Warn("provider pace not shared", "provider", provider, "err", err)
 	}
 }
@@ -333,13 +347,13 @@ func (h *Handler) answered(run *batchRun) {
 	run.unblamed = run.unblamed[:0]
 }
 
-// backoff is exponential with jitter (half to all of 100 ms·2^(attempt-1), capped at 10 s), and never
-// shorter than the provider's own hint. The first waits are short: a sporadic 5xx is over by the next
+// backoff is exponential with jitter (half to all of 100 ms·2^(attempt-1), capped at 10 s: jitter(n) adds
+// up to n to the half), and never shorter than the provider's own hint. The first waits are short: a sporadic 5xx is over by the next
 // request, and what keeps a provider that refuses more than now and then from being hammered is its shared
 // pace (limiter.Pace), which every refusal lowers, not one recipient's wait.
-func backoff(attempt int, hint time.Duration) time.Duration {
+func backoff(attempt int, hint time.Duration, jitter func(time.Duration) time.Duration) time.Duration {
 	d := 100 * time.Millisecond << min(attempt-1, 7)
 	d = min(d, 10*time.Second)
-	d = d/2 + rand.N(d/2+1)
+	d = d/2 + jitter(d/2+1)
 	return max(d, hint)
 }

@@ -189,6 +189,9 @@ func (h *Handler) sendGroup(ctx, waitCtx context.Context, run *batchRun, b provi
 			return h.accountError(ctx, run, pe)
 		}
 		wait := h.backOff(pe, attempt)
+		if attempt >= h.cfg.SendAttempts {
+			h.beforeGivingUp(ctx, b.Name())
+		}
 		probe, err := h.waitWhileDown(ctx, waitCtx, run, b.Name())
 		if err != nil {
 			return err

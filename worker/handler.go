@@ -131,6 +131,9 @@ type Handler struct {
 	// active counts this process's batch runs under way, by provider ("p:<name>") and by campaign
 	// ("c:<id>"), under mu: the runs that share a cap (sharers).
 	active map[string]int
+	// jitter returns what a back-off adds to its half, from 0 up to its argument (nil: at random, rand.N;
+	// tests fix it to know the waits).
+	jitter func(time.Duration) time.Duration
 }
 
 // capKeys are the keys under which a run of campaign id through provider name is counted in active.

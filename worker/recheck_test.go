@@ -135,6 +135,60 @@ func TestAChunkWaitingForADownProviderKeepsItsLease(t *testing.T) {
 	runKeepingTheLease(t, f, h, time.Until(downUntil), "the provider came back")
 }
 
+// An outage costs nobody an attempt, even when a recipient's back-offs are the shortest the jitter gives:
+// its five attempts are spent within 0.75 s, before the provider's window of answers is a second old, with
+// no other recipient's failures to fill it. The provider is called down on its first five failures, so the
+// recipient waits for it and goes once it is back, in the same run, instead of being given up as failing.
+// On each path: one message at a time, a window of sends, a request of several recipients.
+func TestAnOutageIsSeenBeforeTheShortestBackOffsRunOut(t *testing.T) {
+	t.Parallel()
+	const outage = 1200 * time.Millisecond
+	shortest := func(time.Duration) time.Duration { return 0 }
+	down := func(until time.Time) error {
+		if time.Now().Before(until) {
+			return &providers.Error{Provider: "test", Status: 503, Class: providers.Transient}
+		}
+		return nil
+	}
+	for _, window := range []int{1, 8} {
+		t.Run(fmt.Sprintf("a window of %d", window), func(t *testing.T) {
+			t.Parallel()
+			f := planWith(t, 1, nil)
+			h, _, _ := f.faulty(t, func(c *Config) { c.SendWindow = window })
+			h.jitter = shortest
+			until := time.Now().Add(outage)
+			f.provider.fail = func(int, providers.Message) error { return down(until) }
+			if err := h.RunBatch(context.Background(), f.id, 0); err != nil {
+				t.Fatalf("RunBatch: %v; want the recipients to wait out the outage, their attempts kept", err)
+			}
+			if time.Now().Before(until) {
+				t.Fatal("the batch ended inside the outage: this tests nothing")
+			}
+			f.assertOnce(t)
+			if c := f.counts(t); c.Sent != 1 {
+				t.Fatalf("counts %+v, want u1 sent", c)
+			}
+		})
+	}
+	t.Run("a request of the e-mail path, five attempts", func(t *testing.T) {
+		t.Parallel()
+		rdb, _ := testredis.New(t)
+		_, _, id, p, h := planEmailDB(t, 1, 10, rdb)
+		h.jitter = shortest
+		until := time.Now().Add(outage)
+		p.fail = func(int) error { return down(until) }
+		if err := h.RunBatch(context.Background(), id, 0); err != nil {
+			t.Fatalf("RunBatch: %v; want the request to wait out the outage, its attempts kept", err)
+		}
+		if time.Now().Before(until) {
+			t.Fatal("the batch ended inside the outage: this tests nothing")
+		}
+		if n := len(p.accepted["user1@example.com"]); n != 1 {
+			t.Fatalf("user1 got %d e-mails, want 1", n)
+		}
+	})
+}
+
 // runKeepingTheLease runs batch 0 of f (5 eligible) through h, which must take at least took (the wait
 // the test makes, for what), and checks that the chunk's lease never lapsed meanwhile and that each of
 // the 5 was sent once.

@@ -299,6 +299,9 @@ func (h *Handler) sendWindow(ctx context.Context, run *batchRun, rt *route, send
 			stop = firstErr(stop, h.accountError(ctx, run, pe))
 		case transient:
 			wait := h.backOff(pe, w.attempt)
+			if w.attempt >= h.cfg.SendAttempts {
+				h.beforeGivingUp(ctx, name)
+			}
 			if h.pace(name).Down(ctx) {
 				// An outage costs nobody an attempt: the recipient waits for the provider with the rest.
 				w.notUntil = time.Now()

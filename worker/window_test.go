@@ -3,6 +3,7 @@ package worker
 import (
 	"context"
 	"errors"
+	"math/rand/v2"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -301,8 +302,18 @@ func TestBackoffGrowsFromATenthOfASecondAndKeepsTheHint(t *testing.T) {
 		{1, time.Second, time.Second, time.Second},
 		{4, 3 * time.Second, 3 * time.Second, 3 * time.Second},
 	} {
-		for range 200 {
-			if d := backoff(tc.attempt, tc.hint); d < tc.min || d > tc.max {
+		// At random, and at both ends of the jitter.
+		shortest := func(time.Duration) time.Duration { return 0 }
+		longest := func(n time.Duration) time.Duration { return n - 1 }
+		for i := range 200 {
+			jitter := rand.N[time.Duration]
+			switch i {
+			case 0:
+				jitter = shortest
+			case 1:
+				jitter = longest
+			}
+			if d := backoff(tc.attempt, tc.hint, jitter); d < tc.min || d > tc.max {
 				t.Fatalf("backoff(%d, %v) = %v, want within [%v, %v]", tc.attempt, tc.hint, d, tc.min, tc.max)
 			}
 		}
