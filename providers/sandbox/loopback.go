@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/url"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
 )
@@ -27,21 +28,55 @@ func parseLoopbackURL(what, raw string) (*url.URL, error) {
 	if err != nil {
 		return nil, errors.New(what + " is not a valid URL")
 	}
-	if u.Scheme != "http" && u.Scheme != "https" {
+	if !httpScheme(u) {
 		return nil, fmt.Errorf("%s %q is not http(s)", what, u.Redacted())
 	}
-	host := u.Hostname()
-	if ip := net.ParseIP(host); (ip == nil || !ip.IsLoopback()) && !strings.EqualFold(host, "localhost") {
+	if !loopbackHost(u) {
 		return nil, fmt.Errorf("%s %q is not on a loopback host: the sandbox posts events only to this machine", what, u.Redacted())
 	}
 	return u, nil
 }
 
+func httpScheme(u *url.URL) bool { return u.Scheme == "http" || u.Scheme == "https" }
+
+func loopbackHost(u *url.URL) bool {
+	host := u.Hostname()
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback() || strings.EqualFold(host, "localhost")
+}
+
 // loopbackURL reports whether raw is an http(s) URL whose host is localhost or a loopback IP, with no
-// credentials in it.
+// credentials in it. It is asked of every message's status callback, so it builds no error.
 func loopbackURL(raw string) bool {
-	u, err := parseLoopbackURL("the URL", raw)
-	return err == nil && u.User == nil
+	u, err := url.Parse(raw)
+	return err == nil && u.User == nil && httpScheme(u) && loopbackHost(u)
+}
+
+// callbackCheck remembers whether the last status callback URL asked about, up to its query, is one the
+// sandbox posts to: a sender names the same endpoint in every request, each with a query of its own (the
+// message's campaign and recipient), and the check is then a string comparison, not a parse a message.
+type callbackCheck struct {
+	last atomic.Pointer[callbackVerdict]
+}
+
+type callbackVerdict struct {
+	endpoint string
+	ok       bool
+}
+
+// ok reports loopbackURL(raw), from the last verdict when raw names the same endpoint.
+func (c *callbackCheck) ok(raw string) bool {
+	// The scheme, any credentials, the host and the path all come before the query or the fragment.
+	endpoint := raw
+	if i := strings.IndexAny(raw, "?#"); i >= 0 {
+		endpoint = raw[:i]
+	}
+	if v := c.last.Load(); v != nil && v.endpoint == endpoint {
+		return v.ok
+	}
+	ok := loopbackURL(endpoint)
+	c.last.Store(&callbackVerdict{endpoint: endpoint, ok: ok})
+	return ok
 }
 
 // loopbackOnly is the dialer's Control: it refuses any address that is not loopback, whatever the host

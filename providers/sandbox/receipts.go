@@ -102,9 +102,10 @@ func (rs ReceiptSettings) validate() error {
 
 // receiptState holds what the receipt emitters need (Twilio status callbacks).
 type receiptState struct {
-	client   *http.Client
-	slots    chan struct{} // one per pending message; never waited on
-	settings atomic.Pointer[ReceiptSettings]
+	client    *http.Client
+	slots     chan struct{} // one per pending message; never waited on
+	settings  atomic.Pointer[ReceiptSettings]
+	callbacks callbackCheck
 
 	scheduled, sent, failed, refused, dropped, disabled atomic.Int64
 }
@@ -189,7 +190,7 @@ func (s *Server) scheduleTwilioReceipts(r *http.Request, f *twilioForm, m Messag
 		return
 	}
 	delay := time.Duration(settings.DelayMS) * time.Millisecond
-	if !loopbackURL(cbURL) {
+	if !rs.callbacks.ok(cbURL) {
 		rs.refused.Add(1)
 		s.logger.Debug("sandbox status callback refused: not a loopback URL", "message_sid", m.SID)
 		return

@@ -29,23 +29,51 @@ func TestTwilioSignatureMatchesTwilioGo(t *testing.T) {
 	}
 }
 
+var loopbackCases = map[string]bool{
+	"http://127.0.0.1:9000/cb":   true,
+	"https://localhost/cb":       true,
+	"http://LOCALHOST:1/cb":      true,
+	"http://[::1]:9000/cb":       true,
+	"http://127.8.9.10/cb":       true,
+	"http://10.0.0.1/cb":         false,
+	"http://example.com/cb":      false,
+	"http://localhost.evil.com/": false,
+	"ftp://127.0.0.1/cb":         false,
+	"http://u:p@127.0.0.1/cb":    false,
+	"127.0.0.1/cb":               false,
+	"":                           false,
+}
+
 func TestLoopbackURL(t *testing.T) {
-	for raw, want := range map[string]bool{
-		"http://127.0.0.1:9000/cb":   true,
-		"https://localhost/cb":       true,
-		"http://LOCALHOST:1/cb":      true,
-		"http://[::1]:9000/cb":       true,
-		"http://127.8.9.10/cb":       true,
-		"http://10.0.0.1/cb":         false,
-		"http://example.com/cb":      false,
-		"http://localhost.evil.com/": false,
-		"ftp://127.0.0.1/cb":         false,
-		"http://u:p@127.0.0.1/cb":    false,
-		"127.0.0.1/cb":               false,
-		"":                           false,
-	} {
+	for raw, want := range loopbackCases {
 		if got := loopbackURL(raw); got != want {
 			t.Errorf("loopbackURL(%q) = %v, want %v", raw, got, want)
+		}
+	}
+}
+
+// The status callbacks' check remembers the last endpoint's verdict: asked of the same endpoint with
+// another query, or of endpoints one after the other, it answers what loopbackURL does.
+func TestCallbackCheckAnswersAsLoopbackURL(t *testing.T) {
+	var c callbackCheck
+	for range 2 {
+		for raw, want := range loopbackCases {
+			for _, q := range []string{"", "?c=1&u=u1", "?c=1&u=u2", "#f"} {
+				if got := c.ok(raw + q); got != want {
+					t.Errorf("ok(%q) = %v, want %v", raw+q, got, want)
+				}
+			}
+		}
+	}
+	// A query or fragment never makes an endpoint another one: credentials or a host after "?" are
+	// the query's.
+	for raw, want := range map[string]bool{
+		"http://127.0.0.1:9000/cb?u=@example.com": true,
+		"http://example.com/cb?http://127.0.0.1/": false,
+		"http://127.0.0.1:9000/cb#@example.com":   true,
+	} {
+		if got := c.ok(raw); got != want || got != loopbackURL(raw) {
+			t.Errorf("ok(%q) = %v, want %v", raw, got, want)
 		}
 	}
 }

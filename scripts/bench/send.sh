@@ -316,14 +316,21 @@ run_send_scenarios() {
   if want sms; then
   say "SMS: $SMS_N recipients, $SEND_WORKERS workers × --concurrency $SEND_CONC, no cap, no latency"
   if send_scenario sms sms "$off_sms" "$SMS_N" "$SEND_WORKERS" "$SEND_CONC" 0; then
-    local met="no" need
-    need=$(awk -v c="$ceiling" 'BEGIN { print 0.4 * c }')
-    if ge "$s_rate" 10000 && [ "$s_dups" = 0 ]; then met="yes"; fi
-    rows+=("SMS end to end ($SEND_WORKERS workers × $SEND_CONC)|$(fmt_n "$s_planned") recipients|$(printf %.2f "$s_secs")|$s_rss|≥ 10,000 msg/s, 0 duplicates|$met: $(fmt_rate "$s_rate") msg/s ($(awk -v r="$s_rate" -v c="$ceiling" 'BEGIN { printf "%.2f", r / c }') of the loopback ceiling; 0.4 = $(fmt_rate "$need")), $s_dups duplicates")
+    # The targets: at least listmonk's rate on this machine kind (15,800 msg/s, the faster of its
+    # configurations side by side), never below 12,000, and at least 0.45 of the loopback ceiling measured
+    # in the same run; 0 duplicates. The CPU a message all in (workers, Postgres and Redis): at most 70 µs.
+    local met="no" need ratio allin
+    need=$(awk -v c="$ceiling" 'BEGIN { print 0.45 * c }')
+    ratio=$(awk -v r="$s_rate" -v c="$ceiling" 'BEGIN { printf "%.2f", r / c }')
+    allin=$(awk -v u="$s_us" 'BEGIN { split(u, v, " "); printf "%.0f", v[1] + v[2] + v[3] }')
+    if ge "$s_rate" 15800 && ge "$s_rate" "$need" && [ "$s_dups" = 0 ]; then met="yes"
+    elif ge "$s_rate" 12000 && ge "$s_rate" "$need" && [ "$s_dups" = 0 ]; then met="above the floor, below listmonk's"; fi
+    rows+=("SMS end to end ($SEND_WORKERS workers × $SEND_CONC)|$(fmt_n "$s_planned") recipients|$(printf %.2f "$s_secs")|$s_rss|≥ 15,800 msg/s (listmonk's here), never < 12,000; ≥ 0.45 of the loopback ceiling; 0 duplicates|$met: $(fmt_rate "$s_rate") msg/s ($ratio of the loopback ceiling; 0.45 = $(fmt_rate "$need")), $s_dups duplicates")
+    rows+=("CPU an SMS, all in (workers, Postgres, Redis)|$(fmt_n "$s_planned") recipients|—|—|≤ 70 µs|$(if [ "$allin" -le 70 ]; then echo yes; else echo no; fi): $allin µs ($(awk -v u="$s_us" 'BEGIN { split(u, v, " "); printf "workers %.0f, Postgres %.0f, Redis %.0f; the sandbox %.0f besides", v[3], v[1], v[2], v[4] }'))")
     rows+=("worker RSS at full speed (SMS)|$SEND_WORKERS workers|—|$s_rss|≤ 100 MB each|$(if [ "$s_rss" -le 100 ]; then echo yes; else echo no; fi)")
     rows+=("Redis memory per planned recipient (SMS)|$(fmt_n "$s_planned") recipients|—|—|≤ 160 B|$(if [ "$s_redis" -le 160 ]; then echo yes; else echo no; fi): $s_redis B")
   else
-    rows+=("SMS end to end|$(fmt_n "$SMS_N") recipients|—|—|≥ 10,000 msg/s|failed (see notes)")
+    rows+=("SMS end to end|$(fmt_n "$SMS_N") recipients|—|—|≥ 15,800 msg/s, ≥ 0.45 of the loopback ceiling|failed (see notes)")
   fi
   fi
 
