@@ -47,6 +47,9 @@ type Pace struct {
 	flushed time.Time
 	rate    float64 // the pace (0: none below the cap)
 	down    bool
+	// streak counts the refused answers (in tokens) since the last one taken: a provider that has just
+	// met its limit refuses everything from then on, and that is shared at once (refresh).
+	streak int64
 }
 
 // PaceEvent is a move of a shared pace.
@@ -127,6 +130,11 @@ func (p *Pace) ObserveN(ctx context.Context, a Answer, hint time.Duration, n int
 	p.mu.Lock()
 	p.counts[a] += max(1, n)
 	p.hint = max(p.hint, hint)
+	if a == Taken {
+		p.streak = 0
+	} else {
+		p.streak += max(1, n)
+	}
 	p.mu.Unlock()
 	return p.refresh(ctx, false)
 }
@@ -166,9 +174,13 @@ func (p *Pace) refresh(ctx context.Context, force bool) error {
 	now := p.b.now()
 	since := now.Sub(p.flushed)
 	// Answers mostly refused go at once (at most every PaceFlush/16): every process must learn of a
-	// provider's limit before it spends more requests on it.
+	// provider's limit before it spends more requests on it. So does a run of refusals in a row, whatever
+	// was taken before it: a provider that has just met its limit refuses all that follows, and the
+	// answers taken since the last flush (up to PaceFlush of them) must not hold that back until the
+	// refusals outnumber a third of them.
 	refused := p.counts[Throttled] + p.counts[ThrottledFor] + p.counts[Failed]
-	urgent := refused >= paceUrgent && refused*4 > refused+p.counts[Taken] && since >= PaceFlush/16
+	inARow := refused > 0 && p.streak >= paceUrgent
+	urgent := (refused >= paceUrgent && refused*4 > refused+p.counts[Taken] || inARow) && since >= PaceFlush/16
 	if !force && !urgent && since < PaceFlush {
 		p.mu.Unlock()
 		return nil
@@ -177,9 +189,13 @@ func (p *Pace) refresh(ctx context.Context, force bool) error {
 	p.counts, p.hint, p.flushed = [4]int64{}, 0, now
 	cap := p.cap
 	p.mu.Unlock()
+	run := 0
+	if inARow {
+		run = 1
+	}
 	res, err := paceScript.Run(ctx, p.b.rdb, []string{state.PaceKey(p.bucket), state.PauseKey(p.bucket)},
 		now.UnixMilli(), counts[Taken], counts[Throttled], counts[ThrottledFor], counts[Failed], hint.Milliseconds(), cap,
-		paceJudgeAt, paceThrottled, paceFailing, paceEarly, paceDownAt, paceBinding, PaceFlush.Milliseconds()).Slice()
+		paceJudgeAt, paceThrottled, paceFailing, paceEarly, paceDownAt, paceBinding, PaceFlush.Milliseconds(), run).Slice()
 	if err != nil && !errors.Is(err, redis.Nil) {
 		// The counts are given back for the next flush: an answer is never lost to a Redis hiccup.
 		p.mu.Lock()
@@ -265,7 +281,9 @@ const (
 //     (the end of the first measure's pause) count for the lowered window, less what the new pace could
 //     have sent since; when they show the provider took more, the pace is raised to what the lowering
 //     would have made of them (three workers were held at 56/s by a limit of 800, then climbed for 50 s);
-//   - a window is judged early only when it holds a third of a second's worth of the pace in force;
+//   - a window is judged early only when it holds a third of a second's worth of the pace in force, and
+//     when more than a quarter of it was refused, or its rejections are beyond their share and the
+//     answers that came last end with a run of paceUrgent refusals in a row;
 //   - what the provider took is what it took over the window's second, or, when more, the share it took of
 //     what was sent times the pace: a window judged early on a cluster of refusals, or one that began in a
 //     wait, held less than a second's worth of sends (three workers against a limit of 100 saw their pace
@@ -281,6 +299,7 @@ const (
 // ARGV[6] -> the longest hint, ms
 // ARGV[7] -> the configured cap (0: none)
 // ARGV[8..14] -> paceJudgeAt, paceThrottled, paceFailing, paceEarly, paceDownAt, paceBinding, PaceFlush ms
+// ARGV[15] -> "1" when these answers end with a run of paceUrgent refusals in a row
 //
 // Returns {rate as a string ("0": no pace below the cap), 1 when down, the move ("" or a PaceEvent), the
 // rate before it, the judged window's requests and rejections}.
@@ -380,6 +399,11 @@ local due = elapsed >= 1000
 local earlyAt = judgeAt
 if rate > 0 then earlyAt = math.max(judgeAt, rate / 3) elseif cap > 0 then earlyAt = math.max(judgeAt, cap / 3) end
 if not due and elapsed >= flush / 8 and total >= earlyAt and rejected > total * early then due = true end
+-- A process whose answers end with a run of refusals in a row (the provider has met its limit and
+-- refuses all that follows) has the window judged at once when its rejections are already beyond their
+-- share: waiting for them to be a quarter of it lets every process spend a few hundred more requests.
+if not due and ARGV[15] == "1" and elapsed >= flush / 8 and total >= earlyAt and
+  (beyond(thr + thrh, total, maxThr) or beyond(fail, total, maxFail)) then due = true end
 -- A provider failing (nearly) every request is judged down as soon as downAt answers show it, not at the
 -- end of the window's second: a recipient's retries, with their back-offs, can all be spent in less than
 -- a second, and an outage must cost nobody an attempt.

@@ -387,6 +387,63 @@ func TestPaceRefusedAnswersAreSharedAtOnce(t *testing.T) {
 	}
 }
 
+// A process whose answers turn, after many taken, into a run of refusals (a provider with no cap that has
+// just met its hidden limit) shares them at once and has the window judged on them: it is paused within a
+// hundred or so refusals (120), not after a third of all it took since its last flush (272 were refused
+// before that).
+func TestPaceARunOfRefusalsIsJudgedAtOnce(t *testing.T) {
+	t.Parallel()
+	b, clock := fakeClockBucket(t)
+	ctx := context.Background()
+	p := b.Pace("provider:cliff", 0)
+	const limit, perMs = 800, 8 // the provider's second, and the sender's 8,000 requests a second
+	taken, refused := 0, 0
+	for ms := 0; ms < 1000; ms++ {
+		if paused, err := b.Paused(ctx, "provider:cliff"); err != nil {
+			t.Fatal(err)
+		} else if paused > 0 {
+			break
+		}
+		for range perMs {
+			a := Taken
+			if taken == limit {
+				a = Throttled
+			}
+			if a == Taken {
+				taken++
+			} else {
+				refused++
+			}
+			if err := p.Observe(ctx, a, 0); err != nil {
+				t.Fatal(err)
+			}
+		}
+		*clock = clock.Add(time.Millisecond)
+	}
+	if refused > 150 {
+		t.Fatalf("%d requests refused before the pause, want the run of refusals judged within about 100", refused)
+	}
+	if r := p.Rate(ctx); r < 0.8*limit || r > limit {
+		t.Fatalf("pace %.0f after the first measure, want about 0.9 of the %d the provider took", r, limit)
+	}
+	// Sporadic refusals make no run: 1 in 20 refused, never two in a row, is judged with its second.
+	b2, clock2 := fakeClockBucket(t)
+	q := b2.Pace("provider:sporadic", 0)
+	for i := range 800 {
+		a := Taken
+		if i%20 == 19 {
+			a = Throttled
+		}
+		if err := q.Observe(ctx, a, 0); err != nil {
+			t.Fatal(err)
+		}
+		*clock2 = clock2.Add(time.Millisecond / 2)
+	}
+	if paused, _ := b2.Paused(ctx, "provider:sporadic"); paused > 0 || q.Rate(ctx) > 0 {
+		t.Fatalf("sporadic refusals judged early: paused %v, pace %.0f", paused, q.Rate(ctx))
+	}
+}
+
 // A window of few requests whose 429s are a little over their share by chance (8 of 200, where 3 % is 6
 // and a standard deviation 2.4) does not lower the pace: the last moments of a campaign with sporadic 429s
 // keep their rate. Twice as many do.
