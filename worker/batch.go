@@ -29,6 +29,8 @@ type batchRun struct {
 	// provider's pause and writes the previous sends' answers (answersDue), one Redis round trip per message
 	// (per window of messages, when they go out several at a time).
 	answerInNextClaim bool
+	// tokensAt is when the last readyToSend was granted tokens of a limit with a rate (zero: none).
+	tokensAt time.Time
 	// primary and secondary are the routes one-message sends take: the channel's provider, and its
 	// fallback (nil when none).
 	primary    route

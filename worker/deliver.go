@@ -96,6 +96,11 @@ func (h *Handler) deliver(ctx, waitCtx context.Context, run *batchRun, rest []ca
 			rt.m.Skipped(1)
 			return nil
 		}
+		if err := h.tokensStillFresh(ctx, waitCtx, run, sendSize{msgs: 1, tokens: tokens, calls: 1}, rt.limits...); err != nil {
+			// Nothing was sent under the claim.
+			h.releaseLater(key, run.nonce, inflight)
+			return err
+		}
 		start := time.Now()
 		res, err := rt.provider.Send(ctx, msg)
 		rt.m.Request(time.Since(start))
@@ -244,11 +249,39 @@ func (h *Handler) readyToSend(ctx, waitCtx context.Context, run *batchRun, sz se
 			}
 		}
 	}
+	run.tokensAt = time.Time{}
+	if paced {
+		run.tokensAt = time.Now()
+	}
 	if now := h.cfg.Now(); !run.c.Window.Open(now) {
 		next := run.c.Window.NextOpen(now)
 		return &RetryError{Err: fmt.Errorf("the send window %s closed; sending resumes at %s", run.c.Window, next.Format(time.RFC3339)), After: next.Sub(now)}
 	}
 	return h.renew(ctx, run)
+}
+
+// staleTokens is how long after its tokens a send may leave. A bucket hands out a twentieth of a second's
+// worth at once (limiter.Burst): tokens held longer than half of that before their requests leave would
+// land, in the provider's count, on top of what the bucket handed the other runs meanwhile.
+const staleTokens = 25 * time.Millisecond
+
+// claimTimeEach is what the claim of one recipient of a request may take on top of staleTokens (a
+// request of 1,000 e-mails is claimed in one script call of about 12 ms) before its tokens are stale.
+const claimTimeEach = 50 * time.Microsecond
+
+// tokensStillFresh is called when a send of size sz is claimed and about to leave. When its tokens were
+// taken more than staleTokens ago (and claimTimeEach for each recipient of a request: the claim's own
+// time), because the claim stalled on Redis or the consents' re-read or the lease's renewal on Postgres, it
+// takes them again, waiting as readyToSend does: a stall of every run followed by their held requests at
+// once, with the bucket's burst and rate on top, would put 1.2 times the cap in a second. The tokens taken
+// first are lost: after a stall the send is slower, never faster, than the cap.
+func (h *Handler) tokensStillFresh(ctx, waitCtx context.Context, run *batchRun, sz sendSize, limits ...limiter.Limit) error {
+	if run.tokensAt.IsZero() || time.Since(run.tokensAt) <= staleTokens+time.Duration(sz.msgs)*claimTimeEach {
+		return nil
+	}
+	h.log.Debug("tokens taken too long before their send; taking them again", "campaign_id", run.c.ID,
+		"held", time.Since(run.tokensAt).Round(time.Millisecond))
+	return h.readyToSend(ctx, waitCtx, run, sz, limits...)
 }
 
 // waitError turns the error of a wait for tokens or a pause into what the batch returns.

@@ -3,10 +3,12 @@ package worker
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/http/httptest"
 	"slices"
 	"sort"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -14,6 +16,7 @@ import (
 	"github.com/campaignctl/campaignctl/internal/faults"
 	"github.com/campaignctl/campaignctl/internal/state"
 	"github.com/campaignctl/campaignctl/internal/testredis"
+	"github.com/campaignctl/campaignctl/limiter"
 	"github.com/campaignctl/campaignctl/providers"
 	"github.com/campaignctl/campaignctl/providers/sandbox"
 	"github.com/campaignctl/campaignctl/providers/twilio"
@@ -401,6 +404,72 @@ func TestProviderCapBindsThroughTheHandler(t *testing.T) {
 	}
 	if span := at[len(at)-1].Sub(at[0]); span < time.Duration(float64(len(at)-rate-2)/rate*float64(time.Second)) {
 		t.Fatalf("%d messages in %v at a cap of %d/s", len(at), span, rate)
+	}
+}
+
+// Tokens held through a stall are not spent after it: workers under a cap of 100/s each find their claim
+// stalled once for 600 ms on Redis (their tokens taken), while the others go on taking the bucket's. The
+// held sends take their tokens again before they leave, so no second holds more than the cap and its burst
+// (5), with a message of slack. Sent with the tokens of before the stall, each stalled window landed on top
+// of the others' (115 in a second with three workers sending windows, 1.15 times the cap); so did each
+// stalled message of six workers sending one at a time (110).
+func TestTokensHeldThroughAStallAreTakenAgain(t *testing.T) {
+	t.Parallel()
+	const rate = 100
+	for _, tc := range []struct {
+		window, workers int
+		claim           string
+	}{{8, 3, "ClaimWindow"}, {1, 6, "ClaimSend"}} {
+		t.Run(fmt.Sprintf("%d workers sending %d at a time", tc.workers, tc.window), func(t *testing.T) {
+			t.Parallel()
+			f := planWith(t, 600, func(s *campaign.Spec) { s.BatchSize = 330 / tc.workers })
+			if f.batches < tc.workers {
+				t.Fatalf("%d batches for %d workers", f.batches, tc.workers)
+			}
+			var mu sync.Mutex
+			var at []time.Time
+			f.provider.before = func(providers.Message) {
+				mu.Lock()
+				at = append(at, time.Now())
+				mu.Unlock()
+			}
+			rules := make([]*faults.Rule, 0, tc.workers)
+			errs := make(chan error, tc.workers)
+			for b := range tc.workers {
+				h, fr, _ := f.faulty(t, func(c *Config) { c.SendWindow = tc.window; c.ProviderRates = map[string]float64{"test": rate} })
+				// Each worker's fourth claim (or so) stalls; they take turns at the bucket, so the stalls overlap.
+				rules = append(rules, fr.Add(&faults.Rule{Match: faults.Method(tc.claim), Skip: 3 + b, Times: 1, Kind: faults.Stall, Delay: 600 * time.Millisecond}))
+				go func() { errs <- h.RunBatch(context.Background(), f.id, b) }()
+			}
+			for range tc.workers {
+				if err := <-errs; err != nil {
+					t.Fatal(err)
+				}
+			}
+			for i, r := range rules {
+				if r.Hits() != 1 {
+					t.Fatalf("worker %d: its claim stalled %d times, want once: this tests nothing", i, r.Hits())
+				}
+			}
+			f.assertOnce(t)
+			slices.SortFunc(at, func(a, b time.Time) int { return a.Compare(b) })
+			if len(at) < 2*rate {
+				t.Fatalf("%d messages sent, want over two seconds' worth", len(at))
+			}
+			busiest, from := 0, time.Time{}
+			for i := range at {
+				j := i
+				for j < len(at) && at[j].Sub(at[i]) < time.Second {
+					j++
+				}
+				if j-i > busiest {
+					busiest, from = j-i, at[i]
+				}
+			}
+			if busiest > rate+limiter.Burst(rate)+1 {
+				t.Fatalf("%d messages within a second from %s, cap %d/s (burst %d)", busiest, from.Format("15:04:05.000"), rate, limiter.Burst(rate))
+			}
+		})
 	}
 }
 

@@ -135,6 +135,13 @@ func (h *Handler) sendGroup(ctx, waitCtx context.Context, run *batchRun, b provi
 			return nil
 		}
 
+		if err := h.tokensStillFresh(ctx, waitCtx, run, sendSize{msgs: len(rs), tokens: len(rs), calls: 1}, run.limits...); err != nil {
+			// Nothing was sent under the request's claims.
+			for i := range keys {
+				h.releaseLater(keys[i], run.nonce, inflight[i])
+			}
+			return err
+		}
 		start := time.Now()
 		res, err := b.SendBatch(ctx, msgs)
 		run.m.BatchRequest(time.Since(start), len(msgs))

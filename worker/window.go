@@ -188,6 +188,15 @@ func (h *Handler) deliverWindowed(ctx, waitCtx context.Context, run *batchRun, r
 				sends = append(sends, win[i])
 			}
 		}
+		if len(sends) > 0 {
+			if err := h.tokensStillFresh(ctx, waitCtx, run, sendSize{msgs: len(sends), tokens: tokensOf(sends), calls: len(sends)}, limits...); err != nil {
+				// Nothing was sent under the window's claims.
+				for _, w := range sends {
+					h.releaseLater(ClaimKey(run.c.ID, w.r.UserID), run.nonce, inflight)
+				}
+				return err
+			}
+		}
 		retry, err := h.sendWindow(ctx, run, rt, sends, inflight, now)
 		queue = append(queue, retry...)
 		if err != nil {
