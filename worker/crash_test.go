@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hibiken/asynq"
+
 	"github.com/campaignctl/campaignctl/campaign"
 	"github.com/campaignctl/campaignctl/internal/state"
 	"github.com/campaignctl/campaignctl/providers"
@@ -443,5 +445,56 @@ func TestSweepCompletesTheCampaignOfALastChunk(t *testing.T) {
 	}
 	if f.provider.total() != 0 {
 		t.Fatalf("the sweep sent %d messages", f.provider.total())
+	}
+	if ids := followUps(t, f); len(ids) != 0 {
+		t.Fatalf("the sweep of the batch's last chunk queued %v", ids)
+	}
+}
+
+// followUps returns the IDs of the sweep's follow-up tasks of f's campaign in the queue.
+func followUps(t *testing.T, f *fixture) []string {
+	t.Helper()
+	insp := asynq.NewInspectorFromRedisClient(f.rdb)
+	var ids []string
+	for _, list := range []func(string, ...asynq.ListOption) ([]*asynq.TaskInfo, error){insp.ListPendingTasks, insp.ListScheduledTasks} {
+		tasks, err := list(Queue)
+		if err != nil && !errors.Is(err, asynq.ErrQueueNotFound) {
+			t.Fatal(err)
+		}
+		for _, ti := range tasks {
+			if cid, _, ok := parseTaskID(ti.ID); ok && cid == f.id && strings.Contains(ti.ID, "/swept-") {
+				ids = append(ids, ti.ID)
+			}
+		}
+	}
+	return ids
+}
+
+// A dead run held a chunk of a batch that has more pending recipients: the sweep settles the chunk and
+// queues the batch again at once (the dead run's task stays active in Asynq until Asynq gives it back, a
+// minute or more later, while the workers that are left sit idle). The follow-up is a batch task like
+// any other: the DLQ and the status read it, and its run sends the rest once.
+func TestSweepQueuesTheRestOfADeadRunsBatchAtOnce(t *testing.T) {
+	t.Parallel()
+	f := plan(t, 10) // one batch; eligible: u1 u2 u4 u7 u8
+	ctx := context.Background()
+	users := f.batchUsers(t, 0)
+	n := f.leaseDead(t, users[:2])
+	f.rdb.Set(ctx, ClaimKey(f.id, users[0]), n+state.SentValue("SM1", 1), 0)
+	time.Sleep(5 * time.Millisecond)
+	if settled, err := f.h.Sweep(ctx); err != nil || settled != 2 {
+		t.Fatalf("sweep settled %d, err %v; want the dead run's 2", settled, err)
+	}
+	ids := followUps(t, f)
+	if len(ids) != 1 {
+		t.Fatalf("follow-ups queued: %v, want one for batch 0", ids)
+	}
+	if cid, b, ok := parseTaskID(ids[0]); !ok || cid != f.id || b != 0 {
+		t.Fatalf("follow-up %q read as campaign %d batch %d (%v)", ids[0], cid, b, ok)
+	}
+	f.runAll(t)
+	f.assertOnce(t)
+	if c := f.counts(t); c.Pending != 0 || c.Sent != 5 {
+		t.Fatalf("counts %+v, want all 5 sent (u1 by the dead run)", c)
 	}
 }

@@ -167,7 +167,8 @@ func requeue(ctx context.Context, rdb redis.UniversalClient, e DLQEntry) error {
 	if err != nil {
 		return err
 	}
-	if _, err := asynq.NewClientFromRedisClient(rdb).EnqueueContext(ctx, task); err != nil && !errors.Is(err, asynq.ErrTaskIDConflict) {
+	// Under its own ID: a sweep's follow-up stays one, next to the batch's own task if that is still kept.
+	if _, err := asynq.NewClientFromRedisClient(rdb).EnqueueContext(ctx, task, asynq.TaskID(e.TaskID)); err != nil && !errors.Is(err, asynq.ErrTaskIDConflict) {
 		return fmt.Errorf("queue batch %d of campaign %d: %w; run `campaignctl resume %d` to queue it", e.Batch, e.CampaignID, err, e.CampaignID)
 	}
 	return nil
@@ -219,12 +220,14 @@ func batchTasks(list func(string, ...asynq.ListOption) ([]*asynq.TaskInfo, error
 	}
 }
 
-// parseTaskID reads a batch task ID (TaskID) back into its campaign and batch.
+// parseTaskID reads a batch task ID (TaskID, or a sweep's follow-up: followUpID) back into its campaign
+// and batch.
 func parseTaskID(id string) (int64, int, bool) {
 	c, b, ok := strings.Cut(id, ":")
 	if !ok {
 		return 0, 0, false
 	}
+	b, _, _ = strings.Cut(b, "/")
 	cid, err1 := strconv.ParseInt(c, 10, 64)
 	batch, err2 := strconv.Atoi(b)
 	return cid, batch, err1 == nil && err2 == nil

@@ -2,8 +2,12 @@ package worker
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"strconv"
 	"time"
+
+	"github.com/hibiken/asynq"
 
 	"github.com/campaignctl/campaignctl/campaign"
 	"github.com/campaignctl/campaignctl/internal/state"
@@ -93,12 +97,44 @@ func (h *Handler) Sweep(ctx context.Context) (int, error) {
 		// The chunk may have held the batch's last pending recipients, and its task may never come back
 		// (archived after its retries): the batch is closed here too, and the campaign completed if it was
 		// the last.
-		if _, err := h.closeBatch(ctx, c.ID, e.Batch); err != nil {
+		if open, err := h.closeBatch(ctx, c.ID, e.Batch); err != nil {
 			h.log.Warn("swept batch not closed; its next run or a resume closes it", "campaign_id", c.ID, "batch", e.Batch, "err", fmt.Sprint(err))
+		} else if open {
+			h.followUp(ctx, c, e.Batch)
 		}
 		n += len(got.Leased)
 	}
 	return n, nil
+}
+
+// followUp queues a run of batch b of c now: the sweep settled a dead run's chunk of it and it still has
+// pending recipients. The dead run's task stays active in Asynq until its lease there runs out and Asynq's
+// recovery gives it back, up to a minute and a half after the death, while the workers that are left may sit
+// idle. The follow-up has an ID of its own (the batch's and the second of the sweep: sweeps of the batch in
+// the same second queue one); the dead run's task, when it comes back, finds the batch done or waits for
+// the follow-up's lease, as any two runs of one batch do. A campaign that is not running, or whose send
+// window is closed, waits for its own tasks.
+func (h *Handler) followUp(ctx context.Context, c *campaign.Campaign, b int) {
+	now := time.Now()
+	if h.cfg.Redis == nil || c.State != campaign.StateRunning || !c.Window.Open(now) {
+		return
+	}
+	task, err := NewBatchTask(c.ID, b)
+	if err == nil {
+		_, err = asynq.NewClientFromRedisClient(h.cfg.Redis).EnqueueContext(ctx, task,
+			asynq.TaskID(followUpID(c.ID, b, now)))
+	}
+	switch {
+	case err == nil:
+		h.log.Info("queued the batch of a run that died again, now", "campaign_id", c.ID, "batch", b)
+	case !errors.Is(err, asynq.ErrTaskIDConflict):
+		h.log.Warn("batch of a run that died not queued again; its own task comes back later", "campaign_id", c.ID, "batch", b, "err", fmt.Sprint(err))
+	}
+}
+
+// followUpID is the task ID of a follow-up of batch b of campaign id queued at now.
+func followUpID(id int64, b int, now time.Time) string {
+	return TaskID(id, b) + "/swept-" + strconv.FormatInt(now.Unix(), 10)
 }
 
 const reasonDiedMidCall = "a worker stopped after claiming and before the provider answered; the message may have been sent"
