@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/campaignctl/campaignctl/campaign"
@@ -281,7 +282,12 @@ func (h *Handler) tokensStillFresh(ctx, waitCtx context.Context, run *batchRun, 
 	}
 	h.log.Debug("tokens taken too long before their send; taking them again", "campaign_id", run.c.ID,
 		"held", time.Since(run.tokensAt).Round(time.Millisecond))
-	return h.readyToSend(ctx, waitCtx, run, sz, limits...)
+	// The send's wait for its limits was observed when it first took them: once a send.
+	again := slices.Clone(limits)
+	for i := range again {
+		again[i].Observer = nil
+	}
+	return h.readyToSend(ctx, waitCtx, run, sz, again...)
 }
 
 // waitError turns the error of a wait for tokens or a pause into what the batch returns.

@@ -17,6 +17,7 @@ import (
 	"github.com/campaignctl/campaignctl/internal/state"
 	"github.com/campaignctl/campaignctl/internal/testredis"
 	"github.com/campaignctl/campaignctl/limiter"
+	"github.com/campaignctl/campaignctl/metrics"
 	"github.com/campaignctl/campaignctl/providers"
 	"github.com/campaignctl/campaignctl/providers/sandbox"
 	"github.com/campaignctl/campaignctl/providers/twilio"
@@ -435,8 +436,11 @@ func TestTokensHeldThroughAStallAreTakenAgain(t *testing.T) {
 			}
 			rules := make([]*faults.Rule, 0, tc.workers)
 			errs := make(chan error, tc.workers)
+			m := metrics.New(nil)
 			for b := range tc.workers {
-				h, fr, _ := f.faulty(t, func(c *Config) { c.SendWindow = tc.window; c.ProviderRates = map[string]float64{"test": rate} })
+				h, fr, _ := f.faulty(t, func(c *Config) {
+					c.SendWindow, c.ProviderRates, c.Metrics = tc.window, map[string]float64{"test": rate}, m
+				})
 				// Each worker's fourth claim (or so) stalls; they take turns at the bucket, so the stalls overlap.
 				rules = append(rules, fr.Add(&faults.Rule{Match: faults.Method(tc.claim), Skip: 3 + b, Times: 1, Kind: faults.Stall, Delay: 600 * time.Millisecond}))
 				go func() { errs <- h.RunBatch(context.Background(), f.id, b) }()
@@ -468,6 +472,10 @@ func TestTokensHeldThroughAStallAreTakenAgain(t *testing.T) {
 			}
 			if busiest > rate+limiter.Burst(rate)+1 {
 				t.Fatalf("%d messages within a second from %s, cap %d/s (burst %d)", busiest, from.Format("15:04:05.000"), rate, limiter.Burst(rate))
+			}
+			// A send's wait for its limit is observed once, however many times it took its tokens.
+			if n, _ := histogram(t, m.Registry(), "campaignctl_limiter_wait_seconds", map[string]string{"key_kind": "provider", "provider": "test"}); n != uint64(len(at)) {
+				t.Fatalf("%d waits for the provider's limit observed for %d sends", n, len(at))
 			}
 		})
 	}
