@@ -98,8 +98,7 @@ func (h *Handler) deliver(ctx, waitCtx context.Context, run *batchRun, rest []ca
 			return nil
 		}
 		if err := h.tokensStillFresh(ctx, waitCtx, run, sendSize{msgs: 1, tokens: tokens, calls: 1}, rt.limits...); err != nil {
-			// Nothing was sent under the claim.
-			h.releaseLater(key, run.nonce, inflight)
+			h.notSentAfterClaim(ctx, run, oneInFlight(r.UserID, key, inflight, r.Address, now))
 			return err
 		}
 		start := time.Now()
@@ -288,6 +287,17 @@ func (h *Handler) tokensStillFresh(ctx, waitCtx context.Context, run *batchRun, 
 		again[i].Observer = nil
 	}
 	return h.readyToSend(ctx, waitCtx, run, sz, again...)
+}
+
+// notSentAfterClaim gives back what the claims of f took when their sends did not leave after all: the
+// claims (once Redis answers: it may be what failed) and the frequency marks.
+func (h *Handler) notSentAfterClaim(ctx context.Context, run *batchRun, f inFlight) {
+	for i := range f.keys {
+		h.releaseLater(f.keys[i], run.nonce, f.values[i])
+	}
+	if err := h.state.ReleaseMarks(context.WithoutCancel(ctx), run.c, run.nonce, f.addrs, f.at); err != nil {
+		h.log.Warn("frequency marks not released", "campaign_id", run.c.ID, "err", err)
+	}
 }
 
 // waitError turns the error of a wait for tokens or a pause into what the batch returns.

@@ -481,6 +481,46 @@ func TestTokensHeldThroughAStallAreTakenAgain(t *testing.T) {
 	}
 }
 
+// A send whose claim stalled, and which then cannot take its tokens again (its chunk's lease was taken
+// over meanwhile), sends nothing and gives back what the claim took: the claim, and the frequency mark
+// that would cap the address for other campaigns.
+func TestASendThatCannotTakeItsTokensAgainGivesBackItsClaimAndMark(t *testing.T) {
+	t.Parallel()
+	f := planWith(t, 4, func(s *campaign.Spec) { s.FrequencyCap = time.Hour }) // eligible: u1 u2 u4
+	h, fr, _ := f.faulty(t, func(c *Config) {
+		c.SendWindow, c.ProviderRates, c.LeaseTTL = 1, map[string]float64{"test": 100}, 300*time.Millisecond
+	})
+	rule := fr.Add(&faults.Rule{Match: faults.Method("ClaimSend"), Times: 1, Kind: faults.Stall, Delay: 400 * time.Millisecond})
+	go func() {
+		time.Sleep(200 * time.Millisecond) // u1's claim is stalled by now
+		if _, err := f.db.Exec(context.Background(), `UPDATE campaign_batches SET lease_token = 'other run', lease_until = now() + interval '1 minute'
+			WHERE campaign_id = $1 AND batch = 0`, f.id); err != nil {
+			t.Error(err)
+		}
+	}()
+	err := h.RunBatch(context.Background(), f.id, 0)
+	if err == nil || !strings.Contains(err.Error(), "lost to another run") || rule.Hits() != 1 {
+		t.Fatalf("RunBatch: %v after %d stalled claims; want it to stop on the lease lost while the claim stalled", err, rule.Hits())
+	}
+	if n := f.provider.total(); n != 0 {
+		t.Fatalf("%d messages sent by a run whose tokens went stale and whose lease was lost", n)
+	}
+	ctx := context.Background()
+	waitUntil(t, 5*time.Second, "u1's claim given back", func() bool {
+		n, err := f.rdb.Exists(ctx, ClaimKey(f.id, "u1")).Result()
+		return err == nil && n == 0
+	})
+	keys, err := f.rdb.Keys(ctx, "freq:*").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range keys {
+		if ok, _ := f.rdb.HExists(ctx, k, phone(1)).Result(); ok {
+			t.Fatalf("u1's frequency mark kept in %s although nothing was sent", k)
+		}
+	}
+}
+
 // A RET recorded after the launch blocks the e-mail path as it does the SMS one: the person is skipped
 // (revoked), the others of the request are sent.
 func TestRETAfterLaunchBlocksTheEmailPath(t *testing.T) {

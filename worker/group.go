@@ -136,10 +136,7 @@ func (h *Handler) sendGroup(ctx, waitCtx context.Context, run *batchRun, b provi
 		}
 
 		if err := h.tokensStillFresh(ctx, waitCtx, run, sendSize{msgs: len(rs), tokens: len(rs), calls: 1}, run.limits...); err != nil {
-			// Nothing was sent under the request's claims.
-			for i := range keys {
-				h.releaseLater(keys[i], run.nonce, inflight[i])
-			}
+			h.notSentAfterClaim(ctx, run, inFlight{keys: keys, values: inflight, addrs: addrs, at: now})
 			return err
 		}
 		start := time.Now()

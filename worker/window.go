@@ -190,10 +190,12 @@ func (h *Handler) deliverWindowed(ctx, waitCtx context.Context, run *batchRun, r
 		}
 		if len(sends) > 0 {
 			if err := h.tokensStillFresh(ctx, waitCtx, run, sendSize{msgs: len(sends), tokens: tokensOf(sends), calls: len(sends)}, limits...); err != nil {
-				// Nothing was sent under the window's claims.
+				f := inFlight{at: now}
 				for _, w := range sends {
-					h.releaseLater(ClaimKey(run.c.ID, w.r.UserID), run.nonce, inflight)
+					f.users, f.keys = append(f.users, w.r.UserID), append(f.keys, ClaimKey(run.c.ID, w.r.UserID))
+					f.values, f.addrs = append(f.values, inflight), append(f.addrs, w.r.Address)
 				}
+				h.notSentAfterClaim(ctx, run, f)
 				return err
 			}
 		}
