@@ -410,8 +410,8 @@ func TestProviderCapBindsThroughTheHandler(t *testing.T) {
 
 // Tokens held through a stall are not spent after it: workers under a cap of 100/s each find their claim
 // stalled once for 600 ms on Redis (their tokens taken), while the others go on taking the bucket's. The
-// held sends take their tokens again before they leave, so no second holds more than the cap and its burst
-// (5), with a message of slack. Sent with the tokens of before the stall, each stalled window landed on top
+// held sends take their tokens again before they leave, so no second holds more than the cap, its burst
+// (5) and two tokens of slack. Sent with the tokens of before the stall, each stalled window landed on top
 // of the others' (115 in a second with three workers sending windows, 1.15 times the cap); so did each
 // stalled message of six workers sending one at a time (110).
 func TestTokensHeldThroughAStallAreTakenAgain(t *testing.T) {
@@ -470,7 +470,8 @@ func TestTokensHeldThroughAStallAreTakenAgain(t *testing.T) {
 					busiest, from = j-i, at[i]
 				}
 			}
-			if busiest > rate+limiter.Burst(rate)+1 {
+			// The bucket's burst, and the tokens of the 25 ms a send may hold them (staleTokens).
+			if busiest > rate+limiter.Burst(rate)+2 {
 				t.Fatalf("%d messages within a second from %s, cap %d/s (burst %d)", busiest, from.Format("15:04:05.000"), rate, limiter.Burst(rate))
 			}
 			// A send's wait for its limit is observed once, however many times it took its tokens.
@@ -492,7 +493,10 @@ func TestASendThatCannotTakeItsTokensAgainGivesBackItsClaimAndMark(t *testing.T)
 	})
 	rule := fr.Add(&faults.Rule{Match: faults.Method("ClaimSend"), Times: 1, Kind: faults.Stall, Delay: 400 * time.Millisecond})
 	go func() {
-		time.Sleep(200 * time.Millisecond) // u1's claim is stalled by now
+		// Once u1's claim is stalled (its chunk leased, its tokens taken), another run takes the chunk over.
+		for end := time.Now().Add(10 * time.Second); rule.Hits() == 0 && time.Now().Before(end); {
+			time.Sleep(5 * time.Millisecond)
+		}
 		if _, err := f.db.Exec(context.Background(), `UPDATE campaign_batches SET lease_token = 'other run', lease_until = now() + interval '1 minute'
 			WHERE campaign_id = $1 AND batch = 0`, f.id); err != nil {
 			t.Error(err)
