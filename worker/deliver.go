@@ -97,8 +97,8 @@ func (h *Handler) deliver(ctx, waitCtx context.Context, run *batchRun, rest []ca
 			rt.m.Skipped(1)
 			return nil
 		}
-		if err := h.tokensStillFresh(ctx, waitCtx, run, sendSize{msgs: 1, tokens: tokens, calls: 1}, rt.limits...); err != nil {
-			h.notSentAfterClaim(ctx, run, oneInFlight(r.UserID, key, inflight, r.Address, now))
+		if err := h.tokensStillFresh(ctx, waitCtx, run, sendSize{msgs: 1, tokens: tokens, calls: 1},
+			oneInFlight(r.UserID, key, inflight, r.Address, now), rt.limits...); err != nil {
 			return err
 		}
 		start := time.Now()
@@ -269,13 +269,14 @@ const staleTokens = 25 * time.Millisecond
 // request of 1,000 e-mails is claimed in one script call of about 12 ms) before its tokens are stale.
 const claimTimeEach = 50 * time.Microsecond
 
-// tokensStillFresh is called when a send of size sz is claimed and about to leave. When its tokens were
-// taken more than staleTokens ago (and claimTimeEach for each recipient of a request: the claim's own
-// time), because the claim stalled on Redis or the consents' re-read or the lease's renewal on Postgres, it
-// takes them again, waiting as readyToSend does: a stall of every run followed by their held requests at
-// once, with the bucket's burst and rate on top, would put 1.2 times the cap in a second. The tokens taken
-// first are lost: after a stall the send is slower, never faster, than the cap.
-func (h *Handler) tokensStillFresh(ctx, waitCtx context.Context, run *batchRun, sz sendSize, limits ...limiter.Limit) error {
+// tokensStillFresh is called when a send of size sz, whose claims are f, is about to leave. When its
+// tokens were taken more than staleTokens ago (and claimTimeEach for each recipient of a request: the
+// claim's own time), because the claim stalled on Redis or the consents' re-read or the lease's renewal on
+// Postgres, it takes them again, waiting as readyToSend does: a stall of every run followed by their held
+// requests at once, with the bucket's burst and rate on top, would put 1.2 times the cap in a second. The
+// tokens taken first are lost: after a stall the send is slower, never faster, than the cap. When they
+// cannot be taken again, nothing is sent, and what the claims took is given back (notSentAfterClaim).
+func (h *Handler) tokensStillFresh(ctx, waitCtx context.Context, run *batchRun, sz sendSize, f inFlight, limits ...limiter.Limit) error {
 	if run.tokensAt.IsZero() || time.Since(run.tokensAt) <= staleTokens+time.Duration(sz.msgs)*claimTimeEach {
 		return nil
 	}
@@ -286,7 +287,11 @@ func (h *Handler) tokensStillFresh(ctx, waitCtx context.Context, run *batchRun, 
 	for i := range again {
 		again[i].Observer = nil
 	}
-	return h.readyToSend(ctx, waitCtx, run, sz, again...)
+	err := h.readyToSend(ctx, waitCtx, run, sz, again...)
+	if err != nil {
+		h.notSentAfterClaim(ctx, run, f)
+	}
+	return err
 }
 
 // notSentAfterClaim gives back what the claims of f took when their sends did not leave after all: the

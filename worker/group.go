@@ -135,8 +135,8 @@ func (h *Handler) sendGroup(ctx, waitCtx context.Context, run *batchRun, b provi
 			return nil
 		}
 
-		if err := h.tokensStillFresh(ctx, waitCtx, run, sendSize{msgs: len(rs), tokens: len(rs), calls: 1}, run.limits...); err != nil {
-			h.notSentAfterClaim(ctx, run, inFlight{keys: keys, values: inflight, addrs: addrs, at: now})
+		if err := h.tokensStillFresh(ctx, waitCtx, run, sendSize{msgs: len(rs), tokens: len(rs), calls: 1},
+			inFlight{keys: keys, values: inflight, addrs: addrs, at: now}, run.limits...); err != nil {
 			return err
 		}
 		start := time.Now()

@@ -189,13 +189,8 @@ func (h *Handler) deliverWindowed(ctx, waitCtx context.Context, run *batchRun, r
 			}
 		}
 		if len(sends) > 0 {
-			if err := h.tokensStillFresh(ctx, waitCtx, run, sendSize{msgs: len(sends), tokens: tokensOf(sends), calls: len(sends)}, limits...); err != nil {
-				f := inFlight{at: now}
-				for _, w := range sends {
-					f.users, f.keys = append(f.users, w.r.UserID), append(f.keys, ClaimKey(run.c.ID, w.r.UserID))
-					f.values, f.addrs = append(f.values, inflight), append(f.addrs, w.r.Address)
-				}
-				h.notSentAfterClaim(ctx, run, f)
+			if err := h.tokensStillFresh(ctx, waitCtx, run, sendSize{msgs: len(sends), tokens: tokensOf(sends), calls: len(sends)},
+				windowInFlight(run.c.ID, sends, inflight, now), limits...); err != nil {
 				return err
 			}
 		}
@@ -206,6 +201,16 @@ func (h *Handler) deliverWindowed(ctx, waitCtx context.Context, run *batchRun, r
 		}
 	}
 	return nil
+}
+
+// windowInFlight is the claims of a window's sends, each with the in-flight value inflight taken at now.
+func windowInFlight(id int64, sends []windowSend, inflight string, now time.Time) inFlight {
+	f := inFlight{at: now}
+	for _, w := range sends {
+		f.users, f.keys = append(f.users, w.r.UserID), append(f.keys, ClaimKey(id, w.r.UserID))
+		f.values, f.addrs = append(f.values, inflight), append(f.addrs, w.r.Address)
+	}
+	return f
 }
 
 // carryOver hands the recipients of queue, each waiting out a back-off, to the batch's next chunk.
