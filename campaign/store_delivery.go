@@ -51,20 +51,7 @@ type Delivery struct {
 	At      time.Time
 }
 
-// RecordDeliveries applies receipts in one statement and returns how many recipients they changed. A
-// receipt is applied once (by its event ID), never moves a recipient back from a final status (delivered,
-// bounced, ...) to an intermediate one, and changes nothing when it names another message ID than the one
-// recorded for the recipient. Any receipt proves that the provider accepted the message: a recipient
-// recorded unknown becomes sent. A receipt may also arrive before the worker has written the send's
-// outcome (the recipient is still pending): its delivery and message ID are kept, and whatever outcome
-// the worker writes later (an unknown after a held answer, say), the recipient is recorded sent (see
-// Record), is never resent by `resume --resend-unknown`, and keeps its code.
-func (s *Store) RecordDeliveries(ctx context.Context, ds []Delivery) (int64, error) {
-	res, err := s.ApplyDeliveries(ctx, ds)
-	return res.Changed, err
-}
-
-// DeliveriesApplied is what ApplyDeliveries did with a list of receipts.
+// DeliveriesApplied is what RecordDeliveries did with a list of receipts.
 type DeliveriesApplied struct {
 	// Changed is how many recipients the receipts changed.
 	Changed int64
@@ -74,8 +61,17 @@ type DeliveriesApplied struct {
 	Unmatched []int
 }
 
-// ApplyDeliveries is RecordDeliveries, and also says which receipts named no recipient.
-func (s *Store) ApplyDeliveries(ctx context.Context, ds []Delivery) (DeliveriesApplied, error) {
+// RecordDeliveries applies receipts in one statement and returns how many recipients they changed
+// (DeliveriesApplied.Changed). A
+// receipt is applied once (by its event ID), never moves a recipient back from a final status (delivered,
+// bounced, ...) to an intermediate one, and changes nothing when it names another message ID than the one
+// recorded for the recipient. Any receipt proves that the provider accepted the message: a recipient
+// recorded unknown becomes sent. A receipt may also arrive before the worker has written the send's
+// outcome (the recipient is still pending): its delivery and message ID are kept, and whatever outcome
+// the worker writes later (an unknown after a held answer, say), the recipient is recorded sent (see
+// Record), is never resent by `resume --resend-unknown`, and keeps its code. It also says which receipts
+// named no recipient (DeliveriesApplied.Unmatched).
+func (s *Store) RecordDeliveries(ctx context.Context, ds []Delivery) (DeliveriesApplied, error) {
 	var res DeliveriesApplied
 	if len(ds) == 0 {
 		return res, nil

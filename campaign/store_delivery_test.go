@@ -15,6 +15,9 @@ import (
 // Receipts set the delivery of sent recipients, once per event, never back from a final word to an
 // intermediate one; a receipt for an unknown recipient proves the send; one that overtakes the worker's
 // outcome (still pending) is kept and leaves the status to the worker.
+// changed is what RecordDeliveries returns, as the count of recipients changed.
+func changed(res campaign.DeliveriesApplied, err error) (int64, error) { return res.Changed, err }
+
 func TestRecordDeliveries(t *testing.T) {
 	t.Parallel()
 	db, _ := testdb.New(t)
@@ -28,21 +31,21 @@ func TestRecordDeliveries(t *testing.T) {
 		(1, 'a', 'sent', 'SMa'), (1, 'b', 'sent', 'SMb')`)
 	store := campaign.NewStore(db)
 	now := time.Now()
-	n, err := store.RecordDeliveries(ctx, []campaign.Delivery{
+	n, err := changed(store.RecordDeliveries(ctx, []campaign.Delivery{
 		{Provider: "twilio", MessageID: "SMa", Status: campaign.DeliverySent, At: now},
 		{Provider: "twilio", MessageID: "SMa", Status: campaign.DeliveryDelivered, At: now.Add(time.Second)},
 		{Provider: "sendgrid", CampaignID: 1, UserID: "b", Status: campaign.DeliveryBounced, Error: "550 no such user", EventID: "e1", At: now},
 		{Provider: "twilio", CampaignID: 1, UserID: "c", MessageID: "SMc", Status: campaign.DeliveryDelivered, At: now},
 		{Provider: "twilio", CampaignID: 1, UserID: "d", Status: campaign.DeliveryDelivered, At: now},
-	})
+	}))
 	if err != nil || n != 4 {
 		t.Fatalf("changed %d, err %v; want all four (d's receipt came before its outcome was written)", n, err)
 	}
 	// Late and repeated receipts change nothing: a final word stays, an event applies once.
-	n, err = store.RecordDeliveries(ctx, []campaign.Delivery{
+	n, err = changed(store.RecordDeliveries(ctx, []campaign.Delivery{
 		{Provider: "twilio", MessageID: "SMa", Status: campaign.DeliverySent, At: now.Add(2 * time.Second)},
 		{Provider: "sendgrid", CampaignID: 1, UserID: "b", Status: campaign.DeliveryDelivered, EventID: "e1", At: now.Add(time.Minute)},
-	})
+	}))
 	if err != nil || n != 0 {
 		t.Fatalf("late receipts changed %d, err %v", n, err)
 	}
@@ -69,11 +72,11 @@ func TestReceiptsAndOutcomesOfOneRecipient(t *testing.T) {
 		(1, 'c', '+905320000003', 0, 'pending', NULL, 'C2', 2, NULL),
 		(1, 'd', '+905320000004', 0, 'unknown', NULL, 'C3', 3, 'delivered')`)
 	store := campaign.NewStore(db)
-	n, err := store.RecordDeliveries(ctx, []campaign.Delivery{
+	n, err := changed(store.RecordDeliveries(ctx, []campaign.Delivery{
 		{Provider: "twilio", CampaignID: 1, UserID: "a", MessageID: "SMother", Status: campaign.DeliveryUndelivered},
 		{Provider: "twilio", CampaignID: 1, UserID: "b", MessageID: "SMb", Status: campaign.DeliveryDelivered},
 		{Provider: "twilio", CampaignID: 1, UserID: "c", MessageID: "SMc", Status: campaign.DeliverySent},
-	})
+	}))
 	if err != nil || n != 2 {
 		t.Fatalf("changed %d, err %v; want b and c only (a's receipt names another message)", n, err)
 	}
@@ -126,7 +129,7 @@ func TestARecipientsReceiptMustNameItsAddress(t *testing.T) {
 		(1, 'e', 'Ayse@Example.com', 0, 'pending', NULL), (1, 'n', '+905320000004', 0, 'unknown', NULL)`)
 	store := campaign.NewStore(db)
 	now := time.Now()
-	res, err := store.ApplyDeliveries(ctx, []campaign.Delivery{
+	res, err := store.RecordDeliveries(ctx, []campaign.Delivery{
 		{Provider: "twilio", CampaignID: 1, UserID: "p", Address: "+905559999999", MessageID: "SMx", Status: campaign.DeliveryDelivered, At: now},
 		{Provider: "twilio", CampaignID: 1, UserID: "u", Address: "+905559999998", MessageID: "SMy", Status: campaign.DeliveryDelivered, At: now},
 		{Provider: "sendgrid", CampaignID: 1, UserID: "e", Address: "ayse@example.com", Status: campaign.DeliveryDelivered, EventID: "e1", At: now},

@@ -184,7 +184,8 @@ func TestOutcomesAreWrittenInPlace(t *testing.T) {
 		t.Errorf("%d of %d outcomes written in place (heap-only); the rest wrote a new row version and index entries", hot-hot0, n)
 	}
 	// The send is found by its message ID and by time, as the dropped indexes found it.
-	changed, err := store.RecordDeliveries(ctx, []campaign.Delivery{{Provider: "twilio", MessageID: fmt.Sprintf("SM%032d", 7), Status: campaign.DeliveryDelivered}})
+	applied, err := store.RecordDeliveries(ctx, []campaign.Delivery{{Provider: "twilio", MessageID: fmt.Sprintf("SM%032d", 7), Status: campaign.DeliveryDelivered}})
+	changed := applied.Changed
 	if err != nil || changed != 1 {
 		t.Fatalf("a receipt naming only the message ID changed %d (%v), want its recipient", changed, err)
 	}
@@ -309,8 +310,8 @@ func TestFrequencyCapCountsSendsProvedByReceipts(t *testing.T) {
 		t.Fatal(err)
 	}
 	// u00002's receipt proves its send; u00003 stays unknown; u00004 was sent two days ago.
-	if n, err := store.RecordDeliveries(ctx, []campaign.Delivery{{Provider: "twilio", CampaignID: rep.ID, UserID: "u00002", MessageID: "SM2", Status: campaign.DeliveryDelivered}}); err != nil || n != 1 {
-		t.Fatalf("receipt changed %d (%v)", n, err)
+	if res, err := store.RecordDeliveries(ctx, []campaign.Delivery{{Provider: "twilio", CampaignID: rep.ID, UserID: "u00002", MessageID: "SM2", Status: campaign.DeliveryDelivered}}); err != nil || res.Changed != 1 {
+		t.Fatalf("receipt changed %d (%v)", res.Changed, err)
 	}
 	mustExec(t, db, `UPDATE campaign_recipients SET sent_at = now() - interval '2 days' WHERE user_id = 'u00004'`)
 	mustExec(t, db, `UPDATE send_log SET at = now() - interval '2 days' WHERE user_id = 'u00004'`)
@@ -416,10 +417,10 @@ func TestOnlySendsWithUnkeyedReceiptsAreIndexedByMessageID(t *testing.T) {
 	if indexed != 1 {
 		t.Errorf("%d audit entries of the campaign fall under the message-ID index, want 1 (the unkeyed send's)", indexed)
 	}
-	n, err := store.RecordDeliveries(ctx, []campaign.Delivery{
+	n, err := changed(store.RecordDeliveries(ctx, []campaign.Delivery{
 		{Provider: "twilio", MessageID: "SMunkeyed", Status: "delivered"},
 		{Provider: "twilio", MessageID: "SMkeyed", CampaignID: a.ID, UserID: keyed, Status: "delivered"},
-	})
+	}))
 	if err != nil || n != 2 {
 		t.Fatalf("receipts changed %d recipients (%v), want 2: the one by message ID alone and the one by its keys", n, err)
 	}

@@ -400,7 +400,7 @@ func (b *deliveryBatcher) run(ctx context.Context) {
 			all = append(all, r.ds...)
 		}
 		wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
-		applied, err := b.store.ApplyDeliveries(wctx, all)
+		applied, err := b.store.RecordDeliveries(wctx, all)
 		cancel()
 		// Each request gets back the positions among its own receipts.
 		results := make([]deliveryResult, len(batch))
