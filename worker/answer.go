@@ -186,11 +186,14 @@ func (h *Handler) observe(ctx context.Context, provider string, v verdict, pe *p
 	}
 }
 
-// beforeGivingUp is called when a recipient's (or a request's) last attempt has failed transiently: the
-// provider's pace is sent this worker's answers at once, so that whether the provider is down (and the
-// attempt then not used up) is judged on every answer. The last flush was likely just before that send
-// (the loop reads the pace before each one), so the failure would otherwise wait for the next.
-func (h *Handler) beforeGivingUp(ctx context.Context, provider string) {
+// beforeGivingUp is called when attempt has failed transiently. When it was the last, the provider's pace
+// is sent this worker's answers at once, so that whether the provider is down (and the attempt then not
+// used up) is judged on every answer. The last flush was likely just before that send (the loop reads the
+// pace before each one), so the failure would otherwise wait for the next.
+func (h *Handler) beforeGivingUp(ctx context.Context, provider string, attempt int) {
+	if attempt < h.cfg.SendAttempts {
+		return
+	}
 	if err := h.pace(provider).Flush(ctx); err != nil {
 		h.log.Warn("provider pace not shared", "provider", provider, "err", err)
 	}

@@ -145,9 +145,7 @@ func (h *Handler) deliver(ctx, waitCtx context.Context, run *batchRun, rest []ca
 			return h.accountError(ctx, run, pe)
 		}
 		wait := h.backOff(pe, attempt)
-		if attempt >= h.cfg.SendAttempts {
-			h.beforeGivingUp(ctx, rt.provider.Name())
-		}
+		h.beforeGivingUp(ctx, rt.provider.Name(), attempt)
 		probe, err := h.waitWhileDown(ctx, waitCtx, run, rt.provider.Name())
 		if err != nil {
 			return err

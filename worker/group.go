@@ -193,9 +193,7 @@ func (h *Handler) sendGroup(ctx, waitCtx context.Context, run *batchRun, b provi
 			return h.accountError(ctx, run, pe)
 		}
 		wait := h.backOff(pe, attempt)
-		if attempt >= h.cfg.SendAttempts {
-			h.beforeGivingUp(ctx, b.Name())
-		}
+		h.beforeGivingUp(ctx, b.Name(), attempt)
 		probe, err := h.waitWhileDown(ctx, waitCtx, run, b.Name())
 		if err != nil {
 			return err

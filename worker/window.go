@@ -315,9 +315,7 @@ func (h *Handler) sendWindow(ctx context.Context, run *batchRun, rt *route, send
 			stop = firstErr(stop, h.accountError(ctx, run, pe))
 		case transient:
 			wait := h.backOff(pe, w.attempt)
-			if w.attempt >= h.cfg.SendAttempts {
-				h.beforeGivingUp(ctx, name)
-			}
+			h.beforeGivingUp(ctx, name, w.attempt)
 			if h.pace(name).Down(ctx) {
 				// An outage costs nobody an attempt: the recipient waits for the provider with the rest.
 				w.notUntil = time.Now()
