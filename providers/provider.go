@@ -112,6 +112,18 @@ type Provider interface {
 	Send(ctx context.Context, m Message) (Result, error)
 }
 
+// Warmer is a Provider that can open its connections before they are needed. The engine warms n
+// connections before it takes a rate limit's tokens for n requests: a connection's set-up (TCP and TLS
+// handshakes, a few round trips: hundreds of milliseconds to a distant provider, on every connection of a
+// campaign's first second) is then not spent holding tokens. Requests held that long would reach the
+// provider together with those sent meanwhile on open connections, and one second could carry more than
+// the cap.
+type Warmer interface {
+	// Warm makes sure n connections are open and idle, opening the missing ones at once, and returns when
+	// they are open or ctx ends. An error only means that the sends will open their connections themselves.
+	Warm(ctx context.Context, n int) error
+}
+
 // Batcher is a Provider that sends many messages in one request (SendGrid: up to 1000
 // personalizations). The request succeeds or fails as a whole.
 type Batcher interface {

@@ -35,7 +35,7 @@ func (h *Handler) deliver(ctx, waitCtx context.Context, run *batchRun, rest []ca
 			rt = run.secondary
 		}
 		tokens := sendTokens(rt, msg)
-		if err := h.readyToSend(ctx, waitCtx, run, sendSize{msgs: 1, tokens: tokens, calls: 1}, rt.limits...); err != nil {
+		if err := h.readyToSend(ctx, waitCtx, run, sendSize{msgs: 1, tokens: tokens, calls: 1, via: rt.provider}, rt.limits...); err != nil {
 			return err
 		}
 		if h.consentStale(run) {
@@ -208,7 +208,12 @@ func (h *Handler) markDown(name string) {
 // sendSize is what a send weighs on the limits: msgs messages taken from the campaign's bucket (its
 // --rate is in messages), tokens from the provider's (segments, where its limit counts them), in calls
 // provider calls (each has the wait observed once).
-type sendSize struct{ msgs, tokens, calls int }
+type sendSize struct {
+	msgs, tokens, calls int
+	// via is the provider of the calls: when it can open its connections ahead (providers.Warmer) and
+	// tokens are to be taken, calls connections are made ready first.
+	via providers.Provider
+}
 
 // readyToSend takes the tokens of a send of size sz; then it checks that the send window is still open
 // (the wait may have run past its end) and that the chunk's lease still holds.
@@ -224,6 +229,7 @@ func (h *Handler) readyToSend(ctx, waitCtx context.Context, run *batchRun, sz se
 	if paced {
 		// A wait may come: the answers of the sends before are written first, not after it.
 		h.settleAnswers(ctx, run)
+		h.warm(waitCtx, run, sz)
 	}
 	for _, l := range limits {
 		n := sz.msgs
@@ -256,6 +262,24 @@ func (h *Handler) readyToSend(ctx, waitCtx context.Context, run *batchRun, sz se
 		return &RetryError{Err: fmt.Errorf("the send window %s closed; sending resumes at %s", run.c.Window, next.Format(time.RFC3339)), After: next.Sub(now)}
 	}
 	return h.renew(ctx, run)
+}
+
+// warm opens the connections of sz's calls before their tokens are taken (providers.Warmer): a send that
+// had to open its connection after taking them (a TCP and TLS handshake, hundreds of milliseconds to a
+// distant provider, for every send of a campaign's first moments) would reach the provider late, together
+// with the sends that took their tokens after it on open connections, and a second could carry more than
+// the cap. It waits no longer than a third of the lease (the lease is renewed after the tokens); a
+// connection it could not open is opened, or fails, in the send itself.
+func (h *Handler) warm(ctx context.Context, run *batchRun, sz sendSize) {
+	w, ok := sz.via.(providers.Warmer)
+	if !ok {
+		return
+	}
+	ctx, cancel := context.WithTimeout(ctx, h.cfg.LeaseTTL/3)
+	defer cancel()
+	if err := w.Warm(ctx, sz.calls); err != nil && ctx.Err() == nil {
+		h.log.Debug("connections to the provider not opened ahead; the sends open them", "campaign_id", run.c.ID, "provider", sz.via.Name(), "err", fmt.Sprint(err))
+	}
 }
 
 // staleTokens is how long after its tokens a send may leave. A bucket hands out a twentieth of a second's

@@ -72,7 +72,7 @@ func (h *Handler) sendGroup(ctx, waitCtx context.Context, run *batchRun, b provi
 	g := run.guard
 	g.CheckHalt = true
 	for attempt := 1; ; attempt++ {
-		if err := h.readyToSend(ctx, waitCtx, run, sendSize{msgs: len(rs), tokens: len(rs), calls: 1}, run.limits...); err != nil {
+		if err := h.readyToSend(ctx, waitCtx, run, sendSize{msgs: len(rs), tokens: len(rs), calls: 1, via: b}, run.limits...); err != nil {
 			return err
 		}
 		if drop, err := h.recheck(ctx, run, rs); err != nil {

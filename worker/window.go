@@ -120,7 +120,7 @@ func (h *Handler) deliverWindowed(ctx, waitCtx context.Context, run *batchRun, r
 			continue
 		}
 		queue = rest
-		if err := h.readyToSend(ctx, waitCtx, run, sendSize{msgs: len(win), tokens: tokensOf(win), calls: len(win)}, limits...); err != nil {
+		if err := h.readyToSend(ctx, waitCtx, run, sendSize{msgs: len(win), tokens: tokensOf(win), calls: len(win), via: rt.provider}, limits...); err != nil {
 			return err
 		}
 		if h.consentStale(run) {

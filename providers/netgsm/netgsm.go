@@ -145,6 +145,22 @@ func validHeader(h string) bool {
 // Name returns "netgsm".
 func (p *Provider) Name() string { return "netgsm" }
 
+// Warm opens up to n connections to the send endpoint's host, so that the requests about to take their
+// rate's tokens do not spend them on a TCP and TLS handshake (providers.Warmer).
+func (p *Provider) Warm(ctx context.Context, n int) error {
+	w, ok := p.client.Transport.(interface {
+		Warm(context.Context, *url.URL, int) error
+	})
+	if !ok {
+		return nil
+	}
+	u, err := url.Parse(p.endpoint)
+	if err != nil {
+		return err
+	}
+	return w.Warm(ctx, u, n)
+}
+
 type message struct {
 	Msg string `json:"msg"`
 	No  string `json:"no"`

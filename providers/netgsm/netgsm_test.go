@@ -4,8 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
+	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -179,5 +183,47 @@ func TestNewRefusesBadConfig(t *testing.T) {
 		if _, err := netgsm.New(tc.cfg); err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("New(%+v) = %v, want an error saying %q", tc.cfg, err, tc.want)
 		}
+	}
+}
+
+// Warm opens the connections the next sends use (providers.Warmer).
+func TestWarmOpensTheConnectionsOfTheNextSends(t *testing.T) {
+	t.Parallel()
+	const n = 3
+	var opened atomic.Int64
+	srv := httptest.NewUnstartedServer(sandbox.New(sandbox.Options{NetgsmUserCode: "8503000000", NetgsmPassword: password}))
+	srv.Config.ConnState = func(_ net.Conn, s http.ConnState) {
+		if s == http.StateNew {
+			opened.Add(1)
+		}
+	}
+	srv.Start()
+	t.Cleanup(srv.Close)
+	p, err := netgsm.New(netgsm.Config{UserCode: "8503000000", Password: password, Header: "KAMPANYA", BaseURL: srv.URL})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var _ providers.Warmer = p
+	if err := p.Warm(context.Background(), n); err != nil {
+		t.Fatal(err)
+	}
+	// The server sees a connection once it accepts it, a moment after the client's dial returned.
+	for end := time.Now().Add(2 * time.Second); opened.Load() < n && time.Now().Before(end); {
+		time.Sleep(time.Millisecond)
+	}
+	if got := opened.Load(); got != n {
+		t.Fatalf("Warm(%d) opened %d connections", n, got)
+	}
+	var sends sync.WaitGroup
+	for i := range n {
+		sends.Go(func() {
+			if _, err := p.Send(context.Background(), providers.Message{To: fmt.Sprintf("+90532123%04d", i), Body: "Merhaba"}); err != nil {
+				t.Error(err)
+			}
+		})
+	}
+	sends.Wait()
+	if got := opened.Load(); got != n {
+		t.Errorf("%d sends after Warm(%d) opened %d connections of their own", n, n, got-n)
 	}
 }

@@ -137,6 +137,27 @@ func New(cfg Config) (*Provider, error) {
 	}, nil
 }
 
+// Warm opens up to n connections to the API's host, so that the requests about to take their rate's
+// tokens (a request's worth of recipients each) do not spend them on a TCP and TLS handshake
+// (providers.Warmer).
+func (p *Provider) Warm(ctx context.Context, n int) error {
+	bt, ok := p.client.HTTPClient.Transport.(*boundingTransport)
+	if !ok {
+		return nil
+	}
+	w, ok := bt.next.(interface {
+		Warm(context.Context, *url.URL, int) error
+	})
+	if !ok {
+		return nil
+	}
+	u, err := url.Parse(p.baseURL + sendPath)
+	if err != nil {
+		return err
+	}
+	return w.Warm(ctx, u, n)
+}
+
 // Name returns "sendgrid".
 func (p *Provider) Name() string { return "sendgrid" }
 

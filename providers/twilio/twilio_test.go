@@ -10,6 +10,7 @@ import (
 	"runtime"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -507,5 +508,48 @@ func TestSendReusesConnections(t *testing.T) {
 				t.Errorf("5 sends opened %d connections, want 1", n)
 			}
 		})
+	}
+}
+
+// Warm opens the connections the next sends use: after Warm(n), n sends at once to the sandbox open none
+// of their own, and a second Warm opens none either (providers.Warmer).
+func TestWarmOpensTheConnectionsOfTheNextSends(t *testing.T) {
+	const n = 3
+	var opened atomic.Int64
+	srv := httptest.NewUnstartedServer(sandbox.New(sandbox.Options{TwilioAccountSID: testSID, TwilioAuthToken: testToken}))
+	srv.Config.ConnState = func(_ net.Conn, s http.ConnState) {
+		if s == http.StateNew {
+			opened.Add(1)
+		}
+	}
+	srv.Start()
+	t.Cleanup(srv.Close)
+	p := newProvider(t, srv.URL)
+	var _ providers.Warmer = p
+	for range 2 {
+		if err := p.Warm(context.Background(), n); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The server sees a connection once it accepts it, a moment after the client's dial returned.
+	for end := time.Now().Add(2 * time.Second); opened.Load() < n && time.Now().Before(end); {
+		time.Sleep(time.Millisecond)
+	}
+	if got := opened.Load(); got != n {
+		t.Fatalf("Warm(%d), twice, opened %d connections, want %d", n, got, n)
+	}
+	var sends sync.WaitGroup
+	for i := range n {
+		sends.Go(func() {
+			m := benchMsg
+			m.To = fmt.Sprintf("+90532000%04d", i)
+			if _, err := p.Send(context.Background(), m); err != nil {
+				t.Error(err)
+			}
+		})
+	}
+	sends.Wait()
+	if got := opened.Load(); got != n {
+		t.Errorf("%d sends after Warm(%d) opened %d connections of their own", n, n, got-n)
 	}
 }

@@ -1,13 +1,17 @@
 package wire_test
 
 import (
+	"context"
+	"crypto/tls"
 	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/campaignctl/campaignctl/providers/internal/wire"
 )
@@ -63,5 +67,73 @@ func TestTransportKeepsAConnectionPerRequestInFlight(t *testing.T) {
 	}
 	if n := run(0); n <= inFlight {
 		t.Errorf("the default pool (%d idle) dialled %d connections for %d waves of %d: the test does not tell the two apart", wire.MaxIdleConns, n, waves, inFlight)
+	}
+}
+
+// TestWarmOpensTheConnectionsOfTheNextRequests: Warm returns once the connections it opened have shaken
+// hands (a server slow to answer a handshake, as a distant provider is), two calls at once open them once,
+// and as many requests at once as were warmed open no connection of their own.
+func TestWarmOpensTheConnectionsOfTheNextRequests(t *testing.T) {
+	const n, handshake = 4, 150 * time.Millisecond
+	var opened atomic.Int64
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") }))
+	srv.Config.ConnState = func(_ net.Conn, s http.ConnState) {
+		if s == http.StateNew {
+			opened.Add(1)
+		}
+	}
+	srv.TLS = &tls.Config{GetConfigForClient: func(*tls.ClientHelloInfo) (*tls.Config, error) {
+		time.Sleep(handshake)
+		return nil, nil
+	}}
+	srv.StartTLS()
+	t.Cleanup(srv.Close)
+	tr := &wire.Transport{TLSClientConfig: srv.Client().Transport.(*http.Transport).TLSClientConfig}
+	t.Cleanup(tr.CloseIdleConnections)
+	u, err := url.Parse(srv.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	start := time.Now()
+	var warming sync.WaitGroup
+	for range 2 {
+		warming.Go(func() {
+			if err := tr.Warm(context.Background(), u, n); err != nil {
+				t.Error(err)
+			}
+		})
+	}
+	warming.Wait()
+	if took := time.Since(start); took < handshake {
+		t.Errorf("Warm returned after %v, before a handshake of %v could end", took, handshake)
+	}
+	if got := opened.Load(); got != n {
+		t.Fatalf("two calls of Warm(%d) at once opened %d connections, want %d", n, got, n)
+	}
+	if err := tr.Warm(context.Background(), u, n); err != nil || opened.Load() != n {
+		t.Fatalf("Warm with %d idle opened %d more (%v)", n, opened.Load()-n, err)
+	}
+
+	client := &http.Client{Transport: tr}
+	start = time.Now()
+	var sends sync.WaitGroup
+	for range n {
+		sends.Go(func() {
+			resp, err := client.Get(srv.URL)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+		})
+	}
+	sends.Wait()
+	if got := opened.Load(); got != n {
+		t.Errorf("%d requests after Warm(%d) opened %d connections of their own", n, n, got-n)
+	}
+	if took := time.Since(start); took >= handshake {
+		t.Errorf("%d requests after Warm(%d) took %v: they waited for a handshake", n, n, took)
 	}
 }

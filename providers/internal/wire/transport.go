@@ -127,6 +127,8 @@ type host struct {
 	key  hostKey
 	tls  *tls.Config // https only: TLSClientConfig for this host
 	idle []*conn     // oldest first: the last one went idle last and is reused first
+	// warming counts the connections Warm is opening, so that calls at once do not open them twice.
+	warming int
 }
 
 // RoundTrip sends req and returns its answer, or hands req to net/http (see Transport). The answer's
@@ -270,6 +272,51 @@ func (t *Transport) newHostLocked(key hostKey, u *url.URL) *host {
 	}
 	t.hosts[key] = h
 	return h
+}
+
+// Warm opens connections to u's host until n of them are idle (at most the idle limit), counting those
+// another call is opening already, and returns once the ones it dialled are open (TCP and, for https, the
+// TLS handshake) and idle, or have failed: the first error, if any. A request that will go through a proxy
+// is not warmed. A caller that is about to take a rate limit's tokens for n requests warms first, so that
+// no request holds its tokens through a connection's set-up.
+func (t *Transport) Warm(ctx context.Context, u *url.URL, n int) error {
+	if !t.handles(&http.Request{Method: http.MethodPost, URL: u, Header: http.Header{}, ProtoMajor: 1, ProtoMinor: 1}) {
+		return nil
+	}
+	key := keyOf(u)
+	t.mu.Lock()
+	t.closeIdle = false
+	h := t.hosts[key]
+	if h == nil {
+		h = t.newHostLocked(key, u)
+	}
+	missing := min(n, t.maxIdle()) - len(h.idle) - h.warming
+	if missing <= 0 {
+		t.mu.Unlock()
+		return nil
+	}
+	h.warming += missing
+	t.mu.Unlock()
+	errs := make(chan error, missing)
+	for range missing {
+		go func() {
+			pc, err := t.dial(ctx, nil, h)
+			t.mu.Lock()
+			h.warming--
+			t.mu.Unlock()
+			if err == nil {
+				t.putIdle(pc)
+			}
+			errs <- err
+		}()
+	}
+	var first error
+	for range missing {
+		if err := <-errs; err != nil && first == nil {
+			first = err
+		}
+	}
+	return first
 }
 
 // getConn returns a connection to u's host: the idle one used last, if it is still open, or a new one.

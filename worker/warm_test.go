@@ -1,0 +1,136 @@
+package worker
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/campaignctl/campaignctl/campaign"
+	"github.com/campaignctl/campaignctl/limiter"
+	"github.com/campaignctl/campaignctl/providers"
+)
+
+// connectingProvider is a worker process's view of the scripted provider behind a pool of connections
+// that take setup to open, as a TCP and TLS handshake to a distant provider does: a send that finds no
+// idle connection opens one first, and reaches the provider setup later. With warmable, it can open them
+// ahead (providers.Warmer).
+type connectingProvider struct {
+	*scriptedProvider
+	setup time.Duration
+
+	mu            sync.Mutex
+	idle, opening int
+}
+
+func (p *connectingProvider) Send(ctx context.Context, m providers.Message) (providers.Result, error) {
+	p.mu.Lock()
+	reuse := p.idle > 0
+	if reuse {
+		p.idle--
+	}
+	p.mu.Unlock()
+	if !reuse {
+		time.Sleep(p.setup)
+	}
+	defer func() {
+		p.mu.Lock()
+		p.idle++
+		p.mu.Unlock()
+	}()
+	return p.scriptedProvider.Send(ctx, m)
+}
+
+// warmableProvider is a connectingProvider the engine can warm.
+type warmableProvider struct{ *connectingProvider }
+
+func (p warmableProvider) Warm(ctx context.Context, n int) error {
+	p.mu.Lock()
+	missing := n - p.idle - p.opening
+	if missing <= 0 {
+		p.mu.Unlock()
+		return nil
+	}
+	p.opening += missing
+	p.mu.Unlock()
+	time.Sleep(p.setup) // opened at once, side by side
+	p.mu.Lock()
+	p.opening -= missing
+	p.idle += missing
+	p.mu.Unlock()
+	return nil
+}
+
+// A campaign's first sends open their connections. Opened after the sends took their tokens, a
+// handshake's time holds each request back while the sends after it go out on connections already open:
+// the provider then counts the held ones on top of the cap. Opened before the tokens are taken (Warm), the
+// requests leave as the bucket lets them, and no second carries more than the cap and its burst.
+func TestConnectionsAreOpenedBeforeTheTokensAreTaken(t *testing.T) {
+	t.Parallel()
+	const rate, workers, setup = 100, 3, 300 * time.Millisecond
+	busiest := func(t *testing.T, warmable bool) int {
+		f := planWith(t, 600, func(s *campaign.Spec) { s.BatchSize = 330 / workers })
+		if f.batches < workers {
+			t.Fatalf("%d batches for %d workers", f.batches, workers)
+		}
+		var mu sync.Mutex
+		var at []time.Time
+		f.provider.before = func(providers.Message) {
+			mu.Lock()
+			at = append(at, time.Now())
+			mu.Unlock()
+		}
+		errs := make(chan error, workers)
+		for b := range workers {
+			var p providers.Provider = &connectingProvider{scriptedProvider: f.provider, setup: setup}
+			if warmable {
+				p = warmableProvider{p.(*connectingProvider)}
+			}
+			h := NewHandler(Config{
+				Store: f.store, Redis: f.rdb, Owner: fmt.Sprint("w", b), SendWindow: 8,
+				Providers:     map[campaign.Channel]providers.Provider{campaign.ChannelSMS: p},
+				ProviderRates: map[string]float64{"test": rate},
+			})
+			go func() { errs <- h.RunBatch(context.Background(), f.id, b) }()
+		}
+		for range workers {
+			if err := <-errs; err != nil {
+				t.Fatal(err)
+			}
+		}
+		f.assertOnce(t)
+		slices.SortFunc(at, func(a, b time.Time) int { return a.Compare(b) })
+		if len(at) < 2*rate {
+			t.Fatalf("%d messages sent, want over two seconds' worth", len(at))
+		}
+		most := 0
+		for i := range at {
+			j := i
+			for j < len(at) && at[j].Sub(at[i]) < time.Second {
+				j++
+			}
+			most = max(most, j-i)
+		}
+		return most
+	}
+	// The bucket's burst, and the tokens of the 25 ms a send may hold them (staleTokens).
+	bar := rate + limiter.Burst(rate) + 2
+	t.Run("warmed", func(t *testing.T) {
+		t.Parallel()
+		n := busiest(t, true)
+		t.Logf("busiest second: %d messages", n)
+		if n > bar {
+			t.Errorf("%d messages reached the provider within a second, cap %d/s (burst %d)", n, rate, limiter.Burst(rate))
+		}
+	})
+	t.Run("not warmable", func(t *testing.T) {
+		t.Parallel()
+		n := busiest(t, false)
+		t.Logf("busiest second: %d messages", n)
+		if n <= bar {
+			t.Errorf("a provider that cannot be warmed got at most %d messages in a second: the test does not tell the two apart", n)
+		}
+	})
+}
