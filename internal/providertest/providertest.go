@@ -2,10 +2,15 @@
 package providertest
 
 import (
+	"crypto/tls"
 	"errors"
 	"net"
+	"net/http"
+	"net/http/httptest"
 	"strings"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/campaignctl/campaignctl/providers"
 )
@@ -46,4 +51,43 @@ func ClosedAddr(t *testing.T) string {
 	addr := ln.Addr().String()
 	ln.Close()
 	return addr
+}
+
+// CountingServer is an httptest server that counts the connections it accepts: the warm-up tests
+// (providers.Warmer) tell with it which connections a Warm opened and whether the requests after it
+// opened any of their own.
+type CountingServer struct {
+	*httptest.Server
+	opened atomic.Int64
+}
+
+// NewCountingServer starts a CountingServer for handler, over TLS with tlsConfig when it is not nil (its
+// certificate is the httptest one: trust it with srv.Client()'s TLS configuration). It is closed when the
+// test ends.
+func NewCountingServer(t testing.TB, handler http.Handler, tlsConfig *tls.Config) *CountingServer {
+	t.Helper()
+	s := &CountingServer{Server: httptest.NewUnstartedServer(handler)}
+	s.Config.ConnState = func(_ net.Conn, st http.ConnState) {
+		if st == http.StateNew {
+			s.opened.Add(1)
+		}
+	}
+	if tlsConfig != nil {
+		s.TLS = tlsConfig
+		s.StartTLS()
+	} else {
+		s.Start()
+	}
+	t.Cleanup(s.Close)
+	return s
+}
+
+// Opened returns how many connections the server has accepted, once it has accepted at least want or
+// after two seconds: the server sees a connection when it accepts it, a moment after the client's dial
+// returned.
+func (s *CountingServer) Opened(want int64) int64 {
+	for end := time.Now().Add(2 * time.Second); s.opened.Load() < want && time.Now().Before(end); {
+		time.Sleep(time.Millisecond)
+	}
+	return s.opened.Load()
 }

@@ -78,6 +78,7 @@ type Config struct {
 // Provider sends SMS through Netgsm. It is safe for concurrent use.
 type Provider struct {
 	endpoint   string
+	sendURL    *url.URL // endpoint, parsed (Warm)
 	user, pass string
 	header     string
 	filter     string
@@ -116,9 +117,14 @@ func New(cfg Config) (*Provider, error) {
 	if timeout == 0 {
 		timeout = DefaultTimeout
 	}
+	endpoint := strings.TrimSuffix(u.String(), "/") + SendPath
+	sendURL, err := url.Parse(endpoint)
+	if err != nil {
+		return nil, errors.New("netgsm: base URL must be http(s)://host[:port]: check NETGSM_BASE_URL")
+	}
 	return &Provider{
-		endpoint: strings.TrimSuffix(u.String(), "/") + SendPath,
-		user:     cfg.UserCode, pass: cfg.Password, header: cfg.Header, filter: filter,
+		endpoint: endpoint, sendURL: sendURL,
+		user: cfg.UserCode, pass: cfg.Password, header: cfg.Header, filter: filter,
 		timeout: timeout,
 		client: &http.Client{
 			// No Timeout here: Send bounds the request with a deadline on its context (see Send).
@@ -148,17 +154,7 @@ func (p *Provider) Name() string { return "netgsm" }
 // Warm opens up to n connections to the send endpoint's host, so that the requests about to take their
 // rate's tokens do not spend them on a TCP and TLS handshake (providers.Warmer).
 func (p *Provider) Warm(ctx context.Context, n int) error {
-	w, ok := p.client.Transport.(interface {
-		Warm(context.Context, *url.URL, int) error
-	})
-	if !ok {
-		return nil
-	}
-	u, err := url.Parse(p.endpoint)
-	if err != nil {
-		return err
-	}
-	return w.Warm(ctx, u, n)
+	return wire.Warm(ctx, p.client.Transport, p.sendURL, n)
 }
 
 type message struct {

@@ -4,15 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
-	"net/http"
 	"net/http/httptest"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/campaignctl/campaignctl/internal/providertest"
 	"github.com/campaignctl/campaignctl/providers"
 	"github.com/campaignctl/campaignctl/providers/netgsm"
 	"github.com/campaignctl/campaignctl/providers/sandbox"
@@ -190,15 +188,7 @@ func TestNewRefusesBadConfig(t *testing.T) {
 func TestWarmOpensTheConnectionsOfTheNextSends(t *testing.T) {
 	t.Parallel()
 	const n = 3
-	var opened atomic.Int64
-	srv := httptest.NewUnstartedServer(sandbox.New(sandbox.Options{NetgsmUserCode: "8503000000", NetgsmPassword: password}))
-	srv.Config.ConnState = func(_ net.Conn, s http.ConnState) {
-		if s == http.StateNew {
-			opened.Add(1)
-		}
-	}
-	srv.Start()
-	t.Cleanup(srv.Close)
+	srv := providertest.NewCountingServer(t, sandbox.New(sandbox.Options{NetgsmUserCode: "8503000000", NetgsmPassword: password}), nil)
 	p, err := netgsm.New(netgsm.Config{UserCode: "8503000000", Password: password, Header: "KAMPANYA", BaseURL: srv.URL})
 	if err != nil {
 		t.Fatal(err)
@@ -207,11 +197,7 @@ func TestWarmOpensTheConnectionsOfTheNextSends(t *testing.T) {
 	if err := p.Warm(context.Background(), n); err != nil {
 		t.Fatal(err)
 	}
-	// The server sees a connection once it accepts it, a moment after the client's dial returned.
-	for end := time.Now().Add(2 * time.Second); opened.Load() < n && time.Now().Before(end); {
-		time.Sleep(time.Millisecond)
-	}
-	if got := opened.Load(); got != n {
+	if got := srv.Opened(n); got != n {
 		t.Fatalf("Warm(%d) opened %d connections", n, got)
 	}
 	var sends sync.WaitGroup
@@ -223,7 +209,7 @@ func TestWarmOpensTheConnectionsOfTheNextSends(t *testing.T) {
 		})
 	}
 	sends.Wait()
-	if got := opened.Load(); got != n {
+	if got := srv.Opened(n); got != n {
 		t.Errorf("%d sends after Warm(%d) opened %d connections of their own", n, n, got-n)
 	}
 }

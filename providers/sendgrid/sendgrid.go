@@ -81,6 +81,7 @@ type Provider struct {
 	key     string
 	from    *sgmail.Email
 	baseURL string
+	sendURL *url.URL     // baseURL and the Mail Send path, parsed (Warm)
 	client  *rest.Client // shared: it holds only the *http.Client
 	// bodies holds request body buffers (*[]byte) for the next requests: a request of 1000
 	// personalizations is half a megabyte, which would be allocated, zeroed and collected each time. A
@@ -129,10 +130,15 @@ func New(cfg Config) (*Provider, error) {
 		// SendGrid does not redirect API calls; following one would resend the mail elsewhere.
 		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
 	}
+	sendURL, err := url.Parse(base + sendPath)
+	if err != nil {
+		return nil, errors.New("sendgrid: base URL is not a valid URL: check SENDGRID_BASE_URL")
+	}
 	return &Provider{
 		key:     cfg.APIKey,
 		from:    sgmail.NewEmail(cfg.FromName, cfg.From),
 		baseURL: base,
+		sendURL: sendURL,
 		client:  &rest.Client{HTTPClient: hc},
 	}, nil
 }
@@ -141,21 +147,10 @@ func New(cfg Config) (*Provider, error) {
 // tokens (a request's worth of recipients each) do not spend them on a TCP and TLS handshake
 // (providers.Warmer).
 func (p *Provider) Warm(ctx context.Context, n int) error {
-	bt, ok := p.client.HTTPClient.Transport.(*boundingTransport)
-	if !ok {
-		return nil
+	if bt, ok := p.client.HTTPClient.Transport.(*boundingTransport); ok {
+		return wire.Warm(ctx, bt.next, p.sendURL, n)
 	}
-	w, ok := bt.next.(interface {
-		Warm(context.Context, *url.URL, int) error
-	})
-	if !ok {
-		return nil
-	}
-	u, err := url.Parse(p.baseURL + sendPath)
-	if err != nil {
-		return err
-	}
-	return w.Warm(ctx, u, n)
+	return nil
 }
 
 // Name returns "sendgrid".

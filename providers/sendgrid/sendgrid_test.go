@@ -7,13 +7,11 @@ import (
 	"fmt"
 	"html"
 	"io"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"slices"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -649,25 +647,13 @@ func TestSubjectHoldingTheTextTag(t *testing.T) {
 // Warm opens the connections the next requests use (providers.Warmer).
 func TestWarmOpensTheConnectionsOfTheNextRequests(t *testing.T) {
 	const n = 2
-	var opened atomic.Int64
-	srv := httptest.NewUnstartedServer(sandbox.New(sandbox.Options{SendGridAPIKey: testKey}))
-	srv.Config.ConnState = func(_ net.Conn, s http.ConnState) {
-		if s == http.StateNew {
-			opened.Add(1)
-		}
-	}
-	srv.Start()
-	t.Cleanup(srv.Close)
+	srv := providertest.NewCountingServer(t, sandbox.New(sandbox.Options{SendGridAPIKey: testKey}), nil)
 	p := newProvider(t, srv.URL)
 	var _ providers.Warmer = p
 	if err := p.Warm(context.Background(), n); err != nil {
 		t.Fatal(err)
 	}
-	// The server sees a connection once it accepts it, a moment after the client's dial returned.
-	for end := time.Now().Add(2 * time.Second); opened.Load() < n && time.Now().Before(end); {
-		time.Sleep(time.Millisecond)
-	}
-	if got := opened.Load(); got != n {
+	if got := srv.Opened(n); got != n {
 		t.Fatalf("Warm(%d) opened %d connections", n, got)
 	}
 	var sends sync.WaitGroup
@@ -679,7 +665,7 @@ func TestWarmOpensTheConnectionsOfTheNextRequests(t *testing.T) {
 		})
 	}
 	sends.Wait()
-	if got := opened.Load(); got != n {
+	if got := srv.Opened(n); got != n {
 		t.Errorf("%d requests after Warm(%d) opened %d connections of their own", n, n, got-n)
 	}
 }

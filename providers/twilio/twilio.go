@@ -74,7 +74,7 @@ type Provider struct {
 	timeout   time.Duration
 	transport http.RoundTripper
 	lastURL   atomic.Pointer[parsedURL] // the last Messages URL the SDK gave, parsed
-	warmRaw   atomic.Pointer[string]    // the Messages URL as the SDK builds it, for Warm
+	warmURL   *url.URL                  // the Messages URL as the SDK builds it and as it is sent, for Warm
 }
 
 // New validates cfg and returns a Provider. Its errors name the environment variable to fix and never
@@ -121,6 +121,13 @@ func New(cfg Config) (*Provider, error) {
 		p.target = u
 	} else {
 		p.edge, p.region = os.Getenv("TWILIO_EDGE"), os.Getenv("TWILIO_REGION")
+	}
+	raw, err := (&client.RequestHandler{Edge: p.edge, Region: p.region}).BuildUrl(DefaultBaseURL + "/2010-04-01/Accounts/" + p.accountSID + "/Messages.json")
+	if err == nil {
+		p.warmURL, err = p.messagesURL(raw)
+	}
+	if err != nil {
+		return nil, errors.New("twilio: the Messages URL cannot be built: check TWILIO_EDGE and TWILIO_REGION")
 	}
 	return p, nil
 }
@@ -198,26 +205,7 @@ func (p *Provider) Send(ctx context.Context, m providers.Message) (providers.Res
 // rate's tokens do not spend them on a TCP and TLS handshake (providers.Warmer). The URL is the one the
 // SDK builds for a message of the account (its edge and region included), pointed at Config.BaseURL.
 func (p *Provider) Warm(ctx context.Context, n int) error {
-	w, ok := p.transport.(interface {
-		Warm(context.Context, *url.URL, int) error
-	})
-	if !ok {
-		return nil
-	}
-	raw := p.warmRaw.Load()
-	if raw == nil {
-		built, err := (&client.RequestHandler{Edge: p.edge, Region: p.region}).BuildUrl(DefaultBaseURL + "/2010-04-01/Accounts/" + p.accountSID + "/Messages.json")
-		if err != nil {
-			return err
-		}
-		raw = &built
-		p.warmRaw.Store(raw)
-	}
-	u, err := p.messagesURL(*raw)
-	if err != nil {
-		return err
-	}
-	return w.Warm(ctx, u, n)
+	return wire.Warm(ctx, p.transport, p.warmURL, n)
 }
 
 func parseBaseURL(raw string) (*url.URL, error) {

@@ -10,7 +10,6 @@ import (
 	"runtime"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -515,15 +514,7 @@ func TestSendReusesConnections(t *testing.T) {
 // of their own, and a second Warm opens none either (providers.Warmer).
 func TestWarmOpensTheConnectionsOfTheNextSends(t *testing.T) {
 	const n = 3
-	var opened atomic.Int64
-	srv := httptest.NewUnstartedServer(sandbox.New(sandbox.Options{TwilioAccountSID: testSID, TwilioAuthToken: testToken}))
-	srv.Config.ConnState = func(_ net.Conn, s http.ConnState) {
-		if s == http.StateNew {
-			opened.Add(1)
-		}
-	}
-	srv.Start()
-	t.Cleanup(srv.Close)
+	srv := providertest.NewCountingServer(t, sandbox.New(sandbox.Options{TwilioAccountSID: testSID, TwilioAuthToken: testToken}), nil)
 	p := newProvider(t, srv.URL)
 	var _ providers.Warmer = p
 	for range 2 {
@@ -531,11 +522,7 @@ func TestWarmOpensTheConnectionsOfTheNextSends(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	// The server sees a connection once it accepts it, a moment after the client's dial returned.
-	for end := time.Now().Add(2 * time.Second); opened.Load() < n && time.Now().Before(end); {
-		time.Sleep(time.Millisecond)
-	}
-	if got := opened.Load(); got != n {
+	if got := srv.Opened(n); got != n {
 		t.Fatalf("Warm(%d), twice, opened %d connections, want %d", n, got, n)
 	}
 	var sends sync.WaitGroup
@@ -549,7 +536,7 @@ func TestWarmOpensTheConnectionsOfTheNextSends(t *testing.T) {
 		})
 	}
 	sends.Wait()
-	if got := opened.Load(); got != n {
+	if got := srv.Opened(n); got != n {
 		t.Errorf("%d sends after Warm(%d) opened %d connections of their own", n, n, got-n)
 	}
 }

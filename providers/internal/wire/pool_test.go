@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/campaignctl/campaignctl/internal/providertest"
 	"github.com/campaignctl/campaignctl/providers/internal/wire"
 )
 
@@ -46,15 +47,7 @@ func TestTransportKeepsAConnectionPerRequestInFlight(t *testing.T) {
 			gate.Store(&release)
 			var done sync.WaitGroup
 			for range inFlight {
-				done.Go(func() {
-					resp, err := client.Get(srv.URL)
-					if err != nil {
-						t.Error(err)
-						return
-					}
-					io.Copy(io.Discard, resp.Body)
-					resp.Body.Close()
-				})
+				done.Go(func() { get(t, client, srv.URL) })
 			}
 			arrived.Wait()
 			close(release)
@@ -70,24 +63,27 @@ func TestTransportKeepsAConnectionPerRequestInFlight(t *testing.T) {
 	}
 }
 
+// get sends a GET to url and reads its answer.
+func get(t *testing.T, client *http.Client, url string) {
+	resp, err := client.Get(url)
+	if err != nil {
+		t.Error(err)
+		return
+	}
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+}
+
 // TestWarmOpensTheConnectionsOfTheNextRequests: Warm returns once the connections it opened have shaken
 // hands (a server slow to answer a handshake, as a distant provider is), two calls at once open them once,
 // and as many requests at once as were warmed open no connection of their own.
 func TestWarmOpensTheConnectionsOfTheNextRequests(t *testing.T) {
 	const n, handshake = 4, 150 * time.Millisecond
-	var opened atomic.Int64
-	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") }))
-	srv.Config.ConnState = func(_ net.Conn, s http.ConnState) {
-		if s == http.StateNew {
-			opened.Add(1)
-		}
-	}
-	srv.TLS = &tls.Config{GetConfigForClient: func(*tls.ClientHelloInfo) (*tls.Config, error) {
-		time.Sleep(handshake)
-		return nil, nil
-	}}
-	srv.StartTLS()
-	t.Cleanup(srv.Close)
+	srv := providertest.NewCountingServer(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") }),
+		&tls.Config{GetConfigForClient: func(*tls.ClientHelloInfo) (*tls.Config, error) {
+			time.Sleep(handshake)
+			return nil, nil
+		}})
 	tr := &wire.Transport{TLSClientConfig: srv.Client().Transport.(*http.Transport).TLSClientConfig}
 	t.Cleanup(tr.CloseIdleConnections)
 	u, err := url.Parse(srv.URL)
@@ -108,29 +104,21 @@ func TestWarmOpensTheConnectionsOfTheNextRequests(t *testing.T) {
 	if took := time.Since(start); took < handshake {
 		t.Errorf("Warm returned after %v, before a handshake of %v could end", took, handshake)
 	}
-	if got := opened.Load(); got != n {
+	if got := srv.Opened(n); got != n {
 		t.Fatalf("two calls of Warm(%d) at once opened %d connections, want %d", n, got, n)
 	}
-	if err := tr.Warm(context.Background(), u, n); err != nil || opened.Load() != n {
-		t.Fatalf("Warm with %d idle opened %d more (%v)", n, opened.Load()-n, err)
+	if err := tr.Warm(context.Background(), u, n); err != nil || srv.Opened(n) != n {
+		t.Fatalf("Warm with %d idle opened %d more (%v)", n, srv.Opened(n)-n, err)
 	}
 
 	client := &http.Client{Transport: tr}
 	start = time.Now()
 	var sends sync.WaitGroup
 	for range n {
-		sends.Go(func() {
-			resp, err := client.Get(srv.URL)
-			if err != nil {
-				t.Error(err)
-				return
-			}
-			io.Copy(io.Discard, resp.Body)
-			resp.Body.Close()
-		})
+		sends.Go(func() { get(t, client, srv.URL) })
 	}
 	sends.Wait()
-	if got := opened.Load(); got != n {
+	if got := srv.Opened(n); got != n {
 		t.Errorf("%d requests after Warm(%d) opened %d connections of their own", n, n, got-n)
 	}
 	if took := time.Since(start); took >= handshake {

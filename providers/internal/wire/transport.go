@@ -280,17 +280,23 @@ func (t *Transport) newHostLocked(key hostKey, u *url.URL) *host {
 // is not warmed. A caller that is about to take a rate limit's tokens for n requests warms first, so that
 // no request holds its tokens through a connection's set-up.
 func (t *Transport) Warm(ctx context.Context, u *url.URL, n int) error {
-	if !t.handles(&http.Request{Method: http.MethodPost, URL: u, Header: http.Header{}, ProtoMajor: 1, ProtoMinor: 1}) {
+	key := keyOf(u)
+	want := min(n, t.maxIdle())
+	t.mu.Lock()
+	h := t.hosts[key]
+	enough := h != nil && len(h.idle)+h.warming >= want
+	t.mu.Unlock()
+	// The usual case, connections already open, costs a lookup: the proxy is asked only when one is missing.
+	if enough || !t.handles(&http.Request{Method: http.MethodPost, URL: u, Header: http.Header{}, ProtoMajor: 1, ProtoMinor: 1}) {
 		return nil
 	}
-	key := keyOf(u)
 	t.mu.Lock()
 	t.closeIdle = false
-	h := t.hosts[key]
+	h = t.hosts[key]
 	if h == nil {
 		h = t.newHostLocked(key, u)
 	}
-	missing := min(n, t.maxIdle()) - len(h.idle) - h.warming
+	missing := want - len(h.idle) - h.warming
 	if missing <= 0 {
 		t.mu.Unlock()
 		return nil
@@ -317,6 +323,15 @@ func (t *Transport) Warm(ctx context.Context, u *url.URL, n int) error {
 		}
 	}
 	return first
+}
+
+// Warm warms n connections to u through rt (Transport.Warm) when rt is a Transport of this package, the
+// RoundTripper NewTransport returns; through any other, connections are opened by the requests themselves.
+func Warm(ctx context.Context, rt http.RoundTripper, u *url.URL, n int) error {
+	if t, ok := rt.(*Transport); ok {
+		return t.Warm(ctx, u, n)
+	}
+	return nil
 }
 
 // getConn returns a connection to u's host: the idle one used last, if it is still open, or a new one.
