@@ -427,13 +427,7 @@ func TestTokensHeldThroughAStallAreTakenAgain(t *testing.T) {
 			if f.batches < tc.workers {
 				t.Fatalf("%d batches for %d workers", f.batches, tc.workers)
 			}
-			var mu sync.Mutex
-			var at []time.Time
-			f.provider.before = func(providers.Message) {
-				mu.Lock()
-				at = append(at, time.Now())
-				mu.Unlock()
-			}
+			at := f.sendTimes()
 			rules := make([]*faults.Rule, 0, tc.workers)
 			errs := make(chan error, tc.workers)
 			m := metrics.New(nil)
@@ -456,27 +450,18 @@ func TestTokensHeldThroughAStallAreTakenAgain(t *testing.T) {
 				}
 			}
 			f.assertOnce(t)
-			slices.SortFunc(at, func(a, b time.Time) int { return a.Compare(b) })
-			if len(at) < 2*rate {
-				t.Fatalf("%d messages sent, want over two seconds' worth", len(at))
+			sent := at()
+			if len(sent) < 2*rate {
+				t.Fatalf("%d messages sent, want over two seconds' worth", len(sent))
 			}
-			busiest, from := 0, time.Time{}
-			for i := range at {
-				j := i
-				for j < len(at) && at[j].Sub(at[i]) < time.Second {
-					j++
-				}
-				if j-i > busiest {
-					busiest, from = j-i, at[i]
-				}
-			}
+			busiest, from := busiestSecond(sent)
 			// The bucket's burst, and the tokens of the 25 ms a send may hold them (staleTokens).
 			if busiest > rate+limiter.Burst(rate)+2 {
 				t.Fatalf("%d messages within a second from %s, cap %d/s (burst %d)", busiest, from.Format("15:04:05.000"), rate, limiter.Burst(rate))
 			}
 			// A send's wait for its limit is observed once, however many times it took its tokens.
-			if n, _ := histogram(t, m.Registry(), "campaignctl_limiter_wait_seconds", map[string]string{"key_kind": "provider", "provider": "test"}); n != uint64(len(at)) {
-				t.Fatalf("%d waits for the provider's limit observed for %d sends", n, len(at))
+			if n, _ := histogram(t, m.Registry(), "campaignctl_limiter_wait_seconds", map[string]string{"key_kind": "provider", "provider": "test"}); n != uint64(len(sent)) {
+				t.Fatalf("%d waits for the provider's limit observed for %d sends", n, len(sent))
 			}
 		})
 	}
@@ -707,4 +692,39 @@ func TestTakenOverUsersStayInHandUntilTheirClaimsAreRead(t *testing.T) {
 	if st, _, _ := f.status(t, dead[0]); st != campaign.StatusUnknown {
 		t.Fatalf("%s: %s, want unknown (sent by the dead run, its claim lost with Redis)", dead[0], st)
 	}
+}
+
+// sendTimes records when each message of f's provider is sent (its before hook); the function it returns
+// gives those times, in order.
+func (f *fixture) sendTimes() func() []time.Time {
+	var mu sync.Mutex
+	var at []time.Time
+	f.provider.before = func(providers.Message) {
+		mu.Lock()
+		at = append(at, time.Now())
+		mu.Unlock()
+	}
+	return func() []time.Time {
+		mu.Lock()
+		defer mu.Unlock()
+		sorted := slices.Clone(at)
+		slices.SortFunc(sorted, func(a, b time.Time) int { return a.Compare(b) })
+		return sorted
+	}
+}
+
+// busiestSecond returns the most of the times at (in order) within one second, whatever second, and the
+// first of them.
+func busiestSecond(at []time.Time) (int, time.Time) {
+	most, from := 0, time.Time{}
+	for i := range at {
+		j := i
+		for j < len(at) && at[j].Sub(at[i]) < time.Second {
+			j++
+		}
+		if j-i > most {
+			most, from = j-i, at[i]
+		}
+	}
+	return most, from
 }
