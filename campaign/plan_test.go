@@ -239,6 +239,15 @@ func TestPlanRefusals(t *testing.T) {
 		{"code without a pool", func(s *campaign.Spec) { s.CodePool = "" }, campaign.ErrInvalid, []string{"{{.code}}", "--code-pool"}},
 		{"unknown channel", func(s *campaign.Spec) { s.Channel = "fax" }, campaign.ErrInvalid, []string{`unknown channel "fax"`}},
 		{"bad template", func(s *campaign.Spec) { s.Message = "Hi {{.first_name" }, campaign.ErrInvalid, []string{"does not parse"}},
+		// A value past 64 KiB is refused from its size on the wire, naming the row and its user_id
+		// (decoded alone, here an integer), whether the query runs restricted or as the connection's role.
+		{"a huge value", func(s *campaign.Spec) {
+			s.AudienceSQL = `SELECT ord AS user_id, phone, first_name, CASE WHEN ord = 3 THEN jsonb_build_object('k', repeat('x', 70000)) END AS extra FROM aud ORDER BY ord`
+		}, campaign.ErrInvalid, []string{"audience row 3 (user_id 3)", "the value of extra is 68 KiB, more than 64 KiB", "left(extra, 500)"}},
+		{"a huge value as the connection role", func(s *campaign.Spec) {
+			s.AllowPrivilegedAudience = true
+			s.AudienceSQL = `SELECT ord AS user_id, phone, first_name, CASE WHEN ord = 2 THEN repeat('x', 3000000)::bytea END AS extra FROM aud, generate_series(1, 50) ORDER BY ord`
+		}, campaign.ErrInvalid, []string{"audience row 51 (user_id 2)", "the value of extra is 2929 KiB"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -79,6 +79,9 @@ func (p *Planner) stageAudience(ctx context.Context, engineTx pgx.Tx, spec Spec,
 	}
 	if _, err := engineTx.CopyFrom(ctx, pgx.Identifier{"audience_stage"}, []string{"ord", "user_id", "address", "vars"}, src); err != nil {
 		if src.err != nil {
+			// The rest of the audience is not wanted: the connection is closed rather than drained (a
+			// query of huge values would otherwise be read to its end).
+			atx.Conn().Close(context.WithoutCancel(ctx)) //nolint:errcheck
 			return src.err
 		}
 		if rerr := rows.Err(); rerr != nil {
@@ -134,23 +137,18 @@ type audienceSource struct {
 func (s *audienceSource) Next() bool { return s.err == nil && s.rows.Next() }
 
 func (s *audienceSource) Values() ([]any, error) {
+	// A value past the bound is refused from its wire size, before it is decoded into a copy.
+	for i, raw := range s.rows.RawValues() {
+		if len(raw) > MaxValueBytes {
+			return nil, s.tooLarge(i, len(raw))
+		}
+	}
 	vals, err := s.rows.Values()
 	if err != nil {
 		s.err = fmt.Errorf("audience row %d: %w", s.ord+1, err)
 		return nil, s.err
 	}
 	s.ord++
-	for i, v := range vals {
-		if n := valueSize(v); n > MaxValueBytes {
-			user := "?"
-			if u := vals[s.userIdx]; u != nil {
-				user = toText(u)
-			}
-			s.err = fmt.Errorf("%w: audience row %d (user_id %.40s): the value of %s is %d KiB, more than %d KiB; select a shorter value (e.g. left(%s, 500))",
-				ErrInvalid, s.ord, user, s.names[i], n>>10, MaxValueBytes>>10, s.names[i])
-			return nil, s.err
-		}
-	}
 	var user, addr any
 	if u := vals[s.userIdx]; u != nil {
 		user = toText(u)
@@ -175,25 +173,27 @@ func (s *audienceSource) Values() ([]any, error) {
 	return []any{s.ord, user, addr, json.RawMessage(b)}, nil
 }
 
+// tooLarge refuses the next row for its column i of n bytes, naming its user_id decoded alone.
+func (s *audienceSource) tooLarge(i, n int) error {
+	s.ord++
+	user := "?"
+	if raw := s.rows.RawValues()[s.userIdx]; raw != nil && len(raw) <= MaxValueBytes {
+		f := s.rows.FieldDescriptions()[s.userIdx]
+		var v any
+		if err := s.rows.Conn().TypeMap().Scan(f.DataTypeOID, f.Format, raw, &v); err == nil && v != nil {
+			user = toText(v)
+		}
+	}
+	s.err = fmt.Errorf("%w: audience row %d (user_id %.40s): the value of %s is %d KiB, more than %d KiB; select a shorter value (e.g. left(%s, 500))",
+		ErrInvalid, s.ord, user, s.names[i], n>>10, MaxValueBytes>>10, s.names[i])
+	return s.err
+}
+
 func (s *audienceSource) Err() error {
 	if s.err != nil {
 		return s.err
 	}
 	return s.rows.Err()
-}
-
-// valueSize is the size of a text or binary audience value (0 for others, which are small).
-func valueSize(v any) int {
-	switch v := v.(type) {
-	case string:
-		return len(v)
-	case []byte:
-		return len(v)
-	case map[string]any, []any:
-		b, _ := json.Marshal(v)
-		return len(b)
-	}
-	return 0
 }
 
 func toText(v any) string {

@@ -49,7 +49,9 @@ func TestBoundsAreRefusedWithNothingWritten(t *testing.T) {
 					t.Errorf("stderr does not say %q:\n%s", s, stderr)
 				}
 			}
-			if took := time.Since(start); took > 10*time.Second {
+			// A huge value is refused once the database has produced its row: the restricted audience
+			// function materialises the query's result first, which takes seconds on a loaded machine.
+			if took := time.Since(start); took > 30*time.Second {
 				t.Errorf("refused after %v", took)
 			}
 		})
