@@ -2,94 +2,72 @@ package worker
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"fmt"
-	"sync"
+	"slices"
 	"testing"
 	"time"
 
 	"github.com/campaignctl/campaignctl/campaign"
+	"github.com/campaignctl/campaignctl/internal/providertest"
 	"github.com/campaignctl/campaignctl/limiter"
 	"github.com/campaignctl/campaignctl/providers"
+	"github.com/campaignctl/campaignctl/providers/sandbox"
+	"github.com/campaignctl/campaignctl/providers/twilio"
 )
 
-// connectingProvider is a worker process's view of the scripted provider behind a pool of connections
-// that take setup to open, as a TCP and TLS handshake to a distant provider does: a send that finds no
-// idle connection opens one first, and reaches the provider setup later. With warmable, it can open them
-// ahead (providers.Warmer).
-type connectingProvider struct {
-	*scriptedProvider
-	setup time.Duration
-
-	mu            sync.Mutex
-	idle, opening int
+// unwarmable is a Twilio adapter the engine cannot warm: the field Warm hides the adapter's method, so
+// it is no providers.Warmer and its sends open their connections themselves.
+type unwarmable struct {
+	*twilio.Provider
+	Warm struct{}
 }
 
-func (p *connectingProvider) Send(ctx context.Context, m providers.Message) (providers.Result, error) {
-	p.mu.Lock()
-	reuse := p.idle > 0
-	if reuse {
-		p.idle--
-	}
-	p.mu.Unlock()
-	if !reuse {
-		time.Sleep(p.setup)
-	}
-	defer func() {
-		p.mu.Lock()
-		p.idle++
-		p.mu.Unlock()
-	}()
-	return p.scriptedProvider.Send(ctx, m)
-}
-
-// warmableProvider is a connectingProvider the engine can warm.
-type warmableProvider struct{ *connectingProvider }
-
-func (p warmableProvider) Warm(ctx context.Context, n int) error {
-	p.mu.Lock()
-	missing := n - p.idle - p.opening
-	if missing <= 0 {
-		p.mu.Unlock()
-		return nil
-	}
-	p.opening += missing
-	p.mu.Unlock()
-	time.Sleep(p.setup) // opened at once, side by side
-	p.mu.Lock()
-	p.opening -= missing
-	p.idle += missing
-	p.mu.Unlock()
-	return nil
-}
-
-// A campaign's first sends open their connections. Opened after the sends took their tokens, a
-// handshake's time holds each request back while the sends after it go out on connections already open:
-// the provider then counts the held ones on top of the cap. Opened before the tokens are taken (Warm), the
-// requests leave as the bucket lets them, and no second carries more than the cap and its burst. One batch
-// run a worker: runs of one worker share its idle connections, and a warm-up does not yet keep the
-// connections it opened for the run that asked (docs/operations.md).
+// A campaign's first sends open their connections: to a distant provider a TCP and TLS handshake of
+// hundreds of milliseconds. Opened after the sends took their tokens, a handshake holds each request back
+// while the sends after it go out on connections already open, and the provider counts the held ones on
+// top of the cap. Opened before the tokens are taken (Warm), the requests leave as the bucket lets them,
+// and no second carries more than the cap and its burst, also when a worker's batch runs (--concurrency)
+// share its connections. Through the Twilio adapter and its transport, to the sandbox over TLS with
+// handshakes of 300 ms.
 func TestConnectionsAreOpenedBeforeTheTokensAreTaken(t *testing.T) {
 	t.Parallel()
-	const rate, setup = 100, 300 * time.Millisecond
+	const (
+		rate, setup = 100, 300 * time.Millisecond
+		sid, token  = "ACwarm000000000000000000000000000", "warmtoken"
+	)
 	// The bucket's burst, and the tokens of the 25 ms a send may hold them (staleTokens).
 	bar := rate + limiter.Burst(rate) + 2
-	for _, tc := range []struct{ window, workers, runs int }{{8, 3, 3}} {
+	for _, tc := range []struct{ window, workers, runs int }{{8, 3, 3}, {8, 2, 8}, {1, 2, 8}} {
 		busiest := func(t *testing.T, warmable bool) int {
 			f := planWith(t, 600, func(s *campaign.Spec) { s.BatchSize = 330 / tc.runs })
 			if f.batches < tc.runs {
 				t.Fatalf("%d batches for %d runs", f.batches, tc.runs)
 			}
-			at := f.sendTimes()
+			sb := sandbox.New(sandbox.Options{TwilioAccountSID: sid, TwilioAuthToken: token})
+			srv := providertest.NewCountingServer(t, sb, &tls.Config{GetConfigForClient: func(*tls.ClientHelloInfo) (*tls.Config, error) {
+				time.Sleep(setup)
+				return nil, nil
+			}})
+			roots := x509.NewCertPool()
+			roots.AddCert(srv.Certificate())
 			handlers := make([]*Handler, tc.workers)
 			for w := range handlers {
-				var p providers.Provider = &connectingProvider{scriptedProvider: f.provider, setup: setup}
-				if warmable {
-					p = warmableProvider{p.(*connectingProvider)}
+				// One adapter a worker process, shared by its runs, as cmd builds it.
+				tw, err := twilio.New(twilio.Config{AccountSID: sid, AuthToken: token, From: "+905550000000",
+					BaseURL: srv.URL, RootCAs: roots, Timeout: 5 * time.Second})
+				if err != nil {
+					t.Fatal(err)
+				}
+				var p providers.Provider = tw
+				if !warmable {
+					p = unwarmable{Provider: tw}
 				}
 				handlers[w] = NewHandler(Config{
 					Store: f.store, Redis: f.rdb, Owner: fmt.Sprint("w", w), SendWindow: tc.window,
 					Providers:     map[campaign.Channel]providers.Provider{campaign.ChannelSMS: p},
-					ProviderRates: map[string]float64{"test": rate},
+					ProviderRates: map[string]float64{"twilio": rate},
 				})
 			}
 			errs := make(chan error, tc.runs)
@@ -101,13 +79,26 @@ func TestConnectionsAreOpenedBeforeTheTokensAreTaken(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			f.assertOnce(t)
-			sent := at()
+			msgs := sb.Messages()
+			c := f.counts(t)
+			sent := make([]time.Time, len(msgs))
+			to := make(map[string]bool, len(msgs))
+			for i, m := range msgs {
+				sent[i] = m.At
+				if to[m.To] {
+					t.Errorf("%s got two messages", m.To)
+				}
+				to[m.To] = true
+			}
+			if len(msgs) != int(c.Sent) || c.Pending != 0 {
+				t.Fatalf("the sandbox accepted %d messages, counts %+v", len(msgs), c)
+			}
 			if len(sent) < 2*rate {
 				t.Fatalf("%d messages sent, want over two seconds' worth", len(sent))
 			}
+			slices.SortFunc(sent, func(a, b time.Time) int { return a.Compare(b) })
 			most, _ := busiestSecond(sent)
-			t.Logf("busiest second: %d messages", most)
+			t.Logf("busiest second: %d messages, %d connections", most, srv.Opened(0))
 			return most
 		}
 		t.Run(fmt.Sprintf("%d workers, %d runs, %d at a time", tc.workers, tc.runs, tc.window), func(t *testing.T) {

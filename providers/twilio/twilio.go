@@ -12,6 +12,8 @@ package twilio
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"net/http"
@@ -54,6 +56,9 @@ type Config struct {
 	// Conns is the most requests the process has in flight to the provider at once, for the size of the
 	// connection pool (wire.NewTransport); zero means wire.MaxIdleConns.
 	Conns int
+	// RootCAs, when set, are the certificate authorities trusted for the provider's TLS certificate
+	// instead of the system's: a sandbox or a gateway served over https with a certificate of its own.
+	RootCAs *x509.CertPool
 	// StatusCallback, when set, is the URL Twilio posts delivery receipts to (`campaignctl webhooks`);
 	// each message's callback carries its campaign and user as query parameters.
 	StatusCallback string
@@ -109,6 +114,9 @@ func New(cfg Config) (*Provider, error) {
 		auth:       basicAuth(cfg.AccountSID, cfg.AuthToken),
 		timeout:    cfg.Timeout,
 		transport:  wire.NewTransport(cfg.Conns),
+	}
+	if cfg.RootCAs != nil {
+		p.transport.(*wire.Transport).TLSClientConfig = &tls.Config{RootCAs: cfg.RootCAs}
 	}
 	if p.timeout == 0 {
 		p.timeout = DefaultTimeout

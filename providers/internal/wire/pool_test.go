@@ -75,8 +75,9 @@ func get(t *testing.T, client *http.Client, url string) {
 }
 
 // TestWarmOpensTheConnectionsOfTheNextRequests: Warm returns once the connections it opened have shaken
-// hands (a server slow to answer a handshake, as a distant provider is), two calls at once open them once,
-// and as many requests at once as were warmed open no connection of their own.
+// hands (a server slow to answer a handshake, as a distant provider is); two calls at once open a set each,
+// which the next requests take without opening any of their own; a call finds connections idle once those
+// requests are done; and what a call made ready for requests that never came lapses.
 func TestWarmOpensTheConnectionsOfTheNextRequests(t *testing.T) {
 	const n, handshake = 4, 150 * time.Millisecond
 	srv := providertest.NewCountingServer(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") }),
@@ -85,6 +86,8 @@ func TestWarmOpensTheConnectionsOfTheNextRequests(t *testing.T) {
 			return nil, nil
 		}})
 	tr := &wire.Transport{TLSClientConfig: srv.Client().Transport.(*http.Transport).TLSClientConfig}
+	var offset atomic.Int64 // how far the test moved the transport's clock
+	wire.SetClock(tr, func() time.Time { return time.Now().Add(time.Duration(offset.Load())) })
 	t.Cleanup(tr.CloseIdleConnections)
 	u, err := url.Parse(srv.URL)
 	if err != nil {
@@ -104,24 +107,34 @@ func TestWarmOpensTheConnectionsOfTheNextRequests(t *testing.T) {
 	if took := time.Since(start); took < handshake {
 		t.Errorf("Warm returned after %v, before a handshake of %v could end", took, handshake)
 	}
-	if got := srv.Opened(n); got != n {
-		t.Fatalf("two calls of Warm(%d) at once opened %d connections, want %d", n, got, n)
-	}
-	if err := tr.Warm(context.Background(), u, n); err != nil || srv.Opened(n) != n {
-		t.Fatalf("Warm with %d idle opened %d more (%v)", n, srv.Opened(n)-n, err)
+	if got := srv.Opened(2 * n); got != 2*n {
+		t.Fatalf("two calls of Warm(%d) at once opened %d connections, want %d", n, got, 2*n)
 	}
 
 	client := &http.Client{Transport: tr}
 	start = time.Now()
 	var sends sync.WaitGroup
-	for range n {
+	for range 2 * n {
 		sends.Go(func() { get(t, client, srv.URL) })
 	}
 	sends.Wait()
-	if got := srv.Opened(n); got != n {
-		t.Errorf("%d requests after Warm(%d) opened %d connections of their own", n, n, got-n)
+	if got := srv.Opened(2 * n); got != 2*n {
+		t.Errorf("%d requests after two Warm(%d) opened %d connections of their own", 2*n, n, got-2*n)
 	}
 	if took := time.Since(start); took >= handshake {
-		t.Errorf("%d requests after Warm(%d) took %v: they waited for a handshake", n, n, took)
+		t.Errorf("%d requests after two Warm(%d) took %v: they waited for a handshake", 2*n, n, took)
+	}
+	// Those requests used up what was made ready: the connections are idle again, and a call finds them.
+	if err := tr.Warm(context.Background(), u, n); err != nil || srv.Opened(2*n) != 2*n {
+		t.Fatalf("Warm(%d) with %d idle opened %d more (%v)", n, 2*n, srv.Opened(2*n)-2*n, err)
+	}
+	// That call's requests never came: once its hold is over, its connections count as free again.
+	offset.Store(int64(11 * time.Second))
+	if err := tr.Warm(context.Background(), u, 2*n); err != nil || srv.Opened(2*n) != 2*n {
+		t.Fatalf("Warm(%d) with %d idle and the last call's lapsed opened %d more (%v)", 2*n, 2*n, srv.Opened(2*n)-2*n, err)
+	}
+	// Still kept for its requests, a call's connections are not another's: this one opens its own.
+	if err := tr.Warm(context.Background(), u, n); err != nil || srv.Opened(3*n) != 3*n {
+		t.Fatalf("Warm(%d) with %d idle, all kept for the call before, opened %d, want %d (%v)", n, 2*n, srv.Opened(3*n)-2*n, n, err)
 	}
 }

@@ -129,6 +129,47 @@ type host struct {
 	idle []*conn     // oldest first: the last one went idle last and is reused first
 	// warming counts the connections Warm is opening, so that calls at once do not open them twice.
 	warming int
+	// promised are the connections Warm calls made ready for requests still to come, oldest first: each
+	// request taking a connection uses up one of the oldest, and what is not used within promiseHold
+	// lapses. A Warm counts the others' as taken, so that the requests of one caller do not take the
+	// connections another warmed and leave that one's requests to open their own.
+	promised []promise
+}
+
+// promise is n connections a Warm call made ready, kept for requests until until.
+type promise struct {
+	n     int
+	until time.Time
+}
+
+// promiseHold is how long the connections a Warm call made ready are kept for its requests. The caller
+// takes a rate limit's tokens in between, which under a low cap shared by many callers takes seconds.
+const promiseHold = 10 * time.Second
+
+// keepLocked drops h's lapsed promises; with use, a request takes a connection and uses up one of the
+// oldest. It returns the connections still promised. t.mu must be held.
+func (h *host) keepLocked(now time.Time, use bool) int {
+	k := 0
+	for k < len(h.promised) && now.After(h.promised[k].until) {
+		k++
+	}
+	if k > 0 {
+		n := copy(h.promised, h.promised[k:])
+		clear(h.promised[n:])
+		h.promised = h.promised[:n]
+	}
+	if use && len(h.promised) > 0 {
+		if h.promised[0].n--; h.promised[0].n == 0 {
+			n := copy(h.promised, h.promised[1:])
+			h.promised[n] = promise{}
+			h.promised = h.promised[:n]
+		}
+	}
+	pending := 0
+	for _, p := range h.promised {
+		pending += p.n
+	}
+	return pending
 }
 
 // RoundTrip sends req and returns its answer, or hands req to net/http (see Transport). The answer's
@@ -274,29 +315,36 @@ func (t *Transport) newHostLocked(key hostKey, u *url.URL) *host {
 	return h
 }
 
-// Warm opens connections to u's host until n of them are idle (at most the idle limit), counting those
-// another call is opening already, and returns once the ones it dialled are open (TCP and, for https, the
-// TLS handshake) and idle, or have failed: the first error, if any. A request that will go through a proxy
-// is not warmed. A caller that is about to take a rate limit's tokens for n requests warms first, so that
-// no request holds its tokens through a connection's set-up.
+// Warm opens connections to u's host until n of them are ready for the caller's next requests (at most
+// the idle limit): idle, or being opened, beyond those that earlier calls made ready and their requests
+// have not yet taken (for up to promiseHold). It returns once the ones it dialled are open (TCP and, for
+// https, the TLS handshake) and idle, or have failed: the first error, if any. A request that will go
+// through a proxy is not warmed. A caller that is about to take a rate limit's tokens for n requests warms
+// first, so that no request holds its tokens through a connection's set-up, even while other callers
+// (the other batch runs of a worker) send on the same host.
 func (t *Transport) Warm(ctx context.Context, u *url.URL, n int) error {
 	key := keyOf(u)
 	want := min(n, t.maxIdle())
-	t.mu.Lock()
-	h := t.hosts[key]
-	enough := h != nil && len(h.idle)+h.warming >= want
-	t.mu.Unlock()
-	// The usual case, connections already open, costs a lookup: the proxy is asked only when one is missing.
-	if enough || !t.handles(&http.Request{Method: http.MethodPost, URL: u, Header: http.Header{}, ProtoMajor: 1, ProtoMinor: 1}) {
+	if want <= 0 {
 		return nil
 	}
+	now := t.clock()
 	t.mu.Lock()
 	t.closeIdle = false
-	h = t.hosts[key]
+	h := t.hosts[key]
 	if h == nil {
 		h = t.newHostLocked(key, u)
 	}
-	missing := want - len(h.idle) - h.warming
+	need := min(h.keepLocked(now, false)+want, t.maxIdle())
+	h.promised = append(h.promised, promise{n: want, until: now.Add(promiseHold)})
+	missing := need - len(h.idle) - h.warming
+	t.mu.Unlock()
+	// The usual case, connections already open, costs a lookup: the proxy is asked only when one is missing.
+	if missing <= 0 || !t.handles(&http.Request{Method: http.MethodPost, URL: u, Header: http.Header{}, ProtoMajor: 1, ProtoMinor: 1}) {
+		return nil
+	}
+	t.mu.Lock()
+	missing = need - len(h.idle) - h.warming
 	if missing <= 0 {
 		t.mu.Unlock()
 		return nil
@@ -341,10 +389,10 @@ func (t *Transport) getConn(ctx context.Context, trace *httptrace.ClientTrace, u
 		trace.GetConn(key.addr)
 	}
 	var h *host
-	for {
+	for first := true; ; first = false {
 		var pc *conn
 		var idle time.Duration
-		h, pc, idle = t.takeIdle(key, u)
+		h, pc, idle = t.takeIdle(key, u, first)
 		if pc == nil {
 			break
 		}
@@ -369,14 +417,18 @@ func (t *Transport) getConn(ctx context.Context, trace *httptrace.ClientTrace, u
 
 // takeIdle returns the idle list of key (made on first use) and takes off it the connection that went
 // idle last, with how long it was idle; nil when there is none. When that one has been idle too long,
-// so have all the others: it closes them all and returns none.
-func (t *Transport) takeIdle(key hostKey, u *url.URL) (*host, *conn, time.Duration) {
+// so have all the others: it closes them all and returns none. A request's first call uses up one
+// connection a Warm promised (host.promised), whether an idle one is found or the request dials its own.
+func (t *Transport) takeIdle(key hostKey, u *url.URL, first bool) (*host, *conn, time.Duration) {
 	now := t.clock()
 	t.mu.Lock()
 	t.closeIdle = false
 	h := t.hosts[key]
 	if h == nil {
 		h = t.newHostLocked(key, u)
+	}
+	if first && len(h.promised) > 0 {
+		h.keepLocked(now, true)
 	}
 	n := len(h.idle)
 	if n == 0 {
