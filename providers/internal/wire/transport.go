@@ -134,6 +134,7 @@ type host struct {
 	// lapses. A Warm counts the others' as taken, so that the requests of one caller do not take the
 	// connections another warmed and leave that one's requests to open their own.
 	promised []promise
+	pending  int // the connections promised holds, summed
 }
 
 // promise is n connections a Warm call made ready, kept for requests until until.
@@ -151,25 +152,21 @@ const promiseHold = 10 * time.Second
 func (h *host) keepLocked(now time.Time, use bool) int {
 	k := 0
 	for k < len(h.promised) && now.After(h.promised[k].until) {
+		h.pending -= h.promised[k].n
 		k++
+	}
+	if use && k < len(h.promised) {
+		h.pending--
+		if h.promised[k].n--; h.promised[k].n == 0 {
+			k++
+		}
 	}
 	if k > 0 {
 		n := copy(h.promised, h.promised[k:])
 		clear(h.promised[n:])
 		h.promised = h.promised[:n]
 	}
-	if use && len(h.promised) > 0 {
-		if h.promised[0].n--; h.promised[0].n == 0 {
-			n := copy(h.promised, h.promised[1:])
-			h.promised[n] = promise{}
-			h.promised = h.promised[:n]
-		}
-	}
-	pending := 0
-	for _, p := range h.promised {
-		pending += p.n
-	}
-	return pending
+	return h.pending
 }
 
 // RoundTrip sends req and returns its answer, or hands req to net/http (see Transport). The answer's
@@ -337,6 +334,7 @@ func (t *Transport) Warm(ctx context.Context, u *url.URL, n int) error {
 	}
 	need := min(h.keepLocked(now, false)+want, t.maxIdle())
 	h.promised = append(h.promised, promise{n: want, until: now.Add(promiseHold)})
+	h.pending += want
 	missing := need - len(h.idle) - h.warming
 	t.mu.Unlock()
 	// The usual case, connections already open, costs a lookup: the proxy is asked only when one is missing.
