@@ -6,11 +6,13 @@ import (
 	"crypto/x509"
 	"fmt"
 	"slices"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/campaignctl/campaignctl/campaign"
 	"github.com/campaignctl/campaignctl/internal/providertest"
+	"github.com/campaignctl/campaignctl/internal/testredis"
 	"github.com/campaignctl/campaignctl/limiter"
 	"github.com/campaignctl/campaignctl/providers"
 	"github.com/campaignctl/campaignctl/providers/sandbox"
@@ -115,6 +117,53 @@ func TestConnectionsAreOpenedBeforeTheTokensAreTaken(t *testing.T) {
 					t.Errorf("a provider that cannot be warmed got at most %d messages in a second: the test does not tell the two apart", n)
 				}
 			})
+		})
+	}
+}
+
+// warmingBatch is an e-mail provider that logs its warm-ups and requests in order.
+type warmingBatch struct {
+	*batchProvider
+	mu  sync.Mutex
+	log []string
+}
+
+func (p *warmingBatch) Warm(_ context.Context, n int) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.log = append(p.log, fmt.Sprint("warm ", n))
+	return nil
+}
+
+func (p *warmingBatch) SendBatch(ctx context.Context, ms []providers.Message) ([]providers.Result, error) {
+	p.mu.Lock()
+	p.log = append(p.log, fmt.Sprint("send ", len(ms)))
+	p.mu.Unlock()
+	return p.batchProvider.SendBatch(ctx, ms)
+}
+
+// The e-mail path warms too: under a cap, every request of many recipients is one call, and its
+// connection is made ready before its tokens are taken; without a cap nothing waits and nothing is warmed.
+func TestEmailRequestsWarmTheirConnectionUnderACap(t *testing.T) {
+	t.Parallel()
+	for _, rate := range []float64{0, 1000} {
+		t.Run(fmt.Sprint("rate ", rate), func(t *testing.T) {
+			t.Parallel()
+			rdb, _ := testredis.New(t)
+			_, id, bp, h := planEmail(t, 12, 4, rdb)
+			p := &warmingBatch{batchProvider: bp}
+			h.cfg.Providers = map[campaign.Channel]providers.Provider{campaign.ChannelEmail: p}
+			h.cfg.ProviderRates = map[string]float64{"batch": rate}
+			if err := h.RunBatch(context.Background(), id, 0); err != nil {
+				t.Fatal(err)
+			}
+			want := []string{"warm 1", "send 4", "warm 1", "send 4", "warm 1", "send 4"}
+			if rate == 0 {
+				want = []string{"send 4", "send 4", "send 4"}
+			}
+			if !slices.Equal(p.log, want) {
+				t.Fatalf("calls %q, want %q", p.log, want)
+			}
 		})
 	}
 }
