@@ -41,7 +41,7 @@ func TestConnectionsAreOpenedBeforeTheTokensAreTaken(t *testing.T) {
 	)
 	// The bucket's burst, and the tokens of the 25 ms a send may hold them (staleTokens).
 	bar := rate + limiter.Burst(rate) + 2
-	for _, tc := range []struct{ window, workers, runs int }{{8, 3, 3}, {8, 2, 8}, {1, 2, 8}} {
+	for _, tc := range []struct{ window, workers, runs int }{{8, 3, 3}, {8, 2, 8}, {1, 2, 16}} {
 		busiest := func(t *testing.T, warmable bool) int {
 			f := planWith(t, 600, func(s *campaign.Spec) { s.BatchSize = 330 / tc.runs })
 			if f.batches < tc.runs {
