@@ -22,6 +22,11 @@ type Lease struct {
 	TTL time.Duration
 	// AnyState leases whatever the campaign's state (the sweeper, which settles and sends nothing).
 	AnyState bool
+	// Holder is the key of the advisory lock the run's worker process holds while it lives (GoneHolders);
+	// 0 for none.
+	Holder int64
+	// Gone are holders whose processes died: a lease of theirs is free however long it still runs.
+	Gone []int64
 }
 
 // Chunk is what LeaseChunk found and took.
@@ -64,17 +69,17 @@ func (s *Store) LeaseChunk(ctx context.Context, c *Campaign, users []string, l L
 		cStatus, cSource, cTxn       []string
 		cDate, cSynced               []pgtype.Timestamptz
 	)
-	args := params{c.ID, l.Batch, l.Token, l.Epoch, users, l.TTL.Milliseconds(), l.AnyState}
+	args := params{c.ID, l.Batch, l.Token, l.Epoch, users, l.TTL.Milliseconds(), l.AnyState, l.Holder, l.Gone}
 	rule := c.consentRule()
 	// The statement is built first: the consent rule's values become parameters as it is.
 	sql := `
 		WITH st AS (
 			SELECT coalesce((SELECT state FROM campaigns WHERE id = $1), ` + sqlStateCancelled + `) AS state
 		), b AS (
-			SELECT lease_token, lease_until, lease_epoch, lease_users FROM campaign_batches WHERE campaign_id = $1 AND batch = $2
+			SELECT lease_token, lease_until, lease_epoch, lease_users, lease_holder FROM campaign_batches WHERE campaign_id = $1 AND batch = $2
 		), may AS (
 			SELECT $7 OR (SELECT state FROM st) IN (` + sqlStateRunning + `, ` + sqlStateCancelled + `) AS state_ok,
-				b.lease_token IS NULL OR b.lease_token = $3 OR b.lease_until < now() AS free,
+				b.lease_token IS NULL OR b.lease_token = $3 OR b.lease_until < now() OR b.lease_holder = ANY($9::bigint[]) AS free,
 				b.lease_token IS NOT NULL AND b.lease_token <> $3 AS takeover,
 				coalesce(b.lease_epoch, '') <> $4 AS other_epoch,
 				b.lease_users
@@ -113,7 +118,7 @@ func (s *Store) LeaseChunk(ctx context.Context, c *Campaign, users []string, l L
 					CASE WHEN (SELECT same FROM planned) THEN consent_synced_at ELSE synced END AS c_synced
 				FROM pend0) p
 		), upd AS (
-			UPDATE campaign_batches SET lease_token = $3, lease_epoch = $4,
+			UPDATE campaign_batches SET lease_token = $3, lease_epoch = $4, lease_holder = NULLIF($8::bigint, 0),
 				lease_until = now() + $6 * interval '1 millisecond',
 				lease_users = array(SELECT user_id FROM pend)
 			WHERE campaign_id = $1 AND batch = $2 AND (SELECT state_ok AND free FROM may)
@@ -357,13 +362,16 @@ type Expired struct {
 	Users      []string
 }
 
-// ExpiredLeases returns the chunks in hand of up to limit batches whose leases expired: the runs that held
-// them died.
-func (s *Store) ExpiredLeases(ctx context.Context, limit int) ([]Expired, error) {
+// ExpiredLeases returns the chunks in hand of up to limit batches whose leases expired, or whose holders
+// are gone: the runs that held them died.
+func (s *Store) ExpiredLeases(ctx context.Context, limit int, gone []int64) ([]Expired, error) {
+	if gone == nil {
+		gone = []int64{}
+	}
 	rows, err := s.pool.Query(ctx, `
 		SELECT campaign_id, batch, lease_users FROM campaign_batches
-		WHERE lease_users <> '{}' AND lease_until < now()
-		ORDER BY lease_until LIMIT $1`, limit)
+		WHERE lease_users <> '{}' AND (lease_until < now() OR lease_holder = ANY($2::bigint[]))
+		ORDER BY lease_until LIMIT $1`, limit, gone)
 	if err != nil {
 		return nil, fmt.Errorf("expired leases: %w", err)
 	}
@@ -376,4 +384,50 @@ func (s *Store) ExpiredLeases(ctx context.Context, limit int) ([]Expired, error)
 		out = append(out, e)
 	}
 	return out, rows.Err()
+}
+
+// GoneHolders returns the holders (Lease.Holder) of live leases on chunks in hand whose advisory locks no
+// session holds: their worker processes died (or lost Postgres). Nothing is returned while Postgres has
+// been up for less than holderGrace: a restart lets every lock go, and the live processes take theirs
+// again within a second of its return.
+func (s *Store) GoneHolders(ctx context.Context) ([]int64, error) {
+	rows, err := s.pool.Query(ctx, `
+		SELECT DISTINCT b.lease_holder FROM campaign_batches b
+		WHERE b.lease_users <> '{}' AND b.lease_until >= now() AND b.lease_holder IS NOT NULL
+		  AND pg_postmaster_start_time() < now() - $1 * interval '1 millisecond'
+		  AND NOT EXISTS (SELECT 1 FROM pg_locks l
+			WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
+			  AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+			  AND l.classid::bigint = (b.lease_holder >> 32) & 4294967295 AND l.objid::bigint = b.lease_holder & 4294967295)`,
+		holderGrace.Milliseconds())
+	if err != nil {
+		return nil, fmt.Errorf("gone lease holders: %w", err)
+	}
+	return pgx.CollectRows(rows, pgx.RowTo[int64])
+}
+
+// holderGrace is how long Postgres must have been up before a missing holder's lock means its process is
+// gone (GoneHolders).
+const holderGrace = 10 * time.Second
+
+// HoldLiveness takes, on conn, the session advisory lock of key (Lease.Holder) that tells the sweep of
+// every worker that this process lives, unless a session holds it already (conn's, or, behind a pooler,
+// the server connection that took it). Postgres lets it go when that session ends: the process died, or
+// its connection was lost. It never waits for the lock.
+func HoldLiveness(ctx context.Context, conn *pgx.Conn, key int64) error {
+	var held bool
+	// CASE, not OR: the lock is tried only when no session holds it (a session holding it twice would
+	// count up on every call).
+	err := conn.QueryRow(ctx, `SELECT CASE WHEN EXISTS (SELECT 1 FROM pg_locks
+		WHERE locktype = 'advisory' AND granted AND objsubid = 1
+		  AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
+		  AND classid::bigint = ($1::bigint >> 32) & 4294967295 AND objid::bigint = $1::bigint & 4294967295)
+		THEN true ELSE pg_try_advisory_lock($1) END`, key).Scan(&held)
+	if err == nil && !held {
+		err = errors.New("another session holds it")
+	}
+	if err != nil {
+		return fmt.Errorf("liveness lock: %w", err)
+	}
+	return nil
 }

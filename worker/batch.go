@@ -137,7 +137,7 @@ func (h *Handler) RunBatch(ctx context.Context, campaignID int64, batch int) err
 		}
 		return waitForServices(err)
 	}
-	run.lease = campaign.Lease{Batch: batch, Token: state.Token(), Epoch: epoch, TTL: h.cfg.LeaseTTL}
+	run.lease = campaign.Lease{Batch: batch, Token: state.Token(), Epoch: epoch, TTL: h.cfg.LeaseTTL, Holder: h.holder()}
 	run.guard = state.Guard{Epoch: epoch, Halt: state.HaltKey(c.ID)}
 	recipients, err := h.cfg.Store.LoadBatch(ctx, c.ID, batch)
 	if err != nil {
@@ -483,6 +483,10 @@ func (h *Handler) gate(ctx context.Context, run *batchRun, chunk []campaign.Reci
 // renew extends the chunk's lease when a third of it has passed. A run that lost its lease (it was too
 // slow, and another run took the rows over) must not send: it stops.
 func (h *Handler) renew(ctx context.Context, run *batchRun) error {
+	if run.lease.Holder != 0 && !h.cfg.Liveness.Held() {
+		// The other workers' sweeps may be taking the chunk of a process whose lock is gone.
+		return waitForServices(errors.New("this worker's liveness lock in Postgres is lost; sends wait until it is held again"))
+	}
 	now := h.cfg.Now()
 	if now.Before(run.renewAt) {
 		return nil

@@ -37,7 +37,8 @@ type Store interface {
 	Record(ctx context.Context, campaignID int64, outcomes []campaign.Outcome, l campaign.Lease, inHand []string) (map[string]int64, error)
 	CloseBatch(ctx context.Context, id int64, batch int) (done, open bool, err error)
 	MarkInvalid(ctx context.Context, ch campaign.Channel, address, reason string) error
-	ExpiredLeases(ctx context.Context, limit int) ([]campaign.Expired, error)
+	ExpiredLeases(ctx context.Context, limit int, gone []int64) ([]campaign.Expired, error)
+	GoneHolders(ctx context.Context) ([]int64, error)
 }
 
 var _ Store = (*campaign.Store)(nil)
@@ -97,6 +98,9 @@ type Config struct {
 	DeadlineMargin time.Duration
 	// Now is the clock; default time.Now.
 	Now func() time.Time
+	// Liveness, when set, is the lock that tells the other workers' sweeps this process lives: its leases
+	// carry its key, and a run sends only while it is held.
+	Liveness *Liveness
 	// Metrics records sends, provider latency, limiter waits, refused claims and retries; nil records
 	// nothing.
 	Metrics *metrics.Metrics
@@ -134,6 +138,8 @@ type Handler struct {
 	// jitter returns what a back-off adds to its half, from 0 up to its argument (nil: at random, rand.N;
 	// tests fix it to know the waits).
 	jitter func(time.Duration) time.Duration
+	// missingSince is when the sweep first found each lease holder's lock missing (goneHolders), under mu.
+	missingSince map[int64]time.Time
 }
 
 // capKeys are the keys under which a run of campaign id through provider name is counted in active.

@@ -94,6 +94,18 @@ func Serve(ctx context.Context, rdb redis.UniversalClient, h *Handler, cfg Serve
 	if err := CheckRedisVersion(ctx, rdb); err != nil {
 		return err
 	}
+	sweepEvery := max(2*time.Second, h.cfg.LeaseTTL/3)
+	if h.cfg.Liveness != nil {
+		// The lock first: the leases of the first runs carry its key.
+		// Held until the server has shut down: the batches finishing after ctx ends still send.
+		lctx, stopLiveness := context.WithCancel(context.WithoutCancel(ctx))
+		defer stopLiveness()
+		if err := h.cfg.Liveness.Start(lctx, 30*time.Second); err != nil {
+			return fmt.Errorf("postgres: the worker's liveness lock: %w", err)
+		}
+		// A dead process's chunks are taken once two sweeps goneAfter apart found its lock missing.
+		sweepEvery = time.Second
+	}
 	srv := NewServer(rdb, h, cfg)
 	mux := asynq.NewServeMux()
 	mux.Handle(TaskBatch, h)
@@ -102,7 +114,7 @@ func Serve(ctx context.Context, rdb redis.UniversalClient, h *Handler, cfg Serve
 	}
 	sweepCtx, stopSweep := context.WithCancel(ctx)
 	defer stopSweep()
-	go h.sweepLoop(sweepCtx, max(2*time.Second, h.cfg.LeaseTTL/3))
+	go h.sweepLoop(sweepCtx, sweepEvery)
 	<-ctx.Done()
 	// Batches finish the send in flight, write their outcomes and hand the rest back, well inside the
 	// shutdown timeout; nothing is cut off mid-call.

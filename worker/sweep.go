@@ -13,15 +13,21 @@ import (
 	"github.com/campaignctl/campaignctl/internal/state"
 )
 
-// Sweep settles the chunks of batch runs that died (their leases expired) from their claims, while
-// Redis still has them: a recipient whose claim holds an answer gets it recorded, a claim left without an
-// answer makes the recipient unknown (the lease outlived the provider's timeout, so the call is over), and
+// Sweep settles the chunks of batch runs that died (their leases expired, or their worker process's
+// liveness lock has been gone for goneAfter) from their claims, while Redis still has them: a recipient
+// whose claim holds an answer gets it recorded, a claim left without an answer makes the recipient unknown
+// (the lease outlived the provider's timeout, or the process that made the call is dead, so the call is
+// over), and
 // a recipient without a claim was never sent and simply becomes free again. Without the sweep a dead run's
 // chunk waits for its batch to run again (Asynq gives a dead worker's task back after about a minute); if
 // Redis lost its data meanwhile, its recipients could only be marked unknown. It sends nothing. It returns
 // how many recipients it settled or freed.
 func (h *Handler) Sweep(ctx context.Context) (int, error) {
-	expired, err := h.cfg.Store.ExpiredLeases(ctx, 2000)
+	gone, err := h.goneHolders(ctx)
+	if err != nil {
+		return 0, err
+	}
+	expired, err := h.cfg.Store.ExpiredLeases(ctx, 2000, gone)
 	if err != nil || len(expired) == 0 {
 		return 0, err
 	}
@@ -40,7 +46,7 @@ func (h *Handler) Sweep(ctx context.Context) (int, error) {
 			campaigns[e.CampaignID] = c
 		}
 		run := &batchRun{c: c, nonce: Nonce(c), batch: e.Batch, counts: map[string]int64{}, snapshots: map[string]campaign.ConsentRecord{},
-			lease: campaign.Lease{Batch: e.Batch, Token: state.Token(), Epoch: epoch, TTL: h.cfg.LeaseTTL, AnyState: true},
+			lease: campaign.Lease{Batch: e.Batch, Token: state.Token(), Epoch: epoch, TTL: h.cfg.LeaseTTL, AnyState: true, Holder: h.holder(), Gone: gone},
 			guard: state.Guard{Epoch: epoch, Halt: state.HaltKey(c.ID)}}
 		got, err := h.cfg.Store.LeaseChunk(ctx, c, e.Users, run.lease)
 		if err != nil {

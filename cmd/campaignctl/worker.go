@@ -132,6 +132,7 @@ A worker sends the channels whose provider is configured:
 				ProviderRates:     set.rates,
 				Logger:            log,
 				Owner:             owner,
+				Liveness:          worker.NewLiveness(svc.engine, log),
 				// A chunk's lease and an unanswered claim must outlive the slowest provider call.
 				LeaseTTL:      3 * o.timeout,
 				InFlightGrace: 3 * o.timeout,

@@ -69,9 +69,15 @@ func (s *Store) CloseBatch(ctx context.Context, id int64, batch int) (done, open
 }
 
 // ExpiredLeases is campaign.Store.ExpiredLeases under the rules.
-func (s *Store) ExpiredLeases(ctx context.Context, limit int) (es []campaign.Expired, err error) {
-	err = s.call(ctx, "ExpiredLeases", func() (err error) { es, err = s.Store.ExpiredLeases(ctx, limit); return })
+func (s *Store) ExpiredLeases(ctx context.Context, limit int, gone []int64) (es []campaign.Expired, err error) {
+	err = s.call(ctx, "ExpiredLeases", func() (err error) { es, err = s.Store.ExpiredLeases(ctx, limit, gone); return })
 	return es, err
+}
+
+// GoneHolders is campaign.Store.GoneHolders under the rules.
+func (s *Store) GoneHolders(ctx context.Context) (hs []int64, err error) {
+	err = s.call(ctx, "GoneHolders", func() (err error) { hs, err = s.Store.GoneHolders(ctx); return })
+	return hs, err
 }
 
 // RecentSends is campaign.Store.RecentSends under the rules. A rule that fails it after Skip sends (Kind

@@ -1,0 +1,146 @@
+package worker
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/campaignctl/campaignctl/campaign"
+)
+
+// Liveness keeps, while a worker process runs, a Postgres session advisory lock under a key of its own
+// (campaign.Lease.Holder): the leases its batch runs take name it. A process killed outright closes its
+// connection, Postgres lets the lock go at once, and the sweep of the workers left takes the chunks in
+// hand of the dead process within seconds (goneAfter) instead of when their leases expire (three times the
+// provider's timeout, 30 s by default). A run whose process has lost the lock (its connection to Postgres
+// broke) sends nothing more until it holds it again: the sweep may be taking its chunk.
+type Liveness struct {
+	key  int64
+	pool *pgxpool.Pool
+	log  *slog.Logger
+	held atomic.Bool
+	// every is how often the lock is checked and, when lost, taken again.
+	every time.Duration
+}
+
+// NewLiveness returns a Liveness on pool under a random key. Run keeps the lock.
+func NewLiveness(pool *pgxpool.Pool, log *slog.Logger) *Liveness {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	return &Liveness{key: rand.Int64N(1<<62) + 1, pool: pool, log: log, every: time.Second}
+}
+
+// Key is the lock's key, which the process's leases carry.
+func (l *Liveness) Key() int64 { return l.key }
+
+// Held says whether the lock was held at its last check.
+func (l *Liveness) Held() bool { return l != nil && l.held.Load() }
+
+// Start takes the lock, then keeps it until ctx ends (and lets it go then). It returns once the lock is
+// first held, or with an error when it could not be taken within wait (it goes on trying) or ctx ended.
+func (l *Liveness) Start(ctx context.Context, wait time.Duration) error {
+	first := make(chan struct{})
+	var once sync.Once
+	go l.run(ctx, func() { once.Do(func() { close(first) }) })
+	timer := time.NewTimer(wait)
+	defer timer.Stop()
+	select {
+	case <-first:
+		return nil
+	case <-timer.C:
+		return fmt.Errorf("not held after %v", wait)
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func (l *Liveness) run(ctx context.Context, held func()) {
+	var conn *pgx.Conn
+	drop := func() {
+		l.held.Store(false)
+		if conn != nil {
+			conn.Close(context.Background()) //nolint:errcheck // the session ends and its lock goes with it
+			conn = nil
+		}
+	}
+	defer drop()
+	t := time.NewTicker(l.every)
+	defer t.Stop()
+	for {
+		if err := l.check(ctx, &conn); err != nil {
+			if l.held.Load() {
+				l.log.Warn("this worker's liveness lock in Postgres is lost: no sends until it is held again", "err", fmt.Sprint(err))
+			}
+			drop()
+		} else {
+			if !l.held.Swap(true) {
+				l.log.Debug("liveness lock held", "key", l.key)
+			}
+			held()
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// check makes sure the lock is held, on a connection of its own taken from the pool when there is none.
+func (l *Liveness) check(ctx context.Context, conn **pgx.Conn) error {
+	ctx, cancel := context.WithTimeout(ctx, max(l.every, time.Second))
+	defer cancel()
+	if *conn == nil {
+		c, err := l.pool.Acquire(ctx)
+		if err != nil {
+			return err
+		}
+		*conn = c.Hijack()
+	}
+	return campaign.HoldLiveness(ctx, *conn, l.key)
+}
+
+// goneAfter is how long a lease holder's lock must have been missing, seen by two sweeps, before its
+// chunks are taken: a live process whose connection broke takes its lock again within a second.
+const goneAfter = 2 * time.Second
+
+// goneHolders returns the holders whose locks two sweeps at least goneAfter apart found missing.
+func (h *Handler) goneHolders(ctx context.Context) ([]int64, error) {
+	missing, err := h.cfg.Store.GoneHolders(ctx)
+	if err != nil {
+		return nil, err
+	}
+	now := time.Now()
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	seen := make(map[int64]time.Time, len(missing))
+	var gone []int64
+	for _, k := range missing {
+		since, ok := h.missingSince[k]
+		if !ok {
+			since = now
+		}
+		seen[k] = since
+		if now.Sub(since) >= goneAfter {
+			gone = append(gone, k)
+		}
+	}
+	h.missingSince = seen
+	return gone, nil
+}
+
+// holder is the key the leases of this process carry: its liveness lock's, while held; 0 otherwise.
+func (h *Handler) holder() int64 {
+	if h.cfg.Liveness.Held() {
+		return h.cfg.Liveness.Key()
+	}
+	return 0
+}

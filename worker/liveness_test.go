@@ -1,0 +1,175 @@
+package worker
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/campaignctl/campaignctl/campaign"
+	"github.com/campaignctl/campaignctl/internal/state"
+)
+
+// startLiveness starts a Liveness on f's database that checks its lock every 50 ms, until stop or the
+// test's end.
+func startLiveness(t *testing.T, f *fixture) (l *Liveness, stop func()) {
+	t.Helper()
+	l = NewLiveness(f.db, nil)
+	l.every = 50 * time.Millisecond
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	if err := l.Start(ctx, 10*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	return l, cancel
+}
+
+// leaseAs leases users of batch b for a minute under holder, as a run of the process holding that
+// liveness lock does.
+func (f *fixture) leaseAs(t *testing.T, b int, users []string, holder int64) {
+	t.Helper()
+	ctx := context.Background()
+	epoch, err := Epoch(ctx, f.rdb)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.store.LeaseChunk(ctx, f.campaign(t), users, campaign.Lease{Batch: b, Token: "run" + string(rune('a'+b)), Epoch: epoch, TTL: time.Minute, Holder: holder}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// waitMissing waits until the sweep's query finds holder's lock missing, or fails after 5 s.
+func (f *fixture) waitMissing(t *testing.T, holder int64) {
+	t.Helper()
+	for end := time.Now().Add(5 * time.Second); ; {
+		gone, err := f.store.GoneHolders(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if slices.Contains(gone, holder) {
+			return
+		}
+		if time.Now().After(end) {
+			t.Fatalf("holder %d still found alive 5 s after its lock was let go (found gone: %v)", holder, gone)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// A worker process killed outright lets its liveness lock go with its connection. The sweep of the
+// workers left takes its chunk once two sweeps goneAfter apart found the lock missing, nearly a minute
+// before the chunk's lease expires: a claim with an answer is recorded, one without is unknown (the
+// process that made the call is dead), and the rest of the batch is queued at once. The chunk of a live
+// process, under a lease as long, is left alone.
+func TestTheChunkOfADeadProcessIsTakenWithinSeconds(t *testing.T) {
+	t.Parallel()
+	f := plan(t, 40)
+	if f.batches < 2 {
+		t.Fatalf("%d batches, want 2 or more", f.batches)
+	}
+	ctx := context.Background()
+	live, _ := startLiveness(t, f)
+	dead, kill := startLiveness(t, f)
+	deadUsers, liveUsers := f.batchUsers(t, 0)[:3], f.batchUsers(t, 1)[:3]
+	f.leaseAs(t, 0, deadUsers, dead.Key())
+	f.leaseAs(t, 1, liveUsers, live.Key())
+	n := Nonce(f.campaign(t)) + "/"
+	f.rdb.Set(ctx, ClaimKey(f.id, deadUsers[0]), n+state.SentValue("SM1", 1), 0)
+	f.rdb.Set(ctx, ClaimKey(f.id, deadUsers[1]), n+state.InFlightValue(time.Now(), "dead"), 0)
+	f.rdb.Set(ctx, ClaimKey(f.id, liveUsers[0]), n+state.InFlightValue(time.Now(), "live"), 0)
+
+	if settled, err := f.h.Sweep(ctx); err != nil || settled != 0 {
+		t.Fatalf("with both processes alive the sweep settled %d (%v), want none", settled, err)
+	}
+	kill()
+	f.waitMissing(t, dead.Key())
+	start := time.Now()
+	if settled, err := f.h.Sweep(ctx); err != nil || settled != 0 {
+		t.Fatalf("the sweep that first found the lock missing settled %d (%v), want none: a live process whose connection broke takes it back within a second", settled, err)
+	}
+	time.Sleep(goneAfter)
+	if settled, err := f.h.Sweep(ctx); err != nil || settled != len(deadUsers) {
+		t.Fatalf("a sweep %v after the lock went missing settled %d (%v), want the dead process's %d", time.Since(start).Round(time.Millisecond), settled, err, len(deadUsers))
+	}
+	status := func(u string) string {
+		var s string
+		if err := f.db.QueryRow(ctx, `SELECT status FROM campaign_recipients WHERE campaign_id = $1 AND user_id = $2`, f.id, u).Scan(&s); err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	for u, want := range map[string]string{deadUsers[0]: "sent", deadUsers[1]: "unknown", deadUsers[2]: "pending", liveUsers[0]: "pending"} {
+		if got := status(u); got != want {
+			t.Errorf("%s: %s, want %s", u, got, want)
+		}
+	}
+	var inHand []string
+	if err := f.db.QueryRow(ctx, `SELECT lease_users FROM campaign_batches WHERE campaign_id = $1 AND batch = 1`, f.id).Scan(&inHand); err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(inHand, liveUsers) {
+		t.Errorf("the live process's chunk in hand is %v after the sweeps, want %v", inHand, liveUsers)
+	}
+	if ids := followUps(t, f); len(ids) != 1 {
+		t.Errorf("follow-ups queued: %v, want one, for the dead process's batch", ids)
+	}
+	if f.provider.total() != 0 {
+		t.Fatalf("the sweep sent %d messages", f.provider.total())
+	}
+}
+
+// A live process whose lock's session ended (its connection to Postgres broke, or was terminated) takes
+// the lock again at its next check: sweeps on either side of the gap, goneAfter apart, leave its chunk
+// alone.
+func TestALiveProcessTakesItsLockBackBeforeItsChunkIsTaken(t *testing.T) {
+	t.Parallel()
+	f := plan(t, 40)
+	ctx := context.Background()
+	live, _ := startLiveness(t, f)
+	users := f.batchUsers(t, 0)[:3]
+	f.leaseAs(t, 0, users, live.Key())
+	var terminated bool
+	if err := f.db.QueryRow(ctx, `SELECT pg_terminate_backend(pid) FROM pg_locks
+		WHERE locktype = 'advisory' AND granted AND objsubid = 1 AND classid::bigint = ($1::bigint >> 32) & 4294967295 AND objid::bigint = $1::bigint & 4294967295`,
+		live.Key()).Scan(&terminated); err != nil || !terminated {
+		t.Fatalf("the lock's session was not terminated: %v, %v", terminated, err)
+	}
+	f.waitMissing(t, live.Key())
+	if settled, err := f.h.Sweep(ctx); err != nil || settled != 0 {
+		t.Fatalf("sweep settled %d (%v), want none", settled, err)
+	}
+	for end := time.Now().Add(5 * time.Second); !live.Held(); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(end) {
+			t.Fatal("the lock was not taken back within 5 s")
+		}
+	}
+	time.Sleep(goneAfter)
+	if settled, err := f.h.Sweep(ctx); err != nil || settled != 0 {
+		t.Fatalf("a sweep %v later, the lock held again, settled %d (%v), want none", goneAfter, settled, err)
+	}
+	if gone, err := f.store.GoneHolders(ctx); err != nil || slices.Contains(gone, live.Key()) {
+		t.Fatalf("holders gone: %v (%v); the live one's lock is held again", gone, err)
+	}
+}
+
+// A run whose lease names its process's lock sends nothing while the lock is lost: another worker's
+// sweep may be taking its chunk.
+func TestARunSendsNothingWhileItsProcessHasLostItsLock(t *testing.T) {
+	t.Parallel()
+	f := plan(t, 10)
+	l := NewLiveness(f.db, nil) // never started: not held
+	f.h.cfg.Liveness = l
+	// The lease is not due for renewal: only the lock's loss can stop the run here.
+	run := &batchRun{c: f.campaign(t), lease: campaign.Lease{Holder: l.Key()}, renewAt: time.Now().Add(time.Hour)}
+	err := f.h.renew(context.Background(), run)
+	var re *RetryError
+	if !errors.As(err, &re) || !strings.Contains(err.Error(), "liveness lock") {
+		t.Fatalf("renew with the lock lost: %v, want the run handed back until the lock is held", err)
+	}
+	// A lease taken without the lock (it was not held then) does not depend on it.
+	if h := f.h.holder(); h != 0 {
+		t.Fatalf("the process's leases carry holder %d while its lock is not held, want 0", h)
+	}
+}
