@@ -72,14 +72,16 @@ func (l *Liveness) run(ctx context.Context, held func()) {
 		}
 	}
 	defer drop()
-	t := time.NewTicker(l.every)
-	defer t.Stop()
 	for {
+		wait := l.every
 		if err := l.check(ctx, &conn); err != nil {
 			if l.held.Load() {
 				l.log.Warn("this worker's liveness lock in Postgres is lost: no sends until it is held again", "err", fmt.Sprint(err))
 			}
 			drop()
+			// Taken again at once, well within goneAfter: the other workers' sweeps must not find it
+			// missing twice.
+			wait = min(wait, retryLiveness)
 		} else {
 			if !l.held.Swap(true) {
 				l.log.Debug("liveness lock held", "key", l.key)
@@ -89,14 +91,21 @@ func (l *Liveness) run(ctx context.Context, held func()) {
 		select {
 		case <-ctx.Done():
 			return
-		case <-t.C:
+		case <-time.After(wait):
 		}
 	}
 }
 
+// retryLiveness is how soon a lost liveness lock is tried again.
+const retryLiveness = 100 * time.Millisecond
+
+// checkTimeout bounds a check of the lock. A check that runs out closes its connection, and the lock goes
+// with it: a slow Postgres (every session waits alike) must not make a live process look dead.
+const checkTimeout = 10 * time.Second
+
 // check makes sure the lock is held, on a connection of its own taken from the pool when there is none.
 func (l *Liveness) check(ctx context.Context, conn **pgx.Conn) error {
-	ctx, cancel := context.WithTimeout(ctx, max(l.every, time.Second))
+	ctx, cancel := context.WithTimeout(ctx, checkTimeout)
 	defer cancel()
 	if *conn == nil {
 		c, err := l.pool.Acquire(ctx)
@@ -110,7 +119,7 @@ func (l *Liveness) check(ctx context.Context, conn **pgx.Conn) error {
 
 // goneAfter is how long a lease holder's lock must have been missing, seen by two sweeps, before its
 // chunks are taken: a live process whose connection broke takes its lock again within a second.
-const goneAfter = 2 * time.Second
+const goneAfter = 3 * time.Second
 
 // goneHolders returns the holders whose locks two sweeps at least goneAfter apart found missing.
 func (h *Handler) goneHolders(ctx context.Context) ([]int64, error) {
