@@ -388,7 +388,7 @@ func (s *Store) ExpiredLeases(ctx context.Context, limit int, gone []int64) ([]E
 
 // GoneHolders returns the holders (Lease.Holder) of live leases on chunks in hand whose advisory locks no
 // session holds: their worker processes died (or lost Postgres). Nothing is returned while Postgres has
-// been up for less than holderGrace: a restart lets every lock go, and the live processes take theirs
+// been up for less than HolderGrace: a restart lets every lock go, and the live processes take theirs
 // again within a second of its return.
 func (s *Store) GoneHolders(ctx context.Context) ([]int64, error) {
 	rows, err := s.pool.Query(ctx, `
@@ -399,16 +399,16 @@ func (s *Store) GoneHolders(ctx context.Context) ([]int64, error) {
 			WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
 			  AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
 			  AND l.classid::bigint = (b.lease_holder >> 32) & 4294967295 AND l.objid::bigint = b.lease_holder & 4294967295)`,
-		holderGrace.Milliseconds())
+		HolderGrace.Milliseconds())
 	if err != nil {
 		return nil, fmt.Errorf("gone lease holders: %w", err)
 	}
 	return pgx.CollectRows(rows, pgx.RowTo[int64])
 }
 
-// holderGrace is how long Postgres must have been up before a missing holder's lock means its process is
+// HolderGrace is how long Postgres must have been up before a missing holder's lock means its process is
 // gone (GoneHolders).
-const holderGrace = 10 * time.Second
+const HolderGrace = 10 * time.Second
 
 // HoldLiveness takes, on conn, the session advisory lock of key (Lease.Holder) that tells the sweep of
 // every worker that this process lives, unless a session holds it already (conn's, or, behind a pooler,

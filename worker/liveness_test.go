@@ -8,8 +8,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/campaignctl/campaignctl/campaign"
 	"github.com/campaignctl/campaignctl/internal/state"
+	"github.com/campaignctl/campaignctl/internal/testpg"
+	"github.com/campaignctl/campaignctl/internal/testredis"
 )
 
 // startLiveness starts a Liveness on f's database that checks its lock every 50 ms, until stop or the
@@ -172,4 +176,62 @@ func TestARunSendsNothingWhileItsProcessHasLostItsLock(t *testing.T) {
 	if h := f.h.holder(); h != 0 {
 		t.Fatalf("the process's leases carry holder %d while its lock is not held, want 0", h)
 	}
+}
+
+// A Postgres crash lets every liveness lock go, the live workers' and a dead one's alike. Nothing is
+// judged gone while Postgres has been up for less than campaign.HolderGrace (10 s): the live worker takes its lock
+// back meanwhile and its chunk is never taken, while the chunk of the worker that died during the outage
+// is taken once that time is over.
+func TestAfterAPostgresCrashOnlyTheDeadWorkersChunkIsTaken(t *testing.T) {
+	t.Parallel()
+	pg := testpg.Start(t)
+	db, _ := pg.Migrated("campaignctl")
+	red := testredis.StartServer(t)
+	rdb := redis.NewClient(&redis.Options{Addr: red.Addr()})
+	t.Cleanup(func() { rdb.Close() })
+	f := planOn(t, db, rdb, 30, func(s *campaign.Spec) { s.BatchSize = 8 }, nil)
+	if f.batches < 2 {
+		t.Fatalf("%d batches, want 2", f.batches)
+	}
+	ctx := context.Background()
+	live, _ := startLiveness(t, f)
+	dead, kill := startLiveness(t, f)
+	deadUsers, liveUsers := f.batchUsers(t, 0)[:3], f.batchUsers(t, 1)[:3]
+	f.leaseAs(t, 0, deadUsers, dead.Key())
+	f.leaseAs(t, 1, liveUsers, live.Key())
+
+	pg.Crash()
+	kill() // the worker dies while Postgres is down
+	pg.Restart()
+	restarted := time.Now()
+	inHand := func(b int) []string {
+		var users []string
+		if err := f.db.QueryRow(ctx, `SELECT lease_users FROM campaign_batches WHERE campaign_id = $1 AND batch = $2`, f.id, b).Scan(&users); err != nil {
+			t.Fatal(err)
+		}
+		return users
+	}
+	var taken time.Duration
+	for taken == 0 {
+		if since := time.Since(restarted); since > campaign.HolderGrace+3*goneAfter {
+			t.Fatalf("the dead worker's chunk was not taken %v after the restart", since.Round(time.Millisecond))
+		}
+		time.Sleep(250 * time.Millisecond)
+		if _, err := f.h.Sweep(ctx); err != nil {
+			continue // the pool's connections from before the crash fail once each
+		}
+		if got := inHand(1); !slices.Equal(got, liveUsers) {
+			t.Fatalf("%v after the restart the live worker's chunk in hand is %v, want %v", time.Since(restarted).Round(time.Millisecond), got, liveUsers)
+		}
+		if len(inHand(0)) == 0 {
+			taken = time.Since(restarted)
+		}
+	}
+	if !live.Held() {
+		t.Fatal("the live worker's lock is not held again")
+	}
+	if taken < campaign.HolderGrace {
+		t.Fatalf("the dead worker's chunk was taken %v after Postgres started: before any live worker was sure to hold its lock again", taken.Round(time.Millisecond))
+	}
+	t.Logf("the dead worker's chunk was taken %v after the restart", taken.Round(time.Millisecond))
 }
