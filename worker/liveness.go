@@ -75,7 +75,7 @@ func (l *Liveness) run(ctx context.Context, held func()) {
 	for {
 		wait := l.every
 		if err := l.check(ctx, &conn); err != nil {
-			if l.held.Load() {
+			if l.held.Load() && ctx.Err() == nil {
 				l.log.Warn("this worker's liveness lock in Postgres is lost: no sends until it is held again", "err", fmt.Sprint(err))
 			}
 			drop()
