@@ -21,6 +21,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/campaignctl/campaignctl/campaign"
 	"github.com/campaignctl/campaignctl/internal/testdb"
 	"github.com/campaignctl/campaignctl/internal/testredis"
 	"github.com/campaignctl/campaignctl/providers/sandbox"
@@ -49,8 +50,9 @@ func TestChaos(t *testing.T) {
 	rate := max(50, n/15)      // TWILIO_RATE: 15 s at full speed at least (the 429 pauses slow it more)
 	minKills := max(6, n/1000) // SIGKILLs before the flush: 6 at the default size, 20 at 20,000
 	const freezeFor = 3 * time.Second
-	// sweepGap is the lease (3 × --provider-timeout 1s), a sweep interval (2 s) and a margin.
-	const sweepGap = 3*time.Second + 2*time.Second + time.Second
+	// sweepGap bounds the wait for the sweep of the last killed worker's chunks: its liveness lock found
+	// missing for 3 s, or its lease (3 × --provider-timeout 1s) expired, a sweep interval (1 s) and a margin.
+	const sweepGap = 3*time.Second + time.Second + 2*time.Second
 
 	db, dbURL := testdb.New(t)
 	rs := testredis.StartServer(t)
@@ -172,12 +174,15 @@ func TestChaos(t *testing.T) {
 	if finishedEarly {
 		t.Errorf("harness: the campaign finished before the chaos was complete (kills %d of %d, frozen %v, no flush): lower TWILIO_RATE or raise CHAOS_RECIPIENTS", workers.kills, minKills, frozeDone)
 	} else {
-		// The workers' sweepers settle a killed worker's chunk from its claims once its lease (3 × the
-		// provider timeout) has expired. A worker killed within those few seconds before Redis loses its
-		// data leaves its chunks unknown (up to 25 recipients per batch it was sending): a double fault the
-		// runbook describes. The flush waits them out, as the scenario has it: kills, then Redis lost.
-		if gap := sweepGap - time.Since(workers.lastKill); gap > 0 {
-			time.Sleep(gap)
+		// The workers' sweepers settle a killed worker's chunk from its claims once its liveness lock has
+		// been missing for 3 s (or its lease expired). A worker killed within those few seconds before Redis
+		// loses its data leaves its chunks unknown (up to 25 recipients per batch it was sending): a double
+		// fault the runbook describes. The flush waits until they are swept, as the scenario has it: kills,
+		// then Redis lost; a fixed wait let a fast campaign end before the flush.
+		// Half a second first: the session of a worker just killed takes a moment to end.
+		time.Sleep(time.Until(workers.lastKill.Add(500 * time.Millisecond)))
+		for end := workers.lastKill.Add(sweepGap); time.Now().Before(end) && chaosDeadChunks(t, db) > 0; {
+			time.Sleep(50 * time.Millisecond)
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		err := rs.Flush(ctx)
@@ -328,6 +333,22 @@ func chaosResume(t *testing.T, e *e2eEnv, id string) {
 	default:
 		t.Logf("resume %s: %s", id, strings.TrimSpace(out))
 	}
+}
+
+// chaosDeadChunks counts the chunks in hand of batch runs that died (their worker's liveness lock is gone,
+// or their lease expired) and that no sweep has settled yet.
+func chaosDeadChunks(t *testing.T, db *pgxpool.Pool) int {
+	t.Helper()
+	gone, err := campaign.NewStore(db).GoneHolders(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var n int
+	if err := db.QueryRow(context.Background(), `SELECT count(*) FROM campaign_batches
+		WHERE lease_users <> '{}' AND (lease_until < now() OR lease_holder = ANY($1::bigint[]))`, gone).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
 }
 
 // chaosCheckFaults makes sure the faults the sandbox was started with are in effect.
