@@ -44,6 +44,28 @@ func (f *fixture) leaseAs(t *testing.T, b int, users []string, holder int64) {
 	}
 }
 
+// processes is two worker processes' liveness locks, and the chunks in hand their runs leased: the first
+// three recipients of batch 0 under dead's, of batch 1 under live's.
+type processes struct {
+	live, dead           *Liveness
+	kill                 func() // ends dead's lock, as a killed process's connection does
+	deadUsers, liveUsers []string
+}
+
+func twoProcesses(t *testing.T, f *fixture) processes {
+	t.Helper()
+	if f.batches < 2 {
+		t.Fatalf("%d batches, want 2 or more", f.batches)
+	}
+	var p processes
+	p.live, _ = startLiveness(t, f)
+	p.dead, p.kill = startLiveness(t, f)
+	p.deadUsers, p.liveUsers = f.batchUsers(t, 0)[:3], f.batchUsers(t, 1)[:3]
+	f.leaseAs(t, 0, p.deadUsers, p.dead.Key())
+	f.leaseAs(t, 1, p.liveUsers, p.live.Key())
+	return p
+}
+
 // waitMissing waits until the sweep's query finds holder's lock missing, or fails after 5 s.
 func (f *fixture) waitMissing(t *testing.T, holder int64) {
 	t.Helper()
@@ -70,15 +92,9 @@ func (f *fixture) waitMissing(t *testing.T, holder int64) {
 func TestTheChunkOfADeadProcessIsTakenWithinSeconds(t *testing.T) {
 	t.Parallel()
 	f := plan(t, 40)
-	if f.batches < 2 {
-		t.Fatalf("%d batches, want 2 or more", f.batches)
-	}
 	ctx := context.Background()
-	live, _ := startLiveness(t, f)
-	dead, kill := startLiveness(t, f)
-	deadUsers, liveUsers := f.batchUsers(t, 0)[:3], f.batchUsers(t, 1)[:3]
-	f.leaseAs(t, 0, deadUsers, dead.Key())
-	f.leaseAs(t, 1, liveUsers, live.Key())
+	p := twoProcesses(t, f)
+	dead, kill, deadUsers, liveUsers := p.dead, p.kill, p.deadUsers, p.liveUsers
 	n := Nonce(f.campaign(t)) + "/"
 	f.rdb.Set(ctx, ClaimKey(f.id, deadUsers[0]), n+state.SentValue("SM1", 1), 0)
 	f.rdb.Set(ctx, ClaimKey(f.id, deadUsers[1]), n+state.InFlightValue(time.Now(), "dead"), 0)
@@ -190,15 +206,9 @@ func TestAfterAPostgresCrashOnlyTheDeadWorkersChunkIsTaken(t *testing.T) {
 	rdb := redis.NewClient(&redis.Options{Addr: red.Addr()})
 	t.Cleanup(func() { rdb.Close() })
 	f := planOn(t, db, rdb, 30, func(s *campaign.Spec) { s.BatchSize = 8 }, nil)
-	if f.batches < 2 {
-		t.Fatalf("%d batches, want 2", f.batches)
-	}
 	ctx := context.Background()
-	live, _ := startLiveness(t, f)
-	dead, kill := startLiveness(t, f)
-	deadUsers, liveUsers := f.batchUsers(t, 0)[:3], f.batchUsers(t, 1)[:3]
-	f.leaseAs(t, 0, deadUsers, dead.Key())
-	f.leaseAs(t, 1, liveUsers, live.Key())
+	p := twoProcesses(t, f)
+	live, kill, liveUsers := p.live, p.kill, p.liveUsers
 
 	pg.Crash()
 	kill() // the worker dies while Postgres is down
