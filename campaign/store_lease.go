@@ -41,6 +41,9 @@ type Chunk struct {
 	// Inherited lists the leased users that were the chunk in hand of a run that died: until the run
 	// reads their claims, it does not know whether they were sent, and they stay in its chunk in hand.
 	Inherited []string
+	// TookOver says the batch was leased from another run's lease (expired, or its holder gone): a run
+	// that died. False when the batch was free or this run's own, or was not leased.
+	TookOver bool
 	// Accepted holds the leased users whose delivery receipt arrived while they were pending (a receipt
 	// for a send whose answer was lost, before `resume --resend-unknown` made them pending again): the
 	// provider accepted their message, so they are recorded sent, never sent again.
@@ -159,6 +162,7 @@ func (s *Store) LeaseChunk(ctx context.Context, c *Campaign, users []string, l L
 	}
 	ch.Snapshots = make(map[string]ConsentRecord, len(cStatus))
 	if leased {
+		ch.TookOver = takeover
 		inherited := map[string]bool{}
 		if takeover {
 			for _, u := range oldUsers {

@@ -11,6 +11,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/campaignctl/campaignctl/campaign"
+	"github.com/campaignctl/campaignctl/internal/faults"
 	"github.com/campaignctl/campaignctl/internal/state"
 	"github.com/campaignctl/campaignctl/internal/testpg"
 	"github.com/campaignctl/campaignctl/internal/testredis"
@@ -244,4 +245,52 @@ func TestAfterAPostgresCrashOnlyTheDeadWorkersChunkIsTaken(t *testing.T) {
 		t.Fatalf("the dead worker's chunk was taken %v after Postgres started: before any live worker was sure to hold its lock again", taken.Round(time.Millisecond))
 	}
 	t.Logf("the dead worker's chunk was taken %v after the restart", taken.Round(time.Millisecond))
+}
+
+// The sweeps of all workers find a dead process in the same second: one settles its chunk and queues the
+// rest of the batch, and the other, whose list of dead chunks was read before that, finds the chunk no
+// longer a dead run's. It settles nothing, queues nothing and leaves the batch free for the follow-up.
+func TestTwoSweepsOfOneDeadChunkQueueOneFollowUp(t *testing.T) {
+	t.Parallel()
+	f := plan(t, 10) // one batch; eligible: u1 u2 u4 u7 u8
+	ctx := context.Background()
+	users := f.batchUsers(t, 0)
+	n := f.leaseDead(t, users[:3])
+	f.rdb.Set(ctx, ClaimKey(f.id, users[0]), n+state.SentValue("SM1", 1), 0)
+	time.Sleep(5 * time.Millisecond)
+	late, _, fs := f.faulty(t, nil)
+	// The late sweep has read the dead chunks and waits past the next second to lease one.
+	stall := fs.Add(&faults.Rule{Match: faults.Method("LeaseChunk"), Kind: faults.Stall, Delay: 1100 * time.Millisecond, Times: 1})
+	type result struct {
+		n   int
+		err error
+	}
+	done := make(chan result, 1)
+	go func() { n, err := late.Sweep(ctx); done <- result{n, err} }()
+	for stall.Hits() == 0 {
+		time.Sleep(5 * time.Millisecond)
+	}
+	if settled, err := f.h.Sweep(ctx); err != nil || settled != 3 {
+		t.Fatalf("the first sweep settled %d (%v), want the dead run's 3", settled, err)
+	}
+	r := <-done
+	if r.err != nil || r.n != 0 {
+		t.Fatalf("the late sweep settled %d (%v), want none: the chunk was settled already", r.n, r.err)
+	}
+	if ids := followUps(t, f); len(ids) != 1 {
+		t.Fatalf("follow-ups queued: %v, want one", ids)
+	}
+	var inHand []string
+	var token *string
+	if err := f.db.QueryRow(ctx, `SELECT lease_users, lease_token FROM campaign_batches WHERE campaign_id = $1 AND batch = 0`, f.id).Scan(&inHand, &token); err != nil {
+		t.Fatal(err)
+	}
+	if len(inHand) != 0 || token != nil {
+		t.Fatalf("after the sweeps the batch is held (token %v, in hand %v), want it free for the follow-up", token, inHand)
+	}
+	f.runAll(t)
+	f.assertOnce(t)
+	if c := f.counts(t); c.Pending != 0 || c.Sent != 5 {
+		t.Fatalf("counts %+v, want all 5 sent (u1 by the dead run)", c)
+	}
 }

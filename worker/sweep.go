@@ -52,6 +52,20 @@ func (h *Handler) Sweep(ctx context.Context) (int, error) {
 		if err != nil {
 			return n, err
 		}
+		if !got.TookOver {
+			// No dead run's chunk any more: another worker's sweep, or a run of the batch, got there first
+			// (the sweeps of all workers find a dead process in the same second). Nothing to settle, and the
+			// batch is queued already. What this lease took (rows the other sweep freed) is let go again.
+			if len(got.Leased) > 0 {
+				if err := h.flush(ctx, run); err != nil {
+					return n, err
+				}
+				if err := h.cfg.Store.ReleaseBatch(ctx, c.ID, run.lease); err != nil {
+					return n, err
+				}
+			}
+			continue
+		}
 		var serr error
 		var users, keys []string
 		for _, u := range e.Users {
