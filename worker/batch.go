@@ -483,7 +483,7 @@ func (h *Handler) gate(ctx context.Context, run *batchRun, chunk []campaign.Reci
 // renew extends the chunk's lease when a third of it has passed. A run that lost its lease (it was too
 // slow, and another run took the rows over) must not send: it stops.
 func (h *Handler) renew(ctx context.Context, run *batchRun) error {
-	if run.lease.Holder != 0 && !h.cfg.Liveness.Held() {
+	if run.lease.Holder != 0 && !h.cfg.Liveness.Held() && !h.cfg.Liveness.await(ctx, regainLiveness) {
 		// The other workers' sweeps may be taking the chunk of a process whose lock is gone.
 		return waitForServices(errors.New("this worker's liveness lock in Postgres is lost; sends wait until it is held again"))
 	}

@@ -44,6 +44,22 @@ func (l *Liveness) Key() int64 { return l.key }
 // Held says whether the lock was held at its last check.
 func (l *Liveness) Held() bool { return l != nil && l.held.Load() }
 
+// regainLiveness is how long a run waits for a lost liveness lock before it hands its batch back: a
+// session that ended (a Postgres backend terminated, a connection reset) is replaced within a fraction of
+// it, and the other workers' sweeps wait goneAfter before they take the chunk.
+const regainLiveness = time.Second
+
+// await waits up to d for the lock to be held, and says whether it is.
+func (l *Liveness) await(ctx context.Context, d time.Duration) bool {
+	for end := time.Now().Add(d); !l.Held(); {
+		if time.Now().After(end) || ctx.Err() != nil {
+			return false
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return true
+}
+
 // Start takes the lock, then keeps it until ctx ends (and lets it go then). It returns once the lock is
 // first held, or with an error when it could not be taken within wait (it goes on trying) or ctx ended.
 func (l *Liveness) Start(ctx context.Context, wait time.Duration) error {

@@ -176,22 +176,32 @@ func TestALiveProcessTakesItsLockBackBeforeItsChunkIsTaken(t *testing.T) {
 }
 
 // A run whose lease names its process's lock sends nothing while the lock is lost: another worker's
-// sweep may be taking its chunk.
+// sweep may be taking its chunk. It waits a second for the lock to come back (a terminated session is
+// replaced within a fraction of that), then hands its batch back.
 func TestARunSendsNothingWhileItsProcessHasLostItsLock(t *testing.T) {
 	t.Parallel()
 	f := plan(t, 10)
 	l := NewLiveness(f.db, nil) // never started: not held
 	f.h.cfg.Liveness = l
+	// A lease taken without the lock (it was not held then) does not depend on it.
+	if h := f.h.holder(); h != 0 {
+		t.Fatalf("the process's leases carry holder %d while its lock is not held, want 0", h)
+	}
 	// The lease is not due for renewal: only the lock's loss can stop the run here.
 	run := &batchRun{c: f.campaign(t), lease: campaign.Lease{Holder: l.Key()}, renewAt: time.Now().Add(time.Hour)}
+	start := time.Now()
 	err := f.h.renew(context.Background(), run)
 	var re *RetryError
 	if !errors.As(err, &re) || !strings.Contains(err.Error(), "liveness lock") {
 		t.Fatalf("renew with the lock lost: %v, want the run handed back until the lock is held", err)
 	}
-	// A lease taken without the lock (it was not held then) does not depend on it.
-	if h := f.h.holder(); h != 0 {
-		t.Fatalf("the process's leases carry holder %d while its lock is not held, want 0", h)
+	if waited := time.Since(start); waited < regainLiveness {
+		t.Fatalf("the run gave up after %v, before the lock had %v to come back", waited, regainLiveness)
+	}
+	// Back within the wait: the run goes on.
+	go func() { time.Sleep(200 * time.Millisecond); l.held.Store(true) }()
+	if err := f.h.renew(context.Background(), run); err != nil {
+		t.Fatalf("renew with the lock back after 200 ms: %v", err)
 	}
 }
 
