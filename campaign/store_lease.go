@@ -367,7 +367,8 @@ type Expired struct {
 }
 
 // ExpiredLeases returns the chunks in hand of up to limit batches whose leases expired, or whose holders
-// are gone: the runs that held them died.
+// are gone: the runs that held them died. A batch leased by a holder that is gone with no chunk in hand (the
+// run died between two chunks) is returned too, with no users: its batch is to be queued again.
 func (s *Store) ExpiredLeases(ctx context.Context, limit int, gone []int64) ([]Expired, error) {
 	if gone == nil {
 		gone = []int64{}
@@ -375,6 +376,7 @@ func (s *Store) ExpiredLeases(ctx context.Context, limit int, gone []int64) ([]E
 	rows, err := s.pool.Query(ctx, `
 		SELECT campaign_id, batch, lease_users FROM campaign_batches
 		WHERE lease_users <> '{}' AND (lease_until < now() OR lease_holder = ANY($2::bigint[]))
+		   OR lease_users = '{}' AND lease_token IS NOT NULL AND lease_holder = ANY($2::bigint[])
 		ORDER BY lease_until LIMIT $1`, limit, gone)
 	if err != nil {
 		return nil, fmt.Errorf("expired leases: %w", err)
@@ -390,14 +392,13 @@ func (s *Store) ExpiredLeases(ctx context.Context, limit int, gone []int64) ([]E
 	return out, rows.Err()
 }
 
-// GoneHolders returns the holders (Lease.Holder) of live leases on chunks in hand whose advisory locks no
-// session holds: their worker processes died (or lost Postgres). Nothing is returned while Postgres has
+// GoneHolders returns the holders (Lease.Holder) of leases whose advisory locks no session holds: their worker processes died (or lost Postgres). Nothing is returned while Postgres has
 // been up for less than HolderGrace: a restart lets every lock go, and the live processes take theirs
 // again within a second of its return.
 func (s *Store) GoneHolders(ctx context.Context) ([]int64, error) {
 	rows, err := s.pool.Query(ctx, `
 		SELECT DISTINCT b.lease_holder FROM campaign_batches b
-		WHERE b.lease_users <> '{}' AND b.lease_until >= now() AND b.lease_holder IS NOT NULL
+		WHERE b.lease_token IS NOT NULL AND b.lease_holder IS NOT NULL
 		  AND pg_postmaster_start_time() < now() - $1 * interval '1 millisecond'
 		  AND NOT EXISTS (SELECT 1 FROM pg_locks l
 			WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1

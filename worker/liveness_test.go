@@ -304,3 +304,38 @@ func TestTwoSweepsOfOneDeadChunkQueueOneFollowUp(t *testing.T) {
 		t.Fatalf("counts %+v, want all 5 sent (u1 by the dead run)", c)
 	}
 }
+
+// A worker killed between two chunks of a batch leaves nothing in hand but its lease on the batch, and
+// its batch task active in the queue until the queue's own recovery gives it back, a minute later. Once
+// its lock is found gone, the sweep lets the batch go and queues its rest at once.
+func TestABatchWhoseWorkerDiedBetweenChunksIsQueuedAgain(t *testing.T) {
+	t.Parallel()
+	f := plan(t, 10) // one batch; eligible: u1 u2 u4 u7 u8
+	ctx := context.Background()
+	dead, kill := startLiveness(t, f)
+	f.leaseAs(t, 0, nil, dead.Key()) // the batch leased, no chunk in hand
+	kill()
+	f.waitMissing(t, dead.Key())
+	if _, err := f.h.Sweep(ctx); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(goneAfter)
+	if _, err := f.h.Sweep(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if ids := followUps(t, f); len(ids) != 1 {
+		t.Fatalf("follow-ups queued: %v, want one for the dead worker's batch", ids)
+	}
+	var token *string
+	if err := f.db.QueryRow(ctx, `SELECT lease_token FROM campaign_batches WHERE campaign_id = $1 AND batch = 0`, f.id).Scan(&token); err != nil {
+		t.Fatal(err)
+	}
+	if token != nil {
+		t.Fatalf("the dead worker's lease is still on the batch (token %s)", *token)
+	}
+	f.runAll(t)
+	f.assertOnce(t)
+	if c := f.counts(t); c.Pending != 0 || c.Sent != 5 {
+		t.Fatalf("counts %+v, want all 5 sent", c)
+	}
+}
