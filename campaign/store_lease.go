@@ -82,7 +82,10 @@ func (s *Store) LeaseChunk(ctx context.Context, c *Campaign, users []string, l L
 			SELECT lease_token, lease_until, lease_epoch, lease_users, lease_holder FROM campaign_batches WHERE campaign_id = $1 AND batch = $2
 		), may AS (
 			SELECT $7 OR (SELECT state FROM st) IN (` + sqlStateRunning + `, ` + sqlStateCancelled + `) AS state_ok,
-				b.lease_token IS NULL OR b.lease_token = $3 OR b.lease_until < now() OR b.lease_holder = ANY($9::bigint[]) AS free,
+				b.lease_token IS NULL OR b.lease_token = $3 OR b.lease_until < now()
+					-- A holder judged gone, whose lock is still missing now, under the batch row's lock: a
+					-- holder that took its lock back meanwhile keeps its lease.
+					OR b.lease_holder = ANY($9::bigint[]) AND NOT ` + holderLocked("b.lease_holder") + ` AS free,
 				b.lease_token IS NOT NULL AND b.lease_token <> $3 AS takeover,
 				coalesce(b.lease_epoch, '') <> $4 AS other_epoch,
 				b.lease_users
@@ -392,28 +395,28 @@ func (s *Store) ExpiredLeases(ctx context.Context, limit int, gone []int64) ([]E
 	return out, rows.Err()
 }
 
-// GoneHolders returns the holders (Lease.Holder) of leases whose advisory locks no session holds: their worker processes died (or lost Postgres). Nothing is returned while Postgres has
-// been up for less than HolderGrace: a restart lets every lock go, and the live processes take theirs
-// again within a second of its return.
+// GoneHolders returns the holders (Lease.Holder) of leases whose advisory locks no session holds: their
+// worker processes died, or lost their Postgres session. A restart, crash recovery or failover of Postgres
+// lets every lock go at once: the caller judges only while its own lock has been held for a while
+// (worker.Liveness), and LeaseChunk takes a gone holder's batch only while its lock is still missing.
 func (s *Store) GoneHolders(ctx context.Context) ([]int64, error) {
 	rows, err := s.pool.Query(ctx, `
 		SELECT DISTINCT b.lease_holder FROM campaign_batches b
 		WHERE b.lease_token IS NOT NULL AND b.lease_holder IS NOT NULL
-		  AND pg_postmaster_start_time() < now() - $1 * interval '1 millisecond'
-		  AND NOT EXISTS (SELECT 1 FROM pg_locks l
-			WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
-			  AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
-			  AND l.classid::bigint = (b.lease_holder >> 32) & 4294967295 AND l.objid::bigint = b.lease_holder & 4294967295)`,
-		HolderGrace.Milliseconds())
+		  AND NOT `+holderLocked("b.lease_holder"))
 	if err != nil {
 		return nil, fmt.Errorf("gone lease holders: %w", err)
 	}
 	return pgx.CollectRows(rows, pgx.RowTo[int64])
 }
 
-// HolderGrace is how long Postgres must have been up before a missing holder's lock means its process is
-// gone (GoneHolders).
-const HolderGrace = 10 * time.Second
+// holderLocked is the SQL condition that a session holds the advisory lock of the holder key in col.
+func holderLocked(col string) string {
+	return `EXISTS (SELECT 1 FROM pg_locks l
+		WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
+		  AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+		  AND l.classid::bigint = (` + col + ` >> 32) & 4294967295 AND l.objid::bigint = ` + col + ` & 4294967295)`
+}
 
 // HoldLiveness takes, on conn, the session advisory lock of key (Lease.Holder) that tells the sweep of
 // every worker that this process lives, unless a session holds it already (conn's, or, behind a pooler,

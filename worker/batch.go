@@ -42,6 +42,9 @@ type batchRun struct {
 	lease     campaign.Lease
 	// renewAt is when the chunk's lease is renewed before the next claim.
 	renewAt time.Time
+	// liveGen is the generation of this process's liveness lock (Liveness.Gen) when the lease was last
+	// confirmed.
+	liveGen int64
 	// consentAt is when the chunk's consents were read (gate, recheck).
 	consentAt time.Time
 	// revoked holds the users recheck found without consent (and settled) or no longer pending: not sent.
@@ -138,6 +141,7 @@ func (h *Handler) RunBatch(ctx context.Context, campaignID int64, batch int) err
 		return waitForServices(err)
 	}
 	run.lease = campaign.Lease{Batch: batch, Token: state.Token(), Epoch: epoch, TTL: h.cfg.LeaseTTL, Holder: h.holder()}
+	run.liveGen = h.cfg.Liveness.Gen()
 	run.guard = state.Guard{Epoch: epoch, Halt: state.HaltKey(c.ID)}
 	recipients, err := h.cfg.Store.LoadBatch(ctx, c.ID, batch)
 	if err != nil {
@@ -483,12 +487,20 @@ func (h *Handler) gate(ctx context.Context, run *batchRun, chunk []campaign.Reci
 // renew extends the chunk's lease when a third of it has passed. A run that lost its lease (it was too
 // slow, and another run took the rows over) must not send: it stops.
 func (h *Handler) renew(ctx context.Context, run *batchRun) error {
-	if run.lease.Holder != 0 && !h.cfg.Liveness.Held() && !h.cfg.Liveness.await(ctx, regainLiveness) {
-		// The other workers' sweeps may be taking the chunk of a process whose lock is gone.
-		return waitForServices(errors.New("this worker's liveness lock in Postgres is lost; sends wait until it is held again"))
+	confirm := false
+	var gen int64
+	if run.lease.Holder != 0 {
+		if !h.cfg.Liveness.Held() && !h.cfg.Liveness.await(ctx, regainLiveness) {
+			// The other workers' sweeps may be taking the chunk of a process whose lock is gone.
+			return waitForServices(errors.New("this worker's liveness lock in Postgres is lost; sends wait until it is held again"))
+		}
+		// Lost and held again since the lease was last confirmed: a sweep may have taken the chunk while
+		// it was lost. The lease is confirmed before anything more is claimed.
+		gen = h.cfg.Liveness.Gen()
+		confirm = gen != run.liveGen
 	}
 	now := h.cfg.Now()
-	if now.Before(run.renewAt) {
+	if now.Before(run.renewAt) && !confirm {
 		return nil
 	}
 	held, err := h.cfg.Store.RenewLease(ctx, run.c.ID, run.lease)
@@ -499,6 +511,7 @@ func (h *Handler) renew(ctx context.Context, run *batchRun) error {
 		return &RetryError{Err: fmt.Errorf("lease of batch %d lost to another run", run.batch), After: time.Second}
 	}
 	run.renewAt = now.Add(run.lease.TTL / 3)
+	run.liveGen = gen
 	return nil
 }
 

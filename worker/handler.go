@@ -101,6 +101,9 @@ type Config struct {
 	// Liveness, when set, is the lock that tells the other workers' sweeps this process lives: its leases
 	// carry its key, and a run sends only while it is held.
 	Liveness *Liveness
+	// LivenessGrace is how long this process's own lock must have been held without a break before its
+	// sweep judges another holder gone (goneHolders). Default 10 s.
+	LivenessGrace time.Duration
 	// Metrics records sends, provider latency, limiter waits, refused claims and retries; nil records
 	// nothing.
 	Metrics *metrics.Metrics
@@ -185,6 +188,9 @@ func NewHandler(cfg Config) *Handler {
 	}
 	if cfg.ClaimTTL == 0 {
 		cfg.ClaimTTL = DefaultClaimTTL
+	}
+	if cfg.LivenessGrace == 0 {
+		cfg.LivenessGrace = 10 * time.Second
 	}
 	if cfg.LeaseTTL == 0 {
 		cfg.LeaseTTL = 30 * time.Second

@@ -26,9 +26,20 @@ type Liveness struct {
 	pool *pgxpool.Pool
 	log  *slog.Logger
 	held atomic.Bool
+	// lastOK is when a check last found the lock held (unix ns): the lock counts as held only while that
+	// is recent (staleAfter), so that a check hung on a dead connection does not keep the runs sending.
+	lastOK atomic.Int64
+	// gen counts the holds: it changes each time the lock is held again after it was lost or went stale,
+	// and since is when the current hold began (unix ns).
+	gen, since atomic.Int64
 	// every is how often the lock is checked and, when lost, taken again.
 	every time.Duration
 }
+
+// staleAfter is how long after its last good check the lock still counts as held: a check a second, and
+// half a second for a slow one. It is well under goneAfter, so a run stops claiming before any sweep may
+// take its chunk.
+const staleAfter = 1500 * time.Millisecond
 
 // NewLiveness returns a Liveness on pool under a random key. Run keeps the lock.
 func NewLiveness(pool *pgxpool.Pool, log *slog.Logger) *Liveness {
@@ -41,8 +52,28 @@ func NewLiveness(pool *pgxpool.Pool, log *slog.Logger) *Liveness {
 // Key is the lock's key, which the process's leases carry.
 func (l *Liveness) Key() int64 { return l.key }
 
-// Held says whether the lock was held at its last check.
-func (l *Liveness) Held() bool { return l != nil && l.held.Load() }
+// Held says whether the lock was held at its last check, and that check is recent.
+func (l *Liveness) Held() bool {
+	return l != nil && l.held.Load() && time.Since(time.Unix(0, l.lastOK.Load())) <= staleAfter
+}
+
+// Gen identifies the current hold of the lock: it changes whenever the lock is held again after it was
+// lost or went stale. A run that saw another generation when it last confirmed its lease confirms it
+// again before it claims: a sweep may have taken its chunk meanwhile.
+func (l *Liveness) Gen() int64 {
+	if l == nil {
+		return 0
+	}
+	return l.gen.Load()
+}
+
+// HeldFor is how long the lock has been held without a break (0 when it is not held).
+func (l *Liveness) HeldFor() time.Duration {
+	if !l.Held() {
+		return 0
+	}
+	return time.Since(time.Unix(0, l.since.Load()))
+}
 
 // regainLiveness is how long a run waits for a lost liveness lock before it hands its batch back: a
 // session that ended (a Postgres backend terminated, a connection reset) is replaced within a fraction of
@@ -99,9 +130,14 @@ func (l *Liveness) run(ctx context.Context, held func()) {
 			// missing twice.
 			wait = min(wait, retryLiveness)
 		} else {
-			if !l.held.Swap(true) {
+			if !l.Held() {
+				// A new hold: lost or stale before (or the first).
+				l.gen.Add(1)
+				l.since.Store(time.Now().UnixNano())
 				l.log.Debug("liveness lock held", "key", l.key)
 			}
+			l.lastOK.Store(time.Now().UnixNano())
+			l.held.Store(true)
 			held()
 		}
 		select {
@@ -137,8 +173,17 @@ func (l *Liveness) check(ctx context.Context, conn **pgx.Conn) error {
 // chunks are taken: a live process whose connection broke takes its lock again within a second.
 const goneAfter = 3 * time.Second
 
-// goneHolders returns the holders whose locks two sweeps at least goneAfter apart found missing.
+// goneHolders returns the holders whose locks two sweeps at least goneAfter apart found missing. It
+// judges only while this process's own lock has been held without a break for LivenessGrace: a Postgres
+// restart, crash recovery or failover drops every session's lock, its own too, and the live workers take
+// theirs back within a second of Postgres's return. Without a Liveness it judges nobody gone.
 func (h *Handler) goneHolders(ctx context.Context) ([]int64, error) {
+	if h.cfg.Liveness.HeldFor() < h.cfg.LivenessGrace {
+		h.mu.Lock()
+		h.missingSince = nil
+		h.mu.Unlock()
+		return nil, nil
+	}
 	missing, err := h.cfg.Store.GoneHolders(ctx)
 	if err != nil {
 		return nil, err

@@ -5,16 +5,20 @@ import (
 	"errors"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/campaignctl/campaignctl/campaign"
 	"github.com/campaignctl/campaignctl/internal/faults"
 	"github.com/campaignctl/campaignctl/internal/state"
+	"github.com/campaignctl/campaignctl/internal/testdb"
 	"github.com/campaignctl/campaignctl/internal/testpg"
 	"github.com/campaignctl/campaignctl/internal/testredis"
+	"github.com/campaignctl/campaignctl/providers"
 )
 
 // startLiveness starts a Liveness on f's database that checks its lock every 50 ms, until stop or the
@@ -29,6 +33,16 @@ func startLiveness(t *testing.T, f *fixture) (l *Liveness, stop func()) {
 		t.Fatal(err)
 	}
 	return l, cancel
+}
+
+// sweepsWithLock gives f's handler, whose sweeps the tests run, a liveness lock of its own held for grace
+// (LivenessGrace): a sweep judges other holders gone only while its own lock has been held that long.
+func sweepsWithLock(t *testing.T, f *fixture, grace time.Duration) *Liveness {
+	t.Helper()
+	l, _ := startLiveness(t, f)
+	f.h.cfg.Liveness, f.h.cfg.LivenessGrace = l, grace
+	waitUntil(t, grace+5*time.Second, "the sweeper's lock held for its grace", func() bool { return l.HeldFor() >= grace })
+	return l
 }
 
 // leaseAs leases users of batch b for a minute under holder, as a run of the process holding that
@@ -96,6 +110,7 @@ func TestTheChunkOfADeadProcessIsTakenWithinSeconds(t *testing.T) {
 	ctx := context.Background()
 	p := twoProcesses(t, f)
 	dead, kill, deadUsers, liveUsers := p.dead, p.kill, p.deadUsers, p.liveUsers
+	sweepsWithLock(t, f, 200*time.Millisecond)
 	n := Nonce(f.campaign(t)) + "/"
 	f.rdb.Set(ctx, ClaimKey(f.id, deadUsers[0]), n+state.SentValue("SM1", 1), 0)
 	f.rdb.Set(ctx, ClaimKey(f.id, deadUsers[1]), n+state.InFlightValue(time.Now(), "dead"), 0)
@@ -151,6 +166,7 @@ func TestALiveProcessTakesItsLockBackBeforeItsChunkIsTaken(t *testing.T) {
 	live, _ := startLiveness(t, f)
 	users := f.batchUsers(t, 0)[:3]
 	f.leaseAs(t, 0, users, live.Key())
+	sweepsWithLock(t, f, 200*time.Millisecond)
 	var terminated bool
 	if err := f.db.QueryRow(ctx, `SELECT pg_terminate_backend(pid) FROM pg_locks
 		WHERE locktype = 'advisory' AND granted AND objsubid = 1 AND classid::bigint = ($1::bigint >> 32) & 4294967295 AND objid::bigint = $1::bigint & 4294967295`,
@@ -199,16 +215,16 @@ func TestARunSendsNothingWhileItsProcessHasLostItsLock(t *testing.T) {
 		t.Fatalf("the run gave up after %v, before the lock had %v to come back", waited, regainLiveness)
 	}
 	// Back within the wait: the run goes on.
-	go func() { time.Sleep(200 * time.Millisecond); l.held.Store(true) }()
+	go func() { time.Sleep(200 * time.Millisecond); l.lastOK.Store(time.Now().UnixNano()); l.held.Store(true) }()
 	if err := f.h.renew(context.Background(), run); err != nil {
 		t.Fatalf("renew with the lock back after 200 ms: %v", err)
 	}
 }
 
-// A Postgres crash lets every liveness lock go, the live workers' and a dead one's alike. Nothing is
-// judged gone while Postgres has been up for less than campaign.HolderGrace (10 s): the live worker takes its lock
-// back meanwhile and its chunk is never taken, while the chunk of the worker that died during the outage
-// is taken once that time is over.
+// A Postgres crash lets every liveness lock go, the sweeping worker's own, the live workers' and a dead
+// one's alike. Nothing is judged gone until the sweeper has held its own lock again for LivenessGrace (10 s
+// by default): the live worker takes its lock back meanwhile and its chunk is never taken, while the chunk
+// of the worker that died during the outage is taken once that time is over.
 func TestAfterAPostgresCrashOnlyTheDeadWorkersChunkIsTaken(t *testing.T) {
 	t.Parallel()
 	pg := testpg.Start(t)
@@ -220,6 +236,9 @@ func TestAfterAPostgresCrashOnlyTheDeadWorkersChunkIsTaken(t *testing.T) {
 	ctx := context.Background()
 	p := twoProcesses(t, f)
 	live, kill, liveUsers := p.live, p.kill, p.liveUsers
+	sweeper, _ := startLiveness(t, f)
+	f.h.cfg.Liveness = sweeper // the default grace
+	grace := f.h.cfg.LivenessGrace
 
 	pg.Crash()
 	kill() // the worker dies while Postgres is down
@@ -234,7 +253,7 @@ func TestAfterAPostgresCrashOnlyTheDeadWorkersChunkIsTaken(t *testing.T) {
 	}
 	var taken time.Duration
 	for taken == 0 {
-		if since := time.Since(restarted); since > campaign.HolderGrace+3*goneAfter {
+		if since := time.Since(restarted); since > grace+3*goneAfter {
 			t.Fatalf("the dead worker's chunk was not taken %v after the restart", since.Round(time.Millisecond))
 		}
 		time.Sleep(250 * time.Millisecond)
@@ -251,7 +270,7 @@ func TestAfterAPostgresCrashOnlyTheDeadWorkersChunkIsTaken(t *testing.T) {
 	if !live.Held() {
 		t.Fatal("the live worker's lock is not held again")
 	}
-	if taken < campaign.HolderGrace {
+	if taken < grace {
 		t.Fatalf("the dead worker's chunk was taken %v after Postgres started: before any live worker was sure to hold its lock again", taken.Round(time.Millisecond))
 	}
 	t.Logf("the dead worker's chunk was taken %v after the restart", taken.Round(time.Millisecond))
@@ -314,6 +333,7 @@ func TestABatchWhoseWorkerDiedBetweenChunksIsQueuedAgain(t *testing.T) {
 	ctx := context.Background()
 	dead, kill := startLiveness(t, f)
 	f.leaseAs(t, 0, nil, dead.Key()) // the batch leased, no chunk in hand
+	sweepsWithLock(t, f, 200*time.Millisecond)
 	kill()
 	f.waitMissing(t, dead.Key())
 	if _, err := f.h.Sweep(ctx); err != nil {
@@ -337,5 +357,169 @@ func TestABatchWhoseWorkerDiedBetweenChunksIsQueuedAgain(t *testing.T) {
 	f.assertOnce(t)
 	if c := f.counts(t); c.Pending != 0 || c.Sent != 5 {
 		t.Fatalf("counts %+v, want all 5 sent", c)
+	}
+}
+
+// A live worker whose lock's session ended cannot get it back for a while (its pool has no free
+// connection) and is judged gone; the sweep that judged it is slow to reach the chunk, and the worker holds
+// its lock again first. The sweep must then leave the chunk alone: were it to take it over, free the
+// recipients without a claim and queue the batch again, the worker, not told, would go on claiming them,
+// and after a Redis loss the follow-up would send them a second time. And a worker that lost its lock
+// confirms its lease before it claims again.
+func TestALockTakenBackBeforeTheTakeoverKeepsTheChunk(t *testing.T) {
+	t.Parallel()
+	db, url := testdb.New(t)
+	rdb, _ := testredis.New(t)
+	f := planOn(t, db, rdb, 10, nil, nil) // one batch; eligible u1 u2 u4 u7 u8
+	ctx := context.Background()
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.MaxConns = 1 // W1's pool, held below so that its lock cannot be taken back at once
+	lpool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(lpool.Close)
+	l := NewLiveness(lpool, nil)
+	l.every = 50 * time.Millisecond
+	lctx, stop := context.WithCancel(ctx)
+	t.Cleanup(stop)
+	if err := l.Start(lctx, 5*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	w1, _, _ := f.faulty(t, func(c *Config) { c.Liveness = l; c.Owner = "w1" })
+	sweeper, _, fs := f.faulty(t, nil)
+	sl, _ := startLiveness(t, f)
+	sweeper.cfg.Liveness, sweeper.cfg.LivenessGrace = sl, 0
+	follow := f.handler(f.rdb)
+	var mu sync.Mutex
+	step := 0
+	swept := make(chan int, 1)
+	f.provider.before = func(m providers.Message) {
+		mu.Lock()
+		step++
+		s := step
+		mu.Unlock()
+		switch s {
+		case 1: // W1 is sending u1
+			hold, err := lpool.Acquire(ctx)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			var ok bool
+			if err := f.db.QueryRow(ctx, `SELECT pg_terminate_backend(pid) FROM pg_locks
+				WHERE locktype = 'advisory' AND granted AND objsubid = 1 AND classid::bigint = ($1::bigint >> 32) & 4294967295 AND objid::bigint = $1::bigint & 4294967295`,
+				l.Key()).Scan(&ok); err != nil || !ok {
+				t.Errorf("W1's lock session not terminated: %v %v", ok, err)
+			}
+			f.waitMissing(t, l.Key())
+			if _, err := sweeper.Sweep(ctx); err != nil {
+				t.Error(err)
+			}
+			time.Sleep(goneAfter)
+			stall := fs.Add(&faults.Rule{Match: faults.Method("LeaseChunk"), Kind: faults.Stall, Delay: 800 * time.Millisecond, Times: 1})
+			go func() {
+				n, err := sweeper.Sweep(ctx)
+				if err != nil {
+					t.Error(err)
+				}
+				swept <- n
+			}()
+			for stall.Hits() == 0 {
+				time.Sleep(2 * time.Millisecond)
+			}
+			hold.Release() // W1 takes its lock back while the sweep is on its way to the chunk
+			waitUntil(t, 3*time.Second, "W1's lock held again", l.Held)
+		case 2:
+			if n := <-swept; n != 0 {
+				t.Errorf("the sweep took W1's chunk (settled %d) though W1 held its lock again", n)
+			}
+		case 3: // Redis loses its data while W1 sends; a follow-up run of the batch starts
+			if err := f.rdb.FlushDB(ctx).Err(); err != nil {
+				t.Error(err)
+			}
+			_ = follow.RunBatch(ctx, f.id, 0) // W1 still holds the batch: the follow-up waits
+		}
+	}
+	_ = w1.RunBatch(ctx, f.id, 0) // ends on the Redis loss
+	f.provider.before = nil
+	f.assertOnce(t)
+	if step < 3 {
+		t.Fatalf("W1 sent %d messages, want 3 or more: the test did not get to the Redis loss", step)
+	}
+}
+
+// A live worker whose lock's session ended is judged gone while it cannot take the lock back, and its
+// chunk is taken over; when it holds the lock again, it confirms its lease before it claims anything more,
+// finds it lost, and stops: it sends nobody the sweep freed.
+func TestAWorkerThatLostItsChunkWhileItsLockWasGoneStops(t *testing.T) {
+	t.Parallel()
+	db, url := testdb.New(t)
+	rdb, _ := testredis.New(t)
+	f := planOn(t, db, rdb, 10, nil, nil) // one batch; eligible u1 u2 u4 u7 u8
+	ctx := context.Background()
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.MaxConns = 1
+	lpool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(lpool.Close)
+	l := NewLiveness(lpool, nil)
+	l.every = 50 * time.Millisecond
+	lctx, stop := context.WithCancel(ctx)
+	t.Cleanup(stop)
+	if err := l.Start(lctx, 5*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	w1, _, _ := f.faulty(t, func(c *Config) { c.Liveness = l; c.Owner = "w1" })
+	sweeper, _, _ := f.faulty(t, nil)
+	sl, _ := startLiveness(t, f)
+	sweeper.cfg.Liveness, sweeper.cfg.LivenessGrace = sl, 0
+	var mu sync.Mutex
+	var sent []string
+	f.provider.before = func(m providers.Message) {
+		mu.Lock()
+		sent = append(sent, m.To)
+		first := len(sent) == 1
+		mu.Unlock()
+		if !first {
+			return
+		}
+		// W1 is sending its first recipient: its lock's session ends and its pool is held.
+		hold, err := lpool.Acquire(ctx)
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		defer hold.Release() // then W1 takes its lock back
+		if _, err := f.db.Exec(ctx, `SELECT pg_terminate_backend(pid) FROM pg_locks
+			WHERE locktype = 'advisory' AND granted AND objsubid = 1 AND classid::bigint = ($1::bigint >> 32) & 4294967295 AND objid::bigint = $1::bigint & 4294967295`,
+			l.Key()); err != nil {
+			t.Error(err)
+		}
+		f.waitMissing(t, l.Key())
+		if _, err := sweeper.Sweep(ctx); err != nil {
+			t.Error(err)
+		}
+		time.Sleep(goneAfter)
+		if n, err := sweeper.Sweep(ctx); err != nil || n == 0 {
+			t.Errorf("the sweep did not take W1's chunk (settled %d, %v)", n, err)
+		}
+	}
+	err = w1.RunBatch(ctx, f.id, 0)
+	f.provider.before = nil
+	var re *RetryError
+	if !errors.As(err, &re) {
+		t.Fatalf("W1's run: %v, want it handed back (its lease lost)", err)
+	}
+	if len(sent) != 1 {
+		t.Fatalf("W1 sent %v: after its chunk was taken over it sent %d more", sent, len(sent)-1)
 	}
 }
