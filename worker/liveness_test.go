@@ -81,6 +81,58 @@ func twoProcesses(t *testing.T, f *fixture) processes {
 	return p
 }
 
+// lockedOut is a campaign of one batch (eligible u1 u2 u4 u7 u8) on a database of its own, a worker W1
+// whose liveness lock (checked every 50 ms) is on a pool of one connection, which a test holds so that W1
+// cannot take its lock back at once, and a sweeper (its faults store in faults) that judges at once.
+type lockedOut struct {
+	f       *fixture
+	l       *Liveness
+	pool    *pgxpool.Pool
+	w1      *Handler
+	sweeper *Handler
+	faults  *faults.Store
+}
+
+func lockedOutWorker(t *testing.T) lockedOut {
+	t.Helper()
+	db, url := testdb.New(t)
+	rdb, _ := testredis.New(t)
+	lw := lockedOut{f: planOn(t, db, rdb, 10, nil, nil)}
+	ctx := context.Background()
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.MaxConns = 1
+	if lw.pool, err = pgxpool.NewWithConfig(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(lw.pool.Close)
+	lw.l = NewLiveness(lw.pool, nil)
+	lw.l.every = 50 * time.Millisecond
+	lctx, stop := context.WithCancel(ctx)
+	t.Cleanup(stop)
+	if err := lw.l.Start(lctx, 5*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	lw.w1, _, _ = lw.f.faulty(t, func(c *Config) { c.Liveness = lw.l; c.Owner = "w1" })
+	lw.sweeper, _, lw.faults = lw.f.faulty(t, nil)
+	sl, _ := startLiveness(t, lw.f)
+	lw.sweeper.cfg.Liveness, lw.sweeper.cfg.LivenessGrace = sl, 0
+	return lw
+}
+
+// endLockSession terminates the session that holds key's liveness lock, as a broken connection ends it.
+func (f *fixture) endLockSession(t *testing.T, key int64) {
+	t.Helper()
+	var ok bool
+	if err := f.db.QueryRow(context.Background(), `SELECT pg_terminate_backend(pid) FROM pg_locks
+		WHERE locktype = 'advisory' AND granted AND objsubid = 1 AND classid::bigint = ($1::bigint >> 32) & 4294967295 AND objid::bigint = $1::bigint & 4294967295`,
+		key).Scan(&ok); err != nil || !ok {
+		t.Errorf("the session of lock %d was not terminated: %v, %v", key, ok, err)
+	}
+}
+
 // waitMissing waits until the sweep's query finds holder's lock missing, or fails after 5 s.
 func (f *fixture) waitMissing(t *testing.T, holder int64) {
 	t.Helper()
@@ -167,12 +219,7 @@ func TestALiveProcessTakesItsLockBackBeforeItsChunkIsTaken(t *testing.T) {
 	users := f.batchUsers(t, 0)[:3]
 	f.leaseAs(t, 0, users, live.Key())
 	sweepsWithLock(t, f, 200*time.Millisecond)
-	var terminated bool
-	if err := f.db.QueryRow(ctx, `SELECT pg_terminate_backend(pid) FROM pg_locks
-		WHERE locktype = 'advisory' AND granted AND objsubid = 1 AND classid::bigint = ($1::bigint >> 32) & 4294967295 AND objid::bigint = $1::bigint & 4294967295`,
-		live.Key()).Scan(&terminated); err != nil || !terminated {
-		t.Fatalf("the lock's session was not terminated: %v, %v", terminated, err)
-	}
+	f.endLockSession(t, live.Key())
 	f.waitMissing(t, live.Key())
 	if settled, err := f.h.Sweep(ctx); err != nil || settled != 0 {
 		t.Fatalf("sweep settled %d (%v), want none", settled, err)
@@ -368,31 +415,9 @@ func TestABatchWhoseWorkerDiedBetweenChunksIsQueuedAgain(t *testing.T) {
 // confirms its lease before it claims again.
 func TestALockTakenBackBeforeTheTakeoverKeepsTheChunk(t *testing.T) {
 	t.Parallel()
-	db, url := testdb.New(t)
-	rdb, _ := testredis.New(t)
-	f := planOn(t, db, rdb, 10, nil, nil) // one batch; eligible u1 u2 u4 u7 u8
 	ctx := context.Background()
-	cfg, err := pgxpool.ParseConfig(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.MaxConns = 1 // W1's pool, held below so that its lock cannot be taken back at once
-	lpool, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(lpool.Close)
-	l := NewLiveness(lpool, nil)
-	l.every = 50 * time.Millisecond
-	lctx, stop := context.WithCancel(ctx)
-	t.Cleanup(stop)
-	if err := l.Start(lctx, 5*time.Second); err != nil {
-		t.Fatal(err)
-	}
-	w1, _, _ := f.faulty(t, func(c *Config) { c.Liveness = l; c.Owner = "w1" })
-	sweeper, _, fs := f.faulty(t, nil)
-	sl, _ := startLiveness(t, f)
-	sweeper.cfg.Liveness, sweeper.cfg.LivenessGrace = sl, 0
+	lw := lockedOutWorker(t)
+	f, l, lpool, w1, sweeper, fs := lw.f, lw.l, lw.pool, lw.w1, lw.sweeper, lw.faults
 	follow := f.handler(f.rdb)
 	var mu sync.Mutex
 	step := 0
@@ -409,12 +434,7 @@ func TestALockTakenBackBeforeTheTakeoverKeepsTheChunk(t *testing.T) {
 				t.Error(err)
 				return
 			}
-			var ok bool
-			if err := f.db.QueryRow(ctx, `SELECT pg_terminate_backend(pid) FROM pg_locks
-				WHERE locktype = 'advisory' AND granted AND objsubid = 1 AND classid::bigint = ($1::bigint >> 32) & 4294967295 AND objid::bigint = $1::bigint & 4294967295`,
-				l.Key()).Scan(&ok); err != nil || !ok {
-				t.Errorf("W1's lock session not terminated: %v %v", ok, err)
-			}
+			f.endLockSession(t, l.Key())
 			f.waitMissing(t, l.Key())
 			if _, err := sweeper.Sweep(ctx); err != nil {
 				t.Error(err)
@@ -457,31 +477,9 @@ func TestALockTakenBackBeforeTheTakeoverKeepsTheChunk(t *testing.T) {
 // finds it lost, and stops: it sends nobody the sweep freed.
 func TestAWorkerThatLostItsChunkWhileItsLockWasGoneStops(t *testing.T) {
 	t.Parallel()
-	db, url := testdb.New(t)
-	rdb, _ := testredis.New(t)
-	f := planOn(t, db, rdb, 10, nil, nil) // one batch; eligible u1 u2 u4 u7 u8
 	ctx := context.Background()
-	cfg, err := pgxpool.ParseConfig(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.MaxConns = 1
-	lpool, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(lpool.Close)
-	l := NewLiveness(lpool, nil)
-	l.every = 50 * time.Millisecond
-	lctx, stop := context.WithCancel(ctx)
-	t.Cleanup(stop)
-	if err := l.Start(lctx, 5*time.Second); err != nil {
-		t.Fatal(err)
-	}
-	w1, _, _ := f.faulty(t, func(c *Config) { c.Liveness = l; c.Owner = "w1" })
-	sweeper, _, _ := f.faulty(t, nil)
-	sl, _ := startLiveness(t, f)
-	sweeper.cfg.Liveness, sweeper.cfg.LivenessGrace = sl, 0
+	lw := lockedOutWorker(t)
+	f, l, lpool, w1, sweeper := lw.f, lw.l, lw.pool, lw.w1, lw.sweeper
 	var mu sync.Mutex
 	var sent []string
 	f.provider.before = func(m providers.Message) {
@@ -499,11 +497,7 @@ func TestAWorkerThatLostItsChunkWhileItsLockWasGoneStops(t *testing.T) {
 			return
 		}
 		defer hold.Release() // then W1 takes its lock back
-		if _, err := f.db.Exec(ctx, `SELECT pg_terminate_backend(pid) FROM pg_locks
-			WHERE locktype = 'advisory' AND granted AND objsubid = 1 AND classid::bigint = ($1::bigint >> 32) & 4294967295 AND objid::bigint = $1::bigint & 4294967295`,
-			l.Key()); err != nil {
-			t.Error(err)
-		}
+		f.endLockSession(t, l.Key())
 		f.waitMissing(t, l.Key())
 		if _, err := sweeper.Sweep(ctx); err != nil {
 			t.Error(err)
@@ -513,7 +507,7 @@ func TestAWorkerThatLostItsChunkWhileItsLockWasGoneStops(t *testing.T) {
 			t.Errorf("the sweep did not take W1's chunk (settled %d, %v)", n, err)
 		}
 	}
-	err = w1.RunBatch(ctx, f.id, 0)
+	err := w1.RunBatch(ctx, f.id, 0)
 	f.provider.before = nil
 	var re *RetryError
 	if !errors.As(err, &re) {
