@@ -89,6 +89,7 @@ type lockedOut struct {
 	l       *Liveness
 	pool    *pgxpool.Pool
 	w1      *Handler
+	w1State *faults.State // W1's Redis state, for rules
 	sweeper *Handler
 	faults  *faults.Store
 }
@@ -115,7 +116,7 @@ func lockedOutWorker(t *testing.T) lockedOut {
 	if err := lw.l.Start(lctx, 5*time.Second); err != nil {
 		t.Fatal(err)
 	}
-	lw.w1, _, _ = lw.f.faulty(t, func(c *Config) { c.Liveness = lw.l; c.Owner = "w1" })
+	lw.w1, lw.w1State, _ = lw.f.faulty(t, func(c *Config) { c.Liveness = lw.l; c.Owner = "w1" })
 	lw.sweeper, _, lw.faults = lw.f.faulty(t, nil)
 	sl, _ := startLiveness(t, lw.f)
 	lw.sweeper.cfg.Liveness, lw.sweeper.cfg.LivenessGrace = sl, 0
@@ -515,5 +516,65 @@ func TestAWorkerThatLostItsChunkWhileItsLockWasGoneStops(t *testing.T) {
 	}
 	if len(sent) != 1 {
 		t.Fatalf("W1 sent %v: after its chunk was taken over it sent %d more", sent, len(sent)-1)
+	}
+}
+
+// W1's claim stalls on Redis; meanwhile its lock's session ends, it is judged gone and its chunk taken
+// over, and it takes its lock back. When the claim returns, W1 confirms its lease before the send leaves,
+// finds it lost, sends nothing and gives the claim back: the follow-up sends that recipient, once.
+func TestAClaimThatStalledWhileTheChunkWasTakenIsNotSent(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	lw := lockedOutWorker(t)
+	f, l := lw.f, lw.l
+	stall := lw.w1State.Add(&faults.Rule{Match: faults.Method("ClaimSend"), Skip: 1, Times: 1, Kind: faults.Stall, Delay: 6 * time.Second})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for stall.Hits() == 0 {
+			time.Sleep(5 * time.Millisecond)
+		}
+		hold, err := lw.pool.Acquire(ctx)
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		f.endLockSession(t, l.Key())
+		f.waitMissing(t, l.Key())
+		if _, err := lw.sweeper.Sweep(ctx); err != nil {
+			t.Error(err)
+		}
+		time.Sleep(goneAfter)
+		if n, err := lw.sweeper.Sweep(ctx); err != nil || n == 0 {
+			t.Errorf("the sweep did not take W1's chunk (settled %d, %v)", n, err)
+		}
+		hold.Release()
+		waitUntil(t, 3*time.Second, "W1's lock held again", l.Held)
+	}()
+	err := lw.w1.RunBatch(ctx, f.id, 0)
+	<-done
+	var re *RetryError
+	if !errors.As(err, &re) {
+		t.Fatalf("W1's run: %v, want it handed back (its lease lost)", err)
+	}
+	if n := f.provider.total(); n != 1 {
+		t.Fatalf("W1 sent %d messages, want only the one before the stall", n)
+	}
+	waitUntil(t, 5*time.Second, "W1's stalled claim given back", func() bool {
+		keys, err := f.rdb.Keys(ctx, ClaimKey(f.id, "*")).Result()
+		if err != nil {
+			return false
+		}
+		for _, k := range keys {
+			if v, err := f.rdb.Get(ctx, k).Result(); err != nil || strings.HasSuffix(v, "w1") {
+				return false // an in-flight claim of W1's
+			}
+		}
+		return len(keys) > 0
+	})
+	f.runAll(t)
+	f.assertOnce(t)
+	if c := f.counts(t); c.Pending != 0 || c.Sent+c.Unknown != 5 {
+		t.Fatalf("counts %+v, want everyone settled", c)
 	}
 }
