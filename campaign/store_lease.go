@@ -426,11 +426,7 @@ func HoldLiveness(ctx context.Context, conn *pgx.Conn, key int64) error {
 	var held bool
 	// CASE, not OR: the lock is tried only when no session holds it (a session holding it twice would
 	// count up on every call).
-	err := conn.QueryRow(ctx, `SELECT CASE WHEN EXISTS (SELECT 1 FROM pg_locks
-		WHERE locktype = 'advisory' AND granted AND objsubid = 1
-		  AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
-		  AND classid::bigint = ($1::bigint >> 32) & 4294967295 AND objid::bigint = $1::bigint & 4294967295)
-		THEN true ELSE pg_try_advisory_lock($1) END`, key).Scan(&held)
+	err := conn.QueryRow(ctx, `SELECT CASE WHEN `+holderLocked("$1::bigint")+` THEN true ELSE pg_try_advisory_lock($1) END`, key).Scan(&held)
 	if err == nil && !held {
 		err = errors.New("another session holds it")
 	}

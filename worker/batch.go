@@ -487,18 +487,12 @@ func (h *Handler) gate(ctx context.Context, run *batchRun, chunk []campaign.Reci
 // renew extends the chunk's lease when a third of it has passed. A run that lost its lease (it was too
 // slow, and another run took the rows over) must not send: it stops.
 func (h *Handler) renew(ctx context.Context, run *batchRun) error {
-	confirm := false
-	var gen int64
-	if run.lease.Holder != 0 {
-		if !h.cfg.Liveness.Held() && !h.cfg.Liveness.await(ctx, regainLiveness) {
-			// The other workers' sweeps may be taking the chunk of a process whose lock is gone.
-			return waitForServices(errors.New("this worker's liveness lock in Postgres is lost; sends wait until it is held again"))
-		}
-		// Lost and held again since the lease was last confirmed: a sweep may have taken the chunk while
-		// it was lost. The lease is confirmed before anything more is claimed.
-		gen = h.cfg.Liveness.Gen()
-		confirm = gen != run.liveGen
+	confirm := h.leaseUnconfirmed(run)
+	if confirm && !h.cfg.Liveness.await(ctx, regainLiveness) {
+		// The other workers' sweeps may be taking the chunk of a process whose lock is gone.
+		return waitForServices(errors.New("this worker's liveness lock in Postgres is lost; sends wait until it is held again"))
 	}
+	gen := h.cfg.Liveness.Gen()
 	now := h.cfg.Now()
 	if now.Before(run.renewAt) && !confirm {
 		return nil

@@ -299,7 +299,7 @@ const claimTimeEach = 50 * time.Microsecond
 // tokens taken first are lost: after a stall the send is slower, never faster, than the cap. When they
 // cannot be taken again, nothing is sent, and what the claims took is given back (notSentAfterClaim).
 func (h *Handler) tokensStillFresh(ctx, waitCtx context.Context, run *batchRun, sz sendSize, f inFlight, limits ...limiter.Limit) error {
-	if run.lease.Holder != 0 && (!h.cfg.Liveness.Held() || h.cfg.Liveness.Gen() != run.liveGen) {
+	if h.leaseUnconfirmed(run) {
 		// The process's liveness lock was lost after the lease was last confirmed (a stall between that
 		// check and the claims): a sweep may have taken the chunk. It is confirmed before the sends leave.
 		if err := h.renew(ctx, run); err != nil {

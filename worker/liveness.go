@@ -25,9 +25,9 @@ type Liveness struct {
 	key  int64
 	pool *pgxpool.Pool
 	log  *slog.Logger
-	held atomic.Bool
-	// lastOK is when a check last found the lock held (unix ns): the lock counts as held only while that
-	// is recent (staleAfter), so that a check hung on a dead connection does not keep the runs sending.
+	// lastOK is when a check last found the lock held (unix ns; 0 once it is lost): the lock counts as held
+	// only while that is recent (staleAfter), so that a check hung on a dead connection does not keep the
+	// runs sending.
 	lastOK atomic.Int64
 	// gen counts the holds: it changes each time the lock is held again after it was lost or went stale,
 	// and since is when the current hold began (unix ns).
@@ -54,7 +54,7 @@ func (l *Liveness) Key() int64 { return l.key }
 
 // Held says whether the lock was held at its last check, and that check is recent.
 func (l *Liveness) Held() bool {
-	return l != nil && l.held.Load() && time.Since(time.Unix(0, l.lastOK.Load())) <= staleAfter
+	return l != nil && time.Since(time.Unix(0, l.lastOK.Load())) <= staleAfter
 }
 
 // Gen identifies the current hold of the lock: it changes whenever the lock is held again after it was
@@ -73,6 +73,13 @@ func (l *Liveness) HeldFor() time.Duration {
 		return 0
 	}
 	return time.Since(time.Unix(0, l.since.Load()))
+}
+
+// leaseUnconfirmed says whether run's lease must be confirmed before it claims or sends: its process's
+// lock is not held, or was lost and held again since the lease was last confirmed (a sweep may have taken
+// the chunk meanwhile).
+func (h *Handler) leaseUnconfirmed(run *batchRun) bool {
+	return run.lease.Holder != 0 && (!h.cfg.Liveness.Held() || h.cfg.Liveness.Gen() != run.liveGen)
 }
 
 // regainLiveness is how long a run waits for a lost liveness lock before it hands its batch back: a
@@ -112,7 +119,7 @@ func (l *Liveness) Start(ctx context.Context, wait time.Duration) error {
 func (l *Liveness) run(ctx context.Context, held func()) {
 	var conn *pgx.Conn
 	drop := func() {
-		l.held.Store(false)
+		l.lastOK.Store(0)
 		if conn != nil {
 			conn.Close(context.Background()) //nolint:errcheck // the session ends and its lock goes with it
 			conn = nil
@@ -122,7 +129,7 @@ func (l *Liveness) run(ctx context.Context, held func()) {
 	for {
 		wait := l.every
 		if err := l.check(ctx, &conn); err != nil {
-			if l.held.Load() && ctx.Err() == nil {
+			if l.lastOK.Load() != 0 && ctx.Err() == nil {
 				l.log.Warn("this worker's liveness lock in Postgres is lost: no sends until it is held again", "err", fmt.Sprint(err))
 			}
 			drop()
@@ -137,7 +144,6 @@ func (l *Liveness) run(ctx context.Context, held func()) {
 				l.log.Debug("liveness lock held", "key", l.key)
 			}
 			l.lastOK.Store(time.Now().UnixNano())
-			l.held.Store(true)
 			held()
 		}
 		select {

@@ -251,8 +251,9 @@ func TestARunSendsNothingWhileItsProcessHasLostItsLock(t *testing.T) {
 	if h := f.h.holder(); h != 0 {
 		t.Fatalf("the process's leases carry holder %d while its lock is not held, want 0", h)
 	}
-	// The lease is not due for renewal: only the lock's loss can stop the run here.
-	run := &batchRun{c: f.campaign(t), lease: campaign.Lease{Holder: l.Key()}, renewAt: time.Now().Add(time.Hour)}
+	// The run's lease on the batch, not due for renewal: only the lock's loss can stop the run here.
+	f.leaseAs(t, 0, nil, l.Key())
+	run := &batchRun{c: f.campaign(t), lease: campaign.Lease{Token: "runa", TTL: time.Minute, Holder: l.Key()}, renewAt: time.Now().Add(time.Hour)}
 	start := time.Now()
 	err := f.h.renew(context.Background(), run)
 	var re *RetryError
@@ -262,8 +263,8 @@ func TestARunSendsNothingWhileItsProcessHasLostItsLock(t *testing.T) {
 	if waited := time.Since(start); waited < regainLiveness {
 		t.Fatalf("the run gave up after %v, before the lock had %v to come back", waited, regainLiveness)
 	}
-	// Back within the wait: the run goes on.
-	go func() { time.Sleep(200 * time.Millisecond); l.lastOK.Store(time.Now().UnixNano()); l.held.Store(true) }()
+	// Back within the wait: the run confirms its lease, still its own, and goes on.
+	go func() { time.Sleep(200 * time.Millisecond); l.lastOK.Store(time.Now().UnixNano()) }()
 	if err := f.h.renew(context.Background(), run); err != nil {
 		t.Fatalf("renew with the lock back after 200 ms: %v", err)
 	}
