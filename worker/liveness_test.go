@@ -123,6 +123,46 @@ func lockedOutWorker(t *testing.T) lockedOut {
 	return lw
 }
 
+// judgedGone ends W1's lock session (its pool held by the caller, so that it cannot take the lock back)
+// and sweeps once, then waits goneAfter: the next sweep judges W1 gone and takes its chunk.
+func (lw lockedOut) judgedGone(t *testing.T) {
+	t.Helper()
+	lw.f.endLockSession(t, lw.l.Key())
+	lw.f.waitMissing(t, lw.l.Key())
+	if _, err := lw.sweeper.Sweep(context.Background()); err != nil {
+		t.Error(err)
+	}
+	time.Sleep(goneAfter)
+}
+
+// takeOver is judgedGone and the sweep that takes W1's chunk.
+func (lw lockedOut) takeOver(t *testing.T) {
+	t.Helper()
+	lw.judgedGone(t)
+	if n, err := lw.sweeper.Sweep(context.Background()); err != nil || n == 0 {
+		t.Errorf("the sweep did not take W1's chunk (settled %d, %v)", n, err)
+	}
+}
+
+// freeThenSentOnce checks that f's batch 0 (eligible u1 u2 u4 u7 u8) is free after the sweeps, no lease
+// on it and nothing in hand, then runs it: all five end sent, once.
+func (f *fixture) freeThenSentOnce(t *testing.T) {
+	t.Helper()
+	var inHand []string
+	var token *string
+	if err := f.db.QueryRow(context.Background(), `SELECT lease_users, lease_token FROM campaign_batches WHERE campaign_id = $1 AND batch = 0`, f.id).Scan(&inHand, &token); err != nil {
+		t.Fatal(err)
+	}
+	if len(inHand) != 0 || token != nil {
+		t.Fatalf("after the sweeps the batch is held (token %v, in hand %v), want it free for the follow-up", token, inHand)
+	}
+	f.runAll(t)
+	f.assertOnce(t)
+	if c := f.counts(t); c.Pending != 0 || c.Sent != 5 {
+		t.Fatalf("counts %+v, want all 5 sent", c)
+	}
+}
+
 // endLockSession terminates the session that holds key's liveness lock, as a broken connection ends it.
 func (f *fixture) endLockSession(t *testing.T, key int64) {
 	t.Helper()
@@ -358,19 +398,7 @@ func TestTwoSweepsOfOneDeadChunkQueueOneFollowUp(t *testing.T) {
 	if ids := followUps(t, f); len(ids) != 1 {
 		t.Fatalf("follow-ups queued: %v, want one", ids)
 	}
-	var inHand []string
-	var token *string
-	if err := f.db.QueryRow(ctx, `SELECT lease_users, lease_token FROM campaign_batches WHERE campaign_id = $1 AND batch = 0`, f.id).Scan(&inHand, &token); err != nil {
-		t.Fatal(err)
-	}
-	if len(inHand) != 0 || token != nil {
-		t.Fatalf("after the sweeps the batch is held (token %v, in hand %v), want it free for the follow-up", token, inHand)
-	}
-	f.runAll(t)
-	f.assertOnce(t)
-	if c := f.counts(t); c.Pending != 0 || c.Sent != 5 {
-		t.Fatalf("counts %+v, want all 5 sent (u1 by the dead run)", c)
-	}
+	f.freeThenSentOnce(t)
 }
 
 // A worker killed between two chunks of a batch leaves nothing in hand but its lease on the batch, and
@@ -395,18 +423,7 @@ func TestABatchWhoseWorkerDiedBetweenChunksIsQueuedAgain(t *testing.T) {
 	if ids := followUps(t, f); len(ids) != 1 {
 		t.Fatalf("follow-ups queued: %v, want one for the dead worker's batch", ids)
 	}
-	var token *string
-	if err := f.db.QueryRow(ctx, `SELECT lease_token FROM campaign_batches WHERE campaign_id = $1 AND batch = 0`, f.id).Scan(&token); err != nil {
-		t.Fatal(err)
-	}
-	if token != nil {
-		t.Fatalf("the dead worker's lease is still on the batch (token %s)", *token)
-	}
-	f.runAll(t)
-	f.assertOnce(t)
-	if c := f.counts(t); c.Pending != 0 || c.Sent != 5 {
-		t.Fatalf("counts %+v, want all 5 sent", c)
-	}
+	f.freeThenSentOnce(t)
 }
 
 // A live worker whose lock's session ended cannot get it back for a while (its pool has no free
@@ -436,12 +453,7 @@ func TestALockTakenBackBeforeTheTakeoverKeepsTheChunk(t *testing.T) {
 				t.Error(err)
 				return
 			}
-			f.endLockSession(t, l.Key())
-			f.waitMissing(t, l.Key())
-			if _, err := sweeper.Sweep(ctx); err != nil {
-				t.Error(err)
-			}
-			time.Sleep(goneAfter)
+			lw.judgedGone(t)
 			stall := fs.Add(&faults.Rule{Match: faults.Method("LeaseChunk"), Kind: faults.Stall, Delay: 800 * time.Millisecond, Times: 1})
 			go func() {
 				n, err := sweeper.Sweep(ctx)
@@ -481,7 +493,7 @@ func TestAWorkerThatLostItsChunkWhileItsLockWasGoneStops(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	lw := lockedOutWorker(t)
-	f, l, lpool, w1, sweeper := lw.f, lw.l, lw.pool, lw.w1, lw.sweeper
+	f, lpool, w1 := lw.f, lw.pool, lw.w1
 	var mu sync.Mutex
 	var sent []string
 	f.provider.before = func(m providers.Message) {
@@ -499,15 +511,7 @@ func TestAWorkerThatLostItsChunkWhileItsLockWasGoneStops(t *testing.T) {
 			return
 		}
 		defer hold.Release() // then W1 takes its lock back
-		f.endLockSession(t, l.Key())
-		f.waitMissing(t, l.Key())
-		if _, err := sweeper.Sweep(ctx); err != nil {
-			t.Error(err)
-		}
-		time.Sleep(goneAfter)
-		if n, err := sweeper.Sweep(ctx); err != nil || n == 0 {
-			t.Errorf("the sweep did not take W1's chunk (settled %d, %v)", n, err)
-		}
+		lw.takeOver(t)
 	}
 	err := w1.RunBatch(ctx, f.id, 0)
 	f.provider.before = nil
@@ -540,15 +544,7 @@ func TestAClaimThatStalledWhileTheChunkWasTakenIsNotSent(t *testing.T) {
 			t.Error(err)
 			return
 		}
-		f.endLockSession(t, l.Key())
-		f.waitMissing(t, l.Key())
-		if _, err := lw.sweeper.Sweep(ctx); err != nil {
-			t.Error(err)
-		}
-		time.Sleep(goneAfter)
-		if n, err := lw.sweeper.Sweep(ctx); err != nil || n == 0 {
-			t.Errorf("the sweep did not take W1's chunk (settled %d, %v)", n, err)
-		}
+		lw.takeOver(t)
 		hold.Release()
 		waitUntil(t, 3*time.Second, "W1's lock held again", l.Held)
 	}()
