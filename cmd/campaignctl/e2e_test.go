@@ -52,13 +52,23 @@ func binary(t *testing.T) string {
 
 func freeAddr(t *testing.T) string {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
+	for {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		addr := l.Addr().String()
+		l.Close()
+		// The port is free until someone listens on it: the kernel may offer it again before the process it
+		// is meant for has started (a worker given the same port for metrics and pprof could not start).
+		if _, taken := handedOut.LoadOrStore(addr, true); !taken {
+			return addr
+		}
 	}
-	defer l.Close()
-	return l.Addr().String()
 }
+
+// handedOut holds the addresses freeAddr gave in this test binary.
+var handedOut sync.Map
 
 // e2eEnv is the environment every process of one end-to-end run shares.
 type e2eEnv struct {
