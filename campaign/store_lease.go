@@ -44,6 +44,9 @@ type Chunk struct {
 	// TookOver says the batch was leased from another run's lease (expired, or its holder gone): a run
 	// that died. False when the batch was free or this run's own, or was not leased.
 	TookOver bool
+	// PrevToken is the token of the lease taken over (when TookOver): the run that held it must be fenced
+	// in Redis before its claims are read (state.Store.ReadClaims), since it may still be running.
+	PrevToken string
 	// Accepted holds the leased users whose delivery receipt arrived while they were pending (a receipt
 	// for a send whose answer was lost, before `resume --resend-unknown` made them pending again): the
 	// provider accepted their message, so they are recorded sent, never sent again.
@@ -68,6 +71,7 @@ func (s *Store) LeaseChunk(ctx context.Context, c *Campaign, users []string, l L
 	ch := Chunk{Leased: make(map[string]bool, len(users)), Consent: make(map[string]bool, len(users)), Accepted: map[string]bool{}}
 	var (
 		leased, takeover, otherEpoch bool
+		prevToken                    string
 		oldUsers, pend, ok, accepted []string
 		cStatus, cSource, cTxn       []string
 		cDate, cSynced               []pgtype.Timestamptz
@@ -88,7 +92,7 @@ func (s *Store) LeaseChunk(ctx context.Context, c *Campaign, users []string, l L
 					OR b.lease_holder = ANY($9::bigint[]) AND NOT ` + holderLocked("b.lease_holder") + ` AS free,
 				b.lease_token IS NOT NULL AND b.lease_token <> $3 AS takeover,
 				coalesce(b.lease_epoch, '') <> $4 AS other_epoch,
-				b.lease_users
+				b.lease_users, b.lease_token
 			FROM b
 		), cand AS (
 			SELECT u FROM unnest($5::text[]) AS u
@@ -135,6 +139,7 @@ func (s *Store) LeaseChunk(ctx context.Context, c *Campaign, users []string, l L
 			coalesce((SELECT takeover FROM may), false),
 			coalesce((SELECT other_epoch FROM may), false),
 			coalesce((SELECT lease_users FROM may), '{}'),
+			coalesce((SELECT lease_token FROM may), ''),
 			array(SELECT user_id FROM pend WHERE (SELECT state_ok FROM may)),
 			array(SELECT coalesce(c_status, '') FROM pend WHERE (SELECT state_ok FROM may)),
 			array(SELECT coalesce(c_source, '') FROM pend WHERE (SELECT state_ok FROM may)),
@@ -154,7 +159,7 @@ func (s *Store) LeaseChunk(ctx context.Context, c *Campaign, users []string, l L
 		return ch, fmt.Errorf("lease chunk of batch %d: campaign %d has no such batch", l.Batch, c.ID)
 	}
 	if err == nil {
-		err = br.QueryRow().Scan(&ch.State, &leased, &takeover, &otherEpoch, &oldUsers, &pend,
+		err = br.QueryRow().Scan(&ch.State, &leased, &takeover, &otherEpoch, &oldUsers, &prevToken, &pend,
 			&cStatus, &cSource, &cDate, &cTxn, &cSynced, &ok, &accepted)
 	}
 	if cerr := br.Close(); err == nil {
@@ -166,6 +171,9 @@ func (s *Store) LeaseChunk(ctx context.Context, c *Campaign, users []string, l L
 	ch.Snapshots = make(map[string]ConsentRecord, len(cStatus))
 	if leased {
 		ch.TookOver = takeover
+		if takeover {
+			ch.PrevToken = prevToken
+		}
 		inherited := map[string]bool{}
 		if takeover {
 			for _, u := range oldUsers {

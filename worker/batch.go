@@ -142,7 +142,7 @@ func (h *Handler) RunBatch(ctx context.Context, campaignID int64, batch int) err
 	}
 	run.lease = campaign.Lease{Batch: batch, Token: state.Token(), Epoch: epoch, TTL: h.cfg.LeaseTTL, Holder: h.holder()}
 	run.liveGen = h.cfg.Liveness.Gen()
-	run.guard = state.Guard{Epoch: epoch, Halt: state.HaltKey(c.ID)}
+	run.guard = state.Guard{Epoch: epoch, Fence: state.FenceKey(run.lease.Token), Halt: state.HaltKey(c.ID)}
 	recipients, err := h.cfg.Store.LoadBatch(ctx, c.ID, batch)
 	if err != nil {
 		return waitForServices(err)
@@ -278,7 +278,7 @@ func (h *Handler) RunBatch(ctx context.Context, campaignID int64, batch int) err
 		h.forgetTemplate(c.ID)
 		return nil
 	}
-	if errors.Is(stop, state.ErrEpoch) {
+	if errors.Is(stop, state.ErrEpoch) || errors.Is(stop, state.ErrFenced) {
 		return &RetryError{Err: stop, After: time.Second}
 	}
 	if errors.Is(stop, state.ErrHalted) {
@@ -442,6 +442,16 @@ func (h *Handler) gate(ctx context.Context, run *batchRun, chunk []campaign.Reci
 	}
 	if mode == modeCancel && run.c.State != campaign.StateCancelled {
 		run.c.State = campaign.StateCancelled
+	}
+	if got.TookOver {
+		// The run whose lease this one took may still be going (paused, or stalled on its way to Redis): it
+		// claims nobody from now on. The claims it made before are what this run's own claims find.
+		if err := h.state.Fence(ctx, run.lease.Epoch, got.PrevToken); err != nil {
+			if errors.Is(err, state.ErrEpoch) {
+				return 0, nil, err
+			}
+			return 0, nil, waitForServices(err)
+		}
 	}
 	run.busy += got.Busy
 	run.renewAt = at.Add(run.lease.TTL / 3)

@@ -59,10 +59,10 @@ func (h *Handler) deliver(ctx, waitCtx context.Context, run *batchRun, rest []ca
 			h.settleAnswers(ctx, run)
 		}
 		cl, err := h.state.ClaimSend(ctx, run.c, run.nonce, state.SendClaim{Key: key, Value: inflight, Addr: r.Address}, g, prev, rt.pauseKey, now)
-		if err == nil || errors.Is(err, state.ErrHalted) || errors.Is(err, state.ErrEpoch) {
+		if err == nil || guardRefused(err) {
 			run.answersDue = run.answersDue[:0] // the script wrote it before anything else
 		}
-		if errors.Is(err, state.ErrHalted) || errors.Is(err, state.ErrEpoch) {
+		if guardRefused(err) {
 			return err
 		}
 		if err != nil {
@@ -290,6 +290,12 @@ const staleTokens = 25 * time.Millisecond
 // claimTimeEach is what the claim of one recipient of a request may take on top of staleTokens (a
 // request of 1,000 e-mails is claimed in one script call of about 12 ms) before its tokens are stale.
 const claimTimeEach = 50 * time.Microsecond
+
+// guardRefused says a claim script refused to claim (nothing claimed, the answers before it written): the
+// campaign is halted, Redis lost its data, or another run took the chunk over.
+func guardRefused(err error) bool {
+	return errors.Is(err, state.ErrHalted) || errors.Is(err, state.ErrEpoch) || errors.Is(err, state.ErrFenced)
+}
 
 // tokensStillFresh is called when a send of size sz, whose claims are f, is about to leave. When its
 // tokens were taken more than staleTokens ago (and claimTimeEach for each recipient of a request: the

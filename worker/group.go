@@ -2,7 +2,6 @@ package worker
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"strconv"
 	"time"
@@ -99,7 +98,7 @@ func (h *Handler) sendGroup(ctx, waitCtx context.Context, run *batchRun, b provi
 			scs[i] = state.SendClaim{Key: ClaimKey(run.c.ID, r.UserID), Value: value, Addr: r.Address}
 		}
 		got, err := h.state.ClaimMany(ctx, run.c, run.nonce, scs, g, now)
-		if errors.Is(err, state.ErrHalted) || errors.Is(err, state.ErrEpoch) {
+		if guardRefused(err) {
 			return err
 		}
 		if err != nil {

@@ -47,7 +47,8 @@ func (h *Handler) Sweep(ctx context.Context) (int, error) {
 		}
 		run := &batchRun{c: c, nonce: Nonce(c), batch: e.Batch, counts: map[string]int64{}, snapshots: map[string]campaign.ConsentRecord{},
 			lease: campaign.Lease{Batch: e.Batch, Token: state.Token(), Epoch: epoch, TTL: h.cfg.LeaseTTL, AnyState: true, Holder: h.holder(), Gone: gone},
-			guard: state.Guard{Epoch: epoch, Halt: state.HaltKey(c.ID)}}
+		}
+		run.guard = state.Guard{Epoch: epoch, Fence: state.FenceKey(run.lease.Token), Halt: state.HaltKey(c.ID)}
 		got, err := h.cfg.Store.LeaseChunk(ctx, c, e.Users, run.lease)
 		if err != nil {
 			return n, err
@@ -80,10 +81,13 @@ func (h *Handler) Sweep(ctx context.Context) (int, error) {
 				users, keys = append(users, u), append(keys, ClaimKey(c.ID, u))
 			}
 		}
-		// The claims of the chunk, in one round trip, under the epoch.
+		// The claims of the chunk, in one round trip, under the epoch, after fencing the dead run's lease in
+		// the same script: a run judged dead that is in fact still going (paused, stalled, cut off from
+		// Postgres) can claim nobody from then on, so a recipient read here without a claim is never sent by
+		// it. Its chunk may be empty (it died between chunks): it is fenced all the same.
 		var vals []any
-		if serr == nil && len(keys) > 0 {
-			vals, serr = h.state.ReadClaims(ctx, epoch, keys)
+		if serr == nil {
+			vals, serr = h.state.ReadClaims(ctx, epoch, got.PrevToken, keys)
 		}
 		for i := range vals {
 			val, ok := vals[i].(string)

@@ -145,10 +145,10 @@ func (h *Handler) deliverWindowed(ctx, waitCtx context.Context, run *batchRun, r
 			scs[i] = state.SendClaim{Key: ClaimKey(run.c.ID, w.r.UserID), Value: inflight, Addr: w.r.Address}
 		}
 		cls, pause, err := h.state.ClaimWindow(ctx, run.c, run.nonce, scs, g, run.answersDue, rt.pauseKey, now)
-		if err == nil || errors.Is(err, state.ErrHalted) || errors.Is(err, state.ErrEpoch) {
+		if err == nil || guardRefused(err) {
 			run.answersDue = run.answersDue[:0] // the script wrote them before anything else
 		}
-		if errors.Is(err, state.ErrHalted) || errors.Is(err, state.ErrEpoch) {
+		if guardRefused(err) {
 			return err
 		}
 		if err != nil {

@@ -80,9 +80,14 @@ func (s *State) ReleaseMarks(ctx context.Context, c *campaign.Campaign, nonce st
 	return s.call(ctx, "ReleaseMarks", func() error { return s.Store.ReleaseMarks(ctx, c, nonce, addrs, now) })
 }
 
+// Fence is state.Store.Fence under the rules.
+func (s *State) Fence(ctx context.Context, epoch, token string) error {
+	return s.call(ctx, "Fence", func() error { return s.Store.Fence(ctx, epoch, token) })
+}
+
 // ReadClaims is state.Store.ReadClaims under the rules.
-func (s *State) ReadClaims(ctx context.Context, epoch string, keys []string) (vals []any, err error) {
-	err = s.call(ctx, "ReadClaims", func() (err error) { vals, err = s.Store.ReadClaims(ctx, epoch, keys); return })
+func (s *State) ReadClaims(ctx context.Context, epoch, fence string, keys []string) (vals []any, err error) {
+	err = s.call(ctx, "ReadClaims", func() (err error) { vals, err = s.Store.ReadClaims(ctx, epoch, fence, keys); return })
 	return vals, err
 }
 

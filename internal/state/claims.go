@@ -25,12 +25,23 @@ func New(rdb redis.UniversalClient, ttl time.Duration) *Store { return &Store{rd
 // Client is the Redis client the store uses.
 func (c *Store) Client() redis.UniversalClient { return c.rdb }
 
-// Guard is what a claim must still hold true when it is taken: the Redis epoch its lease recorded, and,
-// for a send, that the campaign is not halted.
+// Guard is what a claim must still hold true when it is taken: the Redis epoch its lease recorded, that
+// its lease was not taken over, and, for a send, that the campaign is not halted.
 type Guard struct {
-	Epoch     string
+	Epoch string
+	// Fence is the FenceKey of the run's lease: once another run has taken the chunk over and read its
+	// claims (ReadClaims), no claim of this run is taken any more. Empty: no lease to fence.
+	Fence     string
 	Halt      string // the campaign's HaltKey
 	CheckHalt bool
+}
+
+// fence is g's fence key, or one that is never written when g has none.
+func (g Guard) fence() string {
+	if g.Fence == "" {
+		return FenceKey("")
+	}
+	return g.Fence
 }
 
 // Take sets the claim to val if it does not exist (or belongs to another campaign of the same ID). It
@@ -42,7 +53,7 @@ func (c *Store) Take(ctx context.Context, key, nonce, val string, g Guard) (stri
 	if g.CheckHalt {
 		check = "1"
 	}
-	old, err := takeScript.Run(ctx, c.rdb, []string{key, EpochKey, g.Halt},
+	old, err := takeScript.Run(ctx, c.rdb, []string{key, EpochKey, g.Halt, g.fence()},
 		nonce+"/"+val, c.ttl.Milliseconds(), nonce+"/", g.Epoch, check).Text()
 	if errors.Is(err, redis.Nil) {
 		return "", true, nil
@@ -65,6 +76,7 @@ func (c *Store) Take(ctx context.Context, key, nonce, val string, g Guard) (stri
 // KEYS[1] -> sent:<campaign>:<user>
 // KEYS[2] -> campaignctl:epoch
 // KEYS[3] -> campaign:<id>:halt
+// KEYS[4] -> fence:<lease token> of the run's lease
 // ARGV[1] -> the claim value, nonce included
 // ARGV[2] -> TTL in milliseconds
 // ARGV[3] -> the nonce prefix ("<nonce>/")
@@ -79,6 +91,7 @@ if v and string.sub(v, 1, string.len(ARGV[3])) == ARGV[3] then
   return v
 end
 if redis.call("GET", KEYS[2]) ~= ARGV[4] then return redis.error_reply("CAMPAIGNCTL_EPOCH changed") end
+if redis.call("EXISTS", KEYS[4]) == 1 then return redis.error_reply("CAMPAIGNCTL_FENCED") end
 if ARGV[5] == "1" and redis.call("EXISTS", KEYS[3]) == 1 then return redis.error_reply("CAMPAIGNCTL_HALT") end
 redis.call("SET", KEYS[1], ARGV[1], "PX", ARGV[2])
 return false`)
@@ -302,8 +315,8 @@ func (c *Store) ClaimWindow(ctx context.Context, camp *campaign.Campaign, nonce 
 	inflight, perAnswer := sharedValue(len(prev), func(i int) string { return prev[i].InFlight })
 	days := markDays(camp.Channel, now, camp.FrequencyCap)
 	marks := len(days)
-	keys := make([]string, 0, 3+len(prev)+len(scs)*(1+marks))
-	keys = append(keys, EpochKey, g.Halt, pauseKey)
+	keys := make([]string, 0, 4+len(prev)+len(scs)*(1+marks))
+	keys = append(keys, EpochKey, g.Halt, pauseKey, g.fence())
 	args := make([]any, 0, 14+2*len(prev)+2*len(scs))
 	args = append(args, nonce+"/", c.ttl.Milliseconds(), g.Epoch, check, markOwner(camp, nonce), now.UnixMilli(), marks, camp.FrequencyCap.Milliseconds(), markTTL(camp).Milliseconds(), nonce+"/"+ReasonValue(Skipped, campaign.ReasonFrequencyCap),
 		checkPause, len(prev), prefixed(nonce, value, perClaim), prefixed(nonce, inflight, perAnswer))
@@ -331,6 +344,8 @@ func (c *Store) ClaimWindow(ctx context.Context, camp *campaign.Campaign, nonce 
 		return nil, 0, ErrEpoch
 	case len(res) == 1 && res[0] == "h":
 		return nil, 0, ErrHalted
+	case len(res) == 1 && res[0] == "f":
+		return nil, 0, ErrFenced
 	case len(res) == 2 && res[0] == "p":
 		ms, _ := strconv.ParseInt(res[1], 10, 64)
 		return nil, time.Duration(ms) * time.Millisecond, nil
@@ -382,6 +397,7 @@ func prefixed(nonce, value string, each bool) string {
 // KEYS[1] -> campaignctl:epoch
 // KEYS[2] -> campaign:<id>:halt
 // KEYS[3] -> limiter:pause:provider:<name> (read only when ARGV[11] is "1")
+// KEYS[4] -> fence:<lease token> of the run's lease
 // then the ARGV[12] claims whose answers are written first
 // then per recipient: its claim, followed by its ARGV[7] mark hashes (today's first)
 // ARGV[1] -> "<nonce>/"
@@ -401,7 +417,8 @@ func prefixed(nonce, value string, each bool) string {
 // then per answer: its in-flight value (only when ARGV[14] is "") and the answer (nonces included)
 // then per recipient: its pending claim value (only when ARGV[13] is "") and its address
 //
-// Returns {"p", ms} (paused), {"e"} or {"h"} (nothing claimed; the answers are written all the same), or
+// Returns {"p", ms} (paused), {"e"}, {"f"} or {"h"} (nothing claimed; the answers are written all the
+// same), or
 // one result per recipient: "o" (ours), "x<value>" (an existing claim) or "c<mark>" (capped; the claim
 // records the skip).
 var claimManyScript = redis.NewScript(`
@@ -412,7 +429,7 @@ local a = 15
 for i = 1, na do
   local inflight = shared
   if shared == "" then inflight = ARGV[a]; a = a + 1 end
-  local key, val = KEYS[3 + i], ARGV[a]
+  local key, val = KEYS[4 + i], ARGV[a]
   a = a + 1
   -- One write in the usual case; what it replaced decides whether it stands (as in settleManyScript).
   local pv = redis.call("SET", key, val, "KEEPTTL", "GET")
@@ -427,9 +444,10 @@ if ARGV[11] == "1" then
   if pt > 0 then return {"p", tostring(pt)} end
 end
 if redis.call("GET", KEYS[1]) ~= ARGV[3] then return {"e"} end
+if redis.call("EXISTS", KEYS[4]) == 1 then return {"f"} end
 if ARGV[4] == "1" and redis.call("EXISTS", KEYS[2]) == 1 then return {"h"} end
 local m = tonumber(ARGV[7])
-local first = 4 + na
+local first = 5 + na
 local n = (#KEYS - first + 1) / (1 + m)
 local prefix = ARGV[1]
 local p = string.len(prefix)
@@ -495,7 +513,7 @@ func (c *Store) claimSendArgs(camp *campaign.Campaign, nonce string, sc SendClai
 	if prev != nil {
 		prevKey, prevInFlight, prevVal = prev.Key, nonce+"/"+prev.InFlight, nonce+"/"+prev.Value
 	}
-	keys := append([]string{sc.Key, EpochKey, g.Halt, pauseKey, prevKey}, markKeys(camp.Channel, sc.Addr, now, camp.FrequencyCap)...)
+	keys := append([]string{sc.Key, EpochKey, g.Halt, pauseKey, prevKey, g.fence()}, markKeys(camp.Channel, sc.Addr, now, camp.FrequencyCap)...)
 	return keys, []any{nonce + "/" + sc.Value, c.ttl.Milliseconds(), nonce + "/", g.Epoch, check, checkPause, prevInFlight, prevVal,
 		markOwner(camp, nonce), now.UnixMilli(), camp.FrequencyCap.Milliseconds(), markTTL(camp).Milliseconds(), sc.Addr,
 		nonce + "/" + ReasonValue(Skipped, campaign.ReasonFrequencyCap)}
@@ -524,6 +542,8 @@ func decodeClaimed(res []any, nonce string) (Claimed, error) {
 		return Claimed{}, ErrEpoch
 	case "h":
 		return Claimed{}, ErrHalted
+	case "f":
+		return Claimed{}, ErrFenced
 	}
 	return Claimed{}, fmt.Errorf("claim script answered %v", res)
 }
@@ -535,7 +555,8 @@ func decodeClaimed(res []any, nonce string) (Claimed, error) {
 // KEYS[3] -> campaign:<id>:halt
 // KEYS[4] -> limiter:pause:provider:<name> (read only when ARGV[6] is "1")
 // KEYS[5] -> the claim of the run's previous send, whose answer ARGV[8] is written first (when ARGV[7] is set)
-// KEYS[6..] -> the mark hashes of the address for the days the campaign's cap reaches, today's first
+// KEYS[6] -> fence:<lease token> of the run's lease
+// KEYS[7..] -> the mark hashes of the address for the days the campaign's cap reaches, today's first
 // ARGV[1] -> the pending claim value, nonce included
 // ARGV[2] -> claim TTL in ms
 // ARGV[3] -> "<nonce>/"
@@ -552,7 +573,7 @@ func decodeClaimed(res []any, nonce string) (Claimed, error) {
 //
 // Returns {settled, kind[, arg]}: settled is 1 when the previous answer is in its claim; kind is "o" (ours),
 // "x" (an existing claim, arg = its value), "c" (capped, arg = the other campaign's mark), "p" (paused for
-// arg ms), "e" (the epoch changed) or "h" (halted). As in takeScript, a value without this campaign's nonce
+// arg ms), "e" (the epoch changed), "f" (the run's lease was taken over) or "h" (halted). As in takeScript, a value without this campaign's nonce
 // is a leftover of an earlier campaign with the same ID and is replaced, and a value equal to ours is ours.
 var claimSendScript = redis.NewScript(`
 local settled = 0
@@ -582,6 +603,8 @@ else
   local refused
   if redis.call("GET", KEYS[2]) ~= ARGV[4] then
     refused = "e"
+  elseif redis.call("EXISTS", KEYS[6]) == 1 then
+    refused = "f"
   elseif ARGV[5] == "1" and redis.call("EXISTS", KEYS[3]) == 1 then
     refused = "h"
   end
@@ -593,7 +616,7 @@ else
 end
 local now = tonumber(ARGV[10])
 local own = false
-for i = 6, #KEYS do
+for i = 7, #KEYS do
   local m = redis.call("HGET", KEYS[i], ARGV[13])
   if m then
     local owner, ts = string.match(m, "^(.*)|(%d+)$")
@@ -606,9 +629,9 @@ for i = 6, #KEYS do
   end
 end
 if not own then
-  redis.call("HSET", KEYS[6], ARGV[13], ARGV[9] .. "|" .. ARGV[10])
+  redis.call("HSET", KEYS[7], ARGV[13], ARGV[9] .. "|" .. ARGV[10])
   -- ARGV[12] is a day longer than any cap needs: renewing the TTL only once an hour of that margin is
   -- used spares a write for nearly every mark, and a mark still outlives every cap that judges it.
-  if redis.call("PTTL", KEYS[6]) < tonumber(ARGV[12]) - 3600000 then redis.call("PEXPIRE", KEYS[6], ARGV[12]) end
+  if redis.call("PTTL", KEYS[7]) < tonumber(ARGV[12]) - 3600000 then redis.call("PEXPIRE", KEYS[7], ARGV[12]) end
 end
 return {settled, "o"}`)

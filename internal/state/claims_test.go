@@ -395,3 +395,69 @@ func TestMarksDecideClaimsAlikeInEveryScript(t *testing.T) {
 		}
 	}
 }
+
+// Once another run has taken a chunk over and read its claims with the old lease's fence, every claim
+// script refuses a claim under that lease (ErrFenced) and writes no claim; a claim already made before the
+// read is in what the read returns, and a claim under another lease is taken as before. An answer is still
+// written (the message it records went out before).
+func TestAFencedLeaseClaimsNobody(t *testing.T) {
+	t.Parallel()
+	rdb, cl := newClaims(t, time.Hour)
+	ctx := context.Background()
+	c := &campaign.Campaign{ID: 42, Channel: campaign.ChannelSMS, CreatedAt: time.Now()}
+	nonce := Nonce(c)
+	now := time.Now()
+	mine := InFlightValue(now, "w1")
+	old := Guard{Epoch: "e1", Fence: FenceKey("lease-a"), Halt: HaltKey(c.ID), CheckHalt: true}
+	sc := func(user string) SendClaim {
+		return SendClaim{Key: ClaimKey(c.ID, user), Value: mine, Addr: "+9055500000" + user}
+	}
+	if got, err := cl.ClaimSend(ctx, c, nonce, sc("1"), old, nil, "", now); err != nil || got.Result != Ours {
+		t.Fatalf("claim before the takeover: %+v, %v", got, err)
+	}
+	vals, err := cl.ReadClaims(ctx, "e1", "lease-a", []string{ClaimKey(c.ID, "1"), ClaimKey(c.ID, "2")})
+	if err != nil || vals[0] != nonce+"/"+mine || vals[1] != nil {
+		t.Fatalf("read with the fence: %v, %v; want u1's claim and none for u2", vals, err)
+	}
+	answer := &Answer{Key: ClaimKey(c.ID, "1"), InFlight: mine, Value: SentValue("SM1", 1)}
+	if _, err := cl.ClaimSend(ctx, c, nonce, sc("2"), old, answer, "", now); !errors.Is(err, ErrFenced) {
+		t.Fatalf("ClaimSend under the fenced lease: %v, want ErrFenced", err)
+	}
+	if _, _, err := cl.ClaimWindow(ctx, c, nonce, []SendClaim{sc("2"), sc("3")}, old, nil, "", now); !errors.Is(err, ErrFenced) {
+		t.Fatalf("ClaimWindow under the fenced lease: %v, want ErrFenced", err)
+	}
+	if _, err := cl.ClaimMany(ctx, c, nonce, []SendClaim{sc("2")}, old, now); !errors.Is(err, ErrFenced) {
+		t.Fatalf("ClaimMany under the fenced lease: %v, want ErrFenced", err)
+	}
+	if _, _, err := cl.Take(ctx, ClaimKey(c.ID, "2"), nonce, ReasonValue(Skipped, "x"), old); !errors.Is(err, ErrFenced) {
+		t.Fatalf("Take under the fenced lease: %v, want ErrFenced", err)
+	}
+	for _, u := range []string{"2", "3"} {
+		if n := rdb.Exists(ctx, ClaimKey(c.ID, u)).Val(); n != 0 {
+			t.Fatalf("a refused claim of u%s was left written", u)
+		}
+	}
+	if v := rdb.Get(ctx, ClaimKey(c.ID, "1")).Val(); v != nonce+"/"+SentValue("SM1", 1) {
+		t.Fatalf("u1's answer under the fenced lease: claim %q, want the answer written", v)
+	}
+	if ttl := rdb.PTTL(ctx, FenceKey("lease-a")).Val(); ttl <= 0 || ttl > time.Hour {
+		t.Fatalf("the fence's TTL is %v, want the claims' (1h)", ttl)
+	}
+	next := Guard{Epoch: "e1", Fence: FenceKey("lease-b"), Halt: HaltKey(c.ID), CheckHalt: true}
+	if got, err := cl.ClaimSend(ctx, c, nonce, sc("2"), next, nil, "", now); err != nil || got.Result != Ours {
+		t.Fatalf("claim under the lease that took over: %+v, %v; want ours", got, err)
+	}
+	// Fence alone fences without reading; a read without a fence fences nobody.
+	if err := cl.Fence(ctx, "e1", "lease-b"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cl.ClaimSend(ctx, c, nonce, sc("4"), next, nil, "", now); !errors.Is(err, ErrFenced) {
+		t.Fatalf("claim after Fence: %v, want ErrFenced", err)
+	}
+	if _, err := cl.ReadClaims(ctx, "e1", "", nil); err != nil {
+		t.Fatal(err)
+	}
+	if n := rdb.Exists(ctx, FenceKey("")).Val(); n != 0 {
+		t.Fatal("a read without a fence wrote one")
+	}
+}

@@ -131,6 +131,9 @@ var (
 	ErrEpoch = errors.New("Redis lost its data or changed master (its epoch changed: emptied, restarted or failed over) since this chunk was leased")
 	// ErrHalted: the campaign was paused or cancelled: nothing was written.
 	ErrHalted = errors.New("campaign halted")
+	// ErrFenced: another run took the chunk over (the lease ran out, or the worker process was judged
+	// gone) and read its claims: nothing was written, and the run must send nothing more.
+	ErrFenced = errors.New("this run's chunk was taken over by another run (its lease ran out, or its worker was judged gone)")
 )
 
 // scriptError maps the claim script's error replies to ErrEpoch and ErrHalted.
@@ -142,6 +145,8 @@ func scriptError(err error) error {
 		return ErrEpoch
 	case strings.Contains(err.Error(), "CAMPAIGNCTL_HALT"):
 		return ErrHalted
+	case strings.Contains(err.Error(), "CAMPAIGNCTL_FENCED"):
+		return ErrFenced
 	}
 	return err
 }
@@ -149,8 +154,14 @@ func scriptError(err error) error {
 // ReadClaims reads the claims keys hold (nil for none), as MGET does, but only while the epoch is still
 // epoch: a read that reaches a new master after a failover finds the epoch renewed (its connection was
 // checked) and is refused with ErrEpoch, instead of answering "no claim" for claims that were lost.
-func (s *Store) ReadClaims(ctx context.Context, epoch string, keys []string) ([]any, error) {
-	vals, err := readClaimsScript.Run(ctx, s.rdb, append([]string{EpochKey}, keys...), epoch).Slice()
+//
+// With fence (the lease token of a run whose chunk the reader took over), the same script first fences
+// that run's lease (FenceKey): a claim it makes after the read is refused, so that none can appear once
+// the reader has concluded that a recipient without a claim was never sent, whatever the timing of that
+// run (paused, stalled, cut off from Postgres). A claim made before the read is in what it returns.
+func (s *Store) ReadClaims(ctx context.Context, epoch, fence string, keys []string) ([]any, error) {
+	fenceKey := FenceKey(fence)
+	vals, err := readClaimsScript.Run(ctx, s.rdb, append([]string{EpochKey, fenceKey}, keys...), epoch, fence != "", s.ttl.Milliseconds()).Slice()
 	if err != nil {
 		if se := scriptError(err); se != err {
 			return nil, se
@@ -164,13 +175,23 @@ func (s *Store) ReadClaims(ctx context.Context, epoch string, keys []string) ([]
 }
 
 // KEYS[1] -> campaignctl:epoch
-// KEYS[2..] -> the claims
+// KEYS[2] -> fence:<lease token> of the run whose chunk is read, written when ARGV[2] is "1"
+// KEYS[3..] -> the claims
 // ARGV[1] -> the epoch the reader's lease recorded
+// ARGV[3] -> the fence's TTL in ms (the claims')
 var readClaimsScript = redis.NewScript(`
 if redis.call("GET", KEYS[1]) ~= ARGV[1] then return redis.error_reply("CAMPAIGNCTL_EPOCH changed") end
+if ARGV[2] == "1" then redis.call("SET", KEYS[2], "1", "PX", ARGV[3]) end
 local out = {}
-for i = 2, #KEYS do out[i - 1] = redis.call("GET", KEYS[i]) or false end
+for i = 3, #KEYS do out[i - 2] = redis.call("GET", KEYS[i]) or false end
 return out`)
+
+// Fence fences the lease token of a run whose chunk the caller took over (see ReadClaims): its claims are
+// refused from now on, while the epoch is still epoch.
+func (s *Store) Fence(ctx context.Context, epoch, token string) error {
+	_, err := s.ReadClaims(ctx, epoch, token, nil)
+	return err
+}
 
 // Epoch is the package's Epoch on the store's client.
 func (s *Store) Epoch(ctx context.Context) (string, error) { return Epoch(ctx, s.rdb) }

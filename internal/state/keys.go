@@ -31,6 +31,11 @@ func ClaimKey(campaignID int64, userID string) string {
 	return string(append(append(b, ':'), userID...))
 }
 
+// FenceKey exists once the chunk leased under token was taken over by another run (its lease ran out, or
+// its worker process was judged gone): claims made under that lease are refused from then on (see
+// Guard.Fence and ReadClaims).
+func FenceKey(token string) string { return "fence:" + token }
+
 // RateKey is the Redis key of the token bucket named bucket (CampaignBucket, ProviderBucket), where
 // go-redis/redis_rate keeps it.
 func RateKey(bucket string) string { return "rate:" + bucket }

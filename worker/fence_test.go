@@ -1,0 +1,97 @@
+package worker
+
+import (
+	"context"
+	"errors"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/campaignctl/campaignctl/campaign"
+	"github.com/campaignctl/campaignctl/internal/faults"
+	"github.com/campaignctl/campaignctl/providers"
+)
+
+// countingProvider counts the messages one worker sends through a provider others share.
+type countingProvider struct {
+	providers.Provider
+	n atomic.Int32
+}
+
+func (p *countingProvider) Send(ctx context.Context, m providers.Message) (providers.Result, error) {
+	p.n.Add(1)
+	return p.Provider.Send(ctx, m)
+}
+
+// A run stops for longer than its lease just before its claim reaches Redis (its process paused, its
+// connection stalled). Meanwhile its lease runs out and the sweep takes its chunk over: the recipient
+// being claimed has no claim yet, so the sweep frees it. When the run goes on, its claim must be refused.
+// Were it taken, the message would go out while Postgres has the recipient pending and free again; had the
+// run then died before recording it, and Redis lost its data, the follow-up run would send it a second
+// time. Both send paths: one claim a send, and one claim call a window of sends. And the same when a run
+// of the batch, not the sweep, takes the chunk over, and is slow to claim: were the paused run's claim
+// taken first, the run that took over would find it in flight, leave that recipient to it, and a Redis
+// loss after the paused run died would have it sent again.
+func TestAClaimThatReachesRedisAfterTheChunkWasTakenOverIsRefused(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name   string
+		method string
+		window int
+		byRun  bool
+	}{
+		{"swept, one send a claim", "ClaimSend", 1, false},
+		{"swept, a window of sends", "ClaimWindow", 2, false},
+		{"taken by a run, one send a claim", "ClaimSend", 1, true},
+		{"taken by a run, a window of sends", "ClaimWindow", 2, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			f := plan(t, 10) // eligible in batch 0: u1 u2 u4 u7 u8
+			w1Sends := &countingProvider{Provider: f.provider}
+			w1, w1State, w1Store := f.faulty(t, func(c *Config) {
+				c.Owner, c.SendWindow, c.ChunkSize, c.LeaseTTL = "w1", tc.window, 10, 300*time.Millisecond
+				c.Providers = map[campaign.Channel]providers.Provider{campaign.ChannelSMS: w1Sends}
+			})
+			stall := w1State.Add(&faults.Rule{Match: faults.Method(tc.method), Skip: 1, Times: 1, Kind: faults.Stall, Delay: 2 * time.Second})
+			done := make(chan error, 1)
+			go func() { done <- w1.RunBatch(ctx, f.id, 0) }()
+			waitUntil(t, 5*time.Second, "W1's second claim held", func() bool { return stall.Hits() > 0 })
+			f.leaseExpired(t)
+			w2done := make(chan error, 1)
+			if tc.byRun {
+				// W2 takes the batch over, and its first claim is held until after W1's.
+				w2, w2State, _ := f.faulty(t, func(c *Config) { c.Owner, c.SendWindow, c.ChunkSize = "w2", tc.window, 10 })
+				held := w2State.Add(&faults.Rule{Match: faults.Method(tc.method), Times: 1, Kind: faults.Stall, Delay: 3 * time.Second})
+				go func() { w2done <- w2.RunBatch(ctx, f.id, 0) }()
+				waitUntil(t, 5*time.Second, "W2's first claim held", func() bool { return held.Hits() > 0 })
+			} else {
+				if n, err := f.h.Sweep(ctx); err != nil || n == 0 {
+					t.Fatalf("the sweep did not take W1's chunk (settled %d, %v)", n, err)
+				}
+				w2done <- nil
+			}
+			// From here on W1 writes nothing to Postgres: it dies after whatever it sends next.
+			w1Store.Add(&faults.Rule{Match: faults.Method("Record", "ReleaseBatch"), Kind: faults.Fail})
+			err := <-done
+			var re *RetryError
+			if !errors.As(err, &re) {
+				t.Fatalf("W1's run: %v, want it handed back (its chunk taken over)", err)
+			}
+			if n, want := int(w1Sends.n.Load()), tc.window; n != want {
+				t.Errorf("W1 sent %d messages, want the %d claimed before it stopped", n, want)
+			}
+			notFailure(t, <-w2done)
+			// Redis loses its data; the batch runs again.
+			if err := f.rdb.FlushDB(ctx).Err(); err != nil {
+				t.Fatal(err)
+			}
+			f.runAll(t)
+			f.assertOnce(t)
+			if c := f.counts(t); c.Pending != 0 || c.Sent+c.Unknown != 5 {
+				t.Fatalf("counts %+v, want all 5 settled", c)
+			}
+		})
+	}
+}
