@@ -56,8 +56,9 @@ type batchRun struct {
 	// claim: Postgres then holds the only record of it, and the outcomes are committed durably.
 	unclaimed bool
 	// inherited holds the users taken over from a run that died whose fate this run has not read yet
-	// (their claims may say they were sent): if the run stops before it does, they stay in the chunk in
-	// hand for the sweeper, instead of being let go as if nothing had happened to them.
+	// (their claims may say they were sent), and those whose claims it found in flight under another run
+	// (busy): if the run stops before it knows, they stay in the chunk in hand for the sweeper, instead of
+	// being let go as if nothing had happened to them.
 	inherited map[string]bool
 	// unblamed are recipients that kept failing transiently in this run. They count against the recipient
 	// only once a later send of the run succeeds (the recipient is at fault, not the provider).
@@ -574,9 +575,15 @@ func (h *Handler) fromClaim(run *batchRun, userID, val string) {
 		run.add(campaign.Outcome{UserID: userID, Status: campaign.StatusSkipped, Reason: st.Reason})
 	default:
 		if !st.At.IsZero() && h.cfg.Now().Sub(st.At) < h.cfg.InFlightGrace {
-			// A live run holds it: its claim is the record, and that run writes the outcome.
+			// A run that may still be live holds it: its claim is the record, and that run writes the
+			// outcome. Until then the recipient stays in this run's chunk in hand: were that run to die
+			// before recording it, a Redis that lost the claim meanwhile must find it in hand (unknown),
+			// not free to be sent again.
 			run.busy++
-			delete(run.inherited, userID)
+			if run.inherited == nil {
+				run.inherited = map[string]bool{}
+			}
+			run.inherited[userID] = true
 			return
 		}
 		run.add(campaign.Outcome{UserID: userID, Status: campaign.StatusUnknown, Reason: reasonDiedMidCall})

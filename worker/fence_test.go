@@ -95,3 +95,52 @@ func TestAClaimThatReachesRedisAfterTheChunkWasTakenOverIsRefused(t *testing.T) 
 		})
 	}
 }
+
+// A run is held in a provider call past its lease (a provider slow to answer), and another run takes its
+// chunk over: the recipient being sent has a claim in flight, so the run that took over leaves it to the
+// claim's owner, but keeps it in its own chunk in hand until the claim is read again. The held run's send
+// is then accepted and it dies before recording it, and Redis loses its data: the recipient must not be
+// sent again. Let go from the chunk in hand, it would be pending and free after the loss.
+func TestAClaimInFlightFoundByTheRunThatTookOverStaysInHand(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	f := plan(t, 10) // eligible in batch 0: u1 u2 u4 u7 u8
+	w1, _, w1Store := f.faulty(t, func(c *Config) { c.Owner, c.ChunkSize, c.LeaseTTL = "w1", 10, 300*time.Millisecond })
+	w2, _, _ := f.faulty(t, func(c *Config) { c.Owner, c.ChunkSize, c.LeaseTTL = "w2", 10, 300*time.Millisecond })
+	held, release := make(chan struct{}), make(chan struct{})
+	f.provider.before = func(m providers.Message) {
+		switch m.To {
+		case phone(1):
+			// u2 is claimed late in the lease (a renewal is due only after a third of it): when the lease
+			// runs out, u2's claim is younger than a lease, and may still be answered.
+			time.Sleep(80 * time.Millisecond)
+		case phone(2):
+			close(held)
+			<-release
+		}
+	}
+	done := make(chan error, 1)
+	go func() { done <- w1.RunBatch(ctx, f.id, 0) }()
+	<-held
+	f.leaseExpired(t)
+	// W2 takes the batch over while W1 is still in its call for u2.
+	if err := w2.RunBatch(ctx, f.id, 0); err == nil {
+		t.Fatal("W2's run ended done, want it to wait for u2's claim in flight")
+	}
+	w1Store.Add(&faults.Rule{Match: faults.Method("Record", "ReleaseBatch"), Kind: faults.Fail})
+	close(release) // the provider accepts u2 for W1, which dies before recording it
+	<-done
+	f.provider.before = nil
+	if err := f.rdb.FlushDB(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	f.leaseExpired(t)
+	f.runAll(t)
+	f.assertOnce(t)
+	if st, _, _ := f.status(t, "u2"); st != campaign.StatusUnknown {
+		t.Fatalf("u2 is %s, want unknown (its claim was lost with Redis, and its message may have gone out)", st)
+	}
+	if c := f.counts(t); c.Pending != 0 {
+		t.Fatalf("counts %+v, want everyone settled", c)
+	}
+}
