@@ -444,6 +444,9 @@ func (h *Handler) gate(ctx context.Context, run *batchRun, chunk []campaign.Reci
 	if mode == modeCancel && run.c.State != campaign.StateCancelled {
 		run.c.State = campaign.StateCancelled
 	}
+	// The chunk in hand of a run whose lease this one took stays in hand until this run reads its claims,
+	// whatever stops this run first.
+	h.inherit(run, got.Inherited)
 	if got.TookOver {
 		// The run whose lease this one took may still be going (paused, or stalled on its way to Redis): it
 		// claims nobody from now on. The claims it made before are what this run's own claims find.
@@ -457,12 +460,6 @@ func (h *Handler) gate(ctx context.Context, run *batchRun, chunk []campaign.Reci
 	run.busy += got.Busy
 	run.renewAt = at.Add(run.lease.TTL / 3)
 	run.consentAt = at
-	for _, u := range got.Inherited {
-		if run.inherited == nil {
-			run.inherited = map[string]bool{}
-		}
-		run.inherited[u] = true
-	}
 	todo := make([]campaign.Recipient, 0, len(chunk))
 	inChunk := make(map[string]bool, len(chunk))
 	for _, r := range chunk {
@@ -493,6 +490,17 @@ func (h *Handler) gate(ctx context.Context, run *batchRun, chunk []campaign.Reci
 		}
 	}
 	return mode, todo, nil
+}
+
+// inherit keeps users, the chunk in hand of a run whose lease this one took over, in this run's chunk in
+// hand until it has read their claims.
+func (h *Handler) inherit(run *batchRun, users []string) {
+	for _, u := range users {
+		if run.inherited == nil {
+			run.inherited = map[string]bool{}
+		}
+		run.inherited[u] = true
+	}
 }
 
 // renew extends the chunk's lease when a third of it has passed. A run that lost its lease (it was too
@@ -580,10 +588,7 @@ func (h *Handler) fromClaim(run *batchRun, userID, val string) {
 			// before recording it, a Redis that lost the claim meanwhile must find it in hand (unknown),
 			// not free to be sent again.
 			run.busy++
-			if run.inherited == nil {
-				run.inherited = map[string]bool{}
-			}
-			run.inherited[userID] = true
+			h.inherit(run, []string{userID})
 			return
 		}
 		run.add(campaign.Outcome{UserID: userID, Status: campaign.StatusUnknown, Reason: reasonDiedMidCall})

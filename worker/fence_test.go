@@ -3,6 +3,7 @@ package worker
 import (
 	"context"
 	"errors"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -142,5 +143,109 @@ func TestAClaimInFlightFoundByTheRunThatTookOverStaysInHand(t *testing.T) {
 	}
 	if c := f.counts(t); c.Pending != 0 {
 		t.Fatalf("counts %+v, want everyone settled", c)
+	}
+}
+
+// heldLease holds the at-th LeaseChunk call of a run until release is closed.
+type heldLease struct {
+	Store
+	at      int32
+	n       atomic.Int32
+	reached chan struct{}
+	release chan struct{}
+}
+
+func (s *heldLease) LeaseChunk(ctx context.Context, c *campaign.Campaign, users []string, l campaign.Lease) (campaign.Chunk, error) {
+	if s.n.Add(1) == s.at {
+		close(s.reached)
+		<-s.release
+	}
+	return s.Store.LeaseChunk(ctx, c, users, l)
+}
+
+// W1 waits so long for its provider that its chunk's consents are read again before its next send, and
+// that read (which renews the lease in the same statement) is held until W1's lease has run out. W2 takes
+// the batch over, sends the rest and dies before recording it; W2's lease runs out too. W1's read then
+// takes the batch back, with W2's chunk in hand, whose claims say W2 sent them. W1 must keep that chunk in
+// hand (and stop: its own lease was fenced when W2 took it), not let it go as if nobody had been sent:
+// after a Redis loss, the next run would send W2's recipients again.
+func TestARecheckThatTakesTheBatchBackKeepsTheOtherRunsChunkInHand(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name   string
+		window int
+		paused bool // W2 is paused before its second claim instead of finishing
+	}{{"one send a claim", 1, false}, {"a window of sends", 2, false}, {"W2 paused before a claim", 1, true}} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			f := plan(t, 10) // eligible in batch 0: u1 u2 u4 u7 u8
+			w1, _, w1Store := f.faulty(t, func(c *Config) {
+				c.Owner, c.SendWindow, c.ChunkSize, c.LeaseTTL = "w1", tc.window, 10, 1500*time.Millisecond
+			})
+			// W1's second LeaseChunk is the read of the consents again.
+			held := &heldLease{Store: w1Store, at: 2, reached: make(chan struct{}), release: make(chan struct{})}
+			w1.cfg.Store = held
+			var once sync.Once
+			f.provider.before = func(m providers.Message) {
+				if m.To == phone(1) {
+					once.Do(func() { time.Sleep(consentMaxAge + 100*time.Millisecond) })
+				}
+			}
+			done := make(chan error, 1)
+			go func() { done <- w1.RunBatch(ctx, f.id, 0) }()
+			select {
+			case <-held.reached:
+			case <-time.After(10 * time.Second):
+				t.Fatal("W1 never read its chunk's consents again")
+			}
+			f.leaseExpired(t)
+			w2, w2State, w2Store := f.faulty(t, func(c *Config) { c.Owner, c.ChunkSize, c.LeaseTTL = "w2", 10, 300*time.Millisecond })
+			w2Store.Add(&faults.Rule{Match: faults.Method("Record", "ReleaseBatch"), Kind: faults.Fail})
+			w2done := make(chan struct{})
+			if tc.paused {
+				pause := w2State.Add(&faults.Rule{Match: faults.Method("ClaimSend"), Skip: 1, Times: 1, Kind: faults.Stall, Delay: 3 * time.Second})
+				go func() { defer close(w2done); _ = w2.RunBatch(ctx, f.id, 0) }()
+				waitUntil(t, 5*time.Second, "W2 paused before its second claim", func() bool { return pause.Hits() > 0 })
+			} else {
+				_ = w2.RunBatch(ctx, f.id, 0) // sends the rest, records nothing
+				close(w2done)
+			}
+			f.leaseExpired(t)
+			close(held.release)
+			var re *RetryError
+			if err := <-done; !errors.As(err, &re) {
+				t.Fatalf("W1's run: %v, want it handed back (its lease lost)", err)
+			}
+			f.provider.before = nil
+			var inHand []string
+			if err := f.db.QueryRow(ctx, `SELECT lease_users FROM campaign_batches WHERE campaign_id = $1 AND batch = 0`, f.id).Scan(&inHand); err != nil {
+				t.Fatal(err)
+			}
+			if len(inHand) == 0 {
+				t.Error("W1 let the batch go with nothing in hand: W2's unrecorded sends are free again")
+			}
+			if tc.paused {
+				// The sweep settles the chunk W1 kept while W2 is still paused: W1 fenced W2 when it took
+				// the batch back, so nobody W2 claims from now on is sent.
+				f.leaseExpired(t)
+				if _, err := f.h.Sweep(ctx); err != nil {
+					t.Fatal(err)
+				}
+			}
+			<-w2done // W2, if paused, goes on, sends what it may and dies
+			if err := f.rdb.FlushDB(ctx).Err(); err != nil {
+				t.Fatal(err)
+			}
+			f.leaseExpired(t)
+			if _, err := f.h.Sweep(ctx); err != nil {
+				t.Fatal(err)
+			}
+			f.runAll(t)
+			f.assertOnce(t)
+			if c := f.counts(t); c.Pending != 0 {
+				t.Fatalf("counts %+v, want everyone settled", c)
+			}
+		})
 	}
 }
