@@ -27,6 +27,9 @@ type Lease struct {
 	Holder int64
 	// Gone are holders whose processes died: a lease of theirs is free however long it still runs.
 	Gone []int64
+	// Fenced is the token of another run's lease that the caller has fenced in Redis (Chunk.Fence): only
+	// such a lease is taken over. A lease is never taken from a run that may still claim.
+	Fenced string
 }
 
 // Chunk is what LeaseChunk found and took.
@@ -44,9 +47,14 @@ type Chunk struct {
 	// TookOver says the batch was leased from another run's lease (expired, or its holder gone): a run
 	// that died. False when the batch was free or this run's own, or was not leased.
 	TookOver bool
-	// PrevToken is the token of the lease taken over (when TookOver): the run that held it must be fenced
-	// in Redis before its claims are read (state.Store.ReadClaims), since it may still be running.
+	// PrevToken is the token of the lease taken over (when TookOver), fenced by the caller before.
 	PrevToken string
+	// Fence is set when the batch is held by another run's lease that may be taken over (run out, or its
+	// holder gone), but that lease's token is not Lease.Fenced: nothing was leased. The caller fences the
+	// token in Redis (its run may be paused, not dead, and claim again later) and leases again with
+	// Lease.Fenced set to it. Were the token fenced after the takeover, a failure in between would leave it
+	// unfenced and forgotten.
+	Fence string
 	// Accepted holds the leased users whose delivery receipt arrived while they were pending (a receipt
 	// for a send whose answer was lost, before `resume --resend-unknown` made them pending again): the
 	// provider accepted their message, so they are recorded sent, never sent again.
@@ -71,12 +79,13 @@ func (s *Store) LeaseChunk(ctx context.Context, c *Campaign, users []string, l L
 	ch := Chunk{Leased: make(map[string]bool, len(users)), Consent: make(map[string]bool, len(users)), Accepted: map[string]bool{}}
 	var (
 		leased, takeover, otherEpoch bool
+		fence                        bool
 		prevToken                    string
 		oldUsers, pend, ok, accepted []string
 		cStatus, cSource, cTxn       []string
 		cDate, cSynced               []pgtype.Timestamptz
 	)
-	args := params{c.ID, l.Batch, l.Token, l.Epoch, users, l.TTL.Milliseconds(), l.AnyState, l.Holder, l.Gone}
+	args := params{c.ID, l.Batch, l.Token, l.Epoch, users, l.TTL.Milliseconds(), l.AnyState, l.Holder, l.Gone, l.Fenced}
 	rule := c.consentRule()
 	// The statement is built first: the consent rule's values become parameters as it is.
 	sql := `
@@ -84,7 +93,7 @@ func (s *Store) LeaseChunk(ctx context.Context, c *Campaign, users []string, l L
 			SELECT coalesce((SELECT state FROM campaigns WHERE id = $1), ` + sqlStateCancelled + `) AS state
 		), b AS (
 			SELECT lease_token, lease_until, lease_epoch, lease_users, lease_holder FROM campaign_batches WHERE campaign_id = $1 AND batch = $2
-		), may AS (
+		), may0 AS (
 			SELECT $7 OR (SELECT state FROM st) IN (` + sqlStateRunning + `, ` + sqlStateCancelled + `) AS state_ok,
 				b.lease_token IS NULL OR b.lease_token = $3 OR b.lease_until < now()
 					-- A holder judged gone, whose lock is still missing now, under the batch row's lock: a
@@ -94,12 +103,16 @@ func (s *Store) LeaseChunk(ctx context.Context, c *Campaign, users []string, l L
 				coalesce(b.lease_epoch, '') <> $4 AS other_epoch,
 				b.lease_users, b.lease_token
 			FROM b
+		), may AS (
+			-- A free lease is taken only when it is this run's, nobody's, or another run's that the caller
+			-- fenced in Redis: the other run claims nobody any more.
+			SELECT *, free AND (lease_token IS NULL OR lease_token = $3 OR lease_token = $10) AS take FROM may0
 		), cand AS (
 			SELECT u FROM unnest($5::text[]) AS u
 			UNION
 			-- The chunk in hand stays in hand: a dead run's (taken over), or the users this run itself kept
 			-- there because it has not read their claims yet (see Record's inHand).
-			SELECT u FROM may CROSS JOIN unnest(may.lease_users) AS u WHERE may.free
+			SELECT u FROM may CROSS JOIN unnest(may.lease_users) AS u WHERE may.take
 		), planned AS (
 			-- No consent changed since the launch read them (migration 0007): the consents it planned on
 			-- are the consents now, and no recipient's is read again.
@@ -131,7 +144,7 @@ func (s *Store) LeaseChunk(ctx context.Context, c *Campaign, users []string, l L
 			UPDATE campaign_batches SET lease_token = $3, lease_epoch = $4, lease_holder = NULLIF($8::bigint, 0),
 				lease_until = now() + $6 * interval '1 millisecond',
 				lease_users = array(SELECT user_id FROM pend)
-			WHERE campaign_id = $1 AND batch = $2 AND (SELECT state_ok AND free FROM may)
+			WHERE campaign_id = $1 AND batch = $2 AND (SELECT state_ok AND take FROM may)
 			RETURNING 1
 		)
 		SELECT (SELECT state FROM st),
@@ -140,6 +153,7 @@ func (s *Store) LeaseChunk(ctx context.Context, c *Campaign, users []string, l L
 			coalesce((SELECT other_epoch FROM may), false),
 			coalesce((SELECT lease_users FROM may), '{}'),
 			coalesce((SELECT lease_token FROM may), ''),
+			coalesce((SELECT state_ok AND free AND NOT take FROM may), false),
 			array(SELECT user_id FROM pend WHERE (SELECT state_ok FROM may)),
 			array(SELECT coalesce(c_status, '') FROM pend WHERE (SELECT state_ok FROM may)),
 			array(SELECT coalesce(c_source, '') FROM pend WHERE (SELECT state_ok FROM may)),
@@ -159,7 +173,7 @@ func (s *Store) LeaseChunk(ctx context.Context, c *Campaign, users []string, l L
 		return ch, fmt.Errorf("lease chunk of batch %d: campaign %d has no such batch", l.Batch, c.ID)
 	}
 	if err == nil {
-		err = br.QueryRow().Scan(&ch.State, &leased, &takeover, &otherEpoch, &oldUsers, &prevToken, &pend,
+		err = br.QueryRow().Scan(&ch.State, &leased, &takeover, &otherEpoch, &oldUsers, &prevToken, &fence, &pend,
 			&cStatus, &cSource, &cDate, &cTxn, &cSynced, &ok, &accepted)
 	}
 	if cerr := br.Close(); err == nil {
@@ -190,6 +204,9 @@ func (s *Store) LeaseChunk(ctx context.Context, c *Campaign, users []string, l L
 					Date: cDate[i].Time, SyncedAt: cSynced[i].Time}
 			}
 		}
+	} else if fence {
+		ch.Fence = prevToken
+		accepted = nil
 	} else {
 		inChunk := make(map[string]bool, len(users))
 		for _, u := range users {

@@ -431,7 +431,7 @@ func (h *Handler) gate(ctx context.Context, run *batchRun, chunk []campaign.Reci
 		users[i] = chunk[i].UserID
 	}
 	at := h.cfg.Now()
-	got, err := h.cfg.Store.LeaseChunk(ctx, run.c, users, run.lease)
+	got, err := h.leaseChunk(ctx, run, users)
 	if err != nil {
 		return 0, nil, waitForServices(err)
 	}
@@ -447,16 +447,6 @@ func (h *Handler) gate(ctx context.Context, run *batchRun, chunk []campaign.Reci
 	// The chunk in hand of a run whose lease this one took stays in hand until this run reads its claims,
 	// whatever stops this run first.
 	h.inherit(run, got.Inherited)
-	if got.TookOver {
-		// The run whose lease this one took may still be going (paused, or stalled on its way to Redis): it
-		// claims nobody from now on. The claims it made before are what this run's own claims find.
-		if err := h.state.Fence(ctx, run.lease.Epoch, got.PrevToken); err != nil {
-			if errors.Is(err, state.ErrEpoch) {
-				return 0, nil, err
-			}
-			return 0, nil, waitForServices(err)
-		}
-	}
 	run.busy += got.Busy
 	run.renewAt = at.Add(run.lease.TTL / 3)
 	run.consentAt = at
@@ -490,6 +480,26 @@ func (h *Handler) gate(ctx context.Context, run *batchRun, chunk []campaign.Reci
 		}
 	}
 	return mode, todo, nil
+}
+
+// leaseChunk leases users of run's batch (Store.LeaseChunk). A lease of another run that may be taken
+// over (it ran out, or its worker process was judged gone) is fenced in Redis first, and only then taken:
+// that run may be paused rather than dead, and claims nobody once fenced. The token is fenced before
+// Postgres forgets it, so no failure in between can leave a run whose lease was taken still able to claim.
+// A lease that changed hands again meanwhile is fenced in turn, a few times at most; after that the chunk
+// is reported unleased (busy), as one held by a live run is.
+func (h *Handler) leaseChunk(ctx context.Context, run *batchRun, users []string) (campaign.Chunk, error) {
+	l := run.lease
+	for try := 0; ; try++ {
+		got, err := h.cfg.Store.LeaseChunk(ctx, run.c, users, l)
+		if err != nil || got.Fence == "" || try == 2 {
+			return got, err
+		}
+		if err := h.state.Fence(ctx, l.Epoch, got.Fence); err != nil {
+			return campaign.Chunk{}, err
+		}
+		l.Fenced = got.Fence
+	}
 }
 
 // inherit keeps users, the chunk in hand of a run whose lease this one took over, in this run's chunk in

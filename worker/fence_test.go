@@ -249,3 +249,66 @@ func TestARecheckThatTakesTheBatchBackKeepsTheOtherRunsChunkInHand(t *testing.T)
 		})
 	}
 }
+
+// A run is paused before a claim past its lease, and the first to take its chunk over fails to fence it in
+// Redis (Redis errs, or the taker dies at that moment). The lease must not change hands unfenced: were it
+// taken, the next takeover would fence only the taker's token, and the paused run, going on, would claim
+// and send a recipient the next sweep had freed, to be sent again after a Redis loss.
+func TestALeaseIsTakenOnlyOnceItsRunIsFenced(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name, method string
+		byRun        bool
+	}{
+		{"a run's fence fails", "Fence", true},
+		{"a sweep's fence fails", "Fence", false},
+		{"a sweep's read of the claims fails", "ReadClaims", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			f := plan(t, 10) // eligible in batch 0: u1 u2 u4 u7 u8
+			w1Sends := &countingProvider{Provider: f.provider}
+			w1, w1State, w1Store := f.faulty(t, func(c *Config) {
+				c.Owner, c.ChunkSize, c.LeaseTTL = "w1", 10, 300*time.Millisecond
+				c.Providers = map[campaign.Channel]providers.Provider{campaign.ChannelSMS: w1Sends}
+			})
+			pause := w1State.Add(&faults.Rule{Match: faults.Method("ClaimSend"), Skip: 1, Times: 1, Kind: faults.Stall, Delay: 4 * time.Second})
+			done := make(chan error, 1)
+			go func() { done <- w1.RunBatch(ctx, f.id, 0) }()
+			waitUntil(t, 5*time.Second, "W1 paused before its second claim", func() bool { return pause.Hits() > 0 })
+			f.leaseExpired(t)
+			taker, takerState, _ := f.faulty(t, func(c *Config) { c.Owner, c.ChunkSize, c.LeaseTTL = "w2", 10, 300*time.Millisecond })
+			failed := takerState.Add(&faults.Rule{Match: faults.Method(tc.method), Kind: faults.Fail})
+			if tc.byRun {
+				_ = taker.RunBatch(ctx, f.id, 0)
+			} else {
+				_, _ = taker.Sweep(ctx)
+			}
+			if failed.Hits() == 0 {
+				t.Fatalf("the taker never called %s", tc.method)
+			}
+			f.leaseExpired(t)
+			if _, err := f.h.Sweep(ctx); err != nil {
+				t.Fatal(err)
+			}
+			w1Store.Add(&faults.Rule{Match: faults.Method("Record", "ReleaseBatch"), Kind: faults.Fail})
+			<-done // W1 goes on, sends what it may and dies
+			if n := w1Sends.n.Load(); n != 1 {
+				t.Errorf("W1 sent %d messages, want only the one before its pause", n)
+			}
+			if err := f.rdb.FlushDB(ctx).Err(); err != nil {
+				t.Fatal(err)
+			}
+			f.leaseExpired(t)
+			if _, err := f.h.Sweep(ctx); err != nil {
+				t.Fatal(err)
+			}
+			f.runAll(t)
+			f.assertOnce(t)
+			if c := f.counts(t); c.Pending != 0 {
+				t.Fatalf("counts %+v, want everyone settled", c)
+			}
+		})
+	}
+}

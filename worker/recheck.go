@@ -29,7 +29,7 @@ func (h *Handler) recheck(ctx context.Context, run *batchRun, rs []*campaign.Rec
 	for i, r := range rs {
 		users[i] = r.UserID
 	}
-	got, err := h.cfg.Store.LeaseChunk(ctx, run.c, users, run.lease)
+	got, err := h.leaseChunk(ctx, run, users)
 	if err != nil {
 		return nil, waitForServices(err)
 	}
@@ -44,13 +44,10 @@ func (h *Handler) recheck(ctx context.Context, run *batchRun, rs []*campaign.Rec
 	}
 	if got.TookOver {
 		// This run's lease had run out, and the run that took the batch over let its own lease run out
-		// too: the statement took it back, with that run's chunk in hand. Claims of that run may say it
-		// sent them: they stay in hand, that run is fenced (it may be paused, not dead), and this run stops,
-		// as one whose lease was lost does (its own lease was fenced when it was taken).
+		// too: the statement took it back (once that run was fenced), with that run's chunk in hand. Claims
+		// of that run may say it sent them: they stay in hand, and this run stops, as one whose lease was
+		// lost does (its own lease was fenced before it was taken).
 		h.inherit(run, got.Inherited)
-		if err := h.state.Fence(ctx, run.lease.Epoch, got.PrevToken); err != nil {
-			return nil, waitForServices(err)
-		}
 		return nil, &RetryError{Err: fmt.Errorf("lease of batch %d lost to another run", run.batch), After: time.Second}
 	}
 	if len(got.Leased) == 0 && got.Busy > 0 {

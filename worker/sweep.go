@@ -49,7 +49,7 @@ func (h *Handler) Sweep(ctx context.Context) (int, error) {
 			lease: campaign.Lease{Batch: e.Batch, Token: state.Token(), Epoch: epoch, TTL: h.cfg.LeaseTTL, AnyState: true, Holder: h.holder(), Gone: gone},
 		}
 		run.guard = state.Guard{Epoch: epoch, Fence: state.FenceKey(run.lease.Token), Halt: state.HaltKey(c.ID)}
-		got, err := h.cfg.Store.LeaseChunk(ctx, c, e.Users, run.lease)
+		got, err := h.leaseChunk(ctx, run, e.Users)
 		if err != nil {
 			return n, err
 		}
@@ -81,13 +81,12 @@ func (h *Handler) Sweep(ctx context.Context) (int, error) {
 				users, keys = append(users, u), append(keys, ClaimKey(c.ID, u))
 			}
 		}
-		// The claims of the chunk, in one round trip, under the epoch, after fencing the dead run's lease in
-		// the same script: a run judged dead that is in fact still going (paused, stalled, cut off from
-		// Postgres) can claim nobody from then on, so a recipient read here without a claim is never sent by
-		// it. Its chunk may be empty (it died between chunks): it is fenced all the same.
+		// The claims of the chunk, in one round trip, under the epoch. The dead run's lease was fenced before
+		// it was taken (leaseChunk): a run judged dead that is in fact still going (paused, stalled, cut off
+		// from Postgres) claims nobody since, so a recipient read here without a claim is never sent by it.
 		var vals []any
-		if serr == nil {
-			vals, serr = h.state.ReadClaims(ctx, epoch, got.PrevToken, keys)
+		if serr == nil && len(keys) > 0 {
+			vals, serr = h.state.ReadClaims(ctx, epoch, "", keys)
 		}
 		for i := range vals {
 			val, ok := vals[i].(string)
