@@ -312,3 +312,51 @@ func TestALeaseIsTakenOnlyOnceItsRunIsFenced(t *testing.T) {
 		})
 	}
 }
+
+// The sweep lists a run's expired lease with its chunk in hand, and is slow to take it. Meanwhile the run
+// goes on: it renews its lease, records that chunk and leases its next one, sends from it, and stalls
+// before its next claim until the lease runs out again. The sweep then fences the run and takes the lease
+// with the chunk in hand now: it must settle that chunk, not the one it listed, and not let the rest go
+// unread; the run dies unrecorded, and after a Redis loss its sends of the new chunk would go out again.
+func TestTheSweepSettlesTheChunkInHandWhenItTakesTheLease(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	f := plan(t, 10) // batch 0 in user_id order: u1 u10 u2 | u3 u4 u5 | u6 u7 u8 | u9 (eligible u1 u2 u4 u7 u8)
+	w1Sends := &countingProvider{Provider: f.provider}
+	w1, w1State, w1Store := f.faulty(t, func(c *Config) {
+		c.Owner, c.ChunkSize, c.LeaseTTL = "w1", 3, 300*time.Millisecond
+		c.Providers = map[campaign.Channel]providers.Provider{campaign.ChannelSMS: w1Sends}
+	})
+	// W1's claim of u8 (its fifth, after u7 was sent) is held 3 s, and its claim of u1 (its first) 1 s.
+	w1State.Add(&faults.Rule{Match: faults.Method("ClaimSend"), Skip: 4, Times: 1, Kind: faults.Stall, Delay: 3 * time.Second})
+	first := w1State.Add(&faults.Rule{Match: faults.Method("ClaimSend"), Times: 1, Kind: faults.Stall, Delay: time.Second})
+	done := make(chan error, 1)
+	go func() { done <- w1.RunBatch(ctx, f.id, 0) }()
+	waitUntil(t, 5*time.Second, "W1's first claim held", func() bool { return first.Hits() > 0 })
+	f.leaseExpired(t)
+	sweeper, _, sweepStore := f.faulty(t, func(c *Config) { c.Owner = "sweeper" })
+	slow := sweepStore.Add(&faults.Rule{Match: faults.Method("LeaseChunk"), Times: 1, Kind: faults.Stall, Delay: 2500 * time.Millisecond})
+	swept := make(chan error, 1)
+	go func() { _, err := sweeper.Sweep(ctx); swept <- err }()
+	waitUntil(t, 5*time.Second, "the sweep's lease held", func() bool { return slow.Hits() > 0 })
+	if err := <-swept; err != nil {
+		t.Fatalf("sweep: %v", err)
+	}
+	w1Store.Add(&faults.Rule{Match: faults.Method("Record", "ReleaseBatch"), Kind: faults.Fail}) // W1 dies
+	<-done
+	if n := w1Sends.n.Load(); n < 3 {
+		t.Fatalf("W1 sent %d messages, want u1 and u2, and u4 or u7 from a later chunk", n)
+	}
+	if err := f.rdb.FlushDB(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	f.leaseExpired(t)
+	if _, err := f.h.Sweep(ctx); err != nil {
+		t.Fatal(err)
+	}
+	f.runAll(t)
+	f.assertOnce(t)
+	if c := f.counts(t); c.Pending != 0 {
+		t.Fatalf("counts %+v, want everyone settled", c)
+	}
+}

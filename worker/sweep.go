@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"strconv"
 	"time"
 
@@ -69,10 +71,12 @@ func (h *Handler) Sweep(ctx context.Context) (int, error) {
 		}
 		var serr error
 		var users, keys []string
-		for _, u := range e.Users {
-			suspect, ok := got.Leased[u]
+		// Everyone the lease took, not only the users in hand when the expired leases were listed: the lease
+		// may have changed hands since (its run renewed it and leased its next chunk, or another run took it
+		// and died too), and what is in hand now is what the fenced run may have sent.
+		for _, u := range slices.Sorted(maps.Keys(got.Leased)) {
+			suspect := got.Leased[u]
 			switch {
-			case !ok:
 			case suspect:
 				if serr == nil {
 					serr = h.settleUnverifiable(ctx, run, &campaign.Recipient{UserID: u, Suspect: true})
