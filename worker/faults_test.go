@@ -314,7 +314,7 @@ func TestReceiptsProveASendWhateverTheWorkerSaw(t *testing.T) {
 	if len(unknown) != 2 || unknown[0] != "u4" || unknown[1] != "u7" {
 		t.Fatalf("unknown %v, want u4 and u7 (u2's receipt proved its send)", unknown)
 	}
-	if err := ForgetUnanswered(ctx, f.rdb, f.campaign(t), unknown); err != nil {
+	if _, err := ForgetUnanswered(ctx, f.rdb, f.campaign(t), unknown, 0); err != nil {
 		t.Fatal(err)
 	}
 	if n, err := f.store.Resend(ctx, f.id, unknown); err != nil || n != 2 {

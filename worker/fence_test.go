@@ -360,3 +360,48 @@ func TestTheSweepSettlesTheChunkInHandWhenItTakesTheLease(t *testing.T) {
 		t.Fatalf("counts %+v, want everyone settled", c)
 	}
 }
+
+// A run is held in a provider call past its lease (its worker slow, or judged dead while it was only cut
+// off from Postgres), and the sweep makes its recipient unknown. The operator resumes with
+// --resend-unknown at once: the recipient's claim, taken moments ago, may still be answered, so it stays
+// unknown and is not sent again; the run's call is then accepted, and the recipient got one message.
+func TestAResendLeavesAClaimThatMayStillBeAnswered(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	f := plan(t, 10) // eligible in batch 0: u1 u2 u4 u7 u8
+	w1, _, _ := f.faulty(t, func(c *Config) { c.Owner, c.ChunkSize, c.LeaseTTL = "w1", 10, 300*time.Millisecond })
+	held, release := make(chan struct{}), make(chan struct{})
+	f.provider.before = func(m providers.Message) {
+		if m.To == phone(2) {
+			close(held)
+			<-release
+		}
+	}
+	done := make(chan error, 1)
+	go func() { done <- w1.RunBatch(ctx, f.id, 0) }()
+	<-held
+	f.leaseExpired(t)
+	if _, err := f.h.Sweep(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if st, _, _ := f.status(t, "u2"); st != campaign.StatusUnknown {
+		t.Fatalf("u2 is %s after the sweep, want unknown (its call was in flight)", st)
+	}
+	rep, err := Resume(ctx, ResumeOptions{Store: f.store, Redis: f.rdb, CampaignID: f.id, ResendUnknown: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.Resent != 0 || rep.StillInFlight != 1 {
+		t.Fatalf("resume resent %d, left %d in flight; want u2 left (its claim is moments old)", rep.Resent, rep.StillInFlight)
+	}
+	for b := 0; b < f.batches; b++ {
+		_ = f.h.RunBatch(ctx, f.id, b) // the follow-up: sends the others, not u2
+	}
+	close(release) // W1's call for u2 is accepted
+	<-done
+	f.provider.before = nil
+	f.assertOnce(t)
+	if got := len(f.provider.accepted[phone(2)]); got != 1 {
+		t.Fatalf("u2 got %d messages, want 1", got)
+	}
+}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"time"
 
 	"github.com/hibiken/asynq"
@@ -193,6 +194,9 @@ type ResumeReport struct {
 	Found *campaign.Counts
 	// Resent counts the unknown recipients moved back to pending (ResendUnknown).
 	Resent int64
+	// StillInFlight counts the unknown recipients not resent because their claims were taken less than
+	// ResendGrace ago: the calls they were taken for may still be answered.
+	StillInFlight int
 	// Counts are the recipients by status after the resend: the progress counters were rebuilt from them.
 	Counts campaign.Counts
 	// Enqueued counts the batch tasks newly queued; AlreadyQueued those that were in the queue already
@@ -205,6 +209,11 @@ type ResumeReport struct {
 	// Completed says the campaign had nothing pending and is now completed.
 	Completed bool
 }
+
+// ResendGrace is how old the claim of an unknown recipient must be before `resume --resend-unknown`
+// sends it again: a worker's chunk lease with the default provider timeout (3 × 10 s). A younger claim may
+// belong to a call still under way, whose worker was judged dead while it was only slow or paused.
+const ResendGrace = 30 * time.Second
 
 // Resume continues a campaign after a pause or after any incident (a killed worker or launch, Redis
 // restarted empty, Postgres restarted), from Postgres, the source of truth: a paused campaign runs again
@@ -258,8 +267,18 @@ func Resume(ctx context.Context, o ResumeOptions) (ResumeReport, error) {
 			return rep, err
 		}
 		// Claims first: a recipient back in pending with its old claim would only be found unknown again.
-		if err := ForgetUnanswered(ctx, o.Redis, c, users); err != nil {
+		// One whose claim was taken moments ago stays unknown: its call may still be answered.
+		kept, err := ForgetUnanswered(ctx, o.Redis, c, users, ResendGrace)
+		if err != nil {
 			return rep, err
+		}
+		if len(kept) > 0 {
+			rep.StillInFlight = len(kept)
+			skip := make(map[string]bool, len(kept))
+			for _, u := range kept {
+				skip[u] = true
+			}
+			users = slices.DeleteFunc(users, func(u string) bool { return skip[u] })
 		}
 		if rep.Resent, err = o.Store.Resend(ctx, id, users); err != nil {
 			return rep, err

@@ -393,7 +393,7 @@ func TestResendUnknownCrashingBeforeItsCommitResendsNobody(t *testing.T) {
 		if err != nil {
 			t.Error(err)
 		}
-		if err := ForgetUnanswered(ctx, c.rdb, c.campaign(t), users); err != nil {
+		if _, err := ForgetUnanswered(ctx, c.rdb, c.campaign(t), users, 0); err != nil {
 			t.Error(err)
 		}
 		forgotten = users

@@ -88,9 +88,10 @@ func Unhalt(ctx context.Context, rdb redis.UniversalClient, campaignID int64) er
 	return state.Unhalt(ctx, rdb, campaignID)
 }
 
-// ForgetUnanswered deletes the claims of users that hold no provider answer, for `resume --resend-unknown`.
-func ForgetUnanswered(ctx context.Context, rdb redis.UniversalClient, c *campaign.Campaign, users []string) error {
-	return state.New(rdb, DefaultClaimTTL).ForgetUnanswered(ctx, c, users)
+// ForgetUnanswered deletes the claims of users that hold no provider answer, for `resume --resend-unknown`,
+// except those in flight taken less than grace ago, which it returns (see state.Store.ForgetUnanswered).
+func ForgetUnanswered(ctx context.Context, rdb redis.UniversalClient, c *campaign.Campaign, users []string, grace time.Duration) ([]string, error) {
+	return state.New(rdb, DefaultClaimTTL).ForgetUnanswered(ctx, c, users, grace)
 }
 
 // CheckEpochOnConnect returns a go-redis OnConnect hook that checks the epoch on every new connection.

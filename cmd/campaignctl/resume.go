@@ -76,6 +76,10 @@ func (a *app) printResume(rep worker.ResumeReport, o resumeOptions, err error) {
 	if o.resendUnknown && f.Unknown > 0 && (err == nil || rep.Resent > 0) {
 		fmt.Fprintf(a.stdout, "%d unknown recipients will be sent again, with the codes they already hold\n", rep.Resent)
 	}
+	if rep.StillInFlight > 0 {
+		fmt.Fprintf(a.stdout, "%d unknown recipients were claimed less than %v ago and may still be answered: they stay unknown; run `campaignctl resume %d --resend-unknown` again in a minute\n",
+			rep.StillInFlight, worker.ResendGrace, id)
+	}
 	if err != nil {
 		return
 	}

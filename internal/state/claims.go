@@ -145,30 +145,51 @@ return 0`)
 // ForgetUnanswered deletes the claims of users of campaign c that hold no provider answer (unknown, or
 // claimed and never answered), so that `resume --resend-unknown` can send them again. Claims that do hold
 // an answer are kept: a recipient whose claim says sent is recorded as sent by the next run, not resent.
-func (s *Store) ForgetUnanswered(ctx context.Context, c *campaign.Campaign, users []string) error {
+// A claim in flight taken less than grace ago (by Redis's clock) is kept too, and its user returned in
+// kept: the call it was taken for may still be under way (its worker judged dead while it was only slow
+// or cut off from Postgres), and its answer may still come; resent now, the recipient could get two
+// messages.
+func (s *Store) ForgetUnanswered(ctx context.Context, c *campaign.Campaign, users []string, grace time.Duration) (kept []string, err error) {
 	rdb := s.rdb
 	nonce := Nonce(c)
 	const page = 500
 	for start := 0; start < len(users); start += page {
+		some := users[start:min(start+page, len(users))]
 		pipe := rdb.Pipeline()
-		for _, u := range users[start:min(start+page, len(users))] {
-			forgetScript.Eval(ctx, pipe, []string{ClaimKey(c.ID, u)}, nonce+"/") //nolint:errcheck // read from Exec (Eval: a pipeline cannot fall back from EVALSHA)
+		cmds := make([]*redis.Cmd, len(some))
+		for i, u := range some {
+			cmds[i] = forgetScript.Eval(ctx, pipe, []string{ClaimKey(c.ID, u)}, nonce+"/", grace.Milliseconds()) // Eval: a pipeline cannot fall back from EVALSHA
 		}
 		if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
-			return fmt.Errorf("forget unanswered claims of campaign %d: %w", c.ID, err)
+			return kept, fmt.Errorf("forget unanswered claims of campaign %d: %w", c.ID, err)
+		}
+		for i, cmd := range cmds {
+			if n, _ := cmd.Int(); n == 2 {
+				kept = append(kept, some[i])
+			}
 		}
 	}
-	return nil
+	return kept, nil
 }
 
 // KEYS[1] -> sent:<campaign>:<user>
 // ARGV[1] -> "<nonce>/"
+// ARGV[2] -> the grace in ms: a claim in flight younger than this is kept
+// Returns 1 when the claim was deleted, 2 when it is in flight and kept, 0 otherwise.
 var forgetScript = redis.NewScript(`
 local v = redis.call("GET", KEYS[1])
 if not v then return 0 end
 local p = string.len(ARGV[1])
 if string.sub(v, 1, p) ~= ARGV[1] then return redis.call("DEL", KEYS[1]) end
 local kind = string.sub(v, p + 1, p + 1)
+if kind == "c" then
+  local at = tonumber(string.match(v, "^c|(%d+)", p + 1))
+  if at then
+    local t = redis.call("TIME")
+    local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+    if now - at < tonumber(ARGV[2]) then return 2 end
+  end
+end
 if kind == "u" or kind == "c" then return redis.call("DEL", KEYS[1]) end
 return 0`)
 

@@ -461,3 +461,38 @@ func TestAFencedLeaseClaimsNobody(t *testing.T) {
 		t.Fatal("a read without a fence wrote one")
 	}
 }
+
+// ForgetUnanswered deletes what no answer will come to (unknown, a claim in flight older than the
+// grace, a leftover of an earlier campaign) and keeps answers and claims in flight younger than the
+// grace, which it returns.
+func TestForgetUnansweredKeepsYoungClaimsInFlight(t *testing.T) {
+	t.Parallel()
+	rdb, cl := newClaims(t, time.Hour)
+	ctx := context.Background()
+	c := &campaign.Campaign{ID: 43, Channel: campaign.ChannelSMS, CreatedAt: time.Now()}
+	n := Nonce(c) + "/"
+	set := map[string]string{
+		"young":   n + InFlightValue(time.Now().Add(-5*time.Second), "w1"),
+		"old":     n + InFlightValue(time.Now().Add(-2*time.Minute), "w1"),
+		"unknown": n + ReasonValue(Unknown, "a worker stopped"),
+		"sent":    n + SentValue("SM1", 1),
+		"foreign": "othernonce/" + SentValue("SM2", 1),
+	}
+	users := []string{"none"}
+	for u, v := range set {
+		rdb.Set(ctx, ClaimKey(c.ID, u), v, 0)
+		users = append(users, u)
+	}
+	kept, err := cl.ForgetUnanswered(ctx, c, users, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(kept) != 1 || kept[0] != "young" {
+		t.Fatalf("kept %v, want only the claim in flight taken 5 s ago", kept)
+	}
+	for u, want := range map[string]bool{"young": true, "old": false, "unknown": false, "sent": true, "foreign": false} {
+		if got := rdb.Exists(ctx, ClaimKey(c.ID, u)).Val() == 1; got != want {
+			t.Errorf("claim %s still there: %v, want %v", u, got, want)
+		}
+	}
+}
