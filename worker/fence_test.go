@@ -234,18 +234,7 @@ func TestARecheckThatTakesTheBatchBackKeepsTheOtherRunsChunkInHand(t *testing.T)
 				}
 			}
 			<-w2done // W2, if paused, goes on, sends what it may and dies
-			if err := f.rdb.FlushDB(ctx).Err(); err != nil {
-				t.Fatal(err)
-			}
-			f.leaseExpired(t)
-			if _, err := f.h.Sweep(ctx); err != nil {
-				t.Fatal(err)
-			}
-			f.runAll(t)
-			f.assertOnce(t)
-			if c := f.counts(t); c.Pending != 0 {
-				t.Fatalf("counts %+v, want everyone settled", c)
-			}
+			f.afterRedisLossSentOnce(t)
 		})
 	}
 }
@@ -268,11 +257,7 @@ func TestALeaseIsTakenOnlyOnceItsRunIsFenced(t *testing.T) {
 			t.Parallel()
 			ctx := context.Background()
 			f := plan(t, 10) // eligible in batch 0: u1 u2 u4 u7 u8
-			w1Sends := &countingProvider{Provider: f.provider}
-			w1, w1State, w1Store := f.faulty(t, func(c *Config) {
-				c.Owner, c.ChunkSize, c.LeaseTTL = "w1", 10, 300*time.Millisecond
-				c.Providers = map[campaign.Channel]providers.Provider{campaign.ChannelSMS: w1Sends}
-			})
+			w1, w1Sends, w1State, w1Store := f.countedW1(t, 10)
 			pause := w1State.Add(&faults.Rule{Match: faults.Method("ClaimSend"), Skip: 1, Times: 1, Kind: faults.Stall, Delay: 4 * time.Second})
 			done := make(chan error, 1)
 			go func() { done <- w1.RunBatch(ctx, f.id, 0) }()
@@ -297,18 +282,7 @@ func TestALeaseIsTakenOnlyOnceItsRunIsFenced(t *testing.T) {
 			if n := w1Sends.n.Load(); n != 1 {
 				t.Errorf("W1 sent %d messages, want only the one before its pause", n)
 			}
-			if err := f.rdb.FlushDB(ctx).Err(); err != nil {
-				t.Fatal(err)
-			}
-			f.leaseExpired(t)
-			if _, err := f.h.Sweep(ctx); err != nil {
-				t.Fatal(err)
-			}
-			f.runAll(t)
-			f.assertOnce(t)
-			if c := f.counts(t); c.Pending != 0 {
-				t.Fatalf("counts %+v, want everyone settled", c)
-			}
+			f.afterRedisLossSentOnce(t)
 		})
 	}
 }
@@ -322,11 +296,7 @@ func TestTheSweepSettlesTheChunkInHandWhenItTakesTheLease(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	f := plan(t, 10) // batch 0 in user_id order: u1 u10 u2 | u3 u4 u5 | u6 u7 u8 | u9 (eligible u1 u2 u4 u7 u8)
-	w1Sends := &countingProvider{Provider: f.provider}
-	w1, w1State, w1Store := f.faulty(t, func(c *Config) {
-		c.Owner, c.ChunkSize, c.LeaseTTL = "w1", 3, 300*time.Millisecond
-		c.Providers = map[campaign.Channel]providers.Provider{campaign.ChannelSMS: w1Sends}
-	})
+	w1, w1Sends, w1State, w1Store := f.countedW1(t, 3)
 	// W1's claim of u8 (its fifth, after u7 was sent) is held 3 s, and its claim of u1 (its first) 1 s.
 	w1State.Add(&faults.Rule{Match: faults.Method("ClaimSend"), Skip: 4, Times: 1, Kind: faults.Stall, Delay: 3 * time.Second})
 	first := w1State.Add(&faults.Rule{Match: faults.Method("ClaimSend"), Times: 1, Kind: faults.Stall, Delay: time.Second})
@@ -347,18 +317,7 @@ func TestTheSweepSettlesTheChunkInHandWhenItTakesTheLease(t *testing.T) {
 	if n := w1Sends.n.Load(); n < 3 {
 		t.Fatalf("W1 sent %d messages, want u1 and u2, and u4 or u7 from a later chunk", n)
 	}
-	if err := f.rdb.FlushDB(ctx).Err(); err != nil {
-		t.Fatal(err)
-	}
-	f.leaseExpired(t)
-	if _, err := f.h.Sweep(ctx); err != nil {
-		t.Fatal(err)
-	}
-	f.runAll(t)
-	f.assertOnce(t)
-	if c := f.counts(t); c.Pending != 0 {
-		t.Fatalf("counts %+v, want everyone settled", c)
-	}
+	f.afterRedisLossSentOnce(t)
 }
 
 // A run is held in a provider call past its lease (its worker slow, or judged dead while it was only cut
@@ -403,5 +362,36 @@ func TestAResendLeavesAClaimThatMayStillBeAnswered(t *testing.T) {
 	f.assertOnce(t)
 	if got := len(f.provider.accepted[phone(2)]); got != 1 {
 		t.Fatalf("u2 got %d messages, want 1", got)
+	}
+}
+
+// countedW1 is a worker "w1" on f's campaign, chunks of chunk, leases of 300 ms, its Redis state and
+// Postgres store open to fault rules, and the count of the messages it sent.
+func (f *fixture) countedW1(t *testing.T, chunk int) (*Handler, *countingProvider, *faults.State, *faults.Store) {
+	t.Helper()
+	sends := &countingProvider{Provider: f.provider}
+	w1, st, store := f.faulty(t, func(c *Config) {
+		c.Owner, c.ChunkSize, c.LeaseTTL = "w1", chunk, 300*time.Millisecond
+		c.Providers = map[campaign.Channel]providers.Provider{campaign.ChannelSMS: sends}
+	})
+	return w1, sends, st, store
+}
+
+// afterRedisLossSentOnce empties f's Redis, lets the batch's lease run out, sweeps and runs every batch:
+// nobody may then have been sent twice, and nobody is left pending.
+func (f *fixture) afterRedisLossSentOnce(t *testing.T) {
+	t.Helper()
+	ctx := context.Background()
+	if err := f.rdb.FlushDB(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	f.leaseExpired(t)
+	if _, err := f.h.Sweep(ctx); err != nil {
+		t.Fatal(err)
+	}
+	f.runAll(t)
+	f.assertOnce(t)
+	if c := f.counts(t); c.Pending != 0 {
+		t.Fatalf("counts %+v, want everyone settled", c)
 	}
 }
