@@ -10,6 +10,7 @@ import (
 
 	"github.com/campaignctl/campaignctl/campaign"
 	"github.com/campaignctl/campaignctl/internal/faults"
+	"github.com/campaignctl/campaignctl/internal/state"
 	"github.com/campaignctl/campaignctl/providers"
 )
 
@@ -393,5 +394,44 @@ func (f *fixture) afterRedisLossSentOnce(t *testing.T) {
 	f.assertOnce(t)
 	if c := f.counts(t); c.Pending != 0 {
 		t.Fatalf("counts %+v, want everyone settled", c)
+	}
+}
+
+// `resume --resend-unknown` waits for claims in flight as long as the slowest worker may: a worker with a
+// long --provider-timeout notes its grace in Redis, and a claim younger than that is not resent.
+func TestAResendWaitsForTheLongestGraceAWorkerNoted(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name   string
+		noted  time.Duration
+		resent int64
+	}{{"no worker noted one: 30 s", 0, 1}, {"a worker noted 90 s", 90 * time.Second, 0}} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			f := plan(t, 10)
+			f.deadRun(t) // u2 claimed by a run that died, its call unanswered
+			f.leaseExpired(t)
+			if _, err := f.h.Sweep(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if st, _, _ := f.status(t, "u2"); st != campaign.StatusUnknown {
+				t.Fatalf("u2 is %s after the sweep, want unknown", st)
+			}
+			// The claim was taken 45 s ago.
+			f.rdb.Set(ctx, ClaimKey(f.id, "u2"), Nonce(f.campaign(t))+"/"+state.InFlightValue(time.Now().Add(-45*time.Second), "dead"), 0)
+			if tc.noted > 0 {
+				if err := NoteInFlightGrace(ctx, f.rdb, tc.noted); err != nil {
+					t.Fatal(err)
+				}
+			}
+			rep, err := Resume(ctx, ResumeOptions{Store: f.store, Redis: f.rdb, CampaignID: f.id, ResendUnknown: true})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if rep.Resent != tc.resent || rep.StillInFlight != 1-int(tc.resent) {
+				t.Fatalf("resent %d, left %d in flight (grace %v); want %d resent", rep.Resent, rep.StillInFlight, rep.Grace, tc.resent)
+			}
+		})
 	}
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/campaignctl/campaignctl/campaign"
+	"github.com/campaignctl/campaignctl/internal/state"
 	"github.com/campaignctl/campaignctl/limiter"
 )
 
@@ -197,6 +198,9 @@ type ResumeReport struct {
 	// StillInFlight counts the unknown recipients not resent because their claims were taken less than
 	// ResendGrace ago: the calls they were taken for may still be answered.
 	StillInFlight int
+	// Grace is how old a claim in flight had to be for its recipient to be resent: ResendGrace, or the
+	// longest in-flight grace a worker noted (3 × its --provider-timeout) when longer.
+	Grace time.Duration
 	// Counts are the recipients by status after the resend: the progress counters were rebuilt from them.
 	Counts campaign.Counts
 	// Enqueued counts the batch tasks newly queued; AlreadyQueued those that were in the queue already
@@ -210,9 +214,10 @@ type ResumeReport struct {
 	Completed bool
 }
 
-// ResendGrace is how old the claim of an unknown recipient must be before `resume --resend-unknown`
-// sends it again: a worker's chunk lease with the default provider timeout (3 × 10 s). A younger claim may
-// belong to a call still under way, whose worker was judged dead while it was only slow or paused.
+// ResendGrace is how old the claim of an unknown recipient must be at least before `resume
+// --resend-unknown` sends it again: a worker's chunk lease with the default provider timeout (3 × 10 s);
+// longer when a worker noted a longer one (NoteInFlightGrace). A younger claim may belong to a call still
+// under way, whose worker was judged dead while it was only slow or paused.
 const ResendGrace = 30 * time.Second
 
 // Resume continues a campaign after a pause or after any incident (a killed worker or launch, Redis
@@ -268,7 +273,12 @@ func Resume(ctx context.Context, o ResumeOptions) (ResumeReport, error) {
 		}
 		// Claims first: a recipient back in pending with its old claim would only be found unknown again.
 		// One whose claim was taken moments ago stays unknown: its call may still be answered.
-		kept, err := ForgetUnanswered(ctx, o.Redis, c, users, ResendGrace)
+		grace, err := state.InFlightGrace(ctx, o.Redis)
+		if err != nil {
+			return rep, err
+		}
+		rep.Grace = max(grace, ResendGrace)
+		kept, err := ForgetUnanswered(ctx, o.Redis, c, users, rep.Grace)
 		if err != nil {
 			return rep, err
 		}

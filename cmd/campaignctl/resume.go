@@ -73,12 +73,12 @@ func (a *app) printResume(rep worker.ResumeReport, o resumeOptions, err error) {
 	f := rep.Found
 	fmt.Fprintf(a.stdout, "campaign %d found: %d planned, %d sent, %d failed, %d skipped, %d unknown, %d pending\n",
 		id, f.Planned, f.Sent, f.Failed, f.Skipped, f.Unknown, f.Pending)
-	if o.resendUnknown && f.Unknown > 0 && (err == nil || rep.Resent > 0) {
+	if o.resendUnknown && f.Unknown > 0 && (err == nil || rep.Resent > 0) && (rep.Resent > 0 || rep.StillInFlight == 0) {
 		fmt.Fprintf(a.stdout, "%d unknown recipients will be sent again, with the codes they already hold\n", rep.Resent)
 	}
 	if rep.StillInFlight > 0 {
-		fmt.Fprintf(a.stdout, "%d unknown recipients were claimed less than %v ago and may still be answered: they stay unknown; run `campaignctl resume %d --resend-unknown` again in a minute\n",
-			rep.StillInFlight, worker.ResendGrace, id)
+		fmt.Fprintf(a.stdout, "%d unknown recipients were claimed less than %v ago and may still be answered: they stay unknown; run `campaignctl resume %d --resend-unknown` again after %v\n",
+			rep.StillInFlight, rep.Grace, id, rep.Grace)
 	}
 	if err != nil {
 		return

@@ -138,6 +138,9 @@ A worker sends the channels whose provider is configured:
 				InFlightGrace: 3 * o.timeout,
 				Metrics:       m,
 			})
+			if err := worker.NoteInFlightGrace(ctx, svc.redis, 3*o.timeout); err != nil {
+				log.Warn("in-flight grace not noted in Redis; resume --resend-unknown waits its default", "err", fmt.Sprint(err))
+			}
 			channels := make([]string, 0, len(set.primary))
 			for ch, p := range set.primary {
 				desc := fmt.Sprintf("%s=%s (%g/s)", ch, p.Name(), set.rates[p.Name()])

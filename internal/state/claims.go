@@ -656,3 +656,31 @@ if not own then
   if redis.call("PTTL", KEYS[7]) < tonumber(ARGV[12]) - 3600000 then redis.call("PEXPIRE", KEYS[7], ARGV[12]) end
 end
 return {settled, "o"}`)
+
+// NoteInFlightGrace raises the fleet's in-flight grace (InFlightGraceKey) to d if it is lower: a worker
+// notes its own when it starts.
+func NoteInFlightGrace(ctx context.Context, rdb redis.UniversalClient, d time.Duration) error {
+	if err := raiseScript.Run(ctx, rdb, []string{InFlightGraceKey}, d.Milliseconds()).Err(); err != nil && !errors.Is(err, redis.Nil) {
+		return fmt.Errorf("note the in-flight grace: %w", err)
+	}
+	return nil
+}
+
+// InFlightGrace is the longest in-flight grace a worker noted (NoteInFlightGrace), or 0 when none did
+// (or Redis lost it).
+func InFlightGrace(ctx context.Context, rdb redis.UniversalClient) (time.Duration, error) {
+	ms, err := rdb.Get(ctx, InFlightGraceKey).Int64()
+	if errors.Is(err, redis.Nil) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, fmt.Errorf("read the in-flight grace: %w", err)
+	}
+	return time.Duration(ms) * time.Millisecond, nil
+}
+
+// KEYS[1] -> the value to raise; ARGV[1] -> the new value, kept if higher
+var raiseScript = redis.NewScript(`
+local v = tonumber(redis.call("GET", KEYS[1]) or "0") or 0
+if tonumber(ARGV[1]) > v then redis.call("SET", KEYS[1], ARGV[1]) end
+return 0`)

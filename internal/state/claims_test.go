@@ -496,3 +496,21 @@ func TestForgetUnansweredKeepsYoungClaimsInFlight(t *testing.T) {
 		}
 	}
 }
+
+// The fleet's in-flight grace only rises: the longest a worker noted stays.
+func TestInFlightGraceKeepsTheLongest(t *testing.T) {
+	t.Parallel()
+	rdb, _ := newClaims(t, time.Hour)
+	ctx := context.Background()
+	if d, err := InFlightGrace(ctx, rdb); err != nil || d != 0 {
+		t.Fatalf("before any: %v, %v; want 0", d, err)
+	}
+	for _, d := range []time.Duration{30 * time.Second, 90 * time.Second, time.Minute} {
+		if err := NoteInFlightGrace(ctx, rdb, d); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if d, err := InFlightGrace(ctx, rdb); err != nil || d != 90*time.Second {
+		t.Fatalf("after 30 s, 90 s and 1 min: %v, %v; want 90 s", d, err)
+	}
+}

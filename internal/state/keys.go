@@ -31,6 +31,10 @@ func ClaimKey(campaignID int64, userID string) string {
 	return string(append(append(b, ':'), userID...))
 }
 
+// InFlightGraceKey holds, in milliseconds, the longest time any worker lets a claim stay in flight before
+// it counts the call as over (3 × its --provider-timeout): `resume --resend-unknown` keeps younger claims.
+const InFlightGraceKey = "campaignctl:inflight_grace"
+
 // FenceKey exists once the chunk leased under token was taken over by another run (its lease ran out, or
 // its worker process was judged gone): claims made under that lease are refused from then on (see
 // Guard.Fence and ReadClaims).
