@@ -37,9 +37,9 @@ type State interface {
 	ReleaseMany(ctx context.Context, keys []string, nonce string, inflight []string) error
 	// ReleaseMarks removes this campaign's frequency marks on addresses nobody reached.
 	ReleaseMarks(ctx context.Context, c *campaign.Campaign, nonce string, addrs []string, now time.Time) error
-	// ReadClaims reads claims while the epoch is still epoch, after fencing the lease token fence (when
-	// not empty) of the run whose chunk the caller took over; Fence only fences it.
-	ReadClaims(ctx context.Context, epoch, fence string, keys []string) ([]any, error)
+	// ReadClaims reads claims while the epoch is still epoch.
+	ReadClaims(ctx context.Context, epoch string, keys []string) ([]any, error)
+	// Fence refuses every claim under another run's lease token from now on, before its lease is taken.
 	Fence(ctx context.Context, epoch, token string) error
 	// AddProgress advances a campaign's progress counters.
 	AddProgress(ctx context.Context, campaignID int64, moved map[string]int64) error

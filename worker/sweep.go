@@ -90,7 +90,7 @@ func (h *Handler) Sweep(ctx context.Context) (int, error) {
 		// from Postgres) claims nobody since, so a recipient read here without a claim is never sent by it.
 		var vals []any
 		if serr == nil && len(keys) > 0 {
-			vals, serr = h.state.ReadClaims(ctx, epoch, "", keys)
+			vals, serr = h.state.ReadClaims(ctx, epoch, keys)
 		}
 		for i := range vals {
 			val, ok := vals[i].(string)

@@ -86,8 +86,8 @@ func (s *State) Fence(ctx context.Context, epoch, token string) error {
 }
 
 // ReadClaims is state.Store.ReadClaims under the rules.
-func (s *State) ReadClaims(ctx context.Context, epoch, fence string, keys []string) (vals []any, err error) {
-	err = s.call(ctx, "ReadClaims", func() (err error) { vals, err = s.Store.ReadClaims(ctx, epoch, fence, keys); return })
+func (s *State) ReadClaims(ctx context.Context, epoch string, keys []string) (vals []any, err error) {
+	err = s.call(ctx, "ReadClaims", func() (err error) { vals, err = s.Store.ReadClaims(ctx, epoch, keys); return })
 	return vals, err
 }
 

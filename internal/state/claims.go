@@ -29,8 +29,8 @@ func (c *Store) Client() redis.UniversalClient { return c.rdb }
 // its lease was not taken over, and, for a send, that the campaign is not halted.
 type Guard struct {
 	Epoch string
-	// Fence is the FenceKey of the run's lease: once another run has taken the chunk over and read its
-	// claims (ReadClaims), no claim of this run is taken any more. Empty: no lease to fence.
+	// Fence is the FenceKey of the run's lease: once another run has fenced it to take the chunk over
+	// (Store.Fence), no claim of this run is taken any more. Empty: no lease to fence.
 	Fence     string
 	Halt      string // the campaign's HaltKey
 	CheckHalt bool

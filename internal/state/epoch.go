@@ -154,14 +154,8 @@ func scriptError(err error) error {
 // ReadClaims reads the claims keys hold (nil for none), as MGET does, but only while the epoch is still
 // epoch: a read that reaches a new master after a failover finds the epoch renewed (its connection was
 // checked) and is refused with ErrEpoch, instead of answering "no claim" for claims that were lost.
-//
-// With fence (the lease token of a run whose chunk the reader took over), the same script first fences
-// that run's lease (FenceKey): a claim it makes after the read is refused, so that none can appear once
-// the reader has concluded that a recipient without a claim was never sent, whatever the timing of that
-// run (paused, stalled, cut off from Postgres). A claim made before the read is in what it returns.
-func (s *Store) ReadClaims(ctx context.Context, epoch, fence string, keys []string) ([]any, error) {
-	fenceKey := FenceKey(fence)
-	vals, err := readClaimsScript.Run(ctx, s.rdb, append([]string{EpochKey, fenceKey}, keys...), epoch, fence != "", s.ttl.Milliseconds()).Slice()
+func (s *Store) ReadClaims(ctx context.Context, epoch string, keys []string) ([]any, error) {
+	vals, err := readClaimsScript.Run(ctx, s.rdb, append([]string{EpochKey}, keys...), epoch).Slice()
 	if err != nil {
 		if se := scriptError(err); se != err {
 			return nil, se
@@ -175,23 +169,36 @@ func (s *Store) ReadClaims(ctx context.Context, epoch, fence string, keys []stri
 }
 
 // KEYS[1] -> campaignctl:epoch
-// KEYS[2] -> fence:<lease token> of the run whose chunk is read, written when ARGV[2] is "1"
-// KEYS[3..] -> the claims
+// KEYS[2..] -> the claims
 // ARGV[1] -> the epoch the reader's lease recorded
-// ARGV[3] -> the fence's TTL in ms (the claims')
 var readClaimsScript = redis.NewScript(`
 if redis.call("GET", KEYS[1]) ~= ARGV[1] then return redis.error_reply("CAMPAIGNCTL_EPOCH changed") end
-if ARGV[2] == "1" then redis.call("SET", KEYS[2], "1", "PX", ARGV[3]) end
 local out = {}
-for i = 3, #KEYS do out[i - 2] = redis.call("GET", KEYS[i]) or false end
+for i = 2, #KEYS do out[i - 1] = redis.call("GET", KEYS[i]) or false end
 return out`)
 
-// Fence fences the lease token of a run whose chunk the caller took over (see ReadClaims): its claims are
-// refused from now on, while the epoch is still epoch.
+// Fence fences the lease token of another run before the caller takes its lease over: every claim under
+// that lease is refused from then on (Guard.Fence), for as long as claims live, while the epoch is still
+// epoch (a Redis that lost its data refuses that run's claims by their epoch anyway).
 func (s *Store) Fence(ctx context.Context, epoch, token string) error {
-	_, err := s.ReadClaims(ctx, epoch, token, nil)
-	return err
+	err := fenceScript.Run(ctx, s.rdb, []string{EpochKey, FenceKey(token)}, epoch, s.ttl.Milliseconds()).Err()
+	if err != nil && !errors.Is(err, redis.Nil) {
+		if se := scriptError(err); se != err {
+			return se
+		}
+		return fmt.Errorf("fence lease %s: %w", token, err)
+	}
+	return nil
 }
+
+// KEYS[1] -> campaignctl:epoch
+// KEYS[2] -> fence:<lease token>
+// ARGV[1] -> the epoch the caller's lease records
+// ARGV[2] -> the fence's TTL in ms (the claims')
+var fenceScript = redis.NewScript(`
+if redis.call("GET", KEYS[1]) ~= ARGV[1] then return redis.error_reply("CAMPAIGNCTL_EPOCH changed") end
+redis.call("SET", KEYS[2], "1", "PX", ARGV[2])
+return 0`)
 
 // Epoch is the package's Epoch on the store's client.
 func (s *Store) Epoch(ctx context.Context) (string, error) { return Epoch(ctx, s.rdb) }

@@ -37,7 +37,7 @@ const InFlightGraceKey = "campaignctl:inflight_grace"
 
 // FenceKey exists once the chunk leased under token was taken over by another run (its lease ran out, or
 // its worker process was judged gone): claims made under that lease are refused from then on (see
-// Guard.Fence and ReadClaims).
+// Guard.Fence and Store.Fence).
 func FenceKey(token string) string { return "fence:" + token }
 
 // RateKey is the Redis key of the token bucket named bucket (CampaignBucket, ProviderBucket), where
