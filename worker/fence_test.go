@@ -109,30 +109,21 @@ func TestAClaimInFlightFoundByTheRunThatTookOverStaysInHand(t *testing.T) {
 	f := plan(t, 10) // eligible in batch 0: u1 u2 u4 u7 u8
 	w1, _, w1Store := f.faulty(t, func(c *Config) { c.Owner, c.ChunkSize, c.LeaseTTL = "w1", 10, 300*time.Millisecond })
 	w2, _, _ := f.faulty(t, func(c *Config) { c.Owner, c.ChunkSize, c.LeaseTTL = "w2", 10, 300*time.Millisecond })
-	held, release := make(chan struct{}), make(chan struct{})
-	f.provider.before = func(m providers.Message) {
-		switch m.To {
-		case phone(1):
+	release, done := f.heldAtU2(w1, func(m providers.Message) {
+		if m.To == phone(1) {
 			// u2 is claimed late in the lease (a renewal is due only after a third of it): when the lease
 			// runs out, u2's claim is younger than a lease, and may still be answered.
 			time.Sleep(80 * time.Millisecond)
-		case phone(2):
-			close(held)
-			<-release
 		}
-	}
-	done := make(chan error, 1)
-	go func() { done <- w1.RunBatch(ctx, f.id, 0) }()
-	<-held
+	})
 	f.leaseExpired(t)
 	// W2 takes the batch over while W1 is still in its call for u2.
 	if err := w2.RunBatch(ctx, f.id, 0); err == nil {
 		t.Fatal("W2's run ended done, want it to wait for u2's claim in flight")
 	}
 	w1Store.Add(&faults.Rule{Match: faults.Method("Record", "ReleaseBatch"), Kind: faults.Fail})
-	close(release) // the provider accepts u2 for W1, which dies before recording it
+	release() // the provider accepts u2 for W1, which dies before recording it
 	<-done
-	f.provider.before = nil
 	if err := f.rdb.FlushDB(ctx).Err(); err != nil {
 		t.Fatal(err)
 	}
@@ -330,16 +321,7 @@ func TestAResendLeavesAClaimThatMayStillBeAnswered(t *testing.T) {
 	ctx := context.Background()
 	f := plan(t, 10) // eligible in batch 0: u1 u2 u4 u7 u8
 	w1, _, _ := f.faulty(t, func(c *Config) { c.Owner, c.ChunkSize, c.LeaseTTL = "w1", 10, 300*time.Millisecond })
-	held, release := make(chan struct{}), make(chan struct{})
-	f.provider.before = func(m providers.Message) {
-		if m.To == phone(2) {
-			close(held)
-			<-release
-		}
-	}
-	done := make(chan error, 1)
-	go func() { done <- w1.RunBatch(ctx, f.id, 0) }()
-	<-held
+	release, done := f.heldAtU2(w1, nil)
 	f.leaseExpired(t)
 	if _, err := f.h.Sweep(ctx); err != nil {
 		t.Fatal(err)
@@ -357,9 +339,8 @@ func TestAResendLeavesAClaimThatMayStillBeAnswered(t *testing.T) {
 	for b := 0; b < f.batches; b++ {
 		_ = f.h.RunBatch(ctx, f.id, b) // the follow-up: sends the others, not u2
 	}
-	close(release) // W1's call for u2 is accepted
+	release() // W1's call for u2 is accepted
 	<-done
-	f.provider.before = nil
 	f.assertOnce(t)
 	if got := len(f.provider.accepted[phone(2)]); got != 1 {
 		t.Fatalf("u2 got %d messages, want 1", got)
@@ -434,4 +415,25 @@ func TestAResendWaitsForTheLongestGraceAWorkerNoted(t *testing.T) {
 			}
 		})
 	}
+}
+
+// heldAtU2 runs w's batch 0 in the background and returns once w is in its provider call for u2, which is
+// held until release is called (the provider's hook is then cleared); other runs w's calls for the other
+// recipients (nil: none). done has the run's result.
+func (f *fixture) heldAtU2(w *Handler, other func(providers.Message)) (release func(), done <-chan error) {
+	held, free := make(chan struct{}), make(chan struct{})
+	f.provider.before = func(m providers.Message) {
+		if m.To != phone(2) {
+			if other != nil {
+				other(m)
+			}
+			return
+		}
+		close(held)
+		<-free
+	}
+	result := make(chan error, 1)
+	go func() { result <- w.RunBatch(context.Background(), f.id, 0) }()
+	<-held
+	return func() { f.provider.before = nil; close(free) }, result
 }
