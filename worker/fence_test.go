@@ -11,6 +11,7 @@ import (
 	"github.com/campaignctl/campaignctl/campaign"
 	"github.com/campaignctl/campaignctl/internal/faults"
 	"github.com/campaignctl/campaignctl/internal/state"
+	"github.com/campaignctl/campaignctl/internal/testredis"
 	"github.com/campaignctl/campaignctl/providers"
 )
 
@@ -436,4 +437,51 @@ func (f *fixture) heldAtU2(w *Handler, other func(providers.Message)) (release f
 	go func() { result <- w.RunBatch(context.Background(), f.id, 0) }()
 	<-held
 	return func() { f.provider.before = nil; close(free) }, result
+}
+
+// The e-mail path, one claim call a request: a run stalls before claiming its second request past its
+// lease, the sweep fences it and takes its chunk, and the run, going on, claims and sends nothing; it dies,
+// Redis loses its data, and everyone still gets one message.
+func TestAnEmailRequestClaimedAfterTheTakeoverIsNotSent(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	rdb, _ := testredis.New(t)
+	db, store, id, p, sweeper := planEmailDB(t, 6, 2, rdb)
+	w1State, w1Store := faults.NewState(state.New(rdb, DefaultClaimTTL)), faults.NewStore(store)
+	w1 := NewHandler(Config{Store: w1Store, State: w1State, Redis: rdb, Owner: "w1", Unsubscribe: testSigner, LeaseTTL: 300 * time.Millisecond,
+		Providers: map[campaign.Channel]providers.Provider{campaign.ChannelEmail: p}, ProviderRates: map[string]float64{}})
+	stall := w1State.Add(&faults.Rule{Match: faults.Method("ClaimMany"), Skip: 1, Times: 1, Kind: faults.Stall, Delay: 2 * time.Second})
+	done := make(chan error, 1)
+	go func() { done <- w1.RunBatch(ctx, id, 0) }()
+	waitUntil(t, 5*time.Second, "W1's second claim held", func() bool { return stall.Hits() > 0 })
+	waitUntil(t, 5*time.Second, "W1's lease to run out", func() bool {
+		var n int
+		err := db.QueryRow(ctx, `SELECT count(*) FROM campaign_batches WHERE campaign_id = $1 AND lease_until > now()`, id).Scan(&n)
+		return err == nil && n == 0
+	})
+	if n, err := sweeper.Sweep(ctx); err != nil || n == 0 {
+		t.Fatalf("the sweep did not take W1's chunk (settled %d, %v)", n, err)
+	}
+	w1Store.Add(&faults.Rule{Match: faults.Method("Record", "ReleaseBatch"), Kind: faults.Fail}) // W1 dies
+	<-done
+	if len(p.requests) != 1 {
+		t.Fatalf("%d requests, want only W1's first: its second was claimed after the takeover", len(p.requests))
+	}
+	if err := rdb.FlushDB(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	for try := 0; try < 5; try++ {
+		if sweeper.RunBatch(ctx, id, 0) == nil {
+			break
+		}
+		time.Sleep(400 * time.Millisecond)
+	}
+	for to, ms := range p.accepted {
+		if len(ms) != 1 {
+			t.Errorf("%s got %d messages", to, len(ms))
+		}
+	}
+	if c, _ := store.Counts(ctx, id); c.Pending != 0 {
+		t.Fatalf("counts %+v, want everyone settled", c)
+	}
 }
