@@ -326,3 +326,31 @@ func TestReleasedCodesAreReusedFirst(t *testing.T) {
 		t.Errorf("%d free codes (%v), want 0", n, err)
 	}
 }
+
+// A refused audience value ends the audience query at once: its connection is closed, not read to its end.
+// The rest of this audience takes 20 s to produce (10 ms a row), and the refusal must come well before.
+func TestAnAudienceRefusedAtItsFirstRowIsNotReadToItsEnd(t *testing.T) {
+	t.Parallel()
+	db, _ := testdb.New(t)
+	seedAudience(t, db, 1)
+	p := &campaign.Planner{Engine: db, Audience: db}
+	s := spec("refused early")
+	s.AllowPrivilegedAudience = true // the connection's role streams its rows (the restricted one materialises them first)
+	s.AudienceSQL = `SELECT g::text AS user_id, '+90532111' || lpad(g::text, 4, '0') AS phone, 'Ayşe' AS first_name,
+			CASE WHEN g = 1 THEN repeat('x', 70000) ELSE 'y' || pg_sleep(0.01)::text END AS extra
+		FROM generate_series(1, 2000) g`
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	start := time.Now()
+	_, err := p.Plan(ctx, s)
+	took := time.Since(start)
+	if !errors.Is(err, campaign.ErrInvalid) || !strings.Contains(err.Error(), "audience row 1 (user_id 1)") {
+		t.Fatalf("err = %v, want the first row's value refused", err)
+	}
+	if took > 5*time.Second {
+		t.Errorf("the refusal took %v: the rest of the audience (20 s of rows) was read before it", took.Round(time.Millisecond))
+	}
+	if n := count(t, db, `SELECT count(*) FROM campaigns`); n != 0 {
+		t.Errorf("the refused launch left %d campaigns", n)
+	}
+}
