@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/campaignctl/campaignctl/internal/state"
 	"github.com/campaignctl/campaignctl/internal/testdb"
 	"github.com/campaignctl/campaignctl/internal/testredis"
 )
@@ -138,4 +139,32 @@ func sandboxReceiptsPending(t *testing.T, addr string) int64 {
 		return -1
 	}
 	return st.Pending
+}
+
+// A worker notes how long its provider calls may still be answered (3 × --provider-timeout) for
+// `resume --resend-unknown`, and notes it again after Redis lost it, while the worker runs on.
+func TestAWorkerNotesItsInFlightGraceAgainAfterRedisLostIt(t *testing.T) {
+	t.Parallel()
+	_, dbURL := testdb.New(t)
+	rdb, redisURL := testredis.New(t)
+	e := &e2eEnv{t: t, bin: binary(t), env: append(os.Environ(),
+		"DATABASE_URL="+dbURL, "REDIS_URL="+redisURL,
+		"TWILIO_ACCOUNT_SID=ACgrace00000000000000000000000000", "TWILIO_AUTH_TOKEN=gracetoken", "TWILIO_FROM=+905550000000",
+		"TWILIO_BASE_URL=http://"+freeAddr(t), "SENDER_IDENTITY="+testSender,
+	)}
+	e.mustRun("migrate")
+	e.start("worker", "worker", "--concurrency", "2", "--provider-timeout", "50s")
+	ctx := context.Background()
+	noted := func() bool {
+		ms, err := rdb.Get(ctx, state.InFlightGraceKey).Int64()
+		return err == nil && ms == (150*time.Second).Milliseconds()
+	}
+	waitFor(t, 20*time.Second, noted)
+	// Redis loses its data (this test's own database); the worker runs on.
+	if err := rdb.FlushDB(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	waitFor(t, 20*time.Second, noted)
+	t.Logf("the grace was noted again %v after the loss", time.Since(start).Round(100*time.Millisecond))
 }

@@ -150,7 +150,8 @@ A worker sends the channels whose provider is configured:
 				channels = append(channels, desc)
 			}
 			slices.Sort(channels)
-			info := state.WorkerInfo{Owner: owner, Providers: map[string]string{}, Commercial: map[string]bool{}}
+			// The heartbeat notes the grace again every beat, so that it outlives a Redis that lost its data.
+			info := state.WorkerInfo{Owner: owner, Providers: map[string]string{}, Commercial: map[string]bool{}, InFlightGrace: 3 * o.timeout}
 			for ch, p := range set.primary {
 				info.Providers[string(ch)] = p.Name()
 				info.Commercial[string(ch)] = !ch.Spec().Unsubscribe || signer != nil

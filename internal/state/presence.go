@@ -37,10 +37,13 @@ type WorkerInfo struct {
 	// link settings).
 	Commercial map[string]bool `json:"commercial"`
 	Started    time.Time       `json:"started"`
+	// InFlightGrace, when set, is noted in Redis with every heartbeat (NoteInFlightGrace): a Redis that
+	// lost its data has it again within a beat, while the worker's provider calls may still be answered.
+	InFlightGrace time.Duration `json:"-"`
 }
 
-// PublishWorker writes w's heartbeat (WorkerTTL), and notes when a worker, and one for each of its
-// channels, was last seen (SeenKey).
+// PublishWorker writes w's heartbeat (WorkerTTL), notes when a worker, and one for each of its channels,
+// was last seen (SeenKey), and raises the in-flight grace to w's.
 func PublishWorker(ctx context.Context, rdb redis.UniversalClient, w WorkerInfo) error {
 	b, _ := json.Marshal(w)
 	now := strconv.FormatInt(time.Now().UnixMilli(), 10)
@@ -55,6 +58,9 @@ func PublishWorker(ctx context.Context, rdb redis.UniversalClient, w WorkerInfo)
 	pipe.Set(ctx, WorkerKey(w.Owner), b, WorkerTTL)
 	pipe.HSet(ctx, SeenKey, seen...)
 	pipe.PExpire(ctx, SeenKey, seenTTL)
+	if w.InFlightGrace > 0 {
+		raiseScript.Eval(ctx, pipe, []string{InFlightGraceKey}, w.InFlightGrace.Milliseconds())
+	}
 	_, err := pipe.Exec(ctx)
 	return err
 }
