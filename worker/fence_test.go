@@ -3,6 +3,7 @@ package worker
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -483,5 +484,69 @@ func TestAnEmailRequestClaimedAfterTheTakeoverIsNotSent(t *testing.T) {
 	}
 	if c, _ := store.Counts(ctx, id); c.Pending != 0 {
 		t.Fatalf("counts %+v, want everyone settled", c)
+	}
+}
+
+// A run finds the batch's lease held by another run whose lease ran out, fences that run, and finds the
+// lease in yet another run's hands by the time it leases again, and again. It fences each token it would
+// take before anything could be taken, takes nothing, and after three lease statements (two fences)
+// reports the chunk busy: the batch comes back later, with nothing sent. Once the lease stops changing hands, the batch is sent once.
+func TestALeaseThatKeepsChangingHandsIsLeftBusyAfterThreeTries(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	f := plan(t, 10) // eligible in batch 0: u1 u2 u4 u7 u8
+	churn := func(n int) {
+		t.Helper()
+		if _, err := f.db.Exec(ctx, `UPDATE campaign_batches SET lease_token = $3, lease_epoch = 'another',
+				lease_until = now() - interval '1 second', lease_users = '{}'
+			WHERE campaign_id = $1 AND batch = $2`, f.id, 0, fmt.Sprint("churn-", n)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	churn(0)
+	w1, sends, w1State, _ := f.countedW1(t, 10)
+	var fences atomic.Int32
+	var churning atomic.Bool
+	churning.Store(true)
+	// Each time the run fences a token, yet another run takes the lease (before the run leases again); a
+	// run that would go on fencing stops finding new ones after 6.
+	w1State.Add(&faults.Rule{Match: func(c faults.Call) bool {
+		if c.Name == "Fence" && churning.Load() {
+			if n := fences.Add(1); n < 6 {
+				churn(int(n))
+			}
+		}
+		return false
+	}})
+	err := w1.RunBatch(ctx, f.id, 0)
+	var re *RetryError
+	if !errors.As(err, &re) || re.Failure {
+		t.Fatalf("RunBatch under a lease that keeps changing hands: %v, want a RetryError that is not a failure", err)
+	}
+	if n := fences.Load(); n != 2 {
+		t.Errorf("the run fenced %d tokens, want 2 (its third lease statement finds a third token: busy)", n)
+	}
+	if n := sends.n.Load(); n != 0 {
+		t.Errorf("the run sent %d messages under a lease it never took", n)
+	}
+	var token string
+	if err := f.db.QueryRow(ctx, `SELECT lease_token FROM campaign_batches WHERE campaign_id = $1 AND batch = 0`, f.id).Scan(&token); err != nil {
+		t.Fatal(err)
+	}
+	if token != "churn-2" {
+		t.Errorf("the lease is %q, want churn-2 still (the run took nothing)", token)
+	}
+	for i := 0; i < 2; i++ {
+		if n, err := f.rdb.Exists(ctx, state.FenceKey(fmt.Sprint("churn-", i))).Result(); err != nil || n != 1 {
+			t.Errorf("churn-%d was replaced but not fenced (%d, %v)", i, n, err)
+		}
+	}
+	// The lease stops changing hands: the run fences the last token, takes the lease and sends everyone once.
+	churning.Store(false)
+	notFailure(t, w1.RunBatch(ctx, f.id, 0))
+	f.runAll(t)
+	f.assertOnce(t)
+	if c := f.counts(t); c.Pending != 0 || c.Sent != 5 {
+		t.Fatalf("counts %+v, want the 5 eligible sent", c)
 	}
 }
