@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
@@ -179,6 +180,25 @@ func TestServicesUnreachableSayWhereAndWhatToRun(t *testing.T) {
 	_, stderr, code = cli(t, noPG, "status")
 	if code != 1 || !strings.Contains(stderr, "Postgres is not reachable at 127.0.0.1:1") || !strings.Contains(stderr, "DATABASE_URL") {
 		t.Fatalf("Postgres down: exit %d, stderr %q", code, stderr)
+	}
+
+	// A server that answers but refuses the URL's user or lacks its database: the URL is the user's to fix
+	// (exit 2), and the message says so rather than "start it"; the password is not printed.
+	u, err := url.Parse(env["DATABASE_URL"])
+	if err != nil {
+		t.Fatal(err)
+	}
+	badUser, badDB := *u, *u
+	badUser.User = url.UserPassword("nosuchuser", "Pw0rdS3cret")
+	badDB.Path = "/campaignctl_no_such_db"
+	for url, says := range map[string]string{
+		badUser.String(): `refused user "nosuchuser"`,
+		badDB.String():   `database "campaignctl_no_such_db" does not exist`,
+	} {
+		_, stderr, code := cli(t, map[string]string{"DATABASE_URL": url, "REDIS_URL": env["REDIS_URL"]}, "status")
+		if code != 2 || !strings.Contains(stderr, says) || !strings.Contains(stderr, "DATABASE_URL") || strings.Contains(stderr, "not reachable") || strings.Contains(stderr, "Pw0rdS3cret") {
+			t.Errorf("DATABASE_URL=%s: exit %d, stderr %q; want 2 and %q naming DATABASE_URL", url, code, stderr, says)
+		}
 	}
 }
 

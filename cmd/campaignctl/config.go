@@ -93,8 +93,15 @@ func (a *app) openDB(ctx context.Context, raw, envName string) (*pgxpool.Pool, e
 func dbError(err error, cc *pgx.ConnConfig, envName string) error {
 	addr := fmt.Sprintf("%s:%d", cc.Host, cc.Port)
 	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) && pgErr.Code == "3D000" {
-		return fmt.Errorf("database %q does not exist on %s; create it with `campaignctl migrate`", cc.Database, addr)
+	if errors.As(err, &pgErr) {
+		// The server answered: what is wrong is in the URL (bad input, exit 2), not the server.
+		switch pgErr.Code {
+		case "3D000": // invalid_catalog_name
+			return usagef("database %q does not exist on %s; create it with `campaignctl migrate`, or fix the database name in %s", cc.Database, addr, envName)
+		case "28000", "28P01": // invalid_authorization_specification, invalid_password
+			return usagef("Postgres at %s refused user %q (database %q): %s (SQLSTATE %s); check the user and password in %s",
+				addr, cc.User, cc.Database, pgErr.Message, pgErr.Code, envName)
+		}
 	}
 	return fmt.Errorf("Postgres is not reachable at %s (database %q): %v; start it (scripts/test.sh or scripts/demo.sh install and start it) or point %s at a running server",
 		addr, cc.Database, errors.Unwrap(err), envName)
@@ -126,6 +133,9 @@ func (a *app) openRedis(ctx context.Context) (*redis.Client, error) {
 		rdb.Close()
 		if errors.Is(err, worker.ErrNotMaster) {
 			return nil, fmt.Errorf("Redis at %s: %v; nothing was sent", where, err)
+		}
+		if msg := err.Error(); strings.HasPrefix(msg, "WRONGPASS") || strings.HasPrefix(msg, "NOAUTH") || strings.Contains(msg, "called without any password configured") {
+			return nil, usagef("Redis at %s refused the connection: %v; nothing was sent. Check the user and password in REDIS_URL (redis://user:password@host:port/db)", where, err)
 		}
 		if strings.Contains(err.Error(), "DB index is out of range") {
 			return nil, usagef("REDIS_URL names a database number this Redis does not have (%s: %v); use one of its databases, 0 to 15 unless its `databases` setting says more, e.g. redis://127.0.0.1:6379/0", where, err)
