@@ -97,8 +97,8 @@ func (h *Handler) deliver(ctx, waitCtx context.Context, run *batchRun, rest []ca
 			rt.m.Skipped(1)
 			return nil
 		}
-		if err := h.tokensStillFresh(ctx, waitCtx, run, sendSize{msgs: 1, tokens: tokens, calls: 1},
-			oneInFlight(r.UserID, key, inflight, r.Address, now), rt.limits...); err != nil {
+		if drop, err := h.tokensStillFresh(ctx, waitCtx, run, sendSize{msgs: 1, tokens: tokens, calls: 1},
+			oneInFlight(r.UserID, key, inflight, r.Address, now), rt.limits...); err != nil || drop[r.UserID] {
 			return err
 		}
 		start := time.Now()
@@ -303,31 +303,43 @@ func guardRefused(err error) bool {
 // Postgres, it takes them again, waiting as readyToSend does: a stall of every run followed by their held
 // requests at once, with the bucket's burst and rate on top, would put 1.2 times the cap in a second. The
 // tokens taken first are lost: after a stall the send is slower, never faster, than the cap. When they
-// cannot be taken again, nothing is sent, and what the claims took is given back (notSentAfterClaim).
-func (h *Handler) tokensStillFresh(ctx, waitCtx context.Context, run *batchRun, sz sendSize, f inFlight, limits ...limiter.Limit) error {
+// cannot be taken again, nothing is sent, and what the claims took is given back (notSentAfterClaim). When
+// the consents read before the claims are by now older than consentMaxAge, they are read again
+// (recheckInFlight): it returns the users whose sends must not leave after all.
+func (h *Handler) tokensStillFresh(ctx, waitCtx context.Context, run *batchRun, sz sendSize, f inFlight, limits ...limiter.Limit) (map[string]bool, error) {
 	if h.leaseUnconfirmed(run) {
 		// The process's liveness lock was lost after the lease was last confirmed (a stall between that
 		// check and the claims): a sweep may have taken the chunk. It is confirmed before the sends leave.
 		if err := h.renew(ctx, run); err != nil {
 			h.notSentAfterClaim(ctx, run, f)
-			return err
+			return nil, err
 		}
 	}
-	if run.tokensAt.IsZero() || time.Since(run.tokensAt) <= staleTokens+time.Duration(sz.msgs)*claimTimeEach {
-		return nil
+	if !run.tokensAt.IsZero() && time.Since(run.tokensAt) > staleTokens+time.Duration(sz.msgs)*claimTimeEach {
+		h.log.Debug("tokens taken too long before their send; taking them again", "campaign_id", run.c.ID,
+			"held", time.Since(run.tokensAt).Round(time.Millisecond))
+		// The send's wait for its limits was observed when it first took them: once a send.
+		again := slices.Clone(limits)
+		for i := range again {
+			again[i].Observer = nil
+		}
+		if err := h.readyToSend(ctx, waitCtx, run, sz, again...); err != nil {
+			h.notSentAfterClaim(ctx, run, f)
+			return nil, err
+		}
 	}
-	h.log.Debug("tokens taken too long before their send; taking them again", "campaign_id", run.c.ID,
-		"held", time.Since(run.tokensAt).Round(time.Millisecond))
-	// The send's wait for its limits was observed when it first took them: once a send.
-	again := slices.Clone(limits)
-	for i := range again {
-		again[i].Observer = nil
+	if !h.consentStale(run) {
+		return nil, nil
 	}
-	err := h.readyToSend(ctx, waitCtx, run, sz, again...)
+	// The consents were read before the claims, and the claims or the tokens taken again since (a stall,
+	// a wait at a low cap) took longer than consentMaxAge: a refusal recorded meanwhile (a STOP reply, an
+	// İYS sync) must still stop these sends. They are read again.
+	drop, err := h.recheckInFlight(ctx, run, f)
 	if err != nil {
 		h.notSentAfterClaim(ctx, run, f)
+		return nil, err
 	}
-	return err
+	return drop, nil
 }
 
 // notSentAfterClaim gives back what the claims of f took when their sends did not leave after all: the

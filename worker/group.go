@@ -134,9 +134,27 @@ func (h *Handler) sendGroup(ctx, waitCtx context.Context, run *batchRun, b provi
 			return nil
 		}
 
-		if err := h.tokensStillFresh(ctx, waitCtx, run, sendSize{msgs: len(rs), tokens: len(rs), calls: 1},
-			inFlight{keys: keys, values: inflight, addrs: addrs, at: now}, run.limits...); err != nil {
+		users := make([]string, len(rs))
+		for i, r := range rs {
+			users[i] = r.UserID
+		}
+		drop, err := h.tokensStillFresh(ctx, waitCtx, run, sendSize{msgs: len(rs), tokens: len(rs), calls: 1},
+			inFlight{users: users, keys: keys, values: inflight, addrs: addrs, at: now}, run.limits...)
+		if err != nil {
 			return err
+		}
+		if len(drop) > 0 {
+			n := 0
+			for i, r := range rs {
+				if !drop[r.UserID] {
+					rs[n], msgs[n], keys[n], inflight[n], addrs[n] = r, msgs[i], keys[i], inflight[i], addrs[i]
+					n++
+				}
+			}
+			rs, msgs, keys, inflight, addrs = rs[:n], msgs[:n], keys[:n], inflight[:n], addrs[:n]
+			if n == 0 {
+				return nil
+			}
 		}
 		start := time.Now()
 		res, err := b.SendBatch(ctx, msgs)

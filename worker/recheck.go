@@ -21,7 +21,6 @@ const consentMaxAge = time.Second
 // another hand meanwhile) are left alone. It returns the users not to send, nil when all may go. A lease
 // lost to another run, or a campaign no longer running, ends the chunk as gate ends one.
 func (h *Handler) recheck(ctx context.Context, run *batchRun, rs []*campaign.Recipient) (map[string]bool, error) {
-	at := h.cfg.Now()
 	if !h.consentStale(run) || len(rs) == 0 {
 		return nil, nil
 	}
@@ -29,40 +28,9 @@ func (h *Handler) recheck(ctx context.Context, run *batchRun, rs []*campaign.Rec
 	for i, r := range rs {
 		users[i] = r.UserID
 	}
-	got, err := h.leaseChunk(ctx, run, users)
+	got, err := h.reread(ctx, run, users)
 	if err != nil {
-		return nil, waitForServices(err)
-	}
-	switch mode, retry, done := stateGate(run.c.ID, got.State); {
-	case retry != nil:
-		return nil, retry
-	case done:
-		return nil, errCampaignOver
-	case mode == modeCancel:
-		// Cancelled since the chunk was leased: the batch reads why and closes the rest (gate).
-		return nil, state.ErrHalted
-	}
-	if got.TookOver {
-		// This run's lease had run out, and the run that took the batch over let its own lease run out
-		// too: the statement took it back (once that run was fenced), with that run's chunk in hand. Claims
-		// of that run may say it sent them: they stay in hand, and this run stops, as one whose lease was
-		// lost does (its own lease was fenced before it was taken).
-		h.inherit(run, got.Inherited)
-		return nil, &RetryError{Err: fmt.Errorf("lease of batch %d lost to another run", run.batch), After: time.Second}
-	}
-	if len(got.Leased) == 0 && got.Busy > 0 {
-		return nil, &RetryError{Err: fmt.Errorf("lease of batch %d lost to another run", run.batch), After: time.Second}
-	}
-	run.consentAt = at
-	run.renewAt = at.Add(run.lease.TTL / 3)
-	if run.snapshots == nil {
-		run.snapshots = make(map[string]campaign.ConsentRecord, len(got.Snapshots))
-	}
-	for u, snap := range got.Snapshots {
-		run.snapshots[u] = snap
-	}
-	if run.revoked == nil {
-		run.revoked = map[string]bool{}
+		return nil, err
 	}
 	var drop map[string]bool
 	refused := 0
@@ -88,11 +56,107 @@ func (h *Handler) recheck(ctx context.Context, run *batchRun, rs []*campaign.Rec
 		}
 		drop[r.UserID] = true
 	}
+	h.logRefused(run, refused)
+	return drop, nil
+}
+
+// recheckInFlight reads again the consents of f, sends this run has claimed and is about to make, when
+// the consents were read more than consentMaxAge ago: the claims, or the tokens taken again after them,
+// took that long. Those whose consent is gone are not sent: their claims are settled as revoked (they are
+// this run's) and their frequency marks given back. Those no longer pending are not sent either, their
+// claims given back. It returns the users not to send.
+func (h *Handler) recheckInFlight(ctx context.Context, run *batchRun, f inFlight) (map[string]bool, error) {
+	got, err := h.reread(ctx, run, f.users)
+	if err != nil {
+		return nil, err
+	}
+	var drop map[string]bool
+	var gone, refusedAddrs inFlight
+	refused := 0
+	for i, u := range f.users {
+		_, pending := got.Leased[u]
+		switch {
+		case !pending:
+			gone.users, gone.keys = append(gone.users, u), append(gone.keys, f.keys[i])
+			gone.values, gone.addrs = append(gone.values, f.values[i]), append(gone.addrs, f.addrs[i])
+		case !got.Consent[f.addrs[i]]:
+			if err := h.state.Settle(ctx, f.keys[i], run.nonce, f.values[i], state.ReasonValue(state.Skipped, campaign.ReasonRevoked)); err != nil {
+				return nil, waitForServices(err)
+			}
+			refusedAddrs.addrs = append(refusedAddrs.addrs, f.addrs[i])
+			run.add(campaign.Outcome{UserID: u, Status: campaign.StatusSkipped, Reason: campaign.ReasonRevoked})
+			run.m.Skipped(1)
+			run.revoked[u] = true
+			refused++
+		default:
+			continue
+		}
+		if drop == nil {
+			drop = map[string]bool{}
+		}
+		drop[u] = true
+	}
+	if len(gone.keys) > 0 {
+		gone.at = f.at
+		h.notSentAfterClaim(ctx, run, gone)
+	}
+	if len(refusedAddrs.addrs) > 0 {
+		if err := h.state.ReleaseMarks(context.WithoutCancel(ctx), run.c, run.nonce, refusedAddrs.addrs, f.at); err != nil {
+			h.log.Warn("frequency marks not released", "campaign_id", run.c.ID, "err", err)
+		}
+	}
+	h.logRefused(run, refused)
+	return drop, nil
+}
+
+func (h *Handler) logRefused(run *batchRun, refused int) {
 	if refused > 0 {
 		h.log.Info("consent refused while the chunk waited for its provider: not sent", "campaign_id", run.c.ID,
 			"batch", run.batch, "recipients", refused)
 	}
-	return drop, nil
+}
+
+// reread leases users again (renewing the chunk's lease) and reads their consents as they are now, for
+// recheck and recheckInFlight. A lease lost to another run, or a campaign no longer running, ends the
+// chunk as gate ends one.
+func (h *Handler) reread(ctx context.Context, run *batchRun, users []string) (campaign.Chunk, error) {
+	at := h.cfg.Now()
+	got, err := h.leaseChunk(ctx, run, users)
+	if err != nil {
+		return got, waitForServices(err)
+	}
+	switch mode, retry, done := stateGate(run.c.ID, got.State); {
+	case retry != nil:
+		return got, retry
+	case done:
+		return got, errCampaignOver
+	case mode == modeCancel:
+		// Cancelled since the chunk was leased: the batch reads why and closes the rest (gate).
+		return got, state.ErrHalted
+	}
+	if got.TookOver {
+		// This run's lease had run out, and the run that took the batch over let its own lease run out
+		// too: the statement took it back (once that run was fenced), with that run's chunk in hand. Claims
+		// of that run may say it sent them: they stay in hand, and this run stops, as one whose lease was
+		// lost does (its own lease was fenced before it was taken).
+		h.inherit(run, got.Inherited)
+		return got, &RetryError{Err: fmt.Errorf("lease of batch %d lost to another run", run.batch), After: time.Second}
+	}
+	if len(got.Leased) == 0 && got.Busy > 0 {
+		return got, &RetryError{Err: fmt.Errorf("lease of batch %d lost to another run", run.batch), After: time.Second}
+	}
+	run.consentAt = at
+	run.renewAt = at.Add(run.lease.TTL / 3)
+	if run.snapshots == nil {
+		run.snapshots = make(map[string]campaign.ConsentRecord, len(got.Snapshots))
+	}
+	for u, snap := range got.Snapshots {
+		run.snapshots[u] = snap
+	}
+	if run.revoked == nil {
+		run.revoked = map[string]bool{}
+	}
+	return got, nil
 }
 
 // consentStale says whether the chunk's consents were read more than consentMaxAge ago.

@@ -16,6 +16,7 @@ import (
 	"github.com/campaignctl/campaignctl/internal/faults"
 	"github.com/campaignctl/campaignctl/internal/state"
 	"github.com/campaignctl/campaignctl/internal/testredis"
+	"github.com/campaignctl/campaignctl/iys"
 	"github.com/campaignctl/campaignctl/limiter"
 	"github.com/campaignctl/campaignctl/providers"
 )
@@ -395,5 +396,66 @@ func TestAWaitingRunLetsItsBatchGoWhenTheEpochChanges(t *testing.T) {
 	}
 	if c := f.counts(t); c.Pending != 5 {
 		t.Fatalf("counts %+v, want all 5 still pending", c)
+	}
+}
+
+// Under a low cap, a send's claim stalls (Redis slow) past its tokens' freshness, and the send waits for
+// tokens a second time, seconds at that cap. The recipient replies STOP during that wait. The consents
+// were read before the claim, seconds ago by the time the send would leave: they are read again, and the
+// send does not leave; the recipient's claim is settled as revoked, and the others go on.
+func TestARefusalDuringASecondTokenWaitStopsTheSend(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		claim  string
+		window int
+	}{{"ClaimSend", 1}, {"ClaimWindow", 8}} {
+		t.Run(tc.claim, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			f := plan(t, 8) // eligible in batch 0: u1 u2 u4 u7 u8
+			h, fr, _ := f.faulty(t, func(c *Config) { c.ProviderRates = map[string]float64{"test": 0.2}; c.SendWindow = tc.window })
+			stall := fr.Add(&faults.Rule{Match: faults.Method(tc.claim), Times: 1, Kind: faults.Stall, Delay: 300 * time.Millisecond})
+			refused := make(chan struct{})
+			go func() {
+				defer close(refused)
+				// The refusal comes once u1 is claimed: during the second wait for its tokens.
+				for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(2 * time.Millisecond) {
+					if n, _ := f.rdb.Exists(ctx, ClaimKey(f.id, "u1")).Result(); n == 1 {
+						rep, err := iys.RecordRefusals(ctx, f.db, "", []iys.Refusal{{Via: iys.ViaTwilioInbound, EventID: "SMstop-u1",
+							Kind: "inbound", Recipient: phone(1), Type: "MESAJ", At: time.Now(), Evidence: "STOP"}})
+						if err != nil || rep.Revoked != 1 {
+							t.Errorf("refusal: %+v %v", rep, err)
+						}
+						return
+					}
+				}
+				t.Error("u1 was never claimed")
+			}()
+			rctx, stop := context.WithCancel(ctx)
+			done := make(chan error, 1)
+			go func() { done <- h.RunBatch(rctx, f.id, 0) }()
+			<-refused
+			nonce := Nonce(f.campaign(t))
+			waitUntil(t, 15*time.Second, "u1's claim settled or its message sent", func() bool {
+				v, _ := f.rdb.Get(ctx, ClaimKey(f.id, "u1")).Result()
+				return state.ParseValue(strings.TrimPrefix(v, nonce+"/")).Kind == state.Skipped || len(f.provider.sentTo(phone(1))) > 0
+			})
+			stop() // the rest would take 20 s at this cap: the batch is handed back, and run without one
+			<-done
+			if stall.Hits() != 1 {
+				t.Fatalf("the claim never stalled: this tests nothing")
+			}
+			if n := len(f.provider.sentTo(phone(1))); n != 0 {
+				t.Fatalf("u1 got %d messages after replying STOP during the wait, want none", n)
+			}
+			f.runAll(t)
+			if st, reason, _ := f.status(t, "u1"); st != campaign.StatusSkipped || reason != campaign.ReasonRevoked {
+				t.Errorf("u1 is %s (%s), want skipped (%s)", st, reason, campaign.ReasonRevoked)
+			}
+			f.assertOnce(t)
+			if c := f.counts(t); c.Sent != 4 || c.Pending != 0 {
+				t.Errorf("counts %+v, want the other 4 sent", c)
+			}
+		})
 	}
 }

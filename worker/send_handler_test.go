@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -56,6 +57,13 @@ func (p *scriptedProvider) Send(_ context.Context, m providers.Message) (provide
 	}
 	p.accepted[m.To] = append(p.accepted[m.To], m.Body)
 	return providers.Result{MessageID: fmt.Sprintf("SM%d", p.calls), Segments: 1}, nil
+}
+
+// sentTo returns the bodies accepted for to.
+func (p *scriptedProvider) sentTo(to string) []string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return slices.Clone(p.accepted[to])
 }
 
 func (p *scriptedProvider) total() int {

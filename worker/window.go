@@ -189,10 +189,12 @@ func (h *Handler) deliverWindowed(ctx, waitCtx context.Context, run *batchRun, r
 			}
 		}
 		if len(sends) > 0 {
-			if err := h.tokensStillFresh(ctx, waitCtx, run, sendSize{msgs: len(sends), tokens: tokensOf(sends), calls: len(sends)},
-				windowInFlight(run.c.ID, sends, inflight, now), limits...); err != nil {
+			drop, err := h.tokensStillFresh(ctx, waitCtx, run, sendSize{msgs: len(sends), tokens: tokensOf(sends), calls: len(sends)},
+				windowInFlight(run.c.ID, sends, inflight, now), limits...)
+			if err != nil {
 				return err
 			}
+			sends = slices.DeleteFunc(sends, func(w windowSend) bool { return drop[w.r.UserID] })
 		}
 		retry, err := h.sendWindow(ctx, run, rt, sends, inflight, now)
 		queue = append(queue, retry...)
