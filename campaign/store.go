@@ -256,8 +256,15 @@ func (s *Store) Record(ctx context.Context, campaignID int64, outcomes []Outcome
 				-- The message ID the row keeps is the outcome's (not a receipt's that came first).
 				o.keyed AND r.provider_message_id = o.msgid AS keyed
 		), freed AS (
-			UPDATE campaign_batches SET lease_users = $14::text[]
-			WHERE campaign_id = $1 AND batch = $7 AND lease_token = $8 AND lease_users <> $14::text[]
+			-- One update of the batch row (two in one statement would see only one): the run's chunk in
+			-- hand, and the suspects (LeaseChunk) that are settled now.
+			UPDATE campaign_batches SET
+				lease_users = CASE WHEN lease_token = $8 THEN $14::text[] ELSE lease_users END,
+				suspect_users = CASE WHEN suspect_users = '{}' THEN suspect_users
+					ELSE array(SELECT u FROM unnest(suspect_users) AS u
+						WHERE u NOT IN (SELECT user_id FROM upd WHERE status <> `+sqlPending+`)) END
+			WHERE campaign_id = $1 AND batch = $7
+			  AND (lease_token = $8 AND lease_users <> $14::text[] OR suspect_users <> '{}')
 		), log AS (
 			INSERT INTO send_log (campaign_id, user_id, status, reason, provider_message_id, channel, template_hash,
 				consent_status, consent_source, consent_date, consent_txn, consent_synced_at, receipt_keyed)

@@ -82,6 +82,7 @@ func (s *Store) LeaseChunk(ctx context.Context, c *Campaign, users []string, l L
 		fence                        bool
 		prevToken                    string
 		oldUsers, pend, ok, accepted []string
+		suspects                     []string
 		cStatus, cSource, cTxn       []string
 		cDate, cSynced               []pgtype.Timestamptz
 	)
@@ -92,7 +93,7 @@ func (s *Store) LeaseChunk(ctx context.Context, c *Campaign, users []string, l L
 		WITH st AS (
 			SELECT coalesce((SELECT state FROM campaigns WHERE id = $1), ` + sqlStateCancelled + `) AS state
 		), b AS (
-			SELECT lease_token, lease_until, lease_epoch, lease_users, lease_holder FROM campaign_batches WHERE campaign_id = $1 AND batch = $2
+			SELECT lease_token, lease_until, lease_epoch, lease_users, lease_holder, suspect_users FROM campaign_batches WHERE campaign_id = $1 AND batch = $2
 		), may0 AS (
 			SELECT $7 OR (SELECT state FROM st) IN (` + sqlStateRunning + `, ` + sqlStateCancelled + `) AS state_ok,
 				b.lease_token IS NULL OR b.lease_token = $3 OR b.lease_until < now()
@@ -101,7 +102,7 @@ func (s *Store) LeaseChunk(ctx context.Context, c *Campaign, users []string, l L
 					OR b.lease_holder = ANY($9::bigint[]) AND NOT ` + holderLocked("b.lease_holder") + ` AS free,
 				b.lease_token IS NOT NULL AND b.lease_token <> $3 AS takeover,
 				coalesce(b.lease_epoch, '') <> $4 AS other_epoch,
-				b.lease_users, b.lease_token
+				b.lease_users, b.lease_token, b.suspect_users
 			FROM b
 		), may AS (
 			-- A free lease is taken only when it is this run's, nobody's, or another run's that the caller
@@ -113,6 +114,10 @@ func (s *Store) LeaseChunk(ctx context.Context, c *Campaign, users []string, l L
 			-- The chunk in hand stays in hand: a dead run's (taken over), or the users this run itself kept
 			-- there because it has not read their claims yet (see Record's inHand).
 			SELECT u FROM may CROSS JOIN unnest(may.lease_users) AS u WHERE may.take
+			UNION
+			-- So do the recipients a run took over from a dead run under another Redis epoch and has
+			-- not settled yet (suspect_users): their messages may have gone out.
+			SELECT u FROM may CROSS JOIN unnest(may.suspect_users) AS u WHERE may.take
 		), planned AS (
 			-- No consent changed since the launch read them (migration 0007): the consents it planned on
 			-- are the consents now, and no recipient's is read again.
@@ -140,10 +145,17 @@ func (s *Store) LeaseChunk(ctx context.Context, c *Campaign, users []string, l L
 					CASE WHEN (SELECT same FROM planned) THEN consent_txn ELSE txn END AS c_txn,
 					CASE WHEN (SELECT same FROM planned) THEN consent_synced_at ELSE synced END AS c_synced
 				FROM pend0) p
+		), sus AS (
+			-- The suspects once the lease is taken: those not settled yet, and, when the chunk in hand of
+			-- another run is taken over under another Redis epoch, its pending users.
+			SELECT array(SELECT user_id FROM pend
+				WHERE user_id = ANY(((SELECT suspect_users FROM may))::text[])
+				   OR coalesce((SELECT takeover AND other_epoch FROM may), false) AND user_id = ANY(((SELECT lease_users FROM may))::text[])) AS users
 		), upd AS (
 			UPDATE campaign_batches SET lease_token = $3, lease_epoch = $4, lease_holder = NULLIF($8::bigint, 0),
+				suspect_users = (SELECT users FROM sus),
 				lease_until = now() + $6 * interval '1 millisecond',
-				lease_users = array(SELECT user_id FROM pend)
+				lease_users = array(SELECT user_id FROM pend ORDER BY user_id)
 			WHERE campaign_id = $1 AND batch = $2 AND (SELECT state_ok AND take FROM may)
 			RETURNING 1
 		)
@@ -161,7 +173,8 @@ func (s *Store) LeaseChunk(ctx context.Context, c *Campaign, users []string, l L
 			array(SELECT coalesce(c_txn, '') FROM pend WHERE (SELECT state_ok FROM may)),
 			array(SELECT c_synced FROM pend WHERE (SELECT state_ok FROM may)),
 			array(SELECT address FROM pend WHERE ok),
-			array(SELECT user_id FROM pend WHERE delivery IS NOT NULL AND (SELECT state_ok FROM may))`
+			array(SELECT user_id FROM pend WHERE delivery IS NOT NULL AND (SELECT state_ok FROM may)),
+			coalesce((SELECT users FROM sus), '{}')`
 	b := &pgx.Batch{}
 	b.Queue(`SELECT 1 FROM campaign_batches WHERE campaign_id = $1 AND batch = $2 FOR UPDATE`, c.ID, l.Batch)
 	b.Queue(sql, args...)
@@ -174,7 +187,7 @@ func (s *Store) LeaseChunk(ctx context.Context, c *Campaign, users []string, l L
 	}
 	if err == nil {
 		err = br.QueryRow().Scan(&ch.State, &leased, &takeover, &otherEpoch, &oldUsers, &prevToken, &fence, &pend,
-			&cStatus, &cSource, &cDate, &cTxn, &cSynced, &ok, &accepted)
+			&cStatus, &cSource, &cDate, &cTxn, &cSynced, &ok, &accepted, &suspects)
 	}
 	if cerr := br.Close(); err == nil {
 		err = cerr
@@ -194,8 +207,12 @@ func (s *Store) LeaseChunk(ctx context.Context, c *Campaign, users []string, l L
 				inherited[u] = true
 			}
 		}
+		suspect := make(map[string]bool, len(suspects))
+		for _, u := range suspects {
+			suspect[u] = true
+		}
 		for i, u := range pend {
-			ch.Leased[u] = inherited[u] && otherEpoch
+			ch.Leased[u] = suspect[u]
 			if inherited[u] {
 				ch.Inherited = append(ch.Inherited, u)
 			}
@@ -265,7 +282,8 @@ func (s *Store) ReleaseBatch(ctx context.Context, campaignID int64, l Lease) err
 // run let them go unsent) as skipped (cancelled), and returns their codes to the pool. Such a row has
 // never been claimed for a send, or its claim was released because nothing was accepted; only a
 // recipient once recorded unknown (pending again for `resume --resend-unknown`) may have got its code
-// already, and keeps it. Rows under a lease are left to the batch runs, which read the claims.
+// already, and keeps it. Rows under a lease, or suspect (a dead run may have sent them before Redis lost
+// its data), are left to the batch runs, which read the claims.
 func (s *Store) CancelUnleased(ctx context.Context, id int64) (int64, error) {
 	var n int64
 	// The campaign's batch rows are locked first (as LeaseChunk locks its one), so no chunk is leased
@@ -274,7 +292,7 @@ func (s *Store) CancelUnleased(ctx context.Context, id int64) (int64, error) {
 	b.Queue(`SELECT count(*) FROM (SELECT 1 FROM campaign_batches WHERE campaign_id = $1 ORDER BY batch FOR UPDATE) x`, id)
 	b.Queue(`
 		WITH held AS (
-			SELECT DISTINCT u AS user_id FROM campaign_batches CROSS JOIN unnest(lease_users) AS u WHERE campaign_id = $1
+			SELECT DISTINCT u AS user_id FROM campaign_batches CROSS JOIN unnest(lease_users || suspect_users) AS u WHERE campaign_id = $1
 		), upd AS (
 			UPDATE campaign_recipients r SET status = `+sqlSkipped+`, reason = `+sqlReasonCancelled+`,
 				code = CASE WHEN `+everUnknown+` THEN r.code END, code_id = CASE WHEN `+everUnknown+` THEN r.code_id END,

@@ -1,0 +1,157 @@
+package worker
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/campaignctl/campaignctl/campaign"
+	"github.com/campaignctl/campaignctl/internal/faults"
+)
+
+// deadRunUnderLostEpoch leases batch 0's chunk as a run that then died under a Redis epoch since lost
+// (Redis lost its data), after the provider accepted the messages of sent (the users' numbers, by index):
+// their claims are gone with the epoch, and only the chunk's suspicion says they may have been sent.
+func (f *fixture) deadRunUnderLostEpoch(t *testing.T, sent ...int) {
+	t.Helper()
+	ctx := context.Background()
+	if _, err := f.store.LeaseChunk(ctx, f.campaign(t), f.batchUsers(t, 0), campaign.Lease{Token: "dead", Epoch: "lost", TTL: time.Millisecond}); err != nil {
+		t.Fatal(err)
+	}
+	f.provider.mu.Lock()
+	for _, i := range sent {
+		f.provider.accepted[phone(i)] = []string{"sent by the dead run"}
+	}
+	f.provider.mu.Unlock()
+	time.Sleep(5 * time.Millisecond) // its lease runs out
+}
+
+// A run dies holding a chunk under a Redis epoch since lost, after sending some of it. The run that takes
+// the chunk over marks its pending recipients suspect (their messages may have gone out), and stops before
+// it settles them: a Redis call fails (Redis still flapping after its restart), the reply of its lease
+// statement is lost, or its worker is stopped (SIGTERM: a deploy, a scale-down). Its lease recorded the new
+// epoch, and the mark must outlive that: the next run must settle them as unknown, not send them again.
+func TestASuspectChunkStaysSuspectWhenItsTakeoverStops(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name string
+		stop func(*Handler, *faults.State, *faults.Store) *faults.Rule
+	}{
+		{"its first claim write fails", func(_ *Handler, st *faults.State, _ *faults.Store) *faults.Rule {
+			return st.Add(&faults.Rule{Match: faults.Method("Take"), Times: 1, Kind: faults.Fail})
+		}},
+		{"its lease statement's reply is lost", func(_ *Handler, _ *faults.State, sto *faults.Store) *faults.Rule {
+			return sto.Add(&faults.Rule{Match: faults.Method("LeaseChunk"), Skip: 1, Times: 1, Kind: faults.LoseReply})
+		}},
+		{"its worker is stopped while it leases", func(h *Handler, _ *faults.State, sto *faults.Store) *faults.Rule {
+			go func() { time.Sleep(20 * time.Millisecond); h.Stop() }()
+			return sto.Add(&faults.Rule{Match: faults.Method("LeaseChunk"), Skip: 1, Times: 1, Kind: faults.Stall, Delay: 50 * time.Millisecond})
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			f := plan(t, 10) // eligible in batch 0: u1 u2 u4 u7 u8
+			f.deadRunUnderLostEpoch(t, 1, 2)
+			r1, st, sto := f.faulty(t, func(c *Config) { c.LeaseTTL = 300 * time.Millisecond })
+			rule := tc.stop(r1, st, sto)
+			_ = r1.RunBatch(ctx, f.id, 0)
+			if rule.Hits() != 1 {
+				t.Fatalf("the fault hit %d calls, want 1: this tests nothing", rule.Hits())
+			}
+			if n := f.provider.total(); n != 2 {
+				t.Fatalf("%d messages after the takeover stopped, want the dead run's 2", n)
+			}
+			f.leaseExpired(t)
+			r2, _, _ := f.faulty(t, func(c *Config) { c.LeaseTTL = 300 * time.Millisecond })
+			notFailure(t, r2.RunBatch(ctx, f.id, 0))
+			f.runAll(t)
+			f.assertOnce(t)
+			for _, u := range []string{"u1", "u2"} {
+				if st, _, _ := f.status(t, u); st != campaign.StatusUnknown {
+					t.Errorf("%s, sent by the dead run, is %s, want unknown", u, st)
+				}
+			}
+		})
+	}
+}
+
+// The same through the sweep: its first claim write fails, and the next sweep must not free the chunk as
+// never claimed.
+func TestASweepThatCannotSettleASuspectChunkLeavesItSuspect(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	f := plan(t, 10)
+	f.deadRunUnderLostEpoch(t, 1)
+	h, st, _ := f.faulty(t, func(c *Config) { c.LeaseTTL = 300 * time.Millisecond })
+	rule := st.Add(&faults.Rule{Match: faults.Method("Take"), Times: 1, Kind: faults.Fail})
+	_, _ = h.Sweep(ctx)
+	if rule.Hits() != 1 {
+		t.Fatalf("the fault hit %d claim writes, want 1: this tests nothing", rule.Hits())
+	}
+	f.leaseExpired(t)
+	if _, err := h.Sweep(ctx); err != nil {
+		t.Fatal(err)
+	}
+	f.runAll(t)
+	f.assertOnce(t)
+	if st, _, _ := f.status(t, "u1"); st != campaign.StatusUnknown {
+		t.Errorf("u1, sent by the dead run, is %s, want unknown", st)
+	}
+}
+
+// The same, then the campaign is cancelled: the suspect recipients are not closed as skipped with their
+// codes back in the pool (a dead run may have sent u1 its code); a run settles them as unknown, and they
+// keep their codes.
+func TestACancelLeavesASuspectRecipientItsCode(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	f := plan(t, 10)
+	_, _, code1 := f.status(t, "u1")
+	f.deadRunUnderLostEpoch(t, 1)
+	r1, st, _ := f.faulty(t, func(c *Config) { c.LeaseTTL = 300 * time.Millisecond })
+	st.Add(&faults.Rule{Match: faults.Method("Take"), Times: 1, Kind: faults.Fail})
+	_ = r1.RunBatch(ctx, f.id, 0)
+	f.leaseExpired(t)
+	if _, err := Cancel(ctx, CancelOptions{Store: f.store, Redis: f.rdb, CampaignID: f.id}); err != nil {
+		t.Fatal(err)
+	}
+	f.runAll(t)
+	status, reason, code := f.status(t, "u1")
+	var released int
+	if err := f.db.QueryRow(ctx, `SELECT count(*) FROM released_codes rc JOIN promo_codes p ON p.id = rc.code_id WHERE p.code = $1`, code1).Scan(&released); err != nil {
+		t.Fatal(err)
+	}
+	if status != campaign.StatusUnknown || code != code1 || released != 0 {
+		t.Fatalf("u1 (sent %s by the dead run) is %s (%s) holding %q, %s back in the pool: %v; want unknown, keeping it",
+			code1, status, reason, code, code1, released > 0)
+	}
+	if c := f.counts(t); c.Pending != 0 {
+		t.Errorf("counts %+v, want everyone settled", c)
+	}
+}
+
+// Suspect recipients settled as unknown leave the chunk's suspects: `resume --resend-unknown` then sends
+// them once more, as the operator asked, rather than finding them suspect again and settling them as
+// unknown for ever. (The dead run had the whole chunk in hand: all five eligible are unknown.)
+func TestAResendSendsASuspectRecipientOnceSettled(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	f := plan(t, 10)
+	f.deadRunUnderLostEpoch(t, 1)
+	f.runAll(t)
+	if st, _, _ := f.status(t, "u1"); st != campaign.StatusUnknown {
+		t.Fatalf("u1, sent by the dead run, is %s, want unknown", st)
+	}
+	rep, err := Resume(ctx, ResumeOptions{Store: f.store, Redis: f.rdb, CampaignID: f.id, ResendUnknown: true})
+	if err != nil || rep.Resent != 5 {
+		t.Fatalf("resume --resend-unknown: %+v, %v; want the 5 unknown resent", rep, err)
+	}
+	f.runAll(t)
+	if c := f.counts(t); c.Sent != 5 || c.Unknown != 0 || c.Pending != 0 {
+		t.Errorf("counts %+v after the resend, want the 5 sent", c)
+	}
+	if n := len(f.provider.sentTo(phone(1))); n != 2 {
+		t.Errorf("u1 got %d messages, want 2: the dead run's, and the resend the operator chose", n)
+	}
+}
