@@ -530,6 +530,9 @@ func (h *Handler) renew(ctx context.Context, run *batchRun) error {
 	if now.Before(run.renewAt) && !confirm {
 		return nil
 	}
+	// The answers of the sends before are written into their claims first: were the renewal to stall (a
+	// Postgres restart) and the worker die meanwhile, they would otherwise be lost with it.
+	h.settleAnswers(ctx, run)
 	held, err := h.cfg.Store.RenewLease(ctx, run.c.ID, run.lease)
 	if err != nil {
 		return waitForServices(err)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -548,5 +549,68 @@ func TestALeaseThatKeepsChangingHandsIsLeftBusyAfterThreeTries(t *testing.T) {
 	f.assertOnce(t)
 	if c := f.counts(t); c.Pending != 0 || c.Sent != 5 {
 		t.Fatalf("counts %+v, want the 5 eligible sent", c)
+	}
+}
+
+// Without a cap the answer of a send is written with the next claim (one Redis call a message). When a
+// Postgres call comes first (the lease's renewal, the consents' re-read) and stalls (a Postgres restart),
+// the answer must already be in the claim: were the worker killed during the stall, the sweep would find
+// the claim in flight, make the recipient unknown, and `resume --resend-unknown` would send it again
+// although the provider had accepted it.
+func TestAnAnswerIsWrittenBeforeAPostgresCallThatMayStall(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name, method string
+		skip         int
+		ttl, hold    time.Duration
+	}{
+		// The lease (300 ms) is due for renewal by the next send.
+		{"the lease's renewal", "RenewLease", 0, 300 * time.Millisecond, 150 * time.Millisecond},
+		// The consents (read with the chunk) are more than a second old by the next send.
+		{"the consents' re-read", "LeaseChunk", 1, 30 * time.Second, 1100 * time.Millisecond},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			f := plan(t, 10) // eligible in batch 0: u1 u2 u4 u7 u8
+			w1, _, store := f.faulty(t, func(c *Config) { c.Owner, c.LeaseTTL = "w1", tc.ttl })
+			stall := store.Add(&faults.Rule{Match: faults.Method(tc.method), Skip: tc.skip, Times: 1, Kind: faults.Stall, Delay: 10 * time.Minute})
+			f.provider.before = func(m providers.Message) {
+				if m.To == phone(1) {
+					time.Sleep(tc.hold)
+				}
+			}
+			wctx, kill := context.WithCancel(ctx)
+			defer kill()
+			done := make(chan error, 1)
+			go func() { done <- w1.RunBatch(wctx, f.id, 0) }()
+			waitUntil(t, 10*time.Second, "u1 accepted and the Postgres call stalled", func() bool {
+				return len(f.provider.sentTo(phone(1))) == 1 && stall.Hits() == 1
+			})
+			v, err := f.rdb.Get(ctx, ClaimKey(f.id, "u1")).Result()
+			if st := state.ParseValue(strings.TrimPrefix(v, Nonce(f.campaign(t))+"/")); err != nil || st.Kind != state.Sent {
+				t.Fatalf("u1 was accepted, and while %s stalls its claim says %q (%v): the answer is not in it", tc.method, v, err)
+			}
+			if tc.method != "RenewLease" {
+				return
+			}
+			// The worker dies during the stall, recording nothing; the sweep settles its chunk, and the
+			// operator resends the unknown.
+			store.Add(&faults.Rule{Match: faults.Method("Record", "ReleaseBatch"), Kind: faults.Fail})
+			kill()
+			<-done
+			f.leaseExpired(t)
+			if _, err := f.h.Sweep(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if st, reason, _ := f.status(t, "u1"); st != campaign.StatusSent {
+				t.Errorf("u1 is %s (%s) after the sweep, want sent (its claim says so)", st, reason)
+			}
+			if _, err := Resume(ctx, ResumeOptions{Store: f.store, Redis: f.rdb, CampaignID: f.id, ResendUnknown: true}); err != nil {
+				t.Fatal(err)
+			}
+			f.runAll(t)
+			f.assertOnce(t)
+		})
 	}
 }

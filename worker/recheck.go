@@ -121,6 +121,7 @@ func (h *Handler) logRefused(run *batchRun, refused int) {
 // chunk as gate ends one.
 func (h *Handler) reread(ctx context.Context, run *batchRun, users []string) (campaign.Chunk, error) {
 	at := h.cfg.Now()
+	h.settleAnswers(ctx, run) // before a Postgres round trip that may stall (renew)
 	got, err := h.leaseChunk(ctx, run, users)
 	if err != nil {
 		return got, waitForServices(err)
