@@ -263,6 +263,21 @@ func Resume(ctx context.Context, o ResumeOptions) (ResumeReport, error) {
 	if err := Unhalt(ctx, o.Redis, id); err != nil {
 		return rep, err
 	}
+	// A pause or cancel that landed between the transition and the unhalt wrote its halt mark before this
+	// cleared it: the campaign would stand paused in Postgres while the workers' claims went on until
+	// their next chunk. The state is read again, and such a halt put back.
+	if now, err := o.Store.Get(ctx, id); err != nil {
+		return rep, err
+	} else if now.State == campaign.StatePaused || now.State == campaign.StateCancelled {
+		ttl := time.Duration(0)
+		if now.State == campaign.StateCancelled {
+			ttl = DefaultClaimTTL
+		}
+		if err := Halt(ctx, o.Redis, id, string(now.State), ttl); err != nil {
+			return rep, err
+		}
+		return rep, fmt.Errorf("%w: campaign %d was %s while it was being resumed; it stays %s", campaign.ErrWrongState, id, now.State, now.State)
+	}
 	found := counts
 	rep.Found = &found
 

@@ -524,3 +524,64 @@ func TestResumeRunsTheBatchesWaitingToRetryNow(t *testing.T) {
 		t.Fatalf("batch 0 after resume: %+v, %v; want pending (to run now)", info, err)
 	}
 }
+
+// beforeDel runs do once, just before the first DEL of key goes to Redis.
+type beforeDel struct {
+	key  string
+	once sync.Once
+	do   func()
+}
+
+func (h *beforeDel) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *beforeDel) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if args := cmd.Args(); len(args) == 2 && strings.EqualFold(fmt.Sprint(args[0]), "del") && args[1] == h.key {
+			h.once.Do(h.do)
+		}
+		return next(ctx, cmd)
+	}
+}
+func (h *beforeDel) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+// An operator pauses (or cancels) a campaign while another resumes it: the pause lands between the
+// resume's transition to running and its clearing of the halt mark. The campaign stays paused, and its
+// halt mark must stay too; without it every worker would go on claiming until its next chunk.
+func TestAPauseDuringAResumeKeepsItsHaltMark(t *testing.T) {
+	t.Parallel()
+	for _, to := range []campaign.State{campaign.StatePaused, campaign.StateCancelled} {
+		t.Run(string(to), func(t *testing.T) {
+			t.Parallel()
+			e := newOpsEnv(t, 3, nil)
+			ctx := context.Background()
+			c := e.launch(t, "p", 1)
+			if _, err := worker.Pause(ctx, worker.PauseOptions{Store: e.store, Redis: e.rdb, CampaignID: c.ID}); err != nil {
+				t.Fatal(err)
+			}
+			resumer := redis.NewClient(e.rdb.(*redis.Client).Options())
+			defer resumer.Close()
+			resumer.AddHook(&beforeDel{key: worker.HaltKey(c.ID), do: func() {
+				var err error
+				if to == campaign.StatePaused {
+					_, err = worker.Pause(ctx, worker.PauseOptions{Store: e.store, Redis: e.rdb, CampaignID: c.ID})
+				} else {
+					_, err = worker.Cancel(ctx, worker.CancelOptions{Store: e.store, Redis: e.rdb, CampaignID: c.ID})
+				}
+				if err != nil {
+					t.Error(err)
+				}
+			}})
+			_, err := worker.Resume(ctx, worker.ResumeOptions{Store: e.store, Redis: resumer, CampaignID: c.ID})
+			if !errors.Is(err, campaign.ErrWrongState) || !strings.Contains(err.Error(), "while it was being resumed") {
+				t.Errorf("resume: %v, want it to say the campaign was %s meanwhile", err, to)
+			}
+			if st := e.campaign(t, c.ID).State; st != to {
+				t.Fatalf("state %s, want %s", st, to)
+			}
+			if v, _ := e.rdb.Get(ctx, worker.HaltKey(c.ID)).Result(); v != string(to) {
+				t.Fatalf("halt mark %q, want %q: the workers would go on claiming", v, to)
+			}
+		})
+	}
+}
