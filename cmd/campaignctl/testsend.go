@@ -3,7 +3,9 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/campaignctl/campaignctl/campaign"
@@ -127,6 +129,18 @@ func (a *app) testSend(ctx context.Context, o launchOptions, spec campaign.Spec,
 		}
 	}
 	if sendErr != nil {
+		var pe *providers.Error
+		if errors.As(sendErr, &pe) && pe.AccountLevel() {
+			// The provider refuses the account, not the recipient: say which settings to look at.
+			var settings []string
+			for _, ps := range providerSpecs() {
+				if ps.name == p.Name() {
+					settings = ps.settings
+				}
+			}
+			return fmt.Errorf("test send to %s through %s: %w; the provider refuses the account, not the recipient: check %s (credentials and sender) on this machine and on the workers",
+				masked, p.Name(), sendErr, strings.Join(settings, ", "))
+		}
 		return fmt.Errorf("test send to %s through %s: %w", masked, p.Name(), sendErr)
 	}
 	out := testSendResult{Test: true, Channel: string(ch), Provider: p.Name(), To: masked, UserID: r.UserID,

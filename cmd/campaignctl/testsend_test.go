@@ -237,3 +237,27 @@ func TestTestSendSendsNothingWithoutRedis(t *testing.T) {
 	}
 	nothingPlanned(t, count)
 }
+
+// A test send the provider refuses for the account (a wrong auth token: 401, code 20003) says which
+// settings to check, without printing the token.
+func TestTestSendRefusedForTheAccountNamesTheSettings(t *testing.T) {
+	t.Parallel()
+	env, _, count, _ := testSendEnv(t)
+	sb := sandbox.New(sandbox.Options{TwilioAccountSID: env["TWILIO_ACCOUNT_SID"], TwilioAuthToken: "righttoken"})
+	srv := httptest.NewServer(sb)
+	t.Cleanup(srv.Close)
+	env["TWILIO_BASE_URL"], env["TWILIO_AUTH_TOKEN"] = srv.URL, "Wr0ngT0ken"
+	audience := writeFile(t, "a.sql", "SELECT user_id, phone, first_name FROM customers")
+	_, stderr, code := cli(t, env, "launch", "--name", "yaz", "--channel", "sms", "--audience", audience,
+		"--message", testPrefix+"Merhaba {{.first_name}}", "--test-to", "+905321000001", "--yes")
+	if code == 0 || !strings.Contains(stderr, "refuses the account") || !strings.Contains(stderr, "TWILIO_ACCOUNT_SID, TWILIO_AUTH_TOKEN, TWILIO_FROM") {
+		t.Errorf("a test send with a wrong token: exit %d, %s; want the settings to check named", code, stderr)
+	}
+	if strings.Contains(stderr, "Wr0ngT0ken") {
+		t.Errorf("the token was printed: %s", stderr)
+	}
+	if n := len(sb.Messages()); n != 0 {
+		t.Errorf("%d messages accepted with a wrong token", n)
+	}
+	nothingPlanned(t, count)
+}
