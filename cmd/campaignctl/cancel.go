@@ -36,7 +36,7 @@ batches of a worker that died are closed from their Redis claims, like resume do
 
 A cancelled campaign cannot be resumed, and its dead-lettered batches are not retried.`,
 		Example: `  campaignctl cancel 42`,
-		Args:    cobra.ExactArgs(1),
+		Args:    exactlyOne("a campaign ID", campaignIDHint("cancel")),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			var err error
 			if o.id, err = parseID(args[0]); err != nil {

@@ -331,3 +331,25 @@ func TestUnknownSubcommandsAreRefused(t *testing.T) {
 		t.Errorf("iys alone: exit %d, %q; want its help", code, stdout)
 	}
 }
+
+// A command given too few or too many arguments says what it needs and how to give it (exit 2).
+func TestMissingArgumentsAreNamed(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"resume"}, "campaignctl resume needs a campaign ID: e.g. `campaignctl resume 42`"},
+		{[]string{"pause", "1", "2"}, "campaignctl pause takes one argument (a campaign ID), not 2 (1 2)"},
+		{[]string{"cancel"}, "`campaignctl status` lists the campaigns"},
+		{[]string{"report"}, "campaignctl report needs a campaign ID"},
+		{[]string{"iys", "import"}, "campaignctl iys import needs a consent CSV file: e.g. `campaignctl iys import consents.csv`"},
+		{[]string{"iys", "check"}, "campaignctl iys check needs an address"},
+		{[]string{"status", "1", "2"}, "status takes at most one campaign ID"},
+	} {
+		out, stderr, code := cli(t, nil, tc.args...)
+		if code != 2 || out != "" || !strings.Contains(stderr, tc.want) {
+			t.Errorf("%v: exit %d, stdout %q, stderr %q; want 2 saying %q", tc.args, code, out, stderr, tc.want)
+		}
+	}
+}

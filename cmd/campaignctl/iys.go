@@ -109,7 +109,7 @@ func (a *app) newIYSCheckCmd() *cobra.Command {
 		Short: "Show one recipient's consent: what this engine holds, its history, and (when configured) what İYS says now",
 		Example: `  campaignctl iys check +905321234567
   campaignctl iys check ayse@example.com --type EPOSTA --json`,
-		Args: cobra.ExactArgs(1),
+		Args: exactlyOne("an address", "a phone number or an e-mail, e.g. `campaignctl iys check +905321234567`"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ctx := cmd.Context()
 			if typ == "" {
@@ -211,7 +211,7 @@ func (a *app) newIYSImportCmd() *cobra.Command {
 		Example: `  campaignctl iys import consents.csv
   # header: recipient,type,recipient_type,status,source,consent_date
   # row:    +905321234567,MESAJ,BIREYSEL,ONAY,HS_WEB,2026-01-15 10:30:00`,
-		Args: cobra.ExactArgs(1),
+		Args: exactlyOne("a consent CSV file", "e.g. `campaignctl iys import consents.csv` (header: recipient,type,recipient_type,status,source,consent_date)"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			f, err := os.Open(args[0])
 			if err != nil {

@@ -24,7 +24,7 @@ every worker check it before its next claim: no new send starts after pause retu
 waiting for the provider finish and are recorded). Running batches write their outcomes and hand the rest
 back; queued batches wait. Nothing is lost: the recipients stay pending until ` + "`campaignctl resume ID`" + `.`,
 		Example: `  campaignctl pause 42`,
-		Args:    cobra.ExactArgs(1),
+		Args:    exactlyOne("a campaign ID", campaignIDHint("pause")),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			var err error
 			if o.id, err = parseID(args[0]); err != nil {

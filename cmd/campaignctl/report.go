@@ -58,7 +58,7 @@ Campaigns launched before this version list their excluded rows only as counts (
   campaignctl report 42 --status failed,unknown
   campaignctl report 42 --status excluded --json
   campaignctl report 42 --with-address --csv`,
-		Args: cobra.ExactArgs(1),
+		Args: exactlyOne("a campaign ID", campaignIDHint("report")),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			var err error
 			if o.id, err = parseID(args[0]); err != nil {

@@ -37,7 +37,7 @@ same promo code, unless its claim shows the provider had accepted it. A complete
 only with --resend-unknown.`,
 		Example: `  campaignctl resume 42
   campaignctl resume 42 --resend-unknown`,
-		Args: cobra.ExactArgs(1),
+		Args: exactlyOne("a campaign ID", campaignIDHint("resume")),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			var err error
 			if o.id, err = parseID(args[0]); err != nil {

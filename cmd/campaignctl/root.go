@@ -174,3 +174,21 @@ func isTerminal(w any) bool {
 	f, ok := w.(*os.File)
 	return ok && term.IsTerminal(int(f.Fd()))
 }
+
+// exactlyOne refuses anything but one argument, naming what the command needs and how to give it.
+func exactlyOne(what, hint string) cobra.PositionalArgs {
+	return func(cmd *cobra.Command, args []string) error {
+		switch {
+		case len(args) == 0:
+			return usagef("%s needs %s: %s", cmd.CommandPath(), what, hint)
+		case len(args) > 1:
+			return usagef("%s takes one argument (%s), not %d (%s): %s", cmd.CommandPath(), what, len(args), strings.Join(args, " "), hint)
+		}
+		return nil
+	}
+}
+
+// campaignIDHint is how to give a campaign's ID.
+func campaignIDHint(cmd string) string {
+	return "e.g. `campaignctl " + cmd + " 42`; `campaignctl status` lists the campaigns and their IDs"
+}

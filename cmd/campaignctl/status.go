@@ -9,6 +9,7 @@ import (
 	"maps"
 	"slices"
 	"strconv"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -46,7 +47,12 @@ func (a *app) newStatusCmd() *cobra.Command {
 		Example: `  campaignctl status
   campaignctl status 42 --json
   campaignctl status 42 --watch`,
-		Args: cobra.MaximumNArgs(1),
+		Args: func(cmd *cobra.Command, args []string) error {
+			if len(args) > 1 {
+				return usagef("status takes at most one campaign ID, not %d (%s): `campaignctl status` lists the campaigns, `campaignctl status 42` shows one", len(args), strings.Join(args, " "))
+			}
+			return nil
+		},
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if len(args) == 1 {
 				var err error
