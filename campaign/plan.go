@@ -168,10 +168,10 @@ func (s *Spec) Validate() error {
 		return fmt.Errorf("%w: batch size %d must be between 1 and 10000", ErrInvalid, s.BatchSize)
 	}
 	if s.HTML != "" && !ch.HTML {
-		return fmt.Errorf("%w: --html is for %s; a %s message is the --message text", ErrInvalid, titlesWhere(func(c ChannelSpec) bool { return c.HTML }), s.Channel)
+		return fmt.Errorf("%w: --html is for %s; the %s message is the --message text", ErrInvalid, titlesWhere(func(c ChannelSpec) bool { return c.HTML }), s.Channel.Spec().Title)
 	}
 	if s.TemplateID != "" && !ch.TemplateID {
-		return fmt.Errorf("%w: --template-id is for %s; a %s message is the --message text", ErrInvalid, titlesWhere(func(c ChannelSpec) bool { return c.TemplateID }), s.Channel)
+		return fmt.Errorf("%w: --template-id is for %s; the %s message is the --message text", ErrInvalid, titlesWhere(func(c ChannelSpec) bool { return c.TemplateID }), s.Channel.Spec().Title)
 	}
 	if ch.SubjectRequired && s.Subject == "" && s.TemplateID == "" {
 		return fmt.Errorf("%w: a message by %s needs a subject; pass --subject 'Size özel kod' (or a --template-id whose template has one)", ErrInvalid, ch.Title)

@@ -313,7 +313,7 @@ func Import(ctx context.Context, pool *pgxpool.Pool, poolName string, r io.Reade
 	}
 	rep.Lines = n
 	if n == 0 {
-		return rep, fmt.Errorf("%w: the file holds no code (one code a line); nothing was imported", ErrInvalidOptions)
+		return rep, fmt.Errorf("%w: the file holds no code (one code a line)", ErrInvalidOptions)
 	}
 	// ORDER BY line: when codes are handed out in id order, they go out in the file's order.
 	tag, err := tx.Exec(ctx, `
