@@ -13,9 +13,11 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/campaignctl/campaignctl/campaign"
+	"github.com/campaignctl/campaignctl/internal/faults"
 	"github.com/campaignctl/campaignctl/internal/state"
 	"github.com/campaignctl/campaignctl/internal/testdb"
 	"github.com/campaignctl/campaignctl/internal/testredis"
+	"github.com/campaignctl/campaignctl/iys"
 	"github.com/campaignctl/campaignctl/providers"
 )
 
@@ -368,5 +370,57 @@ func TestAnEmailRequestUnderACapIsATenthOfASecondsWorth(t *testing.T) {
 		if len(r) > 4 {
 			t.Fatalf("request %d carried %d recipients under a cap of 40/s, want at most 4", i+1, len(r))
 		}
+	}
+}
+
+// The e-mail path: a request's claim call stalls (Redis slow) past its tokens' freshness, and the request
+// waits for its tokens a second time at a low cap (a request a recipient at 0.5/s). user1 unsubscribes
+// during that wait. The consents read before the claim are by then more than a second old: they are read
+// again, user1 is dropped from its request (its claim settled as revoked), and the others go out.
+func TestARefusalDuringAnEmailRequestsSecondTokenWaitDropsItsRecipient(t *testing.T) {
+	t.Parallel()
+	rdb, _ := testredis.New(t)
+	db, store, id, p, _ := planEmailDB(t, 4, 4, rdb)
+	fr := faults.NewState(state.New(rdb, DefaultClaimTTL))
+	h := NewHandler(Config{Store: store, Redis: rdb, State: fr, Owner: "test", Unsubscribe: testSigner,
+		Providers:     map[campaign.Channel]providers.Provider{campaign.ChannelEmail: p},
+		ProviderRates: map[string]float64{"batch": 0.5}})
+	stall := fr.Add(&faults.Rule{Match: faults.Method("ClaimMany"), Times: 1, Kind: faults.Stall, Delay: 300 * time.Millisecond})
+	ctx := context.Background()
+	c, err := store.Get(ctx, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(2 * time.Millisecond) {
+			if n, _ := rdb.Exists(ctx, ClaimKey(id, "u1")).Result(); n == 1 {
+				rep, err := iys.RecordRefusals(ctx, db, "", []iys.Refusal{{Via: iys.ViaOneClick, EventID: "u1-unsubscribe",
+					Kind: "one_click", Recipient: "user1@example.com", Type: "EPOSTA", At: time.Now(), Evidence: "one-click"}})
+				if err != nil || rep.Revoked != 1 {
+					t.Errorf("refusal: %+v %v", rep, err)
+				}
+				return
+			}
+		}
+		t.Error("u1 was never claimed")
+	}()
+	if err := h.RunBatch(ctx, id, 0); err != nil {
+		t.Fatal(err)
+	}
+	if stall.Hits() != 1 {
+		t.Fatal("the claim never stalled: this tests nothing")
+	}
+	p.mu.Lock()
+	requests, toU1 := len(p.requests), len(p.accepted["user1@example.com"])
+	p.mu.Unlock()
+	if toU1 != 0 || requests != 3 || len(p.accepted) != 3 {
+		t.Fatalf("%d requests, user1 got %d, %d addresses reached; want the other 3 reached", requests, toU1, len(p.accepted))
+	}
+	v, _ := rdb.Get(ctx, ClaimKey(id, "u1")).Result()
+	if st := state.ParseValue(strings.TrimPrefix(v, Nonce(c)+"/")); st.Kind != state.Skipped {
+		t.Errorf("u1's claim says %q, want skipped (revoked)", v)
+	}
+	if cs, _ := store.Counts(ctx, id); cs.Sent != 3 || cs.Skipped != 1 || cs.Pending != 0 {
+		t.Errorf("counts %+v, want 3 sent and u1 skipped", cs)
 	}
 }
