@@ -73,6 +73,9 @@ type Outcome struct {
 	// (providers.ReceiptsNameRecipient): the audit entry then needs no place in the message-ID index
 	// (migration 0014). False, the safe value, when unknown.
 	ReceiptKeyed bool
+	// Provider names the provider the message went through (or that refused it); "" when not known (an
+	// outcome read back from a claim).
+	Provider string
 }
 
 // ConsentRecord is a recipient's İYS consent as a worker read it when it leased the recipient's chunk: what

@@ -191,13 +191,14 @@ func (s *Store) Record(ctx context.Context, campaignID int64, outcomes []Outcome
 		inHand = []string{}
 	}
 	n := len(outcomes)
-	users, statuses, reasons, ids := make([]string, n), make([]string, n), make([]string, n), make([]string, n)
+	users, statuses, reasons, ids, provs := make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n)
 	segs := make([]int32, n)
 	keyed := make([]bool, n)
 	cStatus, cSource, cTxn := make([]string, n), make([]string, n), make([]string, n)
 	cDate, cSynced := make([]pgtype.Timestamptz, n), make([]pgtype.Timestamptz, n)
 	for i, o := range outcomes {
 		users[i], statuses[i], reasons[i], ids[i], segs[i], keyed[i] = o.UserID, o.Status, o.Reason, o.MessageID, int32(o.Segments), o.ReceiptKeyed
+		provs[i] = o.Provider
 		if c := o.Snapshot; c.Status != "" {
 			cStatus[i], cSource[i], cTxn[i] = c.Status, c.Source, c.TransactionID
 			cDate[i] = pgtype.Timestamptz{Time: c.Date, Valid: !c.Date.IsZero()}
@@ -223,8 +224,8 @@ func (s *Store) Record(ctx context.Context, campaignID int64, outcomes []Outcome
 	b.Queue(`
 		WITH o AS (
 			SELECT * FROM unnest($2::text[], $3::text[], $4::text[], $5::text[], $6::int[],
-					$9::text[], $10::text[], $11::timestamptz[], $12::text[], $13::timestamptz[], $15::bool[])
-				AS o(user_id, status, reason, msgid, segments, c_status, c_source, c_date, c_txn, c_synced, keyed)
+					$9::text[], $10::text[], $11::timestamptz[], $12::text[], $13::timestamptz[], $15::bool[], $16::text[])
+				AS o(user_id, status, reason, msgid, segments, c_status, c_source, c_date, c_txn, c_synced, keyed, provider)
 		), upd AS (
 			-- Only rows of the lease's batch: the (campaign, batch) index finds them whatever the
 			-- planner believes about the campaign's size.
@@ -238,6 +239,7 @@ func (s *Store) Record(ctx context.Context, campaignID int64, outcomes []Outcome
 				last_error = CASE WHEN o.status IN (`+sqlFailed+`, `+sqlUnknown+`) OR (r.delivery IS NOT NULL AND o.status <> `+sqlSent+`)
 					THEN NULLIF(o.reason, '') END,
 				provider_message_id = coalesce(NULLIF(o.msgid, ''), r.provider_message_id),
+				provider = coalesce(NULLIF(o.provider, ''), r.provider),
 				segments = NULLIF(o.segments, 0),
 				attempts = r.attempts + CASE WHEN o.status IN (`+sqlSent+`, `+sqlFailed+`, `+sqlUnknown+`, `+sqlPending+`) THEN 1 ELSE 0 END,
 				-- A recipient that was ever unknown (resent since) may hold a code that reached them: it keeps it.
@@ -286,7 +288,7 @@ func (s *Store) Record(ctx context.Context, campaignID int64, outcomes []Outcome
 			ON CONFLICT (code_id) DO NOTHING
 		)
 		SELECT status, count(*) FROM upd GROUP BY status`, campaignID, users, statuses, reasons, ids, segs, lease.Batch, lease.Token,
-		cStatus, cSource, cDate, cTxn, cSynced, inHand, keyed)
+		cStatus, cSource, cDate, cTxn, cSynced, inHand, keyed, provs)
 	br := s.pool.SendBatch(ctx, b)
 	err := readMoved(br, async, moved)
 	if cerr := br.Close(); err == nil {

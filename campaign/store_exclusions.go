@@ -30,8 +30,9 @@ type ReportRow struct {
 	// last error of an unknown or pending row.
 	Reason string `json:"reason"`
 	Code   string `json:"code"`
-	// Provider names the provider that sent the message when the schema says so: a send that failed
-	// over to the fallback records it in its reason. "" otherwise (the caller knows the channel's).
+	// Provider names the provider that sent (or refused) the message, as the worker recorded it (or, for
+	// a row recorded before that, as a send that failed over to the fallback says in its reason). ""
+	// otherwise (the caller knows the channel's).
 	Provider          string `json:"provider"`
 	ProviderMessageID string `json:"provider_message_id"`
 	Attempts          int    `json:"attempts"`
@@ -101,7 +102,7 @@ func (s *Store) Report(ctx context.Context, id int64, statuses []string, fn func
 		}
 		// A failover send names the fallback in its reason (worker: "sent through X, the fallback (...)").
 		parts = append(parts, `SELECT r.user_id, r.address, r.status, coalesce(r.reason, r.last_error, ''), coalesce(r.code, ''),
-			coalesce(substring(r.reason from '^sent through (\S+), the fallback'), ''), coalesce(r.provider_message_id, ''),
+			coalesce(r.provider, substring(r.reason from '^sent through (\S+), the fallback'), ''), coalesce(r.provider_message_id, ''),
 			r.attempts, coalesce(r.delivery, ''), r.sent_at,
 			CASE WHEN r.delivery = `+quoteLiteral(DeliveryDelivered)+` THEN r.delivery_at END
 			FROM campaign_recipients r WHERE r.campaign_id = $1`+filter)

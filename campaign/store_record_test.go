@@ -5,6 +5,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/campaignctl/campaignctl/campaign"
 	"github.com/campaignctl/campaignctl/internal/testdb"
 )
@@ -59,5 +61,51 @@ func TestRecordKeepsToTheLeasesBatchAndAuditsTheConsentRead(t *testing.T) {
 	}
 	if n := count(t, db, `SELECT count(*) FROM campaign_batches WHERE campaign_id = $1 AND batch = $2 AND lease_users <> '{}'`, c.ID, batch); n != 0 {
 		t.Error("the chunk in hand was not emptied by the record")
+	}
+}
+
+// The report names the provider each outcome was recorded with (the fallback's when the first was down),
+// whatever the environment of whoever reads it configures.
+func TestTheReportNamesTheProviderEachOutcomeWasRecordedWith(t *testing.T) {
+	t.Parallel()
+	db, _ := testdb.New(t)
+	seedAudience(t, db, 3)
+	ctx := context.Background()
+	c := planned(t, db, spec("providers"))
+	store := campaign.NewStore(db)
+	var users []string
+	rows, err := db.Query(ctx, `SELECT user_id FROM campaign_recipients WHERE campaign_id = $1 ORDER BY user_id`, c.ID)
+	if err == nil {
+		users, err = pgx.CollectRows(rows, pgx.RowTo[string])
+	}
+	if err != nil || len(users) != 2 {
+		t.Fatalf("planned %v (%v), want 2 recipients", users, err)
+	}
+	outcomes := map[string]campaign.Outcome{
+		users[0]: {UserID: users[0], Status: campaign.StatusSent, MessageID: "SM1", Provider: "twilio"},
+		users[1]: {UserID: users[1], Status: campaign.StatusFailed, Reason: "netgsm 40: the number is invalid", Provider: "netgsm"},
+	}
+	for u, o := range outcomes {
+		var batch int
+		if err := db.QueryRow(ctx, `SELECT batch FROM campaign_recipients WHERE campaign_id = $1 AND user_id = $2`, c.ID, u).Scan(&batch); err != nil {
+			t.Fatal(err)
+		}
+		if moved, err := store.Record(ctx, c.ID, []campaign.Outcome{o}, campaign.Lease{Batch: batch}, nil); err != nil || moved[o.Status] != 1 {
+			t.Fatalf("record %+v: moved %v, %v", o, moved, err)
+		}
+	}
+	got := map[string]string{}
+	if err := store.Report(ctx, c.ID, nil, func(r campaign.ReportRow) error {
+		if r.Status != campaign.StatusExcluded { // u1 is also excluded once (a second row of it)
+			got[r.UserID] = r.Provider
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	for u, want := range map[string]string{users[0]: "twilio", users[1]: "netgsm"} {
+		if got[u] != want {
+			t.Errorf("%s's provider in the report is %q, want %q", u, got[u], want)
+		}
 	}
 }

@@ -91,7 +91,7 @@ func (h *Handler) settleRefusal(ctx context.Context, run *batchRun, m *metrics.S
 			run.unclaimed = true
 		}
 		for _, u := range f.users {
-			run.add(campaign.Outcome{UserID: u, Status: campaign.StatusUnknown, Reason: pe.Reason()})
+			run.add(campaign.Outcome{UserID: u, Status: campaign.StatusUnknown, Reason: pe.Reason(), Provider: pe.Provider})
 		}
 		m.Unknown(n)
 		h.log.Warn("provider answer lost; the recipients are unknown and will not be resent automatically",
@@ -111,7 +111,7 @@ func (h *Handler) settleRefusal(ctx context.Context, run *batchRun, m *metrics.S
 			}
 		}
 		for _, u := range f.users {
-			run.add(campaign.Outcome{UserID: u, Status: campaign.StatusFailed, Reason: pe.Reason()})
+			run.add(campaign.Outcome{UserID: u, Status: campaign.StatusFailed, Reason: pe.Reason(), Provider: pe.Provider})
 		}
 		m.Failed(n)
 		h.answered(run)

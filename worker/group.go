@@ -160,7 +160,7 @@ func (h *Handler) sendGroup(ctx, waitCtx context.Context, run *batchRun, b provi
 		res, err := b.SendBatch(ctx, msgs)
 		run.m.BatchRequest(time.Since(start), len(msgs))
 		if err == nil { // accepted
-			keyed := providers.ReceiptsNameRecipient(b)
+			keyed, name := providers.ReceiptsNameRecipient(b), b.Name()
 			vals := make([]string, len(rs))
 			for i, r := range rs {
 				if i > 0 && res[i] == res[i-1] {
@@ -168,7 +168,7 @@ func (h *Handler) sendGroup(ctx, waitCtx context.Context, run *batchRun, b provi
 				} else {
 					vals[i] = state.SentValue(res[i].MessageID, res[i].Segments)
 				}
-				run.add(campaign.Outcome{UserID: r.UserID, Status: campaign.StatusSent, MessageID: res[i].MessageID, Segments: res[i].Segments, ReceiptKeyed: keyed})
+				run.add(campaign.Outcome{UserID: r.UserID, Status: campaign.StatusSent, MessageID: res[i].MessageID, Segments: res[i].Segments, ReceiptKeyed: keyed, Provider: name})
 			}
 			run.m.Sent(len(rs))
 			if err := h.state.SettleMany(ctx, keys, run.nonce, inflight, vals); err != nil {

@@ -155,3 +155,22 @@ func TestAResendSendsASuspectRecipientOnceSettled(t *testing.T) {
 		t.Errorf("u1 got %d messages, want 2: the dead run's, and the resend the operator chose", n)
 	}
 }
+
+// Each outcome the worker records names the provider it went through, for the report: the one-send path,
+// and the path of windows of sends.
+func TestOutcomesNameTheirProvider(t *testing.T) {
+	t.Parallel()
+	for _, window := range []int{1, 8} {
+		f := plan(t, 10)
+		h, _, _ := f.faulty(t, func(c *Config) { c.SendWindow = window })
+		notFailure(t, h.RunBatch(context.Background(), f.id, 0))
+		var sent, named int
+		if err := f.db.QueryRow(context.Background(), `SELECT count(*), count(*) FILTER (WHERE provider = 'test')
+			FROM campaign_recipients WHERE campaign_id = $1 AND status = 'sent'`, f.id).Scan(&sent, &named); err != nil {
+			t.Fatal(err)
+		}
+		if sent == 0 || named != sent {
+			t.Errorf("window %d: %d of %d sent recipients name their provider", window, named, sent)
+		}
+	}
+}

@@ -301,7 +301,7 @@ func (h *Handler) sendWindow(ctx context.Context, run *batchRun, rt *route, send
 		if v == accepted {
 			res := results[i].res
 			run.answersDue = append(run.answersDue, state.Answer{Key: key, InFlight: inflight, Value: state.SentValue(res.MessageID, res.Segments)})
-			run.add(campaign.Outcome{UserID: w.r.UserID, Status: campaign.StatusSent, MessageID: res.MessageID, Segments: res.Segments, ReceiptKeyed: rt.keyed})
+			run.add(campaign.Outcome{UserID: w.r.UserID, Status: campaign.StatusSent, MessageID: res.MessageID, Segments: res.Segments, ReceiptKeyed: rt.keyed, Provider: rt.provider.Name()})
 			rt.m.Sent(1)
 			h.answered(run)
 			continue
