@@ -103,7 +103,9 @@ func (h *Handler) settleRefusal(ctx context.Context, run *batchRun, m *metrics.S
 		}
 		h.state.ReleaseMarks(ctx, run.c, run.nonce, f.addrs, f.at) //nolint:errcheck // nothing reached the person
 		if pe.BadAddress {
-			// An unregistered push token: no later campaign should try it.
+			// An unregistered push token: no later campaign should try it. The answers held for the next
+			// claim are written first: this is a Postgres call, which may stall.
+			h.settleAnswers(ctx, run)
 			for _, a := range f.addrs {
 				if err := h.cfg.Store.MarkInvalid(ctx, run.c.Channel, a, pe.Reason()); err != nil {
 					h.log.Warn("could not record an invalid address", "campaign_id", run.c.ID, "err", err)
@@ -229,6 +231,9 @@ func (h *Handler) waitWhileDown(ctx, waitCtx context.Context, run *batchRun, pro
 // in hand for a dead run's. A lease lost meanwhile, or Postgres unreachable, ends the wait with renew's
 // RetryError.
 func (h *Handler) hold(ctx context.Context, run *batchRun, d time.Duration) error {
+	// The answers of the sends before are written into their claims before the wait (a back-off, an
+	// outage): a worker that died during it would otherwise leave accepted recipients in flight, unknown.
+	h.settleAnswers(context.WithoutCancel(ctx), run)
 	end := time.Now().Add(d)
 	for {
 		// The epoch is read when the lease is renewed (every third of its TTL), not at every call: the

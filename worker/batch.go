@@ -45,8 +45,10 @@ type batchRun struct {
 	// liveGen is the generation of this process's liveness lock (Liveness.Gen) when the lease was last
 	// confirmed.
 	liveGen int64
-	// consentAt is when the chunk's consents were read (gate, recheck).
+	// consentAt is when the chunk's consents were read (gate, recheck of all its recipients still to be
+	// sent); readAt, when some of them were read again since (recheck of a request, recheckInFlight).
 	consentAt time.Time
+	readAt    map[string]time.Time
 	// revoked holds the users recheck found without consent (and settled) or no longer pending: not sent.
 	revoked map[string]bool
 	guard   state.Guard
@@ -449,7 +451,7 @@ func (h *Handler) gate(ctx context.Context, run *batchRun, chunk []campaign.Reci
 	h.inherit(run, got.Inherited)
 	run.busy += got.Busy
 	run.renewAt = at.Add(run.lease.TTL / 3)
-	run.consentAt = at
+	run.consentAt, run.readAt = at, nil
 	todo := make([]campaign.Recipient, 0, len(chunk))
 	inChunk := make(map[string]bool, len(chunk))
 	for _, r := range chunk {

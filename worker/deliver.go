@@ -43,7 +43,7 @@ func (h *Handler) deliver(ctx, waitCtx context.Context, run *batchRun, rest []ca
 			for i := range rest {
 				rs[i] = &rest[i]
 			}
-			if drop, err := h.recheck(ctx, run, rs); err != nil || drop[r.UserID] {
+			if drop, err := h.recheck(ctx, run, rs, true); err != nil || drop[r.UserID] {
 				return err
 			}
 		}
@@ -328,7 +328,7 @@ func (h *Handler) tokensStillFresh(ctx, waitCtx context.Context, run *batchRun, 
 			return nil, err
 		}
 	}
-	if !h.consentStale(run) {
+	if !h.staleFor(run, f.users) {
 		return nil, nil
 	}
 	// The consents were read before the claims, and the claims or the tokens taken again since (a stall,

@@ -614,3 +614,37 @@ func TestAnAnswerIsWrittenBeforeAPostgresCallThatMayStall(t *testing.T) {
 		})
 	}
 }
+
+// The same before a wait: a window's sends are accepted but u2's is refused with a 503 asking for 8 s, and
+// the run holds for it (the lease, 30 s, is not due for renewal). The accepted answers must be in their
+// claims during the wait, which may last a whole provider outage: a worker killed during it would leave
+// them in flight, unknown, and resent by `resume --resend-unknown`.
+func TestAnAnswerIsWrittenBeforeABackOffWait(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	f := plan(t, 8) // eligible in batch 0: u1 u2 u4 u7 u8, one chunk
+	w1, _, _ := f.faulty(t, func(c *Config) { c.Owner, c.SendWindow = "w1", 8 })
+	var once sync.Once
+	f.provider.fail = func(_ int, m providers.Message) error {
+		var err error
+		if m.To == phone(2) {
+			once.Do(func() {
+				err = &providers.Error{Provider: "test", Status: 503, RetryAfter: 8 * time.Second, Class: providers.Transient}
+			})
+		}
+		return err
+	}
+	wctx, kill := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- w1.RunBatch(wctx, f.id, 0) }()
+	defer func() { kill(); <-done }()
+	waitUntil(t, 5*time.Second, "u1 accepted", func() bool { return len(f.provider.sentTo(phone(1))) == 1 })
+	time.Sleep(500 * time.Millisecond) // the run now holds for u2's Retry-After
+	nonce := Nonce(f.campaign(t))
+	for _, u := range []string{"u1", "u4", "u7", "u8"} {
+		v, err := f.rdb.Get(ctx, ClaimKey(f.id, u)).Result()
+		if st := state.ParseValue(strings.TrimPrefix(v, nonce+"/")); err != nil || st.Kind != state.Sent {
+			t.Errorf("%s was accepted, and while the run waits for u2's back-off its claim says %q (%v): the answer is not in it", u, v, err)
+		}
+	}
+}

@@ -74,7 +74,7 @@ func (h *Handler) sendGroup(ctx, waitCtx context.Context, run *batchRun, b provi
 		if err := h.readyToSend(ctx, waitCtx, run, sendSize{msgs: len(rs), tokens: len(rs), calls: 1, via: b}, run.limits...); err != nil {
 			return err
 		}
-		if drop, err := h.recheck(ctx, run, rs); err != nil {
+		if drop, err := h.recheck(ctx, run, rs, false); err != nil {
 			return err
 		} else if len(drop) > 0 {
 			n := 0

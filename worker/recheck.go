@@ -20,15 +20,18 @@ const consentMaxAge = time.Second
 // LeaseChunk). Those whose consent is gone are settled as revoked; those no longer pending (settled by
 // another hand meanwhile) are left alone. It returns the users not to send, nil when all may go. A lease
 // lost to another run, or a campaign no longer running, ends the chunk as gate ends one.
-func (h *Handler) recheck(ctx context.Context, run *batchRun, rs []*campaign.Recipient) (map[string]bool, error) {
-	if !h.consentStale(run) || len(rs) == 0 {
+func (h *Handler) recheck(ctx context.Context, run *batchRun, rs []*campaign.Recipient, whole bool) (map[string]bool, error) {
+	if len(rs) == 0 || !h.consentStale(run) {
 		return nil, nil
 	}
 	users := make([]string, len(rs))
 	for i, r := range rs {
 		users[i] = r.UserID
 	}
-	got, err := h.reread(ctx, run, users)
+	if !h.staleFor(run, users) {
+		return nil, nil // read again moments ago (the request before, split from this one)
+	}
+	got, err := h.reread(ctx, run, users, whole)
 	if err != nil {
 		return nil, err
 	}
@@ -66,7 +69,7 @@ func (h *Handler) recheck(ctx context.Context, run *batchRun, rs []*campaign.Rec
 // this run's) and their frequency marks given back. Those no longer pending are not sent either, their
 // claims given back. It returns the users not to send.
 func (h *Handler) recheckInFlight(ctx context.Context, run *batchRun, f inFlight) (map[string]bool, error) {
-	got, err := h.reread(ctx, run, f.users)
+	got, err := h.reread(ctx, run, f.users, false)
 	if err != nil {
 		return nil, err
 	}
@@ -117,9 +120,9 @@ func (h *Handler) logRefused(run *batchRun, refused int) {
 }
 
 // reread leases users again (renewing the chunk's lease) and reads their consents as they are now, for
-// recheck and recheckInFlight. A lease lost to another run, or a campaign no longer running, ends the
+// recheck and recheckInFlight; whole says users are all the chunk's recipients still to be sent. A lease lost to another run, or a campaign no longer running, ends the
 // chunk as gate ends one.
-func (h *Handler) reread(ctx context.Context, run *batchRun, users []string) (campaign.Chunk, error) {
+func (h *Handler) reread(ctx context.Context, run *batchRun, users []string, whole bool) (campaign.Chunk, error) {
 	at := h.cfg.Now()
 	h.settleAnswers(ctx, run) // before a Postgres round trip that may stall (renew)
 	got, err := h.leaseChunk(ctx, run, users)
@@ -146,7 +149,18 @@ func (h *Handler) reread(ctx context.Context, run *batchRun, users []string) (ca
 	if len(got.Leased) == 0 && got.Busy > 0 {
 		return got, &RetryError{Err: fmt.Errorf("lease of batch %d lost to another run", run.batch), After: time.Second}
 	}
-	run.consentAt = at
+	if whole {
+		run.consentAt, run.readAt = at, nil
+	} else {
+		// Only a read of every recipient still to be sent makes the chunk's consents fresh: after a read of
+		// some (a request, the sends just claimed), the others' are as old as before.
+		if run.readAt == nil {
+			run.readAt = make(map[string]time.Time, len(users))
+		}
+		for _, u := range users {
+			run.readAt[u] = at
+		}
+	}
 	run.renewAt = at.Add(run.lease.TTL / 3)
 	if run.snapshots == nil {
 		run.snapshots = make(map[string]campaign.ConsentRecord, len(got.Snapshots))
@@ -160,7 +174,23 @@ func (h *Handler) reread(ctx context.Context, run *batchRun, users []string) (ca
 	return got, nil
 }
 
-// consentStale says whether the chunk's consents were read more than consentMaxAge ago.
+// consentStale says whether the chunk's consents were read more than consentMaxAge ago (some may have
+// been read again since: staleFor).
 func (h *Handler) consentStale(run *batchRun) bool {
 	return h.cfg.Now().Sub(run.consentAt) > consentMaxAge
+}
+
+// staleFor says whether the consent of any of users was read more than consentMaxAge ago: with the chunk,
+// or again since on its own.
+func (h *Handler) staleFor(run *batchRun, users []string) bool {
+	now := h.cfg.Now()
+	if now.Sub(run.consentAt) <= consentMaxAge {
+		return false
+	}
+	for _, u := range users {
+		if at, ok := run.readAt[u]; !ok || now.Sub(at) > consentMaxAge {
+			return true
+		}
+	}
+	return false
 }

@@ -448,6 +448,16 @@ func TestARefusalDuringASecondTokenWaitStopsTheSend(t *testing.T) {
 			if n := len(f.provider.sentTo(phone(1))); n != 0 {
 				t.Fatalf("u1 got %d messages after replying STOP during the wait, want none", n)
 			}
+			// The stopped run gives back the claims it took and did not send under (once Redis answers).
+			waitUntil(t, 5*time.Second, "the stopped run's claims given back", func() bool {
+				for _, u := range []string{"u2", "u4", "u7", "u8"} {
+					v, _ := f.rdb.Get(ctx, ClaimKey(f.id, u)).Result()
+					if v != "" && state.ParseValue(strings.TrimPrefix(v, nonce+"/")).Kind == state.InFlight {
+						return false
+					}
+				}
+				return true
+			})
 			f.runAll(t)
 			if st, reason, _ := f.status(t, "u1"); st != campaign.StatusSkipped || reason != campaign.ReasonRevoked {
 				t.Errorf("u1 is %s (%s), want skipped (%s)", st, reason, campaign.ReasonRevoked)

@@ -128,7 +128,7 @@ func (h *Handler) deliverWindowed(ctx, waitCtx context.Context, run *batchRun, r
 			for _, w := range slices.Concat(win, queue) {
 				rs = append(rs, w.r)
 			}
-			drop, err := h.recheck(ctx, run, rs)
+			drop, err := h.recheck(ctx, run, rs, true)
 			if err != nil {
 				return err
 			}
