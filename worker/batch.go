@@ -523,6 +523,11 @@ func (h *Handler) inherit(run *batchRun, users []string) {
 // slow, and another run took the rows over) must not send: it stops.
 func (h *Handler) renew(ctx context.Context, run *batchRun) error {
 	confirm := h.leaseUnconfirmed(run)
+	if confirm {
+		// The wait for the lock may last regainLiveness: the answers held for the next claim are written
+		// first, so that a worker killed during it leaves no accepted recipient in flight.
+		h.settleAnswers(ctx, run)
+	}
 	if confirm && !h.cfg.Liveness.await(ctx, regainLiveness) {
 		// The other workers' sweeps may be taking the chunk of a process whose lock is gone.
 		return waitForServices(errors.New("this worker's liveness lock in Postgres is lost; sends wait until it is held again"))
