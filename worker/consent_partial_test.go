@@ -27,7 +27,7 @@ func TestAReReadOfTheSendsJustClaimedLeavesTheRestOfTheChunkStale(t *testing.T) 
 			f := plan(t, 8) // eligible in batch 0: u1 u2 u4 u7 u8, one chunk
 			h, fr, _ := f.faulty(t, func(c *Config) { c.SendWindow = tc.window })
 			stall := fr.Add(&faults.Rule{Match: faults.Method(tc.claim), Times: 1, Kind: faults.Stall, Delay: 2500 * time.Millisecond})
-			var stopAt time.Time
+			stopped := make(chan time.Time, 1)
 			go func() {
 				// u4 replies STOP while the first claim is stalled.
 				waitUntil(t, 5*time.Second, "the first claim stalled", func() bool { return stall.Hits() > 0 })
@@ -37,10 +37,15 @@ func TestAReReadOfTheSendsJustClaimedLeavesTheRestOfTheChunkStale(t *testing.T) 
 				if err != nil || rep.Revoked != 1 {
 					t.Errorf("refusal: %+v %v", rep, err)
 				}
-				stopAt = time.Now()
+				stopped <- time.Now()
 			}()
 			if err := h.RunBatch(ctx, f.id, 0); err != nil {
 				t.Fatal(err)
+			}
+			var stopAt time.Time
+			select {
+			case stopAt = <-stopped:
+			case <-time.After(5 * time.Second):
 			}
 			if stall.Hits() != 1 || stopAt.IsZero() {
 				t.Fatal("the claim never stalled / no STOP: this tests nothing")

@@ -413,7 +413,9 @@ func TestARefusalDuringASecondTokenWaitStopsTheSend(t *testing.T) {
 			t.Parallel()
 			ctx := context.Background()
 			f := plan(t, 8) // eligible in batch 0: u1 u2 u4 u7 u8
-			h, fr, _ := f.faulty(t, func(c *Config) { c.ProviderRates = map[string]float64{"test": 0.2}; c.SendWindow = tc.window })
+			h, fr, _ := f.faulty(t, func(c *Config) {
+				c.ProviderRates, c.SendWindow, c.LeaseTTL = map[string]float64{"test": 0.2}, tc.window, 300*time.Millisecond
+			})
 			stall := fr.Add(&faults.Rule{Match: faults.Method(tc.claim), Times: 1, Kind: faults.Stall, Delay: 300 * time.Millisecond})
 			refused := make(chan struct{})
 			go func() {
@@ -458,6 +460,11 @@ func TestARefusalDuringASecondTokenWaitStopsTheSend(t *testing.T) {
 				}
 				return true
 			})
+			// Its chunk in hand, if it left one, is settled once its lease has run out.
+			f.leaseExpired(t)
+			if _, err := f.h.Sweep(ctx); err != nil {
+				t.Fatal(err)
+			}
 			f.runAll(t)
 			if st, reason, _ := f.status(t, "u1"); st != campaign.StatusSkipped || reason != campaign.ReasonRevoked {
 				t.Errorf("u1 is %s (%s), want skipped (%s)", st, reason, campaign.ReasonRevoked)
