@@ -17,8 +17,9 @@ const consentMaxAge = time.Second
 
 // recheck reads again, when the chunk's were read more than consentMaxAge ago, the consents of rs (the
 // recipients of the chunk still to be sent), with the chunk's lease renewed by the same statement (see
-// LeaseChunk). Those whose consent is gone are settled as revoked; those no longer pending (settled by
-// another hand meanwhile) are left alone. It returns the users not to send, nil when all may go. A lease
+// LeaseChunk). Those whose consent is gone are settled as revoked; those a receipt proves sent (an earlier
+// send, resent as unknown) as sent; those no longer pending (settled by another hand meanwhile) are left
+// alone. It returns the users not to send, nil when all may go. A lease
 // lost to another run, or a campaign no longer running, ends the chunk as gate ends one.
 func (h *Handler) recheck(ctx context.Context, run *batchRun, rs []*campaign.Recipient, whole bool) (map[string]bool, error) {
 	if len(rs) == 0 || !h.consentStale(run) {
@@ -43,6 +44,11 @@ func (h *Handler) recheck(ctx context.Context, run *batchRun, rs []*campaign.Rec
 		case run.revoked[r.UserID]:
 		case !pending:
 			// Settled by another hand meanwhile: not this run's to send or to record.
+			run.revoked[r.UserID] = true
+		case got.Accepted[r.UserID] && !r.Suspect:
+			// A receipt of an earlier send came in while it was pending (a resend of an unknown): it is
+			// recorded sent, as gate does, and not sent again.
+			run.add(campaign.Outcome{UserID: r.UserID, Status: campaign.StatusSent, Reason: reasonReceiptFirst})
 			run.revoked[r.UserID] = true
 		case !got.Consent[r.Address]:
 			r.Consent = false
@@ -82,6 +88,14 @@ func (h *Handler) recheckInFlight(ctx context.Context, run *batchRun, f inFlight
 		case !pending:
 			gone.users, gone.keys = append(gone.users, u), append(gone.keys, f.keys[i])
 			gone.values, gone.addrs = append(gone.values, f.values[i]), append(gone.addrs, f.addrs[i])
+		case got.Accepted[u]:
+			// Proven accepted by a receipt of an earlier send that came in meanwhile: the claim says so,
+			// and nothing is sent.
+			if err := h.state.Settle(ctx, f.keys[i], run.nonce, f.values[i], state.SentValue("", 0)); err != nil {
+				return nil, waitForServices(err)
+			}
+			run.add(campaign.Outcome{UserID: u, Status: campaign.StatusSent, Reason: reasonReceiptFirst})
+			run.revoked[u] = true
 		case !got.Consent[f.addrs[i]]:
 			if err := h.state.Settle(ctx, f.keys[i], run.nonce, f.values[i], state.ReasonValue(state.Skipped, campaign.ReasonRevoked)); err != nil {
 				return nil, waitForServices(err)
