@@ -71,6 +71,18 @@ type inFlight struct {
 	at                         time.Time
 }
 
+// without returns f less the users in drop.
+func (f inFlight) without(drop map[string]bool) inFlight {
+	out := inFlight{at: f.at}
+	for i, u := range f.users {
+		if !drop[u] {
+			out.users, out.keys = append(out.users, u), append(out.keys, f.keys[i])
+			out.values, out.addrs = append(out.values, f.values[i]), append(out.addrs, f.addrs[i])
+		}
+	}
+	return out
+}
+
 func oneInFlight(user, key, value, addr string, at time.Time) inFlight {
 	return inFlight{users: []string{user}, keys: []string{key}, values: []string{value}, addrs: []string{addr}, at: at}
 }

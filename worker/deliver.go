@@ -315,7 +315,42 @@ func (h *Handler) tokensStillFresh(ctx, waitCtx context.Context, run *batchRun, 
 			return nil, err
 		}
 	}
-	if !run.tokensAt.IsZero() && time.Since(run.tokensAt) > staleTokens+time.Duration(sz.msgs)*claimTimeEach {
+	var drop map[string]bool
+	// Both must hold when the sends leave: consents read less than consentMaxAge ago, and tokens taken
+	// less than staleTokens ago. Making one fresh takes time that may age the other (a re-read is a
+	// Postgres round trip, a second wait for tokens may last seconds at a low cap): they are checked again
+	// until both hold, a few times at most.
+	for round := 0; ; round++ {
+		if round == 4 {
+			h.notSentAfterClaim(ctx, run, f)
+			return nil, &RetryError{Err: fmt.Errorf("batch %d: the sends' tokens and consents could not both be fresh when they were to leave; the batch goes on from a fresh read", run.batch), After: time.Second}
+		}
+		if h.staleFor(run, f.users) {
+			// The consents were read before the claims, and the claims or the tokens taken again since (a
+			// stall, a wait at a low cap) took longer than consentMaxAge: a refusal recorded meanwhile (a
+			// STOP reply, an İYS sync) must still stop these sends. They are read again.
+			d, err := h.recheckInFlight(ctx, run, f)
+			if err != nil {
+				h.notSentAfterClaim(ctx, run, f)
+				return nil, err
+			}
+			if len(d) > 0 {
+				if drop == nil {
+					drop = map[string]bool{}
+				}
+				for u := range d {
+					drop[u] = true
+				}
+				f = f.without(d)
+				sz.msgs, sz.tokens = len(f.users), max(0, sz.tokens-len(d))
+				if len(f.users) == 0 {
+					return drop, nil
+				}
+			}
+		}
+		if run.tokensAt.IsZero() || time.Since(run.tokensAt) <= staleTokens+time.Duration(sz.msgs)*claimTimeEach {
+			return drop, nil
+		}
 		h.log.Debug("tokens taken too long before their send; taking them again", "campaign_id", run.c.ID,
 			"held", time.Since(run.tokensAt).Round(time.Millisecond))
 		// The send's wait for its limits was observed when it first took them: once a send.
@@ -328,18 +363,6 @@ func (h *Handler) tokensStillFresh(ctx, waitCtx context.Context, run *batchRun, 
 			return nil, err
 		}
 	}
-	if !h.staleFor(run, f.users) {
-		return nil, nil
-	}
-	// The consents were read before the claims, and the claims or the tokens taken again since (a stall,
-	// a wait at a low cap) took longer than consentMaxAge: a refusal recorded meanwhile (a STOP reply, an
-	// İYS sync) must still stop these sends. They are read again.
-	drop, err := h.recheckInFlight(ctx, run, f)
-	if err != nil {
-		h.notSentAfterClaim(ctx, run, f)
-		return nil, err
-	}
-	return drop, nil
 }
 
 // notSentAfterClaim gives back what the claims of f took when their sends did not leave after all: the

@@ -50,8 +50,9 @@ func TestAReceiptSeenByAReReadStopsTheResend(t *testing.T) {
 			if n, err := f.store.Resend(ctx, f.id, unknown); err != nil || n != 2 {
 				t.Fatalf("resend moved %d (%v), want 2", n, err)
 			}
-			// The resend: its first request is refused (429, 1.5 s); u7's receipt arrives during that wait.
-			var refusedOnce atomic.Bool
+			// The resend: its requests are refused (429, 1.5 s) until u7's receipt has come in, during the
+			// first wait.
+			var recorded atomic.Bool
 			var receipt sync.Once
 			f.provider.before = func(providers.Message) {
 				receipt.Do(func() {
@@ -61,11 +62,12 @@ func TestAReceiptSeenByAReReadStopsTheResend(t *testing.T) {
 							Address: phone(7), MessageID: "SMfirst-u7", Status: campaign.DeliveryDelivered}}); err != nil {
 							t.Error(err)
 						}
+						recorded.Store(true)
 					}()
 				})
 			}
 			f.provider.fail = func(_ int, m providers.Message) error {
-				if refusedOnce.CompareAndSwap(false, true) {
+				if !recorded.Load() {
 					return &providers.Error{Provider: "test", Status: 429, Throttled: true, RetryAfter: 1500 * time.Millisecond, Class: providers.Transient}
 				}
 				return nil
