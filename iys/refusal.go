@@ -103,6 +103,13 @@ func RecordRefusals(ctx context.Context, pool *pgxpool.Pool, brand string, rs []
 	}
 	err := pgx.BeginTxFunc(ctx, pool, pgx.TxOptions{}, func(tx pgx.Tx) error {
 		rep = RefusalReport{}
+		// Take turns with every writer of consents before any statement reads them (an import, a sync
+		// page): a statement that waited for the version row in its trigger would go on with the snapshot
+		// it took before waiting, and not see a consent the writer it waited for inserted, which would then
+		// stand as ONAY, older than this refusal.
+		if _, err := tx.Exec(ctx, `SELECT 1 FROM iys_consents_version FOR UPDATE`); err != nil {
+			return fmt.Errorf("record refusal: %w", err)
+		}
 		for _, r := range canon {
 			var id int64
 			err := tx.QueryRow(ctx, `

@@ -220,3 +220,55 @@ func TestAddBusinessDays(t *testing.T) {
 		}
 	}
 }
+
+// A refusal recorded while a sync's page (ApplyChanges) is storing an ONAY, dated before the refusal, for
+// an address that had no consent yet: the refusal waits for the sync, which then commits. The refusal must
+// see the ONAY the sync inserted and turn it to RET; an older ONAY standing after it would let the next
+// launch plan the person and send.
+func TestARefusalWaitingForASyncTurnsTheONAYItStored(t *testing.T) {
+	t.Parallel()
+	pool, _ := testdb.New(t)
+	ctx := context.Background()
+	const brand = "654321"
+	onayAt := time.Now().Add(-24 * time.Hour)
+
+	syncTx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer syncTx.Rollback(ctx) //nolint:errcheck
+	if _, err := iys.ApplyChanges(ctx, syncTx, brand, []iys.Record{{Recipient: "+905321111111", Type: "MESAJ",
+		RecipientType: "BIREYSEL", Status: "ONAY", Source: "HS_WEB", ConsentDate: onayAt, CreationDate: onayAt}}, iys.OriginPull); err != nil {
+		t.Fatal(err)
+	}
+
+	done := make(chan error, 1)
+	go func() {
+		_, err := iys.RecordRefusals(ctx, pool, brand, []iys.Refusal{{Via: iys.ViaTwilioInbound, EventID: "SM1", Kind: "inbound",
+			Recipient: "+905321111111", Type: "MESAJ", Evidence: "RET", At: time.Now()}})
+		done <- err
+	}()
+	// Wait until the refusal's UPDATE waits on the version row the sync holds.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		var n int
+		pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()
+			AND wait_event_type = 'Lock' AND pid <> pg_backend_pid()`).Scan(&n) //nolint:errcheck
+		if n > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the refusal never waited on the sync")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if err := syncTx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if st := consentStatus(t, pool, "+905321111111", "MESAJ", "BIREYSEL", brand); st != "RET" {
+		t.Fatalf("consent after a refusal given after the ONAY's date: %s, want RET (the refusal lost to an older ONAY)", st)
+	}
+}
