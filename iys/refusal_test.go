@@ -272,3 +272,61 @@ func TestARefusalWaitingForASyncTurnsTheONAYItStored(t *testing.T) {
 		t.Fatalf("consent after a refusal given after the ONAY's date: %s, want RET (the refusal lost to an older ONAY)", st)
 	}
 }
+
+// A refusal of an address with no stored consent stores one RET (BIREYSEL). An ONAY of the same address
+// and type given before the refusal, stored only after it under another key (TACIR, from a sync page or a
+// CSV import, the first of its brand or not), is stored as the refusal's RET: a refusal turns every
+// consent of its address and type, and one stored later must not stand as ONAY either. An ONAY given
+// after the refusal is a new consent, and stands.
+func TestAnONAYOlderThanARefusalStoredAfterItIsARET(t *testing.T) {
+	t.Parallel()
+	const addr = "+905321111111"
+	for _, tc := range []struct {
+		name  string
+		store func(t *testing.T, pool *pgxpool.Pool, at time.Time)
+	}{
+		{"a sync page", func(t *testing.T, pool *pgxpool.Pool, at time.Time) {
+			ctx := context.Background()
+			tx, err := pool.Begin(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer tx.Rollback(ctx) //nolint:errcheck
+			if _, err := iys.ApplyChanges(ctx, tx, "", []iys.Record{{Recipient: addr, Type: "MESAJ",
+				RecipientType: "TACIR", Status: "ONAY", Source: "HS_WEB", ConsentDate: at, CreationDate: at}}, iys.OriginPull); err != nil {
+				t.Fatal(err)
+			}
+			if err := tx.Commit(ctx); err != nil {
+				t.Fatal(err)
+			}
+		}},
+		{"a first import", func(t *testing.T, pool *pgxpool.Pool, at time.Time) {
+			mustImport(t, pool, iys.Header+"\n"+addr+",MESAJ,TACIR,ONAY,HS_WEB,"+at.In(iys.Istanbul()).Format(iys.DateLayout)+"\n")
+		}},
+		{"an import after others", func(t *testing.T, pool *pgxpool.Pool, at time.Time) {
+			mustImport(t, pool, iys.Header+"\n+905329999999,MESAJ,BIREYSEL,ONAY,HS_WEB,2024-01-01 00:00:00\n")
+			mustImport(t, pool, iys.Header+"\n"+addr+",MESAJ,TACIR,ONAY,HS_WEB,"+at.In(iys.Istanbul()).Format(iys.DateLayout)+"\n")
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			for _, later := range []bool{false, true} {
+				pool, _ := testdb.New(t)
+				refusedAt := time.Now().Add(-time.Hour).Truncate(time.Second)
+				// Under another brand: the import below is then the first of its own (brand "").
+				if _, err := iys.RecordRefusals(context.Background(), pool, "654321", []iys.Refusal{{Via: iys.ViaTwilioInbound, EventID: "SM1",
+					Kind: "inbound", Recipient: addr, Type: "MESAJ", Evidence: "RET", At: refusedAt}}); err != nil {
+					t.Fatal(err)
+				}
+				onayAt, want := refusedAt.Add(-24*time.Hour), "RET"
+				if later {
+					onayAt, want = refusedAt.Add(time.Minute), "ONAY"
+				}
+				tc.store(t, pool, onayAt)
+				if st := consentStatus(t, pool, addr, "MESAJ", "TACIR", ""); st != want {
+					t.Errorf("a TACIR ONAY given %v the refusal, stored after it: %s, want %s", map[bool]string{false: "before", true: "after"}[later], st, want)
+				}
+			}
+		})
+	}
+}

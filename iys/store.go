@@ -134,7 +134,8 @@ func merge(ctx context.Context, tx pgx.Tx, brand string) (keys, inserted, update
 		err := tx.QueryRow(ctx, `
 			WITH ins AS (
 				INSERT INTO iys_consents (recipient, type, recipient_type, status, source, consent_date, brand_code)
-				SELECT *, $1 FROM (`+latestSQL+`) l
+				SELECT l.recipient, l.type, l.recipient_type, `+afterRefusalSQL+`, $1
+				FROM (`+latestSQL+`) l LEFT JOIN `+refusedSQL+` f ON f.recipient = l.recipient AND f.type = l.type
 				RETURNING recipient, type, recipient_type, status, source, consent_date
 			), hist AS (`+historySQL+`)
 			SELECT count(*) FROM ins`, brand).Scan(&n)
@@ -171,7 +172,8 @@ func merge(ctx context.Context, tx pgx.Tx, brand string) (keys, inserted, update
 	err = tx.QueryRow(ctx, `
 		WITH ins AS (
 			INSERT INTO iys_consents (recipient, type, recipient_type, status, source, consent_date, brand_code)
-			SELECT recipient, type, recipient_type, status, source, consent_date, $1 FROM iys_latest l
+			SELECT l.recipient, l.type, l.recipient_type, `+afterRefusalSQL+`, $1
+			FROM iys_latest l LEFT JOIN `+refusedSQL+` f ON f.recipient = l.recipient AND f.type = l.type
 			WHERE NOT EXISTS (SELECT 1 FROM iys_consents c
 			                  WHERE c.recipient = l.recipient AND c.type = l.type AND c.recipient_type = l.recipient_type
 			                    AND c.brand_code = $1)
@@ -183,6 +185,20 @@ func merge(ctx context.Context, tx pgx.Tx, brand string) (keys, inserted, update
 	}
 	return keys, inserted, updated, nil
 }
+
+// refusedSQL is the newest local refusal (RecordRefusals) of each address and type, joined as f.
+const refusedSQL = `(SELECT DISTINCT ON (recipient, type) recipient, type, refused_at, source FROM refusals
+	ORDER BY recipient, type, refused_at DESC)`
+
+// afterRefusalSQL is the status, source and consent date of a consent l about to be stored under a new
+// key, with f its address's newest refusal (refusedSQL, LEFT JOINed): an ONAY given before the refusal
+// is stored as the refusal's RET. A refusal turns every stored consent of its address and type to RET,
+// whatever the recipient type and brand, and one of those stored only later (a TACIR record, another
+// brand's) must not stand as ONAY either.
+const afterRefusalSQL = `
+	CASE WHEN l.status = 'ONAY' AND f.refused_at > l.consent_date THEN 'RET' ELSE l.status END AS status,
+	CASE WHEN l.status = 'ONAY' AND f.refused_at > l.consent_date THEN f.source ELSE l.source END AS source,
+	CASE WHEN l.status = 'ONAY' AND f.refused_at > l.consent_date THEN f.refused_at ELSE l.consent_date END AS consent_date`
 
 // historySQL appends every consent an import changed (the CTE "ins", brand $1) to the history.
 const historySQL = `

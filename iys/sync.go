@@ -48,9 +48,13 @@ func ApplyChanges(ctx context.Context, tx pgx.Tx, brand string, rs []Record, ori
 		), hist AS (
 			INSERT INTO iys_consent_history (recipient, type, recipient_type, brand_code, status, source, consent_date, transaction_id, origin)
 			SELECT recipient, type, recipient_type, $9, status, source, consent_date, NULLIF(transaction_id, ''), $8 FROM c ORDER BY ord
-		), latest AS (
+		), l AS (
 			SELECT DISTINCT ON (recipient, type, recipient_type) * FROM c
 			ORDER BY recipient, type, recipient_type, consent_date DESC, ord DESC
+		), latest AS (
+			-- An ONAY given before a refusal of its address is stored as that refusal's RET (afterRefusalSQL).
+			SELECT l.recipient, l.type, l.recipient_type, `+afterRefusalSQL+`, l.transaction_id
+			FROM l LEFT JOIN `+refusedSQL+` f ON f.recipient = l.recipient AND f.type = l.type
 		), up AS (
 			INSERT INTO iys_consents AS k (recipient, type, recipient_type, brand_code, status, source, consent_date, transaction_id, synced_at, updated_at)
 			SELECT recipient, type, recipient_type, $9, status, source, consent_date, NULLIF(transaction_id, ''), now(), now() FROM latest
