@@ -111,7 +111,12 @@ func TestAClaimInFlightFoundByTheRunThatTookOverStaysInHand(t *testing.T) {
 	ctx := context.Background()
 	f := plan(t, 10) // eligible in batch 0: u1 u2 u4 u7 u8
 	w1, _, w1Store := f.faulty(t, func(c *Config) { c.Owner, c.ChunkSize, c.LeaseTTL = "w1", 10, 300*time.Millisecond })
-	w2, _, _ := f.faulty(t, func(c *Config) { c.Owner, c.ChunkSize, c.LeaseTTL = "w2", 10, 300*time.Millisecond })
+	// W2 counts a claim in flight as live for 5 s (in production the grace and the lease are both 3 ×
+	// the provider timeout): under load, the time from u2's claim to W2's reading it may pass the 300 ms
+	// lease.
+	w2, _, _ := f.faulty(t, func(c *Config) {
+		c.Owner, c.ChunkSize, c.LeaseTTL, c.InFlightGrace = "w2", 10, 300*time.Millisecond, 5*time.Second
+	})
 	release, done := f.heldAtU2(w1, func(m providers.Message) {
 		if m.To == phone(1) {
 			// u2 is claimed late in the lease (a renewal is due only after a third of it): when the lease
