@@ -28,28 +28,7 @@ func TestAReceiptSeenByAReReadStopsTheResend(t *testing.T) {
 			f := plan(t, 10) // eligible in batch 0: u1 u2 u4 u7 u8
 			ctx := context.Background()
 			h, _, _ := f.faulty(t, func(c *Config) { c.SendWindow = window })
-			ambiguous := &providers.Error{Provider: "test", Class: providers.Ambiguous, Err: context.DeadlineExceeded}
-			f.provider.fail = func(_ int, m providers.Message) error {
-				if m.To == phone(4) || m.To == phone(7) {
-					return ambiguous
-				}
-				return nil
-			}
-			notFailure(t, h.RunBatch(ctx, f.id, 0))
-			if c := f.counts(t); c.Unknown != 2 {
-				t.Fatalf("counts %+v, want u4 and u7 unknown", c)
-			}
-			// resume --resend-unknown
-			unknown, err := f.store.Unknown(ctx, f.id)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if _, err := ForgetUnanswered(ctx, f.rdb, f.campaign(t), unknown, 0); err != nil {
-				t.Fatal(err)
-			}
-			if n, err := f.store.Resend(ctx, f.id, unknown); err != nil || n != 2 {
-				t.Fatalf("resend moved %d (%v), want 2", n, err)
-			}
+			f.resentAfterLostAnswers(t, h)
 			// The resend: its requests are refused (429, 1.5 s) until u7's receipt has come in, during the
 			// first wait.
 			var recorded atomic.Bool
@@ -185,25 +164,7 @@ func TestAReceiptSeenAfterTheClaimStopsTheResend(t *testing.T) {
 			f := plan(t, 10) // eligible in batch 0: u1 u2 u4 u7 u8
 			ctx := context.Background()
 			h, fr, _ := f.faulty(t, func(c *Config) { c.SendWindow = tc.window })
-			ambiguous := &providers.Error{Provider: "test", Class: providers.Ambiguous, Err: context.DeadlineExceeded}
-			f.provider.fail = func(_ int, m providers.Message) error {
-				if m.To == phone(4) || m.To == phone(7) {
-					return ambiguous
-				}
-				return nil
-			}
-			notFailure(t, h.RunBatch(ctx, f.id, 0))
-			unknown, err := f.store.Unknown(ctx, f.id)
-			if err != nil || len(unknown) != 2 {
-				t.Fatalf("unknown %v (%v), want u4 and u7", unknown, err)
-			}
-			if _, err := ForgetUnanswered(ctx, f.rdb, f.campaign(t), unknown, 0); err != nil {
-				t.Fatal(err)
-			}
-			if n, err := f.store.Resend(ctx, f.id, unknown); err != nil || n != 2 {
-				t.Fatalf("resend moved %d (%v), want 2", n, err)
-			}
-			f.provider.fail = nil
+			f.resentAfterLostAnswers(t, h)
 			// u7's claim (the resend's second one a send, its first a window) is held 1.5 s, and u7's
 			// receipt comes in meanwhile.
 			stall := fr.Add(&faults.Rule{Match: faults.Method(tc.claim), Skip: tc.skip, Times: 1, Kind: faults.Stall, Delay: 1500 * time.Millisecond})
@@ -227,4 +188,31 @@ func TestAReceiptSeenAfterTheClaimStopsTheResend(t *testing.T) {
 			}
 		})
 	}
+}
+
+// resentAfterLostAnswers runs batch 0 with h while the answers of u4's and u7's sends are lost (the
+// provider accepted them), then does what `resume --resend-unknown` does: u4 and u7 are pending again,
+// their claims forgotten. The provider accepts everything from then on.
+func (f *fixture) resentAfterLostAnswers(t *testing.T, h *Handler) {
+	t.Helper()
+	ctx := context.Background()
+	ambiguous := &providers.Error{Provider: "test", Class: providers.Ambiguous, Err: context.DeadlineExceeded}
+	f.provider.fail = func(_ int, m providers.Message) error {
+		if m.To == phone(4) || m.To == phone(7) {
+			return ambiguous
+		}
+		return nil
+	}
+	notFailure(t, h.RunBatch(ctx, f.id, 0))
+	unknown, err := f.store.Unknown(ctx, f.id)
+	if err != nil || len(unknown) != 2 {
+		t.Fatalf("unknown %v (%v), want u4 and u7", unknown, err)
+	}
+	if _, err := ForgetUnanswered(ctx, f.rdb, f.campaign(t), unknown, 0); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := f.store.Resend(ctx, f.id, unknown); err != nil || n != 2 {
+		t.Fatalf("resend moved %d (%v), want 2", n, err)
+	}
+	f.provider.fail = nil
 }
