@@ -167,10 +167,18 @@ func Cancel(ctx context.Context, o CancelOptions) (CancelReport, error) {
 	}
 	rep.Counts, rep.Cancelled, rep.CodePool = counts, cancelled, c.CodePool
 	if counts.Pending > 0 {
-		// A live worker still holds them; its batch tasks close them when it lets go.
+		// A live worker still holds them; its batch tasks close them when it lets go. A batch whose task is
+		// in the DLQ (its retries used up) would have no task to close them, and its task ID would keep a
+		// new one out: it is taken out of the DLQ first. A run of a cancelled campaign sends nothing; it
+		// only closes its recipients.
+		fromDLQ, err := requeueArchived(ctx, o.Redis, id)
+		if err != nil {
+			return rep, err
+		}
 		if rep.Requeued, _, err = Enqueue(ctx, asynq.NewClientFromRedisClient(o.Redis), o.Store, c, false); err != nil {
 			return rep, err
 		}
+		rep.Requeued += fromDLQ
 	}
 	return rep, nil
 }
