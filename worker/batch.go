@@ -523,23 +523,19 @@ func (h *Handler) inherit(run *batchRun, users []string) {
 // slow, and another run took the rows over) must not send: it stops.
 func (h *Handler) renew(ctx context.Context, run *batchRun) error {
 	confirm := h.leaseUnconfirmed(run)
-	if confirm {
-		// The wait for the lock may last regainLiveness: the answers held for the next claim are written
-		// first, so that a worker killed during it leaves no accepted recipient in flight.
-		h.settleAnswers(ctx, run)
+	if !confirm && h.cfg.Now().Before(run.renewAt) {
+		return nil
 	}
+	// A Postgres round trip comes, after a wait of up to regainLiveness when the process's lock was lost:
+	// the answers held for the next claim are written first, so that a worker killed while either stalls
+	// leaves no accepted recipient in flight.
+	h.settleAnswers(ctx, run)
 	if confirm && !h.cfg.Liveness.await(ctx, regainLiveness) {
 		// The other workers' sweeps may be taking the chunk of a process whose lock is gone.
 		return waitForServices(errors.New("this worker's liveness lock in Postgres is lost; sends wait until it is held again"))
 	}
 	gen := h.cfg.Liveness.Gen()
 	now := h.cfg.Now()
-	if now.Before(run.renewAt) && !confirm {
-		return nil
-	}
-	// The answers of the sends before are written into their claims first: were the renewal to stall (a
-	// Postgres restart) and the worker die meanwhile, they would otherwise be lost with it.
-	h.settleAnswers(ctx, run)
 	held, err := h.cfg.Store.RenewLease(ctx, run.c.ID, run.lease)
 	if err != nil {
 		return waitForServices(err)

@@ -410,7 +410,7 @@ func TestAResendWaitsForTheLongestGraceAWorkerNoted(t *testing.T) {
 			// The claim was taken 45 s ago.
 			f.rdb.Set(ctx, ClaimKey(f.id, "u2"), Nonce(f.campaign(t))+"/"+state.InFlightValue(time.Now().Add(-45*time.Second), "dead"), 0)
 			if tc.noted > 0 {
-				if err := NoteInFlightGrace(ctx, f.rdb, tc.noted); err != nil {
+				if err := state.NoteInFlightGrace(ctx, f.rdb, tc.noted); err != nil {
 					t.Fatal(err)
 				}
 			}

@@ -224,7 +224,7 @@ type ResumeReport struct {
 
 // ResendGrace is how old the claim of an unknown recipient must be at least before `resume
 // --resend-unknown` sends it again: a worker's chunk lease with the default provider timeout (3 × 10 s);
-// longer when a worker noted a longer one (NoteInFlightGrace). A younger claim may belong to a call still
+// longer when a worker noted a longer one (its heartbeat: state.NoteInFlightGrace). A younger claim may belong to a call still
 // under way, whose worker was judged dead while it was only slow or paused.
 const ResendGrace = 30 * time.Second
 

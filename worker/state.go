@@ -83,11 +83,6 @@ func Halt(ctx context.Context, rdb redis.UniversalClient, campaignID int64, why 
 	return state.Halt(ctx, rdb, campaignID, why, ttl)
 }
 
-// NoteInFlightGrace is state.NoteInFlightGrace: a worker notes how long its claims may stay in flight.
-func NoteInFlightGrace(ctx context.Context, rdb redis.UniversalClient, d time.Duration) error {
-	return state.NoteInFlightGrace(ctx, rdb, d)
-}
-
 // Unhalt lets a campaign's sends go on.
 func Unhalt(ctx context.Context, rdb redis.UniversalClient, campaignID int64) error {
 	return state.Unhalt(ctx, rdb, campaignID)

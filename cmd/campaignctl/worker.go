@@ -138,9 +138,6 @@ A worker sends the channels whose provider is configured:
 				InFlightGrace: 3 * o.timeout,
 				Metrics:       m,
 			})
-			if err := worker.NoteInFlightGrace(ctx, svc.redis, 3*o.timeout); err != nil {
-				log.Warn("in-flight grace not noted in Redis; resume --resend-unknown waits its default", "err", fmt.Sprint(err))
-			}
 			channels := make([]string, 0, len(set.primary))
 			for ch, p := range set.primary {
 				desc := fmt.Sprintf("%s=%s (%g/s)", ch, p.Name(), set.rates[p.Name()])
@@ -150,7 +147,8 @@ A worker sends the channels whose provider is configured:
 				channels = append(channels, desc)
 			}
 			slices.Sort(channels)
-			// The heartbeat notes the grace again every beat, so that it outlives a Redis that lost its data.
+			// The heartbeat notes the in-flight grace for resume --resend-unknown, at start and every beat after,
+			// so that it outlives a Redis that lost its data.
 			info := state.WorkerInfo{Owner: owner, Providers: map[string]string{}, Commercial: map[string]bool{}, InFlightGrace: 3 * o.timeout}
 			for ch, p := range set.primary {
 				info.Providers[string(ch)] = p.Name()
