@@ -77,15 +77,9 @@ func (h *Handler) sendGroup(ctx, waitCtx context.Context, run *batchRun, b provi
 		if drop, err := h.recheck(ctx, run, rs, false); err != nil {
 			return err
 		} else if len(drop) > 0 {
-			n := 0
-			for i, r := range rs {
-				if !drop[r.UserID] {
-					rs[n], msgs[n] = r, msgs[i]
-					n++
-				}
-			}
-			rs, msgs = rs[:n], msgs[:n]
-			if n == 0 {
+			kept := keptIndexes(rs, drop)
+			rs, msgs = pick(rs, kept), pick(msgs, kept)
+			if len(rs) == 0 {
 				return nil
 			}
 		}
@@ -144,15 +138,9 @@ func (h *Handler) sendGroup(ctx, waitCtx context.Context, run *batchRun, b provi
 			return err
 		}
 		if len(drop) > 0 {
-			n := 0
-			for i, r := range rs {
-				if !drop[r.UserID] {
-					rs[n], msgs[n], keys[n], inflight[n], addrs[n] = r, msgs[i], keys[i], inflight[i], addrs[i]
-					n++
-				}
-			}
-			rs, msgs, keys, inflight, addrs = rs[:n], msgs[:n], keys[:n], inflight[:n], addrs[:n]
-			if n == 0 {
+			kept := keptIndexes(rs, drop)
+			rs, msgs, keys, inflight, addrs = pick(rs, kept), pick(msgs, kept), pick(keys, kept), pick(inflight, kept), pick(addrs, kept)
+			if len(rs) == 0 {
 				return nil
 			}
 		}
@@ -228,4 +216,24 @@ func (h *Handler) sendGroup(ctx, waitCtx context.Context, run *batchRun, b provi
 			return err
 		}
 	}
+}
+
+// keptIndexes are the indexes, in order, of the recipients of rs not in drop.
+func keptIndexes(rs []*campaign.Recipient, drop map[string]bool) []int {
+	kept := make([]int, 0, len(rs))
+	for i, r := range rs {
+		if !drop[r.UserID] {
+			kept = append(kept, i)
+		}
+	}
+	return kept
+}
+
+// pick keeps the elements of s at the indexes kept (increasing), in place: a request's messages and the
+// slices parallel to them are compacted alike, without copies.
+func pick[T any](s []T, kept []int) []T {
+	for n, i := range kept {
+		s[n] = s[i]
+	}
+	return s[:len(kept)]
 }

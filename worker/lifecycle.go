@@ -50,7 +50,7 @@ func Pause(ctx context.Context, o PauseOptions) (PauseReport, error) {
 		return rep, fmt.Errorf("%w; only a running or scheduled campaign can be paused", err)
 	}
 	rep.Was = was
-	if err := Halt(ctx, o.Redis, o.CampaignID, string(campaign.StatePaused), 0); err != nil {
+	if err := haltAs(ctx, o.Redis, o.CampaignID, campaign.StatePaused); err != nil {
 		orDiscard(o.Logger).Warn("pause recorded in Postgres, but not in Redis; workers stop at their next chunk instead of their next send", "err", err)
 	} else {
 		rep.Halted = true
@@ -108,7 +108,7 @@ func Cancel(ctx context.Context, o CancelOptions) (CancelReport, error) {
 	}
 	rep.Was = was
 	log := orDiscard(o.Logger)
-	if err := Halt(ctx, o.Redis, id, string(campaign.StateCancelled), DefaultClaimTTL); err != nil {
+	if err := haltAs(ctx, o.Redis, id, campaign.StateCancelled); err != nil {
 		log.Warn("cancel recorded in Postgres, but not in Redis; workers stop at their next chunk instead of their next send", "err", err)
 	} else {
 		rep.Halted = true
@@ -181,6 +181,16 @@ func Cancel(ctx context.Context, o CancelOptions) (CancelReport, error) {
 		rep.Requeued += fromDLQ
 	}
 	return rep, nil
+}
+
+// haltAs writes the halt mark of a campaign paused or cancelled (st): a pause's lasts until Resume clears
+// it, a cancel's as long as the claims, which it outlives.
+func haltAs(ctx context.Context, rdb redis.UniversalClient, id int64, st campaign.State) error {
+	ttl := time.Duration(0)
+	if st == campaign.StateCancelled {
+		ttl = DefaultClaimTTL
+	}
+	return Halt(ctx, rdb, id, string(st), ttl)
 }
 
 // ResumeOptions configures Resume.
@@ -277,11 +287,7 @@ func Resume(ctx context.Context, o ResumeOptions) (ResumeReport, error) {
 	if now, err := o.Store.Get(ctx, id); err != nil {
 		return rep, err
 	} else if now.State == campaign.StatePaused || now.State == campaign.StateCancelled {
-		ttl := time.Duration(0)
-		if now.State == campaign.StateCancelled {
-			ttl = DefaultClaimTTL
-		}
-		if err := Halt(ctx, o.Redis, id, string(now.State), ttl); err != nil {
+		if err := haltAs(ctx, o.Redis, id, now.State); err != nil {
 			return rep, err
 		}
 		return rep, fmt.Errorf("%w: campaign %d was %s while it was being resumed; it stays %s", campaign.ErrWrongState, id, now.State, now.State)
