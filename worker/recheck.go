@@ -39,18 +39,14 @@ func (h *Handler) recheck(ctx context.Context, run *batchRun, rs []*campaign.Rec
 	var drop map[string]bool
 	refused := 0
 	for _, r := range rs {
-		_, pending := got.Leased[r.UserID]
-		switch {
+		switch v := rereadVerdictOf(got, r.UserID, r.Address, r.Suspect); {
 		case run.revoked[r.UserID]:
-		case !pending:
-			// Settled by another hand meanwhile: not this run's to send or to record.
+		case v == settledElsewhere:
 			run.revoked[r.UserID] = true
-		case got.Accepted[r.UserID] && !r.Suspect:
-			// A receipt of an earlier send came in while it was pending (a resend of an unknown): it is
-			// recorded sent, as gate does, and not sent again.
+		case v == sentBefore:
 			run.add(campaign.Outcome{UserID: r.UserID, Status: campaign.StatusSent, Reason: reasonReceiptFirst})
 			run.revoked[r.UserID] = true
-		case !got.Consent[r.Address]:
+		case v == refusedMeanwhile:
 			r.Consent = false
 			if err := h.close(ctx, run, r, state.ReasonValue(state.Skipped, campaign.ReasonRevoked)); err != nil {
 				return nil, err
@@ -83,20 +79,18 @@ func (h *Handler) recheckInFlight(ctx context.Context, run *batchRun, f inFlight
 	var gone, refusedAddrs inFlight
 	refused := 0
 	for i, u := range f.users {
-		_, pending := got.Leased[u]
-		switch {
-		case !pending:
+		switch rereadVerdictOf(got, u, f.addrs[i], false) { // a suspect is settled, never claimed for a send
+		case settledElsewhere:
 			gone.users, gone.keys = append(gone.users, u), append(gone.keys, f.keys[i])
 			gone.values, gone.addrs = append(gone.values, f.values[i]), append(gone.addrs, f.addrs[i])
-		case got.Accepted[u]:
-			// Proven accepted by a receipt of an earlier send that came in meanwhile: the claim says so,
-			// and nothing is sent.
+		case sentBefore:
+			// The claim is this run's: it says sent, as the receipt does.
 			if err := h.state.Settle(ctx, f.keys[i], run.nonce, f.values[i], state.SentValue("", 0)); err != nil {
 				return nil, waitForServices(err)
 			}
 			run.add(campaign.Outcome{UserID: u, Status: campaign.StatusSent, Reason: reasonReceiptFirst})
 			run.revoked[u] = true
-		case !got.Consent[f.addrs[i]]:
+		case refusedMeanwhile:
 			if err := h.state.Settle(ctx, f.keys[i], run.nonce, f.values[i], state.ReasonValue(state.Skipped, campaign.ReasonRevoked)); err != nil {
 				return nil, waitForServices(err)
 			}
@@ -124,6 +118,34 @@ func (h *Handler) recheckInFlight(ctx context.Context, run *batchRun, f inFlight
 	}
 	h.logRefused(run, refused)
 	return drop, nil
+}
+
+// rereadVerdict is what a re-read of the consents (reread) says of a recipient about to be sent.
+type rereadVerdict int
+
+const (
+	stillToSend rereadVerdict = iota
+	// settledElsewhere: no longer pending, settled by another hand meanwhile; not this run's to send or
+	// to record.
+	settledElsewhere
+	// sentBefore: a receipt of an earlier send came in while it was pending (a resend of an unknown): it
+	// is recorded sent, as gate does, and not sent again.
+	sentBefore
+	// refusedMeanwhile: its consent is gone; it is settled as revoked.
+	refusedMeanwhile
+)
+
+func rereadVerdictOf(got campaign.Chunk, user, addr string, suspect bool) rereadVerdict {
+	_, pending := got.Leased[user]
+	switch {
+	case !pending:
+		return settledElsewhere
+	case got.Accepted[user] && !suspect:
+		return sentBefore
+	case !got.Consent[addr]:
+		return refusedMeanwhile
+	}
+	return stillToSend
 }
 
 func (h *Handler) logRefused(run *batchRun, refused int) {
