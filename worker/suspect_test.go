@@ -174,3 +174,30 @@ func TestOutcomesNameTheirProvider(t *testing.T) {
 		}
 	}
 }
+
+// A run that leased a batch with a suspect still unsettled (not through a takeover: its lease was free)
+// stops before settling it: the suspect is in none of its chunk in hand, and the batch's lease is let go,
+// the suspect still marked. A cancel then must leave it to a run, which settles it as unknown with its
+// code, rather than close it as cancelled and give back a code a dead run may have sent.
+func TestACancelLeavesASuspectNoLeaseHoldsToARun(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	f := plan(t, 10)
+	_, _, code1 := f.status(t, "u1")
+	if _, err := f.db.Exec(ctx, `UPDATE campaign_batches SET suspect_users = '{u1}', lease_users = '{}',
+			lease_token = NULL, lease_until = NULL, lease_epoch = NULL
+		WHERE campaign_id = $1 AND batch = 0`, f.id); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Cancel(ctx, CancelOptions{Store: f.store, Redis: f.rdb, CampaignID: f.id}); err != nil {
+		t.Fatal(err)
+	}
+	f.runAll(t)
+	status, reason, code := f.status(t, "u1")
+	if status != campaign.StatusUnknown || code != code1 {
+		t.Fatalf("u1, suspect, is %s (%s) holding %q after the cancel; want unknown, keeping %s", status, reason, code, code1)
+	}
+	if n := f.provider.total(); n != 0 {
+		t.Errorf("%d messages sent for a cancelled campaign", n)
+	}
+}
