@@ -73,7 +73,8 @@ func (a *app) printResume(rep worker.ResumeReport, o resumeOptions, err error) {
 	f := rep.Found
 	fmt.Fprintf(a.stdout, "campaign %d found: %d planned, %d sent, %d failed, %d skipped, %d unknown, %d pending\n",
 		id, f.Planned, f.Sent, f.Failed, f.Skipped, f.Unknown, f.Pending)
-	if o.resendUnknown && f.Unknown > 0 && (err == nil || rep.Resent > 0) && (rep.Resent > 0 || rep.StillInFlight == 0) {
+	// "0 will be sent again" only when nothing failed and nothing was held back as still in flight.
+	if o.resendUnknown && f.Unknown > 0 && (rep.Resent > 0 || err == nil && rep.StillInFlight == 0) {
 		fmt.Fprintf(a.stdout, "%d unknown recipients will be sent again, with the codes they already hold\n", rep.Resent)
 	}
 	if rep.StillInFlight > 0 {
