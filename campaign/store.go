@@ -11,6 +11,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/campaignctl/campaignctl/internal/pgtext"
 )
 
 // Store reads and writes campaigns and their recipients. It is safe for concurrent use.
@@ -198,7 +200,9 @@ func (s *Store) Record(ctx context.Context, campaignID int64, outcomes []Outcome
 	cDate, cSynced := make([]pgtype.Timestamptz, n), make([]pgtype.Timestamptz, n)
 	for i, o := range outcomes {
 		users[i], statuses[i], reasons[i], ids[i], segs[i], keyed[i] = o.UserID, o.Status, o.Reason, o.MessageID, int32(o.Segments), o.ReceiptKeyed
-		provs[i] = o.Provider
+		// The reason and the message ID come from the provider's answer: a NUL or invalid UTF-8 in one of
+		// them would fail the statement, the chunk's other outcomes with it, on every retry.
+		reasons[i], ids[i], provs[i] = pgtext.Clean(o.Reason), pgtext.Clean(o.MessageID), o.Provider
 		if c := o.Snapshot; c.Status != "" {
 			cStatus[i], cSource[i], cTxn[i] = c.Status, c.Source, c.TransactionID
 			cDate[i] = pgtype.Timestamptz{Time: c.Date, Valid: !c.Date.IsZero()}

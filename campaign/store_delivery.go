@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"strings"
 	"time"
+
+	"github.com/campaignctl/campaignctl/internal/pgtext"
 )
 
 // Delivery statuses, from the providers' receipts.
@@ -85,6 +87,11 @@ func (s *Store) RecordDeliveries(ctx context.Context, ds []Delivery) (Deliveries
 		if at[i].IsZero() {
 			at[i] = time.Now()
 		}
+	}
+	// Provider text: a NUL or invalid UTF-8 in one receipt would fail the statement, and every receipt
+	// written with it, on every repeat.
+	for _, ss := range [][]string{prov, msg, user, st, errs, ev, addr} {
+		pgtext.CleanAll(ss)
 	}
 	var unmatched []int32
 	err := s.pool.QueryRow(ctx, recordDeliveriesSQL, prov, msg, camp, user, st, errs, ev, at, addr).Scan(&res.Changed, &unmatched)

@@ -109,3 +109,44 @@ func TestTheReportNamesTheProviderEachOutcomeWasRecordedWith(t *testing.T) {
 		}
 	}
 }
+
+// A provider's answer is text from outside: a NUL or invalid UTF-8 in one recipient's reason or message ID
+// is stored (as U+FFFD), and the outcomes recorded with it are not refused along with it. Postgres refuses
+// both in text, and the whole statement with them, on every retry of the chunk.
+func TestAnOutcomeWithANulInItsReasonIsRecordedWithTheOthers(t *testing.T) {
+	t.Parallel()
+	db, _ := testdb.New(t)
+	seedAudience(t, db, 3)
+	ctx := context.Background()
+	sp := spec("nul")
+	sp.BatchSize = 10
+	c := planned(t, db, sp)
+	store := campaign.NewStore(db)
+	var users []string
+	var batch int
+	rows, err := db.Query(ctx, `SELECT user_id FROM campaign_recipients WHERE campaign_id = $1 ORDER BY user_id`, c.ID)
+	if err == nil {
+		users, err = pgx.CollectRows(rows, pgx.RowTo[string])
+	}
+	if err == nil {
+		err = db.QueryRow(ctx, `SELECT min(batch) FROM campaign_recipients WHERE campaign_id = $1`, c.ID).Scan(&batch)
+	}
+	if err != nil || len(users) != 2 || count(t, db, `SELECT count(DISTINCT batch) FROM campaign_recipients WHERE campaign_id = $1`, c.ID) != 1 {
+		t.Fatalf("planned %v (%v), want 2 recipients in one batch", users, err)
+	}
+	outcomes := []campaign.Outcome{
+		{UserID: users[0], Status: campaign.StatusSent, MessageID: "SM\x001"},
+		{UserID: users[1], Status: campaign.StatusFailed, Reason: "twilio 21211: invalid \x00 'To' \xff number"},
+	}
+	moved, err := store.Record(ctx, c.ID, outcomes, campaign.Lease{Batch: batch}, nil)
+	if err != nil || moved[campaign.StatusSent] != 1 || moved[campaign.StatusFailed] != 1 {
+		t.Fatalf("record: moved %v (%v), want 1 sent and 1 failed", moved, err)
+	}
+	var reason string
+	if err := db.QueryRow(ctx, `SELECT reason FROM campaign_recipients WHERE campaign_id = $1 AND user_id = $2`, c.ID, users[1]).Scan(&reason); err != nil {
+		t.Fatal(err)
+	}
+	if want := "twilio 21211: invalid \uFFFD 'To' \uFFFD number"; reason != want {
+		t.Errorf("reason stored %q, want %q", reason, want)
+	}
+}

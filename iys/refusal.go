@@ -4,11 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/campaignctl/campaignctl/internal/pgtext"
 )
 
 // Where a refusal came from (Refusal.Via).
@@ -91,11 +92,13 @@ func RecordRefusals(ctx context.Context, pool *pgxpool.Pool, brand string, rs []
 		if r.Via == "" || r.EventID == "" {
 			return rep, fmt.Errorf("%w: no source or event ID", ErrBadRefusal)
 		}
-		r.Recipient = addr
+		// Text from a provider's post: one NUL would make Postgres refuse the whole transaction, the other
+		// refusals with it, on every repeat of the post.
+		r.Recipient, r.EventID, r.Kind, r.UserID = pgtext.Clean(addr), pgtext.Clean(r.EventID), pgtext.Clean(r.Kind), pgtext.Clean(r.UserID)
 		if r.At.IsZero() {
 			r.At = time.Now()
 		}
-		r.Evidence = strings.ToValidUTF8(r.Evidence, "?")
+		r.Evidence = pgtext.Clean(r.Evidence)
 		if len(r.Evidence) > 500 {
 			r.Evidence = r.Evidence[:500]
 		}

@@ -330,3 +330,27 @@ func TestAnONAYOlderThanARefusalStoredAfterItIsARET(t *testing.T) {
 		})
 	}
 }
+
+// A provider's post is text from outside: a NUL or invalid UTF-8 in a refusal's event ID, kind or evidence
+// is stored as U+FFFD, and neither it nor the refusals recorded with it are refused by Postgres.
+func TestARefusalWithANulInItsTextIsRecorded(t *testing.T) {
+	t.Parallel()
+	pool, _ := testdb.New(t)
+	ctx := context.Background()
+	consentRows(t, pool, [6]any{"a@example.com", "EPOSTA", "BIREYSEL", "654321", "ONAY", time.Now().Add(-time.Hour)})
+	rs := []iys.Refusal{
+		{Via: iys.ViaSendGrid, EventID: "ev\x001", Kind: "unsub\xffscribe", Recipient: "b@example.com", Type: "EPOSTA", UserID: "u\x00", Evidence: "sendgrid \x00 unsubscribe", At: time.Now()},
+		{Via: iys.ViaSendGrid, EventID: "ev2", Kind: "unsubscribe", Recipient: "a@example.com", Type: "EPOSTA", Evidence: "sendgrid unsubscribe", At: time.Now()},
+	}
+	rep, err := iys.RecordRefusals(ctx, pool, "654321", rs)
+	if err != nil || rep.Recorded != 2 {
+		t.Fatalf("record: %+v %v, want both recorded", rep, err)
+	}
+	if st := consentStatus(t, pool, "a@example.com", "EPOSTA", "BIREYSEL", "654321"); st != "RET" {
+		t.Errorf("a@example.com: %s, want RET", st)
+	}
+	var ev string
+	if err := pool.QueryRow(ctx, `SELECT event_id FROM refusals WHERE recipient = 'b@example.com'`).Scan(&ev); err != nil || ev != "ev\uFFFD1" {
+		t.Errorf("event ID stored %q (%v), want %q", ev, err, "ev\uFFFD1")
+	}
+}

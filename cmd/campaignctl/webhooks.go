@@ -395,28 +395,41 @@ func (b *deliveryBatcher) run(ctx context.Context) {
 				break gather
 			}
 		}
-		all := make([]campaign.Delivery, 0, n)
-		for _, r := range batch {
-			all = append(all, r.ds...)
-		}
-		wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
-		applied, err := b.store.RecordDeliveries(wctx, all)
-		cancel()
-		// Each request gets back the positions among its own receipts.
-		results := make([]deliveryResult, len(batch))
-		for i := range results {
-			results[i].err = err
-		}
-		start, req := 0, 0
-		for _, u := range applied.Unmatched {
-			for u >= start+len(batch[req].ds) {
-				start += len(batch[req].ds)
-				req++
+		results := b.write(ctx, batch, n)
+		if len(batch) > 1 && results[0].err != nil {
+			// One request's receipts must not fail another's: the statement failed for all of them, so
+			// each is written alone, and only the one at fault (or all, when Postgres is down) fails.
+			for i := range batch {
+				results[i] = b.write(ctx, batch[i:i+1], len(batch[i].ds))[0]
 			}
-			results[req].unmatched = append(results[req].unmatched, u-start)
 		}
 		for i, r := range batch {
 			r.done <- results[i]
 		}
 	}
+}
+
+// write records the receipts of batch (n in all) in one statement and returns each request's result: the
+// positions among its own receipts that named no recipient, or the statement's error.
+func (b *deliveryBatcher) write(ctx context.Context, batch []deliveryRequest, n int) []deliveryResult {
+	all := make([]campaign.Delivery, 0, n)
+	for _, r := range batch {
+		all = append(all, r.ds...)
+	}
+	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+	applied, err := b.store.RecordDeliveries(wctx, all)
+	cancel()
+	results := make([]deliveryResult, len(batch))
+	for i := range results {
+		results[i].err = err
+	}
+	start, req := 0, 0
+	for _, u := range applied.Unmatched {
+		for u >= start+len(batch[req].ds) {
+			start += len(batch[req].ds)
+			req++
+		}
+		results[req].unmatched = append(results[req].unmatched, u-start)
+	}
+	return results
 }

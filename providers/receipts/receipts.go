@@ -279,6 +279,19 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		h.refuse(w, r, rej)
 		return
 	}
+	// Refusals first: they are what keeps the next message from someone who said no, and a receipt the
+	// sink cannot write must not hold them back (the post is answered 500 and comes again; refusals
+	// already recorded are repeats then).
+	if len(b.refusals) > 0 {
+		if err := h.refusals.Refuse(r.Context(), b.refusals); err != nil {
+			h.sinkFailed(w, "record refusals", "refusals", len(b.refusals), err)
+			return
+		}
+		for _, rf := range b.refusals {
+			h.log.Info("refusal recorded", "kind", rf.Kind, "channel", rf.Channel, "address", providers.MaskAddress(rf.Address),
+				"campaign_id", rf.CampaignID, "event_id", rf.EventID)
+		}
+	}
 	var unmatched []int
 	if len(b.receipts) > 0 {
 		var err error
@@ -295,16 +308,6 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			rc := b.receipts[i]
 			h.log.Warn("receipt names no message sent by this engine; ignored", "provider", h.provider,
 				"message_id", rc.MessageID, "campaign_id", rc.CampaignID, "user_id", rc.UserID, "status", rc.Status)
-		}
-	}
-	if len(b.refusals) > 0 {
-		if err := h.refusals.Refuse(r.Context(), b.refusals); err != nil {
-			h.sinkFailed(w, "record refusals", "refusals", len(b.refusals), err)
-			return
-		}
-		for _, rf := range b.refusals {
-			h.log.Info("refusal recorded", "kind", rf.Kind, "channel", rf.Channel, "address", providers.MaskAddress(rf.Address),
-				"campaign_id", rf.CampaignID, "event_id", rf.EventID)
 		}
 	}
 	h.counter.update(func(s *Stats) {

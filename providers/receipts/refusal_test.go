@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
@@ -518,4 +519,64 @@ func TestTwilioInboundNilSink(t *testing.T) {
 		}
 	}()
 	receipts.TwilioInboundHandler(twilioToken, inboundPublic, nil, nil, nil)
+}
+
+// A post whose receipts cannot be written (Postgres refused one of them, or is down) has its refusals
+// recorded all the same before it is answered 500: the provider posts it again, and a refusal that waited
+// for the receipts would wait as long as they fail, while messages went on to the person who said no.
+func TestRefusalsAreRecordedWhenTheReceiptsCannotBe(t *testing.T) {
+	sg := newSigner(t)
+	sk := bothSink{sink: sink{err: errors.New("record delivery receipts: invalid byte sequence")}}
+	h, err := receipts.SendGridHandler(sg.public, &sk, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if code := serve(h, sg.signedRequest(t, []byte(refusalBatch))); code != http.StatusInternalServerError {
+		t.Fatalf("status %d, want 500 (the receipts were not written, the provider must post again)", code)
+	}
+	got := sk.allRefusals()
+	if len(got) != 3 {
+		t.Fatalf("refusals recorded: %d (%+v), want the 3 of the post", len(got), got)
+	}
+}
+
+// An event time further ahead than a clock's error (milliseconds given for seconds, a bug upstream) is
+// replaced by the arrival time: Postgres refuses a time beyond its range, the post's other events with it,
+// and a refusal dated years ahead would outrank every consent the person gives until then.
+func TestAnEventTimeFarAheadIsTheArrivalTime(t *testing.T) {
+	sg := newSigner(t)
+	var sk bothSink
+	h, err := receipts.SendGridHandler(sg.public, &sk, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now()
+	soon := now.Add(time.Minute).Unix()
+	body := fmt.Sprintf(`[
+ {"email":"a@example.com","timestamp":%d,"event":"unsubscribe","sg_event_id":"ev-ms"},
+ {"email":"b@example.com","timestamp":99999999999999,"event":"spamreport","sg_event_id":"ev-far"},
+ {"email":"c@example.com","timestamp":%d,"event":"unsubscribe","sg_event_id":"ev-soon"},
+ {"email":"d@example.com","timestamp":%d,"event":"delivered","sg_event_id":"ev-deliv","sg_message_id":"m1.filter","campaign_id":"1","user_id":"u1"}
+]`, now.UnixMilli(), soon, now.UnixMilli())
+	if code := serve(h, sg.signedRequest(t, []byte(body))); code != http.StatusNoContent {
+		t.Fatalf("status %d, want 204", code)
+	}
+	after := time.Now().Add(time.Second)
+	rs := sk.allRefusals()
+	if len(rs) != 3 {
+		t.Fatalf("refusals: %+v, want 3", rs)
+	}
+	for _, r := range rs {
+		want := r.EventID == "ev-soon"
+		if kept := r.At.Unix() == soon; kept != want {
+			t.Errorf("refusal %s dated %s: kept its own time %v, want %v", r.EventID, r.At, kept, want)
+		}
+		if r.At.After(after.Add(time.Minute)) {
+			t.Errorf("refusal %s dated %s, ahead of its arrival", r.EventID, r.At)
+		}
+	}
+	rc := sk.all()
+	if len(rc) != 1 || rc[0].At.After(after) || rc[0].At.Before(now.Add(-time.Second)) {
+		t.Errorf("receipt dated far ahead: %+v, want its arrival time", rc)
+	}
 }

@@ -342,10 +342,13 @@ func (e *sendgridEvent) campaignID() int64 {
 	return id
 }
 
-// sendgridAt is the event's timestamp, or now when it has none.
+// sendgridAt is the event's timestamp, or now when it has none, or when it lies further ahead than a
+// clock's error can explain (milliseconds sent for seconds, say). Such a time would be refused by Postgres
+// with the post's other events, or would date a refusal after every consent given before that day.
 func (h *Handler) sendgridAt(e *sendgridEvent) time.Time {
-	if sec, err := e.Timestamp.Int64(); err == nil && sec > 0 {
+	now := h.now().UTC()
+	if sec, err := e.Timestamp.Int64(); err == nil && sec > 0 && sec <= now.Add(ReplayWindow).Unix() {
 		return time.Unix(sec, 0).UTC()
 	}
-	return h.now().UTC()
+	return now
 }
