@@ -110,7 +110,7 @@ func RecordRefusals(ctx context.Context, pool *pgxpool.Pool, brand string, rs []
 		// page): a statement that waited for the version row in its trigger would go on with the snapshot
 		// it took before waiting, and not see a consent the writer it waited for inserted, which would then
 		// stand as ONAY, older than this refusal.
-		if _, err := tx.Exec(ctx, `SELECT 1 FROM iys_consents_version FOR UPDATE`); err != nil {
+		if err := takeConsentsTurn(ctx, tx); err != nil {
 			return fmt.Errorf("record refusal: %w", err)
 		}
 		for _, r := range canon {
@@ -141,7 +141,12 @@ func RecordRefusals(ctx context.Context, pool *pgxpool.Pool, brand string, rs []
 				), queued AS (
 					INSERT INTO iys_outbox (refusal_id, brand_code, recipient, type, recipient_type, source, consent_date, due_at)
 					SELECT $5, brand_code, recipient, type, recipient_type, $3, $4, $6 FROM turned
-					ON CONFLICT (brand_code, recipient, type, recipient_type) WHERE state IN ('waiting', 'sent') DO NOTHING
+					-- One RET waits per consent: a newer refusal of one whose RET still waits moves it to its
+					-- own date (İYS keeps the latest decision: sent with the older date, it would lose to an
+					-- ONAY given in between). One already sent does not hold a newer refusal back.
+					ON CONFLICT (brand_code, recipient, type, recipient_type) WHERE state = 'waiting' DO UPDATE SET
+						refusal_id = EXCLUDED.refusal_id, source = EXCLUDED.source, consent_date = EXCLUDED.consent_date
+					WHERE iys_outbox.consent_date < EXCLUDED.consent_date
 					RETURNING 1
 				)
 				SELECT (SELECT count(*) FROM turned), (SELECT count(*) FROM queued)`,
@@ -205,4 +210,16 @@ func AddBusinessDays(t time.Time, n int) time.Time {
 		}
 	}
 	return d
+}
+
+// takeConsentsTurn makes tx wait for, then hold up, every other writer of consents (a refusal, an import,
+// a sync page, a re-verification) until it ends. Each takes it before any of its statements reads a
+// consent or a refusal: a statement's snapshot is taken when it starts, and one that began while another
+// writer's transaction was open would not see what that writer commits (an ONAY a sync stored, a refusal
+// that turns it), then store its own decision on the older picture. The consents' version row is the
+// turn: the statement trigger on iys_consents takes it anyway, so taking it first also keeps one order of
+// locks for every writer.
+func takeConsentsTurn(ctx context.Context, tx pgx.Tx) error {
+	_, err := tx.Exec(ctx, `SELECT 1 FROM iys_consents_version FOR UPDATE`)
+	return err
 }

@@ -122,6 +122,12 @@ const latestSQL = `
 // (whose speculative insertion probes the index twice and logs twice as much), and it means a key cannot
 // appear between the check and the insert.
 func merge(ctx context.Context, tx pgx.Tx, brand string) (keys, inserted, updated int64, err error) {
+	// The consents' turn before the table's lock: every writer takes the two in this order (a refusal
+	// holds the turn when it writes its RET), and the import's statements read every refusal committed
+	// before it (takeConsentsTurn).
+	if err := takeConsentsTurn(ctx, tx); err != nil {
+		return 0, 0, 0, err
+	}
 	if _, err := tx.Exec(ctx, `LOCK TABLE iys_consents IN SHARE ROW EXCLUSIVE MODE`); err != nil {
 		return 0, 0, 0, err
 	}
@@ -187,7 +193,7 @@ func merge(ctx context.Context, tx pgx.Tx, brand string) (keys, inserted, update
 }
 
 // refusedSQL is the newest local refusal (RecordRefusals) of each address and type, joined as f.
-const refusedSQL = `(SELECT DISTINCT ON (recipient, type) recipient, type, refused_at, source FROM refusals
+const refusedSQL = `(SELECT DISTINCT ON (recipient, type) id, recipient, type, refused_at, source FROM refusals
 	ORDER BY recipient, type, refused_at DESC)`
 
 // afterRefusalSQL is the status, source and consent date of a consent l about to be stored under a new

@@ -40,6 +40,10 @@ func ApplyChanges(ctx context.Context, tx pgx.Tx, brand string, rs []Record, ori
 			date[i] = r.CreationDate // a TACIR record may come without a consent date
 		}
 	}
+	// After any refusal under way has committed, so that the statement below reads it (takeConsentsTurn).
+	if err := takeConsentsTurn(ctx, tx); err != nil {
+		return 0, fmt.Errorf("apply consent changes: %w", err)
+	}
 	var changed int64
 	err := tx.QueryRow(ctx, `
 		WITH c AS (
@@ -53,8 +57,21 @@ func ApplyChanges(ctx context.Context, tx pgx.Tx, brand string, rs []Record, ori
 			ORDER BY recipient, type, recipient_type, consent_date DESC, ord DESC
 		), latest AS (
 			-- An ONAY given before a refusal of its address is stored as that refusal's RET (afterRefusalSQL).
-			SELECT l.recipient, l.type, l.recipient_type, `+afterRefusalSQL+`, l.transaction_id
+			SELECT l.recipient, l.type, l.recipient_type, `+afterRefusalSQL+`, l.transaction_id,
+				f.id AS refusal_id, l.status = 'ONAY' AND f.refused_at > l.consent_date AS overruled
 			FROM l LEFT JOIN `+refusedSQL+` f ON f.recipient = l.recipient AND f.type = l.type
+		), requeued AS (
+			-- İYS holds an ONAY older than a refusal made here: that refusal's RET has not reached İYS (it
+			-- found the consent RET here already and queued nothing, say), so it is queued now, unless a RET
+			-- at least as new is on its way or registered. A RET waiting with an older date takes this one's.
+			INSERT INTO iys_outbox AS o (refusal_id, brand_code, recipient, type, recipient_type, source, consent_date, due_at)
+			SELECT refusal_id, $9, recipient, type, recipient_type, source, consent_date, now() + interval '2 days' FROM latest
+			WHERE overruled AND NOT EXISTS (SELECT 1 FROM iys_outbox x
+				WHERE x.brand_code = $9 AND x.recipient = latest.recipient AND x.type = latest.type
+				  AND x.recipient_type = latest.recipient_type AND x.state <> 'refused' AND x.consent_date >= latest.consent_date)
+			ON CONFLICT (brand_code, recipient, type, recipient_type) WHERE state = 'waiting' DO UPDATE SET
+				refusal_id = EXCLUDED.refusal_id, source = EXCLUDED.source, consent_date = EXCLUDED.consent_date
+			WHERE o.consent_date < EXCLUDED.consent_date
 		), up AS (
 			INSERT INTO iys_consents AS k (recipient, type, recipient_type, brand_code, status, source, consent_date, transaction_id, synced_at, updated_at)
 			SELECT recipient, type, recipient_type, $9, status, source, consent_date, NULLIF(transaction_id, ''), now(), now() FROM latest
