@@ -231,6 +231,20 @@ func ClassOf(err error) Class {
 	return Transient
 }
 
+// AddressTaker is implemented by a provider that can take only some addresses of its channel (Netgsm:
+// Turkish mobile numbers). The engine sends the others through the channel's other provider, and does not
+// fail over to it with an address it cannot take: an outage of one provider must not fail for good a
+// recipient the other would send once back.
+type AddressTaker interface {
+	Takes(address string) bool
+}
+
+// Takes reports whether p can take address; true when p does not say.
+func Takes(p Provider, address string) bool {
+	at, ok := p.(AddressTaker)
+	return !ok || at.Takes(address)
+}
+
 // SegmentPaced is implemented by a provider whose rate limit counts SMS segments, not messages (Twilio's
 // messages-per-second count segments): the engine takes a token a segment for it.
 type SegmentPaced interface {

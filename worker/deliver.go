@@ -30,7 +30,7 @@ func (h *Handler) deliver(ctx, waitCtx context.Context, run *batchRun, rest []ca
 	var pauseFrom time.Time // when the pause check began (answerInNextClaim): the provider limit's wait
 	failedOver := false     // this recipient goes through the fallback, whatever the window says by now
 	for attempt := 1; ; attempt++ {
-		rt := h.route(run)
+		rt := h.route(run, r.Address)
 		if failedOver {
 			rt = run.secondary
 		}
@@ -114,7 +114,11 @@ func (h *Handler) deliver(ctx, waitCtx context.Context, run *batchRun, rest []ca
 			}
 			o := campaign.Outcome{UserID: r.UserID, Status: campaign.StatusSent, MessageID: res.MessageID, Segments: res.Segments, ReceiptKeyed: rt.keyed, Provider: rt.provider.Name()}
 			if rt.fallback {
-				o.Reason = "sent through " + rt.provider.Name() + ", the fallback (" + run.provider.Name() + " was down)"
+				why := " was down"
+				if !providers.Takes(run.provider, r.Address) {
+					why = " cannot take this address"
+				}
+				o.Reason = "sent through " + rt.provider.Name() + ", the fallback (" + run.provider.Name() + why + ")"
 			}
 			run.add(o)
 			rt.m.Sent(1)
@@ -131,7 +135,7 @@ func (h *Handler) deliver(ctx, waitCtx context.Context, run *batchRun, rest []ca
 			return nil
 		}
 		// Nothing was accepted (transient, or the account is refused).
-		if !rt.fallback && run.secondary != nil {
+		if !rt.fallback && run.secondary != nil && providers.Takes(run.secondary.provider, r.Address) {
 			// The first provider is down (or refuses the account): the same recipient goes through the
 			// fallback now, under a new claim of the same key.
 			h.markDown(rt.provider.Name())
@@ -190,11 +194,16 @@ func pacesSegments(p providers.Provider) bool {
 	return ok && sp.PacesSegments()
 }
 
-// route picks the provider of the next send: the fallback while the first is marked down.
-func (h *Handler) route(run *batchRun) *route {
-	if run.secondary != nil {
+// route picks the provider of the next send to addr: the fallback while the first is marked down, or when
+// only the fallback can take addr (providers.AddressTaker); never the fallback with an address it cannot
+// take (the send then waits for the first).
+func (h *Handler) route(run *batchRun, addr string) *route {
+	if sec := run.secondary; sec != nil && providers.Takes(sec.provider, addr) {
+		if !providers.Takes(run.primary.provider, addr) {
+			return sec
+		}
 		if until, ok := h.downUntil.Load(run.primary.provider.Name()); ok && h.cfg.Now().UnixNano() < until.(int64) {
-			return run.secondary
+			return sec
 		}
 	}
 	return &run.primary

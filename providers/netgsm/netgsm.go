@@ -175,6 +175,12 @@ type answer struct {
 	JobID       string `json:"jobid"`
 }
 
+// Takes implements providers.AddressTaker: Netgsm takes Turkish mobile numbers only (Number).
+func (p *Provider) Takes(address string) bool {
+	_, ok := Number(address)
+	return ok
+}
+
 // Number turns an E.164 Turkish mobile number (+905321234567) into Netgsm's form (5321234567). It
 // reports false for anything else: Netgsm sends to Turkish numbers only.
 func Number(e164 string) (string, bool) {
