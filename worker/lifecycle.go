@@ -247,6 +247,13 @@ const ResendGrace = 30 * time.Second
 func Resume(ctx context.Context, o ResumeOptions) (ResumeReport, error) {
 	id := o.CampaignID
 	rep := ResumeReport{CampaignID: id}
+	// The halts written so far, read before anything changes: the halt is cleared below only if no pause
+	// or cancel wrote one since (state.UnhaltIf). One that lands while this runs keeps its halt, so no
+	// send starts after it was acknowledged. Redis unreachable: nothing is changed.
+	halts, err := state.Halts(ctx, o.Redis, id)
+	if err != nil {
+		return rep, err
+	}
 	c, err := o.Store.Get(ctx, id)
 	if err != nil {
 		return rep, err
@@ -278,15 +285,36 @@ func Resume(ctx context.Context, o ResumeOptions) (ResumeReport, error) {
 		return rep, fmt.Errorf("%w: campaign %d is %s and cannot be resumed; only a running, scheduled, paused (or, with --resend-unknown, completed) campaign can",
 			campaign.ErrWrongState, id, c.State)
 	}
-	if err := Unhalt(ctx, o.Redis, id); err != nil {
+	gone, err := state.UnhaltIf(ctx, o.Redis, id, halts)
+	if err != nil {
+		// The campaign would run in Postgres and stay halted in Redis, its batches handed back for good:
+		// it is put back as it was, for the resume to be tried again.
+		if rep.To != "" {
+			if _, berr := o.Store.Transition(ctx, id, []campaign.State{rep.To}, rep.Was); berr == nil {
+				rep.To, c.State = "", rep.Was
+			}
+		}
 		return rep, err
 	}
-	// A pause or cancel that landed between the transition and the unhalt wrote its halt mark before this
-	// cleared it: the campaign would stand paused in Postgres while the workers' claims went on until
-	// their next chunk. The state is read again, and such a halt put back.
-	if now, err := o.Store.Get(ctx, id); err != nil {
+	// A pause or cancel that landed while this ran keeps its halt (gone is false); one whose Postgres
+	// change landed after the transition but whose halt came after the unhalt writes it anew. Either way
+	// the state is read again: paused or cancelled, it stands, its halt written (again).
+	now, err := o.Store.Get(ctx, id)
+	if err != nil {
 		return rep, err
-	} else if now.State == campaign.StatePaused || now.State == campaign.StateCancelled {
+	}
+	if !gone && (now.State == campaign.StateRunning || now.State == campaign.StateScheduled) {
+		// A pause of the campaign still paused landed meanwhile (it found it paused and only wrote its
+		// halt again): it was acknowledged after this began, so it wins.
+		if _, err := o.Store.Transition(ctx, id, []campaign.State{now.State}, campaign.StatePaused); err == nil {
+			now.State = campaign.StatePaused
+		} else if !errors.Is(err, campaign.ErrWrongState) {
+			return rep, err
+		} else if now, err = o.Store.Get(ctx, id); err != nil {
+			return rep, err
+		}
+	}
+	if now.State == campaign.StatePaused || now.State == campaign.StateCancelled {
 		if err := haltAs(ctx, o.Redis, id, now.State); err != nil {
 			return rep, err
 		}

@@ -14,6 +14,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/campaignctl/campaignctl/campaign"
+	"github.com/campaignctl/campaignctl/internal/state"
 	"github.com/campaignctl/campaignctl/internal/testdb"
 	"github.com/campaignctl/campaignctl/internal/testredis"
 	"github.com/campaignctl/campaignctl/providers"
@@ -525,26 +526,6 @@ func TestResumeRunsTheBatchesWaitingToRetryNow(t *testing.T) {
 	}
 }
 
-// beforeDel runs do once, just before the first DEL of key goes to Redis.
-type beforeDel struct {
-	key  string
-	once sync.Once
-	do   func()
-}
-
-func (h *beforeDel) DialHook(next redis.DialHook) redis.DialHook { return next }
-func (h *beforeDel) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error {
-		if args := cmd.Args(); len(args) == 2 && strings.EqualFold(fmt.Sprint(args[0]), "del") && args[1] == h.key {
-			h.once.Do(h.do)
-		}
-		return next(ctx, cmd)
-	}
-}
-func (h *beforeDel) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return next
-}
-
 // An operator pauses (or cancels) a campaign while another resumes it: the pause lands between the
 // resume's transition to running and its clearing of the halt mark. The campaign stays paused, and its
 // halt mark must stay too; without it every worker would go on claiming until its next chunk.
@@ -559,9 +540,12 @@ func TestAPauseDuringAResumeKeepsItsHaltMark(t *testing.T) {
 			if _, err := worker.Pause(ctx, worker.PauseOptions{Store: e.store, Redis: e.rdb, CampaignID: c.ID}); err != nil {
 				t.Fatal(err)
 			}
+			if _, err := state.UnhaltIf(ctx, e.rdb, -c.ID, ""); err != nil { // loaded: see TestAResumeRacingACancelKeepsTheCancelsHalt
+				t.Fatal(err)
+			}
 			resumer := redis.NewClient(e.rdb.(*redis.Client).Options())
 			defer resumer.Close()
-			resumer.AddHook(&beforeDel{key: worker.HaltKey(c.ID), do: func() {
+			resumer.AddHook(&aroundUnhalt{key: worker.HaltKey(c.ID), after: func() {}, before: func() {
 				var err error
 				if to == campaign.StatePaused {
 					_, err = worker.Pause(ctx, worker.PauseOptions{Store: e.store, Redis: e.rdb, CampaignID: c.ID})

@@ -63,6 +63,10 @@ func (a *app) cancel(ctx context.Context, o cancelOptions) error {
 		Store: svc.store, Redis: svc.redis, CampaignID: o.id, Wait: o.wait, Logger: a.logger(),
 		Owner: fmt.Sprintf("%s:%d:cancel", host, os.Getpid()),
 		Recorded: func(r worker.CancelReport) {
+			if !r.Halted {
+				fmt.Fprintf(a.stdout, "campaign %d cancelled in Postgres (was %s), but the halt mark could not be written to Redis: each worker stops at its next chunk, after the sends of the chunk it holds\n", r.CampaignID, r.Was)
+				return
+			}
 			fmt.Fprintf(a.stdout, "campaign %d cancelled (was %s); no new send starts on any worker\n", r.CampaignID, r.Was)
 		},
 	})

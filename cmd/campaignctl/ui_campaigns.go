@@ -217,7 +217,15 @@ var uiNotes = map[string]string{
 	"pause":  "Paused: no new send starts on any worker.",
 	"resume": "Resumed: its batches are queued again.",
 	"cancel": "Cancelled: nothing more is sent; unsent recipients are skipped and their codes went back to the pool.",
+	// The action is recorded in Postgres, but this UI could not write the halt mark to Redis.
+	"pause-late": "Paused in Postgres, but this UI could not reach Redis to stop the sends at once: each worker stops at its next chunk, " +
+		"after the sends of the chunk it holds. Press Pause again once Redis is reachable from here to stop them at once.",
+	"cancel-late": "Cancelled in Postgres, but this UI could not reach Redis to stop the sends at once: each worker stops at its next chunk, " +
+		"after the sends of the chunk it holds; then unsent recipients are skipped and their codes go back to the pool.",
 }
+
+// uiActions are the actions a campaign page's buttons post.
+var uiActions = map[string]bool{"pause": true, "resume": true, "cancel": true}
 
 func (u *uiCampaigns) act(w http.ResponseWriter, r *http.Request) {
 	if u.readOnly {
@@ -233,7 +241,7 @@ func (u *uiCampaigns) act(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	action := r.PathValue("action")
-	if _, ok := uiNotes[action]; !ok {
+	if !uiActions[action] {
 		http.NotFound(w, r)
 		return
 	}
@@ -243,22 +251,31 @@ func (u *uiCampaigns) act(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	store := campaign.NewStore(pool)
+	halted := true // whether the halt mark of a pause or cancel is in Redis
 	switch action {
 	case "pause":
-		_, err = worker.Pause(ctx, worker.PauseOptions{Store: store, Redis: u.redis, CampaignID: id, Logger: u.log})
+		var rep worker.PauseReport
+		rep, err = worker.Pause(ctx, worker.PauseOptions{Store: store, Redis: u.redis, CampaignID: id, Logger: u.log})
+		halted = rep.Halted
 	case "resume":
 		_, err = worker.Resume(ctx, worker.ResumeOptions{Store: store, Redis: u.redis, CampaignID: id})
 	case "cancel":
 		host, _ := os.Hostname()
-		_, err = worker.Cancel(ctx, worker.CancelOptions{Store: store, Redis: u.redis, CampaignID: id, Wait: uiCancelWait,
+		var rep worker.CancelReport
+		rep, err = worker.Cancel(ctx, worker.CancelOptions{Store: store, Redis: u.redis, CampaignID: id, Wait: uiCancelWait,
 			Owner: fmt.Sprintf("%s:%d:ui-cancel", host, os.Getpid()), Logger: u.log})
+		halted = rep.Halted
 	}
 	if err != nil {
 		u.fail(w, err)
 		return
 	}
-	u.log.Info("campaign changed from the ui", "campaign_id", id, "action", action)
-	http.Redirect(w, r, fmt.Sprintf("/campaigns/%d?done=%s", id, action), http.StatusSeeOther)
+	done := action
+	if !halted {
+		done += "-late"
+	}
+	u.log.Info("campaign changed from the ui", "campaign_id", id, "action", action, "halted_in_redis", halted)
+	http.Redirect(w, r, fmt.Sprintf("/campaigns/%d?done=%s", id, done), http.StatusSeeOther)
 }
 
 // fail answers an error as a page: 404 for an unknown campaign, 409 for an action its state refuses, 503

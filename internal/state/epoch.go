@@ -107,16 +107,58 @@ func Token() string {
 	return hex.EncodeToString(b[:])
 }
 
-// Halt sets the campaign's halt key to why ("paused", "cancelled") for ttl: no claim for a send is taken
-// while it is set, on any worker.
+// Halt sets the campaign's halt key to why ("paused", "cancelled") for ttl (0: until Unhalt): no claim for
+// a send is taken while it is set, on any worker. It also counts the halt (HaltsKey), in the same call.
 func Halt(ctx context.Context, rdb redis.UniversalClient, campaignID int64, why string, ttl time.Duration) error {
-	if err := rdb.Set(ctx, HaltKey(campaignID), why, ttl).Err(); err != nil {
+	if err := haltScript.Run(ctx, rdb, []string{HaltKey(campaignID), HaltsKey(campaignID)}, why, ttl.Milliseconds()).Err(); err != nil && !errors.Is(err, redis.Nil) {
 		return fmt.Errorf("halt campaign %d in Redis: %w", campaignID, err)
 	}
 	return nil
 }
 
-// Unhalt removes the campaign's halt key.
+// KEYS[1] -> campaign:<id>:halt, KEYS[2] -> campaign:<id>:halts
+// ARGV[1] -> why, ARGV[2] -> TTL in ms (0: none)
+var haltScript = redis.NewScript(`
+if tonumber(ARGV[2]) > 0 then
+  redis.call("SET", KEYS[1], ARGV[1], "PX", ARGV[2])
+else
+  redis.call("SET", KEYS[1], ARGV[1])
+end
+redis.call("INCR", KEYS[2])
+return 0`)
+
+// Halts is how many halts were written for the campaign (Halt), as UnhaltIf compares it ("" when none, or
+// Redis lost them).
+func Halts(ctx context.Context, rdb redis.UniversalClient, campaignID int64) (string, error) {
+	n, err := rdb.Get(ctx, HaltsKey(campaignID)).Result()
+	if errors.Is(err, redis.Nil) {
+		return "", nil
+	}
+	if err != nil {
+		return "", fmt.Errorf("read the halts of campaign %d in Redis: %w", campaignID, err)
+	}
+	return n, nil
+}
+
+// UnhaltIf removes the campaign's halt key unless a halt was written since Halts said halts: a pause or
+// cancel that landed meanwhile keeps its halt. It reports whether the key is gone (or was not there).
+func UnhaltIf(ctx context.Context, rdb redis.UniversalClient, campaignID int64, halts string) (bool, error) {
+	n, err := unhaltScript.Run(ctx, rdb, []string{HaltKey(campaignID), HaltsKey(campaignID)}, halts).Int()
+	if err != nil {
+		return false, fmt.Errorf("unhalt campaign %d in Redis: %w", campaignID, err)
+	}
+	return n == 1, nil
+}
+
+// KEYS[1] -> campaign:<id>:halt, KEYS[2] -> campaign:<id>:halts; ARGV[1] -> the halts read before
+var unhaltScript = redis.NewScript(`
+if (redis.call("GET", KEYS[2]) or "") ~= ARGV[1] then
+  return redis.call("EXISTS", KEYS[1]) == 0 and 1 or 0
+end
+redis.call("DEL", KEYS[1])
+return 1`)
+
+// Unhalt removes the campaign's halt key, whatever halted it.
 func Unhalt(ctx context.Context, rdb redis.UniversalClient, campaignID int64) error {
 	if err := rdb.Del(ctx, HaltKey(campaignID)).Err(); err != nil {
 		return fmt.Errorf("unhalt campaign %d in Redis: %w", campaignID, err)

@@ -49,6 +49,12 @@ func HaltKey(campaignID int64) string {
 	return "campaign:" + strconv.FormatInt(campaignID, 10) + ":halt"
 }
 
+// HaltsKey counts the halts ever written for a campaign (Halt): a resume clears the halt only when no
+// halt was written since it read the count (UnhaltIf).
+func HaltsKey(campaignID int64) string {
+	return "campaign:" + strconv.FormatInt(campaignID, 10) + ":halts"
+}
+
 // ProgressKey is the hash of a campaign's progress counters (sent, failed, skipped, unknown).
 func ProgressKey(campaignID int64) string {
 	return "campaign:" + strconv.FormatInt(campaignID, 10) + ":progress"
