@@ -56,18 +56,17 @@ func (s *Store) RecentSends(ctx context.Context, yield func(RecentSend) error) (
 	return time.Duration(secs) * time.Second, nil
 }
 
-// ChunksInHandElsewhere counts the batches other than campaignID's batch with a chunk in hand under a live
-// lease of another Redis epoch than epoch: runs that leased before Redis lost its data and are still
-// sending. Their answered sends reach the audit log only when they record their chunks (at their next
-// claim, refused, or as soon as a wait of theirs sees the new epoch), so the marks of an epoch are written
-// back once there are none. A dead run's chunk (its lease expired) does not count: its answers were only
-// in the claims Redis lost, and it becomes unknown (a double fault's cost). Nor does the caller's own
-// batch: the run takes that chunk over, or finds it held by a live run and comes back.
-func (s *Store) ChunksInHandElsewhere(ctx context.Context, epoch string, campaignID int64, batch int) (int, error) {
+// ChunksInHand counts the batches with a chunk in hand under a live lease of another Redis epoch than
+// epoch: runs that leased before Redis lost its data and are still sending. Their answered sends reach the
+// audit log only when they record their chunks (at their next claim, refused, or as soon as a wait of
+// theirs sees the new epoch), so the marks of an epoch are written back once there are none. A dead run's
+// chunk (its lease expired) does not count: its answers were only in the claims Redis lost, and it becomes
+// unknown (a double fault's cost). The caller's own batch counts like any other: a live run that holds it
+// (the task delivered again, by a resume say) has sends of its own that are not in the audit log yet.
+func (s *Store) ChunksInHand(ctx context.Context, epoch string) (int, error) {
 	var n int
 	if err := s.pool.QueryRow(ctx, `SELECT count(*) FROM campaign_batches
-		WHERE lease_users <> '{}' AND coalesce(lease_epoch, '') <> $1 AND lease_until > now()
-		  AND NOT (campaign_id = $2 AND batch = $3)`, epoch, campaignID, batch).Scan(&n); err != nil {
+		WHERE lease_users <> '{}' AND coalesce(lease_epoch, '') <> $1 AND lease_until > now()`, epoch).Scan(&n); err != nil {
 		return 0, fmt.Errorf("chunks in hand under another epoch: %w", err)
 	}
 	return n, nil

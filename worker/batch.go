@@ -134,10 +134,7 @@ func (h *Handler) RunBatch(ctx context.Context, campaignID int64, batch int) err
 	}
 	// Nothing is claimed under an epoch before the frequency marks of the recent sends are back in Redis
 	// (a Redis that lost its data lost them too).
-	busy := func(ctx context.Context, epoch string) (int, error) {
-		return h.cfg.Store.ChunksInHandElsewhere(ctx, epoch, c.ID, batch)
-	}
-	if err := h.state.MarksBack(ctx, epoch, h.cfg.Store.RecentSends, busy); err != nil {
+	if err := h.state.MarksBack(ctx, epoch, h.cfg.Store.RecentSends, h.cfg.Store.ChunksInHand); err != nil {
 		if errors.Is(err, state.ErrMarksPending) {
 			return &RetryError{Err: err, After: time.Second}
 		}

@@ -28,7 +28,7 @@ import (
 type Store interface {
 	Get(ctx context.Context, id int64) (*campaign.Campaign, error)
 	RecentSends(ctx context.Context, yield func(campaign.RecentSend) error) (time.Duration, error)
-	ChunksInHandElsewhere(ctx context.Context, epoch string, campaignID int64, batch int) (int, error)
+	ChunksInHand(ctx context.Context, epoch string) (int, error)
 	StartIfDue(ctx context.Context, id int64) (campaign.State, error)
 	LoadBatch(ctx context.Context, campaignID int64, batch int) ([]campaign.Recipient, error)
 	LeaseChunk(ctx context.Context, c *campaign.Campaign, users []string, l campaign.Lease) (campaign.Chunk, error)

@@ -606,7 +606,7 @@ func TestMarksBackFailsClosedWhenPostgresFails(t *testing.T) {
 	t.Parallel()
 	for name, rule := range map[string]*faults.Rule{
 		"the audit log's stream breaks":      {Match: faults.Method("RecentSends/row"), Skip: 1, Kind: faults.Fail},
-		"the chunks in hand are not counted": {Match: faults.Method("ChunksInHandElsewhere"), Kind: faults.Fail},
+		"the chunks in hand are not counted": {Match: faults.Method("ChunksInHand"), Kind: faults.Fail},
 	} {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()

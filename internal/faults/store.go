@@ -96,8 +96,8 @@ func (s *Store) RecentSends(ctx context.Context, yield func(campaign.RecentSend)
 	return longest, err
 }
 
-// ChunksInHandElsewhere is campaign.Store.ChunksInHandElsewhere under the rules.
-func (s *Store) ChunksInHandElsewhere(ctx context.Context, epoch string, id int64, batch int) (n int, err error) {
-	err = s.call(ctx, "ChunksInHandElsewhere", func() (err error) { n, err = s.Store.ChunksInHandElsewhere(ctx, epoch, id, batch); return })
+// ChunksInHand is campaign.Store.ChunksInHand under the rules.
+func (s *Store) ChunksInHand(ctx context.Context, epoch string) (n int, err error) {
+	err = s.call(ctx, "ChunksInHand", func() (err error) { n, err = s.Store.ChunksInHand(ctx, epoch); return })
 	return n, err
 }

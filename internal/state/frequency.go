@@ -28,15 +28,19 @@ func markOwner(c *campaign.Campaign, nonce string) string {
 	return strconv.FormatInt(c.ID, 10) + ":" + nonce
 }
 
-// ReleaseMarks removes campaign c's marks on addrs when nothing reached those people, in one round trip. Marks are looked for in the day of now and
-// the day before (a send that straddled midnight).
+// ReleaseMarks removes the marks campaign c's claims taken at now left on addrs, when nothing reached
+// those people, in one round trip. Only a mark those claims wrote goes: one an earlier send of the
+// campaign left (a send whose answer was lost, resent by `resume --resend-unknown`: the claim then keeps
+// the mark it found) stays, since that send may have reached the person. Marks are looked for in the day
+// of now and the day before (a send that straddled midnight).
 func (s *Store) ReleaseMarks(ctx context.Context, c *campaign.Campaign, nonce string, addrs []string, now time.Time) error {
 	if len(addrs) == 0 {
 		return nil
 	}
+	mark := markOwner(c, nonce) + "|" + strconv.FormatInt(now.UnixMilli(), 10) // as the claim scripts write it
 	pipe := s.rdb.Pipeline()
 	for _, a := range addrs {
-		releaseMarkScript.Eval(ctx, pipe, markKeys(c.Channel, a, now, markDay), markOwner(c, nonce)+"|", a)
+		releaseMarkScript.Eval(ctx, pipe, markKeys(c.Channel, a, now, markDay), mark, a)
 	}
 	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
 		return fmt.Errorf("frequency cap: %w", err)
@@ -45,12 +49,11 @@ func (s *Store) ReleaseMarks(ctx context.Context, c *campaign.Campaign, nonce st
 }
 
 // KEYS    -> the mark hashes to look in
-// ARGV[1] -> "<owner>|", the prefix of our own mark
+// ARGV[1] -> "<owner>|<ms>", the mark the claims wrote
 // ARGV[2] -> the address (the field)
 var releaseMarkScript = redis.NewScript(`
 for _, k in ipairs(KEYS) do
-  local v = redis.call("HGET", k, ARGV[2])
-  if v and string.sub(v, 1, string.len(ARGV[1])) == ARGV[1] then
+  if redis.call("HGET", k, ARGV[2]) == ARGV[1] then
     redis.call("HDEL", k, ARGV[2])
   end
 end

@@ -1,0 +1,74 @@
+package worker
+
+import (
+	"context"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/campaignctl/campaignctl/campaign"
+	"github.com/campaignctl/campaignctl/providers"
+)
+
+// Redis loses its data while a run of the first campaign (cap 1h) has its chunk in hand and has already
+// sent to u1. `resume` (the documented recovery) queues the batch again, and a second worker picks up that
+// same batch. It waits for the chunk in hand like any other before it writes the marks back: before, it
+// left its own batch out, wrote the marks back from the audit log without u1's send (still only in the
+// live run's hand) and recorded them done for the new epoch, and a run of the second campaign (cap 1h,
+// same people) sent u1 again within the cap. Once the live run recorded its chunk, the second campaign
+// skips u1.
+func TestTheMarksWaitForTheChunkInHandOfTheBatchDeliveredAgain(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	f := planWith(t, 4, func(s *campaign.Spec) { s.FrequencyCap = time.Hour })
+	rep, err := (&campaign.Planner{Engine: f.db, Audience: f.db}).Plan(ctx,
+		func() campaign.Spec { s := fixtureSpec("second"); s.FrequencyCap = time.Hour; return s }())
+	if err != nil {
+		t.Fatal(err)
+	}
+	second := rep.ID
+
+	var fired atomic.Bool
+	f.provider.before = func(m providers.Message) {
+		if m.To != phone(2) || !fired.CompareAndSwap(false, true) {
+			return
+		}
+		func() {
+			// u1 was sent by the first campaign's run, whose chunk is still in hand. Redis loses its data.
+			if err := f.rdb.FlushDB(ctx).Err(); err != nil { // the test's own Redis DB
+				t.Error(err)
+				return
+			}
+			// resume queued the first campaign's batch again: another worker runs it (and comes back, the
+			// chunk being held by a live run).
+			other := f.handler(f.rdb)
+			err := other.RunBatch(ctx, f.id, 0)
+			t.Logf("redelivered batch of the first campaign: %v", err)
+			// A worker runs the second campaign.
+			err = other.RunBatch(ctx, second, 0)
+			t.Logf("second campaign's batch: %v", err)
+		}()
+	}
+	err = f.h.RunBatch(ctx, f.id, 0)
+	t.Logf("first campaign's batch: %v", err)
+	if !fired.Load() {
+		t.Fatal("the fault never ran")
+	}
+	// The live run has recorded its chunk: the marks are written back with u1's send.
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		err := f.handler(f.rdb).RunBatch(ctx, second, 0)
+		if err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("second campaign's batch after the first recorded: %v", err)
+		}
+	}
+	if st, reason, _ := f.status(t, "u1"); st != string(campaign.StatusSent) {
+		t.Errorf("u1 in the first campaign: %s (%s), want sent", st, reason)
+	}
+
+	if got := f.provider.sentTo(phone(1)); len(got) > 1 {
+		t.Fatalf("u1 got %d messages within the 1h frequency cap (one from each campaign): %q", len(got), got)
+	}
+}
