@@ -115,6 +115,10 @@ type Campaign struct {
 	Window Window
 	// FrequencyCap is how long one address gets no second message on this channel (0: no cap).
 	FrequencyCap time.Duration
+	// MarksJudgedFor is the longest FrequencyCap of the campaigns that may still send (planning, scheduled,
+	// running or paused) when the campaign was read: the frequency marks its sends leave must last that
+	// long, for a campaign scheduled days ahead with a long cap to find them when it starts. Not stored.
+	MarksJudgedFor time.Duration
 	// RecipientType is the İYS recipient type checked (BIREYSEL or TACIR), BrandCode the İYS brand.
 	RecipientType string
 	BrandCode     string

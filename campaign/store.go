@@ -26,21 +26,23 @@ func NewStore(pool *pgxpool.Pool) *Store { return &Store{pool: pool} }
 const campaignColumns = `id, name, channel, state, message, subject, coalesce(code_pool, ''), rate, audience_sql,
 	audience, eligible, excluded, batch_size, batches, created_at, started_at, finished_at,
 	start_at, send_window, window_zone, frequency_cap_seconds, html, template_id, recipient_type, transactional,
-	allow_stale_consent, brand_code, max_segments, state_since`
+	allow_stale_consent, brand_code, max_segments, state_since,
+	(SELECT coalesce(max(frequency_cap_seconds), 0) FROM campaigns l WHERE l.state IN (` + sqlStatePlanning + `, ` + sqlStateScheduled + `, ` + sqlStateRunning + `, '` + string(StatePaused) + `'))`
 
 func scanCampaign(row pgx.Row) (*Campaign, error) {
 	var c Campaign
 	var excluded []byte
 	var window, zone string
-	var capSeconds int64
+	var capSeconds, keptSeconds int64
 	err := row.Scan(&c.ID, &c.Name, &c.Channel, &c.State, &c.Message, &c.Subject, &c.CodePool, &c.Rate, &c.AudienceSQL,
 		&c.Audience, &c.Eligible, &excluded, &c.BatchSize, &c.Batches, &c.CreatedAt, &c.StartedAt, &c.FinishedAt,
 		&c.StartAt, &window, &zone, &capSeconds, &c.HTML, &c.TemplateID, &c.RecipientType, &c.Transactional,
-		&c.AllowStaleConsent, &c.BrandCode, &c.MaxSegments, &c.StateSince)
+		&c.AllowStaleConsent, &c.BrandCode, &c.MaxSegments, &c.StateSince, &keptSeconds)
 	if err != nil {
 		return nil, err
 	}
 	c.FrequencyCap = time.Duration(capSeconds) * time.Second
+	c.MarksJudgedFor = time.Duration(keptSeconds) * time.Second
 	loc, err := time.LoadLocation(zone)
 	if err != nil {
 		return nil, fmt.Errorf("campaign %d: window zone %q: %w", c.ID, zone, err)

@@ -18,10 +18,11 @@ import (
 // 24 h is). The mark is taken with the recipient's claim (claimSendScript), so a redelivered batch of the
 // same campaign finds its own mark and goes on.
 
-// markTTL keeps a day's marks long enough for the default cap and for the campaign's own, counted from
-// the end of the day.
+// markTTL keeps a day's marks long enough for the default cap, for the campaign's own and for the longest
+// of the campaigns that may still send (a campaign scheduled days ahead judges them by its cap when it
+// starts), counted from the end of the day.
 func markTTL(c *campaign.Campaign) time.Duration {
-	return max(campaign.DefaultFrequencyCap, c.FrequencyCap) + markDay
+	return max(campaign.DefaultFrequencyCap, c.FrequencyCap, c.MarksJudgedFor) + markDay
 }
 
 func markOwner(c *campaign.Campaign, nonce string) string {
