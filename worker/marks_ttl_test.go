@@ -24,7 +24,11 @@ func TestTheMarksOutliveTheCapOfACampaignScheduledAhead(t *testing.T) {
 	// The first campaign (planned by the fixture) is the scheduled one, cap 72h, starting in 60h.
 	f := planWith(t, 4, func(s *campaign.Spec) { s.FrequencyCap = 72 * time.Hour; s.StartAt = start.Add(60 * time.Hour) })
 	rep, err := (&campaign.Planner{Engine: f.db, Audience: f.db}).Plan(ctx,
-		func() campaign.Spec { s := fixtureSpec("other"); s.FrequencyCap = campaign.DefaultFrequencyCap; return s }())
+		func() campaign.Spec {
+			s := fixtureSpec("other")
+			s.FrequencyCap = campaign.DefaultFrequencyCap
+			return s
+		}())
 	if err != nil {
 		t.Fatal(err)
 	}
