@@ -355,22 +355,37 @@ var ErrWrongState = errors.New("campaign is not in a state for that")
 // A campaign in any other state is left alone and the error (ErrWrongState, or ErrNotFound) says which
 // state it is in.
 func (s *Store) Transition(ctx context.Context, id int64, from []State, to State) (State, error) {
-	var was State
+	was, _, err := s.transition(ctx, id, from, `$3::text`, to)
+	return was, err
+}
+
+// Start moves the campaign from one of the states from to scheduled if its start (launch --at) is still
+// ahead by Postgres's clock, else to running, and returns the state it was in and the one it is in now
+// (see Transition). Postgres's clock, which the workers' StartIfDue reads too: a machine whose clock runs
+// ahead must not start a campaign early.
+func (s *Store) Start(ctx context.Context, id int64, from []State) (was, to State, err error) {
+	return s.transition(ctx, id, from, `CASE WHEN start_at > now() THEN `+sqlStateScheduled+` ELSE `+sqlStateRunning+` END`)
+}
+
+// transition moves the campaign to the state the SQL expression toSQL gives (over $3 when args holds it).
+func (s *Store) transition(ctx context.Context, id int64, from []State, toSQL string, args ...any) (State, State, error) {
+	var was, to State
 	var moved bool
 	err := s.pool.QueryRow(ctx, `WITH cur AS (SELECT state FROM campaigns WHERE id = $1 FOR UPDATE),
-			u AS (UPDATE campaigns SET state = $3, state_since = now(),
-				finished_at = CASE WHEN $3 IN (`+sqlStateCompleted+`, `+sqlStateCancelled+`, `+sqlStateFailed+`) THEN now() END
-				WHERE id = $1 AND state = ANY($2) RETURNING id)
-		SELECT coalesce((SELECT state FROM cur), ''), EXISTS (SELECT 1 FROM u)`, id, from, to).Scan(&was, &moved)
+			u AS (UPDATE campaigns SET state = `+toSQL+`, state_since = now(),
+				finished_at = CASE WHEN `+toSQL+` IN (`+sqlStateCompleted+`, `+sqlStateCancelled+`, `+sqlStateFailed+`) THEN now() END
+				WHERE id = $1 AND state = ANY($2) RETURNING state)
+		SELECT coalesce((SELECT state FROM cur), ''), coalesce((SELECT state FROM u), ''), EXISTS (SELECT 1 FROM u)`,
+		append([]any{id, from}, args...)...).Scan(&was, &to, &moved)
 	switch {
 	case err != nil:
-		return "", fmt.Errorf("campaign %d: %w", id, err)
+		return "", "", fmt.Errorf("campaign %d: %w", id, err)
 	case was == "":
-		return "", fmt.Errorf("%w: no campaign has id %d (campaignctl status lists them)", ErrNotFound, id)
+		return "", "", fmt.Errorf("%w: no campaign has id %d (campaignctl status lists them)", ErrNotFound, id)
 	case !moved:
-		return was, fmt.Errorf("%w: campaign %d is %s", ErrWrongState, id, was)
+		return was, "", fmt.Errorf("%w: campaign %d is %s", ErrWrongState, id, was)
 	}
-	return was, nil
+	return was, to, nil
 }
 
 // CompleteIfDone moves a running campaign to completed when none of its recipients is pending, and

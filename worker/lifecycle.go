@@ -273,11 +273,8 @@ func Resume(ctx context.Context, o ResumeOptions) (ResumeReport, error) {
 			}
 			return rep, fmt.Errorf("%w: campaign %d is completed; there is nothing to resume%s", campaign.ErrWrongState, id, hint)
 		}
-		to := campaign.StateRunning
-		if c.StartAt != nil && c.StartAt.After(time.Now()) {
-			to = campaign.StateScheduled
-		}
-		if _, err := o.Store.Transition(ctx, id, []campaign.State{c.State}, to); err != nil {
+		_, to, err := o.Store.Start(ctx, id, []campaign.State{c.State})
+		if err != nil {
 			return rep, err
 		}
 		rep.To, c.State = to, to

@@ -159,3 +159,25 @@ func TestAPauseOfAStillPausedCampaignDuringAResumeStands(t *testing.T) {
 		t.Fatalf("halt mark %q, want paused", v)
 	}
 }
+
+// A paused campaign whose start (launch --at) is still ahead goes back to scheduled on resume, one whose
+// start has passed to running; the start is judged by Postgres's clock, as the workers judge it.
+func TestAResumedCampaignWaitsForItsStart(t *testing.T) {
+	t.Parallel()
+	e := newOpsEnv(t, 3, nil)
+	ctx := context.Background()
+	c := e.launch(t, "later", 1)
+	for _, tc := range []struct {
+		startIn string
+		want    campaign.State
+	}{{"1 hour", campaign.StateScheduled}, {"-1 minute", campaign.StateRunning}} {
+		if _, err := worker.Pause(ctx, worker.PauseOptions{Store: e.store, Redis: e.rdb, CampaignID: c.ID}); err != nil {
+			t.Fatal(err)
+		}
+		e.exec(t, `UPDATE campaigns SET start_at = now() + $2::interval WHERE id = $1`, c.ID, tc.startIn)
+		rep, err := worker.Resume(ctx, worker.ResumeOptions{Store: e.store, Redis: e.rdb, CampaignID: c.ID})
+		if err != nil || rep.To != tc.want || e.campaign(t, c.ID).State != tc.want {
+			t.Fatalf("start in %s: resume %+v, %v; state %s; want %s", tc.startIn, rep, err, e.campaign(t, c.ID).State, tc.want)
+		}
+	}
+}
