@@ -135,13 +135,9 @@ func (h *Handler) settleRefusal(ctx context.Context, run *batchRun, m *metrics.S
 		} else {
 			m.Retried(n, pe.Status, pe.Code)
 		}
-		// Released first: a claim kept by mistake would make the recipient unknown; a mark kept is ours
-		// and harmless.
-		if err := h.state.ReleaseMany(ctx, f.keys, run.nonce, f.values); err != nil {
-			return waitForServices(err)
-		}
-		if err := h.state.ReleaseMarks(ctx, run.c, run.nonce, f.addrs, f.at); err != nil {
-			h.log.Warn("frequency marks not released", "campaign_id", run.c.ID, "err", err)
+		// Released first: a claim kept by mistake would make the recipient unknown.
+		if err := h.releaseNotSent(ctx, run, f); err != nil {
+			return err
 		}
 	}
 	return nil

@@ -417,6 +417,33 @@ func (h *Handler) settleAnswers(ctx context.Context, run *batchRun) {
 	}
 }
 
+// releaseNotSent gives back the claims and marks of f, whose sends the provider definitely did not
+// accept. When Redis fails the release, it is tried again in the background for up to a minute, and the
+// error is returned: the batch waits for Redis. A claim kept would make its recipient unknown at the
+// next run (a claim in flight whose call was never answered), and nobody would send it.
+func (h *Handler) releaseNotSent(ctx context.Context, run *batchRun, f inFlight) error {
+	err := h.state.ReleaseMany(ctx, f.keys, run.nonce, f.values)
+	if err == nil {
+		if err := h.state.ReleaseMarks(ctx, run.c, run.nonce, f.addrs, f.at); err != nil {
+			h.log.Warn("frequency marks not released", "campaign_id", run.c.ID, "err", err)
+		}
+		return nil
+	}
+	c, nonce := run.c, run.nonce
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		for ctx.Err() == nil {
+			if h.state.ReleaseMany(ctx, f.keys, nonce, f.values) == nil {
+				h.state.ReleaseMarks(ctx, c, nonce, f.addrs, f.at) //nolint:errcheck // ours: kept, it only holds back other campaigns a while
+				return
+			}
+			limiter.Sleep(ctx, time.Second) //nolint:errcheck // the loop checks ctx
+		}
+	}()
+	return waitForServices(err)
+}
+
 // releaseLater deletes a claim whose SET may have reached Redis although its reply did not, once Redis
 // answers again (for up to a minute). It is compare-and-delete on this worker's own pending value: nothing
 // was sent under it.

@@ -176,10 +176,9 @@ func (h *Handler) sendGroup(ctx, waitCtx context.Context, run *batchRun, b provi
 		if v == refused && len(rs) > 1 {
 			// The request as a whole was refused: nothing was sent. Split it to find who is at fault.
 			run.m.Split(len(rs))
-			if err := h.state.ReleaseMany(ctx, keys, run.nonce, inflight); err != nil {
-				return waitForServices(err)
+			if err := h.releaseNotSent(ctx, run, f); err != nil {
+				return err
 			}
-			h.state.ReleaseMarks(ctx, run.c, run.nonce, addrs, now) //nolint:errcheck // ours, harmless
 			half := len(rs) / 2
 			if err := h.sendGroup(ctx, waitCtx, run, b, rs[:half], msgs[:half]); err != nil {
 				return err
