@@ -18,7 +18,9 @@ import (
 func TestARefusedRequestWhoseReleaseFailsIsSentLater(t *testing.T) { releaseFailsOnce(t, 400) }
 
 // The same for a request refused with a 503 (nothing accepted): its claims must be released for the retry.
-func TestATransientlyRefusedRequestWhoseReleaseFailsIsSentLater(t *testing.T) { releaseFailsOnce(t, 503) }
+func TestATransientlyRefusedRequestWhoseReleaseFailsIsSentLater(t *testing.T) {
+	releaseFailsOnce(t, 503)
+}
 
 func releaseFailsOnce(t *testing.T, status int) {
 	t.Parallel()
