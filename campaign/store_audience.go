@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"regexp"
 	"slices"
 	"strconv"
@@ -18,7 +19,16 @@ import (
 
 // stageAudience runs the audience query read-only and streams its rows into audience_stage.
 func (p *Planner) stageAudience(ctx context.Context, engineTx pgx.Tx, spec Spec, tmpl *Template) error {
-	atx, err := p.Audience.BeginTx(ctx, pgx.TxOptions{AccessMode: pgx.ReadOnly})
+	conn, err := p.Audience.Acquire(ctx)
+	if err != nil {
+		return fmt.Errorf("audience database: %w", err)
+	}
+	// The audience query's session is closed afterwards, never handed back to the pool: what the query
+	// left on it outlives its transaction (a session advisory lock, which would hold the engine's code
+	// reservations up for good; a setting changed with set_config(..., false)), and must not reach a
+	// statement of the engine's, or the next audience query.
+	defer func() { conn.Hijack().Close(context.WithoutCancel(ctx)) }() //nolint:errcheck // the session is dropped either way
+	atx, err := conn.BeginTx(ctx, pgx.TxOptions{AccessMode: pgx.ReadOnly})
 	if err != nil {
 		return fmt.Errorf("audience database: %w", err)
 	}
@@ -163,11 +173,17 @@ func (s *audienceSource) Values() ([]any, error) {
 		if i == s.userIdx || i == s.addrIdx {
 			continue
 		}
+		if f, ok := asFloat(v); ok && (math.IsNaN(f) || math.IsInf(f, 0)) {
+			s.err = fmt.Errorf("%w: audience row %d (user_id %v): column %s is %v, which a message cannot carry; select it as text (%s::text) or replace it (NULLIF, CASE WHEN ... = 'NaN' THEN NULL)",
+				ErrInvalid, s.ord, user, s.names[i], f, s.names[i])
+			return nil, s.err
+		}
 		vars[s.names[i]] = jsonValue(v)
 	}
 	b, err := json.Marshal(vars)
 	if err != nil {
-		s.err = fmt.Errorf("audience row %d: %w", s.ord, err)
+		// A value JSON has no form for, inside an array or a composite (a NaN or an infinite float).
+		s.err = fmt.Errorf("%w: audience row %d (user_id %v): %v; select the column that holds it as text (col::text)", ErrInvalid, s.ord, user, err)
 		return nil, s.err
 	}
 	return []any{s.ord, user, addr, json.RawMessage(b)}, nil
@@ -216,6 +232,17 @@ func toText(v any) string {
 		}
 	}
 	return fmt.Sprint(v)
+}
+
+// asFloat is v as a float64 when it is a float.
+func asFloat(v any) (float64, bool) {
+	switch f := v.(type) {
+	case float64:
+		return f, true
+	case float32:
+		return float64(f), true
+	}
+	return 0, false
 }
 
 func jsonValue(v any) any {
