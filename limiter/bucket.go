@@ -111,14 +111,25 @@ func (b *Bucket) keys() int {
 // one (see gcra).
 func Burst(rate float64) int { return max(1, int(rate/20)) }
 
+// Whatever rate is given, the limit is never faster: below one event a second it is one event a period of
+// 1/rate rounded up to the millisecond (at most maxPeriod); above, rate×1000 events per 1000 s rounded down.
 func gcra(rate float64) redis_rate.Limit {
-	const scale = 1000
-	n := int(math.Round(rate * scale))
-	if n < 1 {
-		n = 1
+	if rate < 1 {
+		ms := math.Ceil(1000 / rate)
+		period := maxPeriod
+		if ms < float64(maxPeriod/time.Millisecond) {
+			period = time.Duration(ms) * time.Millisecond
+		}
+		return redis_rate.Limit{Rate: 1, Burst: 1, Period: period}
 	}
+	const scale = 1000
+	n := int(math.Floor(rate*scale + 1e-6)) // the slack only absorbs a float's last digit (2.3 × 1000)
 	return redis_rate.Limit{Rate: n, Burst: Burst(rate), Period: scale * time.Second}
 }
+
+// maxPeriod is the longest period between two events a limit keeps: a rate lower than one event in it is
+// kept as one event in it (never faster than asked).
+const maxPeriod = 100 * 365 * 24 * time.Hour
 
 // Wait blocks until it has taken one token from each limit, in order, or ctx is done, or Redis fails. Put
 // the narrowest limit first: a token taken from an earlier limit while a later one is empty is spent, which
