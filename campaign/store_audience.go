@@ -15,6 +15,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgtype"
+
+	"github.com/campaignctl/campaignctl/internal/unsubscribe"
 )
 
 // stageAudience runs the audience query read-only and streams its rows into audience_stage.
@@ -43,6 +45,9 @@ func (p *Planner) stageAudience(ctx context.Context, engineTx pgx.Tx, spec Spec,
 	defer rows.Close()
 
 	src := &audienceSource{rows: rows, userIdx: -1, addrIdx: -1, canonical: spec.Channel.Spec().Canonical}
+	if spec.OneClickUnsubscribe() {
+		src.maxUser = unsubscribe.MaxUserID // each message carries a link with its user ID
+	}
 	for i, name := range cols {
 		if name == "user_id" {
 			src.userIdx = i
@@ -140,8 +145,10 @@ type audienceSource struct {
 	userIdx, addrIdx int
 	// canonical is the channel's (ChannelSpec.Canonical).
 	canonical func(raw string) (string, error)
-	ord       int64
-	err       error
+	// maxUser is the longest user ID the campaign can take, in bytes (0: MaxValueBytes).
+	maxUser int
+	ord     int64
+	err     error
 }
 
 func (s *audienceSource) Next() bool { return s.err == nil && s.rows.Next() }
@@ -162,6 +169,11 @@ func (s *audienceSource) Values() ([]any, error) {
 	var user, addr any
 	if u := vals[s.userIdx]; u != nil {
 		user = toText(u)
+		if t := user.(string); s.maxUser > 0 && len(t) > s.maxUser {
+			s.err = fmt.Errorf("%w: audience row %d: user_id %.40q… is %d bytes; a commercial e-mail's one-click unsubscribe link carries its user_id, which may be at most %d bytes: select a shorter key as user_id",
+				ErrInvalid, s.ord, t, len(t), s.maxUser)
+			return nil, s.err
+		}
 	}
 	if raw := vals[s.addrIdx]; raw != nil {
 		if a, err := s.canonical(toText(raw)); err == nil {

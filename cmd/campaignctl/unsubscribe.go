@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"html/template"
 	"log/slog"
+	"mime"
 	"net/http"
 	"net/url"
 	"strings"
@@ -179,7 +180,12 @@ func unsubscribeHandler(signer *unsubscribe.Signer, store *campaign.Store, sink 
 			return
 		}
 		r.Body = http.MaxBytesReader(w, r.Body, maxUnsubscribeBody)
-		if err := r.ParseForm(); err != nil || r.PostForm.Get("List-Unsubscribe") != "One-Click" {
+		// RFC 8058 asks mail clients for multipart/form-data, and allows a URL-encoded form.
+		parse := r.ParseForm
+		if mt, _, _ := mime.ParseMediaType(r.Header.Get("Content-Type")); mt == "multipart/form-data" {
+			parse = func() error { return r.ParseMultipartForm(maxUnsubscribeBody) }
+		}
+		if err := parse(); err != nil || r.PostForm.Get("List-Unsubscribe") != "One-Click" {
 			http.Error(w, "400 Bad Request: a one-click unsubscribe POST carries List-Unsubscribe=One-Click (RFC 8058)", http.StatusBadRequest)
 			return
 		}
@@ -188,8 +194,11 @@ func unsubscribeHandler(signer *unsubscribe.Signer, store *campaign.Store, sink 
 			from = "the button of the unsubscribe page"
 		}
 		log.Info("refusal received", "via", iys.ViaOneClick, "type", ch.Spec().IYSType, "address", providers.MaskAddress(addr), "campaign_id", id)
-		err = sink.record(r.Context(), []iys.Refusal{{Via: iys.ViaOneClick, EventID: fmt.Sprintf("%d:%s", id, user), Kind: iys.ViaOneClick,
-			Recipient: addr, Type: ch.Spec().IYSType, CampaignID: id, UserID: user, At: time.Now(),
+		// Each click is a refusal of its own, dated when it came: one made after the person gave consent
+		// again outranks that consent. Clicks within one second are one (a double click, a client's retry).
+		at := time.Now()
+		err = sink.record(r.Context(), []iys.Refusal{{Via: iys.ViaOneClick, EventID: fmt.Sprintf("%d:%s:%d", id, user, at.Unix()), Kind: iys.ViaOneClick,
+			Recipient: addr, Type: ch.Spec().IYSType, CampaignID: id, UserID: user, At: at,
 			Evidence: fmt.Sprintf("unsubscribe link of campaign %d, user %s, through %s", id, user, from)}})
 		if err != nil {
 			log.Error("record a one-click unsubscribe", "campaign_id", id, "err", err)

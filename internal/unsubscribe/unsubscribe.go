@@ -102,9 +102,16 @@ func (s *Signer) AppendURL(b []byte, campaignID int64, userID string) []byte {
 	return s.appendToken(b, campaignID, userID)
 }
 
+// MaxUserID is the longest user ID a link is made for, in bytes: a launch that needs links refuses a
+// longer one (a link carries its user ID, and mail clients cut long links).
+const MaxUserID = 512
+
+// maxToken is the length of a token for the longest campaign ID and user ID.
+var maxToken = base64.RawURLEncoding.EncodedLen(len("9223372036854775807:")+MaxUserID) + 1 + base64.RawURLEncoding.EncodedLen(16)
+
 // Check returns the campaign and user a token was made for, or ErrBadLink.
 func (s *Signer) Check(token string) (int64, string, error) {
-	if len(token) > 512 {
+	if len(token) > maxToken {
 		return 0, "", ErrBadLink
 	}
 	payload, sig, ok := strings.Cut(token, ".")

@@ -1,0 +1,163 @@
+package main
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/campaignctl/campaignctl/campaign"
+	"github.com/campaignctl/campaignctl/internal/testdb"
+	"github.com/campaignctl/campaignctl/internal/unsubscribe"
+	"github.com/campaignctl/campaignctl/iys"
+)
+
+// TestAOneClickAfterConsentGivenAgainRefusesAgain: a person unsubscribes with the one-click link, later gives
+// their ONAY again (İYS reports the newer ONAY), then presses the same link of the old e-mail again. The
+// page answers "You are unsubscribed" (200), so the refusal was acknowledged to its sender: the newer
+// ONAY must have become RET. İYS keeps the latest decision; the click is the latest. Before, every click of
+// a link was one event, and the second was taken for a repeat of the first: the page said "You are
+// unsubscribed" and the consent stayed ONAY.
+func TestAOneClickAfterConsentGivenAgainRefusesAgain(t *testing.T) {
+	db, _ := testdb.New(t)
+	ctx := context.Background()
+	const addr = "kisi@example.com"
+	var id int64
+	if err := db.QueryRow(ctx, `INSERT INTO campaigns (name, channel, state, message, audience_sql, batch_size, brand_code)
+		VALUES ('m', 'email', 'completed', 'x', 'SELECT 1', 100, '654321') RETURNING id`).Scan(&id); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Exec(ctx, `INSERT INTO campaign_recipients (campaign_id, user_id, address, batch, status) VALUES ($1, 'u1', $2, 0, 'sent')`, id, addr); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Exec(ctx, `INSERT INTO iys_consents (recipient, type, recipient_type, brand_code, status, source, consent_date)
+		VALUES ($1, 'EPOSTA', 'BIREYSEL', '654321', 'ONAY', 'HS_WEB', now() - interval '10 days')`, addr); err != nil {
+		t.Fatal(err)
+	}
+	signer, err := unsubscribe.New("hunt-unsubscribe-secret-0123456789", "https://hooks.example.com")
+	if err != nil {
+		t.Fatal(err)
+	}
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	h := unsubscribeHandler(signer, campaign.NewStore(db), &refusalSink{pool: db, brand: "654321", log: log}, log)
+	click := func() (int, string) {
+		req := httptest.NewRequest(http.MethodPost, unsubscribe.Path+signer.Token(id, "u1"), strings.NewReader("List-Unsubscribe=One-Click"))
+		req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, req)
+		return w.Code, w.Body.String()
+	}
+	status := func() string {
+		var s string
+		if err := db.QueryRow(ctx, `SELECT status FROM iys_consents WHERE recipient = $1 AND type = 'EPOSTA'`, addr).Scan(&s); err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	if code, _ := click(); code != http.StatusOK || status() != "RET" {
+		t.Fatalf("first click: %d, consent %s", code, status())
+	}
+	// Later the person gives their consent again (in İYS, at the citizen's side): the sync stores it.
+	time.Sleep(10 * time.Millisecond)
+	tx, err := db.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := iys.ApplyChanges(ctx, tx, "654321", []iys.Record{{Recipient: addr, Type: "EPOSTA", RecipientType: "BIREYSEL",
+		Status: "ONAY", Source: "IYS_WEB", ConsentDate: time.Now()}}, "pull"); err != nil {
+		tx.Rollback(ctx) //nolint:errcheck
+		t.Fatalf("apply: %v", err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if s := status(); s != "ONAY" {
+		t.Fatalf("re-consent not stored: %s", s)
+	}
+	// A while later (clicks within one second are one), they press the unsubscribe link of the old e-mail
+	// again.
+	time.Sleep(1100 * time.Millisecond)
+	code, body := click()
+	if code != http.StatusOK || !strings.Contains(body, "You are unsubscribed") {
+		t.Fatalf("second click: %d", code)
+	}
+	if s := status(); s != "RET" {
+		t.Fatalf("the page told the person %q (200) but their consent is still %s: the refusal was acknowledged and lost; the next campaign e-mails them", "You are unsubscribed", s)
+	}
+}
+
+// TestAOneClickMultipartPostUnsubscribes: RFC 8058 §3.1 lets the mail receiver POST the one-click body as
+// multipart/form-data or application/x-www-form-urlencoded, and its own example (§8.1) is multipart. Such a
+// POST must unsubscribe without further interaction. Before, only a URL-encoded body was read, and the
+// RFC's own example was answered 400.
+func TestAOneClickMultipartPostUnsubscribes(t *testing.T) {
+	db, _ := testdb.New(t)
+	ctx := context.Background()
+	const addr = "kisi@example.com"
+	var id int64
+	if err := db.QueryRow(ctx, `INSERT INTO campaigns (name, channel, state, message, audience_sql, batch_size, brand_code)
+		VALUES ('m', 'email', 'completed', 'x', 'SELECT 1', 100, '654321') RETURNING id`).Scan(&id); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Exec(ctx, `INSERT INTO campaign_recipients (campaign_id, user_id, address, batch, status) VALUES ($1, 'u1', $2, 0, 'sent')`, id, addr); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Exec(ctx, `INSERT INTO iys_consents (recipient, type, recipient_type, brand_code, status, source, consent_date)
+		VALUES ($1, 'EPOSTA', 'BIREYSEL', '654321', 'ONAY', 'HS_WEB', now() - interval '10 days')`, addr); err != nil {
+		t.Fatal(err)
+	}
+	signer, err := unsubscribe.New("hunt-unsubscribe-secret-0123456789", "https://hooks.example.com")
+	if err != nil {
+		t.Fatal(err)
+	}
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	h := unsubscribeHandler(signer, campaign.NewStore(db), &refusalSink{pool: db, brand: "654321", log: log}, log)
+	// The request of RFC 8058 §8.1.
+	body := "---FormBoundaryjWmhtjORrn\r\nContent-Disposition: form-data; name=\"List-Unsubscribe\"\r\n\r\nOne-Click\r\n---FormBoundaryjWmhtjORrn--\r\n"
+	req := httptest.NewRequest(http.MethodPost, unsubscribe.Path+signer.Token(id, "u1"), strings.NewReader(body))
+	req.Header.Set("Content-Type", "multipart/form-data; boundary=-FormBoundaryjWmhtjORrn")
+	w := httptest.NewRecorder()
+	h.ServeHTTP(w, req)
+	var s string
+	if err := db.QueryRow(ctx, `SELECT status FROM iys_consents WHERE recipient = $1 AND type = 'EPOSTA'`, addr).Scan(&s); err != nil {
+		t.Fatal(err)
+	}
+	if w.Code != http.StatusOK || s != "RET" {
+		t.Fatalf("RFC 8058 one-click POST (multipart/form-data, the RFC's own example): %d %q; consent still %s", w.Code, strings.TrimSpace(w.Body.String()), s)
+	}
+}
+
+// A commercial e-mail's one-click link carries the recipient's user_id; a user_id longer than a link can
+// carry (unsubscribe.MaxUserID) is bad input for such a launch, named with the fix, and nothing is
+// written. A transactional e-mail carries no link and takes it.
+func TestALaunchWithLinksRefusesAUserIDTooLongForThem(t *testing.T) {
+	t.Parallel()
+	env, count := badInputDB(t)
+	db := mustConnect(t, env["DATABASE_URL"])
+	for _, sql := range []string{
+		`CREATE TABLE mail (user_id text, email text)`,
+		`GRANT SELECT ON mail TO campaignctl_audience`,
+		"INSERT INTO mail VALUES ('a', 'a@example.com'), (repeat('x', 600), 'b@example.com')",
+		`INSERT INTO iys_consents (recipient, type, recipient_type, status, source, consent_date) SELECT email, 'EPOSTA', 'BIREYSEL', 'ONAY', 'HS_WEB', now() FROM mail`,
+	} {
+		if _, err := db.Exec(context.Background(), sql); err != nil {
+			t.Fatal(err)
+		}
+	}
+	env["WEBHOOKS_PUBLIC_URL"], env["UNSUBSCRIBE_SECRET"] = "https://hooks.example.com", "a-secret-of-enough-length-0123"
+	audience := writeFile(t, "mail.sql", `SELECT user_id, email FROM mail`)
+	args := []string{"launch", "--name", "m", "--channel", "email", "--audience", audience, "--subject", "Merhaba", "--message", "Size özel"}
+	if _, stderr, code := cli(t, env, append(args, "--yes")...); code != 2 || !strings.Contains(stderr, "600 bytes") || !strings.Contains(stderr, "shorter key") {
+		t.Fatalf("launch with a 600-byte user_id: exit %d, %s; want 2 naming its length and the fix", code, stderr)
+	}
+	if n := count(`SELECT count(*) FROM campaigns`); n != 0 {
+		t.Fatalf("the refused launch left %d campaigns", n)
+	}
+	if _, stderr, code := cli(t, env, append(args, "--transactional", "--dry-run")...); code != 0 {
+		t.Fatalf("a transactional e-mail carries no link: exit %d, %s", code, stderr)
+	}
+}
