@@ -87,9 +87,10 @@ type Supervisor struct {
 	restartsDue []time.Time
 	backoff     time.Duration
 	state       State
-	prev        *Observation
-	lastReason  string
-	observeErr  bool
+	// history holds the recent observations' times and counters, oldest first (see rateBase).
+	history    []Observation
+	lastReason string
+	observeErr bool
 
 	mu     sync.Mutex
 	status Status
@@ -212,6 +213,31 @@ loop:
 }
 
 // tick observes, decides and applies the decision.
+// RateWindow is the least time a send rate is measured over. The counters move when a run records its
+// chunk, up to a hundred messages at once: over one interval the rate swings between nothing and a chunk's
+// worth, and a per-worker rate taken at such a swing is far above what a worker sends, so that the rate
+// caps would seem to need fewer workers than they do.
+const RateWindow = 10 * time.Second
+
+// rateBase records o and returns the newest earlier observation at least RateWindow older than o, or nil
+// while there is none: the send rate is not known yet.
+func (s *Supervisor) rateBase(o Observation) *Observation {
+	var base *Observation
+	keep := 0
+	for i := range s.history {
+		if o.At.Sub(s.history[i].At) < RateWindow {
+			break
+		}
+		base, keep = &s.history[i], i
+	}
+	if base != nil {
+		b := *base
+		base = &b
+	}
+	s.history = append(s.history[keep:], Observation{At: o.At, Sends: o.Sends})
+	return base
+}
+
 func (s *Supervisor) tick(ctx context.Context) {
 	octx, cancel := context.WithTimeout(ctx, max(s.cfg.Interval, 5*time.Second))
 	o, err := s.cfg.Observer.Observe(octx)
@@ -231,10 +257,9 @@ func (s *Supervisor) tick(ctx context.Context) {
 		s.log.Info("the queue is visible again")
 		s.observeErr = false
 	}
-	if s.prev != nil {
-		o.SendRate, o.RateSince = SendRate(*s.prev, o), s.prev.At
+	if base := s.rateBase(o); base != nil {
+		o.SendRate, o.RateSince = SendRate(*base, o), base.At
 	}
-	s.prev = &o
 
 	d, next := s.cfg.Policy.Decide(s.state, o)
 	if d.To < d.From && s.stoppingCount() > 0 {
