@@ -153,6 +153,10 @@ var recordDeliveriesSQL = `
 				status = CASE WHEN r.status = ` + sqlUnknown + ` THEN ` + sqlSent + ` ELSE r.status END,
 				provider_message_id = coalesce(r.provider_message_id, NULLIF(b.msgid, '')),
 				sent_at = coalesce(r.sent_at, CASE WHEN r.status = ` + sqlUnknown + ` THEN b.at END),
+				-- An unknown proved sent says so, as one recorded after its receipt does (Record); what the
+				-- worker saw stays in last_error.
+				reason = CASE WHEN r.status = ` + sqlUnknown + ` THEN 'accepted by the provider (its receipt says ' || b.status || ')' ELSE r.reason END,
+				last_error = CASE WHEN r.status = ` + sqlUnknown + ` THEN coalesce(r.last_error, r.reason) ELSE r.last_error END,
 				updated_at = now()
 			FROM best b
 			WHERE r.campaign_id = b.campaign_id AND r.user_id = b.user_id AND r.status IN (` + sqlPending + `, ` + sqlSent + `, ` + sqlUnknown + `)

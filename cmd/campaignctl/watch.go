@@ -68,6 +68,7 @@ func (a *app) watch(ctx context.Context, svc *services, id int64, final func(wor
 	}
 	interval := 2 * time.Second
 	var rate acceptRate
+	var blip string // what was unreachable at the last poll (watchStatus)
 	var update func(v worker.CampaignStatus, perSec float64)
 	var done func()
 	if isTerminal(a.stderr) {
@@ -100,14 +101,48 @@ func (a *app) watch(ctx context.Context, svc *services, id int64, final func(wor
 			return a.detach(id)
 		case <-time.After(interval):
 		}
-		if v, err = worker.Status(ctx, opts); err != nil {
+		next, err := a.watchStatus(ctx, opts, &blip)
+		if ctx.Err() != nil {
 			done()
-			if ctx.Err() != nil {
-				return a.detach(id)
-			}
-			return err
+			return a.detach(id)
+		}
+		if err == nil {
+			v = next
 		}
 	}
+}
+
+// watchStatus reads the campaign's status for a watch. A watch outlives a blip of Redis or Postgres: the
+// campaign goes on sending without it. With Redis unreachable the figures come from Postgres alone (no DLQ
+// count, no waiting reason); with neither, the last figures stay up. Each change of what is reachable is
+// said once on the log (blip holds the last one said).
+func (a *app) watchStatus(ctx context.Context, opts worker.StatusOptions, blip *string) (worker.CampaignStatus, error) {
+	v, err := worker.Status(ctx, opts)
+	say := func(now, msg string, err error) {
+		if *blip != now {
+			*blip = now
+			if err != nil {
+				a.logger().Warn(msg, "err", err)
+			} else {
+				a.logger().Info(msg)
+			}
+		}
+	}
+	if err == nil {
+		say("", "the status is whole again", nil)
+		return v, nil
+	}
+	if ctx.Err() != nil {
+		return v, err
+	}
+	pg := opts
+	pg.Redis = nil
+	if v, perr := worker.Status(ctx, pg); perr == nil {
+		say("redis", "Redis is unreachable: the figures are Postgres's alone (no DLQ count, no waiting reason) until it is back; the watch goes on", err)
+		return v, nil
+	}
+	say("both", "neither Redis nor Postgres answers: the figures shown are the last read; the watch goes on (Ctrl-C leaves it, the campaign keeps its state)", err)
+	return v, err
 }
 
 // detach ends a watch stopped by the user: the campaign goes on without it.
