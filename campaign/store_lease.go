@@ -299,6 +299,9 @@ func (s *Store) CancelUnleased(ctx context.Context, id int64) (int64, error) {
 				updated_at = now()
 			FROM campaign_recipients old
 			WHERE r.campaign_id = $1 AND r.status = `+sqlPending+` AND NOT EXISTS (SELECT 1 FROM held WHERE held.user_id = r.user_id)
+			  -- A receipt came in while the row was pending: the message went out, with its code. The
+			  -- batch's run closes it as sent (LeaseChunk's Accepted), a cancelled campaign's too.
+			  AND r.delivery IS NULL
 			  AND old.campaign_id = r.campaign_id AND old.user_id = r.user_id
 			  AND EXISTS (SELECT 1 FROM campaigns WHERE id = $1 AND state = `+sqlStateCancelled+`)
 			RETURNING r.user_id, old.code_id, r.code_id AS kept
