@@ -20,13 +20,7 @@ import (
 func TestTheMarksWaitForTheChunkInHandOfTheBatchDeliveredAgain(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	f := planWith(t, 4, func(s *campaign.Spec) { s.FrequencyCap = time.Hour })
-	rep, err := (&campaign.Planner{Engine: f.db, Audience: f.db}).Plan(ctx,
-		func() campaign.Spec { s := fixtureSpec("second"); s.FrequencyCap = time.Hour; return s }())
-	if err != nil {
-		t.Fatal(err)
-	}
-	second := rep.ID
+	f, second := planTwoCapped(t)
 
 	var fired atomic.Bool
 	f.provider.before = func(m providers.Message) {
@@ -49,7 +43,7 @@ func TestTheMarksWaitForTheChunkInHandOfTheBatchDeliveredAgain(t *testing.T) {
 			t.Logf("second campaign's batch: %v", err)
 		}()
 	}
-	err = f.h.RunBatch(ctx, f.id, 0)
+	err := f.h.RunBatch(ctx, f.id, 0)
 	t.Logf("first campaign's batch: %v", err)
 	if !fired.Load() {
 		t.Fatal("the fault never ran")
@@ -71,4 +65,17 @@ func TestTheMarksWaitForTheChunkInHandOfTheBatchDeliveredAgain(t *testing.T) {
 	if got := f.provider.sentTo(phone(1)); len(got) > 1 {
 		t.Fatalf("u1 got %d messages within the 1h frequency cap (one from each campaign): %q", len(got), got)
 	}
+}
+
+// planTwoCapped plans two campaigns of the same 4 customers, each with a 1 h frequency cap: the fixture's,
+// and a second one, planned before the first sends (so its plan excludes nobody); it returns the second's ID.
+func planTwoCapped(t *testing.T) (*fixture, int64) {
+	t.Helper()
+	f := planWith(t, 4, func(s *campaign.Spec) { s.FrequencyCap = time.Hour })
+	rep, err := (&campaign.Planner{Engine: f.db, Audience: f.db}).Plan(context.Background(),
+		func() campaign.Spec { s := fixtureSpec("second"); s.FrequencyCap = time.Hour; return s }())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return f, rep.ID
 }

@@ -17,13 +17,7 @@ import (
 func TestATransientFailureOfAResendKeepsTheMarkOfTheUnknownSend(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	f := planWith(t, 4, func(s *campaign.Spec) { s.FrequencyCap = time.Hour })
-	rep, err := (&campaign.Planner{Engine: f.db, Audience: f.db}).Plan(ctx,
-		func() campaign.Spec { s := fixtureSpec("second"); s.FrequencyCap = time.Hour; return s }())
-	if err != nil {
-		t.Fatal(err)
-	}
-	second := rep.ID
+	f, second := planTwoCapped(t)
 	// u1's send is ambiguous: the provider accepted it, its answer was lost.
 	f.provider.fail = func(_ int, m providers.Message) error {
 		if m.To == phone(1) {
@@ -45,7 +39,7 @@ func TestATransientFailureOfAResendKeepsTheMarkOfTheUnknownSend(t *testing.T) {
 		}
 		return nil
 	}
-	err = f.h.RunBatch(ctx, f.id, 0)
+	err := f.h.RunBatch(ctx, f.id, 0)
 	t.Logf("resend run: %v", err)
 	if got := len(f.provider.sentTo(phone(1))); got != 1 {
 		t.Fatalf("u1 reached %d times before the second campaign, want 1", got)

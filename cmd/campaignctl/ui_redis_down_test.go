@@ -56,28 +56,7 @@ func (p *heldSender) calls() int { p.mu.Lock(); defer p.mu.Unlock(); return len(
 func TestAPauseTheUICouldNotHaltInRedisSaysSo(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	db, _ := testdb.New(t)
-	rdb, _ := testredis.New(t)
-	for _, sql := range []string{
-		`CREATE TABLE customers (user_id text, phone text, first_name text)`,
-		`GRANT SELECT ON customers TO campaignctl_audience`,
-		`INSERT INTO customers SELECT 'u' || i, '+90532' || lpad(i::text, 7, '0'), 'Name' || i FROM generate_series(1, 3) i`,
-		`INSERT INTO iys_consents (recipient, type, recipient_type, status, source, consent_date)
-		 SELECT phone, 'MESAJ', 'BIREYSEL', 'ONAY', 'HS_WEB', now() FROM customers`,
-		`INSERT INTO code_pools (name) VALUES ('p')`,
-		`INSERT INTO promo_codes (pool, code) SELECT 'p', 'C' || i FROM generate_series(1, 9) i`,
-	} {
-		if _, err := db.Exec(ctx, sql); err != nil {
-			t.Fatalf("%s: %v", sql, err)
-		}
-	}
-	store := campaign.NewStore(db)
-	rep, err := worker.Launch(ctx, worker.LaunchOptions{Planner: &campaign.Planner{Engine: db, Audience: db}, Redis: rdb,
-		Spec: campaign.Spec{Name: "n", Channel: campaign.ChannelSMS, CodePool: "p", BatchSize: 3,
-			AudienceSQL: `SELECT user_id, phone, first_name FROM customers`, Message: `Merhaba {{.first_name}}, kodunuz {{.code}}`}})
-	if err != nil {
-		t.Fatal(err)
-	}
+	db, rdb, store, rep := launchThree(t)
 	p := &heldSender{started: make(chan struct{}), release: make(chan struct{})}
 	h := worker.NewHandler(worker.Config{Store: store, Redis: rdb, Owner: "live", SendWindow: 1,
 		Providers: map[campaign.Channel]providers.Provider{campaign.ChannelSMS: p}, ProviderRates: map[string]float64{}})
@@ -130,28 +109,7 @@ func TestAPauseTheUICouldNotHaltInRedisSaysSo(t *testing.T) {
 func TestAResumeWithoutRedisChangesNothing(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	db, _ := testdb.New(t)
-	rdb, _ := testredis.New(t)
-	for _, sql := range []string{
-		`CREATE TABLE customers (user_id text, phone text, first_name text)`,
-		`GRANT SELECT ON customers TO campaignctl_audience`,
-		`INSERT INTO customers SELECT 'u' || i, '+90532' || lpad(i::text, 7, '0'), 'Name' || i FROM generate_series(1, 3) i`,
-		`INSERT INTO iys_consents (recipient, type, recipient_type, status, source, consent_date)
-		 SELECT phone, 'MESAJ', 'BIREYSEL', 'ONAY', 'HS_WEB', now() FROM customers`,
-		`INSERT INTO code_pools (name) VALUES ('p')`,
-		`INSERT INTO promo_codes (pool, code) SELECT 'p', 'C' || i FROM generate_series(1, 9) i`,
-	} {
-		if _, err := db.Exec(ctx, sql); err != nil {
-			t.Fatalf("%s: %v", sql, err)
-		}
-	}
-	store := campaign.NewStore(db)
-	rep, err := worker.Launch(ctx, worker.LaunchOptions{Planner: &campaign.Planner{Engine: db, Audience: db}, Redis: rdb,
-		Spec: campaign.Spec{Name: "n", Channel: campaign.ChannelSMS, CodePool: "p", BatchSize: 3,
-			AudienceSQL: `SELECT user_id, phone, first_name FROM customers`, Message: `Merhaba {{.first_name}}, kodunuz {{.code}}`}})
-	if err != nil {
-		t.Fatal(err)
-	}
+	db, rdb, store, rep := launchThree(t)
 	if _, err := worker.Pause(ctx, worker.PauseOptions{Store: store, Redis: rdb, CampaignID: rep.ID}); err != nil {
 		t.Fatal(err)
 	}
@@ -188,4 +146,34 @@ func TestAResumeWithoutRedisChangesNothing(t *testing.T) {
 		t.Fatalf("after a resume with Redis down (answered %d): state %s, halt %q, Resume button %v, %d sent; want 503, paused with its halt and its button, nothing sent",
 			w.Code, st.State, halt, strings.Contains(page, "/resume"), p.calls())
 	}
+}
+
+// launchThree launches an SMS campaign of three recipients in one batch, in a database and Redis of the
+// test's own.
+func launchThree(t *testing.T) (*pgxpool.Pool, *redis.Client, *campaign.Store, campaign.Report) {
+	t.Helper()
+	ctx := context.Background()
+	db, _ := testdb.New(t)
+	rdb, _ := testredis.New(t)
+	for _, sql := range []string{
+		`CREATE TABLE customers (user_id text, phone text, first_name text)`,
+		`GRANT SELECT ON customers TO campaignctl_audience`,
+		`INSERT INTO customers SELECT 'u' || i, '+90532' || lpad(i::text, 7, '0'), 'Name' || i FROM generate_series(1, 3) i`,
+		`INSERT INTO iys_consents (recipient, type, recipient_type, status, source, consent_date)
+		 SELECT phone, 'MESAJ', 'BIREYSEL', 'ONAY', 'HS_WEB', now() FROM customers`,
+		`INSERT INTO code_pools (name) VALUES ('p')`,
+		`INSERT INTO promo_codes (pool, code) SELECT 'p', 'C' || i FROM generate_series(1, 9) i`,
+	} {
+		if _, err := db.Exec(ctx, sql); err != nil {
+			t.Fatalf("%s: %v", sql, err)
+		}
+	}
+	store := campaign.NewStore(db)
+	rep, err := worker.Launch(ctx, worker.LaunchOptions{Planner: &campaign.Planner{Engine: db, Audience: db}, Redis: rdb,
+		Spec: campaign.Spec{Name: "n", Channel: campaign.ChannelSMS, CodePool: "p", BatchSize: 3,
+			AudienceSQL: `SELECT user_id, phone, first_name FROM customers`, Message: `Merhaba {{.first_name}}, kodunuz {{.code}}`}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return db, rdb, store, rep
 }

@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/campaignctl/campaignctl/campaign"
 	"github.com/campaignctl/campaignctl/internal/testdb"
 	"github.com/campaignctl/campaignctl/internal/unsubscribe"
@@ -23,27 +25,8 @@ import (
 // a link was one event, and the second was taken for a repeat of the first: the page said "You are
 // unsubscribed" and the consent stayed ONAY.
 func TestAOneClickAfterConsentGivenAgainRefusesAgain(t *testing.T) {
-	db, _ := testdb.New(t)
+	db, id, signer, h := oneClickSetup(t)
 	ctx := context.Background()
-	const addr = "kisi@example.com"
-	var id int64
-	if err := db.QueryRow(ctx, `INSERT INTO campaigns (name, channel, state, message, audience_sql, batch_size, brand_code)
-		VALUES ('m', 'email', 'completed', 'x', 'SELECT 1', 100, '654321') RETURNING id`).Scan(&id); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := db.Exec(ctx, `INSERT INTO campaign_recipients (campaign_id, user_id, address, batch, status) VALUES ($1, 'u1', $2, 0, 'sent')`, id, addr); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := db.Exec(ctx, `INSERT INTO iys_consents (recipient, type, recipient_type, brand_code, status, source, consent_date)
-		VALUES ($1, 'EPOSTA', 'BIREYSEL', '654321', 'ONAY', 'HS_WEB', now() - interval '10 days')`, addr); err != nil {
-		t.Fatal(err)
-	}
-	signer, err := unsubscribe.New("hunt-unsubscribe-secret-0123456789", "https://hooks.example.com")
-	if err != nil {
-		t.Fatal(err)
-	}
-	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	h := unsubscribeHandler(signer, campaign.NewStore(db), &refusalSink{pool: db, brand: "654321", log: log}, log)
 	click := func() (int, string) {
 		req := httptest.NewRequest(http.MethodPost, unsubscribe.Path+signer.Token(id, "u1"), strings.NewReader("List-Unsubscribe=One-Click"))
 		req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
@@ -53,7 +36,7 @@ func TestAOneClickAfterConsentGivenAgainRefusesAgain(t *testing.T) {
 	}
 	status := func() string {
 		var s string
-		if err := db.QueryRow(ctx, `SELECT status FROM iys_consents WHERE recipient = $1 AND type = 'EPOSTA'`, addr).Scan(&s); err != nil {
+		if err := db.QueryRow(ctx, `SELECT status FROM iys_consents WHERE recipient = $1 AND type = 'EPOSTA'`, oneClickAddr).Scan(&s); err != nil {
 			t.Fatal(err)
 		}
 		return s
@@ -67,7 +50,7 @@ func TestAOneClickAfterConsentGivenAgainRefusesAgain(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := iys.ApplyChanges(ctx, tx, "654321", []iys.Record{{Recipient: addr, Type: "EPOSTA", RecipientType: "BIREYSEL",
+	if _, err := iys.ApplyChanges(ctx, tx, "654321", []iys.Record{{Recipient: oneClickAddr, Type: "EPOSTA", RecipientType: "BIREYSEL",
 		Status: "ONAY", Source: "IYS_WEB", ConsentDate: time.Now()}}, "pull"); err != nil {
 		tx.Rollback(ctx) //nolint:errcheck
 		t.Fatalf("apply: %v", err)
@@ -95,27 +78,8 @@ func TestAOneClickAfterConsentGivenAgainRefusesAgain(t *testing.T) {
 // POST must unsubscribe without further interaction. Before, only a URL-encoded body was read, and the
 // RFC's own example was answered 400.
 func TestAOneClickMultipartPostUnsubscribes(t *testing.T) {
-	db, _ := testdb.New(t)
+	db, id, signer, h := oneClickSetup(t)
 	ctx := context.Background()
-	const addr = "kisi@example.com"
-	var id int64
-	if err := db.QueryRow(ctx, `INSERT INTO campaigns (name, channel, state, message, audience_sql, batch_size, brand_code)
-		VALUES ('m', 'email', 'completed', 'x', 'SELECT 1', 100, '654321') RETURNING id`).Scan(&id); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := db.Exec(ctx, `INSERT INTO campaign_recipients (campaign_id, user_id, address, batch, status) VALUES ($1, 'u1', $2, 0, 'sent')`, id, addr); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := db.Exec(ctx, `INSERT INTO iys_consents (recipient, type, recipient_type, brand_code, status, source, consent_date)
-		VALUES ($1, 'EPOSTA', 'BIREYSEL', '654321', 'ONAY', 'HS_WEB', now() - interval '10 days')`, addr); err != nil {
-		t.Fatal(err)
-	}
-	signer, err := unsubscribe.New("hunt-unsubscribe-secret-0123456789", "https://hooks.example.com")
-	if err != nil {
-		t.Fatal(err)
-	}
-	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	h := unsubscribeHandler(signer, campaign.NewStore(db), &refusalSink{pool: db, brand: "654321", log: log}, log)
 	// The request of RFC 8058 §8.1.
 	body := "---FormBoundaryjWmhtjORrn\r\nContent-Disposition: form-data; name=\"List-Unsubscribe\"\r\n\r\nOne-Click\r\n---FormBoundaryjWmhtjORrn--\r\n"
 	req := httptest.NewRequest(http.MethodPost, unsubscribe.Path+signer.Token(id, "u1"), strings.NewReader(body))
@@ -123,7 +87,7 @@ func TestAOneClickMultipartPostUnsubscribes(t *testing.T) {
 	w := httptest.NewRecorder()
 	h.ServeHTTP(w, req)
 	var s string
-	if err := db.QueryRow(ctx, `SELECT status FROM iys_consents WHERE recipient = $1 AND type = 'EPOSTA'`, addr).Scan(&s); err != nil {
+	if err := db.QueryRow(ctx, `SELECT status FROM iys_consents WHERE recipient = $1 AND type = 'EPOSTA'`, oneClickAddr).Scan(&s); err != nil {
 		t.Fatal(err)
 	}
 	if w.Code != http.StatusOK || s != "RET" {
@@ -160,4 +124,34 @@ func TestALaunchWithLinksRefusesAUserIDTooLongForThem(t *testing.T) {
 	if _, stderr, code := cli(t, env, append(args, "--transactional", "--dry-run")...); code != 0 {
 		t.Fatalf("a transactional e-mail carries no link: exit %d, %s", code, stderr)
 	}
+}
+
+// oneClickAddr is the address oneClickSetup's recipient was sent to.
+const oneClickAddr = "kisi@example.com"
+
+// oneClickSetup makes a completed e-mail campaign whose recipient u1 (oneClickAddr, ONAY ten days ago) was sent,
+// and the handler of its one-click links.
+func oneClickSetup(t *testing.T) (*pgxpool.Pool, int64, *unsubscribe.Signer, http.Handler) {
+	t.Helper()
+	db, _ := testdb.New(t)
+	ctx := context.Background()
+	var id int64
+	if err := db.QueryRow(ctx, `INSERT INTO campaigns (name, channel, state, message, audience_sql, batch_size, brand_code)
+		VALUES ('m', 'email', 'completed', 'x', 'SELECT 1', 100, '654321') RETURNING id`).Scan(&id); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Exec(ctx, `INSERT INTO campaign_recipients (campaign_id, user_id, address, batch, status) VALUES ($1, 'u1', $2, 0, 'sent')`, id, oneClickAddr); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Exec(ctx, `INSERT INTO iys_consents (recipient, type, recipient_type, brand_code, status, source, consent_date)
+		VALUES ($1, 'EPOSTA', 'BIREYSEL', '654321', 'ONAY', 'HS_WEB', now() - interval '10 days')`, oneClickAddr); err != nil {
+		t.Fatal(err)
+	}
+	signer, err := unsubscribe.New("hunt-unsubscribe-secret-0123456789", "https://hooks.example.com")
+	if err != nil {
+		t.Fatal(err)
+	}
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	h := unsubscribeHandler(signer, campaign.NewStore(db), &refusalSink{pool: db, brand: "654321", log: log}, log)
+	return db, id, signer, h
 }
