@@ -84,3 +84,49 @@ func TestACancelledBatchHeldInTheDLQIsClosed(t *testing.T) {
 		t.Fatalf("cancelled campaign left %d recipients pending for good (counts %+v, statuses %v)", got.Pending, got, e.statuses(t, c.ID))
 	}
 }
+
+// A batch of a cancelled campaign reaches the DLQ after the cancel (a live run held its rows then, and its
+// task used up its retries since): its recipients would stay pending for good, since `dlq retry` and
+// `resume` leave a cancelled campaign alone. Cancelling again closes them: skipped (cancelled), their codes
+// back in the pool, the DLQ empty.
+func TestCancellingACancelledCampaignAgainClosesWhatIsLeft(t *testing.T) {
+	t.Parallel()
+	e := newOpsEnv(t, 3, nil)
+	ctx := context.Background()
+	c := e.launch(t, "again", 3) // one batch (0) of u1..u3
+	epoch, err := worker.Epoch(ctx, e.rdb)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const ttl = time.Second
+	if _, err := e.store.LeaseChunk(ctx, c, []string{"u1", "u2", "u3"},
+		campaign.Lease{Batch: 0, Token: "live-run", Epoch: epoch, TTL: ttl}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := worker.Cancel(ctx, worker.CancelOptions{Store: e.store, Redis: e.rdb, CampaignID: c.ID}); err != nil {
+		t.Fatal(err)
+	}
+	if n := e.counts(t, c.ID).Pending; n != 3 {
+		t.Fatalf("%d pending after the first cancel, want the 3 the live run held", n)
+	}
+	// The run dies; its lease runs out; its task is in the DLQ.
+	time.Sleep(ttl + 300*time.Millisecond)
+	e.archive(t, c, 0)
+	if _, err := worker.RetryDLQ(ctx, worker.DLQOptions{Store: e.store, Redis: e.rdb, CampaignID: c.ID}); err == nil || !strings.Contains(err.Error(), "cancel") {
+		t.Fatalf("dlq retry of a cancelled campaign: %v, want it refused, pointing at cancel", err)
+	}
+	rep, err := worker.Cancel(ctx, worker.CancelOptions{Store: e.store, Redis: e.rdb, CampaignID: c.ID, Wait: 5 * time.Second})
+	if err != nil {
+		t.Fatalf("cancel again: %v", err)
+	}
+	if rep.Was != campaign.StateCancelled || rep.Counts.Pending != 0 || rep.Cancelled != 3 {
+		t.Fatalf("cancel again: %+v; want all 3 closed as cancelled", rep)
+	}
+	if n := e.archived(t); n != 0 {
+		t.Fatalf("%d batches left in the DLQ", n)
+	}
+	var released int
+	if err := e.db.QueryRow(ctx, `SELECT count(*) FROM released_codes`).Scan(&released); err != nil || released != 3 {
+		t.Fatalf("%d codes back in the pool (%v), want 3", released, err)
+	}
+}

@@ -74,6 +74,10 @@ type DLQRefusedError struct {
 }
 
 func (e *DLQRefusedError) Error() string {
+	if e.State == campaign.StateCancelled {
+		return fmt.Sprintf("the DLQ batches of campaign %d are not retried: the campaign is cancelled, so nothing more is sent for it (`campaignctl cancel %d` again closes the recipients they still hold)",
+			e.CampaignID, e.CampaignID)
+	}
 	return fmt.Sprintf("the DLQ batches of campaign %d are not retried: the campaign is %s, so nothing more is sent for it (drop them with `campaignctl dlq purge --campaign %d`)",
 		e.CampaignID, e.State, e.CampaignID)
 }
@@ -154,6 +158,21 @@ func requeueArchived(ctx context.Context, rdb redis.UniversalClient, campaignID 
 		}
 	}
 	return len(entries), nil
+}
+
+// dropArchived deletes the campaign's dead-lettered batches (a cancelled campaign's, with nothing pending).
+func dropArchived(ctx context.Context, rdb redis.UniversalClient, campaignID int64) error {
+	entries, err := archivedBatches(rdb, campaignID)
+	if err != nil {
+		return err
+	}
+	insp := asynq.NewInspectorFromRedisClient(rdb)
+	for _, e := range entries {
+		if err := insp.DeleteTask(Queue, e.TaskID); err != nil && !errors.Is(err, asynq.ErrTaskNotFound) {
+			return fmt.Errorf("drop batch %d of campaign %d from the DLQ: %w", e.Batch, e.CampaignID, err)
+		}
+	}
+	return nil
 }
 
 // requeue moves one dead-lettered batch back to the queue. Running an archived task again would keep its

@@ -103,6 +103,12 @@ func Cancel(ctx context.Context, o CancelOptions) (CancelReport, error) {
 	id := o.CampaignID
 	was, err := o.Store.Transition(ctx, id, []campaign.State{campaign.StateRunning, campaign.StateScheduled, campaign.StatePaused},
 		campaign.StateCancelled)
+	if errors.Is(err, campaign.ErrWrongState) && was == campaign.StateCancelled {
+		// Cancelling a cancelled campaign finishes what the first cancel could not: rows a live run held
+		// then, and batches that reached the DLQ since (their recipients would otherwise stay pending, as
+		// `dlq retry` and `resume` leave a cancelled campaign alone). Its halt is written again too.
+		err = nil
+	}
 	if err != nil {
 		return rep, fmt.Errorf("%w; only a running, scheduled or paused campaign can be cancelled", err)
 	}
@@ -166,6 +172,13 @@ func Cancel(ctx context.Context, o CancelOptions) (CancelReport, error) {
 		return rep, err
 	}
 	rep.Counts, rep.Cancelled, rep.CodePool = counts, cancelled, c.CodePool
+	if counts.Pending == 0 {
+		// Nothing is left to close: a batch of the campaign in the DLQ has no work left, and would only
+		// stand in the campaign's status as one.
+		if err := dropArchived(ctx, o.Redis, id); err != nil {
+			return rep, err
+		}
+	}
 	if counts.Pending > 0 {
 		// A live worker still holds them; its batch tasks close them when it lets go. A batch whose task is
 		// in the DLQ (its retries used up) would have no task to close them, and its task ID would keep a

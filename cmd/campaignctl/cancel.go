@@ -8,6 +8,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/campaignctl/campaignctl/campaign"
 	"github.com/campaignctl/campaignctl/worker"
 )
 
@@ -63,6 +64,10 @@ func (a *app) cancel(ctx context.Context, o cancelOptions) error {
 		Store: svc.store, Redis: svc.redis, CampaignID: o.id, Wait: o.wait, Logger: a.logger(),
 		Owner: fmt.Sprintf("%s:%d:cancel", host, os.Getpid()),
 		Recorded: func(r worker.CancelReport) {
+			if r.Was == campaign.StateCancelled {
+				fmt.Fprintf(a.stdout, "campaign %d is cancelled already; closing what is left of it\n", r.CampaignID)
+				return
+			}
 			if !r.Halted {
 				fmt.Fprintf(a.stdout, "campaign %d cancelled in Postgres (was %s), but the halt mark could not be written to Redis: each worker stops at its next chunk, after the sends of the chunk it holds\n", r.CampaignID, r.Was)
 				return

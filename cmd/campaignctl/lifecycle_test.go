@@ -87,7 +87,11 @@ func TestCancel(t *testing.T) {
 	if v, _ := rdb.Get(ctx, worker.HaltKey(c.ID)).Result(); v != "cancelled" {
 		t.Fatalf("halt mark %q, want cancelled", v)
 	}
-	for _, args := range [][]string{{"cancel", id}, {"resume", id}, {"pause", id}, {"cancel", "777"}} {
+	// Cancelling again finishes what is left (nothing here) and says so.
+	if out, stderr, code := cli(t, env, "cancel", id); code != 0 || !strings.Contains(out, "cancelled already") {
+		t.Errorf("cancel of a cancelled campaign: exit %d, %s%s; want 0, closing what is left", code, out, stderr)
+	}
+	for _, args := range [][]string{{"resume", id}, {"pause", id}, {"cancel", "777"}} {
 		if _, stderr, code := cli(t, env, args...); code != 2 || !(strings.Contains(stderr, "is cancelled") || strings.Contains(stderr, "no campaign has id 777")) {
 			t.Errorf("%v: exit %d, %s; want exit 2 naming the state", args, code, stderr)
 		}
