@@ -164,20 +164,25 @@ func Sync(ctx context.Context, db *pgxpool.Pool, c *Client) (SyncReport, error) 
 func Reverify(ctx context.Context, db *pgxpool.Pool, c *Client, typ, recipientType string) (SyncReport, error) {
 	rep := SyncReport{Changes: map[string]int{}}
 	brand := c.BrandCode()
-	rows, err := db.Query(ctx, `SELECT recipient, status FROM iys_consents WHERE type = $1 AND recipient_type = $2 AND brand_code = $3
+	rows, err := db.Query(ctx, `SELECT recipient, status, consent_date FROM iys_consents WHERE type = $1 AND recipient_type = $2 AND brand_code = $3
 		ORDER BY recipient`, typ, recipientType, brand)
 	if err != nil {
 		return rep, fmt.Errorf("re-verify: %w", err)
 	}
-	stored := map[string]string{}
+	type held struct {
+		status string
+		date   time.Time
+	}
+	stored := map[string]held{}
 	var recipients []string
 	for rows.Next() {
-		var r, st string
-		if err := rows.Scan(&r, &st); err != nil {
+		var r string
+		var h held
+		if err := rows.Scan(&r, &h.status, &h.date); err != nil {
 			rows.Close()
 			return rep, fmt.Errorf("re-verify: %w", err)
 		}
-		stored[r] = st
+		stored[r] = h
 		recipients = append(recipients, r)
 	}
 	rows.Close()
@@ -193,18 +198,22 @@ func Reverify(ctx context.Context, db *pgxpool.Pool, c *Client, typ, recipientTy
 		}
 		rep.Reverified += len(part)
 		// Multi-status names only the approved recipients: anyone else is RET or unknown to İYS, and may
-		// not be sent a commercial message either way. Its answers carry no date: they count as of now.
-		now := time.Now()
+		// not be sent a commercial message either way. Its answers carry no date. One that differs from what
+		// is stored was decided after it: it is dated just after it, not now, so that a decision a later pull
+		// brings, dated between the two, still wins.
 		var differ []Record
 		for _, r := range part {
 			want := StatusRejected
 			if _, ok := got[r]; ok {
 				want = StatusApproved
 			}
-			if want != stored[r] {
+			if h := stored[r]; want != h.status {
 				differ = append(differ, Record{Recipient: r, Type: typ, RecipientType: recipientType, Status: want,
-					Source: "IYS_REVERIFY", ConsentDate: now})
+					Source: "IYS_REVERIFY", ConsentDate: h.date.Add(time.Millisecond)})
 			}
+		}
+		if err := datePendingRefusals(ctx, db, brand, typ, recipientType, differ); err != nil {
+			return rep, err
 		}
 		if len(differ) > 0 {
 			err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
@@ -254,4 +263,42 @@ func History(ctx context.Context, db *pgxpool.Pool, brand, recipient, typ, recip
 		out = []HistEntry{}
 	}
 	return out, nil
+}
+
+// datePendingRefusals dates before its refusal an ONAY of differ (re-verification answers) for an address
+// refused here whose RET İYS has not registered yet (no RET of that consent at least as new is accepted
+// or known to İYS in the outbox): İYS still says ONAY because the refusal has not reached it, not because
+// the person gave consent again, and the refusal stands (ApplyChanges stores it as the refusal's RET, and
+// queues the RET if none is on its way). Once İYS holds the refusal's RET, an ONAY it reports is newer.
+func datePendingRefusals(ctx context.Context, db *pgxpool.Pool, brand, typ, recipientType string, differ []Record) error {
+	var onay []string
+	at := map[string]int{}
+	for i, r := range differ {
+		if r.Status == StatusApproved {
+			onay = append(onay, r.Recipient)
+			at[r.Recipient] = i
+		}
+	}
+	if len(onay) == 0 {
+		return nil
+	}
+	rows, err := db.Query(ctx, `
+		SELECT f.recipient, f.refused_at FROM (
+			SELECT recipient, max(refused_at) AS refused_at FROM refusals WHERE type = $1 AND recipient = ANY($4) GROUP BY recipient) f
+		WHERE NOT EXISTS (SELECT 1 FROM iys_outbox o WHERE o.recipient = f.recipient AND o.type = $1 AND o.recipient_type = $2
+			AND o.brand_code IN ('', $3) AND o.state IN ('accepted', 'already') AND o.consent_date >= f.refused_at)`,
+		typ, recipientType, brand, onay)
+	if err != nil {
+		return fmt.Errorf("re-verify: refusals not in İYS yet: %w", err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var r string
+		var refused time.Time
+		if err := rows.Scan(&r, &refused); err != nil {
+			return fmt.Errorf("re-verify: refusals not in İYS yet: %w", err)
+		}
+		differ[at[r]].ConsentDate = refused.Add(-time.Millisecond)
+	}
+	return rows.Err()
 }
