@@ -2,6 +2,7 @@ package iys
 
 import (
 	"bufio"
+	"bytes"
 	"encoding/csv"
 	"errors"
 	"fmt"
@@ -86,7 +87,7 @@ type consentReader struct {
 }
 
 func newConsentReader(r io.Reader) *consentReader {
-	c := csv.NewReader(bufio.NewReaderSize(r, 1<<16))
+	c := csv.NewReader(&lineCap{r: bufio.NewReaderSize(r, 1<<16), max: MaxLineBytes})
 	c.FieldsPerRecord = -1 // checked per line, for a better message
 	c.ReuseRecord = true
 	return &consentReader{csv: c, latest: time.Now().Add(15 * time.Minute)}
@@ -135,7 +136,49 @@ func (cr *consentReader) readHeader() error {
 	return nil
 }
 
+// MaxLineBytes is the longest line a consent file may have: a row is under 200 bytes, and a file whose
+// line runs on (a truncated or binary file) is refused before it is held in memory.
+const MaxLineBytes = 1 << 20
+
+// lineCap reads r and fails once a line runs past max bytes without a line end.
+type lineCap struct {
+	r    io.Reader
+	max  int
+	run  int // bytes since the last line end
+	line int // line ends read so far
+}
+
+// errLongLine is lineCap's error.
+type errLongLine struct{ line int }
+
+func (e errLongLine) Error() string {
+	return fmt.Sprintf("line %d is longer than %d bytes: not a consent CSV (a truncated or binary file?)", e.line, MaxLineBytes)
+}
+
+func (l *lineCap) Read(p []byte) (int, error) {
+	n, err := l.r.Read(p)
+	for rest := p[:n]; len(rest) > 0; {
+		i := bytes.IndexByte(rest, '\n')
+		if i < 0 {
+			l.run += len(rest)
+			break
+		}
+		if l.run+i > l.max {
+			return 0, errLongLine{line: l.line + 1}
+		}
+		l.run, l.line, rest = 0, l.line+1, rest[i+1:]
+	}
+	if l.run > l.max {
+		return 0, errLongLine{line: l.line + 1}
+	}
+	return n, err
+}
+
 func csvError(err error) error {
+	var long errLongLine
+	if errors.As(err, &long) {
+		return &LineError{Line: long.line, Msg: long.Error()}
+	}
 	var pe *csv.ParseError
 	if errors.As(err, &pe) {
 		return &LineError{Line: pe.StartLine, Msg: fmt.Sprintf("malformed CSV (%v): quote fields that contain commas or quotes, and double any quote inside them", pe.Err)}

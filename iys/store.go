@@ -162,10 +162,15 @@ func merge(ctx context.Context, tx pgx.Tx, brand string) (keys, inserted, update
 	// A stored consent is replaced by a same-date or later one (İYS keeps the latest decision), and only if
 	// something differs, so that importing a file twice reports it unchanged and writes nothing.
 	err = tx.QueryRow(ctx, `
-		WITH ins AS (
+		WITH l AS (
+			-- An ONAY given before a refusal of its address is that refusal's RET (afterRefusalSQL): a file
+			-- must not undo a refusal made here after the consent it carries.
+			SELECT l.recipient, l.type, l.recipient_type, `+afterRefusalSQL+`
+			FROM iys_latest l LEFT JOIN `+refusedSQL+` f ON f.recipient = l.recipient AND f.type = l.type
+		), ins AS (
 			UPDATE iys_consents c
 			SET status = l.status, source = l.source, consent_date = l.consent_date, updated_at = now()
-			FROM iys_latest l
+			FROM l
 			WHERE c.recipient = l.recipient AND c.type = l.type AND c.recipient_type = l.recipient_type AND c.brand_code = $1
 			  AND l.consent_date >= c.consent_date
 			  AND (c.status, c.source, c.consent_date) IS DISTINCT FROM (l.status, l.source, l.consent_date)

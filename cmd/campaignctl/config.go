@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
+	"regexp"
 	"strconv"
 	"strings"
 	"time"
@@ -44,17 +45,33 @@ func (a *app) audienceDBURL() string {
 // the only credential (a token). A URL that does not parse has whatever precedes the '@' of its
 // authority masked.
 func redact(raw string) string {
+	if !strings.Contains(raw, "://") {
+		// A keyword/value connection string (host=… password=…), or something else that is not a URL.
+		return dsnSecret.ReplaceAllString(raw, "${1}=xxxxx")
+	}
 	u, err := url.Parse(raw)
 	if err != nil || u.Opaque != "" {
-		return redactAuthority(raw)
+		return dsnSecret.ReplaceAllString(redactAuthority(raw), "${1}=xxxxx")
 	}
 	if u.User != nil {
 		if _, hasPassword := u.User.Password(); !hasPassword {
 			u.User = url.User("xxxxx")
 		}
 	}
+	// A password may come as a query parameter too (postgres://app@host/db?password=…).
+	if q := u.Query(); q.Has("password") || q.Has("sslpassword") {
+		for _, k := range []string{"password", "sslpassword"} {
+			if q.Has(k) {
+				q.Set(k, "xxxxx")
+			}
+		}
+		u.RawQuery = q.Encode()
+	}
 	return u.Redacted()
 }
+
+// dsnSecret finds a password in a keyword/value connection string or a query: its value, quoted or not.
+var dsnSecret = regexp.MustCompile(`(?i)\b(password|sslpassword)\s*=\s*('(?:[^'\\]|\\.)*'|[^\s&]+)`)
 
 // redactAuthority masks the user information of a URL that url.Parse refuses (or reads as opaque, as
 // it does "user:password@host"): everything after the scheme up to the last '@'. A password may hold

@@ -218,6 +218,9 @@ func (a *app) newIYSImportCmd() *cobra.Command {
 				return usagef("cannot read the consent file: %v", err)
 			}
 			defer f.Close()
+			if fi, err := f.Stat(); err == nil && fi.IsDir() {
+				return usagef("%s is a directory; give the consent CSV file in it (nothing was imported)", args[0])
+			}
 			pool, err := a.openEngine(cmd.Context())
 			if err != nil {
 				return err

@@ -268,8 +268,17 @@ func writeConsents(ctx context.Context, tx pgx.Tx, n int64, args []any, rep *See
 	if _, err := tx.Exec(ctx, `ANALYZE demo_consents`); err != nil {
 		return err
 	}
+	// Every writer of consents takes the version row first (iys.RecordRefusals), then the table.
+	if _, err := tx.Exec(ctx, `SELECT 1 FROM iys_consents_version FOR UPDATE`); err != nil {
+		return err
+	}
 	if _, err := tx.Exec(ctx, `LOCK TABLE iys_consents IN SHARE ROW EXCLUSIVE MODE`); err != nil {
 		return err
+	}
+	// A seed run again leaves alone the consents of an address that refused (a STOP, an unsubscribe):
+	// a refusal is never undone by demo data.
+	if _, err := tx.Exec(ctx, `DELETE FROM demo_consents d WHERE EXISTS (SELECT 1 FROM refusals f WHERE f.recipient = d.recipient AND f.type = d.type)`); err != nil {
+		return fmt.Errorf("keep refusals: %w", err)
 	}
 	if _, err := tx.Exec(ctx, `
 		DELETE FROM iys_consents c USING demo_consents d

@@ -1,0 +1,90 @@
+package iys_test
+
+import (
+	"context"
+	"errors"
+	"runtime"
+	"testing"
+	"time"
+
+	"github.com/campaignctl/campaignctl/internal/testdb"
+	"github.com/campaignctl/campaignctl/iys"
+)
+
+// A stored RET (an older İYS decision), then a local refusal (STOP), then an İYS export whose ONAY for
+// the same key is dated between the two: the ONAY was given before the person refused locally, so the
+// key must stay RET (a consent older than a local refusal never stands).
+func TestAnImportedONAYOlderThanARefusalDoesNotReplaceItsRET(t *testing.T) {
+	t.Parallel()
+	pool, _ := testdb.New(t)
+	ctx := context.Background()
+	const addr = "+905321111111"
+	refusedAt := time.Now().Add(-time.Hour).Truncate(time.Second)
+	retAt := refusedAt.Add(-48 * time.Hour)
+	onayAt := refusedAt.Add(-24 * time.Hour) // after the stored RET, before the local refusal
+	day := func(t time.Time) string { return t.In(iys.Istanbul()).Format(iys.DateLayout) }
+
+	mustImport(t, pool, iys.Header+"\n"+addr+",MESAJ,BIREYSEL,RET,HS_WEB,"+day(retAt)+"\n")
+	rep, err := iys.RecordRefusals(ctx, pool, "", []iys.Refusal{{Via: iys.ViaTwilioInbound, EventID: "SM1",
+		Kind: "inbound", Recipient: addr, Type: "MESAJ", Evidence: "STOP", At: refusedAt}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("refusal: %+v; status after it: %s", rep, consentStatus(t, pool, addr, "MESAJ", "BIREYSEL", ""))
+
+	irep := mustImport(t, pool, iys.Header+"\n"+addr+",MESAJ,BIREYSEL,ONAY,HS_WEB,"+day(onayAt)+"\n")
+	t.Logf("import: %+v", irep)
+	if st := consentStatus(t, pool, addr, "MESAJ", "BIREYSEL", ""); st != "RET" {
+		t.Errorf("an ONAY dated %s, before the local refusal of %s, replaced the stored RET: status %s, want RET",
+			day(onayAt), day(refusedAt), st)
+	}
+}
+
+// endlessLine is a consent file whose second line never ends: the header, then limit bytes of one field
+// without a newline, then errTooFar.
+type endlessLine struct {
+	head  string
+	read  int64
+	limit int64
+}
+
+var errTooFar = errors.New("the importer read the whole endless line")
+
+func (e *endlessLine) Read(p []byte) (int, error) {
+	if e.head != "" {
+		n := copy(p, e.head)
+		e.head = e.head[n:]
+		return n, nil
+	}
+	if e.read >= e.limit {
+		return 0, errTooFar
+	}
+	n := int64(len(p))
+	if n > e.limit-e.read {
+		n = e.limit - e.read
+	}
+	for i := range p[:n] {
+		p[i] = 'a'
+	}
+	e.read += n
+	return int(n), nil
+}
+
+// A consent file is streamed "so memory stays flat whatever the file's size": one endless line (a
+// truncated or binary file) must be refused once it is far longer than any consent row can be, not held
+// in memory whole.
+func TestAnImportLineThatRunsOnIsRefused(t *testing.T) {
+	pool, _ := testdb.New(t)
+	const limit = 256 << 20
+	r := &endlessLine{head: iys.Header + "\n+905321111111,MESAJ,BIREYSEL,ONAY,HS_WEB,", limit: limit}
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	_, err := iys.Import(context.Background(), pool, r, iys.ImportOptions{})
+	runtime.ReadMemStats(&after)
+	t.Logf("Import: %v; read %d MB of one line; allocated %d MB", err, r.read>>20, (after.TotalAlloc-before.TotalAlloc)>>20)
+	if r.read >= limit || errors.Is(err, errTooFar) {
+		t.Errorf("Import read a single %d MB row whole (allocating %d MB) instead of refusing an over-long line",
+			r.read>>20, (after.TotalAlloc-before.TotalAlloc)>>20)
+	}
+}
