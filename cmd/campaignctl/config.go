@@ -45,12 +45,9 @@ func (a *app) audienceDBURL() string {
 // the only credential (a token). A URL that does not parse has whatever precedes the '@' of its
 // authority masked.
 func redact(raw string) string {
-	if !strings.Contains(raw, "://") {
-		// A keyword/value connection string (host=… password=…), or something else that is not a URL.
-		return dsnSecret.ReplaceAllString(raw, "${1}=xxxxx")
-	}
 	u, err := url.Parse(raw)
-	if err != nil || u.Opaque != "" {
+	if err != nil || u.Opaque != "" || !strings.Contains(raw, "://") {
+		// Not a URL: "user:password@host", or a keyword/value connection string (host=… password=…).
 		return dsnSecret.ReplaceAllString(redactAuthority(raw), "${1}=xxxxx")
 	}
 	if u.User != nil {
