@@ -140,11 +140,15 @@ the provider posts again). Headers must arrive within ` + webhooksReadHeaderTime
 			if err != nil {
 				return usagef("--addr %s: %v", addr, err)
 			}
-			if publicURL == "" {
-				publicURL = "http://" + ln.Addr().String()
+			// Without --public-url, Twilio's signatures are checked against the URL each request was sent to
+			// (its Host): the listening address says nothing of it when it is every interface (0.0.0.0),
+			// and every signed refusal would be refused.
+			shown := publicURL
+			if shown == "" {
+				shown = "http://" + ln.Addr().String()
 			}
 			if token != "" {
-				handlers["twilio"] = receipts.TwilioHandler(token, publicURL, deliveries, log)
+				handlers["twilio"] = receipts.TwilioHandler(token, publicURL, deliveryAndRefusalSink{MatchingSink: deliveries, refusalSink: refusals}, log)
 				handlers["twilio_inbound"] = receipts.TwilioInboundHandler(token, publicURL, keywords, refusals, log)
 			}
 			var extra map[string]http.Handler
@@ -169,7 +173,7 @@ the provider posts again). Headers must arrive within ` + webhooksReadHeaderTime
 				if name == "twilio_inbound" {
 					what = "twilio incoming SMS (refusals)"
 				}
-				fmt.Fprintf(a.stderr, "receiving %s at %s%s\n", what, publicURL, webhooksPaths[name])
+				fmt.Fprintf(a.stderr, "receiving %s at %s%s\n", what, shown, webhooksPaths[name])
 			}
 			if signer != nil {
 				fmt.Fprintf(a.stderr, "serving one-click unsubscribe links at %s%s…\n", strings.TrimSuffix(a.getenv(publicURLEnv), "/"), unsubscribe.Path)

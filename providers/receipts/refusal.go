@@ -18,6 +18,9 @@ const (
 	RefusalSpamReport = "spamreport"
 	// RefusalInbound: the recipient answered an SMS with a refusal keyword (RET, IPTAL, STOP, ...).
 	RefusalInbound = "inbound"
+	// RefusalOptedOut: the provider refused a message because the recipient had opted out with it (a Twilio
+	// status callback with error 21610: the recipient replied STOP, and Twilio sends them nothing more).
+	RefusalOptedOut = "opted_out"
 )
 
 // Channels, the values of Refusal.Channel.
@@ -31,7 +34,11 @@ const (
 // DefaultRefusalKeywords are the words that make an incoming SMS a refusal when TwilioInboundHandler is
 // given none: RET and IPTAL, the Turkish answers İYS rules name for withdrawing consent, and STOP, which
 // Twilio itself honours.
-var DefaultRefusalKeywords = []string{"RET", "IPTAL", "STOP"}
+//
+// Twilio's own opt-out words are among them: Twilio stops messages to whoever sends one (STOP, STOPALL,
+// UNSUBSCRIBE, CANCEL, END, QUIT, and with Advanced Opt-Out OPTOUT and REVOKE), so such a person has
+// refused, whatever the brand's keywords.
+var DefaultRefusalKeywords = []string{"RET", "IPTAL", "STOP", "STOPALL", "UNSUBSCRIBE", "CANCEL", "END", "QUIT", "OPTOUT", "REVOKE"}
 
 // Refusal is a recipient's refusal of further messages that came back through a provider: an
 // unsubscribe or a spam report, or an SMS answered with a refusal keyword.

@@ -70,13 +70,24 @@ func TwilioHandler(authToken, publicURL string, sink Sink, log *slog.Logger) *Ha
 	if sink == nil {
 		panic("receipts: nil Sink")
 	}
-	h := newHandler("twilio", sink, nil, log, newLimits(MaxTwilioBody, twilioInFlight))
+	refusals, _ := sink.(RefusalSink)
+	h := newHandler("twilio", sink, refusals, log, newLimits(MaxTwilioBody, twilioInFlight))
 	twilioSigned(h, authToken, publicURL, "status callback", func(h *Handler, r *http.Request, form map[string]string) (batch, *rejection) {
 		rs, ignored, rej := h.twilioReceipt(r, form)
-		return batch{receipts: rs, ignored: ignored}, rej
+		b := batch{receipts: rs, ignored: ignored}
+		if rej == nil && h.refusals != nil && form["ErrorCode"] == twilioOptedOut && form["To"] != "" {
+			// The recipient had replied STOP: Twilio sends them nothing more, and they have refused.
+			sid := form["MessageSid"]
+			b.refusals = append(b.refusals, Refusal{Provider: "twilio", Channel: ChannelSMS, Address: form["To"], Kind: RefusalOptedOut,
+				EventID: sid + ":" + twilioOptedOut, At: h.now().UTC(), Evidence: cleanEvidence("twilio status callback " + sid + " error 21610 (the recipient replied STOP)")})
+		}
+		return b, rej
 	})
 	return h
 }
+
+// twilioOptedOut is Twilio's error 21610: the message was refused because its recipient had opted out.
+const twilioOptedOut = "21610"
 
 // twilioSigned makes h verify X-Twilio-Signature, as TwilioHandler describes, and hand the verified
 // form to next. what names the requests in the log ("status callback").

@@ -4,6 +4,7 @@ import (
 	"log/slog"
 	"net/http"
 	"strconv"
+	"strings"
 
 	"github.com/campaignctl/campaignctl/providers"
 )
@@ -72,7 +73,13 @@ func (h *Handler) twilioInbound(form map[string]string, keywords map[string]bool
 	}
 	word := firstWord(form["Body"])
 	keyword := foldKeyword(word)
-	if word == "" || !keywords[keyword] {
+	// Twilio flags a message it took as an opt-out (Advanced Opt-Out: its own words and the ones set up on
+	// the Messaging Service, in any language) with OptOutType STOP, and stops sending to its sender.
+	optOut := strings.EqualFold(form["OptOutType"], "STOP")
+	if optOut && keyword == "" {
+		keyword = "STOP"
+	}
+	if !optOut && (word == "" || !keywords[keyword]) {
 		h.log.Info("twilio incoming message is not a refusal", "message_id", sid, "from", providers.MaskAddress(from))
 		return batch{ignored: []string{ignoredInbound}}, nil
 	}
