@@ -357,6 +357,13 @@ func (h *Handler) tokensStillFresh(ctx, waitCtx context.Context, run *batchRun, 
 				}
 			}
 		}
+		if now := h.cfg.Now(); !run.c.Window.Open(now) {
+			// The send window closed while the claims were taken (a stall of Redis or Postgres after the
+			// window was checked): the sends wait for its opening. Without a cap nothing else would check.
+			h.notSentAfterClaim(ctx, run, f)
+			next := run.c.Window.NextOpen(now)
+			return nil, &RetryError{Err: fmt.Errorf("the send window %s closed; sending resumes at %s", run.c.Window, next.Format(time.RFC3339)), After: next.Sub(now)}
+		}
 		if run.tokensAt.IsZero() || time.Since(run.tokensAt) <= staleTokens+time.Duration(sz.msgs)*claimTimeEach {
 			return drop, nil
 		}
