@@ -29,7 +29,17 @@ func (p *Planner) stageAudience(ctx context.Context, engineTx pgx.Tx, spec Spec,
 	// left on it outlives its transaction (a session advisory lock, which would hold the engine's code
 	// reservations up for good; a setting changed with set_config(..., false)), and must not reach a
 	// statement of the engine's, or the next audience query.
-	defer func() { conn.Hijack().Close(context.WithoutCancel(ctx)) }() //nolint:errcheck // the session is dropped either way
+	defer func() {
+		c := conn.Hijack()
+		if ctx.Err() != nil {
+			// Interrupted (a SIGTERM, a timeout): the query may still run on the server, which notices a
+			// closed connection only when it next writes. It is cancelled before the session is dropped.
+			cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
+			c.PgConn().CancelRequest(cctx) //nolint:errcheck // best effort: the close follows anyway
+			cancel()
+		}
+		c.Close(context.WithoutCancel(ctx)) //nolint:errcheck // the session is dropped either way
+	}()
 	atx, err := conn.BeginTx(ctx, pgx.TxOptions{AccessMode: pgx.ReadOnly})
 	if err != nil {
 		return fmt.Errorf("audience database: %w", err)
