@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/campaignctl/campaignctl/internal/testdb"
 	"github.com/campaignctl/campaignctl/iys"
 	"github.com/campaignctl/campaignctl/providers/sandbox"
@@ -15,16 +17,9 @@ import (
 // outbox, and after the person gave a new ONAY between the two (the RET of the first refusal is then
 // older than İYS's ONAY), must still reach İYS: İYS must end RET.
 func TestASecondRefusalWhileTheFirstsResultIsAwaitedReachesIYS(t *testing.T) {
-	e := newEnv(t, sandbox.Options{}, nil)
-	pool, _ := testdb.New(t)
-	ctx := context.Background()
-	brand := fmt.Sprint(testBrand)
 	const addr = "+905324444441"
-	base := time.Now().Add(-3 * time.Hour).Truncate(time.Second)
-	e.seed(t, sandbox.IYSConsent{Recipient: addr, Type: "MESAJ", Status: "ONAY", Source: "HS_WEB",
-		CreationDate: base.Add(-48 * time.Hour).In(iys.Istanbul()).Format(iys.DateLayout)})
-	consentRows(t, pool, [6]any{addr, "MESAJ", "BIREYSEL", brand, "ONAY", base.Add(-48 * time.Hour)})
-	c := e.client(t, nil)
+	e, pool, brand, base, c := onayOnBothSides(t, addr)
+	ctx := context.Background()
 
 	// 1. The person refuses (SMS "RET") at t1: local RET, queued for İYS. The push sends it in a batch
 	//    (many refusals waiting; here BatchFrom 1): İYS registers it; the row is 'sent' until a later run
@@ -279,4 +274,18 @@ func TestARefusalOverrulingAnONAYGivenInIYSReachesIYS(t *testing.T) {
 			}
 		})
 	}
+}
+
+// onayOnBothSides makes an İYS sandbox and a database that both hold an ONAY of addr (MESAJ, BIREYSEL) given
+// 48 hours before base (three hours ago, to the second), and returns them with the brand and a client.
+func onayOnBothSides(t *testing.T, addr string) (*env, *pgxpool.Pool, string, time.Time, *iys.Client) {
+	t.Helper()
+	e := newEnv(t, sandbox.Options{}, nil)
+	pool, _ := testdb.New(t)
+	brand := fmt.Sprint(testBrand)
+	base := time.Now().Add(-3 * time.Hour).Truncate(time.Second)
+	e.seed(t, sandbox.IYSConsent{Recipient: addr, Type: "MESAJ", Status: "ONAY", Source: "HS_WEB",
+		CreationDate: base.Add(-48 * time.Hour).In(iys.Istanbul()).Format(iys.DateLayout)})
+	consentRows(t, pool, [6]any{addr, "MESAJ", "BIREYSEL", brand, "ONAY", base.Add(-48 * time.Hour)})
+	return e, pool, brand, base, e.client(t, nil)
 }

@@ -17,16 +17,9 @@ import (
 // local refusal is newer than İYS's decision: the consent stays RET. Before, the answer was dated now and
 // turned the RET back into ONAY.
 func TestAReverificationKeepsARefusalIYSHasNotTakenYet(t *testing.T) {
-	e := newEnv(t, sandbox.Options{}, nil)
-	pool, _ := testdb.New(t)
-	ctx := context.Background()
-	brand := fmt.Sprint(testBrand)
 	const addr = "+905324444449"
-	base := time.Now().Add(-3 * time.Hour).Truncate(time.Second)
-	e.seed(t, sandbox.IYSConsent{Recipient: addr, Type: "MESAJ", Status: "ONAY", Source: "HS_WEB",
-		CreationDate: base.Add(-48 * time.Hour).In(iys.Istanbul()).Format(iys.DateLayout)})
-	consentRows(t, pool, [6]any{addr, "MESAJ", "BIREYSEL", brand, "ONAY", base.Add(-48 * time.Hour)})
-	c := e.client(t, nil)
+	_, pool, brand, base, c := onayOnBothSides(t, addr)
+	ctx := context.Background()
 
 	rep, err := iys.RecordRefusals(ctx, pool, brand, []iys.Refusal{{Via: iys.ViaTwilioInbound, EventID: "SMrv1", Kind: "inbound",
 		Recipient: addr, Type: "MESAJ", Evidence: "RET", At: base}})
