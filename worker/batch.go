@@ -421,9 +421,10 @@ func stateGate(id int64, st campaign.State) (mode chunkMode, retry error, done b
 // gate leases the chunk's rows and reads the campaign's state and the chunk's consents as they are now. It
 // returns the recipients this run now holds, with their consent, in chunk order.
 func (h *Handler) gate(ctx context.Context, run *batchRun, chunk []campaign.Recipient) (chunkMode, []campaign.Recipient, error) {
-	if now := h.cfg.Now(); run.c.State != campaign.StateCancelled && !run.c.Window.Open(now) {
-		next := run.c.Window.NextOpen(now)
-		return 0, nil, &RetryError{Err: fmt.Errorf("outside the send window %s; sending resumes at %s", run.c.Window, next.Format(time.RFC3339)), After: next.Sub(now)}
+	if run.c.State != campaign.StateCancelled {
+		if err := h.windowClosed(run); err != nil {
+			return 0, nil, err
+		}
 	}
 	users := make([]string, len(chunk))
 	for i := range chunk {

@@ -266,9 +266,8 @@ func (h *Handler) readyToSend(ctx, waitCtx context.Context, run *batchRun, sz se
 	if paced {
 		run.tokensAt = time.Now()
 	}
-	if now := h.cfg.Now(); !run.c.Window.Open(now) {
-		next := run.c.Window.NextOpen(now)
-		return &RetryError{Err: fmt.Errorf("the send window %s closed; sending resumes at %s", run.c.Window, next.Format(time.RFC3339)), After: next.Sub(now)}
+	if err := h.windowClosed(run); err != nil {
+		return err
 	}
 	return h.renew(ctx, run)
 }
@@ -357,12 +356,11 @@ func (h *Handler) tokensStillFresh(ctx, waitCtx context.Context, run *batchRun, 
 				}
 			}
 		}
-		if now := h.cfg.Now(); !run.c.Window.Open(now) {
+		if err := h.windowClosed(run); err != nil {
 			// The send window closed while the claims were taken (a stall of Redis or Postgres after the
 			// window was checked): the sends wait for its opening. Without a cap nothing else would check.
 			h.notSentAfterClaim(ctx, run, f)
-			next := run.c.Window.NextOpen(now)
-			return nil, &RetryError{Err: fmt.Errorf("the send window %s closed; sending resumes at %s", run.c.Window, next.Format(time.RFC3339)), After: next.Sub(now)}
+			return nil, err
 		}
 		if run.tokensAt.IsZero() || time.Since(run.tokensAt) <= staleTokens+time.Duration(sz.msgs)*claimTimeEach {
 			return drop, nil
@@ -381,15 +379,21 @@ func (h *Handler) tokensStillFresh(ctx, waitCtx context.Context, run *batchRun, 
 	}
 }
 
+// windowClosed is the error of a send outside the campaign's daily window (nil inside it): the batch
+// comes back when the window opens.
+func (h *Handler) windowClosed(run *batchRun) *RetryError {
+	now := h.cfg.Now()
+	if run.c.Window.Open(now) {
+		return nil
+	}
+	next := run.c.Window.NextOpen(now)
+	return &RetryError{Err: fmt.Errorf("outside the send window %s; sending resumes at %s", run.c.Window, next.Format(time.RFC3339)), After: next.Sub(now)}
+}
+
 // notSentAfterClaim gives back what the claims of f took when their sends did not leave after all: the
 // claims (once Redis answers: it may be what failed) and the frequency marks.
 func (h *Handler) notSentAfterClaim(ctx context.Context, run *batchRun, f inFlight) {
-	for i := range f.keys {
-		h.releaseLater(f.keys[i], run.nonce, f.values[i])
-	}
-	if err := h.state.ReleaseMarks(context.WithoutCancel(ctx), run.c, run.nonce, f.addrs, f.at); err != nil {
-		h.log.Warn("frequency marks not released", "campaign_id", run.c.ID, "err", err)
-	}
+	h.giveBack(ctx, run, f) //nolint:errcheck // retried in the background; the caller returns its own error
 }
 
 // waitError turns the error of a wait for tokens or a pause into what the batch returns.
@@ -424,44 +428,52 @@ func (h *Handler) settleAnswers(ctx context.Context, run *batchRun) {
 	}
 }
 
-// releaseNotSent gives back the claims and marks of f, whose sends the provider definitely did not
-// accept. When Redis fails the release, it is tried again in the background for up to a minute, and the
-// error is returned: the batch waits for Redis. A claim kept would make its recipient unknown at the
-// next run (a claim in flight whose call was never answered), and nobody would send it.
+// releaseNotSent gives back the claims and marks of f, whose sends the provider definitely did not accept
+// (giveBack). When Redis fails the release, the batch waits for Redis: a claim kept would make its
+// recipient unknown at the next run (a claim in flight whose call was never answered), and nobody would
+// send it.
 func (h *Handler) releaseNotSent(ctx context.Context, run *batchRun, f inFlight) error {
-	err := h.state.ReleaseMany(ctx, f.keys, run.nonce, f.values)
-	if err == nil {
-		if err := h.state.ReleaseMarks(ctx, run.c, run.nonce, f.addrs, f.at); err != nil {
-			h.log.Warn("frequency marks not released", "campaign_id", run.c.ID, "err", err)
+	if err := h.giveBack(ctx, run, f); err != nil {
+		return waitForServices(err)
+	}
+	return nil
+}
+
+// giveBack deletes the claims of f (compare-and-delete on this worker's own pending values: nothing was
+// accepted under them) and their frequency marks, in one round trip each. When Redis fails, the release
+// is tried again in the background for up to a minute, and the error is returned.
+func (h *Handler) giveBack(ctx context.Context, run *batchRun, f inFlight) error {
+	ctx = context.WithoutCancel(ctx)
+	c, nonce := run.c, run.nonce
+	release := func(ctx context.Context) error {
+		if err := h.state.ReleaseMany(ctx, f.keys, nonce, f.values); err != nil {
+			return err
+		}
+		if err := h.state.ReleaseMarks(ctx, c, nonce, f.addrs, f.at); err != nil {
+			h.log.Warn("frequency marks not released", "campaign_id", c.ID, "err", err)
 		}
 		return nil
 	}
-	c, nonce := run.c, run.nonce
-	go func() {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		defer cancel()
-		for ctx.Err() == nil {
-			if h.state.ReleaseMany(ctx, f.keys, nonce, f.values) == nil {
-				h.state.ReleaseMarks(ctx, c, nonce, f.addrs, f.at) //nolint:errcheck // ours: kept, it only holds back other campaigns a while
-				return
-			}
-			limiter.Sleep(ctx, time.Second) //nolint:errcheck // the loop checks ctx
-		}
-	}()
-	return waitForServices(err)
+	if err := release(ctx); err != nil {
+		inBackground(release)
+		return err
+	}
+	return nil
 }
 
 // releaseLater deletes a claim whose SET may have reached Redis although its reply did not, once Redis
 // answers again (for up to a minute). It is compare-and-delete on this worker's own pending value: nothing
 // was sent under it.
 func (h *Handler) releaseLater(key, nonce, inflight string) {
+	inBackground(func(ctx context.Context) error { return h.state.Release(ctx, key, nonce, inflight) })
+}
+
+// inBackground calls f every second, for up to a minute, until it succeeds.
+func inBackground(f func(context.Context) error) {
 	go func() {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
-		for ctx.Err() == nil {
-			if err := h.state.Release(ctx, key, nonce, inflight); err == nil {
-				return
-			}
+		for ctx.Err() == nil && f(ctx) != nil {
 			limiter.Sleep(ctx, time.Second) //nolint:errcheck // the loop checks ctx
 		}
 	}()

@@ -137,7 +137,11 @@ func PurgeDLQ(ctx context.Context, o DLQOptions) (DLQPurgeReport, error) {
 	}
 	insp := asynq.NewInspectorFromRedisClient(o.Redis)
 	for _, e := range entries {
-		if err := insp.DeleteTask(Queue, e.TaskID); err != nil {
+		err := insp.DeleteTask(Queue, e.TaskID)
+		if errors.Is(err, asynq.ErrTaskNotFound) {
+			continue // retried or dropped by someone else meanwhile
+		}
+		if err != nil {
 			return rep, fmt.Errorf("purge batch %d of campaign %d: %w", e.Batch, e.CampaignID, err)
 		}
 		rep.Dropped = append(rep.Dropped, e)
@@ -158,21 +162,6 @@ func requeueArchived(ctx context.Context, rdb redis.UniversalClient, campaignID 
 		}
 	}
 	return len(entries), nil
-}
-
-// dropArchived deletes the campaign's dead-lettered batches (a cancelled campaign's, with nothing pending).
-func dropArchived(ctx context.Context, rdb redis.UniversalClient, campaignID int64) error {
-	entries, err := archivedBatches(rdb, campaignID)
-	if err != nil {
-		return err
-	}
-	insp := asynq.NewInspectorFromRedisClient(rdb)
-	for _, e := range entries {
-		if err := insp.DeleteTask(Queue, e.TaskID); err != nil && !errors.Is(err, asynq.ErrTaskNotFound) {
-			return fmt.Errorf("drop batch %d of campaign %d from the DLQ: %w", e.Batch, e.CampaignID, err)
-		}
-	}
-	return nil
 }
 
 // requeue moves one dead-lettered batch back to the queue. Running an archived task again would keep its

@@ -175,7 +175,7 @@ func Cancel(ctx context.Context, o CancelOptions) (CancelReport, error) {
 	if counts.Pending == 0 {
 		// Nothing is left to close: a batch of the campaign in the DLQ has no work left, and would only
 		// stand in the campaign's status as one.
-		if err := dropArchived(ctx, o.Redis, id); err != nil {
+		if _, err := PurgeDLQ(ctx, DLQOptions{Store: o.Store, Redis: o.Redis, CampaignID: id}); err != nil {
 			return rep, err
 		}
 	}
