@@ -141,12 +141,7 @@ func RecordRefusals(ctx context.Context, pool *pgxpool.Pool, brand string, rs []
 				), queued AS (
 					INSERT INTO iys_outbox (refusal_id, brand_code, recipient, type, recipient_type, source, consent_date, due_at)
 					SELECT $5, brand_code, recipient, type, recipient_type, $3, $4, $6 FROM turned
-					-- One RET waits per consent: a newer refusal of one whose RET still waits moves it to its
-					-- own date (İYS keeps the latest decision: sent with the older date, it would lose to an
-					-- ONAY given in between). One already sent does not hold a newer refusal back.
-					ON CONFLICT (brand_code, recipient, type, recipient_type) WHERE state = 'waiting' DO UPDATE SET
-						refusal_id = EXCLUDED.refusal_id, source = EXCLUDED.source, consent_date = EXCLUDED.consent_date
-					WHERE iys_outbox.consent_date < EXCLUDED.consent_date
+					`+outboxOneWaitingSQL+`
 					RETURNING 1
 				)
 				SELECT (SELECT count(*) FROM turned), (SELECT count(*) FROM queued)`,
@@ -223,3 +218,10 @@ func takeConsentsTurn(ctx context.Context, tx pgx.Tx) error {
 	_, err := tx.Exec(ctx, `SELECT 1 FROM iys_consents_version FOR UPDATE`)
 	return err
 }
+
+// outboxOneWaitingSQL ends an INSERT of RETs into iys_outbox: one RET waits per consent, and a newer one
+// moves a waiting RET to its date (İYS keeps the latest decision: sent with the older date, it would lose
+// to an ONAY given in between). One already sent does not hold a newer RET back (schema 19).
+const outboxOneWaitingSQL = `ON CONFLICT (brand_code, recipient, type, recipient_type) WHERE state = 'waiting' DO UPDATE SET
+	refusal_id = EXCLUDED.refusal_id, source = EXCLUDED.source, consent_date = EXCLUDED.consent_date
+	WHERE iys_outbox.consent_date < EXCLUDED.consent_date`

@@ -64,14 +64,12 @@ func ApplyChanges(ctx context.Context, tx pgx.Tx, brand string, rs []Record, ori
 			-- İYS holds an ONAY older than a refusal made here: that refusal's RET has not reached İYS (it
 			-- found the consent RET here already and queued nothing, say), so it is queued now, unless a RET
 			-- at least as new is on its way or registered. A RET waiting with an older date takes this one's.
-			INSERT INTO iys_outbox AS o (refusal_id, brand_code, recipient, type, recipient_type, source, consent_date, due_at)
+			INSERT INTO iys_outbox (refusal_id, brand_code, recipient, type, recipient_type, source, consent_date, due_at)
 			SELECT refusal_id, $9, recipient, type, recipient_type, source, consent_date, now() + interval '2 days' FROM latest
 			WHERE overruled AND NOT EXISTS (SELECT 1 FROM iys_outbox x
 				WHERE x.brand_code = $9 AND x.recipient = latest.recipient AND x.type = latest.type
 				  AND x.recipient_type = latest.recipient_type AND x.state <> 'refused' AND x.consent_date >= latest.consent_date)
-			ON CONFLICT (brand_code, recipient, type, recipient_type) WHERE state = 'waiting' DO UPDATE SET
-				refusal_id = EXCLUDED.refusal_id, source = EXCLUDED.source, consent_date = EXCLUDED.consent_date
-			WHERE o.consent_date < EXCLUDED.consent_date
+			`+outboxOneWaitingSQL+`
 		), up AS (
 			INSERT INTO iys_consents AS k (recipient, type, recipient_type, brand_code, status, source, consent_date, transaction_id, synced_at, updated_at)
 			SELECT recipient, type, recipient_type, $9, status, source, consent_date, NULLIF(transaction_id, ''), now(), now() FROM latest
