@@ -2,6 +2,7 @@ package worker_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -179,5 +180,54 @@ func TestAResumedCampaignWaitsForItsStart(t *testing.T) {
 		if err != nil || rep.To != tc.want || e.campaign(t, c.ID).State != tc.want {
 			t.Fatalf("start in %s: resume %+v, %v; state %s; want %s", tc.startIn, rep, err, e.campaign(t, c.ID).State, tc.want)
 		}
+	}
+}
+
+// failUnhalt fails every call that would clear key (the unhalt script), as a Redis that stops answering
+// between resume's two steps would.
+type failUnhalt struct{ key string }
+
+func (h failUnhalt) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h failUnhalt) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		args := cmd.Args()
+		name := strings.ToLower(fmt.Sprint(args[0]))
+		if (name == "evalsha" || name == "eval") && slices.Contains(args[1:], any(h.key)) {
+			err := errors.New("i/o timeout")
+			cmd.SetErr(err)
+			return err
+		}
+		return next(ctx, cmd)
+	}
+}
+func (h failUnhalt) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+// Redis answers resume's first read, then fails the clearing of the halt, after the campaign was moved to
+// running in Postgres. Resume puts it back as it was: paused, with its halt, for the resume to be tried
+// again. Left running and halted, every worker would hand its batches back for good.
+func TestAResumeWhoseUnhaltFailsLeavesTheCampaignPaused(t *testing.T) {
+	t.Parallel()
+	e := newOpsEnv(t, 3, nil)
+	ctx := context.Background()
+	c := e.launch(t, "rollback", 1)
+	if _, err := worker.Pause(ctx, worker.PauseOptions{Store: e.store, Redis: e.rdb, CampaignID: c.ID}); err != nil {
+		t.Fatal(err)
+	}
+	resumer := redis.NewClient(e.rdb.(*redis.Client).Options())
+	defer resumer.Close()
+	resumer.AddHook(failUnhalt{key: worker.HaltKey(c.ID)})
+	if _, err := worker.Resume(ctx, worker.ResumeOptions{Store: e.store, Redis: resumer, CampaignID: c.ID}); err == nil {
+		t.Fatal("resume succeeded though the halt could not be cleared")
+	}
+	if st := e.campaign(t, c.ID).State; st != campaign.StatePaused {
+		t.Fatalf("state %s after a resume whose unhalt failed, want paused", st)
+	}
+	if v, _ := e.rdb.Get(ctx, worker.HaltKey(c.ID)).Result(); v != string(campaign.StatePaused) {
+		t.Fatalf("halt mark %q, want paused", v)
+	}
+	if _, err := worker.Resume(ctx, worker.ResumeOptions{Store: e.store, Redis: e.rdb, CampaignID: c.ID}); err != nil || e.campaign(t, c.ID).State != campaign.StateRunning {
+		t.Fatalf("resume tried again: %v, state %s; want running", err, e.campaign(t, c.ID).State)
 	}
 }
