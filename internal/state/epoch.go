@@ -108,27 +108,29 @@ func Token() string {
 }
 
 // Halt sets the campaign's halt key to why ("paused", "cancelled") for ttl (0: until Unhalt): no claim for
-// a send is taken while it is set, on any worker. It also counts the halt (HaltsKey), in the same call.
+// a send is taken while it is set, on any worker. In the same call it gives the halt a token of its own
+// (HaltsKey), which UnhaltIf compares.
 func Halt(ctx context.Context, rdb redis.UniversalClient, campaignID int64, why string, ttl time.Duration) error {
-	if err := haltScript.Run(ctx, rdb, []string{HaltKey(campaignID), HaltsKey(campaignID)}, why, ttl.Milliseconds()).Err(); err != nil && !errors.Is(err, redis.Nil) {
+	if err := haltScript.Run(ctx, rdb, []string{HaltKey(campaignID), HaltsKey(campaignID)}, why, ttl.Milliseconds(), Token()).Err(); err != nil && !errors.Is(err, redis.Nil) {
 		return fmt.Errorf("halt campaign %d in Redis: %w", campaignID, err)
 	}
 	return nil
 }
 
 // KEYS[1] -> campaign:<id>:halt, KEYS[2] -> campaign:<id>:halts
-// ARGV[1] -> why, ARGV[2] -> TTL in ms (0: none)
+// ARGV[1] -> why, ARGV[2] -> TTL in ms (0: none), ARGV[3] -> the halt's token (random)
 var haltScript = redis.NewScript(`
 if tonumber(ARGV[2]) > 0 then
   redis.call("SET", KEYS[1], ARGV[1], "PX", ARGV[2])
 else
   redis.call("SET", KEYS[1], ARGV[1])
 end
-redis.call("INCR", KEYS[2])
+redis.call("SET", KEYS[2], ARGV[3])
 return 0`)
 
-// Halts is how many halts were written for the campaign (Halt), as UnhaltIf compares it ("" when none, or
-// Redis lost them).
+// Halts is the token of the last halt written for the campaign (Halt), as UnhaltIf compares it ("" when
+// none, or Redis lost it). A token, not a count: a count that Redis lost would start again at a value a
+// resume may have read before the loss, and a halt written since would look like none.
 func Halts(ctx context.Context, rdb redis.UniversalClient, campaignID int64) (string, error) {
 	n, err := rdb.Get(ctx, HaltsKey(campaignID)).Result()
 	if errors.Is(err, redis.Nil) {
@@ -140,8 +142,8 @@ func Halts(ctx context.Context, rdb redis.UniversalClient, campaignID int64) (st
 	return n, nil
 }
 
-// UnhaltIf removes the campaign's halt key unless a halt was written since Halts said halts: a pause or
-// cancel that landed meanwhile keeps its halt. It reports whether the key is gone (or was not there).
+// UnhaltIf removes the campaign's halt key unless a halt was written since Halts said halts (its token
+// differs): a pause or cancel that landed meanwhile keeps its halt, even after Redis lost its data. It reports whether the key is gone (or was not there).
 func UnhaltIf(ctx context.Context, rdb redis.UniversalClient, campaignID int64, halts string) (bool, error) {
 	n, err := unhaltScript.Run(ctx, rdb, []string{HaltKey(campaignID), HaltsKey(campaignID)}, halts).Int()
 	if err != nil {

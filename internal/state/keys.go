@@ -49,8 +49,8 @@ func HaltKey(campaignID int64) string {
 	return "campaign:" + strconv.FormatInt(campaignID, 10) + ":halt"
 }
 
-// HaltsKey counts the halts ever written for a campaign (Halt): a resume clears the halt only when no
-// halt was written since it read the count (UnhaltIf).
+// HaltsKey holds the token of the last halt written for a campaign (Halt): a resume clears the halt only
+// when no halt was written since it read the token (UnhaltIf).
 func HaltsKey(campaignID int64) string {
 	return "campaign:" + strconv.FormatInt(campaignID, 10) + ":halts"
 }
