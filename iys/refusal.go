@@ -45,6 +45,12 @@ type Refusal struct {
 	Evidence string
 	// At is when the person refused (the provider's event time).
 	At time.Time
+	// Suppressed marks a provider's word that it holds the address as refused (it dropped a message to
+	// it), not the refusal itself: it is recorded only when no refusal of the address and type is recorded
+	// already. A suppression outlives the refusal that made it, so one older than a consent given again
+	// since must not refuse again; one that comes with no refusal recorded stands for a refusal whose
+	// post was lost, dated when the drop was reported.
+	Suppressed bool
 }
 
 // source is the İYS source a refusal of r's type is registered with.
@@ -58,7 +64,7 @@ func (r Refusal) source() string {
 // RefusalReport is what RecordRefusals did.
 type RefusalReport struct {
 	// Recorded is the number of refusals new to the engine; Repeats those recorded before (the same event
-	// again), which changed nothing.
+	// again, or a provider's suppression of an address whose refusal is recorded), which changed nothing.
 	Recorded, Repeats int
 	// Revoked is the number of stored consents turned from ONAY to RET; Outboxed the RETs queued for İYS.
 	Revoked, Outboxed int
@@ -117,9 +123,10 @@ func RecordRefusals(ctx context.Context, pool *pgxpool.Pool, brand string, rs []
 			var id int64
 			err := tx.QueryRow(ctx, `
 				INSERT INTO refusals (via, event_id, kind, recipient, type, source, campaign_id, user_id, evidence, refused_at)
-				VALUES ($1, $2, $3, $4, $5, $6, NULLIF($7, 0), NULLIF($8, ''), $9, $10)
+				SELECT $1, $2, $3, $4, $5, $6, NULLIF($7, 0), NULLIF($8, ''), $9, $10
+				WHERE NOT ($11 AND EXISTS (SELECT 1 FROM refusals WHERE recipient = $4 AND type = $5))
 				ON CONFLICT (via, event_id) DO NOTHING RETURNING id`,
-				r.Via, r.EventID, r.Kind, r.Recipient, r.Type, r.source(), r.CampaignID, r.UserID, r.Evidence, r.At).Scan(&id)
+				r.Via, r.EventID, r.Kind, r.Recipient, r.Type, r.source(), r.CampaignID, r.UserID, r.Evidence, r.At, r.Suppressed).Scan(&id)
 			if errors.Is(err, pgx.ErrNoRows) {
 				rep.Repeats++
 				continue

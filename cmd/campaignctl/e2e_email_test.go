@@ -21,13 +21,14 @@ import (
 // TestEndToEndEmailCampaign runs the built binary: an e-mail campaign of 6,000 recipients goes out through
 // the SendGrid sandbox in 6 requests of 1000 personalizations, each with its own subject, text, HTML and
 // code; the sandbox then posts signed delivery events to `campaignctl webhooks`, which records them
-// (bounces included), and a forged event is refused.
+// (bounces included), a drop of an address on SendGrid's unsubscribe list whose refusal never reached the
+// webhooks becomes that refusal (the consent RET, queued for İYS), and a forged event is refused.
 func TestEndToEndEmailCampaign(t *testing.T) {
 	t.Parallel()
 	if testing.Short() {
 		t.Skip("end-to-end run skipped in -short mode")
 	}
-	const eligible, bounces = 6000, 20
+	const eligible, bounces, unsubscribed = 6000, 20, 5
 	db, dbURL := testdb.New(t)
 	_, redisURL := testredis.New(t)
 	ctx := context.Background()
@@ -40,10 +41,13 @@ func TestEndToEndEmailCampaign(t *testing.T) {
 	e := &e2eEnv{t: t, bin: binary(t), env: env}
 	e.mustRun("migrate")
 	for _, sql := range []string{
-		// 6,000 with consent (the last 20 of them at addresses that bounce), 300 without.
+		// 6,000 with consent (the last 20 of them at addresses that bounce, the 5 before on SendGrid's
+		// unsubscribe list), 300 without.
 		`CREATE TABLE customers AS
 			SELECT 'm' || i AS user_id,
-				CASE WHEN i > 5980 AND i <= 6000 THEN 'bounce+' || i || '@example.com' ELSE 'Musteri' || i || '@Example.com' END AS email,
+				CASE WHEN i > 5980 AND i <= 6000 THEN 'bounce+' || i || '@example.com'
+					WHEN i > 5975 AND i <= 5980 THEN 'unsubscribed+' || i || '@example.com'
+					ELSE 'Musteri' || i || '@Example.com' END AS email,
 				'Müşteri' || i AS first_name
 			FROM generate_series(1, 6300) i`,
 		`GRANT SELECT ON customers TO campaignctl_audience`,
@@ -129,9 +133,9 @@ func TestEndToEndEmailCampaign(t *testing.T) {
 		t.Fatalf("addresses not canonical or consent ignored: %d, %d", perTo["musteri1@example.com"], perTo["musteri6001@example.com"])
 	}
 
-	// Receipts: every e-mail delivered but the bounces.
+	// Receipts: every e-mail delivered but the bounces and the drops.
 	deadline := time.Now().Add(30 * time.Second)
-	for st = status(); st["delivered"] != float64(eligible-bounces) || st["undelivered"] != float64(bounces); st = status() {
+	for st = status(); st["delivered"] != float64(eligible-bounces-unsubscribed) || st["undelivered"] != float64(bounces+unsubscribed); st = status() {
 		if time.Now().After(deadline) {
 			var byDelivery []string
 			rows, _ := db.Query(ctx, `SELECT coalesce(delivery, 'none') || ' ' || count(*) || ' (batch ' || min(batch) || '-' || max(batch) || ')' FROM campaign_recipients GROUP BY delivery`)
@@ -144,6 +148,18 @@ func TestEndToEndEmailCampaign(t *testing.T) {
 				httpGetBody(t, "http://"+hooksAddr+"/stats"), httpGetBody(t, "http://"+sandboxAddr+"/_sandbox/sendgrid/events/stats"))
 		}
 		time.Sleep(200 * time.Millisecond)
+	}
+	// The drops as unsubscribed: their consents are RET and queued for İYS (the refusals were recorded
+	// before the receipts, in the same posts).
+	var ret, queued int
+	if err := db.QueryRow(ctx, `SELECT count(*) FROM iys_consents WHERE recipient LIKE 'unsubscribed+%' AND status = 'RET'`).Scan(&ret); err != nil {
+		t.Fatal(err)
+	}
+	if err := db.QueryRow(ctx, `SELECT count(*) FROM iys_outbox WHERE recipient LIKE 'unsubscribed+%'`).Scan(&queued); err != nil {
+		t.Fatal(err)
+	}
+	if ret != unsubscribed || queued != unsubscribed {
+		t.Fatalf("addresses SendGrid dropped as unsubscribed: %d consents RET and %d queued for İYS, want %d each", ret, queued, unsubscribed)
 	}
 	// A forged event is refused and changes nothing.
 	req, _ := http.NewRequest(http.MethodPost, "http://"+hooksAddr+sendgridReceiptPath,
@@ -158,7 +174,7 @@ func TestEndToEndEmailCampaign(t *testing.T) {
 	if resp.StatusCode != http.StatusForbidden {
 		t.Fatalf("forged event answered %d, want 403", resp.StatusCode)
 	}
-	if st = status(); st["undelivered"] != float64(bounces) {
+	if st = status(); st["undelivered"] != float64(bounces+unsubscribed) {
 		t.Fatalf("a forged event changed the status: %v", st)
 	}
 	t.Logf("6,000 e-mails in %d requests; %v delivered, %v bounced", stats.Requests, st["delivered"], st["undelivered"])

@@ -206,7 +206,8 @@ through.
 Magic numbers fail permanently with Twilio's code: +905550021211 (invalid), +905550021610 (opted out),
 +905550021614 (not mobile), +905550021408, +905550021606, +905550021635; +905550030003 (and 30005, 30006,
 30007) are accepted and then undelivered. E-mail addresses starting bounce+, drop+ or defer+ are accepted
-and then bounce, are dropped or deferred.`,
+and then bounce, are dropped or deferred; those starting unsubscribed+ are dropped as on SendGrid's
+unsubscribe list ("Unsubscribed Address").`,
 		Example: `  campaignctl sandbox --addr 127.0.0.1:8025 --fail-503 0.05 --fail-429 0.02 --latency 20ms
   campaignctl sandbox --limit twilio=800 --limit sendgrid=20 --outage twilio=20s@10s --fail-500 0.01`,
 		Args: cobra.NoArgs,

@@ -80,7 +80,7 @@ func (s *refusalSink) Refuse(ctx context.Context, rs []receipts.Refusal) error {
 			continue
 		}
 		out = append(out, iys.Refusal{Via: via, EventID: r.EventID, Kind: r.Kind, Recipient: r.Address, Type: typ,
-			CampaignID: r.CampaignID, UserID: r.UserID, Evidence: r.Evidence, At: r.At})
+			CampaignID: r.CampaignID, UserID: r.UserID, Evidence: r.Evidence, At: r.At, Suppressed: r.Suppressed})
 	}
 	return s.record(ctx, out)
 }

@@ -49,6 +49,9 @@
 //	unsubscribe                   unsubscribe        Address: the e-mail, lower case
 //	group_unsubscribe             group_unsubscribe  Evidence names the asm_group_id
 //	spamreport                    spamreport
+//	dropped, reason "Unsubscribed unsubscribe        besides the dropped Receipt; Suppressed is set: the
+//	Address" / "Spam Reporting    / spamreport       refusal is recorded only when none of the address
+//	Address"                                         is (its own post may have been lost)
 //
 //	Twilio incoming SMS           Refusal.Kind
 //	Body's first word a keyword   inbound            Address: From; Keyword: RET, IPTAL, STOP, ...
@@ -406,22 +409,45 @@ func cleanError(text, addr string) string {
 // replaceFold replaces every ASCII-case-insensitive occurrence of old in s (mail servers change the case
 // of the address they quote).
 func replaceFold(s, old, repl string) string {
-	if old == "" {
+	if old == "" || len(old) > len(s) {
 		return s
 	}
-	lower, lowOld := strings.ToLower(s), strings.ToLower(old)
-	if len(lower) != len(s) { // a non-ASCII case change moved the offsets; fall back to exact matches
-		return strings.ReplaceAll(s, old, repl)
-	}
+	// Byte by byte, ASCII letters compared without case: lower-casing the whole text would move the
+	// offsets wherever a letter's other case has another length (the Turkish İ), and an address written in
+	// another case than the event's would stay as it was.
 	var b strings.Builder
-	for {
-		i := strings.Index(lower, lowOld)
-		if i < 0 {
-			b.WriteString(s)
-			return b.String()
+	last := 0
+	for i := 0; i+len(old) <= len(s); {
+		if equalFoldASCII(s[i:i+len(old)], old) {
+			b.WriteString(s[last:i])
+			b.WriteString(repl)
+			i += len(old)
+			last = i
+			continue
 		}
-		b.WriteString(s[:i])
-		b.WriteString(repl)
-		s, lower = s[i+len(old):], lower[i+len(old):]
+		i++
 	}
+	if last == 0 {
+		return s
+	}
+	b.WriteString(s[last:])
+	return b.String()
+}
+
+// equalFoldASCII reports whether a and b, of the same length, are equal with ASCII letters compared
+// without case (any other byte must be the same).
+func equalFoldASCII(a, b string) bool {
+	for i := 0; i < len(a); i++ {
+		x, y := a[i], b[i]
+		if 'A' <= x && x <= 'Z' {
+			x += 'a' - 'A'
+		}
+		if 'A' <= y && y <= 'Z' {
+			y += 'a' - 'A'
+		}
+		if x != y {
+			return false
+		}
+	}
+	return true
 }

@@ -68,6 +68,10 @@ type Refusal struct {
 	// Evidence is a short text for the audit trail saying what the provider reported, never the address:
 	// `sendgrid spamreport sg_event_id=...`, `twilio inbound SM... "Ret"` (the word as written).
 	Evidence string
+	// Suppressed says the provider reported no refusal event but dropped a message because the address is
+	// on its list of those who refused (SendGrid's "Unsubscribed Address", "Spam Reporting Address"): the
+	// refusal behind it may be one recorded already, or one whose post was lost.
+	Suppressed bool
 }
 
 // RefusalSink records refusals. Refuse is called once per provider request with every refusal in it,

@@ -53,6 +53,15 @@ var sendgridRefusals = map[string]string{
 	"spamreport":        RefusalSpamReport,
 }
 
+// sendgridSuppressions maps the reasons of a "dropped" event that say the address is on a list of those
+// who refused to the Refusal kind behind it. SendGrid drops every later message to such an address: when
+// the unsubscribe or spam report itself never reached the webhooks (the endpoint down longer than
+// SendGrid's retries), the drop is the only word of it that comes.
+var sendgridSuppressions = map[string]string{
+	"unsubscribed address":   RefusalUnsubscribe,
+	"spam reporting address": RefusalSpamReport,
+}
+
 // sendgridEvent is the part of an Event Webhook event that makes a Receipt. custom_args arrive as
 // top-level keys.
 type sendgridEvent struct {
@@ -246,6 +255,14 @@ func (h *Handler) sendgridBatch(body []byte) (batch, *rejection) {
 			}
 			continue
 		}
+		if kind, ok := sendgridSuppressions[strings.ToLower(strings.TrimSpace(e.Reason))]; ok && e.Event == "dropped" && h.refusals != nil {
+			// A refusal besides the drop's receipt (RecordRefusals records it only when no refusal of the
+			// address is recorded already).
+			if rf, ok := h.sendgridRefusal(&e, kind); ok {
+				rf.Suppressed = true
+				b.refusals = append(b.refusals, rf)
+			}
+		}
 		status, ok := sendgridStatuses[e.Event]
 		if !ok {
 			name := ignoredOther
@@ -312,6 +329,9 @@ func (h *Handler) sendgridRefusal(e *sendgridEvent, kind string) (Refusal, bool)
 		rf.EventID += ":" + hex.EncodeToString(sum[:8])
 	}
 	evidence := "sendgrid " + e.Event
+	if e.Event == "dropped" {
+		evidence += " reason=" + strconv.Quote(e.Reason)
+	}
 	if e.SGEventID != "" {
 		evidence += " sg_event_id=" + e.SGEventID
 	} else {

@@ -47,6 +47,7 @@ const (
 const (
 	sendgridBouncePrefix     = "bounce+"
 	sendgridDropPrefix       = "drop+"
+	sendgridUnsubDropPrefix  = "unsubscribed+"
 	sendgridDeferPrefix      = "defer+"
 	sendgridUnverifiedPrefix = "unverified+"
 )
@@ -80,7 +81,8 @@ type sendgridState struct {
 // When Options.SendGridEventURL is set, and only if it names a loopback host, each accepted recipient's
 // events (processed, then delivered) are posted there ReceiptDelay after acceptance, in signed batches;
 // a recipient whose local part starts with "bounce+", "drop+" or "defer+" gets bounce, dropped or
-// deferred instead of delivered. See sendgridEmitter.
+// deferred instead of delivered, and one starting with "unsubscribed+" is dropped as on SendGrid's
+// unsubscribe list (reason "Unsubscribed Address"). See sendgridEmitter.
 func (s *Server) sendgridRoutes() {
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {

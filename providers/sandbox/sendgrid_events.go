@@ -102,6 +102,8 @@ func sendgridEvents(email, sgMessageID string, at time.Time, args map[string]str
 		}
 	case strings.HasPrefix(local, sendgridDropPrefix):
 		outcome = map[string]any{"event": "dropped", "reason": "Bounced Address"}
+	case strings.HasPrefix(local, sendgridUnsubDropPrefix):
+		outcome = map[string]any{"event": "dropped", "reason": "Unsubscribed Address"}
 	case strings.HasPrefix(local, sendgridDeferPrefix):
 		outcome = map[string]any{"event": "deferred", "response": "421 4.7.0 Try again later", "attempt": "1"}
 	}
