@@ -55,20 +55,29 @@ func redact(raw string) string {
 			u.User = url.User("xxxxx")
 		}
 	}
-	// A password may come as a query parameter too (postgres://app@host/db?password=…).
-	if q := u.Query(); q.Has("password") || q.Has("sslpassword") {
-		for _, k := range []string{"password", "sslpassword"} {
-			if q.Has(k) {
+	// A password may come as a query parameter too (postgres://app@host/db?password=…,
+	// redis+sentinel://…?sentinel_password=…).
+	if q := u.Query(); len(q) > 0 {
+		masked := false
+		for k := range q {
+			if secretParam.MatchString(k) {
 				q.Set(k, "xxxxx")
+				masked = true
 			}
 		}
-		u.RawQuery = q.Encode()
+		if masked {
+			u.RawQuery = q.Encode()
+		}
 	}
 	return u.Redacted()
 }
 
+// secretParam matches the name of a parameter that holds a secret: password, sslpassword,
+// sentinel_password, and any other name ending in password, secret or token.
+var secretParam = regexp.MustCompile(`(?i)^\w*(password|secret|token)$`)
+
 // dsnSecret finds a password in a keyword/value connection string or a query: its value, quoted or not.
-var dsnSecret = regexp.MustCompile(`(?i)\b(password|sslpassword)\s*=\s*('(?:[^'\\]|\\.)*'|[^\s&]+)`)
+var dsnSecret = regexp.MustCompile(`(?i)\b(\w*(?:password|secret|token))\s*=\s*('(?:[^'\\]|\\.)*'|[^\s&]+)`)
 
 // redactAuthority masks the user information of a URL that url.Parse refuses (or reads as opaque, as
 // it does "user:password@host"): everything after the scheme up to the last '@'. A password may hold

@@ -50,7 +50,7 @@ func redisClient(raw string, log *slog.Logger) (*redis.Client, string, error) {
 
 func parseSentinelURL(raw string) (*redis.FailoverOptions, error) {
 	bad := func(why string) error {
-		return fmt.Errorf("REDIS_URL %s: %s; use %s://[:password@]host1:26379[,host2:26379]/MASTER[/DB]", redact(raw), why, sentinelScheme)
+		return fmt.Errorf("%s: %s; use %s://[:password@]host1:26379[,host2:26379]/MASTER[/DB]", redact(raw), why, sentinelScheme)
 	}
 	// url.Parse refuses a list of hosts, so the authority is taken apart by hand.
 	rest := strings.TrimPrefix(raw, sentinelScheme+"://")
