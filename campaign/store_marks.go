@@ -18,7 +18,7 @@ type RecentSend struct {
 
 // RecentSends calls yield with the latest send to each address on each channel within the longest
 // frequency cap a campaign that may still send keeps (at least DefaultFrequencyCap), read from the audit
-// log, and returns that cap. It is what a Redis that lost its data must get back before anything is
+// log and the chunks in hand, and returns that cap. It is what a Redis that lost its data must get back before anything is
 // claimed again: the marks the send-time cap reads.
 func (s *Store) RecentSends(ctx context.Context, yield func(RecentSend) error) (time.Duration, error) {
 	var secs int64
@@ -28,13 +28,27 @@ func (s *Store) RecentSends(ctx context.Context, yield func(RecentSend) error) (
 		int64(DefaultFrequencyCap/time.Second)).Scan(&secs); err != nil {
 		return 0, fmt.Errorf("recent sends: the longest cap: %w", err)
 	}
+	// Besides the audit log, the pending recipients of every chunk in hand (and every suspect) are sends
+	// as of now: a run that died with its chunk in hand may have sent them, and its answers were only in
+	// the claims Redis lost; they reach the audit log (unknown) only once the sweeper settles the chunk,
+	// after the marks are back. A mark of a message that does not go out makes the person wait out the
+	// cap: never a second message within it.
 	rows, err := s.pool.Query(ctx, `
-		SELECT DISTINCT ON (c.channel, r.address) l.campaign_id, c.created_at, c.channel, r.address, l.at
-		FROM send_log l
-		JOIN campaigns c ON c.id = l.campaign_id
-		JOIN campaign_recipients r ON r.campaign_id = l.campaign_id AND r.user_id = l.user_id
-		WHERE l.status IN (`+sqlSent+`, `+sqlUnknown+`) AND l.at > now() - $1 * interval '1 second'
-		ORDER BY c.channel, r.address, l.at DESC`, secs)
+		SELECT DISTINCT ON (channel, address) campaign_id, created_at, channel, address, at FROM (
+			SELECT l.campaign_id, c.created_at, c.channel, r.address, l.at
+			FROM send_log l
+			JOIN campaigns c ON c.id = l.campaign_id
+			JOIN campaign_recipients r ON r.campaign_id = l.campaign_id AND r.user_id = l.user_id
+			WHERE l.status IN (`+sqlSent+`, `+sqlUnknown+`) AND l.at > now() - $1 * interval '1 second'
+			UNION ALL
+			SELECT b.campaign_id, c.created_at, c.channel, r.address, now()
+			FROM campaign_batches b
+			JOIN campaigns c ON c.id = b.campaign_id
+			CROSS JOIN LATERAL unnest(b.lease_users || b.suspect_users) AS u
+			JOIN campaign_recipients r ON r.campaign_id = b.campaign_id AND r.user_id = u
+			WHERE (b.lease_users <> '{}' OR b.suspect_users <> '{}') AND r.status = `+sqlPending+`
+		) s
+		ORDER BY channel, address, at DESC`, secs)
 	if err != nil {
 		return 0, fmt.Errorf("recent sends: %w", err)
 	}
@@ -61,7 +75,7 @@ func (s *Store) RecentSends(ctx context.Context, yield func(RecentSend) error) (
 // audit log only when they record their chunks (at their next claim, refused, or as soon as a wait of
 // theirs sees the new epoch), so the marks of an epoch are written back once there are none. A dead run's
 // chunk (its lease expired) does not count: its answers were only in the claims Redis lost, and it becomes
-// unknown (a double fault's cost). The caller's own batch counts like any other: a live run that holds it
+// unknown; RecentSends marks its recipients as sent when the marks come back. The caller's own batch counts like any other: a live run that holds it
 // (the task delivered again, by a resume say) has sends of its own that are not in the audit log yet.
 func (s *Store) ChunksInHand(ctx context.Context, epoch string) (int, error) {
 	var n int
