@@ -150,8 +150,24 @@ func (p *Planner) plan(ctx context.Context, spec Spec, tmpl *Template, rep *Repo
 	}
 	p.step("batches and sample", t0)
 	t0 = time.Now()
+	// The transaction's ID, for a commit whose answer never comes: the commit may have happened (a
+	// cancel, a lost connection or a stop while Postgres waits for its WAL flush or a synchronous standby
+	// cannot take it back), and only Postgres can tell.
+	var xid string
+	if err := tx.QueryRow(ctx, `SELECT pg_current_xact_id()::text`).Scan(&xid); err != nil {
+		return fmt.Errorf("plan: %w", err)
+	}
 	if err := tx.Commit(ctx); err != nil {
-		return fmt.Errorf("plan: commit: %w", err)
+		switch p.commitOutcome(ctx, xid) {
+		case "committed":
+			// Written: the launch goes on to queue it (or says how to, when it was stopped).
+		case "aborted":
+			return fmt.Errorf("plan: commit: %w", err)
+		default:
+			return fmt.Errorf("%w: campaign %q (id %d) may have been written: its commit went unanswered (%v) and Postgres could not tell since; "+
+				"`campaignctl status --json` lists it if it was: then `campaignctl resume %d` sends it or `campaignctl cancel %d` drops it",
+				ErrCommitUnknown, spec.Name, id, err, id, id)
+		}
 	}
 	p.step("commit", t0)
 	rep.ID = id
@@ -159,10 +175,40 @@ func (p *Planner) plan(ctx context.Context, spec Spec, tmpl *Template, rep *Repo
 	// Fresh statistics, at once: the workers' per-chunk statements look recipients up by their primary
 	// key, and a planner that still believes this campaign has no pending rows would scan the partial
 	// index of pending rows instead, once per chunk. (A sample of 30,000 rows: well under a second.)
+	// Not when the launch was stopped (its commit went unanswered and was found written): it is to end
+	// now, and a statement that cannot be cancelled could hold it (a commit waiting for a standby).
 	t0 = time.Now()
-	if _, err := p.Engine.Exec(context.WithoutCancel(ctx), `ANALYZE campaign_recipients`); err != nil && p.Log != nil {
-		p.Log.Warn("could not refresh the planner statistics; autovacuum will", "err", err)
+	if ctx.Err() == nil {
+		actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+		defer cancel()
+		if _, err := p.Engine.Exec(actx, `ANALYZE campaign_recipients`); err != nil && p.Log != nil {
+			p.Log.Warn("could not refresh the planner statistics; autovacuum will", "err", err)
+		}
 	}
 	p.step("analyze", t0)
 	return nil
+}
+
+// ErrCommitUnknown is returned, wrapped, when a plan's commit went unanswered and Postgres could not say
+// since whether it happened: the campaign may be written.
+var ErrCommitUnknown = errors.New("the plan's outcome is unknown")
+
+// commitOutcome asks Postgres, on a connection of its own, what became of transaction xid whose commit
+// went unanswered: "committed", "aborted", or "" when it cannot tell within 15 s (unreachable, or still
+// committing).
+func (p *Planner) commitOutcome(ctx context.Context, xid string) string {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 15*time.Second)
+	defer cancel()
+	for {
+		var st *string
+		err := p.Engine.QueryRow(ctx, `SELECT pg_xact_status($1::xid8)`, xid).Scan(&st)
+		if err == nil && st != nil && *st != "in progress" {
+			return *st
+		}
+		select {
+		case <-ctx.Done():
+			return ""
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
 }

@@ -72,8 +72,9 @@ func Launch(ctx context.Context, o LaunchOptions) (campaign.Report, error) {
 	}
 	rep, err := o.Planner.Plan(ctx, o.Spec)
 	if err != nil {
-		if ctx.Err() != nil {
-			// The plan is one transaction: stopped anywhere before its commit, it left nothing.
+		if ctx.Err() != nil && !errors.Is(err, campaign.ErrCommitUnknown) {
+			// The plan is one transaction: stopped anywhere before its commit, it left nothing (a commit
+			// that went unanswered is asked about: written, the plan has its ID and goes on below).
 			return rep, fmt.Errorf("launch interrupted: nothing was written or sent (%w)", ctx.Err())
 		}
 		return rep, err
