@@ -41,8 +41,9 @@ type Chunk struct {
 	// a chunk taken over from a run that died under another Redis epoch: a missing claim proves nothing for
 	// it.
 	Leased map[string]bool
-	// Inherited lists the leased users that were the chunk in hand of a run that died: until the run
-	// reads their claims, it does not know whether they were sent, and they stay in its chunk in hand.
+	// Inherited lists the leased users that were the chunk in hand of a run that died, or of this run's
+	// own lease (a crash of Postgres may have taken back outcomes it recorded): until the run reads their
+	// claims, it does not know whether they were sent, and they stay in its chunk in hand.
 	Inherited []string
 	// TookOver says the batch was leased from another run's lease (expired, or its holder gone): a run
 	// that died. False when the batch was free or this run's own, or was not leased.
@@ -202,7 +203,10 @@ func (s *Store) LeaseChunk(ctx context.Context, c *Campaign, users []string, l L
 			ch.PrevToken = prevToken
 		}
 		inherited := map[string]bool{}
-		if takeover {
+		if takeover || prevToken == l.Token {
+			// The run's own chunk in hand too: it may hold users whose outcomes the run recorded and a
+			// Postgres crash took back (they were committed without waiting for the disk), pending again
+			// with their messages gone out. The run must keep them in hand until it reads their claims.
 			for _, u := range oldUsers {
 				inherited[u] = true
 			}
