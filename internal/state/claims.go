@@ -491,14 +491,13 @@ for i = 0, n - 1 do
     out[i + 1] = "x" .. v
   else
     if v and v ~= val then redis.call("SET", KEYS[k], val, "PX", ttl) end
-    local own, capped = false, nil
+    local today, capped = nil, nil
     for j = 1, m do
       local mv = redis.call("HGET", KEYS[k + j], addr)
+      if j == 1 then today = mv end
       if mv then
         local mo, ts = string.match(mv, "^(.*)|(%d+)$")
-        if mo == owner then
-          own = true
-        elseif ts and now - tonumber(ts) < cap then
+        if mo ~= owner and ts and now - tonumber(ts) < cap then
           capped = mv
           break
         end
@@ -508,7 +507,9 @@ for i = 0, n - 1 do
       redis.call("SET", KEYS[k], ARGV[10], "KEEPTTL")
       out[i + 1] = "c" .. capped
     else
-      if not own then
+      -- The mark moves to this send, the one it replaces kept beside it (see claimSendScript).
+      if today ~= mark then
+        if today then redis.call("HSET", KEYS[k + 1], addr .. "\0", today) end
         redis.call("HSET", KEYS[k + 1], addr, mark)
         -- The TTL carries a day of margin; it is renewed once an hour of that is used (see claimSendScript).
         if redis.call("PTTL", KEYS[k + 1]) < renew then redis.call("PEXPIRE", KEYS[k + 1], ARGV[9]) end
@@ -636,21 +637,25 @@ else
   if v then redis.call("SET", KEYS[1], ARGV[1], "PX", ARGV[2]) end
 end
 local now = tonumber(ARGV[10])
-local own = false
+local today
 for i = 7, #KEYS do
   local m = redis.call("HGET", KEYS[i], ARGV[13])
+  if i == 7 then today = m end
   if m then
     local owner, ts = string.match(m, "^(.*)|(%d+)$")
-    if owner == ARGV[9] then
-      own = true
-    elseif ts and now - tonumber(ts) < tonumber(ARGV[11]) then
+    if owner ~= ARGV[9] and ts and now - tonumber(ts) < tonumber(ARGV[11]) then
       redis.call("SET", KEYS[1], ARGV[14], "KEEPTTL")
       return {settled, "c", m}
     end
   end
 end
-if not own then
-  redis.call("HSET", KEYS[7], ARGV[13], ARGV[9] .. "|" .. ARGV[10])
+-- The mark says when the latest message went: this one (a resend of an unknown send included, whose
+-- earlier mark is the campaign's own). A mark it replaces is kept beside it (field "<address>\0") for
+-- ReleaseMarks to put back should nothing go out under this claim.
+local mark = ARGV[9] .. "|" .. ARGV[10]
+if today ~= mark then
+  if today then redis.call("HSET", KEYS[7], ARGV[13] .. "\0", today) end
+  redis.call("HSET", KEYS[7], ARGV[13], mark)
   -- ARGV[12] is a day longer than any cap needs: renewing the TTL only once an hour of that margin is
   -- used spares a write for nearly every mark, and a mark still outlives every cap that judges it.
   if redis.call("PTTL", KEYS[7]) < tonumber(ARGV[12]) - 3600000 then redis.call("PEXPIRE", KEYS[7], ARGV[12]) end

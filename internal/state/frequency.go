@@ -16,7 +16,8 @@ import (
 // send time by the marks. Every send leaves a mark, whatever its own campaign's cap; each campaign then
 // judges a mark by its own cap (a campaign with a 1 h cap is not held back by a send 5 hours ago, one with
 // 24 h is). The mark is taken with the recipient's claim (claimSendScript), so a redelivered batch of the
-// same campaign finds its own mark and goes on.
+// same campaign finds its own mark and goes on; the mark then moves to the claim's time (the latest
+// message counts), the one it replaced kept beside it until the send is known to have gone (ReleaseMarks).
 
 // markTTL keeps a day's marks long enough for the default cap, for the campaign's own and for the longest
 // of the campaigns that may still send (a campaign scheduled days ahead judges them by its cap when it
@@ -29,11 +30,11 @@ func markOwner(c *campaign.Campaign, nonce string) string {
 	return strconv.FormatInt(c.ID, 10) + ":" + nonce
 }
 
-// ReleaseMarks removes the marks campaign c's claims taken at now left on addrs, when nothing reached
-// those people, in one round trip. Only a mark those claims wrote goes: one an earlier send of the
-// campaign left (a send whose answer was lost, resent by `resume --resend-unknown`: the claim then keeps
-// the mark it found) stays, since that send may have reached the person. Marks are looked for in the day
-// of now and the day before (a send that straddled midnight).
+// ReleaseMarks takes back the marks campaign c's claims taken at now left on addrs, when nothing reached
+// those people, in one round trip. Only a mark those claims wrote goes, and the mark it replaced comes
+// back: an earlier send's of the campaign (a send whose answer was lost, resent by `resume
+// --resend-unknown`: it may have reached the person), or another campaign's. Marks are looked for in the
+// day of now and the day before (a send that straddled midnight).
 func (s *Store) ReleaseMarks(ctx context.Context, c *campaign.Campaign, nonce string, addrs []string, now time.Time) error {
 	if len(addrs) == 0 {
 		return nil
@@ -51,11 +52,18 @@ func (s *Store) ReleaseMarks(ctx context.Context, c *campaign.Campaign, nonce st
 
 // KEYS    -> the mark hashes to look in
 // ARGV[1] -> "<owner>|<ms>", the mark the claims wrote
-// ARGV[2] -> the address (the field)
+// ARGV[2] -> the address (the field; "<address>\0" holds the mark it replaced, if any)
 var releaseMarkScript = redis.NewScript(`
+local kept = ARGV[2] .. "\0"
 for _, k in ipairs(KEYS) do
   if redis.call("HGET", k, ARGV[2]) == ARGV[1] then
-    redis.call("HDEL", k, ARGV[2])
+    local was = redis.call("HGET", k, kept)
+    if was then
+      redis.call("HSET", k, ARGV[2], was)
+      redis.call("HDEL", k, kept)
+    else
+      redis.call("HDEL", k, ARGV[2])
+    end
   end
 end
 return 0`)

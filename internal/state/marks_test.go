@@ -60,3 +60,53 @@ func TestMarksBackWritesTheMarksOnceUnderAShortLock(t *testing.T) {
 		t.Fatal("the lock outlived the writing")
 	}
 }
+
+// A claim moves the address's mark to its own time, and a release of that claim (nothing went out) puts
+// back the mark it replaced, whoever wrote it: the campaign's own earlier send (a resend of an unknown
+// send, which may have reached the person) or another campaign's (which a campaign with a longer cap
+// still judges). Both scripts alike.
+func TestAReleasedClaimPutsBackTheMarkItReplaced(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	rdb, s := newClaims(t, time.Hour)
+	now := time.Now().UTC().Truncate(24 * time.Hour).Add(12 * time.Hour)
+	c := &campaign.Campaign{ID: 46, Channel: campaign.ChannelSMS, CreatedAt: now, FrequencyCap: time.Hour}
+	g := Guard{Epoch: "e1", Halt: HaltKey(c.ID)}
+	if err := rdb.Set(ctx, EpochKey, "e1", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	ms := func(d time.Duration) string { return strconv.FormatInt(now.Add(-d).UnixMilli(), 10) }
+	for i, was := range []string{markOwner(c, Nonce(c)) + "|" + ms(90*time.Minute), "77:other|" + ms(3*time.Hour), ""} {
+		for _, window := range []bool{false, true} {
+			addr := "+9055500000" + strconv.Itoa(i) + strconv.FormatBool(window)[:1]
+			key := FrequencyKey(c.Channel, addr, now)
+			if was != "" {
+				if err := rdb.HSet(ctx, key, addr, was).Err(); err != nil {
+					t.Fatal(err)
+				}
+			}
+			sc := SendClaim{Key: ClaimKey(c.ID, addr), Value: InFlightValue(now, "w"), Addr: addr}
+			var err error
+			if window {
+				_, _, err = s.ClaimWindow(ctx, c, Nonce(c), []SendClaim{sc}, g, nil, "", now)
+			} else {
+				_, err = s.ClaimSend(ctx, c, Nonce(c), sc, g, nil, "", now)
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got, want := rdb.HGet(ctx, key, addr).Val(), markOwner(c, Nonce(c))+"|"+ms(0); got != want {
+				t.Errorf("mark %q (was %q) after the claim (window %v): %q, want the claim's %q", addr, was, window, got, want)
+			}
+			if err := s.ReleaseMarks(ctx, c, Nonce(c), []string{addr}, now); err != nil {
+				t.Fatal(err)
+			}
+			if got := rdb.HGet(ctx, key, addr).Val(); got != was {
+				t.Errorf("mark %q after the release (window %v): %q, want %q back", addr, window, got, was)
+			}
+			if rdb.HExists(ctx, key, addr+"\x00").Val() {
+				t.Errorf("the replaced mark of %q is still kept beside it after the release", addr)
+			}
+		}
+	}
+}
