@@ -12,6 +12,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/campaignctl/campaignctl/campaign"
@@ -83,6 +84,26 @@ func (s *refusalSink) Refuse(ctx context.Context, rs []receipts.Refusal) error {
 			CampaignID: r.CampaignID, UserID: r.UserID, Evidence: r.Evidence, At: r.At, Suppressed: r.Suppressed})
 	}
 	return s.record(ctx, out)
+}
+
+// lastOneClick is the event ID of the one-click refusal recorded for campaign id's link to user within the
+// second before at ("" when none).
+func (s *refusalSink) lastOneClick(ctx context.Context, id int64, user, addr, typ string, at time.Time) (string, error) {
+	rcpt, err := iys.CanonicalRecipient(typ, addr)
+	if err != nil {
+		return "", nil // RecordRefusals says what is wrong with it
+	}
+	var ev string
+	err = s.pool.QueryRow(ctx, `SELECT event_id FROM refusals
+		WHERE recipient = $1 AND type = $2 AND via = $3 AND campaign_id = $4 AND user_id = $5 AND refused_at > $6
+		ORDER BY refused_at DESC LIMIT 1`, rcpt, typ, iys.ViaOneClick, id, user, at.Add(-time.Second)).Scan(&ev)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return "", nil
+	}
+	if err != nil {
+		return "", fmt.Errorf("the link's last click: %w", err)
+	}
+	return ev, nil
 }
 
 func (s *refusalSink) record(ctx context.Context, rs []iys.Refusal) error {
@@ -195,9 +216,18 @@ func unsubscribeHandler(signer *unsubscribe.Signer, store *campaign.Store, sink 
 		}
 		log.Info("refusal received", "via", iys.ViaOneClick, "type", ch.Spec().IYSType, "address", providers.MaskAddress(addr), "campaign_id", id)
 		// Each click is a refusal of its own, dated when it came: one made after the person gave consent
-		// again outranks that consent. Clicks within one second are one (a double click, a client's retry).
+		// again outranks that consent. A click within a second of the last one recorded for the link is
+		// that one again (a double click, a client's retry), whichever side of a second's turn they fell.
 		at := time.Now()
-		err = sink.record(r.Context(), []iys.Refusal{{Via: iys.ViaOneClick, EventID: fmt.Sprintf("%d:%s:%d", id, user, at.Unix()), Kind: iys.ViaOneClick,
+		eventID := fmt.Sprintf("%d:%s:%d", id, user, at.Unix())
+		if last, err := sink.lastOneClick(r.Context(), id, user, addr, ch.Spec().IYSType, at); err != nil {
+			log.Error("record a one-click unsubscribe", "campaign_id", id, "err", err)
+			page(w, http.StatusServiceUnavailable, unsubFailed)
+			return
+		} else if last != "" {
+			eventID = last
+		}
+		err = sink.record(r.Context(), []iys.Refusal{{Via: iys.ViaOneClick, EventID: eventID, Kind: iys.ViaOneClick,
 			Recipient: addr, Type: ch.Spec().IYSType, CampaignID: id, UserID: user, At: at,
 			Evidence: fmt.Sprintf("unsubscribe link of campaign %d, user %s, through %s", id, user, from)}})
 		if err != nil {

@@ -155,3 +155,41 @@ func oneClickSetup(t *testing.T) (*pgxpool.Pool, int64, *unsubscribe.Signer, htt
 	h := unsubscribeHandler(signer, campaign.NewStore(db), &refusalSink{pool: db, brand: "654321", log: log}, log)
 	return db, id, signer, h
 }
+
+// TestADoubleClickAcrossASecondsTurnIsOneRefusal: a double click (or a mail client's retry) whose two
+// POSTs fall on either side of a second's turn is one refusal, not two: the second click finds the first
+// recorded within the second before it. Before, a click's event was its second, and such a pair made two
+// refusals in the audit (TestRefusalsThroughTheMessagesCloseTheLoop failed now and then).
+func TestADoubleClickAcrossASecondsTurnIsOneRefusal(t *testing.T) {
+	db, id, signer, h := oneClickSetup(t)
+	ctx := context.Background()
+	click := func() int {
+		req := httptest.NewRequest(http.MethodPost, unsubscribe.Path+signer.Token(id, "u1"), strings.NewReader("List-Unsubscribe=One-Click"))
+		req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, req)
+		return w.Code
+	}
+	// The first click lands in the last tenth of a second, the second just after the turn.
+	now := time.Now()
+	at := now.Truncate(time.Second).Add(920 * time.Millisecond)
+	if at.Before(now) {
+		at = at.Add(time.Second)
+	}
+	time.Sleep(time.Until(at))
+	first := time.Now()
+	if code := click(); code != http.StatusOK {
+		t.Fatalf("first click: %d", code)
+	}
+	time.Sleep(first.Truncate(time.Second).Add(time.Second + 30*time.Millisecond).Sub(time.Now()))
+	if code := click(); code != http.StatusOK {
+		t.Fatalf("second click: %d", code)
+	}
+	var n int
+	if err := db.QueryRow(ctx, `SELECT count(*) FROM refusals WHERE via = 'one_click'`).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	if n != 1 {
+		t.Fatalf("a double click across a second's turn made %d refusals, want 1", n)
+	}
+}
