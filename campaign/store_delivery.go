@@ -104,6 +104,15 @@ func (s *Store) RecordDeliveries(ctx context.Context, ds []Delivery) (Deliveries
 	return res, nil
 }
 
+// closedAfterUnknown is the SQL condition that recipient r was closed without a send (skipped by a cancel
+// or the cap, failed) after it had been unknown: a resend of it did not go (`resume --resend-unknown`),
+// and its first message, whose answer was lost, may have. It kept its code (everUnknown). A receipt of
+// that first message proves it went: the recipient was sent.
+const closedAfterUnknown = `(r.status IN (` + sqlSkipped + `, ` + sqlFailed + `) AND r.ever_unknown)`
+
+// provedSent is the SQL condition that a receipt proves recipient r sent where its row does not say so.
+const provedSent = `(r.status = ` + sqlUnknown + ` OR ` + closedAfterUnknown + `)`
+
 // recordDeliveriesSQL is RecordDeliveries' statement.
 var recordDeliveriesSQL = `
 		WITH d AS (
@@ -150,16 +159,17 @@ var recordDeliveriesSQL = `
 		), upd AS (
 			UPDATE campaign_recipients r SET
 				delivery = b.status, delivery_error = NULLIF(b.error, ''), delivery_at = b.at,
-				status = CASE WHEN r.status = ` + sqlUnknown + ` THEN ` + sqlSent + ` ELSE r.status END,
+				status = CASE WHEN ` + provedSent + ` THEN ` + sqlSent + ` ELSE r.status END,
 				provider_message_id = coalesce(r.provider_message_id, NULLIF(b.msgid, '')),
-				sent_at = coalesce(r.sent_at, CASE WHEN r.status = ` + sqlUnknown + ` THEN b.at END),
+				sent_at = coalesce(r.sent_at, CASE WHEN ` + provedSent + ` THEN b.at END),
 				-- An unknown proved sent says so, as one recorded after its receipt does (Record); what the
 				-- worker saw stays in last_error.
-				reason = CASE WHEN r.status = ` + sqlUnknown + ` THEN 'accepted by the provider (its receipt says ' || b.status || ')' ELSE r.reason END,
-				last_error = CASE WHEN r.status = ` + sqlUnknown + ` THEN coalesce(r.last_error, r.reason) ELSE r.last_error END,
+				reason = CASE WHEN ` + provedSent + ` THEN 'accepted by the provider (its receipt says ' || b.status || ')' ELSE r.reason END,
+				last_error = CASE WHEN ` + provedSent + ` THEN coalesce(r.last_error, r.reason) ELSE r.last_error END,
 				updated_at = now()
 			FROM best b
-			WHERE r.campaign_id = b.campaign_id AND r.user_id = b.user_id AND r.status IN (` + sqlPending + `, ` + sqlSent + `, ` + sqlUnknown + `)
+			WHERE r.campaign_id = b.campaign_id AND r.user_id = b.user_id
+			  AND (r.status IN (` + sqlPending + `, ` + sqlSent + `, ` + sqlUnknown + `) OR ` + closedAfterUnknown + `)
 			  -- A receipt for another message than the one recorded is not about this send.
 			  AND (r.provider_message_id IS NULL OR b.msgid = '' OR r.provider_message_id = b.msgid)
 			  AND (r.delivery IS NULL
@@ -174,7 +184,7 @@ var recordDeliveriesSQL = `
 			SELECT upd.campaign_id, upd.user_id, upd.status, 'accepted by the provider (its receipt says ' || upd.delivery || ')',
 				upd.provider_message_id, c.channel, c.template_hash
 			FROM upd JOIN campaigns c ON c.id = upd.campaign_id
-			WHERE upd.was = ` + sqlUnknown + ` AND upd.status = ` + sqlSent + `
+			WHERE upd.was <> ` + sqlSent + ` AND upd.status = ` + sqlSent + `
 		)
 		SELECT (SELECT count(*) FROM upd),
 			-- The receipts that named no recipient of ours (a stray callback), delivered again or not.

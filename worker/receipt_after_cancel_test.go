@@ -1,0 +1,53 @@
+package worker
+
+import (
+	"context"
+	"testing"
+
+	"github.com/campaignctl/campaignctl/campaign"
+	"github.com/campaignctl/campaignctl/providers"
+)
+
+// A recipient recorded unknown (its answer timed out after the request was written), made pending again
+// by `resume --resend-unknown`, then closed by a cancel before the resend went: skipped (cancelled), its
+// code kept (it was ever unknown). The receipt of its first message then comes: it proves the message
+// went out, and the recipient is reported sent, audited so. Before, the receipt was ignored and the report
+// said skipped for someone who got the message.
+func TestAReceiptAfterACancelOfTheResendProvesTheFirstSend(t *testing.T) {
+	t.Parallel()
+	f := plan(t, 10) // eligible in batch 0: u1 u2 u4 u7 u8
+	ctx := context.Background()
+	f.provider.fail = func(_ int, m providers.Message) error {
+		if m.To == phone(4) {
+			return &providers.Error{Provider: "test", Class: providers.Ambiguous, Err: context.DeadlineExceeded}
+		}
+		return nil
+	}
+	f.runAll(t)
+	if st, _, _ := f.status(t, "u4"); st != campaign.StatusUnknown {
+		t.Fatalf("u4 %s, want unknown", st)
+	}
+	if _, err := Resume(ctx, ResumeOptions{Store: f.store, Redis: f.rdb, CampaignID: f.id, ResendUnknown: true}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Cancel(ctx, CancelOptions{Store: f.store, Redis: f.rdb, CampaignID: f.id}); err != nil {
+		t.Fatal(err)
+	}
+	if st, reason, _ := f.status(t, "u4"); st != campaign.StatusSkipped {
+		t.Fatalf("u4 after the cancel: %s (%s), want skipped", st, reason)
+	}
+	if _, err := f.store.RecordDeliveries(ctx, []campaign.Delivery{{Provider: "test", CampaignID: f.id, UserID: "u4",
+		MessageID: "SMu4", Status: campaign.DeliveryDelivered}}); err != nil {
+		t.Fatal(err)
+	}
+	if st, reason, _ := f.status(t, "u4"); st != campaign.StatusSent {
+		t.Fatalf("u4 after the receipt of its first message: %s (%s), want sent", st, reason)
+	}
+	var audited int
+	if err := f.db.QueryRow(ctx, `SELECT count(*) FROM send_log WHERE campaign_id = $1 AND user_id = 'u4' AND status = 'sent'`, f.id).Scan(&audited); err != nil {
+		t.Fatal(err)
+	}
+	if audited != 1 {
+		t.Errorf("u4's send audited %d times, want once", audited)
+	}
+}
