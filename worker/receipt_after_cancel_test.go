@@ -5,7 +5,6 @@ import (
 	"testing"
 
 	"github.com/campaignctl/campaignctl/campaign"
-	"github.com/campaignctl/campaignctl/providers"
 )
 
 // A recipient recorded unknown (its answer timed out after the request was written), made pending again
@@ -15,18 +14,8 @@ import (
 // said skipped for someone who got the message.
 func TestAReceiptAfterACancelOfTheResendProvesTheFirstSend(t *testing.T) {
 	t.Parallel()
-	f := plan(t, 10) // eligible in batch 0: u1 u2 u4 u7 u8
+	f := planWithU4Unknown(t)
 	ctx := context.Background()
-	f.provider.fail = func(_ int, m providers.Message) error {
-		if m.To == phone(4) {
-			return &providers.Error{Provider: "test", Class: providers.Ambiguous, Err: context.DeadlineExceeded}
-		}
-		return nil
-	}
-	f.runAll(t)
-	if st, _, _ := f.status(t, "u4"); st != campaign.StatusUnknown {
-		t.Fatalf("u4 %s, want unknown", st)
-	}
 	if _, err := Resume(ctx, ResumeOptions{Store: f.store, Redis: f.rdb, CampaignID: f.id, ResendUnknown: true}); err != nil {
 		t.Fatal(err)
 	}

@@ -15,18 +15,8 @@ import (
 // row whose reason was the unknown's timeout.
 func TestAnUnknownProvedSentByItsReceiptIsReportedSo(t *testing.T) {
 	t.Parallel()
-	f := plan(t, 10) // eligible in batch 0: u1 u2 u4 u7 u8
+	f := planWithU4Unknown(t)
 	ctx := context.Background()
-	f.provider.fail = func(_ int, m providers.Message) error {
-		if m.To == phone(4) {
-			return &providers.Error{Provider: "test", Class: providers.Ambiguous, Err: context.DeadlineExceeded}
-		}
-		return nil
-	}
-	f.runAll(t)
-	if st, _, _ := f.status(t, "u4"); st != campaign.StatusUnknown {
-		t.Fatalf("u4 %s, want unknown", st)
-	}
 	if _, err := f.store.RecordDeliveries(ctx, []campaign.Delivery{{Provider: "test", CampaignID: f.id, UserID: "u4",
 		MessageID: "SMu4", Status: campaign.DeliveryDelivered}}); err != nil {
 		t.Fatal(err)
@@ -50,4 +40,22 @@ func TestAnUnknownProvedSentByItsReceiptIsReportedSo(t *testing.T) {
 	if !strings.Contains(lastErr, "deadline") {
 		t.Errorf("u4's last_error %q, want what the worker saw (the timeout)", lastErr)
 	}
+}
+
+// planWithU4Unknown plans 10 customers (eligible in batch 0: u1 u2 u4 u7 u8) and runs the batch with
+// u4's answer timing out after its request was written: u4 ends unknown, the others sent.
+func planWithU4Unknown(t *testing.T) *fixture {
+	t.Helper()
+	f := plan(t, 10)
+	f.provider.fail = func(_ int, m providers.Message) error {
+		if m.To == phone(4) {
+			return &providers.Error{Provider: "test", Class: providers.Ambiguous, Err: context.DeadlineExceeded}
+		}
+		return nil
+	}
+	f.runAll(t)
+	if st, _, _ := f.status(t, "u4"); st != campaign.StatusUnknown {
+		t.Fatalf("u4 %s, want unknown", st)
+	}
+	return f
 }
