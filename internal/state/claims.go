@@ -442,7 +442,7 @@ func prefixed(nonce, value string, each bool) string {
 // same), or
 // one result per recipient: "o" (ours), "x<value>" (an existing claim) or "c<mark>" (capped; the claim
 // records the skip).
-var claimManyScript = redis.NewScript(`
+var claimManyScript = redis.NewScript(keepMarkFunc + `
 local na = tonumber(ARGV[12])
 local ttl = ARGV[2]
 local shared = ARGV[14]
@@ -509,7 +509,7 @@ for i = 0, n - 1 do
     else
       -- The mark moves to this send, the one it replaces kept beside it (see claimSendScript).
       if today ~= mark then
-        if today then redis.call("HSET", KEYS[k + 1], addr .. "\0", today) end
+        if today then ` + keepMarkLua + `(KEYS[k + 1], addr, today) end
         redis.call("HSET", KEYS[k + 1], addr, mark)
         -- The TTL carries a day of margin; it is renewed once an hour of that is used (see claimSendScript).
         if redis.call("PTTL", KEYS[k + 1]) < renew then redis.call("PEXPIRE", KEYS[k + 1], ARGV[9]) end
@@ -597,7 +597,7 @@ func decodeClaimed(res []any, nonce string) (Claimed, error) {
 // "x" (an existing claim, arg = its value), "c" (capped, arg = the other campaign's mark), "p" (paused for
 // arg ms), "e" (the epoch changed), "f" (the run's lease was taken over) or "h" (halted). As in takeScript, a value without this campaign's nonce
 // is a leftover of an earlier campaign with the same ID and is replaced, and a value equal to ours is ours.
-var claimSendScript = redis.NewScript(`
+var claimSendScript = redis.NewScript(keepMarkFunc + `
 local settled = 0
 if ARGV[7] ~= "" then
   -- One write in the usual case; what it replaced decides whether it stands.
@@ -650,11 +650,11 @@ for i = 7, #KEYS do
   end
 end
 -- The mark says when the latest message went: this one (a resend of an unknown send included, whose
--- earlier mark is the campaign's own). A mark it replaces is kept beside it (field "<address>\0") for
--- ReleaseMarks to put back should nothing go out under this claim.
+-- earlier mark is the campaign's own). A mark it replaces is kept beside it for ReleaseMarks to put back
+-- should nothing go out under this claim (keepMark).
 local mark = ARGV[9] .. "|" .. ARGV[10]
 if today ~= mark then
-  if today then redis.call("HSET", KEYS[7], ARGV[13] .. "\0", today) end
+  if today then ` + keepMarkLua + `(KEYS[7], ARGV[13], today) end
   redis.call("HSET", KEYS[7], ARGV[13], mark)
   -- ARGV[12] is a day longer than any cap needs: renewing the TTL only once an hour of that margin is
   -- used spares a write for nearly every mark, and a mark still outlives every cap that judges it.

@@ -50,20 +50,56 @@ func (s *Store) ReleaseMarks(ctx context.Context, c *campaign.Campaign, nonce st
 	return nil
 }
 
+// The marks a claim replaced are kept in the field "<address>\0" of the same day's hash, the latest
+// first, separated by ";" (a mark holds none), at most keptMarks of them: a claim pushes the mark it
+// replaces; a release of the current mark pops it back; a release of a mark a later claim replaced since
+// (claims of two campaigns in flight together) takes it out of the list, so that the later claim's release
+// puts back the mark before it. However the claims of an address overlap and whatever order their
+// releases come in, the mark left is that of the latest claim whose message may have gone.
+const keptMarks = 4
+
+// keepMarkLua is the name keepMarkFunc defines in the scripts that take marks.
+const keepMarkLua = "keep_mark"
+
+// keepMarkFunc defines keep_mark(key, address, mark): mark pushed on the address's kept marks.
+var keepMarkFunc = `
+local function keep_mark(key, addr, m)
+  local f = addr .. "\0"
+  local kept = redis.call("HGET", key, f)
+  local list = {m}
+  if kept then
+    for x in string.gmatch(kept, "[^;]+") do
+      if #list >= ` + strconv.Itoa(keptMarks) + ` then break end
+      list[#list + 1] = x
+    end
+  end
+  redis.call("HSET", key, f, table.concat(list, ";"))
+end
+`
+
 // KEYS    -> the mark hashes to look in
 // ARGV[1] -> "<owner>|<ms>", the mark the claims wrote
-// ARGV[2] -> the address (the field; "<address>\0" holds the mark it replaced, if any)
+// ARGV[2] -> the address (the field; "<address>\0" holds the marks claims replaced, see keptMarks)
 var releaseMarkScript = redis.NewScript(`
-local kept = ARGV[2] .. "\0"
+local kf = ARGV[2] .. "\0"
 for _, k in ipairs(KEYS) do
-  if redis.call("HGET", k, ARGV[2]) == ARGV[1] then
-    local was = redis.call("HGET", k, kept)
-    if was then
-      redis.call("HSET", k, ARGV[2], was)
-      redis.call("HDEL", k, kept)
+  local cur = redis.call("HGET", k, ARGV[2])
+  local kept = redis.call("HGET", k, kf)
+  if cur == ARGV[1] then
+    if kept then
+      local top, rest = string.match(kept, "^([^;]+);?(.*)$")
+      redis.call("HSET", k, ARGV[2], top)
+      if rest == "" then redis.call("HDEL", k, kf) else redis.call("HSET", k, kf, rest) end
     else
       redis.call("HDEL", k, ARGV[2])
     end
+  elseif kept then
+    -- A later claim replaced this mark: it is no longer what that claim would put back.
+    local list = {}
+    for x in string.gmatch(kept, "[^;]+") do
+      if x ~= ARGV[1] then list[#list + 1] = x end
+    end
+    if #list == 0 then redis.call("HDEL", k, kf) else redis.call("HSET", k, kf, table.concat(list, ";")) end
   end
 end
 return 0`)
