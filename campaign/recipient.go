@@ -3,6 +3,7 @@ package campaign
 import (
 	"bytes"
 	"encoding/json"
+	"strings"
 	"time"
 )
 
@@ -76,6 +77,22 @@ type Outcome struct {
 	// Provider names the provider the message went through (or that refused it); "" when not known (an
 	// outcome read back from a claim).
 	Provider string
+	// BadAddress says the provider condemned the address itself (an unregistered push token): Record
+	// adds it to the invalid addresses later launches exclude, in the outcome's own statement, so a worker
+	// killed or a Postgres gone after the answer does not lose it (the claim's reason says it too:
+	// InvalidAddressReason).
+	BadAddress bool
+}
+
+// InvalidAddressReason is the reason of a failure that condemns the address (Outcome.BadAddress), in the
+// outcome and in the claim: the provider's reason after "invalid_address: ".
+func InvalidAddressReason(providerReason string) string {
+	return ReasonInvalidAddress + ": " + providerReason
+}
+
+// IsInvalidAddressReason tells a reason made by InvalidAddressReason.
+func IsInvalidAddressReason(reason string) bool {
+	return strings.HasPrefix(reason, ReasonInvalidAddress+": ")
 }
 
 // ConsentRecord is a recipient's İYS consent as a worker read it when it leased the recipient's chunk: what

@@ -197,11 +197,12 @@ func (s *Store) Record(ctx context.Context, campaignID int64, outcomes []Outcome
 	n := len(outcomes)
 	users, statuses, reasons, ids, provs := make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n)
 	segs := make([]int32, n)
-	keyed := make([]bool, n)
+	keyed, bad := make([]bool, n), make([]bool, n)
 	cStatus, cSource, cTxn := make([]string, n), make([]string, n), make([]string, n)
 	cDate, cSynced := make([]pgtype.Timestamptz, n), make([]pgtype.Timestamptz, n)
 	for i, o := range outcomes {
 		users[i], statuses[i], reasons[i], ids[i], segs[i], keyed[i] = o.UserID, o.Status, o.Reason, o.MessageID, int32(o.Segments), o.ReceiptKeyed
+		bad[i] = o.BadAddress && o.Status == StatusFailed
 		// The reason and the message ID come from the provider's answer: a NUL or invalid UTF-8 in one of
 		// them would fail the statement, the chunk's other outcomes with it, on every retry.
 		reasons[i], ids[i], provs[i] = pgtext.Clean(o.Reason), pgtext.Clean(o.MessageID), o.Provider
@@ -230,8 +231,8 @@ func (s *Store) Record(ctx context.Context, campaignID int64, outcomes []Outcome
 	b.Queue(`
 		WITH o AS (
 			SELECT * FROM unnest($2::text[], $3::text[], $4::text[], $5::text[], $6::int[],
-					$9::text[], $10::text[], $11::timestamptz[], $12::text[], $13::timestamptz[], $15::bool[], $16::text[])
-				AS o(user_id, status, reason, msgid, segments, c_status, c_source, c_date, c_txn, c_synced, keyed, provider)
+					$9::text[], $10::text[], $11::timestamptz[], $12::text[], $13::timestamptz[], $15::bool[], $16::text[], $17::bool[])
+				AS o(user_id, status, reason, msgid, segments, c_status, c_source, c_date, c_txn, c_synced, keyed, provider, bad)
 		), upd AS (
 			-- Only rows of the lease's batch: the (campaign, batch) index finds them whatever the
 			-- planner believes about the campaign's size.
@@ -262,7 +263,8 @@ func (s *Store) Record(ctx context.Context, campaignID int64, outcomes []Outcome
 			RETURNING r.user_id, r.status, r.reason, r.provider_message_id, r.code_id AS kept,
 				o.c_status, o.c_source, o.c_date, o.c_txn, o.c_synced,
 				-- The message ID the row keeps is the outcome's (not a receipt's that came first).
-				o.keyed AND r.provider_message_id = o.msgid AS keyed
+				o.keyed AND r.provider_message_id = o.msgid AS keyed,
+				r.address, o.bad
 		), freed AS (
 			-- One update of the batch row (two in one statement would see only one): the run's chunk in
 			-- hand, and the suspects (LeaseChunk) that are settled now.
@@ -283,6 +285,13 @@ func (s *Store) Record(ctx context.Context, campaignID int64, outcomes []Outcome
 				NULLIF(upd.c_status, ''), NULLIF(upd.c_source, ''), upd.c_date, NULLIF(upd.c_txn, ''), upd.c_synced,
 				coalesce(upd.keyed, false)
 			FROM upd
+		), invalid AS (
+			-- Addresses the provider condemned (an unregistered push token), with the failures that say so:
+			-- later launches exclude them.
+			INSERT INTO invalid_addresses (channel, address, reason)
+			SELECT (SELECT channel FROM campaigns WHERE id = $1), upd.address, upd.reason
+			FROM upd WHERE upd.bad AND upd.status = `+sqlFailed+`
+			ON CONFLICT (channel, address) DO UPDATE SET reason = EXCLUDED.reason, at = now()
 		), released AS (
 			-- The statement's snapshot still shows the rows as they were: their codes before the update.
 			INSERT INTO released_codes (code_id, pool)
@@ -294,7 +303,7 @@ func (s *Store) Record(ctx context.Context, campaignID int64, outcomes []Outcome
 			ON CONFLICT (code_id) DO NOTHING
 		)
 		SELECT status, count(*) FROM upd GROUP BY status`, campaignID, users, statuses, reasons, ids, segs, lease.Batch, lease.Token,
-		cStatus, cSource, cDate, cTxn, cSynced, inHand, keyed, provs)
+		cStatus, cSource, cDate, cTxn, cSynced, inHand, keyed, provs, bad)
 	br := s.pool.SendBatch(ctx, b)
 	err := readMoved(br, async, moved)
 	if cerr := br.Close(); err == nil {

@@ -201,14 +201,3 @@ func (s *Store) DeliveryCounts(ctx context.Context, id int64) (delivered, undeli
 	}
 	return delivered, undelivered, nil
 }
-
-// MarkInvalid records that a provider condemned address on ch for good (an unregistered push token):
-// later launches exclude it as invalid_address.
-func (s *Store) MarkInvalid(ctx context.Context, ch Channel, address, reason string) error {
-	_, err := s.pool.Exec(ctx, `INSERT INTO invalid_addresses (channel, address, reason) VALUES ($1, $2, $3)
-		ON CONFLICT (channel, address) DO UPDATE SET reason = EXCLUDED.reason, at = now()`, ch, address, reason)
-	if err != nil {
-		return fmt.Errorf("mark address invalid: %w", err)
-	}
-	return nil
-}

@@ -109,23 +109,20 @@ func (h *Handler) settleRefusal(ctx context.Context, run *batchRun, m *metrics.S
 		h.log.Warn("provider answer lost; the recipients are unknown and will not be resent automatically",
 			"campaign_id", run.c.ID, "recipients", n, "to", providers.MaskAddress(f.addrs[0]), "err", pe.Reason())
 	case refused:
-		if err := h.state.SettleMany(ctx, f.keys, run.nonce, f.values, repeat(state.ReasonValue(state.Failed, pe.Reason()), n)); err != nil {
+		// An unregistered push token condemns the address: no later campaign should try it. The claim's
+		// reason says so, and the outcome's statement records the address (Outcome.BadAddress), so neither
+		// a kill nor a Postgres gone after the answer loses it.
+		reason := pe.Reason()
+		if pe.BadAddress {
+			reason = campaign.InvalidAddressReason(reason)
+		}
+		if err := h.state.SettleMany(ctx, f.keys, run.nonce, f.values, repeat(state.ReasonValue(state.Failed, reason), n)); err != nil {
 			// Postgres holds the only record of the failure: it is committed durably (flush).
 			run.unclaimed = true
 		}
 		h.state.ReleaseMarks(ctx, run.c, run.nonce, f.addrs, f.at) //nolint:errcheck // nothing reached the person
-		if pe.BadAddress {
-			// An unregistered push token: no later campaign should try it. The answers held for the next
-			// claim are written first: this is a Postgres call, which may stall.
-			h.settleAnswers(ctx, run)
-			for _, a := range f.addrs {
-				if err := h.cfg.Store.MarkInvalid(ctx, run.c.Channel, a, pe.Reason()); err != nil {
-					h.log.Warn("could not record an invalid address", "campaign_id", run.c.ID, "err", err)
-				}
-			}
-		}
 		for _, u := range f.users {
-			run.add(campaign.Outcome{UserID: u, Status: campaign.StatusFailed, Reason: pe.Reason(), Provider: pe.Provider})
+			run.add(campaign.Outcome{UserID: u, Status: campaign.StatusFailed, Reason: reason, Provider: pe.Provider, BadAddress: pe.BadAddress})
 		}
 		m.Failed(n)
 		h.answered(run)

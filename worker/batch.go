@@ -594,7 +594,7 @@ func (h *Handler) fromClaim(run *batchRun, userID, val string) {
 	case state.Sent:
 		run.add(campaign.Outcome{UserID: userID, Status: campaign.StatusSent, MessageID: st.MessageID, Segments: st.Segments})
 	case state.Failed:
-		run.add(campaign.Outcome{UserID: userID, Status: campaign.StatusFailed, Reason: st.Reason})
+		run.add(campaign.Outcome{UserID: userID, Status: campaign.StatusFailed, Reason: st.Reason, BadAddress: campaign.IsInvalidAddressReason(st.Reason)})
 	case state.Unknown:
 		run.add(campaign.Outcome{UserID: userID, Status: campaign.StatusUnknown, Reason: st.Reason})
 	case state.Skipped:

@@ -36,7 +36,6 @@ type Store interface {
 	ReleaseBatch(ctx context.Context, campaignID int64, l campaign.Lease) error
 	Record(ctx context.Context, campaignID int64, outcomes []campaign.Outcome, l campaign.Lease, inHand []string) (map[string]int64, error)
 	CloseBatch(ctx context.Context, id int64, batch int) (done, open bool, err error)
-	MarkInvalid(ctx context.Context, ch campaign.Channel, address, reason string) error
 	ExpiredLeases(ctx context.Context, limit int, gone []int64) ([]campaign.Expired, error)
 	GoneHolders(ctx context.Context) ([]int64, error)
 }
