@@ -8,7 +8,9 @@ import (
 	"context"
 	"fmt"
 	"math"
+	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -36,6 +38,17 @@ type Limit struct {
 	// of the chunk it waits to send. While the caller waits for the process's other waiters of the same
 	// bucket, Hold(ctx, 0) is called every HoldEvery. Without Hold, a wait is a plain sleep.
 	Hold func(ctx context.Context, d time.Duration) error
+	// Cost, when above 0, is how many tokens a WaitN takes from this limit instead of its n (a request of
+	// n messages that is more tokens at its provider, as an SMS of several segments is).
+	Cost int
+}
+
+// cost is how many tokens a WaitN of n takes from l.
+func (l Limit) cost(n int) int {
+	if l.Cost > 0 {
+		return l.Cost
+	}
+	return n
 }
 
 // HoldEvery is how often a wait for the process's other waiters of a bucket calls Limit.Hold.
@@ -131,16 +144,12 @@ func gcra(rate float64) redis_rate.Limit {
 // kept as one event in it (never faster than asked).
 const maxPeriod = 100 * 365 * 24 * time.Hour
 
-// Wait blocks until it has taken one token from each limit, in order, or ctx is done, or Redis fails. Put
-// the narrowest limit first: a token taken from an earlier limit while a later one is empty is spent, which
-// can only lower the rate, never raise it. A Pausable limit paused with Pause is waited out first.
+// Wait blocks until it has taken one token from each limit, or ctx is done, or Redis fails. A Pausable
+// limit paused with Pause is waited out first. The tokens of several capped limits are taken together, at
+// one moment (takeAll): a token taken from one limit and held while another is empty would be spent later
+// than its bucket let it out, on top of the tokens the bucket let out meanwhile.
 func (b *Bucket) Wait(ctx context.Context, limits ...Limit) error {
-	for _, l := range limits {
-		if err := b.waitOne(ctx, l, 1); err != nil {
-			return err
-		}
-	}
-	return nil
+	return b.WaitN(ctx, 1, limits...)
 }
 
 // WaitN is Wait for n events at once (one request that carries n messages). A request no larger than
@@ -149,14 +158,115 @@ func (b *Bucket) Wait(ctx context.Context, limits ...Limit) error {
 // them out: requests of several processes then go out one after the other, each a request's worth of
 // time after the one before, instead of all together once each has collected its tokens piece by piece
 // (which kept the mean rate but put several requests' worth into one second).
+//
+// With several capped limits and n within each one's burst, the tokens are taken from all of them in one
+// step, when every one has them (takeAll). A larger request reserves from each in turn.
 func (b *Bucket) WaitN(ctx context.Context, n int, limits ...Limit) error {
+	var capped []Limit
 	for _, l := range limits {
-		if err := b.waitOne(ctx, l, n); err != nil {
-			return err
+		if l.Rate > 0 && l.cost(n) <= gcra(l.Rate).Burst {
+			capped = append(capped, l)
+		}
+	}
+	if len(capped) < 2 {
+		for _, l := range limits {
+			if err := b.waitOne(ctx, l, l.cost(n)); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	start := time.Now()
+	for _, l := range limits {
+		if l.Pausable {
+			if err := b.waitPause(ctx, l); err != nil {
+				return err
+			}
+		}
+	}
+	for _, l := range limits {
+		if l.Rate > 0 && l.cost(n) > gcra(l.Rate).Burst {
+			if err := b.waitOne(ctx, Limit{Key: l.Key, Rate: l.Rate, Hold: l.Hold}, l.cost(n)); err != nil {
+				return err
+			}
+		}
+	}
+	if err := b.takeAll(ctx, capped, n); err != nil {
+		return err
+	}
+	for _, l := range limits {
+		if l.Observer != nil && (l.Pausable || l.Rate > 0) {
+			l.Observer.Observe(time.Since(start).Seconds())
 		}
 	}
 	return nil
 }
+
+// takeAll takes its tokens (Limit.Cost, or n) from each of ls's buckets at one moment, when all of them have them (one script
+// call: takeAllScript), waiting as long as the fullest says meanwhile, in turn with the process's other
+// waiters of each bucket (taken in the order of their keys, the same for every caller).
+func (b *Bucket) takeAll(ctx context.Context, ls []Limit, n int) error {
+	ls = slices.Clone(ls)
+	slices.SortFunc(ls, func(a, c Limit) int { return strings.Compare(a.Key, c.Key) })
+	keys := make([]string, len(ls))
+	args := make([]any, 0, 3*len(ls))
+	var holder Limit // whose Hold spends the waits: the first limit that has one
+	for i, l := range ls {
+		t := b.join(l.Key)
+		defer b.leave(l.Key, t)
+		if err := b.turn(ctx, l, t); err != nil {
+			return err
+		}
+		defer func() { <-t.slot }()
+		lim := gcra(l.Rate)
+		keys[i] = state.RateKey(l.Key)
+		args = append(args, l.cost(n), lim.Period.Seconds()/float64(lim.Rate), lim.Burst)
+		if holder.Hold == nil {
+			holder = l
+		}
+	}
+	for {
+		s, err := takeAllScript.Run(ctx, b.rdb, keys, args...).Text()
+		if err != nil {
+			return fmt.Errorf("rate limits %s: %w", strings.Join(keys, ", "), err)
+		}
+		early, err := strconv.ParseFloat(s, 64)
+		if err != nil {
+			return fmt.Errorf("rate limits %s: the script answered %q", strings.Join(keys, ", "), s)
+		}
+		if early <= 0 {
+			return nil
+		}
+		if err := b.wait(ctx, holder, time.Duration(early*float64(time.Second))); err != nil {
+			return err
+		}
+	}
+}
+
+// takeAllScript takes its tokens from every GCRA bucket it is given (kept as go-redis/redis_rate keeps one,
+// like reserveScript) if each of them has them now, and then returns "0"; otherwise it takes none and
+// returns how long, in seconds, until the fullest of them would have them.
+//
+// KEYS -> the buckets' keys
+// ARGV -> per bucket: the tokens to take, its emission interval in seconds and its burst
+var takeAllScript = redis.NewScript(`
+local t = redis.call("TIME")
+local now = (t[1] - 1483228800) + t[2] / 1000000
+local early = 0
+local after = {}
+for i, k in ipairs(KEYS) do
+  local n, interval, burst = tonumber(ARGV[3 * i - 2]), tonumber(ARGV[3 * i - 1]), tonumber(ARGV[3 * i])
+  local at = tonumber(redis.call("GET", k) or "")
+  if not at or at < now then at = now end
+  after[i] = at + interval * n
+  local e = after[i] - interval * burst - now
+  if e > early then early = e end
+end
+if early > 0 then return tostring(early) end
+for i, k in ipairs(KEYS) do
+  redis.call("SET", k, after[i], "EX", math.ceil(after[i] - now))
+end
+return "0"`)
 
 // waitOne waits out l's pause (when Pausable) and takes n tokens from it (when capped), and reports the
 // time it took to l.Observer.

@@ -240,26 +240,32 @@ func (h *Handler) readyToSend(ctx, waitCtx context.Context, run *batchRun, sz se
 		h.settleAnswers(ctx, run)
 		h.warm(waitCtx, run, sz)
 	}
-	for _, l := range limits {
-		n := sz.msgs
+	// The tokens of all the limits are taken together (a token of the campaign's cap held while the
+	// provider's bucket is empty would go out later than its bucket let it, on top of the tokens it let
+	// out meanwhile). The wait is observed once for each provider call it came before.
+	var observe []limiter.Observer
+	ls := make([]limiter.Limit, len(limits))
+	for i, l := range limits {
 		if _, ok := state.ProviderOf(l.Key); ok {
-			n = sz.tokens
+			l.Cost = sz.tokens
 		}
-		// The wait is observed once for each provider call it came before.
-		o := l.Observer
+		if l.Observer != nil && (l.Pausable || l.Rate > 0) { // a limit with neither waits for nothing
+			observe = append(observe, l.Observer)
+		}
 		l.Observer = nil
 		// However long the wait (a low cap shared by many runs, a large request's tokens, a provider's
 		// pause), the chunk's lease is kept: the sweeper must not take a live run's chunk for a dead one's.
 		l.Hold = func(ctx context.Context, d time.Duration) error { return h.hold(ctx, run, d) }
-		start := time.Now()
-		if err := h.bucket.WaitN(waitCtx, n, l); err != nil {
-			return waitError(ctx, waitCtx, err)
-		}
-		if o != nil && (l.Pausable || l.Rate > 0) { // a limit with neither waits for nothing
-			waited := time.Since(start).Seconds()
-			for range sz.calls {
-				o.Observe(waited)
-			}
+		ls[i] = l
+	}
+	start := time.Now()
+	if err := h.bucket.WaitN(waitCtx, sz.msgs, ls...); err != nil {
+		return waitError(ctx, waitCtx, err)
+	}
+	waited := time.Since(start).Seconds()
+	for _, o := range observe {
+		for range sz.calls {
+			o.Observe(waited)
 		}
 	}
 	run.tokensAt = time.Time{}
