@@ -64,8 +64,10 @@ func ApplyChanges(ctx context.Context, tx pgx.Tx, brand string, rs []Record, ori
 			-- İYS holds an ONAY older than a refusal made here: that refusal's RET has not reached İYS (it
 			-- found the consent RET here already and queued nothing, say), so it is queued now, unless a RET
 			-- at least as new is on its way or registered. A RET waiting with an older date takes this one's.
+			-- It is due two days after the refusal (calendar days: never later than the law's business
+			-- days), however late this pull found it: a refusal a week old is overdue at once.
 			INSERT INTO iys_outbox (refusal_id, brand_code, recipient, type, recipient_type, source, consent_date, due_at)
-			SELECT refusal_id, $9, recipient, type, recipient_type, source, consent_date, now() + interval '2 days' FROM latest
+			SELECT refusal_id, $9, recipient, type, recipient_type, source, consent_date, consent_date + interval '2 days' FROM latest
 			WHERE overruled AND NOT EXISTS (SELECT 1 FROM iys_outbox x
 				WHERE x.brand_code = $9 AND x.recipient = latest.recipient AND x.type = latest.type
 				  AND x.recipient_type = latest.recipient_type AND x.state <> 'refused' AND x.consent_date >= latest.consent_date)
