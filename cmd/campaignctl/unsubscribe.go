@@ -87,16 +87,19 @@ func (s *refusalSink) Refuse(ctx context.Context, rs []receipts.Refusal) error {
 }
 
 // lastOneClick is the event ID of the one-click refusal recorded for campaign id's link to user within the
-// second before at ("" when none).
+// second before at, unless a consent of the address was given again since ("" when none).
 func (s *refusalSink) lastOneClick(ctx context.Context, id int64, user, addr, typ string, at time.Time) (string, error) {
 	rcpt, err := iys.CanonicalRecipient(typ, addr)
 	if err != nil {
 		return "", nil // RecordRefusals says what is wrong with it
 	}
 	var ev string
-	err = s.pool.QueryRow(ctx, `SELECT event_id FROM refusals
-		WHERE recipient = $1 AND type = $2 AND via = $3 AND campaign_id = $4 AND user_id = $5 AND refused_at > $6
-		ORDER BY refused_at DESC LIMIT 1`, rcpt, typ, iys.ViaOneClick, id, user, at.Add(-time.Second)).Scan(&ev)
+	// Not when a consent was given again since that click: this click refuses it.
+	err = s.pool.QueryRow(ctx, `SELECT f.event_id FROM refusals f
+		WHERE f.recipient = $1 AND f.type = $2 AND f.via = $3 AND f.campaign_id = $4 AND f.user_id = $5 AND f.refused_at > $6
+		  AND NOT EXISTS (SELECT 1 FROM iys_consents c WHERE c.recipient = $1 AND c.type = $2 AND c.status = 'ONAY'
+			AND c.consent_date >= f.refused_at)
+		ORDER BY f.refused_at DESC LIMIT 1`, rcpt, typ, iys.ViaOneClick, id, user, at.Add(-time.Second)).Scan(&ev)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return "", nil
 	}
@@ -217,9 +220,10 @@ func unsubscribeHandler(signer *unsubscribe.Signer, store *campaign.Store, sink 
 		log.Info("refusal received", "via", iys.ViaOneClick, "type", ch.Spec().IYSType, "address", providers.MaskAddress(addr), "campaign_id", id)
 		// Each click is a refusal of its own, dated when it came: one made after the person gave consent
 		// again outranks that consent. A click within a second of the last one recorded for the link is
-		// that one again (a double click, a client's retry), whichever side of a second's turn they fell.
+		// that one again (a double click, a client's retry), whichever side of a second's turn they fell,
+		// unless a consent was given again in between.
 		at := time.Now()
-		eventID := fmt.Sprintf("%d:%s:%d", id, user, at.Unix())
+		eventID := fmt.Sprintf("%d:%s:%d", id, user, at.UnixMilli())
 		if last, err := sink.lastOneClick(r.Context(), id, user, addr, ch.Spec().IYSType, at); err != nil {
 			log.Error("record a one-click unsubscribe", "campaign_id", id, "err", err)
 			page(w, http.StatusServiceUnavailable, unsubFailed)
