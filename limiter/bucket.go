@@ -225,6 +225,13 @@ func (b *Bucket) takeAll(ctx context.Context, ls []Limit, n int) error {
 			holder = l
 		}
 	}
+	// The pauses of the Pausable limits are read in the same step: one set during the wait (a 429 to
+	// another worker) holds the tokens back as it would have held a wait for them alone.
+	for _, l := range ls {
+		if l.Pausable {
+			keys = append(keys, pauseKey(l.Key))
+		}
+	}
 	for {
 		s, err := takeAllScript.Run(ctx, b.rdb, keys, args...).Text()
 		if err != nil {
@@ -244,17 +251,25 @@ func (b *Bucket) takeAll(ctx context.Context, ls []Limit, n int) error {
 }
 
 // takeAllScript takes its tokens from every GCRA bucket it is given (kept as go-redis/redis_rate keeps one,
-// like reserveScript) if each of them has them now, and then returns "0"; otherwise it takes none and
-// returns how long, in seconds, until the fullest of them would have them.
+// like reserveScript) if each of them has them now and none of the pauses is set, and then returns "0";
+// otherwise it takes none and returns how long, in seconds, until the fullest of them would have them or
+// the longest pause ends.
 //
-// KEYS -> the buckets' keys
+// KEYS -> the buckets' keys, then the pause keys
 // ARGV -> per bucket: the tokens to take, its emission interval in seconds and its burst
 var takeAllScript = redis.NewScript(`
 local t = redis.call("TIME")
 local now = (t[1] - 1483228800) + t[2] / 1000000
 local early = 0
 local after = {}
-for i, k in ipairs(KEYS) do
+local buckets = #ARGV / 3
+for i = buckets + 1, #KEYS do
+  local p = redis.call("PTTL", KEYS[i]) / 1000
+  if p > early then early = p end
+end
+if early > 0 then return tostring(early) end
+for i = 1, buckets do
+  local k = KEYS[i]
   local n, interval, burst = tonumber(ARGV[3 * i - 2]), tonumber(ARGV[3 * i - 1]), tonumber(ARGV[3 * i])
   local at = tonumber(redis.call("GET", k) or "")
   if not at or at < now then at = now end
@@ -263,8 +278,8 @@ for i, k in ipairs(KEYS) do
   if e > early then early = e end
 end
 if early > 0 then return tostring(early) end
-for i, k in ipairs(KEYS) do
-  redis.call("SET", k, after[i], "EX", math.ceil(after[i] - now))
+for i = 1, buckets do
+  redis.call("SET", KEYS[i], after[i], "EX", math.ceil(after[i] - now))
 end
 return "0"`)
 
