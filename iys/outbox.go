@@ -168,10 +168,10 @@ func sendDue(ctx context.Context, pool *pgxpool.Pool, c *Client, opts PushOption
 			switch code := apiCode(err); {
 			case err == nil:
 				rep.Accepted++
-				err = finish(ctx, pool, o.id, OutboxAccepted, res.TransactionID, "", "")
+				err = finish(ctx, pool, o, OutboxAccepted, res.TransactionID, "", "")
 			case code == codeAlready:
 				rep.Already++
-				err = finish(ctx, pool, o.id, OutboxAlready, "", code, err.Error())
+				err = finish(ctx, pool, o, OutboxAlready, "", code, err.Error())
 			case IsAuth(err) || IsAccount(err):
 				return false, fmt.Errorf("iys push: %w", err)
 			case IsRetryable(err) || !isAPIError(err): // a 429, a 5xx, or no answer
@@ -186,7 +186,7 @@ func sendDue(ctx context.Context, pool *pgxpool.Pool, c *Client, opts PushOption
 			default:
 				rep.Refused++
 				rep.RefusedCodes[code]++
-				err = finish(ctx, pool, o.id, OutboxRefused, "", code, err.Error())
+				err = finish(ctx, pool, o, OutboxRefused, "", code, err.Error())
 			}
 			if err != nil {
 				return false, err
@@ -212,8 +212,9 @@ func sendDue(ctx context.Context, pool *pgxpool.Pool, c *Client, opts PushOption
 		due = rest
 		changes := make([]ConsentChange, len(batch))
 		ids := make([]int64, len(batch))
+		dates := make([]time.Time, len(batch))
 		for i, o := range batch {
-			changes[i], ids[i] = o.change, o.id
+			changes[i], ids[i], dates[i] = o.change, o.id, o.change.ConsentDate
 		}
 		id, err := c.AddConsents(ctx, changes)
 		rep.Sent += len(batch)
@@ -231,9 +232,12 @@ func sendDue(ctx context.Context, pool *pgxpool.Pool, c *Client, opts PushOption
 			continue
 		}
 		batched = true
+		// A row a newer refusal moved to its date while the batch was sent stays waiting: the batch
+		// carried the older date, and the row goes again with its own (see finish).
 		if _, err := pool.Exec(ctx, `
 			UPDATE iys_outbox o SET state = 'sent', request_id = $2, item_index = b.ord - 1, sent_at = now(), attempts = attempts + 1
-			FROM unnest($1::bigint[]) WITH ORDINALITY AS b(id, ord) WHERE o.id = b.id`, ids, id); err != nil {
+			FROM unnest($1::bigint[], $3::timestamptz[]) WITH ORDINALITY AS b(id, date, ord)
+			WHERE o.id = b.id AND o.state = 'waiting' AND o.consent_date = b.date`, ids, id, dates); err != nil {
 			return batched, fmt.Errorf("iys push: record batch %s: %w", id, err)
 		}
 	}
@@ -304,9 +308,13 @@ func apiCode(err error) string {
 	return ""
 }
 
-func finish(ctx context.Context, pool *pgxpool.Pool, id int64, state, txn, code, msg string) error {
+// finish records İYS's answer to o's RET. Only if the row still waits with the date that was sent: a newer
+// refusal may have moved it to its own date meanwhile (outboxOneWaitingSQL), and the answer is not that
+// refusal's; the row then waits for the next run.
+func finish(ctx context.Context, pool *pgxpool.Pool, o outboxRow, state, txn, code, msg string) error {
 	_, err := pool.Exec(ctx, `UPDATE iys_outbox SET state = $2, transaction_id = NULLIF($3, ''), error_code = NULLIF($4, ''), error = NULLIF($5, ''),
-		attempts = attempts + 1, sent_at = coalesce(sent_at, now()), done_at = now() WHERE id = $1`, id, state, txn, code, msg)
+		attempts = attempts + 1, sent_at = coalesce(sent_at, now()), done_at = now()
+		WHERE id = $1 AND state = 'waiting' AND consent_date = $6`, o.id, state, txn, code, msg, o.change.ConsentDate)
 	if err != nil {
 		return fmt.Errorf("iys push: record the answer: %w", err)
 	}
