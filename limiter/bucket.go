@@ -159,13 +159,15 @@ func (b *Bucket) Wait(ctx context.Context, limits ...Limit) error {
 // time after the one before, instead of all together once each has collected its tokens piece by piece
 // (which kept the mean rate but put several requests' worth into one second).
 //
-// With several capped limits and n within each one's burst, the tokens are taken from all of them in one
-// step, when every one has them (takeAll). A larger request reserves from each in turn.
+// With several capped limits, the tokens are taken from all of them in one step (takeAll): when every one
+// has them, or, for a request larger than a bucket's burst, reserved in all of them for one moment.
 func (b *Bucket) WaitN(ctx context.Context, n int, limits ...Limit) error {
 	var capped []Limit
+	large := false // a limit's tokens exceed its burst: the request is reserved (see reserve)
 	for _, l := range limits {
-		if l.Rate > 0 && l.cost(n) <= gcra(l.Rate).Burst {
+		if l.Rate > 0 {
 			capped = append(capped, l)
+			large = large || l.cost(n) > gcra(l.Rate).Burst
 		}
 	}
 	if len(capped) < 2 {
@@ -184,14 +186,7 @@ func (b *Bucket) WaitN(ctx context.Context, n int, limits ...Limit) error {
 			}
 		}
 	}
-	for _, l := range limits {
-		if l.Rate > 0 && l.cost(n) > gcra(l.Rate).Burst {
-			if err := b.waitOne(ctx, Limit{Key: l.Key, Rate: l.Rate, Hold: l.Hold}, l.cost(n)); err != nil {
-				return err
-			}
-		}
-	}
-	if err := b.takeAll(ctx, capped, n); err != nil {
+	if err := b.takeAll(ctx, capped, n, large); err != nil {
 		return err
 	}
 	for _, l := range limits {
@@ -202,10 +197,13 @@ func (b *Bucket) WaitN(ctx context.Context, n int, limits ...Limit) error {
 	return nil
 }
 
-// takeAll takes its tokens (Limit.Cost, or n) from each of ls's buckets at one moment, when all of them have them (one script
-// call: takeAllScript), waiting as long as the fullest says meanwhile, in turn with the process's other
-// waiters of each bucket (taken in the order of their keys, the same for every caller).
-func (b *Bucket) takeAll(ctx context.Context, ls []Limit, n int) error {
+// takeAll takes its tokens (Limit.Cost, or n) from each of ls's buckets at one moment, when all of them
+// have them (one script call: takeAllScript), waiting as long as the fullest says meanwhile, in turn with
+// the process's other waiters of each bucket (taken in the order of their keys, the same for every
+// caller). With reserve (a request larger than a bucket's burst), the tokens are reserved in every bucket
+// for the one moment all of them (and the pauses) let the request out, and the wait is for that moment
+// (reserveAllScript): no bucket's tokens are held through another's wait.
+func (b *Bucket) takeAll(ctx context.Context, ls []Limit, n int, reserve bool) error {
 	ls = slices.Clone(ls)
 	slices.SortFunc(ls, func(a, c Limit) int { return strings.Compare(a.Key, c.Key) })
 	keys := make([]string, len(ls))
@@ -231,6 +229,20 @@ func (b *Bucket) takeAll(ctx context.Context, ls []Limit, n int) error {
 		if l.Pausable {
 			keys = append(keys, pauseKey(l.Key))
 		}
+	}
+	if reserve {
+		s, err := reserveAllScript.Run(ctx, b.rdb, keys, args...).Text()
+		if err != nil {
+			return fmt.Errorf("rate limits %s: %w", strings.Join(keys, ", "), err)
+		}
+		ahead, err := strconv.ParseFloat(s, 64)
+		if err != nil {
+			return fmt.Errorf("rate limits %s: the reservation answered %q", strings.Join(keys, ", "), s)
+		}
+		if ahead <= 0 {
+			return nil
+		}
+		return b.wait(ctx, holder, time.Duration(ahead*float64(time.Second)))
 	}
 	for {
 		s, err := takeAllScript.Run(ctx, b.rdb, keys, args...).Text()
@@ -402,6 +414,36 @@ local interval = tonumber(ARGV[1])
 local after = at + interval * tonumber(ARGV[2])
 redis.call("SET", KEYS[1], after, "EX", math.ceil(after - now))
 return tostring(after - interval * tonumber(ARGV[3]) - now)`)
+
+// reserveAllScript reserves a request's tokens in every GCRA bucket it is given for one moment: the
+// latest of the moments each bucket would let its tokens out (as reserveScript computes it) and the ends of
+// the pauses. Each bucket is moved as if the request left at that moment, and the script returns how long,
+// in seconds, until it.
+//
+// KEYS -> the buckets' keys, then the pause keys
+// ARGV -> per bucket: the tokens to take, its emission interval in seconds and its burst
+var reserveAllScript = redis.NewScript(`
+local t = redis.call("TIME")
+local now = (t[1] - 1483228800) + t[2] / 1000000
+local buckets = #ARGV / 3
+local at = now
+for i = buckets + 1, #KEYS do
+  local p = redis.call("PTTL", KEYS[i]) / 1000
+  if now + p > at then at = now + p end
+end
+local tat = {}
+for i = 1, buckets do
+  local n, interval, burst = tonumber(ARGV[3 * i - 2]), tonumber(ARGV[3 * i - 1]), tonumber(ARGV[3 * i])
+  tat[i] = tonumber(redis.call("GET", KEYS[i]) or "") or now
+  local out = math.max(tat[i], now) + (n - burst) * interval
+  if out > at then at = out end
+end
+for i = 1, buckets do
+  local n, interval, burst = tonumber(ARGV[3 * i - 2]), tonumber(ARGV[3 * i - 1]), tonumber(ARGV[3 * i])
+  local after = math.max(tat[i], at - math.max(0, n - burst) * interval) + n * interval
+  redis.call("SET", KEYS[i], after, "EX", math.ceil(after - now))
+end
+return tostring(at - now)`)
 
 // PauseKey is the Redis key whose existence pauses the limit key (see Pause); a claim script may read it
 // to check the pause in the same round trip.

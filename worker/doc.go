@@ -6,7 +6,7 @@
 //	queue     its batch is one Asynq task "<campaign>:<batch>" (Enqueue)
 //	lease     a run leases the recipient's chunk: state, consent read again (RunBatch, gate)
 //	pace      a token from the campaign's and the provider's buckets (limiter, readyToSend)
-//	claim     SET NX sent:<campaign>:<user> just before the call (State.ClaimSend / ClaimMany)
+//	claim     SET NX sent:<campaign>:<user> just before the call (State.ClaimSend / ClaimWindow)
 //	send      the provider's adapter (providers.Provider), one message or one request of many
 //	answer    judge: accepted, ambiguous, refused, ... → the claim, the mark, the code (answer.go)
 //	record    outcomes written to Postgres per chunk, the lease let go (flush, campaign.Store.Record)

@@ -117,7 +117,7 @@ func TestEmailClaimFailureSendsNothing(t *testing.T) {
 			store, id, p, h := planEmail(t, 6, 3, shared)
 			fr := faults.NewState(state.New(shared, DefaultClaimTTL))
 			h.state = fr
-			rule := fr.Add(&faults.Rule{Match: faults.Method("ClaimMany"), Skip: 1, Times: 1, Kind: kind})
+			rule := fr.Add(&faults.Rule{Match: faults.Method("ClaimWindow"), Skip: 1, Times: 1, Kind: kind})
 			notFailure(t, h.RunBatch(context.Background(), id, 0))
 			if rule.Hits() != 1 || len(p.requests) != 1 || len(p.accepted) != 3 {
 				t.Fatalf("fault hits %d, %d requests, %d accepted; want the first request only (3)", rule.Hits(), len(p.requests), len(p.accepted))

@@ -457,7 +457,7 @@ func TestAnEmailRequestClaimedAfterTheTakeoverIsNotSent(t *testing.T) {
 	w1State, w1Store := faults.NewState(state.New(rdb, DefaultClaimTTL)), faults.NewStore(store)
 	w1 := NewHandler(Config{Store: w1Store, State: w1State, Redis: rdb, Owner: "w1", Unsubscribe: testSigner, LeaseTTL: 300 * time.Millisecond,
 		Providers: map[campaign.Channel]providers.Provider{campaign.ChannelEmail: p}, ProviderRates: map[string]float64{}})
-	stall := w1State.Add(&faults.Rule{Match: faults.Method("ClaimMany"), Skip: 1, Times: 1, Kind: faults.Stall, Delay: 2 * time.Second})
+	stall := w1State.Add(&faults.Rule{Match: faults.Method("ClaimWindow"), Skip: 1, Times: 1, Kind: faults.Stall, Delay: 2 * time.Second})
 	done := make(chan error, 1)
 	go func() { done <- w1.RunBatch(ctx, id, 0) }()
 	waitUntil(t, 5*time.Second, "W1's second claim held", func() bool { return stall.Hits() > 0 })

@@ -91,7 +91,9 @@ func (h *Handler) sendGroup(ctx, waitCtx context.Context, run *batchRun, b provi
 		for i, r := range rs {
 			scs[i] = state.SendClaim{Key: ClaimKey(run.c.ID, r.UserID), Value: value, Addr: r.Address}
 		}
-		got, err := h.state.ClaimMany(ctx, run.c, run.nonce, scs, g, now)
+		// The provider's pause is read in the same script: one set while the request waited for its tokens
+		// (a 429 to another worker) holds it back; the tokens it took are spent, which only lowers the rate.
+		got, pause, err := h.state.ClaimWindow(ctx, run.c, run.nonce, scs, g, nil, run.primary.pauseKey, now)
 		if guardRefused(err) {
 			return err
 		}
@@ -101,6 +103,14 @@ func (h *Handler) sendGroup(ctx, waitCtx context.Context, run *batchRun, b provi
 			}
 			h.log.Error("Redis is unreachable: no sends until it is back", "campaign_id", run.c.ID, "err", err)
 			return waitForServices(fmt.Errorf("no send while Redis is unavailable: %w", err))
+		}
+		if pause > 0 {
+			// Nothing was claimed: wait the pause out, then take the tokens again (not an attempt).
+			if err := h.hold(waitCtx, run, pause); err != nil {
+				return waitError(ctx, waitCtx, err)
+			}
+			attempt--
+			continue
 		}
 		keys, inflight, addrs := make([]string, 0, len(got)), make([]string, 0, len(got)), make([]string, 0, len(got))
 		// The recipients whose claims are ours are kept in place, in order: a request's messages are not

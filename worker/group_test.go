@@ -385,7 +385,7 @@ func TestARefusalDuringAnEmailRequestsSecondTokenWaitDropsItsRecipient(t *testin
 	h := NewHandler(Config{Store: store, Redis: rdb, State: fr, Owner: "test", Unsubscribe: testSigner,
 		Providers:     map[campaign.Channel]providers.Provider{campaign.ChannelEmail: p},
 		ProviderRates: map[string]float64{"batch": 0.5}})
-	stall := fr.Add(&faults.Rule{Match: faults.Method("ClaimMany"), Times: 1, Kind: faults.Stall, Delay: 300 * time.Millisecond})
+	stall := fr.Add(&faults.Rule{Match: faults.Method("ClaimWindow"), Times: 1, Kind: faults.Stall, Delay: 300 * time.Millisecond})
 	ctx := context.Background()
 	c, err := store.Get(ctx, id)
 	if err != nil {
