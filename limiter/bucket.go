@@ -159,57 +159,89 @@ func (b *Bucket) Wait(ctx context.Context, limits ...Limit) error {
 // time after the one before, instead of all together once each has collected its tokens piece by piece
 // (which kept the mean rate but put several requests' worth into one second).
 //
-// With several capped limits, the tokens are taken from all of them in one step (takeAll): when every one
-// has them, or, for a request larger than a bucket's burst, reserved in all of them for one moment.
+// The tokens of every capped limit are taken in one step (takeAll), with the pauses of the Pausable
+// limits read in the same step: when every bucket has them and no pause is set, or, for a request larger
+// than a bucket's burst, reserved in all of them for one moment after the pauses. One capped limit with
+// no pause to read and a request within its burst goes through redis_rate's GCRA.
 func (b *Bucket) WaitN(ctx context.Context, n int, limits ...Limit) error {
 	var capped []Limit
-	large := false // a limit's tokens exceed its burst: the request is reserved (see reserve)
+	var pauses []string
+	large := false // a limit's tokens exceed its burst: the request is reserved
 	for _, l := range limits {
 		if l.Rate > 0 {
 			capped = append(capped, l)
 			large = large || l.cost(n) > gcra(l.Rate).Burst
 		}
-	}
-	if len(capped) < 2 {
-		for _, l := range limits {
-			if err := b.waitOne(ctx, l, l.cost(n)); err != nil {
-				return err
-			}
+		if l.Pausable {
+			pauses = append(pauses, pauseKey(l.Key))
 		}
-		return nil
 	}
 	start := time.Now()
-	for _, l := range limits {
-		if l.Pausable {
-			if err := b.waitPause(ctx, l); err != nil {
-				return err
+	var err error
+	switch {
+	case len(capped) == 0:
+		for _, l := range limits {
+			if l.Pausable {
+				if err = b.waitPause(ctx, l); err != nil {
+					break
+				}
 			}
 		}
+	case len(capped) == 1 && len(pauses) == 0 && !large:
+		err = b.allow(ctx, capped[0], capped[0].cost(n))
+	default:
+		err = b.takeAll(ctx, capped, pauses, n, large)
 	}
-	if err := b.takeAll(ctx, capped, n, large); err != nil {
+	if err != nil {
 		return err
 	}
 	for _, l := range limits {
-		if l.Observer != nil && (l.Pausable || l.Rate > 0) {
+		if l.Observer != nil && (l.Pausable || l.Rate > 0) { // a limit with neither waits for nothing
 			l.Observer.Observe(time.Since(start).Seconds())
 		}
 	}
 	return nil
 }
 
+// allow takes n tokens, within its burst, from l's bucket (redis_rate's GCRA), waiting as the bucket
+// says, in turn with the process's other waiters for the same bucket.
+func (b *Bucket) allow(ctx context.Context, l Limit, n int) error {
+	t := b.join(l.Key)
+	defer b.leave(l.Key, t)
+	if err := b.turn(ctx, l, t); err != nil {
+		return err
+	}
+	defer func() { <-t.slot }()
+	for {
+		res, err := b.rl.AllowN(ctx, l.Key, gcra(l.Rate), n)
+		if err != nil {
+			return fmt.Errorf("rate limit %s: %w", l.Key, err)
+		}
+		if res.Allowed > 0 {
+			return nil
+		}
+		if err := b.wait(ctx, l, res.RetryAfter); err != nil {
+			return err
+		}
+	}
+}
+
 // takeAll takes its tokens (Limit.Cost, or n) from each of ls's buckets at one moment, when all of them
-// have them (one script call: takeAllScript), waiting as long as the fullest says meanwhile, in turn with
-// the process's other waiters of each bucket (taken in the order of their keys, the same for every
-// caller). With reserve (a request larger than a bucket's burst), the tokens are reserved in every bucket
-// for the one moment all of them (and the pauses) let the request out, and the wait is for that moment
-// (reserveAllScript): no bucket's tokens are held through another's wait.
-func (b *Bucket) takeAll(ctx context.Context, ls []Limit, n int, reserve bool) error {
+// have them and none of the pauses is set (takeAllScript), waiting as long as the fullest bucket or the
+// longest pause says meanwhile, in turn with the process's other waiters of each bucket (taken in the
+// order of their keys, the same for every caller). With reserve (a request larger than a bucket's burst),
+// the tokens are reserved in every bucket for the one moment all of them, and the pauses, let the request
+// out, and the wait is for that moment (reserveAllScript). No bucket's tokens are held through another's
+// wait, and a pause set during a wait (a 429 to another worker) holds the tokens back as it would have held
+// a wait for them alone. A reservation's wait cut short (ctx, Hold) leaves the tokens spent: the rate can
+// only be lower for it, never higher.
+func (b *Bucket) takeAll(ctx context.Context, ls []Limit, pauses []string, n int, reserve bool) error {
 	ls = slices.Clone(ls)
 	slices.SortFunc(ls, func(a, c Limit) int { return strings.Compare(a.Key, c.Key) })
-	keys := make([]string, len(ls))
+	keys := make([]string, 0, len(ls)+len(pauses))
 	args := make([]any, 0, 3*len(ls))
 	var holder Limit // whose Hold spends the waits: the first limit that has one
-	for i, l := range ls {
+	for _, l := range ls {
 		t := b.join(l.Key)
 		defer b.leave(l.Key, t)
 		if err := b.turn(ctx, l, t); err != nil {
@@ -217,53 +249,39 @@ func (b *Bucket) takeAll(ctx context.Context, ls []Limit, n int, reserve bool) e
 		}
 		defer func() { <-t.slot }()
 		lim := gcra(l.Rate)
-		keys[i] = state.RateKey(l.Key)
+		keys = append(keys, state.RateKey(l.Key))
 		args = append(args, l.cost(n), lim.Period.Seconds()/float64(lim.Rate), lim.Burst)
 		if holder.Hold == nil {
 			holder = l
 		}
 	}
-	// The pauses of the Pausable limits are read in the same step: one set during the wait (a 429 to
-	// another worker) holds the tokens back as it would have held a wait for them alone.
-	for _, l := range ls {
-		if l.Pausable {
-			keys = append(keys, pauseKey(l.Key))
-		}
-	}
+	keys = append(keys, pauses...)
+	script := takeAllScript
 	if reserve {
-		s, err := reserveAllScript.Run(ctx, b.rdb, keys, args...).Text()
-		if err != nil {
-			return fmt.Errorf("rate limits %s: %w", strings.Join(keys, ", "), err)
-		}
-		ahead, err := strconv.ParseFloat(s, 64)
-		if err != nil {
-			return fmt.Errorf("rate limits %s: the reservation answered %q", strings.Join(keys, ", "), s)
-		}
-		if ahead <= 0 {
-			return nil
-		}
-		return b.wait(ctx, holder, time.Duration(ahead*float64(time.Second)))
+		script = reserveAllScript
 	}
 	for {
-		s, err := takeAllScript.Run(ctx, b.rdb, keys, args...).Text()
+		s, err := script.Run(ctx, b.rdb, keys, args...).Text()
 		if err != nil {
 			return fmt.Errorf("rate limits %s: %w", strings.Join(keys, ", "), err)
 		}
-		early, err := strconv.ParseFloat(s, 64)
+		wait, err := strconv.ParseFloat(s, 64)
 		if err != nil {
 			return fmt.Errorf("rate limits %s: the script answered %q", strings.Join(keys, ", "), s)
 		}
-		if early <= 0 {
-			return nil
+		if wait > 0 {
+			if err := b.wait(ctx, holder, time.Duration(wait*float64(time.Second))); err != nil {
+				return err
+			}
 		}
-		if err := b.wait(ctx, holder, time.Duration(early*float64(time.Second))); err != nil {
-			return err
+		if wait <= 0 || reserve {
+			return nil
 		}
 	}
 }
 
 // takeAllScript takes its tokens from every GCRA bucket it is given (kept as go-redis/redis_rate keeps one,
-// like reserveScript) if each of them has them now and none of the pauses is set, and then returns "0";
+// like reserveAllScript) if each of them has them now and none of the pauses is set, and then returns "0";
 // otherwise it takes none and returns how long, in seconds, until the fullest of them would have them or
 // the longest pause ends.
 //
@@ -294,54 +312,6 @@ for i = 1, buckets do
   redis.call("SET", KEYS[i], after[i], "EX", math.ceil(after[i] - now))
 end
 return "0"`)
-
-// waitOne waits out l's pause (when Pausable) and takes n tokens from it (when capped), and reports the
-// time it took to l.Observer.
-func (b *Bucket) waitOne(ctx context.Context, l Limit, n int) error {
-	if !l.Pausable && l.Rate <= 0 {
-		return nil
-	}
-	if l.Observer != nil {
-		start := time.Now()
-		defer func() { l.Observer.Observe(time.Since(start).Seconds()) }()
-	}
-	if l.Pausable {
-		if err := b.waitPause(ctx, l); err != nil {
-			return err
-		}
-	}
-	if l.Rate <= 0 {
-		return nil
-	}
-	return b.take(ctx, l, n)
-}
-
-// take takes n tokens from l's bucket, waiting as the bucket says, in turn with the process's other
-// waiters for the same bucket.
-func (b *Bucket) take(ctx context.Context, l Limit, n int) error {
-	t := b.join(l.Key)
-	defer b.leave(l.Key, t)
-	if err := b.turn(ctx, l, t); err != nil {
-		return err
-	}
-	defer func() { <-t.slot }()
-	lim := gcra(l.Rate)
-	if n > lim.Burst {
-		return b.reserve(ctx, l, lim, n)
-	}
-	for {
-		res, err := b.rl.AllowN(ctx, l.Key, lim, n)
-		if err != nil {
-			return fmt.Errorf("rate limit %s: %w", l.Key, err)
-		}
-		if res.Allowed > 0 {
-			return nil
-		}
-		if err := b.wait(ctx, l, res.RetryAfter); err != nil {
-			return err
-		}
-	}
-}
 
 // turn waits for the slot of key's turn t, calling l.Hold every HoldEvery meanwhile.
 func (b *Bucket) turn(ctx context.Context, l Limit, t *turn) error {
@@ -377,47 +347,10 @@ func (b *Bucket) wait(ctx context.Context, l Limit, d time.Duration) error {
 	return b.sleep(ctx, d)
 }
 
-// reserve takes n tokens, more than l's burst, from its bucket at once and waits until the bucket would
-// have let all of them out (see WaitN). A wait cut short (ctx, Hold) leaves the tokens spent: the rate can
-// only be lower for it, never higher.
-func (b *Bucket) reserve(ctx context.Context, l Limit, lim redis_rate.Limit, n int) error {
-	interval := lim.Period.Seconds() / float64(lim.Rate)
-	s, err := reserveScript.Run(ctx, b.rdb, []string{state.RateKey(l.Key)}, interval, n, lim.Burst).Text()
-	if err != nil {
-		return fmt.Errorf("rate limit %s: %w", l.Key, err)
-	}
-	ahead, err := strconv.ParseFloat(s, 64)
-	if err != nil {
-		return fmt.Errorf("rate limit %s: the reservation answered %q", l.Key, s)
-	}
-	if ahead <= 0 {
-		return nil
-	}
-	return b.wait(ctx, l, time.Duration(ahead*float64(time.Second)))
-}
-
-// reserveScript moves a GCRA bucket (kept as go-redis/redis_rate keeps it: the theoretical arrival time
-// in seconds since 2017-01-01 on Redis's clock, so the two work on the same key) ahead by n emission
-// intervals from where it stands, or from now when it stands in the past, and returns how long, in
-// seconds, until the bucket would have let the n tokens out (its new arrival time less the burst).
-//
-// KEYS[1] -> the bucket's key
-// ARGV[1] -> the emission interval in seconds
-// ARGV[2] -> n
-// ARGV[3] -> the burst
-var reserveScript = redis.NewScript(`
-local t = redis.call("TIME")
-local now = (t[1] - 1483228800) + t[2] / 1000000
-local at = tonumber(redis.call("GET", KEYS[1]) or "")
-if not at or at < now then at = now end
-local interval = tonumber(ARGV[1])
-local after = at + interval * tonumber(ARGV[2])
-redis.call("SET", KEYS[1], after, "EX", math.ceil(after - now))
-return tostring(after - interval * tonumber(ARGV[3]) - now)`)
-
-// reserveAllScript reserves a request's tokens in every GCRA bucket it is given for one moment: the
-// latest of the moments each bucket would let its tokens out (as reserveScript computes it) and the ends of
-// the pauses. Each bucket is moved as if the request left at that moment, and the script returns how long,
+// reserveAllScript reserves a request's tokens in every GCRA bucket it is given (kept as go-redis/redis_rate
+// keeps one: the theoretical arrival time in seconds since 2017-01-01 on Redis's clock) for one moment: the
+// latest of the moments each bucket would let its tokens out (its arrival time, or now when it stands in
+// the past, moved ahead by the tokens less the burst) and the ends of the pauses. Each bucket is moved as if the request left at that moment, and the script returns how long,
 // in seconds, until it.
 //
 // KEYS -> the buckets' keys, then the pause keys
