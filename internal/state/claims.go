@@ -442,7 +442,7 @@ func prefixed(nonce, value string, each bool) string {
 // same), or
 // one result per recipient: "o" (ours), "x<value>" (an existing claim) or "c<mark>" (capped; the claim
 // records the skip).
-var claimManyScript = redis.NewScript(keepMarkFunc + `
+var claimManyScript = redis.NewScript(markFuncs + `
 local na = tonumber(ARGV[12])
 local ttl = ARGV[2]
 local shared = ARGV[14]
@@ -476,7 +476,7 @@ local owner = ARGV[5]
 local mark = owner .. "|" .. ARGV[6]
 local now = tonumber(ARGV[6])
 local cap = tonumber(ARGV[8])
-local renew = tonumber(ARGV[9]) - 3600000
+local ttlMarks = tonumber(ARGV[9])
 local same = ARGV[13]
 local out = {}
 for i = 0, n - 1 do
@@ -491,29 +491,11 @@ for i = 0, n - 1 do
     out[i + 1] = "x" .. v
   else
     if v and v ~= val then redis.call("SET", KEYS[k], val, "PX", ttl) end
-    local today, capped = nil, nil
-    for j = 1, m do
-      local mv = redis.call("HGET", KEYS[k + j], addr)
-      if j == 1 then today = mv end
-      if mv then
-        local mo, ts = string.match(mv, "^(.*)|(%d+)$")
-        if mo ~= owner and ts and now - tonumber(ts) < cap then
-          capped = mv
-          break
-        end
-      end
-    end
+    local capped = take_mark(k + 1, k + m, addr, owner, mark, now, cap, ttlMarks)
     if capped then
       redis.call("SET", KEYS[k], ARGV[10], "KEEPTTL")
       out[i + 1] = "c" .. capped
     else
-      -- The mark moves to this send, the one it replaces kept beside it (see claimSendScript).
-      if today ~= mark then
-        if today then ` + keepMarkLua + `(KEYS[k + 1], addr, today) end
-        redis.call("HSET", KEYS[k + 1], addr, mark)
-        -- The TTL carries a day of margin; it is renewed once an hour of that is used (see claimSendScript).
-        if redis.call("PTTL", KEYS[k + 1]) < renew then redis.call("PEXPIRE", KEYS[k + 1], ARGV[9]) end
-      end
       out[i + 1] = "o"
     end
   end
@@ -597,7 +579,7 @@ func decodeClaimed(res []any, nonce string) (Claimed, error) {
 // "x" (an existing claim, arg = its value), "c" (capped, arg = the other campaign's mark), "p" (paused for
 // arg ms), "e" (the epoch changed), "f" (the run's lease was taken over) or "h" (halted). As in takeScript, a value without this campaign's nonce
 // is a leftover of an earlier campaign with the same ID and is replaced, and a value equal to ours is ours.
-var claimSendScript = redis.NewScript(keepMarkFunc + `
+var claimSendScript = redis.NewScript(markFuncs + `
 local settled = 0
 if ARGV[7] ~= "" then
   -- One write in the usual case; what it replaced decides whether it stands.
@@ -636,29 +618,10 @@ else
   end
   if v then redis.call("SET", KEYS[1], ARGV[1], "PX", ARGV[2]) end
 end
-local now = tonumber(ARGV[10])
-local today
-for i = 7, #KEYS do
-  local m = redis.call("HGET", KEYS[i], ARGV[13])
-  if i == 7 then today = m end
-  if m then
-    local owner, ts = string.match(m, "^(.*)|(%d+)$")
-    if owner ~= ARGV[9] and ts and now - tonumber(ts) < tonumber(ARGV[11]) then
-      redis.call("SET", KEYS[1], ARGV[14], "KEEPTTL")
-      return {settled, "c", m}
-    end
-  end
-end
--- The mark says when the latest message went: this one (a resend of an unknown send included, whose
--- earlier mark is the campaign's own). A mark it replaces is kept beside it for ReleaseMarks to put back
--- should nothing go out under this claim (keepMark).
-local mark = ARGV[9] .. "|" .. ARGV[10]
-if today ~= mark then
-  if today then ` + keepMarkLua + `(KEYS[7], ARGV[13], today) end
-  redis.call("HSET", KEYS[7], ARGV[13], mark)
-  -- ARGV[12] is a day longer than any cap needs: renewing the TTL only once an hour of that margin is
-  -- used spares a write for nearly every mark, and a mark still outlives every cap that judges it.
-  if redis.call("PTTL", KEYS[7]) < tonumber(ARGV[12]) - 3600000 then redis.call("PEXPIRE", KEYS[7], ARGV[12]) end
+local capped = take_mark(7, #KEYS, ARGV[13], ARGV[9], ARGV[9] .. "|" .. ARGV[10], tonumber(ARGV[10]), tonumber(ARGV[11]), tonumber(ARGV[12]))
+if capped then
+  redis.call("SET", KEYS[1], ARGV[14], "KEEPTTL")
+  return {settled, "c", capped}
 end
 return {settled, "o"}`)
 

@@ -58,11 +58,17 @@ func (s *Store) ReleaseMarks(ctx context.Context, c *campaign.Campaign, nonce st
 // releases come in, the mark left is that of the latest claim whose message may have gone.
 const keptMarks = 4
 
-// keepMarkLua is the name keepMarkFunc defines in the scripts that take marks.
-const keepMarkLua = "keep_mark"
-
-// keepMarkFunc defines keep_mark(key, address, mark): mark pushed on the address's kept marks.
-var keepMarkFunc = `
+// markFuncs defines the Lua functions of the claim scripts that take marks:
+//
+// take_mark(first, last, addr, owner, mark, now, cap, ttl) reads the address's marks in the day hashes
+// KEYS[first..last], today's first. It returns another campaign's mark within cap (then nothing is
+// written), or nil after moving today's mark to mark, the mark it replaces kept (keep_mark). A campaign's
+// own mark does not cap it (a batch run again, a resend of an unknown send), and moves as well: the latest
+// message counts. ttl is a day longer than any cap needs: renewing it only once an hour of that margin is
+// used spares a write for nearly every mark, and a mark still outlives every cap that judges it.
+//
+// keep_mark(key, addr, m) pushes m on the address's kept marks (see keptMarks).
+var markFuncs = `
 local function keep_mark(key, addr, m)
   local f = addr .. "\0"
   local kept = redis.call("HGET", key, f)
@@ -74,6 +80,24 @@ local function keep_mark(key, addr, m)
     end
   end
   redis.call("HSET", key, f, table.concat(list, ";"))
+end
+
+local function take_mark(first, last, addr, owner, mark, now, cap, ttl)
+  local today
+  for i = first, last do
+    local m = redis.call("HGET", KEYS[i], addr)
+    if i == first then today = m end
+    if m then
+      local o, ts = string.match(m, "^(.*)|(%d+)$")
+      if o ~= owner and ts and now - tonumber(ts) < cap then return m end
+    end
+  end
+  if today ~= mark then
+    if today then keep_mark(KEYS[first], addr, today) end
+    redis.call("HSET", KEYS[first], addr, mark)
+    if redis.call("PTTL", KEYS[first]) < ttl - 3600000 then redis.call("PEXPIRE", KEYS[first], ttl) end
+  end
+  return nil
 end
 `
 
