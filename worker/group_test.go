@@ -255,7 +255,7 @@ func TestEmailRequestClaimsTogether(t *testing.T) {
 	// Another epoch than the run's lease: the whole request is refused, nothing is written.
 	run := &batchRun{c: c, nonce: Nonce(c)}
 	scs := []state.SendClaim{{Key: ClaimKey(id, "u1"), Value: state.InFlightValue(time.Now(), "t"), Addr: "user1@example.com"}}
-	if _, err := h.state.ClaimMany(ctx, c, run.nonce, scs, state.Guard{Epoch: "not-the-epoch", Halt: HaltKey(id)}, time.Now()); !errors.Is(err, state.ErrEpoch) {
+	if _, _, err := h.state.ClaimWindow(ctx, c, run.nonce, scs, state.Guard{Epoch: "not-the-epoch", Halt: HaltKey(id)}, nil, "", time.Now()); !errors.Is(err, state.ErrEpoch) {
 		t.Fatalf("claims under another epoch: %v, want state.ErrEpoch", err)
 	}
 	if n := rdb.Exists(ctx, ClaimKey(id, "u1")).Val(); n != 0 {

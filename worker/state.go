@@ -21,11 +21,10 @@ type State interface {
 	// from src by the worker that gets the lock after a data loss), or ErrMarksPending meanwhile.
 	MarksBack(ctx context.Context, epoch string, src state.MarkSource, busy func(ctx context.Context, epoch string) (int, error)) error
 	// ClaimSend claims one recipient just before its provider call (and writes prev, the answer to the
-	// run's previous send); ClaimMany claims the recipients of one request, all or none.
+	// run's previous send).
 	ClaimSend(ctx context.Context, c *campaign.Campaign, nonce string, sc state.SendClaim, g state.Guard, prev *state.Answer, pauseKey string, now time.Time) (state.Claimed, error)
-	ClaimMany(ctx context.Context, c *campaign.Campaign, nonce string, scs []state.SendClaim, g state.Guard, now time.Time) ([]state.Claimed, error)
-	// ClaimWindow claims a window of sends about to go out together, after writing the answers of the
-	// window before and checking the provider's pause.
+	// ClaimWindow claims a window of sends, or the recipients of one request, about to go out together,
+	// all or none, after writing the answers of the window before and checking the provider's pause.
 	ClaimWindow(ctx context.Context, c *campaign.Campaign, nonce string, scs []state.SendClaim, g state.Guard, prev []state.Answer, pauseKey string, now time.Time) ([]state.Claimed, time.Duration, error)
 	// Take sets a claim that is not sent (skipped, unknown) unless one exists, which it returns.
 	Take(ctx context.Context, key, nonce, val string, g state.Guard) (old string, ours bool, err error)

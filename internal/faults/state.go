@@ -34,11 +34,6 @@ func (s *State) ClaimSend(ctx context.Context, c *campaign.Campaign, nonce strin
 	return cl, err
 }
 
-// ClaimMany is state.Store.ClaimMany under the rules.
-func (s *State) ClaimMany(ctx context.Context, c *campaign.Campaign, nonce string, scs []state.SendClaim, g state.Guard, now time.Time) (cls []state.Claimed, err error) {
-	err = s.call(ctx, "ClaimMany", func() (err error) { cls, err = s.Store.ClaimMany(ctx, c, nonce, scs, g, now); return })
-	return cls, err
-}
 
 // ClaimWindow is state.Store.ClaimWindow under the rules.
 func (s *State) ClaimWindow(ctx context.Context, c *campaign.Campaign, nonce string, scs []state.SendClaim, g state.Guard, prev []state.Answer, pauseKey string, now time.Time) (cls []state.Claimed, pause time.Duration, err error) {

@@ -305,13 +305,6 @@ func (c *Store) ClaimSend(ctx context.Context, camp *campaign.Campaign, nonce st
 	return decodeClaimed(res, nonce)
 }
 
-// ClaimMany is ClaimSend for the recipients of one request, in one script call, without a pause check
-// or a previous answer: all of them are claimed, or (ErrEpoch, ErrHalted) none.
-func (c *Store) ClaimMany(ctx context.Context, camp *campaign.Campaign, nonce string, scs []SendClaim, g Guard, now time.Time) ([]Claimed, error) {
-	cls, _, err := c.ClaimWindow(ctx, camp, nonce, scs, g, nil, "", now)
-	return cls, err
-}
-
 // ClaimWindow claims the recipients of a window of sends about to go out together, in one script call:
 // it first writes prev, the answers to the window before (whatever happens next), then, with pauseKey
 // set, checks the provider's pause (pause > 0: nothing claimed), then claims all of scs, or (ErrEpoch,

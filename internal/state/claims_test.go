@@ -164,7 +164,7 @@ func TestClaimScriptsUndoWhatTheGuardsRefuse(t *testing.T) {
 	for _, a := range []string{"a@example.com", "b@example.com", "c@example.com", "d@example.com"} {
 		scs = append(scs, SendClaim{Key: ClaimKey(e.ID, a), Value: mine, Addr: a})
 	}
-	got, err := cl.ClaimMany(ctx, e, Nonce(e), scs, Guard{Epoch: "e1", Halt: HaltKey(e.ID)}, now)
+	got, _, err := cl.ClaimWindow(ctx, e, Nonce(e), scs, Guard{Epoch: "e1", Halt: HaltKey(e.ID)}, nil, "", now)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -213,7 +213,7 @@ func TestMarkHashTTLRenewedOnceAnHourOfMarginIsUsed(t *testing.T) {
 			g := Guard{Epoch: "e1", Halt: HaltKey(c.ID)}
 			var err error
 			if ch == campaign.ChannelEmail {
-				_, err = cl.ClaimMany(ctx, c, Nonce(c), []SendClaim{sc}, g, now)
+				_, _, err = cl.ClaimWindow(ctx, c, Nonce(c), []SendClaim{sc}, g, nil, "", now)
 			} else {
 				_, err = cl.ClaimSend(ctx, c, Nonce(c), sc, g, nil, "", now)
 			}
@@ -428,8 +428,8 @@ func TestAFencedLeaseClaimsNobody(t *testing.T) {
 	if _, _, err := cl.ClaimWindow(ctx, c, nonce, []SendClaim{sc("2"), sc("3")}, old, nil, "", now); !errors.Is(err, ErrFenced) {
 		t.Fatalf("ClaimWindow under the fenced lease: %v, want ErrFenced", err)
 	}
-	if _, err := cl.ClaimMany(ctx, c, nonce, []SendClaim{sc("2")}, old, now); !errors.Is(err, ErrFenced) {
-		t.Fatalf("ClaimMany under the fenced lease: %v, want ErrFenced", err)
+	if _, _, err := cl.ClaimWindow(ctx, c, nonce, []SendClaim{sc("2")}, old, nil, "", now); !errors.Is(err, ErrFenced) {
+		t.Fatalf("ClaimWindow under the fenced lease: %v, want ErrFenced", err)
 	}
 	if _, _, err := cl.Take(ctx, ClaimKey(c.ID, "2"), nonce, ReasonValue(Skipped, "x"), old); !errors.Is(err, ErrFenced) {
 		t.Fatalf("Take under the fenced lease: %v, want ErrFenced", err)
