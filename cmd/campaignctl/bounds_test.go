@@ -180,18 +180,7 @@ func TestHeaderValuesCarryNoLineBreak(t *testing.T) {
 func TestCommercialEmailLaunchNeedsUnsubscribeLinks(t *testing.T) {
 	t.Parallel()
 	env, count := badInputDB(t)
-	db := mustConnect(t, env["DATABASE_URL"])
-	for _, sql := range []string{
-		`CREATE TABLE mail (user_id text, email text)`,
-		`GRANT SELECT ON mail TO campaignctl_audience`,
-		"INSERT INTO mail VALUES ('a', 'a@example.com')",
-		`INSERT INTO iys_consents (recipient, type, recipient_type, status, source, consent_date) SELECT email, 'EPOSTA', 'BIREYSEL', 'ONAY', 'HS_WEB', now() FROM mail`,
-	} {
-		if _, err := db.Exec(context.Background(), sql); err != nil {
-			t.Fatal(err)
-		}
-	}
-	audience := writeFile(t, "mail.sql", `SELECT user_id, email FROM mail`)
+	audience := mailAudience(t, env, "('a', 'a@example.com')")
 	args := []string{"launch", "--name", "m", "--channel", "email", "--audience", audience, "--subject", "Merhaba", "--message", "Size özel", "--yes"}
 	with := func(kv ...string) map[string]string {
 		e := map[string]string{}
@@ -229,4 +218,22 @@ func TestCommercialEmailLaunchNeedsUnsubscribeLinks(t *testing.T) {
 	if _, stderr, code := cli(t, env, bad...); code != 2 || !strings.Contains(stderr, "a transactional e-mail does not have") {
 		t.Fatalf("a transactional template with {{.unsubscribe_url}}: exit %d, %s", code, stderr)
 	}
+}
+
+// mailAudience makes the table mail (user_id, email) of the bad-input database with the given VALUES, each
+// address with an ONAY, and returns an audience file that selects it.
+func mailAudience(t *testing.T, env map[string]string, values string) string {
+	t.Helper()
+	db := mustConnect(t, env["DATABASE_URL"])
+	for _, sql := range []string{
+		`CREATE TABLE mail (user_id text, email text)`,
+		`GRANT SELECT ON mail TO campaignctl_audience`,
+		"INSERT INTO mail VALUES " + values,
+		`INSERT INTO iys_consents (recipient, type, recipient_type, status, source, consent_date) SELECT email, 'EPOSTA', 'BIREYSEL', 'ONAY', 'HS_WEB', now() FROM mail`,
+	} {
+		if _, err := db.Exec(context.Background(), sql); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return writeFile(t, "mail.sql", `SELECT user_id, email FROM mail`)
 }

@@ -48,12 +48,14 @@ func badInputEnv(t *testing.T) (map[string]string, func() int64) {
 	return env, func() int64 { return count(`SELECT count(*) FROM campaigns`) }
 }
 
-func badInputDB(t *testing.T) (map[string]string, func(sql string) int64) {
-	t.Helper()
-	db, dbURL := testdb.New(t)
-	_, redisURL := testredis.New(t)
-	ctx := context.Background()
-	for _, sql := range []string{
+// threeCustomers seeds a table customers (user_id, phone, first_name) of three, each with an SMS ONAY, a
+// consent import just done, and the code pool "small" holding codes.
+func threeCustomers(codes ...string) []string {
+	vals := make([]string, len(codes))
+	for i, c := range codes {
+		vals[i] = "('small', '" + c + "')"
+	}
+	return []string{
 		`CREATE TABLE customers (user_id text, phone text, first_name text)`,
 		`GRANT SELECT ON customers TO campaignctl_audience`,
 		`INSERT INTO customers VALUES ('a', '+905321000001', 'Ada'), ('b', '+905321000002', 'Baran'), ('c', '+905321000003', 'Cem')`,
@@ -61,8 +63,16 @@ func badInputDB(t *testing.T) (map[string]string, func(sql string) int64) {
 		 SELECT phone, 'MESAJ', 'BIREYSEL', 'ONAY', 'HS_WEB', now() FROM customers`,
 		`INSERT INTO code_pools VALUES ('small')`,
 		`INSERT INTO iys_sync_state (source, last_success_at) VALUES ('import', now())`,
-		`INSERT INTO promo_codes (pool, code) VALUES ('small', 'X1'), ('small', 'X2')`,
-	} {
+		`INSERT INTO promo_codes (pool, code) VALUES ` + strings.Join(vals, ", "),
+	}
+}
+
+func badInputDB(t *testing.T) (map[string]string, func(sql string) int64) {
+	t.Helper()
+	db, dbURL := testdb.New(t)
+	_, redisURL := testredis.New(t)
+	ctx := context.Background()
+	for _, sql := range threeCustomers("X1", "X2") {
 		if _, err := db.Exec(ctx, sql); err != nil {
 			t.Fatal(err)
 		}

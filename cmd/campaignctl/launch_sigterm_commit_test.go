@@ -35,19 +35,9 @@ func TestLaunchStoppedDuringItsCommitDoesNotSayNothingWasWritten(t *testing.T) {
 	db, dbURL := srv.Migrated("launchcommit")
 	_, redisURL := testredis.New(t)
 	ctx := context.Background()
-	for _, sql := range []string{
-		`CREATE TABLE customers (user_id text, phone text, first_name text)`,
-		`GRANT SELECT ON customers TO campaignctl_audience`,
-		`INSERT INTO customers VALUES ('a', '+905321000001', 'Ada'), ('b', '+905321000002', 'Baran'), ('c', '+905321000003', 'Cem')`,
-		`INSERT INTO iys_consents (recipient, type, recipient_type, status, source, consent_date)
-		 SELECT phone, 'MESAJ', 'BIREYSEL', 'ONAY', 'HS_WEB', now() FROM customers`,
-		`INSERT INTO code_pools VALUES ('small')`,
-		`INSERT INTO iys_sync_state (source, last_success_at) VALUES ('import', now())`,
-		`INSERT INTO promo_codes (pool, code) VALUES ('small', 'X1'), ('small', 'X2'), ('small', 'X3')`,
-		// From here every commit waits for a standby that never answers.
-		`ALTER SYSTEM SET synchronous_standby_names = 'gone'`,
-		`SELECT pg_reload_conf()`,
-	} {
+	// From the last two statements on, every commit waits for a standby that never answers.
+	for _, sql := range append(threeCustomers("X1", "X2", "X3"),
+		`ALTER SYSTEM SET synchronous_standby_names = 'gone'`, `SELECT pg_reload_conf()`) {
 		if _, err := db.Exec(ctx, sql); err != nil {
 			t.Fatal(err)
 		}

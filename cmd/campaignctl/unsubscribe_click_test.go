@@ -109,19 +109,8 @@ func TestAOneClickMultipartPostUnsubscribes(t *testing.T) {
 func TestALaunchWithLinksRefusesAUserIDTooLongForThem(t *testing.T) {
 	t.Parallel()
 	env, count := badInputDB(t)
-	db := mustConnect(t, env["DATABASE_URL"])
-	for _, sql := range []string{
-		`CREATE TABLE mail (user_id text, email text)`,
-		`GRANT SELECT ON mail TO campaignctl_audience`,
-		"INSERT INTO mail VALUES ('a', 'a@example.com'), (repeat('x', 600), 'b@example.com')",
-		`INSERT INTO iys_consents (recipient, type, recipient_type, status, source, consent_date) SELECT email, 'EPOSTA', 'BIREYSEL', 'ONAY', 'HS_WEB', now() FROM mail`,
-	} {
-		if _, err := db.Exec(context.Background(), sql); err != nil {
-			t.Fatal(err)
-		}
-	}
 	env["WEBHOOKS_PUBLIC_URL"], env["UNSUBSCRIBE_SECRET"] = "https://hooks.example.com", "a-secret-of-enough-length-0123"
-	audience := writeFile(t, "mail.sql", `SELECT user_id, email FROM mail`)
+	audience := mailAudience(t, env, "('a', 'a@example.com'), (repeat('x', 600), 'b@example.com')")
 	args := []string{"launch", "--name", "m", "--channel", "email", "--audience", audience, "--subject", "Merhaba", "--message", "Size özel"}
 	if _, stderr, code := cli(t, env, append(args, "--yes")...); code != 2 || !strings.Contains(stderr, "600 bytes") || !strings.Contains(stderr, "shorter key") {
 		t.Fatalf("launch with a 600-byte user_id: exit %d, %s; want 2 naming its length and the fix", code, stderr)

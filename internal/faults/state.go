@@ -34,7 +34,6 @@ func (s *State) ClaimSend(ctx context.Context, c *campaign.Campaign, nonce strin
 	return cl, err
 }
 
-
 // ClaimWindow is state.Store.ClaimWindow under the rules.
 func (s *State) ClaimWindow(ctx context.Context, c *campaign.Campaign, nonce string, scs []state.SendClaim, g state.Guard, prev []state.Answer, pauseKey string, now time.Time) (cls []state.Claimed, pause time.Duration, err error) {
 	err = s.call(ctx, "ClaimWindow", func() (err error) {
