@@ -22,32 +22,16 @@ func TestTheMarksWaitForTheChunkInHandOfTheBatchDeliveredAgain(t *testing.T) {
 	ctx := context.Background()
 	f, second := planTwoCapped(t)
 
-	var fired atomic.Bool
-	f.provider.before = func(m providers.Message) {
-		if m.To != phone(2) || !fired.CompareAndSwap(false, true) {
-			return
-		}
-		func() {
-			// u1 was sent by the first campaign's run, whose chunk is still in hand. Redis loses its data.
-			if err := f.rdb.FlushDB(ctx).Err(); err != nil { // the test's own Redis DB
-				t.Error(err)
-				return
-			}
-			// resume queued the first campaign's batch again: another worker runs it (and comes back, the
-			// chunk being held by a live run).
-			other := f.handler(f.rdb)
-			err := other.RunBatch(ctx, f.id, 0)
-			t.Logf("redelivered batch of the first campaign: %v", err)
-			// A worker runs the second campaign.
-			err = other.RunBatch(ctx, second, 0)
-			t.Logf("second campaign's batch: %v", err)
-		}()
-	}
-	err := f.h.RunBatch(ctx, f.id, 0)
-	t.Logf("first campaign's batch: %v", err)
-	if !fired.Load() {
-		t.Fatal("the fault never ran")
-	}
+	loseRedisAfterU1(t, f, func() {
+		// resume queued the first campaign's batch again: another worker runs it (and comes back, the
+		// chunk being held by a live run).
+		other := f.handler(f.rdb)
+		err := other.RunBatch(ctx, f.id, 0)
+		t.Logf("redelivered batch of the first campaign: %v", err)
+		// A worker runs the second campaign.
+		err = other.RunBatch(ctx, second, 0)
+		t.Logf("second campaign's batch: %v", err)
+	})
 	// The live run has recorded its chunk: the marks are written back with u1's send.
 	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
 		err := f.handler(f.rdb).RunBatch(ctx, second, 0)
@@ -78,4 +62,27 @@ func planTwoCapped(t *testing.T) (*fixture, int64) {
 		t.Fatal(err)
 	}
 	return f, rep.ID
+}
+
+// loseRedisAfterU1 runs the first campaign's batch; once u1 is sent and its chunk still in hand (the send to
+// u2 about to go), Redis loses its data (the test's own DB) and then comes.
+func loseRedisAfterU1(t *testing.T, f *fixture, then func()) {
+	t.Helper()
+	ctx := context.Background()
+	var fired atomic.Bool
+	f.provider.before = func(m providers.Message) {
+		if m.To != phone(2) || !fired.CompareAndSwap(false, true) {
+			return
+		}
+		if err := f.rdb.FlushDB(ctx).Err(); err != nil {
+			t.Error(err)
+			return
+		}
+		then()
+	}
+	err := f.h.RunBatch(ctx, f.id, 0)
+	t.Logf("first campaign's batch: %v", err)
+	if !fired.Load() {
+		t.Fatal("the fault never ran")
+	}
 }
