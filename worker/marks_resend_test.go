@@ -5,7 +5,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/campaignctl/campaignctl/campaign"
 	"github.com/campaignctl/campaignctl/providers"
 )
 
@@ -18,17 +17,7 @@ func TestATransientFailureOfAResendKeepsTheMarkOfTheUnknownSend(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	f, second := planTwoCapped(t)
-	// u1's send is ambiguous: the provider accepted it, its answer was lost.
-	f.provider.fail = func(_ int, m providers.Message) error {
-		if m.To == phone(1) {
-			return &providers.Error{Provider: "test", Class: providers.Ambiguous, Err: context.DeadlineExceeded}
-		}
-		return nil
-	}
-	f.runAll(t)
-	if st, _, _ := f.status(t, "u1"); st != campaign.StatusUnknown {
-		t.Fatalf("u1 %s, want unknown", st)
-	}
+	f.runWithUnknown(t, 1) // the provider accepted u1's message, its answer was lost
 	if _, err := Resume(ctx, ResumeOptions{Store: f.store, Redis: f.rdb, CampaignID: f.id, ResendUnknown: true}); err != nil {
 		t.Fatal(err)
 	}

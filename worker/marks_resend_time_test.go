@@ -6,7 +6,6 @@ import (
 	"time"
 
 	"github.com/campaignctl/campaignctl/campaign"
-	"github.com/campaignctl/campaignctl/providers"
 )
 
 // The frequency mark of a recipient sent again by `resume --resend-unknown` must say when the resend
@@ -25,16 +24,7 @@ func TestAResendLeavesAMarkOfItsOwnTime(t *testing.T) {
 	start := time.Now().UTC().Truncate(24 * time.Hour).Add(time.Hour) // 01:00 UTC today
 	f, second := planTwoCapped(t)
 	f.h.cfg.Now = func() time.Time { return start }
-	f.provider.fail = func(_ int, m providers.Message) error {
-		if m.To == phone(1) {
-			return &providers.Error{Provider: "test", Class: providers.Ambiguous, Err: context.DeadlineExceeded}
-		}
-		return nil
-	}
-	f.runAll(t)
-	if st, _, _ := f.status(t, "u1"); st != campaign.StatusUnknown {
-		t.Fatalf("u1 %s, want unknown", st)
-	}
+	f.runWithUnknown(t, 1) // the provider accepted u1's message, its answer was lost
 	// 90 minutes later: the operator resends the unknown; the provider accepts it.
 	f.provider.fail = nil
 	f.h.cfg.Now = func() time.Time { return start.Add(90 * time.Minute) }

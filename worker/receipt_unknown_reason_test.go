@@ -2,6 +2,7 @@ package worker
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 
@@ -47,15 +48,22 @@ func TestAnUnknownProvedSentByItsReceiptIsReportedSo(t *testing.T) {
 func planWithU4Unknown(t *testing.T) *fixture {
 	t.Helper()
 	f := plan(t, 10)
+	f.runWithUnknown(t, 4)
+	return f
+}
+
+// runWithUnknown runs the campaign's batches with the answer to u<i>'s send (phone(i)) timing out after
+// its request was written, and checks that u<i> ends unknown.
+func (f *fixture) runWithUnknown(t *testing.T, i int) {
+	t.Helper()
 	f.provider.fail = func(_ int, m providers.Message) error {
-		if m.To == phone(4) {
+		if m.To == phone(i) {
 			return &providers.Error{Provider: "test", Class: providers.Ambiguous, Err: context.DeadlineExceeded}
 		}
 		return nil
 	}
 	f.runAll(t)
-	if st, _, _ := f.status(t, "u4"); st != campaign.StatusUnknown {
-		t.Fatalf("u4 %s, want unknown", st)
+	if st, _, _ := f.status(t, fmt.Sprintf("u%d", i)); st != campaign.StatusUnknown {
+		t.Fatalf("u%d %s, want unknown", i, st)
 	}
-	return f
 }
