@@ -116,7 +116,15 @@ func TestConnectionsAreOpenedBeforeTheTokensAreTaken(t *testing.T) {
 			})
 			t.Run("not warmable", func(t *testing.T) {
 				t.Parallel()
-				if n := busiest(t, false); n <= bar {
+				// The control: on a machine loaded enough (the whole suite under the race detector), the
+				// handshakes' bunching can drown in the load once; it is run a second time before the
+				// test is found unable to tell the two apart.
+				n := busiest(t, false)
+				if n <= bar {
+					t.Logf("the control got at most %d messages in a second (cap and slack %d): run again", n, bar)
+					n = busiest(t, false)
+				}
+				if n <= bar {
 					t.Errorf("a provider that cannot be warmed got at most %d messages in a second: the test does not tell the two apart", n)
 				}
 			})
