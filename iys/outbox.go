@@ -76,7 +76,8 @@ type outboxRow struct {
 // İYS's code (not tried again). A transient failure (429, 5xx, the network) puts the RET back with an
 // exponential back-off; a 429 ends the run's sending (the rest waits for the next run). An authentication
 // or subscription error is returned. The requests are İYS's V2 ones, which are idempotent: a RET sent again
-// after a crash before its answer was recorded is not registered twice.
+// after a crash before its answer was recorded is not registered twice. Pushes of one brand take turns: a
+// push started while another runs waits for it, and then sends what is still due.
 func Push(ctx context.Context, pool *pgxpool.Pool, c *Client, opts PushOptions) (PushReport, error) {
 	if opts.BatchFrom <= 0 {
 		opts.BatchFrom = 50
@@ -91,6 +92,11 @@ func Push(ctx context.Context, pool *pgxpool.Pool, c *Client, opts PushOptions) 
 		opts.Now = time.Now
 	}
 	rep := PushReport{RefusedCodes: map[string]int{}}
+	release, err := runAlone(ctx, pool, c, "push")
+	if err != nil {
+		return rep, err
+	}
+	defer release()
 	if err := pollResults(ctx, pool, c, opts.Now().Add(-opts.ResultAfter), &rep); err != nil {
 		return rep, err
 	}

@@ -11,15 +11,16 @@ import (
 	"github.com/campaignctl/campaignctl/iys"
 )
 
-// hookTransport runs before once, just before the first request whose method and path match reaches İYS.
+// hookTransport runs before once, just before the first request whose method and path (and query, when
+// set: a part of it) match reaches İYS.
 type hookTransport struct {
-	method, pathSuffix string
-	once               sync.Once
-	before             func()
+	method, pathSuffix, query string
+	once                      sync.Once
+	before                    func()
 }
 
 func (h *hookTransport) RoundTrip(r *http.Request) (*http.Response, error) {
-	if r.Method == h.method && strings.HasSuffix(r.URL.Path, h.pathSuffix) {
+	if r.Method == h.method && strings.HasSuffix(r.URL.Path, h.pathSuffix) && strings.Contains(r.URL.RawQuery, h.query) {
 		h.once.Do(h.before)
 	}
 	return http.DefaultTransport.RoundTrip(r)

@@ -127,9 +127,15 @@ type SyncReport struct {
 // Sync pulls the consent changes of both sources (the brand's own and the citizens' in İYS) from where
 // the last sync stopped, storing each page with its cursor in one transaction, so a sync that fails half
 // way resumes without losing or repeating anything. When both pulls reach the end, the consents count as
-// up to date (launches check how long ago that was).
+// up to date (launches check how long ago that was). Syncs of one brand take turns: one started while
+// another runs waits for it, and then pulls from where it stopped.
 func Sync(ctx context.Context, db *pgxpool.Pool, c *Client) (SyncReport, error) {
 	rep := SyncReport{Changes: map[string]int{}}
+	release, err := runAlone(ctx, db, c, "sync")
+	if err != nil {
+		return rep, err
+	}
+	defer release()
 	brand := c.BrandCode()
 	for _, src := range []struct{ pull, state string }{{PullHS, SourcePullHS}, {PullIYS, SourcePullIYS}} {
 		after, err := Cursor(ctx, db, brand, src.state)

@@ -54,7 +54,8 @@ already running.
 
 Launches refuse consents older than --max-consent-age (24 h): run this at least that often (e.g. from cron
 every 15 minutes). --reverify also asks İYS for the status of every stored SMS and e-mail consent
-(multi-status), the full pass that catches anything the pull missed.`,
+(multi-status), the full pass that catches anything the pull missed. Syncs of one brand take turns: one
+started while another runs waits for it, then pulls from where it stopped.`,
 		Example: `  campaignctl iys sync
   campaignctl iys sync --reverify --json`,
 		Args: cobra.NoArgs,

@@ -30,7 +30,10 @@ batches of up to 1000, whose results İYS gives no sooner than --result-after la
 already (H174) is recorded as such; any other refusal by İYS (H175, H178, H467, …) is recorded with its code
 and not tried again. 429 and 5xx answers are retried by later runs with back-off. A RET still not
 registered two business days after its refusal is reported as overdue (here, in campaignctl iys outbox,
-in campaignctl status, and in the worker metric campaignctl_iys_outbox_overdue).`,
+in campaignctl status, and in the worker metric campaignctl_iys_outbox_overdue).
+
+Runs of one brand take turns (a Postgres advisory lock): a push started while another runs (a slow cron
+run, an operator's) logs that it waits, waits for it, and then sends what is still due.`,
 		Example: `  campaignctl iys push
   campaignctl iys push --wait 10m --json`,
 		Args: cobra.NoArgs,
