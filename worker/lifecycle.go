@@ -243,6 +243,9 @@ type ResumeReport struct {
 	Hastened int
 	// Completed says the campaign had nothing pending and is now completed.
 	Completed bool
+	// QueuePaused says the whole Asynq queue is paused (asynqmon's Pause): Resume does not unpause it
+	// (it holds every campaign), so nothing moves until someone unpauses it there.
+	QueuePaused bool
 }
 
 // ResendGrace is how old the claim of an unknown recipient must be at least before `resume
@@ -389,6 +392,10 @@ func Resume(ctx context.Context, o ResumeOptions) (ResumeReport, error) {
 	}
 	if rep.Completed, err = o.Store.CompleteIfDone(ctx, id); err != nil {
 		return rep, err
+	}
+	if !rep.Completed {
+		// Best effort: what is resumed is done; the queue's pause is only said.
+		rep.QueuePaused, _ = QueuePaused(o.Redis)
 	}
 	return rep, nil
 }

@@ -68,6 +68,13 @@ func waitingOf(ctx context.Context, env *waitEnv, c *campaign.Campaign, counts c
 	if queued == 0 && dlq.n == 0 {
 		return &Waiting{Reason: WaitRedisLostData, Detail: fmt.Sprintf("%d recipients pending and none of the campaign's batches is queued: Redis lost its data (restarted empty, flushed, failed over), or the batches were dropped from the dead-letter queue (dlq purge), or the launch stopped before it queued them. Run campaignctl resume %d", counts.Pending, id)}, nil
 	}
+	// The whole queue paused in asynqmon (or Inspector.PauseQueue): no worker takes a batch of any
+	// campaign, whatever else holds. campaignctl resume does not undo it: the queue is everyone's.
+	if paused, err := env.queuePaused(); err != nil {
+		return nil, err
+	} else if paused {
+		return &Waiting{Reason: WaitPaused, Detail: fmt.Sprintf("the Asynq queue %s is paused (asynqmon's Pause): no worker takes a batch of any campaign until it is unpaused there (campaignctl ui: Queues, %s, Resume)", Queue, Queue)}, nil
+	}
 	workers, err := env.workers(ctx)
 	if err != nil {
 		return nil, err
@@ -182,6 +189,7 @@ type waitEnv struct {
 	lastSeen    map[string]time.Time
 	byCampaign  map[int64]int
 	haveWorkers bool
+	paused      *bool // the queue's pause, read once
 }
 
 // seen returns when workers were last seen (state.LastSeen), read once.
@@ -220,6 +228,31 @@ func (e *waitEnv) queued(campaignID int64) (int, error) {
 		e.byCampaign = m
 	}
 	return e.byCampaign[campaignID], nil
+}
+
+// queuePaused reports whether the queue is paused (read once).
+func (e *waitEnv) queuePaused() (bool, error) {
+	if e.paused == nil {
+		p, err := QueuePaused(e.rdb)
+		if err != nil {
+			return false, err
+		}
+		e.paused = &p
+	}
+	return *e.paused, nil
+}
+
+// QueuePaused reports whether the campaigns' Asynq queue is paused (asynqmon's Pause,
+// Inspector.PauseQueue): while it is, no worker takes a batch of any campaign.
+func QueuePaused(rdb redis.UniversalClient) (bool, error) {
+	info, err := asynq.NewInspectorFromRedisClient(rdb).GetQueueInfo(Queue)
+	if err != nil {
+		if errors.Is(err, asynq.ErrQueueNotFound) || strings.Contains(err.Error(), "does not exist") {
+			return false, nil
+		}
+		return false, fmt.Errorf("read the queue: %w", err)
+	}
+	return info.Paused, nil
 }
 
 // queuedByCampaign counts the queue's batches waiting, running, scheduled or to retry, by campaign.

@@ -96,4 +96,7 @@ func (a *app) printResume(rep worker.ResumeReport, o resumeOptions, err error) {
 	if rep.Completed {
 		fmt.Fprintf(a.stdout, "campaign %d had nothing pending and is now completed\n", id)
 	}
+	if rep.QueuePaused {
+		fmt.Fprintf(a.stderr, "warning: the Asynq queue %s is paused (asynqmon's Pause): no worker takes a batch of any campaign until it is unpaused there (campaignctl ui: Queues, %s, Resume)\n", worker.Queue, worker.Queue)
+	}
 }
