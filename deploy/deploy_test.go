@@ -135,6 +135,9 @@ var commands = map[string]commandSpec{
 	"status":   {flags: map[string]flagSpec{"--watch": {false, nil}, "--json": {false, nil}}, maxArgs: 1},
 	"resume":   {flags: map[string]flagSpec{"--resend-unknown": {false, nil}}, maxArgs: 1},
 	"dlq list": {flags: map[string]flagSpec{"--campaign": {true, intIn(1, 1<<62)}, "--json": {false, nil}}},
+	"iys sync": {flags: map[string]flagSpec{"--reverify": {false, nil}, "--json": {false, nil}}},
+	"iys push": {flags: map[string]flagSpec{"--wait": {true, durationIn(0, time.Hour)}, "--result-after": {true, durationIn(0, time.Hour)},
+		"--batch-from": {true, intIn(0, 1000000)}, "--json": {false, nil}}},
 }
 
 // globalFlags are the root command's persistent flags, valid after any subcommand.
@@ -183,6 +186,7 @@ var apiVersions = map[string]string{
 	"Service":               "v1",
 	"Deployment":            "apps/v1",
 	"Job":                   "batch/v1",
+	"CronJob":               "batch/v1",
 	"PodDisruptionBudget":   "policy/v1",
 	"ScaledObject":          "keda.sh/v1alpha1",
 	"TriggerAuthentication": "keda.sh/v1alpha1",
@@ -472,6 +476,7 @@ type checker struct {
 	secrets     []obj[secret]
 	deployments []obj[deployment]
 	jobs        []obj[job]
+	cronJobs    []obj[cronJob]
 	services    []obj[service]
 	pdbs        []obj[podDisruptionBudget]
 	scaled      []obj[scaledObject]
@@ -502,6 +507,9 @@ func check(files map[string][]byte, f facts) []string {
 	}
 	for _, j := range c.jobs {
 		c.checkJob(j)
+	}
+	for _, j := range c.cronJobs {
+		c.checkCronJob(j)
 	}
 	for _, s := range c.services {
 		c.checkService(s)
@@ -571,6 +579,8 @@ func (c *checker) parseManifests(name string) {
 			err = decodeInto(dec, &c.deployments, where, name)
 		case "Job":
 			err = decodeInto(dec, &c.jobs, where, name)
+		case "CronJob":
+			err = decodeInto(dec, &c.cronJobs, where, name)
 		case "Service":
 			err = decodeInto(dec, &c.services, where, name)
 		case "PodDisruptionBudget":
@@ -761,18 +771,44 @@ func (c *checker) checkDeployment(d obj[deployment]) {
 	c.checkPod(d.where, &spec.Template, true)
 }
 
-func (c *checker) checkJob(j obj[job]) {
+func (c *checker) checkJob(j obj[job]) { c.checkJobSpec(j.where, &j.v.Spec) }
+
+// checkCronJob checks a CronJob: a schedule cron can read, one run at a time (the commands scheduled are
+// singletons: a second run beside the first only waits for it), a deadline for a missed start, bounded
+// histories, and its Job template as a Job.
+func (c *checker) checkCronJob(j obj[cronJob]) {
 	spec := &j.v.Spec
+	if f := strings.Fields(spec.Schedule); len(f) != 5 && !strings.HasPrefix(spec.Schedule, "@") {
+		c.addf(j.where, "spec.schedule %q: want five cron fields (or an @-macro)", spec.Schedule)
+	}
+	if spec.ConcurrencyPolicy != "Forbid" {
+		c.addf(j.where, "spec.concurrencyPolicy %q: want Forbid (a run of a scheduled campaignctl command beside another would only wait for it, and runs would pile up)", spec.ConcurrencyPolicy)
+	}
+	if spec.StartingDeadlineSeconds == nil || *spec.StartingDeadlineSeconds <= 0 {
+		c.addf(j.where, "spec.startingDeadlineSeconds is missing: after 100 missed starts (a controller outage) Kubernetes stops scheduling the CronJob")
+	}
+	if spec.Suspend != nil && *spec.Suspend {
+		c.addf(j.where, "spec.suspend is true: the schedule never runs")
+	}
+	for name, n := range map[string]*int32{"successfulJobsHistoryLimit": spec.SuccessfulJobsHistoryLimit, "failedJobsHistoryLimit": spec.FailedJobsHistoryLimit} {
+		if n != nil && (*n < 0 || *n > 10) {
+			c.addf(j.where, "spec.%s %d: want 0-10", name, *n)
+		}
+	}
+	c.checkJobSpec(j.where, &spec.JobTemplate.Spec)
+}
+
+func (c *checker) checkJobSpec(where string, spec *jobSpec) {
 	if rp := spec.Template.Spec.RestartPolicy; rp != "Never" && rp != "OnFailure" {
-		c.addf(j.where, "spec.template.spec.restartPolicy %q: a Job needs Never or OnFailure", rp)
+		c.addf(where, "spec.template.spec.restartPolicy %q: a Job needs Never or OnFailure", rp)
 	}
 	if spec.BackoffLimit == nil || *spec.BackoffLimit < 0 {
-		c.addf(j.where, "spec.backoffLimit is missing or negative")
+		c.addf(where, "spec.backoffLimit is missing or negative")
 	}
 	if spec.TTLSecondsAfterFinished == nil || *spec.TTLSecondsAfterFinished < 0 {
-		c.addf(j.where, "spec.ttlSecondsAfterFinished is missing: a finished Job's template cannot be changed, so the next apply would fail")
+		c.addf(where, "spec.ttlSecondsAfterFinished is missing: a finished Job's template cannot be changed, so the next apply would fail")
 	}
-	c.checkPod(j.where, &spec.Template, false)
+	c.checkPod(where, &spec.Template, false)
 }
 
 func (c *checker) checkPod(where string, tpl *podTemplate, longRunning bool) {
@@ -1684,7 +1720,32 @@ func (c *checker) checkRoles() {
 			}
 		}
 	}
-	for _, role := range []string{"worker", "ui", "webhooks", "migrate job"} {
+	// İYS (law 6563): refusals received through the messages must reach İYS within three business days
+	// (iys push), and RETs given in İYS must reach the send-time consent check (iys sync): each runs on a
+	// schedule, with the İYS API's settings, its credentials from a Secret.
+	for _, j := range c.cronJobs {
+		p := c.pods[j.where]
+		for i := range p.spec.Containers {
+			ct := &p.spec.Containers[i]
+			cmd := p.cmds[ct.Name]
+			if cmd == nil || !strings.HasPrefix(cmd.name, "iys ") {
+				continue
+			}
+			found[cmd.name+" cronjob"]++
+			cw := j.where + " container " + ct.Name
+			for _, k := range []string{"DATABASE_URL", "IYS_USERNAME", "IYS_PASSWORD"} {
+				if !envFromSecret(ct, k) {
+					c.addf(cw, "%s does not come from a Secret: campaignctl %s needs it", k, cmd.name)
+				}
+			}
+			for _, k := range []string{"IYS_BASE_URL", "IYS_CODE", "IYS_BRAND_CODE"} {
+				if !slices.ContainsFunc(ct.Env, func(e envVar) bool { return e.Name == k }) {
+					c.addf(cw, "%s is not set: campaignctl %s needs it", k, cmd.name)
+				}
+			}
+		}
+	}
+	for _, role := range []string{"worker", "ui", "webhooks", "migrate job", "iys sync cronjob", "iys push cronjob"} {
 		if found[role] != 1 {
 			c.addf("kubernetes/", "want exactly one %s, found %d", role, found[role])
 		}

@@ -72,11 +72,30 @@ type deployment struct {
 
 type job struct {
 	typeMeta `yaml:",inline"`
+	Spec     jobSpec `yaml:"spec"`
+}
+
+type jobSpec struct {
+	BackoffLimit            *int32      `yaml:"backoffLimit"`
+	ActiveDeadlineSeconds   *int64      `yaml:"activeDeadlineSeconds"`
+	TTLSecondsAfterFinished *int32      `yaml:"ttlSecondsAfterFinished"`
+	Template                podTemplate `yaml:"template"`
+}
+
+type cronJob struct {
+	typeMeta `yaml:",inline"`
 	Spec     struct {
-		BackoffLimit            *int32      `yaml:"backoffLimit"`
-		ActiveDeadlineSeconds   *int64      `yaml:"activeDeadlineSeconds"`
-		TTLSecondsAfterFinished *int32      `yaml:"ttlSecondsAfterFinished"`
-		Template                podTemplate `yaml:"template"`
+		Schedule                   string `yaml:"schedule"`
+		TimeZone                   string `yaml:"timeZone"`
+		ConcurrencyPolicy          string `yaml:"concurrencyPolicy"`
+		StartingDeadlineSeconds    *int64 `yaml:"startingDeadlineSeconds"`
+		Suspend                    *bool  `yaml:"suspend"`
+		SuccessfulJobsHistoryLimit *int32 `yaml:"successfulJobsHistoryLimit"`
+		FailedJobsHistoryLimit     *int32 `yaml:"failedJobsHistoryLimit"`
+		JobTemplate                struct {
+			Metadata objectMeta `yaml:"metadata"`
+			Spec     jobSpec    `yaml:"spec"`
+		} `yaml:"jobTemplate"`
 	} `yaml:"spec"`
 }
 
