@@ -274,11 +274,43 @@ func (b *Bucket) takeAll(ctx context.Context, ls []Limit, pauses []string, n int
 				return err
 			}
 		}
-		if wait <= 0 || reserve {
+		if wait <= 0 {
 			return nil
+		}
+		if reserve {
+			// The reservation's moment has come; a pause set while it waited (a 429 to another worker)
+			// holds it back until the pause ends. Its tokens stay spent: the rate can only be lower.
+			return b.waitPauses(ctx, holder, pauses)
 		}
 	}
 }
+
+// waitPauses waits until none of the pause keys is set, as l says (Hold), reading them again after each
+// wait: a pause may be set or lengthened meanwhile.
+func (b *Bucket) waitPauses(ctx context.Context, l Limit, pauses []string) error {
+	for len(pauses) > 0 {
+		s, err := longestPauseScript.Run(ctx, b.rdb, pauses).Int64()
+		if err != nil {
+			return fmt.Errorf("pauses %s: %w", strings.Join(pauses, ", "), err)
+		}
+		if s <= 0 {
+			return nil
+		}
+		if err := b.wait(ctx, l, time.Duration(s)*time.Millisecond); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// longestPauseScript returns the longest time to live, in milliseconds, of the pause keys (0: none set).
+var longestPauseScript = redis.NewScript(`
+local m = 0
+for i = 1, #KEYS do
+  local p = redis.call("PTTL", KEYS[i])
+  if p > m then m = p end
+end
+return m`)
 
 // takeAllScript takes its tokens from every GCRA bucket it is given (kept as go-redis/redis_rate keeps one,
 // like reserveAllScript) if each of them has them now and none of the pauses is set, and then returns "0";
@@ -309,7 +341,7 @@ for i = 1, buckets do
 end
 if early > 0 then return tostring(early) end
 for i = 1, buckets do
-  redis.call("SET", KEYS[i], after[i], "EX", math.ceil(after[i] - now))
+  redis.call("SET", KEYS[i], after[i], "EX", math.max(1, math.ceil(after[i] - now)))
 end
 return "0"`)
 
@@ -374,7 +406,7 @@ end
 for i = 1, buckets do
   local n, interval, burst = tonumber(ARGV[3 * i - 2]), tonumber(ARGV[3 * i - 1]), tonumber(ARGV[3 * i])
   local after = math.max(tat[i], at - math.max(0, n - burst) * interval) + n * interval
-  redis.call("SET", KEYS[i], after, "EX", math.ceil(after - now))
+  redis.call("SET", KEYS[i], after, "EX", math.max(1, math.ceil(after - now)))
 end
 return tostring(at - now)`)
 

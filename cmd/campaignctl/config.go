@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"net/url"
 	"regexp"
 	"strconv"
@@ -204,7 +205,7 @@ func (a *app) rate(env string, def float64) (float64, error) {
 		return def, nil
 	}
 	r, err := strconv.ParseFloat(v, 64)
-	if err != nil || r < 0 {
+	if err != nil || r < 0 || math.IsNaN(r) || math.IsInf(r, 0) {
 		return 0, usagef("%s=%q must be a number of messages per second (0 = no cap)", env, v)
 	}
 	return r, nil
