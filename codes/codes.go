@@ -120,6 +120,10 @@ func checkPoolName(name string) error {
 func codeSpace(length int) float64 { return math.Pow(float64(len(Alphabet)), float64(length)) }
 
 // validate checks opts and fills in defaults.
+// Check reports what is wrong with o (an error wrapping ErrInvalidOptions), without touching a database:
+// Generate checks the same first. A Length of 0 stands for DefaultLength.
+func (o GenerateOptions) Check() error { return o.validate() }
+
 func (o *GenerateOptions) validate() error {
 	if err := checkPoolName(o.Pool); err != nil {
 		return err

@@ -50,6 +50,10 @@ func (o *codesGenerateOptions) validate() error {
 	if o.count < 1 {
 		return usagef("--count %d: give the number of new codes to make (at least 1)", o.count)
 	}
+	// The rest (--length, --prefix, the most codes a run makes) before anything connects.
+	if err := (codes.GenerateOptions{Pool: o.pool, Count: o.count, Prefix: o.prefix, Length: o.length}).Check(); err != nil {
+		return usageError{err}
+	}
 	return nil
 }
 
