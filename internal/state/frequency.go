@@ -51,8 +51,9 @@ func (s *Store) ReleaseMarks(ctx context.Context, c *campaign.Campaign, nonce st
 }
 
 // The marks a claim replaced are kept in the field "<address>\0" of the same day's hash, the latest
-// first, separated by ";" (a mark holds none), at most keptMarks of them: a claim pushes the mark it
-// replaces; a release of the current mark pops it back; a release of a mark a later claim replaced since
+// first, separated by ";" (a mark holds none), at most keptMarks of them (when full, the oldest stays and
+// the one above it goes: the mark before a burst of overlapping claims outlives the burst): a claim pushes
+// the mark it replaces; a release of the current mark pops it back; a release of a mark a later claim replaced since
 // (claims of two campaigns in flight together) takes it out of the list, so that the later claim's release
 // puts back the mark before it. However the claims of an address overlap and whatever order their
 // releases come in, the mark left is that of the latest claim whose message may have gone.
@@ -74,10 +75,13 @@ local function keep_mark(key, addr, m)
   local kept = redis.call("HGET", key, f)
   local list = {m}
   if kept then
-    for x in string.gmatch(kept, "[^;]+") do
-      if #list >= ` + strconv.Itoa(keptMarks) + ` then break end
-      list[#list + 1] = x
-    end
+    local all = {}
+    for x in string.gmatch(kept, "[^;]+") do all[#all + 1] = x end
+    -- Full: the oldest stays (the mark before the claims that overlap now, often a message that went);
+    -- the one above it goes.
+    local n = math.min(#all, ` + strconv.Itoa(keptMarks) + ` - 2)
+    for i = 1, n do list[#list + 1] = all[i] end
+    if #all > n then list[#list + 1] = all[#all] end
   end
   redis.call("HSET", key, f, table.concat(list, ";"))
 end
