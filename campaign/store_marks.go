@@ -14,9 +14,15 @@ type RecentSend struct {
 	Channel         Channel
 	Address         string
 	At              time.Time
+	// Beside, when set, says this is not the latest send to the address but the latest of another
+	// campaign than the latest's, which was at Latest: its mark is kept beside the latest's (a campaign's
+	// own mark does not cap it, another's within its cap does).
+	Beside bool
+	Latest time.Time
 }
 
-// RecentSends calls yield with the latest send to each address on each channel within the longest
+// RecentSends calls yield with the latest send to each address on each channel (and the latest of another
+// campaign, Beside, when there is one) within the longest
 // frequency cap a campaign that may still send keeps (at least DefaultFrequencyCap), read from the audit
 // log and the chunks in hand, and returns that cap. It is what a Redis that lost its data must get back before anything is
 // claimed again: the marks the send-time cap reads.
@@ -33,8 +39,12 @@ func (s *Store) RecentSends(ctx context.Context, yield func(RecentSend) error) (
 	// the claims Redis lost; they reach the audit log (unknown) only once the sweeper settles the chunk,
 	// after the marks are back. A mark of a message that does not go out makes the person wait out the
 	// cap: never a second message within it.
+	// Per address, the latest send, and the latest of another campaign than the latest's: a campaign
+	// whose own send (an unknown one, logged when its chunk ended) is the latest must still be capped by
+	// another campaign's message before it, as it was by that campaign's mark before the loss.
 	rows, err := s.pool.Query(ctx, `
-		SELECT DISTINCT ON (channel, address) campaign_id, created_at, channel, address, at FROM (
+		SELECT DISTINCT ON (channel, address, campaign_id <> top) campaign_id, created_at, channel, address, at, campaign_id <> top, top_at FROM (
+		SELECT s.*, first_value(campaign_id) OVER w AS top, first_value(at) OVER w AS top_at FROM (
 			SELECT l.campaign_id, c.created_at, c.channel, r.address, l.at
 			FROM send_log l
 			JOIN campaigns c ON c.id = l.campaign_id
@@ -48,7 +58,9 @@ func (s *Store) RecentSends(ctx context.Context, yield func(RecentSend) error) (
 			JOIN campaign_recipients r ON r.campaign_id = b.campaign_id AND r.user_id = u
 			WHERE (b.lease_users <> '{}' OR b.suspect_users <> '{}') AND r.status = `+sqlPending+`
 		) s
-		ORDER BY channel, address, at DESC`, secs)
+		WINDOW w AS (PARTITION BY channel, address ORDER BY at DESC, campaign_id)
+		) t
+		ORDER BY channel, address, campaign_id <> top, at DESC, campaign_id`, secs)
 	if err != nil {
 		return 0, fmt.Errorf("recent sends: %w", err)
 	}
@@ -56,7 +68,7 @@ func (s *Store) RecentSends(ctx context.Context, yield func(RecentSend) error) (
 	for rows.Next() {
 		var rs RecentSend
 		var ch string
-		if err := rows.Scan(&rs.CampaignID, &rs.CampaignCreated, &ch, &rs.Address, &rs.At); err != nil {
+		if err := rows.Scan(&rs.CampaignID, &rs.CampaignCreated, &ch, &rs.Address, &rs.At, &rs.Beside, &rs.Latest); err != nil {
 			return 0, fmt.Errorf("recent sends: %w", err)
 		}
 		rs.Channel = Channel(ch)

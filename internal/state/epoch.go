@@ -357,10 +357,19 @@ func (s *Store) writeMarks(ctx context.Context, src MarkSource, token string) er
 	}
 	longest, err := src(ctx, func(rs campaign.RecentSend) error {
 		c := &campaign.Campaign{ID: rs.CampaignID, CreatedAt: rs.CampaignCreated}
-		key := FrequencyKey(rs.Channel, rs.Address, rs.At)
-		// A mark Redis kept (a failover that lost nothing) is as recent or more: it stays.
-		pipe.HSetNX(ctx, key, rs.Address, markOwner(c, Nonce(c))+"|"+strconv.FormatInt(rs.At.UnixMilli(), 10))
-		keys[key] = true
+		mark := markOwner(c, Nonce(c)) + "|" + strconv.FormatInt(rs.At.UnixMilli(), 10)
+		if rs.Beside {
+			// Another campaign's send before the latest: kept beside the latest's mark, in its hash, where
+			// a claim of the latest's campaign reads it (take_mark).
+			key := FrequencyKey(rs.Channel, rs.Address, rs.Latest)
+			pipe.HSetNX(ctx, key, rs.Address+"\x00", mark)
+			keys[key] = true
+		} else {
+			key := FrequencyKey(rs.Channel, rs.Address, rs.At)
+			// A mark Redis kept (a failover that lost nothing) is as recent or more: it stays.
+			pipe.HSetNX(ctx, key, rs.Address, mark)
+			keys[key] = true
+		}
 		if pipe.Len() >= 1000 {
 			return flush()
 		}

@@ -65,7 +65,8 @@ const keptMarks = 4
 // KEYS[first..last], today's first. It returns another campaign's mark within cap (then nothing is
 // written), or nil after moving today's mark to mark, the mark it replaces kept (keep_mark). A campaign's
 // own mark does not cap it (a batch run again, a resend of an unknown send), and moves as well: the latest
-// message counts. ttl is a day longer than any cap needs: renewing it only once an hour of that margin is
+// message counts; another campaign's mark kept beside an own one (replaced by it, or written back beside
+// it after a loss) still caps it within the cap. ttl is a day longer than any cap needs: renewing it only once an hour of that margin is
 // used spares a write for nearly every mark, and a mark still outlives every cap that judges it.
 //
 // keep_mark(key, addr, m) pushes m on the address's kept marks (see keptMarks).
@@ -94,6 +95,17 @@ local function take_mark(first, last, addr, owner, mark, now, cap, ttl)
     if m then
       local o, ts = string.match(m, "^(.*)|(%d+)$")
       if o ~= owner and ts and now - tonumber(ts) < cap then return m end
+      if o == owner then
+        -- Its own mark: another campaign's message it replaced (or one written back beside it after a
+        -- loss) may still be within the cap.
+        local kept = redis.call("HGET", KEYS[i], addr .. "\0")
+        if kept then
+          for x in string.gmatch(kept, "[^;]+") do
+            local ko, kts = string.match(x, "^(.*)|(%d+)$")
+            if ko ~= owner and kts and now - tonumber(kts) < cap then return x end
+          end
+        end
+      end
     end
   end
   if today ~= mark then
