@@ -1,6 +1,9 @@
 package providers
 
-import "strings"
+import (
+	"regexp"
+	"strings"
+)
 
 // MaskAddress hides most of a phone number or e-mail address for logs: "+905321234567" becomes
 // "+9053*****4567" and "ayse.yilmaz@example.com" becomes "a***@example.com".
@@ -50,3 +53,11 @@ func (e *Error) AccountLevel() bool {
 	}
 	return false
 }
+
+// phoneLike matches what could be a phone number in a provider's own text (an error description that
+// quotes the recipient, perhaps reformatted: "0532 123 45 67", "+90 (532) 123-45-67").
+var phoneLike = regexp.MustCompile(`\+?\d[\d ()-]{6,}\d`)
+
+// MaskPhoneLike replaces anything shaped like a phone number in s, a text that came from a provider, with
+// "[number]". Not for transport error texts: their URLs and account IDs carry digits it would mangle.
+func MaskPhoneLike(s string) string { return phoneLike.ReplaceAllString(s, "[number]") }

@@ -257,7 +257,7 @@ func (p *Provider) Send(ctx context.Context, m providers.Message) (providers.Res
 	e := &providers.Error{Provider: "netgsm", Status: st}
 	if decoded {
 		e.Code, _ = strconv.Atoi(a.Code)
-		e.Message = wire.Truncate(p.redact(a.Description, m.To), maxMessage)
+		e.Message = wire.Truncate(providers.MaskPhoneLike(p.redact(a.Description, m.To)), maxMessage)
 	}
 	switch {
 	case st >= 200 && st <= 299 && decoded && (a.Code == "00" || a.Code == "0"):

@@ -3,7 +3,6 @@ package twilio
 import (
 	"errors"
 	"net/http"
-	"regexp"
 	"strings"
 	"time"
 
@@ -82,10 +81,6 @@ func classOfStatus(status, code int) providers.Class {
 	}
 }
 
-// phoneLike matches what could be a phone number in Twilio's error text, which quotes the recipient,
-// sometimes reformatted.
-var phoneLike = regexp.MustCompile(`\+?\d[\d ()-]{6,}\d`)
-
 // redact removes the recipient (and, in Twilio's own messages, anything shaped like a phone number) and
 // the auth token from a text that came from the SDK or from Twilio. Transport error texts are spared the
 // pattern: their URLs carry the account SID, whose digits it would mangle.
@@ -100,7 +95,7 @@ func (p *Provider) redact(s, to string, fromTwilio bool) string {
 		}
 	}
 	if fromTwilio {
-		s = phoneLike.ReplaceAllString(s, "[number]")
+		s = providers.MaskPhoneLike(s)
 	}
 	return s
 }
