@@ -24,34 +24,16 @@ func TestTwoPushesAtOnceSendARefusalOnce(t *testing.T) {
 		t.Fatalf("refusal: %+v %v", rep, err)
 	}
 
-	second := make(chan error, 1)
 	var secondRep iys.PushReport
-	hook := &hookTransport{method: http.MethodPost, pathSuffix: "/consents", before: func() {
-		// The first push's request is on its way: a second push starts.
-		go func() {
-			var err error
-			secondRep, err = iys.Push(ctx, pool, plain, iys.PushOptions{})
-			second <- err
-		}()
-		select {
-		case err := <-second:
-			second <- err // it ran to its end while the first was sending
-		case <-time.After(1500 * time.Millisecond): // it waits for the first
-		}
-	}}
+	b := beside(func() (err error) { secondRep, err = iys.Push(ctx, pool, plain, iys.PushOptions{}); return err })
+	// The first push's request is on its way: a second push starts.
+	hook := &hookTransport{method: http.MethodPost, pathSuffix: "/consents", before: b.start}
 	first := e.client(t, func(cfg *iys.Config) { cfg.HTTPClient = &http.Client{Transport: hook} })
 	rep, err := iys.Push(ctx, pool, first, iys.PushOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	select {
-	case err := <-second:
-		if err != nil {
-			t.Fatal(err)
-		}
-	case <-time.After(30 * time.Second):
-		t.Fatal("the second push did not end within 30 s of the first")
-	}
+	b.wait(t)
 	t.Logf("first push: %+v; second: %+v", rep, secondRep)
 	key := sandbox.IYSAddKey(addr, "MESAJ", "BIREYSEL")
 	st := e.s.IYSStats()
@@ -113,35 +95,48 @@ func TestTwoSyncsAtOncePullEachChangeOnce(t *testing.T) {
 			Status: "ONAY", Source: "IYS_MESAJ", ConsentDate: base.Add(time.Duration(i) * time.Minute).In(iys.Istanbul()).Format(iys.DateLayout)})
 	}
 	plain := e.client(t, func(cfg *iys.Config) { cfg.PageSize = 2 })
-	second := make(chan error, 1)
 	var secondRep iys.SyncReport
-	hook := &hookTransport{method: http.MethodGet, pathSuffix: "/changes", query: "source=IYS", before: func() {
-		go func() {
-			var err error
-			secondRep, err = iys.Sync(ctx, pool, plain)
-			second <- err
-		}()
-		select {
-		case err := <-second:
-			second <- err
-		case <-time.After(1500 * time.Millisecond):
-		}
-	}}
+	b := beside(func() (err error) { secondRep, err = iys.Sync(ctx, pool, plain); return err })
+	hook := &hookTransport{method: http.MethodGet, pathSuffix: "/changes", query: "source=IYS", before: b.start}
 	first := e.client(t, func(cfg *iys.Config) { cfg.PageSize = 2; cfg.HTTPClient = &http.Client{Transport: hook} })
 	rep, err := iys.Sync(ctx, pool, first)
 	if err != nil {
 		t.Fatal(err)
 	}
+	b.wait(t)
+	pulled := func(r iys.SyncReport) int { return r.Changes[iys.PullHS] + r.Changes[iys.PullIYS] }
+	if pulled(rep) != 5 || pulled(secondRep) != 0 {
+		t.Fatalf("the first sync pulled %d changes and the second %d: want 5 and 0 (each change pulled once)", pulled(rep), pulled(secondRep))
+	}
+}
+
+// besideRun is a second run started while a first one is under way (from the first's request hook).
+type besideRun struct {
+	run  func() error
+	done chan error
+}
+
+func beside(run func() error) *besideRun { return &besideRun{run: run, done: make(chan error, 1)} }
+
+// start starts the second run and gives it 1.5 s: time to run to its end, unless it waits for the first.
+func (b *besideRun) start() {
+	go func() { b.done <- b.run() }()
 	select {
-	case err := <-second:
+	case err := <-b.done:
+		b.done <- err // it ran to its end while the first was under way
+	case <-time.After(1500 * time.Millisecond): // it waits for the first
+	}
+}
+
+// wait waits for the second run's end, after the first's.
+func (b *besideRun) wait(t *testing.T) {
+	t.Helper()
+	select {
+	case err := <-b.done:
 		if err != nil {
 			t.Fatal(err)
 		}
 	case <-time.After(30 * time.Second):
-		t.Fatal("the second sync did not end within 30 s of the first")
-	}
-	pulled := func(r iys.SyncReport) int { return r.Changes[iys.PullHS] + r.Changes[iys.PullIYS] }
-	if pulled(rep) != 5 || pulled(secondRep) != 0 {
-		t.Fatalf("the first sync pulled %d changes and the second %d: want 5 and 0 (each change pulled once)", pulled(rep), pulled(secondRep))
+		t.Fatal("the second run did not end within 30 s of the first")
 	}
 }
