@@ -166,7 +166,7 @@ func (p Policy) Decide(st State, o Observation) (Decision, State) {
 			d.Reason = ReasonMin
 		}
 		st.LastChange, st.LowSince = o.At, time.Time{}
-	case wanted < st.Workers && o.Pending > 0 && o.Latency >= p.waitLimit():
+	case wanted < st.Workers && !o.Paused && o.Pending > 0 && o.Latency >= p.waitLimit():
 		d.To, d.Reason = st.Workers, ReasonWaiting
 		st.LowSince = time.Time{}
 	case wanted < st.Workers:

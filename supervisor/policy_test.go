@@ -128,6 +128,15 @@ func TestDecide(t *testing.T) {
 			wantSt: State{Workers: 2, LastChange: at(time.Minute), LowSince: at(time.Second)},
 		},
 		{
+			// A paused queue's pending tasks wait by definition: their latency is not workers that have
+			// slots and take nothing (tasks_waiting), which would hold the pool for as long as the pause.
+			name: "queue paused for longer than the wait limit: pending does not count",
+			pol:  pol, st: State{Workers: 3, LastChange: t0, LowSince: at(time.Second)},
+			o:      Observation{At: at(time.Minute), Pending: 40, Active: 4, Latency: time.Minute, Paused: true},
+			want:   Decision{From: 3, To: 2, Backlog: 4, Need: 1, Reason: ReasonPaused},
+			wantSt: State{Workers: 2, LastChange: at(time.Minute), LowSince: at(time.Second)},
+		},
+		{
 			name: "rate caps saturated: no more workers",
 			pol:  pol, st: State{Workers: 2, LastChange: t0},
 			o: Observation{At: at(time.Minute), Pending: 20, Active: 8, RateCap: 100, SendRate: 95,
