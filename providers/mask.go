@@ -61,3 +61,20 @@ var phoneLike = regexp.MustCompile(`\+?\d[\d ()-]{6,}\d`)
 // MaskPhoneLike replaces anything shaped like a phone number in s, a text that came from a provider, with
 // "[number]". Not for transport error texts: their URLs and account IDs carry digits it would mangle.
 func MaskPhoneLike(s string) string { return phoneLike.ReplaceAllString(s, "[number]") }
+
+// MaskDigits replaces in s every spelling of the number digits (a recipient's national number, say) with
+// "[to]": its digits in order with up to three other characters between any two ("0532.123.45.67",
+// "532/123 4567"), which a general pattern for phone numbers cannot take without eating dates and IP
+// addresses too. A number of fewer than 6 digits is left alone.
+func MaskDigits(s, digits string) string {
+	var ds []string
+	for _, r := range digits {
+		if r >= '0' && r <= '9' {
+			ds = append(ds, string(r))
+		}
+	}
+	if len(ds) < 6 || !strings.Contains(s, ds[0]) {
+		return s
+	}
+	return regexp.MustCompile(strings.Join(ds, `[^0-9]{0,3}`)).ReplaceAllString(s, "[to]")
+}

@@ -301,7 +301,7 @@ func (p *Provider) redact(s, to string) string {
 	if to != "" {
 		s = strings.ReplaceAll(s, to, "[to]")
 		if no, ok := Number(to); ok {
-			s = strings.ReplaceAll(s, no, "[to]")
+			s = providers.MaskDigits(s, no)
 		}
 	}
 	return s

@@ -6,6 +6,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/nyaruka/phonenumbers"
 	"github.com/twilio/twilio-go/client"
 
 	"github.com/campaignctl/campaignctl/providers"
@@ -96,6 +97,9 @@ func (p *Provider) redact(s, to string, fromTwilio bool) string {
 	}
 	if fromTwilio {
 		s = providers.MaskPhoneLike(s)
+		if n, err := phonenumbers.Parse(to, ""); err == nil && to != "" {
+			s = providers.MaskDigits(s, phonenumbers.GetNationalSignificantNumber(n)) // "0532.123.45.67"
+		}
 	}
 	return s
 }

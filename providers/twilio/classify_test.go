@@ -41,6 +41,7 @@ func TestRedact(t *testing.T) {
 		{"The 'To' number +905551234567 is not valid", "+905551234567", true, "The 'To' number [to] is not valid"},
 		{"number 905551234567 unreachable", "+905551234567", true, "number [to] unreachable"},
 		{"reformatted +90 555 123 45 67 refused", "+905551234567", true, "reformatted [number] refused"},
+		{"dotted 0555.123.45.67 refused", "+905551234567", true, "dotted 0[to] refused"},
 		{"auth tok3nValue leaked", "", false, "auth [token] leaked"},
 		{`Post "https://api.twilio.com/2010-04-01/Accounts/AC12345678901/Messages.json": EOF`, "+905551234567", false,
 			`Post "https://api.twilio.com/2010-04-01/Accounts/AC12345678901/Messages.json": EOF`},
