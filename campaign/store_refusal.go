@@ -4,8 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/campaignctl/campaignctl/iys"
 )
 
 // ErrNoRecipient is returned by LinkRecipient for a campaign and user that were never planned together.
@@ -24,4 +27,25 @@ func (s *Store) LinkRecipient(ctx context.Context, id int64, userID string) (add
 		return "", "", "", fmt.Errorf("unsubscribe link: %w", err)
 	}
 	return address, ch, brand, nil
+}
+
+// ProviderNoConsent records that a provider refused c's message to addrs for want of consent (Netgsm
+// found none in İYS, or the recipient opted out with Twilio: providers.Error.NoConsent): the ONAYs stored
+// for them under c's brand and recipient type turn RET here, so that no later campaign sends them a
+// commercial message through a provider that does not check. Nothing is queued for İYS. It returns how
+// many consents turned; a transactional campaign, or a channel İYS does not govern, records nothing.
+func (s *Store) ProviderNoConsent(ctx context.Context, c *Campaign, addrs []string, source string, at time.Time) (int64, error) {
+	typ := c.Channel.IYSType()
+	if typ == "" || c.Transactional || len(addrs) == 0 {
+		return 0, nil
+	}
+	rtype := c.RecipientType
+	if rtype == "" {
+		rtype = iys.RecipientIndividual
+	}
+	ns := make([]iys.NoConsent, len(addrs))
+	for i, a := range addrs {
+		ns[i] = iys.NoConsent{Recipient: a, Type: typ, RecipientType: rtype, Source: source, At: at}
+	}
+	return iys.RecordNoConsent(ctx, s.pool, c.BrandCode, ns)
 }

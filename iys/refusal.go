@@ -232,3 +232,58 @@ func takeConsentsTurn(ctx context.Context, tx pgx.Tx) error {
 const outboxOneWaitingSQL = `ON CONFLICT (brand_code, recipient, type, recipient_type) WHERE state = 'waiting' DO UPDATE SET
 	refusal_id = EXCLUDED.refusal_id, source = EXCLUDED.source, consent_date = EXCLUDED.consent_date
 	WHERE iys_outbox.consent_date < EXCLUDED.consent_date`
+
+// OriginProvider is the consent history's origin of a consent a provider refused to use (see NoConsent).
+const OriginProvider = "provider"
+
+// NoConsent is a provider's refusal of a message for want of consent: Netgsm asked İYS and found none
+// (code 50), or the recipient opted out with Twilio (21610).
+type NoConsent struct {
+	// Recipient is the address, Type and RecipientType the consent it was sent under.
+	Recipient, Type, RecipientType string
+	// Source names the provider's word ("netgsm 50"), kept as the consent's source here.
+	Source string
+	// At is when the provider refused.
+	At time.Time
+}
+
+// RecordNoConsent turns to RET the stored ONAYs of brand that providers refused to use, dated when they
+// refused, and appends each to the history (origin provider). Nothing is queued for İYS: the person
+// refused nothing through the brand's channels, and İYS itself (through Netgsm) is what said no. A
+// re-verification, or a newer ONAY pulled from İYS, sets a consent back. It returns how many it turned.
+func RecordNoConsent(ctx context.Context, pool *pgxpool.Pool, brand string, ns []NoConsent) (int64, error) {
+	if len(ns) == 0 {
+		return 0, nil
+	}
+	rec, typ, rtype, src, at := make([]string, len(ns)), make([]string, len(ns)), make([]string, len(ns)), make([]string, len(ns)), make([]time.Time, len(ns))
+	for i, n := range ns {
+		rec[i], typ[i], rtype[i], src[i], at[i] = pgtext.Clean(n.Recipient), n.Type, n.RecipientType, pgtext.Clean(n.Source), n.At
+		if at[i].IsZero() {
+			at[i] = time.Now()
+		}
+	}
+	var turned int64
+	err := pgx.BeginTxFunc(ctx, pool, pgx.TxOptions{}, func(tx pgx.Tx) error {
+		if err := takeConsentsTurn(ctx, tx); err != nil {
+			return err
+		}
+		return tx.QueryRow(ctx, `
+			WITH n AS (
+				SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::timestamptz[]) AS n(recipient, type, recipient_type, source, at)
+			), turned AS (
+				UPDATE iys_consents c SET status = 'RET', source = n.source, consent_date = n.at, transaction_id = NULL, updated_at = now()
+				FROM n
+				WHERE c.recipient = n.recipient AND c.type = n.type AND c.recipient_type = n.recipient_type AND c.brand_code = $6
+					AND c.status = 'ONAY' AND c.consent_date <= n.at
+				RETURNING c.recipient, c.type, c.recipient_type, c.brand_code, c.source, c.consent_date
+			), hist AS (
+				INSERT INTO iys_consent_history (recipient, type, recipient_type, brand_code, status, source, consent_date, origin)
+				SELECT recipient, type, recipient_type, brand_code, 'RET', source, consent_date, $7 FROM turned
+			)
+			SELECT count(*) FROM turned`, rec, typ, rtype, src, at, brand, OriginProvider).Scan(&turned)
+	})
+	if err != nil {
+		return 0, fmt.Errorf("record a provider's refusal for want of consent: %w", err)
+	}
+	return turned, nil
+}

@@ -184,6 +184,10 @@ type Error struct {
 	// BadAddress marks a permanent error that condemns the address itself for future campaigns (an
 	// unregistered push token), not only this message.
 	BadAddress bool
+	// NoConsent marks a permanent refusal because the recipient may not be sent commercial messages: the
+	// provider checked İYS and found no consent (Netgsm's 50), or the recipient opted out with it (Twilio's
+	// 21610, a STOP). The engine records it against the recipient's consent (campaign.Store.ProviderNoConsent).
+	NoConsent bool
 	// Err is the underlying transport error, if any.
 	Err error
 }

@@ -121,6 +121,9 @@ func (h *Handler) settleRefusal(ctx context.Context, run *batchRun, m *metrics.S
 			run.unclaimed = true
 		}
 		h.state.ReleaseMarks(ctx, run.c, run.nonce, f.addrs, f.at) //nolint:errcheck // nothing reached the person
+		if pe.NoConsent {
+			h.noConsent(ctx, run, pe, f.addrs)
+		}
 		for _, u := range f.users {
 			run.add(campaign.Outcome{UserID: u, Status: campaign.StatusFailed, Reason: reason, Provider: pe.Provider, BadAddress: pe.BadAddress})
 		}
@@ -369,4 +372,20 @@ func backoff(attempt int, hint time.Duration, jitter func(time.Duration) time.Du
 	d = min(d, 10*time.Second)
 	d = d/2 + jitter(d/2+1)
 	return max(d, hint)
+}
+
+// noConsent records a provider's refusal for want of consent against the recipients' consents, so that
+// no later campaign sends them a commercial message through a provider that does not check İYS. It is
+// best effort: the recipients fail either way, and a consent left ONAY is what a sync would correct.
+func (h *Handler) noConsent(ctx context.Context, run *batchRun, pe *providers.Error, addrs []string) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancel()
+	n, err := h.cfg.Store.ProviderNoConsent(ctx, run.c, addrs, pe.Reason(), time.Now())
+	if err != nil {
+		h.log.Error("a provider refused for want of consent, and the consent could not be turned RET here: run campaignctl iys sync --reverify",
+			"campaign_id", run.c.ID, "recipients", len(addrs), "to", providers.MaskAddress(addrs[0]), "err", err)
+		return
+	}
+	h.log.Warn("a provider refused for want of consent (İYS holds none, or an opt-out): the consent is RET here from now on",
+		"campaign_id", run.c.ID, "provider", pe.Provider, "to", providers.MaskAddress(addrs[0]), "consents_turned", n, "err", pe.Reason())
 }

@@ -38,6 +38,7 @@ type Store interface {
 	CloseBatch(ctx context.Context, id int64, batch int) (done, open bool, err error)
 	ExpiredLeases(ctx context.Context, limit int, gone []int64) ([]campaign.Expired, error)
 	GoneHolders(ctx context.Context) ([]int64, error)
+	ProviderNoConsent(ctx context.Context, c *campaign.Campaign, addrs []string, source string, at time.Time) (int64, error)
 }
 
 var _ Store = (*campaign.Store)(nil)

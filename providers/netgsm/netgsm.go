@@ -282,6 +282,9 @@ func (p *Provider) Send(ctx context.Context, m providers.Message) (providers.Res
 			e.Class, e.Throttled = providers.Transient, true
 		case 100, 101:
 			e.Class = providers.Transient
+		case 50:
+			// İYS-controlled sending not allowed: Netgsm asked İYS, which holds no consent for the number.
+			e.Class, e.NoConsent = providers.Permanent, true
 		case 30, 40, 51:
 			e.Class, e.Account = providers.Permanent, true
 			e.Message = wire.Join(e.Message, map[int]string{30: "check NETGSM_USERCODE, NETGSM_PASSWORD and the API IP allow-list",

@@ -114,6 +114,9 @@ func TestSendRefusals(t *testing.T) {
 			if pe.Class != tc.class || pe.Code != tc.code || pe.AccountLevel() != tc.account {
 				t.Fatalf("%v: class %v code %d account %v; want %v %d %v", err, pe.Class, pe.Code, pe.AccountLevel(), tc.class, tc.code, tc.account)
 			}
+			if pe.NoConsent != (tc.code == 50) { // İYS holds no consent for the number
+				t.Fatalf("%v: NoConsent %v", err, pe.NoConsent)
+			}
 			if got := s.Stats().Requests; (got > 0) != tc.sent {
 				t.Fatalf("%d requests reached the sandbox", got)
 			}

@@ -21,6 +21,8 @@ const (
 	codeTooMany     = 20429
 	// codeQueueFull: the sender's queue holds more than 10 hours of messages; slow down and retry.
 	codeQueueFull = 21611
+	// codeOptedOut: the recipient replied STOP to the sender; Twilio sends them nothing more.
+	codeOptedOut = 21610
 )
 
 // classify turns a failed CreateMessage into a *providers.Error, reading what the SDK does not keep (the
@@ -42,6 +44,7 @@ func (p *Provider) classify(rec *recorder, err error, to string) error {
 		e.Code = te.Code
 		e.Message = p.redact(te.Message, to, true)
 		e.Class = classOfStatus(e.Status, e.Code)
+		e.NoConsent = e.Code == codeOptedOut && e.Class == providers.Permanent
 	case status != 0:
 		// An answer the SDK could not decode: an HTML 5xx from a proxy, or a body cut short.
 		e.Message = "undecodable response"
