@@ -20,6 +20,11 @@ func TestReformattedNumberInDescriptionIsRedacted(t *testing.T) {
 		"Hatalı numara: 0532 123 45 67",
 		"Hatalı numara: +90 532 123 4567",
 		"Numara 0(532)1234567 İYS onayı yok",
+		// Dots and slashes, as often as spaces in Turkish: the general pattern cannot take them without
+		// eating dates and IP addresses; the recipient's own digits are masked however they are separated.
+		"Hatalı numara: 0532.123.45.67",
+		"Hatalı numara: 0532/123 45 67",
+		"Numara 532.123.4567 İYS onayı yok",
 	} {
 		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			w.Header().Set("Content-Type", "application/json")
