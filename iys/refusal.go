@@ -140,7 +140,8 @@ func RecordRefusals(ctx context.Context, pool *pgxpool.Pool, brand string, rs []
 			err = tx.QueryRow(ctx, `
 				WITH turned AS (
 					UPDATE iys_consents SET status = 'RET', source = $3, consent_date = $4, transaction_id = NULL, updated_at = now()
-					WHERE recipient = $1 AND type = $2 AND status = 'ONAY' AND consent_date <= $4
+					WHERE recipient = $1 AND type = $2
+						AND (status = 'ONAY' AND consent_date <= $4 OR status = 'RET' AND starts_with(source, '`+ProviderSourcePrefix+`'))
 					RETURNING recipient, type, recipient_type, brand_code
 				), hist AS (
 					INSERT INTO iys_consent_history (recipient, type, recipient_type, brand_code, status, source, consent_date, origin)
@@ -236,6 +237,10 @@ const outboxOneWaitingSQL = `ON CONFLICT (brand_code, recipient, type, recipient
 // OriginProvider is the consent history's origin of a consent a provider refused to use (see NoConsent).
 const OriginProvider = "provider"
 
+// ProviderSourcePrefix begins the source of a RET a provider's word made here (RecordNoConsent): a RET
+// known here only. A refusal of the person's that comes later still turns it, and goes to İYS.
+const ProviderSourcePrefix = "provider: "
+
 // NoConsent is a provider's refusal of a message for want of consent: Netgsm asked İYS and found none
 // (code 50), or the recipient opted out with Twilio (21610).
 type NoConsent struct {
@@ -257,7 +262,7 @@ func RecordNoConsent(ctx context.Context, pool *pgxpool.Pool, brand string, ns [
 	}
 	rec, typ, rtype, src, at := make([]string, len(ns)), make([]string, len(ns)), make([]string, len(ns)), make([]string, len(ns)), make([]time.Time, len(ns))
 	for i, n := range ns {
-		rec[i], typ[i], rtype[i], src[i], at[i] = pgtext.Clean(n.Recipient), n.Type, n.RecipientType, pgtext.Clean(n.Source), n.At
+		rec[i], typ[i], rtype[i], src[i], at[i] = pgtext.Clean(n.Recipient), n.Type, n.RecipientType, ProviderSourcePrefix+pgtext.Clean(n.Source), n.At
 		if at[i].IsZero() {
 			at[i] = time.Now()
 		}

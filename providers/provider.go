@@ -184,10 +184,13 @@ type Error struct {
 	// BadAddress marks a permanent error that condemns the address itself for future campaigns (an
 	// unregistered push token), not only this message.
 	BadAddress bool
-	// NoConsent marks a permanent refusal because the recipient may not be sent commercial messages: the
-	// provider checked İYS and found no consent (Netgsm's 50), or the recipient opted out with it (Twilio's
-	// 21610, a STOP). The engine records it against the recipient's consent (campaign.Store.ProviderNoConsent).
+	// NoConsent marks a permanent refusal because the provider checked İYS and found no consent for the
+	// recipient (Netgsm's 50). The engine turns the consent RET here only (campaign.Store.ProviderNoConsent).
 	NoConsent bool
+	// OptedOut marks a permanent refusal because the recipient opted out with the provider (Twilio's 21610:
+	// they replied STOP to the brand's sender). That is the person's refusal through the brand's channel:
+	// the engine records it as such, for İYS too (campaign.Store.ProviderOptOut).
+	OptedOut bool
 	// Err is the underlying transport error, if any.
 	Err error
 }

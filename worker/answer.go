@@ -121,8 +121,8 @@ func (h *Handler) settleRefusal(ctx context.Context, run *batchRun, m *metrics.S
 			run.unclaimed = true
 		}
 		h.state.ReleaseMarks(ctx, run.c, run.nonce, f.addrs, f.at) //nolint:errcheck // nothing reached the person
-		if pe.NoConsent {
-			h.noConsent(ctx, run, pe, f.addrs)
+		if pe.NoConsent || pe.OptedOut {
+			h.noConsent(run, pe, f.users, f.addrs)
 		}
 		for _, u := range f.users {
 			run.add(campaign.Outcome{UserID: u, Status: campaign.StatusFailed, Reason: reason, Provider: pe.Provider, BadAddress: pe.BadAddress})
@@ -375,17 +375,43 @@ func backoff(attempt int, hint time.Duration, jitter func(time.Duration) time.Du
 }
 
 // noConsent records a provider's refusal for want of consent against the recipients' consents, so that
-// no later campaign sends them a commercial message through a provider that does not check İYS. It is
-// best effort: the recipients fail either way, and a consent left ONAY is what a sync would correct.
-func (h *Handler) noConsent(ctx context.Context, run *batchRun, pe *providers.Error, addrs []string) {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
-	defer cancel()
-	n, err := h.cfg.Store.ProviderNoConsent(ctx, run.c, addrs, pe.Reason(), time.Now())
-	if err != nil {
-		h.log.Error("a provider refused for want of consent, and the consent could not be turned RET here: run campaignctl iys sync --reverify",
-			"campaign_id", run.c.ID, "recipients", len(addrs), "to", providers.MaskAddress(addrs[0]), "err", err)
-		return
-	}
-	h.log.Warn("a provider refused for want of consent (İYS holds none, or an opt-out): the consent is RET here from now on",
-		"campaign_id", run.c.ID, "provider", pe.Provider, "to", providers.MaskAddress(addrs[0]), "consents_turned", n, "err", pe.Reason())
+// no later campaign sends them a commercial message through a provider that does not check İYS: Netgsm's
+// "İYS holds none" turns the consents RET here only; Twilio's opt-out is the person's refusal, recorded as
+// one (for İYS too). It runs in the background, retried for a minute (the consents' writers take turns: an
+// import may hold them), so that it never holds up the batch; the recipients fail either way.
+func (h *Handler) noConsent(run *batchRun, pe *providers.Error, users, addrs []string) {
+	c, at, reason := run.c, time.Now(), pe.Reason()
+	log := h.log.With("campaign_id", c.ID, "provider", pe.Provider, "to", providers.MaskAddress(addrs[0]), "err", reason)
+	tries := 0
+	inBackground(func(ctx context.Context) error {
+		// One write at a time, each attempt bounded: behind an import that holds the consents' turn, the
+		// writes must not take the pool's connections from the sends.
+		select {
+		case h.consentWrites <- struct{}{}:
+		case <-ctx.Done():
+			log.Error("a provider refused for want of consent, and the consent could not be turned RET here: check it with campaignctl iys check", "error", ctx.Err())
+			return nil
+		}
+		defer func() { <-h.consentWrites }()
+		ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		defer cancel()
+		var err error
+		if tries++; pe.OptedOut {
+			for i := range addrs {
+				if err = h.cfg.Store.ProviderOptOut(ctx, c, users[i], addrs[i], reason, at); err != nil {
+					break
+				}
+			}
+		} else {
+			_, err = h.cfg.Store.ProviderNoConsent(ctx, c, addrs, reason, at)
+		}
+		switch {
+		case err == nil:
+			log.Warn("a provider refused for want of consent (İYS holds none, or the person opted out): the consent is RET here from now on")
+		case tries >= 20:
+			log.Error("a provider refused for want of consent, and the consent could not be turned RET here: check it with campaignctl iys check", "error", err)
+			return nil
+		}
+		return err
+	})
 }

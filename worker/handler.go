@@ -39,6 +39,7 @@ type Store interface {
 	ExpiredLeases(ctx context.Context, limit int, gone []int64) ([]campaign.Expired, error)
 	GoneHolders(ctx context.Context) ([]int64, error)
 	ProviderNoConsent(ctx context.Context, c *campaign.Campaign, addrs []string, source string, at time.Time) (int64, error)
+	ProviderOptOut(ctx context.Context, c *campaign.Campaign, userID, address, evidence string, at time.Time) error
 }
 
 var _ Store = (*campaign.Store)(nil)
@@ -119,6 +120,8 @@ type Handler struct {
 	state  State
 	bucket *limiter.Bucket
 	log    *slog.Logger
+	// consentWrites lets one background consent write (noConsent) at a time hold a Postgres connection.
+	consentWrites chan struct{}
 
 	mu sync.Mutex
 	// templates holds the parsed content of the campaigns this process sends, by campaign ID, each with
@@ -220,13 +223,14 @@ func NewHandler(cfg Config) *Handler {
 		cfg.State = state.New(cfg.Redis, cfg.ClaimTTL)
 	}
 	h := &Handler{
-		cfg:       cfg,
-		state:     cfg.State,
-		bucket:    limiter.New(cfg.Redis),
-		log:       cfg.Logger,
-		templates: map[int64]parsedTemplate{},
-		stopping:  make(chan struct{}),
-		senders:   newSenders(),
+		cfg:           cfg,
+		state:         cfg.State,
+		bucket:        limiter.New(cfg.Redis),
+		log:           cfg.Logger,
+		templates:     map[int64]parsedTemplate{},
+		stopping:      make(chan struct{}),
+		senders:       newSenders(),
+		consentWrites: make(chan struct{}, 1),
 	}
 	h.bucket.OnPace(h.paceReport)
 	return h

@@ -44,7 +44,7 @@ func (p *Provider) classify(rec *recorder, err error, to string) error {
 		e.Code = te.Code
 		e.Message = p.redact(te.Message, to, true)
 		e.Class = classOfStatus(e.Status, e.Code)
-		e.NoConsent = e.Code == codeOptedOut && e.Class == providers.Permanent
+		e.OptedOut = e.Code == codeOptedOut && e.Class == providers.Permanent
 	case status != 0:
 		// An answer the SDK could not decode: an HTML 5xx from a proxy, or a body cut short.
 		e.Message = "undecodable response"

@@ -119,9 +119,9 @@ func TestSendPermanentRecipientErrors(t *testing.T) {
 			if pe.Class != providers.Permanent || pe.Code != code || pe.Status != http.StatusBadRequest || pe.Message == "" {
 				t.Errorf("got %+v, want permanent, http 400, code %d, a message", pe, code)
 			}
-			// Only an opt-out (the recipient's STOP) speaks of consent.
-			if pe.NoConsent != (code == 21610) {
-				t.Errorf("code %d: NoConsent %v", code, pe.NoConsent)
+			// Only an opt-out (the recipient's STOP) speaks of consent: it is the person's refusal.
+			if pe.OptedOut != (code == 21610) || pe.NoConsent {
+				t.Errorf("code %d: OptedOut %v NoConsent %v", code, pe.OptedOut, pe.NoConsent)
 			}
 		})
 	}
