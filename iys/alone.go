@@ -29,6 +29,11 @@ func runAlone(ctx context.Context, db *pgxpool.Pool, c *Client, job string) (rel
 		conn.Close(context.Background()) //nolint:errcheck // closing the connection ends its transaction and lock
 		return nil, fmt.Errorf("iys %s: %s: %w", job, what, err)
 	}
+	// A server (a database, a role) that ends idle transactions would end this one, and the lock with it,
+	// while the run works on other connections: not on this connection.
+	if _, err := conn.Exec(ctx, `SET idle_in_transaction_session_timeout = 0`); err != nil {
+		return fail("take its lock", err)
+	}
 	if _, err := conn.Exec(ctx, `BEGIN`); err != nil {
 		return fail("take its lock", err)
 	}
@@ -43,7 +48,7 @@ func runAlone(ctx context.Context, db *pgxpool.Pool, c *Client, job string) (rel
 		if _, err := conn.Exec(ctx, `SELECT pg_advisory_xact_lock(`+key+`)`, job, c.BrandCode()); err != nil {
 			return fail("wait for the other run to finish", err)
 		}
-		c.log.Info("the other iys "+job+" finished", "brand", c.BrandCode(), "waited", time.Since(start).Round(time.Millisecond))
+		c.log.Info("the other iys "+job+" finished", "brand", c.BrandCode(), "waited", time.Since(start).Round(time.Millisecond).String())
 	}
 	return func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
