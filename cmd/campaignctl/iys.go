@@ -21,6 +21,16 @@ func (a *app) newIYSCmd() *cobra.Command {
 	return cmd
 }
 
+// brandCode returns IYS_BRAND_CODE: "" when unset, or digits (İYS's brand codes are numbers); anything
+// else is bad input (exit 2), refused before anything is read or written under it.
+func (a *app) brandCode() (string, error) {
+	b := a.getenv("IYS_BRAND_CODE")
+	if b != "" && strings.Trim(b, "0123456789") != "" {
+		return "", usagef("IYS_BRAND_CODE=%q: an İYS brand code is digits only; set your brand's code (İYS gives it with the API user), or unset it for consents recorded without a brand", b)
+	}
+	return b, nil
+}
+
 // iysClient builds the İYS API client from IYS_BASE_URL, IYS_USERNAME, IYS_PASSWORD, IYS_CODE and
 // IYS_BRAND_CODE; a missing one is named in the error.
 func (a *app) iysClient() (*iys.Client, error) {
@@ -126,13 +136,16 @@ func (a *app) newIYSCheckCmd() *cobra.Command {
 			if recipientType != iys.RecipientIndividual && recipientType != iys.RecipientMerchant {
 				return usagef("--recipient-type %q: use BIREYSEL or TACIR", recipientType)
 			}
+			brand, err := a.brandCode()
+			if err != nil {
+				return err
+			}
 			pool, err := a.openEngine(ctx)
 			if err != nil {
 				return err
 			}
 			defer pool.Close()
 			view := iysCheckView{Recipient: canon, Type: typ, RecipientType: recipientType}
-			brand := a.getenv("IYS_BRAND_CODE")
 			c, err := iys.LookupBrand(ctx, pool, brand, canon, typ, recipientType)
 			if errors.Is(err, iys.ErrNoConsent) && brand != "" {
 				// Consents imported without a brand are this brand's too until a sync records it.
@@ -222,14 +235,18 @@ func (a *app) newIYSImportCmd() *cobra.Command {
 			if fi, err := f.Stat(); err == nil && fi.IsDir() {
 				return usagef("%s is a directory; give the consent CSV file in it (nothing was imported)", args[0])
 			}
+			brand, err := a.brandCode()
+			if err != nil {
+				return err
+			}
 			pool, err := a.openEngine(cmd.Context())
 			if err != nil {
 				return err
 			}
 			defer pool.Close()
 			bar := a.taskBar(-1, "importing consents")
-			rep, err := iys.Import(cmd.Context(), pool, f, iys.ImportOptions{BrandCode: a.getenv("IYS_BRAND_CODE"), Progress: func(rows int64) { bar.Set64(rows) }}) //nolint:errcheck
-			bar.Finish()                                                                                                                                             //nolint:errcheck
+			rep, err := iys.Import(cmd.Context(), pool, f, iys.ImportOptions{BrandCode: brand, Progress: func(rows int64) { bar.Set64(rows) }}) //nolint:errcheck
+			bar.Finish()                                                                                                                        //nolint:errcheck
 			if err != nil {
 				return fmt.Errorf("%s: %w (nothing was imported)", args[0], err)
 			}

@@ -179,11 +179,15 @@ func (a *app) launch(ctx context.Context, o launchOptions) error {
 			return err
 		}
 	}
+	brand, err := a.brandCode()
+	if err != nil {
+		return err
+	}
 	spec := campaign.Spec{
 		Name: o.name, Channel: campaign.Channel(o.channel), AudienceSQL: string(sqlText), Message: o.message,
 		Subject: o.subject, HTML: string(html), TemplateID: o.templateID, CodePool: o.codePool, Rate: o.rate, ProviderRate: providerRate, ProviderCountsSegments: providerSegments, StatementTimeout: o.timeout,
 		CountSegments: o.segments, StartAt: startAt, Window: window, FrequencyCap: o.frequencyCap,
-		RecipientType: o.recipientType, BrandCode: a.getenv("IYS_BRAND_CODE"), Transactional: o.transactional, MaxConsentAge: o.maxConsentAge,
+		RecipientType: o.recipientType, BrandCode: brand, Transactional: o.transactional, MaxConsentAge: o.maxConsentAge,
 		AllowStaleConsent: o.allowStaleConsent, AllowPrivilegedAudience: o.allowPrivilegedAudience, MaxSegments: o.maxSegments,
 	}
 	if spec.Rules, err = a.contentRules(campaign.Channel(o.channel), o.transactional); err != nil {

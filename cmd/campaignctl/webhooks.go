@@ -106,7 +106,11 @@ the provider posts again). Headers must arrive within ` + webhooksReadHeaderTime
 				return err
 			}
 			log := a.logger()
-			refusals := &refusalSink{brand: a.getenv("IYS_BRAND_CODE"), log: log}
+			brand, err := a.brandCode()
+			if err != nil {
+				return err
+			}
+			refusals := &refusalSink{brand: brand, log: log}
 			deliveries := &batchedDeliveries{} // its batcher is set before anything is served
 			sink := deliveryAndRefusalSink{MatchingSink: deliveries, refusalSink: refusals}
 			handlers := map[string]*receipts.Handler{}
