@@ -31,10 +31,10 @@ func runAlone(ctx context.Context, db *pgxpool.Pool, c *Client, job string) (rel
 	}
 	// A server (a database, a role) that ends idle transactions would end this one, and the lock with it,
 	// while the run works on other connections: not on this connection.
-	if _, err := conn.Exec(ctx, `SET idle_in_transaction_session_timeout = 0`); err != nil {
+	if _, err := conn.Exec(ctx, `BEGIN`); err != nil {
 		return fail("take its lock", err)
 	}
-	if _, err := conn.Exec(ctx, `BEGIN`); err != nil {
+	if _, err := conn.Exec(ctx, `SET LOCAL idle_in_transaction_session_timeout = 0`); err != nil {
 		return fail("take its lock", err)
 	}
 	const key = `hashtext('campaignctl iys ' || $1), hashtext($2)`

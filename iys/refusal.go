@@ -139,7 +139,9 @@ func RecordRefusals(ctx context.Context, pool *pgxpool.Pool, brand string, rs []
 			// One statement: the consents turned to RET, their history, and their outbox rows.
 			err = tx.QueryRow(ctx, `
 				WITH turned AS (
-					UPDATE iys_consents SET status = 'RET', source = $3, consent_date = $4, transaction_id = NULL, updated_at = now()
+					UPDATE iys_consents SET status = 'RET', source = $3, transaction_id = NULL, updated_at = now(),
+						-- A provider's RET here keeps its date when it is the later: an ONAY between the two must not win.
+						consent_date = CASE WHEN status = 'RET' THEN greatest(consent_date, $4) ELSE $4 END
 					WHERE recipient = $1 AND type = $2
 						AND (status = 'ONAY' AND consent_date <= $4 OR status = 'RET' AND starts_with(source, '`+ProviderSourcePrefix+`'))
 					RETURNING recipient, type, recipient_type, brand_code

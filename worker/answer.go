@@ -383,7 +383,8 @@ func (h *Handler) noConsent(run *batchRun, pe *providers.Error, users, addrs []s
 	c, at, reason := run.c, time.Now(), pe.Reason()
 	log := h.log.With("campaign_id", c.ID, "provider", pe.Provider, "to", providers.MaskAddress(addrs[0]), "err", reason)
 	tries := 0
-	inBackground(func(ctx context.Context) error {
+	h.consentPending.Add(1)
+	inBackgroundThen(h.consentPending.Done, func(ctx context.Context) error {
 		// One write at a time, each attempt bounded: behind an import that holds the consents' turn, the
 		// writes must not take the pool's connections from the sends.
 		select {

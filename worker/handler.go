@@ -122,6 +122,8 @@ type Handler struct {
 	log    *slog.Logger
 	// consentWrites lets one background consent write (noConsent) at a time hold a Postgres connection.
 	consentWrites chan struct{}
+	// consentPending counts the consent writes not done yet: Serve waits for them before it returns.
+	consentPending sync.WaitGroup
 
 	mu sync.Mutex
 	// templates holds the parsed content of the campaigns this process sends, by campaign ID, each with

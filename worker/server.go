@@ -120,7 +120,24 @@ func Serve(ctx context.Context, rdb redis.UniversalClient, h *Handler, cfg Serve
 	// shutdown timeout; nothing is cut off mid-call.
 	h.Stop()
 	srv.Shutdown()
+	// A provider's word on consent still being written (an import may hold the consents a while): it
+	// is waited for, up to 5 s more (the supervisor's and Kubernetes' kill margins), rather than lost.
+	h.waitConsentWrites(min(cfg.ShutdownTimeout, 5*time.Second))
 	return nil
+}
+
+// waitConsentWrites waits up to d (30 s when 0) for the background consent writes (noConsent).
+func (h *Handler) waitConsentWrites(d time.Duration) {
+	if d <= 0 {
+		d = 30 * time.Second
+	}
+	done := make(chan struct{})
+	go func() { h.consentPending.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(d):
+		h.log.Error("a provider's refusal for want of consent was still not written at shutdown: it is lost; check the recipients of the last failures with campaignctl iys check")
+	}
 }
 
 // asynqLogger routes Asynq's own log lines into slog.
