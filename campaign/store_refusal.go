@@ -50,18 +50,21 @@ func (s *Store) ProviderNoConsent(ctx context.Context, c *Campaign, addrs []stri
 	return iys.RecordNoConsent(ctx, s.pool, c.BrandCode, ns)
 }
 
-// ProviderOptOut records that the provider refused c's message to address (planned for userID) because
-// the person had opted out with it (Twilio's 21610: they replied STOP to the brand's sender): the person's
-// refusal through the brand's channel, recorded as one (iys.RecordRefusals: the consents turn RET, and
-// the RET waits for İYS), as the same error in a status callback is. A transactional campaign, or a
-// channel İYS does not govern, records nothing.
-func (s *Store) ProviderOptOut(ctx context.Context, c *Campaign, userID, address, evidence string, at time.Time) error {
+// ProviderOptOut records that the provider refused c's message to addrs (planned for userIDs, in the same
+// order) because the people had opted out with it (Twilio's 21610: they replied STOP to the brand's
+// sender): their refusals through the brand's channel, recorded as such in one transaction
+// (iys.RecordRefusals: the consents turn RET, and the RETs wait for İYS), as the same error in a status
+// callback is. A transactional campaign, or a channel İYS does not govern, records nothing.
+func (s *Store) ProviderOptOut(ctx context.Context, c *Campaign, userIDs, addrs []string, evidence string, at time.Time) error {
 	typ := c.Channel.IYSType()
-	if typ == "" || c.Transactional {
+	if typ == "" || c.Transactional || len(addrs) == 0 {
 		return nil
 	}
-	_, err := iys.RecordRefusals(ctx, s.pool, c.BrandCode, []iys.Refusal{{Via: iys.ViaTwilioInbound,
-		EventID: fmt.Sprintf("create:%d:%s:opted_out", c.ID, userID), Kind: "opted_out", Recipient: address, Type: typ,
-		CampaignID: c.ID, UserID: userID, Evidence: evidence, At: at}})
+	rs := make([]iys.Refusal, len(addrs))
+	for i, a := range addrs {
+		rs[i] = iys.Refusal{Via: iys.ViaTwilioInbound, EventID: fmt.Sprintf("create:%d:%s:opted_out", c.ID, userIDs[i]), Kind: "opted_out",
+			Recipient: a, Type: typ, CampaignID: c.ID, UserID: userIDs[i], Evidence: evidence, At: at}
+	}
+	_, err := iys.RecordRefusals(ctx, s.pool, c.BrandCode, rs)
 	return err
 }

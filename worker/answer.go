@@ -398,11 +398,7 @@ func (h *Handler) noConsent(run *batchRun, pe *providers.Error, users, addrs []s
 		defer cancel()
 		var err error
 		if tries++; pe.OptedOut {
-			for i := range addrs {
-				if err = h.cfg.Store.ProviderOptOut(ctx, c, users[i], addrs[i], reason, at); err != nil {
-					break
-				}
-			}
+			err = h.cfg.Store.ProviderOptOut(ctx, c, users, addrs, reason, at)
 		} else {
 			_, err = h.cfg.Store.ProviderNoConsent(ctx, c, addrs, reason, at)
 		}
