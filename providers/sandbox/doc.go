@@ -4,7 +4,8 @@
 //
 // Twilio is described below. SendGrid's Mail Send and its signed Event Webhook are described on
 // sendgridRoutes (sendgrid.go), FCM HTTP v1 with its OAuth2 token endpoint in fcm.go, the HMAC-checking
-// webhook receiver in webhook.go, and Twilio's signed status callbacks (with the magic numbers
+// webhook receiver in webhook.go, an unsigned JSON postback receiver for another sender run against
+// the same stand-in in postback.go, and Twilio's signed status callbacks (with the magic numbers
 // +905550030001/30003/30005/30006/30007 that end undelivered or failed) in receipts.go. The recipients'
 // refusals that come back through the providers are made up on demand: SendGrid's unsubscribe,
 // group_unsubscribe and spamreport events in sendgrid_refusals.go, and Twilio's incoming SMS (an answer

@@ -143,6 +143,7 @@ func (s *Server) fcmRoutes() {
 		w.WriteHeader(http.StatusNoContent)
 	})
 	s.webhookRoutes()
+	s.postbackRoutes()
 }
 
 // FCMStats returns the token endpoint's counters since the start or the last ResetFCM.
