@@ -48,7 +48,14 @@ usage: scripts/bench.sh [options]
   --compare REV         instead of the send scenarios: the SMS scenario for this checkout and for git revision
                         REV (built from it; it must share this checkout's migrations), alternating, each run
                         with --sms recipients on the same sandbox; medians of CPU per message by process
-  --rounds K            runs of each side with --compare (default 3)
+  --rounds K            runs of each side with --compare or --peer (default 3)
+  --peer CMD            instead of the send scenarios: the SMS scenario and another sender, alternating, each
+                        run with --sms recipients against the same sandbox binary (its POST /postback, one JSON
+                        message a request); medians of rate and of CPU a message. CMD is run as
+                        `CMD prepare N DB URL` (set up N recipients, one message each to URL, in database DB of
+                        the same Postgres server, which bench.sh creates and drops; not measured), `CMD send N
+                        URL` (send them and return when done: measured) and `CMD stop` (stop, and print the peak RSS in MB). The
+                        peer's CPU is the machine's (/proc/stat) less the sandbox's, Postgres's and Redis's
   --profile             take 10 s CPU profiles of the first worker and of the sandbox in each send scenario
                         (kept in the work directory)
   --send-timeout S      give up on a send scenario after S seconds (default 600)
@@ -71,7 +78,7 @@ LAUNCH_TIMEOUT=${BENCH_LAUNCH_TIMEOUT:-900}
 ONLY="" SMS_N=200000 EMAIL_N=200000 LAT_N=32000 RATE_R=2000 RATE_SECS=15 SEND_WORKERS=2 SEND_CONC=16 LAT_CONC=32
 SEND_TIMEOUT=600 PROFILE=0 SCENARIOS=sms,email,latency,rate,faults,hidden,outage
 PUSHBACK_N=94000 # recipients of the pushback scenarios (scripts/bench/pushback.sh)
-KEEP=0 KEEP_WORK=0 RECORD=1 EXPLAIN=0 COMPARE_REV="" COMPARE_ROUNDS=3
+KEEP=0 KEEP_WORK=0 RECORD=1 EXPLAIN=0 COMPARE_REV="" COMPARE_ROUNDS=3 PEER_CMD=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --customers) CUSTOMERS=${2:?--customers needs a number}; shift 2 ;;
@@ -95,6 +102,7 @@ while [ $# -gt 0 ]; do
     --send-timeout) SEND_TIMEOUT=${2:?--send-timeout needs seconds}; shift 2 ;;
     --profile) PROFILE=1; shift ;;
     --compare) COMPARE_REV=${2:?--compare needs a git revision}; ONLY=send; shift 2 ;;
+    --peer) PEER_CMD=${2:?--peer needs a command}; ONLY=send; shift 2 ;;
     --rounds) COMPARE_ROUNDS=${2:?--rounds needs a number}; shift 2 ;;
     --scenarios) SCENARIOS=${2:?--scenarios needs a list}; shift 2 ;;
     --keep) KEEP=1; shift ;;
@@ -112,7 +120,14 @@ for v in CUSTOMERS CONSENTS CODES LAUNCH_TIMEOUT SMS_N EMAIL_N LAT_N RATE_R RATE
   [[ ${!v} =~ ^[1-9][0-9]*$ ]] || { echo "${v,,} must be a positive whole number, got '${!v}'" >&2; exit 2; }
 done
 [ "$CUSTOMERS" -le 9999999 ] || { echo "--customers is at most 9999999 (phones are +90532 followed by 7 digits)" >&2; exit 2; }
-if [ -n "$COMPARE_REV" ]; then
+[ -z "$COMPARE_REV" ] || [ -z "$PEER_CMD" ] || { echo "--compare and --peer: give one of them" >&2; exit 2; }
+if [ -n "$PEER_CMD" ]; then
+  command -v "${PEER_CMD%% *}" >/dev/null ||
+    { echo "--peer: '${PEER_CMD%% *}' is not a command here (give the path of an executable)" >&2; exit 2; }
+  need=$((SMS_N * COMPARE_ROUNDS))
+  [ "$need" -le $((CUSTOMERS * 3 / 4)) ] ||
+    { echo "--peer needs $need customers with consent ($COMPARE_ROUNDS rounds × --sms $SMS_N): raise --customers to $((need * 4 / 3 + 4)) or lower --sms/--rounds" >&2; exit 2; }
+elif [ -n "$COMPARE_REV" ]; then
   git rev-parse --verify --quiet "$COMPARE_REV^{commit}" >/dev/null ||
     { echo "--compare: '$COMPARE_REV' is not a git revision here (a commit, a tag or a branch)" >&2; exit 2; }
   need=$((SMS_N * COMPARE_ROUNDS * 2))
@@ -168,6 +183,10 @@ cleanup() {
     say "kept: database $BENCH_DB, Redis DB $REDIS_DB (its lease expires by itself), work directory $work"
   else
     drop_db >/dev/null 2>&1 || echo "could not drop database $BENCH_DB" >&2
+    if [ -n "$PEER_CMD" ]; then
+      $PEER_CMD stop >/dev/null 2>&1 || true
+      psql_admin -c "DROP DATABASE IF EXISTS ${BENCH_DB}_peer WITH (FORCE)" >/dev/null 2>&1 || true
+    fi
     if [ -n "$REDIS_DB" ]; then rcli -n "$REDIS_DB" FLUSHDB >/dev/null 2>&1 || true; fi
     release_lease
     if [ "$KEEP_WORK" = 1 ]; then say "kept the work directory $work"; else rm -rf "$work"; fi
@@ -358,7 +377,10 @@ if [ "$EXPLAIN" = 1 ]; then
 fi
 fi # the launch half
 
-if [ -n "$COMPARE_REV" ]; then
+if [ -n "$PEER_CMD" ]; then
+  . scripts/bench/send.sh
+  run_peer
+elif [ -n "$COMPARE_REV" ]; then
   . scripts/bench/send.sh
   run_compare
 elif [ "$ONLY" != launch ]; then

@@ -103,6 +103,11 @@ pg_db_delta() {
         ($8 - b[8]) / n, ($9 - b[9]) / n, ($10 - b[10]) / n, ($11 - b[11]) / n, ($12 - b[12]) / n }' "$1" -
 }
 
+# machine_ticks: the machine's busy CPU ticks (user, nice, system, irq, softirq of /proc/stat), all cores.
+machine_ticks() { awk '$1 == "cpu" { print $2 + $3 + $4 + $7 + $8; exit }' /proc/stat; }
+# machine_used BEFORE: the machine's busy CPU seconds since machine_ticks printed BEFORE.
+machine_used() { awk -v b="$1" -v a="$(machine_ticks)" -v hz="$(getconf CLK_TCK)" 'BEGIN { printf "%.2f", (a - b) / hz }'; }
+
 # cpu_ticks PID...: "pid ticks" (user + system, in clock ticks) of each process still alive.
 cpu_ticks() {
   local p
@@ -198,6 +203,8 @@ send_scenario() {
   pg_db_stats >"$work/$name.pgstat"
   cpu_ticks $redis_pid >"$work/$name.cpu.redis"
   cpu_ticks "$sb_pid" >"$work/$name.cpu.sandbox"
+  local m_before
+  m_before=$(machine_ticks)
   local wpids=() i
   for i in $(seq 1 "$workers"); do
     local extra=()
@@ -246,6 +253,8 @@ send_scenario() {
   echo "0 0" >"$work/$name.cpu.none"
   s_pg=$(cpu_used "$work/$name.cpu.pg" $(bench_pg_pids)) s_rd=$(cpu_used "$work/$name.cpu.redis" $redis_pid)
   s_wk=$(cpu_used "$work/$name.cpu.none" "${wpids[@]}") s_sb=$(cpu_used "$work/$name.cpu.sandbox" "$sb_pid")
+  # Everything the machine ran but the sandbox: the engine and whatever else ran meanwhile (run_peer).
+  s_machine=$(machine_used "$m_before")
   notes+=("$name: Postgres CPU by process (s): $(pg_kinds "$work/$name.cpu.pgkinds"); a planned recipient: $(pg_db_delta "$work/$name.pgstat" "$s_planned")")
   s_cpu="postgres $s_pg s, redis $s_rd s, workers $s_wk s, sandbox $s_sb s over $(awk -v a="$t_start" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.1f", b - a }') s"
   # CPU a planned recipient, µs: "postgres redis workers sandbox" (run_compare reads them too).
@@ -432,4 +441,104 @@ run_compare() {
     IFS='|' read -r cn crate cpg crd cwk call csb cratio crss <<<"$m"
     rows+=("compare: SMS, $label, median of $cn|$(fmt_n "$SMS_N") recipients a run|—|$crss|side by side|$(fmt_rate "$crate") msg/s; µs a message: Postgres $cpg, Redis $crd, workers $cwk (all in $call), sandbox $csb; workers / sandbox $cratio")
   done
+}
+
+# run_peer: the SMS scenario and another sender (PEER_CMD, see bench.sh's --peer), alternating,
+# COMPARE_ROUNDS times each, against the same sandbox binary. The peer sends through the sandbox's POST
+# /postback; its rate is taken the same way (from the sandbox's first to its last acceptance), and so is its
+# Postgres (the server's processes and the backends of its database). Its own CPU is the machine's less the
+# sandbox's, Postgres's and Redis's over its `send`; the same machine-wide figure is given for campaignctl
+# ("all but the sandbox"), so that what the two cost the machine is compared on the same terms.
+run_peer() {
+  local peer_db="${BENCH_DB}_peer" out="$work/peer.runs" r off=0
+  say "peer: SMS, $SMS_N recipients a run, $COMPARE_ROUNDS rounds of HEAD ($commit) and '$PEER_CMD', alternating"
+  "$ctl" codes generate --pool send --count $((SMS_N * COMPARE_ROUNDS)) >/dev/null
+  rcli -n "$REDIS_DB" FLUSHDB >/dev/null
+  psql_bench -qc "UPDATE campaigns SET state = 'cancelled'" >/dev/null
+  : >"$out"
+  for r in $(seq 1 "$COMPARE_ROUNDS"); do
+    if send_scenario "peer-head-$r" sms "$off" "$SMS_N" "$SEND_WORKERS" "$SEND_CONC" 0 && [ "$s_dups" = 0 ]; then
+      # side rate µs-a-message: postgres redis engine sandbox all-but-sandbox; rss
+      printf 'head %.0f %s %s %d\n' "$s_rate" "$s_us" \
+        "$(awk -v m="$s_machine" -v sb="$s_sb" -v n="$s_planned" 'BEGIN { printf "%.1f", (m - sb) * 1e6 / n }')" "$s_rss" >>"$out"
+      notes+=("peer, round $r, HEAD ($commit): $(fmt_rate "$s_rate") msg/s; $s_cpu; the machine $s_machine s")
+    else
+      notes+=("peer, round $r, HEAD ($commit): failed ($s_dups duplicates; worker logs in $work)")
+      KEEP_WORK=1
+    fi
+    off=$((off + SMS_N))
+    if peer_round "peer-$r" "$peer_db"; then
+      printf 'peer %.0f %s %s %d\n' "$s_rate" "$s_us" "$s_rest" "$s_rss" >>"$out"
+      notes+=("peer, round $r, '$PEER_CMD': $(fmt_rate "$s_rate") msg/s; $s_cpu")
+    else
+      notes+=("peer, round $r, '$PEER_CMD': failed ($s_dups duplicates, $s_sent of $SMS_N accepted; its output in $work/peer-$r.*)")
+      KEEP_WORK=1
+    fi
+  done
+  local side label m
+  for side in head peer; do
+    if [ "$side" = head ]; then label="campaignctl HEAD ($commit), $SEND_WORKERS workers × $SEND_CONC"; else label="peer '$PEER_CMD'"; fi
+    m=$(awk -v s="$side" '$1 == s { n++; for (i = 2; i <= 8; i++) v[i, n] = $i }
+      function med(a, n,   i, j, t, b) { for (i = 1; i <= n; i++) b[i] = a[i]; for (i = 1; i <= n; i++) for (j = i + 1; j <= n; j++) if (b[j] < b[i]) { t = b[i]; b[i] = b[j]; b[j] = t }
+        return n % 2 ? b[(n + 1) / 2] : (b[n / 2] + b[n / 2 + 1]) / 2 }
+      END { if (!n) { print "-"; exit } for (i = 2; i <= 8; i++) { for (k = 1; k <= n; k++) c[k] = v[i, k]; m[i] = med(c, n) }
+        printf "%d|%.0f|%.0f|%.0f|%.0f|%.0f|%.0f|%d\n", n, m[2], m[3], m[4], m[5], m[6], m[7], m[8] }' "$out")
+    if [ "$m" = - ]; then
+      rows+=("peer: SMS, $label|$(fmt_n "$SMS_N") recipients a run|—|—|—|failed (see notes)")
+      continue
+    fi
+    local pn prate ppg prd peng psb prest prss
+    IFS='|' read -r pn prate ppg prd peng psb prest prss <<<"$m"
+    rows+=("peer: SMS, $label, median of $pn|$(fmt_n "$SMS_N") recipients a run|—|$prss|side by side|$(fmt_rate "$prate") msg/s; µs a message: Postgres $ppg, Redis $prd, the sender $peng; all but the sandbox $prest; sandbox $psb")
+  done
+}
+
+# peer_round NAME DB: one run of PEER_CMD (prepare, then send measured, then stop) on a fresh sandbox and
+# a fresh database DB. Sets s_rate, s_dups, s_sent, s_us ("postgres redis sender sandbox"), s_rest (µs a
+# message of the machine but the sandbox), s_cpu, s_rss.
+peer_round() {
+  local name=$1 db=$2
+  s_rate=0 s_dups='?' s_sent=0 s_us="0 0 0 0" s_rest=0 s_rss=0 s_cpu=""
+  psql_admin -c "DROP DATABASE IF EXISTS $db WITH (FORCE)" >/dev/null
+  psql_admin -c "CREATE DATABASE $db" >/dev/null
+  start_sandbox || return 1
+  local url="http://127.0.0.1:$sb_port/postback"
+  if ! $PEER_CMD prepare "$SMS_N" "$db" "$url" >"$work/$name.prepare.out" 2>&1; then
+    echo "--- $name: '$PEER_CMD prepare' failed; last lines:" >&2; tail -n 5 "$work/$name.prepare.out" >&2
+    $PEER_CMD stop >/dev/null 2>&1 || true
+    stop_pids "$sb_pid"
+    return 1
+  fi
+  local pg_pids redis_pid m_before t_start rc=0
+  pg_pids=$(BENCH_DB=$db bench_pg_pids | tr '\n' ' ')
+  redis_pid=$(pgrep -x redis-server | tr '\n' ' ' || true)
+  cpu_ticks $pg_pids >"$work/$name.cpu.pg"
+  cpu_ticks $redis_pid >"$work/$name.cpu.redis"
+  cpu_ticks "$sb_pid" >"$work/$name.cpu.sandbox"
+  m_before=$(machine_ticks) t_start=$EPOCHREALTIME
+  timeout "$SEND_TIMEOUT" $PEER_CMD send "$SMS_N" "$url" >"$work/$name.send.out" 2>&1 || rc=$?
+  local m pg rd sb secs
+  m=$(machine_used "$m_before")
+  secs=$(awk -v a="$t_start" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.1f", b - a }')
+  pg=$(cpu_used "$work/$name.cpu.pg" $(BENCH_DB=$db bench_pg_pids)) rd=$(cpu_used "$work/$name.cpu.redis" $redis_pid)
+  sb=$(cpu_used "$work/$name.cpu.sandbox" "$sb_pid")
+  s_rss=$($PEER_CMD stop 2>/dev/null | tail -n 1 | tr -dc '0-9')
+  s_rss=${s_rss:-0}
+  local st
+  st=$(sandbox_get /_sandbox/stats)
+  echo "$st" >"$work/$name.stats.json"
+  stop_pids "$sb_pid"
+  psql_admin -c "DROP DATABASE IF EXISTS $db WITH (FORCE)" >/dev/null 2>&1 || true
+  s_dups=$(jq -r '.duplicates' <<<"$st") s_sent=$(jq -r '.accepted' <<<"$st")
+  read -r _ s_rate < <(jq -r '((.last_accepted_at | sub("\\.[0-9]+"; "") | fromdateiso8601) as $l0 |
+      (.first_accepted_at | sub("\\.[0-9]+"; "") | fromdateiso8601) as $f0 |
+      def frac(t): (t | capture("\\.(?<f>[0-9]+)").f // "0" | ("0." + .) | tonumber);
+      ($l0 + frac(.last_accepted_at)) - ($f0 + frac(.first_accepted_at))) as $span |
+      "\($span) \(if $span > 0 then .accepted / $span else 0 end)"' <<<"$st")
+  local sender
+  sender=$(awk -v m="$m" -v pg="$pg" -v rd="$rd" -v sb="$sb" 'BEGIN { v = m - pg - rd - sb; printf "%.2f", v < 0 ? 0 : v }')
+  s_us=$(awk -v n="$SMS_N" -v pg="$pg" -v rd="$rd" -v se="$sender" -v sb="$sb" 'BEGIN { printf "%.1f %.1f %.1f %.1f", pg * 1e6 / n, rd * 1e6 / n, se * 1e6 / n, sb * 1e6 / n }')
+  s_rest=$(awk -v n="$SMS_N" -v m="$m" -v sb="$sb" 'BEGIN { printf "%.1f", (m - sb) * 1e6 / n }')
+  s_cpu="postgres $pg s, redis $rd s, the sender (the machine less the others) $sender s, sandbox $sb s over $secs s; the machine $m s"
+  [ "$rc" = 0 ] && [ "$s_dups" = 0 ] && [ "$s_sent" = "$SMS_N" ]
 }
