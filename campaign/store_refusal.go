@@ -54,10 +54,12 @@ func (s *Store) ProviderNoConsent(ctx context.Context, c *Campaign, addrs []stri
 // order) because the people had opted out with it (Twilio's 21610: they replied STOP to the brand's
 // sender): their refusals through the brand's channel, recorded as such in one transaction
 // (iys.RecordRefusals: the consents turn RET, and the RETs wait for İYS), as the same error in a status
-// callback is. A transactional campaign, or a channel İYS does not govern, records nothing.
+// callback is, whatever the message: a transactional one too, since the person refused the sender, not
+// the message (and no status callback follows: Twilio created none). A channel İYS does not govern records
+// nothing.
 func (s *Store) ProviderOptOut(ctx context.Context, c *Campaign, userIDs, addrs []string, evidence string, at time.Time) error {
 	typ := c.Channel.IYSType()
-	if typ == "" || c.Transactional || len(addrs) == 0 {
+	if typ == "" || len(addrs) == 0 {
 		return nil
 	}
 	rs := make([]iys.Refusal, len(addrs))

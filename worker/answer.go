@@ -12,6 +12,7 @@ import (
 
 	"github.com/campaignctl/campaignctl/campaign"
 	"github.com/campaignctl/campaignctl/internal/state"
+	"github.com/campaignctl/campaignctl/iys"
 	"github.com/campaignctl/campaignctl/limiter"
 	"github.com/campaignctl/campaignctl/metrics"
 	"github.com/campaignctl/campaignctl/providers"
@@ -377,38 +378,51 @@ func backoff(attempt int, hint time.Duration, jitter func(time.Duration) time.Du
 // noConsent records a provider's refusal for want of consent against the recipients' consents, so that
 // no later campaign sends them a commercial message through a provider that does not check İYS: Netgsm's
 // "İYS holds none" turns the consents RET here only; Twilio's opt-out is the person's refusal, recorded as
-// one (for İYS too). It runs in the background, retried for a minute (the consents' writers take turns: an
-// import may hold them), so that it never holds up the batch; the recipients fail either way.
+// one (for İYS too). It runs in the background, so that it never holds up the batch (the recipients fail
+// either way), one write at a time, each attempt bounded: the consents' writers take turns, and an import
+// may hold them for minutes. It is retried for as long as the process runs: nothing else will carry the
+// provider's word again (Twilio created no message, so no status callback follows). What is still not
+// written when Serve has waited for it at shutdown is lost, and logged at error.
 func (h *Handler) noConsent(run *batchRun, pe *providers.Error, users, addrs []string) {
 	c, at, reason := run.c, time.Now(), pe.Reason()
 	log := h.log.With("campaign_id", c.ID, "provider", pe.Provider, "to", providers.MaskAddress(addrs[0]), "err", reason)
-	tries := 0
-	h.consentPending.Add(1)
-	inBackgroundThen(h.consentPending.Done, func(ctx context.Context) error {
-		// One write at a time, each attempt bounded: behind an import that holds the consents' turn, the
-		// writes must not take the pool's connections from the sends.
+	write := func(ctx context.Context) (int64, error) {
 		select {
 		case h.consentWrites <- struct{}{}:
 		case <-ctx.Done():
-			log.Error("a provider refused for want of consent, and the consent could not be turned RET here: check it with campaignctl iys check", "error", ctx.Err())
-			return nil
+			return 0, ctx.Err()
 		}
 		defer func() { <-h.consentWrites }()
-		ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		ctx, cancel := context.WithTimeout(ctx, h.consentAttempt)
 		defer cancel()
-		var err error
-		if tries++; pe.OptedOut {
-			err = h.cfg.Store.ProviderOptOut(ctx, c, users, addrs, reason, at)
-		} else {
-			_, err = h.cfg.Store.ProviderNoConsent(ctx, c, addrs, reason, at)
+		if pe.OptedOut {
+			return 1, h.cfg.Store.ProviderOptOut(ctx, c, users, addrs, reason, at)
 		}
-		switch {
-		case err == nil:
-			log.Warn("a provider refused for want of consent (İYS holds none, or the person opted out): the consent is RET here from now on")
-		case tries >= 20:
-			log.Error("a provider refused for want of consent, and the consent could not be turned RET here: check it with campaignctl iys check", "error", err)
-			return nil
+		return h.cfg.Store.ProviderNoConsent(ctx, c, addrs, reason, at)
+	}
+	h.consentPending.Add(1)
+	go func() {
+		defer h.consentPending.Done()
+		ctx := h.consentCtx
+		for try := 1; ; try++ {
+			n, err := write(ctx)
+			switch {
+			case err == nil && n == 0:
+				log.Info("a provider refused for want of consent; no ONAY of the recipient was there to turn RET")
+				return
+			case err == nil:
+				log.Warn("a provider refused for want of consent (İYS holds none, or the person opted out): the consent is RET here from now on")
+				return
+			case errors.Is(err, iys.ErrBadRefusal):
+				log.Error("a provider refused for want of consent, and the refusal cannot be recorded: check it with campaignctl iys check", "error", err)
+				return
+			case ctx.Err() != nil:
+				log.Error("a provider refused for want of consent, and the worker stopped before the consent could be turned RET here: check it with campaignctl iys check", "error", err)
+				return
+			case try == 20:
+				log.Warn("a provider's refusal for want of consent is still not written (the consents are busy, or Postgres is away); retrying for as long as the worker runs", "error", err)
+			}
+			limiter.Sleep(ctx, h.consentPause) //nolint:errcheck // the loop checks ctx
 		}
-		return err
-	})
+	}()
 }

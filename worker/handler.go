@@ -124,6 +124,13 @@ type Handler struct {
 	consentWrites chan struct{}
 	// consentPending counts the consent writes not done yet: Serve waits for them before it returns.
 	consentPending sync.WaitGroup
+	// consentCtx ends the consent writes' retries: they go on for as long as the process runs, and end
+	// when Serve has waited for them at shutdown (endConsentWrites).
+	consentCtx       context.Context
+	endConsentWrites context.CancelFunc
+	// consentAttempt bounds one attempt of a consent write, and consentPause is the wait between two;
+	// defaults 2 s and 1 s.
+	consentAttempt, consentPause time.Duration
 
 	mu sync.Mutex
 	// templates holds the parsed content of the campaigns this process sends, by campaign ID, each with
@@ -225,15 +232,18 @@ func NewHandler(cfg Config) *Handler {
 		cfg.State = state.New(cfg.Redis, cfg.ClaimTTL)
 	}
 	h := &Handler{
-		cfg:           cfg,
-		state:         cfg.State,
-		bucket:        limiter.New(cfg.Redis),
-		log:           cfg.Logger,
-		templates:     map[int64]parsedTemplate{},
-		stopping:      make(chan struct{}),
-		senders:       newSenders(),
-		consentWrites: make(chan struct{}, 1),
+		cfg:            cfg,
+		state:          cfg.State,
+		bucket:         limiter.New(cfg.Redis),
+		log:            cfg.Logger,
+		templates:      map[int64]parsedTemplate{},
+		stopping:       make(chan struct{}),
+		senders:        newSenders(),
+		consentWrites:  make(chan struct{}, 1),
+		consentAttempt: 2 * time.Second,
+		consentPause:   time.Second,
 	}
+	h.consentCtx, h.endConsentWrites = context.WithCancel(context.Background())
 	h.bucket.OnPace(h.paceReport)
 	return h
 }

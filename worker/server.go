@@ -128,6 +128,7 @@ func Serve(ctx context.Context, rdb redis.UniversalClient, h *Handler, cfg Serve
 
 // waitConsentWrites waits up to d (30 s when 0) for the background consent writes (noConsent).
 func (h *Handler) waitConsentWrites(d time.Duration) {
+	defer h.endConsentWrites()
 	if d <= 0 {
 		d = 30 * time.Second
 	}
