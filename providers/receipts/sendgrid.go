@@ -95,7 +95,10 @@ func (f *flexString) UnmarshalJSON(b []byte) error {
 	default:
 		var n json.Number
 		if err := json.Unmarshal(b, &n); err != nil {
-			return fmt.Errorf("custom arg is neither a string nor a number")
+			// An object, array or boolean: not a usable custom arg, but no reason to drop the event (an
+			// unsubscribe in it must still be recorded); it is treated as absent.
+			*f = ""
+			return nil
 		}
 		*f = flexString(n)
 	}
@@ -243,7 +246,13 @@ func (h *Handler) sendgridBatch(body []byte) (batch, *rejection) {
 	var b batch
 	for _, m := range raw {
 		var e sendgridEvent
-		if err := json.Unmarshal(m, &e); err != nil || e.Event == "" {
+		err := json.Unmarshal(m, &e)
+		if err != nil {
+			// One field of an unexpected type (a custom arg another sender of the account set, say) must
+			// not lose the event: an unsubscribe in it is still a refusal of its address.
+			e, err = lenientSendgridEvent(m)
+		}
+		if err != nil || e.Event == "" {
 			b.ignored = append(b.ignored, ignoredInvalid)
 			continue
 		}
@@ -303,6 +312,33 @@ func (h *Handler) sendgridBatch(body []byte) (batch, *rejection) {
 		b.receipts = append(b.receipts, rc)
 	}
 	return b, nil
+}
+
+// lenientSendgridEvent reads an event whose fields json.Unmarshal refused by type: each field is taken
+// as its string or number text, "" when it is anything else.
+func lenientSendgridEvent(m json.RawMessage) (sendgridEvent, error) {
+	var fields map[string]json.RawMessage
+	if err := json.Unmarshal(m, &fields); err != nil {
+		return sendgridEvent{}, err
+	}
+	get := func(k string) string {
+		var f flexString
+		if raw, ok := fields[k]; !ok || json.Unmarshal(raw, &f) != nil {
+			return ""
+		}
+		return string(f)
+	}
+	str := func(k string) string { // the event's name and address: strings only
+		var v string
+		if json.Unmarshal(fields[k], &v) != nil {
+			return ""
+		}
+		return v
+	}
+	return sendgridEvent{Event: str("event"), Email: str("email"), Timestamp: json.Number(get("timestamp")),
+		SGEventID: get("sg_event_id"), SGMessageID: get("sg_message_id"), Reason: get("reason"), Response: get("response"),
+		Type: get("type"), CampaignID: flexString(get("campaign_id")), UserID: flexString(get("user_id")),
+		ASMGroupID: flexString(get("asm_group_id"))}, nil
 }
 
 // sendgridRefusal is the Refusal of a refusal event; false when it names no address to refuse.
