@@ -400,12 +400,17 @@ func (h *Handler) noConsent(run *batchRun, pe *providers.Error, users, addrs []s
 		}
 		return h.cfg.Store.ProviderNoConsent(ctx, c, addrs, reason, at)
 	}
+	// Until the RET is written, the leases read the ONAY: this process holds the addresses back itself.
+	keys := h.holdRefused(c, pe.OptedOut, addrs)
 	h.consentPending.Add(1)
 	go func() {
 		defer h.consentPending.Done()
 		ctx := h.consentCtx
 		for try := 1; ; try++ {
 			n, err := write(ctx)
+			if err == nil || errors.Is(err, iys.ErrBadRefusal) {
+				h.unholdRefused(keys)
+			}
 			switch {
 			case err == nil && n == 0:
 				log.Info("a provider refused for want of consent; no ONAY of the recipient was there to turn RET")
@@ -425,4 +430,68 @@ func (h *Handler) noConsent(run *batchRun, pe *providers.Error, users, addrs []s
 			limiter.Sleep(ctx, h.consentPause) //nolint:errcheck // the loop checks ctx
 		}
 	}()
+}
+
+// heldKey is the key of Handler.held for a refusal of addr under the consent type typ: of brand and
+// recipient type rtype (a provider's "no consent": ProviderNoConsent), or of every brand and recipient type
+// (all: an opt-out, recorded as the person's refusal: ProviderOptOut).
+func heldKey(all bool, brand, typ, rtype, addr string) string {
+	if all {
+		return "*\x00" + typ + "\x00" + addr
+	}
+	return brand + "\x00" + typ + "\x00" + rtype + "\x00" + addr
+}
+
+// holdRefused notes that c's provider refused addrs for want of consent, until unholdRefused (the RET is
+// written): refusedHere holds them back meanwhile. It returns the keys to let go of.
+func (h *Handler) holdRefused(c *campaign.Campaign, optedOut bool, addrs []string) []string {
+	typ := c.Channel.IYSType()
+	if typ == "" || c.Transactional && !optedOut {
+		return nil // nothing will be written (ProviderNoConsent records nothing for a transactional message)
+	}
+	keys := make([]string, len(addrs))
+	for i, a := range addrs {
+		keys[i] = heldKey(optedOut, c.BrandCode, typ, c.IYSRecipientType(), a)
+	}
+	h.heldMu.Lock()
+	defer h.heldMu.Unlock()
+	if h.held == nil {
+		h.held = map[string]int{}
+	}
+	for _, k := range keys {
+		h.held[k]++
+	}
+	h.holding.Store(int64(len(h.held)))
+	return keys
+}
+
+// unholdRefused lets keys go once their RET is written: the leases read it from then on.
+func (h *Handler) unholdRefused(keys []string) {
+	if len(keys) == 0 {
+		return
+	}
+	h.heldMu.Lock()
+	defer h.heldMu.Unlock()
+	for _, k := range keys {
+		if h.held[k]--; h.held[k] <= 0 {
+			delete(h.held, k)
+		}
+	}
+	h.holding.Store(int64(len(h.held)))
+}
+
+// refusedHere says whether a provider refused addr for want of the consent c's message needs, and its RET
+// is not written yet (noConsent). Only this process knows: another worker's leases read the ONAY until the
+// write lands.
+func (h *Handler) refusedHere(c *campaign.Campaign, addr string) bool {
+	if h.holding.Load() == 0 {
+		return false
+	}
+	typ := c.Channel.IYSType()
+	if typ == "" || c.Transactional {
+		return false
+	}
+	h.heldMu.Lock()
+	defer h.heldMu.Unlock()
+	return h.held[heldKey(true, "", typ, "", addr)] > 0 || h.held[heldKey(false, c.BrandCode, typ, c.IYSRecipientType(), addr)] > 0
 }

@@ -462,7 +462,8 @@ func (h *Handler) gate(ctx context.Context, run *batchRun, chunk []campaign.Reci
 			run.add(campaign.Outcome{UserID: r.UserID, Status: campaign.StatusSent, Reason: reasonReceiptFirst})
 			continue
 		}
-		r.Consent, r.Suspect = got.Consent[r.Address], suspect
+		// A provider's refusal whose RET is still being written is not in the lease's reading yet.
+		r.Consent, r.Suspect = got.Consent[r.Address] && !h.refusedHere(run.c, r.Address), suspect
 		todo = append(todo, r)
 	}
 	// The batch was taken over from a run that died under another Redis epoch: its chunk in hand is settled

@@ -124,6 +124,12 @@ type Handler struct {
 	consentWrites chan struct{}
 	// consentPending counts the consent writes not done yet: Serve waits for them before it returns.
 	consentPending sync.WaitGroup
+	// heldMu guards held: the addresses of the provider refusals for want of consent (noConsent) whose
+	// RET is not written yet, counted by key (heldKey). Until it is, this process sends none of them a
+	// message the refusal covers (refusedHere). holding is len(held), read without the lock.
+	heldMu  sync.Mutex
+	held    map[string]int
+	holding atomic.Int64
 	// consentCtx ends the consent writes' retries: they go on for as long as the process runs, and end
 	// when Serve has waited for them at shutdown (endConsentWrites).
 	consentCtx       context.Context

@@ -174,6 +174,11 @@ func (h *Handler) reread(ctx context.Context, run *batchRun, users []string, who
 		// Cancelled since the chunk was leased: the batch reads why and closes the rest (gate).
 		return got, state.ErrHalted
 	}
+	for a := range got.Consent {
+		if h.refusedHere(run.c, a) {
+			delete(got.Consent, a) // refused by a provider, its RET still being written
+		}
+	}
 	if got.TookOver {
 		// This run's lease had run out, and the run that took the batch over let its own lease run out
 		// too: the statement took it back (once that run was fenced), with that run's chunk in hand. Claims
