@@ -2,7 +2,6 @@ package worker
 
 import (
 	"context"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -84,88 +83,61 @@ func TestAProvidersNoConsentStopsARunningCampaignAtItsNextChunk(t *testing.T) {
 	}
 }
 
-// Order: an import (or sync page) holds the consents' turn; campaign A meets Netgsm's 50 for u11 (İYS holds
-// no consent); the worker's background RET write waits for the turn, retried; meanwhile campaign B (same
-// brand, same worker) leases u11's chunk and sends u11 a commercial SMS through a provider that does not
-// check İYS.
-func TestAProvidersNoConsentStillBeingWrittenHoldsTheAddressBackHere(t *testing.T) {
-	t.Parallel()
-	ctx := context.Background()
-	f := plan(t, 20)
-	x := phone(11)
-	idB, batchesB, _ := f.retSecond(t, "b", "u11", nil)
-	// One worker, both campaigns: one provider that refuses x for want of İYS consent only for A's message
-	// (Netgsm for A's fallback; B's goes through the provider that does not check).
-	pB := newProvider()
-	tx, err := f.db.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tx.Rollback(ctx) //nolint:errcheck
-	if _, err := tx.Exec(ctx, `SELECT 1 FROM iys_consents_version FOR UPDATE`); err != nil {
-		t.Fatal(err)
-	}
-	f.provider.fail = netgsm50(x)
-	f.runAll(t)
-	if st, reason, _ := f.status(t, "u11"); st != campaign.StatusFailed || !strings.Contains(reason, "50") {
-		t.Fatalf("A: u11 %s %q, want failed with netgsm 50", st, reason)
-	}
-	// The same worker process goes on with B.
-	f.h.cfg.Providers = map[campaign.Channel]providers.Provider{campaign.ChannelSMS: pB}
-	for b := 0; b < batchesB; b++ {
-		if err := f.h.RunBatch(ctx, idB, b); err != nil {
-			t.Fatal(err)
+// A provider refuses u11 for want of consent in campaign A while an import (or a sync page) holds the
+// consents' turn, so the worker's RET is written in the background, retried. Meanwhile campaign B (same
+// brand, same worker) leases u11's chunk: its lease still reads the ONAY, but the worker holds u11 back
+// until the RET is written, and B settles u11 as revoked. With Netgsm's 50 (İYS holds no consent) and
+// with Twilio's 21610 at creation (the person opted out).
+func TestAProvidersRefusalStillBeingWrittenHoldsTheAddressBackHere(t *testing.T) {
+	twilio21610 := func(to string) func(int, providers.Message) error {
+		return func(_ int, m providers.Message) error {
+			if m.To == to {
+				return &providers.Error{Provider: "twilio", Status: 400, Code: 21610, Class: providers.Permanent, OptedOut: true,
+					Message: "Attempt to send to unsubscribed recipient"}
+			}
+			return nil
 		}
 	}
-	tx.Rollback(ctx) //nolint:errcheck
-	f.h.waitConsentWrites(30 * time.Second)
-	if n := len(pB.sentTo(x)); n != 0 {
-		var cs string
-		f.db.QueryRow(ctx, `SELECT status FROM iys_consents WHERE recipient = $1`, x).Scan(&cs) //nolint:errcheck
-		t.Fatalf("Netgsm said İYS holds no consent for u11 (campaign A), yet campaign B of the same brand sent u11 %d commercial SMS from the same worker while the RET was still being written (consent now %s)", n, cs)
-	}
-	var st, reason string
-	f.db.QueryRow(ctx, `SELECT status, coalesce(reason, '') FROM campaign_recipients WHERE campaign_id = $1 AND user_id = 'u11'`, idB).Scan(&st, &reason) //nolint:errcheck
-	if st != campaign.StatusSkipped || reason != campaign.ReasonRevoked {
-		t.Fatalf("campaign B: u11 %s/%s, want skipped/revoked", st, reason)
-	}
-}
-
-// The same order with Twilio's 21610 (opted out) at creation: the person's refusal, recorded in the
-// background behind the import; campaign B (same worker) must not reach them meanwhile.
-func TestATwilioOptOutStillBeingWrittenHoldsTheAddressBackHere(t *testing.T) {
-	t.Parallel()
-	ctx := context.Background()
-	f := plan(t, 20)
-	x := phone(11)
-	idB, batchesB, _ := f.retSecond(t, "b", "u11", nil)
-	pB := newProvider()
-	tx, err := f.db.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tx.Rollback(ctx) //nolint:errcheck
-	if _, err := tx.Exec(ctx, `SELECT 1 FROM iys_consents_version FOR UPDATE`); err != nil {
-		t.Fatal(err)
-	}
-	f.provider.fail = func(_ int, m providers.Message) error {
-		if m.To == x {
-			return &providers.Error{Provider: "twilio", Status: 400, Code: 21610, Class: providers.Permanent, OptedOut: true,
-				Message: "Attempt to send to unsubscribed recipient"}
-		}
-		return nil
-	}
-	f.runAll(t)
-	f.h.cfg.Providers = map[campaign.Channel]providers.Provider{campaign.ChannelSMS: pB}
-	for b := 0; b < batchesB; b++ {
-		if err := f.h.RunBatch(ctx, idB, b); err != nil {
-			t.Fatal(err)
-		}
-	}
-	tx.Rollback(ctx) //nolint:errcheck
-	f.h.waitConsentWrites(30 * time.Second)
-	if n := len(pB.sentTo(x)); n != 0 {
-		t.Fatalf("u11 opted out with Twilio (21610, campaign A), yet campaign B sent u11 %d commercial SMS from the same worker while the RET was still being written", n)
+	for name, refuse := range map[string]func(string) func(int, providers.Message) error{"netgsm 50": netgsm50, "twilio 21610": twilio21610} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			f := plan(t, 20)
+			x := phone(11)
+			idB, batchesB, _ := f.retSecond(t, "b", "u11", nil)
+			pB := newProvider()
+			tx, err := f.db.Begin(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer tx.Rollback(ctx) //nolint:errcheck
+			if _, err := tx.Exec(ctx, `SELECT 1 FROM iys_consents_version FOR UPDATE`); err != nil {
+				t.Fatal(err)
+			}
+			f.provider.fail = refuse(x)
+			f.runAll(t)
+			if st, _, _ := f.status(t, "u11"); st != campaign.StatusFailed {
+				t.Fatalf("A: u11 %s, want failed", st)
+			}
+			// The same worker process goes on with B, through a provider that does not check İYS.
+			f.h.cfg.Providers = map[campaign.Channel]providers.Provider{campaign.ChannelSMS: pB}
+			for b := 0; b < batchesB; b++ {
+				if err := f.h.RunBatch(ctx, idB, b); err != nil {
+					t.Fatal(err)
+				}
+			}
+			tx.Rollback(ctx) //nolint:errcheck
+			f.h.waitConsentWrites(30 * time.Second)
+			var cs, st, reason string
+			f.db.QueryRow(ctx, `SELECT status FROM iys_consents WHERE recipient = $1 LIMIT 1`, x).Scan(&cs) //nolint:errcheck
+			if n := len(pB.sentTo(x)); n != 0 {
+				t.Fatalf("the provider refused u11 for want of consent (campaign A), yet campaign B of the same brand sent u11 %d commercial SMS from the same worker while the RET was still being written (consent now %s)", n, cs)
+			}
+			f.db.QueryRow(ctx, `SELECT status, coalesce(reason, '') FROM campaign_recipients WHERE campaign_id = $1 AND user_id = 'u11'`, idB).Scan(&st, &reason) //nolint:errcheck
+			if st != campaign.StatusSkipped || reason != campaign.ReasonRevoked || cs != "RET" {
+				t.Fatalf("campaign B: u11 %s/%s, consent %s; want skipped/revoked and RET once written", st, reason, cs)
+			}
+		})
 	}
 }
 
