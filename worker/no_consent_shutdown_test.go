@@ -32,14 +32,7 @@ func TestAProvidersNoConsentIsNotLostAtSIGTERM(t *testing.T) {
 		return nil
 	}
 	bg := context.Background()
-	tx, err := f.db.Begin(bg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tx.Rollback(bg) //nolint:errcheck
-	if _, err := tx.Exec(bg, `SELECT 1 FROM iys_consents_version FOR UPDATE`); err != nil {
-		t.Fatal(err)
-	}
+	endImport := f.holdConsentsTurn(t)
 	ctx, cancel := context.WithCancel(bg)
 	defer cancel()
 	if _, _, err := Enqueue(ctx, asynq.NewClientFromRedisClient(f.rdb), f.store, f.campaign(t), true); err != nil {
@@ -59,7 +52,7 @@ func TestAProvidersNoConsentIsNotLostAtSIGTERM(t *testing.T) {
 	}
 	// SIGTERM; the import ends 300 ms later.
 	cancel()
-	go func() { time.Sleep(300 * time.Millisecond); tx.Rollback(bg) }() //nolint:errcheck
+	go func() { time.Sleep(300 * time.Millisecond); endImport() }()
 	start := time.Now()
 	if err := <-done; err != nil {
 		t.Fatal(err)

@@ -28,18 +28,11 @@ func TestAProvidersNoConsentDoesNotStallTheBatchBehindAnImport(t *testing.T) {
 		return nil
 	}
 	// The import's merge holds the turn.
-	tx, err := f.db.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tx.Rollback(ctx) //nolint:errcheck
-	if _, err := tx.Exec(ctx, `SELECT 1 FROM iys_consents_version FOR UPDATE`); err != nil {
-		t.Fatal(err)
-	}
+	endImport := f.holdConsentsTurn(t)
 	start := time.Now()
 	f.runAll(t)
 	took := time.Since(start)
-	tx.Rollback(ctx) //nolint:errcheck
+	endImport()
 	for u := range map[string]bool{"u1": true, "u2": true, "u4": true} {
 		if st, _, _ := f.status(t, u); st != campaign.StatusFailed {
 			t.Fatalf("%s %s, want failed", u, st)
@@ -62,4 +55,20 @@ func TestAProvidersNoConsentDoesNotStallTheBatchBehindAnImport(t *testing.T) {
 			t.Fatalf("%d of the 3 consents RET 15 s after the import ended: the refusals were lost", ret)
 		}
 	}
+}
+
+// holdConsentsTurn takes the consents' turn as an import's merge does (iys_consents_version FOR UPDATE)
+// and returns what ends it (the test's end ends it too).
+func (f *fixture) holdConsentsTurn(t *testing.T) (end func()) {
+	t.Helper()
+	tx, err := f.db.Begin(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	end = func() { tx.Rollback(context.Background()) } //nolint:errcheck
+	t.Cleanup(end)
+	if _, err := tx.Exec(context.Background(), `SELECT 1 FROM iys_consents_version FOR UPDATE`); err != nil {
+		t.Fatal(err)
+	}
+	return end
 }

@@ -106,14 +106,7 @@ func TestAProvidersRefusalStillBeingWrittenHoldsTheAddressBackHere(t *testing.T)
 			x := phone(11)
 			idB, batchesB, _ := f.retSecond(t, "b", "u11", nil)
 			pB := newProvider()
-			tx, err := f.db.Begin(ctx)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer tx.Rollback(ctx) //nolint:errcheck
-			if _, err := tx.Exec(ctx, `SELECT 1 FROM iys_consents_version FOR UPDATE`); err != nil {
-				t.Fatal(err)
-			}
+			endImport := f.holdConsentsTurn(t)
 			f.provider.fail = refuse(x)
 			f.runAll(t)
 			if st, _, _ := f.status(t, "u11"); st != campaign.StatusFailed {
@@ -126,7 +119,7 @@ func TestAProvidersRefusalStillBeingWrittenHoldsTheAddressBackHere(t *testing.T)
 					t.Fatal(err)
 				}
 			}
-			tx.Rollback(ctx) //nolint:errcheck
+			endImport()
 			f.h.waitConsentWrites(30 * time.Second)
 			var cs, st, reason string
 			f.db.QueryRow(ctx, `SELECT status FROM iys_consents WHERE recipient = $1 LIMIT 1`, x).Scan(&cs) //nolint:errcheck

@@ -185,20 +185,13 @@ func TestATwilioOptOutOutlastsAnImportLongerThanTwentyAttempts(t *testing.T) {
 		return nil
 	}
 	bg := context.Background()
-	tx, err := f.db.Begin(bg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tx.Rollback(bg) //nolint:errcheck
-	if _, err := tx.Exec(bg, `SELECT 1 FROM iys_consents_version FOR UPDATE`); err != nil {
-		t.Fatal(err)
-	}
+	endImport := f.holdConsentsTurn(t)
 	f.runAll(t)
 	if st, _, _ := f.status(t, "u1"); st != campaign.StatusFailed {
 		t.Fatalf("u1 %s, want failed", st)
 	}
 	time.Sleep(4 * time.Second)
-	tx.Rollback(bg) //nolint:errcheck // the import ends
+	endImport() // the import ends
 	var refusals int
 	var consent string
 	for end := time.Now().Add(5 * time.Second); ; time.Sleep(50 * time.Millisecond) {
