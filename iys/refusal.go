@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"time"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -105,8 +106,12 @@ func RecordRefusals(ctx context.Context, pool *pgxpool.Pool, brand string, rs []
 			r.At = time.Now()
 		}
 		r.Evidence = pgtext.Clean(r.Evidence)
-		if len(r.Evidence) > 500 {
-			r.Evidence = r.Evidence[:500]
+		if n := 500; len(r.Evidence) > n {
+			// Cut on a rune boundary: half a rune is invalid UTF-8, which Postgres refuses on every attempt.
+			for n > 0 && !utf8.RuneStart(r.Evidence[n]) {
+				n--
+			}
+			r.Evidence = r.Evidence[:n]
 		}
 		canon[i] = r
 	}

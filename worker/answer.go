@@ -6,7 +6,10 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"strings"
 	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/redis/go-redis/v9"
 
@@ -408,7 +411,7 @@ func (h *Handler) noConsent(run *batchRun, pe *providers.Error, users, addrs []s
 		ctx := h.consentCtx
 		for try := 1; ; try++ {
 			n, err := write(ctx)
-			if err == nil || errors.Is(err, iys.ErrBadRefusal) {
+			if err == nil || errors.Is(err, iys.ErrBadRefusal) || refusedForGood(err) {
 				h.unholdRefused(keys)
 			}
 			switch {
@@ -418,7 +421,7 @@ func (h *Handler) noConsent(run *batchRun, pe *providers.Error, users, addrs []s
 			case err == nil:
 				log.Warn("a provider refused for want of consent (İYS holds none, or the person opted out): the consent is RET here from now on")
 				return
-			case errors.Is(err, iys.ErrBadRefusal):
+			case errors.Is(err, iys.ErrBadRefusal) || refusedForGood(err):
 				log.Error("a provider refused for want of consent, and the refusal cannot be recorded: check it with campaignctl iys check", "error", err)
 				return
 			case ctx.Err() != nil:
@@ -430,6 +433,14 @@ func (h *Handler) noConsent(run *batchRun, pe *providers.Error, users, addrs []s
 			limiter.Sleep(ctx, h.consentPause) //nolint:errcheck // the loop checks ctx
 		}
 	}()
+}
+
+// refusedForGood says whether Postgres refused a consent write for what it holds (a data exception or an
+// integrity violation, SQLSTATE classes 22 and 23): every attempt would fail alike, and a hold kept for it
+// would hold the address back for as long as the process runs.
+func refusedForGood(err error) bool {
+	var pe *pgconn.PgError
+	return errors.As(err, &pe) && (strings.HasPrefix(pe.Code, "22") || strings.HasPrefix(pe.Code, "23"))
 }
 
 // heldKey is the key of Handler.held for a refusal of addr under the consent type typ: of brand and

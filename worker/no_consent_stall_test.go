@@ -2,6 +2,7 @@ package worker
 
 import (
 	"context"
+	"sync"
 	"testing"
 	"time"
 
@@ -65,7 +66,8 @@ func (f *fixture) holdConsentsTurn(t *testing.T) (end func()) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	end = func() { tx.Rollback(context.Background()) } //nolint:errcheck
+	var once sync.Once
+	end = func() { once.Do(func() { tx.Rollback(context.Background()) }) } //nolint:errcheck
 	t.Cleanup(end)
 	if _, err := tx.Exec(context.Background(), `SELECT 1 FROM iys_consents_version FOR UPDATE`); err != nil {
 		t.Fatal(err)
