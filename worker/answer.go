@@ -411,7 +411,12 @@ func (h *Handler) noConsent(run *batchRun, pe *providers.Error, users, addrs []s
 		ctx := h.consentCtx
 		for try := 1; ; try++ {
 			n, err := write(ctx)
-			if err == nil || errors.Is(err, iys.ErrBadRefusal) || refusedForGood(err) {
+			switch {
+			case err == nil:
+				// A lease that read the consents just before the RET's commit still carries the ONAY: the
+				// address stays held back a while after it.
+				time.AfterFunc(holdAfterWrite, func() { h.unholdRefused(keys) })
+			case errors.Is(err, iys.ErrBadRefusal) || refusedForGood(err):
 				h.unholdRefused(keys)
 			}
 			switch {
@@ -434,6 +439,10 @@ func (h *Handler) noConsent(run *batchRun, pe *providers.Error, users, addrs []s
 		}
 	}()
 }
+
+// holdAfterWrite is how long a worker still holds back an address a provider refused once its RET is
+// written: longer than a lease that read the consents just before that commit takes to reach its sends.
+const holdAfterWrite = 5 * time.Second
 
 // refusedForGood says whether Postgres refused a consent write for what it holds (a data exception or an
 // integrity violation, SQLSTATE classes 22 and 23): every attempt would fail alike, and a hold kept for it
