@@ -126,6 +126,13 @@ type Campaign struct {
 	Transactional bool
 	// AllowStaleConsent records that the launch went ahead with consents older than the allowed age.
 	AllowStaleConsent bool
+	// MaxConsentAge is the --max-consent-age a commercial campaign on an İYS channel was launched with
+	// (0: none, or stale consents allowed): a batch does not send on consents older than that
+	// (ConsentStale). ConsentSyncedAt is when they were last brought up to date, as Get read it (nil: never,
+	// or no age to keep), and consentAge how long ago that was by Postgres's clock.
+	MaxConsentAge   time.Duration
+	ConsentSyncedAt *time.Time
+	consentAge      time.Duration
 	// MaxSegments is the most SMS segments one message may take (launch --max-segments).
 	MaxSegments int
 }

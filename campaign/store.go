@@ -23,26 +23,34 @@ type Store struct {
 // NewStore returns a Store on pool.
 func NewStore(pool *pgxpool.Pool) *Store { return &Store{pool: pool} }
 
-const campaignColumns = `id, name, channel, state, message, subject, coalesce(code_pool, ''), rate, audience_sql,
+var campaignColumns = `id, name, channel, state, message, subject, coalesce(code_pool, ''), rate, audience_sql,
 	audience, eligible, excluded, batch_size, batches, created_at, started_at, finished_at,
 	start_at, send_window, window_zone, frequency_cap_seconds, html, template_id, recipient_type, transactional,
-	allow_stale_consent, brand_code, max_segments, state_since,
+	allow_stale_consent, brand_code, max_segments, state_since, coalesce(max_consent_age_seconds, 0),
+	(SELECT CASE WHEN max_consent_age_seconds > 0 THEN array[extract(epoch FROM a.at), extract(epoch FROM now() - a.at)] END
+	 FROM (SELECT ` + consentSyncedAtSQL("campaigns.brand_code") + ` AS at) a),
 	(SELECT coalesce(max(frequency_cap_seconds), 0) FROM campaigns l WHERE l.state IN (` + sqlStatePlanning + `, ` + sqlStateScheduled + `, ` + sqlStateRunning + `, '` + string(StatePaused) + `'))`
 
 func scanCampaign(row pgx.Row) (*Campaign, error) {
 	var c Campaign
 	var excluded []byte
 	var window, zone string
-	var capSeconds, keptSeconds int64
+	var capSeconds, keptSeconds, ageSeconds int64
+	var synced []*float64
 	err := row.Scan(&c.ID, &c.Name, &c.Channel, &c.State, &c.Message, &c.Subject, &c.CodePool, &c.Rate, &c.AudienceSQL,
 		&c.Audience, &c.Eligible, &excluded, &c.BatchSize, &c.Batches, &c.CreatedAt, &c.StartedAt, &c.FinishedAt,
 		&c.StartAt, &window, &zone, &capSeconds, &c.HTML, &c.TemplateID, &c.RecipientType, &c.Transactional,
-		&c.AllowStaleConsent, &c.BrandCode, &c.MaxSegments, &c.StateSince, &keptSeconds)
+		&c.AllowStaleConsent, &c.BrandCode, &c.MaxSegments, &c.StateSince, &ageSeconds, &synced, &keptSeconds)
 	if err != nil {
 		return nil, err
 	}
 	c.FrequencyCap = time.Duration(capSeconds) * time.Second
 	c.MarksJudgedFor = time.Duration(keptSeconds) * time.Second
+	c.MaxConsentAge = time.Duration(ageSeconds) * time.Second
+	if len(synced) == 2 && synced[0] != nil && synced[1] != nil {
+		at := time.UnixMicro(int64(*synced[0] * 1e6))
+		c.ConsentSyncedAt, c.consentAge = &at, time.Duration(*synced[1]*float64(time.Second))
+	}
 	loc, err := time.LoadLocation(zone)
 	if err != nil {
 		return nil, fmt.Errorf("campaign %d: window zone %q: %w", c.ID, zone, err)

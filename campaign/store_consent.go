@@ -18,12 +18,7 @@ func (p *Planner) consentGate(ctx context.Context, tx pgx.Tx, spec Spec, rep *Re
 		return nil
 	}
 	var last *time.Time
-	// Up to date as of the latest import or re-verification, or of the older of the two pulls: a pull of
-	// the brand's changes alone says nothing of the RETs citizens gave in İYS.
-	if err := tx.QueryRow(ctx, `SELECT greatest(
-			(SELECT max(last_success_at) FROM iys_sync_state WHERE brand_code = $1 AND source IN (`+quoteLiteral(iys.SourceImport)+`, `+quoteLiteral(iys.SourceReverify)+`)),
-			(SELECT CASE WHEN count(last_success_at) = 2 THEN min(last_success_at) END
-			 FROM iys_sync_state WHERE brand_code = $1 AND source IN (`+quoteLiteral(iys.SourcePullHS)+`, `+quoteLiteral(iys.SourcePullIYS)+`)))`, spec.BrandCode).Scan(&last); err != nil {
+	if err := tx.QueryRow(ctx, `SELECT `+consentSyncedAtSQL("$1"), spec.BrandCode).Scan(&last); err != nil {
 		return fmt.Errorf("plan: consent sync state: %w", err)
 	}
 	rep.ConsentSyncedAt = last
@@ -48,6 +43,34 @@ func (p *Planner) consentGate(ctx context.Context, tx pgx.Tx, spec Spec, rep *Re
 		ErrInvalid, when, spec.MaxConsentAge)
 }
 
+// consentSyncedAtSQL is the SQL expression of when the consents of the brand given by the SQL expression
+// brand were last brought up to date: the latest import or re-verification, or the older of the two pulls
+// (a pull of the brand's changes alone says nothing of the RETs citizens gave in İYS); NULL when never.
+func consentSyncedAtSQL(brand string) string {
+	return `greatest(
+			(SELECT max(last_success_at) FROM iys_sync_state WHERE brand_code = ` + brand + ` AND source IN (` + quoteLiteral(iys.SourceImport) + `, ` + quoteLiteral(iys.SourceReverify) + `)),
+			(SELECT CASE WHEN count(last_success_at) = 2 THEN min(last_success_at) END
+			 FROM iys_sync_state WHERE brand_code = ` + brand + ` AND source IN (` + quoteLiteral(iys.SourcePullHS) + `, ` + quoteLiteral(iys.SourcePullIYS) + `)))`
+}
+
+// ConsentStale says why campaign c must not send now: it was launched with a maximum age of its consents
+// (not allowing stale ones), and they were last brought up to date longer ago than that, as of the
+// campaign's reading (Get, by Postgres's clock). "" when it may send.
+func (c *Campaign) ConsentStale() string {
+	if c.MaxConsentAge <= 0 {
+		return ""
+	}
+	if c.ConsentSyncedAt != nil && c.consentAge <= c.MaxConsentAge {
+		return ""
+	}
+	when := "never"
+	if c.ConsentSyncedAt != nil {
+		when = fmt.Sprintf("last at %s (%s ago)", c.ConsentSyncedAt.UTC().Format(time.RFC3339), c.consentAge.Round(time.Minute))
+	}
+	return fmt.Sprintf("the İYS consents of campaign %d were brought up to date %s, longer ago than the --max-consent-age %v it was launched with: a RET given since then would be missed. Run `campaignctl iys sync` (or import a fresh consent file), then `campaignctl dlq retry %d`",
+		c.ID, when, c.MaxConsentAge, c.ID)
+}
+
 // brandGate refuses a launch under an İYS brand code whose audience has consents recorded only without a
 // brand (imported before IYS_BRAND_CODE was set): they would all be excluded as no_consent, silently.
 func (p *Planner) brandGate(ctx context.Context, tx pgx.Tx, spec Spec, rep *Report) error {
@@ -69,4 +92,14 @@ func (p *Planner) brandGate(ctx context.Context, tx pgx.Tx, spec Spec, rep *Repo
 	}
 	return fmt.Errorf("%w: IYS_BRAND_CODE is %q, but %d recipients of this audience have consents recorded without a brand (imported before IYS_BRAND_CODE was set), so they would be excluded as no_consent. Import the consent file again with IYS_BRAND_CODE=%s set (or run `campaignctl iys sync`, which records the brand), or launch without IYS_BRAND_CODE",
 		ErrInvalid, spec.BrandCode, n, spec.BrandCode)
+}
+
+// keptConsentAge is the maximum age of its consents, in seconds, that a campaign planned from s keeps for
+// its batches (Campaign.MaxConsentAge): the launch's, when the launch checked it and did not go ahead on
+// stale consents; 0 otherwise.
+func (s Spec) keptConsentAge(rep *Report) int64 {
+	if !s.consentRule().checksIYS() || s.MaxConsentAge <= 0 || rep.StaleConsentAllowed || s.AllowStaleConsent {
+		return 0
+	}
+	return int64(max(time.Second, s.MaxConsentAge) / time.Second)
 }

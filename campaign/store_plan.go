@@ -52,12 +52,12 @@ func (p *Planner) plan(ctx context.Context, spec Spec, tmpl *Template, rep *Repo
 	}
 	err = tx.QueryRow(ctx, `INSERT INTO campaigns (name, channel, state, message, subject, code_pool, rate, audience_sql, batch_size,
 			start_at, send_window, window_zone, frequency_cap_seconds, html, template_id, recipient_type, transactional,
-			allow_stale_consent, template_hash, brand_code, privileged_audience, max_segments)
-		VALUES ($1, $2, `+sqlStatePlanning+`, $3, $4, NULLIF($5, ''), $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21) RETURNING id`,
+			allow_stale_consent, template_hash, brand_code, privileged_audience, max_segments, max_consent_age_seconds)
+		VALUES ($1, $2, `+sqlStatePlanning+`, $3, $4, NULLIF($5, ''), $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21, NULLIF($22, 0)) RETURNING id`,
 		spec.Name, spec.Channel, spec.Message, spec.Subject, spec.CodePool, spec.Rate, spec.AudienceSQL, spec.BatchSize,
 		startAt, spec.Window.String(), zone, int64(spec.FrequencyCap/time.Second), spec.HTML, spec.TemplateID,
 		spec.recipientType(), spec.Transactional, rep.StaleConsentAllowed, spec.Content().Hash(), spec.BrandCode,
-		spec.AllowPrivilegedAudience, spec.MaxSegments).Scan(&id)
+		spec.AllowPrivilegedAudience, spec.MaxSegments, spec.keptConsentAge(rep)).Scan(&id)
 	if err != nil {
 		var pgErr *pgconn.PgError
 		if errors.As(err, &pgErr) && pgErr.Code == pgUniqueViolation {

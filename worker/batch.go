@@ -124,6 +124,14 @@ func (h *Handler) RunBatch(ctx context.Context, campaignID int64, batch int) err
 		}
 		return retry
 	}
+	if c.State == campaign.StateRunning {
+		// A batch run long after the launch (its retries, the DLQ, resume) keeps the launch's
+		// --max-consent-age: on older consents it sends nothing and waits in the DLQ for a sync.
+		if why := c.ConsentStale(); why != "" {
+			log.Error("batch not sent: consents too old", "detail", why)
+			return fmt.Errorf("%s: %w", why, asynq.SkipRetry)
+		}
+	}
 	run, err := h.newRun(c, batch)
 	if err != nil {
 		return err

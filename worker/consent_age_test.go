@@ -1,0 +1,55 @@
+package worker
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/hibiken/asynq"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/campaignctl/campaignctl/campaign"
+)
+
+// A campaign launched with --max-consent-age 24h on consents synced a moment before. Its batch fails and
+// waits (its retries, the DLQ) for three days with no sync or import; then it runs again (asynqmon's run,
+// `dlq retry`, `resume`). It must not send on consents older than the launch allowed: a RET given in İYS
+// meanwhile would be missed. It hands itself to the DLQ naming the sync, and sends once the consents are
+// brought up to date. A campaign launched with --allow-stale-consent goes on.
+func TestABatchRunLongAfterItsLaunchKeepsTheMaxConsentAge(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	synced := func(db *pgxpool.Pool, launch func()) {
+		if _, err := db.Exec(ctx, `INSERT INTO iys_sync_state (source, last_success_at) VALUES ('import', now())`); err != nil {
+			t.Fatal(err)
+		}
+		launch()
+	}
+	f := planAround(t, 10, func(s *campaign.Spec) { s.MaxConsentAge = 24 * time.Hour }, synced)
+	if _, err := f.db.Exec(ctx, `UPDATE iys_sync_state SET last_success_at = now() - interval '3 days'`); err != nil {
+		t.Fatal(err)
+	}
+	err := f.h.RunBatch(ctx, f.id, 0)
+	if err == nil || !errors.Is(err, asynq.SkipRetry) || !strings.Contains(err.Error(), "iys sync") {
+		t.Fatalf("batch on consents synced 3 days ago (launched with --max-consent-age 24h): %v; want it handed to the DLQ, naming `campaignctl iys sync`", err)
+	}
+	if n := f.provider.total(); n != 0 {
+		t.Fatalf("%d messages sent on consents synced 3 days ago (launched with --max-consent-age 24h)", n)
+	}
+	if _, err := f.db.Exec(ctx, `UPDATE iys_sync_state SET last_success_at = now()`); err != nil {
+		t.Fatal(err)
+	}
+	f.runAll(t)
+	if n := f.provider.total(); n == 0 {
+		t.Fatal("nothing sent once the consents were brought up to date")
+	}
+
+	// Launched with --allow-stale-consent: the launch recorded it, and the batches go on.
+	g := planAround(t, 10, func(s *campaign.Spec) { s.MaxConsentAge, s.AllowStaleConsent = 24*time.Hour, true }, nil)
+	g.runAll(t)
+	if n := g.provider.total(); n == 0 {
+		t.Fatal("a campaign launched with --allow-stale-consent sent nothing")
+	}
+}
