@@ -9,6 +9,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/campaignctl/campaignctl/campaign"
+	"github.com/campaignctl/campaignctl/internal/state"
 )
 
 // ErrLaunchDeclined is returned by Launch when Confirm said no: nothing was written or sent.
@@ -84,10 +85,44 @@ func Launch(ctx context.Context, o LaunchOptions) (campaign.Report, error) {
 	if err != nil {
 		return rep, fmt.Errorf("campaign %d is planned but not queued: %w; run `campaignctl resume %d`", rep.ID, err, rep.ID)
 	}
-	added, _, err := Enqueue(ctx, asynq.NewClientFromRedisClient(o.Redis), store, c, true)
+	// The campaign is new: nothing in Redis is its own yet. A halt mark or a task under its ID is left from
+	// an engine database that was re-created (or restored from a backup) while Redis kept its data, and
+	// the IDs started again: the mark would hold this campaign, and the task (say one in the DLQ) would
+	// make its enqueue a no-op.
+	if err := state.Unhalt(ctx, o.Redis, rep.ID); err != nil {
+		return rep, &NotQueuedError{CampaignID: rep.ID, Batches: rep.Batches, Err: err}
+	}
+	added, existing, err := Enqueue(ctx, asynq.NewClientFromRedisClient(o.Redis), store, c, true)
+	if err == nil && existing > 0 {
+		// Its payload names this campaign's ID and batch: run now, it sends this campaign's batch.
+		var n int
+		n, err = runStale(o.Redis, rep.ID)
+		added += n
+	}
 	rep.Enqueued = added
 	if err != nil {
 		return rep, &NotQueuedError{CampaignID: rep.ID, Queued: added, Batches: rep.Batches, Err: err}
 	}
 	return rep, nil
+}
+
+// runStale makes the tasks under campaign id's ID that wait in the DLQ or for a retry run now: a new
+// campaign's enqueue found them there (see Launch). Scheduled ones are left alone: the campaign's own
+// tasks wait there for its start or its send window.
+func runStale(rdb redis.UniversalClient, id int64) (int, error) {
+	insp := asynq.NewInspectorFromRedisClient(rdb)
+	var stale []string
+	collect := func(t *asynq.TaskInfo, _ int64, _ int) { stale = append(stale, t.ID) }
+	for _, list := range []func(string, ...asynq.ListOption) ([]*asynq.TaskInfo, error){insp.ListArchivedTasks, insp.ListRetryTasks} {
+		if err := batchTasks(list, id, collect); err != nil {
+			return 0, fmt.Errorf("read the queue: %w", err)
+		}
+	}
+	n := 0
+	for _, tid := range stale {
+		if insp.RunTask(Queue, tid) == nil {
+			n++
+		}
+	}
+	return n, nil
 }
