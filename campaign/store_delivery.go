@@ -176,7 +176,17 @@ var recordDeliveriesSQL = `
 			       OR b.rank > ` + deliveryRank("r.delivery") + `
 			       OR (b.rank = ` + deliveryRank("r.delivery") + `
 			           AND b.at >= r.delivery_at))
-			RETURNING r.campaign_id, r.user_id, b.was, r.status, r.provider_message_id, b.status AS delivery
+			RETURNING r.campaign_id, r.user_id, b.was, r.status, r.provider_message_id, b.status AS delivery, r.address, b.error
+		), invalid AS (
+			-- An e-mail address the receiving server refused (a bounce; a "blocked" one is about the sender,
+			-- and its error says so) is condemned, as an unregistered push token is: later launches exclude
+			-- it rather than spend a code on a message the provider will drop.
+			INSERT INTO invalid_addresses (channel, address, reason)
+			SELECT DISTINCT ON (upd.address) c.channel, upd.address, 'bounced: ' || coalesce(upd.error, '')
+			FROM upd JOIN campaigns c ON c.id = upd.campaign_id
+			WHERE upd.delivery = ` + quoteLiteral(DeliveryBounced) + ` AND c.channel = ` + quoteLiteral(string(ChannelEmail)) + `
+			  AND coalesce(upd.error, '') NOT LIKE 'blocked:%'
+			ON CONFLICT (channel, address) DO UPDATE SET reason = EXCLUDED.reason, at = now()
 		), log AS (
 			-- A recipient recorded unknown that a receipt proves sent: the transition is audited like the
 			-- others (and a later launch's frequency cap finds the send there).

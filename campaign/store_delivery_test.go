@@ -160,3 +160,55 @@ func assertDeliveries(t *testing.T, db *pgxpool.Pool, want map[string][2]string)
 		}
 	}
 }
+
+// A bounce of an e-mail (the receiving server refused the address) condemns the address: a later launch
+// excludes it as invalid_address instead of spending a code on a message the provider drops. A "blocked"
+// bounce is about the sender, and an SMS's failure is not a bounce: neither condemns anything.
+func TestABouncedEmailAddressIsExcludedFromLaterLaunches(t *testing.T) {
+	t.Parallel()
+	db, _ := testdb.New(t)
+	ctx := context.Background()
+	mustExec(t, db, `INSERT INTO campaigns (id, name, channel, state, message, audience_sql, batch_size)
+		OVERRIDING SYSTEM VALUE VALUES (101, 'm', 'email', 'running', 'x', 'SELECT 1', 100), (102, 's', 'sms', 'running', 'x', 'SELECT 1', 100)`)
+	mustExec(t, db, `INSERT INTO campaign_recipients (campaign_id, user_id, address, batch, status, provider_message_id) VALUES
+		(101, 'a', 'gone@example.com', 0, 'sent', 'Ma'), (101, 'b', 'blocked@example.com', 0, 'sent', 'Mb'),
+		(101, 'c', 'fine@example.com', 0, 'sent', 'Mc'), (102, 'd', '+905320000004', 0, 'sent', 'SMd')`)
+	store := campaign.NewStore(db)
+	now := time.Now()
+	if _, err := store.RecordDeliveries(ctx, []campaign.Delivery{
+		{Provider: "sendgrid", CampaignID: 101, UserID: "a", MessageID: "Ma", Status: campaign.DeliveryBounced, Error: "550 5.1.1 no such user", EventID: "e1", At: now},
+		{Provider: "sendgrid", CampaignID: 101, UserID: "b", MessageID: "Mb", Status: campaign.DeliveryBounced, Error: "blocked: 421 try later", EventID: "e2", At: now},
+		{Provider: "sendgrid", CampaignID: 101, UserID: "c", MessageID: "Mc", Status: campaign.DeliveryDelivered, EventID: "e3", At: now},
+		{Provider: "twilio", CampaignID: 102, UserID: "d", MessageID: "SMd", Status: campaign.DeliveryBounced, At: now},
+	}); err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	rows, err := db.Query(ctx, `SELECT channel || ' ' || address FROM invalid_addresses ORDER BY 1`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for rows.Next() {
+		var s string
+		if err := rows.Scan(&s); err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, s)
+	}
+	if rows.Err() != nil || !slices.Equal(got, []string{"email gone@example.com"}) {
+		t.Fatalf("condemned addresses %v (%v); want only the hard bounce, email gone@example.com", got, rows.Err())
+	}
+
+	// A later e-mail launch to the three addresses excludes the bounced one.
+	mustExec(t, db, `CREATE TABLE people (user_id text, email text)`)
+	mustExec(t, db, `GRANT SELECT ON people TO campaignctl_audience`)
+	mustExec(t, db, `INSERT INTO people VALUES ('a', 'gone@example.com'), ('b', 'blocked@example.com'), ('c', 'fine@example.com')`)
+	rep, err := (&campaign.Planner{Engine: db, Audience: db}).Plan(ctx, campaign.Spec{Name: "later", Channel: campaign.ChannelEmail,
+		BatchSize: 10, Transactional: true, Subject: "Siparişiniz", Message: "Merhaba", AudienceSQL: `SELECT user_id, email FROM people`})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.Eligible != 2 || rep.Excluded[campaign.ReasonInvalidAddress] != 1 {
+		t.Fatalf("later launch: %d eligible, excluded %v; want 2, and the bounced address as %s", rep.Eligible, rep.Excluded, campaign.ReasonInvalidAddress)
+	}
+}
