@@ -253,6 +253,10 @@ func (s *Store) LeaseChunk(ctx context.Context, c *Campaign, users []string, l L
 // it says TACIR.
 func (c *Campaign) IYSRecipientType() string { return iysRecipientType(c.RecipientType) }
 
+// ChecksIYS says whether İYS decides who the campaign may send to: a commercial message on a channel with
+// an İYS type.
+func (c *Campaign) ChecksIYS() bool { return c.consentRule().checksIYS() }
+
 // OneClickUnsubscribe says the campaign's messages carry a one-click unsubscribe link per recipient (see
 // Spec.OneClickUnsubscribe).
 func (c *Campaign) OneClickUnsubscribe() bool {

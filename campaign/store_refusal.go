@@ -30,22 +30,17 @@ func (s *Store) LinkRecipient(ctx context.Context, id int64, userID string) (add
 }
 
 // ProviderNoConsent records that a provider refused c's message to addrs for want of consent (Netgsm
-// found none in İYS, or the recipient opted out with Twilio: providers.Error.NoConsent): the ONAYs stored
-// for them under c's brand and recipient type turn RET here, so that no later campaign sends them a
-// commercial message through a provider that does not check. Nothing is queued for İYS. It returns how
-// many consents turned; a transactional campaign, or a channel İYS does not govern, records nothing.
+// found none in İYS: providers.Error.NoConsent): the ONAYs stored for them under c's brand and recipient
+// type turn RET here, so that no later campaign sends them a commercial message through a provider that
+// does not check. Nothing is queued for İYS. It returns how many consents turned; a campaign whose
+// messages İYS does not govern (transactional, or a channel without an İYS type) records nothing.
 func (s *Store) ProviderNoConsent(ctx context.Context, c *Campaign, addrs []string, source string, at time.Time) (int64, error) {
-	typ := c.Channel.IYSType()
-	if typ == "" || c.Transactional || len(addrs) == 0 {
+	if !c.ChecksIYS() || len(addrs) == 0 {
 		return 0, nil
-	}
-	rtype := c.RecipientType
-	if rtype == "" {
-		rtype = iys.RecipientIndividual
 	}
 	ns := make([]iys.NoConsent, len(addrs))
 	for i, a := range addrs {
-		ns[i] = iys.NoConsent{Recipient: a, Type: typ, RecipientType: rtype, Source: source, At: at}
+		ns[i] = iys.NoConsent{Recipient: a, Type: c.Channel.IYSType(), RecipientType: c.IYSRecipientType(), Source: source, At: at}
 	}
 	return iys.RecordNoConsent(ctx, s.pool, c.BrandCode, ns)
 }
@@ -55,18 +50,18 @@ func (s *Store) ProviderNoConsent(ctx context.Context, c *Campaign, addrs []stri
 // sender): their refusals through the brand's channel, recorded as such in one transaction
 // (iys.RecordRefusals: the consents turn RET, and the RETs wait for İYS), as the same error in a status
 // callback is, whatever the message: a transactional one too, since the person refused the sender, not
-// the message (and no status callback follows: Twilio created none). A channel İYS does not govern records
-// nothing.
-func (s *Store) ProviderOptOut(ctx context.Context, c *Campaign, userIDs, addrs []string, evidence string, at time.Time) error {
+// the message (and no status callback follows: Twilio created none). It returns how many consents turned;
+// a channel İYS does not govern records nothing.
+func (s *Store) ProviderOptOut(ctx context.Context, c *Campaign, userIDs, addrs []string, evidence string, at time.Time) (int64, error) {
 	typ := c.Channel.IYSType()
 	if typ == "" || len(addrs) == 0 {
-		return nil
+		return 0, nil
 	}
 	rs := make([]iys.Refusal, len(addrs))
 	for i, a := range addrs {
 		rs[i] = iys.Refusal{Via: iys.ViaTwilioInbound, EventID: fmt.Sprintf("create:%d:%s:opted_out", c.ID, userIDs[i]), Kind: "opted_out",
 			Recipient: a, Type: typ, CampaignID: c.ID, UserID: userIDs[i], Evidence: evidence, At: at}
 	}
-	_, err := iys.RecordRefusals(ctx, s.pool, c.BrandCode, rs)
-	return err
+	rep, err := iys.RecordRefusals(ctx, s.pool, c.BrandCode, rs)
+	return int64(rep.Revoked), err
 }

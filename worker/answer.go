@@ -399,7 +399,7 @@ func (h *Handler) noConsent(run *batchRun, pe *providers.Error, users, addrs []s
 		ctx, cancel := context.WithTimeout(ctx, h.consentAttempt)
 		defer cancel()
 		if pe.OptedOut {
-			return 1, h.cfg.Store.ProviderOptOut(ctx, c, users, addrs, reason, at)
+			return h.cfg.Store.ProviderOptOut(ctx, c, users, addrs, reason, at)
 		}
 		return h.cfg.Store.ProviderNoConsent(ctx, c, addrs, reason, at)
 	}
@@ -416,17 +416,10 @@ func (h *Handler) noConsent(run *batchRun, pe *providers.Error, users, addrs []s
 				// A lease that read the consents just before the RET's commit still carries the ONAY: the
 				// address stays held back a while after it.
 				time.AfterFunc(holdAfterWrite, func() { h.unholdRefused(keys) })
+				log.Warn("a provider refused for want of consent (İYS holds none, or the person opted out): the consent is RET here from now on", "turned", n)
+				return
 			case errors.Is(err, iys.ErrBadRefusal) || refusedForGood(err):
 				h.unholdRefused(keys)
-			}
-			switch {
-			case err == nil && n == 0:
-				log.Info("a provider refused for want of consent; no ONAY of the recipient was there to turn RET")
-				return
-			case err == nil:
-				log.Warn("a provider refused for want of consent (İYS holds none, or the person opted out): the consent is RET here from now on")
-				return
-			case errors.Is(err, iys.ErrBadRefusal) || refusedForGood(err):
 				log.Error("a provider refused for want of consent, and the refusal cannot be recorded: check it with campaignctl iys check", "error", err)
 				return
 			case ctx.Err() != nil:
@@ -466,7 +459,7 @@ func heldKey(all bool, brand, typ, rtype, addr string) string {
 // written): refusedHere holds them back meanwhile. It returns the keys to let go of.
 func (h *Handler) holdRefused(c *campaign.Campaign, optedOut bool, addrs []string) []string {
 	typ := c.Channel.IYSType()
-	if typ == "" || c.Transactional && !optedOut {
+	if typ == "" || !optedOut && !c.ChecksIYS() {
 		return nil // nothing will be written (ProviderNoConsent records nothing for a transactional message)
 	}
 	keys := make([]string, len(addrs))
@@ -507,10 +500,10 @@ func (h *Handler) refusedHere(c *campaign.Campaign, addr string) bool {
 	if h.holding.Load() == 0 {
 		return false
 	}
-	typ := c.Channel.IYSType()
-	if typ == "" || c.Transactional {
+	if !c.ChecksIYS() {
 		return false
 	}
+	typ := c.Channel.IYSType()
 	h.heldMu.Lock()
 	defer h.heldMu.Unlock()
 	return h.held[heldKey(true, "", typ, "", addr)] > 0 || h.held[heldKey(false, c.BrandCode, typ, c.IYSRecipientType(), addr)] > 0

@@ -475,12 +475,8 @@ func (h *Handler) releaseLater(key, nonce, inflight string) {
 }
 
 // inBackground calls f every second, for up to a minute, until it succeeds.
-func inBackground(f func(context.Context) error) { inBackgroundThen(func() {}, f) }
-
-// inBackgroundThen is inBackground, calling done when it gives up or succeeds.
-func inBackgroundThen(done func(), f func(context.Context) error) {
+func inBackground(f func(context.Context) error) {
 	go func() {
-		defer done()
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
 		for ctx.Err() == nil && f(ctx) != nil {

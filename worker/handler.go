@@ -39,7 +39,7 @@ type Store interface {
 	ExpiredLeases(ctx context.Context, limit int, gone []int64) ([]campaign.Expired, error)
 	GoneHolders(ctx context.Context) ([]int64, error)
 	ProviderNoConsent(ctx context.Context, c *campaign.Campaign, addrs []string, source string, at time.Time) (int64, error)
-	ProviderOptOut(ctx context.Context, c *campaign.Campaign, userIDs, addrs []string, evidence string, at time.Time) error
+	ProviderOptOut(ctx context.Context, c *campaign.Campaign, userIDs, addrs []string, evidence string, at time.Time) (int64, error)
 }
 
 var _ Store = (*campaign.Store)(nil)

@@ -94,9 +94,10 @@ func Launch(ctx context.Context, o LaunchOptions) (campaign.Report, error) {
 	}
 	added, existing, err := Enqueue(ctx, asynq.NewClientFromRedisClient(o.Redis), store, c, true)
 	if err == nil && existing > 0 {
-		// Its payload names this campaign's ID and batch: run now, it sends this campaign's batch.
+		// Its payload names this campaign's ID and batch: run now, it sends this campaign's batch. Scheduled
+		// tasks are left alone: the campaign's own wait there for its start or its send window.
 		var n int
-		n, err = runStale(o.Redis, rep.ID)
+		n, err = runNow(o.Redis, rep.ID, asynq.TaskStateArchived, asynq.TaskStateRetry)
 		added += n
 	}
 	rep.Enqueued = added
@@ -104,25 +105,4 @@ func Launch(ctx context.Context, o LaunchOptions) (campaign.Report, error) {
 		return rep, &NotQueuedError{CampaignID: rep.ID, Queued: added, Batches: rep.Batches, Err: err}
 	}
 	return rep, nil
-}
-
-// runStale makes the tasks under campaign id's ID that wait in the DLQ or for a retry run now: a new
-// campaign's enqueue found them there (see Launch). Scheduled ones are left alone: the campaign's own
-// tasks wait there for its start or its send window.
-func runStale(rdb redis.UniversalClient, id int64) (int, error) {
-	insp := asynq.NewInspectorFromRedisClient(rdb)
-	var stale []string
-	collect := func(t *asynq.TaskInfo, _ int64, _ int) { stale = append(stale, t.ID) }
-	for _, list := range []func(string, ...asynq.ListOption) ([]*asynq.TaskInfo, error){insp.ListArchivedTasks, insp.ListRetryTasks} {
-		if err := batchTasks(list, id, collect); err != nil {
-			return 0, fmt.Errorf("read the queue: %w", err)
-		}
-	}
-	n := 0
-	for _, tid := range stale {
-		if insp.RunTask(Queue, tid) == nil {
-			n++
-		}
-	}
-	return n, nil
 }

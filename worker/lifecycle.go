@@ -386,7 +386,7 @@ func Resume(ctx context.Context, o ResumeOptions) (ResumeReport, error) {
 	if rep.AlreadyQueued > 0 && c.State == campaign.StateRunning && c.Window.Open(time.Now()) {
 		// Batches that met the pause (or a wait of the incident) are waiting to be retried, up to 30 s
 		// from now: they run now.
-		if rep.Hastened, err = runWaiting(o.Redis, id); err != nil {
+		if rep.Hastened, err = runNow(o.Redis, id, asynq.TaskStateRetry, asynq.TaskStateScheduled); err != nil {
 			return rep, err
 		}
 	}
@@ -408,19 +408,24 @@ func orDiscard(l *slog.Logger) *slog.Logger {
 	return l
 }
 
-// runWaiting makes the campaign's batch tasks that wait for a retry or a scheduled time run now: one
-// listing of each, a page at a time, not a lookup a batch. A task that started meanwhile is left as it is.
-func runWaiting(rdb redis.UniversalClient, id int64) (int, error) {
+// runNow makes campaign id's batch tasks in the given states (archived, retry, scheduled) run now: one
+// listing of each state, a page at a time, not a lookup a batch. A task that started meanwhile is left as
+// it is.
+func runNow(rdb redis.UniversalClient, id int64, states ...asynq.TaskState) (int, error) {
 	insp := asynq.NewInspectorFromRedisClient(rdb)
-	var waiting []string
-	collect := func(t *asynq.TaskInfo, _ int64, _ int) { waiting = append(waiting, t.ID) }
-	for _, list := range []func(string, ...asynq.ListOption) ([]*asynq.TaskInfo, error){insp.ListRetryTasks, insp.ListScheduledTasks} {
-		if err := batchTasks(list, id, collect); err != nil {
+	lists := map[asynq.TaskState]func(string, ...asynq.ListOption) ([]*asynq.TaskInfo, error){
+		asynq.TaskStateArchived: insp.ListArchivedTasks, asynq.TaskStateRetry: insp.ListRetryTasks,
+		asynq.TaskStateScheduled: insp.ListScheduledTasks,
+	}
+	var ids []string
+	collect := func(t *asynq.TaskInfo, _ int64, _ int) { ids = append(ids, t.ID) }
+	for _, st := range states {
+		if err := batchTasks(lists[st], id, collect); err != nil {
 			return 0, fmt.Errorf("read the queue: %w", err)
 		}
 	}
 	n := 0
-	for _, tid := range waiting {
+	for _, tid := range ids {
 		if insp.RunTask(Queue, tid) == nil {
 			n++
 		}
