@@ -17,8 +17,8 @@ import (
 // recorded as a message of Provider "postback" (To is its e-mail, or its "to" when it has one), so the
 // duplicate count of /_sandbox/stats covers it like any other, and the request is answered 200 {} as soon as
 // it is read. It shares the webhook's pushback settings (limits, outages, latency) and injected faults,
-// answered the webhook's way (a 500 is answered as a 503; the timeout fault does not apply). A body that is
-// not JSON, or that names no recipient, is answered 400.
+// answered the webhook's way (webhookFault; the timeout fault does not apply). A body that is not JSON, or
+// that names no recipient, is answered 400.
 
 // postbackPayload is the part of a postback body the receiver reads.
 type postbackPayload struct {
@@ -48,20 +48,7 @@ func (s *Server) postbackReceive(w http.ResponseWriter, r *http.Request) {
 	if s.overRate(w, r) {
 		return
 	}
-	switch f := s.faults.Load().pick("webhook"); f {
-	case fault429:
-		mark(w, faultOutcome(f))
-		w.Header().Set("Retry-After", "1")
-		s.webhookError(w, "", http.StatusTooManyRequests, "too many requests")
-		return
-	case fault500, fault503, faultRaw503:
-		mark(w, faultOutcome(f))
-		s.webhookError(w, "", http.StatusServiceUnavailable, "service unavailable")
-		return
-	case faultReset:
-		mark(w, faultOutcome(f))
-		s.log.connReset()
-		resetConn(w)
+	if _, answered := s.webhookFault(w); answered {
 		return
 	}
 	var p postbackPayload

@@ -48,3 +48,27 @@ func TestPostbackReceiverRecordsEachRecipient(t *testing.T) {
 		t.Errorf("recorded to %v", tos)
 	}
 }
+
+// The postback receiver answers the webhook's injected faults as the webhook does, and records nothing.
+func TestPostbackReceiverFaults(t *testing.T) {
+	for _, tt := range []struct {
+		faults sandbox.Faults
+		status int
+	}{
+		{sandbox.Faults{Rate429: 1}, 429},
+		{sandbox.Faults{Rate500: 1}, 500},
+		{sandbox.Faults{Rate503: 1}, 503},
+	} {
+		s := sandbox.New(sandbox.Options{Faults: tt.faults})
+		srv := httptest.NewServer(s)
+		resp, err := http.Post(srv.URL+"/postback", "application/json", strings.NewReader(`{"body":"B","recipients":[{"email":"a@example.com"}]}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		srv.Close()
+		if resp.StatusCode != tt.status || s.Stats().Accepted != 0 {
+			t.Errorf("faults %+v: status %d, %d accepted; want %d and none", tt.faults, resp.StatusCode, s.Stats().Accepted, tt.status)
+		}
+	}
+}

@@ -132,34 +132,9 @@ func (s *Server) webhookReceive(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 
-	hangAfterAccept := false
-	f := s.faults.Load().pick("webhook")
-	if f != noFault && f != faultTimeout {
-		mark(w, faultOutcome(f))
-	}
-	switch f {
-	case fault429:
-		w.Header().Set("Retry-After", "1")
-		s.webhookError(w, "", http.StatusTooManyRequests, "too many requests")
+	hangAfterAccept, answered := s.webhookFault(w)
+	if answered {
 		return
-	case fault500:
-		s.webhookError(w, "", http.StatusInternalServerError, "internal error")
-		return
-	case fault503:
-		s.webhookError(w, "", http.StatusServiceUnavailable, "service unavailable")
-		return
-	case faultRaw503:
-		s.log.rejected(http.StatusServiceUnavailable, 0)
-		s.webhookLogRequest("", http.StatusServiceUnavailable)
-		writeRaw503(w)
-		return
-	case faultReset:
-		s.log.connReset()
-		s.webhookLogRequest("", 0)
-		resetConn(w)
-		return
-	case faultTimeout:
-		hangAfterAccept = true
 	}
 
 	var p webhookPayload
@@ -204,6 +179,35 @@ func (s *Server) webhookReceive(w http.ResponseWriter, r *http.Request) {
 	}
 	s.webhookLogRequest(p.To, http.StatusOK)
 	writeJSON(w, http.StatusOK, map[string]string{"id": m.SID})
+}
+
+// webhookFault answers the request with the injected fault it draws, if any, and says so (answered). The
+// timeout fault is not answered: hang reports it, for the handler to hang once the message is recorded.
+func (s *Server) webhookFault(w http.ResponseWriter) (hang, answered bool) {
+	f := s.faults.Load().pick("webhook")
+	if f != noFault && f != faultTimeout {
+		mark(w, faultOutcome(f))
+	}
+	switch f {
+	case fault429:
+		w.Header().Set("Retry-After", "1")
+		s.webhookError(w, "", http.StatusTooManyRequests, "too many requests")
+	case fault500:
+		s.webhookError(w, "", http.StatusInternalServerError, "internal error")
+	case fault503:
+		s.webhookError(w, "", http.StatusServiceUnavailable, "service unavailable")
+	case faultRaw503:
+		s.log.rejected(http.StatusServiceUnavailable, 0)
+		s.webhookLogRequest("", http.StatusServiceUnavailable)
+		writeRaw503(w)
+	case faultReset:
+		s.log.connReset()
+		s.webhookLogRequest("", 0)
+		resetConn(w)
+	default:
+		return f == faultTimeout, false
+	}
+	return false, true
 }
 
 // checkWebhookSignature returns "" when the request is signed with Options.WebhookSecret, or why not:
