@@ -149,6 +149,15 @@ EOF
   fi
 }
 
+# accept_span STATS_JSON: "seconds rate" from the sandbox's first to its last acceptance (/_sandbox/stats).
+accept_span() {
+  jq -r '((.last_accepted_at | sub("\\.[0-9]+"; "") | fromdateiso8601) as $l0 |
+      (.first_accepted_at | sub("\\.[0-9]+"; "") | fromdateiso8601) as $f0 |
+      def frac(t): (t | capture("\\.(?<f>[0-9]+)").f // "0" | ("0." + .) | tonumber);
+      ($l0 + frac(.last_accepted_at)) - ($f0 + frac(.first_accepted_at))) as $span |
+      "\($span) \(if $span > 0 then .accepted / $span else 0 end)"' <<<"$1"
+}
+
 # send_scenario NAME CHANNEL OFFSET N WORKERS CONCURRENCY RATE SANDBOX_ARGS...
 # RATE is the provider cap (TWILIO_RATE / SENDGRID_RATE; 0 = none). Sets s_ok, s_rate, s_secs, s_dups,
 # s_rss (max worker VmHWM MB), s_redis (bytes per planned recipient), s_planned, s_sent, s_id, and writes
@@ -289,11 +298,7 @@ send_scenario() {
   stop_pids "$sb_pid"
   s_dups=$(jq -r '.duplicates' <<<"$st")
   s_sent=$(psql_bench -Atc "SELECT count(*) FROM campaign_recipients WHERE campaign_id = $id AND status = 'sent'")
-  read -r s_secs s_rate < <(jq -r '((.last_accepted_at | sub("\\.[0-9]+"; "") | fromdateiso8601) as $l0 |
-      (.first_accepted_at | sub("\\.[0-9]+"; "") | fromdateiso8601) as $f0 |
-      def frac(t): (t | capture("\\.(?<f>[0-9]+)").f // "0" | ("0." + .) | tonumber);
-      ($l0 + frac(.last_accepted_at)) - ($f0 + frac(.first_accepted_at))) as $span |
-      "\($span) \(if $span > 0 then .accepted / $span else 0 end)"' <<<"$st")
+  read -r s_secs s_rate < <(accept_span "$st")
   s_redis=$(awk -v p="$peak" -v b="$base" -v n="$s_planned" 'BEGIN { if (n > 0) printf "%.0f", (p - b) / n; else print 0 }')
   if [ "$state" != completed ]; then
     notes+=("$name: campaign $id not completed within $SEND_TIMEOUT s ($accepted of $s_planned accepted); worker logs in $work")
@@ -530,11 +535,7 @@ peer_round() {
   stop_pids "$sb_pid"
   psql_admin -c "DROP DATABASE IF EXISTS $db WITH (FORCE)" >/dev/null 2>&1 || true
   s_dups=$(jq -r '.duplicates' <<<"$st") s_sent=$(jq -r '.accepted' <<<"$st")
-  read -r _ s_rate < <(jq -r '((.last_accepted_at | sub("\\.[0-9]+"; "") | fromdateiso8601) as $l0 |
-      (.first_accepted_at | sub("\\.[0-9]+"; "") | fromdateiso8601) as $f0 |
-      def frac(t): (t | capture("\\.(?<f>[0-9]+)").f // "0" | ("0." + .) | tonumber);
-      ($l0 + frac(.last_accepted_at)) - ($f0 + frac(.first_accepted_at))) as $span |
-      "\($span) \(if $span > 0 then .accepted / $span else 0 end)"' <<<"$st")
+  read -r _ s_rate < <(accept_span "$st")
   local sender
   sender=$(awk -v m="$m" -v pg="$pg" -v rd="$rd" -v sb="$sb" 'BEGIN { v = m - pg - rd - sb; printf "%.2f", v < 0 ? 0 : v }')
   s_us=$(awk -v n="$SMS_N" -v pg="$pg" -v rd="$rd" -v se="$sender" -v sb="$sb" 'BEGIN { printf "%.1f %.1f %.1f %.1f", pg * 1e6 / n, rd * 1e6 / n, se * 1e6 / n, sb * 1e6 / n }')
