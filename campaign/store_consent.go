@@ -29,10 +29,11 @@ func (p *Planner) consentGate(ctx context.Context, tx pgx.Tx, spec Spec, rep *Re
 		rep.StaleConsentAllowed = true
 		return nil
 	}
-	when := "never"
+	var age time.Duration
 	if last != nil {
-		when = fmt.Sprintf("last at %s (%s ago)", last.Format(time.RFC3339), time.Since(*last).Round(time.Minute))
+		age = time.Since(*last)
 	}
+	when := syncedWhen(last, age)
 	if spec.BrandCode != "" && last == nil {
 		var unbranded bool
 		if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM iys_sync_state WHERE brand_code = '')`).Scan(&unbranded); err == nil && unbranded {
@@ -63,12 +64,16 @@ func (c *Campaign) ConsentStale() string {
 	if c.ConsentSyncedAt != nil && c.consentAge <= c.MaxConsentAge {
 		return ""
 	}
-	when := "never"
-	if c.ConsentSyncedAt != nil {
-		when = fmt.Sprintf("last at %s (%s ago)", c.ConsentSyncedAt.UTC().Format(time.RFC3339), c.consentAge.Round(time.Minute))
-	}
 	return fmt.Sprintf("the İYS consents of campaign %d were brought up to date %s, longer ago than the --max-consent-age %v it was launched with: a RET given since then would be missed. Run `campaignctl iys sync` (or import a fresh consent file), then `campaignctl dlq retry %d`",
-		c.ID, when, c.MaxConsentAge, c.ID)
+		c.ID, syncedWhen(c.ConsentSyncedAt, c.consentAge), c.MaxConsentAge, c.ID)
+}
+
+// syncedWhen says when the consents were last brought up to date (at, age ago), or "never" (at nil).
+func syncedWhen(at *time.Time, age time.Duration) string {
+	if at == nil {
+		return "never"
+	}
+	return fmt.Sprintf("last at %s (%s ago)", at.UTC().Format(time.RFC3339), age.Round(time.Minute))
 }
 
 // brandGate refuses a launch under an İYS brand code whose audience has consents recorded only without a
