@@ -121,6 +121,11 @@ func TestAProvidersRefusalStillBeingWrittenHoldsTheAddressBackHere(t *testing.T)
 			}
 			endImport()
 			f.h.waitConsentWrites(30 * time.Second)
+			// Written now; a lease that read the consents just before that commit still carries the ONAY:
+			// the address stays held back a while after it.
+			if cB, err := f.store.Get(ctx, idB); err != nil || !f.h.refusedHere(cB, x) {
+				t.Fatalf("u11 is no longer held back the moment its RET is written (%v): a lease read just before the commit would send", err)
+			}
 			var cs, st, reason string
 			f.db.QueryRow(ctx, `SELECT status FROM iys_consents WHERE recipient = $1 LIMIT 1`, x).Scan(&cs) //nolint:errcheck
 			if n := len(pB.sentTo(x)); n != 0 {
