@@ -126,12 +126,9 @@ func Serve(ctx context.Context, rdb redis.UniversalClient, h *Handler, cfg Serve
 	return nil
 }
 
-// waitConsentWrites waits up to d (30 s when 0) for the background consent writes (noConsent).
+// waitConsentWrites waits up to d for the background consent writes (noConsent), then ends their retries.
 func (h *Handler) waitConsentWrites(d time.Duration) {
 	defer h.endConsentWrites()
-	if d <= 0 {
-		d = 30 * time.Second
-	}
 	done := make(chan struct{})
 	go func() { h.consentPending.Wait(); close(done) }()
 	select {
