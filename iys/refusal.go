@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"time"
-	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -106,13 +105,7 @@ func RecordRefusals(ctx context.Context, pool *pgxpool.Pool, brand string, rs []
 			r.At = time.Now()
 		}
 		r.Evidence = pgtext.Clean(r.Evidence)
-		if n := 500; len(r.Evidence) > n {
-			// Cut on a rune boundary: half a rune is invalid UTF-8, which Postgres refuses on every attempt.
-			for n > 0 && !utf8.RuneStart(r.Evidence[n]) {
-				n--
-			}
-			r.Evidence = r.Evidence[:n]
-		}
+		r.Evidence = pgtext.Cut(r.Evidence, 500)
 		canon[i] = r
 	}
 	err := pgx.BeginTxFunc(ctx, pool, pgx.TxOptions{}, func(tx pgx.Tx) error {

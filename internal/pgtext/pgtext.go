@@ -25,3 +25,15 @@ func CleanAll(ss []string) []string {
 	}
 	return ss
 }
+
+// Cut returns s cut to at most n bytes where a character starts: cut inside one, the text would no longer
+// be UTF-8 that Postgres accepts.
+func Cut(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return s[:n]
+}

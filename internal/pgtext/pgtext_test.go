@@ -1,6 +1,9 @@
 package pgtext
 
-import "testing"
+import (
+	"testing"
+	"unicode/utf8"
+)
 
 func TestClean(t *testing.T) {
 	for _, c := range []struct{ in, want string }{
@@ -20,5 +23,22 @@ func TestClean(t *testing.T) {
 	CleanAll(ss)
 	if ss[0] != "ok" || ss[1] != "x\uFFFDy" {
 		t.Errorf("CleanAll: %q", ss)
+	}
+}
+
+func TestCutEndsWhereACharacterStarts(t *testing.T) {
+	for _, c := range []struct {
+		s    string
+		n    int
+		want string
+	}{
+		{"abc", 5, "abc"},
+		{"abcdef", 3, "abc"},
+		{"aaağ", 4, "aaa"}, // ğ is 2 bytes: byte 4 is inside it
+		{"ğğ", 1, ""},
+	} {
+		if got := Cut(c.s, c.n); got != c.want || !utf8.ValidString(got) {
+			t.Errorf("Cut(%q, %d) = %q, want %q", c.s, c.n, got, c.want)
+		}
 	}
 }

@@ -72,8 +72,8 @@ import (
 	"strings"
 	"sync"
 	"time"
-	"unicode/utf8"
 
+	"github.com/campaignctl/campaignctl/internal/pgtext"
 	"github.com/campaignctl/campaignctl/providers"
 )
 
@@ -396,14 +396,7 @@ func cleanError(text, addr string) string {
 	if addr != "" {
 		text = replaceFold(text, addr, providers.MaskAddress(addr))
 	}
-	if len(text) > maxErrorText {
-		cut := maxErrorText
-		for cut > 0 && !utf8.RuneStart(text[cut]) {
-			cut--
-		}
-		text = text[:cut]
-	}
-	return text
+	return pgtext.Cut(text, maxErrorText)
 }
 
 // replaceFold replaces every ASCII-case-insensitive occurrence of old in s (mail servers change the case

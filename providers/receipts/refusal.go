@@ -5,7 +5,8 @@ import (
 	"strings"
 	"time"
 	"unicode"
-	"unicode/utf8"
+
+	"github.com/campaignctl/campaignctl/internal/pgtext"
 )
 
 // Refusal kinds, the values of Refusal.Kind. Which provider event gives which is in the package doc.
@@ -94,16 +95,7 @@ const maxAddressLen = 320
 const maxEvidenceLen = 200
 
 // cleanEvidence bounds an evidence text, cutting on a character boundary.
-func cleanEvidence(s string) string {
-	if len(s) <= maxEvidenceLen {
-		return s
-	}
-	cut := maxEvidenceLen
-	for cut > 0 && !utf8.RuneStart(s[cut]) {
-		cut--
-	}
-	return s[:cut]
-}
+func cleanEvidence(s string) string { return pgtext.Cut(s, maxEvidenceLen) }
 
 // foldKeyword folds a word for comparison: upper case, with the Turkish İ and ı and the Latin i all
 // folded to I, and combining marks dropped (a decomposed İ is I and U+0307). "iptal", "İptal", "İPTAL"

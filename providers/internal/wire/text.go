@@ -1,8 +1,6 @@
 package wire
 
-import (
-	"unicode/utf8"
-)
+import "github.com/campaignctl/campaignctl/internal/pgtext"
 
 // Redacted returns an error whose text is msg (err's text with credentials and addresses taken out) while
 // errors.Is and errors.As still see err.
@@ -21,10 +19,7 @@ func Truncate(s string, n int) string {
 	if len(s) <= n {
 		return s
 	}
-	for n > 0 && !utf8.RuneStart(s[n]) {
-		n--
-	}
-	return s[:n] + "…"
+	return pgtext.Cut(s, n) + "…"
 }
 
 // Join joins two parts of an error message with ": ", leaving out an empty one.
