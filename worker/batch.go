@@ -203,13 +203,23 @@ func (h *Handler) RunBatch(ctx context.Context, campaignID int64, batch int) err
 			}
 		}
 	}
+	// pace, when set, sizes the chunks of a run without a cap by the pace of its sends (chunkPace).
+	var pace *chunkPace
+	if h.growChunks && run.answerInNextClaim && batcher == nil && h.windowed(run) {
+		pace = h.chunkPaceFor(run.provider.Name())
+		chunkSize = pace.size
+	}
 	// A chunk's outcomes are buffered until it is written: room for a whole chunk's from the start.
 	run.pending = make([]campaign.Outcome, 0, min(chunkSize, len(recipients)))
 	var stop error
+	chunks := 0
 	queue := recipients
 	for (len(queue) > 0 || len(run.carried) > 0) && stop == nil {
 		if share != nil {
 			chunkSize = share()
+		}
+		if pace != nil {
+			chunkSize = pace.size
 		}
 		chunk := queue[:min(chunkSize, len(queue))]
 		queue = queue[len(chunk):]
@@ -218,6 +228,8 @@ func (h *Handler) RunBatch(ctx context.Context, campaignID int64, batch int) err
 			chunk = append(slices.Clip(chunk), run.carried...)
 			run.carried = nil
 		}
+		leasedAt := time.Now()
+		chunks++
 		mode, todo, err := h.gate(ctx, run, chunk)
 		if err != nil {
 			stop = err
@@ -228,6 +240,9 @@ func (h *Handler) RunBatch(ctx context.Context, campaignID int64, batch int) err
 				err = h.deliverGroup(ctx, waitCtx, run, batcher, todo)
 			} else {
 				err = h.deliverWindowed(ctx, waitCtx, run, todo, len(queue) > 0)
+				if err == nil && pace != nil {
+					pace.observe(len(todo), time.Since(leasedAt))
+				}
 			}
 			if errors.Is(err, state.ErrHalted) && run.halts == 0 {
 				run.halts++
@@ -279,7 +294,7 @@ func (h *Handler) RunBatch(ctx context.Context, campaignID int64, batch int) err
 		// The lease expires by itself; another run of the batch waits for it until then.
 		log.Warn("batch lease not released", "err", err)
 	}
-	log.Info("batch run", "recipients", len(recipients), "sent", run.counts[campaign.StatusSent],
+	log.Info("batch run", "recipients", len(recipients), "chunks", chunks, "sent", run.counts[campaign.StatusSent],
 		"failed", run.counts[campaign.StatusFailed], "skipped", run.counts[campaign.StatusSkipped],
 		"unknown", run.counts[campaign.StatusUnknown], "deferred", run.deferred, "in_flight_elsewhere", run.busy)
 	if errors.Is(stop, errCampaignOver) {

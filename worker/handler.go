@@ -92,7 +92,9 @@ type Config struct {
 	// Default DefaultSendWindow; 1 sends one at a time.
 	SendWindow int
 	// ChunkSize is how many recipients are sent between two reads of the campaign state and consents and
-	// two writes of outcomes to Postgres. Default 100; under a rate cap of R a second, at most max(5, R).
+	// two writes of outcomes to Postgres; under a rate cap of R a second, at most max(5, R). 0 (the
+	// default): MinChunk, growing for a run without a cap to what it sends in about half of the consents'
+	// longest age (chunkPace), MaxChunk at most.
 	ChunkSize int
 	// DeadlineMargin is kept free before a batch's deadline to write outcomes and hand the rest back.
 	// Default 30 s.
@@ -153,6 +155,10 @@ type Handler struct {
 	downUntil sync.Map
 	// senders runs the sends of windows (deliverWindowed).
 	senders *senders
+	// growChunks is set when Config.ChunkSize was left to adapt; chunkHints holds, per provider name, the
+	// chunk size the last run without a cap measured (*atomic.Int64), where the next run starts.
+	growChunks bool
+	chunkHints sync.Map
 	// active counts this process's batch runs under way, by provider ("p:<name>") and by campaign
 	// ("c:<id>"), under mu: the runs that share a cap (sharers).
 	active map[string]int
@@ -222,8 +228,9 @@ func NewHandler(cfg Config) *Handler {
 	if cfg.SendWindow == 0 {
 		cfg.SendWindow = DefaultSendWindow
 	}
-	if cfg.ChunkSize == 0 {
-		cfg.ChunkSize = 100
+	growChunks := cfg.ChunkSize == 0
+	if growChunks {
+		cfg.ChunkSize = MinChunk
 	}
 	if cfg.FailoverWindow == 0 {
 		cfg.FailoverWindow = 30 * time.Second
@@ -248,6 +255,7 @@ func NewHandler(cfg Config) *Handler {
 		consentWrites:  make(chan struct{}, 1),
 		consentAttempt: 2 * time.Second,
 		consentPause:   time.Second,
+		growChunks:     growChunks,
 	}
 	h.consentCtx, h.endConsentWrites = context.WithCancel(context.Background())
 	h.bucket.OnPace(h.paceReport)
