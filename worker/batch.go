@@ -221,8 +221,14 @@ func (h *Handler) RunBatch(ctx context.Context, campaignID int64, batch int) err
 		if pace != nil {
 			chunkSize = pace.size
 		}
-		chunk := queue[:min(chunkSize, len(queue))]
+		// The recipients carried from the chunk before count in the chunk's size, so that the chunk in hand
+		// (what a kill together with a loss of Redis's data leaves unknown) is no larger than chunkSize, or
+		// than the carried ones alone when the size has just come down.
+		chunk := queue[:min(max(0, chunkSize-len(run.carried)), len(queue))]
 		queue = queue[len(chunk):]
+		// A chunk of carried recipients only waits out their back-offs in place rather than carry them
+		// again at once (a lease and a write a turn, with nothing sent).
+		more := len(queue) > 0 && len(chunk) > 0
 		if len(run.carried) > 0 {
 			// Behind the chunk's own, so that its sends start at once: their back-offs end meanwhile.
 			chunk = append(slices.Clip(chunk), run.carried...)
@@ -239,9 +245,11 @@ func (h *Handler) RunBatch(ctx context.Context, campaignID int64, batch int) err
 			if batcher != nil {
 				err = h.deliverGroup(ctx, waitCtx, run, batcher, todo)
 			} else {
-				err = h.deliverWindowed(ctx, waitCtx, run, todo, len(queue) > 0)
+				err = h.deliverWindowed(ctx, waitCtx, run, todo, more)
 				if err == nil && pace != nil {
-					pace.observe(len(todo), time.Since(leasedAt))
+					// Only the recipients answered: the ones carried over to wait out a back-off did not
+					// make the chunk faster.
+					pace.observe(len(todo)-len(run.carried), time.Since(leasedAt))
 				}
 			}
 			if errors.Is(err, state.ErrHalted) && run.halts == 0 {

@@ -1,0 +1,158 @@
+package worker
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/campaignctl/campaignctl/campaign"
+	"github.com/campaignctl/campaignctl/providers"
+)
+
+// growingRun plans n customers in one batch and gives a handler whose chunks adapt (ChunkSize left at 0),
+// in windows of 8, with a short lease.
+func growingRun(t *testing.T, n int) (*fixture, *Handler) {
+	t.Helper()
+	f := planWith(t, n, func(s *campaign.Spec) { s.BatchSize = n })
+	h, _, _ := f.faulty(t, func(c *Config) { c.SendWindow, c.LeaseTTL = 8, 300*time.Millisecond })
+	return f, h
+}
+
+// leaseUsers is the size of batch b's chunk in hand in Postgres: what a kill together with a loss of
+// Redis's data leaves unknown.
+func (f *fixture) leaseUsers(t *testing.T, b int) int {
+	var n int
+	if err := f.db.QueryRow(context.Background(), `SELECT coalesce(cardinality(lease_users), 0) FROM campaign_batches
+		WHERE campaign_id = $1 AND batch = $2`, f.id, b).Scan(&n); err != nil {
+		t.Error(err)
+	}
+	return n
+}
+
+// refuseEveryFifthOnce makes the provider refuse a fifth of the recipients once, at once, with a
+// transient 503 (while refusing is true): they wait out a back-off and are carried to the next chunk.
+func (f *fixture) refuseEveryFifthOnce(refusing func() bool) {
+	var mu sync.Mutex
+	tried := map[string]int{}
+	f.provider.fail = func(_ int, m providers.Message) error {
+		mu.Lock()
+		defer mu.Unlock()
+		tried[m.To]++
+		if refusing() && tried[m.To] == 1 && len(tried)%5 == 0 {
+			return &providers.Error{Provider: "test", Status: 503, Class: providers.Transient}
+		}
+		return nil
+	}
+}
+
+// A run whose provider answers at once grows its chunks to MaxChunk, and a fifth of its recipients are
+// refused once and carried from chunk to chunk: the chunk in hand, carried ones included, stays within
+// MaxChunk. (It reached 330 when the carried ones came on top of a full chunk.)
+func TestCarriedRecipientsCountInTheChunkInHand(t *testing.T) {
+	t.Parallel()
+	f, h := growingRun(t, 2000)
+	f.refuseEveryFifthOnce(func() bool { return true })
+	var mu sync.Mutex
+	var sizes []int
+	f.provider.before = func(providers.Message) {
+		n := f.leaseUsers(t, 0)
+		mu.Lock()
+		if len(sizes) == 0 || sizes[len(sizes)-1] != n {
+			sizes = append(sizes, n)
+		}
+		mu.Unlock()
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	if err := h.RunBatch(ctx, f.id, 0); err != nil {
+		t.Logf("run: %v", err)
+	}
+	f.assertOnce(t)
+	most := 0
+	for _, n := range sizes {
+		most = max(most, n)
+	}
+	c := f.counts(t)
+	t.Logf("counts %+v; chunk in hand seen: %v", c, sizes)
+	if most > MaxChunk {
+		t.Errorf("chunk in hand reached %d, more than MaxChunk (%d): a kill plus a loss of Redis's data would leave that many unknown", most, MaxChunk)
+	}
+	if most < MaxChunk*9/10 {
+		t.Errorf("chunk in hand never above %d: the run did not grow its chunks, so this test proves nothing", most)
+	}
+	if c.Sent != c.Planned || c.Pending != 0 {
+		t.Errorf("counts %+v, want all %d sent once", c, c.Planned)
+	}
+}
+
+// The same refusals, and the worker is killed once its chunk in hand has grown (the recipients carried
+// from its first chunk in it); Redis loses its data before the chunk is swept, and another worker takes the
+// batch over. At most MaxChunk become unknown (the bound docs/operations.md gives a run), nobody is sent
+// twice and nobody is left pending.
+func TestAKillAndARedisLossWithRecipientsCarriedLeaveAtMostAChunk(t *testing.T) {
+	t.Parallel()
+	f, h := growingRun(t, 2000)
+	second, _, _ := f.faulty(t, func(c *Config) {
+		c.SendWindow, c.LeaseTTL, c.Owner, c.ChunkSize = 8, 300*time.Millisecond, "second", MinChunk
+	})
+	var killed, secondDone atomic.Bool
+	f.refuseEveryFifthOnce(func() bool { return !killed.Load() })
+	dead := make(chan struct{})
+	finished := make(chan struct{})
+	var inHand int
+	f.provider.before = func(providers.Message) {
+		if killed.Load() {
+			if !secondDone.Load() {
+				return // the second worker's sends
+			}
+			<-dead
+			return
+		}
+		n := f.leaseUsers(t, 0)
+		if n < MaxChunk*9/10 || !killed.CompareAndSwap(false, true) {
+			return
+		}
+		// The first worker dies here, in a send: nothing of it runs again. Redis loses its data, the lease
+		// runs out, and the second worker runs the batch.
+		inHand = n
+		if err := f.rdb.FlushDB(context.Background()).Err(); err != nil {
+			t.Error(err)
+		}
+		f.leaseExpired(t)
+		t.Logf("second run: %v", second.RunBatch(context.Background(), f.id, 0))
+		secondDone.Store(true)
+		close(finished)
+		<-dead
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	firstDone := make(chan error, 1)
+	go func() { firstDone <- h.RunBatch(ctx, f.id, 0) }()
+	select {
+	case err := <-firstDone:
+		t.Fatalf("first run ended (%v) before its chunk in hand grew to %d", err, MaxChunk*9/10)
+	case <-time.After(60 * time.Second):
+		t.Fatal("no kill within 60 s")
+	case <-finished:
+	}
+	cancel()
+	close(dead)
+	<-firstDone
+	for i := 0; i < 5 && f.counts(t).Pending > 0; i++ {
+		time.Sleep(400 * time.Millisecond)
+		t.Logf("again: %v", second.RunBatch(context.Background(), f.id, 0))
+	}
+	f.assertOnce(t)
+	c := f.counts(t)
+	t.Logf("chunk in hand at the kill %d; counts %+v", inHand, c)
+	if c.Unknown > MaxChunk {
+		t.Errorf("%d unknown after a kill and a loss of Redis's data (chunk in hand %d), more than the bound of %d a run", c.Unknown, inHand, MaxChunk)
+	}
+	if c.Unknown == 0 {
+		t.Errorf("nobody unknown: the kill and the loss did not happen with a chunk in hand")
+	}
+	if c.Pending != 0 {
+		t.Errorf("%d left pending", c.Pending)
+	}
+}
