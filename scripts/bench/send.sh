@@ -527,7 +527,8 @@ peer_round() {
   secs=$(awk -v a="$t_start" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.1f", b - a }')
   pg=$(cpu_used "$work/$name.cpu.pg" $(BENCH_DB=$db bench_pg_pids)) rd=$(cpu_used "$work/$name.cpu.redis" $redis_pid)
   sb=$(cpu_used "$work/$name.cpu.sandbox" "$sb_pid")
-  s_rss=$($PEER_CMD stop 2>/dev/null | tail -n 1 | tr -dc '0-9')
+  # MB, whole or not ("353.4"): rounded to a whole MB.
+  s_rss=$($PEER_CMD stop 2>/dev/null | tail -n 1 | tr -dc '0-9.' | awk '{ printf "%d", $1 + 0.5 }')
   s_rss=${s_rss:-0}
   local st
   st=$(sandbox_get /_sandbox/stats)
