@@ -18,7 +18,7 @@ const AudienceRole = "campaignctl_audience"
 var EngineTables = []string{
 	"campaigns", "campaign_recipients", "campaign_batches", "code_pools", "promo_codes", "released_codes",
 	"iys_consents", "iys_consent_history", "iys_sync_state", "iys_consents_version", "send_log",
-	"invalid_addresses", "receipt_events", "schema_migrations",
+	"invalid_addresses", "receipt_events", "schema_migrations", "pending_provider_refusals",
 }
 
 // runAudience runs the audience query in atx (read-only, under its statement timeout) and returns its

@@ -65,3 +65,65 @@ func (s *Store) ProviderOptOut(ctx context.Context, c *Campaign, userIDs, addrs 
 	rep, err := iys.RecordRefusals(ctx, s.pool, c.BrandCode, rs)
 	return int64(rep.Revoked), err
 }
+
+// PendingRefusal is a provider's refusal for want of consent (ProviderNoConsent, or ProviderOptOut when
+// OptedOut) kept in Postgres until its consents are written, so that a worker killed before it wrote them
+// leaves it to another (TakePendingRefusals) instead of losing it.
+type PendingRefusal struct {
+	ID         int64
+	CampaignID int64
+	UserIDs    []string
+	Addrs      []string // in the order of UserIDs
+	OptedOut   bool
+	Reason     string
+	At         time.Time
+	// Holder is the liveness key of the worker writing it (0: none): nobody else takes it while that
+	// worker's lock is held.
+	Holder int64
+}
+
+// KeepPendingRefusal stores p until DropPendingRefusal and returns its ID. A refusal without a holder is
+// not taken by another worker for hold.
+func (s *Store) KeepPendingRefusal(ctx context.Context, p PendingRefusal, hold time.Duration) (int64, error) {
+	var id int64
+	err := s.pool.QueryRow(ctx, `INSERT INTO pending_provider_refusals (campaign_id, user_ids, addresses, opted_out, reason, refused_at, holder, taken_until)
+		VALUES ($1, $2, $3, $4, $5, $6, NULLIF($7::bigint, 0), now() + $8 * interval '1 millisecond') RETURNING id`,
+		p.CampaignID, p.UserIDs, p.Addrs, p.OptedOut, p.Reason, p.At, p.Holder, hold.Milliseconds()).Scan(&id)
+	if err != nil {
+		return 0, fmt.Errorf("keep a provider's refusal: %w", err)
+	}
+	return id, nil
+}
+
+// TakePendingRefusals takes, for holder (its liveness key, 0 for none) and for hold, up to limit refusals
+// whose worker is gone: its liveness lock is not held, or it had none and its hold has passed. The oldest
+// come first.
+func (s *Store) TakePendingRefusals(ctx context.Context, holder int64, limit int, hold time.Duration) ([]PendingRefusal, error) {
+	rows, err := s.pool.Query(ctx, `
+		UPDATE pending_provider_refusals p SET holder = NULLIF($1::bigint, 0), taken_until = now() + $3 * interval '1 millisecond', tries = p.tries + 1
+		FROM (SELECT id FROM pending_provider_refusals
+			WHERE CASE WHEN holder IS NULL THEN taken_until < now() ELSE NOT `+holderLocked("holder")+` END
+			ORDER BY id LIMIT $2 FOR UPDATE SKIP LOCKED) t
+		WHERE p.id = t.id
+		RETURNING p.id, p.campaign_id, p.user_ids, p.addresses, p.opted_out, p.reason, p.refused_at`, holder, limit, hold.Milliseconds())
+	if err != nil {
+		return nil, fmt.Errorf("take providers' refusals left by gone workers: %w", err)
+	}
+	ps, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (PendingRefusal, error) {
+		p := PendingRefusal{Holder: holder}
+		err := r.Scan(&p.ID, &p.CampaignID, &p.UserIDs, &p.Addrs, &p.OptedOut, &p.Reason, &p.At)
+		return p, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("take providers' refusals left by gone workers: %w", err)
+	}
+	return ps, nil
+}
+
+// DropPendingRefusal forgets a kept refusal once its consents are written (or can never be).
+func (s *Store) DropPendingRefusal(ctx context.Context, id int64) error {
+	if _, err := s.pool.Exec(ctx, `DELETE FROM pending_provider_refusals WHERE id = $1`, id); err != nil {
+		return fmt.Errorf("drop a provider's refusal once written: %w", err)
+	}
+	return nil
+}

@@ -384,43 +384,49 @@ func backoff(attempt int, hint time.Duration, jitter func(time.Duration) time.Du
 // one (for İYS too). It runs in the background, so that it never holds up the batch (the recipients fail
 // either way), one write at a time, each attempt bounded: the consents' writers take turns, and an import
 // may hold them for minutes. It is retried for as long as the process runs: nothing else will carry the
-// provider's word again (Twilio created no message, so no status callback follows). What is still not
-// written when Serve has waited for it at shutdown is lost, and logged at error.
+// provider's word again (Twilio created no message, so no status callback follows). Before the first
+// attempt, the refusal is kept in Postgres (KeepPendingRefusal), in a table of its own that no import
+// holds: a process killed before the write lands leaves it there, and another worker writes it
+// (DrainRefusals).
 func (h *Handler) noConsent(run *batchRun, pe *providers.Error, users, addrs []string) {
-	c, at, reason := run.c, time.Now(), pe.Reason()
-	log := h.log.With("campaign_id", c.ID, "provider", pe.Provider, "to", providers.MaskAddress(addrs[0]), "err", reason)
-	write := func(ctx context.Context) (int64, error) {
-		select {
-		case h.consentWrites <- struct{}{}:
-		case <-ctx.Done():
-			return 0, ctx.Err()
-		}
-		defer func() { <-h.consentWrites }()
-		ctx, cancel := context.WithTimeout(ctx, h.consentAttempt)
-		defer cancel()
-		if pe.OptedOut {
-			return h.cfg.Store.ProviderOptOut(ctx, c, users, addrs, reason, at)
-		}
-		return h.cfg.Store.ProviderNoConsent(ctx, c, addrs, reason, at)
-	}
+	c := run.c
+	p := campaign.PendingRefusal{CampaignID: c.ID, UserIDs: users, Addrs: addrs, OptedOut: pe.OptedOut, Reason: pe.Reason(), At: time.Now(), Holder: h.holder()}
+	log := h.log.With("campaign_id", c.ID, "provider", pe.Provider, "to", providers.MaskAddress(addrs[0]), "err", p.Reason)
 	// Until the RET is written, the leases read the ONAY: this process holds the addresses back itself.
 	keys := h.holdRefused(c, pe.OptedOut, addrs)
+	// Without keys nothing will be written (a transactional message, a channel İYS does not govern):
+	// there is nothing to keep either.
+	kept := keys == nil
+	if !kept {
+		h.refusalsUnkept.Add(1)
+	}
 	h.consentPending.Add(1)
 	go func() {
 		defer h.consentPending.Done()
 		ctx := h.consentCtx
 		for try := 1; ; try++ {
-			n, err := write(ctx)
+			if !kept {
+				if id, err := h.keepRefusal(ctx, p); err == nil {
+					p.ID, kept = id, true
+					h.refusalsUnkept.Add(-1)
+				}
+			}
+			n, err := h.writeRefusal(ctx, c, p)
 			switch {
 			case err == nil:
 				// A lease that read the consents just before the RET's commit still carries the ONAY: the
 				// address stays held back a while after it.
 				time.AfterFunc(holdAfterWrite, func() { h.unholdRefused(keys) })
+				h.written(&p, &kept)
 				log.Warn("a provider refused for want of consent (İYS holds none, or the person opted out): the consent is RET here from now on", "turned", n)
 				return
 			case errors.Is(err, iys.ErrBadRefusal) || refusedForGood(err):
 				h.unholdRefused(keys)
+				h.written(&p, &kept)
 				log.Error("a provider refused for want of consent, and the refusal cannot be recorded: check it with campaignctl iys check", "error", err)
+				return
+			case ctx.Err() != nil && kept:
+				log.Warn("a provider refused for want of consent, and the worker stopped before the consent could be turned RET here: the refusal is kept in Postgres, and the next worker to run writes it", "error", err)
 				return
 			case ctx.Err() != nil:
 				log.Error("a provider refused for want of consent, and the worker stopped before the consent could be turned RET here: check it with campaignctl iys check", "error", err)
@@ -431,6 +437,123 @@ func (h *Handler) noConsent(run *batchRun, pe *providers.Error, users, addrs []s
 			limiter.Sleep(ctx, h.consentPause) //nolint:errcheck // the loop checks ctx
 		}
 	}()
+}
+
+// refusalHold is how long a kept refusal without a liveness lock (Config.Liveness nil) is left to the
+// worker that kept it or took it before another may take it (TakePendingRefusals). With a lock, the lock
+// decides: a refusal is taken once its worker's lock is gone.
+const refusalHold = 2 * time.Minute
+
+// keepRefusal stores p in Postgres until its consents are written, one attempt bounded like a write's.
+func (h *Handler) keepRefusal(ctx context.Context, p campaign.PendingRefusal) (int64, error) {
+	ctx, cancel := context.WithTimeout(ctx, h.consentAttempt)
+	defer cancel()
+	return h.cfg.Store.KeepPendingRefusal(ctx, p, refusalHold)
+}
+
+// writeRefusal turns p's consents RET (ProviderOptOut, ProviderNoConsent), one write at a time, one
+// attempt bounded.
+func (h *Handler) writeRefusal(ctx context.Context, c *campaign.Campaign, p campaign.PendingRefusal) (int64, error) {
+	select {
+	case h.consentWrites <- struct{}{}:
+	case <-ctx.Done():
+		return 0, ctx.Err()
+	}
+	defer func() { <-h.consentWrites }()
+	ctx, cancel := context.WithTimeout(ctx, h.consentAttempt)
+	defer cancel()
+	if p.OptedOut {
+		return h.cfg.Store.ProviderOptOut(ctx, c, p.UserIDs, p.Addrs, p.Reason, p.At)
+	}
+	return h.cfg.Store.ProviderNoConsent(ctx, c, p.Addrs, p.Reason, p.At)
+}
+
+// written forgets p once its consents are written or can never be: the row kept for it is dropped, and a
+// refusal that was never kept no longer counts as one a stop would lose. A row that cannot be dropped is
+// written again by a later worker, which changes nothing.
+func (h *Handler) written(p *campaign.PendingRefusal, kept *bool) {
+	if !*kept {
+		*kept = true
+		h.refusalsUnkept.Add(-1)
+		return
+	}
+	if p.ID == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(h.consentCtx), h.consentAttempt)
+	defer cancel()
+	if err := h.cfg.Store.DropPendingRefusal(ctx, p.ID); err != nil {
+		h.log.Warn("a provider's refusal is written, but its row is still kept: a later worker writes it again, which changes nothing", "campaign_id", p.CampaignID, "err", err)
+	}
+}
+
+// DrainRefusals writes the providers' refusals for want of consent that workers left kept in Postgres when
+// they stopped before writing them (kill -9, OOM, a shutdown that could not wait), up to limit of them,
+// and returns how many it wrote. Serve runs it at start and every refusalsEvery.
+func (h *Handler) DrainRefusals(ctx context.Context, limit int) (int, error) {
+	ps, err := h.cfg.Store.TakePendingRefusals(ctx, h.holder(), limit, refusalHold)
+	if err != nil {
+		return 0, err
+	}
+	done := 0
+	for _, p := range ps {
+		log := h.log.With("campaign_id", p.CampaignID, "to", providers.MaskAddress(p.Addrs[0]), "err", p.Reason)
+		c, err := h.cfg.Store.Get(ctx, p.CampaignID)
+		if errors.Is(err, campaign.ErrNotFound) {
+			kept := true
+			h.written(&p, &kept)
+			log.Error("a provider's refusal for want of consent left by a worker that stopped names a campaign that no longer exists: check the address with campaignctl iys check")
+			continue
+		}
+		if err != nil {
+			return done, err
+		}
+		keys := h.holdRefused(c, p.OptedOut, p.Addrs)
+		n, err := h.writeRefusal(ctx, c, p)
+		switch {
+		case err == nil:
+			time.AfterFunc(holdAfterWrite, func() { h.unholdRefused(keys) })
+			kept := true
+			h.written(&p, &kept)
+			done++
+			log.Warn("a provider's refusal for want of consent, left by a worker that stopped before writing it, is written: the consent is RET here from now on", "turned", n)
+		case errors.Is(err, iys.ErrBadRefusal) || refusedForGood(err):
+			h.unholdRefused(keys)
+			kept := true
+			h.written(&p, &kept)
+			log.Error("a provider's refusal for want of consent, left by a worker that stopped, cannot be recorded: check it with campaignctl iys check", "error", err)
+		default:
+			// Taken again by a later drain (this process's, once refusalHold has passed, or another's).
+			h.unholdRefused(keys)
+			return done, err
+		}
+	}
+	return done, nil
+}
+
+// refusalsEvery is how often Serve looks for refusals left by workers that stopped (DrainRefusals).
+const refusalsEvery = 10 * time.Second
+
+// refusalLoop runs DrainRefusals at once and every refusalsEvery until ctx ends.
+func (h *Handler) refusalLoop(ctx context.Context) {
+	t := time.NewTicker(refusalsEvery)
+	defer t.Stop()
+	for {
+		for {
+			n, err := h.DrainRefusals(ctx, 20)
+			if err != nil && ctx.Err() == nil {
+				h.log.Warn("providers' refusals left by stopped workers not written yet; tried again shortly", "err", fmt.Sprint(err))
+			}
+			if err != nil || n < 20 {
+				break
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
 }
 
 // holdAfterWrite is how long a worker still holds back an address a provider refused once its RET is

@@ -40,6 +40,9 @@ type Store interface {
 	GoneHolders(ctx context.Context) ([]int64, error)
 	ProviderNoConsent(ctx context.Context, c *campaign.Campaign, addrs []string, source string, at time.Time) (int64, error)
 	ProviderOptOut(ctx context.Context, c *campaign.Campaign, userIDs, addrs []string, evidence string, at time.Time) (int64, error)
+	KeepPendingRefusal(ctx context.Context, p campaign.PendingRefusal, hold time.Duration) (int64, error)
+	TakePendingRefusals(ctx context.Context, holder int64, limit int, hold time.Duration) ([]campaign.PendingRefusal, error)
+	DropPendingRefusal(ctx context.Context, id int64) error
 }
 
 var _ Store = (*campaign.Store)(nil)
@@ -126,6 +129,9 @@ type Handler struct {
 	consentWrites chan struct{}
 	// consentPending counts the consent writes not done yet: Serve waits for them before it returns.
 	consentPending sync.WaitGroup
+	// refusalsUnkept counts the providers' refusals whose consents are not written and that are not kept in
+	// Postgres either (KeepPendingRefusal): only those are lost if the process ends now.
+	refusalsUnkept atomic.Int64
 	// heldMu guards held: the addresses of the provider refusals for want of consent (noConsent) whose
 	// RET is not written yet, counted by key (heldKey). Until it is, this process sends none of them a
 	// message the refusal covers (refusedHere). holding is len(held), read without the lock.

@@ -115,6 +115,7 @@ func Serve(ctx context.Context, rdb redis.UniversalClient, h *Handler, cfg Serve
 	sweepCtx, stopSweep := context.WithCancel(ctx)
 	defer stopSweep()
 	go h.sweepLoop(sweepCtx, sweepEvery)
+	go h.refusalLoop(sweepCtx)
 	<-ctx.Done()
 	// Batches finish the send in flight, write their outcomes and hand the rest back, well inside the
 	// shutdown timeout; nothing is cut off mid-call.
@@ -134,7 +135,11 @@ func (h *Handler) waitConsentWrites(d time.Duration) {
 	select {
 	case <-done:
 	case <-time.After(d):
-		h.log.Error("a provider's refusal for want of consent was still not written at shutdown: it is lost; check the recipients of the last failures with campaignctl iys check")
+		if h.refusalsUnkept.Load() > 0 {
+			h.log.Error("a provider's refusal for want of consent was still not written at shutdown, nor kept in Postgres: it is lost; check the recipients of the last failures with campaignctl iys check")
+		} else {
+			h.log.Warn("a provider's refusal for want of consent was still not written at shutdown: it is kept in Postgres, and the next worker to run writes it")
+		}
 	}
 }
 

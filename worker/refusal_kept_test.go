@@ -1,0 +1,110 @@
+package worker
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/campaignctl/campaignctl/campaign"
+	"github.com/campaignctl/campaignctl/providers"
+)
+
+// Order: an `iys import` holds the consents' turn while worker A (a liveness lock of its own) sends a
+// commercial SMS campaign. The provider refuses u1 for want of consent (Netgsm 50) and u2 at creation with
+// Twilio's 21610 (the person replied STOP). Both fail; A's consent writes wait for the turn in the
+// background. Worker B looks for refusals left by stopped workers meanwhile: A's are A's own, and B takes
+// none. Then A is killed outright (its lock's session ends, its background writes die unwritten), and only
+// after that the import ends. Worker B, started after, writes both: u1's consent turns RET here, and u2's
+// refusal is recorded and queued for İYS. Before, A's refusals lived only in A's memory and a kill lost
+// them: nothing else carries them again (Twilio created no message, so no status callback follows).
+func TestAProvidersRefusalOutlivesTheWorkerThatGotIt(t *testing.T) {
+	t.Parallel()
+	f := plan(t, 10)
+	f.provider.fail = func(_ int, m providers.Message) error {
+		switch m.To {
+		case phone(1):
+			return &providers.Error{Provider: "netgsm", Status: 200, Code: 50, Class: providers.Permanent, NoConsent: true, Message: "İYS kontrollü gönderim"}
+		case phone(2):
+			return &providers.Error{Provider: "twilio", Status: 400, Code: 21610, Class: providers.Permanent, OptedOut: true, Message: "Attempt to send to unsubscribed recipient"}
+		}
+		return nil
+	}
+	ctx := context.Background()
+	la, stopA := startLiveness(t, f)
+	f.h.cfg.Liveness = la
+	waitUntil(t, 5*time.Second, "worker A's liveness lock held", la.Held)
+	endImport := f.holdConsentsTurn(t)
+	f.runAll(t)
+	if st, _, _ := f.status(t, "u1"); st != campaign.StatusFailed {
+		t.Fatalf("u1 %s, want failed", st)
+	}
+	if st, _, _ := f.status(t, "u2"); st != campaign.StatusFailed {
+		t.Fatalf("u2 %s, want failed", st)
+	}
+	kept := func() (n int) {
+		t.Helper()
+		if err := f.db.QueryRow(ctx, `SELECT count(*) FROM pending_provider_refusals`).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	waitUntil(t, 5*time.Second, "both refusals kept in Postgres while the import holds the consents", func() bool { return kept() == 2 })
+
+	b := f.handler(f.rdb)
+	lb, _ := startLiveness(t, f)
+	b.cfg.Liveness = lb
+	waitUntil(t, 5*time.Second, "worker B's liveness lock held", lb.Held)
+	if n, err := b.DrainRefusals(ctx, 20); err != nil || n != 0 {
+		t.Fatalf("worker B wrote %d refusals of a live worker A (%v), want 0: A writes them itself", n, err)
+	}
+	if got := kept(); got != 2 {
+		t.Fatalf("%d refusals kept after B looked while A lives, want 2: B took a live worker's", got)
+	}
+
+	// kill -9 of A: its lock's session ends and its background writes die with the process.
+	f.h.endConsentWrites()
+	f.h.consentPending.Wait()
+	stopA()
+	waitUntil(t, 5*time.Second, "worker A's liveness lock let go with its connection", func() bool {
+		var held bool
+		if err := f.db.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND granted AND objsubid = 1
+			AND classid::bigint = ($1::bigint >> 32) & 4294967295 AND objid::bigint = $1::bigint & 4294967295)`, la.Key()).Scan(&held); err != nil {
+			t.Fatal(err)
+		}
+		return !held
+	})
+	endImport()
+	var u1 string
+	var refusals int
+	read := func() {
+		t.Helper()
+		if err := f.db.QueryRow(ctx, `SELECT (SELECT status FROM iys_consents WHERE recipient = $1), (SELECT count(*) FROM refusals WHERE recipient = $2)`,
+			phone(1), phone(2)).Scan(&u1, &refusals); err != nil {
+			t.Fatal(err)
+		}
+	}
+	read()
+	if u1 != "ONAY" || refusals != 0 {
+		t.Fatalf("before any worker wrote them: u1 %s, u2 %d refusals; want ONAY and 0 (the order did not happen: A wrote them before the kill)", u1, refusals)
+	}
+
+	n, err := b.DrainRefusals(ctx, 20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	read()
+	var queued int
+	if err := f.db.QueryRow(ctx, `SELECT count(*) FROM iys_outbox WHERE recipient = $1`, phone(2)).Scan(&queued); err != nil {
+		t.Fatal(err)
+	}
+	if n != 2 || u1 != "RET" || refusals != 1 || queued != 1 {
+		t.Fatalf("after A was killed with two providers' refusals unwritten, B wrote %d (want 2): u1 (Netgsm 50) consent %s, want RET; u2 (Twilio 21610) %d refusals recorded, want 1, %d RETs queued for İYS, want 1",
+			n, u1, refusals, queued)
+	}
+	if got := kept(); got != 0 {
+		t.Errorf("%d refusals still kept once written, want 0: every worker would write them again", got)
+	}
+	if n, err := b.DrainRefusals(ctx, 20); err != nil || n != 0 {
+		t.Errorf("a second look wrote %d (%v), want 0", n, err)
+	}
+}
