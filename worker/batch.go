@@ -641,7 +641,7 @@ func (h *Handler) fromClaim(run *batchRun, userID, val string) {
 			h.inherit(run, []string{userID})
 			return
 		}
-		run.add(campaign.Outcome{UserID: userID, Status: campaign.StatusUnknown, Reason: reasonDiedMidCall})
+		run.add(campaign.Outcome{UserID: userID, Status: campaign.StatusUnknown, Reason: reasonNoAnswerInGrace})
 	}
 }
 

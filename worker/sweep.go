@@ -166,6 +166,11 @@ func followUpID(id int64, b int, now time.Time) string {
 
 const reasonDiedMidCall = "a worker stopped after claiming and before the provider answered; the message may have been sent"
 
+// reasonNoAnswerInGrace is the reason of a claim a run that took a chunk over found with no answer and older
+// than the in-flight grace: its worker stopped, or (a worker whose provider calls may take longer than
+// another's grace) its call was still out. Either way the message may have been sent.
+const reasonNoAnswerInGrace = "a worker stopped after claiming and before the provider answered, or its provider call outlasted the in-flight grace (3 × --provider-timeout); the message may have been sent"
+
 // sweepLoop runs Sweep every interval until ctx ends.
 func (h *Handler) sweepLoop(ctx context.Context, every time.Duration) {
 	t := time.NewTicker(every)
