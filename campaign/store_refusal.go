@@ -8,6 +8,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/campaignctl/campaignctl/internal/pgtext"
 	"github.com/campaignctl/campaignctl/iys"
 )
 
@@ -83,12 +84,13 @@ type PendingRefusal struct {
 }
 
 // KeepPendingRefusal stores p until DropPendingRefusal and returns its ID. A refusal without a holder is
-// not taken by another worker for hold.
+// not taken by another worker for hold. Provider text Postgres refuses (a NUL, invalid UTF-8) is stored
+// with U+FFFD in its place.
 func (s *Store) KeepPendingRefusal(ctx context.Context, p PendingRefusal, hold time.Duration) (int64, error) {
 	var id int64
 	err := s.pool.QueryRow(ctx, `INSERT INTO pending_provider_refusals (campaign_id, user_ids, addresses, opted_out, reason, refused_at, holder, taken_until)
 		VALUES ($1, $2, $3, $4, $5, $6, NULLIF($7::bigint, 0), now() + $8 * interval '1 millisecond') RETURNING id`,
-		p.CampaignID, p.UserIDs, p.Addrs, p.OptedOut, p.Reason, p.At, p.Holder, hold.Milliseconds()).Scan(&id)
+		p.CampaignID, p.UserIDs, p.Addrs, p.OptedOut, pgtext.Clean(p.Reason), p.At, p.Holder, hold.Milliseconds()).Scan(&id)
 	if err != nil {
 		return 0, fmt.Errorf("keep a provider's refusal: %w", err)
 	}
@@ -96,13 +98,14 @@ func (s *Store) KeepPendingRefusal(ctx context.Context, p PendingRefusal, hold t
 }
 
 // TakePendingRefusals takes, for holder (its liveness key, 0 for none) and for hold, up to limit refusals
-// whose worker is gone: its liveness lock is not held, or it had none and its hold has passed. The oldest
+// whose worker is gone (its liveness lock is not held), or whose hold has passed while they had no holder
+// or were holder's own (taken before, and neither written nor let go: ReleasePendingRefusals). The oldest
 // come first.
 func (s *Store) TakePendingRefusals(ctx context.Context, holder int64, limit int, hold time.Duration) ([]PendingRefusal, error) {
 	rows, err := s.pool.Query(ctx, `
 		UPDATE pending_provider_refusals p SET holder = NULLIF($1::bigint, 0), taken_until = now() + $3 * interval '1 millisecond', tries = p.tries + 1
 		FROM (SELECT id FROM pending_provider_refusals
-			WHERE CASE WHEN holder IS NULL THEN taken_until < now() ELSE NOT `+holderLocked("holder")+` END
+			WHERE CASE WHEN holder IS NULL OR holder = $1 THEN taken_until < now() ELSE NOT `+holderLocked("holder")+` END
 			ORDER BY id LIMIT $2 FOR UPDATE SKIP LOCKED) t
 		WHERE p.id = t.id
 		RETURNING p.id, p.campaign_id, p.user_ids, p.addresses, p.opted_out, p.reason, p.refused_at`, holder, limit, hold.Milliseconds())
@@ -124,6 +127,19 @@ func (s *Store) TakePendingRefusals(ctx context.Context, holder int64, limit int
 func (s *Store) DropPendingRefusal(ctx context.Context, id int64) error {
 	if _, err := s.pool.Exec(ctx, `DELETE FROM pending_provider_refusals WHERE id = $1`, id); err != nil {
 		return fmt.Errorf("drop a provider's refusal once written: %w", err)
+	}
+	return nil
+}
+
+// ReleasePendingRefusals lets go of kept refusals taken (TakePendingRefusals) and not written: any worker
+// takes them again after after.
+func (s *Store) ReleasePendingRefusals(ctx context.Context, ids []int64, after time.Duration) error {
+	if len(ids) == 0 {
+		return nil
+	}
+	if _, err := s.pool.Exec(ctx, `UPDATE pending_provider_refusals SET holder = NULL, taken_until = now() + $2 * interval '1 millisecond' WHERE id = ANY($1)`,
+		ids, after.Milliseconds()); err != nil {
+		return fmt.Errorf("let go of providers' refusals not written: %w", err)
 	}
 	return nil
 }

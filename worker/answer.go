@@ -404,11 +404,19 @@ func (h *Handler) noConsent(run *batchRun, pe *providers.Error, users, addrs []s
 	go func() {
 		defer h.consentPending.Done()
 		ctx := h.consentCtx
+		keepable := true
 		for try := 1; ; try++ {
-			if !kept {
-				if id, err := h.keepRefusal(ctx, p); err == nil {
+			if !kept && keepable {
+				id, err := h.keepRefusal(ctx, p)
+				switch {
+				case err == nil:
 					p.ID, kept = id, true
 					h.refusalsUnkept.Add(-1)
+				case refusedForGood(err):
+					keepable = false
+					log.Error("a provider's refusal for want of consent cannot be kept in Postgres: a stop of this worker before it is written loses it", "error", err)
+				case try == 1 && ctx.Err() == nil:
+					log.Warn("a provider's refusal for want of consent is not kept in Postgres yet; tried again before each write", "error", err)
 				}
 			}
 			n, err := h.writeRefusal(ctx, c, p)
@@ -496,7 +504,7 @@ func (h *Handler) DrainRefusals(ctx context.Context, limit int) (int, error) {
 		return 0, err
 	}
 	done := 0
-	for _, p := range ps {
+	for i, p := range ps {
 		log := h.log.With("campaign_id", p.CampaignID, "to", providers.MaskAddress(p.Addrs[0]), "err", p.Reason)
 		c, err := h.cfg.Store.Get(ctx, p.CampaignID)
 		if errors.Is(err, campaign.ErrNotFound) {
@@ -506,7 +514,7 @@ func (h *Handler) DrainRefusals(ctx context.Context, limit int) (int, error) {
 			continue
 		}
 		if err != nil {
-			return done, err
+			return done, h.letGo(ctx, ps[i:], err)
 		}
 		keys := h.holdRefused(c, p.OptedOut, p.Addrs)
 		n, err := h.writeRefusal(ctx, c, p)
@@ -523,12 +531,28 @@ func (h *Handler) DrainRefusals(ctx context.Context, limit int) (int, error) {
 			h.written(&p, &kept)
 			log.Error("a provider's refusal for want of consent, left by a worker that stopped, cannot be recorded: check it with campaignctl iys check", "error", err)
 		default:
-			// Taken again by a later drain (this process's, once refusalHold has passed, or another's).
 			h.unholdRefused(keys)
-			return done, err
+			return done, h.letGo(ctx, ps[i:], err)
 		}
 	}
 	return done, nil
+}
+
+// letGo hands the refusals taken and not written back, for any worker to take at its next look
+// (refusalsEvery), and returns err: this process's lock would otherwise keep the others from them for as
+// long as it lives. What cannot be handed back now is taken again by this process once refusalHold has
+// passed.
+func (h *Handler) letGo(ctx context.Context, ps []campaign.PendingRefusal, err error) error {
+	ids := make([]int64, len(ps))
+	for i, p := range ps {
+		ids[i] = p.ID
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), h.consentAttempt)
+	defer cancel()
+	if rerr := h.cfg.Store.ReleasePendingRefusals(ctx, ids, refusalsEvery); rerr != nil {
+		return fmt.Errorf("%w (and they are not let go: %v)", err, rerr)
+	}
+	return err
 }
 
 // refusalsEvery is how often Serve looks for refusals left by workers that stopped (DrainRefusals).

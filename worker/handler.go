@@ -43,6 +43,7 @@ type Store interface {
 	KeepPendingRefusal(ctx context.Context, p campaign.PendingRefusal, hold time.Duration) (int64, error)
 	TakePendingRefusals(ctx context.Context, holder int64, limit int, hold time.Duration) ([]campaign.PendingRefusal, error)
 	DropPendingRefusal(ctx context.Context, id int64) error
+	ReleasePendingRefusals(ctx context.Context, ids []int64, after time.Duration) error
 }
 
 var _ Store = (*campaign.Store)(nil)

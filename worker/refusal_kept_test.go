@@ -2,6 +2,7 @@ package worker
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -20,15 +21,7 @@ import (
 func TestAProvidersRefusalOutlivesTheWorkerThatGotIt(t *testing.T) {
 	t.Parallel()
 	f := plan(t, 10)
-	f.provider.fail = func(_ int, m providers.Message) error {
-		switch m.To {
-		case phone(1):
-			return &providers.Error{Provider: "netgsm", Status: 200, Code: 50, Class: providers.Permanent, NoConsent: true, Message: "İYS kontrollü gönderim"}
-		case phone(2):
-			return &providers.Error{Provider: "twilio", Status: 400, Code: 21610, Class: providers.Permanent, OptedOut: true, Message: "Attempt to send to unsubscribed recipient"}
-		}
-		return nil
-	}
+	f.refuseTwo("Attempt to send to unsubscribed recipient")
 	ctx := context.Background()
 	la, stopA := startLiveness(t, f)
 	f.h.cfg.Liveness = la
@@ -106,5 +99,110 @@ func TestAProvidersRefusalOutlivesTheWorkerThatGotIt(t *testing.T) {
 	}
 	if n, err := b.DrainRefusals(ctx, 20); err != nil || n != 0 {
 		t.Errorf("a second look wrote %d (%v), want 0", n, err)
+	}
+}
+
+// refuseTwo makes f's provider refuse u1 for want of consent (Netgsm 50) and u2 at creation with Twilio's
+// 21610, whose message is twilioText.
+func (f *fixture) refuseTwo(twilioText string) {
+	f.provider.fail = func(_ int, m providers.Message) error {
+		switch m.To {
+		case phone(1):
+			return &providers.Error{Provider: "netgsm", Status: 200, Code: 50, Class: providers.Permanent, NoConsent: true, Message: "İYS kontrollü gönderim"}
+		case phone(2):
+			return &providers.Error{Provider: "twilio", Status: 400, Code: 21610, Class: providers.Permanent, OptedOut: true, Message: twilioText}
+		}
+		return nil
+	}
+}
+
+// keptRefusals counts the refusals kept in f's database.
+func (f *fixture) keptRefusals(t *testing.T) (n int) {
+	t.Helper()
+	if err := f.db.QueryRow(context.Background(), `SELECT count(*) FROM pending_provider_refusals`).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// refusalsWritten reads what the two refusals of refuseTwo changed: u1's consent, u2's recorded refusals
+// and the RETs queued for İYS.
+func (f *fixture) refusalsWritten(t *testing.T) (u1 string, refusals, queued int) {
+	t.Helper()
+	if err := f.db.QueryRow(context.Background(), `SELECT (SELECT status FROM iys_consents WHERE recipient = $1),
+		(SELECT count(*) FROM refusals WHERE recipient = $2), (SELECT count(*) FROM iys_outbox WHERE recipient = $2)`,
+		phone(1), phone(2)).Scan(&u1, &refusals, &queued); err != nil {
+		t.Fatal(err)
+	}
+	return u1, refusals, queued
+}
+
+// Order: worker A gets both refusals while an import holds the consents, and is killed. Worker B, started
+// while the import still runs, takes them and its write times out. The import ends; B looks again (its
+// 10 s loop) and writes both. Before, B's failed try left the refusals marked as its own, and B's live lock
+// kept every worker, B included, from them for as long as B ran: the person went on getting messages.
+func TestARefusalAWorkerFailedToWriteIsTakenAgain(t *testing.T) {
+	t.Parallel()
+	f := plan(t, 10)
+	f.refuseTwo("Attempt to send to unsubscribed recipient")
+	ctx := context.Background()
+	la, stopA := startLiveness(t, f)
+	f.h.cfg.Liveness = la
+	waitUntil(t, 5*time.Second, "worker A's liveness lock held", la.Held)
+	endImport := f.holdConsentsTurn(t)
+	f.runAll(t)
+	waitUntil(t, 5*time.Second, "both refusals kept", func() bool { return f.keptRefusals(t) == 2 })
+	f.h.endConsentWrites()
+	f.h.consentPending.Wait()
+	stopA() // kill -9 of A: its lock goes with its connection
+
+	b := f.handler(f.rdb)
+	b.consentAttempt = 300 * time.Millisecond
+	lb, _ := startLiveness(t, f)
+	b.cfg.Liveness = lb
+	waitUntil(t, 5*time.Second, "worker B's liveness lock held", lb.Held)
+	waitUntil(t, 5*time.Second, "B taking A's refusals and failing to write them while the import holds the consents", func() bool {
+		n, err := b.DrainRefusals(ctx, 20)
+		if n != 0 {
+			t.Fatalf("B wrote %d refusals while the import holds the consents", n)
+		}
+		return err != nil
+	})
+	endImport()
+	for end := time.Now().Add(refusalsEvery + 2*time.Second); ; time.Sleep(200 * time.Millisecond) {
+		if _, err := b.DrainRefusals(ctx, 20); err != nil {
+			t.Logf("B's look: %v", err)
+		}
+		if f.keptRefusals(t) == 0 {
+			break
+		}
+		if time.Now().After(end) {
+			u1, refusals, queued := f.refusalsWritten(t)
+			t.Fatalf("%v after the import ended, B (alive) still has not written the refusals its failed try took: %d kept, u1 %s, u2 %d refusals, %d queued",
+				refusalsEvery+2*time.Second, f.keptRefusals(t), u1, refusals, queued)
+		}
+	}
+	if u1, refusals, queued := f.refusalsWritten(t); u1 != "RET" || refusals != 1 || queued != 1 {
+		t.Fatalf("u1 %s, want RET; u2 %d refusals and %d RETs queued, want 1 and 1", u1, refusals, queued)
+	}
+}
+
+// Order: Twilio's 21610 comes with a NUL in its message while an import holds the consents. The refusal is
+// kept all the same (the NUL stored as U+FFFD), so that a stop before the import ends does not lose it.
+// Before, Postgres refused the row, the keep was retried in silence forever, and a SIGTERM lost the refusal.
+func TestARefusalWithTextPostgresRefusesIsKept(t *testing.T) {
+	t.Parallel()
+	f := plan(t, 10)
+	f.refuseTwo("Attempt to send to unsubscribed recipient\x00\xfe")
+	endImport := f.holdConsentsTurn(t)
+	defer endImport()
+	f.runAll(t)
+	waitUntil(t, 5*time.Second, "both refusals kept, the one with a NUL and invalid UTF-8 in its text too", func() bool { return f.keptRefusals(t) == 2 })
+	var reason string
+	if err := f.db.QueryRow(context.Background(), `SELECT reason FROM pending_provider_refusals WHERE opted_out`).Scan(&reason); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(reason, "unsubscribed recipient\uFFFD") {
+		t.Errorf("kept reason %q, want the provider's text with U+FFFD for what Postgres refuses", reason)
 	}
 }
