@@ -15,7 +15,7 @@ import (
 )
 
 // DefaultSendWindow is how many one-message sends a batch run has out at once.
-const DefaultSendWindow = 16
+const DefaultSendWindow = 8
 
 // windowed says whether a run's chunk goes out a window at a time: a one-message provider without a
 // fallback (failing over is decided send by send), and a window above 1.
