@@ -20,64 +20,25 @@ import (
 // them: nothing else carries them again (Twilio created no message, so no status callback follows).
 func TestAProvidersRefusalOutlivesTheWorkerThatGotIt(t *testing.T) {
 	t.Parallel()
-	f := plan(t, 10)
-	f.refuseTwo("Attempt to send to unsubscribed recipient")
+	f, killA, endImport := refusedUnderAnImport(t, "Attempt to send to unsubscribed recipient")
 	ctx := context.Background()
-	la, stopA := startLiveness(t, f)
-	f.h.cfg.Liveness = la
-	waitUntil(t, 5*time.Second, "worker A's liveness lock held", la.Held)
-	endImport := f.holdConsentsTurn(t)
-	f.runAll(t)
 	if st, _, _ := f.status(t, "u1"); st != campaign.StatusFailed {
 		t.Fatalf("u1 %s, want failed", st)
 	}
 	if st, _, _ := f.status(t, "u2"); st != campaign.StatusFailed {
 		t.Fatalf("u2 %s, want failed", st)
 	}
-	kept := func() (n int) {
-		t.Helper()
-		if err := f.db.QueryRow(ctx, `SELECT count(*) FROM pending_provider_refusals`).Scan(&n); err != nil {
-			t.Fatal(err)
-		}
-		return n
-	}
-	waitUntil(t, 5*time.Second, "both refusals kept in Postgres while the import holds the consents", func() bool { return kept() == 2 })
-
-	b := f.handler(f.rdb)
-	lb, _ := startLiveness(t, f)
-	b.cfg.Liveness = lb
-	waitUntil(t, 5*time.Second, "worker B's liveness lock held", lb.Held)
+	b := f.secondWorker(t)
 	if n, err := b.DrainRefusals(ctx, 20); err != nil || n != 0 {
 		t.Fatalf("worker B wrote %d refusals of a live worker A (%v), want 0: A writes them itself", n, err)
 	}
-	if got := kept(); got != 2 {
+	if got := f.keptRefusals(t); got != 2 {
 		t.Fatalf("%d refusals kept after B looked while A lives, want 2: B took a live worker's", got)
 	}
 
-	// kill -9 of A: its lock's session ends and its background writes die with the process.
-	f.h.endConsentWrites()
-	f.h.consentPending.Wait()
-	stopA()
-	waitUntil(t, 5*time.Second, "worker A's liveness lock let go with its connection", func() bool {
-		var held bool
-		if err := f.db.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND granted AND objsubid = 1
-			AND classid::bigint = ($1::bigint >> 32) & 4294967295 AND objid::bigint = $1::bigint & 4294967295)`, la.Key()).Scan(&held); err != nil {
-			t.Fatal(err)
-		}
-		return !held
-	})
+	killA()
 	endImport()
-	var u1 string
-	var refusals int
-	read := func() {
-		t.Helper()
-		if err := f.db.QueryRow(ctx, `SELECT (SELECT status FROM iys_consents WHERE recipient = $1), (SELECT count(*) FROM refusals WHERE recipient = $2)`,
-			phone(1), phone(2)).Scan(&u1, &refusals); err != nil {
-			t.Fatal(err)
-		}
-	}
-	read()
-	if u1 != "ONAY" || refusals != 0 {
+	if u1, refusals, _ := f.refusalsWritten(t); u1 != "ONAY" || refusals != 0 {
 		t.Fatalf("before any worker wrote them: u1 %s, u2 %d refusals; want ONAY and 0 (the order did not happen: A wrote them before the kill)", u1, refusals)
 	}
 
@@ -85,21 +46,58 @@ func TestAProvidersRefusalOutlivesTheWorkerThatGotIt(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	read()
-	var queued int
-	if err := f.db.QueryRow(ctx, `SELECT count(*) FROM iys_outbox WHERE recipient = $1`, phone(2)).Scan(&queued); err != nil {
-		t.Fatal(err)
-	}
-	if n != 2 || u1 != "RET" || refusals != 1 || queued != 1 {
+	if u1, refusals, queued := f.refusalsWritten(t); n != 2 || u1 != "RET" || refusals != 1 || queued != 1 {
 		t.Fatalf("after A was killed with two providers' refusals unwritten, B wrote %d (want 2): u1 (Netgsm 50) consent %s, want RET; u2 (Twilio 21610) %d refusals recorded, want 1, %d RETs queued for İYS, want 1",
 			n, u1, refusals, queued)
 	}
-	if got := kept(); got != 0 {
+	if got := f.keptRefusals(t); got != 0 {
 		t.Errorf("%d refusals still kept once written, want 0: every worker would write them again", got)
 	}
 	if n, err := b.DrainRefusals(ctx, 20); err != nil || n != 0 {
 		t.Errorf("a second look wrote %d (%v), want 0", n, err)
 	}
+}
+
+// refusedUnderAnImport plans a campaign and runs it on worker A (f.h, with a liveness lock of its own)
+// while an import holds the consents: the provider refuses u1 for want of consent and u2 at creation
+// (refuseTwo, with twilioText), and both refusals are kept in Postgres, their consents not written. killA
+// ends A as kill -9 does (its background writes die, its lock goes with its connection); endImport ends
+// the import.
+func refusedUnderAnImport(t *testing.T, twilioText string) (f *fixture, killA, endImport func()) {
+	t.Helper()
+	f = plan(t, 10)
+	f.refuseTwo(twilioText)
+	la, stopA := startLiveness(t, f)
+	f.h.cfg.Liveness = la
+	waitUntil(t, 5*time.Second, "worker A's liveness lock held", la.Held)
+	endImport = f.holdConsentsTurn(t)
+	f.runAll(t)
+	waitUntil(t, 5*time.Second, "both refusals kept in Postgres while the import holds the consents", func() bool { return f.keptRefusals(t) == 2 })
+	killA = func() {
+		t.Helper()
+		f.h.endConsentWrites()
+		f.h.consentPending.Wait()
+		stopA()
+		waitUntil(t, 5*time.Second, "worker A's liveness lock let go with its connection", func() bool {
+			var held bool
+			if err := f.db.QueryRow(context.Background(), `SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND granted AND objsubid = 1
+				AND classid::bigint = ($1::bigint >> 32) & 4294967295 AND objid::bigint = $1::bigint & 4294967295)`, la.Key()).Scan(&held); err != nil {
+				t.Fatal(err)
+			}
+			return !held
+		})
+	}
+	return f, killA, endImport
+}
+
+// secondWorker is worker B on f's campaign, with a liveness lock of its own.
+func (f *fixture) secondWorker(t *testing.T) *Handler {
+	t.Helper()
+	b := f.handler(f.rdb)
+	lb, _ := startLiveness(t, f)
+	b.cfg.Liveness = lb
+	waitUntil(t, 5*time.Second, "worker B's liveness lock held", lb.Held)
+	return b
 }
 
 // refuseTwo makes f's provider refuse u1 for want of consent (Netgsm 50) and u2 at creation with Twilio's
@@ -143,24 +141,11 @@ func (f *fixture) refusalsWritten(t *testing.T) (u1 string, refusals, queued int
 // kept every worker, B included, from them for as long as B ran: the person went on getting messages.
 func TestARefusalAWorkerFailedToWriteIsTakenAgain(t *testing.T) {
 	t.Parallel()
-	f := plan(t, 10)
-	f.refuseTwo("Attempt to send to unsubscribed recipient")
+	f, killA, endImport := refusedUnderAnImport(t, "Attempt to send to unsubscribed recipient")
 	ctx := context.Background()
-	la, stopA := startLiveness(t, f)
-	f.h.cfg.Liveness = la
-	waitUntil(t, 5*time.Second, "worker A's liveness lock held", la.Held)
-	endImport := f.holdConsentsTurn(t)
-	f.runAll(t)
-	waitUntil(t, 5*time.Second, "both refusals kept", func() bool { return f.keptRefusals(t) == 2 })
-	f.h.endConsentWrites()
-	f.h.consentPending.Wait()
-	stopA() // kill -9 of A: its lock goes with its connection
-
-	b := f.handler(f.rdb)
+	killA()
+	b := f.secondWorker(t)
 	b.consentAttempt = 300 * time.Millisecond
-	lb, _ := startLiveness(t, f)
-	b.cfg.Liveness = lb
-	waitUntil(t, 5*time.Second, "worker B's liveness lock held", lb.Held)
 	waitUntil(t, 5*time.Second, "B taking A's refusals and failing to write them while the import holds the consents", func() bool {
 		n, err := b.DrainRefusals(ctx, 20)
 		if n != 0 {
