@@ -505,6 +505,12 @@ func (h *Handler) DrainRefusals(ctx context.Context, limit int) (int, error) {
 	}
 	done := 0
 	for i, p := range ps {
+		if len(p.Addrs) == 0 || len(p.Addrs) != len(p.UserIDs) {
+			kept := true
+			h.written(&p, &kept)
+			h.log.Error("a provider's refusal kept in Postgres names no address, or not one for each recipient: dropped", "campaign_id", p.CampaignID, "id", p.ID)
+			continue
+		}
 		log := h.log.With("campaign_id", p.CampaignID, "to", providers.MaskAddress(p.Addrs[0]), "err", p.Reason)
 		c, err := h.cfg.Store.Get(ctx, p.CampaignID)
 		if errors.Is(err, campaign.ErrNotFound) {

@@ -191,3 +191,28 @@ func TestARefusalWithTextPostgresRefusesIsKept(t *testing.T) {
 		t.Errorf("kept reason %q, want the provider's text with U+FFFD for what Postgres refuses", reason)
 	}
 }
+
+// A kept refusal that names no address, or not one for each recipient (a row written by hand), is dropped
+// with an error: it neither stops the look at the others nor takes the worker down.
+func TestAKeptRefusalWithoutAddressesIsDropped(t *testing.T) {
+	t.Parallel()
+	f := plan(t, 10)
+	ctx := context.Background()
+	if _, err := f.db.Exec(ctx, `INSERT INTO pending_provider_refusals (campaign_id, user_ids, addresses, opted_out, reason, refused_at, taken_until)
+		VALUES ($1, '{}', '{}', true, 'by hand', now(), now() - interval '1 second'),
+		       ($1, '{u1,u2}', ARRAY[$2], true, 'by hand', now(), now() - interval '1 second'),
+		       ($1, '{u2}', ARRAY[$3], true, 'Attempt to send to unsubscribed recipient', now(), now() - interval '1 second')`,
+		f.id, phone(1), phone(2)); err != nil {
+		t.Fatal(err)
+	}
+	n, err := f.h.DrainRefusals(ctx, 20)
+	if err != nil || n != 1 {
+		t.Fatalf("wrote %d (%v), want the one whole refusal", n, err)
+	}
+	if got := f.keptRefusals(t); got != 0 {
+		t.Errorf("%d kept after the look, want 0: the broken ones dropped, the whole one written", got)
+	}
+	if _, refusals, _ := f.refusalsWritten(t); refusals != 1 {
+		t.Errorf("u2: %d refusals recorded, want 1", refusals)
+	}
+}
