@@ -136,7 +136,11 @@ func CheckSchema(ctx context.Context, pool *pgxpool.Pool) error {
 		return fmt.Errorf("schema check: %w", err)
 	}
 	if len(missing) > 0 {
-		return fmt.Errorf("%w: %d migrations of this version are not applied (%s); run `campaignctl migrate`", ErrSchema, len(missing), strings.Join(missing, ", "))
+		what := fmt.Sprintf("%d migrations of this version are not applied", len(missing))
+		if len(missing) == 1 {
+			what = "1 migration of this version is not applied"
+		}
+		return fmt.Errorf("%w: %s (%s); run `campaignctl migrate`", ErrSchema, what, strings.Join(missing, ", "))
 	}
 	return nil
 }

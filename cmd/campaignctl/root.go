@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"regexp"
 	"strings"
 	"syscall"
 
@@ -123,7 +124,38 @@ func (a *app) newRootCmd() *cobra.Command {
 	for _, c := range root.Commands() {
 		refuseUnknownSubcommands(c)
 	}
+	root.SetFlagErrorFunc(flagValueError)
 	return root
+}
+
+// badFlagValue matches pflag's error for a value its type cannot parse.
+var badFlagValue = regexp.MustCompile(`^invalid argument "(.*)" for "(?:-\w, )?--([\w-]+)" flag`)
+
+// flagValueError says, for a flag value of the wrong kind, what kind the flag takes, instead of the
+// parser's words (strconv.ParseFloat: parsing "abc": invalid syntax).
+func flagValueError(cmd *cobra.Command, err error) error {
+	m := badFlagValue.FindStringSubmatch(err.Error())
+	if m == nil {
+		return err
+	}
+	f := cmd.Flags().Lookup(m[2])
+	if f == nil {
+		return err
+	}
+	var want string
+	switch f.Value.Type() {
+	case "float32", "float64":
+		want = "a number, e.g. 50 or 0.5"
+	case "int", "int8", "int16", "int32", "int64", "uint", "uint8", "uint16", "uint32", "uint64":
+		want = "a whole number, e.g. 16"
+	case "duration":
+		want = "a duration, e.g. 30s, 5m or 2h"
+	case "bool":
+		want = "true or false"
+	default:
+		return err
+	}
+	return usagef("--%s %q is not %s; see `%s --help`", m[2], m[1], want, cmd.CommandPath())
 }
 
 // refuseUnknownSubcommands makes a command group (iys, codes, dlq, demo) refuse a word that is none of

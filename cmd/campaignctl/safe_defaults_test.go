@@ -137,7 +137,7 @@ func TestUnmigratedDatabaseSaysToMigrate(t *testing.T) {
 	if _, err := db.Exec(ctx, `DELETE FROM schema_migrations WHERE name = (SELECT max(name) FROM schema_migrations)`); err != nil {
 		t.Fatal(err)
 	}
-	if _, stderr, code := cli(t, bare, "status"); code != 2 || !strings.Contains(stderr, "1 migrations of this version are not applied") {
+	if _, stderr, code := cli(t, bare, "status"); code != 2 || !strings.Contains(stderr, "1 migration of this version is not applied") {
 		t.Fatalf("status one migration short: exit %d, %s", code, stderr)
 	}
 }

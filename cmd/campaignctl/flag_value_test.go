@@ -1,0 +1,25 @@
+package main
+
+import (
+	"strings"
+	"testing"
+)
+
+// A flag value of the wrong kind is a usage error (exit 2) that says what kind the flag takes, not the
+// parser's words.
+func TestAFlagValueOfTheWrongKindSaysWhatToGive(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"launch", "--rate", "abc"}, `--rate "abc" is not a number, e.g. 50 or 0.5; see ` + "`campaignctl launch --help`"},
+		{[]string{"worker", "--concurrency", "x"}, `--concurrency "x" is not a whole number`},
+		{[]string{"worker", "--provider-timeout", "5"}, `--provider-timeout "5" is not a duration, e.g. 30s`},
+	} {
+		_, stderr, code := cli(t, nil, tc.args...)
+		if code != 2 || !strings.Contains(stderr, tc.want) || strings.Contains(stderr, "strconv") {
+			t.Errorf("%s: exit %d, %q; want exit 2 and %q", strings.Join(tc.args, " "), code, stderr, tc.want)
+		}
+	}
+}
