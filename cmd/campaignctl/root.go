@@ -135,7 +135,8 @@ var badFlagValue = regexp.MustCompile(`^invalid argument "(.*)" for "(?:-\w, )?-
 // parser's words (strconv.ParseFloat: parsing "abc": invalid syntax).
 func flagValueError(cmd *cobra.Command, err error) error {
 	m := badFlagValue.FindStringSubmatch(err.Error())
-	if m == nil {
+	// Only the standard parsers' words are replaced: a flag of the project's own type says what it takes.
+	if m == nil || !strings.Contains(err.Error(), "strconv.") && !strings.Contains(err.Error(), "time: ") {
 		return err
 	}
 	f := cmd.Flags().Lookup(m[2])

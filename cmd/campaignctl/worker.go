@@ -75,9 +75,8 @@ A worker sends the channels whose provider is configured:
   email  SENDGRID_API_KEY, SENDGRID_FROM [SENDGRID_FROM_NAME, SENDGRID_BASE_URL, SENDGRID_RATE]; commercial
          e-mail also WEBHOOKS_PUBLIC_URL and UNSUBSCRIBE_SECRET (each message's signed one-click unsubscribe
          link, served by campaignctl webhooks) [UNSUBSCRIBE_MAILTO: a mailbox the header offers too]
-  push   GOOGLE_APPLICATION_CREDENTIALS [FCM_PROJECT_ID, FCM_BASE_URL, FCM_RATE]
-  webhook
-         WEBHOOK_URL, WEBHOOK_SECRET [WEBHOOK_RATE]`,
+  push     GOOGLE_APPLICATION_CREDENTIALS [FCM_PROJECT_ID, FCM_BASE_URL, FCM_RATE]
+  webhook  WEBHOOK_URL, WEBHOOK_SECRET [WEBHOOK_RATE]`,
 		Example: `  campaignctl worker --concurrency 16
   TWILIO_RATE=50 campaignctl worker --provider-timeout 5s`,
 		Args: cobra.NoArgs,
