@@ -8,11 +8,12 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
-	"regexp"
+	"strconv"
 	"strings"
 	"syscall"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 	"golang.org/x/term"
 
 	"github.com/campaignctl/campaignctl/campaign"
@@ -128,35 +129,32 @@ func (a *app) newRootCmd() *cobra.Command {
 	return root
 }
 
-// badFlagValue matches pflag's error for a value its type cannot parse.
-var badFlagValue = regexp.MustCompile(`^invalid argument "(.*)" for "(?:-\w, )?--([\w-]+)" flag`)
-
-// flagValueError says, for a flag value of the wrong kind, what kind the flag takes, instead of the
-// parser's words (strconv.ParseFloat: parsing "abc": invalid syntax).
+// flagValueError says, for a flag value its standard parser refused (pflag.InvalidValueError over a
+// strconv or time.ParseDuration error), what kind the flag takes, instead of the parser's words
+// (strconv.ParseFloat: parsing "abc": invalid syntax). A flag of the project's own type says what it takes
+// itself, and is left as it is.
 func flagValueError(cmd *cobra.Command, err error) error {
-	m := badFlagValue.FindStringSubmatch(err.Error())
-	// Only the standard parsers' words are replaced: a flag of the project's own type says what it takes.
-	if m == nil || !strings.Contains(err.Error(), "strconv.") && !strings.Contains(err.Error(), "time: ") {
+	var bad *pflag.InvalidValueError
+	if !errors.As(err, &bad) {
 		return err
 	}
-	f := cmd.Flags().Lookup(m[2])
-	if f == nil {
-		return err
-	}
+	f := bad.GetFlag()
+	var num *strconv.NumError
+	parsed := errors.As(err, &num)
 	var want string
-	switch f.Value.Type() {
-	case "float32", "float64":
+	switch typ := f.Value.Type(); {
+	case parsed && strings.HasPrefix(typ, "float"):
 		want = "a number, e.g. 50 or 0.5"
-	case "int", "int8", "int16", "int32", "int64", "uint", "uint8", "uint16", "uint32", "uint64":
+	case parsed && (strings.HasPrefix(typ, "int") || strings.HasPrefix(typ, "uint")):
 		want = "a whole number, e.g. 16"
-	case "duration":
-		want = "a duration, e.g. 30s, 5m or 2h"
-	case "bool":
+	case parsed && typ == "bool":
 		want = "true or false"
+	case typ == "duration" && strings.HasPrefix(errors.Unwrap(err).Error(), "time: "):
+		want = "a duration, e.g. 30s, 5m or 2h"
 	default:
 		return err
 	}
-	return usagef("--%s %q is not %s; see `%s --help`", m[2], m[1], want, cmd.CommandPath())
+	return usagef("--%s %q is not %s; see `%s --help`", f.Name, bad.GetValue(), want, cmd.CommandPath())
 }
 
 // refuseUnknownSubcommands makes a command group (iys, codes, dlq, demo) refuse a word that is none of
