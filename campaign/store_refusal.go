@@ -103,7 +103,7 @@ func (s *Store) KeepPendingRefusal(ctx context.Context, p PendingRefusal, hold t
 // come first.
 func (s *Store) TakePendingRefusals(ctx context.Context, holder int64, limit int, hold time.Duration) ([]PendingRefusal, error) {
 	rows, err := s.pool.Query(ctx, `
-		UPDATE pending_provider_refusals p SET holder = NULLIF($1::bigint, 0), taken_until = now() + $3 * interval '1 millisecond', tries = p.tries + 1
+		UPDATE pending_provider_refusals p SET holder = NULLIF($1::bigint, 0), taken_until = now() + $3 * interval '1 millisecond'
 		FROM (SELECT id FROM pending_provider_refusals
 			WHERE CASE WHEN holder IS NULL OR holder = $1 THEN taken_until < now() ELSE NOT `+holderLocked("holder")+` END
 			ORDER BY id LIMIT $2 FOR UPDATE SKIP LOCKED) t

@@ -419,19 +419,17 @@ func (h *Handler) noConsent(run *batchRun, pe *providers.Error, users, addrs []s
 					log.Warn("a provider's refusal for want of consent is not kept in Postgres yet; tried again before each write", "error", err)
 				}
 			}
-			n, err := h.writeRefusal(ctx, c, p)
+			n, done, err := h.writeHeld(ctx, c, p, keys)
 			switch {
-			case err == nil:
-				// A lease that read the consents just before the RET's commit still carries the ONAY: the
-				// address stays held back a while after it.
-				time.AfterFunc(holdAfterWrite, func() { h.unholdRefused(keys) })
-				h.written(&p, &kept)
-				log.Warn("a provider refused for want of consent (İYS holds none, or the person opted out): the consent is RET here from now on", "turned", n)
-				return
-			case errors.Is(err, iys.ErrBadRefusal) || refusedForGood(err):
-				h.unholdRefused(keys)
-				h.written(&p, &kept)
-				log.Error("a provider refused for want of consent, and the refusal cannot be recorded: check it with campaignctl iys check", "error", err)
+			case done:
+				if !kept {
+					h.refusalsUnkept.Add(-1)
+				}
+				if err != nil {
+					log.Error("a provider refused for want of consent, and the refusal cannot be recorded: check it with campaignctl iys check", "error", err)
+				} else {
+					log.Warn("a provider refused for want of consent (İYS holds none, or the person opted out): the consent is RET here from now on", "turned", n)
+				}
 				return
 			case ctx.Err() != nil && kept:
 				log.Warn("a provider refused for want of consent, and the worker stopped before the consent could be turned RET here: the refusal is kept in Postgres, and the next worker to run writes it", "error", err)
@@ -476,15 +474,27 @@ func (h *Handler) writeRefusal(ctx context.Context, c *campaign.Campaign, p camp
 	return h.cfg.Store.ProviderNoConsent(ctx, c, p.Addrs, p.Reason, p.At)
 }
 
-// written forgets p once its consents are written or can never be: the row kept for it is dropped, and a
-// refusal that was never kept no longer counts as one a stop would lose. A row that cannot be dropped is
-// written again by a later worker, which changes nothing.
-func (h *Handler) written(p *campaign.PendingRefusal, kept *bool) {
-	if !*kept {
-		*kept = true
-		h.refusalsUnkept.Add(-1)
-		return
+// writeHeld writes p's consents (writeRefusal) while the addresses are held back under keys. Once they are
+// written, or can never be (done; err then says why), the hold ends (a while after a write: a lease that
+// read the consents just before its commit still carries the ONAY) and p's kept row is dropped. A row that
+// cannot be dropped is written again by a later worker, which changes nothing. Otherwise the hold stays
+// and err is the write's.
+func (h *Handler) writeHeld(ctx context.Context, c *campaign.Campaign, p campaign.PendingRefusal, keys []string) (n int64, done bool, err error) {
+	n, err = h.writeRefusal(ctx, c, p)
+	switch {
+	case err == nil:
+		time.AfterFunc(holdAfterWrite, func() { h.unholdRefused(keys) })
+	case errors.Is(err, iys.ErrBadRefusal) || refusedForGood(err):
+		h.unholdRefused(keys)
+	default:
+		return n, false, err
 	}
+	h.dropKept(p)
+	return n, true, err
+}
+
+// dropKept forgets p's kept row (none when p.ID is 0).
+func (h *Handler) dropKept(p campaign.PendingRefusal) {
 	if p.ID == 0 {
 		return
 	}
@@ -504,37 +514,34 @@ func (h *Handler) DrainRefusals(ctx context.Context, limit int) (int, error) {
 		return 0, err
 	}
 	done := 0
+	camps := map[int64]*campaign.Campaign{}
 	for i, p := range ps {
 		if len(p.Addrs) == 0 || len(p.Addrs) != len(p.UserIDs) {
-			kept := true
-			h.written(&p, &kept)
+			h.dropKept(p)
 			h.log.Error("a provider's refusal kept in Postgres names no address, or not one for each recipient: dropped", "campaign_id", p.CampaignID, "id", p.ID)
 			continue
 		}
 		log := h.log.With("campaign_id", p.CampaignID, "to", providers.MaskAddress(p.Addrs[0]), "err", p.Reason)
-		c, err := h.cfg.Store.Get(ctx, p.CampaignID)
-		if errors.Is(err, campaign.ErrNotFound) {
-			kept := true
-			h.written(&p, &kept)
-			log.Error("a provider's refusal for want of consent left by a worker that stopped names a campaign that no longer exists: check the address with campaignctl iys check")
-			continue
-		}
-		if err != nil {
-			return done, h.letGo(ctx, ps[i:], err)
+		c := camps[p.CampaignID]
+		if c == nil {
+			c, err = h.cfg.Store.Get(ctx, p.CampaignID)
+			if errors.Is(err, campaign.ErrNotFound) {
+				h.dropKept(p)
+				log.Error("a provider's refusal for want of consent left by a worker that stopped names a campaign that no longer exists: check the address with campaignctl iys check")
+				continue
+			}
+			if err != nil {
+				return done, h.letGo(ctx, ps[i:], err)
+			}
+			camps[p.CampaignID] = c
 		}
 		keys := h.holdRefused(c, p.OptedOut, p.Addrs)
-		n, err := h.writeRefusal(ctx, c, p)
+		n, written, err := h.writeHeld(ctx, c, p, keys)
 		switch {
-		case err == nil:
-			time.AfterFunc(holdAfterWrite, func() { h.unholdRefused(keys) })
-			kept := true
-			h.written(&p, &kept)
+		case written && err == nil:
 			done++
 			log.Warn("a provider's refusal for want of consent, left by a worker that stopped before writing it, is written: the consent is RET here from now on", "turned", n)
-		case errors.Is(err, iys.ErrBadRefusal) || refusedForGood(err):
-			h.unholdRefused(keys)
-			kept := true
-			h.written(&p, &kept)
+		case written:
 			log.Error("a provider's refusal for want of consent, left by a worker that stopped, cannot be recorded: check it with campaignctl iys check", "error", err)
 		default:
 			h.unholdRefused(keys)

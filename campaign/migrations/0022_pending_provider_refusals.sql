@@ -5,7 +5,8 @@
 -- carry the provider's word again (no message was created, so no status callback follows).
 --
 -- holder is the liveness lock key (campaign.Lease.Holder) of the worker writing it: nobody else takes the
--- row while that lock is held. A row without a holder is taken once taken_until has passed.
+-- row while that lock is held. A row without a holder is taken once taken_until has passed. The table
+-- holds only the refusals not written yet, a handful: it has no index but its key.
 CREATE TABLE pending_provider_refusals (
     id           bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     campaign_id  bigint      NOT NULL,
@@ -16,7 +17,5 @@ CREATE TABLE pending_provider_refusals (
     refused_at   timestamptz NOT NULL,
     holder       bigint,
     taken_until  timestamptz NOT NULL,
-    tries        int         NOT NULL DEFAULT 0,
     created_at   timestamptz NOT NULL DEFAULT now()
 );
-CREATE INDEX pending_provider_refusals_taken ON pending_provider_refusals (taken_until);
