@@ -216,3 +216,29 @@ func TestAKeptRefusalWithoutAddressesIsDropped(t *testing.T) {
 		t.Errorf("u2: %d refusals recorded, want 1", refusals)
 	}
 }
+
+// A worker writes, as it starts, the refusals a worker that stopped left kept: Serve looks at once (and
+// every refusalsEvery), not only when a test calls DrainRefusals.
+func TestAStartingWorkerWritesTheRefusalsLeftKept(t *testing.T) {
+	t.Parallel()
+	f := plan(t, 10)
+	bg := context.Background()
+	if _, err := f.db.Exec(bg, `INSERT INTO pending_provider_refusals (campaign_id, user_ids, addresses, opted_out, reason, refused_at, taken_until)
+		VALUES ($1, '{u2}', ARRAY[$2], true, 'Attempt to send to unsubscribed recipient', now(), now() - interval '1 second')`, f.id, phone(2)); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(bg)
+	done := make(chan error, 1)
+	go func() { done <- Serve(ctx, f.rdb, f.h, ServerConfig{Concurrency: 1, ShutdownTimeout: 5 * time.Second}) }()
+	// The worker stops before the database and Redis go, whatever the test found.
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	})
+	waitUntil(t, 5*time.Second, "the starting worker writing the refusal left kept", func() bool {
+		_, refusals, queued := f.refusalsWritten(t)
+		return refusals == 1 && queued == 1 && f.keptRefusals(t) == 0
+	})
+}
