@@ -198,13 +198,9 @@ func TestAKeptRefusalWithoutAddressesIsDropped(t *testing.T) {
 	t.Parallel()
 	f := plan(t, 10)
 	ctx := context.Background()
-	if _, err := f.db.Exec(ctx, `INSERT INTO pending_provider_refusals (campaign_id, user_ids, addresses, opted_out, reason, refused_at, taken_until)
-		VALUES ($1, '{}', '{}', true, 'by hand', now(), now() - interval '1 second'),
-		       ($1, '{u1,u2}', ARRAY[$2], true, 'by hand', now(), now() - interval '1 second'),
-		       ($1, '{u2}', ARRAY[$3], true, 'Attempt to send to unsubscribed recipient', now(), now() - interval '1 second')`,
-		f.id, phone(1), phone(2)); err != nil {
-		t.Fatal(err)
-	}
+	f.leftKept(t, []string{}, []string{})
+	f.leftKept(t, []string{"u1", "u2"}, []string{phone(1)})
+	f.leftKept(t, []string{"u2"}, []string{phone(2)})
 	n, err := f.h.DrainRefusals(ctx, 20)
 	if err != nil || n != 1 {
 		t.Fatalf("wrote %d (%v), want the one whole refusal", n, err)
@@ -222,12 +218,8 @@ func TestAKeptRefusalWithoutAddressesIsDropped(t *testing.T) {
 func TestAStartingWorkerWritesTheRefusalsLeftKept(t *testing.T) {
 	t.Parallel()
 	f := plan(t, 10)
-	bg := context.Background()
-	if _, err := f.db.Exec(bg, `INSERT INTO pending_provider_refusals (campaign_id, user_ids, addresses, opted_out, reason, refused_at, taken_until)
-		VALUES ($1, '{u2}', ARRAY[$2], true, 'Attempt to send to unsubscribed recipient', now(), now() - interval '1 second')`, f.id, phone(2)); err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(bg)
+	f.leftKept(t, []string{"u2"}, []string{phone(2)})
+	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- Serve(ctx, f.rdb, f.h, ServerConfig{Concurrency: 1, ShutdownTimeout: 5 * time.Second}) }()
 	// The worker stops before the database and Redis go, whatever the test found.
@@ -241,4 +233,14 @@ func TestAStartingWorkerWritesTheRefusalsLeftKept(t *testing.T) {
 		_, refusals, queued := f.refusalsWritten(t)
 		return refusals == 1 && queued == 1 && f.keptRefusals(t) == 0
 	})
+}
+
+// leftKept keeps a Twilio opt-out of users at addrs for f's campaign as a worker that stopped leaves it: no
+// holder, its hold over.
+func (f *fixture) leftKept(t *testing.T, users, addrs []string) {
+	t.Helper()
+	if _, err := f.db.Exec(context.Background(), `INSERT INTO pending_provider_refusals (campaign_id, user_ids, addresses, opted_out, reason, refused_at, taken_until)
+		VALUES ($1, $2, $3, true, 'Attempt to send to unsubscribed recipient', now(), now() - interval '1 second')`, f.id, users, addrs); err != nil {
+		t.Fatal(err)
+	}
 }
