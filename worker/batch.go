@@ -115,7 +115,7 @@ func (h *Handler) RunBatch(ctx context.Context, campaignID int64, batch int) err
 			return waitForServices(err)
 		}
 		if c.State == campaign.StateScheduled && c.StartAt != nil {
-			return &RetryError{Err: fmt.Errorf("campaign %d starts at %s", c.ID, c.StartAt.Format(time.RFC3339)), After: time.Until(*c.StartAt)}
+			return &RetryError{Err: fmt.Errorf("campaign %d starts at %s", c.ID, c.StartAt.Format(time.RFC3339)), After: time.Until(*c.StartAt), Wait: true}
 		}
 	}
 	if _, retry, done := stateGate(c.ID, c.State); retry != nil || done {
@@ -444,7 +444,7 @@ func stateGate(id int64, st campaign.State) (mode chunkMode, retry error, done b
 	case campaign.StateCancelled:
 		return modeCancel, nil, false
 	case campaign.StatePaused, campaign.StateScheduled, campaign.StatePlanning:
-		return modeSend, &RetryError{Err: fmt.Errorf("campaign %d is %s", id, st), After: 30 * time.Second}, false
+		return modeSend, &RetryError{Err: fmt.Errorf("campaign %d is %s", id, st), After: 30 * time.Second, Wait: true}, false
 	}
 	return modeSend, nil, true
 }

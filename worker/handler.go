@@ -276,6 +276,9 @@ type RetryError struct {
 	Err     error
 	After   time.Duration
 	Failure bool
+	// Wait marks a wait the batch was made for, not a fault: its campaign is paused or not started yet,
+	// or its send window is closed. It is logged at info.
+	Wait bool
 }
 
 func (e *RetryError) Error() string { return e.Err.Error() }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"sync"
 	"time"
 
 	"github.com/hibiken/asynq"
@@ -57,6 +58,7 @@ func NewServer(rdb redis.UniversalClient, h *Handler, cfg ServerConfig) *asynq.S
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
+	notes := newRetryNotes(time.Now)
 	return asynq.NewServerFromRedisClient(rdb, asynq.Config{
 		Concurrency:              cfg.Concurrency,
 		Queues:                   map[string]int{Queue: 1},
@@ -81,9 +83,77 @@ func NewServer(rdb redis.UniversalClient, h *Handler, cfg ServerConfig) *asynq.S
 					"task", id, "attempt", n+1, "max_retry", max, "err", err)
 				return
 			}
-			log.Warn("batch will run again", "task", id, "attempt", n+1, "max_retry", max, "err", err)
+			notes.log(ctx, log, err, "task", id, "attempt", n+1, "max_retry", max)
 		}),
 	})
+}
+
+// retryNoteEvery is how long the log stays quiet about a reason it just gave for handing a batch back.
+const retryNoteEvery = time.Minute
+
+// retryNotes logs the batches handed back to the queue: a line for a reason not given in the last
+// retryNoteEvery, and only a count for the others, carried into the reason's next line
+// (same_since_last_line). Each batch of a paused campaign comes back every 30 s: a campaign of 2,000 batches
+// would write 2,000 lines every 30 s, each saying the same.
+type retryNotes struct {
+	mu   sync.Mutex
+	now  func() time.Time
+	seen map[string]*retryNote
+}
+
+type retryNote struct {
+	at   time.Time
+	more int
+}
+
+func newRetryNotes(now func() time.Time) *retryNotes {
+	return &retryNotes{now: now, seen: map[string]*retryNote{}}
+}
+
+// log writes err's line (args first) unless the same reason was written less than retryNoteEvery ago: at
+// info for a wait the batch was made for (a paused or scheduled campaign, a closed send window), at warn
+// for anything else.
+func (r *retryNotes) log(ctx context.Context, log *slog.Logger, err error, args ...any) {
+	more, ok := r.take(err.Error())
+	if !ok {
+		return
+	}
+	level := slog.LevelWarn
+	var re *RetryError
+	if errors.As(err, &re) && re.Wait {
+		level = slog.LevelInfo
+	}
+	args = append(args, "err", err)
+	if more > 0 {
+		args = append(args, "same_since_last_line", more)
+	}
+	log.Log(ctx, level, "batch will run again", args...)
+}
+
+// take says whether reason's line is due, and how many times it came since its last line.
+func (r *retryNotes) take(reason string) (more int, due bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	now := r.now()
+	n := r.seen[reason]
+	if n != nil && now.Sub(n.at) < retryNoteEvery {
+		n.more++
+		return 0, false
+	}
+	if n == nil {
+		if len(r.seen) >= 1024 {
+			// Reasons name campaigns, batches, providers: forget the quiet ones.
+			for k, v := range r.seen {
+				if now.Sub(v.at) >= retryNoteEvery {
+					delete(r.seen, k)
+				}
+			}
+		}
+		n = &retryNote{}
+		r.seen[reason] = n
+	}
+	more, n.at, n.more = n.more, now, 0
+	return more, true
 }
 
 // Serve runs the worker until ctx is done, then shuts down gracefully.

@@ -1,0 +1,126 @@
+package worker
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"log/slog"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/hibiken/asynq"
+
+	"github.com/campaignctl/campaignctl/campaign"
+)
+
+// lineBuffer is a log sink several goroutines write to.
+type lineBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lineBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+// lines returns the lines that contain all of parts.
+func (l *lineBuffer) lines(parts ...string) []string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var out []string
+	for _, ln := range strings.Split(l.b.String(), "\n") {
+		all := ln != ""
+		for _, p := range parts {
+			all = all && strings.Contains(ln, p)
+		}
+		if all {
+			out = append(out, ln)
+		}
+	}
+	return out
+}
+
+// The batches of a paused campaign come back every 30 s each: the worker says so once, at info, not once a
+// batch at warn.
+func TestAPausedCampaignsBatchesAreLoggedOnce(t *testing.T) {
+	t.Parallel()
+	f := plan(t, 120) // several batches
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	if _, err := f.store.Transition(ctx, f.id, []campaign.State{campaign.StateRunning}, campaign.StatePaused); err != nil {
+		t.Fatal(err)
+	}
+	c, err := f.store.Get(ctx, f.id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := Enqueue(ctx, asynq.NewClientFromRedisClient(f.rdb), f.store, c, true); err != nil {
+		t.Fatal(err)
+	}
+	var out lineBuffer
+	log := slog.New(slog.NewTextHandler(&out, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	done := make(chan error, 1)
+	go func() { done <- Serve(ctx, f.rdb, f.h, ServerConfig{Concurrency: 4, Logger: log}) }()
+	insp := asynq.NewInspectorFromRedisClient(f.rdb)
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		qi, err := insp.GetQueueInfo(Queue)
+		if err == nil && qi.Retry == f.batches {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the %d batches of the paused campaign were not all handed back within 20s (queue: %+v, err %v)", f.batches, qi, err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if f.batches < 4 {
+		t.Fatalf("the campaign has %d batches; the test needs several", f.batches)
+	}
+	said := out.lines("batch will run again", "is paused")
+	if len(said) != 1 {
+		t.Fatalf("%d batches of a paused campaign handed back: %d lines say so, want 1:\n%s", f.batches, len(said), strings.Join(said, "\n"))
+	}
+	if !strings.Contains(said[0], "level=INFO") {
+		t.Errorf("a paused campaign is a wait, not a fault: want it at info, got %s", said[0])
+	}
+	if got := f.provider.total(); got != 0 {
+		t.Errorf("the provider got %d messages of a paused campaign", got)
+	}
+}
+
+// A reason given less than retryNoteEvery ago is counted, not written; its next line says how many times
+// it came meanwhile. Each reason has its own clock, and a fault stays at warn.
+func TestARetryReasonIsWrittenOnceAMinuteWithItsCount(t *testing.T) {
+	now := time.Date(2026, 12, 4, 12, 0, 0, 0, time.UTC)
+	notes := newRetryNotes(func() time.Time { return now })
+	var out lineBuffer
+	log := slog.New(slog.NewTextHandler(&out, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	paused := &RetryError{Err: errors.New("campaign 7 is paused"), After: 30 * time.Second, Wait: true}
+	down := &RetryError{Err: errors.New("provider twilio is down; the batch waits for it"), After: 5 * time.Second}
+	for range 50 {
+		notes.log(context.Background(), log, paused, "task", "x")
+	}
+	notes.log(context.Background(), log, down, "task", "y")
+	now = now.Add(retryNoteEvery - time.Second)
+	notes.log(context.Background(), log, paused, "task", "x")
+	if got := out.lines("campaign 7 is paused"); len(got) != 1 || !strings.Contains(got[0], "level=INFO") || strings.Contains(got[0], "same_since_last_line") {
+		t.Fatalf("51 handbacks of a paused campaign within a minute: want one info line without a count, got %q", got)
+	}
+	if got := out.lines("twilio is down"); len(got) != 1 || !strings.Contains(got[0], "level=WARN") {
+		t.Fatalf("a provider down is a fault: want one warn line, got %q", got)
+	}
+	now = now.Add(time.Second)
+	notes.log(context.Background(), log, paused, "task", "x")
+	got := out.lines("campaign 7 is paused")
+	if len(got) != 2 || !strings.Contains(got[1], "same_since_last_line=50") {
+		t.Fatalf("a minute after the first line: want a second line counting the 50 handbacks in between, got %q", got)
+	}
+}
