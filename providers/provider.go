@@ -176,8 +176,12 @@ type Error struct {
 	RetryAfter time.Duration
 	Class      Class
 	// Throttled marks a refusal that asks the sender to slow down (a 429, or the provider's own rate-limit
-	// code in a 200, as Netgsm's 80 and 85).
+	// code in a 200, as Netgsm's 80).
 	Throttled bool
+	// RecipientLimited marks a transient refusal for this recipient alone: the provider caps the messages
+	// one address takes in a while (Netgsm's 85: more than 20 to a number within a minute), and RetryAfter
+	// says when it takes one again. The provider answered at its usual pace: nobody else waits.
+	RecipientLimited bool
 	// Account marks an error about the sending account or its configuration, when the adapter knows it
 	// from the provider's own code (see AccountLevel).
 	Account bool

@@ -186,6 +186,9 @@ func (h *Handler) observe(ctx context.Context, provider string, v verdict, pe *p
 	switch {
 	case v == notSent:
 		return
+	case v == transient && pe.RecipientLimited:
+		// The provider answered at its pace; only this address must wait.
+		a = limiter.Taken
 	case v == transient && pe.AsksToSlowDown() && pe.RetryAfter > 0:
 		a, hint = limiter.ThrottledFor, pe.RetryAfter
 	case v == transient && pe.AsksToSlowDown():
@@ -351,6 +354,24 @@ func (h *Handler) giveUp(run *batchRun, r *campaign.Recipient, pe *providers.Err
 	run.unblamed = append(run.unblamed, o)
 	delete(run.inherited, r.UserID) // its claim was released: nothing was sent
 	return nil
+}
+
+// deferLimited leaves r pending for a later run of its batch: the provider takes no more messages to its
+// address for now (providers.Error.RecipientLimited), and answered at once, so it works: the run neither
+// waits for the address nor counts it against the provider. The batch comes back when the provider's hint
+// says (run.deferAfter); like any recipient that kept failing transiently, r fails for good after
+// MaxRecipientAttempts runs.
+func (h *Handler) deferLimited(run *batchRun, r *campaign.Recipient, pe *providers.Error) {
+	h.answered(run)
+	o := campaign.Outcome{UserID: r.UserID, Status: campaign.StatusPending, Reason: pe.Reason()}
+	if r.Attempts+1 >= MaxRecipientAttempts {
+		o.Status = campaign.StatusFailed
+		o.Reason = fmt.Sprintf("gave up after %d runs with transient provider errors; last: %s", r.Attempts+1, pe.Reason())
+	} else {
+		run.deferred++
+		run.deferAfter = max(run.deferAfter, pe.RetryAfter)
+	}
+	run.add(o)
 }
 
 // answered notes a send the provider answered (accepted or refused for the recipient): the recipients

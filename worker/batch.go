@@ -68,8 +68,11 @@ type batchRun struct {
 	// failedInARow counts consecutive recipients whose retries all failed transiently.
 	failedInARow int
 	deferred     int
-	busy         int
-	halts        int
+	// deferAfter is the longest wait a provider asked for one of the deferred recipients (deferLimited):
+	// the batch comes back no sooner.
+	deferAfter time.Duration
+	busy       int
+	halts      int
 	// carried are the recipients of a chunk that were all that was left of it, each waiting out the
 	// back-off of a transient refusal, when chunks of the batch followed: they go with the next chunk
 	// (whose lease reads their status and consent again) instead of holding it up. retryOf keeps their
@@ -322,7 +325,7 @@ func (h *Handler) RunBatch(ctx context.Context, campaignID int64, batch int) err
 		return &RetryError{Err: fmt.Errorf("%d recipients are being sent by another run of this batch", run.busy), After: h.cfg.LeaseTTL}
 	}
 	if run.deferred > 0 {
-		return &RetryError{Err: fmt.Errorf("%d recipients kept failing with transient provider errors; they are retried later, the rest of the batch is done", run.deferred), Failure: true}
+		return &RetryError{Err: fmt.Errorf("%d recipients kept failing with transient provider errors; they are retried later, the rest of the batch is done", run.deferred), After: run.deferAfter, Failure: true}
 	}
 	if h.cfg.Redis != nil {
 		// The batch went through: whatever account refusal was noted for it is over.

@@ -134,6 +134,11 @@ func (h *Handler) deliver(ctx, waitCtx context.Context, run *batchRun, rest []ca
 		case ambiguous, refused:
 			return nil
 		}
+		if v == transient && pe.RecipientLimited {
+			// Not the provider's trouble: no failover, no wait.
+			h.deferLimited(run, r, pe)
+			return nil
+		}
 		// Nothing was accepted (transient, or the account is refused).
 		if !rt.fallback && run.secondary != nil && providers.Takes(run.secondary.provider, r.Address) {
 			// The first provider is down (or refuses the account): the same recipient goes through the

@@ -316,6 +316,10 @@ func (h *Handler) sendWindow(ctx context.Context, run *batchRun, rt *route, send
 		case accountRefused:
 			stop = firstErr(stop, h.accountError(ctx, run, pe))
 		case transient:
+			if pe.RecipientLimited {
+				h.deferLimited(run, w.r, pe)
+				continue
+			}
 			wait := h.backOff(pe, w.attempt)
 			h.beforeGivingUp(ctx, name, w.attempt)
 			if h.pace(name).Down(ctx) {

@@ -25,6 +25,7 @@ type sandboxOptions struct {
 	sendgridEventURL      string
 	twilioInboundURL      string
 	iysRate               float64
+	netgsmPerNumber       int
 	iysPullLag            time.Duration
 	pprofAddr             string
 	// --limit, --limit-concurrency, --limit-segments and --outage, as given.
@@ -145,6 +146,9 @@ func (o *sandboxOptions) validate() error {
 	if err := o.faults.Validate(); err != nil {
 		return usagef("--fail-only %q: %v", o.faults.Only, err)
 	}
+	if o.netgsmPerNumber < 0 {
+		return usagef("--netgsm-per-number %d: give messages a number takes in a minute, or 0 for no limit", o.netgsmPerNumber)
+	}
 	if o.iysRate < 0 || o.iysPullLag < 0 {
 		return usagef("--iys-rate and --iys-pull-lag must not be negative")
 	}
@@ -228,6 +232,7 @@ unsubscribe list ("Unsubscribed Address").`,
 				TwilioAuthToken:  a.getenv("TWILIO_AUTH_TOKEN"),
 				NetgsmUserCode:   a.getenv("NETGSM_USERCODE"),
 				NetgsmPassword:   a.getenv("NETGSM_PASSWORD"),
+				NetgsmPerNumber:  o.netgsmPerNumber,
 				Latency:          o.latency,
 				Faults:           o.faults,
 				TwilioRate:       o.twilioRate,
@@ -293,6 +298,7 @@ unsubscribe list ("Unsubscribed Address").`,
 	f.Float64Var(&o.fcmRate, "fcm-rate", 0, "server-side cap in messages per second per project (real 429 QUOTA_EXCEEDED); 0 = none")
 	f.StringVar(&o.sendgridEventURL, "sendgrid-event-url", "", "where to post signed SendGrid delivery events (loopback only), e.g. http://127.0.0.1:8090/sendgrid/events")
 	f.StringVar(&o.twilioInboundURL, "twilio-inbound-url", "", "where to post the signed incoming SMS that POST /_sandbox/twilio/inbound makes up (loopback only; needs TWILIO_AUTH_TOKEN), e.g. http://127.0.0.1:8090/twilio/inbound")
+	f.IntVar(&o.netgsmPerNumber, "netgsm-per-number", 20, "messages one number takes from Netgsm within a minute, as Netgsm allows (code 85 beyond); 0 = no limit")
 	f.Float64Var(&o.iysRate, "iys-rate", 10, "İYS requests per second per client, as İYS allows (real 429 H124 beyond); 0 = none")
 	f.DurationVar(&o.iysPullLag, "iys-pull-lag", time.Hour, "how recent a consent change may be and still be left out of the İYS pull (İYS: 1h); 0 = none")
 	f.StringVar(&o.pprofAddr, "pprof-addr", "", "serve Go's profiles at http://ADDR/debug/pprof/ on a loopback address (for benchmarks); empty: none")

@@ -278,8 +278,13 @@ func (p *Provider) Send(ctx context.Context, m providers.Message) (providers.Res
 		e.Class = providers.Permanent
 	default:
 		switch e.Code {
-		case 80, 85:
+		case 80:
 			e.Class, e.Throttled = providers.Transient, true
+		case 85:
+			// More than 20 messages to the number within a minute: that number waits out the minute; the
+			// account's pace is not at fault.
+			e.Class, e.RecipientLimited = providers.Transient, true
+			e.RetryAfter = max(e.RetryAfter, time.Minute)
 		case 100, 101:
 			e.Class = providers.Transient
 		case 50:

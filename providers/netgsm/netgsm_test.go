@@ -216,3 +216,34 @@ func TestWarmOpensTheConnectionsOfTheNextSends(t *testing.T) {
 		t.Errorf("%d sends after Warm(%d) opened %d connections of their own", n, n, got-n)
 	}
 }
+
+// Netgsm takes at most 20 messages to one number within a minute (code 85 beyond): the refusal is the
+// number's, not the account's. It is transient with a minute's wait, and it asks nobody to slow down.
+func TestANumberOverItsMinuteIsLimitedAloneWithCode85(t *testing.T) {
+	t.Parallel()
+	s := sandbox.New(sandbox.Options{NetgsmUserCode: "8503000000", NetgsmPassword: password, NetgsmPerNumber: 2})
+	srv := httptest.NewServer(s)
+	t.Cleanup(srv.Close)
+	p, err := netgsm.New(netgsm.Config{UserCode: "8503000000", Password: password, Header: "KAMPANYA", BaseURL: srv.URL})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	for i := range 2 {
+		if _, err := p.Send(ctx, providers.Message{To: "+905321234567", Body: "kod"}); err != nil {
+			t.Fatalf("message %d of 2 to the number: %v", i+1, err)
+		}
+	}
+	_, err = p.Send(ctx, providers.Message{To: "+905321234567", Body: "kod"})
+	pe := perr(t, err)
+	if pe.Code != 85 || pe.Class != providers.Transient || !pe.RecipientLimited || pe.Throttled || pe.AsksToSlowDown() || pe.RetryAfter < time.Minute {
+		t.Fatalf("a third message within the minute: %v (code %d, class %v, recipient limited %v, throttled %v, retry after %v); want code 85, transient, the recipient limited, nobody slowed, a minute's wait",
+			err, pe.Code, pe.Class, pe.RecipientLimited, pe.Throttled, pe.RetryAfter)
+	}
+	if strings.Contains(err.Error(), "5321234567") {
+		t.Fatalf("the number is in the error: %v", err)
+	}
+	if _, err := p.Send(ctx, providers.Message{To: "+905329876543", Body: "kod"}); err != nil {
+		t.Fatalf("another number at the same time: %v", err)
+	}
+}

@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 	"unicode/utf8"
 
@@ -23,6 +24,7 @@ const (
 	netgsmIYS         = "50" // İYS-controlled sending not allowed for the number
 	netgsmParams      = "70" // a parameter is wrong or missing
 	netgsmRate        = "80" // sending rate limit
+	netgsmPerNumber   = "85" // more than 20 messages to the same number within a minute
 	netgsmSystem      = "100"
 	netgsmUnavailable = "101"
 )
@@ -137,6 +139,14 @@ func (s *Server) netgsmSend(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
+	nos := make([]string, len(req.Messages))
+	for i, m := range req.Messages {
+		nos[i] = m.No
+	}
+	if !s.netgsm.take(s.opts.NetgsmPerNumber, nos, s.now()) {
+		s.netgsmError(w, http.StatusOK, netgsmPerNumber, "Aynı numaraya 1 dakika içinde 20'den fazla gönderim yapılamaz.")
+		return
+	}
 	job := netgsmJobID()
 	for _, m := range req.Messages {
 		msg := Message{Provider: "netgsm", SID: job, AccountSID: user, To: "+90" + m.No, From: req.Header, Body: m.Msg,
@@ -157,4 +167,50 @@ func (s *Server) netgsmSend(w http.ResponseWriter, r *http.Request) {
 func netgsmJobID() string {
 	n, _ := rand.Int(rand.Reader, big.NewInt(9_000_000_000))
 	return n.Add(n, big.NewInt(1_000_000_000)).String()
+}
+
+// netgsmNumbers counts the messages each number took within a minute of the first, for Netgsm's limit on
+// messages to one number (code 85).
+type netgsmNumbers struct {
+	mu   sync.Mutex
+	seen map[string]*numberMinute
+}
+
+type numberMinute struct {
+	from time.Time
+	n    int
+}
+
+// take counts a message to each of nos and reports true, or, when one of them has had limit messages
+// within the minute from its first, counts none and reports false. A limit of 0 takes everything.
+func (c *netgsmNumbers) take(limit int, nos []string, now time.Time) bool {
+	if limit <= 0 {
+		return true
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.seen == nil {
+		c.seen = map[string]*numberMinute{}
+	}
+	for _, no := range nos {
+		if m := c.seen[no]; m != nil && now.Sub(m.from) < time.Minute && m.n >= limit {
+			return false
+		}
+	}
+	if len(c.seen) > 100_000 {
+		for no, m := range c.seen {
+			if now.Sub(m.from) >= time.Minute {
+				delete(c.seen, no)
+			}
+		}
+	}
+	for _, no := range nos {
+		m := c.seen[no]
+		if m == nil || now.Sub(m.from) >= time.Minute {
+			m = &numberMinute{from: now}
+			c.seen[no] = m
+		}
+		m.n++
+	}
+	return true
 }

@@ -34,6 +34,9 @@ type Options struct {
 	// NetgsmUserCode and NetgsmPassword are the Netgsm credentials accepted (Basic auth); both empty
 	// means any non-empty pair.
 	NetgsmUserCode, NetgsmPassword string
+	// NetgsmPerNumber is how many messages one number takes from Netgsm within a minute of the first:
+	// beyond it, Netgsm answers code 85 (Netgsm's own limit is 20). 0 means no limit.
+	NetgsmPerNumber int
 
 	// SendGridAPIKey is the API key accepted (Authorization: Bearer). Empty means any non-empty key.
 	SendGridAPIKey string
@@ -100,6 +103,7 @@ type Server struct {
 	fcm      *fcmState
 	receipts *receiptState
 	inbound  *twilioInboundState
+	netgsm   netgsmNumbers
 	iys      *iysState
 	// push holds the hidden limits, the outage windows and the timeline; epoch and now are the clock they
 	// read.

@@ -1,0 +1,103 @@
+package worker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/campaignctl/campaignctl/campaign"
+	"github.com/campaignctl/campaignctl/providers"
+	"github.com/campaignctl/campaignctl/providers/netgsm"
+	"github.com/campaignctl/campaignctl/providers/sandbox"
+)
+
+// Netgsm refuses a number that took its 20 messages of the minute (code 85). Order: eight of the
+// campaign's numbers, two of them next to each other in a batch, each got a message through the same
+// account moments before (another campaign's), to the limit; then the campaign runs. The refusals are the
+// numbers', not the provider's: every other recipient gets its message at once, the shared pace does not
+// lower, no two refusals in a row stop a batch, and the eight stay pending for a later run of their batch,
+// which comes back no sooner than the minute, without anything sent to them twice.
+func TestANumberNetgsmLimitsWaitsAloneAndSlowsNobody(t *testing.T) {
+	t.Parallel()
+	for _, window := range []int{1, 8} {
+		t.Run(fmt.Sprintf("window %d", window), func(t *testing.T) {
+			t.Parallel()
+			f := plan(t, 60) // eligible: i%5 != 0 && i%3 != 0, 32 of them
+			sb := sandbox.New(sandbox.Options{NetgsmUserCode: "8503000000", NetgsmPassword: "s3cretpass", NetgsmPerNumber: 1})
+			srv := httptest.NewServer(sb)
+			t.Cleanup(srv.Close)
+			ng, err := netgsm.New(netgsm.Config{UserCode: "8503000000", Password: "s3cretpass", Header: "KAMPANYA", BaseURL: srv.URL})
+			if err != nil {
+				t.Fatal(err)
+			}
+			// No deadline (a batch takes its time from one) but a bound on the test: a run that waited for the
+			// limited numbers would take their minute.
+			ctx, cancel := context.WithCancel(context.Background())
+			defer time.AfterFunc(30*time.Second, cancel).Stop()
+			defer cancel()
+			limited := map[string]bool{}
+			for _, i := range []int{1, 2, 7, 11, 16, 22, 26, 29} {
+				if _, err := ng.Send(ctx, providers.Message{To: phone(i), Body: "başka bir kampanya"}); err != nil {
+					t.Fatal(err)
+				}
+				limited[fmt.Sprintf("u%d", i)] = true
+			}
+			var out lineBuffer
+			f.h = NewHandler(Config{
+				Store: f.store, Redis: f.rdb, Owner: "test", SendWindow: window,
+				Providers:     map[campaign.Channel]providers.Provider{campaign.ChannelSMS: ng},
+				ProviderRates: map[string]float64{},
+				Logger:        slog.New(slog.NewTextHandler(&out, &slog.HandlerOptions{Level: slog.LevelDebug})),
+			})
+			deferredBatches := 0
+			for b := 0; b < f.batches; b++ {
+				err := f.h.RunBatch(ctx, f.id, b)
+				var re *RetryError
+				switch {
+				case err == nil:
+				case errors.As(err, &re) && strings.Contains(err.Error(), "retried later") && re.After >= time.Minute:
+					deferredBatches++
+				default:
+					t.Fatalf("batch %d: %v (want it done, or back in a minute for its limited numbers)", b, err)
+				}
+			}
+			if deferredBatches == 0 {
+				t.Fatal("no batch came back for its limited numbers")
+			}
+			if ctx.Err() != nil {
+				t.Fatalf("the campaign's run waited for the limited numbers: %v", ctx.Err())
+			}
+			perNumber := map[string]int{}
+			for _, m := range sb.Messages() {
+				perNumber[m.To]++
+			}
+			for i := 1; i <= 60; i++ {
+				u := fmt.Sprintf("u%d", i)
+				if i%5 == 0 || i%3 == 0 {
+					continue
+				}
+				st, reason, _ := f.status(t, u)
+				if limited[u] {
+					if st != campaign.StatusPending || !strings.Contains(reason, "85") || perNumber[phone(i)] != 1 {
+						t.Errorf("%s (limited): %s %q, %d messages; want pending with Netgsm's 85 and only the other campaign's message", u, st, reason, perNumber[phone(i)])
+					}
+					continue
+				}
+				if st != campaign.StatusSent || perNumber[phone(i)] != 1 {
+					t.Errorf("%s: %s %q, %d messages; want sent once", u, st, reason, perNumber[phone(i)])
+				}
+			}
+			if rate := f.h.pace("netgsm").Rate(ctx); rate != 0 {
+				t.Errorf("the shared pace of Netgsm is %v a second after the limited numbers; want none (nothing asked to slow down)", rate)
+			}
+			if lowered := out.lines("pace is lowered"); len(lowered) > 0 {
+				t.Errorf("the limited numbers lowered every worker's pace: %q", lowered)
+			}
+		})
+	}
+}
