@@ -216,10 +216,14 @@ func TestSentAndUnknownCodesNeverReturnToThePool(t *testing.T) {
 	checkCodes(t, db)
 
 	// The next launches: two codes are refused (one is missing); one gets the cancelled recipient's code.
-	_, err = p.Plan(ctx, crowdSpec("keep-b", "keep", 2))
+	refused, err := p.Plan(ctx, crowdSpec("keep-b", "keep", 2))
 	var short *campaign.PoolShortError
 	if !errors.As(err, &short) || short.Free != 1 {
 		t.Fatalf("a launch needing 2 codes: %v; want refused with 1 code free", err)
+	}
+	// The report printed with the refusal still says what the launch would have been.
+	if refused.Eligible != 2 || refused.Batches != 1 {
+		t.Errorf("the refused launch's report: %d eligible in %d batches, want 2 in 1", refused.Eligible, refused.Batches)
 	}
 	b, err := p.Plan(ctx, crowdSpec("keep-c", "keep", 1))
 	if err != nil {

@@ -296,12 +296,12 @@ func (p *Planner) Plan(ctx context.Context, spec Spec) (Report, error) {
 		return rep, err
 	}
 	tmpl, _ := ParseContent(spec.Content())
-	if err := p.plan(ctx, spec, tmpl, &rep); err != nil {
-		return rep, err
-	}
+	err := p.plan(ctx, spec, tmpl, &rep)
+	// Counted also for a plan refused after it counted the eligible (a code pool too short): the report
+	// printed with the refusal says what the launch would have been.
 	rep.Batches = BatchCount(rep.Eligible, spec.BatchSize)
 	rep.Rate, rep.ETASeconds = spec.eta(&rep)
-	return rep, nil
+	return rep, err
 }
 
 // eta is the message rate a campaign goes at and how long it takes: the slower of its own --rate (in
