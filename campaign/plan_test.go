@@ -197,6 +197,9 @@ func TestDryRunWritesNothing(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	if real.ID != 1 {
+		t.Errorf("the first launch after a dry run got campaign ID %d, want 1: the dry run used up an ID", real.ID)
+	}
 	opts := cmp.Options{cmpIgnore("ID", "DryRun", "State")}
 	if diff := cmp.Diff(dry, real, opts); diff != "" {
 		t.Errorf("dry run and launch differ (-dry +launch):\n%s", diff)
