@@ -594,7 +594,7 @@ func (h *Handler) close(ctx context.Context, run *batchRun, r *campaign.Recipien
 		return waitForServices(err)
 	}
 	if !ours {
-		h.fromClaim(run, r.UserID, old)
+		h.fromClaim(ctx, run, r.UserID, old)
 		return nil
 	}
 	st := state.ParseValue(val)
@@ -614,7 +614,7 @@ func (h *Handler) settleUnverifiable(ctx context.Context, run *batchRun, r *camp
 		return waitForServices(err)
 	}
 	if !ours {
-		h.fromClaim(run, r.UserID, old)
+		h.fromClaim(ctx, run, r.UserID, old)
 		return nil
 	}
 	run.add(campaign.Outcome{UserID: r.UserID, Status: campaign.StatusUnknown, Reason: why})
@@ -623,7 +623,7 @@ func (h *Handler) settleUnverifiable(ctx context.Context, run *batchRun, r *camp
 }
 
 // fromClaim turns a claim that already existed into an outcome.
-func (h *Handler) fromClaim(run *batchRun, userID, val string) {
+func (h *Handler) fromClaim(ctx context.Context, run *batchRun, userID, val string) {
 	st := state.ParseValue(val)
 	switch st.Kind {
 	case state.Sent:
@@ -635,7 +635,7 @@ func (h *Handler) fromClaim(run *batchRun, userID, val string) {
 	case state.Skipped:
 		run.add(campaign.Outcome{UserID: userID, Status: campaign.StatusSkipped, Reason: st.Reason})
 	default:
-		if !st.At.IsZero() && h.cfg.Now().Sub(st.At) < h.cfg.InFlightGrace {
+		if !st.At.IsZero() && h.cfg.Now().Sub(st.At) < h.inFlightGrace(ctx) {
 			// A run that may still be live holds it: its claim is the record, and that run writes the
 			// outcome. Until then the recipient stays in this run's chunk in hand: were that run to die
 			// before recording it, a Redis that lost the claim meanwhile must find it in hand (unknown),
@@ -646,6 +646,24 @@ func (h *Handler) fromClaim(run *batchRun, userID, val string) {
 		}
 		run.add(campaign.Outcome{UserID: userID, Status: campaign.StatusUnknown, Reason: reasonNoAnswerInGrace})
 	}
+}
+
+// inFlightGrace is the longer of this worker's in-flight grace and the longest one a worker of the fleet
+// noted in Redis (state.NoteInFlightGrace: a worker with a longer --provider-timeout): a claim without an
+// answer younger than that may be any live worker's call still under way. The fleet's is read at most
+// every 10 s; when Redis cannot tell, the last one read stands.
+func (h *Handler) inFlightGrace(ctx context.Context) time.Duration {
+	if h.cfg.Redis == nil {
+		return h.cfg.InFlightGrace
+	}
+	h.graceMu.Lock()
+	defer h.graceMu.Unlock()
+	if now := time.Now(); h.graceRead.IsZero() || now.Sub(h.graceRead) >= 10*time.Second {
+		if g, err := state.InFlightGrace(ctx, h.cfg.Redis); err == nil {
+			h.fleetGrace, h.graceRead = g, now
+		}
+	}
+	return max(h.cfg.InFlightGrace, h.fleetGrace)
 }
 
 func (run *batchRun) add(o campaign.Outcome) {

@@ -90,7 +90,7 @@ func (h *Handler) deliver(ctx, waitCtx context.Context, run *batchRun, rest []ca
 		switch cl.Result {
 		case state.Taken:
 			rt.m.ClaimsRefused(1)
-			h.fromClaim(run, r.UserID, cl.Old)
+			h.fromClaim(ctx, run, r.UserID, cl.Old)
 			return nil
 		case state.Capped:
 			run.add(campaign.Outcome{UserID: r.UserID, Status: campaign.StatusSkipped, Reason: campaign.ReasonFrequencyCap})

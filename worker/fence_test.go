@@ -653,3 +653,41 @@ func TestAnAnswerIsWrittenBeforeABackOffWait(t *testing.T) {
 		}
 	}
 }
+
+// A run that finds a claim without an answer judges it by the longest in-flight grace of the fleet, not
+// only its own: a worker with a longer --provider-timeout noted its grace in Redis, and its call may still
+// be under way. Order: another worker claimed u2 10 s ago and waits for the provider; this worker (grace
+// 5 s) runs the batch. With the fleet's 90 s noted, u2 is left to that call (pending, in hand), not
+// recorded unknown.
+func TestAClaimInFlightIsJudgedByTheFleetsLongestGrace(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name  string
+		noted time.Duration
+		want  string
+	}{{"no worker noted one", 0, campaign.StatusUnknown}, {"a worker noted 90 s", 90 * time.Second, campaign.StatusPending}} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			f := plan(t, 10)
+			f.rdb.Set(ctx, ClaimKey(f.id, "u2"), Nonce(f.campaign(t))+"/"+state.InFlightValue(time.Now().Add(-10*time.Second), "other"), 0)
+			if tc.noted > 0 {
+				if err := state.NoteInFlightGrace(ctx, f.rdb, tc.noted); err != nil {
+					t.Fatal(err)
+				}
+			}
+			w := NewHandler(Config{Store: f.store, Redis: f.rdb, Owner: "w2", SendWindow: 1, InFlightGrace: 5 * time.Second,
+				Providers:     map[campaign.Channel]providers.Provider{campaign.ChannelSMS: f.provider},
+				ProviderRates: map[string]float64{}})
+			for b := 0; b < f.batches; b++ {
+				w.RunBatch(ctx, f.id, b) //nolint:errcheck // a batch with u2 in flight elsewhere comes back later
+			}
+			if st, reason, _ := f.status(t, "u2"); st != tc.want {
+				t.Fatalf("u2 is %s (%q); want %s", st, reason, tc.want)
+			}
+			if n := len(f.provider.sentTo(phone(2))); n != 0 {
+				t.Fatalf("u2, claimed by another worker's call, was sent %d more messages", n)
+			}
+		})
+	}
+}

@@ -120,7 +120,7 @@ func (h *Handler) sendGroup(ctx, waitCtx context.Context, run *batchRun, b provi
 			switch cl.Result {
 			case state.Taken:
 				run.m.ClaimsRefused(1)
-				h.fromClaim(run, rs[i].UserID, cl.Old)
+				h.fromClaim(ctx, run, rs[i].UserID, cl.Old)
 				continue
 			case state.Capped:
 				run.add(campaign.Outcome{UserID: rs[i].UserID, Status: campaign.StatusSkipped, Reason: campaign.ReasonFrequencyCap})

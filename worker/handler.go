@@ -122,10 +122,14 @@ const DefaultClaimTTL = 45 * 24 * time.Hour
 
 // Handler processes batch tasks.
 type Handler struct {
-	cfg    Config
-	state  State
-	bucket *limiter.Bucket
-	log    *slog.Logger
+	cfg Config
+	// graceMu guards the fleet's in-flight grace as last read (inFlightGrace) and when.
+	graceMu    sync.Mutex
+	fleetGrace time.Duration
+	graceRead  time.Time
+	state      State
+	bucket     *limiter.Bucket
+	log        *slog.Logger
 	// consentWrites lets one background consent write (noConsent) at a time hold a Postgres connection.
 	consentWrites chan struct{}
 	// consentPending counts the consent writes not done yet: Serve waits for them before it returns.

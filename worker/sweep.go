@@ -105,7 +105,7 @@ func (h *Handler) Sweep(ctx context.Context) (int, error) {
 				run.add(campaign.Outcome{UserID: users[i], Status: campaign.StatusUnknown, Reason: reasonDiedMidCall})
 				continue
 			}
-			h.fromClaim(run, users[i], val[len(run.nonce)+1:])
+			h.fromClaim(ctx, run, users[i], val[len(run.nonce)+1:])
 		}
 		if serr != nil {
 			// Redis could not be read (gone, or its epoch changed since): the claims are the only record of
@@ -167,9 +167,9 @@ func followUpID(id int64, b int, now time.Time) string {
 const reasonDiedMidCall = "a worker stopped after claiming and before the provider answered; the message may have been sent"
 
 // reasonNoAnswerInGrace is the reason of a claim a run that took a chunk over found with no answer and older
-// than the in-flight grace: its worker stopped, or (a worker whose provider calls may take longer than
-// another's grace) its call was still out. Either way the message may have been sent.
-const reasonNoAnswerInGrace = "a worker stopped after claiming and before the provider answered, or its provider call outlasted the in-flight grace (3 × --provider-timeout); the message may have been sent"
+// than the in-flight grace (the longest the fleet noted: inFlightGrace): its worker stopped, or its call
+// was still out past it. Either way the message may have been sent.
+const reasonNoAnswerInGrace = "a worker stopped after claiming and before the provider answered, or its provider call outlasted the in-flight grace (3 × the longest --provider-timeout of the workers); the message may have been sent"
 
 // sweepLoop runs Sweep every interval until ctx ends.
 func (h *Handler) sweepLoop(ctx context.Context, every time.Duration) {

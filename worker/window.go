@@ -180,7 +180,7 @@ func (h *Handler) deliverWindowed(ctx, waitCtx context.Context, run *batchRun, r
 			switch cl.Result {
 			case state.Taken:
 				rt.m.ClaimsRefused(1)
-				h.fromClaim(run, win[i].r.UserID, cl.Old)
+				h.fromClaim(ctx, run, win[i].r.UserID, cl.Old)
 			case state.Capped:
 				run.add(campaign.Outcome{UserID: win[i].r.UserID, Status: campaign.StatusSkipped, Reason: campaign.ReasonFrequencyCap})
 				rt.m.Skipped(1)
