@@ -232,9 +232,9 @@ func (p *Provider) Send(ctx context.Context, m providers.Message) (providers.Res
 	var tr wire.Tracker
 	// The timeout is a deadline on the request's context rather than http.Client.Timeout: for a
 	// RoundTripper that is not net/http's own (wire's), the client enforces Timeout with a goroutine, a
-	// timer and a channel per request. The answer is read below, before cancel, so the deadline covers it.
-	reqCtx, cancel := context.WithTimeout(tr.WithTrace(context.WithoutCancel(ctx)), p.timeout)
-	defer cancel()
+	// timer and a channel per request. Nothing cancels the request before it (wire.Until: no timer either),
+	// and the answer is read below, within it.
+	reqCtx := wire.Until(tr.WithTrace(ctx), time.Now().Add(p.timeout))
 	req, err := http.NewRequestWithContext(reqCtx, http.MethodPost, p.endpoint, bytes.NewReader(body))
 	if err != nil {
 		return providers.Result{}, &providers.Error{Provider: "netgsm", Class: providers.Permanent, Message: "cannot build the request: check NETGSM_BASE_URL"}

@@ -79,9 +79,7 @@ func (r *recorder) SendRequest(method, rawURL string, data url.Values, headers m
 	if err != nil {
 		return nil, err
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), r.p.timeout)
-	defer cancel()
-	req, err := http.NewRequestWithContext(r.WithTrace(ctx), method, "", bytes.NewReader(wire.AppendForm(nil, data)))
+	req, err := http.NewRequestWithContext(r.WithTrace(wire.Until(context.Background(), time.Now().Add(r.p.timeout))), method, "", bytes.NewReader(wire.AppendForm(nil, data)))
 	if err != nil {
 		return nil, err
 	}

@@ -352,6 +352,36 @@ func TestTransportContextDeadlineWhileWaiting(t *testing.T) {
 	}
 }
 
+// A context of Until ends the request at its time as a deadline does, with the same error, although it has
+// no Done channel for the transport to watch; its parent's cancellation does not reach it.
+func TestTransportUntilEndsTheRequestAtItsTime(t *testing.T) {
+	s, _ := held(t)
+	tr, _ := newTransport(t)
+	var trk wire.Tracker
+	parent, cancel := context.WithCancel(trk.WithTrace(context.Background()))
+	ctx := wire.Until(parent, time.Now().Add(300*time.Millisecond))
+	cancel()
+	if ctx.Done() != nil || ctx.Err() != nil {
+		t.Fatalf("Until's context: Done %v, Err %v after its parent was cancelled; want neither", ctx.Done(), ctx.Err())
+	}
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, s.URL, strings.NewReader("Body=hello"))
+	start := time.Now()
+	err := roundTripWithin(t, tr, req)
+	if d := time.Since(start); d < 250*time.Millisecond || d > 3*time.Second {
+		t.Errorf("the request ended after %v; want at its time, 300ms", d)
+	}
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("err %v, want context.DeadlineExceeded", err)
+	}
+	var ne net.Error
+	if !errors.As(err, &ne) || !ne.Timeout() {
+		t.Errorf("err %v is not a net.Error that says Timeout()", err)
+	}
+	if !trk.Written() {
+		t.Error("Written() = false: the trace in the parent's values was not reached")
+	}
+}
+
 // Cancelling the context while the server holds the answer ends the request, which may have arrived.
 func TestTransportCancelWhileWaiting(t *testing.T) {
 	s, arrived := held(t)

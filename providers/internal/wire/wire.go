@@ -167,3 +167,21 @@ func ParseRetryAfter(v string, now time.Time) time.Duration {
 	}
 	return 0
 }
+
+// Until returns a context with the values of parent that ends at t and never before: nothing cancels it,
+// and parent's cancellation does not reach it. Transport sets t on the request's connection, for its
+// writes and its reads, and reports a read or write that runs into it as the context's DeadlineExceeded;
+// so a request made with it costs neither the timer nor the watch for a cancellation that
+// context.WithTimeout would add to every message. It is for requests through Transport only: net/http's
+// own transport ends a request with its context's Done, which this context never closes.
+func Until(parent context.Context, t time.Time) context.Context { return until{values: parent, at: t} }
+
+type until struct {
+	values context.Context
+	at     time.Time
+}
+
+func (u until) Deadline() (time.Time, bool) { return u.at, true }
+func (until) Done() <-chan struct{}         { return nil }
+func (until) Err() error                    { return nil }
+func (u until) Value(key any) any           { return u.values.Value(key) }
