@@ -357,21 +357,60 @@ func (h *Handler) giveUp(run *batchRun, r *campaign.Recipient, pe *providers.Err
 }
 
 // deferLimited leaves r pending for a later run of its batch: the provider takes no more messages to its
-// address for now (providers.Error.RecipientLimited), and answered at once, so it works: the run neither
-// waits for the address nor counts it against the provider. The batch comes back when the provider's hint
-// says (run.deferAfter); like any recipient that kept failing transiently, r fails for good after
-// MaxRecipientAttempts runs.
+// address for now (providers.Error.RecipientLimited). It says nothing about the provider's health either
+// way (the run neither waits for the address nor counts it for or against the provider), and this process
+// holds the address back until the provider's hint (limitedHere), so that no run of it tries the address
+// again within its wait. The batch comes back no sooner (run.deferAfter). Each refusal costs r an attempt:
+// after MaxRecipientAttempts runs that met it, r fails for good, like any recipient that kept failing.
 func (h *Handler) deferLimited(run *batchRun, r *campaign.Recipient, pe *providers.Error) {
-	h.answered(run)
 	o := campaign.Outcome{UserID: r.UserID, Status: campaign.StatusPending, Reason: pe.Reason()}
 	if r.Attempts+1 >= MaxRecipientAttempts {
 		o.Status = campaign.StatusFailed
 		o.Reason = fmt.Sprintf("gave up after %d runs with transient provider errors; last: %s", r.Attempts+1, pe.Reason())
 	} else {
-		run.deferred++
-		run.deferAfter = max(run.deferAfter, pe.RetryAfter)
+		run.limitedWait(pe.RetryAfter)
+		h.holdLimited(r.Address, h.cfg.Now().Add(pe.RetryAfter))
 	}
 	run.add(o)
+}
+
+// limitedWait counts a recipient left for a later run for a provider's limit on its address, and makes
+// the batch come back no sooner than wait.
+func (run *batchRun) limitedWait(wait time.Duration) {
+	run.deferred++
+	run.limited++
+	run.deferAfter = max(run.deferAfter, wait)
+}
+
+// holdLimited holds addr back in this process until until (limitedHere).
+func (h *Handler) holdLimited(addr string, until time.Time) {
+	h.limitedMu.Lock()
+	defer h.limitedMu.Unlock()
+	if h.limitedAddrs == nil {
+		h.limitedAddrs = map[string]time.Time{}
+	}
+	if len(h.limitedAddrs) >= 10_000 {
+		now := h.cfg.Now()
+		for a, u := range h.limitedAddrs {
+			if !now.Before(u) {
+				delete(h.limitedAddrs, a)
+			}
+		}
+	}
+	if until.After(h.limitedAddrs[addr]) {
+		h.limitedAddrs[addr] = until
+	}
+}
+
+// limitedHere returns how long a provider's limit on addr still holds it back in this process (0: it does
+// not). Another worker does not know: it may try the address once and be told in turn.
+func (h *Handler) limitedHere(addr string) time.Duration {
+	h.limitedMu.Lock()
+	defer h.limitedMu.Unlock()
+	if len(h.limitedAddrs) == 0 {
+		return 0
+	}
+	return max(0, h.limitedAddrs[addr].Sub(h.cfg.Now()))
 }
 
 // answered notes a send the provider answered (accepted or refused for the recipient): the recipients

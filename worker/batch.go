@@ -68,8 +68,9 @@ type batchRun struct {
 	// failedInARow counts consecutive recipients whose retries all failed transiently.
 	failedInARow int
 	deferred     int
-	// deferAfter is the longest wait a provider asked for one of the deferred recipients (deferLimited):
-	// the batch comes back no sooner.
+	// limited counts the deferred recipients left for a provider's limit on their address (deferLimited,
+	// limitedHere); deferAfter is the longest wait that limit asked for: the batch comes back no sooner.
+	limited    int
 	deferAfter time.Duration
 	busy       int
 	halts      int
@@ -322,7 +323,13 @@ func (h *Handler) RunBatch(ctx context.Context, campaignID int64, batch int) err
 		return stop
 	}
 	if run.busy > 0 {
-		return &RetryError{Err: fmt.Errorf("%d recipients are being sent by another run of this batch", run.busy), After: h.cfg.LeaseTTL}
+		return &RetryError{Err: fmt.Errorf("%d recipients are being sent by another run of this batch", run.busy), After: max(h.cfg.LeaseTTL, run.deferAfter)}
+	}
+	if run.deferred > 0 && run.deferred == run.limited {
+		// Not a fault of the provider's nor of the batch: its retries are not used up (each recipient's
+		// attempts bound it).
+		return &RetryError{Err: fmt.Errorf("%d recipients wait out their provider's limit on messages to one address (Netgsm's 85); the rest of the batch is done", run.deferred),
+			After: run.deferAfter, Wait: true}
 	}
 	if run.deferred > 0 {
 		return &RetryError{Err: fmt.Errorf("%d recipients kept failing with transient provider errors; they are retried later, the rest of the batch is done", run.deferred), After: run.deferAfter, Failure: true}
@@ -494,6 +501,11 @@ func (h *Handler) gate(ctx context.Context, run *batchRun, chunk []campaign.Reci
 		}
 		if got.Accepted[r.UserID] && !suspect {
 			run.add(campaign.Outcome{UserID: r.UserID, Status: campaign.StatusSent, Reason: reasonReceiptFirst})
+			continue
+		}
+		if wait := h.limitedHere(r.Address); wait > 0 && mode == modeSend && !suspect {
+			// A provider limits the address for now: left pending as it is, not claimed, not charged.
+			run.limitedWait(wait)
 			continue
 		}
 		// A provider's refusal whose RET is still being written is not in the lease's reading yet.

@@ -123,6 +123,9 @@ const DefaultClaimTTL = 45 * 24 * time.Hour
 // Handler processes batch tasks.
 type Handler struct {
 	cfg Config
+	// limitedMu guards limitedAddrs: the addresses a provider limits for now, and until when (holdLimited).
+	limitedMu    sync.Mutex
+	limitedAddrs map[string]time.Time
 	// graceMu guards the fleet's in-flight grace as last read (inFlightGrace) and when.
 	graceMu    sync.Mutex
 	fleetGrace time.Duration

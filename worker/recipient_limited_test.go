@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net/http/httptest"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -60,10 +61,10 @@ func TestANumberNetgsmLimitsWaitsAloneAndSlowsNobody(t *testing.T) {
 				var re *RetryError
 				switch {
 				case err == nil:
-				case errors.As(err, &re) && strings.Contains(err.Error(), "retried later") && re.After >= time.Minute:
+				case errors.As(err, &re) && strings.Contains(err.Error(), "limit on messages to one address") && re.After >= time.Minute && re.Wait && !re.Failure:
 					deferredBatches++
 				default:
-					t.Fatalf("batch %d: %v (want it done, or back in a minute for its limited numbers)", b, err)
+					t.Fatalf("batch %d: %v (%+v) (want it done, or back in a minute for its limited numbers, at info, its retries untouched)", b, err, re)
 				}
 			}
 			if deferredBatches == 0 {
@@ -99,5 +100,71 @@ func TestANumberNetgsmLimitsWaitsAloneAndSlowsNobody(t *testing.T) {
 				t.Errorf("the limited numbers lowered every worker's pace: %q", lowered)
 			}
 		})
+	}
+}
+
+// A limit on one number says nothing about the provider. Order: u1's number is limited (85, a minute), then
+// u2's and u4's sends fail with 503s; then the provider works again and the batch is run again at once,
+// twice. The 85 did not count as the provider working, so the 503s are its fault and cost u2 and u4
+// nothing; u1 is charged its one refusal and is not tried again within its minute, while u2 and u4 go.
+// Before, the 85 counted as an answer: u2 was charged, and u1 was tried again at every run, each costing
+// it an attempt, until it failed for good within 0.1 s.
+func TestALimitedNumberIsNotTriedAgainWithinItsWaitNorTakenForAWorkingProvider(t *testing.T) {
+	t.Parallel()
+	f := plan(t, 4) // eligible u1, u2, u4: one batch
+	calls := map[string]int{}
+	var mu sync.Mutex
+	down := true
+	f.provider.fail = func(_ int, m providers.Message) error {
+		mu.Lock()
+		defer mu.Unlock()
+		calls[m.To]++
+		switch {
+		case m.To == phone(1):
+			return &providers.Error{Provider: "netgsm", Status: 200, Code: 85, Class: providers.Transient, RecipientLimited: true, RetryAfter: time.Minute}
+		case down:
+			return &providers.Error{Provider: "netgsm", Status: 503, Class: providers.Transient}
+		}
+		return nil
+	}
+	f.h = NewHandler(Config{
+		Store: f.store, Redis: f.rdb, Owner: "test", SendWindow: 1, SendAttempts: 1,
+		Providers:     map[campaign.Channel]providers.Provider{campaign.ChannelSMS: f.provider},
+		ProviderRates: map[string]float64{},
+	})
+	ctx := context.Background()
+	attempts := func(u string) (n int) {
+		t.Helper()
+		if err := f.db.QueryRow(ctx, `SELECT attempts FROM campaign_recipients WHERE campaign_id = $1 AND user_id = $2`, f.id, u).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	var re *RetryError
+	if err := f.h.RunBatch(ctx, f.id, 0); !errors.As(err, &re) {
+		t.Fatalf("first run: %v; want the batch back later", err)
+	}
+	if a1, a2 := attempts("u1"), attempts("u2"); a1 != 1 || a2 != 0 {
+		t.Fatalf("after the first run: u1 charged %d attempts, u2 %d; want 1 (its refusal) and 0 (the provider's 503)", a1, a2)
+	}
+	mu.Lock()
+	down = false
+	mu.Unlock()
+	for run := 2; run <= 3; run++ {
+		err := f.h.RunBatch(ctx, f.id, 0)
+		if !errors.As(err, &re) || !re.Wait || re.After < 50*time.Second {
+			t.Fatalf("run %d: %v (%+v); want the batch back in about a minute for u1", run, err, re)
+		}
+	}
+	if n := calls[phone(1)]; n != 1 {
+		t.Errorf("u1's number, limited for a minute, was tried %d times within it; want once", n)
+	}
+	if st, reason, _ := f.status(t, "u1"); st != campaign.StatusPending || attempts("u1") != 1 {
+		t.Errorf("u1: %s %q after %d attempts; want pending, charged once", st, reason, attempts("u1"))
+	}
+	for _, u := range []string{"u2", "u4"} {
+		if st, reason, _ := f.status(t, u); st != campaign.StatusSent {
+			t.Errorf("%s: %s %q; want sent once the provider worked", u, st, reason)
+		}
 	}
 }
