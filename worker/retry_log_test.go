@@ -124,3 +124,26 @@ func TestARetryReasonIsWrittenOnceAMinuteWithItsCount(t *testing.T) {
 		t.Fatalf("a minute after the first line: want a second line counting the 50 handbacks in between, got %q", got)
 	}
 }
+
+// A reason that stops coming back has its count written all the same: at the first hand-back a minute
+// after its last line, whatever that hand-back's reason.
+func TestARetryReasonThatStopsComingBackHasItsCountWritten(t *testing.T) {
+	now := time.Date(2026, 12, 4, 12, 0, 0, 0, time.UTC)
+	notes := newRetryNotes(func() time.Time { return now })
+	var out lineBuffer
+	log := slog.New(slog.NewTextHandler(&out, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	down := &RetryError{Err: errors.New("provider twilio is down; the batch waits for it"), After: 5 * time.Second}
+	for range 6 {
+		notes.log(context.Background(), log, down, "task", "x")
+		now = now.Add(5 * time.Second)
+	}
+	now = now.Add(time.Minute) // twilio came back: no more of it
+	notes.log(context.Background(), log, &RetryError{Err: errors.New("campaign 9 is paused"), Wait: true}, "task", "y")
+	got := out.lines("twilio is down")
+	if len(got) != 2 || !strings.Contains(got[1], "same_since_last_line=5") || !strings.Contains(got[1], "quiet_since=") || !strings.Contains(got[1], "level=WARN") {
+		t.Fatalf("a reason that came back 5 times after its line, then stopped: want its count on a line of its own at its level, got %q", got)
+	}
+	if got := out.lines("campaign 9 is paused"); len(got) != 1 {
+		t.Fatalf("the hand-back that came meanwhile: %q", got)
+	}
+}

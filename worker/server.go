@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"slices"
 	"sync"
 	"time"
 
@@ -94,16 +95,26 @@ const retryNoteEvery = time.Minute
 // retryNotes logs the batches handed back to the queue: a line for a reason not given in the last
 // retryNoteEvery, and only a count for the others, carried into the reason's next line
 // (same_since_last_line). Each batch of a paused campaign comes back every 30 s: a campaign of 2,000 batches
-// would write 2,000 lines every 30 s, each saying the same.
+// would write 2,000 lines every 30 s, each saying the same. A reason that stops coming back has its count
+// written on its own line (quiet_since) at the first hand-back a retryNoteEvery after its last line.
 type retryNotes struct {
-	mu   sync.Mutex
-	now  func() time.Time
-	seen map[string]*retryNote
+	mu    sync.Mutex
+	now   func() time.Time
+	seen  map[string]*retryNote
+	swept time.Time
 }
 
 type retryNote struct {
-	at   time.Time
-	more int
+	at    time.Time // its last line
+	last  time.Time // its last hand-back
+	more  int       // hand-backs since its last line
+	level slog.Level
+}
+
+// retryCount is the count of a reason that stopped coming back.
+type retryCount struct {
+	reason string
+	n      retryNote
 }
 
 func newRetryNotes(now func() time.Time) *retryNotes {
@@ -114,14 +125,17 @@ func newRetryNotes(now func() time.Time) *retryNotes {
 // info for a wait the batch was made for (a paused or scheduled campaign, a closed send window), at warn
 // for anything else.
 func (r *retryNotes) log(ctx context.Context, log *slog.Logger, err error, args ...any) {
-	more, ok := r.take(err.Error())
-	if !ok {
-		return
-	}
 	level := slog.LevelWarn
 	var re *RetryError
 	if errors.As(err, &re) && re.Wait {
 		level = slog.LevelInfo
+	}
+	more, ok, ended := r.take(err.Error(), level)
+	for _, e := range ended {
+		log.Log(ctx, e.n.level, "batch will run again", "err", e.reason, "same_since_last_line", e.n.more, "quiet_since", e.n.last)
+	}
+	if !ok {
+		return
 	}
 	args = append(args, "err", err)
 	if more > 0 {
@@ -130,30 +144,38 @@ func (r *retryNotes) log(ctx context.Context, log *slog.Logger, err error, args 
 	log.Log(ctx, level, "batch will run again", args...)
 }
 
-// take says whether reason's line is due, and how many times it came since its last line.
-func (r *retryNotes) take(reason string) (more int, due bool) {
+// take says whether reason's line is due, and how many times it came since its last line. At most once a
+// retryNoteEvery it also forgets the reasons whose last line is older than that, and returns those among
+// them that came back since, with their counts.
+func (r *retryNotes) take(reason string, level slog.Level) (more int, due bool, ended []retryCount) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	now := r.now()
+	if now.Sub(r.swept) >= retryNoteEvery {
+		r.swept = now
+		for k, v := range r.seen {
+			if k == reason || now.Sub(v.at) < retryNoteEvery {
+				continue
+			}
+			if v.more > 0 {
+				ended = append(ended, retryCount{reason: k, n: *v})
+			}
+			delete(r.seen, k)
+		}
+		slices.SortFunc(ended, func(a, b retryCount) int { return a.n.last.Compare(b.n.last) })
+	}
 	n := r.seen[reason]
 	if n != nil && now.Sub(n.at) < retryNoteEvery {
 		n.more++
-		return 0, false
+		n.last = now
+		return 0, false, ended
 	}
 	if n == nil {
-		if len(r.seen) >= 1024 {
-			// Reasons name campaigns, batches, providers: forget the quiet ones.
-			for k, v := range r.seen {
-				if now.Sub(v.at) >= retryNoteEvery {
-					delete(r.seen, k)
-				}
-			}
-		}
 		n = &retryNote{}
 		r.seen[reason] = n
 	}
-	more, n.at, n.more = n.more, now, 0
-	return more, true
+	more, n.at, n.last, n.more, n.level = n.more, now, now, 0, level
+	return more, true, ended
 }
 
 // Serve runs the worker until ctx is done, then shuts down gracefully.
