@@ -229,6 +229,9 @@ func TestSentAndUnknownCodesNeverReturnToThePool(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	if b.ID != a.ID+1 {
+		t.Errorf("the launch after a refused one got campaign ID %d, want %d: the refusal used up an ID", b.ID, a.ID+1)
+	}
 	if got, _ := codeOf(t, db, b.ID, "u00001"); got != planned[never] {
 		t.Errorf("the next launch got %q, want the cancelled recipient's %q", got, planned[never])
 	}

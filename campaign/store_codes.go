@@ -13,9 +13,15 @@ import (
 
 // insertRecipients writes the eligible rows of audience_classified as the campaign's recipients, each with
 // its batch number and, when the campaign has a code pool, one code reserved from it.
-func (p *Planner) insertRecipients(ctx context.Context, tx pgx.Tx, id int64, spec Spec, rep *Report) (err error) {
+func (p *Planner) insertRecipients(ctx context.Context, tx pgx.Tx, idp *int64, spec Spec, rep *Report) (err error) {
 	t0 := time.Now()
 	var inserted int64
+	if spec.CodePool == "" {
+		if err := ownID(ctx, tx, idp, spec); err != nil {
+			return err
+		}
+	}
+	id := *idp
 	if spec.CodePool != "" {
 		rep.CodesNeeded = rep.Eligible
 		// Serialise with code writers (see code_pools) while the cursor is read and the codes are taken: a
@@ -61,6 +67,10 @@ func (p *Planner) insertRecipients(ctx context.Context, tx pgx.Tx, id int64, spe
 		if rep.CodesFree < rep.CodesNeeded {
 			return &PoolShortError{Pool: spec.CodePool, Needed: rep.CodesNeeded, Free: rep.CodesFree}
 		}
+		if err := ownID(ctx, tx, idp, spec); err != nil {
+			return err
+		}
+		id = *idp
 		p.step("count", t0)
 		t0 = time.Now()
 		// Codes are matched to recipients by rank: released codes first, then fresh ones in id order; the
@@ -112,5 +122,18 @@ func (p *Planner) insertRecipients(ctx context.Context, tx pgx.Tx, id int64, spe
 		return &PoolShortError{Pool: spec.CodePool, Needed: rep.Eligible, Free: inserted}
 	}
 	p.step("insert recipients and reserve codes", t0)
+	return nil
+}
+
+// ownID gives the campaign row planned under the provisional ID *id its ID from the sequence, once nothing
+// but a fault can refuse the plan any more; nothing refers to the row yet. A dry run keeps the provisional
+// one: it writes nothing.
+func ownID(ctx context.Context, tx pgx.Tx, id *int64, spec Spec) error {
+	if spec.DryRun {
+		return nil
+	}
+	if err := tx.QueryRow(ctx, `UPDATE campaigns SET id = DEFAULT WHERE id = $1 RETURNING id`, *id).Scan(id); err != nil {
+		return fmt.Errorf("plan: the campaign's ID: %w", err)
+	}
 	return nil
 }

@@ -51,21 +51,19 @@ func (p *Planner) plan(ctx context.Context, spec Spec, tmpl *Template, rep *Repo
 	if err := p.consentGate(ctx, tx, spec, rep); err != nil {
 		return err
 	}
-	// A dry run's row takes an ID of its own below zero: an ID from the sequence would be used up although
-	// the transaction rolls back, and the next launch's ID would skip it.
-	idCol, idVal, override := "", "", ""
+	// The row takes an ID of its own below zero until the plan can no longer be refused for its audience or
+	// its code pool (insertRecipients gives it its ID then: ownID): an ID from the sequence would be used
+	// up by a dry run or a refused launch although the transaction rolls back, and the next launch's ID
+	// would skip it.
 	args := []any{spec.Name, spec.Channel, spec.Message, spec.Subject, spec.CodePool, spec.Rate, spec.AudienceSQL, spec.BatchSize,
 		startAt, spec.Window.String(), zone, int64(spec.FrequencyCap / time.Second), spec.HTML, spec.TemplateID,
 		spec.recipientType(), spec.Transactional, rep.StaleConsentAllowed, spec.Content().Hash(), spec.BrandCode,
 		spec.AllowPrivilegedAudience, spec.MaxSegments, spec.keptConsentAge(rep)}
-	if spec.DryRun {
-		idCol, idVal, override = "id, ", "$23, ", " OVERRIDING SYSTEM VALUE"
-		args = append(args, -1-rand.Int64N(1<<62))
-	}
-	err = tx.QueryRow(ctx, `INSERT INTO campaigns (`+idCol+`name, channel, state, message, subject, code_pool, rate, audience_sql, batch_size,
+	args = append(args, -1-rand.Int64N(1<<62))
+	err = tx.QueryRow(ctx, `INSERT INTO campaigns (id, name, channel, state, message, subject, code_pool, rate, audience_sql, batch_size,
 			start_at, send_window, window_zone, frequency_cap_seconds, html, template_id, recipient_type, transactional,
-			allow_stale_consent, template_hash, brand_code, privileged_audience, max_segments, max_consent_age_seconds)`+override+`
-		VALUES (`+idVal+`$1, $2, `+sqlStatePlanning+`, $3, $4, NULLIF($5, ''), $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21, NULLIF($22, 0)) RETURNING id`,
+			allow_stale_consent, template_hash, brand_code, privileged_audience, max_segments, max_consent_age_seconds) OVERRIDING SYSTEM VALUE
+		VALUES ($23, $1, $2, `+sqlStatePlanning+`, $3, $4, NULLIF($5, ''), $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21, NULLIF($22, 0)) RETURNING id`,
 		args...).Scan(&id)
 	if err != nil {
 		var pgErr *pgconn.PgError
@@ -113,7 +111,7 @@ func (p *Planner) plan(ctx context.Context, spec Spec, tmpl *Template, rep *Repo
 		}
 	}
 
-	if err := p.insertRecipients(ctx, tx, id, spec, rep); err != nil {
+	if err := p.insertRecipients(ctx, tx, &id, spec, rep); err != nil {
 		return err
 	}
 	if !spec.DryRun {
