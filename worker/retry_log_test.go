@@ -111,7 +111,7 @@ func TestARetryReasonIsWrittenOnceAMinuteWithItsCount(t *testing.T) {
 	notes.log(context.Background(), log, down, "task", "y")
 	now = now.Add(retryNoteEvery - time.Second)
 	notes.log(context.Background(), log, paused, "task", "x")
-	if got := out.lines("campaign 7 is paused"); len(got) != 1 || !strings.Contains(got[0], "level=INFO") || strings.Contains(got[0], "same_since_last_line") {
+	if got := out.lines("campaign 7 is paused"); len(got) != 1 || !strings.Contains(got[0], "level=INFO") || !strings.Contains(got[0], "retry_in=30s") || strings.Contains(got[0], "same_since_last_line") {
 		t.Fatalf("51 handbacks of a paused campaign within a minute: want one info line without a count, got %q", got)
 	}
 	if got := out.lines("twilio is down"); len(got) != 1 || !strings.Contains(got[0], "level=WARN") {

@@ -138,6 +138,9 @@ func (r *retryNotes) log(ctx context.Context, log *slog.Logger, err error, args 
 		return
 	}
 	args = append(args, "err", err)
+	if re != nil && re.After > 0 {
+		args = append(args, "retry_in", re.After.Round(time.Second))
+	}
 	if more > 0 {
 		args = append(args, "same_since_last_line", more)
 	}
