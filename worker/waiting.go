@@ -48,7 +48,7 @@ func waitingOf(ctx context.Context, env *waitEnv, c *campaign.Campaign, counts c
 	id := c.ID
 	// Paused first: a scheduled campaign that was paused waits for its resume, not for its start.
 	if c.State == campaign.StatePaused {
-		w := &Waiting{Reason: WaitPaused, Detail: fmt.Sprintf("paused; campaignctl resume %d goes on, campaignctl cancel %d ends it", id, id)}
+		w := &Waiting{Reason: WaitPaused, Detail: fmt.Sprintf("by campaignctl pause; campaignctl resume %d goes on, campaignctl cancel %d ends it", id, id)}
 		if c.StateSince != nil {
 			w.Since = utc(*c.StateSince)
 		}
