@@ -14,7 +14,8 @@ func TestAFlagValueOfTheWrongKindSaysWhatToGive(t *testing.T) {
 		want string
 	}{
 		{[]string{"launch", "--rate", "abc"}, `--rate "abc" is not a number, e.g. 50 or 0.5; see ` + "`campaignctl launch --help`"},
-		{[]string{"worker", "--concurrency", "x"}, `--concurrency "x" is not a whole number`},
+		{[]string{"worker", "--concurrency", "x"}, `--concurrency "x" is not a whole number, e.g. 16 (the default)`},
+		{[]string{"sandbox", "--netgsm-per-number", "abc"}, `--netgsm-per-number "abc" is not a whole number, e.g. 20 (the default)`},
 		{[]string{"worker", "--provider-timeout", "5"}, `--provider-timeout "5" is not a duration, e.g. 30s`},
 	} {
 		_, stderr, code := cli(t, nil, tc.args...)

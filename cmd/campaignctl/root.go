@@ -147,6 +147,9 @@ func flagValueError(cmd *cobra.Command, err error) error {
 		want = "a number, e.g. 50 or 0.5"
 	case parsed && (strings.HasPrefix(typ, "int") || strings.HasPrefix(typ, "uint")):
 		want = "a whole number, e.g. 16"
+		if d := f.DefValue; d != "" && d != "0" {
+			want = "a whole number, e.g. " + d + " (the default)"
+		}
 	case parsed && typ == "bool":
 		want = "true or false"
 	case typ == "duration" && strings.HasPrefix(errors.Unwrap(err).Error(), "time: "):

@@ -147,7 +147,7 @@ func (o *sandboxOptions) validate() error {
 		return usagef("--fail-only %q: %v", o.faults.Only, err)
 	}
 	if o.netgsmPerNumber < 0 {
-		return usagef("--netgsm-per-number %d: give messages a number takes in a minute, or 0 for no limit", o.netgsmPerNumber)
+		return usagef("--netgsm-per-number %d: give how many messages one number may take within a minute (Netgsm's limit is 20), or 0 for no limit", o.netgsmPerNumber)
 	}
 	if o.iysRate < 0 || o.iysPullLag < 0 {
 		return usagef("--iys-rate and --iys-pull-lag must not be negative")
@@ -170,8 +170,9 @@ func (a *app) newSandboxCmd() *cobra.Command {
                                         StatusCallback URL of each message (TWILIO_STATUS_CALLBACK on workers);
                                         an answer to an SMS, signed with TWILIO_AUTH_TOKEN, to --twilio-inbound-url
                                         with POST /_sandbox/twilio/inbound {"from":"+905321234567","to":"+905550000000","body":"RET"}
-  sms    NETGSM_BASE_URL=http://ADDR    Netgsm's REST v2 send (the SMS failover); credentials NETGSM_USERCODE and
-                                        NETGSM_PASSWORD (any pair when unset)
+  sms    NETGSM_BASE_URL=http://ADDR    Netgsm's REST v2 send (the SMS failover, or the SMS provider); credentials
+                                        NETGSM_USERCODE and NETGSM_PASSWORD (any pair when unset); code 85 past
+                                        --netgsm-per-number messages to one number within a minute
   email  SENDGRID_BASE_URL=http://ADDR  SendGrid v3 Mail Send; key SENDGRID_API_KEY (any when unset); signed
                                         Event Webhook posts to --sendgrid-event-url (public key at
                                         GET /v3/user/webhooks/event/settings/signed); a recipient's refusal with
@@ -273,7 +274,7 @@ unsubscribe list ("Unsubscribed Address").`,
 				return fmt.Errorf("sandbox listen: %w", err)
 			}
 			defer ln.Close()
-			fmt.Fprintf(a.stderr, "sandbox listening on http://%s (TWILIO_BASE_URL, SENDGRID_BASE_URL and FCM_BASE_URL=http://%s)\n", o.addr, o.addr)
+			fmt.Fprintf(a.stderr, "sandbox listening on http://%s (TWILIO_BASE_URL, NETGSM_BASE_URL, SENDGRID_BASE_URL, FCM_BASE_URL and IYS_BASE_URL=http://%s)\n", o.addr, o.addr)
 			if o.sendgridEventURL != "" {
 				fmt.Fprintf(a.stderr, "SendGrid events go to %s, signed with SENDGRID_WEBHOOK_PUBLIC_KEY=%s\n", o.sendgridEventURL, s.SendGridEventPublicKey())
 			}
