@@ -647,7 +647,9 @@ func (h *Handler) fromClaim(ctx context.Context, run *batchRun, userID, val stri
 	case state.Skipped:
 		run.add(campaign.Outcome{UserID: userID, Status: campaign.StatusSkipped, Reason: st.Reason})
 	default:
-		if !st.At.IsZero() && h.cfg.Now().Sub(st.At) < h.inFlightGrace(ctx) {
+		// The fleet's grace as last read, and read again before a claim is judged past it: a worker with a
+		// longer grace may have noted it since.
+		if age := h.cfg.Now().Sub(st.At); !st.At.IsZero() && (age < h.inFlightGrace(ctx, false) || age < h.inFlightGrace(ctx, true)) {
 			// A run that may still be live holds it: its claim is the record, and that run writes the
 			// outcome. Until then the recipient stays in this run's chunk in hand: were that run to die
 			// before recording it, a Redis that lost the claim meanwhile must find it in hand (unknown),
@@ -663,14 +665,14 @@ func (h *Handler) fromClaim(ctx context.Context, run *batchRun, userID, val stri
 // inFlightGrace is the longer of this worker's in-flight grace and the longest one a worker of the fleet
 // noted in Redis (state.NoteInFlightGrace: a worker with a longer --provider-timeout): a claim without an
 // answer younger than that may be any live worker's call still under way. The fleet's is read at most
-// every 10 s; when Redis cannot tell, the last one read stands.
-func (h *Handler) inFlightGrace(ctx context.Context) time.Duration {
+// every 10 s, or now when fresh; when Redis cannot tell, the last one read stands.
+func (h *Handler) inFlightGrace(ctx context.Context, fresh bool) time.Duration {
 	if h.cfg.Redis == nil {
 		return h.cfg.InFlightGrace
 	}
 	h.graceMu.Lock()
 	defer h.graceMu.Unlock()
-	if now := time.Now(); h.graceRead.IsZero() || now.Sub(h.graceRead) >= 10*time.Second {
+	if now := time.Now(); fresh || h.graceRead.IsZero() || now.Sub(h.graceRead) >= 10*time.Second {
 		if g, err := state.InFlightGrace(ctx, h.cfg.Redis); err == nil {
 			h.fleetGrace, h.graceRead = g, now
 		}
