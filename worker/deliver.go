@@ -398,7 +398,7 @@ func (h *Handler) windowClosed(run *batchRun) *RetryError {
 		return nil
 	}
 	next := run.c.Window.NextOpen(now)
-	return &RetryError{Err: fmt.Errorf("outside the send window %s; sending resumes at %s", run.c.Window, next.Format(time.RFC3339)), After: next.Sub(now), Wait: true}
+	return &RetryError{Err: fmt.Errorf("outside the send window %s; sending resumes at %s", run.c.Window, windowTime(run.c.Window, next)), After: next.Sub(now), Wait: true}
 }
 
 // notSentAfterClaim gives back what the claims of f took when their sends did not leave after all: the

@@ -136,7 +136,7 @@ func waitingOf(ctx context.Context, env *waitEnv, c *campaign.Campaign, counts c
 		if since.Before(c.CreatedAt) {
 			since = c.CreatedAt // launched while the window was closed
 		}
-		return &Waiting{Reason: WaitWindowClosed, Detail: fmt.Sprintf("outside its send window %s; it goes on at %s", c.Window, next.Format(time.RFC3339)),
+		return &Waiting{Reason: WaitWindowClosed, Detail: fmt.Sprintf("outside its send window %s; it goes on at %s", c.Window, windowTime(c.Window, next)),
 			Since: utc(since), Until: utc(next)}, nil
 	}
 	notes, err := state.Waits(ctx, rdb, id)
@@ -163,6 +163,15 @@ func waitingOf(ctx context.Context, env *waitEnv, c *campaign.Campaign, counts c
 		return w, nil
 	}
 	return nil, nil
+}
+
+// windowTime is t as the window's own clock reads it, the zone it was given in (the detail is read next to
+// since and until, which status shows in --tz and JSON in UTC).
+func windowTime(w campaign.Window, t time.Time) string {
+	if w.Zone != nil {
+		t = t.In(w.Zone)
+	}
+	return t.Format("2006-01-02 15:04 MST")
 }
 
 // unixMilli reads a time Redis holds as unix milliseconds (a pause's beginning, a pace's fall); nil when v

@@ -2,6 +2,7 @@ package worker
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -96,6 +97,8 @@ func TestStatusSaysWhyACampaignWaits(t *testing.T) {
 	if w := expect("outside --window", WaitWindowClosed); w.Until == nil || w.Until.Sub(closed) > time.Minute || closed.Sub(*w.Until) > time.Minute ||
 		w.Since == nil || w.Since.After(time.Now()) || time.Since(*w.Since) > time.Minute {
 		t.Fatalf("window closed since %v until %v, want since the launch (it closed before), until about %v", w.Since, w.Until, closed)
+	} else if !strings.Contains(w.Detail, closed.Format("15:04")+" UTC") {
+		t.Fatalf("window closed: %q; want the opening as the window's own zone reads it (%s UTC)", w.Detail, closed.Format("15:04"))
 	}
 	exec(`UPDATE campaigns SET send_window = '' WHERE id = $1`, f.id)
 
