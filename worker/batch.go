@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strconv"
 	"time"
 
 	"github.com/hibiken/asynq"
@@ -323,16 +324,16 @@ func (h *Handler) RunBatch(ctx context.Context, campaignID int64, batch int) err
 		return stop
 	}
 	if run.busy > 0 {
-		return &RetryError{Err: fmt.Errorf("%d recipients are being sent by another run of this batch", run.busy), After: max(h.cfg.LeaseTTL, run.deferAfter)}
+		return &RetryError{Err: fmt.Errorf("%s being sent by another run of this batch", countRecipients(run.busy)), After: max(h.cfg.LeaseTTL, run.deferAfter)}
 	}
 	if run.deferred > 0 && run.deferred == run.limited {
 		// Not a fault of the provider's nor of the batch: its retries are not used up (each recipient's
 		// attempts bound it).
-		return &RetryError{Err: fmt.Errorf("%d recipients wait out their provider's limit on messages to one address (Netgsm's 85); the rest of the batch is done", run.deferred),
+		return &RetryError{Err: fmt.Errorf("%s waiting out their provider's limit on messages to one address (Netgsm's 85); the rest of the batch is done", countRecipients(run.deferred)),
 			After: run.deferAfter, Wait: true}
 	}
 	if run.deferred > 0 {
-		return &RetryError{Err: fmt.Errorf("%d recipients kept failing with transient provider errors; they are retried later, the rest of the batch is done", run.deferred), After: run.deferAfter, Failure: true}
+		return &RetryError{Err: fmt.Errorf("%s kept failing with transient provider errors; retried later, the rest of the batch is done", countRecipients(run.deferred)), After: run.deferAfter, Failure: true}
 	}
 	if h.cfg.Redis != nil {
 		// The batch went through: whatever account refusal was noted for it is over.
@@ -436,6 +437,14 @@ func (h *Handler) newRun(c *campaign.Campaign, batch int) (*batchRun, error) {
 		}
 	}
 	return run, nil
+}
+
+// countRecipients is "1 recipient" or "n recipients".
+func countRecipients(n int) string {
+	if n == 1 {
+		return "1 recipient"
+	}
+	return strconv.Itoa(n) + " recipients"
 }
 
 // reasonReceiptFirst is why a pending recipient is recorded sent without a send: a delivery receipt for an
