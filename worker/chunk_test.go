@@ -65,7 +65,9 @@ func TestAFastRunGrowsItsChunks(t *testing.T) {
 func TestASlowRunKeepsItsChunksSmall(t *testing.T) {
 	t.Parallel()
 	leases, _ := leasesOfBatch0(t, 2, 10*time.Millisecond)
-	if leases != 500/MinChunk {
-		t.Errorf("batch 0 of 500 took %d chunks at 200 sends a second, want %d of %d", leases, 500/MinChunk, MinChunk)
+	// At least one lease a chunk of MinChunk; more when a loaded machine makes a chunk outlast
+	// consentMaxAge, whose consents are then read again (a lease of the same chunk).
+	if leases < 500/MinChunk {
+		t.Errorf("batch 0 of 500 took %d leases at 200 sends a second, want at least %d: chunks of %d", leases, 500/MinChunk, MinChunk)
 	}
 }
