@@ -338,11 +338,7 @@ func (h *Handler) giveUp(run *batchRun, r *campaign.Recipient, pe *providers.Err
 		run.unblamed = nil
 		return &RetryError{Err: fmt.Errorf("provider kept failing: %w", pe), After: wait, Failure: true}
 	}
-	o := campaign.Outcome{UserID: r.UserID, Status: campaign.StatusPending, Reason: pe.Reason()}
-	if r.Attempts+1 >= MaxRecipientAttempts {
-		o.Status = campaign.StatusFailed
-		o.Reason = fmt.Sprintf("gave up after %d runs with transient provider errors; last: %s", r.Attempts+1, pe.Reason())
-	}
+	o := transientOutcome(r, pe)
 	if last := h.lastAnswer.Load(); last != 0 && h.cfg.Now().Sub(time.Unix(0, last)) < 30*time.Second {
 		run.add(o)
 		if o.Status == campaign.StatusPending {
@@ -363,15 +359,22 @@ func (h *Handler) giveUp(run *batchRun, r *campaign.Recipient, pe *providers.Err
 // again within its wait. The batch comes back no sooner (run.deferAfter). Each refusal costs r an attempt:
 // after MaxRecipientAttempts runs that met it, r fails for good, like any recipient that kept failing.
 func (h *Handler) deferLimited(run *batchRun, r *campaign.Recipient, pe *providers.Error) {
-	o := campaign.Outcome{UserID: r.UserID, Status: campaign.StatusPending, Reason: pe.Reason()}
-	if r.Attempts+1 >= MaxRecipientAttempts {
-		o.Status = campaign.StatusFailed
-		o.Reason = fmt.Sprintf("gave up after %d runs with transient provider errors; last: %s", r.Attempts+1, pe.Reason())
-	} else {
+	o := transientOutcome(r, pe)
+	if o.Status == campaign.StatusPending {
 		run.limitedWait(pe.RetryAfter)
 		h.holdLimited(r.Address, h.cfg.Now().Add(pe.RetryAfter))
 	}
 	run.add(o)
+}
+
+// transientOutcome is the outcome of r's run ending on pe, a transient refusal: pending for a later run,
+// or failed for good once that makes MaxRecipientAttempts runs.
+func transientOutcome(r *campaign.Recipient, pe *providers.Error) campaign.Outcome {
+	if r.Attempts+1 >= MaxRecipientAttempts {
+		return campaign.Outcome{UserID: r.UserID, Status: campaign.StatusFailed,
+			Reason: fmt.Sprintf("gave up after %d runs with transient provider errors; last: %s", r.Attempts+1, pe.Reason())}
+	}
+	return campaign.Outcome{UserID: r.UserID, Status: campaign.StatusPending, Reason: pe.Reason()}
 }
 
 // limitedWait counts a recipient left for a later run for a provider's limit on its address, and makes
@@ -400,16 +403,17 @@ func (h *Handler) holdLimited(addr string, until time.Time) {
 	if until.After(h.limitedAddrs[addr]) {
 		h.limitedAddrs[addr] = until
 	}
+	h.limiting.Store(int64(len(h.limitedAddrs)))
 }
 
 // limitedHere returns how long a provider's limit on addr still holds it back in this process (0: it does
 // not). Another worker does not know: it may try the address once and be told in turn.
 func (h *Handler) limitedHere(addr string) time.Duration {
+	if h.limiting.Load() == 0 {
+		return 0 // no lock for each recipient of a run while nothing is held
+	}
 	h.limitedMu.Lock()
 	defer h.limitedMu.Unlock()
-	if len(h.limitedAddrs) == 0 {
-		return 0
-	}
 	return max(0, h.limitedAddrs[addr].Sub(h.cfg.Now()))
 }
 

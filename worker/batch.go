@@ -658,7 +658,9 @@ func (h *Handler) fromClaim(ctx context.Context, run *batchRun, userID, val stri
 	default:
 		// The fleet's grace as last read, and read again before a claim is judged past it: a worker with a
 		// longer grace may have noted it since.
-		if age := h.cfg.Now().Sub(st.At); !st.At.IsZero() && (age < h.inFlightGrace(ctx, false) || age < h.inFlightGrace(ctx, true)) {
+		age := h.cfg.Now().Sub(st.At)
+		inGrace := func(fresh bool) bool { return age < h.inFlightGrace(ctx, fresh) }
+		if !st.At.IsZero() && (inGrace(false) || inGrace(true)) {
 			// A run that may still be live holds it: its claim is the record, and that run writes the
 			// outcome. Until then the recipient stays in this run's chunk in hand: were that run to die
 			// before recording it, a Redis that lost the claim meanwhile must find it in hand (unknown),
