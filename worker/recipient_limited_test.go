@@ -8,6 +8,7 @@ import (
 	"net/http/httptest"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -108,7 +109,8 @@ func TestANumberNetgsmLimitsWaitsAloneAndSlowsNobody(t *testing.T) {
 // twice. The 85 did not count as the provider working, so the 503s are its fault and cost u2 and u4
 // nothing; u1 is charged its one refusal and is not tried again within its minute, while u2 and u4 go.
 // Before, the 85 counted as an answer: u2 was charged, and u1 was tried again at every run, each costing
-// it an attempt, until it failed for good within 0.1 s.
+// it an attempt, until it failed for good within 0.1 s. Once the minute is over (the worker's clock moved
+// on), u1 is not lost: the next run sends it, once.
 func TestALimitedNumberIsNotTriedAgainWithinItsWaitNorTakenForAWorkingProvider(t *testing.T) {
 	t.Parallel()
 	f := plan(t, 4) // eligible u1, u2, u4: one batch
@@ -127,10 +129,12 @@ func TestALimitedNumberIsNotTriedAgainWithinItsWaitNorTakenForAWorkingProvider(t
 		}
 		return nil
 	}
+	var skew atomic.Int64 // the worker's clock runs this far ahead: the hold's end without waiting for it
 	f.h = NewHandler(Config{
 		Store: f.store, Redis: f.rdb, Owner: "test", SendWindow: 1, SendAttempts: 1,
 		Providers:     map[campaign.Channel]providers.Provider{campaign.ChannelSMS: f.provider},
 		ProviderRates: map[string]float64{},
+		Now:           func() time.Time { return time.Now().Add(time.Duration(skew.Load())) },
 	})
 	ctx := context.Background()
 	attempts := func(u string) (n int) {
@@ -167,4 +171,22 @@ func TestALimitedNumberIsNotTriedAgainWithinItsWaitNorTakenForAWorkingProvider(t
 			t.Errorf("%s: %s %q; want sent once the provider worked", u, st, reason)
 		}
 	}
+
+	// The minute is over and the number takes messages again: u1, held back, is not lost, and goes once.
+	mu.Lock()
+	f.provider.fail = func(_ int, m providers.Message) error {
+		mu.Lock()
+		defer mu.Unlock()
+		calls[m.To]++
+		return nil
+	}
+	mu.Unlock()
+	skew.Store(int64(61 * time.Second))
+	if err := f.h.RunBatch(ctx, f.id, 0); err != nil {
+		t.Fatalf("the run after the wait: %v", err)
+	}
+	if st, reason, _ := f.status(t, "u1"); st != campaign.StatusSent || len(f.provider.sentTo(phone(1))) != 1 || calls[phone(1)] != 2 {
+		t.Fatalf("u1 after its wait: %s %q, %d messages accepted in %d tries; want sent, once, on its second try", st, reason, len(f.provider.sentTo(phone(1))), calls[phone(1)])
+	}
+	f.assertOnce(t)
 }
