@@ -331,54 +331,50 @@ func roundTripWithin(t *testing.T, rt http.RoundTripper, req *http.Request) erro
 	}
 }
 
-// A deadline that passes while the server holds the answer ends the request, which may have arrived.
+// A deadline that passes while the server holds the answer ends the request, which may have arrived:
+// context.WithTimeout's, and Until's, which has no Done channel for the transport to watch (its parent's
+// cancellation does not reach it) and ends the request at its time all the same, with the same error.
 func TestTransportContextDeadlineWhileWaiting(t *testing.T) {
-	s, _ := held(t)
-	tr, _ := newTransport(t)
-	var trk wire.Tracker
-	ctx, cancel := context.WithTimeout(trk.WithTrace(context.Background()), 200*time.Millisecond)
-	defer cancel()
-	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, s.URL, strings.NewReader("Body=hello"))
-	err := roundTripWithin(t, tr, req)
-	if !errors.Is(err, context.DeadlineExceeded) {
-		t.Fatalf("err %v, want context.DeadlineExceeded", err)
-	}
-	var ne net.Error
-	if !errors.As(err, &ne) || !ne.Timeout() {
-		t.Errorf("err %v is not a net.Error that says Timeout()", err)
-	}
-	if !trk.Written() {
-		t.Error("Written() = false for a request the server was holding")
-	}
-}
-
-// A context of Until ends the request at its time as a deadline does, with the same error, although it has
-// no Done channel for the transport to watch; its parent's cancellation does not reach it.
-func TestTransportUntilEndsTheRequestAtItsTime(t *testing.T) {
-	s, _ := held(t)
-	tr, _ := newTransport(t)
-	var trk wire.Tracker
-	parent, cancel := context.WithCancel(trk.WithTrace(context.Background()))
-	ctx := wire.Until(parent, time.Now().Add(300*time.Millisecond))
-	cancel()
-	if ctx.Done() != nil || ctx.Err() != nil {
-		t.Fatalf("Until's context: Done %v, Err %v after its parent was cancelled; want neither", ctx.Done(), ctx.Err())
-	}
-	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, s.URL, strings.NewReader("Body=hello"))
-	start := time.Now()
-	err := roundTripWithin(t, tr, req)
-	if d := time.Since(start); d < 250*time.Millisecond || d > 3*time.Second {
-		t.Errorf("the request ended after %v; want at its time, 300ms", d)
-	}
-	if !errors.Is(err, context.DeadlineExceeded) {
-		t.Fatalf("err %v, want context.DeadlineExceeded", err)
-	}
-	var ne net.Error
-	if !errors.As(err, &ne) || !ne.Timeout() {
-		t.Errorf("err %v is not a net.Error that says Timeout()", err)
-	}
-	if !trk.Written() {
-		t.Error("Written() = false: the trace in the parent's values was not reached")
+	for _, tc := range []struct {
+		name    string
+		withCtx func(parent context.Context) (context.Context, func())
+	}{
+		{"WithTimeout", func(parent context.Context) (context.Context, func()) {
+			return context.WithTimeout(parent, 300*time.Millisecond)
+		}},
+		{"Until, its parent cancelled", func(parent context.Context) (context.Context, func()) {
+			parent, cancel := context.WithCancel(parent)
+			cancel()
+			ctx := wire.Until(parent, time.Now().Add(300*time.Millisecond))
+			if ctx.Done() != nil || ctx.Err() != nil {
+				t.Fatalf("Until's context: Done %v, Err %v after its parent was cancelled; want neither", ctx.Done(), ctx.Err())
+			}
+			return ctx, func() {}
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s, _ := held(t)
+			tr, _ := newTransport(t)
+			var trk wire.Tracker
+			ctx, cancel := tc.withCtx(trk.WithTrace(context.Background()))
+			defer cancel()
+			req, _ := http.NewRequestWithContext(ctx, http.MethodPost, s.URL, strings.NewReader("Body=hello"))
+			start := time.Now()
+			err := roundTripWithin(t, tr, req)
+			if d := time.Since(start); d < 250*time.Millisecond {
+				t.Errorf("the request ended after %v; want at its deadline, 300ms", d)
+			}
+			if !errors.Is(err, context.DeadlineExceeded) {
+				t.Fatalf("err %v, want context.DeadlineExceeded", err)
+			}
+			var ne net.Error
+			if !errors.As(err, &ne) || !ne.Timeout() {
+				t.Errorf("err %v is not a net.Error that says Timeout()", err)
+			}
+			if !trk.Written() {
+				t.Error("Written() = false for a request the server was holding (or the trace in the context's values was not reached)")
+			}
+		})
 	}
 }
 
