@@ -1,7 +1,6 @@
 package supervisor
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -11,11 +10,12 @@ import (
 	"os/signal"
 	"slices"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/campaignctl/campaignctl/internal/testlog"
 )
 
 // fakeWorkerEnv makes the test binary, started by a supervisor under test, act as a worker process.
@@ -58,23 +58,8 @@ func fakeWorker(mode string) int {
 	}
 }
 
-// syncBuffer is a bytes.Buffer safe for the supervisor's logger and the workers' output together.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
+// syncBuffer is a log sink safe for the supervisor's logger and the workers' output together.
+type syncBuffer struct{ testlog.Buffer }
 
 // logLines are the supervisor's JSON log lines with the given message.
 func (s *syncBuffer) logLines(msg string) []map[string]any {

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/campaignctl/campaignctl/campaign"
+	"github.com/campaignctl/campaignctl/internal/testlog"
 	"github.com/campaignctl/campaignctl/providers"
 	"github.com/campaignctl/campaignctl/providers/netgsm"
 	"github.com/campaignctl/campaignctl/providers/sandbox"
@@ -49,7 +50,7 @@ func TestANumberNetgsmLimitsWaitsAloneAndSlowsNobody(t *testing.T) {
 				}
 				limited[fmt.Sprintf("u%d", i)] = true
 			}
-			var out lineBuffer
+			var out testlog.Buffer
 			f.h = NewHandler(Config{
 				Store: f.store, Redis: f.rdb, Owner: "test", SendWindow: window,
 				Providers:     map[campaign.Channel]providers.Provider{campaign.ChannelSMS: ng},
@@ -97,7 +98,7 @@ func TestANumberNetgsmLimitsWaitsAloneAndSlowsNobody(t *testing.T) {
 			if rate := f.h.pace("netgsm").Rate(ctx); rate != 0 {
 				t.Errorf("the shared pace of Netgsm is %v a second after the limited numbers; want none (nothing asked to slow down)", rate)
 			}
-			if lowered := out.lines("pace is lowered"); len(lowered) > 0 {
+			if lowered := out.Lines("pace is lowered"); len(lowered) > 0 {
 				t.Errorf("the limited numbers lowered every worker's pace: %q", lowered)
 			}
 		})

@@ -1,48 +1,18 @@
 package worker
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/hibiken/asynq"
 
 	"github.com/campaignctl/campaignctl/campaign"
+	"github.com/campaignctl/campaignctl/internal/testlog"
 )
-
-// lineBuffer is a log sink several goroutines write to.
-type lineBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lineBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-// lines returns the lines that contain all of parts.
-func (l *lineBuffer) lines(parts ...string) []string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	var out []string
-	for _, ln := range strings.Split(l.b.String(), "\n") {
-		all := ln != ""
-		for _, p := range parts {
-			all = all && strings.Contains(ln, p)
-		}
-		if all {
-			out = append(out, ln)
-		}
-	}
-	return out
-}
 
 // The batches of a paused campaign come back every 30 s each: the worker says so once, at info, not once a
 // batch at warn.
@@ -61,7 +31,7 @@ func TestAPausedCampaignsBatchesAreLoggedOnce(t *testing.T) {
 	if _, _, err := Enqueue(ctx, asynq.NewClientFromRedisClient(f.rdb), f.store, c, true); err != nil {
 		t.Fatal(err)
 	}
-	var out lineBuffer
+	var out testlog.Buffer
 	log := slog.New(slog.NewTextHandler(&out, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	done := make(chan error, 1)
 	go func() { done <- Serve(ctx, f.rdb, f.h, ServerConfig{Concurrency: 4, Logger: log}) }()
@@ -84,7 +54,7 @@ func TestAPausedCampaignsBatchesAreLoggedOnce(t *testing.T) {
 	if f.batches < 4 {
 		t.Fatalf("the campaign has %d batches; the test needs several", f.batches)
 	}
-	said := out.lines("batch will run again", "is paused")
+	said := out.Lines("batch will run again", "is paused")
 	if len(said) != 1 {
 		t.Fatalf("%d batches of a paused campaign handed back: %d lines say so, want 1:\n%s", f.batches, len(said), strings.Join(said, "\n"))
 	}
@@ -101,7 +71,7 @@ func TestAPausedCampaignsBatchesAreLoggedOnce(t *testing.T) {
 func TestARetryReasonIsWrittenOnceAMinuteWithItsCount(t *testing.T) {
 	now := time.Date(2026, 12, 4, 12, 0, 0, 0, time.UTC)
 	notes := newRetryNotes(func() time.Time { return now })
-	var out lineBuffer
+	var out testlog.Buffer
 	log := slog.New(slog.NewTextHandler(&out, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	paused := &RetryError{Err: errors.New("campaign 7 is paused"), After: 30 * time.Second, Wait: true}
 	down := &RetryError{Err: errors.New("provider twilio is down; the batch waits for it"), After: 5 * time.Second}
@@ -111,15 +81,15 @@ func TestARetryReasonIsWrittenOnceAMinuteWithItsCount(t *testing.T) {
 	notes.log(context.Background(), log, down, "task", "y")
 	now = now.Add(retryNoteEvery - time.Second)
 	notes.log(context.Background(), log, paused, "task", "x")
-	if got := out.lines("campaign 7 is paused"); len(got) != 1 || !strings.Contains(got[0], "level=INFO") || !strings.Contains(got[0], "retry_in=30s") || strings.Contains(got[0], "same_since_last_line") {
+	if got := out.Lines("campaign 7 is paused"); len(got) != 1 || !strings.Contains(got[0], "level=INFO") || !strings.Contains(got[0], "retry_in=30s") || strings.Contains(got[0], "same_since_last_line") {
 		t.Fatalf("51 handbacks of a paused campaign within a minute: want one info line without a count, got %q", got)
 	}
-	if got := out.lines("twilio is down"); len(got) != 1 || !strings.Contains(got[0], "level=WARN") {
+	if got := out.Lines("twilio is down"); len(got) != 1 || !strings.Contains(got[0], "level=WARN") {
 		t.Fatalf("a provider down is a fault: want one warn line, got %q", got)
 	}
 	now = now.Add(time.Second)
 	notes.log(context.Background(), log, paused, "task", "x")
-	got := out.lines("campaign 7 is paused")
+	got := out.Lines("campaign 7 is paused")
 	if len(got) != 2 || !strings.Contains(got[1], "same_since_last_line=50") {
 		t.Fatalf("a minute after the first line: want a second line counting the 50 handbacks in between, got %q", got)
 	}
@@ -130,7 +100,7 @@ func TestARetryReasonIsWrittenOnceAMinuteWithItsCount(t *testing.T) {
 func TestARetryReasonThatStopsComingBackHasItsCountWritten(t *testing.T) {
 	now := time.Date(2026, 12, 4, 12, 0, 0, 0, time.UTC)
 	notes := newRetryNotes(func() time.Time { return now })
-	var out lineBuffer
+	var out testlog.Buffer
 	log := slog.New(slog.NewTextHandler(&out, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	down := &RetryError{Err: errors.New("provider twilio is down; the batch waits for it"), After: 5 * time.Second}
 	for range 6 {
@@ -139,11 +109,11 @@ func TestARetryReasonThatStopsComingBackHasItsCountWritten(t *testing.T) {
 	}
 	now = now.Add(time.Minute) // twilio came back: no more of it
 	notes.log(context.Background(), log, &RetryError{Err: errors.New("campaign 9 is paused"), Wait: true}, "task", "y")
-	got := out.lines("twilio is down")
+	got := out.Lines("twilio is down")
 	if len(got) != 2 || !strings.Contains(got[1], "same_since_last_line=5") || !strings.Contains(got[1], "quiet_since=") || !strings.Contains(got[1], "level=WARN") {
 		t.Fatalf("a reason that came back 5 times after its line, then stopped: want its count on a line of its own at its level, got %q", got)
 	}
-	if got := out.lines("campaign 9 is paused"); len(got) != 1 {
+	if got := out.Lines("campaign 9 is paused"); len(got) != 1 {
 		t.Fatalf("the hand-back that came meanwhile: %q", got)
 	}
 }

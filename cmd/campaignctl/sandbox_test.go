@@ -1,44 +1,25 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"net/http"
 	"net/http/httptest"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/campaignctl/campaignctl/internal/providertest"
 	"github.com/campaignctl/campaignctl/providers/receipts"
 	"github.com/campaignctl/campaignctl/providers/sandbox"
+
+	"github.com/campaignctl/campaignctl/internal/testlog"
 )
-
-// syncBuffer is a bytes.Buffer a command (in-process or a child process) writes while the test reads it:
-// the tests of this package share it.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 // The pushback flags reach the sandbox: its control API reports the limits and outage windows they set.
 func TestSandboxPushbackFlags(t *testing.T) {
 	addr := providertest.ClosedAddr(t)
-	var logs syncBuffer
+	var logs testlog.Buffer
 	a := &app{stdin: strings.NewReader(""), stdout: &logs, stderr: &logs, getenv: func(string) string { return "" }}
 	root := a.newRootCmd()
 	root.SetArgs([]string{"sandbox", "--addr", addr,
@@ -182,7 +163,7 @@ func TestSandboxTwilioInboundFlag(t *testing.T) {
 	defer recv.Close()
 
 	addr := providertest.ClosedAddr(t)
-	var logs syncBuffer
+	var logs testlog.Buffer
 	env := map[string]string{"TWILIO_AUTH_TOKEN": token, "TWILIO_ACCOUNT_SID": "ACinbound0001"}
 	a := &app{stdin: strings.NewReader(""), stdout: &logs, stderr: &logs, getenv: func(k string) string { return env[k] }}
 	root := a.newRootCmd()

@@ -23,12 +23,14 @@ import (
 
 	"github.com/campaignctl/campaignctl/internal/testredis"
 	"github.com/campaignctl/campaignctl/worker"
+
+	"github.com/campaignctl/campaignctl/internal/testlog"
 )
 
 // uiServer is a `campaignctl ui` (or another serving command) running in-process.
 type uiServer struct {
 	base   string // http://127.0.0.1:PORT
-	stderr *syncBuffer
+	stderr *testlog.Buffer
 	stop   func() error // cancels the command's context (as SIGTERM does) and returns what it returned
 }
 
@@ -46,7 +48,7 @@ func uiStart(t *testing.T, env map[string]string, args ...string) *uiServer {
 func serveInProcess(t *testing.T, env map[string]string, urlRe *regexp.Regexp, args ...string) *uiServer {
 	t.Helper()
 	name := args[0]
-	errb := &syncBuffer{}
+	errb := &testlog.Buffer{}
 	a := &app{stdin: strings.NewReader(""), stdout: io.Discard, stderr: errb, getenv: func(k string) string { return env[k] }}
 	root := a.newRootCmd()
 	root.SetArgs(args)

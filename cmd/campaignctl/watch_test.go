@@ -9,6 +9,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/campaignctl/campaignctl/internal/testlog"
 )
 
 // The rate a watch shows is the last few seconds' acceptances, and the ETA is the pending at that rate.
@@ -56,7 +58,7 @@ func TestWatchCtrlCDetaches(t *testing.T) {
 		cmd.Env = append(cmd.Env, k+"="+v)
 	}
 	cmd.Env = append(cmd.Env, "PATH="+os.Getenv("PATH"))
-	var errb syncBuffer // written by the command's copier while the test reads it
+	var errb testlog.Buffer // written by the command's copier while the test reads it
 	cmd.Stderr = &errb
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)

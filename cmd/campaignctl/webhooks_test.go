@@ -36,6 +36,8 @@ import (
 	"github.com/campaignctl/campaignctl/campaign"
 	"github.com/campaignctl/campaignctl/internal/testdb"
 	"github.com/campaignctl/campaignctl/providers/receipts"
+
+	"github.com/campaignctl/campaignctl/internal/testlog"
 )
 
 const hooksToken = "tw-T0ken-s3cret"
@@ -627,7 +629,7 @@ func TestWebhooksJunkPostsKeepMemoryBounded(t *testing.T) {
 	addr := freeAddr(t)
 	cmd := exec.Command(binary(t), "webhooks", "--addr", addr)
 	cmd.Env = append(os.Environ(), "DATABASE_URL="+env["DATABASE_URL"], "TWILIO_AUTH_TOKEN="+hooksToken, "SENDGRID_WEBHOOK_PUBLIC_KEY="+key.public, uiAuthEnv+"=")
-	var logs syncBuffer
+	var logs testlog.Buffer
 	cmd.Stdout, cmd.Stderr = &logs, &logs
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)

@@ -19,6 +19,8 @@ import (
 	"github.com/campaignctl/campaignctl/internal/testredis"
 	"github.com/campaignctl/campaignctl/supervisor"
 	"github.com/campaignctl/campaignctl/worker"
+
+	"github.com/campaignctl/campaignctl/internal/testlog"
 )
 
 // Bad flags are refused with exit 2 and the fix, before anything is started.
@@ -136,7 +138,7 @@ func TestWorkersSupervisorEndToEnd(t *testing.T) {
 		t.Fatalf("launch: %d batches enqueued, want 4", enqueued)
 	}
 
-	logs := &syncBuffer{}
+	logs := &testlog.Buffer{}
 	sup := exec.Command(e.bin, "workers", "--min", "1", "--max", "3", "--concurrency", "1",
 		"--interval", "250ms", "--cooldown", "2s", "--shutdown-timeout", "5s", "--provider-timeout", "5s")
 	sup.Env = e.env
