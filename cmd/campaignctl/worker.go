@@ -67,14 +67,14 @@ func (a *app) newWorkerCmd() *cobra.Command {
 (TWILIO_RATE and each campaign's --rate) hold over all of them together.
 
 A worker sends the channels whose provider is configured:
-  sms    TWILIO_ACCOUNT_SID, TWILIO_AUTH_TOKEN, TWILIO_FROM [TWILIO_BASE_URL, TWILIO_STATUS_CALLBACK, TWILIO_RATE]
-         and/or NETGSM_USERCODE, NETGSM_PASSWORD, NETGSM_HEADER [NETGSM_BASE_URL, NETGSM_RATE]: with both,
-         Netgsm is the failover: a message Twilio refuses without accepting it (5xx, 429, no connection)
-         goes through Netgsm at once, and Twilio is left alone for 30 s; never after a timeout (Twilio
-         may have sent it)
-  email  SENDGRID_API_KEY, SENDGRID_FROM [SENDGRID_FROM_NAME, SENDGRID_BASE_URL, SENDGRID_RATE]; commercial
-         e-mail also WEBHOOKS_PUBLIC_URL and UNSUBSCRIBE_SECRET (each message's signed one-click unsubscribe
-         link, served by campaignctl webhooks) [UNSUBSCRIBE_MAILTO: a mailbox the header offers too]
+  sms      TWILIO_ACCOUNT_SID, TWILIO_AUTH_TOKEN, TWILIO_FROM [TWILIO_BASE_URL, TWILIO_STATUS_CALLBACK, TWILIO_RATE]
+           and/or NETGSM_USERCODE, NETGSM_PASSWORD, NETGSM_HEADER [NETGSM_BASE_URL, NETGSM_RATE]: with both,
+           Netgsm is the failover: a message Twilio refuses without accepting it (5xx, 429, no connection)
+           goes through Netgsm at once, and Twilio is left alone for 30 s; never after a timeout (Twilio
+           may have sent it)
+  email    SENDGRID_API_KEY, SENDGRID_FROM [SENDGRID_FROM_NAME, SENDGRID_BASE_URL, SENDGRID_RATE]; commercial
+           e-mail also WEBHOOKS_PUBLIC_URL and UNSUBSCRIBE_SECRET (each message's signed one-click unsubscribe
+           link, served by campaignctl webhooks) [UNSUBSCRIBE_MAILTO: a mailbox the header offers too]
   push     GOOGLE_APPLICATION_CREDENTIALS [FCM_PROJECT_ID, FCM_BASE_URL, FCM_RATE]
   webhook  WEBHOOK_URL, WEBHOOK_SECRET [WEBHOOK_RATE]`,
 		Example: `  campaignctl worker --concurrency 16
