@@ -138,3 +138,62 @@ func TestAKillAndARedisLossWithRecipientsCarriedLeaveAtMostAChunk(t *testing.T) 
 		t.Errorf("%d left pending", c.Pending)
 	}
 }
+
+// Recipients carried from a chunk can fill the next one by themselves (the chunk's size is no more than
+// they are): that chunk has none of its own, so it waits out their back-offs in place and then sends them,
+// rather than carry them on again at once, which would lease and write a chunk a turn, with nothing sent,
+// until their back-offs end. (Mutation: `more` without its len(chunk) > 0 makes this run lease hundreds
+// of chunks of nobody new.)
+func TestACarriedOnlyChunkWaitsInPlace(t *testing.T) {
+	t.Parallel()
+	const customers, size = 12, 2
+	f := planWith(t, customers, func(s *campaign.Spec) { s.BatchSize = customers })
+	n := int(f.counts(t).Planned) // about half the customers are eligible
+	if n < 2*size+1 {
+		t.Fatalf("%d planned: too few to carry a chunk's worth past the first chunk", n)
+	}
+	h, _, fs := f.faulty(t, func(c *Config) { c.SendWindow, c.ChunkSize = 8, size })
+	hook := &leaseHookStore{Store: fs}
+	h.cfg.Store = hook
+	var mu sync.Mutex
+	tried := map[string]int{}
+	f.provider.fail = func(_ int, m providers.Message) error {
+		mu.Lock()
+		defer mu.Unlock()
+		tried[m.To]++
+		if len(tried) <= size && tried[m.To] == 1 {
+			// The first chunk's two are refused once, for a moment: carried to the next chunk, which they fill.
+			return &providers.Error{Provider: "test", Status: 503, Class: providers.Transient, RetryAfter: 400 * time.Millisecond}
+		}
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	if err := h.RunBatch(ctx, f.id, 0); err != nil {
+		t.Fatalf("run: %v", err)
+	}
+	f.assertOnce(t)
+	if c := f.counts(t); c.Sent != int64(n) {
+		t.Fatalf("counts %+v, want all %d sent", c, n)
+	}
+	mu.Lock()
+	refused := 0
+	for _, k := range tried {
+		if k > 1 {
+			refused++
+		}
+	}
+	mu.Unlock()
+	if refused != size {
+		t.Fatalf("%d recipients tried again, want the %d refused: the test did not carry anybody", refused, size)
+	}
+	hook.mu.Lock()
+	leases := hook.n
+	hook.mu.Unlock()
+	// The chunks of the planned ones, and the one the carried ones fill: one or two more with the order the
+	// waits take; hundreds when the carried ones go round without a wait.
+	if leases > (n+size-1)/size+3 {
+		t.Errorf("%d chunks leased for %d recipients in chunks of %d: the carried ones were carried on without waiting", leases, n, size)
+	}
+	t.Logf("%d chunks leased", leases)
+}
