@@ -78,7 +78,8 @@ type batchRun struct {
 	// carried are the recipients of a chunk that were all that was left of it, each waiting out the
 	// back-off of a transient refusal, when chunks of the batch followed: they go with the next chunk
 	// (whose lease reads their status and consent again) instead of holding it up. retryOf keeps their
-	// attempts and back-offs, by user, until the next chunk's sends take them up again.
+	// attempts and back-offs, by user, until the next chunk's sends take them up again; and those of the
+	// recipients a halted window hands back (batchRun.halted), until the gate has read the state again.
 	carried []campaign.Recipient
 	retryOf map[string]windowSend
 	counts  map[string]int64

@@ -701,3 +701,63 @@ func TestCarriedRecipientSurvivesTheTaskContextEnding(t *testing.T) {
 		})
 	}
 }
+
+// haltOnceState refuses one ClaimWindow call as halted (state.ErrHalted, nothing claimed), the first for
+// which when says so, as the claim script does while a campaign is paused: the batch then reads the
+// campaign's state again (running: the pause was taken back) and goes on with the same recipients.
+type haltOnceState struct {
+	*faults.State
+	when func() bool
+	hit  atomic.Bool
+}
+
+func (s *haltOnceState) ClaimWindow(ctx context.Context, c *campaign.Campaign, nonce string, scs []state.SendClaim, g state.Guard, prev []state.Answer, pauseKey string, now time.Time) ([]state.Claimed, time.Duration, error) {
+	if s.when() && s.hit.CompareAndSwap(false, true) {
+		return nil, 0, state.ErrHalted
+	}
+	return s.State.ClaimWindow(ctx, c, nonce, scs, g, prev, pauseKey, now)
+}
+
+// u1 is refused with a 503 that asks for 600 ms (Retry-After), and the next window's claim is refused as
+// halted (a pause taken back at once): the batch goes through the gate again with u1 still waiting. u1's
+// next send still waits out the provider's Retry-After. (Mutation: the
+// recipients left when a window is refused as halted go back without their back-offs, and u1 is sent
+// again a few milliseconds after its refusal.)
+func TestAHaltKeepsTheBackOffsOfTheRecipientsItHandsBack(t *testing.T) {
+	t.Parallel()
+	cr := newCarry(t, func(c *Config) { c.ChunkSize = 500 }) // u1's back-off within its chunk, not carried
+	const retryAfter = 600 * time.Millisecond
+	var mu sync.Mutex
+	var u1At []time.Time
+	refuse := cr.provider.fail
+	cr.provider.fail = func(i int, m providers.Message) error {
+		err := refuse(i, m)
+		if m.To == phone(1) {
+			mu.Lock()
+			u1At = append(u1At, time.Now())
+			mu.Unlock()
+			var pe *providers.Error
+			if errors.As(err, &pe) {
+				pe.RetryAfter = retryAfter
+			}
+		}
+		return err
+	}
+	st := &haltOnceState{State: cr.fr, when: func() bool { return cr.u1Sends.Load() == 1 }}
+	cr.h.state = st
+	notFailure(t, cr.h.RunBatch(context.Background(), cr.id, 0))
+	if !st.hit.Load() {
+		t.Fatal("no window was refused as halted after u1's refusal: the test proves nothing")
+	}
+	cr.runToEnd(t, cr.h, 5)
+	cr.assertEveryoneSentOnce(t)
+	mu.Lock()
+	defer mu.Unlock()
+	if len(u1At) != 2 {
+		t.Fatalf("u1 was tried %d times, want 2 (its refusal, then its send)", len(u1At))
+	}
+	if gap := u1At[1].Sub(u1At[0]); gap < retryAfter-50*time.Millisecond {
+		t.Errorf("u1 was sent again %v after its refusal, before the %v its provider asked for", gap.Round(time.Millisecond), retryAfter)
+	}
+	t.Logf("u1 sent again %v after its refusal", u1At[1].Sub(u1At[0]).Round(time.Millisecond))
+}

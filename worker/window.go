@@ -130,7 +130,7 @@ func (h *Handler) deliverWindowed(ctx, waitCtx context.Context, run *batchRun, r
 			}
 			drop, err := h.recheck(ctx, run, rs, true)
 			if err != nil {
-				return err
+				return run.halted(err, win, queue)
 			}
 			dropped := func(w windowSend) bool { return drop[w.r.UserID] }
 			win, queue = slices.DeleteFunc(win, dropped), slices.DeleteFunc(queue, dropped)
@@ -149,7 +149,7 @@ func (h *Handler) deliverWindowed(ctx, waitCtx context.Context, run *batchRun, r
 			run.answersDue = run.answersDue[:0] // the script wrote them before anything else
 		}
 		if guardRefused(err) {
-			return err
+			return run.halted(err, win, queue)
 		}
 		if err != nil {
 			// The claims may have been written (the reply was lost): released once Redis answers, since
@@ -217,13 +217,37 @@ func windowInFlight(id int64, sends []windowSend, inflight string, now time.Time
 
 // carryOver hands the recipients of queue, each waiting out a back-off, to the batch's next chunk.
 func (run *batchRun) carryOver(queue []windowSend) {
-	if run.retryOf == nil {
-		run.retryOf = make(map[string]windowSend, len(queue))
-	}
 	for _, w := range queue {
 		run.carried = append(run.carried, *w.r)
-		run.retryOf[w.r.UserID] = windowSend{attempt: w.attempt, notUntil: w.notUntil}
 	}
+	run.keepRetries(queue)
+}
+
+// keepRetries keeps the attempts and back-offs of the recipients of ws for the next deliverWindowed of
+// the run that sends them.
+func (run *batchRun) keepRetries(ws ...[]windowSend) {
+	for _, q := range ws {
+		for _, w := range q {
+			if w.attempt <= 1 && w.notUntil.IsZero() {
+				continue
+			}
+			if run.retryOf == nil {
+				run.retryOf = make(map[string]windowSend, len(q))
+			}
+			run.retryOf[w.r.UserID] = windowSend{attempt: w.attempt, notUntil: w.notUntil}
+		}
+	}
+}
+
+// halted returns err, after keeping the attempts and back-offs of the recipients not sent (ws) when err
+// is a halt: the batch then reads the campaign's state again and goes on with the same recipients
+// (RunBatch), which must still wait out their back-offs (a provider's Retry-After among them) and keep
+// their attempts.
+func (run *batchRun) halted(err error, ws ...[]windowSend) error {
+	if errors.Is(err, state.ErrHalted) {
+		run.keepRetries(ws...)
+	}
+	return err
 }
 
 // readyWindow takes from queue up to size recipients whose back-off is over at now, in queue order; it
