@@ -97,12 +97,16 @@ func redactAuthority(raw string) string {
 
 // openDB connects to a Postgres database and checks it answers, with an error that says which address
 // failed and what to do.
-func (a *app) openDB(ctx context.Context, raw, envName string) (*pgxpool.Pool, error) {
+// maxConns, when not 0, is the pool's size unless the URL sets pool_max_conns.
+func (a *app) openDB(ctx context.Context, raw, envName string, maxConns int32) (*pgxpool.Pool, error) {
 	cfg, err := pgxpool.ParseConfig(raw)
 	if err != nil {
 		return nil, usagef("%s is not a valid Postgres URL (%s); use postgres://user[:password]@host:port/database", envName, redact(raw))
 	}
 	cfg.ConnConfig.ConnectTimeout = 5 * time.Second
+	if maxConns > 0 && !strings.Contains(raw, "pool_max_conns") {
+		cfg.MaxConns = maxConns
+	}
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("postgres: %w", err)
@@ -133,7 +137,7 @@ func dbError(err error, cc *pgx.ConnConfig, envName string) error {
 
 // openEngine opens the engine database and checks that it carries this version's schema.
 func (a *app) openEngine(ctx context.Context) (*pgxpool.Pool, error) {
-	pool, err := a.openDB(ctx, a.dbURL(), "DATABASE_URL")
+	pool, err := a.openDB(ctx, a.dbURL(), "DATABASE_URL", a.engineConns)
 	if err != nil {
 		return nil, err
 	}

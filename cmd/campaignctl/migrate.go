@@ -23,7 +23,7 @@ func (a *app) newMigrateCmd() *cobra.Command {
 			if err := a.ensureDatabase(ctx); err != nil {
 				return err
 			}
-			pool, err := a.openDB(ctx, a.dbURL(), "DATABASE_URL")
+			pool, err := a.openDB(ctx, a.dbURL(), "DATABASE_URL", 0)
 			if err != nil {
 				return err
 			}

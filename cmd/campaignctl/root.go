@@ -30,6 +30,9 @@ type app struct {
 	databaseURL    string
 	redisURL       string
 	audienceURL    string
+	// engineConns is the size of the engine database's pool when DATABASE_URL does not set
+	// pool_max_conns (0: pgx's default, the machine's cores and at least 4).
+	engineConns int32
 }
 
 // usageError marks bad usage or bad input (exit code 2).
