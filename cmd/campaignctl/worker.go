@@ -63,7 +63,7 @@ func (o *workerOptions) validate() error {
 // few at a time keep up with any number of batch runs: with a campaign at full speed, 100,000 SMS on 2
 // cores with Postgres beside them, 2 connections a worker took 45 µs of Postgres CPU a message against 66
 // with 4 (pgx's default there), its backends contending less for the same pages and locks
-// (docs/benchmarks.md, 2026-12-04 19:40).
+// (docs/benchmarks.md, 2026-12-04 19:17).
 const workerEngineConns = 2
 
 func (a *app) newWorkerCmd() *cobra.Command {
