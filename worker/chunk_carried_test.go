@@ -2,6 +2,7 @@ package worker
 
 import (
 	"context"
+	"maps"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -30,16 +31,27 @@ func growingRun(t *testing.T, n int) (f *fixture, h *Handler, most func() int) {
 // refuseEveryFifthOnce makes the provider refuse a fifth of the recipients once, at once, with a
 // transient 503 (while refusing is true): they wait out a back-off and are carried to the next chunk.
 func (f *fixture) refuseEveryFifthOnce(refusing func() bool) {
+	f.refuseFirstTries(func(nth int) bool { return refusing() && nth%5 == 0 }, 0)
+}
+
+// refuseFirstTries makes the provider refuse, with a transient 503 asking for retryAfter, the first try of
+// the nth address it is sent to when refuse(n) says so; it returns how many times each address was tried.
+func (f *fixture) refuseFirstTries(refuse func(nth int) bool, retryAfter time.Duration) (tries func() map[string]int) {
 	var mu sync.Mutex
 	tried := map[string]int{}
 	f.provider.fail = func(_ int, m providers.Message) error {
 		mu.Lock()
 		defer mu.Unlock()
 		tried[m.To]++
-		if refusing() && tried[m.To] == 1 && len(tried)%5 == 0 {
-			return &providers.Error{Provider: "test", Status: 503, Class: providers.Transient}
+		if tried[m.To] == 1 && refuse(len(tried)) {
+			return &providers.Error{Provider: "test", Status: 503, Class: providers.Transient, RetryAfter: retryAfter}
 		}
 		return nil
+	}
+	return func() map[string]int {
+		mu.Lock()
+		defer mu.Unlock()
+		return maps.Clone(tried)
 	}
 }
 
@@ -155,18 +167,8 @@ func TestACarriedOnlyChunkWaitsInPlace(t *testing.T) {
 	h, _, fs := f.faulty(t, func(c *Config) { c.SendWindow, c.ChunkSize = 8, size })
 	hook := &leaseHookStore{Store: fs}
 	h.cfg.Store = hook
-	var mu sync.Mutex
-	tried := map[string]int{}
-	f.provider.fail = func(_ int, m providers.Message) error {
-		mu.Lock()
-		defer mu.Unlock()
-		tried[m.To]++
-		if len(tried) <= size && tried[m.To] == 1 {
-			// The first chunk's two are refused once, for a moment: carried to the next chunk, which they fill.
-			return &providers.Error{Provider: "test", Status: 503, Class: providers.Transient, RetryAfter: 400 * time.Millisecond}
-		}
-		return nil
-	}
+	// The first chunk's two are refused once, for a moment: carried to the next chunk, which they fill.
+	tries := f.refuseFirstTries(func(nth int) bool { return nth <= size }, 400*time.Millisecond)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	if err := h.RunBatch(ctx, f.id, 0); err != nil {
@@ -176,14 +178,12 @@ func TestACarriedOnlyChunkWaitsInPlace(t *testing.T) {
 	if c := f.counts(t); c.Sent != int64(n) {
 		t.Fatalf("counts %+v, want all %d sent", c, n)
 	}
-	mu.Lock()
 	refused := 0
-	for _, k := range tried {
+	for _, k := range tries() {
 		if k > 1 {
 			refused++
 		}
 	}
-	mu.Unlock()
 	if refused != size {
 		t.Fatalf("%d recipients tried again, want the %d refused: the test did not carry anybody", refused, size)
 	}
