@@ -116,6 +116,15 @@ type Config struct {
 	Metrics *metrics.Metrics
 }
 
+// EngineConns is the size of a worker process's pool of connections to the engine database, unless its
+// DATABASE_URL sets pool_max_conns (one more connection holds its liveness lock). A worker's statements
+// are short, one or two a chunk of its runs, and few at a time keep up with any number of batch runs:
+// with a campaign at full speed, 100,000 SMS on 2 cores with Postgres beside them, 2 connections a worker
+// took 45 µs of Postgres CPU a message against 66 with 4 (pgx's default there), its backends contending
+// less for the same pages and locks (docs/benchmarks.md, 2026-12-04 19:17). A statement that waits on a
+// lock (a refusal's write behind an import) holds one of them; the runs go on through the other.
+const EngineConns = 2
+
 // DefaultClaimTTL is how long claims (and a cancelled campaign's halt mark) are kept: longer than any
 // campaign runs.
 const DefaultClaimTTL = 45 * 24 * time.Hour

@@ -2,9 +2,12 @@ package worker
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/campaignctl/campaignctl/campaign"
 	"github.com/campaignctl/campaignctl/providers"
@@ -15,11 +18,39 @@ import (
 // for want of consent (Netgsm 50). Each refusal's write waited for the turn in the send loop (10 s each,
 // then lost); written in the background, writes waiting on the turn held the pool's connections and the
 // sends with them. The writes go one at a time, each attempt bounded and retried: the batch goes on, and
-// the RETs are recorded once the import is over.
+// the RETs are recorded once the import is over. With pgx's default pool, and with a worker process's
+// (EngineConns), where a write waiting on the turn holds one connection of two.
 func TestAProvidersNoConsentDoesNotStallTheBatchBehindAnImport(t *testing.T) {
 	t.Parallel()
+	for _, conns := range []int32{0, EngineConns} {
+		name := "pgx's default pool"
+		if conns > 0 {
+			name = fmt.Sprintf("a worker's pool of %d", conns)
+		}
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			noConsentBehindAnImport(t, conns)
+		})
+	}
+}
+
+func noConsentBehindAnImport(t *testing.T, conns int32) {
 	ctx := context.Background()
 	f := plan(t, 10)
+	if conns > 0 {
+		cfg, err := pgxpool.ParseConfig(f.db.Config().ConnString())
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg.MaxConns = conns
+		small, err := pgxpool.NewWithConfig(ctx, cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(small.Close)
+		f.store = campaign.NewStore(small)
+		f.h = f.handler(f.rdb)
+	}
 	refused := map[string]bool{phone(1): true, phone(2): true, phone(4): true}
 	f.provider.fail = func(_ int, m providers.Message) error {
 		if refused[m.To] {

@@ -4,9 +4,11 @@ import (
 	"context"
 	"io"
 	"testing"
+
+	"github.com/campaignctl/campaignctl/worker"
 )
 
-// A worker's engine pool is workerEngineConns connections unless DATABASE_URL sets pool_max_conns, which
+// A worker's engine pool is worker.EngineConns connections unless DATABASE_URL sets pool_max_conns, which
 // wins; the other commands keep pgx's default. (Mutation: a size that overrides the URL's pool_max_conns
 // leaves an operator no way to size the pool.)
 func TestTheEnginePoolIsSizedUnlessTheURLSaysSo(t *testing.T) {
@@ -21,8 +23,8 @@ func TestTheEnginePoolIsSizedUnlessTheURLSaysSo(t *testing.T) {
 		want     func(got int32) bool
 		says     string
 	}{
-		{"a worker", url, workerEngineConns, func(got int32) bool { return got == workerEngineConns }, "workerEngineConns"},
-		{"a worker, the URL's size", url + "&pool_max_conns=5", workerEngineConns, func(got int32) bool { return got == 5 }, "the URL's 5"},
+		{"a worker", url, worker.EngineConns, func(got int32) bool { return got == worker.EngineConns }, "worker.EngineConns"},
+		{"a worker, the URL's size", url + "&pool_max_conns=5", worker.EngineConns, func(got int32) bool { return got == 5 }, "the URL's 5"},
 		{"another command", url, 0, func(got int32) bool { return got >= 4 }, "pgx's default, 4 at least"},
 	} {
 		pool, err := a.openDB(context.Background(), tc.url, "DATABASE_URL", tc.maxConns)

@@ -58,14 +58,6 @@ func (o *workerOptions) validate() error {
 	return nil
 }
 
-// workerEngineConns is a worker's connections to the engine database, unless DATABASE_URL sets
-// pool_max_conns (one more is its liveness lock's). A worker's statements are short, one a chunk, and
-// few at a time keep up with any number of batch runs: with a campaign at full speed, 100,000 SMS on 2
-// cores with Postgres beside them, 2 connections a worker took 45 µs of Postgres CPU a message against 66
-// with 4 (pgx's default there), its backends contending less for the same pages and locks
-// (docs/benchmarks.md, 2026-12-04 19:17).
-const workerEngineConns = 2
-
 func (a *app) newWorkerCmd() *cobra.Command {
 	var o workerOptions
 	cmd := &cobra.Command{
@@ -100,7 +92,7 @@ A worker sends the channels whose provider is configured:
 			if err != nil {
 				return err
 			}
-			a.engineConns = workerEngineConns
+			a.engineConns = worker.EngineConns
 			svc, err := a.openServices(ctx)
 			if err != nil {
 				return err
