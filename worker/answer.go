@@ -392,14 +392,7 @@ func (h *Handler) holdLimited(addr string, until time.Time) {
 	if h.limitedAddrs == nil {
 		h.limitedAddrs = map[string]time.Time{}
 	}
-	if len(h.limitedAddrs) >= 10_000 {
-		now := h.cfg.Now()
-		for a, u := range h.limitedAddrs {
-			if !now.Before(u) {
-				delete(h.limitedAddrs, a)
-			}
-		}
-	}
+	h.pruneLimited(h.cfg.Now(), len(h.limitedAddrs) >= 10_000)
 	if until.After(h.limitedAddrs[addr]) {
 		h.limitedAddrs[addr] = until
 	}
@@ -407,14 +400,37 @@ func (h *Handler) holdLimited(addr string, until time.Time) {
 }
 
 // limitedHere returns how long a provider's limit on addr still holds it back in this process (0: it does
-// not). Another worker does not know: it may try the address once and be told in turn.
+// not). Another worker does not know: it may try the address once and be told in turn. Holds that ended
+// are taken out as they are met, and all of them once a minute, so that once none holds, the runs' sends
+// look no more (limiting is 0 again).
 func (h *Handler) limitedHere(addr string) time.Duration {
 	if h.limiting.Load() == 0 {
 		return 0 // no lock for each recipient of a run while nothing is held
 	}
 	h.limitedMu.Lock()
 	defer h.limitedMu.Unlock()
-	return max(0, h.limitedAddrs[addr].Sub(h.cfg.Now()))
+	now := h.cfg.Now()
+	until, ok := h.limitedAddrs[addr]
+	if ok && !now.Before(until) {
+		delete(h.limitedAddrs, addr)
+	}
+	h.pruneLimited(now, false)
+	h.limiting.Store(int64(len(h.limitedAddrs)))
+	return max(0, until.Sub(now))
+}
+
+// pruneLimited takes the holds that ended by now out of limitedAddrs, when a minute has passed since it
+// last did or when force is set. The caller holds limitedMu.
+func (h *Handler) pruneLimited(now time.Time, force bool) {
+	if !force && now.Sub(h.limitedPruned) < time.Minute {
+		return
+	}
+	h.limitedPruned = now
+	for a, u := range h.limitedAddrs {
+		if !now.Before(u) {
+			delete(h.limitedAddrs, a)
+		}
+	}
 }
 
 // answered notes a send the provider answered (accepted or refused for the recipient): the recipients

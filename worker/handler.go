@@ -132,11 +132,13 @@ const DefaultClaimTTL = 45 * 24 * time.Hour
 // Handler processes batch tasks.
 type Handler struct {
 	cfg Config
-	// limitedMu guards limitedAddrs: the addresses a provider limits for now, and until when (holdLimited).
-	// limiting is len(limitedAddrs), read without the lock.
-	limitedMu    sync.Mutex
-	limitedAddrs map[string]time.Time
-	limiting     atomic.Int64
+	// limitedMu guards limitedAddrs: the addresses a provider limits for now, and until when (holdLimited),
+	// and limitedPruned, when the holds that ended were last taken out. limiting is len(limitedAddrs),
+	// read without the lock.
+	limitedMu     sync.Mutex
+	limitedAddrs  map[string]time.Time
+	limitedPruned time.Time
+	limiting      atomic.Int64
 	// graceMu guards the fleet's in-flight grace as last read (inFlightGrace) and when.
 	graceMu    sync.Mutex
 	fleetGrace time.Duration

@@ -191,3 +191,38 @@ func TestALimitedNumberIsNotTriedAgainWithinItsWaitNorTakenForAWorkingProvider(t
 	}
 	f.assertOnce(t)
 }
+
+// The holds of addresses a provider limited end: a hold looked up after its end is taken out, and the
+// others that ended go within a minute, so that once none holds, the runs' sends stop taking the lock for
+// each recipient (limiting is 0 again). (Mutation: ended holds kept until there are 10,000 of them leave
+// limiting above 0 for good after the first Netgsm 85.)
+func TestProviderLimitHoldsEnd(t *testing.T) {
+	t.Parallel()
+	now := time.Date(2026, 12, 4, 12, 0, 0, 0, time.UTC)
+	var mu sync.Mutex
+	clock := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
+	advance := func(d time.Duration) { mu.Lock(); defer mu.Unlock(); now = now.Add(d) }
+	h := NewHandler(Config{Now: clock})
+
+	h.holdLimited("+905320000001", clock().Add(time.Minute))
+	h.holdLimited("+905320000002", clock().Add(time.Minute))
+	if got := h.limitedHere("+905320000001"); got != time.Minute {
+		t.Fatalf("a held address: held for %v more, want 1m0s", got)
+	}
+	if got := h.limitedHere("+905320000003"); got != 0 {
+		t.Fatalf("an address never held: held for %v", got)
+	}
+	advance(time.Minute + time.Second)
+	if got := h.limitedHere("+905320000001"); got != 0 {
+		t.Fatalf("a hold past its end: held for %v more", got)
+	}
+	advance(time.Minute)
+	h.limitedHere("+905320000009") // another address: the other ended hold goes with the minute's pruning
+	if n := h.limiting.Load(); n != 0 {
+		t.Fatalf("%d holds counted after all ended: every send still takes the lock", n)
+	}
+	h.holdLimited("+905320000004", clock().Add(time.Minute))
+	if n, got := h.limiting.Load(), h.limitedHere("+905320000004"); n != 1 || got != time.Minute {
+		t.Fatalf("a new hold: %d counted, held %v more; want 1 and 1m0s", n, got)
+	}
+}
