@@ -15,62 +15,21 @@ import (
 // its batch number and, when the campaign has a code pool, one code reserved from it.
 func (p *Planner) insertRecipients(ctx context.Context, tx pgx.Tx, idp *int64, spec Spec, rep *Report) (err error) {
 	t0 := time.Now()
-	var inserted int64
-	if spec.CodePool == "" {
-		if err := ownID(ctx, tx, idp, spec); err != nil {
+	var inserted, cursor int64
+	unlock := func() {}
+	if spec.CodePool != "" {
+		cursor, unlock, err = p.lockPool(ctx, tx, spec, rep)
+		defer unlock()
+		if err != nil {
 			return err
 		}
 	}
+	// Nothing but a fault can refuse the plan from here on: the campaign takes its ID.
+	if err := ownID(ctx, tx, idp, spec); err != nil {
+		return err
+	}
 	id := *idp
 	if spec.CodePool != "" {
-		rep.CodesNeeded = rep.Eligible
-		// Serialise with code writers (see code_pools) while the cursor is read and the codes are taken: a
-		// writer still running could commit ids below the cursor. Once taken, any later writer gets higher
-		// ids, so the lock is a session lock released right after the reservation, not held through the
-		// rest of the plan (a dry run renders every message). Other launches on the pool wait on the pool
-		// row, locked until commit.
-		if _, err := tx.Exec(ctx, `SELECT pg_advisory_lock($1)`, codes.WriteLockKey); err != nil {
-			return fmt.Errorf("plan: %w", err)
-		}
-		unlocked := false
-		unlock := func() {
-			if !unlocked {
-				unlocked = true
-				if _, err := tx.Exec(context.WithoutCancel(ctx), `SELECT pg_advisory_unlock($1)`, codes.WriteLockKey); err != nil {
-					// An aborted transaction cannot unlock; closing the connection releases the lock and
-					// keeps the pool from handing out a connection that still holds it.
-					tx.Conn().Close(context.WithoutCancel(ctx)) //nolint:errcheck
-				}
-			}
-		}
-		defer unlock()
-		var cursor int64
-		if err := tx.QueryRow(ctx, `SELECT next_id FROM code_pools WHERE name = $1 FOR UPDATE`, spec.CodePool).Scan(&cursor); err != nil {
-			return fmt.Errorf("plan: %w", err)
-		}
-		// A released code that a recipient still holds is not free: only a faulty release leaves one (a
-		// recipient that keeps its code, filed as released all the same), and giving it out would fail
-		// this launch on the unique index of held codes. It leaves the free codes here, under the pool's
-		// lock, and the operator hears of it.
-		dropped, derr := tx.Exec(ctx, `DELETE FROM released_codes rc WHERE rc.pool = $1
-			AND EXISTS (SELECT 1 FROM campaign_recipients r WHERE r.code_id = rc.code_id)`, spec.CodePool)
-		if derr != nil {
-			return fmt.Errorf("plan: %w", derr)
-		}
-		if n := dropped.RowsAffected(); n > 0 && p.Log != nil {
-			p.Log.Warn("codes listed as released were still held by recipients; they are no longer counted free", "pool", spec.CodePool, "codes", n)
-		}
-		if err := tx.QueryRow(ctx, `SELECT (SELECT count(*) FROM promo_codes WHERE pool = $1 AND id > $2)
-			+ (SELECT count(*) FROM released_codes WHERE pool = $1)`, spec.CodePool, cursor).Scan(&rep.CodesFree); err != nil {
-			return fmt.Errorf("plan: %w", err)
-		}
-		if rep.CodesFree < rep.CodesNeeded {
-			return &PoolShortError{Pool: spec.CodePool, Needed: rep.CodesNeeded, Free: rep.CodesFree}
-		}
-		if err := ownID(ctx, tx, idp, spec); err != nil {
-			return err
-		}
-		id = *idp
 		p.step("count", t0)
 		t0 = time.Now()
 		// Codes are matched to recipients by rank: released codes first, then fresh ones in id order; the
@@ -136,4 +95,56 @@ func ownID(ctx context.Context, tx pgx.Tx, id *int64, spec Spec) error {
 		return fmt.Errorf("plan: the campaign's ID: %w", err)
 	}
 	return nil
+}
+
+// lockPool takes the code writers' lock (see code_pools) and the pool's row for the reservation of the
+// plan's codes, and counts the pool's free codes into rep: a pool too short refuses the plan
+// (PoolShortError). It returns the pool's cursor and unlock, which lets the code writers go on (at once
+// once the codes are taken, or when the plan ends: it may be called more than once); unlock is set even
+// when err is not nil.
+func (p *Planner) lockPool(ctx context.Context, tx pgx.Tx, spec Spec, rep *Report) (cursor int64, unlock func(), err error) {
+	rep.CodesNeeded = rep.Eligible
+	unlock = func() {}
+	// Serialise with code writers (see code_pools) while the cursor is read and the codes are taken: a
+	// writer still running could commit ids below the cursor. Once taken, any later writer gets higher
+	// ids, so the lock is a session lock released right after the reservation, not held through the
+	// rest of the plan (a dry run renders every message). Other launches on the pool wait on the pool
+	// row, locked until commit.
+	if _, err := tx.Exec(ctx, `SELECT pg_advisory_lock($1)`, codes.WriteLockKey); err != nil {
+		return 0, unlock, fmt.Errorf("plan: %w", err)
+	}
+	unlocked := false
+	unlock = func() {
+		if !unlocked {
+			unlocked = true
+			if _, err := tx.Exec(context.WithoutCancel(ctx), `SELECT pg_advisory_unlock($1)`, codes.WriteLockKey); err != nil {
+				// An aborted transaction cannot unlock; closing the connection releases the lock and
+				// keeps the pool from handing out a connection that still holds it.
+				tx.Conn().Close(context.WithoutCancel(ctx)) //nolint:errcheck
+			}
+		}
+	}
+	if err := tx.QueryRow(ctx, `SELECT next_id FROM code_pools WHERE name = $1 FOR UPDATE`, spec.CodePool).Scan(&cursor); err != nil {
+		return 0, unlock, fmt.Errorf("plan: %w", err)
+	}
+	// A released code that a recipient still holds is not free: only a faulty release leaves one (a
+	// recipient that keeps its code, filed as released all the same), and giving it out would fail
+	// this launch on the unique index of held codes. It leaves the free codes here, under the pool's
+	// lock, and the operator hears of it.
+	dropped, err := tx.Exec(ctx, `DELETE FROM released_codes rc WHERE rc.pool = $1
+		AND EXISTS (SELECT 1 FROM campaign_recipients r WHERE r.code_id = rc.code_id)`, spec.CodePool)
+	if err != nil {
+		return 0, unlock, fmt.Errorf("plan: %w", err)
+	}
+	if n := dropped.RowsAffected(); n > 0 && p.Log != nil {
+		p.Log.Warn("codes listed as released were still held by recipients; they are no longer counted free", "pool", spec.CodePool, "codes", n)
+	}
+	if err := tx.QueryRow(ctx, `SELECT (SELECT count(*) FROM promo_codes WHERE pool = $1 AND id > $2)
+		+ (SELECT count(*) FROM released_codes WHERE pool = $1)`, spec.CodePool, cursor).Scan(&rep.CodesFree); err != nil {
+		return 0, unlock, fmt.Errorf("plan: %w", err)
+	}
+	if rep.CodesFree < rep.CodesNeeded {
+		return 0, unlock, &PoolShortError{Pool: spec.CodePool, Needed: rep.CodesNeeded, Free: rep.CodesFree}
+	}
+	return cursor, unlock, nil
 }
