@@ -69,17 +69,13 @@ func TestAPausedCampaignsBatchesAreLoggedOnce(t *testing.T) {
 // A reason given less than retryNoteEvery ago is counted, not written; its next line says how many times
 // it came meanwhile. Each reason has its own clock, and a fault stays at warn.
 func TestARetryReasonIsWrittenOnceAMinuteWithItsCount(t *testing.T) {
-	now := time.Date(2026, 12, 4, 12, 0, 0, 0, time.UTC)
-	notes := newRetryNotes(func() time.Time { return now })
-	var out testlog.Buffer
-	log := slog.New(slog.NewTextHandler(&out, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	notes, now, out, log := retryNotesAt(time.Date(2026, 12, 4, 12, 0, 0, 0, time.UTC))
 	paused := &RetryError{Err: errors.New("campaign 7 is paused"), After: 30 * time.Second, Wait: true}
-	down := &RetryError{Err: errors.New("provider twilio is down; the batch waits for it"), After: 5 * time.Second}
 	for range 50 {
 		notes.log(context.Background(), log, paused, "task", "x")
 	}
-	notes.log(context.Background(), log, down, "task", "y")
-	now = now.Add(retryNoteEvery - time.Second)
+	notes.log(context.Background(), log, retryTwilioDown, "task", "y")
+	*now = (*now).Add(retryNoteEvery - time.Second)
 	notes.log(context.Background(), log, paused, "task", "x")
 	if got := out.Lines("campaign 7 is paused"); len(got) != 1 || !strings.Contains(got[0], "level=INFO") || !strings.Contains(got[0], "retry_in=30s") || strings.Contains(got[0], "same_since_last_line") {
 		t.Fatalf("51 handbacks of a paused campaign within a minute: want one info line without a count, got %q", got)
@@ -87,7 +83,7 @@ func TestARetryReasonIsWrittenOnceAMinuteWithItsCount(t *testing.T) {
 	if got := out.Lines("twilio is down"); len(got) != 1 || !strings.Contains(got[0], "level=WARN") {
 		t.Fatalf("a provider down is a fault: want one warn line, got %q", got)
 	}
-	now = now.Add(time.Second)
+	*now = (*now).Add(time.Second)
 	notes.log(context.Background(), log, paused, "task", "x")
 	got := out.Lines("campaign 7 is paused")
 	if len(got) != 2 || !strings.Contains(got[1], "same_since_last_line=50") {
@@ -98,16 +94,12 @@ func TestARetryReasonIsWrittenOnceAMinuteWithItsCount(t *testing.T) {
 // A reason that stops coming back has its count written all the same: at the first hand-back a minute
 // after its last line, whatever that hand-back's reason.
 func TestARetryReasonThatStopsComingBackHasItsCountWritten(t *testing.T) {
-	now := time.Date(2026, 12, 4, 12, 0, 0, 0, time.UTC)
-	notes := newRetryNotes(func() time.Time { return now })
-	var out testlog.Buffer
-	log := slog.New(slog.NewTextHandler(&out, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	down := &RetryError{Err: errors.New("provider twilio is down; the batch waits for it"), After: 5 * time.Second}
+	notes, now, out, log := retryNotesAt(time.Date(2026, 12, 4, 12, 0, 0, 0, time.UTC))
 	for range 6 {
-		notes.log(context.Background(), log, down, "task", "x")
-		now = now.Add(5 * time.Second)
+		notes.log(context.Background(), log, retryTwilioDown, "task", "x")
+		*now = (*now).Add(5 * time.Second)
 	}
-	now = now.Add(time.Minute) // twilio came back: no more of it
+	*now = (*now).Add(time.Minute) // twilio came back: no more of it
 	notes.log(context.Background(), log, &RetryError{Err: errors.New("campaign 9 is paused"), Wait: true}, "task", "y")
 	got := out.Lines("twilio is down")
 	if len(got) != 2 || !strings.Contains(got[1], "same_since_last_line=5") || !strings.Contains(got[1], "quiet_since=") || !strings.Contains(got[1], "level=WARN") {
@@ -116,4 +108,13 @@ func TestARetryReasonThatStopsComingBackHasItsCountWritten(t *testing.T) {
 	if got := out.Lines("campaign 9 is paused"); len(got) != 1 {
 		t.Fatalf("the hand-back that came meanwhile: %q", got)
 	}
+}
+
+// retryTwilioDown is a hand-back for a fault (logged at warn).
+var retryTwilioDown = &RetryError{Err: errors.New("provider twilio is down; the batch waits for it"), After: 5 * time.Second}
+
+// retryNotesAt is a retryNotes on a clock set to start (moved by the test through now), logging to out.
+func retryNotesAt(start time.Time) (notes *retryNotes, now *time.Time, out *testlog.Buffer, log *slog.Logger) {
+	now, out = &start, &testlog.Buffer{}
+	return newRetryNotes(func() time.Time { return *now }), now, out, slog.New(slog.NewTextHandler(out, &slog.HandlerOptions{Level: slog.LevelDebug}))
 }
