@@ -1,7 +1,6 @@
 package iys_test
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -16,6 +15,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
+	"github.com/campaignctl/campaignctl/internal/testlog"
 	"github.com/campaignctl/campaignctl/iys"
 	"github.com/campaignctl/campaignctl/providers/sandbox"
 )
@@ -320,9 +320,8 @@ func TestClientUnauthorizedTwice(t *testing.T) {
 func TestClientWrongPassword(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, sandbox.Options{}, nil)
-	var logs bytes.Buffer
-	var mu sync.Mutex
-	logger := slog.New(slog.NewTextHandler(&lockedWriter{w: &logs, mu: &mu}, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	var logs testlog.Buffer
+	logger := slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	const wrong = "not-the-password-42"
 	c := e.client(t, func(cfg *iys.Config) { cfg.Password = wrong; cfg.Logger = logger })
 	_, err := c.Changes(context.Background(), iys.PullIYS, "", 0)
@@ -337,9 +336,7 @@ func TestClientWrongPassword(t *testing.T) {
 	if !iys.IsAuth(err) || iys.IsRetryable(err) || iys.IsValidation(err) || iys.IsRateLimited(err) {
 		t.Errorf("classification of %v", err)
 	}
-	mu.Lock()
 	out := logs.String()
-	mu.Unlock()
 	for _, s := range []string{err.Error(), fmt.Sprintf("%+v", err), fmt.Sprintf("%#v", err), out} {
 		if strings.Contains(s, wrong) || strings.Contains(s, testPassword) {
 			t.Errorf("the password shows in %q", s)
@@ -912,9 +909,8 @@ func TestClientCitizenRET(t *testing.T) {
 func TestClientLogsNoSecrets(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, sandbox.Options{IYSPullLag: -1}, nil)
-	var logs bytes.Buffer
-	var mu sync.Mutex
-	logger := slog.New(slog.NewTextHandler(&lockedWriter{w: &logs, mu: &mu}, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	var logs testlog.Buffer
+	logger := slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	c := e.client(t, func(cfg *iys.Config) { cfg.Logger = logger; cfg.MaxRetryWait = 10 * time.Millisecond })
 	e.seed(t, sandbox.IYSConsent{Recipient: "+905321234567", Type: "MESAJ", Status: "RET", Source: "IYS_KISAMESAJ"})
 	ctx := context.Background()
@@ -929,9 +925,7 @@ func TestClientLogsNoSecrets(t *testing.T) {
 	if _, err := c.MultiStatus(ctx, iys.RecipientIndividual, iys.TypeMessage, []string{"+905321234567"}); err != nil {
 		t.Fatal(err)
 	}
-	mu.Lock()
 	out := logs.String()
-	mu.Unlock()
 	for _, s := range []string{testPassword, "+905321234567", "eyJ"} {
 		if strings.Contains(out, s) {
 			t.Errorf("the log shows %q:\n%s", s, out)
@@ -942,15 +936,4 @@ func TestClientLogsNoSecrets(t *testing.T) {
 			t.Errorf("the log lacks %q:\n%s", s, out)
 		}
 	}
-}
-
-type lockedWriter struct {
-	w  *bytes.Buffer
-	mu *sync.Mutex
-}
-
-func (l *lockedWriter) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.w.Write(p)
 }

@@ -1,7 +1,6 @@
 package sandbox_test
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"io"
@@ -10,13 +9,13 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/google/go-cmp/cmp/cmpopts"
 
+	"github.com/campaignctl/campaignctl/internal/testlog"
 	"github.com/campaignctl/campaignctl/providers/receipts"
 	"github.com/campaignctl/campaignctl/providers/sandbox"
 )
@@ -98,29 +97,11 @@ func controlPost(t *testing.T, url, body string, v any) int {
 	return resp.StatusCode
 }
 
-// logBuffer is a bytes.Buffer the sandbox's logger may write while the test reads.
-type logBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *logBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *logBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
 // The SendGrid fake's refusal events reach receipts.SendGridHandler signed, with the custom args of the
 // message they refuse.
 func TestSendGridRefusalEvent(t *testing.T) {
 	rv := newRefusalReceiver(t)
-	var logs logBuffer
+	var logs testlog.Buffer
 	s, srv := newSendGridSandbox(t, sandbox.Options{SendGridEventURL: rv.url + "/sendgrid/events", ReceiptDelay: time.Millisecond,
 		Logger: slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))})
 	h, err := receipts.SendGridHandler(s.SendGridEventPublicKey(), rv, nil)
@@ -295,7 +276,7 @@ func TestSendGridRefusalEventRefused(t *testing.T) {
 // An answer to an SMS reaches receipts.TwilioInboundHandler signed as Twilio signs, and becomes a refusal.
 func TestTwilioInbound(t *testing.T) {
 	rv := newRefusalReceiver(t)
-	var logs logBuffer
+	var logs testlog.Buffer
 	// A query in the URL is part of what Twilio signs.
 	inboundURL := rv.url + "/twilio/inbound?tenant=7"
 	s, srv := newTwilioSandbox(t, sandbox.Options{TwilioInboundURL: inboundURL,
