@@ -26,6 +26,7 @@ type sandboxOptions struct {
 	twilioInboundURL      string
 	iysRate               float64
 	netgsmPerNumber       int
+	netgsmReports         int
 	iysPullLag            time.Duration
 	pprofAddr             string
 	// --limit, --limit-concurrency, --limit-segments and --outage, as given.
@@ -146,6 +147,9 @@ func (o *sandboxOptions) validate() error {
 	if err := o.faults.Validate(); err != nil {
 		return usagef("--fail-only %q: %v", o.faults.Only, err)
 	}
+	if o.netgsmReports < 0 {
+		return usagef("--netgsm-reports-per-minute %d: give how many report queries Netgsm answers in a minute (its limit is 10), or 0 for no limit", o.netgsmReports)
+	}
 	if o.netgsmPerNumber < 0 {
 		return usagef("--netgsm-per-number %d: give how many messages one number may take within a minute (Netgsm's limit is 20), or 0 for no limit", o.netgsmPerNumber)
 	}
@@ -172,7 +176,9 @@ func (a *app) newSandboxCmd() *cobra.Command {
                                         with POST /_sandbox/twilio/inbound {"from":"+905321234567","to":"+905550000000","body":"RET"}
   sms    NETGSM_BASE_URL=http://ADDR    Netgsm's REST v2 send (the SMS failover, or the SMS provider); credentials
                                         NETGSM_USERCODE and NETGSM_PASSWORD (any pair when unset); code 85 past
-                                        --netgsm-per-number messages to one number within a minute
+                                        --netgsm-per-number messages to one number within a minute; its report
+                                        API (POST /sms/rest/v2/report, --netgsm-reports-per-minute): 1 delivered
+                                        after --receipt-delay, or +9055501SSNNN's status SS (16: İYS rejected)
   email  SENDGRID_BASE_URL=http://ADDR  SendGrid v3 Mail Send; key SENDGRID_API_KEY (any when unset); signed
                                         Event Webhook posts to --sendgrid-event-url (public key at
                                         GET /v3/user/webhooks/event/settings/signed); a recipient's refusal with
@@ -228,29 +234,34 @@ unsubscribe list ("Unsubscribed Address").`,
 				return usagef("--twilio-inbound-url needs TWILIO_AUTH_TOKEN: the incoming SMS are signed with it, and the receiver verifies them with the same token")
 			}
 			log := a.logger()
+			reports := o.netgsmReports // the sandbox's 0 is Netgsm's 10; the flag's is no limit
+			if reports == 0 {
+				reports = -1
+			}
 			s := sandbox.New(sandbox.Options{
-				TwilioAccountSID: a.getenv("TWILIO_ACCOUNT_SID"),
-				TwilioAuthToken:  a.getenv("TWILIO_AUTH_TOKEN"),
-				NetgsmUserCode:   a.getenv("NETGSM_USERCODE"),
-				NetgsmPassword:   a.getenv("NETGSM_PASSWORD"),
-				NetgsmPerNumber:  o.netgsmPerNumber,
-				Latency:          o.latency,
-				Faults:           o.faults,
-				TwilioRate:       o.twilioRate,
-				Logger:           log,
-				SendGridAPIKey:   a.getenv("SENDGRID_API_KEY"),
-				SendGridRate:     o.sendgridRate,
-				SendGridEventURL: o.sendgridEventURL,
-				TwilioInboundURL: o.twilioInboundURL,
-				FCMRate:          o.fcmRate,
-				WebhookSecret:    a.getenv("WEBHOOK_SECRET"),
-				ReceiptDelay:     o.receiptDelay,
-				IYSUsername:      a.getenv("IYS_USERNAME"),
-				IYSPassword:      a.getenv("IYS_PASSWORD"),
-				IYSRate:          o.iysRate,
-				IYSPullLag:       pullLag(o.iysPullLag),
-				Limits:           limits,
-				Outages:          outages,
+				TwilioAccountSID:       a.getenv("TWILIO_ACCOUNT_SID"),
+				TwilioAuthToken:        a.getenv("TWILIO_AUTH_TOKEN"),
+				NetgsmUserCode:         a.getenv("NETGSM_USERCODE"),
+				NetgsmPassword:         a.getenv("NETGSM_PASSWORD"),
+				NetgsmPerNumber:        o.netgsmPerNumber,
+				NetgsmReportsPerMinute: reports,
+				Latency:                o.latency,
+				Faults:                 o.faults,
+				TwilioRate:             o.twilioRate,
+				Logger:                 log,
+				SendGridAPIKey:         a.getenv("SENDGRID_API_KEY"),
+				SendGridRate:           o.sendgridRate,
+				SendGridEventURL:       o.sendgridEventURL,
+				TwilioInboundURL:       o.twilioInboundURL,
+				FCMRate:                o.fcmRate,
+				WebhookSecret:          a.getenv("WEBHOOK_SECRET"),
+				ReceiptDelay:           o.receiptDelay,
+				IYSUsername:            a.getenv("IYS_USERNAME"),
+				IYSPassword:            a.getenv("IYS_PASSWORD"),
+				IYSRate:                o.iysRate,
+				IYSPullLag:             pullLag(o.iysPullLag),
+				Limits:                 limits,
+				Outages:                outages,
 			})
 			if o.pprofAddr != "" {
 				if err := metrics.ValidateAddr(o.pprofAddr); err != nil {
@@ -299,6 +310,7 @@ unsubscribe list ("Unsubscribed Address").`,
 	f.Float64Var(&o.fcmRate, "fcm-rate", 0, "server-side cap in messages per second per project (real 429 QUOTA_EXCEEDED); 0 = none")
 	f.StringVar(&o.sendgridEventURL, "sendgrid-event-url", "", "where to post signed SendGrid delivery events (loopback only), e.g. http://127.0.0.1:8090/sendgrid/events")
 	f.StringVar(&o.twilioInboundURL, "twilio-inbound-url", "", "where to post the signed incoming SMS that POST /_sandbox/twilio/inbound makes up (loopback only; needs TWILIO_AUTH_TOKEN), e.g. http://127.0.0.1:8090/twilio/inbound")
+	f.IntVar(&o.netgsmReports, "netgsm-reports-per-minute", 10, "report queries Netgsm answers in a minute, as Netgsm allows (code 80 beyond); 0 = no limit")
 	f.IntVar(&o.netgsmPerNumber, "netgsm-per-number", 20, "messages one number takes from Netgsm within a minute, as Netgsm allows (code 85 beyond); 0 = no limit")
 	f.Float64Var(&o.iysRate, "iys-rate", 10, "İYS requests per second per client, as İYS allows (real 429 H124 beyond); 0 = none")
 	f.DurationVar(&o.iysPullLag, "iys-pull-lag", time.Hour, "how recent a consent change may be and still be left out of the İYS pull (İYS: 1h); 0 = none")

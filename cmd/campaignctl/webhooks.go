@@ -17,8 +17,11 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/campaignctl/campaignctl/campaign"
 	"github.com/campaignctl/campaignctl/internal/unsubscribe"
+	"github.com/campaignctl/campaignctl/providers/netgsm"
 	"github.com/campaignctl/campaignctl/providers/receipts"
 )
 
@@ -48,6 +51,7 @@ const (
 
 func (a *app) newWebhooksCmd() *cobra.Command {
 	var addr, publicURL, authFile string
+	var netgsmEvery time.Duration
 	var keywords []string
 	cmd := &cobra.Command{
 		Use:   "webhooks",
@@ -66,6 +70,11 @@ undelivered, bounced or dropped (campaignctl status shows accepted against deliv
   GET|POST /u/TOKEN      the one-click unsubscribe links of commercial e-mails (List-Unsubscribe, RFC 8058),
                          with WEBHOOKS_PUBLIC_URL (this server as recipients reach it) and UNSUBSCRIBE_SECRET
                          (as on the workers): GET shows a page with a button, POST records the refusal.
+
+Netgsm posts no receipts: with NETGSM_USERCODE and NETGSM_PASSWORD set (and NETGSM_BASE_URL, as on the
+workers), its report API is asked, every --netgsm-report-interval, about 100 of the messages sent through
+it in the last 3 days whose delivery is not known, in turn. A report of status 16 (İYS holds no consent)
+turns that person's stored consent RET here, as a send refused with code 50 does.
 
 A refusal is a local RET at once (a running campaign skips the person from its next chunk; the next launch
 excludes them as consent_ret) and waits in the İYS outbox: campaignctl iys push registers it in İYS.
@@ -126,8 +135,15 @@ the provider posts again). Headers must arrive within ` + webhooksReadHeaderTime
 			if err != nil {
 				return err
 			}
-			if token == "" && len(handlers) == 0 && signer == nil {
-				return usagef("nothing to receive: set TWILIO_AUTH_TOKEN (Twilio status callbacks and incoming SMS), SENDGRID_WEBHOOK_PUBLIC_KEY (SendGrid events) and/or WEBHOOKS_PUBLIC_URL with UNSUBSCRIBE_SECRET (one-click unsubscribe links)")
+			if netgsmEvery < 0 {
+				return usagef("--netgsm-report-interval %v: give a duration of zero (no polling) or more, e.g. 6s (Netgsm answers 10 report queries a minute)", netgsmEvery)
+			}
+			reporter, err := a.netgsmReporter(netgsmEvery)
+			if err != nil {
+				return err
+			}
+			if token == "" && len(handlers) == 0 && signer == nil && reporter == nil {
+				return usagef("nothing to receive: set TWILIO_AUTH_TOKEN (Twilio status callbacks and incoming SMS), SENDGRID_WEBHOOK_PUBLIC_KEY (SendGrid events), WEBHOOKS_PUBLIC_URL with UNSUBSCRIBE_SECRET (one-click unsubscribe links) and/or NETGSM_USERCODE with NETGSM_PASSWORD (Netgsm's reports)")
 			}
 
 			engine, err := a.openEngine(ctx)
@@ -139,6 +155,11 @@ the provider posts again). Headers must arrive within ` + webhooksReadHeaderTime
 			deliveries.batcher = newDeliveryBatcher(campaign.NewStore(engine))
 			go deliveries.batcher.run(ctx)
 			go watchOutbox(ctx, engine, log)
+			var poller *receipts.NetgsmPoller
+			if reporter != nil {
+				poller = netgsmPoller(reporter, campaign.NewStore(engine), deliveries, netgsmEvery, log)
+				go pollAlone(ctx, engine, poller.Run, netgsmPollLock, time.Minute, 5*time.Second, log)
+			}
 
 			ln, err := net.Listen("tcp", addr)
 			if err != nil {
@@ -160,7 +181,11 @@ the provider posts again). Headers must arrive within ` + webhooksReadHeaderTime
 				u := unsubscribeHandler(signer, campaign.NewStore(engine), refusals, log)
 				extra = map[string]http.Handler{"GET " + unsubscribe.Path: u, "HEAD " + unsubscribe.Path: u, "POST " + unsubscribe.Path: u}
 			}
-			srv := webhooksServer(webhooksMux(handlers, creds, log, extra))
+			var polled map[string]func() receipts.Stats
+			if poller != nil {
+				polled = map[string]func() receipts.Stats{"netgsm": poller.Stats}
+			}
+			srv := webhooksServer(webhooksMux(handlers, creds, log, extra, polled))
 			go func() {
 				<-ctx.Done()
 				shut, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -179,6 +204,9 @@ the provider posts again). Headers must arrive within ` + webhooksReadHeaderTime
 				}
 				fmt.Fprintf(a.stderr, "receiving %s at %s%s\n", what, shown, webhooksPaths[name])
 			}
+			if poller != nil {
+				fmt.Fprintf(a.stderr, "asking Netgsm for the reports of its messages every %v\n", netgsmEvery)
+			}
 			if signer != nil {
 				fmt.Fprintf(a.stderr, "serving one-click unsubscribe links at %s%s…\n", strings.TrimSuffix(a.getenv(publicURLEnv), "/"), unsubscribe.Path)
 			}
@@ -191,6 +219,7 @@ the provider posts again). Headers must arrive within ` + webhooksReadHeaderTime
 	cmd.Flags().StringVar(&addr, "addr", "127.0.0.1:8090", "listen address host:port")
 	cmd.Flags().StringVar(&publicURL, "public-url", "", "the URL the providers call (scheme://host[:port][/prefix], no credentials), if not http://ADDR")
 	cmd.Flags().StringSliceVar(&keywords, "refusal-keywords", receipts.DefaultRefusalKeywords, "the first words that make an incoming SMS a refusal (case and İ/ı folded)")
+	cmd.Flags().DurationVar(&netgsmEvery, "netgsm-report-interval", 6*time.Second, "with NETGSM_USERCODE and NETGSM_PASSWORD: how often to ask Netgsm for reports (it answers 10 a minute); 0: never")
 	cmd.Flags().StringVar(&authFile, "basic-auth-file", "", "file holding one line user:password (mode 600) that GET /stats takes from elsewhere than loopback (else $"+uiAuthEnv+")")
 	return cmd
 }
@@ -235,8 +264,8 @@ func webhooksServer(h http.Handler) *http.Server {
 
 // webhooksMux routes the receipts of each handler, the extra routes (pattern → handler: the unsubscribe
 // links, whose POST bodies are read within a few seconds), GET /stats (loopback, or with creds) and GET
-// /healthz.
-func webhooksMux(handlers map[string]*receipts.Handler, creds *basicAuth, log *slog.Logger, extra map[string]http.Handler) http.Handler {
+// /healthz. GET /stats holds the handlers' counts and those of the pollers (polled: name → their Stats).
+func webhooksMux(handlers map[string]*receipts.Handler, creds *basicAuth, log *slog.Logger, extra map[string]http.Handler, polled map[string]func() receipts.Stats) http.Handler {
 	mux := http.NewServeMux()
 	receiptRoutes := map[string]bool{}
 	for name, h := range handlers {
@@ -252,6 +281,9 @@ func webhooksMux(handlers map[string]*receipts.Handler, creds *basicAuth, log *s
 		stats := map[string]receipts.Stats{}
 		for name, h := range handlers {
 			stats[name] = h.Stats()
+		}
+		for name, f := range polled {
+			stats[name] = f()
 		}
 		writeJSONResponse(w, stats)
 	})))
@@ -440,4 +472,122 @@ func (b *deliveryBatcher) write(ctx context.Context, batch []deliveryRequest, n 
 		results[req].unmatched = append(results[req].unmatched, u-start)
 	}
 	return results
+}
+
+// netgsmReportWindow is how far back the messages whose Netgsm reports are asked for were sent.
+const netgsmReportWindow = 72 * time.Hour
+
+// netgsmReporter is the client of Netgsm's report API when NETGSM_USERCODE and NETGSM_PASSWORD are set
+// and every is not zero; nil otherwise.
+func (a *app) netgsmReporter(every time.Duration) (*netgsm.Provider, error) {
+	user, pass := a.getenv("NETGSM_USERCODE"), a.getenv("NETGSM_PASSWORD")
+	if every == 0 || (user == "" && pass == "") {
+		return nil, nil
+	}
+	p, err := netgsm.NewReporter(netgsm.Config{UserCode: user, Password: pass, BaseURL: a.getenv("NETGSM_BASE_URL")})
+	if err != nil {
+		return nil, usageError{err}
+	}
+	return p, nil
+}
+
+// netgsmPoller asks reporter about the messages store says are due a report, into deliveries (the
+// webhooks' receipts) and, for İYS's refusals, the consents.
+func netgsmPoller(reporter receipts.NetgsmReporter, store *campaign.Store, deliveries receipts.Sink, every time.Duration, log *slog.Logger) *receipts.NetgsmPoller {
+	return &receipts.NetgsmPoller{
+		Reporter: reporter,
+		Due: func(ctx context.Context, afterCampaign int64, afterUser string, limit int) ([]receipts.DueMessage, error) {
+			ds, err := store.ReportsDue(ctx, "netgsm", time.Now().Add(-netgsmReportWindow), afterCampaign, afterUser, limit)
+			out := make([]receipts.DueMessage, len(ds))
+			for i, d := range ds {
+				out[i] = receipts.DueMessage{CampaignID: d.CampaignID, UserID: d.UserID, Address: d.Address, MessageID: d.MessageID, SentAt: d.SentAt}
+			}
+			return out, err
+		},
+		Sink: deliveries,
+		NoConsent: func(ctx context.Context, id int64, addrs []string, evidence string, at time.Time) error {
+			c, err := store.Get(ctx, id)
+			if err != nil {
+				return err
+			}
+			n, err := store.ProviderNoConsent(ctx, c, addrs, evidence, at)
+			if err == nil {
+				log.Warn("netgsm reports: İYS holds no consent for numbers of a campaign; their consents turned RET here",
+					"campaign_id", id, "numbers", len(addrs), "consents_revoked", n)
+			}
+			return err
+		},
+		Every: every,
+		Idle:  time.Minute,
+		Log:   log,
+	}
+}
+
+// netgsmPollLock is the session advisory lock held by the one webhooks process that polls Netgsm's reports.
+const netgsmPollLock = 0x6e657467 // "netg"
+
+// pollAlone runs poll while this process holds the session advisory lock key on a connection of its own,
+// so that of several webhooks processes on one database (replicas) one asks Netgsm at a time: the
+// account answers 10 report queries a minute in all. The others try for the lock every retry; when the
+// holder dies, or its connection does (Postgres restarted), its session ends and the lock with it, and the
+// next try anywhere takes over, 2 × check after it took the lock (the old holder's poll's context is
+// cancelled once its connection stops answering a check, every check, within check), so that two never
+// poll at once.
+func pollAlone(ctx context.Context, pool *pgxpool.Pool, poll func(context.Context), key int64, retry, check time.Duration, log *slog.Logger) {
+	for {
+		if held := holdAndRun(ctx, pool, poll, key, check); !held {
+			log.Debug("netgsm reports: another webhooks process polls them", "retry_in", retry)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(retry):
+		}
+	}
+}
+
+// holdAndRun takes the lock on a connection of its own and runs poll until ctx is done or the connection
+// fails; it reports whether it held the lock.
+func holdAndRun(ctx context.Context, pool *pgxpool.Pool, poll func(context.Context), key int64, check time.Duration) bool {
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		return false
+	}
+	var held bool
+	if err := conn.QueryRow(ctx, `SELECT pg_try_advisory_lock($1)`, key).Scan(&held); err != nil || !held {
+		conn.Release()
+		return false
+	}
+	// A holder whose session ended keeps polling until its next check fails: let it notice first.
+	select {
+	case <-ctx.Done():
+		conn.Hijack().Close(context.Background()) //nolint:errcheck // on the way out
+		return true
+	case <-time.After(2 * check):
+	}
+	runCtx, cancel := context.WithCancel(ctx)
+	watched := make(chan struct{})
+	go func() {
+		defer close(watched)
+		for {
+			select {
+			case <-runCtx.Done():
+				return
+			case <-time.After(check):
+			}
+			ping, done := context.WithTimeout(runCtx, check)
+			err := conn.Ping(ping)
+			done()
+			if err != nil && runCtx.Err() == nil {
+				cancel()
+				return
+			}
+		}
+	}()
+	poll(runCtx)
+	cancel()
+	<-watched
+	// The session's end releases the lock: closing the connection says so whatever state it is in.
+	conn.Hijack().Close(context.Background()) //nolint:errcheck // a dead connection is closed already
+	return true
 }

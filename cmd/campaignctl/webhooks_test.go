@@ -456,7 +456,7 @@ func TestWebhooksStatsOnlyOnLoopbackOrWithCredentials(t *testing.T) {
 	if why != "" {
 		t.Fatal(why)
 	}
-	open, locked := webhooksMux(handlers, nil, log, nil), webhooksMux(handlers, creds, log, nil)
+	open, locked := webhooksMux(handlers, nil, log, nil, nil), webhooksMux(handlers, creds, log, nil, nil)
 	get := func(h http.Handler, path, remote, host string, hdr map[string]string, auth ...string) *httptest.ResponseRecorder {
 		r := httptest.NewRequest(http.MethodGet, path, nil)
 		r.RemoteAddr, r.Host = remote, host

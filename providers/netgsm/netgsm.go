@@ -79,6 +79,7 @@ type Config struct {
 type Provider struct {
 	endpoint   string
 	sendURL    *url.URL // endpoint, parsed (Warm)
+	reportURL  string
 	user, pass string
 	header     string
 	filter     string
@@ -88,13 +89,18 @@ type Provider struct {
 
 // New validates cfg and returns a Provider. Its errors name the environment variable to fix and never
 // contain the password.
-func New(cfg Config) (*Provider, error) {
+func New(cfg Config) (*Provider, error) { return build(cfg, true) }
+
+// NewReporter is New for a Provider that only asks for reports (Report): it needs no sender header.
+func NewReporter(cfg Config) (*Provider, error) { return build(cfg, false) }
+
+func build(cfg Config, sends bool) (*Provider, error) {
 	switch {
 	case cfg.UserCode == "":
 		return nil, errors.New("netgsm: user code is empty: set NETGSM_USERCODE")
 	case cfg.Password == "":
 		return nil, errors.New("netgsm: password is empty: set NETGSM_PASSWORD")
-	case !validHeader(cfg.Header):
+	case sends && !validHeader(cfg.Header):
 		return nil, fmt.Errorf("netgsm: sender header %q must be 1 to 11 letters (no Turkish letters), digits, spaces, dots or dashes, as approved by BTK: check NETGSM_HEADER", cfg.Header)
 	case cfg.Timeout < 0:
 		return nil, fmt.Errorf("netgsm: timeout %v is negative", cfg.Timeout)
@@ -123,7 +129,7 @@ func New(cfg Config) (*Provider, error) {
 		return nil, errors.New("netgsm: base URL must be http(s)://host[:port]: check NETGSM_BASE_URL")
 	}
 	return &Provider{
-		endpoint: endpoint, sendURL: sendURL,
+		endpoint: endpoint, sendURL: sendURL, reportURL: strings.TrimSuffix(u.String(), "/") + ReportPath,
 		user: cfg.UserCode, pass: cfg.Password, header: cfg.Header, filter: filter,
 		timeout: timeout,
 		client: &http.Client{

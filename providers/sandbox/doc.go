@@ -6,7 +6,8 @@
 // sendgridRoutes (sendgrid.go), FCM HTTP v1 with its OAuth2 token endpoint in fcm.go, the HMAC-checking
 // webhook receiver in webhook.go, an unsigned JSON postback receiver for another sender run against
 // the same stand-in in postback.go, and Twilio's signed status callbacks (with the magic numbers
-// +905550030001/30003/30005/30006/30007 that end undelivered or failed) in receipts.go. The recipients'
+// +905550030001/30003/30005/30006/30007 that end undelivered or failed) in receipts.go, Netgsm's report API
+// (with the magic report numbers +9055501SSNNN, whose status is SS) in netgsm_report.go. The recipients'
 // refusals that come back through the providers are made up on demand: SendGrid's unsubscribe,
 // group_unsubscribe and spamreport events in sendgrid_refusals.go, and Twilio's incoming SMS (an answer
 // of RET or IPTAL), posted to Options.TwilioInboundURL, in twilio_inbound.go.

@@ -34,6 +34,7 @@ const netgsmMaxText = 917
 
 func (s *Server) netgsmRoutes() {
 	s.mux.HandleFunc("/sms/rest/v2/send", s.netgsmSend)
+	s.mux.HandleFunc("/sms/rest/v2/report", s.netgsmReport)
 }
 
 type netgsmAnswer struct {
@@ -148,13 +149,21 @@ func (s *Server) netgsmSend(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	job := netgsmJobID()
+	at := time.Now().UTC()
+	rec := &netgsmJob{at: at}
+	if rs := s.receipts.settings.Load(); !rs.Off {
+		rec.ready = at.Add(time.Duration(rs.DelayMS) * time.Millisecond)
+	}
 	for _, m := range req.Messages {
 		msg := Message{Provider: "netgsm", SID: job, AccountSID: user, To: "+90" + m.No, From: req.Header, Body: m.Msg,
-			Status: "queued", At: time.Now().UTC(), Hung: hangAfterAccept, IYSFilter: req.IYSFilter}
+			Status: "queued", At: at, Hung: hangAfterAccept, IYSFilter: req.IYSFilter}
 		_, msg.NumSegments = providers.SMSSegments(m.Msg)
-		s.log.accept(msg)
+		rec.places = append(rec.places, s.log.accept(msg))
+		rec.nos = append(rec.nos, msg.To)
+		rec.msglen = max(rec.msglen, utf8.RuneCountInString(m.Msg))
 		recorded(w, 1, msg.NumSegments)
 	}
+	s.netgsmJobs.add(job, rec)
 	if hangAfterAccept {
 		mark(w, outHung)
 		hang(r)

@@ -37,6 +37,9 @@ type Options struct {
 	// NetgsmPerNumber is how many messages one number takes from Netgsm within a minute of the first:
 	// beyond it, Netgsm answers code 85 (Netgsm's own limit is 20). 0 means no limit.
 	NetgsmPerNumber int
+	// NetgsmReportsPerMinute is how many report queries (POST /sms/rest/v2/report) Netgsm answers in a
+	// minute; beyond it, code 80. 0 means Netgsm's own 10; a negative number, no limit.
+	NetgsmReportsPerMinute int
 
 	// SendGridAPIKey is the API key accepted (Authorization: Bearer). Empty means any non-empty key.
 	SendGridAPIKey string
@@ -104,7 +107,9 @@ type Server struct {
 	receipts *receiptState
 	inbound  *twilioInboundState
 	netgsm   netgsmNumbers
-	iys      *iysState
+	// netgsmJobs are the Netgsm jobs accepted, for its reports.
+	netgsmJobs netgsmReports
+	iys        *iysState
 	// push holds the hidden limits, the outage windows and the timeline; epoch and now are the clock they
 	// read.
 	push  pushback
@@ -202,6 +207,7 @@ func (s *Server) Reset() {
 		s.push.rate[a].reset()
 	}
 	s.push.segments.reset()
+	s.netgsmJobs.reset()
 }
 
 func (s *Server) controlRoutes() {
