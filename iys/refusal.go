@@ -41,6 +41,11 @@ type Refusal struct {
 	// CampaignID and UserID name the campaign and audience row the refusal answered, when known.
 	CampaignID int64
 	UserID     string
+	// Brand, when set, is the İYS brand whose messages the person refused, and only that brand's
+	// consents turn RET (and wait for İYS): a one-click link or a SendGrid group_unsubscribe answers one
+	// campaign's messages. Empty for a refusal of the sender itself (a SendGrid global unsubscribe or spam
+	// report, an SMS "RET" to the number, which every brand sending through them shares): every brand's.
+	Brand string
 	// Evidence is a short text for the audit, without the address.
 	Evidence string
 	// At is when the person refused (the provider's event time).
@@ -74,10 +79,11 @@ type RefusalReport struct {
 var ErrBadRefusal = errors.New("unusable refusal")
 
 // RecordRefusals makes each refusal a local RET at once, in one transaction: every stored consent of the
-// address and type (every brand, both recipient types) that is ONAY and dated no later than the refusal
-// becomes RET with the refusal's source and time (which moves iys_consents_version, so the next chunk of
-// every running campaign skips the person as revoked, and the next launch excludes them as consent_ret);
-// an address with no stored consent at all gets a RET of recipient type BIREYSEL under brand, so that it
+// address and type (every brand, or the refusal's Brand alone; both recipient types) that is ONAY and
+// dated no later than the refusal becomes RET with the refusal's source and time (which moves
+// iys_consents_version, so the next chunk of every running campaign skips the person as revoked, and the
+// next launch excludes them as consent_ret); an address with no stored consent at all (of the refusal's
+// Brand, when set) gets a RET of recipient type BIREYSEL under that Brand, or else under brand, so that it
 // is excluded too. Each change is appended to the consent history (origin "refusal"), the refusal to the
 // refusals audit, and each consent turned to RET to the İYS outbox (a consent already RET or never stored
 // has nothing to register there). A refusal recorded before (same Via and EventID) changes nothing.
@@ -104,7 +110,7 @@ func RecordRefusals(ctx context.Context, pool *pgxpool.Pool, brand string, rs []
 		if r.At.IsZero() {
 			r.At = time.Now()
 		}
-		r.Evidence = pgtext.Clean(r.Evidence)
+		r.Evidence, r.Brand = pgtext.Clean(r.Evidence), pgtext.Clean(r.Brand)
 		r.Evidence = pgtext.Cut(r.Evidence, 500)
 		canon[i] = r
 	}
@@ -140,7 +146,7 @@ func RecordRefusals(ctx context.Context, pool *pgxpool.Pool, brand string, rs []
 					UPDATE iys_consents SET status = 'RET', source = $3, transaction_id = NULL, updated_at = now(),
 						-- A provider's RET here keeps its date when it is the later: an ONAY between the two must not win.
 						consent_date = CASE WHEN status = 'RET' THEN greatest(consent_date, $4) ELSE $4 END
-					WHERE recipient = $1 AND type = $2
+					WHERE recipient = $1 AND type = $2 AND ($7 = '' OR brand_code = $7)
 						AND (status = 'ONAY' AND consent_date <= $4 OR status = 'RET' AND starts_with(source, '`+ProviderSourcePrefix+`'))
 					RETURNING recipient, type, recipient_type, brand_code
 				), hist AS (
@@ -153,23 +159,28 @@ func RecordRefusals(ctx context.Context, pool *pgxpool.Pool, brand string, rs []
 					RETURNING 1
 				)
 				SELECT (SELECT count(*) FROM turned), (SELECT count(*) FROM queued)`,
-				r.Recipient, r.Type, r.source(), r.At, id, AddBusinessDays(r.At, 2)).Scan(&revoked, &outboxed)
+				r.Recipient, r.Type, r.source(), r.At, id, AddBusinessDays(r.At, 2), r.Brand).Scan(&revoked, &outboxed)
 			if err != nil {
 				return fmt.Errorf("record refusal: revoke the consents: %w", err)
 			}
 			if revoked == 0 {
-				// Nothing stored was ONAY: a RET is stored where no consent is, so the address is excluded
-				// from now on even where a campaign would not read İYS's answer for it.
+				// Nothing stored was ONAY: a RET is stored where no consent is (of the refused brand, when
+				// the refusal names one), so the address is excluded from now on even where a campaign would
+				// not read İYS's answer for it.
+				under := brand
+				if r.Brand != "" {
+					under = r.Brand
+				}
 				if _, err := tx.Exec(ctx, `
 					WITH ins AS (
 						INSERT INTO iys_consents (recipient, type, recipient_type, brand_code, status, source, consent_date)
 						SELECT $1, $2, 'BIREYSEL', $3, 'RET', $4, $5
-						WHERE NOT EXISTS (SELECT 1 FROM iys_consents WHERE recipient = $1 AND type = $2)
+						WHERE NOT EXISTS (SELECT 1 FROM iys_consents WHERE recipient = $1 AND type = $2 AND ($6 = '' OR brand_code = $6))
 						RETURNING recipient, type, recipient_type, brand_code
 					)
 					INSERT INTO iys_consent_history (recipient, type, recipient_type, brand_code, status, source, consent_date, origin)
 					SELECT recipient, type, recipient_type, brand_code, 'RET', $4, $5, 'refusal' FROM ins`,
-					r.Recipient, r.Type, brand, r.source(), r.At); err != nil {
+					r.Recipient, r.Type, under, r.source(), r.At, r.Brand); err != nil {
 					return fmt.Errorf("record refusal: store the RET: %w", err)
 				}
 			}

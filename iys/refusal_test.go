@@ -354,3 +354,47 @@ func TestARefusalWithANulInItsTextIsRecorded(t *testing.T) {
 		t.Errorf("event ID stored %q (%v), want %q", ev, err, "ev\uFFFD1")
 	}
 }
+
+// A refusal that names its brand (a one-click link, a group unsubscribe) turns that brand's consents RET
+// and queues them for İYS, and leaves the other brands' alone; one of an address with nothing stored under
+// that brand stores its RET there.
+func TestARefusalOfOneBrandLeavesTheOthers(t *testing.T) {
+	t.Parallel()
+	pool, _ := testdb.New(t)
+	ctx := context.Background()
+	day := time.Now().Add(-24 * time.Hour)
+	consentRows(t, pool,
+		[6]any{"ayse@example.com", "EPOSTA", "BIREYSEL", "111111", "ONAY", day},
+		[6]any{"ayse@example.com", "EPOSTA", "TACIR", "111111", "ONAY", day},
+		[6]any{"ayse@example.com", "EPOSTA", "BIREYSEL", "222222", "ONAY", day},
+		[6]any{"mehmet@example.com", "EPOSTA", "BIREYSEL", "222222", "ONAY", day},
+	)
+	rs := []iys.Refusal{
+		{Via: iys.ViaOneClick, EventID: "1:u1:1", Kind: iys.ViaOneClick, Recipient: "ayse@example.com", Type: "EPOSTA", Brand: "111111", At: time.Now()},
+		{Via: iys.ViaSendGrid, EventID: "sg-g1", Kind: "group_unsubscribe", Recipient: "mehmet@example.com", Type: "EPOSTA", Brand: "111111", At: time.Now()},
+	}
+	rep, err := iys.RecordRefusals(ctx, pool, "999999", rs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.Recorded != 2 || rep.Revoked != 2 || rep.Outboxed != 2 {
+		t.Fatalf("report %+v; want 2 recorded, brand 111111's 2 consents revoked and queued", rep)
+	}
+	for _, c := range []struct{ who, rtype, brand, want string }{
+		{"ayse@example.com", "BIREYSEL", "111111", "RET"},
+		{"ayse@example.com", "TACIR", "111111", "RET"},
+		{"ayse@example.com", "BIREYSEL", "222222", "ONAY"},
+		{"mehmet@example.com", "BIREYSEL", "222222", "ONAY"},
+		{"mehmet@example.com", "BIREYSEL", "111111", "RET"}, // nothing stored under the brand: a RET stored there
+		{"mehmet@example.com", "BIREYSEL", "999999", ""},
+	} {
+		if st := consentStatus(t, pool, c.who, "EPOSTA", c.rtype, c.brand); st != c.want {
+			t.Errorf("%s %s brand %s: %q, want %q", c.who, c.rtype, c.brand, st, c.want)
+		}
+	}
+	var other int
+	pool.QueryRow(ctx, `SELECT count(*) FROM iys_outbox WHERE brand_code <> '111111'`).Scan(&other) //nolint:errcheck
+	if other != 0 {
+		t.Fatalf("%d RETs queued for İYS under another brand than the one refused", other)
+	}
+}

@@ -80,10 +80,34 @@ func (s *refusalSink) Refuse(ctx context.Context, rs []receipts.Refusal) error {
 			s.log.Warn("refusal with an unusable address ignored", "via", via, "kind", r.Kind, "address", providers.MaskAddress(r.Address))
 			continue
 		}
-		out = append(out, iys.Refusal{Via: via, EventID: r.EventID, Kind: r.Kind, Recipient: r.Address, Type: typ,
-			CampaignID: r.CampaignID, UserID: r.UserID, Evidence: r.Evidence, At: r.At, Suppressed: r.Suppressed})
+		ref := iys.Refusal{Via: via, EventID: r.EventID, Kind: r.Kind, Recipient: r.Address, Type: typ,
+			CampaignID: r.CampaignID, UserID: r.UserID, Evidence: r.Evidence, At: r.At, Suppressed: r.Suppressed}
+		if r.Kind == receipts.RefusalGroupUnsubscribe && r.CampaignID != 0 {
+			// One group of the brand's e-mails: a refusal of that brand's, not of every brand sending
+			// through the same SendGrid account (a global unsubscribe or a spam report is).
+			brand, err := s.campaignBrand(ctx, r.CampaignID)
+			if err != nil {
+				return err
+			}
+			ref.Brand = brand
+		}
+		out = append(out, ref)
 	}
 	return s.record(ctx, out)
+}
+
+// campaignBrand is campaign id's İYS brand; "" when there is no such campaign (every brand's consents
+// are then refused).
+func (s *refusalSink) campaignBrand(ctx context.Context, id int64) (string, error) {
+	var brand string
+	err := s.pool.QueryRow(ctx, `SELECT brand_code FROM campaigns WHERE id = $1`, id).Scan(&brand)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return "", nil
+	}
+	if err != nil {
+		return "", fmt.Errorf("the refused campaign's brand: %w", err)
+	}
+	return brand, nil
 }
 
 // lastOneClick is the event ID of the one-click refusal recorded for campaign id's link to user within the
@@ -180,7 +204,7 @@ func unsubscribeHandler(signer *unsubscribe.Signer, store *campaign.Store, sink 
 			page(w, http.StatusForbidden, unsubBad)
 			return
 		}
-		addr, ch, _, err := store.LinkRecipient(r.Context(), id, user)
+		addr, ch, brand, err := store.LinkRecipient(r.Context(), id, user)
 		switch {
 		case errors.Is(err, campaign.ErrNoRecipient):
 			log.Warn("unsubscribe link of no recipient", "campaign_id", id, "remote", r.RemoteAddr)
@@ -232,7 +256,7 @@ func unsubscribeHandler(signer *unsubscribe.Signer, store *campaign.Store, sink 
 			eventID = last
 		}
 		err = sink.record(r.Context(), []iys.Refusal{{Via: iys.ViaOneClick, EventID: eventID, Kind: iys.ViaOneClick,
-			Recipient: addr, Type: ch.Spec().IYSType, CampaignID: id, UserID: user, At: at,
+			Recipient: addr, Type: ch.Spec().IYSType, CampaignID: id, UserID: user, At: at, Brand: brand,
 			Evidence: fmt.Sprintf("unsubscribe link of campaign %d, user %s, through %s", id, user, from)}})
 		if err != nil {
 			log.Error("record a one-click unsubscribe", "campaign_id", id, "err", err)

@@ -16,6 +16,7 @@ import (
 	"github.com/campaignctl/campaignctl/internal/testdb"
 	"github.com/campaignctl/campaignctl/internal/unsubscribe"
 	"github.com/campaignctl/campaignctl/iys"
+	"github.com/campaignctl/campaignctl/providers/receipts"
 )
 
 // TestAOneClickAfterConsentGivenAgainRefusesAgain: a person unsubscribes with the one-click link, later gives
@@ -188,5 +189,55 @@ func TestADoubleClickAcrossASecondsTurnIsOneRefusal(t *testing.T) {
 	}
 	if n != 1 {
 		t.Fatalf("a double click across a second's turn made %d refusals, want 1", n)
+	}
+}
+
+// A one-click link refuses the brand whose campaign sent it: another brand's consent of the same address
+// stays ONAY and nothing is queued for İYS under it. So does a SendGrid group_unsubscribe that names its
+// campaign; a global unsubscribe refuses every brand.
+func TestARefusalThroughACampaignRefusesItsBrandOnly(t *testing.T) {
+	t.Parallel()
+	db, id, signer, h := oneClickSetup(t)
+	ctx := context.Background()
+	if _, err := db.Exec(ctx, `INSERT INTO iys_consents (recipient, type, recipient_type, brand_code, status, source, consent_date)
+		VALUES ($1, 'EPOSTA', 'BIREYSEL', '777777', 'ONAY', 'HS_WEB', now() - interval '10 days'),
+		       ('grup@example.com', 'EPOSTA', 'BIREYSEL', '654321', 'ONAY', 'HS_WEB', now() - interval '10 days'),
+		       ('grup@example.com', 'EPOSTA', 'BIREYSEL', '777777', 'ONAY', 'HS_WEB', now() - interval '10 days'),
+		       ('hepsi@example.com', 'EPOSTA', 'BIREYSEL', '654321', 'ONAY', 'HS_WEB', now() - interval '10 days'),
+		       ('hepsi@example.com', 'EPOSTA', 'BIREYSEL', '777777', 'ONAY', 'HS_WEB', now() - interval '10 days')`, oneClickAddr); err != nil {
+		t.Fatal(err)
+	}
+	req := httptest.NewRequest(http.MethodPost, unsubscribe.Path+signer.Token(id, "u1"), strings.NewReader("List-Unsubscribe=One-Click"))
+	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	w := httptest.NewRecorder()
+	h.ServeHTTP(w, req)
+	if w.Code != http.StatusOK {
+		t.Fatalf("one-click POST: %d %s", w.Code, w.Body.String())
+	}
+	sink := &refusalSink{pool: db, brand: "654321", log: slog.New(slog.DiscardHandler)}
+	if err := sink.Refuse(ctx, []receipts.Refusal{
+		{Provider: "sendgrid", Channel: receipts.ChannelEmail, Address: "grup@example.com", CampaignID: id, UserID: "u2",
+			Kind: receipts.RefusalGroupUnsubscribe, EventID: "sg-group-1", At: time.Now()},
+		{Provider: "sendgrid", Channel: receipts.ChannelEmail, Address: "hepsi@example.com", CampaignID: id, UserID: "u3",
+			Kind: receipts.RefusalUnsubscribe, EventID: "sg-all-1", At: time.Now()},
+	}); err != nil {
+		t.Fatal(err)
+	}
+	want := map[[2]string]string{
+		{oneClickAddr, "654321"}: "RET", {oneClickAddr, "777777"}: "ONAY",
+		{"grup@example.com", "654321"}: "RET", {"grup@example.com", "777777"}: "ONAY",
+		{"hepsi@example.com", "654321"}: "RET", {"hepsi@example.com", "777777"}: "RET",
+	}
+	for k, st := range want {
+		var got string
+		db.QueryRow(ctx, `SELECT status FROM iys_consents WHERE recipient = $1 AND brand_code = $2`, k[0], k[1]).Scan(&got) //nolint:errcheck
+		if got != st {
+			t.Errorf("%s under brand %s: %s, want %s", k[0], k[1], got, st)
+		}
+	}
+	var queued int
+	db.QueryRow(ctx, `SELECT count(*) FROM iys_outbox WHERE brand_code = '777777'`).Scan(&queued) //nolint:errcheck
+	if queued != 1 {
+		t.Errorf("%d RETs queued under the other brand, want 1 (the global unsubscribe's)", queued)
 	}
 }
