@@ -40,6 +40,9 @@ type ReportRow struct {
 	Delivery    string     `json:"delivery"`
 	SentAt      *time.Time `json:"sent_at"`
 	DeliveredAt *time.Time `json:"delivered_at"`
+	// DeliveryError is why the last receipt says the message was not delivered (the provider's words,
+	// "netgsm 16: İYS holds no consent for the number"), "" otherwise.
+	DeliveryError string `json:"delivery_error"`
 }
 
 // insertExclusions keeps every audience row the classification excluded, with its reason, in one
@@ -104,12 +107,12 @@ func (s *Store) Report(ctx context.Context, id int64, statuses []string, fn func
 		parts = append(parts, `SELECT r.user_id, r.address, r.status, coalesce(r.reason, r.last_error, ''), coalesce(r.code, ''),
 			coalesce(r.provider, substring(r.reason from '^sent through (\S+), the fallback'), ''), coalesce(r.provider_message_id, ''),
 			r.attempts, coalesce(r.delivery, ''), r.sent_at,
-			CASE WHEN r.delivery = `+quoteLiteral(DeliveryDelivered)+` THEN r.delivery_at END
+			CASE WHEN r.delivery = `+quoteLiteral(DeliveryDelivered)+` THEN r.delivery_at END, coalesce(r.delivery_error, '')
 			FROM campaign_recipients r WHERE r.campaign_id = $1`+filter)
 	}
 	if excluded {
 		parts = append(parts, `SELECT coalesce(e.user_id, ''), coalesce(e.address, ''), `+quoteLiteral(StatusExcluded)+`, e.reason, '',
-			'', '', 0, '', NULL::timestamptz, NULL::timestamptz
+			'', '', 0, '', NULL::timestamptz, NULL::timestamptz, ''
 			FROM campaign_exclusions e WHERE e.campaign_id = $1`)
 	}
 	args := []any{id}
@@ -125,7 +128,7 @@ func (s *Store) Report(ctx context.Context, id int64, statuses []string, fn func
 	for rows.Next() {
 		r.SentAt, r.DeliveredAt = nil, nil
 		if err := rows.Scan(&r.UserID, &r.Address, &r.Status, &r.Reason, &r.Code, &r.Provider, &r.ProviderMessageID,
-			&r.Attempts, &r.Delivery, &r.SentAt, &r.DeliveredAt); err != nil {
+			&r.Attempts, &r.Delivery, &r.SentAt, &r.DeliveredAt, &r.DeliveryError); err != nil {
 			return fmt.Errorf("report campaign %d: %w", id, err)
 		}
 		if err := fn(r); err != nil {

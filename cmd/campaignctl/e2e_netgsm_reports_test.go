@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net/http"
 	"os"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -25,11 +26,16 @@ import (
 // Numbers whose Netgsm report is not "delivered" (the sandbox's magic report numbers +9055501SSNNN).
 const (
 	iysRejectedNo = "+905550116001" // 16: İYS holds no consent
+	iysRejected2  = "+905550116002" // 16 too
+	consentedNo   = "+905550116003" // 16, but a consent given after the send is stored before the report
 	deliveryErrNo = "+905550112001" // 12: the operator could not deliver it
 )
 
+// magicUsers are netgsmCampaignSent's recipients with a magic report number, by user ID.
+var magicUsers = map[string]string{"iys16": iysRejectedNo, "iys16b": iysRejected2, "later16": consentedNo, "err12": deliveryErrNo}
+
 // netgsmCampaignSent runs the built binary: a worker with Netgsm alone sends a commercial SMS campaign to
-// n customers with ONAYs and the two magic report numbers, against a sandbox whose reports are final
+// n customers with ONAYs and the magic report numbers (magicUsers), against a sandbox whose reports are final
 // 100 ms after acceptance and not rate limited. It returns the environment, the database, the sandbox's
 // address and the campaign's ID once every recipient is sent.
 func netgsmCampaignSent(t *testing.T, n int) (*e2eEnv, *pgxpool.Pool, string, int64) {
@@ -47,7 +53,8 @@ func netgsmCampaignSent(t *testing.T, n int) (*e2eEnv, *pgxpool.Pool, string, in
 	for _, sql := range []string{
 		fmt.Sprintf(`CREATE TABLE customers AS SELECT 'n' || lpad(i::text, 3, '0') AS user_id, '+90532300' || lpad(i::text, 4, '0') AS phone
 			FROM generate_series(1, %d) i
-			UNION ALL SELECT 'iys16', '%s' UNION ALL SELECT 'err12', '%s'`, n, iysRejectedNo, deliveryErrNo),
+			UNION ALL SELECT 'iys16', '%s' UNION ALL SELECT 'iys16b', '%s' UNION ALL SELECT 'later16', '%s' UNION ALL SELECT 'err12', '%s'`,
+			n, iysRejectedNo, iysRejected2, consentedNo, deliveryErrNo),
 		`GRANT SELECT ON customers TO campaignctl_audience`,
 		`INSERT INTO iys_consents (recipient, type, recipient_type, status, source, consent_date)
 			SELECT phone, 'MESAJ', 'BIREYSEL', 'ONAY', 'HS_WEB', now() - interval '1 day' FROM customers`,
@@ -71,7 +78,7 @@ func netgsmCampaignSent(t *testing.T, n int) (*e2eEnv, *pgxpool.Pool, string, in
 	waitFor(t, 60*time.Second, func() bool {
 		var sent int
 		db.QueryRow(ctx, `SELECT count(*) FROM campaign_recipients WHERE campaign_id = $1 AND status = 'sent' AND provider = 'netgsm'`, rep.ID).Scan(&sent) //nolint:errcheck
-		return sent == n+2
+		return sent == n+len(magicUsers)
 	})
 	return e, db, sb, rep.ID
 }
@@ -115,6 +122,10 @@ func TestNetgsmReportsAreHeard(t *testing.T) {
 	}
 	const n = 40
 	e, db, _, id := netgsmCampaignSent(t, n)
+	// This person gave consent again after the send: the report's refusal is of the consent before it.
+	if _, err := db.Exec(context.Background(), `UPDATE iys_consents SET consent_date = now() WHERE recipient = $1`, consentedNo); err != nil {
+		t.Fatal(err)
+	}
 	hooks := freeAddr(t)
 	e.start("webhooks", "webhooks", "--addr", hooks, "--netgsm-report-interval", "100ms")
 	waitFor(t, 30*time.Second, func() bool {
@@ -128,8 +139,7 @@ func TestNetgsmReportsAreHeard(t *testing.T) {
 	ds := deliveries(t, db, id)
 	for u, d := range ds {
 		want := "delivered"
-		switch u {
-		case "iys16", "err12":
+		if magicUsers[u] != "" {
 			want = "undelivered"
 		}
 		if d[0] != want {
@@ -139,11 +149,47 @@ func TestNetgsmReportsAreHeard(t *testing.T) {
 	if d := ds["iys16"]; d[1] != "netgsm 16: İYS holds no consent for the number" {
 		t.Errorf("İYS-rejected delivery error %q", d[1])
 	}
-	if st := consentOf(t, db, iysRejectedNo); st != "RET" {
-		t.Errorf("consent of the number İYS rejected: %s, want RET", st)
+	for no, want := range map[string]string{iysRejectedNo: "RET", iysRejected2: "RET", consentedNo: "ONAY", deliveryErrNo: "ONAY"} {
+		if st := consentOf(t, db, no); st != want {
+			t.Errorf("consent of %s: %s, want %s", no, st, want)
+		}
 	}
-	if st := consentOf(t, db, deliveryErrNo); st != "ONAY" {
-		t.Errorf("consent of the number the operator could not reach: %s, want ONAY (nothing refused)", st)
+	// The report says why each was not delivered.
+	var rows []map[string]any
+	if err := json.Unmarshal([]byte(e.mustRun("report", fmt.Sprint(id), "--json", "--status", "sent")), &rows); err != nil {
+		t.Fatal(err)
+	}
+	var saidWhy int
+	for _, r := range rows {
+		if r["user_id"] == "iys16" && r["delivery"] == "undelivered" && r["delivery_error"] == "netgsm 16: İYS holds no consent for the number" {
+			saidWhy++
+		}
+		if r["delivery"] == "delivered" && r["delivery_error"] != "" {
+			t.Errorf("a delivered row with a delivery error: %v", r)
+		}
+	}
+	if saidWhy != 1 {
+		t.Errorf("report --json does not say why the İYS-rejected message was not delivered")
+	}
+	// Each RET's history names its own message's job.
+	for _, u := range []string{"iys16", "iys16b"} {
+		var job, source string
+		if err := db.QueryRow(context.Background(), `SELECT r.provider_message_id, h.source FROM campaign_recipients r
+			JOIN iys_consent_history h ON h.recipient = r.address AND h.origin = 'provider'
+			WHERE r.campaign_id = $1 AND r.user_id = $2`, id, u).Scan(&job, &source); err != nil {
+			t.Fatalf("%s's consent history: %v", u, err)
+		}
+		if !strings.Contains(source, "job "+job+" ") {
+			t.Errorf("%s's RET says %q, not its own job %s", u, source, job)
+		}
+	}
+	// A delivery is dated when Netgsm says the handset got it (100 ms after the send here), not when the
+	// report was read (seconds later).
+	var late int
+	db.QueryRow(context.Background(), `SELECT count(*) FROM campaign_recipients WHERE campaign_id = $1 AND delivery = 'delivered'
+		AND delivery_at > sent_at + interval '1 second'`, id).Scan(&late) //nolint:errcheck
+	if late != 0 {
+		t.Errorf("%d deliveries dated more than a second after their send, want Netgsm's delivery dates", late)
 	}
 	// The next launch leaves the refused number out.
 	out := e.mustRun("launch", "--name", "next", "--channel", "sms", "--yes", "--json", "--dry-run", "--frequency-cap", "0",
@@ -152,8 +198,8 @@ func TestNetgsmReportsAreHeard(t *testing.T) {
 		Eligible int64            `json:"eligible"`
 		Excluded map[string]int64 `json:"excluded"`
 	}
-	if err := json.Unmarshal([]byte(out), &rep); err != nil || rep.Eligible != n+1 || rep.Excluded["consent_ret"] != 1 {
-		t.Errorf("next launch: %s (%v); want %d eligible, the İYS-rejected number excluded as consent_ret", out, err, n+1)
+	if err := json.Unmarshal([]byte(out), &rep); err != nil || rep.Eligible != n+2 || rep.Excluded["consent_ret"] != 2 {
+		t.Errorf("next launch: %s (%v); want %d eligible, the 2 İYS-rejected numbers excluded as consent_ret", out, err, n+2)
 	}
 	resp, err := http.Get("http://" + hooks + "/stats")
 	if err != nil {
@@ -165,8 +211,8 @@ func TestNetgsmReportsAreHeard(t *testing.T) {
 	if err := json.Unmarshal(body, &stats); err != nil {
 		t.Fatalf("/stats: %v\n%s", err, body)
 	}
-	if s := stats["netgsm"]; s.Receipts != n+2 || s.Refusals != 1 || s.Accepted == 0 {
-		t.Errorf("/stats netgsm %+v, want %d receipts and 1 refusal", s, n+2)
+	if s := stats["netgsm"]; s.Receipts != n+4 || s.Refusals != 3 || s.Accepted == 0 {
+		t.Errorf("/stats netgsm %+v, want %d receipts and 3 refusals (one of them of a consent since given again)", s, n+4)
 	}
 }
 
@@ -196,11 +242,11 @@ func TestNetgsmReportRoundsSurviveFailedWrites(t *testing.T) {
 	})
 	p := netgsmPoller(reporter, store, sink, time.Millisecond, slog.New(slog.DiscardHandler))
 	noConsent := p.NoConsent
-	p.NoConsent = func(ctx context.Context, cid int64, addrs []string, ev string, at time.Time) error {
+	p.NoConsent = func(ctx context.Context, cid int64, addr, ev string, at time.Time) error {
 		if failConsent {
 			return errors.New("postgres restarting")
 		}
-		return noConsent(ctx, cid, addrs, ev, at)
+		return noConsent(ctx, cid, addr, ev, at)
 	}
 	final := func() int {
 		c := 0
@@ -225,11 +271,11 @@ func TestNetgsmReportRoundsSurviveFailedWrites(t *testing.T) {
 	}
 	failReceipts = false
 	p.Poll(ctx)
-	if got := final(); got != 5 {
-		t.Fatalf("after a good round: %d of 5 deliveries known", got)
+	if got := final(); got != 3+len(magicUsers) {
+		t.Fatalf("after a good round: %d of %d deliveries known", got, 3+len(magicUsers))
 	}
-	if s := p.Stats(); s.SinkErrors != 2 || s.Receipts != 5 || s.Refusals != 1 {
-		t.Fatalf("stats %+v: want 2 failed rounds, then 5 receipts with 1 refusal", s)
+	if s := p.Stats(); s.SinkErrors != 2 || s.Receipts != int64(3+len(magicUsers)) || s.Refusals != 3 {
+		t.Fatalf("stats %+v: want 2 failed rounds, then %d receipts with 3 refusals", s, 3+len(magicUsers))
 	}
 	// Nothing is due any more: the next round asks Netgsm nothing.
 	before := p.Stats().Accepted
@@ -250,8 +296,8 @@ func TestNetgsmReportsArePolledByOneProcess(t *testing.T) {
 	var mu sync.Mutex
 	running := map[string]bool{}
 	var both, runs []string
-	poller := func(name string) func(context.Context) {
-		return func(ctx context.Context) {
+	poller := func(name string) func(context.Context) bool {
+		return func(ctx context.Context) bool {
 			mu.Lock()
 			running[name] = true
 			runs = append(runs, name)
@@ -263,6 +309,7 @@ func TestNetgsmReportsArePolledByOneProcess(t *testing.T) {
 			mu.Lock()
 			delete(running, name)
 			mu.Unlock()
+			return false
 		}
 	}
 	log := slog.New(slog.DiscardHandler)
@@ -296,4 +343,48 @@ func TestNetgsmReportsArePolledByOneProcess(t *testing.T) {
 	if len(both) > 0 {
 		t.Fatalf("both processes polled at once (runs %v)", runs)
 	}
+}
+
+// A holder whose rounds keep failing (its address not on Netgsm's allow-list) lets go, and another process
+// polls; the lock takes no connection from the pool the poll needs (a pool of one connection).
+func TestNetgsmReportsMoveToAProcessThatCanPoll(t *testing.T) {
+	t.Parallel()
+	_, dbURL := testdb.New(t)
+	cfg, err := pgxpool.ParseConfig(dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.MaxConns = 1
+	db, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	const key = 0x74657375
+	var mu sync.Mutex
+	var failing, polled int
+	broken := func(ctx context.Context) bool {
+		mu.Lock()
+		failing++
+		mu.Unlock()
+		return true // gave up: every round failed
+	}
+	healthy := func(ctx context.Context) bool {
+		// The poll reads Postgres through the pool while the lock is held.
+		var one int
+		if err := db.QueryRow(ctx, `SELECT 1`).Scan(&one); err == nil {
+			mu.Lock()
+			polled++
+			mu.Unlock()
+		}
+		<-ctx.Done()
+		return false
+	}
+	log := slog.New(slog.DiscardHandler)
+	go pollAlone(ctx, db, broken, key, 30*time.Millisecond, 20*time.Millisecond, log)
+	waitFor(t, 5*time.Second, func() bool { mu.Lock(); defer mu.Unlock(); return failing > 0 })
+	go pollAlone(ctx, db, healthy, key, 30*time.Millisecond, 20*time.Millisecond, log)
+	waitFor(t, 5*time.Second, func() bool { mu.Lock(); defer mu.Unlock(); return polled > 0 })
 }

@@ -36,7 +36,7 @@ func (o *reportOptions) validate() error {
 
 // reportColumns is the CSV header, and the JSON keys, in order (a contract: change only by adding).
 var reportColumns = []string{"user_id", "address", "status", "reason", "code", "provider", "provider_message_id",
-	"attempts", "sent_at", "delivery", "delivered_at"}
+	"attempts", "sent_at", "delivery", "delivered_at", "delivery_error"}
 
 func (a *app) newReportCmd() *cobra.Command {
 	var o reportOptions
@@ -45,7 +45,8 @@ func (a *app) newReportCmd() *cobra.Command {
 		Short: "List every audience row of a campaign, excluded ones too, with its status and reason",
 		Long: `List one row per audience row of the campaign: every planned recipient with its status (sent, failed,
 skipped, unknown or pending) and every row the launch excluded (status excluded), each with its reason,
-promo code, provider, the provider's message ID, attempts, and when it was sent and delivered.
+promo code, provider, the provider's message ID, attempts, when it was sent and delivered, and the last
+receipt's word (delivery) with why it says the message was not delivered (delivery_error).
 
 Output is CSV with a header line (--csv, the default) or, with --json, one JSON array of objects
 with the same snake_case keys. Rows come in no particular order and are written as they are read, so a
@@ -136,7 +137,7 @@ func (a *app) report(ctx context.Context, o reportOptions) error {
 	err = store.Report(ctx, o.id, o.statuses, func(r campaign.ReportRow) error {
 		fix(&r)
 		rec[0], rec[1], rec[2], rec[3], rec[4], rec[5], rec[6] = r.UserID, r.Address, r.Status, r.Reason, r.Code, r.Provider, r.ProviderMessageID
-		rec[7], rec[8], rec[9], rec[10] = strconv.Itoa(r.Attempts), csvTime(r.SentAt), r.Delivery, csvTime(r.DeliveredAt)
+		rec[7], rec[8], rec[9], rec[10], rec[11] = strconv.Itoa(r.Attempts), csvTime(r.SentAt), r.Delivery, csvTime(r.DeliveredAt), r.DeliveryError
 		return cw.Write(rec)
 	})
 	if err != nil {

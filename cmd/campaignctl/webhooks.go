@@ -17,10 +17,12 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/campaignctl/campaignctl/campaign"
 	"github.com/campaignctl/campaignctl/internal/unsubscribe"
+	"github.com/campaignctl/campaignctl/providers"
 	"github.com/campaignctl/campaignctl/providers/netgsm"
 	"github.com/campaignctl/campaignctl/providers/receipts"
 )
@@ -74,7 +76,9 @@ undelivered, bounced or dropped (campaignctl status shows accepted against deliv
 Netgsm posts no receipts: with NETGSM_USERCODE and NETGSM_PASSWORD set (and NETGSM_BASE_URL, as on the
 workers), its report API is asked, every --netgsm-report-interval, about 100 of the messages sent through
 it in the last 3 days whose delivery is not known, in turn. A report of status 16 (İYS holds no consent)
-turns that person's stored consent RET here, as a send refused with code 50 does.
+turns that person's stored consent RET here, as a send refused with code 50 does. Of several webhooks
+processes on one database, one polls at a time (a Postgres advisory lock); another takes over within a
+minute when it stops.
 
 A refusal is a local RET at once (a running campaign skips the person from its next chunk; the next launch
 excludes them as consent_ret) and waits in the İYS outbox: campaignctl iys push registers it in İYS.
@@ -143,7 +147,11 @@ the provider posts again). Headers must arrive within ` + webhooksReadHeaderTime
 				return err
 			}
 			if token == "" && len(handlers) == 0 && signer == nil && reporter == nil {
-				return usagef("nothing to receive: set TWILIO_AUTH_TOKEN (Twilio status callbacks and incoming SMS), SENDGRID_WEBHOOK_PUBLIC_KEY (SendGrid events), WEBHOOKS_PUBLIC_URL with UNSUBSCRIBE_SECRET (one-click unsubscribe links) and/or NETGSM_USERCODE with NETGSM_PASSWORD (Netgsm's reports)")
+				netgsmHow := "NETGSM_USERCODE with NETGSM_PASSWORD (Netgsm's reports)"
+				if netgsmEvery == 0 && a.getenv("NETGSM_USERCODE") != "" {
+					netgsmHow = "a --netgsm-report-interval above 0 (Netgsm's reports: 0 turns them off)"
+				}
+				return usagef("nothing to receive: set TWILIO_AUTH_TOKEN (Twilio status callbacks and incoming SMS), SENDGRID_WEBHOOK_PUBLIC_KEY (SendGrid events), WEBHOOKS_PUBLIC_URL with UNSUBSCRIBE_SECRET (one-click unsubscribe links) and/or %s", netgsmHow)
 			}
 
 			engine, err := a.openEngine(ctx)
@@ -158,7 +166,10 @@ the provider posts again). Headers must arrive within ` + webhooksReadHeaderTime
 			var poller *receipts.NetgsmPoller
 			if reporter != nil {
 				poller = netgsmPoller(reporter, campaign.NewStore(engine), deliveries, netgsmEvery, log)
-				go pollAlone(ctx, engine, poller.Run, netgsmPollLock, time.Minute, 5*time.Second, log)
+				go pollAlone(ctx, engine, poller.Run, netgsmPollLock, time.Minute, 2*time.Second, log)
+				if netgsmEvery < 6*time.Second {
+					fmt.Fprintf(a.stderr, "warning: --netgsm-report-interval %v: Netgsm answers 10 report queries a minute, and refuses the rest (the poller then waits a minute)\n", netgsmEvery)
+				}
 			}
 
 			ln, err := net.Listen("tcp", addr)
@@ -205,7 +216,7 @@ the provider posts again). Headers must arrive within ` + webhooksReadHeaderTime
 				fmt.Fprintf(a.stderr, "receiving %s at %s%s\n", what, shown, webhooksPaths[name])
 			}
 			if poller != nil {
-				fmt.Fprintf(a.stderr, "asking Netgsm for the reports of its messages every %v\n", netgsmEvery)
+				fmt.Fprintf(a.stderr, "asking Netgsm for the reports of its messages every %v, while no other webhooks process on this database does\n", netgsmEvery)
 			}
 			if signer != nil {
 				fmt.Fprintf(a.stderr, "serving one-click unsubscribe links at %s%s…\n", strings.TrimSuffix(a.getenv(publicURLEnv), "/"), unsubscribe.Path)
@@ -505,64 +516,82 @@ func netgsmPoller(reporter receipts.NetgsmReporter, store *campaign.Store, deliv
 			return out, err
 		},
 		Sink: deliveries,
-		NoConsent: func(ctx context.Context, id int64, addrs []string, evidence string, at time.Time) error {
+		NoConsent: func(ctx context.Context, id int64, addr, evidence string, at time.Time) error {
 			c, err := store.Get(ctx, id)
 			if err != nil {
 				return err
 			}
-			n, err := store.ProviderNoConsent(ctx, c, addrs, evidence, at)
+			n, err := store.ProviderNoConsent(ctx, c, []string{addr}, evidence, at)
 			if err == nil {
-				log.Warn("netgsm reports: İYS holds no consent for numbers of a campaign; their consents turned RET here",
-					"campaign_id", id, "numbers", len(addrs), "consents_revoked", n)
+				log.Warn("netgsm reports: İYS holds no consent for a number Netgsm was asked to send to; its consent turned RET here",
+					"campaign_id", id, "address", providers.MaskAddress(addr), "consents_revoked", n)
 			}
 			return err
 		},
-		Every: every,
-		Idle:  time.Minute,
-		Log:   log,
+		Every:       every,
+		Idle:        time.Minute,
+		GiveUpAfter: 3,
+		Log:         log,
 	}
 }
 
 // netgsmPollLock is the session advisory lock held by the one webhooks process that polls Netgsm's reports.
 const netgsmPollLock = 0x6e657467 // "netg"
 
-// pollAlone runs poll while this process holds the session advisory lock key on a connection of its own,
-// so that of several webhooks processes on one database (replicas) one asks Netgsm at a time: the
-// account answers 10 report queries a minute in all. The others try for the lock every retry; when the
-// holder dies, or its connection does (Postgres restarted), its session ends and the lock with it, and the
-// next try anywhere takes over, 2 × check after it took the lock (the old holder's poll's context is
-// cancelled once its connection stops answering a check, every check, within check), so that two never
-// poll at once.
-func pollAlone(ctx context.Context, pool *pgxpool.Pool, poll func(context.Context), key int64, retry, check time.Duration, log *slog.Logger) {
+// pollAlone runs poll while this process holds the session advisory lock key, on a connection of its
+// own (not one of pool's, which poll needs), so that of several webhooks processes on one database
+// (replicas) one asks Netgsm at a time: the account answers 10 report queries a minute in all. The others
+// try for the lock every retry; when the holder dies, or its connection does (Postgres restarted), its
+// session ends and the lock with it, and the next try anywhere takes over, 2 × check after it took the
+// lock (the old holder's poll's context is cancelled once its connection stops answering a check, every
+// check, within check), so that two never poll at once. A holder whose poll gives up (its rounds keep
+// failing: its address is not on the account's allow-list, say) lets go, and tries again only after
+// 5 × retry, so that another process can take over.
+func pollAlone(ctx context.Context, pool *pgxpool.Pool, poll func(context.Context) (gaveUp bool), key int64, retry, check time.Duration, log *slog.Logger) {
 	for {
-		if held := holdAndRun(ctx, pool, poll, key, check); !held {
-			log.Debug("netgsm reports: another webhooks process polls them", "retry_in", retry)
+		wait := retry
+		held, gaveUp, err := holdAndRun(ctx, pool, poll, key, check, func() {
+			log.Info("netgsm reports: this process polls them (it holds the lock)")
+		})
+		switch {
+		case ctx.Err() != nil:
+			return
+		case err != nil:
+			log.Warn("netgsm reports: cannot take the lock that lets one webhooks process poll them", "err", err, "retry_in", retry.String())
+		case gaveUp:
+			wait = 5 * retry
+			log.Warn("netgsm reports: the rounds keep failing here; another webhooks process may poll them", "retry_in", wait.String())
+		case held:
+			log.Warn("netgsm reports: lost the lock (its connection to Postgres failed); polling stopped here", "retry_in", retry.String())
+		default:
+			log.Debug("netgsm reports: another webhooks process polls them", "retry_in", retry.String())
 		}
 		select {
 		case <-ctx.Done():
 			return
-		case <-time.After(retry):
+		case <-time.After(wait):
 		}
 	}
 }
 
-// holdAndRun takes the lock on a connection of its own and runs poll until ctx is done or the connection
-// fails; it reports whether it held the lock.
-func holdAndRun(ctx context.Context, pool *pgxpool.Pool, poll func(context.Context), key int64, check time.Duration) bool {
-	conn, err := pool.Acquire(ctx)
+// holdAndRun takes the lock on a connection of its own and runs poll until ctx is done, poll gives up or
+// the connection fails; it reports whether it held the lock and whether poll gave up. took is called once
+// the lock is held.
+func holdAndRun(ctx context.Context, pool *pgxpool.Pool, poll func(context.Context) bool, key int64, check time.Duration, took func()) (held, gaveUp bool, err error) {
+	conn, err := pgx.ConnectConfig(ctx, pool.Config().ConnConfig.Copy())
 	if err != nil {
-		return false
+		return false, false, err
 	}
-	var held bool
+	// The session's end releases the lock: closing the connection says so whatever state it is in.
+	defer conn.Close(context.WithoutCancel(ctx)) //nolint:errcheck // a dead connection is closed already
 	if err := conn.QueryRow(ctx, `SELECT pg_try_advisory_lock($1)`, key).Scan(&held); err != nil || !held {
-		conn.Release()
-		return false
+		return false, false, err
 	}
+	took()
 	// A holder whose session ended keeps polling until its next check fails: let it notice first.
 	select {
 	case <-ctx.Done():
-		conn.Hijack().Close(context.Background()) //nolint:errcheck // on the way out
-		return true
+		return true, false, nil
 	case <-time.After(2 * check):
 	}
 	runCtx, cancel := context.WithCancel(ctx)
@@ -584,10 +613,8 @@ func holdAndRun(ctx context.Context, pool *pgxpool.Pool, poll func(context.Conte
 			}
 		}
 	}()
-	poll(runCtx)
+	gaveUp = poll(runCtx)
 	cancel()
 	<-watched
-	// The session's end releases the lock: closing the connection says so whatever state it is in.
-	conn.Hijack().Close(context.Background()) //nolint:errcheck // a dead connection is closed already
-	return true
+	return true, gaveUp, nil
 }

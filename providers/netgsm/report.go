@@ -58,15 +58,19 @@ type ReportJob struct {
 	Status int
 	// ErrorCode is the operator's error code, when Netgsm gives one (0 when not).
 	ErrorCode int
+	// DeliveredAt is when the handset received it, as Netgsm reports it (zero when it gives no date it
+	// can be read as).
+	DeliveredAt time.Time
 }
 
 // Outcome is what a report status means for the message: its delivery status in the vocabulary of the
 // other providers' receipts ("delivered", "undelivered", "failed"; "" while Netgsm does not know yet),
 // why it was not delivered, and whether Netgsm asked İYS and found no consent (ReportIYSRejected: the same
-// refusal as a send's code 50, only found after the message was accepted).
+// refusal as a send's code 50, only found after the message was accepted). A status Netgsm did not give,
+// or one this package does not know, is not taken as final: the message is asked about again.
 func (j ReportJob) Outcome() (delivery, reason string, noConsent bool) {
 	switch j.Status {
-	case ReportPending:
+	case ReportPending, reportStatusUnseen:
 		return "", "", false
 	case ReportDelivered:
 		return "delivered", "", false
@@ -85,7 +89,7 @@ func (j ReportJob) Outcome() (delivery, reason string, noConsent bool) {
 		ReportIYSError:    "İYS could not be asked: not sent",
 	}[j.Status]
 	if !ok {
-		what = "not delivered"
+		return "", "", false
 	}
 	reason = fmt.Sprintf("netgsm %d: %s", j.Status, what)
 	if j.ErrorCode != 0 {
@@ -114,6 +118,7 @@ type reportAnswer struct {
 		Number    string          `json:"number"`
 		Status    json.RawMessage `json:"status"`
 		ErrorCode json.RawMessage `json:"errorCode"`
+		Delivered string          `json:"deliveredDate"`
 	} `json:"jobs"`
 }
 
@@ -167,7 +172,7 @@ func (p *Provider) Report(ctx context.Context, jobIDs []string, from, to time.Ti
 				continue
 			}
 			st, err := strconv.Atoi(unquote(j.Status))
-			if err != nil {
+			if err != nil || st < 0 {
 				st = reportStatusUnseen
 			}
 			code, _ := strconv.Atoi(unquote(j.ErrorCode))
@@ -178,13 +183,14 @@ func (p *Provider) Report(ctx context.Context, jobIDs []string, from, to time.Ti
 			if len(no) == 10 {
 				no = "+90" + no
 			}
-			out = append(out, ReportJob{JobID: id, Number: no, Status: st, ErrorCode: code})
+			out = append(out, ReportJob{JobID: id, Number: no, Status: st, ErrorCode: code, DeliveredAt: reportDate(j.Delivered)})
 		}
 		return out, nil
 	case decoded && a.Code == "60":
 		return nil, nil
 	case decoded && a.Code == "80":
 		e.Class, e.Throttled, e.RetryAfter = providers.Transient, true, time.Minute
+		e.Message = wire.Join(e.Message, fmt.Sprintf("Netgsm answers %d report queries a minute to an account: another process asking with the same credentials, or a --netgsm-report-interval under 6s", ReportsPerMinute))
 	case decoded && a.Code == "30":
 		e.Class, e.Account = providers.Permanent, true
 		e.Message = wire.Join(e.Message, "check NETGSM_USERCODE, NETGSM_PASSWORD and the API IP allow-list")
@@ -198,6 +204,21 @@ func (p *Provider) Report(ctx context.Context, jobIDs []string, from, to time.Ti
 		e.Err = p.redactErr(readErr, "")
 	}
 	return nil, e
+}
+
+// reportDate reads a date of a report: Netgsm's dd.MM.yyyy HH:mm:ss in Turkey's time, or an ISO 8601 one
+// (with its zone, or else Turkey's). Zero when it is none of them.
+func reportDate(s string) time.Time {
+	s = strings.TrimSpace(s)
+	if t, err := time.Parse(time.RFC3339, s); err == nil {
+		return t
+	}
+	for _, layout := range []string{reportDateLayout, "2006-01-02 15:04:05", "2006-01-02T15:04:05", "02.01.2006 15:04"} {
+		if t, err := time.ParseInLocation(layout, s, turkey); err == nil {
+			return t
+		}
+	}
+	return time.Time{}
 }
 
 // unquote reads a JSON number or string as its text ("" for null or nothing).

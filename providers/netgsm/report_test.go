@@ -124,3 +124,19 @@ func TestReportAccountError(t *testing.T) {
 		t.Errorf("the password is in the error: %s", msg)
 	}
 }
+
+// A status Netgsm did not give (null, missing, not a number) or one not documented is not final: the
+// message is asked about again rather than recorded as undelivered.
+func TestReportOutcomeOfUnknownStatuses(t *testing.T) {
+	t.Parallel()
+	for _, st := range []int{-1, 0, 5, 99} {
+		if d, reason, refused := (netgsm.ReportJob{JobID: "1", Status: st}).Outcome(); d != "" || reason != "" || refused {
+			t.Errorf("status %d: (%q, %q, %v), want not final", st, d, reason, refused)
+		}
+	}
+	for st, want := range map[int]string{1: "delivered", 2: "undelivered", 4: "failed", 14: "failed", 16: "undelivered"} {
+		if d, _, _ := (netgsm.ReportJob{JobID: "1", Status: st}).Outcome(); d != want {
+			t.Errorf("status %d: %q, want %s", st, d, want)
+		}
+	}
+}

@@ -21,6 +21,9 @@ import (
 //	1 delivered                           delivered
 //	2, 3, 11, 12, 15, 16                  undelivered   Error "netgsm 12: the operator could not deliver it"
 //	4, 13, 14, 17                         failed        Error "netgsm 14: the account's credit ran out: not sent"
+//	none, or one not listed here          (asked again; an unknown one counted in Stats.Ignored)
+//
+// A delivered receipt is dated when Netgsm says the handset got it; the others when the report was read.
 //
 // Status 16 (İYS holds no consent for the number) is also a provider's refusal for want of consent, the
 // same as a send's code 50 found after the message was accepted: NetgsmPoller.NoConsent records it (the
@@ -51,11 +54,14 @@ type NetgsmPoller struct {
 	Due func(ctx context.Context, afterCampaign int64, afterUser string, limit int) ([]DueMessage, error)
 	// Sink records the receipts (the same as the webhooks').
 	Sink Sink
-	// NoConsent records that Netgsm found no İYS consent for the messages of campaign id to addrs
-	// (campaign.Store.ProviderNoConsent).
-	NoConsent func(ctx context.Context, campaignID int64, addrs []string, evidence string, at time.Time) error
+	// NoConsent records that Netgsm found no İYS consent for campaign id's message to addr, sent at at
+	// (campaign.Store.ProviderNoConsent): a consent given after the send is not the one İYS refused.
+	NoConsent func(ctx context.Context, campaignID int64, addr, evidence string, at time.Time) error
 	// Every is the pause between two queries; Idle the pause once nothing is due.
 	Every, Idle time.Duration
+	// GiveUpAfter is how many rounds in a row may fail before Run returns (0: never), so that a process
+	// that cannot ask Netgsm (its address not on the account's allow-list) lets another one poll.
+	GiveUpAfter int
 	Log         *slog.Logger
 
 	stats     counter
@@ -68,7 +74,8 @@ type NetgsmPoller struct {
 
 // Stats returns what the poller did: Accepted counts the queries answered, Receipts the final statuses
 // recorded, Refusals the İYS refusals among them, Unmatched the reports that named another number than
-// the message's, SinkErrors the rounds the sinks failed, Rejected the queries refused by reason.
+// the message's, Ignored the statuses this package does not know ("status_N"), SinkErrors the rounds
+// the sinks failed, Rejected the queries refused by reason.
 func (p *NetgsmPoller) Stats() Stats {
 	s := p.stats.snapshot()
 	if s.Rejected == nil {
@@ -77,21 +84,43 @@ func (p *NetgsmPoller) Stats() Stats {
 	return s
 }
 
-// Run polls until ctx is done.
-func (p *NetgsmPoller) Run(ctx context.Context) {
+func (p *NetgsmPoller) count(f func(*Stats)) {
+	p.stats.update(func(s *Stats) {
+		if s.Rejected == nil {
+			s.Rejected, s.Ignored = map[string]int64{}, map[string]int64{}
+		}
+		f(s)
+	})
+}
+
+// Run polls until ctx is done, or until GiveUpAfter rounds in a row failed; it reports whether it gave up.
+// It first asks about a job that cannot exist, so that wrong credentials are logged at once rather than
+// once something is due.
+func (p *NetgsmPoller) Run(ctx context.Context) (gaveUp bool) {
+	failed := 0
+	if _, err := p.Reporter.Report(ctx, []string{"0"}, time.Now().Add(-time.Minute), time.Now()); err != nil && ctx.Err() == nil {
+		p.fail("ask Netgsm for its reports", err)
+		failed++
+	}
 	for {
-		wait := p.Poll(ctx)
+		wait, ok := p.Poll(ctx)
+		if ok {
+			failed = 0
+		} else if failed++; p.GiveUpAfter > 0 && failed >= p.GiveUpAfter && ctx.Err() == nil {
+			return true
+		}
 		select {
 		case <-ctx.Done():
-			return
+			return false
 		case <-time.After(wait):
 		}
 	}
 }
 
 // Poll makes one query for the next messages due (starting again from the first once the last were
-// asked about), records what it says, and returns how long to wait before the next.
-func (p *NetgsmPoller) Poll(ctx context.Context) time.Duration {
+// asked about), records what it says, and returns how long to wait before the next, and whether the
+// round went through (nothing due is a round that went through).
+func (p *NetgsmPoller) Poll(ctx context.Context) (time.Duration, bool) {
 	now := time.Now
 	if p.now != nil {
 		now = p.now
@@ -103,10 +132,10 @@ func (p *NetgsmPoller) Poll(ctx context.Context) time.Duration {
 	}
 	if err != nil {
 		p.fail("read the messages due a report", err)
-		return p.Every
+		return p.Every, false
 	}
 	if len(due) == 0 {
-		return max(p.Idle, p.Every)
+		return max(p.Idle, p.Every), true
 	}
 	ids := make([]string, len(due))
 	from := due[0].SentAt
@@ -136,25 +165,21 @@ func (p *NetgsmPoller) Poll(ctx context.Context) time.Duration {
 				wait = max(wait, time.Minute)
 			}
 		}
-		p.stats.update(func(s *Stats) {
-			if s.Rejected == nil {
-				s.Rejected, s.Ignored = map[string]int64{}, map[string]int64{}
-			}
-			s.Rejected[reason]++
-		})
+		p.count(func(s *Stats) { s.Rejected[reason]++ })
 		p.fail("ask Netgsm for its reports", err)
-		return wait
+		return wait, false
 	}
-	p.stats.update(func(s *Stats) { s.Accepted++ })
+	p.count(func(s *Stats) { s.Accepted++ })
 	byJob := make(map[string][]netgsm.ReportJob, len(jobs))
 	for _, j := range jobs {
 		byJob[j.JobID] = append(byJob[j.JobID], j)
 	}
 	at := now()
 	var rs []Receipt
-	refused := map[int64][]string{}
-	evidence := map[int64]string{}
+	var refused []DueMessage
+	var evidence []string
 	var unmatched int64
+	unknown := map[string]int64{}
 	for _, d := range due {
 		for _, j := range byJob[d.MessageID] {
 			if j.Number != d.Address {
@@ -163,46 +188,61 @@ func (p *NetgsmPoller) Poll(ctx context.Context) time.Duration {
 			}
 			status, reason, noConsent := j.Outcome()
 			if status == "" {
+				if j.Status > 0 {
+					unknown["status_"+strconv.Itoa(j.Status)]++
+				}
 				continue
 			}
-			rs = append(rs, Receipt{Provider: "netgsm", MessageID: d.MessageID, CampaignID: d.CampaignID, UserID: d.UserID,
-				Address: d.Address, Status: status, Error: reason, EventID: "netgsm:" + d.MessageID + ":" + strconv.Itoa(j.Status), At: at})
-			if noConsent {
-				refused[d.CampaignID] = append(refused[d.CampaignID], d.Address)
-				if evidence[d.CampaignID] == "" {
-					evidence[d.CampaignID] = fmt.Sprintf("netgsm report: job %s status %d (İYS rejected)", d.MessageID, j.Status)
+			when := at
+			if status == "delivered" && !j.DeliveredAt.IsZero() {
+				// When the handset got it, as Netgsm says, within the send and now.
+				when = j.DeliveredAt
+				if when.Before(d.SentAt) {
+					when = d.SentAt
 				}
+				if when.After(at) {
+					when = at
+				}
+			}
+			rs = append(rs, Receipt{Provider: "netgsm", MessageID: d.MessageID, CampaignID: d.CampaignID, UserID: d.UserID,
+				Address: d.Address, Status: status, Error: reason, EventID: "netgsm:" + d.MessageID + ":" + strconv.Itoa(j.Status), At: when})
+			if noConsent {
+				refused = append(refused, d)
+				evidence = append(evidence, fmt.Sprintf("netgsm report: job %s status %d (İYS rejected)", d.MessageID, j.Status))
 			}
 		}
 	}
-	var nRefused int
-	for id, addrs := range refused {
-		if err := p.NoConsent(ctx, id, addrs, evidence[id], at); err != nil {
-			p.stats.update(func(s *Stats) { s.SinkErrors++ })
+	for i, d := range refused {
+		// Dated when the message was sent: Netgsm asked İYS then.
+		if err := p.NoConsent(ctx, d.CampaignID, d.Address, evidence[i], d.SentAt); err != nil {
+			p.count(func(s *Stats) { s.SinkErrors++ })
 			p.fail("record Netgsm's İYS refusals", err)
-			return p.Every
+			return p.Every, false
 		}
-		nRefused += len(addrs)
 	}
 	if len(rs) > 0 {
 		if err := p.Sink.Record(ctx, rs); err != nil {
-			p.stats.update(func(s *Stats) { s.SinkErrors++ })
+			p.count(func(s *Stats) { s.SinkErrors++ })
 			p.fail("record Netgsm's reports", err)
-			return p.Every
+			return p.Every, false
 		}
 	}
-	p.stats.update(func(s *Stats) {
+	p.count(func(s *Stats) {
 		s.Receipts += int64(len(rs))
-		s.Refusals += int64(nRefused)
+		s.Refusals += int64(len(refused))
 		s.Unmatched += unmatched
+		for k, n := range unknown {
+			s.Ignored[k] += n
+		}
 	})
-	if len(rs) > 0 || unmatched > 0 {
-		p.log().Info("netgsm reports recorded", "asked", len(due), "final", len(rs), "iys_refused", nRefused, "other_number", unmatched)
+	if len(rs) > 0 || unmatched > 0 || len(unknown) > 0 {
+		p.log().Info("netgsm reports recorded", "asked", len(due), "final", len(rs), "iys_refused", len(refused), "other_number", unmatched,
+			"unknown_statuses", len(unknown))
 	}
 	last := due[len(due)-1]
 	p.afterCamp, p.afterUser = last.CampaignID, last.UserID
 	p.lastErr = ""
-	return p.Every
+	return p.Every, true
 }
 
 // fail logs a failed round: the first of a run of the same error, then once a minute.

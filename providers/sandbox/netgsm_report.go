@@ -24,9 +24,12 @@ import (
 //
 // A message's status is 0 (pending) until the receipt delay (ReceiptSettings) has passed since it was
 // accepted, then final: 1 (delivered) unless its number is a magic report number +9055501SSNNN, whose
-// report says status SS (03 invalid number, 11 refused by the operator, 12 delivery error, 13
-// duplicate, 15 blacklisted, 16 İYS rejected, 17 İYS error). A message accepted while receipts are off
-// stays pending. A final status served is noted in the message log (Message.Receipt "netgsm:<status>").
+// report says status SS (02 expired, 03 invalid number, 04 not sent to the operator, 11 refused by the
+// operator, 12 delivery error, 13 duplicate, 14 no credit, 15 blacklisted, 16 İYS rejected, 17 İYS
+// error; any other SS is delivered). A message accepted while receipts are off stays pending. A final
+// status served is noted in the message log (Message.Receipt "netgsm:<status>"). The jobs live in the
+// sandbox's memory: a restarted sandbox knows none of those accepted before (code 60), as Netgsm would
+// not forget them.
 
 // netgsmReportPrefix is the prefix of the magic report numbers; the two digits after it are the status.
 const netgsmReportPrefix = "+9055501"
@@ -38,7 +41,7 @@ const (
 )
 
 // netgsmMagicReports are the statuses a magic report number may ask for.
-var netgsmMagicReports = map[int]bool{3: true, 11: true, 12: true, 13: true, 15: true, 16: true, 17: true}
+var netgsmMagicReports = map[int]bool{2: true, 3: true, 4: true, 11: true, 12: true, 13: true, 14: true, 15: true, 16: true, 17: true}
 
 // netgsmJob is what the report needs of one accepted job.
 type netgsmJob struct {

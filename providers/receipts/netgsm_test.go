@@ -1,0 +1,51 @@
+package receipts_test
+
+import (
+	"context"
+	"net"
+	"testing"
+	"time"
+
+	"github.com/campaignctl/campaignctl/providers/netgsm"
+	"github.com/campaignctl/campaignctl/providers/receipts"
+)
+
+// A poller that cannot reach Netgsm round after round gives up after GiveUpAfter rounds (so that its
+// process lets another poll), and counts the refused queries; a poller that may never give up does not.
+func TestNetgsmPollerGivesUpAfterFailedRounds(t *testing.T) {
+	t.Parallel()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close() // nothing listens there: every query fails before it is sent
+	rep, err := netgsm.NewReporter(netgsm.Config{UserCode: "u", Password: "p", BaseURL: "http://" + addr, Timeout: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	due := func(context.Context, int64, string, int) ([]receipts.DueMessage, error) {
+		return []receipts.DueMessage{{CampaignID: 1, UserID: "u", Address: "+905321234567", MessageID: "123", SentAt: time.Now()}}, nil
+	}
+	p := &receipts.NetgsmPoller{Reporter: rep, Due: due, Every: time.Millisecond, GiveUpAfter: 3,
+		Sink: receipts.SinkFunc(func(context.Context, []receipts.Receipt) error { return nil })}
+	done := make(chan bool)
+	go func() { done <- p.Run(context.Background()) }()
+	select {
+	case gaveUp := <-done:
+		if !gaveUp {
+			t.Fatal("Run returned without giving up")
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("a poller failing every round did not give up")
+	}
+	if s := p.Stats(); s.Rejected["provider_transient"] < 2 || s.Accepted != 0 {
+		t.Fatalf("stats %+v: want the refused queries counted", s)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	p2 := &receipts.NetgsmPoller{Reporter: rep, Due: due, Every: time.Millisecond}
+	if p2.Run(ctx) {
+		t.Fatal("a poller without GiveUpAfter gave up")
+	}
+}
