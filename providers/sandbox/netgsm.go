@@ -65,11 +65,8 @@ func (s *Server) netgsmSend(w http.ResponseWriter, r *http.Request) {
 		s.netgsmError(w, http.StatusMethodNotAllowed, netgsmParams, "Method not allowed")
 		return
 	}
-	user, pass, ok := r.BasicAuth()
-	if !ok || user == "" || pass == "" ||
-		(s.opts.NetgsmUserCode != "" && user != s.opts.NetgsmUserCode) ||
-		(s.opts.NetgsmPassword != "" && subtle.ConstantTimeCompare([]byte(pass), []byte(s.opts.NetgsmPassword)) != 1) {
-		s.netgsmError(w, http.StatusOK, netgsmAuth, "Geçersiz kullanıcı adı, şifre veya kullanıcınızın API erişim izni yok.")
+	user, ok := s.netgsmUser(w, r)
+	if !ok {
 		return
 	}
 	if s.overRate(w, r) {
@@ -170,6 +167,19 @@ func (s *Server) netgsmSend(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	writeJSON(w, http.StatusOK, netgsmAnswer{Code: netgsmOK, Description: "queued", JobID: job})
+}
+
+// netgsmUser checks the request's Basic auth against the credentials the fake takes (any non-empty pair
+// when none are set) and returns the user code; when they fail, it answers code 30 and reports false.
+func (s *Server) netgsmUser(w http.ResponseWriter, r *http.Request) (string, bool) {
+	user, pass, ok := r.BasicAuth()
+	if !ok || user == "" || pass == "" ||
+		(s.opts.NetgsmUserCode != "" && user != s.opts.NetgsmUserCode) ||
+		(s.opts.NetgsmPassword != "" && subtle.ConstantTimeCompare([]byte(pass), []byte(s.opts.NetgsmPassword)) != 1) {
+		s.netgsmError(w, http.StatusOK, netgsmAuth, "Geçersiz kullanıcı adı, şifre veya kullanıcınızın API erişim izni yok.")
+		return "", false
+	}
+	return user, true
 }
 
 // netgsmJobID returns a job ID shaped like Netgsm's: a number of about ten digits.

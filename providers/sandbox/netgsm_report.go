@@ -2,7 +2,6 @@ package sandbox
 
 import (
 	"cmp"
-	"crypto/subtle"
 	"encoding/json"
 	"net/http"
 	"slices"
@@ -131,11 +130,7 @@ func (s *Server) netgsmReport(w http.ResponseWriter, r *http.Request) {
 		s.netgsmError(w, http.StatusMethodNotAllowed, netgsmParams, "Method not allowed")
 		return
 	}
-	user, pass, ok := r.BasicAuth()
-	if !ok || user == "" || pass == "" ||
-		(s.opts.NetgsmUserCode != "" && user != s.opts.NetgsmUserCode) ||
-		(s.opts.NetgsmPassword != "" && subtle.ConstantTimeCompare([]byte(pass), []byte(s.opts.NetgsmPassword)) != 1) {
-		s.netgsmError(w, http.StatusOK, netgsmAuth, "Geçersiz kullanıcı adı, şifre veya kullanıcınızın API erişim izni yok.")
+	if _, ok := s.netgsmUser(w, r); !ok {
 		return
 	}
 	now := s.now()
