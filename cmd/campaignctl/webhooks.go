@@ -522,9 +522,14 @@ func netgsmPoller(reporter receipts.NetgsmReporter, store *campaign.Store, deliv
 				return err
 			}
 			n, err := store.ProviderNoConsent(ctx, c, []string{addr}, evidence, at)
-			if err == nil {
+			switch {
+			case err != nil:
+			case n > 0:
 				log.Warn("netgsm reports: İYS holds no consent for a number Netgsm was asked to send to; its consent turned RET here",
 					"campaign_id", id, "address", providers.MaskAddress(addr), "consents_revoked", n)
+			default:
+				log.Info("netgsm reports: İYS held no consent for a number when Netgsm sent to it; no stored ONAY from before that send to turn RET (given again since, or none)",
+					"campaign_id", id, "address", providers.MaskAddress(addr))
 			}
 			return err
 		},

@@ -19,12 +19,15 @@ package netgsm
 import (
 	"bytes"
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"html"
 	"io"
 	"net/http"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -81,6 +84,7 @@ type Provider struct {
 	sendURL    *url.URL // endpoint, parsed (Warm)
 	reportURL  string
 	user, pass string
+	secrets    []string // the password as an answer could quote it (secretForms)
 	header     string
 	filter     string
 	client     *http.Client
@@ -130,7 +134,7 @@ func build(cfg Config, sends bool) (*Provider, error) {
 	}
 	return &Provider{
 		endpoint: endpoint, sendURL: sendURL, reportURL: strings.TrimSuffix(u.String(), "/") + ReportPath,
-		user: cfg.UserCode, pass: cfg.Password, header: cfg.Header, filter: filter,
+		user: cfg.UserCode, pass: cfg.Password, header: cfg.Header, filter: filter, secrets: secretForms(cfg.UserCode, cfg.Password),
 		timeout: timeout,
 		client: &http.Client{
 			// No Timeout here: Send bounds the request with a deadline on its context (see Send).
@@ -310,8 +314,25 @@ func (p *Provider) Send(ctx context.Context, m providers.Message) (providers.Res
 	return providers.Result{}, e
 }
 
+// secretForms are the spellings of the password an answer could quote: as it is, upper and lower case,
+// URL- and HTML-escaped, and inside the Basic credentials (base64 of user:password), the longest first.
+func secretForms(user, pass string) []string {
+	forms := []string{pass, strings.ToUpper(pass), strings.ToLower(pass), url.QueryEscape(pass), url.PathEscape(pass),
+		html.EscapeString(pass), base64.StdEncoding.EncodeToString([]byte(user + ":" + pass))}
+	slices.SortFunc(forms, func(a, b string) int { return len(b) - len(a) })
+	return slices.Compact(forms)
+}
+
 func (p *Provider) redact(s, to string) string {
-	s = strings.ReplaceAll(s, p.pass, "[secret]")
+	for _, f := range p.secrets {
+		if f != "" {
+			s = strings.ReplaceAll(s, f, "[secret]")
+		}
+	}
+	// Any case at all, as a last resort (Unicode case folding, not only ASCII).
+	for i := indexFold(s, p.pass); p.pass != "" && i >= 0; i = indexFold(s, p.pass) {
+		s = s[:i] + "[secret]" + s[i+len(p.pass):]
+	}
 	if to != "" {
 		s = strings.ReplaceAll(s, to, "[to]")
 		if no, ok := Number(to); ok {
@@ -319,6 +340,17 @@ func (p *Provider) redact(s, to string) string {
 		}
 	}
 	return s
+}
+
+// indexFold is the index of sub in s under Unicode case folding, -1 when it is not there; the match has
+// sub's length in bytes (a fold that changes the length is not looked for).
+func indexFold(s, sub string) int {
+	for i := 0; i+len(sub) <= len(s); i++ {
+		if strings.EqualFold(s[i:i+len(sub)], sub) {
+			return i
+		}
+	}
+	return -1
 }
 
 func (p *Provider) redactErr(err error, to string) error {

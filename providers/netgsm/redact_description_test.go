@@ -2,10 +2,15 @@ package netgsm_test
 
 import (
 	"context"
+	"encoding/base64"
+	"encoding/json"
+	"html"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/campaignctl/campaignctl/providers"
 	"github.com/campaignctl/campaignctl/providers/netgsm"
@@ -49,6 +54,36 @@ func TestReformattedNumberInDescriptionIsRedacted(t *testing.T) {
 		}, pe.Reason())
 		if strings.Contains(digits, "5321234567") {
 			t.Errorf("the recipient's number is in the reason stored and logged: %q", pe.Reason())
+		}
+	}
+}
+
+// A description that quotes the password in another spelling (escaped for a URL or HTML, in another case,
+// inside the Basic credentials) carries none of them into the error, on the send and on the report.
+func TestPasswordInAnySpellingIsRedacted(t *testing.T) {
+	t.Parallel()
+	const user, pass = "8503000000", "S3cret&Pw<1"
+	basic := base64.StdEncoding.EncodeToString([]byte(user + ":" + pass))
+	for _, quoted := range []string{pass, url.QueryEscape(pass), html.EscapeString(pass), strings.ToUpper(pass), strings.ToLower(pass), "Basic " + basic} {
+		desc, _ := json.Marshal("Geçersiz kullanıcı: " + quoted)
+		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Content-Type", "application/json")
+			w.Write([]byte(`{"code":"30","description":` + string(desc) + `}`))
+		}))
+		p, err := netgsm.New(netgsm.Config{UserCode: user, Password: pass, Header: "KAMPANYA", BaseURL: srv.URL})
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, sendErr := p.Send(context.Background(), providers.Message{To: "+905321234567", Body: "kod", Commercial: true})
+		_, reportErr := p.Report(context.Background(), []string{"1"}, time.Now().Add(-time.Hour), time.Now())
+		srv.Close()
+		for _, err := range []error{sendErr, reportErr} {
+			if err == nil {
+				t.Fatalf("quoting %q: no error", quoted)
+			}
+			if msg := err.Error(); strings.Contains(msg, quoted) || strings.Contains(msg, basic) || !strings.Contains(msg, "[secret]") {
+				t.Errorf("quoting %q: %s", quoted, msg)
+			}
 		}
 	}
 }

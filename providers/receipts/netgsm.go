@@ -131,6 +131,9 @@ func (p *NetgsmPoller) Poll(ctx context.Context) (time.Duration, bool) {
 		due, err = p.Due(ctx, 0, "", ReportBatch)
 	}
 	if err != nil {
+		if ctx.Err() != nil {
+			return p.Every, true // stopped, not failed
+		}
 		p.fail("read the messages due a report", err)
 		return p.Every, false
 	}
@@ -147,6 +150,9 @@ func (p *NetgsmPoller) Poll(ctx context.Context) (time.Duration, bool) {
 	}
 	// The minutes around: Netgsm keeps its own time of acceptance, a little after the send's.
 	jobs, err := p.Reporter.Report(ctx, ids, from.Add(-time.Minute), now().Add(time.Minute))
+	if err != nil && ctx.Err() != nil {
+		return p.Every, true // stopped, not failed
+	}
 	if err != nil {
 		var pe *providers.Error
 		reason := ReasonMalformed
@@ -215,6 +221,9 @@ func (p *NetgsmPoller) Poll(ctx context.Context) (time.Duration, bool) {
 	for i, d := range refused {
 		// Dated when the message was sent: Netgsm asked İYS then.
 		if err := p.NoConsent(ctx, d.CampaignID, d.Address, evidence[i], d.SentAt); err != nil {
+			if ctx.Err() != nil {
+				return p.Every, true // stopped, not failed: the round is asked again
+			}
 			p.count(func(s *Stats) { s.SinkErrors++ })
 			p.fail("record Netgsm's İYS refusals", err)
 			return p.Every, false
@@ -222,6 +231,9 @@ func (p *NetgsmPoller) Poll(ctx context.Context) (time.Duration, bool) {
 	}
 	if len(rs) > 0 {
 		if err := p.Sink.Record(ctx, rs); err != nil {
+			if ctx.Err() != nil {
+				return p.Every, true
+			}
 			p.count(func(s *Stats) { s.SinkErrors++ })
 			p.fail("record Netgsm's reports", err)
 			return p.Every, false

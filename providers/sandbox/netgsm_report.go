@@ -125,7 +125,12 @@ type netgsmReportAnswer struct {
 
 // netgsmReport imitates POST /sms/rest/v2/report (see above).
 func (s *Server) netgsmReport(w http.ResponseWriter, r *http.Request) {
-	s.log.request()
+	// The API's outages, concurrency limit and latency hold for its reports too.
+	w, done, ok := s.arrive(w, r, apiNetgsm, true)
+	defer done()
+	if !ok {
+		return
+	}
 	if r.Method != http.MethodPost {
 		s.netgsmError(w, http.StatusMethodNotAllowed, netgsmParams, "Method not allowed")
 		return

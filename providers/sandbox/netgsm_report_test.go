@@ -78,3 +78,17 @@ func TestNetgsmReportPagesAndDates(t *testing.T) {
 		t.Fatalf("log's receipts %v", receipts)
 	}
 }
+
+// An outage of Netgsm's API takes its reports down too: a 503 until it ends.
+func TestNetgsmReportsFollowTheAPIsOutage(t *testing.T) {
+	t.Parallel()
+	s := sandbox.New(sandbox.Options{Outages: []sandbox.OutagePlan{{Only: "netgsm", Duration: time.Hour}}})
+	srv := httptest.NewServer(s)
+	defer srv.Close()
+	trt := time.FixedZone("TRT", 3*3600)
+	q := map[string]any{"startdate": time.Now().Add(-time.Hour).In(trt).Format("02.01.2006 15:04:05"),
+		"stopdate": time.Now().In(trt).Format("02.01.2006 15:04:05")}
+	if st, a := netgsmPost(t, srv, "/sms/rest/v2/report", q); st != http.StatusServiceUnavailable {
+		t.Fatalf("report during an outage: %d %v, want 503", st, a)
+	}
+}
