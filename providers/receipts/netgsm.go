@@ -67,7 +67,6 @@ type NetgsmPoller struct {
 	stats     counter
 	afterCamp int64
 	afterUser string
-	now       func() time.Time
 	lastErr   string
 	loggedAt  time.Time
 }
@@ -122,9 +121,6 @@ func (p *NetgsmPoller) Run(ctx context.Context) (gaveUp bool) {
 // round went through (nothing due is a round that went through).
 func (p *NetgsmPoller) Poll(ctx context.Context) (time.Duration, bool) {
 	now := time.Now
-	if p.now != nil {
-		now = p.now
-	}
 	due, err := p.Due(ctx, p.afterCamp, p.afterUser, ReportBatch)
 	if err == nil && len(due) == 0 && (p.afterCamp != 0 || p.afterUser != "") {
 		p.afterCamp, p.afterUser = 0, ""
