@@ -57,7 +57,7 @@ func (a *app) newWebhooksCmd() *cobra.Command {
 	var keywords []string
 	cmd := &cobra.Command{
 		Use:   "webhooks",
-		Short: "Receive delivery receipts and refusals (Twilio, SendGrid, one-click unsubscribe links) and record them",
+		Short: "Receive delivery receipts and refusals (Twilio, SendGrid, one-click unsubscribe links), poll Netgsm's reports, and record them",
 		Long: `Receive the providers' delivery receipts and record, per recipient, whether the message was delivered,
 undelivered, bounced or dropped (campaignctl status shows accepted against delivered).
 
