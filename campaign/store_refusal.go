@@ -36,12 +36,29 @@ func (s *Store) LinkRecipient(ctx context.Context, id int64, userID string) (add
 // does not check. Nothing is queued for İYS. It returns how many consents turned; a campaign whose
 // messages İYS does not govern (transactional, or a channel without an İYS type) records nothing.
 func (s *Store) ProviderNoConsent(ctx context.Context, c *Campaign, addrs []string, source string, at time.Time) (int64, error) {
-	if !c.ChecksIYS() || len(addrs) == 0 {
+	ns := make([]ProviderRefusal, len(addrs))
+	for i, a := range addrs {
+		ns[i] = ProviderRefusal{Addr: a, Source: source, At: at}
+	}
+	return s.ProviderNoConsents(ctx, c, ns)
+}
+
+// ProviderRefusal is one of c's messages a provider refused for want of consent: to Addr, in the
+// provider's words Source, at At (when the provider asked İYS: a consent given after it stands).
+type ProviderRefusal struct {
+	Addr, Source string
+	At           time.Time
+}
+
+// ProviderNoConsents is ProviderNoConsent for refusals with a source and a time each (Netgsm's reports of
+// status 16, each dated with its send), in one write.
+func (s *Store) ProviderNoConsents(ctx context.Context, c *Campaign, rs []ProviderRefusal) (int64, error) {
+	if !c.ChecksIYS() || len(rs) == 0 {
 		return 0, nil
 	}
-	ns := make([]iys.NoConsent, len(addrs))
-	for i, a := range addrs {
-		ns[i] = iys.NoConsent{Recipient: a, Type: c.Channel.IYSType(), RecipientType: c.IYSRecipientType(), Source: source, At: at}
+	ns := make([]iys.NoConsent, len(rs))
+	for i, r := range rs {
+		ns[i] = iys.NoConsent{Recipient: r.Addr, Type: c.Channel.IYSType(), RecipientType: c.IYSRecipientType(), Source: r.Source, At: r.At}
 	}
 	return iys.RecordNoConsent(ctx, s.pool, c.BrandCode, ns)
 }

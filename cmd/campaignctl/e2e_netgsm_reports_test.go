@@ -242,11 +242,11 @@ func TestNetgsmReportRoundsSurviveFailedWrites(t *testing.T) {
 	})
 	p := netgsmPoller(reporter, store, sink, time.Millisecond, slog.New(slog.DiscardHandler))
 	noConsent := p.NoConsent
-	p.NoConsent = func(ctx context.Context, cid int64, addr, ev string, at time.Time) error {
+	p.NoConsent = func(ctx context.Context, cid int64, ns []receipts.NoConsent) error {
 		if failConsent {
 			return errors.New("postgres restarting")
 		}
-		return noConsent(ctx, cid, addr, ev, at)
+		return noConsent(ctx, cid, ns)
 	}
 	final := func() int {
 		c := 0

@@ -22,7 +22,6 @@ import (
 
 	"github.com/campaignctl/campaignctl/campaign"
 	"github.com/campaignctl/campaignctl/internal/unsubscribe"
-	"github.com/campaignctl/campaignctl/providers"
 	"github.com/campaignctl/campaignctl/providers/netgsm"
 	"github.com/campaignctl/campaignctl/providers/receipts"
 )
@@ -516,22 +515,23 @@ func netgsmPoller(reporter receipts.NetgsmReporter, store *campaign.Store, deliv
 			return out, err
 		},
 		Sink: deliveries,
-		NoConsent: func(ctx context.Context, id int64, addr, evidence string, at time.Time) error {
+		NoConsent: func(ctx context.Context, id int64, ns []receipts.NoConsent) error {
 			c, err := store.Get(ctx, id)
 			if err != nil {
 				return err
 			}
-			n, err := store.ProviderNoConsent(ctx, c, []string{addr}, evidence, at)
-			switch {
-			case err != nil:
-			case n > 0:
-				log.Warn("netgsm reports: İYS holds no consent for a number Netgsm was asked to send to; its consent turned RET here",
-					"campaign_id", id, "address", providers.MaskAddress(addr), "consents_revoked", n)
-			default:
-				log.Info("netgsm reports: İYS held no consent for a number when Netgsm sent to it; no stored ONAY from before that send to turn RET (given again since, or none)",
-					"campaign_id", id, "address", providers.MaskAddress(addr))
+			rs := make([]campaign.ProviderRefusal, len(ns))
+			for i, n := range ns {
+				rs[i] = campaign.ProviderRefusal{Addr: n.Address, Source: n.Evidence, At: n.At}
 			}
-			return err
+			revoked, err := store.ProviderNoConsents(ctx, c, rs)
+			if err != nil {
+				return err
+			}
+			// A number whose consent was given again after its send keeps it (revoked counts fewer).
+			log.Warn("netgsm reports: İYS held no consent for numbers Netgsm was asked to send to; the consents stored from before those sends turned RET here",
+				"campaign_id", id, "numbers", len(ns), "consents_revoked", revoked)
+			return nil
 		},
 		Every:       every,
 		Idle:        time.Minute,

@@ -41,6 +41,13 @@ type DueMessage struct {
 	SentAt             time.Time
 }
 
+// NoConsent is a message Netgsm refused for want of İYS consent (report status 16): to Address, sent at
+// At, with Evidence naming its job.
+type NoConsent struct {
+	Address, Evidence string
+	At                time.Time
+}
+
 // NetgsmReporter asks Netgsm's report API (netgsm.Provider.Report).
 type NetgsmReporter interface {
 	Report(ctx context.Context, jobIDs []string, from, to time.Time) ([]netgsm.ReportJob, error)
@@ -54,9 +61,10 @@ type NetgsmPoller struct {
 	Due func(ctx context.Context, afterCampaign int64, afterUser string, limit int) ([]DueMessage, error)
 	// Sink records the receipts (the same as the webhooks').
 	Sink Sink
-	// NoConsent records that Netgsm found no İYS consent for campaign id's message to addr, sent at at
-	// (campaign.Store.ProviderNoConsent): a consent given after the send is not the one İYS refused.
-	NoConsent func(ctx context.Context, campaignID int64, addr, evidence string, at time.Time) error
+	// NoConsent records, in one write, that Netgsm found no İYS consent for campaign id's messages ns
+	// (campaign.Store.ProviderNoConsents): each dated with its send, since a consent given after the send
+	// is not the one İYS refused.
+	NoConsent func(ctx context.Context, campaignID int64, ns []NoConsent) error
 	// Every is the pause between two queries; Idle the pause once nothing is due.
 	Every, Idle time.Duration
 	// GiveUpAfter is how many rounds in a row may fail before Run returns (0: never), so that a process
@@ -178,8 +186,8 @@ func (p *NetgsmPoller) Poll(ctx context.Context) (time.Duration, bool) {
 	}
 	at := now()
 	var rs []Receipt
-	var refused []DueMessage
-	var evidence []string
+	refused := map[int64][]NoConsent{} // by campaign
+	var nRefused int
 	var unmatched int64
 	unknown := map[string]int64{}
 	for _, d := range due {
@@ -209,14 +217,15 @@ func (p *NetgsmPoller) Poll(ctx context.Context) (time.Duration, bool) {
 			rs = append(rs, Receipt{Provider: "netgsm", MessageID: d.MessageID, CampaignID: d.CampaignID, UserID: d.UserID,
 				Address: d.Address, Status: status, Error: reason, EventID: "netgsm:" + d.MessageID + ":" + strconv.Itoa(j.Status), At: when})
 			if noConsent {
-				refused = append(refused, d)
-				evidence = append(evidence, fmt.Sprintf("netgsm report: job %s status %d (İYS rejected)", d.MessageID, j.Status))
+				// Dated with the send: Netgsm asked İYS then.
+				refused[d.CampaignID] = append(refused[d.CampaignID], NoConsent{Address: d.Address, At: d.SentAt,
+					Evidence: fmt.Sprintf("netgsm report: job %s status %d (İYS rejected)", d.MessageID, j.Status)})
+				nRefused++
 			}
 		}
 	}
-	for i, d := range refused {
-		// Dated when the message was sent: Netgsm asked İYS then.
-		if err := p.NoConsent(ctx, d.CampaignID, d.Address, evidence[i], d.SentAt); err != nil {
+	for id, ns := range refused {
+		if err := p.NoConsent(ctx, id, ns); err != nil {
 			if ctx.Err() != nil {
 				return p.Every, true // stopped, not failed: the round is asked again
 			}
@@ -237,14 +246,14 @@ func (p *NetgsmPoller) Poll(ctx context.Context) (time.Duration, bool) {
 	}
 	p.count(func(s *Stats) {
 		s.Receipts += int64(len(rs))
-		s.Refusals += int64(len(refused))
+		s.Refusals += int64(nRefused)
 		s.Unmatched += unmatched
 		for k, n := range unknown {
 			s.Ignored[k] += n
 		}
 	})
 	if len(rs) > 0 || unmatched > 0 || len(unknown) > 0 {
-		p.log().Info("netgsm reports recorded", "asked", len(due), "final", len(rs), "iys_refused", len(refused), "other_number", unmatched,
+		p.log().Info("netgsm reports recorded", "asked", len(due), "final", len(rs), "iys_refused", nRefused, "other_number", unmatched,
 			"unknown_statuses", len(unknown))
 	}
 	last := due[len(due)-1]
