@@ -80,34 +80,45 @@ func (s *refusalSink) Refuse(ctx context.Context, rs []receipts.Refusal) error {
 			s.log.Warn("refusal with an unusable address ignored", "via", via, "kind", r.Kind, "address", providers.MaskAddress(r.Address))
 			continue
 		}
-		ref := iys.Refusal{Via: via, EventID: r.EventID, Kind: r.Kind, Recipient: r.Address, Type: typ,
-			CampaignID: r.CampaignID, UserID: r.UserID, Evidence: r.Evidence, At: r.At, Suppressed: r.Suppressed}
-		if r.Kind == receipts.RefusalGroupUnsubscribe && r.CampaignID != 0 {
-			// One group of the brand's e-mails: a refusal of that brand's, not of every brand sending
-			// through the same SendGrid account (a global unsubscribe or a spam report is).
-			brand, err := s.campaignBrand(ctx, r.CampaignID)
-			if err != nil {
-				return err
-			}
-			ref.Brand = brand
-		}
-		out = append(out, ref)
+		out = append(out, iys.Refusal{Via: via, EventID: r.EventID, Kind: r.Kind, Recipient: r.Address, Type: typ,
+			CampaignID: r.CampaignID, UserID: r.UserID, Evidence: r.Evidence, At: r.At, Suppressed: r.Suppressed})
+	}
+	if err := s.scopeGroupRefusals(ctx, out); err != nil {
+		return err
 	}
 	return s.record(ctx, out)
 }
 
-// campaignBrand is campaign id's İYS brand; "" when there is no such campaign (every brand's consents
-// are then refused).
-func (s *refusalSink) campaignBrand(ctx context.Context, id int64) (string, error) {
-	var brand string
-	err := s.pool.QueryRow(ctx, `SELECT brand_code FROM campaigns WHERE id = $1`, id).Scan(&brand)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return "", nil
+// scopeGroupRefusals sets the Brand of each group_unsubscribe in rs that names its campaign to that
+// campaign's İYS brand, read in one query for the post: it refuses one group of the brand's e-mails, not
+// every brand sending through the same SendGrid account (a global unsubscribe or a spam report does). A
+// campaign that is not there leaves the refusal of every brand.
+func (s *refusalSink) scopeGroupRefusals(ctx context.Context, rs []iys.Refusal) error {
+	var ids []int64
+	for _, r := range rs {
+		if r.Kind == receipts.RefusalGroupUnsubscribe && r.CampaignID != 0 {
+			ids = append(ids, r.CampaignID)
+		}
 	}
+	if len(ids) == 0 {
+		return nil
+	}
+	rows, err := s.pool.Query(ctx, `SELECT id, brand_code FROM campaigns WHERE id = ANY($1)`, ids)
 	if err != nil {
-		return "", fmt.Errorf("the refused campaign's brand: %w", err)
+		return fmt.Errorf("the refused campaigns' brands: %w", err)
 	}
-	return brand, nil
+	brands := map[int64]string{}
+	var id int64
+	var brand string
+	if _, err := pgx.ForEachRow(rows, []any{&id, &brand}, func() error { brands[id] = brand; return nil }); err != nil {
+		return fmt.Errorf("the refused campaigns' brands: %w", err)
+	}
+	for i := range rs {
+		if rs[i].Kind == receipts.RefusalGroupUnsubscribe {
+			rs[i].Brand = brands[rs[i].CampaignID]
+		}
+	}
+	return nil
 }
 
 // lastOneClick is the event ID of the one-click refusal recorded for campaign id's link to user within the
