@@ -56,16 +56,8 @@ func (s *Server) netgsmError(w http.ResponseWriter, status int, code, descriptio
 // Every number is recorded as +90 and the number, so duplicates count across providers. The magic numbers
 // of the Twilio fake fail here as an İYS refusal (code 50).
 func (s *Server) netgsmSend(w http.ResponseWriter, r *http.Request) {
-	w, done, ok := s.arrive(w, r, apiNetgsm, true)
+	w, done, user, ok := s.netgsmArrive(w, r)
 	defer done()
-	if !ok {
-		return
-	}
-	if r.Method != http.MethodPost {
-		s.netgsmError(w, http.StatusMethodNotAllowed, netgsmParams, "Method not allowed")
-		return
-	}
-	user, ok := s.netgsmUser(w, r)
 	if !ok {
 		return
 	}
@@ -169,17 +161,28 @@ func (s *Server) netgsmSend(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, netgsmAnswer{Code: netgsmOK, Description: "queued", JobID: job})
 }
 
-// netgsmUser checks the request's Basic auth against the credentials the fake takes (any non-empty pair
-// when none are set) and returns the user code; when they fail, it answers code 30 and reports false.
-func (s *Server) netgsmUser(w http.ResponseWriter, r *http.Request) (string, bool) {
+// netgsmArrive starts a request to one of Netgsm's routes (arrive: the API's outages, concurrency limit
+// and latency), then checks that it is a POST and its Basic auth against the credentials the fake takes
+// (any non-empty pair when none are set). It returns the ResponseWriter to use from then on, done, which
+// the handler must defer, and the user code; ok is false when the request was answered already (code 30
+// for wrong credentials).
+func (s *Server) netgsmArrive(w http.ResponseWriter, r *http.Request) (_ http.ResponseWriter, done func(), user string, ok bool) {
+	w, done, ok = s.arrive(w, r, apiNetgsm, true)
+	if !ok {
+		return w, done, "", false
+	}
+	if r.Method != http.MethodPost {
+		s.netgsmError(w, http.StatusMethodNotAllowed, netgsmParams, "Method not allowed")
+		return w, done, "", false
+	}
 	user, pass, ok := r.BasicAuth()
 	if !ok || user == "" || pass == "" ||
 		(s.opts.NetgsmUserCode != "" && user != s.opts.NetgsmUserCode) ||
 		(s.opts.NetgsmPassword != "" && subtle.ConstantTimeCompare([]byte(pass), []byte(s.opts.NetgsmPassword)) != 1) {
 		s.netgsmError(w, http.StatusOK, netgsmAuth, "Geçersiz kullanıcı adı, şifre veya kullanıcınızın API erişim izni yok.")
-		return "", false
+		return w, done, "", false
 	}
-	return user, true
+	return w, done, user, true
 }
 
 // netgsmJobID returns a job ID shaped like Netgsm's: a number of about ten digits.

@@ -126,16 +126,9 @@ type netgsmReportAnswer struct {
 // netgsmReport imitates POST /sms/rest/v2/report (see above).
 func (s *Server) netgsmReport(w http.ResponseWriter, r *http.Request) {
 	// The API's outages, concurrency limit and latency hold for its reports too.
-	w, done, ok := s.arrive(w, r, apiNetgsm, true)
+	w, done, _, ok := s.netgsmArrive(w, r)
 	defer done()
 	if !ok {
-		return
-	}
-	if r.Method != http.MethodPost {
-		s.netgsmError(w, http.StatusMethodNotAllowed, netgsmParams, "Method not allowed")
-		return
-	}
-	if _, ok := s.netgsmUser(w, r); !ok {
 		return
 	}
 	now := s.now()
