@@ -245,13 +245,10 @@ func (p *Provider) Send(ctx context.Context, m providers.Message) (providers.Res
 	// timer and a channel per request. Nothing cancels the request before it (wire.Until: no timer either),
 	// and the answer is read below, within it.
 	reqCtx := wire.Until(tr.WithTrace(ctx), time.Now().Add(p.timeout))
-	req, err := http.NewRequestWithContext(reqCtx, http.MethodPost, p.endpoint, bytes.NewReader(body))
-	if err != nil {
+	resp, data, readErr, err := p.post(reqCtx, p.endpoint, body)
+	if errors.Is(err, errBuild) {
 		return providers.Result{}, &providers.Error{Provider: "netgsm", Class: providers.Permanent, Message: "cannot build the request: check NETGSM_BASE_URL"}
 	}
-	req.SetBasicAuth(p.user, p.pass)
-	req.Header.Set("Content-Type", "application/json")
-	resp, err := p.client.Do(req)
 	if err != nil {
 		e := &providers.Error{Provider: "netgsm", Err: p.redactErr(err, m.To), Message: "request not sent", Class: providers.Transient}
 		if tr.Written() {
@@ -259,15 +256,13 @@ func (p *Provider) Send(ctx context.Context, m providers.Message) (providers.Res
 		}
 		return providers.Result{}, e
 	}
-	data, readErr := io.ReadAll(io.LimitReader(resp.Body, maxAnswer))
-	resp.Body.Close()
 	st := resp.StatusCode
 	var a answer
 	decoded := readErr == nil && json.Unmarshal(data, &a) == nil && a.Code != ""
 	e := &providers.Error{Provider: "netgsm", Status: st}
 	if decoded {
 		e.Code, _ = strconv.Atoi(a.Code)
-		e.Message = wire.Truncate(providers.MaskPhoneLike(p.redact(a.Description, m.To)), maxMessage)
+		e.Message = p.quote(a.Description, m.To)
 	}
 	switch {
 	case st >= 200 && st <= 299 && decoded && (a.Code == "00" || a.Code == "0"):
@@ -321,6 +316,33 @@ func secretForms(user, pass string) []string {
 		html.EscapeString(pass), base64.StdEncoding.EncodeToString([]byte(user + ":" + pass))}
 	slices.SortFunc(forms, func(a, b string) int { return len(b) - len(a) })
 	return slices.Compact(forms)
+}
+
+// errBuild is post's error for a request it could not build (the endpoint is not a URL).
+var errBuild = errors.New("cannot build the request")
+
+// post sends body as JSON to url with the account's Basic auth, within ctx, and returns the answer (its
+// body closed), up to maxAnswer bytes of its body, and readErr when the body could not all be read; err
+// when no answer came (errBuild when there was no request to send).
+func (p *Provider) post(ctx context.Context, url string, body []byte) (resp *http.Response, data []byte, readErr, err error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
+	if err != nil {
+		return nil, nil, nil, errBuild
+	}
+	req.SetBasicAuth(p.user, p.pass)
+	req.Header.Set("Content-Type", "application/json")
+	if resp, err = p.client.Do(req); err != nil {
+		return nil, nil, nil, err
+	}
+	data, readErr = io.ReadAll(io.LimitReader(resp.Body, maxAnswer))
+	resp.Body.Close()
+	return resp, data, readErr, nil
+}
+
+// quote is Netgsm's description of an answer as an error may carry it: no secret, no phone number (the
+// recipient to in any spelling), and short.
+func (p *Provider) quote(description, to string) string {
+	return wire.Truncate(providers.MaskPhoneLike(p.redact(description, to)), maxMessage)
 }
 
 func (p *Provider) redact(s, to string) string {

@@ -1,11 +1,10 @@
 package netgsm
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
-	"io"
 	"net/http"
 	"strconv"
 	"strings"
@@ -144,24 +143,19 @@ func (p *Provider) Report(ctx context.Context, jobIDs []string, from, to time.Ti
 	}
 	reqCtx, cancel := context.WithTimeout(ctx, p.timeout)
 	defer cancel()
-	req, err := http.NewRequestWithContext(reqCtx, http.MethodPost, p.reportURL, bytes.NewReader(body))
-	if err != nil {
+	resp, data, readErr, err := p.post(reqCtx, p.reportURL, body)
+	if errors.Is(err, errBuild) {
 		return nil, &providers.Error{Provider: "netgsm", Class: providers.Permanent, Message: "cannot build the report query: check NETGSM_BASE_URL"}
 	}
-	req.SetBasicAuth(p.user, p.pass)
-	req.Header.Set("Content-Type", "application/json")
-	resp, err := p.client.Do(req)
 	if err != nil {
 		return nil, &providers.Error{Provider: "netgsm", Class: providers.Transient, Message: "report query not answered", Err: p.redactErr(err, "")}
 	}
-	data, readErr := io.ReadAll(io.LimitReader(resp.Body, maxAnswer))
-	resp.Body.Close()
 	var a reportAnswer
 	decoded := readErr == nil && json.Unmarshal(data, &a) == nil && a.Code != ""
 	e := &providers.Error{Provider: "netgsm", Status: resp.StatusCode, Message: "report query refused"}
 	if decoded {
 		e.Code, _ = strconv.Atoi(a.Code)
-		e.Message = "report query refused: " + wire.Truncate(providers.MaskPhoneLike(p.redact(a.Description, "")), maxMessage)
+		e.Message = "report query refused: " + p.quote(a.Description, "")
 	}
 	switch {
 	case decoded && (a.Code == "00" || a.Code == "0") && resp.StatusCode/100 == 2:
