@@ -510,7 +510,7 @@ func netgsmPoller(reporter receipts.NetgsmReporter, store *campaign.Store, deliv
 			ds, err := store.ReportsDue(ctx, "netgsm", time.Now().Add(-netgsmReportWindow), afterCampaign, afterUser, limit)
 			out := make([]receipts.DueMessage, len(ds))
 			for i, d := range ds {
-				out[i] = receipts.DueMessage{CampaignID: d.CampaignID, UserID: d.UserID, Address: d.Address, MessageID: d.MessageID, SentAt: d.SentAt}
+				out[i] = receipts.DueMessage(d) // the same fields: the store's row, in the receipts' terms
 			}
 			return out, err
 		},

@@ -3,11 +3,13 @@ package receipts_test
 import (
 	"context"
 	"net"
+	"net/http/httptest"
 	"testing"
 	"time"
 
 	"github.com/campaignctl/campaignctl/providers/netgsm"
 	"github.com/campaignctl/campaignctl/providers/receipts"
+	"github.com/campaignctl/campaignctl/providers/sandbox"
 )
 
 // A poller that cannot reach Netgsm round after round gives up after GiveUpAfter rounds (so that its
@@ -47,5 +49,35 @@ func TestNetgsmPollerGivesUpAfterFailedRounds(t *testing.T) {
 	p2 := &receipts.NetgsmPoller{Reporter: rep, Due: due, Every: time.Millisecond}
 	if p2.Run(ctx) {
 		t.Fatal("a poller without GiveUpAfter gave up")
+	}
+}
+
+// Netgsm's limit of 10 report queries a minute holds: a query it refuses as over the limit (code 80)
+// makes the poller wait the minute out before its next, whatever its interval, and is counted apart.
+func TestNetgsmPollerWaitsOutTheReportLimit(t *testing.T) {
+	t.Parallel()
+	sb := sandbox.New(sandbox.Options{NetgsmReportsPerMinute: 2})
+	srv := httptest.NewServer(sb)
+	defer srv.Close()
+	rep, err := netgsm.NewReporter(netgsm.Config{UserCode: "u", Password: "p", BaseURL: srv.URL})
+	if err != nil {
+		t.Fatal(err)
+	}
+	due := func(context.Context, int64, string, int) ([]receipts.DueMessage, error) {
+		return []receipts.DueMessage{{CampaignID: 1, UserID: "u", Address: "+905321234567", MessageID: "123", SentAt: time.Now()}}, nil
+	}
+	p := &receipts.NetgsmPoller{Reporter: rep, Due: due, Every: time.Millisecond,
+		Sink: receipts.SinkFunc(func(context.Context, []receipts.Receipt) error { return nil })}
+	for i := range 3 {
+		wait, ok := p.Poll(context.Background())
+		switch {
+		case i < 2 && (!ok || wait != time.Millisecond):
+			t.Fatalf("query %d within the limit: wait %v, ok %v", i, wait, ok)
+		case i == 2 && (ok || wait < time.Minute):
+			t.Fatalf("query over the limit: wait %v, ok %v; want a minute's wait", wait, ok)
+		}
+	}
+	if s := p.Stats(); s.Accepted != 2 || s.Rejected["throttled"] != 1 {
+		t.Fatalf("stats %+v: want 2 queries answered, 1 throttled", s)
 	}
 }
