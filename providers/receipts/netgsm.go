@@ -84,11 +84,8 @@ type NetgsmPoller struct {
 // the message's, Ignored the statuses this package does not know ("status_N"), SinkErrors the rounds
 // the sinks failed, Rejected the queries refused by reason.
 func (p *NetgsmPoller) Stats() Stats {
-	s := p.stats.snapshot()
-	if s.Rejected == nil {
-		s.Rejected, s.Ignored = map[string]int64{}, map[string]int64{}
-	}
-	return s
+	p.count(func(*Stats) {}) // its maps are made, for a poller that has counted nothing yet
+	return p.stats.snapshot()
 }
 
 func (p *NetgsmPoller) count(f func(*Stats)) {
