@@ -132,11 +132,7 @@ func (p *NetgsmPoller) Poll(ctx context.Context) (time.Duration, bool) {
 		due, err = p.Due(ctx, 0, "", ReportBatch)
 	}
 	if err != nil {
-		if ctx.Err() != nil {
-			return p.Every, true // stopped, not failed
-		}
-		p.fail("read the messages due a report", err)
-		return p.Every, false
+		return p.failed(ctx, "read the messages due a report", err, false)
 	}
 	if len(due) == 0 {
 		return max(p.Idle, p.Every), true
@@ -223,22 +219,12 @@ func (p *NetgsmPoller) Poll(ctx context.Context) (time.Duration, bool) {
 	}
 	for id, ns := range refused {
 		if err := p.NoConsent(ctx, id, ns); err != nil {
-			if ctx.Err() != nil {
-				return p.Every, true // stopped, not failed: the round is asked again
-			}
-			p.count(func(s *Stats) { s.SinkErrors++ })
-			p.fail("record Netgsm's İYS refusals", err)
-			return p.Every, false
+			return p.failed(ctx, "record Netgsm's İYS refusals", err, true)
 		}
 	}
 	if len(rs) > 0 {
 		if err := p.Sink.Record(ctx, rs); err != nil {
-			if ctx.Err() != nil {
-				return p.Every, true
-			}
-			p.count(func(s *Stats) { s.SinkErrors++ })
-			p.fail("record Netgsm's reports", err)
-			return p.Every, false
+			return p.failed(ctx, "record Netgsm's reports", err, true)
 		}
 	}
 	p.count(func(s *Stats) {
@@ -257,6 +243,19 @@ func (p *NetgsmPoller) Poll(ctx context.Context) (time.Duration, bool) {
 	p.afterCamp, p.afterUser = last.CampaignID, last.UserID
 	p.lastErr = ""
 	return p.Every, true
+}
+
+// failed ends a round that could not what: quietly when ctx is done (a stop, not a failure: the round
+// is asked again), else logged (fail) and, when a sink failed, counted.
+func (p *NetgsmPoller) failed(ctx context.Context, what string, err error, sink bool) (time.Duration, bool) {
+	if ctx.Err() != nil {
+		return p.Every, true
+	}
+	if sink {
+		p.count(func(s *Stats) { s.SinkErrors++ })
+	}
+	p.fail(what, err)
+	return p.Every, false
 }
 
 // fail logs a failed round: the first of a run of the same error, then once a minute.
