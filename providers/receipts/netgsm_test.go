@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/campaignctl/campaignctl/providers"
 	"github.com/campaignctl/campaignctl/providers/netgsm"
 	"github.com/campaignctl/campaignctl/providers/receipts"
 	"github.com/campaignctl/campaignctl/providers/sandbox"
@@ -79,5 +80,41 @@ func TestNetgsmPollerWaitsOutTheReportLimit(t *testing.T) {
 	}
 	if s := p.Stats(); s.Accepted != 2 || s.Rejected["throttled"] != 1 {
 		t.Fatalf("stats %+v: want 2 queries answered, 1 throttled", s)
+	}
+}
+
+// A report that names another number than the recipient's (a job ID recorded against the wrong row) is
+// not applied: counted as unmatched, nothing recorded; the right number's is.
+func TestNetgsmPollerAppliesAReportToItsNumberOnly(t *testing.T) {
+	t.Parallel()
+	sb := sandbox.New(sandbox.Options{ReceiptDelay: time.Millisecond, NetgsmReportsPerMinute: -1})
+	srv := httptest.NewServer(sb)
+	defer srv.Close()
+	cfg := netgsm.Config{UserCode: "u", Password: "p", Header: "KAMPANYA", BaseURL: srv.URL}
+	sender, err := netgsm.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := sender.Send(context.Background(), providers.Message{To: "+905321234567", Body: "kod"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(20 * time.Millisecond) // the sandbox's report is final
+	rep, _ := netgsm.NewReporter(cfg)
+	var got []receipts.Receipt
+	poll := func(addr string) receipts.Stats {
+		p := &receipts.NetgsmPoller{Reporter: rep, Every: time.Millisecond,
+			Due: func(context.Context, int64, string, int) ([]receipts.DueMessage, error) {
+				return []receipts.DueMessage{{CampaignID: 1, UserID: "u", Address: addr, MessageID: res.MessageID, SentAt: time.Now().Add(-time.Second)}}, nil
+			},
+			Sink: receipts.SinkFunc(func(_ context.Context, rs []receipts.Receipt) error { got = append(got, rs...); return nil })}
+		p.Poll(context.Background())
+		return p.Stats()
+	}
+	if s := poll("+905329999999"); s.Unmatched != 1 || s.Receipts != 0 || len(got) != 0 {
+		t.Fatalf("another number's report: stats %+v, recorded %+v; want it unmatched and nothing recorded", s, got)
+	}
+	if s := poll("+905321234567"); s.Receipts != 1 || len(got) != 1 || got[0].Status != "delivered" {
+		t.Fatalf("its own number's report: stats %+v, recorded %+v", s, got)
 	}
 }
