@@ -64,9 +64,9 @@ type Spec struct {
 	// recorded on the campaign. Without it the query runs as campaignctl_audience (see
 	// migrations/0008_audience_role.sql), or such a launch is refused.
 	AllowPrivilegedAudience bool
-	// MaxSegments is the most SMS segments one message may take; 0 means DefaultMaxSegments. A launch whose
-	// first message (or, counting segments, any message) is longer is refused; at send time a longer one
-	// fails.
+	// MaxSegments is the most SMS segments one message may take; 0 means DefaultMaxSegments. A launch any of
+	// whose messages is longer is refused (a message changed since, by a template's data, fails at send
+	// time).
 	MaxSegments int
 	// Rules is the content lint for commercial SMS (nil: no lint).
 	Rules *ContentRules

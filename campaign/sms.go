@@ -32,3 +32,18 @@ func utf16Len(s string) int {
 	}
 	return n
 }
+
+// surelyFits is the most bytes (UTF-8) an SMS body may have to fit maxSegments segments whatever its
+// characters (0: DefaultMaxSegments). A body of B bytes has at most B UTF-16 units and at most 2B GSM-7
+// septets, so it fits one segment when B ≤ 70, and N when B ≤ 66 N (UCS-2 parts of 67 units, one of which
+// a surrogate pair that does not split may leave empty; GSM-7 parts of 153 septets hold 132 N and more).
+// It is also under MaxSMSChars for any N up to 24.
+func surelyFits(maxSegments int) int {
+	if maxSegments <= 0 {
+		maxSegments = DefaultMaxSegments
+	}
+	if maxSegments == 1 {
+		return 70
+	}
+	return 66 * maxSegments
+}

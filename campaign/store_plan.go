@@ -134,6 +134,13 @@ func (p *Planner) plan(ctx context.Context, spec Spec, tmpl *Template, rep *Repo
 		}
 		p.step("render every message", t0)
 		t0 = time.Now()
+	} else if spec.Channel.Spec().Segmented {
+		// A launch refuses what its dry run refuses: no message may be longer than --max-segments.
+		if err := p.checkLengths(ctx, tx, id, spec, tmpl); err != nil {
+			return err
+		}
+		p.step("check every message's length", t0)
+		t0 = time.Now()
 	}
 
 	excluded, _ := json.Marshal(rep.Excluded)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 
 	"github.com/jackc/pgx/v5"
 
@@ -47,9 +48,76 @@ func (p *Planner) sample(ctx context.Context, tx pgx.Tx, id int64, spec Spec, tm
 }
 
 // countSegments renders every planned message, as the worker will, and adds up its SMS segments. A
-// message that fails to render stops the launch before anything is written.
+// message that fails to render, or that is longer than spec.MaxSegments, stops the launch before anything
+// is written.
 func (p *Planner) countSegments(ctx context.Context, tx pgx.Tx, id int64, spec Spec, tmpl *Template, rep *Report) error {
-	rows, err := tx.Query(ctx, `SELECT user_id, address, vars, coalesce(code, '') FROM campaign_recipients WHERE campaign_id = $1`, id)
+	return p.renderMessages(ctx, tx, id, spec, tmpl, rep, "")
+}
+
+// checkLengths refuses a launch of SMS one of whose messages would be refused at send time, as a dry run
+// does (countSegments): a message longer than spec.MaxSegments, or one whose template fails for its row.
+// When the message is plain (text and {{.field}} actions), a bound is computed in SQL for each row (the
+// literal text's bytes and the bytes of each value it prints) and only the rows over the bound, or with a
+// value the bound cannot vouch for, are rendered; otherwise every message is.
+func (p *Planner) checkLengths(ctx context.Context, tx pgx.Tx, id int64, spec Spec, tmpl *Template) error {
+	where, args, ok := lengthSuspects(tmpl, spec)
+	if !ok {
+		return p.renderMessages(ctx, tx, id, spec, tmpl, nil, "")
+	}
+	return p.renderMessages(ctx, tx, id, spec, tmpl, nil, where, args...)
+}
+
+// lengthSuspects is the SQL condition (over campaign_recipients, its arguments from $2 on) of the rows
+// whose message may not fit spec.MaxSegments (more bytes than surelyFits), or may fail to render: false
+// for every row whose message surely fits. ok is false when the template is not plain, or prints a value the bound cannot know
+// (unsubscribe_url, signed by the worker for each recipient).
+func lengthSuspects(tmpl *Template, spec Spec) (where string, args []any, ok bool) {
+	literal, fields, ok := tmpl.TextLength()
+	if !ok {
+		return "", nil, false
+	}
+	limit := surelyFits(spec.MaxSegments)
+	bound := []string{}
+	unsure := []string{"false"}
+	param := func(v any) string {
+		args = append(args, v)
+		return fmt.Sprintf("$%d", len(args)+1)
+	}
+	for _, f := range fields {
+		// The values TemplateData gives, in its order: the engine's own fields win over the audience's.
+		switch f {
+		case "user_id":
+			bound = append(bound, "octet_length(user_id)")
+		case spec.Channel.AddressColumn():
+			bound = append(bound, "octet_length(address)")
+		case "campaign":
+			literal += len(spec.Name)
+		case "unsubscribe_url":
+			return "", nil, false
+		case "code":
+			bound = append(bound, "coalesce(octet_length(NULLIF(code, '')), octet_length(vars->>'code'), 0)")
+			unsure = append(unsure, "(coalesce(code, '') = '' AND coalesce(jsonb_typeof(vars->'code'), 'null') NOT IN ('string', 'number', 'boolean'))")
+		default:
+			k := param(f)
+			// A string prints as it is, a number as its JSON text (the decoder keeps it), a boolean as
+			// true or false: each the bytes ->> gives. Anything else (missing, null, an object) is rendered.
+			bound = append(bound, "coalesce(octet_length(vars->>"+k+"), 0)")
+			unsure = append(unsure, "coalesce(jsonb_typeof(vars->"+k+"), 'null') NOT IN ('string', 'number', 'boolean')")
+		}
+	}
+	sum := param(literal)
+	for _, b := range bound {
+		sum += " + " + b
+	}
+	return " AND (" + sum + " > " + param(limit) + " OR " + strings.Join(unsure, " OR ") + ")", args, true
+}
+
+// renderMessages renders the planned messages of the rows of campaign id that match where (a condition
+// starting with AND, its arguments from $2 on; "" for every row), as the worker will. It fails when one
+// fails to render or is longer than spec.MaxSegments. With rep, it adds up their SMS segments.
+func (p *Planner) renderMessages(ctx context.Context, tx pgx.Tx, id int64, spec Spec, tmpl *Template, rep *Report, where string, args ...any) error {
+	rows, err := tx.Query(ctx, `SELECT user_id, address, vars, coalesce(code, '') FROM campaign_recipients WHERE campaign_id = $1`+where,
+		append([]any{id}, args...)...)
 	if err != nil {
 		return fmt.Errorf("plan: %w", err)
 	}
@@ -66,9 +134,11 @@ func (p *Planner) countSegments(ctx context.Context, tx pgx.Tx, id int64, spec S
 			return fmt.Errorf("%w: the message template fails for user %s: %v", ErrInvalid, r.UserID, err)
 		}
 		enc, n := providers.SMSSegments(msg)
-		rep.TotalSegments += int64(n)
-		if enc == providers.EncodingUCS2 {
-			rep.UCS2Messages++
+		if rep != nil {
+			rep.TotalSegments += int64(n)
+			if enc == providers.EncodingUCS2 {
+				rep.UCS2Messages++
+			}
 		}
 		if err := CheckSMSLength(msg, spec.MaxSegments); err != nil && tooLong == 0 {
 			tooLong, firstLong = 1, fmt.Sprintf("user %s's message %v", r.UserID, err)
@@ -76,13 +146,21 @@ func (p *Planner) countSegments(ctx context.Context, tx pgx.Tx, id int64, spec S
 			tooLong++
 		}
 	}
-	if tooLong > 0 {
-		return fmt.Errorf("%w: %d messages are too long; %s", ErrInvalid, tooLong, firstLong)
-	}
 	if err := rows.Err(); err != nil {
 		return fmt.Errorf("plan: %w", err)
 	}
+	if tooLong > 0 {
+		return fmt.Errorf("%w: %s; nothing was written", ErrInvalid, tooLongSummary(tooLong, firstLong))
+	}
 	return nil
+}
+
+// tooLongSummary says how many messages are too long, and why the first is.
+func tooLongSummary(n int, first string) string {
+	if n == 1 {
+		return "1 message is too long: " + first
+	}
+	return fmt.Sprintf("%d messages are too long; %s", n, first)
 }
 
 // ReasonCounts returns the campaign's failed and skipped recipients counted by reason, at most top

@@ -182,3 +182,20 @@ func plainAgrees(p *plainTemplate, run func(w io.Writer, data any) error) bool {
 	got, ok, err := p.render(data)
 	return ok && err == nil && got == want
 }
+
+// TextLength describes the text part's length for a bound computed without rendering: the bytes of its
+// literal text, and the field each of its actions prints (a field printed twice is listed twice). ok is
+// false when the part is not plain (conditions, functions, pipelines): only rendering tells its length.
+func (t *Template) TextLength() (literal int, fields []string, ok bool) {
+	if t.plainText == nil {
+		return 0, nil, false
+	}
+	for _, s := range t.plainText.segs {
+		if s.field == "" {
+			literal += len(s.text)
+		} else {
+			fields = append(fields, s.field)
+		}
+	}
+	return literal, fields, true
+}

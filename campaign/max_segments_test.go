@@ -1,0 +1,61 @@
+package campaign_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/campaignctl/campaignctl/campaign"
+	"github.com/campaignctl/campaignctl/codes"
+	"github.com/campaignctl/campaignctl/internal/testdb"
+)
+
+// A launch refuses an SMS longer than --max-segments whichever recipient's it is, as its dry run does, not
+// only the first message's: nothing is written and no code is reserved. A plain message is checked by a
+// bound in SQL and only the rows over it are rendered; a message with conditions renders every row; a row
+// over the bound whose message still fits goes out. (Mutations: checking only the first message, as
+// before, lets the long message's launch through; refusing every row over the bound without rendering it
+// refuses the fitting one; a bound without the field's bytes lets the long value through.)
+func TestALaunchRefusesAnyMessageLongerThanMaxSegments(t *testing.T) {
+	t.Parallel()
+	db, _ := testdb.New(t)
+	seedAudience(t, db, 2) // eligible: u1 (Ayşe, the first message) and u2
+	ctx := context.Background()
+	p := &campaign.Planner{Engine: db, Audience: db}
+	launch := func(name, message, u2 string) (campaign.Report, error) {
+		t.Helper()
+		mustExec(t, db, `UPDATE aud SET first_name = $1 WHERE user_id = 'u2'`, u2)
+		s := spec(name)
+		s.Message, s.MaxSegments = message, 1
+		return p.Plan(ctx, s)
+	}
+	plain := `Merhaba {{.first_name}}, kodunuz {{.code}}`
+	branching := `Merhaba {{if .first_name}}{{.first_name}}{{else}}dostum{{end}}, kodunuz {{.code}}`
+	for _, tc := range []struct{ name, message string }{{"plain", plain}, {"with a condition", branching}} {
+		// 80 dotless i: UCS-2, two segments, for u2 only.
+		_, err := launch("long "+tc.name, tc.message, strings.Repeat("ı", 80))
+		if !errors.Is(err, campaign.ErrInvalid) {
+			t.Fatalf("%s: a launch with u2's message over --max-segments 1: err %v, want it refused", tc.name, err)
+		}
+		for _, want := range []string{"1 message is too long", "user u2", "2 SMS segments", "--max-segments 1", "nothing was written"} {
+			if !strings.Contains(err.Error(), want) {
+				t.Errorf("%s: error %q does not say %q", tc.name, err, want)
+			}
+		}
+	}
+	if n := count(t, db, `SELECT count(*) FROM campaigns`); n != 0 {
+		t.Fatalf("refused launches left %d campaigns", n)
+	}
+	if n, err := codes.Free(ctx, db, "p"); err != nil || n != 2 {
+		t.Fatalf("refused launches reserved codes: %d free (%v), want 2", n, err)
+	}
+	// 60 Ö: 146 bytes, over the bound of one segment (70 bytes), but GSM-7 and one segment all the same.
+	rep, err := launch("fits", plain, strings.Repeat("Ö", 60))
+	if err != nil {
+		t.Fatalf("a launch whose every message takes one segment was refused: %v", err)
+	}
+	if rep.Eligible != 2 || rep.ID == 0 {
+		t.Fatalf("report %+v, want both recipients planned", rep)
+	}
+}
