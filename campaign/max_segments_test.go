@@ -58,4 +58,10 @@ func TestALaunchRefusesAnyMessageLongerThanMaxSegments(t *testing.T) {
 	if rep.Eligible != 2 || rep.ID == 0 {
 		t.Fatalf("report %+v, want both recipients planned", rep)
 	}
+	// A message with no field at all is plain too: its bound is its text alone.
+	s := spec("no field")
+	s.Message, s.CodePool, s.MaxSegments = "Merhaba, bu hafta her şey yarı fiyatına", "", 1
+	if _, err := p.Plan(ctx, s); err != nil {
+		t.Fatalf("a launch of a message with no field: %v", err)
+	}
 }

@@ -105,11 +105,11 @@ func lengthSuspects(tmpl *Template, spec Spec) (where string, args []any, ok boo
 			unsure = append(unsure, "coalesce(jsonb_typeof(vars->"+k+"), 'null') NOT IN ('string', 'number', 'boolean')")
 		}
 	}
-	sum := param(literal)
+	sum := param(literal) + "::int"
 	for _, b := range bound {
 		sum += " + " + b
 	}
-	return " AND (" + sum + " > " + param(limit) + " OR " + strings.Join(unsure, " OR ") + ")", args, true
+	return " AND (" + sum + " > " + param(limit) + "::int OR " + strings.Join(unsure, " OR ") + ")", args, true
 }
 
 // renderMessages renders the planned messages of the rows of campaign id that match where (a condition
