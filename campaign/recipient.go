@@ -64,6 +64,9 @@ type Outcome struct {
 	Reason    string
 	MessageID string
 	Segments  int
+	// SentAt is when the request that sent the message went out: the row's sent_at, so that a receipt
+	// never comes before it. The zero value records the time of the record.
+	SentAt time.Time
 	// Snapshot is the consent record read when the chunk was leased (Chunk.Snapshots), kept in the outcome's
 	// audit record. The zero value records none.
 	Snapshot ConsentRecord

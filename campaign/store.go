@@ -207,8 +207,9 @@ func (s *Store) Record(ctx context.Context, campaignID int64, outcomes []Outcome
 	segs := make([]int32, n)
 	keyed, bad := make([]bool, n), make([]bool, n)
 	cStatus, cSource, cTxn := make([]string, n), make([]string, n), make([]string, n)
-	cDate, cSynced := make([]pgtype.Timestamptz, n), make([]pgtype.Timestamptz, n)
+	cDate, cSynced, sentAt := make([]pgtype.Timestamptz, n), make([]pgtype.Timestamptz, n), make([]pgtype.Timestamptz, n)
 	for i, o := range outcomes {
+		sentAt[i] = pgtype.Timestamptz{Time: o.SentAt, Valid: !o.SentAt.IsZero()}
 		users[i], statuses[i], reasons[i], ids[i], segs[i], keyed[i] = o.UserID, o.Status, o.Reason, o.MessageID, int32(o.Segments), o.ReceiptKeyed
 		bad[i] = o.BadAddress && o.Status == StatusFailed
 		// The reason and the message ID come from the provider's answer: a NUL or invalid UTF-8 in one of
@@ -239,8 +240,8 @@ func (s *Store) Record(ctx context.Context, campaignID int64, outcomes []Outcome
 	b.Queue(`
 		WITH o AS (
 			SELECT * FROM unnest($2::text[], $3::text[], $4::text[], $5::text[], $6::int[],
-					$9::text[], $10::text[], $11::timestamptz[], $12::text[], $13::timestamptz[], $15::bool[], $16::text[], $17::bool[])
-				AS o(user_id, status, reason, msgid, segments, c_status, c_source, c_date, c_txn, c_synced, keyed, provider, bad)
+					$9::text[], $10::text[], $11::timestamptz[], $12::text[], $13::timestamptz[], $15::bool[], $16::text[], $17::bool[], $18::timestamptz[])
+				AS o(user_id, status, reason, msgid, segments, c_status, c_source, c_date, c_txn, c_synced, keyed, provider, bad, sent_at)
 		), upd AS (
 			-- Only rows of the lease's batch: the (campaign, batch) index finds them whatever the
 			-- planner believes about the campaign's size.
@@ -260,7 +261,8 @@ func (s *Store) Record(ctx context.Context, campaignID int64, outcomes []Outcome
 				-- A recipient that was ever unknown (resent since) may hold a code that reached them: it keeps it.
 				code = CASE WHEN o.status IN (`+sqlFailed+`, `+sqlSkipped+`) AND r.delivery IS NULL AND NOT `+everUnknown+` THEN NULL ELSE r.code END,
 				code_id = CASE WHEN o.status IN (`+sqlFailed+`, `+sqlSkipped+`) AND r.delivery IS NULL AND NOT `+everUnknown+` THEN NULL ELSE r.code_id END,
-				sent_at = CASE WHEN o.status = `+sqlSent+` OR r.delivery IS NOT NULL THEN now() END,
+				-- When its request went out (a receipt cannot come before it), or, not known, now.
+				sent_at = CASE WHEN o.status = `+sqlSent+` OR r.delivery IS NOT NULL THEN coalesce(o.sent_at, now()) END,
 				-- Set here rather than by the trigger of migration 0013 (a second update of the row).
 				ever_unknown = r.ever_unknown OR (o.status = `+sqlUnknown+` AND r.delivery IS NULL),
 				updated_at = now()
@@ -311,7 +313,7 @@ func (s *Store) Record(ctx context.Context, campaignID int64, outcomes []Outcome
 			ON CONFLICT (code_id) DO NOTHING
 		)
 		SELECT status, count(*) FROM upd GROUP BY status`, campaignID, users, statuses, reasons, ids, segs, lease.Batch, lease.Token,
-		cStatus, cSource, cDate, cTxn, cSynced, inHand, keyed, provs, bad)
+		cStatus, cSource, cDate, cTxn, cSynced, inHand, keyed, provs, bad, sentAt)
 	br := s.pool.SendBatch(ctx, b)
 	err := readMoved(br, async, moved)
 	if cerr := br.Close(); err == nil {

@@ -112,7 +112,7 @@ func (h *Handler) deliver(ctx, waitCtx context.Context, run *batchRun, rest []ca
 				// A token wait may come before the next claim: the answer is written now.
 				h.settleAnswers(ctx, run)
 			}
-			o := campaign.Outcome{UserID: r.UserID, Status: campaign.StatusSent, MessageID: res.MessageID, Segments: res.Segments, ReceiptKeyed: rt.keyed, Provider: rt.provider.Name()}
+			o := campaign.Outcome{UserID: r.UserID, Status: campaign.StatusSent, MessageID: res.MessageID, Segments: res.Segments, ReceiptKeyed: rt.keyed, Provider: rt.provider.Name(), SentAt: start}
 			if rt.fallback {
 				why := " was down"
 				if !providers.Takes(run.provider, r.Address) {

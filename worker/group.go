@@ -166,7 +166,7 @@ func (h *Handler) sendGroup(ctx, waitCtx context.Context, run *batchRun, b provi
 				} else {
 					vals[i] = state.SentValue(res[i].MessageID, res[i].Segments)
 				}
-				run.add(campaign.Outcome{UserID: r.UserID, Status: campaign.StatusSent, MessageID: res[i].MessageID, Segments: res[i].Segments, ReceiptKeyed: keyed, Provider: name})
+				run.add(campaign.Outcome{UserID: r.UserID, Status: campaign.StatusSent, MessageID: res[i].MessageID, Segments: res[i].Segments, ReceiptKeyed: keyed, Provider: name, SentAt: start})
 			}
 			run.m.Sent(len(rs))
 			if err := h.state.SettleMany(ctx, keys, run.nonce, inflight, vals); err != nil {

@@ -301,8 +301,9 @@ func sendTokens(rt *route, msg providers.Message) int {
 // first.
 func (h *Handler) sendWindow(ctx context.Context, run *batchRun, rt *route, sends []windowSend, inflight string, now time.Time) ([]windowSend, error) {
 	type result struct {
-		res providers.Result
-		err error
+		res   providers.Result
+		err   error
+		start time.Time // when its request went out
 	}
 	results := make([]result, len(sends))
 	var wg sync.WaitGroup
@@ -311,7 +312,7 @@ func (h *Handler) sendWindow(ctx context.Context, run *batchRun, rt *route, send
 			start := time.Now()
 			res, err := rt.provider.Send(ctx, sends[i].msg)
 			rt.m.Request(time.Since(start))
-			results[i] = result{res, err}
+			results[i] = result{res, err, start}
 		})
 	}
 	wg.Wait()
@@ -325,7 +326,7 @@ func (h *Handler) sendWindow(ctx context.Context, run *batchRun, rt *route, send
 		if v == accepted {
 			res := results[i].res
 			run.answersDue = append(run.answersDue, state.Answer{Key: key, InFlight: inflight, Value: state.SentValue(res.MessageID, res.Segments)})
-			run.add(campaign.Outcome{UserID: w.r.UserID, Status: campaign.StatusSent, MessageID: res.MessageID, Segments: res.Segments, ReceiptKeyed: rt.keyed, Provider: rt.provider.Name()})
+			run.add(campaign.Outcome{UserID: w.r.UserID, Status: campaign.StatusSent, MessageID: res.MessageID, Segments: res.Segments, ReceiptKeyed: rt.keyed, Provider: rt.provider.Name(), SentAt: results[i].start})
 			rt.m.Sent(1)
 			h.answered(run)
 			continue

@@ -45,8 +45,9 @@ func (a *app) newReportCmd() *cobra.Command {
 		Short: "List every audience row of a campaign, excluded ones too, with its status and reason",
 		Long: `List one row per audience row of the campaign: every planned recipient with its status (sent, failed,
 skipped, unknown or pending) and every row the launch excluded (status excluded), each with its reason,
-promo code, provider, the provider's message ID, attempts, when it was sent and delivered, and the last
-receipt's word (delivery) with why it says the message was not delivered (delivery_error).
+promo code, provider, the provider's message ID, attempts, when its request went out (sent_at) and when
+it was delivered, and the last receipt's word (delivery) with why it says the message was not delivered
+(delivery_error).
 
 Output is CSV with a header line (--csv, the default) or, with --json, one JSON array of objects
 with the same snake_case keys. Rows come in no particular order and are written as they are read, so a
