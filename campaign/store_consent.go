@@ -64,7 +64,7 @@ func (c *Campaign) ConsentStale() string {
 	if c.ConsentSyncedAt != nil && c.consentAge <= c.MaxConsentAge {
 		return ""
 	}
-	return fmt.Sprintf("the İYS consents of campaign %d were brought up to date %s, longer ago than the --max-consent-age %v it was launched with: a RET given since then would be missed. Run `campaignctl iys sync` (or import a fresh consent file), then `campaignctl dlq retry %d`",
+	return fmt.Sprintf("the İYS consents of campaign %d were brought up to date %s, longer ago than the --max-consent-age %v it was launched with: a RET given since then would be missed. Run `campaignctl iys sync` (or import a fresh consent file), then `campaignctl dlq retry --campaign %d`",
 		c.ID, syncedWhen(c.ConsentSyncedAt, c.consentAge), c.MaxConsentAge, c.ID)
 }
 

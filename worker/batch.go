@@ -8,8 +8,6 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/hibiken/asynq"
-
 	"github.com/campaignctl/campaignctl/campaign"
 	"github.com/campaignctl/campaignctl/internal/state"
 	"github.com/campaignctl/campaignctl/limiter"
@@ -135,7 +133,7 @@ func (h *Handler) RunBatch(ctx context.Context, campaignID int64, batch int) err
 		// --max-consent-age: on older consents it sends nothing and waits in the DLQ for a sync.
 		if why := c.ConsentStale(); why != "" {
 			log.Error("batch not sent: consents too old", "detail", why)
-			return fmt.Errorf("%s: %w", why, asynq.SkipRetry)
+			return toDLQ(errors.New(why))
 		}
 	}
 	run, err := h.newRun(c, batch)
@@ -398,7 +396,7 @@ func (h *Handler) newRun(c *campaign.Campaign, batch int) (*batchRun, error) {
 		}
 		var err error
 		if run.tmpl, err = h.template(c); err != nil {
-			return nil, fmt.Errorf("campaign %d: %v: %w", c.ID, err, asynq.SkipRetry)
+			return nil, toDLQ(fmt.Errorf("campaign %d: %v", c.ID, err))
 		}
 		run.render.Campaign, run.render.Tmpl = c, run.tmpl
 		if _, batches := run.provider.(providers.Batcher); batches && c.TemplateID == "" {

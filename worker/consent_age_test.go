@@ -3,6 +3,7 @@ package worker
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -34,6 +35,10 @@ func TestABatchRunLongAfterItsLaunchKeepsTheMaxConsentAge(t *testing.T) {
 	err := f.h.RunBatch(ctx, f.id, 0)
 	if err == nil || !errors.Is(err, asynq.SkipRetry) || !strings.Contains(err.Error(), "iys sync") {
 		t.Fatalf("batch on consents synced 3 days ago (launched with --max-consent-age 24h): %v; want it handed to the DLQ, naming `campaignctl iys sync`", err)
+	}
+	// What `dlq list` and `status` show: the commands as they run, and no words of Asynq's.
+	if retry := fmt.Sprintf("`campaignctl dlq retry --campaign %d`", f.id); !strings.HasSuffix(err.Error(), retry) || strings.Contains(err.Error(), asynq.SkipRetry.Error()) {
+		t.Fatalf("the DLQ's last error %q: want it to end with %s, and nothing of Asynq's", err, retry)
 	}
 	if n := f.provider.total(); n != 0 {
 		t.Fatalf("%d messages sent on consents synced 3 days ago (launched with --max-consent-age 24h)", n)

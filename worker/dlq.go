@@ -240,3 +240,12 @@ func parseTaskID(id string) (int64, int, bool) {
 	batch, err2 := strconv.Atoi(b)
 	return cid, batch, err1 == nil && err2 == nil
 }
+
+// toDLQ sends a batch whose err no retry can mend to the dead-letter queue at once (asynq.SkipRetry),
+// with err's own words as its last error: `dlq list` and `status` show them without Asynq's.
+func toDLQ(err error) error { return dlqNow{err} }
+
+type dlqNow struct{ err error }
+
+func (e dlqNow) Error() string   { return e.err.Error() }
+func (e dlqNow) Unwrap() []error { return []error{e.err, asynq.SkipRetry} }

@@ -309,7 +309,7 @@ func (e *RetryError) Unwrap() error { return e.Err }
 func (h *Handler) ProcessTask(ctx context.Context, t *asynq.Task) error {
 	var p BatchPayload
 	if err := json.Unmarshal(t.Payload(), &p); err != nil {
-		return fmt.Errorf("batch payload %q: %v: %w", t.Payload(), err, asynq.SkipRetry)
+		return toDLQ(fmt.Errorf("batch payload %q: %v", t.Payload(), err))
 	}
 	return h.RunBatch(ctx, p.CampaignID, p.Batch)
 }
