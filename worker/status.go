@@ -30,10 +30,10 @@ type CampaignStatus struct {
 	DLQ       int64  `json:"dlq"`
 	CreatedAt string `json:"created_at"`
 	// StartAt is when a scheduled campaign starts (launch --at); StartedAt when it started sending,
-	// FinishedAt when it ended. All UTC; absent when not set.
-	StartAt    *time.Time `json:"start_at,omitempty"`
-	StartedAt  *time.Time `json:"started_at,omitempty"`
-	FinishedAt *time.Time `json:"finished_at,omitempty"`
+	// FinishedAt when it ended. All UTC; null when not set.
+	StartAt    *time.Time `json:"start_at"`
+	StartedAt  *time.Time `json:"started_at"`
+	FinishedAt *time.Time `json:"finished_at"`
 	// FailedByReason and SkippedByReason count the failed and skipped recipients by reason (the ten
 	// most frequent of each).
 	FailedByReason  map[string]int64 `json:"failed_by_reason"`

@@ -35,8 +35,8 @@ func TestStatusCountsEachCampaignsDLQ(t *testing.T) {
 		t.Fatalf("status of a: %+v, %v", s, err)
 	}
 	want := []string{"id", "name", "channel", "state", "audience", "eligible", "excluded", "planned", "pending", "sent",
-		"failed", "skipped", "unknown", "delivered", "undelivered", "dlq", "created_at", "started_at", "failed_by_reason", "skipped_by_reason",
-		"waiting", "reason", "detail", "since"} // no worker runs: waiting says so, since the launch (no until)
+		"failed", "skipped", "unknown", "delivered", "undelivered", "dlq", "created_at", "start_at", "started_at", "finished_at", "failed_by_reason", "skipped_by_reason",
+		"waiting", "reason", "detail", "since", "until"} // no worker runs: waiting says so, since the launch (until null)
 	if keys := jsonKeys(t, s); !reflect.DeepEqual(keys, want) {
 		t.Fatalf("status --json keys %v, want %v", keys, want)
 	}

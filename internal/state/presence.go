@@ -134,8 +134,8 @@ func Workers(ctx context.Context, rdb redis.UniversalClient) ([]WorkerInfo, erro
 type Waiting struct {
 	Reason string     `json:"reason"`
 	Detail string     `json:"detail"`
-	Since  *time.Time `json:"since,omitempty"`
-	Until  *time.Time `json:"until,omitempty"`
+	Since  *time.Time `json:"since"`
+	Until  *time.Time `json:"until"`
 }
 
 // NoteWaiting records that a batch of campaign id waits on w.Reason; the first note of a reason keeps its
