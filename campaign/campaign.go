@@ -50,6 +50,10 @@ const (
 	ReasonNoOptIn = "no_opt_in"
 )
 
+// TemplateFailure starts the reason of a recipient failed because its message could not be rendered for
+// it (a value changed since the launch): no provider was asked.
+const TemplateFailure = "template: "
+
 // The statuses, states and reasons as SQL literals, for the statements that test or set them. They are
 // written into the statements' text rather than passed as parameters: the planner then knows the value
 // (and any partial index on one, like send_log_message's), which a parameter's generic plan hides from it.

@@ -27,7 +27,7 @@ func (h *Handler) prepare(ctx context.Context, run *batchRun, r *campaign.Recipi
 	}
 	msg, err := run.message(r)
 	if err != nil {
-		run.add(campaign.Outcome{UserID: r.UserID, Status: campaign.StatusFailed, Reason: "template: " + err.Error()})
+		run.add(campaign.Outcome{UserID: r.UserID, Status: campaign.StatusFailed, Reason: campaign.TemplateFailure + err.Error()})
 		run.m.Failed(1)
 		return providers.Message{}, false, nil
 	}

@@ -6,6 +6,7 @@ import (
 	"encoding/csv"
 	"encoding/json"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -97,7 +98,8 @@ func (a *app) report(ctx context.Context, o reportOptions) error {
 		if !o.withAddress && r.Address != "" {
 			r.Address = providers.MaskAddress(r.Address)
 		}
-		if r.Provider == "" {
+		// A message whose template failed for its row never reached a provider.
+		if r.Provider == "" && !strings.HasPrefix(r.Reason, campaign.TemplateFailure) {
 			switch r.Status {
 			case campaign.StatusSent, campaign.StatusFailed, campaign.StatusUnknown:
 				r.Provider = provider

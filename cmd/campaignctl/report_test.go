@@ -9,6 +9,8 @@ import (
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
+
+	"github.com/campaignctl/campaignctl/campaign"
 )
 
 // reportEnv launches a small SMS campaign whose audience has three eligible customers (a, b, c) and
@@ -105,6 +107,18 @@ func TestReportListsEveryAudienceRowOnce(t *testing.T) {
 	for _, r := range rows {
 		if want := map[string]string{"sent": "twilio", "pending": ""}[r[2]]; r[5] != want {
 			t.Errorf("%s row's provider %q, want %q", r[2], r[5], want)
+		}
+	}
+	// A message whose template failed for its row never reached a provider: the row names none.
+	db := mustConnect(t, env["DATABASE_URL"])
+	if _, err := db.Exec(context.Background(), `UPDATE campaign_recipients SET status = 'failed', reason = $2, attempts = 1
+		WHERE campaign_id = $1 AND user_id = 'c'`, id, campaign.TemplateFailure+"map has no entry for key \"first_name\""); err != nil {
+		t.Fatal(err)
+	}
+	_, rows, _ = reportCSV(t, withTwilio, id, "--status", "failed")
+	for _, r := range rows {
+		if want := map[string]string{"b": "twilio", "c": ""}[r[0]]; r[5] != want {
+			t.Errorf("failed row of %s (%s): provider %q, want %q", r[0], r[3], r[5], want)
 		}
 	}
 	_, _, out := reportCSV(t, env, id, "--with-address")
