@@ -136,9 +136,10 @@ func audienceError(err error, timeout time.Duration, restricted bool) error {
 		case strings.Contains(pgErr.Message, "within security-definer function"):
 			return fmt.Errorf("%w: the audience query tried to change its role (%s); it must be one plain SELECT", ErrInvalid, pgErr.Message)
 		case pgErr.Code == pgReadOnlySQLTransaction:
-			return fmt.Errorf("%w: the audience query tried to write (%s); it must be a read-only SELECT", ErrInvalid, pgErr.Message)
+			// Postgres names the statement's own command: a write inside a WITH is reported as a SELECT.
+			return fmt.Errorf("%w: the audience query tried to write (%s; a WITH that inserts, updates or deletes counts); it must be a read-only SELECT", ErrInvalid, pgErr.Message)
 		case pgErr.Code == pgQueryCanceled:
-			return fmt.Errorf("%w: the audience query ran longer than %v and was cancelled; add an index or narrow the query", ErrInvalid, timeout)
+			return fmt.Errorf("%w: the audience query ran longer than %v and was cancelled; add an index or narrow the query, or give it longer with --statement-timeout", ErrInvalid, timeout)
 		case pgErr.Code == pgSyntaxError && pgErr.Message == "cannot insert multiple commands into a prepared statement":
 			return fmt.Errorf("%w: the audience file holds more than one statement; it must be exactly one SELECT", ErrInvalid)
 		}

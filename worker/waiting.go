@@ -123,7 +123,7 @@ func waitingOf(ctx context.Context, env *waitEnv, c *campaign.Campaign, counts c
 		}
 	}
 	if provider == "" {
-		return waitWorker(WaitNoWorkerForChannel, fmt.Sprintf("%d workers run, none sends %s: configure its provider on one (campaignctl worker --help)", len(workers), ch.Title),
+		return waitWorker(WaitNoWorkerForChannel, fmt.Sprintf("%s, none sends %s: configure its provider on one (campaignctl worker --help)", counted(len(workers), "worker runs", "workers run"), ch.Title),
 			string(c.Channel))
 	}
 	if c.OneClickUnsubscribe() && !commercialOK {
@@ -156,7 +156,7 @@ func waitingOf(ctx context.Context, env *waitEnv, c *campaign.Campaign, counts c
 		return &Waiting{Reason: WaitProviderPaused, Detail: fmt.Sprintf("%s asked every request to wait (Retry-After)", provider), Since: unixMilli(began), Until: utc(now.Add(pttl))}, nil
 	}
 	if queued == 0 {
-		w := &Waiting{Reason: WaitDLQ, Detail: fmt.Sprintf("%d batches wait in the dead-letter queue (their retries used up, or a failure no retry would mend): see campaignctl dlq list --campaign %d, fix the cause, then campaignctl dlq retry --campaign %d", dlq.n, id, id)}
+		w := &Waiting{Reason: WaitDLQ, Detail: fmt.Sprintf("%s in the dead-letter queue (their retries used up, or a failure no retry would mend): see campaignctl dlq list --campaign %d, fix the cause, then campaignctl dlq retry --campaign %d", counted(int(dlq.n), "batch waits", "batches wait"), id, id)}
 		if !dlq.last.IsZero() {
 			w.Since = utc(dlq.last)
 		}
@@ -312,4 +312,12 @@ func Heartbeat(ctx context.Context, rdb redis.UniversalClient, info state.Worker
 		case <-t.C:
 		}
 	}
+}
+
+// counted is n with the words for one (one) or for any other count (many): "1 batch waits", "3 batches wait".
+func counted(n int, one, many string) string {
+	if n == 1 {
+		return "1 " + one
+	}
+	return strconv.Itoa(n) + " " + many
 }

@@ -12,6 +12,7 @@ import (
 	"regexp"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -317,7 +318,7 @@ func (a *app) printReport(rep campaign.Report, asJSON bool) {
 		fmt.Fprintf(w, "  SMS segments in all\t%d (%d of %d messages in UCS-2)\n", rep.TotalSegments, rep.UCS2Messages, rep.Eligible)
 	}
 	if rep.Rate > 0 {
-		fmt.Fprintf(w, "  rate / ETA\t%g msg/s / %s\n", rep.Rate, (time.Duration(rep.ETASeconds) * time.Second).String())
+		fmt.Fprintf(w, "  rate / ETA\t%s msg/s / %s\n", strconv.FormatFloat(rep.Rate, 'f', rateDigits(rep.Rate), 64), (time.Duration(rep.ETASeconds) * time.Second).String())
 	} else {
 		fmt.Fprintf(w, "  rate\tno cap\n")
 	}
@@ -395,3 +396,14 @@ func (a *app) contentRules(ch campaign.Channel, transactional bool) (*campaign.C
 
 // defaultOptOutPattern is "RET" and, within a few words, the short number it goes to.
 const defaultOptOutPattern = `(?i)\bRET\b\D{0,40}\d{3,6}`
+
+// rateDigits is how many decimals a rate is shown with: none from 100/s on, one below, two below 1/s.
+func rateDigits(r float64) int {
+	switch {
+	case r >= 100:
+		return 0
+	case r >= 1:
+		return 1
+	}
+	return 2
+}
