@@ -216,3 +216,27 @@ func TestReportDryRunWritesNoExclusions(t *testing.T) {
 		t.Errorf("a dry run wrote %d exclusions", after-before)
 	}
 }
+
+// The campaigns' table shows when each was created in --tz, as the one campaign's view does; its JSON stays
+// UTC. (Mutation: the list printing the JSON's UTC text, as before, shows no +09 under Asia/Tokyo.)
+func TestTheStatusListShowsItsTimesInTheZoneAsked(t *testing.T) {
+	t.Parallel()
+	env, id, _ := reportEnv(t)
+	out, stderr, code := cli(t, env, "status", "--tz", "Asia/Tokyo")
+	if code != 0 {
+		t.Fatalf("status --tz Asia/Tokyo: exit %d, %s", code, stderr)
+	}
+	var row string
+	for _, l := range strings.Split(out, "\n") {
+		if f := strings.Fields(l); len(f) > 0 && f[0] == id {
+			row = l
+		}
+	}
+	if !strings.Contains(row, "JST") {
+		t.Fatalf("status --tz Asia/Tokyo: campaign %s's row %q shows no time in JST:\n%s", id, row, out)
+	}
+	js, _, _ := cli(t, env, "status", "--json", "--tz", "Asia/Tokyo")
+	if !strings.Contains(js, `Z"`) || strings.Contains(js, "JST") {
+		t.Fatalf("status --json is not in UTC: %s", js)
+	}
+}

@@ -115,7 +115,7 @@ func (a *app) status(ctx context.Context, o statusOptions) error {
 		if overdue := a.refusalsOverdue(ctx, svc); overdue > 0 && !o.json {
 			defer fmt.Fprintf(a.stdout, "İYS: %d refusals not registered two business days after they came in (the law allows three): run campaignctl iys push\n", overdue)
 		}
-		return a.printStatusList(list, o.json)
+		return a.printStatusList(list, o.json, o.loc)
 	case o.watch && o.json:
 		// Progress on stderr; stdout gets the one object status --json prints, once the campaign ends.
 		return a.watch(ctx, svc, o.id, func(v worker.CampaignStatus) error { return a.printStatusJSON(ctx, svc, v) })
@@ -213,7 +213,7 @@ func (a *app) printStatusTo(out io.Writer, v worker.CampaignStatus, loc *time.Lo
 	w.Flush()
 }
 
-func (a *app) printStatusList(views []worker.CampaignStatus, asJSON bool) error {
+func (a *app) printStatusList(views []worker.CampaignStatus, asJSON bool, loc *time.Location) error {
 	if asJSON {
 		return json.NewEncoder(a.stdout).Encode(views)
 	}
@@ -221,7 +221,17 @@ func (a *app) printStatusList(views []worker.CampaignStatus, asJSON bool) error 
 	fmt.Fprintln(w, "ID\tNAME\tCHANNEL\tSTATE\tPLANNED\tSENT\tFAILED\tSKIPPED\tUNKNOWN\tPENDING\tDLQ\tCREATED")
 	for _, v := range views {
 		fmt.Fprintf(w, "%d\t%s\t%s\t%s\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%s\n", v.ID, v.Name, v.Channel, v.State,
-			v.Planned, v.Sent, v.Failed, v.Skipped, v.Unknown, v.Pending, v.DLQ, v.CreatedAt)
+			v.Planned, v.Sent, v.Failed, v.Skipped, v.Unknown, v.Pending, v.DLQ, inZone(v.CreatedAt, loc))
 	}
 	return w.Flush()
+}
+
+// inZone shows a UTC time of the JSON (RFC 3339) in loc, as the table's other times are; as it is when it
+// does not parse.
+func inZone(utc string, loc *time.Location) string {
+	t, err := time.Parse(time.RFC3339, utc)
+	if err != nil || loc == nil {
+		return utc
+	}
+	return t.In(loc).Format("2006-01-02 15:04:05 MST")
 }
