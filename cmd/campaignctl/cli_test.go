@@ -306,9 +306,11 @@ func TestConsentsAreKeyedByBrand(t *testing.T) {
 		"--message", testPrefix+"Merhaba {{.first_name}}", "--yes", "--json"); code != 2 || !strings.Contains(stderr, "recorded without a brand") {
 		t.Fatalf("brand 777 launch over consents of no brand: exit %d, %s", code, stderr)
 	}
-	csv := writeFile(t, "c.csv", "recipient,type,recipient_type,status,source,consent_date\n+905321000001,MESAJ,BIREYSEL,ONAY,HS_WEB,2026-01-15 10:30:00\n")
-	if out, stderr, code := cli(t, env, "iys", "import", csv); code != 0 {
-		t.Fatalf("import: exit %d, %s%s", code, out, stderr)
+	// The number twice: the later row wins, and the counts add up to the rows.
+	csv := writeFile(t, "c.csv", "recipient,type,recipient_type,status,source,consent_date\n"+
+		"+905321000001,MESAJ,BIREYSEL,RET,HS_WEB,2026-01-14 10:30:00\n+905321000001,MESAJ,BIREYSEL,ONAY,HS_WEB,2026-01-15 10:30:00\n")
+	if out, stderr, code := cli(t, env, "iys", "import", csv); code != 0 || !strings.Contains(out, "imported 2 consent rows: 1 new, 0 updated, 0 unchanged, 1 superseded") {
+		t.Fatalf("import: exit %d, %s%s; want the counts to add up to the 2 rows", code, out, stderr)
 	}
 	// Two of the three still have consents of no brand only: still refused, and counted.
 	if _, stderr, code := cli(t, env, "launch", "--name", "brand-777-partly", "--channel", "sms", "--audience", audience, "--max-consent-age", "0",

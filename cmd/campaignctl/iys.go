@@ -250,7 +250,12 @@ func (a *app) newIYSImportCmd() *cobra.Command {
 			if err != nil {
 				return fmt.Errorf("%s: %w (nothing was imported)", args[0], err)
 			}
-			fmt.Fprintf(a.stdout, "imported %d consent rows: %d new, %d updated, %d unchanged\n", rep.Rows, rep.Inserted, rep.Updated, rep.Unchanged)
+			fmt.Fprintf(a.stdout, "imported %d consent rows: %d new, %d updated, %d unchanged", rep.Rows, rep.Inserted, rep.Updated, rep.Unchanged)
+			if rep.Superseded > 0 {
+				// The rest of the rows: the same number, type and recipient type again in the file.
+				fmt.Fprintf(a.stdout, ", %d superseded by a later row for the same number in the file", rep.Superseded)
+			}
+			fmt.Fprintln(a.stdout)
 			return nil
 		},
 	}
