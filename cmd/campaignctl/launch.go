@@ -85,8 +85,10 @@ func (a *app) newLaunchCmd() *cobra.Command {
 		Short: "Plan a campaign (consent, codes, batches) and queue it for the workers",
 		Long: `Plan a campaign and queue it.
 
-The audience file holds one SELECT returning user_id and phone (for sms); every other column is a template
-variable. Only recipients with İYS ONAY for MESAJ/BIREYSEL are kept. One unique code per recipient is
+The audience file holds one SELECT returning user_id and the channel's address column (phone for sms, email
+for email, push_token for push; webhook needs user_id only); every other column is a template variable.
+For sms and email only recipients with İYS ONAY (MESAJ or EPOSTA, BIREYSEL unless --recipient-type TACIR)
+are kept; push and webhook keep the rows whose <channel>_opt_in is true. One unique code per recipient is
 reserved from --code-pool before anything is queued. --dry-run shows the same report and writes nothing.`,
 		Example: `  campaignctl launch --name yaz-2026 --channel sms --audience audience.sql \
     --message 'Merhaba {{.first_name}}, kodunuz {{.code}}' --code-pool yaz --dry-run

@@ -166,7 +166,7 @@ func (a *app) newSandboxCmd() *cobra.Command {
 	var o sandboxOptions
 	cmd := &cobra.Command{
 		Use:   "sandbox",
-		Short: "Run a local imitation of the provider APIs (Twilio, SendGrid, FCM, webhook) with fault injection",
+		Short: "Run a local imitation of the provider APIs (Twilio, Netgsm, SendGrid, FCM, webhook) and of İYS, with fault injection",
 		Long: `Run a local imitation of the providers' APIs on --addr, for demos and tests. Point the workers at it:
 
   sms    TWILIO_BASE_URL=http://ADDR    Twilio's Messages API; credentials TWILIO_ACCOUNT_SID and TWILIO_AUTH_TOKEN
