@@ -30,7 +30,7 @@ func (p *Planner) sample(ctx context.Context, tx pgx.Tx, id int64, spec Spec, tm
 	}
 	parts, err := tmpl.RenderParts(r.TemplateData(spec.Channel, spec.Name))
 	if err != nil {
-		return fmt.Errorf("%w: the message template fails for user %s: %v", ErrInvalid, r.UserID, err)
+		return templateFails(r.UserID, err)
 	}
 	msg := parts.Text
 	rep.SampleMessage, rep.SampleSubject, rep.SampleHTML = msg, parts.Subject, parts.HTML
@@ -131,7 +131,7 @@ func (p *Planner) renderMessages(ctx context.Context, tx pgx.Tx, id int64, spec 
 		}
 		msg, err := tmpl.Render(r.TemplateData(spec.Channel, spec.Name))
 		if err != nil {
-			return fmt.Errorf("%w: the message template fails for user %s: %v", ErrInvalid, r.UserID, err)
+			return templateFails(r.UserID, err)
 		}
 		enc, n := providers.SMSSegments(msg)
 		if rep != nil {
@@ -190,4 +190,10 @@ func (s *Store) ReasonCounts(ctx context.Context, id int64, top int) (failed, sk
 		}
 	}
 	return failed, skipped, rows.Err()
+}
+
+// templateFails says that the message template fails for user's row, with err (which may already be an
+// ErrInvalid: its words are not said twice).
+func templateFails(user string, err error) error {
+	return fmt.Errorf("%w: the message template fails for user %s: %s", ErrInvalid, user, strings.TrimPrefix(err.Error(), ErrInvalid.Error()+": "))
 }

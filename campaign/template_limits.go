@@ -32,6 +32,7 @@ var (
 	errPartTooLong = fmt.Errorf("a rendered part is longer than %d KiB", MaxPartBytes>>10)
 	errRenderSlow  = fmt.Errorf("rendering took longer than %v", RenderDeadline)
 	errRangeTooBig = fmt.Errorf("a {{range}} goes over more than %d items", MaxRangeItems)
+	errWideFormat  = fmt.Errorf("a printf width or precision is over %d", MaxFormatWidth)
 )
 
 // rangeLimitFunc is the function every {{range}} pipeline passes through (see guardTree), with the root
@@ -110,7 +111,7 @@ func boundedPrintf(format string, args ...any) (string, error) {
 				n := 0
 				for ; i < len(format) && format[i] >= '0' && format[i] <= '9'; i++ {
 					if n = n*10 + int(format[i]-'0'); n > MaxFormatWidth {
-						return "", fmt.Errorf("%w: printf width or precision over %d", errPartTooLong, MaxFormatWidth)
+						return "", errWideFormat
 					}
 				}
 				i--
@@ -124,7 +125,7 @@ func boundedPrintf(format string, args ...any) (string, error) {
 	if star > 0 {
 		for _, a := range args {
 			if n, ok := a.(int); ok && (n > MaxFormatWidth || n < -MaxFormatWidth) {
-				return "", fmt.Errorf("%w: printf width or precision over %d", errPartTooLong, MaxFormatWidth)
+				return "", errWideFormat
 			}
 		}
 	}
@@ -239,6 +240,8 @@ func limitError(err error) error {
 		return fmt.Errorf("%w: %v; shorten the message or the values it loops over", ErrInvalid, err)
 	case strings.Contains(err.Error(), errPartTooLong.Error()):
 		return fmt.Errorf("%w: %v; shorten the message or the values it prints", ErrInvalid, err)
+	case strings.Contains(err.Error(), errWideFormat.Error()):
+		return fmt.Errorf("%w: %v; use widths and precisions up to %d", ErrInvalid, errWideFormat, MaxFormatWidth)
 	case strings.Contains(err.Error(), errRenderSlow.Error()):
 		return fmt.Errorf("%w: %v; simplify the message", ErrInvalid, errRenderSlow)
 	case strings.Contains(err.Error(), errRangeTooBig.Error()):
