@@ -248,16 +248,22 @@ func (s *Store) Record(ctx context.Context, campaignID int64, outcomes []Outcome
 			-- A receipt that came in while the row was pending (r.delivery set) proves the provider accepted
 			-- the message, whatever the worker could tell: such a row becomes sent, keeps the receipt's
 			-- message ID and its code, and what the worker saw stays in last_error.
+			-- A row recorded unknown meanwhile (its run's lease ran out while the run was stopped or cut
+			-- off, and Redis lost the claims that held its answers) whose run comes back with the provider's
+			-- acceptance is sent: that answer proves it, as a receipt does (RecordDeliveries), and resume
+			-- --resend-unknown must not send it again. Its attempt was counted when it was recorded unknown.
 			UPDATE campaign_recipients r SET
 				status = CASE WHEN r.delivery IS NOT NULL THEN `+sqlSent+` ELSE o.status END,
-				reason = CASE WHEN r.delivery IS NOT NULL AND o.status <> `+sqlSent+`
+				reason = CASE WHEN r.status = `+sqlUnknown+` THEN `+sqlLateAnswer+`
+					WHEN r.delivery IS NOT NULL AND o.status <> `+sqlSent+`
 					THEN 'accepted by the provider (its receipt says ' || r.delivery || ')' ELSE NULLIF(o.reason, '') END,
-				last_error = CASE WHEN o.status IN (`+sqlFailed+`, `+sqlUnknown+`) OR (r.delivery IS NOT NULL AND o.status <> `+sqlSent+`)
+				last_error = CASE WHEN r.status = `+sqlUnknown+` THEN coalesce(r.last_error, r.reason)
+					WHEN o.status IN (`+sqlFailed+`, `+sqlUnknown+`) OR (r.delivery IS NOT NULL AND o.status <> `+sqlSent+`)
 					THEN NULLIF(o.reason, '') END,
 				provider_message_id = coalesce(NULLIF(o.msgid, ''), r.provider_message_id),
 				provider = coalesce(NULLIF(o.provider, ''), r.provider),
 				segments = NULLIF(o.segments, 0),
-				attempts = r.attempts + CASE WHEN o.status IN (`+sqlSent+`, `+sqlFailed+`, `+sqlUnknown+`, `+sqlPending+`) THEN 1 ELSE 0 END,
+				attempts = r.attempts + CASE WHEN r.status = `+sqlPending+` AND o.status IN (`+sqlSent+`, `+sqlFailed+`, `+sqlUnknown+`, `+sqlPending+`) THEN 1 ELSE 0 END,
 				-- A recipient that was ever unknown (resent since) may hold a code that reached them: it keeps it.
 				code = CASE WHEN o.status IN (`+sqlFailed+`, `+sqlSkipped+`) AND r.delivery IS NULL AND NOT `+everUnknown+` THEN NULL ELSE r.code END,
 				code_id = CASE WHEN o.status IN (`+sqlFailed+`, `+sqlSkipped+`) AND r.delivery IS NULL AND NOT `+everUnknown+` THEN NULL ELSE r.code_id END,
@@ -267,14 +273,15 @@ func (s *Store) Record(ctx context.Context, campaignID int64, outcomes []Outcome
 				ever_unknown = r.ever_unknown OR (o.status = `+sqlUnknown+` AND r.delivery IS NULL),
 				updated_at = now()
 			FROM o
-			WHERE r.campaign_id = $1 AND r.batch = $7 AND r.status = `+sqlPending+` AND r.user_id = o.user_id
+			WHERE r.campaign_id = $1 AND r.batch = $7 AND r.user_id = o.user_id
+			  AND (r.status = `+sqlPending+` OR r.status = `+sqlUnknown+` AND o.status = `+sqlSent+`)
 			  AND (o.status <> `+sqlPending+` OR EXISTS (SELECT 1 FROM campaign_batches b
 				WHERE b.campaign_id = $1 AND b.batch = $7 AND b.lease_token = $8))
 			RETURNING r.user_id, r.status, r.reason, r.provider_message_id, r.code_id AS kept,
 				o.c_status, o.c_source, o.c_date, o.c_txn, o.c_synced,
 				-- The message ID the row keeps is the outcome's (not a receipt's that came first).
 				o.keyed AND r.provider_message_id = o.msgid AS keyed,
-				r.address, o.bad
+				r.address, o.bad, r.reason = `+sqlLateAnswer+` AS late
 		), freed AS (
 			-- One update of the batch row (two in one statement would see only one): the run's chunk in
 			-- hand, and the suspects (LeaseChunk) that are settled now.
@@ -312,7 +319,10 @@ func (s *Store) Record(ctx context.Context, campaignID int64, outcomes []Outcome
 			WHERE upd.status IN (`+sqlFailed+`, `+sqlSkipped+`) AND upd.kept IS NULL
 			ON CONFLICT (code_id) DO NOTHING
 		)
-		SELECT status, count(*) FROM upd GROUP BY status`, campaignID, users, statuses, reasons, ids, segs, lease.Batch, lease.Token,
+		SELECT status, count(*) FROM upd GROUP BY status
+		UNION ALL
+		-- A late answer moves its recipient from unknown.
+		SELECT `+sqlUnknown+`, -count(*) FROM upd WHERE late HAVING count(*) > 0`, campaignID, users, statuses, reasons, ids, segs, lease.Batch, lease.Token,
 		cStatus, cSource, cDate, cTxn, cSynced, inHand, keyed, provs, bad, sentAt)
 	br := s.pool.SendBatch(ctx, b)
 	err := readMoved(br, async, moved)
@@ -343,10 +353,16 @@ func readMoved(br pgx.BatchResults, async bool, moved map[string]int64) error {
 		if err := rows.Scan(&st, &n); err != nil {
 			return err
 		}
-		moved[st] = n
+		moved[st] += n
 	}
 	return rows.Err()
 }
+
+// LateAnswer is the reason of a recipient recorded unknown that its own run's answer, come later, proved
+// sent (see Record).
+const LateAnswer = "accepted by the provider: the answer came after the recipient was recorded unknown"
+
+const sqlLateAnswer = "'" + LateAnswer + "'"
 
 // everUnknown is the SQL condition that recipient r was once recorded unknown: its message may have gone
 // out with its code, so the code never goes back to the pool, whatever happens to a resend (see `resume
