@@ -136,11 +136,11 @@ func (p *Planner) plan(ctx context.Context, spec Spec, tmpl *Template, rep *Repo
 		t0 = time.Now()
 	} else if spec.Channel.Spec().Segmented {
 		// A launch refuses what its dry run refuses: no message may be longer than --max-segments.
+		t1 := time.Now()
 		if err := p.checkLengths(ctx, tx, id, spec, tmpl); err != nil {
 			return err
 		}
-		p.step("check every message's length", t0)
-		t0 = time.Now()
+		p.step("check every message's length", t1)
 	}
 
 	excluded, _ := json.Marshal(rep.Excluded)
