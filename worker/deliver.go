@@ -103,9 +103,12 @@ func (h *Handler) deliver(ctx, waitCtx context.Context, run *batchRun, rest []ca
 		}
 		start := time.Now()
 		res, err := rt.provider.Send(ctx, msg)
-		rt.m.Request(time.Since(start))
+		took := time.Since(start)
+		rt.m.Request(took)
 		v, pe := judge(err)
-		h.observe(ctx, rt.provider.Name(), v, pe, tokens)
+		if !h.stalled(v, took) {
+			h.observe(ctx, rt.provider.Name(), v, pe, tokens)
+		}
 		if v == accepted {
 			run.answersDue = append(run.answersDue, state.Answer{Key: key, InFlight: inflight, Value: state.SentValue(res.MessageID, res.Segments)})
 			if !rt.answerInNextClaim {

@@ -178,7 +178,9 @@ func (h *Handler) sendGroup(ctx, waitCtx context.Context, run *batchRun, b provi
 			return nil
 		}
 		v, pe := judge(err)
-		h.observe(ctx, b.Name(), v, pe, len(rs))
+		if !h.stalled(v, time.Since(start)) {
+			h.observe(ctx, b.Name(), v, pe, len(rs))
+		}
 		f := inFlight{users: make([]string, len(rs)), keys: keys, values: inflight, addrs: addrs, at: now}
 		for i, r := range rs {
 			f.users[i] = r.UserID

@@ -303,7 +303,8 @@ func (h *Handler) sendWindow(ctx context.Context, run *batchRun, rt *route, send
 	type result struct {
 		res   providers.Result
 		err   error
-		start time.Time // when its request went out
+		start time.Time     // when its request went out
+		took  time.Duration // how long it took
 	}
 	results := make([]result, len(sends))
 	var wg sync.WaitGroup
@@ -311,8 +312,9 @@ func (h *Handler) sendWindow(ctx context.Context, run *batchRun, rt *route, send
 		h.senders.Go(&wg, func() {
 			start := time.Now()
 			res, err := rt.provider.Send(ctx, sends[i].msg)
-			rt.m.Request(time.Since(start))
-			results[i] = result{res, err, start}
+			took := time.Since(start)
+			rt.m.Request(took)
+			results[i] = result{res, err, start, took}
 		})
 	}
 	wg.Wait()
@@ -322,7 +324,9 @@ func (h *Handler) sendWindow(ctx context.Context, run *batchRun, rt *route, send
 	for i, w := range sends {
 		key := ClaimKey(run.c.ID, w.r.UserID)
 		v, pe := judge(results[i].err)
-		h.observe(ctx, name, v, pe, w.tokens)
+		if !h.stalled(v, results[i].took) {
+			h.observe(ctx, name, v, pe, w.tokens)
+		}
 		if v == accepted {
 			res := results[i].res
 			run.answersDue = append(run.answersDue, state.Answer{Key: key, InFlight: inflight, Value: state.SentValue(res.MessageID, res.Segments)})
