@@ -358,6 +358,11 @@ func readMoved(br pgx.BatchResults, async bool, moved map[string]int64) error {
 	return rows.Err()
 }
 
+// Unverifiable is the reason of a recipient a run that took its chunk over recorded unknown because Redis
+// lost the claim that said what became of its message: the run that held the chunk (under the epoch Redis
+// lost) may have sent it, and may still be waiting for its answer.
+const Unverifiable = "Redis lost its data while a worker that has since stopped was sending this chunk; the message may have been sent"
+
 // LateAnswer is the reason of a recipient recorded unknown that its own run's answer, come later, proved
 // sent (see Record).
 const LateAnswer = "accepted by the provider: the answer came after the recipient was recorded unknown"

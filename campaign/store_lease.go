@@ -372,6 +372,24 @@ func (s *Store) Unknown(ctx context.Context, id int64) ([]string, error) {
 	return out, nil
 }
 
+// RecentlyUnverifiable returns the users of campaign id that a takeover recorded unknown less than within
+// ago (by Postgres's clock) because Redis had lost their claims (Unverifiable). The run that held their
+// chunk may only have been stopped or cut off, its call still waiting for the provider's answer; with the
+// claim gone, when the recipient was recorded is the only age left to go by, and the call began before it.
+func (s *Store) RecentlyUnverifiable(ctx context.Context, id int64, within time.Duration) ([]string, error) {
+	rows, err := s.pool.Query(ctx, `SELECT user_id FROM campaign_recipients
+		WHERE campaign_id = $1 AND status = `+sqlUnknown+` AND delivery IS NULL AND reason = $2
+		  AND updated_at > now() - $3 * interval '1 millisecond'`, id, Unverifiable, within.Milliseconds())
+	if err != nil {
+		return nil, fmt.Errorf("unknown recipients: %w", err)
+	}
+	users, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, fmt.Errorf("unknown recipients: %w", err)
+	}
+	return users, nil
+}
+
 // Resend moves users of campaign id from unknown back to pending, keeping their codes (a person who did
 // get the first message gets the same code again, never a second one), and logs the decision. A recipient
 // with a delivery receipt is never moved: the receipt proves the provider accepted the message (Record

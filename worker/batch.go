@@ -626,7 +626,7 @@ func (h *Handler) close(ctx context.Context, run *batchRun, r *campaign.Recipien
 // settleUnverifiable settles a recipient taken over from a run that died under another Redis epoch: its claim, if
 // Redis still has one, says what happened; without one the message may have been sent, so it is unknown.
 func (h *Handler) settleUnverifiable(ctx context.Context, run *batchRun, r *campaign.Recipient) error {
-	const why = "Redis lost its data while a worker that has since stopped was sending this chunk; the message may have been sent"
+	const why = campaign.Unverifiable
 	g := run.guard
 	g.CheckHalt = false
 	old, ours, err := h.state.Take(ctx, ClaimKey(run.c.ID, r.UserID), run.nonce, state.ReasonValue(state.Unknown, why), g)

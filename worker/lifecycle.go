@@ -227,7 +227,8 @@ type ResumeReport struct {
 	// Resent counts the unknown recipients moved back to pending (ResendUnknown).
 	Resent int64
 	// StillInFlight counts the unknown recipients not resent because their claims were taken less than
-	// ResendGrace ago: the calls they were taken for may still be answered.
+	// Grace ago, or, their claims lost with Redis's data, they were recorded unknown less than Grace ago:
+	// the calls they were taken for may still be answered.
 	StillInFlight int
 	// Grace is how old a claim in flight had to be for its recipient to be resent: ResendGrace, or the
 	// longest in-flight grace a worker noted (3 × its --provider-timeout) when longer.
@@ -348,16 +349,26 @@ func Resume(ctx context.Context, o ResumeOptions) (ResumeReport, error) {
 			return rep, err
 		}
 		rep.Grace = max(grace, ResendGrace)
+		// A takeover recorded some unknown because Redis had lost their claims: those claims cannot say how
+		// old their calls are, and the time they were recorded stands in for it.
+		recent, err := o.Store.RecentlyUnverifiable(ctx, id, rep.Grace)
+		if err != nil {
+			return rep, err
+		}
+		skip := make(map[string]bool, len(recent))
+		for _, u := range recent {
+			skip[u] = true
+		}
+		users = slices.DeleteFunc(users, func(u string) bool { return skip[u] })
 		kept, err := ForgetUnanswered(ctx, o.Redis, c, users, rep.Grace)
 		if err != nil {
 			return rep, err
 		}
+		for _, u := range kept {
+			skip[u] = true
+		}
+		rep.StillInFlight = len(skip)
 		if len(kept) > 0 {
-			rep.StillInFlight = len(kept)
-			skip := make(map[string]bool, len(kept))
-			for _, u := range kept {
-				skip[u] = true
-			}
 			users = slices.DeleteFunc(users, func(u string) bool { return skip[u] })
 		}
 		if rep.Resent, err = o.Store.Resend(ctx, id, users); err != nil {

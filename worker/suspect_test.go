@@ -133,17 +133,28 @@ func TestACancelLeavesASuspectRecipientItsCode(t *testing.T) {
 
 // Suspect recipients settled as unknown leave the chunk's suspects: `resume --resend-unknown` then sends
 // them once more, as the operator asked, rather than finding them suspect again and settling them as
-// unknown for ever. (The dead run had the whole chunk in hand: all five eligible are unknown.)
+// unknown for ever. (The dead run had the whole chunk in hand: all five eligible are unknown.) Not within
+// the in-flight grace of their settling, though: with their claims gone with Redis's data, the time they
+// were recorded unknown is all that says how old the dead run's calls are, and a run that was only
+// stopped may still be waiting for their answers. (Mutation: resending them at once, as before, resends
+// the five within the grace.)
 func TestAResendSendsASuspectRecipientOnceSettled(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	f := plan(t, 10)
 	f.deadRunUnderLostEpoch(t, 1)
 	f.runAll(t)
-	if st, _, _ := f.status(t, "u1"); st != campaign.StatusUnknown {
-		t.Fatalf("u1, sent by the dead run, is %s, want unknown", st)
+	if st, reason, _ := f.status(t, "u1"); st != campaign.StatusUnknown || reason != campaign.Unverifiable {
+		t.Fatalf("u1, sent by the dead run, is %s (%q), want unknown", st, reason)
 	}
 	rep, err := Resume(ctx, ResumeOptions{Store: f.store, Redis: f.rdb, CampaignID: f.id, ResendUnknown: true})
+	if err != nil || rep.Resent != 0 || rep.StillInFlight != 5 {
+		t.Fatalf("resume --resend-unknown right after the takeover: %+v, %v; want the 5 held back", rep, err)
+	}
+	if _, err := f.db.Exec(ctx, `UPDATE campaign_recipients SET updated_at = updated_at - interval '31 seconds' WHERE campaign_id = $1`, f.id); err != nil {
+		t.Fatal(err)
+	}
+	rep, err = Resume(ctx, ResumeOptions{Store: f.store, Redis: f.rdb, CampaignID: f.id, ResendUnknown: true})
 	if err != nil || rep.Resent != 5 {
 		t.Fatalf("resume --resend-unknown: %+v, %v; want the 5 unknown resent", rep, err)
 	}
