@@ -291,6 +291,13 @@ func Resume(ctx context.Context, o ResumeOptions) (ResumeReport, error) {
 			return rep, fmt.Errorf("%w: campaign %d is completed; there is nothing to resume%s", campaign.ErrWrongState, id, hint)
 		}
 		_, to, err := o.Store.Start(ctx, id, []campaign.State{c.State})
+		if errors.Is(err, campaign.ErrWrongState) {
+			// Another resume started it meanwhile (two run at once): go on from the state it is in now,
+			// as a resume of a running campaign does.
+			if now, gerr := o.Store.Get(ctx, id); gerr == nil && (now.State == campaign.StateRunning || now.State == campaign.StateScheduled) {
+				to, err = now.State, nil
+			}
+		}
 		if err != nil {
 			return rep, err
 		}
