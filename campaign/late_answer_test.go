@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/campaignctl/campaignctl/campaign"
-	"github.com/campaignctl/campaignctl/internal/testdb"
 )
 
 // A run stopped (SIGSTOP, a long pause) after the provider accepted u2's message loses its lease; Redis
@@ -18,15 +17,8 @@ import (
 // Record touching pending rows only, as before, leaves u2 unknown, and the resend sends it twice.)
 func TestALateAnswerProvesARecipientRecordedUnknownSent(t *testing.T) {
 	t.Parallel()
-	db, _ := testdb.New(t)
-	seedAudience(t, db, 3)
+	db, c, store, batch := plannedForU2(t, "late")
 	ctx := context.Background()
-	c := planned(t, db, spec("late"))
-	store := campaign.NewStore(db)
-	var batch int
-	if err := db.QueryRow(ctx, `SELECT batch FROM campaign_recipients WHERE campaign_id = $1 AND user_id = 'u2'`, c.ID).Scan(&batch); err != nil {
-		t.Fatal(err)
-	}
 	l := campaign.Lease{Batch: batch, Token: "run-1", Epoch: "e", TTL: time.Minute}
 	if _, err := store.LeaseChunk(ctx, c, []string{"u2"}, l); err != nil {
 		t.Fatal(err)

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/campaignctl/campaignctl/campaign"
 	"github.com/campaignctl/campaignctl/internal/testdb"
@@ -15,15 +16,8 @@ import (
 // the lease read for it.
 func TestRecordKeepsToTheLeasesBatchAndAuditsTheConsentRead(t *testing.T) {
 	t.Parallel()
-	db, _ := testdb.New(t)
-	seedAudience(t, db, 3)
+	db, c, store, batch := plannedForU2(t, "record")
 	ctx := context.Background()
-	c := planned(t, db, spec("record"))
-	store := campaign.NewStore(db)
-	var batch int
-	if err := db.QueryRow(ctx, `SELECT batch FROM campaign_recipients WHERE campaign_id = $1 AND user_id = 'u2'`, c.ID).Scan(&batch); err != nil {
-		t.Fatal(err)
-	}
 
 	// u2's outcome under another batch's lease changes nothing.
 	sent := []campaign.Outcome{{UserID: "u2", Status: campaign.StatusSent, MessageID: "SM1"}}
@@ -149,4 +143,18 @@ func TestAnOutcomeWithANulInItsReasonIsRecordedWithTheOthers(t *testing.T) {
 	if want := "twilio 21211: invalid \uFFFD 'To' \uFFFD number"; reason != want {
 		t.Errorf("reason stored %q, want %q", reason, want)
 	}
+}
+
+// plannedForU2 plans the seeded audience (seedAudience) as campaign name on a database of its own, and
+// returns the database, the campaign, its store and u2's batch.
+func plannedForU2(t *testing.T, name string) (*pgxpool.Pool, *campaign.Campaign, *campaign.Store, int) {
+	t.Helper()
+	db, _ := testdb.New(t)
+	seedAudience(t, db, 3)
+	c := planned(t, db, spec(name))
+	var batch int
+	if err := db.QueryRow(context.Background(), `SELECT batch FROM campaign_recipients WHERE campaign_id = $1 AND user_id = 'u2'`, c.ID).Scan(&batch); err != nil {
+		t.Fatal(err)
+	}
+	return db, c, campaign.NewStore(db), batch
 }
