@@ -335,6 +335,43 @@ func (s *Store) Record(ctx context.Context, campaignID int64, outcomes []Outcome
 	return moved, nil
 }
 
+// SecondSend is the audit reason of a message the provider accepted for a recipient already sent under
+// another message ID (AuditSecondSends).
+const SecondSend = "a second message: the provider accepted it for a recipient already sent (a late answer of a stopped run, after a resend)"
+
+// AuditSecondSends appends to the audit the sent outcomes of outs (those with a message ID) whose
+// recipient Record found already sent under another message ID, and not audited under theirs yet: a
+// second message the provider accepted, which the recipient's row, keeping the first, does not show. It
+// returns how many it audited. It is for the outcomes Record did not apply (it reads each one's row).
+func (s *Store) AuditSecondSends(ctx context.Context, campaignID int64, outs []Outcome) (int64, error) {
+	var users, ids, provs []string
+	for _, o := range outs {
+		if o.Status == StatusSent && o.MessageID != "" {
+			users, ids, provs = append(users, o.UserID), append(ids, pgtext.Clean(o.MessageID)), append(provs, o.Provider)
+		}
+	}
+	if len(users) == 0 {
+		return 0, nil
+	}
+	tag, err := s.pool.Exec(ctx, `
+		WITH other AS MATERIALIZED (
+			SELECT o.user_id, o.msgid, o.provider
+			FROM unnest($2::text[], $3::text[], $4::text[]) AS o(user_id, msgid, provider)
+			JOIN campaign_recipients r ON r.campaign_id = $1 AND r.user_id = o.user_id
+			WHERE r.status = `+sqlSent+` AND r.provider_message_id IS DISTINCT FROM o.msgid
+		)
+		INSERT INTO send_log (campaign_id, user_id, status, reason, provider_message_id, channel, template_hash)
+		SELECT $1, other.user_id, `+sqlSent+`, `+quoteLiteral(SecondSend)+`, other.msgid,
+			(SELECT channel FROM campaigns WHERE id = $1), (SELECT template_hash FROM campaigns WHERE id = $1)
+		FROM other
+		WHERE NOT EXISTS (SELECT 1 FROM send_log l WHERE l.campaign_id = $1 AND l.user_id = other.user_id
+			AND l.provider_message_id = other.msgid)`, campaignID, users, ids, provs)
+	if err != nil {
+		return 0, fmt.Errorf("audit second messages: %w", err)
+	}
+	return tag.RowsAffected(), nil
+}
+
 // readMoved reads Record's batch: the setting (when async), then how many recipients moved to each status.
 func readMoved(br pgx.BatchResults, async bool, moved map[string]int64) error {
 	if async {

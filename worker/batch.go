@@ -735,6 +735,17 @@ func (h *Handler) flush(ctx context.Context, run *batchRun) error {
 	if err != nil {
 		return err
 	}
+	if sent := sentWithID(run.pending); sent > 0 && moved[campaign.StatusSent] < int64(sent) {
+		// A sent outcome that moved nothing: the same answer recorded before (a redelivered chunk), or a
+		// second message, accepted for a recipient already sent under another message ID (a stopped run's
+		// answer, come after the recipient was resent). The audit keeps every message the provider took.
+		if n, err := h.cfg.Store.AuditSecondSends(ctx, run.c.ID, run.pending); err != nil {
+			h.log.Warn("a second message's audit not written", "campaign_id", run.c.ID, "err", err)
+		} else if n > 0 {
+			h.log.Warn("the provider accepted a second message for recipients already sent (a late answer of a stopped run, after a resend): audited in send_log",
+				"campaign_id", run.c.ID, "recipients", n)
+		}
+	}
 	for _, o := range run.pending {
 		if o.Status != campaign.StatusPending {
 			delete(run.snapshots, o.UserID)
@@ -751,4 +762,15 @@ func (h *Handler) flush(ctx context.Context, run *batchRun) error {
 		h.log.Warn("progress counters not updated", "campaign_id", run.c.ID, "err", err)
 	}
 	return nil
+}
+
+// sentWithID counts the sent outcomes of outs that carry the provider's message ID.
+func sentWithID(outs []campaign.Outcome) int {
+	n := 0
+	for i := range outs {
+		if outs[i].Status == campaign.StatusSent && outs[i].MessageID != "" {
+			n++
+		}
+	}
+	return n
 }

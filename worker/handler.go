@@ -35,6 +35,7 @@ type Store interface {
 	RenewLease(ctx context.Context, campaignID int64, l campaign.Lease) (bool, error)
 	ReleaseBatch(ctx context.Context, campaignID int64, l campaign.Lease) error
 	Record(ctx context.Context, campaignID int64, outcomes []campaign.Outcome, l campaign.Lease, inHand []string) (map[string]int64, error)
+	AuditSecondSends(ctx context.Context, campaignID int64, outs []campaign.Outcome) (int64, error)
 	CloseBatch(ctx context.Context, id int64, batch int) (done, open bool, err error)
 	ExpiredLeases(ctx context.Context, limit int, gone []int64) ([]campaign.Expired, error)
 	GoneHolders(ctx context.Context) ([]int64, error)

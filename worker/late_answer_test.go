@@ -19,11 +19,65 @@ import (
 // the resend sends them twice.)
 func TestAStoppedRunsAnswersOutliveARedisLossAndATakeover(t *testing.T) {
 	t.Parallel()
+	f, wake := stoppedRunTakenOver(t)
+	wake()
+	for _, u := range []string{"u1", "u2"} {
+		if st, reason, _ := f.status(t, u); st != campaign.StatusSent || reason != campaign.LateAnswer {
+			t.Errorf("%s is %s (%q) once its run woke with the provider's acceptance, want sent", u, st, reason)
+		}
+	}
+	f.resendUnknown(t)
+	for _, i := range []int{1, 2, 4, 7, 8} {
+		if n := len(f.provider.sentTo(phone(i))); n != 1 {
+			st, reason, _ := f.status(t, fmt.Sprintf("u%d", i))
+			t.Errorf("u%d got %d messages, want 1 (%s %q)", i, n, st, reason)
+		}
+	}
+}
+
+// The same order, but the operator resends the unknown before the stopped run wakes (past the grace, by
+// hand): u1 and u2 get a second message, which nothing here could have known to hold back. When the
+// stopped run wakes, the audit gets the first messages too, so that send_log holds every message the
+// provider took. (Mutation: not auditing a sent outcome that moved nothing leaves one message each.)
+func TestAStoppedRunsAnswersAfterAResendAreAudited(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
-	f := plan(t, 10) // eligible in batch 0: u1 u2 u4 u7 u8
-	frozen, wake := make(chan struct{}), make(chan struct{})
-	var once sync.Once
-	stopped := &stopAfter{scriptedProvider: f.provider, at: phone(2), frozen: frozen, wake: wake, once: &once}
+	f, wake := stoppedRunTakenOver(t)
+	f.resendUnknown(t)
+	wake()
+	for _, u := range []string{"u1", "u2"} {
+		var sent, second int
+		err := f.db.QueryRow(ctx, `SELECT count(DISTINCT provider_message_id), count(*) FILTER (WHERE reason = $3)
+			FROM send_log WHERE campaign_id = $1 AND user_id = $2 AND status = 'sent'`, f.id, u, campaign.SecondSend).Scan(&sent, &second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if sent != 2 || second != 1 {
+			t.Errorf("%s: %d messages audited (%d as a second one), want both the provider took", u, sent, second)
+		}
+	}
+	// The same answer again (a chunk recorded twice) is not audited twice.
+	var first string
+	if err := f.db.QueryRow(ctx, `SELECT provider_message_id FROM send_log WHERE campaign_id = $1 AND user_id = 'u1' AND reason = $2`,
+		f.id, campaign.SecondSend).Scan(&first); err != nil {
+		t.Fatal(err)
+	}
+	again := []campaign.Outcome{{UserID: "u1", Status: campaign.StatusSent, MessageID: first}}
+	if n, err := f.store.AuditSecondSends(ctx, f.id, again); err != nil || n != 0 {
+		t.Fatalf("u1's first message audited again: %d (%v)", n, err)
+	}
+}
+
+// stoppedRunTakenOver plans 10 customers and replays the order: a run is stopped (SIGSTOP) after the
+// provider accepted u1's message (answered) and u2's (not answered yet); Redis loses its data meanwhile;
+// another run takes the chunk over once the lease runs out and records the whole chunk unknown (no claim
+// tells it what went). wake lets the stopped run go on, and returns once it has ended.
+func stoppedRunTakenOver(t *testing.T) (f *fixture, wake func()) {
+	t.Helper()
+	ctx := context.Background()
+	f = plan(t, 10) // eligible in batch 0: u1 u2 u4 u7 u8
+	frozen, woken := make(chan struct{}), make(chan struct{})
+	stopped := &stopAfter{scriptedProvider: f.provider, at: phone(2), frozen: frozen, wake: woken, once: &sync.Once{}}
 	ttl := 300 * time.Millisecond
 	a, _, _ := f.faulty(t, func(c *Config) {
 		c.LeaseTTL, c.Owner = ttl, "a"
@@ -43,18 +97,22 @@ func TestAStoppedRunsAnswersOutliveARedisLossAndATakeover(t *testing.T) {
 			t.Fatalf("%s is %s after the takeover, want unknown (its claim went with Redis's data)", u, st)
 		}
 	}
-	close(wake)
-	select {
-	case <-done:
-	case <-time.After(30 * time.Second):
-		t.Fatal("the woken run did not end")
-	}
-	for _, u := range []string{"u1", "u2"} {
-		if st, reason, _ := f.status(t, u); st != campaign.StatusSent || reason != campaign.LateAnswer {
-			t.Errorf("%s is %s (%q) once its run woke with the provider's acceptance, want sent", u, st, reason)
+	return f, func() {
+		t.Helper()
+		close(woken)
+		select {
+		case <-done:
+		case <-time.After(30 * time.Second):
+			t.Fatal("the woken run did not end")
 		}
 	}
-	// resume --resend-unknown: whoever is still unknown goes again.
+}
+
+// resendUnknown does what `resume --resend-unknown` does once the grace is over: the unknown recipients'
+// claims are forgotten, they are pending again, and their batches run.
+func (f *fixture) resendUnknown(t *testing.T) {
+	t.Helper()
+	ctx := context.Background()
 	users, err := f.store.Unknown(ctx, f.id)
 	if err != nil {
 		t.Fatal(err)
@@ -66,12 +124,6 @@ func TestAStoppedRunsAnswersOutliveARedisLossAndATakeover(t *testing.T) {
 		t.Fatal(err)
 	}
 	f.runAll(t)
-	for _, i := range []int{1, 2, 4, 7, 8} {
-		if n := len(f.provider.sentTo(phone(i))); n != 1 {
-			st, reason, _ := f.status(t, fmt.Sprintf("u%d", i))
-			t.Errorf("u%d got %d messages, want 1 (%s %q)", i, n, st, reason)
-		}
-	}
 }
 
 // stopAfter is a provider that, once, accepts the message to at and then stops before answering (frozen
