@@ -178,18 +178,16 @@ func repeat(s string, n int) []string {
 }
 
 // observe tells the provider's shared pace what it answered to a request that took tokens of its limit
-// (see limiter.Pace): throttled and failed requests lower it for every worker, a run of answers raises it
-// back. A request that never left is nothing to it.
-// stalled says that a send left without a usable answer (ambiguous) took longer than any provider call
-// may (the in-flight grace, which exceeds the provider timeout): this process was stopped or starved while
-// it waited (SIGSTOP, a paused virtual machine), and the reads that expired meanwhile say nothing of the
-// provider. Its answer is then not counted in the provider's shared pace, where a burst of them would
-// call a healthy provider down for every worker.
-func (h *Handler) stalled(v verdict, took time.Duration) bool {
-	return v == ambiguous && took > h.cfg.InFlightGrace
-}
-
-func (h *Handler) observe(ctx context.Context, provider string, v verdict, pe *providers.Error, tokens int) {
+// and lasted took (see limiter.Pace): throttled and failed requests lower it for every worker, a run of
+// answers raises it back. A request that never left is nothing to it, and neither is one left without a
+// usable answer (ambiguous) that lasted longer than any provider call may (the in-flight grace, which
+// exceeds the provider timeout): this process was stopped or starved while it waited (SIGSTOP, a paused
+// virtual machine), and the reads that expired meanwhile say nothing of the provider; a burst of them
+// would call a healthy provider down for every worker.
+func (h *Handler) observe(ctx context.Context, provider string, v verdict, pe *providers.Error, tokens int, took time.Duration) {
+	if v == ambiguous && took > h.cfg.InFlightGrace {
+		return
+	}
 	var a limiter.Answer
 	var hint time.Duration
 	switch {

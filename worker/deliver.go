@@ -106,9 +106,7 @@ func (h *Handler) deliver(ctx, waitCtx context.Context, run *batchRun, rest []ca
 		took := time.Since(start)
 		rt.m.Request(took)
 		v, pe := judge(err)
-		if !h.stalled(v, took) {
-			h.observe(ctx, rt.provider.Name(), v, pe, tokens)
-		}
+		h.observe(ctx, rt.provider.Name(), v, pe, tokens, took)
 		if v == accepted {
 			run.answersDue = append(run.answersDue, state.Answer{Key: key, InFlight: inflight, Value: state.SentValue(res.MessageID, res.Segments)})
 			if !rt.answerInNextClaim {

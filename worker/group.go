@@ -178,9 +178,7 @@ func (h *Handler) sendGroup(ctx, waitCtx context.Context, run *batchRun, b provi
 			return nil
 		}
 		v, pe := judge(err)
-		if !h.stalled(v, time.Since(start)) {
-			h.observe(ctx, b.Name(), v, pe, len(rs))
-		}
+		h.observe(ctx, b.Name(), v, pe, len(rs), time.Since(start))
 		f := inFlight{users: make([]string, len(rs)), keys: keys, values: inflight, addrs: addrs, at: now}
 		for i, r := range rs {
 			f.users[i] = r.UserID

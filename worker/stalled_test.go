@@ -12,7 +12,7 @@ import (
 // A worker stopped (SIGSTOP, a paused virtual machine) while its requests were out wakes to reads that
 // expired long ago: its recipients are unknown, but the provider is not to blame, and the provider's pace,
 // shared by every worker, must not call it down. The same answers coming back within the provider's time
-// do call it down: that is what the pace is for. (Mutation: counting every ambiguous answer, as before,
+// do call it down: that is what the pace is for. (Mutation: observe counting every ambiguous answer, as before,
 // calls the provider down after the stall too.)
 func TestAStalledWorkerDoesNotCallTheProviderDown(t *testing.T) {
 	t.Parallel()

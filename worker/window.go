@@ -324,9 +324,7 @@ func (h *Handler) sendWindow(ctx context.Context, run *batchRun, rt *route, send
 	for i, w := range sends {
 		key := ClaimKey(run.c.ID, w.r.UserID)
 		v, pe := judge(results[i].err)
-		if !h.stalled(v, results[i].took) {
-			h.observe(ctx, name, v, pe, w.tokens)
-		}
+		h.observe(ctx, name, v, pe, w.tokens, results[i].took)
 		if v == accepted {
 			res := results[i].res
 			run.answersDue = append(run.answersDue, state.Answer{Key: key, InFlight: inflight, Value: state.SentValue(res.MessageID, res.Segments)})
