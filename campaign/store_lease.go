@@ -349,17 +349,37 @@ func (s *Store) CancelUnleased(ctx context.Context, id int64) (int64, error) {
 // only its deletion): the transaction's commit then waits for the WAL to be flushed up to the lock, past
 // every outcome the read saw.
 func (s *Store) Unknown(ctx context.Context, id int64) ([]string, error) {
+	users, _, err := s.UnknownToResend(ctx, id, 0)
+	return users, err
+}
+
+// UnknownToResend is Unknown for `resume --resend-unknown`, in one read: it holds back (held) the users a
+// takeover recorded unknown less than grace ago (by Postgres's clock) because Redis had lost their claims
+// (Unverifiable). The run that held their chunk may only have been stopped or cut off, its call still
+// waiting for the provider's answer; with the claim gone, when the recipient was recorded is the only age
+// left to go by, and the call began before it.
+func (s *Store) UnknownToResend(ctx context.Context, id int64, grace time.Duration) (resend, held []string, err error) {
 	b := &pgx.Batch{}
 	b.Queue(`SELECT count(*) FROM (SELECT 1 FROM campaigns WHERE id = $1 FOR KEY SHARE) x`, id)
-	b.Queue(`SELECT user_id FROM campaign_recipients WHERE campaign_id = $1 AND status = `+sqlUnknown+` AND delivery IS NULL`, id)
+	b.Queue(`SELECT user_id, reason IS NOT DISTINCT FROM $2 AND updated_at > now() - $3 * interval '1 millisecond'
+		FROM campaign_recipients WHERE campaign_id = $1 AND status = `+sqlUnknown+` AND delivery IS NULL`,
+		id, Unverifiable, grace.Milliseconds())
 	br := s.pool.SendBatch(ctx, b)
 	var one int
-	err := br.QueryRow().Scan(&one)
-	var out []string
+	err = br.QueryRow().Scan(&one)
 	if err == nil {
 		var rows pgx.Rows
 		if rows, err = br.Query(); err == nil {
-			out, err = pgx.CollectRows(rows, pgx.RowTo[string])
+			var user string
+			var hold bool
+			_, err = pgx.ForEachRow(rows, []any{&user, &hold}, func() error {
+				if hold {
+					held = append(held, user)
+				} else {
+					resend = append(resend, user)
+				}
+				return nil
+			})
 		}
 	}
 	// The commit, and its wait for the WAL, is the batch's end.
@@ -367,27 +387,9 @@ func (s *Store) Unknown(ctx context.Context, id int64) ([]string, error) {
 		err = cerr
 	}
 	if err != nil {
-		return nil, fmt.Errorf("unknown recipients: %w", err)
+		return nil, nil, fmt.Errorf("unknown recipients: %w", err)
 	}
-	return out, nil
-}
-
-// RecentlyUnverifiable returns the users of campaign id that a takeover recorded unknown less than within
-// ago (by Postgres's clock) because Redis had lost their claims (Unverifiable). The run that held their
-// chunk may only have been stopped or cut off, its call still waiting for the provider's answer; with the
-// claim gone, when the recipient was recorded is the only age left to go by, and the call began before it.
-func (s *Store) RecentlyUnverifiable(ctx context.Context, id int64, within time.Duration) ([]string, error) {
-	rows, err := s.pool.Query(ctx, `SELECT user_id FROM campaign_recipients
-		WHERE campaign_id = $1 AND status = `+sqlUnknown+` AND delivery IS NULL AND reason = $2
-		  AND updated_at > now() - $3 * interval '1 millisecond'`, id, Unverifiable, within.Milliseconds())
-	if err != nil {
-		return nil, fmt.Errorf("unknown recipients: %w", err)
-	}
-	users, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	if err != nil {
-		return nil, fmt.Errorf("unknown recipients: %w", err)
-	}
-	return users, nil
+	return resend, held, nil
 }
 
 // Resend moves users of campaign id from unknown back to pending, keeping their codes (a person who did

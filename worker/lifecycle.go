@@ -345,10 +345,6 @@ func Resume(ctx context.Context, o ResumeOptions) (ResumeReport, error) {
 	rep.Found = &found
 
 	if o.ResendUnknown && counts.Unknown > 0 {
-		users, err := o.Store.Unknown(ctx, id)
-		if err != nil {
-			return rep, err
-		}
 		// Claims first: a recipient back in pending with its old claim would only be found unknown again.
 		// One whose claim was taken moments ago stays unknown: its call may still be answered.
 		grace, err := state.InFlightGrace(ctx, o.Redis)
@@ -356,26 +352,22 @@ func Resume(ctx context.Context, o ResumeOptions) (ResumeReport, error) {
 			return rep, err
 		}
 		rep.Grace = max(grace, ResendGrace)
-		// A takeover recorded some unknown because Redis had lost their claims: those claims cannot say how
-		// old their calls are, and the time they were recorded stands in for it.
-		recent, err := o.Store.RecentlyUnverifiable(ctx, id, rep.Grace)
+		// Those a takeover recorded unknown because Redis had lost their claims are held back by when they
+		// were recorded (UnknownToResend): no claim is left to say how old their calls are.
+		users, held, err := o.Store.UnknownToResend(ctx, id, rep.Grace)
 		if err != nil {
 			return rep, err
 		}
-		skip := make(map[string]bool, len(recent))
-		for _, u := range recent {
-			skip[u] = true
-		}
-		users = slices.DeleteFunc(users, func(u string) bool { return skip[u] })
 		kept, err := ForgetUnanswered(ctx, o.Redis, c, users, rep.Grace)
 		if err != nil {
 			return rep, err
 		}
-		for _, u := range kept {
-			skip[u] = true
-		}
-		rep.StillInFlight = len(skip)
+		rep.StillInFlight = len(held) + len(kept)
 		if len(kept) > 0 {
+			skip := make(map[string]bool, len(kept))
+			for _, u := range kept {
+				skip[u] = true
+			}
 			users = slices.DeleteFunc(users, func(u string) bool { return skip[u] })
 		}
 		if rep.Resent, err = o.Store.Resend(ctx, id, users); err != nil {
