@@ -32,6 +32,10 @@ const (
 	MaxMultiStatus = 1000
 	// MaxPullLimit is the largest page of the consent-changes pull.
 	MaxPullLimit = 1000
+	// PullLag is how long İYS keeps a change out of the consent-changes pull ("son 1 saat içerisinde
+	// gerçekleşen izin hareketleri bu metot cevabında listelenmez"): a pull brings the consents up to
+	// date with İYS as it was that long before, and a RET given since reaches it only later.
+	PullLag = time.Hour
 )
 
 // multiStatusFallback is the list length İYS's error table gives with H127 ("recipients ... en fazla

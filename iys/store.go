@@ -90,7 +90,7 @@ func Import(ctx context.Context, pool *pgxpool.Pool, r io.Reader, opts ImportOpt
 		return rep, fmt.Errorf("import consents: merge: %w", err)
 	}
 	// A file exported from İYS brings the consents up to date as a pull does: launches check how long ago.
-	if err := MarkSynced(ctx, tx, opts.BrandCode, SourceImport); err != nil {
+	if err := MarkSynced(ctx, tx, opts.BrandCode, SourceImport, 0); err != nil {
 		return rep, fmt.Errorf("import consents: %w", err)
 	}
 	if err := tx.Commit(ctx); err != nil {
@@ -286,11 +286,14 @@ func LookupBrand(ctx context.Context, pool *pgxpool.Pool, brand, recipient, typ,
 // SourceImport names CSV imports in iys_sync_state.
 const SourceImport = "import"
 
-// MarkSynced records that the consents were brought up to date now through source (an İYS pull source,
-// a re-verification, or an import), inside tx.
-func MarkSynced(ctx context.Context, tx pgx.Tx, brand, source string) error {
-	_, err := tx.Exec(ctx, `INSERT INTO iys_sync_state (brand_code, source, last_success_at) VALUES ($1, $2, now())
-		ON CONFLICT (brand_code, source) DO UPDATE SET last_success_at = now()`, brand, source)
+// MarkSynced records, inside tx, that the consents were brought up to date through source (an İYS pull
+// source, a re-verification, or an import) as of behind before now, by Postgres's clock: what İYS knew
+// then is here, what it learnt since may not be (a pull leaves out the last PullLag, a re-verification
+// asked about its first recipients when it began).
+func MarkSynced(ctx context.Context, tx pgx.Tx, brand, source string, behind time.Duration) error {
+	_, err := tx.Exec(ctx, `INSERT INTO iys_sync_state (brand_code, source, last_success_at)
+		VALUES ($1, $2, now() - make_interval(secs => $3::float8))
+		ON CONFLICT (brand_code, source) DO UPDATE SET last_success_at = EXCLUDED.last_success_at`, brand, source, behind.Seconds())
 	if err != nil {
 		return fmt.Errorf("record the consent sync: %w", err)
 	}

@@ -120,7 +120,8 @@ type SyncReport struct {
 	// İYS answered differently.
 	Reverified int   `json:"reverified,omitempty"`
 	Corrected  int64 `json:"corrected,omitempty"`
-	// UpToDateAt is when the consents count as brought up to date.
+	// UpToDateAt is what the consents are up to date with: İYS as it was then. A pull leaves out what İYS
+	// recorded in its last hour (PullLag); a re-verification asks İYS itself, as of when it began.
 	UpToDateAt time.Time `json:"up_to_date_at"`
 }
 
@@ -138,6 +139,8 @@ func Sync(ctx context.Context, db *pgxpool.Pool, c *Client) (SyncReport, error) 
 	defer release()
 	brand := c.BrandCode()
 	for _, src := range []struct{ pull, state string }{{PullHS, SourcePullHS}, {PullIYS, SourcePullIYS}} {
+		// What İYS recorded up to PullLag before this pull began is in it; what came later may not be.
+		began := time.Now()
 		after, err := Cursor(ctx, db, brand, src.state)
 		if err != nil {
 			return rep, err
@@ -156,11 +159,15 @@ func Sync(ctx context.Context, db *pgxpool.Pool, c *Client) (SyncReport, error) 
 		if err != nil {
 			return rep, fmt.Errorf("İYS pull of source %s: %w", src.pull, err)
 		}
-		if err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error { return MarkSynced(ctx, tx, brand, src.state) }); err != nil {
+		if err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
+			return MarkSynced(ctx, tx, brand, src.state, PullLag+time.Since(began))
+		}); err != nil {
 			return rep, err
 		}
+		if rep.UpToDateAt.IsZero() {
+			rep.UpToDateAt = began.Add(-PullLag)
+		}
 	}
-	rep.UpToDateAt = time.Now()
 	return rep, nil
 }
 
@@ -169,6 +176,8 @@ func Sync(ctx context.Context, db *pgxpool.Pool, c *Client) (SyncReport, error) 
 // catches anything a pull missed; it takes about a second per 10,000 consents at İYS's rate limit.
 func Reverify(ctx context.Context, db *pgxpool.Pool, c *Client, typ, recipientType string) (SyncReport, error) {
 	rep := SyncReport{Changes: map[string]int{}}
+	// İYS's answers are as of when each was asked: the first when the pass began.
+	began := time.Now()
 	brand := c.BrandCode()
 	rows, err := db.Query(ctx, `SELECT recipient, status, consent_date FROM iys_consents WHERE type = $1 AND recipient_type = $2 AND brand_code = $3
 		ORDER BY recipient`, typ, recipientType, brand)
@@ -232,10 +241,12 @@ func Reverify(ctx context.Context, db *pgxpool.Pool, c *Client, typ, recipientTy
 			}
 		}
 	}
-	if err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error { return MarkSynced(ctx, tx, brand, SourceReverify) }); err != nil {
+	if err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
+		return MarkSynced(ctx, tx, brand, SourceReverify, time.Since(began))
+	}); err != nil {
 		return rep, err
 	}
-	rep.UpToDateAt = time.Now()
+	rep.UpToDateAt = began
 	return rep, nil
 }
 

@@ -63,7 +63,8 @@ with its İYS transaction ID. A RET pulled here blocks the next send to that per
 already running.
 
 Launches refuse consents older than --max-consent-age (24 h): run this at least that often (e.g. from cron
-every 15 minutes). --reverify also asks İYS for the status of every stored SMS and e-mail consent
+every 15 minutes). İYS leaves the changes of its last hour out of the pull, so a sync brings the consents
+up to date with İYS as it was an hour before the sync began, and that is the time launches judge. --reverify also asks İYS for the status of every stored SMS and e-mail consent
 (multi-status), the full pass that catches anything the pull missed. Syncs of one brand take turns: one
 started while another runs waits for it, then pulls from where it stopped.`,
 		Example: `  campaignctl iys sync
@@ -103,7 +104,11 @@ started while another runs waits for it, then pulls from where it stopped.`,
 			if reverify {
 				fmt.Fprintf(a.stdout, "; re-verified %d, %d corrected", rep.Reverified, rep.Corrected)
 			}
-			fmt.Fprintf(a.stdout, "; consents up to date as of %s\n", rep.UpToDateAt.Format(time.RFC3339))
+			fmt.Fprintf(a.stdout, "; consents up to date with İYS as of %s", rep.UpToDateAt.UTC().Format(time.RFC3339))
+			if !reverify {
+				fmt.Fprintf(a.stdout, " (the pull leaves out İYS's last hour; --reverify asks İYS about every consent now)")
+			}
+			fmt.Fprintln(a.stdout)
 			return nil
 		},
 	}

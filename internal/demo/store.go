@@ -86,7 +86,7 @@ func Seed(ctx context.Context, pool *pgxpool.Pool, opts SeedOptions) (SeedReport
 					return 0, err
 				}
 				// The demo's consents stand for a fresh export from İYS.
-				return 0, iys.MarkSynced(ctx, tx, "", iys.SourceImport)
+				return 0, iys.MarkSynced(ctx, tx, "", iys.SourceImport, 0)
 			})
 			if err != nil {
 				return fmt.Errorf("consents: %w", err)
