@@ -38,7 +38,7 @@ cleanup() {
 }
 trap cleanup EXIT
 
-say "migrating $DATABASE_URL"
+say "migrating $(without_password "$DATABASE_URL")"
 $ctl migrate
 say "seeding $USERS customers, their İYS consents and the code pool 'demo'"
 $ctl demo seed --users "$USERS" --pool demo

@@ -9,6 +9,9 @@ REDIS_PORT_NUM=${REDIS_PORT_NUM:-6379}
 
 say() { printf '\033[1m==> %s\033[0m\n' "$*" >&2; }
 
+# without_password prints a connection URL with its password masked, for messages.
+without_password() { printf '%s' "$1" | sed -E 's#^([a-z+]+://[^:/@]*:)[^@/]*@#\1xxxxx@#'; }
+
 as_root() {
   if [ "$(id -u)" -eq 0 ]; then "$@"; elif command -v sudo >/dev/null; then sudo "$@"; else
     echo "need root to run: $* (install sudo or run as root)" >&2; return 1; fi
