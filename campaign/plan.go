@@ -147,6 +147,10 @@ const MaxSMSChars = 1600
 var nameRE = regexp.MustCompile(`^[\p{L}\p{N}][\p{L}\p{N} ._:/-]{0,127}$`)
 
 // Validate checks the request without touching any database.
+// MinRate is the lowest rate a campaign or a provider's cap may have, in messages (or SMS segments) a
+// second: one an hour. Below it a campaign of any size would take years, its consents long stale.
+const MinRate = 1.0 / 3600
+
 func (s *Spec) Validate() error {
 	if !nameRE.MatchString(s.Name) {
 		return fmt.Errorf("%w: --name %q must be 1-128 letters, digits, spaces or ._:/- and start with a letter or digit", ErrInvalid, s.Name)
@@ -160,6 +164,9 @@ func (s *Spec) Validate() error {
 	}
 	if s.Rate < 0 || math.IsNaN(s.Rate) || math.IsInf(s.Rate, 0) {
 		return fmt.Errorf("%w: --rate %v must be a positive number of messages per second (or 0 for the provider's cap)", ErrInvalid, s.Rate)
+	}
+	if s.Rate > 0 && s.Rate < MinRate {
+		return fmt.Errorf("%w: --rate %v is below one message an hour: give at least %.6f (one an hour), or 0 for the provider's cap", ErrInvalid, s.Rate, MinRate)
 	}
 	if s.FrequencyCap < 0 {
 		return fmt.Errorf("%w: --frequency-cap %v must be a duration like 24h, or 0 for none", ErrInvalid, s.FrequencyCap)

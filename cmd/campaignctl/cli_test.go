@@ -119,6 +119,7 @@ func TestBadInputIsRefusedClearlyAndNothingIsWritten(t *testing.T) {
 		{"audience fails", append(launch(), "--audience", broken), 2, []string{`relation "nowhere" does not exist`}},
 		{"audience file missing", append(launch(), "--audience", "/nonexistent.sql"), 2, []string{"cannot read the audience file"}},
 		{"bad rate", append(launch(), "--rate", "-3"), 2, []string{"--rate"}},
+		{"rate below one an hour", append(launch(), "--rate", "1e-9"), 2, []string{"--rate 1e-09 is below one message an hour", "0.000278"}},
 		{"start in the past", append(launch(), "--at", "2020-01-01 10:00"), 2, []string{"in the past"}},
 		{"bad window", append(launch(), "--window", "9-20"), 2, []string{"HH:MM-HH:MM"}},
 		{"bad zone", append(launch(), "--tz", "Mars/Olympus"), 2, []string{"time zone"}},

@@ -212,5 +212,8 @@ func (a *app) rate(env string, def float64) (float64, error) {
 	if err != nil || r < 0 || math.IsNaN(r) || math.IsInf(r, 0) {
 		return 0, usagef("%s=%q must be a number of messages per second (0 = no cap)", env, v)
 	}
+	if r > 0 && r < campaign.MinRate {
+		return 0, usagef("%s=%q is below one message an hour: set at least %.6f (one an hour), or 0 for no cap", env, v, campaign.MinRate)
+	}
 	return r, nil
 }

@@ -320,7 +320,7 @@ func (a *app) printReport(rep campaign.Report, asJSON bool) {
 		fmt.Fprintf(w, "  SMS segments in all\t%d (%d of %d messages in UCS-2)\n", rep.TotalSegments, rep.UCS2Messages, rep.Eligible)
 	}
 	if rep.Rate > 0 {
-		fmt.Fprintf(w, "  rate / ETA\t%s msg/s / %s\n", strconv.FormatFloat(rep.Rate, 'f', rateDigits(rep.Rate), 64), (time.Duration(rep.ETASeconds) * time.Second).String())
+		fmt.Fprintf(w, "  rate / ETA\t%s msg/s / %s\n", strconv.FormatFloat(rep.Rate, 'f', rateDigits(rep.Rate), 64), etaText(rep.ETASeconds))
 	} else {
 		fmt.Fprintf(w, "  rate\tno cap\n")
 	}
@@ -408,4 +408,12 @@ func rateDigits(r float64) int {
 		return 1
 	}
 	return 2
+}
+
+// etaText says how long seconds is, as a duration (2h46m40s), or in days beyond a year.
+func etaText(seconds float64) string {
+	if seconds > 365*24*3600 {
+		return fmt.Sprintf("%.0f days", seconds/(24*3600))
+	}
+	return (time.Duration(seconds) * time.Second).String()
 }
