@@ -87,6 +87,9 @@ func (p *Planner) stageAudience(ctx context.Context, engineTx pgx.Tx, spec Spec,
 		return fmt.Errorf("%w: a %s audience must return the %s column (true for recipients who opted in; %s has no İYS consent), e.g. `SELECT id AS user_id, %s, notify AS %s, ...`",
 			ErrInvalid, spec.Channel, col, spec.Channel, spec.Channel.AddressColumn(), col)
 	}
+	if err := columnsOwnName(cols, spec); err != nil {
+		return err
+	}
 	keys := append(append([]string(nil), cols...), "campaign")
 	if spec.CodePool != "" {
 		keys = append(keys, "code")
@@ -148,6 +151,28 @@ func audienceError(err error, timeout time.Duration, restricted bool) error {
 	return fmt.Errorf("audience query: %w", err)
 }
 
+// columnsOwnName refuses an audience whose columns a message could not tell apart: two of one name (a
+// template reads one of them, whichever), or one named as a value the engine fills itself (the campaign's
+// name, the promo code of a campaign with a pool, an e-mail's unsubscribe link), which would replace it.
+func columnsOwnName(cols []string, spec Spec) error {
+	engine := map[string]string{"campaign": "the campaign's name"}
+	if spec.CodePool != "" {
+		engine["code"] = "the promo code from pool " + spec.CodePool
+	}
+	if spec.OneClickUnsubscribe() {
+		engine["unsubscribe_url"] = "the recipient's one-click unsubscribe link"
+	}
+	for i, name := range cols {
+		if slices.Contains(cols[:i], name) {
+			return fmt.Errorf("%w: the audience query returns two columns named %s; give each a name of its own (... AS other_name)", ErrInvalid, name)
+		}
+		if what, ok := engine[name]; ok {
+			return fmt.Errorf("%w: the audience query returns a column named %s, but {{.%s}} is %s, which would replace it; rename the column (... AS other_name)", ErrInvalid, name, name, what)
+		}
+	}
+	return nil
+}
+
 // audienceSource adapts the audience rows to CopyFrom: it canonicalises the address (an invalid one
 // becomes NULL, to be excluded as invalid_address) and folds the other columns into the vars JSON.
 type audienceSource struct {
@@ -178,7 +203,8 @@ func (s *audienceSource) Values() ([]any, error) {
 	}
 	s.ord++
 	var user, addr any
-	if u := vals[s.userIdx]; u != nil {
+	// A user_id of blanks is no more an ID than a missing one: the row is excluded as missing_user_id.
+	if u := vals[s.userIdx]; u != nil && strings.TrimSpace(toText(u)) != "" {
 		user = toText(u)
 		if t := user.(string); s.maxUser > 0 && len(t) > s.maxUser {
 			s.err = fmt.Errorf("%w: audience row %d: user_id %.40q… is %d bytes; a commercial e-mail's one-click unsubscribe link carries its user_id, which may be at most %d bytes: select a shorter key as user_id",
