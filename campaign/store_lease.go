@@ -484,6 +484,27 @@ func (s *Store) GoneHolders(ctx context.Context) ([]int64, error) {
 	return pgx.CollectRows(rows, pgx.RowTo[int64])
 }
 
+// LiveHolders returns which of the holder keys (Lease.Holder, worker.Liveness) a session holds the
+// advisory lock of now: the worker processes behind them live.
+func (s *Store) LiveHolders(ctx context.Context, keys []int64) (map[int64]bool, error) {
+	live := make(map[int64]bool, len(keys))
+	if len(keys) == 0 {
+		return live, nil
+	}
+	rows, err := s.pool.Query(ctx, `SELECT k FROM unnest($1::bigint[]) AS k WHERE `+holderLocked("k"), keys)
+	if err != nil {
+		return nil, fmt.Errorf("live workers: %w", err)
+	}
+	held, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+	if err != nil {
+		return nil, fmt.Errorf("live workers: %w", err)
+	}
+	for _, k := range held {
+		live[k] = true
+	}
+	return live, nil
+}
+
 // holderLocked is the SQL condition that a session holds the advisory lock of the holder key in col.
 func holderLocked(col string) string {
 	return `EXISTS (SELECT 1 FROM pg_locks l

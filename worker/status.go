@@ -78,7 +78,7 @@ func Status(ctx context.Context, o StatusOptions) (CampaignStatus, error) {
 	for _, e := range entries {
 		dlq.add(e)
 	}
-	return statusOf(ctx, o.Store, newWaitEnv(o.Redis), c, dlq)
+	return statusOf(ctx, o.Store, newWaitEnv(o.Redis, o.Store), c, dlq)
 }
 
 // ListStatus reads where every campaign stands, newest first. The dead-letter queue is read once for all.
@@ -102,7 +102,7 @@ func ListStatus(ctx context.Context, o StatusOptions) ([]CampaignStatus, error) 
 	out := make([]CampaignStatus, 0, len(list))
 	var env *waitEnv
 	if o.Redis != nil {
-		env = newWaitEnv(o.Redis)
+		env = newWaitEnv(o.Redis, o.Store)
 	}
 	for _, c := range list {
 		s, err := statusOf(ctx, o.Store, env, c, dlq[c.ID])

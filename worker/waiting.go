@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -194,6 +195,7 @@ func utc(t time.Time) *time.Time {
 // queue, each read once however many campaigns a status lists.
 type waitEnv struct {
 	rdb         redis.UniversalClient
+	store       *campaign.Store // nil: heartbeats alone say which workers live
 	workerList  []state.WorkerInfo
 	lastSeen    map[string]time.Time
 	byCampaign  map[int64]int
@@ -213,13 +215,36 @@ func (e *waitEnv) seen(ctx context.Context) (map[string]time.Time, error) {
 	return e.lastSeen, nil
 }
 
-func newWaitEnv(rdb redis.UniversalClient) *waitEnv { return &waitEnv{rdb: rdb} }
+func newWaitEnv(rdb redis.UniversalClient, store *campaign.Store) *waitEnv {
+	return &waitEnv{rdb: rdb, store: store}
+}
 
+// holdGrace is how long after its start a worker's heartbeat counts without its liveness lock: a worker
+// publishes its first beat before it has taken the lock.
+const holdGrace = 5 * time.Second
+
+// workers returns the workers that live: those whose heartbeat has not expired, less those whose liveness
+// lock in Postgres is gone (a process killed outright: its heartbeat lasts up to state.WorkerTTL more).
 func (e *waitEnv) workers(ctx context.Context) ([]state.WorkerInfo, error) {
 	if !e.haveWorkers {
 		ws, err := state.Workers(ctx, e.rdb)
 		if err != nil {
 			return nil, err
+		}
+		var keys []int64
+		for _, w := range ws {
+			if w.Holder != 0 && time.Since(w.Started) > holdGrace {
+				keys = append(keys, w.Holder)
+			}
+		}
+		if e.store != nil && len(keys) > 0 {
+			live, err := e.store.LiveHolders(ctx, keys)
+			if err != nil {
+				return nil, err
+			}
+			ws = slices.DeleteFunc(ws, func(w state.WorkerInfo) bool {
+				return w.Holder != 0 && time.Since(w.Started) > holdGrace && !live[w.Holder]
+			})
 		}
 		e.workerList, e.haveWorkers = ws, true
 	}

@@ -123,6 +123,7 @@ A worker sends the channels whose provider is configured:
 			}
 			host, _ := os.Hostname()
 			owner := fmt.Sprintf("%s:%d", host, os.Getpid())
+			live := worker.NewLiveness(svc.engine, log)
 			h := worker.NewHandler(worker.Config{
 				Unsubscribe:       signer,
 				UnsubscribeMailto: a.getenv(unsubMailtoEnv),
@@ -133,7 +134,7 @@ A worker sends the channels whose provider is configured:
 				ProviderRates:     set.rates,
 				Logger:            log,
 				Owner:             owner,
-				Liveness:          worker.NewLiveness(svc.engine, log),
+				Liveness:          live,
 				// A chunk's lease and an unanswered claim must outlive the slowest provider call.
 				LeaseTTL:      3 * o.timeout,
 				InFlightGrace: 3 * o.timeout,
@@ -150,7 +151,8 @@ A worker sends the channels whose provider is configured:
 			slices.Sort(channels)
 			// The heartbeat notes the in-flight grace for resume --resend-unknown, at start and every beat after,
 			// so that it outlives a Redis that lost its data.
-			info := state.WorkerInfo{Owner: owner, Providers: map[string]string{}, Commercial: map[string]bool{}, InFlightGrace: 3 * o.timeout}
+			info := state.WorkerInfo{Owner: owner, Providers: map[string]string{}, Commercial: map[string]bool{}, InFlightGrace: 3 * o.timeout,
+				Holder: live.Key()}
 			for ch, p := range set.primary {
 				info.Providers[string(ch)] = p.Name()
 				info.Commercial[string(ch)] = !ch.Spec().Unsubscribe || signer != nil

@@ -37,6 +37,9 @@ type WorkerInfo struct {
 	// link settings).
 	Commercial map[string]bool `json:"commercial"`
 	Started    time.Time       `json:"started"`
+	// Holder is the key of the Postgres advisory lock the worker holds while it lives (worker.Liveness),
+	// 0 when none: a process killed outright lets it go at once, long before its heartbeat expires.
+	Holder int64 `json:"holder,omitempty"`
 	// InFlightGrace, when set, is noted in Redis with every heartbeat (NoteInFlightGrace): a Redis that
 	// lost its data has it again within a beat, while the worker's provider calls may still be answered.
 	InFlightGrace time.Duration `json:"-"`
