@@ -77,7 +77,7 @@ func (s *Store) ProviderOptOut(ctx context.Context, c *Campaign, userIDs, addrs 
 	}
 	rs := make([]iys.Refusal, len(addrs))
 	for i, a := range addrs {
-		rs[i] = iys.Refusal{Via: iys.ViaTwilioInbound, EventID: fmt.Sprintf("create:%d:%s:opted_out", c.ID, userIDs[i]), Kind: "opted_out",
+		rs[i] = iys.Refusal{Via: iys.ViaTwilioOptOut, EventID: fmt.Sprintf("create:%d:%s:opted_out", c.ID, userIDs[i]), Kind: "opted_out",
 			Recipient: a, Type: typ, CampaignID: c.ID, UserID: userIDs[i], Evidence: evidence, At: at}
 	}
 	rep, err := iys.RecordRefusals(ctx, s.pool, c.BrandCode, rs)

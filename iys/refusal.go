@@ -17,6 +17,9 @@ const (
 	ViaOneClick      = "one_click"      // the signed unsubscribe link of an e-mail (List-Unsubscribe)
 	ViaSendGrid      = "sendgrid"       // a SendGrid unsubscribe, group_unsubscribe or spamreport event
 	ViaTwilioInbound = "twilio_inbound" // an SMS to the sender whose text is a refusal keyword
+	// ViaTwilioOptOut: Twilio refused a message, when it was created or in its status callback, with error
+	// 21610: the recipient had opted out with the brand's Twilio sender (replied STOP to it).
+	ViaTwilioOptOut = "twilio_opt_out"
 )
 
 // The İYS sources of a RET the brand received through its own channels.

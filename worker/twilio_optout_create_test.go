@@ -136,7 +136,7 @@ func TestATwilioOptOutAtCreationOfATransactionalMessageIsRecorded(t *testing.T) 
 	}
 	var refusals int
 	for end := time.Now().Add(5 * time.Second); ; time.Sleep(50 * time.Millisecond) {
-		if err := f.db.QueryRow(ctx, `SELECT count(*) FROM refusals WHERE recipient = $1`, stopped).Scan(&refusals); err != nil {
+		if err := f.db.QueryRow(ctx, `SELECT count(*) FROM refusals WHERE recipient = $1 AND via = 'twilio_opt_out'`, stopped).Scan(&refusals); err != nil {
 			t.Fatal(err)
 		}
 		if refusals > 0 || time.Now().After(end) {

@@ -63,10 +63,15 @@ func TestTwilioOptOutsTwilioHonoursBecomeRETs(t *testing.T) {
 			t.Fatal(err)
 		}
 		var refusals, queued int
-		db.QueryRow(ctx, `SELECT count(*) FROM refusals WHERE recipient = $1`, addr).Scan(&refusals) //nolint:errcheck
+		// Where it came from: the person's own SMS, or Twilio's word (21610) that they opted out with it.
+		via := "twilio_inbound"
+		if i == 4 {
+			via = "twilio_opt_out"
+		}
+		db.QueryRow(ctx, `SELECT count(*) FROM refusals WHERE recipient = $1 AND via = $2`, addr, via).Scan(&refusals) //nolint:errcheck
 		db.QueryRow(ctx, `SELECT count(*) FROM iys_outbox WHERE recipient = $1`, addr).Scan(&queued) //nolint:errcheck
 		if status != "RET" || refusals != 1 || queued != 1 {
-			t.Errorf("%s after %s (acknowledged to Twilio): consent %s, %d refusals, %d İYS outbox rows; want RET, 1, 1", addr, why, status, refusals, queued)
+			t.Errorf("%s after %s (acknowledged to Twilio): consent %s, %d refusals via %s, %d İYS outbox rows; want RET, 1, 1", addr, why, status, refusals, via, queued)
 		}
 	}
 }

@@ -74,6 +74,9 @@ func (s *refusalSink) Refuse(ctx context.Context, rs []receipts.Refusal) error {
 		typ, via := iys.TypeEmail, iys.ViaSendGrid
 		if r.Channel == string(campaign.ChannelSMS) {
 			typ, via = iys.TypeMessage, iys.ViaTwilioInbound
+			if r.Kind == receipts.RefusalOptedOut {
+				via = iys.ViaTwilioOptOut // Twilio's error 21610, not a message from the person
+			}
 		}
 		if _, err := iys.CanonicalRecipient(typ, r.Address); err != nil {
 			// Nothing to refuse for an address that is none (a forged event cannot get here: it is signed).
