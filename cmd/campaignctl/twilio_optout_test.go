@@ -69,7 +69,7 @@ func TestTwilioOptOutsTwilioHonoursBecomeRETs(t *testing.T) {
 			via = "twilio_opt_out"
 		}
 		db.QueryRow(ctx, `SELECT count(*) FROM refusals WHERE recipient = $1 AND via = $2`, addr, via).Scan(&refusals) //nolint:errcheck
-		db.QueryRow(ctx, `SELECT count(*) FROM iys_outbox WHERE recipient = $1`, addr).Scan(&queued) //nolint:errcheck
+		db.QueryRow(ctx, `SELECT count(*) FROM iys_outbox WHERE recipient = $1`, addr).Scan(&queued)                   //nolint:errcheck
 		if status != "RET" || refusals != 1 || queued != 1 {
 			t.Errorf("%s after %s (acknowledged to Twilio): consent %s, %d refusals via %s, %d İYS outbox rows; want RET, 1, 1", addr, why, status, refusals, via, queued)
 		}
