@@ -26,8 +26,9 @@ type CampaignStatus struct {
 	// Delivered and Undelivered are what the providers' receipts said about the sent messages.
 	Delivered   int64 `json:"delivered"`
 	Undelivered int64 `json:"undelivered"`
-	// DLQ counts the campaign's batches that used up their retries.
-	DLQ       int64  `json:"dlq"`
+	// DLQ counts the campaign's batches that used up their retries; nil (null) when Redis, which holds
+	// them, could not be read.
+	DLQ       *int64 `json:"dlq"`
 	CreatedAt string `json:"created_at"`
 	// StartAt is when a scheduled campaign starts (launch --at); StartedAt when it started sending,
 	// FinishedAt when it ended. All UTC; null when not set.
@@ -43,6 +44,14 @@ type CampaignStatus struct {
 	// RedisUnavailable is set when Redis could not be read: the figures are Postgres's alone (the DLQ
 	// and the waiting reason are unknown).
 	RedisUnavailable bool `json:"redis_unavailable,omitempty"`
+}
+
+// DLQText is the DLQ count as status prints it: "unknown" when Redis could not be read.
+func (s CampaignStatus) DLQText() string {
+	if s.DLQ == nil {
+		return "unknown"
+	}
+	return strconv.FormatInt(*s.DLQ, 10)
 }
 
 // Over reports whether the campaign has ended (completed, cancelled or failed): nothing more is sent.
@@ -130,11 +139,12 @@ func statusOf(ctx context.Context, store *campaign.Store, env *waitEnv, c *campa
 		return CampaignStatus{}, err
 	}
 	s := CampaignStatus{ID: c.ID, Name: c.Name, Channel: c.Channel, State: c.State, Audience: c.Audience, Eligible: c.Eligible,
-		Excluded: c.Excluded, Counts: counts, Delivered: delivered, Undelivered: undelivered, DLQ: dlq.n,
+		Excluded: c.Excluded, Counts: counts, Delivered: delivered, Undelivered: undelivered,
 		CreatedAt: c.CreatedAt.UTC().Format("2006-01-02T15:04:05Z"),
 		StartAt:   utcOrNil(c.StartAt), StartedAt: utcOrNil(c.StartedAt), FinishedAt: utcOrNil(c.FinishedAt),
 		FailedByReason: failed, SkippedByReason: skipped}
 	if env != nil {
+		s.DLQ = &dlq.n
 		if s.Waiting, err = waitingOf(ctx, env, c, counts, dlq, time.Now()); err != nil {
 			return CampaignStatus{}, err
 		}

@@ -2,7 +2,9 @@ package worker_test
 
 import (
 	"context"
+	"encoding/json"
 	"reflect"
+	"strings"
 	"testing"
 	"time"
 
@@ -31,7 +33,7 @@ func TestStatusCountsEachCampaignsDLQ(t *testing.T) {
 	opts.CampaignID = a.ID
 	s, err := worker.Status(ctx, opts)
 	if err != nil || s.ID != a.ID || s.Name != "a" || s.State != campaign.StateRunning || s.Planned != 3 || s.Sent != 1 ||
-		s.Pending != 2 || s.DLQ != 2 || s.Over() {
+		s.Pending != 2 || s.DLQText() != "2" || s.Over() {
 		t.Fatalf("status of a: %+v, %v", s, err)
 	}
 	want := []string{"id", "name", "channel", "state", "audience", "eligible", "excluded", "planned", "pending", "sent",
@@ -45,8 +47,16 @@ func TestStatusCountsEachCampaignsDLQ(t *testing.T) {
 	if err != nil || len(list) != 2 || list[0].ID != b.ID || list[1].ID != a.ID {
 		t.Fatalf("list: %+v, %v; want b then a", list, err)
 	}
-	if list[0].DLQ != 1 || list[1].DLQ != 2 || list[1].Sent != 1 {
-		t.Fatalf("list: b has %d in the DLQ (want 1), a %d (want 2), a sent %d", list[0].DLQ, list[1].DLQ, list[1].Sent)
+	if list[0].DLQText() != "1" || list[1].DLQText() != "2" || list[1].Sent != 1 {
+		t.Fatalf("list: b has %s in the DLQ (want 1), a %s (want 2), a sent %d", list[0].DLQText(), list[1].DLQText(), list[1].Sent)
+	}
+	// Redis unreachable: the DLQ, which Redis holds, is unknown (null), not an all-clear 0.
+	opts.Redis = nil
+	if s, err := worker.Status(ctx, opts); err != nil || s.DLQ != nil || !s.RedisUnavailable || s.DLQText() != "unknown" {
+		t.Fatalf("status of a without Redis: dlq %v (%s), redis_unavailable %v, %v; want null", s.DLQ, s.DLQText(), s.RedisUnavailable, err)
+	}
+	if b, _ := json.Marshal(s); !strings.Contains(string(b), `"dlq":2`) {
+		t.Fatalf("status --json with Redis: %s; want \"dlq\":2", b)
 	}
 	e.exec(t, `UPDATE campaigns SET state = 'cancelled' WHERE id = $1`, a.ID)
 	if s, err = worker.Status(ctx, opts); err != nil || !s.Over() {

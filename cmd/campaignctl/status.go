@@ -209,7 +209,7 @@ func (a *app) printStatusTo(out io.Writer, v worker.CampaignStatus, loc *time.Lo
 	}
 	fmt.Fprintf(w, "unknown\t%d\n", v.Unknown)
 	fmt.Fprintf(w, "pending\t%d\n", v.Pending)
-	fmt.Fprintf(w, "dlq batches\t%d\n", v.DLQ)
+	fmt.Fprintf(w, "dlq batches\t%s\n", v.DLQText())
 	w.Flush()
 }
 
@@ -220,8 +220,8 @@ func (a *app) printStatusList(views []worker.CampaignStatus, asJSON bool, loc *t
 	w := tabwriter.NewWriter(a.stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(w, "ID\tNAME\tCHANNEL\tSTATE\tPLANNED\tSENT\tFAILED\tSKIPPED\tUNKNOWN\tPENDING\tDLQ\tCREATED")
 	for _, v := range views {
-		fmt.Fprintf(w, "%d\t%s\t%s\t%s\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%s\n", v.ID, v.Name, v.Channel, v.State,
-			v.Planned, v.Sent, v.Failed, v.Skipped, v.Unknown, v.Pending, v.DLQ, inZone(v.CreatedAt, loc))
+		fmt.Fprintf(w, "%d\t%s\t%s\t%s\t%d\t%d\t%d\t%d\t%d\t%d\t%s\t%s\n", v.ID, v.Name, v.Channel, v.State,
+			v.Planned, v.Sent, v.Failed, v.Skipped, v.Unknown, v.Pending, v.DLQText(), inZone(v.CreatedAt, loc))
 	}
 	return w.Flush()
 }

@@ -52,6 +52,13 @@ func TestStatusExplainsItselfAndAnswersWithoutRedis(t *testing.T) {
 	if !strings.Contains(stderr, "Redis is unreachable") {
 		t.Fatalf("status with Redis down does not say so: %s", stderr)
 	}
+	// The DLQ is in Redis: unknown, not an all-clear 0.
+	if !strings.Contains(out, `"dlq":null`) {
+		t.Fatalf("status --json with Redis down: %s; want \"dlq\":null", out)
+	}
+	if out, _, _ = cli(t, env, "status", id); !strings.Contains(out, "dlq batches") || !strings.Contains(out, "unknown") {
+		t.Fatalf("status table with Redis down: %s; want the DLQ unknown", out)
+	}
 }
 
 func jsonNumber(n int64) string {
