@@ -16,7 +16,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"net/url"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -289,12 +288,9 @@ func (p *Provider) token(ctx context.Context, src oauth2.TokenSource) (*oauth2.T
 // parseBaseURL checks an FCM_BASE_URL and returns it without a trailing slash. A path is kept (a proxy
 // may serve FCM under one); "/v1/projects/..." is appended to it.
 func parseBaseURL(raw string) (string, error) {
-	u, err := url.Parse(raw)
+	u, err := providers.ParseBaseURL("fcm", "FCM_BASE_URL", raw, true)
 	if err != nil {
-		return "", errors.New("fcm: base URL is not a valid URL: check FCM_BASE_URL")
-	}
-	if (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.User != nil || u.RawQuery != "" || u.Fragment != "" {
-		return "", fmt.Errorf("fcm: base URL %q must be http(s)://host[:port] with no query: check FCM_BASE_URL", u.Redacted())
+		return "", err
 	}
 	return strings.TrimRight(u.Scheme+"://"+u.Host+u.EscapedPath(), "/"), nil
 }

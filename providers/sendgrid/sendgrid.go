@@ -296,14 +296,9 @@ func refuse(msg string) *providers.Error {
 }
 
 func parseBaseURL(raw string) (string, error) {
-	u, err := url.Parse(raw)
+	u, err := providers.ParseBaseURL("sendgrid", "SENDGRID_BASE_URL", raw, false)
 	if err != nil {
-		// The parse error quotes the input, which could carry credentials; say only what is wrong.
-		return "", errors.New("sendgrid: base URL is not a valid URL: check SENDGRID_BASE_URL")
-	}
-	if (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.User != nil ||
-		(u.Path != "" && u.Path != "/") || u.RawQuery != "" || u.Fragment != "" {
-		return "", fmt.Errorf("sendgrid: base URL %q must be http(s)://host[:port] with no path: check SENDGRID_BASE_URL", u.Redacted())
+		return "", err
 	}
 	return u.Scheme + "://" + u.Host, nil
 }

@@ -217,14 +217,9 @@ func (p *Provider) Warm(ctx context.Context, n int) error {
 }
 
 func parseBaseURL(raw string) (*url.URL, error) {
-	u, err := url.Parse(raw)
+	u, err := providers.ParseBaseURL("twilio", "TWILIO_BASE_URL", raw, false)
 	if err != nil {
-		// The parse error quotes the input, which could carry credentials; say only what is wrong.
-		return nil, errors.New("twilio: base URL is not a valid URL: check TWILIO_BASE_URL")
-	}
-	if (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.User != nil ||
-		(u.Path != "" && u.Path != "/") || u.RawQuery != "" || u.Fragment != "" {
-		return nil, fmt.Errorf("twilio: base URL %q must be http(s)://host[:port] with no path: check TWILIO_BASE_URL", u.Redacted())
+		return nil, err
 	}
 	return &url.URL{Scheme: u.Scheme, Host: u.Host}, nil
 }
