@@ -40,7 +40,10 @@ func runAudience(ctx context.Context, atx pgx.Tx, spec Spec) (pgx.Rows, []string
 	}
 	var wrapped bool
 	var user string
-	if err := atx.QueryRow(ctx, `SELECT coalesce(has_function_privilege(to_regprocedure('campaignctl_audience.rows(text)'), 'EXECUTE'), false), session_user`).Scan(&wrapped, &user); err != nil {
+	// A role that may not use the audience schema cannot look the function up (to_regprocedure fails on
+	// the schema's permission): for it the schema is as good as absent.
+	if err := atx.QueryRow(ctx, `SELECT CASE WHEN coalesce((SELECT has_schema_privilege(n.oid, 'USAGE') FROM pg_namespace n WHERE n.nspname = 'campaignctl_audience'), false)
+			THEN coalesce(has_function_privilege(to_regprocedure('campaignctl_audience.rows(text)'), 'EXECUTE'), false) ELSE false END, session_user`).Scan(&wrapped, &user); err != nil {
 		return nil, nil, fmt.Errorf("audience database: %w", err)
 	}
 	runAs := user

@@ -169,6 +169,15 @@ func TestAudienceOfItsOwnDatabaseRunsOnlyAsARestrictedRole(t *testing.T) {
 	if n := count(`SELECT count(*) FROM campaigns WHERE NOT privileged_audience`); n != 1 {
 		t.Fatalf("%d campaigns launched without privilege, want 1", n)
 	}
+	// The audience database has the engine's schema, whose audience function the login role may not
+	// reach (no USAGE on the schema): it runs as that role, as on a database of its own, instead of failing
+	// on the schema's permission (exit 1).
+	if _, err := aud.Exec(ctx, `CREATE SCHEMA campaignctl_audience`); err != nil {
+		t.Fatal(err)
+	}
+	if _, stderr, code = launch(restricted.String()); code != 0 {
+		t.Fatalf("audience as a login role without the audience schema's USAGE: exit %d, %s", code, stderr)
+	}
 }
 
 func mustConnect(t *testing.T, dsn string) *pgx.Conn {
