@@ -108,7 +108,8 @@ func TestBadInputIsRefusedClearlyAndNothingIsWritten(t *testing.T) {
 		{"unknown channel", append(launch(), "--channel", "fax"), 2, []string{`unknown channel "fax"`, "sms"}},
 		{"missing flags", []string{"launch", "--name", "x"}, 2, []string{"--audience", "--message"}},
 		{"unknown pool", append(launch(), "--code-pool", "nope"), 2, []string{`code pool "nope" does not exist`, "codes generate"}},
-		{"too few codes", launch(), 2, []string{"1 codes missing", "codes generate --pool small --count 1"}},
+		{"too few codes", launch(), 2, []string{"1 codes missing", "codes generate --pool small --count 1", "Not launched (nothing written, nothing sent)", "codes needed / free  3 / 2"}},
+		{"preview of an SMS", append(launch(), "--dry-run", "--preview-dir", t.TempDir()), 2, []string{"--preview-dir shows an e-mail"}},
 		{"template variable missing", append(launch(), "--message", testPrefix+"Hi {{.nick}} {{.code}}"), 2, []string{"{{.nick}}", "first_name"}},
 		{"commercial SMS without opt-out", append(launch(), "--message", "ACME A.Ş. Merhaba {{.code}}"), 2, []string{"how to refuse further messages", "law 6563", "--transactional"}},
 		{"commercial SMS without sender", append(launch(), "--message", "Merhaba {{.code}}, RET yazıp 4609'a gönderin"), 2, []string{"the sender's identity", "SENDER_IDENTITY"}},
@@ -135,6 +136,9 @@ func TestBadInputIsRefusedClearlyAndNothingIsWritten(t *testing.T) {
 			stdout, stderr, code := cli(t, env, tt.args...)
 			if code != tt.code {
 				t.Fatalf("exit %d, want %d\nstdout: %s\nstderr: %s", code, tt.code, stdout, stderr)
+			}
+			if stdout != "" {
+				t.Errorf("a refused command printed a result on stdout:\n%s", stdout)
 			}
 			for _, s := range tt.says {
 				if !strings.Contains(stderr, s) {

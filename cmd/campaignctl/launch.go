@@ -63,6 +63,9 @@ func (o *launchOptions) validate() error {
 	if o.previewDir != "" && !o.dryRun {
 		return usagef("--preview-dir writes the preview of a dry run: add --dry-run")
 	}
+	if o.previewDir != "" && o.channel != string(campaign.ChannelEmail) {
+		return usagef("--preview-dir shows an e-mail; a %s campaign has no HTML to preview", o.channel)
+	}
 	if o.maxSegments < 1 {
 		return usagef("--max-segments %d: give the longest SMS to send, in segments, between 1 and 24 (default %d)", o.maxSegments, campaign.DefaultMaxSegments)
 	}
@@ -251,8 +254,9 @@ func (a *app) launch(ctx context.Context, o launchOptions) error {
 	case err == nil, errors.As(err, &notQueued):
 		a.printReport(rep, o.json)
 	case rep.ID == 0 && ctx.Err() == nil && rep.Audience > 0 && !o.json:
-		// The plan failed and wrote nothing; the report says what it counted.
-		a.printReport(rep, false)
+		// The plan failed and wrote nothing; what it counted, on stderr with the error (stdout is for
+		// results).
+		a.printRefused(rep)
 	}
 	if err != nil {
 		return err
@@ -278,6 +282,22 @@ func (a *app) confirm(question string) bool {
 		return true
 	}
 	return false
+}
+
+// printRefused shows, on stderr, what a launch that was refused before it wrote anything had counted: its
+// audience and exclusions, and the codes when it got as far as the pool.
+func (a *app) printRefused(rep campaign.Report) {
+	w := tabwriter.NewWriter(a.stderr, 0, 4, 2, ' ', 0)
+	fmt.Fprintf(w, "Not launched (nothing written, nothing sent): %s (%s)\n", rep.Name, rep.Channel)
+	fmt.Fprintf(w, "  audience\t%d\n", rep.Audience)
+	fmt.Fprintf(w, "  eligible\t%d\n", rep.Eligible)
+	for _, r := range slices.Sorted(maps.Keys(rep.Excluded)) {
+		fmt.Fprintf(w, "  excluded: %s\t%d\n", r, rep.Excluded[r])
+	}
+	if rep.CodePool != "" && rep.CodesNeeded > 0 {
+		fmt.Fprintf(w, "  codes needed / free\t%d / %d (pool %s)\n", rep.CodesNeeded, rep.CodesFree, rep.CodePool)
+	}
+	w.Flush()
 }
 
 func (a *app) printReport(rep campaign.Report, asJSON bool) {
