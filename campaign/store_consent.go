@@ -73,7 +73,11 @@ func syncedWhen(at *time.Time, age time.Duration) string {
 	if at == nil {
 		return "never"
 	}
-	return fmt.Sprintf("last at %s (%s ago)", at.UTC().Format(time.RFC3339), age.Round(time.Minute))
+	step := time.Minute
+	if age < time.Hour {
+		step = time.Second
+	}
+	return fmt.Sprintf("last at %s (%s ago)", at.UTC().Format(time.RFC3339), age.Round(step))
 }
 
 // brandGate refuses a launch under an İYS brand code whose audience has consents recorded only without a

@@ -54,7 +54,7 @@ func ParseContent(c Content) (*Template, error) {
 	}
 	if c.Subject != "" {
 		if t.subject, err = template.New("subject").Funcs(limitFuncs).Option("missingkey=error").Parse(c.Subject); err != nil {
-			return nil, fmt.Errorf("%w: the subject template does not parse: %v", ErrInvalid, err)
+			return nil, fmt.Errorf("%w: the subject template does not parse: %s", ErrInvalid, explainParse(err))
 		}
 		if err := guardTree("subject", t.subject.Tree, len(t.subject.Templates())); err != nil {
 			return nil, err
@@ -63,7 +63,7 @@ func ParseContent(c Content) (*Template, error) {
 	}
 	if c.HTML != "" {
 		if t.html, err = htmltemplate.New("html").Funcs(htmltemplate.FuncMap(limitFuncs)).Option("missingkey=error").Parse(c.HTML); err != nil {
-			return nil, fmt.Errorf("%w: the HTML template does not parse: %v", ErrInvalid, err)
+			return nil, fmt.Errorf("%w: the HTML template does not parse: %s", ErrInvalid, explainParse(err))
 		}
 		if err := guardTree("HTML", t.html.Tree, len(t.html.Templates())); err != nil {
 			return nil, err
@@ -115,7 +115,7 @@ func ParseTemplate(src string) (*Template, error) {
 	}
 	t, err := template.New("message").Funcs(limitFuncs).Option("missingkey=error").Parse(src)
 	if err != nil {
-		return nil, fmt.Errorf("%w: message template does not parse: %v", ErrInvalid, err)
+		return nil, fmt.Errorf("%w: the message template does not parse: %s", ErrInvalid, explainParse(err))
 	}
 	if err := guardTree("message", t.Tree, len(t.Templates())); err != nil {
 		return nil, err
@@ -176,9 +176,47 @@ func execute(run func(w io.Writer, data any) error, data map[string]any) (string
 		if m := missingKey.FindStringSubmatch(err.Error()); m != nil {
 			return "", fmt.Errorf("%w: template uses {{.%s}} but there is no such value", ErrInvalid, m[1])
 		}
-		return "", fmt.Errorf("render message: %w", err)
+		return "", fmt.Errorf("render message: %s", explainExec(err))
 	}
 	return b.String(), nil
+}
+
+var (
+	execFailure  = regexp.MustCompile(`^template: [^:]*:(\d+):(\d+): executing "[^"]*" at <([^>]*)>: (.*)$`)
+	parseFailure = regexp.MustCompile(`^template: [^:]*:(\d+): (.*)$`)
+)
+
+// explainExec says where a template failed for a row and what would fix it, in place of the template
+// package's own words (which name its internal templates).
+func explainExec(err error) string {
+	m := execFailure.FindStringSubmatch(err.Error())
+	if m == nil {
+		return err.Error()
+	}
+	reason, hint := m[4], "fix the template there"
+	switch {
+	case strings.Contains(reason, "can't evaluate field"):
+		hint = "a column's value is text or a number, with no fields of its own: write {{.column}}"
+	case strings.Contains(reason, "range can't iterate over"):
+		hint = "{{range}} needs a list (an array column), not a single value"
+	case strings.Contains(reason, "incompatible types for comparison"):
+		hint = `compare a value with one of its type: a number column with a number, a text one with "quoted text"`
+	}
+	return fmt.Sprintf("line %s, column %s, at {{%s}}: %s; %s", m[1], m[2], m[3], reason, hint)
+}
+
+// explainParse says where a template does not parse and how a value is written, in place of the template
+// package's own words.
+func explainParse(err error) string {
+	m := parseFailure.FindStringSubmatch(err.Error())
+	if m == nil {
+		return err.Error()
+	}
+	reason := m[2]
+	if strings.Contains(reason, "unclosed action") {
+		reason += " (a {{ without its }})"
+	}
+	return fmt.Sprintf("line %s: %s; a value is written {{.column}}, e.g. {{.first_name}}", m[1], reason)
 }
 
 // Fields returns the top-level fields the template names (outside range/with blocks), each once.
