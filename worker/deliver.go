@@ -302,6 +302,10 @@ func (h *Handler) warm(ctx context.Context, run *batchRun, sz sendSize) {
 	}
 }
 
+// guardAgainAfter is how long after its claims a send may leave without their guard (the halt, the
+// epoch, the fence) being read again: the claims and the send are otherwise microseconds apart.
+const guardAgainAfter = 100 * time.Millisecond
+
 // staleTokens is how long after its tokens a send may leave. A bucket hands out a twentieth of a second's
 // worth at once (limiter.Burst): tokens held longer than half of that before their requests leave would
 // land, in the provider's count, on top of what the bucket handed the other runs meanwhile.
@@ -375,6 +379,20 @@ func (h *Handler) tokensStillFresh(ctx, waitCtx context.Context, run *batchRun, 
 			return nil, err
 		}
 		if run.tokensAt.IsZero() || time.Since(run.tokensAt) <= staleTokens+time.Duration(sz.msgs)*claimTimeEach {
+			if h.cfg.Now().Sub(f.at) > guardAgainAfter {
+				// The claims were taken a while ago (Redis stalled, the consents were read again, the
+				// tokens taken again): a pause, a cancel or a takeover written since, behind them in a
+				// stalled Redis, must still stop the sends. The claims' guard is read again.
+				g := run.guard
+				g.CheckHalt = true // a send's claims are refused while the campaign is halted
+				if err := h.state.StillGuarded(ctx, g); err != nil {
+					h.notSentAfterClaim(ctx, run, f)
+					if guardRefused(err) {
+						return nil, err
+					}
+					return nil, waitForServices(fmt.Errorf("no send while Redis is unavailable: %w", err))
+				}
+			}
 			return drop, nil
 		}
 		h.log.Debug("tokens taken too long before their send; taking them again", "campaign_id", run.c.ID,

@@ -26,6 +26,9 @@ type State interface {
 	// ClaimWindow claims a window of sends, or the recipients of one request, about to go out together,
 	// all or none, after writing the answers of the window before and checking the provider's pause.
 	ClaimWindow(ctx context.Context, c *campaign.Campaign, nonce string, scs []state.SendClaim, g state.Guard, prev []state.Answer, pauseKey string, now time.Time) ([]state.Claimed, time.Duration, error)
+	// StillGuarded checks, a while after claims were taken under g, that their sends may still leave:
+	// ErrEpoch, ErrFenced or ErrHalted when not.
+	StillGuarded(ctx context.Context, g state.Guard) error
 	// Take sets a claim that is not sent (skipped, unknown) unless one exists, which it returns.
 	Take(ctx context.Context, key, nonce, val string, g state.Guard) (old string, ours bool, err error)
 	// Settle and SettleMany write answers into claims we hold; Release and ReleaseMany delete claims

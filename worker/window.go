@@ -192,7 +192,7 @@ func (h *Handler) deliverWindowed(ctx, waitCtx context.Context, run *batchRun, r
 			drop, err := h.tokensStillFresh(ctx, waitCtx, run, sendSize{msgs: len(sends), tokens: tokensOf(sends), calls: len(sends)},
 				windowInFlight(run.c.ID, sends, inflight, now), limits...)
 			if err != nil {
-				return err
+				return run.halted(err, sends, queue)
 			}
 			sends = slices.DeleteFunc(sends, func(w windowSend) bool { return drop[w.r.UserID] })
 		}

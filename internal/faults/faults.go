@@ -23,6 +23,9 @@ const (
 	LoseReply
 	// Stall holds the call for Delay (or until its context ends, which fails it) and then lets it go on.
 	Stall
+	// SlowReply lets the call run at the server at once, then holds its reply for Delay: what the server
+	// did is there for everyone else meanwhile (a stalled Redis answering its queue, a slow network).
+	SlowReply
 )
 
 func (k Kind) String() string {
@@ -33,6 +36,8 @@ func (k Kind) String() string {
 		return "lose the reply"
 	case Stall:
 		return "stall"
+	case SlowReply:
+		return "slow reply"
 	}
 	return fmt.Sprintf("Kind(%d)", int(k))
 }
@@ -122,6 +127,17 @@ func (s *rules) pick(c Call) *Rule {
 func around(ctx context.Context, r *Rule, call func() error) error {
 	if r == nil {
 		return call()
+	}
+	if r.Kind == SlowReply {
+		err := call()
+		t := time.NewTimer(r.Delay)
+		defer t.Stop()
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-t.C:
+		}
+		return err
 	}
 	if r.Delay > 0 {
 		t := time.NewTimer(r.Delay)

@@ -43,6 +43,11 @@ func (s *State) ClaimWindow(ctx context.Context, c *campaign.Campaign, nonce str
 	return cls, pause, err
 }
 
+// StillGuarded is state.Store.StillGuarded under the rules.
+func (s *State) StillGuarded(ctx context.Context, g state.Guard) error {
+	return s.call(ctx, "StillGuarded", func() error { return s.Store.StillGuarded(ctx, g) })
+}
+
 // Take is state.Store.Take under the rules.
 func (s *State) Take(ctx context.Context, key, nonce, val string, g state.Guard) (old string, ours bool, err error) {
 	err = s.call(ctx, "Take", func() (err error) { old, ours, err = s.Store.Take(ctx, key, nonce, val, g); return })

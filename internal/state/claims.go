@@ -257,6 +257,32 @@ func (c *Store) ReleaseMany(ctx context.Context, keys []string, nonce string, in
 	return nil
 }
 
+// StillGuarded says whether claims taken under g may still be sent under, a while after they were taken
+// (a stall, a second wait for tokens): the epoch is the same, the run's lease is not fenced, and (with
+// CheckHalt) the campaign is not halted. ErrEpoch, ErrFenced or ErrHalted when not: a pause or cancel
+// whose halt Redis wrote after the claims must still stop their sends, as Pause promises once it returned.
+func (c *Store) StillGuarded(ctx context.Context, g Guard) error {
+	pipe := c.rdb.Pipeline()
+	epoch := pipe.Get(ctx, EpochKey)
+	fenced := pipe.Exists(ctx, g.fence())
+	var halted *redis.IntCmd
+	if g.CheckHalt {
+		halted = pipe.Exists(ctx, g.Halt)
+	}
+	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
+		return fmt.Errorf("claims' guard: %w", err)
+	}
+	switch {
+	case epoch.Val() != g.Epoch:
+		return ErrEpoch
+	case fenced.Val() == 1:
+		return ErrFenced
+	case halted != nil && halted.Val() == 1:
+		return ErrHalted
+	}
+	return nil
+}
+
 // SendClaim is one recipient's claim for a send, with its frequency mark.
 type SendClaim struct {
 	Key   string // ClaimKey

@@ -1,0 +1,69 @@
+package worker
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/campaignctl/campaignctl/campaign"
+	"github.com/campaignctl/campaignctl/internal/faults"
+)
+
+// A pause (or cancel) issued while Redis stalls lands in Redis behind the window's claims: the claims are
+// granted, the halt is written, and the pause returns, all before the worker gets the claims' reply. The
+// sends must not leave then: Pause promises that no new send starts once it returned. The claims' guard
+// is read again before sends whose claims are that old; the recipients stay pending, their claims given
+// back, and the batch reads the campaign's state (paused) and stops.
+func TestAPauseWrittenBehindStalledClaimsStopsTheirSends(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		how    string
+		window int
+	}{{"pause", 1}, {"cancel", 1}, {"pause", 8}, {"cancel", 8}} {
+		how := c.how
+		t.Run(fmt.Sprintf("%s, window of %d", c.how, c.window), func(t *testing.T) {
+			t.Parallel()
+			f := plan(t, 20)
+			ctx := context.Background()
+			h, fr, _ := f.faulty(t, func(cfg *Config) { cfg.SendWindow = c.window })
+			slow := fr.Add(&faults.Rule{Match: faults.Method("ClaimWindow", "ClaimSend"), Times: 1, Kind: faults.SlowReply, Delay: 400 * time.Millisecond})
+			stopped := make(chan time.Time, 1)
+			go func() {
+				for end := time.Now().Add(10 * time.Second); slow.Hits() == 0; time.Sleep(time.Millisecond) {
+					if time.Now().After(end) {
+						t.Error("no claim was taken")
+						stopped <- time.Now()
+						return
+					}
+				}
+				time.Sleep(50 * time.Millisecond) // the claims ran; their reply is held
+				var err error
+				if how == "pause" {
+					_, err = Pause(ctx, PauseOptions{Store: f.store, Redis: f.rdb, CampaignID: f.id})
+				} else {
+					_, err = Cancel(ctx, CancelOptions{Store: f.store, Redis: f.rdb, CampaignID: f.id})
+				}
+				if err != nil {
+					t.Error(err)
+				}
+				stopped <- time.Now()
+			}()
+			err := h.RunBatch(ctx, f.id, 0)
+			at := <-stopped
+			if sent := f.provider.total(); sent != 0 {
+				t.Fatalf("%d messages sent after the %s returned (at %s; batch: %v); want none", sent, how, at.Format("15:04:05.000"), err)
+			}
+			if slow.Hits() != 1 {
+				t.Fatalf("the claims' reply was held %d times, want 1", slow.Hits())
+			}
+			var sentRows int
+			if err := f.db.QueryRow(ctx, `SELECT count(*) FROM campaign_recipients WHERE campaign_id = $1 AND status = $2`, f.id, campaign.StatusSent).Scan(&sentRows); err != nil {
+				t.Fatal(err)
+			}
+			if sentRows != 0 {
+				t.Fatalf("%d recipients recorded sent", sentRows)
+			}
+		})
+	}
+}
