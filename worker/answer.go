@@ -110,7 +110,7 @@ func (h *Handler) settleRefusal(ctx context.Context, run *batchRun, m *metrics.S
 			run.add(campaign.Outcome{UserID: u, Status: campaign.StatusUnknown, Reason: pe.Reason(), Provider: pe.Provider})
 		}
 		m.Unknown(n)
-		h.log.Warn("provider answer lost; the recipients are unknown and will not be resent automatically",
+		h.log.Warn("provider answer lost; the recipients are unknown until a receipt or the late answer proves them sent, and are not resent automatically (resume --resend-unknown)",
 			"campaign_id", run.c.ID, "recipients", n, "to", providers.MaskAddress(f.addrs[0]), "err", pe.Reason())
 	case refused:
 		// An unregistered push token condemns the address: no later campaign should try it. The claim's
