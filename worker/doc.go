@@ -45,7 +45,9 @@
 // Launch plans a campaign in Postgres and then queues one task per batch (plan before queue, so a launch
 // stopped in between leaves either nothing or a complete plan). Pause and Cancel record the new state in
 // Postgres and set the halt mark (HaltKey) that the claim script reads, so no new send starts on any
-// worker once they return; Cancel then closes the recipients not sent. Resume continues a paused
+// worker once they return (sends whose claims are over 100 ms old when they are to leave, as after a
+// stall of Redis that queued the halt behind them, read the mark again first); Cancel then closes the
+// recipients not sent. Resume continues a paused
 // campaign, or any campaign after an incident, from Postgres: it rebuilds the progress counters, takes
 // the campaign's batches out of the dead-letter queue and queues every batch with pending recipients.
 // ListDLQ, RetryDLQ and PurgeDLQ work on the dead-letter queue (Asynq's archive); Status and ListStatus
