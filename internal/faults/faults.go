@@ -130,23 +130,13 @@ func around(ctx context.Context, r *Rule, call func() error) error {
 	}
 	if r.Kind == SlowReply {
 		err := call()
-		t := time.NewTimer(r.Delay)
-		defer t.Stop()
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-t.C:
+		if werr := wait(ctx, r.Delay); werr != nil {
+			return werr
 		}
 		return err
 	}
-	if r.Delay > 0 {
-		t := time.NewTimer(r.Delay)
-		defer t.Stop()
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-t.C:
-		}
+	if err := wait(ctx, r.Delay); err != nil {
+		return err
 	}
 	switch r.Kind {
 	case Fail:
@@ -169,5 +159,20 @@ func Method(names ...string) func(Call) bool {
 			}
 		}
 		return false
+	}
+}
+
+// wait holds for d (none when d is 0), or until ctx ends, which it returns.
+func wait(ctx context.Context, d time.Duration) error {
+	if d <= 0 {
+		return nil
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
 	}
 }
