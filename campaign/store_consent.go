@@ -40,7 +40,7 @@ func (p *Planner) consentGate(ctx context.Context, tx pgx.Tx, spec Spec, rep *Re
 			when += fmt.Sprintf(" for brand %s (IYS_BRAND_CODE; the consents here were imported without a brand: import them again with IYS_BRAND_CODE set)", spec.BrandCode)
 		}
 	}
-	return fmt.Errorf("%w: the İYS consents were brought up to date %s, longer ago than --max-consent-age %v; a RET given since then would be missed. Run `campaignctl iys sync` (or import a fresh consent file), or launch with --allow-stale-consent to go ahead anyway (it is recorded on the campaign)",
+	return fmt.Errorf("%w: the İYS consents were brought up to date %s, longer ago than --max-consent-age %v; a RET given since then would be missed. Run `campaignctl iys sync` (or import a fresh consent file; a sync is up to date with İYS as of an hour before it: under an hour, `iys sync --reverify`), or launch with --allow-stale-consent to go ahead anyway (it is recorded on the campaign)",
 		ErrInvalid, when, spec.MaxConsentAge)
 }
 
