@@ -156,7 +156,12 @@ func (h *Handler) sendGroup(ctx, waitCtx context.Context, run *batchRun, b provi
 		}
 		start := time.Now()
 		res, err := b.SendBatch(ctx, msgs)
-		run.m.BatchRequest(time.Since(start), len(msgs))
+		took := time.Since(start)
+		run.m.BatchRequest(took, len(msgs))
+		// Every answer counts in the provider's shared pace, acceptances too: a pace that saw only the
+		// failures would call the provider down on one and never see it back.
+		v, pe := judge(err)
+		h.observe(ctx, b.Name(), v, pe, len(rs), took)
 		if err == nil { // accepted
 			keyed, name := providers.ReceiptsNameRecipient(b), b.Name()
 			vals := make([]string, len(rs))
@@ -177,8 +182,6 @@ func (h *Handler) sendGroup(ctx, waitCtx context.Context, run *batchRun, b provi
 			h.answered(run)
 			return nil
 		}
-		v, pe := judge(err)
-		h.observe(ctx, b.Name(), v, pe, len(rs), time.Since(start))
 		f := inFlight{users: make([]string, len(rs)), keys: keys, values: inflight, addrs: addrs, at: now}
 		for i, r := range rs {
 			f.users[i] = r.UserID
