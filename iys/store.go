@@ -283,6 +283,16 @@ func LookupBrand(ctx context.Context, pool *pgxpool.Pool, brand, recipient, typ,
 	return c, nil
 }
 
+// Unbranded counts the consents stored without a brand (imported before IYS_BRAND_CODE was set): a
+// brand's launches, syncs and re-verifications do not count them as the brand's.
+func Unbranded(ctx context.Context, db *pgxpool.Pool) (int64, error) {
+	var n int64
+	if err := db.QueryRow(ctx, `SELECT count(*) FROM iys_consents WHERE brand_code = ''`).Scan(&n); err != nil {
+		return 0, fmt.Errorf("consents without a brand: %w", err)
+	}
+	return n, nil
+}
+
 // SourceImport names CSV imports in iys_sync_state.
 const SourceImport = "import"
 

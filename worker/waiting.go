@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strconv"
 	"strings"
@@ -231,20 +232,19 @@ func (e *waitEnv) workers(ctx context.Context) ([]state.WorkerInfo, error) {
 		if err != nil {
 			return nil, err
 		}
-		var keys []int64
+		// The workers whose lock is to be looked at: those with one, started long enough ago to hold it.
+		checked := map[int64]bool{}
 		for _, w := range ws {
 			if w.Holder != 0 && time.Since(w.Started) > holdGrace {
-				keys = append(keys, w.Holder)
+				checked[w.Holder] = true
 			}
 		}
-		if e.store != nil && len(keys) > 0 {
-			live, err := e.store.LiveHolders(ctx, keys)
+		if e.store != nil && len(checked) > 0 {
+			live, err := e.store.LiveHolders(ctx, slices.Collect(maps.Keys(checked)))
 			if err != nil {
 				return nil, err
 			}
-			ws = slices.DeleteFunc(ws, func(w state.WorkerInfo) bool {
-				return w.Holder != 0 && time.Since(w.Started) > holdGrace && !live[w.Holder]
-			})
+			ws = slices.DeleteFunc(ws, func(w state.WorkerInfo) bool { return checked[w.Holder] && !live[w.Holder] })
 		}
 		e.workerList, e.haveWorkers = ws, true
 	}

@@ -97,8 +97,7 @@ started while another runs waits for it, then pulls from where it stopped.`,
 				}
 				if brand := client.BrandCode(); rep.Reverified == 0 && brand != "" {
 					// Nothing of the brand to ask about: consents imported without a brand are not its.
-					var unbranded int64
-					if err := pool.QueryRow(ctx, `SELECT count(*) FROM iys_consents WHERE brand_code = ''`).Scan(&unbranded); err == nil && unbranded > 0 {
+					if unbranded, err := iys.Unbranded(ctx, pool); err == nil && unbranded > 0 {
 						fmt.Fprintf(a.stderr, "warning: no consent of brand %s is stored to re-verify; %d consents were imported without a brand: import them again with IYS_BRAND_CODE set\n", brand, unbranded)
 					}
 				}

@@ -289,15 +289,21 @@ func (a *app) confirm(question string) bool {
 func (a *app) printRefused(rep campaign.Report) {
 	w := tabwriter.NewWriter(a.stderr, 0, 4, 2, ' ', 0)
 	fmt.Fprintf(w, "Not launched (nothing written, nothing sent): %s (%s)\n", rep.Name, rep.Channel)
+	writeCounted(w, rep, rep.CodesNeeded > 0)
+	w.Flush()
+}
+
+// writeCounted writes the audience a launch counted: its size, the eligible, each exclusion, and the codes
+// (when the campaign has a pool and codesCounted: a plan refused early never reached the pool).
+func writeCounted(w io.Writer, rep campaign.Report, codesCounted bool) {
 	fmt.Fprintf(w, "  audience\t%d\n", rep.Audience)
 	fmt.Fprintf(w, "  eligible\t%d\n", rep.Eligible)
 	for _, r := range slices.Sorted(maps.Keys(rep.Excluded)) {
 		fmt.Fprintf(w, "  excluded: %s\t%d\n", r, rep.Excluded[r])
 	}
-	if rep.CodePool != "" && rep.CodesNeeded > 0 {
+	if rep.CodePool != "" && codesCounted {
 		fmt.Fprintf(w, "  codes needed / free\t%d / %d (pool %s)\n", rep.CodesNeeded, rep.CodesFree, rep.CodePool)
 	}
-	w.Flush()
 }
 
 func (a *app) printReport(rep campaign.Report, asJSON bool) {
@@ -321,14 +327,7 @@ func (a *app) printReport(rep campaign.Report, asJSON bool) {
 	if rep.ID != 0 {
 		fmt.Fprintf(w, "  campaign id\t%d\n", rep.ID)
 	}
-	fmt.Fprintf(w, "  audience\t%d\n", rep.Audience)
-	fmt.Fprintf(w, "  eligible\t%d\n", rep.Eligible)
-	for _, r := range slices.Sorted(maps.Keys(rep.Excluded)) {
-		fmt.Fprintf(w, "  excluded: %s\t%d\n", r, rep.Excluded[r])
-	}
-	if rep.CodePool != "" {
-		fmt.Fprintf(w, "  codes needed / free\t%d / %d (pool %s)\n", rep.CodesNeeded, rep.CodesFree, rep.CodePool)
-	}
+	writeCounted(w, rep, true)
 	fmt.Fprintf(w, "  batches\t%d\n", rep.Batches)
 	if rep.SampleMessage != "" {
 		fmt.Fprintf(w, "  first message\t%q\n", rep.SampleMessage)
