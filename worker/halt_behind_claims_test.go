@@ -67,3 +67,42 @@ func TestAPauseWrittenBehindStalledClaimsStopsTheirSends(t *testing.T) {
 		})
 	}
 }
+
+// The second read of the claims' guard fails closed: when Redis does not answer it, the window is not sent
+// (its claims are given back once Redis answers), the batch waits without using up its retries, and its
+// next run sends every recipient once. (Mutation: sending on a failed guard read. Caught: the window went
+// out with the guard unread.)
+func TestAFailedSecondReadOfTheGuardSendsNothing(t *testing.T) {
+	t.Parallel()
+	f := plan(t, 20)
+	ctx := context.Background()
+	h, fr, _ := f.faulty(t, func(cfg *Config) { cfg.SendWindow = 8 })
+	fr.Add(&faults.Rule{Match: faults.Method("ClaimWindow"), Times: 1, Kind: faults.SlowReply, Delay: 200 * time.Millisecond})
+	guard := fr.Add(&faults.Rule{Match: faults.Method("StillGuarded"), Times: 1, Kind: faults.Fail})
+	err := h.RunBatch(ctx, f.id, 0)
+	notFailure(t, err)
+	if err == nil {
+		t.Fatal("the batch ended as if sent, with the guard unread")
+	}
+	if guard.Hits() != 1 {
+		t.Fatalf("the guard was read again %d times, want 1", guard.Hits())
+	}
+	if n := f.provider.total(); n != 0 {
+		t.Fatalf("%d messages sent with the claims' guard unread", n)
+	}
+	for b := 0; b < f.batches; b++ {
+		notFailure(t, h.RunBatch(ctx, f.id, b))
+	}
+	for to, bodies := range f.provider.accepted {
+		if len(bodies) != 1 {
+			t.Fatalf("%s got %d messages", to, len(bodies))
+		}
+	}
+	var pending int
+	if err := f.db.QueryRow(ctx, `SELECT count(*) FROM campaign_recipients WHERE campaign_id = $1 AND status = 'pending'`, f.id).Scan(&pending); err != nil {
+		t.Fatal(err)
+	}
+	if pending != 0 || f.provider.total() == 0 {
+		t.Fatalf("after the retry: %d pending, %d sent", pending, f.provider.total())
+	}
+}
