@@ -104,7 +104,8 @@ type child struct {
 	stopping bool
 	stopAt   time.Time
 	killer   *time.Timer
-	err      error // from Wait
+	killDone chan struct{} // closed once a fired killer has killed (and logged it)
+	err      error         // from Wait
 }
 
 // New returns a Supervisor; Run starts it.
@@ -399,8 +400,10 @@ func (s *Supervisor) stop(c *child, why string) {
 		s.log.Warn("cannot signal worker", "worker", c.id, "pid", c.pid, "err", err)
 	}
 	grace := s.cfg.ShutdownTimeout + s.cfg.KillMargin
-	proc, id, pid := c.cmd.Process, c.id, c.pid
+	proc, id, pid, done := c.cmd.Process, c.id, c.pid, make(chan struct{})
+	c.killDone = done
 	c.killer = time.AfterFunc(grace, func() {
+		defer close(done)
 		if err := proc.Kill(); err == nil {
 			s.log.Warn("worker still running after SIGTERM; killed it", "worker", id, "pid", pid, "waited", grace.String())
 		}
@@ -418,7 +421,10 @@ func (s *Supervisor) reap(c *child) error {
 	defer s.publish()
 	exit := exitText(c.cmd.ProcessState, c.err)
 	if c.stopping {
-		c.killer.Stop()
+		if !c.killer.Stop() {
+			// The killer fired: the worker's end is logged after the kill's, not before it.
+			<-c.killDone
+		}
 		s.log.Info("worker stopped", "worker", c.id, "pid", c.pid, "exit", exit, "took", time.Since(c.stopAt).Round(time.Millisecond).String())
 		return nil
 	}
