@@ -16,11 +16,15 @@ if ! [ -x "$(pg_config --bindir 2>/dev/null)/initdb" ] && ! ls /usr/lib/postgres
   apt_install postgresql
 fi
 # The UI test loads `campaignctl ui` in headless Chromium (it skips without it).
+# Tests of a package run TEST_PARALLEL at a time (default 4; go test's own default is the number of cores):
+# most of them wait on timers, leases and other processes, and two at a time left a two-core machine
+# half idle.
 if ! command -v chromium >/dev/null && [ ! -x /usr/bin/chromium ]; then
   say "installing chromium for the UI test"
   apt_install chromium
 fi
 
 if [ $# -eq 0 ]; then set -- ./...; fi
-say "go test -race $*"
-go test -race -timeout 20m "$@"
+parallel=${TEST_PARALLEL:-4}
+say "go test -race -parallel $parallel $*"
+go test -race -timeout 20m -parallel "$parallel" "$@"

@@ -90,6 +90,7 @@ func watchThroughACut(t *testing.T, env map[string]string, warm time.Duration, a
 // status --watch outlives Redis going away mid-watch: its figures come from Postgres alone meanwhile, as
 // plain status's do. Before, the first poll that failed ended it with exit 1 and asynq's error.
 func TestAWatchOutlivesRedisGoingAway(t *testing.T) {
+	t.Parallel()
 	env, id, _ := reportEnv(t)
 	watchThroughACut(t, env, 3*time.Second, "status", id, "--watch")
 }
@@ -97,6 +98,7 @@ func TestAWatchOutlivesRedisGoingAway(t *testing.T) {
 // launch --watch: the launch succeeded (its report is on stdout), then Redis goes away during the watch.
 // Before, it exited 1, which a script reads as a failed launch, though the campaign was running.
 func TestALaunchWatchOutlivesRedisGoingAway(t *testing.T) {
+	t.Parallel()
 	env, _, _ := reportEnv(t)
 	audience := writeFile(t, "a.sql", "SELECT user_id, phone, first_name FROM customers WHERE user_id IN ('a', 'b', 'c')")
 	out, _ := watchThroughACut(t, env, 4*time.Second, "launch", "--name", "ikinci", "--channel", "sms", "--audience", audience,
