@@ -393,6 +393,17 @@ func Resume(ctx context.Context, o ResumeOptions) (ResumeReport, error) {
 	}
 	// The batches taken back from the DLQ were queued a moment ago: Enqueue found them there.
 	rep.AlreadyQueued = max(existing-rep.FromDLQ, 0)
+	if rep.Resent > 0 && rep.AlreadyQueued > 0 {
+		// A batch's task found running may be at its very end, past its last look for pending recipients
+		// and about to be deleted: the recipients made pending again here would then wait for a task
+		// that is gone. Such a task ends within moments; the batch is queued again once it has.
+		again, err := enqueueAfterActive(ctx, o.Redis, o.Store, c, activeEndWait)
+		rep.Enqueued += again
+		rep.AlreadyQueued = max(rep.AlreadyQueued-again, 0)
+		if err != nil {
+			return rep, err
+		}
+	}
 	if rep.AlreadyQueued > 0 && c.State == campaign.StateRunning && c.Window.Open(time.Now()) {
 		// Batches that met the pause (or a wait of the incident) are waiting to be retried, up to 30 s
 		// from now: they run now.
@@ -408,6 +419,34 @@ func Resume(ctx context.Context, o ResumeOptions) (ResumeReport, error) {
 		rep.QueuePaused, _ = QueuePaused(o.Redis)
 	}
 	return rep, nil
+}
+
+// activeEndWait bounds how long resume waits for the campaign's running batch tasks to end before it
+// queues their batches again (enqueueAfterActive). A task that runs longer is in the middle of its run: its
+// batch's last look for pending recipients is still ahead of it, and finds them.
+const activeEndWait = 2 * time.Second
+
+// enqueueAfterActive waits, up to wait, until none of campaign c's batch tasks is running, then queues
+// again the batches with pending recipients whose tasks are gone meanwhile. It returns how many it queued.
+func enqueueAfterActive(ctx context.Context, rdb redis.UniversalClient, store *campaign.Store, c *campaign.Campaign, wait time.Duration) (int, error) {
+	insp := asynq.NewInspectorFromRedisClient(rdb)
+	deadline := time.Now().Add(wait)
+	for {
+		active := 0
+		if err := batchTasks(insp.ListActiveTasks, c.ID, func(*asynq.TaskInfo, int64, int) { active++ }); err != nil {
+			return 0, fmt.Errorf("read the queue: %w", err)
+		}
+		if active == 0 || !time.Now().Before(deadline) {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			return 0, ctx.Err()
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+	added, _, err := Enqueue(ctx, asynq.NewClientFromRedisClient(rdb), store, c, false)
+	return added, err
 }
 
 // orDiscard is l, or a logger that discards.
