@@ -120,8 +120,11 @@ func (p *Planner) plan(ctx context.Context, spec Spec, tmpl *Template, rep *Repo
 		}
 	}
 	t0 = time.Now()
+	// The recipients' batches follow from their count: insertRecipients numbers the rows from 0 and gives
+	// row i batch i / batch size (no scan of the rows for them).
 	if _, err := tx.Exec(ctx, `INSERT INTO campaign_batches (campaign_id, batch, size)
-		SELECT campaign_id, batch, count(*) FROM campaign_recipients WHERE campaign_id = $1 GROUP BY campaign_id, batch`, id); err != nil {
+		SELECT $1, b, least($3::bigint, $2::bigint - b::bigint * $3)
+		FROM generate_series(0, ($2::bigint - 1) / $3) b WHERE $2::bigint > 0`, id, rep.Eligible, int64(spec.BatchSize)); err != nil {
 		return fmt.Errorf("plan: batches: %w", err)
 	}
 
