@@ -428,6 +428,16 @@ func (s *Store) StartIfDue(ctx context.Context, id int64) (State, error) {
 // ErrWrongState: the campaign is not in a state the operation applies to.
 var ErrWrongState = errors.New("campaign is not in a state for that")
 
+// ErrConsentStale: the campaign was launched with a maximum age of its consents, and they were brought up
+// to date longer ago than that: nothing of it may be sent until they are (`iys sync`).
+var ErrConsentStale = errors.New("the campaign's consents are older than its --max-consent-age")
+
+// ConsentStaleError is ErrConsentStale said in full: which campaign, since when, and what to run.
+type ConsentStaleError struct{ Msg string }
+
+func (e *ConsentStaleError) Error() string { return e.Msg }
+func (e *ConsentStaleError) Unwrap() error { return ErrConsentStale }
+
 // Transition moves campaign id from one of the states from to state to, and returns the state it was in.
 // A campaign in any other state is left alone and the error (ErrWrongState, or ErrNotFound) says which
 // state it is in.

@@ -58,14 +58,19 @@ func consentSyncedAtSQL(brand string) string {
 // (not allowing stale ones), and they were last brought up to date longer ago than that, as of the
 // campaign's reading (Get, by Postgres's clock). "" when it may send.
 func (c *Campaign) ConsentStale() string {
+	return c.ConsentStaleThen(fmt.Sprintf("`campaignctl dlq retry --campaign %d`", c.ID))
+}
+
+// ConsentStaleThen is ConsentStale with next as the command to run once the consents are up to date.
+func (c *Campaign) ConsentStaleThen(next string) string {
 	if c.MaxConsentAge <= 0 {
 		return ""
 	}
 	if c.ConsentSyncedAt != nil && c.consentAge <= c.MaxConsentAge {
 		return ""
 	}
-	return fmt.Sprintf("the İYS consents of campaign %d were brought up to date %s, longer ago than the --max-consent-age %v it was launched with: a RET given since then would be missed. Run `campaignctl iys sync` (or import a fresh consent file), then `campaignctl dlq retry --campaign %d`",
-		c.ID, syncedWhen(c.ConsentSyncedAt, c.consentAge), c.MaxConsentAge, c.ID)
+	return fmt.Sprintf("the İYS consents of campaign %d were brought up to date %s, longer ago than the --max-consent-age %v it was launched with: a RET given since then would be missed. Run `campaignctl iys sync` (or import a fresh consent file), then %s",
+		c.ID, syncedWhen(c.ConsentSyncedAt, c.consentAge), c.MaxConsentAge, next)
 }
 
 // syncedWhen says when the consents were last brought up to date (at, age ago), or "never" (at nil).

@@ -361,6 +361,13 @@ func (h *Handler) closeBatch(ctx context.Context, id int64, batch int) (open boo
 	if done {
 		h.forgetTemplate(id)
 		h.log.Info("campaign completed", "campaign_id", id)
+		if h.cfg.Redis != nil {
+			if n, err := dropArchived(h.cfg.Redis, id); err != nil {
+				h.log.Warn("completed campaign's batch tasks not dropped from the DLQ; `campaignctl dlq purge --campaign ID` drops them", "campaign_id", id, "err", fmt.Sprint(err))
+			} else if n > 0 {
+				h.log.Info("completed campaign's batch tasks dropped from the DLQ: nothing of them was pending", "campaign_id", id, "tasks", n)
+			}
+		}
 	}
 	return open, err
 }

@@ -55,6 +55,9 @@ func ListDLQ(ctx context.Context, o DLQOptions) ([]DLQEntry, error) {
 type DLQRefusal struct {
 	DLQEntry
 	State campaign.State `json:"state"`
+	// Why is set when the campaign may still send but not now: its consents are older than its
+	// --max-consent-age (the batch would be back in the DLQ at once).
+	Why string `json:"why,omitempty"`
 }
 
 // DLQRetryReport is what RetryDLQ did.
@@ -93,7 +96,7 @@ func RetryDLQ(ctx context.Context, o DLQOptions) (DLQRetryReport, error) {
 	if err != nil {
 		return rep, err
 	}
-	states := map[int64]campaign.State{}
+	states, stale := map[int64]campaign.State{}, map[int64]string{}
 	for _, e := range entries {
 		st, seen := states[e.CampaignID]
 		if !seen {
@@ -102,23 +105,30 @@ func RetryDLQ(ctx context.Context, o DLQOptions) (DLQRetryReport, error) {
 				return rep, err
 			}
 			st, states[e.CampaignID] = c.State, c.State
+			stale[e.CampaignID] = c.ConsentStaleThen(fmt.Sprintf("`campaignctl dlq retry --campaign %d`", c.ID))
 		}
 		if st == campaign.StateCancelled || st == campaign.StateFailed || st == campaign.StateCompleted {
 			rep.Refused = append(rep.Refused, DLQRefusal{DLQEntry: e, State: st})
 			continue
 		}
+		if why := stale[e.CampaignID]; why != "" {
+			rep.Refused = append(rep.Refused, DLQRefusal{DLQEntry: e, State: st, Why: why})
+			continue
+		}
 		rep.Queued = append(rep.Queued, e)
 	}
 	if o.CampaignID != 0 && len(rep.Refused) > 0 {
+		if why := stale[o.CampaignID]; why != "" && states[o.CampaignID] != campaign.StateCancelled &&
+			states[o.CampaignID] != campaign.StateFailed && states[o.CampaignID] != campaign.StateCompleted {
+			// Each batch would be back in the DLQ at once: none is moved.
+			return DLQRetryReport{Refused: rep.Refused}, &campaign.ConsentStaleError{
+				Msg: fmt.Sprintf("the DLQ batches of campaign %d are not retried (nothing was moved): %s", o.CampaignID, why)}
+		}
 		return DLQRetryReport{Refused: rep.Refused}, &DLQRefusedError{CampaignID: o.CampaignID, State: states[o.CampaignID]}
 	}
-	for i, e := range rep.Queued {
-		if err := requeue(ctx, o.Redis, e); err != nil {
-			rep.Queued = rep.Queued[:i]
-			return rep, err
-		}
-	}
-	return rep, nil
+	done, _, err := requeueBatches(ctx, o.Redis, rep.Queued)
+	rep.Queued = rep.Queued[:done]
+	return rep, err
 }
 
 // DLQPurgeReport is what PurgeDLQ did.
@@ -149,38 +159,121 @@ func PurgeDLQ(ctx context.Context, o DLQOptions) (DLQPurgeReport, error) {
 	return rep, nil
 }
 
-// requeueArchived puts the campaign's dead-lettered batches back in the queue with a fresh retry budget,
-// and returns how many it moved.
-func requeueArchived(ctx context.Context, rdb redis.UniversalClient, campaignID int64) (int, error) {
+// requeueArchived puts the campaign's dead-lettered batches back in the queue with a fresh retry budget.
+// It returns how many batches it moved, and how many of those it queued under their own task ID.
+func requeueArchived(ctx context.Context, rdb redis.UniversalClient, campaignID int64) (batches, own int, err error) {
 	entries, err := archivedBatches(rdb, campaignID)
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
-	for i, e := range entries {
-		if err := requeue(ctx, rdb, e); err != nil {
-			return i, err
-		}
-	}
-	return len(entries), nil
+	done, own, err := requeueBatches(ctx, rdb, entries)
+	return distinctBatches(entries[:done]), own, err
 }
 
-// requeue moves one dead-lettered batch back to the queue. Running an archived task again would keep its
-// used-up retry count (the next failure would archive it at once), so the task is deleted and enqueued
-// anew under the same ID.
-func requeue(ctx context.Context, rdb redis.UniversalClient, e DLQEntry) error {
-	if err := asynq.NewInspectorFromRedisClient(rdb).DeleteTask(Queue, e.TaskID); err != nil && !errors.Is(err, asynq.ErrTaskNotFound) {
-		return fmt.Errorf("take batch %d of campaign %d from the DLQ: %w", e.Batch, e.CampaignID, err)
+// requeueBatches moves dead-lettered batches back to the queue, a batch at a time: entries of one batch
+// (its own task, and the follow-ups sweeps queued for it after a worker's death) become one task. It returns
+// how many of entries it moved (a prefix: those of the batches it finished), and how many batches it
+// queued under their own task ID.
+func requeueBatches(ctx context.Context, rdb redis.UniversalClient, entries []DLQEntry) (done, own int, err error) {
+	type key struct {
+		c int64
+		b int
+	}
+	byBatch := map[key][]DLQEntry{}
+	var order []key
+	for _, e := range entries {
+		k := key{e.CampaignID, e.Batch}
+		if _, ok := byBatch[k]; !ok {
+			order = append(order, k)
+		}
+		byBatch[k] = append(byBatch[k], e)
+	}
+	moved := make([]DLQEntry, 0, len(entries))
+	for _, k := range order {
+		ownID, err := requeue(ctx, rdb, byBatch[k])
+		if err != nil {
+			break
+		}
+		if ownID {
+			own++
+		}
+		moved = append(moved, byBatch[k]...)
+	}
+	// The entries moved first, in the order of their batches: callers report them.
+	copy(entries, moved)
+	return len(moved), own, err
+}
+
+// requeue moves one dead-lettered batch, its archived tasks es, back to the queue as one task. Running an
+// archived task again would keep its used-up retry count (the next failure would archive it at once), so
+// the tasks are deleted and the batch enqueued anew: under its own ID, or, while its own task is still in
+// the queue (retrying, or running and maybe at its end), under the ID of the first of es, so that it is
+// sure to get a run. ownID says it took its own ID.
+func requeue(ctx context.Context, rdb redis.UniversalClient, es []DLQEntry) (ownID bool, err error) {
+	e := es[0]
+	insp := asynq.NewInspectorFromRedisClient(rdb)
+	for _, x := range es {
+		if err := insp.DeleteTask(Queue, x.TaskID); err != nil && !errors.Is(err, asynq.ErrTaskNotFound) {
+			return false, fmt.Errorf("take batch %d of campaign %d from the DLQ: %w", x.Batch, x.CampaignID, err)
+		}
 	}
 	task, err := NewBatchTask(e.CampaignID, e.Batch)
 	if err != nil {
-		return err
+		return false, err
 	}
-	// Under its own ID: a sweep's follow-up stays one, next to the batch's own task if that is still kept.
-	if _, err := asynq.NewClientFromRedisClient(rdb).EnqueueContext(ctx, task, asynq.TaskID(e.TaskID)); err != nil && !errors.Is(err, asynq.ErrTaskIDConflict) {
-		return fmt.Errorf("queue batch %d of campaign %d: %w; run `campaignctl resume %d` to queue it", e.Batch, e.CampaignID, err, e.CampaignID)
+	client := asynq.NewClientFromRedisClient(rdb)
+	_, err = client.EnqueueContext(ctx, task)
+	if errors.Is(err, asynq.ErrTaskIDConflict) && e.TaskID != TaskID(e.CampaignID, e.Batch) {
+		_, err = client.EnqueueContext(ctx, task, asynq.TaskID(e.TaskID))
+	} else if err == nil {
+		ownID = true
 	}
-	return nil
+	if err != nil && !errors.Is(err, asynq.ErrTaskIDConflict) {
+		return false, fmt.Errorf("queue batch %d of campaign %d: %w; run `campaignctl resume %d` to queue it", e.Batch, e.CampaignID, err, e.CampaignID)
+	}
+	return ownID, nil
 }
+
+// dropArchived deletes campaign id's batch tasks from the DLQ, for a campaign that has nothing pending
+// any more (completed): a task of it left there (a sweep's follow-up of a batch that its own task then
+// finished) has no work left, and would only stand in the campaign's status as a batch waiting there. It
+// returns how many it deleted.
+func dropArchived(rdb redis.UniversalClient, id int64) (int, error) {
+	entries, err := archivedBatches(rdb, id)
+	if err != nil {
+		return 0, err
+	}
+	insp := asynq.NewInspectorFromRedisClient(rdb)
+	n := 0
+	for _, e := range entries {
+		err := insp.DeleteTask(Queue, e.TaskID)
+		if errors.Is(err, asynq.ErrTaskNotFound) {
+			continue
+		}
+		if err != nil {
+			return n, fmt.Errorf("drop batch %d of campaign %d from the DLQ: %w", e.Batch, id, err)
+		}
+		n++
+	}
+	return n, nil
+}
+
+// distinctBatches counts the batches of entries (a batch and its follow-ups are one).
+func distinctBatches(entries []DLQEntry) int {
+	type key struct {
+		c int64
+		b int
+	}
+	seen := map[key]bool{}
+	for _, e := range entries {
+		seen[key{e.CampaignID, e.Batch}] = true
+	}
+	return len(seen)
+}
+
+// DistinctBatches counts the batches of entries: a batch whose own task and a sweep's follow-up are both
+// listed is one batch.
+func DistinctBatches(entries []DLQEntry) int { return distinctBatches(entries) }
 
 // failedAt is a task's last failure in UTC, nil when it never failed (the queue's zero time).
 func failedAt(t time.Time) *time.Time {

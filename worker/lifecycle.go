@@ -184,7 +184,7 @@ func Cancel(ctx context.Context, o CancelOptions) (CancelReport, error) {
 		// in the DLQ (its retries used up) would have no task to close them, and its task ID would keep a
 		// new one out: it is taken out of the DLQ first. A run of a cancelled campaign sends nothing; it
 		// only closes its recipients.
-		fromDLQ, err := requeueArchived(ctx, o.Redis, id)
+		fromDLQ, _, err := requeueArchived(ctx, o.Redis, id)
 		if err != nil {
 			return rep, err
 		}
@@ -280,6 +280,13 @@ func Resume(ctx context.Context, o ResumeOptions) (ResumeReport, error) {
 		return rep, err
 	}
 	rep.Was = c.State
+	resumable := c.State == campaign.StateRunning || c.State == campaign.StateScheduled || c.State == campaign.StatePaused ||
+		c.State == campaign.StateCompleted && o.ResendUnknown && counts.Unknown > 0
+	if why := c.ConsentStaleThen(fmt.Sprintf("`campaignctl resume %d`", id)); why != "" && resumable {
+		// Every batch it queued would go straight to the DLQ, and its sends would stay stopped: nothing is
+		// changed, and the way on is said.
+		return rep, &campaign.ConsentStaleError{Msg: fmt.Sprintf("campaign %d is not resumed (nothing was changed): %s", id, why)}
+	}
 	switch c.State {
 	case campaign.StateRunning, campaign.StateScheduled:
 	case campaign.StatePaused, campaign.StateCompleted:
@@ -383,7 +390,8 @@ func Resume(ctx context.Context, o ResumeOptions) (ResumeReport, error) {
 	if err := rebuildProgress(ctx, o.Redis, id, counts); err != nil {
 		return rep, err
 	}
-	if rep.FromDLQ, err = requeueArchived(ctx, o.Redis, id); err != nil {
+	var ownDLQ int
+	if rep.FromDLQ, ownDLQ, err = requeueArchived(ctx, o.Redis, id); err != nil {
 		return rep, err
 	}
 	added, existing, err := Enqueue(ctx, asynq.NewClientFromRedisClient(o.Redis), o.Store, c, false)
@@ -391,8 +399,9 @@ func Resume(ctx context.Context, o ResumeOptions) (ResumeReport, error) {
 	if err != nil {
 		return rep, err
 	}
-	// The batches taken back from the DLQ were queued a moment ago: Enqueue found them there.
-	rep.AlreadyQueued = max(existing-rep.FromDLQ, 0)
+	// The batches taken back from the DLQ under their own task ID were queued a moment ago: Enqueue found
+	// them there.
+	rep.AlreadyQueued = max(existing-ownDLQ, 0)
 	if rep.Resent > 0 && rep.AlreadyQueued > 0 {
 		// A batch's task found running may be at its very end, past its last look for pending recipients
 		// and about to be deleted: the recipients made pending again here would then wait for a task
@@ -413,6 +422,12 @@ func Resume(ctx context.Context, o ResumeOptions) (ResumeReport, error) {
 	}
 	if rep.Completed, err = o.Store.CompleteIfDone(ctx, id); err != nil {
 		return rep, err
+	}
+	if rep.Completed {
+		// Nothing of the campaign is pending: whatever of it the DLQ holds has no work left.
+		if _, err := dropArchived(o.Redis, id); err != nil {
+			return rep, err
+		}
 	}
 	if !rep.Completed {
 		// Best effort: what is resumed is done; the queue's pause is only said.

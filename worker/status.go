@@ -155,12 +155,19 @@ func statusOf(ctx context.Context, store *campaign.Store, env *waitEnv, c *campa
 // dlqBatches is what status reads of a campaign's batches in the DLQ: how many, and when the last of
 // them failed.
 type dlqBatches struct {
-	n    int64
-	last time.Time
+	n     int64
+	last  time.Time
+	tasks map[int]bool // the batches counted: a batch and its follow-ups are one
 }
 
 func (d *dlqBatches) add(e DLQEntry) {
-	d.n++
+	if d.tasks == nil {
+		d.tasks = map[int]bool{}
+	}
+	if !d.tasks[e.Batch] {
+		d.tasks[e.Batch] = true
+		d.n++
+	}
 	if e.LastFailedAt != nil && e.LastFailedAt.After(d.last) {
 		d.last = *e.LastFailedAt
 	}

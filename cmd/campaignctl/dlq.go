@@ -96,8 +96,12 @@ func (a *app) dlq(ctx context.Context, o dlqOptions, action string) error {
 		if o.json {
 			return json.NewEncoder(a.stdout).Encode(rep)
 		}
-		fmt.Fprintf(a.stdout, "%d batches queued again\n", len(rep.Queued))
+		fmt.Fprintf(a.stdout, "%d batches queued again\n", worker.DistinctBatches(rep.Queued))
 		for _, r := range rep.Refused {
+			if r.Why != "" {
+				fmt.Fprintf(a.stdout, "batch %d of campaign %d not retried: %s\n", r.Batch, r.CampaignID, r.Why)
+				continue
+			}
 			fmt.Fprintf(a.stdout, "batch %d of campaign %d not retried: the campaign is %s\n", r.Batch, r.CampaignID, r.State)
 		}
 	case "purge":
@@ -108,7 +112,7 @@ func (a *app) dlq(ctx context.Context, o dlqOptions, action string) error {
 		if o.json {
 			return json.NewEncoder(a.stdout).Encode(rep)
 		}
-		fmt.Fprintf(a.stdout, "%d batches dropped from the DLQ; their recipients stay pending (`campaignctl resume ID` queues them again)\n", len(rep.Dropped))
+		fmt.Fprintf(a.stdout, "%d batches dropped from the DLQ; their recipients stay pending (`campaignctl resume ID` queues them again)\n", worker.DistinctBatches(rep.Dropped))
 	}
 	return nil
 }

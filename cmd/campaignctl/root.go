@@ -73,7 +73,7 @@ func isUsage(err error) bool {
 	switch {
 	case errors.As(err, &ue), errors.As(err, &le), errors.As(err, &cle), errors.Is(err, codes.ErrInvalidOptions),
 		errors.Is(err, campaign.ErrInvalid), errors.Is(err, campaign.ErrNameTaken),
-		errors.Is(err, campaign.ErrPoolShort), errors.Is(err, campaign.ErrNotFound), errors.Is(err, campaign.ErrWrongState),
+		errors.Is(err, campaign.ErrPoolShort), errors.Is(err, campaign.ErrNotFound), errors.Is(err, campaign.ErrWrongState), errors.Is(err, campaign.ErrConsentStale),
 		errors.Is(err, codes.ErrPoolNotFound), errors.Is(err, campaign.ErrSchema):
 		return true
 	}
