@@ -190,9 +190,13 @@ func requeueBatches(ctx context.Context, rdb redis.UniversalClient, entries []DL
 	}
 	moved := make([]DLQEntry, 0, len(entries))
 	for _, k := range order {
-		ownID, err := requeue(ctx, rdb, byBatch[k])
+		var ownID, taken bool
+		ownID, taken, err = requeue(ctx, rdb, byBatch[k])
 		if err != nil {
 			break
+		}
+		if !taken {
+			continue // another retry, resume or purge took it from the DLQ meanwhile
 		}
 		if ownID {
 			own++
@@ -208,18 +212,31 @@ func requeueBatches(ctx context.Context, rdb redis.UniversalClient, entries []DL
 // archived task again would keep its used-up retry count (the next failure would archive it at once), so
 // the tasks are deleted and the batch enqueued anew: under its own ID, or, while its own task is still in
 // the queue (retrying, or running and maybe at its end), under the ID of the first of es, so that it is
-// sure to get a run. ownID says it took its own ID.
-func requeue(ctx context.Context, rdb redis.UniversalClient, es []DLQEntry) (ownID bool, err error) {
+// sure to get a run. ownID says it took its own ID; taken is false when none of es was in the DLQ any more
+// (another command took them meanwhile): nothing is queued then.
+func requeue(ctx context.Context, rdb redis.UniversalClient, es []DLQEntry) (ownID, taken bool, err error) {
 	e := es[0]
 	insp := asynq.NewInspectorFromRedisClient(rdb)
 	for _, x := range es {
-		if err := insp.DeleteTask(Queue, x.TaskID); err != nil && !errors.Is(err, asynq.ErrTaskNotFound) {
-			return false, fmt.Errorf("take batch %d of campaign %d from the DLQ: %w", x.Batch, x.CampaignID, err)
+		// Only from the DLQ: a task of that ID queued meanwhile (another command's retry) is left alone.
+		info, err := insp.GetTaskInfo(Queue, x.TaskID)
+		if errors.Is(err, asynq.ErrTaskNotFound) || err == nil && info.State != asynq.TaskStateArchived {
+			continue
 		}
+		if err == nil {
+			err = insp.DeleteTask(Queue, x.TaskID)
+		}
+		if err != nil && !errors.Is(err, asynq.ErrTaskNotFound) {
+			return false, false, fmt.Errorf("take batch %d of campaign %d from the DLQ: %w", x.Batch, x.CampaignID, err)
+		}
+		taken = taken || err == nil
+	}
+	if !taken {
+		return false, false, nil
 	}
 	task, err := NewBatchTask(e.CampaignID, e.Batch)
 	if err != nil {
-		return false, err
+		return false, true, err
 	}
 	client := asynq.NewClientFromRedisClient(rdb)
 	_, err = client.EnqueueContext(ctx, task)
@@ -229,9 +246,9 @@ func requeue(ctx context.Context, rdb redis.UniversalClient, es []DLQEntry) (own
 		ownID = true
 	}
 	if err != nil && !errors.Is(err, asynq.ErrTaskIDConflict) {
-		return false, fmt.Errorf("queue batch %d of campaign %d: %w; run `campaignctl resume %d` to queue it", e.Batch, e.CampaignID, err, e.CampaignID)
+		return false, true, fmt.Errorf("queue batch %d of campaign %d: %w; run `campaignctl resume %d` to queue it", e.Batch, e.CampaignID, err, e.CampaignID)
 	}
-	return ownID, nil
+	return ownID, true, nil
 }
 
 // dropArchived deletes campaign id's batch tasks from the DLQ, for a campaign that has nothing pending

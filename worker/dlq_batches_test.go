@@ -160,3 +160,27 @@ func TestAResumeOrRetryOnConsentsTooOldChangesNothing(t *testing.T) {
 		t.Fatalf("resume once the consents are up to date: %+v, %v; want it running, the batch taken back from the DLQ", res, err)
 	}
 }
+
+// Two `dlq retry` commands at once both list the same batch in the DLQ; the one that takes it second
+// finds it gone, queues nothing and does not count it (both said "queued again" before: twice the batches
+// the DLQ held).
+func TestADLQBatchTakenByAnotherRetryIsNotCountedTwice(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	f := planAround(t, 10, nil, nil)
+	f.deadLetter(t, 0, TaskID(f.id, 0), followUpID(f.id, 0, time.Unix(1_800_000_000, 0)))
+	listed, err := archivedBatches(f.rdb, f.id)
+	if err != nil || len(listed) != 2 {
+		t.Fatalf("DLQ: %v, %v", listed, err)
+	}
+	second := append([]DLQEntry(nil), listed...)
+	if done, _, err := requeueBatches(ctx, f.rdb, listed); err != nil || done != 2 {
+		t.Fatalf("first retry: %d moved, %v; want both tasks of the batch", done, err)
+	}
+	if done, own, err := requeueBatches(ctx, f.rdb, second); err != nil || done != 0 || own != 0 {
+		t.Fatalf("second retry of the same listing: %d moved (%d under the batch's ID), %v; want none: the first took the batch", done, own, err)
+	}
+	if info, err := asynq.NewInspectorFromRedisClient(f.rdb).GetQueueInfo(Queue); err != nil || info.Pending != 1 {
+		t.Fatalf("queue: %+v, %v; want the batch queued once", info, err)
+	}
+}
