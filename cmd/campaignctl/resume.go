@@ -34,7 +34,8 @@ and prints what it found and did.
 Recipients whose outcome is unknown (the provider's answer was lost, or a worker died after claiming
 them) are not sent again unless you say so with --resend-unknown: then each is sent once more with the
 same promo code, unless its claim shows the provider had accepted it. A completed campaign can be resumed
-only with --resend-unknown.`,
+only with --resend-unknown. A campaign whose İYS consents are older than its --max-consent-age is not
+resumed (nothing is changed): run campaignctl iys sync first.`,
 		Example: `  campaignctl resume 42
   campaignctl resume 42 --resend-unknown`,
 		Args: exactlyOne("a campaign ID", campaignIDHint("resume")),
