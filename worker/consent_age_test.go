@@ -22,13 +22,7 @@ import (
 func TestABatchRunLongAfterItsLaunchKeepsTheMaxConsentAge(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	synced := func(db *pgxpool.Pool, launch func()) {
-		if _, err := db.Exec(ctx, `INSERT INTO iys_sync_state (source, last_success_at) VALUES ('import', now())`); err != nil {
-			t.Fatal(err)
-		}
-		launch()
-	}
-	f := planAround(t, 10, func(s *campaign.Spec) { s.MaxConsentAge = 24 * time.Hour }, synced)
+	f := planAround(t, 10, func(s *campaign.Spec) { s.MaxConsentAge = 24 * time.Hour }, syncedNow(t))
 	if _, err := f.db.Exec(ctx, `UPDATE iys_sync_state SET last_success_at = now() - interval '3 days'`); err != nil {
 		t.Fatal(err)
 	}
@@ -56,5 +50,16 @@ func TestABatchRunLongAfterItsLaunchKeepsTheMaxConsentAge(t *testing.T) {
 	g.runAll(t)
 	if n := g.provider.total(); n == 0 {
 		t.Fatal("a campaign launched with --allow-stale-consent sent nothing")
+	}
+}
+
+// syncedNow is a planAround hook that records a consent import as of now before the launch: the consents
+// are up to date when the campaign is planned.
+func syncedNow(t *testing.T) func(db *pgxpool.Pool, launch func()) {
+	return func(db *pgxpool.Pool, launch func()) {
+		if _, err := db.Exec(context.Background(), `INSERT INTO iys_sync_state (source, last_success_at) VALUES ('import', now())`); err != nil {
+			t.Fatal(err)
+		}
+		launch()
 	}
 }

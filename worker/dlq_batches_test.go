@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/hibiken/asynq"
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/campaignctl/campaignctl/campaign"
 )
@@ -113,13 +112,7 @@ func TestABatchAndItsFollowUpInTheDLQAreOneBatch(t *testing.T) {
 func TestAResumeOrRetryOnConsentsTooOldChangesNothing(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	synced := func(db *pgxpool.Pool, launch func()) {
-		if _, err := db.Exec(ctx, `INSERT INTO iys_sync_state (source, last_success_at) VALUES ('import', now())`); err != nil {
-			t.Fatal(err)
-		}
-		launch()
-	}
-	f := planAround(t, 10, func(s *campaign.Spec) { s.MaxConsentAge = 24 * time.Hour }, synced)
+	f := planAround(t, 10, func(s *campaign.Spec) { s.MaxConsentAge = 24 * time.Hour }, syncedNow(t))
 	if _, err := Pause(ctx, PauseOptions{Store: f.store, Redis: f.rdb, CampaignID: f.id}); err != nil {
 		t.Fatal(err)
 	}
