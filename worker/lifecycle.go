@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
+	"strconv"
 	"time"
 
 	"github.com/hibiken/asynq"
@@ -412,8 +413,8 @@ func Resume(ctx context.Context, o ResumeOptions) (ResumeReport, error) {
 		// A batch's task found running may be at its very end, past its last look for pending recipients
 		// and about to be deleted: the recipients made pending again here would then wait for a task
 		// that is gone. Such a task ends within moments; the batch is queued again once it has.
-		again, err := enqueueAfterActive(ctx, o.Redis, o.Store, c, activeEndWait)
-		rep.Enqueued += again
+		again, followUps, err := enqueueAfterActive(ctx, o.Redis, o.Store, c, activeEndWait)
+		rep.Enqueued += again + followUps
 		rep.AlreadyQueued = max(rep.AlreadyQueued-again, 0)
 		if err != nil {
 			return rep, err
@@ -443,31 +444,59 @@ func Resume(ctx context.Context, o ResumeOptions) (ResumeReport, error) {
 }
 
 // activeEndWait bounds how long resume waits for the campaign's running batch tasks to end before it
-// queues their batches again (enqueueAfterActive). A task that runs longer is in the middle of its run: its
-// batch's last look for pending recipients is still ahead of it, and finds them.
+// queues their batches again (enqueueAfterActive).
 const activeEndWait = 2 * time.Second
 
 // enqueueAfterActive waits, up to wait, until none of campaign c's batch tasks is running, then queues
-// again the batches with pending recipients whose tasks are gone meanwhile. It returns how many it queued.
-func enqueueAfterActive(ctx context.Context, rdb redis.UniversalClient, store *campaign.Store, c *campaign.Campaign, wait time.Duration) (int, error) {
+// again the batches with pending recipients whose tasks are gone meanwhile. A batch whose task still runs
+// then gets a follow-up task of its own (`<campaign>:<batch>/resumed-<unix second>`): the task may be
+// a dead worker's, which Asynq gives back only a minute or more later, and the recipients made pending
+// again are in no lease for a sweep to find; if its run is alive, the follow-up waits for that run's
+// lease and finds the batch done. It returns how many batches it queued again, and how many follow-ups.
+func enqueueAfterActive(ctx context.Context, rdb redis.UniversalClient, store *campaign.Store, c *campaign.Campaign, wait time.Duration) (again, followUps int, err error) {
 	insp := asynq.NewInspectorFromRedisClient(rdb)
 	deadline := time.Now().Add(wait)
+	var running map[int]bool
 	for {
-		active := 0
-		if err := batchTasks(insp.ListActiveTasks, c.ID, func(*asynq.TaskInfo, int64, int) { active++ }); err != nil {
-			return 0, fmt.Errorf("read the queue: %w", err)
+		running = map[int]bool{}
+		if err := batchTasks(insp.ListActiveTasks, c.ID, func(_ *asynq.TaskInfo, _ int64, b int) { running[b] = true }); err != nil {
+			return 0, 0, fmt.Errorf("read the queue: %w", err)
 		}
-		if active == 0 || !time.Now().Before(deadline) {
+		if len(running) == 0 || !time.Now().Before(deadline) {
 			break
 		}
 		select {
 		case <-ctx.Done():
-			return 0, ctx.Err()
+			return 0, 0, ctx.Err()
 		case <-time.After(50 * time.Millisecond):
 		}
 	}
-	added, _, err := Enqueue(ctx, asynq.NewClientFromRedisClient(rdb), store, c, false)
-	return added, err
+	client := asynq.NewClientFromRedisClient(rdb)
+	again, _, err = Enqueue(ctx, client, store, c, false)
+	if err != nil || len(running) == 0 {
+		return again, 0, err
+	}
+	pending, err := store.PendingBatches(ctx, c.ID, false)
+	if err != nil {
+		return again, 0, err
+	}
+	now := time.Now()
+	for _, b := range pending {
+		if !running[b] {
+			continue
+		}
+		task, err := NewBatchTask(c.ID, b)
+		if err != nil {
+			return again, followUps, err
+		}
+		id := TaskID(c.ID, b) + "/resumed-" + strconv.FormatInt(now.Unix(), 10)
+		if _, err := client.EnqueueContext(ctx, task, asynq.TaskID(id)); err == nil {
+			followUps++
+		} else if !errors.Is(err, asynq.ErrTaskIDConflict) {
+			return again, followUps, fmt.Errorf("queue batch %d of campaign %d: %w", b, c.ID, err)
+		}
+	}
+	return again, followUps, nil
 }
 
 // orDiscard is l, or a logger that discards.
