@@ -278,14 +278,14 @@ func (u *uiCampaigns) act(w http.ResponseWriter, r *http.Request) {
 	http.Redirect(w, r, fmt.Sprintf("/campaigns/%d?done=%s", id, done), http.StatusSeeOther)
 }
 
-// fail answers an error as a page: 404 for an unknown campaign, 409 for an action its state refuses, 503
-// otherwise (Postgres or Redis unreachable, mostly).
+// fail answers an error as a page: 404 for an unknown campaign, 409 for an action its state (or its
+// consents' age) refuses, 503 otherwise (Postgres or Redis unreachable, mostly).
 func (u *uiCampaigns) fail(w http.ResponseWriter, err error) {
 	code := http.StatusServiceUnavailable
 	switch {
 	case errors.Is(err, campaign.ErrNotFound):
 		code = http.StatusNotFound
-	case errors.Is(err, campaign.ErrWrongState):
+	case errors.Is(err, campaign.ErrWrongState), errors.Is(err, campaign.ErrConsentStale):
 		code = http.StatusConflict
 	default:
 		u.log.Error("ui campaign page", "err", err)
