@@ -111,3 +111,42 @@ func TestASendGridPostWhilePostgresRefusesIsAppliedOnceWhenPostedAgain(t *testin
 			codes, status, refusals, outbox, rstatus, delivery, logs)
 	}
 }
+
+// An unsubscribe (or a spam report) comes through the message: the message reached the person. A
+// recipient recorded unknown (its worker killed before the answer) whose unsubscribe arrives is sent,
+// delivered, and `resume --resend-unknown` leaves it alone. It stayed unknown, and the resend then found
+// the refusal and recorded it skipped (revoked): never sent, for a person who had read the message.
+func TestAnUnsubscribeThroughTheMessageProvesItWasDelivered(t *testing.T) {
+	t.Parallel()
+	pool, dbURL := testdb.New(t)
+	key := newHooksKey(t)
+	env := map[string]string{"DATABASE_URL": dbURL, "SENDGRID_WEBHOOK_PUBLIC_KEY": key.public, "IYS_BRAND_CODE": "654321"}
+	hooks := serveInProcess(t, env, hooksURLRe, "webhooks", "--addr", "127.0.0.1:0")
+	if _, err := pool.Exec(t.Context(), `
+		INSERT INTO iys_consents (recipient, type, recipient_type, brand_code, status, source, consent_date)
+		VALUES ('reader@example.com', 'EPOSTA', 'BIREYSEL', '654321', 'ONAY', 'HS_WEB', now() - interval '1 day');
+		INSERT INTO campaigns (id, name, channel, state, message, audience_sql, batch_size, brand_code)
+			OVERRIDING SYSTEM VALUE VALUES (1, 'm', 'email', 'running', 'x', 'SELECT 1', 100, '654321');
+		INSERT INTO campaign_recipients (campaign_id, user_id, address, batch, status) VALUES (1, 'u1', 'reader@example.com', 0, 'unknown')`); err != nil {
+		t.Fatal(err)
+	}
+	events := []map[string]any{
+		{"event": "unsubscribe", "email": "reader@example.com", "timestamp": time.Now().Unix(), "sg_event_id": "ev-unsub-read",
+			"sg_message_id": "msgR.filter", "campaign_id": "1", "user_id": "u1"},
+	}
+	body, _ := json.Marshal(events)
+	if code := hooksPost(t, hooks.base+sendgridReceiptPath, bytes.NewReader(body), key.headers(t, body)); code != http.StatusNoContent {
+		t.Fatalf("signed unsubscribe answered %d, want 204", code)
+	}
+	var status, consent string
+	var delivery *string
+	if err := pool.QueryRow(t.Context(), `SELECT status, delivery FROM campaign_recipients WHERE campaign_id = 1 AND user_id = 'u1'`).Scan(&status, &delivery); err != nil {
+		t.Fatal(err)
+	}
+	if err := pool.QueryRow(t.Context(), `SELECT status FROM iys_consents WHERE recipient = 'reader@example.com'`).Scan(&consent); err != nil {
+		t.Fatal(err)
+	}
+	if status != "sent" || delivery == nil || *delivery != "delivered" || consent != "RET" {
+		t.Fatalf("after an unsubscribe through its message: recipient %s (delivery %v), consent %s; want sent, delivered, and the consent RET", status, fmt.Sprint(delivery), consent)
+	}
+}

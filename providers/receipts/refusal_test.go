@@ -91,13 +91,21 @@ func TestSendGridRefusals(t *testing.T) {
 	if sk.refuseCalls() != 1 {
 		t.Errorf("Refuse called %d times, want once per request", sk.refuseCalls())
 	}
-	// The delivery event is still a receipt; refusals are not receipts.
-	if got := sk.all(); len(got) != 1 || got[0].EventID != "ev-deliv" || got[0].Status != receipts.StatusDelivered {
-		t.Errorf("receipts %+v, want the one delivery", got)
+	// The delivery event is a receipt; so is each refusal that names its message: it came through the
+	// message, which reached the person (a recipient recorded unknown becomes sent).
+	var got []string
+	for _, r := range sk.all() {
+		if r.Status != receipts.StatusDelivered {
+			t.Errorf("receipt %+v, want delivered", r)
+		}
+		got = append(got, r.EventID+"/"+r.UserID)
+	}
+	if diff := cmp.Diff([]string{"ev-unsub/u-1", "ev-group/u-2", "LRzXl_NHStOGhQ4kofSm_A.filterdrecv-3:spamreport:1700000302/", "ev-deliv/u-4"}, got); diff != "" {
+		t.Errorf("receipts (-want +got):\n%s", diff)
 	}
 	wantStats := receipts.Stats{
 		Accepted: 1,
-		Receipts: 1,
+		Receipts: 4,
 		Refusals: 3,
 		Ignored:  map[string]int64{"invalid": 1, "group_resubscribe": 1},
 		Rejected: map[string]int64{},
@@ -202,7 +210,8 @@ func TestSendGridRefusalSinkError(t *testing.T) {
 	}
 }
 
-// A Sink that is not a RefusalSink sees the refusal events counted as ignored, as before.
+// A Sink that is not a RefusalSink gets the refusal events that name their message as receipts of its
+// delivery; the one that names none is counted as ignored, as before.
 func TestSendGridRefusalsWithoutRefusalSink(t *testing.T) {
 	sg := newSigner(t)
 	var sk sink
@@ -213,11 +222,11 @@ func TestSendGridRefusalsWithoutRefusalSink(t *testing.T) {
 	if code := serve(h, sg.signedRequest(t, []byte(refusalBatch))); code != http.StatusNoContent {
 		t.Fatalf("status %d, want 204", code)
 	}
-	want := map[string]int64{"unsubscribe": 2, "group_unsubscribe": 1, "spamreport": 1, "group_resubscribe": 1}
+	want := map[string]int64{"unsubscribe": 1, "group_resubscribe": 1}
 	if diff := cmp.Diff(want, h.Stats().Ignored); diff != "" {
 		t.Errorf("ignored (-want +got):\n%s", diff)
 	}
-	if st := h.Stats(); st.Refusals != 0 || st.Receipts != 1 {
+	if st := h.Stats(); st.Refusals != 0 || st.Receipts != 4 {
 		t.Errorf("stats %+v", st)
 	}
 }

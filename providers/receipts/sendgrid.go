@@ -256,13 +256,20 @@ func (h *Handler) sendgridBatch(body []byte) (batch, *rejection) {
 			b.ignored = append(b.ignored, ignoredInvalid)
 			continue
 		}
-		if kind, ok := sendgridRefusals[e.Event]; ok && h.refusals != nil {
-			if rf, ok := h.sendgridRefusal(&e, kind); ok {
+		status, ok := sendgridStatuses[e.Event]
+		if kind, refusal := sendgridRefusals[e.Event]; refusal {
+			if h.refusals != nil {
+				rf, ok := h.sendgridRefusal(&e, kind)
+				if !ok {
+					b.ignored = append(b.ignored, ignoredInvalid)
+					continue
+				}
 				b.refusals = append(b.refusals, rf)
-			} else {
-				b.ignored = append(b.ignored, ignoredInvalid)
 			}
-			continue
+			// The person refused through the message (its unsubscribe link, its spam button): it reached
+			// them. That is a receipt of its delivery too: a recipient recorded unknown (its answer lost)
+			// becomes sent, and is not sent again by `resume --resend-unknown`.
+			status, ok = StatusDelivered, true
 		}
 		if kind, ok := sendgridSuppressions[strings.ToLower(strings.TrimSpace(e.Reason))]; ok && e.Event == "dropped" && h.refusals != nil {
 			// A refusal besides the drop's receipt (RecordRefusals records it only when no refusal of the
@@ -272,7 +279,6 @@ func (h *Handler) sendgridBatch(body []byte) (batch, *rejection) {
 				b.refusals = append(b.refusals, rf)
 			}
 		}
-		status, ok := sendgridStatuses[e.Event]
 		if !ok {
 			name := ignoredOther
 			if sendgridEngagement[e.Event] {
@@ -294,6 +300,13 @@ func (h *Handler) sendgridBatch(body []byte) (batch, *rejection) {
 			rc.MessageID = rc.MessageID[:i]
 		}
 		if rc.MessageID == "" && e.CampaignID == "" && e.UserID == "" {
+			if _, refusal := sendgridRefusals[e.Event]; refusal {
+				// Nothing to match a receipt to: the refusal is recorded (with a RefusalSink), or counted.
+				if h.refusals == nil {
+					b.ignored = append(b.ignored, e.Event)
+				}
+				continue
+			}
 			b.ignored = append(b.ignored, ignoredInvalid) // nothing to match it to a send
 			continue
 		}

@@ -111,6 +111,9 @@ func TestSendGridEvents(t *testing.T) {
 		{Provider: "sendgrid", MessageID: mid, CampaignID: 42, UserID: "u-3", Address: "zeynep@example.com", Status: receipts.StatusBounced, Error: "550 5.1.1 <Z***@Example.com>: Recipient address rejected", EventID: "ev-bounce", At: at(1700000007)},
 		{Provider: "sendgrid", MessageID: mid, CampaignID: 42, UserID: "u-4", Address: "ali@example.com", Status: receipts.StatusBounced, Error: "blocked: 554 listed on a blocklist", EventID: "ev-block", At: at(1700000008)},
 		{Provider: "sendgrid", MessageID: mid, CampaignID: 42, UserID: "u-5", Address: "can@example.com", Status: receipts.StatusDropped, Error: "Bounced Address", EventID: "ev-drop", At: at(1700000009)},
+		// A spam report (as an unsubscribe) comes through the message: it reached the person, a receipt of
+		// its delivery. Opens and clicks are not taken for one: they are counted only.
+		{Provider: "sendgrid", MessageID: mid, Address: "ayse.yilmaz@example.com", Status: receipts.StatusDelivered, EventID: "ev-spam", At: at(1700000300)},
 		{Provider: "sendgrid", MessageID: "OtherSystem123", Address: "other@example.com", Status: receipts.StatusDelivered, EventID: "ev-other", At: at(1700000500)},
 	}
 	if diff := cmp.Diff(want, sk.all()); diff != "" {
@@ -121,8 +124,8 @@ func TestSendGridEvents(t *testing.T) {
 	}
 	wantStats := receipts.Stats{
 		Accepted: 1,
-		Receipts: 7,
-		Ignored:  map[string]int64{"open": 1, "click": 1, "spamreport": 1, "invalid": 2},
+		Receipts: 8,
+		Ignored:  map[string]int64{"open": 1, "click": 1, "invalid": 2},
 		Rejected: map[string]int64{},
 	}
 	if diff := cmp.Diff(wantStats, h.Stats()); diff != "" {
