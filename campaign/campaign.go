@@ -73,7 +73,13 @@ const (
 	sqlStateFailed    = "'" + string(StateFailed) + "'"
 
 	sqlReasonCancelled = "'" + ReasonCancelled + "'"
+	sqlCancelledUnsure = "'" + CancelledUnsure + "'"
 )
+
+// CancelledUnsure is the reason of a recipient once recorded unknown, pending again for `resume
+// --resend-unknown`, when its campaign was cancelled before the resend: it stays unknown, not skipped,
+// since its first message may have gone out (with its code, which it keeps).
+const CancelledUnsure = "cancelled before it was sent again; its first message may have gone out"
 
 // SQLSTATE codes the store tells apart (PostgreSQL's errcodes, Appendix A of its manual).
 const (

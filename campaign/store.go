@@ -253,8 +253,13 @@ func (s *Store) Record(ctx context.Context, campaignID int64, outcomes []Outcome
 			-- acceptance is sent: that answer proves it, as a receipt does (RecordDeliveries), and resume
 			-- --resend-unknown must not send it again. Its attempt was counted when it was recorded unknown.
 			UPDATE campaign_recipients r SET
-				status = CASE WHEN r.delivery IS NOT NULL THEN `+sqlSent+` ELSE o.status END,
+				-- A cancel's skip of a recipient once unknown (pending again for a resend) leaves it unknown:
+				-- its first message may have gone out.
+				status = CASE WHEN r.delivery IS NOT NULL THEN `+sqlSent+`
+					WHEN o.status = `+sqlSkipped+` AND o.reason = `+sqlReasonCancelled+` AND `+everUnknown+` THEN `+sqlUnknown+`
+					ELSE o.status END,
 				reason = CASE WHEN r.status = `+sqlUnknown+` THEN `+sqlLateAnswer+`
+					WHEN r.delivery IS NULL AND o.status = `+sqlSkipped+` AND o.reason = `+sqlReasonCancelled+` AND `+everUnknown+` THEN `+sqlCancelledUnsure+`
 					WHEN r.delivery IS NOT NULL AND o.status <> `+sqlSent+`
 					THEN 'accepted by the provider (its receipt says ' || r.delivery || ')' ELSE NULLIF(o.reason, '') END,
 				last_error = CASE WHEN r.status = `+sqlUnknown+` THEN coalesce(r.last_error, r.reason)

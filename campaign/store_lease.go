@@ -302,7 +302,11 @@ func (s *Store) CancelUnleased(ctx context.Context, id int64) (int64, error) {
 		WITH held AS (
 			SELECT DISTINCT u AS user_id FROM campaign_batches CROSS JOIN unnest(lease_users || suspect_users) AS u WHERE campaign_id = $1
 		), upd AS (
-			UPDATE campaign_recipients r SET status = `+sqlSkipped+`, reason = `+sqlReasonCancelled+`,
+			-- A recipient once unknown (pending again for a resend) stays unknown, with its code: its
+			-- first message may have gone out.
+			UPDATE campaign_recipients r SET
+				status = CASE WHEN `+everUnknown+` THEN `+sqlUnknown+` ELSE `+sqlSkipped+` END,
+				reason = CASE WHEN `+everUnknown+` THEN `+sqlCancelledUnsure+` ELSE `+sqlReasonCancelled+` END,
 				code = CASE WHEN `+everUnknown+` THEN r.code END, code_id = CASE WHEN `+everUnknown+` THEN r.code_id END,
 				updated_at = now()
 			FROM campaign_recipients old
@@ -312,10 +316,10 @@ func (s *Store) CancelUnleased(ctx context.Context, id int64) (int64, error) {
 			  AND r.delivery IS NULL
 			  AND old.campaign_id = r.campaign_id AND old.user_id = r.user_id
 			  AND EXISTS (SELECT 1 FROM campaigns WHERE id = $1 AND state = `+sqlStateCancelled+`)
-			RETURNING r.user_id, old.code_id, r.code_id AS kept
+			RETURNING r.user_id, old.code_id, r.code_id AS kept, r.status, r.reason
 		), log AS (
 			INSERT INTO send_log (campaign_id, user_id, status, reason)
-			SELECT $1, user_id, `+sqlSkipped+`, `+sqlReasonCancelled+` FROM upd
+			SELECT $1, user_id, status, reason FROM upd
 		), released AS (
 			INSERT INTO released_codes (code_id, pool)
 			SELECT upd.code_id, p.pool FROM upd JOIN promo_codes p ON p.id = upd.code_id

@@ -8,10 +8,10 @@ import (
 )
 
 // A recipient recorded unknown (its answer timed out after the request was written), made pending again
-// by `resume --resend-unknown`, then closed by a cancel before the resend went: skipped (cancelled), its
-// code kept (it was ever unknown). The receipt of its first message then comes: it proves the message
-// went out, and the recipient is reported sent, audited so. Before, the receipt was ignored and the report
-// said skipped for someone who got the message.
+// by `resume --resend-unknown`, then closed by a cancel before the resend went: unknown again (its first
+// message may have gone out; it was reported skipped, "not sent"), its code kept. The receipt of its first
+// message then comes: it proves the message went out, and the recipient is reported sent, audited so.
+// Before, the receipt was ignored and the report said skipped for someone who got the message.
 func TestAReceiptAfterACancelOfTheResendProvesTheFirstSend(t *testing.T) {
 	t.Parallel()
 	f := planWithU4Unknown(t)
@@ -22,8 +22,8 @@ func TestAReceiptAfterACancelOfTheResendProvesTheFirstSend(t *testing.T) {
 	if _, err := Cancel(ctx, CancelOptions{Store: f.store, Redis: f.rdb, CampaignID: f.id}); err != nil {
 		t.Fatal(err)
 	}
-	if st, reason, _ := f.status(t, "u4"); st != campaign.StatusSkipped {
-		t.Fatalf("u4 after the cancel: %s (%s), want skipped", st, reason)
+	if st, reason, code := f.status(t, "u4"); st != campaign.StatusUnknown || reason != campaign.CancelledUnsure || code == "" {
+		t.Fatalf("u4 after the cancel: %s (%s), code %q; want unknown (%s), its code kept", st, reason, code, campaign.CancelledUnsure)
 	}
 	if _, err := f.store.RecordDeliveries(ctx, []campaign.Delivery{{Provider: "test", CampaignID: f.id, UserID: "u4",
 		MessageID: "SMu4", Status: campaign.DeliveryDelivered}}); err != nil {

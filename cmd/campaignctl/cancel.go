@@ -32,7 +32,9 @@ func (a *app) newCancelCmd() *cobra.Command {
 		Long: `End a campaign for good. No new send starts on any worker once cancel has recorded it. Every recipient
 not sent yet becomes skipped (cancelled) and its promo code goes back to its pool; recipients whose send
 was already answered keep that outcome, and a send still waiting for the provider is recorded when it
-returns. Batches that a worker is sending are closed when that worker lets them go (within --wait);
+returns. A recipient once recorded unknown and made pending again by resume --resend-unknown stays
+unknown, with its code: its first message may have gone out. Batches that a worker is sending are closed
+when that worker lets them go (within --wait);
 batches of a worker that died are closed from their Redis claims, like resume does.
 
 A cancelled campaign cannot be resumed, and its dead-lettered batches are not retried.`,
