@@ -277,13 +277,6 @@ func unsubscribeHandler(signer *unsubscribe.Signer, store *campaign.Store, sink 
 			page(w, http.StatusServiceUnavailable, unsubFailed)
 			return
 		}
-		// The link came in the message: it reached the person. That is a receipt of its delivery, as
-		// SendGrid's unsubscribe event is: a recipient recorded unknown (its answer lost) is sent, and not
-		// sent again. The refusal is recorded first; this only completes the record.
-		if _, err := store.RecordDeliveries(r.Context(), []campaign.Delivery{{Provider: iys.ViaOneClick, CampaignID: id, UserID: user,
-			Address: addr, Status: receipts.StatusDelivered, EventID: eventID, At: at}}); err != nil {
-			log.Warn("one-click unsubscribe recorded, but not as a receipt of the message's delivery", "campaign_id", id, "err", err)
-		}
 		page(w, http.StatusOK, unsubDone)
 	})
 }

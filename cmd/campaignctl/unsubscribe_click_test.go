@@ -241,27 +241,3 @@ func TestARefusalThroughACampaignRefusesItsBrandOnly(t *testing.T) {
 		t.Errorf("%d RETs queued under the other brand, want 1 (the global unsubscribe's)", queued)
 	}
 }
-
-// The one-click link came in the message: a click proves the message reached the person, as SendGrid's
-// unsubscribe event does. A recipient recorded unknown (its answer lost) whose link is used is sent,
-// delivered, and `resume --resend-unknown` leaves it alone.
-func TestAOneClickProvesTheMessageWasDelivered(t *testing.T) {
-	t.Parallel()
-	db, id, signer, h := oneClickSetup(t)
-	ctx := context.Background()
-	if _, err := db.Exec(ctx, `UPDATE campaign_recipients SET status = 'unknown' WHERE campaign_id = $1 AND user_id = 'u1'`, id); err != nil {
-		t.Fatal(err)
-	}
-	req := httptest.NewRequest(http.MethodPost, unsubscribe.Path+signer.Token(id, "u1"), strings.NewReader("List-Unsubscribe=One-Click"))
-	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
-	w := httptest.NewRecorder()
-	h.ServeHTTP(w, req)
-	var status string
-	var delivery *string
-	if err := db.QueryRow(ctx, `SELECT status, delivery FROM campaign_recipients WHERE campaign_id = $1 AND user_id = 'u1'`, id).Scan(&status, &delivery); err != nil {
-		t.Fatal(err)
-	}
-	if w.Code != http.StatusOK || status != "sent" || delivery == nil || *delivery != receipts.StatusDelivered {
-		t.Fatalf("one-click of an unknown recipient: %d, recipient %s (delivery %v); want 200, sent, delivered", w.Code, status, delivery)
-	}
-}
