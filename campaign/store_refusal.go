@@ -16,18 +16,22 @@ import (
 var ErrNoRecipient = errors.New("no such recipient of the campaign")
 
 // LinkRecipient returns the address campaign id was planned to send to userID, with the campaign's channel
-// and İYS brand: what a one-click unsubscribe link of that recipient refuses. ErrNoRecipient when the
-// user is not in the campaign.
-func (s *Store) LinkRecipient(ctx context.Context, id int64, userID string) (address string, ch Channel, brand string, err error) {
-	err = s.pool.QueryRow(ctx, `SELECT r.address, c.channel, c.brand_code FROM campaign_recipients r JOIN campaigns c ON c.id = r.campaign_id
-		WHERE r.campaign_id = $1 AND r.user_id = $2`, id, userID).Scan(&address, &ch, &brand)
+// and İYS brand: what a one-click unsubscribe link of that recipient refuses. unsure says whether the
+// recipient's outcome is unknown: recorded unknown, or pending again for `resume --resend-unknown` after it
+// was (a used link then proves that the first message went out). ErrNoRecipient when the user is not in
+// the campaign.
+func (s *Store) LinkRecipient(ctx context.Context, id int64, userID string) (address string, ch Channel, brand string, unsure bool, err error) {
+	err = s.pool.QueryRow(ctx, `SELECT r.address, c.channel, c.brand_code,
+			r.status = `+sqlUnknown+` OR r.status = `+sqlPending+` AND r.ever_unknown
+		FROM campaign_recipients r JOIN campaigns c ON c.id = r.campaign_id
+		WHERE r.campaign_id = $1 AND r.user_id = $2`, id, userID).Scan(&address, &ch, &brand, &unsure)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return "", "", "", ErrNoRecipient
+		return "", "", "", false, ErrNoRecipient
 	}
 	if err != nil {
-		return "", "", "", fmt.Errorf("unsubscribe link: %w", err)
+		return "", "", "", false, fmt.Errorf("unsubscribe link: %w", err)
 	}
-	return address, ch, brand, nil
+	return address, ch, brand, unsure, nil
 }
 
 // ProviderNoConsent records that a provider refused c's message to addrs for want of consent (Netgsm

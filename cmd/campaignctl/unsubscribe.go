@@ -218,7 +218,7 @@ func unsubscribeHandler(signer *unsubscribe.Signer, store *campaign.Store, sink 
 			page(w, http.StatusForbidden, unsubBad)
 			return
 		}
-		addr, ch, brand, err := store.LinkRecipient(r.Context(), id, user)
+		addr, ch, brand, unsure, err := store.LinkRecipient(r.Context(), id, user)
 		switch {
 		case errors.Is(err, campaign.ErrNoRecipient):
 			log.Warn("unsubscribe link of no recipient", "campaign_id", id, "remote", r.RemoteAddr)
@@ -276,6 +276,16 @@ func unsubscribeHandler(signer *unsubscribe.Signer, store *campaign.Store, sink 
 			log.Error("record a one-click unsubscribe", "campaign_id", id, "err", err)
 			page(w, http.StatusServiceUnavailable, unsubFailed)
 			return
+		}
+		if unsure {
+			// The link came in the message: used, it proves the message reached the person. For a recipient
+			// whose outcome is unknown (its answer lost; or pending again for a resend), that is a receipt of
+			// its delivery, as SendGrid's unsubscribe event is: it is sent, and not sent again. (A recipient
+			// never sent has no link to use; one sent already needs no proof.)
+			if _, err := store.RecordDeliveries(r.Context(), []campaign.Delivery{{Provider: iys.ViaOneClick, CampaignID: id, UserID: user,
+				Address: addr, Status: receipts.StatusDelivered, EventID: eventID, At: at}}); err != nil {
+				log.Warn("one-click unsubscribe recorded, but not as a receipt of the message's delivery", "campaign_id", id, "err", err)
+			}
 		}
 		page(w, http.StatusOK, unsubDone)
 	})

@@ -241,3 +241,43 @@ func TestARefusalThroughACampaignRefusesItsBrandOnly(t *testing.T) {
 		t.Errorf("%d RETs queued under the other brand, want 1 (the global unsubscribe's)", queued)
 	}
 }
+
+// The one-click link came in the message: used, it proves the message reached the person. A recipient
+// recorded unknown (its answer lost) whose link is used is sent, delivered, and `resume --resend-unknown`
+// leaves it alone (it stayed unknown, and a resend then found the refusal and recorded it skipped: never
+// sent); one pending again for a resend keeps the receipt, and is recorded sent without a second message. A recipient pending and never sent (which has
+// no link to use in the world; a test can sign one) is only refused: nothing says its message went out.
+func TestAOneClickOfAnUnknownRecipientProvesItsMessageWasDelivered(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name, set, want string
+		delivered       bool
+	}{
+		{"unknown", `status = 'unknown'`, "sent", true},
+		// Its receipt is kept on the row; the batch's next run records it sent without sending (LeaseChunk's
+		// Accepted), as for any receipt that comes first.
+		{"pending again for a resend", `status = 'unknown'; UPDATE campaign_recipients SET status = 'pending'`, "pending", true},
+		{"pending, never sent", `status = 'pending'`, "pending", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			db, id, signer, h := oneClickSetup(t)
+			ctx := context.Background()
+			if _, err := db.Exec(ctx, `UPDATE campaign_recipients SET `+tc.set+` WHERE user_id = 'u1'`); err != nil {
+				t.Fatal(err)
+			}
+			req := httptest.NewRequest(http.MethodPost, unsubscribe.Path+signer.Token(id, "u1"), strings.NewReader("List-Unsubscribe=One-Click"))
+			req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+			w := httptest.NewRecorder()
+			h.ServeHTTP(w, req)
+			var status string
+			var delivery *string
+			if err := db.QueryRow(ctx, `SELECT status, delivery FROM campaign_recipients WHERE campaign_id = $1 AND user_id = 'u1'`, id).Scan(&status, &delivery); err != nil {
+				t.Fatal(err)
+			}
+			if w.Code != http.StatusOK || status != tc.want || (delivery != nil && *delivery == receipts.StatusDelivered) != tc.delivered {
+				t.Fatalf("one-click of a recipient %s: %d, recipient %s (delivery %v); want 200, %s, delivered %v", tc.name, w.Code, status, delivery, tc.want, tc.delivered)
+			}
+		})
+	}
+}
