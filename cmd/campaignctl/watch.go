@@ -62,13 +62,15 @@ func eta(pending int64, rate float64) string {
 // final, when not nil, prints the campaign's end instead of printStatus on stdout.
 func (a *app) watch(ctx context.Context, svc *services, id int64, final func(worker.CampaignStatus) error) error {
 	opts := worker.StatusOptions{Store: svc.store, Redis: svc.redis, CampaignID: id}
-	v, err := worker.Status(ctx, opts)
+	var blip string // what was unreachable at the last poll (watchStatus)
+	// The first read outlives a blip as the next ones do: Redis may go away between the launch's report and
+	// the watch's first poll. Only with neither Redis nor Postgres is there nothing to show.
+	v, err := a.watchStatus(ctx, opts, &blip)
 	if err != nil {
 		return err
 	}
 	interval := 2 * time.Second
 	var rate acceptRate
-	var blip string // what was unreachable at the last poll (watchStatus)
 	var update func(v worker.CampaignStatus, perSec float64)
 	var done func()
 	if isTerminal(a.stderr) {
