@@ -22,6 +22,12 @@ const (
 	StateFailed    State = "failed"
 )
 
+// Over reports whether a campaign in state s has ended (completed, cancelled or failed): nothing more is
+// sent for it.
+func (s State) Over() bool {
+	return s == StateCompleted || s == StateCancelled || s == StateFailed
+}
+
 // Recipient statuses.
 const (
 	StatusPending = "pending"

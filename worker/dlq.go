@@ -105,9 +105,11 @@ func RetryDLQ(ctx context.Context, o DLQOptions) (DLQRetryReport, error) {
 				return rep, err
 			}
 			st, states[e.CampaignID] = c.State, c.State
-			stale[e.CampaignID] = c.ConsentStaleThen(fmt.Sprintf("`campaignctl dlq retry --campaign %d`", c.ID))
+			if !st.Over() {
+				stale[e.CampaignID] = c.ConsentStaleThen(fmt.Sprintf("`campaignctl dlq retry --campaign %d`", c.ID))
+			}
 		}
-		if st == campaign.StateCancelled || st == campaign.StateFailed || st == campaign.StateCompleted {
+		if st.Over() {
 			rep.Refused = append(rep.Refused, DLQRefusal{DLQEntry: e, State: st})
 			continue
 		}
@@ -118,8 +120,7 @@ func RetryDLQ(ctx context.Context, o DLQOptions) (DLQRetryReport, error) {
 		rep.Queued = append(rep.Queued, e)
 	}
 	if o.CampaignID != 0 && len(rep.Refused) > 0 {
-		if why := stale[o.CampaignID]; why != "" && states[o.CampaignID] != campaign.StateCancelled &&
-			states[o.CampaignID] != campaign.StateFailed && states[o.CampaignID] != campaign.StateCompleted {
+		if why := stale[o.CampaignID]; why != "" {
 			// Each batch would be back in the DLQ at once: none is moved.
 			return DLQRetryReport{Refused: rep.Refused}, &campaign.ConsentStaleError{
 				Msg: fmt.Sprintf("the DLQ batches of campaign %d are not retried (nothing was moved): %s", o.CampaignID, why)}

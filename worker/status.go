@@ -56,7 +56,7 @@ func (s CampaignStatus) DLQText() string {
 
 // Over reports whether the campaign has ended (completed, cancelled or failed): nothing more is sent.
 func (s CampaignStatus) Over() bool {
-	return s.State == campaign.StateCompleted || s.State == campaign.StateCancelled || s.State == campaign.StateFailed
+	return s.State.Over()
 }
 
 // StatusOptions selects the campaign Status reads.

@@ -43,8 +43,7 @@ type Waiting = state.Waiting
 // channel) when that came after the campaign could send; when the provider went down or was paused; when
 // the last batch in the DLQ failed. After Redis lost its data, nothing says when: it is left out.
 func waitingOf(ctx context.Context, env *waitEnv, c *campaign.Campaign, counts campaign.Counts, dlq dlqBatches, now time.Time) (*Waiting, error) {
-	over := c.State == campaign.StateCompleted || c.State == campaign.StateCancelled || c.State == campaign.StateFailed
-	if over || counts.Pending == 0 {
+	if c.State.Over() || counts.Pending == 0 {
 		return nil, nil
 	}
 	id := c.ID
