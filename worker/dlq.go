@@ -146,18 +146,34 @@ func PurgeDLQ(ctx context.Context, o DLQOptions) (DLQPurgeReport, error) {
 	if err != nil {
 		return rep, err
 	}
-	insp := asynq.NewInspectorFromRedisClient(o.Redis)
+	dropped, err := takeArchived(o.Redis, entries)
+	rep.Dropped = append(rep.Dropped, dropped...)
+	return rep, err
+}
+
+// takeArchived deletes the tasks of entries that are still in the DLQ, and returns those it deleted. A task
+// retried, resumed or purged by another command meanwhile is left alone: one of that ID queued anew since
+// is not touched.
+func takeArchived(rdb redis.UniversalClient, entries []DLQEntry) ([]DLQEntry, error) {
+	insp := asynq.NewInspectorFromRedisClient(rdb)
+	var taken []DLQEntry
 	for _, e := range entries {
-		err := insp.DeleteTask(Queue, e.TaskID)
+		info, err := insp.GetTaskInfo(Queue, e.TaskID)
+		if errors.Is(err, asynq.ErrTaskNotFound) || err == nil && info.State != asynq.TaskStateArchived {
+			continue
+		}
+		if err == nil {
+			err = insp.DeleteTask(Queue, e.TaskID)
+		}
 		if errors.Is(err, asynq.ErrTaskNotFound) {
-			continue // retried or dropped by someone else meanwhile
+			continue
 		}
 		if err != nil {
-			return rep, fmt.Errorf("purge batch %d of campaign %d: %w", e.Batch, e.CampaignID, err)
+			return taken, fmt.Errorf("take batch %d of campaign %d from the DLQ: %w", e.Batch, e.CampaignID, err)
 		}
-		rep.Dropped = append(rep.Dropped, e)
+		taken = append(taken, e)
 	}
-	return rep, nil
+	return taken, nil
 }
 
 // requeueArchived puts the campaign's dead-lettered batches back in the queue with a fresh retry budget.
@@ -168,7 +184,7 @@ func requeueArchived(ctx context.Context, rdb redis.UniversalClient, campaignID 
 		return 0, 0, err
 	}
 	done, own, err := requeueBatches(ctx, rdb, entries)
-	return distinctBatches(entries[:done]), own, err
+	return DistinctBatches(entries[:done]), own, err
 }
 
 // requeueBatches moves dead-lettered batches back to the queue, a batch at a time: entries of one batch
@@ -176,14 +192,10 @@ func requeueArchived(ctx context.Context, rdb redis.UniversalClient, campaignID 
 // how many of entries it moved (a prefix: those of the batches it finished), and how many batches it
 // queued under their own task ID.
 func requeueBatches(ctx context.Context, rdb redis.UniversalClient, entries []DLQEntry) (done, own int, err error) {
-	type key struct {
-		c int64
-		b int
-	}
-	byBatch := map[key][]DLQEntry{}
-	var order []key
+	byBatch := map[batchKey][]DLQEntry{}
+	var order []batchKey
 	for _, e := range entries {
-		k := key{e.CampaignID, e.Batch}
+		k := batchKey{e.CampaignID, e.Batch}
 		if _, ok := byBatch[k]; !ok {
 			order = append(order, k)
 		}
@@ -217,24 +229,11 @@ func requeueBatches(ctx context.Context, rdb redis.UniversalClient, entries []DL
 // (another command took them meanwhile): nothing is queued then.
 func requeue(ctx context.Context, rdb redis.UniversalClient, es []DLQEntry) (ownID, taken bool, err error) {
 	e := es[0]
-	insp := asynq.NewInspectorFromRedisClient(rdb)
-	for _, x := range es {
-		// Only from the DLQ: a task of that ID queued meanwhile (another command's retry) is left alone.
-		info, err := insp.GetTaskInfo(Queue, x.TaskID)
-		if errors.Is(err, asynq.ErrTaskNotFound) || err == nil && info.State != asynq.TaskStateArchived {
-			continue
-		}
-		if err == nil {
-			err = insp.DeleteTask(Queue, x.TaskID)
-		}
-		if err != nil && !errors.Is(err, asynq.ErrTaskNotFound) {
-			return false, false, fmt.Errorf("take batch %d of campaign %d from the DLQ: %w", x.Batch, x.CampaignID, err)
-		}
-		taken = taken || err == nil
+	got, err := takeArchived(rdb, es)
+	if err != nil || len(got) == 0 {
+		return false, false, err
 	}
-	if !taken {
-		return false, false, nil
-	}
+	taken = true
 	task, err := NewBatchTask(e.CampaignID, e.Batch)
 	if err != nil {
 		return false, true, err
@@ -261,37 +260,26 @@ func dropArchived(rdb redis.UniversalClient, id int64) (int, error) {
 	if err != nil {
 		return 0, err
 	}
-	insp := asynq.NewInspectorFromRedisClient(rdb)
-	n := 0
-	for _, e := range entries {
-		err := insp.DeleteTask(Queue, e.TaskID)
-		if errors.Is(err, asynq.ErrTaskNotFound) {
-			continue
-		}
-		if err != nil {
-			return n, fmt.Errorf("drop batch %d of campaign %d from the DLQ: %w", e.Batch, id, err)
-		}
-		n++
-	}
-	return n, nil
+	dropped, err := takeArchived(rdb, entries)
+	return len(dropped), err
 }
 
-// distinctBatches counts the batches of entries (a batch and its follow-ups are one).
-func distinctBatches(entries []DLQEntry) int {
-	type key struct {
-		c int64
-		b int
-	}
-	seen := map[key]bool{}
-	for _, e := range entries {
-		seen[key{e.CampaignID, e.Batch}] = true
-	}
-	return len(seen)
+// batchKey names a batch of a campaign: its own task and the follow-ups sweeps or resumes queued for it
+// are one batch.
+type batchKey struct {
+	c int64
+	b int
 }
 
 // DistinctBatches counts the batches of entries: a batch whose own task and a sweep's follow-up are both
 // listed is one batch.
-func DistinctBatches(entries []DLQEntry) int { return distinctBatches(entries) }
+func DistinctBatches(entries []DLQEntry) int {
+	seen := map[batchKey]bool{}
+	for _, e := range entries {
+		seen[batchKey{e.CampaignID, e.Batch}] = true
+	}
+	return len(seen)
+}
 
 // failedAt is a task's last failure in UTC, nil when it never failed (the queue's zero time).
 func failedAt(t time.Time) *time.Time {
