@@ -440,18 +440,6 @@ func (s *Store) CountReason(ctx context.Context, id int64, status, reason string
 	return n, nil
 }
 
-// CountCancelled counts campaign id's recipients skipped because it was cancelled, and how many of them
-// keep their codes: those once recorded unknown (pending again for a resend), whose first message may have
-// gone out with the code.
-func (s *Store) CountCancelled(ctx context.Context, id int64) (cancelled, keepingCode int64, err error) {
-	err = s.pool.QueryRow(ctx, `SELECT count(*), count(*) FILTER (WHERE code_id IS NOT NULL) FROM campaign_recipients
-		WHERE campaign_id = $1 AND status = `+sqlSkipped+` AND reason = `+sqlReasonCancelled, id).Scan(&cancelled, &keepingCode)
-	if err != nil {
-		return 0, 0, fmt.Errorf("count cancelled recipients: %w", err)
-	}
-	return cancelled, keepingCode, nil
-}
-
 // Expired is a batch with rows under leases that expired: the run that held them died.
 type Expired struct {
 	CampaignID int64

@@ -84,12 +84,10 @@ type CancelReport struct {
 	// Halted says the halt mark is in Redis (see PauseReport.Halted).
 	Halted bool
 	// Cancelled counts the campaign's recipients skipped because of the cancel; their codes went back to
-	// CodePool (empty when the campaign has none), but for KeptCodes of them: recipients once recorded
-	// unknown (pending again for `resume --resend-unknown`), whose first message may have gone out with
-	// the code.
+	// CodePool (empty when the campaign has none). Recipients once recorded unknown are not among them:
+	// they stay unknown, with their codes (campaign.CancelledUnsure).
 	Cancelled int64
 	CodePool  string
-	KeptCodes int64
 	// Counts are the recipients by status once Cancel let go (zero until then). Those still pending are
 	// held by a live worker that did not let go within Wait.
 	Counts campaign.Counts
@@ -171,14 +169,11 @@ func Cancel(ctx context.Context, o CancelOptions) (CancelReport, error) {
 	if err != nil {
 		return rep, err
 	}
-	cancelled, kept, err := o.Store.CountCancelled(ctx, id)
+	cancelled, err := o.Store.CountReason(ctx, id, campaign.StatusSkipped, campaign.ReasonCancelled)
 	if err != nil {
 		return rep, err
 	}
 	rep.Counts, rep.Cancelled, rep.CodePool = counts, cancelled, c.CodePool
-	if c.CodePool != "" {
-		rep.KeptCodes = kept
-	}
 	if counts.Pending == 0 {
 		// Nothing is left to close: a batch of the campaign in the DLQ has no work left, and would only
 		// stand in the campaign's status as one.

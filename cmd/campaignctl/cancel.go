@@ -80,14 +80,8 @@ func (a *app) cancel(ctx context.Context, o cancelOptions) error {
 	c := rep.Counts
 	if c.Planned > 0 {
 		fmt.Fprintf(a.stdout, "campaign %d: %d recipients skipped (cancelled)", rep.CampaignID, rep.Cancelled)
-		switch {
-		case rep.CodePool == "" || rep.Cancelled == 0:
-		case rep.KeptCodes == 0:
+		if rep.CodePool != "" && rep.Cancelled > 0 {
 			fmt.Fprintf(a.stdout, ", their codes back in pool %s", rep.CodePool)
-		case rep.KeptCodes == rep.Cancelled:
-			fmt.Fprintf(a.stdout, ", each keeping its code: all were unknown once, and their first message may have gone out with it")
-		default:
-			fmt.Fprintf(a.stdout, ", their codes back in pool %s but for %d that were unknown once and keep theirs (their first message may have gone out with it)", rep.CodePool, rep.KeptCodes)
 		}
 		fmt.Fprintf(a.stdout, "; %d sent, %d failed, %d skipped, %d unknown\n", c.Sent, c.Failed, c.Skipped, c.Unknown)
 	}
