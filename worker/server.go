@@ -24,9 +24,17 @@ type ServerConfig struct {
 	Logger          *slog.Logger
 }
 
-// RetryDelay is the queue's back-off for a failed batch: the batch's own hint when it gave one, otherwise
+// RetryDelay is the queue's back-off for a failed batch: the batch's own hint when it gave one, about a
+// second for a batch whose worker stopped or died while it ran (its lease expired in the queue), otherwise
 // exponential (2 s·2^n) with jitter, capped at 10 minutes.
 func RetryDelay(n int, err error, _ *asynq.Task) time.Duration {
+	if errors.Is(err, asynq.ErrLeaseExpired) {
+		// Nothing failed: the process that ran the batch stopped heartbeating (killed, frozen, cut off from
+		// Redis) and Asynq took the task back a minute or more later. A back-off would only add to that
+		// wait, with the recipients pending and no reason to show; the next run waits on the batch's lease
+		// in Postgres (or takes it over from a dead run) whenever it comes.
+		return leaseExpiredDelay/2 + rand.N(leaseExpiredDelay+1)
+	}
 	var re *RetryError
 	if errors.As(err, &re) && re.After > 0 {
 		// A little jitter spreads batches handed back together; bounded, so that a batch waiting for
@@ -37,6 +45,9 @@ func RetryDelay(n int, err error, _ *asynq.Task) time.Duration {
 	d = min(d, 10*time.Minute)
 	return d/2 + rand.N(d/2+1)
 }
+
+// leaseExpiredDelay is about how long a batch Asynq took back from a worker that stopped waits to run again.
+const leaseExpiredDelay = time.Second
 
 // isFailure keeps retries that are not the batch's fault from using up its retry budget.
 func isFailure(err error) bool {

@@ -2,6 +2,7 @@ package worker
 
 import (
 	"context"
+	"errors"
 	"testing"
 	"time"
 
@@ -66,5 +67,21 @@ func TestBatchEnqueuedTwiceSendsOnce(t *testing.T) {
 		if len(bodies) != 1 {
 			t.Errorf("%s got %d messages", to, len(bodies))
 		}
+	}
+}
+
+// A batch Asynq took back from a worker that stopped heartbeating runs again within about a second, at any
+// retry count: the minute Asynq waited to take it back is wait enough. Other failures keep their back-off.
+func TestRetryDelayOfABatchTakenBackFromAStoppedWorker(t *testing.T) {
+	t.Parallel()
+	for n := range 8 {
+		for range 20 {
+			if d := RetryDelay(n, asynq.ErrLeaseExpired, nil); d < leaseExpiredDelay/2 || d > 3*leaseExpiredDelay/2 {
+				t.Fatalf("retry %d after a lease expired: %v; want %v to %v", n, d, leaseExpiredDelay/2, 3*leaseExpiredDelay/2)
+			}
+		}
+	}
+	if d := RetryDelay(4, errors.New("provider down"), nil); d < 16*time.Second {
+		t.Fatalf("retry 4 after a failure: %v; want at least 16 s (2 s·2^4, half of it jitter)", d)
 	}
 }
