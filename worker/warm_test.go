@@ -116,11 +116,11 @@ func TestConnectionsAreOpenedBeforeTheTokensAreTaken(t *testing.T) {
 			})
 			t.Run("not warmable", func(t *testing.T) {
 				t.Parallel()
-				// The control: on a machine loaded enough (the whole suite under the race detector), the
-				// handshakes' bunching can drown in the load once; it is run a second time before the
-				// test is found unable to tell the two apart.
+				// The control: on a machine loaded enough (the whole suite under the race detector, beside
+				// other work), the handshakes' bunching can drown in the load; it is run up to three times
+				// before the test is found unable to tell the two apart.
 				n := busiest(t, false)
-				if n <= bar {
+				for try := 2; n <= bar && try <= 3; try++ {
 					t.Logf("the control got at most %d messages in a second (cap and slack %d): run again", n, bar)
 					n = busiest(t, false)
 				}
