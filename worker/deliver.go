@@ -29,11 +29,21 @@ func (h *Handler) deliver(ctx, waitCtx context.Context, run *batchRun, rest []ca
 
 	var pauseFrom time.Time // when the pause check began (answerInNextClaim): the provider limit's wait
 	failedOver := false     // this recipient goes through the fallback, whatever the window says by now
+	probe := false          // this send is the probe of a provider that is down (waitWhileDown)
 	for attempt := 1; ; attempt++ {
 		rt := h.route(run, r.Address)
 		if failedOver {
 			rt = run.secondary
 		}
+		if !probe {
+			next, p, err := h.whileDown(ctx, waitCtx, run, rt, r.Address)
+			if err != nil {
+				return err
+			}
+			failedOver = failedOver || next != rt // passed to the fallback: it stays there
+			rt, probe = next, p
+		}
+		probe = false
 		tokens := sendTokens(rt, msg)
 		if err := h.readyToSend(ctx, waitCtx, run, sendSize{msgs: 1, tokens: tokens, calls: 1, via: rt.provider}, rt.limits...); err != nil {
 			return err
@@ -156,13 +166,14 @@ func (h *Handler) deliver(ctx, waitCtx context.Context, run *batchRun, rest []ca
 		}
 		wait := h.backOff(pe, attempt)
 		h.beforeGivingUp(ctx, rt.provider.Name(), attempt)
-		probe, err := h.waitWhileDown(ctx, waitCtx, run, rt.provider.Name())
+		p, err := h.waitWhileDown(ctx, waitCtx, run, rt.provider.Name())
 		if err != nil {
 			return err
 		}
-		if probe {
+		if p {
 			// The provider is down and this send is the probe: it goes now, and an outage uses up nobody's
 			// attempts.
+			probe = true
 			attempt--
 			continue
 		}
@@ -213,6 +224,39 @@ func (h *Handler) route(run *batchRun, addr string) *route {
 		}
 	}
 	return &run.primary
+}
+
+// whileDown is the route a send to addr takes, about to go through rt, when rt's provider is down by
+// every worker's answers (limiter.Pace): a first provider that is down passes the send to its fallback
+// (when the fallback takes addr) for FailoverWindow, and gets one probe over all workers when this
+// process's window has run out; a provider down with nothing to fall back on holds the send back until it
+// gets the probe or is up again (waitWhileDown). probe says the send is that probe.
+//
+// Without it, a provider that resets its connections or never answers was called for every recipient:
+// such answers are ambiguous (the request was written, the message may have gone), which never fail over
+// one by one and were never held back either, so each recipient became unknown at the full pace.
+func (h *Handler) whileDown(ctx, waitCtx context.Context, run *batchRun, rt *route, addr string) (_ *route, probe bool, err error) {
+	name := rt.provider.Name()
+	if !rt.fallback && run.secondary != nil && providers.Takes(run.secondary.provider, addr) {
+		p := h.pace(name)
+		if !p.Down(ctx) {
+			return rt, false, nil
+		}
+		ok, err := p.Probe(ctx)
+		if err != nil {
+			return nil, false, waitForServices(err)
+		}
+		if ok {
+			return rt, true, nil
+		}
+		h.markDown(name)
+		h.log.Warn("provider down; failing over", "campaign_id", run.c.ID, "provider", name,
+			"fallback", run.secondary.provider.Name(), "for", h.cfg.FailoverWindow)
+		rt = run.secondary
+		name = rt.provider.Name()
+	}
+	probe, err = h.waitWhileDown(ctx, waitCtx, run, name)
+	return rt, probe, err
 }
 
 // markDown skips the provider named for FailoverWindow, in favour of its fallback.

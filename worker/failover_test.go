@@ -109,3 +109,56 @@ func TestFirstProviderIsTriedAgainAfterTheWindow(t *testing.T) {
 		t.Fatalf("fallback sent %d, first %d; want the fallback to send only the 2 the first refused", fb.total(), f.provider.total())
 	}
 }
+
+// A first provider that resets every connection (each request written, no answer: ambiguous, which never
+// fails over one by one, since the message may have gone) is called down by its pace within a dozen
+// requests; from then on the recipients not sent yet go through the fallback, and the first gets one
+// probe when the failover window ends. Before, every recipient was sent to the first and became unknown.
+func TestAFirstProviderThatResetsEveryRequestIsFailedOverOnceItIsDown(t *testing.T) {
+	t.Parallel()
+	f, fb := failoverFixture(t, time.Hour, func(int, providers.Message) error {
+		return &providers.Error{Provider: "test", Class: providers.Ambiguous, Message: "connection reset after the request was written"}
+	})
+	f.provider.before = func(providers.Message) { time.Sleep(3 * time.Millisecond) } // a reset takes a round trip
+	f.runAll(t)
+	if n := bothOnce(t, f.provider, fb); n != 80 {
+		t.Fatalf("%d recipients got a message, want the 80 eligible", n)
+	}
+	c := f.counts(t)
+	if c.Pending != 0 || c.Unknown+c.Sent != 80 {
+		t.Fatalf("counts %+v; want every recipient sent or unknown", c)
+	}
+	if int(c.Unknown) != f.provider.calls || c.Sent != int64(fb.total()) {
+		t.Fatalf("counts %+v, first provider called %d times, fallback accepted %d: want the first's calls unknown and the fallback's sent",
+			c, f.provider.calls, fb.total())
+	}
+	// The pace calls the provider down after 10 refused answers in a row (paceUrgent), then one probe.
+	t.Logf("first provider: %d calls (unknown); fallback: %d sent", f.provider.calls, fb.total())
+	if f.provider.calls > 15 {
+		t.Fatalf("the first provider was called %d times (%d unknown): want it left for the fallback once down", f.provider.calls, c.Unknown)
+	}
+}
+
+// Without a fallback, a provider down by its pace holds the sends back, with one probe a second over all
+// workers, on the path that sends one message at a time too (as a window of sends does): a provider that
+// resets every request makes a dozen recipients unknown, not the whole batch.
+func TestAProviderThatResetsEveryRequestIsHeldBackOnceItIsDown(t *testing.T) {
+	t.Parallel()
+	f := planWith(t, 150, func(s *campaign.Spec) { s.BatchSize = 100 })
+	f.provider.fail = func(int, providers.Message) error {
+		return &providers.Error{Provider: "test", Class: providers.Ambiguous, Message: "connection reset after the request was written"}
+	}
+	f.provider.before = func(providers.Message) { time.Sleep(3 * time.Millisecond) }
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	time.AfterFunc(2500*time.Millisecond, cancel) // a cancel, not a deadline: a run keeps a deadline's margin for itself
+	err := f.h.RunBatch(ctx, f.id, 0)             // ends when ctx does: the provider stays down
+	f.provider.mu.Lock()
+	calls := f.provider.calls
+	f.provider.mu.Unlock()
+	// 10 to call it down, then a probe a second.
+	t.Logf("%d calls in 2.5 s", calls)
+	if calls < 10 || calls > 16 {
+		t.Fatalf("the provider was called %d times in 2.5 s (run: %v): want about 10, then one probe a second", calls, err)
+	}
+}
