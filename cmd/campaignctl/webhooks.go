@@ -52,7 +52,7 @@ const (
 
 func (a *app) newWebhooksCmd() *cobra.Command {
 	var addr, publicURL, authFile string
-	var netgsmEvery time.Duration
+	var netgsmEvery, storeWait time.Duration
 	var keywords []string
 	cmd := &cobra.Command{
 		Use:   "webhooks",
@@ -95,7 +95,13 @@ batch (posted at about 768 KB) up to ` + byteSize(receipts.MaxSendGridBody) + `;
 Signature headers are checked before a body is read, the signature before anything in the body is
 decoded. The bodies being read at once are bounded per provider (beyond that: 503 with Retry-After, and
 the provider posts again). Headers must arrive within ` + webhooksReadHeaderTimeout.String() + `, a body within 2s plus 1s per 256 KiB
-(else 408); an idle connection is closed after ` + webhooksIdleTimeout.String() + `.`,
+(else 408); an idle connection is closed after ` + webhooksIdleTimeout.String() + `.
+
+While Postgres cannot take what a request carries (a restart, a failover), the request is held and its
+receipts and refusals are tried again, for up to --store-wait, before it is answered 500. Twilio does
+not post an incoming SMS or a status callback again after a 500 unless its URL asks it to (connection
+overrides such as #rc=3&rp=5xx,ct on the webhook URL): without the wait, an RET sent during a Postgres
+restart would be lost. SendGrid posts a batch again for 24 hours.`,
 		Example: `  TWILIO_AUTH_TOKEN=... SENDGRID_WEBHOOK_PUBLIC_KEY=... campaignctl webhooks --addr 127.0.0.1:8090
   campaignctl webhooks --addr 0.0.0.0:8090 --public-url https://hooks.example.com
   curl http://127.0.0.1:8090/stats                     # on the same machine
@@ -105,6 +111,9 @@ the provider posts again). Headers must arrive within ` + webhooksReadHeaderTime
 			ctx := cmd.Context()
 			if _, err := checkListenAddr(addr, "127.0.0.1:8090 (this machine only) or 0.0.0.0:8090 (every interface)"); err != nil {
 				return err
+			}
+			if storeWait < 0 || storeWait > webhooksWriteTimeout-5*time.Second {
+				return usagef("--store-wait %v: give 0 (answer 500 at once) up to %v (the server's write timeout less 5 s), e.g. 10s", storeWait, webhooksWriteTimeout-5*time.Second)
 			}
 			if publicURL != "" {
 				u, err := webhooksPublicURL(publicURL)
@@ -195,6 +204,9 @@ the provider posts again). Headers must arrive within ` + webhooksReadHeaderTime
 			if poller != nil {
 				polled = map[string]func() receipts.Stats{"netgsm": poller.Stats}
 			}
+			for _, h := range handlers {
+				h.SetStoreWait(storeWait)
+			}
 			srv := webhooksServer(webhooksMux(handlers, creds, log, extra, polled))
 			go func() {
 				<-ctx.Done()
@@ -230,6 +242,7 @@ the provider posts again). Headers must arrive within ` + webhooksReadHeaderTime
 	cmd.Flags().StringVar(&publicURL, "public-url", "", "the URL the providers call (scheme://host[:port][/prefix], no credentials), if not http://ADDR")
 	cmd.Flags().StringSliceVar(&keywords, "refusal-keywords", receipts.DefaultRefusalKeywords, "the first words that make an incoming SMS a refusal (case and İ/ı folded)")
 	cmd.Flags().DurationVar(&netgsmEvery, "netgsm-report-interval", 6*time.Second, "with NETGSM_USERCODE and NETGSM_PASSWORD: how often to ask Netgsm for reports (it answers 10 a minute); 0: never")
+	cmd.Flags().DurationVar(&storeWait, "store-wait", receipts.DefaultStoreWait, "how long a request whose receipts or refusals Postgres cannot take is held and tried again before it is answered 500; 0: at once")
 	cmd.Flags().StringVar(&authFile, "basic-auth-file", "", "file holding one line user:password (mode 600) that GET /stats takes from elsewhere than loopback (else $"+uiAuthEnv+")")
 	return cmd
 }

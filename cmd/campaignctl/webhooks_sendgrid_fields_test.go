@@ -57,7 +57,8 @@ func TestASendGridPostWhilePostgresRefusesIsAppliedOnceWhenPostedAgain(t *testin
 	}
 	key := newHooksKey(t)
 	env := map[string]string{"DATABASE_URL": dbURL, "SENDGRID_WEBHOOK_PUBLIC_KEY": key.public, "IYS_BRAND_CODE": "654321"}
-	hooks := serveInProcess(t, env, hooksURLRe, "webhooks", "--addr", "127.0.0.1:0")
+	// An outage longer than the wait: the post is answered 500.
+	hooks := serveInProcess(t, env, hooksURLRe, "webhooks", "--addr", "127.0.0.1:0", "--store-wait", "1s")
 	if _, err := pool.Exec(t.Context(), `
 		INSERT INTO iys_consents (recipient, type, recipient_type, brand_code, status, source, consent_date)
 		VALUES ('refuser@example.com', 'EPOSTA', 'BIREYSEL', '654321', 'ONAY', 'HS_WEB', now() - interval '1 day');

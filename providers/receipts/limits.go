@@ -95,10 +95,19 @@ type limits struct {
 	room      *semaphore.Weighted // bytes of bodies being read
 	busyWait  time.Duration
 	bodyGrace time.Duration
+	// storeWait is how long a request's receipts and refusals are tried again while their sink fails
+	// (Postgres restarting, unreachable) before the request is answered 500.
+	storeWait time.Duration
 }
 
+// DefaultStoreWait is how long a request waits for its sink by default: a Postgres restart or a failover
+// takes seconds, and Twilio (which gives up on a webhook after 15 s) does not post a request again after
+// a 500 unless its URL asks it to (connection overrides, #rc=…&rp=…).
+const DefaultStoreWait = 10 * time.Second
+
 func newLimits(max int64, inFlight int64) limits {
-	return limits{max: max, room: semaphore.NewWeighted(max * inFlight), busyWait: defaultBusyWait, bodyGrace: defaultBodyGrace}
+	return limits{max: max, room: semaphore.NewWeighted(max * inFlight), busyWait: defaultBusyWait, bodyGrace: defaultBodyGrace,
+		storeWait: DefaultStoreWait}
 }
 
 // reserve takes room for n bytes of body, waiting up to busyWait.

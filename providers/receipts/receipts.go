@@ -286,7 +286,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	// sink cannot write must not hold them back (the post is answered 500 and comes again; refusals
 	// already recorded are repeats then).
 	if len(b.refusals) > 0 {
-		if err := h.refusals.Refuse(r.Context(), b.refusals); err != nil {
+		if err := h.store(r.Context(), "refusals", func(ctx context.Context) error { return h.refusals.Refuse(ctx, b.refusals) }); err != nil {
 			h.sinkFailed(w, "record refusals", "refusals", len(b.refusals), err)
 			return
 		}
@@ -297,12 +297,13 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	var unmatched []int
 	if len(b.receipts) > 0 {
-		var err error
-		if ms, ok := h.sink.(MatchingSink); ok {
-			unmatched, err = ms.RecordMatched(r.Context(), b.receipts)
-		} else {
-			err = h.sink.Record(r.Context(), b.receipts)
-		}
+		err := h.store(r.Context(), "receipts", func(ctx context.Context) (err error) {
+			if ms, ok := h.sink.(MatchingSink); ok {
+				unmatched, err = ms.RecordMatched(ctx, b.receipts)
+				return err
+			}
+			return h.sink.Record(ctx, b.receipts)
+		})
 		if err != nil {
 			h.sinkFailed(w, "record receipts", "receipts", len(b.receipts), err)
 			return
@@ -324,6 +325,34 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	})
 	h.log.Debug("receipts recorded", "receipts", len(b.receipts), "refusals", len(b.refusals), "ignored", len(b.ignored))
 	h.answer(w)
+}
+
+// SetStoreWait sets how long a request's receipts and refusals are tried again while the sink fails
+// before the request is answered 500 (DefaultStoreWait; 0: not tried again).
+func (h *Handler) SetStoreWait(d time.Duration) { h.limits.storeWait = d }
+
+// store runs write (the sink's), and while it fails runs it again, up to the handler's storeWait: the
+// request is held, not answered 500 at once. A refusal answered 500 is lost unless its provider posts it
+// again, and Twilio does not by default (neither an incoming SMS nor a status callback): an "RET" sent
+// while Postgres restarted would be lost, and the person who said no would get the next campaign. The
+// sinks' writes are idempotent (event IDs, keyed refusals), so one that failed after its commit is
+// written once.
+func (h *Handler) store(ctx context.Context, what string, write func(context.Context) error) error {
+	deadline := time.Now().Add(h.limits.storeWait)
+	wait := 100 * time.Millisecond
+	for {
+		err := write(ctx)
+		if err == nil || ctx.Err() != nil || time.Now().Add(wait).After(deadline) {
+			return err
+		}
+		h.log.Warn("record "+what+" failed; trying again", "err", err, "in", wait)
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(wait):
+		}
+		wait = min(2*wait, time.Second)
+	}
 }
 
 // sinkFailed answers 500, so that the provider delivers the request again.

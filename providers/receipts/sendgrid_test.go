@@ -202,6 +202,7 @@ func TestSendGridSinkError(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	h.SetStoreWait(300 * time.Millisecond) // an outage longer than the wait
 	if code := serve(h, sg.signedRequest(t, []byte(eventBatch))); code != http.StatusInternalServerError {
 		t.Fatalf("status %d, want 500", code)
 	}

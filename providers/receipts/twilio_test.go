@@ -15,6 +15,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/google/go-cmp/cmp/cmpopts"
@@ -315,6 +316,7 @@ func TestTwilioSinkError(t *testing.T) {
 	const public = "https://hooks.example.com"
 	sk := &sink{err: errors.New("database down")}
 	h := receipts.TwilioHandler(twilioToken, public, sk, nil)
+	h.SetStoreWait(300 * time.Millisecond) // an outage longer than the wait
 	form := callbackForm("delivered", "")
 	if code := serve(h, twilioRequest("/s", form, sign(twilioToken, public+"/s", form))); code != http.StatusInternalServerError {
 		t.Fatalf("status %d, want 500", code)
