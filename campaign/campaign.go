@@ -78,14 +78,23 @@ const (
 	sqlStateCancelled = "'" + string(StateCancelled) + "'"
 	sqlStateFailed    = "'" + string(StateFailed) + "'"
 
-	sqlReasonCancelled = "'" + ReasonCancelled + "'"
-	sqlCancelledUnsure = "'" + CancelledUnsure + "'"
+	sqlReasonCancelled   = "'" + ReasonCancelled + "'"
+	sqlCancelledUnsure   = "'" + CancelledUnsure + "'"
+	sqlResendNotSentTail = "'" + resendNotSentTail + "'"
 )
 
 // CancelledUnsure is the reason of a recipient once recorded unknown, pending again for `resume
 // --resend-unknown`, when its campaign was cancelled before the resend: it stays unknown, not skipped,
 // since its first message may have gone out (with its code, which it keeps).
 const CancelledUnsure = "cancelled before it was sent again; its first message may have gone out"
+
+// ResendNotSent is the reason of a recipient once recorded unknown, pending again for `resume
+// --resend-unknown`, whose resend did not go for why (skipped at send time: the frequency cap, a refusal
+// since; or failed, with the provider's reason): it stays unknown, since its first message may have gone
+// out (with its code, which it keeps).
+func ResendNotSent(why string) string { return "not sent again (" + why + ")" + resendNotSentTail }
+
+const resendNotSentTail = "; its first message may have gone out"
 
 // SQLSTATE codes the store tells apart (PostgreSQL's errcodes, Appendix A of its manual).
 const (

@@ -253,17 +253,21 @@ func (s *Store) Record(ctx context.Context, campaignID int64, outcomes []Outcome
 			-- acceptance is sent: that answer proves it, as a receipt does (RecordDeliveries), and resume
 			-- --resend-unknown must not send it again. Its attempt was counted when it was recorded unknown.
 			UPDATE campaign_recipients r SET
-				-- A cancel's skip of a recipient once unknown (pending again for a resend) leaves it unknown:
-				-- its first message may have gone out.
+				-- A recipient once unknown (pending again for a resend) whose resend does not go (a cancel, the
+				-- frequency cap, a refusal since, a permanent failure) stays unknown: its first message may
+				-- have gone out, and skipped or failed would say it was never sent.
 				status = CASE WHEN r.delivery IS NOT NULL THEN `+sqlSent+`
-					WHEN o.status = `+sqlSkipped+` AND o.reason = `+sqlReasonCancelled+` AND `+everUnknown+` THEN `+sqlUnknown+`
+					WHEN o.status IN (`+sqlSkipped+`, `+sqlFailed+`) AND `+everUnknown+` THEN `+sqlUnknown+`
 					ELSE o.status END,
 				reason = CASE WHEN r.status = `+sqlUnknown+` THEN `+sqlLateAnswer+`
 					WHEN r.delivery IS NULL AND o.status = `+sqlSkipped+` AND o.reason = `+sqlReasonCancelled+` AND `+everUnknown+` THEN `+sqlCancelledUnsure+`
+					WHEN r.delivery IS NULL AND o.status IN (`+sqlSkipped+`, `+sqlFailed+`) AND `+everUnknown+`
+					THEN 'not sent again (' || coalesce(NULLIF(o.reason, ''), o.status) || ')' || `+sqlResendNotSentTail+`
 					WHEN r.delivery IS NOT NULL AND o.status <> `+sqlSent+`
 					THEN 'accepted by the provider (its receipt says ' || r.delivery || ')' ELSE NULLIF(o.reason, '') END,
 				last_error = CASE WHEN r.status = `+sqlUnknown+` THEN coalesce(r.last_error, r.reason)
 					WHEN o.status IN (`+sqlFailed+`, `+sqlUnknown+`) OR (r.delivery IS NOT NULL AND o.status <> `+sqlSent+`)
+						OR (o.status = `+sqlSkipped+` AND `+everUnknown+`)
 					THEN NULLIF(o.reason, '') END,
 				provider_message_id = coalesce(NULLIF(o.msgid, ''), r.provider_message_id),
 				provider = coalesce(NULLIF(o.provider, ''), r.provider),
