@@ -32,6 +32,9 @@ type Observation struct {
 	// one, from Sends; the supervisor fills it in (see SendRate). 0 when unknown.
 	SendRate  float64
 	RateSince time.Time
+	// Beating holds the process IDs, on this machine, of the workers whose heartbeat is live; nil when not
+	// known (then no worker is judged hung: see Config.HungAfter).
+	Beating map[int]bool
 }
 
 // Policy sizes the pool of worker processes.

@@ -54,6 +54,11 @@ type Config struct {
 	Observer Observer
 	// Logger receives one line per decision, start, stop and crash.
 	Logger *slog.Logger
+	// HungAfter: a worker that has run this long and has no live heartbeat (Observation.Beating) is hung
+	// (frozen by SIGSTOP or a paused container, deadlocked, cut off from Redis while the supervisor is
+	// not): it is killed and another started in its place. Default 60 s (twice the heartbeat's 30 s
+	// life); negative: never.
+	HungAfter time.Duration
 	// RestartBackoff is the wait before a crashed worker is started again; it doubles, up to
 	// MaxRestartBackoff, while workers keep crashing within StableAfter of their start. Defaults 1 s, 30 s,
 	// 30 s.
@@ -118,6 +123,9 @@ func New(cfg Config) *Supervisor {
 	}
 	if cfg.KillMargin <= 0 {
 		cfg.KillMargin = 10 * time.Second
+	}
+	if cfg.HungAfter == 0 {
+		cfg.HungAfter = 60 * time.Second
 	}
 	if cfg.RestartBackoff <= 0 {
 		cfg.RestartBackoff = time.Second
@@ -261,6 +269,7 @@ func (s *Supervisor) tick(ctx context.Context) {
 	if base := s.rateBase(o); base != nil {
 		o.SendRate, o.RateSince = SendRate(*base, o), base.At
 	}
+	s.killHung(o)
 
 	d, next := s.cfg.Policy.Decide(s.state, o)
 	if d.To < d.From && s.stoppingCount() > 0 {
@@ -408,6 +417,34 @@ func (s *Supervisor) stop(c *child, why string) {
 			s.log.Warn("worker still running after SIGTERM; killed it", "worker", id, "pid", pid, "waited", grace.String())
 		}
 	})
+}
+
+// killHung kills the workers that have run for HungAfter and have no live heartbeat in o. Such a worker
+// sends nothing but counts as running, so the pool would stay at its size with nobody sending (a campaign
+// sat two minutes behind one frozen worker, its waiting reason no_worker, the supervisor holding "steady").
+// It is killed at once, not asked: a frozen process takes no SIGTERM, and its death lets its liveness lock
+// go, so that its chunks are taken over (what it had in flight becomes unknown, as after any kill). apply
+// then starts another in its place.
+func (s *Supervisor) killHung(o Observation) {
+	if o.Beating == nil || s.cfg.HungAfter < 0 {
+		return
+	}
+	for _, c := range s.children {
+		if c.stopping || o.At.Sub(c.started) < s.cfg.HungAfter || o.Beating[c.pid] {
+			continue
+		}
+		c.stopping, c.stopAt = true, time.Now()
+		s.log.Warn("worker has no heartbeat (frozen, hung, or cut off from Redis); killing it and starting another",
+			"worker", c.id, "pid", c.pid, "ran", time.Since(c.started).Round(time.Second).String())
+		proc, id, pid, done := c.cmd.Process, c.id, c.pid, make(chan struct{})
+		c.killDone = done
+		c.killer = time.AfterFunc(0, func() {
+			defer close(done)
+			if err := proc.Kill(); err != nil && !errors.Is(err, os.ErrProcessDone) {
+				s.log.Warn("cannot kill worker", "worker", id, "pid", pid, "err", err)
+			}
+		})
+	}
 }
 
 // reap handles a worker that exited: expected after stop, a crash otherwise.

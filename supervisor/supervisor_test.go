@@ -10,6 +10,7 @@ import (
 	"os/signal"
 	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -348,5 +349,60 @@ func TestSupervisorHoldsWhenTheQueueCannotBeSeen(t *testing.T) {
 	h.wait(10*time.Second, "scale up once the queue is visible", func(s Status) bool { return len(s.PIDs) == 3 })
 	if err := h.shutdown(10 * time.Second); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// A worker frozen (SIGSTOP: a paused container, a debugger) sends nothing and stops heartbeating, but its
+// process lives on: the supervisor counted it as running and held the pool "steady" while a campaign waited
+// minutes. Once it has run HungAfter with no live heartbeat, it is killed and another started in its
+// place; a worker that beats is left alone.
+func TestSupervisorReplacesAWorkerThatStoppedHeartbeating(t *testing.T) {
+	t.Parallel()
+	var frozen sync.Map // pid → true once SIGSTOPped: its heartbeat stops
+	var hp atomic.Pointer[harness]
+	h := startSupervisor(t, "graceful", Config{
+		Policy:    Policy{Min: 2, Max: 2, Concurrency: 1},
+		HungAfter: 300 * time.Millisecond,
+		Observer: ObserverFunc(func(context.Context) (Observation, error) {
+			o := Observation{At: time.Now()}
+			if h := hp.Load(); h != nil {
+				o.Beating = map[int]bool{}
+				for _, pid := range h.sup.Status().PIDs {
+					if _, ok := frozen.Load(pid); !ok {
+						o.Beating[pid] = true
+					}
+				}
+			}
+			return o, nil
+		}),
+	})
+	hp.Store(h)
+	st := h.wait(10*time.Second, "two workers", func(s Status) bool { return len(s.PIDs) == 2 })
+	h.waitStarted(st.PIDs)
+	time.Sleep(500 * time.Millisecond) // past HungAfter: both beat, neither is touched
+	if now := h.sup.Status(); !slices.Equal(now.PIDs, st.PIDs) || now.Restarts != 0 {
+		t.Fatalf("workers %v (restarts %d) while both beat, want %v left alone", now.PIDs, now.Restarts, st.PIDs)
+	}
+	stuck := st.PIDs[0]
+	frozen.Store(stuck, true)
+	if err := syscall.Kill(stuck, syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	now := h.wait(10*time.Second, "the frozen worker replaced", func(s Status) bool {
+		return len(s.PIDs) == 2 && !slices.Contains(s.PIDs, stuck) && s.Stopping == 0
+	})
+	if !slices.Contains(now.PIDs, st.PIDs[1]) {
+		t.Errorf("workers %v: the one that beats (%d) was replaced too", now.PIDs, st.PIDs[1])
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for alive(stuck) && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+	}
+	if alive(stuck) {
+		syscall.Kill(stuck, syscall.SIGKILL) //nolint:errcheck
+		t.Fatalf("the frozen worker %d is still alive", stuck)
+	}
+	if n := len(h.out.logLines("worker has no heartbeat (frozen, hung, or cut off from Redis); killing it and starting another")); n != 1 {
+		t.Errorf("%d kills of a hung worker logged, want 1", n)
 	}
 }

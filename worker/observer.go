@@ -4,13 +4,17 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"slices"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/campaignctl/campaignctl/campaign"
+	"github.com/campaignctl/campaignctl/internal/state"
 	"github.com/campaignctl/campaignctl/supervisor"
 )
 
@@ -62,6 +66,9 @@ func (q *QueueObserver) Observe(ctx context.Context) (supervisor.Observation, er
 		}
 	}
 
+	if o.Beating, err = beatingHere(ctx, q.Redis); err != nil {
+		return o, err
+	}
 	all, err := q.Store.ListIn(ctx, campaign.StateRunning)
 	if err != nil {
 		return o, err
@@ -80,6 +87,27 @@ func (q *QueueObserver) Observe(ctx context.Context) (supervisor.Observation, er
 		return o, err
 	}
 	return o, nil
+}
+
+// beatingHere returns the process IDs of the workers on this machine whose heartbeat is live: a worker's
+// owner is "<host name>:<pid>" (cmd's worker).
+func beatingHere(ctx context.Context, rdb redis.UniversalClient) (map[int]bool, error) {
+	host, err := os.Hostname()
+	if err != nil {
+		return nil, nil // no way to tell this machine's workers: none is judged hung
+	}
+	ws, err := state.Workers(ctx, rdb)
+	if err != nil {
+		return nil, err
+	}
+	beating := map[int]bool{}
+	for _, w := range ws {
+		i := strings.LastIndexByte(w.Owner, ':')
+		if n, err := strconv.Atoi(w.Owner[i+1:]); i > 0 && err == nil && w.Owner[:i] == host {
+			beating[n] = true
+		}
+	}
+	return beating, nil
 }
 
 // countDue counts the tasks of a sorted set (scheduled or retry, earliest first) that are due by horizon, up

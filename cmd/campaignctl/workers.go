@@ -12,6 +12,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/campaignctl/campaignctl/campaign"
+	"github.com/campaignctl/campaignctl/internal/state"
 	"github.com/campaignctl/campaignctl/providers/twilio"
 	"github.com/campaignctl/campaignctl/supervisor"
 	"github.com/campaignctl/campaignctl/worker"
@@ -24,7 +25,9 @@ type workersOptions struct {
 	min, max int
 	interval time.Duration
 	cooldown time.Duration
-	worker   workerOptions
+	// hungAfter: a worker with no heartbeat for this long is killed and replaced (0: never).
+	hungAfter time.Duration
+	worker    workerOptions
 	// extra are worker flags given after "--", passed through as they are.
 	extra []string
 }
@@ -43,6 +46,8 @@ func (o *workersOptions) validate() error {
 		return usagef("--interval %v: give a positive duration, e.g. --interval 5s", o.interval)
 	case o.cooldown < 0:
 		return usagef("--cooldown %v: give zero or more, e.g. --cooldown 30s", o.cooldown)
+	case o.hungAfter < 0 || o.hungAfter > 0 && o.hungAfter < 2*state.WorkerTTL:
+		return usagef("--hung-after %v: give 0 (never) or %v or more (a worker's heartbeat lives %v), e.g. --hung-after 1m", o.hungAfter, 2*state.WorkerTTL, state.WorkerTTL)
 	case o.worker.shutdown <= 0:
 		return usagef("--shutdown-timeout %v: give a positive duration, e.g. --shutdown-timeout 30s", o.worker.shutdown)
 	}
@@ -84,7 +89,10 @@ It scales up at once. It scales down one worker at a time, once fewer have been 
 worker finishes the send in flight and hands its batches back within --shutdown-timeout, and is
 SIGKILLed only 10s after that. A worker that exits by itself is started again (after 1s, doubling up to
 30s while workers keep dying young); one that exits with status 2 (bad flag or configuration) stops the
-supervisor. SIGTERM or Ctrl-C stops every worker the same graceful way, then the supervisor exits 0.
+supervisor. A worker that has sent no heartbeat for --hung-after (frozen by SIGSTOP or a paused
+container, hung, cut off from Redis while the supervisor is not) is killed at once and another started
+in its place: it sent nothing but counted as running. SIGTERM or Ctrl-C stops every worker the same
+graceful way, then the supervisor exits 0.
 
 Each decision is logged with its figures and a reason (backlog, max, rate_cap, idle, backlog_shrank,
 cooldown, min, queue_paused, tasks_waiting). Worker flags this command does not have go after --, as
@@ -112,6 +120,7 @@ they are.`,
 	f.IntVar(&o.max, "max", 4, "most worker processes")
 	f.DurationVar(&o.interval, "interval", 5*time.Second, "how often the queue is read and the pool sized")
 	f.DurationVar(&o.cooldown, "cooldown", 30*time.Second, "how long fewer workers must be enough before one is stopped")
+	f.DurationVar(&o.hungAfter, "hung-after", time.Minute, "kill and replace a worker that has sent no heartbeat for this long (they beat every 10s); 0: never")
 	f.IntVar(&o.worker.concurrency, "concurrency", 16, "batches each worker sends at once (the worker's --concurrency)")
 	f.DurationVar(&o.worker.timeout, "provider-timeout", twilio.DefaultTimeout, "the workers' --provider-timeout")
 	f.DurationVar(&o.worker.shutdown, "shutdown-timeout", 30*time.Second, "the workers' --shutdown-timeout; a stopped worker still running 10s past it is SIGKILLed")
@@ -152,6 +161,7 @@ func (a *app) workers(ctx context.Context, o workersOptions) error {
 		Policy:          supervisor.Policy{Min: o.min, Max: o.max, Concurrency: o.worker.concurrency, Cooldown: o.cooldown},
 		Interval:        o.interval,
 		ShutdownTimeout: o.worker.shutdown,
+		HungAfter:       hungAfter(o.hungAfter),
 		Path:            exe,
 		Args:            a.workerArgs(o),
 		Env:             a.workerEnv(),
@@ -199,4 +209,13 @@ func (a *app) workerEnv() []string {
 		env = append(env, "AUDIENCE_DATABASE_URL="+a.audienceURL)
 	}
 	return env
+}
+
+// hungAfter is the supervisor's HungAfter for --hung-after (0: never, which the supervisor says with a
+// negative duration).
+func hungAfter(d time.Duration) time.Duration {
+	if d == 0 {
+		return -1
+	}
+	return d
 }
