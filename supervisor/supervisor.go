@@ -106,6 +106,7 @@ type child struct {
 	pid      int
 	cmd      *exec.Cmd
 	started  time.Time
+	beat     time.Time // when a look last found its heartbeat live
 	stopping bool
 	stopAt   time.Time
 	killer   *time.Timer
@@ -419,9 +420,10 @@ func (s *Supervisor) stop(c *child, why string) {
 	})
 }
 
-// killHung kills the workers that have run for HungAfter and have no live heartbeat in o. Such a worker
-// sends nothing but counts as running, so the pool would stay at its size with nobody sending (a campaign
-// sat two minutes behind one frozen worker, its waiting reason no_worker, the supervisor holding "steady").
+// killHung kills the workers that have run for HungAfter and whose heartbeat no look has found live for
+// HungAfter. Such a worker sends nothing but counts as running, so the pool would stay at its size with
+// nobody sending (a campaign sat two minutes behind one frozen worker, its waiting reason no_worker, the
+// supervisor holding "steady").
 // It is killed at once, not asked: a frozen process takes no SIGTERM, and its death lets its liveness lock
 // go, so that its chunks are taken over (what it had in flight becomes unknown, as after any kill). apply
 // then starts another in its place.
@@ -430,7 +432,12 @@ func (s *Supervisor) killHung(o Observation) {
 		return
 	}
 	for _, c := range s.children {
-		if c.stopping || o.At.Sub(c.started) < s.cfg.HungAfter || o.Beating[c.pid] {
+		if o.Beating[c.pid] {
+			c.beat = o.At
+		}
+		// Silent for HungAfter since its start or its last heartbeat seen: not at one look only (after Redis
+		// lost its data, every heartbeat is gone until the next beat).
+		if c.stopping || o.At.Sub(c.started) < s.cfg.HungAfter || o.At.Sub(c.beat) < s.cfg.HungAfter {
 			continue
 		}
 		c.stopping, c.stopAt = true, time.Now()

@@ -358,7 +358,8 @@ func TestSupervisorHoldsWhenTheQueueCannotBeSeen(t *testing.T) {
 // place; a worker that beats is left alone.
 func TestSupervisorReplacesAWorkerThatStoppedHeartbeating(t *testing.T) {
 	t.Parallel()
-	var frozen sync.Map // pid → true once SIGSTOPped: its heartbeat stops
+	var frozen sync.Map   // pid → true once SIGSTOPped: its heartbeat stops
+	var blank atomic.Bool // every heartbeat gone (Redis lost its data) until the next beats
 	var hp atomic.Pointer[harness]
 	h := startSupervisor(t, "graceful", Config{
 		Policy:    Policy{Min: 2, Max: 2, Concurrency: 1},
@@ -368,7 +369,7 @@ func TestSupervisorReplacesAWorkerThatStoppedHeartbeating(t *testing.T) {
 			if h := hp.Load(); h != nil {
 				o.Beating = map[int]bool{}
 				for _, pid := range h.sup.Status().PIDs {
-					if _, ok := frozen.Load(pid); !ok {
+					if _, ok := frozen.Load(pid); !ok && !blank.Load() {
 						o.Beating[pid] = true
 					}
 				}
@@ -382,6 +383,14 @@ func TestSupervisorReplacesAWorkerThatStoppedHeartbeating(t *testing.T) {
 	time.Sleep(500 * time.Millisecond) // past HungAfter: both beat, neither is touched
 	if now := h.sup.Status(); !slices.Equal(now.PIDs, st.PIDs) || now.Restarts != 0 {
 		t.Fatalf("workers %v (restarts %d) while both beat, want %v left alone", now.PIDs, now.Restarts, st.PIDs)
+	}
+	// Every heartbeat gone for a moment shorter than HungAfter: nobody is killed.
+	blank.Store(true)
+	time.Sleep(200 * time.Millisecond)
+	blank.Store(false)
+	time.Sleep(200 * time.Millisecond)
+	if now := h.sup.Status(); !slices.Equal(now.PIDs, st.PIDs) || now.Restarts != 0 {
+		t.Fatalf("workers %v (restarts %d) after every heartbeat was gone for 200 ms, want %v left alone", now.PIDs, now.Restarts, st.PIDs)
 	}
 	stuck := st.PIDs[0]
 	frozen.Store(stuck, true)
