@@ -502,3 +502,41 @@ func TestSweepQueuesTheRestOfADeadRunsBatchAtOnce(t *testing.T) {
 		t.Fatalf("counts %+v, want all 5 sent (u1 by the dead run)", c)
 	}
 }
+
+// A campaign cancelled while a run held a chunk, the run then dead (a worker SIGSTOPped at the cancel, then
+// killed): the cancel left the chunk to its run, and the sweep that settles it queues the batch at once,
+// whose run sends nothing and closes the rest as cancelled. Before, the sweep queued nothing for a
+// campaign that was not running: the rows stayed pending, with no waiting reason, until Asynq gave the dead
+// run's task back 80 s later.
+func TestSweepOfACancelledCampaignsDeadRunClosesItsBatchAtOnce(t *testing.T) {
+	t.Parallel()
+	f := plan(t, 10) // one batch; eligible: u1 u2 u4 u7 u8
+	ctx := context.Background()
+	users := f.batchUsers(t, 0)
+	n := f.leaseDead(t, users[:2])
+	f.rdb.Set(ctx, ClaimKey(f.id, users[0]), n+state.SentValue("SM1", 1), 0)
+	if _, err := f.store.Transition(ctx, f.id, []campaign.State{campaign.StateRunning}, campaign.StateCancelled); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.store.CancelUnleased(ctx, f.id); err != nil { // the cancel's own closing: the dead run's chunk is leased
+		t.Fatal(err)
+	}
+	if c := f.counts(t); c.Pending != 2 {
+		t.Fatalf("counts %+v after the cancel, want the dead run's 2 pending", c)
+	}
+	time.Sleep(5 * time.Millisecond)
+	if settled, err := f.h.Sweep(ctx); err != nil || settled != 2 {
+		t.Fatalf("sweep settled %d, err %v; want the dead run's 2", settled, err)
+	}
+	ids := followUps(t, f)
+	if len(ids) != 1 {
+		t.Fatalf("follow-ups queued: %v, want one for batch 0 of the cancelled campaign", ids)
+	}
+	f.runAll(t)
+	if c := f.counts(t); c.Pending != 0 || c.Sent != 1 || c.Skipped != 4 {
+		t.Fatalf("counts %+v, want u1 sent (by the dead run) and the other 4 skipped (cancelled)", c)
+	}
+	if f.provider.total() != 0 {
+		t.Fatalf("%d messages sent for a cancelled campaign", f.provider.total())
+	}
+}

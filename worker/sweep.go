@@ -139,11 +139,13 @@ func (h *Handler) Sweep(ctx context.Context) (int, error) {
 // recovery gives it back, up to a minute and a half after the death, while the workers that are left may sit
 // idle. The follow-up has an ID of its own (the batch's and the second of the sweep: sweeps of the batch in
 // the same second queue one); the dead run's task, when it comes back, finds the batch done or waits for
-// the follow-up's lease, as any two runs of one batch do. A campaign that is not running, or whose send
-// window is closed, waits for its own tasks.
+// the follow-up's lease, as any two runs of one batch do. A cancelled campaign's batch is queued too: its
+// run sends nothing and closes the rows the cancel left to the dead run (they stayed pending, with no
+// waiting reason, until Asynq gave the task back). A campaign paused or scheduled, or whose send window is
+// closed, waits for its own tasks.
 func (h *Handler) followUp(ctx context.Context, c *campaign.Campaign, b int) {
 	now := time.Now()
-	if h.cfg.Redis == nil || c.State != campaign.StateRunning || !c.Window.Open(now) {
+	if h.cfg.Redis == nil || !(c.State == campaign.StateRunning && c.Window.Open(now) || c.State == campaign.StateCancelled) {
 		return
 	}
 	task, err := NewBatchTask(c.ID, b)
