@@ -348,6 +348,8 @@ func Resume(ctx context.Context, o ResumeOptions) (ResumeReport, error) {
 		if err := haltAs(ctx, o.Redis, id, now.State); err != nil {
 			return rep, err
 		}
+		// It did not go on: the report must not say it runs again (it said both).
+		rep.To = ""
 		return rep, fmt.Errorf("%w: campaign %d was %s while it was being resumed; it stays %s", campaign.ErrWrongState, id, now.State, now.State)
 	}
 	found := counts

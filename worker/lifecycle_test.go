@@ -558,9 +558,14 @@ func TestAPauseDuringAResumeKeepsItsHaltMark(t *testing.T) {
 					t.Error(err)
 				}
 			}})
-			_, err := worker.Resume(ctx, worker.ResumeOptions{Store: e.store, Redis: resumer, CampaignID: c.ID})
+			rep, err := worker.Resume(ctx, worker.ResumeOptions{Store: e.store, Redis: resumer, CampaignID: c.ID})
 			if !errors.Is(err, campaign.ErrWrongState) || !strings.Contains(err.Error(), "while it was being resumed") {
 				t.Errorf("resume: %v, want it to say the campaign was %s meanwhile", err, to)
+			}
+			// The report says no more than the error: `resume` printed "was paused and is running again"
+			// above "it stays paused".
+			if rep.To != "" {
+				t.Errorf("resume's report: moved to %q, beside an error saying the campaign stays %s", rep.To, to)
 			}
 			if st := e.campaign(t, c.ID).State; st != to {
 				t.Fatalf("state %s, want %s", st, to)
