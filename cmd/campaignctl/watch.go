@@ -42,6 +42,15 @@ func (r *acceptRate) add(t time.Time, sent int64) float64 {
 	return float64(sent-first.sent) / dt
 }
 
+// watchETA is the ETA a watch shows for v at rate: none ("?") while something holds the campaign (paused,
+// a closed window, no worker, the provider down): the last seconds' rate says nothing of when it goes on.
+func watchETA(v worker.CampaignStatus, rate float64) string {
+	if v.Waiting != nil && v.Pending > 0 {
+		return "?"
+	}
+	return eta(v.Pending, rate)
+}
+
 // eta is the time left at rate for pending recipients ("" when it cannot be told).
 func eta(pending int64, rate float64) string {
 	switch {
@@ -79,7 +88,7 @@ func (a *app) watch(ctx context.Context, svc *services, id int64, final func(wor
 	} else {
 		update = func(v worker.CampaignStatus, perSec float64) {
 			line := fmt.Sprintf("campaign %d %s: planned %d sent %d failed %d skipped %d unknown %d pending %d; %.0f msg/s, ETA %s",
-				v.ID, v.State, v.Planned, v.Sent, v.Failed, v.Skipped, v.Unknown, v.Pending, perSec, eta(v.Pending, perSec))
+				v.ID, v.State, v.Planned, v.Sent, v.Failed, v.Skipped, v.Unknown, v.Pending, perSec, watchETA(v, perSec))
 			if v.Waiting != nil {
 				line += "; waiting: " + v.Waiting.Reason
 			}
@@ -173,7 +182,7 @@ func (a *app) bars(ctx context.Context, planned int64) (func(worker.CampaignStat
 	skipped := bar("skipped")
 	unknown := bar("unknown")
 	return func(v worker.CampaignStatus, perSec float64) {
-			line := fmt.Sprintf("%.0f msg/s  ETA %s", perSec, eta(v.Pending, perSec))
+			line := fmt.Sprintf("%.0f msg/s  ETA %s", perSec, watchETA(v, perSec))
 			if v.Waiting != nil {
 				line += "  waiting: " + v.Waiting.Reason
 			}

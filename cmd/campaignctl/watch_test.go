@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/campaignctl/campaignctl/internal/testlog"
+	"github.com/campaignctl/campaignctl/worker"
 )
 
 // The rate a watch shows is the last few seconds' acceptances, and the ETA is the pending at that rate.
@@ -35,6 +36,12 @@ func TestWatchRateIsTheLastSecondsAcceptances(t *testing.T) {
 	}
 	if e := eta(5, 0); e != "?" {
 		t.Fatalf("ETA at no rate: %s", e)
+	}
+	// Paused (or anything else holding it): the last seconds' rate says nothing of when it ends.
+	paused := worker.CampaignStatus{Waiting: &worker.Waiting{Reason: worker.WaitPaused}}
+	paused.Pending = 1000
+	if e := watchETA(paused, got); e != "?" {
+		t.Fatalf("ETA of a paused campaign at the last seconds' %v/s: %s, want ?", got, e)
 	}
 }
 
