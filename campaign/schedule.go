@@ -98,11 +98,18 @@ func (w Window) LastClose(t time.Time) time.Time {
 func ParseAt(s string, zone *time.Location, now time.Time) (time.Time, error) {
 	s = strings.TrimSpace(s)
 	t, err := time.Parse(time.RFC3339, s)
+	local := false
 	if err != nil {
 		t, err = time.ParseInLocation("2006-01-02 15:04", s, zone)
+		local = true
 	}
 	if err != nil {
 		return time.Time{}, fmt.Errorf("%w: --at %q must be like \"2026-12-01 10:00\" (in %s) or RFC 3339", ErrInvalid, s, zone)
+	}
+	if wall, _ := time.Parse("2006-01-02 15:04", s); local && t.In(zone).Format("2006-01-02 15:04") != wall.Format("2006-01-02 15:04") {
+		// A wall time the zone skips (clocks put forward): Go moves it silently, by the gap.
+		return time.Time{}, fmt.Errorf("%w: --at %s does not exist in %s (its clocks skip it, a daylight-saving change); give a time after the change, e.g. %s, or an RFC 3339 time with its offset",
+			ErrInvalid, s, zone, t.In(zone).Format("2006-01-02 15:04"))
 	}
 	if !t.After(now) {
 		return time.Time{}, fmt.Errorf("%w: --at %s is in the past; give a future time or leave --at out to start now", ErrInvalid, t.In(zone).Format("2006-01-02 15:04 MST"))

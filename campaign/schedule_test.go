@@ -1,6 +1,7 @@
 package campaign
 
 import (
+	"strings"
 	"testing"
 	"time"
 )
@@ -66,6 +67,21 @@ func TestParseAt(t *testing.T) {
 	}
 	if _, err := ParseAt("tomorrow", ist, now); err == nil {
 		t.Fatal("garbage accepted")
+	}
+	// A wall time the zone skips (New York puts its clocks from 02:00 to 03:00 on 2027-03-14): refused,
+	// not moved by the gap without a word; the hour after is taken.
+	ny, err := time.LoadLocation("America/New_York")
+	if err != nil {
+		t.Skip(err)
+	}
+	if _, err := ParseAt("2027-03-14 02:30", ny, now); err == nil || !strings.Contains(err.Error(), "does not exist") {
+		t.Fatalf("a time New York skips: %v, want it refused", err)
+	}
+	if got, err := ParseAt("2027-03-14 03:30", ny, now); err != nil || !got.Equal(time.Date(2027, 3, 14, 7, 30, 0, 0, time.UTC)) {
+		t.Fatalf("ParseAt after the change = %v, %v", got, err)
+	}
+	if got, err := ParseAt("2026-12-01 9:30", ist, now.Add(-2*time.Hour)); err != nil || !got.Equal(time.Date(2026, 12, 1, 6, 30, 0, 0, time.UTC)) {
+		t.Fatalf("ParseAt with a one-digit hour = %v, %v", got, err)
 	}
 }
 
