@@ -76,6 +76,18 @@ func waitingOf(ctx context.Context, env *waitEnv, c *campaign.Campaign, counts c
 	} else if paused {
 		return &Waiting{Reason: WaitPaused, Detail: fmt.Sprintf("the Asynq queue %s is paused (asynqmon's Pause): no worker takes a batch of any campaign until it is unpaused there (campaignctl ui: Queues, %s, Resume)", Queue, Queue)}, nil
 	}
+	// A closed window before the workers: it is a wait the campaign was made for, and no worker would make
+	// it move (under `workers --min 0` there is none until its batches are due again, and the reason
+	// flipped between the two).
+	if !c.Window.Open(now) {
+		next := c.Window.NextOpen(now)
+		since := c.Window.LastClose(now)
+		if since.Before(c.CreatedAt) {
+			since = c.CreatedAt // launched while the window was closed
+		}
+		return &Waiting{Reason: WaitWindowClosed, Detail: fmt.Sprintf("outside its send window %s; it goes on at %s", c.Window, windowTime(c.Window, next)),
+			Since: utc(since), Until: utc(next)}, nil
+	}
 	workers, err := env.workers(ctx)
 	if err != nil {
 		return nil, err
@@ -130,15 +142,6 @@ func waitingOf(ctx context.Context, env *waitEnv, c *campaign.Campaign, counts c
 	if c.OneClickUnsubscribe() && !commercialOK {
 		return waitWorker(WaitNoWorkerForChannel, "no running worker can make the one-click unsubscribe links of a commercial e-mail: set WEBHOOKS_PUBLIC_URL and UNSUBSCRIBE_SECRET on the workers",
 			string(c.Channel)+state.SeenCommercial)
-	}
-	if !c.Window.Open(now) {
-		next := c.Window.NextOpen(now)
-		since := c.Window.LastClose(now)
-		if since.Before(c.CreatedAt) {
-			since = c.CreatedAt // launched while the window was closed
-		}
-		return &Waiting{Reason: WaitWindowClosed, Detail: fmt.Sprintf("outside its send window %s; it goes on at %s", c.Window, windowTime(c.Window, next)),
-			Since: utc(since), Until: utc(next)}, nil
 	}
 	notes, err := state.Waits(ctx, rdb, id)
 	if err != nil {

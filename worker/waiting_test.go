@@ -100,6 +100,13 @@ func TestStatusSaysWhyACampaignWaits(t *testing.T) {
 	} else if !strings.Contains(w.Detail, closed.Format("15:04")+" UTC") {
 		t.Fatalf("window closed: %q; want the opening as the window's own zone reads it (%s UTC)", w.Detail, closed.Format("15:04"))
 	}
+	// Closed, and no worker either (`workers --min 0` runs none until a batch is due): the window is what
+	// it waits for; a worker would not move it. (It said no_worker, then window_closed once a worker came.)
+	if err := state.RemoveWorker(ctx, f.rdb, "w1"); err != nil {
+		t.Fatal(err)
+	}
+	expect("outside --window, no worker", WaitWindowClosed)
+	beat(map[string]string{"sms": f.provider.Name()})
 	exec(`UPDATE campaigns SET send_window = '' WHERE id = $1`, f.id)
 
 	// The provider refuses the account: the batch notes it, and a batch that gets through clears it.
