@@ -3,6 +3,7 @@ package worker_test
 import (
 	"context"
 	"encoding/json"
+	"os"
 	"reflect"
 	"strings"
 	"testing"
@@ -12,6 +13,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/campaignctl/campaignctl/campaign"
+	"github.com/campaignctl/campaignctl/internal/state"
 	"github.com/campaignctl/campaignctl/worker"
 )
 
@@ -98,6 +100,23 @@ func TestQueueObserverReadsTheQueueAndTheCaps(t *testing.T) {
 	}
 	if o.Pending != 3 || o.Active != 0 || o.Due != 1 || o.Paused || o.RateCap != 100 || o.Uncapped || o.Sends[c.ID] != 8 {
 		t.Errorf("observed %+v; want 3 pending, 1 due, rate cap 100, 8 provider calls", o)
+	}
+	// The workers whose heartbeat lives, by process ID, of this machine only (a worker's owner is
+	// "<host name>:<pid>", as cmd's worker writes it): the supervisor kills its own children that have none.
+	host, err := os.Hostname()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, owner := range []string{host + ":4242", host + ":4343", "elsewhere:4444", "not-a-pid"} {
+		if err := state.PublishWorker(ctx, e.rdb, state.WorkerInfo{Owner: owner, Providers: map[string]string{"sms": "twilio"}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := state.RemoveWorker(ctx, e.rdb, host+":4343"); err != nil {
+		t.Fatal(err)
+	}
+	if o, err = q.Observe(ctx); err != nil || !reflect.DeepEqual(o.Beating, map[int]bool{4242: true}) {
+		t.Errorf("heartbeats observed %v, %v; want this machine's live one, process 4242", o.Beating, err)
 	}
 
 	// The due count stops at the limit; an uncapped provider leaves the rate unbounded.
