@@ -17,8 +17,8 @@
 //     while workers keep dying within 30 s of their start) and counted in Status.Restarts. A worker that
 //     exits with status 2 (bad usage or configuration) is not: Run stops the others and returns
 //     ErrWorkerUsage, since it would only fail again.
-//   - A worker that has run Config.HungAfter with no live heartbeat (Observation.Beating) is SIGKILLed and
-//     another started in its place: frozen or hung, it counted as running while it sent nothing.
+//   - A worker whose heartbeat no look has found live (Observation.Beating) for Config.HungAfter is SIGKILLed
+//     and another started in its place: frozen or hung, it counted as running while it sent nothing.
 //   - When the Observer fails, the pool stays as it is until the queue can be seen again.
 //   - When ctx is done, every worker gets SIGTERM and Run returns once all have exited.
 //

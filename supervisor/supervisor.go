@@ -54,10 +54,10 @@ type Config struct {
 	Observer Observer
 	// Logger receives one line per decision, start, stop and crash.
 	Logger *slog.Logger
-	// HungAfter: a worker that has run this long and has no live heartbeat (Observation.Beating) is hung
-	// (frozen by SIGSTOP or a paused container, deadlocked, cut off from Redis while the supervisor is
-	// not): it is killed and another started in its place. Default 60 s (twice the heartbeat's 30 s
-	// life); negative: never.
+	// HungAfter: a worker that has run this long and whose heartbeat no look has found live
+	// (Observation.Beating) for this long is hung (frozen by SIGSTOP or a paused container, deadlocked, cut
+	// off from Redis while the supervisor is not): it is killed and another started in its place. Default
+	// 30 s (a heartbeat lives 30 s after its beat: a minute without a beat); negative: never.
 	HungAfter time.Duration
 	// RestartBackoff is the wait before a crashed worker is started again; it doubles, up to
 	// MaxRestartBackoff, while workers keep crashing within StableAfter of their start. Defaults 1 s, 30 s,
@@ -126,7 +126,7 @@ func New(cfg Config) *Supervisor {
 		cfg.KillMargin = 10 * time.Second
 	}
 	if cfg.HungAfter == 0 {
-		cfg.HungAfter = 60 * time.Second
+		cfg.HungAfter = 30 * time.Second
 	}
 	if cfg.RestartBackoff <= 0 {
 		cfg.RestartBackoff = time.Second

@@ -211,11 +211,12 @@ func (a *app) workerEnv() []string {
 	return env
 }
 
-// hungAfter is the supervisor's HungAfter for --hung-after (0: never, which the supervisor says with a
-// negative duration).
+// hungAfter is the supervisor's HungAfter for --hung-after: the time a worker's heartbeat has been gone from
+// Redis, which is its time without a beat less the heartbeat's life (state.WorkerTTL). 0 (never) is
+// negative there.
 func hungAfter(d time.Duration) time.Duration {
 	if d == 0 {
 		return -1
 	}
-	return d
+	return d - state.WorkerTTL
 }
