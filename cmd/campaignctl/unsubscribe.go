@@ -200,7 +200,7 @@ const maxUnsubscribeBody = 1 << 10
 // button (a mail client's or a scanner's GET changes nothing), POST with List-Unsubscribe=One-Click (RFC
 // 8058, from the mail client, or the button) records the refusal. A token that does not verify is 403, a
 // valid one for a user the campaign never had 404: neither changes anything.
-func unsubscribeHandler(signer *unsubscribe.Signer, store *campaign.Store, sink *refusalSink, log *slog.Logger) http.Handler {
+func unsubscribeHandler(signer *unsubscribe.Signer, store *campaign.Store, sink *refusalSink, storeWait time.Duration, log *slog.Logger) http.Handler {
 	page := func(w http.ResponseWriter, status int, t unsubscribeText) {
 		w.Header().Set("Content-Type", "text/html; charset=utf-8")
 		w.Header().Set("Cache-Control", "no-store")
@@ -218,7 +218,28 @@ func unsubscribeHandler(signer *unsubscribe.Signer, store *campaign.Store, sink 
 			page(w, http.StatusForbidden, unsubBad)
 			return
 		}
-		addr, ch, brand, unsure, err := store.LinkRecipient(r.Context(), id, user)
+		var (
+			addr, brand string
+			ch          campaign.Channel
+			unsure      bool
+		)
+		// A POST is a refusal to record: its recipient is looked up through a Postgres restart too.
+		wait := time.Duration(0)
+		if r.Method == http.MethodPost {
+			wait = storeWait
+		}
+		var none error
+		err = receipts.Store(r.Context(), wait, log, "a one-click unsubscribe's recipient", func(ctx context.Context) error {
+			var err error
+			addr, ch, brand, unsure, err = store.LinkRecipient(ctx, id, user)
+			if errors.Is(err, campaign.ErrNoRecipient) {
+				none, err = err, nil // an answer, not a failure
+			}
+			return err
+		})
+		if err == nil {
+			err = none
+		}
 		switch {
 		case errors.Is(err, campaign.ErrNoRecipient):
 			log.Warn("unsubscribe link of no recipient", "campaign_id", id, "remote", r.RemoteAddr)
@@ -262,16 +283,20 @@ func unsubscribeHandler(signer *unsubscribe.Signer, store *campaign.Store, sink 
 		// unless a consent was given again in between.
 		at := time.Now()
 		eventID := fmt.Sprintf("%d:%s:%d", id, user, at.UnixMilli())
-		if last, err := sink.lastOneClick(r.Context(), id, user, addr, ch.Spec().IYSType, at); err != nil {
-			log.Error("record a one-click unsubscribe", "campaign_id", id, "err", err)
-			page(w, http.StatusServiceUnavailable, unsubFailed)
-			return
-		} else if last != "" {
-			eventID = last
-		}
-		err = sink.record(r.Context(), []iys.Refusal{{Via: iys.ViaOneClick, EventID: eventID, Kind: iys.ViaOneClick,
-			Recipient: addr, Type: ch.Spec().IYSType, CampaignID: id, UserID: user, At: at, Brand: brand,
-			Evidence: fmt.Sprintf("unsubscribe link of campaign %d, user %s, through %s", id, user, from)}})
+		// Held while Postgres cannot take it (a restart, a failover), as the providers' posts are
+		// (webhooks --store-wait): a mail client's one-click POST answered 503 may never come again.
+		err = receipts.Store(r.Context(), storeWait, log, "a one-click unsubscribe", func(ctx context.Context) error {
+			last, err := sink.lastOneClick(ctx, id, user, addr, ch.Spec().IYSType, at)
+			if err != nil {
+				return err
+			}
+			if last != "" {
+				eventID = last
+			}
+			return sink.record(ctx, []iys.Refusal{{Via: iys.ViaOneClick, EventID: eventID, Kind: iys.ViaOneClick,
+				Recipient: addr, Type: ch.Spec().IYSType, CampaignID: id, UserID: user, At: at, Brand: brand,
+				Evidence: fmt.Sprintf("unsubscribe link of campaign %d, user %s, through %s", id, user, from)}})
+		})
 		if err != nil {
 			log.Error("record a one-click unsubscribe", "campaign_id", id, "err", err)
 			page(w, http.StatusServiceUnavailable, unsubFailed)

@@ -150,7 +150,7 @@ func oneClickSetup(t *testing.T) (*pgxpool.Pool, int64, *unsubscribe.Signer, htt
 		t.Fatal(err)
 	}
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	h := unsubscribeHandler(signer, campaign.NewStore(db), &refusalSink{pool: db, brand: "654321", log: log}, log)
+	h := unsubscribeHandler(signer, campaign.NewStore(db), &refusalSink{pool: db, brand: "654321", log: log}, 0, log)
 	return db, id, signer, h
 }
 

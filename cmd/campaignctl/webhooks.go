@@ -101,7 +101,8 @@ While Postgres cannot take what a request carries (a restart, a failover), the r
 receipts and refusals are tried again, for up to --store-wait, before it is answered 500. Twilio does
 not post an incoming SMS or a status callback again after a 500 unless its URL asks it to (connection
 overrides such as #rc=3&rp=5xx,ct on the webhook URL): without the wait, an RET sent during a Postgres
-restart would be lost. SendGrid posts a batch again for 24 hours.`,
+restart would be lost. SendGrid posts a batch again for 24 hours. A one-click unsubscribe POST is held the
+same way.`,
 		Example: `  TWILIO_AUTH_TOKEN=... SENDGRID_WEBHOOK_PUBLIC_KEY=... campaignctl webhooks --addr 127.0.0.1:8090
   campaignctl webhooks --addr 0.0.0.0:8090 --public-url https://hooks.example.com
   curl http://127.0.0.1:8090/stats                     # on the same machine
@@ -197,7 +198,7 @@ restart would be lost. SendGrid posts a batch again for 24 hours.`,
 			}
 			var extra map[string]http.Handler
 			if signer != nil {
-				u := unsubscribeHandler(signer, campaign.NewStore(engine), refusals, log)
+				u := unsubscribeHandler(signer, campaign.NewStore(engine), refusals, storeWait, log)
 				extra = map[string]http.Handler{"GET " + unsubscribe.Path: u, "HEAD " + unsubscribe.Path: u, "POST " + unsubscribe.Path: u}
 			}
 			var polled map[string]func() receipts.Stats

@@ -3,15 +3,21 @@ package main
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"net/http"
+	"net/http/httptest"
 	"net/url"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/campaignctl/campaignctl/campaign"
 	"github.com/campaignctl/campaignctl/internal/testdb"
+	"github.com/campaignctl/campaignctl/internal/unsubscribe"
+	"github.com/campaignctl/campaignctl/providers/receipts"
 )
 
 // An "RET" answered to a campaign SMS while Postgres refuses connections (a restart, a failover) is held
@@ -23,10 +29,6 @@ func TestAnRETDuringAPostgresRestartIsRecordedWhenPostgresIsBack(t *testing.T) {
 	t.Parallel()
 	pool, dbURL := testdb.New(t)
 	ctx := t.Context()
-	var dbName string
-	if err := pool.QueryRow(ctx, `SELECT current_database()`).Scan(&dbName); err != nil {
-		t.Fatal(err)
-	}
 	const brand, from = "654321", "+905551239999"
 	if _, err := pool.Exec(ctx, `INSERT INTO iys_consents (recipient, type, recipient_type, brand_code, status, source, consent_date)
 		VALUES ($1, 'MESAJ', 'BIREYSEL', $2, 'ONAY', 'HS_WEB', now() - interval '1 day')`, from, brand); err != nil {
@@ -34,31 +36,7 @@ func TestAnRETDuringAPostgresRestartIsRecordedWhenPostgresIsBack(t *testing.T) {
 	}
 	env := map[string]string{"DATABASE_URL": dbURL, "TWILIO_AUTH_TOKEN": hooksToken, "IYS_BRAND_CODE": brand}
 	hooks := serveInProcess(t, env, hooksURLRe, "webhooks", "--addr", "127.0.0.1:0") // the default --store-wait
-	admin, err := pgx.Connect(ctx, testdb.AdminURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { admin.Close(context.Background()) })
-	allow := func(ok bool) {
-		if _, err := admin.Exec(context.Background(), fmt.Sprintf(`ALTER DATABASE %s ALLOW_CONNECTIONS %t`, dbName, ok)); err != nil {
-			t.Error(err)
-		}
-	}
-	// Postgres goes: no new connection to the database, and every open one is cut. It comes back 2 s later
-	// (admin is one connection: only that goroutine uses it from now on, and the test waits for it).
-	allow(false)
-	if _, err := admin.Exec(ctx, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = $1 AND pid <> pg_backend_pid()`, dbName); err != nil {
-		allow(true)
-		t.Fatal(err)
-	}
-	pool.Reset()
-	back := make(chan struct{})
-	go func() {
-		defer close(back)
-		time.Sleep(2 * time.Second)
-		allow(true)
-	}()
-	t.Cleanup(func() { <-back })
+	back := refuseConnectionsFor(t, pool, 2*time.Second)
 
 	sid := "SMin0000000000000000000000000000099"
 	form := url.Values{"MessageSid": {sid}, "SmsMessageSid": {sid}, "AccountSid": {"ACtest"}, "From": {from}, "To": {"+908501234567"},
@@ -83,5 +61,75 @@ func TestAnRETDuringAPostgresRestartIsRecordedWhenPostgresIsBack(t *testing.T) {
 	outbox := countRows(t, pool, `SELECT count(*) FROM iys_outbox WHERE recipient = '`+from+`'`)
 	if status != "RET" || refusals != 1 || outbox != 1 {
 		t.Fatalf("after the post (200 in %v): consent %s, %d refusals, %d İYS outbox rows; want RET, 1, 1", took, status, refusals, outbox)
+	}
+}
+
+// refuseConnectionsFor makes pool's database refuse every connection, cuts the open ones, and takes
+// connections again after d (a Postgres restart, as one database sees it). The channel is closed once it
+// takes them again; the test's cleanup waits for it.
+func refuseConnectionsFor(t *testing.T, pool *pgxpool.Pool, d time.Duration) <-chan struct{} {
+	t.Helper()
+	ctx := t.Context()
+	var dbName string
+	if err := pool.QueryRow(ctx, `SELECT current_database()`).Scan(&dbName); err != nil {
+		t.Fatal(err)
+	}
+	admin, err := pgx.Connect(ctx, testdb.AdminURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	allow := func(ok bool) error {
+		_, err := admin.Exec(context.Background(), fmt.Sprintf(`ALTER DATABASE %s ALLOW_CONNECTIONS %t`, dbName, ok))
+		return err
+	}
+	if err := allow(false); err != nil {
+		admin.Close(context.Background())
+		t.Fatal(err)
+	}
+	if _, err := admin.Exec(ctx, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = $1 AND pid <> pg_backend_pid()`, dbName); err != nil {
+		allow(true) //nolint:errcheck
+		admin.Close(context.Background())
+		t.Fatal(err)
+	}
+	pool.Reset()
+	// admin is one connection: only this goroutine uses it from now on.
+	back := make(chan struct{})
+	go func() {
+		defer close(back)
+		defer admin.Close(context.Background())
+		time.Sleep(d)
+		if err := allow(true); err != nil {
+			t.Error(err)
+		}
+	}()
+	t.Cleanup(func() { <-back })
+	return back
+}
+
+// A one-click unsubscribe POSTed (by the mail client, RFC 8058) while Postgres refuses connections is held
+// and recorded once Postgres is back, 2 s later: 200 and the consent RET. Before, it was answered 503 at
+// once, and a mail client's POST may never come again.
+func TestAOneClickDuringAPostgresRestartIsRecordedWhenPostgresIsBack(t *testing.T) {
+	t.Parallel()
+	db, id, signer, _ := oneClickSetup(t)
+	log := slog.New(slog.DiscardHandler)
+	h := unsubscribeHandler(signer, campaign.NewStore(db), &refusalSink{pool: db, brand: "654321", log: log}, receipts.DefaultStoreWait, log)
+	back := refuseConnectionsFor(t, db, 2*time.Second)
+	req := httptest.NewRequest(http.MethodPost, unsubscribe.Path+signer.Token(id, "u1"), strings.NewReader("List-Unsubscribe=One-Click"))
+	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	w := httptest.NewRecorder()
+	start := time.Now()
+	h.ServeHTTP(w, req)
+	took := time.Since(start)
+	<-back
+	if w.Code != http.StatusOK || took < 1500*time.Millisecond {
+		t.Fatalf("the one-click POST while Postgres refused connections: %d after %v; want 200 once Postgres is back (2 s)", w.Code, took)
+	}
+	var status string
+	if err := db.QueryRow(t.Context(), `SELECT status FROM iys_consents WHERE recipient = $1 AND type = 'EPOSTA'`, oneClickAddr).Scan(&status); err != nil {
+		t.Fatal(err)
+	}
+	if n := countRows(t, db, `SELECT count(*) FROM refusals WHERE recipient = '`+oneClickAddr+`'`); status != "RET" || n != 1 {
+		t.Fatalf("after the click (200 in %v): consent %s, %d refusals; want RET, 1", took, status, n)
 	}
 }

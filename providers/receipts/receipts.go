@@ -338,20 +338,27 @@ func (h *Handler) SetStoreWait(d time.Duration) { h.limits.storeWait = d }
 // sinks' writes are idempotent (event IDs, keyed refusals), so one that failed after its commit is
 // written once.
 func (h *Handler) store(ctx context.Context, what string, write func(context.Context) error) error {
-	deadline := time.Now().Add(h.limits.storeWait)
-	wait := 100 * time.Millisecond
+	return Store(ctx, h.limits.storeWait, h.log, what, write)
+}
+
+// Store runs write, and while it fails runs it again (after 0.1 s, doubling up to 1 s) for up to wait, or
+// until ctx ends: what a request carries is held while Postgres restarts or fails over (see
+// Handler.SetStoreWait). It returns write's last error.
+func Store(ctx context.Context, wait time.Duration, log *slog.Logger, what string, write func(context.Context) error) error {
+	deadline := time.Now().Add(wait)
+	pause := 100 * time.Millisecond
 	for {
 		err := write(ctx)
-		if err == nil || ctx.Err() != nil || time.Now().Add(wait).After(deadline) {
+		if err == nil || ctx.Err() != nil || time.Now().Add(pause).After(deadline) {
 			return err
 		}
-		h.log.Warn("record "+what+" failed; trying again", "err", err, "in", wait)
+		log.Warn("record "+what+" failed; trying again", "err", err, "in", pause)
 		select {
 		case <-ctx.Done():
 			return err
-		case <-time.After(wait):
+		case <-time.After(pause):
 		}
-		wait = min(2*wait, time.Second)
+		pause = min(2*pause, time.Second)
 	}
 }
 
