@@ -409,12 +409,16 @@ func (s *Supervisor) stop(c *child, why string) {
 	if err := c.cmd.Process.Signal(syscall.SIGTERM); err != nil && !errors.Is(err, os.ErrProcessDone) {
 		s.log.Warn("cannot signal worker", "worker", c.id, "pid", c.pid, "err", err)
 	}
-	grace := s.cfg.ShutdownTimeout + s.cfg.KillMargin
+	s.killAfter(c, s.cfg.ShutdownTimeout+s.cfg.KillMargin)
+}
+
+// killAfter SIGKILLs c after grace (at once for 0), unless it has exited by then (see reap).
+func (s *Supervisor) killAfter(c *child, grace time.Duration) {
 	proc, id, pid, done := c.cmd.Process, c.id, c.pid, make(chan struct{})
 	c.killDone = done
 	c.killer = time.AfterFunc(grace, func() {
 		defer close(done)
-		if err := proc.Kill(); err == nil {
+		if err := proc.Kill(); err == nil && grace > 0 {
 			s.log.Warn("worker still running after SIGTERM; killed it", "worker", id, "pid", pid, "waited", grace.String())
 		}
 	})
@@ -423,8 +427,7 @@ func (s *Supervisor) stop(c *child, why string) {
 // killHung kills the workers that have run for HungAfter and whose heartbeat no look has found live for
 // HungAfter. Such a worker sends nothing but counts as running, so the pool would stay at its size with
 // nobody sending (a campaign sat two minutes behind one frozen worker, its waiting reason no_worker, the
-// supervisor holding "steady").
-// It is killed at once, not asked: a frozen process takes no SIGTERM, and its death lets its liveness lock
+// supervisor holding "steady"). It is killed at once, not asked: a frozen process takes no SIGTERM, and its death lets its liveness lock
 // go, so that its chunks are taken over (what it had in flight becomes unknown, as after any kill). apply
 // then starts another in its place.
 func (s *Supervisor) killHung(o Observation) {
@@ -443,14 +446,7 @@ func (s *Supervisor) killHung(o Observation) {
 		c.stopping, c.stopAt = true, time.Now()
 		s.log.Warn("worker has no heartbeat (frozen, hung, or cut off from Redis); killing it and starting another",
 			"worker", c.id, "pid", c.pid, "ran", time.Since(c.started).Round(time.Second).String())
-		proc, id, pid, done := c.cmd.Process, c.id, c.pid, make(chan struct{})
-		c.killDone = done
-		c.killer = time.AfterFunc(0, func() {
-			defer close(done)
-			if err := proc.Kill(); err != nil && !errors.Is(err, os.ErrProcessDone) {
-				s.log.Warn("cannot kill worker", "worker", id, "pid", pid, "err", err)
-			}
-		})
+		s.killAfter(c, 0)
 	}
 }
 
