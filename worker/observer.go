@@ -4,10 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
 	"slices"
-	"strconv"
-	"strings"
 	"time"
 
 	"github.com/hibiken/asynq"
@@ -89,22 +86,16 @@ func (q *QueueObserver) Observe(ctx context.Context) (supervisor.Observation, er
 	return o, nil
 }
 
-// beatingHere returns the process IDs of the workers on this machine whose heartbeat is live: a worker's
-// owner is "<host name>:<pid>" (cmd's worker).
+// beatingHere returns the process IDs of the workers on this machine whose heartbeat is live.
 func beatingHere(ctx context.Context, rdb redis.UniversalClient) (map[int]bool, error) {
-	host, err := os.Hostname()
-	if err != nil {
-		return nil, nil // no way to tell this machine's workers: none is judged hung
-	}
 	ws, err := state.Workers(ctx, rdb)
 	if err != nil {
 		return nil, err
 	}
 	beating := map[int]bool{}
 	for _, w := range ws {
-		i := strings.LastIndexByte(w.Owner, ':')
-		if n, err := strconv.Atoi(w.Owner[i+1:]); i > 0 && err == nil && w.Owner[:i] == host {
-			beating[n] = true
+		if pid, ok := state.LocalPID(w.Owner); ok {
+			beating[pid] = true
 		}
 	}
 	return beating, nil

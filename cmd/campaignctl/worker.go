@@ -121,8 +121,7 @@ A worker sends the channels whose provider is configured:
 			if signer == nil && set.primary[campaign.ChannelEmail] != nil {
 				log.Warn("this worker sends no commercial e-mail (its batches wait for a worker that can): set WEBHOOKS_PUBLIC_URL and UNSUBSCRIBE_SECRET to sign their one-click unsubscribe links")
 			}
-			host, _ := os.Hostname()
-			owner := fmt.Sprintf("%s:%d", host, os.Getpid())
+			owner := state.LocalOwner()
 			live := worker.NewLiveness(svc.engine, log)
 			h := worker.NewHandler(worker.Config{
 				Unsubscribe:       signer,

@@ -4,7 +4,9 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"os"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -13,6 +15,23 @@ import (
 // WorkerKey is a worker process's heartbeat, "campaignctl:worker:<owner>" (a WorkerInfo in JSON, expiring
 // WorkerTTL after it was last written).
 func WorkerKey(owner string) string { return workerPrefix + owner }
+
+// LocalOwner is the owner name of a worker process: "<host name>:<pid>".
+func LocalOwner() string {
+	host, _ := os.Hostname()
+	return host + ":" + strconv.Itoa(os.Getpid())
+}
+
+// LocalPID is the process ID of owner when it is a worker of this machine (LocalOwner's form).
+func LocalPID(owner string) (int, bool) {
+	host, err := os.Hostname()
+	i := strings.LastIndexByte(owner, ':')
+	if err != nil || i <= 0 || owner[:i] != host {
+		return 0, false
+	}
+	pid, err := strconv.Atoi(owner[i+1:])
+	return pid, err == nil
+}
 
 const workerPrefix = "campaignctl:worker:"
 
