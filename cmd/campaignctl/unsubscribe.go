@@ -228,18 +228,14 @@ func unsubscribeHandler(signer *unsubscribe.Signer, store *campaign.Store, sink 
 		if r.Method == http.MethodPost {
 			wait = storeWait
 		}
-		var none error
 		err = receipts.Store(r.Context(), wait, log, "a one-click unsubscribe's recipient", func(ctx context.Context) error {
 			var err error
 			addr, ch, brand, unsure, err = store.LinkRecipient(ctx, id, user)
 			if errors.Is(err, campaign.ErrNoRecipient) {
-				none, err = err, nil // an answer, not a failure
+				return receipts.Final(err) // an answer, not a failure
 			}
 			return err
 		})
-		if err == nil {
-			err = none
-		}
 		switch {
 		case errors.Is(err, campaign.ErrNoRecipient):
 			log.Warn("unsubscribe link of no recipient", "campaign_id", id, "remote", r.RemoteAddr)

@@ -114,6 +114,14 @@ func TestAOneClickDuringAPostgresRestartIsRecordedWhenPostgresIsBack(t *testing.
 	db, id, signer, _ := oneClickSetup(t)
 	log := slog.New(slog.DiscardHandler)
 	h := unsubscribeHandler(signer, campaign.NewStore(db), &refusalSink{pool: db, brand: "654321", log: log}, receipts.DefaultStoreWait, log)
+	// A link of a user the campaign never had is an answer (404), not a failure to wait out.
+	nobody := httptest.NewRequest(http.MethodPost, unsubscribe.Path+signer.Token(id, "nobody"), strings.NewReader("List-Unsubscribe=One-Click"))
+	nobody.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	nw := httptest.NewRecorder()
+	began := time.Now()
+	if h.ServeHTTP(nw, nobody); nw.Code != http.StatusNotFound || time.Since(began) > 2*time.Second {
+		t.Fatalf("a POST of a link of no recipient: %d after %v; want 404 at once", nw.Code, time.Since(began))
+	}
 	back := refuseConnectionsFor(t, db, 2*time.Second)
 	req := httptest.NewRequest(http.MethodPost, unsubscribe.Path+signer.Token(id, "u1"), strings.NewReader("List-Unsubscribe=One-Click"))
 	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")

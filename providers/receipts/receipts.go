@@ -65,6 +65,7 @@ package receipts
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"maps"
@@ -343,12 +344,17 @@ func (h *Handler) store(ctx context.Context, what string, write func(context.Con
 
 // Store runs write, and while it fails runs it again (after 0.1 s, doubling up to 1 s) for up to wait, or
 // until ctx ends: what a request carries is held while Postgres restarts or fails over (see
-// Handler.SetStoreWait). It returns write's last error.
+// Handler.SetStoreWait). An error write marks Final is an answer, not a failure: it is returned at once.
+// It returns write's last error.
 func Store(ctx context.Context, wait time.Duration, log *slog.Logger, what string, write func(context.Context) error) error {
 	deadline := time.Now().Add(wait)
 	pause := 100 * time.Millisecond
 	for {
 		err := write(ctx)
+		var f finalError
+		if errors.As(err, &f) {
+			return f.error
+		}
 		if err == nil || ctx.Err() != nil || time.Now().Add(pause).After(deadline) {
 			return err
 		}
@@ -480,3 +486,8 @@ func equalFoldASCII(a, b string) bool {
 	}
 	return true
 }
+
+// Final marks err, returned by Store's write, as one that trying again would not change.
+func Final(err error) error { return finalError{err} }
+
+type finalError struct{ error }
