@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
-	"strconv"
 	"time"
 
 	"github.com/hibiken/asynq"
@@ -482,15 +481,12 @@ func enqueueAfterActive(ctx context.Context, rdb redis.UniversalClient, store *c
 		if !running[b] {
 			continue
 		}
-		task, err := NewBatchTask(c.ID, b)
+		queued, err := enqueueFollowUp(ctx, client, c.ID, b, "resumed", now)
 		if err != nil {
 			return again, followUps, err
 		}
-		id := TaskID(c.ID, b) + "/resumed-" + strconv.FormatInt(now.Unix(), 10)
-		if _, err := client.EnqueueContext(ctx, task, asynq.TaskID(id)); err == nil {
+		if queued {
 			followUps++
-		} else if !errors.Is(err, asynq.ErrTaskIDConflict) {
-			return again, followUps, fmt.Errorf("queue batch %d of campaign %d: %w", b, c.ID, err)
 		}
 	}
 	return again, followUps, nil

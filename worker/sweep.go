@@ -148,22 +148,40 @@ func (h *Handler) followUp(ctx context.Context, c *campaign.Campaign, b int) {
 	if h.cfg.Redis == nil || !(c.State == campaign.StateRunning && c.Window.Open(now) || c.State == campaign.StateCancelled) {
 		return
 	}
-	task, err := NewBatchTask(c.ID, b)
-	if err == nil {
-		_, err = asynq.NewClientFromRedisClient(h.cfg.Redis).EnqueueContext(ctx, task,
-			asynq.TaskID(followUpID(c.ID, b, now)))
-	}
+	queued, err := enqueueFollowUp(ctx, asynq.NewClientFromRedisClient(h.cfg.Redis), c.ID, b, "swept", now)
 	switch {
-	case err == nil:
-		h.log.Info("queued the batch of a run that died again, now", "campaign_id", c.ID, "batch", b)
-	case !errors.Is(err, asynq.ErrTaskIDConflict):
+	case err != nil:
 		h.log.Warn("batch of a run that died not queued again; its own task comes back later", "campaign_id", c.ID, "batch", b, "err", fmt.Sprint(err))
+	case queued:
+		h.log.Info("queued the batch of a run that died again, now", "campaign_id", c.ID, "batch", b)
 	}
 }
 
-// followUpID is the task ID of a follow-up of batch b of campaign id queued at now.
-func followUpID(id int64, b int, now time.Time) string {
-	return TaskID(id, b) + "/swept-" + strconv.FormatInt(now.Unix(), 10)
+// followUpID is the task ID of a sweep's follow-up of batch b of campaign id queued at now.
+func followUpID(id int64, b int, now time.Time) string { return followUpTaskID(id, b, "swept", now) }
+
+// followUpTaskID is the task ID of a follow-up of batch b of campaign id, queued at now by kind (swept,
+// resumed): "<campaign>:<batch>/<kind>-<unix second>". The DLQ and status read it as the batch's.
+func followUpTaskID(id int64, b int, kind string, now time.Time) string {
+	return TaskID(id, b) + "/" + kind + "-" + strconv.FormatInt(now.Unix(), 10)
+}
+
+// enqueueFollowUp queues a run of batch b of campaign id beside the batch's own task (followUpTaskID; the
+// follow-ups of one second are one). It reports whether it queued one: false, with no error, when that
+// second's is queued already.
+func enqueueFollowUp(ctx context.Context, client *asynq.Client, id int64, b int, kind string, now time.Time) (bool, error) {
+	task, err := NewBatchTask(id, b)
+	if err != nil {
+		return false, err
+	}
+	_, err = client.EnqueueContext(ctx, task, asynq.TaskID(followUpTaskID(id, b, kind, now)))
+	if errors.Is(err, asynq.ErrTaskIDConflict) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("queue batch %d of campaign %d: %w", b, id, err)
+	}
+	return true, nil
 }
 
 const reasonDiedMidCall = "a worker stopped after claiming and before the provider answered; the message may have been sent"
