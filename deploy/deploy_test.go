@@ -131,6 +131,7 @@ var commands = map[string]commandSpec{
 	"webhooks": {flags: map[string]flagSpec{
 		"--addr":       {true, listenAddr},
 		"--public-url": {true, httpURL},
+		"--spool-dir":  {true, absPath},
 	}},
 	"status":   {flags: map[string]flagSpec{"--watch": {false, nil}, "--json": {false, nil}}, maxArgs: 1},
 	"resume":   {flags: map[string]flagSpec{"--resend-unknown": {false, nil}}, maxArgs: 1},
@@ -1302,6 +1303,13 @@ func listenAddr(s string) error {
 	return nil
 }
 
+func absPath(s string) error {
+	if !strings.HasPrefix(s, "/") {
+		return errors.New("want an absolute path")
+	}
+	return nil
+}
+
 func httpURL(s string) error {
 	u, err := url.Parse(s)
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
@@ -1888,6 +1896,14 @@ func (c *checker) checkWebhooks(d obj[deployment], ct *container, cmd *cmdline, 
 	}
 	if !envFromSecret(ct, "DATABASE_URL") {
 		c.addf(cw, "webhooks needs DATABASE_URL from the Secret")
+	}
+	// The refusal spool must be writable under a read-only root: a volume mounted at --spool-dir or above.
+	if dir, ok := cmd.flags["--spool-dir"]; !ok {
+		c.addf(cw, "no --spool-dir: the default (under HOME) is not writable with a read-only root, and refusals Postgres cannot take within --store-wait would be answered 500")
+	} else if dir != "" && !slices.ContainsFunc(ct.VolumeMounts, func(m volumeMount) bool {
+		return dir == m.MountPath || strings.HasPrefix(dir, strings.TrimSuffix(m.MountPath, "/")+"/")
+	}) {
+		c.addf(cw, "--spool-dir %s is on no volume: the root file system is read-only", dir)
 	}
 	for kind, pr := range map[string]*probe{"readinessProbe": ct.ReadinessProbe, "livenessProbe": ct.LivenessProbe} {
 		if pr != nil && (pr.HTTPGet == nil || pr.HTTPGet.Path != "/healthz") {

@@ -87,9 +87,9 @@ func (s *refusalSink) Refuse(ctx context.Context, rs []receipts.Refusal) error {
 			CampaignID: r.CampaignID, UserID: r.UserID, Evidence: r.Evidence, At: r.At, Suppressed: r.Suppressed})
 	}
 	if err := s.scopeGroupRefusals(ctx, out); err != nil {
-		return err
+		return refusedForGood(err)
 	}
-	return s.record(ctx, out)
+	return refusedForGood(s.record(ctx, out))
 }
 
 // scopeGroupRefusals sets the Brand of each group_unsubscribe in rs that names its campaign to that

@@ -11,6 +11,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"os"
 	"slices"
 	"strings"
 	"time"
@@ -51,7 +52,7 @@ const (
 )
 
 func (a *app) newWebhooksCmd() *cobra.Command {
-	var addr, publicURL, authFile string
+	var addr, publicURL, authFile, spoolDir string
 	var netgsmEvery, storeWait time.Duration
 	var keywords []string
 	cmd := &cobra.Command{
@@ -98,11 +99,13 @@ the provider posts again). Headers must arrive within ` + webhooksReadHeaderTime
 (else 408); an idle connection is closed after ` + webhooksIdleTimeout.String() + `.
 
 While Postgres cannot take what a request carries (a restart, a failover), the request is held and its
-receipts and refusals are tried again, for up to --store-wait, before it is answered 500. Twilio does
-not post an incoming SMS or a status callback again after a 500 unless its URL asks it to (connection
-overrides such as #rc=3&rp=5xx,ct on the webhook URL): without the wait, an RET sent during a Postgres
-restart would be lost. SendGrid posts a batch again for 24 hours. A one-click unsubscribe POST is held the
-same way.`,
+receipts and refusals are tried again, for up to --store-wait. Twilio does not post an incoming SMS or
+a status callback again after a 500 unless its URL asks it to (connection overrides such as
+#rc=3&rp=5xx,ct on the webhook URL). So refusals Postgres still cannot take then are written to the
+refusal spool (--spool-dir, one synced file a request) and the request is answered as recorded; they are
+recorded as soon as Postgres is back, by this process or by the next one started on the same directory.
+Receipts are answered 500 (SendGrid posts a batch again for 24 hours). A one-click unsubscribe POST is
+held the same way, then answered 503.`,
 		Example: `  TWILIO_AUTH_TOKEN=... SENDGRID_WEBHOOK_PUBLIC_KEY=... campaignctl webhooks --addr 127.0.0.1:8090
   campaignctl webhooks --addr 0.0.0.0:8090 --public-url https://hooks.example.com
   curl http://127.0.0.1:8090/stats                     # on the same machine
@@ -169,6 +172,26 @@ same way.`,
 			}
 			defer engine.Close()
 			refusals.pool = engine
+			dir, err := a.refusalSpoolDir(spoolDir)
+			if err != nil {
+				return err
+			}
+			var spool *receipts.Spool
+			if dir != "" {
+				spool = receipts.NewSpool(dir, refusals, log)
+				if err := spool.Check(); err != nil {
+					if cmd.Flags().Changed("spool-dir") {
+						return usagef("--spool-dir %s: %v; give a directory this process may write, or --spool-dir '' for none", spoolDir, err)
+					}
+					fmt.Fprintf(a.stderr, "warning: no refusal spool (%v): a refusal Postgres cannot take within --store-wait is answered 500; give --spool-dir\n", err)
+					spool = nil
+				} else {
+					go spool.Run(ctx)
+					// The directory goes with the process when nothing waits in it (os.Remove leaves one that
+					// is not empty).
+					defer os.Remove(dir) //nolint:errcheck
+				}
+			}
 			deliveries.batcher = newDeliveryBatcher(campaign.NewStore(engine))
 			go deliveries.batcher.run(ctx)
 			go watchOutbox(ctx, engine, log)
@@ -207,6 +230,7 @@ same way.`,
 			}
 			for _, h := range handlers {
 				h.SetStoreWait(storeWait)
+				h.SetSpool(spool)
 			}
 			srv := webhooksServer(webhooksMux(handlers, creds, log, extra, polled))
 			go func() {
@@ -227,6 +251,9 @@ same way.`,
 				}
 				fmt.Fprintf(a.stderr, "receiving %s at %s%s\n", what, shown, webhooksPaths[name])
 			}
+			if spool != nil {
+				fmt.Fprintf(a.stderr, "refusals Postgres cannot take within %v are held in %s until it can\n", storeWait, spool.Dir())
+			}
 			if poller != nil {
 				fmt.Fprintf(a.stderr, "asking Netgsm for the reports of its messages every %v, while no other webhooks process on this database does\n", netgsmEvery)
 			}
@@ -244,6 +271,7 @@ same way.`,
 	cmd.Flags().StringSliceVar(&keywords, "refusal-keywords", receipts.DefaultRefusalKeywords, "the first words that make an incoming SMS a refusal (case and İ/ı folded)")
 	cmd.Flags().DurationVar(&netgsmEvery, "netgsm-report-interval", 6*time.Second, "with NETGSM_USERCODE and NETGSM_PASSWORD: how often to ask Netgsm for reports (it answers 10 a minute); 0: never")
 	cmd.Flags().DurationVar(&storeWait, "store-wait", receipts.DefaultStoreWait, "how long a request whose receipts or refusals Postgres cannot take is held and tried again before it is answered 500; 0: at once")
+	cmd.Flags().StringVar(&spoolDir, "spool-dir", spoolDirDefault, "where refusals wait that Postgres could not take within --store-wait, to be recorded when it is back (in a subdirectory per database); default: $XDG_STATE_HOME/campaignctl/refusals, else ~/.local/state/campaignctl/refusals; '': none (such a post is answered 500)")
 	cmd.Flags().StringVar(&authFile, "basic-auth-file", "", "file holding one line user:password (mode 600) that GET /stats takes from elsewhere than loopback (else $"+uiAuthEnv+")")
 	return cmd
 }

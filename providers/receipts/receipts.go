@@ -7,7 +7,9 @@
 // A request is verified before anything in it is believed: an unsigned or wrongly signed request (or,
 // for SendGrid, one whose signed timestamp lies outside the replay window) is answered 403, a request
 // that cannot be parsed 400 (413 when too large, 408 when its body came too slowly), and a request whose
-// receipts or refusals a sink could not record 500, so that the provider delivers it again. A request
+// receipts or refusals a sink could not record 500, so that the provider delivers it again; refusals the
+// sink could not take within the store wait go to the handler's Spool, if it has one, and do not make the
+// request fail (see Spool). A request
 // that was recorded, or held nothing but events that are neither (opens, clicks, Twilio's interim
 // statuses), is answered 204; an incoming SMS is answered 200 with an empty TwiML document, so that
 // Twilio sends no reply.
@@ -188,6 +190,10 @@ type Stats struct {
 	Ignored map[string]int64 `json:"ignored"`
 	// Rejected counts the refused requests by reason (the Reason constants).
 	Rejected map[string]int64 `json:"rejected"`
+	// Spooled is the number of refusals the RefusalSink could not take within the store wait and that
+	// were held in the Spool instead, to be recorded when it takes them again (the spool logs each
+	// request it records).
+	Spooled int64 `json:"spooled"`
 	// SinkErrors is the number of requests answered 500 because the Sink or the RefusalSink failed.
 	SinkErrors int64 `json:"sink_errors"`
 }
@@ -243,6 +249,7 @@ type Handler struct {
 	// answer writes the answer to a request that was recorded: 204 unless the provider wants more.
 	answer  func(w http.ResponseWriter)
 	counter counter
+	spool   *Spool // nil: none
 }
 
 // batch is what one verified request holds: its receipts, its refusals and the names of the events it
@@ -286,13 +293,32 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	// Refusals first: they are what keeps the next message from someone who said no, and a receipt the
 	// sink cannot write must not hold them back (the post is answered 500 and comes again; refusals
 	// already recorded are repeats then).
+	spooled := 0
 	if len(b.refusals) > 0 {
-		if err := h.store(r.Context(), "refusals", func(ctx context.Context) error { return h.refusals.Refuse(ctx, b.refusals) }); err != nil {
+		final := false
+		err := h.store(r.Context(), "refusals", func(ctx context.Context) error {
+			err := h.refusals.Refuse(ctx, b.refusals)
+			final = errors.As(err, new(finalError))
+			return err
+		})
+		held := "refusal recorded"
+		if err != nil && !final && h.spool != nil {
+			// The sink did not take them within the store wait (Postgres down longer than a restart): on
+			// disk, they are recorded when it is back, and the post is answered as recorded, since a
+			// provider that does not post it again would lose it.
+			if serr := h.spool.Hold(b.refusals); serr != nil {
+				h.log.Error("the refusal spool cannot hold the refusals either", "err", serr)
+			} else {
+				h.log.Warn("refusals not recorded: Postgres cannot take them; held in the spool, recorded when it is back", "refusals", len(b.refusals), "err", err, "spool", h.spool.Dir())
+				err, spooled, held = nil, len(b.refusals), "refusal held in the spool"
+			}
+		}
+		if err != nil {
 			h.sinkFailed(w, "record refusals", "refusals", len(b.refusals), err)
 			return
 		}
 		for _, rf := range b.refusals {
-			h.log.Info("refusal recorded", "kind", rf.Kind, "channel", rf.Channel, "address", providers.MaskAddress(rf.Address),
+			h.log.Info(held, "kind", rf.Kind, "channel", rf.Channel, "address", providers.MaskAddress(rf.Address),
 				"campaign_id", rf.CampaignID, "event_id", rf.EventID)
 		}
 	}
@@ -319,7 +345,8 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		s.Accepted++
 		s.Receipts += int64(len(b.receipts) - len(unmatched))
 		s.Unmatched += int64(len(unmatched))
-		s.Refusals += int64(len(b.refusals))
+		s.Refusals += int64(len(b.refusals) - spooled)
+		s.Spooled += int64(spooled)
 		for _, name := range b.ignored {
 			s.Ignored[name]++
 		}
@@ -327,6 +354,10 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	h.log.Debug("receipts recorded", "receipts", len(b.receipts), "refusals", len(b.refusals), "ignored", len(b.ignored))
 	h.answer(w)
 }
+
+// SetSpool makes the handler hold in sp the refusals its RefusalSink could not take within the store
+// wait, and answer their request as recorded; nil: answer it 500 (the provider may post it again).
+func (h *Handler) SetSpool(sp *Spool) { h.spool = sp }
 
 // SetStoreWait sets how long a request's receipts and refusals are tried again while the sink fails
 // before the request is answered 500 (DefaultStoreWait; 0: not tried again).

@@ -1,0 +1,71 @@
+package main
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/campaignctl/campaignctl/providers/receipts"
+)
+
+// spoolDirDefault is the flag's value that means "the default": under $XDG_STATE_HOME, else
+// ~/.local/state.
+const spoolDirDefault = "default"
+
+// refusalSpoolDir is the directory of the refusal spool: dir (--spool-dir), or the default one, in a
+// subdirectory named after the engine database, so that processes of different databases on one machine
+// never record each other's refusals. "" (no spool) when --spool-dir is "" or no default can be made.
+func (a *app) refusalSpoolDir(dir string) (string, error) {
+	if dir == spoolDirDefault {
+		switch {
+		case a.getenv("XDG_STATE_HOME") != "":
+			dir = filepath.Join(a.getenv("XDG_STATE_HOME"), "campaignctl", "refusals")
+		case a.getenv("HOME") != "":
+			dir = filepath.Join(a.getenv("HOME"), ".local", "state", "campaignctl", "refusals")
+		default:
+			return "", nil
+		}
+	}
+	if dir == "" {
+		return "", nil
+	}
+	db, err := databaseKey(a.dbURL())
+	if err != nil {
+		return "", err
+	}
+	return filepath.Join(dir, db), nil
+}
+
+// databaseKey names a database by where it is, whatever else its URL holds (its password above all): the
+// database's name and a hash of its host, port, name and user.
+func databaseKey(url string) (string, error) {
+	cfg, err := pgx.ParseConfig(url)
+	if err != nil {
+		return "", usagef("DATABASE_URL is not a valid Postgres URL (%s); use postgres://user[:password]@host:port/database", redact(url))
+	}
+	sum := sha256.Sum256([]byte(fmt.Sprintf("%s\x00%d\x00%s\x00%s", cfg.Host, cfg.Port, cfg.Database, cfg.User)))
+	name := strings.Map(func(r rune) rune {
+		if r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '_' || r == '-' {
+			return r
+		}
+		return '_'
+	}, cfg.Database)
+	return fmt.Sprintf("%.40s-%s", name, hex.EncodeToString(sum[:6])), nil
+}
+
+// refusedForGood marks the errors Postgres gives for what a write holds (a data exception or an integrity
+// violation, SQLSTATE classes 22 and 23) as receipts.Final: every attempt would fail alike, so the request
+// is not held for them, nor its refusals spooled.
+func refusedForGood(err error) error {
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) && (strings.HasPrefix(pe.Code, "22") || strings.HasPrefix(pe.Code, "23")) {
+		return receipts.Final(err)
+	}
+	return err
+}

@@ -1,0 +1,123 @@
+package main
+
+import (
+	"net/http"
+	"net/url"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/campaignctl/campaignctl/internal/testdb"
+)
+
+// An RET answered while Postgres refuses connections for longer than --store-wait is held in the refusal
+// spool and answered 200, and is recorded once Postgres is back, in both orders of what comes next: the
+// process that held it is stopped before Postgres is back and another starts on the same spool (a
+// restart), or it runs on and records it itself. Each time: the consent RET, one refusal, one İYS outbox
+// row, and nothing left in the spool. Before, the post was answered 500 when the wait ran out, and Twilio
+// does not post an incoming SMS again: the refusal was lost.
+func TestAnRETPostgresCannotTakeForLongIsSpooledAndRecordedWhenItIsBack(t *testing.T) {
+	t.Parallel()
+	pool, dbURL := testdb.New(t)
+	ctx := t.Context()
+	const brand = "654321"
+	froms := []string{"+905551238881", "+905551238882"}
+	for _, from := range froms {
+		if _, err := pool.Exec(ctx, `INSERT INTO iys_consents (recipient, type, recipient_type, brand_code, status, source, consent_date)
+			VALUES ($1, 'MESAJ', 'BIREYSEL', $2, 'ONAY', 'HS_WEB', now() - interval '1 day')`, from, brand); err != nil {
+			t.Fatal(err)
+		}
+	}
+	spool := t.TempDir()
+	env := map[string]string{"DATABASE_URL": dbURL, "TWILIO_AUTH_TOKEN": hooksToken, "IYS_BRAND_CODE": brand}
+	args := []string{"webhooks", "--addr", "127.0.0.1:0", "--store-wait", "300ms", "--spool-dir", spool}
+	post := func(base, from, sid string) int {
+		t.Helper()
+		form := url.Values{"MessageSid": {sid}, "SmsMessageSid": {sid}, "AccountSid": {"ACtest"}, "From": {from}, "To": {"+908501234567"},
+			"Body": {"RET"}, "NumMedia": {"0"}, "SmsStatus": {"received"}, "ApiVersion": {"2010-04-01"}}
+		target := base + twilioInboundPath
+		return hooksPost(t, target, strings.NewReader(form.Encode()), map[string]string{"Content-Type": "application/x-www-form-urlencoded",
+			"X-Twilio-Signature": twilioSig(hooksToken, target, form)})
+	}
+	held := func() int {
+		t.Helper()
+		n := 0
+		filepathWalk(t, spool, func(name string) {
+			if strings.HasSuffix(name, ".json") {
+				n++
+			}
+		})
+		return n
+	}
+	recorded := func(from string) (status string, refusals, outbox int64) {
+		t.Helper()
+		if err := pool.QueryRow(ctx, `SELECT status FROM iys_consents WHERE recipient = $1 AND type = 'MESAJ'`, from).Scan(&status); err != nil {
+			t.Fatal(err)
+		}
+		return status, countRows(t, pool, `SELECT count(*) FROM refusals WHERE recipient = '`+from+`'`),
+			countRows(t, pool, `SELECT count(*) FROM iys_outbox WHERE recipient = '`+from+`'`)
+	}
+	waitRecorded := func(from, order string) {
+		t.Helper()
+		deadline := time.Now().Add(15 * time.Second)
+		for {
+			status, refusals, outbox := recorded(from)
+			if status == "RET" && refusals == 1 && outbox == 1 && held() == 0 {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: 15 s after Postgres was back: consent %s, %d refusals, %d İYS outbox rows, %d posts in the spool; want RET, 1, 1, 0",
+					order, status, refusals, outbox, held())
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
+
+	// Held, then the process stops before Postgres is back; the next one records it.
+	first := serveInProcess(t, env, hooksURLRe, args...)
+	back := refuseConnectionsFor(t, pool, 4*time.Second)
+	start := time.Now()
+	if code := post(first.base, froms[0], "SMin0000000000000000000000000000081"); code != http.StatusOK {
+		t.Fatalf("an RET posted while Postgres refused connections past --store-wait: %d after %v, want 200 (held in the spool)\n%s", code, time.Since(start), first.stderr)
+	}
+	if n := held(); n != 1 {
+		t.Fatalf("the spool holds %d posts, want 1", n)
+	}
+	if err := first.stop(); err != nil {
+		t.Fatal(err)
+	}
+	<-back
+	if status, _, _ := recorded(froms[0]); status != "ONAY" {
+		t.Fatalf("consent %s before any process ran on the spool, want still ONAY", status)
+	}
+	second := serveInProcess(t, env, hooksURLRe, args...)
+	waitRecorded(froms[0], "held, the process stopped, another started")
+
+	// Held, and the same process records it when Postgres is back.
+	back = refuseConnectionsFor(t, pool, 3*time.Second)
+	if code := post(second.base, froms[1], "SMin0000000000000000000000000000082"); code != http.StatusOK {
+		t.Fatalf("the second RET: %d, want 200 (held in the spool)\n%s", code, second.stderr)
+	}
+	<-back
+	waitRecorded(froms[1], "held, the process ran on")
+	if !strings.Contains(second.stderr.String(), "refusals held in the spool recorded") {
+		t.Errorf("the process that recorded the spool did not log it:\n%s", second.stderr)
+	}
+}
+
+// filepathWalk calls f with the name of every file under dir.
+func filepathWalk(t *testing.T, dir string, f func(name string)) {
+	t.Helper()
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range entries {
+		if e.IsDir() {
+			filepathWalk(t, dir+"/"+e.Name(), f)
+			continue
+		}
+		f(e.Name())
+	}
+}

@@ -1,0 +1,245 @@
+package receipts
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Spool keeps on disk the refusals a sink could not record within a request's store wait (Postgres down
+// longer than a restart), and records them once the sink takes them again. Without it such a post is
+// answered 500, and a provider that does not post it again (Twilio, by default) loses the refusal: the
+// person who said no gets the next campaign.
+//
+// Each held request is one file, written whole before the request is answered (a temporary file, synced,
+// renamed, the directory synced), so that a crash after the answer keeps it; a later run of the same
+// directory records it. The files are read oldest first. Recording is idempotent (the sink dedupes on
+// Refusal.EventID), so a file recorded twice, by two processes sharing the directory or by a crash between
+// the record and the removal, changes nothing the second time. A file the sink refuses for good (an
+// error marked Final) is set aside as NAME.failed, logged, and not tried again.
+type Spool struct {
+	dir  string
+	sink RefusalSink
+	log  *slog.Logger
+	kick chan struct{}
+	seq  atomic.Uint64
+	mu   sync.Mutex // one replay at a time within the process
+	// every is the pause between two replays while files wait (doubling up to max while the sink fails).
+	every, max time.Duration
+}
+
+// spoolExt is the extension of a held request's file; spoolFailed that of one set aside.
+const (
+	spoolExt    = ".json"
+	spoolFailed = ".failed"
+)
+
+// NewSpool returns the spool of dir, whose refusals go to sink. The directory is made when the first
+// request is held (mode 0700: it holds addresses); nothing is written before.
+func NewSpool(dir string, sink RefusalSink, log *slog.Logger) *Spool {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	return &Spool{dir: dir, sink: sink, log: log, kick: make(chan struct{}, 1), every: 250 * time.Millisecond, max: time.Second}
+}
+
+// Dir is the spool's directory.
+func (s *Spool) Dir() string { return s.dir }
+
+// Check makes the directory if it is missing and writes and removes a file in it: that a request can be
+// held there.
+func (s *Spool) Check() error {
+	if err := os.MkdirAll(s.dir, 0o700); err != nil {
+		return err
+	}
+	f, err := os.CreateTemp(s.dir, ".check-*")
+	if err != nil {
+		return err
+	}
+	name := f.Name()
+	f.Close()
+	return os.Remove(name)
+}
+
+// spooled is what a file holds.
+type spooled struct {
+	HeldAt   time.Time `json:"held_at"`
+	Refusals []Refusal `json:"refusals"`
+}
+
+// Hold writes rs to the spool, durably, and wakes the replay. When it returns nil the request may be
+// answered as recorded.
+func (s *Spool) Hold(rs []Refusal) error {
+	b, err := json.Marshal(spooled{HeldAt: time.Now().UTC(), Refusals: rs})
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(s.dir, 0o700); err != nil {
+		return fmt.Errorf("the refusal spool %s: %w", s.dir, err)
+	}
+	// Names sort in the order the requests were held: the time, then this process's sequence and ID.
+	name := fmt.Sprintf("%020d-%d-%06d%s", time.Now().UnixNano(), os.Getpid(), s.seq.Add(1)%1e6, spoolExt)
+	tmp, err := os.CreateTemp(s.dir, ".hold-*")
+	if err != nil {
+		return fmt.Errorf("the refusal spool %s: %w", s.dir, err)
+	}
+	_, err = tmp.Write(b)
+	if err == nil {
+		err = tmp.Sync()
+	}
+	if cerr := tmp.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(tmp.Name(), filepath.Join(s.dir, name))
+	}
+	if err != nil {
+		os.Remove(tmp.Name()) //nolint:errcheck // best effort: a leftover .hold- file is never read
+		return fmt.Errorf("the refusal spool %s: %w", s.dir, err)
+	}
+	if d, err := os.Open(s.dir); err == nil {
+		d.Sync() //nolint:errcheck // the rename's durability, where the file system offers it
+		d.Close()
+	}
+	select {
+	case s.kick <- struct{}{}:
+	default:
+	}
+	return nil
+}
+
+// Held is how many requests wait in the spool (0 when its directory does not exist).
+func (s *Spool) Held() (int, error) {
+	names, err := s.names()
+	return len(names), err
+}
+
+func (s *Spool) names() ([]string, error) {
+	entries, err := os.ReadDir(s.dir)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	var names []string
+	for _, e := range entries {
+		if n := e.Name(); e.Type().IsRegular() && strings.HasSuffix(n, spoolExt) && !strings.HasPrefix(n, ".") {
+			names = append(names, n)
+		}
+	}
+	slices.Sort(names)
+	return names, nil
+}
+
+// Replay records what waits in the spool, oldest first, and removes each file once its refusals are
+// recorded. It stops at the first the sink cannot take (the others would fail alike), and returns how many
+// requests' refusals it recorded and the error that stopped it.
+func (s *Spool) Replay(ctx context.Context) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	names, err := s.names()
+	if err != nil {
+		return 0, fmt.Errorf("the refusal spool %s: %w", s.dir, err)
+	}
+	done := 0
+	for _, n := range names {
+		path := filepath.Join(s.dir, n)
+		b, err := os.ReadFile(path)
+		if errors.Is(err, os.ErrNotExist) {
+			continue // another process sharing the directory recorded it
+		}
+		if err != nil {
+			return done, fmt.Errorf("the refusal spool %s: %w", s.dir, err)
+		}
+		var sp spooled
+		if err := json.Unmarshal(b, &sp); err != nil {
+			s.setAside(path, n, len(sp.Refusals), fmt.Errorf("not a held request: %w", err))
+			continue
+		}
+		err = s.sink.Refuse(ctx, sp.Refusals)
+		var f finalError
+		switch {
+		case errors.As(err, &f):
+			s.setAside(path, n, len(sp.Refusals), f.error)
+			continue
+		case err != nil:
+			return done, err
+		}
+		if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return done, fmt.Errorf("the refusal spool %s: %w", s.dir, err)
+		}
+		done++
+		s.log.Info("refusals held in the spool recorded", "refusals", len(sp.Refusals), "held_for", time.Since(sp.HeldAt).Round(time.Millisecond).String())
+	}
+	return done, nil
+}
+
+// setAside renames a file the sink refused for good, so that it is not tried again and stays for someone
+// to read.
+func (s *Spool) setAside(path, name string, n int, err error) {
+	s.log.Error("a request held in the refusal spool cannot be recorded; set aside, not tried again: read it, mend the cause, rename it back to .json to try again",
+		"file", filepath.Join(s.dir, name+spoolFailed), "refusals", n, "err", err)
+	os.Rename(path, path+spoolFailed) //nolint:errcheck // if even this fails, the next replay logs it again
+}
+
+// Run replays the spool at once (what an earlier run left), after every Hold, and while requests wait,
+// every moment (0.25 s, doubling up to 1 s while the sink fails: a refusal is recorded within about a
+// second of Postgres's return), until ctx ends.
+func (s *Spool) Run(ctx context.Context) {
+	if n, _ := s.Held(); n > 0 {
+		s.log.Warn("refusals held in the spool by an earlier run; recording them", "requests", n, "dir", s.dir)
+	}
+	pause := s.every
+	fails := 0
+	for {
+		n, err := s.Replay(ctx)
+		left, lerr := s.Held()
+		if err == nil {
+			err = lerr
+		}
+		if err != nil {
+			// The first failure of a streak, then about every 30 s.
+			if fails++; fails == 1 || fails%30 == 0 {
+				s.log.Warn("refusals wait in the spool: the sink cannot take them yet", "requests", left, "err", err, "tries", fails)
+			}
+		} else {
+			fails = 0
+			if n > 0 {
+				pause = s.every
+			}
+		}
+		var tick <-chan time.Time
+		var t *time.Timer
+		if left > 0 || err != nil {
+			t = time.NewTimer(pause)
+			tick = t.C
+			if err != nil {
+				pause = min(2*pause, s.max)
+			}
+		} else {
+			pause = s.every
+		}
+		select {
+		case <-ctx.Done():
+			if t != nil {
+				t.Stop()
+			}
+			return
+		case <-s.kick:
+		case <-tick:
+		}
+		if t != nil {
+			t.Stop()
+		}
+	}
+}
