@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"html/template"
@@ -65,6 +66,9 @@ type refusalSink struct {
 	pool  *pgxpool.Pool
 	brand string
 	log   *slog.Logger
+	// spool holds what Postgres could not take within --store-wait (nil: no spool): the providers'
+	// refusals through the receipts handlers, the one-click unsubscribes through unsubscribeHandler.
+	spool *receipts.Spool
 }
 
 // Refuse implements receipts.RefusalSink.
@@ -218,24 +222,55 @@ func unsubscribeHandler(signer *unsubscribe.Signer, store *campaign.Store, sink 
 			page(w, http.StatusForbidden, unsubBad)
 			return
 		}
-		var (
-			addr, brand string
-			ch          campaign.Channel
-			unsure      bool
-		)
-		// A POST is a refusal to record: its recipient is looked up through a Postgres restart too.
-		wait := time.Duration(0)
 		if r.Method == http.MethodPost {
-			wait = storeWait
-		}
-		err = receipts.Store(r.Context(), wait, log, "a one-click unsubscribe's recipient", func(ctx context.Context) error {
-			var err error
-			addr, ch, brand, unsure, err = store.LinkRecipient(ctx, id, user)
-			if errors.Is(err, campaign.ErrNoRecipient) {
-				return receipts.Final(err) // an answer, not a failure
+			r.Body = http.MaxBytesReader(w, r.Body, maxUnsubscribeBody)
+			// RFC 8058 asks mail clients for multipart/form-data, and allows a URL-encoded form.
+			parse := r.ParseForm
+			if mt, _, _ := mime.ParseMediaType(r.Header.Get("Content-Type")); mt == "multipart/form-data" {
+				parse = func() error { return r.ParseMultipartForm(maxUnsubscribeBody) }
 			}
-			return err
-		})
+			if err := parse(); err != nil || r.PostForm.Get("List-Unsubscribe") != "One-Click" {
+				http.Error(w, "400 Bad Request: a one-click unsubscribe POST carries List-Unsubscribe=One-Click (RFC 8058)", http.StatusBadRequest)
+				return
+			}
+			from := "the mail client's one-click POST (RFC 8058)"
+			if r.PostForm.Get("via") == "page" {
+				from = "the button of the unsubscribe page"
+			}
+			// Each click is a refusal of its own, dated when it came: one made after the person gave consent
+			// again outranks that consent.
+			c := oneClick{CampaignID: id, UserID: user, At: time.Now().UTC(), From: from}
+			// Held while Postgres cannot take it (a restart, a failover), as the providers' posts are
+			// (webhooks --store-wait), then held in the refusal spool: a mail client's one-click POST answered
+			// 503 may never come again.
+			final := false
+			err := receipts.Store(r.Context(), storeWait, log, "a one-click unsubscribe", func(ctx context.Context) error {
+				err := recordOneClick(ctx, store, sink, c, log)
+				final = receipts.IsFinal(err)
+				return err
+			})
+			switch {
+			case errors.Is(err, campaign.ErrNoRecipient), errors.Is(err, errNoIYSType):
+				log.Warn("unsubscribe link of no recipient", "campaign_id", id, "remote", r.RemoteAddr)
+				page(w, http.StatusNotFound, unsubBad)
+				return
+			case err != nil && !final && sink.spool != nil:
+				if serr := sink.spool.HoldRequest(oneClickKind, c); serr != nil {
+					log.Error("record a one-click unsubscribe", "campaign_id", id, "err", err, "spool_err", serr)
+					page(w, http.StatusServiceUnavailable, unsubFailed)
+					return
+				}
+				log.Warn("one-click unsubscribe not recorded: Postgres cannot take it; held in the spool, recorded when it is back", "campaign_id", id, "err", err, "spool", sink.spool.Dir())
+			case err != nil:
+				log.Error("record a one-click unsubscribe", "campaign_id", id, "err", err)
+				page(w, http.StatusServiceUnavailable, unsubFailed)
+				return
+			}
+			page(w, http.StatusOK, unsubDone)
+			return
+		}
+		// GET and HEAD: the page with its button, for a link of a recipient of a channel with İYS consent.
+		_, ch, _, _, err := store.LinkRecipient(r.Context(), id, user)
 		switch {
 		case errors.Is(err, campaign.ErrNoRecipient):
 			log.Warn("unsubscribe link of no recipient", "campaign_id", id, "remote", r.RemoteAddr)
@@ -253,63 +288,79 @@ func unsubscribeHandler(signer *unsubscribe.Signer, store *campaign.Store, sink 
 			page(w, http.StatusOK, unsubAsk)
 			return
 		}
-		if r.Method != http.MethodPost {
-			w.Header().Set("Allow", "GET, POST")
-			http.Error(w, http.StatusText(http.StatusMethodNotAllowed), http.StatusMethodNotAllowed)
-			return
-		}
-		r.Body = http.MaxBytesReader(w, r.Body, maxUnsubscribeBody)
-		// RFC 8058 asks mail clients for multipart/form-data, and allows a URL-encoded form.
-		parse := r.ParseForm
-		if mt, _, _ := mime.ParseMediaType(r.Header.Get("Content-Type")); mt == "multipart/form-data" {
-			parse = func() error { return r.ParseMultipartForm(maxUnsubscribeBody) }
-		}
-		if err := parse(); err != nil || r.PostForm.Get("List-Unsubscribe") != "One-Click" {
-			http.Error(w, "400 Bad Request: a one-click unsubscribe POST carries List-Unsubscribe=One-Click (RFC 8058)", http.StatusBadRequest)
-			return
-		}
-		from := "the mail client's one-click POST (RFC 8058)"
-		if r.PostForm.Get("via") == "page" {
-			from = "the button of the unsubscribe page"
-		}
-		log.Info("refusal received", "via", iys.ViaOneClick, "type", ch.Spec().IYSType, "address", providers.MaskAddress(addr), "campaign_id", id)
-		// Each click is a refusal of its own, dated when it came: one made after the person gave consent
-		// again outranks that consent. A click within a second of the last one recorded for the link is
-		// that one again (a double click, a client's retry), whichever side of a second's turn they fell,
-		// unless a consent was given again in between.
-		at := time.Now()
-		eventID := fmt.Sprintf("%d:%s:%d", id, user, at.UnixMilli())
-		// Held while Postgres cannot take it (a restart, a failover), as the providers' posts are
-		// (webhooks --store-wait): a mail client's one-click POST answered 503 may never come again.
-		err = receipts.Store(r.Context(), storeWait, log, "a one-click unsubscribe", func(ctx context.Context) error {
-			last, err := sink.lastOneClick(ctx, id, user, addr, ch.Spec().IYSType, at)
-			if err != nil {
-				return err
-			}
-			if last != "" {
-				eventID = last
-			}
-			return sink.record(ctx, []iys.Refusal{{Via: iys.ViaOneClick, EventID: eventID, Kind: iys.ViaOneClick,
-				Recipient: addr, Type: ch.Spec().IYSType, CampaignID: id, UserID: user, At: at, Brand: brand,
-				Evidence: fmt.Sprintf("unsubscribe link of campaign %d, user %s, through %s", id, user, from)}})
-		})
-		if err != nil {
-			log.Error("record a one-click unsubscribe", "campaign_id", id, "err", err)
-			page(w, http.StatusServiceUnavailable, unsubFailed)
-			return
-		}
-		if unsure {
-			// The link came in the message: used, it proves the message reached the person. For a recipient
-			// whose outcome is unknown (its answer lost; or pending again for a resend), that is a receipt of
-			// its delivery, as SendGrid's unsubscribe event is: it is sent, and not sent again. (A recipient
-			// never sent has no link to use; one sent already needs no proof.)
-			if _, err := store.RecordDeliveries(r.Context(), []campaign.Delivery{{Provider: iys.ViaOneClick, CampaignID: id, UserID: user,
-				Address: addr, Status: receipts.StatusDelivered, EventID: eventID, At: at}}); err != nil {
-				log.Warn("one-click unsubscribe recorded, but not as a receipt of the message's delivery", "campaign_id", id, "err", err)
-			}
-		}
-		page(w, http.StatusOK, unsubDone)
+		w.Header().Set("Allow", "GET, POST")
+		http.Error(w, http.StatusText(http.StatusMethodNotAllowed), http.StatusMethodNotAllowed)
 	})
+}
+
+// handleOneClicks makes spool record the one-click unsubscribes it holds with recordOneClick.
+func handleOneClicks(spool *receipts.Spool, store *campaign.Store, sink *refusalSink, log *slog.Logger) {
+	spool.Handle(oneClickKind, func(ctx context.Context, raw json.RawMessage) error {
+		var c oneClick
+		if err := json.Unmarshal(raw, &c); err != nil {
+			return receipts.Final(err)
+		}
+		return recordOneClick(ctx, store, sink, c, log)
+	})
+}
+
+// oneClickKind is the refusal spool's kind of a one-click unsubscribe (Spool.HoldRequest).
+const oneClickKind = "one_click"
+
+// oneClick is a one-click unsubscribe to record: the link's campaign and user, when it was used and
+// through what (the mail client's POST or the page's button).
+type oneClick struct {
+	CampaignID int64     `json:"campaign_id"`
+	UserID     string    `json:"user_id"`
+	At         time.Time `json:"at"`
+	From       string    `json:"from"`
+}
+
+// errNoIYSType: the link's campaign sends on a channel without İYS consent, which a link cannot refuse.
+var errNoIYSType = errors.New("the campaign's channel has no İYS consent to refuse")
+
+// recordOneClick records c: the refusal of the address the campaign was planned to send the user, a local
+// RET queued for İYS. A click within a second of the last one recorded for the link is that one again (a
+// double click, a client's retry), whichever side of a second's turn they fell, unless a consent was given
+// again in between. For a recipient whose outcome is unknown, the used link is also a receipt of the
+// message's delivery (see LinkRecipient). campaign.ErrNoRecipient and errNoIYSType come marked
+// receipts.Final, as does a refusal Postgres refuses for what it holds.
+func recordOneClick(ctx context.Context, store *campaign.Store, sink *refusalSink, c oneClick, log *slog.Logger) error {
+	addr, ch, brand, unsure, err := store.LinkRecipient(ctx, c.CampaignID, c.UserID)
+	switch {
+	case errors.Is(err, campaign.ErrNoRecipient):
+		return receipts.Final(err)
+	case err != nil:
+		return err
+	case ch.Spec().IYSType == "":
+		return receipts.Final(errNoIYSType)
+	}
+	typ := ch.Spec().IYSType
+	eventID := fmt.Sprintf("%d:%s:%d", c.CampaignID, c.UserID, c.At.UnixMilli())
+	last, err := sink.lastOneClick(ctx, c.CampaignID, c.UserID, addr, typ, c.At)
+	if err != nil {
+		return err
+	}
+	if last != "" {
+		eventID = last
+	}
+	log.Info("refusal received", "via", iys.ViaOneClick, "type", typ, "address", providers.MaskAddress(addr), "campaign_id", c.CampaignID)
+	if err := sink.record(ctx, []iys.Refusal{{Via: iys.ViaOneClick, EventID: eventID, Kind: iys.ViaOneClick,
+		Recipient: addr, Type: typ, CampaignID: c.CampaignID, UserID: c.UserID, At: c.At, Brand: brand,
+		Evidence: fmt.Sprintf("unsubscribe link of campaign %d, user %s, through %s", c.CampaignID, c.UserID, c.From)}}); err != nil {
+		return refusedForGood(err)
+	}
+	if unsure {
+		// The link came in the message: used, it proves the message reached the person. For a recipient
+		// whose outcome is unknown (its answer lost; or pending again for a resend), that is a receipt of
+		// its delivery, as SendGrid's unsubscribe event is: it is sent, and not sent again. (A recipient
+		// never sent has no link to use; one sent already needs no proof.)
+		if _, err := store.RecordDeliveries(ctx, []campaign.Delivery{{Provider: iys.ViaOneClick, CampaignID: c.CampaignID, UserID: c.UserID,
+			Address: addr, Status: receipts.StatusDelivered, EventID: eventID, At: c.At}}); err != nil {
+			log.Warn("one-click unsubscribe recorded, but not as a receipt of the message's delivery", "campaign_id", c.CampaignID, "err", err)
+		}
+	}
+	return nil
 }
 
 // outboxWatchEvery is how often a running `campaignctl webhooks` looks for refusals overdue in İYS.

@@ -105,7 +105,7 @@ a status callback again after a 500 unless its URL asks it to (connection overri
 refusal spool (--spool-dir, one synced file a request) and the request is answered as recorded; they are
 recorded as soon as Postgres is back, by this process or by the next one started on the same directory.
 Receipts are answered 500 (SendGrid posts a batch again for 24 hours). A one-click unsubscribe POST is
-held the same way, then answered 503.`,
+held and spooled the same way.`,
 		Example: `  TWILIO_AUTH_TOKEN=... SENDGRID_WEBHOOK_PUBLIC_KEY=... campaignctl webhooks --addr 127.0.0.1:8090
   campaignctl webhooks --addr 0.0.0.0:8090 --public-url https://hooks.example.com
   curl http://127.0.0.1:8090/stats                     # on the same machine
@@ -179,6 +179,7 @@ held the same way, then answered 503.`,
 			var spool *receipts.Spool
 			if dir != "" {
 				spool = receipts.NewSpool(dir, refusals, log)
+				handleOneClicks(spool, campaign.NewStore(engine), refusals, log)
 				if err := spool.Check(); err != nil {
 					if cmd.Flags().Changed("spool-dir") {
 						return usagef("--spool-dir %s: %v; give a directory this process may write, or --spool-dir '' for none", spoolDir, err)
@@ -186,6 +187,7 @@ held the same way, then answered 503.`,
 					fmt.Fprintf(a.stderr, "warning: no refusal spool (%v): a refusal Postgres cannot take within --store-wait is answered 500; give --spool-dir\n", err)
 					spool = nil
 				} else {
+					refusals.spool = spool
 					go spool.Run(ctx)
 					// The directory goes with the process when nothing waits in it (os.Remove leaves one that
 					// is not empty).

@@ -1,14 +1,20 @@
 package main
 
 import (
+	"context"
+	"log/slog"
 	"net/http"
+	"net/http/httptest"
 	"net/url"
 	"os"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/campaignctl/campaignctl/campaign"
 	"github.com/campaignctl/campaignctl/internal/testdb"
+	"github.com/campaignctl/campaignctl/internal/unsubscribe"
+	"github.com/campaignctl/campaignctl/providers/receipts"
 )
 
 // An RET answered while Postgres refuses connections for longer than --store-wait is held in the refusal
@@ -119,5 +125,59 @@ func filepathWalk(t *testing.T, dir string, f func(name string)) {
 			continue
 		}
 		f(e.Name())
+	}
+}
+
+// A one-click unsubscribe POSTed while Postgres refuses connections for longer than --store-wait is held
+// in the refusal spool and answered with the page that says it is done; it is recorded (the consent RET,
+// one refusal) once Postgres is back, and the spool is empty again. The page a person opens with GET
+// still answers 503 at once meanwhile. Before, the POST was answered 503 when the wait ran out, and a mail
+// client's one-click POST may never come again.
+func TestAOneClickPostgresCannotTakeForLongIsSpooledAndRecordedWhenItIsBack(t *testing.T) {
+	t.Parallel()
+	db, id, signer, _ := oneClickSetup(t)
+	log := slog.New(slog.DiscardHandler)
+	sink := &refusalSink{pool: db, brand: "654321", log: log}
+	store := campaign.NewStore(db)
+	dir := t.TempDir()
+	sink.spool = receipts.NewSpool(dir, sink, log)
+	handleOneClicks(sink.spool, store, sink, log)
+	h := unsubscribeHandler(signer, store, sink, 300*time.Millisecond, log)
+	back := refuseConnectionsFor(t, db, 3*time.Second)
+	get := httptest.NewRecorder()
+	h.ServeHTTP(get, httptest.NewRequest(http.MethodGet, unsubscribe.Path+signer.Token(id, "u1"), nil))
+	if get.Code != http.StatusServiceUnavailable {
+		t.Fatalf("the page (GET) while Postgres refused connections: %d, want 503", get.Code)
+	}
+	req := httptest.NewRequest(http.MethodPost, unsubscribe.Path+signer.Token(id, "u1"), strings.NewReader("List-Unsubscribe=One-Click"))
+	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	w := httptest.NewRecorder()
+	h.ServeHTTP(w, req)
+	if w.Code != http.StatusOK {
+		t.Fatalf("the one-click POST while Postgres refused connections past --store-wait: %d, want 200 (held in the spool)", w.Code)
+	}
+	if n, _ := sink.spool.Held(); n != 1 {
+		t.Fatalf("the spool holds %d requests, want 1", n)
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan struct{})
+	go func() { defer close(done); sink.spool.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+	<-back
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		var status string
+		if err := db.QueryRow(t.Context(), `SELECT status FROM iys_consents WHERE recipient = $1 AND type = 'EPOSTA'`, oneClickAddr).Scan(&status); err != nil {
+			t.Fatal(err)
+		}
+		n := countRows(t, db, `SELECT count(*) FROM refusals WHERE recipient = '`+oneClickAddr+`' AND via = 'one_click'`)
+		held, _ := sink.spool.Held()
+		if status == "RET" && n == 1 && held == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("15 s after Postgres was back: consent %s, %d refusals, %d requests in the spool; want RET, 1, 0", status, n, held)
+		}
+		time.Sleep(100 * time.Millisecond)
 	}
 }

@@ -298,7 +298,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		final := false
 		err := h.store(r.Context(), "refusals", func(ctx context.Context) error {
 			err := h.refusals.Refuse(ctx, b.refusals)
-			final = errors.As(err, new(finalError))
+			final = IsFinal(err)
 			return err
 		})
 		held := "refusal recorded"
@@ -522,3 +522,6 @@ func equalFoldASCII(a, b string) bool {
 func Final(err error) error { return finalError{err} }
 
 type finalError struct{ error }
+
+// IsFinal says whether err is, or wraps, an error marked Final.
+func IsFinal(err error) bool { return errors.As(err, new(finalError)) }

@@ -26,10 +26,14 @@ import (
 // Refusal.EventID), so a file recorded twice, by two processes sharing the directory or by a crash between
 // the record and the removal, changes nothing the second time. A file the sink refuses for good (an
 // error marked Final) is set aside as NAME.failed, logged, and not tried again.
+//
+// Besides a provider's refusals, a spool holds requests of other kinds (HoldRequest), each recorded by the
+// function given for its kind (Handle): a one-click unsubscribe, which must read its recipient first.
 type Spool struct {
-	dir  string
-	sink RefusalSink
-	log  *slog.Logger
+	dir   string
+	sink  RefusalSink
+	kinds map[string]func(context.Context, json.RawMessage) error
+	log   *slog.Logger
 	kick chan struct{}
 	seq  atomic.Uint64
 	mu   sync.Mutex // one replay at a time within the process
@@ -70,16 +74,43 @@ func (s *Spool) Check() error {
 	return os.Remove(name)
 }
 
-// spooled is what a file holds.
+// spooled is what a file holds: a provider's refusals (Kind ""), or a request of another kind.
 type spooled struct {
-	HeldAt   time.Time `json:"held_at"`
-	Refusals []Refusal `json:"refusals"`
+	HeldAt   time.Time       `json:"held_at"`
+	Refusals []Refusal       `json:"refusals,omitempty"`
+	Kind     string          `json:"kind,omitempty"`
+	Request  json.RawMessage `json:"request,omitempty"`
+}
+
+// Handle makes record the way held requests of kind are recorded (HoldRequest). An error marked Final
+// sets the request aside; any other is tried again. Call it before Run.
+func (s *Spool) Handle(kind string, record func(ctx context.Context, request json.RawMessage) error) {
+	if s.kinds == nil {
+		s.kinds = map[string]func(context.Context, json.RawMessage) error{}
+	}
+	s.kinds[kind] = record
 }
 
 // Hold writes rs to the spool, durably, and wakes the replay. When it returns nil the request may be
 // answered as recorded.
-func (s *Spool) Hold(rs []Refusal) error {
-	b, err := json.Marshal(spooled{HeldAt: time.Now().UTC(), Refusals: rs})
+func (s *Spool) Hold(rs []Refusal) error { return s.hold(spooled{Refusals: rs}) }
+
+// HoldRequest writes request (JSON) to the spool as one of kind, whose function given to Handle records
+// it, like Hold.
+func (s *Spool) HoldRequest(kind string, request any) error {
+	if s.kinds[kind] == nil {
+		return fmt.Errorf("the refusal spool records no request of kind %q", kind)
+	}
+	b, err := json.Marshal(request)
+	if err != nil {
+		return err
+	}
+	return s.hold(spooled{Kind: kind, Request: b})
+}
+
+func (s *Spool) hold(sp spooled) error {
+	sp.HeldAt = time.Now().UTC()
+	b, err := json.Marshal(sp)
 	if err != nil {
 		return err
 	}
@@ -152,8 +183,8 @@ func (s *Spool) Replay(ctx context.Context) (int, error) {
 		return 0, fmt.Errorf("the refusal spool %s: %w", s.dir, err)
 	}
 	done := 0
-	for _, n := range names {
-		path := filepath.Join(s.dir, n)
+	for _, name := range names {
+		path := filepath.Join(s.dir, name)
 		b, err := os.ReadFile(path)
 		if errors.Is(err, os.ErrNotExist) {
 			continue // another process sharing the directory recorded it
@@ -163,14 +194,22 @@ func (s *Spool) Replay(ctx context.Context) (int, error) {
 		}
 		var sp spooled
 		if err := json.Unmarshal(b, &sp); err != nil {
-			s.setAside(path, n, len(sp.Refusals), fmt.Errorf("not a held request: %w", err))
+			s.setAside(path, 0, fmt.Errorf("not a held request: %w", err))
 			continue
 		}
-		err = s.sink.Refuse(ctx, sp.Refusals)
+		n := len(sp.Refusals)
+		if sp.Kind == "" {
+			err = s.sink.Refuse(ctx, sp.Refusals)
+		} else if record := s.kinds[sp.Kind]; record == nil {
+			err = Final(fmt.Errorf("a request of kind %q, which this version does not record", sp.Kind))
+		} else {
+			n = 1
+			err = record(ctx, sp.Request)
+		}
 		var f finalError
 		switch {
 		case errors.As(err, &f):
-			s.setAside(path, n, len(sp.Refusals), f.error)
+			s.setAside(path, n, f.error)
 			continue
 		case err != nil:
 			return done, err
@@ -179,16 +218,23 @@ func (s *Spool) Replay(ctx context.Context) (int, error) {
 			return done, fmt.Errorf("the refusal spool %s: %w", s.dir, err)
 		}
 		done++
-		s.log.Info("refusals held in the spool recorded", "refusals", len(sp.Refusals), "held_for", time.Since(sp.HeldAt).Round(time.Millisecond).String())
+		s.log.Info("refusals held in the spool recorded", "refusals", n, "kind", kindName(sp.Kind), "held_for", time.Since(sp.HeldAt).Round(time.Millisecond).String())
 	}
 	return done, nil
 }
 
+func kindName(k string) string {
+	if k == "" {
+		return "provider"
+	}
+	return k
+}
+
 // setAside renames a file the sink refused for good, so that it is not tried again and stays for someone
 // to read.
-func (s *Spool) setAside(path, name string, n int, err error) {
+func (s *Spool) setAside(path string, n int, err error) {
 	s.log.Error("a request held in the refusal spool cannot be recorded; set aside, not tried again: read it, mend the cause, rename it back to .json to try again",
-		"file", filepath.Join(s.dir, name+spoolFailed), "refusals", n, "err", err)
+		"file", path+spoolFailed, "refusals", n, "err", err)
 	os.Rename(path, path+spoolFailed) //nolint:errcheck // if even this fails, the next replay logs it again
 }
 
