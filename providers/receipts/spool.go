@@ -41,6 +41,9 @@ type Spool struct {
 	every, max time.Duration
 }
 
+// spoolCallTimeout bounds one request's recording from the spool.
+const spoolCallTimeout = 30 * time.Second
+
 // spoolExt is the extension of a held request's file; spoolFailed that of one set aside.
 const (
 	spoolExt    = ".json"
@@ -198,14 +201,18 @@ func (s *Spool) Replay(ctx context.Context) (int, error) {
 			continue
 		}
 		n := len(sp.Refusals)
+		// A Postgres that takes connections but answers nothing (frozen, cut off mid-statement) must not
+		// hold the replay for ever: the next one tries again.
+		callCtx, cancel := context.WithTimeout(ctx, spoolCallTimeout)
 		if sp.Kind == "" {
-			err = s.sink.Refuse(ctx, sp.Refusals)
+			err = s.sink.Refuse(callCtx, sp.Refusals)
 		} else if record := s.kinds[sp.Kind]; record == nil {
 			err = Final(fmt.Errorf("a request of kind %q, which this version does not record", sp.Kind))
 		} else {
 			n = 1
-			err = record(ctx, sp.Request)
+			err = record(callCtx, sp.Request)
 		}
+		cancel()
 		var f finalError
 		switch {
 		case errors.As(err, &f):
