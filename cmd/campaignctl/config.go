@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"math"
 	"net/url"
 	"regexp"
@@ -99,13 +100,9 @@ func redactAuthority(raw string) string {
 // failed and what to do.
 // maxConns, when not 0, is the pool's size unless the URL sets pool_max_conns.
 func (a *app) openDB(ctx context.Context, raw, envName string, maxConns int32) (*pgxpool.Pool, error) {
-	cfg, err := pgxpool.ParseConfig(raw)
+	cfg, err := poolConfig(raw, envName, maxConns)
 	if err != nil {
-		return nil, usagef("%s is not a valid Postgres URL (%s); use postgres://user[:password]@host:port/database", envName, redact(raw))
-	}
-	cfg.ConnConfig.ConnectTimeout = 5 * time.Second
-	if maxConns > 0 && !strings.Contains(raw, "pool_max_conns") {
-		cfg.MaxConns = maxConns
+		return nil, err
 	}
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
@@ -116,6 +113,61 @@ func (a *app) openDB(ctx context.Context, raw, envName string, maxConns int32) (
 		return nil, dbError(err, cfg.ConnConfig, envName)
 	}
 	return pool, nil
+}
+
+// poolConfig is the pool configuration of the database at raw (named envName in messages).
+func poolConfig(raw, envName string, maxConns int32) (*pgxpool.Config, error) {
+	cfg, err := pgxpool.ParseConfig(raw)
+	if err != nil {
+		return nil, usagef("%s is not a valid Postgres URL (%s); use postgres://user[:password]@host:port/database", envName, redact(raw))
+	}
+	cfg.ConnConfig.ConnectTimeout = 5 * time.Second
+	if maxConns > 0 && !strings.Contains(raw, "pool_max_conns") {
+		cfg.MaxConns = maxConns
+	}
+	return cfg, nil
+}
+
+// openEngineLater is the engine database's pool without a connection yet (pgxpool connects on demand):
+// for a server that serves while Postgres is away (webhooks, with its refusal spool). The caller checks
+// the schema once Postgres answers (awaitSchema).
+func (a *app) openEngineLater(ctx context.Context) (*pgxpool.Pool, error) {
+	cfg, err := poolConfig(a.dbURL(), "DATABASE_URL", a.engineConns)
+	if err != nil {
+		return nil, err
+	}
+	return pgxpool.NewWithConfig(ctx, cfg)
+}
+
+// postgresAway says whether openEngine's err is Postgres being out of reach (down, restarting, refusing
+// connections), not something wrong in the configuration (a bad URL, user or database: usage errors) or a
+// schema of another version.
+func postgresAway(err error) bool {
+	var ue usageError
+	return err != nil && !errors.As(err, &ue) && !errors.Is(err, campaign.ErrSchema)
+}
+
+// awaitSchema checks pool's schema once Postgres answers, every second until it does; a schema of another
+// version ends the process (stop), as it would have at the start.
+func awaitSchema(ctx context.Context, pool *pgxpool.Pool, stop context.CancelCauseFunc, log *slog.Logger) {
+	t := time.NewTicker(time.Second)
+	defer t.Stop()
+	for {
+		err := campaign.CheckSchema(ctx, pool)
+		switch {
+		case err == nil:
+			log.Info("Postgres answers; the schema is this version's")
+			return
+		case errors.Is(err, campaign.ErrSchema):
+			stop(err)
+			return
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
 }
 
 func dbError(err error, cc *pgx.ConnConfig, envName string) error {

@@ -166,12 +166,6 @@ held and spooled the same way.`,
 				return usagef("nothing to receive: set TWILIO_AUTH_TOKEN (Twilio status callbacks and incoming SMS), SENDGRID_WEBHOOK_PUBLIC_KEY (SendGrid events), WEBHOOKS_PUBLIC_URL with UNSUBSCRIBE_SECRET (one-click unsubscribe links) and/or %s", netgsmHow)
 			}
 
-			engine, err := a.openEngine(ctx)
-			if err != nil {
-				return err
-			}
-			defer engine.Close()
-			refusals.pool = engine
 			dir, err := a.refusalSpoolDir(spoolDir)
 			if err != nil {
 				return err
@@ -179,20 +173,40 @@ held and spooled the same way.`,
 			var spool *receipts.Spool
 			if dir != "" {
 				spool = receipts.NewSpool(dir, refusals, log)
-				handleOneClicks(spool, campaign.NewStore(engine), refusals, log)
 				if err := spool.Check(); err != nil {
 					if cmd.Flags().Changed("spool-dir") {
 						return usagef("--spool-dir %s: %v; give a directory this process may write, or --spool-dir '' for none", spoolDir, err)
 					}
 					fmt.Fprintf(a.stderr, "warning: no refusal spool (%v): a refusal Postgres cannot take within --store-wait is answered 500; give --spool-dir\n", err)
 					spool = nil
-				} else {
-					refusals.spool = spool
-					go spool.Run(ctx)
-					// The directory goes with the process when nothing waits in it (os.Remove leaves one that
-					// is not empty).
-					defer os.Remove(dir) //nolint:errcheck
 				}
+			}
+			ctx, stop := context.WithCancelCause(ctx)
+			defer stop(nil)
+			engine, err := a.openEngine(ctx)
+			if err != nil {
+				// With a spool, Postgres being away is no reason not to serve: a refusal posted now is held
+				// and recorded when it is back (a provider's post to a server that is down is lost as surely
+				// as one answered 500). The schema is checked then.
+				if spool == nil || !postgresAway(err) {
+					return err
+				}
+				away := err
+				if engine, err = a.openEngineLater(ctx); err != nil {
+					return err
+				}
+				fmt.Fprintf(a.stderr, "warning: serving while Postgres is away (%v): refusals wait in the refusal spool, receipts are answered 500, until it is back\n", away)
+				go awaitSchema(ctx, engine, stop, log)
+			}
+			defer engine.Close()
+			refusals.pool = engine
+			if spool != nil {
+				handleOneClicks(spool, campaign.NewStore(engine), refusals, log)
+				refusals.spool = spool
+				go spool.Run(ctx)
+				// The directory goes with the process when nothing waits in it (os.Remove leaves one that is
+				// not empty).
+				defer os.Remove(dir) //nolint:errcheck
 			}
 			deliveries.batcher = newDeliveryBatcher(campaign.NewStore(engine))
 			go deliveries.batcher.run(ctx)
@@ -263,6 +277,9 @@ held and spooled the same way.`,
 				fmt.Fprintf(a.stderr, "serving one-click unsubscribe links at %s%s…\n", strings.TrimSuffix(a.getenv(publicURLEnv), "/"), unsubscribe.Path)
 			}
 			if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				return err
+			}
+			if err := context.Cause(ctx); errors.Is(err, campaign.ErrSchema) {
 				return err
 			}
 			return nil

@@ -181,3 +181,50 @@ func TestAOneClickPostgresCannotTakeForLongIsSpooledAndRecordedWhenItIsBack(t *t
 		time.Sleep(100 * time.Millisecond)
 	}
 }
+
+// campaignctl webhooks started while Postgres refuses connections serves anyway when it has a refusal
+// spool: an RET posted then is held and answered 200, and recorded once Postgres is back. Without a spool
+// it refuses to start, as before (a provider's post to a server that is not there is lost).
+func TestWebhooksStartedWhilePostgresIsAwayHoldsRefusalsUntilItIsBack(t *testing.T) {
+	t.Parallel()
+	pool, dbURL := testdb.New(t)
+	ctx := t.Context()
+	const brand, from = "654321", "+905551238883"
+	if _, err := pool.Exec(ctx, `INSERT INTO iys_consents (recipient, type, recipient_type, brand_code, status, source, consent_date)
+		VALUES ($1, 'MESAJ', 'BIREYSEL', $2, 'ONAY', 'HS_WEB', now() - interval '1 day')`, from, brand); err != nil {
+		t.Fatal(err)
+	}
+	env := map[string]string{"DATABASE_URL": dbURL, "TWILIO_AUTH_TOKEN": hooksToken, "IYS_BRAND_CODE": brand}
+	back := refuseConnectionsFor(t, pool, 4*time.Second)
+	if _, _, code := cli(t, env, "webhooks", "--addr", "127.0.0.1:0", "--spool-dir", ""); code != 1 {
+		t.Fatalf("webhooks without a spool while Postgres refused connections: exit %d, want 1 (it cannot serve)", code)
+	}
+	hooks := serveInProcess(t, env, hooksURLRe, "webhooks", "--addr", "127.0.0.1:0", "--store-wait", "300ms", "--spool-dir", t.TempDir())
+	if !strings.Contains(hooks.stderr.String(), "serving while Postgres is away") {
+		t.Errorf("no warning that it serves while Postgres is away:\n%s", hooks.stderr)
+	}
+	sid := "SMin0000000000000000000000000000083"
+	form := url.Values{"MessageSid": {sid}, "SmsMessageSid": {sid}, "AccountSid": {"ACtest"}, "From": {from}, "To": {"+908501234567"},
+		"Body": {"RET"}, "NumMedia": {"0"}, "SmsStatus": {"received"}, "ApiVersion": {"2010-04-01"}}
+	target := hooks.base + twilioInboundPath
+	if code := hooksPost(t, target, strings.NewReader(form.Encode()), map[string]string{"Content-Type": "application/x-www-form-urlencoded",
+		"X-Twilio-Signature": twilioSig(hooksToken, target, form)}); code != http.StatusOK {
+		t.Fatalf("an RET posted before Postgres was ever reached: %d, want 200 (held in the spool)\n%s", code, hooks.stderr)
+	}
+	<-back
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		var status string
+		if err := pool.QueryRow(ctx, `SELECT status FROM iys_consents WHERE recipient = $1 AND type = 'MESAJ'`, from).Scan(&status); err != nil {
+			t.Fatal(err)
+		}
+		n := countRows(t, pool, `SELECT count(*) FROM refusals WHERE recipient = '`+from+`'`)
+		if status == "RET" && n == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("15 s after Postgres was back: consent %s, %d refusals; want RET, 1\n%s", status, n, hooks.stderr)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
