@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/campaignctl/campaignctl/campaign"
 	"github.com/campaignctl/campaignctl/internal/testdb"
 	"github.com/campaignctl/campaignctl/internal/unsubscribe"
@@ -29,23 +31,10 @@ func TestAnRETPostgresCannotTakeForLongIsSpooledAndRecordedWhenItIsBack(t *testi
 	ctx := t.Context()
 	const brand = "654321"
 	froms := []string{"+905551238881", "+905551238882"}
-	for _, from := range froms {
-		if _, err := pool.Exec(ctx, `INSERT INTO iys_consents (recipient, type, recipient_type, brand_code, status, source, consent_date)
-			VALUES ($1, 'MESAJ', 'BIREYSEL', $2, 'ONAY', 'HS_WEB', now() - interval '1 day')`, from, brand); err != nil {
-			t.Fatal(err)
-		}
-	}
+	smsConsent(t, pool, brand, froms...)
 	spool := t.TempDir()
 	env := map[string]string{"DATABASE_URL": dbURL, "TWILIO_AUTH_TOKEN": hooksToken, "IYS_BRAND_CODE": brand}
 	args := []string{"webhooks", "--addr", "127.0.0.1:0", "--store-wait", "300ms", "--spool-dir", spool}
-	post := func(base, from, sid string) int {
-		t.Helper()
-		form := url.Values{"MessageSid": {sid}, "SmsMessageSid": {sid}, "AccountSid": {"ACtest"}, "From": {from}, "To": {"+908501234567"},
-			"Body": {"RET"}, "NumMedia": {"0"}, "SmsStatus": {"received"}, "ApiVersion": {"2010-04-01"}}
-		target := base + twilioInboundPath
-		return hooksPost(t, target, strings.NewReader(form.Encode()), map[string]string{"Content-Type": "application/x-www-form-urlencoded",
-			"X-Twilio-Signature": twilioSig(hooksToken, target, form)})
-	}
 	held := func() int {
 		t.Helper()
 		n := 0
@@ -84,7 +73,7 @@ func TestAnRETPostgresCannotTakeForLongIsSpooledAndRecordedWhenItIsBack(t *testi
 	first := serveInProcess(t, env, hooksURLRe, args...)
 	back := refuseConnectionsFor(t, pool, 4*time.Second)
 	start := time.Now()
-	if code := post(first.base, froms[0], "SMin0000000000000000000000000000081"); code != http.StatusOK {
+	if code := postRET(t, first.base, froms[0], "SMin0000000000000000000000000000081"); code != http.StatusOK {
 		t.Fatalf("an RET posted while Postgres refused connections past --store-wait: %d after %v, want 200 (held in the spool)\n%s", code, time.Since(start), first.stderr)
 	}
 	if n := held(); n != 1 {
@@ -102,7 +91,7 @@ func TestAnRETPostgresCannotTakeForLongIsSpooledAndRecordedWhenItIsBack(t *testi
 
 	// Held, and the same process records it when Postgres is back.
 	back = refuseConnectionsFor(t, pool, 3*time.Second)
-	if code := post(second.base, froms[1], "SMin0000000000000000000000000000082"); code != http.StatusOK {
+	if code := postRET(t, second.base, froms[1], "SMin0000000000000000000000000000082"); code != http.StatusOK {
 		t.Fatalf("the second RET: %d, want 200 (held in the spool)\n%s", code, second.stderr)
 	}
 	<-back
@@ -110,6 +99,28 @@ func TestAnRETPostgresCannotTakeForLongIsSpooledAndRecordedWhenItIsBack(t *testi
 	if !strings.Contains(second.stderr.String(), "refusals held in the spool recorded") {
 		t.Errorf("the process that recorded the spool did not log it:\n%s", second.stderr)
 	}
+}
+
+// smsConsent gives each of froms an SMS consent (ONAY, a day old) of brand.
+func smsConsent(t *testing.T, pool *pgxpool.Pool, brand string, froms ...string) {
+	t.Helper()
+	for _, from := range froms {
+		if _, err := pool.Exec(t.Context(), `INSERT INTO iys_consents (recipient, type, recipient_type, brand_code, status, source, consent_date)
+			VALUES ($1, 'MESAJ', 'BIREYSEL', $2, 'ONAY', 'HS_WEB', now() - interval '1 day')`, from, brand); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// postRET posts, signed, Twilio's incoming SMS "RET" from from (message sid) to the webhooks at base and
+// returns the answer's status.
+func postRET(t *testing.T, base, from, sid string) int {
+	t.Helper()
+	form := url.Values{"MessageSid": {sid}, "SmsMessageSid": {sid}, "AccountSid": {"ACtest"}, "From": {from}, "To": {"+908501234567"},
+		"Body": {"RET"}, "NumMedia": {"0"}, "SmsStatus": {"received"}, "ApiVersion": {"2010-04-01"}}
+	target := base + twilioInboundPath
+	return hooksPost(t, target, strings.NewReader(form.Encode()), map[string]string{"Content-Type": "application/x-www-form-urlencoded",
+		"X-Twilio-Signature": twilioSig(hooksToken, target, form)})
 }
 
 // filepathWalk calls f with the name of every file under dir.
@@ -190,10 +201,7 @@ func TestWebhooksStartedWhilePostgresIsAwayHoldsRefusalsUntilItIsBack(t *testing
 	pool, dbURL := testdb.New(t)
 	ctx := t.Context()
 	const brand, from = "654321", "+905551238883"
-	if _, err := pool.Exec(ctx, `INSERT INTO iys_consents (recipient, type, recipient_type, brand_code, status, source, consent_date)
-		VALUES ($1, 'MESAJ', 'BIREYSEL', $2, 'ONAY', 'HS_WEB', now() - interval '1 day')`, from, brand); err != nil {
-		t.Fatal(err)
-	}
+	smsConsent(t, pool, brand, from)
 	env := map[string]string{"DATABASE_URL": dbURL, "TWILIO_AUTH_TOKEN": hooksToken, "IYS_BRAND_CODE": brand}
 	back := refuseConnectionsFor(t, pool, 4*time.Second)
 	if _, _, code := cli(t, env, "webhooks", "--addr", "127.0.0.1:0", "--spool-dir", ""); code != 1 {
@@ -203,12 +211,7 @@ func TestWebhooksStartedWhilePostgresIsAwayHoldsRefusalsUntilItIsBack(t *testing
 	if !strings.Contains(hooks.stderr.String(), "serving while Postgres is away") {
 		t.Errorf("no warning that it serves while Postgres is away:\n%s", hooks.stderr)
 	}
-	sid := "SMin0000000000000000000000000000083"
-	form := url.Values{"MessageSid": {sid}, "SmsMessageSid": {sid}, "AccountSid": {"ACtest"}, "From": {from}, "To": {"+908501234567"},
-		"Body": {"RET"}, "NumMedia": {"0"}, "SmsStatus": {"received"}, "ApiVersion": {"2010-04-01"}}
-	target := hooks.base + twilioInboundPath
-	if code := hooksPost(t, target, strings.NewReader(form.Encode()), map[string]string{"Content-Type": "application/x-www-form-urlencoded",
-		"X-Twilio-Signature": twilioSig(hooksToken, target, form)}); code != http.StatusOK {
+	if code := postRET(t, hooks.base, from, "SMin0000000000000000000000000000083"); code != http.StatusOK {
 		t.Fatalf("an RET posted before Postgres was ever reached: %d, want 200 (held in the spool)\n%s", code, hooks.stderr)
 	}
 	<-back

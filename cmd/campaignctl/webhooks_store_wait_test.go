@@ -6,7 +6,6 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
-	"net/url"
 	"strings"
 	"testing"
 	"time"
@@ -30,21 +29,13 @@ func TestAnRETDuringAPostgresRestartIsRecordedWhenPostgresIsBack(t *testing.T) {
 	pool, dbURL := testdb.New(t)
 	ctx := t.Context()
 	const brand, from = "654321", "+905551239999"
-	if _, err := pool.Exec(ctx, `INSERT INTO iys_consents (recipient, type, recipient_type, brand_code, status, source, consent_date)
-		VALUES ($1, 'MESAJ', 'BIREYSEL', $2, 'ONAY', 'HS_WEB', now() - interval '1 day')`, from, brand); err != nil {
-		t.Fatal(err)
-	}
+	smsConsent(t, pool, brand, from)
 	env := map[string]string{"DATABASE_URL": dbURL, "TWILIO_AUTH_TOKEN": hooksToken, "IYS_BRAND_CODE": brand}
 	hooks := serveInProcess(t, env, hooksURLRe, "webhooks", "--addr", "127.0.0.1:0") // the default --store-wait
 	back := refuseConnectionsFor(t, pool, 2*time.Second)
 
-	sid := "SMin0000000000000000000000000000099"
-	form := url.Values{"MessageSid": {sid}, "SmsMessageSid": {sid}, "AccountSid": {"ACtest"}, "From": {from}, "To": {"+908501234567"},
-		"Body": {"RET"}, "NumMedia": {"0"}, "SmsStatus": {"received"}, "ApiVersion": {"2010-04-01"}}
-	target := hooks.base + twilioInboundPath
-	hdr := map[string]string{"Content-Type": "application/x-www-form-urlencoded", "X-Twilio-Signature": twilioSig(hooksToken, target, form)}
 	start := time.Now()
-	code := hooksPost(t, target, strings.NewReader(form.Encode()), hdr)
+	code := postRET(t, hooks.base, from, "SMin0000000000000000000000000000099")
 	took := time.Since(start)
 	<-back
 	if code != http.StatusOK {
