@@ -101,11 +101,11 @@ the provider posts again). Headers must arrive within ` + webhooksReadHeaderTime
 While Postgres cannot take what a request carries (a restart, a failover), the request is held and its
 receipts and refusals are tried again, for up to --store-wait. Twilio does not post an incoming SMS or
 a status callback again after a 500 unless its URL asks it to (connection overrides such as
-#rc=3&rp=5xx,ct on the webhook URL). So refusals Postgres still cannot take then are written to the
-refusal spool (--spool-dir, one synced file a request) and the request is answered as recorded; they are
-recorded as soon as Postgres is back, by this process or by the next one started on the same directory.
-Receipts are answered 500 (SendGrid posts a batch again for 24 hours). A one-click unsubscribe POST is
-held and spooled the same way.`,
+#rc=3&rp=5xx,ct on the webhook URL). So refusals and receipts Postgres still cannot take then are
+written to the spool (--spool-dir, one synced file a request) and the request is answered as recorded;
+they are recorded as soon as Postgres is back, by this process or by the next one started on the same
+directory. A one-click unsubscribe POST is held and spooled the same way. With a spool, webhooks also
+starts while Postgres is away. Without one (--spool-dir ''), such a request is answered 500.`,
 		Example: `  TWILIO_AUTH_TOKEN=... SENDGRID_WEBHOOK_PUBLIC_KEY=... campaignctl webhooks --addr 127.0.0.1:8090
   campaignctl webhooks --addr 0.0.0.0:8090 --public-url https://hooks.example.com
   curl http://127.0.0.1:8090/stats                     # on the same machine
@@ -200,16 +200,17 @@ held and spooled the same way.`,
 			}
 			defer engine.Close()
 			refusals.pool = engine
+			deliveries.batcher = newDeliveryBatcher(campaign.NewStore(engine))
+			go deliveries.batcher.run(ctx)
 			if spool != nil {
 				handleOneClicks(spool, campaign.NewStore(engine), refusals, log)
+				spool.HandleReceipts(deliveries)
 				refusals.spool = spool
 				go spool.Run(ctx)
 				// The directory goes with the process when nothing waits in it (os.Remove leaves one that is
 				// not empty).
 				defer os.Remove(dir) //nolint:errcheck
 			}
-			deliveries.batcher = newDeliveryBatcher(campaign.NewStore(engine))
-			go deliveries.batcher.run(ctx)
 			go watchOutbox(ctx, engine, log)
 			var poller *receipts.NetgsmPoller
 			if reporter != nil {
@@ -290,7 +291,7 @@ held and spooled the same way.`,
 	cmd.Flags().StringSliceVar(&keywords, "refusal-keywords", receipts.DefaultRefusalKeywords, "the first words that make an incoming SMS a refusal (case and İ/ı folded)")
 	cmd.Flags().DurationVar(&netgsmEvery, "netgsm-report-interval", 6*time.Second, "with NETGSM_USERCODE and NETGSM_PASSWORD: how often to ask Netgsm for reports (it answers 10 a minute); 0: never")
 	cmd.Flags().DurationVar(&storeWait, "store-wait", receipts.DefaultStoreWait, "how long a request whose receipts or refusals Postgres cannot take is held and tried again before it is answered 500; 0: at once")
-	cmd.Flags().StringVar(&spoolDir, "spool-dir", spoolDirDefault, "where refusals wait that Postgres could not take within --store-wait, to be recorded when it is back (in a subdirectory per database); default: $XDG_STATE_HOME/campaignctl/refusals, else ~/.local/state/campaignctl/refusals; '': none (such a post is answered 500)")
+	cmd.Flags().StringVar(&spoolDir, "spool-dir", spoolDirDefault, "where refusals and receipts wait that Postgres could not take within --store-wait, to be recorded when it is back (in a subdirectory per database); default: $XDG_STATE_HOME/campaignctl/refusals, else ~/.local/state/campaignctl/refusals; '': none (such a post is answered 500)")
 	cmd.Flags().StringVar(&authFile, "basic-auth-file", "", "file holding one line user:password (mode 600) that GET /stats takes from elsewhere than loopback (else $"+uiAuthEnv+")")
 	return cmd
 }
@@ -457,7 +458,8 @@ func (d *batchedDeliveries) RecordMatched(ctx context.Context, rs []receipts.Rec
 		ds[i] = campaign.Delivery{Provider: r.Provider, MessageID: r.MessageID, CampaignID: r.CampaignID, UserID: r.UserID,
 			Address: r.Address, Status: r.Status, Error: r.Error, EventID: r.EventID, At: r.At}
 	}
-	return d.batcher.record(ctx, ds)
+	unmatched, err := d.batcher.record(ctx, ds)
+	return unmatched, refusedForGood(err)
 }
 
 // maxDeliveryBatch bounds one statement.

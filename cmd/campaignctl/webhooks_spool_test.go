@@ -231,3 +231,40 @@ func TestWebhooksStartedWhilePostgresIsAwayHoldsRefusalsUntilItIsBack(t *testing
 		time.Sleep(100 * time.Millisecond)
 	}
 }
+
+// A delivery receipt posted while Postgres refuses connections for longer than --store-wait is held in the
+// spool too, answered 204, and recorded once Postgres is back: for a recipient whose outcome was unknown
+// (its answer lost), it is what proves the message went, so `resume --resend-unknown` does not send it
+// again. Before, the callback was answered 500 and Twilio did not post it again.
+func TestAReceiptPostgresCannotTakeForLongIsSpooledAndSettlesAnUnknownRecipient(t *testing.T) {
+	t.Parallel()
+	db, dbURL := testdb.New(t)
+	if _, err := db.Exec(t.Context(), `INSERT INTO campaign_recipients (campaign_id, user_id, address, batch, status, provider_message_id)
+		VALUES (1, 'u1', '+905551234567', 0, 'unknown', 'SM7')`); err != nil {
+		t.Fatal(err)
+	}
+	env := map[string]string{"DATABASE_URL": dbURL, "TWILIO_AUTH_TOKEN": hooksToken}
+	hooks := serveInProcess(t, env, hooksURLRe, "webhooks", "--addr", "127.0.0.1:0", "--store-wait", "300ms", "--spool-dir", t.TempDir())
+	back := refuseConnectionsFor(t, db, 3*time.Second)
+	target := hooks.base + twilioReceiptPath + "?campaign_id=1&user_id=u1"
+	form := hooksCallback("SM7")
+	if code := hooksPost(t, target, strings.NewReader(form.Encode()), map[string]string{"Content-Type": "application/x-www-form-urlencoded",
+		"X-Twilio-Signature": twilioSig(hooksToken, target, form)}); code != http.StatusNoContent {
+		t.Fatalf("a delivered callback while Postgres refused connections past --store-wait: %d, want 204 (held in the spool)\n%s", code, hooks.stderr)
+	}
+	<-back
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		var status, delivery string
+		if err := db.QueryRow(t.Context(), `SELECT status, coalesce(delivery, '') FROM campaign_recipients WHERE user_id = 'u1'`).Scan(&status, &delivery); err != nil {
+			t.Fatal(err)
+		}
+		if status == "sent" && delivery == "delivered" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("15 s after Postgres was back: status %s, delivery %q; want sent, delivered\n%s", status, delivery, hooks.stderr)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}

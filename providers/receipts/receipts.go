@@ -190,8 +190,8 @@ type Stats struct {
 	Ignored map[string]int64 `json:"ignored"`
 	// Rejected counts the refused requests by reason (the Reason constants).
 	Rejected map[string]int64 `json:"rejected"`
-	// Spooled is the number of refusals the RefusalSink could not take within the store wait and that
-	// were held in the Spool instead, to be recorded when it takes them again (the spool logs each
+	// Spooled is the number of refusals and receipts the sinks could not take within the store wait and
+	// that were held in the Spool instead, to be recorded when they take them again (the spool logs each
 	// request it records).
 	Spooled int64 `json:"spooled"`
 	// SinkErrors is the number of requests answered 500 because the Sink or the RefusalSink failed.
@@ -323,14 +323,33 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	var unmatched []int
+	spooledReceipts := 0
 	if len(b.receipts) > 0 {
-		err := h.store(r.Context(), "receipts", func(ctx context.Context) (err error) {
+		final := false
+		// Refusals of the same post just spooled: Postgres is away, and a second wait would take the
+		// answer past the provider's timeout (Twilio's is 15 s).
+		wait := h.limits.storeWait
+		if spooled > 0 {
+			wait = 0
+		}
+		err := Store(r.Context(), wait, h.log, "receipts", func(ctx context.Context) (err error) {
+			defer func() { final = IsFinal(err) }()
 			if ms, ok := h.sink.(MatchingSink); ok {
 				unmatched, err = ms.RecordMatched(ctx, b.receipts)
 				return err
 			}
 			return h.sink.Record(ctx, b.receipts)
 		})
+		if err != nil && !final && h.spool.holdsReceipts() {
+			// As refusals: a receipt can be what settles a recipient whose outcome is unknown (it was
+			// sent), which keeps it from being sent again; Twilio would not post it again.
+			if serr := h.spool.HoldRequest(receiptsKind, b.receipts); serr != nil {
+				h.log.Error("the refusal spool cannot hold the receipts either", "err", serr)
+			} else {
+				h.log.Warn("receipts not recorded: Postgres cannot take them; held in the spool, recorded when it is back", "receipts", len(b.receipts), "err", err, "spool", h.spool.Dir())
+				err, unmatched, spooledReceipts = nil, nil, len(b.receipts)
+			}
+		}
 		if err != nil {
 			h.sinkFailed(w, "record receipts", "receipts", len(b.receipts), err)
 			return
@@ -343,10 +362,10 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	h.counter.update(func(s *Stats) {
 		s.Accepted++
-		s.Receipts += int64(len(b.receipts) - len(unmatched))
+		s.Receipts += int64(len(b.receipts) - len(unmatched) - spooledReceipts)
 		s.Unmatched += int64(len(unmatched))
 		s.Refusals += int64(len(b.refusals) - spooled)
-		s.Spooled += int64(spooled)
+		s.Spooled += int64(spooled + spooledReceipts)
 		for _, name := range b.ignored {
 			s.Ignored[name]++
 		}
@@ -356,7 +375,8 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 }
 
 // SetSpool makes the handler hold in sp the refusals its RefusalSink could not take within the store
-// wait, and answer their request as recorded; nil: answer it 500 (the provider may post it again).
+// wait (and the receipts its Sink could not, when sp records receipts: Spool.HandleReceipts), and answer
+// their request as recorded; nil: answer it 500 (the provider may post it again).
 func (h *Handler) SetSpool(sp *Spool) { h.spool = sp }
 
 // SetStoreWait sets how long a request's receipts and refusals are tried again while the sink fails

@@ -94,6 +94,23 @@ func (s *Spool) Handle(kind string, record func(ctx context.Context, request jso
 	s.kinds[kind] = record
 }
 
+// receiptsKind is the kind of held receipts (HandleReceipts).
+const receiptsKind = "receipts"
+
+// HandleReceipts makes the spool hold receipts too (a handler's, through SetSpool), recorded with sink.
+func (s *Spool) HandleReceipts(sink Sink) {
+	s.Handle(receiptsKind, func(ctx context.Context, raw json.RawMessage) error {
+		var rs []Receipt
+		if err := json.Unmarshal(raw, &rs); err != nil {
+			return Final(err)
+		}
+		return sink.Record(ctx, rs)
+	})
+}
+
+// holdsReceipts says whether s (nil: no spool) holds receipts.
+func (s *Spool) holdsReceipts() bool { return s != nil && s.kinds[receiptsKind] != nil }
+
 // Hold writes rs to the spool, durably, and wakes the replay. When it returns nil the request may be
 // answered as recorded.
 func (s *Spool) Hold(rs []Refusal) error { return s.hold(spooled{Refusals: rs}) }
@@ -210,6 +227,11 @@ func (s *Spool) Replay(ctx context.Context) (int, error) {
 			err = Final(fmt.Errorf("a request of kind %q, which this version does not record", sp.Kind))
 		} else {
 			n = 1
+			if sp.Kind == receiptsKind {
+				var rs []json.RawMessage
+				json.Unmarshal(sp.Request, &rs) //nolint:errcheck // only counted here; record says what is wrong
+				n = len(rs)
+			}
 			err = record(callCtx, sp.Request)
 		}
 		cancel()
@@ -225,16 +247,20 @@ func (s *Spool) Replay(ctx context.Context) (int, error) {
 			return done, fmt.Errorf("the refusal spool %s: %w", s.dir, err)
 		}
 		done++
-		s.log.Info("refusals held in the spool recorded", "refusals", n, "kind", kindName(sp.Kind), "held_for", time.Since(sp.HeldAt).Round(time.Millisecond).String())
+		s.log.Info(kindName(sp.Kind)+" held in the spool recorded", "requests", 1, "events", n, "held_for", time.Since(sp.HeldAt).Round(time.Millisecond).String())
 	}
 	return done, nil
 }
 
+// kindName is what a held request of kind k holds, for the log.
 func kindName(k string) string {
-	if k == "" {
-		return "provider"
+	switch k {
+	case "":
+		return "refusals"
+	case receiptsKind:
+		return "receipts"
 	}
-	return k
+	return "a request of kind " + k
 }
 
 // setAside renames a file the sink refused for good, so that it is not tried again and stays for someone
