@@ -34,9 +34,9 @@ type Spool struct {
 	sink  RefusalSink
 	kinds map[string]func(context.Context, json.RawMessage) error
 	log   *slog.Logger
-	kick chan struct{}
-	seq  atomic.Uint64
-	mu   sync.Mutex // one replay at a time within the process
+	kick  chan struct{}
+	seq   atomic.Uint64
+	mu    sync.Mutex // one replay at a time within the process
 	// every is the pause between two replays while files wait (doubling up to max while the sink fails).
 	every, max time.Duration
 }
