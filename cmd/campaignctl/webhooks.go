@@ -291,7 +291,7 @@ starts while Postgres is away. Without one (--spool-dir ''), such a request is a
 	cmd.Flags().StringSliceVar(&keywords, "refusal-keywords", receipts.DefaultRefusalKeywords, "the first words that make an incoming SMS a refusal (case and İ/ı folded)")
 	cmd.Flags().DurationVar(&netgsmEvery, "netgsm-report-interval", 6*time.Second, "with NETGSM_USERCODE and NETGSM_PASSWORD: how often to ask Netgsm for reports (it answers 10 a minute); 0: never")
 	cmd.Flags().DurationVar(&storeWait, "store-wait", receipts.DefaultStoreWait, "how long a request whose receipts or refusals Postgres cannot take is held and tried again before it is answered 500; 0: at once")
-	cmd.Flags().StringVar(&spoolDir, "spool-dir", spoolDirDefault, "where refusals and receipts wait that Postgres could not take within --store-wait, to be recorded when it is back (in a subdirectory per database); default: $XDG_STATE_HOME/campaignctl/refusals, else ~/.local/state/campaignctl/refusals; '': none (such a post is answered 500)")
+	cmd.Flags().StringVar(&spoolDir, "spool-dir", a.defaultSpoolDir(), "where refusals and receipts wait that Postgres could not take within --store-wait, to be recorded when it is back (in a subdirectory per database; the default is under $XDG_STATE_HOME, else ~/.local/state); '': none (such a post is answered 500)")
 	cmd.Flags().StringVar(&authFile, "basic-auth-file", "", "file holding one line user:password (mode 600) that GET /stats takes from elsewhere than loopback (else $"+uiAuthEnv+")")
 	return cmd
 }

@@ -14,24 +14,22 @@ import (
 	"github.com/campaignctl/campaignctl/providers/receipts"
 )
 
-// spoolDirDefault is the flag's value that means "the default": under $XDG_STATE_HOME, else
-// ~/.local/state.
-const spoolDirDefault = "default"
-
-// refusalSpoolDir is the directory of the refusal spool: dir (--spool-dir), or the default one, in a
-// subdirectory named after the engine database, so that processes of different databases on one machine
-// never record each other's refusals. "" (no spool) when --spool-dir is "" or no default can be made.
-func (a *app) refusalSpoolDir(dir string) (string, error) {
-	if dir == spoolDirDefault {
-		switch {
-		case a.getenv("XDG_STATE_HOME") != "":
-			dir = filepath.Join(a.getenv("XDG_STATE_HOME"), "campaignctl", "refusals")
-		case a.getenv("HOME") != "":
-			dir = filepath.Join(a.getenv("HOME"), ".local", "state", "campaignctl", "refusals")
-		default:
-			return "", nil
-		}
+// defaultSpoolDir is --spool-dir's default: under $XDG_STATE_HOME, else ~/.local/state; "" (no spool)
+// when neither is set.
+func (a *app) defaultSpoolDir() string {
+	switch {
+	case a.getenv("XDG_STATE_HOME") != "":
+		return filepath.Join(a.getenv("XDG_STATE_HOME"), "campaignctl", "refusals")
+	case a.getenv("HOME") != "":
+		return filepath.Join(a.getenv("HOME"), ".local", "state", "campaignctl", "refusals")
 	}
+	return ""
+}
+
+// refusalSpoolDir is the directory of the spool under dir (--spool-dir): a subdirectory named after the
+// engine database, so that processes of different databases on one machine never record each other's
+// refusals. "" (no spool) when dir is "".
+func (a *app) refusalSpoolDir(dir string) (string, error) {
 	if dir == "" {
 		return "", nil
 	}
