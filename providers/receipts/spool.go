@@ -15,10 +15,11 @@ import (
 	"time"
 )
 
-// Spool keeps on disk the refusals a sink could not record within a request's store wait (Postgres down
-// longer than a restart), and records them once the sink takes them again. Without it such a post is
-// answered 500, and a provider that does not post it again (Twilio, by default) loses the refusal: the
-// person who said no gets the next campaign.
+// Spool keeps on disk the refusals (and, with HandleReceipts, the receipts) a sink could not record within
+// a request's store wait (Postgres down longer than a restart), and records them once the sink takes them
+// again. Without it such a post is answered 500, and a provider that does not post it again (Twilio, by
+// default) loses it: the person who said no gets the next campaign, or a recipient whose outcome is
+// unknown is not proven sent and may be sent again.
 //
 // Each held request is one file, written whole before the request is answered (a temporary file, synced,
 // renamed, the directory synced), so that a crash after the answer keeps it; a later run of the same
