@@ -57,7 +57,7 @@ func NewSpool(dir string, sink RefusalSink, log *slog.Logger) *Spool {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Spool{dir: dir, sink: sink, log: log, kick: make(chan struct{}, 1), every: 250 * time.Millisecond, max: time.Second}
+	return &Spool{dir: dir, sink: sink, log: log, kick: make(chan struct{}, 1), every: 250 * time.Millisecond, max: 500 * time.Millisecond}
 }
 
 // Dir is the spool's directory.
@@ -273,7 +273,7 @@ func (s *Spool) setAside(path string, n int, err error) {
 }
 
 // Run replays the spool at once (what an earlier run left), after every Hold, and while requests wait,
-// every moment (0.25 s, doubling up to 1 s while the sink fails: a refusal is recorded within about a
+// every moment (0.25 s, doubling up to 0.5 s while the sink fails: a refusal is recorded within about half a
 // second of Postgres's return), until ctx ends.
 func (s *Spool) Run(ctx context.Context) {
 	if n, _ := s.Held(); n > 0 {
@@ -289,7 +289,7 @@ func (s *Spool) Run(ctx context.Context) {
 		}
 		if err != nil {
 			// The first failure of a streak, then about every 30 s.
-			if fails++; fails == 1 || fails%30 == 0 {
+			if fails++; fails == 1 || fails%60 == 0 {
 				s.log.Warn("refusals wait in the spool: the sink cannot take them yet", "requests", left, "err", err, "tries", fails)
 			}
 		} else {
