@@ -68,10 +68,26 @@ func ParseContent(c Content) (*Template, error) {
 		if err := guardTree("HTML", t.html.Tree, len(t.html.Templates())); err != nil {
 			return nil, err
 		}
+		// html/template escapes a template at its first execution, and one it cannot escape (it ends inside
+		// a tag, an attribute, a comment or a script, or an action sits where no escaping fits) fails then,
+		// with its tree gone: an execution over no data makes that happen here, where it can be said.
+		var he *htmltemplate.Error
+		if err := t.html.Execute(io.Discard, nil); errors.As(err, &he) {
+			return nil, fmt.Errorf("%w: the HTML template (--html) cannot be escaped: %s; close every tag, attribute, comment and script it opens, and put actions only in text or attribute values", ErrInvalid, explainHTMLEscape(he))
+		}
 		t.plainHTMLPart = agreed(plainHTML(t.html), t.html.Execute)
 	}
 	t.plainFields = t.readsOnly()
 	return t, nil
+}
+
+// explainHTMLEscape is an html/template escaping error without the template's internal name.
+func explainHTMLEscape(e *htmltemplate.Error) string {
+	msg := e.Description
+	if e.Line > 0 {
+		msg = fmt.Sprintf("line %d: %s", e.Line, msg)
+	}
+	return msg
 }
 
 // Hash identifies the content (every part) in the audit: the SHA-256 of the parts, hex.

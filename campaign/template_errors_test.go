@@ -44,3 +44,32 @@ func TestTemplateErrorsSayWhereAndTheFix(t *testing.T) {
 		}
 	}
 }
+
+// An HTML part that html/template cannot escape (it ends inside a tag, an attribute value, a comment or a
+// script) is refused at parse with ErrInvalid and a message that says so, not a nil pointer at the first
+// look at its fields (launch panicked, --dry-run too).
+func TestAnHTMLPartThatCannotBeEscapedIsRefusedAtParse(t *testing.T) {
+	for _, html := range []string{
+		`<p>{{.first_name}} <b>{{.code}}</b`,
+		`<a href="{{.code}}>x`,
+		`<script>var x = {{.code}}`,
+		`<p>{{.code}}</p><!-- {{.first_name}}`,
+	} {
+		tmpl, err := campaign.ParseContent(campaign.Content{Text: "Kod {{.code}}", Subject: "S", HTML: html})
+		if !errors.Is(err, campaign.ErrInvalid) || !strings.Contains(err.Error(), "cannot be escaped") {
+			t.Errorf("%q: %v, want ErrInvalid saying it cannot be escaped", html, err)
+			continue
+		}
+		if tmpl != nil {
+			t.Errorf("%q: a template came back with the error", html)
+		}
+	}
+	// Well-formed HTML whose fields are missing from the data still parses (escaping needs no data).
+	tmpl, err := campaign.ParseContent(campaign.Content{Text: "Kod {{.code}}", Subject: "S", HTML: `<p>{{.first_name}} <a href="https://x.example/{{.code}}">x</a></p>`})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := tmpl.Fields(); len(got) != 2 {
+		t.Errorf("fields %v, want code and first_name", got)
+	}
+}
