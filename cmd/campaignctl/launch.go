@@ -69,8 +69,9 @@ func (o *launchOptions) validate() error {
 	if o.maxSegments < 1 {
 		return usagef("--max-segments %d: give the longest SMS to send, in segments, between 1 and 24 (default %d)", o.maxSegments, campaign.DefaultMaxSegments)
 	}
-	if o.timeout <= 0 {
-		return usagef("--statement-timeout %s: the audience query always runs with a limit; give a positive duration, e.g. 5m", o.timeout)
+	if o.timeout < time.Second || o.timeout > maxStatementTimeout {
+		// Postgres takes milliseconds: less than one is no limit at all, and past about 24 days none either.
+		return usagef("--statement-timeout %s: the audience query always runs with a limit; give a duration from 1s to %s, e.g. 5m", o.timeout, maxStatementTimeout)
 	}
 	if ch, _ := campaign.ParseChannel(o.channel); ch == campaign.ChannelSMS && o.subject != "" {
 		return usagef("--subject is the subject of an e-mail or the title of a push notification; an SMS has none: drop it, or put the text in --message")
@@ -80,6 +81,9 @@ func (o *launchOptions) validate() error {
 	}
 	return nil
 }
+
+// maxStatementTimeout bounds --statement-timeout: a day, well under what Postgres takes (about 24 days).
+const maxStatementTimeout = 24 * time.Hour
 
 func (a *app) newLaunchCmd() *cobra.Command {
 	var o launchOptions
@@ -118,7 +122,7 @@ reserved from --code-pool before anything is queued. --dry-run shows the same re
 	f.BoolVar(&o.yes, "yes", false, "do not ask for confirmation")
 	f.BoolVar(&o.watch, "watch", false, "show live progress until the campaign ends")
 	f.BoolVar(&o.json, "json", false, "print the launch report as JSON")
-	f.DurationVar(&o.timeout, "statement-timeout", 5*time.Minute, "limit for the audience query")
+	f.DurationVar(&o.timeout, "statement-timeout", 5*time.Minute, "limit for the audience query (1s to 24h)")
 	f.StringVar(&o.at, "at", "", `start sending at this time: "2026-12-01 10:00" (in --tz) or RFC 3339`)
 	f.StringVar(&o.window, "window", "", "send only between these hours every day, e.g. 09:00-20:00 (in --tz); batches wait for the next window")
 	f.StringVar(&o.tz, "tz", campaign.DefaultZone, "time zone of --at and --window")
@@ -172,8 +176,8 @@ func (a *app) launch(ctx context.Context, o launchOptions) error {
 		defer audience.Close()
 	}
 	zone, err := time.LoadLocation(o.tz)
-	if err != nil {
-		return usagef("--tz %q is not a known time zone; use an IANA name such as Europe/Istanbul", o.tz)
+	if err != nil || o.tz == "" { // Go reads "" as UTC
+		return usagef("--tz %q is not a known time zone; use an IANA name such as Europe/Istanbul or UTC", o.tz)
 	}
 	window, err := campaign.ParseWindow(o.window, zone)
 	if err != nil {
