@@ -83,7 +83,11 @@ func (a *app) testSend(ctx context.Context, o launchOptions, spec campaign.Spec,
 		if signer == nil {
 			return errNoUnsubscribe()
 		}
-		rd.Unsubscribe, rd.Mailto = signer, a.getenv(unsubMailtoEnv)
+		mailto, err := a.unsubscribeMailto()
+		if err != nil {
+			return err
+		}
+		rd.Unsubscribe, rd.Mailto = signer, mailto
 	}
 	if rd.Tmpl, err = campaign.ParseContent(spec.Content()); err != nil {
 		return err

@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"mime"
 	"net/http"
+	"net/mail"
 	"net/url"
 	"strings"
 	"time"
@@ -51,6 +52,21 @@ func (a *app) unsubscribeSigner() (*unsubscribe.Signer, error) {
 		return nil, usageError{err}
 	}
 	return s, nil
+}
+
+// unsubscribeMailto reads UNSUBSCRIBE_MAILTO: "" when unset, else one plain address, which goes into
+// every commercial e-mail's List-Unsubscribe header as <mailto:ADDRESS?subject=…>. Anything else (a name,
+// angle brackets, a query, a line break that would start a header of its own) is a usage error.
+func (a *app) unsubscribeMailto() (string, error) {
+	raw := a.getenv(unsubMailtoEnv)
+	if raw == "" {
+		return "", nil
+	}
+	addr, err := mail.ParseAddress(raw)
+	if err != nil || addr.Name != "" || addr.Address != raw || strings.ContainsAny(raw, "<>?&,;\"\r\n\t ") {
+		return "", usagef("%s %q is not one plain e-mail address: give a mailbox that takes unsubscribe requests, e.g. unsubscribe@example.com (no name, brackets or query)", unsubMailtoEnv, raw)
+	}
+	return raw, nil
 }
 
 // errNoUnsubscribe refuses a commercial e-mail launch that could not carry its one-click links.

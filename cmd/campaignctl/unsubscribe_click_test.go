@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"io"
 	"log/slog"
 	"net/http"
@@ -279,5 +280,39 @@ func TestAOneClickOfAnUnknownRecipientProvesItsMessageWasDelivered(t *testing.T)
 				t.Fatalf("one-click of a recipient %s: %d, recipient %s (delivery %v); want 200, %s, delivered %v", tc.name, w.Code, status, delivery, tc.want, tc.delivered)
 			}
 		})
+	}
+}
+
+// UNSUBSCRIBE_MAILTO goes into every commercial e-mail's List-Unsubscribe header: only one plain address
+// is taken. A line break in it would have started headers of its own (a Bcc), a name or brackets would
+// have broken the header's <mailto:…>; each is refused as a usage error naming the variable.
+func TestUnsubscribeMailtoIsOnePlainAddress(t *testing.T) {
+	for value, ok := range map[string]bool{
+		"":                                   true,
+		"cikis@example.com":                  true,
+		"unsubscribe+tr@mail.example.com.tr": true,
+		"cikis@example.com>\r\nBcc: evil@x.com\r\nX-A: <b": false,
+		"not an address":               false,
+		"Çıkış <cikis@example.com>":    false,
+		"<cikis@example.com>":          false,
+		"cikis@example.com?subject=x":  false,
+		"a@example.com, b@example.com": false,
+	} {
+		a := &app{stdout: io.Discard, stderr: io.Discard, getenv: func(k string) string {
+			if k == unsubMailtoEnv {
+				return value
+			}
+			return ""
+		}}
+		got, err := a.unsubscribeMailto()
+		var ue usageError
+		switch {
+		case ok && (err != nil || got != value):
+			t.Errorf("%q: %q, %v; want it taken as it is", value, got, err)
+		case !ok && !errors.As(err, &ue):
+			t.Errorf("%q: %q, %v; want a usage error", value, got, err)
+		case !ok && (!strings.Contains(err.Error(), unsubMailtoEnv) || strings.ContainsAny(err.Error(), "\r\n")):
+			t.Errorf("%q: %v; want the variable named, and no line break quoted raw", value, err)
+		}
 	}
 }

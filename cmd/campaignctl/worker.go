@@ -118,6 +118,10 @@ A worker sends the channels whose provider is configured:
 			if err != nil {
 				return err
 			}
+			mailto, err := a.unsubscribeMailto()
+			if err != nil {
+				return err
+			}
 			if signer == nil && set.primary[campaign.ChannelEmail] != nil {
 				log.Warn("this worker sends no commercial e-mail (its batches wait for a worker that can): set WEBHOOKS_PUBLIC_URL and UNSUBSCRIBE_SECRET to sign their one-click unsubscribe links")
 			}
@@ -125,7 +129,7 @@ A worker sends the channels whose provider is configured:
 			live := worker.NewLiveness(svc.engine, log)
 			h := worker.NewHandler(worker.Config{
 				Unsubscribe:       signer,
-				UnsubscribeMailto: a.getenv(unsubMailtoEnv),
+				UnsubscribeMailto: mailto,
 				Store:             svc.store,
 				Redis:             svc.redis,
 				Providers:         set.primary,
