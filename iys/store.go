@@ -84,6 +84,11 @@ func Import(ctx context.Context, pool *pgxpool.Pool, r io.Reader, opts ImportOpt
 	if opts.Progress != nil {
 		opts.Progress(n)
 	}
+	if n == 0 {
+		// Nothing to merge, and nothing that says the consents are up to date: an empty export (a failed
+		// download, the wrong file) must not make them look fresh to the launches' --max-consent-age.
+		return rep, &LineError{Line: 2, Msg: "the file has no consent rows after its header; give the export of İYS consents (the header, then one row a consent)"}
+	}
 
 	keys, inserted, updated, err := merge(ctx, tx, opts.BrandCode)
 	if err != nil {

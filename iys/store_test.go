@@ -117,11 +117,19 @@ func TestImportHappyPath(t *testing.T) {
 	}
 }
 
+// A file of the header alone is refused as a line error (exit 2), and records no sync: an empty export (a
+// failed download, the wrong file) made the consents look fresh to launch --max-consent-age.
 func TestImportHeaderOnly(t *testing.T) {
 	t.Parallel()
 	pool, _ := testdb.New(t)
-	if diff := cmp.Diff(iys.ImportReport{}, mustImport(t, pool, "  "+iys.Header+"  \n")); diff != "" {
-		t.Errorf("report (-want +got):\n%s", diff)
+	_, err := iys.Import(t.Context(), pool, strings.NewReader("  "+iys.Header+"  \n"), iys.ImportOptions{})
+	var le *iys.LineError
+	if !errors.As(err, &le) || !strings.Contains(err.Error(), "no consent rows") {
+		t.Fatalf("import of the header alone: %v, want a line error saying it has no consent rows", err)
+	}
+	var n int
+	if err := pool.QueryRow(t.Context(), `SELECT count(*) FROM iys_sync_state`).Scan(&n); err != nil || n != 0 {
+		t.Fatalf("sync states after the refused import: %d (%v), want none", n, err)
 	}
 }
 
