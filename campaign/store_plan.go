@@ -35,7 +35,7 @@ func (p *Planner) plan(ctx context.Context, spec Spec, tmpl *Template, rep *Repo
 			return fmt.Errorf("plan: %w", err)
 		}
 		if !poolExists {
-			return fmt.Errorf("%w: code pool %q does not exist; create it with `campaignctl codes generate --pool %s --count N`", ErrInvalid, spec.CodePool, spec.CodePool)
+			return errNoPool(spec.CodePool)
 		}
 	}
 
@@ -229,4 +229,9 @@ func (p *Planner) commitOutcome(ctx context.Context, xid string) string {
 		case <-time.After(100 * time.Millisecond):
 		}
 	}
+}
+
+// errNoPool refuses a campaign whose code pool does not exist.
+func errNoPool(pool string) error {
+	return fmt.Errorf("%w: code pool %q does not exist; create it with `campaignctl codes generate --pool %s --count N`", ErrInvalid, pool, pool)
 }

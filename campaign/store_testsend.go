@@ -106,6 +106,22 @@ func (p *Planner) TestRecipient(ctx context.Context, spec Spec, userID string) (
 
 // TestConsent returns the İYS status (ONAY or RET) of address's consent under spec's rule (the
 // channel's İYS type, the recipient type and brand), "" when there is none.
+// CheckPool returns ErrInvalid when spec names a code pool that does not exist: a test send reserves no
+// code, but the campaign it tries out would be refused for it.
+func (p *Planner) CheckPool(ctx context.Context, spec Spec) error {
+	if spec.CodePool == "" {
+		return nil
+	}
+	var ok bool
+	if err := p.Engine.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM code_pools WHERE name = $1)`, spec.CodePool).Scan(&ok); err != nil {
+		return fmt.Errorf("code pool: %w", err)
+	}
+	if !ok {
+		return errNoPool(spec.CodePool)
+	}
+	return nil
+}
+
 func (p *Planner) TestConsent(ctx context.Context, spec Spec, address string) (string, error) {
 	rule := spec.consentRule()
 	var args params

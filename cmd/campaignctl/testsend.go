@@ -51,6 +51,9 @@ func (a *app) testSend(ctx context.Context, o launchOptions, spec campaign.Spec,
 	if err := spec.Validate(); err != nil {
 		return err
 	}
+	if err := planner.CheckPool(ctx, spec); err != nil {
+		return err
+	}
 	if !spec.Transactional && ch.IYSType() != "" {
 		status, err := planner.TestConsent(ctx, spec, to)
 		if err != nil {

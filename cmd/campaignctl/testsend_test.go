@@ -90,6 +90,14 @@ func TestTestSendSMSReachesTheAddressOnceWithAPlaceholderCode(t *testing.T) {
 	if code != 2 || !strings.Contains(stderr, `"nobody-42"`) || len(sb.Messages()) != 2 {
 		t.Fatalf("unknown --test-user: exit %d, %d messages, %s", code, len(sb.Messages()), stderr)
 	}
+	// A code pool the campaign would be refused for refuses its test too, before anything is sent.
+	for _, pool := range []string{"nosuch", "BAD POOL!"} {
+		_, stderr, code = cli(t, env, "launch", "--name", "yaz", "--channel", "sms", "--audience", audience,
+			"--message", testPrefix+"Merhaba {{.first_name}} {{.code}}", "--code-pool", pool, "--test-to", "+905321000001", "--yes")
+		if code != 2 || !strings.Contains(stderr, "code pool") || len(sb.Messages()) != 2 {
+			t.Fatalf("--code-pool %q: exit %d, %d messages, %s", pool, code, len(sb.Messages()), stderr)
+		}
+	}
 	nothingPlanned(t, count)
 }
 
