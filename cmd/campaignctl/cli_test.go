@@ -8,6 +8,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -152,6 +153,14 @@ func TestBadInputIsRefusedClearlyAndNothingIsWritten(t *testing.T) {
 	}
 	if n := campaigns(); n != 0 {
 		t.Fatalf("refused launches left %d campaigns", n)
+	}
+	// An audience file that starts with a byte order mark (as editors on Windows save it) is read as the
+	// SQL after it: Postgres reported a syntax error "at or near SELECT", the mark unseen.
+	bom := writeFile(t, "bom.sql", "\uFEFFSELECT user_id, phone, first_name FROM customers ORDER BY user_id LIMIT 2")
+	args := launch("--dry-run")
+	args[slices.Index(args, audience)] = bom
+	if stdout, stderr, code := cli(t, env, args...); code != 0 {
+		t.Errorf("a dry run of an audience file with a byte order mark: exit %d\n%s%s", code, stdout, stderr)
 	}
 }
 

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"bufio"
 	"context"
 	"encoding/json"
@@ -150,6 +151,9 @@ func (a *app) launch(ctx context.Context, o launchOptions) error {
 	if err != nil {
 		return usagef("cannot read the audience file: %v; it must hold one SELECT", err)
 	}
+	// A byte order mark (editors on Windows write one) is no SQL: Postgres would report a syntax error at
+	// the SELECT after it, which the message cannot show.
+	sqlText = bytes.TrimPrefix(sqlText, []byte("\uFEFF"))
 	if err := a.launchChecks(campaign.Channel(o.channel)); err != nil {
 		return err
 	}
