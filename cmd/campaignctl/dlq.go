@@ -15,6 +15,8 @@ import (
 type dlqOptions struct {
 	campaign int64
 	json     bool
+	// campaignGiven: --campaign was given (0 is then no campaign, not "every campaign").
+	campaignGiven bool
 }
 
 func (a *app) newDLQCmd() *cobra.Command {
@@ -33,24 +35,30 @@ stay pending in Postgres: nothing is lost, nothing is sent until the batch is re
 		&cobra.Command{
 			Use: "list", Short: "Show dead-lettered batches with campaign, batch, attempts and last error", Args: cobra.NoArgs,
 			Example: `  campaignctl dlq list --campaign 42`,
-			RunE:    func(cmd *cobra.Command, _ []string) error { return a.dlq(cmd.Context(), o, "list") },
+			RunE:    func(cmd *cobra.Command, _ []string) error { return a.dlq(cmd.Context(), o.given(cmd), "list") },
 		},
 		&cobra.Command{
 			Use: "retry", Short: "Queue dead-lettered batches again with a fresh retry budget", Args: cobra.NoArgs,
 			Example: `  campaignctl dlq retry --campaign 42`,
-			RunE:    func(cmd *cobra.Command, _ []string) error { return a.dlq(cmd.Context(), o, "retry") },
+			RunE:    func(cmd *cobra.Command, _ []string) error { return a.dlq(cmd.Context(), o.given(cmd), "retry") },
 		},
 		&cobra.Command{
 			Use: "purge", Short: "Drop dead-lettered batches (their recipients stay pending)", Args: cobra.NoArgs,
 			Example: `  campaignctl dlq purge --campaign 42`,
-			RunE:    func(cmd *cobra.Command, _ []string) error { return a.dlq(cmd.Context(), o, "purge") },
+			RunE:    func(cmd *cobra.Command, _ []string) error { return a.dlq(cmd.Context(), o.given(cmd), "purge") },
 		},
 	)
 	return cmd
 }
 
+// given is o with campaignGiven read from cmd's flags.
+func (o dlqOptions) given(cmd *cobra.Command) dlqOptions {
+	o.campaignGiven = cmd.Flags().Changed("campaign")
+	return o
+}
+
 func (o *dlqOptions) validate() error {
-	if o.campaign < 0 {
+	if o.campaign < 0 || o.campaignGiven && o.campaign == 0 {
 		return usagef("--campaign %d: give a campaign ID (campaignctl status lists them)", o.campaign)
 	}
 	return nil

@@ -89,6 +89,12 @@ func TestDLQListRetryPurge(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	// --campaign 0 names no campaign (it listed every campaign's batches, as no --campaign does).
+	for _, action := range []string{"list", "retry", "purge"} {
+		if out, stderr, code := cli(t, env, "dlq", action, "--campaign", "0"); code != 2 || out != "" || !strings.Contains(stderr, "--campaign 0") {
+			t.Fatalf("dlq %s --campaign 0: exit %d, %s%s; want exit 2 naming the flag", action, code, out, stderr)
+		}
+	}
 	out, stderr, code := cli(t, env, "dlq", "list", "--campaign", id, "--json")
 	var entries []worker.DLQEntry
 	if code != 0 || json.Unmarshal([]byte(out), &entries) != nil {

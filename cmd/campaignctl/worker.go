@@ -39,6 +39,9 @@ func (o *workerOptions) validate() error {
 	if o.timeout < 100*time.Millisecond || o.timeout > 5*time.Minute {
 		return usagef("--provider-timeout %v: give 100ms to 5m, e.g. --provider-timeout 10s", o.timeout)
 	}
+	if o.shutdown < time.Second || o.shutdown > time.Hour {
+		return usagef("--shutdown-timeout %v: give 1s to 1h, e.g. --shutdown-timeout 30s (the in-flight sends finish and their outcomes are written within it)", o.shutdown)
+	}
 	if o.metricsAddr != "" {
 		if err := metrics.ValidateAddr(o.metricsAddr); err != nil {
 			return usagef("--metrics-addr %v", err)

@@ -48,8 +48,6 @@ func (o *workersOptions) validate() error {
 		return usagef("--cooldown %v: give zero or more, e.g. --cooldown 30s", o.cooldown)
 	case o.hungAfter < 0 || o.hungAfter > 0 && o.hungAfter < 2*state.WorkerTTL:
 		return usagef("--hung-after %v: give 0 (never) or %v or more (a worker's heartbeat lives %v), e.g. --hung-after 1m", o.hungAfter, 2*state.WorkerTTL, state.WorkerTTL)
-	case o.worker.shutdown <= 0:
-		return usagef("--shutdown-timeout %v: give a positive duration, e.g. --shutdown-timeout 30s", o.worker.shutdown)
 	}
 	for _, arg := range o.extra {
 		for _, flag := range []string{"--metrics-addr", "--pprof-addr"} {
