@@ -68,9 +68,37 @@ func (h *Handler) deliverGroup(ctx, waitCtx context.Context, run *batchRun, b pr
 // request) is split in halves until the recipient at fault is alone, so one bad address never fails a
 // thousand good ones.
 func (h *Handler) sendGroup(ctx, waitCtx context.Context, run *batchRun, b providers.Batcher, rs []*campaign.Recipient, msgs []providers.Message) error {
+	return h.sendGroupAs(ctx, waitCtx, run, b, rs, msgs, false)
+}
+
+// sendGroupAs is sendGroup; probe says the caller holds the probe of b's provider, down by every worker's
+// answers (waitWhileDown), for this request.
+//
+// The provider's shared pace is read before each request. A provider that resets its connections or never
+// answers gives ambiguous answers (the request was written, its messages may have gone): they are not
+// retried, and every recipient of the request becomes unknown. Read only after a failure that is retried,
+// the pace let such an outage take a whole request of recipients (up to a thousand e-mails) with every
+// request, at the full rate, while it called the provider down. While it is down, requests wait; the probe,
+// one request a second over every worker, carries one recipient.
+func (h *Handler) sendGroupAs(ctx, waitCtx context.Context, run *batchRun, b providers.Batcher, rs []*campaign.Recipient, msgs []providers.Message, probe bool) error {
 	g := run.guard
 	g.CheckHalt = true
 	for attempt := 1; ; attempt++ {
+		if !probe {
+			var err error
+			if probe, err = h.waitWhileDown(ctx, waitCtx, run, b.Name()); err != nil {
+				return err
+			}
+		}
+		if probe && len(rs) > 1 {
+			if err := h.sendGroupAs(ctx, waitCtx, run, b, rs[:1], msgs[:1], true); err != nil {
+				return err
+			}
+			rs, msgs, probe = rs[1:], msgs[1:], false
+			attempt-- // not an attempt of the others: the pace is read again first
+			continue
+		}
+		probe = false
 		if err := h.readyToSend(ctx, waitCtx, run, sendSize{msgs: len(rs), tokens: len(rs), calls: 1, via: b}, run.limits...); err != nil {
 			return err
 		}
@@ -211,11 +239,12 @@ func (h *Handler) sendGroup(ctx, waitCtx context.Context, run *batchRun, b provi
 		}
 		wait := h.backOff(pe, attempt)
 		h.beforeGivingUp(ctx, b.Name(), attempt)
-		probe, err := h.waitWhileDown(ctx, waitCtx, run, b.Name())
+		p, err := h.waitWhileDown(ctx, waitCtx, run, b.Name())
 		if err != nil {
 			return err
 		}
-		if probe {
+		if p {
+			probe = true
 			attempt--
 			continue
 		}
