@@ -57,11 +57,14 @@ func TestAResendThatDoesNotGoLeavesARecipientOnceUnknownUnknown(t *testing.T) {
 		wantStatus   string
 		wantReason   string
 		wantKeepCode bool
+		bad          bool // the provider condemned the address (an unregistered push token)
 	}{
-		{"frequency cap", true, campaign.StatusSkipped, campaign.ReasonFrequencyCap, campaign.StatusUnknown, campaign.ResendNotSent(campaign.ReasonFrequencyCap), true},
-		{"refused since", true, campaign.StatusSkipped, campaign.ReasonRevoked, campaign.StatusUnknown, campaign.ResendNotSent(campaign.ReasonRevoked), true},
-		{"failed", true, campaign.StatusFailed, "twilio 21610: unsubscribed recipient", campaign.StatusUnknown, campaign.ResendNotSent("twilio 21610: unsubscribed recipient"), true},
-		{"never unknown", false, campaign.StatusSkipped, campaign.ReasonFrequencyCap, campaign.StatusSkipped, campaign.ReasonFrequencyCap, false},
+		{"frequency cap", true, campaign.StatusSkipped, campaign.ReasonFrequencyCap, campaign.StatusUnknown, campaign.ResendNotSent(campaign.ReasonFrequencyCap), true, false},
+		{"refused since", true, campaign.StatusSkipped, campaign.ReasonRevoked, campaign.StatusUnknown, campaign.ResendNotSent(campaign.ReasonRevoked), true, false},
+		{"failed", true, campaign.StatusFailed, "twilio 21610: unsubscribed recipient", campaign.StatusUnknown, campaign.ResendNotSent("twilio 21610: unsubscribed recipient"), true, false},
+		{"never unknown", false, campaign.StatusSkipped, campaign.ReasonFrequencyCap, campaign.StatusSkipped, campaign.ReasonFrequencyCap, false, false},
+		// The address the resend's provider condemned is condemned for later launches all the same.
+		{"condemned address", true, campaign.StatusFailed, "fcm http 404: UNREGISTERED", campaign.StatusUnknown, campaign.ResendNotSent("fcm http 404: UNREGISTERED"), true, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
@@ -74,7 +77,7 @@ func TestAResendThatDoesNotGoLeavesARecipientOnceUnknownUnknown(t *testing.T) {
 			if _, err := store.LeaseChunk(ctx, c, []string{"u2"}, l); err != nil {
 				t.Fatal(err)
 			}
-			moved, err := store.Record(ctx, c.ID, []campaign.Outcome{{UserID: "u2", Status: tc.status, Reason: tc.why}}, l, nil)
+			moved, err := store.Record(ctx, c.ID, []campaign.Outcome{{UserID: "u2", Status: tc.status, Reason: tc.why, BadAddress: tc.bad}}, l, nil)
 			if err != nil || moved[tc.wantStatus] != 1 || len(moved) != 1 {
 				t.Fatalf("the resend's %s (%s): moved %v (%v), want u2 %s", tc.status, tc.why, moved, err, tc.wantStatus)
 			}
@@ -93,6 +96,14 @@ func TestAResendThatDoesNotGoLeavesARecipientOnceUnknownUnknown(t *testing.T) {
 			if status != tc.wantStatus || reason != tc.wantReason || kept != tc.wantKeepCode || audited != 1 {
 				t.Fatalf("u2 after the resend's %s: %s (%q), keeps its code %v, audited %d; want %s (%q), keeps its code %v, audited once",
 					tc.why, status, reason, kept, audited, tc.wantStatus, tc.wantReason, tc.wantKeepCode)
+			}
+			var condemned int
+			if err := db.QueryRow(ctx, `SELECT count(*) FROM invalid_addresses i JOIN campaign_recipients r ON r.address = i.address
+				WHERE r.campaign_id = $1 AND r.user_id = 'u2'`, c.ID).Scan(&condemned); err != nil {
+				t.Fatal(err)
+			}
+			if want := map[bool]int{true: 1}[tc.bad]; condemned != want {
+				t.Fatalf("u2's address condemned %d times after the resend's %s, want %d", condemned, tc.why, want)
 			}
 			if tc.everUnknown && (lastErr != tc.why || released) {
 				t.Fatalf("u2 after the resend's %s: last_error %q, its code released %v; want %q and its code held", tc.why, lastErr, released, tc.why)

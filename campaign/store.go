@@ -313,10 +313,11 @@ func (s *Store) Record(ctx context.Context, campaignID int64, outcomes []Outcome
 			FROM upd
 		), invalid AS (
 			-- Addresses the provider condemned (an unregistered push token), with the failures that say so:
-			-- later launches exclude them.
+			-- later launches exclude them. Also when the row stays unknown (a resend of a recipient once
+			-- unknown, refused for its address): the address is condemned all the same.
 			INSERT INTO invalid_addresses (channel, address, reason)
 			SELECT (SELECT channel FROM campaigns WHERE id = $1), upd.address, upd.reason
-			FROM upd WHERE upd.bad AND upd.status = `+sqlFailed+`
+			FROM upd WHERE upd.bad AND upd.status IN (`+sqlFailed+`, `+sqlUnknown+`)
 			ON CONFLICT (channel, address) DO UPDATE SET reason = EXCLUDED.reason, at = now()
 		), released AS (
 			-- The statement's snapshot still shows the rows as they were: their codes before the update.
