@@ -3,6 +3,7 @@ package campaign
 import (
 	"context"
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
 
@@ -41,6 +42,11 @@ type Delivery struct {
 	MessageID  string
 	CampaignID int64
 	UserID     string
+	// CampaignNonce is the nonce of the campaign the send was for, when the receipt carries it (see
+	// CampaignNonce): a receipt of a campaign that had the same ID (the engine database re-created, another
+	// engine on the same provider account) names no recipient of this one. "" when absent (a send of an
+	// earlier version): the address still has to match.
+	CampaignNonce string
 	// Address is the recipient the receipt says the message was for ("" when it names none): a receipt
 	// that names its recipient by campaign and user applies only to a recipient with this address, so a
 	// stray one (a campaign ID of a database since re-created, a forged callback) cannot make a recipient
@@ -80,10 +86,17 @@ func (s *Store) RecordDeliveries(ctx context.Context, ds []Delivery) (Deliveries
 	}
 	n := len(ds)
 	prov, msg, user, st, errs, ev, addr := make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n)
-	camp := make([]int64, n)
+	camp, created := make([]int64, n), make([]int64, n)
 	at := make([]time.Time, n)
 	for i, d := range ds {
 		prov[i], msg[i], camp[i], user[i], st[i], errs[i], ev[i], at[i], addr[i] = d.Provider, d.MessageID, d.CampaignID, d.UserID, d.Status, d.Error, d.EventID, d.At, d.Address
+		if d.CampaignNonce != "" {
+			// What no campaign's creation time can be when the nonce is not one: the receipt matches none.
+			created[i] = -1
+			if us, err := strconv.ParseInt(d.CampaignNonce, 36, 64); err == nil && us > 0 {
+				created[i] = us
+			}
+		}
 		if at[i].IsZero() {
 			at[i] = time.Now()
 		}
@@ -94,7 +107,7 @@ func (s *Store) RecordDeliveries(ctx context.Context, ds []Delivery) (Deliveries
 		pgtext.CleanAll(ss)
 	}
 	var unmatched []int32
-	err := s.pool.QueryRow(ctx, recordDeliveriesSQL, prov, msg, camp, user, st, errs, ev, at, addr).Scan(&res.Changed, &unmatched)
+	err := s.pool.QueryRow(ctx, recordDeliveriesSQL, prov, msg, camp, user, st, errs, ev, at, addr, created).Scan(&res.Changed, &unmatched)
 	if err != nil {
 		return DeliveriesApplied{}, fmt.Errorf("record delivery receipts: %w", err)
 	}
@@ -117,8 +130,8 @@ const provedSent = `(r.status = ` + sqlUnknown + ` OR ` + closedAfterUnknown + `
 var recordDeliveriesSQL = `
 		WITH d AS (
 			SELECT *, ` + deliveryRank("status") + ` AS rank
-			FROM unnest($1::text[], $2::text[], $3::bigint[], $4::text[], $5::text[], $6::text[], $7::text[], $8::timestamptz[], $9::text[])
-				WITH ORDINALITY AS d(provider, msgid, campaign_id, user_id, status, error, event_id, at, address, ord)
+			FROM unnest($1::text[], $2::text[], $3::bigint[], $4::text[], $5::text[], $6::text[], $7::text[], $8::timestamptz[], $9::text[], $10::bigint[])
+				WITH ORDINALITY AS d(provider, msgid, campaign_id, user_id, status, error, event_id, at, address, created_us, ord)
 		), fresh AS (
 			INSERT INTO receipt_events (provider, event_id)
 			SELECT DISTINCT provider, event_id FROM d WHERE event_id <> ''
@@ -144,6 +157,10 @@ var recordDeliveriesSQL = `
 				  -- Named by campaign and user: only for that recipient's address (the message ID branch
 				  -- below matches the message ID the send recorded instead).
 				  AND (d.address = '' OR lower(d.address) = lower(r.address))
+				  -- Named with its campaign's nonce (its creation time): only that campaign's, not another
+				  -- that had the same ID (a database re-created, another engine on the provider account).
+				  AND (d.created_us = 0 OR d.created_us = (SELECT (extract(epoch FROM c.created_at) * 1000000)::bigint
+					FROM campaigns c WHERE c.id = r.campaign_id))
 				OFFSET 0) r ON true
 			WHERE d.campaign_id > 0
 			UNION ALL

@@ -3,6 +3,7 @@ package campaign_test
 import (
 	"context"
 	"slices"
+	"strconv"
 	"testing"
 	"time"
 
@@ -211,4 +212,41 @@ func TestABouncedEmailAddressIsExcludedFromLaterLaunches(t *testing.T) {
 	if rep.Eligible != 2 || rep.Excluded[campaign.ReasonInvalidAddress] != 1 {
 		t.Fatalf("later launch: %d eligible, excluded %v; want 2, and the bounced address as %s", rep.Eligible, rep.Excluded, campaign.ReasonInvalidAddress)
 	}
+}
+
+// A receipt that carries its campaign's nonce (the campaign's creation time, which every send now attaches)
+// applies only to that campaign: one of a campaign that had the same ID, the same user and the same address
+// (the engine database re-created and the audience seeded again, another engine on the same SendGrid
+// account) matches nobody, so it cannot make a recipient never sent look sent (an outside run: 2,000
+// recipients completed "sent" with nothing sent). A receipt without a nonce (a send of an earlier
+// version) still applies by campaign, user and address.
+func TestAReceiptOfAnotherCampaignWithTheSameIDMatchesNobody(t *testing.T) {
+	t.Parallel()
+	db, _ := testdb.New(t)
+	ctx := context.Background()
+	mustExec(t, db, `INSERT INTO campaigns (id, name, channel, state, message, audience_sql, batch_size, created_at)
+		OVERRIDING SYSTEM VALUE VALUES (1, 'm', 'email', 'running', 'x', 'SELECT 1', 100, '2026-12-05 10:00:00.123456+00')`)
+	mustExec(t, db, `INSERT INTO campaign_recipients (campaign_id, user_id, address, batch, status) VALUES
+		(1, 'old', 'a@example.com', 0, 'pending'), (1, 'now', 'b@example.com', 0, 'pending'),
+		(1, 'unknown', 'c@example.com', 0, 'unknown'), (1, 'before', 'd@example.com', 0, 'pending'),
+		(1, 'junk', 'e@example.com', 0, 'pending')`)
+	var c campaign.Campaign
+	if err := db.QueryRow(ctx, `SELECT created_at FROM campaigns WHERE id = 1`).Scan(&c.CreatedAt); err != nil {
+		t.Fatal(err)
+	}
+	this := strconv.FormatInt(c.CreatedAt.UnixMicro(), 36)
+	other := strconv.FormatInt(c.CreatedAt.Add(-time.Hour).UnixMicro(), 36) // the campaign 1 of the database before
+	now := time.Now()
+	res, err := campaign.NewStore(db).RecordDeliveries(ctx, []campaign.Delivery{
+		{Provider: "sendgrid", CampaignID: 1, UserID: "old", CampaignNonce: other, Address: "a@example.com", Status: campaign.DeliveryDelivered, EventID: "e0", At: now},
+		{Provider: "sendgrid", CampaignID: 1, UserID: "now", CampaignNonce: this, Address: "b@example.com", Status: campaign.DeliveryDelivered, EventID: "e1", At: now},
+		{Provider: "sendgrid", CampaignID: 1, UserID: "unknown", CampaignNonce: other, Address: "c@example.com", Status: campaign.DeliveryDelivered, EventID: "e2", At: now},
+		{Provider: "sendgrid", CampaignID: 1, UserID: "before", Address: "d@example.com", Status: campaign.DeliveryDelivered, EventID: "e3", At: now},
+		{Provider: "sendgrid", CampaignID: 1, UserID: "junk", CampaignNonce: "not a nonce!", Address: "e@example.com", Status: campaign.DeliveryDelivered, EventID: "e4", At: now},
+	})
+	if err != nil || res.Changed != 2 || !slices.Equal(res.Unmatched, []int{0, 2, 4}) {
+		t.Fatalf("changed %d, unmatched %v, err %v; want 2 changed (this campaign's, and the one without a nonce) and [0 2 4] unmatched", res.Changed, res.Unmatched, err)
+	}
+	assertDeliveries(t, db, map[string][2]string{"old": {"pending", ""}, "now": {"pending", "delivered"}, "unknown": {"unknown", ""},
+		"before": {"pending", "delivered"}, "junk": {"pending", ""}})
 }

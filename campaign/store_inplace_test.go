@@ -349,7 +349,7 @@ func TestReceiptByMessageIDUsesTheAuditIndex(t *testing.T) {
 	if _, err := tx.Exec(ctx, `PREPARE receipts AS `+campaign.RecordDeliveriesSQL); err != nil {
 		t.Fatal(err)
 	}
-	rows, err := tx.Query(ctx, `EXPLAIN EXECUTE receipts('{twilio}', '{SM1}', '{0}', '{""}', '{delivered}', '{""}', '{""}', ARRAY[now()], '{""}')`)
+	rows, err := tx.Query(ctx, `EXPLAIN EXECUTE receipts('{twilio}', '{SM1}', '{0}', '{""}', '{delivered}', '{""}', '{""}', ARRAY[now()], '{""}', '{0}')`)
 	if err != nil {
 		t.Fatal(err)
 	}

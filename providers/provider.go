@@ -35,9 +35,12 @@ type Message struct {
 	// carries one): Parts puts Values in for Tags, which gives the rendered text and HTML byte for byte.
 	Shared *Shared
 	Values []string
-	// CampaignID and UserID travel to the provider as metadata where it supports that (never PII).
-	CampaignID int64
-	UserID     string
+	// CampaignID and UserID travel to the provider as metadata where it supports that (never PII), and so
+	// does CampaignNonce, which tells the campaign from another of the same ID (a database re-created,
+	// another engine on the same provider account): its receipts name it back.
+	CampaignID    int64
+	UserID        string
+	CampaignNonce string
 	// Commercial says the message needs İYS consent (a providers' own İYS check, as Netgsm's, is asked
 	// for); RecipientType is the İYS recipient type of the campaign, BIREYSEL or TACIR.
 	Commercial    bool

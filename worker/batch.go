@@ -405,7 +405,7 @@ func (h *Handler) newRun(c *campaign.Campaign, batch int) (*batchRun, error) {
 		if run.tmpl, err = h.template(c); err != nil {
 			return nil, toDLQ(fmt.Errorf("campaign %d: %v", c.ID, err))
 		}
-		run.render.Campaign, run.render.Tmpl = c, run.tmpl
+		run.render.Campaign, run.render.Tmpl, run.render.Nonce = c, run.tmpl, run.nonce
 		if _, batches := run.provider.(providers.Batcher); batches && c.TemplateID == "" {
 			if f := run.tmpl.Shared(providers.SharedTagPrefix); f != nil {
 				// The e-mail's text and HTML written once with a tag for each value (when the template is

@@ -461,3 +461,29 @@ func TestAnEmailProviderThatResetsEveryRequestIsHeldBackOnceItIsDown(t *testing.
 		t.Fatalf("%d requests (%d of one recipient), %d unknown in 2.5 s: want about 10 of 50 to call it down, then one probe of one recipient a second", len(requests), ones, c.Unknown)
 	}
 }
+
+// Every message carries its campaign's nonce (providers.Message.CampaignNonce), which the adapters attach
+// for the receipts to name back: a receipt of another campaign with the same ID matches nobody.
+func TestEveryMessageCarriesItsCampaignsNonce(t *testing.T) {
+	t.Parallel()
+	rdb, _ := testredis.New(t)
+	store, id, p, h := planEmail(t, 5, 2, rdb)
+	if err := h.RunBatch(context.Background(), id, 0); err != nil {
+		t.Fatal(err)
+	}
+	c, err := store.Get(context.Background(), id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := Nonce(c)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if len(p.accepted) != 5 {
+		t.Fatalf("%d addresses accepted, want 5", len(p.accepted))
+	}
+	for to, ms := range p.accepted {
+		if ms[0].CampaignNonce != want || want == "" {
+			t.Errorf("%s: nonce %q, want the campaign's %q", to, ms[0].CampaignNonce, want)
+		}
+	}
+}

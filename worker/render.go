@@ -25,6 +25,9 @@ type Renderer struct {
 	// values, without a text and HTML of its own.
 	Form   *campaign.SharedForm
 	Shared *providers.Shared
+	// Nonce is the campaign's (Nonce), sent with each message for its receipts to name back
+	// (providers.Message.CampaignNonce); "" sends none.
+	Nonce string
 }
 
 // Render renders r's message (To is r's address).
@@ -35,7 +38,7 @@ func (rd *Renderer) Render(r *campaign.Recipient) (providers.Message, error) {
 		listUnsubscribe, r.UnsubscribeURL = rd.listUnsubscribe(c.ID, r.UserID)
 	}
 	ch := c.Channel.Spec()
-	m := providers.Message{To: r.Address, TemplateID: c.TemplateID, CampaignID: c.ID, UserID: r.UserID,
+	m := providers.Message{To: r.Address, TemplateID: c.TemplateID, CampaignID: c.ID, UserID: r.UserID, CampaignNonce: rd.Nonce,
 		Commercial: !c.Transactional, RecipientType: c.IYSRecipientType(), ListUnsubscribe: listUnsubscribe}
 	if rd.Form != nil && !ch.Segmented {
 		if p, ok, err := rd.Tmpl.RenderShared(rd.Form, r, c.Channel, c.Name); ok {

@@ -455,7 +455,7 @@ func (d *batchedDeliveries) Record(ctx context.Context, rs []receipts.Receipt) e
 func (d *batchedDeliveries) RecordMatched(ctx context.Context, rs []receipts.Receipt) ([]int, error) {
 	ds := make([]campaign.Delivery, len(rs))
 	for i, r := range rs {
-		ds[i] = campaign.Delivery{Provider: r.Provider, MessageID: r.MessageID, CampaignID: r.CampaignID, UserID: r.UserID,
+		ds[i] = campaign.Delivery{Provider: r.Provider, MessageID: r.MessageID, CampaignID: r.CampaignID, UserID: r.UserID, CampaignNonce: r.CampaignNonce,
 			Address: r.Address, Status: r.Status, Error: r.Error, EventID: r.EventID, At: r.At}
 	}
 	unmatched, err := d.batcher.record(ctx, ds)

@@ -113,6 +113,10 @@ type Receipt struct {
 	// "" when absent.
 	CampaignID int64
 	UserID     string
+	// CampaignNonce is the campaign's nonce the send attached (SendGrid's custom arg campaign_nonce, the
+	// callback URL's query parameter), which tells the campaign from another of the same ID; "" when
+	// absent (a send of an earlier version).
+	CampaignNonce string
 	// Address is the recipient the provider says the message was for: Twilio's To, SendGrid's email
 	// (lower-cased); "" when the receipt names none. A receipt that names its recipient by campaign and
 	// user is only applied to a recipient with this address.

@@ -75,6 +75,7 @@ type sendgridEvent struct {
 	Type        string      `json:"type"`
 	CampaignID  flexString  `json:"campaign_id"`
 	UserID      flexString  `json:"user_id"`
+	Nonce       flexString  `json:"campaign_nonce"`
 	ASMGroupID  flexString  `json:"asm_group_id"`
 }
 
@@ -288,13 +289,14 @@ func (h *Handler) sendgridBatch(body []byte) (batch, *rejection) {
 			continue
 		}
 		rc := Receipt{
-			Provider:  "sendgrid",
-			MessageID: e.SGMessageID,
-			UserID:    string(e.UserID),
-			Address:   strings.ToLower(strings.TrimSpace(e.Email)),
-			Status:    status,
-			EventID:   e.eventID(),
-			At:        h.sendgridAt(&e),
+			Provider:      "sendgrid",
+			MessageID:     e.SGMessageID,
+			UserID:        string(e.UserID),
+			CampaignNonce: string(e.Nonce),
+			Address:       strings.ToLower(strings.TrimSpace(e.Email)),
+			Status:        status,
+			EventID:       e.eventID(),
+			At:            h.sendgridAt(&e),
 		}
 		if i := strings.IndexByte(rc.MessageID, '.'); i >= 0 {
 			rc.MessageID = rc.MessageID[:i]
@@ -351,7 +353,7 @@ func lenientSendgridEvent(m json.RawMessage) (sendgridEvent, error) {
 	return sendgridEvent{Event: str("event"), Email: str("email"), Timestamp: json.Number(get("timestamp")),
 		SGEventID: get("sg_event_id"), SGMessageID: get("sg_message_id"), Reason: get("reason"), Response: get("response"),
 		Type: get("type"), CampaignID: flexString(get("campaign_id")), UserID: flexString(get("user_id")),
-		ASMGroupID: flexString(get("asm_group_id"))}, nil
+		Nonce: flexString(get("campaign_nonce")), ASMGroupID: flexString(get("asm_group_id"))}, nil
 }
 
 // sendgridRefusal is the Refusal of a refusal event; false when it names no address to refuse.

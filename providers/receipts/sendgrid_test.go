@@ -78,7 +78,7 @@ func (s signer) signedRequest(t *testing.T, body []byte) *http.Request {
 
 const eventBatch = `[
  {"email":"ayse.yilmaz@example.com","timestamp":1700000000,"event":"processed","sg_event_id":"ev-proc","sg_message_id":"LRzXl_NHStOGhQ4kofSm_A.filterdrecv-p3mdw1-1","smtp-id":"<LRzXl_NHStOGhQ4kofSm_A@ismtpd0039p1iad1.sendgrid.net>","campaign_id":"42","user_id":"u-1","category":["promo"]},
- {"email":"ayse.yilmaz@example.com","timestamp":1700000005,"event":"delivered","sg_event_id":"ev-deliv","sg_message_id":"LRzXl_NHStOGhQ4kofSm_A.filterdrecv-p3mdw1-1","response":"250 OK","campaign_id":"42","user_id":"u-1"},
+ {"email":"ayse.yilmaz@example.com","timestamp":1700000005,"event":"delivered","sg_event_id":"ev-deliv","sg_message_id":"LRzXl_NHStOGhQ4kofSm_A.filterdrecv-p3mdw1-1","response":"250 OK","campaign_id":"42","user_id":"u-1","campaign_nonce":"mab3c1"},
  {"email":"mehmet@example.com","timestamp":1700000006,"event":"deferred","sg_event_id":"ev-defer","sg_message_id":"LRzXl_NHStOGhQ4kofSm_A.filterdrecv-p3mdw1-2","response":"451 4.7.1 Try again later","attempt":"1","campaign_id":42,"user_id":"u-2"},
  {"email":"Zeynep@Example.com","timestamp":1700000007,"event":"bounce","type":"bounce","sg_event_id":"ev-bounce","sg_message_id":"LRzXl_NHStOGhQ4kofSm_A.filterdrecv-p3mdw1-3","reason":"550 5.1.1 <zeynep@example.com>: Recipient address rejected","status":"5.1.1","bounce_classification":"Invalid Address","campaign_id":"42","user_id":"u-3"},
  {"email":"ali@example.com","timestamp":1700000008,"event":"bounce","type":"blocked","sg_event_id":"ev-block","sg_message_id":"LRzXl_NHStOGhQ4kofSm_A.filterdrecv-p3mdw1-4","reason":"554 listed on a blocklist","campaign_id":"42","user_id":"u-4"},
@@ -106,7 +106,7 @@ func TestSendGridEvents(t *testing.T) {
 	const mid = "LRzXl_NHStOGhQ4kofSm_A"
 	want := []receipts.Receipt{
 		{Provider: "sendgrid", MessageID: mid, CampaignID: 42, UserID: "u-1", Address: "ayse.yilmaz@example.com", Status: receipts.StatusProcessed, EventID: "ev-proc", At: at(1700000000)},
-		{Provider: "sendgrid", MessageID: mid, CampaignID: 42, UserID: "u-1", Address: "ayse.yilmaz@example.com", Status: receipts.StatusDelivered, EventID: "ev-deliv", At: at(1700000005)},
+		{Provider: "sendgrid", MessageID: mid, CampaignID: 42, UserID: "u-1", CampaignNonce: "mab3c1", Address: "ayse.yilmaz@example.com", Status: receipts.StatusDelivered, EventID: "ev-deliv", At: at(1700000005)},
 		{Provider: "sendgrid", MessageID: mid, CampaignID: 42, UserID: "u-2", Address: "mehmet@example.com", Status: receipts.StatusDeferred, Error: "451 4.7.1 Try again later", EventID: "ev-defer", At: at(1700000006)},
 		{Provider: "sendgrid", MessageID: mid, CampaignID: 42, UserID: "u-3", Address: "zeynep@example.com", Status: receipts.StatusBounced, Error: "550 5.1.1 <Z***@Example.com>: Recipient address rejected", EventID: "ev-bounce", At: at(1700000007)},
 		{Provider: "sendgrid", MessageID: mid, CampaignID: 42, UserID: "u-4", Address: "ali@example.com", Status: receipts.StatusBounced, Error: "blocked: 554 listed on a blocklist", EventID: "ev-block", At: at(1700000008)},

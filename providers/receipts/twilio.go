@@ -134,12 +134,13 @@ func (h *Handler) twilioReceipt(r *http.Request, form map[string]string) ([]Rece
 	}
 	q := r.URL.Query()
 	rc := Receipt{
-		Provider:  "twilio",
-		MessageID: sid,
-		UserID:    q.Get("user_id"),
-		Address:   strings.TrimSpace(form["To"]),
-		EventID:   sid + ":" + raw,
-		At:        h.now().UTC(),
+		Provider:      "twilio",
+		MessageID:     sid,
+		UserID:        q.Get("user_id"),
+		CampaignNonce: q.Get("campaign_nonce"),
+		Address:       strings.TrimSpace(form["To"]),
+		EventID:       sid + ":" + raw,
+		At:            h.now().UTC(),
 	}
 	if c := q.Get("campaign_id"); c != "" {
 		id, err := strconv.ParseInt(c, 10, 64)

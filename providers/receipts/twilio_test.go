@@ -129,7 +129,7 @@ func TestTwilioStatuses(t *testing.T) {
 		t.Run(tt.status+tt.code, func(t *testing.T) {
 			var sk sink
 			h := receipts.TwilioHandler(twilioToken, public, &sk, nil)
-			path := "/twilio/status?campaign_id=42&user_id=u-7"
+			path := "/twilio/status?campaign_id=42&user_id=u-7&campaign_nonce=mab3c1"
 			form := callbackForm(tt.status, tt.code)
 			code := serve(h, twilioRequest("http://10.0.0.5:8080"+path, form, sign(twilioToken, public+path, form)))
 			if code != http.StatusNoContent {
@@ -151,7 +151,7 @@ func TestTwilioStatuses(t *testing.T) {
 				return
 			}
 			want := *tt.want
-			want.Provider, want.MessageID, want.CampaignID, want.UserID = "twilio", messageSID, 42, "u-7"
+			want.Provider, want.MessageID, want.CampaignID, want.UserID, want.CampaignNonce = "twilio", messageSID, 42, "u-7", "mab3c1"
 			want.Address = "+905551234567" // the callback's To
 			want.EventID = messageSID + ":" + tt.status
 			if diff := cmp.Diff([]receipts.Receipt{want}, got, ignoreAt); diff != "" {

@@ -219,6 +219,10 @@ func (w *pzWriter) append(b []byte, ms []providers.Message, i int) []byte {
 	b = strconv.AppendInt(b, m.CampaignID, 10)
 	b = append(b, `","user_id":`...)
 	b = jsonstr.Append(b, m.UserID)
+	if m.CampaignNonce != "" {
+		b = append(b, `,"campaign_nonce":`...)
+		b = jsonstr.Append(b, m.CampaignNonce)
+	}
 	b = append(b, '}')
 	if w.l.template != "" && len(m.Data) > 0 {
 		w.keys = w.keys[:0]

@@ -142,6 +142,7 @@ func TestSendOne(t *testing.T) {
 		t.Errorf("Name %q MaxBatch %d, receipts name the recipient %v (custom_args)", p.Name(), p.MaxBatch(), providers.ReceiptsNameRecipient(p))
 	}
 	m := msg(1)
+	m.CampaignNonce = "mab3c1"
 	res, err := p.Send(context.Background(), m)
 	if err != nil {
 		t.Fatalf("Send: %v", err)
@@ -163,7 +164,7 @@ func TestSendOne(t *testing.T) {
 		w.From.Email != testFrom || w.From.Name != "Shop" || len(w.Personalizations[0].Substitutions) != 0 {
 		t.Errorf("request %+v", w)
 	}
-	if diff := cmp.Diff(map[string]string{"campaign_id": "42", "user_id": "u1"}, w.Personalizations[0].CustomArgs); diff != "" {
+	if diff := cmp.Diff(map[string]string{"campaign_id": "42", "user_id": "u1", "campaign_nonce": "mab3c1"}, w.Personalizations[0].CustomArgs); diff != "" {
 		t.Errorf("custom_args (-want +got):\n%s", diff)
 	}
 }

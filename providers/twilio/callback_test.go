@@ -12,15 +12,15 @@ func TestCallbackURLNamesTheRecipient(t *testing.T) {
 		base string
 		want url.Values
 	}{
-		{"https://hooks.example.com/twilio/status", url.Values{"campaign_id": {"42"}, "user_id": {"u 1&x=ş"}}},
-		{"https://hooks.example.com/twilio/status?key=abc&campaign_id=7#frag", url.Values{"key": {"abc"}, "campaign_id": {"42"}, "user_id": {"u 1&x=ş"}}},
+		{"https://hooks.example.com/twilio/status", url.Values{"campaign_id": {"42"}, "user_id": {"u 1&x=ş"}, "campaign_nonce": {"mab3c1"}}},
+		{"https://hooks.example.com/twilio/status?key=abc&campaign_id=7&campaign_nonce=old#frag", url.Values{"key": {"abc"}, "campaign_id": {"42"}, "user_id": {"u 1&x=ş"}, "campaign_nonce": {"mab3c1"}}},
 	} {
 		prefix, err := callbackPrefix(tc.base)
 		if err != nil {
 			t.Fatalf("%s: %v", tc.base, err)
 		}
 		p := &Provider{callback: prefix}
-		got, err := url.Parse(p.callbackURL(providers.Message{CampaignID: 42, UserID: "u 1&x=ş"}))
+		got, err := url.Parse(p.callbackURL(providers.Message{CampaignID: 42, UserID: "u 1&x=ş", CampaignNonce: "mab3c1"}))
 		if err != nil {
 			t.Fatalf("%s: %v", tc.base, err)
 		}

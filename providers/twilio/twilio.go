@@ -271,7 +271,11 @@ func isDigit(c byte) bool  { return '0' <= c && c <= '9' }
 // callbackURL adds the message's campaign and user to the status callback URL, so a receipt names its
 // recipient even before the message's SID is recorded. The URL's own part is parsed once (New).
 func (p *Provider) callbackURL(m providers.Message) string {
-	return p.callback + "campaign_id=" + strconv.FormatInt(m.CampaignID, 10) + "&user_id=" + url.QueryEscape(m.UserID)
+	u := p.callback + "campaign_id=" + strconv.FormatInt(m.CampaignID, 10) + "&user_id=" + url.QueryEscape(m.UserID)
+	if m.CampaignNonce != "" {
+		u += "&campaign_nonce=" + url.QueryEscape(m.CampaignNonce)
+	}
+	return u
 }
 
 // callbackPrefix is the status callback URL with its own query (less any campaign_id and user_id) and the
@@ -288,6 +292,7 @@ func callbackPrefix(base string) (string, error) {
 	q := u.Query()
 	q.Del("campaign_id")
 	q.Del("user_id")
+	q.Del("campaign_nonce")
 	u.RawQuery, u.Fragment, u.RawFragment = q.Encode(), "", ""
 	if u.RawQuery == "" {
 		return u.String() + "?", nil
