@@ -405,10 +405,13 @@ func Resume(ctx context.Context, o ResumeOptions) (ResumeReport, error) {
 	// The batches taken back from the DLQ under their own task ID were queued a moment ago: Enqueue found
 	// them there.
 	rep.AlreadyQueued = max(existing-ownDLQ, 0)
-	if rep.Resent > 0 && rep.AlreadyQueued > 0 {
+	if (rep.Resent > 0 || rep.Was == campaign.StatePaused && rep.To != "") && rep.AlreadyQueued > 0 {
 		// A batch's task found running may be at its very end, past its last look for pending recipients
 		// and about to be deleted: the recipients made pending again here would then wait for a task
 		// that is gone. Such a task ends within moments; the batch is queued again once it has.
+		// After a pause, a task still running is a worker's that died (a live run hands its batch back
+		// when it meets the pause): the sweep, which queues a dead run's batch again, does not while the
+		// campaign is paused, and the task comes back only when Asynq gives it back, a minute or more on.
 		again, followUps, err := enqueueAfterActive(ctx, o.Redis, o.Store, c, activeEndWait)
 		rep.Enqueued += again + followUps
 		rep.AlreadyQueued = max(rep.AlreadyQueued-again, 0)

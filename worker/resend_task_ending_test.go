@@ -112,3 +112,23 @@ func TestAResendBesideATaskThatStaysRunningQueuesAFollowUp(t *testing.T) {
 		t.Errorf("the batch ran again as task %q, want a follow-up %s/resumed-…", id, worker.TaskID(h.id, 0))
 	}
 }
+
+// A paused campaign whose batch's task stays running, as a worker killed just before the pause leaves it
+// until Asynq gives it back (a minute or more): the pause kept the sweep from queuing the dead run's batch
+// again, and a resume found the task "already queued", so its pending recipients waited that long with no
+// reason shown (an outside run: 916 recipients for about 75 s). Now a resume of a paused campaign queues
+// such a batch a follow-up task too.
+func TestAResumeOfAPausedCampaignBesideATaskThatStaysRunningQueuesAFollowUp(t *testing.T) {
+	t.Parallel()
+	h := newHeldBatch(t, 2)
+	defer close(h.release) // held: the dead worker's task
+	h.e.exec(t, `UPDATE campaign_recipients SET status = CASE user_id WHEN 'u3' THEN 'sent' ELSE 'pending' END WHERE campaign_id = $1`, h.id)
+	h.e.exec(t, `UPDATE campaigns SET state = 'paused' WHERE id = $1`, h.id)
+	rep, err := worker.Resume(context.Background(), worker.ResumeOptions{Store: h.e.store, Redis: h.e.rdb, CampaignID: h.id})
+	if err != nil || rep.Enqueued != 1 || rep.AlreadyQueued != 1 {
+		t.Fatalf("resume: %+v, %v; want the running task (1 already queued) and a follow-up (1 queued)", rep, err)
+	}
+	if id := h.ranAgain(t, "its old task stayed running"); !strings.HasPrefix(id, worker.TaskID(h.id, 0)+"/resumed-") {
+		t.Errorf("the batch ran again as task %q, want a follow-up %s/resumed-…", id, worker.TaskID(h.id, 0))
+	}
+}
