@@ -101,3 +101,45 @@ func TestAPullAfterAReverificationTakesIYSsLatestRET(t *testing.T) {
 			st, iysStatus(e, addr), "now")
 	}
 }
+
+// İYS's dates are whole seconds, and a sync pulls the brand's source, then the citizens': two decisions of
+// one second (a citizen's ONAY through İYS, the brand's RET) come in an order that is not İYS's. The one
+// pulled second won: the local consent stayed ONAY while İYS held RET, and 500 of 500 such people were
+// sent a commercial SMS (an outside run). A pulled ONAY of the same second as a stored RET no longer
+// replaces it; a later ONAY does, and a same-second RET replaces an ONAY.
+func TestAPulledONAYOfTheSameSecondAsAStoredRETDoesNotReplaceIt(t *testing.T) {
+	pool, _ := testdb.New(t)
+	ctx := context.Background()
+	brand := fmt.Sprint(testBrand)
+	at := time.Date(2026, 12, 5, 9, 8, 15, 0, time.UTC)
+	apply := func(addr, status, source string, date time.Time, origin string) {
+		t.Helper()
+		tx, err := pool.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer tx.Rollback(ctx) //nolint:errcheck
+		if _, err := iys.ApplyChanges(ctx, tx, brand, []iys.Record{{Recipient: addr, Type: "MESAJ", RecipientType: "BIREYSEL",
+			Status: status, Source: source, ConsentDate: date, CreationDate: date}}, origin); err != nil {
+			t.Fatal(err)
+		}
+		if err := tx.Commit(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	const a, b = "+905324444401", "+905324444402"
+	apply(a, "RET", "HS_WEB", at, iys.OriginPull)     // the brand's source first
+	apply(a, "ONAY", "IYS_MESAJ", at, iys.OriginPull) // then the citizens', same second
+	if st := consentStatus(t, pool, a, "MESAJ", "BIREYSEL", brand); st != "RET" {
+		t.Fatalf("a stored RET, then a pulled ONAY of the same second: %s, want RET", st)
+	}
+	apply(b, "ONAY", "HS_WEB", at, iys.OriginPull)
+	apply(b, "RET", "IYS_MESAJ", at, iys.OriginPull)
+	if st := consentStatus(t, pool, b, "MESAJ", "BIREYSEL", brand); st != "RET" {
+		t.Fatalf("a stored ONAY, then a pulled RET of the same second: %s, want RET", st)
+	}
+	apply(a, "ONAY", "IYS_MESAJ", at.Add(time.Second), iys.OriginPull)
+	if st := consentStatus(t, pool, a, "MESAJ", "BIREYSEL", brand); st != "ONAY" {
+		t.Fatalf("a pulled ONAY a second after the RET: %s, want ONAY", st)
+	}
+}

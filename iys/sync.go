@@ -78,7 +78,12 @@ func ApplyChanges(ctx context.Context, tx pgx.Tx, brand string, rs []Record, ori
 			ON CONFLICT (recipient, type, recipient_type, brand_code) DO UPDATE SET
 				status = EXCLUDED.status, source = EXCLUDED.source, consent_date = EXCLUDED.consent_date,
 				transaction_id = EXCLUDED.transaction_id, synced_at = now(), updated_at = now()
-			WHERE EXCLUDED.consent_date >= k.consent_date
+			-- İYS keeps the latest decision. Its dates are whole seconds, and the two pull sources (the
+			-- brand's, then the citizens') come one after the other, so the order of two decisions of one
+			-- second is not known here: a pulled ONAY of the same second as a stored RET does not replace
+			-- it (the side of a refusal, which the daily re-verification, asking İYS itself, corrects).
+			WHERE EXCLUDED.consent_date > k.consent_date
+			   OR EXCLUDED.consent_date = k.consent_date AND ($8 <> '`+OriginPull+`' OR EXCLUDED.status = 'RET' OR k.status <> 'RET')
 			RETURNING 1
 		)
 		SELECT count(*) FROM up`, rec, typ, rtype, st, src, date, txn, origin, brand).Scan(&changed)
