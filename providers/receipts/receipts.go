@@ -297,10 +297,15 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	// Refusals first: they are what keeps the next message from someone who said no, and a receipt the
 	// sink cannot write must not hold them back (the post is answered 500 and comes again; refusals
 	// already recorded are repeats then).
+	// What was posted is recorded even when the provider hangs up meanwhile (its timeout passed, a
+	// connection cut): the writes outlive the request, bounded by the wait and a margin. Before, a refusal
+	// whose poster gave up during a Postgres restart was dropped with its cancelled context.
+	wctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), h.limits.storeWait+storeMargin)
+	defer cancel()
 	spooled := 0
 	if len(b.refusals) > 0 {
 		final := false
-		err := h.store(r.Context(), "refusals", func(ctx context.Context) error {
+		err := h.store(wctx, "refusals", func(ctx context.Context) error {
 			err := h.refusals.Refuse(ctx, b.refusals)
 			final = IsFinal(err)
 			return err
@@ -336,7 +341,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		if spooled > 0 {
 			wait = 0
 		}
-		err := Store(r.Context(), wait, h.log, "receipts", func(ctx context.Context) (err error) {
+		err := Store(wctx, wait, h.log, "receipts", func(ctx context.Context) (err error) {
 			defer func() { final = IsFinal(err) }()
 			if ms, ok := h.sink.(MatchingSink); ok {
 				unmatched, err = ms.RecordMatched(ctx, b.receipts)
@@ -382,6 +387,10 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // wait (and the receipts its Sink could not, when sp records receipts: Spool.HandleReceipts), and answer
 // their request as recorded; nil: answer it 500 (the provider may post it again).
 func (h *Handler) SetSpool(sp *Spool) { h.spool = sp }
+
+// storeMargin is how long a request's writes may go on past its store wait (one write under way when the
+// wait ran out).
+const storeMargin = 5 * time.Second
 
 // SetStoreWait sets how long a request's receipts and refusals are tried again while the sink fails
 // before the request is answered 500 (DefaultStoreWait; 0: not tried again).

@@ -617,3 +617,24 @@ func TestAnEventTimeFarAheadIsTheArrivalTime(t *testing.T) {
 		t.Errorf("receipt dated far ahead: %+v, want its arrival time", rc)
 	}
 }
+
+// An RET whose poster hangs up while the sink is briefly down (its own timeout passed during a Postgres
+// restart) is recorded all the same once the sink is back: the writes outlive the request. Before, the
+// cancelled request's context ended them, and the refusal was dropped (an outside run lost 9 of 2,000).
+func TestARefusalIsRecordedWhenItsPosterHangsUpDuringASinkOutage(t *testing.T) {
+	sk := &bothSink{refuseErr: errors.New("database down")}
+	h := receipts.TwilioInboundHandler(twilioToken, inboundPublic, nil, sk, nil) // the default wait
+	time.AfterFunc(700*time.Millisecond, func() {
+		sk.rmu.Lock()
+		sk.refuseErr = nil
+		sk.rmu.Unlock()
+	})
+	form := inboundForm("RET")
+	ctx, cancel := context.WithCancel(context.Background())
+	time.AfterFunc(200*time.Millisecond, cancel) // the poster gives up
+	r := twilioRequest("http://10.0.0.5:8080"+inboundPath, form, sign(twilioToken, inboundPublic+inboundPath, form)).WithContext(ctx)
+	serve(h, r)
+	if got := sk.allRefusals(); len(got) != 1 || got[0].Address != inboundFrom {
+		t.Fatalf("refusals recorded %+v, want the one of %s though its poster hung up", got, inboundFrom)
+	}
+}
