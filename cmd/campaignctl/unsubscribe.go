@@ -260,7 +260,10 @@ func unsubscribeHandler(signer *unsubscribe.Signer, store *campaign.Store, sink 
 			// (webhooks --store-wait), then held in the refusal spool: a mail client's one-click POST answered
 			// 503 may never come again.
 			final := false
-			err := receipts.Store(r.Context(), storeWait, log, "a one-click unsubscribe", func(ctx context.Context) error {
+			// Recorded even when the mail client hangs up meanwhile, as the providers' posts are.
+			wctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), storeWait+5*time.Second)
+			defer cancel()
+			err := receipts.Store(wctx, storeWait, log, "a one-click unsubscribe", func(ctx context.Context) error {
 				err := recordOneClick(ctx, store, sink, c, log)
 				final = receipts.IsFinal(err)
 				return err
