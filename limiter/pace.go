@@ -195,7 +195,7 @@ func (p *Pace) refresh(ctx context.Context, force bool) error {
 	}
 	res, err := paceScript.Run(ctx, p.b.rdb, []string{state.PaceKey(p.bucket), state.PauseKey(p.bucket)},
 		now.UnixMilli(), counts[Taken], counts[Throttled], counts[ThrottledFor], counts[Failed], hint.Milliseconds(), cap,
-		paceJudgeAt, paceThrottled, paceFailing, paceEarly, paceDownAt, paceBinding, PaceFlush.Milliseconds(), run).Slice()
+		paceJudgeAt, paceThrottled, paceFailing, paceEarly, paceDownAt, paceBinding, PaceFlush.Milliseconds(), run, paceHangSpan.Milliseconds()).Slice()
 	if err != nil && !errors.Is(err, redis.Nil) {
 		// The counts are given back for the next flush: an answer is never lost to a Redis hiccup.
 		p.mu.Lock()
@@ -252,8 +252,11 @@ const (
 	paceFailing   = 0.20 // more 5xx than this share (beyond chance): the pace lowers
 	paceEarly     = 0.25 // more rejections than this share: judged before the second is over
 	paceDownAt    = 5    // requests a window needs, all failing, to call the provider down
-	paceBinding   = 0.8  // the pace climbs only while the sends reach this share of it
-	paceUrgent    = 10   // refused answers of a process that are sent to the pace before PaceFlush is up
+	// paceHangSpan is how long a window of failures only, too few for paceDownAt, stays open: a provider
+	// that hangs fails each request at its timeout, a few a second at most.
+	paceHangSpan = 10 * time.Second
+	paceBinding  = 0.8 // the pace climbs only while the sends reach this share of it
+	paceUrgent   = 10  // refused answers of a process that are sent to the pace before PaceFlush is up
 )
 
 // paceScript adds a process's counts to the current window and, when the window is due (see the rules
@@ -300,6 +303,7 @@ const (
 // ARGV[7] -> the configured cap (0: none)
 // ARGV[8..14] -> paceJudgeAt, paceThrottled, paceFailing, paceEarly, paceDownAt, paceBinding, PaceFlush ms
 // ARGV[15] -> "1" when these answers end with a run of paceUrgent refusals in a row
+// ARGV[16] -> paceHangSpan ms
 //
 // Returns {rate as a string ("0": no pace below the cap), 1 when down, the move ("" or a PaceEvent), the
 // rate before it, the judged window's requests and rejections}.
@@ -335,7 +339,10 @@ local last = tonumber(st[3]) or now
 -- A window no answer came into for two seconds (the sends stopped, or waited out a pause) is left
 -- unjudged: judged now, its second would stretch over the silence and show a rate the provider never
 -- set. A new one begins with these answers.
-local fresh = now - last > 2000
+-- A window of failures only is kept through up to paceHangSpan of silence: a provider that hangs fails each
+-- request only at its timeout, seconds apart.
+local failingOnly = (tonumber(st[4]) or 0) == 0 and (tonumber(st[5]) or 0) + (tonumber(st[6]) or 0) == 0 and (tonumber(st[7]) or 0) > 0
+local fresh = now - last > 2000 and not (failingOnly and now - last <= tonumber(ARGV[16]))
 if fresh then start = now end
 local function counted(i) if fresh then return 0 end return tonumber(st[i]) or 0 end
 local ok = counted(4) + tonumber(ARGV[2])
@@ -392,6 +399,11 @@ local total = ok + thr + thrh + fail
 local elapsed = now - start
 local rejected = thr + thrh + fail
 local due = elapsed >= 1000
+-- A window of failures only, too few to judge, is kept open (up to paceHangSpan) until it holds enough to
+-- call the provider down, or an answer taken or throttled ends it: a provider that hangs gives a few
+-- failures a second at most (each at its request's timeout), never downAt within one second, and was never
+-- called down while every request to it failed.
+if due and not down and ok == 0 and thr + thrh == 0 and fail > 0 and total < downAt and elapsed < tonumber(ARGV[16]) then due = false end
 -- Judged early only on a window that holds enough of a second: with a pace in force, a third of a
 -- second's worth of it (a window of a few dozen answers, most of them one process's refusals sent at
 -- once while the others' accepted answers wait for their flush, would cut the pace deep for nothing:

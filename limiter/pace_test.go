@@ -747,3 +747,41 @@ func TestPaceDoesNotJudgeAFewDozenAnswersEarly(t *testing.T) {
 		t.Fatalf("pace %v, moves %+v after 34 refused of 64 in a tenth of a second, want 216 until the second is judged", p.Rate(context.Background()), *moves)
 	}
 }
+
+// A provider that hangs fails each request only at its timeout: a few failures a second at most, never
+// paceDownAt within one second's window, and it was never called down while every request to it failed
+// (an outside run: 800 e-mails unknown on SendGrid, and no "provider down"). A window of failures only is
+// now kept open until it holds paceDownAt, even across 2.5 s of silence between two of them. A failure now
+// and then among taken answers is still not an outage.
+func TestPaceCallsAProviderThatHangsDown(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	for _, tc := range []struct {
+		name     string
+		every    time.Duration
+		answers  []Answer
+		wantDown bool
+	}{
+		{"two failures a second", 500 * time.Millisecond, []Answer{Failed, Failed, Failed, Failed, Failed}, true},
+		{"a failure every 2.5 s", 2500 * time.Millisecond, []Answer{Failed, Failed, Failed, Failed, Failed}, true},
+		{"a taken answer among them", 500 * time.Millisecond, []Answer{Failed, Failed, Taken, Failed, Failed, Failed}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			b, clock := fakeClockBucket(t)
+			p := b.Pace("provider:hangs", 0)
+			for _, a := range tc.answers {
+				if err := p.Observe(ctx, a, 0); err != nil {
+					t.Fatal(err)
+				}
+				if err := p.Flush(ctx); err != nil {
+					t.Fatal(err)
+				}
+				*clock = clock.Add(tc.every)
+			}
+			if got := p.Down(ctx); got != tc.wantDown {
+				t.Fatalf("down %v after %v a %v apart, want %v", got, tc.answers, tc.every, tc.wantDown)
+			}
+		})
+	}
+}
