@@ -39,6 +39,15 @@ func (s *bothSink) Refuse(_ context.Context, rs []receipts.Refusal) error {
 	return nil
 }
 
+// backAfter makes the refusal sink take refusals again after d (its outage ends).
+func (s *bothSink) backAfter(d time.Duration) {
+	time.AfterFunc(d, func() {
+		s.rmu.Lock()
+		s.refuseErr = nil
+		s.rmu.Unlock()
+	})
+}
+
 func (s *bothSink) allRefusals() []receipts.Refusal {
 	s.rmu.Lock()
 	defer s.rmu.Unlock()
@@ -530,11 +539,7 @@ func TestTwilioInboundSinkError(t *testing.T) {
 func TestTwilioInboundRefusalOutlivesAShortSinkOutage(t *testing.T) {
 	sk := &bothSink{refuseErr: errors.New("database down")}
 	h := receipts.TwilioInboundHandler(twilioToken, inboundPublic, nil, sk, nil) // the default wait
-	time.AfterFunc(700*time.Millisecond, func() {
-		sk.rmu.Lock()
-		sk.refuseErr = nil
-		sk.rmu.Unlock()
-	})
+	sk.backAfter(700 * time.Millisecond)
 	start := time.Now()
 	w := inboundServe(h, inboundForm("RET"))
 	if w.Code != http.StatusOK {
@@ -624,11 +629,7 @@ func TestAnEventTimeFarAheadIsTheArrivalTime(t *testing.T) {
 func TestARefusalIsRecordedWhenItsPosterHangsUpDuringASinkOutage(t *testing.T) {
 	sk := &bothSink{refuseErr: errors.New("database down")}
 	h := receipts.TwilioInboundHandler(twilioToken, inboundPublic, nil, sk, nil) // the default wait
-	time.AfterFunc(700*time.Millisecond, func() {
-		sk.rmu.Lock()
-		sk.refuseErr = nil
-		sk.rmu.Unlock()
-	})
+	sk.backAfter(700 * time.Millisecond)
 	form := inboundForm("RET")
 	ctx, cancel := context.WithCancel(context.Background())
 	time.AfterFunc(200*time.Millisecond, cancel) // the poster gives up
