@@ -482,10 +482,7 @@ func TestSweepQueuesTheRestOfADeadRunsBatchAtOnce(t *testing.T) {
 	t.Parallel()
 	f := plan(t, 10) // one batch; eligible: u1 u2 u4 u7 u8
 	ctx := context.Background()
-	users := f.batchUsers(t, 0)
-	n := f.leaseDead(t, users[:2])
-	f.rdb.Set(ctx, ClaimKey(f.id, users[0]), n+state.SentValue("SM1", 1), 0)
-	time.Sleep(5 * time.Millisecond)
+	f.deadChunkOneSent(t, 2)
 	if settled, err := f.h.Sweep(ctx); err != nil || settled != 2 {
 		t.Fatalf("sweep settled %d, err %v; want the dead run's 2", settled, err)
 	}
@@ -512,9 +509,7 @@ func TestSweepOfACancelledCampaignsDeadRunClosesItsBatchAtOnce(t *testing.T) {
 	t.Parallel()
 	f := plan(t, 10) // one batch; eligible: u1 u2 u4 u7 u8
 	ctx := context.Background()
-	users := f.batchUsers(t, 0)
-	n := f.leaseDead(t, users[:2])
-	f.rdb.Set(ctx, ClaimKey(f.id, users[0]), n+state.SentValue("SM1", 1), 0)
+	f.deadChunkOneSent(t, 2)
 	if _, err := f.store.Transition(ctx, f.id, []campaign.State{campaign.StateRunning}, campaign.StateCancelled); err != nil {
 		t.Fatal(err)
 	}
@@ -524,7 +519,6 @@ func TestSweepOfACancelledCampaignsDeadRunClosesItsBatchAtOnce(t *testing.T) {
 	if c := f.counts(t); c.Pending != 2 {
 		t.Fatalf("counts %+v after the cancel, want the dead run's 2 pending", c)
 	}
-	time.Sleep(5 * time.Millisecond)
 	if settled, err := f.h.Sweep(ctx); err != nil || settled != 2 {
 		t.Fatalf("sweep settled %d, err %v; want the dead run's 2", settled, err)
 	}

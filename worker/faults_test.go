@@ -211,6 +211,19 @@ func (f *fixture) leaseDead(t *testing.T, users []string) string {
 	return Nonce(c) + "/"
 }
 
+// deadChunkOneSent is leaseDead for the first k users of batch 0, the first of them sent by the dead run
+// (its claim holds the provider's answer), the others claimed by nobody; the dead run's lease has expired
+// when it returns.
+func (f *fixture) deadChunkOneSent(t *testing.T, k int) {
+	t.Helper()
+	users := f.batchUsers(t, 0)
+	n := f.leaseDead(t, users[:k])
+	if err := f.rdb.Set(context.Background(), ClaimKey(f.id, users[0]), n+state.SentValue("SM1", 1), 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(5 * time.Millisecond)
+}
+
 // The sweeper leases a dead run's chunk and cannot read its claims (Redis fails the read): it records
 // nothing and lets nothing go. Redis then loses its data; the chunk, still in hand under the old epoch,
 // becomes unknown, and nobody the dead run sent is sent again.

@@ -372,10 +372,7 @@ func TestTwoSweepsOfOneDeadChunkQueueOneFollowUp(t *testing.T) {
 	t.Parallel()
 	f := plan(t, 10) // one batch; eligible: u1 u2 u4 u7 u8
 	ctx := context.Background()
-	users := f.batchUsers(t, 0)
-	n := f.leaseDead(t, users[:3])
-	f.rdb.Set(ctx, ClaimKey(f.id, users[0]), n+state.SentValue("SM1", 1), 0)
-	time.Sleep(5 * time.Millisecond)
+	f.deadChunkOneSent(t, 3)
 	late, _, fs := f.faulty(t, nil)
 	// The late sweep has read the dead chunks and waits past the next second to lease one.
 	stall := fs.Add(&faults.Rule{Match: faults.Method("LeaseChunk"), Kind: faults.Stall, Delay: 1100 * time.Millisecond, Times: 1})
