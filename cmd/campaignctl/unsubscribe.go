@@ -259,27 +259,21 @@ func unsubscribeHandler(signer *unsubscribe.Signer, store *campaign.Store, sink 
 			// Held while Postgres cannot take it (a restart, a failover), as the providers' posts are
 			// (webhooks --store-wait), then held in the refusal spool: a mail client's one-click POST answered
 			// 503 may never come again.
-			final := false
 			// Recorded even when the mail client hangs up meanwhile, as the providers' posts are.
-			wctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), storeWait+5*time.Second)
+			wctx, cancel := receipts.StoreContext(r.Context(), storeWait)
 			defer cancel()
-			err := receipts.Store(wctx, storeWait, log, "a one-click unsubscribe", func(ctx context.Context) error {
-				err := recordOneClick(ctx, store, sink, c, log)
-				final = receipts.IsFinal(err)
-				return err
-			})
+			var hold func() error
+			if sink.spool != nil {
+				hold = func() error { return sink.spool.HoldRequest(oneClickKind, c) }
+			}
+			_, err := receipts.StoreOrHold(wctx, storeWait, log, "a one-click unsubscribe", func(ctx context.Context) error {
+				return recordOneClick(ctx, store, sink, c, log)
+			}, hold)
 			switch {
 			case errors.Is(err, campaign.ErrNoRecipient), errors.Is(err, errNoIYSType):
 				log.Warn("unsubscribe link of no recipient", "campaign_id", id, "remote", r.RemoteAddr)
 				page(w, http.StatusNotFound, unsubBad)
 				return
-			case err != nil && !final && sink.spool != nil:
-				if serr := sink.spool.HoldRequest(oneClickKind, c); serr != nil {
-					log.Error("record a one-click unsubscribe", "campaign_id", id, "err", err, "spool_err", serr)
-					page(w, http.StatusServiceUnavailable, unsubFailed)
-					return
-				}
-				log.Warn("one-click unsubscribe not recorded: Postgres cannot take it; held in the spool, recorded when it is back", "campaign_id", id, "err", err, "spool", sink.spool.Dir())
 			case err != nil:
 				log.Error("record a one-click unsubscribe", "campaign_id", id, "err", err)
 				page(w, http.StatusServiceUnavailable, unsubFailed)

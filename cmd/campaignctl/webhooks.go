@@ -195,7 +195,7 @@ starts while Postgres is away. Without one (--spool-dir ''), such a request is a
 				if engine, err = a.openEngineLater(ctx); err != nil {
 					return err
 				}
-				fmt.Fprintf(a.stderr, "warning: serving while Postgres is away (%v): refusals wait in the refusal spool, receipts are answered 500, until it is back\n", away)
+				fmt.Fprintf(a.stderr, "warning: serving while Postgres is away (%v): refusals and receipts wait in the spool until it is back\n", away)
 				go awaitSchema(ctx, engine, stop, log)
 			}
 			defer engine.Close()

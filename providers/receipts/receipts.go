@@ -300,68 +300,58 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	// What was posted is recorded even when the provider hangs up meanwhile (its timeout passed, a
 	// connection cut): the writes outlive the request, bounded by the wait and a margin. Before, a refusal
 	// whose poster gave up during a Postgres restart was dropped with its cancelled context.
-	wctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), h.limits.storeWait+storeMargin)
+	wctx, cancel := StoreContext(r.Context(), h.limits.storeWait)
 	defer cancel()
 	spooled := 0
 	if len(b.refusals) > 0 {
-		final := false
-		err := h.store(wctx, "refusals", func(ctx context.Context) error {
-			err := h.refusals.Refuse(ctx, b.refusals)
-			final = IsFinal(err)
-			return err
-		})
-		held := "refusal recorded"
-		if err != nil && !final && h.spool != nil {
-			// The sink did not take them within the store wait (Postgres down longer than a restart): on
-			// disk, they are recorded when it is back, and the post is answered as recorded, since a
-			// provider that does not post it again would lose it.
-			if serr := h.spool.Hold(b.refusals); serr != nil {
-				h.log.Error("the refusal spool cannot hold the refusals either", "err", serr)
-			} else {
-				h.log.Warn("refusals not recorded: Postgres cannot take them; held in the spool, recorded when it is back", "refusals", len(b.refusals), "err", err, "spool", h.spool.Dir())
-				err, spooled, held = nil, len(b.refusals), "refusal held in the spool"
-			}
+		var hold func() error
+		if h.spool != nil {
+			hold = func() error { return h.spool.Hold(b.refusals) }
 		}
+		held, err := StoreOrHold(wctx, h.limits.storeWait, h.log, "refusals", func(ctx context.Context) error {
+			return h.refusals.Refuse(ctx, b.refusals)
+		}, hold)
 		if err != nil {
 			h.sinkFailed(w, "record refusals", "refusals", len(b.refusals), err)
 			return
 		}
+		msg := "refusal recorded"
+		if held {
+			msg, spooled = "refusal held in the spool", len(b.refusals)
+		}
 		for _, rf := range b.refusals {
-			h.log.Info(held, "kind", rf.Kind, "channel", rf.Channel, "address", providers.MaskAddress(rf.Address),
+			h.log.Info(msg, "kind", rf.Kind, "channel", rf.Channel, "address", providers.MaskAddress(rf.Address),
 				"campaign_id", rf.CampaignID, "event_id", rf.EventID)
 		}
 	}
 	var unmatched []int
 	spooledReceipts := 0
 	if len(b.receipts) > 0 {
-		final := false
 		// Refusals of the same post just spooled: Postgres is away, and a second wait would take the
 		// answer past the provider's timeout (Twilio's is 15 s).
 		wait := h.limits.storeWait
 		if spooled > 0 {
 			wait = 0
 		}
-		err := Store(wctx, wait, h.log, "receipts", func(ctx context.Context) (err error) {
-			defer func() { final = IsFinal(err) }()
+		// As refusals: a receipt can be what settles a recipient whose outcome is unknown (it was sent),
+		// which keeps it from being sent again, and Twilio would not post it again.
+		var hold func() error
+		if h.spool.holdsReceipts() {
+			hold = func() error { return h.spool.HoldRequest(receiptsKind, b.receipts) }
+		}
+		held, err := StoreOrHold(wctx, wait, h.log, "receipts", func(ctx context.Context) (err error) {
 			if ms, ok := h.sink.(MatchingSink); ok {
 				unmatched, err = ms.RecordMatched(ctx, b.receipts)
 				return err
 			}
 			return h.sink.Record(ctx, b.receipts)
-		})
-		if err != nil && !final && h.spool.holdsReceipts() {
-			// As refusals: a receipt can be what settles a recipient whose outcome is unknown (it was
-			// sent), which keeps it from being sent again; Twilio would not post it again.
-			if serr := h.spool.HoldRequest(receiptsKind, b.receipts); serr != nil {
-				h.log.Error("the refusal spool cannot hold the receipts either", "err", serr)
-			} else {
-				h.log.Warn("receipts not recorded: Postgres cannot take them; held in the spool, recorded when it is back", "receipts", len(b.receipts), "err", err, "spool", h.spool.Dir())
-				err, unmatched, spooledReceipts = nil, nil, len(b.receipts)
-			}
-		}
+		}, hold)
 		if err != nil {
 			h.sinkFailed(w, "record receipts", "receipts", len(b.receipts), err)
 			return
+		}
+		if held {
+			unmatched, spooledReceipts = nil, len(b.receipts)
 		}
 		if len(unmatched) > 0 {
 			// One line a request, with its first stray: a campaign's late receipts after its database was
@@ -432,6 +422,36 @@ func Store(ctx context.Context, wait time.Duration, log *slog.Logger, what strin
 		}
 		pause = min(2*pause, time.Second)
 	}
+}
+
+// StoreContext is the context of a request's writes (Store, StoreOrHold) from the request's own: not
+// ended when the poster hangs up, bounded by the store wait and a margin (one write under way when the
+// wait runs out).
+func StoreContext(req context.Context, wait time.Duration) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.WithoutCancel(req), wait+storeMargin)
+}
+
+// StoreOrHold is Store, then, when write still fails with an error not marked Final and hold is not nil,
+// hold: the request's writes put in a Spool, to be recorded when the sink takes them again (the sink did
+// not within the wait: Postgres down longer than a restart). held says they were, and the request may be
+// answered as recorded, since a provider that does not post it again would lose it. Otherwise it returns
+// write's last error.
+func StoreOrHold(ctx context.Context, wait time.Duration, log *slog.Logger, what string, write func(context.Context) error, hold func() error) (held bool, err error) {
+	final := false
+	err = Store(ctx, wait, log, what, func(ctx context.Context) error {
+		err := write(ctx)
+		final = IsFinal(err)
+		return err
+	})
+	if err == nil || final || hold == nil {
+		return false, err
+	}
+	if herr := hold(); herr != nil {
+		log.Error("the spool cannot hold the "+what+" either", "err", herr)
+		return false, err
+	}
+	log.Warn(what+" not recorded: Postgres cannot take them; held in the spool, recorded when it is back", "err", err)
+	return true, nil
 }
 
 // sinkFailed answers 500, so that the provider delivers the request again.
