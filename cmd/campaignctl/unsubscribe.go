@@ -264,7 +264,7 @@ func unsubscribeHandler(signer *unsubscribe.Signer, store *campaign.Store, sink 
 			defer cancel()
 			var hold func() error
 			if sink.spool != nil {
-				hold = func() error { return sink.spool.HoldRequest(oneClickKind, c) }
+				hold = func() error { return sink.spool.HoldRequest(oneClickKind, 1, c) }
 			}
 			_, err := receipts.StoreOrHold(wctx, storeWait, log, "a one-click unsubscribe", func(ctx context.Context) error {
 				return recordOneClick(ctx, store, sink, c, log)

@@ -337,7 +337,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		// which keeps it from being sent again, and Twilio would not post it again.
 		var hold func() error
 		if h.spool.holdsReceipts() {
-			hold = func() error { return h.spool.HoldRequest(receiptsKind, b.receipts) }
+			hold = func() error { return h.spool.HoldRequest(receiptsKind, len(b.receipts), b.receipts) }
 		}
 		held, err := StoreOrHold(wctx, wait, h.log, "receipts", func(ctx context.Context) (err error) {
 			if ms, ok := h.sink.(MatchingSink); ok {

@@ -81,6 +81,7 @@ func (s *Spool) Check() error {
 // spooled is what a file holds: a provider's refusals (Kind ""), or a request of another kind.
 type spooled struct {
 	HeldAt   time.Time       `json:"held_at"`
+	Events   int             `json:"events"` // refusals, receipts or clicks: for the log
 	Refusals []Refusal       `json:"refusals,omitempty"`
 	Kind     string          `json:"kind,omitempty"`
 	Request  json.RawMessage `json:"request,omitempty"`
@@ -114,11 +115,11 @@ func (s *Spool) holdsReceipts() bool { return s != nil && s.kinds[receiptsKind] 
 
 // Hold writes rs to the spool, durably, and wakes the replay. When it returns nil the request may be
 // answered as recorded.
-func (s *Spool) Hold(rs []Refusal) error { return s.hold(spooled{Refusals: rs}) }
+func (s *Spool) Hold(rs []Refusal) error { return s.hold(spooled{Refusals: rs, Events: len(rs)}) }
 
-// HoldRequest writes request (JSON) to the spool as one of kind, whose function given to Handle records
-// it, like Hold.
-func (s *Spool) HoldRequest(kind string, request any) error {
+// HoldRequest writes request (JSON), which holds events (receipts, a click), to the spool as one of
+// kind, whose function given to Handle records it, like Hold.
+func (s *Spool) HoldRequest(kind string, events int, request any) error {
 	if s.kinds[kind] == nil {
 		return fmt.Errorf("the refusal spool records no request of kind %q", kind)
 	}
@@ -126,7 +127,7 @@ func (s *Spool) HoldRequest(kind string, request any) error {
 	if err != nil {
 		return err
 	}
-	return s.hold(spooled{Kind: kind, Request: b})
+	return s.hold(spooled{Kind: kind, Events: events, Request: b})
 }
 
 func (s *Spool) hold(sp spooled) error {
@@ -195,30 +196,29 @@ func (s *Spool) names() ([]string, error) {
 
 // Replay records what waits in the spool, oldest first, and removes each file once its refusals are
 // recorded. It stops at the first the sink cannot take (the others would fail alike), and returns how many
-// requests' refusals it recorded and the error that stopped it.
-func (s *Spool) Replay(ctx context.Context) (int, error) {
+// requests it recorded, how many still wait, and the error that stopped it.
+func (s *Spool) Replay(ctx context.Context) (done, left int, err error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	names, err := s.names()
 	if err != nil {
-		return 0, fmt.Errorf("the refusal spool %s: %w", s.dir, err)
+		return 0, 0, fmt.Errorf("the refusal spool %s: %w", s.dir, err)
 	}
-	done := 0
-	for _, name := range names {
+	for i, name := range names {
+		left = len(names) - i
 		path := filepath.Join(s.dir, name)
 		b, err := os.ReadFile(path)
 		if errors.Is(err, os.ErrNotExist) {
 			continue // another process sharing the directory recorded it
 		}
 		if err != nil {
-			return done, fmt.Errorf("the refusal spool %s: %w", s.dir, err)
+			return done, left, fmt.Errorf("the refusal spool %s: %w", s.dir, err)
 		}
 		var sp spooled
 		if err := json.Unmarshal(b, &sp); err != nil {
 			s.setAside(path, 0, fmt.Errorf("not a held request: %w", err))
 			continue
 		}
-		n := len(sp.Refusals)
 		// A Postgres that takes connections but answers nothing (frozen, cut off mid-statement) must not
 		// hold the replay for ever: the next one tries again.
 		callCtx, cancel := context.WithTimeout(ctx, spoolCallTimeout)
@@ -227,30 +227,24 @@ func (s *Spool) Replay(ctx context.Context) (int, error) {
 		} else if record := s.kinds[sp.Kind]; record == nil {
 			err = Final(fmt.Errorf("a request of kind %q, which this version does not record", sp.Kind))
 		} else {
-			n = 1
-			if sp.Kind == receiptsKind {
-				var rs []json.RawMessage
-				json.Unmarshal(sp.Request, &rs) //nolint:errcheck // only counted here; record says what is wrong
-				n = len(rs)
-			}
 			err = record(callCtx, sp.Request)
 		}
 		cancel()
 		var f finalError
 		switch {
 		case errors.As(err, &f):
-			s.setAside(path, n, f.error)
+			s.setAside(path, sp.Events, f.error)
 			continue
 		case err != nil:
-			return done, err
+			return done, left, err
 		}
 		if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
-			return done, fmt.Errorf("the refusal spool %s: %w", s.dir, err)
+			return done, left, fmt.Errorf("the refusal spool %s: %w", s.dir, err)
 		}
 		done++
-		s.log.Info(kindName(sp.Kind)+" held in the spool recorded", "requests", 1, "events", n, "held_for", time.Since(sp.HeldAt).Round(time.Millisecond).String())
+		s.log.Info(kindName(sp.Kind)+" held in the spool recorded", "events", sp.Events, "held_for", time.Since(sp.HeldAt).Round(time.Millisecond).String())
 	}
-	return done, nil
+	return done, 0, nil
 }
 
 // kindName is what a held request of kind k holds, for the log.
@@ -279,47 +273,25 @@ func (s *Spool) Run(ctx context.Context) {
 	if n, _ := s.Held(); n > 0 {
 		s.log.Warn("refusals held in the spool by an earlier run; recording them", "requests", n, "dir", s.dir)
 	}
-	pause := s.every
-	fails := 0
+	pause, fails := s.every, 0
 	for {
-		n, err := s.Replay(ctx)
-		left, lerr := s.Held()
-		if err == nil {
-			err = lerr
-		}
+		_, left, err := s.Replay(ctx)
+		var wake <-chan time.Time
 		if err != nil {
 			// The first failure of a streak, then about every 30 s.
 			if fails++; fails == 1 || fails%60 == 0 {
 				s.log.Warn("refusals wait in the spool: the sink cannot take them yet", "requests", left, "err", err, "tries", fails)
 			}
+			wake = time.After(pause)
+			pause = min(2*pause, s.max)
 		} else {
-			fails = 0
-			if n > 0 {
-				pause = s.every
-			}
-		}
-		var tick <-chan time.Time
-		var t *time.Timer
-		if left > 0 || err != nil {
-			t = time.NewTimer(pause)
-			tick = t.C
-			if err != nil {
-				pause = min(2*pause, s.max)
-			}
-		} else {
-			pause = s.every
+			pause, fails = s.every, 0
 		}
 		select {
 		case <-ctx.Done():
-			if t != nil {
-				t.Stop()
-			}
 			return
 		case <-s.kick:
-		case <-tick:
-		}
-		if t != nil {
-			t.Stop()
+		case <-wake:
 		}
 	}
 }

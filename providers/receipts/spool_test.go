@@ -55,8 +55,8 @@ func TestARefusalTheSinkCannotTakeIsHeldInTheSpoolAndRecordedWhenItCan(t *testin
 	if st := h.Stats(); st.Spooled != 1 || st.Refusals != 0 || st.SinkErrors != 1 {
 		t.Fatalf("stats %+v, want 1 spooled, 0 recorded, 1 sink error (the post without a spool)", st)
 	}
-	if n, err := sp.Replay(t.Context()); n != 0 || err == nil {
-		t.Fatalf("replay while the sink fails: %d recorded, err %v; want 0 and the sink's error", n, err)
+	if n, left, err := sp.Replay(t.Context()); n != 0 || left != 1 || err == nil {
+		t.Fatalf("replay while the sink fails: %d recorded, %d left, err %v; want 0, 1 and the sink's error", n, left, err)
 	}
 	if held, _ := spoolFiles(t, dir); len(held) != 1 {
 		t.Fatalf("a failed replay left %v, want the file kept", held)
@@ -111,7 +111,7 @@ func TestASpoolLeftByAnEarlierRunIsRecordedInOrderAndAFileRefusedForGoodSetAside
 		}
 		return nil
 	})
-	n, err := receipts.NewSpool(dir, sk, nil).Replay(t.Context())
+	n, _, err := receipts.NewSpool(dir, sk, nil).Replay(t.Context())
 	if err != nil || n != 2 {
 		t.Fatalf("replay: %d recorded, err %v; want 2 and no error", n, err)
 	}
@@ -123,7 +123,7 @@ func TestASpoolLeftByAnEarlierRunIsRecordedInOrderAndAFileRefusedForGoodSetAside
 		t.Fatalf("after the replay: held %v, set aside %v; want none held and one set aside", held, failed)
 	}
 	order = nil
-	if n, err := receipts.NewSpool(dir, sk, nil).Replay(t.Context()); n != 0 || err != nil || len(order) != 0 {
+	if n, _, err := receipts.NewSpool(dir, sk, nil).Replay(t.Context()); n != 0 || err != nil || len(order) != 0 {
 		t.Fatalf("a second replay: %d recorded, err %v, calls %v; want nothing tried again", n, err, order)
 	}
 }
