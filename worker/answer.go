@@ -6,10 +6,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
-	"strings"
 	"time"
-
-	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/redis/go-redis/v9"
 
@@ -499,7 +496,7 @@ func (h *Handler) noConsent(run *batchRun, pe *providers.Error, users, addrs []s
 				case err == nil:
 					p.ID, kept = id, true
 					h.refusalsUnkept.Add(-1)
-				case refusedForGood(err):
+				case campaign.RefusedForGood(err):
 					keepable = false
 					log.Error("a provider's refusal for want of consent cannot be kept in Postgres: a stop of this worker before it is written loses it", "error", err)
 				case try == 1 && ctx.Err() == nil:
@@ -571,7 +568,7 @@ func (h *Handler) writeHeld(ctx context.Context, c *campaign.Campaign, p campaig
 	switch {
 	case err == nil:
 		time.AfterFunc(holdAfterWrite, func() { h.unholdRefused(keys) })
-	case errors.Is(err, iys.ErrBadRefusal) || refusedForGood(err):
+	case errors.Is(err, iys.ErrBadRefusal) || campaign.RefusedForGood(err):
 		h.unholdRefused(keys)
 	default:
 		return n, false, err
@@ -683,14 +680,6 @@ func (h *Handler) refusalLoop(ctx context.Context) {
 // holdAfterWrite is how long a worker still holds back an address a provider refused once its RET is
 // written: longer than a lease that read the consents just before that commit takes to reach its sends.
 const holdAfterWrite = 5 * time.Second
-
-// refusedForGood says whether Postgres refused a consent write for what it holds (a data exception or an
-// integrity violation, SQLSTATE classes 22 and 23): every attempt would fail alike, and a hold kept for it
-// would hold the address back for as long as the process runs.
-func refusedForGood(err error) bool {
-	var pe *pgconn.PgError
-	return errors.As(err, &pe) && (strings.HasPrefix(pe.Code, "22") || strings.HasPrefix(pe.Code, "23"))
-}
 
 // heldKey is the key of Handler.held for a refusal of addr under the consent type typ: of brand and
 // recipient type rtype (a provider's "no consent": ProviderNoConsent), or of every brand and recipient type

@@ -67,8 +67,8 @@ func TestAConsentWriteRefusedForItsDataIsGivenUp(t *testing.T) {
 		{context.DeadlineExceeded, false},
 		{errors.New("dial tcp: connection refused"), false},
 	} {
-		if got := refusedForGood(c.err); got != c.want {
-			t.Errorf("refusedForGood(%v) = %v, want %v", c.err, got, c.want)
+		if got := campaign.RefusedForGood(c.err); got != c.want {
+			t.Errorf("campaign.RefusedForGood(%v) = %v, want %v", c.err, got, c.want)
 		}
 	}
 }

@@ -3,14 +3,13 @@ package main
 import (
 	"crypto/sha256"
 	"encoding/hex"
-	"errors"
 	"fmt"
 	"path/filepath"
 	"strings"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/campaignctl/campaignctl/campaign"
 	"github.com/campaignctl/campaignctl/providers/receipts"
 )
 
@@ -57,12 +56,10 @@ func databaseKey(url string) (string, error) {
 	return fmt.Sprintf("%.40s-%s", name, hex.EncodeToString(sum[:6])), nil
 }
 
-// refusedForGood marks the errors Postgres gives for what a write holds (a data exception or an integrity
-// violation, SQLSTATE classes 22 and 23) as receipts.Final: every attempt would fail alike, so the request
-// is not held for them, nor its refusals spooled.
+// refusedForGood marks an error campaign.RefusedForGood says every attempt would meet (Postgres refused
+// what the write holds) as receipts.Final: the request is not held for it, nor spooled.
 func refusedForGood(err error) error {
-	var pe *pgconn.PgError
-	if errors.As(err, &pe) && (strings.HasPrefix(pe.Code, "22") || strings.HasPrefix(pe.Code, "23")) {
+	if campaign.RefusedForGood(err) {
 		return receipts.Final(err)
 	}
 	return err
