@@ -7,7 +7,6 @@ import (
 	"path/filepath"
 	"strings"
 
-	"github.com/jackc/pgx/v5"
 
 	"github.com/campaignctl/campaignctl/campaign"
 	"github.com/campaignctl/campaignctl/providers/receipts"
@@ -42,10 +41,11 @@ func (a *app) refusalSpoolDir(dir string) (string, error) {
 // databaseKey names a database by where it is, whatever else its URL holds (its password above all): the
 // database's name and a hash of its host, port, name and user.
 func databaseKey(url string) (string, error) {
-	cfg, err := pgx.ParseConfig(url)
+	pc, err := poolConfig(url, "DATABASE_URL", 0)
 	if err != nil {
-		return "", usagef("DATABASE_URL is not a valid Postgres URL (%s); use postgres://user[:password]@host:port/database", redact(url))
+		return "", err
 	}
+	cfg := pc.ConnConfig
 	sum := sha256.Sum256([]byte(fmt.Sprintf("%s\x00%d\x00%s\x00%s", cfg.Host, cfg.Port, cfg.Database, cfg.User)))
 	name := strings.Map(func(r rune) rune {
 		if r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '_' || r == '-' {
