@@ -7,7 +7,6 @@ import (
 	"path/filepath"
 	"strings"
 
-
 	"github.com/campaignctl/campaignctl/campaign"
 	"github.com/campaignctl/campaignctl/providers/receipts"
 )
