@@ -3,6 +3,7 @@ package campaign
 import (
 	"errors"
 	"fmt"
+	"strconv"
 	"time"
 
 	"github.com/campaignctl/campaignctl/codes"
@@ -197,3 +198,27 @@ func (e *PoolShortError) Error() string {
 }
 
 func (e *PoolShortError) Is(target error) bool { return target == ErrPoolShort }
+
+// Nonce tells c from another campaign that had the same ID: its creation time in microseconds, in base
+// 36. Campaign IDs start again at 1 when the engine database is re-created, and another engine may share a
+// provider account or a signing secret; the claims in Redis, the messages' receipts and the one-click
+// links carry the nonce so that the old campaign 1's do not pass for the new one's.
+func (c *Campaign) Nonce() string { return strconv.FormatInt(c.CreatedAt.UnixMicro(), 36) }
+
+// NonceMicros is the creation time in microseconds a nonce (Nonce) stands for: 0 for "" (none given), and
+// -1, what no campaign's creation time is, for a string that is no nonce.
+func NonceMicros(nonce string) int64 {
+	if nonce == "" {
+		return 0
+	}
+	if us, err := strconv.ParseInt(nonce, 36, 64); err == nil && us > 0 {
+		return us
+	}
+	return -1
+}
+
+// createdMicros is the SQL of the creation time in microseconds of the campaign row alias, as
+// NonceMicros gives it.
+func createdMicros(alias string) string {
+	return "(extract(epoch FROM " + alias + ".created_at) * 1000000)::bigint"
+}

@@ -3,7 +3,6 @@ package campaign
 import (
 	"context"
 	"fmt"
-	"strconv"
 	"strings"
 	"time"
 
@@ -90,13 +89,7 @@ func (s *Store) RecordDeliveries(ctx context.Context, ds []Delivery) (Deliveries
 	at := make([]time.Time, n)
 	for i, d := range ds {
 		prov[i], msg[i], camp[i], user[i], st[i], errs[i], ev[i], at[i], addr[i] = d.Provider, d.MessageID, d.CampaignID, d.UserID, d.Status, d.Error, d.EventID, d.At, d.Address
-		if d.CampaignNonce != "" {
-			// What no campaign's creation time can be when the nonce is not one: the receipt matches none.
-			created[i] = -1
-			if us, err := strconv.ParseInt(d.CampaignNonce, 36, 64); err == nil && us > 0 {
-				created[i] = us
-			}
-		}
+		created[i] = NonceMicros(d.CampaignNonce)
 		if at[i].IsZero() {
 			at[i] = time.Now()
 		}
@@ -159,7 +152,7 @@ var recordDeliveriesSQL = `
 				  AND (d.address = '' OR lower(d.address) = lower(r.address))
 				  -- Named with its campaign's nonce (its creation time): only that campaign's, not another
 				  -- that had the same ID (a database re-created, another engine on the provider account).
-				  AND (d.created_us = 0 OR d.created_us = (SELECT (extract(epoch FROM c.created_at) * 1000000)::bigint
+				  AND (d.created_us = 0 OR d.created_us = (SELECT ` + createdMicros("c") + `
 					FROM campaigns c WHERE c.id = r.campaign_id))
 				OFFSET 0) r ON true
 			WHERE d.campaign_id > 0

@@ -19,12 +19,15 @@ var ErrNoRecipient = errors.New("no such recipient of the campaign")
 // and İYS brand: what a one-click unsubscribe link of that recipient refuses. unsure says whether the
 // recipient's outcome is unknown: recorded unknown, or pending again for `resume --resend-unknown` after it
 // was (a used link then proves that the first message went out). ErrNoRecipient when the user is not in
-// the campaign.
-func (s *Store) LinkRecipient(ctx context.Context, id int64, userID string) (address string, ch Channel, brand string, unsure bool, err error) {
+// the campaign, or when nonce (the campaign's nonce the link carries; "" for a link without one) is not
+// this campaign's: the link is of another campaign that had the same ID (a database re-created, another
+// engine signing with the same secret), whose recipient this one is not.
+func (s *Store) LinkRecipient(ctx context.Context, id int64, nonce, userID string) (address string, ch Channel, brand string, unsure bool, err error) {
 	err = s.pool.QueryRow(ctx, `SELECT r.address, c.channel, c.brand_code,
 			r.status = `+sqlUnknown+` OR r.status = `+sqlPending+` AND r.ever_unknown
 		FROM campaign_recipients r JOIN campaigns c ON c.id = r.campaign_id
-		WHERE r.campaign_id = $1 AND r.user_id = $2`, id, userID).Scan(&address, &ch, &brand, &unsure)
+		WHERE r.campaign_id = $1 AND r.user_id = $2
+		  AND ($3::bigint = 0 OR $3::bigint = `+createdMicros("c")+`)`, id, userID, NonceMicros(nonce)).Scan(&address, &ch, &brand, &unsure)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return "", "", "", false, ErrNoRecipient
 	}

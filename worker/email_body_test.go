@@ -269,17 +269,18 @@ func TestListUnsubscribeIsTheSignedLinkAndItsToken(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, mailto := range []string{"", "cik@example.com", "çok-uzun-bir-adres-" + strings.Repeat("x", 300) + "@example.com"} {
-		rd := Renderer{Campaign: c, Tmpl: tmpl, Unsubscribe: testSigner, Mailto: mailto}
+		rd := Renderer{Campaign: c, Tmpl: tmpl, Unsubscribe: testSigner, Mailto: mailto, Nonce: Nonce(c)}
 		for _, user := range []string{"u", "c00000100", strings.Repeat("ş", 150), strings.Repeat("u/", 400)} {
 			r := campaign.Recipient{UserID: user, Address: "a@example.com"}
 			m, err := rd.Render(&r)
 			if err != nil {
 				t.Fatal(err)
 			}
-			url := testSigner.URL(c.ID, user)
+			l := unsubscribe.Link{CampaignID: c.ID, Nonce: Nonce(c), UserID: user}
+			url := testSigner.URL(l)
 			want := "<" + url + ">"
 			if mailto != "" {
-				want += ", <mailto:" + mailto + "?subject=unsubscribe%20" + testSigner.Token(c.ID, user) + ">"
+				want += ", <mailto:" + mailto + "?subject=unsubscribe%20" + testSigner.Token(l) + ">"
 			}
 			if m.ListUnsubscribe != want || r.UnsubscribeURL != url || m.Body != url {
 				t.Errorf("user %.20q, mailto %.20q: header %q, link %q, text %q; want %q and %q", user, mailto, m.ListUnsubscribe, r.UnsubscribeURL, m.Body, want, url)

@@ -35,7 +35,7 @@ func (rd *Renderer) Render(r *campaign.Recipient) (providers.Message, error) {
 	c := rd.Campaign
 	var listUnsubscribe string
 	if rd.Unsubscribe != nil {
-		listUnsubscribe, r.UnsubscribeURL = rd.listUnsubscribe(c.ID, r.UserID)
+		listUnsubscribe, r.UnsubscribeURL = rd.listUnsubscribe(unsubscribe.Link{CampaignID: c.ID, Nonce: rd.Nonce, UserID: r.UserID})
 	}
 	ch := c.Channel.Spec()
 	m := providers.Message{To: r.Address, TemplateID: c.TemplateID, CampaignID: c.ID, UserID: r.UserID, CampaignNonce: rd.Nonce,
@@ -100,13 +100,13 @@ func subjectCheck(ch campaign.ChannelSpec, subject string) error {
 	return nil
 }
 
-// listUnsubscribe returns the List-Unsubscribe header of userID's message, "<URL>" and the mailto link with
-// the URL's token where Mailto is set, and the URL, which the header holds: the link is signed once and
-// both are one string.
-func (rd *Renderer) listUnsubscribe(campaignID int64, userID string) (header, url string) {
+// listUnsubscribe returns the List-Unsubscribe header of the message with the link l, "<URL>" and the
+// mailto link with the URL's token where Mailto is set, and the URL, which the header holds: the link is
+// signed once and both are one string. The link carries the campaign's nonce (Nonce) where there is one.
+func (rd *Renderer) listUnsubscribe(l unsubscribe.Link) (header, url string) {
 	var buf [256]byte
 	b := append(buf[:0], '<')
-	b = rd.Unsubscribe.AppendURL(b, campaignID, userID)
+	b = rd.Unsubscribe.AppendURL(b, l)
 	end := len(b)
 	b = append(b, '>')
 	if rd.Mailto != "" {

@@ -162,7 +162,15 @@ func TestRefusalsThroughTheMessagesCloseTheLoop(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	resp, err := http.Get(signer.URL(mail, "u220"))
+	// The worker's links carry their campaign's nonce: a later e-mail's link of u220 is made with it.
+	mailed, err := signer.Check(strings.TrimPrefix(link, hooksURL+unsubscribe.Path))
+	if err != nil || mailed.CampaignID != mail || mailed.Nonce == "" {
+		t.Fatalf("musteri5's link names %+v (%v): want campaign %d with its nonce", mailed, err, mail)
+	}
+	linkOf := func(user string) string {
+		return signer.URL(unsubscribe.Link{CampaignID: mail, Nonce: mailed.Nonce, UserID: user})
+	}
+	resp, err := http.Get(linkOf("u220"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -171,7 +179,7 @@ func TestRefusalsThroughTheMessagesCloseTheLoop(t *testing.T) {
 	if resp.StatusCode != http.StatusOK || !bytes.Contains(page, []byte(`<form method="post">`)) || !bytes.Contains(page, []byte("Aboneliğimi iptal et")) {
 		t.Fatalf("unsubscribe page: %d\n%s", resp.StatusCode, page)
 	}
-	resp, err = http.PostForm(signer.URL(mail, "u220"), url.Values{"List-Unsubscribe": {"One-Click"}, "via": {"page"}})
+	resp, err = http.PostForm(linkOf("u220"), url.Values{"List-Unsubscribe": {"One-Click"}, "via": {"page"}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -200,8 +208,8 @@ func TestRefusalsThroughTheMessagesCloseTheLoop(t *testing.T) {
 	// Forged and foreign links change nothing.
 	oneClick(hooksURL+unsubscribe.Path+"forged.token", http.StatusForbidden)
 	other, _ := unsubscribe.New("another-secret-0123456789abcdef", hooksURL)
-	oneClick(other.URL(mail, "u100"), http.StatusForbidden)
-	oneClick(signer.URL(mail, "not-a-recipient"), http.StatusNotFound)
+	oneClick(other.URL(unsubscribe.Link{CampaignID: mail, Nonce: mailed.Nonce, UserID: "u100"}), http.StatusForbidden)
+	oneClick(linkOf("not-a-recipient"), http.StatusNotFound)
 	// An SMS that is no refusal changes nothing either.
 	resp = post("/_sandbox/twilio/inbound", map[string]string{"from": "+905322000240", "to": "+905550000000", "body": "Merhaba, kod çalışmadı"})
 	resp.Body.Close()

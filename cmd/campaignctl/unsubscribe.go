@@ -231,7 +231,8 @@ func unsubscribeHandler(signer *unsubscribe.Signer, store *campaign.Store, sink 
 	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		token := strings.TrimPrefix(r.URL.Path, unsubscribe.Path)
-		id, user, err := signer.Check(token)
+		link, err := signer.Check(token)
+		id, user := link.CampaignID, link.UserID
 		if err != nil {
 			log.Warn("unsubscribe link refused", "reason", "bad_signature", "remote", r.RemoteAddr,
 				"hint", "a forged or damaged link; if every link is refused, UNSUBSCRIBE_SECRET here differs from the workers'")
@@ -255,7 +256,7 @@ func unsubscribeHandler(signer *unsubscribe.Signer, store *campaign.Store, sink 
 			}
 			// Each click is a refusal of its own, dated when it came: one made after the person gave consent
 			// again outranks that consent.
-			c := oneClick{CampaignID: id, UserID: user, At: time.Now().UTC(), From: from}
+			c := oneClick{CampaignID: id, Nonce: link.Nonce, UserID: user, At: time.Now().UTC(), From: from}
 			// Held while Postgres cannot take it (a restart, a failover), as the providers' posts are
 			// (webhooks --store-wait), then held in the refusal spool: a mail client's one-click POST answered
 			// 503 may never come again.
@@ -283,7 +284,7 @@ func unsubscribeHandler(signer *unsubscribe.Signer, store *campaign.Store, sink 
 			return
 		}
 		// GET and HEAD: the page with its button, for a link of a recipient of a channel with İYS consent.
-		_, ch, _, _, err := store.LinkRecipient(r.Context(), id, user)
+		_, ch, _, _, err := store.LinkRecipient(r.Context(), id, link.Nonce, user)
 		switch {
 		case errors.Is(err, campaign.ErrNoRecipient):
 			log.Warn("unsubscribe link of no recipient", "campaign_id", id, "remote", r.RemoteAddr)
@@ -320,10 +321,11 @@ func handleOneClicks(spool *receipts.Spool, store *campaign.Store, sink *refusal
 // oneClickKind is the refusal spool's kind of a one-click unsubscribe (Spool.HoldRequest).
 const oneClickKind = "one_click"
 
-// oneClick is a one-click unsubscribe to record: the link's campaign and user, when it was used and
-// through what (the mail client's POST or the page's button).
+// oneClick is a one-click unsubscribe to record: the link's campaign (with its nonce, when the link
+// carries one) and user, when it was used and through what (the mail client's POST or the page's button).
 type oneClick struct {
 	CampaignID int64     `json:"campaign_id"`
+	Nonce      string    `json:"nonce,omitempty"`
 	UserID     string    `json:"user_id"`
 	At         time.Time `json:"at"`
 	From       string    `json:"from"`
@@ -339,7 +341,7 @@ var errNoIYSType = errors.New("the campaign's channel has no İYS consent to ref
 // message's delivery (see LinkRecipient). campaign.ErrNoRecipient and errNoIYSType come marked
 // receipts.Final, as does a refusal Postgres refuses for what it holds.
 func recordOneClick(ctx context.Context, store *campaign.Store, sink *refusalSink, c oneClick, log *slog.Logger) error {
-	addr, ch, brand, unsure, err := store.LinkRecipient(ctx, c.CampaignID, c.UserID)
+	addr, ch, brand, unsure, err := store.LinkRecipient(ctx, c.CampaignID, c.Nonce, c.UserID)
 	switch {
 	case errors.Is(err, campaign.ErrNoRecipient):
 		return receipts.Final(err)

@@ -130,7 +130,7 @@ const oneClickAddr = "kisi@example.com"
 
 // oneClickSetup makes a completed e-mail campaign whose recipient u1 (oneClickAddr, ONAY ten days ago) was sent,
 // and the handler of its one-click links.
-func oneClickSetup(t *testing.T) (*pgxpool.Pool, int64, *unsubscribe.Signer, http.Handler) {
+func oneClickSetup(t *testing.T) (*pgxpool.Pool, int64, linkSigner, http.Handler) {
 	t.Helper()
 	db, _ := testdb.New(t)
 	ctx := context.Background()
@@ -150,9 +150,24 @@ func oneClickSetup(t *testing.T) (*pgxpool.Pool, int64, *unsubscribe.Signer, htt
 	if err != nil {
 		t.Fatal(err)
 	}
+	c, err := campaign.NewStore(db).Get(ctx, id)
+	if err != nil {
+		t.Fatal(err)
+	}
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	h := unsubscribeHandler(signer, campaign.NewStore(db), &refusalSink{pool: db, brand: "654321", log: log}, 0, log)
-	return db, id, signer, h
+	return db, id, linkSigner{signer, c.Nonce()}, h
+}
+
+// linkSigner signs the links of one campaign as a worker does: with the campaign's nonce.
+type linkSigner struct {
+	*unsubscribe.Signer
+	nonce string
+}
+
+// Token is the token of the link of user of campaign id.
+func (s linkSigner) Token(id int64, user string) string {
+	return s.Signer.Token(unsubscribe.Link{CampaignID: id, Nonce: s.nonce, UserID: user})
 }
 
 // TestADoubleClickAcrossASecondsTurnIsOneRefusal: a double click (or a mail client's retry) whose two
@@ -314,5 +329,61 @@ func TestUnsubscribeMailtoIsOnePlainAddress(t *testing.T) {
 		case !ok && (!strings.Contains(err.Error(), unsubMailtoEnv) || strings.ContainsAny(err.Error(), "\r\n")):
 			t.Errorf("%q: %v; want the variable named, and no line break quoted raw", value, err)
 		}
+	}
+}
+
+// TestALinkOfAnotherCampaignWithTheSameIDRefusesNobody: the engine database was re-created (or another
+// engine signs with the same UNSUBSCRIBE_SECRET), so an old e-mail's link names campaign 1 and user u1,
+// and this database's campaign 1 has a user u1 too, at another address. The old link must refuse nobody
+// here: the person who clicks it is not this u1, and a RET in this u1's name would be reported to İYS.
+// The link carries its campaign's nonce; one that names another campaign's is a link of no recipient
+// (404), for GET and POST alike. A link of an earlier version, without a nonce, is still taken. Before,
+// a link named its campaign by ID alone, and the old link turned this u1's consent RET.
+func TestALinkOfAnotherCampaignWithTheSameIDRefusesNobody(t *testing.T) {
+	t.Parallel()
+	db, id, signer, h := oneClickSetup(t)
+	ctx := context.Background()
+	serve := func(method string, l unsubscribe.Link) int {
+		var body io.Reader
+		if method == http.MethodPost {
+			body = strings.NewReader("List-Unsubscribe=One-Click")
+		}
+		req := httptest.NewRequest(method, unsubscribe.Path+signer.Signer.Token(l), body)
+		req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, req)
+		return w.Code
+	}
+	consent := func() (status string, refusals int) {
+		t.Helper()
+		if err := db.QueryRow(ctx, `SELECT status, (SELECT count(*) FROM refusals) FROM iys_consents
+			WHERE recipient = $1 AND type = 'EPOSTA'`, oneClickAddr).Scan(&status, &refusals); err != nil {
+			t.Fatal(err)
+		}
+		return status, refusals
+	}
+	// The old campaign 1 was made a day before this one.
+	var created time.Time
+	if err := db.QueryRow(ctx, `SELECT created_at FROM campaigns WHERE id = $1`, id).Scan(&created); err != nil {
+		t.Fatal(err)
+	}
+	old := (&campaign.Campaign{ID: id, CreatedAt: created.Add(-24 * time.Hour)}).Nonce()
+	for _, method := range []string{http.MethodGet, http.MethodPost} {
+		if code := serve(method, unsubscribe.Link{CampaignID: id, Nonce: old, UserID: "u1"}); code != http.StatusNotFound {
+			t.Errorf("%s of another campaign's link with the same ID: %d, want 404", method, code)
+		}
+	}
+	if s, n := consent(); s != "ONAY" || n != 0 {
+		t.Fatalf("after another campaign's link: consent %s, %d refusals; want ONAY and none", s, n)
+	}
+	// This campaign's link refuses; so does a link without a nonce (an earlier version's).
+	if code := serve(http.MethodPost, unsubscribe.Link{CampaignID: id, UserID: "u1"}); code != http.StatusOK {
+		t.Fatalf("a link without a nonce: %d, want 200", code)
+	}
+	if s, n := consent(); s != "RET" || n != 1 {
+		t.Fatalf("after a link without a nonce: consent %s, %d refusals; want RET and one", s, n)
+	}
+	if code := serve(http.MethodPost, unsubscribe.Link{CampaignID: id, Nonce: signer.nonce, UserID: "u1"}); code != http.StatusOK {
+		t.Fatalf("this campaign's link: %d, want 200", code)
 	}
 }

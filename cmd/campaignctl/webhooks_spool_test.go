@@ -153,7 +153,7 @@ func TestAOneClickPostgresCannotTakeForLongIsSpooledAndRecordedWhenItIsBack(t *t
 	dir := t.TempDir()
 	sink.spool = receipts.NewSpool(dir, sink, log)
 	handleOneClicks(sink.spool, store, sink, log)
-	h := unsubscribeHandler(signer, store, sink, 300*time.Millisecond, log)
+	h := unsubscribeHandler(signer.Signer, store, sink, 300*time.Millisecond, log)
 	back := refuseConnectionsFor(t, db, 3*time.Second)
 	get := httptest.NewRecorder()
 	h.ServeHTTP(get, httptest.NewRequest(http.MethodGet, unsubscribe.Path+signer.Token(id, "u1"), nil))

@@ -104,7 +104,7 @@ func TestAOneClickDuringAPostgresRestartIsRecordedWhenPostgresIsBack(t *testing.
 	t.Parallel()
 	db, id, signer, _ := oneClickSetup(t)
 	log := slog.New(slog.DiscardHandler)
-	h := unsubscribeHandler(signer, campaign.NewStore(db), &refusalSink{pool: db, brand: "654321", log: log}, receipts.DefaultStoreWait, log)
+	h := unsubscribeHandler(signer.Signer, campaign.NewStore(db), &refusalSink{pool: db, brand: "654321", log: log}, receipts.DefaultStoreWait, log)
 	// A link of a user the campaign never had is an answer (404), not a failure to wait out.
 	nobody := httptest.NewRequest(http.MethodPost, unsubscribe.Path+signer.Token(id, "nobody"), strings.NewReader("List-Unsubscribe=One-Click"))
 	nobody.Header.Set("Content-Type", "application/x-www-form-urlencoded")

@@ -83,10 +83,10 @@ func ParseValueOf(val, nonce string) Value {
 	return ParseValue(val[len(nonce)+1:])
 }
 
-// Nonce tells one campaign from another that had the same ID: every claim value starts with its
-// campaign's nonce and a slash. Campaign IDs start again at 1 when the engine database is re-created, but
-// Redis may still hold the claims of the old campaign 1 for weeks; those must not pass for the new one's.
-func Nonce(c *campaign.Campaign) string { return strconv.FormatInt(c.CreatedAt.UnixMicro(), 36) }
+// Nonce is c's nonce (campaign.Campaign.Nonce): every claim value starts with it and a slash. Campaign IDs
+// start again at 1 when the engine database is re-created, but Redis may still hold the claims of the old
+// campaign 1 for weeks; those must not pass for the new one's.
+func Nonce(c *campaign.Campaign) string { return c.Nonce() }
 
 // InFlightValue is the value of a claim owner takes at now, before its provider call.
 func InFlightValue(now time.Time, owner string) string {

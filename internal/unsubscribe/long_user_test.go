@@ -14,12 +14,13 @@ func TestTheLongestUserIDsLinkChecks(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, user := range []string{"customer-" + strings.Repeat("x", 391), strings.Repeat("ğ", MaxUserID/2)} {
-		tok := s.Token(9223372036854775807, user)
-		if id, u, err := s.Check(tok); err != nil || id != 9223372036854775807 || u != user {
+		l := Link{CampaignID: 9223372036854775807, Nonce: "1y2p0ij32e8e7", UserID: user}
+		tok := s.Token(l)
+		if got, err := s.Check(tok); err != nil || got != l {
 			t.Fatalf("the link signed for a %d-byte user ID (token %d chars) does not check: %v", len(user), len(tok), err)
 		}
 	}
-	if _, _, err := s.Check(s.Token(1, strings.Repeat("x", 4*MaxUserID))); err == nil {
+	if _, err := s.Check(s.Token(Link{CampaignID: 1, Nonce: "1y2p0ij32e8e7", UserID: strings.Repeat("x", 4*MaxUserID)})); err == nil {
 		t.Fatal("a token far longer than any link the product makes was checked")
 	}
 }

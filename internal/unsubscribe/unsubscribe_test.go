@@ -15,28 +15,47 @@ func TestLinksRoundTripAndCannotBeForged(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	u := s.URL(42, "u:7")
+	l := Link{CampaignID: 42, Nonce: "mfz3k2x1a0", UserID: "u:7"}
+	u := s.URL(l)
 	if !strings.HasPrefix(u, "https://hooks.example.com/u/") {
 		t.Fatalf("link %s", u)
 	}
 	tok := strings.TrimPrefix(u, "https://hooks.example.com/u/")
-	id, user, err := s.Check(tok)
-	if err != nil || id != 42 || user != "u:7" {
-		t.Fatalf("Check = %d %q %v, want 42 u:7", id, user, err)
+	if got, err := s.Check(tok); err != nil || got != l {
+		t.Fatalf("Check = %+v %v, want %+v", got, err, l)
+	}
+	// A link of an earlier version, without the nonce, is still read.
+	old := Link{CampaignID: 42, UserID: "u:7"}
+	if got, err := s.Check(s.Token(old)); err != nil || got != old {
+		t.Fatalf("Check of a link without a nonce = %+v %v, want %+v", got, err, old)
 	}
 	other, _ := New("another-secret-of-enough-length", "https://hooks.example.com")
-	payload, _, _ := strings.Cut(tok, ".")
+	payload, mac, _ := strings.Cut(tok, ".")
+	enc := base64.RawURLEncoding
+	with := func(payload string) string { return enc.EncodeToString([]byte(payload)) + "." + mac }
 	for name, bad := range map[string]string{
-		"another secret's signature": other.Token(42, "u:7"),
-		"another user, same mac":     s.Token(42, "u:8")[:strings.Index(s.Token(42, "u:8"), ".")] + tok[strings.Index(tok, "."):],
-		"no signature":               payload,
-		"empty signature":            payload + ".",
-		"garbage":                    "%%%.%%%",
-		"campaign with leading zero": s.Token(42, "u:7")[:0] + "MDQyOnU6Nw" + tok[strings.Index(tok, "."):],
+		"another secret's signature":  other.Token(l),
+		"another user, same mac":      with("42~mfz3k2x1a0:u:8"),
+		"another nonce, same mac":     with("42~mfz3k2x1a1:u:7"),
+		"the nonce taken off":         with("42:u:7"),
+		"no signature":                payload,
+		"empty signature":             payload + ".",
+		"garbage":                     "%%%.%%%",
+		"campaign with leading zero":  with("042~mfz3k2x1a0:u:7"),
+		"nonce in upper case":         with("42~MFZ3K2X1A0:u:7"),
+		"nonce with a leading zero":   with("42~0mfz3k2x1a0:u:7"),
+		"empty nonce":                 with("42~:u:7"),
+		"a version 1 link's mac on 2": enc.EncodeToString([]byte("42~mfz3k2x1a0:u:7")) + "." + strings.SplitN(s.Token(old), ".", 2)[1],
 	} {
-		if _, _, err := s.Check(bad); err != ErrBadLink {
+		if _, err := s.Check(bad); err != ErrBadLink {
 			t.Errorf("%s: Check = %v, want ErrBadLink", name, err)
 		}
+	}
+	// Each version signs under its own prefix: the version 1 message of a payload that looks like version
+	// 2's is not the version 2 message.
+	forged := signature("0123456789abcdef0123", "campaignctl-unsubscribe-v1\x00", "42~mfz3k2x1a0:u:7")
+	if _, err := s.Check(enc.EncodeToString([]byte("42~mfz3k2x1a0:u:7")) + "." + forged); err != ErrBadLink {
+		t.Errorf("a version 2 payload signed under version 1's prefix: Check = %v, want ErrBadLink", err)
 	}
 	// One spelling per token: a last character that differs only in bits base64 drops is refused.
 	for _, alt := range []byte("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_") {
@@ -44,7 +63,7 @@ func TestLinksRoundTripAndCannotBeForged(t *testing.T) {
 		if bad == tok {
 			continue
 		}
-		if _, _, err := s.Check(bad); err == nil {
+		if _, err := s.Check(bad); err == nil {
 			t.Fatalf("the token %s was also taken spelled %s", tok, bad)
 		}
 	}
@@ -56,6 +75,14 @@ func TestLinksRoundTripAndCannotBeForged(t *testing.T) {
 	}
 }
 
+// signature is the documented signature of payload signed under prefix: the first 16 bytes of its
+// HMAC-SHA256, in base64url.
+func signature(secret, prefix, payload string) string {
+	m := hmac.New(sha256.New, []byte(secret))
+	m.Write([]byte(prefix + payload))
+	return base64.RawURLEncoding.EncodeToString(m.Sum(nil)[:16])
+}
+
 // The token's signature is the documented one (the first 16 bytes of HMAC-SHA256 of the versioned
 // payload), the same from every goroutine and every call: the Signer reuses its HMACs.
 func TestTokenSignatureIsTheDocumentedHMAC(t *testing.T) {
@@ -64,28 +91,33 @@ func TestTokenSignatureIsTheDocumentedHMAC(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := func(cid int64, user string) string {
-		m := hmac.New(sha256.New, []byte(secret))
-		m.Write([]byte("campaignctl-unsubscribe-v1\x00" + strconv.FormatInt(cid, 10) + ":" + user))
-		return base64.RawURLEncoding.EncodeToString([]byte(strconv.FormatInt(cid, 10)+":"+user)) + "." +
-			base64.RawURLEncoding.EncodeToString(m.Sum(nil)[:16])
+	want := func(l Link) string {
+		prefix, payload := "campaignctl-unsubscribe-v1\x00", strconv.FormatInt(l.CampaignID, 10)+":"+l.UserID
+		if l.Nonce != "" {
+			prefix, payload = "campaignctl-unsubscribe-v2\x00", strconv.FormatInt(l.CampaignID, 10)+"~"+l.Nonce+":"+l.UserID
+		}
+		return base64.RawURLEncoding.EncodeToString([]byte(payload)) + "." + signature(secret, prefix, payload)
 	}
 	var wg sync.WaitGroup
 	for g := range 4 {
 		wg.Go(func() {
 			for i := range 200 {
 				// User IDs short and long (past the signing state's buffers as first made), in any script.
-				cid, user := int64(g+1)*int64(i+1), "u"+strconv.Itoa(i)+strings.Repeat("ş€", i%7*20)
-				if got := s.Token(cid, user); got != want(cid, user) {
-					t.Errorf("token of %d/%s = %s, want %s", cid, user, got, want(cid, user))
+				// With a nonce and without (a test send's link), in turn.
+				l := Link{CampaignID: int64(g+1) * int64(i+1), UserID: "u" + strconv.Itoa(i) + strings.Repeat("ş€", i%7*20)}
+				if i%2 == 0 {
+					l.Nonce = strconv.FormatInt(1764900000000000+int64(i), 36)
+				}
+				if got := s.Token(l); got != want(l) {
+					t.Errorf("token of %+v = %s, want %s", l, got, want(l))
 					return
 				}
-				if got, url := s.URL(cid, user), "https://hooks.example.com/u/"+want(cid, user); got != url {
-					t.Errorf("link of %d/%s = %s, want %s", cid, user, got, url)
+				if got, url := s.URL(l), "https://hooks.example.com/u/"+want(l); got != url {
+					t.Errorf("link of %+v = %s, want %s", l, got, url)
 					return
 				}
-				if got := string(s.AppendURL([]byte("<"), cid, user)); got != "<https://hooks.example.com/u/"+want(cid, user) {
-					t.Errorf("link of %d/%s appended to %q: %s", cid, user, "<", got)
+				if got := string(s.AppendURL([]byte("<"), l)); got != "<https://hooks.example.com/u/"+want(l) {
+					t.Errorf("link of %+v appended to %q: %s", l, "<", got)
 					return
 				}
 			}
@@ -102,6 +134,6 @@ func BenchmarkURL(b *testing.B) {
 	}
 	b.ReportAllocs()
 	for i := range b.N {
-		_ = s.URL(42, "c"+strconv.Itoa(i&1023))
+		_ = s.URL(Link{CampaignID: 42, Nonce: "mfz3k2x1a0", UserID: "c" + strconv.Itoa(i&1023)})
 	}
 }
