@@ -7,6 +7,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
+	"slices"
 	"strings"
 	"sync"
 
@@ -297,7 +299,8 @@ func Import(ctx context.Context, pool *pgxpool.Pool, poolName string, r io.Reade
 	if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1)`, writeLockKey); err != nil {
 		return rep, fmt.Errorf("import codes: %w", err)
 	}
-	if _, err := ensurePool(ctx, tx, poolName); err != nil {
+	created, err := ensurePool(ctx, tx, poolName)
+	if err != nil {
 		return rep, fmt.Errorf("import codes: %w", err)
 	}
 	if _, err := tx.Exec(ctx, `CREATE TEMP TABLE codes_import (line bigint NOT NULL, code text NOT NULL) ON COMMIT DROP`); err != nil {
@@ -344,12 +347,26 @@ func Import(ctx context.Context, pool *pgxpool.Pool, poolName string, r io.Reade
 	if err := rows.Err(); err != nil {
 		return rep, fmt.Errorf("import codes: %w", err)
 	}
+	if created && tag.RowsAffected() == 0 {
+		// A new pool that would get none of the file's codes: they all belong to other pools (the pool
+		// name is likely wrong). An empty pool would only make the next launch fail later.
+		return rep, fmt.Errorf("%w: none of the file's codes is new: %s (a code is in one pool only); pool %s was not created; import into that pool with --pool, or check the file", ErrInvalidOptions, inPools(rep.InOtherPools), poolName)
+	}
 	if err := tx.Commit(ctx); err != nil {
 		return rep, fmt.Errorf("import codes: commit: %w", err)
 	}
 	rep.Inserted = tag.RowsAffected()
 	rep.Duplicates = rep.Lines - rep.Inserted
 	return rep, nil
+}
+
+// inPools says how many codes belong to each pool of counts, in the pools' order.
+func inPools(counts map[string]int64) string {
+	parts := make([]string, 0, len(counts))
+	for _, p := range slices.Sorted(maps.Keys(counts)) {
+		parts = append(parts, fmt.Sprintf("%d belong to pool %s", counts[p], p))
+	}
+	return strings.Join(parts, ", ")
 }
 
 // lineSource feeds COPY the validated codes of a file, one line at a time.

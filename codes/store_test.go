@@ -190,6 +190,25 @@ func TestImport(t *testing.T) {
 	if diff := cmp.Diff(codes.ImportReport{Lines: 2, Inserted: 1, Duplicates: 1, InOtherPools: map[string]int64{"partner": 1}}, rep); diff != "" {
 		t.Errorf("second import (-want +got):\n%s", diff)
 	}
+
+	// A file whose codes all belong to other pools, offered to a new pool (a wrong --pool): refused, and
+	// the pool is not created. Before, an empty pool was left behind, for a launch to fail on later.
+	_, err = codes.Import(ctx, db, "typo", strings.NewReader("KOD-0001\nKOD-0004\nKOD-0003\n"))
+	if !errors.Is(err, codes.ErrInvalidOptions) || !strings.Contains(err.Error(), "1 belong to pool other, 2 belong to pool partner") ||
+		!strings.Contains(err.Error(), "pool typo was not created") {
+		t.Fatalf("import of other pools' codes into a new pool: %v; want ErrInvalidOptions naming the pools", err)
+	}
+	if _, err := codes.Free(ctx, db, "typo"); !errors.Is(err, codes.ErrPoolNotFound) {
+		t.Errorf("the refused import created its pool: Free = %v", err)
+	}
+	// The same file into a pool that exists is a repeat, not an error: nothing new, each code counted.
+	rep, err = codes.Import(ctx, db, "other", strings.NewReader("KOD-0001\nKOD-0004\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(codes.ImportReport{Lines: 2, Inserted: 0, Duplicates: 2, InOtherPools: map[string]int64{"partner": 1}}, rep); diff != "" {
+		t.Errorf("a repeat into an existing pool (-want +got):\n%s", diff)
+	}
 }
 
 func TestImportBadLine(t *testing.T) {
