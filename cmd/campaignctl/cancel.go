@@ -56,7 +56,7 @@ A cancelled campaign cannot be resumed, and its dead-lettered batches are not re
 }
 
 func (a *app) cancel(ctx context.Context, o cancelOptions) error {
-	svc, err := a.openServices(ctx)
+	svc, err := a.openServices(ctx, o.id)
 	if err != nil {
 		return err
 	}

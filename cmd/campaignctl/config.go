@@ -240,11 +240,20 @@ func (s *services) Close() {
 	s.engine.Close()
 }
 
-// openServices opens the engine database and Redis, both checked; Close releases them.
-func (a *app) openServices(ctx context.Context) (*services, error) {
+// openServices opens the engine database and Redis, both checked; Close releases them. A command about one
+// campaign gives its ID (0: none): a campaign that does not exist is refused (campaign.ErrNotFound) before
+// Redis is opened, since the first connection writes the Redis epoch where there is none yet, and a
+// refused command writes nothing.
+func (a *app) openServices(ctx context.Context, campaignID int64) (*services, error) {
 	engine, err := a.openEngine(ctx)
 	if err != nil {
 		return nil, err
+	}
+	if campaignID != 0 {
+		if _, err := campaign.NewStore(engine).Get(ctx, campaignID); err != nil {
+			engine.Close()
+			return nil, err
+		}
 	}
 	rdb, err := a.openRedis(ctx)
 	if err != nil {

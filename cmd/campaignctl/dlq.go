@@ -68,7 +68,7 @@ func (a *app) dlq(ctx context.Context, o dlqOptions, action string) error {
 	if err := o.validate(); err != nil {
 		return err
 	}
-	svc, err := a.openServices(ctx)
+	svc, err := a.openServices(ctx, 0)
 	if err != nil {
 		return err
 	}

@@ -138,3 +138,39 @@ func TestResumeResendUnknown(t *testing.T) {
 		t.Fatalf("resume output lacks its summary:\n%s", out)
 	}
 }
+
+// A command about a campaign that does not exist is refused (exit 2) before it opens Redis: the first
+// connection to a Redis without an epoch writes one, and a refused command writes nothing anywhere.
+// Before, pause, resume, cancel and status of a missing campaign left campaignctl:epoch behind.
+func TestACommandAboutNoCampaignWritesNothingToRedis(t *testing.T) {
+	t.Parallel()
+	env, _ := badInputEnv(t)
+	rdb := redis.NewClient(mustParseRedisURL(t, env["REDIS_URL"]))
+	defer rdb.Close()
+	ctx := context.Background()
+	for _, args := range [][]string{{"pause", "777"}, {"resume", "777"}, {"resume", "777", "--resend-unknown"}, {"cancel", "777"},
+		{"status", "777"}, {"status", "777", "--json"}, {"status", "777", "--watch"}} {
+		if _, stderr, code := cli(t, env, args...); code != 2 || !strings.Contains(stderr, "no campaign has id 777") {
+			t.Errorf("%v: exit %d, %s; want 2 naming the missing campaign", args, code, stderr)
+		}
+		if keys, err := rdb.Keys(ctx, "*").Result(); err != nil || len(keys) != 0 {
+			t.Fatalf("%v was refused, and Redis holds %v (%v); want nothing written", args, keys, err)
+		}
+	}
+	// What a command that goes on writes, this test sees: the epoch of the first connection.
+	if _, stderr, code := cli(t, env, "status"); code != 0 {
+		t.Fatalf("status: exit %d, %s", code, stderr)
+	}
+	if n, err := rdb.Exists(ctx, worker.EpochKey).Result(); err != nil || n != 1 {
+		t.Fatalf("status of every campaign left no epoch (%d, %v): the check above could not see a write", n, err)
+	}
+}
+
+func mustParseRedisURL(t *testing.T, raw string) *redis.Options {
+	t.Helper()
+	opt, err := redis.ParseURL(raw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return opt
+}

@@ -36,7 +36,7 @@ back; queued batches wait. Nothing is lost: the recipients stay pending until ` 
 }
 
 func (a *app) pause(ctx context.Context, o pauseOptions) error {
-	svc, err := a.openServices(ctx)
+	svc, err := a.openServices(ctx, o.id)
 	if err != nil {
 		return err
 	}

@@ -52,7 +52,7 @@ resumed (nothing is changed): run campaignctl iys sync first.`,
 }
 
 func (a *app) resume(ctx context.Context, o resumeOptions) error {
-	svc, err := a.openServices(ctx)
+	svc, err := a.openServices(ctx, o.id)
 	if err != nil {
 		return err
 	}

@@ -81,10 +81,10 @@ func parseID(s string) (int64, error) {
 }
 
 func (a *app) status(ctx context.Context, o statusOptions) error {
-	svc, err := a.openServices(ctx)
+	svc, err := a.openServices(ctx, o.id)
 	var bad usageError
-	if errors.As(err, &bad) {
-		return err // a REDIS_URL that is not one is the user's to fix, not an outage to work around
+	if errors.As(err, &bad) || errors.Is(err, campaign.ErrNotFound) {
+		return err // a REDIS_URL that is not one, or no such campaign, is the user's to fix, not an outage to work around
 	}
 	var rdbErr error
 	if err != nil && !o.watch {

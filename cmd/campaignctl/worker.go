@@ -96,7 +96,7 @@ A worker sends the channels whose provider is configured:
 				return err
 			}
 			a.engineConns = worker.EngineConns
-			svc, err := a.openServices(ctx)
+			svc, err := a.openServices(ctx, 0)
 			if err != nil {
 				return err
 			}

@@ -143,7 +143,7 @@ func (a *app) workers(ctx context.Context, o workersOptions) error {
 	if err != nil {
 		return fmt.Errorf("cannot find this program to start workers: %w", err)
 	}
-	svc, err := a.openServices(ctx)
+	svc, err := a.openServices(ctx, 0)
 	if err != nil {
 		return err
 	}
