@@ -40,8 +40,10 @@ type PushOptions struct {
 
 // PushReport is what Push did.
 type PushReport struct {
-	// Sent is the number of RETs sent to İYS in this run (in single requests or batches); Accepted,
-	// Already and Refused the results that came back in this run (of earlier batches too).
+	// Sent is the number of RETs İYS took in this run: answered one by one (accepted, already there or
+	// refused), or in a batch it accepted for processing. A request İYS did not take (a 429, a 5xx, no
+	// answer at all) is not counted: its RETs are in Retrying. Accepted, Already and Refused are the
+	// results that came back in this run (of earlier batches too).
 	Sent     int `json:"sent"`
 	Accepted int `json:"accepted"`
 	Already  int `json:"already"`
@@ -170,12 +172,13 @@ func sendDue(ctx context.Context, pool *pgxpool.Pool, c *Client, opts PushOption
 	if len(due) < opts.BatchFrom {
 		for _, o := range due {
 			res, err := c.AddConsent(ctx, o.change)
-			rep.Sent++
 			switch code := apiCode(err); {
 			case err == nil:
+				rep.Sent++
 				rep.Accepted++
 				err = finish(ctx, pool, o, OutboxAccepted, res.TransactionID, "", "")
 			case code == codeAlready:
+				rep.Sent++
 				rep.Already++
 				err = finish(ctx, pool, o, OutboxAlready, "", code, err.Error())
 			case IsAuth(err) || IsAccount(err):
@@ -190,6 +193,7 @@ func sendDue(ctx context.Context, pool *pgxpool.Pool, c *Client, opts PushOption
 				}
 				continue
 			default:
+				rep.Sent++
 				rep.Refused++
 				rep.RefusedCodes[code]++
 				err = finish(ctx, pool, o, OutboxRefused, "", code, err.Error())
@@ -223,7 +227,6 @@ func sendDue(ctx context.Context, pool *pgxpool.Pool, c *Client, opts PushOption
 			changes[i], ids[i], dates[i] = o.change, o.id, o.change.ConsentDate
 		}
 		id, err := c.AddConsents(ctx, changes)
-		rep.Sent += len(batch)
 		if err != nil {
 			if IsAuth(err) || IsAccount(err) {
 				return batched, fmt.Errorf("iys push: %w", err)
@@ -237,6 +240,7 @@ func sendDue(ctx context.Context, pool *pgxpool.Pool, c *Client, opts PushOption
 			}
 			continue
 		}
+		rep.Sent += len(batch)
 		batched = true
 		// A row a newer refusal moved to its date while the batch was sent stays waiting: the batch
 		// carried the older date, and the row goes again with its own (see finish).

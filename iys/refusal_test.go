@@ -169,8 +169,15 @@ func TestPushRegistersEachRETOnce(t *testing.T) {
 	}
 }
 
-// A RET that İYS cannot take now (a 5xx) waits for its back-off, then goes.
+// A RET that İYS cannot take now (a 5xx) waits for its back-off, then goes. What İYS did not take is not
+// counted as sent, alone or in a batch: before, every request tried was.
 func TestPushRetriesTransientErrorsLater(t *testing.T) {
+	for _, batchFrom := range []int{0, 1} {
+		t.Run(fmt.Sprintf("batch from %d", batchFrom), func(t *testing.T) { pushRetriesTransientErrorsLater(t, batchFrom) })
+	}
+}
+
+func pushRetriesTransientErrorsLater(t *testing.T, batchFrom int) {
 	t.Parallel()
 	e := newEnv(t, sandbox.Options{}, nil)
 	pool, _ := testdb.New(t)
@@ -183,9 +190,10 @@ func TestPushRetriesTransientErrorsLater(t *testing.T) {
 	}
 	e.s.SetIYSFaults(sandbox.IYSFaults{Unavailable: 20})
 	c := e.client(t, nil)
-	rep, err := iys.Push(ctx, pool, c, iys.PushOptions{})
-	if err != nil || rep.Retrying != 1 || rep.Accepted != 0 {
-		t.Fatalf("push during an outage: %+v %v; want 1 to retry", rep, err)
+	opts := iys.PushOptions{BatchFrom: batchFrom}
+	rep, err := iys.Push(ctx, pool, c, opts)
+	if err != nil || rep.Retrying != 1 || rep.Accepted != 0 || rep.Sent != 0 {
+		t.Fatalf("push during an outage: %+v %v; want 1 to retry, none sent", rep, err)
 	}
 	var next time.Time
 	var attempts int
@@ -193,10 +201,13 @@ func TestPushRetriesTransientErrorsLater(t *testing.T) {
 	if attempts != 1 || time.Until(next) < 20*time.Second {
 		t.Fatalf("after a 503: attempts %d, next try in %v; want 1 and a back-off", attempts, time.Until(next))
 	}
+	if batchFrom > 0 {
+		return // a batch's results come later (TestPushRegistersEachRETOnce)
+	}
 	e.s.SetIYSFaults(sandbox.IYSFaults{})
 	pool.Exec(ctx, `UPDATE iys_outbox SET next_at = now()`) //nolint:errcheck // the back-off is over
-	if rep, err = iys.Push(ctx, pool, c, iys.PushOptions{}); err != nil || rep.Accepted != 1 {
-		t.Fatalf("push after the outage: %+v %v", rep, err)
+	if rep, err = iys.Push(ctx, pool, c, opts); err != nil || rep.Accepted != 1 || rep.Sent != 1 {
+		t.Fatalf("push after the outage: %+v %v; want 1 sent and accepted", rep, err)
 	}
 }
 
