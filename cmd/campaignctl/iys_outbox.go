@@ -70,7 +70,7 @@ run, an operator's) logs that it waits, waits for it, and then sends what is sti
 					return err
 				}
 			} else {
-				fmt.Fprintf(a.stdout, "tried %d RETs: accepted by İYS %d, already RET there %d, refused %d; %d could not reach İYS (retried by a later run), %d awaiting İYS's batch result, %d still waiting; %d overdue\n",
+				fmt.Fprintf(a.stdout, "İYS took %d RETs: accepted %d, already RET there %d, refused %d; %d were not taken (İYS unreachable, busy or failing: retried by a later run), %d awaiting İYS's batch result, %d still waiting; %d overdue\n",
 					rep.Sent, rep.Accepted, rep.Already, rep.Refused, rep.Retrying, rep.Awaiting, rep.Waiting, rep.Overdue)
 			}
 			// A RET İYS refused for a reason other than never having had the consent (H175: nothing to
