@@ -29,7 +29,7 @@ func TestIYSPushFailsWhenIYSIsUnreachable(t *testing.T) {
 		env[k] = v
 	}
 	out, stderr, code := cli(t, env, "iys", "push")
-	if code != 1 || !strings.Contains(stderr, "could not reach İYS") || !strings.Contains(out, "1 could not reach") || strings.Contains(out+stderr, "s3cret-pw") {
+	if code != 1 || !strings.Contains(stderr, "could not reach İYS") || !strings.Contains(out, "İYS took 0 RETs") || !strings.Contains(out, "1 were not taken") || strings.Contains(out+stderr, "s3cret-pw") {
 		t.Fatalf("iys push with İYS unreachable: exit %d\n%s\n%s", code, out, stderr)
 	}
 	out, _, code = cli(t, env, "iys", "outbox", "--json")
