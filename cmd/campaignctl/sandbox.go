@@ -159,6 +159,9 @@ func (o *sandboxOptions) validate() error {
 	if o.receiptDelay < 0 {
 		return usagef("--receipt-delay %v: give a duration of zero or more", o.receiptDelay)
 	}
+	if o.latency < 0 {
+		return usagef("--latency %v: give a duration of zero or more, e.g. 20ms", o.latency)
+	}
 	return nil
 }
 

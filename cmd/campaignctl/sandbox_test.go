@@ -99,7 +99,8 @@ func TestSandboxPushbackFlags(t *testing.T) {
 	}
 }
 
-// Malformed pushback flags are bad usage (exit 2), refused before anything listens.
+// Malformed pushback flags, and a negative latency or receipt delay, are bad usage (exit 2), refused
+// before anything listens.
 func TestSandboxPushbackFlagsRefused(t *testing.T) {
 	addr := providertest.ClosedAddr(t)
 	for _, args := range [][]string{
@@ -115,6 +116,8 @@ func TestSandboxPushbackFlagsRefused(t *testing.T) {
 		{"--outage", "twilio=5s@yesterday"},
 		{"--outage", "twilio"},
 		{"--outage", "nobody=5s"},
+		{"--latency", "-20ms"},
+		{"--receipt-delay", "-1s"},
 	} {
 		type result struct {
 			stderr string
