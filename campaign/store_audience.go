@@ -17,6 +17,7 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/campaignctl/campaignctl/internal/unsubscribe"
+	"github.com/campaignctl/campaignctl/providers"
 )
 
 // stageAudience runs the audience query read-only and streams its rows into audience_stage.
@@ -146,7 +147,9 @@ func audienceError(err error, timeout time.Duration, restricted bool) error {
 		case pgErr.Code == pgSyntaxError && pgErr.Message == "cannot insert multiple commands into a prepared statement":
 			return fmt.Errorf("%w: the audience file holds more than one statement; it must be exactly one SELECT", ErrInvalid)
 		}
-		return fmt.Errorf("%w: the audience query failed: %s (SQLSTATE %s); fix the SQL in the --audience file", ErrInvalid, pgErr.Message, pgErr.Code)
+		// Postgres quotes the value it could not take ("invalid input syntax for type bigint: …"): an
+		// audience column's, a phone number or an e-mail address as often as not.
+		return fmt.Errorf("%w: the audience query failed: %s (SQLSTATE %s); fix the SQL in the --audience file", ErrInvalid, providers.ScrubText(pgErr.Message), pgErr.Code)
 	}
 	return fmt.Errorf("audience query: %w", err)
 }

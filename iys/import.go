@@ -11,6 +11,8 @@ import (
 	"time"
 	_ "time/tzdata" // consent dates are Europe/Istanbul even on hosts without a zoneinfo database
 	"unicode/utf8"
+
+	"github.com/campaignctl/campaignctl/providers"
 )
 
 // Header is the exact header line of a consent CSV file (the design's contract).
@@ -214,11 +216,12 @@ func parseRow(line int, rec []string, latest time.Time) (consentRow, error) {
 	var err error
 	if row.typ == TypeEmail {
 		if row.recipient, err = CanonicalEmail(rec[0]); err != nil {
-			return bad("recipient", "%q is not a valid e-mail address for EPOSTA (%v); write it as name@example.com", rec[0], unwrapDetail(err))
+			// The value is masked, as addresses are in every log: the line number finds it in the file.
+			return bad("recipient", "%q is not a valid e-mail address for EPOSTA (%v); write it as name@example.com", providers.MaskAddress(rec[0]), unwrapDetail(err))
 		}
 	} else {
 		if row.recipient, err = CanonicalPhone(rec[0]); err != nil {
-			return bad("recipient", "%q is not a valid phone number for %s (%v); write it as +905XXXXXXXXX", rec[0], row.typ, unwrapDetail(err))
+			return bad("recipient", "%q is not a valid phone number for %s (%v); write it as +905XXXXXXXXX", providers.MaskAddress(rec[0]), row.typ, unwrapDetail(err))
 		}
 	}
 

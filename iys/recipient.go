@@ -7,6 +7,8 @@ import (
 	"sync"
 
 	"github.com/nyaruka/phonenumbers"
+
+	"github.com/campaignctl/campaignctl/providers"
 )
 
 // Consent types (İYS "type"), recipient types and statuses, spelled exactly as İYS spells them.
@@ -178,7 +180,8 @@ func slowCanonicalPhone(raw string, d []byte, plus bool) (string, error) {
 		ok = n.GetCountryCode() == 90 && (digits == nsn || digits == "0"+nsn || digits == "90"+nsn)
 	}
 	if !ok || len(e164) > 16 || n.GetExtension() != "" {
-		return "", invalid(ErrInvalidPhone, raw, "not a form İYS accepts; did you mean %s?", e164)
+		// Masked as the value itself is wherever it is shown: the detail goes into logs and reasons.
+		return "", invalid(ErrInvalidPhone, raw, "not a form İYS accepts; did you mean %s?", providers.MaskAddress(e164))
 	}
 	return e164, nil
 }

@@ -10,9 +10,12 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"net/url"
+	"regexp"
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/campaignctl/campaignctl/providers"
 )
 
 // Operation names, in errors and logs.
@@ -180,9 +183,12 @@ func (c *Client) send(ctx context.Context, cl call, tok string) (int, http.Heade
 	return resp.StatusCode, resp.Header, data, nil
 }
 
-// scrub removes the password and the token from an error İYS might have echoed them in.
+// scrub removes the password and the token from an error İYS might have echoed them in, as sent and as a
+// form or a URL encodes them, and masks the recipients its text quotes (providers.ScrubText: a request
+// echoed back holds every recipient of a batch or a status query).
 func (c *Client) scrub(e *APIError, tok string) {
-	for _, secret := range []string{c.cfg.Password, tok} {
+	pw := c.cfg.Password
+	for _, secret := range []string{pw, url.QueryEscape(pw), url.PathEscape(pw), tok} {
 		if secret == "" {
 			continue
 		}
@@ -193,6 +199,19 @@ func (c *Client) scrub(e *APIError, tok string) {
 			e.Details[i].Value = strings.ReplaceAll(e.Details[i].Value, secret, "***")
 		}
 	}
+	e.Message = scrubText(e.Message)
+	for i := range e.Details {
+		e.Details[i].Message = scrubText(e.Details[i].Message)
+	}
+}
+
+// formSecret matches a credential of the token endpoint's form quoted in a text, in any encoding.
+var formSecret = regexp.MustCompile(`(?i)\b(password|refresh_token|access_token|client_secret)=[^&\s"',}]*`)
+
+// scrubText masks in a text İYS sent the credentials of a token request it may have echoed (formSecret),
+// and the recipients and credentials any text may quote (providers.ScrubText).
+func scrubText(s string) string {
+	return providers.ScrubText(formSecret.ReplaceAllString(s, "$1=***"))
 }
 
 // tokenSource gets and caches the OAuth2 token (research §2.2). İYS's access token lives 2 h and its

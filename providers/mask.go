@@ -78,3 +78,36 @@ func MaskDigits(s, digits string) string {
 	}
 	return regexp.MustCompile(strings.Join(ds, `[^0-9]{0,3}`)).ReplaceAllString(s, "[to]")
 }
+
+// credentialLike matches the credentials of an Authorization header quoted in a text (a provider that
+// echoes the request, a proxy's error page): "Basic" or "Bearer" and a token of at least 16 characters.
+var credentialLike = regexp.MustCompile(`(?i)\b(basic|bearer)(\s+|%20|\+)[A-Za-z0-9._~+/-]{16,}=*`)
+
+// emailLike matches an e-mail address, also with its "@" percent-encoded (a form or a URL quoted).
+var emailLike = regexp.MustCompile(`[A-Za-z0-9._%+-]+(@|%40|%2540)[A-Za-z0-9-]+(\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,}`)
+
+// ScrubSecrets masks, in a text about a request, what no log or stored reason may show whatever the text
+// is: the credentials of an Authorization header ("Basic [secret]") and e-mail addresses (MaskAddress).
+// It spares other digits: a transport error's URL carries account IDs and ports.
+func ScrubSecrets(s string) string {
+	if s == "" {
+		return s
+	}
+	s = credentialLike.ReplaceAllString(s, "$1 [secret]")
+	return emailLike.ReplaceAllStringFunc(s, func(m string) string {
+		for _, at := range []string{"%2540", "%40"} {
+			m = strings.Replace(m, at, "@", 1)
+		}
+		return MaskAddress(m)
+	})
+}
+
+// ScrubText is ScrubSecrets for a text that came from a provider or a registry (an error's description,
+// a bounce reason), which may quote any recipient of the request, its own or another's: phone numbers
+// are masked too (MaskPhoneLike).
+func ScrubText(s string) string {
+	if s == "" {
+		return s
+	}
+	return MaskPhoneLike(ScrubSecrets(s))
+}

@@ -1,6 +1,7 @@
 package providers
 
 import (
+	"errors"
 	"strings"
 	"testing"
 )
@@ -35,6 +36,35 @@ func TestAsksToSlowDown(t *testing.T) {
 	} {
 		if got := tc.e.AsksToSlowDown(); got != tc.want {
 			t.Errorf("%+v: AsksToSlowDown %v, want %v", tc.e, got, tc.want)
+		}
+	}
+}
+
+// What a provider or a registry may quote back (the request's Authorization header, its recipients and
+// audience values, a form or URL encoding of them) is masked in every text an error shows, whatever the
+// adapter left in Message: Error and Reason scrub it.
+func TestErrorTextsScrubWhatAnAnswerQuotes(t *testing.T) {
+	basic := "QUN0ZXN0MDAwMDAwMDAwMDAwMDAwMDAwMDAwMDAwMDAwMDE6czNjcmV0VG9rM25WYWx1ZQ=="
+	bearer := "ya29.a0AfH6SMBxSECRETmarker_0123456789-abcdef"
+	secrets := []string{basic, bearer, "+905551234567", "905551234567", "0532 987 65 43", "hunt.f06@huntmail.com", "hunt.f06%40huntmail.com", "ayse%2540example.com"}
+	e := &Error{Provider: "x", Status: 401, Class: Permanent,
+		Message: "Authenticate Basic " + basic + "; Bearer " + bearer + `; {"to":"+905551234567","alt":"0532 987 65 43","mail":"hunt.f06@huntmail.com"} to=hunt.f06%40huntmail.com&cc=ayse%2540example.com`,
+		Err:     errors.New("Post http://127.0.0.1:8025/v3/mail/send?k=1 (Authorization: bearer " + bearer + ")")}
+	for _, text := range []string{e.Error(), e.Reason()} {
+		for _, s := range secrets {
+			if strings.Contains(text, s) {
+				t.Errorf("%q shows %q", text, s)
+			}
+		}
+	}
+	if got := e.Error(); !strings.Contains(got, "Basic [secret]") || !strings.Contains(got, "h***@huntmail.com") ||
+		!strings.Contains(got, "[number]") || !strings.Contains(got, "127.0.0.1:8025") {
+		t.Errorf("Error() = %q: want the credentials as [secret], addresses masked, and the transport's URL kept", got)
+	}
+	// Prose is left alone: "Basic" and "Bearer" followed by words, short digits, codes.
+	for _, s := range []string{"Basic authentication failed", "Bearer token expired", "code 21211, see https://www.twilio.com/docs/errors/21211"} {
+		if got := ScrubText(s); got != s {
+			t.Errorf("ScrubText(%q) = %q, want it unchanged", s, got)
 		}
 	}
 }

@@ -211,10 +211,10 @@ func (e *Error) Error() string {
 		s += fmt.Sprintf(" code %d", e.Code)
 	}
 	if e.Message != "" {
-		s += ": " + e.Message
+		s += ": " + ScrubText(e.Message)
 	}
 	if e.Err != nil {
-		s += ": " + e.Err.Error()
+		s += ": " + ScrubSecrets(e.Err.Error())
 	}
 	return s + " (" + e.Class.String() + ")"
 }
@@ -222,17 +222,22 @@ func (e *Error) Error() string {
 func (e *Error) Unwrap() error { return e.Err }
 
 // Reason is the short text stored with a failed or unknown recipient, e.g. "twilio 21211: invalid To".
+//
+// Error and Reason scrub what they show (ScrubText, ScrubSecrets), whatever the adapter already took out
+// of Message and Err: a provider that echoes the request can quote the Authorization header, a bearer
+// token, and every recipient and audience column of the request.
 func (e *Error) Reason() string {
+	msg := ScrubText(e.Message)
 	if e.Code != 0 {
-		return fmt.Sprintf("%s %d: %s", e.Provider, e.Code, e.Message)
+		return fmt.Sprintf("%s %d: %s", e.Provider, e.Code, msg)
 	}
 	if e.Status != 0 {
-		return fmt.Sprintf("%s http %d: %s", e.Provider, e.Status, e.Message)
+		return fmt.Sprintf("%s http %d: %s", e.Provider, e.Status, msg)
 	}
 	if e.Err != nil {
-		return fmt.Sprintf("%s: %s", e.Provider, e.Err.Error())
+		return fmt.Sprintf("%s: %s", e.Provider, ScrubSecrets(e.Err.Error()))
 	}
-	return e.Provider + ": " + e.Message
+	return e.Provider + ": " + msg
 }
 
 // ClassOf returns the class of err: the Class of a *Error, Transient for anything else (a context

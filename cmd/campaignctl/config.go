@@ -171,6 +171,12 @@ func awaitSchema(ctx context.Context, pool *pgxpool.Pool, stop context.CancelCau
 }
 
 func dbError(err error, cc *pgx.ConnConfig, envName string) error {
+	if at := strings.LastIndex(cc.Host, "@"); at >= 0 {
+		// A password with an '@' that was not percent-encoded: the parser took its tail for the host.
+		// Neither the address nor the resolver's error may show it.
+		return usagef("%s names the host xxxxx%s:%d, which is none: an '@' in the password must be percent-encoded as %%40 (postgres://user:pa%%40ss@host:5432/db)",
+			envName, cc.Host[at:], cc.Port)
+	}
 	addr := fmt.Sprintf("%s:%d", cc.Host, cc.Port)
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) {

@@ -342,7 +342,7 @@ func (p *Provider) post(ctx context.Context, url string, body []byte) (resp *htt
 // quote is Netgsm's description of an answer as an error may carry it: no secret, no phone number (the
 // recipient to in any spelling), and short.
 func (p *Provider) quote(description, to string) string {
-	return wire.Truncate(providers.MaskPhoneLike(p.redact(description, to)), maxMessage)
+	return wire.Truncate(providers.ScrubText(p.redact(description, to)), maxMessage)
 }
 
 func (p *Provider) redact(s, to string) string {
@@ -376,5 +376,5 @@ func indexFold(s, sub string) int {
 }
 
 func (p *Provider) redactErr(err error, to string) error {
-	return wire.Redacted(p.redact(err.Error(), to), err)
+	return wire.Redacted(providers.ScrubSecrets(p.redact(err.Error(), to)), err)
 }

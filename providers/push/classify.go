@@ -149,12 +149,14 @@ func sanitizeTokenErr(s string) string {
 	return wire.Truncate(s, 300)
 }
 
-// redactText removes the device token from a text that came from FCM and bounds its length.
+// redactText removes the device token from a text that came from FCM, and the credentials, addresses and
+// phone numbers it may quote (the request's Authorization header, its data: providers.ScrubText), and
+// bounds its length.
 func redactText(s, to string) string {
 	if to != "" {
 		s = strings.ReplaceAll(s, to, "[token]")
 	}
-	return wire.Truncate(s, maxMessage)
+	return wire.Truncate(providers.ScrubText(s), maxMessage)
 }
 
 // redactErr wraps err so that its text holds neither the access token nor the device token; errors.Is
@@ -166,5 +168,5 @@ func redactErr(err error, accessToken, to string) error {
 			msg = strings.ReplaceAll(msg, secret, "[redacted]")
 		}
 	}
-	return wire.Redacted(msg, err)
+	return wire.Redacted(providers.ScrubSecrets(msg), err)
 }

@@ -9,6 +9,7 @@ import (
 	"encoding/pem"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -745,5 +746,33 @@ func TestNewValidation(t *testing.T) {
 	// The project comes from the file when Config has none.
 	if _, err := push.New(push.Config{CredentialsFile: good}); err != nil {
 		t.Errorf("project from the file: %v", err)
+	}
+}
+
+// An FCM answer that quotes the request (its Authorization header, the data's audience values) shows
+// neither the access token nor a phone number or address the data carried. Before, a 401 that quoted
+// "Bearer <token>" put the live access token in the worker's log, `status`, and the DLQ's last error.
+func TestAnAnswerThatEchoesTheRequestShowsNoTokenNorAddress(t *testing.T) {
+	const phone, mail = "+905329876543", "ayse.kaya@example.com"
+	e := newEnv(t, sandbox.Options{})
+	e.intercept(func(w http.ResponseWriter, r *http.Request) bool {
+		if !strings.HasSuffix(r.URL.Path, ":send") {
+			return false
+		}
+		body, _ := io.ReadAll(r.Body)
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusUnauthorized)
+		_ = json.NewEncoder(w).Encode(map[string]any{"error": map[string]any{"code": 401, "status": "UNAUTHENTICATED",
+			"message": "Request had invalid authentication credentials: " + r.Header.Get("Authorization") + " for " + string(body)}})
+		return true
+	})
+	p := e.provider(t)
+	_, err := p.Send(context.Background(), providers.Message{To: testToken, Body: "hi", Data: map[string]string{"phone": phone, "email": mail}})
+	pe := providertest.Error(t, err, "fcm", append(e.secrets(t, testToken), phone, strings.TrimPrefix(phone, "+"), mail)...)
+	e.mu.Lock()
+	seen := len(e.bearers)
+	e.mu.Unlock()
+	if seen == 0 || !strings.Contains(pe.Message, "Bearer [secret]") {
+		t.Errorf("message %q (%d tokens seen): want the echoed token shown as Bearer [secret]", pe.Message, seen)
 	}
 }

@@ -518,13 +518,16 @@ func (h *Handler) refuse(w http.ResponseWriter, r *http.Request, rej *rejection)
 // maxErrorText bounds Receipt.Error: bounce texts can quote a whole SMTP conversation.
 const maxErrorText = 500
 
-// cleanError masks addr wherever the provider's text quotes it and bounds the length.
+// cleanError masks addr wherever the provider's text quotes it, and any other address, phone number or
+// credential it quotes (providers.ScrubText), and bounds the length.
 func cleanError(text, addr string) string {
 	text = strings.TrimSpace(text)
 	if addr != "" {
 		text = replaceFold(text, addr, providers.MaskAddress(addr))
 	}
-	return pgtext.Cut(text, maxErrorText)
+	// Whatever else it quotes: the address percent-encoded or in another spelling, a phone number, another
+	// recipient.
+	return pgtext.Cut(providers.ScrubText(text), maxErrorText)
 }
 
 // replaceFold replaces every ASCII-case-insensitive occurrence of old in s (mail servers change the case

@@ -30,7 +30,8 @@ type errorBody struct {
 func (p *Provider) statusError(resp *rest.Response, readErr error, ms []providers.Message, now time.Time) error {
 	status := resp.StatusCode
 	e := &providers.Error{Provider: "sendgrid", Status: status, Class: classOfStatus(status)}
-	e.Message = p.redact(reasons(resp.Body), ms)
+	// SendGrid's text may quote any recipient of the request, or its audience values: phone numbers too.
+	e.Message = providers.MaskPhoneLike(p.redact(reasons(resp.Body), ms))
 	if readErr != nil {
 		e.Err = p.redactErr(readErr, ms)
 	}
@@ -137,7 +138,7 @@ func (p *Provider) redact(s string, ms []providers.Message) string {
 			s = strings.ReplaceAll(s, m.To, "[to]")
 		}
 	}
-	return addressLike.ReplaceAllString(s, "[address]")
+	return providers.ScrubSecrets(addressLike.ReplaceAllString(s, "[address]"))
 }
 
 // redactErr wraps err so that its text is redacted; errors.Is and errors.As still see err.

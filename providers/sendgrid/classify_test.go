@@ -2,8 +2,10 @@ package sendgrid_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -279,5 +281,31 @@ func TestConcurrentMixedFaults(t *testing.T) {
 	wg.Wait()
 	if got := len(h.sb.Messages()); got != sent {
 		t.Errorf("sandbox recorded %d, provider reported %d sent", got, sent)
+	}
+}
+
+// A SendGrid answer that quotes the request (a proxy's error page, a gateway that echoes what it refused)
+// shows neither the API key nor any recipient's address, nor a phone number or address the messages
+// carried. Before, only the recipients' own addresses were masked: the audience values of every
+// personalization (a phone column, say) reached the worker's log, `status`, and `report`'s reasons.
+func TestAnAnswerThatEchoesTheRequestShowsNoKeyNorAddress(t *testing.T) {
+	const phone, mail = "+905329876543", "ayse.kaya@example.com"
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusBadRequest)
+		_ = json.NewEncoder(w).Encode(map[string]any{"errors": []map[string]any{{"field": nil,
+			"message": "bad request from " + r.Header.Get("Authorization") + ": " + string(body)}}})
+	}))
+	defer srv.Close()
+	p := newProvider(t, srv.URL)
+	ms := []providers.Message{msg(1), msg(2)}
+	for i := range ms {
+		ms[i].Body += " Arkadaşın " + phone + " (" + mail + ") seni davet etti."
+	}
+	_, err := p.SendBatch(context.Background(), ms)
+	pe := providertest.Error(t, err, "sendgrid", testKey, "campaignctlTestKey", ms[0].To, ms[1].To, phone, strings.TrimPrefix(phone, "+"), mail)
+	if pe.Class != providers.Permanent {
+		t.Errorf("class %v, want permanent", pe.Class)
 	}
 }

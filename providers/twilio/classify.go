@@ -104,7 +104,8 @@ func (p *Provider) redact(s, to string, fromTwilio bool) string {
 			s = providers.MaskDigits(s, phonenumbers.GetNationalSignificantNumber(n)) // "0532.123.45.67"
 		}
 	}
-	return s
+	// The Basic credentials as the request carried them (base64), echoed back, and any e-mail address.
+	return providers.ScrubSecrets(s)
 }
 
 // redactErr wraps err so that its text is redacted; errors.Is and errors.As still see err.

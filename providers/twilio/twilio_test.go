@@ -2,11 +2,14 @@ package twilio_test
 
 import (
 	"context"
+	"encoding/base64"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"runtime"
 	"strings"
 	"sync"
@@ -544,5 +547,29 @@ func TestWarmOpensTheConnectionsOfTheNextSends(t *testing.T) {
 	}
 	if err := p.Warm(context.Background(), n); err != nil || srv.Opened(n) != n {
 		t.Errorf("Warm(%d) after the sends opened %d more (%v)", n, srv.Opened(n)-n, err)
+	}
+}
+
+// An answer that echoes the request (a proxy's error page, a gateway that quotes what it refused) shows
+// neither the credentials (the auth token, nor the Basic header's base64, which decodes to the account
+// SID and the token), nor the recipient, nor another person's number or address the body carried. Before,
+// the base64 credentials of an echoed Authorization header reached the worker's log and launch's error.
+func TestAnAnswerThatEchoesTheRequestShowsNoCredentialNorAddress(t *testing.T) {
+	const other, mail = "+905329876543", "ayse.kaya@example.com"
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_ = r.ParseForm()
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusUnauthorized)
+		_ = json.NewEncoder(w).Encode(map[string]any{"code": 20003, "status": 401,
+			"message": "Authenticate " + r.Header.Get("Authorization") + " for " + r.PostForm.Encode()})
+	}))
+	defer srv.Close()
+	p := newProvider(t, srv.URL)
+	_, err := p.Send(context.Background(), providers.Message{To: testTo, Body: "Merhaba, arkadaşın " + other + " (" + mail + ") seni davet etti"})
+	basic := base64.StdEncoding.EncodeToString([]byte(testSID + ":" + testToken))
+	pe := providertest.Error(t, err, "twilio", testToken, basic, testTo, strings.TrimPrefix(testTo, "+"), other, strings.TrimPrefix(other, "+"),
+		mail, url.QueryEscape(mail), url.QueryEscape(other))
+	if !strings.Contains(pe.Reason(), "Basic [secret]") {
+		t.Errorf("reason %q: want the echoed credentials shown as Basic [secret]", pe.Reason())
 	}
 }

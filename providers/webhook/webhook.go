@@ -267,7 +267,7 @@ func (p *Provider) answerText(data []byte, to string) string {
 	if json.Unmarshal(v.Error, &s) == nil && s != "" {
 		text = s
 	}
-	return wire.Truncate(p.redact(text, to), maxMessage)
+	return wire.Truncate(providers.ScrubText(p.redact(text, to)), maxMessage)
 }
 
 // sign returns the HeaderSignature value for body sent at timestamp ts.
@@ -355,5 +355,5 @@ func (p *Provider) redact(s, to string) string {
 
 // redactErr wraps err so that its text is redacted; errors.Is and errors.As still see err.
 func (p *Provider) redactErr(err error, to string) error {
-	return wire.Redacted(p.redact(err.Error(), to), err)
+	return wire.Redacted(providers.ScrubSecrets(p.redact(err.Error(), to)), err)
 }
