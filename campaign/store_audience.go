@@ -227,7 +227,7 @@ func (s *audienceSource) Values() ([]any, error) {
 		}
 		if f, ok := asFloat(v); ok && (math.IsNaN(f) || math.IsInf(f, 0)) {
 			s.err = fmt.Errorf("%w: audience row %d (user_id %v): column %s is %v, which a message cannot carry; select it as text (%s::text) or replace it (NULLIF, CASE WHEN ... = 'NaN' THEN NULL)",
-				ErrInvalid, s.ord, user, s.names[i], f, s.names[i])
+				ErrInvalid, s.ord, providers.MaskUserID(fmt.Sprint(user)), s.names[i], f, s.names[i])
 			return nil, s.err
 		}
 		vars[s.names[i]] = jsonValue(v)
@@ -235,7 +235,7 @@ func (s *audienceSource) Values() ([]any, error) {
 	b, err := json.Marshal(vars)
 	if err != nil {
 		// A value JSON has no form for, inside an array or a composite (a NaN or an infinite float).
-		s.err = fmt.Errorf("%w: audience row %d (user_id %v): %v; select the column that holds it as text (col::text)", ErrInvalid, s.ord, user, err)
+		s.err = fmt.Errorf("%w: audience row %d (user_id %v): %v; select the column that holds it as text (col::text)", ErrInvalid, s.ord, providers.MaskUserID(fmt.Sprint(user)), err)
 		return nil, s.err
 	}
 	return []any{s.ord, user, addr, json.RawMessage(b)}, nil
@@ -253,7 +253,7 @@ func (s *audienceSource) tooLarge(i, n int) error {
 		}
 	}
 	s.err = fmt.Errorf("%w: audience row %d (user_id %.40s): the value of %s is %d KiB, more than %d KiB; select a shorter value (e.g. left(%s, 500))",
-		ErrInvalid, s.ord, user, s.names[i], n>>10, MaxValueBytes>>10, s.names[i])
+		ErrInvalid, s.ord, providers.MaskUserID(user), s.names[i], n>>10, MaxValueBytes>>10, s.names[i])
 	return s.err
 }
 

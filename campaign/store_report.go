@@ -37,7 +37,7 @@ func (p *Planner) sample(ctx context.Context, tx pgx.Tx, id int64, spec Spec, tm
 	if spec.Channel.Spec().Segmented {
 		rep.Encoding, rep.SegmentsPerMessage = providers.SMSSegments(msg)
 		if err := CheckSMSLength(msg, spec.MaxSegments); err != nil {
-			return fmt.Errorf("%w: the first message (user %s) %v", ErrInvalid, r.UserID, err)
+			return fmt.Errorf("%w: the first message (user %s) %v", ErrInvalid, providers.MaskUserID(r.UserID), err)
 		}
 		if rep.SegmentsPerMessage > WarnSegments {
 			rep.Warnings = append(rep.Warnings, fmt.Sprintf("each message takes %d SMS segments (%s): it is billed %d times; shorten it to %d or fewer if you can",
@@ -141,7 +141,7 @@ func (p *Planner) renderMessages(ctx context.Context, tx pgx.Tx, id int64, spec 
 			}
 		}
 		if err := CheckSMSLength(msg, spec.MaxSegments); err != nil && tooLong == 0 {
-			tooLong, firstLong = 1, fmt.Sprintf("user %s's message %v", r.UserID, err)
+			tooLong, firstLong = 1, fmt.Sprintf("user %s's message %v", providers.MaskUserID(r.UserID), err)
 		} else if err != nil {
 			tooLong++
 		}
@@ -195,5 +195,5 @@ func (s *Store) ReasonCounts(ctx context.Context, id int64, top int) (failed, sk
 // templateFails says that the message template fails for user's row, with err (which may already be an
 // ErrInvalid: its words are not said twice).
 func templateFails(user string, err error) error {
-	return fmt.Errorf("%w: the message template fails for user %s: %s", ErrInvalid, user, strings.TrimPrefix(err.Error(), ErrInvalid.Error()+": "))
+	return fmt.Errorf("%w: the message template fails for user %s: %s", ErrInvalid, providers.MaskUserID(user), strings.TrimPrefix(err.Error(), ErrInvalid.Error()+": "))
 }

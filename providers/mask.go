@@ -111,3 +111,15 @@ func ScrubText(s string) string {
 	}
 	return MaskPhoneLike(ScrubSecrets(s))
 }
+
+// MaskUserID is a user ID as logs and errors show it: as it is, unless it is an e-mail address or a phone
+// number (an audience keyed by either), which is masked as MaskAddress masks an address.
+func MaskUserID(id string) string {
+	if m := emailLike.FindString(id); m == id && m != "" {
+		return MaskAddress(id)
+	}
+	if m := phoneLike.FindString(id); m == id && m != "" {
+		return MaskAddress(id)
+	}
+	return id
+}

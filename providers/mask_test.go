@@ -68,3 +68,21 @@ func TestErrorTextsScrubWhatAnAnswerQuotes(t *testing.T) {
 		}
 	}
 }
+
+// A user ID that is an address (an audience keyed by e-mail or phone) is masked where logs and errors
+// show it; any other ID is shown as it is, for the operator to find the row.
+func TestMaskUserID(t *testing.T) {
+	for in, want := range map[string]string{
+		"hunt.q@example.com": "h***@example.com",
+		"+905321234567":      "+905*****4567",
+		"05321234567":        "0532***4567",
+		"c00000100":          "c00000100",
+		"u-42":               "u-42",
+		"musteri@":           "musteri@",
+		"":                   "",
+	} {
+		if got := MaskUserID(in); got != want {
+			t.Errorf("MaskUserID(%q) = %q, want %q", in, got, want)
+		}
+	}
+}

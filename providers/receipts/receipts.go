@@ -358,7 +358,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			// re-created come by the thousand.
 			rc := b.receipts[unmatched[0]]
 			h.log.Warn("receipt names no message sent by this engine; ignored", "provider", h.provider, "receipts", len(unmatched),
-				"message_id", rc.MessageID, "campaign_id", rc.CampaignID, "user_id", rc.UserID, "status", rc.Status)
+				"message_id", rc.MessageID, "campaign_id", rc.CampaignID, "user_id", providers.MaskUserID(rc.UserID), "status", rc.Status)
 		}
 	}
 	h.counter.update(func(s *Stats) {
