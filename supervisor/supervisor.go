@@ -266,6 +266,12 @@ func (s *Supervisor) tick(ctx context.Context) {
 	if s.observeErr {
 		s.log.Info("the queue is visible again")
 		s.observeErr = false
+		// While the supervisor could not look, no look could find a heartbeat: a worker's silence is
+		// counted from now. Redis back after an outage of HungAfter or more made every worker look hung at
+		// the first look, and each healthy worker was killed.
+		for _, c := range s.children {
+			c.beat = o.At
+		}
 	}
 	if base := s.rateBase(o); base != nil {
 		o.SendRate, o.RateSince = SendRate(*base, o), base.At

@@ -415,3 +415,48 @@ func TestSupervisorReplacesAWorkerThatStoppedHeartbeating(t *testing.T) {
 		t.Errorf("%d kills of a hung worker logged, want 1", n)
 	}
 }
+
+// Redis away for longer than HungAfter, then back: no look could find a heartbeat while the queue could
+// not be seen, so no worker is judged hung at the first looks after it is back, while the workers beat
+// again. Before, every healthy worker was killed in the millisecond the queue was visible again.
+func TestSupervisorKillsNoWorkerWhenRedisIsBackAfterALongOutage(t *testing.T) {
+	t.Parallel()
+	var phase atomic.Int32 // 0 beating, 1 the queue cannot be seen, 2 visible with no heartbeat yet
+	var hp atomic.Pointer[harness]
+	h := startSupervisor(t, "graceful", Config{
+		Policy:    Policy{Min: 2, Max: 2, Concurrency: 1},
+		HungAfter: 300 * time.Millisecond,
+		Observer: ObserverFunc(func(context.Context) (Observation, error) {
+			o := Observation{At: time.Now(), Beating: map[int]bool{}}
+			switch phase.Load() {
+			case 1:
+				return Observation{}, errors.New("redis: connection refused")
+			case 0:
+				if h := hp.Load(); h != nil {
+					for _, pid := range h.sup.Status().PIDs {
+						o.Beating[pid] = true
+					}
+				}
+			}
+			return o, nil
+		}),
+	})
+	hp.Store(h)
+	st := h.wait(10*time.Second, "two workers", func(s Status) bool { return len(s.PIDs) == 2 })
+	h.waitStarted(st.PIDs)
+	phase.Store(1)
+	time.Sleep(900 * time.Millisecond) // three times HungAfter without a view
+	phase.Store(2)
+	time.Sleep(200 * time.Millisecond) // back, the heartbeats not yet written again
+	phase.Store(0)
+	time.Sleep(400 * time.Millisecond)
+	if now := h.sup.Status(); !slices.Equal(now.PIDs, st.PIDs) || now.Restarts != 0 {
+		t.Fatalf("workers %v (restarts %d) after Redis came back, want %v left alone", now.PIDs, now.Restarts, st.PIDs)
+	}
+	if n := len(h.out.logLines("worker has no heartbeat (frozen, hung, or cut off from Redis); killing it and starting another")); n != 0 {
+		t.Errorf("%d healthy workers killed when the queue was visible again", n)
+	}
+	if err := h.shutdown(10 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+}
