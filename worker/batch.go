@@ -729,16 +729,7 @@ func (h *Handler) flush(ctx context.Context, run *batchRun) error {
 		}
 		o.Durable = run.unclaimed
 	}
-	var moved map[string]int64
-	var err error
-	// A Postgres restart takes a few seconds: the outcomes in hand are worth waiting for (they are in the
-	// claims too, but only a run that takes the lease over later would read them).
-	for try := 0; try < 4; try++ {
-		if moved, err = h.cfg.Store.Record(ctx, run.c.ID, run.pending, run.lease, run.inHand()); err == nil {
-			break
-		}
-		limiter.Sleep(ctx, time.Duration(try+1)*500*time.Millisecond) //nolint:errcheck // ctx has no deadline here
-	}
+	moved, err := h.record(ctx, run)
 	if err != nil {
 		return err
 	}
@@ -769,6 +760,42 @@ func (h *Handler) flush(ctx context.Context, run *batchRun) error {
 		h.log.Warn("progress counters not updated", "campaign_id", run.c.ID, "err", err)
 	}
 	return nil
+}
+
+// DefaultRecordWait is how long a run waits by default for Postgres to take its chunk's outcomes: a managed
+// Postgres fails over in 30 to 120 s.
+const DefaultRecordWait = 2 * time.Minute
+
+// recordWait is Config.RecordWait when none is given: DefaultRecordWait, except in this package's tests
+// (TestMain), many of which make a run that dies by failing its writes for good.
+var recordWait = DefaultRecordWait
+
+// record writes the run's outcomes (Record), waiting for Postgres while it cannot take them, for up to
+// RecordWait, or until ctx ends or Postgres refuses them for what they hold. The outcomes are in the
+// claims too, but Redis may lose its data while Postgres is away, and then nothing but this run tells a
+// recipient sent from one never sent: given up, the chunk in hand becomes unknown. Tried every 0.25 s,
+// backing off to 1 s, so that they land within a second of Postgres's return, before a sweep can take the
+// chunk over from the run's lease, which ran out meanwhile.
+func (h *Handler) record(ctx context.Context, run *batchRun) (map[string]int64, error) {
+	start, wait := time.Now(), 250*time.Millisecond
+	warned := false
+	for {
+		moved, err := h.cfg.Store.Record(ctx, run.c.ID, run.pending, run.lease, run.inHand())
+		if err == nil || campaign.RefusedForGood(err) || ctx.Err() != nil || time.Since(start) >= h.cfg.RecordWait {
+			if warned && err == nil {
+				h.log.Info("Postgres took the outcomes held in this worker", "campaign_id", run.c.ID, "batch", run.batch,
+					"recipients", len(run.pending), "held", time.Since(start).Round(time.Millisecond))
+			}
+			return moved, err
+		}
+		if !warned && time.Since(start) >= 2*time.Second {
+			warned = true
+			h.log.Warn("Postgres cannot take the outcomes of a chunk: held in this worker until it can", "campaign_id", run.c.ID,
+				"batch", run.batch, "recipients", len(run.pending), "for_up_to", h.cfg.RecordWait, "err", err)
+		}
+		limiter.Sleep(ctx, min(wait, h.cfg.RecordWait-time.Since(start))) //nolint:errcheck // ended by ctx, checked above
+		wait = min(2*wait, time.Second)
+	}
 }
 
 // sentWithID counts the sent outcomes of outs that carry the provider's message ID.

@@ -88,6 +88,10 @@ type Config struct {
 	// while sending); a run that dies holding one delays its chunk by this much. It must exceed the
 	// provider timeout. Default 30 s.
 	LeaseTTL time.Duration
+	// RecordWait is how long a run waits for Postgres to take the outcomes of its chunk (a restart, a
+	// failover) before it gives them up to the claims in Redis, which the chunk's next run reads. Default
+	// DefaultRecordWait.
+	RecordWait time.Duration
 	// SendAttempts is how many times a transient provider error is retried in place, with back-off, before
 	// the rest of the batch is handed back to the queue. Default 5 (with back-offs of 0.05–0.1, 0.1–0.2,
 	// 0.2–0.4 and 0.4–0.8 s, or a Retry-After when longer).
@@ -249,6 +253,9 @@ func NewHandler(cfg Config) *Handler {
 	}
 	if cfg.InFlightGrace == 0 {
 		cfg.InFlightGrace = cfg.LeaseTTL
+	}
+	if cfg.RecordWait == 0 {
+		cfg.RecordWait = recordWait
 	}
 	if cfg.SendAttempts == 0 {
 		cfg.SendAttempts = 5

@@ -542,3 +542,47 @@ func TestOutcomesOnlyPostgresHoldsSurviveAPostgresCrash(t *testing.T) {
 	}
 	c.checkOnce(t, rs)
 }
+
+// A live worker outlasts a Postgres outage in which Redis loses its data: the run waits for Postgres with
+// its chunk's outcomes in hand (RecordWait) and records them when it is back, so nothing becomes unknown.
+// Postgres goes down just before the second chunk's outcomes are written, Redis is wiped while it is away,
+// and it comes back 7 s later. Every recipient ends sent, once; none unknown. Before, the run gave up
+// after 5 s and left the outcomes to the claims, which the wipe had taken: the chunk's 4 recipients became
+// unknown (and `resume --resend-unknown` would have sent them again), though the worker never stopped.
+func TestALiveWorkerHoldsItsOutcomesThroughAPostgresOutageAndARedisWipe(t *testing.T) {
+	t.Parallel()
+	c := newPGCrash(t, func(cfg *Config) { cfg.RecordWait = DefaultRecordWait })
+	c.store.crash = func() {} // no crash after a Record: the outage comes before it
+	var once sync.Once
+	back := make(chan struct{})
+	c.store.beforeRecord = func([]campaign.Outcome) {
+		once.Do(func() {
+			c.pg.Crash()
+			if err := c.redis.Flush(context.Background()); err != nil {
+				t.Error(err)
+			}
+			go func() {
+				defer close(back)
+				time.Sleep(7 * time.Second)
+				c.pg.Restart()
+			}()
+		})
+	}
+	err := c.h.RunBatch(context.Background(), c.id, 0)
+	<-back
+	if n := count(t, c.fixture, `SELECT count(*) FROM campaign_recipients WHERE campaign_id = $1 AND status = 'unknown'`, c.id); n != 0 {
+		t.Fatalf("after the run (%v): %d recipients unknown, want none: the live run held their outcomes", err, n)
+	}
+	c.runToEnd(t)
+
+	rs := c.recipients(t)
+	c.checkOnce(t, rs)
+	for _, r := range rs {
+		if r.status != campaign.StatusSent || len(r.messages) != 1 {
+			t.Errorf("%s: %s with %d messages, want sent once", r.user, r.status, len(r.messages))
+		}
+	}
+	if counts := c.counts(t); counts.Sent != 16 || counts.Unknown != 0 || counts.Pending != 0 {
+		t.Fatalf("counts %+v, want the 16 sent", counts)
+	}
+}

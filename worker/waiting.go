@@ -159,6 +159,12 @@ func waitingOf(ctx context.Context, env *waitEnv, c *campaign.Campaign, counts c
 		began, _ := rdb.Get(ctx, state.PauseKey(bucket)).Result()
 		return &Waiting{Reason: WaitProviderPaused, Detail: fmt.Sprintf("%s asked every request to wait (Retry-After)", provider), Since: unixMilli(began), Until: utc(now.Add(pttl))}, nil
 	}
+	if queued > 0 && dlq.n > 0 {
+		// Batches in the DLQ beside tasks in the queue: those may be a dead worker's, of batches done.
+		if queued, err = env.queuedWithPending(ctx, id); err != nil {
+			return nil, err
+		}
+	}
 	if queued == 0 {
 		w := &Waiting{Reason: WaitDLQ, Detail: fmt.Sprintf("%s in the dead-letter queue (their retries used up, or a failure no retry would mend): see campaignctl dlq list --campaign %d, fix the cause, then campaignctl dlq retry --campaign %d", counted(int(dlq.n), "batch waits", "batches wait"), id, id)}
 		if !dlq.last.IsZero() {
@@ -201,7 +207,7 @@ type waitEnv struct {
 	store       *campaign.Store // nil: heartbeats alone say which workers live
 	workerList  []state.WorkerInfo
 	lastSeen    map[string]time.Time
-	byCampaign  map[int64]int
+	byCampaign  map[int64]map[int]bool // the batches in the queue, by campaign
 	haveWorkers bool
 	paused      *bool // the queue's pause, read once
 }
@@ -256,14 +262,41 @@ func (e *waitEnv) workers(ctx context.Context) ([]state.WorkerInfo, error) {
 // queued counts the campaign's batches waiting in the queue, running, scheduled or to retry (the queue is
 // read once, for every campaign).
 func (e *waitEnv) queued(campaignID int64) (int, error) {
+	bs, err := e.queuedBatches(campaignID)
+	return len(bs), err
+}
+
+// queuedBatches is the set of the campaign's batches in the queue (see queued).
+func (e *waitEnv) queuedBatches(campaignID int64) (map[int]bool, error) {
 	if e.byCampaign == nil {
 		m, err := queuedByCampaign(e.rdb)
 		if err != nil {
-			return 0, err
+			return nil, err
 		}
 		e.byCampaign = m
 	}
 	return e.byCampaign[campaignID], nil
+}
+
+// queuedWithPending counts the campaign's batches in the queue that still hold pending recipients. A
+// worker killed mid-batch leaves its task active in the queue until Asynq takes it back (a minute), though
+// its batch may be done: such a task moves nothing. Without a store, every queued batch counts.
+func (e *waitEnv) queuedWithPending(ctx context.Context, campaignID int64) (int, error) {
+	bs, err := e.queuedBatches(campaignID)
+	if err != nil || e.store == nil || len(bs) == 0 {
+		return len(bs), err
+	}
+	pending, err := e.store.PendingBatches(ctx, campaignID, false)
+	if err != nil {
+		return 0, err
+	}
+	n := 0
+	for _, b := range pending {
+		if bs[b] {
+			n++
+		}
+	}
+	return n, nil
 }
 
 // queuePaused reports whether the queue is paused (read once).
@@ -291,11 +324,12 @@ func QueuePaused(rdb redis.UniversalClient) (bool, error) {
 	return info.Paused, nil
 }
 
-// queuedByCampaign counts the queue's batches waiting, running, scheduled or to retry, by campaign.
-func queuedByCampaign(rdb redis.UniversalClient) (map[int64]int, error) {
+// queuedByCampaign lists the queue's batches waiting, running, scheduled or to retry, by campaign (a batch
+// once, whatever tasks it has).
+func queuedByCampaign(rdb redis.UniversalClient) (map[int64]map[int]bool, error) {
 	insp := asynq.NewInspectorFromRedisClient(rdb)
 	const pageSize = 1000
-	out := map[int64]int{}
+	out := map[int64]map[int]bool{}
 	lists := []func(string, ...asynq.ListOption) ([]*asynq.TaskInfo, error){insp.ListPendingTasks, insp.ListActiveTasks, insp.ListScheduledTasks, insp.ListRetryTasks}
 	for _, list := range lists {
 		for page := 1; ; page++ {
@@ -307,8 +341,11 @@ func queuedByCampaign(rdb redis.UniversalClient) (map[int64]int, error) {
 				return nil, fmt.Errorf("read the queue: %w", err)
 			}
 			for _, t := range tasks {
-				if cid, _, ok := parseTaskID(t.ID); ok {
-					out[cid]++
+				if cid, b, ok := parseTaskID(t.ID); ok {
+					if out[cid] == nil {
+						out[cid] = map[int]bool{}
+					}
+					out[cid][b] = true
 				}
 			}
 			if len(tasks) < pageSize {

@@ -156,6 +156,31 @@ func TestStatusSaysWhyACampaignWaits(t *testing.T) {
 		// Archived by hand, never failed: nothing says when they stopped.
 		t.Fatalf("DLQ wait %+v, want a detail and no since", w)
 	}
+	// Beside them, a task of a batch that is done (a killed worker's, still active in the queue until
+	// Asynq takes it back): it moves nothing, and the campaign still waits for the DLQ. A task of a batch
+	// with pending recipients moves it. Before, any task in the queue hid the DLQ for that minute.
+	var done, open int
+	if err := f.db.QueryRow(ctx, `SELECT min(batch), max(batch) FROM campaign_batches WHERE campaign_id = $1`, f.id).Scan(&done, &open); err != nil || done == open {
+		t.Fatalf("batches %d..%d (%v): the step needs two", done, open, err)
+	}
+	exec(`UPDATE campaign_recipients SET status = 'sent', sent_at = now() WHERE campaign_id = $1 AND batch = $2 AND status = 'pending'`, f.id, done)
+	enqueueAs := func(b int) {
+		t.Helper()
+		task, err := NewBatchTask(f.id, b)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := client.Enqueue(task, asynq.TaskID(followUpID(f.id, b, time.Now()))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	enqueueAs(done)
+	expect("every batch left in the DLQ, beside a task of a batch that is done", WaitDLQ)
+	enqueueAs(open)
+	expect("a batch with pending recipients in the queue", "")
+	if _, err := insp.DeleteAllPendingTasks(Queue); err != nil {
+		t.Fatal(err)
+	}
 	if _, err := Pause(ctx, PauseOptions{Store: f.store, Redis: f.rdb, CampaignID: f.id}); err != nil {
 		t.Fatal(err)
 	}
