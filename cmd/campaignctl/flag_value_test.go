@@ -24,3 +24,15 @@ func TestAFlagValueOfTheWrongKindSaysWhatToGive(t *testing.T) {
 		}
 	}
 }
+
+// --record-wait takes 1 s to 1 h, like --shutdown-timeout: a run must hold its outcomes a while, and must
+// not hold a batch for ever.
+func TestWorkerRecordWaitIsBounded(t *testing.T) {
+	t.Parallel()
+	for _, v := range []string{"0s", "500ms", "2h", "-1m"} {
+		_, stderr, code := cli(t, nil, "worker", "--record-wait", v)
+		if code != 2 || !strings.Contains(stderr, "--record-wait ") || !strings.Contains(stderr, "give 1s to 1h") {
+			t.Errorf("worker --record-wait %s: exit %d, %q; want exit 2 naming the flag and its range", v, code, stderr)
+		}
+	}
+}

@@ -26,6 +26,7 @@ import (
 type workerOptions struct {
 	concurrency int
 	shutdown    time.Duration
+	recordWait  time.Duration
 	timeout     time.Duration
 	metricsAddr string
 	pprofAddr   string
@@ -41,6 +42,9 @@ func (o *workerOptions) validate() error {
 	}
 	if o.shutdown < time.Second || o.shutdown > time.Hour {
 		return usagef("--shutdown-timeout %v: give 1s to 1h, e.g. --shutdown-timeout 30s (the in-flight sends finish and their outcomes are written within it)", o.shutdown)
+	}
+	if o.recordWait < time.Second || o.recordWait > time.Hour {
+		return usagef("--record-wait %v: give 1s to 1h, e.g. --record-wait 2m (how long a run holds its outcomes while Postgres cannot take them)", o.recordWait)
 	}
 	if o.metricsAddr != "" {
 		if err := metrics.ValidateAddr(o.metricsAddr); err != nil {
@@ -144,6 +148,7 @@ A worker sends the channels whose provider is configured:
 				// A chunk's lease and an unanswered claim must outlive the slowest provider call.
 				LeaseTTL:      3 * o.timeout,
 				InFlightGrace: 3 * o.timeout,
+				RecordWait:    o.recordWait,
 				Metrics:       m,
 			})
 			channels := make([]string, 0, len(set.primary))
@@ -178,6 +183,7 @@ A worker sends the channels whose provider is configured:
 	cmd.Flags().StringVar(&o.pprofAddr, "pprof-addr", "", "serve Go's profiles (net/http/pprof) at http://ADDR/debug/pprof/ on a loopback address, e.g. 127.0.0.1:6060; empty: none")
 	cmd.Flags().DurationVar(&o.timeout, "provider-timeout", twilio.DefaultTimeout, "how long one provider request may take; a chunk whose worker died is taken over after 3 times this")
 	cmd.Flags().DurationVar(&o.shutdown, "shutdown-timeout", 30*time.Second, "on SIGTERM, how long in-flight batches may finish before the rest is handed back")
+	cmd.Flags().DurationVar(&o.recordWait, "record-wait", worker.DefaultRecordWait, "how long a run holds its chunk's outcomes while Postgres cannot take them (a restart, a failover) before it leaves them to the claims in Redis")
 	cmd.Flags().StringVar(&o.metricsAddr, "metrics-addr", "", "serve Prometheus metrics at http://ADDR/metrics (with /healthz and /readyz), e.g. 127.0.0.1:9090; empty: none")
 	return cmd
 }

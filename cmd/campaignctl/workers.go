@@ -60,7 +60,9 @@ func (o *workersOptions) validate() error {
 }
 
 func (a *app) newWorkersCmd() *cobra.Command {
-	var o workersOptions
+	// The workers' --record-wait is theirs alone (give it after --): the supervisor checks their flags
+	// with its default.
+	o := workersOptions{worker: workerOptions{recordWait: worker.DefaultRecordWait}}
 	cmd := &cobra.Command{
 		Use:   "workers --min N --max M [flags] [-- worker flags]",
 		Short: "Run worker processes and scale them with the backlog and the rate caps",
