@@ -572,3 +572,61 @@ func TestAClaimThatStalledWhileTheChunkWasTakenIsNotSent(t *testing.T) {
 		t.Fatalf("counts %+v, want everyone settled", c)
 	}
 }
+
+// A Postgres outage longer than a live run's lease: no run could renew its lease meanwhile, so when
+// Postgres is back the lease has run out, though its run lives (it renews or records within seconds). No
+// sweep takes that chunk until the sweeper's own lock has been held again for LivenessGrace: taken at once,
+// it was settled from its claims, and after a Redis wipe during the outage the run's recipients never sent
+// became unknown (a live worker's chunk, 30 to 40 recipients a run in an outside check). A lease nobody
+// renews is still taken once that time is over.
+func TestAfterAPostgresOutageALiveRunsExpiredLeaseWaitsForTheGrace(t *testing.T) {
+	t.Parallel()
+	pg := testpg.Start(t)
+	db, _ := pg.Migrated("campaignctl")
+	red := testredis.StartServer(t)
+	rdb := redis.NewClient(&redis.Options{Addr: red.Addr()})
+	t.Cleanup(func() { rdb.Close() })
+	f := planOn(t, db, rdb, 30, func(s *campaign.Spec) { s.BatchSize = 8 }, nil)
+	ctx := context.Background()
+	live, _ := startLiveness(t, f)
+	users := f.batchUsers(t, 1)[:3]
+	epoch, err := Epoch(ctx, f.rdb)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.store.LeaseChunk(ctx, f.campaign(t), users, campaign.Lease{Batch: 1, Token: "live-run", Epoch: epoch, TTL: time.Second, Holder: live.Key()}); err != nil {
+		t.Fatal(err)
+	}
+	sweeper, _ := startLiveness(t, f)
+	const grace = 2 * time.Second
+	f.h.cfg.Liveness, f.h.cfg.LivenessGrace = sweeper, grace
+
+	pg.Crash()
+	time.Sleep(1500 * time.Millisecond) // the lease runs out while nobody can renew it
+	pg.Restart()
+	restarted := time.Now()
+	inHand := func() []string {
+		var got []string
+		if err := f.db.QueryRow(ctx, `SELECT lease_users FROM campaign_batches WHERE campaign_id = $1 AND batch = 1`, f.id).Scan(&got); err != nil {
+			t.Fatal(err)
+		}
+		return got
+	}
+	var taken time.Duration
+	for taken == 0 {
+		since := time.Since(restarted)
+		if since > grace+3*time.Second {
+			t.Fatalf("the expired lease nobody renewed was not taken %v after the restart", since.Round(time.Millisecond))
+		}
+		time.Sleep(100 * time.Millisecond)
+		if _, err := f.h.Sweep(ctx); err != nil {
+			continue // the pool's connections from before the crash fail once each
+		}
+		if got := inHand(); !slices.Equal(got, users) {
+			taken = time.Since(restarted)
+		}
+	}
+	if taken < grace {
+		t.Fatalf("the live run's expired lease was taken %v after Postgres was back, before the sweeper's lock was held for %v", taken.Round(time.Millisecond), grace)
+	}
+}
