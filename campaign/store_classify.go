@@ -26,9 +26,11 @@ func (p *Planner) classify(ctx context.Context, tx pgx.Tx, spec Spec, tmpl *Temp
 		FROM send_log l
 		JOIN campaigns c ON c.id = l.campaign_id
 		JOIN campaign_recipients s ON s.campaign_id = l.campaign_id AND s.user_id = l.user_id
-		WHERE l.status = `+sqlSent+` AND l.at > now() - interval '%[1]d seconds' AND c.channel = '%[2]s'
+		WHERE %[3]t AND l.status = `+sqlSent+` AND l.at > now() - interval '%[1]d seconds' AND c.channel = '%[2]s'
 		  AND s.status = `+sqlSent+` AND s.sent_at > now() - interval '%[1]d seconds'`,
-		int64(spec.FrequencyCap/time.Second), spec.Channel)); err != nil {
+		// A cap of 0 is none: not even a message sent while this launch plans (now() is when its
+		// transaction began) excludes anyone.
+		int64(spec.FrequencyCap/time.Second), spec.Channel, spec.FrequencyCap > 0)); err != nil {
 		return nil, fmt.Errorf("plan: recent sends: %w", err)
 	}
 

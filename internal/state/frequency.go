@@ -94,7 +94,7 @@ local function take_mark(first, last, addr, owner, mark, now, cap, ttl)
     if i == first then today = m end
     if m then
       local o, ts = string.match(m, "^(.*)|(%d+)$")
-      if o ~= owner and ts and now - tonumber(ts) < cap then return m end
+      if cap > 0 and o ~= owner and ts and now - tonumber(ts) < cap then return m end
       if o == owner then
         -- Its own mark: another campaign's message it replaced (or one written back beside it after a
         -- loss) may still be within the cap.
@@ -102,7 +102,7 @@ local function take_mark(first, last, addr, owner, mark, now, cap, ttl)
         if kept then
           for x in string.gmatch(kept, "[^;]+") do
             local ko, kts = string.match(x, "^(.*)|(%d+)$")
-            if ko ~= owner and kts and now - tonumber(kts) < cap then return x end
+            if cap > 0 and ko ~= owner and kts and now - tonumber(kts) < cap then return x end
           end
         end
       end

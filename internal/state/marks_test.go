@@ -110,3 +110,50 @@ func TestAReleasedClaimPutsBackTheMarkItReplaced(t *testing.T) {
 		}
 	}
 }
+
+// A campaign with a frequency cap of 0 is capped by no mark: not even another campaign's mark written a
+// moment after this claim's own time (another worker, a claim taken a little later), which "now minus the
+// mark's time below 0" took for within the cap. Both scripts alike. A cap judges that mark as recent.
+func TestACapOfZeroIsCappedByNoMark(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	rdb, s := newClaims(t, time.Hour)
+	now := time.Now().UTC().Truncate(24 * time.Hour).Add(12 * time.Hour)
+	g := Guard{Epoch: "e1", Halt: "campaign:47:halt"}
+	if err := rdb.Set(ctx, EpochKey, "e1", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	later := "78:other|" + strconv.FormatInt(now.Add(300*time.Millisecond).UnixMilli(), 10)
+	for i, capped := range []time.Duration{0, time.Hour} {
+		c := &campaign.Campaign{ID: int64(47 + i), Channel: campaign.ChannelSMS, CreatedAt: now, FrequencyCap: capped}
+		g.Halt = HaltKey(c.ID)
+		for _, window := range []bool{false, true} {
+			addr := "+9055510000" + strconv.Itoa(i) + strconv.FormatBool(window)[:1]
+			if err := rdb.HSet(ctx, FrequencyKey(c.Channel, addr, now), addr, later).Err(); err != nil {
+				t.Fatal(err)
+			}
+			sc := SendClaim{Key: ClaimKey(c.ID, addr), Value: InFlightValue(now, "w"), Addr: addr}
+			var got Result
+			if window {
+				cls, _, err := s.ClaimWindow(ctx, c, Nonce(c), []SendClaim{sc}, g, nil, "", now)
+				if err != nil || len(cls) != 1 {
+					t.Fatalf("claim window: %v %v", cls, err)
+				}
+				got = cls[0].Result
+			} else {
+				cl, err := s.ClaimSend(ctx, c, Nonce(c), sc, g, nil, "", now)
+				if err != nil {
+					t.Fatal(err)
+				}
+				got = cl.Result
+			}
+			want := Ours
+			if capped > 0 {
+				want = Capped
+			}
+			if got != want {
+				t.Errorf("cap %v, window %v: a mark 300 ms after the claim gave %c, want %c", capped, window, got, want)
+			}
+		}
+	}
+}
