@@ -69,6 +69,13 @@ func waitingOf(ctx context.Context, env *waitEnv, c *campaign.Campaign, counts c
 	if queued == 0 && dlq.n == 0 {
 		return &Waiting{Reason: WaitRedisLostData, Detail: fmt.Sprintf("%d recipients pending and none of the campaign's batches is queued: Redis lost its data (restarted empty, flushed, failed over), or the batches were dropped from the dead-letter queue (dlq purge), or the launch stopped before it queued them. Run campaignctl resume %d", counts.Pending, id)}, nil
 	}
+	// Some batches queued and others not (a launch killed while it queued them, tasks deleted by hand):
+	// the workers send the queued ones and the campaign stops short of the rest.
+	if missing, err := env.unqueued(ctx, id, dlq); err != nil {
+		return nil, err
+	} else if missing > 0 {
+		return &Waiting{Reason: WaitRedisLostData, Detail: fmt.Sprintf("%s with pending recipients neither queued nor in the dead-letter queue: the launch stopped before it queued them, or Redis lost them, or they were deleted by hand. Run campaignctl resume %d", counted(missing, "batch", "batches"), id)}, nil
+	}
 	// The whole queue paused in asynqmon (or Inspector.PauseQueue): no worker takes a batch of any
 	// campaign, whatever else holds. campaignctl resume does not undo it: the queue is everyone's.
 	if paused, err := env.queuePaused(); err != nil {
@@ -276,6 +283,29 @@ func (e *waitEnv) queuedBatches(campaignID int64) (map[int]bool, error) {
 		e.byCampaign = m
 	}
 	return e.byCampaign[campaignID], nil
+}
+
+// unqueued counts the campaign's batches with pending recipients that are neither in the queue nor in the
+// dead-letter queue (dlq): nothing will send them until resume queues them. Without a store, none.
+func (e *waitEnv) unqueued(ctx context.Context, campaignID int64, dlq dlqBatches) (int, error) {
+	if e.store == nil {
+		return 0, nil
+	}
+	bs, err := e.queuedBatches(campaignID)
+	if err != nil {
+		return 0, err
+	}
+	pending, err := e.store.PendingBatches(ctx, campaignID, false)
+	if err != nil {
+		return 0, err
+	}
+	n := 0
+	for _, b := range pending {
+		if !bs[b] && !dlq.tasks[b] {
+			n++
+		}
+	}
+	return n, nil
 }
 
 // queuedWithPending counts the campaign's batches in the queue that still hold pending recipients. A

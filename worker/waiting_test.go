@@ -59,6 +59,22 @@ func TestStatusSaysWhyACampaignWaits(t *testing.T) {
 
 	client := asynq.NewClientFromRedisClient(f.rdb)
 	defer client.Close()
+	// One batch queued and the others not (a launch killed while it queued them): the campaign would stop
+	// short of them, whatever the workers; resume is what helps. Before, it said no_worker.
+	var first int
+	if err := f.db.QueryRow(ctx, `SELECT min(batch) FROM campaign_batches WHERE campaign_id = $1`, f.id).Scan(&first); err != nil {
+		t.Fatal(err)
+	}
+	task, err := NewBatchTask(f.id, first)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := client.Enqueue(task); err != nil {
+		t.Fatal(err)
+	}
+	if w := expect("one batch queued, the others never", WaitRedisLostData); !strings.Contains(w.Detail, "neither queued nor in the dead-letter queue") {
+		t.Fatalf("partly queued: detail %q, want it to say batches are not queued", w.Detail)
+	}
 	if _, _, err := Enqueue(ctx, client, f.store, f.campaign(t), true); err != nil {
 		t.Fatal(err)
 	}
