@@ -153,6 +153,8 @@ func (h *Handler) RunBatch(ctx context.Context, campaignID int64, batch int) err
 		return waitForServices(err)
 	}
 	run.lease = campaign.Lease{Batch: batch, Token: state.Token(), Epoch: epoch, TTL: h.cfg.LeaseTTL, Holder: h.holder()}
+	h.leaseLive(run.lease.Token, true)
+	defer h.leaseLive(run.lease.Token, false)
 	run.liveGen = h.cfg.Liveness.Gen()
 	run.guard = state.Guard{Epoch: epoch, Fence: state.FenceKey(run.lease.Token), Halt: state.HaltKey(c.ID)}
 	recipients, err := h.cfg.Store.LoadBatch(ctx, c.ID, batch)
@@ -557,6 +559,13 @@ func (h *Handler) leaseChunk(ctx context.Context, run *batchRun, users []string)
 		if err != nil || got.Fence == "" {
 			return got, err
 		}
+		if h.leaseIsLive(got.Fence) {
+			// A run of this very process holds it: alive, whatever its lease says (it ran out while
+			// Postgres was away, and the run is writing its chunk's outcomes). Taken over, its chunk would
+			// be settled from its claims, which Redis may have lost meanwhile.
+			got.Busy = len(users)
+			return got, nil
+		}
 		if try == 2 {
 			got.Busy = len(users) // held by a run that changes too often to fence: as if live
 			return got, nil
@@ -566,6 +575,27 @@ func (h *Handler) leaseChunk(ctx context.Context, run *batchRun, users []string)
 		}
 		l.Fenced = got.Fence
 	}
+}
+
+// leaseLive notes that the lease token belongs to a batch run of this process (live), or no more.
+func (h *Handler) leaseLive(token string, live bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if !live {
+		delete(h.liveLeases, token)
+		return
+	}
+	if h.liveLeases == nil {
+		h.liveLeases = map[string]bool{}
+	}
+	h.liveLeases[token] = true
+}
+
+// leaseIsLive says whether token is the lease of a batch run of this process.
+func (h *Handler) leaseIsLive(token string) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.liveLeases[token]
 }
 
 // inherit keeps users, the chunk in hand of a run whose lease this one took over, in this run's chunk in

@@ -199,6 +199,9 @@ type Handler struct {
 	jitter func(time.Duration) time.Duration
 	// missingSince is when the sweep first found each lease holder's lock missing (goneHolders), under mu.
 	missingSince map[int64]time.Time
+	// liveLeases holds the lease tokens of the batch runs running in this process, under mu: such a lease
+	// is never taken over here (leaseChunk), even once it ran out.
+	liveLeases map[string]bool
 }
 
 // capKeys are the keys under which a run of campaign id through provider name is counted in active.
