@@ -71,10 +71,12 @@ func waitingOf(ctx context.Context, env *waitEnv, c *campaign.Campaign, counts c
 	}
 	// Some batches queued and others not (a launch killed while it queued them, tasks deleted by hand):
 	// the workers send the queued ones and the campaign stops short of the rest.
-	if missing, err := env.unqueued(ctx, id, dlq); err != nil {
+	places, known, err := env.placesOf(ctx, id, dlq)
+	if err != nil {
 		return nil, err
-	} else if missing > 0 {
-		return &Waiting{Reason: WaitRedisLostData, Detail: fmt.Sprintf("%s with pending recipients neither queued nor in the dead-letter queue: the launch stopped before it queued them, or Redis lost them, or they were deleted by hand. Run campaignctl resume %d", counted(missing, "batch", "batches"), id)}, nil
+	}
+	if places.unqueued > 0 {
+		return &Waiting{Reason: WaitRedisLostData, Detail: fmt.Sprintf("%s with pending recipients neither queued nor in the dead-letter queue: the launch stopped before it queued them, or Redis lost them, or they were deleted by hand. Run campaignctl resume %d", counted(places.unqueued, "batch", "batches"), id)}, nil
 	}
 	// The whole queue paused in asynqmon (or Inspector.PauseQueue): no worker takes a batch of any
 	// campaign, whatever else holds. campaignctl resume does not undo it: the queue is everyone's.
@@ -166,11 +168,11 @@ func waitingOf(ctx context.Context, env *waitEnv, c *campaign.Campaign, counts c
 		began, _ := rdb.Get(ctx, state.PauseKey(bucket)).Result()
 		return &Waiting{Reason: WaitProviderPaused, Detail: fmt.Sprintf("%s asked every request to wait (Retry-After)", provider), Since: unixMilli(began), Until: utc(now.Add(pttl))}, nil
 	}
-	if queued > 0 && dlq.n > 0 {
-		// Batches in the DLQ beside tasks in the queue: those may be a dead worker's, of batches done.
-		if queued, err = env.queuedWithPending(ctx, id); err != nil {
-			return nil, err
-		}
+	if known && dlq.n > 0 {
+		// Batches in the DLQ beside tasks in the queue: those may be a dead worker's, of batches done (a
+		// worker killed mid-batch leaves its task active until Asynq takes it back, a minute later). Only
+		// the queued batches that still hold pending recipients move the campaign.
+		queued = places.queued
 	}
 	if queued == 0 {
 		w := &Waiting{Reason: WaitDLQ, Detail: fmt.Sprintf("%s in the dead-letter queue (their retries used up, or a failure no retry would mend): see campaignctl dlq list --campaign %d, fix the cause, then campaignctl dlq retry --campaign %d", counted(int(dlq.n), "batch waits", "batches wait"), id, id)}
@@ -285,48 +287,34 @@ func (e *waitEnv) queuedBatches(campaignID int64) (map[int]bool, error) {
 	return e.byCampaign[campaignID], nil
 }
 
-// unqueued counts the campaign's batches with pending recipients that are neither in the queue nor in the
-// dead-letter queue (dlq): nothing will send them until resume queues them. Without a store, none.
-func (e *waitEnv) unqueued(ctx context.Context, campaignID int64, dlq dlqBatches) (int, error) {
-	if e.store == nil {
-		return 0, nil
-	}
-	bs, err := e.queuedBatches(campaignID)
-	if err != nil {
-		return 0, err
-	}
-	pending, err := e.store.PendingBatches(ctx, campaignID, false)
-	if err != nil {
-		return 0, err
-	}
-	n := 0
-	for _, b := range pending {
-		if !bs[b] && !dlq.tasks[b] {
-			n++
-		}
-	}
-	return n, nil
-}
+// pendingPlaces is where the campaign's batches with pending recipients are: queued (waiting, running,
+// scheduled or to retry), or neither queued nor in the dead-letter queue (unqueued: nothing sends them
+// until resume queues them). Those in the DLQ are the rest.
+type pendingPlaces struct{ queued, unqueued int }
 
-// queuedWithPending counts the campaign's batches in the queue that still hold pending recipients. A
-// worker killed mid-batch leaves its task active in the queue until Asynq takes it back (a minute), though
-// its batch may be done: such a task moves nothing. Without a store, every queued batch counts.
-func (e *waitEnv) queuedWithPending(ctx context.Context, campaignID int64) (int, error) {
+// placesOf reads the campaign's batches with pending recipients (one query) and says where they are
+// (pendingPlaces); known is false without a store.
+func (e *waitEnv) placesOf(ctx context.Context, campaignID int64, dlq dlqBatches) (p pendingPlaces, known bool, err error) {
+	if e.store == nil {
+		return p, false, nil
+	}
 	bs, err := e.queuedBatches(campaignID)
-	if err != nil || e.store == nil || len(bs) == 0 {
-		return len(bs), err
+	if err != nil {
+		return p, false, err
 	}
 	pending, err := e.store.PendingBatches(ctx, campaignID, false)
 	if err != nil {
-		return 0, err
+		return p, false, err
 	}
-	n := 0
 	for _, b := range pending {
-		if bs[b] {
-			n++
+		switch {
+		case bs[b]:
+			p.queued++
+		case !dlq.tasks[b]:
+			p.unqueued++
 		}
 	}
-	return n, nil
+	return p, true, nil
 }
 
 // queuePaused reports whether the queue is paused (read once).
