@@ -310,18 +310,25 @@ func TestARunSendsNothingWhileItsProcessHasLostItsLock(t *testing.T) {
 	}
 }
 
+// onPrivateServers plans a campaign of 30 customers in batches of 8 on a Postgres and a Redis of the
+// test's own, which it may crash and restart.
+func onPrivateServers(t *testing.T) (*testpg.Server, *fixture) {
+	t.Helper()
+	pg := testpg.Start(t)
+	db, _ := pg.Migrated("campaignctl")
+	red := testredis.StartServer(t)
+	rdb := redis.NewClient(&redis.Options{Addr: red.Addr()})
+	t.Cleanup(func() { rdb.Close() })
+	return pg, planOn(t, db, rdb, 30, func(s *campaign.Spec) { s.BatchSize = 8 }, nil)
+}
+
 // A Postgres crash lets every liveness lock go, the sweeping worker's own, the live workers' and a dead
 // one's alike. Nothing is judged gone until the sweeper has held its own lock again for LivenessGrace (10 s
 // by default): the live worker takes its lock back meanwhile and its chunk is never taken, while the chunk
 // of the worker that died during the outage is taken once that time is over.
 func TestAfterAPostgresCrashOnlyTheDeadWorkersChunkIsTaken(t *testing.T) {
 	t.Parallel()
-	pg := testpg.Start(t)
-	db, _ := pg.Migrated("campaignctl")
-	red := testredis.StartServer(t)
-	rdb := redis.NewClient(&redis.Options{Addr: red.Addr()})
-	t.Cleanup(func() { rdb.Close() })
-	f := planOn(t, db, rdb, 30, func(s *campaign.Spec) { s.BatchSize = 8 }, nil)
+	pg, f := onPrivateServers(t)
 	ctx := context.Background()
 	p := twoProcesses(t, f)
 	live, kill, liveUsers := p.live, p.kill, p.liveUsers
@@ -581,12 +588,7 @@ func TestAClaimThatStalledWhileTheChunkWasTakenIsNotSent(t *testing.T) {
 // renews is still taken once that time is over.
 func TestAfterAPostgresOutageALiveRunsExpiredLeaseWaitsForTheGrace(t *testing.T) {
 	t.Parallel()
-	pg := testpg.Start(t)
-	db, _ := pg.Migrated("campaignctl")
-	red := testredis.StartServer(t)
-	rdb := redis.NewClient(&redis.Options{Addr: red.Addr()})
-	t.Cleanup(func() { rdb.Close() })
-	f := planOn(t, db, rdb, 30, func(s *campaign.Spec) { s.BatchSize = 8 }, nil)
+	pg, f := onPrivateServers(t)
 	ctx := context.Background()
 	live, _ := startLiveness(t, f)
 	users := f.batchUsers(t, 1)[:3]
