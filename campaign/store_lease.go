@@ -30,6 +30,11 @@ type Lease struct {
 	// Fenced is the token of another run's lease that the caller has fenced in Redis (Chunk.Fence): only
 	// such a lease is taken over. A lease is never taken from a run that may still claim.
 	Fenced string
+	// HolderGrace keeps a lease that ran out from being taken while its holder's lock is held by a
+	// session younger than this: the holder's process lives and has just taken its lock again (Postgres
+	// restarted or failed over, or its connection broke), so the lease ran out while nobody could renew
+	// it, and its run renews it or records its chunk within seconds (worker.Handler's LivenessGrace).
+	HolderGrace time.Duration
 }
 
 // Chunk is what LeaseChunk found and took.
@@ -87,7 +92,7 @@ func (s *Store) LeaseChunk(ctx context.Context, c *Campaign, users []string, l L
 		cStatus, cSource, cTxn       []string
 		cDate, cSynced               []pgtype.Timestamptz
 	)
-	args := params{c.ID, l.Batch, l.Token, l.Epoch, users, l.TTL.Milliseconds(), l.AnyState, l.Holder, l.Gone, l.Fenced}
+	args := params{c.ID, l.Batch, l.Token, l.Epoch, users, l.TTL.Milliseconds(), l.AnyState, l.Holder, l.Gone, l.Fenced, l.HolderGrace.Milliseconds()}
 	rule := c.consentRule()
 	// The statement is built first: the consent rule's values become parameters as it is.
 	sql := `
@@ -97,7 +102,10 @@ func (s *Store) LeaseChunk(ctx context.Context, c *Campaign, users []string, l L
 			SELECT lease_token, lease_until, lease_epoch, lease_users, lease_holder, suspect_users FROM campaign_batches WHERE campaign_id = $1 AND batch = $2
 		), may0 AS (
 			SELECT $7 OR (SELECT state FROM st) IN (` + sqlStateRunning + `, ` + sqlStateCancelled + `) AS state_ok,
-				b.lease_token IS NULL OR b.lease_token = $3 OR b.lease_until < now()
+				b.lease_token IS NULL OR b.lease_token = $3
+					-- Run out, unless its holder lives and took its lock back a moment ago: the run could
+					-- not renew it while Postgres was away, and does so now.
+					OR b.lease_until < now() AND NOT ` + holderBack("b.lease_holder", "$11::bigint") + `
 					-- A holder judged gone, whose lock is still missing now, under the batch row's lock: a
 					-- holder that took its lock back meanwhile keeps its lease.
 					OR b.lease_holder = ANY($9::bigint[]) AND NOT ` + holderLocked("b.lease_holder") + ` AS free,
@@ -450,15 +458,18 @@ type Expired struct {
 // ExpiredLeases returns the chunks in hand of up to limit batches whose leases expired, or whose holders
 // are gone: the runs that held them died. A batch leased by a holder that is gone with no chunk in hand (the
 // run died between two chunks) is returned too, with no users: its batch is to be queued again.
-func (s *Store) ExpiredLeases(ctx context.Context, limit int, gone []int64) ([]Expired, error) {
+//
+// A lease that ran out is left out while its holder's lock is held by a session younger than holderGrace
+// (Lease.HolderGrace): its process lives and has just taken its lock back.
+func (s *Store) ExpiredLeases(ctx context.Context, limit int, gone []int64, holderGrace time.Duration) ([]Expired, error) {
 	if gone == nil {
 		gone = []int64{}
 	}
 	rows, err := s.pool.Query(ctx, `
-		SELECT campaign_id, batch, lease_users FROM campaign_batches
-		WHERE lease_users <> '{}' AND (lease_until < now() OR lease_holder = ANY($2::bigint[]))
+		SELECT campaign_id, batch, lease_users FROM campaign_batches b
+		WHERE lease_users <> '{}' AND (lease_until < now() AND NOT `+holderBack("b.lease_holder", "$3::bigint")+` OR lease_holder = ANY($2::bigint[]))
 		   OR lease_users = '{}' AND lease_token IS NOT NULL AND lease_holder = ANY($2::bigint[])
-		ORDER BY lease_until LIMIT $1`, limit, gone)
+		ORDER BY lease_until LIMIT $1`, limit, gone, holderGrace.Milliseconds())
 	if err != nil {
 		return nil, fmt.Errorf("expired leases: %w", err)
 	}
@@ -515,6 +526,17 @@ func holderLocked(col string) string {
 		WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
 		  AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
 		  AND l.classid::bigint = (` + col + ` >> 32) & 4294967295 AND l.objid::bigint = ` + col + ` & 4294967295)`
+}
+
+// holderBack is the SQL condition that the advisory lock of the holder key in col is held by a session
+// that began less than graceMs milliseconds ago: the holder's process took its lock back a moment ago.
+// A session of another role whose start Postgres does not show counts as old.
+func holderBack(col, graceMs string) string {
+	return `EXISTS (SELECT 1 FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
+		WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
+		  AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+		  AND l.classid::bigint = (` + col + ` >> 32) & 4294967295 AND l.objid::bigint = ` + col + ` & 4294967295
+		  AND a.backend_start > now() - ` + graceMs + ` * interval '1 millisecond')`
 }
 
 // HoldLiveness takes, on conn, the session advisory lock of key (Lease.Holder) that tells the sweep of

@@ -152,7 +152,7 @@ func (h *Handler) RunBatch(ctx context.Context, campaignID int64, batch int) err
 		}
 		return waitForServices(err)
 	}
-	run.lease = campaign.Lease{Batch: batch, Token: state.Token(), Epoch: epoch, TTL: h.cfg.LeaseTTL, Holder: h.holder()}
+	run.lease = campaign.Lease{Batch: batch, Token: state.Token(), Epoch: epoch, TTL: h.cfg.LeaseTTL, Holder: h.holder(), HolderGrace: h.cfg.LivenessGrace}
 	h.leaseLive(run.lease.Token, true)
 	defer h.leaseLive(run.lease.Token, false)
 	run.liveGen = h.cfg.Liveness.Gen()

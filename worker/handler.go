@@ -37,7 +37,7 @@ type Store interface {
 	Record(ctx context.Context, campaignID int64, outcomes []campaign.Outcome, l campaign.Lease, inHand []string) (map[string]int64, error)
 	AuditSecondSends(ctx context.Context, campaignID int64, outs []campaign.Outcome) (int64, error)
 	CloseBatch(ctx context.Context, id int64, batch int) (done, open bool, err error)
-	ExpiredLeases(ctx context.Context, limit int, gone []int64) ([]campaign.Expired, error)
+	ExpiredLeases(ctx context.Context, limit int, gone []int64, holderGrace time.Duration) ([]campaign.Expired, error)
 	GoneHolders(ctx context.Context) ([]int64, error)
 	ProviderNoConsent(ctx context.Context, c *campaign.Campaign, addrs []string, source string, at time.Time) (int64, error)
 	ProviderOptOut(ctx context.Context, c *campaign.Campaign, userIDs, addrs []string, evidence string, at time.Time) (int64, error)

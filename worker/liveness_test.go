@@ -676,3 +676,69 @@ func TestALiveRunsExpiredLeaseIsNotTakenOverByItsOwnProcess(t *testing.T) {
 		t.Fatalf("the expired lease of a run that is not live here: took over %v, want it taken", got.TookOver)
 	}
 }
+
+// The same outage seen from another worker process: one started after Postgres was back (its lock's first
+// hold, so its sweep is not held back by its own restart) or one whose next run of the batch comes first.
+// The live run's lease ran out while nobody could renew it, and its holder's lock is held again by a
+// session a moment old: neither that sweep nor that run takes the chunk until the holder's session is
+// LivenessGrace old (Lease.HolderGrace). Taken at once, the live run's recipients never sent became unknown
+// after a Redis wipe during the outage. A lease its living holder does not renew is taken once that time is
+// over.
+func TestAfterAPostgresOutageAnotherWorkerLeavesALiveRunsExpiredLeaseForTheGrace(t *testing.T) {
+	t.Parallel()
+	pg, f := onPrivateServers(t)
+	ctx := context.Background()
+	live, _ := startLiveness(t, f)
+	users := f.batchUsers(t, 1)[:3]
+	epoch, err := Epoch(ctx, f.rdb)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.store.LeaseChunk(ctx, f.campaign(t), users, campaign.Lease{Batch: 1, Token: "live-run", Epoch: epoch, TTL: time.Second, Holder: live.Key()}); err != nil {
+		t.Fatal(err)
+	}
+	pg.Crash()
+	time.Sleep(1500 * time.Millisecond) // the lease runs out while nobody can renew it
+	pg.Restart()
+	restarted := time.Now()
+	waitUntil(t, 10*time.Second, "the live worker's lock held again", live.Held)
+	const grace = 2 * time.Second
+	other, _ := startLiveness(t, f) // a worker started now: its lock's first hold
+	f.h.cfg.Liveness, f.h.cfg.LivenessGrace = other, grace
+	if other.Gen() != 1 {
+		t.Fatalf("the other worker's lock is in its hold %d, want its first", other.Gen())
+	}
+	var token string
+	var taken time.Duration
+	by := ""
+	for taken == 0 {
+		since := time.Since(restarted)
+		if since > grace+5*time.Second {
+			t.Fatalf("the expired lease its holder never renewed was not taken %v after the restart", since.Round(time.Millisecond))
+		}
+		time.Sleep(100 * time.Millisecond)
+		c := f.campaign(t)
+		run := &batchRun{c: c, nonce: Nonce(c), batch: 1, counts: map[string]int64{}, snapshots: map[string]campaign.ConsentRecord{},
+			lease: campaign.Lease{Batch: 1, Token: state.Token(), Epoch: epoch, TTL: time.Minute, Holder: other.Key(), HolderGrace: grace}}
+		got, err := f.h.leaseChunk(ctx, run, users)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got.TookOver {
+			taken, by = time.Since(restarted), "a run of the batch"
+			break
+		}
+		if _, err := f.h.Sweep(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if err := f.db.QueryRow(ctx, `SELECT coalesce(lease_token, '') FROM campaign_batches WHERE campaign_id = $1 AND batch = 1`, f.id).Scan(&token); err != nil {
+			t.Fatal(err)
+		}
+		if token != "live-run" {
+			taken, by = time.Since(restarted), "the sweep"
+		}
+	}
+	if taken < grace {
+		t.Fatalf("%s of another worker took the live run's expired lease %v after Postgres was back, before its holder's lock was held again for %v", by, taken.Round(time.Millisecond), grace)
+	}
+}

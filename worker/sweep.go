@@ -40,7 +40,7 @@ func (h *Handler) Sweep(ctx context.Context) (int, error) {
 	if err != nil {
 		return 0, err
 	}
-	expired, err := h.cfg.Store.ExpiredLeases(ctx, 2000, gone)
+	expired, err := h.cfg.Store.ExpiredLeases(ctx, 2000, gone, h.cfg.LivenessGrace)
 	if err != nil || len(expired) == 0 {
 		return 0, err
 	}
@@ -59,7 +59,7 @@ func (h *Handler) Sweep(ctx context.Context) (int, error) {
 			campaigns[e.CampaignID] = c
 		}
 		run := &batchRun{c: c, nonce: Nonce(c), batch: e.Batch, counts: map[string]int64{}, snapshots: map[string]campaign.ConsentRecord{},
-			lease: campaign.Lease{Batch: e.Batch, Token: state.Token(), Epoch: epoch, TTL: h.cfg.LeaseTTL, AnyState: true, Holder: h.holder(), Gone: gone},
+			lease: campaign.Lease{Batch: e.Batch, Token: state.Token(), Epoch: epoch, TTL: h.cfg.LeaseTTL, AnyState: true, Holder: h.holder(), Gone: gone, HolderGrace: h.cfg.LivenessGrace},
 		}
 		run.guard = state.Guard{Epoch: epoch, Fence: state.FenceKey(run.lease.Token), Halt: state.HaltKey(c.ID)}
 		got, err := h.leaseChunk(ctx, run, e.Users)

@@ -69,8 +69,8 @@ func (s *Store) CloseBatch(ctx context.Context, id int64, batch int) (done, open
 }
 
 // ExpiredLeases is campaign.Store.ExpiredLeases under the rules.
-func (s *Store) ExpiredLeases(ctx context.Context, limit int, gone []int64) (es []campaign.Expired, err error) {
-	err = s.call(ctx, "ExpiredLeases", func() (err error) { es, err = s.Store.ExpiredLeases(ctx, limit, gone); return })
+func (s *Store) ExpiredLeases(ctx context.Context, limit int, gone []int64, holderGrace time.Duration) (es []campaign.Expired, err error) {
+	err = s.call(ctx, "ExpiredLeases", func() (err error) { es, err = s.Store.ExpiredLeases(ctx, limit, gone, holderGrace); return })
 	return es, err
 }
 
