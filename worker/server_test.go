@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/hibiken/asynq"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/campaignctl/campaignctl/campaign"
 )
@@ -83,5 +84,63 @@ func TestRetryDelayOfABatchTakenBackFromAStoppedWorker(t *testing.T) {
 	}
 	if d := RetryDelay(4, errors.New("provider down"), nil); d < 16*time.Second {
 		t.Fatalf("retry 4 after a failure: %v; want at least 16 s (2 s·2^4, half of it jitter)", d)
+	}
+}
+
+// countEnqueues calls at on each Asynq enqueue (a script call) the client makes, with how many came before.
+type countEnqueues struct {
+	n  int
+	at func(n int)
+}
+
+func (c *countEnqueues) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (c *countEnqueues) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+func (c *countEnqueues) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if name := cmd.Name(); name == "evalsha" || name == "eval" {
+			c.at(c.n)
+			c.n++
+		}
+		return next(ctx, cmd)
+	}
+}
+
+// A launch marks the batches it hands to the queue as it goes, a group at a time: killed halfway, it leaves
+// those it queued marked (enqueued_at), not only when the whole loop is over.
+func TestEnqueueMarksTheBatchesItQueuedAsItGoes(t *testing.T) {
+	t.Parallel()
+	f := planWith(t, 900, func(s *campaign.Spec) { s.BatchSize = 1 })
+	if f.batches < 2*markEvery+50 {
+		t.Fatalf("%d batches planned, want more than %d", f.batches, 2*markEvery+50)
+	}
+	ctx := context.Background()
+	c, err := f.store.Get(ctx, f.id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const at = 2*markEvery + 50
+	marked := -1
+	hook := &countEnqueues{at: func(n int) {
+		if n == at {
+			if err := f.db.QueryRow(ctx, `SELECT count(*) FROM campaign_batches WHERE campaign_id = $1 AND enqueued_at IS NOT NULL`, f.id).Scan(&marked); err != nil {
+				t.Error(err)
+			}
+		}
+	}}
+	rdb := redis.NewClient(f.rdb.Options())
+	defer rdb.Close()
+	rdb.AddHook(hook)
+	added, _, err := Enqueue(ctx, asynq.NewClientFromRedisClient(rdb), f.store, c, true)
+	if err != nil || added != f.batches {
+		t.Fatalf("enqueue: added %d, err %v; want %d", added, err, f.batches)
+	}
+	if marked != 2*markEvery {
+		t.Fatalf("%d batches marked enqueued when %d were queued, want %d", marked, at, 2*markEvery)
+	}
+	var unmarked int
+	if err := f.db.QueryRow(ctx, `SELECT count(*) FROM campaign_batches WHERE campaign_id = $1 AND enqueued_at IS NULL`, f.id).Scan(&unmarked); err != nil || unmarked != 0 {
+		t.Fatalf("%d batches left unmarked (%v), want none", unmarked, err)
 	}
 }

@@ -65,12 +65,20 @@ func Enqueue(ctx context.Context, client *asynq.Client, store *campaign.Store, c
 	if err != nil {
 		return 0, 0, err
 	}
-	done := make([]int, 0, len(batches))
+	// The batches handed over are marked as they go, a group at a time, not only at the end: a launch
+	// killed halfway leaves the ones it queued marked (status and resume tell them from the others).
+	done := make([]int, 0, min(len(batches), markEvery))
+	mark := func() error {
+		if len(done) == 0 {
+			return nil
+		}
+		err := store.MarkEnqueued(context.WithoutCancel(ctx), campaignID, done)
+		done = done[:0]
+		return err
+	}
 	defer func() {
-		if len(done) > 0 {
-			if merr := store.MarkEnqueued(context.WithoutCancel(ctx), campaignID, done); merr != nil && err == nil {
-				err = merr
-			}
+		if merr := mark(); merr != nil && err == nil {
+			err = merr
 		}
 	}()
 	for _, b := range batches {
@@ -87,7 +95,14 @@ func Enqueue(ctx context.Context, client *asynq.Client, store *campaign.Store, c
 		default:
 			return added, existing, fmt.Errorf("enqueue batch %d of campaign %d: %w", b, campaignID, err)
 		}
-		done = append(done, b)
+		if done = append(done, b); len(done) == markEvery {
+			if err := mark(); err != nil {
+				return added, existing, err
+			}
+		}
 	}
 	return added, existing, nil
 }
+
+// markEvery is how many batches Enqueue hands to the queue between two marks in Postgres.
+const markEvery = 200
