@@ -580,6 +580,34 @@ func TestAClaimThatStalledWhileTheChunkWasTakenIsNotSent(t *testing.T) {
 	}
 }
 
+// leaseOfALiveRun plans a campaign on a private Postgres and Redis and leases three users of its batch 1,
+// for a second, to a run (token "live-run") of a live worker: one whose liveness lock (live) is held. It
+// returns the Redis epoch of the lease too.
+func leaseOfALiveRun(t *testing.T) (pg *testpg.Server, f *fixture, live *Liveness, users []string, epoch string) {
+	t.Helper()
+	pg, f = onPrivateServers(t)
+	ctx := context.Background()
+	live, _ = startLiveness(t, f)
+	users = f.batchUsers(t, 1)[:3]
+	epoch, err := Epoch(ctx, f.rdb)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.store.LeaseChunk(ctx, f.campaign(t), users, campaign.Lease{Batch: 1, Token: "live-run", Epoch: epoch, TTL: time.Second, Holder: live.Key()}); err != nil {
+		t.Fatal(err)
+	}
+	return pg, f, live, users, epoch
+}
+
+// outliveTheLease crashes pg for longer than leaseOfALiveRun's lease, so that it runs out while nobody
+// can renew it, and restarts it. It returns when Postgres was back.
+func outliveTheLease(pg *testpg.Server) time.Time {
+	pg.Crash()
+	time.Sleep(1500 * time.Millisecond)
+	pg.Restart()
+	return time.Now()
+}
+
 // A Postgres outage longer than a live run's lease: no run could renew its lease meanwhile, so when
 // Postgres is back the lease has run out, though its run lives (it renews or records within seconds). No
 // sweep takes that chunk until the sweeper's own lock has been held again for LivenessGrace: taken at once,
@@ -588,25 +616,13 @@ func TestAClaimThatStalledWhileTheChunkWasTakenIsNotSent(t *testing.T) {
 // renews is still taken once that time is over.
 func TestAfterAPostgresOutageALiveRunsExpiredLeaseWaitsForTheGrace(t *testing.T) {
 	t.Parallel()
-	pg, f := onPrivateServers(t)
+	pg, f, _, users, _ := leaseOfALiveRun(t)
 	ctx := context.Background()
-	live, _ := startLiveness(t, f)
-	users := f.batchUsers(t, 1)[:3]
-	epoch, err := Epoch(ctx, f.rdb)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := f.store.LeaseChunk(ctx, f.campaign(t), users, campaign.Lease{Batch: 1, Token: "live-run", Epoch: epoch, TTL: time.Second, Holder: live.Key()}); err != nil {
-		t.Fatal(err)
-	}
 	sweeper, _ := startLiveness(t, f)
 	const grace = 2 * time.Second
 	f.h.cfg.Liveness, f.h.cfg.LivenessGrace = sweeper, grace
 
-	pg.Crash()
-	time.Sleep(1500 * time.Millisecond) // the lease runs out while nobody can renew it
-	pg.Restart()
-	restarted := time.Now()
+	restarted := outliveTheLease(pg)
 	inHand := func() []string {
 		var got []string
 		if err := f.db.QueryRow(ctx, `SELECT lease_users FROM campaign_batches WHERE campaign_id = $1 AND batch = 1`, f.id).Scan(&got); err != nil {
@@ -686,21 +702,9 @@ func TestALiveRunsExpiredLeaseIsNotTakenOverByItsOwnProcess(t *testing.T) {
 // over.
 func TestAfterAPostgresOutageAnotherWorkerLeavesALiveRunsExpiredLeaseForTheGrace(t *testing.T) {
 	t.Parallel()
-	pg, f := onPrivateServers(t)
+	pg, f, live, users, epoch := leaseOfALiveRun(t)
 	ctx := context.Background()
-	live, _ := startLiveness(t, f)
-	users := f.batchUsers(t, 1)[:3]
-	epoch, err := Epoch(ctx, f.rdb)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := f.store.LeaseChunk(ctx, f.campaign(t), users, campaign.Lease{Batch: 1, Token: "live-run", Epoch: epoch, TTL: time.Second, Holder: live.Key()}); err != nil {
-		t.Fatal(err)
-	}
-	pg.Crash()
-	time.Sleep(1500 * time.Millisecond) // the lease runs out while nobody can renew it
-	pg.Restart()
-	restarted := time.Now()
+	restarted := outliveTheLease(pg)
 	waitUntil(t, 10*time.Second, "the live worker's lock held again", live.Held)
 	const grace = 2 * time.Second
 	other, _ := startLiveness(t, f) // a worker started now: its lock's first hold
