@@ -2,6 +2,7 @@ package worker
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
@@ -34,6 +35,23 @@ var _ supervisor.Observer = (*QueueObserver)(nil)
 // Observe implements supervisor.Observer.
 func (q *QueueObserver) Observe(ctx context.Context) (supervisor.Observation, error) {
 	o := supervisor.Observation{At: time.Now()}
+	all, err := q.Store.ListIn(ctx, campaign.StateRunning, campaign.StatePaused)
+	if err != nil {
+		return o, err
+	}
+	// A paused campaign's batches come back every 30 s only to find it paused, and go back to wait: they
+	// call for no worker. Counted, they made the supervisor start a worker for each such return under
+	// --min 0, and stop it again.
+	paused := map[int64]bool{}
+	for _, c := range all {
+		if c.State == campaign.StatePaused {
+			paused[c.ID] = true
+		}
+	}
+	waits := func(t *asynq.TaskInfo) bool {
+		var p BatchPayload
+		return len(paused) > 0 && t.Type == TaskBatch && json.Unmarshal(t.Payload, &p) == nil && paused[p.CampaignID]
+	}
 	insp := asynq.NewInspectorFromRedisClient(q.Redis)
 	queues, err := insp.Queues()
 	if err != nil {
@@ -48,14 +66,14 @@ func (q *QueueObserver) Observe(ctx context.Context) (supervisor.Observation, er
 		o.Pending, o.Active, o.Latency, o.Paused = info.Pending, info.Active, info.Latency, info.Paused
 		horizon := o.At.Add(q.Lookahead)
 		if info.Scheduled > 0 {
-			n, err := countDue(insp.ListScheduledTasks, horizon, q.DueLimit)
+			n, err := countDue(insp.ListScheduledTasks, horizon, q.DueLimit, waits)
 			if err != nil {
 				return o, fmt.Errorf("scheduled tasks: %w", err)
 			}
 			o.Due += n
 		}
 		if info.Retry > 0 && o.Due < q.DueLimit {
-			n, err := countDue(insp.ListRetryTasks, horizon, q.DueLimit-o.Due)
+			n, err := countDue(insp.ListRetryTasks, horizon, q.DueLimit-o.Due, waits)
 			if err != nil {
 				return o, fmt.Errorf("retry tasks: %w", err)
 			}
@@ -66,13 +84,12 @@ func (q *QueueObserver) Observe(ctx context.Context) (supervisor.Observation, er
 	if o.Beating, err = beatingHere(ctx, q.Redis); err != nil {
 		return o, err
 	}
-	all, err := q.Store.ListIn(ctx, campaign.StateRunning)
-	if err != nil {
-		return o, err
-	}
 	var running []supervisor.Running
 	var ids []int64
 	for _, c := range all {
+		if c.State != campaign.StateRunning {
+			continue
+		}
 		running = append(running, supervisor.Running{Provider: string(c.Channel), Rate: c.Rate})
 		ids = append(ids, c.ID)
 	}
@@ -102,8 +119,8 @@ func beatingHere(ctx context.Context, rdb redis.UniversalClient) (map[int]bool, 
 }
 
 // countDue counts the tasks of a sorted set (scheduled or retry, earliest first) that are due by horizon, up
-// to limit.
-func countDue(list func(string, ...asynq.ListOption) ([]*asynq.TaskInfo, error), horizon time.Time, limit int) (int, error) {
+// to limit, but those that skip says need no worker.
+func countDue(list func(string, ...asynq.ListOption) ([]*asynq.TaskInfo, error), horizon time.Time, limit int, skip func(*asynq.TaskInfo) bool) (int, error) {
 	const pageSize = 100
 	n := 0
 	for page := 1; n < limit; page++ {
@@ -118,7 +135,9 @@ func countDue(list func(string, ...asynq.ListOption) ([]*asynq.TaskInfo, error),
 			if t.NextProcessAt.After(horizon) || n >= limit {
 				return n, nil
 			}
-			n++
+			if !skip(t) {
+				n++
+			}
 		}
 		if len(tasks) < pageSize {
 			break

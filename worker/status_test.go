@@ -125,9 +125,25 @@ func TestQueueObserverReadsTheQueueAndTheCaps(t *testing.T) {
 		t.Errorf("observed %+v, %v; want 1 due (the limit), uncapped", o, err)
 	}
 
-	// A paused campaign is not running: no cap, no counters. A paused queue says so.
+	// A paused campaign is not running: no cap, no counters. Its batches that come back soon only to
+	// find it paused call for no worker (under --min 0 the supervisor started one for each such return);
+	// another campaign's batch due as soon still counts. A paused queue says so.
+	other, err := worker.NewBatchTask(c.ID+1000, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := client.Enqueue(other, asynq.ProcessIn(time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	q.DueLimit = 100
+	if o, err = q.Observe(ctx); err != nil || o.Due != 3 {
+		t.Fatalf("observed %+v, %v; want 3 due before the pause", o, err)
+	}
 	if _, err := worker.Pause(ctx, worker.PauseOptions{Store: e.store, Redis: e.rdb, CampaignID: c.ID}); err != nil {
 		t.Fatal(err)
+	}
+	if o, err = q.Observe(ctx); err != nil || o.Due != 1 {
+		t.Errorf("observed %+v, %v; want 1 due (the other campaign's batch), none of the paused campaign's", o, err)
 	}
 	if err := e.insp.PauseQueue(worker.Queue); err != nil {
 		t.Fatal(err)
