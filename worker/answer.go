@@ -117,14 +117,16 @@ func (h *Handler) settleRefusal(ctx context.Context, run *batchRun, m *metrics.S
 		if pe.BadAddress {
 			reason = campaign.InvalidAddressReason(reason)
 		}
+		if pe.NoConsent || pe.OptedOut {
+			// Kept in Postgres before the answer goes into the claims: once it is there, the chunk's
+			// outcomes can be settled from the claims (a kill, a sweep) without the refusal.
+			h.noConsent(ctx, run, pe, f.users, f.addrs)
+		}
 		if err := h.state.SettleMany(ctx, f.keys, run.nonce, f.values, repeat(state.ReasonValue(state.Failed, reason), n)); err != nil {
 			// Postgres holds the only record of the failure: it is committed durably (flush).
 			run.unclaimed = true
 		}
 		h.state.ReleaseMarks(ctx, run.c, run.nonce, f.addrs, f.at) //nolint:errcheck // nothing reached the person
-		if pe.NoConsent || pe.OptedOut {
-			h.noConsent(run, pe, f.users, f.addrs)
-		}
 		for _, u := range f.users {
 			run.add(campaign.Outcome{UserID: u, Status: campaign.StatusFailed, Reason: reason, Provider: pe.Provider, BadAddress: pe.BadAddress})
 		}
@@ -471,8 +473,11 @@ func backoff(attempt int, hint time.Duration, jitter func(time.Duration) time.Du
 // provider's word again (Twilio created no message, so no status callback follows). Before the first
 // attempt, the refusal is kept in Postgres (KeepPendingRefusal), in a table of its own that no import
 // holds: a process killed before the write lands leaves it there, and another worker writes it
-// (DrainRefusals).
-func (h *Handler) noConsent(run *batchRun, pe *providers.Error, users, addrs []string) {
+// (DrainRefusals). The first attempt to keep it is made here, before noConsent returns (the caller writes
+// the provider's answer into the claims after it): a kill right after the answer, before a goroutine ran,
+// lost the refusal while the claims made the recipients failed. Only when Postgres cannot take it then is
+// it kept in the background, before each write.
+func (h *Handler) noConsent(ctx context.Context, run *batchRun, pe *providers.Error, users, addrs []string) {
 	c := run.c
 	p := campaign.PendingRefusal{CampaignID: c.ID, UserIDs: users, Addrs: addrs, OptedOut: pe.OptedOut, Reason: pe.Reason(), At: time.Now(), Holder: h.holder()}
 	log := h.log.With("campaign_id", c.ID, "provider", pe.Provider, "to", providers.MaskAddress(addrs[0]), "err", p.Reason)
@@ -481,14 +486,26 @@ func (h *Handler) noConsent(run *batchRun, pe *providers.Error, users, addrs []s
 	// Without keys nothing will be written (a transactional message, a channel İYS does not govern):
 	// there is nothing to keep either.
 	kept := keys == nil
+	keepable := true
 	if !kept {
-		h.refusalsUnkept.Add(1)
+		id, err := h.keepRefusal(context.WithoutCancel(ctx), p)
+		switch {
+		case err == nil:
+			p.ID, kept = id, true
+		case campaign.RefusedForGood(err):
+			keepable = false
+			log.Error("a provider's refusal for want of consent cannot be kept in Postgres: a stop of this worker before it is written loses it", "error", err)
+		default:
+			log.Warn("a provider's refusal for want of consent is not kept in Postgres yet; tried again before each write", "error", err)
+		}
+		if !kept {
+			h.refusalsUnkept.Add(1)
+		}
 	}
 	h.consentPending.Add(1)
 	go func() {
 		defer h.consentPending.Done()
 		ctx := h.consentCtx
-		keepable := true
 		for try := 1; ; try++ {
 			if !kept && keepable {
 				id, err := h.keepRefusal(ctx, p)
@@ -499,8 +516,6 @@ func (h *Handler) noConsent(run *batchRun, pe *providers.Error, users, addrs []s
 				case campaign.RefusedForGood(err):
 					keepable = false
 					log.Error("a provider's refusal for want of consent cannot be kept in Postgres: a stop of this worker before it is written loses it", "error", err)
-				case try == 1 && ctx.Err() == nil:
-					log.Warn("a provider's refusal for want of consent is not kept in Postgres yet; tried again before each write", "error", err)
 				}
 			}
 			n, done, err := h.writeHeld(ctx, c, p, keys)

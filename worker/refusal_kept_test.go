@@ -78,16 +78,58 @@ func refusedUnderAnImport(t *testing.T, twilioText string) (f *fixture, killA, e
 		f.h.endConsentWrites()
 		f.h.consentPending.Wait()
 		stopA()
-		waitUntil(t, 5*time.Second, "worker A's liveness lock let go with its connection", func() bool {
-			var held bool
-			if err := f.db.QueryRow(context.Background(), `SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND granted AND objsubid = 1
-				AND classid::bigint = ($1::bigint >> 32) & 4294967295 AND objid::bigint = $1::bigint & 4294967295)`, la.Key()).Scan(&held); err != nil {
-				t.Fatal(err)
-			}
-			return !held
-		})
+		f.lockGone(t, la)
 	}
 	return f, killA, endImport
+}
+
+// lockGone waits until no session holds l's lock: its worker is gone, as after kill -9.
+func (f *fixture) lockGone(t *testing.T, l *Liveness) {
+	t.Helper()
+	waitUntil(t, 5*time.Second, "the worker's liveness lock let go with its connection", func() bool {
+		var held bool
+		if err := f.db.QueryRow(context.Background(), `SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND granted AND objsubid = 1
+			AND classid::bigint = ($1::bigint >> 32) & 4294967295 AND objid::bigint = $1::bigint & 4294967295)`, l.Key()).Scan(&held); err != nil {
+			t.Fatal(err)
+		}
+		return !held
+	})
+}
+
+// Order: the provider refuses u1 for want of consent (Netgsm 50) and u2 at creation with Twilio's 21610
+// (the person replied STOP), and worker A is killed right after the answers, before anything it leaves to
+// the background has run: here its background work is dead from the start. The recipients end failed all
+// the same (their claims hold the answers), and the refusals must not be lost with A: they are kept in
+// Postgres before the answers go into the claims, and worker B writes them once A's lock is gone. Before,
+// the refusal was first kept by a goroutine, and such a kill lost it: u2's number stayed ONAY, no refusal,
+// nothing queued for İYS, and the next campaign planned it again.
+func TestARefusalIsKeptBeforeTheAnswerReachesTheClaims(t *testing.T) {
+	t.Parallel()
+	f := plan(t, 10)
+	f.refuseTwo("Attempt to send to unsubscribed recipient")
+	la, stopA := startLiveness(t, f)
+	f.h.cfg.Liveness = la
+	waitUntil(t, 5*time.Second, "worker A's liveness lock held", la.Held)
+	f.h.endConsentWrites()
+	f.runAll(t)
+	for _, u := range []string{"u1", "u2"} {
+		if st, _, _ := f.status(t, u); st != campaign.StatusFailed {
+			t.Fatalf("%s %s, want failed", u, st)
+		}
+	}
+	if got := f.keptRefusals(t); got != 2 {
+		t.Fatalf("%d refusals kept in Postgres once the answers were in, want 2: a kill now loses them", got)
+	}
+	stopA()
+	f.lockGone(t, la)
+	b := f.secondWorker(t)
+	n, err := b.DrainRefusals(context.Background(), 20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if u1, refusals, queued := f.refusalsWritten(t); n != 2 || u1 != "RET" || refusals != 1 || queued != 1 {
+		t.Fatalf("worker B wrote %d refusals (want 2): u1's consent %s (want RET), u2's refusals %d (want 1), RETs queued %d (want 1)", n, u1, refusals, queued)
+	}
 }
 
 // secondWorker is worker B on f's campaign, with a liveness lock of its own.
