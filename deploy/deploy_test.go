@@ -1899,7 +1899,7 @@ func (c *checker) checkWebhooks(d obj[deployment], ct *container, cmd *cmdline, 
 	}
 	// The refusal spool must be writable under a read-only root: a volume mounted at --spool-dir or above.
 	if dir, ok := cmd.flags["--spool-dir"]; !ok {
-		c.addf(cw, "no --spool-dir: the default (under HOME) is not writable with a read-only root, and refusals Postgres cannot take within --store-wait would be answered 500")
+		c.addf(cw, "no --spool-dir: the default (under HOME) is not writable with a read-only root, and refusals Postgres cannot take would be held for --store-wait, then answered 500")
 	} else if dir != "" && !slices.ContainsFunc(ct.VolumeMounts, func(m volumeMount) bool {
 		return dir == m.MountPath || strings.HasPrefix(dir, strings.TrimSuffix(m.MountPath, "/")+"/")
 	}) {

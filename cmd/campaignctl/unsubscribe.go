@@ -82,7 +82,7 @@ type refusalSink struct {
 	pool  *pgxpool.Pool
 	brand string
 	log   *slog.Logger
-	// spool holds what Postgres could not take within --store-wait (nil: no spool): the providers'
+	// spool holds what Postgres could not take (nil: no spool): the providers'
 	// refusals through the receipts handlers, the one-click unsubscribes through unsubscribeHandler.
 	spool *receipts.Spool
 }
@@ -257,9 +257,9 @@ func unsubscribeHandler(signer *unsubscribe.Signer, store *campaign.Store, sink 
 			// Each click is a refusal of its own, dated when it came: one made after the person gave consent
 			// again outranks that consent.
 			c := oneClick{CampaignID: id, Nonce: link.Nonce, UserID: user, At: time.Now().UTC(), From: from}
-			// Held while Postgres cannot take it (a restart, a failover), as the providers' posts are
-			// (webhooks --store-wait), then held in the refusal spool: a mail client's one-click POST answered
-			// 503 may never come again.
+			// Held in the refusal spool while Postgres cannot take it (a restart, a failover), as the
+			// providers' posts are (without a spool, tried again for up to webhooks --store-wait): a mail
+			// client's one-click POST answered 503 may never come again.
 			// Recorded even when the mail client hangs up meanwhile, as the providers' posts are.
 			wctx, cancel := receipts.StoreContext(r.Context(), storeWait)
 			defer cancel()

@@ -98,14 +98,15 @@ decoded. The bodies being read at once are bounded per provider (beyond that: 50
 the provider posts again). Headers must arrive within ` + webhooksReadHeaderTimeout.String() + `, a body within 2s plus 1s per 256 KiB
 (else 408); an idle connection is closed after ` + webhooksIdleTimeout.String() + `.
 
-While Postgres cannot take what a request carries (a restart, a failover), the request is held and its
-receipts and refusals are tried again, for up to --store-wait. Twilio does not post an incoming SMS or
-a status callback again after a 500 unless its URL asks it to (connection overrides such as
-#rc=3&rp=5xx,ct on the webhook URL). So refusals and receipts Postgres still cannot take then are
-written to the spool (--spool-dir, one synced file a request) and the request is answered as recorded;
-they are recorded as soon as Postgres is back, by this process or by the next one started on the same
-directory. A one-click unsubscribe POST is held and spooled the same way. With a spool, webhooks also
-starts while Postgres is away. Without one (--spool-dir ''), such a request is answered 500.`,
+While Postgres cannot take what a request carries (a restart, a failover), its refusals and receipts are
+written to the spool (--spool-dir, one synced file a request) after one failed attempt, and the request is
+answered as recorded: Twilio does not post an incoming SMS or a status callback again after a 500 unless
+its URL asks it to (connection overrides such as #rc=3&rp=5xx,ct on the webhook URL). They are recorded
+as soon as Postgres is back (tried every 0.25 to 0.5 s), by this process or by the next one started on
+the same directory, so a stop or a crash meanwhile loses nothing. A one-click unsubscribe POST is spooled
+the same way. With a spool, webhooks also starts while Postgres is away. Without one (--spool-dir ''),
+such a request is held and tried again for up to --store-wait, then answered 500. On SIGTERM, the
+requests under way are answered before the process ends.`,
 		Example: `  TWILIO_AUTH_TOKEN=... SENDGRID_WEBHOOK_PUBLIC_KEY=... campaignctl webhooks --addr 127.0.0.1:8090
   campaignctl webhooks --addr 0.0.0.0:8090 --public-url https://hooks.example.com
   curl http://127.0.0.1:8090/stats                     # on the same machine
@@ -250,9 +251,15 @@ starts while Postgres is away. Without one (--spool-dir ''), such a request is a
 				h.SetSpool(spool)
 			}
 			srv := webhooksServer(webhooksMux(handlers, creds, log, extra, polled))
+			// On the way out, the requests under way are answered, what they carry recorded or held in the
+			// spool, before the process ends: Serve returns as soon as Shutdown begins, and a process that
+			// ended then dropped them (the provider got no answer, and Twilio does not post again). A
+			// request holds at most one attempt with a spool, the store wait and its margin without one.
+			shutDone := make(chan struct{})
 			go func() {
+				defer close(shutDone)
 				<-ctx.Done()
-				shut, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+				shut, cancel := context.WithTimeout(context.Background(), max(10*time.Second, storeWait+6*time.Second))
 				defer cancel()
 				srv.Shutdown(shut) //nolint:errcheck // best effort on the way out
 			}()
@@ -269,7 +276,7 @@ starts while Postgres is away. Without one (--spool-dir ''), such a request is a
 				fmt.Fprintf(a.stderr, "receiving %s at %s%s\n", what, shown, webhooksPaths[name])
 			}
 			if spool != nil {
-				fmt.Fprintf(a.stderr, "refusals Postgres cannot take within %v are held in %s until it can\n", storeWait, spool.Dir())
+				fmt.Fprintf(a.stderr, "refusals and receipts Postgres cannot take are held in %s until it can\n", spool.Dir())
 			}
 			if poller != nil {
 				fmt.Fprintf(a.stderr, "asking Netgsm for the reports of its messages every %v, while no other webhooks process on this database does\n", netgsmEvery)
@@ -280,6 +287,7 @@ starts while Postgres is away. Without one (--spool-dir ''), such a request is a
 			if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 				return err
 			}
+			<-shutDone
 			if err := context.Cause(ctx); errors.Is(err, campaign.ErrSchema) {
 				return err
 			}
@@ -290,8 +298,8 @@ starts while Postgres is away. Without one (--spool-dir ''), such a request is a
 	cmd.Flags().StringVar(&publicURL, "public-url", "", "the URL the providers call (scheme://host[:port][/prefix], no credentials), if not http://ADDR")
 	cmd.Flags().StringSliceVar(&keywords, "refusal-keywords", receipts.DefaultRefusalKeywords, "the first words that make an incoming SMS a refusal (case and İ/ı folded)")
 	cmd.Flags().DurationVar(&netgsmEvery, "netgsm-report-interval", 6*time.Second, "with NETGSM_USERCODE and NETGSM_PASSWORD: how often to ask Netgsm for reports (it answers 10 a minute); 0: never")
-	cmd.Flags().DurationVar(&storeWait, "store-wait", receipts.DefaultStoreWait, "how long a request whose receipts or refusals Postgres cannot take is held and tried again before it is answered 500; 0: at once")
-	cmd.Flags().StringVar(&spoolDir, "spool-dir", a.defaultSpoolDir(), "where refusals and receipts wait that Postgres could not take within --store-wait, to be recorded when it is back (in a subdirectory per database; the default is under $XDG_STATE_HOME, else ~/.local/state); '': none (such a post is answered 500)")
+	cmd.Flags().DurationVar(&storeWait, "store-wait", receipts.DefaultStoreWait, "without a spool: how long a request whose receipts or refusals Postgres cannot take is held and tried again before it is answered 500; 0: at once")
+	cmd.Flags().StringVar(&spoolDir, "spool-dir", a.defaultSpoolDir(), "where refusals and receipts wait that Postgres could not take, to be recorded when it is back (in a subdirectory per database; the default is under $XDG_STATE_HOME, else ~/.local/state); '': none (such a post is answered 500)")
 	cmd.Flags().StringVar(&authFile, "basic-auth-file", "", "file holding one line user:password (mode 600) that GET /stats takes from elsewhere than loopback (else $"+uiAuthEnv+")")
 	return cmd
 }

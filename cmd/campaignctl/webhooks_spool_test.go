@@ -116,11 +116,23 @@ func smsConsent(t *testing.T, pool *pgxpool.Pool, brand string, froms ...string)
 // returns the answer's status.
 func postRET(t *testing.T, base, from, sid string) int {
 	t.Helper()
+	req := retRequest(base, from, sid)
+	return hooksPost(t, req.URL.String(), req.Body, map[string]string{"Content-Type": req.Header.Get("Content-Type"),
+		"X-Twilio-Signature": req.Header.Get("X-Twilio-Signature")})
+}
+
+// retRequest is Twilio's incoming SMS "RET" from from (message sid) to the webhooks at base, signed.
+func retRequest(base, from, sid string) *http.Request {
 	form := url.Values{"MessageSid": {sid}, "SmsMessageSid": {sid}, "AccountSid": {"ACtest"}, "From": {from}, "To": {"+908501234567"},
 		"Body": {"RET"}, "NumMedia": {"0"}, "SmsStatus": {"received"}, "ApiVersion": {"2010-04-01"}}
 	target := base + twilioInboundPath
-	return hooksPost(t, target, strings.NewReader(form.Encode()), map[string]string{"Content-Type": "application/x-www-form-urlencoded",
-		"X-Twilio-Signature": twilioSig(hooksToken, target, form)})
+	req, err := http.NewRequest(http.MethodPost, target, strings.NewReader(form.Encode()))
+	if err != nil {
+		panic(err) // a URL of the test's own making
+	}
+	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	req.Header.Set("X-Twilio-Signature", twilioSig(hooksToken, target, form))
+	return req
 }
 
 // filepathWalk calls f with the name of every file under dir.
@@ -267,4 +279,47 @@ func TestAReceiptPostgresCannotTakeForLongIsSpooledAndSettlesAnUnknownRecipient(
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
+}
+
+// An RET posted while Postgres refuses connections goes to the spool after one failed attempt, with the
+// default --store-wait of 10 s: the post is answered 200 at once, with the refusal on disk. A process
+// stopped right after (a SIGTERM, a deploy; a kill -9 alike) loses nothing, and the next one records it.
+// Before, the request was held in memory for the whole store wait before it was spooled: a stop or kill
+// meanwhile dropped the connection unanswered, Twilio does not post an incoming SMS again, and the refusal
+// was lost (the consent stayed ONAY).
+func TestAnRETPostgresCannotTakeIsOnDiskBeforeItsAnswer(t *testing.T) {
+	t.Parallel()
+	pool, dbURL := testdb.New(t)
+	const brand, from = "654321", "+905551238891"
+	smsConsent(t, pool, brand, from)
+	spool := t.TempDir()
+	env := map[string]string{"DATABASE_URL": dbURL, "TWILIO_AUTH_TOKEN": hooksToken, "IYS_BRAND_CODE": brand}
+	args := []string{"webhooks", "--addr", "127.0.0.1:0", "--spool-dir", spool} // the default --store-wait
+	first := serveInProcess(t, env, hooksURLRe, args...)
+	back := refuseConnectionsFor(t, pool, 6*time.Second)
+	start := time.Now()
+	code := postRET(t, first.base, from, "SMin0000000000000000000000000000091")
+	took := time.Since(start)
+	held := 0
+	filepathWalk(t, spool, func(name string) {
+		if strings.HasSuffix(name, ".json") {
+			held++
+		}
+	})
+	if code != http.StatusOK || took > 4*time.Second || held != 1 {
+		t.Fatalf("an RET posted while Postgres refused connections: %d after %v, %d posts in the spool; want 200 within 4 s, with the post in the spool (not held in memory for the store wait)\n%s",
+			code, took.Round(time.Millisecond), held, first.stderr)
+	}
+	if err := first.stop(); err != nil {
+		t.Fatal(err)
+	}
+	<-back
+	serveInProcess(t, env, hooksURLRe, args...)
+	waitFor(t, 15*time.Second, func() bool { // the spooled RET recorded by the next process
+		var status string
+		if err := pool.QueryRow(t.Context(), `SELECT status FROM iys_consents WHERE recipient = $1 AND type = 'MESAJ'`, from).Scan(&status); err != nil {
+			t.Fatal(err)
+		}
+		return status == "RET" && countRows(t, pool, `SELECT count(*) FROM refusals WHERE recipient = '`+from+`'`) == 1
+	})
 }

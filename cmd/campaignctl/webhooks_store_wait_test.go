@@ -1,12 +1,15 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"os/exec"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -131,4 +134,60 @@ func TestAOneClickDuringAPostgresRestartIsRecordedWhenPostgresIsBack(t *testing.
 	if n := countRows(t, db, `SELECT count(*) FROM refusals WHERE recipient = '`+oneClickAddr+`'`); status != "RET" || n != 1 {
 		t.Fatalf("after the click (200 in %v): consent %s, %d refusals; want RET, 1", took, status, n)
 	}
+}
+
+// The process itself, stopped (SIGTERM) while it holds a request whose RET Postgres cannot take yet (no
+// spool: it is held for --store-wait): the request is answered before the process ends, here 200 once
+// Postgres takes connections again 2 s later, and the RET is recorded. Before, the process ended as soon
+// as its server began to shut down, and the post got no answer at all: the provider's connection was cut,
+// Twilio does not post an incoming SMS again, and the refusal was lost.
+func TestAStoppedWebhooksAnswersTheRequestsItHolds(t *testing.T) {
+	t.Parallel()
+	pool, dbURL := testdb.New(t)
+	const brand, from = "654321", "+905551238893"
+	smsConsent(t, pool, brand, from)
+	addr := freeAddr(t)
+	cmd := exec.Command(binary(t), "webhooks", "--addr", addr, "--spool-dir", "", "--store-wait", "8s")
+	cmd.Env = []string{"DATABASE_URL=" + dbURL, "TWILIO_AUTH_TOKEN=" + hooksToken, "IYS_BRAND_CODE=" + brand, "HOME=" + t.TempDir()}
+	var logs bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &logs, &logs
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan struct{})
+	go func() { cmd.Wait(); close(exited) }() //nolint:errcheck // how it ended is not the question
+	t.Cleanup(func() {
+		cmd.Process.Kill() //nolint:errcheck // ended already, unless the test failed
+		<-exited
+	})
+	waitFor(t, 10*time.Second, func() bool { return listening(addr) })
+	back := refuseConnectionsFor(t, pool, 2*time.Second)
+	answered := make(chan int, 1)
+	go func() { answered <- postRETOnce("http://"+addr, from, "SMin0000000000000000000000000000093") }()
+	time.Sleep(500 * time.Millisecond) // the request is held, Postgres still refuses
+	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	if code := <-answered; code != http.StatusOK {
+		t.Fatalf("the RET held when the process was stopped: answer %d (0: none, the connection cut), want 200 once Postgres took it\n%s", code, logs.String())
+	}
+	<-back
+	select {
+	case <-exited:
+	case <-time.After(20 * time.Second):
+		t.Fatalf("the stopped process did not end once its requests were answered\n%s", logs.String())
+	}
+	if got := countRows(t, pool, `SELECT count(*) FROM refusals WHERE recipient = '`+from+`'`); got != 1 {
+		t.Fatalf("%d refusals recorded, want 1", got)
+	}
+}
+
+// postRETOnce is postRET from a goroutine: no test failure, the status, or 0 when no answer came.
+func postRETOnce(base, from, sid string) int {
+	resp, err := (&http.Client{Timeout: 30 * time.Second}).Do(retRequest(base, from, sid))
+	if err != nil {
+		return 0
+	}
+	resp.Body.Close()
+	return resp.StatusCode
 }

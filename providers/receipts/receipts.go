@@ -431,28 +431,41 @@ func StoreContext(req context.Context, wait time.Duration) (context.Context, con
 	return context.WithTimeout(context.WithoutCancel(req), wait+storeMargin)
 }
 
-// StoreOrHold is Store, then, when write still fails with an error not marked Final and hold is not nil,
-// hold: the request's writes put in a Spool, to be recorded when the sink takes them again (the sink did
-// not within the wait: Postgres down longer than a restart). held says they were, and the request may be
-// answered as recorded, since a provider that does not post it again would lose it. Otherwise it returns
-// write's last error.
+// StoreOrHold runs write once and, when it fails with an error not marked Final and hold is not nil,
+// holds the request's writes in a Spool at once (hold), to be recorded when the sink takes them again (the
+// spool tries every 0.25 to 0.5 s): held says they were, and the request may be answered as recorded,
+// since a provider that does not post it again would lose it. That one attempt is bounded by holdAfter.
+// Without hold it is Store: write is tried again for up to wait, and its last error returned.
+//
+// The request is not held in memory while Postgres is away when there is a spool: a process stopped or
+// killed meanwhile lost what it held (the provider got no answer, and Twilio does not post again), while
+// a file in the spool is recorded by the next process started on it.
 func StoreOrHold(ctx context.Context, wait time.Duration, log *slog.Logger, what string, write func(context.Context) error, hold func() error) (held bool, err error) {
+	if hold == nil {
+		return false, Store(ctx, wait, log, what, write)
+	}
 	final := false
-	err = Store(ctx, wait, log, what, func(ctx context.Context) error {
+	actx, cancel := context.WithTimeout(ctx, holdAfter)
+	err = Store(actx, 0, log, what, func(ctx context.Context) error {
 		err := write(ctx)
 		final = IsFinal(err)
 		return err
 	})
-	if err == nil || final || hold == nil {
+	cancel()
+	if err == nil || final {
 		return false, err
 	}
 	if herr := hold(); herr != nil {
-		log.Error("the spool cannot hold the "+what+" either", "err", herr)
-		return false, err
+		log.Error("the spool cannot hold the "+what+" either; tried again for up to the store wait", "err", herr)
+		return false, Store(ctx, wait, log, what, write)
 	}
 	log.Warn(what+" not recorded: Postgres cannot take them; held in the spool, recorded when it is back", "err", err)
 	return true, nil
 }
+
+// holdAfter bounds the one attempt StoreOrHold makes before it holds a request's writes in the spool: a
+// Postgres that takes connections but answers nothing must not hold the request either.
+const holdAfter = 3 * time.Second
 
 // sinkFailed answers 500, so that the provider delivers the request again.
 func (h *Handler) sinkFailed(w http.ResponseWriter, msg, what string, n int, err error) {
