@@ -528,15 +528,19 @@ func holderLocked(col string) string {
 		  AND l.classid::bigint = (` + col + ` >> 32) & 4294967295 AND l.objid::bigint = ` + col + ` & 4294967295)`
 }
 
-// holderBack is the SQL condition that the advisory lock of the holder key in col is held by a session
-// that began less than graceMs milliseconds ago: the holder's process took its lock back a moment ago.
+// holderBack is the SQL condition that a lease of the holder key in col that ran out may still belong to
+// a run that lives, for graceMs milliseconds after Postgres came back: the Postgres server started less
+// than that ago (a restart, crash recovery: no run could renew its lease while it was down, and every
+// holder takes its lock back within about a second, before which its lock is simply missing), or the
+// holder's lock is held by a session that began less than that ago (its connection broke, a failover).
 // A session of another role whose start Postgres does not show counts as old.
 func holderBack(col, graceMs string) string {
-	return `EXISTS (SELECT 1 FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
+	return `(pg_postmaster_start_time() > now() - ` + graceMs + ` * interval '1 millisecond'
+		OR EXISTS (SELECT 1 FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
 		WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
 		  AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
 		  AND l.classid::bigint = (` + col + ` >> 32) & 4294967295 AND l.objid::bigint = ` + col + ` & 4294967295
-		  AND a.backend_start > now() - ` + graceMs + ` * interval '1 millisecond')`
+		  AND a.backend_start > now() - ` + graceMs + ` * interval '1 millisecond'))`
 }
 
 // HoldLiveness takes, on conn, the session advisory lock of key (Lease.Holder) that tells the sweep of

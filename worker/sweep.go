@@ -25,7 +25,7 @@ import (
 // Redis lost its data meanwhile, its recipients could only be marked unknown. It sends nothing. It returns
 // how many recipients it settled or freed.
 func (h *Handler) Sweep(ctx context.Context) (int, error) {
-	if l := h.cfg.Liveness; l != nil && l.Gen() > 1 && l.HeldFor() < h.cfg.LivenessGrace {
+	if l := h.cfg.Liveness; l != nil && (!l.Held() || l.Gen() > 1 && l.HeldFor() < h.cfg.LivenessGrace) {
 		// Postgres came back a moment ago (a restart, a failover): this process's own lock went with it and
 		// is held again. While Postgres was away no run could renew its lease, so every lease may have run
 		// out; the live runs renew theirs, or record their chunks (record), within seconds of its return.
@@ -33,7 +33,9 @@ func (h *Handler) Sweep(ctx context.Context) (int, error) {
 		// meanwhile: its recipients never sent would become unknown. So expired leases wait, as gone
 		// holders do (goneHolders), until the lock has been held again for LivenessGrace. A process that
 		// has just started (its first hold) sweeps expired leases at once: a dead run's chunk is settled
-		// before Redis can lose its claims.
+		// before Redis can lose its claims. A process whose lock is not held (lost, not held again yet)
+		// sweeps nothing either: Postgres may have come back a moment ago, before the live holders took
+		// their locks back, and their leases that ran out would look like a dead process's.
 		return 0, nil
 	}
 	gone, err := h.goneHolders(ctx)
