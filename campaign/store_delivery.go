@@ -6,6 +6,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/campaignctl/campaignctl/internal/pgtext"
 )
 
@@ -125,25 +127,16 @@ var recordDeliveriesSQL = `
 			SELECT *, ` + deliveryRank("status") + ` AS rank
 			FROM unnest($1::text[], $2::text[], $3::bigint[], $4::text[], $5::text[], $6::text[], $7::text[], $8::timestamptz[], $9::text[], $10::bigint[])
 				WITH ORDINALITY AS d(provider, msgid, campaign_id, user_id, status, error, event_id, at, address, created_us, ord)
-		), fresh AS (
-			INSERT INTO receipt_events (provider, event_id)
-			SELECT DISTINCT provider, event_id FROM d WHERE event_id <> ''
-			ON CONFLICT DO NOTHING
-			RETURNING provider, event_id
 		), todo AS (
-			-- Every receipt is matched (so that a stray one is told apart even when delivered again); only
-			-- the fresh ones (an event not seen before) are applied.
-			-- A join, not EXISTS in the select list: that would scan fresh once per receipt.
-			SELECT d.*, d.event_id = '' OR f.event_id IS NOT NULL AS new
-			FROM d LEFT JOIN fresh f ON f.provider = d.provider AND f.event_id = d.event_id
-		), keyed AS (
+			SELECT d.* FROM d
+		), keyed0 AS (
 			-- Two joins rather than one with OR, so that each uses its index: the primary key, or the audit
 			-- entry that recorded the message ID (the recipient rows keep no index on it, see migration 0012)
 			-- of a send whose receipts do not name their recipient (the others name it, and only theirs
 			-- are indexed: migration 0014), then the primary key.
 			-- Each a lookup per receipt (OFFSET 0 keeps the subquery a lookup): keyed is read twice, so it is
 			-- planned on its own, where a join could hash the whole recipients table.
-			SELECT d.ord, d.new, r.campaign_id, r.user_id, r.was, d.msgid, d.status, d.error, d.at, d.rank
+			SELECT d.ord, r.campaign_id, r.user_id, r.was, d.msgid, d.status, d.error, d.at, d.rank
 			FROM todo d JOIN LATERAL (
 				SELECT r.campaign_id, r.user_id, r.status AS was FROM campaign_recipients r
 				WHERE r.campaign_id = d.campaign_id AND r.user_id = d.user_id
@@ -157,13 +150,35 @@ var recordDeliveriesSQL = `
 				OFFSET 0) r ON true
 			WHERE d.campaign_id > 0
 			UNION ALL
-			SELECT d.ord, d.new, r.campaign_id, r.user_id, r.status AS was, d.msgid, d.status, d.error, d.at, d.rank
+			SELECT d.ord, r.campaign_id, r.user_id, r.status AS was, d.msgid, d.status, d.error, d.at, d.rank
 			FROM todo d
 			JOIN LATERAL (SELECT DISTINCT l.campaign_id, l.user_id FROM send_log l
 				WHERE hashtext(l.provider_message_id) = hashtext(d.msgid) AND l.provider_message_id IS NOT NULL
 				  AND NOT l.receipt_keyed AND l.provider_message_id = d.msgid) l ON true
 			JOIN campaign_recipients r ON r.campaign_id = l.campaign_id AND r.user_id = l.user_id AND r.provider_message_id = d.msgid
 			WHERE d.campaign_id = 0 AND d.msgid <> ''
+		), fresh AS (
+			-- Every receipt is matched (so that a stray one is told apart even when delivered again); only
+			-- the fresh ones (an event not seen before) are applied. Only a receipt that names a recipient
+			-- counts as seen: one that came before its send was recorded is applied when it comes again
+			-- (early below, or the provider's repeat).
+			INSERT INTO receipt_events (provider, event_id)
+			SELECT DISTINCT d.provider, d.event_id FROM d
+			WHERE d.event_id <> '' AND d.ord IN (SELECT ord FROM keyed0)
+			ON CONFLICT DO NOTHING
+			RETURNING provider, event_id
+		), keyed AS (
+			-- A join, not EXISTS in the select list: that would scan fresh once per receipt.
+			SELECT k.*, d.event_id = '' OR f.event_id IS NOT NULL AS new
+			FROM keyed0 k JOIN d ON d.ord = k.ord
+			LEFT JOIN fresh f ON f.provider = d.provider AND f.event_id = d.event_id
+		), early AS (
+			-- A receipt that names only a message ID no recorded send carries yet: kept, to be applied again
+			-- once the worker has recorded its send (RetryEarlyReceipts).
+			INSERT INTO early_receipts (provider, event_id, message_id, status, error, at)
+			SELECT DISTINCT ON (d.provider, d.event_id) d.provider, d.event_id, d.msgid, d.status, coalesce(d.error, ''), d.at FROM d
+			WHERE d.campaign_id = 0 AND d.msgid <> '' AND d.event_id <> '' AND d.ord NOT IN (SELECT ord FROM keyed0)
+			ON CONFLICT DO NOTHING
 		), best AS (
 			SELECT DISTINCT ON (campaign_id, user_id) * FROM keyed WHERE new ORDER BY campaign_id, user_id, rank DESC, at DESC
 		), upd AS (
@@ -208,7 +223,74 @@ var recordDeliveriesSQL = `
 		)
 		SELECT (SELECT count(*) FROM upd),
 			-- The receipts that named no recipient of ours (a stray callback), delivered again or not.
-			array(SELECT ord::int FROM todo WHERE NOT EXISTS (SELECT 1 FROM keyed k WHERE k.ord = todo.ord) ORDER BY ord)`
+			array(SELECT ord::int FROM todo WHERE NOT EXISTS (SELECT 1 FROM keyed0 k WHERE k.ord = todo.ord) ORDER BY ord)`
+
+// EarlyReceiptsKept is how long RetryEarlyReceipts keeps a receipt that came before its send was
+// recorded: longer than a worker holds its chunk's outcomes while Postgres is away (worker --record-wait,
+// 2 minutes by default) and a lease with them.
+const EarlyReceiptsKept = 15 * time.Minute
+
+// EarlyReceipts is what RetryEarlyReceipts did.
+type EarlyReceipts struct {
+	// Applied counts the receipts that now named a recorded send (and were applied, unless seen already).
+	Applied int
+	// Waiting counts those tried again that still named no recipient (their send's row not written yet).
+	Waiting int
+	// Dropped counts those older than the age given, which no recorded send ever carried: strays.
+	Dropped int
+}
+
+// RetryEarlyReceipts applies again, with RecordDeliveries, up to limit of the receipts that named only a
+// message ID no recorded send carried when they came (early_receipts, oldest first): the worker may have
+// recorded the send since. Those applied are forgotten, and so are those older than maxAge.
+func (s *Store) RetryEarlyReceipts(ctx context.Context, limit int, maxAge time.Duration) (EarlyReceipts, error) {
+	var res EarlyReceipts
+	tag, err := s.pool.Exec(ctx, `DELETE FROM early_receipts WHERE received_at < now() - $1 * interval '1 millisecond'`, maxAge.Milliseconds())
+	if err != nil {
+		return res, fmt.Errorf("early receipts: %w", err)
+	}
+	res.Dropped = int(tag.RowsAffected())
+	// Only those whose message ID a recorded send now carries (through the audit's message-ID index, as
+	// RecordDeliveries finds them): receipts of messages some other sender on the provider account sent
+	// wait here too, and are not tried again every time.
+	rows, err := s.pool.Query(ctx, `SELECT e.provider, e.event_id, e.message_id, e.status, e.error, e.at FROM early_receipts e
+		WHERE EXISTS (SELECT 1 FROM send_log l WHERE hashtext(l.provider_message_id) = hashtext(e.message_id)
+			AND l.provider_message_id IS NOT NULL AND NOT l.receipt_keyed AND l.provider_message_id = e.message_id)
+		ORDER BY e.received_at LIMIT $1`, limit)
+	if err != nil {
+		return res, fmt.Errorf("early receipts: %w", err)
+	}
+	ds, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Delivery, error) {
+		var d Delivery
+		return d, row.Scan(&d.Provider, &d.EventID, &d.MessageID, &d.Status, &d.Error, &d.At)
+	})
+	if err != nil || len(ds) == 0 {
+		return res, err
+	}
+	applied, err := s.RecordDeliveries(ctx, ds)
+	if err != nil {
+		return res, err
+	}
+	res.Waiting = len(applied.Unmatched)
+	res.Applied = len(ds) - res.Waiting
+	unmatched := map[int]bool{}
+	for _, i := range applied.Unmatched {
+		unmatched[i] = true
+	}
+	var provs, events []string
+	for i, d := range ds {
+		if !unmatched[i] {
+			provs, events = append(provs, d.Provider), append(events, d.EventID)
+		}
+	}
+	if len(provs) > 0 {
+		if _, err := s.pool.Exec(ctx, `DELETE FROM early_receipts e USING unnest($1::text[], $2::text[]) AS x(provider, event_id)
+			WHERE e.provider = x.provider AND e.event_id = x.event_id`, provs, events); err != nil {
+			return res, fmt.Errorf("early receipts: %w", err)
+		}
+	}
+	return res, nil
+}
 
 // DeliveryCounts returns how many of the campaign's recipients the receipts say were delivered, and how
 // many were not (undelivered, failed, bounced, dropped).

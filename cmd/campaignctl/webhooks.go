@@ -213,6 +213,7 @@ requests under way are answered before the process ends.`,
 				defer os.Remove(dir) //nolint:errcheck
 			}
 			go watchOutbox(ctx, engine, log)
+			go retryEarlyReceipts(ctx, campaign.NewStore(engine), earlyReceiptsEvery, log)
 			var poller *receipts.NetgsmPoller
 			if reporter != nil {
 				poller = netgsmPoller(reporter, campaign.NewStore(engine), deliveries, netgsmEvery, log)
@@ -693,4 +694,43 @@ func holdAndRun(ctx context.Context, pool *pgxpool.Pool, poll func(context.Conte
 	cancel()
 	<-watched
 	return true, gaveUp, nil
+}
+
+// earlyReceiptsEvery is how often webhooks applies again the receipts that came before their sends were
+// recorded.
+const earlyReceiptsEvery = 2 * time.Second
+
+// retryEarlyReceipts applies, every every, the receipts that named only a message ID no recorded send
+// carried when they came (campaign.Store.RetryEarlyReceipts): the worker records its chunk's sends after
+// the provider's answers, and a receipt may come first. Those that no send carries after
+// campaign.EarlyReceiptsKept are dropped as strays.
+func retryEarlyReceipts(ctx context.Context, store *campaign.Store, every time.Duration, log *slog.Logger) {
+	t := time.NewTicker(every)
+	defer t.Stop()
+	failing := false
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		res, err := store.RetryEarlyReceipts(ctx, 5000, campaign.EarlyReceiptsKept)
+		switch {
+		case err != nil && ctx.Err() == nil:
+			if !failing {
+				log.Warn("receipts that came before their sends were recorded cannot be applied yet; trying again", "err", err)
+			}
+			failing = true
+			continue
+		case err != nil:
+			return
+		}
+		failing = false
+		if res.Applied > 0 {
+			log.Info("receipts that came before their sends were recorded applied", "receipts", res.Applied, "waiting", res.Waiting)
+		}
+		if res.Dropped > 0 {
+			log.Warn("receipts that named no message sent by this engine for "+campaign.EarlyReceiptsKept.String()+" dropped", "receipts", res.Dropped)
+		}
+	}
 }

@@ -357,7 +357,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			// One line a request, with its first stray: a campaign's late receipts after its database was
 			// re-created come by the thousand.
 			rc := b.receipts[unmatched[0]]
-			h.log.Warn("receipt names no message sent by this engine; ignored", "provider", h.provider, "receipts", len(unmatched),
+			h.log.Warn("receipt names no message recorded by this engine (yet): one that names only a message ID is applied once its send is recorded, the others are ignored", "provider", h.provider, "receipts", len(unmatched),
 				"message_id", rc.MessageID, "campaign_id", rc.CampaignID, "user_id", providers.MaskUserID(rc.UserID), "status", rc.Status)
 		}
 	}
