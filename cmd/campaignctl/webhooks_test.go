@@ -805,3 +805,40 @@ func TestDeliveryBatcherGivesEachRequestItsOwnStrays(t *testing.T) {
 		t.Errorf("%d recipients delivered, want the 5 named", n)
 	}
 }
+
+// A Twilio status callback that names only its message SID (a callback set on the account) and comes
+// before the worker has recorded the send is kept, and webhooks applies it by itself once the send is
+// recorded: the recipient gets its delivery without the provider posting again.
+func TestWebhooksApplyAReceiptThatCameBeforeItsSend(t *testing.T) {
+	t.Parallel()
+	db, dbURL := testdb.New(t)
+	env := map[string]string{"DATABASE_URL": dbURL, "TWILIO_AUTH_TOKEN": hooksToken}
+	hooks := serveInProcess(t, env, hooksURLRe, "webhooks", "--addr", "127.0.0.1:0", "--spool-dir", "")
+	const sid = "SMeeee0000000000000000000000000001"
+	target := hooks.base + twilioReceiptPath
+	form := hooksCallback(sid)
+	if code := hooksPost(t, target, strings.NewReader(form.Encode()), map[string]string{"Content-Type": "application/x-www-form-urlencoded",
+		"X-Twilio-Signature": twilioSig(hooksToken, target, form)}); code != http.StatusNoContent {
+		t.Fatalf("the status callback: %d, want 204", code)
+	}
+	// The worker records the send now: the recipient's row and its audit entry with the SID.
+	ctx := t.Context()
+	for _, sql := range []string{
+		`INSERT INTO campaign_recipients (campaign_id, user_id, address, batch, status, provider_message_id) VALUES (1, 'u1', '+905551234567', 0, 'sent', '` + sid + `')`,
+		`INSERT INTO send_log (campaign_id, user_id, status, provider_message_id) VALUES (1, 'u1', 'sent', '` + sid + `')`,
+	} {
+		if _, err := db.Exec(ctx, sql); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitFor(t, 10*time.Second, func() bool {
+		var delivery *string
+		if err := db.QueryRow(ctx, `SELECT delivery FROM campaign_recipients WHERE campaign_id = 1 AND user_id = 'u1'`).Scan(&delivery); err != nil {
+			t.Fatal(err)
+		}
+		return delivery != nil && *delivery == "delivered"
+	})
+	if !strings.Contains(hooks.stderr.String(), "receipts that came before their sends were recorded applied") {
+		t.Errorf("webhooks did not log the receipt it applied:\n%s", hooks.stderr)
+	}
+}
