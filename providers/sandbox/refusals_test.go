@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"io"
 	"log/slog"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -258,13 +257,9 @@ func TestSendGridRefusalEventRefused(t *testing.T) {
 		}
 	}
 
-	// A receiver that is gone: 502, with what would have been posted.
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	gone := "http://" + ln.Addr().String() + "/events"
-	ln.Close()
+	// A receiver that is gone: 502, with what would have been posted. Port 1 (privileged, nothing listens):
+	// a port taken and let go again may be handed to another test's server at once.
+	gone := "http://127.0.0.1:1/events"
 	_, srv = newSendGridSandbox(t, sandbox.Options{SendGridEventURL: gone})
 	res = sandbox.SendGridEventResult{}
 	if code := controlPost(t, srv.URL+"/_sandbox/sendgrid/events", `{"event":"unsubscribe","email":"a@example.com"}`, &res); code != http.StatusBadGateway ||
@@ -389,13 +384,8 @@ func TestTwilioInboundRefused(t *testing.T) {
 	}
 	rv.noRefusal(t)
 
-	// A receiver that is gone: 502, with the form that would have been posted.
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	gone := "http://" + ln.Addr().String() + "/in"
-	ln.Close()
+	// A receiver that is gone: 502, with the form that would have been posted (port 1, as above).
+	gone := "http://127.0.0.1:1/in"
 	_, srv = newTwilioSandbox(t, sandbox.Options{TwilioInboundURL: gone})
 	res = sandbox.TwilioInboundResult{}
 	if code := controlPost(t, srv.URL+"/_sandbox/twilio/inbound", body, &res); code != http.StatusBadGateway || res.Status != 0 || res.Error == "" || res.Form["Body"] != "RET" {
