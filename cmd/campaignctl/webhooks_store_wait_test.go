@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"log/slog"
@@ -18,6 +17,7 @@ import (
 
 	"github.com/campaignctl/campaignctl/campaign"
 	"github.com/campaignctl/campaignctl/internal/testdb"
+	"github.com/campaignctl/campaignctl/internal/testlog"
 	"github.com/campaignctl/campaignctl/internal/unsubscribe"
 	"github.com/campaignctl/campaignctl/providers/receipts"
 )
@@ -149,8 +149,8 @@ func TestAStoppedWebhooksAnswersTheRequestsItHolds(t *testing.T) {
 	addr := freeAddr(t)
 	cmd := exec.Command(binary(t), "webhooks", "--addr", addr, "--spool-dir", "", "--store-wait", "8s")
 	cmd.Env = []string{"DATABASE_URL=" + dbURL, "TWILIO_AUTH_TOKEN=" + hooksToken, "IYS_BRAND_CODE=" + brand, "HOME=" + t.TempDir()}
-	var logs bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &logs, &logs
+	logs := &testlog.Buffer{}
+	cmd.Stdout, cmd.Stderr = logs, logs
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -164,7 +164,8 @@ func TestAStoppedWebhooksAnswersTheRequestsItHolds(t *testing.T) {
 	back := refuseConnectionsFor(t, pool, 2*time.Second)
 	answered := make(chan int, 1)
 	go func() { answered <- postRETOnce("http://"+addr, from, "SMin0000000000000000000000000000093") }()
-	time.Sleep(500 * time.Millisecond) // the request is held, Postgres still refuses
+	// The request is held: its write failed once and is tried again, Postgres still refusing.
+	waitFor(t, 10*time.Second, func() bool { return strings.Contains(logs.String(), "record refusals failed; trying again") })
 	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
