@@ -300,7 +300,7 @@ requests under way are answered before the process ends.`,
 	cmd.Flags().StringSliceVar(&keywords, "refusal-keywords", receipts.DefaultRefusalKeywords, "the first words that make an incoming SMS a refusal (case and İ/ı folded)")
 	cmd.Flags().DurationVar(&netgsmEvery, "netgsm-report-interval", 6*time.Second, "with NETGSM_USERCODE and NETGSM_PASSWORD: how often to ask Netgsm for reports (it answers 10 a minute); 0: never")
 	cmd.Flags().DurationVar(&storeWait, "store-wait", receipts.DefaultStoreWait, "without a spool: how long a request whose receipts or refusals Postgres cannot take is held and tried again before it is answered 500; 0: at once")
-	cmd.Flags().StringVar(&spoolDir, "spool-dir", a.defaultSpoolDir(), "where refusals and receipts wait that Postgres could not take, to be recorded when it is back (in a subdirectory per database; the default is under $XDG_STATE_HOME, else ~/.local/state); '': none (such a post is answered 500)")
+	cmd.Flags().StringVar(&spoolDir, "spool-dir", a.defaultSpoolDir(), "where refusals and receipts wait that Postgres could not take, to be recorded when it is back (in a subdirectory per database; the default is under $XDG_STATE_HOME, else ~/.local/state); '': none (such a post is held for --store-wait, then answered 500)")
 	cmd.Flags().StringVar(&authFile, "basic-auth-file", "", "file holding one line user:password (mode 600) that GET /stats takes from elsewhere than loopback (else $"+uiAuthEnv+")")
 	return cmd
 }

@@ -138,7 +138,7 @@ func TestAOneClickDuringAPostgresRestartIsRecordedWhenPostgresIsBack(t *testing.
 
 // The process itself, stopped (SIGTERM) while it holds a request whose RET Postgres cannot take yet (no
 // spool: it is held for --store-wait): the request is answered before the process ends, here 200 once
-// Postgres takes connections again 2 s later, and the RET is recorded. Before, the process ended as soon
+// Postgres takes connections again 4 s later, and the RET is recorded. Before, the process ended as soon
 // as its server began to shut down, and the post got no answer at all: the provider's connection was cut,
 // Twilio does not post an incoming SMS again, and the refusal was lost.
 func TestAStoppedWebhooksAnswersTheRequestsItHolds(t *testing.T) {
@@ -161,7 +161,7 @@ func TestAStoppedWebhooksAnswersTheRequestsItHolds(t *testing.T) {
 		<-exited
 	})
 	waitFor(t, 10*time.Second, func() bool { return listening(addr) })
-	back := refuseConnectionsFor(t, pool, 2*time.Second)
+	back := refuseConnectionsFor(t, pool, 4*time.Second) // long enough for the post to arrive under load
 	answered := make(chan int, 1)
 	go func() { answered <- postRETOnce("http://"+addr, from, "SMin0000000000000000000000000000093") }()
 	// The request is held: its write failed once and is tried again, Postgres still refusing.
