@@ -52,7 +52,7 @@ func TestEndToEndEmailCampaign(t *testing.T) {
 			FROM generate_series(1, 6300) i`,
 		`GRANT SELECT ON customers TO campaignctl_audience`,
 		`INSERT INTO iys_consents (recipient, type, recipient_type, status, source, consent_date)
-			SELECT lower(email), 'EPOSTA', 'BIREYSEL', 'ONAY', 'HS_WEB', now() FROM customers WHERE substr(user_id, 2)::int <= 6000`,
+			SELECT lower(email), 'EPOSTA', 'BIREYSEL', 'ONAY', 'HS_WEB', now() - interval '1 day' FROM customers WHERE substr(user_id, 2)::int <= 6000`,
 		`INSERT INTO iys_sync_state (source, last_success_at) VALUES ('import', now())`,
 	} {
 		if _, err := db.Exec(ctx, sql); err != nil {
