@@ -314,12 +314,19 @@ func TestARunSendsNothingWhileItsProcessHasLostItsLock(t *testing.T) {
 // test's own, which it may crash and restart.
 func onPrivateServers(t *testing.T) (*testpg.Server, *fixture) {
 	t.Helper()
+	pg, _, f := privateServers(t, 8)
+	return pg, f
+}
+
+// privateServers is onPrivateServers in batches of batchSize, with the Redis server too.
+func privateServers(t *testing.T, batchSize int) (*testpg.Server, *testredis.Server, *fixture) {
+	t.Helper()
 	pg := testpg.Start(t)
 	db, _ := pg.Migrated("campaignctl")
 	red := testredis.StartServer(t)
 	rdb := redis.NewClient(&redis.Options{Addr: red.Addr()})
 	t.Cleanup(func() { rdb.Close() })
-	return pg, planOn(t, db, rdb, 30, func(s *campaign.Spec) { s.BatchSize = 8 }, nil)
+	return pg, red, planOn(t, db, rdb, 30, func(s *campaign.Spec) { s.BatchSize = batchSize }, nil)
 }
 
 // A Postgres crash lets every liveness lock go, the sweeping worker's own, the live workers' and a dead

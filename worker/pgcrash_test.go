@@ -99,13 +99,9 @@ type pgCrash struct {
 
 func newPGCrash(t *testing.T, edit ...func(*Config)) *pgCrash {
 	t.Helper()
-	pg := testpg.Start(t)
-	db, _ := pg.Migrated("campaignctl")
-	red := testredis.StartServer(t)
-	rdb := redis.NewClient(&redis.Options{Addr: red.Addr()})
-	t.Cleanup(func() { rdb.Close() })
 	// 30 customers: 16 eligible (no RET, a consent row), all in batch 0.
-	f := planOn(t, db, rdb, 30, func(s *campaign.Spec) { s.BatchSize = 30 }, nil)
+	pg, red, f := privateServers(t, 30)
+	rdb := f.rdb
 
 	const sid, token = "ACcrash0000000000000000000000001", "crashTestToken01"
 	sb := sandbox.New(sandbox.Options{TwilioAccountSID: sid, TwilioAuthToken: token})
