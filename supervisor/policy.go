@@ -35,6 +35,9 @@ type Observation struct {
 	// Beating holds the process IDs, on this machine, of the workers whose heartbeat is live; nil when not
 	// known (then no worker is judged hung: see Config.HungAfter).
 	Beating map[int]bool
+	// Supervisors is how many supervisors size pools from this queue, this one included (0 or 1: alone).
+	// Each keeps its share of the workers the queue needs: the queue, the sends and the caps are everyone's.
+	Supervisors int
 }
 
 // Policy sizes the pool of worker processes.
@@ -71,8 +74,12 @@ type Decision struct {
 	// Backlog is the batches that want a worker slot now: pending + active + due (only active when the
 	// queue is paused).
 	Backlog int
-	// Need is the workers the backlog fills: ceil(Backlog / Concurrency).
+	// Need is the workers the backlog fills: ceil(Backlog / Concurrency), divided among the Supervisors
+	// (this pool's share, rounded up).
 	Need int
+	// Supervisors is how many supervisors share the queue (Observation.Supervisors); 0 when this one is
+	// alone.
+	Supervisors int
 	// RateLimit is the workers that saturate the running campaigns' rate caps; 0 when not known or not
 	// capped.
 	RateLimit int
@@ -124,15 +131,19 @@ func (d Decision) Action() string {
 // Decide sizes the pool from one observation.
 //
 //	backlog    = pending + active + due            (active only, when the queue is paused)
-//	need       = ceil(backlog / concurrency)       the workers that give every ready batch a slot now
+//	need       = ceil(ceil(backlog / concurrency) / supervisors)
+//	                                               this pool's share of the workers that give every ready
+//	                                               batch a slot now
 //	rate_limit = workers                           when the running campaigns send at ≥ 90 % of their caps
-//	           = ceil(rate_cap / per_worker)       otherwise, once per_worker has been seen
+//	           = ceil(ceil(rate_cap / per_worker) / supervisors)
+//	                                               otherwise, once per_worker has been seen
 //	           = none                              when nothing is capped or per_worker is not known yet
 //	wanted     = clamp(min(need, rate_limit), min, max)
 //
-// per_worker is the send rate over the last interval divided by the workers, measured only when every slot
-// was busy and the pool did not change during the interval: what one worker sends when it is not short of
-// work. Scaling up goes to wanted at once. Scaling down goes one worker at a time, once wanted has stayed
+// per_worker is the send rate over the last interval divided by the workers of every pool (this pool's
+// times the supervisors: the pools are taken to be alike), measured only when every slot was busy and the
+// pool did not change during the interval: what one worker sends when it is not short of work. The queue,
+// the send rate and the caps are the same for every supervisor on the queue; each keeps its share. Scaling up goes to wanted at once. Scaling down goes one worker at a time, once wanted has stayed
 // below the pool for the cooldown and the cooldown has passed since the last change, and never while the
 // queue's latency (its oldest pending task) is at WaitLimit or more.
 func (p Policy) Decide(st State, o Observation) (Decision, State) {
@@ -141,17 +152,21 @@ func (p Policy) Decide(st State, o Observation) (Decision, State) {
 	if o.Paused {
 		d.Backlog = o.Active
 	}
-	d.Need = ceilDiv(d.Backlog, c)
+	n := max(1, o.Supervisors)
+	if n > 1 {
+		d.Supervisors = n
+	}
+	d.Need = ceilDiv(ceilDiv(d.Backlog, c), n)
 
-	if o.SendRate > 0 && st.Workers > 0 && !o.RateSince.IsZero() && !st.LastChange.After(o.RateSince) && o.Active >= st.Workers*c {
-		st.PerWorker = o.SendRate / float64(st.Workers)
+	if o.SendRate > 0 && st.Workers > 0 && !o.RateSince.IsZero() && !st.LastChange.After(o.RateSince) && o.Active >= st.Workers*c*n {
+		st.PerWorker = o.SendRate / float64(st.Workers*n)
 	}
 	if o.RateCap > 0 && !o.Uncapped {
 		switch {
 		case st.Workers > 0 && o.SendRate >= Saturation*o.RateCap:
 			d.RateLimit = st.Workers
 		case st.PerWorker > 0:
-			d.RateLimit = max(1, int(math.Ceil(o.RateCap/st.PerWorker-1e-9)))
+			d.RateLimit = ceilDiv(max(1, int(math.Ceil(o.RateCap/st.PerWorker-1e-9))), n)
 		}
 	}
 	wanted := d.Need

@@ -93,9 +93,10 @@ type Supervisor struct {
 	backoff     time.Duration
 	state       State
 	// history holds the recent observations' times and counters, oldest first (see rateBase).
-	history    []Observation
-	lastReason string
-	observeErr bool
+	history         []Observation
+	lastReason      string
+	lastSupervisors int
+	observeErr      bool
 
 	mu     sync.Mutex
 	status Status
@@ -300,6 +301,9 @@ func (s *Supervisor) logDecision(d Decision, o Observation) {
 		"latency", o.Latency.Round(time.Millisecond).String(),
 		"need", d.Need,
 	}
+	if d.Supervisors > 1 {
+		attrs = append(attrs, "supervisors", d.Supervisors)
+	}
 	if o.Paused {
 		attrs = append(attrs, "queue_paused", true)
 	}
@@ -316,13 +320,13 @@ func (s *Supervisor) logDecision(d Decision, o Observation) {
 	switch {
 	case d.To != d.From:
 		s.log.Info(d.Action(), attrs...)
-	case d.Reason != s.lastReason:
-		// A hold is news once, when its reason changes.
+	case d.Reason != s.lastReason || d.Supervisors != s.lastSupervisors:
+		// A hold is news once, when its reason or the number of pools sharing the queue changes.
 		s.log.Info("hold", attrs...)
 	default:
 		s.log.Debug("hold", attrs...)
 	}
-	s.lastReason = d.Reason
+	s.lastReason, s.lastSupervisors = d.Reason, d.Supervisors
 }
 
 func round2(f float64) float64 { return float64(int64(f*100+0.5)) / 100 }

@@ -28,6 +28,11 @@ type QueueObserver struct {
 	Lookahead time.Duration
 	// DueLimit stops counting due tasks where more could not change the decision (max × concurrency).
 	DueLimit int
+	// Name, when set, is this supervisor's name among those sizing pools from the same queue
+	// (state.Supervisors); a look not renewed within Alive no longer counts. Empty: it is taken to be
+	// alone.
+	Name  string
+	Alive time.Duration
 }
 
 var _ supervisor.Observer = (*QueueObserver)(nil)
@@ -84,6 +89,12 @@ func (q *QueueObserver) Observe(ctx context.Context) (supervisor.Observation, er
 	if o.Beating, err = beatingHere(ctx, q.Redis); err != nil {
 		return o, err
 	}
+	o.Supervisors = 1
+	if q.Name != "" {
+		if o.Supervisors, err = state.Supervisors(ctx, q.Redis, q.Name, q.Alive); err != nil {
+			return o, err
+		}
+	}
 	var running []supervisor.Running
 	var ids []int64
 	for _, c := range all {
@@ -101,6 +112,15 @@ func (q *QueueObserver) Observe(ctx context.Context) (supervisor.Observation, er
 		return o, err
 	}
 	return o, nil
+}
+
+// Leave takes this supervisor out of those sizing pools from the queue, when it stops: the others take its
+// share at their next look instead of after Alive.
+func (q *QueueObserver) Leave(ctx context.Context) error {
+	if q.Name == "" {
+		return nil
+	}
+	return state.LeaveSupervisors(ctx, q.Redis, q.Name)
 }
 
 // beatingHere returns the process IDs of the workers on this machine whose heartbeat is live.

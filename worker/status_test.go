@@ -153,6 +153,36 @@ func TestQueueObserverReadsTheQueueAndTheCaps(t *testing.T) {
 	}
 }
 
+// Supervisors on one queue see each other through the observer: each looks with its name, a second one
+// counts from its first look, one that leaves no longer counts, and one without a name is taken to be alone.
+func TestQueueObserverCountsTheSupervisorsOnTheQueue(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	e := newOpsEnv(t, 1, nil)
+	obs := func(name string) *worker.QueueObserver {
+		return &worker.QueueObserver{Store: e.store, Redis: e.rdb, Caps: map[string]float64{}, Lookahead: time.Second, DueLimit: 10, Name: name, Alive: time.Minute}
+	}
+	a, b, alone := obs("host-a:1:x"), obs("host-b:2:y"), obs("")
+	look := func(q *worker.QueueObserver, want int) {
+		t.Helper()
+		o, err := q.Observe(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if o.Supervisors != want {
+			t.Errorf("%q sees %d supervisors, want %d", q.Name, o.Supervisors, want)
+		}
+	}
+	look(a, 1)
+	look(b, 2)
+	look(a, 2)
+	look(alone, 1)
+	if err := b.Leave(ctx); err != nil {
+		t.Fatal(err)
+	}
+	look(a, 1)
+}
+
 // ProviderCalls adds up sent, failed and unknown (the provider was called), not skipped; a campaign
 // without counters made none.
 func TestProviderCalls(t *testing.T) {

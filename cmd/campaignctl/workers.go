@@ -84,6 +84,11 @@ the sum of its running campaigns' --rate, summed over the providers; per_worker 
 one worker sent while every slot was busy. More workers than the caps let send would only wait for
 tokens.
 
+Supervisors on the same queue (one a machine) count each other in Redis at every look, and each keeps
+its share: need and rate_limit divided by the number of supervisors, rounded up; --min and --max stay
+each one's own. One that stops (SIGTERM) leaves at once; one that is killed or cut off from Redis stops
+counting after three intervals (at least 15s), and the others take its share.
+
 It scales up at once. It scales down one worker at a time, once fewer have been enough for --cooldown
 (and --cooldown after the last change) and no pending batch has waited 5s or more, with SIGTERM: the
 worker finishes the send in flight and hands its batches back within --shutdown-timeout, and is
@@ -157,6 +162,17 @@ func (a *app) workers(ctx context.Context, o workersOptions) error {
 	la.stderr = stderr
 	log := la.logger().With("component", "supervisor")
 
+	// Supervisors on one queue (one a machine) each keep their share of the pool; one that stops looking
+	// for three intervals no longer counts.
+	obs := &worker.QueueObserver{
+		Store:     svc.store,
+		Redis:     svc.redis,
+		Caps:      caps,
+		Lookahead: 2 * o.interval,
+		DueLimit:  o.max * o.worker.concurrency,
+		Name:      state.LocalOwner() + ":" + state.Token()[:8],
+		Alive:     3 * max(o.interval, 5*time.Second),
+	}
 	sup := supervisor.New(supervisor.Config{
 		Policy:          supervisor.Policy{Min: o.min, Max: o.max, Concurrency: o.worker.concurrency, Cooldown: o.cooldown},
 		Interval:        o.interval,
@@ -167,16 +183,15 @@ func (a *app) workers(ctx context.Context, o workersOptions) error {
 		Env:             a.workerEnv(),
 		Stdout:          a.stdout,
 		Stderr:          stderr,
-		Observer: &worker.QueueObserver{
-			Store:     svc.store,
-			Redis:     svc.redis,
-			Caps:      caps,
-			Lookahead: 2 * o.interval,
-			DueLimit:  o.max * o.worker.concurrency,
-		},
-		Logger: log,
+		Observer:        obs,
+		Logger:          log,
 	})
 	err = sup.Run(ctx)
+	lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
+	defer cancel()
+	if lerr := obs.Leave(lctx); lerr != nil {
+		log.Warn("not taken out of the supervisors on the queue; the others take its share once its last look is older than "+obs.Alive.String(), "err", lerr)
+	}
 	if errors.Is(err, supervisor.ErrWorkerUsage) {
 		return usageError{fmt.Errorf("%w; fix what its message above says, then start the supervisor again", err)}
 	}

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -15,6 +16,7 @@ import (
 
 	"github.com/hibiken/asynq"
 
+	"github.com/campaignctl/campaignctl/internal/state"
 	"github.com/campaignctl/campaignctl/internal/testdb"
 	"github.com/campaignctl/campaignctl/internal/testredis"
 	"github.com/campaignctl/campaignctl/supervisor"
@@ -247,6 +249,12 @@ func TestWorkersSupervisorEndToEnd(t *testing.T) {
 		t.Errorf("crash logged as %v; want one line for pid %d", c, victim)
 	}
 
+	// The supervisor counts itself among those on the queue while it runs, and leaves when it stops.
+	ctx := context.Background()
+	if n, err := rdb.ZCard(ctx, state.SupervisorsKey).Result(); err != nil || n != 1 {
+		t.Errorf("%s holds %d supervisors (%v) while one runs, want 1", state.SupervisorsKey, n, err)
+	}
+
 	// SIGTERM: every worker stopped, exit 0.
 	if err := sup.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
@@ -263,6 +271,9 @@ func TestWorkersSupervisorEndToEnd(t *testing.T) {
 		if syscall.Kill(pid, 0) == nil {
 			t.Errorf("worker %d still alive after the supervisor exited", pid)
 		}
+	}
+	if n, err := rdb.ZCard(ctx, state.SupervisorsKey).Result(); err != nil || n != 0 {
+		t.Errorf("%s holds %d supervisors (%v) after the only one stopped, want 0: the others would count it for three intervals more", state.SupervisorsKey, n, err)
 	}
 	if len(supervisorLines(logs.String(), "supervisor stopped")) != 1 {
 		t.Errorf("no \"supervisor stopped\" line")
