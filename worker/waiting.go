@@ -41,7 +41,7 @@ type Waiting = state.Waiting
 // leave when a batch waits on the provider's account. Since is when the wait began, where that is known:
 // the campaign's start, pause or the window's close; the last heartbeat of a worker (of one for the
 // channel) when that came after the campaign could send; when the provider went down or was paused; when
-// the last batch in the DLQ failed. After Redis lost its data, nothing says when: it is left out.
+// the last batch in the DLQ failed; when Redis lost its data (lostSince).
 func waitingOf(ctx context.Context, env *waitEnv, c *campaign.Campaign, counts campaign.Counts, dlq dlqBatches, now time.Time) (*Waiting, error) {
 	if c.State.Over() || counts.Pending == 0 {
 		return nil, nil
@@ -67,7 +67,11 @@ func waitingOf(ctx context.Context, env *waitEnv, c *campaign.Campaign, counts c
 		return nil, err
 	}
 	if queued == 0 && dlq.n == 0 {
-		return &Waiting{Reason: WaitRedisLostData, Detail: fmt.Sprintf("%d recipients pending and none of the campaign's batches is queued: Redis lost its data (restarted empty, flushed, failed over), or the batches were dropped from the dead-letter queue (dlq purge), or the launch stopped before it queued them. Run campaignctl resume %d", counts.Pending, id)}, nil
+		since, err := lostSince(ctx, rdb, c)
+		if err != nil {
+			return nil, err
+		}
+		return &Waiting{Reason: WaitRedisLostData, Detail: fmt.Sprintf("%d recipients pending and none of the campaign's batches is queued: Redis lost its data (restarted empty, flushed, failed over), or the batches were dropped from the dead-letter queue (dlq purge), or the launch stopped before it queued them. Run campaignctl resume %d", counts.Pending, id), Since: since}, nil
 	}
 	// Some batches queued and others not (a launch killed while it queued them, tasks deleted by hand):
 	// the workers send the queued ones and the campaign stops short of the rest.
@@ -76,7 +80,11 @@ func waitingOf(ctx context.Context, env *waitEnv, c *campaign.Campaign, counts c
 		return nil, err
 	}
 	if places.unqueued > 0 {
-		return &Waiting{Reason: WaitRedisLostData, Detail: fmt.Sprintf("%s with pending recipients neither queued nor in the dead-letter queue: the launch stopped before it queued them, or Redis lost them, or they were deleted by hand. Run campaignctl resume %d", counted(places.unqueued, "batch", "batches"), id)}, nil
+		since, err := lostSince(ctx, rdb, c)
+		if err != nil {
+			return nil, err
+		}
+		return &Waiting{Reason: WaitRedisLostData, Detail: fmt.Sprintf("%s with pending recipients neither queued nor in the dead-letter queue: the launch stopped before it queued them, or Redis lost them, or they were deleted by hand. Run campaignctl resume %d", counted(places.unqueued, "batch", "batches"), id), Since: since}, nil
 	}
 	// The whole queue paused in asynqmon (or Inspector.PauseQueue): no worker takes a batch of any
 	// campaign, whatever else holds. campaignctl resume does not undo it: the queue is everyone's.
@@ -211,6 +219,18 @@ func utc(t time.Time) *time.Time {
 
 // waitEnv is what waitingOf reads that is the same for every campaign: the workers' heartbeats and the
 // queue, each read once however many campaigns a status lists.
+// lostSince is when campaign c's batches went missing from the queue, where that is known: when a process
+// first saw that Redis had lost its data (the epoch's renewal), if that came after the launch. A launch
+// that stopped before it queued its batches, or batches dropped from the dead-letter queue or deleted by
+// hand, leave no time in Redis: nil.
+func lostSince(ctx context.Context, rdb redis.UniversalClient, c *campaign.Campaign) (*time.Time, error) {
+	t, ok, err := state.EpochSince(ctx, rdb)
+	if err != nil || !ok || !t.After(c.CreatedAt) {
+		return nil, err
+	}
+	return utc(t), nil
+}
+
 type waitEnv struct {
 	rdb         redis.UniversalClient
 	store       *campaign.Store // nil: heartbeats alone say which workers live

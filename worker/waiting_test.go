@@ -13,6 +13,45 @@ import (
 	"github.com/campaignctl/campaignctl/providers"
 )
 
+// redis_lost_data says since when Redis lost its data: the moment a process first saw it empty (the
+// epoch's renewal), when that came after the launch; nothing otherwise (batches dropped from the
+// dead-letter queue, a launch that stopped before it queued them, leave no time in Redis).
+func TestRedisLostDataSaysSinceWhen(t *testing.T) {
+	t.Parallel()
+	f := plan(t, 30)
+	ctx := context.Background()
+	since := func(step string) *time.Time {
+		t.Helper()
+		s, err := Status(ctx, StatusOptions{Store: f.store, Redis: f.rdb, CampaignID: f.id})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if s.Waiting == nil || s.Waiting.Reason != WaitRedisLostData {
+			t.Fatalf("%s: waiting %+v, want %s", step, s.Waiting, WaitRedisLostData)
+		}
+		return s.Waiting.Since
+	}
+	c := f.campaign(t)
+	// The epoch is older than the launch: the batches went some other way, and nothing says when.
+	if err := f.rdb.Set(ctx, state.EpochSinceKey, c.CreatedAt.Add(-time.Hour).UnixMilli(), 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if got := since("the epoch older than the launch"); got != nil {
+		t.Errorf("epoch older than the launch: since %v, want none", got)
+	}
+	// Redis emptied after the launch: the first process to look renews the epoch, and that is the time.
+	if err := f.rdb.Del(ctx, state.EpochKey, state.EpochServerKey, state.EpochSinceKey).Err(); err != nil {
+		t.Fatal(err)
+	}
+	before := time.Now().Add(-time.Second) // Redis's clock, on this machine
+	if _, err := state.Epoch(ctx, f.rdb); err != nil {
+		t.Fatal(err)
+	}
+	if got := since("Redis emptied"); got == nil || got.Before(before) || got.After(time.Now().Add(time.Second)) {
+		t.Errorf("Redis emptied: since %v, want the epoch's renewal, within a second of %v", got, before.Add(time.Second))
+	}
+}
+
 // Each reason a campaign does not move is read by Status, in the situation that causes it, and the
 // campaign shows none once it moves again.
 func TestStatusSaysWhyACampaignWaits(t *testing.T) {

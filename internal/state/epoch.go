@@ -48,7 +48,7 @@ const (
 )
 
 func checkEpoch(ctx context.Context, rdb redis.Scripter) (string, epochChange, error) {
-	res, err := epochScript.Run(ctx, rdb, []string{EpochKey, EpochServerKey}, Token()).Slice()
+	res, err := epochScript.Run(ctx, rdb, []string{EpochKey, EpochServerKey, EpochSinceKey}, Token()).Slice()
 	if err != nil {
 		if strings.Contains(err.Error(), "CAMPAIGNCTL_NOT_MASTER") {
 			return "", 0, fmt.Errorf("redis epoch: %w (%s)", ErrNotMaster, strings.TrimSpace(strings.TrimPrefix(err.Error(), "CAMPAIGNCTL_NOT_MASTER")))
@@ -76,6 +76,7 @@ var errNoIdentity = errors.New("this Redis does not report run_id and master_rep
 //
 // KEYS[1] -> campaignctl:epoch
 // KEYS[2] -> campaignctl:epoch:server
+// KEYS[3] -> campaignctl:epoch:since, written with the epoch (Redis's time, ms)
 // ARGV[1] -> a fresh random value, used when a new epoch is needed
 //
 // Returns {epoch, 0 kept | 1 created | 2 renewed}. Two clients that check at once after a failover get the
@@ -94,8 +95,24 @@ local v = redis.call("GET", KEYS[1])
 if v and redis.call("GET", KEYS[2]) == server then return {v, 0} end
 redis.call("SET", KEYS[1], ARGV[1])
 redis.call("SET", KEYS[2], server)
+local t = redis.call("TIME")
+redis.call("SET", KEYS[3], string.format("%.0f", tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)))
 if v then return {ARGV[1], 2} end
 return {ARGV[1], 1}`)
+
+// EpochSince is when the current epoch was created or renewed (EpochSinceKey): when a process first saw
+// that Redis had lost its data, or had restarted or failed over. ok is false when Redis holds no such time
+// (no process has checked the epoch since the loss, or it was issued by an earlier version).
+func EpochSince(ctx context.Context, rdb redis.Cmdable) (t time.Time, ok bool, err error) {
+	ms, err := rdb.Get(ctx, EpochSinceKey).Int64()
+	if errors.Is(err, redis.Nil) {
+		return time.Time{}, false, nil
+	}
+	if err != nil {
+		return time.Time{}, false, fmt.Errorf("redis epoch's time: %w", err)
+	}
+	return time.UnixMilli(ms), true, nil
+}
 
 // randomToken returns a short random identifier (epochs, lease tokens).
 func Token() string {

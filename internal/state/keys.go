@@ -21,6 +21,9 @@ const (
 	EpochKey = "campaignctl:epoch"
 	// EpochServerKey holds the master the epoch was issued on: "<run_id>/<master_replid>" from INFO.
 	EpochServerKey = "campaignctl:epoch:server"
+	// EpochSinceKey holds when the epoch was last created or renewed, in Redis's unix milliseconds: the
+	// moment a process first saw that Redis may have lost data (see EpochSince).
+	EpochSinceKey = "campaignctl:epoch:since"
 )
 
 // ClaimKey is the claim of one recipient of one campaign, "sent:<campaign>:<user>" (its value: Value).
