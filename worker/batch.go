@@ -80,7 +80,7 @@ type batchRun struct {
 	// recipients a halted window hands back (batchRun.halted), until the gate has read the state again.
 	carried []campaign.Recipient
 	retryOf map[string]windowSend
-	counts  map[string]int64
+	counts  map[string]int64 // the recipients this run moved into each status (flush)
 	// m is the metrics of the campaign's provider and channel (nil: none).
 	m *metrics.Sends
 }
@@ -783,7 +783,11 @@ func (h *Handler) flush(ctx context.Context, run *batchRun) error {
 	run.unclaimed = false
 	delete(moved, campaign.StatusPending)
 	for st, n := range moved {
-		run.counts[st] += n
+		// What this run moved into each status, for its log line. A status it moved recipients out of
+		// (another run had settled them first: a sweep after a stall, a takeover) is not counted down.
+		if n > 0 {
+			run.counts[st] += n
+		}
 	}
 	if err := h.state.AddProgress(ctx, run.c.ID, moved); err != nil {
 		// Counters are a fast view, rebuilt from Postgres by resume; the outcomes themselves are safe.
