@@ -365,17 +365,19 @@ func (s *Store) Unknown(ctx context.Context, id int64) ([]string, error) {
 	return users, err
 }
 
-// UnknownToResend is Unknown for `resume --resend-unknown`, in one read: it holds back (held) the users a
-// takeover recorded unknown less than grace ago (by Postgres's clock) because Redis had lost their claims
-// (Unverifiable). The run that held their chunk may only have been stopped or cut off, its call still
-// waiting for the provider's answer; with the claim gone, when the recipient was recorded is the only age
-// left to go by, and the call began before it.
+// UnknownToResend is Unknown for `resume --resend-unknown`, in one read: it holds back (held) the users
+// recorded unknown less than grace ago (by Postgres's clock). A live worker that gave up waiting for the
+// provider's answer records its recipients unknown at once, but the provider may still take the request
+// it holds and say so in a receipt seconds later; a takeover that found the claims gone with Redis's data
+// (Unverifiable) records them while the run that held the chunk may only have been stopped or cut off,
+// its call still waiting for the answer. Either way the call began before the recipient was recorded, and
+// that time is the one age every unknown recipient has, whatever its claim says.
 func (s *Store) UnknownToResend(ctx context.Context, id int64, grace time.Duration) (resend, held []string, err error) {
 	b := &pgx.Batch{}
 	b.Queue(`SELECT count(*) FROM (SELECT 1 FROM campaigns WHERE id = $1 FOR KEY SHARE) x`, id)
-	b.Queue(`SELECT user_id, reason IS NOT DISTINCT FROM $2 AND updated_at > now() - $3 * interval '1 millisecond'
+	b.Queue(`SELECT user_id, updated_at > now() - $2 * interval '1 millisecond'
 		FROM campaign_recipients WHERE campaign_id = $1 AND status = `+sqlUnknown+` AND delivery IS NULL`,
-		id, Unverifiable, grace.Milliseconds())
+		id, grace.Milliseconds())
 	br := s.pool.SendBatch(ctx, b)
 	var one int
 	err = br.QueryRow().Scan(&one)

@@ -638,6 +638,46 @@ func (h *Handler) renew(ctx context.Context, run *batchRun) error {
 	return nil
 }
 
+// keepLease renews the chunk's lease every third of its TTL while one provider request is under way, until
+// the returned stop is called (it waits for the renewals to end). A request of many recipients is given
+// longer than the lease (SendGrid's: 3 × --provider-timeout, the lease's own length): without it, a live
+// run waiting for the answer lost its chunk to another worker's sweep, which recorded the recipients as a
+// dead run's. A process that dies or freezes stops renewing, and the lease runs out as before. A renewal
+// that fails is left to the next; one that finds the lease gone ends them (the run learns it at its next
+// renewal).
+func (h *Handler) keepLease(ctx context.Context, run *batchRun) (stop func()) {
+	if h.cfg.Store == nil || run.lease.TTL <= 0 {
+		return func() {}
+	}
+	l, id := run.lease, run.c.ID
+	done := make(chan struct{})
+	ended := make(chan struct{})
+	go func() {
+		defer close(ended)
+		t := time.NewTicker(max(l.TTL/3, time.Millisecond))
+		defer t.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-ctx.Done():
+				return
+			case <-t.C:
+				rctx, cancel := context.WithTimeout(ctx, l.TTL/3)
+				held, err := h.cfg.Store.RenewLease(rctx, id, l)
+				cancel()
+				if err == nil && !held {
+					return
+				}
+			}
+		}
+	}()
+	return func() {
+		close(done)
+		<-ended
+	}
+}
+
 // close settles a recipient that will not be sent (consent revoked, campaign cancelled) with val, unless
 // its claim already holds an answer, which wins.
 func (h *Handler) close(ctx context.Context, run *batchRun, r *campaign.Recipient, val string) error {

@@ -20,6 +20,7 @@ func TestACancelLeavesRecipientsOnceUnknownUnknown(t *testing.T) {
 	c := e.launch(t, "kept", 4)
 	e.exec(t, `UPDATE campaign_recipients SET status = CASE WHEN user_id IN ('u1', 'u2') THEN 'unknown' ELSE 'sent' END
 		WHERE campaign_id = $1 AND user_id <> 'u4'`, c.ID)
+	e.ageUnknown(t, c.ID)
 	rep, err := worker.Resume(ctx, worker.ResumeOptions{Store: e.store, Redis: e.rdb, CampaignID: c.ID, ResendUnknown: true})
 	if err != nil || rep.Resent != 2 {
 		t.Fatalf("resume --resend-unknown: %+v, %v; want u1 and u2 pending again", rep, err)

@@ -71,6 +71,16 @@ func (f *fixture) leaseExpired(t *testing.T) {
 	})
 }
 
+// ageUnknown makes the unknown recipients of the campaign look recorded an hour ago: the operator resends
+// them past ResendGrace, as `resume --resend-unknown` holds back those recorded less than that ago.
+func (f *fixture) ageUnknown(t *testing.T) {
+	t.Helper()
+	if _, err := f.db.Exec(context.Background(), `UPDATE campaign_recipients SET updated_at = updated_at - interval '1 hour'
+		WHERE campaign_id = $1 AND status = 'unknown'`, f.id); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // A claim that fails in the middle of a batch (Redis gone before the call reached it, or the call ran
 // and its reply was lost) sends nothing for that recipient nor for anyone after it, and the batch waits
 // without using up its retries; once Redis answers, every recipient is sent exactly once.

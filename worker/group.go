@@ -183,7 +183,9 @@ func (h *Handler) sendGroupAs(ctx, waitCtx context.Context, run *batchRun, b pro
 			}
 		}
 		start := time.Now()
+		stopKeeping := h.keepLease(ctx, run)
 		res, err := b.SendBatch(ctx, msgs)
+		stopKeeping()
 		took := time.Since(start)
 		run.m.BatchRequest(took, len(msgs))
 		// Every answer counts in the provider's shared pace, acceptances too: a pace that saw only the

@@ -227,9 +227,8 @@ type ResumeReport struct {
 	Found *campaign.Counts
 	// Resent counts the unknown recipients moved back to pending (ResendUnknown).
 	Resent int64
-	// StillInFlight counts the unknown recipients not resent because their claims were taken less than
-	// Grace ago, or, their claims lost with Redis's data, they were recorded unknown less than Grace ago:
-	// the calls they were taken for may still be answered.
+	// StillInFlight counts the unknown recipients not resent because their claims were taken, or they
+	// were recorded unknown, less than Grace ago: the calls they were taken for may still be answered.
 	StillInFlight int
 	// Grace is how old a claim in flight had to be for its recipient to be resent: ResendGrace, or the
 	// longest in-flight grace a worker noted (3 × its --provider-timeout) when longer.
@@ -362,8 +361,9 @@ func Resume(ctx context.Context, o ResumeOptions) (ResumeReport, error) {
 			return rep, err
 		}
 		rep.Grace = max(grace, ResendGrace)
-		// Those a takeover recorded unknown because Redis had lost their claims are held back by when they
-		// were recorded (UnknownToResend): no claim is left to say how old their calls are.
+		// Those recorded unknown less than the grace ago are held back (UnknownToResend): a worker that gave
+		// up on the answer records them at once, while the provider may still take the request; and a
+		// takeover that found the claims gone with Redis's data has no claim to say how old the calls are.
 		users, held, err := o.Store.UnknownToResend(ctx, id, rep.Grace)
 		if err != nil {
 			return rep, err

@@ -110,6 +110,13 @@ func (e *opsEnv) exec(t *testing.T, sql string, args ...any) {
 	}
 }
 
+// ageUnknown makes the unknown recipients of campaign id look recorded an hour ago: the operator resends
+// them past worker.ResendGrace, as `resume --resend-unknown` holds back those recorded less than that ago.
+func (e *opsEnv) ageUnknown(t *testing.T, id int64) {
+	t.Helper()
+	e.exec(t, `UPDATE campaign_recipients SET updated_at = updated_at - interval '1 hour' WHERE campaign_id = $1 AND status = 'unknown'`, id)
+}
+
 // statuses maps each recipient of campaign id to status[/reason].
 func (e *opsEnv) statuses(t *testing.T, id int64) map[string]string {
 	t.Helper()
@@ -393,6 +400,7 @@ func TestResumeResendUnknown(t *testing.T) {
 	if !errors.Is(err, campaign.ErrWrongState) {
 		t.Fatalf("resume of a completed campaign without ResendUnknown: %v, want ErrWrongState", err)
 	}
+	e.ageUnknown(t, c.ID)
 	rep, err := worker.Resume(ctx, worker.ResumeOptions{Store: e.store, Redis: e.rdb, CampaignID: c.ID, ResendUnknown: true})
 	if err != nil || rep.Was != campaign.StateCompleted || rep.To != campaign.StateRunning || rep.Resent != 2 ||
 		rep.Found.Unknown != 2 || rep.Counts.Unknown != 0 || rep.Counts.Pending != 2 {

@@ -61,6 +61,7 @@ func TestMarksBackAfterALossKeepAnotherCampaignsSendBesideTheOwnUnknown(t *testi
 					t.Fatal(err)
 				}
 			}
+			f.ageUnknown(t)
 			if _, err := Resume(ctx, ResumeOptions{Store: f.store, Redis: f.rdb, CampaignID: f.id, ResendUnknown: true}); err != nil {
 				t.Fatal(err)
 			}

@@ -28,6 +28,7 @@ func TestAResendLeavesAMarkOfItsOwnTime(t *testing.T) {
 	// 90 minutes later: the operator resends the unknown; the provider accepts it.
 	f.provider.fail = nil
 	f.h.cfg.Now = func() time.Time { return start.Add(90 * time.Minute) }
+	f.ageUnknown(t)
 	if _, err := Resume(ctx, ResumeOptions{Store: f.store, Redis: f.rdb, CampaignID: f.id, ResendUnknown: true}); err != nil {
 		t.Fatal(err)
 	}

@@ -16,6 +16,7 @@ func TestAReceiptAfterACancelOfTheResendProvesTheFirstSend(t *testing.T) {
 	t.Parallel()
 	f := planWithU4Unknown(t)
 	ctx := context.Background()
+	f.ageUnknown(t)
 	if _, err := Resume(ctx, ResumeOptions{Store: f.store, Redis: f.rdb, CampaignID: f.id, ResendUnknown: true}); err != nil {
 		t.Fatal(err)
 	}

@@ -57,6 +57,7 @@ func newHeldBatch(t *testing.T, concurrency int) *heldBatch {
 // resend runs `resume --resend-unknown`, which must send u1 and u2 again.
 func (h *heldBatch) resend(t *testing.T) worker.ResumeReport {
 	t.Helper()
+	h.e.ageUnknown(t, h.id)
 	rep, err := worker.Resume(context.Background(), worker.ResumeOptions{Store: h.e.store, Redis: h.e.rdb, CampaignID: h.id, ResendUnknown: true})
 	if err != nil || rep.Resent != 2 {
 		t.Fatalf("resume --resend-unknown: %+v, %v; want 2 resent", rep, err)

@@ -107,7 +107,8 @@ func TestResumeResendUnknown(t *testing.T) {
 	ctx := context.Background()
 	rdb := redisFor(t, env)
 	c := loadCampaign(t, db, id)
-	if _, err := db.Exec(ctx, `UPDATE campaign_recipients SET status = CASE user_id WHEN 'c' THEN 'sent' ELSE 'unknown' END WHERE campaign_id = $1`, id); err != nil {
+	if _, err := db.Exec(ctx, `UPDATE campaign_recipients SET status = CASE user_id WHEN 'c' THEN 'sent' ELSE 'unknown' END,
+		updated_at = now() - interval '1 hour' WHERE campaign_id = $1`, id); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := db.Exec(ctx, `UPDATE campaigns SET state = 'completed' WHERE id = $1`, id); err != nil {

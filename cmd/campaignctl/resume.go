@@ -79,7 +79,7 @@ func (a *app) printResume(rep worker.ResumeReport, o resumeOptions, err error) {
 		fmt.Fprintf(a.stdout, "%d unknown recipients will be sent again, with the codes they already hold\n", rep.Resent)
 	}
 	if rep.StillInFlight > 0 {
-		fmt.Fprintf(a.stdout, "%d unknown recipients were claimed (or, their claims lost with Redis's data, recorded unknown) less than %v ago and may still be answered: they stay unknown; run `campaignctl resume %d --resend-unknown` again after %v\n",
+		fmt.Fprintf(a.stdout, "%d unknown recipients were claimed or recorded unknown less than %v ago and may still be answered (a provider may take a request after its sender gave up, and say so in a receipt): they stay unknown; run `campaignctl resume %d --resend-unknown` again after %v\n",
 			rep.StillInFlight, rep.Grace, id, rep.Grace)
 	}
 	if err != nil {

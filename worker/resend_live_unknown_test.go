@@ -1,0 +1,66 @@
+package worker
+
+import (
+	"context"
+	"testing"
+
+	"github.com/campaignctl/campaignctl/campaign"
+	"github.com/campaignctl/campaignctl/providers"
+)
+
+// A live worker that gives up waiting for the provider's answer records its recipient unknown at once,
+// its claim holding the unknown answer. The provider may still take the request it holds and send the
+// receipt seconds later. `resume --resend-unknown` right then held back only the claims still in flight
+// (and the recipients of a takeover after a Redis loss): this one was sent again at once, and the receipt
+// of the first message came after the second had gone (outside, 6,691 of 6,691 e-mails went twice). It is
+// now held back for the grace from when it was recorded, so the receipt proves it sent and nothing goes
+// twice; once the grace is over, a recipient with no receipt is resent, as the flag says.
+func TestAResendHoldsBackWhatALiveWorkerJustRecordedUnknown(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	f := plan(t, 10)
+	// The answers to u4's and u7's sends time out after their requests were written: their claims say
+	// unknown.
+	f.provider.fail = func(_ int, m providers.Message) error {
+		if m.To == phone(4) || m.To == phone(7) {
+			return &providers.Error{Provider: "test", Class: providers.Ambiguous, Err: context.DeadlineExceeded}
+		}
+		return nil
+	}
+	f.runAll(t)
+	f.provider.fail = nil
+	resend := func(step string) ResumeReport {
+		t.Helper()
+		rep, err := Resume(ctx, ResumeOptions{Store: f.store, Redis: f.rdb, CampaignID: f.id, ResendUnknown: true})
+		if err != nil {
+			t.Fatalf("%s: %v", step, err)
+		}
+		return rep
+	}
+	rep := resend("at once")
+	if rep.Resent != 0 || rep.StillInFlight != 2 {
+		t.Fatalf("resume --resend-unknown at once: resent %d, held %d; want none resent, u4 and u7 held back for %v", rep.Resent, rep.StillInFlight, rep.Grace)
+	}
+	// The provider took u4's request after all: its receipt comes within the grace.
+	if _, err := f.store.RecordDeliveries(ctx, []campaign.Delivery{{Provider: "test", CampaignID: f.id, UserID: "u4",
+		MessageID: "SMu4late", Status: campaign.DeliveryDelivered}}); err != nil {
+		t.Fatal(err)
+	}
+	// The grace is over (as if it had passed): u7, with no evidence, is resent; u4 is sent, never again.
+	f.ageUnknown(t)
+	if rep := resend("after the grace"); rep.Resent != 1 || rep.StillInFlight != 0 {
+		t.Fatalf("resume --resend-unknown after the grace: resent %d, held %d; want u7 alone resent", rep.Resent, rep.StillInFlight)
+	}
+	f.runAll(t)
+	for _, u := range []string{"u4", "u7"} {
+		if st, reason, _ := f.status(t, u); st != campaign.StatusSent {
+			t.Errorf("%s is %s (%s), want sent", u, st, reason)
+		}
+	}
+	if n := len(f.provider.sentTo(phone(4))); n != 1 {
+		t.Errorf("u4's number reached %d times by this engine's sends, want once: its late-taken first message is proved by the receipt", n)
+	}
+	if n := len(f.provider.sentTo(phone(7))); n != 2 {
+		t.Errorf("u7's number reached %d times, want twice (the unknown send and the resend)", n)
+	}
+}
