@@ -419,8 +419,11 @@ func (s *Store) Resend(ctx context.Context, id int64, users []string) (int64, er
 	var n int64
 	err := s.underCampaignLock(ctx, id, `
 		WITH upd AS (
+			-- Not once the campaign is cancelled (a cancel that committed after the resume read it): its
+			-- recipients would wait, pending, for batch runs that close them.
 			UPDATE campaign_recipients SET status = `+sqlPending+`, reason = NULL, updated_at = now()
 			WHERE campaign_id = $1 AND user_id = ANY($2) AND status = `+sqlUnknown+` AND delivery IS NULL
+				AND EXISTS (SELECT 1 FROM campaigns WHERE id = $1 AND state <> `+sqlStateCancelled+`)
 			RETURNING user_id
 		), log AS (
 			INSERT INTO send_log (campaign_id, user_id, status, reason)

@@ -439,6 +439,12 @@ func Resume(ctx context.Context, o ResumeOptions) (ResumeReport, error) {
 		// Best effort: what is resumed is done; the queue's pause is only said.
 		rep.QueuePaused, _ = QueuePaused(o.Redis)
 	}
+	// A cancel (or pause) that committed after the state was read above stands: its halt stops every
+	// send, and the report must not say the campaign runs (it said "recipients pending" and exited 0).
+	if now, err := o.Store.Get(ctx, id); err == nil && (now.State == campaign.StateCancelled || now.State == campaign.StatePaused) {
+		rep.To = ""
+		return rep, fmt.Errorf("%w: campaign %d was %s while it was being resumed; it stays %s", campaign.ErrWrongState, id, now.State, now.State)
+	}
 	return rep, nil
 }
 

@@ -64,3 +64,23 @@ func TestAResendHoldsBackWhatALiveWorkerJustRecordedUnknown(t *testing.T) {
 		t.Errorf("u7's number reached %d times, want twice (the unknown send and the resend)", n)
 	}
 }
+
+// A cancel that commits after `resume --resend-unknown` read the campaign (the two overlapping) wins:
+// the resend moves nobody back to pending in a cancelled campaign, where they would wait for batch runs
+// to close them, and resume says the campaign was cancelled instead of reporting it running.
+func TestAResendDoesNotReopenRecipientsOfACancelledCampaign(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	f := plan(t, 10)
+	f.runWithUnknown(t, 4)
+	if _, err := f.db.Exec(ctx, `UPDATE campaigns SET state = 'cancelled' WHERE id = $1`, f.id); err != nil {
+		t.Fatal(err)
+	}
+	n, err := f.store.Resend(ctx, f.id, []string{"u4"})
+	if err != nil || n != 0 {
+		t.Fatalf("resend in a cancelled campaign moved %d (%v), want none", n, err)
+	}
+	if st, _, _ := f.status(t, "u4"); st != campaign.StatusUnknown {
+		t.Errorf("u4 is %s, want unknown still", st)
+	}
+}

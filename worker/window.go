@@ -32,17 +32,6 @@ func (h *Handler) windowSize(rate float64) int {
 	return max(1, min(h.cfg.SendWindow, limiter.Burst(rate)))
 }
 
-// lowestRate is the lower of two rates, 0 standing for none.
-func lowestRate(a, b float64) float64 {
-	switch {
-	case a <= 0:
-		return b
-	case b <= 0:
-		return a
-	}
-	return min(a, b)
-}
-
 // windowSend is one recipient of a window, with its message, the attempts it has had, and when it may be
 // tried again after a transient refusal.
 type windowSend struct {
@@ -99,8 +88,14 @@ func (h *Handler) deliverWindowed(ctx, waitCtx context.Context, run *batchRun, r
 		if waitFrom.IsZero() {
 			waitFrom = time.Now()
 		}
-		// What may go now: the first recipients whose back-off is over, up to the window.
-		size := h.windowSize(lowestRate(run.c.Rate, h.pace(name).Rate(ctx)))
+		// What may go now: the first recipients whose back-off is over, up to the window: in messages under
+		// the campaign's cap, in the provider's tokens under its pace (segments for Twilio: a window of
+		// eight 10-segment SMS is 80 tokens let out at once, and a second held up to 1.4 times the cap).
+		size := h.windowSize(run.c.Rate)
+		budget := 0
+		if pace := h.pace(name).Rate(ctx); pace > 0 {
+			budget = limiter.Burst(pace)
+		}
 		probe, err := h.waitWhileDown(ctx, waitCtx, run, name)
 		if err != nil {
 			return err
@@ -108,7 +103,7 @@ func (h *Handler) deliverWindowed(ctx, waitCtx context.Context, run *batchRun, r
 		if probe {
 			size = 1
 		}
-		win, rest, next := readyWindow(queue, size, time.Now())
+		win, rest, next := readyWindow(queue, size, budget, time.Now())
 		if len(win) == 0 && more {
 			run.carryOver(queue)
 			return nil
@@ -250,23 +245,32 @@ func (run *batchRun) halted(err error, ws ...[]windowSend) error {
 	return err
 }
 
-// readyWindow takes from queue up to size recipients whose back-off is over at now, in queue order; it
-// returns them, the rest of the queue, and, when none is ready, when the first will be.
-func readyWindow(queue []windowSend, size int, now time.Time) (win, rest []windowSend, next time.Time) {
+// readyWindow takes from queue up to size recipients whose back-off is over at now, in queue order, whose
+// tokens (windowSend.tokens) add up to no more than budget (0: no bound; the first always goes); it returns
+// them, the rest of the queue, and, when none is ready, when the first will be.
+func readyWindow(queue []windowSend, size, budget int, now time.Time) (win, rest []windowSend, next time.Time) {
+	fits := func(n, tokens int, w windowSend) bool {
+		return n < size && (n == 0 || budget <= 0 || tokens+w.tokens <= budget)
+	}
 	// Usually the head of the queue is ready: the window is that head, and nothing is copied (the window
 	// cannot grow into the rest).
-	k := 0
-	for k < len(queue) && k < size && !queue[k].notUntil.After(now) {
+	k, tokens := 0, 0
+	for k < len(queue) && fits(k, tokens, queue[k]) && !queue[k].notUntil.After(now) {
+		tokens += queue[k].tokens
 		k++
 	}
-	if k == size || k == len(queue) {
+	if k == len(queue) || !fits(k, tokens, queue[k]) {
 		return queue[:k:k], queue[k:], time.Time{}
 	}
+	tokens, full := 0, false
 	for _, w := range queue {
 		switch {
-		case len(win) < size && !w.notUntil.After(now):
+		case !full && !w.notUntil.After(now) && fits(len(win), tokens, w):
 			win = append(win, w)
+			tokens += w.tokens
 		default:
+			// A ready recipient that does not fit closes the window: the order stays the queue's.
+			full = full || !w.notUntil.After(now)
 			if next.IsZero() || w.notUntil.Before(next) {
 				next = w.notUntil
 			}

@@ -211,7 +211,11 @@ func TestReadyWindowTakesTheReadyInQueueOrder(t *testing.T) {
 	mk := func(ids string, later string) []windowSend {
 		var q []windowSend
 		for _, c := range ids {
-			w := windowSend{r: &campaign.Recipient{UserID: string(c)}}
+			// Capital letters are 10-token messages (ten-segment SMS), the others one token each.
+			w := windowSend{r: &campaign.Recipient{UserID: string(c)}, tokens: 1}
+			if c >= 'A' && c <= 'Z' {
+				w.tokens = 10
+			}
 			for _, l := range later {
 				if l == c {
 					w.notUntil = now.Add(time.Duration(c-'a'+1) * time.Second)
@@ -230,17 +234,26 @@ func TestReadyWindowTakesTheReadyInQueueOrder(t *testing.T) {
 	}
 	for _, tc := range []struct {
 		queue, later string
-		size         int
+		size, budget int
 		win, rest    string
 		next         time.Duration
 	}{
-		{"abcdef", "", 4, "abcd", "ef", 0},
-		{"abc", "", 4, "abc", "", 0},
-		{"abcdef", "b", 3, "acd", "bef", 2 * time.Second},
-		{"abcdef", "ae", 3, "bcd", "aef", time.Second},
-		{"abc", "abc", 2, "", "abc", time.Second},
+		{"abcdef", "", 4, 0, "abcd", "ef", 0},
+		{"abc", "", 4, 0, "abc", "", 0},
+		{"abcdef", "b", 3, 0, "acd", "bef", 2 * time.Second},
+		{"abcdef", "ae", 3, 0, "bcd", "aef", time.Second},
+		{"abc", "abc", 2, 0, "", "abc", time.Second},
+		// Under a provider's pace, a window's tokens stay within the bucket's burst: one 10-token message
+		// goes alone when the burst is 8, however large the window.
+		{"ABCD", "", 8, 8, "A", "BCD", 0},
+		{"abCde", "", 8, 8, "ab", "Cde", 0},
+		{"Abcde", "", 8, 12, "Abc", "de", 0},
+		{"abcdefghij", "", 8, 5, "abcde", "fghij", 0},
+		{"aBcd", "a", 8, 8, "B", "acd", 0},
+		{"abCd", "b", 8, 8, "a", "bCd", 0},
+		{"abC", "ab", 8, 8, "C", "ab", 0},
 	} {
-		win, rest, next := readyWindow(mk(tc.queue, tc.later), tc.size, now)
+		win, rest, next := readyWindow(mk(tc.queue, tc.later), tc.size, tc.budget, now)
 		if ids(win) != tc.win || ids(rest) != tc.rest {
 			t.Errorf("%s (later %q) by %d: window %q, rest %q; want %q, %q", tc.queue, tc.later, tc.size, ids(win), ids(rest), tc.win, tc.rest)
 		}

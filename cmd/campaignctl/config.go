@@ -218,15 +218,15 @@ func (a *app) openRedis(ctx context.Context) (*redis.Client, error) {
 	if err := rdb.Ping(pctx).Err(); err != nil {
 		rdb.Close()
 		if errors.Is(err, worker.ErrNotMaster) {
-			return nil, fmt.Errorf("Redis at %s: %v; nothing was sent", where, err)
+			return nil, fmt.Errorf("Redis at %s: %v; nothing was changed or sent", where, err)
 		}
 		if msg := err.Error(); strings.HasPrefix(msg, "WRONGPASS") || strings.HasPrefix(msg, "NOAUTH") || strings.Contains(msg, "called without any password configured") {
-			return nil, usagef("Redis at %s refused the connection: %v; nothing was sent. Check the user and password in REDIS_URL (redis://user:password@host:port/db)", where, err)
+			return nil, usagef("Redis at %s refused the connection: %v; nothing was changed or sent. Check the user and password in REDIS_URL (redis://user:password@host:port/db)", where, err)
 		}
 		if strings.Contains(err.Error(), "DB index is out of range") {
 			return nil, usagef("REDIS_URL names a database number this Redis does not have (%s: %v); use one of its databases, 0 to 15 unless its `databases` setting says more, e.g. redis://127.0.0.1:6379/0", where, err)
 		}
-		return nil, fmt.Errorf("Redis is not reachable at %s: %v; nothing was sent. Start it (scripts/test.sh or scripts/demo.sh install and start it) or point REDIS_URL at a running server", where, err)
+		return nil, fmt.Errorf("Redis is not reachable at %s: %v; nothing was changed or sent. Start it (scripts/test.sh or scripts/demo.sh install and start it) or point REDIS_URL at a running server", where, err)
 	}
 	return rdb, nil
 }

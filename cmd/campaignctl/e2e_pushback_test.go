@@ -4,6 +4,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -155,5 +157,33 @@ func TestPushbackSegmentsAreTokens(t *testing.T) {
 	// seconds: one in a hundred, not more.
 	if n := tl.Total.RefusedBy["segments"]; n > 4 {
 		t.Errorf("%d requests of 400 refused over the provider's segment limit, want at most 4: a message takes a token a segment", n)
+	}
+}
+
+// Long messages under Twilio's cap: ten-segment SMS with TWILIO_RATE=170 segments a second. A window of
+// eight of them was let out at once (80 segments, ten times the bucket's burst), and single seconds held up
+// to 240 segments, 1.41 times the cap; a provider that keeps its limit exactly refused them. A window's
+// segments now stay within the bucket's burst (a long message goes alone), and no second holds much more
+// than the cap.
+func TestLongSMSKeepTheSegmentCapEverySecond(t *testing.T) {
+	t.Parallel()
+	if testing.Short() {
+		t.Skip("end-to-end run skipped in -short mode")
+	}
+	// The sender's prefix (ACME A.Ş., RET yazıp ...) makes it UCS-2, 67 characters a segment of a long
+	// message: between 604 and 670 characters is ten.
+	long := "Merhaba {{.first_name}}, kodunuz {{.code}}. " + strings.Repeat("Kampanya ayrintilari burada. ", 19)
+	const rate = 170
+	tl, _ := pushbackRunMessage(t, long, 200, 2, strconv.Itoa(rate))
+	if tl.Total.Segments < 10*200 {
+		t.Fatalf("the sandbox counted %d segments for 200 messages, want ten each (the test's message is too short)", tl.Total.Segments)
+	}
+	// What a cap allows in one second of the provider's clock: the cap, the bucket's burst (a twentieth of
+	// it), and one message reserved at its moment that the rounding puts in the same second.
+	most := rate + rate/20 + 10
+	for _, s := range tl.Seconds {
+		if s.Segments > most {
+			t.Errorf("%s: %d segments, want at most %d under TWILIO_RATE=%d", s.Second.Format(time.TimeOnly), s.Segments, most, rate)
+		}
 	}
 }
