@@ -61,6 +61,19 @@ func (c *Campaign) ConsentStale() string {
 	return c.ConsentStaleThen(fmt.Sprintf("`campaignctl dlq retry --campaign %d`", c.ID))
 }
 
+// ConsentFreshFor is how long after the campaign's reading (Get) its consents stay young enough for it to
+// send (ConsentStale): 0 when they are too old already; ok is false when no age is kept (none given, or
+// stale consents allowed). A batch run long enough to outlive it reads the campaign again then.
+func (c *Campaign) ConsentFreshFor() (d time.Duration, ok bool) {
+	if c.MaxConsentAge <= 0 {
+		return 0, false
+	}
+	if c.ConsentSyncedAt == nil {
+		return 0, true
+	}
+	return max(0, c.MaxConsentAge-c.consentAge), true
+}
+
 // ConsentStaleThen is ConsentStale with next as the command to run once the consents are up to date.
 func (c *Campaign) ConsentStaleThen(next string) string {
 	if c.MaxConsentAge <= 0 {

@@ -81,6 +81,9 @@ type batchRun struct {
 	carried []campaign.Recipient
 	retryOf map[string]windowSend
 	counts  map[string]int64 // the recipients this run moved into each status (flush)
+	// consentUntil is when the campaign's consents grow older than its --max-consent-age, by this
+	// process's clock (zero: no age is kept); past it, the next chunk reads the campaign again.
+	consentUntil time.Time
 	// m is the metrics of the campaign's provider and channel (nil: none).
 	m *metrics.Sends
 }
@@ -139,6 +142,9 @@ func (h *Handler) RunBatch(ctx context.Context, campaignID int64, batch int) err
 	run, err := h.newRun(c, batch)
 	if err != nil {
 		return err
+	}
+	if d, ok := c.ConsentFreshFor(); ok && c.State == campaign.StateRunning {
+		run.consentUntil = time.Now().Add(d)
 	}
 	epoch, err := h.state.Epoch(ctx)
 	if err != nil {
@@ -239,6 +245,18 @@ func (h *Handler) RunBatch(ctx context.Context, campaignID int64, batch int) err
 			// Behind the chunk's own, so that its sends start at once: their back-offs end meanwhile.
 			chunk = append(slices.Clip(chunk), run.carried...)
 			run.carried = nil
+		}
+		// The consents' --max-consent-age holds for every chunk, not only at the batch's start: a batch
+		// that started on consents young enough sent on for as long as it lasted.
+		if !run.consentUntil.IsZero() && !time.Now().Before(run.consentUntil) {
+			if why, err := h.consentsAgedOut(ctx, run); err != nil || why != "" {
+				stop = err
+				if why != "" {
+					log.Error("batch stopped: consents too old", "detail", why)
+					stop = toDLQ(errors.New(why))
+				}
+				break
+			}
 		}
 		leasedAt := time.Now()
 		chunks++
@@ -636,6 +654,22 @@ func (h *Handler) renew(ctx context.Context, run *batchRun) error {
 	run.renewAt = now.Add(run.lease.TTL / 3)
 	run.liveGen = gen
 	return nil
+}
+
+// consentsAgedOut reads the campaign again once its consents' --max-consent-age has run out during the
+// batch: a sync since then makes them young again (and the next check later); otherwise it says why the
+// rest of the batch must not be sent.
+func (h *Handler) consentsAgedOut(ctx context.Context, run *batchRun) (string, error) {
+	c, err := h.cfg.Store.Get(ctx, run.c.ID)
+	if err != nil {
+		return "", waitForServices(err)
+	}
+	if why := c.ConsentStale(); why != "" {
+		return why, nil
+	}
+	d, _ := c.ConsentFreshFor()
+	run.consentUntil = time.Now().Add(d)
+	return "", nil
 }
 
 // keepLease renews the chunk's lease every third of its TTL while one provider request is under way, until

@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/campaignctl/campaignctl/campaign"
+	"github.com/campaignctl/campaignctl/providers"
 )
 
 // A campaign launched with --max-consent-age 24h on consents synced a moment before. Its batch fails and
@@ -50,6 +51,40 @@ func TestABatchRunLongAfterItsLaunchKeepsTheMaxConsentAge(t *testing.T) {
 	g.runAll(t)
 	if n := g.provider.total(); n == 0 {
 		t.Fatal("a campaign launched with --allow-stale-consent sent nothing")
+	}
+}
+
+// --max-consent-age holds for every chunk, not only at a batch's start: a batch that started on consents
+// young enough, and outlives their age, stops at its next chunk and hands itself to the DLQ naming the
+// sync (outside, 74 % of a slow run's messages went after the limit). Synced again, the rest goes, once.
+func TestABatchThatOutlivesItsConsentsAgeStops(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	f := planAround(t, 10, func(s *campaign.Spec) { s.MaxConsentAge = 2 * time.Second }, syncedNow(t))
+	h := NewHandler(Config{Store: f.store, Redis: f.rdb, Owner: "test", SendWindow: 1, ChunkSize: 1,
+		Providers: map[campaign.Channel]providers.Provider{campaign.ChannelSMS: f.provider}, ProviderRates: map[string]float64{}})
+	// Five eligible recipients, a chunk each, 700 ms a send: the consents' 2 s run out after the third.
+	f.provider.before = func(providers.Message) { time.Sleep(700 * time.Millisecond) }
+	err := h.RunBatch(ctx, f.id, 0)
+	if err == nil || !errors.Is(err, asynq.SkipRetry) || !strings.Contains(err.Error(), "iys sync") {
+		t.Fatalf("a batch outliving its consents' age: %v; want it handed to the DLQ, naming `campaignctl iys sync`", err)
+	}
+	sent := f.provider.total()
+	if sent == 0 || sent >= 5 {
+		t.Fatalf("%d of 5 sent before the consents' age ran out; want some, not all", sent)
+	}
+	if c := f.counts(t); c.Pending != int64(5-sent) {
+		t.Fatalf("counts %+v; want the %d not sent pending", c, 5-sent)
+	}
+	if _, err := f.db.Exec(ctx, `UPDATE iys_sync_state SET last_success_at = now()`); err != nil {
+		t.Fatal(err)
+	}
+	f.provider.before = nil
+	if err := h.RunBatch(ctx, f.id, 0); err != nil {
+		t.Fatalf("the batch once synced again: %v", err)
+	}
+	if c := f.counts(t); c.Sent != 5 || c.Pending != 0 || f.provider.total() != 5 {
+		t.Fatalf("counts %+v, %d messages; want the 5 sent once each", c, f.provider.total())
 	}
 }
 
