@@ -673,7 +673,9 @@ func (h *Handler) consentsAgedOut(ctx context.Context, run *batchRun) (string, e
 }
 
 // keepLease renews the chunk's lease every third of its TTL while one provider request is under way, until
-// the returned stop is called (it waits for the renewals to end). A request of many recipients is given
+// the returned stop is called. stop does not wait for a renewal under way (Postgres may be slow to answer
+// it): the answer is written into the claims at once, and a renewal that lands later only extends the
+// run's own lease, or finds it released and changes nothing. A request of many recipients is given
 // longer than the lease (SendGrid's: 3 × --provider-timeout, the lease's own length): without it, a live
 // run waiting for the answer lost its chunk to another worker's sweep, which recorded the recipients as a
 // dead run's. A process that dies or freezes stops renewing, and the lease runs out as before. A renewal
@@ -685,9 +687,7 @@ func (h *Handler) keepLease(ctx context.Context, run *batchRun) (stop func()) {
 	}
 	l, id := run.lease, run.c.ID
 	done := make(chan struct{})
-	ended := make(chan struct{})
 	go func() {
-		defer close(ended)
 		t := time.NewTicker(max(l.TTL/3, time.Millisecond))
 		defer t.Stop()
 		for {
@@ -706,10 +706,7 @@ func (h *Handler) keepLease(ctx context.Context, run *batchRun) (stop func()) {
 			}
 		}
 	}()
-	return func() {
-		close(done)
-		<-ended
-	}
+	return func() { close(done) }
 }
 
 // close settles a recipient that will not be sent (consent revoked, campaign cancelled) with val, unless
