@@ -155,9 +155,10 @@ func statusOf(ctx context.Context, store *campaign.Store, env *waitEnv, c *campa
 // dlqBatches is what status reads of a campaign's batches in the DLQ: how many, and when the last of
 // them failed.
 type dlqBatches struct {
-	n     int64
-	last  time.Time
-	tasks map[int]bool // the batches counted: a batch and its follow-ups are one
+	n       int64
+	last    time.Time
+	lastErr string       // the error of the batch that failed last (a consent too old, a refusal, ...)
+	tasks   map[int]bool // the batches counted: a batch and its follow-ups are one
 }
 
 func (d *dlqBatches) add(e DLQEntry) {
@@ -170,7 +171,20 @@ func (d *dlqBatches) add(e DLQEntry) {
 	}
 	if e.LastFailedAt != nil && e.LastFailedAt.After(d.last) {
 		d.last = *e.LastFailedAt
+		if e.LastError != "" {
+			d.lastErr = e.LastError
+		}
 	}
+}
+
+// detail says why campaign id waits for the dead-letter queue and what to do, with the last batch's error:
+// the cause (consents too old, an account refused) without a second command.
+func (d *dlqBatches) detail(id int64) string {
+	s := fmt.Sprintf("%s in the dead-letter queue (their retries used up, or a failure no retry would mend): see campaignctl dlq list --campaign %d, fix the cause, then campaignctl dlq retry --campaign %d", counted(int(d.n), "batch waits", "batches wait"), id, id)
+	if d.lastErr != "" {
+		s += ". The last one failed with: " + d.lastErr
+	}
+	return s
 }
 
 func utcOrNil(t *time.Time) *time.Time {

@@ -183,7 +183,7 @@ func waitingOf(ctx context.Context, env *waitEnv, c *campaign.Campaign, counts c
 		queued = places.queued
 	}
 	if queued == 0 {
-		w := &Waiting{Reason: WaitDLQ, Detail: fmt.Sprintf("%s in the dead-letter queue (their retries used up, or a failure no retry would mend): see campaignctl dlq list --campaign %d, fix the cause, then campaignctl dlq retry --campaign %d", counted(int(dlq.n), "batch waits", "batches wait"), id, id)}
+		w := &Waiting{Reason: WaitDLQ, Detail: dlq.detail(id)}
 		if !dlq.last.IsZero() {
 			w.Since = utc(dlq.last)
 		}
