@@ -20,6 +20,16 @@ import (
 	"github.com/campaignctl/campaignctl/providers"
 )
 
+// serverMajor is the major version of the Postgres server c is connected to (0 when it does not say).
+func serverMajor(c *pgconn.PgConn) int {
+	v := c.ParameterStatus("server_version")
+	if i := strings.IndexAny(v, ". "); i > 0 {
+		v = v[:i]
+	}
+	n, _ := strconv.Atoi(v)
+	return n
+}
+
 // stageAudience runs the audience query read-only and streams its rows into audience_stage.
 func (p *Planner) stageAudience(ctx context.Context, engineTx pgx.Tx, spec Spec, tmpl *Template) error {
 	conn, err := p.Audience.Acquire(ctx)
@@ -48,6 +58,14 @@ func (p *Planner) stageAudience(ctx context.Context, engineTx pgx.Tx, spec Spec,
 	defer atx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck
 	if _, err := atx.Exec(ctx, fmt.Sprintf(`SET LOCAL statement_timeout = %d`, spec.StatementTimeout.Milliseconds())); err != nil {
 		return fmt.Errorf("audience database: %w", err)
+	}
+	// A launch killed outright (kill -9, a lost machine) cannot cancel its query: the server would run it
+	// to the statement timeout. From Postgres 14 on, the server checks every second that its client is
+	// still there while the query runs, and ends it when not.
+	if serverMajor(conn.Conn().PgConn()) >= 14 {
+		if _, err := atx.Exec(ctx, `SET LOCAL client_connection_check_interval = 1000`); err != nil {
+			return fmt.Errorf("audience database: %w", err)
+		}
 	}
 	rows, cols, err := runAudience(ctx, atx, spec)
 	if err != nil {

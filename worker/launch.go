@@ -4,8 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"net"
+	"strings"
 
 	"github.com/hibiken/asynq"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/campaignctl/campaignctl/campaign"
@@ -65,7 +69,7 @@ func Launch(ctx context.Context, o LaunchOptions) (campaign.Report, error) {
 		preview.DryRun = true
 		rep, err := o.Planner.Plan(ctx, preview)
 		if err != nil {
-			return rep, err
+			return rep, planLost(err)
 		}
 		if !o.Confirm(rep) {
 			return rep, ErrLaunchDeclined
@@ -77,6 +81,9 @@ func Launch(ctx context.Context, o LaunchOptions) (campaign.Report, error) {
 			// The plan is one transaction: stopped anywhere before its commit, it left nothing (a commit
 			// that went unanswered is asked about: written, the plan has its ID and goes on below).
 			return rep, fmt.Errorf("launch interrupted: nothing was written or sent (%w)", ctx.Err())
+		}
+		if rep.ID == 0 && !errors.Is(err, campaign.ErrCommitUnknown) {
+			return rep, planLost(err)
 		}
 		return rep, err
 	}
@@ -105,4 +112,26 @@ func Launch(ctx context.Context, o LaunchOptions) (campaign.Report, error) {
 		return rep, &NotQueuedError{CampaignID: rep.ID, Queued: added, Batches: rep.Batches, Err: err}
 	}
 	return rep, nil
+}
+
+// planLost says, of a plan that failed because Postgres went away (restarted, failed over, the
+// connection cut), that nothing was written and what to do; other errors are returned as they are.
+func planLost(err error) error {
+	if !lostPostgres(err) {
+		return err
+	}
+	return fmt.Errorf("%w: Postgres went away during the plan, which is one transaction: nothing was written or sent; launch again once it answers", err)
+}
+
+// lostPostgres says whether err is Postgres's connection failing rather than Postgres refusing a
+// statement: a connection or operator-intervention error (an admin shutdown, a crash recovery), or the
+// connection itself broken.
+func lostPostgres(err error) bool {
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) {
+		return strings.HasPrefix(pe.Code, "08") || strings.HasPrefix(pe.Code, "57P")
+	}
+	var ne net.Error
+	return errors.As(err, &ne) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
+		strings.Contains(err.Error(), "conn closed") || strings.Contains(err.Error(), "connection reset")
 }
