@@ -167,6 +167,11 @@ func waitingOf(ctx context.Context, env *waitEnv, c *campaign.Campaign, counts c
 	if w, ok := notes[WaitProviderAuth]; ok {
 		return &w, nil
 	}
+	// Redis lost its data and the workers are writing the recent sends' frequency marks back: the batches
+	// are queued (retrying each second), and nothing is sent until it is done.
+	if w, ok := notes[WaitRedisLostData]; ok {
+		return &w, nil
+	}
 	bucket := state.ProviderBucket(provider)
 	if pace, _ := rdb.HMGet(ctx, state.PaceKey(bucket), "down", "downat").Result(); len(pace) == 2 && pace[0] == "1" {
 		return &Waiting{Reason: WaitProviderDown, Detail: fmt.Sprintf("%s fails (nearly) every request: sends wait, one probe a second over every worker; nobody's retries are used", provider),

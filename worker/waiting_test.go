@@ -256,3 +256,45 @@ func TestStatusSaysWhyACampaignWaits(t *testing.T) {
 		t.Fatalf("skipped %d with reasons %v", s.Skipped, s.SkippedByReason)
 	}
 }
+
+// While the workers write the recent sends' frequency marks back after Redis lost its data, the batches
+// are queued (retrying each second) and nothing is sent: status said nothing held the campaign. The
+// workers note the wait, and status says redis_lost_data with what they are doing, until it is over.
+func TestStatusSaysTheMarksAreBeingWrittenBack(t *testing.T) {
+	t.Parallel()
+	f := plan(t, 30)
+	ctx := context.Background()
+	client := asynq.NewClientFromRedisClient(f.rdb)
+	defer client.Close()
+	if _, _, err := Enqueue(ctx, client, f.store, f.campaign(t), true); err != nil {
+		t.Fatal(err)
+	}
+	if err := state.PublishWorker(ctx, f.rdb, state.WorkerInfo{Owner: "w1", Providers: map[string]string{"sms": f.provider.Name()}, Commercial: map[string]bool{"sms": true}}); err != nil {
+		t.Fatal(err)
+	}
+	waiting := func() *Waiting {
+		t.Helper()
+		s, err := Status(ctx, StatusOptions{Store: f.store, Redis: f.rdb, CampaignID: f.id})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s.Waiting
+	}
+	if w := waiting(); w != nil {
+		t.Fatalf("queued with a worker: waiting %+v, want none", w)
+	}
+	// What a batch run notes when the marks are still being written back (ErrMarksPending).
+	if err := state.NoteWaiting(ctx, f.rdb, f.id, state.Waiting{Reason: WaitRedisLostData, Detail: "marks being written back"}); err != nil {
+		t.Fatal(err)
+	}
+	if w := waiting(); w == nil || w.Reason != WaitRedisLostData || w.Detail != "marks being written back" || w.Since == nil {
+		t.Fatalf("marks being written back: waiting %+v, want redis_lost_data with the note's detail and since", w)
+	}
+	// The next batch run past the marks clears it.
+	if err := state.ClearWaiting(ctx, f.rdb, f.id, WaitRedisLostData); err != nil {
+		t.Fatal(err)
+	}
+	if w := waiting(); w != nil {
+		t.Fatalf("marks back: waiting %+v, want none", w)
+	}
+}
