@@ -15,17 +15,8 @@ import (
 // channel is alive, and nothing moves: status must say what it waits on, not report it as moving.
 func TestStatusSaysTheQueueIsPaused(t *testing.T) {
 	t.Parallel()
-	f := plan(t, 30)
+	f := queuedWithAWorker(t)
 	ctx := context.Background()
-	client := asynq.NewClientFromRedisClient(f.rdb)
-	defer client.Close()
-	if _, _, err := Enqueue(ctx, client, f.store, f.campaign(t), true); err != nil {
-		t.Fatal(err)
-	}
-	if err := state.PublishWorker(ctx, f.rdb, state.WorkerInfo{Owner: "w1", Providers: map[string]string{"sms": f.provider.Name()},
-		Commercial: map[string]bool{"sms": true}}); err != nil {
-		t.Fatal(err)
-	}
 	s, err := Status(ctx, StatusOptions{Store: f.store, Redis: f.rdb, CampaignID: f.id})
 	if err != nil || s.Waiting != nil {
 		t.Fatalf("before the queue pause: waiting %+v, err %v; want none", s.Waiting, err)
@@ -58,4 +49,22 @@ func TestStatusSaysTheQueueIsPaused(t *testing.T) {
 	if s, err = Status(ctx, StatusOptions{Store: f.store, Redis: f.rdb, CampaignID: f.id}); err != nil || s.Waiting != nil {
 		t.Fatalf("after the queue's unpause: waiting %+v, err %v; want none", s.Waiting, err)
 	}
+}
+
+// queuedWithAWorker plans 30 recipients, queues the campaign's batches and publishes a live worker for its
+// channel: a campaign that moves, as status sees it.
+func queuedWithAWorker(t *testing.T) *fixture {
+	t.Helper()
+	f := plan(t, 30)
+	ctx := context.Background()
+	client := asynq.NewClientFromRedisClient(f.rdb)
+	defer client.Close()
+	if _, _, err := Enqueue(ctx, client, f.store, f.campaign(t), true); err != nil {
+		t.Fatal(err)
+	}
+	if err := state.PublishWorker(ctx, f.rdb, state.WorkerInfo{Owner: "w1", Providers: map[string]string{"sms": f.provider.Name()},
+		Commercial: map[string]bool{"sms": true}}); err != nil {
+		t.Fatal(err)
+	}
+	return f
 }

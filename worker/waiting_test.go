@@ -262,16 +262,8 @@ func TestStatusSaysWhyACampaignWaits(t *testing.T) {
 // workers note the wait, and status says redis_lost_data with what they are doing, until it is over.
 func TestStatusSaysTheMarksAreBeingWrittenBack(t *testing.T) {
 	t.Parallel()
-	f := plan(t, 30)
+	f := queuedWithAWorker(t)
 	ctx := context.Background()
-	client := asynq.NewClientFromRedisClient(f.rdb)
-	defer client.Close()
-	if _, _, err := Enqueue(ctx, client, f.store, f.campaign(t), true); err != nil {
-		t.Fatal(err)
-	}
-	if err := state.PublishWorker(ctx, f.rdb, state.WorkerInfo{Owner: "w1", Providers: map[string]string{"sms": f.provider.Name()}, Commercial: map[string]bool{"sms": true}}); err != nil {
-		t.Fatal(err)
-	}
 	waiting := func() *Waiting {
 		t.Helper()
 		s, err := Status(ctx, StatusOptions{Store: f.store, Redis: f.rdb, CampaignID: f.id})
