@@ -154,18 +154,9 @@ func (h *Handler) RunBatch(ctx context.Context, campaignID int64, batch int) err
 	// (a Redis that lost its data lost them too).
 	if err := h.state.MarksBack(ctx, epoch, h.cfg.Store.RecentSends, h.cfg.Store.ChunksInHand); err != nil {
 		if errors.Is(err, state.ErrMarksPending) {
-			if h.cfg.Redis != nil {
-				// Seconds or more with pending recipients and queued batches, and nothing sent: status says why.
-				state.NoteWaiting(context.WithoutCancel(ctx), h.cfg.Redis, c.ID, state.Waiting{Reason: WaitRedisLostData, //nolint:errcheck // status only
-					Detail: "Redis lost its data (restarted empty, flushed, failed over): the frequency marks of the recent sends are being written back from Postgres before anything is sent; the batches go on by themselves"})
-			}
 			return &RetryError{Err: err, After: time.Second}
 		}
 		return waitForServices(err)
-	}
-	if h.cfg.Redis != nil {
-		// The marks are back: a wait noted for them is over.
-		state.ClearWaiting(ctx, h.cfg.Redis, c.ID, WaitRedisLostData) //nolint:errcheck // status only; it expires
 	}
 	run.lease = campaign.Lease{Batch: batch, Token: state.Token(), Epoch: epoch, TTL: h.cfg.LeaseTTL, Holder: h.holder(), HolderGrace: h.cfg.LivenessGrace}
 	h.leaseLive(run.lease.Token, true)

@@ -66,12 +66,15 @@ func waitingOf(ctx context.Context, env *waitEnv, c *campaign.Campaign, counts c
 	if err != nil {
 		return nil, err
 	}
-	if queued == 0 && dlq.n == 0 {
-		since, err := lostSince(ctx, rdb, c)
+	lost := func(detail string) (*Waiting, error) {
+		since, err := env.lostSince(ctx, c)
 		if err != nil {
 			return nil, err
 		}
-		return &Waiting{Reason: WaitRedisLostData, Detail: fmt.Sprintf("%d recipients pending and none of the campaign's batches is queued: Redis lost its data (restarted empty, flushed, failed over), or the batches were dropped from the dead-letter queue (dlq purge), or the launch stopped before it queued them. Run campaignctl resume %d", counts.Pending, id), Since: since}, nil
+		return &Waiting{Reason: WaitRedisLostData, Detail: detail, Since: since}, nil
+	}
+	if queued == 0 && dlq.n == 0 {
+		return lost(fmt.Sprintf("%d recipients pending and none of the campaign's batches is queued: Redis lost its data (restarted empty, flushed, failed over), or the batches were dropped from the dead-letter queue (dlq purge), or the launch stopped before it queued them. Run campaignctl resume %d", counts.Pending, id))
 	}
 	// Some batches queued and others not (a launch killed while it queued them, tasks deleted by hand):
 	// the workers send the queued ones and the campaign stops short of the rest.
@@ -80,11 +83,7 @@ func waitingOf(ctx context.Context, env *waitEnv, c *campaign.Campaign, counts c
 		return nil, err
 	}
 	if places.unqueued > 0 {
-		since, err := lostSince(ctx, rdb, c)
-		if err != nil {
-			return nil, err
-		}
-		return &Waiting{Reason: WaitRedisLostData, Detail: fmt.Sprintf("%s with pending recipients neither queued nor in the dead-letter queue: the launch stopped before it queued them, or Redis lost them, or they were deleted by hand. Run campaignctl resume %d", counted(places.unqueued, "batch", "batches"), id), Since: since}, nil
+		return lost(fmt.Sprintf("%s with pending recipients neither queued nor in the dead-letter queue: the launch stopped before it queued them, or Redis lost them, or they were deleted by hand. Run campaignctl resume %d", counted(places.unqueued, "batch", "batches"), id))
 	}
 	// The whole queue paused in asynqmon (or Inspector.PauseQueue): no worker takes a batch of any
 	// campaign, whatever else holds. campaignctl resume does not undo it: the queue is everyone's.
@@ -169,8 +168,10 @@ func waitingOf(ctx context.Context, env *waitEnv, c *campaign.Campaign, counts c
 	}
 	// Redis lost its data and the workers are writing the recent sends' frequency marks back: the batches
 	// are queued (retrying each second), and nothing is sent until it is done.
-	if w, ok := notes[WaitRedisLostData]; ok {
-		return &w, nil
+	if es, err := env.redisEpoch(ctx); err != nil {
+		return nil, err
+	} else if es.MarksPending() {
+		return lost("Redis lost its data (restarted empty, flushed, failed over): the frequency marks of the recent sends are being written back from Postgres before anything is sent; the batches go on by themselves")
 	}
 	bucket := state.ProviderBucket(provider)
 	if pace, _ := rdb.HMGet(ctx, state.PaceKey(bucket), "down", "downat").Result(); len(pace) == 2 && pace[0] == "1" {
@@ -224,18 +225,6 @@ func utc(t time.Time) *time.Time {
 
 // waitEnv is what waitingOf reads that is the same for every campaign: the workers' heartbeats and the
 // queue, each read once however many campaigns a status lists.
-// lostSince is when campaign c's batches went missing from the queue, where that is known: when a process
-// first saw that Redis had lost its data (the epoch's renewal), if that came after the launch. A launch
-// that stopped before it queued its batches, or batches dropped from the dead-letter queue or deleted by
-// hand, leave no time in Redis: nil.
-func lostSince(ctx context.Context, rdb redis.UniversalClient, c *campaign.Campaign) (*time.Time, error) {
-	t, ok, err := state.EpochSince(ctx, rdb)
-	if err != nil || !ok || !t.After(c.CreatedAt) {
-		return nil, err
-	}
-	return utc(t), nil
-}
-
 type waitEnv struct {
 	rdb         redis.UniversalClient
 	store       *campaign.Store // nil: heartbeats alone say which workers live
@@ -244,6 +233,31 @@ type waitEnv struct {
 	byCampaign  map[int64]map[int]bool // the batches in the queue, by campaign
 	haveWorkers bool
 	paused      *bool // the queue's pause, read once
+	epoch       *state.EpochState
+}
+
+// redisEpoch returns Redis's epoch, its marks' epoch and its time (state.ReadEpoch), read once.
+func (e *waitEnv) redisEpoch(ctx context.Context) (state.EpochState, error) {
+	if e.epoch == nil {
+		es, err := state.ReadEpoch(ctx, e.rdb)
+		if err != nil {
+			return es, err
+		}
+		e.epoch = &es
+	}
+	return *e.epoch, nil
+}
+
+// lostSince is when campaign c's batches went missing from the queue, where that is known: when a process
+// first saw that Redis had lost its data (the epoch's renewal), if that came after the launch. A launch
+// that stopped before it queued its batches, or batches dropped from the dead-letter queue or deleted by
+// hand, leave no time in Redis: nil.
+func (e *waitEnv) lostSince(ctx context.Context, c *campaign.Campaign) (*time.Time, error) {
+	es, err := e.redisEpoch(ctx)
+	if err != nil || es.Since == nil || !es.Since.After(c.CreatedAt) {
+		return nil, err
+	}
+	return utc(*es.Since), nil
 }
 
 // seen returns when workers were last seen (state.LastSeen), read once.

@@ -100,18 +100,34 @@ redis.call("SET", KEYS[3], string.format("%.0f", tonumber(t[1]) * 1000 + math.fl
 if v then return {ARGV[1], 2} end
 return {ARGV[1], 1}`)
 
-// EpochSince is when the current epoch was created or renewed (EpochSinceKey): when a process first saw
-// that Redis had lost its data, or had restarted or failed over. ok is false when Redis holds no such time
-// (no process has checked the epoch since the loss, or it was issued by an earlier version).
-func EpochSince(ctx context.Context, rdb redis.Cmdable) (t time.Time, ok bool, err error) {
-	ms, err := rdb.Get(ctx, EpochSinceKey).Int64()
-	if errors.Is(err, redis.Nil) {
-		return time.Time{}, false, nil
-	}
+// EpochState is what Redis says of its epoch: the epoch (empty: none yet), the epoch the frequency marks
+// were last written back for (MarksKey), and when the epoch was created or renewed (EpochSinceKey; nil:
+// not recorded).
+type EpochState struct {
+	Epoch, Marks string
+	Since        *time.Time
+}
+
+// MarksPending says that Redis lost its data and the recent sends' frequency marks are not back yet for
+// its epoch (MarksBack): nothing is claimed until they are.
+func (e EpochState) MarksPending() bool { return e.Epoch != "" && e.Marks != e.Epoch }
+
+// ReadEpoch reads the epoch, its marks' epoch and its time in one round trip, creating nothing.
+func ReadEpoch(ctx context.Context, rdb redis.Cmdable) (EpochState, error) {
+	vals, err := rdb.MGet(ctx, EpochKey, MarksKey, EpochSinceKey).Result()
 	if err != nil {
-		return time.Time{}, false, fmt.Errorf("redis epoch's time: %w", err)
+		return EpochState{}, fmt.Errorf("redis epoch: %w", err)
 	}
-	return time.UnixMilli(ms), true, nil
+	var e EpochState
+	e.Epoch, _ = vals[0].(string)
+	e.Marks, _ = vals[1].(string)
+	if v, ok := vals[2].(string); ok {
+		if ms, err := strconv.ParseInt(v, 10, 64); err == nil {
+			t := time.UnixMilli(ms)
+			e.Since = &t
+		}
+	}
+	return e, nil
 }
 
 // randomToken returns a short random identifier (epochs, lease tokens).

@@ -182,9 +182,9 @@ func NoteWaiting(ctx context.Context, rdb redis.UniversalClient, id int64, w Wai
 	return err
 }
 
-// ClearWaiting removes the notes of reasons for campaign id (the batch got past them).
-func ClearWaiting(ctx context.Context, rdb redis.UniversalClient, id int64, reasons ...string) error {
-	return rdb.HDel(ctx, WaitingKey(id), reasons...).Err()
+// ClearWaiting removes the note of reason for campaign id (the batch got past it).
+func ClearWaiting(ctx context.Context, rdb redis.UniversalClient, id int64, reason string) error {
+	return rdb.HDel(ctx, WaitingKey(id), reason).Err()
 }
 
 // Waits returns the notes of campaign id by reason.
