@@ -108,8 +108,9 @@ func TestAResumeRacingACancelKeepsTheCancelsHalt(t *testing.T) {
 	}
 }
 
-// afterRead runs do once, just after the first GET of key returned.
+// afterRead runs do once, just after the first cmd (GET when empty) of key returned.
 type afterRead struct {
+	cmd  string
 	key  string
 	once sync.Once
 	do   func()
@@ -119,7 +120,11 @@ func (h *afterRead) DialHook(next redis.DialHook) redis.DialHook { return next }
 func (h *afterRead) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
 		err := next(ctx, cmd)
-		if args := cmd.Args(); len(args) == 2 && strings.EqualFold(fmt.Sprint(args[0]), "get") && args[1] == h.key {
+		name := h.cmd
+		if name == "" {
+			name = "get"
+		}
+		if args := cmd.Args(); len(args) >= 2 && strings.EqualFold(fmt.Sprint(args[0]), name) && args[1] == h.key {
 			h.once.Do(h.do)
 		}
 		return err
@@ -158,6 +163,43 @@ func TestAPauseOfAStillPausedCampaignDuringAResumeStands(t *testing.T) {
 	}
 	if v, _ := e.rdb.Get(ctx, worker.HaltKey(c.ID)).Result(); v != string(campaign.StatePaused) {
 		t.Fatalf("halt mark %q, want paused", v)
+	}
+}
+
+// An operator resumes a running campaign (say, after a worker incident) while another cancels it, and the
+// cancel commits after resume's checks of the state, while it rebuilds the counters and queues the
+// batches. The cancel's halt stops every send; resume must not then report the campaign running and exit
+// 0: it reads the state once more at its end and says it was cancelled meanwhile.
+func TestACancelCommittedLateInAResumeIsReported(t *testing.T) {
+	t.Parallel()
+	e := newOpsEnv(t, 3, nil)
+	ctx := context.Background()
+	c := e.launch(t, "late", 1)
+	resumer := redis.NewClient(e.rdb.(*redis.Client).Options())
+	defer resumer.Close()
+	var cancelled bool
+	resumer.AddHook(&afterRead{cmd: "hset", key: worker.ProgressKey(c.ID), do: func() {
+		rep, err := worker.Cancel(ctx, worker.CancelOptions{Store: e.store, Redis: e.rdb, CampaignID: c.ID, Wait: 0})
+		if err != nil || !rep.Halted {
+			t.Errorf("cancel: %+v, %v", rep, err)
+		}
+		cancelled = true
+	}})
+	rep, err := worker.Resume(ctx, worker.ResumeOptions{Store: e.store, Redis: resumer, CampaignID: c.ID})
+	if !cancelled {
+		t.Fatal("the cancel did not run: resume rebuilt no counters")
+	}
+	if !errors.Is(err, campaign.ErrWrongState) || !strings.Contains(err.Error(), "cancelled while it was being resumed") {
+		t.Errorf("resume: %v, want it to say the campaign was cancelled meanwhile", err)
+	}
+	if rep.To != "" {
+		t.Errorf("resume reported the campaign going to %q; it was cancelled", rep.To)
+	}
+	if st := e.campaign(t, c.ID).State; st != campaign.StateCancelled {
+		t.Fatalf("state %s, want cancelled", st)
+	}
+	if v, _ := e.rdb.Get(ctx, worker.HaltKey(c.ID)).Result(); v != string(campaign.StateCancelled) {
+		t.Fatalf("halt mark %q, want cancelled", v)
 	}
 }
 
