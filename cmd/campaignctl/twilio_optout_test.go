@@ -102,3 +102,39 @@ func TestWebhooksOnEveryInterfaceWithoutPublicURLTakeSignedRefusals(t *testing.T
 		t.Errorf("a correctly signed \"RET\" to %s: %d, consent %s; want 200 and RET", target, code, status)
 	}
 }
+
+// WEBHOOKS_PUBLIC_URL is where recipients and providers reach campaignctl webhooks: behind a proxy that
+// strips a path prefix, Twilio signs the public URL it called. Without --public-url, webhooks checked the
+// signature against its own address only, and every signed refusal through the proxy was refused 403 (Twilio
+// does not post an incoming message again). --public-url still wins over it.
+func TestWebhooksCheckTwilioSignaturesAgainstWebhooksPublicURL(t *testing.T) {
+	t.Parallel()
+	db, dbURL := testdb.New(t)
+	ctx := t.Context()
+	if _, err := db.Exec(ctx, `INSERT INTO iys_consents (recipient, type, recipient_type, brand_code, status, source, consent_date)
+		VALUES ('+905551238881', 'MESAJ', 'BIREYSEL', '654321', 'ONAY', 'HS_WEB', now() - interval '1 day'),
+		       ('+905551238882', 'MESAJ', 'BIREYSEL', '654321', 'ONAY', 'HS_WEB', now() - interval '1 day')`); err != nil {
+		t.Fatal(err)
+	}
+	env := map[string]string{"DATABASE_URL": dbURL, "TWILIO_AUTH_TOKEN": hooksToken, "IYS_BRAND_CODE": "654321",
+		"WEBHOOKS_PUBLIC_URL": "https://hooks.example.com/pfx", "UNSUBSCRIBE_SECRET": "public-url-test-secret-0123456789"}
+	for _, c := range []struct {
+		from, public string
+		args         []string
+	}{
+		{"+905551238881", "https://hooks.example.com/pfx", nil},
+		{"+905551238882", "https://other.example.com", []string{"--public-url", "https://other.example.com"}},
+	} {
+		hooks := serveInProcess(t, env, hooksURLRe, append([]string{"webhooks", "--addr", "127.0.0.1:0", "--spool-dir", ""}, c.args...)...)
+		form := url.Values{"MessageSid": {"SMin" + strings.Repeat("8", 28) + c.from[len(c.from)-4:]}, "AccountSid": {"ACtest"}, "From": {c.from},
+			"To": {"+908501234567"}, "Body": {"RET"}, "NumMedia": {"0"}, "SmsStatus": {"received"}, "ApiVersion": {"2010-04-01"}}
+		// Signed for the public URL, delivered by the proxy to this server's own path.
+		hdr := map[string]string{"Content-Type": "application/x-www-form-urlencoded", "X-Twilio-Signature": twilioSig(hooksToken, c.public+twilioInboundPath, form)}
+		code := hooksPost(t, hooks.base+twilioInboundPath, strings.NewReader(form.Encode()), hdr)
+		var status string
+		db.QueryRow(ctx, `SELECT status FROM iys_consents WHERE recipient = $1`, c.from).Scan(&status) //nolint:errcheck
+		if code != http.StatusOK || status != "RET" {
+			t.Errorf("\"RET\" signed for %s%s (args %v): %d, consent %s; want 200 and RET", c.public, twilioInboundPath, c.args, code, status)
+		}
+	}
+}

@@ -88,8 +88,9 @@ excludes them as consent_ret) and waits in the İYS outbox: campaignctl iys push
   GET  /healthz          200 while serving, for probes.
 
 Unsigned, wrongly signed or (SendGrid) stale requests are refused with 403 and counted. Twilio signs the
-URL it called: behind a proxy or tunnel, give that public URL with --public-url (scheme, host and path
-prefix only: no user name or password, no query).
+URL it called: behind a proxy or tunnel, that is WEBHOOKS_PUBLIC_URL (where recipients and providers reach
+this server), or --public-url when the providers call another (scheme, host and path prefix only: no user
+name or password, no query).
 
 Limits, for what the providers send: a Twilio callback (under 1 KiB) may be up to ` + byteSize(receipts.MaxTwilioBody) + `, a SendGrid
 batch (posted at about 768 KB) up to ` + byteSize(receipts.MaxSendGridBody) + `; a larger Content-Length is refused (413) unread.
@@ -120,8 +121,14 @@ requests under way are answered before the process ends.`,
 			if storeWait < 0 || storeWait > webhooksWriteTimeout-5*time.Second {
 				return usagef("--store-wait %v: give 0 (answer 500 at once) up to %v (the server's write timeout less 5 s), e.g. 10s", storeWait, webhooksWriteTimeout-5*time.Second)
 			}
+			// The providers reach this server where recipients do (WEBHOOKS_PUBLIC_URL, the base of the
+			// unsubscribe links), unless --public-url says otherwise: behind a proxy, Twilio signs that URL.
+			publicName := "--public-url"
+			if !cmd.Flags().Changed("public-url") {
+				publicURL, publicName = a.getenv(publicURLEnv), publicURLEnv
+			}
 			if publicURL != "" {
-				u, err := webhooksPublicURL(publicURL)
+				u, err := webhooksPublicURL(publicName, publicURL)
 				if err != nil {
 					return err
 				}
@@ -296,7 +303,7 @@ requests under way are answered before the process ends.`,
 		},
 	}
 	cmd.Flags().StringVar(&addr, "addr", "127.0.0.1:8090", "listen address host:port")
-	cmd.Flags().StringVar(&publicURL, "public-url", "", "the URL the providers call (scheme://host[:port][/prefix], no credentials), if not http://ADDR")
+	cmd.Flags().StringVar(&publicURL, "public-url", "", "the URL the providers call (scheme://host[:port][/prefix], no credentials); default $"+publicURLEnv+", else http://ADDR")
 	cmd.Flags().StringSliceVar(&keywords, "refusal-keywords", receipts.DefaultRefusalKeywords, "the first words that make an incoming SMS a refusal (case and İ/ı folded)")
 	cmd.Flags().DurationVar(&netgsmEvery, "netgsm-report-interval", 6*time.Second, "with NETGSM_USERCODE and NETGSM_PASSWORD: how often to ask Netgsm for reports (it answers 10 a minute); 0: never")
 	cmd.Flags().DurationVar(&storeWait, "store-wait", receipts.DefaultStoreWait, "without a spool: how long a request whose receipts or refusals Postgres cannot take is held and tried again before it is answered 500; 0: at once")
@@ -311,22 +318,22 @@ var webhooksPaths = map[string]string{"twilio": twilioReceiptPath, "twilio_inbou
 // webhooksPublicURL validates --public-url and returns it without a trailing slash. No message quotes
 // its credentials: a URL with any is refused (the endpoint checks the providers' signatures, not HTTP
 // authentication, and a password in it would end up in the logs), and every quote goes through redact.
-func webhooksPublicURL(raw string) (string, error) {
+func webhooksPublicURL(name, raw string) (string, error) {
 	const want = "give scheme://host[:port] and any path prefix the proxy strips, e.g. https://hooks.example.com"
 	u, err := url.Parse(raw)
 	switch {
 	case err != nil:
-		return "", usagef("--public-url %s is not a valid URL: %s", redact(raw), want)
+		return "", usagef("%s %s is not a valid URL: %s", name, redact(raw), want)
 	case u.Scheme != "http" && u.Scheme != "https" || u.Host == "" || u.Opaque != "":
-		return "", usagef("--public-url %s: %s", redact(raw), want)
+		return "", usagef("%s %s: %s", name, redact(raw), want)
 	case u.User != nil:
-		return "", usagef("--public-url %s holds a user name or password: the providers' signatures are what this endpoint checks, and a password in the URL would end up in the logs; %s",
-			redact(raw), want)
+		return "", usagef("%s %s holds a user name or password: the providers' signatures are what this endpoint checks, and a password in the URL would end up in the logs; %s",
+			name, redact(raw), want)
 	case u.RawQuery != "" || u.ForceQuery || u.Fragment != "":
 		bare := *u // a query may hold a token too: it is not quoted
 		bare.RawQuery, bare.ForceQuery, bare.Fragment = "", false, ""
-		return "", usagef("--public-url %s?… has a query or fragment: the receipt paths (%s, %s) are appended to it; %s",
-			redact(bare.String()), twilioReceiptPath, sendgridReceiptPath, want)
+		return "", usagef("%s %s?… has a query or fragment: the receipt paths (%s, %s) are appended to it; %s",
+			name, redact(bare.String()), twilioReceiptPath, sendgridReceiptPath, want)
 	}
 	return strings.TrimSuffix(raw, "/"), nil
 }
