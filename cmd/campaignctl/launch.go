@@ -236,7 +236,9 @@ func (a *app) launch(ctx context.Context, o launchOptions) error {
 		lo.Redis = svc.redis
 		if !o.yes && interactive {
 			lo.Confirm = func(preview campaign.Report) bool {
-				a.printReport(preview, false)
+				// The question's own report: on the terminal asked (stderr), so that stdout holds the
+				// launch's result alone (the JSON of --json, say, redirected to a file).
+				a.writeReport(a.stderr, preview, "About to launch (nothing written or sent yet)")
 				return a.confirm(fmt.Sprintf("Send %d messages now?", preview.Eligible))
 			}
 		}
@@ -256,8 +258,8 @@ func (a *app) launch(ctx context.Context, o launchOptions) error {
 		}
 		return err
 	case rep.DryRun:
-		// The dry run before the confirmation failed.
-		a.printReport(rep, false)
+		// The dry run before the confirmation failed: what it counted goes with the error.
+		a.writeReport(a.stderr, rep, "Not launched (nothing written, nothing sent)")
 		return err
 	case err == nil, errors.As(err, &notQueued):
 		a.printReport(rep, o.json)
@@ -326,11 +328,16 @@ func (a *app) printReport(rep campaign.Report, asJSON bool) {
 		enc.Encode(rep) //nolint:errcheck
 		return
 	}
-	w := tabwriter.NewWriter(a.stdout, 0, 4, 2, ' ', 0)
 	title := "Launch"
 	if rep.DryRun {
 		title = "Dry run (nothing written, nothing sent)"
 	}
+	a.writeReport(a.stdout, rep, title)
+}
+
+// writeReport writes a launch's report as a table under title to out.
+func (a *app) writeReport(out io.Writer, rep campaign.Report, title string) {
+	w := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
 	fmt.Fprintf(w, "%s: %s (%s)\n", title, rep.Name, rep.Channel)
 	if rep.ID != 0 {
 		fmt.Fprintf(w, "  campaign id\t%d\n", rep.ID)
