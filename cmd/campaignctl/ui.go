@@ -47,7 +47,7 @@ batches in the queue, and pause, resume and cancel buttons (the commands of the 
 --read-only hides the buttons and refuses every request that would change a queue or a task (405), or a
 campaign (403).
 --prometheus-addr turns on asynqmon's metrics view: the Prometheus server that scrapes the workers'
---metrics-addr. The UI stops gracefully on SIGINT or SIGTERM.`,
+--metrics-addr (no user name or password: the pages show the address). The UI stops gracefully on SIGINT or SIGTERM.`,
 		Example: `  campaignctl ui                                   # http://127.0.0.1:8080/, this machine only
   campaignctl ui --read-only --addr 127.0.0.1:9000
 
@@ -171,6 +171,10 @@ func uiCheckPrometheus(raw string) (string, error) {
 	u, err := url.Parse(raw)
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.RawQuery != "" || u.Fragment != "" {
 		return "", usagef("--prometheus-addr %q: give the Prometheus server's base URL, e.g. http://127.0.0.1:9090", redact(raw))
+	}
+	if u.User != nil {
+		// asynqmon writes the address into every page it serves, for every viewer to read.
+		return "", usagef("--prometheus-addr %q holds a user name or password, and asynqmon writes the address into every page it serves: give the URL of a Prometheus the UI reaches without credentials (in the cluster, or a local proxy that adds them), e.g. http://127.0.0.1:9090", redact(raw))
 	}
 	return strings.TrimSuffix(raw, "/"), nil
 }

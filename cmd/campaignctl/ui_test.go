@@ -370,6 +370,8 @@ func TestUIFlagsAndCredentialsAreValidated(t *testing.T) {
 		{"env without user", withEnv(uiAuthEnv, ":"+secret), nil, []string{uiAuthEnv, "user is empty"}},
 		{"prometheus without scheme", base, []string{"--prometheus-addr", "prometheus:9090"}, []string{"--prometheus-addr", "http://127.0.0.1:9090"}},
 		{"prometheus with secret", base, []string{"--prometheus-addr", "ftp://u:" + secret + "@prom"}, []string{"--prometheus-addr"}},
+		// asynqmon writes the address into its pages: before, this one's password was in every page served.
+		{"prometheus with credentials", base, []string{"--prometheus-addr", "https://u:" + secret + "@prom:9090"}, []string{"--prometheus-addr", "user name or password", "every page"}},
 		{"argument", base, []string{"extra"}, []string{"unknown command"}},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
