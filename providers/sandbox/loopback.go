@@ -126,7 +126,12 @@ func postLoopback(client *http.Client, target string, header http.Header, body i
 	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<16))
 	resp.Body.Close()
 	if resp.StatusCode < 200 || resp.StatusCode > 299 {
-		return fmt.Errorf("receiver answered %d", resp.StatusCode)
+		return answeredError(resp.StatusCode)
 	}
 	return nil
 }
+
+// answeredError is a receiver's answer outside 2xx, its status code.
+type answeredError int
+
+func (e answeredError) Error() string { return fmt.Sprintf("receiver answered %d", int(e)) }

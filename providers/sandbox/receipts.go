@@ -1,14 +1,18 @@
 package sandbox
 
 import (
+	"context"
 	"crypto/hmac"
 	"crypto/sha1"
 	"encoding/base64"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"net"
 	"net/http"
 	"net/url"
 	"slices"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -38,9 +42,13 @@ import (
 // the timeout fault gets its callbacks too, as the real one would be delivered.
 //
 // Callbacks go only to loopback hosts (localhost or a loopback IP, checked again when dialling, and no
-// redirects are followed); any other URL is refused silently and counted. Each callback is tried once,
-// as Twilio does by default; at most maxPendingReceipts messages wait for theirs, and a message beyond
-// that gets none (counted as dropped), so the send path never waits. GET /_sandbox/receipts/stats
+// redirects are followed); any other URL is refused silently and counted. Each callback is tried as
+// Twilio tries it: once more if the connection failed, and as the URL's connection overrides say, a
+// fragment that is not sent (#rc=3&rp=5xx,ct: rc retries, 0 to 5, of the failures rp names: 4xx, 5xx, ct
+// a connection that failed, rt an answer that did not come, all), a retry connectionRetryWait after the
+// failure. The signature covers the URL without its fragment, the one the receiver sees. At most
+// maxPendingReceipts messages wait for theirs, and a message beyond that gets none (counted as dropped),
+// so the send path never waits. GET /_sandbox/receipts/stats
 // returns ReceiptStats; Reset does not clear them.
 //
 // The message log keeps, per message, the last status its receiver answered with a 2xx and when the
@@ -68,8 +76,10 @@ type ReceiptStats struct {
 	Scheduled int64 `json:"scheduled"`
 	// Sent is the number of callbacks POSTed and answered with a 2xx.
 	Sent int64 `json:"sent"`
-	// Failed is the number of callbacks that got no answer or a non-2xx one.
+	// Failed is the number of callbacks that got no answer or a non-2xx one, at their last attempt.
 	Failed int64 `json:"failed"`
+	// Retried is the number of attempts that failed and were tried again (connection overrides).
+	Retried int64 `json:"retried"`
 	// Refused is the number of messages whose StatusCallback was not a loopback http(s) URL.
 	Refused int64 `json:"refused"`
 	// Dropped is the number of messages that got no callbacks because maxPendingReceipts were pending.
@@ -107,7 +117,7 @@ type receiptState struct {
 	settings  atomic.Pointer[ReceiptSettings]
 	callbacks callbackCheck
 
-	scheduled, sent, failed, refused, dropped, disabled atomic.Int64
+	scheduled, sent, failed, retried, refused, dropped, disabled atomic.Int64
 }
 
 // receiptRoutes sets up the delivery receipt emitters.
@@ -159,6 +169,7 @@ func (s *Server) ReceiptStats() ReceiptStats {
 		Scheduled: rs.scheduled.Load(),
 		Sent:      rs.sent.Load(),
 		Failed:    rs.failed.Load(),
+		Retried:   rs.retried.Load(),
 		Refused:   rs.refused.Load(),
 		Dropped:   rs.dropped.Load(),
 		Pending:   int64(len(rs.slots)),
@@ -166,14 +177,55 @@ func (s *Server) ReceiptStats() ReceiptStats {
 	}
 }
 
+// connectionRetryWait is how long after a failed attempt a status callback is tried again.
+const connectionRetryWait = 250 * time.Millisecond
+
+// connectionOverrides splits a webhook URL into the URL requested and its connection overrides' retries:
+// how many (rc) and of which failures (rp). Without any, Twilio retries a failed connection once.
+func connectionOverrides(raw string) (target string, retries int, policy []string) {
+	target, frag, _ := strings.Cut(raw, "#")
+	retries, policy = 1, []string{"ct"}
+	q, err := url.ParseQuery(frag)
+	if err != nil {
+		return target, retries, policy
+	}
+	if rc := q.Get("rc"); rc != "" {
+		if n, err := strconv.Atoi(rc); err == nil && n >= 0 && n <= 5 {
+			retries = n
+		}
+	}
+	if rp := q.Get("rp"); rp != "" {
+		policy = strings.Split(rp, ",")
+	}
+	return target, retries, policy
+}
+
+// retried says whether a callback that failed with err is tried again under policy.
+func retried(err error, policy []string) bool {
+	var code answeredError
+	var ne net.Error
+	kind := "ct"
+	switch {
+	case errors.As(err, &code) && code >= 500:
+		kind = "5xx"
+	case errors.As(err, &code):
+		kind = "4xx"
+	case errors.Is(err, context.DeadlineExceeded), errors.As(err, &ne) && ne.Timeout():
+		kind = "rt"
+	}
+	return slices.Contains(policy, kind) || slices.Contains(policy, "all")
+}
+
 // twilioCallback is one scheduled status callback chain.
 type twilioCallback struct {
-	url   string
-	token string
-	form  url.Values // the fields every callback of the message carries
-	final string     // "delivered", "undelivered" or "failed"
-	code  string     // ErrorCode of the final callback, "" when delivered
-	entry int        // the message's place in the log, for its receipt fields
+	url     string // without the fragment
+	retries int    // of a failure the policy names
+	policy  []string
+	token   string
+	form    url.Values // the fields every callback of the message carries
+	final   string     // "delivered", "undelivered" or "failed"
+	code    string     // ErrorCode of the final callback, "" when delivered
+	entry   int        // the message's place in the log, for its receipt fields
 }
 
 // scheduleTwilioReceipts schedules the status callbacks of m, just accepted by r (whose form is f) and
@@ -204,9 +256,12 @@ func (s *Server) scheduleTwilioReceipts(r *http.Request, f *twilioForm, m Messag
 	}
 	rs.scheduled.Add(1)
 	_, token, _ := r.BasicAuth()
+	target, retries, policy := connectionOverrides(cbURL)
 	cb := &twilioCallback{
-		url:   cbURL,
-		token: token,
+		url:     target,
+		retries: retries,
+		policy:  policy,
+		token:   token,
 		form: url.Values{
 			"MessageSid": {m.SID}, "SmsSid": {m.SID},
 			"AccountSid": {m.AccountSID},
@@ -251,7 +306,13 @@ func (s *Server) postTwilioCallback(cb *twilioCallback, status, code string) {
 	if code != "" {
 		form.Set("ErrorCode", code)
 	}
-	err := s.receipts.post(cb.url, form, twilioSignature(cb.token, cb.url, form))
+	sig := twilioSignature(cb.token, cb.url, form)
+	err := s.receipts.post(cb.url, form, sig)
+	for try := 0; err != nil && try < cb.retries && retried(err, cb.policy); try++ {
+		s.receipts.retried.Add(1)
+		time.Sleep(connectionRetryWait)
+		err = s.receipts.post(cb.url, form, sig)
+	}
 	if err != nil {
 		s.receipts.failed.Add(1)
 		s.logger.Debug("sandbox status callback failed", "message_sid", form.Get("MessageSid"),

@@ -8,6 +8,7 @@ import (
 	"net/http/httptest"
 	"net/url"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -306,4 +307,53 @@ func TestTwilioStatusCallbackAfterTimeout(t *testing.T) {
 	if got[0].MessageID != msgs[0].SID || got[0].Status != receipts.StatusSent || got[1].Status != receipts.StatusDelivered {
 		t.Errorf("receipts %+v, want sent then delivered for %s", got, msgs[0].SID)
 	}
+}
+
+// A status callback URL's connection overrides (#rc=3&rp=5xx) make Twilio retry a callback its receiver
+// answered 5xx; the fragment is not sent, and the signature covers the URL the receiver sees. Without them
+// a 5xx is final, as with Twilio.
+func TestTwilioStatusCallbackConnectionOverrides(t *testing.T) {
+	s, srv := newTwilioSandbox(t, sandbox.Options{ReceiptDelay: receiptDelay})
+	got := make(chan receipts.Receipt, 8)
+	// Signatures checked against the URL each request was sent to (no public URL given).
+	handler := receipts.TwilioHandler(testToken, "", receipts.SinkFunc(func(_ context.Context, rs []receipts.Receipt) error {
+		for _, r := range rs {
+			got <- r
+		}
+		return nil
+	}), nil)
+	rv := &receiver{handler: handler, got: got}
+	var refuse atomic.Int32
+	hs := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Fragment != "" || strings.Contains(r.RequestURI, "#") {
+			t.Errorf("the fragment was sent: %s", r.RequestURI)
+		}
+		if refuse.Add(-1) >= 0 {
+			http.Error(w, "busy", http.StatusInternalServerError)
+			return
+		}
+		handler.ServeHTTP(w, r)
+	}))
+	defer hs.Close()
+	api := newRestClient(t, srv.URL, testSID, testToken)
+
+	refuse.Store(2)
+	sid := sendWithCallback(t, api, "+905551234567", hs.URL+"/twilio/status?campaign_id=42&user_id=u-7#rc=3&rp=5xx")
+	two := rv.next(t, 2)
+	if two[0].MessageID != sid || two[1].Status != receipts.StatusDelivered {
+		t.Errorf("receipts after two 500s under rc=3: %+v", two)
+	}
+	st := waitReceiptStats(t, s, func(st sandbox.ReceiptStats) bool { return st.Pending == 0 })
+	if st.Sent != 2 || st.Retried != 2 || st.Failed != 0 {
+		t.Errorf("sandbox receipt stats %+v, want 2 sent after 2 retries, none failed", st)
+	}
+
+	// No overrides: Twilio retries only a connection that failed; the 500 is final.
+	refuse.Store(1)
+	sendWithCallback(t, api, "+905551234568", hs.URL+"/twilio/status?campaign_id=42&user_id=u-8")
+	st = waitReceiptStats(t, s, func(st sandbox.ReceiptStats) bool { return st.Pending == 0 && st.Sent+st.Failed == 4 })
+	if st.Failed != 1 || st.Retried != 2 {
+		t.Errorf("sandbox receipt stats %+v, want the 500 final (1 failed) and no new retry", st)
+	}
+	rv.next(t, 1) // the final status, delivered
 }

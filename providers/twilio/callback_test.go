@@ -9,22 +9,25 @@ import (
 
 func TestCallbackURLNamesTheRecipient(t *testing.T) {
 	for _, tc := range []struct {
-		base string
-		want url.Values
+		base     string
+		want     url.Values
+		fragment string
 	}{
-		{"https://hooks.example.com/twilio/status", url.Values{"campaign_id": {"42"}, "user_id": {"u 1&x=ş"}, "campaign_nonce": {"mab3c1"}}},
-		{"https://hooks.example.com/twilio/status?key=abc&campaign_id=7&campaign_nonce=old#frag", url.Values{"key": {"abc"}, "campaign_id": {"42"}, "user_id": {"u 1&x=ş"}, "campaign_nonce": {"mab3c1"}}},
+		{"https://hooks.example.com/twilio/status", url.Values{"campaign_id": {"42"}, "user_id": {"u 1&x=ş"}, "campaign_nonce": {"mab3c1"}}, ""},
+		// Twilio's connection overrides stay at the end, where Twilio reads them.
+		{"https://hooks.example.com/twilio/status?key=abc&campaign_id=7&campaign_nonce=old#rc=3&rp=5xx,ct", url.Values{"key": {"abc"}, "campaign_id": {"42"}, "user_id": {"u 1&x=ş"}, "campaign_nonce": {"mab3c1"}}, "rc=3&rp=5xx,ct"},
+		{"https://hooks.example.com/twilio/status#rc=2", url.Values{"campaign_id": {"42"}, "user_id": {"u 1&x=ş"}, "campaign_nonce": {"mab3c1"}}, "rc=2"},
 	} {
-		prefix, err := callbackPrefix(tc.base)
+		prefix, end, err := callbackPrefix(tc.base)
 		if err != nil {
 			t.Fatalf("%s: %v", tc.base, err)
 		}
-		p := &Provider{callback: prefix}
+		p := &Provider{callback: prefix, callbackEnd: end}
 		got, err := url.Parse(p.callbackURL(providers.Message{CampaignID: 42, UserID: "u 1&x=ş", CampaignNonce: "mab3c1"}))
 		if err != nil {
 			t.Fatalf("%s: %v", tc.base, err)
 		}
-		if got.Host != "hooks.example.com" || got.Path != "/twilio/status" || got.Fragment != "" {
+		if got.Host != "hooks.example.com" || got.Path != "/twilio/status" || got.Fragment != tc.fragment {
 			t.Errorf("%s: callback %s", tc.base, got)
 		}
 		if q := got.Query(); q.Encode() != tc.want.Encode() {

@@ -71,15 +71,18 @@ type Provider struct {
 	from       string
 	// callback is the status callback URL ready for a message's campaign and user (callbackPrefix); ""
 	// when none is configured.
-	callback  string
-	auth      string   // the Basic Authorization header of AccountSID and AuthToken
-	target    *url.URL // nil: leave the SDK's URL alone
-	edge      string
-	region    string
-	timeout   time.Duration
-	transport http.RoundTripper
-	lastURL   atomic.Pointer[parsedURL] // the last Messages URL the SDK gave, parsed
-	warmURL   *url.URL                  // the Messages URL as the SDK builds it and as it is sent, for Warm
+	callback string
+	// callbackEnd is the status callback URL's fragment with its "#" (Twilio's connection overrides, such
+	// as #rc=3&rp=5xx,ct: retries of the callbacks), after the message's parameters; "" when it has none.
+	callbackEnd string
+	auth        string   // the Basic Authorization header of AccountSID and AuthToken
+	target      *url.URL // nil: leave the SDK's URL alone
+	edge        string
+	region      string
+	timeout     time.Duration
+	transport   http.RoundTripper
+	lastURL     atomic.Pointer[parsedURL] // the last Messages URL the SDK gave, parsed
+	warmURL     *url.URL                  // the Messages URL as the SDK builds it and as it is sent, for Warm
 }
 
 // New validates cfg and returns a Provider. Its errors name the environment variable to fix and never
@@ -102,18 +105,19 @@ func New(cfg Config) (*Provider, error) {
 	case cfg.Timeout < 0:
 		return nil, fmt.Errorf("twilio: timeout %v is negative", cfg.Timeout)
 	}
-	callback, err := callbackPrefix(cfg.StatusCallback)
+	callback, callbackEnd, err := callbackPrefix(cfg.StatusCallback)
 	if err != nil {
 		return nil, err
 	}
 	p := &Provider{
-		accountSID: cfg.AccountSID,
-		token:      cfg.AuthToken,
-		from:       cfg.From,
-		callback:   callback,
-		auth:       basicAuth(cfg.AccountSID, cfg.AuthToken),
-		timeout:    cfg.Timeout,
-		transport:  wire.NewTransport(cfg.Conns),
+		accountSID:  cfg.AccountSID,
+		token:       cfg.AuthToken,
+		from:        cfg.From,
+		callback:    callback,
+		callbackEnd: callbackEnd,
+		auth:        basicAuth(cfg.AccountSID, cfg.AuthToken),
+		timeout:     cfg.Timeout,
+		transport:   wire.NewTransport(cfg.Conns),
 	}
 	if cfg.RootCAs != nil {
 		p.transport.(*wire.Transport).TLSClientConfig = &tls.Config{RootCAs: cfg.RootCAs}
@@ -275,27 +279,31 @@ func (p *Provider) callbackURL(m providers.Message) string {
 	if m.CampaignNonce != "" {
 		u += "&campaign_nonce=" + url.QueryEscape(m.CampaignNonce)
 	}
-	return u
+	return u + p.callbackEnd
 }
 
 // callbackPrefix is the status callback URL with its own query (less any campaign_id and user_id) and the
-// separator the message's parameters follow; "" when base is empty.
-func callbackPrefix(base string) (string, error) {
+// separator the message's parameters follow, and its fragment with the "#" (Twilio's connection
+// overrides: Twilio retries a callback only as they say, and does not send them); "" when base is empty.
+func callbackPrefix(base string) (prefix, end string, err error) {
 	if base == "" {
-		return "", nil
+		return "", "", nil
 	}
 	u, err := url.Parse(base)
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 		// The parse error quotes the input, which could carry a secret in its query; say only what is wrong.
-		return "", errors.New("twilio: status callback is not an http(s) URL: check TWILIO_STATUS_CALLBACK (the public address of `campaignctl webhooks`, e.g. https://hooks.example.com/twilio/status)")
+		return "", "", errors.New("twilio: status callback is not an http(s) URL: check TWILIO_STATUS_CALLBACK (the public address of `campaignctl webhooks`, e.g. https://hooks.example.com/twilio/status)")
 	}
 	q := u.Query()
 	q.Del("campaign_id")
 	q.Del("user_id")
 	q.Del("campaign_nonce")
+	if u.Fragment != "" {
+		end = "#" + u.EscapedFragment()
+	}
 	u.RawQuery, u.Fragment, u.RawFragment = q.Encode(), "", ""
 	if u.RawQuery == "" {
-		return u.String() + "?", nil
+		return u.String() + "?", end, nil
 	}
-	return u.String() + "&", nil
+	return u.String() + "&", end, nil
 }
