@@ -292,12 +292,13 @@ func (s *Store) RetryEarlyReceipts(ctx context.Context, limit int, maxAge time.D
 	return res, nil
 }
 
-// DeliveryCounts returns how many of the campaign's recipients the receipts say were delivered, and how
-// many were not (undelivered, failed, bounced, dropped).
+// DeliveryCounts returns how many of the campaign's sent recipients the receipts say were delivered, and
+// how many were not (undelivered, failed, bounced, dropped). A receipt that came before its send was
+// recorded (the row still pending, or unknown) counts once it is: delivered never exceeds sent.
 func (s *Store) DeliveryCounts(ctx context.Context, id int64) (delivered, undelivered int64, err error) {
 	err = s.pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE delivery = `+quoteLiteral(DeliveryDelivered)+`),
 			count(*) FILTER (WHERE delivery IN (`+sqlUndelivered+`))
-		FROM campaign_recipients WHERE campaign_id = $1 AND delivery IS NOT NULL`, id).Scan(&delivered, &undelivered)
+		FROM campaign_recipients WHERE campaign_id = $1 AND delivery IS NOT NULL AND status = 'sent'`, id).Scan(&delivered, &undelivered)
 	if err != nil {
 		return 0, 0, fmt.Errorf("delivery counts: %w", err)
 	}
