@@ -3,6 +3,7 @@ package campaign
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -66,8 +67,12 @@ type DeliveriesApplied struct {
 	Changed int64
 	// Unmatched holds the positions (in the list given) of the receipts that name no recipient: no
 	// campaign and user of this engine's (or not at the receipt's address), or, for a receipt keyed by
-	// message ID, no message it sent; whether delivered for the first time or again.
+	// message ID without an event ID, no message it sent; whether delivered for the first time or again.
 	Unmatched []int
+	// Early holds the positions of the receipts keyed by message ID that no recorded send carries yet:
+	// kept, and applied once the worker records the send (RetryEarlyReceipts), or dropped as strays after
+	// EarlyReceiptsKept.
+	Early []int
 }
 
 // RecordDeliveries applies receipts in one statement and returns how many recipients they changed
@@ -101,13 +106,16 @@ func (s *Store) RecordDeliveries(ctx context.Context, ds []Delivery) (Deliveries
 	for _, ss := range [][]string{prov, msg, user, st, errs, ev, addr} {
 		pgtext.CleanAll(ss)
 	}
-	var unmatched []int32
-	err := s.pool.QueryRow(ctx, recordDeliveriesSQL, prov, msg, camp, user, st, errs, ev, at, addr, created).Scan(&res.Changed, &unmatched)
+	var unmatched, early []int32
+	err := s.pool.QueryRow(ctx, recordDeliveriesSQL, prov, msg, camp, user, st, errs, ev, at, addr, created).Scan(&res.Changed, &unmatched, &early)
 	if err != nil {
 		return DeliveriesApplied{}, fmt.Errorf("record delivery receipts: %w", err)
 	}
 	for _, i := range unmatched {
 		res.Unmatched = append(res.Unmatched, int(i)-1)
+	}
+	for _, i := range early {
+		res.Early = append(res.Early, int(i)-1)
 	}
 	return res, nil
 }
@@ -222,8 +230,12 @@ var recordDeliveriesSQL = `
 			WHERE upd.was <> ` + sqlSent + ` AND upd.status = ` + sqlSent + `
 		)
 		SELECT (SELECT count(*) FROM upd),
-			-- The receipts that named no recipient of ours (a stray callback), delivered again or not.
-			array(SELECT ord::int FROM todo WHERE NOT EXISTS (SELECT 1 FROM keyed0 k WHERE k.ord = todo.ord) ORDER BY ord)`
+			-- The receipts that named no recipient of ours (a stray callback), delivered again or not...
+			array(SELECT ord::int FROM todo WHERE NOT EXISTS (SELECT 1 FROM keyed0 k WHERE k.ord = todo.ord)
+				AND NOT (todo.campaign_id = 0 AND todo.msgid <> '' AND todo.event_id <> '') ORDER BY ord),
+			-- ... and those kept until their send is recorded (early).
+			array(SELECT ord::int FROM todo WHERE NOT EXISTS (SELECT 1 FROM keyed0 k WHERE k.ord = todo.ord)
+				AND todo.campaign_id = 0 AND todo.msgid <> '' AND todo.event_id <> '' ORDER BY ord)`
 
 // EarlyReceiptsKept is how long RetryEarlyReceipts keeps a receipt that came before its send was
 // recorded: longer than a worker holds its chunk's outcomes while Postgres is away (worker --record-wait,
@@ -271,10 +283,10 @@ func (s *Store) RetryEarlyReceipts(ctx context.Context, limit int, maxAge time.D
 	if err != nil {
 		return res, err
 	}
-	res.Waiting = len(applied.Unmatched)
+	res.Waiting = len(applied.Unmatched) + len(applied.Early)
 	res.Applied = len(ds) - res.Waiting
 	unmatched := map[int]bool{}
-	for _, i := range applied.Unmatched {
+	for _, i := range slices.Concat(applied.Unmatched, applied.Early) {
 		unmatched[i] = true
 	}
 	var provs, events []string

@@ -452,10 +452,10 @@ type deliveryRequest struct {
 }
 
 // deliveryResult is what became of one request's receipts: the positions of those that named no
-// recipient, or the statement's error.
+// recipient and of those kept until their send is recorded, or the statement's error.
 type deliveryResult struct {
-	unmatched []int
-	err       error
+	receipts.Matched
+	err error
 }
 
 // batchedDeliveries is the webhooks' receipts.MatchingSink: receipts go through the batcher.
@@ -468,14 +468,14 @@ func (d *batchedDeliveries) Record(ctx context.Context, rs []receipts.Receipt) e
 	return err
 }
 
-func (d *batchedDeliveries) RecordMatched(ctx context.Context, rs []receipts.Receipt) ([]int, error) {
+func (d *batchedDeliveries) RecordMatched(ctx context.Context, rs []receipts.Receipt) (receipts.Matched, error) {
 	ds := make([]campaign.Delivery, len(rs))
 	for i, r := range rs {
 		ds[i] = campaign.Delivery{Provider: r.Provider, MessageID: r.MessageID, CampaignID: r.CampaignID, UserID: r.UserID, CampaignNonce: r.CampaignNonce,
 			Address: r.Address, Status: r.Status, Error: r.Error, EventID: r.EventID, At: r.At}
 	}
-	unmatched, err := d.batcher.record(ctx, ds)
-	return unmatched, refusedForGood(err)
+	m, err := d.batcher.record(ctx, ds)
+	return m, refusedForGood(err)
 }
 
 // maxDeliveryBatch bounds one statement.
@@ -486,19 +486,19 @@ func newDeliveryBatcher(store *campaign.Store) *deliveryBatcher {
 }
 
 // record writes ds with other requests' receipts and returns the positions in ds of those that named no
-// recipient.
-func (b *deliveryBatcher) record(ctx context.Context, ds []campaign.Delivery) ([]int, error) {
+// recipient, and of those kept until their send is recorded.
+func (b *deliveryBatcher) record(ctx context.Context, ds []campaign.Delivery) (receipts.Matched, error) {
 	req := deliveryRequest{ds: ds, done: make(chan deliveryResult, 1)}
 	select {
 	case b.in <- req:
 	case <-ctx.Done():
-		return nil, ctx.Err()
+		return receipts.Matched{}, ctx.Err()
 	}
 	select {
 	case res := <-req.done:
-		return res.unmatched, res.err
+		return res.Matched, res.err
 	case <-ctx.Done():
-		return nil, ctx.Err()
+		return receipts.Matched{}, ctx.Err()
 	}
 }
 
@@ -552,13 +552,22 @@ func (b *deliveryBatcher) write(ctx context.Context, batch []deliveryRequest, n 
 	for i := range results {
 		results[i].err = err
 	}
-	start, req := 0, 0
-	for _, u := range applied.Unmatched {
-		for u >= start+len(batch[req].ds) {
-			start += len(batch[req].ds)
-			req++
+	for _, each := range []struct {
+		in  []int
+		out func(r *deliveryResult) *[]int
+	}{
+		{applied.Unmatched, func(r *deliveryResult) *[]int { return &r.Unmatched }},
+		{applied.Early, func(r *deliveryResult) *[]int { return &r.Early }},
+	} {
+		start, req := 0, 0
+		for _, u := range each.in {
+			for u >= start+len(batch[req].ds) {
+				start += len(batch[req].ds)
+				req++
+			}
+			p := each.out(&results[req])
+			*p = append(*p, u-start)
 		}
-		results[req].unmatched = append(results[req].unmatched, u-start)
 	}
 	return results
 }

@@ -142,13 +142,20 @@ type Sink interface {
 }
 
 // MatchingSink is a Sink that also says which receipts named nothing it knows (a stray callback: a
-// message it never sent, a campaign or user that is not its own). The Handler counts them apart
-// (Stats.Unmatched) and logs them.
+// message it never sent, a campaign or user that is not its own), and which it keeps until the send they
+// name is recorded. The Handler counts both apart (Stats.Unmatched, Stats.Early) and logs the first.
 type MatchingSink interface {
 	Sink
 	// RecordMatched records rs like Record and returns the positions in rs of the receipts that matched
-	// nothing, whether the provider delivered them for the first time or again.
-	RecordMatched(ctx context.Context, rs []Receipt) (unmatched []int, err error)
+	// nothing, whether the provider delivered them for the first time or again, and of those kept to be
+	// applied once their send is recorded (a receipt that overtook the worker's outcome).
+	RecordMatched(ctx context.Context, rs []Receipt) (Matched, error)
+}
+
+// Matched is what a MatchingSink says of the receipts it recorded: positions in the list given.
+type Matched struct {
+	Unmatched []int
+	Early     []int
 }
 
 // SinkFunc adapts a function to a Sink.
@@ -186,6 +193,11 @@ type Stats struct {
 	// engine's (a MatchingSink said so): answered like the others, so the provider stops posting them, and
 	// recorded nowhere.
 	Unmatched int64 `json:"unmatched"`
+	// Early is the number of receipts, not counted in Receipts, that named a message whose send was not
+	// recorded yet (the provider's receipt overtook the worker's outcome, or a callback set on the account
+	// names the message ID alone): kept, and applied once the send is recorded; strays among them are
+	// dropped after a while, and the log says how many.
+	Early int64 `json:"early"`
 	// Refusals is the number of refusals the RefusalSink recorded.
 	Refusals int64 `json:"refusals"`
 	// Ignored counts the verified events that are neither receipts nor refusals, by provider event name
@@ -324,7 +336,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 				"campaign_id", rf.CampaignID, "event_id", rf.EventID)
 		}
 	}
-	var unmatched []int
+	var unmatched, early []int
 	spooledReceipts := 0
 	if len(b.receipts) > 0 {
 		// Refusals of the same post just spooled: Postgres is away, and a second wait would take the
@@ -341,7 +353,9 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 		held, err := StoreOrHold(wctx, wait, h.log, "receipts", func(ctx context.Context) (err error) {
 			if ms, ok := h.sink.(MatchingSink); ok {
-				unmatched, err = ms.RecordMatched(ctx, b.receipts)
+				var m Matched
+				m, err = ms.RecordMatched(ctx, b.receipts)
+				unmatched, early = m.Unmatched, m.Early
 				return err
 			}
 			return h.sink.Record(ctx, b.receipts)
@@ -351,20 +365,25 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		if held {
-			unmatched, spooledReceipts = nil, len(b.receipts)
+			unmatched, early, spooledReceipts = nil, nil, len(b.receipts)
 		}
 		if len(unmatched) > 0 {
 			// One line a request, with its first stray: a campaign's late receipts after its database was
 			// re-created come by the thousand.
 			rc := b.receipts[unmatched[0]]
-			h.log.Warn("receipt names no message recorded by this engine (yet): one that names only a message ID is applied once its send is recorded, the others are ignored", "provider", h.provider, "receipts", len(unmatched),
+			h.log.Warn("receipt names no message recorded by this engine: ignored", "receipts", len(unmatched),
 				"message_id", rc.MessageID, "campaign_id", rc.CampaignID, "user_id", providers.MaskUserID(rc.UserID), "status", rc.Status)
+		}
+		if len(early) > 0 {
+			// The usual order when the callback names only the message (set on the account): no warning.
+			h.log.Debug("receipts kept until their sends are recorded", "receipts", len(early), "message_id", b.receipts[early[0]].MessageID)
 		}
 	}
 	h.counter.update(func(s *Stats) {
 		s.Accepted++
-		s.Receipts += int64(len(b.receipts) - len(unmatched) - spooledReceipts)
+		s.Receipts += int64(len(b.receipts) - len(unmatched) - len(early) - spooledReceipts)
 		s.Unmatched += int64(len(unmatched))
+		s.Early += int64(len(early))
 		s.Refusals += int64(len(b.refusals) - spooled)
 		s.Spooled += int64(spooled + spooledReceipts)
 		for _, name := range b.ignored {
