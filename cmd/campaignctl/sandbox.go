@@ -174,7 +174,8 @@ func (a *app) newSandboxCmd() *cobra.Command {
 
   sms    TWILIO_BASE_URL=http://ADDR    Twilio's Messages API; credentials TWILIO_ACCOUNT_SID and TWILIO_AUTH_TOKEN
                                         (any alphanumeric pair when unset); signed status callbacks to the
-                                        StatusCallback URL of each message (TWILIO_STATUS_CALLBACK on workers);
+                                        StatusCallback URL of each message (TWILIO_STATUS_CALLBACK on workers;
+                                        retried as its connection overrides say, e.g. #rc=3&rp=5xx,ct);
                                         an answer to an SMS, signed with TWILIO_AUTH_TOKEN, to --twilio-inbound-url
                                         with POST /_sandbox/twilio/inbound {"from":"+905321234567","to":"+905550000000","body":"RET"}
   sms    NETGSM_BASE_URL=http://ADDR    Netgsm's REST v2 send (the SMS failover, or the SMS provider); credentials
@@ -183,7 +184,8 @@ func (a *app) newSandboxCmd() *cobra.Command {
                                         API (POST /sms/rest/v2/report, --netgsm-reports-per-minute): 1 delivered
                                         after --receipt-delay, or +9055501SSNNN's status SS (16: İYS rejected)
   email  SENDGRID_BASE_URL=http://ADDR  SendGrid v3 Mail Send; key SENDGRID_API_KEY (any when unset); signed
-                                        Event Webhook posts to --sendgrid-event-url (public key at
+                                        Event Webhook posts to --sendgrid-event-url (a refused post is tried
+                                        again, later each time, for 24 hours, as SendGrid does; public key at
                                         GET /v3/user/webhooks/event/settings/signed); a recipient's refusal with
                                         POST /_sandbox/sendgrid/events {"event":"unsubscribe","email":"a@example.com"}
                                         (also group_unsubscribe, spamreport; the custom args of the last message to it)

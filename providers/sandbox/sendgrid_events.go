@@ -9,6 +9,7 @@ import (
 	"encoding/json"
 	"log/slog"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -22,8 +23,13 @@ const (
 	sendgridMaxQueued = 100_000
 	// sendgridMaxPerPost bounds the events of one post, as SendGrid batches them.
 	sendgridMaxPerPost = 1000
-	// sendgridPostAttempts is how many times a post is tried before its events are dropped.
-	sendgridPostAttempts = 3
+	// sendgridRetryFor is how long SendGrid keeps posting a batch its receiver did not take (2xx) before
+	// it drops its events: 24 hours.
+	sendgridRetryFor = 24 * time.Hour
+	// sendgridRetryMax bounds the wait between two attempts of a batch; the first retry comes after
+	// max(ReceiptDelay, sendgridRetryMin), each next one twice as late.
+	sendgridRetryMin = 100 * time.Millisecond
+	sendgridRetryMax = time.Minute
 )
 
 // The Event Webhook signature headers (sendgrid-go's eventwebhook.VerificationHTTPHeader and
@@ -38,13 +44,16 @@ type SendGridEventStats struct {
 	// Posted is the number of posts the receiver answered with a 2xx.
 	Posted int `json:"posted"`
 	// Failed is the number of post attempts that failed: an error status, a transport error or a timeout.
-	// A failed post is tried again after ReceiptDelay, three attempts in all.
+	// As SendGrid does, a failed post is tried again, later each time (from max(ReceiptDelay, 100 ms),
+	// doubling, at most a minute apart), for 24 hours; newer events are posted meanwhile.
 	Failed int `json:"failed"`
 	// Events is the number of events in the posts answered with a 2xx.
 	Events int `json:"events"`
-	// Dropped is the number of events given up: the queue was full, or every attempt to post them failed.
+	// Dropped is the number of events given up: the queue was full, or no attempt to post them succeeded
+	// in 24 hours.
 	Dropped int `json:"dropped"`
-	// Queued is the number of events waiting for their time or for the post before them.
+	// Queued is the number of events waiting for their time, for the post before them, or to be tried
+	// again.
 	Queued int `json:"queued"`
 	// Disabled says why no events are sent although Options.SendGridEventURL is set ("" when they are).
 	Disabled string `json:"disabled,omitempty"`
@@ -63,8 +72,26 @@ type sendgridEmitter struct {
 
 	mu      sync.Mutex
 	queue   []sendgridPending
+	again   []*sendgridRetry // batches whose post failed, to be tried again
 	running bool
 	stats   SendGridEventStats
+}
+
+// sendgridRetry is a batch whose post failed: tried again at due, given up sendgridRetryFor after first.
+type sendgridRetry struct {
+	batch    []map[string]any
+	due      time.Time
+	first    time.Time
+	attempts int
+}
+
+// retryWait is how long after its attempt-th failure a batch is tried again.
+func (e *sendgridEmitter) retryWait(attempt int) time.Duration {
+	w := max(e.delay, sendgridRetryMin)
+	for i := 1; i < attempt && w < sendgridRetryMax; i++ {
+		w *= 2
+	}
+	return min(w, sendgridRetryMax)
 }
 
 type sendgridPending struct {
@@ -146,7 +173,7 @@ func (e *sendgridEmitter) enqueue(events []map[string]any) {
 	due := time.Now().Add(e.delay)
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	if len(e.queue)+len(events) > sendgridMaxQueued {
+	if len(e.queue)+e.retrying()+len(events) > sendgridMaxQueued {
 		e.stats.Dropped += len(events)
 		e.logger.Warn("sandbox sendgrid event queue full", "dropped", len(events))
 		return
@@ -160,19 +187,37 @@ func (e *sendgridEmitter) enqueue(events []map[string]any) {
 	}
 }
 
-// run posts the queued events as they fall due, and returns when the queue is empty.
+// retrying is the number of events in the batches to be tried again (e.mu held).
+func (e *sendgridEmitter) retrying() int {
+	n := 0
+	for _, r := range e.again {
+		n += len(r.batch)
+	}
+	return n
+}
+
+// run posts the queued events as they fall due, and the batches to be tried again as their time comes,
+// and returns when nothing waits.
 func (e *sendgridEmitter) run() {
 	for {
 		e.mu.Lock()
-		if len(e.queue) == 0 {
+		if len(e.queue) == 0 && len(e.again) == 0 {
 			e.running = false
 			e.queue = nil
 			e.mu.Unlock()
 			return
 		}
-		wait := time.Until(e.queue[0].due)
+		var next time.Time
+		if len(e.queue) > 0 {
+			next = e.queue[0].due
+		}
+		for _, r := range e.again {
+			if next.IsZero() || r.due.Before(next) {
+				next = r.due
+			}
+		}
 		e.mu.Unlock()
-		if wait > 0 {
+		if wait := time.Until(next); wait > 0 {
 			time.Sleep(wait)
 		}
 
@@ -187,36 +232,51 @@ func (e *sendgridEmitter) run() {
 			batch[i] = e.queue[i].event
 		}
 		e.queue = append(e.queue[:0], e.queue[n:]...)
+		var due []*sendgridRetry
+		e.again = slices.DeleteFunc(e.again, func(r *sendgridRetry) bool {
+			if r.due.After(now) {
+				return false
+			}
+			due = append(due, r)
+			return true
+		})
 		e.mu.Unlock()
 		if n > 0 {
-			e.post(batch)
+			e.post(&sendgridRetry{batch: batch, first: now})
+		}
+		for _, r := range due {
+			e.post(r)
 		}
 	}
 }
 
-// post delivers one batch, signed, trying up to sendgridPostAttempts times.
-func (e *sendgridEmitter) post(batch []map[string]any) {
-	body, err := json.Marshal(batch)
+// post delivers one batch, signed; a batch that fails is tried again later (retryWait), until
+// sendgridRetryFor after its first attempt.
+func (e *sendgridEmitter) post(r *sendgridRetry) {
+	body, err := json.Marshal(r.batch)
 	if err != nil {
-		e.count(func(st *SendGridEventStats) { st.Dropped += len(batch) })
+		e.count(func(st *SendGridEventStats) { st.Dropped += len(r.batch) })
 		e.logger.Error("sandbox sendgrid events encode", "err", err)
 		return
 	}
-	for attempt := 1; ; attempt++ {
-		err := e.postOnce(body)
-		if err == nil {
-			e.count(func(st *SendGridEventStats) { st.Posted++; st.Events += len(batch) })
-			e.logger.Debug("sandbox sendgrid events posted", "events", len(batch))
-			return
-		}
-		e.count(func(st *SendGridEventStats) { st.Failed++ })
-		e.logger.Warn("sandbox sendgrid events post failed", "events", len(batch), "attempt", attempt, "err", err)
-		if attempt == sendgridPostAttempts {
-			e.count(func(st *SendGridEventStats) { st.Dropped += len(batch) })
-			return
-		}
-		time.Sleep(e.delay)
+	r.attempts++
+	err = e.postOnce(body)
+	if err == nil {
+		e.count(func(st *SendGridEventStats) { st.Posted++; st.Events += len(r.batch) })
+		e.logger.Debug("sandbox sendgrid events posted", "events", len(r.batch), "attempt", r.attempts)
+		return
 	}
+	e.logger.Warn("sandbox sendgrid events post failed", "events", len(r.batch), "attempt", r.attempts, "err", err)
+	now := time.Now()
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.stats.Failed++
+	if now.Sub(r.first) >= sendgridRetryFor {
+		e.stats.Dropped += len(r.batch)
+		return
+	}
+	r.due = now.Add(e.retryWait(r.attempts))
+	e.again = append(e.again, r)
 }
 
 func (e *sendgridEmitter) postOnce(body []byte) error {
@@ -257,6 +317,6 @@ func (e *sendgridEmitter) snapshot() SendGridEventStats {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	st := e.stats
-	st.Queued = len(e.queue)
+	st.Queued = len(e.queue) + e.retrying()
 	return st
 }

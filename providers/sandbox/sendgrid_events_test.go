@@ -235,6 +235,58 @@ func TestSendGridEventRetry(t *testing.T) {
 	}
 }
 
+// SendGrid posts a batch its receiver refused again, later each time, for 24 hours: five refusals in a row
+// (a webhooks process restarting, Postgres away without a spool) lose nothing. Before, the sandbox gave
+// up after three attempts in a few hundred milliseconds, and its tests could not tell a receiver that
+// loses receipts from a sandbox that dropped them. A batch being retried does not hold up newer ones.
+func TestSendGridEventsAreRetriedLaterEachTimeWithoutHoldingUpNewerOnes(t *testing.T) {
+	var mu sync.Mutex
+	var refusedA int
+	var order []string
+	recv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		mu.Lock()
+		defer mu.Unlock()
+		if strings.Contains(string(b), "a@example.com") && refusedA < 5 {
+			refusedA++
+			w.WriteHeader(http.StatusServiceUnavailable)
+			return
+		}
+		switch {
+		case strings.Contains(string(b), "a@example.com"):
+			order = append(order, "a")
+		case strings.Contains(string(b), "b@example.com"):
+			order = append(order, "b")
+		}
+		w.WriteHeader(http.StatusOK)
+	}))
+	t.Cleanup(recv.Close)
+	s, srv := newSendGridSandbox(t, sandbox.Options{SendGridEventURL: recv.URL, ReceiptDelay: 10 * time.Millisecond})
+	if a := sgPost(t, srv, sgTestKey, sgMail(sgPersonalization("a@example.com", nil, nil))); a.status != http.StatusAccepted {
+		t.Fatalf("send: %d", a.status)
+	}
+	// b's message goes while a's events are being retried.
+	sgWaitEventStats(t, s, func(st sandbox.SendGridEventStats) bool { return st.Failed >= 2 })
+	if a := sgPost(t, srv, sgTestKey, sgMail(sgPersonalization("b@example.com", nil, nil))); a.status != http.StatusAccepted {
+		t.Fatalf("send: %d", a.status)
+	}
+	// Waits of 100, 200, 400, 800 and 1600 ms: about 3.1 s in all.
+	start := time.Now()
+	deadline := start.Add(8 * time.Second)
+	var st sandbox.SendGridEventStats
+	for st = s.SendGridEventStats(); st.Posted < 2 && time.Now().Before(deadline); st = s.SendGridEventStats() {
+		time.Sleep(20 * time.Millisecond)
+	}
+	if st.Posted != 2 || st.Events != 4 || st.Failed != 5 || st.Dropped != 0 || st.Queued != 0 {
+		t.Errorf("stats %+v, want both messages' events posted after a's 5 refusals, none dropped", st)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(order) != 2 || order[0] != "b" {
+		t.Errorf("posts taken in the order %v, want b's before a's (a's retries must not hold up newer events)", order)
+	}
+}
+
 // A receiver that never answers must not hold up sends.
 func TestSendGridEventsNeverBlockSends(t *testing.T) {
 	release := make(chan struct{})
