@@ -74,6 +74,7 @@ import (
 	"net/http"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/campaignctl/campaignctl/internal/pgtext"
@@ -266,7 +267,16 @@ type Handler struct {
 	answer  func(w http.ResponseWriter)
 	counter counter
 	spool   *Spool // nil: none
+	// signatureHint says what to check when every request fails its signature: the key or URL this
+	// process checks against is not the provider's.
+	signatureHint string
+	// keyWarned: the error that the first requests all failed their signature is logged once.
+	keyWarned atomic.Bool
 }
+
+// signatureAlarm is how many requests, none accepted, must fail their signature before the handler says
+// that its key or URL is likely wrong (an error, once): one forged request is no reason to alarm.
+const signatureAlarm = 10
 
 // batch is what one verified request holds: its receipts, its refusals and the names of the events it
 // ignored.
@@ -536,8 +546,21 @@ func unread(w http.ResponseWriter, r *http.Request, rej *rejection) *rejection {
 }
 
 func (h *Handler) refuse(w http.ResponseWriter, r *http.Request, rej *rejection) {
-	h.counter.update(func(s *Stats) { s.Rejected[rej.reason]++ })
-	h.log.Warn("receipt request refused", "reason", rej.reason, "detail", rej.detail, "remote", r.RemoteAddr, "status", rej.status)
+	var alarm bool
+	h.counter.update(func(s *Stats) {
+		s.Rejected[rej.reason]++
+		alarm = rej.reason == ReasonBadSignature && s.Accepted == 0 && s.Rejected[rej.reason] >= signatureAlarm
+	})
+	if rej.reason == ReasonBadSignature && h.signatureHint != "" {
+		h.log.Warn("receipt request refused", "reason", rej.reason, "detail", rej.detail, "remote", r.RemoteAddr, "status", rej.status,
+			"hint", "a forged or damaged request; if every one is refused, "+h.signatureHint)
+	} else {
+		h.log.Warn("receipt request refused", "reason", rej.reason, "detail", rej.detail, "remote", r.RemoteAddr, "status", rej.status)
+	}
+	if alarm && h.keyWarned.CompareAndSwap(false, true) {
+		h.log.Error(fmt.Sprintf("the first %d requests all failed their signature check and none was accepted: what they carry (receipts, refusals) is lost unless the provider posts it again; %s",
+			signatureAlarm, h.signatureHint))
+	}
 	switch rej.status {
 	case http.StatusMethodNotAllowed:
 		w.Header().Set("Allow", http.MethodPost)

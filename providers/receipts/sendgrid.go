@@ -138,6 +138,7 @@ func SendGridHandler(publicKeyBase64 string, sink Sink, log *slog.Logger) (*Hand
 	}
 	refusals, _ := sink.(RefusalSink)
 	h := newHandler("sendgrid", sink, refusals, log, newLimits(MaxSendGridBody, sendgridInFlight))
+	h.signatureHint = "SENDGRID_WEBHOOK_PUBLIC_KEY here is not the verification key of this Event Webhook (SendGrid's Mail Settings, Signed Event Webhook)"
 	h.headers = func(r *http.Request) *rejection {
 		sig, ts := r.Header.Get(eventwebhook.VerificationHTTPHeader), r.Header.Get(eventwebhook.TimestampHTTPHeader)
 		if sig == "" || ts == "" {

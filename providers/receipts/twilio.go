@@ -96,6 +96,7 @@ func twilioSigned(h *Handler, authToken, publicURL, what string, next func(h *Ha
 		h.log.Error("twilio auth token is empty: every " + what + " will be refused")
 	}
 	validator := client.NewRequestValidator(authToken)
+	h.signatureHint = "TWILIO_AUTH_TOKEN here is not the account's primary auth token, or Twilio calls another URL than the one checked (give it as WEBHOOKS_PUBLIC_URL or --public-url)"
 	base := strings.TrimRight(publicURL, "/")
 	h.headers = func(r *http.Request) *rejection {
 		if r.Header.Get(twilioSignatureHeader) == "" {

@@ -348,3 +348,34 @@ func TestTwilioConcurrent(t *testing.T) {
 		t.Errorf("stats %+v, want 10 accepted and 10 bad_signature", st)
 	}
 }
+
+// A webhooks process with the wrong auth token (or checking the wrong URL) refuses every callback: each
+// refusal says what to check, and once the first requests have all failed, an error says that receipts
+// and refusals are being lost. Before, only a warning a request, the same as for a forged one.
+func TestTwilioWrongTokenIsCalledOut(t *testing.T) {
+	const public = "https://hooks.example.com"
+	const path = "/twilio/status"
+	var logs bytes.Buffer
+	var sk sink
+	h := receipts.TwilioHandler("notTheAccountsToken", public, &sk, slog.New(slog.NewTextHandler(&logs, nil)))
+	form := callbackForm("delivered", "")
+	signed := sign(twilioToken, public+path, form) // as Twilio signs, with the account's token
+	for i := range 12 {
+		if code := serve(h, twilioRequest("http://10.0.0.5"+path, form, signed)); code != http.StatusForbidden {
+			t.Fatalf("request %d: %d, want 403", i, code)
+		}
+		if i == 0 && strings.Contains(logs.String(), "level=ERROR") {
+			t.Fatalf("one refused request raised the alarm:\n%s", logs.String())
+		}
+	}
+	out := logs.String()
+	if n := strings.Count(out, "level=ERROR"); n != 1 || !strings.Contains(out, "TWILIO_AUTH_TOKEN") || !strings.Contains(out, "lost") {
+		t.Errorf("%d errors in the log, want 1 naming TWILIO_AUTH_TOKEN and the loss:\n%s", n, out)
+	}
+	if strings.Count(out, "hint=") != 12 {
+		t.Errorf("not every refusal says what to check:\n%s", out)
+	}
+	if strings.Contains(out, "notTheAccountsToken") {
+		t.Errorf("the token is in the log:\n%s", out)
+	}
+}
