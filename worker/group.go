@@ -185,6 +185,7 @@ func (h *Handler) sendGroupAs(ctx, waitCtx context.Context, run *batchRun, b pro
 		start := time.Now()
 		stopKeeping := h.keepLease(ctx, run)
 		res, err := b.SendBatch(ctx, msgs)
+		err = providers.MaskContent(err, msgs...)
 		stopKeeping()
 		took := time.Since(start)
 		run.m.BatchRequest(took, len(msgs))

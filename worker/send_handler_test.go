@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/url"
 	"slices"
 	"strconv"
 	"strings"
@@ -1002,4 +1003,38 @@ func sentByTheFirstOfTwo(t *testing.T) (f *fixture, second int64) {
 		t.Fatalf("first campaign: %d messages, want 3", got)
 	}
 	return f, rep.ID
+}
+
+// A provider (or a gateway before it) whose error echoes the request quotes the recipient's message: its
+// name and code would be stored as the recipient's reason, which status, report and dlq show. The reason
+// keeps the provider's own words and masks what it quotes of the message, one message at a time and in a
+// window of several.
+func TestAnErrorThatEchoesTheRequestKeepsTheMessageOut(t *testing.T) {
+	t.Parallel()
+	for _, window := range []int{1, 8} {
+		f := plan(t, 4)
+		f.h.cfg.SendWindow = window
+		var body string
+		f.provider.fail = func(_ int, m providers.Message) error {
+			if m.To == phone(1) {
+				body = m.Body
+				return &providers.Error{Provider: "twilio", Status: 400, Code: 21211,
+					Message: "invalid parameter; you sent To=" + m.To + "&Body=" + url.QueryEscape(m.Body) + " (" + m.Body + ")", Class: providers.Permanent}
+			}
+			return nil
+		}
+		f.runAll(t)
+		st, reason, _ := f.status(t, "u1")
+		if body == "" {
+			t.Fatal("the provider never saw u1's message")
+		}
+		if st != campaign.StatusFailed || !strings.Contains(reason, "21211") || !strings.Contains(reason, "invalid parameter") {
+			t.Fatalf("window %d: u1 %s %q; want failed, with the provider's code and words", window, st, reason)
+		}
+		for _, s := range []string{"Name1", strings.TrimPrefix(body, "Merhaba Name1, kodunuz ")} {
+			if strings.Contains(reason, s) {
+				t.Errorf("window %d: u1's reason quotes its message (%q): %s", window, s, reason)
+			}
+		}
+	}
 }

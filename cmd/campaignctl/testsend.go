@@ -126,6 +126,7 @@ func (a *app) testSend(ctx context.Context, o launchOptions, spec campaign.Spec,
 	}
 	masked := providers.MaskAddress(to)
 	res, sendErr := p.Send(ctx, m)
+	sendErr = providers.MaskContent(sendErr, m)
 	status, reason := campaign.StatusTest, "test to "+masked
 	if sendErr != nil {
 		status, reason = campaign.StatusTestFailed, "test to "+masked+": "+sendErr.Error()
