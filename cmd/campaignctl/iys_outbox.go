@@ -137,6 +137,9 @@ func (a *app) newIYSOutboxCmd() *cobra.Command {
 			if !withAddress {
 				for i := range items {
 					items[i].Recipient = providers.MaskAddress(items[i].Recipient)
+					// The evidence may name the person too (a user ID that is their e-mail address, in a row
+					// written before such IDs were masked there, or a provider's text).
+					items[i].Evidence = providers.ScrubText(items[i].Evidence)
 				}
 			}
 			if sum.Overdue > 0 {

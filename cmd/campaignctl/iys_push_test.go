@@ -37,3 +37,28 @@ func TestIYSPushFailsWhenIYSIsUnreachable(t *testing.T) {
 		t.Fatalf("outbox after a failed push: exit %d %s; want the RET still waiting", code, out)
 	}
 }
+
+// iys outbox masks the addresses unless --with-address, in the evidence too: a refusal through an
+// unsubscribe link named a user ID that is the person's e-mail address there, in full, beside the masked
+// recipient.
+func TestIYSOutboxMasksTheEvidenceToo(t *testing.T) {
+	t.Parallel()
+	env, _ := badInputDB(t)
+	db, err := pgxpool.New(context.Background(), env["DATABASE_URL"])
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	if _, err := iys.RecordRefusals(context.Background(), db, "", []iys.Refusal{{Via: iys.ViaTwilioInbound, EventID: "SM2", Kind: "inbound",
+		Recipient: "+905321000002", Type: "MESAJ",
+		Evidence: "unsubscribe link of campaign 31, user zeynep.kaya@example.com, through the page", At: time.Now()}}); err != nil {
+		t.Fatal(err)
+	}
+	out, _, code := cli(t, env, "iys", "outbox", "--json")
+	if code != 0 || !strings.Contains(out, "unsubscribe link of campaign 31") || strings.Contains(out, "zeynep.kaya") {
+		t.Fatalf("iys outbox --json: exit %d\n%s\nwant the evidence kept with the address masked", code, out)
+	}
+	if out, _, _ = cli(t, env, "iys", "outbox", "--json", "--with-address"); !strings.Contains(out, "zeynep.kaya@example.com") || !strings.Contains(out, "+905321000002") {
+		t.Errorf("iys outbox --with-address hides the address:\n%s", out)
+	}
+}

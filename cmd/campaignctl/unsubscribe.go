@@ -362,7 +362,7 @@ func recordOneClick(ctx context.Context, store *campaign.Store, sink *refusalSin
 	log.Info("refusal received", "via", iys.ViaOneClick, "type", typ, "address", providers.MaskAddress(addr), "campaign_id", c.CampaignID)
 	if err := sink.record(ctx, []iys.Refusal{{Via: iys.ViaOneClick, EventID: eventID, Kind: iys.ViaOneClick,
 		Recipient: addr, Type: typ, CampaignID: c.CampaignID, UserID: c.UserID, At: c.At, Brand: brand,
-		Evidence: fmt.Sprintf("unsubscribe link of campaign %d, user %s, through %s", c.CampaignID, c.UserID, c.From)}}); err != nil {
+		Evidence: fmt.Sprintf("unsubscribe link of campaign %d, user %s, through %s", c.CampaignID, providers.MaskUserID(c.UserID), c.From)}}); err != nil {
 		return refusedForGood(err)
 	}
 	if unsure {
