@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/campaignctl/campaignctl/providers"
 )
 
 // TestCampaignID is the campaign_id of a test send's audit entry: a test send creates no campaign, and
@@ -99,7 +101,7 @@ func (p *Planner) TestRecipient(ctx context.Context, spec Spec, userID string) (
 		return Recipient{}, audienceError(err, spec.StatementTimeout, !spec.AllowPrivilegedAudience)
 	}
 	if userID != "" {
-		return Recipient{}, fmt.Errorf("%w: the audience has no row with user_id %q; pick another --test-user, or leave it out to use the first row", ErrInvalid, userID)
+		return Recipient{}, fmt.Errorf("%w: the audience has no row with user_id %q; pick another --test-user, or leave it out to use the first row", ErrInvalid, providers.MaskUserID(userID))
 	}
 	return Recipient{}, fmt.Errorf("%w: the audience query returned no rows: a test send renders the message for one of them", ErrInvalid)
 }

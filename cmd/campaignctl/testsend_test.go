@@ -90,6 +90,12 @@ func TestTestSendSMSReachesTheAddressOnceWithAPlaceholderCode(t *testing.T) {
 	if code != 2 || !strings.Contains(stderr, `"nobody-42"`) || len(sb.Messages()) != 2 {
 		t.Fatalf("unknown --test-user: exit %d, %d messages, %s", code, len(sb.Messages()), stderr)
 	}
+	// One that is an e-mail address is masked where the error names it, as everywhere.
+	_, stderr, code = cli(t, env, "launch", "--name", "yaz", "--channel", "sms", "--audience", audience,
+		"--message", testPrefix+"Merhaba {{.first_name}}", "--test-to", "+905321000001", "--test-user", "ayse.nonexist@example.com", "--yes")
+	if code != 2 || strings.Contains(stderr, "ayse.nonexist") || !strings.Contains(stderr, "a***@example.com") {
+		t.Fatalf("unknown --test-user that is an e-mail address: exit %d, %s", code, stderr)
+	}
 	// A code pool the campaign would be refused for refuses its test too, before anything is sent.
 	for _, pool := range []string{"nosuch", "BAD POOL!"} {
 		_, stderr, code = cli(t, env, "launch", "--name", "yaz", "--channel", "sms", "--audience", audience,
