@@ -21,6 +21,23 @@ type RecentSend struct {
 	Latest time.Time
 }
 
+// HasRecentSends says whether RecentSends would yield anything: a send (or an unknown one) within the
+// default frequency cap or the longest a campaign that may still send keeps, or a chunk in hand. Without
+// any, a Redis that lost its data (or is new) lost no frequency mark.
+func (s *Store) HasRecentSends(ctx context.Context) (bool, error) {
+	var any bool
+	err := s.pool.QueryRow(ctx, `
+		SELECT EXISTS (SELECT 1 FROM send_log l WHERE l.status IN (`+sqlSent+`, `+sqlUnknown+`)
+			AND l.at > now() - (SELECT greatest($1::bigint, coalesce(max(frequency_cap_seconds), 0)) FROM campaigns
+				WHERE state IN (`+sqlStatePlanning+`, `+sqlStateScheduled+`, `+sqlStateRunning+`, '`+string(StatePaused)+`')) * interval '1 second')
+		OR EXISTS (SELECT 1 FROM campaign_batches b WHERE b.lease_users <> '{}' OR b.suspect_users <> '{}')`,
+		int64(DefaultFrequencyCap/time.Second)).Scan(&any)
+	if err != nil {
+		return false, fmt.Errorf("recent sends: %w", err)
+	}
+	return any, nil
+}
+
 // RecentSends calls yield with the latest send to each address on each channel (and the latest of another
 // campaign, Beside, when there is one) within the longest
 // frequency cap a campaign that may still send keeps (at least DefaultFrequencyCap), read from the audit

@@ -170,7 +170,7 @@ func waitingOf(ctx context.Context, env *waitEnv, c *campaign.Campaign, counts c
 	// are queued (retrying each second), and nothing is sent until it is done.
 	if es, err := env.redisEpoch(ctx); err != nil {
 		return nil, err
-	} else if es.MarksPending() {
+	} else if es.MarksPending() && env.marksToWriteBack(ctx) {
 		return lost("Redis lost its data (restarted empty, flushed, failed over): the frequency marks of the recent sends are being written back from Postgres before anything is sent; the batches go on by themselves")
 	}
 	bucket := state.ProviderBucket(provider)
@@ -234,6 +234,18 @@ type waitEnv struct {
 	haveWorkers bool
 	paused      *bool // the queue's pause, read once
 	epoch       *state.EpochState
+}
+
+// marksToWriteBack says whether the workers have frequency marks to write back from Postgres after Redis
+// lost its data: a new Redis beside a database with no recent send (a first setup) lost nothing, and its
+// first moments are not reported as a loss. Without the store, or when Postgres cannot say, it is taken
+// that there are.
+func (e *waitEnv) marksToWriteBack(ctx context.Context) bool {
+	if e.store == nil {
+		return true
+	}
+	any, err := e.store.HasRecentSends(ctx)
+	return err != nil || any
 }
 
 // redisEpoch returns Redis's epoch, its marks' epoch and its time (state.ReadEpoch), read once.

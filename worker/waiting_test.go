@@ -280,6 +280,14 @@ func TestStatusSaysTheMarksAreBeingWrittenBack(t *testing.T) {
 	if err := f.rdb.MSet(ctx, state.EpochKey, "e2", state.MarksKey, "e1").Err(); err != nil {
 		t.Fatal(err)
 	}
+	// Nothing was sent lately: there is no mark to lose (a first setup's new Redis), and the moment the
+	// first worker takes to find none is not reported as a loss.
+	if w := waiting(); w != nil {
+		t.Fatalf("marks pending with no recent send: waiting %+v, want none", w)
+	}
+	if _, err := f.db.Exec(ctx, `INSERT INTO send_log (campaign_id, user_id, status) VALUES ($1, 'u1', 'sent')`, f.id); err != nil {
+		t.Fatal(err)
+	}
 	if w := waiting(); w == nil || w.Reason != WaitRedisLostData || !strings.Contains(w.Detail, "frequency marks") {
 		t.Fatalf("marks being written back: waiting %+v, want redis_lost_data saying the marks are being written back", w)
 	}
