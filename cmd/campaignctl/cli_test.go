@@ -203,6 +203,14 @@ func TestServicesUnreachableSayWhereAndWhatToRun(t *testing.T) {
 		}
 	}
 
+	// Given as a flag, the message names the flag the user typed, not the variable they did not set.
+	for _, args := range [][]string{{"--database-url", "x", "status"}, {"--redis-url", "notaurl", "status"}, {"--database-url", "x", "migrate"}} {
+		_, stderr, code := cli(t, map[string]string{"DATABASE_URL": env["DATABASE_URL"], "REDIS_URL": env["REDIS_URL"]}, args...)
+		if code != 2 || !strings.Contains(stderr, args[0]) || strings.Contains(stderr, "_URL") {
+			t.Fatalf("%v: exit %d, stderr %q; want 2 naming %s alone", args, code, stderr, args[0])
+		}
+	}
+
 	noPG := map[string]string{"DATABASE_URL": "postgres://postgres@127.0.0.1:1/campaignctl?sslmode=disable", "REDIS_URL": env["REDIS_URL"]}
 	_, stderr, code = cli(t, noPG, "status")
 	if code != 1 || !strings.Contains(stderr, "Postgres is not reachable at 127.0.0.1:1") || !strings.Contains(stderr, "DATABASE_URL") {

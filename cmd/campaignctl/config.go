@@ -39,6 +39,25 @@ func (a *app) setting(flag, env, def string) string {
 
 func (a *app) dbURL() string { return a.setting(a.databaseURL, "DATABASE_URL", defaultDatabaseURL) }
 
+// settingName is how messages name a setting: its flag when it was given, else its variable.
+func settingName(flagValue, flag, env string) string {
+	if flagValue != "" {
+		return flag
+	}
+	return env
+}
+
+// dbName, audienceDBName and redisName name the engine database's, the audience database's and Redis's
+// settings in messages.
+func (a *app) dbName() string { return settingName(a.databaseURL, "--database-url", "DATABASE_URL") }
+func (a *app) audienceDBName() string {
+	if a.audienceURL == "" && a.getenv("AUDIENCE_DATABASE_URL") == "" {
+		return a.dbName() // the engine database's, taken as the audience's
+	}
+	return settingName(a.audienceURL, "--audience-database-url", "AUDIENCE_DATABASE_URL")
+}
+func (a *app) redisName() string { return settingName(a.redisURL, "--redis-url", "REDIS_URL") }
+
 func (a *app) audienceDBURL() string {
 	return a.setting(a.audienceURL, "AUDIENCE_DATABASE_URL", a.dbURL())
 }
@@ -132,7 +151,7 @@ func poolConfig(raw, envName string, maxConns int32) (*pgxpool.Config, error) {
 // for a server that serves while Postgres is away (webhooks, with its refusal spool). The caller checks
 // the schema once Postgres answers (awaitSchema).
 func (a *app) openEngineLater(ctx context.Context) (*pgxpool.Pool, error) {
-	cfg, err := poolConfig(a.dbURL(), "DATABASE_URL", a.engineConns)
+	cfg, err := poolConfig(a.dbURL(), a.dbName(), a.engineConns)
 	if err != nil {
 		return nil, err
 	}
@@ -195,7 +214,7 @@ func dbError(err error, cc *pgx.ConnConfig, envName string) error {
 
 // openEngine opens the engine database and checks that it carries this version's schema.
 func (a *app) openEngine(ctx context.Context) (*pgxpool.Pool, error) {
-	pool, err := a.openDB(ctx, a.dbURL(), "DATABASE_URL", a.engineConns)
+	pool, err := a.openDB(ctx, a.dbURL(), a.dbName(), a.engineConns)
 	if err != nil {
 		return nil, err
 	}
@@ -211,7 +230,7 @@ func (a *app) openRedis(ctx context.Context) (*redis.Client, error) {
 	raw := a.setting(a.redisURL, "REDIS_URL", defaultRedisURL)
 	rdb, where, err := redisClient(raw, a.logger())
 	if err != nil {
-		return nil, usagef("REDIS_URL: %v", err)
+		return nil, usagef("%s: %v", a.redisName(), err)
 	}
 	pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
@@ -221,12 +240,12 @@ func (a *app) openRedis(ctx context.Context) (*redis.Client, error) {
 			return nil, fmt.Errorf("Redis at %s: %v; nothing was changed or sent", where, err)
 		}
 		if msg := err.Error(); strings.HasPrefix(msg, "WRONGPASS") || strings.HasPrefix(msg, "NOAUTH") || strings.Contains(msg, "called without any password configured") {
-			return nil, usagef("Redis at %s refused the connection: %v; nothing was changed or sent. Check the user and password in REDIS_URL (redis://user:password@host:port/db)", where, err)
+			return nil, usagef("Redis at %s refused the connection: %v; nothing was changed or sent. Check the user and password in %s (redis://user:password@host:port/db)", where, err, a.redisName())
 		}
 		if strings.Contains(err.Error(), "DB index is out of range") {
-			return nil, usagef("REDIS_URL names a database number this Redis does not have (%s: %v); use one of its databases, 0 to 15 unless its `databases` setting says more, e.g. redis://127.0.0.1:6379/0", where, err)
+			return nil, usagef("%s names a database number this Redis does not have (%s: %v); use one of its databases, 0 to 15 unless its `databases` setting says more, e.g. redis://127.0.0.1:6379/0", a.redisName(), where, err)
 		}
-		return nil, fmt.Errorf("Redis is not reachable at %s: %v; nothing was changed or sent. Start it (scripts/test.sh or scripts/demo.sh install and start it) or point REDIS_URL at a running server", where, err)
+		return nil, fmt.Errorf("Redis is not reachable at %s: %v; nothing was changed or sent. Start it (scripts/test.sh or scripts/demo.sh install and start it) or point %s at a running server", where, err, a.redisName())
 	}
 	return rdb, nil
 }

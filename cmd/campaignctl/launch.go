@@ -174,7 +174,7 @@ func (a *app) launch(ctx context.Context, o launchOptions) error {
 	defer engine.Close()
 	audience := engine
 	if u := a.audienceDBURL(); u != a.dbURL() {
-		if audience, err = a.openDB(ctx, u, "AUDIENCE_DATABASE_URL", 0); err != nil {
+		if audience, err = a.openDB(ctx, u, a.audienceDBName(), 0); err != nil {
 			return err
 		}
 		defer audience.Close()

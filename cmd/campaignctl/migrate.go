@@ -23,7 +23,7 @@ func (a *app) newMigrateCmd() *cobra.Command {
 			if err := a.ensureDatabase(ctx); err != nil {
 				return err
 			}
-			pool, err := a.openDB(ctx, a.dbURL(), "DATABASE_URL", 0)
+			pool, err := a.openDB(ctx, a.dbURL(), a.dbName(), 0)
 			if err != nil {
 				return err
 			}
@@ -49,14 +49,14 @@ func (a *app) newMigrateCmd() *cobra.Command {
 func (a *app) ensureDatabase(ctx context.Context) error {
 	cfg, err := pgx.ParseConfig(a.dbURL())
 	if err != nil {
-		return usagef("DATABASE_URL is not a valid Postgres URL (%s); use postgres://user[:password]@host:port/database", redact(a.dbURL()))
+		return usagef("%s is not a valid Postgres URL (%s); use postgres://user[:password]@host:port/database", a.dbName(), redact(a.dbURL()))
 	}
 	created, err := campaign.CreateDatabase(ctx, cfg)
 	if errors.Is(err, campaign.ErrCreateDatabase) {
 		return err
 	}
 	if err != nil {
-		return dbError(err, cfg, "DATABASE_URL")
+		return dbError(err, cfg, a.dbName())
 	}
 	if created {
 		fmt.Fprintf(a.stdout, "created database %s\n", cfg.Database)
