@@ -124,7 +124,7 @@ func (p *Planner) stageAudience(ctx context.Context, engineTx pgx.Tx, spec Spec,
 	if err := tmpl.Check(keys); err != nil {
 		return err
 	}
-	if _, err := engineTx.CopyFrom(ctx, pgx.Identifier{"audience_stage"}, []string{"ord", "user_id", "address", "vars"}, src); err != nil {
+	if _, err := engineTx.CopyFrom(ctx, pgx.Identifier{"audience_stage"}, []string{"ord", "user_id", "address", "vars", "raw_address"}, src); err != nil {
 		if src.err != nil {
 			// The rest of the audience is not wanted: the connection is closed rather than drained (a
 			// query of huge values would otherwise be read to its end).
@@ -223,7 +223,9 @@ func (s *audienceSource) Values() ([]any, error) {
 		return nil, s.err
 	}
 	s.ord++
-	var user, addr any
+	// rawAddr is the audience's value when it is not an address (excluded as invalid_address, and shown
+	// as it was by report --with-address); nil otherwise.
+	var user, addr, rawAddr any
 	// A user_id of blanks is no more an ID than a missing one: the row is excluded as missing_user_id.
 	if u := vals[s.userIdx]; u != nil && strings.TrimSpace(toText(u)) != "" {
 		user = toText(u)
@@ -236,6 +238,8 @@ func (s *audienceSource) Values() ([]any, error) {
 	if raw := vals[s.addrIdx]; raw != nil {
 		if a, err := s.canonical(toText(raw)); err == nil {
 			addr = a
+		} else {
+			rawAddr = toText(raw)
 		}
 	}
 	vars := make(map[string]any, len(vals))
@@ -256,7 +260,7 @@ func (s *audienceSource) Values() ([]any, error) {
 		s.err = fmt.Errorf("%w: audience row %d (user_id %v): %v; select the column that holds it as text (col::text)", ErrInvalid, s.ord, providers.MaskUserID(fmt.Sprint(user)), err)
 		return nil, s.err
 	}
-	return []any{s.ord, user, addr, json.RawMessage(b)}, nil
+	return []any{s.ord, user, addr, json.RawMessage(b), rawAddr}, nil
 }
 
 // tooLarge refuses the next row for its column i of n bytes, naming its user_id decoded alone.

@@ -67,7 +67,7 @@ func (p *Planner) classify(ctx context.Context, tx pgx.Tx, spec Spec, tmpl *Temp
 				PARTITION BY (user_id IS NOT NULL AND urn = 1 AND address IS NOT NULL), address ORDER BY ord) AS arn
 			FROM u
 		)
-		SELECT a.ord, a.user_id, a.address, a.vars,
+		SELECT a.ord, a.user_id, a.address, a.vars, a.raw_address,
 			c.status AS c_status, c.source AS c_source, c.consent_date AS c_date, c.transaction_id AS c_txn,
 			coalesce(c.synced_at, c.updated_at) AS c_synced,
 			CASE WHEN a.user_id IS NULL THEN '`+ReasonMissingUser+`'

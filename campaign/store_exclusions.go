@@ -50,7 +50,7 @@ type ReportRow struct {
 func (p *Planner) insertExclusions(ctx context.Context, tx pgx.Tx, id int64) error {
 	t0 := time.Now()
 	if _, err := tx.Exec(ctx, `INSERT INTO campaign_exclusions (campaign_id, user_id, address, reason)
-		SELECT $1, user_id, address, reason FROM audience_classified WHERE reason IS NOT NULL`, id); err != nil {
+		SELECT $1, user_id, coalesce(address, raw_address), reason FROM audience_classified WHERE reason IS NOT NULL`, id); err != nil {
 		return fmt.Errorf("plan: exclusions: %w", err)
 	}
 	p.step("exclusions", t0)

@@ -84,7 +84,7 @@ func (p *Planner) plan(ctx context.Context, spec Spec, tmpl *Template, rep *Repo
 		return fmt.Errorf("plan: %w", err)
 	}
 
-	if _, err := tx.Exec(ctx, `CREATE TEMP TABLE audience_stage (ord bigint, user_id text, address text, vars jsonb) ON COMMIT DROP`); err != nil {
+	if _, err := tx.Exec(ctx, `CREATE TEMP TABLE audience_stage (ord bigint, user_id text, address text, vars jsonb, raw_address text) ON COMMIT DROP`); err != nil {
 		return fmt.Errorf("plan: %w", err)
 	}
 	t0 := time.Now()

@@ -121,10 +121,17 @@ func TestReportListsEveryAudienceRowOnce(t *testing.T) {
 			t.Errorf("failed row of %s (%s): provider %q, want %q", r[0], r[3], r[5], want)
 		}
 	}
-	_, _, out := reportCSV(t, env, id, "--with-address")
+	_, rows, out := reportCSV(t, env, id, "--with-address")
 	for _, phone := range []string{"+905321000001", "+905321000002", "+905321000003", "+905321000009", "+905321000004"} {
 		if !strings.Contains(out, phone) {
 			t.Errorf("report --with-address lacks %s:\n%s", phone, out)
+		}
+	}
+	// The row excluded as invalid_address shows the audience's value as it was: there is no address to
+	// show but that (it was empty).
+	for _, r := range rows {
+		if r[0] == "e" && r[1] != "not-a-phone" {
+			t.Errorf("report --with-address: e's invalid address shown as %q, want the audience's value not-a-phone", r[1])
 		}
 	}
 }
