@@ -3,6 +3,8 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"log/slog"
+	"net/http"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
@@ -11,6 +13,8 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/campaignctl/campaignctl/campaign"
+	"github.com/campaignctl/campaignctl/internal/unsubscribe"
 	"github.com/campaignctl/campaignctl/providers/sandbox"
 )
 
@@ -190,6 +194,37 @@ func TestTestSendEmailCarriesTheUnsubscribeHeaders(t *testing.T) {
 		t.Errorf("headers %v, HTML %s: want the one-click unsubscribe link a worker adds", m.Headers, m.HTML)
 	}
 	nothingPlanned(t, count)
+
+	// The tester follows the link: it works, says it is a test's, and records nothing (the tester's own
+	// consent stays). It was refused as "not valid", and webhooks blamed UNSUBSCRIBE_SECRET.
+	link := strings.TrimSuffix(strings.TrimPrefix(m.Headers["List-Unsubscribe"], "<"), ">")
+	if i := strings.Index(link, ">"); i >= 0 {
+		link = link[:i]
+	}
+	signer, err := unsubscribe.New(env["UNSUBSCRIBE_SECRET"], env["WEBHOOKS_PUBLIC_URL"])
+	if err != nil {
+		t.Fatal(err)
+	}
+	log := slog.New(slog.DiscardHandler)
+	h := unsubscribeHandler(signer, campaign.NewStore(db), &refusalSink{pool: db, brand: "654321", log: log}, 0, log)
+	for _, req := range []*http.Request{
+		httptest.NewRequest(http.MethodGet, strings.TrimPrefix(link, env["WEBHOOKS_PUBLIC_URL"]), nil),
+		httptest.NewRequest(http.MethodPost, strings.TrimPrefix(link, env["WEBHOOKS_PUBLIC_URL"]), strings.NewReader("List-Unsubscribe=One-Click")),
+	} {
+		req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, req)
+		if rec.Code != http.StatusOK || !strings.Contains(rec.Body.String(), "Test message") {
+			t.Errorf("%s of the test send's unsubscribe link %s: %d\n%s", req.Method, link, rec.Code, rec.Body.String())
+		}
+	}
+	var status string
+	var refusals int
+	db.QueryRow(context.Background(), `SELECT status FROM iys_consents WHERE recipient = 'tester@example.com'`).Scan(&status) //nolint:errcheck
+	db.QueryRow(context.Background(), `SELECT count(*) FROM refusals`).Scan(&refusals)                                        //nolint:errcheck
+	if status != "ONAY" || refusals != 0 {
+		t.Errorf("after the test link was used: the tester's consent %s, %d refusals; want ONAY and none", status, refusals)
+	}
 }
 
 func TestTestSendEmailDryRunPreview(t *testing.T) {

@@ -209,6 +209,8 @@ var (
 		TitleEN: "You are unsubscribed", TextEN: "You will get no more commercial e-mails from this brand. Your refusal is reported to İYS."}
 	unsubBad = unsubscribeText{TitleTR: "Bağlantı geçersiz", TextTR: "Bu bağlantı geçerli değil. E-postadaki bağlantıyı eksiksiz kopyaladığınızdan emin olun.",
 		TitleEN: "This link is not valid", TextEN: "Check that the whole link from the e-mail was used."}
+	unsubTest = unsubscribeText{TitleTR: "Test iletisi", TextTR: "Bu, bir test gönderiminin abonelikten çıkış bağlantısıdır ve çalışıyor. Kampanya e-postalarında bu bağlantı alıcının iznini geri alır; test iletisi için hiçbir şey kaydedilmedi.",
+		TitleEN: "Test message", TextEN: "This is the unsubscribe link of a test send, and it works. In a campaign's e-mails this link withdraws the recipient's consent; for a test message nothing was recorded."}
 	unsubFailed = unsubscribeText{TitleTR: "Şu anda işlenemedi", TextTR: "Talebiniz kaydedilemedi; lütfen birkaç dakika sonra tekrar deneyin.",
 		TitleEN: "Not recorded yet", TextEN: "Your request could not be recorded; please try again in a few minutes."}
 )
@@ -237,6 +239,12 @@ func unsubscribeHandler(signer *unsubscribe.Signer, store *campaign.Store, sink 
 			log.Warn("unsubscribe link refused", "reason", "bad_signature", "remote", r.RemoteAddr,
 				"hint", "a forged or damaged link; if every link is refused, UNSUBSCRIBE_SECRET here differs from the workers'")
 			page(w, http.StatusForbidden, unsubBad)
+			return
+		}
+		if id == campaign.TestCampaignID {
+			// A test send's link (launch --test-to): it works, and the tester's own consent stays.
+			log.Info("unsubscribe link of a test send used: nothing recorded", "remote", r.RemoteAddr)
+			page(w, http.StatusOK, unsubTest)
 			return
 		}
 		if r.Method == http.MethodPost {

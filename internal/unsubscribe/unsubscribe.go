@@ -63,6 +63,7 @@ const maxNonce = 13
 
 // Link is what a link names: a campaign (its ID, and its nonce when the link carries one) and a user.
 type Link struct {
+	// CampaignID 0 is a test send's (launch --test-to), which has no campaign.
 	CampaignID int64
 	// Nonce is the campaign's nonce the link was made with; "" for a link of an earlier version.
 	Nonce  string
@@ -158,7 +159,7 @@ func (s *Signer) Check(token string) (Link, error) {
 	}
 	cid, nonce, v2 := strings.Cut(head, "~")
 	id, err := strconv.ParseInt(cid, 10, 64)
-	if err != nil || id <= 0 || strconv.FormatInt(id, 10) != cid {
+	if err != nil || id < 0 || strconv.FormatInt(id, 10) != cid {
 		return Link{}, ErrBadLink
 	}
 	// One spelling per nonce too: a positive number in base 36, lower case, without leading zeros.
