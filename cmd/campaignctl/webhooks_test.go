@@ -185,7 +185,7 @@ func TestWebhooksFlagsAreValidatedWithoutEchoingCredentials(t *testing.T) {
 		{"no provider key", map[string]string{"DATABASE_URL": base["DATABASE_URL"]}, nil, []string{"TWILIO_AUTH_TOKEN", "SENDGRID_WEBHOOK_PUBLIC_KEY"}},
 		{"SendGrid key not a key", with("SENDGRID_WEBHOOK_PUBLIC_KEY", "not-a-key"), nil, []string{"SENDGRID_WEBHOOK_PUBLIC_KEY", "base64"}},
 		{"database URL that does not parse", with("DATABASE_URL", "postgres://app:"+dbSecret+"@127.0.0.1:port/x"), nil, []string{"DATABASE_URL", "postgres://"}},
-		{"database URL flag that does not parse", base, []string{"--database-url", "postgres://app:" + dbSecret + "@127.0.0.1:port/x"}, []string{"DATABASE_URL", "postgres://"}},
+		{"database URL flag that does not parse", base, []string{"--database-url", "postgres://app:" + dbSecret + "@127.0.0.1:port/x"}, []string{"--database-url", "postgres://"}},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			stdout, stderr, code := cli(t, tt.env, append([]string{"webhooks"}, tt.args...)...)
