@@ -55,10 +55,6 @@ func waitingOf(ctx context.Context, env *waitEnv, c *campaign.Campaign, counts c
 		}
 		return w, nil
 	}
-	if c.StartAt != nil && c.StartAt.After(now) {
-		return &Waiting{Reason: WaitScheduled, Detail: fmt.Sprintf("starts at %s (launch --at)", c.StartAt.UTC().Format(time.RFC3339)),
-			Since: utc(c.CreatedAt), Until: utc(*c.StartAt)}, nil
-	}
 	rdb := env.rdb
 	// First: after Redis lost its data, the workers' heartbeats are gone for a few seconds too, and
 	// starting a worker would not help; resume does.
@@ -72,6 +68,15 @@ func waitingOf(ctx context.Context, env *waitEnv, c *campaign.Campaign, counts c
 			return nil, err
 		}
 		return &Waiting{Reason: WaitRedisLostData, Detail: detail, Since: since}, nil
+	}
+	if c.StartAt != nil && c.StartAt.After(now) {
+		if queued == 0 && dlq.n == 0 {
+			// Its start would come and nothing would happen: said now, not at the start.
+			return lost(fmt.Sprintf("none of the campaign's batches is queued for its start at %s: Redis lost its data (restarted empty, flushed, failed over), or the launch stopped before it queued them, and it would not start. Run campaignctl resume %d",
+				c.StartAt.UTC().Format(time.RFC3339), id))
+		}
+		return &Waiting{Reason: WaitScheduled, Detail: fmt.Sprintf("starts at %s (launch --at)", c.StartAt.UTC().Format(time.RFC3339)),
+			Since: utc(c.CreatedAt), Until: utc(*c.StartAt)}, nil
 	}
 	if queued == 0 && dlq.n == 0 {
 		return lost(fmt.Sprintf("%d recipients pending and none of the campaign's batches is queued: Redis lost its data (restarted empty, flushed, failed over), or the batches were dropped from the dead-letter queue (dlq purge), or the launch stopped before it queued them. Run campaignctl resume %d", counts.Pending, id))

@@ -144,7 +144,25 @@ func TestStatusSaysWhyACampaignWaits(t *testing.T) {
 	if w := expect("--at ahead", WaitScheduled); w.Until == nil || time.Until(*w.Until) < 50*time.Minute || w.Since == nil || time.Since(*w.Since) > time.Minute {
 		t.Fatalf("scheduled since %v until %v, want since the launch, until the start in an hour", w.Since, w.Until)
 	}
+	// Its batches gone before the start (Redis wiped): it would not start; that is said now, not only once
+	// the start has passed (it said scheduled until then).
+	inspector := asynq.NewInspectorFromRedisClient(f.rdb)
+	if _, err := inspector.DeleteAllPendingTasks(Queue); err != nil {
+		t.Fatal(err)
+	}
+	if w := expect("--at ahead, batches gone", WaitRedisLostData); !strings.Contains(w.Detail, "would not start") {
+		t.Fatalf("scheduled with no batch queued: detail %q, want it to say the campaign would not start", w.Detail)
+	}
+	if _, _, err := Enqueue(ctx, client, f.store, f.campaign(t), false); err != nil { // as resume queues them
+		t.Fatal(err)
+	}
+	expect("--at ahead, queued again", WaitScheduled)
 	exec(`UPDATE campaigns SET start_at = NULL WHERE id = $1`, f.id)
+	// Queued for the start an hour ahead: due now, as before.
+	if _, err := inspector.RunAllScheduledTasks(Queue); err != nil {
+		t.Fatal(err)
+	}
+	inspector.Close()
 
 	closed := time.Now().In(time.UTC).Add(2 * time.Hour)
 	exec(`UPDATE campaigns SET send_window = $2, window_zone = 'UTC' WHERE id = $1`, f.id,
