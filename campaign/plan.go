@@ -115,9 +115,10 @@ type Report struct {
 	Rate         float64 `json:"rate"`
 	ETASeconds   float64 `json:"eta_seconds"`
 	Enqueued     int     `json:"enqueued"`
-	// StartAt is when a scheduled campaign begins; Window its daily send window.
-	StartAt *time.Time `json:"start_at,omitempty"`
-	Window  string     `json:"window,omitempty"`
+	// StartAt is when a scheduled campaign begins; Window its daily send window, in WindowZone.
+	StartAt    *time.Time `json:"start_at,omitempty"`
+	Window     string     `json:"window,omitempty"`
+	WindowZone string     `json:"window_zone,omitempty"`
 	// RecipientType is the İYS recipient type checked (BIREYSEL or TACIR); Transactional says İYS was not
 	// checked at all.
 	RecipientType string `json:"recipient_type"`
@@ -170,6 +171,11 @@ func (s *Spec) Validate() error {
 	}
 	if s.FrequencyCap < 0 {
 		return fmt.Errorf("%w: --frequency-cap %v must be a duration like 24h, or 0 for none", ErrInvalid, s.FrequencyCap)
+	}
+	if s.FrequencyCap%time.Second != 0 {
+		// Kept in whole seconds: 900ms would be no cap at send time, 1500ms one second.
+		return fmt.Errorf("%w: --frequency-cap %v: give whole seconds (the cap is kept in seconds), e.g. %v, or 0 for none",
+			ErrInvalid, s.FrequencyCap, max(time.Second, s.FrequencyCap.Round(time.Second)))
 	}
 	if s.BatchSize < 0 || s.BatchSize > 10000 {
 		return fmt.Errorf("%w: batch size %d must be between 1 and 10000", ErrInvalid, s.BatchSize)

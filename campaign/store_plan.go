@@ -157,6 +157,9 @@ func (p *Planner) plan(ctx context.Context, spec Spec, tmpl *Template, rep *Repo
 		state = StateCompleted
 	}
 	rep.Window = spec.Window.String()
+	if rep.Window != "" && spec.Window.Zone != nil {
+		rep.WindowZone = spec.Window.Zone.String()
+	}
 	if _, err := tx.Exec(ctx, `UPDATE campaigns SET audience = $2, eligible = $3, excluded = $4, batches = $5, state = $6,
 		started_at = CASE WHEN $6 = `+sqlStateRunning+` THEN now() END, finished_at = CASE WHEN $6 = `+sqlStateCompleted+` THEN now() END,
 		consent_version = $7 WHERE id = $1`,

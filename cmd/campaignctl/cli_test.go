@@ -130,6 +130,11 @@ func TestBadInputIsRefusedClearlyAndNothingIsWritten(t *testing.T) {
 		{"statement timeout Postgres reads as none", append(launch(), "--statement-timeout", "500us"), 2, []string{"--statement-timeout 500µs", "from 1s"}},
 		{"statement timeout past a day", append(launch(), "--statement-timeout", "600h"), 2, []string{"--statement-timeout 600h0m0s", "to 24h0m0s"}},
 		{"empty zone", append(launch(), "--tz", ""), 2, []string{`--tz ""`, "UTC"}},
+		// Each worker would read the window in its own zone: quiet hours at different times on each machine.
+		{"each machine's own zone", append(launch(), "--tz", "Local", "--window", "09:00-20:00"), 2, []string{"--tz Local", "each machine's own", "Europe/Istanbul"}},
+		// Kept in whole seconds: 900ms was stored as 0, no cap at send time.
+		{"frequency cap below a second", append(launch(), "--frequency-cap", "900ms"), 2, []string{"--frequency-cap 900ms", "whole seconds", "1s"}},
+		{"frequency cap of a fraction", append(launch(), "--frequency-cap", "1500ms"), 2, []string{"--frequency-cap 1.5s", "whole seconds"}},
 		{"SMS with a subject", append(launch(), "--subject", "Merhaba"), 2, []string{"an SMS has none"}},
 		{"two e-mail bodies", append(launch(), "--channel", "email", "--html", audience, "--template-id", "d-123"), 2, []string{"keep one"}},
 		{"status of unknown campaign", []string{"status", "999"}, 2, []string{"no campaign has id 999"}},

@@ -183,6 +183,11 @@ func (a *app) launch(ctx context.Context, o launchOptions) error {
 	if err != nil || o.tz == "" { // Go reads "" as UTC
 		return usagef("--tz %q is not a known time zone; use an IANA name such as Europe/Istanbul or UTC", o.tz)
 	}
+	if zone == time.Local {
+		// Go's "Local" is each process's own zone: every worker (and status) would read the window in
+		// its own, and the quiet hours of one campaign would fall at different times on each machine.
+		return usagef("--tz %s is each machine's own time zone: every worker would read the send window in its own; give an IANA name such as Europe/Istanbul or UTC; nothing was written or sent", o.tz)
+	}
 	window, err := campaign.ParseWindow(o.window, zone)
 	if err != nil {
 		return err
@@ -362,7 +367,7 @@ func (a *app) writeReport(out io.Writer, rep campaign.Report, title string) {
 		fmt.Fprintf(w, "  starts at\t%s\n", rep.StartAt.Format("2006-01-02 15:04 MST"))
 	}
 	if rep.Window != "" {
-		fmt.Fprintf(w, "  send window\t%s every day\n", rep.Window)
+		fmt.Fprintf(w, "  send window\t%s %s every day\n", rep.Window, rep.WindowZone)
 	}
 	if rep.ID != 0 {
 		fmt.Fprintf(w, "  batches queued\t%d\n", rep.Enqueued)
