@@ -71,6 +71,26 @@ func TestFailoverWhenTheFirstProviderIsDown(t *testing.T) {
 	}
 }
 
+// A provider that now and then asks to slow down (a sporadic 429) is not down: it keeps the campaign,
+// at the pace the shared pace gives it, and the fallback sends nothing. Before, each 429 moved the worker to
+// the fallback for the failover window: 8 refusals in an outside run sent 95 % through the second provider.
+func TestASporadic429DoesNotFailOver(t *testing.T) {
+	t.Parallel()
+	f, fb := failoverFixture(t, time.Hour, func(call int, _ providers.Message) error {
+		if call == 3 || call == 20 {
+			return &providers.Error{Provider: "test", Status: 429, Code: 20429, Class: providers.Transient, Message: "Too Many Requests", Throttled: true}
+		}
+		return nil
+	})
+	f.runAll(t)
+	if n := bothOnce(t, f.provider, fb); n != 80 {
+		t.Fatalf("%d recipients got a message, want the 80 eligible", n)
+	}
+	if fb.calls != 0 || f.provider.total() != 80 {
+		t.Fatalf("the fallback was called %d times and the first provider sent %d; want 0 and 80: a 429 is no outage", fb.calls, f.provider.total())
+	}
+}
+
 // An ambiguous answer never fails over: the first provider may have sent the message.
 func TestNoFailoverAfterAnAmbiguousAnswer(t *testing.T) {
 	t.Parallel()

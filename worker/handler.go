@@ -65,9 +65,10 @@ type Config struct {
 	// Providers maps each channel to the provider that sends it.
 	Providers map[campaign.Channel]providers.Provider
 	// Fallback maps a channel to a second provider, used when the first is down: a send the first refused
-	// without accepting it (a 5xx, a 429, a connection that failed before the request was written, or an
+	// without accepting it (a 5xx, a connection that failed before the request was written, or an
 	// account-level refusal) goes through the second at once, under the same claim, and the first is left
-	// alone for FailoverWindow. An ambiguous answer never fails over: the first may have sent it. Only
+	// alone for FailoverWindow. An ambiguous answer never fails over: the first may have sent it; nor does
+	// a 429 (the shared pace slows for it), unless the first is down by every worker's answers. Only
 	// one-message-a-request providers fail over (SMS).
 	Fallback map[campaign.Channel]providers.Provider
 	// FailoverWindow is how long a first provider that failed is skipped in favour of the fallback before it
