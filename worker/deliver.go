@@ -264,6 +264,27 @@ func (h *Handler) whileDown(ctx, waitCtx context.Context, run *batchRun, rt *rou
 	return rt, probe, err
 }
 
+// NoteFailover notes in info, a worker's heartbeat, each channel this handler falls over on and whether
+// its sends go to the fallback now (its first provider skipped for the failover window): status tells a
+// campaign that moves through the fallback from one that waits.
+func (h *Handler) NoteFailover(info *state.WorkerInfo) {
+	if len(h.cfg.Fallback) == 0 {
+		return
+	}
+	info.Fallbacks, info.FailedOver = map[string]string{}, map[string]bool{}
+	now := h.cfg.Now().UnixNano()
+	for ch, fb := range h.cfg.Fallback {
+		first := h.cfg.Providers[ch]
+		if first == nil {
+			continue
+		}
+		info.Fallbacks[string(ch)] = fb.Name()
+		if until, ok := h.downUntil.Load(first.Name()); ok && now < until.(int64) {
+			info.FailedOver[string(ch)] = true
+		}
+	}
+}
+
 // markDown skips the provider named for FailoverWindow, in favour of its fallback.
 func (h *Handler) markDown(name string) {
 	h.downUntil.Store(name, h.cfg.Now().Add(h.cfg.FailoverWindow).UnixNano())

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/campaignctl/campaignctl/campaign"
+	"github.com/campaignctl/campaignctl/internal/state"
 	"github.com/campaignctl/campaignctl/providers"
 )
 
@@ -180,5 +181,22 @@ func TestAProviderThatResetsEveryRequestIsHeldBackOnceItIsDown(t *testing.T) {
 	t.Logf("%d calls in 2.5 s", calls)
 	if calls < 10 || calls > 16 {
 		t.Fatalf("the provider was called %d times in 2.5 s (run: %v): want about 10, then one probe a second", calls, err)
+	}
+}
+
+// A worker's heartbeat says which channels fall over, and whether its sends go to the fallback now: status
+// reads it to tell a campaign moving through the fallback from one that waits.
+func TestTheHeartbeatSaysWhenAWorkerHasFailedOver(t *testing.T) {
+	t.Parallel()
+	f, _ := failoverFixture(t, time.Hour, nil)
+	var info state.WorkerInfo
+	f.h.NoteFailover(&info)
+	if info.Fallbacks["sms"] != "second" || info.FailedOver["sms"] {
+		t.Fatalf("before any failure: %+v, want the fallback named and not in use", info)
+	}
+	f.h.markDown(f.provider.Name())
+	f.h.NoteFailover(&info)
+	if !info.FailedOver["sms"] {
+		t.Fatalf("the first provider skipped: %+v, want failed over", info)
 	}
 }

@@ -146,14 +146,18 @@ func waitingOf(ctx context.Context, env *waitEnv, c *campaign.Campaign, counts c
 		return waitWorker(WaitNoWorker, "no worker is running: start campaignctl worker (or campaignctl workers)", state.SeenAny)
 	}
 	ch := c.Channel.Spec()
-	provider := ""
-	commercialOK := false
+	provider, fallback := "", ""
+	commercialOK, failedOver := false, false
 	for _, w := range workers {
 		if p := w.Providers[string(c.Channel)]; p != "" {
 			if provider == "" {
 				provider = p
 			}
+			if fb := w.Fallbacks[string(c.Channel)]; fb != "" && fallback == "" {
+				fallback = fb
+			}
 			commercialOK = commercialOK || w.Commercial[string(c.Channel)]
+			failedOver = failedOver || w.FailedOver[string(c.Channel)]
 		}
 	}
 	if provider == "" {
@@ -178,11 +182,31 @@ func waitingOf(ctx context.Context, env *waitEnv, c *campaign.Campaign, counts c
 	} else if es.MarksPending() && env.marksToWriteBack(ctx) {
 		return lost("Redis lost its data (restarted empty, flushed, failed over): the frequency marks of the recent sends are being written back from Postgres before anything is sent; the batches go on by themselves")
 	}
-	bucket := state.ProviderBucket(provider)
-	if pace, _ := rdb.HMGet(ctx, state.PaceKey(bucket), "down", "downat").Result(); len(pace) == 2 && pace[0] == "1" {
-		return &Waiting{Reason: WaitProviderDown, Detail: fmt.Sprintf("%s fails (nearly) every request: sends wait, one probe a second over every worker; nobody's retries are used", provider),
-			Since: unixMilli(pace[1])}, nil
+	// down says whether a provider fails (nearly) every request by every worker's answers, and since when.
+	down := func(name string) (bool, *time.Time) {
+		pace, _ := rdb.HMGet(ctx, state.PaceKey(state.ProviderBucket(name)), "down", "downat").Result()
+		if len(pace) == 2 && pace[0] == "1" {
+			return true, unixMilli(pace[1])
+		}
+		return false, nil
 	}
+	firstDown, downSince := down(provider)
+	if fallback != "" && (firstDown || failedOver) {
+		// The sends go through the fallback (the first gets a probe now and then): the campaign waits
+		// only if that fails too.
+		if fbDown, fbSince := down(fallback); fbDown {
+			if downSince == nil || fbSince != nil && fbSince.After(*downSince) {
+				downSince = fbSince
+			}
+			return &Waiting{Reason: WaitProviderDown, Detail: fmt.Sprintf("%s and its fallback %s fail (nearly) every request: sends wait, one probe a second over every worker; nobody's retries are used", provider, fallback),
+				Since: downSince}, nil
+		}
+		provider = fallback // moving through it; a pause of its own stops it
+	} else if firstDown {
+		return &Waiting{Reason: WaitProviderDown, Detail: fmt.Sprintf("%s fails (nearly) every request: sends wait, one probe a second over every worker; nobody's retries are used", provider),
+			Since: downSince}, nil
+	}
+	bucket := state.ProviderBucket(provider)
 	if pttl, err := rdb.PTTL(ctx, state.PauseKey(bucket)).Result(); err == nil && pttl > 0 {
 		began, _ := rdb.Get(ctx, state.PauseKey(bucket)).Result()
 		return &Waiting{Reason: WaitProviderPaused, Detail: fmt.Sprintf("%s asked every request to wait (Retry-After)", provider), Since: unixMilli(began), Until: utc(now.Add(pttl))}, nil
@@ -432,14 +456,18 @@ func queuedByCampaign(rdb redis.UniversalClient) (map[int64]map[int]bool, error)
 
 // Heartbeat publishes info (what this worker sends) now and every state.WorkerTTL/3 until ctx ends, and
 // removes it then: campaignctl status reads the heartbeats to tell "no worker" and "no worker for the
-// channel" apart from a campaign that moves. A failed write is retried at the next beat.
-func Heartbeat(ctx context.Context, rdb redis.UniversalClient, info state.WorkerInfo) {
+// channel" apart from a campaign that moves. A failed write is retried at the next beat. Each update, if
+// any, brings info up to date before a beat (Handler.NoteFailover).
+func Heartbeat(ctx context.Context, rdb redis.UniversalClient, info state.WorkerInfo, update ...func(*state.WorkerInfo)) {
 	if info.Started.IsZero() {
 		info.Started = time.Now().UTC()
 	}
 	t := time.NewTicker(state.WorkerTTL / 3)
 	defer t.Stop()
 	for {
+		for _, u := range update {
+			u(&info)
+		}
 		state.PublishWorker(ctx, rdb, info) //nolint:errcheck // retried at the next beat
 		select {
 		case <-ctx.Done():

@@ -202,7 +202,31 @@ func TestStatusSaysWhyACampaignWaits(t *testing.T) {
 	if w := expect("provider down", WaitProviderDown); w.Since == nil || !w.Since.Equal(wentDown) {
 		t.Fatalf("provider down since %v, want %v (when the pace went down)", w.Since, wentDown)
 	}
+	// With a fallback: the first down moves the sends to it, and the campaign waits only when that fails
+	// too. Before, status said provider_down while the fallback carried the campaign, and nothing while
+	// both failed and the workers had gone over to the fallback.
+	fbBucket := state.ProviderBucket("netgsm")
+	withFallback := func(failedOver bool) {
+		t.Helper()
+		if err := state.PublishWorker(ctx, f.rdb, state.WorkerInfo{Owner: "w1", Providers: map[string]string{"sms": f.provider.Name()},
+			Commercial: map[string]bool{"sms": true}, Fallbacks: map[string]string{"sms": "netgsm"}, FailedOver: map[string]bool{"sms": failedOver}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	withFallback(false)
+	expect("first down, the fallback up", "")
+	fbWentDown := wentDown.Add(time.Minute)
+	f.rdb.HSet(ctx, state.PaceKey(fbBucket), "down", "1", "downat", fbWentDown.UnixMilli())
+	if w := expect("first and fallback down", WaitProviderDown); !strings.Contains(w.Detail, "fallback netgsm") || w.Since == nil || !w.Since.Equal(fbWentDown) {
+		t.Fatalf("both down: %+v, want both named, since the later of the two went down (%v)", w, fbWentDown)
+	}
 	f.rdb.HSet(ctx, state.PaceKey(bucket), "down", "0")
+	expect("first up, not failed over, the fallback down", "")
+	withFallback(true)
+	expect("failed over (the first skipped), the fallback down", WaitProviderDown)
+	f.rdb.HSet(ctx, state.PaceKey(fbBucket), "down", "0")
+	expect("failed over, the fallback up", "")
+	beat(map[string]string{"sms": f.provider.Name()})
 	pausedAt := time.Now()
 	if err := limiter.New(f.rdb).Pause(ctx, bucket, 5*time.Second); err != nil {
 		t.Fatal(err)

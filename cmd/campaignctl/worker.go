@@ -170,7 +170,7 @@ A worker sends the channels whose provider is configured:
 			}
 			beat, stopBeat := context.WithCancel(context.WithoutCancel(ctx))
 			beatDone := make(chan struct{})
-			go func() { defer close(beatDone); worker.Heartbeat(beat, svc.redis, info) }()
+			go func() { defer close(beatDone); worker.Heartbeat(beat, svc.redis, info, h.NoteFailover) }()
 			defer func() { stopBeat(); <-beatDone }()
 			log.Info("worker started", "concurrency", o.concurrency, "providers", strings.Join(channels, ", "), "pid", os.Getpid())
 			err = worker.Serve(ctx, svc.redis, h, worker.ServerConfig{Concurrency: o.concurrency, ShutdownTimeout: o.shutdown, Logger: log})

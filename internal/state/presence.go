@@ -52,6 +52,10 @@ type WorkerInfo struct {
 	Owner string `json:"owner"`
 	// Providers maps each channel the worker sends to its provider ("sms": "twilio").
 	Providers map[string]string `json:"providers"`
+	// Fallbacks maps a channel to the provider its sends fail over to ("sms": "netgsm"), and FailedOver
+	// lists the channels whose sends this worker passes to it as of its last beat (the first is down).
+	Fallbacks  map[string]string `json:"fallbacks,omitempty"`
+	FailedOver map[string]bool   `json:"failed_over,omitempty"`
 	// Commercial lists the channels whose commercial messages it may send (e-mail needs the unsubscribe
 	// link settings).
 	Commercial map[string]bool `json:"commercial"`
