@@ -31,7 +31,7 @@ func (h *Handler) deliver(ctx, waitCtx context.Context, run *batchRun, rest []ca
 	failedOver := false     // this recipient goes through the fallback, whatever the window says by now
 	probe := false          // this send is the probe of a provider that is down (waitWhileDown)
 	for attempt := 1; ; attempt++ {
-		rt := h.route(run, r.Address)
+		rt := h.route(ctx, run, r.Address)
 		if failedOver {
 			rt = run.secondary
 		}
@@ -219,13 +219,20 @@ func pacesSegments(p providers.Provider) bool {
 // route picks the provider of the next send to addr: the fallback while the first is marked down, or when
 // only the fallback can take addr (providers.AddressTaker); never the fallback with an address it cannot
 // take (the send then waits for the first).
-func (h *Handler) route(run *batchRun, addr string) *route {
+func (h *Handler) route(ctx context.Context, run *batchRun, addr string) *route {
 	if sec := run.secondary; sec != nil && providers.Takes(sec.provider, addr) {
 		if !providers.Takes(run.primary.provider, addr) {
 			return sec
 		}
-		if until, ok := h.downUntil.Load(run.primary.provider.Name()); ok && h.cfg.Now().UnixNano() < until.(int64) {
-			return sec
+		name := run.primary.provider.Name()
+		if until, ok := h.downUntil.Load(name); ok && h.cfg.Now().UnixNano() < until.(int64) {
+			if _, byPace := h.downByPace.Load(name); !byPace || h.pace(name).Down(ctx) {
+				return sec
+			}
+			// The pace called it down, and a probe has got through since: every worker goes back to it
+			// now, not at the end of its own failover window (a 20 s outage kept Netgsm sending for 60).
+			h.downUntil.CompareAndDelete(name, until)
+			h.downByPace.Delete(name)
 		}
 	}
 	return &run.primary
@@ -255,6 +262,7 @@ func (h *Handler) whileDown(ctx, waitCtx context.Context, run *batchRun, rt *rou
 			return rt, true, nil
 		}
 		h.markDown(name)
+		h.downByPace.Store(name, true)
 		h.log.Warn("provider down; failing over", "campaign_id", run.c.ID, "provider", name,
 			"fallback", run.secondary.provider.Name(), "for", h.cfg.FailoverWindow)
 		rt = run.secondary
@@ -285,9 +293,11 @@ func (h *Handler) NoteFailover(info *state.WorkerInfo) {
 	}
 }
 
-// markDown skips the provider named for FailoverWindow, in favour of its fallback.
+// markDown skips the provider named for FailoverWindow, in favour of its fallback (for its own failure:
+// whileDown marks the skips the shared pace called for apart).
 func (h *Handler) markDown(name string) {
 	h.downUntil.Store(name, h.cfg.Now().Add(h.cfg.FailoverWindow).UnixNano())
+	h.downByPace.Delete(name)
 }
 
 // sendSize is what a send weighs on the limits: msgs messages taken from the campaign's bucket (its

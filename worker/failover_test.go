@@ -2,6 +2,7 @@ package worker
 
 import (
 	"context"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -198,5 +199,36 @@ func TestTheHeartbeatSaysWhenAWorkerHasFailedOver(t *testing.T) {
 	f.h.NoteFailover(&info)
 	if !info.FailedOver["sms"] {
 		t.Fatalf("the first provider skipped: %+v, want failed over", info)
+	}
+}
+
+// A first provider called down by the shared pace comes back for every worker as soon as the pace calls it
+// up again (another worker's probe got through), not at the end of each worker's failover window: a 20 s
+// outage kept an outside run on the dearer fallback for 60 s.
+func TestAFirstProviderBackUpIsUsedBeforeTheFailoverWindowEnds(t *testing.T) {
+	t.Parallel()
+	var recovered atomic.Bool
+	f, fb := failoverFixture(t, time.Hour, func(int, providers.Message) error {
+		if recovered.Load() {
+			return nil
+		}
+		return &providers.Error{Provider: "test", Class: providers.Ambiguous, Message: "connection reset after the request was written"}
+	})
+	f.provider.before = func(providers.Message) { time.Sleep(3 * time.Millisecond) }
+	fb.before = func(providers.Message) {
+		time.Sleep(10 * time.Millisecond)
+		if fb.total() == 5 && !recovered.Load() {
+			// The outage ends, and another worker's probe gets through: the pace calls the first up.
+			recovered.Store(true)
+			f.rdb.HSet(context.Background(), state.PaceKey(state.ProviderBucket(f.provider.Name())), "down", "0") //nolint:errcheck
+		}
+	}
+	f.runAll(t)
+	if n := bothOnce(t, f.provider, fb); n != 80 {
+		t.Fatalf("%d recipients got a message, want the 80 eligible", n)
+	}
+	if sentByFirst := f.provider.total() - int(f.counts(t).Unknown); sentByFirst < 40 {
+		t.Fatalf("the first provider sent %d after it was up again, the fallback %d: want the first back within moments, not after the hour's window",
+			sentByFirst, fb.total())
 	}
 }

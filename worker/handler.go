@@ -184,8 +184,10 @@ type Handler struct {
 	// lastAnswer is when the provider last answered a send of this process (unix ns).
 	lastAnswer atomic.Int64
 	// downUntil holds, per provider name, until when (unix ns) a first provider that failed is skipped for
-	// its fallback.
-	downUntil sync.Map
+	// its fallback; downByPace marks those skipped because the shared pace called them down, which come
+	// back as soon as it calls them up (a probe got through), not only when the window ends.
+	downUntil  sync.Map
+	downByPace sync.Map
 	// senders runs the sends of windows (deliverWindowed).
 	senders *senders
 	// growChunks is set when Config.ChunkSize was left to adapt; chunkHints holds, per provider name, the
