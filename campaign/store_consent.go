@@ -23,6 +23,12 @@ func (p *Planner) consentGate(ctx context.Context, tx pgx.Tx, spec Spec, rep *Re
 	}
 	rep.ConsentSyncedAt = last
 	if last != nil && time.Since(*last) <= spec.MaxConsentAge {
+		if !spec.StartAt.IsZero() && spec.StartAt.Sub(*last) > spec.MaxConsentAge && !spec.AllowStaleConsent {
+			// Fresh now, too old by the start: the batches would go to the DLQ at the start, unless a sync
+			// comes before it.
+			rep.Warnings = append(rep.Warnings, fmt.Sprintf("the İYS consents will be older than --max-consent-age %v at the start (%s): unless `campaignctl iys sync` runs before it (cron), the campaign's batches stop at the start and wait in the DLQ for a sync",
+				spec.MaxConsentAge, spec.StartAt.UTC().Format(time.RFC3339)))
+		}
 		return nil
 	}
 	if spec.AllowStaleConsent {

@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -393,5 +394,28 @@ func TestMissingArgumentsAreNamed(t *testing.T) {
 		if code != 2 || out != "" || !strings.Contains(stderr, tc.want) {
 			t.Errorf("%v: exit %d, stdout %q, stderr %q; want 2 saying %q", tc.args, code, out, stderr, tc.want)
 		}
+	}
+}
+
+// A scheduled launch whose consents are fresh now but will be older than --max-consent-age at its start
+// is told so: its batches would stop at the start and wait in the DLQ for a sync, with nothing said before.
+func TestAScheduledLaunchIsWarnedItsConsentsWillBeTooOldAtTheStart(t *testing.T) {
+	t.Parallel()
+	env, _ := badInputDB(t)
+	audience := writeFile(t, "a.sql", "SELECT user_id, phone, first_name FROM customers")
+	ist, err := time.LoadLocation("Europe/Istanbul")
+	if err != nil {
+		t.Fatal(err)
+	}
+	args := func(at time.Time) []string {
+		return []string{"launch", "--name", "later", "--channel", "sms", "--audience", audience, "--message", testPrefix + "Merhaba {{.first_name}}",
+			"--at", at.In(ist).Format("2006-01-02 15:04"), "--tz", "Europe/Istanbul", "--max-consent-age", "1h", "--dry-run"}
+	}
+	_, stderr, code := cli(t, env, args(time.Now().Add(3*time.Hour))...)
+	if code != 0 || !strings.Contains(stderr, "older than --max-consent-age") || !strings.Contains(stderr, "iys sync") {
+		t.Fatalf("a start 3 h ahead with consents good for 1 h: exit %d, stderr %q; want a warning naming iys sync", code, stderr)
+	}
+	if _, stderr, code = cli(t, env, args(time.Now().Add(10*time.Minute))...); code != 0 || strings.Contains(stderr, "older than --max-consent-age") {
+		t.Fatalf("a start within the consents' age: exit %d, stderr %q; want no warning", code, stderr)
 	}
 }
