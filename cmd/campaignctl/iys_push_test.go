@@ -15,16 +15,7 @@ import (
 // success that left everything waiting.
 func TestIYSPushFailsWhenIYSIsUnreachable(t *testing.T) {
 	t.Parallel()
-	env, _ := badInputDB(t)
-	db, err := pgxpool.New(context.Background(), env["DATABASE_URL"])
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
-	if _, err := iys.RecordRefusals(context.Background(), db, "", []iys.Refusal{{Via: iys.ViaTwilioInbound, EventID: "SM1", Kind: "inbound",
-		Recipient: "+905321000001", Type: "MESAJ", Evidence: "test", At: time.Now()}}); err != nil {
-		t.Fatal(err)
-	}
+	env := withRefusal(t, "SM1", "+905321000001", "test")
 	for k, v := range map[string]string{"IYS_BASE_URL": "http://127.0.0.1:1", "IYS_USERNAME": "u", "IYS_PASSWORD": "s3cret-pw", "IYS_CODE": "123456", "IYS_BRAND_CODE": "654321"} {
 		env[k] = v
 	}
@@ -43,17 +34,7 @@ func TestIYSPushFailsWhenIYSIsUnreachable(t *testing.T) {
 // recipient.
 func TestIYSOutboxMasksTheEvidenceToo(t *testing.T) {
 	t.Parallel()
-	env, _ := badInputDB(t)
-	db, err := pgxpool.New(context.Background(), env["DATABASE_URL"])
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
-	if _, err := iys.RecordRefusals(context.Background(), db, "", []iys.Refusal{{Via: iys.ViaTwilioInbound, EventID: "SM2", Kind: "inbound",
-		Recipient: "+905321000002", Type: "MESAJ",
-		Evidence: "unsubscribe link of campaign 31, user zeynep.kaya@example.com, through the page", At: time.Now()}}); err != nil {
-		t.Fatal(err)
-	}
+	env := withRefusal(t, "SM2", "+905321000002", "unsubscribe link of campaign 31, user zeynep.kaya@example.com, through the page")
 	out, _, code := cli(t, env, "iys", "outbox", "--json")
 	if code != 0 || !strings.Contains(out, "unsubscribe link of campaign 31") || strings.Contains(out, "zeynep.kaya") {
 		t.Fatalf("iys outbox --json: exit %d\n%s\nwant the evidence kept with the address masked", code, out)
@@ -61,4 +42,21 @@ func TestIYSOutboxMasksTheEvidenceToo(t *testing.T) {
 	if out, _, _ = cli(t, env, "iys", "outbox", "--json", "--with-address"); !strings.Contains(out, "zeynep.kaya@example.com") || !strings.Contains(out, "+905321000002") {
 		t.Errorf("iys outbox --with-address hides the address:\n%s", out)
 	}
+}
+
+// withRefusal is badInputDB's environment with one refusal of an SMS number waiting in the İYS outbox, as an
+// incoming "RET" records it (event ID sid, the evidence given).
+func withRefusal(t *testing.T, sid, recipient, evidence string) map[string]string {
+	t.Helper()
+	env, _ := badInputDB(t)
+	db, err := pgxpool.New(context.Background(), env["DATABASE_URL"])
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	if _, err := iys.RecordRefusals(context.Background(), db, "", []iys.Refusal{{Via: iys.ViaTwilioInbound, EventID: sid, Kind: "inbound",
+		Recipient: recipient, Type: "MESAJ", Evidence: evidence, At: time.Now()}}); err != nil {
+		t.Fatal(err)
+	}
+	return env
 }
