@@ -3,6 +3,7 @@ package providers
 import (
 	"errors"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"unicode/utf8"
@@ -88,15 +89,16 @@ func splitTags(s string, tags []string) []string {
 	return pieces
 }
 
-// encodings are the spellings of q a request may carry and an answer quote: as is, form-encoded,
-// URL-encoded, and JSON-escaped (with and without its non-ASCII letters escaped).
+// encodings are the spellings of q a request may carry and an answer quote: as is, upper- and
+// lower-cased, form-encoded, URL-encoded, and JSON-escaped (with and without its non-ASCII letters
+// escaped).
 func encodings(q string) []string {
-	out := []string{q, url.QueryEscape(q), url.PathEscape(q)}
+	out := []string{q, strings.ToUpper(q), strings.ToLower(q), url.QueryEscape(q), url.PathEscape(q)}
 	ascii := strconv.QuoteToASCII(q)
 	out = append(out, ascii[1:len(ascii)-1])
 	quoted := strconv.Quote(q)
 	out = append(out, quoted[1:len(quoted)-1])
-	return out
+	return slices.Compact(slices.Sorted(slices.Values(out)))
 }
 
 // maskRuns replaces, in text, every run of quotedRun bytes or more that is also in q with contentMark,

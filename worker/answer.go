@@ -2,10 +2,12 @@ package worker
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -758,4 +760,30 @@ func (h *Handler) refusedHere(c *campaign.Campaign, addr string) bool {
 	h.heldMu.Lock()
 	defer h.heldMu.Unlock()
 	return h.held[heldKey(true, "", typ, "", addr)] > 0 || h.held[heldKey(false, c.BrandCode, typ, c.IYSRecipientType(), addr)] > 0
+}
+
+// maskQuoted masks, in a provider's error, what it quotes of msg, the message sent to r, and of r's
+// audience values and code, each on its own (providers.MaskContent): a name alone, or the message
+// upper-cased, is no run of the text. The error path only: nil goes through at once.
+func maskQuoted(err error, msg providers.Message, r *campaign.Recipient) error {
+	if err == nil {
+		return nil
+	}
+	var vars map[string]any
+	json.Unmarshal(r.Vars, &vars) //nolint:errcheck // what it holds is masked; nothing else is read
+	values := slices.Clip(msg.Values)
+	if r.Code != "" {
+		values = append(values, r.Code)
+	}
+	for _, v := range vars {
+		switch v := v.(type) {
+		case nil, bool:
+		case string:
+			values = append(values, v)
+		default:
+			values = append(values, fmt.Sprint(v))
+		}
+	}
+	msg.Values = values
+	return providers.MaskContent(err, msg)
 }

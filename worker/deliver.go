@@ -113,7 +113,7 @@ func (h *Handler) deliver(ctx, waitCtx context.Context, run *batchRun, rest []ca
 		}
 		start := time.Now()
 		res, err := rt.provider.Send(ctx, msg)
-		err = providers.MaskContent(err, msg)
+		err = maskQuoted(err, msg, r)
 		took := time.Since(start)
 		rt.m.Request(took)
 		v, pe := judge(err)

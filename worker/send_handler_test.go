@@ -1018,8 +1018,10 @@ func TestAnErrorThatEchoesTheRequestKeepsTheMessageOut(t *testing.T) {
 		f.provider.fail = func(_ int, m providers.Message) error {
 			if m.To == phone(1) {
 				body = m.Body
+				// The body as sent, form-encoded, upper-cased, and the name alone.
 				return &providers.Error{Provider: "twilio", Status: 400, Code: 21211,
-					Message: "invalid parameter; you sent To=" + m.To + "&Body=" + url.QueryEscape(m.Body) + " (" + m.Body + ")", Class: providers.Permanent}
+					Message: "invalid parameter; you sent To=" + m.To + "&Body=" + url.QueryEscape(m.Body) + " (" + m.Body + ") " +
+						strings.ToUpper(m.Body) + " words: Name1|", Class: providers.Permanent}
 			}
 			return nil
 		}
@@ -1031,7 +1033,7 @@ func TestAnErrorThatEchoesTheRequestKeepsTheMessageOut(t *testing.T) {
 		if st != campaign.StatusFailed || !strings.Contains(reason, "21211") || !strings.Contains(reason, "invalid parameter") {
 			t.Fatalf("window %d: u1 %s %q; want failed, with the provider's code and words", window, st, reason)
 		}
-		for _, s := range []string{"Name1", strings.TrimPrefix(body, "Merhaba Name1, kodunuz ")} {
+		for _, s := range []string{"Name1", "NAME1", strings.TrimPrefix(body, "Merhaba Name1, kodunuz ")} {
 			if strings.Contains(reason, s) {
 				t.Errorf("window %d: u1's reason quotes its message (%q): %s", window, s, reason)
 			}

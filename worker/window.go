@@ -316,7 +316,7 @@ func (h *Handler) sendWindow(ctx context.Context, run *batchRun, rt *route, send
 		h.senders.Go(&wg, func() {
 			start := time.Now()
 			res, err := rt.provider.Send(ctx, sends[i].msg)
-			err = providers.MaskContent(err, sends[i].msg)
+			err = maskQuoted(err, sends[i].msg, sends[i].r)
 			took := time.Since(start)
 			rt.m.Request(took)
 			results[i] = result{res, err, start, took}
