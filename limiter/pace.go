@@ -161,8 +161,12 @@ func (p *Pace) Down(ctx context.Context) bool {
 }
 
 // Probe asks for the one request a second that may go to a provider that is down, over all workers.
-func (p *Pace) Probe(ctx context.Context) (bool, error) {
-	ok, err := p.b.rdb.SetNX(ctx, state.PaceProbeKey(p.bucket), "1", time.Second).Result()
+func (p *Pace) Probe(ctx context.Context) (bool, error) { return p.ProbeEvery(ctx, time.Second) }
+
+// ProbeEvery asks for the one request every that may go to a provider that is down, over all workers (it
+// holds back Probe's for as long).
+func (p *Pace) ProbeEvery(ctx context.Context, every time.Duration) (bool, error) {
+	ok, err := p.b.rdb.SetNX(ctx, state.PaceProbeKey(p.bucket), "1", every).Result()
 	if err != nil {
 		return false, fmt.Errorf("pace probe %s: %w", p.bucket, err)
 	}

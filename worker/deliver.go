@@ -31,18 +31,19 @@ func (h *Handler) deliver(ctx, waitCtx context.Context, run *batchRun, rest []ca
 	failedOver := false     // this recipient goes through the fallback, whatever the window says by now
 	probe := false          // this send is the probe of a provider that is down (waitWhileDown)
 	for attempt := 1; ; attempt++ {
-		rt := h.route(ctx, run, r.Address)
+		rt, probed := h.route(ctx, run, r.Address)
 		if failedOver {
-			rt = run.secondary
+			rt, probed = run.secondary, false
 		}
-		if !probe {
+		if !probe && !probed {
 			next, p, err := h.whileDown(ctx, waitCtx, run, rt, r.Address)
 			if err != nil {
 				return err
 			}
 			failedOver = failedOver || next != rt // passed to the fallback: it stays there
-			rt, probe = next, p
+			rt, probed = next, p
 		}
+		probed = probed || probe // this send is a probe of a first provider that is down
 		probe = false
 		tokens := sendTokens(rt, msg)
 		if err := h.readyToSend(ctx, waitCtx, run, sendSize{msgs: 1, tokens: tokens, calls: 1, via: rt.provider}, rt.limits...); err != nil {
@@ -160,6 +161,10 @@ func (h *Handler) deliver(ctx, waitCtx context.Context, run *batchRun, rest []ca
 			// The first provider is down (or refuses the account): the same recipient goes through the
 			// fallback now, under a new claim of the same key.
 			h.markDown(rt.provider.Name())
+			if probed {
+				// A probe that failed: the provider is still down by the pace, which is still probed.
+				h.downByPace.Store(rt.provider.Name(), true)
+			}
 			h.log.Warn("provider failed without accepting; failing over", "campaign_id", run.c.ID, "provider", rt.provider.Name(),
 				"fallback", run.secondary.provider.Name(), "for", h.cfg.FailoverWindow, "err", pe.Reason())
 			failedOver = true
@@ -219,24 +224,39 @@ func pacesSegments(p providers.Provider) bool {
 // route picks the provider of the next send to addr: the fallback while the first is marked down, or when
 // only the fallback can take addr (providers.AddressTaker); never the fallback with an address it cannot
 // take (the send then waits for the first).
-func (h *Handler) route(ctx context.Context, run *batchRun, addr string) *route {
+// While the first is skipped because the shared pace called it down, it is probed every
+// failoverProbeEvery over all workers (probe: this send is the probe), and every worker goes back to it as
+// soon as the pace calls it up.
+func (h *Handler) route(ctx context.Context, run *batchRun, addr string) (_ *route, probe bool) {
 	if sec := run.secondary; sec != nil && providers.Takes(sec.provider, addr) {
 		if !providers.Takes(run.primary.provider, addr) {
-			return sec
+			return sec, false
 		}
 		name := run.primary.provider.Name()
 		if until, ok := h.downUntil.Load(name); ok && h.cfg.Now().UnixNano() < until.(int64) {
-			if _, byPace := h.downByPace.Load(name); !byPace || h.pace(name).Down(ctx) {
-				return sec
+			if _, byPace := h.downByPace.Load(name); !byPace {
+				return sec, false
 			}
-			// The pace called it down, and a probe has got through since: every worker goes back to it
-			// now, not at the end of its own failover window (a 20 s outage kept Netgsm sending for 60).
+			if p := h.pace(name); p.Down(ctx) {
+				// Probed now and then, or it would be tried again only at the end of each worker's window,
+				// however soon it was back: a 20 s outage kept Netgsm sending for 60.
+				if ok, err := p.ProbeEvery(ctx, failoverProbeEvery); err != nil || !ok {
+					return sec, false
+				}
+				return &run.primary, true
+			}
+			// A probe got through: the pace calls it up, and every worker goes back to it now.
 			h.downUntil.CompareAndDelete(name, until)
 			h.downByPace.Delete(name)
 		}
 	}
-	return &run.primary
+	return &run.primary, false
 }
+
+// failoverProbeEvery is how often, over all workers, a first provider the pace called down is probed while
+// the sends go through its fallback: each probe of a provider that resets its connections is a recipient
+// unknown, so less often than the one a second of a provider with no fallback, whose sends wait.
+const failoverProbeEvery = 5 * time.Second
 
 // whileDown is the route a send to addr takes, about to go through rt, when rt's provider is down by
 // every worker's answers (limiter.Pace): a first provider that is down passes the send to its fallback
