@@ -13,14 +13,16 @@ import (
 const contentMark = "[content]"
 
 // quotedRun is the shortest run of a message's text that is masked wherever an answer quotes it: shorter
-// runs (a word, "Merhaba ") are as likely the provider's own words as the message's.
-const quotedRun = 8
+// runs (a word or two: "Merhaba ", " gönderi") are as likely the provider's own words as the message's
+// (Netgsm answers in Turkish too). The audience values, where a quote names someone, are masked on their
+// own, however short.
+const quotedRun = 16
 
 // quotedValue is the shortest audience value masked on its own (a first name "Ali" is; "TR" is not).
 const quotedValue = 3
 
 // MaskContent masks, in the text of a provider's error, what it quotes of the messages the request
-// carried: their texts, subject and HTML (any run of 8 bytes or more of them, in any of the encodings a
+// carried: their texts, subject and HTML (any run of 16 bytes or more of them, in any of the encodings a
 // request carries them in: as is, form- or URL-encoded, JSON-escaped) and their audience values (the
 // substitutions and data of each recipient, 3 bytes or more). A gateway or provider that echoes the
 // request would otherwise put recipients' names, codes and identity numbers into the reasons that

@@ -40,6 +40,9 @@ func TestMaskContentMasksWhatAnAnswerQuotesOfTheMessages(t *testing.T) {
 			[]string{"Ayşe Gizli", "P3CYWU7H", "Q9ZZTT01", "Ali", "Size özel", "ile indirim"}, []string{"first subject", "substitutions"}},
 		{"the provider's own words", "The 'To' number is not a valid phone number.", []providers.Message{sms},
 			nil, []string{"The 'To' number is not a valid phone number."}},
+		// A word in common with the message ("gönderin", "gönderimde") is not a quote of it.
+		{"the provider's own words in Turkish", "İYS kontrollü gönderimde alıcının onayı yok.", []providers.Message{sms},
+			nil, []string{"İYS kontrollü gönderimde alıcının onayı yok."}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			pe := &providers.Error{Provider: "twilio", Code: 21211, Message: tc.answer, Class: providers.Permanent}
