@@ -224,8 +224,8 @@ func pacesSegments(p providers.Provider) bool {
 // route picks the provider of the next send to addr: the fallback while the first is marked down, or when
 // only the fallback can take addr (providers.AddressTaker); never the fallback with an address it cannot
 // take (the send then waits for the first).
-// While the first is skipped because the shared pace called it down, it is probed every
-// failoverProbeEvery over all workers (probe: this send is the probe), and every worker goes back to it as
+// While the first is skipped and the shared pace has it down, it is probed every
+// Config.FailoverProbeEvery over all workers (probe: this send is the probe), and every worker goes back to it as
 // soon as the pace calls it up.
 func (h *Handler) route(ctx context.Context, run *batchRun, addr string) (_ *route, probe bool) {
 	if sec := run.secondary; sec != nil && providers.Takes(sec.provider, addr) {
@@ -234,16 +234,19 @@ func (h *Handler) route(ctx context.Context, run *batchRun, addr string) (_ *rou
 		}
 		name := run.primary.provider.Name()
 		if until, ok := h.downUntil.Load(name); ok && h.cfg.Now().UnixNano() < until.(int64) {
-			if _, byPace := h.downByPace.Load(name); !byPace {
-				return sec, false
-			}
 			if p := h.pace(name); p.Down(ctx) {
-				// Probed now and then, or it would be tried again only at the end of each worker's window,
-				// however soon it was back: a 20 s outage kept Netgsm sending for 60.
-				if ok, err := p.ProbeEvery(ctx, failoverProbeEvery); err != nil || !ok {
+				// Down by every worker's answers (whatever made this worker go over: a 503 of its own, or
+				// the pace): the pace now says when it is back. It is probed now and then, or it would be
+				// tried again only at the end of each worker's window, however soon it was back: a 20 s
+				// outage kept Netgsm sending for 60.
+				h.downByPace.Store(name, true)
+				if ok, err := p.ProbeEvery(ctx, h.cfg.FailoverProbeEvery); err != nil || !ok {
 					return sec, false
 				}
 				return &run.primary, true
+			}
+			if _, byPace := h.downByPace.Load(name); !byPace {
+				return sec, false // its own failure, the pace not down: the window runs out
 			}
 			// A probe got through: the pace calls it up, and every worker goes back to it now.
 			h.downUntil.CompareAndDelete(name, until)
@@ -252,11 +255,6 @@ func (h *Handler) route(ctx context.Context, run *batchRun, addr string) (_ *rou
 	}
 	return &run.primary, false
 }
-
-// failoverProbeEvery is how often, over all workers, a first provider the pace called down is probed while
-// the sends go through its fallback: each probe of a provider that resets its connections is a recipient
-// unknown, so less often than the one a second of a provider with no fallback, whose sends wait.
-const failoverProbeEvery = 5 * time.Second
 
 // whileDown is the route a send to addr takes, about to go through rt, when rt's provider is down by
 // every worker's answers (limiter.Pace): a first provider that is down passes the send to its fallback

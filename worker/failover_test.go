@@ -230,3 +230,36 @@ func TestAFirstProviderBackUpIsUsedBeforeTheFailoverWindowEnds(t *testing.T) {
 			sentByFirst, fb.total())
 	}
 }
+
+// The same after a 503 outage: the worker went over on a 503 of its own, before the pace called the first
+// provider down from every worker's answers; from then on the pace governs it, and it is probed. Before,
+// such a worker never probed it, and came back only when its window ended.
+func TestAFirstProviderBackUpAfterA503OutageIsUsedBeforeTheWindowEnds(t *testing.T) {
+	t.Parallel()
+	var recovered atomic.Bool
+	f, fb := failoverFixture(t, time.Hour, func(int, providers.Message) error {
+		if recovered.Load() {
+			return nil
+		}
+		return &providers.Error{Provider: "test", Status: 503, Class: providers.Transient, Message: "unavailable"}
+	})
+	f.h.cfg.FailoverProbeEvery = 300 * time.Millisecond
+	fb.before = func(providers.Message) {
+		time.Sleep(40 * time.Millisecond)
+		switch fb.total() {
+		case 1:
+			// Every worker's 503s call the first down.
+			f.rdb.HSet(context.Background(), state.PaceKey(state.ProviderBucket(f.provider.Name())), "down", "1", "downat", time.Now().UnixMilli()) //nolint:errcheck
+		case 5:
+			recovered.Store(true) // the outage ends; nobody tells the pace
+		}
+	}
+	f.runAll(t)
+	if n := bothOnce(t, f.provider, fb); n != 80 {
+		t.Fatalf("%d recipients got a message, want the 80 eligible", n)
+	}
+	if f.provider.total() < 20 {
+		t.Fatalf("the first provider sent %d after it was up again, the fallback %d: want the first back within seconds, not after the hour's window",
+			f.provider.total(), fb.total())
+	}
+}

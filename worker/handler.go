@@ -74,6 +74,11 @@ type Config struct {
 	// FailoverWindow is how long a first provider that failed is skipped in favour of the fallback before it
 	// is tried again. Default 30 s.
 	FailoverWindow time.Duration
+	// FailoverProbeEvery is how often, over all workers, a first provider down by the shared pace is probed
+	// while the fallback carries its sends. Default 5 s: each probe of a provider that resets its
+	// connections is a recipient unknown, so less often than the one a second of a provider with no
+	// fallback, whose sends wait.
+	FailoverProbeEvery time.Duration
 	// ProviderRates caps each provider (by Name) in messages per second over all workers; 0 = no cap.
 	ProviderRates map[string]float64
 	Logger        *slog.Logger
@@ -272,6 +277,9 @@ func NewHandler(cfg Config) *Handler {
 	growChunks := cfg.ChunkSize == 0
 	if growChunks {
 		cfg.ChunkSize = MinChunk
+	}
+	if cfg.FailoverProbeEvery == 0 {
+		cfg.FailoverProbeEvery = 5 * time.Second
 	}
 	if cfg.FailoverWindow == 0 {
 		cfg.FailoverWindow = 30 * time.Second
