@@ -319,6 +319,11 @@ func (h *Handler) paceReport(r limiter.PaceReport) {
 	case limiter.PaceAtCap:
 		h.log.Info("provider pace back at its cap", "provider", provider, "pace_per_second", pace(r.Rate))
 	case limiter.PaceDown:
+		if fb := h.fallbackOf(provider); fb != "" {
+			h.log.Error("provider down: its sends go through the fallback, and it is probed every "+h.cfg.FailoverProbeEvery.String()+" over every worker", "provider", provider,
+				"fallback", fb, "failed", r.Rejected, "of", r.Requests)
+			break
+		}
 		h.log.Error("provider down: sends wait (one probe a second over every worker); nobody's retries are used", "provider", provider,
 			"failed", r.Rejected, "of", r.Requests)
 	case limiter.PaceUp:
@@ -326,6 +331,16 @@ func (h *Handler) paceReport(r limiter.PaceReport) {
 	case limiter.PacePaused:
 		h.log.Warn("provider asked every request to wait (most 429s carried Retry-After): every worker pauses", "provider", provider)
 	}
+}
+
+// fallbackOf is the name of the provider the sends of the first provider named fall over to, "" when none.
+func (h *Handler) fallbackOf(provider string) string {
+	for ch, fb := range h.cfg.Fallback {
+		if first := h.cfg.Providers[ch]; first != nil && first.Name() == provider {
+			return fb.Name()
+		}
+	}
+	return ""
 }
 
 // pace is the provider's shared pace under its configured cap.

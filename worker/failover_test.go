@@ -1,13 +1,17 @@
 package worker
 
 import (
+	"bytes"
 	"context"
+	"log/slog"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/campaignctl/campaignctl/campaign"
 	"github.com/campaignctl/campaignctl/internal/state"
+	"github.com/campaignctl/campaignctl/limiter"
 	"github.com/campaignctl/campaignctl/providers"
 )
 
@@ -261,5 +265,25 @@ func TestAFirstProviderBackUpAfterA503OutageIsUsedBeforeTheWindowEnds(t *testing
 	if f.provider.total() < 20 {
 		t.Fatalf("the first provider sent %d after it was up again, the fallback %d: want the first back within seconds, not after the hour's window",
 			f.provider.total(), fb.total())
+	}
+}
+
+// The log of a first provider called down says what happens with a fallback: its sends go through the
+// fallback and it is probed now and then; "sends wait (one probe a second)" is said only without one.
+func TestAProviderDownSaysItsSendsGoThroughTheFallback(t *testing.T) {
+	t.Parallel()
+	f, _ := failoverFixture(t, time.Hour, nil)
+	var logs bytes.Buffer
+	f.h.log = slog.New(slog.NewTextHandler(&logs, nil))
+	down := limiter.PaceReport{Bucket: state.ProviderBucket(f.provider.Name()), Down: true, Event: limiter.PaceDown, Requests: 10, Rejected: 10}
+	f.h.paceReport(down)
+	if out := logs.String(); !strings.Contains(out, "through the fallback") || !strings.Contains(out, "fallback=second") || strings.Contains(out, "sends wait") {
+		t.Fatalf("the first provider down with a fallback logged:\n%s", out)
+	}
+	logs.Reset()
+	f.h.cfg.Fallback = nil
+	f.h.paceReport(down)
+	if out := logs.String(); !strings.Contains(out, "sends wait") {
+		t.Fatalf("a provider down without a fallback logged:\n%s", out)
 	}
 }
