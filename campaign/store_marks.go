@@ -21,6 +21,11 @@ type RecentSend struct {
 	Latest time.Time
 }
 
+// longestCapSQL is the longest frequency cap, in seconds, a campaign that may still send keeps, at least
+// $1 (DefaultFrequencyCap): how far back the marks a Redis that lost its data must get back reach.
+const longestCapSQL = `SELECT greatest($1::bigint, coalesce(max(frequency_cap_seconds), 0)) FROM campaigns
+		WHERE state IN (` + sqlStatePlanning + `, ` + sqlStateScheduled + `, ` + sqlStateRunning + `, '` + string(StatePaused) + `')`
+
 // HasRecentSends says whether RecentSends would yield anything: a send (or an unknown one) within the
 // default frequency cap or the longest a campaign that may still send keeps, or a chunk in hand. Without
 // any, a Redis that lost its data (or is new) lost no frequency mark.
@@ -28,8 +33,7 @@ func (s *Store) HasRecentSends(ctx context.Context) (bool, error) {
 	var any bool
 	err := s.pool.QueryRow(ctx, `
 		SELECT EXISTS (SELECT 1 FROM send_log l WHERE l.status IN (`+sqlSent+`, `+sqlUnknown+`)
-			AND l.at > now() - (SELECT greatest($1::bigint, coalesce(max(frequency_cap_seconds), 0)) FROM campaigns
-				WHERE state IN (`+sqlStatePlanning+`, `+sqlStateScheduled+`, `+sqlStateRunning+`, '`+string(StatePaused)+`')) * interval '1 second')
+			AND l.at > now() - (`+longestCapSQL+`) * interval '1 second')
 		OR EXISTS (SELECT 1 FROM campaign_batches b WHERE b.lease_users <> '{}' OR b.suspect_users <> '{}')`,
 		int64(DefaultFrequencyCap/time.Second)).Scan(&any)
 	if err != nil {
@@ -45,10 +49,7 @@ func (s *Store) HasRecentSends(ctx context.Context) (bool, error) {
 // claimed again: the marks the send-time cap reads.
 func (s *Store) RecentSends(ctx context.Context, yield func(RecentSend) error) (time.Duration, error) {
 	var secs int64
-	if err := s.pool.QueryRow(ctx, `
-		SELECT greatest($1::bigint, coalesce(max(frequency_cap_seconds), 0)) FROM campaigns
-		WHERE state IN (`+sqlStatePlanning+`, `+sqlStateScheduled+`, `+sqlStateRunning+`, '`+string(StatePaused)+`')`,
-		int64(DefaultFrequencyCap/time.Second)).Scan(&secs); err != nil {
+	if err := s.pool.QueryRow(ctx, longestCapSQL, int64(DefaultFrequencyCap/time.Second)).Scan(&secs); err != nil {
 		return 0, fmt.Errorf("recent sends: the longest cap: %w", err)
 	}
 	// Besides the audit log, the pending recipients of every chunk in hand (and every suspect) are sends
