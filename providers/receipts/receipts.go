@@ -551,12 +551,11 @@ func (h *Handler) refuse(w http.ResponseWriter, r *http.Request, rej *rejection)
 		s.Rejected[rej.reason]++
 		alarm = rej.reason == ReasonBadSignature && s.Accepted == 0 && s.Rejected[rej.reason] >= signatureAlarm
 	})
+	attrs := []any{"reason", rej.reason, "detail", rej.detail, "remote", r.RemoteAddr, "status", rej.status}
 	if rej.reason == ReasonBadSignature && h.signatureHint != "" {
-		h.log.Warn("receipt request refused", "reason", rej.reason, "detail", rej.detail, "remote", r.RemoteAddr, "status", rej.status,
-			"hint", "a forged or damaged request; if every one is refused, "+h.signatureHint)
-	} else {
-		h.log.Warn("receipt request refused", "reason", rej.reason, "detail", rej.detail, "remote", r.RemoteAddr, "status", rej.status)
+		attrs = append(attrs, "hint", "a forged or damaged request; if every one is refused, "+h.signatureHint)
 	}
+	h.log.Warn("receipt request refused", attrs...)
 	if alarm && h.keyWarned.CompareAndSwap(false, true) {
 		h.log.Error(fmt.Sprintf("the first %d requests all failed their signature check and none was accepted: what they carry (receipts, refusals) is lost unless the provider posts it again; %s",
 			signatureAlarm, h.signatureHint))
