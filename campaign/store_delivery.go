@@ -180,12 +180,16 @@ var recordDeliveriesSQL = `
 			SELECT k.*, d.event_id = '' OR f.event_id IS NOT NULL AS new
 			FROM keyed0 k JOIN d ON d.ord = k.ord
 			LEFT JOIN fresh f ON f.provider = d.provider AND f.event_id = d.event_id
+		), unkeyed AS (
+			-- The receipts that named no recipient: kept when they name only a message ID (with an event ID),
+			-- which no recorded send carries yet, to be applied again once the worker has recorded its send
+			-- (RetryEarlyReceipts); the others are strays.
+			SELECT d.*, (d.campaign_id = 0 AND d.msgid <> '' AND d.event_id <> '') AS kept
+			FROM d WHERE d.ord NOT IN (SELECT ord FROM keyed0)
 		), early AS (
-			-- A receipt that names only a message ID no recorded send carries yet: kept, to be applied again
-			-- once the worker has recorded its send (RetryEarlyReceipts).
 			INSERT INTO early_receipts (provider, event_id, message_id, status, error, at)
-			SELECT DISTINCT ON (d.provider, d.event_id) d.provider, d.event_id, d.msgid, d.status, coalesce(d.error, ''), d.at FROM d
-			WHERE d.campaign_id = 0 AND d.msgid <> '' AND d.event_id <> '' AND d.ord NOT IN (SELECT ord FROM keyed0)
+			SELECT DISTINCT ON (u.provider, u.event_id) u.provider, u.event_id, u.msgid, u.status, coalesce(u.error, ''), u.at
+			FROM unkeyed u WHERE u.kept
 			ON CONFLICT DO NOTHING
 		), best AS (
 			SELECT DISTINCT ON (campaign_id, user_id) * FROM keyed WHERE new ORDER BY campaign_id, user_id, rank DESC, at DESC
@@ -230,12 +234,9 @@ var recordDeliveriesSQL = `
 			WHERE upd.was <> ` + sqlSent + ` AND upd.status = ` + sqlSent + `
 		)
 		SELECT (SELECT count(*) FROM upd),
-			-- The receipts that named no recipient of ours (a stray callback), delivered again or not...
-			array(SELECT ord::int FROM todo WHERE NOT EXISTS (SELECT 1 FROM keyed0 k WHERE k.ord = todo.ord)
-				AND NOT (todo.campaign_id = 0 AND todo.msgid <> '' AND todo.event_id <> '') ORDER BY ord),
-			-- ... and those kept until their send is recorded (early).
-			array(SELECT ord::int FROM todo WHERE NOT EXISTS (SELECT 1 FROM keyed0 k WHERE k.ord = todo.ord)
-				AND todo.campaign_id = 0 AND todo.msgid <> '' AND todo.event_id <> '' ORDER BY ord)`
+			-- The strays (a callback that names nobody of ours), delivered again or not, and those kept.
+			array(SELECT ord::int FROM unkeyed WHERE NOT kept ORDER BY ord),
+			array(SELECT ord::int FROM unkeyed WHERE kept ORDER BY ord)`
 
 // EarlyReceiptsKept is how long RetryEarlyReceipts keeps a receipt that came before its send was
 // recorded: longer than a worker holds its chunk's outcomes while Postgres is away (worker --record-wait,
