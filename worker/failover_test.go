@@ -287,3 +287,35 @@ func TestAProviderDownSaysItsSendsGoThroughTheFallback(t *testing.T) {
 		t.Fatalf("a provider down without a fallback logged:\n%s", out)
 	}
 }
+
+// The heartbeat brings the failover note up to date before each beat: status reads from it whether the
+// worker's sends go to the fallback.
+func TestTheHeartbeatPublishesTheFailoverNote(t *testing.T) {
+	t.Parallel()
+	f, _ := failoverFixture(t, time.Hour, nil)
+	f.h.markDown(f.provider.Name())
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		Heartbeat(ctx, f.rdb, state.WorkerInfo{Owner: "beat", Providers: map[string]string{"sms": f.provider.Name()}}, f.h.NoteFailover)
+	}()
+	defer func() { cancel(); <-done }()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		ws, err := state.Workers(ctx, f.rdb)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(ws) == 1 {
+			if ws[0].Fallbacks["sms"] != "second" || !ws[0].FailedOver["sms"] {
+				t.Fatalf("heartbeat %+v, want the fallback named and in use", ws[0])
+			}
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("no heartbeat within 5 s")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
