@@ -171,6 +171,9 @@ type Counts struct {
 	Failed  int64 `json:"failed"`
 	Skipped int64 `json:"skipped"`
 	Unknown int64 `json:"unknown"`
+	// Segments is the SMS segments of the sent messages (0 for other channels): not shown, kept for the
+	// progress counters that resume rebuilds.
+	Segments int64 `json:"-"`
 }
 
 // Errors callers branch on.

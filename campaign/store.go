@@ -107,15 +107,15 @@ func (s *Store) list(ctx context.Context, sql string, args ...any) ([]*Campaign,
 // Counts returns how many of the campaign's recipients are in each status.
 func (s *Store) Counts(ctx context.Context, id int64) (Counts, error) {
 	var c Counts
-	rows, err := s.pool.Query(ctx, `SELECT status, count(*) FROM campaign_recipients WHERE campaign_id = $1 GROUP BY status`, id)
+	rows, err := s.pool.Query(ctx, `SELECT status, count(*), coalesce(sum(segments), 0) FROM campaign_recipients WHERE campaign_id = $1 GROUP BY status`, id)
 	if err != nil {
 		return c, fmt.Errorf("count recipients: %w", err)
 	}
 	defer rows.Close()
 	for rows.Next() {
 		var st string
-		var n int64
-		if err := rows.Scan(&st, &n); err != nil {
+		var n, segments int64
+		if err := rows.Scan(&st, &n, &segments); err != nil {
 			return c, fmt.Errorf("count recipients: %w", err)
 		}
 		c.Planned += n
@@ -123,7 +123,7 @@ func (s *Store) Counts(ctx context.Context, id int64) (Counts, error) {
 		case StatusPending:
 			c.Pending = n
 		case StatusSent:
-			c.Sent = n
+			c.Sent, c.Segments = n, segments
 		case StatusFailed:
 			c.Failed = n
 		case StatusSkipped:

@@ -241,15 +241,24 @@ type Running struct {
 	Provider string
 	// Rate is the campaign's own cap (--rate) in messages per second; 0 = none.
 	Rate float64
+	// PerMessage is how many of its provider's tokens one of its messages takes, on average: the SMS
+	// segments a message where the provider's cap counts segments (Twilio's does). 0 or less counts as 1.
+	PerMessage float64
 }
 
 // RateCap is how many messages per second the running campaigns may send together: for each provider, the
 // lower of its cap and the sum of its campaigns' own caps (a campaign without its own cap counts as the
 // provider's), summed over the providers. uncapped says some provider has no cap and a campaign on it has
-// none either: the rate caps then limit nothing. providerCaps maps a provider to its cap (0 = none).
+// none either: the rate caps then limit nothing. providerCaps maps a provider to its cap (0 = none), in its
+// own tokens: a cap in SMS segments is turned into messages by the mean of its campaigns' PerMessage (a
+// cap of 100 segments a second is 50 two-segment messages).
 func RateCap(running []Running, providerCaps map[string]float64) (capSum float64, uncapped bool) {
 	own := map[string]float64{}
+	perMessage := map[string]float64{}
+	campaigns := map[string]float64{}
 	for _, r := range running {
+		perMessage[r.Provider] += max(r.PerMessage, 1)
+		campaigns[r.Provider]++
 		if r.Rate <= 0 || math.IsInf(own[r.Provider], 1) {
 			own[r.Provider] = math.Inf(1)
 			continue
@@ -259,7 +268,7 @@ func RateCap(running []Running, providerCaps map[string]float64) (capSum float64
 	for prov, sum := range own {
 		limit := sum
 		if pc := providerCaps[prov]; pc > 0 {
-			limit = math.Min(limit, pc)
+			limit = math.Min(limit, pc/(perMessage[prov]/campaigns[prov]))
 		}
 		if math.IsInf(limit, 1) {
 			return 0, true

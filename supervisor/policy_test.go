@@ -280,13 +280,18 @@ func TestRateCap(t *testing.T) {
 		wantUncapped bool
 	}{
 		{"nothing running", nil, 0, false},
-		{"one campaign, provider cap only", []Running{{"sms", 0}}, 100, false},
-		{"own caps below the provider's", []Running{{"sms", 30}, {"sms", 50}}, 80, false},
-		{"own caps above the provider's together", []Running{{"sms", 80}, {"sms", 50}}, 100, false},
-		{"one campaign without its own cap takes the provider's", []Running{{"sms", 20}, {"sms", 0}}, 100, false},
-		{"two providers add up", []Running{{"sms", 0}, {"email", 200}}, 300, false},
-		{"uncapped provider, capped campaign", []Running{{"webhook", 10}}, 10, false},
-		{"uncapped provider, uncapped campaign", []Running{{"sms", 0}, {"webhook", 0}}, 0, true},
+		{"one campaign, provider cap only", []Running{{"sms", 0, 0}}, 100, false},
+		{"own caps below the provider's", []Running{{"sms", 30, 0}, {"sms", 50, 0}}, 80, false},
+		{"own caps above the provider's together", []Running{{"sms", 80, 0}, {"sms", 50, 0}}, 100, false},
+		{"one campaign without its own cap takes the provider's", []Running{{"sms", 20, 0}, {"sms", 0, 0}}, 100, false},
+		{"two providers add up", []Running{{"sms", 0, 0}, {"email", 200, 0}}, 300, false},
+		{"uncapped provider, capped campaign", []Running{{"webhook", 10, 0}}, 10, false},
+		{"uncapped provider, uncapped campaign", []Running{{"sms", 0, 0}, {"webhook", 0, 0}}, 0, true},
+		// The provider's cap counts SMS segments: two-segment messages go at half of it.
+		{"a cap in segments, two a message", []Running{{"sms", 0, 2}}, 50, false},
+		{"a cap in segments, own caps below it in messages", []Running{{"sms", 40, 2}}, 40, false},
+		{"a cap in segments, the campaigns' mean", []Running{{"sms", 0, 1}, {"sms", 0, 3}}, 50, false},
+		{"a cap in segments, not yet known", []Running{{"sms", 0, 0}, {"email", 0, 0.5}}, 1100, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c, u := RateCap(tc.running, caps)

@@ -845,9 +845,14 @@ func (h *Handler) flush(ctx context.Context, run *batchRun) error {
 				"campaign_id", run.c.ID, "recipients", n)
 		}
 	}
+	var sentCount, segments int64
 	for _, o := range run.pending {
 		if o.Status != campaign.StatusPending {
 			delete(run.snapshots, o.UserID)
+		}
+		if o.Status == campaign.StatusSent && o.MessageID != "" && o.Segments > 0 {
+			sentCount++
+			segments += int64(o.Segments)
 		}
 	}
 	run.pending = run.pending[:0]
@@ -859,6 +864,11 @@ func (h *Handler) flush(ctx context.Context, run *batchRun) error {
 		if n > 0 {
 			run.counts[st] += n
 		}
+	}
+	if segments > 0 && moved[campaign.StatusSent] > 0 {
+		// The segments of the messages this chunk moved into sent (those recorded before, by a redelivered
+		// chunk, moved nothing): what the supervisor turns a cap in segments into messages with.
+		moved[state.ProgressSegments] = segments * min(moved[campaign.StatusSent], sentCount) / sentCount
 	}
 	if err := h.state.AddProgress(ctx, run.c.ID, moved); err != nil {
 		// Counters are a fast view, rebuilt from Postgres by resume; the outcomes themselves are safe.

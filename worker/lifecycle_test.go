@@ -347,7 +347,8 @@ func TestResumeAfterRedisLostItsData(t *testing.T) {
 	ctx := context.Background()
 	c := e.launch(t, "lost", 1)
 	// u1 was sent and u2 failed before Redis lost everything.
-	e.exec(t, `UPDATE campaign_recipients SET status = CASE user_id WHEN 'u1' THEN 'sent' ELSE 'failed' END
+	e.exec(t, `UPDATE campaign_recipients SET status = CASE user_id WHEN 'u1' THEN 'sent' ELSE 'failed' END,
+		segments = CASE user_id WHEN 'u1' THEN 2 END
 		WHERE campaign_id = $1 AND user_id IN ('u1', 'u2')`, c.ID)
 	if err := srv.Flush(ctx); err != nil {
 		t.Fatal(err)
@@ -360,7 +361,7 @@ func TestResumeAfterRedisLostItsData(t *testing.T) {
 	if got := e.pending(t); got != 2 {
 		t.Fatalf("%d tasks queued, want 2", got)
 	}
-	want := map[string]string{campaign.StatusSent: "1", campaign.StatusFailed: "1", campaign.StatusSkipped: "0", campaign.StatusUnknown: "0"}
+	want := map[string]string{campaign.StatusSent: "1", campaign.StatusFailed: "1", campaign.StatusSkipped: "0", campaign.StatusUnknown: "0", state.ProgressSegments: "2"}
 	if got := e.progress(t, c.ID); fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Fatalf("progress counters %v, want %v (from Postgres)", got, want)
 	}

@@ -22,8 +22,12 @@ import (
 type QueueObserver struct {
 	Store *campaign.Store
 	Redis redis.UniversalClient
-	// Caps is each channel's provider cap in messages per second (0 = none).
+	// Caps is each channel's provider cap a second (0 = none): in messages, or in SMS segments for the
+	// channels CapsInSegments names.
 	Caps map[string]float64
+	// CapsInSegments names the channels whose provider cap counts SMS segments (Twilio's does): a running
+	// campaign's messages take the segments its progress counters say they have taken on average.
+	CapsInSegments map[string]bool
 	// Lookahead is how far ahead a scheduled or retrying task counts as due.
 	Lookahead time.Duration
 	// DueLimit stops counting due tasks where more could not change the decision (max × concurrency).
@@ -98,19 +102,31 @@ func (q *QueueObserver) Observe(ctx context.Context) (supervisor.Observation, er
 	var running []supervisor.Running
 	var ids []int64
 	for _, c := range all {
-		if c.State != campaign.StateRunning {
-			continue
+		if c.State == campaign.StateRunning {
+			ids = append(ids, c.ID)
 		}
-		running = append(running, supervisor.Running{Provider: string(c.Channel), Rate: c.Rate})
-		ids = append(ids, c.ID)
 	}
-	o.RateCap, o.Uncapped = supervisor.RateCap(running, q.Caps)
 	if len(ids) == 0 {
 		return o, nil
 	}
-	if o.Sends, err = ProviderCalls(ctx, q.Redis, ids); err != nil {
+	progress, err := providerProgress(ctx, q.Redis, ids)
+	if err != nil {
 		return o, err
 	}
+	o.Sends = make(map[int64]int64, len(ids))
+	for _, c := range all {
+		if c.State != campaign.StateRunning {
+			continue
+		}
+		p := progress[c.ID]
+		o.Sends[c.ID] = p.calls
+		r := supervisor.Running{Provider: string(c.Channel), Rate: c.Rate}
+		if q.CapsInSegments[string(c.Channel)] {
+			r.PerMessage = p.perMessage()
+		}
+		running = append(running, r)
+	}
+	o.RateCap, o.Uncapped = supervisor.RateCap(running, q.Caps)
 	return o, nil
 }
 

@@ -246,8 +246,9 @@ func TestEveryEligibleRecipientGetsExactlyOneMessageWithItsCode(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if progress["sent"] != "80" {
-		t.Errorf("progress counters %v, want sent=80", progress)
+	// One SMS segment a message: the supervisor reads the segments a message takes from the counters.
+	if progress["sent"] != "80" || progress[state.ProgressSegments] != "80" {
+		t.Errorf("progress counters %v, want sent=80, segments=80", progress)
 	}
 }
 
@@ -258,6 +259,10 @@ func TestRedeliveredBatchSendsNothingAgain(t *testing.T) {
 	before := f.provider.total()
 	// Every batch delivered again (a lease lost, a second enqueue after success) ...
 	f.runAll(t)
+	// ... moves nothing into sent, and adds no segments.
+	if p := f.rdb.HMGet(context.Background(), ProgressKey(f.id), "sent", state.ProgressSegments).Val(); fmt.Sprint(p) != fmt.Sprintf("[%d %d]", before, before) {
+		t.Errorf("progress counters sent, segments after a redelivery: %v; want %d each", p, before)
+	}
 	// ... and even with Postgres forgetting the outcomes (a crash before the bulk write): the claims hold.
 	if _, err := f.db.Exec(context.Background(), `UPDATE campaign_recipients SET status = 'pending' WHERE campaign_id = $1`, f.id); err != nil {
 		t.Fatal(err)

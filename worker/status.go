@@ -9,6 +9,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/campaignctl/campaignctl/campaign"
+	"github.com/campaignctl/campaignctl/internal/state"
 )
 
 // CampaignStatus is where a campaign stands: Postgres's counts by status, what the providers' receipts
@@ -199,6 +200,7 @@ func rebuildProgress(ctx context.Context, rdb redis.UniversalClient, campaignID 
 	if err := rdb.HSet(ctx, ProgressKey(campaignID), map[string]any{
 		campaign.StatusSent: counts.Sent, campaign.StatusFailed: counts.Failed,
 		campaign.StatusSkipped: counts.Skipped, campaign.StatusUnknown: counts.Unknown,
+		state.ProgressSegments: counts.Segments,
 	}).Err(); err != nil {
 		return fmt.Errorf("rebuild counters: %w", err)
 	}
@@ -209,24 +211,51 @@ func rebuildProgress(ctx context.Context, rdb redis.UniversalClient, campaignID 
 // made so far (sent, failed and unknown together), in one round trip. A campaign without counters has
 // made none.
 func ProviderCalls(ctx context.Context, rdb redis.UniversalClient, campaignIDs []int64) (map[int64]int64, error) {
+	progress, err := providerProgress(ctx, rdb, campaignIDs)
+	if err != nil {
+		return nil, err
+	}
+	out := make(map[int64]int64, len(progress))
+	for id, p := range progress {
+		out[id] = p.calls
+	}
+	return out, nil
+}
+
+// callsAndSegments is what a campaign's progress counters say of its provider calls.
+type callsAndSegments struct {
+	// calls: sent, failed and unknown; sent: accepted; segments: the SMS segments of those accepted.
+	calls, sent, segments int64
+}
+
+// perMessage is the SMS segments a message has taken on average, 0 while no sent message counted any.
+func (p callsAndSegments) perMessage() float64 {
+	if p.sent <= 0 || p.segments <= 0 {
+		return 0
+	}
+	return float64(p.segments) / float64(p.sent)
+}
+
+// providerProgress reads the campaigns' progress counters of provider calls and segments, in one round
+// trip.
+func providerProgress(ctx context.Context, rdb redis.UniversalClient, campaignIDs []int64) (map[int64]callsAndSegments, error) {
 	pipe := rdb.Pipeline()
 	cmds := make([]*redis.SliceCmd, len(campaignIDs))
 	for i, id := range campaignIDs {
-		cmds[i] = pipe.HMGet(ctx, ProgressKey(id), campaign.StatusSent, campaign.StatusFailed, campaign.StatusUnknown)
+		cmds[i] = pipe.HMGet(ctx, ProgressKey(id), campaign.StatusSent, campaign.StatusFailed, campaign.StatusUnknown, state.ProgressSegments)
 	}
 	if _, err := pipe.Exec(ctx); err != nil {
 		return nil, fmt.Errorf("progress counters: %w", err)
 	}
-	out := make(map[int64]int64, len(campaignIDs))
+	out := make(map[int64]callsAndSegments, len(campaignIDs))
 	for i, id := range campaignIDs {
-		var n int64
-		for _, v := range cmds[i].Val() {
-			if s, ok := v.(string); ok {
-				k, _ := strconv.ParseInt(s, 10, 64)
-				n += k
+		var n [4]int64
+		for j, v := range cmds[i].Val() {
+			if s, ok := v.(string); ok && j < len(n) {
+				n[j], _ = strconv.ParseInt(s, 10, 64)
 			}
 		}
-		out[id] = n
+		out[id] = callsAndSegments{calls: n[0] + n[1] + n[2], sent: n[0], segments: n[3]}
 	}
 	return out, nil
 }

@@ -3,6 +3,7 @@ package worker_test
 import (
 	"context"
 	"encoding/json"
+	"math"
 	"os"
 	"reflect"
 	"strings"
@@ -100,6 +101,17 @@ func TestQueueObserverReadsTheQueueAndTheCaps(t *testing.T) {
 	}
 	if o.Pending != 3 || o.Active != 0 || o.Due != 1 || o.Paused || o.RateCap != 100 || o.Uncapped || o.Sends[c.ID] != 8 {
 		t.Errorf("observed %+v; want 3 pending, 1 due, rate cap 100, 8 provider calls", o)
+	}
+	// A provider cap in SMS segments: the campaign's messages have taken 3 segments each (15 for 5 sent),
+	// so its 100 segments a second are 33.3 messages.
+	e.rdb.HSet(ctx, worker.ProgressKey(c.ID), state.ProgressSegments, 15)
+	if o, err = q.Observe(ctx); err != nil || o.RateCap != 100 {
+		t.Errorf("observed %+v, %v; want rate cap 100 (the cap counts messages)", o, err)
+	}
+	seg := *q
+	seg.CapsInSegments = map[string]bool{"sms": true}
+	if o, err = seg.Observe(ctx); err != nil || math.Abs(o.RateCap-100.0/3) > 1e-9 || o.Sends[c.ID] != 8 {
+		t.Errorf("observed %+v, %v; want rate cap 33.3 messages (100 segments, 3 a message), 8 provider calls", o, err)
 	}
 	// The workers whose heartbeat lives, by process ID, of this machine only (a worker's owner is
 	// "<host name>:<pid>", as cmd's worker writes it): the supervisor kills its own children that have none.

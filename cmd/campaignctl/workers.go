@@ -138,13 +138,13 @@ func (a *app) workers(ctx context.Context, o workersOptions) error {
 	if _, err := a.providers(sendOpts{timeout: o.worker.timeout}); err != nil {
 		return err
 	}
-	caps := map[string]float64{}
+	caps, inSegments := map[string]float64{}, map[string]bool{}
 	for _, ch := range campaign.Channels() {
-		r, _, err := a.channelRate(ch.Name) // in segments for Twilio: at most more workers than the cap needs
+		r, segments, err := a.channelRate(ch.Name)
 		if err != nil {
 			return err
 		}
-		caps[string(ch.Name)] = r
+		caps[string(ch.Name)], inSegments[string(ch.Name)] = r, segments
 	}
 	exe, err := os.Executable()
 	if err != nil {
@@ -165,13 +165,14 @@ func (a *app) workers(ctx context.Context, o workersOptions) error {
 	// Supervisors on one queue (one a machine) each keep their share of the pool; one that stops looking
 	// for three intervals no longer counts.
 	obs := &worker.QueueObserver{
-		Store:     svc.store,
-		Redis:     svc.redis,
-		Caps:      caps,
-		Lookahead: 2 * o.interval,
-		DueLimit:  o.max * o.worker.concurrency,
-		Name:      state.LocalOwner() + ":" + state.Token()[:8],
-		Alive:     3 * max(o.interval, 5*time.Second),
+		Store:          svc.store,
+		Redis:          svc.redis,
+		Caps:           caps,
+		CapsInSegments: inSegments,
+		Lookahead:      2 * o.interval,
+		DueLimit:       o.max * o.worker.concurrency,
+		Name:           state.LocalOwner() + ":" + state.Token()[:8],
+		Alive:          3 * max(o.interval, 5*time.Second),
 	}
 	sup := supervisor.New(supervisor.Config{
 		Policy:          supervisor.Policy{Min: o.min, Max: o.max, Concurrency: o.worker.concurrency, Cooldown: o.cooldown},

@@ -58,10 +58,16 @@ func HaltsKey(campaignID int64) string {
 	return "campaign:" + strconv.FormatInt(campaignID, 10) + ":halts"
 }
 
-// ProgressKey is the hash of a campaign's progress counters (sent, failed, skipped, unknown).
+// ProgressKey is the hash of a campaign's progress counters (sent, failed, skipped, unknown, and
+// ProgressSegments).
 func ProgressKey(campaignID int64) string {
 	return "campaign:" + strconv.FormatInt(campaignID, 10) + ":progress"
 }
+
+// ProgressSegments is the field of a campaign's progress counters (ProgressKey) that counts the SMS
+// segments of its sent messages: with the sent count, what a message takes of a provider cap that counts
+// segments.
+const ProgressSegments = "segments"
 
 // CampaignBucket names a campaign's rate limit (launch --rate).
 func CampaignBucket(campaignID int64) string { return "campaign:" + strconv.FormatInt(campaignID, 10) }
