@@ -37,6 +37,12 @@ type QueueObserver struct {
 	// alone.
 	Name  string
 	Alive time.Duration
+	// JoinWait: the first look, having counted this supervisor in, waits this long and counts again, so
+	// that supervisors started together (a deployment that starts every machine at once) count each other
+	// from their first decision instead of each starting a whole pool until its next look.
+	JoinWait time.Duration
+
+	joined bool
 }
 
 var _ supervisor.Observer = (*QueueObserver)(nil)
@@ -95,9 +101,20 @@ func (q *QueueObserver) Observe(ctx context.Context) (supervisor.Observation, er
 	}
 	o.Supervisors = 1
 	if q.Name != "" {
+		if !q.joined && q.JoinWait > 0 {
+			if _, err := state.Supervisors(ctx, q.Redis, q.Name, q.Alive); err != nil {
+				return o, err
+			}
+			select {
+			case <-time.After(q.JoinWait):
+			case <-ctx.Done():
+				return o, ctx.Err()
+			}
+		}
 		if o.Supervisors, err = state.Supervisors(ctx, q.Redis, q.Name, q.Alive); err != nil {
 			return o, err
 		}
+		q.joined = true
 	}
 	var running []supervisor.Running
 	var ids []int64

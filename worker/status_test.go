@@ -195,6 +195,45 @@ func TestQueueObserverCountsTheSupervisorsOnTheQueue(t *testing.T) {
 	look(a, 1)
 }
 
+// Supervisors started together count each other from their first look: the first look counts itself in,
+// waits JoinWait and counts again. Three started in one instant ran 22 workers where their shares were 18,
+// each first look counting fewer supervisors than there were, until their next looks.
+func TestSupervisorsStartedTogetherCountEachOtherFromTheFirstLook(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	e := newOpsEnv(t, 1, nil)
+	obs := func(name string) *worker.QueueObserver {
+		return &worker.QueueObserver{Store: e.store, Redis: e.rdb, Caps: map[string]float64{}, Lookahead: time.Second, DueLimit: 10,
+			Name: name, Alive: time.Minute, JoinWait: 500 * time.Millisecond}
+	}
+	a, b := obs("host-a:1:x"), obs("host-b:2:y")
+	seen := make(chan int, 1)
+	go func() {
+		o, err := a.Observe(ctx)
+		if err != nil {
+			t.Error(err)
+		}
+		seen <- o.Supervisors
+	}()
+	time.Sleep(100 * time.Millisecond) // b starts while a's first look waits
+	start := time.Now()
+	o, err := b.Observe(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if took := time.Since(start); o.Supervisors != 2 || took < 500*time.Millisecond {
+		t.Errorf("the second supervisor's first look counted %d supervisors after %v; want 2, after its JoinWait", o.Supervisors, took)
+	}
+	if n := <-seen; n != 2 {
+		t.Errorf("the first supervisor's first look counted %d supervisors; want 2 (the other started while it waited)", n)
+	}
+	// Later looks do not wait.
+	start = time.Now()
+	if o, err = a.Observe(ctx); err != nil || o.Supervisors != 2 || time.Since(start) >= 500*time.Millisecond {
+		t.Errorf("a later look: %d supervisors, %v, after %v; want 2 at once", o.Supervisors, err, time.Since(start))
+	}
+}
+
 // ProviderCalls adds up sent, failed and unknown (the provider was called), not skipped; a campaign
 // without counters made none.
 func TestProviderCalls(t *testing.T) {

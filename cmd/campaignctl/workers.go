@@ -173,6 +173,7 @@ func (a *app) workers(ctx context.Context, o workersOptions) error {
 		DueLimit:       o.max * o.worker.concurrency,
 		Name:           state.LocalOwner() + ":" + state.Token()[:8],
 		Alive:          3 * max(o.interval, 5*time.Second),
+		JoinWait:       time.Second,
 	}
 	sup := supervisor.New(supervisor.Config{
 		Policy:          supervisor.Policy{Min: o.min, Max: o.max, Concurrency: o.worker.concurrency, Cooldown: o.cooldown},
