@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
@@ -168,6 +169,32 @@ type linkSigner struct {
 // Token is the token of the link of user of campaign id.
 func (s linkSigner) Token(id int64, user string) string {
 	return s.Signer.Token(unsubscribe.Link{CampaignID: id, Nonce: s.nonce, UserID: user})
+}
+
+// The audit of a one-click refusal names the campaign and the user without the user's ID in clear when that
+// ID is an e-mail address: the evidence is masked where it is written, not only where iys outbox shows it.
+func TestAOneClickRefusalsEvidenceMasksTheUserID(t *testing.T) {
+	db, id, signer, h := oneClickSetup(t)
+	ctx := context.Background()
+	const user, addr = "zeynep.kaya@example.com", "zeynep.kaya@example.com"
+	if _, err := db.Exec(ctx, `INSERT INTO campaign_recipients (campaign_id, user_id, address, batch, status) VALUES ($1, $2, $3, 0, 'sent')`, id, user, addr); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Exec(ctx, `INSERT INTO iys_consents (recipient, type, recipient_type, brand_code, status, source, consent_date)
+		VALUES ($1, 'EPOSTA', 'BIREYSEL', '654321', 'ONAY', 'HS_WEB', now() - interval '10 days')`, addr); err != nil {
+		t.Fatal(err)
+	}
+	req := httptest.NewRequest(http.MethodPost, unsubscribe.Path+signer.Token(id, user), strings.NewReader("List-Unsubscribe=One-Click"))
+	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	w := httptest.NewRecorder()
+	h.ServeHTTP(w, req)
+	var evidence string
+	if err := db.QueryRow(ctx, `SELECT evidence FROM refusals WHERE via = 'one_click'`).Scan(&evidence); err != nil {
+		t.Fatalf("one-click POST answered %d; its refusal: %v", w.Code, err)
+	}
+	if !strings.Contains(evidence, fmt.Sprintf("unsubscribe link of campaign %d, user ", id)) || strings.Contains(evidence, "zeynep") || strings.Contains(evidence, "kaya") {
+		t.Fatalf("the refusal's evidence %q; want the campaign and the user named, the user ID masked", evidence)
+	}
 }
 
 // TestADoubleClickAcrossASecondsTurnIsOneRefusal: a double click (or a mail client's retry) whose two
