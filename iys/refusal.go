@@ -150,7 +150,9 @@ func RecordRefusals(ctx context.Context, pool *pgxpool.Pool, brand string, rs []
 						-- A provider's RET here keeps its date when it is the later: an ONAY between the two must not win.
 						consent_date = CASE WHEN status = 'RET' THEN greatest(consent_date, $4) ELSE $4 END
 					WHERE recipient = $1 AND type = $2 AND ($7 = '' OR brand_code = $7)
-						AND (status = 'ONAY' AND consent_date <= $4 OR status = 'RET' AND starts_with(source, '`+ProviderSourcePrefix+`'))
+						-- An ONAY stands when it was given after the refusal (a late event's): one dated later but
+						-- stored here before the refusal happened was not (a clock ahead, a date in the future).
+						AND (status = 'ONAY' AND least(consent_date, updated_at) <= $4 OR status = 'RET' AND starts_with(source, '`+ProviderSourcePrefix+`'))
 					RETURNING recipient, type, recipient_type, brand_code
 				), hist AS (
 					INSERT INTO iys_consent_history (recipient, type, recipient_type, brand_code, status, source, consent_date, origin)
@@ -293,7 +295,7 @@ func RecordNoConsent(ctx context.Context, pool *pgxpool.Pool, brand string, ns [
 				UPDATE iys_consents c SET status = 'RET', source = n.source, consent_date = n.at, transaction_id = NULL, updated_at = now()
 				FROM n
 				WHERE c.recipient = n.recipient AND c.type = n.type AND c.recipient_type = n.recipient_type AND c.brand_code = $6
-					AND c.status = 'ONAY' AND c.consent_date <= n.at
+					AND c.status = 'ONAY' AND least(c.consent_date, c.updated_at) <= n.at
 				RETURNING c.recipient, c.type, c.recipient_type, c.brand_code, c.source, c.consent_date
 			), hist AS (
 				INSERT INTO iys_consent_history (recipient, type, recipient_type, brand_code, status, source, consent_date, origin)

@@ -45,7 +45,7 @@ func TestRecordRefusalsMakesLocalRETsOnce(t *testing.T) {
 		[6]any{"+905321111111", "MESAJ", "TACIR", "654321", "ONAY", day},
 		[6]any{"+905321111111", "MESAJ", "BIREYSEL", "", "ONAY", day},
 		[6]any{"+905321111111", "EPOSTA", "BIREYSEL", "654321", "ONAY", day}, // another type: untouched
-		[6]any{"late@example.com", "EPOSTA", "BIREYSEL", "654321", "ONAY", time.Now().Add(time.Hour)},
+		[6]any{"late@example.com", "EPOSTA", "BIREYSEL", "654321", "ONAY", time.Now().Add(-time.Hour)},
 	)
 	var v0 int64
 	pool.QueryRow(ctx, `SELECT version FROM iys_consents_version`).Scan(&v0) //nolint:errcheck
@@ -78,7 +78,8 @@ func TestRecordRefusalsMakesLocalRETsOnce(t *testing.T) {
 	}
 	// Nothing stored: a RET under the brand, nothing for İYS (it refuses a first add as RET).
 	unknown := iys.Refusal{Via: iys.ViaSendGrid, EventID: "sg-1", Kind: "spamreport", Recipient: "New@Example.com", Type: "EPOSTA", Evidence: "sendgrid spamreport", At: time.Now()}
-	late := iys.Refusal{Via: iys.ViaSendGrid, EventID: "sg-2", Kind: "unsubscribe", Recipient: "late@example.com", Type: "EPOSTA", Evidence: "sendgrid unsubscribe", At: time.Now()}
+	// A late event: the unsubscribe came two hours ago, the ONAY an hour ago.
+	late := iys.Refusal{Via: iys.ViaSendGrid, EventID: "sg-2", Kind: "unsubscribe", Recipient: "late@example.com", Type: "EPOSTA", Evidence: "sendgrid unsubscribe", At: time.Now().Add(-2 * time.Hour)}
 	if rep, err = iys.RecordRefusals(ctx, pool, "654321", []iys.Refusal{unknown, late}); err != nil || rep.Recorded != 2 || rep.Outboxed != 0 {
 		t.Fatalf("refusals of an unknown address and of a later consent: %+v %v", rep, err)
 	}
@@ -281,6 +282,36 @@ func TestARefusalWaitingForASyncTurnsTheONAYItStored(t *testing.T) {
 	}
 	if st := consentStatus(t, pool, "+905321111111", "MESAJ", "BIREYSEL", brand); st != "RET" {
 		t.Fatalf("consent after a refusal given after the ONAY's date: %s, want RET (the refusal lost to an older ONAY)", st)
+	}
+}
+
+// An ONAY dated after a refusal but stored before it (a file from a clock ahead of this one; import takes
+// dates up to a quarter hour ahead) was not given after the refusal: the refusal turns it to RET and queues
+// it for İYS. Before, the "later" ONAY stood, and the person who had replied RET got the campaign. So does
+// İYS's own refusal through a provider (RecordNoConsent).
+func TestAnONAYDatedAheadOfTheClockDoesNotOutliveARefusal(t *testing.T) {
+	t.Parallel()
+	pool, _ := testdb.New(t)
+	ctx := context.Background()
+	ahead := time.Now().Add(10 * time.Minute)
+	consentRows(t, pool,
+		[6]any{"+905321110011", "MESAJ", "BIREYSEL", "111", "ONAY", ahead},
+		[6]any{"+905321110012", "MESAJ", "BIREYSEL", "111", "ONAY", ahead},
+	)
+	rep, err := iys.RecordRefusals(ctx, pool, "111", []iys.Refusal{{Via: iys.ViaTwilioInbound, EventID: "SM1", Kind: "inbound",
+		Recipient: "+905321110011", Type: "MESAJ", Evidence: "twilio inbound SM1 \"RET\"", At: time.Now()}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st := consentStatus(t, pool, "+905321110011", "MESAJ", "BIREYSEL", "111"); st != "RET" || rep.Revoked != 1 || rep.Outboxed != 1 {
+		t.Fatalf("an SMS RET after an ONAY dated ahead: consent %s, report %+v; want RET, revoked and queued for İYS", st, rep)
+	}
+	n, err := iys.RecordNoConsent(ctx, pool, "111", []iys.NoConsent{{Recipient: "+905321110012", Type: "MESAJ", RecipientType: "BIREYSEL", Source: "netgsm", At: time.Now()}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st := consentStatus(t, pool, "+905321110012", "MESAJ", "BIREYSEL", "111"); st != "RET" || n != 1 {
+		t.Fatalf("İYS's refusal through the provider after an ONAY dated ahead: consent %s, %d turned; want RET, 1", st, n)
 	}
 }
 
