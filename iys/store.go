@@ -37,8 +37,8 @@ const importWorkMem = "256MB"
 // Every line is validated and its recipient canonicalised for its type (CanonicalPhone for MESAJ and ARAMA,
 // CanonicalEmail for EPOSTA); the first malformed line fails the whole import with a *LineError and nothing
 // is written. Within the file the latest consent_date wins for each key (on a tie, the later line); a row
-// then replaces the stored consent only if its consent_date is the same or later, because İYS keeps the
-// latest decision.
+// then replaces the stored consent only if its consent_date is later, or the same and it is not an ONAY
+// over a stored RET, because İYS keeps the latest decision and the order of two of one second is not known.
 //
 // The file is streamed: rows are validated as they are read and copied into a temporary table with COPY,
 // so memory stays flat whatever the file's size; the merge is then a few set-based statements (see merge),
@@ -177,7 +177,10 @@ func merge(ctx context.Context, tx pgx.Tx, brand string) (keys, inserted, update
 			SET status = l.status, source = l.source, consent_date = l.consent_date, updated_at = now()
 			FROM l
 			WHERE c.recipient = l.recipient AND c.type = l.type AND c.recipient_type = l.recipient_type AND c.brand_code = $1
-			  AND l.consent_date >= c.consent_date
+			  AND (l.consent_date > c.consent_date
+			       -- Two decisions of one second (İYS's dates are whole seconds): their order is not known,
+			       -- and a stored RET stays, as a sync keeps it (ApplyChanges).
+			       OR l.consent_date = c.consent_date AND NOT (c.status = 'RET' AND l.status = 'ONAY'))
 			  AND (c.status, c.source, c.consent_date) IS DISTINCT FROM (l.status, l.source, l.consent_date)
 			RETURNING c.recipient, c.type, c.recipient_type, c.status, c.source, c.consent_date
 		), hist AS (`+historySQL+`)

@@ -160,6 +160,13 @@ func TestImportNewerDateWins(t *testing.T) {
 		t.Errorf("report (-want +got):\n%s", diff)
 	}
 
+	// A same-date ONAY does not replace a stored RET: the order of two decisions of one second is not
+	// known, and the import sides with the refusal, as a sync does.
+	rep = mustImport(t, pool, iys.Header+"\n+905331234567,MESAJ,BIREYSEL,ONAY,HS_WEB,2024-03-01 12:00:00\n")
+	if diff := cmp.Diff(iys.ImportReport{Rows: 1, Unchanged: 1}, rep); diff != "" {
+		t.Errorf("a same-date ONAY over a RET: report (-want +got):\n%s", diff)
+	}
+
 	want := []stored{
 		{"+905321234567", "MESAJ", "BIREYSEL", "ONAY", "HS_WEB", "2024-03-01 12:00:00"},
 		{"+905331234567", "MESAJ", "BIREYSEL", "RET", "IYS_MOBIL", "2024-03-01 12:00:00"},
