@@ -51,8 +51,11 @@ type ImportReport struct {
 	Rows       int64 // data rows in the file (the header and blank lines excluded)
 	Superseded int64 // rows beaten by a later consent_date (or a later line) for the same key in the file
 	Inserted   int64 // keys that had no stored consent
-	Updated    int64 // stored consents replaced (the file's consent_date was the same or later, and it differed)
+	Updated    int64 // stored consents replaced (the file's consent_date was later, or the same and not an ONAY over a RET, and it differed)
 	Unchanged  int64 // stored consents kept: newer than the file's, or identical to it
+	// Requeued counts the refusals made here that the file shows İYS does not hold: an ONAY older than the
+	// refusal, stored as its RET, and the RET queued for İYS (iys push) unless one as new is on its way.
+	Requeued int64
 }
 
 // LineError reports a malformed line of a consent file. Line is 1-based and counts the header as line 1;

@@ -94,6 +94,9 @@ func Import(ctx context.Context, pool *pgxpool.Pool, r io.Reader, opts ImportOpt
 	if err != nil {
 		return rep, fmt.Errorf("import consents: merge: %w", err)
 	}
+	if rep.Requeued, err = requeueOverruled(ctx, tx, opts.BrandCode); err != nil {
+		return rep, fmt.Errorf("import consents: refusals İYS does not hold: %w", err)
+	}
 	// A file exported from İYS brings the consents up to date as a pull does: launches check how long ago.
 	if err := MarkSynced(ctx, tx, opts.BrandCode, SourceImport, 0); err != nil {
 		return rep, fmt.Errorf("import consents: %w", err)
@@ -203,6 +206,34 @@ func merge(ctx context.Context, tx pgx.Tx, brand string) (keys, inserted, update
 		return 0, 0, 0, err
 	}
 	return keys, inserted, updated, nil
+}
+
+// requeueOverruled queues for İYS the refusals made here that the staged file shows İYS does not hold: the
+// file's latest row of a key is an ONAY older than the newest refusal of its address (stored as that
+// refusal's RET by afterRefusalSQL). That refusal's RET has not reached İYS under this brand (it found no
+// consent here and queued nothing, say), so it is queued now, as a sync does (ApplyChanges), unless a RET
+// at least as new is on its way or registered. It is due two days after the refusal. Only the file's rows
+// of refused addresses are read.
+func requeueOverruled(ctx context.Context, tx pgx.Tx, brand string) (int64, error) {
+	tag, err := tx.Exec(ctx, `
+		WITH l AS (
+			SELECT DISTINCT ON (i.recipient, i.type, i.recipient_type) i.recipient, i.type, i.recipient_type, i.status, i.consent_date
+			FROM iys_import i
+			WHERE EXISTS (SELECT 1 FROM refusals r WHERE r.recipient = i.recipient AND r.type = i.type)
+			ORDER BY i.recipient, i.type, i.recipient_type, i.consent_date DESC, i.line DESC
+		)
+		INSERT INTO iys_outbox (refusal_id, brand_code, recipient, type, recipient_type, source, consent_date, due_at)
+		SELECT f.id, $1, l.recipient, l.type, l.recipient_type, f.source, f.refused_at, f.refused_at + interval '2 days'
+		FROM l JOIN `+refusedSQL+` f ON f.recipient = l.recipient AND f.type = l.type
+		WHERE l.status = 'ONAY' AND f.refused_at > l.consent_date
+		  AND NOT EXISTS (SELECT 1 FROM iys_outbox x
+			WHERE x.brand_code = $1 AND x.recipient = l.recipient AND x.type = l.type
+			  AND x.recipient_type = l.recipient_type AND x.state <> 'refused' AND x.consent_date >= f.refused_at)
+		`+outboxOneWaitingSQL, brand)
+	if err != nil {
+		return 0, err
+	}
+	return tag.RowsAffected(), nil
 }
 
 // refusedSQL is the newest local refusal (RecordRefusals) of each address and type, joined as f.

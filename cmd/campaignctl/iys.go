@@ -266,6 +266,9 @@ func (a *app) newIYSImportCmd() *cobra.Command {
 				// The rest of the rows: the same number, type and recipient type again in the file.
 				fmt.Fprintf(a.stdout, ", %d superseded by a later row for the same number in the file", rep.Superseded)
 			}
+			if rep.Requeued > 0 {
+				fmt.Fprintf(a.stdout, "; %d refusals made here that İYS does not hold queued for it (iys push)", rep.Requeued)
+			}
 			fmt.Fprintln(a.stdout)
 			return nil
 		},
