@@ -238,6 +238,10 @@ func parseRow(line int, rec []string, latest time.Time) (consentRow, error) {
 		return bad("consent_date", "%q must be YYYY-MM-DD HH:MM:SS in Turkey time, e.g. 2024-05-17 14:30:00", rec[5])
 	} else if err != nil {
 		return bad("consent_date", "%q must be a real date and time as YYYY-MM-DD HH:MM:SS in Turkey time, e.g. 2024-05-17 14:30:00", rec[5])
+	} else if row.consentDate.Before(earliestConsent) {
+		// İYS holds no consent dated before it (H156): such a date is a placeholder or a typo, and a RET
+		// of it would lose to any ONAY.
+		return bad("consent_date", "%q is before 2015-05-01 00:00:00, the earliest date İYS takes (consents given before it are recorded with that date, source HS_2015); give the date İYS recorded the consent on", rec[5])
 	} else if row.consentDate.After(latest) {
 		// A consent dated in the future would also win over every real change made before that date.
 		return bad("consent_date", "%q is in the future (Turkey time); give the date İYS recorded the consent on, as YYYY-MM-DD HH:MM:SS", rec[5])
@@ -246,6 +250,10 @@ func parseRow(line int, rec []string, latest time.Time) (consentRow, error) {
 }
 
 var errDateRange = errors.New("date out of range")
+
+// earliestConsent is the earliest consent date İYS takes: consents given before the law's register
+// opened are recorded as of it (source HS_2015).
+var earliestConsent = time.Date(2015, 5, 1, 0, 0, 0, 0, Istanbul())
 
 // parseDate reads DateLayout in Europe/Istanbul, like time.ParseInLocation but several times faster, which
 // matters at a million rows. shapeOK is false when s is not of the form 0000-00-00 00:00:00; err is set

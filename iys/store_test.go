@@ -232,6 +232,8 @@ func TestImportRejectsBadLines(t *testing.T) {
 			iys.LineError{5, "consent_date", `consent_date "2024-02-30 14:30:00" must be a real date and time as YYYY-MM-DD HH:MM:SS in Turkey time, e.g. 2024-05-17 14:30:00`}},
 		{"future date", iys.Header + "\n" + good + "+905331234567,MESAJ,BIREYSEL,ONAY,HS_WEB,2099-05-17 14:30:00\n",
 			iys.LineError{5, "consent_date", `consent_date "2099-05-17 14:30:00" is in the future (Turkey time); give the date İYS recorded the consent on, as YYYY-MM-DD HH:MM:SS`}},
+		{"date before İYS", iys.Header + "\n" + good + "+905331234567,MESAJ,BIREYSEL,ONAY,HS_WEB,1900-01-01 00:00:00\n",
+			iys.LineError{5, "consent_date", `consent_date "1900-01-01 00:00:00" is before 2015-05-01 00:00:00, the earliest date İYS takes (consents given before it are recorded with that date, source HS_2015); give the date İYS recorded the consent on`}},
 		{"ISO date", iys.Header + "\n" + good + "+905331234567,MESAJ,BIREYSEL,ONAY,HS_WEB,2024-05-17T14:30:00Z\n",
 			iys.LineError{5, "consent_date", `consent_date "2024-05-17T14:30:00Z" must be YYYY-MM-DD HH:MM:SS in Turkey time, e.g. 2024-05-17 14:30:00`}},
 		{"bad phone", iys.Header + "\n" + good + "12345,MESAJ,BIREYSEL,ONAY,HS_WEB,2024-05-17 14:30:00\n",
