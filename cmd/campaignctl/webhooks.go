@@ -283,6 +283,11 @@ requests under way are answered before the process ends.`,
 				}
 				fmt.Fprintf(a.stderr, "receiving %s at %s%s\n", what, shown, webhooksPaths[name])
 			}
+			if handlers["sendgrid"] == nil && a.getenv("SENDGRID_API_KEY") != "" {
+				// E-mail is sent from this configuration, and its refusals would go unheard: SendGrid's
+				// unsubscribes and spam reports are consents withdrawn (law 6563), and it gives up after 24 h.
+				fmt.Fprintf(a.stderr, "warning: SENDGRID_API_KEY is set but SENDGRID_WEBHOOK_PUBLIC_KEY is not: SendGrid's events (unsubscribes, spam reports, bounces, deliveries) are not received here (%s answers 404) and are lost once SendGrid stops retrying after 24 h; set it from SendGrid's signed Event Webhook settings\n", sendgridReceiptPath)
+			}
 			if spool != nil {
 				fmt.Fprintf(a.stderr, "refusals and receipts Postgres cannot take are held in %s until it can\n", spool.Dir())
 			}

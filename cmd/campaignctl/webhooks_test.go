@@ -16,6 +16,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -858,4 +859,37 @@ func TestWebhooksApplyAReceiptThatCameBeforeItsSend(t *testing.T) {
 		return delivery != nil && *delivery == "delivered" &&
 			strings.Contains(hooks.stderr.String(), "receipts that came before their sends were recorded applied")
 	})
+}
+
+// E-mail sent from a configuration whose webhooks receive none of SendGrid's events loses its refusals
+// (unsubscribes, spam reports) once SendGrid stops retrying: webhooks says so when it starts, naming the
+// setting. Before, it served 404 at the events' path and said nothing.
+func TestWebhooksWarnWhenSendGridEventsAreNotReceived(t *testing.T) {
+	t.Parallel()
+	_, dbURL := testdb.New(t)
+	const warning = "SENDGRID_API_KEY is set but SENDGRID_WEBHOOK_PUBLIC_KEY is not"
+	key := newHooksKey(t)
+	for _, tc := range []struct {
+		name string
+		env  map[string]string
+		want bool
+	}{
+		{"sending e-mail, no event key", map[string]string{"SENDGRID_API_KEY": "SG.not-a-real-key"}, true},
+		{"sending e-mail, the event key", map[string]string{"SENDGRID_API_KEY": "SG.not-a-real-key", "SENDGRID_WEBHOOK_PUBLIC_KEY": key.public}, false},
+		{"no e-mail", map[string]string{}, false},
+	} {
+		env := map[string]string{"DATABASE_URL": dbURL, "TWILIO_AUTH_TOKEN": hooksToken}
+		maps.Copy(env, tc.env)
+		hooks := serveInProcess(t, env, hooksURLRe, "webhooks", "--addr", "127.0.0.1:0", "--spool-dir", "")
+		if err := hooks.stop(); err != nil {
+			t.Fatalf("%s: %v", tc.name, err)
+		}
+		out := hooks.stderr.String()
+		if got := strings.Contains(out, warning); got != tc.want {
+			t.Errorf("%s: warned %v, want %v:\n%s", tc.name, got, tc.want, out)
+		}
+		if strings.Contains(out, "SG.not-a-real-key") {
+			t.Errorf("%s: the API key was printed:\n%s", tc.name, out)
+		}
+	}
 }
