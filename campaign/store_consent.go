@@ -46,7 +46,7 @@ func (p *Planner) consentGate(ctx context.Context, tx pgx.Tx, spec Spec, rep *Re
 			when += fmt.Sprintf(" for brand %s (IYS_BRAND_CODE; the consents here were imported without a brand: import them again with IYS_BRAND_CODE set)", spec.BrandCode)
 		}
 	}
-	return fmt.Errorf("%w: the İYS consents were brought up to date %s, longer ago than --max-consent-age %v; a RET given since then would be missed. Run `campaignctl iys sync` (or import a fresh consent file; a sync is up to date with İYS as of an hour before it: under an hour, `iys sync --reverify`), or launch with --allow-stale-consent to go ahead anyway (it is recorded on the campaign)",
+	return fmt.Errorf("%w: the İYS consents were brought up to date %s, longer ago than --max-consent-age %v; a RET given since then would be missed. Run `campaignctl iys sync` (or import a fresh complete İYS export; a sync is up to date with İYS as of an hour before it: under an hour, `iys sync --reverify`), or launch with --allow-stale-consent to go ahead anyway (it is recorded on the campaign)",
 		ErrInvalid, when, spec.MaxConsentAge)
 }
 
@@ -88,7 +88,7 @@ func (c *Campaign) ConsentStaleThen(next string) string {
 	if c.ConsentSyncedAt != nil && c.consentAge <= c.MaxConsentAge {
 		return ""
 	}
-	return fmt.Sprintf("the İYS consents of campaign %d were brought up to date %s, longer ago than the --max-consent-age %v it was launched with: a RET given since then would be missed. Run `campaignctl iys sync` (or import a fresh consent file), then %s",
+	return fmt.Sprintf("the İYS consents of campaign %d were brought up to date %s, longer ago than the --max-consent-age %v it was launched with: a RET given since then would be missed. Run `campaignctl iys sync` (or import a fresh complete İYS export), then %s",
 		c.ID, syncedWhen(c.ConsentSyncedAt, c.consentAge), c.MaxConsentAge, next)
 }
 

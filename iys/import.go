@@ -56,6 +56,11 @@ type ImportReport struct {
 	// Requeued counts the refusals made here that the file shows İYS does not hold: an ONAY older than the
 	// refusal, stored as its RET, and the RET queued for İYS (iys push) unless one as new is on its way.
 	Requeued int64
+	// Missing counts the consents stored for the brand from İYS's data (an earlier import, a pull or a
+	// re-verification) that the file does not list. A complete export lists them all; a file that leaves
+	// some out is a partial one (new sign-ups, a CRM's extract), which says nothing of the consents it does
+	// not list: it does not make the brand's consents count as up to date for launches' --max-consent-age.
+	Missing int64
 }
 
 // LineError reports a malformed line of a consent file. Line is 1-based and counts the header as line 1;

@@ -97,9 +97,15 @@ func Import(ctx context.Context, pool *pgxpool.Pool, r io.Reader, opts ImportOpt
 	if rep.Requeued, err = requeueOverruled(ctx, tx, opts.BrandCode); err != nil {
 		return rep, fmt.Errorf("import consents: refusals İYS does not hold: %w", err)
 	}
-	// A file exported from İYS brings the consents up to date as a pull does: launches check how long ago.
-	if err := MarkSynced(ctx, tx, opts.BrandCode, SourceImport, 0); err != nil {
+	// A complete export from İYS brings the consents up to date as a pull does: launches check how long
+	// ago. A partial file does not: a RET given in İYS since the last complete look would be missed.
+	if rep.Missing, err = missingFromFile(ctx, tx, opts.BrandCode); err != nil {
 		return rep, fmt.Errorf("import consents: %w", err)
+	}
+	if rep.Missing == 0 {
+		if err := MarkSynced(ctx, tx, opts.BrandCode, SourceImport, 0); err != nil {
+			return rep, fmt.Errorf("import consents: %w", err)
+		}
 	}
 	if err := tx.Commit(ctx); err != nil {
 		return rep, fmt.Errorf("import consents: commit: %w", err)
@@ -206,6 +212,26 @@ func merge(ctx context.Context, tx pgx.Tx, brand string) (keys, inserted, update
 		return 0, 0, 0, err
 	}
 	return keys, inserted, updated, nil
+}
+
+// missingFromFile counts the consents stored for brand that came from İYS's data (an import, a pull or a
+// re-verification wrote them: their history says so) and that the staged file does not list. Consents
+// known here only (a refusal of an address İYS holds nothing for, a row an operator inserted) do not
+// count: a complete export does not list them either.
+func missingFromFile(ctx context.Context, tx pgx.Tx, brand string) (int64, error) {
+	var n int64
+	err := tx.QueryRow(ctx, `
+		SELECT count(*) FROM iys_consents c
+		WHERE c.brand_code = $1
+		  AND NOT EXISTS (SELECT 1 FROM iys_import i
+			WHERE i.recipient = c.recipient AND i.type = c.type AND i.recipient_type = c.recipient_type)
+		  AND EXISTS (SELECT 1 FROM iys_consent_history h
+			WHERE h.recipient = c.recipient AND h.type = c.type AND h.recipient_type = c.recipient_type
+			  AND h.brand_code = c.brand_code AND h.origin IN ('import', '`+OriginPull+`', '`+OriginReverify+`'))`, brand).Scan(&n)
+	if err != nil {
+		return 0, fmt.Errorf("consents not in the file: %w", err)
+	}
+	return n, nil
 }
 
 // requeueOverruled queues for İYS the refusals made here that the staged file shows İYS does not hold: the

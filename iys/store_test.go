@@ -156,14 +156,15 @@ func TestImportNewerDateWins(t *testing.T) {
 		"+905361234567,MESAJ,BIREYSEL,ONAY,C,2024-06-01 00:00:00\n"+
 		"05361234567,MESAJ,BIREYSEL,RET,D,2024-06-01 00:00:00\n"+
 		"+905361234567,MESAJ,BIREYSEL,ONAY,E,2024-05-01 00:00:00\n")
-	if diff := cmp.Diff(iys.ImportReport{Rows: 5, Superseded: 3, Inserted: 2}, rep); diff != "" {
+	// A file that leaves out consents stored from earlier files is a partial one (Missing).
+	if diff := cmp.Diff(iys.ImportReport{Rows: 5, Superseded: 3, Inserted: 2, Missing: 3}, rep); diff != "" {
 		t.Errorf("report (-want +got):\n%s", diff)
 	}
 
 	// A same-date ONAY does not replace a stored RET: the order of two decisions of one second is not
 	// known, and the import sides with the refusal, as a sync does.
 	rep = mustImport(t, pool, iys.Header+"\n+905331234567,MESAJ,BIREYSEL,ONAY,HS_WEB,2024-03-01 12:00:00\n")
-	if diff := cmp.Diff(iys.ImportReport{Rows: 1, Unchanged: 1}, rep); diff != "" {
+	if diff := cmp.Diff(iys.ImportReport{Rows: 1, Unchanged: 1, Missing: 4}, rep); diff != "" {
 		t.Errorf("a same-date ONAY over a RET: report (-want +got):\n%s", diff)
 	}
 
@@ -316,5 +317,49 @@ func TestImportConcurrent(t *testing.T) {
 	}
 	if diff := cmp.Diff(want, dump(t, pool)); diff != "" {
 		t.Errorf("iys_consents (-want +got):\n%s", diff)
+	}
+}
+
+// A partial file (new sign-ups, a CRM's extract) says nothing of the consents it leaves out: it does not
+// make the brand's consents count as up to date for launches' --max-consent-age; a complete export does.
+// Consents known here only (a refusal of an address İYS holds nothing for) are not looked for in a file.
+// Before, any import, one row of an unrelated number included, reset the clock while no sync ran.
+func TestOnlyACompleteImportBringsTheConsentsUpToDate(t *testing.T) {
+	t.Parallel()
+	pool, _ := testdb.New(t)
+	ctx := t.Context()
+	synced := func() time.Time {
+		t.Helper()
+		var at time.Time
+		if err := pool.QueryRow(ctx, `SELECT last_success_at FROM iys_sync_state WHERE brand_code = '444' AND source = $1`, iys.SourceImport).Scan(&at); err != nil {
+			t.Fatal(err)
+		}
+		return at
+	}
+	full := iys.Header + "\n+905321234501,MESAJ,BIREYSEL,ONAY,HS_WEB,2024-03-01 12:00:00\n+905321234502,MESAJ,BIREYSEL,RET,HS_WEB,2024-03-01 12:00:00\n"
+	if _, err := iys.Import(ctx, pool, strings.NewReader(full), iys.ImportOptions{BrandCode: "444"}); err != nil {
+		t.Fatal(err)
+	}
+	first := synced()
+	// A refusal of an address with nothing stored: a RET known here only.
+	if _, err := iys.RecordRefusals(ctx, pool, "444", []iys.Refusal{{Via: iys.ViaTwilioInbound, EventID: "SM1", Kind: "inbound",
+		Recipient: "+905321234599", Type: "MESAJ", Evidence: "RET", At: time.Now()}}); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(20 * time.Millisecond)
+	rep, err := iys.Import(ctx, pool, strings.NewReader(iys.Header+"\n+905329999999,MESAJ,BIREYSEL,ONAY,HS_WEB,2024-03-02 12:00:00\n"), iys.ImportOptions{BrandCode: "444"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.Missing != 2 || !synced().Equal(first) {
+		t.Fatalf("a partial file: %d missing, import recorded at %v (before: %v); want 2 missing and the time kept", rep.Missing, synced(), first)
+	}
+	time.Sleep(20 * time.Millisecond)
+	rep, err = iys.Import(ctx, pool, strings.NewReader(full+"+905329999999,MESAJ,BIREYSEL,ONAY,HS_WEB,2024-03-02 12:00:00\n"), iys.ImportOptions{BrandCode: "444"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.Missing != 0 || !synced().After(first) {
+		t.Fatalf("a complete file (without the RET known here only): %d missing, import recorded at %v (before: %v); want none missing and a later time", rep.Missing, synced(), first)
 	}
 }

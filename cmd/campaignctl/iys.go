@@ -233,6 +233,12 @@ func (a *app) newIYSImportCmd() *cobra.Command {
 	return &cobra.Command{
 		Use:   "import FILE.csv",
 		Short: "Load consents from a CSV (recipient,type,recipient_type,status,source,consent_date); all or nothing",
+		Long: `Load consents from a CSV (recipient,type,recipient_type,status,source,consent_date), all or nothing,
+under IYS_BRAND_CODE. For each number the latest consent_date wins; a same-second ONAY does not replace a
+stored RET. A complete export of İYS's consents brings them up to date for launches' --max-consent-age,
+as a sync does; a partial file (one that leaves out consents stored from İYS's data before: new
+sign-ups, a CRM's extract) is imported but does not, and the import says so. A refusal made here that the
+file shows İYS does not hold (an older ONAY) is queued for İYS (iys push).`,
 		Example: `  campaignctl iys import consents.csv
   # header: recipient,type,recipient_type,status,source,consent_date
   # row:    +905321234567,MESAJ,BIREYSEL,ONAY,HS_WEB,2026-01-15 10:30:00`,
@@ -270,7 +276,19 @@ func (a *app) newIYSImportCmd() *cobra.Command {
 				fmt.Fprintf(a.stdout, "; %d refusals made here that İYS does not hold queued for it (iys push)", rep.Requeued)
 			}
 			fmt.Fprintln(a.stdout)
+			if rep.Missing > 0 {
+				fmt.Fprintf(a.stderr, "note: %d consents stored for %s from İYS's data are not in this file: it is taken as a partial file, which says nothing of the consents it leaves out, so it does not make the consents count as up to date for launches' --max-consent-age; a complete İYS export or `campaignctl iys sync` does\n",
+					rep.Missing, importBrand(brand))
+			}
 			return nil
 		},
 	}
+}
+
+// importBrand names the brand an import stores its consents under, for a message.
+func importBrand(brand string) string {
+	if brand == "" {
+		return "no brand (IYS_BRAND_CODE is not set)"
+	}
+	return "brand " + brand
 }
