@@ -375,6 +375,25 @@ func (h *Handler) giveUp(run *batchRun, r *campaign.Recipient, pe *providers.Err
 	return nil
 }
 
+// downHandBack is the least wait of a batch handed back because recipients of it kept failing as the probe
+// of a provider down by the pace (deferDown): meanwhile other runs probe it.
+const downHandBack = 5 * time.Second
+
+// deferDown leaves r pending for a later run of its batch: its sends kept failing while its provider was
+// down by the pace (probesPerRecipient), each as the probe. In an outage everybody's do; one recipient the
+// provider always refuses (a webhook receiver that fails on one user, a token FCM always answers 503) would
+// otherwise be the probe for ever and hold the provider down for every campaign on it. As for a recipient
+// that kept failing (giveUp), r's run counts against its attempts only once a later send of the run is
+// answered (then it was r, not the provider); the batch's retries are not used up.
+func (h *Handler) deferDown(run *batchRun, r *campaign.Recipient, pe *providers.Error) {
+	o := transientOutcome(r, pe)
+	run.deferred++
+	run.downDeferred++
+	run.deferAfter = max(run.deferAfter, downHandBack)
+	run.unblamed = append(run.unblamed, o)
+	delete(run.inherited, r.UserID) // its claim was released: nothing was sent
+}
+
 // deferLimited leaves r pending for a later run of its batch: the provider takes no more messages to its
 // address for now (providers.Error.RecipientLimited). It says nothing about the provider's health either
 // way (the run neither waits for the address nor counts it for or against the provider), and this process

@@ -69,10 +69,13 @@ type batchRun struct {
 	deferred     int
 	// limited counts the deferred recipients left for a provider's limit on their address (deferLimited,
 	// limitedHere); deferAfter is the longest wait that limit asked for: the batch comes back no sooner.
-	limited    int
-	deferAfter time.Duration
-	busy       int
-	halts      int
+	limited int
+	// downDeferred counts the deferred recipients whose sends kept failing while their provider was down
+	// by the pace (deferDown): handed back so that another probes it.
+	downDeferred int
+	deferAfter   time.Duration
+	busy         int
+	halts        int
 	// carried are the recipients of a chunk that were all that was left of it, each waiting out the
 	// back-off of a transient refusal, when chunks of the batch followed: they go with the next chunk
 	// (whose lease reads their status and consent again) instead of holding it up. retryOf keeps their
@@ -350,6 +353,12 @@ func (h *Handler) RunBatch(ctx context.Context, campaignID int64, batch int) err
 		// attempts bound it).
 		return &RetryError{Err: fmt.Errorf("%s waiting out their provider's limit on messages to one address (Netgsm's 85); the rest of the batch is done", countRecipients(run.deferred)),
 			After: run.deferAfter, Wait: true}
+	}
+	if run.deferred > 0 && run.deferred == run.limited+run.downDeferred && run.downDeferred > 0 {
+		// Not the batch's fault: each recipient's attempts bound it (those whose failures a later answer
+		// showed to be theirs are counted), and an outage must not use up the batch's retries.
+		return &RetryError{Err: fmt.Errorf("%s kept failing while the provider was down, each as its probe; handed back so that another recipient probes it, the rest of the batch is done", countRecipients(run.deferred)),
+			After: run.deferAfter}
 	}
 	if run.deferred > 0 {
 		return &RetryError{Err: fmt.Errorf("%s kept failing with transient provider errors; retried later, the rest of the batch is done", countRecipients(run.deferred)), After: run.deferAfter, Failure: true}

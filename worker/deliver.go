@@ -30,6 +30,7 @@ func (h *Handler) deliver(ctx, waitCtx context.Context, run *batchRun, rest []ca
 	var pauseFrom time.Time // when the pause check began (answerInNextClaim): the provider limit's wait
 	failedOver := false     // this recipient goes through the fallback, whatever the window says by now
 	probe := false          // this send is the probe of a provider that is down (waitWhileDown)
+	failedWhileDown := 0    // this recipient's sends that failed while the provider was down by the pace
 	for attempt := 1; ; attempt++ {
 		rt, probed := h.route(ctx, run, r.Address)
 		if failedOver {
@@ -182,7 +183,13 @@ func (h *Handler) deliver(ctx, waitCtx context.Context, run *batchRun, rest []ca
 		}
 		if p {
 			// The provider is down and this send is the probe: it goes now, and an outage uses up nobody's
-			// attempts.
+			// attempts. Unless this recipient's own sends keep failing while it is down: then it may be the
+			// recipient the provider cannot take (an in-house receiver that fails on one user), not the
+			// provider, and as the probe for ever it would hold the provider down for every campaign.
+			if failedWhileDown++; failedWhileDown >= probesPerRecipient {
+				h.deferDown(run, r, pe)
+				return nil
+			}
 			probe = true
 			attempt--
 			continue

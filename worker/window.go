@@ -40,7 +40,17 @@ type windowSend struct {
 	tokens   int // what the message takes from its provider's bucket (sendTokens), counted once
 	attempt  int
 	notUntil time.Time
+	// failedWhileDown counts its sends that failed while the provider was down by the pace
+	// (probesPerRecipient).
+	failedWhileDown int
 }
+
+// probesPerRecipient is how many of one recipient's sends may fail while its provider is down by the pace
+// before it gives the probe up (deferDown: it is left for a later run of its batch, its attempt counted
+// only once a later send of the run is answered). An outage fails every recipient's; one recipient the
+// provider always refuses (a webhook receiver that fails on one user, a token FCM always answers 503)
+// would otherwise be the probe for ever, and hold the provider down for every campaign on it.
+const probesPerRecipient = 3
 
 // deliverWindowed sends a chunk through a one-message provider up to SendWindow at a time. A window's
 // recipients are claimed in one script call just before their requests go out together (the same call
@@ -355,7 +365,13 @@ func (h *Handler) sendWindow(ctx context.Context, run *batchRun, rt *route, send
 			wait := h.backOff(pe, w.attempt)
 			h.beforeGivingUp(ctx, name, w.attempt)
 			if h.pace(name).Down(ctx) {
-				// An outage costs nobody an attempt: the recipient waits for the provider with the rest.
+				// An outage costs nobody an attempt: the recipient waits for the provider with the rest, behind
+				// them (the next probe is another's). One whose sends keep failing while the provider is down
+				// gives the probe up (probesPerRecipient).
+				if w.failedWhileDown++; w.failedWhileDown >= probesPerRecipient {
+					h.deferDown(run, w.r, pe)
+					continue
+				}
 				w.notUntil = time.Now()
 				retry = append(retry, w)
 				continue

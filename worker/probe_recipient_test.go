@@ -1,0 +1,92 @@
+package worker
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/campaignctl/campaignctl/campaign"
+	"github.com/campaignctl/campaignctl/internal/state"
+	"github.com/campaignctl/campaignctl/providers"
+)
+
+// One recipient the provider always answers 5xx (an in-house receiver that crashes on one user's payload,
+// a token FCM always answers 503) must not hold a provider that is down by the pace down for good: its
+// own sends are the probes, each fails, and the pace never sees the provider answer. Before, that
+// recipient was the probe for ever, nobody's attempts were used, nothing reached the DLQ, and every
+// campaign on the provider waited behind it. Now a recipient whose sends have failed three times while
+// the provider is down gives the probe up (it is deferred to a later run of its batch), and the next
+// recipient probes: the provider is up again at once, and the rest go. Both send paths: one at a time,
+// and a window.
+func TestARecipientThatAlwaysFailsDoesNotKeepTheProviderDown(t *testing.T) {
+	t.Parallel()
+	for _, window := range []int{1, 8} {
+		f := planWith(t, 60, func(s *campaign.Spec) { s.BatchSize = 60 })
+		f.h.cfg.SendWindow = window
+		bad := phone(1) // u1, the first of the batch
+		f.provider.fail = func(_ int, m providers.Message) error {
+			if m.To == bad {
+				return &providers.Error{Provider: "test", Status: 500, Class: providers.Transient, Message: "internal server error"}
+			}
+			return nil
+		}
+		// The provider is down by the pace (every worker's answers): only a probe a second goes.
+		ctx := context.Background()
+		f.rdb.HSet(ctx, state.PaceKey(state.ProviderBucket(f.provider.Name())), "down", "1", "downat", time.Now().UnixMilli()) //nolint:errcheck
+		users := f.batchUsers(t, 0)
+		if users[0] != "u1" {
+			t.Fatalf("the batch's first recipient is %s; the test needs u1 to probe first", users[0])
+		}
+		runCtx, cancel := context.WithCancel(ctx)
+		stop := time.AfterFunc(20*time.Second, cancel) // a cancel, not a deadline: a run keeps a deadline's margin for itself
+		start := time.Now()
+		err := f.h.RunBatch(runCtx, f.id, 0)
+		stop.Stop()
+		cancel()
+		took := time.Since(start)
+		eligible := 0
+		for i := 1; i <= 60; i++ {
+			if i%5 != 0 && i%3 != 0 && i != 1 {
+				eligible++
+				if len(f.provider.sentTo(phone(i))) != 1 {
+					t.Errorf("window %d: customer %d got %d messages, want 1 (the run: %v after %v)", window, i, len(f.provider.sentTo(phone(i))), err, took)
+				}
+			}
+		}
+		if st, _, _ := f.status(t, "u1"); st != campaign.StatusPending || took > 15*time.Second {
+			t.Errorf("window %d: the failing recipient is %s after %v (run: %v); want it pending for a later run, the run done well before its deadline", window, st, took, err)
+		}
+		t.Logf("window %d: %d others sent; run %v after %v", window, eligible, err, took)
+		// The others were answered after it failed: it was the recipient, and the run counts against it.
+		var attempts int
+		if err := f.db.QueryRow(ctx, `SELECT attempts FROM campaign_recipients WHERE campaign_id = $1 AND user_id = 'u1'`, f.id).Scan(&attempts); err != nil || attempts != 1 {
+			t.Errorf("window %d: the failing recipient has %d attempts (%v); want its run counted, 1", window, attempts, err)
+		}
+		var re *RetryError
+		if !errors.As(err, &re) {
+			t.Errorf("window %d: the run returned %v; want the batch handed back", window, err)
+		}
+
+		// The next run of the batch finds the provider down again (the failing recipient's own retries
+		// called it down), with that recipient alone left: it gives the probe up too, and the run ends.
+		// A worker of its own, which reads the pace from Redis afresh.
+		f.rdb.HSet(ctx, state.PaceKey(state.ProviderBucket(f.provider.Name())), "down", "1", "downat", time.Now().UnixMilli()) //nolint:errcheck
+		f.h = f.handler(f.rdb)
+		f.h.cfg.SendWindow = window
+		runCtx, cancel = context.WithCancel(ctx)
+		stop = time.AfterFunc(20*time.Second, cancel)
+		start = time.Now()
+		err = f.h.RunBatch(runCtx, f.id, 0)
+		stop.Stop()
+		cancel()
+		if took := time.Since(start); took > 10*time.Second {
+			t.Errorf("window %d: the failing recipient alone held its run %v (run: %v); want it handed back within seconds", window, took, err)
+		}
+		// Nobody was answered after it: an outage cannot be told from it, and neither the batch's retries
+		// nor the recipient's attempts are used up.
+		if !errors.As(err, &re) || re.Failure {
+			t.Errorf("window %d: the run alone returned %v; want the batch handed back, not as its failure", window, err)
+		}
+	}
+}
