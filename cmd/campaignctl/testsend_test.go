@@ -310,3 +310,18 @@ func TestTestSendRefusedForTheAccountNamesTheSettings(t *testing.T) {
 	}
 	nothingPlanned(t, count)
 }
+
+// The test send's placeholder code can never be a pool's code: an import of it is refused and writes
+// nothing. Before, "TEST-KOD" could be imported, given to a recipient, and shown to everyone a test went to.
+func TestTheTestPlaceholderIsNoPoolsCode(t *testing.T) {
+	t.Parallel()
+	env, _ := badInputDB(t)
+	file := filepath.Join(t.TempDir(), "codes.txt")
+	if err := os.WriteFile(file, []byte(testCode+"\nKOD-0002\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	out, stderr, code := cli(t, env, "codes", "import", "--pool", "tk", file)
+	if code != 2 || !strings.Contains(stderr, testCode) {
+		t.Fatalf("codes import of the placeholder %q: exit %d\n%s%s\nwant it refused (exit 2), naming it", testCode, code, out, stderr)
+	}
+}
