@@ -585,3 +585,36 @@ func TestAPauseDuringAResumeKeepsItsHaltMark(t *testing.T) {
 		})
 	}
 }
+
+// A cancel that leaves nothing pending takes the campaign's batches still queued out of the queue: each
+// would only run to find nothing to do, ahead of other campaigns' batches (1,610 left by a cancelled
+// campaign of a million held a new campaign back for minutes). Another campaign's batches stay queued.
+func TestCancelTakesTheCampaignsQueuedBatchesOutOfTheQueue(t *testing.T) {
+	t.Parallel()
+	e := newOpsEnv(t, 12, nil)
+	ctx := context.Background()
+	c := e.launch(t, "big", 2)       // 6 batches queued
+	other := e.launch(t, "other", 6) // 2 batches queued
+	if got := e.pending(t); got != 8 {
+		t.Fatalf("%d tasks queued, want 8", got)
+	}
+	rep, err := worker.Cancel(ctx, worker.CancelOptions{Store: e.store, Redis: e.rdb, CampaignID: c.ID})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.Dequeued != 6 || rep.Counts.Pending != 0 {
+		t.Fatalf("cancel: %+v; want its 6 queued batches taken out, nothing pending", rep)
+	}
+	tasks, err := e.insp.ListPendingTasks(worker.Queue)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, task := range tasks {
+		if !strings.HasPrefix(task.ID, fmt.Sprintf("%d:", other.ID)) {
+			t.Errorf("task %s still queued after its campaign was cancelled", task.ID)
+		}
+	}
+	if len(tasks) != 2 {
+		t.Errorf("%d tasks queued after the cancel, want the other campaign's 2", len(tasks))
+	}
+}

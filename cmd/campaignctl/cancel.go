@@ -88,6 +88,9 @@ func (a *app) cancel(ctx context.Context, o cancelOptions) error {
 	if err != nil {
 		return err
 	}
+	if rep.Dequeued > 0 {
+		fmt.Fprintf(a.stdout, "%d batches of it still queued taken out of the queue (nothing left to do)\n", rep.Dequeued)
+	}
 	if c.Pending > 0 {
 		fmt.Fprintf(a.stdout, "%d recipients are still held by a worker; %d batches queued so that a worker closes them (campaignctl status %d)\n",
 			c.Pending, rep.Requeued, rep.CampaignID)
