@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"unicode"
 	"unicode/utf8"
 )
 
@@ -47,7 +48,7 @@ func maskQuoted(text string, ms []Message) string {
 		seen[q] = true
 		for _, v := range encodings(q) {
 			if len(v) < quotedRun {
-				text = strings.ReplaceAll(text, v, contentMark)
+				text = replaceTokens(text, v)
 				continue
 			}
 			text = maskRuns(text, v)
@@ -77,6 +78,45 @@ func maskQuoted(text string, ms []Message) string {
 	}
 	return text
 }
+
+// replaceTokens replaces, in text, each occurrence of a short value v that stands as a token of its own:
+// not inside a word of the answer (a letter or digit on the side where v has one). A first name "Ali" is
+// masked where an answer quotes it, not in the provider's "Invalid": that garbled the provider's wording,
+// and made one error's reason differ with the names of the recipients it met.
+func replaceTokens(text, v string) string {
+	if !strings.Contains(text, v) {
+		return text
+	}
+	first, _ := utf8.DecodeRuneInString(v)
+	last, _ := utf8.DecodeLastRuneInString(v)
+	var b strings.Builder
+	done := 0
+	for i := 0; ; {
+		k := strings.Index(text[i:], v)
+		if k < 0 {
+			break
+		}
+		at, end := i+k, i+k+len(v)
+		before, _ := utf8.DecodeLastRuneInString(text[:at])
+		after, _ := utf8.DecodeRuneInString(text[end:])
+		if (at == 0 || !isWordRune(first) || !isWordRune(before)) && (end == len(text) || !isWordRune(last) || !isWordRune(after)) {
+			b.WriteString(text[done:at])
+			b.WriteString(contentMark)
+			done, i = end, end
+			continue
+		}
+		_, size := utf8.DecodeRuneInString(text[at:])
+		i = at + size
+	}
+	if done == 0 {
+		return text
+	}
+	b.WriteString(text[done:])
+	return b.String()
+}
+
+// isWordRune says whether r is a letter or a digit.
+func isWordRune(r rune) bool { return unicode.IsLetter(r) || unicode.IsDigit(r) }
 
 // splitTags cuts a shared content at its tags: the pieces every message carries as they are.
 func splitTags(s string, tags []string) []string {

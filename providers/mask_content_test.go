@@ -40,6 +40,10 @@ func TestMaskContentMasksWhatAnAnswerQuotesOfTheMessages(t *testing.T) {
 			[]string{"Ayşe Gizli", "P3CYWU7H", "Q9ZZTT01", "Ali", "Size özel", "ile indirim"}, []string{"first subject", "substitutions"}},
 		{"the provider's own words", "The 'To' number is not a valid phone number.", []providers.Message{sms},
 			nil, []string{"The 'To' number is not a valid phone number."}},
+		// A value inside one of the provider's words is not a quote of it: "Ali" stays in "Invalid"
+		// (before, "Inv[content]d"), and is masked where the answer names it.
+		{"a short value inside the provider's word", "Invalid 'To' Phone Number; dear Ali, ALI's number", mails,
+			[]string{"Ali,", "ALI's"}, []string{"Invalid 'To' Phone Number; dear "}},
 		// A word in common with the message ("gönderin", "gönderimde") is not a quote of it.
 		{"the provider's own words in Turkish", "İYS kontrollü gönderimde alıcının onayı yok.", []providers.Message{sms},
 			nil, []string{"İYS kontrollü gönderimde alıcının onayı yok."}},
