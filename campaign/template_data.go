@@ -208,3 +208,9 @@ func skipValue(b []byte, i int) int {
 	}
 	return i
 }
+
+// PlainFields returns the fields t's parts read when every part is plain (text and {{.field}} actions);
+// ok is false when a part is not, and may then read any value.
+func (t *Template) PlainFields() (fields []string, ok bool) {
+	return t.plainFields, t.plainFields != nil
+}
