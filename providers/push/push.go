@@ -17,6 +17,7 @@ import (
 	"io"
 	"net/http"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -72,7 +73,24 @@ type Provider struct {
 	// tokens is the cached access-token source. It is replaced, not refreshed, when FCM refuses a token
 	// before its expiry (revoked), so that the next Send fetches a new one.
 	tokens atomic.Pointer[oauth2.TokenSource]
+
+	// refused keeps the token endpoint's last refusal for a while (tokenRefusal): oauth2's cache keeps
+	// tokens, not errors, and every Send asked the endpoint again (40 requests a second from two workers
+	// against an invalid_grant, enough for Google to lock the service account out).
+	refusedMu sync.Mutex
+	refused   tokenRefusal
 }
+
+// tokenRefusal is a refusal of the token endpoint, given again to every Send until until, without asking.
+// wait doubles with each refusal in a row, from a second up to maxTokenWait; a token got clears it.
+type tokenRefusal struct {
+	err   error
+	until time.Time
+	wait  time.Duration
+}
+
+// maxTokenWait is the longest the token endpoint is left alone after refusals in a row.
+const maxTokenWait = time.Minute
 
 // New reads the service-account file, validates cfg and returns a Provider. It does not fetch a token:
 // the first Send does. Its errors name the environment variable to fix and never contain the key.
@@ -265,6 +283,13 @@ func (p *Provider) token(ctx context.Context, src oauth2.TokenSource) (*oauth2.T
 		tok *oauth2.Token
 		err error
 	}
+	p.refusedMu.Lock()
+	if p.refused.err != nil && time.Now().Before(p.refused.until) {
+		err := p.refused.err
+		p.refusedMu.Unlock()
+		return nil, err
+	}
+	p.refusedMu.Unlock()
 	ch := make(chan result, 1)
 	go func() {
 		tok, err := src.Token()
@@ -273,8 +298,16 @@ func (p *Provider) token(ctx context.Context, src oauth2.TokenSource) (*oauth2.T
 	select {
 	case r := <-ch:
 		if r.err != nil {
-			return nil, tokenError(r.err, time.Now())
+			err := tokenError(r.err, time.Now())
+			p.refusedMu.Lock()
+			p.refused.wait = min(max(time.Second, 2*p.refused.wait), maxTokenWait)
+			p.refused.err, p.refused.until = err, time.Now().Add(p.refused.wait)
+			p.refusedMu.Unlock()
+			return nil, err
 		}
+		p.refusedMu.Lock()
+		p.refused = tokenRefusal{}
+		p.refusedMu.Unlock()
 		if r.tok.AccessToken == "" {
 			return nil, &providers.Error{Provider: "fcm", Status: http.StatusUnauthorized, Class: providers.Permanent,
 				Message: "token endpoint answered without an access token: check token_uri in GOOGLE_APPLICATION_CREDENTIALS"}

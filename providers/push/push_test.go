@@ -17,6 +17,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -513,10 +514,30 @@ func TestTokenEndpointFailures(t *testing.T) {
 				t.Errorf("%d sends reached FCM without a token", st.Requests)
 			}
 
-			// A failed fetch is not cached: once the endpoint recovers, the next Send gets a token.
-			e.intercept(nil)
+			// A refusal is given again, without asking, for a second (then two, four, ... up to a minute):
+			// every Send asked the endpoint again, 40 requests a second from two workers. Once that wait is
+			// over and the endpoint has recovered, the next Send gets a token.
+			var asked atomic.Int32
+			e.intercept(func(w http.ResponseWriter, r *http.Request) bool {
+				if r.URL.Path == "/token" {
+					asked.Add(1)
+				}
+				return false
+			})
+			for range 20 {
+				if _, err := p.Send(context.Background(), providers.Message{To: testToken, Body: "hi"}); err == nil {
+					t.Fatal("a send went through within the refusal's wait")
+				}
+			}
+			if n := asked.Load(); n != 0 {
+				t.Errorf("the token endpoint was asked %d times within a second of its refusal; want none", n)
+			}
+			time.Sleep(1100 * time.Millisecond)
 			if _, err := p.Send(context.Background(), providers.Message{To: testToken, Body: "hi"}); err != nil {
 				t.Errorf("send after the token endpoint recovered: %v", err)
+			}
+			if n := asked.Load(); n != 1 {
+				t.Errorf("the token endpoint was asked %d times after the wait; want 1", n)
 			}
 		})
 	}
