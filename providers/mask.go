@@ -35,8 +35,8 @@ func (e *Error) AsksToSlowDown() bool {
 // credentials, a sender the account may not use) rather than about the recipient: failing the recipient
 // would be wrong, and every other recipient would fail the same way, so the work must wait for an operator.
 func (e *Error) AccountLevel() bool {
-	if e.BadAddress {
-		return false // the address is at fault (an unregistered push token answers 404)
+	if e.BadAddress || e.RecipientLimited {
+		return false // the address is at fault (an unregistered push token answers 404), or waits alone
 	}
 	if e.Account {
 		return true

@@ -1,11 +1,17 @@
 package worker
 
 import (
+	"context"
+	"errors"
 	"maps"
 	"slices"
 	"testing"
+	"time"
 
 	"github.com/campaignctl/campaignctl/campaign"
+	"github.com/campaignctl/campaignctl/internal/state"
+	"github.com/campaignctl/campaignctl/internal/testredis"
+	"github.com/campaignctl/campaignctl/providers"
 )
 
 // A push's data payload carries what the app needs, not the whole audience row: the engine's values
@@ -38,6 +44,40 @@ func TestAPushsDataCarriesOnlyWhatTheAppNeeds(t *testing.T) {
 		}
 		if m.Data["code"] != "KOD-7" || m.Data["data_link"] != "app://offer/7" {
 			t.Errorf("%s: data %v", tc.name, m.Data)
+		}
+	}
+}
+
+// A token FCM cannot reach for the project's APNs or web push credentials (THIRD_PARTY_AUTH_ERROR) waits
+// alone for a later run; the batch's other tokens go. Before, one such token held the whole campaign as
+// provider_auth, Android tokens included: an outside run crawled at half a message a second.
+func TestAThirdPartyAuthErrorHoldsItsTokenAloneNotTheCampaign(t *testing.T) {
+	t.Parallel()
+	db, store, _, launch := pushPlan(t)
+	ctx := context.Background()
+	if _, err := db.Exec(ctx, `UPDATE devices SET push_token = 'thirdparty-1' WHERE user_id = 'u1'`); err != nil {
+		t.Fatal(err)
+	}
+	id := launch("push-apns").ID
+	rdb, _ := testredis.New(t)
+	for _, window := range []int{1, 8} {
+		h := NewHandler(Config{Store: store, Redis: rdb, Owner: "w", SendWindow: window,
+			Providers:     map[campaign.Channel]providers.Provider{campaign.ChannelPush: pushProvider(t)},
+			ProviderRates: map[string]float64{}})
+		err := h.RunBatch(ctx, id, 0)
+		var re *RetryError
+		if !errors.As(err, &re) || re.Failure || !re.Wait || re.After < 9*time.Minute {
+			t.Fatalf("window %d: the run returned %v; want the batch back in about ten minutes for u1 alone, not a failure", window, err)
+		}
+		c, err := store.Counts(ctx, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if c.Sent != 4 || c.Pending != 1 {
+			t.Fatalf("window %d: counts %+v; want the 4 other tokens sent, u1 pending", window, c)
+		}
+		if w, _ := state.Waits(ctx, rdb, id); len(w) > 0 {
+			t.Errorf("window %d: the campaign is said to wait for %v", window, w)
 		}
 	}
 }

@@ -28,6 +28,10 @@ const (
 	codeInternal         = "INTERNAL"
 )
 
+// thirdPartyAuthWait is how long a token FCM cannot reach for the project's APNs or web push credentials
+// (THIRD_PARTY_AUTH_ERROR) waits before its next try: time for the operator to fix them.
+const thirdPartyAuthWait = 10 * time.Minute
+
 // maxMessage bounds the FCM error text kept in a providers.Error.
 const maxMessage = 200
 
@@ -66,8 +70,14 @@ func classify(status int, retryAfter string, body []byte, to string, now time.Ti
 	switch code {
 	case codeUnregistered, codeSenderIDMismatch:
 		e.Class, e.BadAddress = providers.Permanent, true
-	case codeInvalidArgument, codeThirdPartyAuth:
+	case codeInvalidArgument:
 		e.Class = providers.Permanent
+	case codeThirdPartyAuth:
+		// The project's APNs certificate or web push key is missing or refused: iOS and web tokens cannot
+		// be sent to until it is fixed, Android tokens can. Not the account's failure (it held every
+		// campaign as provider_auth, Android included) nor the token's: the recipient waits for a later
+		// run, and fails for good after worker.MaxRecipientAttempts runs that met it.
+		e.Class, e.RecipientLimited, e.RetryAfter = providers.Transient, true, thirdPartyAuthWait
 	case codeQuotaExceeded, codeUnavailable, codeInternal:
 		e.Class = providers.Transient
 	default:
@@ -87,12 +97,14 @@ func classify(status int, retryAfter string, body []byte, to string, now time.Ti
 	switch {
 	case status == http.StatusUnauthorized && code != codeThirdPartyAuth:
 		text += ": check GOOGLE_APPLICATION_CREDENTIALS"
+	case code == codeThirdPartyAuth:
+		text += ": check the Firebase project's APNs certificate or web push key (iOS and web tokens wait)"
 	case (status == http.StatusForbidden || status == http.StatusNotFound) && code == "":
 		// Not about the device: a wrong project, or a service account without FCM permission.
 		text += ": check FCM_PROJECT_ID and the service account's roles"
 	}
 	e.Message = text
-	if e.Class == providers.Transient {
+	if e.Class == providers.Transient && !e.RecipientLimited {
 		e.RetryAfter = wire.ParseRetryAfter(retryAfter, now)
 	}
 	return e, code

@@ -252,7 +252,9 @@ func TestSendFCMErrors(t *testing.T) {
 		{"unregistered-1", 404, providers.Permanent, true, false, 0, "UNREGISTERED"},
 		{"mismatch-1", 403, providers.Permanent, true, false, 0, "SENDER_ID_MISMATCH"},
 		{"invalid-1", 400, providers.Permanent, false, false, 0, "INVALID_ARGUMENT"},
-		{"thirdparty-1", 401, providers.Permanent, false, true, 0, "THIRD_PARTY_AUTH_ERROR"},
+		// The project's APNs or web push credentials: this token waits alone (RecipientLimited), for
+		// ten minutes; neither the account (Android tokens go on) nor the token is at fault.
+		{"thirdparty-1", 401, providers.Transient, false, false, 10 * time.Minute, "THIRD_PARTY_AUTH_ERROR"},
 		{"quota-1", 429, providers.Transient, false, false, time.Second, "QUOTA_EXCEEDED"},
 		{"unavailable-1", 503, providers.Transient, false, false, time.Second, "UNAVAILABLE"},
 		{"internal-1", 500, providers.Transient, false, false, 0, "INTERNAL"},
@@ -271,6 +273,9 @@ func TestSendFCMErrors(t *testing.T) {
 			}
 			if pe.AccountLevel() != tt.account {
 				t.Errorf("AccountLevel() = %v, want %v", pe.AccountLevel(), tt.account)
+			}
+			if pe.RecipientLimited != (tt.code == "THIRD_PARTY_AUTH_ERROR") {
+				t.Errorf("RecipientLimited = %v", pe.RecipientLimited)
 			}
 			if !strings.HasPrefix(pe.Message, tt.code+":") {
 				t.Errorf("Message %q does not start with %s", pe.Message, tt.code)
