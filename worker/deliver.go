@@ -176,6 +176,13 @@ func (h *Handler) deliver(ctx, waitCtx context.Context, run *batchRun, rest []ca
 			return h.accountError(ctx, run, pe)
 		}
 		wait := h.backOff(pe, attempt)
+		if wait > longHold && pe.RetryAfter > 0 {
+			// The provider asked this recipient to wait longer than a run holds its batch for one: it waits
+			// for a later run, and the rest of the batch goes on (a receiver's Retry-After of an hour held
+			// the run, and its sent recipients unrecorded, for that hour).
+			h.deferLimited(run, r, pe)
+			return nil
+		}
 		h.beforeGivingUp(ctx, rt.provider.Name(), attempt)
 		p, err := h.waitWhileDown(ctx, waitCtx, run, rt.provider.Name())
 		if err != nil {

@@ -90,3 +90,36 @@ func TestARecipientThatAlwaysFailsDoesNotKeepTheProviderDown(t *testing.T) {
 		}
 	}
 }
+
+// A recipient the provider asks to wait longer than a run holds its batch (a receiver's 429 with
+// Retry-After: 3600) waits for a later run; the rest of the batch goes, and its run ends with them
+// recorded. Before, the run slept for the hour, a worker slot with it, and its sent recipients stayed
+// pending in status and report until then.
+func TestALongRetryAfterForOneRecipientDoesNotHoldTheRun(t *testing.T) {
+	t.Parallel()
+	for _, window := range []int{1, 8} {
+		f := planWith(t, 60, func(s *campaign.Spec) { s.BatchSize = 60 })
+		f.h.cfg.SendWindow = window
+		bad := phone(2)
+		f.provider.fail = func(_ int, m providers.Message) error {
+			if m.To == bad {
+				return &providers.Error{Provider: "test", Status: 429, Class: providers.Transient, Throttled: true, RetryAfter: time.Hour, Message: "slow down"}
+			}
+			return nil
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		stop := time.AfterFunc(20*time.Second, cancel)
+		start := time.Now()
+		err := f.h.RunBatch(ctx, f.id, 0)
+		stop.Stop()
+		cancel()
+		took := time.Since(start)
+		var re *RetryError
+		if !errors.As(err, &re) || re.Failure || re.After < 59*time.Minute || took > 10*time.Second {
+			t.Fatalf("window %d: the run returned %v after %v; want it handed back at once, to come back in an hour", window, err, took)
+		}
+		if c := f.counts(t); c.Sent != 31 || c.Pending != 1 {
+			t.Errorf("window %d: counts %+v; want the 31 others sent and recorded, u2 pending", window, c)
+		}
+	}
+}

@@ -45,6 +45,10 @@ type windowSend struct {
 	failedWhileDown int
 }
 
+// longHold is the longest a run waits, holding its batch, for a provider's Retry-After: a longer one (a
+// receiver's hour) lets the batch go, its sends so far recorded, to come back when the wait is over.
+const longHold = 30 * time.Second
+
 // probesPerRecipient is how many of one recipient's sends may fail while its provider is down by the pace
 // before it gives the probe up (deferDown: it is left for a later run of its batch, its attempt counted
 // only once a later send of the run is answered). An outage fails every recipient's; one recipient the
@@ -164,6 +168,11 @@ func (h *Handler) deliverWindowed(ctx, waitCtx context.Context, run *batchRun, r
 			}
 			h.log.Error("Redis is unreachable: no sends until it is back", "campaign_id", run.c.ID, "err", err)
 			return waitForServices(fmt.Errorf("no send while Redis is unavailable: %w", err))
+		}
+		if pause > longHold {
+			// The provider asked every sender to wait longer than a run holds its batch: nothing was claimed;
+			// the batch comes back when the wait is over, its sends so far recorded.
+			return &RetryError{Err: fmt.Errorf("the provider asked every sender to wait %v", pause.Round(time.Second)), After: pause, Wait: true}
 		}
 		if pause > 0 {
 			// The provider is paused (most 429s of a second said how long): nothing was claimed; wait it out.
@@ -363,6 +372,11 @@ func (h *Handler) sendWindow(ctx context.Context, run *batchRun, rt *route, send
 				continue
 			}
 			wait := h.backOff(pe, w.attempt)
+			if wait > longHold && pe.RetryAfter > 0 {
+				// Longer than a run holds its batch for one recipient: it waits for a later run (longHold).
+				h.deferLimited(run, w.r, pe)
+				continue
+			}
 			h.beforeGivingUp(ctx, name, w.attempt)
 			if h.pace(name).Down(ctx) {
 				// An outage costs nobody an attempt: the recipient waits for the provider with the rest, behind
