@@ -88,21 +88,24 @@ type ContentRules struct {
 
 // Report is what a launch found and did. It is printed for the marketer and, with --json, for programs.
 type Report struct {
-	ID                 int64            `json:"id,omitempty"`
-	Name               string           `json:"name"`
-	Channel            Channel          `json:"channel"`
-	State              State            `json:"state,omitempty"`
-	DryRun             bool             `json:"dry_run"`
-	Audience           int64            `json:"audience"`
-	Eligible           int64            `json:"eligible"`
-	Excluded           map[string]int64 `json:"excluded"`
-	CodePool           string           `json:"code_pool,omitempty"`
-	CodesNeeded        int64            `json:"codes_needed"`
-	CodesFree          int64            `json:"codes_free"`
-	Batches            int              `json:"batches"`
-	SampleMessage      string           `json:"sample_message,omitempty"`
-	Encoding           string           `json:"encoding,omitempty"`
-	SegmentsPerMessage int              `json:"segments_per_message,omitempty"`
+	ID          int64            `json:"id,omitempty"`
+	Name        string           `json:"name"`
+	Channel     Channel          `json:"channel"`
+	State       State            `json:"state,omitempty"`
+	DryRun      bool             `json:"dry_run"`
+	Audience    int64            `json:"audience"`
+	Eligible    int64            `json:"eligible"`
+	Excluded    map[string]int64 `json:"excluded"`
+	CodePool    string           `json:"code_pool,omitempty"`
+	CodesNeeded int64            `json:"codes_needed"`
+	CodesFree   int64            `json:"codes_free"`
+	// CodesCounted says the pool's free codes were counted (CodesFree holds them): a plan that stopped
+	// before (Postgres gone, a lock waited out) knows what it needed only.
+	CodesCounted       bool   `json:"-"`
+	Batches            int    `json:"batches"`
+	SampleMessage      string `json:"sample_message,omitempty"`
+	Encoding           string `json:"encoding,omitempty"`
+	SegmentsPerMessage int    `json:"segments_per_message,omitempty"`
 	// SampleSubject is the first message's subject (e-mail, push title); SampleHTML its HTML part, kept out
 	// of the JSON report for its size (`launch --dry-run --preview-dir` writes it to a file).
 	SampleSubject string `json:"sample_subject,omitempty"`

@@ -143,6 +143,7 @@ func (p *Planner) lockPool(ctx context.Context, tx pgx.Tx, spec Spec, rep *Repor
 		+ (SELECT count(*) FROM released_codes WHERE pool = $1)`, spec.CodePool, cursor).Scan(&rep.CodesFree); err != nil {
 		return 0, unlock, fmt.Errorf("plan: %w", err)
 	}
+	rep.CodesCounted = true
 	if rep.CodesFree < rep.CodesNeeded {
 		return 0, unlock, &PoolShortError{Pool: spec.CodePool, Needed: rep.CodesNeeded, Free: rep.CodesFree}
 	}

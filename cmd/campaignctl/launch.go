@@ -304,7 +304,7 @@ func (a *app) confirm(question string) bool {
 func (a *app) printRefused(rep campaign.Report) {
 	w := tabwriter.NewWriter(a.stderr, 0, 4, 2, ' ', 0)
 	fmt.Fprintf(w, "Not launched (nothing written, nothing sent): %s (%s)\n", rep.Name, rep.Channel)
-	writeCounted(w, rep, rep.CodesNeeded > 0)
+	writeCounted(w, rep, rep.CodesCounted)
 	w.Flush()
 }
 
@@ -347,7 +347,7 @@ func (a *app) writeReport(out io.Writer, rep campaign.Report, title string) {
 	if rep.ID != 0 {
 		fmt.Fprintf(w, "  campaign id\t%d\n", rep.ID)
 	}
-	writeCounted(w, rep, true)
+	writeCounted(w, rep, rep.CodesCounted)
 	fmt.Fprintf(w, "  batches\t%d\n", rep.Batches)
 	if rep.SampleMessage != "" {
 		fmt.Fprintf(w, "  first message\t%q\n", rep.SampleMessage)

@@ -325,3 +325,17 @@ func TestTheTestPlaceholderIsNoPoolsCode(t *testing.T) {
 		t.Fatalf("codes import of the placeholder %q: exit %d\n%s%s\nwant it refused (exit 2), naming it", testCode, code, out, stderr)
 	}
 }
+
+// A launch refused before it counted the pool's free codes (Postgres went away, say) does not report the
+// pool as empty: it said "codes needed / free 10 / 0" for a pool with 5,882 free codes.
+func TestARefusedLaunchShowsTheFreeCodesOnlyOnceCounted(t *testing.T) {
+	t.Parallel()
+	for _, counted := range []bool{false, true} {
+		var errb strings.Builder
+		a := &app{stderr: &errb}
+		a.printRefused(campaign.Report{Name: "w1", Channel: campaign.ChannelSMS, Audience: 10, Eligible: 10, CodePool: "p7", CodesNeeded: 10, CodesFree: 5882 * map[bool]int64{false: 0, true: 1}[counted], CodesCounted: counted})
+		if got := strings.Contains(errb.String(), "codes needed / free"); got != counted {
+			t.Errorf("counted %v: the report shows the free codes: %v\n%s", counted, got, errb.String())
+		}
+	}
+}
