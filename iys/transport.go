@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"io"
 	"math/rand/v2"
 	"net/http"
@@ -232,6 +233,10 @@ type tokenSource struct {
 	refreshUntil time.Time
 	haltUntil    time.Time
 	haltErr      error
+
+	// keep, when set, keeps the token between runs (KeepTokensIn); loaded says it was read.
+	keep   *pgxpool.Pool
+	loaded bool
 }
 
 // get returns a token valid now, renewing it if needed.
@@ -245,8 +250,9 @@ func (t *tokenSource) get(ctx context.Context) (string, error) {
 		return "", fmt.Errorf("iys token: %w", ctx.Err())
 	}
 	defer func() { <-t.sem }()
+	t.loadKept(ctx)
 	if tok, ok := t.cached(); ok {
-		return tok, nil // renewed by the caller we waited for
+		return tok, nil // renewed by the caller we waited for, or kept by an earlier run
 	}
 	now := t.c.now()
 	t.mu.Lock()
@@ -328,6 +334,7 @@ func (t *tokenSource) fetch(ctx context.Context, form url.Values) (string, error
 			t.haltUntil = issued.Add(max(ae.RetryAfter, time.Hour))
 			t.haltErr = ae
 			t.mu.Unlock()
+			t.saveKept(ctx)
 		}
 		return "", err
 	}
@@ -349,7 +356,6 @@ func (t *tokenSource) fetch(ctx context.Context, form url.Values) (string, error
 	}
 	rlife := time.Duration(tr.RefreshExpiresIn) * time.Second
 	t.mu.Lock()
-	defer t.mu.Unlock()
 	t.access = tr.AccessToken
 	t.expires = issued.Add(life)
 	t.renewAt = issued.Add(life - renewMargin(life))
@@ -359,7 +365,10 @@ func (t *tokenSource) fetch(ctx context.Context, form url.Values) (string, error
 		t.refreshUntil = issued.Add(rlife - renewMargin(rlife))
 	}
 	c.log.Debug("iys token obtained", "op", opToken, "grant", form.Get("grant_type"), "expires_in", life)
-	return t.access, nil
+	access := t.access
+	t.mu.Unlock()
+	t.saveKept(ctx)
+	return access, nil
 }
 
 // renewMargin is how long before its expiry a token is renewed: 5 min, or a fifth of its life if

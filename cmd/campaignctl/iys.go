@@ -81,6 +81,7 @@ started while another runs waits for it, then pulls from where it stopped.`,
 				return err
 			}
 			defer pool.Close()
+			client.KeepTokensIn(pool)
 			rep, err := iys.Sync(ctx, pool, client)
 			if err != nil {
 				return fmt.Errorf("%w (what was pulled before the error is stored; run it again to go on)", err)
@@ -178,6 +179,7 @@ func (a *app) newIYSCheckCmd() *cobra.Command {
 				if err != nil {
 					return err
 				}
+				client.KeepTokensIn(pool)
 				live, err := client.Status(ctx, recipientType, typ, canon)
 				switch {
 				case err == nil:

@@ -51,6 +51,7 @@ run, an operator's) logs that it waits, waits for it, and then sends what is sti
 				return err
 			}
 			defer pool.Close()
+			client.KeepTokensIn(pool)
 			rep, err := iys.Push(ctx, pool, client, iys.PushOptions{BatchFrom: batchFrom, ResultAfter: resultAfter, Wait: wait, PollEvery: min(10*time.Second, max(time.Second, resultAfter/10))})
 			log := a.logger()
 			if rep.Overdue > 0 {
