@@ -96,7 +96,18 @@ func (a *app) status(ctx context.Context, o statusOptions) error {
 		rdbErr = err
 		svc = &services{engine: engine, store: campaign.NewStore(engine)}
 	} else if err != nil {
-		return err
+		// A watch goes on through a Redis outage (it shows Postgres's figures meanwhile): it starts in one
+		// too, as status without --watch answers, instead of refusing to start.
+		engine, perr := a.openEngine(ctx)
+		if perr != nil {
+			return err
+		}
+		rdb, _, cerr := redisClient(a.setting(a.redisURL, "REDIS_URL", defaultRedisURL), a.logger())
+		if cerr != nil {
+			engine.Close()
+			return err
+		}
+		svc = &services{engine: engine, redis: rdb, store: campaign.NewStore(engine)}
 	}
 	defer svc.Close()
 	if rdbErr != nil {

@@ -107,3 +107,39 @@ func TestALaunchWatchOutlivesRedisGoingAway(t *testing.T) {
 		t.Fatalf("no launch report on stdout: %s", out)
 	}
 }
+
+// status --watch starts while Redis is unreachable, as status without --watch answers then: it shows
+// Postgres's figures, says Redis is unreachable, and goes on. Before, it refused to start (exit 1).
+func TestAWatchStartsWhileRedisIsUnreachable(t *testing.T) {
+	t.Parallel()
+	env, id, _ := reportEnv(t)
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dead := l.Addr().String()
+	l.Close()
+	cmd := exec.Command(binary(t), "status", id, "--watch")
+	cmd.Env = os.Environ()
+	for k, v := range env {
+		cmd.Env = append(cmd.Env, k+"="+v)
+	}
+	cmd.Env = append(cmd.Env, "REDIS_URL=redis://"+dead+"/0")
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	select {
+	case <-done:
+		t.Fatalf("status --watch with Redis unreachable ended: exit %d\nstderr: %s", cmd.ProcessState.ExitCode(), tail(errb.String(), 1500))
+	case <-time.After(8 * time.Second):
+	}
+	cmd.Process.Signal(os.Interrupt) //nolint:errcheck
+	<-done
+	if code := cmd.ProcessState.ExitCode(); code != 0 || !strings.Contains(errb.String(), "Redis is unreachable") {
+		t.Fatalf("status --watch started with Redis unreachable, then Ctrl-C: exit %d, stderr %s; want exit 0 and the outage said", code, tail(errb.String(), 1500))
+	}
+}
