@@ -93,7 +93,7 @@ func (a *app) dlq(ctx context.Context, o dlqOptions, action string) error {
 			if e.LastFailedAt != nil {
 				failed = e.LastFailedAt.Format(time.RFC3339)
 			}
-			fmt.Fprintf(w, "%d\t%d\t%d\t%s\t%s\n", e.CampaignID, e.Batch, e.Retried+1, failed, e.LastError)
+			fmt.Fprintf(w, "%d\t%d\t%d\t%s\t%s\n", e.CampaignID, e.Batch, dlqAttempts(e), failed, e.LastError)
 		}
 		return w.Flush()
 	case "retry":
@@ -123,4 +123,15 @@ func (a *app) dlq(ctx context.Context, o dlqOptions, action string) error {
 		fmt.Fprintf(a.stdout, "%d batches dropped from the DLQ; their recipients stay pending (`campaignctl resume ID` queues them again)\n", worker.DistinctBatches(rep.Dropped))
 	}
 	return nil
+}
+
+// dlqAttempts is how many times a dead-lettered batch ran: each failure before the last counted in
+// Retried, and the last, once the retries were used up, not; a batch moved to the DLQ by hand (asynqmon's
+// archive) ran as often as it failed, none if it never did. Before, every batch showed Retried+1: one moved
+// there before it ever ran showed one attempt.
+func dlqAttempts(e worker.DLQEntry) int {
+	if e.LastFailedAt != nil && e.Retried >= e.MaxRetry {
+		return e.Retried + 1
+	}
+	return e.Retried
 }
