@@ -375,6 +375,34 @@ func (h *Handler) giveUp(run *batchRun, r *campaign.Recipient, pe *providers.Err
 	return nil
 }
 
+// aloneRefused says whether an account-level refusal is rather the recipient's: a 404 (an in-house
+// receiver answers it for a user it does not know, as a wrong URL does for every request) while the
+// same provider accepted others within the last 30 s. Such a recipient waits for a later run (deferLimited),
+// and fails after MaxRecipientAttempts runs; a wrong URL fails every send and still holds the batch
+// (accountError). Before, one unknown user held its whole campaign as provider_auth, crawling.
+func (h *Handler) aloneRefused(provider string, pe *providers.Error) bool {
+	if pe.Status != 404 || pe.Account {
+		return false
+	}
+	last, ok := h.acceptedAt.Load(provider)
+	return ok && h.cfg.Now().Sub(time.Unix(0, last.(int64))) < 30*time.Second
+}
+
+// accepted notes that provider accepted a send (aloneRefused).
+func (h *Handler) accepted(provider string) {
+	now := h.cfg.Now().UnixNano()
+	if last, ok := h.acceptedAt.Load(provider); ok && now-last.(int64) < int64(time.Second) {
+		return // a write a second at most: this is every accepted send's path
+	}
+	h.acceptedAt.Store(provider, now)
+}
+
+// deferAlone leaves r, refused alone (aloneRefused), for a later run a minute on at least.
+func (h *Handler) deferAlone(run *batchRun, r *campaign.Recipient, pe *providers.Error) {
+	pe.RecipientLimited, pe.RetryAfter = true, max(pe.RetryAfter, time.Minute)
+	h.deferLimited(run, r, pe)
+}
+
 // downHandBack is the least wait of a batch handed back because recipients of it kept failing as the probe
 // of a provider down by the pace (deferDown): meanwhile other runs probe it.
 const downHandBack = 5 * time.Second

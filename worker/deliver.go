@@ -137,6 +137,7 @@ func (h *Handler) deliver(ctx, waitCtx context.Context, run *batchRun, rest []ca
 			run.add(o)
 			rt.m.Sent(1)
 			h.answered(run)
+			h.accepted(rt.provider.Name())
 			return nil
 		}
 		if err := h.settleRefusal(ctx, run, rt.m, v, pe, oneInFlight(r.UserID, key, inflight, r.Address, now)); err != nil {
@@ -151,6 +152,10 @@ func (h *Handler) deliver(ctx, waitCtx context.Context, run *batchRun, rest []ca
 		if v == transient && pe.RecipientLimited {
 			// Not the provider's trouble: no failover, no wait.
 			h.deferLimited(run, r, pe)
+			return nil
+		}
+		if v == accountRefused && h.aloneRefused(rt.provider.Name(), pe) {
+			h.deferAlone(run, r, pe)
 			return nil
 		}
 		// Nothing was accepted (transient, or the account is refused). A provider that asks to slow down

@@ -188,6 +188,9 @@ type Handler struct {
 	stopOnce sync.Once
 	// lastAnswer is when the provider last answered a send of this process (unix ns).
 	lastAnswer atomic.Int64
+	// acceptedAt is when each provider last accepted a send of this process (unix ns), by name
+	// (aloneRefused).
+	acceptedAt sync.Map
 	// downUntil holds, per provider name, until when (unix ns) a first provider that failed is skipped for
 	// its fallback; downByPace marks those skipped because the shared pace called them down, which come
 	// back as soon as it calls them up (a probe got through), not only when the window ends.

@@ -3,6 +3,7 @@ package worker
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -121,5 +122,41 @@ func TestALongRetryAfterForOneRecipientDoesNotHoldTheRun(t *testing.T) {
 		if c := f.counts(t); c.Sent != 31 || c.Pending != 1 {
 			t.Errorf("window %d: counts %+v; want the 31 others sent and recorded, u2 pending", window, c)
 		}
+	}
+}
+
+// A 404 for one recipient while the provider takes the others (an in-house receiver that does not know one
+// user) leaves that recipient for a later run; the rest of the batch goes. Before, it was taken for the
+// account's refusal, and the whole campaign crawled as provider_auth. A 404 for everyone (a wrong URL)
+// still holds the batch as the account's.
+func TestA404ForOneRecipientHoldsItAlone(t *testing.T) {
+	t.Parallel()
+	for _, window := range []int{1, 8} {
+		f := planWith(t, 60, func(s *campaign.Spec) { s.BatchSize = 60 })
+		f.h.cfg.SendWindow = window
+		bad := phone(2)
+		f.provider.fail = func(_ int, m providers.Message) error {
+			if m.To == bad {
+				return &providers.Error{Provider: "test", Status: 404, Class: providers.Permanent, Message: `{"error":"no such user"}`}
+			}
+			return nil
+		}
+		err := f.h.RunBatch(context.Background(), f.id, 0)
+		var re *RetryError
+		if !errors.As(err, &re) || re.Failure || !re.Wait {
+			t.Fatalf("window %d: the run returned %v; want the batch back later for u2 alone", window, err)
+		}
+		if c := f.counts(t); c.Sent != 31 || c.Pending != 1 {
+			t.Errorf("window %d: counts %+v; want the 31 others sent, u2 pending", window, c)
+		}
+	}
+	// Everyone 404: the account's refusal, as before.
+	f := planWith(t, 30, func(s *campaign.Spec) { s.BatchSize = 30 })
+	f.provider.fail = func(int, providers.Message) error {
+		return &providers.Error{Provider: "test", Status: 404, Class: providers.Permanent, Message: "not found"}
+	}
+	err := f.h.RunBatch(context.Background(), f.id, 0)
+	if err == nil || !strings.Contains(err.Error(), "refuses the account") {
+		t.Fatalf("every send answered 404: %v; want the account's refusal", err)
 	}
 }

@@ -355,6 +355,7 @@ func (h *Handler) sendWindow(ctx context.Context, run *batchRun, rt *route, send
 			run.add(campaign.Outcome{UserID: w.r.UserID, Status: campaign.StatusSent, MessageID: res.MessageID, Segments: res.Segments, ReceiptKeyed: rt.keyed, Provider: rt.provider.Name(), SentAt: results[i].start})
 			rt.m.Sent(1)
 			h.answered(run)
+			h.accepted(name)
 			continue
 		}
 		if err := h.settleRefusal(ctx, run, rt.m, v, pe, oneInFlight(w.r.UserID, key, inflight, w.r.Address, now)); err != nil {
@@ -365,6 +366,10 @@ func (h *Handler) sendWindow(ctx context.Context, run *batchRun, rt *route, send
 		case notSent:
 			stop = firstErr(stop, results[i].err)
 		case accountRefused:
+			if h.aloneRefused(name, pe) {
+				h.deferAlone(run, w.r, pe)
+				continue
+			}
 			stop = firstErr(stop, h.accountError(ctx, run, pe))
 		case transient:
 			if pe.RecipientLimited {
