@@ -12,6 +12,23 @@ import (
 	"github.com/campaignctl/campaignctl/providers"
 )
 
+// oneRecipientRefused plans 60 customers in one batch, sent up to window at a time; the provider answers
+// refusal for customer i (its phone) every time, and takes the others.
+func oneRecipientRefused(t *testing.T, window, i int, refusal *providers.Error) *fixture {
+	t.Helper()
+	f := planWith(t, 60, func(s *campaign.Spec) { s.BatchSize = 60 })
+	f.h.cfg.SendWindow = window
+	bad := phone(i)
+	f.provider.fail = func(_ int, m providers.Message) error {
+		if m.To == bad {
+			e := *refusal // each call an error of its own, as an adapter's
+			return &e
+		}
+		return nil
+	}
+	return f
+}
+
 // One recipient the provider always answers 5xx (an in-house receiver that crashes on one user's payload,
 // a token FCM always answers 503) must not hold a provider that is down by the pace down for good: its
 // own sends are the probes, each fails, and the pace never sees the provider answer. Before, that
@@ -23,15 +40,8 @@ import (
 func TestARecipientThatAlwaysFailsDoesNotKeepTheProviderDown(t *testing.T) {
 	t.Parallel()
 	for _, window := range []int{1, 8} {
-		f := planWith(t, 60, func(s *campaign.Spec) { s.BatchSize = 60 })
-		f.h.cfg.SendWindow = window
-		bad := phone(1) // u1, the first of the batch
-		f.provider.fail = func(_ int, m providers.Message) error {
-			if m.To == bad {
-				return &providers.Error{Provider: "test", Status: 500, Class: providers.Transient, Message: "internal server error"}
-			}
-			return nil
-		}
+		// u1, the first of the batch
+		f := oneRecipientRefused(t, window, 1, &providers.Error{Provider: "test", Status: 500, Class: providers.Transient, Message: "internal server error"})
 		// The provider is down by the pace (every worker's answers): only a probe a second goes.
 		ctx := context.Background()
 		f.rdb.HSet(ctx, state.PaceKey(state.ProviderBucket(f.provider.Name())), "down", "1", "downat", time.Now().UnixMilli()) //nolint:errcheck
@@ -99,15 +109,7 @@ func TestARecipientThatAlwaysFailsDoesNotKeepTheProviderDown(t *testing.T) {
 func TestALongRetryAfterForOneRecipientDoesNotHoldTheRun(t *testing.T) {
 	t.Parallel()
 	for _, window := range []int{1, 8} {
-		f := planWith(t, 60, func(s *campaign.Spec) { s.BatchSize = 60 })
-		f.h.cfg.SendWindow = window
-		bad := phone(2)
-		f.provider.fail = func(_ int, m providers.Message) error {
-			if m.To == bad {
-				return &providers.Error{Provider: "test", Status: 429, Class: providers.Transient, Throttled: true, RetryAfter: time.Hour, Message: "slow down"}
-			}
-			return nil
-		}
+		f := oneRecipientRefused(t, window, 2, &providers.Error{Provider: "test", Status: 429, Class: providers.Transient, Throttled: true, RetryAfter: time.Hour, Message: "slow down"})
 		ctx, cancel := context.WithCancel(context.Background())
 		stop := time.AfterFunc(20*time.Second, cancel)
 		start := time.Now()
@@ -132,15 +134,7 @@ func TestALongRetryAfterForOneRecipientDoesNotHoldTheRun(t *testing.T) {
 func TestA404ForOneRecipientHoldsItAlone(t *testing.T) {
 	t.Parallel()
 	for _, window := range []int{1, 8} {
-		f := planWith(t, 60, func(s *campaign.Spec) { s.BatchSize = 60 })
-		f.h.cfg.SendWindow = window
-		bad := phone(2)
-		f.provider.fail = func(_ int, m providers.Message) error {
-			if m.To == bad {
-				return &providers.Error{Provider: "test", Status: 404, Class: providers.Permanent, Message: `{"error":"no such user"}`}
-			}
-			return nil
-		}
+		f := oneRecipientRefused(t, window, 2, &providers.Error{Provider: "test", Status: 404, Class: providers.Permanent, Message: `{"error":"no such user"}`})
 		err := f.h.RunBatch(context.Background(), f.id, 0)
 		var re *RetryError
 		if !errors.As(err, &re) || re.Failure || !re.Wait {
