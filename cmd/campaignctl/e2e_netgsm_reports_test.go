@@ -122,8 +122,10 @@ func TestNetgsmReportsAreHeard(t *testing.T) {
 	}
 	const n = 40
 	e, db, _, id := netgsmCampaignSent(t, n)
-	// This person gave consent again after the send: the report's refusal is of the consent before it.
-	if _, err := db.Exec(context.Background(), `UPDATE iys_consents SET consent_date = now() WHERE recipient = $1`, consentedNo); err != nil {
+	// This person gave consent again after the send: the report's refusal is of the consent before it. The
+	// consent is stored now, as an import or a sync stores one (updated_at): one dated later but stored
+	// before the send was not given after it.
+	if _, err := db.Exec(context.Background(), `UPDATE iys_consents SET consent_date = now(), updated_at = now() WHERE recipient = $1`, consentedNo); err != nil {
 		t.Fatal(err)
 	}
 	hooks := freeAddr(t)
