@@ -402,6 +402,10 @@ func (s *lineSource) Next() bool {
 		if code == "" {
 			continue
 		}
+		if s.line == 1 && (strings.HasPrefix(code, "\xff\xfe") || strings.HasPrefix(code, "\xfe\xff")) {
+			s.err = &LineError{Line: 1, Msg: "the file is UTF-16 (Excel's \"Unicode text\"); save it as UTF-8 or plain text (CSV UTF-8), one code per line"}
+			return false
+		}
 		if !validImportCode(code) {
 			shown := code
 			if len(shown) > 80 {

@@ -220,6 +220,7 @@ func TestImportBadLine(t *testing.T) {
 		want       codes.LineError
 	}{
 		{"too short", "KOD-0001\n\nABC\nKOD-0002\n", codes.LineError{Line: 3, Msg: `code "ABC" must be 4 to 64 characters of A-Z, a-z, 0-9, '-' and '_', one code per line`}},
+		{"UTF-16", "\xff\xfeK\x00O\x00D\x00-\x001\x00\n\x00", codes.LineError{Line: 1, Msg: `the file is UTF-16 (Excel's "Unicode text"); save it as UTF-8 or plain text (CSV UTF-8), one code per line`}},
 		{"space inside", "KOD-0001\nKOD 0002\n", codes.LineError{Line: 2, Msg: `code "KOD 0002" must be 4 to 64 characters of A-Z, a-z, 0-9, '-' and '_', one code per line`}},
 		{"two per line", "KOD-0001,KOD-0002\n", codes.LineError{Line: 1, Msg: `code "KOD-0001,KOD-0002" must be 4 to 64 characters of A-Z, a-z, 0-9, '-' and '_', one code per line`}},
 		{"non-ASCII", "KOD-0001\nKOD-ĞÜŞ1\n", codes.LineError{Line: 2, Msg: `code "KOD-ĞÜŞ1" must be 4 to 64 characters of A-Z, a-z, 0-9, '-' and '_', one code per line`}},
