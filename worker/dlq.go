@@ -38,7 +38,7 @@ type DLQOptions struct {
 
 // entries checks that the selected campaign exists and lists its dead-lettered batches.
 func (o DLQOptions) entries(ctx context.Context) ([]DLQEntry, error) {
-	if o.CampaignID != 0 {
+	if o.CampaignID != 0 && o.Store != nil {
 		if _, err := o.Store.Get(ctx, o.CampaignID); err != nil {
 			return nil, err
 		}

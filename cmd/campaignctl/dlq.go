@@ -69,6 +69,17 @@ func (a *app) dlq(ctx context.Context, o dlqOptions, action string) error {
 		return err
 	}
 	svc, err := a.openServices(ctx, 0)
+	if err != nil && action == "list" && postgresAway(err) {
+		// The DLQ is in Redis: during a Postgres incident ops can still see it (the campaign given is
+		// not checked then).
+		rdb, rerr := a.openRedis(ctx)
+		if rerr != nil {
+			return err
+		}
+		defer rdb.Close()
+		a.logger().Warn("Postgres is unreachable: the DLQ below is read from Redis alone (a --campaign that does not exist lists nothing)", "err", err)
+		return a.dlqList(ctx, worker.DLQOptions{Redis: rdb, CampaignID: o.campaign}, o.json)
+	}
 	if err != nil {
 		return err
 	}
@@ -76,26 +87,7 @@ func (a *app) dlq(ctx context.Context, o dlqOptions, action string) error {
 	opts := worker.DLQOptions{Store: svc.store, Redis: svc.redis, CampaignID: o.campaign}
 	switch action {
 	case "list":
-		entries, err := worker.ListDLQ(ctx, opts)
-		if err != nil {
-			return err
-		}
-		if o.json {
-			if entries == nil {
-				entries = []worker.DLQEntry{}
-			}
-			return json.NewEncoder(a.stdout).Encode(entries)
-		}
-		w := tabwriter.NewWriter(a.stdout, 0, 4, 2, ' ', 0)
-		fmt.Fprintln(w, "CAMPAIGN\tBATCH\tATTEMPTS\tLAST FAILED\tLAST ERROR")
-		for _, e := range entries {
-			failed := "—" // moved there by hand before it ever failed
-			if e.LastFailedAt != nil {
-				failed = e.LastFailedAt.Format(time.RFC3339)
-			}
-			fmt.Fprintf(w, "%d\t%d\t%d\t%s\t%s\n", e.CampaignID, e.Batch, dlqAttempts(e), failed, e.LastError)
-		}
-		return w.Flush()
+		return a.dlqList(ctx, opts, o.json)
 	case "retry":
 		rep, err := worker.RetryDLQ(ctx, opts)
 		if err != nil {
@@ -134,4 +126,28 @@ func dlqAttempts(e worker.DLQEntry) int {
 		return e.Retried + 1
 	}
 	return e.Retried
+}
+
+// dlqList prints the dead-lettered batches opts selects.
+func (a *app) dlqList(ctx context.Context, opts worker.DLQOptions, asJSON bool) error {
+	entries, err := worker.ListDLQ(ctx, opts)
+	if err != nil {
+		return err
+	}
+	if asJSON {
+		if entries == nil {
+			entries = []worker.DLQEntry{}
+		}
+		return json.NewEncoder(a.stdout).Encode(entries)
+	}
+	w := tabwriter.NewWriter(a.stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(w, "CAMPAIGN\tBATCH\tATTEMPTS\tLAST FAILED\tLAST ERROR")
+	for _, e := range entries {
+		failed := "—" // moved there by hand before it ever failed
+		if e.LastFailedAt != nil {
+			failed = e.LastFailedAt.Format(time.RFC3339)
+		}
+		fmt.Fprintf(w, "%d\t%d\t%d\t%s\t%s\n", e.CampaignID, e.Batch, dlqAttempts(e), failed, e.LastError)
+	}
+	return w.Flush()
 }
