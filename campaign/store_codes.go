@@ -110,8 +110,19 @@ func (p *Planner) lockPool(ctx context.Context, tx pgx.Tx, spec Spec, rep *Repor
 	// ids, so the lock is a session lock released right after the reservation, not held through the
 	// rest of the plan (a dry run renders every message). Other launches on the pool wait on the pool
 	// row, locked until commit.
-	if _, err := tx.Exec(ctx, `SELECT pg_advisory_lock($1)`, codes.WriteLockKey); err != nil {
+	var got bool
+	if err := tx.QueryRow(ctx, `SELECT pg_try_advisory_lock($1)`, codes.WriteLockKey).Scan(&got); err != nil {
 		return 0, unlock, fmt.Errorf("plan: %w", err)
+	}
+	if !got {
+		// A code import or generate holds it (a million codes take some 20 s): the launch says what it
+		// waits for instead of waiting without a word.
+		if p.Log != nil {
+			p.Log.Warn("waiting for a code import or generate that is writing codes to finish (codes of every pool are written one writer at a time)", "pool", spec.CodePool)
+		}
+		if _, err := tx.Exec(ctx, `SELECT pg_advisory_lock($1)`, codes.WriteLockKey); err != nil {
+			return 0, unlock, fmt.Errorf("plan: %w", err)
+		}
 	}
 	unlocked := false
 	unlock = func() {
