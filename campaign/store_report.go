@@ -34,6 +34,15 @@ func (p *Planner) sample(ctx context.Context, tx pgx.Tx, id int64, spec Spec, tm
 	}
 	msg := parts.Text
 	rep.SampleMessage, rep.SampleSubject, rep.SampleHTML = msg, parts.Subject, parts.HTML
+	if spec.Channel == ChannelPush && spec.TemplateID == "" {
+		// FCM refuses a message over its size, every one of the campaign's alike when the template makes it
+		// so: said now, not by every send.
+		data := PushData(tmpl, r.TemplateData(spec.Channel, spec.Name), spec.Channel.AddressColumn())
+		if n := PushBytes(parts.Subject, parts.Text, data); n > MaxPushBytes {
+			return fmt.Errorf("%w: the first push message (user %s) is %d bytes with its title and data; FCM takes at most %d: shorten the message or the title",
+				ErrInvalid, providers.MaskUserID(r.UserID), n, MaxPushBytes)
+		}
+	}
 	if spec.Channel.Spec().Segmented {
 		rep.Encoding, rep.SegmentsPerMessage = providers.SMSSegments(msg)
 		if err := CheckSMSLength(msg, spec.MaxSegments); err != nil {

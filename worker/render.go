@@ -3,7 +3,6 @@ package worker
 import (
 	"bytes"
 	"fmt"
-	"slices"
 	"strings"
 
 	"github.com/campaignctl/campaignctl/campaign"
@@ -82,40 +81,18 @@ func (rd *Renderer) Render(r *campaign.Recipient) (providers.Message, error) {
 	}
 	if c.TemplateID != "" || ch.Data {
 		// A provider-side template (and a push's data payload) gets the values themselves.
-		fields, plain := rd.Tmpl.PlainFields()
-		m.Data = make(map[string]string, len(data))
-		for k, v := range data {
-			if k == ch.AddressColumn || c.TemplateID == "" && !pushDataKey(k, fields, plain) {
-				continue
+		if c.TemplateID != "" {
+			m.Data = make(map[string]string, len(data))
+			for k, v := range data {
+				if k != ch.AddressColumn {
+					m.Data[k] = fmt.Sprint(v)
+				}
 			}
-			m.Data[k] = fmt.Sprint(v)
+		} else {
+			m.Data = campaign.PushData(rd.Tmpl, data, ch.AddressColumn)
 		}
 	}
 	return m, nil
-}
-
-// PushDataPrefix begins the audience columns that go into a push's data payload as they are, for the app
-// (a deep link, a screen to open), whether or not the message prints them.
-const PushDataPrefix = "data_"
-
-// pushDataKey says whether the value k goes into a push's data payload: the engine's own (the code, the
-// campaign, the user), the columns the message prints (fields, when the template is plain; plain false:
-// none besides), and the columns named PushDataPrefix*. The rest of the audience's columns (an e-mail
-// address, a phone number the audience selected for another use) stay here: before, every column went to
-// FCM and to the device. FCM's reserved keys (from, message_type, google.*, gcm.*) never go: one of them
-// failed every message of a campaign.
-func pushDataKey(k string, fields []string, plain bool) bool {
-	lower := strings.ToLower(k)
-	if lower == "from" || lower == "message_type" || lower == "notification" || strings.HasPrefix(lower, "google") || strings.HasPrefix(lower, "gcm") {
-		return false
-	}
-	switch {
-	case k == "code" || k == "campaign" || k == "user_id", strings.HasPrefix(k, PushDataPrefix):
-		return true
-	case plain:
-		return slices.Contains(fields, k)
-	}
-	return false
 }
 
 // subjectCheck refuses a subject that would hold a line break where the subject is a header.
