@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -8,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
 
 	"github.com/campaignctl/campaignctl/iys"
@@ -174,20 +176,26 @@ func (a *app) newIYSCheckCmd() *cobra.Command {
 			if view.History, err = iys.History(ctx, pool, brand, canon, typ, recipientType, 10); err != nil {
 				return err
 			}
+			// The other brands' consents of the address: a campaign of another brand reads those.
+			if view.OtherBrands, err = otherBrands(ctx, pool, brand, canon, typ, recipientType); err != nil {
+				return err
+			}
 			if a.getenv("IYS_BASE_URL") != "" {
 				client, err := a.iysClient()
 				if err != nil {
-					return err
-				}
-				client.KeepTokensIn(pool)
-				live, err := client.Status(ctx, recipientType, typ, canon)
-				switch {
-				case err == nil:
-					view.IYS = &live
-				case errors.Is(err, iys.ErrNoConsent):
-					view.IYSError = "İYS holds no consent for this recipient"
-				default:
-					view.IYSError = err.Error()
+					// What is stored here is still shown; İYS is not asked.
+					view.IYSError = "not asked: " + err.Error()
+				} else {
+					client.KeepTokensIn(pool)
+					live, err := client.Status(ctx, recipientType, typ, canon)
+					switch {
+					case err == nil:
+						view.IYS = &live
+					case errors.Is(err, iys.ErrNoConsent):
+						view.IYSError = "İYS holds no consent for this recipient"
+					default:
+						view.IYSError = err.Error()
+					}
 				}
 			}
 			if asJSON {
@@ -198,6 +206,9 @@ func (a *app) newIYSCheckCmd() *cobra.Command {
 				fmt.Fprintf(a.stdout, "  here:  %s (source %s, given %s)\n", c.Status, c.Source, c.ConsentDate.Format("2006-01-02 15:04"))
 			} else {
 				fmt.Fprintln(a.stdout, "  here:  no consent (nothing may be sent)")
+			}
+			for _, o := range view.OtherBrands {
+				fmt.Fprintf(a.stdout, "  brand %s: %s (source %s, given %s)\n", o.Brand, o.Status, o.Source, o.ConsentDate.Format("2006-01-02 15:04"))
 			}
 			if view.IYS != nil {
 				fmt.Fprintf(a.stdout, "  İYS:   %s (source %s)\n", view.IYS.Status, view.IYS.Source)
@@ -229,6 +240,40 @@ type iysCheckView struct {
 	IYS           *iys.Record     `json:"iys,omitempty"`
 	IYSError      string          `json:"iys_error,omitempty"`
 	History       []iys.HistEntry `json:"history"`
+	// OtherBrands are the address's consents stored under other brands (or none): campaigns of those
+	// brands read them.
+	OtherBrands []brandConsent `json:"other_brands,omitempty"`
+}
+
+// brandConsent is a consent stored under a brand, for iys check.
+type brandConsent struct {
+	Brand       string    `json:"brand"`
+	Status      string    `json:"status"`
+	Source      string    `json:"source"`
+	ConsentDate time.Time `json:"consent_date"`
+}
+
+// otherBrands returns the consents of recipient (type, recipient type) stored under brands other than
+// brand, "" (no brand) included.
+func otherBrands(ctx context.Context, pool *pgxpool.Pool, brand, recipient, typ, recipientType string) ([]brandConsent, error) {
+	rows, err := pool.Query(ctx, `SELECT brand_code, status, source, consent_date FROM iys_consents
+		WHERE recipient = $1 AND type = $2 AND recipient_type = $3 AND brand_code <> $4 ORDER BY brand_code`, recipient, typ, recipientType, brand)
+	if err != nil {
+		return nil, fmt.Errorf("other brands' consents: %w", err)
+	}
+	defer rows.Close()
+	var out []brandConsent
+	for rows.Next() {
+		var c brandConsent
+		if err := rows.Scan(&c.Brand, &c.Status, &c.Source, &c.ConsentDate); err != nil {
+			return nil, fmt.Errorf("other brands' consents: %w", err)
+		}
+		if c.Brand == "" {
+			c.Brand = "(none)"
+		}
+		out = append(out, c)
+	}
+	return out, rows.Err()
 }
 
 func (a *app) newIYSImportCmd() *cobra.Command {
