@@ -103,7 +103,9 @@ func newCarry(t *testing.T, edit func(*Config)) *carry {
 		}
 		n := int(cr.u1Sends.Add(1))
 		if n == 1 {
-			return &providers.Error{Provider: "test", Status: 503, Class: providers.Transient}
+			// Its back-off outlasts the rest of its chunk even under load (-race, a busy machine): under a
+			// bare 50–100 ms the chunk's last window could end after it, u1 went with it, and was not carried.
+			return &providers.Error{Provider: "test", Status: 503, Class: providers.Transient, RetryAfter: 400 * time.Millisecond}
 		}
 		cr.mu.Lock()
 		then := cr.then
@@ -378,7 +380,7 @@ func TestCarriedRecipientIsClosedByACancel(t *testing.T) {
 			if when == "between chunks" {
 				cr.onLease(func([]string) { cancel() })
 			} else {
-				// u1's retry comes after its back-off (50–100 ms); the first send of its next chunk is now.
+				// u1's retry comes after its back-off (400 ms); the first send of its next chunk is now.
 				cr.inNextChunk(cancel)
 			}
 			err := cr.h.RunBatch(ctx, cr.id, 0)
