@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -158,22 +159,37 @@ func takeArchived(rdb redis.UniversalClient, entries []DLQEntry) ([]DLQEntry, er
 	insp := asynq.NewInspectorFromRedisClient(rdb)
 	var taken []DLQEntry
 	for _, e := range entries {
-		info, err := insp.GetTaskInfo(Queue, e.TaskID)
-		if errors.Is(err, asynq.ErrTaskNotFound) || err == nil && info.State != asynq.TaskStateArchived {
-			continue
-		}
-		if err == nil {
-			err = insp.DeleteTask(Queue, e.TaskID)
-		}
-		if errors.Is(err, asynq.ErrTaskNotFound) {
-			continue
-		}
+		deleted, err := deleteTaskIn(insp, e.TaskID, asynq.TaskStateArchived)
 		if err != nil {
 			return taken, fmt.Errorf("take batch %d of campaign %d from the DLQ: %w", e.Batch, e.CampaignID, err)
 		}
-		taken = append(taken, e)
+		if deleted {
+			taken = append(taken, e)
+		}
 	}
 	return taken, nil
+}
+
+// deleteTaskIn deletes the task id of the queue when it is in one of states, and says whether it did. A
+// task that is not there (or no longer: another command took it meanwhile), or in another state (being run,
+// say), is left alone.
+func deleteTaskIn(insp *asynq.Inspector, id string, states ...asynq.TaskState) (bool, error) {
+	info, err := insp.GetTaskInfo(Queue, id)
+	if errors.Is(err, asynq.ErrTaskNotFound) || errors.Is(err, asynq.ErrQueueNotFound) {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	if !slices.Contains(states, info.State) {
+		return false, nil
+	}
+	if err := insp.DeleteTask(Queue, id); errors.Is(err, asynq.ErrTaskNotFound) {
+		return false, nil
+	} else if err != nil {
+		return false, err
+	}
+	return true, nil
 }
 
 // requeueArchived puts the campaign's dead-lettered batches back in the queue with a fresh retry budget.

@@ -103,22 +103,11 @@ func dropQueued(rdb redis.UniversalClient, campaignID int64, batches int) (int, 
 	insp := asynq.NewInspectorFromRedisClient(rdb)
 	n := 0
 	for b := 0; b < batches; b++ {
-		info, err := insp.GetTaskInfo(Queue, TaskID(campaignID, b))
-		if errors.Is(err, asynq.ErrTaskNotFound) || errors.Is(err, asynq.ErrQueueNotFound) {
-			continue
-		}
+		deleted, err := deleteTaskIn(insp, TaskID(campaignID, b), asynq.TaskStatePending, asynq.TaskStateScheduled, asynq.TaskStateRetry)
 		if err != nil {
 			return n, err
 		}
-		switch info.State {
-		case asynq.TaskStatePending, asynq.TaskStateScheduled, asynq.TaskStateRetry:
-			err := insp.DeleteTask(Queue, info.ID)
-			if errors.Is(err, asynq.ErrTaskNotFound) {
-				continue
-			}
-			if err != nil {
-				return n, err
-			}
+		if deleted {
 			n++
 		}
 	}
