@@ -369,10 +369,16 @@ func (h *Handler) giveUp(run *batchRun, r *campaign.Recipient, pe *providers.Err
 		}
 		return nil
 	}
+	run.deferUnblamed(r, o)
+	return nil
+}
+
+// deferUnblamed leaves r, outcome o of its transient refusals, for a later run of the batch; o counts
+// against r only once a later send of the run is answered (answered).
+func (run *batchRun) deferUnblamed(r *campaign.Recipient, o campaign.Outcome) {
 	run.deferred++
 	run.unblamed = append(run.unblamed, o)
 	delete(run.inherited, r.UserID) // its claim was released: nothing was sent
-	return nil
 }
 
 // aloneRefused says whether an account-level refusal is rather the recipient's: a 404 (an in-house
@@ -414,12 +420,9 @@ const downHandBack = 5 * time.Second
 // that kept failing (giveUp), r's run counts against its attempts only once a later send of the run is
 // answered (then it was r, not the provider); the batch's retries are not used up.
 func (h *Handler) deferDown(run *batchRun, r *campaign.Recipient, pe *providers.Error) {
-	o := transientOutcome(r, pe)
-	run.deferred++
 	run.downDeferred++
 	run.deferAfter = max(run.deferAfter, downHandBack)
-	run.unblamed = append(run.unblamed, o)
-	delete(run.inherited, r.UserID) // its claim was released: nothing was sent
+	run.deferUnblamed(r, transientOutcome(r, pe))
 }
 
 // deferLimited leaves r pending for a later run of its batch: the provider takes no more messages to its

@@ -154,3 +154,23 @@ func TestA404ForOneRecipientHoldsItAlone(t *testing.T) {
 		t.Fatalf("every send answered 404: %v; want the account's refusal", err)
 	}
 }
+
+// Whether a 404 is one recipient's is judged by the answers of the same provider: a worker whose SMS
+// provider takes messages, while its webhook answers 404 to everyone (a wrong URL), holds the webhook's
+// batches as the account's refusal instead of leaving each recipient for later (and failing them for good
+// after MaxRecipientAttempts runs).
+func TestAnotherProvidersAnswersDoNotMakeA404OneRecipients(t *testing.T) {
+	t.Parallel()
+	f := plan(t, 10)
+	notFound := &providers.Error{Provider: "webhook", Status: 404, Class: providers.Permanent, Message: "not found"}
+	f.h.accepted("twilio")
+	if f.h.aloneRefused("webhook", notFound) {
+		t.Fatal("twilio's answers made the webhook's 404 one recipient's")
+	}
+	if !f.h.aloneRefused("twilio", notFound) {
+		t.Fatal("a 404 from a provider that took a message just now was taken for the account's")
+	}
+	if f.h.aloneRefused("twilio", &providers.Error{Provider: "twilio", Status: 401, Class: providers.Permanent}) {
+		t.Fatal("a 401 was taken for one recipient's")
+	}
+}
