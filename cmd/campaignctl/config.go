@@ -225,10 +225,15 @@ func (a *app) openEngine(ctx context.Context) (*pgxpool.Pool, error) {
 	return pool, nil
 }
 
+// newRedis builds the client of --redis-url (REDIS_URL) without asking Redis anything; where names the
+// server for messages.
+func (a *app) newRedis() (rdb *redis.Client, where string, err error) {
+	return redisClient(a.setting(a.redisURL, "REDIS_URL", defaultRedisURL), a.logger())
+}
+
 // openRedis connects to Redis and checks it answers.
 func (a *app) openRedis(ctx context.Context) (*redis.Client, error) {
-	raw := a.setting(a.redisURL, "REDIS_URL", defaultRedisURL)
-	rdb, where, err := redisClient(raw, a.logger())
+	rdb, where, err := a.newRedis()
 	if err != nil {
 		return nil, usagef("%s: %v", a.redisName(), err)
 	}

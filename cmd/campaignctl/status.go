@@ -102,7 +102,7 @@ func (a *app) status(ctx context.Context, o statusOptions) error {
 		if perr != nil {
 			return err
 		}
-		rdb, _, cerr := redisClient(a.setting(a.redisURL, "REDIS_URL", defaultRedisURL), a.logger())
+		rdb, _, cerr := a.newRedis()
 		if cerr != nil {
 			engine.Close()
 			return err
