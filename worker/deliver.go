@@ -180,14 +180,15 @@ func (h *Handler) deliver(ctx, waitCtx context.Context, run *batchRun, rest []ca
 		if v == accountRefused {
 			return h.accountError(ctx, run, pe)
 		}
-		wait := h.backOff(pe, attempt)
-		if wait > longHold && pe.RetryAfter > 0 {
+		if pe.RetryAfter > longHold {
 			// The provider asked this recipient to wait longer than a run holds its batch for one: it waits
 			// for a later run, and the rest of the batch goes on (a receiver's Retry-After of an hour held
-			// the run, and its sent recipients unrecorded, for that hour).
+			// the run, and its sent recipients unrecorded, for that hour). After the failover above: a
+			// fallback takes it now.
 			h.deferLimited(run, r, pe)
 			return nil
 		}
+		wait := h.backOff(pe, attempt)
 		h.beforeGivingUp(ctx, rt.provider.Name(), attempt)
 		p, err := h.waitWhileDown(ctx, waitCtx, run, rt.provider.Name())
 		if err != nil {

@@ -372,16 +372,13 @@ func (h *Handler) sendWindow(ctx context.Context, run *batchRun, rt *route, send
 			}
 			stop = firstErr(stop, h.accountError(ctx, run, pe))
 		case transient:
-			if pe.RecipientLimited {
+			if pe.RecipientLimited || pe.RetryAfter > longHold {
+				// For this recipient alone, or longer than a run holds its batch for one (longHold): it
+				// waits for a later run.
 				h.deferLimited(run, w.r, pe)
 				continue
 			}
 			wait := h.backOff(pe, w.attempt)
-			if wait > longHold && pe.RetryAfter > 0 {
-				// Longer than a run holds its batch for one recipient: it waits for a later run (longHold).
-				h.deferLimited(run, w.r, pe)
-				continue
-			}
 			h.beforeGivingUp(ctx, name, w.attempt)
 			if h.pace(name).Down(ctx) {
 				// An outage costs nobody an attempt: the recipient waits for the provider with the rest, behind
