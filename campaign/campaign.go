@@ -152,6 +152,9 @@ type Campaign struct {
 	Transactional bool
 	// AllowStaleConsent records that the launch went ahead with consents older than the allowed age.
 	AllowStaleConsent bool
+	// PrivilegedAudience records --allow-privileged-audience: the audience query, and its re-reads of the
+	// opt-ins at send time (OptIns), run as the audience connection's own role.
+	PrivilegedAudience bool
 	// MaxConsentAge is the --max-consent-age a commercial campaign on an İYS channel was launched with
 	// (0: none, or stale consents allowed): a batch does not send on consents older than that
 	// (ConsentStale). ConsentSyncedAt is when they were last brought up to date, as Get read it (nil: never,

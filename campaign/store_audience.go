@@ -73,7 +73,7 @@ func (p *Planner) stageAudience(ctx context.Context, engineTx pgx.Tx, spec Spec,
 	}
 	defer rows.Close()
 
-	src := &audienceSource{rows: rows, userIdx: -1, addrIdx: -1, canonical: spec.Channel.Spec().Canonical}
+	src := &audienceSource{rows: rows, userIdx: -1, addrIdx: -1, optIdx: -1, canonical: spec.Channel.Spec().Canonical}
 	if spec.OneClickUnsubscribe() {
 		src.maxUser = unsubscribe.MaxUserID // each message carries a link with its user ID
 	}
@@ -83,6 +83,9 @@ func (p *Planner) stageAudience(ctx context.Context, engineTx pgx.Tx, spec Spec,
 		}
 		if name == spec.Channel.AddressColumn() {
 			src.addrIdx = i // the same column as user_id for the webhook channel
+		}
+		if name == spec.Channel.OptInColumn() && spec.consentRule().readsOptIn() {
+			src.optIdx = i
 		}
 	}
 	src.names = cols
@@ -135,6 +138,44 @@ func (p *Planner) stageAudience(ctx context.Context, engineTx pgx.Tx, spec Spec,
 			return audienceError(rerr, spec.StatementTimeout, !spec.AllowPrivilegedAudience)
 		}
 		return fmt.Errorf("plan: stage audience: %w", err)
+	}
+	rows.Close()
+	if len(src.probe) > 0 {
+		return p.probeOptIns(ctx, atx, spec, src.probe)
+	}
+	return nil
+}
+
+// probeOptIns checks that the audience query can be run again for some of its recipients, as the workers
+// run it for each chunk to read the opt-ins at send time (OptIns): users, whose opt-in the query has just
+// said yes to, must come back with it. A query that picks its recipients by chance, position or the
+// moment (ORDER BY random(), LIMIT, now()) would have the workers skip most of them as revoked: the launch
+// is refused instead, before anything is written. A re-read that takes long is only said: each chunk will
+// wait for it.
+func (p *Planner) probeOptIns(ctx context.Context, atx pgx.Tx, spec Spec, users []string) error {
+	start := time.Now()
+	yes, twice, err := readOptIns(ctx, atx, spec, users)
+	if err != nil {
+		var pgErr *pgconn.PgError
+		if !errors.Is(err, ErrInvalid) && errors.As(err, &pgErr) && strings.HasPrefix(pgErr.Code, "42") {
+			err = fmt.Errorf("%w: %v", ErrInvalid, err)
+		}
+		return fmt.Errorf("the audience query cannot be run again for some of its recipients, as the workers run it to read %s opt-ins at send time: %w; make it one SELECT that can be a subquery (no trailing comment after a semicolon)",
+			spec.Channel, err)
+	}
+	var lost []string
+	for _, u := range users {
+		if !yes[u] && !twice[u] {
+			lost = append(lost, u)
+		}
+	}
+	if len(lost) > 0 {
+		return fmt.Errorf("%w: the audience query, run again for %d of its recipients with %s true, did not return %d of them with it (e.g. user_id %s): the workers run it again for each chunk at send time to read the opt-ins, so it must pick its recipients by what they are, not by chance, position or the moment (ORDER BY random(), LIMIT, OFFSET); keep a sample in a table of its own and select from it, or select by a condition on the rows; nothing was written or sent",
+			ErrInvalid, len(users), spec.Channel.OptInColumn(), len(lost), providers.MaskUserID(lost[0]))
+	}
+	if took := time.Since(start); took > 2*time.Second && p.Log != nil {
+		p.Log.Warn("the audience query is slow to run again for a few recipients: each chunk's opt-ins are read with it at send time, and the chunk waits as long; let Postgres look the users up by user_id (an index, and no LIMIT, DISTINCT ON or window function around it)",
+			"recipients", len(users), "took", took.Round(time.Millisecond))
 	}
 	return nil
 }
@@ -204,8 +245,12 @@ type audienceSource struct {
 	canonical func(raw string) (string, error)
 	// maxUser is the longest user ID the campaign can take, in bytes (0: MaxValueBytes).
 	maxUser int
-	ord     int64
-	err     error
+	// optIdx is the opt-in column read again at send time (-1: none); probe collects the first users
+	// whose opt-in says yes, for probeOptIns.
+	optIdx int
+	probe  []string
+	ord    int64
+	err    error
 }
 
 func (s *audienceSource) Next() bool { return s.err == nil && s.rows.Next() }
@@ -233,6 +278,11 @@ func (s *audienceSource) Values() ([]any, error) {
 			s.err = fmt.Errorf("%w: audience row %d: user_id %.40q… is %d bytes; a commercial e-mail's one-click unsubscribe link carries its user_id, which may be at most %d bytes: select a shorter key as user_id",
 				ErrInvalid, s.ord, t, len(t), s.maxUser)
 			return nil, s.err
+		}
+	}
+	if s.optIdx >= 0 && user != nil && len(s.probe) < optInProbeUsers {
+		if v := vals[s.optIdx]; v != nil && optInSays(toText(v)) {
+			s.probe = append(s.probe, user.(string))
 		}
 	}
 	if raw := vals[s.addrIdx]; raw != nil {

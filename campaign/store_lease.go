@@ -71,6 +71,9 @@ type Chunk struct {
 	// (consent.go): İYS ONAY for the channel's type, the campaign's recipient type and brand, or the
 	// planned opt-in on a channel without an İYS type, or any recipient of a transactional message.
 	Consent map[string]bool
+	// ConsentOf maps the users whose addresses are in Consent to those addresses, for a campaign whose
+	// opt-ins are read again from the audience at send time (Campaign.ReadsOptIns); nil otherwise.
+	ConsentOf map[string]string
 	// Snapshots holds, per leased user with a consent record, that record as read now, for the audit of
 	// its outcome.
 	Snapshots map[string]ConsentRecord
@@ -87,13 +90,20 @@ func (s *Store) LeaseChunk(ctx context.Context, c *Campaign, users []string, l L
 		leased, takeover, otherEpoch bool
 		fence                        bool
 		prevToken                    string
-		oldUsers, pend, ok, accepted []string
+		oldUsers, pend, ok, okUsers  []string
+		accepted                     []string
 		suspects                     []string
 		cStatus, cSource, cTxn       []string
 		cDate, cSynced               []pgtype.Timestamptz
 	)
 	args := params{c.ID, l.Batch, l.Token, l.Epoch, users, l.TTL.Milliseconds(), l.AnyState, l.Holder, l.Gone, l.Fenced, l.HolderGrace.Milliseconds()}
 	rule := c.consentRule()
+	// The addresses the rule lets be sent, and, where the opt-ins are read again from the audience
+	// (Campaign.ReadsOptIns), their users, in the same order.
+	okSQL := `array(SELECT address FROM pend WHERE ok), '{}'::text[]`
+	if rule.readsOptIn() {
+		okSQL = `array(SELECT address FROM pend WHERE ok ORDER BY user_id), array(SELECT user_id FROM pend WHERE ok ORDER BY user_id)`
+	}
 	// The statement is built first: the consent rule's values become parameters as it is.
 	sql := `
 		WITH st AS (
@@ -181,7 +191,7 @@ func (s *Store) LeaseChunk(ctx context.Context, c *Campaign, users []string, l L
 			array(SELECT c_date FROM pend WHERE (SELECT state_ok FROM may)),
 			array(SELECT coalesce(c_txn, '') FROM pend WHERE (SELECT state_ok FROM may)),
 			array(SELECT c_synced FROM pend WHERE (SELECT state_ok FROM may)),
-			array(SELECT address FROM pend WHERE ok),
+			` + okSQL + `,
 			array(SELECT user_id FROM pend WHERE delivery IS NOT NULL AND (SELECT state_ok FROM may)),
 			coalesce((SELECT users FROM sus), '{}')`
 	b := &pgx.Batch{}
@@ -196,7 +206,7 @@ func (s *Store) LeaseChunk(ctx context.Context, c *Campaign, users []string, l L
 	}
 	if err == nil {
 		err = br.QueryRow().Scan(&ch.State, &leased, &takeover, &otherEpoch, &oldUsers, &prevToken, &fence, &pend,
-			&cStatus, &cSource, &cDate, &cTxn, &cSynced, &ok, &accepted, &suspects)
+			&cStatus, &cSource, &cDate, &cTxn, &cSynced, &ok, &okUsers, &accepted, &suspects)
 	}
 	if cerr := br.Close(); err == nil {
 		err = cerr
@@ -253,6 +263,12 @@ func (s *Store) LeaseChunk(ctx context.Context, c *Campaign, users []string, l L
 	}
 	for _, a := range ok {
 		ch.Consent[a] = true
+	}
+	if len(okUsers) == len(ok) && len(ok) > 0 {
+		ch.ConsentOf = make(map[string]string, len(ok))
+		for i, u := range okUsers {
+			ch.ConsentOf[u] = ok[i]
+		}
 	}
 	return ch, nil
 }

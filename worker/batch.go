@@ -583,6 +583,9 @@ func (h *Handler) leaseChunk(ctx context.Context, run *batchRun, users []string)
 	l := run.lease
 	for try := 0; ; try++ {
 		got, err := h.cfg.Store.LeaseChunk(ctx, run.c, users, l)
+		if err == nil && got.Fence == "" && len(got.ConsentOf) > 0 && !l.AnyState {
+			err = h.readOptIns(ctx, run, got)
+		}
 		if err != nil || got.Fence == "" {
 			return got, err
 		}
@@ -616,6 +619,30 @@ func (h *Handler) leaseLive(token string, live bool) {
 		h.liveLeases = map[string]bool{}
 	}
 	h.liveLeases[token] = true
+}
+
+// readOptIns takes out of got.Consent the addresses of the users whom the campaign's audience, run again
+// now for them, no longer returns with the opt-in true (a push or webhook campaign: the opt-in lives in the
+// customer's database, and a withdrawal after the launch stops the send, as an İYS RET does). It fails
+// closed: when the audience cannot be read, nothing of the chunk is sent and the run waits.
+func (h *Handler) readOptIns(ctx context.Context, run *batchRun, got campaign.Chunk) error {
+	if h.cfg.OptIns == nil {
+		return &RetryError{Err: fmt.Errorf("campaign %d: this worker has no audience database to read its recipients' opt-ins from", run.c.ID), After: 30 * time.Second}
+	}
+	users := make([]string, 0, len(got.ConsentOf))
+	for u := range got.ConsentOf {
+		users = append(users, u)
+	}
+	yes, err := h.cfg.OptIns.Read(ctx, run.c, users)
+	if err != nil {
+		return &RetryError{Err: fmt.Errorf("%w (set AUDIENCE_DATABASE_URL for the workers as for the launch)", err), After: 5 * time.Second}
+	}
+	for u, a := range got.ConsentOf {
+		if !yes[u] {
+			delete(got.Consent, a)
+		}
+	}
+	return nil
 }
 
 // leaseIsLive says whether token is the lease of a batch run of this process.

@@ -52,6 +52,9 @@ var _ Store = (*campaign.Store)(nil)
 // Config configures a Handler. Zero values mean the documented defaults.
 type Config struct {
 	Store Store
+	// OptIns re-reads, at send time, the opt-ins of a campaign on a channel without an İYS type from its
+	// audience (campaign.OptIns); nil means on the Store's database when the Store has one (OptIns()).
+	OptIns OptInReader
 	// Redis holds the rate limiters' buckets, and the State when State is nil.
 	Redis redis.UniversalClient
 	// State is the send path's Redis state; nil means a state.Store on Redis.
@@ -249,7 +252,16 @@ func (h *Handler) sharers(key string) int {
 }
 
 // NewHandler returns a Handler for cfg.
+// OptInReader re-reads recipients' opt-ins (campaign.OptIns): it returns those of users whom the
+// campaign's audience returns now with the opt-in true.
+type OptInReader interface {
+	Read(ctx context.Context, c *campaign.Campaign, users []string) (map[string]bool, error)
+}
+
 func NewHandler(cfg Config) *Handler {
+	if s, ok := cfg.Store.(interface{ OptIns() *campaign.OptIns }); ok && cfg.OptIns == nil {
+		cfg.OptIns = s.OptIns()
+	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}

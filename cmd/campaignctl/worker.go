@@ -14,6 +14,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
 
 	"github.com/campaignctl/campaignctl/campaign"
@@ -83,7 +84,10 @@ A worker sends the channels whose provider is configured:
            e-mail also WEBHOOKS_PUBLIC_URL and UNSUBSCRIBE_SECRET (each message's signed one-click unsubscribe
            link, served by campaignctl webhooks) [UNSUBSCRIBE_MAILTO: a mailbox the header offers too]
   push     GOOGLE_APPLICATION_CREDENTIALS [FCM_PROJECT_ID, FCM_BASE_URL, FCM_RATE]
-  webhook  WEBHOOK_URL, WEBHOOK_SECRET [WEBHOOK_RATE]`,
+  webhook  WEBHOOK_URL, WEBHOOK_SECRET [WEBHOOK_RATE]
+
+Push and webhook opt-ins are read again at send time: the worker runs the campaign's audience query for
+each chunk's users on AUDIENCE_DATABASE_URL (default: the engine database), as the launch did.`,
 		Example: `  campaignctl worker --concurrency 16
   TWILIO_RATE=50 campaignctl worker --provider-timeout 5s`,
 		Args: cobra.NoArgs,
@@ -134,7 +138,19 @@ A worker sends the channels whose provider is configured:
 			}
 			owner := state.LocalOwner()
 			live := worker.NewLiveness(svc.engine, log)
+			// Push and webhook opt-ins are read again from the audience at send time, on a pool of their
+			// own: it connects when a campaign first needs it, and never takes the engine's few connections.
+			acfg, err := poolConfig(a.audienceDBURL(), a.audienceDBName(), 2)
+			if err != nil {
+				return err
+			}
+			audience, err := pgxpool.NewWithConfig(ctx, acfg)
+			if err != nil {
+				return fmt.Errorf("postgres: %w", err)
+			}
+			defer audience.Close()
 			h := worker.NewHandler(worker.Config{
+				OptIns:            &campaign.OptIns{Pool: audience},
 				Unsubscribe:       signer,
 				UnsubscribeMailto: mailto,
 				Store:             svc.store,

@@ -1,0 +1,109 @@
+package campaign_test
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/campaignctl/campaignctl/campaign"
+	"github.com/campaignctl/campaignctl/internal/testdb"
+)
+
+// The workers read push and webhook opt-ins at send time by running the audience query again for each
+// chunk's users (OptIns.Read). The launch checks that the query can be run that way: one that picks its
+// recipients by chance or position would have the workers skip most of them as revoked, so it is refused
+// with the reason and the fix, nothing written. A query that selects by what the rows are launches, typed
+// user IDs, a trailing semicolon and a last-line comment included, and its re-read sees a withdrawal.
+func TestTheAudienceIsRunAgainForTheOptIns(t *testing.T) {
+	t.Parallel()
+	db, _ := testdb.New(t)
+	ctx := context.Background()
+	mustExec(t, db, `CREATE TABLE devices AS SELECT i::bigint AS id, 'tok-' || i AS push_token, true AS push_opt_in FROM generate_series(1, 1000) i`)
+	mustExec(t, db, `ALTER TABLE devices ADD PRIMARY KEY (id)`)
+	mustExec(t, db, `GRANT SELECT ON devices TO campaignctl_audience`)
+	p := &campaign.Planner{Engine: db, Audience: db}
+	spec := func(name, sql string) campaign.Spec {
+		return campaign.Spec{Name: name, Channel: campaign.ChannelPush, BatchSize: 100, AudienceSQL: sql,
+			Subject: `Merhaba`, Message: `Size özel bir fırsat`}
+	}
+	for _, sql := range []string{
+		`SELECT id AS user_id, push_token, push_opt_in FROM devices ORDER BY random() LIMIT 300`,
+		`SELECT id AS user_id, push_token, push_opt_in FROM devices WHERE random() < 0.5`,
+	} {
+		_, err := p.Plan(ctx, spec("sample", sql))
+		if !errors.Is(err, campaign.ErrInvalid) || !strings.Contains(err.Error(), "run again") || !strings.Contains(err.Error(), "ORDER BY random()") {
+			t.Errorf("%s: %v; want the launch refused: the query cannot be run again for its recipients", sql, err)
+		}
+	}
+	var n int
+	if err := db.QueryRow(ctx, `SELECT count(*) FROM campaigns`).Scan(&n); err != nil || n != 0 {
+		t.Fatalf("%d campaigns written by the refused launches (%v); want none", n, err)
+	}
+
+	rep, err := p.Plan(ctx, spec("by-rows", "SELECT id AS user_id, push_token, push_opt_in FROM devices WHERE id % 2 = 0; -- even\n-- devices\n"))
+	if err != nil {
+		t.Fatalf("an audience selected by a condition: %v", err)
+	}
+	store := campaign.NewStore(db)
+	c, err := store.Get(ctx, rep.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !c.ReadsOptIns() {
+		t.Fatal("a commercial push campaign does not read its opt-ins again")
+	}
+	mustExec(t, db, `UPDATE devices SET push_opt_in = false WHERE id = 4`)
+	mustExec(t, db, `DELETE FROM devices WHERE id = 6`)
+	got, err := store.OptIns().Read(ctx, c, []string{"2", "4", "6", "8", "3"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var yes []string
+	for u := range got {
+		yes = append(yes, u)
+	}
+	slices.Sort(yes)
+	if !slices.Equal(yes, []string{"2", "8"}) {
+		t.Fatalf("opted in now: %v; want 2 and 8 (4 withdrew, 6 is gone, 3 was never in the audience)", yes)
+	}
+}
+
+// A re-read of the opt-ins runs the marketer's query on a pooled session of the audience database: what
+// the query leaves on that session (a session advisory lock, a setting) must not outlive the read, or a
+// lock the engine's code reservations wait for would be held for as long as the worker lives.
+func TestAReadOfTheOptInsLeavesNothingOnItsSession(t *testing.T) {
+	t.Parallel()
+	db, _ := testdb.New(t)
+	ctx := context.Background()
+	mustExec(t, db, `CREATE TABLE devices AS SELECT 'u' || i AS user_id, 'tok-' || i AS push_token, true AS push_opt_in FROM generate_series(1, 5) i`)
+	mustExec(t, db, `GRANT SELECT ON devices TO campaignctl_audience`)
+	rep, err := (&campaign.Planner{Engine: db, Audience: db}).Plan(ctx, campaign.Spec{Name: "locks", Channel: campaign.ChannelPush, BatchSize: 10,
+		AudienceSQL: `SELECT user_id, push_token, push_opt_in FROM devices
+			WHERE pg_try_advisory_lock(774411) IS NOT NULL AND set_config('application_name', 'audience', false) IS NOT NULL`,
+		Subject: `Merhaba`, Message: `Size özel bir fırsat`})
+	if err != nil {
+		t.Fatal(err)
+	}
+	store := campaign.NewStore(db)
+	c, err := store.Get(ctx, rep.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := store.OptIns().Read(ctx, c, []string{"u1", "u2"})
+	if err != nil || len(got) != 2 {
+		t.Fatalf("read %v (%v); want u1 and u2", got, err)
+	}
+	var held int
+	if err := db.QueryRow(ctx, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND objid = 774411 AND granted`).Scan(&held); err != nil {
+		t.Fatal(err)
+	}
+	if held != 0 {
+		t.Fatalf("the audience query's session lock is still held after the read (%d)", held)
+	}
+	// The pool's sessions still read the engine's tables as before.
+	if _, err := store.Get(ctx, rep.ID); err != nil {
+		t.Fatalf("the engine's statements after the read: %v", err)
+	}
+}

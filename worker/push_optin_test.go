@@ -1,0 +1,99 @@
+package worker
+
+import (
+	"context"
+	"errors"
+	"testing"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/campaignctl/campaignctl/campaign"
+	"github.com/campaignctl/campaignctl/internal/testredis"
+	"github.com/campaignctl/campaignctl/providers"
+)
+
+// A push recipient's opt-in lives in the customer's database, behind the audience query. One withdrawn
+// after the launch (the app's switch turned off, the row gone from the audience) stops the send, as an
+// İYS RET does for SMS: the worker runs the audience query again for the chunk it leases. Before, the
+// opt-in was the one the launch saw, and every recipient was sent.
+func TestAPushOptInWithdrawnAfterTheLaunchStopsTheSend(t *testing.T) {
+	t.Parallel()
+	for _, window := range []int{1, 8} {
+		db, store, id, _ := pushPlan(t)
+		ctx := context.Background()
+		for _, sql := range []string{
+			`UPDATE devices SET push_opt_in = false WHERE user_id IN ('u2', 'u3')`,
+			`DELETE FROM devices WHERE user_id = 'u4'`,
+		} {
+			if _, err := db.Exec(ctx, sql); err != nil {
+				t.Fatal(err)
+			}
+		}
+		rdb, _ := testredis.New(t)
+		h := NewHandler(Config{Store: store, Redis: rdb, Owner: "w", SendWindow: window,
+			Providers:     map[campaign.Channel]providers.Provider{campaign.ChannelPush: pushProvider(t)},
+			ProviderRates: map[string]float64{}})
+		if err := h.RunBatch(ctx, id, 0); err != nil {
+			t.Fatalf("window %d: %v", window, err)
+		}
+		got := map[string]string{}
+		rows, err := db.Query(ctx, `SELECT user_id, status || coalesce(':' || reason, '') FROM campaign_recipients WHERE campaign_id = $1`, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for rows.Next() {
+			var u, s string
+			if err := rows.Scan(&u, &s); err != nil {
+				t.Fatal(err)
+			}
+			got[u] = s
+		}
+		if rows.Err() != nil {
+			t.Fatal(rows.Err())
+		}
+		for _, u := range []string{"u2", "u3", "u4"} {
+			if got[u] != "skipped:"+campaign.ReasonRevoked {
+				t.Errorf("window %d: %s is %q; its opt-in was withdrawn after the launch: want skipped:%s", window, u, got[u], campaign.ReasonRevoked)
+			}
+		}
+		if got["u5"] != "sent" {
+			t.Errorf("window %d: u5, still opted in, is %q; want sent", window, got["u5"])
+		}
+		var logged int
+		if err := db.QueryRow(ctx, `SELECT count(*) FROM send_log WHERE campaign_id = $1 AND user_id IN ('u2', 'u3', 'u4') AND status = 'sent'`, id).Scan(&logged); err != nil {
+			t.Fatal(err)
+		}
+		if logged != 0 {
+			t.Errorf("window %d: the audit shows %d sends to recipients who withdrew", window, logged)
+		}
+	}
+}
+
+// An audience database that cannot be read leaves the chunk unsent and the run waiting: an opt-in that
+// cannot be read is no opt-in, and no recipient is skipped for it either.
+func TestPushOptInsThatCannotBeReadSendNothing(t *testing.T) {
+	t.Parallel()
+	_, store, id, _ := pushPlan(t)
+	ctx := context.Background()
+	gone, err := pgxpool.New(ctx, "postgres://postgres@127.0.0.1:1/nowhere?connect_timeout=1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(gone.Close)
+	rdb, _ := testredis.New(t)
+	h := NewHandler(Config{Store: store, Redis: rdb, Owner: "w", OptIns: &campaign.OptIns{Pool: gone},
+		Providers:     map[campaign.Channel]providers.Provider{campaign.ChannelPush: pushProvider(t)},
+		ProviderRates: map[string]float64{}})
+	err = h.RunBatch(ctx, id, 0)
+	var re *RetryError
+	if !errors.As(err, &re) || re.Failure {
+		t.Fatalf("the run returned %v; want the batch back for later, not a failure", err)
+	}
+	c, err := store.Counts(ctx, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Sent != 0 || c.Skipped != 0 || c.Failed != 0 || c.Pending != 5 {
+		t.Fatalf("counts %+v; want all 5 pending: nothing sent or skipped without the opt-ins", c)
+	}
+}
