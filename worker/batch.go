@@ -581,10 +581,20 @@ func (h *Handler) gate(ctx context.Context, run *batchRun, chunk []campaign.Reci
 // is reported unleased (busy), as one held by a live run is.
 func (h *Handler) leaseChunk(ctx context.Context, run *batchRun, users []string) (campaign.Chunk, error) {
 	l := run.lease
+	// Push and webhook opt-ins are read from the audience first: when it cannot be read, nothing is leased
+	// and nothing stays in hand, so the batch's next run finds its rows free.
+	var optIns map[string]bool
+	readOptIns := run.c.ReadsOptIns() && !l.AnyState && run.c.State != campaign.StateCancelled
+	if readOptIns {
+		var err error
+		if optIns, err = h.readOptIns(ctx, run, users); err != nil {
+			return campaign.Chunk{}, err
+		}
+	}
 	for try := 0; ; try++ {
 		got, err := h.cfg.Store.LeaseChunk(ctx, run.c, users, l)
-		if err == nil && got.Fence == "" && len(got.ConsentOf) > 0 && !l.AnyState {
-			err = h.readOptIns(ctx, run, got)
+		if err == nil && got.Fence == "" && readOptIns && got.State != campaign.StateCancelled {
+			err = h.applyOptIns(ctx, run, got, users, optIns)
 		}
 		if err != nil || got.Fence == "" {
 			return got, err
@@ -621,21 +631,52 @@ func (h *Handler) leaseLive(token string, live bool) {
 	h.liveLeases[token] = true
 }
 
-// readOptIns takes out of got.Consent the addresses of the users whom the campaign's audience, run again
-// now for them, no longer returns with the opt-in true (a push or webhook campaign: the opt-in lives in the
-// customer's database, and a withdrawal after the launch stops the send, as an İYS RET does). It fails
-// closed: when the audience cannot be read, nothing of the chunk is sent and the run waits.
-func (h *Handler) readOptIns(ctx context.Context, run *batchRun, got campaign.Chunk) error {
+// readOptIns reads the opt-ins of users from the campaign's audience, run again now for them (a push or
+// webhook campaign: the opt-in lives in the customer's database, and a withdrawal after the launch stops
+// the send, as an İYS RET does): it returns those it returns with the opt-in true. It fails closed: when
+// the audience cannot be read, nothing of the chunk is sent, the run waits, and status says why.
+func (h *Handler) readOptIns(ctx context.Context, run *batchRun, users []string) (map[string]bool, error) {
 	if h.cfg.OptIns == nil {
-		return &RetryError{Err: fmt.Errorf("campaign %d: this worker has no audience database to read its recipients' opt-ins from", run.c.ID), After: 30 * time.Second}
-	}
-	users := make([]string, 0, len(got.ConsentOf))
-	for u := range got.ConsentOf {
-		users = append(users, u)
+		return nil, &RetryError{Err: fmt.Errorf("campaign %d: this worker has no audience database to read its recipients' opt-ins from", run.c.ID), After: 30 * time.Second}
 	}
 	yes, err := h.cfg.OptIns.Read(ctx, run.c, users)
 	if err != nil {
-		return &RetryError{Err: fmt.Errorf("%w (set AUDIENCE_DATABASE_URL for the workers as for the launch)", err), After: 5 * time.Second}
+		if h.cfg.Redis != nil {
+			h.optInsUnread.Store(run.c.ID, true)
+			state.NoteWaiting(context.WithoutCancel(ctx), h.cfg.Redis, run.c.ID, state.Waiting{Reason: WaitOptInsUnreadable, //nolint:errcheck // status only
+				Detail: fmt.Sprintf("the workers cannot read the %s opt-ins from the audience database (%v): nothing is sent until they can; check AUDIENCE_DATABASE_URL on the workers (the launch's), the audience tables and their grants; the batches go on by themselves",
+					run.c.Channel.Spec().Title, err)})
+		}
+		return nil, &RetryError{Err: fmt.Errorf("%w (set AUDIENCE_DATABASE_URL for the workers as for the launch)", err), After: 5 * time.Second}
+	}
+	if _, noted := h.optInsUnread.LoadAndDelete(run.c.ID); noted && h.cfg.Redis != nil {
+		state.ClearWaiting(ctx, h.cfg.Redis, run.c.ID, WaitOptInsUnreadable) //nolint:errcheck // status only; it expires
+	}
+	return yes, nil
+}
+
+// applyOptIns takes out of got.Consent the addresses of the users whose opt-in, read just before the lease
+// (yes, for asked), no longer says true. The lease may hold users that were not asked (the chunk in hand of
+// a run it took over): theirs are read now.
+func (h *Handler) applyOptIns(ctx context.Context, run *batchRun, got campaign.Chunk, asked []string, yes map[string]bool) error {
+	was := make(map[string]bool, len(asked))
+	for _, u := range asked {
+		was[u] = true
+	}
+	var more []string
+	for u := range got.ConsentOf {
+		if !was[u] {
+			more = append(more, u)
+		}
+	}
+	if len(more) > 0 {
+		also, err := h.readOptIns(ctx, run, more)
+		if err != nil {
+			return err
+		}
+		for u := range also {
+			yes[u] = true
+		}
 	}
 	for u, a := range got.ConsentOf {
 		if !yes[u] {

@@ -3,11 +3,13 @@ package worker
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/campaignctl/campaignctl/campaign"
+	"github.com/campaignctl/campaignctl/internal/state"
 	"github.com/campaignctl/campaignctl/internal/testredis"
 	"github.com/campaignctl/campaignctl/providers"
 )
@@ -95,5 +97,19 @@ func TestPushOptInsThatCannotBeReadSendNothing(t *testing.T) {
 	}
 	if c.Sent != 0 || c.Skipped != 0 || c.Failed != 0 || c.Pending != 5 {
 		t.Fatalf("counts %+v; want all 5 pending: nothing sent or skipped without the opt-ins", c)
+	}
+	// status says why: the wait is noted, and cleared once the opt-ins are read.
+	if w, _ := state.Waits(ctx, rdb, id); !strings.Contains(w[WaitOptInsUnreadable].Detail, "AUDIENCE_DATABASE_URL") {
+		t.Fatalf("waiting notes %v; want %s naming AUDIENCE_DATABASE_URL", w, WaitOptInsUnreadable)
+	}
+	h.cfg.OptIns = store.OptIns()
+	if err := h.RunBatch(ctx, id, 0); err != nil {
+		t.Fatal(err)
+	}
+	if c, err := store.Counts(ctx, id); err != nil || c.Sent != 4 || c.Failed != 1 {
+		t.Fatalf("counts %+v (%v) once the audience is readable; want the 4 tokens sent and u1 failed (unregistered)", c, err)
+	}
+	if w, _ := state.Waits(ctx, rdb, id); len(w) > 0 {
+		t.Fatalf("waiting notes %v after the opt-ins were read; want none", w)
 	}
 }

@@ -25,6 +25,7 @@ const (
 	WaitProviderPaused     = "provider_paused"       // the provider asked every request to wait (Retry-After)
 	WaitProviderDown       = "provider_down"         // the provider fails (nearly) every request: only probes go
 	WaitProviderAuth       = "provider_auth"         // the provider refuses the account (credentials, sender)
+	WaitOptInsUnreadable   = "opt_ins_unreadable"    // the audience cannot be read for the push/webhook opt-ins
 	WaitNoWorker           = "no_worker"             // no worker is running
 	WaitNoWorkerForChannel = "no_worker_for_channel" // no running worker sends the campaign's channel
 	WaitRedisLostData      = "redis_lost_data"       // its batches are gone from the queue: resume
@@ -173,6 +174,9 @@ func waitingOf(ctx context.Context, env *waitEnv, c *campaign.Campaign, counts c
 		return nil, err
 	}
 	if w, ok := notes[WaitProviderAuth]; ok {
+		return &w, nil
+	}
+	if w, ok := notes[WaitOptInsUnreadable]; ok {
 		return &w, nil
 	}
 	// Redis lost its data and the workers are writing the recent sends' frequency marks back: the batches
