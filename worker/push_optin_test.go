@@ -3,8 +3,11 @@ package worker
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -111,5 +114,64 @@ func TestPushOptInsThatCannotBeReadSendNothing(t *testing.T) {
 	}
 	if w, _ := state.Waits(ctx, rdb, id); len(w) > 0 {
 		t.Fatalf("waiting notes %v after the opt-ins were read; want none", w)
+	}
+}
+
+// The same when the opt-in is withdrawn while the chunk waits for its provider (its first sends refused
+// with a 429 asking for 2 s): when the chunk's messages go, more than a second after its opt-ins were
+// read, the audience is read again with the consents, and the recipient who withdrew is not sent.
+func TestAPushOptInWithdrawnWhileTheChunkWaitsStopsTheSend(t *testing.T) {
+	t.Parallel()
+	for _, window := range []int{1, 8} {
+		t.Run(fmt.Sprintf("window %d", window), func(t *testing.T) {
+			t.Parallel()
+			db, store, id, _ := pushPlan(t)
+			ctx := context.Background()
+			rdb, _ := testredis.New(t)
+			p := newProvider()
+			var once sync.Once
+			p.before = func(providers.Message) {
+				once.Do(func() {
+					if _, err := db.Exec(ctx, `UPDATE devices SET push_opt_in = false WHERE user_id = 'u5'`); err != nil {
+						t.Error(err)
+					}
+				})
+			}
+			refused := 1
+			if window > 1 {
+				refused = 5 // the whole first window
+			}
+			p.fail = func(call int, _ providers.Message) error {
+				if call <= refused {
+					return &providers.Error{Provider: "test", Status: 429, Throttled: true, RetryAfter: 2 * time.Second, Class: providers.Transient}
+				}
+				return nil
+			}
+			h := NewHandler(Config{Store: store, Redis: rdb, Owner: "w", SendWindow: window,
+				Providers:     map[campaign.Channel]providers.Provider{campaign.ChannelPush: p},
+				ProviderRates: map[string]float64{}})
+			start := time.Now()
+			if err := h.RunBatch(ctx, id, 0); err != nil {
+				t.Fatal(err)
+			}
+			if waited := time.Since(start); waited < 2*time.Second {
+				t.Fatalf("the batch took %v: the refusal did not make the chunk wait, so this tests nothing", waited)
+			}
+			if n := len(p.sentTo("tok-5")); n != 0 {
+				t.Fatalf("u5 withdrew while its chunk waited 2 s for the provider, and got %d pushes", n)
+			}
+			for _, tok := range []string{"unregistered-1", "tok-2", "tok-3", "tok-4"} {
+				if n := len(p.sentTo(tok)); n != 1 {
+					t.Errorf("%s got %d pushes, want 1", tok, n)
+				}
+			}
+			var st, reason string
+			if err := db.QueryRow(ctx, `SELECT status, coalesce(reason, '') FROM campaign_recipients WHERE campaign_id = $1 AND user_id = 'u5'`, id).Scan(&st, &reason); err != nil {
+				t.Fatal(err)
+			}
+			if st != campaign.StatusSkipped || reason != campaign.ReasonRevoked {
+				t.Fatalf("u5: %s (%s), want skipped (revoked)", st, reason)
+			}
+		})
 	}
 }
