@@ -30,21 +30,29 @@ var EngineTables = []string{
 // no more than read: not a superuser, no server file, program or signal rights, no access to the engine's
 // tables. spec.AllowPrivilegedAudience runs it as the connection's role whatever that may do.
 func runAudience(ctx context.Context, atx pgx.Tx, spec Spec) (pgx.Rows, []string, error) {
-	restricted := !spec.AllowPrivilegedAudience
-	if !restricted {
-		rows, err := atx.Query(ctx, spec.AudienceSQL)
-		if err != nil {
-			return nil, nil, audienceError(err, spec.StatementTimeout, restricted)
-		}
-		return rows, fieldNames(rows), nil
+	wrapped, err := audienceMode(ctx, atx, spec)
+	if err != nil {
+		return nil, nil, err
 	}
-	var wrapped bool
+	rows, shape, err := runAudienceAs(ctx, atx, spec, wrapped, nil)
+	if err != nil {
+		return nil, nil, err
+	}
+	return rows, shape.names, nil
+}
+
+// audienceMode checks what the audience query may run as (see runAudience) and says whether it runs
+// wrapped, inside campaignctl_audience.rows as AudienceRole; it refuses a role that may do more than read.
+func audienceMode(ctx context.Context, atx pgx.Tx, spec Spec) (wrapped bool, err error) {
+	if spec.AllowPrivilegedAudience {
+		return false, nil
+	}
 	var user string
 	// A role that may not use the audience schema cannot look the function up (to_regprocedure fails on
 	// the schema's permission): for it the schema is as good as absent.
 	if err := atx.QueryRow(ctx, `SELECT CASE WHEN coalesce((SELECT has_schema_privilege(n.oid, 'USAGE') FROM pg_namespace n WHERE n.nspname = 'campaignctl_audience'), false)
 			THEN coalesce(has_function_privilege(to_regprocedure('campaignctl_audience.rows(text)'), 'EXECUTE'), false) ELSE false END, session_user`).Scan(&wrapped, &user); err != nil {
-		return nil, nil, fmt.Errorf("audience database: %w", err)
+		return false, fmt.Errorf("audience database: %w", err)
 	}
 	runAs := user
 	if wrapped {
@@ -52,58 +60,75 @@ func runAudience(ctx context.Context, atx pgx.Tx, spec Spec) (pgx.Rows, []string
 	}
 	why, err := mayDoMore(ctx, atx, runAs)
 	if err != nil {
-		return nil, nil, err
+		return false, err
 	}
 	if why != "" {
 		if wrapped {
-			return nil, nil, fmt.Errorf("%w: the audience role %s %s, so an audience query could read more than the audience; revoke that (e.g. REVOKE ALL ON ALL TABLES IN SCHEMA public FROM %s, then GRANT SELECT on the audience tables only), or launch with --allow-privileged-audience (recorded on the campaign)",
+			return false, fmt.Errorf("%w: the audience role %s %s, so an audience query could read more than the audience; revoke that (e.g. REVOKE ALL ON ALL TABLES IN SCHEMA public FROM %s, then GRANT SELECT on the audience tables only), or launch with --allow-privileged-audience (recorded on the campaign)",
 				ErrInvalid, AudienceRole, why, AudienceRole)
 		}
-		return nil, nil, fmt.Errorf("%w: the audience query would run as %q, which %s: it could read server files, stop other sessions or read the engine's codes and consents into the messages. Run `campaignctl migrate` on the audience database (it creates the %s role) and grant that role the audience tables (GRANT SELECT ON customers TO %s), or set AUDIENCE_DATABASE_URL to a role that may only read them, or launch with --allow-privileged-audience (recorded on the campaign)",
+		return false, fmt.Errorf("%w: the audience query would run as %q, which %s: it could read server files, stop other sessions or read the engine's codes and consents into the messages. Run `campaignctl migrate` on the audience database (it creates the %s role) and grant that role the audience tables (GRANT SELECT ON customers TO %s), or set AUDIENCE_DATABASE_URL to a role that may only read them, or launch with --allow-privileged-audience (recorded on the campaign)",
 			ErrInvalid, user, why, AudienceRole, AudienceRole)
 	}
+	return wrapped, nil
+}
+
+// audienceShape is what a wrapped audience query returns: its columns' names, and their definitions for
+// campaignctl_audience.rows' column list.
+type audienceShape struct {
+	names []string
+	defs  string
+}
+
+// runAudienceAs runs the audience query as audienceMode said. A wrapped query's columns are read first
+// (Describe runs nothing) and named with their types, so that every value arrives as the query typed it;
+// known, when given, is a shape read before for the same columns, and spares that.
+func runAudienceAs(ctx context.Context, atx pgx.Tx, spec Spec, wrapped bool, known *audienceShape) (pgx.Rows, *audienceShape, error) {
+	restricted := !spec.AllowPrivilegedAudience
 	if !wrapped {
 		rows, err := atx.Query(ctx, spec.AudienceSQL)
 		if err != nil {
 			return nil, nil, audienceError(err, spec.StatementTimeout, restricted)
 		}
-		return rows, fieldNames(rows), nil
+		return rows, &audienceShape{names: fieldNames(rows)}, nil
 	}
-	// The function returns records: the query's columns are read first (Describe runs nothing) and named
-	// with their types, so that every value arrives as the query typed it.
-	sd, err := atx.Prepare(ctx, "", spec.AudienceSQL)
-	if err != nil {
-		return nil, nil, audienceError(err, spec.StatementTimeout, restricted)
-	}
-	if len(sd.Fields) == 0 {
-		return nil, nil, fmt.Errorf("%w: the audience query returned no columns; it must be one SELECT returning user_id and %s", ErrInvalid, spec.Channel.AddressColumn())
-	}
-	oids, mods := make([]uint32, len(sd.Fields)), make([]int32, len(sd.Fields))
-	names := make([]string, len(sd.Fields))
-	for i, f := range sd.Fields {
-		oids[i], mods[i], names[i] = f.DataTypeOID, f.TypeModifier, f.Name
-	}
-	var types []string
-	var pseudo []bool
-	if err := atx.QueryRow(ctx, `SELECT array_agg(format_type(x.t, NULLIF(x.m, -1)) ORDER BY x.i), array_agg(ty.typtype = 'p' ORDER BY x.i)
-		FROM unnest($1::oid[], $2::int[]) WITH ORDINALITY AS x(t, m, i) JOIN pg_type ty ON ty.oid = x.t`, oids, mods).Scan(&types, &pseudo); err != nil {
-		return nil, nil, fmt.Errorf("audience query: column types: %w", err)
-	}
-	if len(types) != len(names) {
-		return nil, nil, fmt.Errorf("audience query: column types: %d of %d found", len(types), len(names))
-	}
-	defs := make([]string, len(names))
-	for i := range names {
-		if pseudo[i] {
-			return nil, nil, fmt.Errorf("%w: the audience column %q has no type of its own (%s); cast it, e.g. `... ::text AS %s`", ErrInvalid, names[i], types[i], names[i])
+	shape := known
+	if shape == nil {
+		sd, err := atx.Prepare(ctx, "", spec.AudienceSQL)
+		if err != nil {
+			return nil, nil, audienceError(err, spec.StatementTimeout, restricted)
 		}
-		defs[i] = "c" + strconv.Itoa(i+1) + " " + types[i]
+		if len(sd.Fields) == 0 {
+			return nil, nil, fmt.Errorf("%w: the audience query returned no columns; it must be one SELECT returning user_id and %s", ErrInvalid, spec.Channel.AddressColumn())
+		}
+		oids, mods := make([]uint32, len(sd.Fields)), make([]int32, len(sd.Fields))
+		names := make([]string, len(sd.Fields))
+		for i, f := range sd.Fields {
+			oids[i], mods[i], names[i] = f.DataTypeOID, f.TypeModifier, f.Name
+		}
+		var types []string
+		var pseudo []bool
+		if err := atx.QueryRow(ctx, `SELECT array_agg(format_type(x.t, NULLIF(x.m, -1)) ORDER BY x.i), array_agg(ty.typtype = 'p' ORDER BY x.i)
+			FROM unnest($1::oid[], $2::int[]) WITH ORDINALITY AS x(t, m, i) JOIN pg_type ty ON ty.oid = x.t`, oids, mods).Scan(&types, &pseudo); err != nil {
+			return nil, nil, fmt.Errorf("audience query: column types: %w", err)
+		}
+		if len(types) != len(names) {
+			return nil, nil, fmt.Errorf("audience query: column types: %d of %d found", len(types), len(names))
+		}
+		defs := make([]string, len(names))
+		for i := range names {
+			if pseudo[i] {
+				return nil, nil, fmt.Errorf("%w: the audience column %q has no type of its own (%s); cast it, e.g. `... ::text AS %s`", ErrInvalid, names[i], types[i], names[i])
+			}
+			defs[i] = "c" + strconv.Itoa(i+1) + " " + types[i]
+		}
+		shape = &audienceShape{names: names, defs: strings.Join(defs, ", ")}
 	}
-	rows, err := atx.Query(ctx, `SELECT * FROM campaignctl_audience.rows($1) AS a(`+strings.Join(defs, ", ")+`)`, spec.AudienceSQL)
+	rows, err := atx.Query(ctx, `SELECT * FROM campaignctl_audience.rows($1) AS a(`+shape.defs+`)`, spec.AudienceSQL)
 	if err != nil {
 		return nil, nil, audienceError(err, spec.StatementTimeout, restricted)
 	}
-	return rows, names, nil
+	return rows, shape, nil
 }
 
 func fieldNames(rows pgx.Rows) []string {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -81,6 +82,58 @@ func trimStatement(sql string) string {
 type OptIns struct {
 	// Pool is the audience database (AUDIENCE_DATABASE_URL, or the engine's).
 	Pool *pgxpool.Pool
+
+	mu sync.Mutex
+	// checked holds, by campaign, what the audience's role was found to may (audienceMode) and the
+	// query's shape, for optInRecheck: the checks cost more than a chunk's read.
+	checked map[int64]optInCheck
+}
+
+type optInCheck struct {
+	sql     string
+	wrapped bool
+	shape   *audienceShape
+	at      time.Time
+}
+
+// optInRecheck is how long a re-read of the opt-ins goes on the role checks and the columns a read found
+// before: a privilege granted to the audience role meanwhile is found within it.
+const optInRecheck = time.Minute
+
+// runner runs the audience query of c restricted as spec says, with what was checked of c's audience
+// less than optInRecheck ago.
+func (o *OptIns) runner(c *Campaign) func(ctx context.Context, atx pgx.Tx, spec Spec) (pgx.Rows, []string, error) {
+	return func(ctx context.Context, atx pgx.Tx, spec Spec) (pgx.Rows, []string, error) {
+		o.mu.Lock()
+		known, ok := o.checked[c.ID]
+		o.mu.Unlock()
+		if !ok || known.sql != c.AudienceSQL || time.Since(known.at) > optInRecheck {
+			wrapped, err := audienceMode(ctx, atx, spec)
+			if err != nil {
+				return nil, nil, err
+			}
+			known = optInCheck{sql: c.AudienceSQL, wrapped: wrapped, at: time.Now()}
+		}
+		rows, shape, err := runAudienceAs(ctx, atx, spec, known.wrapped, known.shape)
+		if err != nil {
+			o.forget(c.ID) // checked again next time: the columns may have changed
+			return nil, nil, err
+		}
+		known.shape = shape
+		o.mu.Lock()
+		if o.checked == nil || len(o.checked) > 1024 {
+			o.checked = map[int64]optInCheck{}
+		}
+		o.checked[c.ID] = known
+		o.mu.Unlock()
+		return rows, shape.names, nil
+	}
+}
+
+func (o *OptIns) forget(id int64) {
+	o.mu.Lock()
+	delete(o.checked, id)
+	o.mu.Unlock()
 }
 
 // OptIns re-reads opt-ins on the engine's database: the audience's when AUDIENCE_DATABASE_URL is not set.
@@ -118,7 +171,7 @@ func (o *OptIns) Read(ctx context.Context, c *Campaign, users []string) (map[str
 		if _, err := atx.Exec(ctx, fmt.Sprintf(`SET LOCAL statement_timeout = %d`, optInTimeout.Milliseconds())); err != nil {
 			return nil, err
 		}
-		yes, _, err := readOptIns(ctx, atx, spec, users)
+		yes, _, err := readOptIns(ctx, atx, spec, users, o.runner(c))
 		return yes, err
 	}()
 	if err != nil {
@@ -134,12 +187,13 @@ func (o *OptIns) Read(ctx context.Context, c *Campaign, users []string) (map[str
 // readOptIns runs spec's audience query restricted to users in atx and returns the users it returns once,
 // with the opt-in column true, and those it returns more than once. A user_id column whose type cannot read the IDs back (they are its text) is
 // compared as text, under a savepoint.
-func readOptIns(ctx context.Context, atx pgx.Tx, spec Spec, users []string) (yes, twice map[string]bool, err error) {
+func readOptIns(ctx context.Context, atx pgx.Tx, spec Spec, users []string,
+	runner func(context.Context, pgx.Tx, Spec) (pgx.Rows, []string, error)) (yes, twice map[string]bool, err error) {
 	col := spec.Channel.OptInColumn()
 	run := func(asText bool) (map[string]bool, error) {
 		s := spec
 		s.AudienceSQL = optInSQL(spec.AudienceSQL, users, asText)
-		rows, names, err := runAudience(ctx, atx, s)
+		rows, names, err := runner(ctx, atx, s)
 		if err != nil {
 			return nil, err
 		}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -106,4 +107,46 @@ func TestAReadOfTheOptInsLeavesNothingOnItsSession(t *testing.T) {
 	if _, err := store.Get(ctx, rep.ID); err != nil {
 		t.Fatalf("the engine's statements after the read: %v", err)
 	}
+}
+
+// BenchmarkOptInsRead re-reads the opt-ins of chunks of 500 push recipients, as a worker does before each
+// chunk's lease, from an indexed audience of 100,000 devices, through the audience role:
+//
+//	go test ./campaign -run '^$' -bench OptInsRead -benchtime 200x
+func BenchmarkOptInsRead(b *testing.B) {
+	db, _ := testdb.New(b)
+	ctx := context.Background()
+	for _, sql := range []string{
+		`CREATE TABLE devices AS SELECT i::bigint AS id, 'tok-' || i AS push_token, true AS push_opt_in, 'Ad' || i AS first_name FROM generate_series(1, 100000) i`,
+		`ALTER TABLE devices ADD PRIMARY KEY (id)`,
+		`GRANT SELECT ON devices TO campaignctl_audience`,
+	} {
+		if _, err := db.Exec(ctx, sql); err != nil {
+			b.Fatal(err)
+		}
+	}
+	rep, err := (&campaign.Planner{Engine: db, Audience: db}).Plan(ctx, campaign.Spec{Name: "bench", Channel: campaign.ChannelPush, BatchSize: 500,
+		AudienceSQL: `SELECT id AS user_id, push_token, push_opt_in, first_name FROM devices WHERE push_opt_in`, Subject: `Merhaba`, Message: `Size özel bir fırsat`})
+	if err != nil {
+		b.Fatal(err)
+	}
+	store := campaign.NewStore(db)
+	c, err := store.Get(ctx, rep.ID)
+	if err != nil {
+		b.Fatal(err)
+	}
+	const chunk = 500
+	users := make([]string, chunk)
+	r := store.OptIns()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		for j := range users {
+			users[j] = strconv.Itoa((i*chunk+j)%100000 + 1)
+		}
+		got, err := r.Read(ctx, c, users)
+		if err != nil || len(got) != chunk {
+			b.Fatalf("read %d of %d (%v)", len(got), chunk, err)
+		}
+	}
+	b.ReportMetric(float64(b.Elapsed().Microseconds())/float64(b.N*chunk), "µs/recipient")
 }

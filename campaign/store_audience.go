@@ -154,7 +154,7 @@ func (p *Planner) stageAudience(ctx context.Context, engineTx pgx.Tx, spec Spec,
 // wait for it.
 func (p *Planner) probeOptIns(ctx context.Context, atx pgx.Tx, spec Spec, users []string) error {
 	start := time.Now()
-	yes, twice, err := readOptIns(ctx, atx, spec, users)
+	yes, twice, err := readOptIns(ctx, atx, spec, users, runAudience)
 	if err != nil {
 		var pgErr *pgconn.PgError
 		if !errors.Is(err, ErrInvalid) && errors.As(err, &pgErr) && strings.HasPrefix(pgErr.Code, "42") {
