@@ -52,7 +52,8 @@ func optInSQL(audience string, users []string, asText bool) string {
 		b.WriteString(`"`)
 	}
 	b.WriteString("}")
-	col, lit := "a.user_id", quoteLiteral(b.String())
+	// An escape string: its backslashes mean the same whatever standard_conforming_strings says.
+	col, lit := "a.user_id", "E'"+strings.NewReplacer(`\`, `\\`, `'`, `''`).Replace(b.String())+"'"
 	if asText {
 		col, lit = "a.user_id::text", lit+"::text[]"
 	}

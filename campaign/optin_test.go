@@ -3,10 +3,13 @@ package campaign_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/campaignctl/campaignctl/campaign"
 	"github.com/campaignctl/campaignctl/internal/testdb"
@@ -149,4 +152,56 @@ func BenchmarkOptInsRead(b *testing.B) {
 		}
 	}
 	b.ReportMetric(float64(b.Elapsed().Microseconds())/float64(b.N*chunk), "µs/recipient")
+}
+
+// User IDs are written into the re-read's SQL as one array literal: quotes, backslashes, braces, commas and
+// blanks in them must come back as they are, whatever standard_conforming_strings says, and none of them
+// may end the literal.
+func TestOptInsReadUserIDsOfAnyText(t *testing.T) {
+	t.Parallel()
+	db, url := testdb.New(t)
+	ctx := context.Background()
+	ids := []string{`o'brien`, `a\b`, `q"x`, `c,d`, `{e}`, ` sp `, `x'); DROP TABLE devices; --`, `\'`, `NULL`}
+	mustExec(t, db, `CREATE TABLE devices (user_id text PRIMARY KEY, push_token text, push_opt_in boolean)`)
+	for i, id := range ids {
+		mustExec(t, db, `INSERT INTO devices VALUES ($1, $2, true)`, id, fmt.Sprintf("tok-%d", i))
+	}
+	mustExec(t, db, `GRANT SELECT ON devices TO campaignctl_audience`)
+	rep, err := (&campaign.Planner{Engine: db, Audience: db}).Plan(ctx, campaign.Spec{Name: "ids", Channel: campaign.ChannelPush, BatchSize: 100,
+		AudienceSQL: `SELECT user_id, push_token, push_opt_in FROM devices`, Subject: `Merhaba`, Message: `Size özel bir fırsat`})
+	if err != nil || rep.Eligible != int64(len(ids)) {
+		t.Fatalf("plan: %d eligible (%v), want %d", rep.Eligible, err, len(ids))
+	}
+	var dbName string
+	if err := db.QueryRow(ctx, `SELECT current_database()`).Scan(&dbName); err != nil {
+		t.Fatal(err)
+	}
+	mustExec(t, db, `ALTER DATABASE `+dbName+` SET standard_conforming_strings = off`)
+	for _, conforming := range []bool{true, false} {
+		pool := db
+		if !conforming {
+			if pool, err = pgxpool.New(ctx, url); err != nil {
+				t.Fatal(err)
+			}
+			defer pool.Close()
+		}
+		store := campaign.NewStore(pool)
+		c, err := store.Get(ctx, rep.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := store.OptIns().Read(ctx, c, ids)
+		if err != nil {
+			t.Fatalf("standard_conforming_strings %v: %v", conforming, err)
+		}
+		for _, id := range ids {
+			if !got[id] {
+				t.Errorf("standard_conforming_strings %v: user %q not read back as opted in", conforming, id)
+			}
+		}
+	}
+	var n int
+	if err := db.QueryRow(ctx, `SELECT count(*) FROM devices`).Scan(&n); err != nil || n != len(ids) {
+		t.Fatalf("devices: %d rows (%v)", n, err)
+	}
 }
