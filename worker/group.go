@@ -91,6 +91,21 @@ func (h *Handler) sendGroupAs(ctx, waitCtx context.Context, run *batchRun, b pro
 			}
 		}
 		if probe && len(rs) > 1 {
+			// The probe goes to a recipient still to be sent: the request's consents are read again first
+			// (when they are stale), all at once. Read for the probe's recipient alone, each refusal made
+			// meanwhile took a probe without a request, one a second, and the provider, never probed,
+			// stayed down for every campaign on it.
+			if drop, err := h.recheck(ctx, run, rs, false); err != nil {
+				return err
+			} else if len(drop) > 0 {
+				kept := keptIndexes(rs, drop)
+				rs, msgs = pick(rs, kept), pick(msgs, kept)
+				if len(rs) == 0 {
+					return nil
+				}
+			}
+		}
+		if probe && len(rs) > 1 {
 			if err := h.sendGroupAs(ctx, waitCtx, run, b, rs[:1], msgs[:1], true); err != nil {
 				return err
 			}

@@ -95,6 +95,7 @@ func (h *Handler) deliverWindowed(ctx, waitCtx context.Context, run *batchRun, r
 			limits[i].Observer = nil
 		}
 	}
+	unusedProbe := false // the probe of a provider down by the pace, taken and not used (its recipient refused)
 	for len(queue) > 0 {
 		if waitCtx.Err() != nil && ctx.Err() == nil {
 			return &RetryError{Err: errors.New("batch handed back (worker stopping or batch time used up)"), After: time.Second}
@@ -110,10 +111,14 @@ func (h *Handler) deliverWindowed(ctx, waitCtx context.Context, run *batchRun, r
 		if pace := h.pace(name).Rate(ctx); pace > 0 {
 			budget = limiter.Burst(pace)
 		}
-		probe, err := h.waitWhileDown(ctx, waitCtx, run, name)
-		if err != nil {
-			return err
+		probe := unusedProbe
+		if !probe {
+			var err error
+			if probe, err = h.waitWhileDown(ctx, waitCtx, run, name); err != nil {
+				return err
+			}
 		}
+		unusedProbe = false
 		if probe {
 			size = 1
 		}
@@ -144,6 +149,8 @@ func (h *Handler) deliverWindowed(ctx, waitCtx context.Context, run *batchRun, r
 			dropped := func(w windowSend) bool { return drop[w.r.UserID] }
 			win, queue = slices.DeleteFunc(win, dropped), slices.DeleteFunc(queue, dropped)
 			if len(win) == 0 {
+				// The probe's recipient refused meanwhile: the probe goes to the next one, now.
+				unusedProbe = probe
 				continue
 			}
 		}
