@@ -581,6 +581,11 @@ func (h *Handler) gate(ctx context.Context, run *batchRun, chunk []campaign.Reci
 // is reported unleased (busy), as one held by a live run is.
 func (h *Handler) leaseChunk(ctx context.Context, run *batchRun, users []string) (campaign.Chunk, error) {
 	l := run.lease
+	if !l.AnyState && run.c.ChecksIYS() && run.c.State != campaign.StateCancelled && h.cfg.Redis != nil {
+		if err := h.refusalsHeld(ctx, run); err != nil {
+			return campaign.Chunk{}, err
+		}
+	}
 	// Push and webhook opt-ins are read from the audience first: when it cannot be read, nothing is leased
 	// and nothing stays in hand, so the batch's next run finds its rows free.
 	var optIns map[string]bool
@@ -653,6 +658,27 @@ func (h *Handler) readOptIns(ctx context.Context, run *batchRun, users []string)
 		state.ClearWaiting(ctx, h.cfg.Redis, run.c.ID, WaitOptInsUnreadable) //nolint:errcheck // status only; it expires
 	}
 	return yes, nil
+}
+
+// refusalsHeld keeps the run from leasing while a webhooks process holds refusals in its spool that
+// Postgres has not taken yet (state.RefusalsHeld): the consents the lease would read miss them. A provider
+// posted them while Postgres was away, and they are recorded within a second or so of its return; before,
+// the workers leased and sent on the consents they read meanwhile. The wait is noted for status.
+func (h *Handler) refusalsHeld(ctx context.Context, run *batchRun) error {
+	held, err := state.RefusalsHeld(ctx, h.cfg.Redis)
+	if err != nil {
+		return waitForServices(fmt.Errorf("no send while Redis is unavailable: %w", err))
+	}
+	if !held {
+		if _, noted := h.refusalsWaited.LoadAndDelete(run.c.ID); noted {
+			state.ClearWaiting(ctx, h.cfg.Redis, run.c.ID, WaitRefusalsHeld) //nolint:errcheck // status only; it expires
+		}
+		return nil
+	}
+	h.refusalsWaited.Store(run.c.ID, true)
+	state.NoteWaiting(context.WithoutCancel(ctx), h.cfg.Redis, run.c.ID, state.Waiting{Reason: WaitRefusalsHeld, //nolint:errcheck // status only
+		Detail: "refusals that providers posted while Postgres was away wait in campaignctl webhooks' spool: nothing is sent until they are recorded (within seconds of Postgres's return); the batches go on by themselves"})
+	return &RetryError{Err: errors.New("refusals received while Postgres was away are still being recorded: no send until they are"), After: time.Second, Wait: true}
 }
 
 // applyOptIns takes out of got.Consent the addresses of the users whose opt-in, read just before the lease

@@ -197,6 +197,8 @@ type Handler struct {
 	// optInsUnread holds the campaigns for which this process noted that the opt-ins could not be read
 	// (WaitOptInsUnreadable), until a read succeeds.
 	optInsUnread sync.Map
+	// refusalsWaited holds the campaigns for which this process noted WaitRefusalsHeld, until a lease passes.
+	refusalsWaited sync.Map
 	// downUntil holds, per provider name, until when (unix ns) a first provider that failed is skipped for
 	// its fallback; downByPace marks those skipped because the shared pace called them down, which come
 	// back as soon as it calls them up (a probe got through), not only when the window ends.

@@ -26,6 +26,7 @@ const (
 	WaitProviderDown       = "provider_down"         // the provider fails (nearly) every request: only probes go
 	WaitProviderAuth       = "provider_auth"         // the provider refuses the account (credentials, sender)
 	WaitOptInsUnreadable   = "opt_ins_unreadable"    // the audience cannot be read for the push/webhook opt-ins
+	WaitRefusalsHeld       = "refusals_held"         // refusals posted while Postgres was away are still being recorded
 	WaitNoWorker           = "no_worker"             // no worker is running
 	WaitNoWorkerForChannel = "no_worker_for_channel" // no running worker sends the campaign's channel
 	WaitRedisLostData      = "redis_lost_data"       // its batches are gone from the queue: resume
@@ -177,6 +178,9 @@ func waitingOf(ctx context.Context, env *waitEnv, c *campaign.Campaign, counts c
 		return &w, nil
 	}
 	if w, ok := notes[WaitOptInsUnreadable]; ok {
+		return &w, nil
+	}
+	if w, ok := notes[WaitRefusalsHeld]; ok {
 		return &w, nil
 	}
 	// Redis lost its data and the workers are writing the recent sends' frequency marks back: the batches

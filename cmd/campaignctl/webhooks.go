@@ -22,6 +22,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/campaignctl/campaignctl/campaign"
+	"github.com/campaignctl/campaignctl/internal/state"
 	"github.com/campaignctl/campaignctl/internal/unsubscribe"
 	"github.com/campaignctl/campaignctl/providers/netgsm"
 	"github.com/campaignctl/campaignctl/providers/receipts"
@@ -50,6 +51,11 @@ const (
 	webhooksIdleTimeout       = 30 * time.Second
 	webhooksMaxHeaderBytes    = 32 << 10
 )
+
+// refusalsHeldFor is how long the workers wait on a note that this process's spool holds refusals, unless
+// it is renewed (each replay, about twice a second, while any wait): a process that died with its spool
+// full holds them no longer than that.
+const refusalsHeldFor = 5 * time.Second
 
 func (a *app) newWebhooksCmd() *cobra.Command {
 	var addr, publicURL, authFile, spoolDir string
@@ -105,7 +111,8 @@ answered as recorded: Twilio does not post an incoming SMS or a status callback 
 its URL asks it to (connection overrides such as #rc=3&rp=5xx,ct on the webhook URL). They are recorded
 as soon as Postgres is back (tried every 0.25 to 0.5 s), by this process or by the next one started on
 the same directory, so a stop or a crash meanwhile loses nothing. A one-click unsubscribe POST is spooled
-the same way. With a spool, webhooks also starts while Postgres is away. Without one (--spool-dir ''),
+the same way. While the spool holds requests, the workers send no SMS or commercial e-mail (they are told
+through REDIS_URL): the consents they would read miss those refusals. With a spool, webhooks also starts while Postgres is away. Without one (--spool-dir ''),
 such a request is held and tried again for up to --store-wait, then answered 500. On SIGTERM, the
 requests under way are answered before the process ends.`,
 		Example: `  TWILIO_AUTH_TOKEN=... SENDGRID_WEBHOOK_PUBLIC_KEY=... campaignctl webhooks --addr 127.0.0.1:8090
@@ -211,6 +218,21 @@ requests under way are answered before the process ends.`,
 			deliveries.batcher = newDeliveryBatcher(campaign.NewStore(engine))
 			go deliveries.batcher.run(ctx)
 			if spool != nil {
+				// While refusals wait in the spool, the workers lease nothing to send: the consents they would
+				// read miss them (Postgres was away). They are told through Redis, theirs.
+				if rdb, where, err := a.newRedis(); err != nil {
+					fmt.Fprintf(a.stderr, "warning: %s: %v: the workers cannot be told to wait while refusals wait in the spool\n", a.redisName(), err)
+				} else {
+					defer rdb.Close()
+					holder := state.LocalOwner()
+					spool.OnHeld = func(ctx context.Context, held bool) error {
+						if held {
+							return state.NoteRefusalsHeld(ctx, rdb, holder, refusalsHeldFor)
+						}
+						return state.ClearRefusalsHeld(ctx, rdb, holder)
+					}
+					log.Debug("the workers wait while refusals wait in the spool", "redis", where)
+				}
 				handleOneClicks(spool, campaign.NewStore(engine), refusals, log)
 				spool.HandleReceipts(deliveries)
 				refusals.spool = spool

@@ -14,7 +14,9 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/campaignctl/campaignctl/campaign"
+	"github.com/campaignctl/campaignctl/internal/state"
 	"github.com/campaignctl/campaignctl/internal/testdb"
+	"github.com/campaignctl/campaignctl/internal/testredis"
 	"github.com/campaignctl/campaignctl/internal/unsubscribe"
 	"github.com/campaignctl/campaignctl/providers/receipts"
 )
@@ -33,7 +35,8 @@ func TestAnRETPostgresCannotTakeForLongIsSpooledAndRecordedWhenItIsBack(t *testi
 	froms := []string{"+905551238881", "+905551238882"}
 	smsConsent(t, pool, brand, froms...)
 	spool := t.TempDir()
-	env := map[string]string{"DATABASE_URL": dbURL, "TWILIO_AUTH_TOKEN": hooksToken, "IYS_BRAND_CODE": brand}
+	rdb, redisURL := testredis.New(t)
+	env := map[string]string{"DATABASE_URL": dbURL, "TWILIO_AUTH_TOKEN": hooksToken, "IYS_BRAND_CODE": brand, "REDIS_URL": redisURL}
 	args := []string{"webhooks", "--addr", "127.0.0.1:0", "--store-wait", "300ms", "--spool-dir", spool}
 	held := func() int {
 		t.Helper()
@@ -79,6 +82,10 @@ func TestAnRETPostgresCannotTakeForLongIsSpooledAndRecordedWhenItIsBack(t *testi
 	if n := held(); n != 1 {
 		t.Fatalf("the spool holds %d posts, want 1", n)
 	}
+	// The workers are told before the post is answered: they lease nothing while it waits.
+	if on, err := state.RefusalsHeld(ctx, rdb); err != nil || !on {
+		t.Fatalf("the workers are not told that a refusal waits in the spool (%v, %v)", on, err)
+	}
 	if err := first.stop(); err != nil {
 		t.Fatal(err)
 	}
@@ -96,10 +103,15 @@ func TestAnRETPostgresCannotTakeForLongIsSpooledAndRecordedWhenItIsBack(t *testi
 	}
 	<-back
 	waitRecorded(froms[1], "held, the process ran on")
+	waitFor(t, 10*time.Second, func() bool { on, err := state.RefusalsHeld(ctx, rdb); return err == nil && !on })
 	if !strings.Contains(second.stderr.String(), "refusals held in the spool recorded") {
 		t.Errorf("the process that recorded the spool did not log it:\n%s", second.stderr)
 	}
 }
+
+// noRedis is a Redis URL nothing answers: a spool's note for the workers fails (and is logged), and no
+// test writes to a Redis DB it has not leased.
+const noRedis = "redis://127.0.0.1:1/0"
 
 // smsConsent gives each of froms an SMS consent (ONAY, a day old) of brand.
 func smsConsent(t *testing.T, pool *pgxpool.Pool, brand string, froms ...string) {
@@ -214,7 +226,7 @@ func TestWebhooksStartedWhilePostgresIsAwayHoldsRefusalsUntilItIsBack(t *testing
 	ctx := t.Context()
 	const brand, from = "654321", "+905551238883"
 	smsConsent(t, pool, brand, from)
-	env := map[string]string{"DATABASE_URL": dbURL, "TWILIO_AUTH_TOKEN": hooksToken, "IYS_BRAND_CODE": brand}
+	env := map[string]string{"DATABASE_URL": dbURL, "TWILIO_AUTH_TOKEN": hooksToken, "IYS_BRAND_CODE": brand, "REDIS_URL": noRedis}
 	back := refuseConnectionsFor(t, pool, 4*time.Second)
 	if _, _, code := cli(t, env, "webhooks", "--addr", "127.0.0.1:0", "--spool-dir", ""); code != 1 {
 		t.Fatalf("webhooks without a spool while Postgres refused connections: exit %d, want 1 (it cannot serve)", code)
@@ -255,7 +267,7 @@ func TestAReceiptPostgresCannotTakeForLongIsSpooledAndSettlesAnUnknownRecipient(
 		VALUES (1, 'u1', '+905551234567', 0, 'unknown', 'SM7')`); err != nil {
 		t.Fatal(err)
 	}
-	env := map[string]string{"DATABASE_URL": dbURL, "TWILIO_AUTH_TOKEN": hooksToken}
+	env := map[string]string{"DATABASE_URL": dbURL, "TWILIO_AUTH_TOKEN": hooksToken, "REDIS_URL": noRedis}
 	hooks := serveInProcess(t, env, hooksURLRe, "webhooks", "--addr", "127.0.0.1:0", "--store-wait", "300ms", "--spool-dir", t.TempDir())
 	back := refuseConnectionsFor(t, db, 3*time.Second)
 	target := hooks.base + twilioReceiptPath + "?campaign_id=1&user_id=u1"
@@ -293,7 +305,7 @@ func TestAnRETPostgresCannotTakeIsOnDiskBeforeItsAnswer(t *testing.T) {
 	const brand, from = "654321", "+905551238891"
 	smsConsent(t, pool, brand, from)
 	spool := t.TempDir()
-	env := map[string]string{"DATABASE_URL": dbURL, "TWILIO_AUTH_TOKEN": hooksToken, "IYS_BRAND_CODE": brand}
+	env := map[string]string{"DATABASE_URL": dbURL, "TWILIO_AUTH_TOKEN": hooksToken, "IYS_BRAND_CODE": brand, "REDIS_URL": noRedis}
 	args := []string{"webhooks", "--addr", "127.0.0.1:0", "--spool-dir", spool} // the default --store-wait
 	first := serveInProcess(t, env, hooksURLRe, args...)
 	back := refuseConnectionsFor(t, pool, 6*time.Second)

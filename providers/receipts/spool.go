@@ -40,6 +40,47 @@ type Spool struct {
 	mu    sync.Mutex // one replay at a time within the process
 	// every is the pause between two replays while files wait (doubling up to max while the sink fails).
 	every, max time.Duration
+
+	// OnHeld, when set, is told that the spool holds requests (true: before a held request is answered,
+	// and again at each replay while any wait) or holds none any more (false): the workers wait while it
+	// holds refusals (state.NoteRefusalsHeld). Set it before Run.
+	OnHeld func(ctx context.Context, held bool) error
+	heldMu sync.Mutex // a note and the look at the directory before a clear, one at a time
+	noted  bool
+}
+
+// noteHeld tells OnHeld that requests wait; a failure is logged (Redis down: the workers send nothing
+// either, and the next replay notes it again).
+func (s *Spool) noteHeld(ctx context.Context) {
+	if s.OnHeld == nil {
+		return
+	}
+	s.heldMu.Lock()
+	defer s.heldMu.Unlock()
+	nctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 500*time.Millisecond)
+	defer cancel()
+	if err := s.OnHeld(nctx, true); err != nil {
+		s.log.Warn("the workers could not be told that refusals wait in the spool", "err", err)
+		return
+	}
+	s.noted = true
+}
+
+// clearHeld tells OnHeld that nothing waits, when the directory holds no request any more.
+func (s *Spool) clearHeld(ctx context.Context) {
+	if s.OnHeld == nil {
+		return
+	}
+	s.heldMu.Lock()
+	defer s.heldMu.Unlock()
+	if n, err := s.Held(); err != nil || n > 0 || !s.noted {
+		return
+	}
+	nctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 500*time.Millisecond)
+	defer cancel()
+	if err := s.OnHeld(nctx, false); err == nil {
+		s.noted = false
+	}
 }
 
 // spoolCallTimeout bounds one request's recording from the spool.
@@ -163,6 +204,8 @@ func (s *Spool) hold(sp spooled) error {
 		d.Sync() //nolint:errcheck // the rename's durability, where the file system offers it
 		d.Close()
 	}
+	// Before the request is answered: no worker leases on consents that miss it.
+	s.noteHeld(context.Background())
 	select {
 	case s.kick <- struct{}{}:
 	default:
@@ -272,10 +315,16 @@ func (s *Spool) setAside(path string, n int, err error) {
 func (s *Spool) Run(ctx context.Context) {
 	if n, _ := s.Held(); n > 0 {
 		s.log.Warn("refusals held in the spool by an earlier run; recording them", "requests", n, "dir", s.dir)
+		s.noteHeld(ctx)
 	}
 	pause, fails := s.every, 0
 	for {
 		_, left, err := s.Replay(ctx)
+		if left > 0 {
+			s.noteHeld(ctx) // renewed while requests wait
+		} else {
+			s.clearHeld(ctx)
+		}
 		var wake <-chan time.Time
 		if err != nil {
 			// The first failure of a streak, then about every 30 s.

@@ -7,7 +7,9 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -141,5 +143,59 @@ func TestARefusalRefusedForGoodIsNotSpooled(t *testing.T) {
 	}
 	if held, _ := spoolFiles(t, dir); len(held) != 0 {
 		t.Fatalf("spool holds %v, want nothing", held)
+	}
+}
+
+// The spool tells the workers (OnHeld) that refusals wait before the post that brought them is answered,
+// tells them again at each replay while any wait, and tells them none wait once the last is recorded.
+func TestTheSpoolSaysWhileRefusalsWait(t *testing.T) {
+	sk := &bothSink{refuseErr: errors.New("database down")}
+	h := receipts.TwilioInboundHandler(twilioToken, inboundPublic, nil, sk, nil)
+	h.SetStoreWait(0)
+	sp := receipts.NewSpool(filepath.Join(t.TempDir(), "spool"), sk, slog.New(slog.DiscardHandler))
+	var mu sync.Mutex
+	var said []bool
+	sp.OnHeld = func(_ context.Context, held bool) error {
+		mu.Lock()
+		defer mu.Unlock()
+		said = append(said, held)
+		return nil
+	}
+	saidSoFar := func() []bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return slices.Clone(said)
+	}
+	h.SetSpool(sp)
+	if w := inboundServe(h, inboundForm("RET")); w.Code != http.StatusOK {
+		t.Fatalf("with a spool: %d, want 200 (held on disk)", w.Code)
+	}
+	if got := saidSoFar(); !slices.Equal(got, []bool{true}) {
+		t.Fatalf("told %v by the time the post was answered; want [true]", got)
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan struct{})
+	go func() { defer close(done); sp.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+	time.Sleep(700 * time.Millisecond)
+	if got := saidSoFar(); len(got) < 2 || slices.Contains(got, false) {
+		t.Fatalf("told %v while the sink failed; want the note renewed, never cleared", got)
+	}
+	sk.rmu.Lock()
+	sk.refuseErr = nil
+	sk.rmu.Unlock()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		got := saidSoFar()
+		if len(got) > 0 && !got[len(got)-1] {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("told %v 10 s after the sink came back; want the last word false (nothing waits)", got)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if len(sk.allRefusals()) != 1 {
+		t.Fatalf("recorded %d refusals, want 1", len(sk.allRefusals()))
 	}
 }
