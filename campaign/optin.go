@@ -23,6 +23,13 @@ import (
 // optInTimeout bounds one re-read of a chunk's opt-ins.
 const optInTimeout = 30 * time.Second
 
+// optInProbeMax is the longest the launch's re-read of optInProbeUsers recipients may take: a query that
+// cannot find a few users faster holds every chunk as long at send time. optInSlow is when it is said.
+const (
+	optInProbeMax = 5 * time.Second
+	optInSlow     = 250 * time.Millisecond
+)
+
 // optInProbeUsers is how many recipients a launch re-reads to check that its audience query can be re-run
 // for some of its users (probeOptIns).
 const optInProbeUsers = 200
@@ -62,16 +69,28 @@ func optInSQL(audience string, users []string, asText bool) string {
 }
 
 // trimStatement drops what may end a statement after its last clause, so that it can be a subquery: blanks,
-// semicolons, and line comments on lines of their own or after the semicolon.
+// semicolons, block comments after the semicolon, and line comments on lines of their own or after the
+// semicolon.
 func trimStatement(sql string) string {
 	for {
 		sql = strings.TrimRight(sql, " \t\r\n;")
+		if strings.HasSuffix(sql, "*/") {
+			if i := strings.LastIndex(sql, "/*"); i >= 0 {
+				if before := strings.TrimRight(sql[:i], " \t\r\n"); strings.HasSuffix(before, ";") {
+					sql = before
+					continue
+				}
+			}
+		}
 		line := sql[strings.LastIndexByte(sql, '\n')+1:]
 		i := strings.Index(line, "--")
 		if i < 0 {
 			return sql
 		}
 		before := strings.TrimSpace(line[:i])
+		for strings.HasSuffix(before, "*/") && strings.Contains(before, "/*") {
+			before = strings.TrimSpace(before[:strings.LastIndex(before, "/*")]) // a block comment before it
+		}
 		if before != "" && !strings.HasSuffix(before, ";") {
 			return sql // a comment after the last clause, ended by the line break that follows
 		}
@@ -140,14 +159,13 @@ func (o *OptIns) forget(id int64) {
 // OptIns re-reads opt-ins on the engine's database: the audience's when AUDIENCE_DATABASE_URL is not set.
 func (s *Store) OptIns() *OptIns { return &OptIns{Pool: s.pool} }
 
-// Read returns those of users whom the campaign's audience query, run again now for them, returns with
-// the channel's opt-in column true. A user the query no longer returns, or returns twice, is not among
-// them. It runs read-only, as the launch ran the query (the audience role, unless the campaign was
+// Read runs the campaign's audience query again now for users and returns what its rows say of them
+// (OptInRows.OptedIn decides for each planned address). It runs read-only, as the launch ran the query (the audience role, unless the campaign was
 // launched with --allow-privileged-audience), under optInTimeout; the session is reset afterwards, so
 // that nothing the query left on it (a setting, a session lock) outlives the read.
-func (o *OptIns) Read(ctx context.Context, c *Campaign, users []string) (map[string]bool, error) {
+func (o *OptIns) Read(ctx context.Context, c *Campaign, users []string) (OptInRows, error) {
 	if len(users) == 0 {
-		return map[string]bool{}, nil
+		return OptInRows{}, nil
 	}
 	conn, err := o.Pool.Acquire(ctx)
 	if err != nil {
@@ -163,7 +181,7 @@ func (o *OptIns) Read(ctx context.Context, c *Campaign, users []string) (map[str
 		conn.Release()
 	}()
 	spec := Spec{Channel: c.Channel, AudienceSQL: c.AudienceSQL, AllowPrivilegedAudience: c.PrivilegedAudience, StatementTimeout: optInTimeout}
-	got, err := func() (map[string]bool, error) {
+	got, err := func() (OptInRows, error) {
 		atx, err := conn.BeginTx(ctx, pgx.TxOptions{AccessMode: pgx.ReadOnly})
 		if err != nil {
 			return nil, err
@@ -172,8 +190,7 @@ func (o *OptIns) Read(ctx context.Context, c *Campaign, users []string) (map[str
 		if _, err := atx.Exec(ctx, fmt.Sprintf(`SET LOCAL statement_timeout = %d`, optInTimeout.Milliseconds())); err != nil {
 			return nil, err
 		}
-		yes, _, err := readOptIns(ctx, atx, spec, users, o.runner(c))
-		return yes, err
+		return readOptIns(ctx, atx, spec, users, o.runner(c))
 	}()
 	if err != nil {
 		return nil, fmt.Errorf("opt-ins of campaign %d: %w", c.ID, err)
@@ -185,13 +202,24 @@ func (o *OptIns) Read(ctx context.Context, c *Campaign, users []string) (map[str
 	return got, nil
 }
 
-// readOptIns runs spec's audience query restricted to users in atx and returns the users it returns once,
-// with the opt-in column true, and those it returns more than once. A user_id column whose type cannot read the IDs back (they are its text) is
-// compared as text, under a savepoint.
+// OptInRows is what a re-read of the opt-ins found: for each user the query returned, the addresses of its
+// rows (canonical, as the launch stored them), true for those with a row whose opt-in says yes.
+type OptInRows map[string]map[string]bool
+
+// OptedIn says whether user's planned address addr is still in the audience with the opt-in true. A user
+// with several rows (a user joined with its devices; the launch kept one as the recipient and excluded the
+// others as duplicate_user) is judged by the row of the address it was planned with; one whose planned
+// address the query no longer returns (the device removed) is not opted in.
+func (o OptInRows) OptedIn(user, addr string) bool { return o[user][addr] }
+
+// readOptIns runs spec's audience query restricted to users in atx and returns what its rows say of them
+// (OptInRows). A user_id column whose type cannot read the IDs back (they are its text) is compared as
+// text, under a savepoint.
 func readOptIns(ctx context.Context, atx pgx.Tx, spec Spec, users []string,
-	runner func(context.Context, pgx.Tx, Spec) (pgx.Rows, []string, error)) (yes, twice map[string]bool, err error) {
-	col := spec.Channel.OptInColumn()
-	run := func(asText bool) (map[string]bool, error) {
+	runner func(context.Context, pgx.Tx, Spec) (pgx.Rows, []string, error)) (OptInRows, error) {
+	col, addrCol := spec.Channel.OptInColumn(), spec.Channel.AddressColumn()
+	canonical := spec.Channel.Spec().Canonical
+	run := func(asText bool) (OptInRows, error) {
 		s := spec
 		s.AudienceSQL = optInSQL(spec.AudienceSQL, users, asText)
 		rows, names, err := runner(ctx, atx, s)
@@ -199,63 +227,67 @@ func readOptIns(ctx context.Context, atx pgx.Tx, spec Spec, users []string,
 			return nil, err
 		}
 		defer rows.Close()
-		userIdx, optIdx := -1, -1
+		userIdx, addrIdx, optIdx := -1, -1, -1
 		for i, n := range names {
-			switch n {
-			case "user_id":
+			if n == "user_id" {
 				userIdx = i
-			case col:
+			}
+			if n == addrCol {
+				addrIdx = i // the same column as user_id for the webhook channel
+			}
+			if n == col {
 				optIdx = i
 			}
 		}
-		if userIdx < 0 || optIdx < 0 {
-			return nil, fmt.Errorf("%w: the audience query no longer returns user_id and %s", ErrInvalid, col)
+		if userIdx < 0 || addrIdx < 0 || optIdx < 0 {
+			// A query that failed before its first row has no columns: its error says why.
+			rows.Close()
+			if err := rows.Err(); err != nil {
+				return nil, err
+			}
+			return nil, fmt.Errorf("%w: the audience query no longer returns user_id, %s and %s", ErrInvalid, addrCol, col)
 		}
-		seen := map[string]int{}
-		yes := map[string]bool{}
-		twice = map[string]bool{}
+		got := OptInRows{}
 		for rows.Next() {
 			vals, err := rows.Values()
 			if err != nil {
 				return nil, err
 			}
-			if vals[userIdx] == nil {
+			if vals[userIdx] == nil || vals[addrIdx] == nil {
 				continue
 			}
-			u := toText(vals[userIdx])
-			seen[u]++
-			if v := vals[optIdx]; v != nil && optInSays(toText(v)) {
-				yes[u] = true
+			addr, err := canonical(toText(vals[addrIdx]))
+			if err != nil {
+				continue // not an address: the launch excluded such a row
 			}
+			u := toText(vals[userIdx])
+			if got[u] == nil {
+				got[u] = map[string]bool{}
+			}
+			yes := false
+			if v := vals[optIdx]; v != nil {
+				yes = optInSays(toText(v))
+			}
+			got[u][addr] = got[u][addr] || yes
 		}
 		if err := rows.Err(); err != nil {
 			return nil, err
 		}
-		for u, n := range seen {
-			if n > 1 {
-				// The launch excluded a second row as a duplicate: which one counts is not known.
-				delete(yes, u)
-				twice[u] = true
-			}
-		}
-		return yes, nil
+		return got, nil
 	}
 	if _, err := atx.Exec(ctx, `SAVEPOINT typed`); err != nil {
-		return nil, nil, err
+		return nil, err
 	}
-	yes, err = run(false)
+	got, err := run(false)
 	var pgErr *pgconn.PgError
 	if err != nil && errors.As(err, &pgErr) && (pgErr.Code == "22P02" || pgErr.Code == "42883" || pgErr.Code == "42846" || pgErr.Code == "22007" || pgErr.Code == "22008") {
 		// The IDs do not read as the column's type (invalid text, no equality with it): compared as text.
 		if _, rerr := atx.Exec(ctx, `ROLLBACK TO SAVEPOINT typed`); rerr != nil {
-			return nil, nil, rerr
+			return nil, rerr
 		}
-		yes, err = run(true)
+		got, err = run(true)
 	}
-	if err != nil {
-		return nil, nil, err
-	}
-	return yes, twice, nil
+	return got, err
 }
 
 // optInSays reports whether v, an opt-in column's value as text, says yes (optInTrue, as the lease reads

@@ -141,41 +141,56 @@ func (p *Planner) stageAudience(ctx context.Context, engineTx pgx.Tx, spec Spec,
 	}
 	rows.Close()
 	if len(src.probe) > 0 {
-		return p.probeOptIns(ctx, atx, spec, src.probe)
+		return p.probeOptIns(ctx, atx, spec, src.probe, src.ord)
 	}
 	return nil
 }
 
 // probeOptIns checks that the audience query can be run again for some of its recipients, as the workers
-// run it for each chunk to read the opt-ins at send time (OptIns): users, whose opt-in the query has just
-// said yes to, must come back with it. A query that picks its recipients by chance, position or the
-// moment (ORDER BY random(), LIMIT, now()) would have the workers skip most of them as revoked: the launch
-// is refused instead, before anything is written. A re-read that takes long is only said: each chunk will
-// wait for it.
-func (p *Planner) probeOptIns(ctx context.Context, atx pgx.Tx, spec Spec, users []string) error {
+// run it for each chunk to read the opt-ins at send time (OptIns): probe, (user, address) pairs whose
+// opt-in the query has just said yes to, must come back with it, under the workers' own time limit. A
+// query that picks its recipients by chance, position or the moment (ORDER BY random(), LIMIT, now())
+// would have the workers skip most of them as revoked, and one that takes longer than optInProbeMax for a
+// few recipients would hold each chunk as long (the workers' limit is optInTimeout): the launch is refused
+// instead, before anything is written. A re-read slow enough to make the whole campaign's reads long is
+// only said (optInSlow).
+func (p *Planner) probeOptIns(ctx context.Context, atx pgx.Tx, spec Spec, probe [][2]string, audience int64) error {
+	if _, err := atx.Exec(ctx, fmt.Sprintf(`SET LOCAL statement_timeout = %d`, optInProbeMax.Milliseconds())); err != nil {
+		return fmt.Errorf("audience database: %w", err)
+	}
+	users := make([]string, len(probe))
+	for i, pr := range probe {
+		users[i] = pr[0]
+	}
 	start := time.Now()
-	yes, twice, err := readOptIns(ctx, atx, spec, users, runAudience)
+	got, err := readOptIns(ctx, atx, spec, users, runAudience)
+	took := time.Since(start)
 	if err != nil {
 		var pgErr *pgconn.PgError
+		if took >= optInProbeMax*9/10 {
+			return fmt.Errorf("%w: the audience query, run again for %d of its recipients, took more than %v; the workers run it again for each chunk at send time to read the %s opt-ins, so it must find a few users at once: let Postgres look them up by the column behind user_id (an index on it, and no LIMIT, DISTINCT ON or window function around it); nothing was written or sent",
+				ErrInvalid, len(users), optInProbeMax, spec.Channel)
+		}
 		if !errors.Is(err, ErrInvalid) && errors.As(err, &pgErr) && strings.HasPrefix(pgErr.Code, "42") {
 			err = fmt.Errorf("%w: %v", ErrInvalid, err)
 		}
-		return fmt.Errorf("the audience query cannot be run again for some of its recipients, as the workers run it to read %s opt-ins at send time: %w; make it one SELECT that can be a subquery (no trailing comment after a semicolon)",
+		return fmt.Errorf("the audience query cannot be run again for some of its recipients, as the workers run it to read %s opt-ins at send time: %w; make it one SELECT that can be a subquery",
 			spec.Channel, err)
 	}
 	var lost []string
-	for _, u := range users {
-		if !yes[u] && !twice[u] {
-			lost = append(lost, u)
+	for _, pr := range probe {
+		if !got.OptedIn(pr[0], pr[1]) {
+			lost = append(lost, pr[0])
 		}
 	}
 	if len(lost) > 0 {
 		return fmt.Errorf("%w: the audience query, run again for %d of its recipients with %s true, did not return %d of them with it (e.g. user_id %s): the workers run it again for each chunk at send time to read the opt-ins, so it must pick its recipients by what they are, not by chance, position or the moment (ORDER BY random(), LIMIT, OFFSET); keep a sample in a table of its own and select from it, or select by a condition on the rows; nothing was written or sent",
 			ErrInvalid, len(users), spec.Channel.OptInColumn(), len(lost), providers.MaskUserID(lost[0]))
 	}
-	if took := time.Since(start); took > 2*time.Second && p.Log != nil {
-		p.Log.Warn("the audience query is slow to run again for a few recipients: each chunk's opt-ins are read with it at send time, and the chunk waits as long; let Postgres look the users up by user_id (an index, and no LIMIT, DISTINCT ON or window function around it)",
-			"recipients", len(users), "took", took.Round(time.Millisecond))
+	// About what the campaign's reads take in all: one a chunk of a few hundred.
+	if all := time.Duration(float64(took) * float64(audience) / float64(len(users))); (took > optInSlow || all > time.Minute) && p.Log != nil {
+		p.Log.Warn("the audience query is slow to run again for a few recipients: the workers run it for each chunk to read the opt-ins at send time, and the chunk waits as long; let Postgres look the users up by the column behind user_id (an index on it, and no LIMIT, DISTINCT ON or window function around it)",
+			"recipients", len(users), "took", took.Round(time.Millisecond), "all_reads_about", all.Round(time.Second))
 	}
 	return nil
 }
@@ -248,7 +263,7 @@ type audienceSource struct {
 	// optIdx is the opt-in column read again at send time (-1: none); probe collects the first users
 	// whose opt-in says yes, for probeOptIns.
 	optIdx int
-	probe  []string
+	probe  [][2]string
 	ord    int64
 	err    error
 }
@@ -280,16 +295,16 @@ func (s *audienceSource) Values() ([]any, error) {
 			return nil, s.err
 		}
 	}
-	if s.optIdx >= 0 && user != nil && len(s.probe) < optInProbeUsers {
-		if v := vals[s.optIdx]; v != nil && optInSays(toText(v)) {
-			s.probe = append(s.probe, user.(string))
-		}
-	}
 	if raw := vals[s.addrIdx]; raw != nil {
 		if a, err := s.canonical(toText(raw)); err == nil {
 			addr = a
 		} else {
 			rawAddr = toText(raw)
+		}
+	}
+	if s.optIdx >= 0 && user != nil && addr != nil && len(s.probe) < optInProbeUsers {
+		if v := vals[s.optIdx]; v != nil && optInSays(toText(v)) {
+			s.probe = append(s.probe, [2]string{user.(string), addr.(string)})
 		}
 	}
 	vars := make(map[string]any, len(vals))

@@ -47,6 +47,10 @@ type batchRun struct {
 	// consentAt is when the chunk's consents were read (gate, recheck of all its recipients still to be
 	// sent); readAt, when some of them were read again since (recheck of a request, recheckInFlight).
 	consentAt time.Time
+	// leasedAt is when the last lease's statement was sent (leaseChunk): the consents it read are as of
+	// then, and a push's opt-ins read just before it as of the read's start, which a slow audience makes
+	// older (one that took a second and more was never fresh enough to send on, and was read again for ever).
+	leasedAt time.Time
 	readAt    map[string]time.Time
 	// revoked holds the users recheck found without consent (and settled) or no longer pending: not sent.
 	revoked map[string]bool
@@ -515,11 +519,11 @@ func (h *Handler) gate(ctx context.Context, run *batchRun, chunk []campaign.Reci
 	for i := range chunk {
 		users[i] = chunk[i].UserID
 	}
-	at := h.cfg.Now()
 	got, err := h.leaseChunk(ctx, run, users)
 	if err != nil {
 		return 0, nil, waitForServices(err)
 	}
+	at := run.leasedAt
 	mode, retry, done := stateGate(run.c.ID, got.State)
 	if retry != nil {
 		return 0, nil, retry
@@ -588,13 +592,15 @@ func (h *Handler) leaseChunk(ctx context.Context, run *batchRun, users []string)
 	}
 	// Push and webhook opt-ins are read from the audience first: when it cannot be read, nothing is leased
 	// and nothing stays in hand, so the batch's next run finds its rows free.
-	var optIns map[string]bool
+	var optIns campaign.OptInRows
 	readOptIns := run.c.ReadsOptIns() && !l.AnyState && run.c.State != campaign.StateCancelled
+	run.leasedAt = h.cfg.Now()
 	if readOptIns {
 		var err error
 		if optIns, err = h.readOptIns(ctx, run, users); err != nil {
 			return campaign.Chunk{}, err
 		}
+		run.leasedAt = h.cfg.Now()
 	}
 	for try := 0; ; try++ {
 		got, err := h.cfg.Store.LeaseChunk(ctx, run.c, users, l)
@@ -638,13 +644,13 @@ func (h *Handler) leaseLive(token string, live bool) {
 
 // readOptIns reads the opt-ins of users from the campaign's audience, run again now for them (a push or
 // webhook campaign: the opt-in lives in the customer's database, and a withdrawal after the launch stops
-// the send, as an İYS RET does): it returns those it returns with the opt-in true. It fails closed: when
-// the audience cannot be read, nothing of the chunk is sent, the run waits, and status says why.
-func (h *Handler) readOptIns(ctx context.Context, run *batchRun, users []string) (map[string]bool, error) {
+// the send, as an İYS RET does). It fails closed: when the audience cannot be read, nothing of the chunk
+// is sent, the run waits, and status says why.
+func (h *Handler) readOptIns(ctx context.Context, run *batchRun, users []string) (campaign.OptInRows, error) {
 	if h.cfg.OptIns == nil {
 		return nil, &RetryError{Err: fmt.Errorf("campaign %d: this worker has no audience database to read its recipients' opt-ins from", run.c.ID), After: 30 * time.Second}
 	}
-	yes, err := h.cfg.OptIns.Read(ctx, run.c, users)
+	got, err := h.cfg.OptIns.Read(ctx, run.c, users)
 	if err != nil {
 		if h.cfg.Redis != nil {
 			h.optInsUnread.Store(run.c.ID, true)
@@ -657,7 +663,38 @@ func (h *Handler) readOptIns(ctx context.Context, run *batchRun, users []string)
 	if _, noted := h.optInsUnread.LoadAndDelete(run.c.ID); noted && h.cfg.Redis != nil {
 		state.ClearWaiting(ctx, h.cfg.Redis, run.c.ID, WaitOptInsUnreadable) //nolint:errcheck // status only; it expires
 	}
-	return yes, nil
+	return got, nil
+}
+
+// applyOptIns takes out of got.Consent the addresses whose opt-in, read just before the lease (rows, for
+// asked), no longer says true (campaign.OptInRows.OptedIn). The lease may hold users that were not asked
+// (the chunk in hand of a run it took over): theirs are read now.
+func (h *Handler) applyOptIns(ctx context.Context, run *batchRun, got campaign.Chunk, asked []string, rows campaign.OptInRows) error {
+	was := make(map[string]bool, len(asked))
+	for _, u := range asked {
+		was[u] = true
+	}
+	var more []string
+	for u := range got.ConsentOf {
+		if !was[u] {
+			more = append(more, u)
+		}
+	}
+	if len(more) > 0 {
+		also, err := h.readOptIns(ctx, run, more)
+		if err != nil {
+			return err
+		}
+		for u, addrs := range also {
+			rows[u] = addrs
+		}
+	}
+	for u, a := range got.ConsentOf {
+		if !rows.OptedIn(u, a) {
+			delete(got.Consent, a)
+		}
+	}
+	return nil
 }
 
 // refusalsHeld keeps the run from leasing while a webhooks process holds refusals in its spool that
@@ -679,37 +716,6 @@ func (h *Handler) refusalsHeld(ctx context.Context, run *batchRun) error {
 	state.NoteWaiting(context.WithoutCancel(ctx), h.cfg.Redis, run.c.ID, state.Waiting{Reason: WaitRefusalsHeld, //nolint:errcheck // status only
 		Detail: "refusals that providers posted while Postgres was away wait in campaignctl webhooks' spool: nothing is sent until they are recorded (within seconds of Postgres's return); the batches go on by themselves"})
 	return &RetryError{Err: errors.New("refusals received while Postgres was away are still being recorded: no send until they are"), After: time.Second, Wait: true}
-}
-
-// applyOptIns takes out of got.Consent the addresses of the users whose opt-in, read just before the lease
-// (yes, for asked), no longer says true. The lease may hold users that were not asked (the chunk in hand of
-// a run it took over): theirs are read now.
-func (h *Handler) applyOptIns(ctx context.Context, run *batchRun, got campaign.Chunk, asked []string, yes map[string]bool) error {
-	was := make(map[string]bool, len(asked))
-	for _, u := range asked {
-		was[u] = true
-	}
-	var more []string
-	for u := range got.ConsentOf {
-		if !was[u] {
-			more = append(more, u)
-		}
-	}
-	if len(more) > 0 {
-		also, err := h.readOptIns(ctx, run, more)
-		if err != nil {
-			return err
-		}
-		for u := range also {
-			yes[u] = true
-		}
-	}
-	for u, a := range got.ConsentOf {
-		if !yes[u] {
-			delete(got.Consent, a)
-		}
-	}
-	return nil
 }
 
 // leaseIsLive says whether token is the lease of a batch run of this process.

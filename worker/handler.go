@@ -257,10 +257,10 @@ func (h *Handler) sharers(key string) int {
 }
 
 // NewHandler returns a Handler for cfg.
-// OptInReader re-reads recipients' opt-ins (campaign.OptIns): it returns those of users whom the
-// campaign's audience returns now with the opt-in true.
+// OptInReader re-reads recipients' opt-ins (campaign.OptIns): what the campaign's audience, run again
+// now for users, says of them.
 type OptInReader interface {
-	Read(ctx context.Context, c *campaign.Campaign, users []string) (map[string]bool, error)
+	Read(ctx context.Context, c *campaign.Campaign, users []string) (campaign.OptInRows, error)
 }
 
 func NewHandler(cfg Config) *Handler {

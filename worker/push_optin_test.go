@@ -13,6 +13,7 @@ import (
 
 	"github.com/campaignctl/campaignctl/campaign"
 	"github.com/campaignctl/campaignctl/internal/state"
+	"github.com/campaignctl/campaignctl/internal/testdb"
 	"github.com/campaignctl/campaignctl/internal/testredis"
 	"github.com/campaignctl/campaignctl/providers"
 )
@@ -173,5 +174,93 @@ func TestAPushOptInWithdrawnWhileTheChunkWaitsStopsTheSend(t *testing.T) {
 				t.Fatalf("u5: %s (%s), want skipped (revoked)", st, reason)
 			}
 		})
+	}
+}
+
+// A user joined with its devices has a row a device: the launch plans one (the first) and excludes the
+// others as duplicate_user. The re-read at send time judges the user by the row of the token it was
+// planned with: still opted in, it is sent. Before, any user the query returned twice was skipped as
+// revoked. A user whose planned token is gone from the audience (the device removed) is not sent, even
+// with another token still there.
+func TestAUserWithSeveralDevicesIsJudgedByItsPlannedToken(t *testing.T) {
+	t.Parallel()
+	db, store, _, launch := pushPlan(t)
+	ctx := context.Background()
+	if _, err := db.Exec(ctx, `INSERT INTO devices VALUES ('u2', 'tok-2b', true, 'Ad2'), ('u3', 'tok-3b', true, 'Ad3')`); err != nil {
+		t.Fatal(err)
+	}
+	rep := launch("devices")
+	if rep.Excluded[campaign.ReasonDuplicateUser] != 2 || rep.Eligible != 5 {
+		t.Fatalf("launch: %d eligible, excluded %v; want 5, and the 2 second devices as duplicate_user", rep.Eligible, rep.Excluded)
+	}
+	var token3 string
+	if err := db.QueryRow(ctx, `SELECT address FROM campaign_recipients WHERE campaign_id = $1 AND user_id = 'u3'`, rep.ID).Scan(&token3); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Exec(ctx, `DELETE FROM devices WHERE user_id = 'u3' AND push_token = $1`, token3); err != nil {
+		t.Fatal(err)
+	}
+	rdb, _ := testredis.New(t)
+	h := NewHandler(Config{Store: store, Redis: rdb, Owner: "w",
+		Providers:     map[campaign.Channel]providers.Provider{campaign.ChannelPush: pushProvider(t)},
+		ProviderRates: map[string]float64{}})
+	if err := h.RunBatch(ctx, rep.ID, 0); err != nil {
+		t.Fatal(err)
+	}
+	var st2, st3 string
+	if err := db.QueryRow(ctx, `SELECT (SELECT status || coalesce(':' || reason, '') FROM campaign_recipients WHERE campaign_id = $1 AND user_id = 'u2'),
+		(SELECT status || coalesce(':' || reason, '') FROM campaign_recipients WHERE campaign_id = $1 AND user_id = 'u3')`, rep.ID).Scan(&st2, &st3); err != nil {
+		t.Fatal(err)
+	}
+	if st2 != campaign.StatusSent {
+		t.Errorf("u2, two devices, still opted in: %s; want sent", st2)
+	}
+	if st3 != "skipped:"+campaign.ReasonRevoked {
+		t.Errorf("u3, its planned device removed: %s; want skipped:revoked", st3)
+	}
+}
+
+// An audience query that takes more than a second to run again for a chunk still lets the chunk go: its
+// consents' age is counted from the lease that follows the read. Before, a read of a second or more was
+// never fresh enough to send on, and the chunk read it again for ever (an outside run sent nothing for
+// minutes with a query of 1.5 s).
+func TestASlowAudienceStillSends(t *testing.T) {
+	t.Parallel()
+	db, _ := testdb.New(t)
+	ctx := context.Background()
+	for _, sql := range []string{
+		`CREATE TABLE devices AS SELECT 'u' || i AS user_id, 'tok-' || i AS push_token, true AS push_opt_in FROM generate_series(1, 6) i`,
+		`GRANT SELECT ON devices TO campaignctl_audience`,
+	} {
+		if _, err := db.Exec(ctx, sql); err != nil {
+			t.Fatal(err)
+		}
+	}
+	store := campaign.NewStore(db)
+	rdb, _ := testredis.New(t)
+	for _, window := range []int{1, 8} {
+		rep, err := (&campaign.Planner{Engine: db, Audience: db}).Plan(ctx, campaign.Spec{Name: fmt.Sprint("slow-", window), Channel: campaign.ChannelPush, BatchSize: 10,
+			AudienceSQL: `SELECT user_id, push_token, push_opt_in FROM devices WHERE (SELECT pg_sleep(1.3)) IS NOT NULL`,
+			Subject:     `Merhaba`, Message: `Size özel bir fırsat`})
+		if err != nil {
+			t.Fatal(err)
+		}
+		h := NewHandler(Config{Store: store, Redis: rdb, Owner: "w", SendWindow: window,
+			Providers:     map[campaign.Channel]providers.Provider{campaign.ChannelPush: pushProvider(t)},
+			ProviderRates: map[string]float64{}})
+		stop := time.AfterFunc(30*time.Second, h.Stop)
+		start := time.Now()
+		err = h.RunBatch(ctx, rep.ID, 0)
+		stop.Stop()
+		if err != nil {
+			t.Fatalf("window %d: %v", window, err)
+		}
+		// A read a chunk, and one again if the chunk waited: a few seconds, not a read for ever.
+		if took := time.Since(start); took > 12*time.Second {
+			t.Fatalf("window %d: the batch took %v with an audience of 1.3 s a read", window, took.Round(time.Second))
+		}
+		if c, err := store.Counts(ctx, rep.ID); err != nil || c.Sent != 6 {
+			t.Fatalf("window %d: counts %+v (%v); want all 6 sent", window, c, err)
+		}
 	}
 }

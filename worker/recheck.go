@@ -159,12 +159,12 @@ func (h *Handler) logRefused(run *batchRun, refused int) {
 // recheck and recheckInFlight; whole says users are all the chunk's recipients still to be sent. A lease lost to another run, or a campaign no longer running, ends the
 // chunk as gate ends one.
 func (h *Handler) reread(ctx context.Context, run *batchRun, users []string, whole bool) (campaign.Chunk, error) {
-	at := h.cfg.Now()
 	h.settleAnswers(ctx, run) // before a Postgres round trip that may stall (renew)
 	got, err := h.leaseChunk(ctx, run, users)
 	if err != nil {
 		return got, waitForServices(err)
 	}
+	at := run.leasedAt
 	switch mode, retry, done := stateGate(run.c.ID, got.State); {
 	case retry != nil:
 		return got, retry
