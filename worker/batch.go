@@ -51,7 +51,7 @@ type batchRun struct {
 	// then, and a push's opt-ins read just before it as of the read's start, which a slow audience makes
 	// older (one that took a second and more was never fresh enough to send on, and was read again for ever).
 	leasedAt time.Time
-	readAt    map[string]time.Time
+	readAt   map[string]time.Time
 	// revoked holds the users recheck found without consent (and settled) or no longer pending: not sent.
 	revoked map[string]bool
 	guard   state.Guard
