@@ -47,11 +47,11 @@ type batchRun struct {
 	// consentAt is when the chunk's consents were read (gate, recheck of all its recipients still to be
 	// sent); readAt, when some of them were read again since (recheck of a request, recheckInFlight).
 	consentAt time.Time
+	readAt    map[string]time.Time
 	// leasedAt is when the last lease's statement was sent (leaseChunk): the consents it read are as of
 	// then, and a push's opt-ins read just before it as of the read's start, which a slow audience makes
 	// older (one that took a second and more was never fresh enough to send on, and was read again for ever).
 	leasedAt time.Time
-	readAt   map[string]time.Time
 	// revoked holds the users recheck found without consent (and settled) or no longer pending: not sent.
 	revoked map[string]bool
 	guard   state.Guard
