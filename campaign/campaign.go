@@ -155,6 +155,9 @@ type Campaign struct {
 	// PrivilegedAudience records --allow-privileged-audience: the audience query, and its re-reads of the
 	// opt-ins at send time (OptIns), run as the audience connection's own role.
 	PrivilegedAudience bool
+	// AudienceDatabase is the name of the database the audience query ran on at launch ("" before schema
+	// version 25): the opt-ins are read again there only.
+	AudienceDatabase string
 	// MaxConsentAge is the --max-consent-age a commercial campaign on an İYS channel was launched with
 	// (0: none, or stale consents allowed): a batch does not send on consents older than that
 	// (ConsentStale). ConsentSyncedAt is when they were last brought up to date, as Get read it (nil: never,

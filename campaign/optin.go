@@ -128,6 +128,14 @@ func (o *OptIns) runner(c *Campaign) func(ctx context.Context, atx pgx.Tx, spec 
 		known, ok := o.checked[c.ID]
 		o.mu.Unlock()
 		if !ok || known.sql != c.AudienceSQL || time.Since(known.at) > optInRecheck {
+			var here string
+			if err := atx.QueryRow(ctx, `SELECT current_database()`).Scan(&here); err != nil {
+				return nil, nil, err
+			}
+			if c.AudienceDatabase != "" && here != c.AudienceDatabase {
+				return nil, nil, fmt.Errorf("campaign %d was launched on the audience database %q, and this worker's audience database is %q: its opt-ins are read only where they were; give the workers the launch's AUDIENCE_DATABASE_URL",
+					c.ID, c.AudienceDatabase, here)
+			}
 			wrapped, err := audienceMode(ctx, atx, spec)
 			if err != nil {
 				return nil, nil, err

@@ -26,7 +26,7 @@ func NewStore(pool *pgxpool.Pool) *Store { return &Store{pool: pool} }
 var campaignColumns = `id, name, channel, state, message, subject, coalesce(code_pool, ''), rate, audience_sql,
 	audience, eligible, excluded, batch_size, batches, created_at, started_at, finished_at,
 	start_at, send_window, window_zone, frequency_cap_seconds, html, template_id, recipient_type, transactional,
-	allow_stale_consent, brand_code, max_segments, state_since, coalesce(max_consent_age_seconds, 0), privileged_audience,
+	allow_stale_consent, brand_code, max_segments, state_since, coalesce(max_consent_age_seconds, 0), privileged_audience, coalesce(audience_database, ''),
 	(SELECT CASE WHEN max_consent_age_seconds > 0 THEN array[extract(epoch FROM a.at), extract(epoch FROM now() - a.at)] END
 	 FROM (SELECT ` + consentSyncedAtSQL("campaigns.brand_code") + ` AS at) a),
 	(SELECT coalesce(max(frequency_cap_seconds), 0) FROM campaigns l WHERE l.state IN (` + sqlStatePlanning + `, ` + sqlStateScheduled + `, ` + sqlStateRunning + `, '` + string(StatePaused) + `'))`
@@ -40,7 +40,7 @@ func scanCampaign(row pgx.Row) (*Campaign, error) {
 	err := row.Scan(&c.ID, &c.Name, &c.Channel, &c.State, &c.Message, &c.Subject, &c.CodePool, &c.Rate, &c.AudienceSQL,
 		&c.Audience, &c.Eligible, &excluded, &c.BatchSize, &c.Batches, &c.CreatedAt, &c.StartedAt, &c.FinishedAt,
 		&c.StartAt, &window, &zone, &capSeconds, &c.HTML, &c.TemplateID, &c.RecipientType, &c.Transactional,
-		&c.AllowStaleConsent, &c.BrandCode, &c.MaxSegments, &c.StateSince, &ageSeconds, &c.PrivilegedAudience, &synced, &keptSeconds)
+		&c.AllowStaleConsent, &c.BrandCode, &c.MaxSegments, &c.StateSince, &ageSeconds, &c.PrivilegedAudience, &c.AudienceDatabase, &synced, &keptSeconds)
 	if err != nil {
 		return nil, err
 	}

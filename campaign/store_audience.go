@@ -30,8 +30,15 @@ func serverMajor(c *pgconn.PgConn) int {
 	return n
 }
 
-// stageAudience runs the audience query read-only and streams its rows into audience_stage.
-func (p *Planner) stageAudience(ctx context.Context, engineTx pgx.Tx, spec Spec, tmpl *Template) error {
+// stageAudience runs the audience query read-only and streams its rows into audience_stage. It returns the
+// audience database's name (current_database()), which the campaign records for the workers' re-reads.
+func (p *Planner) stageAudience(ctx context.Context, engineTx pgx.Tx, spec Spec, tmpl *Template) (string, error) {
+	var db string
+	err := p.stageAudienceIn(ctx, engineTx, spec, tmpl, &db)
+	return db, err
+}
+
+func (p *Planner) stageAudienceIn(ctx context.Context, engineTx pgx.Tx, spec Spec, tmpl *Template, dbName *string) error {
 	conn, err := p.Audience.Acquire(ctx)
 	if err != nil {
 		return fmt.Errorf("audience database: %w", err)
@@ -62,6 +69,9 @@ func (p *Planner) stageAudience(ctx context.Context, engineTx pgx.Tx, spec Spec,
 	// A launch killed outright (kill -9, a lost machine) cannot cancel its query: the server would run it
 	// to the statement timeout. From Postgres 14 on, the server checks every second that its client is
 	// still there while the query runs, and ends it when not.
+	if err := atx.QueryRow(ctx, `SELECT current_database()`).Scan(dbName); err != nil {
+		return fmt.Errorf("audience database: %w", err)
+	}
 	if serverMajor(conn.Conn().PgConn()) >= 14 {
 		if _, err := atx.Exec(ctx, `SET LOCAL client_connection_check_interval = 1000`); err != nil {
 			return fmt.Errorf("audience database: %w", err)

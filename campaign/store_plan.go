@@ -88,8 +88,12 @@ func (p *Planner) plan(ctx context.Context, spec Spec, tmpl *Template, rep *Repo
 		return fmt.Errorf("plan: %w", err)
 	}
 	t0 := time.Now()
-	if err := p.stageAudience(ctx, tx, spec, tmpl); err != nil {
+	audienceDB, err := p.stageAudience(ctx, tx, spec, tmpl)
+	if err != nil {
 		return err
+	}
+	if _, err := tx.Exec(ctx, `UPDATE campaigns SET audience_database = $2 WHERE id = $1`, id, audienceDB); err != nil {
+		return fmt.Errorf("plan: %w", err)
 	}
 	p.step("stage audience", t0)
 	t0 = time.Now()

@@ -264,3 +264,55 @@ func TestASlowAudienceStillSends(t *testing.T) {
 		}
 	}
 }
+
+// The opt-ins are read again only on the audience database the campaign was launched on. A worker whose
+// AUDIENCE_DATABASE_URL reaches another one (the engine's, when the variable was left out) with a table of
+// the same name reads nothing there: nothing is sent, and status names both databases. Before, it read
+// that table: an outside run sent to people who had withdrawn in the shop's database and skipped others.
+func TestOptInsAreReadOnlyOnTheLaunchsAudienceDatabase(t *testing.T) {
+	t.Parallel()
+	engine, _ := testdb.New(t)
+	shop, _ := testdb.New(t)
+	ctx := context.Background()
+	for _, db := range []*pgxpool.Pool{engine, shop} {
+		for _, sql := range []string{
+			`CREATE TABLE devices AS SELECT 'u' || i AS user_id, 'tok-' || i AS push_token, true AS push_opt_in FROM generate_series(1, 4) i`,
+			`GRANT SELECT ON devices TO campaignctl_audience`,
+		} {
+			if _, err := db.Exec(ctx, sql); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	rep, err := (&campaign.Planner{Engine: engine, Audience: shop}).Plan(ctx, campaign.Spec{Name: "shop", Channel: campaign.ChannelPush, BatchSize: 10,
+		AudienceSQL: `SELECT user_id, push_token, push_opt_in FROM devices`, Subject: `Merhaba`, Message: `Size özel bir fırsat`})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := shop.Exec(ctx, `UPDATE devices SET push_opt_in = false WHERE user_id = 'u1'`); err != nil {
+		t.Fatal(err)
+	}
+	store := campaign.NewStore(engine)
+	rdb, _ := testredis.New(t)
+	h := NewHandler(Config{Store: store, Redis: rdb, Owner: "w", // opt-ins read on the engine's database
+		Providers:     map[campaign.Channel]providers.Provider{campaign.ChannelPush: pushProvider(t)},
+		ProviderRates: map[string]float64{}})
+	err = h.RunBatch(ctx, rep.ID, 0)
+	var re *RetryError
+	if !errors.As(err, &re) || re.Failure {
+		t.Fatalf("the run on the engine's database returned %v; want the batch back for later", err)
+	}
+	if c, _ := store.Counts(ctx, rep.ID); c.Sent != 0 || c.Skipped != 0 {
+		t.Fatalf("counts %+v: the opt-ins were read on another database than the launch's", c)
+	}
+	if w, _ := state.Waits(ctx, rdb, rep.ID); !strings.Contains(w[WaitOptInsUnreadable].Detail, "launched on the audience database") {
+		t.Fatalf("waiting notes %v; want %s naming the launch's audience database", w, WaitOptInsUnreadable)
+	}
+	h.cfg.OptIns = &campaign.OptIns{Pool: shop}
+	if err := h.RunBatch(ctx, rep.ID, 0); err != nil {
+		t.Fatal(err)
+	}
+	if c, _ := store.Counts(ctx, rep.ID); c.Sent != 3 || c.Skipped != 1 {
+		t.Fatalf("counts %+v on the shop's database; want 3 sent and u1, who withdrew there, skipped", c)
+	}
+}

@@ -140,7 +140,7 @@ each chunk's users on AUDIENCE_DATABASE_URL (default: the engine database), as t
 			live := worker.NewLiveness(svc.engine, log)
 			// Push and webhook opt-ins are read again from the audience at send time, on a pool of their
 			// own: it connects when a campaign first needs it, and never takes the engine's few connections.
-			acfg, err := poolConfig(a.audienceDBURL(), a.audienceDBName(), 2)
+			acfg, err := poolConfig(a.audienceDBURL(), a.audienceDBName(), 4)
 			if err != nil {
 				return err
 			}
