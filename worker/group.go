@@ -71,6 +71,17 @@ func (h *Handler) sendGroup(ctx, waitCtx context.Context, run *batchRun, b provi
 	return h.sendGroupAs(ctx, waitCtx, run, b, rs, msgs, false)
 }
 
+// recheckRequest reads the consents of a request's recipients again when they are stale (recheck) and
+// returns the recipients still to be sent, with their messages.
+func (h *Handler) recheckRequest(ctx context.Context, run *batchRun, rs []*campaign.Recipient, msgs []providers.Message) ([]*campaign.Recipient, []providers.Message, error) {
+	drop, err := h.recheck(ctx, run, rs, false)
+	if err != nil || len(drop) == 0 {
+		return rs, msgs, err
+	}
+	kept := keptIndexes(rs, drop)
+	return pick(rs, kept), pick(msgs, kept), nil
+}
+
 // sendGroupAs is sendGroup; probe says the caller holds the probe of b's provider, down by every worker's
 // answers (waitWhileDown), for this request.
 //
@@ -95,14 +106,9 @@ func (h *Handler) sendGroupAs(ctx, waitCtx context.Context, run *batchRun, b pro
 			// (when they are stale), all at once. Read for the probe's recipient alone, each refusal made
 			// meanwhile took a probe without a request, one a second, and the provider, never probed,
 			// stayed down for every campaign on it.
-			if drop, err := h.recheck(ctx, run, rs, false); err != nil {
+			var err error
+			if rs, msgs, err = h.recheckRequest(ctx, run, rs, msgs); err != nil || len(rs) == 0 {
 				return err
-			} else if len(drop) > 0 {
-				kept := keptIndexes(rs, drop)
-				rs, msgs = pick(rs, kept), pick(msgs, kept)
-				if len(rs) == 0 {
-					return nil
-				}
 			}
 		}
 		if probe && len(rs) > 1 {
@@ -117,14 +123,9 @@ func (h *Handler) sendGroupAs(ctx, waitCtx context.Context, run *batchRun, b pro
 		if err := h.readyToSend(ctx, waitCtx, run, sendSize{msgs: len(rs), tokens: len(rs), calls: 1, via: b}, run.limits...); err != nil {
 			return err
 		}
-		if drop, err := h.recheck(ctx, run, rs, false); err != nil {
+		var err error
+		if rs, msgs, err = h.recheckRequest(ctx, run, rs, msgs); err != nil || len(rs) == 0 {
 			return err
-		} else if len(drop) > 0 {
-			kept := keptIndexes(rs, drop)
-			rs, msgs = pick(rs, kept), pick(msgs, kept)
-			if len(rs) == 0 {
-				return nil
-			}
 		}
 
 		// Claim everyone of the request at once, just before it, with their frequency marks.
