@@ -316,3 +316,33 @@ func TestOptInsAreReadOnlyOnTheLaunchsAudienceDatabase(t *testing.T) {
 		t.Fatalf("counts %+v on the shop's database; want 3 sent and u1, who withdrew there, skipped", c)
 	}
 }
+
+// A push campaign cancelled while its opt-ins cannot be read is closed all the same: a run of a cancelled
+// campaign reads no opt-in (it sends nothing), and a failed read leaves nothing in hand for the cancel to
+// wait on. An outside run's cancel waited for as long as the audience stayed unreadable.
+func TestACancelDoesNotWaitForTheOptIns(t *testing.T) {
+	t.Parallel()
+	_, store, id, _ := pushPlan(t)
+	ctx := context.Background()
+	gone, err := pgxpool.New(ctx, "postgres://postgres@127.0.0.1:1/nowhere?connect_timeout=1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(gone.Close)
+	rdb, _ := testredis.New(t)
+	h := NewHandler(Config{Store: store, Redis: rdb, Owner: "w", OptIns: &campaign.OptIns{Pool: gone},
+		Providers:     map[campaign.Channel]providers.Provider{campaign.ChannelPush: pushProvider(t)},
+		ProviderRates: map[string]float64{}})
+	if err := h.RunBatch(ctx, id, 0); err == nil {
+		t.Fatal("the run sent with the opt-ins unreadable")
+	}
+	if _, err := store.Transition(ctx, id, []campaign.State{campaign.StateRunning}, campaign.StateCancelled); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.RunBatch(ctx, id, 0); err != nil && !errors.Is(err, errCampaignOver) {
+		t.Fatalf("the run of the cancelled campaign: %v", err)
+	}
+	if c, err := store.Counts(ctx, id); err != nil || c.Pending != 0 || c.Sent != 0 || c.Skipped != 5 {
+		t.Fatalf("counts %+v (%v); want all 5 closed as cancelled, none sent", c, err)
+	}
+}
