@@ -4,11 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/url"
 	"slices"
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/campaignctl/campaignctl/campaign"
@@ -226,5 +229,60 @@ func TestALaunchRefusesAnAudienceTooSlowToReadAgain(t *testing.T) {
 	var n int
 	if err := db.QueryRow(ctx, `SELECT count(*) FROM campaigns`).Scan(&n); err != nil || n != 0 {
 		t.Fatalf("%d campaigns written by the refused launch (%v); want none", n, err)
+	}
+}
+
+// An audience read as a login role of its own (an AUDIENCE_DATABASE_URL of its own, no audience function)
+// that fails says why: a revoked grant is reported as Postgres's "permission denied", not as columns the
+// query no longer returns (a query that fails before its first row has no columns).
+func TestAnOptInReadThatFailsSaysWhy(t *testing.T) {
+	t.Parallel()
+	engine, _ := testdb.New(t)
+	aud, audURL := testdb.New(t)
+	ctx := context.Background()
+	role := "optin_" + strconv.FormatInt(time.Now().UnixNano()%1e9, 36)
+	for _, sql := range []string{
+		`DROP SCHEMA campaignctl_audience CASCADE`,
+		`CREATE TABLE devices AS SELECT 'u' || i AS user_id, 'tok-' || i AS push_token, true AS push_opt_in FROM generate_series(1, 3) i`,
+		`CREATE ROLE ` + role + ` LOGIN`,
+		`GRANT SELECT ON devices TO ` + role,
+	} {
+		mustExec(t, aud, sql)
+	}
+	t.Cleanup(func() {
+		ctx := context.Background()
+		aud.Exec(ctx, `REVOKE ALL ON devices FROM `+role) //nolint:errcheck
+		if c, err := pgx.Connect(ctx, testdb.AdminURL()); err == nil {
+			c.Exec(ctx, `DROP ROLE IF EXISTS `+role) //nolint:errcheck
+			c.Close(ctx)
+		}
+	})
+	u, err := url.Parse(audURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	u.User = url.User(role)
+	asRole, err := pgxpool.New(ctx, u.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(asRole.Close)
+	rep, err := (&campaign.Planner{Engine: engine, Audience: asRole}).Plan(ctx, campaign.Spec{Name: "role", Channel: campaign.ChannelPush, BatchSize: 10,
+		AudienceSQL: `SELECT user_id, push_token, push_opt_in FROM devices`, Subject: `Merhaba`, Message: `Size özel bir fırsat`})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := campaign.NewStore(engine).Get(ctx, rep.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := &campaign.OptIns{Pool: asRole}
+	if got, err := r.Read(ctx, c, []string{"u1"}); err != nil || !got.OptedIn("u1", "tok-1") {
+		t.Fatalf("read as the login role: %v (%v)", got, err)
+	}
+	mustExec(t, aud, `REVOKE SELECT ON devices FROM `+role)
+	_, err = r.Read(ctx, c, []string{"u1"})
+	if err == nil || !strings.Contains(err.Error(), "permission denied") {
+		t.Fatalf("read after the grant was revoked: %v; want Postgres's permission denied", err)
 	}
 }
