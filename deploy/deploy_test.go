@@ -247,6 +247,7 @@ func TestChecksCatchBreakage(t *testing.T) {
 		{"UI flag misspelt", "kubernetes/ui.yaml", `"--read-only"`, `"--readonly"`, "--readonly"},
 		{"UI port not exposed", "kubernetes/ui.yaml", `"0.0.0.0:8080"`, `"0.0.0.0:8081"`, "8081"},
 		{"Service selects nothing", "kubernetes/webhooks.yaml", "  selector:\n    app.kubernetes.io/name: campaignctl\n    app.kubernetes.io/component: webhooks\n  ports:", "  selector:\n    app.kubernetes.io/name: campaignctl\n    app.kubernetes.io/component: webhook\n  ports:", "selector"},
+		{"webhooks spool without Redis", "kubernetes/webhooks.yaml", "            - name: REDIS_URL\n              valueFrom:\n                secretKeyRef:\n                  name: campaignctl-secrets\n                  key: REDIS_URL\n", "", "REDIS_URL"},
 		{"webhooks probed on /stats", "kubernetes/webhooks.yaml", "path: /healthz\n              port: http\n            periodSeconds: 10", "path: /stats\n              port: http\n            periodSeconds: 10", "/healthz"},
 		{"status callback elsewhere", "kubernetes/configmap.yaml", "https://hooks.example.com/twilio/status", "https://hooks.example.org/twilio/status", "TWILIO_STATUS_CALLBACK"},
 		{"rate not a string", "kubernetes/configmap.yaml", `TWILIO_RATE: "100"`, `TWILIO_RATE: 100`, "quote it"},
@@ -1896,6 +1897,9 @@ func (c *checker) checkWebhooks(d obj[deployment], ct *container, cmd *cmdline, 
 	}
 	if !envFromSecret(ct, "DATABASE_URL") {
 		c.addf(cw, "webhooks needs DATABASE_URL from the Secret")
+	}
+	if dir := cmd.flags["--spool-dir"]; dir != "" && !envFromSecret(ct, "REDIS_URL") {
+		c.addf(cw, "webhooks with a spool needs REDIS_URL from the Secret: the workers wait through it while refusals wait in the spool")
 	}
 	// The refusal spool must be writable under a read-only root: a volume mounted at --spool-dir or above.
 	if dir, ok := cmd.flags["--spool-dir"]; !ok {
