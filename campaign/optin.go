@@ -50,12 +50,13 @@ func (r consentRule) readsOptIn() bool {
 func optInSQL(audience string, users []string, asText bool) string {
 	var b strings.Builder
 	b.WriteString("{")
+	quote := strings.NewReplacer(`\`, `\\`, `"`, `\"`)
 	for i, u := range users {
 		if i > 0 {
 			b.WriteString(",")
 		}
 		b.WriteString(`"`)
-		b.WriteString(strings.NewReplacer(`\`, `\\`, `"`, `\"`).Replace(u))
+		b.WriteString(quote.Replace(u))
 		b.WriteString(`"`)
 	}
 	b.WriteString("}")
@@ -300,11 +301,13 @@ func readOptIns(ctx context.Context, atx pgx.Tx, spec Spec, users []string,
 
 // optInSays reports whether v, an opt-in column's value as text, says yes (optInTrue, as the lease reads
 // it from the planned values).
-func optInSays(v string) bool {
+func optInSays(v string) bool { return optInYes[strings.ToLower(v)] }
+
+// optInYes is optInTrue as a set, read once.
+var optInYes = func() map[string]bool {
+	m := map[string]bool{}
 	for _, t := range strings.Split(optInTrue, ",") {
-		if strings.Trim(strings.TrimSpace(t), "'") == strings.ToLower(v) {
-			return true
-		}
+		m[strings.Trim(strings.TrimSpace(t), "'")] = true
 	}
-	return false
-}
+	return m
+}()

@@ -652,18 +652,35 @@ func (h *Handler) readOptIns(ctx context.Context, run *batchRun, users []string)
 	}
 	got, err := h.cfg.OptIns.Read(ctx, run.c, users)
 	if err != nil {
-		if h.cfg.Redis != nil {
-			h.optInsUnread.Store(run.c.ID, true)
-			state.NoteWaiting(context.WithoutCancel(ctx), h.cfg.Redis, run.c.ID, state.Waiting{Reason: WaitOptInsUnreadable, //nolint:errcheck // status only
-				Detail: fmt.Sprintf("the workers cannot read the %s opt-ins from the audience database (%v): nothing is sent until they can; check AUDIENCE_DATABASE_URL on the workers (the launch's), the audience tables and their grants; the batches go on by themselves",
-					run.c.Channel.Spec().Title, err)})
-		}
+		h.noteWait(ctx, run.c.ID, WaitOptInsUnreadable, fmt.Sprintf("the workers cannot read the %s opt-ins from the audience database (%v): nothing is sent until they can; check AUDIENCE_DATABASE_URL on the workers (the launch's), the audience tables and their grants; the batches go on by themselves",
+			run.c.Channel.Spec().Title, err))
 		return nil, &RetryError{Err: fmt.Errorf("%w (set AUDIENCE_DATABASE_URL for the workers as for the launch)", err), After: 5 * time.Second}
 	}
-	if _, noted := h.optInsUnread.LoadAndDelete(run.c.ID); noted && h.cfg.Redis != nil {
-		state.ClearWaiting(ctx, h.cfg.Redis, run.c.ID, WaitOptInsUnreadable) //nolint:errcheck // status only; it expires
-	}
+	h.clearWait(ctx, run.c.ID, WaitOptInsUnreadable)
 	return got, nil
+}
+
+// waitKey names a wait of a campaign in Handler.waitsNoted.
+type waitKey struct {
+	campaign int64
+	reason   string
+}
+
+// noteWait notes for status that campaign id's batch waits for reason (state.NoteWaiting), and remembers
+// it so that clearWait removes it once a batch gets past.
+func (h *Handler) noteWait(ctx context.Context, id int64, reason, detail string) {
+	if h.cfg.Redis == nil {
+		return
+	}
+	h.waitsNoted.Store(waitKey{id, reason}, true)
+	state.NoteWaiting(context.WithoutCancel(ctx), h.cfg.Redis, id, state.Waiting{Reason: reason, Detail: detail}) //nolint:errcheck // status only
+}
+
+// clearWait removes a wait this process noted (noteWait); one it did not note costs nothing.
+func (h *Handler) clearWait(ctx context.Context, id int64, reason string) {
+	if _, noted := h.waitsNoted.LoadAndDelete(waitKey{id, reason}); noted && h.cfg.Redis != nil {
+		state.ClearWaiting(ctx, h.cfg.Redis, id, reason) //nolint:errcheck // status only; it expires
+	}
 }
 
 // applyOptIns takes out of got.Consent the addresses whose opt-in, read just before the lease (rows, for
@@ -707,14 +724,10 @@ func (h *Handler) refusalsHeld(ctx context.Context, run *batchRun) error {
 		return waitForServices(fmt.Errorf("no send while Redis is unavailable: %w", err))
 	}
 	if !held {
-		if _, noted := h.refusalsWaited.LoadAndDelete(run.c.ID); noted {
-			state.ClearWaiting(ctx, h.cfg.Redis, run.c.ID, WaitRefusalsHeld) //nolint:errcheck // status only; it expires
-		}
+		h.clearWait(ctx, run.c.ID, WaitRefusalsHeld)
 		return nil
 	}
-	h.refusalsWaited.Store(run.c.ID, true)
-	state.NoteWaiting(context.WithoutCancel(ctx), h.cfg.Redis, run.c.ID, state.Waiting{Reason: WaitRefusalsHeld, //nolint:errcheck // status only
-		Detail: "refusals that providers posted while Postgres was away wait in campaignctl webhooks' spool: nothing is sent until they are recorded (within seconds of Postgres's return); the batches go on by themselves"})
+	h.noteWait(ctx, run.c.ID, WaitRefusalsHeld, "refusals that providers posted while Postgres was away wait in campaignctl webhooks' spool: nothing is sent until they are recorded (within seconds of Postgres's return); the batches go on by themselves")
 	return &RetryError{Err: errors.New("refusals received while Postgres was away are still being recorded: no send until they are"), After: time.Second, Wait: true}
 }
 

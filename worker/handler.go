@@ -194,11 +194,9 @@ type Handler struct {
 	// acceptedAt is when each provider last accepted a send of this process (unix ns), by name
 	// (aloneRefused).
 	acceptedAt sync.Map
-	// optInsUnread holds the campaigns for which this process noted that the opt-ins could not be read
-	// (WaitOptInsUnreadable), until a read succeeds.
-	optInsUnread sync.Map
-	// refusalsWaited holds the campaigns for which this process noted WaitRefusalsHeld, until a lease passes.
-	refusalsWaited sync.Map
+	// waitsNoted holds the (campaign, reason) waits this process noted for status (noteWait), until the
+	// batch gets past them (clearWait): only those are cleared, not every campaign at every lease.
+	waitsNoted sync.Map
 	// downUntil holds, per provider name, until when (unix ns) a first provider that failed is skipped for
 	// its fallback; downByPace marks those skipped because the shared pace called them down, which come
 	// back as soon as it calls them up (a probe got through), not only when the window ends.

@@ -81,16 +81,12 @@ func TestPushOptInsThatCannotBeReadSendNothing(t *testing.T) {
 	t.Parallel()
 	_, store, id, _ := pushPlan(t)
 	ctx := context.Background()
-	gone, err := pgxpool.New(ctx, "postgres://postgres@127.0.0.1:1/nowhere?connect_timeout=1")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(gone.Close)
+	gone := unreachableAudience(t)
 	rdb, _ := testredis.New(t)
 	h := NewHandler(Config{Store: store, Redis: rdb, Owner: "w", OptIns: &campaign.OptIns{Pool: gone},
 		Providers:     map[campaign.Channel]providers.Provider{campaign.ChannelPush: pushProvider(t)},
 		ProviderRates: map[string]float64{}})
-	err = h.RunBatch(ctx, id, 0)
+	err := h.RunBatch(ctx, id, 0)
 	var re *RetryError
 	if !errors.As(err, &re) || re.Failure {
 		t.Fatalf("the run returned %v; want the batch back for later, not a failure", err)
@@ -324,11 +320,7 @@ func TestACancelDoesNotWaitForTheOptIns(t *testing.T) {
 	t.Parallel()
 	_, store, id, _ := pushPlan(t)
 	ctx := context.Background()
-	gone, err := pgxpool.New(ctx, "postgres://postgres@127.0.0.1:1/nowhere?connect_timeout=1")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(gone.Close)
+	gone := unreachableAudience(t)
 	rdb, _ := testredis.New(t)
 	h := NewHandler(Config{Store: store, Redis: rdb, Owner: "w", OptIns: &campaign.OptIns{Pool: gone},
 		Providers:     map[campaign.Channel]providers.Provider{campaign.ChannelPush: pushProvider(t)},
@@ -345,4 +337,15 @@ func TestACancelDoesNotWaitForTheOptIns(t *testing.T) {
 	if c, err := store.Counts(ctx, id); err != nil || c.Pending != 0 || c.Sent != 0 || c.Skipped != 5 {
 		t.Fatalf("counts %+v (%v); want all 5 closed as cancelled, none sent", c, err)
 	}
+}
+
+// unreachableAudience is an audience pool whose server refuses every connection.
+func unreachableAudience(t *testing.T) *pgxpool.Pool {
+	t.Helper()
+	gone, err := pgxpool.New(context.Background(), "postgres://postgres@127.0.0.1:1/nowhere?connect_timeout=1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(gone.Close)
+	return gone
 }
