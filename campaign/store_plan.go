@@ -135,6 +135,14 @@ func (p *Planner) plan(ctx context.Context, spec Spec, tmpl *Template, rep *Repo
 	if err := p.sample(ctx, tx, id, spec, tmpl, rep); err != nil {
 		return err
 	}
+	if t1 := time.Now(); spec.Channel == ChannelEmail || spec.Channel == ChannelPush {
+		// A launch (and its dry run) refuses what the provider would refuse of every message alike.
+		if err := p.checkParts(ctx, tx, id, spec, tmpl); err != nil {
+			return err
+		}
+		p.step("check every message's subject and size", t1)
+		t0 = t0.Add(time.Since(t1))
+	}
 	if spec.Channel.Spec().Segmented && (spec.DryRun || spec.CountSegments) {
 		if err := p.countSegments(ctx, tx, id, spec, tmpl, rep); err != nil {
 			return err

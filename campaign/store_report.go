@@ -34,15 +34,6 @@ func (p *Planner) sample(ctx context.Context, tx pgx.Tx, id int64, spec Spec, tm
 	}
 	msg := parts.Text
 	rep.SampleMessage, rep.SampleSubject, rep.SampleHTML = msg, parts.Subject, parts.HTML
-	if spec.Channel == ChannelPush && spec.TemplateID == "" {
-		// FCM refuses a message over its size, every one of the campaign's alike when the template makes it
-		// so: said now, not by every send.
-		data := PushData(tmpl, r.TemplateData(spec.Channel, spec.Name), spec.Channel.AddressColumn())
-		if n := PushBytes(parts.Subject, parts.Text, data); n > MaxPushBytes {
-			return fmt.Errorf("%w: the first push message (user %s) is %d bytes with its title and data; FCM takes at most %d: shorten the message or the title",
-				ErrInvalid, providers.MaskUserID(r.UserID), n, MaxPushBytes)
-		}
-	}
 	if spec.Channel.Spec().Segmented {
 		rep.Encoding, rep.SegmentsPerMessage = providers.SMSSegments(msg)
 		if err := CheckSMSLength(msg, spec.MaxSegments); err != nil {
@@ -125,19 +116,9 @@ func lengthSuspects(tmpl *Template, spec Spec) (where string, args []any, ok boo
 // starting with AND, its arguments from $2 on; "" for every row), as the worker will. It fails when one
 // fails to render or is longer than spec.MaxSegments. With rep, it adds up their SMS segments.
 func (p *Planner) renderMessages(ctx context.Context, tx pgx.Tx, id int64, spec Spec, tmpl *Template, rep *Report, where string, args ...any) error {
-	rows, err := tx.Query(ctx, `SELECT user_id, address, vars, coalesce(code, '') FROM campaign_recipients WHERE campaign_id = $1`+where,
-		append([]any{id}, args...)...)
-	if err != nil {
-		return fmt.Errorf("plan: %w", err)
-	}
-	defer rows.Close()
-	var r Recipient
 	var tooLong int
 	var firstLong string
-	for rows.Next() {
-		if err := rows.Scan(&r.UserID, &r.Address, &r.Vars, &r.Code); err != nil {
-			return fmt.Errorf("plan: %w", err)
-		}
+	err := eachPlanned(ctx, tx, id, where, args, func(r *Recipient) error {
 		msg, err := tmpl.Render(r.TemplateData(spec.Channel, spec.Name))
 		if err != nil {
 			return templateFails(r.UserID, err)
@@ -154,14 +135,196 @@ func (p *Planner) renderMessages(ctx context.Context, tx pgx.Tx, id int64, spec 
 		} else if err != nil {
 			tooLong++
 		}
-	}
-	if err := rows.Err(); err != nil {
-		return fmt.Errorf("plan: %w", err)
+		return nil
+	})
+	if err != nil {
+		return err
 	}
 	if tooLong > 0 {
 		return fmt.Errorf("%w: %s; nothing was written", ErrInvalid, tooLongSummary(tooLong, firstLong))
 	}
 	return nil
+}
+
+// eachPlanned calls fn with each planned row of campaign id that matches where (a condition starting with
+// AND, its arguments from $2 on; "" for every row), and stops at fn's first error.
+func eachPlanned(ctx context.Context, tx pgx.Tx, id int64, where string, args []any, fn func(*Recipient) error) error {
+	rows, err := tx.Query(ctx, `SELECT user_id, address, vars, coalesce(code, '') FROM campaign_recipients WHERE campaign_id = $1`+where,
+		append([]any{id}, args...)...)
+	if err != nil {
+		return fmt.Errorf("plan: %w", err)
+	}
+	defer rows.Close()
+	var r Recipient
+	for rows.Next() {
+		if err := rows.Scan(&r.UserID, &r.Address, &r.Vars, &r.Code); err != nil {
+			return fmt.Errorf("plan: %w", err)
+		}
+		if err := fn(&r); err != nil {
+			return err
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("plan: %w", err)
+	}
+	return nil
+}
+
+// checkParts refuses a launch of e-mail or push one of whose messages its provider would refuse for its
+// shape alone, as a launch of SMS refuses one longer than --max-segments (checkLengths): an e-mail whose
+// subject renders blank (SendGrid requires a subject; a blank one is a template's fault in any case), a
+// push over FCM's MaxPushBytes with its title and data. Only the rows a bound computed in SQL cannot clear
+// are rendered; every row when the parts are not plain. Found now, they are fixed before anything is
+// written; found by the sends, each would fail alone.
+func (p *Planner) checkParts(ctx context.Context, tx pgx.Tx, id int64, spec Spec, tmpl *Template) error {
+	if spec.TemplateID != "" {
+		return nil // the provider's template holds the subject and the size
+	}
+	var where string
+	var args []any
+	var check func(r *Recipient, parts Parts) (string, bool)
+	var what, why string
+	switch spec.Channel {
+	case ChannelEmail:
+		var ok bool
+		if where, args, ok = blankSubjectSuspects(tmpl, spec); !ok {
+			return nil
+		}
+		check = func(r *Recipient, parts Parts) (string, bool) {
+			return fmt.Sprintf("user %s's subject is %q", providers.MaskUserID(r.UserID), parts.Subject), blank(parts.Subject)
+		}
+		what, why = "e-mail subject$ render$ blank", "give the subject text of its own or a fallback ({{or .first_name \"Merhaba\"}}), or leave those rows out of the audience"
+	case ChannelPush:
+		where, args = pushSizeSuspects(tmpl, spec)
+		check = func(r *Recipient, parts Parts) (string, bool) {
+			n := PushBytes(parts.Subject, parts.Text, PushData(tmpl, r.TemplateData(spec.Channel, spec.Name), spec.Channel.AddressColumn()))
+			return fmt.Sprintf("user %s's is %d bytes", providers.MaskUserID(r.UserID), n), n > MaxPushBytes
+		}
+		what, why = fmt.Sprintf("push message$ $are too big: FCM takes at most %d bytes of a message's title, body and data together", MaxPushBytes), "shorten the message or the title, or the data_ columns of those rows"
+	default:
+		return nil
+	}
+	var bad int
+	var first string
+	err := eachPlanned(ctx, tx, id, where, args, func(r *Recipient) error {
+		if spec.OneClickUnsubscribe() {
+			r.UnsubscribeURL = UnsubscribeSample
+		}
+		parts, err := tmpl.RenderParts(r.TemplateData(spec.Channel, spec.Name))
+		if err != nil {
+			return templateFails(r.UserID, err)
+		}
+		if said, refused := check(r, parts); refused {
+			if bad++; bad == 1 {
+				first = said
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	if bad > 0 {
+		return fmt.Errorf("%w: %d %s (%s): %s; nothing was written", ErrInvalid, bad, plural(what, bad), first, why)
+	}
+	return nil
+}
+
+// plural writes what (words with "$" where one and many differ: "message$ $are", "subject$ render$") for n
+// of them.
+func plural(what string, n int) string {
+	if n == 1 {
+		return strings.NewReplacer("subject$", "subject", "message$", "message", "render$", "renders", "$are", "is").Replace(what)
+	}
+	return strings.NewReplacer("$are", "are", "render$", "render", "$", "s").Replace(what)
+}
+
+// blank says whether s has nothing but white space.
+func blank(s string) bool { return strings.TrimSpace(s) == "" }
+
+// blankSubjectSuspects is the SQL condition (as lengthSuspects') of the rows whose e-mail subject may
+// render blank: those whose every printed value is blank or missing, when the subject is plain and its
+// own text is blank; every row when it is not plain. ok is false when no row's subject can be blank (its
+// own text is not, or there is no subject).
+func blankSubjectSuspects(tmpl *Template, spec Spec) (where string, args []any, ok bool) {
+	if !tmpl.HasSubject() {
+		return "", nil, false
+	}
+	literal, fields, plain := tmpl.SubjectParts()
+	if !plain {
+		return "", nil, true
+	}
+	if !blank(literal) {
+		return "", nil, false
+	}
+	// Blank the way strings.TrimSpace sees it, for the ASCII spaces; a value of other spaces is not a
+	// suspect here, and renders as it is.
+	const trim = `E' \t\n\r\v\f'`
+	conds := []string{"true"}
+	for _, f := range fields {
+		switch f {
+		case "user_id":
+			conds = append(conds, "btrim(user_id, "+trim+") = ''")
+		case spec.Channel.AddressColumn():
+			conds = append(conds, "btrim(address, "+trim+") = ''")
+		case "campaign":
+			if !blank(spec.Name) {
+				return "", nil, false
+			}
+		case "unsubscribe_url":
+			return "", nil, false
+		case "code":
+			conds = append(conds, "coalesce(btrim(coalesce(NULLIF(code, ''), vars->>'code'), "+trim+"), '') = ''")
+		default:
+			args = append(args, f)
+			conds = append(conds, fmt.Sprintf("coalesce(btrim(vars->>$%d, %s), '') = ''", len(args)+1, trim))
+		}
+	}
+	return " AND " + strings.Join(conds, " AND "), args, true
+}
+
+// pushSizeSuspects is the SQL condition (as lengthSuspects') of the rows whose push may be over
+// MaxPushBytes: more than a bound computed from the row's bytes, or with a value the bound cannot vouch
+// for (an object or an array prints in Go's form). The bound is the title's and body's own text, each
+// printed value's bytes, and for the data payload every column of the row with its name (its JSON text
+// is longer) and the engine's values. Every row when the title or the body is not plain.
+func pushSizeSuspects(tmpl *Template, spec Spec) (string, []any) {
+	text, fields, ok := tmpl.TextLength()
+	if !ok {
+		return "", nil
+	}
+	literal := text
+	if tmpl.HasSubject() {
+		title, more, ok := tmpl.SubjectParts()
+		if !ok {
+			return "", nil
+		}
+		literal, fields = literal+len(title), append(fields, more...)
+	}
+	var args []any
+	param := func(v any) string {
+		args = append(args, v)
+		return fmt.Sprintf("$%d", len(args)+1)
+	}
+	bound := []string{"octet_length(vars::text)", "coalesce(octet_length(code), 0)", "octet_length(user_id)"}
+	literal += len("code") + len("campaign") + len(spec.Name) + len("user_id")
+	for _, f := range fields {
+		switch f {
+		case "user_id":
+			bound = append(bound, "octet_length(user_id)")
+		case spec.Channel.AddressColumn():
+			bound = append(bound, "octet_length(address)")
+		case "campaign":
+			literal += len(spec.Name)
+		case "code":
+			bound = append(bound, "coalesce(octet_length(NULLIF(code, '')), octet_length(vars->>'code'), 0)")
+		default:
+			bound = append(bound, "coalesce(octet_length(vars->>"+param(f)+"), 0)")
+		}
+	}
+	sum := param(literal) + "::int + " + strings.Join(bound, " + ")
+	return " AND (" + sum + " > " + param(MaxPushBytes) + "::int" +
+		` OR jsonb_path_exists(vars, '$.* ? (@.type() == "object" || @.type() == "array")'))`, args
 }
 
 // tooLongSummary says how many messages are too long, and why the first is.

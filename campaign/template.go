@@ -141,6 +141,9 @@ func ParseTemplate(src string) (*Template, error) {
 	return tmpl, nil
 }
 
+// HasSubject says whether the template has a subject (an e-mail's, a push's title).
+func (t *Template) HasSubject() bool { return t.subject != nil }
+
 // Source returns the template text.
 func (t *Template) Source() string { return t.src }
 

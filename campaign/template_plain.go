@@ -187,15 +187,30 @@ func plainAgrees(p *plainTemplate, run func(w io.Writer, data any) error) bool {
 // literal text, and the field each of its actions prints (a field printed twice is listed twice). ok is
 // false when the part is not plain (conditions, functions, pipelines): only rendering tells its length.
 func (t *Template) TextLength() (literal int, fields []string, ok bool) {
-	if t.plainText == nil {
-		return 0, nil, false
+	text, fields, ok := t.plainText.describe()
+	return len(text), fields, ok
+}
+
+// SubjectParts describes the subject (an e-mail's, a push's title) as TextLength does the text: its
+// literal text, joined, and the field each of its actions prints. ok is false when there is no subject or
+// it is not plain.
+func (t *Template) SubjectParts() (literal string, fields []string, ok bool) {
+	return t.plainSubject.describe()
+}
+
+// describe is p's literal text, joined, and the field each of its actions prints; ok is false for a nil p
+// (a part that is not plain, or none).
+func (p *plainTemplate) describe() (literal string, fields []string, ok bool) {
+	if p == nil {
+		return "", nil, false
 	}
-	for _, s := range t.plainText.segs {
+	var b strings.Builder
+	for _, s := range p.segs {
 		if s.field == "" {
-			literal += len(s.text)
+			b.WriteString(s.text)
 		} else {
 			fields = append(fields, s.field)
 		}
 	}
-	return literal, fields, true
+	return b.String(), fields, true
 }
