@@ -77,12 +77,30 @@ func lengthSuspects(tmpl *Template, spec Spec) (where string, args []any, ok boo
 		return "", nil, false
 	}
 	limit := surelyFits(spec.MaxSegments)
-	bound := []string{}
-	unsure := []string{"false"}
 	param := func(v any) string {
 		args = append(args, v)
 		return fmt.Sprintf("$%d", len(args)+1)
 	}
+	bound, more, unsure, ok := printedBytes(fields, spec, param)
+	if !ok {
+		return "", nil, false
+	}
+	literal += more
+	unsure = append([]string{"false"}, unsure...)
+	sum := param(literal) + "::int"
+	for _, b := range bound {
+		sum += " + " + b
+	}
+	return " AND (" + sum + " > " + param(limit) + "::int OR " + strings.Join(unsure, " OR ") + ")", args, true
+}
+
+// printedBytes bounds in SQL the bytes the fields a plain part prints take in a row's message (a field
+// printed twice counts twice): an expression of the row's columns for each (bound), the bytes known
+// without the row (literal), and the conditions of the rows whose value the bound cannot vouch for
+// (unsure: a value that is not a string, a number or a boolean prints in another form than its JSON
+// text). param adds an argument of the statement and returns its placeholder. ok is false when a field's
+// value is made for each recipient at send time (unsubscribe_url): only rendering tells.
+func printedBytes(fields []string, spec Spec, param func(any) string) (bound []string, literal int, unsure []string, ok bool) {
 	for _, f := range fields {
 		// The values TemplateData gives, in its order: the engine's own fields win over the audience's.
 		switch f {
@@ -93,7 +111,7 @@ func lengthSuspects(tmpl *Template, spec Spec) (where string, args []any, ok boo
 		case "campaign":
 			literal += len(spec.Name)
 		case "unsubscribe_url":
-			return "", nil, false
+			return nil, 0, nil, false
 		case "code":
 			bound = append(bound, "coalesce(octet_length(NULLIF(code, '')), octet_length(vars->>'code'), 0)")
 			unsure = append(unsure, "(coalesce(code, '') = '' AND coalesce(jsonb_typeof(vars->'code'), 'null') NOT IN ('string', 'number', 'boolean'))")
@@ -105,11 +123,7 @@ func lengthSuspects(tmpl *Template, spec Spec) (where string, args []any, ok boo
 			unsure = append(unsure, "coalesce(jsonb_typeof(vars->"+k+"), 'null') NOT IN ('string', 'number', 'boolean')")
 		}
 	}
-	sum := param(literal) + "::int"
-	for _, b := range bound {
-		sum += " + " + b
-	}
-	return " AND (" + sum + " > " + param(limit) + "::int OR " + strings.Join(unsure, " OR ") + ")", args, true
+	return bound, literal, unsure, true
 }
 
 // renderMessages renders the planned messages of the rows of campaign id that match where (a condition
@@ -306,22 +320,13 @@ func pushSizeSuspects(tmpl *Template, spec Spec) (string, []any) {
 		args = append(args, v)
 		return fmt.Sprintf("$%d", len(args)+1)
 	}
-	bound := []string{"octet_length(vars::text)", "coalesce(octet_length(code), 0)", "octet_length(user_id)"}
-	literal += len("code") + len("campaign") + len(spec.Name) + len("user_id")
-	for _, f := range fields {
-		switch f {
-		case "user_id":
-			bound = append(bound, "octet_length(user_id)")
-		case spec.Channel.AddressColumn():
-			bound = append(bound, "octet_length(address)")
-		case "campaign":
-			literal += len(spec.Name)
-		case "code":
-			bound = append(bound, "coalesce(octet_length(NULLIF(code, '')), octet_length(vars->>'code'), 0)")
-		default:
-			bound = append(bound, "coalesce(octet_length(vars->>"+param(f)+"), 0)")
-		}
+	bound, more, _, ok := printedBytes(fields, spec, param)
+	if !ok {
+		return "", nil
 	}
+	// The data payload: every column with its name, and the engine's values with theirs.
+	bound = append(bound, "octet_length(vars::text)", "coalesce(octet_length(code), 0)", "octet_length(user_id)")
+	literal += more + len("code") + len("campaign") + len(spec.Name) + len("user_id")
 	sum := param(literal) + "::int + " + strings.Join(bound, " + ")
 	return " AND (" + sum + " > " + param(MaxPushBytes) + "::int" +
 		` OR jsonb_path_exists(vars, '$.* ? (@.type() == "object" || @.type() == "array")'))`, args
