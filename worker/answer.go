@@ -510,6 +510,12 @@ func (h *Handler) pruneLimited(now time.Time, force bool) {
 // that kept failing before it were at fault themselves.
 func (h *Handler) answered(run *batchRun) {
 	h.lastAnswer.Store(h.cfg.Now().UnixNano())
+	if !run.authShown && h.cfg.Redis != nil {
+		// The provider answered for a recipient: the account is taken. A provider_auth wait noted for
+		// the campaign is over now, not once the batch has ended, which may be minutes on.
+		run.authShown = true
+		state.ClearWaiting(context.Background(), h.cfg.Redis, run.c.ID, WaitProviderAuth) //nolint:errcheck // status only; it expires
+	}
 	run.failedInARow = 0
 	for _, o := range run.unblamed {
 		if o.Status == campaign.StatusFailed {

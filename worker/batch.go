@@ -28,6 +28,9 @@ type batchRun struct {
 	// provider's pause and writes the previous sends' answers (answersDue), one Redis round trip per message
 	// (per window of messages, when they go out several at a time).
 	answerInNextClaim bool
+	// authShown: a provider answered one of the run's sends, and the campaign's provider_auth wait was
+	// cleared for it (answered).
+	authShown bool
 	// tokensAt is when the last readyToSend was granted tokens of a limit with a rate (zero: none).
 	tokensAt time.Time
 	// primary and secondary are the routes one-message sends take: the channel's provider, and its
@@ -367,8 +370,9 @@ func (h *Handler) RunBatch(ctx context.Context, campaignID int64, batch int) err
 	if run.deferred > 0 {
 		return &RetryError{Err: fmt.Errorf("%s kept failing with transient provider errors; retried later, the rest of the batch is done", countRecipients(run.deferred)), After: run.deferAfter, Failure: true}
 	}
-	if h.cfg.Redis != nil {
-		// The batch went through: whatever account refusal was noted for it is over.
+	if h.cfg.Redis != nil && !run.authShown {
+		// The batch went through without a provider's answer (every recipient skipped): whatever account
+		// refusal was noted for it is over all the same.
 		state.ClearWaiting(ctx, h.cfg.Redis, c.ID, WaitProviderAuth) //nolint:errcheck // status only; it expires
 	}
 	if open, err := h.closeBatch(ctx, c.ID, batch); err != nil {

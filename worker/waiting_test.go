@@ -3,6 +3,8 @@ package worker
 import (
 	"context"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -190,10 +192,34 @@ func TestStatusSaysWhyACampaignWaits(t *testing.T) {
 		t.Fatal("bad credentials: want the batch kept for retry")
 	}
 	expect("bad credentials", WaitProviderAuth)
-	f.provider.fail = nil
+	// Fixed: the wait is over with the first answer, not once the batch has ended (it said provider_auth
+	// for as long as the batch ran on).
+	var during *Waiting
+	var duringErr error
+	var sends atomic.Int32
+	var seen sync.Mutex
+	f.provider.fail = func(int, providers.Message) error {
+		if sends.Add(1) == 3 {
+			s, err := Status(ctx, StatusOptions{Store: f.store, Redis: f.rdb, CampaignID: f.id})
+			seen.Lock()
+			during, duringErr = s.Waiting, err
+			seen.Unlock()
+		}
+		return nil
+	}
 	if err := f.h.RunBatch(ctx, f.id, 0); err != nil {
 		t.Fatal(err)
 	}
+	if n := sends.Load(); n < 3 {
+		t.Fatalf("%d sends in the batch after the fix; want 3 at least", n)
+	}
+	seen.Lock()
+	w, werr := during, duringErr
+	seen.Unlock()
+	if werr != nil || w != nil {
+		t.Fatalf("credentials fixed, the batch sending: waiting %+v (%v); want none", w, werr)
+	}
+	f.provider.fail = nil
 	expect("credentials fixed", "")
 
 	bucket := state.ProviderBucket(f.provider.Name())
