@@ -30,6 +30,9 @@ export TWILIO_BASE_URL="http://127.0.0.1:$port"
 hooks=$((port + 1))
 while port_open 127.0.0.1 "$hooks"; do hooks=$((hooks + 1)); done
 export TWILIO_STATUS_CALLBACK="http://127.0.0.1:$hooks/twilio/status"
+# The receipts are signed for the URL the sandbox calls: a WEBHOOKS_PUBLIC_URL of the shell (a deployment's
+# public address) would make webhooks check them against another URL and refuse every one.
+unset WEBHOOKS_PUBLIC_URL UNSUBSCRIBE_SECRET
 
 pids=()
 cleanup() {
@@ -47,7 +50,7 @@ say "starting the provider sandbox on 127.0.0.1:$port (1% 503 and 0.1% 429 injec
 $ctl sandbox --addr "127.0.0.1:$port" --fail-503 0.01 --fail-429 0.001 2>.demo/sandbox.log &
 pids+=($!)
 wait_port 127.0.0.1 "$port" || { echo "the sandbox did not start; see .demo/sandbox.log" >&2; exit 1; }
-$ctl webhooks --addr "127.0.0.1:$hooks" 2>.demo/webhooks.log &
+$ctl webhooks --addr "127.0.0.1:$hooks" --spool-dir .demo/spool 2>.demo/webhooks.log &
 pids+=($!)
 wait_port 127.0.0.1 "$hooks" || { echo "the receipts endpoint did not start; see .demo/webhooks.log" >&2; exit 1; }
 for i in 1 2; do
@@ -76,6 +79,9 @@ exec 3<>"/dev/tcp/127.0.0.1/$port"
 printf 'GET /_sandbox/stats HTTP/1.0\r\nHost: sandbox\r\n\r\n' >&3
 echo "sandbox: $(tail -n 1 <&3)"
 exec 3<&-
+if grep -q bad_signature .demo/webhooks.log; then
+  echo "warning: campaignctl webhooks refused receipts for their signature (see .demo/webhooks.log): the delivered count above misses them" >&2
+fi
 echo
 echo "Worker logs: .demo/worker1.log .demo/worker2.log; sandbox log: .demo/sandbox.log; receipts: .demo/webhooks.log"
 echo "Inspect later with: bin/campaignctl status $id --json"
