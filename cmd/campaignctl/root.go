@@ -212,6 +212,17 @@ func isTerminal(w any) bool {
 	return ok && term.IsTerminal(int(f.Fd()))
 }
 
+// drawsBars says whether w is a terminal that bars can be drawn on: one that says how wide it is. A
+// pseudo-terminal of no width (some CI runners, `ssh -t` from a script) showed nothing at all for a whole
+// `status --watch`; there the lines written for a pipe go instead.
+func drawsBars(w any) bool {
+	if !isTerminal(w) {
+		return false
+	}
+	width, _, err := term.GetSize(int(w.(*os.File).Fd()))
+	return err == nil && width > 0
+}
+
 // exactlyOne refuses anything but one argument, naming what the command needs and how to give it.
 func exactlyOne(what, hint string) cobra.PositionalArgs {
 	return func(cmd *cobra.Command, args []string) error {
