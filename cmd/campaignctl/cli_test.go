@@ -361,7 +361,7 @@ func TestConsentsAreKeyedByBrand(t *testing.T) {
 // top level: a script with a typo must not succeed doing nothing. The group alone prints its help.
 func TestUnknownSubcommandsAreRefused(t *testing.T) {
 	t.Parallel()
-	for _, args := range [][]string{{"iys", "imprt", "consents.csv"}, {"iys", "psuh"}, {"dlq", "retyr", "--campaign", "23"}, {"codes", "bogus"}, {"demo", "bogus"}} {
+	for _, args := range [][]string{{"iys", "imprt", "consents.csv"}, {"iys", "psuh"}, {"dlq", "retyr", "--campaign", "23"}, {"codes", "bogus"}, {"demo", "bogus"}, {"completion", "tcsh"}} {
 		_, stderr, code := cli(t, nil, args...)
 		if code != 2 || !strings.Contains(stderr, fmt.Sprintf("unknown command %q", args[1])) {
 			t.Errorf("%v: exit %d, stderr %q; want 2 and the unknown command named", args, code, stderr)
@@ -372,6 +372,24 @@ func TestUnknownSubcommandsAreRefused(t *testing.T) {
 	}
 	if stdout, _, code := cli(t, nil, "iys"); code != 0 || !strings.Contains(stdout, "Available Commands") {
 		t.Errorf("iys alone: exit %d, %q; want its help", code, stdout)
+	}
+}
+
+// An unknown flag says where the flags are listed, and an address `iys check` cannot read says how to
+// write one (exit 2 both): before, pflag's words alone, and "unexpected character 'n'".
+func TestBadFlagsAndAddressesSayTheFix(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"launch", "--bogusflag"}, "unknown flag: --bogusflag; see `campaignctl launch --help`"},
+		{[]string{"status", "--watch=maybe"}, "see `campaignctl status --help`"},
+		{[]string{"iys", "check", "notaphone"}, "give a phone number as +905321234567 or an e-mail address as ayse@example.com"},
+	} {
+		if _, stderr, code := cli(t, nil, tc.args...); code != 2 || !strings.Contains(stderr, tc.want) {
+			t.Errorf("%v: exit %d, %q; want 2 and %q", tc.args, code, stderr, tc.want)
+		}
 	}
 }
 

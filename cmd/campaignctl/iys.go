@@ -145,7 +145,7 @@ func (a *app) newIYSCheckCmd() *cobra.Command {
 			}
 			canon, err := iys.CanonicalRecipient(typ, args[0])
 			if err != nil {
-				return usageError{err}
+				return usagef("%v: give a phone number as +905321234567 or an e-mail address as ayse@example.com", err)
 			}
 			if recipientType != iys.RecipientIndividual && recipientType != iys.RecipientMerchant {
 				return usagef("--recipient-type %q: use BIREYSEL or TACIR", recipientType)

@@ -125,6 +125,11 @@ func (a *app) newRootCmd() *cobra.Command {
 		a.newWorkersCmd(),
 		a.newVersionCmd(),
 	)
+	// cobra adds `completion` only when the root runs; added now, it refuses an unknown shell as the
+	// other groups refuse an unknown command (it printed its help and succeeded). Its scripts go where the
+	// root's output is at this moment.
+	root.SetOut(a.stdout)
+	root.InitDefaultCompletionCmd()
 	for _, c := range root.Commands() {
 		refuseUnknownSubcommands(c)
 	}
@@ -139,7 +144,8 @@ func (a *app) newRootCmd() *cobra.Command {
 func flagValueError(cmd *cobra.Command, err error) error {
 	var bad *pflag.InvalidValueError
 	if !errors.As(err, &bad) {
-		return err
+		// An unknown flag, a flag without its value: pflag's words, and where the flags are listed.
+		return usagef("%v; see `%s --help`", err, cmd.CommandPath())
 	}
 	f := bad.GetFlag()
 	var num *strconv.NumError
