@@ -282,6 +282,11 @@ func unknownPoolError(name string, stats []codes.PoolStats) error {
 			have += fmt.Sprintf(" and %d more (campaignctl codes stats lists them all)", n-maxPoolsNamed)
 		}
 	}
+	if !codes.ValidPoolName(name) {
+		// No command could create it: none is suggested.
+		return usagef("code pool %q does not exist, and no pool can have that name (1 to %d characters of a-z, 0-9, '_' and '-'); %s",
+			name, codes.MaxPoolNameLen, have)
+	}
 	return usagef("code pool %q does not exist; %s. Create it with `campaignctl codes generate --pool %s --count N` or `campaignctl codes import --pool %s FILE`",
 		name, have, name, name)
 }

@@ -182,6 +182,12 @@ func TestCodesStatsOfUnknownPool(t *testing.T) {
 			}
 		}
 	}
+	// A name no pool can have: no command that would fail is suggested (it said `codes generate --pool bad
+	// pool`, unquoted).
+	_, stderr, code := cli(t, env, "codes", "stats", "--pool", "BAD POOL")
+	if code != 2 || !strings.Contains(stderr, "no pool can have that name") || strings.Contains(stderr, "codes generate") {
+		t.Errorf("codes stats --pool 'BAD POOL': exit %d, %s; want 2, the name's rule and no command", code, stderr)
+	}
 }
 
 func TestCodesHelpHasExamples(t *testing.T) {
