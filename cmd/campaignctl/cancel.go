@@ -78,11 +78,16 @@ func (a *app) cancel(ctx context.Context, o cancelOptions) error {
 		},
 	})
 	c := rep.Counts
-	if c.Planned > 0 {
+	if c.Planned > 0 && rep.Was == campaign.StateCancelled {
+		// What its first cancel did: said as that, not as this command's work.
+		fmt.Fprintf(a.stdout, "campaign %d: %d recipients skipped (cancelled) in all", rep.CampaignID, rep.Cancelled)
+	} else if c.Planned > 0 {
 		fmt.Fprintf(a.stdout, "campaign %d: %d recipients skipped (cancelled)", rep.CampaignID, rep.Cancelled)
 		if rep.CodePool != "" && rep.Cancelled > 0 {
 			fmt.Fprintf(a.stdout, ", their codes back in pool %s", rep.CodePool)
 		}
+	}
+	if c.Planned > 0 {
 		fmt.Fprintf(a.stdout, "; %d sent, %d failed, %d skipped, %d unknown\n", c.Sent, c.Failed, c.Skipped, c.Unknown)
 	}
 	if err != nil {
