@@ -6,7 +6,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/services.sh
-ensure_services
+ensure_services "${DATABASE_URL:-}" "${REDIS_URL:-}"
 
 USERS=${USERS:-10000}
 mkdir -p .demo bin

@@ -4,7 +4,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/services.sh
-ensure_services
+# The servers the tests use: TEST_DATABASE_URL (a superuser's URL; default postgres://postgres@127.0.0.1:5432)
+# and TEST_REDIS_ADDR (host:port; default 127.0.0.1:6379).
+ensure_services "${TEST_DATABASE_URL:-}" "${TEST_REDIS_ADDR:-}"
 # The chaos test runs a private redis-server of its own (it freezes and empties it).
 if ! command -v redis-server >/dev/null && [ ! -x /usr/bin/redis-server ]; then
   say "installing redis-server for the chaos test"
