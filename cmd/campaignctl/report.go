@@ -76,7 +76,7 @@ Campaigns launched before this version list their excluded rows only as counts (
 	cmd.Flags().BoolVar(&o.csv, "csv", false, "print CSV with a header line (the default)")
 	cmd.Flags().BoolVar(&o.json, "json", false, "print one JSON array of objects")
 	cmd.Flags().StringVar(&o.status, "status", "", "only rows with these statuses, comma-separated: sent, failed, skipped, unknown, pending, excluded")
-	cmd.Flags().BoolVar(&o.withAddress, "with-address", false, "print addresses in full instead of masked")
+	cmd.Flags().BoolVar(&o.withAddress, "with-address", false, "print addresses, and user IDs that are phone numbers or e-mail addresses, in full instead of masked")
 	return cmd
 }
 
@@ -95,8 +95,12 @@ func (a *app) report(ctx context.Context, o reportOptions) error {
 
 	w := bufio.NewWriterSize(a.stdout, 64<<10)
 	fix := func(r *campaign.ReportRow) {
-		if !o.withAddress && r.Address != "" {
-			r.Address = providers.MaskAddress(r.Address)
+		if !o.withAddress {
+			if r.Address != "" {
+				r.Address = providers.MaskAddress(r.Address)
+			}
+			// An audience keyed by phone number or e-mail address: its user IDs are addresses too.
+			r.UserID = providers.MaskUserID(r.UserID)
 		}
 		// A message whose template failed for its row never reached a provider.
 		if r.Provider == "" && !strings.HasPrefix(r.Reason, campaign.TemplateFailure) {

@@ -54,6 +54,26 @@ func reportEnv(t *testing.T) (map[string]string, string, func(string) int64) {
 	return env, rep.ID.String(), count
 }
 
+// A report masks a user ID that is an address (an audience keyed by phone number or e-mail), as it masks
+// the address column, unless --with-address: it printed +905550021211 and veli@example.com in full.
+func TestReportMasksUserIDsThatAreAddresses(t *testing.T) {
+	t.Parallel()
+	env, id, _ := reportEnv(t)
+	db := mustConnect(t, env["DATABASE_URL"])
+	if _, err := db.Exec(context.Background(), `UPDATE campaign_recipients SET user_id = 'veli@example.com' WHERE campaign_id = $1 AND user_id = 'c'`, id); err != nil {
+		t.Fatal(err)
+	}
+	for _, format := range []string{"--csv", "--json"} {
+		out, stderr, code := cli(t, env, "report", id, format)
+		if code != 0 || strings.Contains(out, "veli@example.com") || !strings.Contains(out, "v***@example.com") {
+			t.Errorf("report %s: exit %d, %s%s; want the e-mail user ID masked", format, code, out, stderr)
+		}
+	}
+	if out, _, _ := cli(t, env, "report", id, "--csv", "--with-address"); !strings.Contains(out, "veli@example.com") {
+		t.Errorf("report --with-address hides the user ID:\n%s", out)
+	}
+}
+
 // reportCSV runs report with args and returns its CSV rows as user:status:reason, sorted, and the rows.
 func reportCSV(t *testing.T, env map[string]string, args ...string) ([]string, [][]string, string) {
 	t.Helper()
