@@ -8,6 +8,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"slices"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -396,6 +397,9 @@ func (h *Handler) aloneRefused(provider string, pe *providers.Error) bool {
 
 // accepted notes that provider accepted a send (aloneRefused).
 func (h *Handler) accepted(provider string) {
+	if n, ok := h.refusedInARow.Load(provider); ok {
+		n.(*atomic.Int32).Store(0)
+	}
 	now := h.cfg.Now().UnixNano()
 	if last, ok := h.acceptedAt.Load(provider); ok && now-last.(int64) < int64(time.Second) {
 		return // a write a second at most: this is every accepted send's path

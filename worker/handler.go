@@ -69,10 +69,12 @@ type Config struct {
 	Providers map[campaign.Channel]providers.Provider
 	// Fallback maps a channel to a second provider, used when the first is down: a send the first refused
 	// without accepting it (a 5xx, a connection that failed before the request was written, or an
-	// account-level refusal) goes through the second at once, under the same claim, and the first is left
-	// alone for FailoverWindow. An ambiguous answer never fails over: the first may have sent it; nor does
-	// a 429 (the shared pace slows for it), unless the first is down by every worker's answers. Only
-	// one-message-a-request providers fail over (SMS).
+	// account-level refusal) goes through the second at once, under the same claim. The first is left
+	// alone for FailoverWindow once it has refused failoverAfter sends in a row (at once for the
+	// account), or when the shared pace calls it down: a sporadic 5xx moves its own message only. An
+	// ambiguous answer never fails over: the first may have sent it; nor does a 429 (the shared pace slows
+	// for it), unless the first is down by every worker's answers. Only one-message-a-request providers
+	// fail over (SMS).
 	Fallback map[campaign.Channel]providers.Provider
 	// FailoverWindow is how long a first provider that failed is skipped in favour of the fallback before it
 	// is tried again. Default 30 s.
@@ -194,6 +196,9 @@ type Handler struct {
 	// acceptedAt is when each provider last accepted a send of this process (unix ns), by name
 	// (aloneRefused).
 	acceptedAt sync.Map
+	// refusedInARow counts, per first provider's name, its refusals without acceptance since it last
+	// accepted a send of this process (*atomic.Int32): failoverAfter of them leave it for its fallback.
+	refusedInARow sync.Map
 	// waitsNoted holds the (campaign, reason) waits this process noted for status (noteWait), until the
 	// batch gets past them (clearWait): only those are cleared, not every campaign at every lease.
 	waitsNoted sync.Map

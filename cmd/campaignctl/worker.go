@@ -77,9 +77,10 @@ func (a *app) newWorkerCmd() *cobra.Command {
 A worker sends the channels whose provider is configured:
   sms      TWILIO_ACCOUNT_SID, TWILIO_AUTH_TOKEN, TWILIO_FROM [TWILIO_BASE_URL, TWILIO_STATUS_CALLBACK, TWILIO_RATE]
            and/or NETGSM_USERCODE, NETGSM_PASSWORD, NETGSM_HEADER [NETGSM_BASE_URL, NETGSM_RATE]: with both,
-           Netgsm is the failover: a message Twilio refuses without accepting it (5xx, 429, no connection)
-           goes through Netgsm at once, and Twilio is left alone for 30 s; never after a timeout (Twilio
-           may have sent it)
+           Netgsm is the failover: a message Twilio refuses without accepting it (5xx, no connection, the
+           account) goes through Netgsm at once, and after 3 such refusals in a row Twilio is left alone for
+           30 s; never after a timeout (Twilio may have sent it), nor after a 429 unless Twilio is down by
+           every worker's answers (the shared pace slows Twilio instead)
   email    SENDGRID_API_KEY, SENDGRID_FROM [SENDGRID_FROM_NAME, SENDGRID_BASE_URL, SENDGRID_RATE]; commercial
            e-mail also WEBHOOKS_PUBLIC_URL and UNSUBSCRIBE_SECRET (each message's signed one-click unsubscribe
            link, served by campaignctl webhooks) [UNSUBSCRIBE_MAILTO: a mailbox the header offers too]
