@@ -3,11 +3,13 @@ package worker
 import (
 	"context"
 	"fmt"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/campaignctl/campaignctl/campaign"
 	"github.com/campaignctl/campaignctl/internal/faults"
+	"github.com/campaignctl/campaignctl/providers"
 )
 
 // A pause (or cancel) issued while Redis stalls lands in Redis behind the window's claims: the claims are
@@ -63,6 +65,64 @@ func TestAPauseWrittenBehindStalledClaimsStopsTheirSends(t *testing.T) {
 			}
 			if sentRows != 0 {
 				t.Fatalf("%d recipients recorded sent", sentRows)
+			}
+		})
+	}
+}
+
+// A send whose checks passed just before a pause or cancel wrote its halt may leave a little later on a
+// loaded machine (its goroutine waits for a core). Pause and cancel return only once such a send has left:
+// no new send starts after they return. Here each send leaves 30 ms after its checks; an outside run with
+// Redis stalled saw sends start up to 26 ms after the pause had returned.
+func TestNoSendStartsAfterAPauseReturns(t *testing.T) {
+	t.Parallel()
+	for _, how := range []string{"pause", "cancel"} {
+		t.Run(how, func(t *testing.T) {
+			t.Parallel()
+			f := plan(t, 20)
+			ctx := context.Background()
+			var mu sync.Mutex
+			var left []time.Time
+			first := make(chan struct{})
+			var once sync.Once
+			f.provider.before = func(providers.Message) {
+				once.Do(func() { close(first) })
+				time.Sleep(30 * time.Millisecond) // descheduled between the checks and the request
+				mu.Lock()
+				left = append(left, time.Now())
+				mu.Unlock()
+			}
+			stopped := make(chan time.Time, 1)
+			done := make(chan struct{})
+			defer func() { <-done }()
+			go func() {
+				defer close(done)
+				<-first
+				var err error
+				if how == "pause" {
+					_, err = Pause(ctx, PauseOptions{Store: f.store, Redis: f.rdb, CampaignID: f.id})
+				} else {
+					_, err = Cancel(ctx, CancelOptions{Store: f.store, Redis: f.rdb, CampaignID: f.id, Recorded: func(CancelReport) { stopped <- time.Now() }})
+				}
+				if err != nil {
+					t.Error(err)
+				}
+				if how == "pause" {
+					stopped <- time.Now()
+				}
+			}()
+			h := f.h
+			h.RunBatch(ctx, f.id, 0) //nolint:errcheck // the pause or cancel stops it
+			at := <-stopped
+			mu.Lock()
+			defer mu.Unlock()
+			if len(left) == 0 {
+				t.Fatal("nothing was sent: this tests nothing")
+			}
+			for _, l := range left {
+				if l.After(at) {
+					t.Fatalf("a send left %v after the %s said no new send starts", l.Sub(at).Round(time.Millisecond), how)
+				}
 			}
 		})
 	}

@@ -527,9 +527,14 @@ func TestResumeRunsTheBatchesWaitingToRetryNow(t *testing.T) {
 	if _, err := asynq.NewClientFromRedisClient(e.rdb).Enqueue(task, asynq.ProcessIn(30*time.Second)); err != nil {
 		t.Fatal(err)
 	}
+	// And a follow-up of the same batch (a sweep's, another resume's), waiting too: one batch all the same
+	// (tasks were counted: "101 of the queued batches" of a campaign of 34).
+	if _, err := asynq.NewClientFromRedisClient(e.rdb).Enqueue(task, asynq.ProcessIn(30*time.Second), asynq.TaskID(id+"/swept-1")); err != nil {
+		t.Fatal(err)
+	}
 	rep, err := worker.Resume(ctx, worker.ResumeOptions{Store: e.store, Redis: e.rdb, CampaignID: c.ID})
 	if err != nil || rep.AlreadyQueued != 3 || rep.Hastened != 1 {
-		t.Fatalf("resume: %+v, %v; want 3 already queued, 1 of them run now", rep, err)
+		t.Fatalf("resume: %+v, %v; want 3 already queued, 1 of them run now (one batch, two tasks)", rep, err)
 	}
 	info, err := e.insp.GetTaskInfo(worker.Queue, id)
 	if err != nil || info.State != asynq.TaskStatePending {
