@@ -336,6 +336,9 @@ func (s *Supervisor) apply() {
 	now := time.Now()
 	// Restarts whose backoff is over.
 	for len(s.restartsDue) > 0 && !s.restartsDue[0].After(now) {
+		if !s.roomForOne() {
+			break // due again at the next look
+		}
 		s.restartsDue = s.restartsDue[1:]
 		if s.live()+len(s.restartsDue) >= s.state.Workers {
 			continue
@@ -348,7 +351,7 @@ func (s *Supervisor) apply() {
 			s.log.Info("worker restarted", "worker", c.id, "pid", c.pid, "restarts", restarts)
 		}
 	}
-	for s.live()+len(s.restartsDue) < s.state.Workers {
+	for s.live()+len(s.restartsDue) < s.state.Workers && s.roomForOne() {
 		if s.start() == nil {
 			break
 		}
@@ -374,6 +377,12 @@ func (s *Supervisor) live() int {
 }
 
 func (s *Supervisor) stoppingCount() int { return len(s.children) - s.live() }
+
+// roomForOne says whether one more worker process keeps the pool within --max, the workers still stopping
+// counted: one asked to stop may take its shutdown timeout and more to exit (a request held by its
+// provider), holding its Postgres connections meanwhile, and a scale up right after a scale down ran
+// --max + 1 processes for as long.
+func (s *Supervisor) roomForOne() bool { return len(s.children) < s.cfg.Policy.Max }
 
 func (s *Supervisor) newestLive() *child {
 	var newest *child

@@ -244,6 +244,35 @@ func TestSupervisorScalesRestartsAndStops(t *testing.T) {
 	}
 }
 
+// --max caps the worker processes, those still stopping included: a scale up right after a scale down
+// waits for the stopped worker to be gone. Before, a worker stuck in a held provider call while it stopped
+// ran beside its replacement: 3 processes under --max 2 for 7 s in an outside run.
+func TestSupervisorNeverRunsMoreThanMax(t *testing.T) {
+	t.Parallel()
+	var pending atomic.Int64
+	pending.Store(40)
+	h := startSupervisor(t, "stubborn", Config{
+		Policy:          Policy{Min: 1, Max: 2, Concurrency: 1, Cooldown: 200 * time.Millisecond},
+		Observer:        scripted(&pending),
+		Interval:        50 * time.Millisecond,
+		ShutdownTimeout: 1500 * time.Millisecond,
+		KillMargin:      200 * time.Millisecond,
+	})
+	up := h.wait(10*time.Second, "two workers", func(s Status) bool { return len(s.PIDs) == 2 })
+	h.waitStarted(up.PIDs)
+	pending.Store(0)
+	h.wait(10*time.Second, "one worker stopping", func(s Status) bool { return s.Stopping == 1 })
+	pending.Store(40) // the backlog is back while the stopped worker (ignoring SIGTERM) is still there
+	most := 0
+	back := h.wait(10*time.Second, "two workers again", func(s Status) bool {
+		most = max(most, len(s.PIDs)+s.Stopping)
+		return len(s.PIDs) == 2 && s.Stopping == 0
+	})
+	if most > 2 {
+		t.Fatalf("%d worker processes at once under --max 2 (then %+v)", most, back)
+	}
+}
+
 // A worker that ignores SIGTERM is SIGKILLed after the shutdown timeout plus the margin.
 func TestSupervisorKillsAWorkerThatIgnoresSIGTERM(t *testing.T) {
 	t.Parallel()
