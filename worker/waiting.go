@@ -111,6 +111,22 @@ func waitingOf(ctx context.Context, env *waitEnv, c *campaign.Campaign, counts c
 		return &Waiting{Reason: WaitWindowClosed, Detail: fmt.Sprintf("outside its send window %s; it goes on at %s", c.Window, windowTime(c.Window, next)),
 			Since: utc(since), Until: utc(next)}, nil
 	}
+	// Every batch with pending recipients in the DLQ: nothing moves until they are retried, whatever the
+	// workers (it said no_worker under `workers --min 0`, which rightly runs none for the DLQ).
+	moving := queued
+	if known && dlq.n > 0 {
+		// Batches in the DLQ beside tasks in the queue: those may be a dead worker's, of batches done (a
+		// worker killed mid-batch leaves its task active until Asynq takes it back, a minute later). Only
+		// the queued batches that still hold pending recipients move the campaign.
+		moving = places.queued
+	}
+	if moving == 0 {
+		w := &Waiting{Reason: WaitDLQ, Detail: dlq.detail(id)}
+		if !dlq.last.IsZero() {
+			w.Since = utc(dlq.last)
+		}
+		return w, nil
+	}
 	workers, err := env.workers(ctx)
 	if err != nil {
 		return nil, err
@@ -218,19 +234,6 @@ func waitingOf(ctx context.Context, env *waitEnv, c *campaign.Campaign, counts c
 	if pttl, err := rdb.PTTL(ctx, state.PauseKey(bucket)).Result(); err == nil && pttl > 0 {
 		began, _ := rdb.Get(ctx, state.PauseKey(bucket)).Result()
 		return &Waiting{Reason: WaitProviderPaused, Detail: fmt.Sprintf("%s asked every request to wait (Retry-After)", provider), Since: unixMilli(began), Until: utc(now.Add(pttl))}, nil
-	}
-	if known && dlq.n > 0 {
-		// Batches in the DLQ beside tasks in the queue: those may be a dead worker's, of batches done (a
-		// worker killed mid-batch leaves its task active until Asynq takes it back, a minute later). Only
-		// the queued batches that still hold pending recipients move the campaign.
-		queued = places.queued
-	}
-	if queued == 0 {
-		w := &Waiting{Reason: WaitDLQ, Detail: dlq.detail(id)}
-		if !dlq.last.IsZero() {
-			w.Since = utc(dlq.last)
-		}
-		return w, nil
 	}
 	return nil, nil
 }

@@ -279,6 +279,13 @@ func TestStatusSaysWhyACampaignWaits(t *testing.T) {
 		// Archived by hand, never failed: nothing says when they stopped.
 		t.Fatalf("DLQ wait %+v, want a detail and no since", w)
 	}
+	// And with no worker running (`workers --min 0` runs none for the DLQ): still the DLQ, which is what
+	// holds it; it said no_worker, and a worker started would not move it.
+	if err := state.RemoveWorker(ctx, f.rdb, "w1"); err != nil {
+		t.Fatal(err)
+	}
+	expect("every batch in the DLQ, no worker", WaitDLQ)
+	beat(map[string]string{"sms": f.provider.Name()})
 	// Beside them, a task of a batch that is done (a killed worker's, still active in the queue until
 	// Asynq takes it back): it moves nothing, and the campaign still waits for the DLQ. A task of a batch
 	// with pending recipients moves it. Before, any task in the queue hid the DLQ for that minute.
