@@ -9,7 +9,7 @@ import (
 // taskBar is a progress bar for one long task (imports, code generation, seeding), drawn on stderr only
 // when stderr is a terminal.
 func (a *app) taskBar(total int64, what string) *progressbar.ProgressBar {
-	if !drawsBars(a.stderr) {
+	if !drawsBars(a.stderr, false) {
 		// Invisible: no output and no background goroutine.
 		return progressbar.NewOptions64(total, progressbar.OptionSetVisibility(false))
 	}

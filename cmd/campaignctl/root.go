@@ -218,15 +218,16 @@ func isTerminal(w any) bool {
 	return ok && term.IsTerminal(int(f.Fd()))
 }
 
-// drawsBars says whether w is a terminal that bars can be drawn on: one that says how wide it is. A
-// pseudo-terminal of no width (some CI runners, `ssh -t` from a script) showed nothing at all for a whole
-// `status --watch`; there the lines written for a pipe go instead.
-func drawsBars(w any) bool {
+// drawsBars says whether w is a terminal that bars can be drawn on: one that says how wide it is, and, for
+// the live bars of several lines (rows), how tall. A pseudo-terminal of no size (some CI runners, `ssh -t`
+// or script(1) from a script, `stty cols` alone) showed nothing at all for a whole `status --watch`; there
+// the lines written for a pipe go instead.
+func drawsBars(w any, rows bool) bool {
 	if !isTerminal(w) {
 		return false
 	}
-	width, _, err := term.GetSize(int(w.(*os.File).Fd()))
-	return err == nil && width > 0
+	width, height, err := term.GetSize(int(w.(*os.File).Fd()))
+	return err == nil && width > 0 && (height > 0 || !rows)
 }
 
 // exactlyOne refuses anything but one argument, naming what the command needs and how to give it.

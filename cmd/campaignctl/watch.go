@@ -82,7 +82,7 @@ func (a *app) watch(ctx context.Context, svc *services, id int64, final func(wor
 	var rate acceptRate
 	var update func(v worker.CampaignStatus, perSec float64)
 	var done func()
-	if drawsBars(a.stderr) {
+	if drawsBars(a.stderr, true) {
 		interval = 300 * time.Millisecond
 		update, done = a.bars(ctx, v.Planned)
 	} else {
