@@ -253,8 +253,10 @@ func plural(what string, n int) string {
 	return strings.NewReplacer("$are", "are", "render$", "render", "$", "s").Replace(what)
 }
 
-// blank says whether s has nothing but white space.
-func blank(s string) bool { return strings.TrimSpace(s) == "" }
+// blank says whether s is empty or ASCII white space only, as the SQL of blankSubjectSuspects reads it: one
+// rule whether the subject is plain or rendered. A subject of other spaces (U+00A0) is sent as it is;
+// SendGrid takes it.
+func blank(s string) bool { return strings.Trim(s, " \t\n\r\v\f") == "" }
 
 // blankSubjectSuspects is the SQL condition (as lengthSuspects') of the rows whose e-mail subject may
 // render blank: those whose every printed value is blank or missing, when the subject is plain and its
@@ -271,8 +273,7 @@ func blankSubjectSuspects(tmpl *Template, spec Spec) (where string, args []any, 
 	if !blank(literal) {
 		return "", nil, false
 	}
-	// Blank the way strings.TrimSpace sees it, for the ASCII spaces; a value of other spaces is not a
-	// suspect here, and renders as it is.
+	// Blank as blank reads it: ASCII white space only.
 	const trim = `E' \t\n\r\v\f'`
 	conds := []string{"true"}
 	for _, f := range fields {
