@@ -30,6 +30,7 @@ func (h *Handler) deliver(ctx, waitCtx context.Context, run *batchRun, rest []ca
 
 	var pauseFrom time.Time // when the pause check began (answerInNextClaim): the provider limit's wait
 	failedOver := false     // this recipient goes through the fallback, whatever the window says by now
+	refusedAlone := false   // it does because the first provider refused it, not being down (failoverAfter)
 	probe := false          // this send is the probe of a provider that is down (waitWhileDown)
 	failedWhileDown := 0    // this recipient's sends that failed while the provider was down by the pace
 	for attempt := 1; ; attempt++ {
@@ -130,8 +131,11 @@ func (h *Handler) deliver(ctx, waitCtx context.Context, run *batchRun, rest []ca
 			o := campaign.Outcome{UserID: r.UserID, Status: campaign.StatusSent, MessageID: res.MessageID, Segments: res.Segments, ReceiptKeyed: rt.keyed, Provider: rt.provider.Name(), SentAt: start}
 			if rt.fallback {
 				why := " was down"
-				if !providers.Takes(run.provider, r.Address) {
+				switch {
+				case !providers.Takes(run.provider, r.Address):
 					why = " cannot take this address"
+				case refusedAlone:
+					why = " refused this message without accepting it"
 				}
 				o.Reason = "sent through " + rt.provider.Name() + ", the fallback (" + run.provider.Name() + why + ")"
 			}
@@ -170,7 +174,9 @@ func (h *Handler) deliver(ctx, waitCtx context.Context, run *batchRun, rest []ca
 			// it is down (failoverAfter refusals in a row, the account refused, a probe that failed): a
 			// sporadic 5xx among acceptances is over by the next request. Before, each one moved this
 			// worker to the fallback for the window: 3 sporadic 503s sent 97.6 % of a campaign through it.
-			if refused := h.refusedAgain(rt.provider.Name()); probed || v == accountRefused || refused >= failoverAfter {
+			refused := h.refusedAgain(rt.provider.Name())
+			refusedAlone = !probed && v != accountRefused && refused < failoverAfter
+			if !refusedAlone {
 				h.markDown(rt.provider.Name())
 				if probed {
 					// A probe that failed: the provider is still down by the pace, which is still probed.

@@ -72,9 +72,11 @@ func TestFailoverWhenTheFirstProviderIsDown(t *testing.T) {
 	if c := f.counts(t); c.Sent != 80 || c.Pending != 0 {
 		t.Fatalf("counts %+v", c)
 	}
+	// The messages refused before the first was taken for down say so; the rest, that it was down.
 	n, err := f.store.CountReason(context.Background(), f.id, campaign.StatusSent, "sent through second, the fallback (test was down)")
-	if err != nil || n != 80 {
-		t.Fatalf("%d sent recipients say they went through the fallback (%v), want 80", n, err)
+	alone, err2 := f.store.CountReason(context.Background(), f.id, campaign.StatusSent, "sent through second, the fallback (test refused this message without accepting it)")
+	if err != nil || err2 != nil || n != 80-(failoverAfter-1) || alone != failoverAfter-1 {
+		t.Fatalf("%d sent recipients say the first was down and %d that it refused them (%v, %v); want %d and %d", n, alone, err, err2, 80-(failoverAfter-1), failoverAfter-1)
 	}
 }
 
@@ -116,6 +118,12 @@ func TestASporadic5xxFailsOverItsOwnMessageOnly(t *testing.T) {
 	}
 	if fb.total() != 4 || f.provider.total() != 76 {
 		t.Fatalf("the fallback sent %d and the first provider %d; want the 4 the first refused, and 76", fb.total(), f.provider.total())
+	}
+	// Their outcomes say why they went through the fallback: the first was not down.
+	var refusedAlone int
+	if err := f.db.QueryRow(context.Background(), `SELECT count(*) FROM campaign_recipients WHERE campaign_id = $1 AND reason = $2`,
+		f.id, "sent through second, the fallback (test refused this message without accepting it)").Scan(&refusedAlone); err != nil || refusedAlone != 4 {
+		t.Fatalf("%d outcomes (%v) say the first refused them; want the 4", refusedAlone, err)
 	}
 }
 
