@@ -74,15 +74,12 @@ run, an operator's) logs that it waits, waits for it, and then sends what is sti
 				fmt.Fprintf(a.stdout, "İYS took %d RETs: accepted %d, already RET there %d, refused %d; %d were not taken (İYS unreachable, busy or failing: retried by a later run), %d awaiting İYS's batch result, %d still waiting; %d overdue\n",
 					rep.Sent, rep.Accepted, rep.Already, rep.Refused, rep.Retrying, rep.Awaiting, rep.Waiting, rep.Overdue)
 			}
-			// A RET İYS refused for a reason other than never having had the consent (H175: nothing to
-			// withdraw there) must be registered by hand; one that could not reach İYS is a failure of
-			// this run, for cron to see.
-			hand := 0
-			for code, n := range rep.RefusedCodes {
-				if code != "H175" {
-					hand += n
-				}
+			if n := rep.RefusedCodes["H178"]; n > 0 {
+				log.Info("İYS holds a later decision for some refusals (H178: the person gave consent there after refusing here); nothing to register for them, and the next campaignctl iys sync brings that decision here", "refusals", n)
 			}
+			// A RET İYS refused for another reason than those must be registered by hand; one that could
+			// not reach İYS is a failure of this run, for cron to see.
+			hand := byHand(rep.RefusedCodes)
 			switch {
 			case hand > 0:
 				return fmt.Errorf("İYS refused %d RETs (%v): register them by hand in İYS; campaignctl iys outbox --state refused lists them with İYS's message", hand, rep.RefusedCodes)
@@ -180,4 +177,17 @@ func (a *app) newIYSOutboxCmd() *cobra.Command {
 	cmd.Flags().StringSliceVar(&states, "state", nil, "only these states: waiting, sent, accepted, already, refused")
 	cmd.Flags().IntVar(&limit, "limit", 100, "at most this many rows, newest first (0: all)")
 	return cmd
+}
+
+// byHand counts the RETs İYS refused that must be registered by hand, of refused (by İYS code): not those
+// it never had the consent of (H175: nothing to withdraw there), nor those it holds a later decision for
+// (H178: a consent given in İYS after the refusal; registering the older refusal by hand would undo it).
+func byHand(refused map[string]int) int {
+	n := 0
+	for code, k := range refused {
+		if code != "H175" && code != "H178" {
+			n += k
+		}
+	}
+	return n
 }

@@ -60,3 +60,17 @@ func withRefusal(t *testing.T, sid, recipient, evidence string) map[string]strin
 	}
 	return env
 }
+
+// Only the RETs İYS refused for a reason that a person can mend are left to be registered by hand: not
+// H175 (İYS never had the consent) nor H178 (İYS holds a later decision: the person gave consent there
+// after refusing here). Before, H178 made iys push exit 1 saying to register them by hand, which would
+// have undone the later consent.
+func TestRefusalsLeftToBeRegisteredByHand(t *testing.T) {
+	t.Parallel()
+	if n := byHand(map[string]int{"H175": 2, "H178": 6}); n != 0 {
+		t.Errorf("H175 and H178: %d to register by hand, want none", n)
+	}
+	if n := byHand(map[string]int{"H178": 1, "H467": 3, "H162": 1}); n != 4 {
+		t.Errorf("H467 (over three business days) and H162 beside H178: %d by hand, want 4", n)
+	}
+}
