@@ -86,7 +86,7 @@ started while another runs waits for it, then pulls from where it stopped.`,
 			client.KeepTokensIn(pool)
 			rep, err := iys.Sync(ctx, pool, client)
 			if err != nil {
-				return fmt.Errorf("%w (what was pulled before the error is stored; run it again to go on)", err)
+				return iysRunError(err, "pulled before the error is stored")
 			}
 			if reverify {
 				for _, k := range [][2]string{{iys.TypeMessage, iys.RecipientIndividual}, {iys.TypeMessage, iys.RecipientMerchant},
@@ -338,4 +338,13 @@ func importBrand(brand string) string {
 		return "no brand (IYS_BRAND_CODE is not set)"
 	}
 	return "brand " + brand
+}
+
+// iysRunError is the error of an İYS command that stopped on err, having kept what it did (done): run it
+// again to go on, unless İYS refused the credentials, which running it again cannot mend.
+func iysRunError(err error, done string) error {
+	if iys.IsAuth(err) {
+		return fmt.Errorf("%w: İYS refuses the credentials; check IYS_USERNAME and IYS_PASSWORD (and IYS_BASE_URL) and run it again (what was %s)", err, done)
+	}
+	return fmt.Errorf("%w (what was %s; run it again to go on)", err, done)
 }

@@ -61,7 +61,7 @@ run, an operator's) logs that it waits, waits for it, and then sends what is sti
 				log.Warn("refusals wait for another brand: run campaignctl iys push with that brand's IYS_BRAND_CODE", "waiting", rep.OtherBrand)
 			}
 			if err != nil {
-				return fmt.Errorf("%w (what was answered before the error is recorded; run it again to go on)", err)
+				return iysRunError(err, "answered before the error is recorded")
 			}
 			if wait > 0 && wait < resultAfter && rep.Awaiting > 0 {
 				log.Warn("--wait is shorter than --result-after: the batches' results are asked for from --result-after on; a later run collects them", "wait", wait.String(), "result_after", resultAfter.String())

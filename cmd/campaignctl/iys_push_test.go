@@ -74,3 +74,17 @@ func TestRefusalsLeftToBeRegisteredByHand(t *testing.T) {
 		t.Errorf("H467 (over three business days) and H162 beside H178: %d by hand, want 4", n)
 	}
 }
+
+// An İYS command stopped by İYS refusing the credentials names the settings to check: "run it again to go
+// on", as for any other stop, could not help.
+func TestIYSCredentialsRefusedNameTheSettings(t *testing.T) {
+	t.Parallel()
+	auth := iysRunError(&iys.APIError{Status: 401, Code: "H351", Message: "Kullanıcı kimlik bilgileri geçersiz"}, "pulled before the error is stored")
+	if msg := auth.Error(); !strings.Contains(msg, "IYS_USERNAME and IYS_PASSWORD") || strings.Contains(msg, "run it again to go on") {
+		t.Errorf("credentials refused: %q; want the settings named", msg)
+	}
+	other := iysRunError(&iys.APIError{Status: 503, Message: "busy"}, "pulled before the error is stored")
+	if msg := other.Error(); !strings.Contains(msg, "run it again to go on") {
+		t.Errorf("İYS busy: %q; want to run it again", msg)
+	}
+}
