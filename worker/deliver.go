@@ -177,7 +177,16 @@ func (h *Handler) deliver(ctx, waitCtx context.Context, run *batchRun, rest []ca
 			refused := h.refusedAgain(rt.provider.Name())
 			refusedAlone = !probed && v != accountRefused && refused < failoverAfter
 			if !refusedAlone {
-				h.markDown(rt.provider.Name())
+				if probed || v == accountRefused {
+					h.markDown(rt.provider.Name())
+				} else {
+					// Refusals in a row that the pace has not called an outage: the fallback carries this
+					// worker's sends only until the first provider's next probe is due (FailoverProbeEvery),
+					// then one send tries it again; one refused more sends this worker back at once (the
+					// refusals in a row stand until an acceptance). With the whole window, a worker came back
+					// 15 s after a 15 s outage that its sends to the fallback kept the pace from seeing.
+					h.markDownFor(rt.provider.Name(), min(h.cfg.FailoverWindow, h.cfg.FailoverProbeEvery))
+				}
 				if probed {
 					// A probe that failed: the provider is still down by the pace, which is still probed.
 					h.downByPace.Store(rt.provider.Name(), true)
@@ -364,8 +373,11 @@ func (h *Handler) refusedAgain(name string) int32 {
 
 // markDown skips the provider named for FailoverWindow, in favour of its fallback (for its own failure:
 // whileDown marks the skips the shared pace called for apart).
-func (h *Handler) markDown(name string) {
-	h.downUntil.Store(name, h.cfg.Now().Add(h.cfg.FailoverWindow).UnixNano())
+func (h *Handler) markDown(name string) { h.markDownFor(name, h.cfg.FailoverWindow) }
+
+// markDownFor skips the provider named for d, in favour of its fallback (markDown).
+func (h *Handler) markDownFor(name string, d time.Duration) {
+	h.downUntil.Store(name, h.cfg.Now().Add(d).UnixNano())
 	h.downByPace.Delete(name)
 }
 

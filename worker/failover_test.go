@@ -127,6 +127,29 @@ func TestASporadic5xxFailsOverItsOwnMessageOnly(t *testing.T) {
 	}
 }
 
+// A first provider that refused a few sends in a row (a short outage the shared pace did not call, since the
+// fallback carried the sends that would have told it) is tried again once its next probe is due, not at the
+// end of the whole failover window: an outside run came back to Twilio 15 s after a 15 s outage.
+func TestAFirstProviderBackAfterAShortOutageIsTriedAgainSoon(t *testing.T) {
+	t.Parallel()
+	f, fb := failoverFixture(t, time.Hour, func(call int, _ providers.Message) error {
+		if call <= failoverAfter {
+			return &providers.Error{Provider: "test", Status: 503, Class: providers.Transient, Message: "unavailable"}
+		}
+		return nil
+	})
+	f.h.cfg.FailoverProbeEvery = 100 * time.Millisecond
+	fb.before = func(providers.Message) { time.Sleep(10 * time.Millisecond) }
+	f.runAll(t)
+	if n := bothOnce(t, f.provider, fb); n != 80 {
+		t.Fatalf("%d recipients got a message, want the 80 eligible", n)
+	}
+	if f.provider.total() < 40 {
+		t.Fatalf("the first provider sent %d, the fallback %d: want the first back within its probe interval, not after the hour's window",
+			f.provider.total(), fb.total())
+	}
+}
+
 // An ambiguous answer never fails over: the first provider may have sent the message.
 func TestNoFailoverAfterAnAmbiguousAnswer(t *testing.T) {
 	t.Parallel()

@@ -70,8 +70,9 @@ type Config struct {
 	// Fallback maps a channel to a second provider, used when the first is down: a send the first refused
 	// without accepting it (a 5xx, a connection that failed before the request was written, or an
 	// account-level refusal) goes through the second at once, under the same claim. The first is left
-	// alone for FailoverWindow once it has refused failoverAfter sends in a row (at once for the
-	// account), or when the shared pace calls it down: a sporadic 5xx moves its own message only. An
+	// alone once it has refused failoverAfter sends in a row (until its next probe is due,
+	// FailoverProbeEvery), at once for the account, or when the shared pace calls it down (FailoverWindow
+	// both): a sporadic 5xx moves its own message only. An
 	// ambiguous answer never fails over: the first may have sent it; nor does a 429 (the shared pace slows
 	// for it), unless the first is down by every worker's answers. Only one-message-a-request providers
 	// fail over (SMS).

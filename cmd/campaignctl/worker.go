@@ -79,8 +79,9 @@ A worker sends the channels whose provider is configured:
            and/or NETGSM_USERCODE, NETGSM_PASSWORD, NETGSM_HEADER [NETGSM_BASE_URL, NETGSM_RATE]: with both,
            Netgsm is the failover: a message Twilio refuses without accepting it (5xx, no connection, the
            account) goes through Netgsm at once, and after 3 such refusals in a row Twilio is left alone for
-           30 s; never after a timeout (Twilio may have sent it), nor after a 429 unless Twilio is down by
-           every worker's answers (the shared pace slows Twilio instead)
+           5 s, then tried again (30 s after an account refusal); never after a timeout (Twilio may have
+           sent it), nor after a 429 unless Twilio is down by every worker's answers (the shared pace slows
+           Twilio instead)
   email    SENDGRID_API_KEY, SENDGRID_FROM [SENDGRID_FROM_NAME, SENDGRID_BASE_URL, SENDGRID_RATE]; commercial
            e-mail also WEBHOOKS_PUBLIC_URL and UNSUBSCRIBE_SECRET (each message's signed one-click unsubscribe
            link, served by campaignctl webhooks) [UNSUBSCRIBE_MAILTO: a mailbox the header offers too]
