@@ -197,7 +197,7 @@ func (p *Planner) checkParts(ctx context.Context, tx pgx.Tx, id int64, spec Spec
 	var where string
 	var args []any
 	var check func(r *Recipient, parts Parts) (string, bool)
-	var what, why string
+	var one, many, why string // what is refused, for one message and for several
 	switch spec.Channel {
 	case ChannelEmail:
 		var ok bool
@@ -207,14 +207,15 @@ func (p *Planner) checkParts(ctx context.Context, tx pgx.Tx, id int64, spec Spec
 		check = func(r *Recipient, parts Parts) (string, bool) {
 			return fmt.Sprintf("user %s's subject is %q", providers.MaskUserID(r.UserID), parts.Subject), blank(parts.Subject)
 		}
-		what, why = "e-mail subject$ render$ blank", "give the subject text of its own or a fallback ({{or .first_name \"Merhaba\"}}), or leave those rows out of the audience"
+		one, many, why = "e-mail subject renders blank", "e-mail subjects render blank", "give the subject text of its own or a fallback ({{or .first_name \"Merhaba\"}}), or leave those rows out of the audience"
 	case ChannelPush:
 		where, args = pushSizeSuspects(tmpl, spec)
 		check = func(r *Recipient, parts Parts) (string, bool) {
 			n := PushBytes(parts.Subject, parts.Text, PushData(tmpl, r.TemplateData(spec.Channel, spec.Name), spec.Channel.AddressColumn()))
 			return fmt.Sprintf("user %s's is %d bytes", providers.MaskUserID(r.UserID), n), n > MaxPushBytes
 		}
-		what, why = fmt.Sprintf("push message$ $are too big: FCM takes at most %d bytes of a message's title, body and data together", MaxPushBytes), "shorten the message or the title, or the data_ columns of those rows"
+		limit := fmt.Sprintf(": FCM takes at most %d bytes of a message's title, body and data together", MaxPushBytes)
+		one, many, why = "push message is too big"+limit, "push messages are too big"+limit, "shorten the message or the title, or the data_ columns of those rows"
 	default:
 		return nil
 	}
@@ -239,18 +240,13 @@ func (p *Planner) checkParts(ctx context.Context, tx pgx.Tx, id int64, spec Spec
 		return err
 	}
 	if bad > 0 {
-		return fmt.Errorf("%w: %d %s (%s): %s; nothing was written", ErrInvalid, bad, plural(what, bad), first, why)
+		what := many
+		if bad == 1 {
+			what = one
+		}
+		return fmt.Errorf("%w: %d %s (%s): %s; nothing was written", ErrInvalid, bad, what, first, why)
 	}
 	return nil
-}
-
-// plural writes what (words with "$" where one and many differ: "message$ $are", "subject$ render$") for n
-// of them.
-func plural(what string, n int) string {
-	if n == 1 {
-		return strings.NewReplacer("subject$", "subject", "message$", "message", "render$", "renders", "$are", "is").Replace(what)
-	}
-	return strings.NewReplacer("$are", "are", "render$", "render", "$", "s").Replace(what)
 }
 
 // blank says whether s is empty or ASCII white space only, as the SQL of blankSubjectSuspects reads it: one

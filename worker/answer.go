@@ -134,7 +134,7 @@ func (h *Handler) settleRefusal(ctx context.Context, run *batchRun, m *metrics.S
 			run.add(campaign.Outcome{UserID: u, Status: campaign.StatusFailed, Reason: reason, Provider: pe.Provider, BadAddress: pe.BadAddress})
 		}
 		m.Failed(n)
-		h.answered(run)
+		h.answered(ctx, run)
 	case accountRefused, transient:
 		if v == accountRefused {
 			m.AccountError(n)
@@ -512,13 +512,13 @@ func (h *Handler) pruneLimited(now time.Time, force bool) {
 
 // answered notes a send the provider answered (accepted or refused for the recipient): the recipients
 // that kept failing before it were at fault themselves.
-func (h *Handler) answered(run *batchRun) {
+func (h *Handler) answered(ctx context.Context, run *batchRun) {
 	h.lastAnswer.Store(h.cfg.Now().UnixNano())
 	if !run.authShown && h.cfg.Redis != nil {
 		// The provider answered for a recipient: the account is taken. A provider_auth wait noted for
 		// the campaign is over now, not once the batch has ended, which may be minutes on.
 		run.authShown = true
-		state.ClearWaiting(context.Background(), h.cfg.Redis, run.c.ID, WaitProviderAuth) //nolint:errcheck // status only; it expires
+		state.ClearWaiting(ctx, h.cfg.Redis, run.c.ID, WaitProviderAuth) //nolint:errcheck // status only; it expires
 	}
 	run.failedInARow = 0
 	for _, o := range run.unblamed {

@@ -141,7 +141,7 @@ func (h *Handler) deliver(ctx, waitCtx context.Context, run *batchRun, rest []ca
 			}
 			run.add(o)
 			rt.m.Sent(1)
-			h.answered(run)
+			h.answered(ctx, run)
 			h.accepted(rt.provider.Name())
 			return nil
 		}

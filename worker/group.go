@@ -226,7 +226,7 @@ func (h *Handler) sendGroupAs(ctx, waitCtx context.Context, run *batchRun, b pro
 				run.unclaimed = true
 				h.log.Error("provider accepted but the claims could not be updated; Postgres will hold the outcomes", "campaign_id", run.c.ID, "recipients", len(rs), "err", err)
 			}
-			h.answered(run)
+			h.answered(ctx, run)
 			return nil
 		}
 		f := inFlight{users: make([]string, len(rs)), keys: keys, values: inflight, addrs: addrs, at: now}

@@ -361,7 +361,7 @@ func (h *Handler) sendWindow(ctx context.Context, run *batchRun, rt *route, send
 			run.answersDue = append(run.answersDue, state.Answer{Key: key, InFlight: inflight, Value: state.SentValue(res.MessageID, res.Segments)})
 			run.add(campaign.Outcome{UserID: w.r.UserID, Status: campaign.StatusSent, MessageID: res.MessageID, Segments: res.Segments, ReceiptKeyed: rt.keyed, Provider: rt.provider.Name(), SentAt: results[i].start})
 			rt.m.Sent(1)
-			h.answered(run)
+			h.answered(ctx, run)
 			h.accepted(name)
 			continue
 		}
