@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/campaignctl/campaignctl/campaign"
 	"github.com/campaignctl/campaignctl/internal/state"
@@ -79,13 +80,8 @@ func TestAPushOptInWithdrawnAfterTheLaunchStopsTheSend(t *testing.T) {
 // cannot be read is no opt-in, and no recipient is skipped for it either.
 func TestPushOptInsThatCannotBeReadSendNothing(t *testing.T) {
 	t.Parallel()
-	_, store, id, _ := pushPlan(t)
+	store, id, rdb, h := unreadableOptIns(t)
 	ctx := context.Background()
-	gone := unreachableAudience(t)
-	rdb, _ := testredis.New(t)
-	h := NewHandler(Config{Store: store, Redis: rdb, Owner: "w", OptIns: &campaign.OptIns{Pool: gone},
-		Providers:     map[campaign.Channel]providers.Provider{campaign.ChannelPush: pushProvider(t)},
-		ProviderRates: map[string]float64{}})
 	err := h.RunBatch(ctx, id, 0)
 	var re *RetryError
 	if !errors.As(err, &re) || re.Failure {
@@ -318,13 +314,8 @@ func TestOptInsAreReadOnlyOnTheLaunchsAudienceDatabase(t *testing.T) {
 // wait on. An outside run's cancel waited for as long as the audience stayed unreadable.
 func TestACancelDoesNotWaitForTheOptIns(t *testing.T) {
 	t.Parallel()
-	_, store, id, _ := pushPlan(t)
+	store, id, _, h := unreadableOptIns(t)
 	ctx := context.Background()
-	gone := unreachableAudience(t)
-	rdb, _ := testredis.New(t)
-	h := NewHandler(Config{Store: store, Redis: rdb, Owner: "w", OptIns: &campaign.OptIns{Pool: gone},
-		Providers:     map[campaign.Channel]providers.Provider{campaign.ChannelPush: pushProvider(t)},
-		ProviderRates: map[string]float64{}})
 	if err := h.RunBatch(ctx, id, 0); err == nil {
 		t.Fatal("the run sent with the opt-ins unreadable")
 	}
@@ -340,6 +331,18 @@ func TestACancelDoesNotWaitForTheOptIns(t *testing.T) {
 }
 
 // unreachableAudience is an audience pool whose server refuses every connection.
+// unreadableOptIns plans pushPlan's campaign and gives it a handler whose audience database refuses every
+// connection, on a Redis DB of its own.
+func unreadableOptIns(t *testing.T) (*campaign.Store, int64, *redis.Client, *Handler) {
+	t.Helper()
+	_, store, id, _ := pushPlan(t)
+	rdb, _ := testredis.New(t)
+	h := NewHandler(Config{Store: store, Redis: rdb, Owner: "w", OptIns: &campaign.OptIns{Pool: unreachableAudience(t)},
+		Providers:     map[campaign.Channel]providers.Provider{campaign.ChannelPush: pushProvider(t)},
+		ProviderRates: map[string]float64{}})
+	return store, id, rdb, h
+}
+
 func unreachableAudience(t *testing.T) *pgxpool.Pool {
 	t.Helper()
 	gone, err := pgxpool.New(context.Background(), "postgres://postgres@127.0.0.1:1/nowhere?connect_timeout=1")
