@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/campaignctl/campaignctl/internal/state"
 )
 
@@ -48,5 +50,58 @@ func TestNoSendWhileRefusalsWaitInTheSpool(t *testing.T) {
 	}
 	if w, _ := state.Waits(ctx, f.rdb, f.id); len(w) > 0 {
 		t.Fatalf("waiting notes %v once the batch went; want none", w)
+	}
+}
+
+// failRefusalsCheck is a go-redis hook that fails the worker's check of the refusals held (the script over
+// state.RefusalsHeldKey) as an unreachable Redis would, and lets every other command through.
+type failRefusalsCheck struct{}
+
+func (failRefusalsCheck) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (failRefusalsCheck) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if name := cmd.Name(); name == "evalsha" || name == "eval" {
+			for _, a := range cmd.Args() {
+				if a == state.RefusalsHeldKey {
+					err := errors.New("dial tcp 127.0.0.1:6379: connect: connection refused")
+					cmd.SetErr(err)
+					return err
+				}
+			}
+		}
+		return next(ctx, cmd)
+	}
+}
+
+func (failRefusalsCheck) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+// The check of the refusals held fails closed: while a webhooks process holds refusals and Redis does not
+// answer that check, nothing is sent and the batch waits, without using its retries. Taken for "none held",
+// the run would lease and send on consents that miss those refusals (the claims that follow answer: only
+// this check failed).
+func TestRefusalsHeldFailsClosedOnARedisError(t *testing.T) {
+	t.Parallel()
+	f := plan(t, 8) // eligible: u1, u2, u4, u7, u8
+	ctx := context.Background()
+	if err := state.NoteRefusalsHeld(ctx, f.rdb, "hooks-1", time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	f.rdb.AddHook(failRefusalsCheck{})
+	err := f.h.RunBatch(ctx, f.id, 0)
+	var re *RetryError
+	if !errors.As(err, &re) || re.Failure {
+		t.Fatalf("the run returned %v; want the batch back for later, without a failure", err)
+	}
+	if n := f.provider.total(); n != 0 {
+		t.Fatalf("%d messages sent while the refusals held could not be read", n)
+	}
+	if err := state.ClearRefusalsHeld(ctx, f.rdb, "hooks-1"); err != nil {
+		t.Fatal(err)
+	}
+	if held, err := state.RefusalsHeld(ctx, f.rdb); err == nil || held {
+		t.Fatalf("the hook let the check through (%v, %v): this tests nothing", held, err)
 	}
 }
