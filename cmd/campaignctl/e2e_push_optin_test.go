@@ -10,8 +10,6 @@ import (
 	"time"
 
 	"github.com/campaignctl/campaignctl/internal/testdb"
-	"github.com/campaignctl/campaignctl/internal/testredis"
-	"github.com/campaignctl/campaignctl/providers/sandbox"
 )
 
 // A push campaign launched on an audience database of its own (AUDIENCE_DATABASE_URL), before any worker
@@ -25,18 +23,8 @@ func TestEndToEndPushOptInWithdrawnBeforeTheSend(t *testing.T) {
 	}
 	_, dbURL := testdb.New(t)
 	audience, audienceURL := testdb.New(t) // the shop's database: the devices live only here
-	_, redisURL := testredis.New(t)
 	ctx := context.Background()
-	sandboxAddr := freeAddr(t)
-	dir := t.TempDir()
-	creds := filepath.Join(dir, "service-account.json")
-	if err := sandbox.WriteServiceAccount(creds, "http://"+sandboxAddr, "demo-project"); err != nil {
-		t.Fatal(err)
-	}
-	e := &e2eEnv{t: t, bin: binary(t), env: append(os.Environ(),
-		"DATABASE_URL="+dbURL, "REDIS_URL="+redisURL, "AUDIENCE_DATABASE_URL="+audienceURL,
-		"GOOGLE_APPLICATION_CREDENTIALS="+creds, "FCM_BASE_URL=http://"+sandboxAddr, "FCM_RATE=0",
-	)}
+	e, sandboxAddr, dir := pushE2E(t, "DATABASE_URL="+dbURL, "AUDIENCE_DATABASE_URL="+audienceURL)
 	e.mustRun("migrate")
 	for _, sql := range []string{
 		`CREATE TABLE devices AS SELECT i AS id, 'tok-' || i AS push_token, true AS push_opt_in FROM generate_series(1, 30) i`,

@@ -25,19 +25,9 @@ func TestEndToEndPushAndWebhook(t *testing.T) {
 		t.Skip("end-to-end run skipped in -short mode")
 	}
 	db, dbURL := testdb.New(t)
-	_, redisURL := testredis.New(t)
 	ctx := context.Background()
-	sandboxAddr := freeAddr(t)
-	dir := t.TempDir()
-	creds := filepath.Join(dir, "service-account.json")
-	if err := sandbox.WriteServiceAccount(creds, "http://"+sandboxAddr, "demo-project"); err != nil {
-		t.Fatal(err)
-	}
-	e := &e2eEnv{t: t, bin: binary(t), env: append(os.Environ(),
-		"DATABASE_URL="+dbURL, "REDIS_URL="+redisURL,
-		"GOOGLE_APPLICATION_CREDENTIALS="+creds, "FCM_BASE_URL=http://"+sandboxAddr, "FCM_RATE=0",
-		"WEBHOOK_URL=http://"+sandboxAddr+"/webhook", "WEBHOOK_SECRET=in-house-secret", "WEBHOOK_RATE=0",
-	)}
+	e, sandboxAddr, dir := pushE2E(t, "DATABASE_URL="+dbURL)
+	e.env = append(e.env, "WEBHOOK_URL=http://"+sandboxAddr+"/webhook", "WEBHOOK_SECRET=in-house-secret", "WEBHOOK_RATE=0")
 	e.mustRun("migrate")
 	for _, sql := range []string{
 		// 40 opted in (2 of them with tokens FCM no longer knows), 10 not.
@@ -112,4 +102,21 @@ func TestEndToEndPushAndWebhook(t *testing.T) {
 	if ws.Accepted != 40 || ws.BadSignature != 0 || ws.MissingSignature != 0 {
 		t.Fatalf("webhook receiver: %+v; want 40 accepted, none refused", ws)
 	}
+}
+
+// pushE2E is an end-to-end environment for push: the built binary with env (the engine's DATABASE_URL
+// at least), a Redis DB of the test's, and a service account whose FCM is the sandbox at sandboxAddr
+// (not started yet). dir is the test's directory for its files.
+func pushE2E(t *testing.T, env ...string) (e *e2eEnv, sandboxAddr, dir string) {
+	t.Helper()
+	_, redisURL := testredis.New(t)
+	sandboxAddr = freeAddr(t)
+	dir = t.TempDir()
+	creds := filepath.Join(dir, "service-account.json")
+	if err := sandbox.WriteServiceAccount(creds, "http://"+sandboxAddr, "demo-project"); err != nil {
+		t.Fatal(err)
+	}
+	e = &e2eEnv{t: t, bin: binary(t), env: append(append(os.Environ(), env...),
+		"REDIS_URL="+redisURL, "GOOGLE_APPLICATION_CREDENTIALS="+creds, "FCM_BASE_URL=http://"+sandboxAddr, "FCM_RATE=0")}
+	return e, sandboxAddr, dir
 }
