@@ -42,6 +42,13 @@ func (r consentRule) readsOptIn() bool {
 	return !r.Transactional && r.IYSType == "" && r.OptInColumn != ""
 }
 
+// arrayElem quotes a user ID inside a quoted array element; escapeString writes a text into an escape
+// string literal (E'...').
+var (
+	arrayElem    = strings.NewReplacer(`\`, `\\`, `"`, `\"`)
+	escapeString = strings.NewReplacer(`\`, `\\`, `'`, `''`)
+)
+
 // optInSQL is the audience query restricted to users: the query as a subquery, filtered on its user_id
 // column. The users are one array literal compared with the column as it is typed (the literal takes the
 // column's type), so that Postgres pushes the filter into the query and looks the users up by the
@@ -50,18 +57,17 @@ func (r consentRule) readsOptIn() bool {
 func optInSQL(audience string, users []string, asText bool) string {
 	var b strings.Builder
 	b.WriteString("{")
-	quote := strings.NewReplacer(`\`, `\\`, `"`, `\"`)
 	for i, u := range users {
 		if i > 0 {
 			b.WriteString(",")
 		}
 		b.WriteString(`"`)
-		b.WriteString(quote.Replace(u))
+		b.WriteString(arrayElem.Replace(u))
 		b.WriteString(`"`)
 	}
 	b.WriteString("}")
 	// An escape string: its backslashes mean the same whatever standard_conforming_strings says.
-	col, lit := "a.user_id", "E'"+strings.NewReplacer(`\`, `\\`, `'`, `''`).Replace(b.String())+"'"
+	col, lit := "a.user_id", "E'"+escapeString.Replace(b.String())+"'"
 	if asText {
 		col, lit = "a.user_id::text", lit+"::text[]"
 	}
