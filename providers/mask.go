@@ -3,6 +3,8 @@ package providers
 import (
 	"regexp"
 	"strings"
+	"unicode"
+	"unicode/utf8"
 )
 
 // MaskAddress hides most of a phone number or e-mail address for logs: "+905321234567" becomes
@@ -60,7 +62,33 @@ var phoneLike = regexp.MustCompile(`\+?\d[\d ()-]{6,}\d`)
 
 // MaskPhoneLike replaces anything shaped like a phone number in s, a text that came from a provider, with
 // "[number]". Not for transport error texts: their URLs and account IDs carry digits it would mangle.
-func MaskPhoneLike(s string) string { return phoneLike.ReplaceAllString(s, "[number]") }
+// Digits inside a word are not a number: a Twilio message SID ("SM" and 32 hex digits) often holds a run
+// of eight digits or more, and is what an operator looks the message up by.
+func MaskPhoneLike(s string) string {
+	spans := phoneLike.FindAllStringIndex(s, -1)
+	if spans == nil {
+		return s
+	}
+	var b strings.Builder
+	last := 0
+	for _, sp := range spans {
+		if inWord(s, sp[0], sp[1]) {
+			continue
+		}
+		b.WriteString(s[last:sp[0]])
+		b.WriteString("[number]")
+		last = sp[1]
+	}
+	b.WriteString(s[last:])
+	return b.String()
+}
+
+// inWord says whether s[i:j] has a letter right before or right after it.
+func inWord(s string, i, j int) bool {
+	before, _ := utf8.DecodeLastRuneInString(s[:i])
+	after, _ := utf8.DecodeRuneInString(s[j:])
+	return i > 0 && unicode.IsLetter(before) || j < len(s) && unicode.IsLetter(after)
+}
 
 // MaskDigits replaces in s every spelling of the number digits (a recipient's national number, say) with
 // "[to]": its digits in order with up to three other characters between any two ("0532.123.45.67",

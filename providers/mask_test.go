@@ -57,12 +57,18 @@ func TestErrorTextsScrubWhatAnAnswerQuotes(t *testing.T) {
 			}
 		}
 	}
+	// A number next to a SID is masked, the SID kept.
+	if got, want := ScrubText("reply from +90 532 987 65 43 to SM0123456789abcdef0123456789abcdef: STOP"), "reply from [number] to SM0123456789abcdef0123456789abcdef: STOP"; got != want {
+		t.Errorf("ScrubText = %q, want %q", got, want)
+	}
 	if got := e.Error(); !strings.Contains(got, "Basic [secret]") || !strings.Contains(got, "h***@huntmail.com") ||
 		!strings.Contains(got, "[number]") || !strings.Contains(got, "127.0.0.1:8025") {
 		t.Errorf("Error() = %q: want the credentials as [secret], addresses masked, and the transport's URL kept", got)
 	}
-	// Prose is left alone: "Basic" and "Bearer" followed by words, short digits, codes.
-	for _, s := range []string{"Basic authentication failed", "Bearer token expired", "code 21211, see https://www.twilio.com/docs/errors/21211"} {
+	// Prose is left alone: "Basic" and "Bearer" followed by words, short digits, codes, and a message SID
+	// whose hex digits hold a long run of digits (what an operator looks the message up by).
+	for _, s := range []string{"Basic authentication failed", "Bearer token expired", "code 21211, see https://www.twilio.com/docs/errors/21211",
+		"STOP reply to SM5f0123456789ab2345678901cdef0123, from MG12345678901234567890123456789012"} {
 		if got := ScrubText(s); got != s {
 			t.Errorf("ScrubText(%q) = %q, want it unchanged", s, got)
 		}
