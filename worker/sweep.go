@@ -208,11 +208,19 @@ const reasonNoAnswerInGrace = "a worker stopped after claiming and before the pr
 func (h *Handler) sweepLoop(ctx context.Context, every time.Duration) {
 	t := time.NewTicker(every)
 	defer t.Stop()
+	orphans := map[string]time.Time{}
+	var lookedForOrphans time.Time
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
+		}
+		if time.Since(lookedForOrphans) >= orphanCheckEvery {
+			lookedForOrphans = time.Now()
+			if err := h.requeueOrphans(ctx, orphans); err != nil && ctx.Err() == nil {
+				h.log.Warn("look for batches Asynq holds with nobody running them failed; it looks again shortly", "err", fmt.Sprint(err))
+			}
 		}
 		n, err := h.Sweep(ctx)
 		switch {
@@ -222,4 +230,61 @@ func (h *Handler) sweepLoop(ctx context.Context, every time.Duration) {
 			h.log.Info("settled the chunks of batch runs that died", "recipients", n)
 		}
 	}
+}
+
+// orphanCheckEvery is how often a worker looks for batch tasks that Asynq holds active with nobody running
+// them (requeueOrphans).
+const orphanCheckEvery = 5 * time.Second
+
+// requeueOrphans queues a follow-up run (followUp) of each batch whose task Asynq holds active with its
+// lease run out. Its worker let the task go while Redis was away for longer than the lease (30 s), and the
+// hand back to Asynq's retry queue was lost with Redis; or the worker died. Asynq gives such a task back by
+// itself only a minute and a half after its lease ended (its recovery looks once a minute, at leases that
+// ended 30 s before), and meanwhile the batch's recipients stay pending with nothing said about why. The
+// follow-up runs the batch as soon as a worker is free; the task itself, when Asynq gives it back, finds the
+// batch done or waits for the follow-up's lease, as any two runs of one batch do. followed holds the tasks
+// this process followed up already (by task ID, with when), so that one orphan is followed up once.
+func (h *Handler) requeueOrphans(ctx context.Context, followed map[string]time.Time) error {
+	if h.cfg.Redis == nil {
+		return nil
+	}
+	now := time.Now()
+	for id, at := range followed {
+		if now.Sub(at) > 5*time.Minute {
+			delete(followed, id)
+		}
+	}
+	type orphan struct {
+		id    string
+		c     int64
+		batch int
+	}
+	var found []orphan
+	insp := asynq.NewInspectorFromRedisClient(h.cfg.Redis)
+	err := batchTasks(insp.ListActiveTasks, 0, func(t *asynq.TaskInfo, cid int64, batch int) {
+		if _, done := followed[t.ID]; t.IsOrphaned && !done {
+			found = append(found, orphan{t.ID, cid, batch})
+		}
+	})
+	if err != nil {
+		return err
+	}
+	campaigns := map[int64]*campaign.Campaign{}
+	for _, o := range found {
+		c, ok := campaigns[o.c]
+		if !ok {
+			if c, err = h.cfg.Store.Get(ctx, o.c); err != nil {
+				if errors.Is(err, campaign.ErrNotFound) {
+					followed[o.id] = now
+					continue
+				}
+				return err
+			}
+			campaigns[o.c] = c
+		}
+		h.log.Info("Asynq holds a batch that nobody runs (its worker let it go while Redis was away, or died): queued again", "campaign_id", o.c, "batch", o.batch, "task_id", o.id)
+		h.followUp(ctx, c, o.batch)
+		followed[o.id] = now
+	}
+	return nil
 }
