@@ -49,7 +49,7 @@ type ImportOptions struct {
 // ImportReport counts what Import did. Rows = Superseded + Inserted + Updated + Unchanged.
 type ImportReport struct {
 	Rows       int64 // data rows in the file (the header and blank lines excluded)
-	Superseded int64 // rows beaten by a later consent_date (or a later line) for the same key in the file
+	Superseded int64 // rows beaten by a later consent_date (or, of one second, a RET, then a later line) for the same key in the file
 	Inserted   int64 // keys that had no stored consent
 	Updated    int64 // stored consents replaced (the file's consent_date was later, or the same and not an ONAY over a RET, and it differed)
 	Unchanged  int64 // stored consents kept: newer than the file's, or identical to it

@@ -130,15 +130,17 @@ func Import(ctx context.Context, pool *pgxpool.Pool, r io.Reader, opts ImportOpt
 	return rep, nil
 }
 
-// latestSQL keeps, for each key in the staged file, the row with the latest consent_date and, on a tie, the
-// latest line: DISTINCT ON keeps the first row of each group in ORDER BY order. COLLATE "C" makes the sort
+// latestSQL keeps, for each key in the staged file, the row with the latest consent_date; of two of one
+// second, a RET (İYS's dates are whole seconds: the order of the two decisions is not known, and the
+// import sides with the refusal, as the merge does with a stored RET), then the latest line. DISTINCT ON
+// keeps the first row of each group in ORDER BY order. COLLATE "C" makes the sort
 // a byte comparison whatever the database's collation (equality is the same), and the output order is the
 // primary key's, so the inserts that follow fill index pages left to right instead of at random.
 const latestSQL = `
 	SELECT DISTINCT ON (recipient COLLATE "C", type COLLATE "C", recipient_type COLLATE "C")
 	       recipient, type, recipient_type, status, source, consent_date
 	FROM iys_import
-	ORDER BY recipient COLLATE "C", type COLLATE "C", recipient_type COLLATE "C", consent_date DESC, line DESC`
+	ORDER BY recipient COLLATE "C", type COLLATE "C", recipient_type COLLATE "C", consent_date DESC, status = 'RET' DESC, line DESC`
 
 // merge folds the staged rows into iys_consents and returns how many distinct keys the file had, how many
 // of them were inserted and how many updated.
@@ -259,7 +261,7 @@ func requeueOverruled(ctx context.Context, tx pgx.Tx, brand string) (int64, erro
 			SELECT DISTINCT ON (i.recipient, i.type, i.recipient_type) i.recipient, i.type, i.recipient_type, i.status, i.consent_date
 			FROM iys_import i
 			WHERE EXISTS (SELECT 1 FROM refusals r WHERE r.recipient = i.recipient AND r.type = i.type)
-			ORDER BY i.recipient, i.type, i.recipient_type, i.consent_date DESC, i.line DESC
+			ORDER BY i.recipient, i.type, i.recipient_type, i.consent_date DESC, i.status = 'RET' DESC, i.line DESC
 		)
 		INSERT INTO iys_outbox (refusal_id, brand_code, recipient, type, recipient_type, source, consent_date, due_at)
 		SELECT f.id, $1, l.recipient, l.type, l.recipient_type, f.source, f.refused_at, f.refused_at + interval '2 days'

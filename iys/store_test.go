@@ -149,7 +149,8 @@ func TestImportNewerDateWins(t *testing.T) {
 		t.Errorf("report (-want +got):\n%s", diff)
 	}
 
-	// Within one file, the latest date wins wherever it is, and on a tie the later line wins.
+	// Within one file, the latest date wins wherever it is; on a tie, a RET wins (the order of two
+	// decisions of one second is not known), and then the later line.
 	rep = mustImport(t, pool, iys.Header+"\n"+
 		"+905351234567,MESAJ,BIREYSEL,ONAY,A,2024-06-02 00:00:00\n"+
 		"+905351234567,MESAJ,BIREYSEL,RET,B,2024-06-01 00:00:00\n"+
@@ -168,12 +169,25 @@ func TestImportNewerDateWins(t *testing.T) {
 		t.Errorf("a same-date ONAY over a RET: report (-want +got):\n%s", diff)
 	}
 
+	// A RET and then an ONAY of the same second in one file: the RET is stored, wherever its line is.
+	rep = mustImport(t, pool, iys.Header+"\n"+
+		"+905371234567,MESAJ,BIREYSEL,RET,IYS_MESAJ,2024-07-01 12:00:00\n"+
+		"+905371234567,MESAJ,BIREYSEL,ONAY,HS_WEB,2024-07-01 12:00:00\n"+
+		"+905381234567,MESAJ,BIREYSEL,ONAY,HS_WEB,2024-07-01 12:00:00\n"+
+		"+905381234567,MESAJ,BIREYSEL,RET,IYS_MESAJ,2024-07-01 12:00:00\n"+
+		"+905381234567,MESAJ,BIREYSEL,ONAY,HS_WEB,2024-07-01 11:59:59\n")
+	if diff := cmp.Diff(iys.ImportReport{Rows: 5, Superseded: 3, Inserted: 2, Missing: 5}, rep); diff != "" {
+		t.Errorf("a same-second RET and ONAY in one file: report (-want +got):\n%s", diff)
+	}
+
 	want := []stored{
 		{"+905321234567", "MESAJ", "BIREYSEL", "ONAY", "HS_WEB", "2024-03-01 12:00:00"},
 		{"+905331234567", "MESAJ", "BIREYSEL", "RET", "IYS_MOBIL", "2024-03-01 12:00:00"},
 		{"+905341234567", "MESAJ", "BIREYSEL", "ONAY", "HS_WEB", "2024-01-01 00:00:00"},
 		{"+905351234567", "MESAJ", "BIREYSEL", "ONAY", "A", "2024-06-02 00:00:00"},
 		{"+905361234567", "MESAJ", "BIREYSEL", "RET", "D", "2024-06-01 00:00:00"},
+		{"+905371234567", "MESAJ", "BIREYSEL", "RET", "IYS_MESAJ", "2024-07-01 12:00:00"},
+		{"+905381234567", "MESAJ", "BIREYSEL", "RET", "IYS_MESAJ", "2024-07-01 12:00:00"},
 	}
 	if diff := cmp.Diff(want, dump(t, pool)); diff != "" {
 		t.Errorf("iys_consents (-want +got):\n%s", diff)

@@ -281,8 +281,8 @@ func (a *app) newIYSImportCmd() *cobra.Command {
 		Use:   "import FILE.csv",
 		Short: "Load consents from a CSV (recipient,type,recipient_type,status,source,consent_date); all or nothing",
 		Long: `Load consents from a CSV (recipient,type,recipient_type,status,source,consent_date), all or nothing,
-under IYS_BRAND_CODE. For each number the latest consent_date wins; a same-second ONAY does not replace a
-stored RET. A complete export of İYS's consents brings them up to date for launches' --max-consent-age,
+under IYS_BRAND_CODE. For each number the latest consent_date wins; of two decisions of the same second
+(in the file, or one stored and one in the file), the RET wins. A complete export of İYS's consents brings them up to date for launches' --max-consent-age,
 as a sync does; a partial file (one that leaves out consents stored from İYS's data before: new
 sign-ups, a CRM's extract) is imported but does not, and the import says so. A refusal made here that the
 file shows İYS does not hold (an older ONAY) is queued for İYS (iys push).`,
@@ -317,7 +317,7 @@ file shows İYS does not hold (an older ONAY) is queued for İYS (iys push).`,
 			fmt.Fprintf(a.stdout, "imported %d consent rows: %d new, %d updated, %d unchanged", rep.Rows, rep.Inserted, rep.Updated, rep.Unchanged)
 			if rep.Superseded > 0 {
 				// The rest of the rows: the same number, type and recipient type again in the file.
-				fmt.Fprintf(a.stdout, ", %d superseded by a later row for the same number in the file", rep.Superseded)
+				fmt.Fprintf(a.stdout, ", %d superseded by another row for the same number in the file (a later date, or a RET of the same second)", rep.Superseded)
 			}
 			if rep.Requeued > 0 {
 				fmt.Fprintf(a.stdout, "; %d refusals made here that İYS does not hold queued for it (iys push)", rep.Requeued)
