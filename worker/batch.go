@@ -525,6 +525,14 @@ func (h *Handler) gate(ctx context.Context, run *batchRun, chunk []campaign.Reci
 	}
 	got, err := h.leaseChunk(ctx, run, users)
 	if err != nil {
+		if errors.Is(err, errRefusalsSpooled) {
+			// Leased on consents read while refusals were spooled: let go at once (a dead run's chunk it took
+			// over stays in hand), so that the batch's next run leases the chunk again and reads them anew.
+			h.inherit(run, got.Inherited)
+			if _, rerr := h.cfg.Store.Record(context.WithoutCancel(ctx), run.c.ID, nil, run.lease, run.inHand()); rerr != nil {
+				h.log.Warn("chunk not let go; its lease runs out by itself", "campaign_id", run.c.ID, "batch", run.batch, "err", fmt.Sprint(rerr))
+			}
+		}
 		return 0, nil, waitForServices(err)
 	}
 	at := run.leasedAt
@@ -589,8 +597,11 @@ func (h *Handler) gate(ctx context.Context, run *batchRun, chunk []campaign.Reci
 // is reported unleased (busy), as one held by a live run is.
 func (h *Handler) leaseChunk(ctx context.Context, run *batchRun, users []string) (campaign.Chunk, error) {
 	l := run.lease
-	if !l.AnyState && run.c.ChecksIYS() && run.c.State != campaign.StateCancelled && h.cfg.Redis != nil {
-		if err := h.refusalsHeld(ctx, run); err != nil {
+	var before state.HeldRefusals
+	checkHeld := !l.AnyState && run.c.ChecksIYS() && run.c.State != campaign.StateCancelled && h.cfg.Redis != nil
+	if checkHeld {
+		var err error
+		if before, err = h.refusalsHeld(ctx, run); err != nil {
 			return campaign.Chunk{}, err
 		}
 	}
@@ -610,6 +621,9 @@ func (h *Handler) leaseChunk(ctx context.Context, run *batchRun, users []string)
 		got, err := h.cfg.Store.LeaseChunk(ctx, run.c, users, l)
 		if err == nil && got.Fence == "" && readOptIns && got.State != campaign.StateCancelled {
 			err = h.applyOptIns(ctx, run, got, users, optIns)
+		}
+		if err == nil && got.Fence == "" && checkHeld && got.State != campaign.StateCancelled {
+			err = h.noRefusalHeldSince(ctx, run, before)
 		}
 		if err != nil || got.Fence == "" {
 			return got, err
@@ -722,18 +736,41 @@ func (h *Handler) applyOptIns(ctx context.Context, run *batchRun, got campaign.C
 // Postgres has not taken yet (state.RefusalsHeld): the consents the lease would read miss them. A provider
 // posted them while Postgres was away, and they are recorded within a second or so of its return; before,
 // the workers leased and sent on the consents they read meanwhile. The wait is noted for status.
-func (h *Handler) refusalsHeld(ctx context.Context, run *batchRun) error {
-	held, err := state.RefusalsHeld(ctx, h.cfg.Redis)
+func (h *Handler) refusalsHeld(ctx context.Context, run *batchRun) (state.HeldRefusals, error) {
+	held, err := state.RefusalsHeldNow(ctx, h.cfg.Redis)
+	if err != nil {
+		return held, waitForServices(fmt.Errorf("no send while Redis is unavailable: %w", err))
+	}
+	if !held.Held {
+		h.clearWait(ctx, run.c.ID, WaitRefusalsHeld)
+		return held, nil
+	}
+	h.noteWait(ctx, run.c.ID, WaitRefusalsHeld, heldRefusalsDetail)
+	return held, &RetryError{Err: errors.New("refusals received while Postgres was away are still being recorded: no send until they are"), After: time.Second, Wait: true}
+}
+
+// noRefusalHeldSince looks at the spools' notes again once the lease has read the chunk's consents: a
+// refusal spooled while the read waited on Postgres (frozen, or away and back) may have been taken into
+// Postgres after the read's snapshot, and its note be gone already. A note written since before (the count
+// of notes moved), or holding now, makes the read stale: the run waits as it does for a note found first,
+// and its next lease reads the consents again. A failure to read the notes fails closed.
+func (h *Handler) noRefusalHeldSince(ctx context.Context, run *batchRun, before state.HeldRefusals) error {
+	now, err := state.RefusalsHeldNow(ctx, h.cfg.Redis)
 	if err != nil {
 		return waitForServices(fmt.Errorf("no send while Redis is unavailable: %w", err))
 	}
-	if !held {
-		h.clearWait(ctx, run.c.ID, WaitRefusalsHeld)
+	if !now.Held && now.Gen == before.Gen {
 		return nil
 	}
-	h.noteWait(ctx, run.c.ID, WaitRefusalsHeld, "refusals that providers posted while Postgres was away wait in campaignctl webhooks' spool: nothing is sent until they are recorded (within seconds of Postgres's return); the batches go on by themselves")
-	return &RetryError{Err: errors.New("refusals received while Postgres was away are still being recorded: no send until they are"), After: time.Second, Wait: true}
+	h.log.Info("refusals were spooled while the chunk's consents were read: read again before any send", "campaign_id", run.c.ID, "batch", run.batch)
+	h.noteWait(ctx, run.c.ID, WaitRefusalsHeld, heldRefusalsDetail)
+	return &RetryError{Err: errRefusalsSpooled, After: time.Second, Wait: true}
 }
+
+// errRefusalsSpooled is noRefusalHeldSince's refusal of a consent read.
+var errRefusalsSpooled = errors.New("refusals were spooled while the chunk's consents were read: no send until they are read again")
+
+const heldRefusalsDetail = "refusals that providers posted while Postgres was away wait in campaignctl webhooks' spool: nothing is sent until they are recorded (within seconds of Postgres's return); the batches go on by themselves"
 
 // leaseIsLive says whether token is the lease of a batch run of this process.
 func (h *Handler) leaseIsLive(token string) bool {

@@ -3,11 +3,13 @@ package worker
 import (
 	"context"
 	"errors"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/campaignctl/campaignctl/campaign"
 	"github.com/campaignctl/campaignctl/internal/state"
 )
 
@@ -104,4 +106,63 @@ func TestRefusalsHeldFailsClosedOnARedisError(t *testing.T) {
 	if held, err := state.RefusalsHeld(ctx, f.rdb); err == nil || held {
 		t.Fatalf("the hook let the check through (%v, %v): this tests nothing", held, err)
 	}
+}
+
+// afterLeaseStore runs after once, after the first LeaseChunk has read the chunk's consents.
+type afterLeaseStore struct {
+	Store
+	once  sync.Once
+	after func()
+}
+
+func (s *afterLeaseStore) LeaseChunk(ctx context.Context, c *campaign.Campaign, users []string, l campaign.Lease) (campaign.Chunk, error) {
+	got, err := s.Store.LeaseChunk(ctx, c, users, l)
+	if err == nil {
+		s.once.Do(s.after)
+	}
+	return got, err
+}
+
+// Refusals spooled while the lease's consent read waited on Postgres (frozen, then thawed): the read's
+// snapshot missed them, and by the time it returned the spool had been written into Postgres and its note
+// cleared. The run looks at the notes again after the read, sees that one was written meanwhile, and
+// reads the consents again before any send. Before, an outside run froze Postgres 14-42 s while STOP
+// replies came in, and 2 to 9 of 8-10 refused recipients were texted once it thawed.
+func TestARefusalSpooledDuringTheConsentReadIsReadBeforeAnySend(t *testing.T) {
+	t.Parallel()
+	f := plan(t, 8) // eligible: u1, u2, u4, u7, u8
+	ctx := context.Background()
+	f.h.cfg.Store = &afterLeaseStore{Store: f.store, after: func() {
+		// The webhooks process: a STOP spooled (its note first), then Postgres back and the spool written
+		// into it, the note cleared.
+		if err := state.NoteRefusalsHeld(ctx, f.rdb, "hooks-1", time.Minute); err != nil {
+			t.Error(err)
+		}
+		if _, err := f.db.Exec(ctx, `UPDATE iys_consents SET status = 'RET', source = 'IYS_MESAJ', consent_date = now() WHERE recipient IN ($1, $2)`, phone(1), phone(2)); err != nil {
+			t.Error(err)
+		}
+		if err := state.ClearRefusalsHeld(ctx, f.rdb, "hooks-1"); err != nil {
+			t.Error(err)
+		}
+	}}
+	err := f.h.RunBatch(ctx, f.id, 0)
+	var re *RetryError
+	if !errors.As(err, &re) || re.Failure || !re.Wait {
+		t.Fatalf("the run returned %v; want the batch back for later, without a failure", err)
+	}
+	if n := f.provider.total(); n != 0 {
+		t.Fatalf("%d messages sent on consents read while refusals were spooled", n)
+	}
+	if err := f.h.RunBatch(ctx, f.id, 0); err != nil {
+		t.Fatal(err)
+	}
+	for _, u := range []string{"u1", "u2"} {
+		if st, reason, _ := f.status(t, u); st != campaign.StatusSkipped || reason != campaign.ReasonRevoked {
+			t.Errorf("%s is %s (%s), want skipped (%s)", u, st, reason, campaign.ReasonRevoked)
+		}
+	}
+	if c := f.counts(t); c.Sent != 3 || c.Pending != 0 {
+		t.Fatalf("counts %+v; want u4, u7 and u8 sent, u1 and u2 skipped", c)
+	}
+	f.assertOnce(t)
 }
