@@ -228,26 +228,27 @@ func (b *Bucket) allow(ctx context.Context, l Limit, n int) error {
 
 // takeAll takes its tokens (Limit.Cost, or n) from each of ls's buckets at one moment, when all of them
 // have them and none of the pauses is set (takeAllScript), waiting as long as the fullest bucket or the
-// longest pause says meanwhile, in turn with the process's other waiters of each bucket (taken in the
-// order of their keys, the same for every caller). With reserve (a request larger than a bucket's burst),
-// the tokens are reserved in every bucket for the one moment all of them, and the pauses, let the request
-// out, and the wait is for that moment (reserveAllScript). No bucket's tokens are held through another's
-// wait, and a pause set during a wait (a 429 to another worker) holds the tokens back as it would have held
-// a wait for them alone. A reservation's wait cut short (ctx, Hold) leaves the tokens spent: the rate can
-// only be lower for it, never higher.
+// longest pause says meanwhile. The script is run in turn with the process's other waiters of each bucket
+// (the turns taken in the order of their keys, the same for every caller); a wait for the fullest bucket
+// holds that bucket's turn only, and a wait for a pause none. A run behind a campaign's low --rate
+// therefore keeps the other runs of this process that wait for the same campaign in line, and not those of
+// other campaigns that share only the provider's bucket: before, it held the provider's turn through the
+// whole wait, and every campaign of the process went at the slowest one's rate. With reserve (a request
+// larger than a bucket's burst), the tokens are reserved in every bucket for the one moment all of them,
+// and the pauses, let the request out, and the wait is for that moment (reserveAllScript), holding no
+// turn. No bucket's tokens are held through another's wait, and a pause set during a wait (a 429 to
+// another worker) holds the tokens back as it would have held a wait for them alone. A reservation's wait
+// cut short (ctx, Hold) leaves the tokens spent: the rate can only be lower for it, never higher.
 func (b *Bucket) takeAll(ctx context.Context, ls []Limit, pauses []string, n int, reserve bool) error {
 	ls = slices.Clone(ls)
 	slices.SortFunc(ls, func(a, c Limit) int { return strings.Compare(a.Key, c.Key) })
 	keys := make([]string, 0, len(ls)+len(pauses))
 	args := make([]any, 0, 3*len(ls))
+	ts := make([]*turn, len(ls))
 	var holder Limit // whose Hold spends the waits: the first limit that has one
-	for _, l := range ls {
-		t := b.join(l.Key)
-		defer b.leave(l.Key, t)
-		if err := b.turn(ctx, l, t); err != nil {
-			return err
-		}
-		defer func() { <-t.slot }()
+	for i, l := range ls {
+		ts[i] = b.join(l.Key)
+		defer b.leave(l.Key, ts[i])
 		lim := gcra(l.Rate)
 		keys = append(keys, state.RateKey(l.Key))
 		args = append(args, l.cost(n), lim.Period.Seconds()/float64(lim.Rate), lim.Burst)
@@ -261,26 +262,53 @@ func (b *Bucket) takeAll(ctx context.Context, ls []Limit, pauses []string, n int
 		script = reserveAllScript
 	}
 	for {
+		for i, l := range ls {
+			if err := b.turn(ctx, l, ts[i]); err != nil {
+				for j := range i {
+					<-ts[j].slot
+				}
+				return err
+			}
+		}
 		s, err := script.Run(ctx, b.rdb, keys, args...).Text()
+		for i := range ls {
+			<-ts[i].slot
+		}
 		if err != nil {
 			return fmt.Errorf("rate limits %s: %w", strings.Join(keys, ", "), err)
 		}
-		wait, err := strconv.ParseFloat(s, 64)
+		w, fullest, _ := strings.Cut(s, " ")
+		wait, err := strconv.ParseFloat(w, 64)
 		if err != nil {
 			return fmt.Errorf("rate limits %s: the script answered %q", strings.Join(keys, ", "), s)
-		}
-		if wait > 0 {
-			if err := b.wait(ctx, holder, time.Duration(wait*float64(time.Second))); err != nil {
-				return err
-			}
 		}
 		if wait <= 0 {
 			return nil
 		}
+		d := time.Duration(wait * float64(time.Second))
 		if reserve {
+			if err := b.wait(ctx, holder, d); err != nil {
+				return err
+			}
 			// The reservation's moment has come; a pause set while it waited (a 429 to another worker)
 			// holds it back until the pause ends. Its tokens stay spent: the rate can only be lower.
 			return b.waitPauses(ctx, holder, pauses)
+		}
+		if i, err := strconv.Atoi(fullest); err == nil && i >= 1 && i <= len(ls) {
+			// The fullest bucket's turn, alone: its other waiters in this process wait behind this one
+			// instead of all asking Redis when the wait ends.
+			if err := b.turn(ctx, ls[i-1], ts[i-1]); err != nil {
+				return err
+			}
+			err := b.wait(ctx, holder, d)
+			<-ts[i-1].slot
+			if err != nil {
+				return err
+			}
+			continue
+		}
+		if err := b.wait(ctx, holder, d); err != nil {
+			return err
 		}
 	}
 }
@@ -315,7 +343,7 @@ return m`)
 // takeAllScript takes its tokens from every GCRA bucket it is given (kept as go-redis/redis_rate keeps one,
 // like reserveAllScript) if each of them has them now and none of the pauses is set, and then returns "0";
 // otherwise it takes none and returns how long, in seconds, until the fullest of them would have them or
-// the longest pause ends.
+// the longest pause ends, then a space and the number (from 1) of that bucket, or 0 for a pause.
 //
 // KEYS -> the buckets' keys, then the pause keys
 // ARGV -> per bucket: the tokens to take, its emission interval in seconds and its burst
@@ -329,7 +357,8 @@ for i = buckets + 1, #KEYS do
   local p = redis.call("PTTL", KEYS[i]) / 1000
   if p > early then early = p end
 end
-if early > 0 then return tostring(early) end
+if early > 0 then return tostring(early) .. " 0" end
+local fullest = 0
 for i = 1, buckets do
   local k = KEYS[i]
   local n, interval, burst = tonumber(ARGV[3 * i - 2]), tonumber(ARGV[3 * i - 1]), tonumber(ARGV[3 * i])
@@ -337,9 +366,9 @@ for i = 1, buckets do
   if not at or at < now then at = now end
   after[i] = at + interval * n
   local e = after[i] - interval * burst - now
-  if e > early then early = e end
+  if e > early then early, fullest = e, i end
 end
-if early > 0 then return tostring(early) end
+if early > 0 then return tostring(early) .. " " .. fullest end
 for i = 1, buckets do
   redis.call("SET", KEYS[i], after[i], "EX", math.max(1, math.ceil(after[i] - now)))
 end

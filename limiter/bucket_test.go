@@ -312,8 +312,8 @@ func TestLargeRequestsOfSeveralProcessesGoOutOneAfterTheOther(t *testing.T) {
 }
 
 // A limit's Hold spends its waits: the wait for a large request's tokens goes through it, and so does
-// the wait of another goroutine of the process for its turn at the bucket (every HoldEvery, with 0);
-// an error of Hold ends the wait with that error.
+// the wait of another goroutine of the process for its turn at a bucket another waits for (every
+// HoldEvery, with 0); an error of Hold ends the wait with that error.
 func TestHoldSpendsTheWaits(t *testing.T) {
 	t.Parallel()
 	rdb, _ := testredis.New(t)
@@ -329,12 +329,34 @@ func TestHoldSpendsTheWaits(t *testing.T) {
 		}
 	}
 	l := Limit{Key: "provider:held", Rate: 20} // burst 1: 30 tokens are worth 1.5 s
-	l1, l2 := l, l
-	l1.Hold, l2.Hold = hold(&first), hold(&second)
+	l1 := l
+	l1.Hold = hold(&first)
+	if err := b.WaitN(context.Background(), 30, l1); err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	var held time.Duration
+	for _, d := range first {
+		held += d
+	}
+	mu.Unlock()
+	if held < time.Second {
+		t.Fatalf("the large request's Hold was given %v (%v); want its wait of about 1.45 s", held, first)
+	}
+
+	// Two goroutines behind a slow campaign's bucket (one token every 2 s) and a provider's: the first
+	// waits for the campaign's bucket in its turn, the second for that turn.
+	slow, prov := Limit{Key: "campaign:held", Rate: 0.5}, Limit{Key: "provider:held-shared", Rate: 1000}
+	if err := b.WaitN(context.Background(), 1, slow, prov); err != nil { // the campaign's bucket is empty now
+		t.Fatal(err)
+	}
+	s1, s2 := slow, slow
+	s1.Hold, s2.Hold = hold(&first), hold(&second)
+	first = nil
 	done := make(chan error, 1)
-	go func() { done <- b.WaitN(context.Background(), 30, l1) }()
+	go func() { done <- b.WaitN(context.Background(), 1, s1, prov) }()
 	waitFor(t, func() bool { mu.Lock(); defer mu.Unlock(); return len(first) > 0 })
-	if err := b.WaitN(context.Background(), 1, l2); err != nil {
+	if err := b.WaitN(context.Background(), 1, s2, prov); err != nil {
 		t.Fatal(err)
 	}
 	if err := <-done; err != nil {
@@ -342,13 +364,6 @@ func TestHoldSpendsTheWaits(t *testing.T) {
 	}
 	mu.Lock()
 	defer mu.Unlock()
-	var held time.Duration
-	for _, d := range first {
-		held += d
-	}
-	if held < time.Second {
-		t.Fatalf("the large request's Hold was given %v (%v); want its wait of about 1.45 s", held, first)
-	}
 	if !slices.Contains(second, 0) {
 		t.Fatalf("the goroutine waiting for its turn for over a second was never held (%v)", second)
 	}
@@ -383,4 +398,35 @@ func newClient(t *testing.T, url string) *redis.Client {
 	rdb := redis.NewClient(opt)
 	t.Cleanup(func() { rdb.Close() })
 	return rdb
+}
+
+// A run behind a campaign's low cap waits in its turn at the campaign's bucket only: the other runs of the
+// process that share the provider's bucket go at the provider's pace meanwhile. Before, it held the
+// provider's turn through its wait, and every campaign of the worker went at the slowest one's rate (an
+// outside run: a campaign at --rate 1 held another, uncapped, to 1 message a second).
+func TestASlowCampaignDoesNotHoldOthersOfTheProcessToItsRate(t *testing.T) {
+	t.Parallel()
+	rdb, _ := testredis.New(t)
+	b := New(rdb)
+	ctx := context.Background()
+	slow, prov := Limit{Key: "campaign:slow", Rate: 1}, Limit{Key: "provider:shared", Rate: 1000}
+	if err := b.WaitN(ctx, 1, slow, prov); err != nil { // the slow campaign's bucket is empty now
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- b.WaitN(ctx, 1, slow, prov) }() // waits about a second
+	time.Sleep(50 * time.Millisecond)
+	other := Limit{Key: "campaign:other", Rate: 2000}
+	start := time.Now()
+	for range 100 { // 100 tokens at 1,000/s with a burst of 50: about 50 ms
+		if err := b.WaitN(ctx, 1, other, prov); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if took := time.Since(start); took > 600*time.Millisecond {
+		t.Fatalf("100 sends of another campaign at the provider's 1,000/s took %v behind a campaign at 1/s", took)
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
 }
