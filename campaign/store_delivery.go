@@ -193,6 +193,13 @@ var recordDeliveriesSQL = `
 			ON CONFLICT DO NOTHING
 		), best AS (
 			SELECT DISTINCT ON (campaign_id, user_id) * FROM keyed WHERE new ORDER BY campaign_id, user_id, rank DESC, at DESC
+		), locked AS (
+			-- The recipients' rows as they are now, locked for the update: keyed0 read them as the statement
+			-- began, and the worker's outcome may have committed since (sent, with its audit entry). Taken
+			-- from that reading, a recipient was still pending, and the send was audited a second time (log).
+			SELECT r.campaign_id, r.user_id, r.status AS was
+			FROM campaign_recipients r JOIN best b ON r.campaign_id = b.campaign_id AND r.user_id = b.user_id
+			FOR UPDATE OF r
 		), upd AS (
 			UPDATE campaign_recipients r SET
 				delivery = b.status, delivery_error = NULLIF(b.error, ''), delivery_at = b.at,
@@ -204,7 +211,7 @@ var recordDeliveriesSQL = `
 				reason = CASE WHEN ` + provedSent + ` THEN 'accepted by the provider (its receipt says ' || b.status || ')' ELSE r.reason END,
 				last_error = CASE WHEN ` + provedSent + ` THEN coalesce(r.last_error, r.reason) ELSE r.last_error END,
 				updated_at = now()
-			FROM best b
+			FROM best b JOIN locked l ON l.campaign_id = b.campaign_id AND l.user_id = b.user_id
 			WHERE r.campaign_id = b.campaign_id AND r.user_id = b.user_id
 			  AND (r.status IN (` + sqlPending + `, ` + sqlSent + `, ` + sqlUnknown + `) OR ` + closedAfterUnknown + `)
 			  -- A receipt for another message than the one recorded is not about this send.
@@ -213,7 +220,7 @@ var recordDeliveriesSQL = `
 			       OR b.rank > ` + deliveryRank("r.delivery") + `
 			       OR (b.rank = ` + deliveryRank("r.delivery") + `
 			           AND b.at >= r.delivery_at))
-			RETURNING r.campaign_id, r.user_id, b.was, r.status, r.provider_message_id, b.status AS delivery, r.address, b.error
+			RETURNING r.campaign_id, r.user_id, l.was, r.status, r.provider_message_id, b.status AS delivery, r.address, b.error
 		), invalid AS (
 			-- An e-mail address the receiving server refused (a bounce; a "blocked" one is about the sender,
 			-- and its error says so) is condemned, as an unregistered push token is: later launches exclude
