@@ -326,7 +326,48 @@ func (m *Metrics) WatchQueues(rdb redis.UniversalClient) error {
 	if m == nil {
 		return nil
 	}
-	return m.reg.Register(asynqmetrics.NewQueueMetricsCollector(asynq.NewInspectorFromRedisClient(rdb)))
+	return m.reg.Register(bounded(asynqmetrics.NewQueueMetricsCollector(asynq.NewInspectorFromRedisClient(rdb)), queueMetricsTimeout,
+		prometheus.NewDesc("asynq_queue_metrics", "Asynq's queue metrics, read from Redis at scrape time.", nil, nil)))
+}
+
+// queueMetricsTimeout bounds the read of Asynq's queue metrics at a scrape: with Redis stalled, each of
+// its reads waited for the client's timeout, and the scrape took 10 s, Prometheus's default scrape timeout,
+// losing the worker's own metrics with it.
+const queueMetricsTimeout = 3 * time.Second
+
+// boundedCollector is a collector that reads at scrape time, given at most timeout: past it, the scrape
+// goes on without its metrics, and with an error that says so (the registry's handler serves the rest).
+type boundedCollector struct {
+	prometheus.Collector
+	timeout time.Duration
+	desc    *prometheus.Desc
+}
+
+func bounded(c prometheus.Collector, timeout time.Duration, desc *prometheus.Desc) prometheus.Collector {
+	return boundedCollector{Collector: c, timeout: timeout, desc: desc}
+}
+
+func (c boundedCollector) Collect(ch chan<- prometheus.Metric) {
+	var got []prometheus.Metric
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		inner := make(chan prometheus.Metric, 16)
+		go func() { c.Collector.Collect(inner); close(inner) }()
+		for m := range inner {
+			got = append(got, m)
+		}
+	}()
+	t := time.NewTimer(c.timeout)
+	defer t.Stop()
+	select {
+	case <-done:
+		for _, m := range got {
+			ch <- m
+		}
+	case <-t.C:
+		ch <- prometheus.NewInvalidMetric(c.desc, fmt.Errorf("not read within %v (Redis slow or away): left out of this scrape", c.timeout))
+	}
 }
 
 // ValidateAddr checks a --metrics-addr value: host:port (host may be empty for every interface) with a
