@@ -106,8 +106,30 @@ func syncedWhen(at *time.Time, age time.Duration) string {
 
 // brandGate refuses a launch under an İYS brand code whose audience has consents recorded only without a
 // brand (imported before IYS_BRAND_CODE was set): they would all be excluded as no_consent, silently.
+//
+// And it refuses a launch without a brand code (reading the consents recorded without one) whose eligible
+// recipients have a refusal recorded under a brand: `iys sync` records its brand, and a RET pulled from
+// İYS would not be seen by this launch (an outside run pulled one for a number imported without a brand,
+// and the launch counted the number eligible, with no word).
 func (p *Planner) brandGate(ctx context.Context, tx pgx.Tx, spec Spec, rep *Report) error {
 	rule := spec.consentRule()
+	if spec.BrandCode == "" && rule.checksIYS() && rep.Eligible > 0 {
+		var n int64
+		var brand string
+		args := params{}
+		sql := `SELECT count(DISTINCT a.ord), coalesce(min(c.brand_code), '') FROM audience_classified a
+			JOIN iys_consents c ON c.recipient = a.address AND c.type = ` + args.bind(rule.IYSType) + `
+				AND c.recipient_type = ` + args.bind(rule.RecipientType) + ` AND c.brand_code <> '' AND c.status <> ` + quoteLiteral(iys.StatusApproved) + `
+			WHERE a.reason IS NULL`
+		if err := tx.QueryRow(ctx, sql, args...).Scan(&n, &brand); err != nil {
+			return fmt.Errorf("plan: brand check: %w", err)
+		}
+		if n > 0 {
+			return fmt.Errorf("%w: IYS_BRAND_CODE is not set, so this launch reads the consents recorded without a brand, but %d of its eligible recipients have a RET recorded under brand %s (iys sync records its brand), which it would not see. Set IYS_BRAND_CODE=%s for launches as for iys sync, and import consent files with it set",
+				ErrInvalid, n, brand, brand)
+		}
+		return nil
+	}
 	if spec.BrandCode == "" || !rule.checksIYS() || rep.Excluded[ReasonNoConsent] == 0 {
 		return nil
 	}

@@ -172,3 +172,35 @@ func TestMigrateCreatesTheDatabase(t *testing.T) {
 		t.Fatalf("second migrate: exit %d, %s", code, out)
 	}
 }
+
+// A launch without IYS_BRAND_CODE reads the consents recorded without a brand; a RET that `iys sync`
+// recorded under the brand for one of its eligible recipients would go unseen: refused with the fix,
+// nothing written. A brand's ONAY beside the unbranded one changes nothing.
+func TestALaunchWithoutABrandSeesNoRefusalRecordedUnderOne(t *testing.T) {
+	t.Parallel()
+	env, count := badInputDB(t)
+	audience := writeFile(t, "a.sql", `SELECT user_id, phone, first_name FROM customers`)
+	args := []string{"launch", "--name", "s", "--channel", "sms", "--audience", audience,
+		"--message", testPrefix + "Merhaba {{.first_name}}", "--max-consent-age", "0", "--dry-run"}
+	count(`WITH i AS (INSERT INTO iys_consents (recipient, type, recipient_type, status, source, consent_date, brand_code)
+		VALUES ('+905321000001', 'MESAJ', 'BIREYSEL', 'ONAY', 'HS_WEB', now(), '654321') RETURNING 1) SELECT count(*) FROM i`)
+	if _, stderr, code := cli(t, env, args...); code != 0 {
+		t.Fatalf("a brand's ONAY beside the unbranded one: exit %d\n%s", code, stderr)
+	}
+	count(`WITH i AS (INSERT INTO iys_consents (recipient, type, recipient_type, status, source, consent_date, brand_code)
+		VALUES ('+905321000002', 'MESAJ', 'BIREYSEL', 'RET', 'IYS_MOBIL', now(), '654321') RETURNING 1) SELECT count(*) FROM i`)
+	for _, a := range [][]string{args, append(args[:len(args)-1:len(args)-1], "--yes")} {
+		_, stderr, code := cli(t, env, a...)
+		if code != 2 {
+			t.Fatalf("%v: exit %d, want 2\n%s", a, code, stderr)
+		}
+		for _, s := range []string{"1 of its eligible recipients", "RET recorded under brand 654321", "IYS_BRAND_CODE=654321"} {
+			if !strings.Contains(stderr, s) {
+				t.Errorf("stderr does not say %q:\n%s", s, stderr)
+			}
+		}
+	}
+	if n := count(`SELECT count(*) FROM campaigns`); n != 0 {
+		t.Fatalf("refused launches left %d campaigns", n)
+	}
+}
