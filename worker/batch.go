@@ -6,7 +6,10 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/campaignctl/campaignctl/campaign"
 	"github.com/campaignctl/campaignctl/internal/state"
@@ -670,12 +673,28 @@ func (h *Handler) readOptIns(ctx context.Context, run *batchRun, users []string)
 	}
 	got, err := h.cfg.OptIns.Read(ctx, run.c, users)
 	if err != nil {
+		if unreachable(err) {
+			// A restart or a failover of the audience's server: nothing to set, it comes back by itself.
+			h.noteWait(ctx, run.c.ID, WaitOptInsUnreadable, fmt.Sprintf("the workers cannot reach the audience database to read the %s opt-ins (%v): nothing is sent until it answers, and the batches go on by themselves (a restart or a failover ends by itself; if it lasts, check AUDIENCE_DATABASE_URL on the workers)",
+				run.c.Channel.Spec().Title, err))
+			return nil, &RetryError{Err: fmt.Errorf("audience database unreachable (a restart or a failover ends by itself; if it lasts, check AUDIENCE_DATABASE_URL on the workers): %w", err), After: 5 * time.Second}
+		}
 		h.noteWait(ctx, run.c.ID, WaitOptInsUnreadable, fmt.Sprintf("the workers cannot read the %s opt-ins from the audience database (%v): nothing is sent until they can; check AUDIENCE_DATABASE_URL on the workers (the launch's), the audience tables and their grants; the batches go on by themselves",
 			run.c.Channel.Spec().Title, err))
 		return nil, &RetryError{Err: fmt.Errorf("%w (set AUDIENCE_DATABASE_URL for the workers as for the launch)", err), After: 5 * time.Second}
 	}
 	h.clearWait(ctx, run.c.ID, WaitOptInsUnreadable)
 	return got, nil
+}
+
+// unreachable says whether err is Postgres out of reach (no answer, a connection lost, a server shutting
+// down or starting: SQLSTATE classes 08 and 57) rather than a refusal of what was asked (a table, a grant).
+func unreachable(err error) bool {
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) {
+		return strings.HasPrefix(pe.Code, "08") || strings.HasPrefix(pe.Code, "57")
+	}
+	return !errors.Is(err, context.Canceled)
 }
 
 // waitKey names a wait of a campaign in Handler.waitsNoted.

@@ -98,6 +98,11 @@ func TestPushOptInsThatCannotBeReadSendNothing(t *testing.T) {
 	if w, _ := state.Waits(ctx, rdb, id); !strings.Contains(w[WaitOptInsUnreadable].Detail, "AUDIENCE_DATABASE_URL") {
 		t.Fatalf("waiting notes %v; want %s naming AUDIENCE_DATABASE_URL", w, WaitOptInsUnreadable)
 	}
+	// A server out of reach (a restart, a failover, or a wrong address) is first said to end by itself: the
+	// setting is named as what to check if it lasts, not as the fix.
+	if w, _ := state.Waits(ctx, rdb, id); !strings.Contains(w[WaitOptInsUnreadable].Detail, "ends by itself") || strings.Contains(re.Error(), "(set AUDIENCE_DATABASE_URL") {
+		t.Fatalf("unreachable audience: waiting note %q, error %q; want it said to end by itself", w[WaitOptInsUnreadable].Detail, re.Error())
+	}
 	h.cfg.OptIns = store.OptIns()
 	if err := h.RunBatch(ctx, id, 0); err != nil {
 		t.Fatal(err)
