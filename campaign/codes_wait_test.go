@@ -37,7 +37,7 @@ func TestALaunchSaysItWaitsForACodeWriter(t *testing.T) {
 		done <- err
 	}()
 	deadline := time.Now().Add(10 * time.Second)
-	for !strings.Contains(logs.String(), "waiting for a code import or generate") {
+	for !strings.Contains(logs.String(), "waiting for another writer of codes") {
 		if time.Now().After(deadline) {
 			t.Fatalf("the launch said nothing of the code writer it waits for: %s", logs.String())
 		}

@@ -118,7 +118,7 @@ func (p *Planner) lockPool(ctx context.Context, tx pgx.Tx, spec Spec, rep *Repor
 		// A code import or generate holds it (a million codes take some 20 s): the launch says what it
 		// waits for instead of waiting without a word.
 		if p.Log != nil {
-			p.Log.Warn("waiting for a code import or generate that is writing codes to finish (codes of every pool are written one writer at a time)", "pool", spec.CodePool)
+			p.Log.Warn("waiting for another writer of codes to finish (a codes import or generate, or another launch reserving its codes: codes of every pool are taken one writer at a time)", "pool", spec.CodePool)
 		}
 		if _, err := tx.Exec(ctx, `SELECT pg_advisory_lock($1)`, codes.WriteLockKey); err != nil {
 			return 0, unlock, fmt.Errorf("plan: %w", err)

@@ -30,6 +30,8 @@ type codesGenerateOptions struct {
 	count  int
 	prefix string
 	length int
+	// countSet says whether --count was given.
+	countSet bool
 }
 
 // validatePool checks a --pool flag that names a pool to add codes to.
@@ -48,7 +50,14 @@ func (o *codesGenerateOptions) validate() error {
 		return err
 	}
 	if o.count < 1 {
+		if !o.countSet {
+			return usagef("--count is missing: give the number of new codes to make (--count 100000)")
+		}
 		return usagef("--count %d: give the number of new codes to make (at least 1)", o.count)
+	}
+	if o.length < codes.MinLength || o.length > codes.MaxLength {
+		// The library takes 0 for its default; a --length 0 given here is a mistake, not a request for it.
+		return usagef("--length %d: the random part is %d to %d characters (default %d)", o.length, codes.MinLength, codes.MaxLength, codes.DefaultLength)
 	}
 	// The rest (--length, --prefix, the most codes a run makes) before anything connects.
 	if err := (codes.GenerateOptions{Pool: o.pool, Count: o.count, Prefix: o.prefix, Length: o.length}).Check(); err != nil {
@@ -65,6 +74,7 @@ func (a *app) newCodesGenerateCmd() *cobra.Command {
 		Example: `  campaignctl codes generate --pool yaz2026 --count 1000000 --prefix YAZ-`,
 		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			o.countSet = cmd.Flags().Changed("count")
 			if err := o.validate(); err != nil {
 				return err
 			}

@@ -23,6 +23,8 @@ func TestCodesGenerateRefusesBadFlagsBeforeConnecting(t *testing.T) {
 		{"lower-case prefix", []string{"--prefix", "yaz-"}, "prefix"},
 		{"prefix too long", []string{"--prefix", "ABCDEFGHIJKLMNOPQ"}, "prefix"},
 		{"count above the limit", []string{"--count", "60000000"}, "count"},
+		// 0 is not the default given by another name: it is refused as any length out of range is.
+		{"length 0", []string{"--length", "0"}, "--length 0: the random part is 6 to 32 characters (default 8)"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			args := append([]string{"codes", "generate", "--pool", "yaz", "--count", "5"}, tt.args...)
@@ -32,5 +34,9 @@ func TestCodesGenerateRefusesBadFlagsBeforeConnecting(t *testing.T) {
 					strings.Join(tt.args, " "), code, tt.says, stdout, stderr)
 			}
 		})
+	}
+	// --count left out is named as missing, not as 0.
+	if _, stderr, code := cli(t, noPG, "codes", "generate", "--pool", "yaz"); code != 2 || !strings.Contains(stderr, "--count is missing") {
+		t.Errorf("codes generate without --count: exit %d, want 2 saying --count is missing\n%s", code, stderr)
 	}
 }

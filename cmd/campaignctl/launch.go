@@ -135,7 +135,7 @@ reserved from --code-pool before anything is queued. --dry-run shows the same re
 	f.BoolVar(&o.allowPrivilegedAudience, "allow-privileged-audience", false, "run the audience query as the audience connection's own role even if it may do more than read the audience (a superuser; recorded on the campaign)")
 	f.BoolVar(&o.segments, "count-segments", false, "render every message to report the total SMS segments (a dry run always does)")
 	f.IntVar(&o.maxSegments, "max-segments", campaign.DefaultMaxSegments, "refuse an SMS longer than this many segments (a dry run warns above 3)")
-	f.StringVar(&o.testTo, "test-to", "", "send one test message to this address only (placeholder code "+testCode+"; no campaign created, no code reserved)")
+	f.StringVar(&o.testTo, "test-to", "", "send one test message to this address only (placeholder code "+testCode+"; no campaign created, no code reserved; without a terminal add --yes, as for a launch)")
 	f.StringVar(&o.testUser, "test-user", "", "with --test-to: render for the audience row with this user_id (default: the first row)")
 	f.StringVar(&o.previewDir, "preview-dir", "", "with --dry-run of an e-mail: write the first message's HTML and text to DIR/preview.html and DIR/preview.txt")
 	return cmd
