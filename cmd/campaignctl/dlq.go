@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"strconv"
 	"text/tabwriter"
 	"time"
 
@@ -97,6 +98,15 @@ func (a *app) dlq(ctx context.Context, o dlqOptions, action string) error {
 			return json.NewEncoder(a.stdout).Encode(rep)
 		}
 		fmt.Fprintf(a.stdout, "%d batches queued again\n", worker.DistinctBatches(rep.Queued))
+		if len(rep.Queued) == 0 && len(rep.Refused) == 0 {
+			// An empty DLQ after Redis lost its data (the DLQ went with it): the batches are back with resume.
+			which, id := "", "ID"
+			if o.campaign > 0 {
+				id = strconv.FormatInt(o.campaign, 10)
+				which = " of campaign " + id
+			}
+			fmt.Fprintf(a.stderr, "note: the DLQ holds no batch%s. A campaign whose recipients are pending with nothing queued (campaignctl status says redis_lost_data: Redis lost its data, the DLQ with it) goes on with `campaignctl resume %s`\n", which, id)
+		}
 		for _, r := range rep.Refused {
 			if r.Why != "" {
 				fmt.Fprintf(a.stdout, "batch %d of campaign %d not retried: %s\n", r.Batch, r.CampaignID, r.Why)

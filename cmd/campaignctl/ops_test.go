@@ -113,6 +113,11 @@ func TestDLQListRetryPurge(t *testing.T) {
 	if err != nil || info.Archived != 0 || info.Pending != 3 {
 		t.Fatalf("after retry: %+v, %v; want 3 pending, 0 archived", info, err)
 	}
+	// An empty DLQ: nothing queued, and a note of where batches lost with Redis's data come back from.
+	if out, stderr, code := cli(t, env, "dlq", "retry", "--campaign", id); code != 0 || !strings.Contains(out, "0 batches queued again") ||
+		!strings.Contains(stderr, "the DLQ holds no batch of campaign "+id) || !strings.Contains(stderr, "campaignctl resume "+id) {
+		t.Fatalf("dlq retry of an empty DLQ: exit %d, %s%s; want the resume named", code, out, stderr)
+	}
 	if err := insp.ArchiveTask(worker.Queue, id+":1"); err != nil {
 		t.Fatal(err)
 	}
