@@ -23,6 +23,18 @@ redis.call("HDEL", KEYS[4], "pending_since")
 redis.call("ZADD", KEYS[3], ARGV[1], ARGV[2])
 return 1`)
 
+// enqueueBatch0 queues the task of f's batch 0, as a launch does.
+func enqueueBatch0(t *testing.T, f *fixture) {
+	t.Helper()
+	task, err := NewBatchTask(f.id, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := asynq.NewClientFromRedisClient(f.rdb).EnqueueContext(context.Background(), task); err != nil {
+		t.Fatal(err)
+	}
+}
+
 func takeTask(t *testing.T, f *fixture, id string, leaseEnd time.Time) {
 	t.Helper()
 	q := "asynq:{" + Queue + "}:"
@@ -45,13 +57,7 @@ func TestABatchAsynqHoldsWithNobodyRunningItIsQueuedAgain(t *testing.T) {
 	t.Parallel()
 	f := plan(t, 10) // one batch; eligible: u1 u2 u4 u7 u8
 	ctx := context.Background()
-	task, err := NewBatchTask(f.id, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := asynq.NewClientFromRedisClient(f.rdb).EnqueueContext(ctx, task); err != nil {
-		t.Fatal(err)
-	}
+	enqueueBatch0(t, f)
 	followed := map[string]time.Time{}
 
 	// Taken by a worker that still holds its lease: left alone.
@@ -87,13 +93,7 @@ func TestAnOrphanedBatchOfAPausedCampaignWaits(t *testing.T) {
 	t.Parallel()
 	f := plan(t, 10)
 	ctx := context.Background()
-	task, err := NewBatchTask(f.id, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := asynq.NewClientFromRedisClient(f.rdb).EnqueueContext(ctx, task); err != nil {
-		t.Fatal(err)
-	}
+	enqueueBatch0(t, f)
 	takeTask(t, f, TaskID(f.id, 0), time.Now().Add(-time.Second))
 	if _, err := f.store.Transition(ctx, f.id, []campaign.State{campaign.StateRunning}, campaign.StatePaused); err != nil {
 		t.Fatal(err)
@@ -113,13 +113,7 @@ func TestAWorkerRunsABatchAsynqHoldsWithNobodyRunningIt(t *testing.T) {
 	f := plan(t, 10)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	task, err := NewBatchTask(f.id, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := asynq.NewClientFromRedisClient(f.rdb).EnqueueContext(ctx, task); err != nil {
-		t.Fatal(err)
-	}
+	enqueueBatch0(t, f)
 	// Ended a moment ago: Asynq's recovery, which runs when the server starts, takes back only tasks whose
 	// lease ended 30 s before.
 	takeTask(t, f, TaskID(f.id, 0), time.Now().Add(-time.Second))
