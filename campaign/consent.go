@@ -65,6 +65,25 @@ func (r consentRule) joinSQL(c, addr string, bind func(string) string) string {
 		" AND " + c + ".recipient_type = " + bind(r.RecipientType) + " AND " + c + ".brand_code = " + bind(r.BrandCode)
 }
 
+// sendJoinSQL is joinSQL for the consent read at send time (LeaseChunk), whose caller takes a refusal
+// first (refusalFirstSQL): a campaign of no brand also finds a refusal recorded under any brand. iys sync
+// records its brand, and a RET pulled after the launch would otherwise go unseen by a campaign that reads
+// the consents recorded without one; the launch refuses to go ahead with such a RET already there
+// (brandGate).
+func (r consentRule) sendJoinSQL(c, addr string, bind func(string) string) string {
+	if r.BrandCode != "" {
+		return r.joinSQL(c, addr, bind)
+	}
+	return c + ".recipient = " + addr + " AND " + c + ".type = " + bind(r.IYSType) +
+		" AND " + c + ".recipient_type = " + bind(r.RecipientType) +
+		" AND (" + c + ".brand_code = '' OR " + c + ".status <> " + quoteLiteral(iys.StatusApproved) + ")"
+}
+
+// refusalFirstSQL orders the rows sendJoinSQL finds so that a refusal comes first.
+func refusalFirstSQL(c string) string {
+	return " ORDER BY " + c + ".status = " + quoteLiteral(iys.StatusApproved) + " LIMIT 1"
+}
+
 // refusalSQL is the SQL expression of why the rule refuses a recipient, NULL when it may be sent: status is
 // the status of the consent joinSQL found (NULL when none), vars the recipient's audience values. Its
 // values are literals of the code's own, never the marketer's.

@@ -150,8 +150,8 @@ func (s *Store) LeaseChunk(ctx context.Context, c *Campaign, users []string, l L
 			LEFT JOIN LATERAL (
 				SELECT c.status, c.source, c.consent_date AS cdate, c.transaction_id AS txn, coalesce(c.synced_at, c.updated_at) AS synced
 				FROM iys_consents c
-				WHERE ` + rule.joinSQL("c", "r.address", args.bind) + `
-				  AND NOT (SELECT same FROM planned)
+				WHERE ` + rule.sendJoinSQL("c", "r.address", args.bind) + `
+				  AND NOT (SELECT same FROM planned)` + refusalFirstSQL("c") + `
 			) c ON true
 			WHERE r.campaign_id = $1 AND r.batch = $2 AND r.status = ` + sqlPending + ` AND r.user_id IN (SELECT u FROM cand)
 		), pend AS (

@@ -5,6 +5,8 @@ import (
 	"testing"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/campaignctl/campaignctl/campaign"
 )
 
 // While no consent has changed since the launch, a lease takes the consents the launch planned on and
@@ -102,5 +104,30 @@ func TestConsentRevokedDuringTheLaunchBlocksTheSend(t *testing.T) {
 	}
 	if st, reason, _ := f.status(t, "u2"); st != "skipped" || reason != "revoked" {
 		t.Fatalf("u2: %s/%s, want skipped/revoked", st, reason)
+	}
+}
+
+// A RET recorded under a brand after the launch of a campaign of no brand (iys sync records its brand;
+// the campaign reads the consents recorded without one) stops its send all the same; a brand's ONAY
+// changes nothing. The launch refuses to go ahead when such a RET is there already (brandGate).
+func TestARefusalUnderABrandStopsASendOfNoBrand(t *testing.T) {
+	t.Parallel()
+	f := plan(t, 8) // eligible: u1, u2, u4, u7, u8 (consents without a brand)
+	ctx := context.Background()
+	if _, err := f.db.Exec(ctx, `INSERT INTO iys_consents (recipient, type, recipient_type, status, source, consent_date, brand_code) VALUES
+		($1, 'MESAJ', 'BIREYSEL', 'RET', 'IYS_MOBIL', now(), '654321'), ($2, 'MESAJ', 'BIREYSEL', 'ONAY', 'HS_WEB', now(), '654321')`, phone(1), phone(2)); err != nil {
+		t.Fatal(err)
+	}
+	f.runAll(t)
+	if st, reason, _ := f.status(t, "u1"); st != campaign.StatusSkipped || reason != campaign.ReasonRevoked {
+		t.Fatalf("u1, refused under a brand after the launch, is %s (%s); want skipped (%s)", st, reason, campaign.ReasonRevoked)
+	}
+	if n := len(f.provider.accepted[phone(1)]); n != 0 {
+		t.Fatalf("u1 got %d messages", n)
+	}
+	for _, u := range []int{2, 4, 7, 8} {
+		if n := len(f.provider.accepted[phone(u)]); n != 1 {
+			t.Errorf("u%d got %d messages, want 1", u, n)
+		}
 	}
 }
