@@ -160,8 +160,8 @@ func (b *Bucket) Wait(ctx context.Context, limits ...Limit) error {
 // (which kept the mean rate but put several requests' worth into one second).
 //
 // The tokens of every capped limit are taken in one step (takeAll), with the pauses of the Pausable
-// limits read in the same step: when every bucket has them and no pause is set, or, for a request larger
-// than a bucket's burst, reserved in all of them for one moment after the pauses. One capped limit with
+// limits read in the same step: reserved in all of them for the moment all of them let the request out,
+// after the pauses, once the request's bottleneck (its slowest bucket) would let it out. One capped limit with
 // no pause to read and a request within its burst goes through redis_rate's GCRA.
 func (b *Bucket) WaitN(ctx context.Context, n int, limits ...Limit) error {
 	var capped []Limit
@@ -190,7 +190,7 @@ func (b *Bucket) WaitN(ctx context.Context, n int, limits ...Limit) error {
 	case len(capped) == 1 && len(pauses) == 0 && !large:
 		err = b.allow(ctx, capped[0], capped[0].cost(n))
 	default:
-		err = b.takeAll(ctx, capped, pauses, n, large)
+		err = b.takeAll(ctx, capped, pauses, n)
 	}
 	if err != nil {
 		return err
@@ -226,41 +226,43 @@ func (b *Bucket) allow(ctx context.Context, l Limit, n int) error {
 	}
 }
 
-// takeAll takes its tokens (Limit.Cost, or n) from each of ls's buckets at one moment, when all of them
-// have them and none of the pauses is set (takeAllScript), waiting as long as the fullest bucket or the
-// longest pause says meanwhile. The script is run in turn with the process's other waiters of each bucket
-// (the turns taken in the order of their keys, the same for every caller); a wait for the fullest bucket
-// holds that bucket's turn only, and a wait for a pause none. A run behind a campaign's low --rate
-// therefore keeps the other runs of this process that wait for the same campaign in line, and not those of
-// other campaigns that share only the provider's bucket: before, it held the provider's turn through the
-// whole wait, and every campaign of the process went at the slowest one's rate. With reserve (a request
-// larger than a bucket's burst), the tokens are reserved in every bucket for the one moment all of them,
-// and the pauses, let the request out, and the wait is for that moment (reserveAllScript), holding no
-// turn. No bucket's tokens are held through another's wait, and a pause set during a wait (a 429 to
-// another worker) holds the tokens back as it would have held a wait for them alone. A reservation's wait
-// cut short (ctx, Hold) leaves the tokens spent: the rate can only be lower for it, never higher.
-func (b *Bucket) takeAll(ctx context.Context, ls []Limit, pauses []string, n int, reserve bool) error {
+// takeAll takes its tokens (Limit.Cost, or n) from each of ls's buckets at one moment. It first waits,
+// in turn with the process's other waiters of it, until the bottleneck (the bucket whose share of the
+// request is worth the longest time: a campaign's low --rate beside its provider's cap) would let the
+// request out, holding nothing else and taking nothing. It then reserves the tokens in every bucket for
+// the one moment all of them, and the pauses, let the request out (reserveAllScript), and waits for that
+// moment holding no turn. Nothing is reserved in a shared bucket before the request's own bottleneck lets
+// it go: before, a run behind a campaign at --rate 1 either held the provider's turn through its wait, or
+// reserved the provider's bucket for the campaign's moment, and every other campaign of the process went
+// at the slow one's pace. A request reserved behind others' reservations waits its turn in the bucket,
+// first come first served, rather than asking for tokens that the reservations always take first. No
+// bucket's tokens are spent before that bucket let them out, and a pause set during the wait (a 429 to
+// another worker) holds the request back until it ends. A reservation's wait cut short (ctx, Hold)
+// leaves the tokens spent: the rate can only be lower for it, never higher.
+func (b *Bucket) takeAll(ctx context.Context, ls []Limit, pauses []string, n int) error {
 	ls = slices.Clone(ls)
 	slices.SortFunc(ls, func(a, c Limit) int { return strings.Compare(a.Key, c.Key) })
 	keys := make([]string, 0, len(ls)+len(pauses))
 	args := make([]any, 0, 3*len(ls))
 	ts := make([]*turn, len(ls))
 	var holder Limit // whose Hold spends the waits: the first limit that has one
+	neck, worth := 0, 0.0
 	for i, l := range ls {
 		ts[i] = b.join(l.Key)
 		defer b.leave(l.Key, ts[i])
 		lim := gcra(l.Rate)
+		interval := lim.Period.Seconds() / float64(lim.Rate)
 		keys = append(keys, state.RateKey(l.Key))
-		args = append(args, l.cost(n), lim.Period.Seconds()/float64(lim.Rate), lim.Burst)
+		args = append(args, l.cost(n), interval, lim.Burst)
 		if holder.Hold == nil {
 			holder = l
 		}
+		if w := float64(l.cost(n)) * interval; w > worth {
+			neck, worth = i, w
+		}
 	}
 	keys = append(keys, pauses...)
-	script := takeAllScript
-	if reserve {
-		script = reserveAllScript
-	}
+	args = append(args, neck+1)
 	for {
 		for i, l := range ls {
 			if err := b.turn(ctx, l, ts[i]); err != nil {
@@ -270,47 +272,44 @@ func (b *Bucket) takeAll(ctx context.Context, ls []Limit, pauses []string, n int
 				return err
 			}
 		}
-		s, err := script.Run(ctx, b.rdb, keys, args...).Text()
+		s, err := reserveAllScript.Run(ctx, b.rdb, keys, args...).Text()
+		early, isEarly := strings.CutPrefix(s, "early ")
 		for i := range ls {
-			<-ts[i].slot
+			if i != neck || err != nil || !isEarly {
+				<-ts[i].slot
+			}
 		}
 		if err != nil {
 			return fmt.Errorf("rate limits %s: %w", strings.Join(keys, ", "), err)
 		}
-		w, fullest, _ := strings.Cut(s, " ")
-		wait, err := strconv.ParseFloat(w, 64)
+		wait, err := strconv.ParseFloat(early, 64)
 		if err != nil {
+			if isEarly {
+				<-ts[neck].slot
+			}
 			return fmt.Errorf("rate limits %s: the script answered %q", strings.Join(keys, ", "), s)
 		}
-		if wait <= 0 {
-			return nil
-		}
 		d := time.Duration(wait * float64(time.Second))
-		if reserve {
-			if err := b.wait(ctx, holder, d); err != nil {
-				return err
-			}
-			// The reservation's moment has come; a pause set while it waited (a 429 to another worker)
-			// holds it back until the pause ends. Its tokens stay spent: the rate can only be lower.
-			return b.waitPauses(ctx, holder, pauses)
-		}
-		if i, err := strconv.Atoi(fullest); err == nil && i >= 1 && i <= len(ls) {
-			// The fullest bucket's turn, alone: its other waiters in this process wait behind this one
-			// instead of all asking Redis when the wait ends.
-			if err := b.turn(ctx, ls[i-1], ts[i-1]); err != nil {
-				return err
-			}
+		if isEarly {
+			// Nothing taken: the bottleneck lets the request out only after d. Waited in its turn alone (the
+			// others let go), so that its other waiters in this process ask Redis one after the other.
 			err := b.wait(ctx, holder, d)
-			<-ts[i-1].slot
+			<-ts[neck].slot
 			if err != nil {
 				return err
 			}
 			continue
 		}
-		if err := b.wait(ctx, holder, d); err != nil {
-			return err
+		if d > 0 {
+			if err := b.wait(ctx, holder, d); err != nil {
+				return err
+			}
 		}
+		break
 	}
+	// The moment has come; a pause set while it waited (a 429 to another worker) holds it back until the
+	// pause ends. Its tokens stay spent: the rate can only be lower.
+	return b.waitPauses(ctx, holder, pauses)
 }
 
 // waitPauses waits until none of the pause keys is set, as l says (Hold), reading them again after each
@@ -339,40 +338,6 @@ for i = 1, #KEYS do
   if p > m then m = p end
 end
 return m`)
-
-// takeAllScript takes its tokens from every GCRA bucket it is given (kept as go-redis/redis_rate keeps one,
-// like reserveAllScript) if each of them has them now and none of the pauses is set, and then returns "0";
-// otherwise it takes none and returns how long, in seconds, until the fullest of them would have them or
-// the longest pause ends, then a space and the number (from 1) of that bucket, or 0 for a pause.
-//
-// KEYS -> the buckets' keys, then the pause keys
-// ARGV -> per bucket: the tokens to take, its emission interval in seconds and its burst
-var takeAllScript = redis.NewScript(`
-local t = redis.call("TIME")
-local now = (t[1] - 1483228800) + t[2] / 1000000
-local early = 0
-local after = {}
-local buckets = #ARGV / 3
-for i = buckets + 1, #KEYS do
-  local p = redis.call("PTTL", KEYS[i]) / 1000
-  if p > early then early = p end
-end
-if early > 0 then return tostring(early) .. " 0" end
-local fullest = 0
-for i = 1, buckets do
-  local k = KEYS[i]
-  local n, interval, burst = tonumber(ARGV[3 * i - 2]), tonumber(ARGV[3 * i - 1]), tonumber(ARGV[3 * i])
-  local at = tonumber(redis.call("GET", k) or "")
-  if not at or at < now then at = now end
-  after[i] = at + interval * n
-  local e = after[i] - interval * burst - now
-  if e > early then early, fullest = e, i end
-end
-if early > 0 then return tostring(early) .. " " .. fullest end
-for i = 1, buckets do
-  redis.call("SET", KEYS[i], after[i], "EX", math.max(1, math.ceil(after[i] - now)))
-end
-return "0"`)
 
 // turn waits for the slot of key's turn t, calling l.Hold every HoldEvery meanwhile.
 func (b *Bucket) turn(ctx context.Context, l Limit, t *turn) error {
@@ -411,15 +376,26 @@ func (b *Bucket) wait(ctx context.Context, l Limit, d time.Duration) error {
 // reserveAllScript reserves a request's tokens in every GCRA bucket it is given (kept as go-redis/redis_rate
 // keeps one: the theoretical arrival time in seconds since 2017-01-01 on Redis's clock) for one moment: the
 // latest of the moments each bucket would let its tokens out (its arrival time, or now when it stands in
-// the past, moved ahead by the tokens less the burst) and the ends of the pauses. Each bucket is moved as if the request left at that moment, and the script returns how long,
-// in seconds, until it.
+// the past, moved ahead by the tokens less the burst) and the ends of the pauses. Each bucket is moved as
+// if the request left at that moment, and the script returns how long, in seconds, until it. Unless the
+// bottleneck would not let the request out now (within its burst: no room for the tokens; larger: the
+// bucket runs ahead of now): then it takes nothing and returns "early " and how long until it would.
 //
 // KEYS -> the buckets' keys, then the pause keys
-// ARGV -> per bucket: the tokens to take, its emission interval in seconds and its burst
+// ARGV -> per bucket: the tokens to take, its emission interval in seconds and its burst; then the
+//
+//	bottleneck's number (from 1)
 var reserveAllScript = redis.NewScript(`
 local t = redis.call("TIME")
 local now = (t[1] - 1483228800) + t[2] / 1000000
-local buckets = #ARGV / 3
+local buckets = (#ARGV - 1) / 3
+local neck = tonumber(ARGV[#ARGV])
+do
+  local n, interval, burst = tonumber(ARGV[3 * neck - 2]), tonumber(ARGV[3 * neck - 1]), tonumber(ARGV[3 * neck])
+  local tat = tonumber(redis.call("GET", KEYS[neck]) or "") or now
+  local e = tat - now - math.max(0, burst - n) * interval
+  if e > 0 then return "early " .. tostring(e) end
+end
 local at = now
 for i = buckets + 1, #KEYS do
   local p = redis.call("PTTL", KEYS[i]) / 1000

@@ -3,6 +3,7 @@ package limiter
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -398,6 +399,61 @@ func newClient(t *testing.T, url string) *redis.Client {
 	rdb := redis.NewClient(opt)
 	t.Cleanup(func() { rdb.Close() })
 	return rdb
+}
+
+// Two campaigns on one worker share a provider's cap of 30/s (a burst of 1): a slow one at --rate 1 and
+// an uncapped one whose windows of 8 take 8 of the provider's tokens each (reserved: more than its
+// burst). Each goes at its own pace: the slow one at 1/s, the other at the rest of the provider's cap.
+// Before, the slow one's run held the provider's turn through its wait (the other went at 1 message a
+// second), or, with messages of 2 segments, reserved the provider's bucket for its campaign's moment (the
+// same); and, once turns were held only around the script, the slow one asked for tokens that the
+// other's reservations always took first, and sent nothing until the other was done.
+func TestASlowCampaignAndAFastOneShareTheProvidersCap(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct{ window, segments int }{{1, 1}, {1, 2}, {8, 1}, {8, 2}} {
+		t.Run(fmt.Sprintf("windows of %d, %d segments", tc.window, tc.segments), func(t *testing.T) {
+			t.Parallel()
+			rdb, _ := testredis.New(t)
+			b := New(rdb)
+			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+			defer cancel()
+			prov := Limit{Key: "provider:shared", Rate: 30, Pausable: true}
+			slow := Limit{Key: "campaign:slow", Rate: 1}
+			slowProv := prov
+			slowProv.Cost = tc.segments
+			var fastTokens, slowSends atomic.Int64
+			var wg sync.WaitGroup
+			for range 4 {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					for b.WaitN(ctx, tc.window, prov) == nil {
+						fastTokens.Add(int64(tc.window))
+					}
+				}()
+			}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for b.WaitN(ctx, 1, slow, slowProv) == nil {
+					slowSends.Add(1)
+				}
+			}()
+			wg.Wait()
+			// 3 s at 30 tokens a second, the burst and the windows in flight at the end besides; the slow
+			// campaign's 3 sends take 3 or 6 of them.
+			used := fastTokens.Load() + slowSends.Load()*int64(tc.segments)
+			if s := slowSends.Load(); s < 2 || s > 4 {
+				t.Errorf("the campaign at 1/s sent %d in 3 s; want 2 to 4", s)
+			}
+			if f := fastTokens.Load(); f < 56 {
+				t.Errorf("the uncapped campaign took %d of the provider's tokens in 3 s at 30/s beside one at 1/s; want 56 or more", f)
+			}
+			if used > int64(30*3+1+4*tc.window) {
+				t.Errorf("%d tokens taken in 3 s from a cap of 30/s", used)
+			}
+		})
+	}
 }
 
 // A run behind a campaign's low cap waits in its turn at the campaign's bucket only: the other runs of the

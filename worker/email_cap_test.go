@@ -17,13 +17,14 @@ import (
 
 // An e-mail request waits for the provider's tokens behind other traffic (another campaign took the
 // provider's next 2 s). Meanwhile the provider answers 429 to another worker and is paused for 3 s. The
-// request must not leave during that pause. A request is a tenth of a second of the cap, more than the
-// bucket's burst: its tokens are reserved (limiter.reserve), and the pause used to be read only before the
+// request must not leave during that pause. The campaign's --rate (50/s, below the provider's 100) is the
+// request's bottleneck: ready at once, its tokens are reserved in both buckets for the provider's next
+// moment, 2 s ahead, and the pause comes during that wait. The pause used to be read only before the
 // reservation, with no check at the claim. The claim now reads the provider's pause, as a message's does.
 func TestAnEmailRequestWaitingForTheProvidersTokensHonoursAPauseSetMeanwhile(t *testing.T) {
 	t.Parallel()
 	rdb, _ := testredis.New(t)
-	_, id, p, h := planEmail(t, 20, 1000, rdb)
+	_, id, p, h := planEmail(t, 20, 1000, rdb, func(s *campaign.Spec) { s.Rate = 50 })
 	const providerRate = 100 // requests of 10, burst 5
 	h.cfg.ProviderRates["batch"] = providerRate
 	ctx := context.Background()
