@@ -330,9 +330,9 @@ func (m *Metrics) WatchQueues(rdb redis.UniversalClient) error {
 		prometheus.NewDesc("asynq_queue_metrics", "Asynq's queue metrics, read from Redis at scrape time.", nil, nil)))
 }
 
-// queueMetricsTimeout bounds the read of Asynq's queue metrics at a scrape: with Redis stalled, each of
-// its reads waited for the client's timeout, and the scrape took 10 s, Prometheus's default scrape timeout,
-// losing the worker's own metrics with it.
+// queueMetricsTimeout bounds each read at a scrape time (Asynq's queue metrics, the campaigns' progress):
+// with Redis stalled, each of the queue metrics' reads waited for the client's timeout, and the scrape took
+// 10 s, Prometheus's default scrape timeout, losing the worker's own metrics with it.
 const queueMetricsTimeout = 3 * time.Second
 
 // boundedCollector is a collector that reads at scrape time, given at most timeout: past it, the scrape
