@@ -69,14 +69,8 @@ const haltSettle = guardAgainAfter + 50*time.Millisecond
 // settleHalt waits haltSettle after a halt mark was written on a campaign that was running (was); one that
 // was not has no send on its way.
 func settleHalt(ctx context.Context, was campaign.State) {
-	if was != campaign.StateRunning {
-		return
-	}
-	t := time.NewTimer(haltSettle)
-	defer t.Stop()
-	select {
-	case <-t.C:
-	case <-ctx.Done():
+	if was == campaign.StateRunning {
+		limiter.Sleep(ctx, haltSettle) //nolint:errcheck // cut short by ctx: the command is ending anyway
 	}
 }
 
