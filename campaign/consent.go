@@ -61,8 +61,13 @@ func (r consentRule) checksIYS() bool { return !r.Transactional && r.IYSType != 
 // statement: as a literal (quoteLiteral) where the statement takes no parameters, or as a parameter
 // (params.bind). A channel without an İYS type matches no row: no consent has type "".
 func (r consentRule) joinSQL(c, addr string, bind func(string) string) string {
-	return c + ".recipient = " + addr + " AND " + c + ".type = " + bind(r.IYSType) +
-		" AND " + c + ".recipient_type = " + bind(r.RecipientType) + " AND " + c + ".brand_code = " + bind(r.BrandCode)
+	return r.addressSQL(c, addr, bind) + " AND " + c + ".brand_code = " + bind(r.BrandCode)
+}
+
+// addressSQL is the part of joinSQL that names the address, the type and the recipient type: every brand's
+// consent of them.
+func (r consentRule) addressSQL(c, addr string, bind func(string) string) string {
+	return c + ".recipient = " + addr + " AND " + c + ".type = " + bind(r.IYSType) + " AND " + c + ".recipient_type = " + bind(r.RecipientType)
 }
 
 // sendJoinSQL is joinSQL for the consent read at send time (LeaseChunk), whose caller takes a refusal
@@ -74,9 +79,7 @@ func (r consentRule) sendJoinSQL(c, addr string, bind func(string) string) strin
 	if r.BrandCode != "" {
 		return r.joinSQL(c, addr, bind)
 	}
-	return c + ".recipient = " + addr + " AND " + c + ".type = " + bind(r.IYSType) +
-		" AND " + c + ".recipient_type = " + bind(r.RecipientType) +
-		" AND (" + c + ".brand_code = '' OR " + c + ".status <> " + quoteLiteral(iys.StatusApproved) + ")"
+	return r.addressSQL(c, addr, bind) + " AND (" + c + ".brand_code = '' OR " + c + ".status <> " + quoteLiteral(iys.StatusApproved) + ")"
 }
 
 // refusalFirstSQL orders the rows sendJoinSQL finds so that a refusal comes first.

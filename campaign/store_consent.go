@@ -118,8 +118,8 @@ func (p *Planner) brandGate(ctx context.Context, tx pgx.Tx, spec Spec, rep *Repo
 		var brand string
 		args := params{}
 		sql := `SELECT count(DISTINCT a.ord), coalesce(min(c.brand_code), '') FROM audience_classified a
-			JOIN iys_consents c ON c.recipient = a.address AND c.type = ` + args.bind(rule.IYSType) + `
-				AND c.recipient_type = ` + args.bind(rule.RecipientType) + ` AND c.brand_code <> '' AND c.status <> ` + quoteLiteral(iys.StatusApproved) + `
+			JOIN iys_consents c ON ` + rule.addressSQL("c", "a.address", args.bind) + `
+				AND c.brand_code <> '' AND c.status <> ` + quoteLiteral(iys.StatusApproved) + `
 			WHERE a.reason IS NULL`
 		if err := tx.QueryRow(ctx, sql, args...).Scan(&n, &brand); err != nil {
 			return fmt.Errorf("plan: brand check: %w", err)
