@@ -764,8 +764,7 @@ func (h *Handler) refusalsHeld(ctx context.Context, run *batchRun) (state.HeldRe
 		h.clearWait(ctx, run.c.ID, WaitRefusalsHeld)
 		return held, nil
 	}
-	h.noteWait(ctx, run.c.ID, WaitRefusalsHeld, heldRefusalsDetail)
-	return held, &RetryError{Err: errors.New("refusals received while Postgres was away are still being recorded: no send until they are"), After: time.Second, Wait: true}
+	return held, h.waitForRefusals(ctx, run, errRefusalsHeld)
 }
 
 // noRefusalHeldSince looks at the spools' notes again once the lease has read the chunk's consents: a
@@ -782,14 +781,22 @@ func (h *Handler) noRefusalHeldSince(ctx context.Context, run *batchRun, before 
 		return nil
 	}
 	h.log.Info("refusals were spooled while the chunk's consents were read: read again before any send", "campaign_id", run.c.ID, "batch", run.batch)
-	h.noteWait(ctx, run.c.ID, WaitRefusalsHeld, heldRefusalsDetail)
-	return &RetryError{Err: errRefusalsSpooled, After: time.Second, Wait: true}
+	return h.waitForRefusals(ctx, run, errRefusalsSpooled)
 }
 
-// errRefusalsSpooled is noRefusalHeldSince's refusal of a consent read.
-var errRefusalsSpooled = errors.New("refusals were spooled while the chunk's consents were read: no send until they are read again")
+var (
+	// errRefusalsHeld is refusalsHeld's refusal to lease: a spool holds refusals.
+	errRefusalsHeld = errors.New("refusals received while Postgres was away are still being recorded: no send until they are")
+	// errRefusalsSpooled is noRefusalHeldSince's refusal of a consent read.
+	errRefusalsSpooled = errors.New("refusals were spooled while the chunk's consents were read: no send until they are read again")
+)
 
-const heldRefusalsDetail = "refusals that providers posted while Postgres was away wait in campaignctl webhooks' spool: nothing is sent until they are recorded (within seconds of Postgres's return); the batches go on by themselves"
+// waitForRefusals notes for status that the campaign waits for spooled refusals, and returns the run's
+// wait (why, tried again in a second, its retries not used).
+func (h *Handler) waitForRefusals(ctx context.Context, run *batchRun, why error) error {
+	h.noteWait(ctx, run.c.ID, WaitRefusalsHeld, "refusals that providers posted while Postgres was away wait in campaignctl webhooks' spool: nothing is sent until they are recorded (within seconds of Postgres's return); the batches go on by themselves")
+	return &RetryError{Err: why, After: time.Second, Wait: true}
+}
 
 // leaseIsLive says whether token is the lease of a batch run of this process.
 func (h *Handler) leaseIsLive(token string) bool {

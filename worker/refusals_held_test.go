@@ -103,7 +103,7 @@ func TestRefusalsHeldFailsClosedOnARedisError(t *testing.T) {
 	if err := state.ClearRefusalsHeld(ctx, f.rdb, "hooks-1"); err != nil {
 		t.Fatal(err)
 	}
-	if held, err := state.RefusalsHeld(ctx, f.rdb); err == nil || held {
+	if held, err := state.RefusalsHeldNow(ctx, f.rdb); err == nil || held.Held {
 		t.Fatalf("the hook let the check through (%v, %v): this tests nothing", held, err)
 	}
 }
@@ -165,4 +165,21 @@ func TestARefusalSpooledDuringTheConsentReadIsReadBeforeAnySend(t *testing.T) {
 		t.Fatalf("counts %+v; want u4, u7 and u8 sent, u1 and u2 skipped", c)
 	}
 	f.assertOnce(t)
+}
+
+// The look at the spools' notes after the lease's consent read fails closed too: Redis not answering it,
+// nothing of the chunk is sent and the batch waits, without using its retries.
+func TestTheSecondLookAtTheRefusalsHeldFailsClosed(t *testing.T) {
+	t.Parallel()
+	f := plan(t, 8) // eligible: u1, u2, u4, u7, u8
+	ctx := context.Background()
+	f.h.cfg.Store = &afterLeaseStore{Store: f.store, after: func() { f.rdb.AddHook(failRefusalsCheck{}) }}
+	err := f.h.RunBatch(ctx, f.id, 0)
+	var re *RetryError
+	if !errors.As(err, &re) || re.Failure {
+		t.Fatalf("the run returned %v; want the batch back for later, without a failure", err)
+	}
+	if n := f.provider.total(); n != 0 {
+		t.Fatalf("%d messages sent while the second look at the refusals held could not be read", n)
+	}
 }

@@ -83,7 +83,7 @@ func TestAnRETPostgresCannotTakeForLongIsSpooledAndRecordedWhenItIsBack(t *testi
 		t.Fatalf("the spool holds %d posts, want 1", n)
 	}
 	// The workers are told before the post is answered: they lease nothing while it waits.
-	if on, err := state.RefusalsHeld(ctx, rdb); err != nil || !on {
+	if on, err := state.RefusalsHeldNow(ctx, rdb); err != nil || !on.Held {
 		t.Fatalf("the workers are not told that a refusal waits in the spool (%v, %v)", on, err)
 	}
 	if err := first.stop(); err != nil {
@@ -103,7 +103,7 @@ func TestAnRETPostgresCannotTakeForLongIsSpooledAndRecordedWhenItIsBack(t *testi
 	}
 	<-back
 	waitRecorded(froms[1], "held, the process ran on")
-	waitFor(t, 10*time.Second, func() bool { on, err := state.RefusalsHeld(ctx, rdb); return err == nil && !on })
+	waitFor(t, 10*time.Second, func() bool { on, err := state.RefusalsHeldNow(ctx, rdb); return err == nil && !on.Held })
 	if !strings.Contains(second.stderr.String(), "refusals held in the spool recorded") {
 		t.Errorf("the process that recorded the spool did not log it:\n%s", second.stderr)
 	}

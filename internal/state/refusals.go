@@ -65,9 +65,3 @@ func RefusalsHeldNow(ctx context.Context, rdb redis.UniversalClient) (HeldRefusa
 func ClearRefusalsHeld(ctx context.Context, rdb redis.UniversalClient, holder string) error {
 	return rdb.ZRem(ctx, RefusalsHeldKey, holder).Err()
 }
-
-// RefusalsHeld says whether some webhooks process's spool holds refusals that Postgres has not taken yet.
-func RefusalsHeld(ctx context.Context, rdb redis.UniversalClient) (bool, error) {
-	h, err := RefusalsHeldNow(ctx, rdb)
-	return h.Held, err
-}
