@@ -43,7 +43,7 @@ func (m *Metrics) WatchCampaigns(db Querier, rdb redis.UniversalClient, key func
 		return nil
 	}
 	return m.reg.Register(&campaignCollector{
-		db: db, rdb: rdb, key: key, timeout: queueMetricsTimeout,
+		db: db, rdb: rdb, key: key, timeout: scrapeReadTimeout,
 		desc: prometheus.NewDesc(prometheus.BuildFQName(Namespace, "campaign", "recipients"),
 			"Recipients of each running campaign by status: planned, sent, failed, skipped, unknown, pending (from the Redis progress counters, read at scrape time).",
 			[]string{"campaign", "status"}, nil),

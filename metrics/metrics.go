@@ -326,14 +326,14 @@ func (m *Metrics) WatchQueues(rdb redis.UniversalClient) error {
 	if m == nil {
 		return nil
 	}
-	return m.reg.Register(bounded(asynqmetrics.NewQueueMetricsCollector(asynq.NewInspectorFromRedisClient(rdb)), queueMetricsTimeout,
+	return m.reg.Register(bounded(asynqmetrics.NewQueueMetricsCollector(asynq.NewInspectorFromRedisClient(rdb)), scrapeReadTimeout,
 		prometheus.NewDesc("asynq_queue_metrics", "Asynq's queue metrics, read from Redis at scrape time.", nil, nil)))
 }
 
-// queueMetricsTimeout bounds each read at a scrape time (Asynq's queue metrics, the campaigns' progress):
+// scrapeReadTimeout bounds each read at a scrape time (Asynq's queue metrics, the campaigns' progress):
 // with Redis stalled, each of the queue metrics' reads waited for the client's timeout, and the scrape took
 // 10 s, Prometheus's default scrape timeout, losing the worker's own metrics with it.
-const queueMetricsTimeout = 3 * time.Second
+const scrapeReadTimeout = 3 * time.Second
 
 // boundedCollector is a collector that reads at scrape time, given at most timeout: past it, the scrape
 // goes on without its metrics, and with an error that says so (the registry's handler serves the rest).
