@@ -263,53 +263,66 @@ func (b *Bucket) takeAll(ctx context.Context, ls []Limit, pauses []string, n int
 	}
 	keys = append(keys, pauses...)
 	args = append(args, neck+1)
+	seconds := func(s string) (time.Duration, error) {
+		f, err := strconv.ParseFloat(s, 64)
+		if err != nil {
+			return 0, fmt.Errorf("rate limits %s: the script answered %q", strings.Join(keys, ", "), s)
+		}
+		return time.Duration(f * float64(time.Second)), nil
+	}
 	for {
-		for i, l := range ls {
-			if err := b.turn(ctx, l, ts[i]); err != nil {
-				for j := range i {
-					<-ts[j].slot
-				}
-				return err
-			}
+		if err := b.takeTurns(ctx, ls, ts); err != nil {
+			return err
 		}
 		s, err := reserveAllScript.Run(ctx, b.rdb, keys, args...).Text()
 		early, isEarly := strings.CutPrefix(s, "early ")
+		isEarly = isEarly && err == nil
 		for i := range ls {
-			if i != neck || err != nil || !isEarly {
+			if !isEarly || i != neck {
 				<-ts[i].slot
 			}
 		}
 		if err != nil {
 			return fmt.Errorf("rate limits %s: %w", strings.Join(keys, ", "), err)
 		}
-		wait, err := strconv.ParseFloat(early, 64)
-		if err != nil {
-			if isEarly {
-				<-ts[neck].slot
-			}
-			return fmt.Errorf("rate limits %s: the script answered %q", strings.Join(keys, ", "), s)
-		}
-		d := time.Duration(wait * float64(time.Second))
 		if isEarly {
-			// Nothing taken: the bottleneck lets the request out only after d. Waited in its turn alone (the
+			// Nothing taken: the bottleneck lets the request out only later. Waited in its turn alone (the
 			// others let go), so that its other waiters in this process ask Redis one after the other.
-			err := b.wait(ctx, holder, d)
+			d, err := seconds(early)
+			if err == nil {
+				err = b.wait(ctx, holder, d)
+			}
 			<-ts[neck].slot
 			if err != nil {
 				return err
 			}
 			continue
 		}
-		if d > 0 {
-			if err := b.wait(ctx, holder, d); err != nil {
-				return err
-			}
+		d, err := seconds(s)
+		if err == nil && d > 0 {
+			err = b.wait(ctx, holder, d)
+		}
+		if err != nil {
+			return err
 		}
 		break
 	}
 	// The moment has come; a pause set while it waited (a 429 to another worker) holds it back until the
 	// pause ends. Its tokens stay spent: the rate can only be lower.
 	return b.waitPauses(ctx, holder, pauses)
+}
+
+// takeTurns takes the turns ts of ls's keys, in order; on an error, none stays taken.
+func (b *Bucket) takeTurns(ctx context.Context, ls []Limit, ts []*turn) error {
+	for i, l := range ls {
+		if err := b.turn(ctx, l, ts[i]); err != nil {
+			for j := range i {
+				<-ts[j].slot
+			}
+			return err
+		}
+	}
+	return nil
 }
 
 // waitPauses waits until none of the pause keys is set, as l says (Hold), reading them again after each
