@@ -423,22 +423,8 @@ func TestASlowCampaignAndAFastOneShareTheProvidersCap(t *testing.T) {
 			slowProv.Cost = tc.segments
 			var fastTokens, slowSends atomic.Int64
 			var wg sync.WaitGroup
-			for range 4 {
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
-					for b.WaitN(ctx, tc.window, prov) == nil {
-						fastTokens.Add(int64(tc.window))
-					}
-				}()
-			}
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				for b.WaitN(ctx, 1, slow, slowProv) == nil {
-					slowSends.Add(1)
-				}
-			}()
+			takeUntilDone(&wg, 4, &fastTokens, int64(tc.window), func() error { return b.WaitN(ctx, tc.window, prov) })
+			takeUntilDone(&wg, 1, &slowSends, 1, func() error { return b.WaitN(ctx, 1, slow, slowProv) })
 			wg.Wait()
 			// 3 s at 30 tokens a second, the burst and the windows in flight at the end besides; the slow
 			// campaign's 3 sends take 3 or 6 of them.
@@ -504,19 +490,25 @@ func TestACampaignsRunsOnOneWorkerKeepItsRate(t *testing.T) {
 			camp := Limit{Key: "campaign:1", Rate: 50}
 			var n atomic.Int64
 			var wg sync.WaitGroup
-			for range 4 {
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
-					for b.WaitN(ctx, 1, camp, prov) == nil {
-						n.Add(1)
-					}
-				}()
-			}
+			takeUntilDone(&wg, 4, &n, 1, func() error { return b.WaitN(ctx, 1, camp, prov) })
 			wg.Wait()
 			if got := n.Load(); got < 140 || got > 50*3+3 {
 				t.Fatalf("%d sends in 3 s at --rate 50; want about 150", got)
 			}
 		})
+	}
+}
+
+// takeUntilDone starts runs goroutines (counted in wg) that each call take until it fails (its context
+// ends), adding per to count for each call that succeeded.
+func takeUntilDone(wg *sync.WaitGroup, runs int, count *atomic.Int64, per int64, take func() error) {
+	for range runs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for take() == nil {
+				count.Add(per)
+			}
+		}()
 	}
 }
