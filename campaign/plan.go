@@ -219,24 +219,30 @@ func (s *Spec) Validate() error {
 	if s.MaxConsentAge < 0 {
 		return fmt.Errorf("%w: --max-consent-age %v must be a duration like 24h, or 0 to skip the check", ErrInvalid, s.MaxConsentAge)
 	}
-	return s.lint()
+	return s.lint(tmpl)
 }
 
-// lint checks a commercial SMS for what law 6563 wants in it. The template is checked as written; a
-// field can carry neither the identity nor the instruction, so the fixed text must.
-func (s Spec) lint() error {
+// lint checks a commercial SMS for what law 6563 wants in it. A field can carry neither the identity nor
+// the instruction, so the message's fixed text must: each must be whole in one of the texts every
+// message carries as they are (Template.FixedTexts), not inside {{if}}, {{range}}, {{with}} or a comment,
+// which reach some recipients or none.
+func (s Spec) lint(tmpl *Template) error {
 	if s.Rules == nil || s.Transactional || !s.Channel.Spec().Linted {
 		return nil
 	}
+	fixed := tmpl.FixedTexts()
+	carries := func(re *regexp.Regexp) bool {
+		return slices.ContainsFunc(fixed, re.MatchString)
+	}
 	var missing []string
-	if s.Rules.Sender != nil && !s.Rules.Sender.MatchString(s.Message) {
+	if s.Rules.Sender != nil && !carries(s.Rules.Sender) {
 		missing = append(missing, "the sender's identity ("+s.Rules.SenderHint+")")
 	}
-	if s.Rules.OptOut != nil && !s.Rules.OptOut.MatchString(s.Message) {
+	if s.Rules.OptOut != nil && !carries(s.Rules.OptOut) {
 		missing = append(missing, "how to refuse further messages (e.g. \"RET yazıp 4609'a gönderin\")")
 	}
 	if len(missing) > 0 {
-		return fmt.Errorf("%w: a commercial SMS must carry %s (law 6563); add it to --message, or launch with --transactional if the message is not commercial",
+		return fmt.Errorf("%w: every commercial SMS must carry %s (law 6563); add it to --message as text outside {{if}}, {{range}}, {{with}} and comments, or launch with --transactional if the message is not commercial",
 			ErrInvalid, strings.Join(missing, " and "))
 	}
 	return nil

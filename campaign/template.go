@@ -260,6 +260,22 @@ func (t *Template) Fields() []string {
 	return out
 }
 
+// FixedTexts returns the message's literal texts that every rendered message carries as they are: the
+// text at the template's top level, outside any action, condition, range or comment. A text inside
+// {{if}} reaches only some recipients, and a comment none.
+func (t *Template) FixedTexts() []string {
+	if t.t == nil || t.t.Tree == nil {
+		return nil
+	}
+	var out []string
+	for _, n := range t.t.Tree.Root.Nodes {
+		if tn, ok := n.(*parse.TextNode); ok {
+			out = append(out, string(tn.Text))
+		}
+	}
+	return out
+}
+
 // partWith names the first part of the message that uses field: "message template" (--message),
 // "subject" (--subject) or "HTML part" (--html).
 func (t *Template) partWith(field string) string {

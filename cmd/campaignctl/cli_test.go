@@ -115,6 +115,13 @@ func TestBadInputIsRefusedClearlyAndNothingIsWritten(t *testing.T) {
 		{"template variable missing", append(launch(), "--message", testPrefix+"Hi {{.nick}} {{.code}}"), 2, []string{"{{.nick}}", "first_name"}},
 		{"commercial SMS without opt-out", append(launch(), "--message", "ACME A.Ş. Merhaba {{.code}}"), 2, []string{"how to refuse further messages", "law 6563", "--transactional"}},
 		{"commercial SMS without sender", append(launch(), "--message", "Merhaba {{.code}}, RET yazıp 4609'a gönderin"), 2, []string{"the sender's identity", "SENDER_IDENTITY"}},
+		// Law 6563's parts must reach every recipient: not only those of an {{if}}, nor none (a comment).
+		{"opt-out in one branch", append(launch(), "--message", "ACME A.Ş. {{if .first_name}}RET yazıp 4609'a gönderin{{end}} {{.code}}"), 2, []string{"how to refuse further messages", "outside {{if}}"}},
+		{"sender in a comment", append(launch(), "--message", "{{/* ACME A.Ş. */}}Merhaba {{.code}}, RET yazıp 4609'a gönderin"), 2, []string{"the sender's identity"}},
+		{"sender and opt-out in one branch", append(launch(), "--message", "{{if .first_name}}"+testPrefix+"{{end}}Kodunuz {{.code}}"), 2, []string{"the sender's identity", "how to refuse"}},
+		// "RET" inside a word is no instruction: ÜRETİM and ÜRETİCİ, with a price after them.
+		{"RET inside a Turkish word", append(launch(), "--message", "ACME A.Ş.: YERLİ ÜRETİM ÜRÜNLERDE 500 TL İNDİRİM, KOD {{.code}}"), 2, []string{"how to refuse further messages"}},
+		{"RET inside a word, lower case", append(launch(), "--message", "ACME A.Ş.: seçkin üreticilerden 250 TL indirim, kod {{.code}}"), 2, []string{"how to refuse further messages"}},
 		{"transactional with codes", append(launch(), "--transactional"), 2, []string{"transactional message carries no promo code"}},
 		{"bad recipient type", append(launch(), "--recipient-type", "ESNAF"), 2, []string{"BIREYSEL", "TACIR"}},
 		{"audience without user_id", append(launch(), "--audience", noUser), 2, []string{"no user_id column"}},

@@ -435,8 +435,10 @@ func (a *app) contentRules(ch campaign.Channel, transactional bool) (*campaign.C
 	return r, nil
 }
 
-// defaultOptOutPattern is "RET" and, within a few words, the short number it goes to.
-const defaultOptOutPattern = `(?i)\bRET\b\D{0,40}\d{3,6}`
+// defaultOptOutPattern is "RET" as a word of its own and, within a few words, the short number it goes to.
+// The word's edges are Unicode letters and digits, not \b's ASCII ones: in "ÜRETİM" the Ü and the İ would
+// be edges for \b.
+const defaultOptOutPattern = `(?i)(^|[^\p{L}\p{N}])RET([^\p{L}\p{N}]|$)\D{0,40}\d{3,6}`
 
 // rateDigits is how many decimals a rate is shown with: none from 100/s on, one below, two below 1/s.
 func rateDigits(r float64) int {
