@@ -357,3 +357,47 @@ func TestAnAudienceRefusedAtItsFirstRowIsNotReadToItsEnd(t *testing.T) {
 		t.Errorf("the refused launch left %d campaigns", n)
 	}
 }
+
+// Of a customer's rows, and of the customers on one number, the row kept is one that can be sent: a CRM's
+// row without a phone, or with a number that has no consent, or without the name the message shows, ahead
+// of the good row lost the customer (duplicate_user, duplicate_address), and the number got nothing. Rows
+// that can all be sent keep the query's order.
+func TestADuplicateThatCannotBeSentDoesNotHideOneThatCan(t *testing.T) {
+	t.Parallel()
+	db, _ := testdb.New(t)
+	seedAudience(t, db, 10)
+	mustExec(t, db, `CREATE TABLE dup (ord int, user_id text, phone text, first_name text)`)
+	mustExec(t, db, `GRANT SELECT ON dup TO campaignctl_audience`)
+	mustExec(t, db, `INSERT INTO dup VALUES
+		(1, 'k1', NULL, 'Ali'), (2, 'k1', '+905321111201', 'Ali'),
+		(3, 'k2', '+905329999998', 'Ayşe'), (4, 'k2', '+905321111202', 'Ayşe'),
+		(5, 'd1', '+905321111203', NULL), (6, 'd2', '05321111203', 'Can'),
+		(7, 'e1', '+905321111204', 'Ece'), (8, 'e2', '+905321111204', 'Eda')`)
+	mustExec(t, db, `INSERT INTO iys_consents (recipient, type, recipient_type, status, source, consent_date)
+		SELECT '+90532111120' || i, 'MESAJ', 'BIREYSEL', 'ONAY', 'HS_WEB', now() FROM generate_series(1, 4) i`)
+	s := spec("dup")
+	s.AudienceSQL = `SELECT user_id, phone, first_name FROM dup ORDER BY ord`
+	rep, err := (&campaign.Planner{Engine: db, Audience: db}).Plan(context.Background(), s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]int64{campaign.ReasonDuplicateUser: 2, campaign.ReasonDuplicateAddress: 2}
+	if diff := cmp.Diff(want, rep.Excluded); diff != "" || rep.Eligible != 4 {
+		t.Errorf("eligible %d (want 4), excluded (-want +got):\n%s", rep.Eligible, diff)
+	}
+	rows, err := db.Query(context.Background(), `SELECT user_id || ' ' || address FROM campaign_recipients WHERE campaign_id = $1 ORDER BY 1`, rep.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for rows.Next() {
+		var s string
+		if err := rows.Scan(&s); err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, s)
+	}
+	if diff := cmp.Diff([]string{"d2 +905321111203", "e1 +905321111204", "k1 +905321111201", "k2 +905321111202"}, got); diff != "" {
+		t.Errorf("planned (-want +got):\n%s", diff)
+	}
+}

@@ -46,8 +46,6 @@ func (p *Planner) classify(ctx context.Context, tx pgx.Tx, spec Spec, tmpl *Temp
 		consentVersion = &v
 	}
 
-	// Each row gets one reason, checked in this order; the first row (in query order) of a user, and the
-	// first valid user of a number, is the one kept.
 	// Addresses providers condemned (unregistered push tokens): joined only when the channel has any, so
 	// that a million-row audience does not probe an empty table a million times.
 	var invalidJoin, invalidTest string
@@ -59,29 +57,41 @@ func (p *Planner) classify(ctx context.Context, tx pgx.Tx, spec Spec, tmpl *Temp
 		invalidJoin = `LEFT JOIN invalid_addresses ia ON ia.channel = ` + quoteLiteral(string(spec.Channel)) + ` AND ia.address = a.address`
 		invalidTest = ` OR ia.address IS NOT NULL`
 	}
+	// Each row's own reason first (its address, its values, its consent, the frequency cap), then the
+	// duplicates: of a user's rows, and of the valid users of one number, the row kept is the first (in
+	// query order) of those that would be sent, so that a CRM's row without a phone, or with a refused
+	// one, ahead of the same customer's good row does not lose the customer; the first row otherwise.
 	if _, err := tx.Exec(ctx, `CREATE TEMP TABLE audience_classified ON COMMIT DROP AS
-		WITH u AS (
-			SELECT s.*, row_number() OVER (PARTITION BY user_id ORDER BY ord) AS urn FROM audience_stage s
+		WITH own AS (
+			SELECT a.*,
+				c.status AS c_status, c.source AS c_source, c.consent_date AS c_date, c.transaction_id AS c_txn,
+				coalesce(c.synced_at, c.updated_at) AS c_synced,
+				CASE WHEN a.user_id IS NULL THEN '`+ReasonMissingUser+`'
+				     WHEN a.address IS NULL`+invalidTest+` THEN '`+ReasonInvalidAddress+`'
+				     WHEN `+missingValueTest(tmpl, spec.Channel)+` THEN '`+ReasonMissingValue+`'
+				     WHEN `+headerValueTest(tmpl, spec.Channel)+` THEN '`+ReasonInvalidValue+`'
+				     ELSE coalesce(`+rule.refusalSQL("c.status", "a.vars")+`,
+				          CASE WHEN r.address IS NOT NULL THEN '`+ReasonFrequencyCap+`' END)
+				END AS own_reason
+			FROM audience_stage a LEFT JOIN iys_consents c ON `+rule.joinSQL("c", "a.address", quoteLiteral)+`
+			`+invalidJoin+`
+			LEFT JOIN recent_sends r ON r.address = a.address
+		), u AS (
+			SELECT o.*, row_number() OVER (PARTITION BY user_id ORDER BY own_reason IS NOT NULL, ord) AS urn FROM own o
 		), a AS (
 			SELECT u.*, row_number() OVER (
-				PARTITION BY (user_id IS NOT NULL AND urn = 1 AND address IS NOT NULL), address ORDER BY ord) AS arn
+				PARTITION BY (user_id IS NOT NULL AND urn = 1 AND address IS NOT NULL), address
+				ORDER BY own_reason IS NOT NULL, ord) AS arn
 			FROM u
 		)
-		SELECT a.ord, a.user_id, a.address, a.vars, a.raw_address,
-			c.status AS c_status, c.source AS c_source, c.consent_date AS c_date, c.transaction_id AS c_txn,
-			coalesce(c.synced_at, c.updated_at) AS c_synced,
+		SELECT a.ord, a.user_id, a.address, a.vars, a.raw_address, a.c_status, a.c_source, a.c_date, a.c_txn, a.c_synced,
 			CASE WHEN a.user_id IS NULL THEN '`+ReasonMissingUser+`'
 			     WHEN a.urn > 1 THEN '`+ReasonDuplicateUser+`'
-			     WHEN a.address IS NULL`+invalidTest+` THEN '`+ReasonInvalidAddress+`'
+			     WHEN a.own_reason = '`+ReasonInvalidAddress+`' THEN '`+ReasonInvalidAddress+`'
 			     WHEN a.arn > 1 THEN '`+ReasonDuplicateAddress+`'
-			     WHEN `+missingValueTest(tmpl, spec.Channel)+` THEN '`+ReasonMissingValue+`'
-			     WHEN `+headerValueTest(tmpl, spec.Channel)+` THEN '`+ReasonInvalidValue+`'
-			     ELSE coalesce(`+rule.refusalSQL("c.status", "a.vars")+`,
-			          CASE WHEN r.address IS NOT NULL THEN '`+ReasonFrequencyCap+`' END)
+			     ELSE a.own_reason
 			END AS reason
-		FROM a LEFT JOIN iys_consents c ON `+rule.joinSQL("c", "a.address", quoteLiteral)+`
-		`+invalidJoin+`
-		LEFT JOIN recent_sends r ON r.address = a.address`); err != nil {
+		FROM a`); err != nil {
 		return nil, fmt.Errorf("plan: classify audience: %w", err)
 	}
 	p.step("classify", t0)
