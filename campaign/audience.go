@@ -13,12 +13,14 @@ import (
 // in and holds only the grants an operator gives it on the audience's tables.
 const AudienceRole = "campaignctl_audience"
 
-// EngineTables are the engine's own tables. An audience query must never read them: they hold every
-// code, consent and send, which a template could put into a message.
+// EngineTables are the engine's own tables, every one the migrations create (a test holds the list to
+// the schema). An audience query must never read them: they hold every code, consent, refusal and send,
+// which a template could put into a message.
 var EngineTables = []string{
-	"campaigns", "campaign_recipients", "campaign_batches", "code_pools", "promo_codes", "released_codes",
-	"iys_consents", "iys_consent_history", "iys_sync_state", "iys_consents_version", "send_log",
-	"invalid_addresses", "receipt_events", "schema_migrations", "pending_provider_refusals",
+	"campaigns", "campaign_recipients", "campaign_batches", "campaign_exclusions", "code_pools", "promo_codes",
+	"released_codes", "iys_consents", "iys_consent_history", "iys_sync_state", "iys_consents_version",
+	"iys_outbox", "iys_tokens", "refusals", "send_log", "invalid_addresses", "receipt_events", "early_receipts",
+	"schema_migrations", "pending_provider_refusals",
 }
 
 // runAudience runs the audience query in atx (read-only, under its statement timeout) and returns its
@@ -141,7 +143,7 @@ func fieldNames(rows pgx.Rows) []string {
 
 // mayDoMore says what role may do beyond reading the tables it is granted ("" when nothing): be a
 // superuser, read or write the server's files, run programs, signal other sessions, read all data, or read
-// one of the engine's tables — itself or through any role it is a member of.
+// one of the engine's tables or any column of one — itself or through any role it is a member of.
 func mayDoMore(ctx context.Context, tx pgx.Tx, role string) (string, error) {
 	var powers, tables []string
 	err := tx.QueryRow(ctx, `
@@ -155,7 +157,7 @@ func mayDoMore(ctx context.Context, tx pgx.Tx, role string) (string, error) {
 			], NULL),
 			array(SELECT DISTINCT c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
 				WHERE c.relname = ANY($2) AND c.relkind IN ('r', 'p', 'v', 'm') AND n.nspname NOT IN ('pg_catalog', 'information_schema')
-				  AND (has_table_privilege($1::name, c.oid, 'SELECT') OR EXISTS (SELECT 1 FROM m WHERE m.oid = c.relowner))
+				  AND (has_any_column_privilege($1::name, c.oid, 'SELECT') OR EXISTS (SELECT 1 FROM m WHERE m.oid = c.relowner))
 				ORDER BY 1)`, role, EngineTables).Scan(&powers, &tables)
 	if err != nil {
 		return "", fmt.Errorf("audience database: privileges of %s: %w", role, err)

@@ -129,7 +129,7 @@ func TestAudienceOfItsOwnDatabaseRunsOnlyAsARestrictedRole(t *testing.T) {
 	}
 	t.Cleanup(func() {
 		ctx := context.Background()
-		aud.Exec(ctx, `REVOKE ALL ON customers FROM `+role) //nolint:errcheck
+		aud.Exec(ctx, `REVOKE ALL ON customers, refusals, iys_outbox FROM `+role) //nolint:errcheck
 		c, err := pgx.Connect(ctx, testdb.AdminURL())
 		if err == nil {
 			c.Exec(ctx, `DROP ROLE IF EXISTS `+role) //nolint:errcheck
@@ -168,6 +168,21 @@ func TestAudienceOfItsOwnDatabaseRunsOnlyAsARestrictedRole(t *testing.T) {
 	}
 	if n := count(`SELECT count(*) FROM campaigns WHERE NOT privileged_audience`); n != 1 {
 		t.Fatalf("%d campaigns launched without privilege, want 1", n)
+	}
+	// A read of any engine table, even of one column of it, is a power the audience may not have: the
+	// refusals were not on the list, and an audience that could read them put every refused address into
+	// a message.
+	for table, grant := range map[string]string{"refusals": `GRANT SELECT ON refusals TO `, "iys_outbox": `GRANT SELECT (recipient) ON iys_outbox TO `} {
+		if _, err := aud.Exec(ctx, grant+role); err != nil {
+			t.Fatal(err)
+		}
+		_, stderr, code = launch(restricted.String())
+		if code != 2 || !strings.Contains(stderr, "may read the engine's tables ("+table+")") {
+			t.Errorf("audience role after %s: exit %d, %s; want exit 2 naming %s", grant, code, stderr, table)
+		}
+		if _, err := aud.Exec(ctx, `REVOKE ALL ON `+table+` FROM `+role); err != nil {
+			t.Fatal(err)
+		}
 	}
 	// The audience database has the engine's schema, whose audience function the login role may not
 	// reach (no USAGE on the schema): it runs as that role, as on a database of its own, instead of failing
