@@ -357,3 +357,41 @@ func unreachableAudience(t *testing.T) *pgxpool.Pool {
 	t.Cleanup(gone.Close)
 	return gone
 }
+
+// An audience that fails on a row's value when it is read again quotes the value in Postgres's error
+// ("invalid input syntax for type integer: \"…@example.com\""): the address is masked in the error the
+// queue keeps and in the waiting note status and the UI show. It was shown in full.
+func TestAnOptInReadThatFailsOnAnAddressDoesNotShowIt(t *testing.T) {
+	t.Parallel()
+	db, store, id, _ := pushPlan(t)
+	ctx := context.Background()
+	for _, sql := range []string{
+		`ALTER TABLE devices RENAME TO devices_base`,
+		`CREATE VIEW devices AS SELECT user_id, push_token, push_opt_in,
+			(first_name || '.gizli@example.com')::int::text AS first_name FROM devices_base`,
+		`GRANT SELECT ON devices TO campaignctl_audience`,
+	} {
+		if _, err := db.Exec(ctx, sql); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rdb, _ := testredis.New(t)
+	h := NewHandler(Config{Store: store, Redis: rdb, Owner: "w", OptIns: store.OptIns(),
+		Providers:     map[campaign.Channel]providers.Provider{campaign.ChannelPush: pushProvider(t)},
+		ProviderRates: map[string]float64{}})
+	err := h.RunBatch(ctx, id, 0)
+	var re *RetryError
+	if !errors.As(err, &re) {
+		t.Fatalf("the run returned %v; want the batch back for later", err)
+	}
+	w, _ := state.Waits(ctx, rdb, id)
+	detail := w[WaitOptInsUnreadable].Detail
+	for _, text := range []string{re.Error(), detail} {
+		if !strings.Contains(text, "invalid input syntax") || !strings.Contains(text, "***@example.com") || strings.Contains(text, "gizli@") {
+			t.Errorf("%q: want Postgres's error with the address it quotes masked", text)
+		}
+	}
+	if c, err := store.Counts(ctx, id); err != nil || c.Pending != 5 {
+		t.Fatalf("counts %+v (%v); want all 5 pending", c, err)
+	}
+}
