@@ -36,10 +36,13 @@ func TestABadDatabaseURLDoesNotPrintItsPassword(t *testing.T) {
 		// An '@' in the password that is not percent-encoded: the tail is taken for the host, and the
 		// resolver's error quoted it.
 		"postgres://app:pw@S3cretPW@127.0.0.1:5432/engine",
+		// libpq's escapes: a space kept by a backslash, and a quote left open; each masked to its end.
+		`host=127.0.0.1 user=app password=S3cretPW\ MARKPW sslmode=bogus dbname=engine`,
+		`host=127.0.0.1 user=app password='S3cretPW MARKPW sslmode=bogus dbname=engine`,
 	} {
 		stdout, stderr, code := cli(t, map[string]string{"DATABASE_URL": u, "REDIS_URL": "redis://127.0.0.1:6379/15"}, "migrate")
 		t.Logf("DATABASE_URL=%s: exit %d\nstderr: %s", u, code, stderr)
-		if strings.Contains(stdout+stderr, "S3cretPW") {
+		if strings.Contains(stdout+stderr, "S3cretPW") || strings.Contains(stdout+stderr, "MARKPW") {
 			t.Errorf("migrate printed the database password (exit %d): %s", code, stderr)
 		}
 		if strings.Contains(u, "pw@") && (code != 2 || !strings.Contains(stderr, "%40")) {

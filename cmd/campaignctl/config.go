@@ -98,7 +98,9 @@ func redact(raw string) string {
 var secretParam = regexp.MustCompile(`(?i)^\w*(password|secret|token)$`)
 
 // dsnSecret finds a password in a keyword/value connection string or a query: its value, quoted or not.
-var dsnSecret = regexp.MustCompile(`(?i)\b(\w*(?:password|secret|token))\s*=\s*('(?:[^'\\]|\\.)*'|[^\s&]+)`)
+// libpq's escapes count: a backslash keeps the character after it (a space) in the value, and a quote left
+// open runs to the end.
+var dsnSecret = regexp.MustCompile(`(?i)\b(\w*(?:password|secret|token))\s*=\s*('(?:[^'\\]|\\.)*'?|(?:\\.|[^\s&\\])+)`)
 
 // redactAuthority masks the user information of a URL that url.Parse refuses (or reads as opaque, as
 // it does "user:password@host"): everything after the scheme up to the last '@'. A password may hold
