@@ -25,12 +25,18 @@ EXCEPTION
 END
 $$;
 
--- A role that is not a superuser must be a member of the role it makes a function's owner.
+-- A role that is not a superuser must be a member of the role it makes a function's owner. One that is a
+-- member already (an administrator granted it, or another database's migration did) grants nothing: the
+-- grant needs the role's ADMIN OPTION, which such a member need not have.
 DO $$
 BEGIN
-    IF NOT (SELECT rolsuper FROM pg_roles WHERE rolname = current_user) THEN
+    IF NOT (SELECT rolsuper FROM pg_roles WHERE rolname = current_user)
+       AND NOT pg_has_role(current_user, 'campaignctl_audience', 'MEMBER') THEN
         EXECUTE format('GRANT campaignctl_audience TO %I', current_user);
     END IF;
+EXCEPTION
+    WHEN insufficient_privilege THEN
+        RAISE EXCEPTION 'the role % is not a member of campaignctl_audience and may not make itself one: ask a database administrator to run GRANT campaignctl_audience TO %, then run campaignctl migrate again', current_user, current_user;
 END
 $$;
 
