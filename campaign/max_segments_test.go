@@ -65,3 +65,54 @@ func TestALaunchRefusesAnyMessageLongerThanMaxSegments(t *testing.T) {
 		t.Fatalf("a launch of a message with no field: %v", err)
 	}
 }
+
+// A message that renders blank (its values empty or white space) is refused by the launch and its dry run,
+// naming the row, as a long one is: Twilio refused the empty one (21602) and delivered the blank ones. A
+// plain message's blank rows are found by the bound in SQL, a message with conditions by rendering.
+func TestALaunchRefusesABlankSMS(t *testing.T) {
+	t.Parallel()
+	db, _ := testdb.New(t)
+	seedAudience(t, db, 0) // eligible: u1 (Ayşe, the first message) and u2
+	ctx := context.Background()
+	p := &campaign.Planner{Engine: db, Audience: db}
+	for _, tc := range []struct{ name, message string }{
+		{"plain", `{{.first_name}}`},
+		{"with a condition", `{{if .first_name}}{{.first_name}}{{end}}`},
+	} {
+		for _, dry := range []bool{false, true} {
+			for _, value := range []string{"", "   ", "\n"} {
+				mustExec(t, db, `UPDATE aud SET first_name = $1 WHERE user_id = 'u2'`, value)
+				s := spec("blank")
+				s.Message, s.CodePool, s.Transactional, s.DryRun = tc.message, "", true, dry
+				_, err := p.Plan(ctx, s)
+				if !errors.Is(err, campaign.ErrInvalid) || !strings.Contains(err.Error(), "1 message is blank") || !strings.Contains(err.Error(), "user u2") {
+					t.Errorf("%s, dry run %v, u2's value %q: err %v; want the launch refused naming u2's blank message", tc.name, dry, value, err)
+				}
+			}
+		}
+	}
+	if n := count(t, db, `SELECT count(*) FROM campaigns`); n != 0 {
+		t.Fatalf("refused launches left %d campaigns", n)
+	}
+	if err := campaign.CheckSMSLength(" \t", 10); err == nil {
+		t.Error("CheckSMSLength passes a blank body (the worker's check at send time)")
+	}
+}
+
+// The dry run warns of long messages whichever recipient's they are: it warned only when the first
+// message was long.
+func TestADryRunWarnsOfTheLongestMessage(t *testing.T) {
+	t.Parallel()
+	db, _ := testdb.New(t)
+	seedAudience(t, db, 2)
+	mustExec(t, db, `UPDATE aud SET first_name = $1 WHERE user_id = 'u2'`, strings.Repeat("ı", 300))
+	s := spec("long")
+	s.DryRun = true
+	rep, err := (&campaign.Planner{Engine: db, Audience: db}).Plan(context.Background(), s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.SegmentsPerMessage != 1 || len(rep.Warnings) != 1 || !strings.Contains(rep.Warnings[0], "1 message takes more than 3 SMS segments, the longest 5 (user u2)") {
+		t.Errorf("first message %d segments, warnings %q; want one naming u2's message of 5 segments", rep.SegmentsPerMessage, rep.Warnings)
+	}
+}

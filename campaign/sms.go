@@ -6,9 +6,12 @@ import (
 	"github.com/campaignctl/campaignctl/providers"
 )
 
-// CheckSMSLength says why an SMS body cannot go out (nil when it can): more than maxSegments segments, or
-// more characters than providers take.
+// CheckSMSLength says why an SMS body cannot go out (nil when it can): blank, more than maxSegments
+// segments, or more characters than providers take.
 func CheckSMSLength(body string, maxSegments int) error {
+	if blank(body) {
+		return fmt.Errorf("is blank (%q): an SMS provider refuses an empty body and delivers a blank one; give the message text of its own, or leave the rows whose values are blank out of the audience", body)
+	}
 	if maxSegments <= 0 {
 		maxSegments = DefaultMaxSegments
 	}

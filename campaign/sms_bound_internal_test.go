@@ -30,7 +30,8 @@ func TestABodyWithinTheBoundAlwaysFits(t *testing.T) {
 				}
 				b.WriteString(c)
 			}
-			if err := CheckSMSLength(b.String(), n); err != nil {
+			// A blank body is refused for its blankness, which lengthSuspects finds apart (blankConds).
+			if err := CheckSMSLength(b.String(), n); err != nil && !blank(b.String()) {
 				t.Fatalf("--max-segments %d: a body of %d bytes (bound %d) %v: %q", n, b.Len(), limit, err, b.String())
 			}
 		}

@@ -85,6 +85,13 @@ func lengthSuspects(tmpl *Template, spec Spec) (where string, args []any, ok boo
 	if !ok {
 		return "", nil, false
 	}
+	// A message whose text and values are all blank: an SMS provider refuses it (Twilio's 21602) or
+	// delivers a blank message.
+	text, textFields, _ := tmpl.plainText.describe()
+	if conds, more, ok := blankConds(text, textFields, spec, args); ok {
+		args = more
+		unsure = append(unsure, conds)
+	}
 	literal += more
 	unsure = append([]string{"false"}, unsure...)
 	sum := param(literal) + "::int"
@@ -130,8 +137,8 @@ func printedBytes(fields []string, spec Spec, param func(any) string) (bound []s
 // starting with AND, its arguments from $2 on; "" for every row), as the worker will. It fails when one
 // fails to render or is longer than spec.MaxSegments. With rep, it adds up their SMS segments.
 func (p *Planner) renderMessages(ctx context.Context, tx pgx.Tx, id int64, spec Spec, tmpl *Template, rep *Report, where string, args ...any) error {
-	var tooLong int
-	var firstLong string
+	var tooLong, blanks, longest, overWarn int
+	var firstLong, firstBlank, longestUser string
 	err := eachPlanned(ctx, tx, id, where, args, func(r *Recipient) error {
 		msg, err := tmpl.Render(r.TemplateData(spec.Channel, spec.Name))
 		if err != nil {
@@ -143,19 +150,48 @@ func (p *Planner) renderMessages(ctx context.Context, tx pgx.Tx, id int64, spec 
 			if enc == providers.EncodingUCS2 {
 				rep.UCS2Messages++
 			}
+			if n > WarnSegments {
+				overWarn++
+			}
+			if n > longest {
+				longest, longestUser = n, providers.MaskUserID(r.UserID)
+			}
 		}
-		if err := CheckSMSLength(msg, spec.MaxSegments); err != nil && tooLong == 0 {
-			tooLong, firstLong = 1, fmt.Sprintf("user %s's message %v", providers.MaskUserID(r.UserID), err)
-		} else if err != nil {
-			tooLong++
+		switch err := CheckSMSLength(msg, spec.MaxSegments); {
+		case err == nil:
+		case blank(msg):
+			if blanks++; blanks == 1 {
+				firstBlank = fmt.Sprintf("user %s's message %v", providers.MaskUserID(r.UserID), err)
+			}
+		default:
+			if tooLong++; tooLong == 1 {
+				firstLong = fmt.Sprintf("user %s's message %v", providers.MaskUserID(r.UserID), err)
+			}
 		}
 		return nil
 	})
 	if err != nil {
 		return err
 	}
+	if blanks > 0 {
+		what := "1 message is blank: "
+		if blanks > 1 {
+			what = fmt.Sprintf("%d messages are blank; ", blanks)
+		}
+		return fmt.Errorf("%w: %s%s; nothing was written", ErrInvalid, what, firstBlank)
+	}
 	if tooLong > 0 {
 		return fmt.Errorf("%w: %s; nothing was written", ErrInvalid, tooLongSummary(tooLong, firstLong))
+	}
+	// The first message's warning (sample) says each message is long; when it is not, the longest ones
+	// are still billed several times.
+	if rep != nil && overWarn > 0 && rep.SegmentsPerMessage <= WarnSegments {
+		what := fmt.Sprintf("%d messages take", overWarn)
+		if overWarn == 1 {
+			what = "1 message takes"
+		}
+		rep.Warnings = append(rep.Warnings, fmt.Sprintf("%s more than %d SMS segments, the longest %d (user %s): each is billed as many times; shorten the values that make them long if you can",
+			what, WarnSegments, longest, longestUser))
 	}
 	return nil
 }
@@ -266,8 +302,19 @@ func blankSubjectSuspects(tmpl *Template, spec Spec) (where string, args []any, 
 	if !plain {
 		return "", nil, true
 	}
-	if !blank(literal) {
+	conds, args, ok := blankConds(literal, fields, spec, nil)
+	if !ok {
 		return "", nil, false
+	}
+	return " AND " + conds, args, true
+}
+
+// blankConds is the SQL condition (over campaign_recipients, its arguments from $len(args)+2 on, appended
+// to args) of the rows whose plain part of literal text literal, printing fields, renders blank: its every
+// printed value blank or missing. ok is false when no row's part can be blank (its own text is not).
+func blankConds(literal string, fields []string, spec Spec, args []any) (where string, _ []any, ok bool) {
+	if !blank(literal) {
+		return "", args, false
 	}
 	// Blank as blank reads it: ASCII white space only.
 	const trim = `E' \t\n\r\v\f'`
@@ -280,10 +327,10 @@ func blankSubjectSuspects(tmpl *Template, spec Spec) (where string, args []any, 
 			conds = append(conds, "btrim(address, "+trim+") = ''")
 		case "campaign":
 			if !blank(spec.Name) {
-				return "", nil, false
+				return "", args, false
 			}
 		case "unsubscribe_url":
-			return "", nil, false
+			return "", args, false
 		case "code":
 			conds = append(conds, "coalesce(btrim(coalesce(NULLIF(code, ''), vars->>'code'), "+trim+"), '') = ''")
 		default:
@@ -291,7 +338,7 @@ func blankSubjectSuspects(tmpl *Template, spec Spec) (where string, args []any, 
 			conds = append(conds, fmt.Sprintf("coalesce(btrim(vars->>$%d, %s), '') = ''", len(args)+1, trim))
 		}
 	}
-	return " AND " + strings.Join(conds, " AND "), args, true
+	return "(" + strings.Join(conds, " AND ") + ")", args, true
 }
 
 // pushSizeSuspects is the SQL condition (as lengthSuspects') of the rows whose push may be over
