@@ -27,10 +27,12 @@ func (p *Planner) classify(ctx context.Context, tx pgx.Tx, spec Spec, tmpl *Temp
 		JOIN campaigns c ON c.id = l.campaign_id
 		JOIN campaign_recipients s ON s.campaign_id = l.campaign_id AND s.user_id = l.user_id
 		WHERE %[3]t AND l.status = `+sqlSent+` AND l.at > now() - interval '%[1]d seconds' AND c.channel = '%[2]s'
+		  AND NOT c.transactional
 		  AND s.status = `+sqlSent+` AND s.sent_at > now() - interval '%[1]d seconds'`,
 		// A cap of 0 is none: not even a message sent while this launch plans (now() is when its
-		// transaction began) excludes anyone.
-		int64(spec.FrequencyCap/time.Second), spec.Channel, spec.FrequencyCap > 0)); err != nil {
+		// transaction began) excludes anyone. The cap is about commercial messages: a transactional one
+		// is neither held back by it nor counted for it.
+		int64(spec.FrequencyCap/time.Second), spec.Channel, spec.FrequencyCap > 0 && !spec.Transactional)); err != nil {
 		return nil, fmt.Errorf("plan: recent sends: %w", err)
 	}
 

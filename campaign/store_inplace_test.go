@@ -499,3 +499,58 @@ func TestAFrequencyCapOfZeroExcludesNobody(t *testing.T) {
 		t.Fatalf("a launch with a cap of 1 h: %d capped, want the 2 sent", got)
 	}
 }
+
+// The frequency cap is about commercial messages: a transactional campaign's sends hold back no later
+// launch (nor the marks a Redis that lost its data gets back), and a transactional launch is held back by
+// no promotion. Before, an order notice excluded the next promotion for a day, and the reverse.
+func TestTransactionalSendsAreOutsideTheFrequencyCap(t *testing.T) {
+	t.Parallel()
+	db, _ := testdb.New(t)
+	ctx := context.Background()
+	seedCrowd(t, db, 4)
+	addCodes(t, db, "p", 4)
+	plan := func(name string, transactional bool) campaign.Report {
+		t.Helper()
+		sp := crowdSpec(name, "p", 4)
+		sp.FrequencyCap = time.Hour
+		if transactional {
+			sp.CodePool, sp.Transactional, sp.Message = "", true, `Merhaba {{.first_name}}, siparişiniz yolda`
+		}
+		rep, err := (&campaign.Planner{Engine: db, Audience: db}).Plan(ctx, sp)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return rep
+	}
+	send := func(id int64, users ...string) {
+		t.Helper()
+		var outs []campaign.Outcome
+		for _, u := range users {
+			outs = append(outs, campaign.Outcome{UserID: u, Status: campaign.StatusSent, MessageID: "SM-" + u})
+		}
+		if _, err := campaign.NewStore(db).Record(ctx, id, outs, campaign.Lease{Batch: 0}, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	notice := plan("notice", true)
+	send(notice.ID, "u00001", "u00002")
+	promo := plan("promo", false)
+	if got := promo.Excluded[campaign.ReasonFrequencyCap]; got != 0 || promo.Eligible != 4 {
+		t.Errorf("a promotion after an order notice: %d capped, %d eligible; want all 4 eligible", got, promo.Eligible)
+	}
+	var marks []string
+	if _, err := campaign.NewStore(db).RecentSends(ctx, func(rs campaign.RecentSend) error {
+		marks = append(marks, fmt.Sprint(rs.CampaignID))
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if len(marks) != 0 {
+		t.Errorf("the marks a Redis that lost its data gets back come from campaigns %v; want none from the notice", marks)
+	}
+	send(promo.ID, "u00003")
+	second := plan("notice-2", true)
+	if got := second.Excluded[campaign.ReasonFrequencyCap]; got != 0 || second.Eligible != 4 {
+		t.Errorf("an order notice after a promotion: %d capped, %d eligible; want all 4 eligible", got, second.Eligible)
+	}
+}

@@ -67,14 +67,14 @@ func (s *Store) RecentSends(ctx context.Context, yield func(RecentSend) error) (
 			FROM send_log l
 			JOIN campaigns c ON c.id = l.campaign_id
 			JOIN campaign_recipients r ON r.campaign_id = l.campaign_id AND r.user_id = l.user_id
-			WHERE l.status IN (`+sqlSent+`, `+sqlUnknown+`) AND l.at > now() - $1 * interval '1 second'
+			WHERE NOT c.transactional AND l.status IN (`+sqlSent+`, `+sqlUnknown+`) AND l.at > now() - $1 * interval '1 second'
 			UNION ALL
 			SELECT b.campaign_id, c.created_at, c.channel, r.address, now()
 			FROM campaign_batches b
 			JOIN campaigns c ON c.id = b.campaign_id
 			CROSS JOIN LATERAL unnest(b.lease_users || b.suspect_users) AS u
 			JOIN campaign_recipients r ON r.campaign_id = b.campaign_id AND r.user_id = u
-			WHERE (b.lease_users <> '{}' OR b.suspect_users <> '{}') AND r.status = `+sqlPending+`
+			WHERE (b.lease_users <> '{}' OR b.suspect_users <> '{}') AND r.status = `+sqlPending+` AND NOT c.transactional
 		) s
 		WINDOW w AS (PARTITION BY channel, address ORDER BY at DESC, campaign_id)
 		) t

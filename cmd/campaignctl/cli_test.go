@@ -122,6 +122,7 @@ func TestBadInputIsRefusedClearlyAndNothingIsWritten(t *testing.T) {
 		// "RET" inside a word is no instruction: ÜRETİM and ÜRETİCİ, with a price after them.
 		{"RET inside a Turkish word", append(launch(), "--message", "ACME A.Ş.: YERLİ ÜRETİM ÜRÜNLERDE 500 TL İNDİRİM, KOD {{.code}}"), 2, []string{"how to refuse further messages"}},
 		{"RET inside a word, lower case", append(launch(), "--message", "ACME A.Ş.: seçkin üreticilerden 250 TL indirim, kod {{.code}}"), 2, []string{"how to refuse further messages"}},
+		{"frequency cap on a transactional message", append(launch(), "--transactional", "--frequency-cap", "7d"), 2, []string{"--frequency-cap is about commercial messages", "--transactional"}},
 		{"transactional with codes", append(launch(), "--transactional"), 2, []string{"transactional message carries no promo code"}},
 		{"bad recipient type", append(launch(), "--recipient-type", "ESNAF"), 2, []string{"BIREYSEL", "TACIR"}},
 		{"audience without user_id", append(launch(), "--audience", noUser), 2, []string{"no user_id column"}},

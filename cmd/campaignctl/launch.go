@@ -106,6 +106,14 @@ reserved from --code-pool before anything is queued. --dry-run shows the same re
 			if err := o.validate(); err != nil {
 				return err
 			}
+			if o.transactional {
+				// The cap is about commercial messages: a transactional one is neither held back by it
+				// nor counted for it.
+				if cmd.Flags().Changed("frequency-cap") && o.frequencyCap > 0 {
+					return usagef("--frequency-cap is about commercial messages: a transactional one (--transactional) is neither held back by it nor counted for it; drop --frequency-cap or --transactional")
+				}
+				o.frequencyCap = 0
+			}
 			return a.launch(cmd.Context(), o)
 		},
 	}
@@ -127,7 +135,7 @@ reserved from --code-pool before anything is queued. --dry-run shows the same re
 	f.StringVar(&o.at, "at", "", `start sending at this time: "2026-12-01 10:00" (in --tz) or RFC 3339`)
 	f.StringVar(&o.window, "window", "", "send only between these hours every day, e.g. 09:00-20:00 (in --tz); batches wait for the next window")
 	f.StringVar(&o.tz, "tz", campaign.DefaultZone, "time zone of --at and --window")
-	daysVar(f, &o.frequencyCap, "frequency-cap", campaign.DefaultFrequencyCap, "skip anyone who got a message on this channel within this long, across campaigns: 1d, 7d, 36h (0 = no cap)")
+	daysVar(f, &o.frequencyCap, "frequency-cap", campaign.DefaultFrequencyCap, "skip anyone who got a commercial message on this channel within this long, across campaigns: 1d, 7d, 36h (0 = no cap; transactional messages neither count nor are held back)")
 	f.StringVar(&o.recipientType, "recipient-type", "BIREYSEL", "İYS recipient type whose consents count: BIREYSEL (individuals) or TACIR (merchants)")
 	f.BoolVar(&o.transactional, "transactional", false, "not a commercial message (order, security notice): İYS consent is not checked, no code pool allowed")
 	daysVar(f, &o.maxConsentAge, "max-consent-age", 24*time.Hour, "refuse when the İYS consents were last synced (or imported) longer ago than this (1d, 12h); 0 = no check")

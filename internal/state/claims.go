@@ -353,7 +353,7 @@ func (c *Store) ClaimWindow(ctx context.Context, camp *campaign.Campaign, nonce 
 	// take in one by one). A call whose claims or answers differ sends them each.
 	value, perClaim := sharedValue(len(scs), func(i int) string { return scs[i].Value })
 	inflight, perAnswer := sharedValue(len(prev), func(i int) string { return prev[i].InFlight })
-	days := markDays(camp.Channel, now, camp.FrequencyCap)
+	days := campaignMarkDays(camp, now)
 	marks := len(days)
 	keys := make([]string, 0, 4+len(prev)+len(scs)*(1+marks))
 	keys = append(keys, EpochKey, g.Halt, pauseKey, g.fence())
@@ -536,7 +536,7 @@ func (c *Store) claimSendArgs(camp *campaign.Campaign, nonce string, sc SendClai
 	if prev != nil {
 		prevKey, prevInFlight, prevVal = prev.Key, nonce+"/"+prev.InFlight, nonce+"/"+prev.Value
 	}
-	keys := append([]string{sc.Key, EpochKey, g.Halt, pauseKey, prevKey, g.fence()}, markKeys(camp.Channel, sc.Addr, now, camp.FrequencyCap)...)
+	keys := append([]string{sc.Key, EpochKey, g.Halt, pauseKey, prevKey, g.fence()}, campaignMarkDays(camp, now).appendKeys(nil, sc.Addr)...)
 	return keys, []any{nonce + "/" + sc.Value, c.ttl.Milliseconds(), nonce + "/", g.Epoch, check, checkPause, prevInFlight, prevVal,
 		markOwner(camp, nonce), now.UnixMilli(), camp.FrequencyCap.Milliseconds(), markTTL(camp).Milliseconds(), sc.Addr,
 		nonce + "/" + ReasonValue(Skipped, campaign.ReasonFrequencyCap)}

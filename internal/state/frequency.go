@@ -88,6 +88,8 @@ local function keep_mark(key, addr, m)
 end
 
 local function take_mark(first, last, addr, owner, mark, now, cap, ttl)
+  -- No mark hash (a transactional campaign): never capped, and no mark left.
+  if last < first then return nil end
   local today
   for i = first, last do
     local m = redis.call("HGET", KEYS[i], addr)

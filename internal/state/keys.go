@@ -131,6 +131,16 @@ func markKeys(ch campaign.Channel, address string, now time.Time, cap time.Durat
 	return markDays(ch, now, cap).appendKeys(nil, address)
 }
 
+// campaignMarkDays returns the prefixes of the days camp's claims at now read and mark (markDays): none
+// for a transactional campaign, which the frequency cap neither holds back nor counts (an order notice
+// after a promotion goes out, and a promotion after it is not held back by it).
+func campaignMarkDays(camp *campaign.Campaign, now time.Time) markDayPrefixes {
+	if camp.Transactional {
+		return nil
+	}
+	return markDays(camp.Channel, now, camp.FrequencyCap)
+}
+
 // markDayPrefixes are the key prefixes of the day hashes a check at some moment with some cap reads,
 // today's first ("freq:<channel>:<day>:"), made once for the recipients of a call.
 type markDayPrefixes []string

@@ -157,3 +157,60 @@ func TestACapOfZeroIsCappedByNoMark(t *testing.T) {
 		}
 	}
 }
+
+// The frequency cap is about commercial messages: a transactional campaign's claim is never capped by a
+// promotion's mark and leaves no mark of its own, so that a promotion after it is not held back. Before,
+// an order notice after a promotion was skipped as frequency_cap, and a promotion after an order notice
+// too. Both scripts alike.
+func TestATransactionalClaimIsNotCappedAndLeavesNoMark(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	rdb, s := newClaims(t, time.Hour)
+	now := time.Now().UTC().Truncate(24 * time.Hour).Add(12 * time.Hour)
+	if err := rdb.Set(ctx, EpochKey, "e1", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	promo := &campaign.Campaign{ID: 60, Channel: campaign.ChannelSMS, CreatedAt: now, FrequencyCap: 24 * time.Hour}
+	notice := &campaign.Campaign{ID: 61, Channel: campaign.ChannelSMS, CreatedAt: now, FrequencyCap: 24 * time.Hour, Transactional: true}
+	claim := func(c *campaign.Campaign, addr string, window bool) Result {
+		t.Helper()
+		g := Guard{Epoch: "e1", Halt: HaltKey(c.ID)}
+		sc := SendClaim{Key: ClaimKey(c.ID, addr), Value: InFlightValue(now, "w"), Addr: addr}
+		if window {
+			cls, _, err := s.ClaimWindow(ctx, c, Nonce(c), []SendClaim{sc}, g, nil, "", now)
+			if err != nil || len(cls) != 1 {
+				t.Fatalf("claim window: %v %v", cls, err)
+			}
+			return cls[0].Result
+		}
+		cl, err := s.ClaimSend(ctx, c, Nonce(c), sc, g, nil, "", now)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return cl.Result
+	}
+	for _, window := range []bool{false, true} {
+		// A promotion, then the notice: the notice goes.
+		addr := "+90555200000" + strconv.FormatBool(window)[:1]
+		if got := claim(promo, addr, window); got != Ours {
+			t.Fatalf("window %v: the promotion's claim gave %c", window, got)
+		}
+		if got := claim(notice, addr, window); got != Ours {
+			t.Errorf("window %v: the notice after a promotion gave %c, want it sent", window, got)
+		}
+		if got, want := rdb.HGet(ctx, FrequencyKey(campaign.ChannelSMS, addr, now), addr).Val(), markOwner(promo, Nonce(promo))+"|"+strconv.FormatInt(now.UnixMilli(), 10); got != want {
+			t.Errorf("window %v: the mark after the notice is %q, want the promotion's %q", window, got, want)
+		}
+		// The notice first, then a promotion: the promotion goes.
+		addr = "+90555200001" + strconv.FormatBool(window)[:1]
+		if got := claim(notice, addr, window); got != Ours {
+			t.Fatalf("window %v: the notice's claim gave %c", window, got)
+		}
+		if rdb.HExists(ctx, FrequencyKey(campaign.ChannelSMS, addr, now), addr).Val() {
+			t.Errorf("window %v: the notice left a frequency mark", window)
+		}
+		if got := claim(promo, addr, window); got != Ours {
+			t.Errorf("window %v: the promotion after a notice gave %c, want it sent", window, got)
+		}
+	}
+}
