@@ -3,6 +3,7 @@ package campaign_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
@@ -424,5 +425,53 @@ func TestEngineTablesAreEveryTableOfTheSchema(t *testing.T) {
 	want := slices.Sorted(slices.Values(campaign.EngineTables))
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("campaign.EngineTables against the migrated schema's tables (-list +schema):\n%s", diff)
+	}
+}
+
+// A NULL in a column the message only tests ({{or .first_name "…"}}, {{if .f}}, {{with .f}}) takes the
+// template's fallback: the row was excluded as missing_value, though the engine's own advice for a blank
+// subject is such a fallback. A column the message prints as it is still excludes the row when NULL.
+func TestANullTheTemplateFallsBackOnIsNotMissing(t *testing.T) {
+	t.Parallel()
+	db, _ := testdb.New(t)
+	seedAudience(t, db, 10) // eligible: u1 (Ayşe) and u2 (Ali)
+	mustExec(t, db, `UPDATE aud SET first_name = NULL WHERE user_id = 'u2'`)
+	ctx := context.Background()
+	for i, tc := range []struct {
+		message string
+		missing int64
+		u2      string
+	}{
+		{`Merhaba {{or .first_name "Müşterimiz"}}, kodunuz {{.code}}`, 0, "Merhaba Müşterimiz, kodunuz "},
+		{`Merhaba {{with .first_name}}{{.}}{{else}}dostum{{end}}, kodunuz {{.code}}`, 0, "Merhaba dostum, kodunuz "},
+		{`Merhaba{{if .first_name}} sayın müşterimiz{{end}}, kodunuz {{.code}}`, 0, "Merhaba, kodunuz "},
+		{`Merhaba {{.first_name}}, kodunuz {{.code}}`, 1, ""},
+		{`Merhaba {{printf "%s" .first_name}}, kodunuz {{.code}}`, 1, ""},
+	} {
+		s := spec(fmt.Sprintf("null-%d", i))
+		s.Message, s.CountSegments = tc.message, true
+		rep, err := (&campaign.Planner{Engine: db, Audience: db}).Plan(ctx, s)
+		if err != nil {
+			t.Fatalf("%s: %v", tc.message, err)
+		}
+		if got := rep.Excluded[campaign.ReasonMissingValue]; got != tc.missing || rep.Eligible != 2-tc.missing {
+			t.Errorf("%s: missing_value %d, eligible %d; want %d and %d", tc.message, got, rep.Eligible, tc.missing, 2-tc.missing)
+			continue
+		}
+		if tc.u2 == "" {
+			continue
+		}
+		tmpl, err := campaign.ParseTemplate(tc.message)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rs, err := campaign.NewStore(db).LoadBatch(ctx, rep.ID, 1)
+		if err != nil || len(rs) != 1 || rs[0].UserID != "u2" {
+			t.Fatalf("batch 1: %v %v; want u2", rs, err)
+		}
+		msg, err := tmpl.Render(rs[0].TemplateData(campaign.ChannelSMS, s.Name))
+		if err != nil || !strings.HasPrefix(msg, tc.u2) {
+			t.Errorf("%s: u2's message %q (%v), want it to start %q", tc.message, msg, err, tc.u2)
+		}
 	}
 }

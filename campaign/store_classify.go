@@ -122,12 +122,13 @@ func (p *Planner) classify(ctx context.Context, tx pgx.Tx, spec Spec, tmpl *Temp
 	return consentVersion, nil
 }
 
-// missingValueTest is the SQL condition that a row lacks (NULL) a column the template uses: such a row
-// is excluded rather than sent "Merhaba <no value>". Field names come from the parsed template and are
+// missingValueTest is the SQL condition that a row lacks (NULL) a column the template prints: such a row
+// is excluded rather than sent "Merhaba <no value>". A column the template only tests ({{if .f}},
+// {{with .f}}, {{or .f "fallback"}}) takes its fallback instead (Template.PrintedFields). Field names come from the parsed template and are
 // passed as quoted literals.
 func missingValueTest(tmpl *Template, ch Channel) string {
 	var conds []string
-	for _, f := range tmpl.Fields() {
+	for _, f := range tmpl.PrintedFields() {
 		switch f {
 		case "code", "campaign", "user_id", ch.AddressColumn():
 			continue

@@ -8,6 +8,7 @@ import (
 	htmltemplate "html/template"
 	"io"
 	"regexp"
+	"slices"
 	"sort"
 	"strings"
 	"text/template"
@@ -29,6 +30,9 @@ type Template struct {
 	plainText, plainSubject, plainHTMLPart *plainTemplate
 	// plainFields are the fields the parts read when every part is plain, nil when not (DataOf).
 	plainFields []string
+	// nullable are the fields the parts only test (Fields less PrintedFields): a NULL column of the row
+	// (left out of its data) is given to the template as nil, and takes the template's fallback.
+	nullable []string
 }
 
 // Content is the source of every part of a campaign's message.
@@ -78,6 +82,7 @@ func ParseContent(c Content) (*Template, error) {
 		t.plainHTMLPart = agreed(plainHTML(t.html), t.html.Execute)
 	}
 	t.plainFields = t.readsOnly()
+	t.nullable = t.testedOnly()
 	return t, nil
 }
 
@@ -106,6 +111,7 @@ type Parts struct {
 
 // RenderParts renders every part over data.
 func (t *Template) RenderParts(data map[string]any) (Parts, error) {
+	t.fillNulls(data)
 	var p Parts
 	var err error
 	if p.Text, err = t.Render(data); err != nil {
@@ -138,6 +144,7 @@ func ParseTemplate(src string) (*Template, error) {
 	}
 	tmpl := &Template{src: src, t: t, plainText: agreed(compilePlain(t.Tree.Root, false), t.Execute)}
 	tmpl.plainFields = tmpl.readsOnly()
+	tmpl.nullable = tmpl.testedOnly()
 	return tmpl, nil
 }
 
@@ -154,6 +161,7 @@ func (t *Template) Render(data map[string]any) (string, error) {
 	if t.t == nil {
 		return "", nil
 	}
+	t.fillNulls(data)
 	return renderPart(t.plainText, t.t.Execute, data)
 }
 
@@ -358,6 +366,110 @@ func (t *Template) Check(keys []string) error {
 		return fmt.Errorf("%w: the message template fails on sample data: %v", ErrInvalid, err)
 	}
 	return nil
+}
+
+// testedOnly returns the fields the parts read only as tests (Fields less PrintedFields).
+func (t *Template) testedOnly() []string {
+	printed := t.PrintedFields()
+	var out []string
+	for _, f := range t.Fields() {
+		if !slices.Contains(printed, f) {
+			out = append(out, f)
+		}
+	}
+	return out
+}
+
+// fillNulls gives the fields the parts only test that data lacks (a NULL column) as nil: {{or .f "x"}}
+// then takes its fallback where missingkey=error would fail. A field the parts print stays missing, and
+// fails rather than print "<no value>".
+func (t *Template) fillNulls(data map[string]any) {
+	for _, f := range t.nullable {
+		if _, ok := data[f]; !ok && data != nil {
+			data[f] = nil
+		}
+	}
+}
+
+// PrintedFields returns the top-level fields the template's parts read other than only as a test that a
+// missing (NULL) value passes: the condition of {{if .f}} or {{with .f}}, and the arguments of or, and and
+// not ({{or .first_name "Müşterimiz"}}). A row whose value of such a field is NULL prints "<no value>" or
+// fails, and is excluded (missing_value); one whose guarded field is NULL takes the fallback.
+func (t *Template) PrintedFields() []string {
+	var out []string
+	seen := map[string]bool{}
+	add := func(name string) {
+		if !seen[name] {
+			seen[name] = true
+			out = append(out, name)
+		}
+	}
+	for _, tree := range []*parse.Tree{treeOf(t.t), treeOf(t.subject), htmlTreeOf(t.html)} {
+		if tree != nil {
+			walkPrinted(tree.Root, add)
+		}
+	}
+	return out
+}
+
+// walkPrinted is walkFields without the fields a NULL passes (PrintedFields).
+func walkPrinted(n parse.Node, f func(string)) {
+	switch n := n.(type) {
+	case *parse.ListNode:
+		if n == nil {
+			return
+		}
+		for _, c := range n.Nodes {
+			walkPrinted(c, f)
+		}
+	case *parse.ActionNode:
+		if !nullSafe(n.Pipe) {
+			walkFields(n.Pipe, f)
+		}
+	case *parse.IfNode:
+		if !nullSafe(n.Pipe) && !fieldTest(n.Pipe) {
+			walkFields(n.Pipe, f)
+		}
+		walkPrinted(n.List, f)
+		walkPrinted(n.ElseList, f)
+	case *parse.WithNode:
+		if !nullSafe(n.Pipe) && !fieldTest(n.Pipe) {
+			walkFields(n.Pipe, f)
+		}
+		walkPrinted(n.ElseList, f)
+	default:
+		walkFields(n, f)
+	}
+}
+
+// fieldTest says whether p is a lone field ({{if .f}}, {{with .f}}): nil is false there.
+func fieldTest(p *parse.PipeNode) bool {
+	if p == nil || len(p.Decl) > 0 || len(p.Cmds) != 1 || len(p.Cmds[0].Args) != 1 {
+		return false
+	}
+	_, ok := p.Cmds[0].Args[0].(*parse.FieldNode)
+	return ok
+}
+
+// nullSafe says whether p is one call of or, and or not whose arguments are fields and constants: a nil
+// field is a false value there, and what prints is another argument (or's fallback).
+func nullSafe(p *parse.PipeNode) bool {
+	if p == nil || len(p.Decl) > 0 || len(p.Cmds) != 1 || len(p.Cmds[0].Args) < 2 {
+		return false
+	}
+	args := p.Cmds[0].Args
+	id, ok := args[0].(*parse.IdentifierNode)
+	if !ok || (id.Ident != "or" && id.Ident != "and" && id.Ident != "not") {
+		return false
+	}
+	for _, a := range args[1:] {
+		switch a.(type) {
+		case *parse.FieldNode, *parse.StringNode, *parse.NumberNode, *parse.BoolNode:
+		default:
+			return false
+		}
+	}
+	return true
 }
 
 // walkFields calls f with the first identifier of every .field reference evaluated against the top-level
