@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 
@@ -33,7 +34,15 @@ func (p *Planner) sample(ctx context.Context, tx pgx.Tx, id int64, spec Spec, tm
 		return templateFails(r.UserID, err)
 	}
 	msg := parts.Text
-	rep.SampleMessage, rep.SampleSubject, rep.SampleHTML = msg, parts.Subject, parts.HTML
+	// The code is shown masked: the sample is printed (a dry run's output lands in CI logs), and the code
+	// in it is one a customer gets, the dry run's as well (it reserves the same codes the launch will).
+	hide := func(s string) string {
+		if r.Code == "" {
+			return s
+		}
+		return strings.ReplaceAll(s, r.Code, strings.Repeat("*", utf8.RuneCountInString(r.Code)))
+	}
+	rep.SampleMessage, rep.SampleSubject, rep.SampleHTML = hide(msg), hide(parts.Subject), hide(parts.HTML)
 	if spec.Channel.Spec().Segmented {
 		rep.Encoding, rep.SegmentsPerMessage = providers.SMSSegments(msg)
 		if err := CheckSMSLength(msg, spec.MaxSegments); err != nil {

@@ -33,14 +33,14 @@ func (a *app) emailPreview(rep campaign.Report, o launchOptions) error {
 	if o.previewDir == "" {
 		return nil
 	}
-	if err := os.MkdirAll(o.previewDir, 0o755); err != nil {
+	if err := os.MkdirAll(o.previewDir, 0o700); err != nil {
 		return usagef("--preview-dir: %v", err)
 	}
 	for name, body := range map[string]string{"preview.html": rep.SampleHTML, "preview.txt": rep.SampleMessage} {
 		if name == "preview.html" && body == "" {
 			continue // no --html part
 		}
-		if err := os.WriteFile(filepath.Join(o.previewDir, name), []byte(body), 0o644); err != nil {
+		if err := os.WriteFile(filepath.Join(o.previewDir, name), []byte(body), 0o600); err != nil {
 			return fmt.Errorf("write the preview: %w", err)
 		}
 	}
