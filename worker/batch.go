@@ -528,9 +528,12 @@ func (h *Handler) gate(ctx context.Context, run *batchRun, chunk []campaign.Reci
 	}
 	got, err := h.leaseChunk(ctx, run, users)
 	if err != nil {
-		if errors.Is(err, errRefusalsSpooled) {
-			// Leased on consents read while refusals were spooled: let go at once (a dead run's chunk it took
-			// over stays in hand), so that the batch's next run leases the chunk again and reads them anew.
+		if errors.As(err, new(leasedUnsent)) {
+			// Leased, then stopped before any claim: Redis failed (the spools' notes could not be read),
+			// the consents were read while refusals were spooled, or the opt-ins did not apply. Let go at
+			// once (a dead run's chunk it took over stays in hand), so that the batch's next run leases the
+			// chunk again and reads its consents anew; kept in hand, a Redis restart meanwhile would have
+			// settled it unknown.
 			h.inherit(run, got.Inherited)
 			if _, rerr := h.cfg.Store.Record(context.WithoutCancel(ctx), run.c.ID, nil, run.lease, run.inHand()); rerr != nil {
 				h.log.Warn("chunk not let go; its lease runs out by itself", "campaign_id", run.c.ID, "batch", run.batch, "err", fmt.Sprint(rerr))
@@ -628,6 +631,11 @@ func (h *Handler) leaseChunk(ctx context.Context, run *batchRun, users []string)
 		if err == nil && got.Fence == "" && checkHeld && got.State != campaign.StateCancelled {
 			err = h.noRefusalHeldSince(ctx, run, before)
 		}
+		if err != nil && got.Fence == "" && len(got.Leased) > 0 {
+			// Leased, and nothing of it claimed: the caller lets it go (a chunk kept in hand through a
+			// Redis restart would be settled unknown from claims that were never taken).
+			return got, leasedUnsent{err}
+		}
 		if err != nil || got.Fence == "" {
 			return got, err
 		}
@@ -648,6 +656,13 @@ func (h *Handler) leaseChunk(ctx context.Context, run *batchRun, users []string)
 		l.Fenced = got.Fence
 	}
 }
+
+// leasedUnsent is an error met after a chunk was leased and before any of it was claimed: the chunk is
+// let go (gate).
+type leasedUnsent struct{ err error }
+
+func (e leasedUnsent) Error() string { return e.err.Error() }
+func (e leasedUnsent) Unwrap() error { return e.err }
 
 // leaseLive notes that the lease token belongs to a batch run of this process (live), or no more.
 func (h *Handler) leaseLive(token string, live bool) {

@@ -182,4 +182,17 @@ func TestTheSecondLookAtTheRefusalsHeldFailsClosed(t *testing.T) {
 	if n := f.provider.total(); n != 0 {
 		t.Fatalf("%d messages sent while the second look at the refusals held could not be read", n)
 	}
+	// The chunk it leased, and claimed nothing of, is let go: kept in hand through a Redis restart (a new
+	// epoch), it was settled unknown from claims never taken; an outside run had 100 recipients of a batch
+	// unknown, never sent, after a plain Redis restart with every worker alive.
+	var inHand []string
+	if err := f.db.QueryRow(ctx, `SELECT lease_users FROM campaign_batches WHERE campaign_id = $1 AND batch = 0`, f.id).Scan(&inHand); err != nil {
+		t.Fatal(err)
+	}
+	if len(inHand) != 0 {
+		t.Fatalf("the chunk %v stays in hand after a failure before any claim; want it let go", inHand)
+	}
+	if c := f.counts(t); c.Pending != 5 || c.Unknown != 0 {
+		t.Fatalf("counts %+v; want all 5 pending", c)
+	}
 }
