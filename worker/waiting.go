@@ -71,6 +71,16 @@ func waitingOf(ctx context.Context, env *waitEnv, c *campaign.Campaign, counts c
 		}
 		return &Waiting{Reason: WaitRedisLostData, Detail: detail, Since: since}, nil
 	}
+	if queued == 0 && dlq.n == 0 {
+		// A launch that stopped (killed, Redis or Postgres away) between its plan's commit and its
+		// enqueue: no batch was ever handed to the queue, and Redis lost nothing.
+		if never, err := env.neverQueued(ctx, c); err != nil {
+			return nil, err
+		} else if never {
+			return &Waiting{Reason: WaitRedisLostData, Detail: fmt.Sprintf("the launch stopped before it queued any of the campaign's %s (Redis lost nothing): run campaignctl resume %d, which queues them",
+				counted(c.Batches, "batch", "batches"), id)}, nil
+		}
+	}
 	if c.StartAt != nil && c.StartAt.After(now) {
 		if queued == 0 && dlq.n == 0 {
 			// Its start would come and nothing would happen: said now, not at the start.
@@ -298,6 +308,19 @@ func (e *waitEnv) redisEpoch(ctx context.Context) (state.EpochState, error) {
 		e.epoch = &es
 	}
 	return *e.epoch, nil
+}
+
+// neverQueued says whether none of campaign c's batches was ever handed to the queue (their enqueued_at
+// unset): its launch stopped before it queued them. False without the store.
+func (e *waitEnv) neverQueued(ctx context.Context, c *campaign.Campaign) (bool, error) {
+	if e.store == nil || c.Batches == 0 {
+		return false, nil
+	}
+	never, err := e.store.PendingBatches(ctx, c.ID, true)
+	if err != nil {
+		return false, err
+	}
+	return len(never) == c.Batches, nil
 }
 
 // lostSince is when campaign c's batches went missing from the queue, where that is known: when a process

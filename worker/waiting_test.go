@@ -96,7 +96,11 @@ func TestStatusSaysWhyACampaignWaits(t *testing.T) {
 	}
 	// Redis emptied: no batch queued and no heartbeat either (the workers publish theirs again within
 	// seconds); resume is what helps, whatever the workers.
-	expect("no batch in the queue, no heartbeat", WaitRedisLostData)
+	// The launch never queued its batches (killed, Redis or Postgres away between its commit and the
+	// enqueue): said so, not that Redis lost its data.
+	if w := expect("no batch ever queued, no heartbeat", WaitRedisLostData); !strings.Contains(w.Detail, "the launch stopped before it queued any of the campaign's") || w.Since != nil {
+		t.Fatalf("never queued: detail %q since %v, want it to say the launch stopped before it queued them", w.Detail, w.Since)
+	}
 
 	client := asynq.NewClientFromRedisClient(f.rdb)
 	defer client.Close()
