@@ -212,6 +212,8 @@ func audienceError(err error, timeout time.Duration, restricted bool) error {
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) {
 		switch {
+		case strings.Contains(pgErr.Message, "within security-definer function"):
+			return fmt.Errorf("%w: the audience query tried to change its role (%s); it must be one plain SELECT", ErrInvalid, pgErr.Message)
 		case restricted && pgErr.Code == pgInsufficientPrivilege:
 			m := deniedTable.FindStringSubmatch(pgErr.Message)
 			if m == nil {
@@ -219,10 +221,16 @@ func audienceError(err error, timeout time.Duration, restricted bool) error {
 				return fmt.Errorf("%w: the audience query was refused what it asked for (%s): it runs as a role that may read only the audience tables it is granted, never the server's files, functions that act on the server, or other sessions. Select from the audience tables only, or launch with --allow-privileged-audience (recorded on the campaign)",
 					ErrInvalid, pgErr.Message)
 			}
-			return fmt.Errorf("%w: the audience query was refused what it asked for (%s): it runs as a role that may read only what it is granted, never the engine's own tables or the server's files and sessions. If that table is part of the audience, grant it: GRANT SELECT ON %s TO %s",
+			table := m[1]
+			if i := strings.LastIndexByte(table, '.'); i >= 0 {
+				table = table[i+1:]
+			}
+			if slices.Contains(EngineTables, strings.Trim(table, `"`)) {
+				return fmt.Errorf("%w: the audience query was refused what it asked for (%s): %s is one of the engine's own tables (codes, consents, refusals, sends), which an audience may never read. Select the audience from your own tables",
+					ErrInvalid, pgErr.Message, m[1])
+			}
+			return fmt.Errorf("%w: the audience query was refused what it asked for (%s): it runs as a role that may read only what it is granted, never the engine's own tables or the server's files and sessions. If that table is part of the audience, grant it to the role the query runs as: GRANT SELECT ON %s TO %s in the engine's database, or to the AUDIENCE_DATABASE_URL role in an audience database of its own",
 				ErrInvalid, pgErr.Message, m[1], AudienceRole)
-		case strings.Contains(pgErr.Message, "within security-definer function"):
-			return fmt.Errorf("%w: the audience query tried to change its role (%s); it must be one plain SELECT", ErrInvalid, pgErr.Message)
 		case pgErr.Code == pgReadOnlySQLTransaction:
 			// Postgres names the statement's own command: a write inside a WITH is reported as a SELECT.
 			return fmt.Errorf("%w: the audience query tried to write (%s; a WITH that inserts, updates or deletes counts); it must be a read-only SELECT", ErrInvalid, pgErr.Message)

@@ -68,6 +68,14 @@ func TestAudienceProbesAreRefused(t *testing.T) {
 			if !strings.Contains(stderr, "audience") {
 				t.Errorf("%s (%s): the error does not say what is wrong with the audience:\n%s", name, mode, stderr)
 			}
+			// What each is said to be: an engine table is never to be granted, a role change is one.
+			if want, ok := map[string]string{
+				"read the codes": "is one of the engine's own tables", "read the consents": "is one of the engine's own tables",
+				"read the audit": "is one of the engine's own tables", "take the role back": "tried to change its role",
+				"become another session user": "tried to change its role",
+			}[name]; ok && (!strings.Contains(stderr, want) || strings.Contains(stderr, "GRANT")) {
+				t.Errorf("%s (%s): the error does not say %q (or advises a grant):\n%s", name, mode, want, stderr)
+			}
 			// A probe of a function or a file is not fixed by granting a table (the audience's is granted).
 			if strings.Contains(stderr, "GRANT SELECT ON customers") {
 				t.Errorf("%s (%s): the error tells to grant the audience table it already reads:\n%s", name, mode, stderr)
