@@ -659,13 +659,38 @@ func (h *Handler) releaseLater(key, nonce, inflight string) {
 	inBackground(func(ctx context.Context) error { return h.state.Release(ctx, key, nonce, inflight) })
 }
 
-// inBackground calls f every second, for up to a minute, until it succeeds.
+// inBackground calls f every second until it succeeds, for as long as Redis does not answer (up to
+// backgroundGiveUp), then once more backgroundAgain later. A command whose reply was lost may still be
+// run: a frozen Redis (SIGSTOP, a stalled VM) reads it from the given-up connection when it resumes, however
+// long it was frozen. f's first success tells that Redis answers again; the pass after it undoes what such
+// a command wrote meanwhile. Before, the tries stopped a minute after the failure, and a claim a Redis frozen
+// longer ran on its return stayed, with nothing sent under it: its recipient was recorded unknown.
 func inBackground(f func(context.Context) error) {
 	go func() {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		defer cancel()
-		for ctx.Err() == nil && f(ctx) != nil {
-			limiter.Sleep(ctx, time.Second) //nolint:errcheck // the loop checks ctx
+		start := time.Now()
+		for {
+			ctx, cancel := context.WithTimeout(context.Background(), backgroundTry)
+			err := f(ctx)
+			cancel()
+			if err == nil {
+				break
+			}
+			if time.Since(start) > backgroundGiveUp {
+				return
+			}
+			time.Sleep(time.Second)
 		}
+		time.Sleep(backgroundAgain)
+		ctx, cancel := context.WithTimeout(context.Background(), backgroundTry)
+		defer cancel()
+		f(ctx) //nolint:errcheck // a second pass; the first succeeded
 	}()
 }
+
+// The background tries of inBackground: each bounded by backgroundTry, given up after backgroundGiveUp of
+// an unanswering Redis, and made once more backgroundAgain after the first success.
+const (
+	backgroundTry    = 10 * time.Second
+	backgroundGiveUp = time.Hour
+	backgroundAgain  = 2 * time.Second
+)
