@@ -1,6 +1,7 @@
 package worker
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -316,6 +317,10 @@ func archivedBatches(rdb redis.UniversalClient, campaignID int64) ([]DLQEntry, e
 	if err != nil {
 		return nil, fmt.Errorf("read the DLQ: %w", err)
 	}
+	// By campaign and batch number: the archive lists them by task ID as text (0, 10, 11, …, 2).
+	slices.SortStableFunc(out, func(a, b DLQEntry) int {
+		return cmp.Or(cmp.Compare(a.CampaignID, b.CampaignID), cmp.Compare(a.Batch, b.Batch))
+	})
 	return out, nil
 }
 
@@ -357,10 +362,15 @@ func parseTaskID(id string) (int64, int, bool) {
 }
 
 // toDLQ sends a batch whose err no retry can mend to the dead-letter queue at once (asynq.SkipRetry),
-// with err's own words as its last error: `dlq list` and `status` show them without Asynq's.
+// with err's own words after DLQAtOnce as its last error: `dlq list` and `status` show them without
+// Asynq's.
 func toDLQ(err error) error { return dlqNow{err} }
+
+// DLQAtOnce starts the last error of a batch sent to the dead-letter queue at once, without its retries:
+// its last run is not counted in its retries, as a batch's whose retries were used up is not.
+const DLQAtOnce = "not retried, no retry can mend it: "
 
 type dlqNow struct{ err error }
 
-func (e dlqNow) Error() string   { return e.err.Error() }
+func (e dlqNow) Error() string   { return DLQAtOnce + e.err.Error() }
 func (e dlqNow) Unwrap() []error { return []error{e.err, asynq.SkipRetry} }

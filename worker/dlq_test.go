@@ -123,3 +123,23 @@ func TestDLQListRetryPurge(t *testing.T) {
 		t.Fatalf("a purge changed the recipients: %+v", got)
 	}
 }
+
+// The DLQ lists its batches by campaign and batch number: the archive gives them by task ID as text, so
+// batch 10 came before batch 2.
+func TestDLQListsBatchesInTheirOrder(t *testing.T) {
+	t.Parallel()
+	e := newOpsEnv(t, 12, nil)
+	c := e.launch(t, "order", 1)
+	e.archive(t, c, 10, 2, 0, 11, 1)
+	list, err := worker.ListDLQ(context.Background(), worker.DLQOptions{Store: e.store, Redis: e.rdb, CampaignID: c.ID})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []int
+	for _, en := range list {
+		got = append(got, en.Batch)
+	}
+	if !reflect.DeepEqual(got, []int{0, 1, 2, 10, 11}) {
+		t.Fatalf("dlq list's batches %v, want 0 1 2 10 11", got)
+	}
+}

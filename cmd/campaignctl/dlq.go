@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"strconv"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -128,11 +129,12 @@ func (a *app) dlq(ctx context.Context, o dlqOptions, action string) error {
 }
 
 // dlqAttempts is how many times a dead-lettered batch ran: each failure before the last counted in
-// Retried, and the last, once the retries were used up, not; a batch moved to the DLQ by hand (asynqmon's
-// archive) ran as often as it failed, none if it never did. Before, every batch showed Retried+1: one moved
-// there before it ever ran showed one attempt.
+// Retried, and the last, once the retries were used up or when it was sent there at once (its last error
+// starts with worker.DLQAtOnce), not; a batch moved to the DLQ by hand (asynqmon's archive) ran as often
+// as it failed, none if it never did. Before, every batch showed Retried+1: one moved there before it ever
+// ran showed one attempt; and one sent there at once by its first run showed none.
 func dlqAttempts(e worker.DLQEntry) int {
-	if e.LastFailedAt != nil && e.Retried >= e.MaxRetry {
+	if e.LastFailedAt != nil && (e.Retried >= e.MaxRetry || strings.HasPrefix(e.LastError, worker.DLQAtOnce)) {
 		return e.Retried + 1
 	}
 	return e.Retried

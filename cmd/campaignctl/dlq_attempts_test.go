@@ -20,6 +20,7 @@ func TestDLQAttemptsCountTheRuns(t *testing.T) {
 		{"retries used up", worker.DLQEntry{Retried: 25, MaxRetry: 25, LastFailedAt: &at}, 26},
 		{"archived by hand after two failures", worker.DLQEntry{Retried: 2, MaxRetry: 25, LastFailedAt: &at}, 2},
 		{"archived by hand before it ran", worker.DLQEntry{Retried: 0, MaxRetry: 25}, 0},
+		{"sent there at once by its first run", worker.DLQEntry{Retried: 0, MaxRetry: 25, LastFailedAt: &at, LastError: worker.DLQAtOnce + "consents too old"}, 1},
 	} {
 		if got := dlqAttempts(tc.e); got != tc.want {
 			t.Errorf("%s: %d attempts, want %d", tc.name, got, tc.want)
