@@ -205,6 +205,9 @@ func (s *Spec) Validate() error {
 	if s.CodePool != "" && s.TemplateID == "" && !slices.Contains(tmpl.Fields(), "code") {
 		return fmt.Errorf("%w: --code-pool reserves a code for every recipient, but the message never shows {{.code}}; add {{.code}} to --message (or --subject, --html), or drop --code-pool", ErrInvalid)
 	}
+	if s.CodePool != "" && s.TemplateID == "" && !tmpl.AlwaysPrints("code") {
+		return fmt.Errorf("%w: --code-pool reserves a code for every recipient, but the message shows {{.code}} only to some of them (inside an {{if}} without an {{else}} that shows it too, a {{range}} or a {{with}}): the others would hold a code they never see. Show {{.code}} in every branch, or launch the two groups as two campaigns, one without --code-pool", ErrInvalid)
+	}
 	switch s.RecipientType {
 	case "", "BIREYSEL", "TACIR":
 	default:

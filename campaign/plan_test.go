@@ -476,3 +476,35 @@ func TestANullTheTemplateFallsBackOnIsNotMissing(t *testing.T) {
 		}
 	}
 }
+
+// A code pool reserves a code for every recipient: a message that shows {{.code}} only to some (inside an
+// {{if}} without an {{else}} showing it too) is refused, as one that never shows it is. An outside run
+// used up 10 codes for 2 shown, and the report listed a code for each of the 10.
+func TestACodeShownToSomeRecipientsOnlyIsRefused(t *testing.T) {
+	t.Parallel()
+	db, _ := testdb.New(t)
+	seedAudience(t, db, 10)
+	ctx := context.Background()
+	for i, tc := range []struct {
+		message string
+		ok      bool
+	}{
+		{`{{if .first_name}}Kodunuz {{.code}}{{end}}`, false},
+		{`{{with .first_name}}{{$.code}}{{end}}`, false},
+		{`{{$c := .code}}Merhaba`, false},
+		{`{{if .first_name}}{{.code}}{{else if .user_id}}Merhaba{{end}}`, false},
+		{`{{if .first_name}}VIP {{.code}}{{else}}Kodunuz {{.code}}{{end}}`, true},
+		{`{{if .first_name}}VIP{{end}} kodunuz {{.code}}`, true},
+		{`{{if .first_name}}{{.code}}{{else if .user_id}}{{.code}}{{else}}{{.code}}{{end}}`, true},
+	} {
+		s := spec(fmt.Sprintf("some-%d", i))
+		s.Message, s.DryRun = tc.message, true
+		_, err := (&campaign.Planner{Engine: db, Audience: db}).Plan(ctx, s)
+		if tc.ok && err != nil {
+			t.Errorf("%s: %v; want it planned", tc.message, err)
+		}
+		if !tc.ok && (!errors.Is(err, campaign.ErrInvalid) || !strings.Contains(err.Error(), "--code-pool reserves a code for every recipient")) {
+			t.Errorf("%s: %v; want it refused, the code shown to some only", tc.message, err)
+		}
+	}
+}

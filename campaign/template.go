@@ -368,6 +368,43 @@ func (t *Template) Check(keys []string) error {
 	return nil
 }
 
+// AlwaysPrints says whether every message shows field: one of the parts prints it outside any condition,
+// or in both branches of an {{if}} (an {{else if}} chain counts as long as each branch prints it). Inside
+// a {{range}} or a {{with}} it is not taken for shown (they may run for none).
+func (t *Template) AlwaysPrints(field string) bool {
+	for _, tree := range []*parse.Tree{treeOf(t.t), treeOf(t.subject), htmlTreeOf(t.html)} {
+		if tree != nil && listPrints(tree.Root, field) {
+			return true
+		}
+	}
+	return false
+}
+
+// listPrints says whether the nodes of l, run in order, always print field.
+func listPrints(l *parse.ListNode, field string) bool {
+	if l == nil {
+		return false
+	}
+	for _, n := range l.Nodes {
+		switch n := n.(type) {
+		case *parse.ActionNode:
+			if len(n.Pipe.Decl) > 0 {
+				continue // {{$x := .code}} prints nothing
+			}
+			found := false
+			walkFields(n.Pipe, func(name string) { found = found || name == field })
+			if found {
+				return true
+			}
+		case *parse.IfNode:
+			if listPrints(n.List, field) && listPrints(n.ElseList, field) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
 // testedOnly returns the fields the parts read only as tests (Fields less PrintedFields).
 func (t *Template) testedOnly() []string {
 	printed := t.PrintedFields()
