@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/campaignctl/campaignctl/campaign"
@@ -388,18 +389,7 @@ func TestADuplicateThatCannotBeSentDoesNotHideOneThatCan(t *testing.T) {
 	if diff := cmp.Diff(want, rep.Excluded); diff != "" || rep.Eligible != 4 {
 		t.Errorf("eligible %d (want 4), excluded (-want +got):\n%s", rep.Eligible, diff)
 	}
-	rows, err := db.Query(context.Background(), `SELECT user_id || ' ' || address FROM campaign_recipients WHERE campaign_id = $1 ORDER BY 1`, rep.ID)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var got []string
-	for rows.Next() {
-		var s string
-		if err := rows.Scan(&s); err != nil {
-			t.Fatal(err)
-		}
-		got = append(got, s)
-	}
+	got := texts(t, db, `SELECT user_id || ' ' || address FROM campaign_recipients WHERE campaign_id = $1 ORDER BY 1`, rep.ID)
 	if diff := cmp.Diff([]string{"d2 +905321111203", "e1 +905321111204", "k1 +905321111201", "k2 +905321111202"}, got); diff != "" {
 		t.Errorf("planned (-want +got):\n%s", diff)
 	}
@@ -410,19 +400,8 @@ func TestADuplicateThatCannotBeSentDoesNotHideOneThatCan(t *testing.T) {
 func TestEngineTablesAreEveryTableOfTheSchema(t *testing.T) {
 	t.Parallel()
 	db, _ := testdb.New(t)
-	rows, err := db.Query(context.Background(), `SELECT c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+	got := texts(t, db, `SELECT c.relname::text FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
 		WHERE n.nspname = current_schema() AND c.relkind IN ('r', 'p', 'v', 'm') ORDER BY 1`)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var got []string
-	for rows.Next() {
-		var s string
-		if err := rows.Scan(&s); err != nil {
-			t.Fatal(err)
-		}
-		got = append(got, s)
-	}
 	want := slices.Sorted(slices.Values(campaign.EngineTables))
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("campaign.EngineTables against the migrated schema's tables (-list +schema):\n%s", diff)
@@ -507,4 +486,18 @@ func TestACodeShownToSomeRecipientsOnlyIsRefused(t *testing.T) {
 			t.Errorf("%s: %v; want it refused, the code shown to some only", tc.message, err)
 		}
 	}
+}
+
+// texts runs a query of one text column and returns its rows.
+func texts(t *testing.T, db *pgxpool.Pool, sql string, args ...any) []string {
+	t.Helper()
+	rows, err := db.Query(context.Background(), sql, args...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		t.Fatal(err)
+	}
+	return got
 }

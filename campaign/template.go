@@ -247,7 +247,10 @@ func explainParse(err error) string {
 }
 
 // Fields returns the top-level fields the template names (outside range/with blocks), each once.
-func (t *Template) Fields() []string {
+func (t *Template) Fields() []string { return t.collect(walkFields) }
+
+// collect returns the fields walk finds in the parts' trees, each once, in the order found.
+func (t *Template) collect(walk func(parse.Node, func(string))) []string {
 	var out []string
 	seen := map[string]bool{}
 	add := func(name string) {
@@ -256,14 +259,19 @@ func (t *Template) Fields() []string {
 			out = append(out, name)
 		}
 	}
-	if t.t != nil {
-		walkFields(t.t.Tree.Root, add)
+	for _, tree := range t.trees() {
+		walk(tree.Root, add)
 	}
-	if t.subject != nil {
-		walkFields(t.subject.Tree.Root, add)
-	}
-	if t.html != nil {
-		walkFields(t.html.Tree.Root, add)
+	return out
+}
+
+// trees returns the parse trees of the parts the template has: the text, the subject, the HTML part.
+func (t *Template) trees() []*parse.Tree {
+	var out []*parse.Tree
+	for _, tree := range []*parse.Tree{treeOf(t.t), treeOf(t.subject), htmlTreeOf(t.html)} {
+		if tree != nil {
+			out = append(out, tree)
+		}
 	}
 	return out
 }
@@ -372,12 +380,7 @@ func (t *Template) Check(keys []string) error {
 // or in both branches of an {{if}} (an {{else if}} chain counts as long as each branch prints it). Inside
 // a {{range}} or a {{with}} it is not taken for shown (they may run for none).
 func (t *Template) AlwaysPrints(field string) bool {
-	for _, tree := range []*parse.Tree{treeOf(t.t), treeOf(t.subject), htmlTreeOf(t.html)} {
-		if tree != nil && listPrints(tree.Root, field) {
-			return true
-		}
-	}
-	return false
+	return slices.ContainsFunc(t.trees(), func(tree *parse.Tree) bool { return listPrints(tree.Root, field) })
 }
 
 // listPrints says whether the nodes of l, run in order, always print field.
@@ -432,22 +435,7 @@ func (t *Template) fillNulls(data map[string]any) {
 // missing (NULL) value passes: the condition of {{if .f}} or {{with .f}}, and the arguments of or, and and
 // not ({{or .first_name "Müşterimiz"}}). A row whose value of such a field is NULL prints "<no value>" or
 // fails, and is excluded (missing_value); one whose guarded field is NULL takes the fallback.
-func (t *Template) PrintedFields() []string {
-	var out []string
-	seen := map[string]bool{}
-	add := func(name string) {
-		if !seen[name] {
-			seen[name] = true
-			out = append(out, name)
-		}
-	}
-	for _, tree := range []*parse.Tree{treeOf(t.t), treeOf(t.subject), htmlTreeOf(t.html)} {
-		if tree != nil {
-			walkPrinted(tree.Root, add)
-		}
-	}
-	return out
-}
+func (t *Template) PrintedFields() []string { return t.collect(walkPrinted) }
 
 // walkPrinted is walkFields without the fields a NULL passes (PrintedFields).
 func walkPrinted(n parse.Node, f func(string)) {
