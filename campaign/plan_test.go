@@ -414,7 +414,7 @@ func TestEngineTablesAreEveryTableOfTheSchema(t *testing.T) {
 func TestANullTheTemplateFallsBackOnIsNotMissing(t *testing.T) {
 	t.Parallel()
 	db, _ := testdb.New(t)
-	seedAudience(t, db, 10) // eligible: u1 (Ayşe) and u2 (Ali)
+	seedAudience(t, db, 20) // eligible: u1 (Ayşe) and u2 (Ali)
 	mustExec(t, db, `UPDATE aud SET first_name = NULL WHERE user_id = 'u2'`)
 	ctx := context.Background()
 	for i, tc := range []struct {
@@ -426,6 +426,11 @@ func TestANullTheTemplateFallsBackOnIsNotMissing(t *testing.T) {
 		{`Merhaba {{with .first_name}}{{.}}{{else}}dostum{{end}}, kodunuz {{.code}}`, 0, "Merhaba dostum, kodunuz "},
 		{`Merhaba{{if .first_name}} sayın müşterimiz{{end}}, kodunuz {{.code}}`, 0, "Merhaba, kodunuz "},
 		{`Merhaba {{.first_name}}, kodunuz {{.code}}`, 1, ""},
+		// or prints its last argument when none is true, and prints a NULL field there; and prints its
+		// first false argument.
+		{`Merhaba {{or .first_name .first_name}}, kodunuz {{.code}}`, 1, ""},
+		{`Merhaba{{and .first_name " bey"}}, kodunuz {{.code}}`, 1, ""},
+		{`Merhaba {{if not .first_name}}dostum{{end}}, kodunuz {{.code}}`, 0, "Merhaba dostum, kodunuz "},
 		{`Merhaba {{printf "%s" .first_name}}, kodunuz {{.code}}`, 1, ""},
 	} {
 		s := spec(fmt.Sprintf("null-%d", i))

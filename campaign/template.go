@@ -432,8 +432,8 @@ func (t *Template) fillNulls(data map[string]any) {
 }
 
 // PrintedFields returns the top-level fields the template's parts read other than only as a test that a
-// missing (NULL) value passes: the condition of {{if .f}} or {{with .f}}, and the arguments of or, and and
-// not ({{or .first_name "Müşterimiz"}}). A row whose value of such a field is NULL prints "<no value>" or
+// missing (NULL) value passes: the condition of {{if .f}} or {{with .f}}, the arguments of not, and those
+// of an or whose last argument is a constant ({{or .first_name "Müşterimiz"}}). A row whose value of such a field is NULL prints "<no value>" or
 // fails, and is excluded (missing_value); one whose guarded field is NULL takes the fallback.
 func (t *Template) PrintedFields() []string { return t.collect(walkPrinted) }
 
@@ -469,22 +469,25 @@ func walkPrinted(n parse.Node, f func(string)) {
 
 // fieldTest says whether p is a lone field ({{if .f}}, {{with .f}}): nil is false there.
 func fieldTest(p *parse.PipeNode) bool {
-	if p == nil || len(p.Decl) > 0 || len(p.Cmds) != 1 || len(p.Cmds[0].Args) != 1 {
+	cmds := unescaped(p)
+	if cmds == nil || len(cmds) != 1 || len(cmds[0].Args) != 1 {
 		return false
 	}
-	_, ok := p.Cmds[0].Args[0].(*parse.FieldNode)
+	_, ok := cmds[0].Args[0].(*parse.FieldNode)
 	return ok
 }
 
-// nullSafe says whether p is one call of or, and or not whose arguments are fields and constants: a nil
-// field is a false value there, and what prints is another argument (or's fallback).
+// nullSafe says whether p prints no nil whatever its fields: {{not .f}} (a boolean), or {{or .f … "x"}}
+// whose arguments are fields and constants and whose last is a constant (or prints its first true
+// argument, else its last). {{and .f "x"}} is not: it prints its first false argument, a nil field.
 func nullSafe(p *parse.PipeNode) bool {
-	if p == nil || len(p.Decl) > 0 || len(p.Cmds) != 1 || len(p.Cmds[0].Args) < 2 {
+	cmds := unescaped(p)
+	if cmds == nil || len(cmds) != 1 || len(cmds[0].Args) < 2 {
 		return false
 	}
-	args := p.Cmds[0].Args
+	args := cmds[0].Args
 	id, ok := args[0].(*parse.IdentifierNode)
-	if !ok || (id.Ident != "or" && id.Ident != "and" && id.Ident != "not") {
+	if !ok || (id.Ident != "or" && id.Ident != "not") {
 		return false
 	}
 	for _, a := range args[1:] {
@@ -494,7 +497,29 @@ func nullSafe(p *parse.PipeNode) bool {
 			return false
 		}
 	}
+	if id.Ident == "or" {
+		_, field := args[len(args)-1].(*parse.FieldNode)
+		return !field
+	}
 	return true
+}
+
+// unescaped returns p's commands without the escapers html/template appends to an action once it has run
+// ({{or .f "x" | _html_template_htmlescaper}}); nil for no pipe or one that declares a variable.
+func unescaped(p *parse.PipeNode) []*parse.CommandNode {
+	if p == nil || len(p.Decl) > 0 {
+		return nil
+	}
+	cmds := p.Cmds
+	for len(cmds) > 1 {
+		last := cmds[len(cmds)-1]
+		id, ok := last.Args[0].(*parse.IdentifierNode)
+		if !ok || len(last.Args) != 1 || !strings.HasPrefix(id.Ident, "_html_template_") {
+			break
+		}
+		cmds = cmds[:len(cmds)-1]
+	}
+	return cmds
 }
 
 // walkFields calls f with the first identifier of every .field reference evaluated against the top-level

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"testing"
 
@@ -149,5 +150,22 @@ func TestDataOfIsTemplateDataForWhatTheTemplateReads(t *testing.T) {
 	}
 	if decoded < 5000 {
 		t.Errorf("only %d valid rows went through the scan", decoded)
+	}
+}
+
+// The HTML part takes a NULL's fallback as the text does: html/template appends its escapers to an
+// action once it has run ({{or .f "x" | _html_template_htmlescaper}}), and the field was taken for
+// printed, its rows excluded as missing_value.
+func TestAnHTMLFallbackIsAFallback(t *testing.T) {
+	tmpl, err := ParseContent(Content{Text: "Kod {{.code}}", Subject: "x", HTML: `<p>Merhaba {{or .first_name "Müşterimiz"}}</p>{{with .city}}<b>{{.}}</b>{{end}}`})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := tmpl.PrintedFields(); slices.Contains(got, "first_name") || slices.Contains(got, "city") {
+		t.Fatalf("printed fields %v: first_name and city are only tested", got)
+	}
+	parts, err := tmpl.RenderParts(map[string]any{"code": "K1"})
+	if err != nil || !strings.Contains(parts.HTML, "Merhaba Müşterimiz") {
+		t.Fatalf("HTML %q (%v), want the fallback", parts.HTML, err)
 	}
 }
