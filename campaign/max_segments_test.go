@@ -80,7 +80,8 @@ func TestALaunchRefusesABlankSMS(t *testing.T) {
 		{"with a condition", `{{if .first_name}}{{.first_name}}{{end}}`},
 	} {
 		for _, dry := range []bool{false, true} {
-			for _, value := range []string{"", "   ", "\n"} {
+			// A CRM export's no-break space, an ideographic space, a line separator, a zero-width space.
+			for _, value := range []string{"", "   ", "\n", "\u00a0", "\r\u3000", "\u2028\v\f", "\u200b\ufeff"} {
 				mustExec(t, db, `UPDATE aud SET first_name = $1 WHERE user_id = 'u2'`, value)
 				s := spec("blank")
 				s.Message, s.CodePool, s.Transactional, s.DryRun = tc.message, "", true, dry

@@ -297,7 +297,13 @@ func (p *Planner) checkParts(ctx context.Context, tx pgx.Tx, id int64, spec Spec
 // blank says whether s is empty or ASCII white space only, as the SQL of blankSubjectSuspects reads it: one
 // rule whether the subject is plain or rendered. A subject of other spaces (U+00A0) is sent as it is;
 // SendGrid takes it.
-func blank(s string) bool { return strings.Trim(s, " \t\n\r\v\f") == "" }
+func blank(s string) bool { return strings.Trim(s, blankChars) == "" }
+
+// blankChars are the characters a message of nothing else shows as blank: Unicode's white space (a CRM
+// export's no-break space, an ideographic space, a line separator as well as ASCII's) and the zero-width
+// space and joiners, and the byte order mark.
+const blankChars = " \t\n\r\v\f\u0085\u00a0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007\u2008\u2009\u200a" +
+	"\u2028\u2029\u202f\u205f\u3000\u200b\u200c\u200d\u2060\ufeff"
 
 // blankSubjectSuspects is the SQL condition (as lengthSuspects') of the rows whose e-mail subject may
 // render blank: those whose every printed value is blank or missing, when the subject is plain and its
@@ -325,8 +331,8 @@ func blankConds(literal string, fields []string, spec Spec, args []any) (where s
 	if !blank(literal) {
 		return "", args, false
 	}
-	// Blank as blank reads it: ASCII white space only.
-	const trim = `E' \t\n\r\v\f'`
+	// Blank as blank reads it.
+	trim := quoteLiteral(blankChars)
 	conds := []string{"true"}
 	for _, f := range fields {
 		switch f {
