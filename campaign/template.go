@@ -278,18 +278,34 @@ func (t *Template) trees() []*parse.Tree {
 
 // FixedTexts returns the message's literal texts that every rendered message carries as they are: the
 // text at the template's top level, outside any action, condition, range or comment. A text inside
-// {{if}} reaches only some recipients, and a comment none.
+// {{if}} reaches only some recipients, and a comment none. An action next to a text stands as an "x" at
+// that edge: what it prints there may be a letter, glued to the text ({{.code}}RET is no word RET).
 func (t *Template) FixedTexts() []string {
 	if t.t == nil || t.t.Tree == nil {
 		return nil
 	}
+	nodes := t.t.Tree.Root.Nodes
 	var out []string
-	for _, n := range t.t.Tree.Root.Nodes {
-		if tn, ok := n.(*parse.TextNode); ok {
-			out = append(out, string(tn.Text))
+	for i, n := range nodes {
+		tn, ok := n.(*parse.TextNode)
+		if !ok {
+			continue
 		}
+		text := string(tn.Text)
+		if i > 0 && !isText(nodes[i-1]) {
+			text = "x" + text
+		}
+		if i+1 < len(nodes) && !isText(nodes[i+1]) {
+			text += "x"
+		}
+		out = append(out, text)
 	}
 	return out
+}
+
+func isText(n parse.Node) bool {
+	_, ok := n.(*parse.TextNode)
+	return ok
 }
 
 // partWith names the first part of the message that uses field: "message template" (--message),

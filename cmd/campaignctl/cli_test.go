@@ -121,6 +121,9 @@ func TestBadInputIsRefusedClearlyAndNothingIsWritten(t *testing.T) {
 		{"sender and opt-out in one branch", append(launch(), "--message", "{{if .first_name}}"+testPrefix+"{{end}}Kodunuz {{.code}}"), 2, []string{"the sender's identity", "how to refuse"}},
 		// "RET" inside a word is no instruction: ÜRETİM and ÜRETİCİ, with a price after them.
 		{"RET inside a Turkish word", append(launch(), "--message", "ACME A.Ş.: YERLİ ÜRETİM ÜRÜNLERDE 500 TL İNDİRİM, KOD {{.code}}"), 2, []string{"how to refuse further messages"}},
+		// A value printed against RET glues to it: "…WC8HT6YWRET yazıp" carries no word RET.
+		{"RET glued to a value before it", append(launch(), "--message", "ACME A.Ş. kodunuz {{.code}}RET yazıp 4609'a gönderin"), 2, []string{"how to refuse further messages"}},
+		{"RET glued to a trimmed value", append(launch(), "--message", "ACME A.Ş. {{.code}} {{- .first_name -}}   RET yazıp 4609'a gönderin"), 2, []string{"how to refuse further messages"}},
 		{"RET inside a word, lower case", append(launch(), "--message", "ACME A.Ş.: seçkin üreticilerden 250 TL indirim, kod {{.code}}"), 2, []string{"how to refuse further messages"}},
 		{"frequency cap on a transactional message", append(launch(), "--transactional", "--frequency-cap", "7d"), 2, []string{"--frequency-cap is about commercial messages", "--transactional"}},
 		{"transactional with codes", append(launch(), "--transactional"), 2, []string{"transactional message carries no promo code"}},

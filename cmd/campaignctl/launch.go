@@ -419,7 +419,7 @@ func (a *app) contentRules(ch campaign.Channel, transactional bool) (*campaign.C
 		return nil, nil
 	}
 	r := &campaign.ContentRules{}
-	switch id, pat := a.getenv("SENDER_IDENTITY"), a.getenv("CONTENT_SENDER_PATTERN"); {
+	switch id, pat := strings.TrimSpace(a.getenv("SENDER_IDENTITY")), a.getenv("CONTENT_SENDER_PATTERN"); {
 	case pat != "":
 		re, err := regexp.Compile(pat)
 		if err != nil {
@@ -427,7 +427,7 @@ func (a *app) contentRules(ch campaign.Channel, transactional bool) (*campaign.C
 		}
 		r.Sender, r.SenderHint = re, "matching CONTENT_SENDER_PATTERN"
 	case id != "":
-		r.Sender, r.SenderHint = regexp.MustCompile(`(?i)`+regexp.QuoteMeta(id)), fmt.Sprintf("%q, from SENDER_IDENTITY", id)
+		r.Sender, r.SenderHint = regexp.MustCompile(identityPattern(id)), fmt.Sprintf("%q, from SENDER_IDENTITY", id)
 	default:
 		return nil, usagef("a commercial SMS must carry the sender's identity (law 6563): set SENDER_IDENTITY to your trade name and MERSİS number as the messages show it, and put it in --message (or launch with --transactional if the message is not commercial)")
 	}
@@ -441,6 +441,22 @@ func (a *app) contentRules(ch campaign.Channel, transactional bool) (*campaign.C
 	}
 	r.OptOut = re
 	return r, nil
+}
+
+// identityPattern matches the sender's identity id in any case, Turkish's too: Go's case folding takes
+// Ş for ş and Ğ for ğ but not İ for i nor I for ı, so "KAMPANYA İLETİŞİM" was not "Kampanya İletişim".
+// Each of i, I, İ and ı matches any of them.
+func identityPattern(id string) string {
+	var b strings.Builder
+	b.WriteString("(?i)")
+	for _, r := range id {
+		if strings.ContainsRune("iIİı", r) {
+			b.WriteString("[iIİı]")
+			continue
+		}
+		b.WriteString(regexp.QuoteMeta(string(r)))
+	}
+	return b.String()
 }
 
 // defaultOptOutPattern is "RET" as a word of its own and, within a few words, the short number it goes to.

@@ -5,12 +5,15 @@ import (
 	"encoding/json"
 	"io"
 	"os"
+	"regexp"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/campaignctl/campaignctl/campaign"
 )
 
 // openPTY opens a pseudo-terminal: the terminal side a program reads and writes as its own, and the
@@ -88,5 +91,25 @@ func TestALaunchConfirmedOnATerminalKeepsStdoutForItsResult(t *testing.T) {
 	}
 	if n := count(`SELECT count(*) FROM campaigns`); n != 1 {
 		t.Fatalf("%d campaigns after the confirmed launch, want 1", n)
+	}
+}
+
+// The sender's identity is found in any case, Turkish's too (İ and i, I and ı), and SENDER_IDENTITY's
+// surrounding spaces are not part of it: "KAMPANYA İLETİŞİM A.Ş." was refused for "Kampanya İletişim A.Ş.".
+func TestTheSendersIdentityIsFoundInTurkishCase(t *testing.T) {
+	t.Parallel()
+	re := regexp.MustCompile(identityPattern("Kampanya İletişim A.Ş."))
+	for _, text := range []string{"KAMPANYA İLETİŞİM A.Ş.", "kampanya iletişim a.ş.", "Kampanya İletişim A.Ş.", "KAMPANYA ILETIŞIM A.Ş."} {
+		if !re.MatchString(text) {
+			t.Errorf("%q is not taken for the identity", text)
+		}
+	}
+	if re.MatchString("Kampanya Iletisim AS") {
+		t.Error("an identity without its dots was taken")
+	}
+	a := &app{getenv: func(k string) string { return map[string]string{"SENDER_IDENTITY": "  Kampanya A.Ş. "}[k] }}
+	rules, err := a.contentRules(campaign.ChannelSMS, false)
+	if err != nil || !rules.Sender.MatchString("Merhaba, Kampanya A.Ş. RET") {
+		t.Fatalf("SENDER_IDENTITY with spaces around it: %v; want the identity found without them", err)
 	}
 }
