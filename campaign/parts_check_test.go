@@ -71,8 +71,9 @@ func TestEveryPushIsCheckedForFCMsSizeAtLaunch(t *testing.T) {
 // An e-mail subject that renders blank for some recipients is refused at launch, as SendGrid refuses such
 // an e-mail: before, the launch took `--subject '{{.first_name}}'` with empty names, and those sends
 // failed one by one. A subject with text of its own, or a fallback, launches; a subject that is not plain
-// is rendered for every row. Blank is one rule either way, ASCII white space: a name of U+00A0 (which
-// SendGrid takes) counted as blank only when the subject was rendered.
+// is rendered for every row. Blank is one rule either way, and the SMS's: white space of any kind, a name
+// of U+00A0 too (SendGrid takes it, and the subject shows as nothing); before, it counted as blank only
+// when the subject was rendered.
 func TestAnEmailSubjectThatRendersBlankIsRefusedAtLaunch(t *testing.T) {
 	t.Parallel()
 	db, _ := testdb.New(t)
@@ -88,10 +89,10 @@ func TestAnEmailSubjectThatRendersBlankIsRefusedAtLaunch(t *testing.T) {
 			Subject: subject, Message: "Merhaba", AudienceSQL: `SELECT user_id, email, first_name, vip FROM people`})
 	}
 	for _, tc := range []struct{ subject, want string }{
-		{`{{.first_name}}`, "2 e-mail subjects render blank"},
-		{` {{.first_name}}{{.first_name}} `, "2 e-mail subjects render blank"},
-		{`{{if .vip}}{{.first_name}}{{end}}`, "3 e-mail subjects render blank"},
-		{`{{or .first_name "Merhaba"}}`, "1 e-mail subject renders blank (user c's subject is \"  \")"},
+		{`{{.first_name}}`, "3 e-mail subjects render blank"},
+		{` {{.first_name}}{{.first_name}} `, "3 e-mail subjects render blank"},
+		{`{{if .vip}}{{.first_name}}{{end}}`, "4 e-mail subjects render blank"},
+		{`{{or .first_name "Merhaba"}}`, "2 e-mail subjects render blank (user c's subject is \"  \")"},
 	} {
 		for _, dry := range []bool{true, false} {
 			_, err := plan("blank", tc.subject, dry)

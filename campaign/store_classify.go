@@ -62,7 +62,8 @@ func (p *Planner) classify(ctx context.Context, tx pgx.Tx, spec Spec, tmpl *Temp
 	// Each row's own reason first (its address, its values, its consent, the frequency cap), then the
 	// duplicates: of a user's rows, and of the valid users of one number, the row kept is the first (in
 	// query order) of those that would be sent, so that a CRM's row without a phone, or with a refused
-	// one, ahead of the same customer's good row does not lose the customer; the first row otherwise.
+	// one, ahead of the same customer's good row does not lose the customer; and a user's row on a number
+	// an earlier customer takes gives way to the user's own other number. The first row otherwise.
 	if _, err := tx.Exec(ctx, `CREATE TEMP TABLE audience_classified ON COMMIT DROP AS
 		WITH own AS (
 			SELECT a.*,
@@ -78,8 +79,15 @@ func (p *Planner) classify(ctx context.Context, tx pgx.Tx, spec Spec, tmpl *Temp
 			FROM audience_stage a LEFT JOIN iys_consents c ON `+rule.joinSQL("c", "a.address", quoteLiteral)+`
 			`+invalidJoin+`
 			LEFT JOIN recent_sends r ON r.address = a.address
+		), f AS (
+			-- Whose each address is first: the first row, in query order, of those that can be sent.
+			SELECT o.*, first_value(user_id) OVER (PARTITION BY address ORDER BY own_reason IS NOT NULL, user_id IS NULL, ord) AS first_user
+			FROM own o
 		), u AS (
-			SELECT o.*, row_number() OVER (PARTITION BY user_id ORDER BY own_reason IS NOT NULL, ord) AS urn FROM own o
+			-- A user's row kept: one that can be sent, on an address no earlier user takes, in query order.
+			SELECT f.*, row_number() OVER (PARTITION BY user_id
+				ORDER BY own_reason IS NOT NULL, address IS NOT NULL AND first_user IS DISTINCT FROM user_id, ord) AS urn
+			FROM f
 		), a AS (
 			SELECT u.*, row_number() OVER (
 				PARTITION BY (user_id IS NOT NULL AND urn = 1 AND address IS NOT NULL), address
