@@ -205,6 +205,9 @@ func (p *Planner) probeOptIns(ctx context.Context, atx pgx.Tx, spec Spec, probe 
 	return nil
 }
 
+// deniedSchema finds the schema in PostgreSQL's "permission denied for schema x".
+var deniedSchema = regexp.MustCompile(`permission denied for schema (\S+)`)
+
 // deniedTable finds the table in PostgreSQL's "permission denied for table x".
 var deniedTable = regexp.MustCompile(`permission denied for (?:table|view|materialized view) (\S+)`)
 
@@ -215,6 +218,10 @@ func audienceError(err error, timeout time.Duration, restricted bool) error {
 		case strings.Contains(pgErr.Message, "within security-definer function"):
 			return fmt.Errorf("%w: the audience query tried to change its role (%s); it must be one plain SELECT", ErrInvalid, pgErr.Message)
 		case restricted && pgErr.Code == pgInsufficientPrivilege:
+			if m := deniedSchema.FindStringSubmatch(pgErr.Message); m != nil {
+				return fmt.Errorf("%w: the audience query was refused what it asked for (%s): the role it runs as may not use that schema. If the audience's tables are in it, grant it: GRANT USAGE ON SCHEMA %s TO %s in the engine's database (or to the AUDIENCE_DATABASE_URL role in an audience database of its own), and GRANT SELECT on the tables",
+					ErrInvalid, pgErr.Message, m[1], AudienceRole)
+			}
 			m := deniedTable.FindStringSubmatch(pgErr.Message)
 			if m == nil {
 				// A function or a server file, not a table: nothing to grant.

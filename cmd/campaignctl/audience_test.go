@@ -113,6 +113,16 @@ func TestAudienceProbesAreRefused(t *testing.T) {
 	if code != 2 || !strings.Contains(stderr, "GRANT SELECT ON vip TO campaignctl_audience") {
 		t.Fatalf("audience on an ungranted table: exit %d, %s; want exit 2 naming the grant", code, stderr)
 	}
+	// A schema the audience role may not use: the grant to give is the schema's.
+	if _, err := db.Exec(ctx, `CREATE SCHEMA crm; CREATE TABLE crm.people (user_id text, phone text, first_name text)`); err != nil {
+		t.Fatal(err)
+	}
+	audience = writeFile(t, "crm.sql", `SELECT user_id, phone, first_name FROM crm.people`)
+	_, stderr, code = cli(t, env, "launch", "--name", "crm", "--channel", "sms", "--audience", audience,
+		"--message", testPrefix+"Merhaba {{.first_name}}", "--dry-run")
+	if code != 2 || !strings.Contains(stderr, "GRANT USAGE ON SCHEMA crm TO campaignctl_audience") {
+		t.Fatalf("audience in a schema not granted: exit %d, %s; want exit 2 naming the schema's grant", code, stderr)
+	}
 }
 
 // An audience database of its own (AUDIENCE_DATABASE_URL) without the audience role's function: as a
