@@ -969,7 +969,12 @@ func (h *Handler) fromClaim(ctx context.Context, run *batchRun, userID, val stri
 	st := state.ParseValue(val)
 	switch st.Kind {
 	case state.Sent:
-		run.add(campaign.Outcome{UserID: userID, Status: campaign.StatusSent, MessageID: st.MessageID, Segments: st.Segments})
+		o := campaign.Outcome{UserID: userID, Status: campaign.StatusSent, MessageID: st.MessageID, Segments: st.Segments}
+		if st.Provider != "" {
+			// A fallback's send: its provider's receipts and reports are the ones that follow it.
+			o.Provider, o.Reason = st.Provider, "sent through "+st.Provider+", the fallback (recorded from its claim)"
+		}
+		run.add(o)
 	case state.Failed:
 		run.add(campaign.Outcome{UserID: userID, Status: campaign.StatusFailed, Reason: st.Reason, BadAddress: campaign.IsInvalidAddressReason(st.Reason)})
 	case state.Unknown:

@@ -123,7 +123,7 @@ func (h *Handler) deliver(ctx, waitCtx context.Context, run *batchRun, rest []ca
 		v, pe := judge(err)
 		h.observe(ctx, rt.provider.Name(), v, pe, tokens, took)
 		if v == accepted {
-			run.answersDue = append(run.answersDue, state.Answer{Key: key, InFlight: inflight, Value: state.SentValue(res.MessageID, res.Segments)})
+			run.answersDue = append(run.answersDue, state.Answer{Key: key, InFlight: inflight, Value: state.SentValueVia(res.MessageID, res.Segments, rt.fallbackName())})
 			if !rt.answerInNextClaim {
 				// A token wait may come before the next claim: the answer is written now.
 				h.settleAnswers(ctx, run)
@@ -257,6 +257,14 @@ type route struct {
 	segmentsPaced bool
 	// keyed: the provider's receipts name their recipient (providers.ReceiptsNameRecipient).
 	keyed bool
+}
+
+// fallbackName is the route's provider's name when it is the channel's fallback, "" when it is its first.
+func (rt *route) fallbackName() string {
+	if !rt.fallback {
+		return ""
+	}
+	return rt.provider.Name()
 }
 
 // pacesSegments says whether p's rate limit counts SMS segments rather than messages.

@@ -78,6 +78,18 @@ func TestFailoverWhenTheFirstProviderIsDown(t *testing.T) {
 	if err != nil || err2 != nil || n != 80-(failoverAfter-1) || alone != failoverAfter-1 {
 		t.Fatalf("%d sent recipients say the first was down and %d that it refused them (%v, %v); want %d and %d", n, alone, err, err2, 80-(failoverAfter-1), failoverAfter-1)
 	}
+	// Each claim names the fallback that accepted its message: a run that records a send from its claim
+	// alone (its worker died) gives it to the right provider.
+	keys := f.rdb.Keys(context.Background(), ClaimKey(f.id, "*")).Val()
+	for _, k := range keys {
+		v := f.rdb.Get(context.Background(), k).Val()
+		if _, after, _ := strings.Cut(v, "/"); state.ParseValue(after).Kind == state.Sent && state.ParseValue(after).Provider != "second" {
+			t.Fatalf("claim %s = %q: a message the fallback accepted, not named as the fallback's", k, v)
+		}
+	}
+	if len(keys) != 80 {
+		t.Fatalf("%d claims, want the 80 sent", len(keys))
+	}
 }
 
 // A provider that now and then asks to slow down (a sporadic 429) is not down: it keeps the campaign,

@@ -2,6 +2,7 @@ package worker
 
 import (
 	"context"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -105,4 +106,36 @@ func TestSweepAcrossAFailoverFreesNothingItCouldNotRead(t *testing.T) {
 			t.Errorf("%s: %s, want unknown", u, st)
 		}
 	}
+}
+
+// A send a fallback accepted and that a run records from its claim alone (its worker died before it
+// recorded it; the sweep or the batch's next run finds the answer in the claim) is the fallback's: its
+// provider, and the reason that says so. Before, the claim held no provider, the row none, and the
+// report named the channel's first provider; Netgsm's report polling never asked about it.
+func TestASendTheFallbackAcceptedIsItsWhenReadFromTheClaim(t *testing.T) {
+	t.Parallel()
+	f := plan(t, 8) // eligible: u1, u2, u4, u7, u8
+	ctx := context.Background()
+	c, err := f.store.Get(ctx, f.id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := f.rdb.Set(ctx, ClaimKey(f.id, "u1"), state.Nonce(c)+"/"+state.SentValueVia("JOB-77", 1, "netgsm"), time.Hour).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.h.RunBatch(ctx, f.id, 0); err != nil {
+		t.Fatal(err)
+	}
+	var status, provider, id, reason string
+	if err := f.db.QueryRow(ctx, `SELECT status, coalesce(provider, ''), coalesce(provider_message_id, ''), coalesce(reason, '')
+		FROM campaign_recipients WHERE campaign_id = $1 AND user_id = 'u1'`, f.id).Scan(&status, &provider, &id, &reason); err != nil {
+		t.Fatal(err)
+	}
+	if status != campaign.StatusSent || provider != "netgsm" || id != "JOB-77" || !strings.Contains(reason, "the fallback") {
+		t.Fatalf("u1: %s, provider %q, message %q, reason %q; want sent through netgsm, the fallback, as its claim says", status, provider, id, reason)
+	}
+	if c := f.counts(t); c.Sent != 5 {
+		t.Fatalf("counts %+v; want the 5 eligible sent", c)
+	}
+	f.assertOnce(t)
 }

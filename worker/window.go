@@ -358,7 +358,7 @@ func (h *Handler) sendWindow(ctx context.Context, run *batchRun, rt *route, send
 		h.observe(ctx, name, v, pe, w.tokens, results[i].took)
 		if v == accepted {
 			res := results[i].res
-			run.answersDue = append(run.answersDue, state.Answer{Key: key, InFlight: inflight, Value: state.SentValue(res.MessageID, res.Segments)})
+			run.answersDue = append(run.answersDue, state.Answer{Key: key, InFlight: inflight, Value: state.SentValueVia(res.MessageID, res.Segments, rt.fallbackName())})
 			run.add(campaign.Outcome{UserID: w.r.UserID, Status: campaign.StatusSent, MessageID: res.MessageID, Segments: res.Segments, ReceiptKeyed: rt.keyed, Provider: rt.provider.Name(), SentAt: results[i].start})
 			rt.m.Sent(1)
 			h.answered(ctx, run)

@@ -39,7 +39,10 @@ type Value struct {
 	Owner     string    // InFlight: who claimed (host:pid)
 	MessageID string    // Sent
 	Segments  int       // Sent
-	Reason    string    // Failed, Unknown, Skipped
+	// Provider is the provider that accepted a Sent message when it was not the channel's first (a
+	// fallback, Netgsm for Twilio); "" for the first.
+	Provider string
+	Reason   string // Failed, Unknown, Skipped
 }
 
 // ParseValue decodes a claim value without its nonce ("" decodes as in flight, of no time).
@@ -49,6 +52,9 @@ func ParseValue(v string) Value {
 	}
 	parts := strings.SplitN(v, valueSeparator, 3)
 	st := Value{Kind: Kind(v[0])}
+	if st.Kind == Sent {
+		parts = strings.SplitN(v, valueSeparator, 4)
+	}
 	switch st.Kind {
 	case InFlight:
 		if len(parts) > 1 {
@@ -66,6 +72,9 @@ func ParseValue(v string) Value {
 		}
 		if len(parts) > 2 {
 			st.Segments, _ = strconv.Atoi(parts[2])
+		}
+		if len(parts) > 3 {
+			st.Provider = parts[3]
 		}
 	default:
 		if len(parts) > 1 {
@@ -100,6 +109,16 @@ func SentValue(messageID string, segments int) string {
 		v += valueSeparator + strconv.Itoa(segments)
 	}
 	return v
+}
+
+// SentValueVia is SentValue of a message a fallback provider accepted (provider, not the channel's
+// first): the claim tells which, so that a run that records the send from the claim alone (its worker
+// died) names the provider whose receipts and reports it takes.
+func SentValueVia(messageID string, segments int, provider string) string {
+	if provider == "" {
+		return SentValue(messageID, segments)
+	}
+	return string(Sent) + valueSeparator + encodeMessageID(messageID) + valueSeparator + strconv.Itoa(segments) + valueSeparator + provider
 }
 
 // ReasonValue is the value of a claim of kind (Failed, Unknown, Skipped) with its reason.

@@ -40,3 +40,24 @@ func TestSentClaimValues(t *testing.T) {
 		t.Errorf("old sent claim parsed as %+v", st)
 	}
 }
+
+// A fallback's sent claim names its provider (Netgsm for Twilio), so that a send recorded from the claim
+// alone (its worker died) is its provider's; the first provider's claims are as before.
+func TestAFallbacksSentClaimNamesItsProvider(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		id       string
+		segments int
+		provider string
+	}{
+		{"1234567890", 1, "netgsm"}, {"1234567890", 3, "netgsm"}, {"SM0123456789abcdef0123456789abcdef", 2, ""},
+	} {
+		v := SentValueVia(tc.id, tc.segments, tc.provider)
+		if st := ParseValue(v); st.Kind != Sent || st.MessageID != tc.id || st.Segments != tc.segments || st.Provider != tc.provider {
+			t.Errorf("SentValueVia(%q, %d, %q) = %q, parsed back as %+v", tc.id, tc.segments, tc.provider, v, st)
+		}
+	}
+	if v := SentValueVia("SM0123456789abcdef0123456789abcdef", 2, ""); v != SentValue("SM0123456789abcdef0123456789abcdef", 2) {
+		t.Errorf("the first provider's claim %q is not SentValue's", v)
+	}
+}
