@@ -34,6 +34,10 @@ func TestRedisLostDataSaysSinceWhen(t *testing.T) {
 		return s.Waiting.Since
 	}
 	c := f.campaign(t)
+	// Its batches were queued, as a launch queues them (an unqueued launch says so instead).
+	if _, err := f.db.Exec(ctx, `UPDATE campaign_batches SET enqueued_at = now() WHERE campaign_id = $1`, f.id); err != nil {
+		t.Fatal(err)
+	}
 	// The epoch is older than the launch: the batches went some other way, and nothing says when.
 	if err := f.rdb.Set(ctx, state.EpochSinceKey, c.CreatedAt.Add(-time.Hour).UnixMilli(), 0).Err(); err != nil {
 		t.Fatal(err)
