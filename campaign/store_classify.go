@@ -59,26 +59,36 @@ func (p *Planner) classify(ctx context.Context, tx pgx.Tx, spec Spec, tmpl *Temp
 		invalidJoin = `LEFT JOIN invalid_addresses ia ON ia.channel = ` + quoteLiteral(string(spec.Channel)) + ` AND ia.address = a.address`
 		invalidTest = ` OR ia.address IS NOT NULL`
 	}
-	// Each row's own reason first (its address, its values, its consent, the frequency cap), then the
-	// duplicates: of a user's rows, and of the valid users of one number, the row kept is the first (in
-	// query order) of those that would be sent, so that a CRM's row without a phone, or with a refused
-	// one, ahead of the same customer's good row does not lose the customer; and a user's row on a number
-	// an earlier customer takes gives way to the user's own other number. The first row otherwise.
-	if _, err := tx.Exec(ctx, `CREATE TEMP TABLE audience_classified ON COMMIT DROP AS
-		WITH own AS (
-			SELECT a.*,
+	// Each row's own reason (its address, its values, its consent, the frequency cap).
+	ownSQL := `SELECT a.*,
 				c.status AS c_status, c.source AS c_source, c.consent_date AS c_date, c.transaction_id AS c_txn,
 				coalesce(c.synced_at, c.updated_at) AS c_synced,
-				CASE WHEN a.user_id IS NULL THEN '`+ReasonMissingUser+`'
-				     WHEN a.address IS NULL`+invalidTest+` THEN '`+ReasonInvalidAddress+`'
-				     WHEN `+missingValueTest(tmpl, spec.Channel)+` THEN '`+ReasonMissingValue+`'
-				     WHEN `+headerValueTest(tmpl, spec.Channel)+` THEN '`+ReasonInvalidValue+`'
-				     ELSE coalesce(`+rule.refusalSQL("c.status", "a.vars")+`,
-				          CASE WHEN r.address IS NOT NULL THEN '`+ReasonFrequencyCap+`' END)
+				CASE WHEN a.user_id IS NULL THEN '` + ReasonMissingUser + `'
+				     WHEN a.address IS NULL` + invalidTest + ` THEN '` + ReasonInvalidAddress + `'
+				     WHEN ` + missingValueTest(tmpl, spec.Channel) + ` THEN '` + ReasonMissingValue + `'
+				     WHEN ` + headerValueTest(tmpl, spec.Channel) + ` THEN '` + ReasonInvalidValue + `'
+				     ELSE coalesce(` + rule.refusalSQL("c.status", "a.vars") + `,
+				          CASE WHEN r.address IS NOT NULL THEN '` + ReasonFrequencyCap + `' END)
 				END AS own_reason
-			FROM audience_stage a LEFT JOIN iys_consents c ON `+rule.joinSQL("c", "a.address", quoteLiteral)+`
-			`+invalidJoin+`
-			LEFT JOIN recent_sends r ON r.address = a.address
+			FROM audience_stage a LEFT JOIN iys_consents c ON ` + rule.joinSQL("c", "a.address", quoteLiteral) + `
+			` + invalidJoin + `
+			LEFT JOIN recent_sends r ON r.address = a.address`
+	// An audience with no user and no address twice (the usual one) needs no ranking: every row's reason
+	// is its own, and the three sorts of a million rows are spared (hash aggregates find the duplicates).
+	var dup bool
+	if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM audience_stage WHERE user_id IS NOT NULL GROUP BY user_id HAVING count(*) > 1)
+		OR EXISTS (SELECT 1 FROM audience_stage WHERE address IS NOT NULL GROUP BY address HAVING count(*) > 1)`).Scan(&dup); err != nil {
+		return nil, fmt.Errorf("plan: duplicates: %w", err)
+	}
+	classified := `SELECT a.ord, a.user_id, a.address, a.vars, a.raw_address, a.c_status, a.c_source, a.c_date, a.c_txn, a.c_synced,
+			a.own_reason AS reason FROM (` + ownSQL + `) a`
+	if dup {
+		// Then, the duplicates: of a user's rows, and of the valid users of one number, the row kept is the
+		// first (in query order) of those that would be sent, so that a CRM's row without a phone, or with a
+		// refused one, ahead of the same customer's good row does not lose the customer; and a user's row on
+		// a number an earlier customer takes gives way to the user's own other number. The first row
+		// otherwise.
+		classified = `WITH own AS (` + ownSQL + `
 		), f AS (
 			-- Whose each address is first: the first row, in query order, of those that can be sent.
 			SELECT o.*, first_value(user_id) OVER (PARTITION BY address ORDER BY own_reason IS NOT NULL, user_id IS NULL, ord) AS first_user
@@ -95,13 +105,15 @@ func (p *Planner) classify(ctx context.Context, tx pgx.Tx, spec Spec, tmpl *Temp
 			FROM u
 		)
 		SELECT a.ord, a.user_id, a.address, a.vars, a.raw_address, a.c_status, a.c_source, a.c_date, a.c_txn, a.c_synced,
-			CASE WHEN a.user_id IS NULL THEN '`+ReasonMissingUser+`'
-			     WHEN a.urn > 1 THEN '`+ReasonDuplicateUser+`'
-			     WHEN a.own_reason = '`+ReasonInvalidAddress+`' THEN '`+ReasonInvalidAddress+`'
-			     WHEN a.arn > 1 THEN '`+ReasonDuplicateAddress+`'
+			CASE WHEN a.user_id IS NULL THEN '` + ReasonMissingUser + `'
+			     WHEN a.urn > 1 THEN '` + ReasonDuplicateUser + `'
+			     WHEN a.own_reason = '` + ReasonInvalidAddress + `' THEN '` + ReasonInvalidAddress + `'
+			     WHEN a.arn > 1 THEN '` + ReasonDuplicateAddress + `'
 			     ELSE a.own_reason
 			END AS reason
-		FROM a`); err != nil {
+		FROM a`
+	}
+	if _, err := tx.Exec(ctx, `CREATE TEMP TABLE audience_classified ON COMMIT DROP AS `+classified); err != nil {
 		return nil, fmt.Errorf("plan: classify audience: %w", err)
 	}
 	p.step("classify", t0)
