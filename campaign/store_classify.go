@@ -86,17 +86,23 @@ func (p *Planner) classify(ctx context.Context, tx pgx.Tx, spec Spec, tmpl *Temp
 		// Then, the duplicates: of a user's rows, and of the valid users of one number, the row kept is the
 		// first (in query order) of those that would be sent, so that a CRM's row without a phone, or with a
 		// refused one, ahead of the same customer's good row does not lose the customer; and a user's row on
-		// a number an earlier customer takes gives way to the user's own other number. The first row
-		// otherwise.
+		// a number another customer takes (its first choice, the first such in query order) gives way to the
+		// user's own other number. The first row otherwise.
 		classified = `WITH own AS (` + ownSQL + `
-		), f AS (
-			-- Whose each address is first: the first row, in query order, of those that can be sent.
-			SELECT o.*, first_value(user_id) OVER (PARTITION BY address ORDER BY own_reason IS NOT NULL, user_id IS NULL, ord) AS first_user
+		), p AS (
+			-- Each user's first choice: its first row, in query order, of those that can be sent.
+			SELECT o.*, row_number() OVER (PARTITION BY user_id ORDER BY own_reason IS NOT NULL, ord) = 1
+				AND own_reason IS NULL AND user_id IS NOT NULL AS first_choice
 			FROM own o
+		), f AS (
+			-- Who takes each address: the user whose first choice it is, the first such in query order.
+			SELECT p.*, first_value(CASE WHEN first_choice THEN user_id END)
+				OVER (PARTITION BY address ORDER BY first_choice DESC, ord) AS taken_by
+			FROM p
 		), u AS (
-			-- A user's row kept: one that can be sent, on an address no earlier user takes, in query order.
+			-- A user's row kept: one that can be sent, on an address no other user takes, in query order.
 			SELECT f.*, row_number() OVER (PARTITION BY user_id
-				ORDER BY own_reason IS NOT NULL, address IS NOT NULL AND first_user IS DISTINCT FROM user_id, ord) AS urn
+				ORDER BY own_reason IS NOT NULL, address IS NOT NULL AND taken_by IS DISTINCT FROM user_id AND taken_by IS NOT NULL, ord) AS urn
 			FROM f
 		), a AS (
 			SELECT u.*, row_number() OVER (
