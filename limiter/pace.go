@@ -38,15 +38,18 @@ const (
 // Each process adds its answers locally and sends them to Redis at most every PaceFlush, getting the
 // pace back: one round trip a fifth of a second, whatever the number of sends.
 type Pace struct {
-	b       *Bucket
-	bucket  string
-	cap     float64
-	mu      sync.Mutex
-	counts  [4]int64
-	hint    time.Duration
-	flushed time.Time
-	rate    float64 // the pace (0: none below the cap)
-	down    bool
+	b      *Bucket
+	bucket string
+	cap    float64
+	mu     sync.Mutex
+	counts [4]int64
+	// requests counts the answers as requests (ObserveN calls), whatever tokens each weighs: how far a
+	// share of refusals is beyond chance depends on how many requests made it (see paceScript).
+	requests int64
+	hint     time.Duration
+	flushed  time.Time
+	rate     float64 // the pace (0: none below the cap)
+	down     bool
 	// streak counts the refused answers (in tokens) since the last one taken: a provider that has just
 	// met its limit refuses everything from then on, and that is shared at once (refresh).
 	streak int64
@@ -129,6 +132,7 @@ func (p *Pace) Observe(ctx context.Context, a Answer, hint time.Duration) error 
 func (p *Pace) ObserveN(ctx context.Context, a Answer, hint time.Duration, n int64) error {
 	p.mu.Lock()
 	p.counts[a] += max(1, n)
+	p.requests++
 	p.hint = max(p.hint, hint)
 	if a == Taken {
 		p.streak = 0
@@ -189,8 +193,8 @@ func (p *Pace) refresh(ctx context.Context, force bool) error {
 		p.mu.Unlock()
 		return nil
 	}
-	counts, hint := p.counts, p.hint
-	p.counts, p.hint, p.flushed = [4]int64{}, 0, now
+	counts, requests, hint := p.counts, p.requests, p.hint
+	p.counts, p.requests, p.hint, p.flushed = [4]int64{}, 0, 0, now
 	cap := p.cap
 	p.mu.Unlock()
 	run := 0
@@ -199,13 +203,14 @@ func (p *Pace) refresh(ctx context.Context, force bool) error {
 	}
 	res, err := paceScript.Run(ctx, p.b.rdb, []string{state.PaceKey(p.bucket), state.PauseKey(p.bucket)},
 		now.UnixMilli(), counts[Taken], counts[Throttled], counts[ThrottledFor], counts[Failed], hint.Milliseconds(), cap,
-		paceJudgeAt, paceThrottled, paceFailing, paceEarly, paceDownAt, paceBinding, PaceFlush.Milliseconds(), run, paceHangSpan.Milliseconds()).Slice()
+		paceJudgeAt, paceThrottled, paceFailing, paceEarly, paceDownAt, paceBinding, PaceFlush.Milliseconds(), run, paceHangSpan.Milliseconds(), requests).Slice()
 	if err != nil && !errors.Is(err, redis.Nil) {
 		// The counts are given back for the next flush: an answer is never lost to a Redis hiccup.
 		p.mu.Lock()
 		for i := range counts {
 			p.counts[i] += counts[i]
 		}
+		p.requests += requests
 		p.hint = max(p.hint, hint)
 		p.mu.Unlock()
 		return fmt.Errorf("pace %s: %w", p.bucket, err)
@@ -308,13 +313,19 @@ const (
 // ARGV[8..14] -> paceJudgeAt, paceThrottled, paceFailing, paceEarly, paceDownAt, paceBinding, PaceFlush ms
 // ARGV[15] -> "1" when these answers end with a run of paceUrgent refusals in a row
 // ARGV[16] -> paceHangSpan ms
+// ARGV[17] -> how many requests these answers are (each weighs its tokens in ARGV[2..5]; absent: one a token)
 //
 // Returns {rate as a string ("0": no pace below the cap), 1 when down, the move ("" or a PaceEvent), the
 // rate before it, the judged window's requests and rejections}.
 var paceScript = redis.NewScript(pauseLua + `
 -- More than share of n, by more than chance makes: a standard deviation of the count at that share (a
--- window of 200 requests with 8 429s is not a provider refusing more than 3 %; one with 16 is).
+-- window of 200 requests with 8 429s is not a provider refusing more than 3 %; one with 16 is). Chance is
+-- over requests, not tokens: a window of 4 e-mail requests of 1,000 recipients with one refused is one
+-- refusal in 4, not 1,000 in 4,000. grain, the tokens a request of the window weighs on average, is set
+-- below once the window is counted.
+local grain = 1
 local function beyond(x, n, share)
+  x, n = x / grain, n / grain
   return x > n * share + math.sqrt(n * share * (1 - share))
 end
 -- The rate a provider took in a window of span ms with ok taken and rejected refused, while the pace in
@@ -336,7 +347,7 @@ end
 local now = tonumber(ARGV[1])
 local h = KEYS[1]
 local st = redis.call("HMGET", h, "rate", "start", "last", "ok", "thr", "thrh", "fail", "hint", "down", "cool", "prev",
-  "mfrom", "mat", "mgo", "mok", "mcur", "mrej", "up")
+  "mfrom", "mat", "mgo", "mok", "mcur", "mrej", "up", "req")
 local rate = tonumber(st[1]) or 0
 local start = tonumber(st[2]) or now
 local last = tonumber(st[3]) or now
@@ -354,6 +365,8 @@ local thr = counted(5) + tonumber(ARGV[3])
 local thrh = counted(6) + tonumber(ARGV[4])
 local fail = counted(7) + tonumber(ARGV[5])
 local hint = math.max(counted(8), tonumber(ARGV[6]))
+local addedReq = tonumber(ARGV[17] or "")
+local req = counted(19)
 local down = st[9] == "1"
 local cool = tonumber(st[10]) or 0
 local prev = tonumber(st[11]) or 0
@@ -399,7 +412,10 @@ if mat > 0 and now >= mgo + flush * 1.5 then
 end
 local added = tonumber(ARGV[2]) + tonumber(ARGV[3]) + tonumber(ARGV[4]) + tonumber(ARGV[5])
 if added > 0 then last = now end
+-- A process that does not count requests (an earlier version) counts each token as one.
+req = req + (addedReq or added)
 local total = ok + thr + thrh + fail
+if req > 0 and total > req then grain = total / req end
 local elapsed = now - start
 local rejected = thr + thrh + fail
 local due = elapsed >= 1000
@@ -477,9 +493,9 @@ if due then
     if pause(KEYS[2], hint, ARGV[1]) and ev == "" then ev = "paused" end
   end
   redis.call("HSET", h, "rate", tostring(rate), "start", now, "last", now, "ok", 0, "thr", 0, "thrh", 0, "fail", 0,
-    "hint", 0, "down", down and "1" or "0", "cool", cool, "prev", prev, "up", up)
+    "hint", 0, "down", down and "1" or "0", "cool", cool, "prev", prev, "up", up, "req", 0)
 else
-  redis.call("HSET", h, "start", start, "last", last, "ok", ok, "thr", thr, "thrh", thrh, "fail", fail, "hint", hint)
+  redis.call("HSET", h, "start", start, "last", last, "ok", ok, "thr", thr, "thrh", thrh, "fail", fail, "hint", hint, "req", req)
   if rate ~= tonumber(st[1] or 0) then redis.call("HSET", h, "rate", tostring(rate), "prev", prev) end
 end
 if mat > 0 then

@@ -785,3 +785,50 @@ func TestPaceCallsAProviderThatHangsDown(t *testing.T) {
 		})
 	}
 }
+
+// E-mail's requests weigh 1,000 recipients each: sporadic failures (one request in nine a 5xx or a held
+// answer) are a handful of requests a second, and chance is over requests, not recipients. The pace stays
+// near the cap. Before, one refused request of five was 1,000 refusals of 5,000 and lowered the pace each
+// time: an outside run's e-mail campaign went at 17 % of its cap.
+func TestPaceJudgesRefusalsByRequestsNotTokens(t *testing.T) {
+	t.Parallel()
+	b, clock := fakeClockBucket(t)
+	p := b.Pace("provider:email", 6000)
+	ctx := context.Background()
+	var sent []int
+	i := 0
+	for range 30 {
+		s := 0
+		for range 5 {
+			// A request of 1,000 tokens a fifth of a second while the pace lets one through: 5,000 a second.
+			if r := p.Rate(ctx); r == 0 || r >= 5000 || (i%5)*1000 < int(r) {
+				a := Taken
+				if i%9 == 4 {
+					a = Failed
+				}
+				if err := p.ObserveN(ctx, a, 0, 1000); err != nil {
+					t.Fatal(err)
+				}
+				s += 1000
+			}
+			i++
+			*clock = clock.Add(200 * time.Millisecond)
+		}
+		sent = append(sent, s)
+	}
+	if r := p.Rate(ctx); r != 6000 {
+		t.Fatalf("rate %v after 30 s of one request in nine failing, want the cap 6000; sent per second %v", r, sent)
+	}
+	// A provider that refuses most requests still lowers it.
+	for range 10 {
+		for range 5 {
+			if err := p.ObserveN(ctx, Throttled, 0, 1000); err != nil {
+				t.Fatal(err)
+			}
+			*clock = clock.Add(200 * time.Millisecond)
+		}
+	}
+	if r := p.Rate(ctx); r == 0 || r >= 6000 {
+		t.Fatalf("rate %v after 10 s of every request refused, want it lowered", r)
+	}
+}
