@@ -11,6 +11,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/campaignctl/campaignctl/providers"
 )
 
 // A channel without an İYS consent type (push, webhook) has no consent store here: a recipient's opt-in
@@ -208,7 +210,9 @@ func (o *OptIns) Read(ctx context.Context, c *Campaign, users []string) (OptInRo
 		return readOptIns(ctx, atx, spec, users, o.runner(c))
 	}()
 	if err != nil {
-		return nil, fmt.Errorf("opt-ins of campaign %d: %w", c.ID, err)
+		// Postgres quotes the value a row failed on ("invalid input syntax for type integer: \"…@…\""):
+		// no caller may show an address that way (the worker's log, status, the queue's UI).
+		return nil, scrubbed{fmt.Errorf("opt-ins of campaign %d: %w", c.ID, err)}
 	}
 	// What DISCARD ALL does, less the prepared statements: those are the pool's own (pgx's statement cache).
 	if _, err := conn.Exec(ctx, `CLOSE ALL; SET SESSION AUTHORIZATION DEFAULT; RESET ALL; UNLISTEN *; SELECT pg_advisory_unlock_all(); DISCARD TEMP; DISCARD SEQUENCES`); err == nil {
@@ -317,3 +321,10 @@ var optInYes = func() map[string]bool {
 	}
 	return m
 }()
+
+// scrubbed shows its error with the addresses and phone numbers it quotes masked (providers.ScrubText);
+// errors.Is and errors.As still see the error itself.
+type scrubbed struct{ err error }
+
+func (e scrubbed) Error() string { return providers.ScrubText(e.err.Error()) }
+func (e scrubbed) Unwrap() error { return e.err }

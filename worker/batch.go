@@ -694,9 +694,6 @@ func (h *Handler) readOptIns(ctx context.Context, run *batchRun, users []string)
 				run.c.Channel.Spec().Title, err))
 			return nil, &RetryError{Err: fmt.Errorf("audience database unreachable (a restart or a failover ends by itself; if it lasts, check AUDIENCE_DATABASE_URL on the workers): %w", err), After: 5 * time.Second}
 		}
-		// Postgres quotes the value a row failed on ("invalid input syntax for type integer: \"…@…\""):
-		// an address must not reach the log, status or the queue's UI that way.
-		err = scrubbedError{err}
 		h.noteWait(ctx, run.c.ID, WaitOptInsUnreadable, fmt.Sprintf("the workers cannot read the %s opt-ins from the audience database (%v): nothing is sent until they can; check AUDIENCE_DATABASE_URL on the workers (the launch's), the audience tables and their grants; the batches go on by themselves",
 			run.c.Channel.Spec().Title, err))
 		return nil, &RetryError{Err: fmt.Errorf("%w (set AUDIENCE_DATABASE_URL for the workers as for the launch)", err), After: 5 * time.Second}
@@ -704,13 +701,6 @@ func (h *Handler) readOptIns(ctx context.Context, run *batchRun, users []string)
 	h.clearWait(ctx, run.c.ID, WaitOptInsUnreadable)
 	return got, nil
 }
-
-// scrubbedError shows its error with the addresses and phone numbers it quotes masked
-// (providers.ScrubText); errors.Is and errors.As still see the error itself.
-type scrubbedError struct{ err error }
-
-func (e scrubbedError) Error() string { return providers.ScrubText(e.err.Error()) }
-func (e scrubbedError) Unwrap() error { return e.err }
 
 // unreachable says whether err is Postgres out of reach (no answer, a connection lost, a server shutting
 // down or starting: SQLSTATE classes 08 and 57) rather than a refusal of what was asked (a table, a grant).
