@@ -674,24 +674,19 @@ func (h *Handler) releaseLater(key, nonce, inflight string) {
 // a command wrote meanwhile. Before, the tries stopped a minute after the failure, and a claim a Redis frozen
 // longer ran on its return stayed, with nothing sent under it: its recipient was recorded unknown.
 func inBackground(f func(context.Context) error) {
+	try := func() error {
+		ctx, cancel := context.WithTimeout(context.Background(), backgroundTry)
+		defer cancel()
+		return f(ctx)
+	}
 	go func() {
-		start := time.Now()
-		for {
-			ctx, cancel := context.WithTimeout(context.Background(), backgroundTry)
-			err := f(ctx)
-			cancel()
-			if err == nil {
-				break
-			}
+		for start := time.Now(); try() != nil; time.Sleep(time.Second) {
 			if time.Since(start) > backgroundGiveUp {
 				return
 			}
-			time.Sleep(time.Second)
 		}
 		time.Sleep(backgroundAgain)
-		ctx, cancel := context.WithTimeout(context.Background(), backgroundTry)
-		defer cancel()
-		f(ctx) //nolint:errcheck // a second pass; the first succeeded
+		try() //nolint:errcheck // a second pass; the first succeeded
 	}()
 }
 
