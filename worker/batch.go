@@ -1008,6 +1008,11 @@ func (h *Handler) inFlightGrace(ctx context.Context, fresh bool) time.Duration {
 }
 
 func (run *batchRun) add(o campaign.Outcome) {
+	// The audit records the consent the outcome was decided on: the chunk's reading now. A later reading
+	// (the rest of the chunk read again after a wait) may see a refusal that came after this message went.
+	if o.Snapshot.Status == "" {
+		o.Snapshot = run.snapshots[o.UserID]
+	}
 	run.pending = append(run.pending, o)
 	delete(run.inherited, o.UserID)
 }
@@ -1033,11 +1038,7 @@ func (h *Handler) flush(ctx context.Context, run *batchRun) error {
 		}
 	}
 	for i := range run.pending {
-		o := &run.pending[i]
-		if o.Snapshot.Status == "" {
-			o.Snapshot = run.snapshots[o.UserID]
-		}
-		o.Durable = run.unclaimed
+		run.pending[i].Durable = run.unclaimed
 	}
 	moved, err := h.record(ctx, run)
 	if err != nil {
