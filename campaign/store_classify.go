@@ -83,41 +83,10 @@ func (p *Planner) classify(ctx context.Context, tx pgx.Tx, spec Spec, tmpl *Temp
 	classified := `SELECT a.ord, a.user_id, a.address, a.vars, a.raw_address, a.c_status, a.c_source, a.c_date, a.c_txn, a.c_synced,
 			a.own_reason AS reason FROM (` + ownSQL + `) a`
 	if dup {
-		// Then, the duplicates: of a user's rows, and of the valid users of one number, the row kept is the
-		// first (in query order) of those that would be sent, so that a CRM's row without a phone, or with a
-		// refused one, ahead of the same customer's good row does not lose the customer; and a user's row on
-		// a number another customer takes (its first choice, the first such in query order) gives way to the
-		// user's own other number. The first row otherwise.
-		classified = `WITH own AS (` + ownSQL + `
-		), p AS (
-			-- Each user's first choice: its first row, in query order, of those that can be sent.
-			SELECT o.*, row_number() OVER (PARTITION BY user_id ORDER BY own_reason IS NOT NULL, ord) = 1
-				AND own_reason IS NULL AND user_id IS NOT NULL AS first_choice
-			FROM own o
-		), f AS (
-			-- Who takes each address: the user whose first choice it is, the first such in query order.
-			SELECT p.*, first_value(CASE WHEN first_choice THEN user_id END)
-				OVER (PARTITION BY address ORDER BY first_choice DESC, ord) AS taken_by
-			FROM p
-		), u AS (
-			-- A user's row kept: one that can be sent, on an address no other user takes, in query order.
-			SELECT f.*, row_number() OVER (PARTITION BY user_id
-				ORDER BY own_reason IS NOT NULL, address IS NOT NULL AND taken_by IS DISTINCT FROM user_id AND taken_by IS NOT NULL, ord) AS urn
-			FROM f
-		), a AS (
-			SELECT u.*, row_number() OVER (
-				PARTITION BY (user_id IS NOT NULL AND urn = 1 AND address IS NOT NULL), address
-				ORDER BY own_reason IS NOT NULL, ord) AS arn
-			FROM u
-		)
-		SELECT a.ord, a.user_id, a.address, a.vars, a.raw_address, a.c_status, a.c_source, a.c_date, a.c_txn, a.c_synced,
-			CASE WHEN a.user_id IS NULL THEN '` + ReasonMissingUser + `'
-			     WHEN a.urn > 1 THEN '` + ReasonDuplicateUser + `'
-			     WHEN a.own_reason = '` + ReasonInvalidAddress + `' THEN '` + ReasonInvalidAddress + `'
-			     WHEN a.arn > 1 THEN '` + ReasonDuplicateAddress + `'
-			     ELSE a.own_reason
-			END AS reason
-		FROM a`
+		var err error
+		if classified, err = p.takeInOrder(ctx, tx, ownSQL); err != nil {
+			return nil, err
+		}
 	}
 	if _, err := tx.Exec(ctx, `CREATE TEMP TABLE audience_classified ON COMMIT DROP AS `+classified); err != nil {
 		return nil, fmt.Errorf("plan: classify audience: %w", err)
@@ -146,6 +115,80 @@ func (p *Planner) classify(ctx context.Context, tx pgx.Tx, spec Spec, tmpl *Temp
 		return nil, fmt.Errorf("plan: %w", err)
 	}
 	return consentVersion, nil
+}
+
+// takeInOrder classifies an audience with duplicates (a user on several rows, or several users on one
+// address): the rows are taken one by one in the query's order, and a row that can be sent (no reason of
+// its own) is planned when neither its user nor its address is planned yet. So of a customer's rows the
+// first that can be sent on an address still free is planned, and of the customers on one address the
+// first that can be sent there: a CRM's row without a phone, or with a refused number, ahead of the
+// customer's good row does not lose the customer, and a customer whose first number went to another
+// keeps their own other number, however the rows chain. A row not planned says why: duplicate_user when
+// its customer is planned on another row, else its own reason, else duplicate_address (its address went
+// to another customer).
+//
+// Only the rows that can be sent and share a user or an address with another such row are contested: they
+// are read in order (a user and an address each as two 64-bit hashes, not as text) and the ones that lose
+// are written back; every other row is decided by its own reason alone. It returns the classification's
+// SQL over the rows' own reasons (audience_own).
+func (p *Planner) takeInOrder(ctx context.Context, tx pgx.Tx, ownSQL string) (string, error) {
+	if _, err := tx.Exec(ctx, `CREATE TEMP TABLE audience_own ON COMMIT DROP AS `+ownSQL); err != nil {
+		return "", fmt.Errorf("plan: classify audience: %w", err)
+	}
+	rows, err := tx.Query(ctx, `WITH s AS MATERIALIZED (
+			SELECT ord, user_id, address FROM audience_own WHERE own_reason IS NULL
+		)
+		SELECT ord, hashtextextended(user_id, 0), hashtextextended(user_id, 1), hashtextextended(address, 0), hashtextextended(address, 1)
+		FROM s
+		WHERE user_id IN (SELECT user_id FROM s GROUP BY user_id HAVING count(*) > 1)
+		   OR address IN (SELECT address FROM s GROUP BY address HAVING count(*) > 1)
+		ORDER BY ord`)
+	if err != nil {
+		return "", fmt.Errorf("plan: classify audience: %w", err)
+	}
+	// A collision of both hashes of two different users (or addresses) could only leave a row out, never
+	// plan a user or an address twice.
+	type key [2]int64
+	users, addrs := map[key]struct{}{}, map[key]struct{}{}
+	var lost [][]any
+	var ord int64
+	var u, a key
+	_, err = pgx.ForEachRow(rows, []any{&ord, &u[0], &u[1], &a[0], &a[1]}, func() error {
+		_, userTaken := users[u]
+		_, addrTaken := addrs[a]
+		if userTaken || addrTaken {
+			lost = append(lost, []any{ord})
+			return nil
+		}
+		users[u], addrs[a] = struct{}{}, struct{}{}
+		return nil
+	})
+	if err != nil {
+		return "", fmt.Errorf("plan: classify audience: %w", err)
+	}
+	if _, err := tx.Exec(ctx, `CREATE TEMP TABLE audience_lost (ord bigint PRIMARY KEY) ON COMMIT DROP`); err != nil {
+		return "", fmt.Errorf("plan: classify audience: %w", err)
+	}
+	if _, err := tx.CopyFrom(ctx, pgx.Identifier{"audience_lost"}, []string{"ord"}, pgx.CopyFromRows(lost)); err != nil {
+		return "", fmt.Errorf("plan: classify audience: %w", err)
+	}
+	if _, err := tx.Exec(ctx, `ANALYZE audience_own, audience_lost`); err != nil {
+		return "", fmt.Errorf("plan: classify audience: %w", err)
+	}
+	return `SELECT a.ord, a.user_id, a.address, a.vars, a.raw_address, a.c_status, a.c_source, a.c_date, a.c_txn, a.c_synced,
+			CASE WHEN a.user_id IS NULL THEN '` + ReasonMissingUser + `'
+			     WHEN a.own_reason IS NULL AND l.ord IS NULL THEN NULL
+			     WHEN w.user_id IS NOT NULL THEN '` + ReasonDuplicateUser + `'
+			     WHEN a.own_reason IS NOT NULL THEN a.own_reason
+			     ELSE '` + ReasonDuplicateAddress + `'
+			END AS reason
+		FROM audience_own a
+		LEFT JOIN audience_lost l ON l.ord = a.ord
+		LEFT JOIN (
+			-- The users planned: on a row that can be sent and did not lose.
+			SELECT DISTINCT o.user_id FROM audience_own o
+			WHERE o.own_reason IS NULL AND NOT EXISTS (SELECT 1 FROM audience_lost x WHERE x.ord = o.ord)
+		) w ON w.user_id = a.user_id`, nil
 }
 
 // missingValueTest is the SQL condition that a row lacks (NULL) a column the template prints: such a row
