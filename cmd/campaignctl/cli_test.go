@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -397,9 +398,27 @@ func TestBadFlagsAndAddressesSayTheFix(t *testing.T) {
 		{[]string{"launch", "--bogusflag"}, "unknown flag: --bogusflag; see `campaignctl launch --help`"},
 		{[]string{"status", "--watch=maybe"}, "see `campaignctl status --help`"},
 		{[]string{"iys", "check", "notaphone"}, "give a phone number as +905321234567 or an e-mail address as ayse@example.com"},
+		// Before, exit 1, as if the machine had failed.
+		{[]string{"sandbox", "--addr", "notanaddr"}, `--addr "notanaddr" is not an address to listen on: give HOST:PORT`},
+		{[]string{"sandbox", "--addr", "127.0.0.1:99999"}, "give HOST:PORT of this machine"},
 	} {
 		if _, stderr, code := cli(t, nil, tc.args...); code != 2 || !strings.Contains(stderr, tc.want) {
 			t.Errorf("%v: exit %d, %q; want 2 and %q", tc.args, code, stderr, tc.want)
+		}
+	}
+}
+
+// A provider's cap that cannot be read is refused by every worker, not only by one whose environment
+// configures that provider: FCM_RATE=abc beside Twilio's settings started a worker, and the typo waited
+// for the push worker it was meant for.
+func TestAnUnreadableCapOfAnyProviderIsRefused(t *testing.T) {
+	t.Parallel()
+	twilio := map[string]string{"TWILIO_ACCOUNT_SID": "AC00000000000000000000000000000000", "TWILIO_AUTH_TOKEN": "tok", "TWILIO_FROM": "+905550000000"}
+	for _, env := range []string{"FCM_RATE", "NETGSM_RATE", "SENDGRID_RATE", "WEBHOOK_RATE"} {
+		e := maps.Clone(twilio)
+		e[env] = "abc"
+		if _, stderr, code := cli(t, e, "worker"); code != 2 || !strings.Contains(stderr, env+`="abc" must be a number of messages per second`) {
+			t.Errorf("%s=abc: exit %d, %q; want 2 naming it", env, code, stderr)
 		}
 	}
 }

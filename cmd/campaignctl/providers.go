@@ -153,6 +153,11 @@ func (a *app) providers(o sendOpts) (providerSet, error) {
 	var hints []string
 	for _, ps := range providerSpecs() {
 		hints = append(hints, fmt.Sprintf("%s (%s)", andList(ps.required()), ps.channel))
+		// A cap that cannot be read is refused even for a provider not configured here: a typo in
+		// FCM_RATE is found by the worker it was meant for, and by this one.
+		if _, err := a.rate(ps.rateEnv, ps.defaultRate); err != nil {
+			return providerSet{}, err
+		}
 		if !a.anySet(ps.settings...) {
 			continue
 		}

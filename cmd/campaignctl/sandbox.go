@@ -287,6 +287,14 @@ unsubscribe list ("Unsubscribed Address").`,
 				if errors.Is(err, syscall.EADDRINUSE) {
 					return fmt.Errorf("sandbox: --addr %s is in use: stop what listens there, or give another --addr", o.addr)
 				}
+				if _, _, serr := net.SplitHostPort(o.addr); serr != nil {
+					return usagef("sandbox: --addr %q is not an address to listen on: give HOST:PORT, e.g. 127.0.0.1:8025", o.addr)
+				}
+				var dnsErr *net.DNSError
+				var addrErr *net.AddrError
+				if errors.As(err, &dnsErr) || errors.As(err, &addrErr) {
+					return usagef("sandbox: --addr %s: %v: give HOST:PORT of this machine, e.g. 127.0.0.1:8025", o.addr, err)
+				}
 				return fmt.Errorf("sandbox listen: %w", err)
 			}
 			defer ln.Close()
