@@ -150,14 +150,14 @@ func (p *Planner) takeInOrder(ctx context.Context, tx pgx.Tx, ownSQL string) (st
 	// plan a user or an address twice.
 	type key [2]int64
 	users, addrs := map[key]struct{}{}, map[key]struct{}{}
-	var lost [][]any
+	var lost []int64
 	var ord int64
 	var u, a key
 	_, err = pgx.ForEachRow(rows, []any{&ord, &u[0], &u[1], &a[0], &a[1]}, func() error {
 		_, userTaken := users[u]
 		_, addrTaken := addrs[a]
 		if userTaken || addrTaken {
-			lost = append(lost, []any{ord})
+			lost = append(lost, ord)
 			return nil
 		}
 		users[u], addrs[a] = struct{}{}, struct{}{}
@@ -169,7 +169,7 @@ func (p *Planner) takeInOrder(ctx context.Context, tx pgx.Tx, ownSQL string) (st
 	if _, err := tx.Exec(ctx, `CREATE TEMP TABLE audience_lost (ord bigint PRIMARY KEY) ON COMMIT DROP`); err != nil {
 		return "", fmt.Errorf("plan: classify audience: %w", err)
 	}
-	if _, err := tx.CopyFrom(ctx, pgx.Identifier{"audience_lost"}, []string{"ord"}, pgx.CopyFromRows(lost)); err != nil {
+	if _, err := tx.CopyFrom(ctx, pgx.Identifier{"audience_lost"}, []string{"ord"}, pgx.CopyFromSlice(len(lost), func(i int) ([]any, error) { return []any{lost[i]}, nil })); err != nil {
 		return "", fmt.Errorf("plan: classify audience: %w", err)
 	}
 	if _, err := tx.Exec(ctx, `ANALYZE audience_own, audience_lost`); err != nil {
