@@ -575,7 +575,7 @@ func (h *Handler) gate(ctx context.Context, run *batchRun, chunk []campaign.Reci
 			continue
 		}
 		// A provider's refusal whose RET is still being written is not in the lease's reading yet.
-		r.Consent, r.Suspect = got.Consent[r.Address] && !h.refusedHere(run.c, r.Address), suspect
+		r.Consent, r.Suspect = got.Consent[r.Address] && !h.refusedHere(run.c, r.Address) && !h.spooledOut(run.c, r.UserID, r.Address), suspect
 		todo = append(todo, r)
 	}
 	// The batch was taken over from a run that died under another Redis epoch: its chunk in hand is settled
@@ -775,11 +775,47 @@ func (h *Handler) refusalsHeld(ctx context.Context, run *batchRun) (state.HeldRe
 	if err != nil {
 		return held, waitForServices(fmt.Errorf("no send while Redis is unavailable: %w", err))
 	}
+	if err := h.readSpooled(ctx, held.Spooled); err != nil {
+		return held, err
+	}
 	if !held.Held {
 		h.clearWait(ctx, run.c.ID, WaitRefusalsHeld)
 		return held, nil
 	}
 	return held, h.waitForRefusals(ctx, run, errRefusalsHeld)
+}
+
+// readSpooled reads who the refusals held in spools refuse (state.RefusalsSpooledKey), when n say some
+// are: the note of a webhooks process that died with refusals in its spool runs out after a few seconds,
+// and the workers lease again, but nobody those refusals name is sent until they are recorded. A failure
+// to read them fails closed.
+func (h *Handler) readSpooled(ctx context.Context, n int64) error {
+	var m map[string]bool
+	if n > 0 {
+		var err error
+		if m, err = state.SpooledRefusals(ctx, h.cfg.Redis); err != nil {
+			return waitForServices(fmt.Errorf("no send while Redis is unavailable: %w", err))
+		}
+	}
+	h.spooledMu.Lock()
+	h.spooled = m
+	h.spooledMu.Unlock()
+	return nil
+}
+
+// spooledOut says whether a refusal held in a spool names addr on c's channel, or (an e-mail's one-click
+// unsubscribe) user: not sent until the refusal is recorded.
+func (h *Handler) spooledOut(c *campaign.Campaign, user, addr string) bool {
+	if !c.ChecksIYS() {
+		return false
+	}
+	h.spooledMu.Lock()
+	defer h.spooledMu.Unlock()
+	if len(h.spooled) == 0 {
+		return false
+	}
+	return h.spooled[state.SpooledAddress(string(c.Channel), addr)] ||
+		user != "" && c.Channel == campaign.ChannelEmail && h.spooled[state.SpooledUser(user)]
 }
 
 // noRefusalHeldSince looks at the spools' notes again once the lease has read the chunk's consents: a

@@ -176,6 +176,10 @@ type Handler struct {
 	heldMu  sync.Mutex
 	held    map[string]int
 	holding atomic.Int64
+	// spooledMu guards spooled: who the refusals held in webhooks processes' spools refuse, as the last
+	// lease read them (readSpooled); nil when none.
+	spooledMu sync.Mutex
+	spooled   map[string]bool
 	// consentCtx ends the consent writes' retries: they go on for as long as the process runs, and end
 	// when Serve has waited for them at shutdown (endConsentWrites).
 	consentCtx       context.Context

@@ -175,8 +175,8 @@ func (h *Handler) reread(ctx context.Context, run *batchRun, users []string, who
 		return got, state.ErrHalted
 	}
 	for a := range got.Consent {
-		if h.refusedHere(run.c, a) {
-			delete(got.Consent, a) // refused by a provider, its RET still being written
+		if h.refusedHere(run.c, a) || h.spooledOut(run.c, "", a) {
+			delete(got.Consent, a) // refused by a provider, its RET still being written, or held in a spool
 		}
 	}
 	if got.TookOver {

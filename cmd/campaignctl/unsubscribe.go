@@ -18,6 +18,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/campaignctl/campaignctl/campaign"
+	"github.com/campaignctl/campaignctl/internal/state"
 	"github.com/campaignctl/campaignctl/internal/unsubscribe"
 	"github.com/campaignctl/campaignctl/iys"
 	"github.com/campaignctl/campaignctl/providers"
@@ -273,7 +274,7 @@ func unsubscribeHandler(signer *unsubscribe.Signer, store *campaign.Store, sink 
 			defer cancel()
 			var hold func() error
 			if sink.spool != nil {
-				hold = func() error { return sink.spool.HoldRequest(oneClickKind, 1, c) }
+				hold = func() error { return sink.spool.HoldRequest(oneClickKind, 1, c, state.SpooledUser(c.UserID)) }
 			}
 			_, err := receipts.StoreOrHold(wctx, storeWait, log, "a one-click unsubscribe", func(ctx context.Context) error {
 				return recordOneClick(ctx, store, sink, c, log)

@@ -231,6 +231,12 @@ requests under way are answered before the process ends.`,
 						}
 						return state.ClearRefusalsHeld(ctx, rdb, holder)
 					}
+					spool.OnSpooled = func(ctx context.Context, ids []string, held bool) error {
+						if held {
+							return state.NoteSpooled(ctx, rdb, ids)
+						}
+						return state.ForgetSpooled(ctx, rdb, ids)
+					}
 					log.Debug("the workers wait while refusals wait in the spool", "redis", where)
 				}
 				handleOneClicks(spool, campaign.NewStore(engine), refusals, log)

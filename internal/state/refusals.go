@@ -29,11 +29,66 @@ redis.call("ZADD", KEYS[1], now + tonumber(ARGV[2]), ARGV[1])
 redis.call("INCR", KEYS[2])
 return 1`)
 
-// countHeld counts the notes that still hold by Redis's clock, and returns the count of notes written.
+// RefusalsSpooledKey is a hash of who the refusals held in some webhooks process's spool refuse
+// (SpooledAddress, SpooledUser), each with how many held requests name it. Unlike a note of RefusalsHeldKey, it does not run
+// out when its process dies with its spool full: until that spool is recorded (the process back, or its
+// directory replayed by another), the workers send nobody it names.
+const RefusalsSpooledKey = "campaignctl:refusals:spooled"
+
+// SpooledAddress names a refusal of address on channel ("sms", "email").
+func SpooledAddress(channel, address string) string { return "a|" + channel + "|" + address }
+
+// SpooledUser names a one-click unsubscribe of user (an e-mail's link).
+func SpooledUser(user string) string { return "u|" + user }
+
+// countHeld counts the notes that still hold by Redis's clock, and returns the count of notes written and
+// how many refusals are named as spooled.
 var countHeld = redis.NewScript(`
 local t = redis.call("TIME")
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-return {redis.call("ZCOUNT", KEYS[1], "(" .. now, "+inf"), tonumber(redis.call("GET", KEYS[2]) or "0")}`)
+return {redis.call("ZCOUNT", KEYS[1], "(" .. now, "+inf"), tonumber(redis.call("GET", KEYS[2]) or "0"), redis.call("HLEN", KEYS[3])}`)
+
+// spooledScript adds ARGV[1] (1 or -1) to the count of each of ARGV[2..], and drops a count that falls to 0.
+var spooledScript = redis.NewScript(`
+for i = 2, #ARGV do
+  if redis.call("HINCRBY", KEYS[1], ARGV[i], ARGV[1]) <= 0 then redis.call("HDEL", KEYS[1], ARGV[i]) end
+end
+return 1`)
+
+// NoteSpooled names ids (SpooledAddress, SpooledUser) as refused by a request just held in a spool.
+func NoteSpooled(ctx context.Context, rdb redis.UniversalClient, ids []string) error {
+	return runSpooled(ctx, rdb, 1, ids)
+}
+
+// ForgetSpooled takes back NoteSpooled's ids once their request is recorded in Postgres.
+func ForgetSpooled(ctx context.Context, rdb redis.UniversalClient, ids []string) error {
+	return runSpooled(ctx, rdb, -1, ids)
+}
+
+func runSpooled(ctx context.Context, rdb redis.UniversalClient, by int, ids []string) error {
+	if len(ids) == 0 {
+		return nil
+	}
+	args := make([]any, 0, 1+len(ids))
+	args = append(args, by)
+	for _, id := range ids {
+		args = append(args, id)
+	}
+	return spooledScript.Run(ctx, rdb, []string{RefusalsSpooledKey}, args...).Err()
+}
+
+// SpooledRefusals reads who the spools' refusals name (SpooledAddress, SpooledUser).
+func SpooledRefusals(ctx context.Context, rdb redis.UniversalClient) (map[string]bool, error) {
+	ids, err := rdb.HKeys(ctx, RefusalsSpooledKey).Result()
+	if err != nil {
+		return nil, err
+	}
+	m := make(map[string]bool, len(ids))
+	for _, id := range ids {
+		m[id] = true
+	}
+	return m, nil
+}
 
 // NoteRefusalsHeld notes that holder's spool holds refusals, for ttl unless renewed (a process that
 // died with its spool full does not hold the workers for longer).
@@ -46,19 +101,21 @@ func NoteRefusalsHeld(ctx context.Context, rdb redis.UniversalClient, holder str
 type HeldRefusals struct {
 	Held bool
 	Gen  int64
+	// Spooled is how many refusals are named as held in a spool (RefusalsSpooledKey).
+	Spooled int64
 }
 
 // RefusalsHeldNow reads whether some webhooks process's spool holds refusals that Postgres has not taken
 // yet, and the count of notes written.
 func RefusalsHeldNow(ctx context.Context, rdb redis.UniversalClient) (HeldRefusals, error) {
-	vs, err := countHeld.Run(ctx, rdb, []string{RefusalsHeldKey, RefusalsHeldGenKey}).Int64Slice()
+	vs, err := countHeld.Run(ctx, rdb, []string{RefusalsHeldKey, RefusalsHeldGenKey, RefusalsSpooledKey}).Int64Slice()
 	if err != nil {
 		return HeldRefusals{}, err
 	}
-	if len(vs) != 2 {
+	if len(vs) != 3 {
 		return HeldRefusals{}, fmt.Errorf("refusals held: unexpected answer %v", vs)
 	}
-	return HeldRefusals{Held: vs[0] > 0, Gen: vs[1]}, nil
+	return HeldRefusals{Held: vs[0] > 0, Gen: vs[1], Spooled: vs[2]}, nil
 }
 
 // ClearRefusalsHeld removes holder's note: its spool is empty.

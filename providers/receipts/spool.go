@@ -13,6 +13,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/campaignctl/campaignctl/internal/state"
 )
 
 // Spool keeps on disk the refusals (and, with HandleReceipts, the receipts) a sink could not record within
@@ -45,8 +47,13 @@ type Spool struct {
 	// and again at each replay while any wait) or holds none any more (false): the workers wait while it
 	// holds refusals (state.NoteRefusalsHeld). Set it before Run.
 	OnHeld func(ctx context.Context, held bool) error
-	heldMu sync.Mutex // a note and the look at the directory before a clear, one at a time
-	noted  bool
+	// OnSpooled, when set, is told who a held request refuses (held true: before it is answered) and, once
+	// it is recorded, that it no longer holds them (false): unlike OnHeld's note, which runs out when its
+	// process dies, this stays until the request is recorded, by whichever process replays the spool (see
+	// state.RefusalsSpooledKey). A request set aside keeps them held. Set it before Run.
+	OnSpooled func(ctx context.Context, ids []string, held bool) error
+	heldMu    sync.Mutex // a note and the look at the directory before a clear, one at a time
+	noted     bool
 }
 
 // noteHeld tells OnHeld that requests wait; a failure is logged (Redis down: the workers send nothing
@@ -64,6 +71,19 @@ func (s *Spool) noteHeld(ctx context.Context) {
 		return
 	}
 	s.noted = true
+}
+
+// spooledIDs tells OnSpooled who a request held (or recorded) refuses; a failure is logged (Redis down:
+// the workers send nothing either).
+func (s *Spool) spooledIDs(ids []string, held bool) {
+	if s.OnSpooled == nil || len(ids) == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+	defer cancel()
+	if err := s.OnSpooled(ctx, ids, held); err != nil {
+		s.log.Warn("the workers could not be told who the refusals in the spool refuse", "held", held, "err", err)
+	}
 }
 
 // clearHeld tells OnHeld that nothing waits, when the directory holds no request any more.
@@ -126,6 +146,8 @@ type spooled struct {
 	Refusals []Refusal       `json:"refusals,omitempty"`
 	Kind     string          `json:"kind,omitempty"`
 	Request  json.RawMessage `json:"request,omitempty"`
+	// IDs name who the request refuses (state.SpooledAddress, state.SpooledUser), told to OnSpooled.
+	IDs []string `json:"ids,omitempty"`
 }
 
 // Handle makes record the way held requests of kind are recorded (HoldRequest). An error marked Final
@@ -156,11 +178,18 @@ func (s *Spool) holdsReceipts() bool { return s != nil && s.kinds[receiptsKind] 
 
 // Hold writes rs to the spool, durably, and wakes the replay. When it returns nil the request may be
 // answered as recorded.
-func (s *Spool) Hold(rs []Refusal) error { return s.hold(spooled{Refusals: rs, Events: len(rs)}) }
+func (s *Spool) Hold(rs []Refusal) error {
+	ids := make([]string, 0, len(rs))
+	for _, r := range rs {
+		ids = append(ids, state.SpooledAddress(r.Channel, r.Address))
+	}
+	return s.hold(spooled{Refusals: rs, Events: len(rs), IDs: ids})
+}
 
 // HoldRequest writes request (JSON), which holds events (receipts, a click), to the spool as one of
-// kind, whose function given to Handle records it, like Hold.
-func (s *Spool) HoldRequest(kind string, events int, request any) error {
+// kind, whose function given to Handle records it, like Hold; ids name who it refuses, if anyone
+// (state.SpooledUser).
+func (s *Spool) HoldRequest(kind string, events int, request any, ids ...string) error {
 	if s.kinds[kind] == nil {
 		return fmt.Errorf("the refusal spool records no request of kind %q", kind)
 	}
@@ -168,7 +197,7 @@ func (s *Spool) HoldRequest(kind string, events int, request any) error {
 	if err != nil {
 		return err
 	}
-	return s.hold(spooled{Kind: kind, Events: events, Request: b})
+	return s.hold(spooled{Kind: kind, Events: events, Request: b, IDs: ids})
 }
 
 func (s *Spool) hold(sp spooled) error {
@@ -204,7 +233,8 @@ func (s *Spool) hold(sp spooled) error {
 		d.Sync() //nolint:errcheck // the rename's durability, where the file system offers it
 		d.Close()
 	}
-	// Before the request is answered: no worker leases on consents that miss it.
+	// Before the request is answered: no worker leases on consents that miss it, nor sends anyone it names.
+	s.spooledIDs(sp.IDs, true)
 	s.noteHeld(context.Background())
 	select {
 	case s.kick <- struct{}{}:
@@ -281,7 +311,12 @@ func (s *Spool) Replay(ctx context.Context) (done, left int, err error) {
 		case err != nil:
 			return done, left, err
 		}
-		if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+		switch err := os.Remove(path); {
+		case err == nil:
+			// Only the process that removed the file takes its names back: two replaying one directory
+			// would take them back twice.
+			s.spooledIDs(sp.IDs, false)
+		case !errors.Is(err, os.ErrNotExist):
 			return done, left, fmt.Errorf("the refusal spool %s: %w", s.dir, err)
 		}
 		done++

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"maps"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -13,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/campaignctl/campaignctl/internal/state"
 	"github.com/campaignctl/campaignctl/providers/receipts"
 )
 
@@ -197,5 +199,63 @@ func TestTheSpoolSaysWhileRefusalsWait(t *testing.T) {
 	}
 	if len(sk.allRefusals()) != 1 {
 		t.Fatalf("recorded %d refusals, want 1", len(sk.allRefusals()))
+	}
+}
+
+// Who a held refusal refuses is told before the post is answered, and taken back only once the refusal is
+// recorded, by whichever process replays the directory: a process that dies with its spool full leaves
+// them named (its note of OnHeld runs out; these do not), and the next process on the directory takes them
+// back when it records the file.
+func TestTheSpoolNamesWhoItsRefusalsRefuseUntilTheyAreRecorded(t *testing.T) {
+	sk := &bothSink{refuseErr: errors.New("database down")}
+	h := receipts.TwilioInboundHandler(twilioToken, inboundPublic, nil, sk, nil)
+	h.SetStoreWait(0)
+	dir := filepath.Join(t.TempDir(), "spool")
+	var mu sync.Mutex
+	named := map[string]int{}
+	tell := func(_ context.Context, ids []string, held bool) error {
+		mu.Lock()
+		defer mu.Unlock()
+		for _, id := range ids {
+			if held {
+				named[id]++
+			} else if named[id]--; named[id] == 0 {
+				delete(named, id)
+			}
+		}
+		return nil
+	}
+	namedNow := func() map[string]int {
+		mu.Lock()
+		defer mu.Unlock()
+		return maps.Clone(named)
+	}
+	sp := receipts.NewSpool(dir, sk, slog.New(slog.DiscardHandler))
+	sp.OnSpooled = tell
+	h.SetSpool(sp)
+	if w := inboundServe(h, inboundForm("RET")); w.Code != http.StatusOK {
+		t.Fatalf("with a spool: %d, want 200 (held on disk)", w.Code)
+	}
+	want := map[string]int{state.SpooledAddress("sms", inboundFrom): 1}
+	if got := namedNow(); !maps.Equal(got, want) {
+		t.Fatalf("named %v by the time the post was answered; want %v", got, want)
+	}
+	if _, _, err := sp.Replay(t.Context()); err == nil {
+		t.Fatal("the replay recorded while the sink fails")
+	}
+	if got := namedNow(); !maps.Equal(got, want) {
+		t.Fatalf("named %v after a failed replay; want %v still", got, want)
+	}
+	// The process dies; another takes the directory over once Postgres is back.
+	sk.rmu.Lock()
+	sk.refuseErr = nil
+	sk.rmu.Unlock()
+	next := receipts.NewSpool(dir, sk, slog.New(slog.DiscardHandler))
+	next.OnSpooled = tell
+	if n, left, err := next.Replay(t.Context()); n != 1 || left != 0 || err != nil {
+		t.Fatalf("the next process's replay: %d recorded, %d left, %v; want the refusal recorded", n, left, err)
+	}
+	if got := namedNow(); len(got) != 0 {
+		t.Fatalf("named %v once recorded; want nobody", got)
 	}
 }
