@@ -50,8 +50,9 @@ type Pace struct {
 	flushed  time.Time
 	rate     float64 // the pace (0: none below the cap)
 	down     bool
-	// streak counts the refused answers (in tokens) since the last one taken: a provider that has just
-	// met its limit refuses everything from then on, and that is shared at once (refresh).
+	// streak counts the refused answers (requests, whatever tokens each weighs) since the last one taken: a
+	// provider that has just met its limit refuses everything from then on, and that is shared at once
+	// (refresh).
 	streak int64
 }
 
@@ -137,7 +138,7 @@ func (p *Pace) ObserveN(ctx context.Context, a Answer, hint time.Duration, n int
 	if a == Taken {
 		p.streak = 0
 	} else {
-		p.streak += max(1, n)
+		p.streak++
 	}
 	p.mu.Unlock()
 	return p.refresh(ctx, false)
@@ -323,10 +324,13 @@ var paceScript = redis.NewScript(pauseLua + `
 -- over requests, not tokens: a window of 4 e-mail requests of 1,000 recipients with one refused is one
 -- refusal in 4, not 1,000 in 4,000. grain, the tokens a request of the window weighs on average, is set
 -- below once the window is counted.
+-- One refused request is no evidence of a limit, however few the window's requests (a second of ten
+-- e-mail requests with one 429 is a tenth, yet 2 % of requests refused at random do that in one second
+-- of five): at least two are.
 local grain = 1
 local function beyond(x, n, share)
   x, n = x / grain, n / grain
-  return x > n * share + math.sqrt(n * share * (1 - share))
+  return x >= 1.5 and x > n * share + math.sqrt(n * share * (1 - share))
 end
 -- The rate a provider took in a window of span ms with ok taken and rejected refused, while the pace in
 -- force was cur: what it took over the window's second (or its span, when longer), or, when more, the
@@ -423,23 +427,25 @@ local due = elapsed >= 1000
 -- call the provider down, or an answer taken or throttled ends it: a provider that hangs gives a few
 -- failures a second at most (each at its request's timeout), never downAt within one second, and was never
 -- called down while every request to it failed.
-if due and not down and ok == 0 and thr + thrh == 0 and fail > 0 and total < downAt and elapsed < tonumber(ARGV[16]) then due = false end
+if due and not down and ok == 0 and thr + thrh == 0 and fail > 0 and req < downAt and elapsed < tonumber(ARGV[16]) then due = false end
 -- Judged early only on a window that holds enough of a second: with a pace in force, a third of a
 -- second's worth of it (a window of a few dozen answers, most of them one process's refusals sent at
 -- once while the others' accepted answers wait for their flush, would cut the pace deep for nothing:
 -- 24 refused of 64 at a pace of 234 did, with a quarter).
 local earlyAt = judgeAt
 if rate > 0 then earlyAt = math.max(judgeAt, rate / 3) elseif cap > 0 then earlyAt = math.max(judgeAt, cap / 3) end
-if not due and elapsed >= flush / 8 and total >= earlyAt and rejected > total * early then due = true end
+-- And on a few requests at least (downAt): a third of a second of e-mail is three requests of a hundred
+-- recipients, and a window judged on them would be lowered, not called down, by an outage's first failures.
+if not due and elapsed >= flush / 8 and total >= earlyAt and req >= downAt and rejected > total * early then due = true end
 -- A process whose answers end with a run of refusals in a row (the provider has met its limit and
 -- refuses all that follows) has the window judged at once when its rejections are already beyond their
 -- share: waiting for them to be a quarter of it lets every process spend a few hundred more requests.
-if not due and ARGV[15] == "1" and elapsed >= flush / 8 and total >= earlyAt and
+if not due and ARGV[15] == "1" and elapsed >= flush / 8 and total >= earlyAt and req >= downAt and
   (beyond(thr + thrh, total, maxThr) or beyond(fail, total, maxFail)) then due = true end
 -- A provider failing (nearly) every request is judged down as soon as downAt answers show it, not at the
 -- end of the window's second: a recipient's retries, with their back-offs, can all be spent in less than
 -- a second, and an outage must cost nobody an attempt.
-if not due and not down and elapsed >= flush / 8 and total >= downAt and fail * 10 >= total * 9 then due = true end
+if not due and not down and elapsed >= flush / 8 and req >= downAt and fail * 10 >= total * 9 then due = true end
 if down and ok > 0 then
   -- A request taken: the provider is back.
   down = false
@@ -447,7 +453,7 @@ if down and ok > 0 then
   ev = "up"
 end
 if due then
-  if not down and total >= downAt and fail * 10 >= total * 9 then
+  if not down and req >= downAt and fail * 10 >= total * 9 then
     down = true
     ev = "down"
     up = 0

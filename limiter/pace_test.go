@@ -832,3 +832,53 @@ func TestPaceJudgesRefusalsByRequestsNotTokens(t *testing.T) {
 		t.Fatalf("rate %v after 10 s of every request refused, want it lowered", r)
 	}
 }
+
+// An e-mail provider's requests each weigh a hundred tokens (personalizations): one failed request is one
+// failure, not a hundred. With 2 % of the requests refused with a 429 and 2 % failing with a 503, ten
+// requests a second at the cap of 1,000, the provider is never taken for down, and the pace stays at the
+// cap (a single stray refusal among a second's ten requests is no evidence of a limit). Before, a single
+// 503 called the provider down (100 of 100 failed), and a single 429 lowered the pace: an outside run sent
+// 650–720 a second against 938 without the faults. An outage (every request failing) still calls it down.
+func TestAFailedRequestOfManyRecipientsIsOneFailure(t *testing.T) {
+	t.Parallel()
+	b, clock := fakeClockBucket(t)
+	p := b.Pace("provider:sendgrid", 1000)
+	ctx := context.Background()
+	offered, i := 0, 0
+	for second := range 60 {
+		for range 10 {
+			r := p.Rate(ctx)
+			if p.Down(ctx) {
+				t.Fatalf("second %d: the provider was called down by sporadic failures", second)
+			}
+			if r == 0 || r >= 1000 || float64(offered%1000) < r {
+				a := Taken
+				switch i % 50 {
+				case 7:
+					a = Throttled
+				case 31:
+					a = Failed
+				}
+				if err := p.ObserveN(ctx, a, 0, 100); err != nil {
+					t.Fatal(err)
+				}
+				i++
+			}
+			offered += 100
+			*clock = clock.Add(100 * time.Millisecond)
+		}
+	}
+	if r := p.Rate(ctx); r != 1000 {
+		t.Fatalf("rate %v after a minute of 2 %% 429s and 2 %% 503s over requests, want the cap 1000", r)
+	}
+	// An outage: every request fails; within two seconds of it the provider is down.
+	for range 20 {
+		if err := p.ObserveN(ctx, Failed, 0, 100); err != nil {
+			t.Fatal(err)
+		}
+		*clock = clock.Add(100 * time.Millisecond)
+	}
+	if !p.Down(ctx) {
+		t.Fatal("two seconds of every request failing did not call the provider down")
+	}
+}
