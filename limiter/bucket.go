@@ -117,12 +117,14 @@ func (b *Bucket) keys() int {
 
 // gcra turns a rate in events per second into a redis_rate limit. Rates need not be whole numbers
 // (0.5/s is one event every two seconds), so the period is stretched to keep Rate an integer. The burst is
-// a twentieth of a second's worth (at least 1): with burst 1, every token a sleeping worker wakes up late
-// for is lost and the cap is under-used by 20 % or more; with rate/20, no one-second window holds more
-// than 1.05 times the cap.
-// Burst is how many tokens a limit of rate may hand out at once: a twentieth of a second's worth, at least
+// a fortieth of a second's worth (at least 1): with burst 1, every token a sleeping worker wakes up late
+// for is lost and the cap is under-used by 20 % or more. A bucket of burst B emitting r a second hands out
+// at most B + r - 1 tokens in any second (B at once, then one every 1/r), so it emits rate - (B - 1): no
+// second, whole or sliding, holds more than the cap (a provider counting over its own second sees no more
+// than it allows), and a saturated cap is used at 97.5 % or more.
+// Burst is how many tokens a limit of rate may hand out at once: a fortieth of a second's worth, at least
 // one (see gcra).
-func Burst(rate float64) int { return max(1, int(rate/20)) }
+func Burst(rate float64) int { return max(1, int(rate/40)) }
 
 // Whatever rate is given, the limit is never faster: below one event a second it is one event a period of
 // 1/rate rounded up to the millisecond (at most maxPeriod); above, rate×1000 events per 1000 s rounded down.
@@ -136,8 +138,10 @@ func gcra(rate float64) redis_rate.Limit {
 		return redis_rate.Limit{Rate: 1, Burst: 1, Period: period}
 	}
 	const scale = 1000
-	n := int(math.Floor(rate*scale + 1e-6)) // the slack only absorbs a float's last digit (2.3 × 1000)
-	return redis_rate.Limit{Rate: n, Burst: Burst(rate), Period: scale * time.Second}
+	burst := Burst(rate)
+	// The slack only absorbs a float's last digit (2.3 × 1000).
+	n := int(math.Floor((rate-float64(burst-1))*scale + 1e-6))
+	return redis_rate.Limit{Rate: n, Burst: burst, Period: scale * time.Second}
 }
 
 // maxPeriod is the longest period between two events a limit keeps: a rate lower than one event in it is

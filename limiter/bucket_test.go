@@ -166,14 +166,14 @@ func TestWaitNKeepsTheRate(t *testing.T) {
 	rdb, _ := testredis.New(t)
 	b := New(rdb)
 	ctx := context.Background()
-	l := Limit{Key: "provider:n", Rate: 200} // burst 10
+	l := Limit{Key: "provider:n", Rate: 200} // burst 5
 	start := time.Now()
 	for i := 0; i < 3; i++ {
 		if err := b.WaitN(ctx, 50, l); err != nil {
 			t.Fatal(err)
 		}
 	}
-	// 150 tokens at 200/s with a burst of 10: at least (150-10)/200 s.
+	// 150 tokens at 200/s with a burst of 5: at least (150-5)/200 s.
 	if d := time.Since(start); d < 650*time.Millisecond || d > 2*time.Second {
 		t.Fatalf("150 tokens at 200/s took %v", d)
 	}
@@ -225,7 +225,7 @@ func TestWaitersOfOneProcessTakeTurns(t *testing.T) {
 	if took := time.Since(start); took < 800*time.Millisecond {
 		t.Fatalf("%d tokens at 200/s took %v: the cap was not kept", tokens, took)
 	}
-	// One ask per token, plus about one refused ask per wait (every 5 ms at 200/s with a burst of 10).
+	// One ask per token, plus about one refused ask per wait (every 5 ms at 200/s with a burst of 5).
 	if n := calls.n.Load(); n > int64(2*tokens) {
 		t.Fatalf("%d Redis calls for %d tokens: waiters poll the bucket instead of taking turns", n, tokens)
 	}
@@ -276,7 +276,7 @@ func TestTurnsGoWithTheirLastWaiter(t *testing.T) {
 func TestLargeRequestsOfSeveralProcessesGoOutOneAfterTheOther(t *testing.T) {
 	t.Parallel()
 	_, url := testredis.New(t)
-	const rate, n, procs = 400.0, 200, 3 // a request is worth 500 ms, the burst (20 tokens) 50 ms
+	const rate, n, procs = 400.0, 200, 3 // a request is worth 500 ms, the burst (10 tokens) 25 ms
 	l := Limit{Key: "provider:large", Rate: rate}
 	var mu sync.Mutex
 	var out []time.Duration
@@ -302,7 +302,7 @@ func TestLargeRequestsOfSeveralProcessesGoOutOneAfterTheOther(t *testing.T) {
 	}
 	slices.Sort(out)
 	for i := 1; i < len(out); i++ {
-		// 500 ms less the burst's 50 ms, with room for scheduling
+		// 500 ms less the burst's 25 ms, with room for scheduling
 		if gap := out[i] - out[i-1]; gap < 350*time.Millisecond {
 			t.Fatalf("requests of %d tokens at %v/s went out at %v: two within %v of each other", n, rate, out, gap)
 		}
@@ -510,5 +510,23 @@ func takeUntilDone(wg *sync.WaitGroup, runs int, count *atomic.Int64, per int64,
 				count.Add(per)
 			}
 		}()
+	}
+}
+
+// No second holds more than the cap: a bucket hands out its burst at once and then one token every 1/r,
+// so it must emit the cap less the burst (less one). Before, a cap of 1,000 let 1,049 out in a second
+// (outside runs counted 1,008–1,056 at the provider, 2,136 in a second at a cap of 2,000), and a
+// provider counting over its own second refuses what goes over, or blocks the sender.
+func TestNoSecondHoldsMoreThanTheCap(t *testing.T) {
+	t.Parallel()
+	for _, rate := range []float64{1, 1.5, 10, 39, 40, 100, 500, 1000, 1999, 2000, 15000} {
+		l := gcra(rate)
+		perSecond := float64(l.Rate) / l.Period.Seconds()
+		if most := float64(l.Burst) + perSecond - 1; most > rate+1e-9 {
+			t.Errorf("cap %v: burst %d and %v a second hand out up to %v in a second", rate, l.Burst, perSecond, most)
+		}
+		if rate >= 40 && perSecond < 0.97*rate {
+			t.Errorf("cap %v: %v a second uses less than 97 %% of it", rate, perSecond)
+		}
 	}
 }

@@ -475,9 +475,9 @@ func (h *Handler) warm(ctx context.Context, run *batchRun, sz sendSize) {
 // epoch, the fence) being read again: the claims and the send are otherwise microseconds apart.
 const guardAgainAfter = 100 * time.Millisecond
 
-// staleTokens is how long after its tokens a send may leave. A bucket hands out a twentieth of a second's
-// worth at once (limiter.Burst): tokens held longer than half of that before their requests leave would
-// land, in the provider's count, on top of what the bucket handed the other runs meanwhile.
+// staleTokens is how long after its tokens a send may leave. A bucket hands out a fortieth of a second's
+// worth at once (limiter.Burst): tokens held much longer than that before their requests leave would land,
+// in the provider's count, on top of what the bucket handed the other runs meanwhile.
 const staleTokens = 25 * time.Millisecond
 
 // claimTimeEach is what the claim of one recipient of a request may take on top of staleTokens (a
