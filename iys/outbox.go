@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -169,6 +170,15 @@ func sendDue(ctx context.Context, pool *pgxpool.Pool, c *Client, opts PushOption
 	if err != nil {
 		return false, fmt.Errorf("iys push: read the outbox: %w", err)
 	}
+	due, twins := foldTwins(due)
+	withTwins := func(ids ...int64) []int64 {
+		for _, id := range slices.Clone(ids) {
+			for _, t := range twins[id] {
+				ids = append(ids, t.id)
+			}
+		}
+		return ids
+	}
 	if len(due) < opts.BatchFrom {
 		for _, o := range due {
 			res, err := c.AddConsent(ctx, o.change)
@@ -185,7 +195,7 @@ func sendDue(ctx context.Context, pool *pgxpool.Pool, c *Client, opts PushOption
 				return false, fmt.Errorf("iys push: %w", err)
 			case IsRetryable(err) || !isAPIError(err): // a 429, a 5xx, or no answer
 				rep.Retrying++
-				if err := retryLater(ctx, pool, []int64{o.id}, o.attempts, err); err != nil {
+				if err := retryLater(ctx, pool, withTwins(o.id), o.attempts, err); err != nil {
 					return false, err
 				}
 				if IsRateLimited(err) {
@@ -199,6 +209,9 @@ func sendDue(ctx context.Context, pool *pgxpool.Pool, c *Client, opts PushOption
 				err = finish(ctx, pool, o, OutboxRefused, "", code, err.Error())
 			}
 			if err != nil {
+				return false, err
+			}
+			if err := finishTwins(ctx, pool, o, twins[o.id]); err != nil {
 				return false, err
 			}
 		}
@@ -221,10 +234,15 @@ func sendDue(ctx context.Context, pool *pgxpool.Pool, c *Client, opts PushOption
 		}
 		due = rest
 		changes := make([]ConsentChange, len(batch))
-		ids := make([]int64, len(batch))
-		dates := make([]time.Time, len(batch))
+		var ids []int64
+		var dates []time.Time
+		var items []int32
 		for i, o := range batch {
-			changes[i], ids[i], dates[i] = o.change, o.id, o.change.ConsentDate
+			changes[i] = o.change
+			// A row's twins take its place in the batch: the result of its item is theirs.
+			for _, r := range append([]outboxRow{o}, twins[o.id]...) {
+				ids, dates, items = append(ids, r.id), append(dates, r.change.ConsentDate), append(items, int32(i))
+			}
 		}
 		id, err := c.AddConsents(ctx, changes)
 		if err != nil {
@@ -245,9 +263,9 @@ func sendDue(ctx context.Context, pool *pgxpool.Pool, c *Client, opts PushOption
 		// A row a newer refusal moved to its date while the batch was sent stays waiting: the batch
 		// carried the older date, and the row goes again with its own (see finish).
 		if _, err := pool.Exec(ctx, `
-			UPDATE iys_outbox o SET state = 'sent', request_id = $2, item_index = b.ord - 1, sent_at = now(), attempts = attempts + 1
-			FROM unnest($1::bigint[], $3::timestamptz[]) WITH ORDINALITY AS b(id, date, ord)
-			WHERE o.id = b.id AND o.state = 'waiting' AND o.consent_date = b.date`, ids, id, dates); err != nil {
+			UPDATE iys_outbox o SET state = 'sent', request_id = $2, item_index = b.item, sent_at = now(), attempts = attempts + 1
+			FROM unnest($1::bigint[], $3::timestamptz[], $4::int[]) AS b(id, date, item)
+			WHERE o.id = b.id AND o.state = 'waiting' AND o.consent_date = b.date`, ids, id, dates, items); err != nil {
 			return batched, fmt.Errorf("iys push: record batch %s: %w", id, err)
 		}
 	}
@@ -316,6 +334,52 @@ func apiCode(err error) string {
 		return ae.Code
 	}
 	return ""
+}
+
+// foldTwins keeps, of the rows due that carry the same change (a refusal of an address with consents both
+// without a brand and under the client's waits in a row for each, and both go under the client's brand),
+// the first, and returns the others by the id of the row they follow: the change goes to İYS once, and
+// its twins take its answer. Before, İYS got each such refusal twice.
+func foldTwins(due []outboxRow) ([]outboxRow, map[int64][]outboxRow) {
+	type key struct {
+		recipient, typ, rtype, status, source string
+		date                                  int64
+	}
+	first := map[key]int64{}
+	var twins map[int64][]outboxRow
+	kept := due[:0:0]
+	for _, o := range due {
+		k := key{o.change.Recipient, o.change.Type, o.change.RecipientType, o.change.Status, o.change.Source, o.change.ConsentDate.UnixNano()}
+		if id, ok := first[k]; ok {
+			if twins == nil {
+				twins = map[int64][]outboxRow{}
+			}
+			twins[id] = append(twins[id], o)
+			continue
+		}
+		first[k] = o.id
+		kept = append(kept, o)
+	}
+	return kept, twins
+}
+
+// finishTwins gives o's twins (foldTwins) the answer o's row took.
+func finishTwins(ctx context.Context, pool *pgxpool.Pool, o outboxRow, twins []outboxRow) error {
+	if len(twins) == 0 {
+		return nil
+	}
+	ids := make([]int64, len(twins))
+	for i, t := range twins {
+		ids[i] = t.id
+	}
+	_, err := pool.Exec(ctx, `UPDATE iys_outbox t SET state = o.state, transaction_id = o.transaction_id, error_code = o.error_code, error = o.error,
+			attempts = t.attempts + 1, sent_at = coalesce(t.sent_at, now()), done_at = now()
+		FROM iys_outbox o
+		WHERE o.id = $1 AND o.state <> 'waiting' AND t.id = ANY($2) AND t.state = 'waiting' AND t.consent_date = $3`, o.id, ids, o.change.ConsentDate)
+	if err != nil {
+		return fmt.Errorf("iys push: record the answer: %w", err)
+	}
+	return nil
 }
 
 // finish records İYS's answer to o's RET. Only if the row still waits with the date that was sent: a newer
