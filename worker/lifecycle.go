@@ -89,6 +89,10 @@ type CancelOptions struct {
 	// Recorded, when set, is called once the cancel is recorded (CampaignID, Was and Halted set), before
 	// the batches are closed, which may take up to Wait.
 	Recorded func(CancelReport)
+	// Waiting, when set, is told once, two seconds into the wait, how many batches workers still hold and
+	// how long the cancel waits for them at most: a dead worker's lease runs out before its batch is
+	// closed, and the command must not look hung meanwhile.
+	Waiting func(held int, upTo time.Duration)
 }
 
 // CancelReport is what Cancel did.
@@ -175,7 +179,9 @@ func Cancel(ctx context.Context, o CancelOptions) (CancelReport, error) {
 		hlog = slog.New(atLeast{log.Handler(), slog.LevelWarn})
 	}
 	h := NewHandler(Config{Store: o.Store, Redis: o.Redis, Logger: hlog, Owner: owner})
-	deadline := time.Now().Add(o.Wait)
+	start := time.Now()
+	deadline := start.Add(o.Wait)
+	told := false
 	for {
 		batches, err := o.Store.PendingBatches(ctx, id, false)
 		if err != nil {
@@ -192,6 +198,10 @@ func Cancel(ctx context.Context, o CancelOptions) (CancelReport, error) {
 		}
 		if held == 0 || time.Now().After(deadline) {
 			break
+		}
+		if !told && o.Waiting != nil && time.Since(start) >= 2*time.Second {
+			o.Waiting(held, time.Until(deadline))
+			told = true
 		}
 		if err := limiter.Sleep(ctx, time.Second); err != nil {
 			return rep, err

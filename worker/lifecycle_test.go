@@ -431,14 +431,19 @@ func TestCancelWithABatchInFlight(t *testing.T) {
 	wait(t, p.started, "the first send")
 
 	var recorded *worker.CancelReport
+	var told []int // Waiting's batches held, once told: the command says what it waits for
 	start := time.Now()
-	rep, err := worker.Cancel(ctx, worker.CancelOptions{Store: e.store, Redis: e.rdb, CampaignID: c.ID, Wait: time.Second,
-		Recorded: func(r worker.CancelReport) { recorded = &r }})
+	rep, err := worker.Cancel(ctx, worker.CancelOptions{Store: e.store, Redis: e.rdb, CampaignID: c.ID, Wait: 3 * time.Second,
+		Recorded: func(r worker.CancelReport) { recorded = &r },
+		Waiting:  func(held int, upTo time.Duration) { told = append(told, held) }})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if took := time.Since(start); took < time.Second {
-		t.Fatalf("cancel returned after %v, before its Wait (1s) while a worker held a batch", took)
+	if took := time.Since(start); took < 3*time.Second {
+		t.Fatalf("cancel returned after %v, before its Wait (3s) while a worker held a batch", took)
+	}
+	if len(told) != 1 || told[0] != 1 {
+		t.Fatalf("Waiting told %v; want once, of the 1 batch held", told)
 	}
 	if recorded == nil || recorded.Was != campaign.StateRunning || !recorded.Halted {
 		t.Fatalf("Recorded got %+v", recorded)

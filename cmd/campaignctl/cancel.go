@@ -76,6 +76,10 @@ func (a *app) cancel(ctx context.Context, o cancelOptions) error {
 			}
 			fmt.Fprintf(a.stdout, "campaign %d cancelled (was %s); no new send starts on any worker\n", r.CampaignID, r.Was)
 		},
+		Waiting: func(held int, upTo time.Duration) {
+			fmt.Fprintf(a.stderr, "waiting for the workers to let go of %d batches (a dead worker's lease runs out first), up to %v more (--wait)\n",
+				held, upTo.Round(time.Second))
+		},
 	})
 	c := rep.Counts
 	if c.Planned > 0 && rep.Was == campaign.StateCancelled {
