@@ -239,7 +239,17 @@ func (h *Handler) RunBatch(ctx context.Context, campaignID int64, batch int) err
 	var stop error
 	chunks := 0
 	queue := recipients
+	runStart := time.Now()
 	for (len(queue) > 0 || len(run.carried) > 0) && stop == nil {
+		// Runs under a cap take turns with the other campaigns' batches: a campaign at --rate 100 with a
+		// hundred batches held every worker slot, each run waiting for its share of the cap, and a campaign
+		// launched after it sent nothing until it ended (an outside run: 90 s and counting, of 8.5 min).
+		if chunks > 0 && len(run.carried) == 0 && run.provider != nil && !run.answerInNextClaim && run.c.State == campaign.StateRunning &&
+			h.cfg.TurnAfter > 0 && time.Since(runStart) >= h.cfg.TurnAfter && h.othersWaiting(ctx, c.ID) {
+			stop = &RetryError{Err: errors.New("batch handed back: a batch of another campaign waits for a worker, and runs under a cap take turns"),
+				After: time.Second, Wait: true}
+			break
+		}
 		if share != nil {
 			chunkSize = share()
 		}
@@ -386,6 +396,42 @@ func (h *Handler) RunBatch(ctx context.Context, campaignID int64, batch int) err
 		return &RetryError{Err: errors.New("recipients of this batch were made pending again while it ran; it runs again for them"), After: time.Second}
 	}
 	return nil
+}
+
+// pendingKey is Asynq's list of the tasks of the batch queue waiting for a worker, oldest on the right: its
+// task IDs are TaskID's "<campaign>:<batch>". TestARunUnderACapTakesTurnsWithAnotherCampaign holds the name
+// to the Asynq in use.
+const pendingKey = "asynq:{" + Queue + "}:pending"
+
+// pendingLook is how many of the oldest waiting tasks othersWaiting reads.
+const pendingLook = 2000
+
+// othersWaiting says whether a batch of a campaign other than id waits in the queue for a worker (among
+// the pendingLook next to run), as read at most once a second by this process. A failed read says no.
+func (h *Handler) othersWaiting(ctx context.Context, id int64) bool {
+	if h.cfg.Redis == nil {
+		return false
+	}
+	h.queuedMu.Lock()
+	defer h.queuedMu.Unlock()
+	if time.Since(h.queuedAt) >= time.Second {
+		h.queuedAt, h.queued = time.Now(), map[int64]bool{}
+		if ids, err := h.cfg.Redis.LRange(ctx, pendingKey, -pendingLook, -1).Result(); err == nil {
+			for _, t := range ids {
+				if c, _, ok := strings.Cut(t, ":"); ok {
+					if n, err := strconv.ParseInt(c, 10, 64); err == nil {
+						h.queued[n] = true
+					}
+				}
+			}
+		}
+	}
+	for c := range h.queued {
+		if c != id {
+			return true
+		}
+	}
+	return false
 }
 
 // sharedChunk is the size of a chunk under a cap of rate a second shared by runs runs of this process:

@@ -120,6 +120,10 @@ type Config struct {
 	// DeadlineMargin is kept free before a batch's deadline to write outcomes and hand the rest back.
 	// Default 30 s.
 	DeadlineMargin time.Duration
+	// TurnAfter is how long a batch run under a cap (the campaign's or its provider's) keeps its worker
+	// slot while a batch of another campaign waits in the queue for one: then it hands the rest of its
+	// batch back, behind that one (othersWaiting). Default 10 s; negative: never.
+	TurnAfter time.Duration
 	// Now is the clock; default time.Now.
 	Now func() time.Time
 	// Liveness, when set, is the lock that tells the other workers' sweeps this process lives: its leases
@@ -180,6 +184,11 @@ type Handler struct {
 	// lease read them (readSpooled); nil when none.
 	spooledMu sync.Mutex
 	spooled   map[string]bool
+	// queuedMu guards queuedAt and queued: the campaigns whose batches wait in the queue, as read at
+	// queuedAt (othersWaiting).
+	queuedMu sync.Mutex
+	queuedAt time.Time
+	queued   map[int64]bool
 	// consentCtx ends the consent writes' retries: they go on for as long as the process runs, and end
 	// when Serve has waited for them at shutdown (endConsentWrites).
 	consentCtx       context.Context
@@ -295,6 +304,9 @@ func NewHandler(cfg Config) *Handler {
 	}
 	if cfg.RecordWait == 0 {
 		cfg.RecordWait = recordWait
+	}
+	if cfg.TurnAfter == 0 {
+		cfg.TurnAfter = 10 * time.Second
 	}
 	if cfg.SendAttempts == 0 {
 		cfg.SendAttempts = 5
