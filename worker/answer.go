@@ -395,6 +395,25 @@ func (h *Handler) aloneRefused(provider string, pe *providers.Error) bool {
 	return ok && h.cfg.Now().Sub(time.Unix(0, last.(int64))) < 30*time.Second
 }
 
+// probeAccount sets r aside, refused at the account level with no send of its provider accepted lately
+// (aloneRefused) to tell whether the refusal is r's: the run's next send probes. Accepted, it shows the
+// refusal was r's (an in-house receiver answers 401, 403 or 404 for a user it does not take), and r's run
+// counts against its attempts (answered), as a recipient that kept failing does; refused at the account
+// level too, the refusal is the account's, and the batch waits for the fix (accountError) with nobody's
+// attempts used. Before, such a refusal of a batch's first recipient held the whole batch as provider_auth
+// for good, on a worker that had not sent through the provider in the last 30 s. It reports false, and
+// sets nothing aside, when a refusal was set aside already since the run's last answer, or when the
+// provider's own code says the account (providers.Error.Account).
+func (h *Handler) probeAccount(run *batchRun, r *campaign.Recipient, pe *providers.Error) bool {
+	if run.accountProbed || pe.Account {
+		return false
+	}
+	run.accountProbed = true
+	run.deferAfter = max(run.deferAfter, time.Minute)
+	run.deferUnblamed(r, transientOutcome(r, pe))
+	return true
+}
+
 // accepted notes that provider accepted a send (aloneRefused).
 func (h *Handler) accepted(provider string) {
 	if n, ok := h.refusedInARow.Load(provider); ok {
@@ -521,6 +540,7 @@ func (h *Handler) answered(ctx context.Context, run *batchRun) {
 		state.ClearWaiting(ctx, h.cfg.Redis, run.c.ID, WaitProviderAuth) //nolint:errcheck // status only; it expires
 	}
 	run.failedInARow = 0
+	run.accountProbed = false
 	for _, o := range run.unblamed {
 		if o.Status == campaign.StatusFailed {
 			run.deferred--

@@ -202,6 +202,9 @@ func (h *Handler) deliver(ctx, waitCtx context.Context, run *batchRun, rest []ca
 			continue
 		}
 		if v == accountRefused {
+			if h.probeAccount(run, r, pe) {
+				return nil
+			}
 			return h.accountError(ctx, run, pe)
 		}
 		if pe.RetryAfter > longHold {

@@ -377,6 +377,9 @@ func (h *Handler) sendWindow(ctx context.Context, run *batchRun, rt *route, send
 				h.deferAlone(run, w.r, pe)
 				continue
 			}
+			if h.probeAccount(run, w.r, pe) {
+				continue
+			}
 			stop = firstErr(stop, h.accountError(ctx, run, pe))
 		case transient:
 			if pe.RecipientLimited || pe.RetryAfter > longHold {

@@ -1,0 +1,78 @@
+package worker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+
+	"github.com/campaignctl/campaignctl/campaign"
+	"github.com/campaignctl/campaignctl/providers"
+)
+
+// A receiver that answers 401, 403 or 404 for one user (an in-house webhook that does not take that user)
+// refuses that user, not the account: the run's next send probes, is accepted, and the batch goes on; the
+// refused user waits for a later run, its attempt counted. Before, such a refusal of the first recipient
+// a worker sent to held the whole batch as provider_auth for good (an outside run: 360 recipients pending
+// for minutes, until the campaign was cancelled). A refusal of every send is still the account's: the
+// batch waits for the fix, and nobody's attempts are used.
+func TestAnAccountLevelRefusalOfOneRecipientIsProbed(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		status int
+		window int
+	}{{401, 8}, {403, 8}, {404, 8}, {401, 1}, {404, 1}} {
+		t.Run(fmt.Sprintf("%d window %d", tc.status, tc.window), func(t *testing.T) {
+			t.Parallel()
+			f := planWith(t, 8, nil) // eligible: u1, u2, u4, u7, u8, one chunk
+			h, _, _ := f.faulty(t, func(c *Config) { c.SendWindow = tc.window })
+			f.provider.fail = func(_ int, m providers.Message) error {
+				if m.To == phone(1) {
+					return &providers.Error{Provider: "test", Status: tc.status, Class: providers.Permanent, Message: "unknown user"}
+				}
+				return nil
+			}
+			err := h.RunBatch(context.Background(), f.id, 0)
+			var re *RetryError
+			if !errors.As(err, &re) || strings.Contains(err.Error(), "refuses the account") {
+				t.Fatalf("the run returned %v; want the batch back for u1 alone, not an account refusal", err)
+			}
+			for _, u := range []int{2, 4, 7, 8} {
+				if n := len(f.provider.accepted[phone(u)]); n != 1 {
+					t.Errorf("u%d got %d messages, want 1", u, n)
+				}
+			}
+			st, _, _ := f.status(t, "u1")
+			var attempts int
+			if err := f.db.QueryRow(context.Background(), `SELECT attempts FROM campaign_recipients WHERE campaign_id = $1 AND user_id = 'u1'`, f.id).Scan(&attempts); err != nil {
+				t.Fatal(err)
+			}
+			if st != campaign.StatusPending || attempts != 1 {
+				t.Fatalf("u1: %s after %d attempts; want pending for a later run, its attempt counted", st, attempts)
+			}
+		})
+	}
+	t.Run("every send refused", func(t *testing.T) {
+		t.Parallel()
+		f := planWith(t, 8, nil)
+		h, _, _ := f.faulty(t, nil)
+		f.provider.fail = func(int, providers.Message) error {
+			return &providers.Error{Provider: "test", Status: 401, Class: providers.Permanent, Message: "bad secret"}
+		}
+		err := h.RunBatch(context.Background(), f.id, 0)
+		if err == nil || !strings.Contains(err.Error(), "refuses the account") {
+			t.Fatalf("the run returned %v; want the account refused, the batch waiting for the fix", err)
+		}
+		if c := f.counts(t); c.Pending != 5 || c.Failed != 0 {
+			t.Fatalf("counts %+v; want all 5 pending, none failed", c)
+		}
+		var attempts int
+		if err := f.db.QueryRow(context.Background(), `SELECT coalesce(sum(attempts), 0) FROM campaign_recipients WHERE campaign_id = $1`, f.id).Scan(&attempts); err != nil {
+			t.Fatal(err)
+		}
+		if attempts != 0 {
+			t.Fatalf("%d attempts counted for a refused account; want none", attempts)
+		}
+	})
+}
