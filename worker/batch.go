@@ -78,7 +78,7 @@ type batchRun struct {
 	failedInARow int
 	// accountProbed says an account-level refusal was set aside since the run's last answer (probeAccount).
 	accountProbed bool
-	deferred     int
+	deferred      int
 	// limited counts the deferred recipients left for a provider's limit on their address (deferLimited,
 	// limitedHere); deferAfter is the longest wait that limit asked for: the batch comes back no sooner.
 	limited int
