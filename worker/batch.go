@@ -838,32 +838,27 @@ func (h *Handler) refusalsHeld(ctx context.Context, run *batchRun) (state.HeldRe
 // and the workers lease again, but nobody those refusals name is sent until they are recorded. A failure
 // to read them fails closed.
 func (h *Handler) readSpooled(ctx context.Context, n int64) error {
-	var m map[string]bool
-	if n > 0 {
-		var err error
-		if m, err = state.SpooledRefusals(ctx, h.cfg.Redis); err != nil {
-			return waitForServices(fmt.Errorf("no send while Redis is unavailable: %w", err))
-		}
+	if n == 0 {
+		h.spooled.Store(nil)
+		return nil
 	}
-	h.spooledMu.Lock()
-	h.spooled = m
-	h.spooledMu.Unlock()
+	m, err := state.SpooledRefusals(ctx, h.cfg.Redis)
+	if err != nil {
+		return waitForServices(fmt.Errorf("no send while Redis is unavailable: %w", err))
+	}
+	h.spooled.Store(&m)
 	return nil
 }
 
 // spooledOut says whether a refusal held in a spool names addr on c's channel, or (an e-mail's one-click
 // unsubscribe) user: not sent until the refusal is recorded.
 func (h *Handler) spooledOut(c *campaign.Campaign, user, addr string) bool {
-	if !c.ChecksIYS() {
+	m := h.spooled.Load()
+	if m == nil || len(*m) == 0 || !c.ChecksIYS() {
 		return false
 	}
-	h.spooledMu.Lock()
-	defer h.spooledMu.Unlock()
-	if len(h.spooled) == 0 {
-		return false
-	}
-	return h.spooled[state.SpooledAddress(string(c.Channel), addr)] ||
-		user != "" && c.Channel == campaign.ChannelEmail && h.spooled[state.SpooledUser(user)]
+	return (*m)[state.SpooledAddress(string(c.Channel), addr)] ||
+		user != "" && c.Channel == campaign.ChannelEmail && (*m)[state.SpooledUser(user)]
 }
 
 // noRefusalHeldSince looks at the spools' notes again once the lease has read the chunk's consents: a

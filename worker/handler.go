@@ -180,10 +180,9 @@ type Handler struct {
 	heldMu  sync.Mutex
 	held    map[string]int
 	holding atomic.Int64
-	// spooledMu guards spooled: who the refusals held in webhooks processes' spools refuse, as the last
-	// lease read them (readSpooled); nil when none.
-	spooledMu sync.Mutex
-	spooled   map[string]bool
+	// spooled is who the refusals held in webhooks processes' spools refuse, as the last lease read them
+	// (readSpooled); nil when none. Read for every recipient a lease gates: no lock.
+	spooled atomic.Pointer[map[string]bool]
 	// queuedMu guards queuedAt and queued: the campaigns whose batches wait in the queue, as read at
 	// queuedAt (othersWaiting).
 	queuedMu sync.Mutex
