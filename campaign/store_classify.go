@@ -135,14 +135,18 @@ func (p *Planner) takeInOrder(ctx context.Context, tx pgx.Tx, ownSQL string) (st
 	if _, err := tx.Exec(ctx, `CREATE TEMP TABLE audience_own ON COMMIT DROP AS `+ownSQL); err != nil {
 		return "", fmt.Errorf("plan: classify audience: %w", err)
 	}
+	// Joins, not IN (…) OR IN (…): a subplan too large for memory would be scanned again for every row.
 	rows, err := tx.Query(ctx, `WITH s AS MATERIALIZED (
 			SELECT ord, user_id, address FROM audience_own WHERE own_reason IS NULL
+		), du AS (
+			SELECT user_id FROM s GROUP BY user_id HAVING count(*) > 1
+		), da AS (
+			SELECT address FROM s GROUP BY address HAVING count(*) > 1
 		)
-		SELECT ord, hashtextextended(user_id, 0), hashtextextended(user_id, 1), hashtextextended(address, 0), hashtextextended(address, 1)
-		FROM s
-		WHERE user_id IN (SELECT user_id FROM s GROUP BY user_id HAVING count(*) > 1)
-		   OR address IN (SELECT address FROM s GROUP BY address HAVING count(*) > 1)
-		ORDER BY ord`)
+		SELECT s.ord, hashtextextended(s.user_id, 0), hashtextextended(s.user_id, 1), hashtextextended(s.address, 0), hashtextextended(s.address, 1)
+		FROM s LEFT JOIN du ON du.user_id = s.user_id LEFT JOIN da ON da.address = s.address
+		WHERE du.user_id IS NOT NULL OR da.address IS NOT NULL
+		ORDER BY s.ord`)
 	if err != nil {
 		return "", fmt.Errorf("plan: classify audience: %w", err)
 	}
