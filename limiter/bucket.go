@@ -117,14 +117,14 @@ func (b *Bucket) keys() int {
 
 // gcra turns a rate in events per second into a redis_rate limit. Rates need not be whole numbers
 // (0.5/s is one event every two seconds), so the period is stretched to keep Rate an integer. The burst is
-// a fortieth of a second's worth (at least 1): with burst 1, every token a sleeping worker wakes up late
-// for is lost and the cap is under-used by 20 % or more. A bucket of burst B emitting r a second hands out
+// a fortieth of a second's worth, rounded up (2 from 41/s on): with burst 1, every token a sleeping worker
+// wakes up late for is lost and the cap is under-used by 20 % or more. A bucket of burst B emitting r a second hands out
 // at most B + r - 1 tokens in any second (B at once, then one every 1/r), so it emits rate - (B - 1): no
 // second, whole or sliding, holds more than the cap (a provider counting over its own second sees no more
 // than it allows), and a saturated cap is used at 97.5 % or more.
-// Burst is how many tokens a limit of rate may hand out at once: a fortieth of a second's worth, at least
-// one (see gcra).
-func Burst(rate float64) int { return max(1, int(rate/40)) }
+// Burst is how many tokens a limit of rate may hand out at once: a fortieth of a second's worth, rounded
+// up (see gcra).
+func Burst(rate float64) int { return max(1, int(math.Ceil(rate/40-1e-9))) }
 
 // Whatever rate is given, the limit is never faster: below one event a second it is one event a period of
 // 1/rate rounded up to the millisecond (at most maxPeriod); above, rate×1000 events per 1000 s rounded down.

@@ -492,8 +492,9 @@ func TestACampaignsRunsOnOneWorkerKeepItsRate(t *testing.T) {
 			var wg sync.WaitGroup
 			takeUntilDone(&wg, 4, &n, 1, func() error { return b.WaitN(ctx, 1, camp, prov) })
 			wg.Wait()
-			if got := n.Load(); got < 140 || got > 50*3+3 {
-				t.Fatalf("%d sends in 3 s at --rate 50; want about 150", got)
+			// The bucket emits 49 a second after its burst of 2 (no second above the cap): 149 in 3 s.
+			if got := n.Load(); got < 137 || got > 50*3 {
+				t.Fatalf("%d sends in 3 s at --rate 50; want about 149, never above 150", got)
 			}
 		})
 	}
