@@ -324,13 +324,15 @@ var paceScript = redis.NewScript(pauseLua + `
 -- over requests, not tokens: a window of 4 e-mail requests of 1,000 recipients with one refused is one
 -- refusal in 4, not 1,000 in 4,000. grain, the tokens a request of the window weighs on average, is set
 -- below once the window is counted.
--- One refused request is no evidence of a limit, however few the window's requests (a second of ten
--- e-mail requests with one 429 is a tenth, yet 2 % of requests refused at random do that in one second
--- of five): at least two are.
+-- A few refused requests are no evidence of a limit in a window of few requests (a second of ten e-mail
+-- requests with one 429 is a tenth, yet 2 % of requests refused at random do that in one second of five,
+-- and two in one of sixty): at least two refused requests are, and three in a window of fewer than 20.
 local grain = 1
 local function beyond(x, n, share)
   x, n = x / grain, n / grain
-  return x >= 1.5 and x > n * share + math.sqrt(n * share * (1 - share))
+  local least = 1.5
+  if n < 19.5 then least = 2.5 end
+  return x >= least and x > n * share + math.sqrt(n * share * (1 - share))
 end
 -- The rate a provider took in a window of span ms with ok taken and rejected refused, while the pace in
 -- force was cur: what it took over the window's second (or its span, when longer), or, when more, the

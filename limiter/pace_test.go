@@ -871,6 +871,26 @@ func TestAFailedRequestOfManyRecipientsIsOneFailure(t *testing.T) {
 	if r := p.Rate(ctx); r != 1000 {
 		t.Fatalf("rate %v after a minute of 2 %% 429s and 2 %% 503s over requests, want the cap 1000", r)
 	}
+	// Two chance 429s in one second of ten requests (2 % of the requests, in pairs): no evidence of a limit
+	// either. Before, two refused requests of a window were enough at any size: an outside check run saw
+	// the pace cut to 540 for 23 s. (A pace of its own, so that each second is one window.)
+	b2, clock2 := fakeClockBucket(t)
+	p2 := b2.Pace("provider:sendgrid", 1000)
+	for second := range 30 {
+		for k := range 10 {
+			a := Taken
+			if second%10 == 3 && (k == 2 || k == 6) {
+				a = Throttled
+			}
+			if err := p2.ObserveN(ctx, a, 0, 100); err != nil {
+				t.Fatal(err)
+			}
+			*clock2 = clock2.Add(100 * time.Millisecond)
+		}
+		if r := p2.Rate(ctx); r != 1000 {
+			t.Fatalf("second %d: rate %v after two 429s among a second's ten requests, want the cap 1000", second, r)
+		}
+	}
 	// An outage: every request fails; within two seconds of it the provider is down.
 	for range 20 {
 		if err := p.ObserveN(ctx, Failed, 0, 100); err != nil {
