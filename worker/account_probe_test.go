@@ -13,7 +13,8 @@ import (
 
 // A receiver that answers 401, 403 or 404 for one user (an in-house webhook that does not take that user)
 // refuses that user, not the account: the run's next send probes, is accepted, and the batch goes on; the
-// refused user waits for a later run, its attempt counted. Before, such a refusal of the first recipient
+// refused user waits for a later run, its attempt counted. Here two neighbours of the batch are refused
+// (the probe after the first is refused too, which held the batch in an outside check run). Before, such a refusal of the first recipient
 // a worker sent to held the whole batch as provider_auth for good (an outside run: 360 recipients pending
 // for minutes, until the campaign was cancelled). A refusal of every send is still the account's: the
 // batch waits for the fix, and nobody's attempts are used.
@@ -28,7 +29,8 @@ func TestAnAccountLevelRefusalOfOneRecipientIsProbed(t *testing.T) {
 			f := planWith(t, 8, nil) // eligible: u1, u2, u4, u7, u8, one chunk
 			h, _, _ := f.faulty(t, func(c *Config) { c.SendWindow = tc.window })
 			f.provider.fail = func(_ int, m providers.Message) error {
-				if m.To == phone(1) {
+				// u1 and u2, neighbours in the batch: the probe after u1 is refused too.
+				if m.To == phone(1) || m.To == phone(2) {
 					return &providers.Error{Provider: "test", Status: tc.status, Class: providers.Permanent, Message: "unknown user"}
 				}
 				return nil
@@ -38,18 +40,20 @@ func TestAnAccountLevelRefusalOfOneRecipientIsProbed(t *testing.T) {
 			if !errors.As(err, &re) || strings.Contains(err.Error(), "refuses the account") {
 				t.Fatalf("the run returned %v; want the batch back for u1 alone, not an account refusal", err)
 			}
-			for _, u := range []int{2, 4, 7, 8} {
+			for _, u := range []int{4, 7, 8} {
 				if n := len(f.provider.accepted[phone(u)]); n != 1 {
 					t.Errorf("u%d got %d messages, want 1", u, n)
 				}
 			}
-			st, _, _ := f.status(t, "u1")
-			var attempts int
-			if err := f.db.QueryRow(context.Background(), `SELECT attempts FROM campaign_recipients WHERE campaign_id = $1 AND user_id = 'u1'`, f.id).Scan(&attempts); err != nil {
-				t.Fatal(err)
-			}
-			if st != campaign.StatusPending || attempts != 1 {
-				t.Fatalf("u1: %s after %d attempts; want pending for a later run, its attempt counted", st, attempts)
+			for _, u := range []string{"u1", "u2"} {
+				st, _, _ := f.status(t, u)
+				var attempts int
+				if err := f.db.QueryRow(context.Background(), `SELECT attempts FROM campaign_recipients WHERE campaign_id = $1 AND user_id = $2`, f.id, u).Scan(&attempts); err != nil {
+					t.Fatal(err)
+				}
+				if st != campaign.StatusPending || attempts != 1 {
+					t.Fatalf("%s: %s after %d attempts; want pending for a later run, its attempt counted", u, st, attempts)
+				}
 			}
 		})
 	}

@@ -401,18 +401,23 @@ func (h *Handler) aloneRefused(provider string, pe *providers.Error) bool {
 // counts against its attempts (answered), as a recipient that kept failing does; refused at the account
 // level too, the refusal is the account's, and the batch waits for the fix (accountError) with nobody's
 // attempts used. Before, such a refusal of a batch's first recipient held the whole batch as provider_auth
-// for good, on a worker that had not sent through the provider in the last 30 s. It reports false, and
-// sets nothing aside, when a refusal was set aside already since the run's last answer, or when the
-// provider's own code says the account (providers.Error.Account).
+// for good, on a worker that had not sent through the provider in the last 30 s. Up to accountProbes
+// refusals in a row are set aside (users the receiver refuses can be neighbours in a batch: two of them
+// held the batch when the probe was the second); it reports false, and sets nothing aside, past them, or
+// when the provider's own code says the account (providers.Error.Account).
 func (h *Handler) probeAccount(run *batchRun, r *campaign.Recipient, pe *providers.Error) bool {
-	if run.accountProbed || pe.Account {
+	if run.accountProbed >= accountProbes || pe.Account {
 		return false
 	}
-	run.accountProbed = true
+	run.accountProbed++
 	run.deferAfter = max(run.deferAfter, time.Minute)
 	run.deferUnblamed(r, transientOutcome(r, pe))
 	return true
 }
+
+// accountProbes is how many account-level refusals in a row a run sets aside before it takes the next for
+// the account's (probeAccount).
+const accountProbes = 3
 
 // accepted notes that provider accepted a send (aloneRefused).
 func (h *Handler) accepted(provider string) {
@@ -540,7 +545,7 @@ func (h *Handler) answered(ctx context.Context, run *batchRun) {
 		state.ClearWaiting(ctx, h.cfg.Redis, run.c.ID, WaitProviderAuth) //nolint:errcheck // status only; it expires
 	}
 	run.failedInARow = 0
-	run.accountProbed = false
+	run.accountProbed = 0
 	for _, o := range run.unblamed {
 		if o.Status == campaign.StatusFailed {
 			run.deferred--

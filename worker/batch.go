@@ -76,8 +76,8 @@ type batchRun struct {
 	unblamed []campaign.Outcome
 	// failedInARow counts consecutive recipients whose retries all failed transiently.
 	failedInARow int
-	// accountProbed says an account-level refusal was set aside since the run's last answer (probeAccount).
-	accountProbed bool
+	// accountProbed counts the account-level refusals set aside since the run's last answer (probeAccount).
+	accountProbed int
 	deferred      int
 	// limited counts the deferred recipients left for a provider's limit on their address (deferLimited,
 	// limitedHere); deferAfter is the longest wait that limit asked for: the batch comes back no sooner.
