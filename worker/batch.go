@@ -243,12 +243,14 @@ func (h *Handler) RunBatch(ctx context.Context, campaignID int64, batch int) err
 	queue := recipients
 	runStart := time.Now()
 	for (len(queue) > 0 || len(run.carried) > 0) && stop == nil {
-		// Runs under a cap take turns with the other campaigns' batches: a campaign at --rate 100 with a
-		// hundred batches held every worker slot, each run waiting for its share of the cap, and a campaign
-		// launched after it sent nothing until it ended (an outside run: 90 s and counting, of 8.5 min).
-		if chunks > 0 && len(run.carried) == 0 && run.provider != nil && !run.answerInNextClaim && run.c.State == campaign.StateRunning &&
-			h.cfg.TurnAfter > 0 && time.Since(runStart) >= h.cfg.TurnAfter && h.othersWaiting(ctx, c.ID) {
-			stop = &RetryError{Err: errors.New("batch handed back: a batch of another campaign waits for a worker, and runs under a cap take turns"),
+		// Runs under a cap share the worker slots with the other campaigns' batches: a campaign at --rate 100
+		// with a hundred batches held every slot, each run waiting for its share of the cap, and a campaign
+		// launched after it sent nothing until it ended (an outside run: 90 s and counting, of 8.5 min). A
+		// run of a campaign holding more than its share while another campaign's batch waits hands its
+		// batch back: at once when it starts, or after TurnAfter at the end of a chunk.
+		if (chunks == 0 || time.Since(runStart) >= h.cfg.TurnAfter) && len(run.carried) == 0 && run.provider != nil && !run.answerInNextClaim &&
+			run.c.State == campaign.StateRunning && h.cfg.TurnAfter > 0 && h.turnOver(ctx, c.ID, batch) {
+			stop = &RetryError{Err: errors.New("batch handed back: its campaign holds more than its share of the worker slots while a batch of another campaign waits"),
 				After: time.Second, Wait: true}
 			break
 		}
@@ -400,40 +402,97 @@ func (h *Handler) RunBatch(ctx context.Context, campaignID int64, batch int) err
 	return nil
 }
 
-// pendingKey is Asynq's list of the tasks of the batch queue waiting for a worker, oldest on the right: its
-// task IDs are TaskID's "<campaign>:<batch>". TestARunUnderACapTakesTurnsWithAnotherCampaign holds the name
-// to the Asynq in use.
-const pendingKey = "asynq:{" + Queue + "}:pending"
+// pendingKey and activeKey are Asynq's lists of the batch queue's tasks waiting for a worker (oldest on the
+// right) and running: their task IDs are TaskID's "<campaign>:<batch>". TestRunsUnderACapShareTheSlots
+// holds the names to the Asynq in use.
+const (
+	pendingKey = "asynq:{" + Queue + "}:pending"
+	activeKey  = "asynq:{" + Queue + "}:active"
+)
 
-// pendingLook is how many of the oldest waiting tasks othersWaiting reads.
+// pendingLook is how many of the oldest waiting tasks turnOver reads.
 const pendingLook = 2000
 
-// othersWaiting says whether a batch of a campaign other than id waits in the queue for a worker (among
-// the pendingLook next to run), as read at most once a second by this process. A failed read says no.
-func (h *Handler) othersWaiting(ctx context.Context, id int64) bool {
-	if h.cfg.Redis == nil {
+// queueView is what turnOver read of the queue: the campaigns with a batch waiting, and the batches
+// running by campaign.
+type queueView struct {
+	pending map[int64]bool
+	active  map[int64][]int
+}
+
+// turnOver says whether the run of batch of campaign id hands its batch back: a batch of another campaign
+// waits, and id runs more batches than its share of the slots in use (those slots over the campaigns that
+// run or wait). Of id's batches running, the last ones (by number) hand back, as many as id runs over its
+// share, so that not all of them do at once; a run not among those read yet counts as the last. The queue
+// is read at most once a second by this process; a failed read says no.
+func (h *Handler) turnOver(ctx context.Context, id int64, batch int) bool {
+	v := h.queueNow(ctx)
+	waits := false
+	for c := range v.pending {
+		waits = waits || c != id
+	}
+	if !waits {
 		return false
 	}
+	campaigns := map[int64]bool{id: true}
+	total := 0
+	for c, bs := range v.active {
+		total += len(bs)
+		campaigns[c] = true
+	}
+	for c := range v.pending {
+		campaigns[c] = true
+	}
+	mine := slices.Clone(v.active[id])
+	if !slices.Contains(mine, batch) {
+		mine = append(mine, batch)
+		total++
+	}
+	slices.SortFunc(mine, func(a, b int) int { return b - a })
+	share := max(1, (total+len(campaigns)-1)/len(campaigns))
+	over := len(mine) - share
+	return over > 0 && slices.Index(mine, batch) < over
+}
+
+// queueNow returns the queue as read less than a second ago, or reads it.
+func (h *Handler) queueNow(ctx context.Context) queueView {
 	h.queuedMu.Lock()
 	defer h.queuedMu.Unlock()
-	if time.Since(h.queuedAt) >= time.Second {
-		h.queuedAt, h.queued = time.Now(), map[int64]bool{}
-		if ids, err := h.cfg.Redis.LRange(ctx, pendingKey, -pendingLook, -1).Result(); err == nil {
-			for _, t := range ids {
-				if c, _, ok := strings.Cut(t, ":"); ok {
-					if n, err := strconv.ParseInt(c, 10, 64); err == nil {
-						h.queued[n] = true
-					}
-				}
-			}
+	if h.cfg.Redis == nil || time.Since(h.queuedAt) < time.Second {
+		return h.queued
+	}
+	h.queuedAt, h.queued = time.Now(), queueView{pending: map[int64]bool{}, active: map[int64][]int{}}
+	pipe := h.cfg.Redis.Pipeline()
+	pending := pipe.LRange(ctx, pendingKey, -pendingLook, -1)
+	active := pipe.LRange(ctx, activeKey, 0, -1)
+	if _, err := pipe.Exec(ctx); err != nil {
+		return h.queued
+	}
+	for _, t := range pending.Val() {
+		if c, _, ok := taskOf(t); ok {
+			h.queued.pending[c] = true
 		}
 	}
-	for c := range h.queued {
-		if c != id {
-			return true
+	for _, t := range active.Val() {
+		if c, b, ok := taskOf(t); ok {
+			h.queued.active[c] = append(h.queued.active[c], b)
 		}
 	}
-	return false
+	return h.queued
+}
+
+// taskOf reads a task ID of TaskID's.
+func taskOf(id string) (campaign int64, batch int, ok bool) {
+	c, b, found := strings.Cut(id, ":")
+	if !found {
+		return 0, 0, false
+	}
+	n, err := strconv.ParseInt(c, 10, 64)
+	if err != nil {
+		return 0, 0, false
+	}
+	k, err := strconv.Atoi(b)
+	return n, k, err == nil
 }
 
 // sharedChunk is the size of a chunk under a cap of rate a second shared by runs runs of this process:

@@ -183,11 +183,11 @@ type Handler struct {
 	// spooled is who the refusals held in webhooks processes' spools refuse, as the last lease read them
 	// (readSpooled); nil when none. Read for every recipient a lease gates: no lock.
 	spooled atomic.Pointer[map[string]bool]
-	// queuedMu guards queuedAt and queued: the campaigns whose batches wait in the queue, as read at
-	// queuedAt (othersWaiting).
+	// queuedMu guards queuedAt and queued: the queue's batches waiting and running, as read at queuedAt
+	// (turnOver).
 	queuedMu sync.Mutex
 	queuedAt time.Time
-	queued   map[int64]bool
+	queued   queueView
 	// consentCtx ends the consent writes' retries: they go on for as long as the process runs, and end
 	// when Serve has waited for them at shutdown (endConsentWrites).
 	consentCtx       context.Context

@@ -3,6 +3,7 @@ package worker_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -14,12 +15,14 @@ import (
 	"github.com/campaignctl/campaignctl/worker"
 )
 
-// A batch run under a cap takes turns with another campaign's batches: once it has held its worker slot for
-// TurnAfter while a batch of another campaign waits in the queue, it hands the rest of its batch back
-// (a wait, not a failure) and that batch gets the slot. Before, a campaign at --rate 100 held every slot of
-// every worker, and a campaign launched after it sent nothing until it ended. With nothing else waiting
-// (or only its own batches), the run goes on to its end.
-func TestARunUnderACapTakesTurnsWithAnotherCampaign(t *testing.T) {
+// Batch runs under a cap share the worker slots with other campaigns' batches: a run of a campaign that runs
+// more batches than its share of the slots in use, while a batch of another campaign waits in the queue,
+// hands its batch back (a wait, not a failure): at once when it starts, or after TurnAfter at the end of a
+// chunk; of the campaign's batches, the last ones by number, as many as it runs over its share. Before, a
+// campaign at --rate 100 held every slot of every worker, and a campaign launched after it sent nothing
+// until it ended (8.5 minutes); the first fix let them alternate, each holding every slot in turn. With
+// nothing else waiting (or only its own batches), a run goes to its end.
+func TestRunsUnderACapShareTheSlots(t *testing.T) {
 	t.Parallel()
 	e := newOpsEnv(t, 40, nil)
 	ctx := context.Background()
@@ -34,8 +37,20 @@ func TestARunUnderACapTakesTurnsWithAnotherCampaign(t *testing.T) {
 	close(p.release)
 	h := worker.NewHandler(worker.Config{Store: e.store, Redis: e.rdb, Owner: "turns", SendWindow: 1, TurnAfter: 500 * time.Millisecond,
 		Providers: map[campaign.Channel]providers.Provider{campaign.ChannelSMS: p}, ProviderRates: map[string]float64{}})
+	running := func(ids ...string) {
+		t.Helper()
+		if err := e.rdb.Del(ctx, "asynq:{"+worker.Queue+"}:active").Err(); err != nil {
+			t.Fatal(err)
+		}
+		for _, id := range ids {
+			if err := e.rdb.LPush(ctx, "asynq:{"+worker.Queue+"}:active", id).Err(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		time.Sleep(1100 * time.Millisecond) // the handler reads the queue at most once a second
+	}
 
-	// Only its own other batch queued: no turn to take; the run goes to the end of its batch.
+	// Only its own other batch waiting: no one to give the slot to; the run goes to the end of its batch.
 	client := asynq.NewClientFromRedisClient(e.rdb)
 	task, err := worker.NewBatchTask(slow.ID, 1)
 	if err != nil {
@@ -44,36 +59,58 @@ func TestARunUnderACapTakesTurnsWithAnotherCampaign(t *testing.T) {
 	if _, err := client.Enqueue(task); err != nil {
 		t.Fatal(err)
 	}
+	running(worker.TaskID(slow.ID, 0), worker.TaskID(slow.ID, 1))
 	if err := h.RunBatch(ctx, slow.ID, 0); err != nil {
-		t.Fatalf("with only its own batch queued the run returned %v; want it to end its batch", err)
+		t.Fatalf("with only its own batch waiting the run returned %v; want it to end its batch", err)
 	}
 	if c := e.counts(t, slow.ID); c.Sent != 20 {
 		t.Fatalf("counts %+v; want batch 0's 20 sent", c)
 	}
 
-	// Another campaign's batches queued: the run of batch 1 takes its turn and hands the rest back.
-	e.launch(t, "other", 40)
-	start := time.Now()
+	// Another campaign's batch waits; slow runs batches 0 and 1, over its share of the two slots: batch 1,
+	// the last, hands back at once, before it sends anything; batch 0 would keep its slot.
+	other := e.launch(t, "other", 40)
+	running(worker.TaskID(slow.ID, 0), worker.TaskID(slow.ID, 1))
 	err = h.RunBatch(ctx, slow.ID, 1)
 	var re *worker.RetryError
-	if !errors.As(err, &re) || !re.Wait || re.Failure || !strings.Contains(re.Error(), "another campaign waits") {
-		t.Fatalf("the run returned %v after %v; want the batch handed back as a wait, another campaign's batch queued", err, time.Since(start))
+	if !errors.As(err, &re) || !re.Wait || re.Failure || !strings.Contains(re.Error(), "more than its share") {
+		t.Fatalf("the run returned %v; want the batch handed back as a wait, another campaign's batch waiting", err)
 	}
-	if took := time.Since(start); took > 1800*time.Millisecond {
-		t.Fatalf("the run handed its batch back after %v; want after its turn (0.5 s), before its end (2 s)", took)
+	if c := e.counts(t, slow.ID); c.Sent != 20 || p.calls() != 20 {
+		t.Fatalf("counts %+v, %d calls; want nothing of batch 1 sent", c, p.calls())
 	}
-	sent := p.calls() - 20
-	if c := e.counts(t, slow.ID); c.Sent != 20+int64(sent) || c.Pending != 20-int64(sent) || sent == 0 {
-		t.Fatalf("counts %+v with %d of batch 1 sent; want what was sent recorded and the rest pending for the next run", c, sent)
-	}
-	// The other campaign's batches gone from the queue: the next run goes to the end.
-	if _, err := e.insp.DeleteAllPendingTasks(worker.Queue); err != nil {
-		t.Fatal(err)
-	}
+	// Within its share (the other campaign runs a batch too): batch 1 keeps its slot to its end, the other
+	// campaign's still waiting.
+	running(worker.TaskID(slow.ID, 1), worker.TaskID(other.ID, 0))
 	if err := h.RunBatch(ctx, slow.ID, 1); err != nil {
-		t.Fatalf("with nothing else queued the run returned %v; want it to end its batch", err)
+		t.Fatalf("within its share the run returned %v; want it to end its batch", err)
 	}
 	if c := e.counts(t, slow.ID); c.Sent != 40 || p.calls() != 40 {
 		t.Fatalf("counts %+v, %d calls; want all 40 sent once", c, p.calls())
 	}
+
+	// Mid-run: a second slow campaign's batch 1 starts within its share; then its batch 0 runs too, and at
+	// the end of a chunk past TurnAfter batch 1, over the share, hands the rest back.
+	slow2Spec := e.spec("slow2", 20)
+	slow2Spec.Rate = 5 // a batch: 4 s, in chunks of about a second
+	rep2, err := e.planner().Plan(ctx, slow2Spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	running(worker.TaskID(rep2.ID, 1))
+	done := make(chan error, 1)
+	start := time.Now()
+	go func() { done <- h.RunBatch(ctx, rep2.ID, 1) }()
+	time.Sleep(200 * time.Millisecond)
+	if err := e.rdb.LPush(ctx, "asynq:{"+worker.Queue+"}:active", worker.TaskID(rep2.ID, 0)).Err(); err != nil {
+		t.Fatal(err)
+	}
+	err = <-done
+	if !errors.As(err, &re) || !re.Wait || !strings.Contains(re.Error(), "more than its share") {
+		t.Fatalf("the run returned %v after %v; want its batch handed back mid-run", err, time.Since(start))
+	}
+	if c := e.counts(t, rep2.ID); c.Sent == 0 || c.Sent >= 20 || c.Sent+c.Pending != 40 {
+		t.Fatalf("counts %+v; want some of batch 1 sent and recorded, the rest pending", c)
+	}
+	_ = fmt.Sprint
 }
