@@ -121,7 +121,7 @@ func (b *Bucket) keys() int {
 // wakes up late for is lost and the cap is under-used by 20 % or more. A bucket of burst B emitting r a second hands out
 // at most B + r - 1 tokens in any second (B at once, then one every 1/r), so it emits rate - (B - 1): no
 // second, whole or sliding, holds more than the cap (a provider counting over its own second sees no more
-// than it allows), and a saturated cap is used at 97.5 % or more.
+// than it allows); its steady rate is the cap less a fortieth of it at most (the cap itself up to 40/s).
 // Burst is how many tokens a limit of rate may hand out at once: a fortieth of a second's worth, rounded
 // up (see gcra).
 func Burst(rate float64) int { return max(1, int(math.Ceil(rate/40-1e-9))) }
