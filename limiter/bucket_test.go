@@ -492,8 +492,10 @@ func TestACampaignsRunsOnOneWorkerKeepItsRate(t *testing.T) {
 			var wg sync.WaitGroup
 			takeUntilDone(&wg, 4, &n, 1, func() error { return b.WaitN(ctx, 1, camp, prov) })
 			wg.Wait()
-			// The bucket emits 49 a second after its burst of 2 (no second above the cap): 149 in 3 s.
-			if got := n.Load(); got < 137 || got > 50*3 {
+			// The bucket emits 49 a second after its burst of 2 (no second above the cap): 149 in 3 s. Under
+			// the whole suite with the race detector a run wakes late now and then (121 seen); the fault
+			// this guards against made 74.
+			if got := n.Load(); got < 110 || got > 50*3 {
 				t.Fatalf("%d sends in 3 s at --rate 50; want about 149, never above 150", got)
 			}
 		})
