@@ -432,8 +432,10 @@ func TestASlowCampaignAndAFastOneShareTheProvidersCap(t *testing.T) {
 			if s := slowSends.Load(); s < 2 || s > 4 {
 				t.Errorf("the campaign at 1/s sent %d in 3 s; want 2 to 4", s)
 			}
-			if f := fastTokens.Load(); f < 56 {
-				t.Errorf("the uncapped campaign took %d of the provider's tokens in 3 s at 30/s beside one at 1/s; want 56 or more", f)
+			// About 84 on a quiet machine; 54 was seen under the whole suite with the race detector. The
+			// faults this guards against left it 3 to 10.
+			if f := fastTokens.Load(); f < 45 {
+				t.Errorf("the uncapped campaign took %d of the provider's tokens in 3 s at 30/s beside one at 1/s; want 45 or more", f)
 			}
 			if used > int64(30*3+1+4*tc.window) {
 				t.Errorf("%d tokens taken in 3 s from a cap of 30/s", used)
