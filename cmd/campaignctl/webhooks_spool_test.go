@@ -86,6 +86,17 @@ func TestAnRETPostgresCannotTakeForLongIsSpooledAndRecordedWhenItIsBack(t *testi
 	if on, err := state.RefusalsHeldNow(ctx, rdb); err != nil || !on.Held {
 		t.Fatalf("the workers are not told that a refusal waits in the spool (%v, %v)", on, err)
 	}
+	// And who it refuses, a name that outlives this process's note (it dies below with its spool full).
+	spooled := func() map[string]bool {
+		m, err := state.SpooledRefusals(ctx, rdb)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return m
+	}
+	if m := spooled(); !m[state.SpooledAddress("sms", froms[0])] {
+		t.Fatalf("the spooled refusals name %v; want %s, refused on sms", m, froms[0])
+	}
 	if err := first.stop(); err != nil {
 		t.Fatal(err)
 	}
@@ -95,6 +106,8 @@ func TestAnRETPostgresCannotTakeForLongIsSpooledAndRecordedWhenItIsBack(t *testi
 	}
 	second := serveInProcess(t, env, hooksURLRe, args...)
 	waitRecorded(froms[0], "held, the process stopped, another started")
+	// The process that recorded it takes its name back.
+	waitFor(t, 10*time.Second, func() bool { return len(spooled()) == 0 })
 
 	// Held, and the same process records it when Postgres is back.
 	back = refuseConnectionsFor(t, pool, 3*time.Second)
