@@ -186,11 +186,11 @@ func sendDue(ctx context.Context, pool *pgxpool.Pool, c *Client, opts PushOption
 			case err == nil:
 				rep.Sent++
 				rep.Accepted++
-				err = finish(ctx, pool, o, OutboxAccepted, res.TransactionID, "", "")
+				err = finish(ctx, pool, o, withTwins(o.id), OutboxAccepted, res.TransactionID, "", "")
 			case code == codeAlready:
 				rep.Sent++
 				rep.Already++
-				err = finish(ctx, pool, o, OutboxAlready, "", code, err.Error())
+				err = finish(ctx, pool, o, withTwins(o.id), OutboxAlready, "", code, err.Error())
 			case IsAuth(err) || IsAccount(err):
 				return false, fmt.Errorf("iys push: %w", err)
 			case IsRetryable(err) || !isAPIError(err): // a 429, a 5xx, or no answer
@@ -206,12 +206,9 @@ func sendDue(ctx context.Context, pool *pgxpool.Pool, c *Client, opts PushOption
 				rep.Sent++
 				rep.Refused++
 				rep.RefusedCodes[code]++
-				err = finish(ctx, pool, o, OutboxRefused, "", code, err.Error())
+				err = finish(ctx, pool, o, withTwins(o.id), OutboxRefused, "", code, err.Error())
 			}
 			if err != nil {
-				return false, err
-			}
-			if err := finishTwins(ctx, pool, o, twins[o.id]); err != nil {
 				return false, err
 			}
 		}
@@ -363,32 +360,14 @@ func foldTwins(due []outboxRow) ([]outboxRow, map[int64][]outboxRow) {
 	return kept, twins
 }
 
-// finishTwins gives o's twins (foldTwins) the answer o's row took.
-func finishTwins(ctx context.Context, pool *pgxpool.Pool, o outboxRow, twins []outboxRow) error {
-	if len(twins) == 0 {
-		return nil
-	}
-	ids := make([]int64, len(twins))
-	for i, t := range twins {
-		ids[i] = t.id
-	}
-	_, err := pool.Exec(ctx, `UPDATE iys_outbox t SET state = o.state, transaction_id = o.transaction_id, error_code = o.error_code, error = o.error,
-			attempts = t.attempts + 1, sent_at = coalesce(t.sent_at, now()), done_at = now()
-		FROM iys_outbox o
-		WHERE o.id = $1 AND o.state <> 'waiting' AND t.id = ANY($2) AND t.state = 'waiting' AND t.consent_date = $3`, o.id, ids, o.change.ConsentDate)
-	if err != nil {
-		return fmt.Errorf("iys push: record the answer: %w", err)
-	}
-	return nil
-}
-
-// finish records İYS's answer to o's RET. Only if the row still waits with the date that was sent: a newer
-// refusal may have moved it to its own date meanwhile (outboxOneWaitingSQL), and the answer is not that
-// refusal's; the row then waits for the next run.
-func finish(ctx context.Context, pool *pgxpool.Pool, o outboxRow, state, txn, code, msg string) error {
+// finish records İYS's answer to o's RET in the rows of ids (o's and its twins', foldTwins). Only in a
+// row that still waits with the date that was sent: a newer refusal may have moved it to its own date
+// meanwhile (outboxOneWaitingSQL), and the answer is not that refusal's; the row then waits for the next
+// run.
+func finish(ctx context.Context, pool *pgxpool.Pool, o outboxRow, ids []int64, state, txn, code, msg string) error {
 	_, err := pool.Exec(ctx, `UPDATE iys_outbox SET state = $2, transaction_id = NULLIF($3, ''), error_code = NULLIF($4, ''), error = NULLIF($5, ''),
 		attempts = attempts + 1, sent_at = coalesce(sent_at, now()), done_at = now()
-		WHERE id = $1 AND state = 'waiting' AND consent_date = $6`, o.id, state, txn, code, msg, o.change.ConsentDate)
+		WHERE id = ANY($1) AND state = 'waiting' AND consent_date = $6`, ids, state, txn, code, msg, o.change.ConsentDate)
 	if err != nil {
 		return fmt.Errorf("iys push: record the answer: %w", err)
 	}
