@@ -462,12 +462,14 @@ func TestASlowCampaignDoesNotHoldOthersOfTheProcessToItsRate(t *testing.T) {
 	time.Sleep(50 * time.Millisecond)
 	other := Limit{Key: "campaign:other", Rate: 2000}
 	start := time.Now()
-	for range 100 { // 100 tokens at 1,000/s with a burst of 50: about 50 ms
+	for range 100 { // 100 tokens at 1,000/s with a burst of 25: about 77 ms
 		if err := b.WaitN(ctx, 1, other, prov); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if took := time.Since(start); took > 600*time.Millisecond {
+	// A token a Redis round trip under the whole suite with the race detector (707 ms seen); held to the
+	// slow campaign's 1/s, the 100 would take 100 s.
+	if took := time.Since(start); took > 2*time.Second {
 		t.Fatalf("100 sends of another campaign at the provider's 1,000/s took %v behind a campaign at 1/s", took)
 	}
 	if err := <-done; err != nil {
