@@ -259,6 +259,10 @@ func (h *Handler) hold(ctx context.Context, run *batchRun, d time.Duration) erro
 	// outage): a worker that died during it would otherwise leave accepted recipients in flight, unknown.
 	h.settleAnswers(context.WithoutCancel(ctx), run)
 	end := time.Now().Add(d)
+	before := run.beforeDue // a wait for a turn (d 0) is not one for tokens
+	if d <= 0 {
+		before = nil
+	}
 	for {
 		// The epoch is read when the lease is renewed (every third of its TTL), not at every call: the
 		// wait for a turn calls hold every second in each waiting run.
@@ -272,10 +276,21 @@ func (h *Handler) hold(ctx context.Context, run *batchRun, d time.Duration) erro
 			}
 		}
 		left := time.Until(end)
+		if before != nil && left <= run.beforeDueLead {
+			before(ctx)
+			before = nil
+			if left = time.Until(end); -left > run.dueOverrun {
+				run.dueOverrun = -left
+			}
+		}
 		if left <= 0 {
 			return nil
 		}
-		if err := limiter.Sleep(ctx, min(left, max(run.lease.TTL/3, time.Millisecond))); err != nil {
+		step := min(left, max(run.lease.TTL/3, time.Millisecond))
+		if before != nil {
+			step = min(step, left-run.beforeDueLead)
+		}
+		if err := limiter.Sleep(ctx, step); err != nil {
 			return err
 		}
 	}

@@ -34,8 +34,15 @@ type batchRun struct {
 	// authShown: a provider answered one of the run's sends, and the campaign's provider_auth wait was
 	// cleared for it (answered).
 	authShown bool
-	// tokensAt is when the last readyToSend was granted tokens of a limit with a rate (zero: none).
+	// tokensAt is when the last readyToSend was granted tokens of a limit with a rate (zero: none), less
+	// dueOverrun.
 	tokensAt time.Time
+	// beforeDue, when set, is called once in each wait for tokens (hold) when beforeDueLead is left of it:
+	// tokensStillFresh reads the consents of the sends in flight again there, so that both are fresh when
+	// the tokens are due. dueOverrun is how far past the wait's end it ran: the tokens are that much older.
+	beforeDue     func(ctx context.Context)
+	beforeDueLead time.Duration
+	dueOverrun    time.Duration
 	// primary and secondary are the routes one-message sends take: the channel's provider, and its
 	// fallback (nil when none).
 	primary    route

@@ -437,6 +437,7 @@ func (h *Handler) readyToSend(ctx, waitCtx context.Context, run *batchRun, sz se
 		ls[i] = l
 	}
 	start := time.Now()
+	run.dueOverrun = 0
 	if err := h.bucket.WaitN(waitCtx, sz.msgs, ls...); err != nil {
 		return waitError(ctx, waitCtx, err)
 	}
@@ -448,7 +449,7 @@ func (h *Handler) readyToSend(ctx, waitCtx context.Context, run *batchRun, sz se
 	}
 	run.tokensAt = time.Time{}
 	if paced {
-		run.tokensAt = time.Now()
+		run.tokensAt = time.Now().Add(-run.dueOverrun)
 	}
 	if err := h.windowClosed(run); err != nil {
 		return err
@@ -512,10 +513,28 @@ func (h *Handler) tokensStillFresh(ctx, waitCtx context.Context, run *batchRun, 
 		}
 	}
 	var drop map[string]bool
+	// recheck reads the consents of f again and leaves out of f those not to be sent; it says whether
+	// none is left.
+	recheck := func(ctx context.Context) (bool, error) {
+		d, err := h.recheckInFlight(ctx, run, f)
+		if err != nil || len(d) == 0 {
+			return false, err
+		}
+		if drop == nil {
+			drop = map[string]bool{}
+		}
+		for u := range d {
+			drop[u] = true
+		}
+		f = f.without(d)
+		sz.msgs, sz.tokens = len(f.users), max(0, sz.tokens-len(d))
+		return len(f.users) == 0, nil
+	}
 	// Both must hold when the sends leave: consents read less than consentMaxAge ago, and tokens taken
 	// less than staleTokens ago. Making one fresh takes time that may age the other (a re-read is a
 	// Postgres round trip, a second wait for tokens may last seconds at a low cap): they are checked again
 	// until both hold, a few times at most.
+	lead := consentReadLead
 	for round := 0; ; round++ {
 		if round == 4 {
 			h.notSentAfterClaim(ctx, run, f)
@@ -525,23 +544,13 @@ func (h *Handler) tokensStillFresh(ctx, waitCtx context.Context, run *batchRun, 
 			// The consents were read before the claims, and the claims or the tokens taken again since (a
 			// stall, a wait at a low cap) took longer than consentMaxAge: a refusal recorded meanwhile (a
 			// STOP reply, an İYS sync) must still stop these sends. They are read again.
-			d, err := h.recheckInFlight(ctx, run, f)
+			none, err := recheck(ctx)
 			if err != nil {
 				h.notSentAfterClaim(ctx, run, f)
 				return nil, err
 			}
-			if len(d) > 0 {
-				if drop == nil {
-					drop = map[string]bool{}
-				}
-				for u := range d {
-					drop[u] = true
-				}
-				f = f.without(d)
-				sz.msgs, sz.tokens = len(f.users), max(0, sz.tokens-len(d))
-				if len(f.users) == 0 {
-					return drop, nil
-				}
+			if none {
+				return drop, nil
 			}
 		}
 		if err := h.windowClosed(run); err != nil {
@@ -574,12 +583,40 @@ func (h *Handler) tokensStillFresh(ctx, waitCtx context.Context, run *batchRun, 
 		for i := range again {
 			again[i].Observer = nil
 		}
-		if err := h.readyToSend(ctx, waitCtx, run, sz, again...); err != nil {
+		// The consents are read again inside that wait, lead before the tokens are due (hold). Read after
+		// it, at a cap that makes a send wait longer than consentMaxAge, they made the tokens stale whenever
+		// Postgres took more than staleTokens to answer, and the tokens taken again made them stale: at 2
+		// segments a second, with SMS of 3 and a Postgres answering in 60 ms, not one message went.
+		var readErr error
+		none := false
+		run.beforeDueLead = lead
+		run.beforeDue = func(ctx context.Context) {
+			if readErr != nil || none {
+				return
+			}
+			start := time.Now()
+			none, readErr = recheck(ctx)
+			// A read that took longer than the lead begins earlier next time.
+			lead = min(max(lead, 2*time.Since(start)), consentMaxAge/2)
+		}
+		err := h.readyToSend(ctx, waitCtx, run, sz, again...)
+		run.beforeDue = nil
+		if readErr != nil {
+			err = readErr
+		}
+		if err != nil {
 			h.notSentAfterClaim(ctx, run, f)
 			return nil, err
 		}
+		if none {
+			return drop, nil
+		}
 	}
 }
+
+// consentReadLead is how long before a send's tokens are due its consents are first read again, when its
+// wait for them is long enough to age them (tokensStillFresh).
+const consentReadLead = 100 * time.Millisecond
 
 // windowClosed is the error of a send outside the campaign's daily window (nil inside it): the batch
 // comes back when the window opens.
