@@ -49,17 +49,18 @@ func (h *Handler) deliver(ctx, waitCtx context.Context, run *batchRun, rest []ca
 		probed = probed || probe // this send is a probe of a first provider that is down
 		probe = false
 		tokens := sendTokens(rt, msg)
-		if err := h.readyToSend(ctx, waitCtx, run, sendSize{msgs: 1, tokens: tokens, calls: 1, via: rt.provider}, rt.limits...); err != nil {
-			return err
-		}
-		if h.consentStale(run) {
+		drop, readErr, err := h.readyToSendFresh(ctx, waitCtx, run, sendSize{msgs: 1, tokens: tokens, calls: 1, via: rt.provider}, func() []*campaign.Recipient {
 			rs := make([]*campaign.Recipient, len(rest))
 			for i := range rest {
 				rs[i] = &rest[i]
 			}
-			if drop, err := h.recheck(ctx, run, rs, true); err != nil || drop[r.UserID] {
-				return err
-			}
+			return rs
+		}, rt.limits...)
+		if err == nil {
+			err = readErr
+		}
+		if err != nil || drop[r.UserID] {
+			return err
 		}
 		if pauseFrom.IsZero() {
 			pauseFrom = time.Now()
@@ -455,6 +456,45 @@ func (h *Handler) readyToSend(ctx, waitCtx context.Context, run *batchRun, sz se
 		return err
 	}
 	return h.renew(ctx, run)
+}
+
+// readyToSendFresh is readyToSend for sends of rs() (the chunk's recipients still to be sent: their
+// consents were read with the chunk), followed by recheck: it returns the users not to send, and readErr,
+// recheck's error (err is the wait's). When the run's sends wait for tokens, their consents are read again
+// inside the wait, consentReadLead before the tokens are due (hold), if they would be stale by then: read
+// after the wait, they made the tokens stale whenever Postgres took more than staleTokens to answer, and
+// tokensStillFresh took them again (at a cap that made each send wait a second or more, half the cap went
+// unused).
+func (h *Handler) readyToSendFresh(ctx, waitCtx context.Context, run *batchRun, sz sendSize, rs func() []*campaign.Recipient, limits ...limiter.Limit) (drop map[string]bool, readErr, err error) {
+	take := func(d map[string]bool) {
+		if len(d) > 0 && drop == nil {
+			drop = make(map[string]bool, len(d))
+		}
+		for u := range d {
+			drop[u] = true
+		}
+	}
+	if !run.answerInNextClaim { // its sends may wait for tokens
+		run.beforeDueLead = consentReadLead
+		run.beforeDue = func(ctx context.Context) {
+			if readErr == nil && h.consentStaleIn(run, consentReadLead) {
+				var d map[string]bool
+				d, readErr = h.recheckAhead(ctx, run, rs(), true, consentReadLead)
+				take(d)
+			}
+		}
+	}
+	err = h.readyToSend(ctx, waitCtx, run, sz, limits...)
+	run.beforeDue = nil
+	if err != nil || readErr != nil {
+		return drop, readErr, err
+	}
+	if h.consentStale(run) {
+		d, rerr := h.recheck(ctx, run, rs(), true)
+		take(d)
+		readErr = rerr
+	}
+	return drop, readErr, nil
 }
 
 // warm opens the connections of sz's calls before their tokens are taken (providers.Warmer): a send that

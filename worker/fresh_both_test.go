@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -13,24 +14,38 @@ import (
 )
 
 // A cap low enough that a send waits longer for its tokens than its consents may be old (2 segments a
-// second, messages of 3 segments: 1.5 s a send), and a Postgres whose answers take 60 ms (a loaded or
-// distant server). The consents, read again after the wait, made the tokens stale; the tokens, taken again,
-// made the consents stale; after four rounds the batch was handed back, and came back to the same: not one
-// message went. The consents are now read again inside the wait, before the tokens are due.
+// second, messages of 3 segments: 1.5 s a message), and a Postgres whose answers take 60 ms (a loaded or
+// distant server). The consents, read again after the wait, made the tokens stale; the tokens, taken
+// again, made the consents stale; after four rounds the batch was handed back, and came back to the same:
+// not one message went. With the consents read again inside the tokens' second wait only, every message
+// took two waits: half the cap. They are now read inside the first, before the tokens are due.
 func TestALowCapSendGoesWhenPostgresAnswersSlowly(t *testing.T) {
 	t.Parallel()
 	f := planWith(t, 30, func(s *campaign.Spec) { s.Message = strings.Repeat("Kampanya ", 40) + "{{.code}}" }) // 3 segments
+	var mu sync.Mutex
+	var sentAt []time.Time
+	f.provider.before = func(providers.Message) { mu.Lock(); sentAt = append(sentAt, time.Now()); mu.Unlock() }
+	sent := func() int { mu.Lock(); defer mu.Unlock(); return len(sentAt) }
 	h, _, fs := f.faulty(t, func(c *Config) {
 		c.Providers = map[campaign.Channel]providers.Provider{campaign.ChannelSMS: segmentProvider{namedProvider{f.provider, "first"}}}
 		c.ProviderRates = map[string]float64{"first": 2}
 	})
 	fs.Add(&faults.Rule{Match: faults.Method("LeaseChunk"), Kind: faults.SlowReply, Delay: 60 * time.Millisecond})
 	// The batch's runs, as Asynq would run them (a run's context has no deadline of its own here: a
-	// deadline would bound its waits for tokens), until two messages went or 10 s passed.
+	// deadline would bound its waits for tokens), until six messages went or 20 s passed.
+	const want = 6
 	var errs []string
-	for end := time.Now().Add(10 * time.Second); time.Now().Before(end) && f.provider.total() < 2; {
+	start := time.Now()
+	end := start.Add(20 * time.Second)
+	for time.Now().Before(end) && sent() < want {
 		ctx, cancel := context.WithCancel(context.Background())
 		stop := time.AfterFunc(time.Until(end), cancel)
+		go func() {
+			for ctx.Err() == nil && sent() < want {
+				time.Sleep(20 * time.Millisecond)
+			}
+			cancel()
+		}()
 		err := h.RunBatch(ctx, f.id, 0)
 		stop.Stop()
 		cancel()
@@ -38,17 +53,24 @@ func TestALowCapSendGoesWhenPostgresAnswersSlowly(t *testing.T) {
 		if errors.As(err, &re) {
 			errs = append(errs, err.Error())
 			time.Sleep(re.After)
-		} else if err != nil && time.Now().Before(end) {
+		} else if err != nil && ctx.Err() == nil {
 			t.Fatal(err)
 		}
 	}
-	if n := f.provider.total(); n < 2 {
-		t.Fatalf("%d messages in 10 s at 1.5 s a message; the batch's runs ended with %q", n, errs)
-	}
-	t.Logf("%d messages; the runs ended with %q", f.provider.total(), errs)
 	for _, e := range errs {
 		if strings.Contains(e, "could not both be fresh") {
 			t.Errorf("a run ended with %q", e)
 		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(sentAt) < want {
+		t.Fatalf("%d messages in 20 s at 1.5 s a message; the batch's runs ended with %q", len(sentAt), errs)
+	}
+	// Five intervals: 7.5 s at the cap, 15 s at half of it.
+	took := sentAt[want-1].Sub(sentAt[0])
+	t.Logf("messages 1 to %d in %v (%v at the cap), the first %v after the start", want, took.Round(time.Millisecond), time.Duration(want-1)*1500*time.Millisecond, sentAt[0].Sub(start).Round(time.Millisecond))
+	if took > 11*time.Second {
+		t.Errorf("messages 1 to %d took %v: the tokens of every other message were lost", want, took.Round(time.Millisecond))
 	}
 }

@@ -22,14 +22,20 @@ const consentMaxAge = time.Second
 // alone. It returns the users not to send, nil when all may go. A lease
 // lost to another run, or a campaign no longer running, ends the chunk as gate ends one.
 func (h *Handler) recheck(ctx context.Context, run *batchRun, rs []*campaign.Recipient, whole bool) (map[string]bool, error) {
-	if len(rs) == 0 || !h.consentStale(run) {
+	return h.recheckAhead(ctx, run, rs, whole, 0)
+}
+
+// recheckAhead is recheck for sends that leave ahead from now: the consents that will be older than
+// consentMaxAge by then are read again now.
+func (h *Handler) recheckAhead(ctx context.Context, run *batchRun, rs []*campaign.Recipient, whole bool, ahead time.Duration) (map[string]bool, error) {
+	if len(rs) == 0 || !h.consentStaleIn(run, ahead) {
 		return nil, nil
 	}
 	users := make([]string, len(rs))
 	for i, r := range rs {
 		users[i] = r.UserID
 	}
-	if !h.staleFor(run, users) {
+	if !h.staleForIn(run, users, ahead) {
 		return nil, nil // read again moments ago (the request before, split from this one)
 	}
 	got, err := h.reread(ctx, run, users, whole)
@@ -217,14 +223,20 @@ func (h *Handler) reread(ctx context.Context, run *batchRun, users []string, who
 
 // consentStale says whether the chunk's consents were read more than consentMaxAge ago (some may have
 // been read again since: staleFor).
-func (h *Handler) consentStale(run *batchRun) bool {
-	return h.cfg.Now().Sub(run.consentAt) > consentMaxAge
+func (h *Handler) consentStale(run *batchRun) bool { return h.consentStaleIn(run, 0) }
+
+// consentStaleIn is consentStale ahead from now.
+func (h *Handler) consentStaleIn(run *batchRun, ahead time.Duration) bool {
+	return h.cfg.Now().Add(ahead).Sub(run.consentAt) > consentMaxAge
 }
 
 // staleFor says whether the consent of any of users was read more than consentMaxAge ago: with the chunk,
 // or again since on its own.
-func (h *Handler) staleFor(run *batchRun, users []string) bool {
-	now := h.cfg.Now()
+func (h *Handler) staleFor(run *batchRun, users []string) bool { return h.staleForIn(run, users, 0) }
+
+// staleForIn is staleFor ahead from now.
+func (h *Handler) staleForIn(run *batchRun, users []string, ahead time.Duration) bool {
+	now := h.cfg.Now().Add(ahead)
 	if now.Sub(run.consentAt) <= consentMaxAge {
 		return false
 	}

@@ -134,18 +134,20 @@ func (h *Handler) deliverWindowed(ctx, waitCtx context.Context, run *batchRun, r
 			continue
 		}
 		queue = rest
-		if err := h.readyToSend(ctx, waitCtx, run, sendSize{msgs: len(win), tokens: tokensOf(win), calls: len(win), via: rt.provider}, limits...); err != nil {
-			return err
-		}
-		if h.consentStale(run) {
+		drop, readErr, err := h.readyToSendFresh(ctx, waitCtx, run, sendSize{msgs: len(win), tokens: tokensOf(win), calls: len(win), via: rt.provider}, func() []*campaign.Recipient {
 			rs := make([]*campaign.Recipient, 0, len(win)+len(queue))
 			for _, w := range slices.Concat(win, queue) {
 				rs = append(rs, w.r)
 			}
-			drop, err := h.recheck(ctx, run, rs, true)
-			if err != nil {
-				return run.halted(err, win, queue)
-			}
+			return rs
+		}, limits...)
+		if err != nil {
+			return err
+		}
+		if readErr != nil {
+			return run.halted(readErr, win, queue)
+		}
+		if len(drop) > 0 {
 			dropped := func(w windowSend) bool { return drop[w.r.UserID] }
 			win, queue = slices.DeleteFunc(win, dropped), slices.DeleteFunc(queue, dropped)
 			if len(win) == 0 {
