@@ -607,9 +607,11 @@ func countRecipients(n int) string {
 	return strconv.Itoa(n) + " recipients"
 }
 
-// reasonReceiptFirst is why a pending recipient is recorded sent without a send: a delivery receipt for an
-// earlier send of it (whose answer was lost) arrived after `resume --resend-unknown` made it pending again.
-const reasonReceiptFirst = "accepted by the provider: its delivery receipt arrived before the message was sent again"
+// reasonReceiptFirst is why a pending recipient is recorded sent without a send: a delivery receipt for a
+// send of it whose answer was not recorded (a worker stopped or cut off before writing it, or a send made
+// unknown that `resume --resend-unknown` made pending again) arrived first. It says nothing of a second
+// send: most of these recipients were sent once.
+const reasonReceiptFirst = "accepted by the provider: its delivery receipt came in before the send's answer was recorded; nothing more was sent"
 
 // errCampaignOver ends a batch whose campaign ended meanwhile.
 var errCampaignOver = errors.New("campaign is over")
