@@ -77,7 +77,7 @@ func waitingOf(ctx context.Context, env *waitEnv, c *campaign.Campaign, counts c
 		if never, err := env.neverQueued(ctx, c); err != nil {
 			return nil, err
 		} else if never {
-			return &Waiting{Reason: WaitRedisLostData, Detail: fmt.Sprintf("the launch stopped before it queued any of the campaign's %s (Redis lost nothing): run campaignctl resume %d, which queues them",
+			return &Waiting{Reason: WaitRedisLostData, Detail: fmt.Sprintf("the launch stopped before it queued any of the campaign's %s (Redis itself lost nothing; a batch missing from the queue is reported as redis_lost_data whatever took it): run campaignctl resume %d, which queues them",
 				counted(c.Batches, "batch", "batches"), id)}, nil
 		}
 	}
@@ -91,7 +91,7 @@ func waitingOf(ctx context.Context, env *waitEnv, c *campaign.Campaign, counts c
 			Since: utc(c.CreatedAt), Until: utc(*c.StartAt)}, nil
 	}
 	if queued == 0 && dlq.n == 0 {
-		return lost(fmt.Sprintf("%d recipients pending and none of the campaign's batches is queued: Redis lost its data (restarted empty, flushed, failed over), or the batches were dropped from the dead-letter queue (dlq purge), or the launch stopped before it queued them. Run campaignctl resume %d", counts.Pending, id))
+		return lost(fmt.Sprintf("%d recipients pending and none of the campaign's batches is queued: Redis lost its data (restarted empty, flushed, failed over), or the batches were dropped from the dead-letter queue (dlq purge), or a launch or resume stopped before it queued them. Run campaignctl resume %d", counts.Pending, id))
 	}
 	// Some batches queued and others not (a launch killed while it queued them, tasks deleted by hand):
 	// the workers send the queued ones and the campaign stops short of the rest.
@@ -331,6 +331,12 @@ func (e *waitEnv) lostSince(ctx context.Context, c *campaign.Campaign) (*time.Ti
 	es, err := e.redisEpoch(ctx)
 	if err != nil || es.Since == nil || !es.Since.After(c.CreatedAt) {
 		return nil, err
+	}
+	if c.StateSince != nil && !es.Since.After(*c.StateSince) {
+		// Redis lost its data before the campaign's last change of state (a resume, which queued its
+		// batches again): that loss is not why they are missing now (a resume stopped before it queued
+		// them, say), and nothing says when they went.
+		return nil, nil
 	}
 	return utc(*es.Since), nil
 }

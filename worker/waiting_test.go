@@ -56,6 +56,15 @@ func TestRedisLostDataSaysSinceWhen(t *testing.T) {
 	if got := since("Redis emptied"); got == nil || got.Before(before) || got.After(time.Now().Add(time.Second)) {
 		t.Errorf("Redis emptied: since %v, want the epoch's renewal, within a second of %v", got, before.Add(time.Second))
 	}
+	// A resume after that loss (it queued the batches again), stopped before it queued them: the loss
+	// came before the resume and is not why they are missing; nothing says when they went.
+	time.Sleep(20 * time.Millisecond)
+	if _, err := f.db.Exec(ctx, `UPDATE campaigns SET state_since = now() WHERE id = $1`, f.id); err != nil {
+		t.Fatal(err)
+	}
+	if got := since("a resume after the loss"); got != nil {
+		t.Errorf("a resume after the loss: since %v (the loss before it), want none", got)
+	}
 }
 
 // Each reason a campaign does not move is read by Status, in the situation that causes it, and the
