@@ -475,11 +475,13 @@ func (h *Handler) readyToSendFresh(ctx, waitCtx context.Context, run *batchRun, 
 		}
 	}
 	if !run.answerInNextClaim { // its sends may wait for tokens
-		run.beforeDueLead = consentReadLead
+		run.beforeDueLead = max(run.beforeDueLead, consentReadLead)
 		run.beforeDue = func(ctx context.Context) {
-			if readErr == nil && h.consentStaleIn(run, consentReadLead) {
+			if lead := run.beforeDueLead; readErr == nil && h.consentStaleIn(run, lead) {
+				start := time.Now()
 				var d map[string]bool
-				d, readErr = h.recheckAhead(ctx, run, rs(), true, consentReadLead)
+				d, readErr = h.recheckAhead(ctx, run, rs(), true, lead)
+				run.readTook(time.Since(start))
 				take(d)
 			}
 		}
@@ -574,7 +576,6 @@ func (h *Handler) tokensStillFresh(ctx, waitCtx context.Context, run *batchRun, 
 	// less than staleTokens ago. Making one fresh takes time that may age the other (a re-read is a
 	// Postgres round trip, a second wait for tokens may last seconds at a low cap): they are checked again
 	// until both hold, a few times at most.
-	lead := consentReadLead
 	for round := 0; ; round++ {
 		if round == 4 {
 			h.notSentAfterClaim(ctx, run, f)
@@ -623,21 +624,20 @@ func (h *Handler) tokensStillFresh(ctx, waitCtx context.Context, run *batchRun, 
 		for i := range again {
 			again[i].Observer = nil
 		}
-		// The consents are read again inside that wait, lead before the tokens are due (hold). Read after
+		// The consents are read again inside that wait, before the tokens are due (hold). Read after
 		// it, at a cap that makes a send wait longer than consentMaxAge, they made the tokens stale whenever
 		// Postgres took more than staleTokens to answer, and the tokens taken again made them stale: at 2
 		// segments a second, with SMS of 3 and a Postgres answering in 60 ms, not one message went.
 		var readErr error
 		none := false
-		run.beforeDueLead = lead
+		run.beforeDueLead = max(run.beforeDueLead, consentReadLead)
 		run.beforeDue = func(ctx context.Context) {
 			if readErr != nil || none {
 				return
 			}
 			start := time.Now()
 			none, readErr = recheck(ctx)
-			// A read that took longer than the lead begins earlier next time.
-			lead = min(max(lead, 2*time.Since(start)), consentMaxAge/2)
+			run.readTook(time.Since(start))
 		}
 		err := h.readyToSend(ctx, waitCtx, run, sz, again...)
 		run.beforeDue = nil
@@ -655,8 +655,14 @@ func (h *Handler) tokensStillFresh(ctx, waitCtx context.Context, run *batchRun, 
 }
 
 // consentReadLead is how long before a send's tokens are due its consents are first read again, when its
-// wait for them is long enough to age them (tokensStillFresh).
+// wait for them is long enough to age them (readyToSendFresh, tokensStillFresh).
 const consentReadLead = 100 * time.Millisecond
+
+// readTook notes that a read of consents inside a wait for tokens took d: a read that took more than half
+// the lead begins earlier next time (twice as long before the tokens are due, half a second at most).
+func (run *batchRun) readTook(d time.Duration) {
+	run.beforeDueLead = min(max(run.beforeDueLead, 2*d), consentMaxAge/2)
+}
 
 // windowClosed is the error of a send outside the campaign's daily window (nil inside it): the batch
 // comes back when the window opens.

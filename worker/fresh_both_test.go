@@ -19,8 +19,20 @@ import (
 // again, made the consents stale; after four rounds the batch was handed back, and came back to the same:
 // not one message went. With the consents read again inside the tokens' second wait only, every message
 // took two waits: half the cap. They are now read inside the first, before the tokens are due.
+//
+// At 150 ms, longer than the read's first lead (a tenth of a second), the first read overran the tokens'
+// moment: the next reads begin twice as long ahead as the last took.
 func TestALowCapSendGoesWhenPostgresAnswersSlowly(t *testing.T) {
 	t.Parallel()
+	for _, delay := range []time.Duration{60 * time.Millisecond, 150 * time.Millisecond} {
+		t.Run(delay.String(), func(t *testing.T) {
+			t.Parallel()
+			lowCapSlowPostgres(t, delay)
+		})
+	}
+}
+
+func lowCapSlowPostgres(t *testing.T, delay time.Duration) {
 	f := planWith(t, 30, func(s *campaign.Spec) { s.Message = strings.Repeat("Kampanya ", 40) + "{{.code}}" }) // 3 segments
 	var mu sync.Mutex
 	var sentAt []time.Time
@@ -30,7 +42,7 @@ func TestALowCapSendGoesWhenPostgresAnswersSlowly(t *testing.T) {
 		c.Providers = map[campaign.Channel]providers.Provider{campaign.ChannelSMS: segmentProvider{namedProvider{f.provider, "first"}}}
 		c.ProviderRates = map[string]float64{"first": 2}
 	})
-	fs.Add(&faults.Rule{Match: faults.Method("LeaseChunk"), Kind: faults.SlowReply, Delay: 60 * time.Millisecond})
+	fs.Add(&faults.Rule{Match: faults.Method("LeaseChunk"), Kind: faults.SlowReply, Delay: delay})
 	// The batch's runs, as Asynq would run them (a run's context has no deadline of its own here: a
 	// deadline would bound its waits for tokens), until six messages went or 20 s passed.
 	const want = 6
