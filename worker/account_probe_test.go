@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/campaignctl/campaignctl/campaign"
 	"github.com/campaignctl/campaignctl/providers"
@@ -77,6 +78,18 @@ func TestAnAccountLevelRefusalOfOneRecipientIsProbed(t *testing.T) {
 		}
 		if attempts != 0 {
 			t.Fatalf("%d attempts counted for a refused account; want none", attempts)
+		}
+		// The batch waits for the fix without using up its retries (it used them, and after about two
+		// hours of wrong credentials it was in the dead-letter queue), and comes back soon after a
+		// refusal that began moments ago, every 2 minutes after a long one.
+		var re *RetryError
+		if !errors.As(err, &re) || isFailure(err) || re.After != accountRetryMin {
+			t.Fatalf("the run returned %#v; want a retry in %v that uses none of the batch's retries", err, accountRetryMin)
+		}
+		h.born = h.born.Add(-time.Hour)
+		err = h.RunBatch(context.Background(), f.id, 0)
+		if !errors.As(err, &re) || isFailure(err) || re.After != accountRetryMax {
+			t.Fatalf("an hour into the refusal the run returned %#v; want a retry in %v that uses none of the batch's retries", err, accountRetryMax)
 		}
 	})
 }

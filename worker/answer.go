@@ -157,8 +157,28 @@ func (h *Handler) accountError(ctx context.Context, run *batchRun, pe *providers
 		state.NoteWaiting(context.WithoutCancel(ctx), h.cfg.Redis, run.c.ID, state.Waiting{Reason: WaitProviderAuth, //nolint:errcheck // status only
 			Detail: fmt.Sprintf("%s refuses the account (%v): fix its credentials or sender on the workers; the batches wait and go on by themselves", pe.Provider, pe)})
 	}
-	return &RetryError{Err: fmt.Errorf("provider refuses the account, not the recipients (fix the configuration; the batch waits): %w", pe), Failure: true}
+	// Not the batch's failure: it waits for the fix without using up its retries (it counted them, and
+	// after about two hours of wrong credentials every batch was in the dead-letter queue).
+	return &RetryError{Err: fmt.Errorf("provider refuses the account, not the recipients (fix the configuration; the batch waits): %w", pe), After: h.accountRetry(pe.Provider)}
 }
+
+// accountRetry is how long a batch whose provider refuses the account waits before it runs again: a
+// quarter of the time since the provider last accepted a send of this process (or since it started), 5 s
+// at least and 2 minutes at most. A fix is taken up within 2 minutes (the exponential back-off of a
+// failure took up to 10), and a long refusal costs each batch one refused request every 2 minutes.
+func (h *Handler) accountRetry(provider string) time.Duration {
+	from := h.born
+	if last, ok := h.acceptedAt.Load(provider); ok {
+		from = time.Unix(0, last.(int64))
+	}
+	return min(max(h.cfg.Now().Sub(from)/4, accountRetryMin), accountRetryMax)
+}
+
+// The bounds of accountRetry.
+const (
+	accountRetryMin = 5 * time.Second
+	accountRetryMax = 2 * time.Minute
+)
 
 // backOff says how long a send refused transiently waits before its next attempt: an exponential back-off
 // with jitter, never shorter than the provider's own Retry-After for that request. Slowing the provider

@@ -207,8 +207,10 @@ type Handler struct {
 	// lastAnswer is when the provider last answered a send of this process (unix ns).
 	lastAnswer atomic.Int64
 	// acceptedAt is when each provider last accepted a send of this process (unix ns), by name
-	// (aloneRefused).
+	// (aloneRefused, accountRetry).
 	acceptedAt sync.Map
+	// born is when the handler was made (accountRetry).
+	born time.Time
 	// refusedInARow counts, per first provider's name, its refusals without acceptance since it last
 	// accepted a send of this process (*atomic.Int32): failoverAfter of them leave it for its fallback.
 	refusedInARow sync.Map
@@ -334,6 +336,7 @@ func NewHandler(cfg Config) *Handler {
 	}
 	h := &Handler{
 		cfg:            cfg,
+		born:           cfg.Now(),
 		state:          cfg.State,
 		bucket:         limiter.New(cfg.Redis),
 		log:            cfg.Logger,
