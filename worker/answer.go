@@ -441,12 +441,18 @@ func (h *Handler) aloneRefused(provider string, pe *providers.Error) bool {
 // held the batch when the probe was the second); it reports false, and sets nothing aside, past them, or
 // when the provider's own code says the account (providers.Error.Account).
 func (h *Handler) probeAccount(run *batchRun, r *campaign.Recipient, pe *providers.Error) bool {
-	if run.accountProbed >= accountProbes || pe.Account {
+	if pe.Account {
+		return false
+	}
+	if run.accountProbed >= accountProbes {
 		return false
 	}
 	run.accountProbed++
 	run.deferAfter = max(run.deferAfter, time.Minute)
 	run.deferUnblamed(r, transientOutcome(r, pe))
+	if r.Attempts > 0 {
+		run.unblamedTried++
+	}
 	return true
 }
 
@@ -581,6 +587,11 @@ func (h *Handler) answered(ctx context.Context, run *batchRun) {
 	}
 	run.failedInARow = 0
 	run.accountProbed = 0
+	run.blame()
+}
+
+// blame counts the run's unblamed recipients' failures against them: a failed one is no longer deferred.
+func (run *batchRun) blame() {
 	for _, o := range run.unblamed {
 		if o.Status == campaign.StatusFailed {
 			run.deferred--
@@ -588,6 +599,7 @@ func (h *Handler) answered(ctx context.Context, run *batchRun) {
 		run.add(o)
 	}
 	run.unblamed = run.unblamed[:0]
+	run.unblamedTried = 0
 }
 
 // backoff is exponential with jitter (half to all of 100 ms·2^(attempt-1), capped at 10 s: jitter(n) adds

@@ -78,6 +78,8 @@ type batchRun struct {
 	// (busy): if the run stops before it knows, they stay in the chunk in hand for the sweeper, instead of
 	// being let go as if nothing had happened to them.
 	inherited map[string]bool
+	// unblamedTried is how many of unblamed were set aside by probeAccount with attempts counted before.
+	unblamedTried int
 	// unblamed are recipients that kept failing transiently in this run. They count against the recipient
 	// only once a later send of the run succeeds (the recipient is at fault, not the provider).
 	unblamed []campaign.Outcome
@@ -349,6 +351,17 @@ func (h *Handler) RunBatch(ctx context.Context, campaignID int64, batch int) err
 		// Outcomes already known are written even when the batch stops early; they are in the claims too,
 		// so a failed write is repaired by the next run.
 		if err := h.flush(context.WithoutCancel(ctx), run); err != nil && stop == nil {
+			stop = waitForServices(err)
+		}
+	}
+	if stop == nil && len(run.unblamed) > 0 && run.unblamedTried == len(run.unblamed) {
+		// The run's last sends were refused at the account level and set aside for a probe that never
+		// came (nothing left to send), and an earlier run of each showed its failure to be its own (a
+		// send after it was accepted): so is this one. Left alone in its batch (the rest sent), such a
+		// recipient's attempts never moved, and its batch came back every minute, its refused request
+		// each time, until the dead-letter queue (27 minutes for one Twilio 21606).
+		run.blame()
+		if err := h.flush(context.WithoutCancel(ctx), run); err != nil {
 			stop = waitForServices(err)
 		}
 	}
