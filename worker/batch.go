@@ -539,8 +539,9 @@ func (h *Handler) closeBatch(ctx context.Context, id int64, batch int) (open boo
 	return open, err
 }
 
-// noProviderRetry is how soon a batch handed back by a worker without its channel's provider is offered
-// to the fleet again: a worker that has it takes it then.
+// noProviderRetry is how soon a batch handed back by a worker without its channel's provider (or, for a
+// commercial e-mail, without the means to make its unsubscribe links) is offered to the fleet again: a
+// worker that has it takes it then.
 const noProviderRetry = 5 * time.Second
 
 // newRun prepares a run of batch of campaign c: its template, its provider and fallback with their limits
@@ -563,8 +564,13 @@ func (h *Handler) newRun(c *campaign.Campaign, batch int) (*batchRun, error) {
 		}
 		if c.OneClickUnsubscribe() {
 			if h.cfg.Unsubscribe == nil {
-				h.log.Error("a commercial e-mail needs a one-click unsubscribe link and this worker cannot make one: set WEBHOOKS_PUBLIC_URL and UNSUBSCRIBE_SECRET on it (the values campaignctl webhooks has); the batch waits", "campaign_id", c.ID)
-				return nil, &RetryError{Err: fmt.Errorf("campaign %d is a commercial e-mail and this worker has no WEBHOOKS_PUBLIC_URL and UNSUBSCRIBE_SECRET to make its unsubscribe links", c.ID), After: 30 * time.Second}
+				// As a worker without the channel's provider: another worker of the fleet may make the links,
+				// and it takes the batch when it is offered again. Handed back for 30 s, a batch taken by such
+				// a worker beside one that can send it waited up to a minute at a time, with nothing in status.
+				if _, told := h.toldNoUnsubscribe.LoadOrStore(c.ID, true); !told {
+					h.log.Error("a commercial e-mail needs a one-click unsubscribe link and this worker cannot make one: set WEBHOOKS_PUBLIC_URL and UNSUBSCRIBE_SECRET on it (the values campaignctl webhooks has); its batches go back to the queue for another worker", "campaign_id", c.ID)
+				}
+				return nil, &RetryError{Err: fmt.Errorf("campaign %d is a commercial e-mail and this worker has no WEBHOOKS_PUBLIC_URL and UNSUBSCRIBE_SECRET to make its unsubscribe links", c.ID), After: noProviderRetry}
 			}
 			run.render.Unsubscribe, run.render.Mailto = h.cfg.Unsubscribe, h.cfg.UnsubscribeMailto
 		}

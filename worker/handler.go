@@ -211,6 +211,9 @@ type Handler struct {
 	acceptedAt sync.Map
 	// born is when the handler was made (accountRetry).
 	born time.Time
+	// toldNoUnsubscribe holds the campaigns whose commercial e-mail this worker was told it cannot send
+	// (no unsubscribe links): said once in its log, not at every hand-back.
+	toldNoUnsubscribe sync.Map
 	// refusedInARow counts, per first provider's name, its refusals without acceptance since it last
 	// accepted a send of this process (*atomic.Int32): failoverAfter of them leave it for its fallback.
 	refusedInARow sync.Map
