@@ -286,23 +286,37 @@ func writeConsents(ctx context.Context, tx pgx.Tx, n int64, args []any, rep *See
 		  AND c.recipient = d.recipient AND c.type = d.type AND c.recipient_type = 'BIREYSEL'`); err != nil {
 		return fmt.Errorf("delete: %w", err)
 	}
+	// Each consent written is in the history as from an import (the seed stands for a complete export, and
+	// marks the consents up to date as one): a later partial import, which does not list them, is then
+	// not taken for a complete one. Without it, a one-row import after a seed made every consent look
+	// fresh to the launches' --max-consent-age.
 	if _, err := tx.Exec(ctx, `
-		UPDATE iys_consents c
-		SET status = d.status, source = 'HS_WEB', consent_date = d.consent_date, updated_at = now()
-		FROM demo_consents d
-		WHERE d.status IS NOT NULL
-		  AND c.recipient = d.recipient AND c.type = d.type AND c.recipient_type = 'BIREYSEL'
-		  AND (c.status, c.source, c.consent_date) IS DISTINCT FROM (d.status, 'HS_WEB', d.consent_date)`); err != nil {
+		WITH upd AS (
+			UPDATE iys_consents c
+			SET status = d.status, source = 'HS_WEB', consent_date = d.consent_date, updated_at = now()
+			FROM demo_consents d
+			WHERE d.status IS NOT NULL
+			  AND c.recipient = d.recipient AND c.type = d.type AND c.recipient_type = 'BIREYSEL'
+			  AND (c.status, c.source, c.consent_date) IS DISTINCT FROM (d.status, 'HS_WEB', d.consent_date)
+			RETURNING c.recipient, c.type, c.recipient_type, c.brand_code, c.status, c.source, c.consent_date
+		)
+		INSERT INTO iys_consent_history (recipient, type, recipient_type, brand_code, status, source, consent_date, origin)
+		SELECT recipient, type, recipient_type, brand_code, status, source, consent_date, 'import' FROM upd`); err != nil {
 		return fmt.Errorf("update: %w", err)
 	}
 	if _, err := tx.Exec(ctx, `
-		INSERT INTO iys_consents (recipient, type, recipient_type, status, source, consent_date)
-		SELECT d.recipient, d.type, 'BIREYSEL', d.status, 'HS_WEB', d.consent_date
-		FROM demo_consents d
-		WHERE d.status IS NOT NULL
-		  AND NOT EXISTS (SELECT 1 FROM iys_consents c
-		                  WHERE c.recipient = d.recipient AND c.type = d.type AND c.recipient_type = 'BIREYSEL')
-		ORDER BY d.recipient, d.type`); err != nil {
+		WITH ins AS (
+			INSERT INTO iys_consents (recipient, type, recipient_type, status, source, consent_date)
+			SELECT d.recipient, d.type, 'BIREYSEL', d.status, 'HS_WEB', d.consent_date
+			FROM demo_consents d
+			WHERE d.status IS NOT NULL
+			  AND NOT EXISTS (SELECT 1 FROM iys_consents c
+			                  WHERE c.recipient = d.recipient AND c.type = d.type AND c.recipient_type = 'BIREYSEL')
+			ORDER BY d.recipient, d.type
+			RETURNING recipient, type, recipient_type, brand_code, status, source, consent_date
+		)
+		INSERT INTO iys_consent_history (recipient, type, recipient_type, brand_code, status, source, consent_date, origin)
+		SELECT recipient, type, recipient_type, brand_code, status, source, consent_date, 'import' FROM ins`); err != nil {
 		return fmt.Errorf("insert: %w", err)
 	}
 	err := tx.QueryRow(ctx, `
