@@ -111,6 +111,19 @@ func ParseAt(s string, zone *time.Location, now time.Time) (time.Time, error) {
 		return time.Time{}, fmt.Errorf("%w: --at %s does not exist in %s (its clocks skip it, a daylight-saving change); give a time after the change, e.g. %s, or an RFC 3339 time with its offset",
 			ErrInvalid, s, zone, t.In(zone).Format("2006-01-02 15:04"))
 	}
+	if local {
+		// A wall time the zone has twice (clocks put back): Go takes one of the two silently.
+		for _, d := range []time.Duration{-time.Hour, -30 * time.Minute, 30 * time.Minute, time.Hour} {
+			if other := t.Add(d); other.In(zone).Format("2006-01-02 15:04") == t.In(zone).Format("2006-01-02 15:04") {
+				first, second := t, other
+				if other.Before(t) {
+					first, second = other, t
+				}
+				return time.Time{}, fmt.Errorf("%w: --at %s happens twice in %s (its clocks go back, a daylight-saving change): give an RFC 3339 time with its offset, %s for the first or %s for the second",
+					ErrInvalid, s, zone, first.In(zone).Format(time.RFC3339), second.In(zone).Format(time.RFC3339))
+			}
+		}
+	}
 	if !t.After(now) {
 		return time.Time{}, fmt.Errorf("%w: --at %s is in the past; give a future time or leave --at out to start now", ErrInvalid, t.In(zone).Format("2006-01-02 15:04 MST"))
 	}

@@ -80,6 +80,18 @@ func TestParseAt(t *testing.T) {
 	if got, err := ParseAt("2027-03-14 03:30", ny, now); err != nil || !got.Equal(time.Date(2027, 3, 14, 7, 30, 0, 0, time.UTC)) {
 		t.Fatalf("ParseAt after the change = %v, %v", got, err)
 	}
+	// A wall time the zone has twice (New York puts its clocks from 02:00 back to 01:00 on 2027-11-07):
+	// refused, naming both, rather than one taken without a word; with its offset, each is taken.
+	if _, err = ParseAt("2027-11-07 01:30", ny, now); err == nil || !strings.Contains(err.Error(), "happens twice") ||
+		!strings.Contains(err.Error(), "2027-11-07T01:30:00-04:00") || !strings.Contains(err.Error(), "2027-11-07T01:30:00-05:00") {
+		t.Fatalf("a time New York has twice: %v, want it refused, naming both", err)
+	}
+	if got, err := ParseAt("2027-11-07T01:30:00-05:00", ny, now); err != nil || !got.Equal(time.Date(2027, 11, 7, 6, 30, 0, 0, time.UTC)) {
+		t.Fatalf("the second 01:30 with its offset = %v, %v", got, err)
+	}
+	if got, err := ParseAt("2027-11-07 00:30", ny, now); err != nil || !got.Equal(time.Date(2027, 11, 7, 4, 30, 0, 0, time.UTC)) {
+		t.Fatalf("the hour before the change = %v, %v", got, err)
+	}
 	if got, err := ParseAt("2026-12-01 9:30", ist, now.Add(-2*time.Hour)); err != nil || !got.Equal(time.Date(2026, 12, 1, 6, 30, 0, 0, time.UTC)) {
 		t.Fatalf("ParseAt with a one-digit hour = %v, %v", got, err)
 	}
