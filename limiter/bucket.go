@@ -456,11 +456,17 @@ func (b *Bucket) Pause(ctx context.Context, key string, d time.Duration) error {
 // pauseLua is the Lua function pause(key, ms[, now]) of the scripts that pause a limit: key
 // (limiter:pause:<…>) lives ms more unless it already lives longer (a shorter pause never cuts a longer
 // one), and holds when the pause began, unix ms (now, or Redis's clock), kept while a longer pause
-// extends it (status's since). It returns whether it paused.
-const pauseLua = `
+// extends it (status's since). key..":run" (state.PauseRunKey) outlives it by state.PauseRunGrace and
+// holds when the run of pauses began: a pause that begins within the grace of the last keeps that start,
+// and status shows the provider paused between two pauses of a provider that refuses every request. It
+// returns whether it paused.
+var pauseLua = `
 local function pause(key, ms, now)
   if redis.call("PTTL", key) >= tonumber(ms) then return false end
   local since = redis.call("GET", key)
+  if not since then
+    since = redis.call("GET", key .. ":run")
+  end
   if not since then
     since = now
     if not since then
@@ -469,9 +475,13 @@ local function pause(key, ms, now)
     end
   end
   redis.call("SET", key, since, "PX", ms)
+  redis.call("SET", key .. ":run", since, "PX", tonumber(ms) + ` + pauseRunGraceMs + `)
   return true
 end
 `
+
+// pauseRunGraceMs is state.PauseRunGrace in milliseconds, for pauseLua.
+var pauseRunGraceMs = strconv.FormatInt(state.PauseRunGrace.Milliseconds(), 10)
 
 // KEYS[1] -> limiter:pause:<key>
 // ARGV[1] -> pause length in milliseconds

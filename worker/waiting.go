@@ -245,6 +245,13 @@ func waitingOf(ctx context.Context, env *waitEnv, c *campaign.Campaign, counts c
 		began, _ := rdb.Get(ctx, state.PauseKey(bucket)).Result()
 		return &Waiting{Reason: WaitProviderPaused, Detail: fmt.Sprintf("%s asked every request to wait (Retry-After)", provider), Since: unixMilli(began), Until: utc(now.Add(pttl))}, nil
 	}
+	// Between two pauses of a run (a provider that answers 429 to every request is paused a second at a
+	// time): still paused, since the run began. status said nothing for half of such a minute, and each
+	// pause's since began anew.
+	if pttl, err := rdb.PTTL(ctx, state.PauseRunKey(bucket)).Result(); err == nil && pttl > 0 {
+		began, _ := rdb.Get(ctx, state.PauseRunKey(bucket)).Result()
+		return &Waiting{Reason: WaitProviderPaused, Detail: fmt.Sprintf("%s asks every request to wait (Retry-After, 429s): paused again and again, a moment apart", provider), Since: unixMilli(began)}, nil
+	}
 	return nil, nil
 }
 

@@ -285,7 +285,21 @@ func TestStatusSaysWhyACampaignWaits(t *testing.T) {
 		t.Fatalf("provider paused since %v until %v, want since about %v", w.Since, w.Until, pausedAt)
 
 	}
+	began := expect("provider paused", WaitProviderPaused).Since
+	// The pause is over and the next has not begun (a provider refusing every request is paused a second
+	// at a time): still paused, since the first; a pause that begins now keeps that start too.
 	f.rdb.Del(ctx, state.PauseKey(bucket))
+	if w := expect("between two pauses", WaitProviderPaused); w.Since == nil || !w.Since.Equal(*began) || w.Until != nil {
+		t.Fatalf("between two pauses: %+v, want paused since %v, no end known", w, began)
+	}
+	if err := limiter.New(f.rdb).Pause(ctx, bucket, time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if w := expect("the next pause", WaitProviderPaused); w.Since == nil || !w.Since.Equal(*began) || w.Until == nil {
+		t.Fatalf("the next pause: %+v, want paused since %v, until its end", w, began)
+	}
+	f.rdb.Del(ctx, state.PauseKey(bucket), state.PauseRunKey(bucket))
+	expect("the pauses over", "")
 
 	insp := asynq.NewInspectorFromRedisClient(f.rdb)
 	defer insp.Close()

@@ -81,6 +81,14 @@ func ProviderOf(bucket string) (string, bool) { return strings.CutPrefix(bucket,
 // PauseKey exists while the limit named bucket is paused (a 429, a burst of 5xx); its TTL is the pause.
 func PauseKey(bucket string) string { return "limiter:pause:" + bucket }
 
+// PauseRunKey outlives each pause of the limit named bucket by PauseRunGrace and holds when the run of
+// pauses began (unix ms): a provider that answers 429 to every request is paused a second at a time, and
+// between two pauses it is still pushing back.
+func PauseRunKey(bucket string) string { return PauseKey(bucket) + ":run" }
+
+// PauseRunGrace is how long PauseRunKey outlives a pause.
+const PauseRunGrace = 3 * time.Second
+
 // PaceKey holds the shared pace of the limit named bucket: the rate below its cap (if any) and the counts of
 // the current second's answers, by kind (see limiter.Pace).
 func PaceKey(bucket string) string { return "pace:" + bucket }
