@@ -51,8 +51,10 @@ func leasesOfBatch0(t *testing.T, window int, sendTime time.Duration) (int, *fix
 func TestAFastRunGrowsItsChunks(t *testing.T) {
 	t.Parallel()
 	leases, f := leasesOfBatch0(t, 8, 0)
-	if leases > 3 {
-		t.Errorf("batch 0 of 500 took %d chunks, want at most 3 (100, then up to %d)", leases, MaxChunk)
+	// 100, then up to MaxChunk: 2 or 3 chunks; on a machine starved of CPU the first chunk's pace is lower,
+	// and the second smaller (4 seen under three busy loops beside the suite). Without growth: 5.
+	if leases > 4 {
+		t.Errorf("batch 0 of 500 took %d chunks, want at most 4 (100, then up to %d; 5 without growth)", leases, MaxChunk)
 	}
 	c := f.counts(t)
 	if c.Pending != c.Planned-500 || c.Sent != 500 {

@@ -577,7 +577,7 @@ func (h *Handler) tokensStillFresh(ctx, waitCtx context.Context, run *batchRun, 
 	// Postgres round trip, a second wait for tokens may last seconds at a low cap): they are checked again
 	// until both hold, a few times at most.
 	for round := 0; ; round++ {
-		if round == 4 {
+		if round == freshRounds {
 			h.notSentAfterClaim(ctx, run, f)
 			return nil, &RetryError{Err: fmt.Errorf("batch %d: the sends' tokens and consents could not both be fresh when they were to leave; the batch goes on from a fresh read", run.batch), After: time.Second}
 		}
@@ -653,6 +653,12 @@ func (h *Handler) tokensStillFresh(ctx, waitCtx context.Context, run *batchRun, 
 		}
 	}
 }
+
+// freshRounds is how many times tokensStillFresh makes the consents and the tokens of a send fresh before
+// it hands the batch back. One or two are enough on a machine with CPU to spare; on one starved of it (the
+// whole test suite with three busy loops beside it), a goroutine may wait more than staleTokens to run
+// again after its tokens came, round after round, and four were not always enough.
+const freshRounds = 8
 
 // consentReadLead is how long before a send's tokens are due its consents are first read again, when its
 // wait for them is long enough to age them (readyToSendFresh, tokensStillFresh).
