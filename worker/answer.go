@@ -579,6 +579,7 @@ func (h *Handler) pruneLimited(now time.Time, force bool) {
 // that kept failing before it were at fault themselves.
 func (h *Handler) answered(ctx context.Context, run *batchRun) {
 	h.lastAnswer.Store(h.cfg.Now().UnixNano())
+	run.answeredAny = true
 	if !run.authShown && h.cfg.Redis != nil {
 		// The provider answered for a recipient: the account is taken. A provider_auth wait noted for
 		// the campaign is over now, not once the batch has ended, which may be minutes on.

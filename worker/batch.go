@@ -80,6 +80,8 @@ type batchRun struct {
 	inherited map[string]bool
 	// unblamedTried is how many of unblamed were set aside by probeAccount with attempts counted before.
 	unblamedTried int
+	// answeredAny: the provider answered a send of this run for its recipient (answered).
+	answeredAny bool
 	// unblamed are recipients that kept failing transiently in this run. They count against the recipient
 	// only once a later send of the run succeeds (the recipient is at fault, not the provider).
 	unblamed []campaign.Outcome
@@ -354,12 +356,15 @@ func (h *Handler) RunBatch(ctx context.Context, campaignID int64, batch int) err
 			stop = waitForServices(err)
 		}
 	}
-	if stop == nil && len(run.unblamed) > 0 && run.unblamedTried == len(run.unblamed) {
+	if stop == nil && len(run.unblamed) > 0 && (run.answeredAny || run.unblamedTried == len(run.unblamed)) {
 		// The run's last sends were refused at the account level and set aside for a probe that never
-		// came (nothing left to send), and an earlier run of each showed its failure to be its own (a
-		// send after it was accepted): so is this one. Left alone in its batch (the rest sent), such a
-		// recipient's attempts never moved, and its batch came back every minute, its refused request
-		// each time, until the dead-letter queue (27 minutes for one Twilio 21606).
+		// came (nothing left to send). The provider answered an earlier send of this run for its recipient
+		// (the account worked moments before), or an earlier run of each showed its failure to be its own
+		// (a send after it was accepted): the refusals are the recipients'. Last in its batch, or left
+		// alone in it, such a recipient's attempts never moved, and its batch came back every minute, its
+		// refused request each time, until the dead-letter queue (26 minutes for one Twilio 21606). A run
+		// of nothing but refusals of recipients never tried is still no proof: they wait, as for the
+		// account.
 		run.blame()
 		if err := h.flush(context.WithoutCancel(ctx), run); err != nil {
 			stop = waitForServices(err)
