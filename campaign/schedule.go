@@ -107,9 +107,16 @@ func ParseAt(s string, zone *time.Location, now time.Time) (time.Time, error) {
 		return time.Time{}, fmt.Errorf("%w: --at %q must be like \"2026-12-01 10:00\" (in %s) or RFC 3339", ErrInvalid, s, zone)
 	}
 	if wall, _ := time.Parse("2006-01-02 15:04", s); local && t.In(zone).Format("2006-01-02 15:04") != wall.Format("2006-01-02 15:04") {
-		// A wall time the zone skips (clocks put forward): Go moves it silently, by the gap.
+		// A wall time the zone skips (clocks put forward): Go moves it silently, by the gap, one way or the
+		// other. The example is the same wall time moved past the change.
+		_, before := t.Add(-12 * time.Hour).In(zone).Zone()
+		_, after := t.Add(12 * time.Hour).In(zone).Zone()
+		ex := t
+		if ex.In(zone).Format("2006-01-02 15:04") < wall.Format("2006-01-02 15:04") {
+			ex = ex.Add(time.Duration(after-before) * time.Second)
+		}
 		return time.Time{}, fmt.Errorf("%w: --at %s does not exist in %s (its clocks skip it, a daylight-saving change); give a time after the change, e.g. %s, or an RFC 3339 time with its offset",
-			ErrInvalid, s, zone, t.In(zone).Format("2006-01-02 15:04"))
+			ErrInvalid, s, zone, ex.In(zone).Format("2006-01-02 15:04"))
 	}
 	if local {
 		// A wall time the zone has twice (clocks put back): Go takes one of the two silently.

@@ -74,8 +74,13 @@ func TestParseAt(t *testing.T) {
 	if err != nil {
 		t.Skip(err)
 	}
-	if _, err := ParseAt("2027-03-14 02:30", ny, now); err == nil || !strings.Contains(err.Error(), "does not exist") {
-		t.Fatalf("a time New York skips: %v, want it refused", err)
+	if _, err := ParseAt("2027-03-14 02:30", ny, now); err == nil || !strings.Contains(err.Error(), "does not exist") || !strings.Contains(err.Error(), "e.g. 2027-03-14 03:30") {
+		t.Fatalf("a time New York skips: %v, want it refused, with 03:30 (after the change) for an example", err)
+	}
+	if london, err := time.LoadLocation("Europe/London"); err == nil {
+		if _, err := ParseAt("2027-03-28 01:15", london, now); err == nil || !strings.Contains(err.Error(), "e.g. 2027-03-28 02:15") {
+			t.Fatalf("a time London skips: %v, want it refused, with 02:15 for an example", err)
+		}
 	}
 	if got, err := ParseAt("2027-03-14 03:30", ny, now); err != nil || !got.Equal(time.Date(2027, 3, 14, 7, 30, 0, 0, time.UTC)) {
 		t.Fatalf("ParseAt after the change = %v, %v", got, err)
