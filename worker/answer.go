@@ -441,10 +441,7 @@ func (h *Handler) aloneRefused(provider string, pe *providers.Error) bool {
 // held the batch when the probe was the second); it reports false, and sets nothing aside, past them, or
 // when the provider's own code says the account (providers.Error.Account).
 func (h *Handler) probeAccount(run *batchRun, r *campaign.Recipient, pe *providers.Error) bool {
-	if pe.Account {
-		return false
-	}
-	if run.accountProbed >= accountProbes {
+	if pe.Account || run.accountProbed >= accountProbes {
 		return false
 	}
 	run.accountProbed++

@@ -428,7 +428,7 @@ func (h *Handler) RunBatch(ctx context.Context, campaignID int64, batch int) err
 }
 
 // pendingKey and activeKey are Asynq's lists of the batch queue's tasks waiting for a worker (oldest on the
-// right) and running: their task IDs are TaskID's "<campaign>:<batch>". TestRunsUnderACapShareTheSlots
+// right) and running: their task IDs are TaskID's "<campaign>:<batch>", or a follow-up's of it (parseTaskID). TestRunsUnderACapShareTheSlots
 // holds the names to the Asynq in use.
 const (
 	pendingKey = "asynq:{" + Queue + "}:pending"
@@ -494,30 +494,16 @@ func (h *Handler) queueNow(ctx context.Context) queueView {
 		return h.queued
 	}
 	for _, t := range pending.Val() {
-		if c, _, ok := taskOf(t); ok {
+		if c, _, ok := parseTaskID(t); ok {
 			h.queued.pending[c] = true
 		}
 	}
 	for _, t := range active.Val() {
-		if c, b, ok := taskOf(t); ok {
+		if c, b, ok := parseTaskID(t); ok {
 			h.queued.active[c] = append(h.queued.active[c], b)
 		}
 	}
 	return h.queued
-}
-
-// taskOf reads a task ID of TaskID's.
-func taskOf(id string) (campaign int64, batch int, ok bool) {
-	c, b, found := strings.Cut(id, ":")
-	if !found {
-		return 0, 0, false
-	}
-	n, err := strconv.ParseInt(c, 10, 64)
-	if err != nil {
-		return 0, 0, false
-	}
-	k, err := strconv.Atoi(b)
-	return n, k, err == nil
 }
 
 // sharedChunk is the size of a chunk under a cap of rate a second shared by runs runs of this process:

@@ -121,8 +121,9 @@ type Config struct {
 	// Default 30 s.
 	DeadlineMargin time.Duration
 	// TurnAfter is how long a batch run under a cap (the campaign's or its provider's) keeps its worker
-	// slot while a batch of another campaign waits in the queue for one: then it hands the rest of its
-	// batch back, behind that one (othersWaiting). Default 10 s; negative: never.
+	// slot, beyond its campaign's share of the slots, while a batch of another campaign waits in the queue
+	// for one: then it hands the rest of its batch back, behind that one (turnOver). Default 10 s;
+	// negative: never.
 	TurnAfter time.Duration
 	// Now is the clock; default time.Now.
 	Now func() time.Time
