@@ -38,8 +38,8 @@ type batchRun struct {
 	// dueOverrun.
 	tokensAt time.Time
 	// beforeDue, when set, is called once in each wait for tokens (hold) when beforeDueLead is left of it:
-	// tokensStillFresh reads the consents of the sends in flight again there, so that both are fresh when
-	// the tokens are due. dueOverrun is how far past the wait's end it ran: the tokens are that much older.
+	// readyReading reads the sends' consents again there, so that both are fresh when the tokens are due.
+	// dueOverrun is how far past the wait's end it ran: the tokens are that much older.
 	beforeDue     func(ctx context.Context)
 	beforeDueLead time.Duration
 	dueOverrun    time.Duration

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"sync/atomic"
 	"time"
@@ -466,37 +467,49 @@ func (h *Handler) readyToSend(ctx, waitCtx context.Context, run *batchRun, sz se
 // tokensStillFresh took them again (at a cap that made each send wait a second or more, half the cap went
 // unused).
 func (h *Handler) readyToSendFresh(ctx, waitCtx context.Context, run *batchRun, sz sendSize, rs func() []*campaign.Recipient, limits ...limiter.Limit) (drop map[string]bool, readErr, err error) {
-	take := func(d map[string]bool) {
-		if len(d) > 0 && drop == nil {
-			drop = make(map[string]bool, len(d))
-		}
-		for u := range d {
-			drop[u] = true
-		}
-	}
-	if !run.answerInNextClaim { // its sends may wait for tokens
-		run.beforeDueLead = max(run.beforeDueLead, consentReadLead)
-		run.beforeDue = func(ctx context.Context) {
+	if run.answerInNextClaim { // its sends wait for no tokens
+		err = h.readyToSend(ctx, waitCtx, run, sz, limits...)
+	} else {
+		err = h.readyReading(ctx, waitCtx, run, sz, func(ctx context.Context) {
 			if lead := run.beforeDueLead; readErr == nil && h.consentStaleIn(run, lead) {
-				start := time.Now()
 				var d map[string]bool
 				d, readErr = h.recheckAhead(ctx, run, rs(), true, lead)
-				run.readTook(time.Since(start))
-				take(d)
+				drop = union(drop, d)
 			}
-		}
+		}, limits...)
 	}
-	err = h.readyToSend(ctx, waitCtx, run, sz, limits...)
-	run.beforeDue = nil
 	if err != nil || readErr != nil {
 		return drop, readErr, err
 	}
 	if h.consentStale(run) {
-		d, rerr := h.recheck(ctx, run, rs(), true)
-		take(d)
-		readErr = rerr
+		var d map[string]bool
+		d, readErr = h.recheck(ctx, run, rs(), true)
+		drop = union(drop, d)
 	}
 	return drop, readErr, nil
+}
+
+// readyReading is readyToSend with read called once inside each wait for the tokens, run.beforeDueLead
+// before they are due (hold): consents read there are fresh when the tokens are. A read that took more
+// than half the lead begins earlier next time (readTook).
+func (h *Handler) readyReading(ctx, waitCtx context.Context, run *batchRun, sz sendSize, read func(context.Context), limits ...limiter.Limit) error {
+	run.beforeDueLead = max(run.beforeDueLead, consentReadLead)
+	run.beforeDue = func(ctx context.Context) {
+		start := time.Now()
+		read(ctx)
+		run.readTook(time.Since(start))
+	}
+	defer func() { run.beforeDue = nil }()
+	return h.readyToSend(ctx, waitCtx, run, sz, limits...)
+}
+
+// union adds the users of b to a (made when a is nil and b is not empty) and returns it.
+func union(a, b map[string]bool) map[string]bool {
+	if len(b) > 0 && a == nil {
+		a = make(map[string]bool, len(b))
+	}
+	maps.Copy(a, b)
+	return a
 }
 
 // warm opens the connections of sz's calls before their tokens are taken (providers.Warmer): a send that
@@ -562,12 +575,7 @@ func (h *Handler) tokensStillFresh(ctx, waitCtx context.Context, run *batchRun, 
 		if err != nil || len(d) == 0 {
 			return false, err
 		}
-		if drop == nil {
-			drop = map[string]bool{}
-		}
-		for u := range d {
-			drop[u] = true
-		}
+		drop = union(drop, d)
 		f = f.without(d)
 		sz.msgs, sz.tokens = len(f.users), max(0, sz.tokens-len(d))
 		return len(f.users) == 0, nil
@@ -630,17 +638,11 @@ func (h *Handler) tokensStillFresh(ctx, waitCtx context.Context, run *batchRun, 
 		// segments a second, with SMS of 3 and a Postgres answering in 60 ms, not one message went.
 		var readErr error
 		none := false
-		run.beforeDueLead = max(run.beforeDueLead, consentReadLead)
-		run.beforeDue = func(ctx context.Context) {
-			if readErr != nil || none {
-				return
+		err := h.readyReading(ctx, waitCtx, run, sz, func(ctx context.Context) {
+			if readErr == nil && !none {
+				none, readErr = recheck(ctx)
 			}
-			start := time.Now()
-			none, readErr = recheck(ctx)
-			run.readTook(time.Since(start))
-		}
-		err := h.readyToSend(ctx, waitCtx, run, sz, again...)
-		run.beforeDue = nil
+		}, again...)
 		if readErr != nil {
 			err = readErr
 		}

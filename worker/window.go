@@ -136,7 +136,10 @@ func (h *Handler) deliverWindowed(ctx, waitCtx context.Context, run *batchRun, r
 		queue = rest
 		drop, readErr, err := h.readyToSendFresh(ctx, waitCtx, run, sendSize{msgs: len(win), tokens: tokensOf(win), calls: len(win), via: rt.provider}, func() []*campaign.Recipient {
 			rs := make([]*campaign.Recipient, 0, len(win)+len(queue))
-			for _, w := range slices.Concat(win, queue) {
+			for _, w := range win {
+				rs = append(rs, w.r)
+			}
+			for _, w := range queue {
 				rs = append(rs, w.r)
 			}
 			return rs
