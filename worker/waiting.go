@@ -248,8 +248,7 @@ func waitingOf(ctx context.Context, env *waitEnv, c *campaign.Campaign, counts c
 	// Between two pauses of a run (a provider that answers 429 to every request is paused a second at a
 	// time): still paused, since the run began. status said nothing for half of such a minute, and each
 	// pause's since began anew.
-	if pttl, err := rdb.PTTL(ctx, state.PauseRunKey(bucket)).Result(); err == nil && pttl > 0 {
-		began, _ := rdb.Get(ctx, state.PauseRunKey(bucket)).Result()
+	if began, err := rdb.Get(ctx, state.PauseRunKey(bucket)).Result(); err == nil {
 		return &Waiting{Reason: WaitProviderPaused, Detail: fmt.Sprintf("%s asks every request to wait (Retry-After, 429s): paused again and again, a moment apart", provider), Since: unixMilli(began)}, nil
 	}
 	return nil, nil
