@@ -299,13 +299,8 @@ func writeConsents(ctx context.Context, tx pgx.Tx, n int64, args []any, rep *See
 			  AND c.recipient = d.recipient AND c.type = d.type AND c.recipient_type = 'BIREYSEL'
 			  AND (c.status, c.source, c.consent_date) IS DISTINCT FROM (d.status, 'HS_WEB', d.consent_date)
 			RETURNING c.recipient, c.type, c.recipient_type, c.brand_code, c.status, c.source, c.consent_date
-		)
-		INSERT INTO iys_consent_history (recipient, type, recipient_type, brand_code, status, source, consent_date, origin)
-		SELECT recipient, type, recipient_type, brand_code, status, source, consent_date, 'import' FROM upd`); err != nil {
-		return fmt.Errorf("update: %w", err)
-	}
-	if _, err := tx.Exec(ctx, `
-		WITH ins AS (
+		), ins AS (
+			-- The rows the update takes are stored already: the statement's snapshot tells them apart.
 			INSERT INTO iys_consents (recipient, type, recipient_type, status, source, consent_date)
 			SELECT d.recipient, d.type, 'BIREYSEL', d.status, 'HS_WEB', d.consent_date
 			FROM demo_consents d
@@ -316,8 +311,10 @@ func writeConsents(ctx context.Context, tx pgx.Tx, n int64, args []any, rep *See
 			RETURNING recipient, type, recipient_type, brand_code, status, source, consent_date
 		)
 		INSERT INTO iys_consent_history (recipient, type, recipient_type, brand_code, status, source, consent_date, origin)
+		SELECT recipient, type, recipient_type, brand_code, status, source, consent_date, 'import' FROM upd
+		UNION ALL
 		SELECT recipient, type, recipient_type, brand_code, status, source, consent_date, 'import' FROM ins`); err != nil {
-		return fmt.Errorf("insert: %w", err)
+		return fmt.Errorf("write: %w", err)
 	}
 	err := tx.QueryRow(ctx, `
 		SELECT count(*) FILTER (WHERE type = 'MESAJ' AND status = 'ONAY'),
