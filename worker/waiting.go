@@ -200,11 +200,16 @@ func waitingOf(ctx context.Context, env *waitEnv, c *campaign.Campaign, counts c
 	if err != nil {
 		return nil, err
 	}
-	if w, ok := notes[WaitProviderAuth]; ok {
-		return &w, nil
-	}
-	if w, ok := notes[WaitOptInsUnreadable]; ok {
-		return &w, nil
+	// These two are notes of one worker's batches (its credentials, its access to the audience): while
+	// another worker's sends move the campaign, it does not wait on them. It said provider_auth between
+	// the good worker's sends in a fleet half through a credentials change.
+	if !movedLately(ctx, rdb, id, now) {
+		if w, ok := notes[WaitProviderAuth]; ok {
+			return &w, nil
+		}
+		if w, ok := notes[WaitOptInsUnreadable]; ok {
+			return &w, nil
+		}
 	}
 	if w, ok := notes[WaitRefusalsHeld]; ok {
 		return &w, nil
@@ -252,6 +257,17 @@ func waitingOf(ctx context.Context, env *waitEnv, c *campaign.Campaign, counts c
 		return &Waiting{Reason: WaitProviderPaused, Detail: fmt.Sprintf("%s asks every request to wait (Retry-After, 429s): paused again and again, a moment apart", provider), Since: unixMilli(began)}, nil
 	}
 	return nil, nil
+}
+
+// movingLately is how recently a recipient of a campaign must have settled for the campaign to move
+// (state.ProgressMovedAt): longer than a run at a low cap takes between two chunks, short beside the two
+// minutes a worker's waiting note lasts.
+const movingLately = 30 * time.Second
+
+// movedLately says whether a worker settled one of campaign id's recipients in the last movingLately.
+func movedLately(ctx context.Context, rdb redis.UniversalClient, id int64, now time.Time) bool {
+	ms, err := rdb.HGet(ctx, state.ProgressKey(id), state.ProgressMovedAt).Int64()
+	return err == nil && now.Sub(time.UnixMilli(ms)) < movingLately
 }
 
 // windowTime is t as the window's own clock reads it, the zone it was given in (the detail is read next to

@@ -238,6 +238,19 @@ func TestStatusSaysWhyACampaignWaits(t *testing.T) {
 	}
 	f.provider.fail = nil
 	expect("credentials fixed", "")
+	// A fleet half through a credentials change: another worker's batch is refused (its note) while this
+	// one's sent a moment ago. The campaign moves; it said provider_auth between the good worker's sends.
+	refused := Waiting{Reason: WaitProviderAuth, Detail: "twilio refuses the account (401)"}
+	if err := state.NoteWaiting(ctx, f.rdb, f.id, refused); err != nil {
+		t.Fatal(err)
+	}
+	expect("one worker refused, another sent a moment ago", "")
+	// Nothing settled for longer than a run at a low cap takes between chunks: the refusal holds it.
+	f.rdb.HSet(ctx, state.ProgressKey(f.id), state.ProgressMovedAt, time.Now().Add(-movingLately-time.Second).UnixMilli())
+	expect("one worker refused, nothing sent since", WaitProviderAuth)
+	if err := state.ClearWaiting(ctx, f.rdb, f.id, WaitProviderAuth); err != nil {
+		t.Fatal(err)
+	}
 
 	bucket := state.ProviderBucket(f.provider.Name())
 	wentDown := time.Now().Add(-3 * time.Minute).Truncate(time.Millisecond)

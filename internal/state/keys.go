@@ -69,6 +69,11 @@ func ProgressKey(campaignID int64) string {
 // segments.
 const ProgressSegments = "segments"
 
+// ProgressMovedAt is the field of a campaign's progress counters (ProgressKey) that holds when, in unix
+// ms, a worker last settled one of its recipients (AddProgress): whether the campaign moves, whatever one
+// worker's batches wait on.
+const ProgressMovedAt = "moved_at"
+
 // CampaignBucket names a campaign's rate limit (launch --rate).
 func CampaignBucket(campaignID int64) string { return "campaign:" + strconv.FormatInt(campaignID, 10) }
 
