@@ -31,7 +31,8 @@ type Spec struct {
 	// when ProviderCountsSegments (Twilio's is); used for the ETA only.
 	ProviderRate           float64
 	ProviderCountsSegments bool
-	// BatchSize is recipients per queued task; 0 means DefaultBatchSize.
+	// BatchSize is recipients per queued task; 0 means the channel's (ChannelSpec.BatchSize), or for a
+	// small campaign of a one-message channel less, so that its recipients spread over SpreadBatches.
 	BatchSize int
 	// DryRun computes the full report inside a transaction that is rolled back: same numbers, nothing written.
 	DryRun bool
@@ -180,8 +181,8 @@ func (s *Spec) Validate() error {
 		return fmt.Errorf("%w: --frequency-cap %v: give whole seconds (the cap is kept in seconds), e.g. %v, or 0 for none",
 			ErrInvalid, s.FrequencyCap, max(time.Second, s.FrequencyCap.Round(time.Second)))
 	}
-	if s.BatchSize < 0 || s.BatchSize > 10000 {
-		return fmt.Errorf("%w: batch size %d must be between 1 and 10000", ErrInvalid, s.BatchSize)
+	if s.BatchSize < 0 || s.BatchSize > MaxBatchSize {
+		return fmt.Errorf("%w: batch size %d must be between 1 and %d", ErrInvalid, s.BatchSize, MaxBatchSize)
 	}
 	if s.HTML != "" && !ch.HTML {
 		return fmt.Errorf("%w: --html is for %s; the %s message is the --message text", ErrInvalid, titlesWhere(func(c ChannelSpec) bool { return c.HTML }), s.Channel.Spec().Title)
@@ -303,12 +304,6 @@ func (p *Planner) step(name string, start time.Time) {
 // same report and rolls back. On error nothing is written; the returned report holds whatever was counted
 // before the error (so a dry run can still show, say, how many codes are missing).
 func (p *Planner) Plan(ctx context.Context, spec Spec) (Report, error) {
-	if spec.BatchSize == 0 {
-		spec.BatchSize = DefaultBatchSize
-		if n := spec.Channel.Spec().BatchSize; n > 0 {
-			spec.BatchSize = n
-		}
-	}
 	if spec.StatementTimeout == 0 {
 		spec.StatementTimeout = 5 * time.Minute
 	}
@@ -324,9 +319,27 @@ func (p *Planner) Plan(ctx context.Context, spec Spec) (Report, error) {
 	err := p.plan(ctx, spec, tmpl, &rep)
 	// Counted also for a plan refused after it counted the eligible (a code pool too short): the report
 	// printed with the refusal says what the launch would have been.
-	rep.Batches = BatchCount(rep.Eligible, spec.BatchSize)
+	rep.Batches = BatchCount(rep.Eligible, spec.batchSize(rep.Eligible))
 	rep.Rate, rep.ETASeconds = spec.eta(&rep)
 	return rep, err
+}
+
+// batchSize is how many recipients a queued task carries in a campaign of eligible recipients: the
+// launch's BatchSize when it gives one, else the channel's, and for a one-message channel (ChannelSpec.Spread)
+// no more than spreads the campaign over SpreadBatches batches of at least MinSpreadBatch.
+func (s *Spec) batchSize(eligible int64) int {
+	if s.BatchSize > 0 {
+		return s.BatchSize
+	}
+	ch := s.Channel.Spec()
+	size := DefaultBatchSize
+	if ch.BatchSize > 0 {
+		size = ch.BatchSize
+	}
+	if ch.Spread && eligible > 0 {
+		size = min(size, max(MinSpreadBatch, int((eligible+SpreadBatches-1)/SpreadBatches)))
+	}
+	return size
 }
 
 // eta is the message rate a campaign goes at and how long it takes: the slower of its own --rate (in

@@ -115,6 +115,8 @@ func (p *Planner) plan(ctx context.Context, spec Spec, tmpl *Template, rep *Repo
 		}
 	}
 
+	// The batches' size follows from the eligible count (Spec.batchSize); the row keeps it.
+	spec.BatchSize = spec.batchSize(rep.Eligible)
 	if err := p.insertRecipients(ctx, tx, &id, spec, rep); err != nil {
 		return err
 	}
@@ -174,8 +176,8 @@ func (p *Planner) plan(ctx context.Context, spec Spec, tmpl *Template, rep *Repo
 	}
 	if _, err := tx.Exec(ctx, `UPDATE campaigns SET audience = $2, eligible = $3, excluded = $4, batches = $5, state = $6,
 		started_at = CASE WHEN $6 = `+sqlStateRunning+` THEN now() END, finished_at = CASE WHEN $6 = `+sqlStateCompleted+` THEN now() END,
-		consent_version = $7 WHERE id = $1`,
-		id, rep.Audience, rep.Eligible, excluded, BatchCount(rep.Eligible, spec.BatchSize), state, consentVersion); err != nil {
+		consent_version = $7, batch_size = $8 WHERE id = $1`,
+		id, rep.Audience, rep.Eligible, excluded, BatchCount(rep.Eligible, spec.BatchSize), state, consentVersion, spec.BatchSize); err != nil {
 		return fmt.Errorf("plan: %w", err)
 	}
 	if spec.DryRun {

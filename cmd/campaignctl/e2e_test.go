@@ -18,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/campaignctl/campaignctl/campaign"
 	"github.com/campaignctl/campaignctl/internal/testdb"
 	"github.com/campaignctl/campaignctl/internal/testredis"
 	"github.com/campaignctl/campaignctl/providers/sandbox"
@@ -206,7 +207,9 @@ func TestEndToEndSMSCampaign(t *testing.T) {
 	if err := json.Unmarshal([]byte(out), &rep); err != nil {
 		t.Fatalf("launch --json: %v\n%s", err, out)
 	}
-	if rep.ID == 0 || rep.Eligible != eligible || rep.Excluded["consent_ret"] != 300 || rep.Excluded["no_consent"] != 200 || rep.Enqueued != 10 {
+	if rep.ID == 0 || rep.Eligible != eligible || rep.Excluded["consent_ret"] != 300 || rep.Excluded["no_consent"] != 200 ||
+		rep.Batches != campaign.SpreadBatches || rep.Enqueued != campaign.SpreadBatches {
+		// 5000 eligible spread over 64 batches of 79 (one run each), not 10 of 500.
 		t.Fatalf("launch report %+v", rep)
 	}
 
@@ -311,10 +314,10 @@ func smsSandboxEnv(t *testing.T, n int, rate string, sandboxArgs ...string) (e *
 
 // launchSMS launches an SMS campaign of the audience with the demo pool's codes, no frequency cap, and
 // message after the sender's prefix; it returns the campaign's ID and the batches enqueued.
-func launchSMS(e *e2eEnv, name, audience, message string) (id string, enqueued int) {
+func launchSMS(e *e2eEnv, name, audience, message string, flags ...string) (id string, enqueued int) {
 	e.t.Helper()
-	out := e.mustRun("launch", "--name", name, "--channel", "sms", "--audience", audience, "--code-pool", "demo",
-		"--message", testPrefix+message, "--frequency-cap", "0", "--yes", "--json")
+	out := e.mustRun(append([]string{"launch", "--name", name, "--channel", "sms", "--audience", audience, "--code-pool", "demo",
+		"--message", testPrefix + message, "--frequency-cap", "0", "--yes", "--json"}, flags...)...)
 	var rep struct {
 		ID       int64 `json:"id"`
 		Enqueued int   `json:"enqueued"`

@@ -37,6 +37,7 @@ type launchOptions struct {
 	at, window, tz                                            string
 	frequencyCap                                              time.Duration
 	maxSegments                                               int
+	batchSize                                                 int
 	testTo, testUser                                          string // see testsend.go
 	previewDir                                                string // see preview.go
 }
@@ -66,6 +67,12 @@ func (o *launchOptions) validate() error {
 	}
 	if o.previewDir != "" && o.channel != string(campaign.ChannelEmail) {
 		return usagef("--preview-dir shows an e-mail; a %s campaign has no HTML to preview", o.channel)
+	}
+	if o.batchSize < 0 || o.batchSize > campaign.MaxBatchSize {
+		return usagef("--batch-size %d: give the recipients a batch carries, from 1 to %d, or 0 for the channel's", o.batchSize, campaign.MaxBatchSize)
+	}
+	if o.channel == string(campaign.ChannelEmail) && o.batchSize > campaign.DefaultEmailBatchSize {
+		return usagef("--batch-size %d: an e-mail batch is one SendGrid request, which takes at most %d recipients", o.batchSize, campaign.DefaultEmailBatchSize)
 	}
 	if o.maxSegments < 1 {
 		return usagef("--max-segments %d: give the longest SMS to send, in segments, between 1 and 24 (default %d)", o.maxSegments, campaign.DefaultMaxSegments)
@@ -143,6 +150,8 @@ reserved from --code-pool before anything is queued. --dry-run shows the same re
 	f.BoolVar(&o.allowPrivilegedAudience, "allow-privileged-audience", false, "run the audience query as the audience connection's own role even if it may do more than read the audience (a superuser; recorded on the campaign)")
 	f.BoolVar(&o.segments, "count-segments", false, "render every message to report the total SMS segments (a dry run always does)")
 	f.IntVar(&o.maxSegments, "max-segments", campaign.DefaultMaxSegments, "refuse an SMS longer than this many segments (a dry run warns above 3)")
+	f.IntVar(&o.batchSize, "batch-size", 0, fmt.Sprintf("recipients a queued batch carries, 1 to %d (0 = the channel's: %d for SMS, push and webhook, fewer so that a smaller campaign spreads over %d batches; %d for e-mail, one SendGrid request)",
+		campaign.MaxBatchSize, campaign.DefaultBatchSize, campaign.SpreadBatches, campaign.DefaultEmailBatchSize))
 	f.StringVar(&o.testTo, "test-to", "", "send one test message to this address only (placeholder code "+testCode+"; no campaign created, no code reserved; without a terminal add --yes, as for a launch)")
 	f.StringVar(&o.testUser, "test-user", "", "with --test-to: render for the audience row with this user_id (default: the first row)")
 	f.StringVar(&o.previewDir, "preview-dir", "", "with --dry-run of an e-mail: write the first message's HTML and text to DIR/preview.html and DIR/preview.txt")
@@ -215,7 +224,7 @@ func (a *app) launch(ctx context.Context, o launchOptions) error {
 		Subject: o.subject, HTML: string(html), TemplateID: o.templateID, CodePool: o.codePool, Rate: o.rate, ProviderRate: providerRate, ProviderCountsSegments: providerSegments, StatementTimeout: o.timeout,
 		CountSegments: o.segments, StartAt: startAt, Window: window, FrequencyCap: o.frequencyCap,
 		RecipientType: o.recipientType, BrandCode: brand, Transactional: o.transactional, MaxConsentAge: o.maxConsentAge,
-		AllowStaleConsent: o.allowStaleConsent, AllowPrivilegedAudience: o.allowPrivilegedAudience, MaxSegments: o.maxSegments,
+		AllowStaleConsent: o.allowStaleConsent, AllowPrivilegedAudience: o.allowPrivilegedAudience, MaxSegments: o.maxSegments, BatchSize: o.batchSize,
 	}
 	if spec.Rules, err = a.contentRules(campaign.Channel(o.channel), o.transactional); err != nil {
 		return err

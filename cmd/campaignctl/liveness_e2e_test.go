@@ -29,7 +29,7 @@ func TestAKilledWorkersBatchesAreSentAgainWithinSeconds(t *testing.T) {
 			a.Wait()         //nolint:errcheck
 		}
 	})
-	id, enqueued := launchSMS(e, "kill-mid-batch", audience, "Merhaba {{.first_name}}, kodunuz {{.code}}")
+	id, enqueued := launchSMS(e, "kill-mid-batch", audience, "Merhaba {{.first_name}}, kodunuz {{.code}}", "--batch-size", "500")
 	if enqueued != 6 {
 		t.Fatalf("%d batches enqueued, want 6", enqueued)
 	}

@@ -136,7 +136,7 @@ func TestWorkersSupervisorEndToEnd(t *testing.T) {
 	e.mustRun("demo", "seed", "--users", strconv.Itoa(chaosUsersFor(2000)), "--pool", "demo")
 	audience := writeFile(t, "audience.sql", "SELECT user_id, phone, first_name FROM customers")
 	e.start("sandbox", "sandbox", "--addr", sandboxAddr, "--latency", "1s")
-	id, enqueued := launchSMS(e, "workers-e2e", audience, "Merhaba {{.first_name}}, kodunuz {{.code}}")
+	id, enqueued := launchSMS(e, "workers-e2e", audience, "Merhaba {{.first_name}}, kodunuz {{.code}}", "--batch-size", "500")
 	if enqueued != 4 {
 		t.Fatalf("launch: %d batches enqueued, want 4", enqueued)
 	}
