@@ -5,10 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/campaignctl/campaignctl/campaign"
+	"github.com/campaignctl/campaignctl/internal/state"
 	"github.com/campaignctl/campaignctl/providers"
 )
 
@@ -92,4 +94,43 @@ func TestAnAccountLevelRefusalOfOneRecipientIsProbed(t *testing.T) {
 			t.Fatalf("an hour into the refusal the run returned %#v; want a retry in %v that uses none of the batch's retries", err, accountRetryMax)
 		}
 	})
+	// A batch of three recipients or fewer (a campaign's last, often) is all set aside for probes that
+	// never come: nothing tells the account from the recipients, and the batch waits as for the account.
+	// Before, it used up its retries under wrong credentials and went to the dead-letter queue, and status
+	// never said provider_auth.
+	for _, size := range []int{1, 2, 3} {
+		t.Run(fmt.Sprintf("every send of a batch of %d refused", size), func(t *testing.T) {
+			t.Parallel()
+			f := planWith(t, 8, func(s *campaign.Spec) { s.BatchSize = size })
+			h, _, _ := f.faulty(t, nil)
+			var sends atomic.Int32
+			f.provider.fail = func(int, providers.Message) error {
+				sends.Add(1)
+				return &providers.Error{Provider: "test", Status: 401, Class: providers.Permanent, Message: "bad secret"}
+			}
+			ctx := context.Background()
+			for run := 1; run <= 3; run++ {
+				err := h.RunBatch(ctx, f.id, 0)
+				var re *RetryError
+				if !errors.As(err, &re) || isFailure(err) || !strings.Contains(err.Error(), "refuses the account") {
+					t.Fatalf("run %d returned %#v; want the account refused, a retry that uses none of the batch's retries", run, err)
+				}
+			}
+			if n := sends.Load(); n != int32(3*size) {
+				t.Fatalf("%d requests in 3 runs; want %d (each recipient once a run)", n, 3*size)
+			}
+			var attempts, pending int
+			if err := f.db.QueryRow(ctx, `SELECT coalesce(sum(attempts), 0), count(*) FILTER (WHERE status = 'pending')
+				FROM campaign_recipients WHERE campaign_id = $1 AND batch = 0`, f.id).Scan(&attempts, &pending); err != nil {
+				t.Fatal(err)
+			}
+			if attempts != 0 || pending != size {
+				t.Fatalf("%d attempts, %d of %d pending; want no attempt counted and all pending", attempts, pending, size)
+			}
+			// What status shows once the batches are queued and a worker runs.
+			if notes, err := state.Waits(ctx, f.rdb, f.id); err != nil || notes[WaitProviderAuth].Reason != WaitProviderAuth {
+				t.Fatalf("waiting notes %+v (%v); want provider_auth", notes, err)
+			}
+		})
+	}
 }

@@ -445,6 +445,7 @@ func (h *Handler) probeAccount(run *batchRun, r *campaign.Recipient, pe *provide
 		return false
 	}
 	run.accountProbed++
+	run.probed = pe
 	run.deferAfter = max(run.deferAfter, time.Minute)
 	run.deferUnblamed(r, transientOutcome(r, pe))
 	if r.Attempts > 0 {

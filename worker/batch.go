@@ -87,8 +87,10 @@ type batchRun struct {
 	unblamed []campaign.Outcome
 	// failedInARow counts consecutive recipients whose retries all failed transiently.
 	failedInARow int
-	// accountProbed counts the account-level refusals set aside since the run's last answer (probeAccount).
+	// accountProbed counts the account-level refusals set aside since the run's last answer (probeAccount),
+	// and probed is the last of them.
 	accountProbed int
+	probed        *providers.Error
 	deferred      int
 	// limited counts the deferred recipients left for a provider's limit on their address (deferLimited,
 	// limitedHere); deferAfter is the longest wait that limit asked for: the batch comes back no sooner.
@@ -369,6 +371,15 @@ func (h *Handler) RunBatch(ctx context.Context, campaignID int64, batch int) err
 		if err := h.flush(context.WithoutCancel(ctx), run); err != nil {
 			stop = waitForServices(err)
 		}
+	}
+	if stop == nil && len(run.unblamed) > 0 && run.probed != nil && !run.answeredAny && run.accountProbed == len(run.unblamed) {
+		// Every send of the run was refused at the account level and set aside for a probe that never
+		// came, and no earlier run showed the refusals to be the recipients' (blamed above): nothing tells
+		// the account from the recipients, and the account is the likelier (wrong credentials, a sender
+		// not allowed). The batch waits as for the account, without using its retries. Before, a batch of
+		// three recipients or fewer (often a campaign's last) used them up under wrong credentials and went
+		// to the dead-letter queue, and status never said provider_auth.
+		stop = h.accountError(ctx, run, run.probed)
 	}
 	if len(run.unblamed) > 0 {
 		// The batch stopped before a later send showed the recipients were at fault: not counted.
