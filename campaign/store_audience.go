@@ -112,12 +112,12 @@ func (p *Planner) stageAudienceIn(ctx context.Context, engineTx pgx.Tx, spec Spe
 		if src.userIdx >= 0 {
 			missing = spec.Channel.AddressColumn()
 		}
-		return fmt.Errorf("%w: the audience query returns no %s column (it returns: %v); select it, e.g. `SELECT id AS user_id, %s, ...`",
-			ErrInvalid, missing, cols, addressExample(spec.Channel))
+		return fmt.Errorf("%w: the audience query returns no %s column (it returns: %v); select it, e.g. `SELECT %s...`",
+			ErrInvalid, missing, cols, exampleColumns(addressExample(spec.Channel), optInExample(spec.Channel)))
 	}
 	if col := spec.Channel.OptInColumn(); col != "" && !slices.Contains(cols, col) {
-		return fmt.Errorf("%w: a %s audience must return the %s column (true for recipients who opted in; %s has no İYS consent), e.g. `SELECT id AS user_id, %s, notify AS %s, ...`",
-			ErrInvalid, spec.Channel, col, spec.Channel, spec.Channel.AddressColumn(), col)
+		return fmt.Errorf("%w: a %s audience must return the %s column (true for recipients who opted in; %s has no İYS consent), e.g. `SELECT %s...`",
+			ErrInvalid, spec.Channel, col, spec.Channel, exampleColumns(addressExample(spec.Channel), optInExample(spec.Channel)))
 	}
 	if err := columnsOwnName(cols, spec); err != nil {
 		return err
@@ -426,7 +426,31 @@ func addressExample(ch Channel) string {
 		return "gsm AS phone"
 	case "email":
 		return "mail AS email"
+	case "user_id":
+		return "" // the user is the address (a webhook's)
 	default:
 		return "device_token AS " + col
 	}
+}
+
+// optInExample is how an audience SELECT names the channel's opt-in column, for an error's example; ""
+// for a channel without one.
+func optInExample(ch Channel) string {
+	if col := ch.OptInColumn(); col != "" {
+		return "notify AS " + col
+	}
+	return ""
+}
+
+// exampleColumns is the start of an example audience SELECT's column list: user_id, then the columns
+// given, each once (a channel that addresses the user itself has no address column of its own), and a
+// trailing ", " for the "..." after it.
+func exampleColumns(cols ...string) string {
+	out := "id AS user_id, "
+	for _, c := range cols {
+		if c != "" && c != "user_id" {
+			out += c + ", "
+		}
+	}
+	return out
 }
