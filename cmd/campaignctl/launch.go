@@ -113,6 +113,10 @@ reserved from --code-pool before anything is queued. --dry-run shows the same re
 			if err := o.validate(); err != nil {
 				return err
 			}
+			if ch, _ := campaign.ParseChannel(o.channel); cmd.Flags().Changed("max-segments") && !ch.Spec().Segmented {
+				// Accepted and ignored, it read as if a bound held (an e-mail launched with it).
+				return usagef("--max-segments bounds an SMS in segments, and --channel %s sends none: drop it", ch)
+			}
 			if o.transactional {
 				// The cap is about commercial messages: a transactional one is neither held back by it
 				// nor counted for it.
