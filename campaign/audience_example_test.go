@@ -60,4 +60,3 @@ func addressOf(ch campaign.ChannelSpec) string {
 	}
 	return "device_token AS " + ch.AddressColumn + ", "
 }
-
