@@ -124,10 +124,10 @@ func RetryDLQ(ctx context.Context, o DLQOptions) (DLQRetryReport, error) {
 	if o.CampaignID != 0 && len(rep.Refused) > 0 {
 		if why := stale[o.CampaignID]; why != "" {
 			// Each batch would be back in the DLQ at once: none is moved.
-			return DLQRetryReport{Refused: rep.Refused}, &campaign.ConsentStaleError{
+			return DLQRetryReport{Queued: []DLQEntry{}, Refused: rep.Refused}, &campaign.ConsentStaleError{
 				Msg: fmt.Sprintf("the DLQ batches of campaign %d are not retried (nothing was moved): %s", o.CampaignID, why)}
 		}
-		return DLQRetryReport{Refused: rep.Refused}, &DLQRefusedError{CampaignID: o.CampaignID, State: states[o.CampaignID]}
+		return DLQRetryReport{Queued: []DLQEntry{}, Refused: rep.Refused}, &DLQRefusedError{CampaignID: o.CampaignID, State: states[o.CampaignID]}
 	}
 	done, _, err := requeueBatches(ctx, o.Redis, rep.Queued)
 	rep.Queued = rep.Queued[:done]

@@ -92,11 +92,15 @@ func (a *app) dlq(ctx context.Context, o dlqOptions, action string) error {
 		return a.dlqList(ctx, opts, o.json)
 	case "retry":
 		rep, err := worker.RetryDLQ(ctx, opts)
+		if o.json && (err == nil || len(rep.Refused) > 0) {
+			// Refused for the campaign given (its state, its consents too old): the report still says which
+			// batches, and the error why, with its exit code. A script read nothing at all.
+			if jerr := json.NewEncoder(a.stdout).Encode(rep); err == nil {
+				return jerr
+			}
+		}
 		if err != nil {
 			return err
-		}
-		if o.json {
-			return json.NewEncoder(a.stdout).Encode(rep)
 		}
 		fmt.Fprintf(a.stdout, "%d batches queued again\n", worker.DistinctBatches(rep.Queued))
 		if len(rep.Queued) == 0 && len(rep.Refused) == 0 {

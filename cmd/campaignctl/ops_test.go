@@ -128,6 +128,20 @@ func TestDLQListRetryPurge(t *testing.T) {
 	if _, stderr, code := cli(t, env, "dlq", "retry", "--campaign", id); code != 2 || !strings.Contains(stderr, "the campaign is cancelled") {
 		t.Fatalf("dlq retry of a cancelled campaign: exit %d, %s", code, stderr)
 	}
+	// With --json too: the refused batches on stdout (it printed nothing), the reason on stderr, exit 2.
+	var refusedOne struct {
+		Queued  []worker.DLQEntry `json:"queued"`
+		Refused []struct {
+			CampaignID int64  `json:"campaign_id"`
+			Batch      int    `json:"batch"`
+			State      string `json:"state"`
+		} `json:"refused"`
+	}
+	if out, stderr, code := cli(t, env, "dlq", "retry", "--campaign", id, "--json"); code != 2 || !strings.Contains(stderr, "the campaign is cancelled") ||
+		json.Unmarshal([]byte(out), &refusedOne) != nil || refusedOne.Queued == nil || len(refusedOne.Queued) != 0 ||
+		len(refusedOne.Refused) != 1 || refusedOne.Refused[0].Batch != 1 || refusedOne.Refused[0].State != "cancelled" {
+		t.Fatalf("dlq retry --json of a cancelled campaign: exit %d, stdout %q, stderr %s", code, out, stderr)
+	}
 	// Retrying the whole DLQ skips it and says why, in JSON too.
 	var retried struct {
 		Queued  []worker.DLQEntry `json:"queued"`
