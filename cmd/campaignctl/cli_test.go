@@ -405,6 +405,9 @@ func TestBadFlagsAndAddressesSayTheFix(t *testing.T) {
 		// Before, exit 1, as if the machine had failed.
 		{[]string{"sandbox", "--addr", "notanaddr"}, `--addr "notanaddr" is not an address to listen on: give HOST:PORT`},
 		{[]string{"sandbox", "--addr", "127.0.0.1:99999"}, "give HOST:PORT of this machine"},
+		// Before, it logged an error, said the events went there, posted nothing and ran on.
+		{[]string{"sandbox", "--addr", "127.0.0.1:0", "--sendgrid-event-url", "http://example.com/x"}, `--sendgrid-event-url "http://example.com/x" is not on a loopback host`},
+		{[]string{"sandbox", "--addr", "127.0.0.1:0", "--twilio-inbound-url", "ftp://127.0.0.1/x"}, `--twilio-inbound-url "ftp://127.0.0.1/x" is not http(s)`},
 	} {
 		if _, stderr, code := cli(t, nil, tc.args...); code != 2 || !strings.Contains(stderr, tc.want) {
 			t.Errorf("%v: exit %d, %q; want 2 and %q", tc.args, code, stderr, tc.want)

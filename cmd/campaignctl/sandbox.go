@@ -235,6 +235,15 @@ unsubscribe list ("Unsubscribed Address").`,
 			if err != nil {
 				return err
 			}
+			for flag, raw := range map[string]string{"--sendgrid-event-url": o.sendgridEventURL, "--twilio-inbound-url": o.twilioInboundURL} {
+				if raw == "" {
+					continue
+				}
+				// Accepted, it logged an error, said the events went there, and posted nothing.
+				if err := sandbox.CheckLoopbackURL(flag, raw); err != nil {
+					return usagef("sandbox: %v: give a URL on this machine, e.g. http://127.0.0.1:8090/...", err)
+				}
+			}
 			if o.twilioInboundURL != "" && a.getenv("TWILIO_AUTH_TOKEN") == "" {
 				return usagef("--twilio-inbound-url needs TWILIO_AUTH_TOKEN: the incoming SMS are signed with it, and the receiver verifies them with the same token")
 			}

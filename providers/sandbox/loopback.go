@@ -37,6 +37,14 @@ func parseLoopbackURL(what, raw string) (*url.URL, error) {
 	return u, nil
 }
 
+// CheckLoopbackURL says why raw cannot be where the sandbox posts (not http(s), or not on this machine),
+// nil when it can; flag names the setting in the error. The sandbox itself only disables what such a URL
+// would get (and says so in its stats); a command line refuses it.
+func CheckLoopbackURL(flag, raw string) error {
+	_, err := parseLoopbackURL(flag, raw)
+	return err
+}
+
 func httpScheme(u *url.URL) bool { return u.Scheme == "http" || u.Scheme == "https" }
 
 func loopbackHost(u *url.URL) bool {
