@@ -245,12 +245,17 @@ func TestServicesUnreachableSayWhereAndWhatToRun(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	badUser, badDB := *u, *u
+	badUser, badDB, badParam, badValue := *u, *u, *u, *u
 	badUser.User = url.UserPassword("nosuchuser", "Pw0rdS3cret")
 	badDB.Path = "/campaignctl_no_such_db"
+	// A setting in the URL's query the server does not take (before, exit 1 and "start it").
+	badParam.RawQuery += "&bogusparam=1"
+	badValue.RawQuery += "&statement_timeout=abc"
 	for url, says := range map[string]string{
-		badUser.String(): `refused user "nosuchuser"`,
-		badDB.String():   `database "campaignctl_no_such_db" does not exist`,
+		badUser.String():  `refused user "nosuchuser"`,
+		badDB.String():    `database "campaignctl_no_such_db" does not exist`,
+		badParam.String(): `unrecognized configuration parameter "bogusparam" (SQLSTATE 42704); fix or drop it in the URL's query`,
+		badValue.String(): `invalid value for parameter "statement_timeout": "abc" (SQLSTATE 22023); fix or drop it in the URL's query`,
 	} {
 		_, stderr, code := cli(t, map[string]string{"DATABASE_URL": url, "REDIS_URL": env["REDIS_URL"]}, "status")
 		if code != 2 || !strings.Contains(stderr, says) || !strings.Contains(stderr, "DATABASE_URL") || strings.Contains(stderr, "not reachable") || strings.Contains(stderr, "Pw0rdS3cret") {

@@ -208,6 +208,9 @@ func dbError(err error, cc *pgx.ConnConfig, envName string) error {
 		case "28000", "28P01": // invalid_authorization_specification, invalid_password
 			return usagef("Postgres at %s refused user %q (database %q): %s (SQLSTATE %s); check the user and password in %s",
 				addr, cc.User, cc.Database, pgErr.Message, pgErr.Code, envName)
+		case "42704", "22023", "42501": // a setting in the URL's query unknown, of a bad value, or not the user's to set
+			return usagef("Postgres at %s refused a setting that %s passes (database %q): %s (SQLSTATE %s); fix or drop it in the URL's query (?...)",
+				addr, envName, cc.Database, pgErr.Message, pgErr.Code)
 		}
 	}
 	return fmt.Errorf("Postgres is not reachable at %s (database %q): %v; start it (scripts/test.sh or scripts/demo.sh install and start it) or point %s at a running server",
