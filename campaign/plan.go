@@ -107,6 +107,9 @@ type Report struct {
 	SampleMessage      string `json:"sample_message,omitempty"`
 	Encoding           string `json:"encoding,omitempty"`
 	SegmentsPerMessage int    `json:"segments_per_message,omitempty"`
+	// SampleSegments is the mean segments of the first SampleMessages SMS (by batch), each rendered for
+	// its recipient: the rate's estimate when not every message is counted (TotalSegments).
+	SampleSegments float64 `json:"-"`
 	// SampleSubject is the first message's subject (e-mail, push title); SampleHTML its HTML part, kept out
 	// of the JSON report for its size (`launch --dry-run --preview-dir` writes it to a file).
 	SampleSubject string `json:"sample_subject,omitempty"`
@@ -344,13 +347,18 @@ func (s *Spec) batchSize(eligible int64) int {
 
 // eta is the message rate a campaign goes at and how long it takes: the slower of its own --rate (in
 // messages) and the provider's cap, which for a provider counting segments takes every segment (the
-// total when counted, else the first message's count for each).
+// total when counted, else the mean of a sample of them: a launch and its dry run give about the same).
 func (spec *Spec) eta(rep *Report) (rate, seconds float64) {
 	providerMsgs := spec.ProviderRate
 	if spec.ProviderRate > 0 && spec.ProviderCountsSegments && rep.Eligible > 0 {
 		perMessage := float64(max(1, rep.SegmentsPerMessage))
-		if rep.TotalSegments > 0 {
+		switch {
+		case rep.TotalSegments > 0:
 			perMessage = float64(rep.TotalSegments) / float64(rep.Eligible)
+		case rep.SampleSegments >= 1:
+			// The first message's count alone made a launch say 50 msg/s where its dry run, counting
+			// every message, said 73.
+			perMessage = rep.SampleSegments
 		}
 		providerMsgs = spec.ProviderRate / perMessage
 	}

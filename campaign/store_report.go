@@ -52,8 +52,47 @@ func (p *Planner) sample(ctx context.Context, tx pgx.Tx, id int64, spec Spec, tm
 			rep.Warnings = append(rep.Warnings, fmt.Sprintf("each message takes %d SMS segments (%s): it is billed %d times; shorten it to %d or fewer if you can",
 				rep.SegmentsPerMessage, rep.Encoding, rep.SegmentsPerMessage, WarnSegments))
 		}
+		mean, err := sampleSegments(ctx, tx, id, spec, tmpl)
+		if err != nil {
+			return err
+		}
+		rep.SampleSegments = mean
 	}
 	return nil
+}
+
+// SampleMessages is how many SMS a plan renders for the mean of their segments (Report.SampleSegments).
+const SampleMessages = 1000
+
+// sampleSegments is the mean segments of the campaign's first SampleMessages SMS, in batch order, each
+// rendered for its recipient; 0 when none renders (the launch's own checks say why).
+func sampleSegments(ctx context.Context, tx pgx.Tx, id int64, spec Spec, tmpl *Template) (float64, error) {
+	rows, err := tx.Query(ctx, `SELECT user_id, address, vars, coalesce(code, '') FROM campaign_recipients
+		WHERE campaign_id = $1 ORDER BY batch, user_id LIMIT $2`, id, SampleMessages)
+	if err != nil {
+		return 0, fmt.Errorf("plan: %w", err)
+	}
+	defer rows.Close()
+	var n, segments int
+	for rows.Next() {
+		var r Recipient
+		if err := rows.Scan(&r.UserID, &r.Address, &r.Vars, &r.Code); err != nil {
+			return 0, fmt.Errorf("plan: %w", err)
+		}
+		parts, err := tmpl.RenderParts(r.TemplateData(spec.Channel, spec.Name))
+		if err != nil {
+			continue
+		}
+		_, k := providers.SMSSegments(parts.Text)
+		n, segments = n+1, segments+k
+	}
+	if err := rows.Err(); err != nil {
+		return 0, fmt.Errorf("plan: %w", err)
+	}
+	if n == 0 {
+		return 0, nil
+	}
+	return float64(segments) / float64(n), nil
 }
 
 // countSegments renders every planned message, as the worker will, and adds up its SMS segments. A
