@@ -165,6 +165,13 @@ func (p *Pace) Down(ctx context.Context) bool {
 	return p.down
 }
 
+// WasDown says whether the provider was down as this process last read the shared pace (no read now).
+func (p *Pace) WasDown() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.down
+}
+
 // Probe asks for the one request a second that may go to a provider that is down, over all workers.
 func (p *Pace) Probe(ctx context.Context) (bool, error) { return p.ProbeEvery(ctx, time.Second) }
 

@@ -206,9 +206,22 @@ func repeat(s string, n int) []string {
 // exceeds the provider timeout): this process was stopped or starved while it waited (SIGSTOP, a paused
 // virtual machine), and the reads that expired meanwhile say nothing of the provider; a burst of them
 // would call a healthy provider down for every worker.
-func (h *Handler) observe(ctx context.Context, provider string, v verdict, pe *providers.Error, tokens int, took time.Duration) {
+//
+// A failure (5xx, a failed connection) of a send to addr, a recipient's address ("" for a request of
+// several), is nothing to it either when the address fails alone (suspect: its failures were counted
+// against it in an earlier run, or the provider accepted another send since they began) and the provider
+// is up: an outage fails every address, and such a recipient's repeats called the provider down for every
+// campaign, with nothing else left to send. Once it is down (other addresses failed), they count as before:
+// its probes are judged alike, whoever they are for.
+func (h *Handler) observe(ctx context.Context, provider string, v verdict, pe *providers.Error, tokens int, took time.Duration, addr string, attempts int) {
 	if v == ambiguous && took > h.cfg.InFlightGrace {
 		return
+	}
+	if v == transient && addr != "" && !pe.AsksToSlowDown() && !pe.RecipientLimited {
+		h.suspects.failed(provider, addr, time.Now())
+		if h.suspect(provider, addr, attempts) && !h.pace(provider).WasDown() {
+			return
+		}
 	}
 	var a limiter.Answer
 	var hint time.Duration
@@ -391,11 +404,20 @@ func (h *Handler) pace(provider string) *limiter.Pace {
 // this process in the last half minute), and a recipient that failed in MaxRecipientAttempts runs fails
 // for good. A recipient that keeps failing while nothing else is sent stays pending, and its batch ends
 // in the DLQ.
+//
+// A recipient that failed so before this run (its attempts, or this process's suspects) is a suspect: its
+// failure is no sign of the provider's trouble (it does not count as one in a row), and, when the run
+// ends with nothing to show the provider works, it counts against the recipient all the same, as an
+// earlier run showed it to be its own. Before, a few such recipients left alone in their batch (five users
+// an in-house receiver answers 500 for) were never counted and stayed pending for good.
 func (h *Handler) giveUp(run *batchRun, r *campaign.Recipient, pe *providers.Error, wait time.Duration) error {
-	run.failedInARow++
-	if run.failedInARow >= 2 {
-		run.unblamed = nil
-		return &RetryError{Err: fmt.Errorf("provider kept failing: %w", pe), After: wait, Failure: true}
+	suspect := h.suspect(pe.Provider, r.Address, r.Attempts)
+	if !suspect {
+		run.failedInARow++
+		if run.failedInARow >= 2 {
+			run.unblamed = nil
+			return &RetryError{Err: fmt.Errorf("provider kept failing: %w", pe), After: wait, Failure: true}
+		}
 	}
 	o := transientOutcome(r, pe)
 	if last := h.lastAnswer.Load(); last != 0 && h.cfg.Now().Sub(time.Unix(0, last)) < 30*time.Second {
@@ -406,6 +428,9 @@ func (h *Handler) giveUp(run *batchRun, r *campaign.Recipient, pe *providers.Err
 		return nil
 	}
 	run.deferUnblamed(r, o)
+	if suspect {
+		run.unblamedTried++
+	}
 	return nil
 }
 
@@ -458,8 +483,16 @@ func (h *Handler) probeAccount(run *batchRun, r *campaign.Recipient, pe *provide
 // the account's (probeAccount).
 const accountProbes = 3
 
-// accepted notes that provider accepted a send (aloneRefused).
-func (h *Handler) accepted(provider string) {
+// suspect says whether a recipient whose sends the provider fails (attempts counted so far, at addr)
+// fails alone (see suspects): an earlier run counted its failures against it, or the provider accepted
+// another send after its failures began.
+func (h *Handler) suspect(provider, addr string, attempts int) bool {
+	return attempts > 0 || h.suspects.is(provider, addr)
+}
+
+// accepted notes that provider accepted a send to addr (aloneRefused, suspects).
+func (h *Handler) accepted(provider, addr string) {
+	h.suspects.accepted(provider, addr, time.Now())
 	if n, ok := h.refusedInARow.Load(provider); ok {
 		n.(*atomic.Int32).Store(0)
 	}

@@ -78,7 +78,8 @@ type batchRun struct {
 	// (busy): if the run stops before it knows, they stay in the chunk in hand for the sweeper, instead of
 	// being let go as if nothing had happened to them.
 	inherited map[string]bool
-	// unblamedTried is how many of unblamed were set aside by probeAccount with attempts counted before.
+	// unblamedTried is how many of unblamed were set aside by probeAccount with attempts counted before,
+	// or given up on as suspects (giveUp).
 	unblamedTried int
 	// answeredAny: the provider answered a send of this run for its recipient (answered).
 	answeredAny bool

@@ -123,7 +123,7 @@ func (h *Handler) deliver(ctx, waitCtx context.Context, run *batchRun, rest []ca
 		took := time.Since(start)
 		rt.m.Request(took)
 		v, pe := judge(err)
-		h.observe(ctx, rt.provider.Name(), v, pe, tokens, took)
+		h.observe(ctx, rt.provider.Name(), v, pe, tokens, took, r.Address, r.Attempts)
 		if v == accepted {
 			run.answersDue = append(run.answersDue, state.Answer{Key: key, InFlight: inflight, Value: state.SentValueVia(res.MessageID, res.Segments, rt.fallbackName())})
 			if !rt.answerInNextClaim {
@@ -144,7 +144,7 @@ func (h *Handler) deliver(ctx, waitCtx context.Context, run *batchRun, rest []ca
 			run.add(o)
 			rt.m.Sent(1)
 			h.answered(ctx, run)
-			h.accepted(rt.provider.Name())
+			h.accepted(rt.provider.Name(), r.Address)
 			return nil
 		}
 		if err := h.settleRefusal(ctx, run, rt.m, v, pe, oneInFlight(r.UserID, key, inflight, r.Address, now)); err != nil {

@@ -208,7 +208,7 @@ func (h *Handler) sendGroupAs(ctx, waitCtx context.Context, run *batchRun, b pro
 		// Every answer counts in the provider's shared pace, acceptances too: a pace that saw only the
 		// failures would call the provider down on one and never see it back.
 		v, pe := judge(err)
-		h.observe(ctx, b.Name(), v, pe, len(rs), took)
+		h.observe(ctx, b.Name(), v, pe, len(rs), took, "", 0)
 		if err == nil { // accepted
 			keyed, name := providers.ReceiptsNameRecipient(b), b.Name()
 			vals := make([]string, len(rs))

@@ -207,6 +207,8 @@ type Handler struct {
 	stopOnce sync.Once
 	// lastAnswer is when the provider last answered a send of this process (unix ns).
 	lastAnswer atomic.Int64
+	// suspects are the addresses whose sends the providers failed lately (observe, giveUp).
+	suspects suspects
 	// acceptedAt is when each provider last accepted a send of this process (unix ns), by name
 	// (aloneRefused, accountRetry).
 	acceptedAt sync.Map

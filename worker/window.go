@@ -360,14 +360,14 @@ func (h *Handler) sendWindow(ctx context.Context, run *batchRun, rt *route, send
 	for i, w := range sends {
 		key := ClaimKey(run.c.ID, w.r.UserID)
 		v, pe := judge(results[i].err)
-		h.observe(ctx, name, v, pe, w.tokens, results[i].took)
+		h.observe(ctx, name, v, pe, w.tokens, results[i].took, w.r.Address, w.r.Attempts)
 		if v == accepted {
 			res := results[i].res
 			run.answersDue = append(run.answersDue, state.Answer{Key: key, InFlight: inflight, Value: state.SentValueVia(res.MessageID, res.Segments, rt.fallbackName())})
 			run.add(campaign.Outcome{UserID: w.r.UserID, Status: campaign.StatusSent, MessageID: res.MessageID, Segments: res.Segments, ReceiptKeyed: rt.keyed, Provider: rt.provider.Name(), SentAt: results[i].start})
 			rt.m.Sent(1)
 			h.answered(ctx, run)
-			h.accepted(name)
+			h.accepted(name, w.r.Address)
 			continue
 		}
 		if err := h.settleRefusal(ctx, run, rt.m, v, pe, oneInFlight(w.r.UserID, key, inflight, w.r.Address, now)); err != nil {
