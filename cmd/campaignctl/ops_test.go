@@ -128,8 +128,8 @@ func TestDLQListRetryPurge(t *testing.T) {
 	if _, stderr, code := cli(t, env, "dlq", "retry", "--campaign", id); code != 2 || !strings.Contains(stderr, "the campaign is cancelled") {
 		t.Fatalf("dlq retry of a cancelled campaign: exit %d, %s", code, stderr)
 	}
-	// With --json too: the refused batches on stdout (it printed nothing), the reason on stderr, exit 2.
-	var refusedOne struct {
+	// dlq retry --json's report: nothing queued, batch 1 refused for its campaign's state.
+	type retryReport struct {
 		Queued  []worker.DLQEntry `json:"queued"`
 		Refused []struct {
 			CampaignID int64  `json:"campaign_id"`
@@ -137,22 +137,17 @@ func TestDLQListRetryPurge(t *testing.T) {
 			State      string `json:"state"`
 		} `json:"refused"`
 	}
-	if out, stderr, code := cli(t, env, "dlq", "retry", "--campaign", id, "--json"); code != 2 || !strings.Contains(stderr, "the campaign is cancelled") ||
-		json.Unmarshal([]byte(out), &refusedOne) != nil || refusedOne.Queued == nil || len(refusedOne.Queued) != 0 ||
-		len(refusedOne.Refused) != 1 || refusedOne.Refused[0].Batch != 1 || refusedOne.Refused[0].State != "cancelled" {
+	refusedBatchOne := func(out string) bool {
+		var rep retryReport
+		return json.Unmarshal([]byte(out), &rep) == nil && rep.Queued != nil && len(rep.Queued) == 0 &&
+			len(rep.Refused) == 1 && rep.Refused[0].Batch == 1 && rep.Refused[0].State == "cancelled"
+	}
+	// With --json too: the refused batches on stdout (it printed nothing), the reason on stderr, exit 2.
+	if out, stderr, code := cli(t, env, "dlq", "retry", "--campaign", id, "--json"); code != 2 || !strings.Contains(stderr, "the campaign is cancelled") || !refusedBatchOne(out) {
 		t.Fatalf("dlq retry --json of a cancelled campaign: exit %d, stdout %q, stderr %s", code, out, stderr)
 	}
 	// Retrying the whole DLQ skips it and says why, in JSON too.
-	var retried struct {
-		Queued  []worker.DLQEntry `json:"queued"`
-		Refused []struct {
-			CampaignID int64  `json:"campaign_id"`
-			Batch      int    `json:"batch"`
-			State      string `json:"state"`
-		} `json:"refused"`
-	}
-	if out, stderr, code := cli(t, env, "dlq", "retry", "--json"); code != 0 || json.Unmarshal([]byte(out), &retried) != nil ||
-		retried.Queued == nil || len(retried.Queued) != 0 || len(retried.Refused) != 1 || retried.Refused[0].Batch != 1 || retried.Refused[0].State != "cancelled" {
+	if out, stderr, code := cli(t, env, "dlq", "retry", "--json"); code != 0 || !refusedBatchOne(out) {
 		t.Fatalf("dlq retry --json: exit %d, %s%s", code, out, stderr)
 	}
 	if out, stderr, code := cli(t, env, "dlq", "retry"); code != 0 || !strings.Contains(out, "0 batches queued again") ||
