@@ -270,6 +270,14 @@ func (h *Handler) waitWhileDown(ctx, waitCtx context.Context, run *batchRun, pro
 		} else if ok {
 			return true, nil
 		}
+		if len(run.pending) > 0 {
+			// The outcomes known so far are written before the wait, not at the chunk's end, which the
+			// outage may put off for minutes: status and report showed the messages the provider took
+			// before it went down as pending all the while, to an operator who might send them again.
+			if err := h.flush(context.WithoutCancel(ctx), run); err != nil {
+				h.log.Warn("outcomes not written before a wait for the provider; written at the chunk's end", "campaign_id", run.c.ID, "err", err)
+			}
+		}
 		if err := h.hold(waitCtx, run, time.Second); err != nil {
 			if ctx.Err() != nil {
 				return false, ctx.Err()
