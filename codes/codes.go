@@ -76,6 +76,8 @@ type ImportReport struct {
 	Duplicates int64 // codes skipped: already stored (in any pool) or repeated in the file
 	// InOtherPools counts, by pool, the skipped codes that another pool holds (a code belongs to one pool).
 	InOtherPools map[string]int64
+	// SkippedHeader is the file's first line when it named the column ("code") and was not imported.
+	SkippedHeader string
 }
 
 // PoolStats counts the codes of one pool.

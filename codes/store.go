@@ -281,7 +281,8 @@ func (s *codeSource) Err() error { return s.err }
 
 // Import adds the codes in r, one per line, to the pool poolName, creating the pool if it is new.
 //
-// Lines are trimmed and blank ones skipped; every code must be 4 to 64 of A–Z, a–z, 0–9, '-' and '_'
+// Lines are trimmed and blank ones skipped, and so is a first line that names the column (headerWords:
+// "code", "promo_code", "kupon", …; ImportReport.SkippedHeader); every code must be 4 to 64 of A–Z, a–z, 0–9, '-' and '_'
 // (case is kept and matters). The first bad line fails the import with a *LineError and nothing is added.
 // Codes that already exist, in this pool or any other, or that repeat in the file, are skipped and counted
 // as duplicates. The file is streamed through COPY and added in one statement, in one transaction.
@@ -308,6 +309,7 @@ func Import(ctx context.Context, pool *pgxpool.Pool, poolName string, r io.Reade
 	}
 	src := newLineSource(r)
 	n, err := tx.CopyFrom(ctx, pgx.Identifier{"codes_import"}, []string{"line", "code"}, src)
+	rep.SkippedHeader = src.header
 	if src.err != nil {
 		return rep, src.err // a *LineError or a read error, already with its context
 	}
@@ -376,7 +378,17 @@ type lineSource struct {
 	code string
 	vals [2]any
 	err  error
+	// header is the file's first code-bearing line when it names the column (headerWords) and was
+	// skipped: a partner's CSV export.
+	header string
+	seen   bool // a non-blank line was read
 }
+
+// headerWords are first lines that name a column of codes rather than being one: imported, "code" went out
+// to a customer as their promo code.
+var headerWords = map[string]bool{"code": true, "codes": true, "kod": true, "kodlar": true, "promo": true, "promo_code": true,
+	"promocode": true, "promo-code": true, "coupon": true, "coupon_code": true, "coupons": true, "kupon": true, "kupon_kodu": true,
+	"voucher": true, "voucher_code": true, "vouchers": true, "promo_kodu": true}
 
 func newLineSource(r io.Reader) *lineSource {
 	sc := bufio.NewScanner(r)
@@ -401,6 +413,13 @@ func (s *lineSource) Next() bool {
 		}
 		if code == "" {
 			continue
+		}
+		if first := !s.seen; first {
+			s.seen = true
+			if headerWords[strings.ToLower(code)] {
+				s.header = code
+				continue
+			}
 		}
 		if s.line == 1 && (strings.HasPrefix(code, "\xff\xfe") || strings.HasPrefix(code, "\xfe\xff")) {
 			s.err = &LineError{Line: 1, Msg: "the file is UTF-16 (Excel's \"Unicode text\"); save it as UTF-8 or plain text (CSV UTF-8), one code per line"}

@@ -3,6 +3,7 @@ package codes_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	mrand "math/rand/v2"
 	"regexp"
@@ -208,6 +209,29 @@ func TestImport(t *testing.T) {
 	}
 	if diff := cmp.Diff(codes.ImportReport{Lines: 2, Inserted: 0, Duplicates: 2, InOtherPools: map[string]int64{"partner": 1}}, rep); diff != "" {
 		t.Errorf("a repeat into an existing pool (-want +got):\n%s", diff)
+	}
+}
+
+// A partner's CSV export names its column on the first line: that line is not a code. Imported, "code" was
+// a valid code of four letters, and went out to a customer as their promo code. A word that names the
+// column further down is a code like any other.
+func TestImportSkipsTheColumnsName(t *testing.T) {
+	t.Parallel()
+	db, _ := testdb.New(t)
+	ctx := context.Background()
+	for i, tc := range []struct{ file, header string }{
+		{"\uFEFFCode\r\nKOD-0001\r\nKOD-0002\r\n", "Code"},
+		{"\n  promo_code \nKOD-0003\nKOD-0004\n", "promo_code"},
+		{"KUPON\nKOD-0005\nKOD-0006\n", "KUPON"},
+	} {
+		rep, err := codes.Import(ctx, db, fmt.Sprintf("p%d", i), strings.NewReader(tc.file))
+		if err != nil || rep.SkippedHeader != tc.header || rep.Lines != 2 || rep.Inserted != 2 {
+			t.Errorf("%q: %+v, %v; want the header %q skipped, 2 codes imported", tc.file, rep, err, tc.header)
+		}
+	}
+	rep, err := codes.Import(ctx, db, "later", strings.NewReader("KOD-0101\ncode\n"))
+	if err != nil || rep.SkippedHeader != "" || rep.Inserted != 2 {
+		t.Errorf("a header word on line 2: %+v, %v; want it imported as a code", rep, err)
 	}
 }
 

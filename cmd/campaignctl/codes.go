@@ -125,7 +125,8 @@ func (a *app) newCodesImportCmd() *cobra.Command {
 		Short: "Add the codes of a file, one a line, to a pool; creates the pool if new; all or nothing",
 		Long: fmt.Sprintf(`Add the codes of FILE, one code a line, to the pool P. The pool is created if it does not exist yet.
 
-Each line is trimmed and blank lines are skipped. A code is %d to %d characters of A-Z, a-z, 0-9, '-' and '_';
+Each line is trimmed and blank lines are skipped, and so is a first line that names the column (code,
+promo_code, kupon, ...). A code is %d to %d characters of A-Z, a-z, 0-9, '-' and '_';
 case is kept and matters. Codes that are already stored (in this pool or any other) or that repeat in the
 file are skipped and counted as already known. The import is all or nothing: a bad line stops it, names the
 line, and no code of the file is added.`, codes.MinImportLength, codes.MaxImportLength),
@@ -184,6 +185,9 @@ func (a *app) codesImport(cmd *cobra.Command, o codesImportOptions) error {
 			return fmt.Errorf("%s: %w; fix that line and import the file again (nothing was imported)", o.file, err)
 		}
 		return fmt.Errorf("%s: %w (nothing was imported)", o.file, err)
+	}
+	if rep.SkippedHeader != "" {
+		fmt.Fprintf(a.stderr, "note: the first line %q names the column and was not imported as a code\n", rep.SkippedHeader)
 	}
 	fmt.Fprintf(a.stdout, "pool %s: %d codes read, %d new, %d already known\n", o.pool, rep.Lines, rep.Inserted, rep.Duplicates)
 	for _, other := range slices.Sorted(maps.Keys(rep.InOtherPools)) {
