@@ -168,8 +168,8 @@ func (h *Handler) accountError(ctx context.Context, run *batchRun, pe *providers
 // failure took up to 10), and a long refusal costs each batch one refused request every 2 minutes.
 func (h *Handler) accountRetry(provider string) time.Duration {
 	from := h.born
-	if last, ok := h.acceptedAt.Load(provider); ok {
-		from = time.Unix(0, last.(int64))
+	if last := h.lastAccepted(provider); last != 0 {
+		from = time.Unix(0, last)
 	}
 	return min(max(h.cfg.Now().Sub(from)/4, accountRetryMin), accountRetryMax)
 }
@@ -218,7 +218,7 @@ func (h *Handler) observe(ctx context.Context, provider string, v verdict, pe *p
 		return
 	}
 	if v == transient && addr != "" && !pe.AsksToSlowDown() && !pe.RecipientLimited {
-		h.suspects.failed(provider, addr, time.Now())
+		h.suspects.failed(provider, addr, h.cfg.Now())
 		if h.suspect(provider, addr, attempts) && !h.pace(provider).WasDown() {
 			return
 		}
@@ -435,18 +435,19 @@ func (h *Handler) giveUp(run *batchRun, r *campaign.Recipient, pe *providers.Err
 		}
 		return nil
 	}
-	run.deferUnblamed(r, o)
-	if suspect {
-		run.unblamedTried++
-	}
+	run.deferUnblamed(r, o, suspect)
 	return nil
 }
 
 // deferUnblamed leaves r, outcome o of its transient refusals, for a later run of the batch; o counts
-// against r only once a later send of the run is answered (answered).
-func (run *batchRun) deferUnblamed(r *campaign.Recipient, o campaign.Outcome) {
+// against r only once a later send of the run is answered (answered), or, when tried (an earlier run showed
+// r's failures to be its own: unblamedTried), at the run's end all the same.
+func (run *batchRun) deferUnblamed(r *campaign.Recipient, o campaign.Outcome, tried bool) {
 	run.deferred++
 	run.unblamed = append(run.unblamed, o)
+	if tried {
+		run.unblamedTried++
+	}
 	delete(run.inherited, r.UserID) // its claim was released: nothing was sent
 }
 
@@ -459,8 +460,8 @@ func (h *Handler) aloneRefused(provider string, pe *providers.Error) bool {
 	if pe.Status != 404 || pe.Account {
 		return false
 	}
-	last, ok := h.acceptedAt.Load(provider)
-	return ok && h.cfg.Now().Sub(time.Unix(0, last.(int64))) < 30*time.Second
+	last := h.lastAccepted(provider)
+	return last != 0 && h.cfg.Now().Sub(time.Unix(0, last)) < 30*time.Second
 }
 
 // probeAccount sets r aside, refused at the account level with no send of its provider accepted lately
@@ -480,10 +481,7 @@ func (h *Handler) probeAccount(run *batchRun, r *campaign.Recipient, pe *provide
 	run.accountProbed++
 	run.probed = pe
 	run.deferAfter = max(run.deferAfter, time.Minute)
-	run.deferUnblamed(r, transientOutcome(r, pe))
-	if r.Attempts > 0 {
-		run.unblamedTried++
-	}
+	run.deferUnblamed(r, transientOutcome(r, pe), r.Attempts > 0)
 	return true
 }
 
@@ -495,20 +493,29 @@ const accountProbes = 3
 // fails alone (see suspects): an earlier run counted its failures against it, or the provider accepted
 // another send after its failures began.
 func (h *Handler) suspect(provider, addr string, attempts int) bool {
-	return attempts > 0 || h.suspects.is(provider, addr)
+	return attempts > 0 || h.suspects.failedBefore(provider, addr, h.lastAccepted(provider), h.cfg.Now())
 }
 
-// accepted notes that provider accepted a send to addr (aloneRefused, suspects).
+// accepted notes that provider accepted a send to addr (aloneRefused, accountRetry, suspects).
 func (h *Handler) accepted(provider, addr string) {
-	h.suspects.accepted(provider, addr, time.Now())
 	if n, ok := h.refusedInARow.Load(provider); ok {
 		n.(*atomic.Int32).Store(0)
 	}
-	now := h.cfg.Now().UnixNano()
-	if last, ok := h.acceptedAt.Load(provider); ok && now-last.(int64) < int64(time.Second) {
-		return // a write a second at most: this is every accepted send's path
+	// Every accepted send's path: an atomic store, no allocation after the provider's first.
+	v, ok := h.acceptedAt.Load(provider)
+	if !ok {
+		v, _ = h.acceptedAt.LoadOrStore(provider, new(atomic.Int64))
 	}
-	h.acceptedAt.Store(provider, now)
+	v.(*atomic.Int64).Store(h.cfg.Now().UnixNano())
+	h.suspects.accepted(provider, addr)
+}
+
+// lastAccepted is when provider last accepted a send of this process (unix ns), 0 when it never did.
+func (h *Handler) lastAccepted(provider string) int64 {
+	if v, ok := h.acceptedAt.Load(provider); ok {
+		return v.(*atomic.Int64).Load()
+	}
+	return 0
 }
 
 // deferAlone leaves r, refused alone (aloneRefused), for a later run a minute on at least.
@@ -530,7 +537,7 @@ const downHandBack = 5 * time.Second
 func (h *Handler) deferDown(run *batchRun, r *campaign.Recipient, pe *providers.Error) {
 	run.downDeferred++
 	run.deferAfter = max(run.deferAfter, downHandBack)
-	run.deferUnblamed(r, transientOutcome(r, pe))
+	run.deferUnblamed(r, transientOutcome(r, pe), false)
 }
 
 // deferLimited leaves r pending for a later run of its batch: the provider takes no more messages to its

@@ -209,8 +209,8 @@ type Handler struct {
 	lastAnswer atomic.Int64
 	// suspects are the addresses whose sends the providers failed lately (observe, giveUp).
 	suspects suspects
-	// acceptedAt is when each provider last accepted a send of this process (unix ns), by name
-	// (aloneRefused, accountRetry).
+	// acceptedAt is when each provider last accepted a send of this process, by name (*atomic.Int64, unix
+	// ns; lastAccepted): aloneRefused, accountRetry, suspect.
 	acceptedAt sync.Map
 	// born is when the handler was made (accountRetry).
 	born time.Time

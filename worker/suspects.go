@@ -8,10 +8,10 @@ import (
 
 // suspects remembers, in this process, the addresses whose sends a provider failed (a 5xx, a failed
 // connection) since when: the first failure of each. An address that failed before the provider last
-// accepted another send (acceptedLast) fails alone: the provider works, the address does not take what it
-// is sent (an in-house receiver that answers 500 for one user, a token the service cannot deliver to).
-// Counted as the provider's, such failures made its shared pace call it down once nothing but them was
-// left to send; the probes, one a second, were theirs and failed, so it stayed down, nobody's attempts
+// accepted another send (Handler.lastAccepted) fails alone: the provider works, the address does not take
+// what it is sent (an in-house receiver that answers 500 for one user, a token the service cannot deliver
+// to). Counted as the provider's, such failures made its shared pace call it down once nothing but them
+// was left to send; the probes, one a second, were theirs and failed, so it stayed down, nobody's attempts
 // were used, the recipients never failed and every campaign of that provider crawled behind them. An
 // outage fails every address, and no send is accepted after the failures began: nobody is a suspect.
 type suspects struct {
@@ -19,8 +19,6 @@ type suspects struct {
 	first  map[string]time.Time // provider + "\x00" + address → the first failure of its run of failures
 	n      atomic.Int64         // len(first): an accepted send takes no lock while nobody fails
 	pruned time.Time
-	// last holds, by provider, when it last accepted a send of this process (*atomic.Int64, unix ns).
-	last sync.Map
 }
 
 // suspectMemory is how long a failure of an address is remembered; suspectsMax bounds how many are.
@@ -31,13 +29,8 @@ const (
 
 func suspectKey(provider, addr string) string { return provider + "\x00" + addr }
 
-// accepted notes that provider accepted a send at now, and that addr (when given) takes what it is sent.
-func (s *suspects) accepted(provider, addr string, now time.Time) {
-	v, ok := s.last.Load(provider)
-	if !ok {
-		v, _ = s.last.LoadOrStore(provider, new(atomic.Int64))
-	}
-	v.(*atomic.Int64).Store(now.UnixNano())
+// accepted notes that addr (when given) takes what provider sends it: its failures are forgotten.
+func (s *suspects) accepted(provider, addr string) {
 	if addr == "" || s.n.Load() == 0 {
 		return
 	}
@@ -72,18 +65,14 @@ func (s *suspects) failed(provider, addr string, now time.Time) {
 	s.n.Store(int64(len(s.first)))
 }
 
-// is says whether addr fails alone at provider: it failed before the provider last accepted a send.
-func (s *suspects) is(provider, addr string) bool {
-	if addr == "" || s.n.Load() == 0 {
+// failedBefore says whether provider's failures of addr began, within suspectMemory of now, before
+// lastAccepted (unix ns): the provider took another send since.
+func (s *suspects) failedBefore(provider, addr string, lastAccepted int64, now time.Time) bool {
+	if addr == "" || lastAccepted == 0 || s.n.Load() == 0 {
 		return false
 	}
-	v, ok := s.last.Load(provider)
-	if !ok {
-		return false
-	}
-	last := v.(*atomic.Int64).Load()
 	s.mu.Lock()
 	at, ok := s.first[suspectKey(provider, addr)]
 	s.mu.Unlock()
-	return ok && at.UnixNano() < last && time.Since(at) < suspectMemory
+	return ok && at.UnixNano() < lastAccepted && now.Sub(at) < suspectMemory
 }
