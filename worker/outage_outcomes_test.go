@@ -38,13 +38,7 @@ func TestMessagesTakenBeforeAnOutageAreRecordedDuringIt(t *testing.T) {
 			}
 			ctx := context.Background()
 			done := make(chan error, 1)
-			go func() {
-				runCtx, cancel := context.WithCancel(ctx)
-				stop := time.AfterFunc(40*time.Second, cancel) // a cancel, not a deadline: a run keeps a deadline's margin for itself
-				defer stop.Stop()
-				defer cancel()
-				done <- f.h.RunBatch(runCtx, f.id, 0)
-			}()
+			go func() { done <- f.runBatchFor(ctx, 0, 40*time.Second) }()
 			// Late in the outage, with the provider down by the pace and the run waiting for it.
 			waitUntil(t, 10*time.Second, "the outage to begin", func() bool { return down.Load() != 0 })
 			time.Sleep(time.Until(time.Unix(0, down.Load()).Add(-2 * time.Second)))

@@ -56,11 +56,7 @@ func TestRecipientsThatAlwaysFailAloneFailAndNeverCallTheProviderDown(t *testing
 				if c := f.counts(t); c.Pending == 0 {
 					break
 				}
-				runCtx, cancel := context.WithCancel(ctx)
-				stop := time.AfterFunc(30*time.Second, cancel) // a cancel, not a deadline: a run keeps a deadline's margin for itself
-				err := f.h.RunBatch(runCtx, f.id, 0)
-				stop.Stop()
-				cancel()
+				err := f.runBatchFor(ctx, 0, 30*time.Second)
 				t.Logf("run %d: %v", runs+1, err)
 				if down, _ := f.rdb.HGet(ctx, pace, "down").Result(); down == "1" {
 					t.Fatalf("run %d (%v): the provider is down by the pace; only %d recipients failing alone were refused", runs+1, err, len(bad))
@@ -83,4 +79,14 @@ func TestRecipientsThatAlwaysFailAloneFailAndNeverCallTheProviderDown(t *testing
 			t.Logf("window %d: %d runs, %d refused requests", window, runs, refused.Load())
 		})
 	}
+}
+
+// runBatchFor runs batch once, cancelled after d if it has not ended: a cancel, not a deadline, as a run
+// keeps a deadline's margin for itself.
+func (f *fixture) runBatchFor(ctx context.Context, batch int, d time.Duration) error {
+	runCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stop := time.AfterFunc(d, cancel)
+	defer stop.Stop()
+	return f.h.RunBatch(runCtx, f.id, batch)
 }
