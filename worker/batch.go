@@ -13,6 +13,7 @@ import (
 
 	"github.com/campaignctl/campaignctl/campaign"
 	"github.com/campaignctl/campaignctl/internal/state"
+	"github.com/campaignctl/campaignctl/iys"
 	"github.com/campaignctl/campaignctl/limiter"
 	"github.com/campaignctl/campaignctl/metrics"
 	"github.com/campaignctl/campaignctl/providers"
@@ -1182,8 +1183,23 @@ func (run *batchRun) add(o campaign.Outcome) {
 	if o.Snapshot.Status == "" {
 		o.Snapshot = run.snapshots[o.UserID]
 	}
+	if o.Status == campaign.StatusSkipped && o.Reason == campaign.ReasonRevoked && o.Snapshot.Status == iys.StatusApproved {
+		// Skipped on a refusal this process knew of before Postgres held it (refusedHere, spooledOut): the
+		// decision was the RET's, not the ONAY the lease read.
+		o.Snapshot = refusedLocally(run.c, time.Now())
+	}
 	run.pending = append(run.pending, o)
 	delete(run.inherited, o.UserID)
+}
+
+// refusedLocally is the consent a skip decided at on a refusal not yet in Postgres: a RET received through
+// the channel's own messages (İYS's HS_MESAJ or HS_EPOSTA), dated when the skip was decided.
+func refusedLocally(c *campaign.Campaign, at time.Time) campaign.ConsentRecord {
+	src := iys.SourceSMS
+	if c.Channel.IYSType() == iys.TypeEmail {
+		src = iys.SourceEmail
+	}
+	return campaign.ConsentRecord{Status: iys.StatusRejected, Source: src, Date: at}
 }
 
 // inHand lists the users the run must leave in its chunk in hand when it records (see inherited).

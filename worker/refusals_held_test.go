@@ -11,6 +11,7 @@ import (
 
 	"github.com/campaignctl/campaignctl/campaign"
 	"github.com/campaignctl/campaignctl/internal/state"
+	"github.com/campaignctl/campaignctl/iys"
 )
 
 // While a webhooks process holds refusals in its spool (providers posted them while Postgres was away),
@@ -233,5 +234,50 @@ func TestARefusalLeftInADeadProcesssSpoolStillStopsItsSend(t *testing.T) {
 	}
 	if n, err := f.rdb.Exists(ctx, state.RefusalsSpooledKey).Result(); err != nil || n != 0 {
 		t.Fatalf("the spooled names left %d keys (%v); want none", n, err)
+	}
+}
+
+// A refusal a webhooks process is recording right now (its write waits for the consents' turn behind an
+// import's merge, for seconds or minutes) is named in Redis before the write (state.AnnounceRefusals): the
+// workers send nobody named from their next chunk, as they do once the RET is in Postgres, and audit the
+// skip with the RET it was decided on, not the ONAY the lease read. A name whose end passed (its process
+// died mid-write) holds nobody. Before, an outside run posted 40 refusals during an `iys import`: 25 to
+// 31 of them were still sent, up to 3.7 s after, and the skips that the spool's names decided were audited
+// ONAY.
+func TestARefusalBeingRecordedStopsItsSendAndIsAuditedWithTheRET(t *testing.T) {
+	t.Parallel()
+	f := plan(t, 8) // eligible: u1, u2, u4, u7, u8
+	ctx := context.Background()
+	if err := state.AnnounceRefusals(ctx, f.rdb, []string{state.SpooledAddress("sms", phone(1)), state.SpooledAddress("sms", phone(4))}, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	// u2's name runs out (its process died mid-write), and no later announcement drops it.
+	if err := state.AnnounceRefusals(ctx, f.rdb, []string{state.SpooledAddress("sms", phone(2))}, time.Millisecond); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(10 * time.Millisecond)
+	// u4's refusal was recorded (or held in a spool) meanwhile: its name is taken back.
+	if err := state.WithdrawRefusals(ctx, f.rdb, []string{state.SpooledAddress("sms", phone(4))}); err != nil {
+		t.Fatal(err)
+	}
+	f.runAll(t)
+	if n := len(f.provider.sentTo(phone(1))); n != 0 {
+		t.Fatalf("u1, whose refusal is being recorded, got %d messages", n)
+	}
+	if st, reason, code := f.status(t, "u1"); st != campaign.StatusSkipped || reason != campaign.ReasonRevoked || code != "" {
+		t.Fatalf("u1: %s/%s code %q; want skipped/revoked, its code given back", st, reason, code)
+	}
+	var cst, src string
+	if err := f.db.QueryRow(ctx, `SELECT consent_status, consent_source FROM send_log WHERE campaign_id = $1 AND user_id = 'u1'`, f.id).Scan(&cst, &src); err != nil {
+		t.Fatal(err)
+	}
+	if cst != iys.StatusRejected || src != iys.SourceSMS {
+		t.Errorf("u1's skip is audited with consent %s from %s; want the RET it was decided on, RET from %s", cst, src, iys.SourceSMS)
+	}
+	// A name that ran out, and one taken back, hold nobody.
+	for _, u := range []int{2, 4, 7, 8} {
+		if n := len(f.provider.sentTo(phone(u))); n != 1 {
+			t.Errorf("u%d got %d messages, want 1", u, n)
+		}
 	}
 }

@@ -276,9 +276,12 @@ func unsubscribeHandler(signer *unsubscribe.Signer, store *campaign.Store, sink 
 			if sink.spool != nil {
 				hold = func() error { return sink.spool.HoldRequest(oneClickKind, 1, c, state.SpooledUser(c.UserID)) }
 			}
+			// The workers skip the person from now on: the write may wait behind an import.
+			announced := sink.spool.Announce([]string{state.SpooledUser(c.UserID)})
 			_, err := receipts.StoreOrHold(wctx, storeWait, log, "a one-click unsubscribe", func(ctx context.Context) error {
 				return recordOneClick(ctx, store, sink, c, log)
 			}, hold)
+			announced()
 			switch {
 			case errors.Is(err, campaign.ErrNoRecipient), errors.Is(err, errNoIYSType):
 				log.Warn("unsubscribe link of no recipient", "campaign_id", id, "remote", r.RemoteAddr)

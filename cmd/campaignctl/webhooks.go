@@ -57,6 +57,11 @@ const (
 // full holds them no longer than that.
 const refusalsHeldFor = 5 * time.Second
 
+// refusalsAnnouncedMargin is how long, past --store-wait, the workers skip who a refusal being recorded
+// names (state.AnnounceRefusals) unless it is taken back first: the time to hold it in the spool once the
+// wait ran out, with room to spare. A process that died mid-write blocks them no longer than that.
+const refusalsAnnouncedMargin = 10 * time.Second
+
 func (a *app) newWebhooksCmd() *cobra.Command {
 	var addr, publicURL, authFile, spoolDir string
 	var netgsmEvery, storeWait time.Duration
@@ -236,6 +241,13 @@ requests under way are answered before the process ends.`,
 							return state.NoteSpooled(ctx, rdb, ids)
 						}
 						return state.ForgetSpooled(ctx, rdb, ids)
+					}
+					spool.OnAnnounce = func(ctx context.Context, ids []string, on bool) error {
+						if on {
+							// Past the longest a request is recorded or held (the wait, the spool's write).
+							return state.AnnounceRefusals(ctx, rdb, ids, storeWait+refusalsAnnouncedMargin)
+						}
+						return state.WithdrawRefusals(ctx, rdb, ids)
 					}
 					log.Debug("the workers wait while refusals wait in the spool", "redis", where)
 				}

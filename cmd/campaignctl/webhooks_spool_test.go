@@ -348,3 +348,113 @@ func TestAnRETPostgresCannotTakeIsOnDiskBeforeItsAnswer(t *testing.T) {
 		return status == "RET" && countRows(t, pool, `SELECT count(*) FROM refusals WHERE recipient = '`+from+`'`) == 1
 	})
 }
+
+// An RET whose write to Postgres waits for the consents' turn (an `iys import` merging, here a
+// transaction holding the turn) names its sender in Redis before the write (state.RefusalsAnnouncedKey):
+// the workers skip them from their next chunk while the write waits, not once it lands. Once the write is
+// done the name is taken back; when the wait outlasts --store-wait, the request is held in the spool,
+// which names it for as long as it waits, and the announcement is taken back all the same. Before, an
+// outside run posted 40 refusals during an import: nothing named them for the 3 s of the wait, and 25 to 31
+// of them were still sent.
+func TestARefusalWaitingBehindAnImportIsNamedToTheWorkersAtOnce(t *testing.T) {
+	t.Parallel()
+	pool, dbURL := testdb.New(t)
+	ctx := t.Context()
+	const brand = "654321"
+	froms := []string{"+905551238891", "+905551238892"}
+	smsConsent(t, pool, brand, froms...)
+	spool := t.TempDir()
+	rdb, redisURL := testredis.New(t)
+	env := map[string]string{"DATABASE_URL": dbURL, "TWILIO_AUTH_TOKEN": hooksToken, "IYS_BRAND_CODE": brand, "REDIS_URL": redisURL}
+	hooks := serveInProcess(t, env, hooksURLRe, "webhooks", "--addr", "127.0.0.1:0", "--store-wait", "3s", "--spool-dir", spool)
+	named := func(from string) bool {
+		t.Helper()
+		m, err := state.SpooledRefusals(ctx, rdb)
+		if err != nil {
+			t.Fatal(err)
+		}
+		held, err := state.RefusalsHeldNow(ctx, rdb)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return m[state.SpooledAddress("sms", from)] && held.Spooled > 0
+	}
+	announced := func() int64 {
+		t.Helper()
+		n, err := rdb.ZCard(ctx, state.RefusalsAnnouncedKey).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	consent := func(from string) string {
+		t.Helper()
+		var st string
+		if err := pool.QueryRow(ctx, `SELECT status FROM iys_consents WHERE recipient = $1 AND type = 'MESAJ'`, from).Scan(&st); err != nil {
+			t.Fatal(err)
+		}
+		return st
+	}
+	// turn holds the consents' turn, as an import's merge does, until the returned function ends it.
+	turn := func() func() {
+		t.Helper()
+		tx, err := pool.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		end := func() { tx.Rollback(context.WithoutCancel(ctx)) } //nolint:errcheck // a second call finds it closed
+		t.Cleanup(end)                                            // a failed check must not leave the webhooks waiting for the turn
+		if _, err := tx.Exec(ctx, `SELECT 1 FROM iys_consents_version FOR UPDATE`); err != nil {
+			t.Fatal(err)
+		}
+		return end
+	}
+	// namedSoon fails unless from is named to the workers within 2 s of the post, well inside the 3 s
+	// --store-wait after which the spool would name it anyway.
+	namedSoon := func(from string) {
+		t.Helper()
+		deadline := time.Now().Add(2 * time.Second)
+		for !named(from) {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s's RET is not named to the workers 2 s after it was posted, while its write waits for the consents' turn", from)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	post := func(from, sid string) <-chan int {
+		code := make(chan int, 1)
+		go func() { code <- postRET(t, hooks.base, from, sid) }()
+		return code
+	}
+
+	// The write waits less than --store-wait: recorded, never spooled.
+	end := turn()
+	code := post(froms[0], "SMin0000000000000000000000000000091")
+	namedSoon(froms[0])
+	if st := consent(froms[0]); st != "ONAY" {
+		t.Fatalf("consent %s while the import holds the turn; want still ONAY (the test's premise)", st)
+	}
+	end()
+	if c := <-code; c != http.StatusOK {
+		t.Fatalf("the RET: %d, want 200\n%s", c, hooks.stderr)
+	}
+	if st := consent(froms[0]); st != "RET" {
+		t.Fatalf("consent %s once the turn came; want RET", st)
+	}
+	if n := announced(); n != 0 || named(froms[0]) {
+		t.Fatalf("%d names still announced once the refusal was recorded; want none", n)
+	}
+
+	// The write waits past --store-wait: held in the spool, named by it until it is recorded.
+	end = turn()
+	code = post(froms[1], "SMin0000000000000000000000000000092")
+	namedSoon(froms[1])
+	if c := <-code; c != http.StatusOK {
+		t.Fatalf("the second RET: %d, want 200 (held in the spool)\n%s", c, hooks.stderr)
+	}
+	if n := announced(); n != 0 || !named(froms[1]) {
+		t.Fatalf("held in the spool: %d names announced, named %v; want none announced, named by the spool", n, named(froms[1]))
+	}
+	end()
+	waitFor(t, 10*time.Second, func() bool { return consent(froms[1]) == "RET" && !named(froms[1]) })
+}

@@ -330,9 +330,12 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		if h.spool != nil {
 			hold = func() error { return h.spool.Hold(b.refusals) }
 		}
+		// The workers skip them from now on: the write may wait behind an import for longer than a chunk.
+		announced := h.spool.Announce(RefusalIDs(b.refusals))
 		held, err := StoreOrHold(wctx, h.limits.storeWait, h.log, "refusals", func(ctx context.Context) error {
 			return h.refusals.Refuse(ctx, b.refusals)
 		}, hold)
+		announced()
 		if err != nil {
 			h.sinkFailed(w, "record refusals", "refusals", len(b.refusals), err)
 			return

@@ -52,8 +52,44 @@ type Spool struct {
 	// process dies, this stays until the request is recorded, by whichever process replays the spool (see
 	// state.RefusalsSpooledKey). A request set aside keeps them held. Set it before Run.
 	OnSpooled func(ctx context.Context, ids []string, held bool) error
-	heldMu    sync.Mutex // a note and the look at the directory before a clear, one at a time
-	noted     bool
+	// OnAnnounce, when set, is told who a request refuses (on true) before its refusals are written to
+	// Postgres, and (on false) once they are recorded or held: the write may wait its turn behind an
+	// import's merge for seconds or minutes, and meanwhile the workers must not send those people
+	// (state.RefusalsAnnouncedKey). Set it before Run.
+	OnAnnounce func(ctx context.Context, ids []string, on bool) error
+	heldMu     sync.Mutex // a note and the look at the directory before a clear, one at a time
+	noted      bool
+}
+
+// Announce tells OnAnnounce who a request about to be recorded refuses (RefusalIDs, state.SpooledUser),
+// and returns what takes the names back once it is recorded or held. A failure is logged, and nothing is
+// taken back then (Redis down: the workers send nothing either). Nil-safe.
+func (s *Spool) Announce(ids []string) (done func()) {
+	if s == nil || s.OnAnnounce == nil || len(ids) == 0 {
+		return func() {}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+	defer cancel()
+	if err := s.OnAnnounce(ctx, ids, true); err != nil {
+		s.log.Warn("the workers could not be told who the refusals being recorded refuse", "err", err)
+		return func() {}
+	}
+	return func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+		defer cancel()
+		if err := s.OnAnnounce(ctx, ids, false); err != nil {
+			s.log.Warn("the workers could not be told that the refusals being recorded are recorded (their names run out by themselves)", "err", err)
+		}
+	}
+}
+
+// RefusalIDs names who rs refuse, as the workers look them up (state.SpooledAddress).
+func RefusalIDs(rs []Refusal) []string {
+	ids := make([]string, 0, len(rs))
+	for _, r := range rs {
+		ids = append(ids, state.SpooledAddress(r.Channel, r.Address))
+	}
+	return ids
 }
 
 // noteHeld tells OnHeld that requests wait; a failure is logged (Redis down: the workers send nothing
@@ -179,11 +215,7 @@ func (s *Spool) holdsReceipts() bool { return s != nil && s.kinds[receiptsKind] 
 // Hold writes rs to the spool, durably, and wakes the replay. When it returns nil the request may be
 // answered as recorded.
 func (s *Spool) Hold(rs []Refusal) error {
-	ids := make([]string, 0, len(rs))
-	for _, r := range rs {
-		ids = append(ids, state.SpooledAddress(r.Channel, r.Address))
-	}
-	return s.hold(spooled{Refusals: rs, Events: len(rs), IDs: ids})
+	return s.hold(spooled{Refusals: rs, Events: len(rs), IDs: RefusalIDs(rs)})
 }
 
 // HoldRequest writes request (JSON), which holds events (receipts, a click), to the spool as one of
