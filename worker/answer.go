@@ -560,7 +560,7 @@ func (h *Handler) deferLimited(run *batchRun, r *campaign.Recipient, pe *provide
 func transientOutcome(r *campaign.Recipient, pe *providers.Error) campaign.Outcome {
 	if r.Attempts+1 >= MaxRecipientAttempts {
 		return campaign.Outcome{UserID: r.UserID, Status: campaign.StatusFailed, Provider: pe.Provider,
-			Reason: fmt.Sprintf("gave up after %d runs with transient provider errors; last: %s", r.Attempts+1, pe.Reason())}
+			Reason: fmt.Sprintf("gave up after %d runs, each failed by the provider with an error that can pass (a 5xx, a connection, an account-level refusal); last: %s", r.Attempts+1, pe.Reason())}
 	}
 	return campaign.Outcome{UserID: r.UserID, Status: campaign.StatusPending, Reason: pe.Reason()}
 }

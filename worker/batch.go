@@ -423,7 +423,7 @@ func (h *Handler) RunBatch(ctx context.Context, campaignID int64, batch int) err
 			After: run.deferAfter}
 	}
 	if run.deferred > 0 {
-		return &RetryError{Err: fmt.Errorf("%s kept failing with transient provider errors; retried later, the rest of the batch is done", countRecipients(run.deferred)), After: run.deferAfter, Failure: true}
+		return &RetryError{Err: fmt.Errorf("%s kept failing with provider errors that can pass; retried later, the rest of the batch is done", countRecipients(run.deferred)), After: run.deferAfter, Failure: true}
 	}
 	if h.cfg.Redis != nil && !run.authShown {
 		// The batch went through without a provider's answer (every recipient skipped): whatever account
