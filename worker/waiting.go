@@ -31,6 +31,7 @@ const (
 	WaitNoWorkerForChannel = "no_worker_for_channel" // no running worker sends the campaign's channel
 	WaitRedisLostData      = "redis_lost_data"       // its batches are gone from the queue: resume
 	WaitDLQ                = "dlq"                   // its remaining batches used up their retries
+	WaitRetry              = "retry_backoff"         // every batch left waits out the back-off of a retry
 )
 
 // Waiting is what a campaign waits on (CampaignStatus.Waiting).
@@ -256,8 +257,24 @@ func waitingOf(ctx context.Context, env *waitEnv, c *campaign.Campaign, counts c
 	if began, err := rdb.Get(ctx, state.PauseRunKey(bucket)).Result(); err == nil {
 		return &Waiting{Reason: WaitProviderPaused, Detail: fmt.Sprintf("%s asks every request to wait (Retry-After, 429s): paused again and again, a moment apart", provider), Since: unixMilli(began)}, nil
 	}
+	// Every batch left waits out a retry's back-off (recipients the provider failed, a run that failed),
+	// and the next is not a moment away (a batch handed back for a second between two chunks): nothing
+	// moves until then. status said nothing for a minute of it.
+	if r, ok := env.allRetrying(id); ok && r.next.Sub(now) >= retryWaitShown {
+		w := &Waiting{Reason: WaitRetry, Detail: fmt.Sprintf("%s left %s out the back-off of a retry after failures (the provider's errors for some recipients, or a run that failed; campaignctl dlq list shows the errors of batches that used up their retries); the next runs at %s",
+			counted(len(r.batches), "batch", "batches"), map[bool]string{true: "waits", false: "wait"}[len(r.batches) == 1], r.next.UTC().Format(time.RFC3339)), Until: utc(r.next)}
+		if !r.last.IsZero() {
+			w.Since = utc(r.last)
+		}
+		return w, nil
+	}
 	return nil, nil
 }
+
+// retryWaitShown is how far off the next retry of a campaign whose every batch waits to be retried must
+// be for status to say so: a batch handed back for a second (a hold between two chunks, a service's
+// blip) is a campaign that moves.
+const retryWaitShown = 2 * time.Second
 
 // movingLately is how recently a recipient of a campaign must have settled for the campaign to move
 // (state.ProgressMovedAt): longer than a run at a low cap takes between two chunks, short beside the two
@@ -303,6 +320,7 @@ type waitEnv struct {
 	workerList  []state.WorkerInfo
 	lastSeen    map[string]time.Time
 	byCampaign  map[int64]map[int]bool // the batches in the queue, by campaign
+	retries     map[int64]retrying     // the campaigns' batches waiting to be retried, read with byCampaign
 	haveWorkers bool
 	paused      *bool // the queue's pause, read once
 	epoch       *state.EpochState
@@ -420,13 +438,34 @@ func (e *waitEnv) queued(campaignID int64) (int, error) {
 // queuedBatches is the set of the campaign's batches in the queue (see queued).
 func (e *waitEnv) queuedBatches(campaignID int64) (map[int]bool, error) {
 	if e.byCampaign == nil {
-		m, err := queuedByCampaign(e.rdb)
+		m, r, err := queuedByCampaign(e.rdb)
 		if err != nil {
 			return nil, err
 		}
-		e.byCampaign = m
+		e.byCampaign, e.retries = m, r
 	}
 	return e.byCampaign[campaignID], nil
+}
+
+// retrying is what the queue says of a campaign's batches waiting to be retried: how many, whether they
+// are all of its batches in the queue (none pending, running or scheduled), the earliest next run, and the
+// latest failure that put one there.
+type retrying struct {
+	batches    map[int]bool
+	others     map[int]bool // batches pending, running or scheduled
+	next, last time.Time
+}
+
+// allRetrying is retrying's campaign when every batch it has in the queue waits to be retried.
+func (e *waitEnv) allRetrying(campaignID int64) (retrying, bool) {
+	if _, err := e.queuedBatches(campaignID); err != nil {
+		return retrying{}, false
+	}
+	r, ok := e.retries[campaignID]
+	if !ok || len(r.batches) == 0 || len(r.others) > 0 {
+		return retrying{}, false
+	}
+	return r, true
 }
 
 // pendingPlaces is where the campaign's batches with pending recipients are: queued (waiting, running,
@@ -486,34 +525,54 @@ func QueuePaused(rdb redis.UniversalClient) (bool, error) {
 
 // queuedByCampaign lists the queue's batches waiting, running, scheduled or to retry, by campaign (a batch
 // once, whatever tasks it has).
-func queuedByCampaign(rdb redis.UniversalClient) (map[int64]map[int]bool, error) {
+func queuedByCampaign(rdb redis.UniversalClient) (map[int64]map[int]bool, map[int64]retrying, error) {
 	insp := asynq.NewInspectorFromRedisClient(rdb)
 	const pageSize = 1000
 	out := map[int64]map[int]bool{}
+	retries := map[int64]retrying{}
 	lists := []func(string, ...asynq.ListOption) ([]*asynq.TaskInfo, error){insp.ListPendingTasks, insp.ListActiveTasks, insp.ListScheduledTasks, insp.ListRetryTasks}
-	for _, list := range lists {
+	for i, list := range lists {
+		retry := i == len(lists)-1
 		for page := 1; ; page++ {
 			tasks, err := list(Queue, asynq.Page(page), asynq.PageSize(pageSize))
 			if err != nil {
 				if errors.Is(err, asynq.ErrQueueNotFound) || strings.Contains(err.Error(), "does not exist") {
 					break
 				}
-				return nil, fmt.Errorf("read the queue: %w", err)
+				return nil, nil, fmt.Errorf("read the queue: %w", err)
 			}
 			for _, t := range tasks {
-				if cid, b, ok := parseTaskID(t.ID); ok {
-					if out[cid] == nil {
-						out[cid] = map[int]bool{}
-					}
-					out[cid][b] = true
+				cid, b, ok := parseTaskID(t.ID)
+				if !ok {
+					continue
 				}
+				if out[cid] == nil {
+					out[cid] = map[int]bool{}
+				}
+				out[cid][b] = true
+				r := retries[cid]
+				if r.batches == nil {
+					r.batches, r.others = map[int]bool{}, map[int]bool{}
+				}
+				if !retry {
+					r.others[b] = true
+				} else {
+					r.batches[b] = true
+					if r.next.IsZero() || t.NextProcessAt.Before(r.next) {
+						r.next = t.NextProcessAt
+					}
+					if t.LastFailedAt.After(r.last) {
+						r.last = t.LastFailedAt
+					}
+				}
+				retries[cid] = r
 			}
 			if len(tasks) < pageSize {
 				break
 			}
 		}
 	}
-	return out, nil
+	return out, retries, nil
 }
 
 // Heartbeat publishes info (what this worker sends) now and every state.WorkerTTL/3 until ctx ends, and

@@ -2,6 +2,7 @@ package worker
 
 import (
 	"context"
+	"errors"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -416,5 +417,99 @@ func TestStatusSaysTheMarksAreBeingWrittenBack(t *testing.T) {
 	}
 	if w := waiting(); w != nil {
 		t.Fatalf("marks back: waiting %+v, want none", w)
+	}
+}
+
+// A campaign whose every batch left waits out the back-off of a retry (recipients the provider failed
+// with errors that can pass, a run that failed) is not moving, and status says so (retry_backoff, until the
+// next run, since the last failure). A batch due again within a moment, or another batch pending, is a
+// campaign that moves. Before, an outside run watched a webhook campaign's last 7 recipients pending for 65
+// s with waiting null.
+func TestStatusSaysTheBatchesWaitOutTheirRetry(t *testing.T) {
+	t.Parallel()
+	f := plan(t, 30)
+	ctx := context.Background()
+	if err := state.PublishWorker(ctx, f.rdb, state.WorkerInfo{Owner: "w1", Providers: map[string]string{"sms": f.provider.Name()}, Commercial: map[string]bool{"sms": true}}); err != nil {
+		t.Fatal(err)
+	}
+	waiting := func() *Waiting {
+		t.Helper()
+		s, err := Status(ctx, StatusOptions{Store: f.store, Redis: f.rdb, CampaignID: f.id})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s.Waiting
+	}
+	client := asynq.NewClientFromRedisClient(f.rdb)
+	defer client.Close()
+	if _, _, err := Enqueue(ctx, client, f.store, f.campaign(t), true); err != nil {
+		t.Fatal(err)
+	}
+	if w := waiting(); w != nil {
+		t.Fatalf("queued: waiting %+v, want none", w)
+	}
+	// Each batch's run fails once, through a queue server as the workers' (its back-off is delay).
+	failOnce := func(delay time.Duration) {
+		t.Helper()
+		insp := asynq.NewInspectorFromRedisClient(f.rdb)
+		srv := asynq.NewServerFromRedisClient(f.rdb, asynq.Config{Concurrency: 4, Queues: map[string]int{Queue: 1},
+			RetryDelayFunc: func(int, error, *asynq.Task) time.Duration { return delay }, LogLevel: asynq.FatalLevel})
+		if err := srv.Start(asynq.HandlerFunc(func(context.Context, *asynq.Task) error { return errors.New("the provider failed some recipients") })); err != nil {
+			t.Fatal(err)
+		}
+		defer srv.Shutdown()
+		deadline := time.Now().Add(15 * time.Second)
+		for {
+			info, err := insp.GetQueueInfo(Queue)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if info.Pending == 0 && info.Active == 0 && info.Retry > 0 {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("the batches did not reach the retry set: %+v", info)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	before := time.Now()
+	failOnce(time.Minute)
+	w := waiting()
+	if w == nil || w.Reason != WaitRetry || !strings.Contains(w.Detail, "back-off") {
+		t.Fatalf("every batch waiting a minute for its retry: waiting %+v, want %s", w, WaitRetry)
+	}
+	if w.Until == nil || time.Until(*w.Until) < 40*time.Second || time.Until(*w.Until) > 70*time.Second {
+		t.Errorf("until %v, want about a minute from now", w.Until)
+	}
+	if w.Since == nil || w.Since.Before(before.Add(-time.Second)) || w.Since.After(time.Now().Add(time.Second)) {
+		t.Errorf("since %v, want the failure, after %v", w.Since, before)
+	}
+	// Another batch pending: the campaign moves.
+	var first int
+	if err := f.db.QueryRow(ctx, `SELECT min(batch) FROM campaign_batches WHERE campaign_id = $1`, f.id).Scan(&first); err != nil {
+		t.Fatal(err)
+	}
+	task, err := NewBatchTask(f.id, first)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := client.Enqueue(task, asynq.TaskID(followUpID(f.id, first, time.Now()))); err != nil {
+		t.Fatal(err)
+	}
+	if w := waiting(); w != nil {
+		t.Fatalf("a batch pending beside the ones to retry: waiting %+v, want none", w)
+	}
+	// Only batches due again within a moment (handed back between two chunks): it moves.
+	insp := asynq.NewInspectorFromRedisClient(f.rdb)
+	if _, err := insp.DeleteAllRetryTasks(Queue); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := Enqueue(ctx, client, f.store, f.campaign(t), false); err != nil { // as resume queues them
+		t.Fatal(err)
+	}
+	failOnce(time.Second)
+	if w := waiting(); w != nil {
+		t.Fatalf("batches due again within a second: waiting %+v, want none", w)
 	}
 }
