@@ -384,14 +384,7 @@ func TestStatusSaysTheMarksAreBeingWrittenBack(t *testing.T) {
 	t.Parallel()
 	f := queuedWithAWorker(t)
 	ctx := context.Background()
-	waiting := func() *Waiting {
-		t.Helper()
-		s, err := Status(ctx, StatusOptions{Store: f.store, Redis: f.rdb, CampaignID: f.id})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return s.Waiting
-	}
+	waiting := func() *Waiting { t.Helper(); return f.waiting(t) }
 	if w := waiting(); w != nil {
 		t.Fatalf("queued with a worker: waiting %+v, want none", w)
 	}
@@ -427,24 +420,11 @@ func TestStatusSaysTheMarksAreBeingWrittenBack(t *testing.T) {
 // s with waiting null.
 func TestStatusSaysTheBatchesWaitOutTheirRetry(t *testing.T) {
 	t.Parallel()
-	f := plan(t, 30)
+	f := queuedWithAWorker(t)
 	ctx := context.Background()
-	if err := state.PublishWorker(ctx, f.rdb, state.WorkerInfo{Owner: "w1", Providers: map[string]string{"sms": f.provider.Name()}, Commercial: map[string]bool{"sms": true}}); err != nil {
-		t.Fatal(err)
-	}
-	waiting := func() *Waiting {
-		t.Helper()
-		s, err := Status(ctx, StatusOptions{Store: f.store, Redis: f.rdb, CampaignID: f.id})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return s.Waiting
-	}
+	waiting := func() *Waiting { t.Helper(); return f.waiting(t) }
 	client := asynq.NewClientFromRedisClient(f.rdb)
 	defer client.Close()
-	if _, _, err := Enqueue(ctx, client, f.store, f.campaign(t), true); err != nil {
-		t.Fatal(err)
-	}
 	if w := waiting(); w != nil {
 		t.Fatalf("queued: waiting %+v, want none", w)
 	}
@@ -512,4 +492,14 @@ func TestStatusSaysTheBatchesWaitOutTheirRetry(t *testing.T) {
 	if w := waiting(); w != nil {
 		t.Fatalf("batches due again within a second: waiting %+v, want none", w)
 	}
+}
+
+// waiting is what status says campaign f waits on (nil: it moves, or it is over).
+func (f *fixture) waiting(t *testing.T) *Waiting {
+	t.Helper()
+	s, err := Status(context.Background(), StatusOptions{Store: f.store, Redis: f.rdb, CampaignID: f.id})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s.Waiting
 }
