@@ -458,3 +458,69 @@ func TestARefusalWaitingBehindAnImportIsNamedToTheWorkersAtOnce(t *testing.T) {
 	end()
 	waitFor(t, 10*time.Second, func() bool { return consent(froms[1]) == "RET" && !named(froms[1]) })
 }
+
+// The same for an e-mail's one-click unsubscribe: while its write waits for the consents' turn, its user
+// is named to the workers (state.SpooledUser), and the name is taken back once it is recorded.
+func TestAOneClickWaitingBehindAnImportIsNamedToTheWorkersAtOnce(t *testing.T) {
+	t.Parallel()
+	db, id, signer, _ := oneClickSetup(t)
+	rdb, _ := testredis.New(t)
+	ctx := t.Context()
+	log := slog.New(slog.DiscardHandler)
+	sink := &refusalSink{pool: db, brand: "654321", log: log}
+	store := campaign.NewStore(db)
+	sink.spool = receipts.NewSpool(t.TempDir(), sink, log)
+	sink.spool.OnAnnounce = func(ctx context.Context, ids []string, on bool) error {
+		if on {
+			return state.AnnounceRefusals(ctx, rdb, ids, time.Minute)
+		}
+		return state.WithdrawRefusals(ctx, rdb, ids)
+	}
+	handleOneClicks(sink.spool, store, sink, log)
+	h := unsubscribeHandler(signer.Signer, store, sink, 3*time.Second, log)
+	tx, err := db.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	end := func() { tx.Rollback(context.WithoutCancel(ctx)) } //nolint:errcheck // a second call finds it closed
+	t.Cleanup(end)
+	if _, err := tx.Exec(ctx, `SELECT 1 FROM iys_consents_version FOR UPDATE`); err != nil {
+		t.Fatal(err)
+	}
+	answered := make(chan int, 1)
+	go func() {
+		req := httptest.NewRequest(http.MethodPost, unsubscribe.Path+signer.Token(id, "u1"), strings.NewReader("List-Unsubscribe=One-Click"))
+		req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, req)
+		answered <- w.Code
+	}()
+	named := func() bool {
+		m, err := state.SpooledRefusals(ctx, rdb)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return m[state.SpooledUser("u1")]
+	}
+	deadline := time.Now().Add(2 * time.Second)
+	for !named() {
+		if time.Now().After(deadline) {
+			t.Fatal("the one-click's user is not named to the workers 2 s after the POST, while its write waits for the consents' turn")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	end()
+	if code := <-answered; code != http.StatusOK {
+		t.Fatalf("the one-click POST: %d, want 200", code)
+	}
+	var status string
+	if err := db.QueryRow(ctx, `SELECT status FROM iys_consents WHERE recipient = $1 AND type = 'EPOSTA'`, oneClickAddr).Scan(&status); err != nil {
+		t.Fatal(err)
+	}
+	if status != "RET" || named() {
+		t.Fatalf("once recorded: consent %s, still named %v; want RET, not named", status, named())
+	}
+	if n, _ := sink.spool.Held(); n != 0 {
+		t.Fatalf("the spool holds %d requests; want none (recorded within --store-wait)", n)
+	}
+}
