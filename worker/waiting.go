@@ -261,8 +261,8 @@ func waitingOf(ctx context.Context, env *waitEnv, c *campaign.Campaign, counts c
 	// and the next is not a moment away (a batch handed back for a second between two chunks): nothing
 	// moves until then. status said nothing for a minute of it.
 	if r, ok := env.allRetrying(id); ok && r.next.Sub(now) >= retryWaitShown {
-		w := &Waiting{Reason: WaitRetry, Detail: fmt.Sprintf("%s left %s out the back-off of a retry after failures (the provider's errors for some recipients, or a run that failed; campaignctl dlq list shows the errors of batches that used up their retries); the next runs at %s",
-			counted(len(r.batches), "batch", "batches"), map[bool]string{true: "waits", false: "wait"}[len(r.batches) == 1], r.next.UTC().Format(time.RFC3339)), Until: utc(r.next)}
+		w := &Waiting{Reason: WaitRetry, Detail: fmt.Sprintf("every batch left (%s) waits out the back-off of a retry after failures (the provider's errors for some recipients, or a run that failed; campaignctl dlq list shows the errors of batches that used up their retries); the next runs at %s",
+			counted(queued, "batch", "batches"), r.next.UTC().Format(time.RFC3339)), Until: utc(r.next)}
 		if !r.last.IsZero() {
 			w.Since = utc(r.last)
 		}
@@ -447,25 +447,22 @@ func (e *waitEnv) queuedBatches(campaignID int64) (map[int]bool, error) {
 	return e.byCampaign[campaignID], nil
 }
 
-// retrying is what the queue says of a campaign's batches waiting to be retried: how many, whether they
-// are all of its batches in the queue (none pending, running or scheduled), the earliest next run, and the
-// latest failure that put one there.
+// retrying is what the queue says of a campaign's tasks waiting to be retried: whether any of its tasks is
+// pending, running or scheduled instead (moving), the earliest next run, and the latest failure that put
+// one there.
 type retrying struct {
-	batches    map[int]bool
-	others     map[int]bool // batches pending, running or scheduled
+	moving     bool
 	next, last time.Time
 }
 
-// allRetrying is retrying's campaign when every batch it has in the queue waits to be retried.
-func (e *waitEnv) allRetrying(campaignID int64) (retrying, bool) {
-	if _, err := e.queuedBatches(campaignID); err != nil {
-		return retrying{}, false
+// allRetrying says when every batch campaign id has in the queue waits to be retried (and, in r, until
+// and since when); how many they are is len(queuedBatches).
+func (e *waitEnv) allRetrying(id int64) (r retrying, ok bool) {
+	if _, err := e.queuedBatches(id); err != nil {
+		return r, false
 	}
-	r, ok := e.retries[campaignID]
-	if !ok || len(r.batches) == 0 || len(r.others) > 0 {
-		return retrying{}, false
-	}
-	return r, true
+	r, ok = e.retries[id]
+	return r, ok && !r.moving
 }
 
 // pendingPlaces is where the campaign's batches with pending recipients are: queued (waiting, running,
@@ -551,19 +548,14 @@ func queuedByCampaign(rdb redis.UniversalClient) (map[int64]map[int]bool, map[in
 				}
 				out[cid][b] = true
 				r := retries[cid]
-				if r.batches == nil {
-					r.batches, r.others = map[int]bool{}, map[int]bool{}
+				switch {
+				case !retry:
+					r.moving = true
+				case r.next.IsZero() || t.NextProcessAt.Before(r.next):
+					r.next = t.NextProcessAt
 				}
-				if !retry {
-					r.others[b] = true
-				} else {
-					r.batches[b] = true
-					if r.next.IsZero() || t.NextProcessAt.Before(r.next) {
-						r.next = t.NextProcessAt
-					}
-					if t.LastFailedAt.After(r.last) {
-						r.last = t.LastFailedAt
-					}
+				if retry && t.LastFailedAt.After(r.last) {
+					r.last = t.LastFailedAt
 				}
 				retries[cid] = r
 			}
