@@ -22,63 +22,58 @@ import (
 // window.
 func TestRecipientsThatAlwaysFailAloneFailAndNeverCallTheProviderDown(t *testing.T) {
 	t.Parallel()
-	for _, window := range []int{1, 8} {
-		t.Run(fmt.Sprintf("a window of %d", window), func(t *testing.T) {
-			t.Parallel()
-			f := planWith(t, 60, func(s *campaign.Spec) { s.BatchSize = 60 })
-			f.h.cfg.SendWindow = window
-			// Back-offs long enough for the shared pace to have judged the answers before a recipient runs out
-			// of its attempts, as a worker's are.
-			f.h.jitter = func(time.Duration) time.Duration { return 120 * time.Millisecond }
-			users := f.batchUsers(t, 0)
-			bad := map[string]bool{}
-			for _, u := range users[:5] { // the batch's first five: neighbours, the first to go
-				bad[u] = true
+	onBothSendPaths(t, 60, func(t *testing.T, f *fixture) {
+		// Back-offs long enough for the shared pace to have judged the answers before a recipient runs out
+		// of its attempts, as a worker's are.
+		f.h.jitter = func(time.Duration) time.Duration { return 120 * time.Millisecond }
+		users := f.batchUsers(t, 0)
+		bad := map[string]bool{}
+		for _, u := range users[:5] { // the batch's first five: neighbours, the first to go
+			bad[u] = true
+		}
+		badPhones := map[string]bool{}
+		for u := range bad {
+			var n int
+			fmt.Sscanf(u, "u%d", &n) //nolint:errcheck
+			badPhones[phone(n)] = true
+		}
+		var refused atomic.Int32
+		f.provider.fail = func(_ int, m providers.Message) error {
+			if badPhones[m.To] {
+				refused.Add(1)
+				return &providers.Error{Provider: "test", Status: 500, Class: providers.Transient, Message: "internal server error"}
 			}
-			badPhones := map[string]bool{}
-			for u := range bad {
-				var n int
-				fmt.Sscanf(u, "u%d", &n) //nolint:errcheck
-				badPhones[phone(n)] = true
+			return nil
+		}
+		ctx := context.Background()
+		pace := state.PaceKey(state.ProviderBucket(f.provider.Name()))
+		runs := 0
+		for ; runs < 3*MaxRecipientAttempts; runs++ {
+			if c := f.counts(t); c.Pending == 0 {
+				break
 			}
-			var refused atomic.Int32
-			f.provider.fail = func(_ int, m providers.Message) error {
-				if badPhones[m.To] {
-					refused.Add(1)
-					return &providers.Error{Provider: "test", Status: 500, Class: providers.Transient, Message: "internal server error"}
-				}
-				return nil
+			err := f.runBatchFor(ctx, 0, 30*time.Second)
+			t.Logf("run %d: %v", runs+1, err)
+			if down, _ := f.rdb.HGet(ctx, pace, "down").Result(); down == "1" {
+				t.Fatalf("run %d (%v): the provider is down by the pace; only %d recipients failing alone were refused", runs+1, err, len(bad))
 			}
-			ctx := context.Background()
-			pace := state.PaceKey(state.ProviderBucket(f.provider.Name()))
-			runs := 0
-			for ; runs < 3*MaxRecipientAttempts; runs++ {
-				if c := f.counts(t); c.Pending == 0 {
-					break
-				}
-				err := f.runBatchFor(ctx, 0, 30*time.Second)
-				t.Logf("run %d: %v", runs+1, err)
-				if down, _ := f.rdb.HGet(ctx, pace, "down").Result(); down == "1" {
-					t.Fatalf("run %d (%v): the provider is down by the pace; only %d recipients failing alone were refused", runs+1, err, len(bad))
-				}
-				// The batch's retries are minutes apart: the process's last answer is long past when a later
-				// run begins.
-				f.h.lastAnswer.Store(time.Now().Add(-2 * time.Minute).UnixNano())
+			// The batch's retries are minutes apart: the process's last answer is long past when a later
+			// run begins.
+			f.h.lastAnswer.Store(time.Now().Add(-2 * time.Minute).UnixNano())
+		}
+		for u := range bad {
+			if st, reason, code := f.status(t, u); st != campaign.StatusFailed || !strings.Contains(reason, "gave up after 5 runs") || code != "" {
+				t.Errorf("%s after %d runs: %s/%q code %q; want failed after 5 runs, its code released", u, runs, st, reason, code)
 			}
-			for u := range bad {
-				if st, reason, code := f.status(t, u); st != campaign.StatusFailed || !strings.Contains(reason, "gave up after 5 runs") || code != "" {
-					t.Errorf("%s after %d runs: %s/%q code %q; want failed after 5 runs, its code released", u, runs, st, reason, code)
-				}
-			}
-			if c := f.counts(t); c.Pending != 0 || c.Failed != int64(len(bad)) || c.Sent != int64(len(users)-len(bad)) {
-				t.Errorf("after %d runs: %+v; want the %d others sent, the %d failed", runs, c, len(users)-len(bad), len(bad))
-			}
-			if runs > MaxRecipientAttempts+1 {
-				t.Errorf("%d runs to settle them; want at most %d", runs, MaxRecipientAttempts+1)
-			}
-			t.Logf("window %d: %d runs, %d refused requests", window, runs, refused.Load())
-		})
-	}
+		}
+		if c := f.counts(t); c.Pending != 0 || c.Failed != int64(len(bad)) || c.Sent != int64(len(users)-len(bad)) {
+			t.Errorf("after %d runs: %+v; want the %d others sent, the %d failed", runs, c, len(users)-len(bad), len(bad))
+		}
+		if runs > MaxRecipientAttempts+1 {
+			t.Errorf("%d runs to settle them; want at most %d", runs, MaxRecipientAttempts+1)
+		}
+		t.Logf("window %d: %d runs, %d refused requests", f.h.cfg.SendWindow, runs, refused.Load())
+	})
 }
 
 // runBatchFor runs batch once, cancelled after d if it has not ended: a cancel, not a deadline, as a run
@@ -89,4 +84,18 @@ func (f *fixture) runBatchFor(ctx context.Context, batch int, d time.Duration) e
 	stop := time.AfterFunc(d, cancel)
 	defer stop.Stop()
 	return f.h.RunBatch(runCtx, f.id, batch)
+}
+
+// onBothSendPaths runs test as a parallel subtest on each send path of a one-message provider, one message
+// at a time (a window of 1) and DefaultSendWindow at once, each on a plan of n customers in one batch.
+func onBothSendPaths(t *testing.T, n int, test func(t *testing.T, f *fixture)) {
+	t.Helper()
+	for _, window := range []int{1, DefaultSendWindow} {
+		t.Run(fmt.Sprintf("a window of %d", window), func(t *testing.T) {
+			t.Parallel()
+			f := planWith(t, n, func(s *campaign.Spec) { s.BatchSize = n })
+			f.h.cfg.SendWindow = window
+			test(t, f)
+		})
+	}
 }
