@@ -120,17 +120,7 @@ func TestStatusSaysWhyACampaignWaits(t *testing.T) {
 	defer client.Close()
 	// One batch queued and the others not (a launch killed while it queued them): the campaign would stop
 	// short of them, whatever the workers; resume is what helps. Before, it said no_worker.
-	var first int
-	if err := f.db.QueryRow(ctx, `SELECT min(batch) FROM campaign_batches WHERE campaign_id = $1`, f.id).Scan(&first); err != nil {
-		t.Fatal(err)
-	}
-	task, err := NewBatchTask(f.id, first)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := client.Enqueue(task); err != nil {
-		t.Fatal(err)
-	}
+	f.enqueueFirstBatch(t, client)
 	if w := expect("one batch queued, the others never", WaitRedisLostData); !strings.Contains(w.Detail, "neither queued nor in the dead-letter queue") {
 		t.Fatalf("partly queued: detail %q, want it to say batches are not queued", w.Detail)
 	}
@@ -466,17 +456,7 @@ func TestStatusSaysTheBatchesWaitOutTheirRetry(t *testing.T) {
 		t.Errorf("since %v, want the failure, after %v", w.Since, before)
 	}
 	// Another batch pending: the campaign moves.
-	var first int
-	if err := f.db.QueryRow(ctx, `SELECT min(batch) FROM campaign_batches WHERE campaign_id = $1`, f.id).Scan(&first); err != nil {
-		t.Fatal(err)
-	}
-	task, err := NewBatchTask(f.id, first)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := client.Enqueue(task, asynq.TaskID(followUpID(f.id, first, time.Now()))); err != nil {
-		t.Fatal(err)
-	}
+	f.enqueueFirstBatch(t, client, func(b int) asynq.Option { return asynq.TaskID(followUpID(f.id, b, time.Now())) })
 	if w := waiting(); w != nil {
 		t.Fatalf("a batch pending beside the ones to retry: waiting %+v, want none", w)
 	}
@@ -502,4 +482,24 @@ func (f *fixture) waiting(t *testing.T) *Waiting {
 		t.Fatal(err)
 	}
 	return s.Waiting
+}
+
+// enqueueFirstBatch queues campaign f's first batch again, with the options made for its number.
+func (f *fixture) enqueueFirstBatch(t *testing.T, client *asynq.Client, opts ...func(batch int) asynq.Option) {
+	t.Helper()
+	var first int
+	if err := f.db.QueryRow(context.Background(), `SELECT min(batch) FROM campaign_batches WHERE campaign_id = $1`, f.id).Scan(&first); err != nil {
+		t.Fatal(err)
+	}
+	task, err := NewBatchTask(f.id, first)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var o []asynq.Option
+	for _, opt := range opts {
+		o = append(o, opt(first))
+	}
+	if _, err := client.Enqueue(task, o...); err != nil {
+		t.Fatal(err)
+	}
 }
