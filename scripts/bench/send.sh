@@ -40,12 +40,26 @@ start_sandbox() {
   wait_port 127.0.0.1 "$sb_port" || { echo "the sandbox did not start; see $work/sandbox.$sb_port.err" >&2; return 1; }
 }
 
+# pg_postmaster: the pid of the benchmark server's postmaster (the parent of its checkpointer); empty when
+# it cannot be told (then every local server's processes are counted).
+pg_postmaster() {
+  local ck
+  ck=$(psql_bench -Atc "SELECT pid FROM pg_stat_activity WHERE backend_type = 'checkpointer'" 2>/dev/null) || return 0
+  [ -n "$ck" ] && awk '{ sub(/^.*\) /, ""); print $2 }' "/proc/$ck/stat" 2>/dev/null || true
+}
+bench_pm=$(pg_postmaster) # read once here: bench_pg_pids runs in subshells
+
 # bench_pg_pids: the Postgres processes that work for the benchmark: the server's own (postmaster, WAL
 # writer, checkpointer, background writer, autovacuum launcher) and the backends and autovacuum workers of
 # BENCH_DB, not those of other databases on a shared server (a test run's would inflate the figures).
+# Only the processes of the server DATABASE_URL names: another cluster on the machine is not counted.
 bench_pg_pids() {
-  local p cmd
+  local p cmd pp
   for p in $(pgrep -x postgres); do
+    if [ -n "$bench_pm" ] && [ "$p" != "$bench_pm" ]; then
+      pp=$(awk '{ sub(/^.*\) /, ""); print $2 }' "/proc/$p/stat" 2>/dev/null) || continue
+      [ "$pp" = "$bench_pm" ] || continue
+    fi
     cmd=$(tr '\0' ' ' <"/proc/$p/cmdline" 2>/dev/null) || continue
     case "$cmd" in
       *" $BENCH_DB "* | *" $BENCH_DB") echo "$p" ;;
