@@ -134,9 +134,20 @@ elif [ -n "$COMPARE_REV" ]; then
   [ "$need" -le $((CUSTOMERS * 3 / 4)) ] ||
     { echo "--compare needs $need customers with consent ($COMPARE_ROUNDS rounds × 2 × --sms $SMS_N): raise --customers to $((need * 4 / 3 + 4)) or lower --sms/--rounds" >&2; exit 2; }
 elif [ "$ONLY" != launch ]; then
-  need=$((SMS_N + LAT_N + RATE_R * RATE_SECS))
+  # Each SMS scenario sends to its own range of the customers, in this order (scripts/bench/send.sh): the
+  # last one selected says how many are needed. The ranges of sms, latency and rate are where they are
+  # whichever run; the pushback scenarios' (30,000, 24,000 and 40,000: PUSHBACK_N) follow one another.
+  need=0 end=0
+  for sc in sms:$SMS_N latency:$LAT_N rate:$((RATE_R * RATE_SECS)) faults:30000 hidden:24000 outage:40000; do
+    if [[ ",$SCENARIOS," == *",${sc%%:*},"* ]]; then
+      end=$((end + ${sc#*:}))
+      need=$end
+    elif [[ ${sc%%:*} == sms || ${sc%%:*} == latency || ${sc%%:*} == rate ]]; then
+      end=$((end + ${sc#*:}))
+    fi
+  done
   [ "$need" -le $((CUSTOMERS * 3 / 4)) ] ||
-    { echo "the SMS scenarios need $need customers with consent: raise --customers to $((need * 4 / 3 + 4)) or lower --sms/--latency-n/--rate" >&2; exit 2; }
+    { echo "the SMS scenarios selected need $need customers with consent: raise --customers to $((need * 4 / 3 + 4)) or lower --sms/--latency-n/--rate" >&2; exit 2; }
   emails=$(( CUSTOMERS < CONSENTS - CUSTOMERS ? CUSTOMERS : CONSENTS - CUSTOMERS ))
   [[ ",$SCENARIOS," != *,email,* ]] || [ "$EMAIL_N" -le $((emails * 4 / 5)) ] ||
     { echo "the e-mail scenario needs $EMAIL_N e-mail consents; the consent CSV has $((emails * 4 / 5)) usable: raise --consents or lower --email" >&2; exit 2; }
