@@ -122,8 +122,10 @@ type Config struct {
 	DeadlineMargin time.Duration
 	// TurnAfter is how long a batch run under a cap (the campaign's or its provider's) keeps its worker
 	// slot, beyond its campaign's share of the slots, while a batch of another campaign waits in the queue
-	// for one: then it hands the rest of its batch back, behind that one (turnOver). Default 10 s;
-	// negative: never.
+	// for one: then it hands the rest of its batch back, behind that one (turnOver). Default 1 s, about a
+	// chunk under a cap: only the runs over the share hand back, so a campaign launched behind a capped one
+	// starts within a second or two, and capped campaigns do not trade slots back and forth; negative:
+	// never.
 	TurnAfter time.Duration
 	// Now is the clock; default time.Now.
 	Now func() time.Time
@@ -313,7 +315,7 @@ func NewHandler(cfg Config) *Handler {
 		cfg.RecordWait = recordWait
 	}
 	if cfg.TurnAfter == 0 {
-		cfg.TurnAfter = 10 * time.Second
+		cfg.TurnAfter = time.Second
 	}
 	if cfg.SendAttempts == 0 {
 		cfg.SendAttempts = 5

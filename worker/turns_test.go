@@ -115,3 +115,54 @@ func TestRunsUnderACapShareTheSlots(t *testing.T) {
 		t.Fatalf("counts %+v; want some of batch 1 sent and recorded, the rest pending", c)
 	}
 }
+
+// By default a run under a cap over its campaign's share gives its slot at the end of its first chunk past
+// a second (Config.TurnAfter), not ten seconds later. An outside run, 3 workers × 4 slots: a campaign
+// launched 2 s after one at --rate 100 (64 batches, every slot waiting on the cap) sent its first message
+// 8 s after its launch; with a second, about 2 s.
+func TestARunUnderACapGivesItsSlotAfterASecondByDefault(t *testing.T) {
+	t.Parallel()
+	e := newOpsEnv(t, 40, nil)
+	ctx := context.Background()
+	spec := e.spec("slow", 20) // two batches of 20
+	spec.Rate = 2              // a batch: 10 s, in chunks of about a second
+	rep, err := e.planner().Plan(ctx, spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := newGatedProvider()
+	close(p.release)
+	// TurnAfter left to its default.
+	h := worker.NewHandler(worker.Config{Store: e.store, Redis: e.rdb, Owner: "turns-default", SendWindow: 1,
+		Providers: map[campaign.Channel]providers.Provider{campaign.ChannelSMS: p}, ProviderRates: map[string]float64{}})
+	e.launch(t, "other", 40) // its batch waits in the queue
+	active := "asynq:{" + worker.Queue + "}:active"
+	if err := e.rdb.LPush(ctx, active, worker.TaskID(rep.ID, 1)).Err(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	start := time.Now()
+	go func() { done <- h.RunBatch(ctx, rep.ID, 1) }()
+	// Within its share at its start (one slot of one in use); then its batch 0 runs too, and batch 1,
+	// the last, is over the share.
+	time.Sleep(200 * time.Millisecond)
+	if err := e.rdb.LPush(ctx, active, worker.TaskID(rep.ID, 0)).Err(); err != nil {
+		t.Fatal(err)
+	}
+	var re *worker.RetryError
+	select {
+	case err = <-done:
+	case <-time.After(15 * time.Second):
+		t.Fatal("the run kept its slot for 15 s")
+	}
+	took := time.Since(start)
+	if !errors.As(err, &re) || !re.Wait || !strings.Contains(re.Error(), "more than its share") {
+		t.Fatalf("the run returned %v after %v; want its batch handed back mid-run", err, took)
+	}
+	if took > 5*time.Second {
+		t.Fatalf("the run handed its batch back after %v; want it at the end of a chunk a second or two after it went over its share", took)
+	}
+	if c := e.counts(t, rep.ID); c.Sent == 0 || c.Sent >= 20 {
+		t.Fatalf("counts %+v; want some of batch 1 sent before it was handed back, not all", c)
+	}
+}
