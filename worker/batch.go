@@ -258,12 +258,16 @@ func (h *Handler) RunBatch(ctx context.Context, campaignID int64, batch int) err
 	queue := recipients
 	runStart := time.Now()
 	for (len(queue) > 0 || len(run.carried) > 0) && stop == nil {
-		// Runs under a cap share the worker slots with the other campaigns' batches: a campaign at --rate 100
-		// with a hundred batches held every slot, each run waiting for its share of the cap, and a campaign
-		// launched after it sent nothing until it ended (an outside run: 90 s and counting, of 8.5 min). A
-		// run of a campaign holding more than its share while another campaign's batch waits hands its
-		// batch back: at once when it starts, or after TurnAfter at the end of a chunk.
-		if (chunks == 0 || time.Since(runStart) >= h.cfg.TurnAfter) && len(run.carried) == 0 && run.provider != nil && !run.answerInNextClaim &&
+		// Campaigns share the worker slots: a campaign at --rate 100 with a hundred batches held every slot,
+		// each run waiting for its share of the cap, and a campaign launched after it sent nothing until it
+		// ended (an outside run: 90 s and counting, of 8.5 min). A run of a campaign holding more than its
+		// share while another campaign's batch waits hands its batch back: at once when it starts, or, under
+		// a cap, after TurnAfter at the end of a chunk. A run without a cap is checked when it starts only
+		// (its sends are in flight afterwards, and it ends its batch quickly): before, a campaign without a
+		// cap took every slot a capped one freed, and the capped one sent nothing until the other's queued
+		// batches had all started.
+		capped := !run.answerInNextClaim
+		if (chunks == 0 || capped && time.Since(runStart) >= h.cfg.TurnAfter) && len(run.carried) == 0 && run.provider != nil &&
 			run.c.State == campaign.StateRunning && h.cfg.TurnAfter > 0 && h.turnOver(ctx, c.ID, batch) {
 			stop = &RetryError{Err: errors.New("batch handed back: its campaign holds more than its share of the worker slots while a batch of another campaign waits"),
 				After: time.Second, Wait: true}

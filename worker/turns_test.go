@@ -166,3 +166,39 @@ func TestARunUnderACapGivesItsSlotAfterASecondByDefault(t *testing.T) {
 		t.Fatalf("counts %+v; want some of batch 1 sent before it was handed back, not all", c)
 	}
 }
+
+// A run without a cap takes its share of the slots too: when it starts while its campaign runs more
+// batches than its share and another campaign's batch waits, it hands its batch back before it sends.
+// Before, a campaign without a cap took every slot a capped one freed, and the capped one (at --rate 100,
+// 3 workers × 4 slots, 100 ms provider latency) sent nothing from 21 s on until the other's queued batches
+// had all started; now it keeps its cap beside it.
+func TestARunWithoutACapStartsOnlyWithinItsShare(t *testing.T) {
+	t.Parallel()
+	e := newOpsEnv(t, 40, nil)
+	ctx := context.Background()
+	fast := e.plan(t, "fast", 20) // two batches of 20, no cap
+	p := newGatedProvider()
+	close(p.release)
+	h := worker.NewHandler(worker.Config{Store: e.store, Redis: e.rdb, Owner: "turns-uncapped",
+		Providers: map[campaign.Channel]providers.Provider{campaign.ChannelSMS: p}, ProviderRates: map[string]float64{}})
+	active := "asynq:{" + worker.Queue + "}:active"
+	if err := e.rdb.LPush(ctx, active, worker.TaskID(fast.ID, 0), worker.TaskID(fast.ID, 1)).Err(); err != nil {
+		t.Fatal(err)
+	}
+	e.launch(t, "other", 40) // its batch waits in the queue
+	err := h.RunBatch(ctx, fast.ID, 1)
+	var re *worker.RetryError
+	if !errors.As(err, &re) || !re.Wait || re.Failure || !strings.Contains(re.Error(), "more than its share") {
+		t.Fatalf("the run returned %v; want batch 1, over its campaign's share, handed back as a wait", err)
+	}
+	if c := e.counts(t, fast.ID); c.Sent != 0 || p.calls() != 0 {
+		t.Fatalf("counts %+v, %d calls; want nothing sent", c, p.calls())
+	}
+	// Batch 0, within the share (the first by number), goes to its end.
+	if err := h.RunBatch(ctx, fast.ID, 0); err != nil {
+		t.Fatalf("within its share the run returned %v; want it to end its batch", err)
+	}
+	if c := e.counts(t, fast.ID); c.Sent != 20 || p.calls() != 20 {
+		t.Fatalf("counts %+v, %d calls; want batch 0's 20 sent once", c, p.calls())
+	}
+}
