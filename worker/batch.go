@@ -193,6 +193,10 @@ func (h *Handler) RunBatch(ctx context.Context, campaignID int64, batch int) err
 	defer h.leaseLive(run.lease.Token, false)
 	run.liveGen = h.cfg.Liveness.Gen()
 	run.guard = state.Guard{Epoch: epoch, Fence: state.FenceKey(run.lease.Token), Halt: state.HaltKey(c.ID)}
+	// A run that starts over its campaign's share of the slots hands its batch back before it reads it.
+	if h.overShare(ctx, run) {
+		return errOverShare()
+	}
 	recipients, err := h.cfg.Store.LoadBatch(ctx, c.ID, batch)
 	if err != nil {
 		return waitForServices(err)
@@ -258,19 +262,10 @@ func (h *Handler) RunBatch(ctx context.Context, campaignID int64, batch int) err
 	queue := recipients
 	runStart := time.Now()
 	for (len(queue) > 0 || len(run.carried) > 0) && stop == nil {
-		// Campaigns share the worker slots: a campaign at --rate 100 with a hundred batches held every slot,
-		// each run waiting for its share of the cap, and a campaign launched after it sent nothing until it
-		// ended (an outside run: 90 s and counting, of 8.5 min). A run of a campaign holding more than its
-		// share while another campaign's batch waits hands its batch back: at once when it starts, or, under
-		// a cap, after TurnAfter at the end of a chunk. A run without a cap is checked when it starts only
-		// (its sends are in flight afterwards, and it ends its batch quickly): before, a campaign without a
-		// cap took every slot a capped one freed, and the capped one sent nothing until the other's queued
-		// batches had all started.
-		capped := !run.answerInNextClaim
-		if (chunks == 0 || capped && time.Since(runStart) >= h.cfg.TurnAfter) && len(run.carried) == 0 && run.provider != nil &&
-			run.c.State == campaign.StateRunning && h.cfg.TurnAfter > 0 && h.turnOver(ctx, c.ID, batch) {
-			stop = &RetryError{Err: errors.New("batch handed back: its campaign holds more than its share of the worker slots while a batch of another campaign waits"),
-				After: time.Second, Wait: true}
+		// A run under a cap over its campaign's share hands the rest of its batch back at the end of a chunk
+		// past TurnAfter (see overShare; the share was checked when it started).
+		if !run.answerInNextClaim && time.Since(runStart) >= h.cfg.TurnAfter && len(run.carried) == 0 && h.overShare(ctx, run) {
+			stop = errOverShare()
 			break
 		}
 		if share != nil {
@@ -460,6 +455,25 @@ const pendingLook = 2000
 type queueView struct {
 	pending map[int64]bool
 	active  map[int64][]int
+}
+
+// overShare says whether run hands its batch back because campaigns share the worker slots: a campaign at
+// --rate 100 with a hundred batches held every slot, each run waiting for its share of the cap, and a
+// campaign launched after it sent nothing until it ended (an outside run: 90 s and counting, of 8.5 min);
+// a campaign without a cap took every slot a capped one's runs freed, and the capped one sent nothing
+// until the other's queued batches had all started. A running campaign's run holding more than its share
+// while another campaign's batch waits (turnOver) hands its batch back: at once when it starts, or, under a
+// cap, at the end of a chunk past TurnAfter. A run without a cap is checked when it starts only: its sends
+// are in flight afterwards, and it ends its batch quickly.
+func (h *Handler) overShare(ctx context.Context, run *batchRun) bool {
+	return run.provider != nil && run.c.State == campaign.StateRunning && h.cfg.TurnAfter > 0 && h.turnOver(ctx, run.c.ID, run.batch)
+}
+
+// errOverShare is the wait of a run that hands its batch back (overShare): not a failure, tried again in a
+// second, behind the batches waiting.
+func errOverShare() error {
+	return &RetryError{Err: errors.New("batch handed back: its campaign holds more than its share of the worker slots while a batch of another campaign waits"),
+		After: time.Second, Wait: true}
 }
 
 // turnOver says whether the run of batch of campaign id hands its batch back: a batch of another campaign
