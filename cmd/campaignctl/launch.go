@@ -54,7 +54,7 @@ func (o *launchOptions) validate() error {
 	}
 	if len(missing) > 0 {
 		sort.Strings(missing)
-		return usagef("missing %s; e.g. campaignctl launch --name yaz-2026 --channel sms --audience audience.sql --message 'Merhaba {{.first_name}}, kodunuz {{.code}}' --code-pool yaz", strings.Join(missing, ", "))
+		return usagef("missing %s; e.g. SENDER_IDENTITY='Kampanya A.Ş.' campaignctl launch --name yaz-2026 --channel sms --audience audience.sql --message 'Kampanya A.Ş.: Merhaba {{.first_name}}, kodunuz {{.code}}. RET yazıp 3338e gönderin' --code-pool yaz", strings.Join(missing, ", "))
 	}
 	if _, err := campaign.ParseChannel(o.channel); err != nil {
 		return err
@@ -105,8 +105,10 @@ for email, push_token for push; webhook needs user_id only); every other column 
 For sms and email only recipients with İYS ONAY (MESAJ or EPOSTA, BIREYSEL unless --recipient-type TACIR)
 are kept; push and webhook keep the rows whose <channel>_opt_in is true. One unique code per recipient is
 reserved from --code-pool before anything is queued. --dry-run shows the same report and writes nothing.`,
-		Example: `  campaignctl launch --name yaz-2026 --channel sms --audience audience.sql \
-    --message 'Merhaba {{.first_name}}, kodunuz {{.code}}' --code-pool yaz --dry-run
+		Example: `  # A commercial SMS carries the sender's identity (SENDER_IDENTITY) and how to refuse (law 6563).
+  SENDER_IDENTITY='Kampanya A.Ş.' campaignctl launch --name yaz-2026 --channel sms --audience audience.sql \
+    --message 'Kampanya A.Ş.: Merhaba {{.first_name}}, kodunuz {{.code}}. RET yazıp 3338e gönderin' \
+    --code-pool yaz --dry-run
   campaignctl launch ... --yes --watch`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
