@@ -67,13 +67,20 @@ func ParseReportStatuses(s string) ([]string, error) {
 		case f == "":
 			continue
 		case !slices.Contains(ReportStatuses, f):
-			return nil, fmt.Errorf("%w: unknown status %q; use one or more of %s, comma-separated", ErrInvalid, f, strings.Join(ReportStatuses, ", "))
+			return nil, inputError(fmt.Sprintf("unknown status %q; use one or more of %s, comma-separated", f, strings.Join(ReportStatuses, ", ")))
 		case !slices.Contains(out, f):
 			out = append(out, f)
 		}
 	}
 	return out, nil
 }
+
+// inputError is an ErrInvalid about input that is not a campaign's (a report's status filter): its message
+// is its own, without ErrInvalid's "invalid campaign".
+type inputError string
+
+func (e inputError) Error() string        { return string(e) }
+func (e inputError) Is(target error) bool { return target == ErrInvalid }
 
 // Report calls fn with every audience row of campaign id whose status is one of statuses (none: every
 // row): the planned recipients first, then the excluded rows. The rows are streamed from one statement

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/csv"
 	"encoding/json"
+	"fmt"
 	"regexp"
 	"strconv"
 	"strings"
@@ -30,7 +31,7 @@ func (o *reportOptions) validate() error {
 	}
 	st, err := campaign.ParseReportStatuses(o.status)
 	if err != nil {
-		return usageError{err}
+		return usageError{fmt.Errorf("--status: %w", err)}
 	}
 	o.statuses = st
 	return nil
