@@ -171,9 +171,9 @@ each chunk's users on AUDIENCE_DATABASE_URL (default: the engine database), as t
 			})
 			channels := make([]string, 0, len(set.primary))
 			for ch, p := range set.primary {
-				desc := fmt.Sprintf("%s=%s (%g/s)", ch, p.Name(), set.rates[p.Name()])
+				desc := fmt.Sprintf("%s=%s (%s)", ch, p.Name(), capText(set.rates[p.Name()]))
 				if fb := set.fallback[ch]; fb != nil {
-					desc += fmt.Sprintf(", failing over to %s (%g/s)", fb.Name(), set.rates[fb.Name()])
+					desc += fmt.Sprintf(", failing over to %s (%s)", fb.Name(), capText(set.rates[fb.Name()]))
 				}
 				channels = append(channels, desc)
 			}
@@ -277,4 +277,12 @@ func applyMemoryLimit(mib int, given bool, log *slog.Logger) {
 		debug.SetGCPercent(200)
 	}
 	log.Debug("memory limit", "mib", mib)
+}
+
+// capText says a provider's cap for the worker's start log: "100/s", or "no cap" for 0.
+func capText(rate float64) string {
+	if rate <= 0 {
+		return "no cap"
+	}
+	return fmt.Sprintf("%g/s", rate)
 }
