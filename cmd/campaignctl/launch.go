@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"maps"
+	"math"
 	"os"
 	"regexp"
 	"slices"
@@ -486,8 +487,11 @@ func rateDigits(r float64) int {
 		return 0
 	case r >= 1:
 		return 1
+	case r <= 0 || r >= 0.01:
+		return 2
 	}
-	return 2
+	// Below 0.01 msg/s (--rate 0.001): two significant digits, not "0.00".
+	return min(9, 1-int(math.Floor(math.Log10(r))))
 }
 
 // etaText says how long seconds is, as a duration (2h46m40s), or in days beyond a year.
