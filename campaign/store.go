@@ -421,12 +421,15 @@ const sqlLateAnswer = "'" + LateAnswer + "'"
 // --resend-unknown`). The row keeps the mark (migration 0013).
 const everUnknown = `r.ever_unknown`
 
-// StartIfDue moves a scheduled campaign whose start time has come to running, and reports its state.
+// StartIfDue moves a scheduled campaign whose start time has come to running, and reports its state. A
+// running campaign that has not started yet (launched without --at: started_at is when a worker first
+// runs a batch of it, inside its window) starts now.
 func (s *Store) StartIfDue(ctx context.Context, id int64) (State, error) {
 	var st State
 	err := s.pool.QueryRow(ctx, `WITH u AS (
-			UPDATE campaigns SET state = `+sqlStateRunning+`, started_at = now()
-			WHERE id = $1 AND state = `+sqlStateScheduled+` AND (start_at IS NULL OR start_at <= now())
+			UPDATE campaigns SET state = `+sqlStateRunning+`, started_at = coalesce(started_at, now())
+			WHERE id = $1 AND (state = `+sqlStateScheduled+` AND (start_at IS NULL OR start_at <= now())
+				OR state = `+sqlStateRunning+` AND started_at IS NULL)
 			RETURNING state)
 		SELECT coalesce((SELECT state FROM u), (SELECT state FROM campaigns WHERE id = $1))`, id).Scan(&st)
 	if err != nil {

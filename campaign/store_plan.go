@@ -175,7 +175,8 @@ func (p *Planner) plan(ctx context.Context, spec Spec, tmpl *Template, rep *Repo
 		rep.WindowZone = spec.Window.Zone.String()
 	}
 	if _, err := tx.Exec(ctx, `UPDATE campaigns SET audience = $2, eligible = $3, excluded = $4, batches = $5, state = $6,
-		started_at = CASE WHEN $6 = `+sqlStateRunning+` THEN now() END, finished_at = CASE WHEN $6 = `+sqlStateCompleted+` THEN now() END,
+		-- started_at: when a worker first runs a batch of it (StartIfDue), inside its window, not now.
+		started_at = NULL, finished_at = CASE WHEN $6 = `+sqlStateCompleted+` THEN now() END,
 		consent_version = $7, batch_size = $8 WHERE id = $1`,
 		id, rep.Audience, rep.Eligible, excluded, BatchCount(rep.Eligible, spec.BatchSize), state, consentVersion, spec.BatchSize); err != nil {
 		return fmt.Errorf("plan: %w", err)

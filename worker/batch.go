@@ -154,6 +154,12 @@ func (h *Handler) RunBatch(ctx context.Context, campaignID int64, batch int) err
 		if c.State == campaign.StateScheduled && c.StartAt != nil {
 			return &RetryError{Err: fmt.Errorf("campaign %d starts at %s", c.ID, c.StartAt.Format(time.RFC3339)), After: time.Until(*c.StartAt), Wait: true}
 		}
+	} else if c.State == campaign.StateRunning && c.StartedAt == nil && c.Window.Open(h.cfg.Now()) {
+		// Launched without --at, it starts when a worker first runs a batch of it inside its window: with
+		// the window closed at the launch, or no worker running then, started_at said the launch.
+		if c.State, err = h.cfg.Store.StartIfDue(ctx, c.ID); err != nil {
+			return waitForServices(err)
+		}
 	}
 	if _, retry, done := stateGate(c.ID, c.State); retry != nil || done {
 		if done {

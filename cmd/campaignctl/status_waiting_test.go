@@ -34,9 +34,10 @@ func TestStatusExplainsItselfAndAnswersWithoutRedis(t *testing.T) {
 	if code != 0 || json.Unmarshal([]byte(out), &st) != nil {
 		t.Fatalf("status: exit %d %s %s", code, out, stderr)
 	}
-	if st.Waiting == nil || st.Waiting.Reason != "no_worker" || !strings.Contains(st.Waiting.Detail, "campaignctl worker") || st.StartedAt == "" ||
-		st.SkippedByReason == nil || st.FailedByReason == nil {
-		t.Fatalf("status %s: want waiting no_worker naming the fix, started_at, reason maps", out)
+	// No worker has run a batch of it: running, not started (started_at null).
+	if st.Waiting == nil || st.Waiting.Reason != "no_worker" || !strings.Contains(st.Waiting.Detail, "campaignctl worker") || st.StartedAt != "" ||
+		st.State != "running" || st.SkippedByReason == nil || st.FailedByReason == nil {
+		t.Fatalf("status %s: want running, waiting no_worker naming the fix, started_at null until a worker runs a batch, reason maps", out)
 	}
 	if out, _, _ = cli(t, env, "status", id, "--tz", "UTC"); !strings.Contains(out, "waiting") || !strings.Contains(out, "no_worker") || !strings.Contains(out, "UTC") {
 		t.Fatalf("status table: %s", out)
