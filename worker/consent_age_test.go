@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -96,5 +97,58 @@ func syncedNow(t *testing.T) func(db *pgxpool.Pool, launch func()) {
 			t.Fatal(err)
 		}
 		launch()
+	}
+}
+
+// --max-consent-age holds for a chunk that waits for its tokens too: eight batch runs share a --rate of 2,
+// each holding a leased one-recipient chunk while it waits its turn (about 4 s). Checked at each chunk's
+// start only, the chunks leased just before the consents' age ran out went seconds after it (outside, under
+// --rate 1: 9 messages in the 9 s after); now each run stops at its next send past the age, and hands
+// its batch to the DLQ naming the sync.
+func TestAChunkWaitingForItsTokensStopsWhenTheConsentsAgeRunsOut(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	const maxAge = 3 * time.Second
+	f := planAround(t, 60, func(s *campaign.Spec) { s.MaxConsentAge, s.Rate, s.BatchSize = maxAge, 2, 6 }, syncedNow(t))
+	var synced time.Time
+	if err := f.db.QueryRow(ctx, `SELECT last_success_at FROM iys_sync_state`).Scan(&synced); err != nil {
+		t.Fatal(err)
+	}
+	expiry := synced.Add(maxAge)
+	var mu sync.Mutex
+	var last time.Time
+	f.provider.before = func(providers.Message) {
+		mu.Lock()
+		defer mu.Unlock()
+		if now := time.Now(); now.After(last) {
+			last = now
+		}
+	}
+	h := NewHandler(Config{Store: f.store, Redis: f.rdb, Owner: "test", SendWindow: 1,
+		Providers: map[campaign.Channel]providers.Provider{campaign.ChannelSMS: f.provider}, ProviderRates: map[string]float64{}})
+	errs := make(chan error, 8)
+	for b := range 8 {
+		go func() { errs <- h.RunBatch(ctx, f.id, b) }()
+	}
+	stopped := 0
+	for range 8 {
+		err := <-errs
+		switch {
+		case err == nil:
+		case errors.Is(err, asynq.SkipRetry) && strings.Contains(err.Error(), "iys sync"):
+			stopped++
+		default:
+			t.Fatalf("a batch run returned %v; want it done, or handed to the DLQ naming `campaignctl iys sync`", err)
+		}
+	}
+	if stopped == 0 {
+		t.Fatal("no batch run stopped for the consents' age")
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	late := last.Sub(expiry)
+	t.Logf("%d runs stopped; the last message went %v after the consents' age ran out", stopped, late)
+	if late > 2*time.Second {
+		t.Fatalf("the last message went %v after the consents' age ran out (%v); want at most about a second (a chunk's consents are read again when a second old)", late, expiry)
 	}
 }

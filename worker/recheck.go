@@ -2,6 +2,7 @@ package worker
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -30,6 +31,19 @@ func (h *Handler) recheck(ctx context.Context, run *batchRun, rs []*campaign.Rec
 func (h *Handler) recheckAhead(ctx context.Context, run *batchRun, rs []*campaign.Recipient, whole bool, ahead time.Duration) (map[string]bool, error) {
 	if len(rs) == 0 || !h.consentStaleIn(run, ahead) {
 		return nil, nil
+	}
+	// The campaign's --max-consent-age holds for these sends too, not only at the chunk's start: under
+	// --rate 1 shared by many batch runs, each holding a leased chunk while it waited its turn for a token,
+	// 9 messages went in the 9 s after the consents' age ran out. The batch stops as at a chunk's start.
+	if !run.consentUntil.IsZero() && !time.Now().Add(ahead).Before(run.consentUntil) {
+		why, err := h.consentsAgedOut(ctx, run)
+		if err != nil {
+			return nil, err
+		}
+		if why != "" {
+			h.log.Error("batch stopped: consents too old", "campaign_id", run.c.ID, "batch", run.batch, "detail", why)
+			return nil, toDLQ(errors.New(why))
+		}
 	}
 	users := make([]string, len(rs))
 	for i, r := range rs {
