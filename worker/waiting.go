@@ -37,6 +37,15 @@ const (
 // Waiting is what a campaign waits on (CampaignStatus.Waiting).
 type Waiting = state.Waiting
 
+// consentsFirst is what a redis_lost_data detail adds when the campaign's consents are older than its
+// --max-consent-age: resume refuses them until they are brought up to date, so the sync comes first.
+func consentsFirst(c *campaign.Campaign) string {
+	if c.ConsentStale() == "" {
+		return ""
+	}
+	return fmt.Sprintf(". First run campaignctl iys sync (or import a fresh complete İYS export): the campaign's consents are older than its --max-consent-age %v, and resume refuses them until they are brought up to date", c.MaxConsentAge)
+}
+
 // waitingOf says why campaign c, with counts and dlq batches in the dead-letter queue, is not moving, or
 // nil when nothing holds it (it moves, or it is over). Each reason is read from where it lives: the
 // campaign (scheduled, paused, window), the workers' heartbeats (no worker, none for the channel), the
@@ -70,7 +79,7 @@ func waitingOf(ctx context.Context, env *waitEnv, c *campaign.Campaign, counts c
 		if err != nil {
 			return nil, err
 		}
-		return &Waiting{Reason: WaitRedisLostData, Detail: detail, Since: since}, nil
+		return &Waiting{Reason: WaitRedisLostData, Detail: detail + consentsFirst(c), Since: since}, nil
 	}
 	if queued == 0 && dlq.n == 0 {
 		// A launch that stopped (killed, Redis or Postgres away) between its plan's commit and its
@@ -79,7 +88,7 @@ func waitingOf(ctx context.Context, env *waitEnv, c *campaign.Campaign, counts c
 			return nil, err
 		} else if never {
 			return &Waiting{Reason: WaitRedisLostData, Detail: fmt.Sprintf("the launch stopped before it queued any of the campaign's %s (Redis itself lost nothing; a batch missing from the queue is reported as redis_lost_data whatever took it): run campaignctl resume %d, which queues them",
-				counted(c.Batches, "batch", "batches"), id)}, nil
+				counted(c.Batches, "batch", "batches"), id) + consentsFirst(c)}, nil
 		}
 	}
 	if c.StartAt != nil && c.StartAt.After(now) {

@@ -11,6 +11,7 @@ import (
 
 	"github.com/hibiken/asynq"
 
+	"github.com/campaignctl/campaignctl/campaign"
 	"github.com/campaignctl/campaignctl/internal/state"
 	"github.com/campaignctl/campaignctl/limiter"
 	"github.com/campaignctl/campaignctl/providers"
@@ -501,5 +502,37 @@ func (f *fixture) enqueueFirstBatch(t *testing.T, client *asynq.Client, opts ...
 	}
 	if _, err := client.Enqueue(task, o...); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// After a Redis loss, a campaign whose consents are older than its --max-consent-age is told to sync
+// first: resume refuses such consents, and redis_lost_data said only "Run campaignctl resume N" (an
+// outside run: the command it named exited 2).
+func TestRedisLostDataNamesTheSyncWhenTheConsentsAreTooOld(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	f := planAround(t, 10, func(s *campaign.Spec) { s.MaxConsentAge = 24 * time.Hour }, syncedNow(t))
+	if _, err := f.db.Exec(ctx, `UPDATE campaign_batches SET enqueued_at = now() WHERE campaign_id = $1`, f.id); err != nil {
+		t.Fatal(err)
+	}
+	detail := func(step string) string {
+		t.Helper()
+		s, err := Status(ctx, StatusOptions{Store: f.store, Redis: f.rdb, CampaignID: f.id})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if s.Waiting == nil || s.Waiting.Reason != WaitRedisLostData {
+			t.Fatalf("%s: waiting %+v, want %s", step, s.Waiting, WaitRedisLostData)
+		}
+		return s.Waiting.Detail
+	}
+	if d := detail("consents young enough"); !strings.Contains(d, "campaignctl resume") || strings.Contains(d, "iys sync") {
+		t.Fatalf("consents young enough: detail %q; want resume, no sync", d)
+	}
+	if _, err := f.db.Exec(ctx, `UPDATE iys_sync_state SET last_success_at = now() - interval '3 days'`); err != nil {
+		t.Fatal(err)
+	}
+	if d := detail("consents 3 days old"); !strings.Contains(d, "campaignctl resume") || !strings.Contains(d, "First run campaignctl iys sync") {
+		t.Fatalf("consents 3 days old (--max-consent-age 24h): detail %q; want the sync named before the resume", d)
 	}
 }
