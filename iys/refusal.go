@@ -61,9 +61,13 @@ type Refusal struct {
 	Suppressed bool
 }
 
-// source is the İYS source a refusal of r's type is registered with.
-func (r Refusal) source() string {
-	if r.Type == "EPOSTA" {
+// source is the İYS source a refusal of r's type is registered with (RefusalSource).
+func (r Refusal) source() string { return RefusalSource(r.Type) }
+
+// RefusalSource is the İYS source of a refusal of consent type typ received through the channel's own
+// messages: HS_EPOSTA for EPOSTA, HS_MESAJ otherwise.
+func RefusalSource(typ string) string {
+	if typ == TypeEmail {
 		return SourceEmail
 	}
 	return SourceSMS

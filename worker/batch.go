@@ -1240,11 +1240,7 @@ func (run *batchRun) add(o campaign.Outcome) {
 // refusedLocally is the consent a skip decided at on a refusal not yet in Postgres: a RET received through
 // the channel's own messages (İYS's HS_MESAJ or HS_EPOSTA), dated when the skip was decided.
 func refusedLocally(c *campaign.Campaign, at time.Time) campaign.ConsentRecord {
-	src := iys.SourceSMS
-	if c.Channel.IYSType() == iys.TypeEmail {
-		src = iys.SourceEmail
-	}
-	return campaign.ConsentRecord{Status: iys.StatusRejected, Source: src, Date: at}
+	return campaign.ConsentRecord{Status: iys.StatusRejected, Source: iys.RefusalSource(c.Channel.IYSType()), Date: at}
 }
 
 // inHand lists the users the run must leave in its chunk in hand when it records (see inherited).
