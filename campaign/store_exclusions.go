@@ -58,7 +58,7 @@ func (p *Planner) insertExclusions(ctx context.Context, tx pgx.Tx, id int64) err
 }
 
 // ParseReportStatuses reads a comma-separated list of report statuses ("" or "all": every one). An
-// unknown status is an ErrInvalid that names the valid ones.
+// unknown status is an error that names the valid ones (the caller's usage error: it is not a campaign's).
 func ParseReportStatuses(s string) ([]string, error) {
 	var out []string
 	for _, f := range strings.Split(s, ",") {
@@ -67,20 +67,13 @@ func ParseReportStatuses(s string) ([]string, error) {
 		case f == "":
 			continue
 		case !slices.Contains(ReportStatuses, f):
-			return nil, inputError(fmt.Sprintf("unknown status %q; use one or more of %s, comma-separated", f, strings.Join(ReportStatuses, ", ")))
+			return nil, fmt.Errorf("unknown status %q; use one or more of %s, comma-separated", f, strings.Join(ReportStatuses, ", "))
 		case !slices.Contains(out, f):
 			out = append(out, f)
 		}
 	}
 	return out, nil
 }
-
-// inputError is an ErrInvalid about input that is not a campaign's (a report's status filter): its message
-// is its own, without ErrInvalid's "invalid campaign".
-type inputError string
-
-func (e inputError) Error() string        { return string(e) }
-func (e inputError) Is(target error) bool { return target == ErrInvalid }
 
 // Report calls fn with every audience row of campaign id whose status is one of statuses (none: every
 // row): the planned recipients first, then the excluded rows. The rows are streamed from one statement
