@@ -24,17 +24,7 @@ func TestRedisLostDataSaysSinceWhen(t *testing.T) {
 	t.Parallel()
 	f := plan(t, 30)
 	ctx := context.Background()
-	since := func(step string) *time.Time {
-		t.Helper()
-		s, err := Status(ctx, StatusOptions{Store: f.store, Redis: f.rdb, CampaignID: f.id})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if s.Waiting == nil || s.Waiting.Reason != WaitRedisLostData {
-			t.Fatalf("%s: waiting %+v, want %s", step, s.Waiting, WaitRedisLostData)
-		}
-		return s.Waiting.Since
-	}
+	since := func(step string) *time.Time { return lostData(t, f, step).Since }
 	c := f.campaign(t)
 	// Its batches were queued, as a launch queues them (an unqueued launch says so instead).
 	if _, err := f.db.Exec(ctx, `UPDATE campaign_batches SET enqueued_at = now() WHERE campaign_id = $1`, f.id); err != nil {
@@ -505,6 +495,19 @@ func (f *fixture) enqueueFirstBatch(t *testing.T, client *asynq.Client, opts ...
 	}
 }
 
+// lostData reads f's campaign's status, which must wait with redis_lost_data (step names the moment).
+func lostData(t *testing.T, f *fixture, step string) *Waiting {
+	t.Helper()
+	s, err := Status(context.Background(), StatusOptions{Store: f.store, Redis: f.rdb, CampaignID: f.id})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.Waiting == nil || s.Waiting.Reason != WaitRedisLostData {
+		t.Fatalf("%s: waiting %+v, want %s", step, s.Waiting, WaitRedisLostData)
+	}
+	return s.Waiting
+}
+
 // After a Redis loss, a campaign whose consents are older than its --max-consent-age is told to sync
 // first: resume refuses such consents, and redis_lost_data said only "Run campaignctl resume N" (an
 // outside run: the command it named exited 2).
@@ -515,17 +518,7 @@ func TestRedisLostDataNamesTheSyncWhenTheConsentsAreTooOld(t *testing.T) {
 	if _, err := f.db.Exec(ctx, `UPDATE campaign_batches SET enqueued_at = now() WHERE campaign_id = $1`, f.id); err != nil {
 		t.Fatal(err)
 	}
-	detail := func(step string) string {
-		t.Helper()
-		s, err := Status(ctx, StatusOptions{Store: f.store, Redis: f.rdb, CampaignID: f.id})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if s.Waiting == nil || s.Waiting.Reason != WaitRedisLostData {
-			t.Fatalf("%s: waiting %+v, want %s", step, s.Waiting, WaitRedisLostData)
-		}
-		return s.Waiting.Detail
-	}
+	detail := func(step string) string { return lostData(t, f, step).Detail }
 	if d := detail("consents young enough"); !strings.Contains(d, "campaignctl resume") || strings.Contains(d, "iys sync") {
 		t.Fatalf("consents young enough: detail %q; want resume, no sync", d)
 	}
