@@ -100,3 +100,9 @@ func ForgetUnanswered(ctx context.Context, rdb redis.UniversalClient, c *campaig
 func CheckEpochOnConnect(next func(context.Context, *redis.Conn) error, log *slog.Logger) func(context.Context, *redis.Conn) error {
 	return state.CheckEpochOnConnect(next, log)
 }
+
+// CheckMasterOnConnect returns a go-redis OnConnect hook that checks every new connection reached the
+// master, creating and renewing no epoch: for a client that takes no claims (see state.CheckMasterOnConnect).
+func CheckMasterOnConnect(next func(context.Context, *redis.Conn) error) func(context.Context, *redis.Conn) error {
+	return state.CheckMasterOnConnect(next)
+}

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/campaignctl/campaignctl/internal/testdb"
 	"github.com/campaignctl/campaignctl/internal/testredis"
@@ -175,6 +176,17 @@ func TestBadInputIsRefusedClearlyAndNothingIsWritten(t *testing.T) {
 	}
 	if n := campaigns(); n != 0 {
 		t.Fatalf("refused launches left %d campaigns", n)
+	}
+	// Nor anything in Redis: the launches that got as far as connecting (an unknown pool, too few codes, an
+	// audience that fails) had created the Redis epoch's three keys.
+	opt, err := redis.ParseURL(env["REDIS_URL"])
+	if err != nil {
+		t.Fatal(err)
+	}
+	rdb := redis.NewClient(opt)
+	defer rdb.Close()
+	if keys, err := rdb.Keys(context.Background(), "*").Result(); err != nil || len(keys) != 0 {
+		t.Fatalf("refused launches left keys in Redis: %v (err %v)", keys, err)
 	}
 	// An audience file that starts with a byte order mark (as editors on Windows save it) is read as the
 	// SQL after it: Postgres reported a syntax error "at or near SELECT", the mark unseen.

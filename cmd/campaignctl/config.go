@@ -238,7 +238,18 @@ func (a *app) newRedis() (rdb *redis.Client, where string, err error) {
 
 // openRedis connects to Redis and checks it answers.
 func (a *app) openRedis(ctx context.Context) (*redis.Client, error) {
-	rdb, where, err := a.newRedis()
+	return a.pingRedis(ctx, a.newRedis)
+}
+
+// openQueueRedis is openRedis for a command that takes no claim (launch): see queueRedisClient.
+func (a *app) openQueueRedis(ctx context.Context) (*redis.Client, error) {
+	return a.pingRedis(ctx, func() (*redis.Client, string, error) {
+		return queueRedisClient(a.setting(a.redisURL, "REDIS_URL", defaultRedisURL))
+	})
+}
+
+func (a *app) pingRedis(ctx context.Context, newRedis func() (*redis.Client, string, error)) (*redis.Client, error) {
+	rdb, where, err := newRedis()
 	if err != nil {
 		return nil, usagef("%s: %v", a.redisName(), err)
 	}

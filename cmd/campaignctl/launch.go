@@ -256,7 +256,9 @@ func (a *app) launch(ctx context.Context, o launchOptions) error {
 	var svc *services
 	if !o.dryRun {
 		// Redis must be there before anything is written: a plan that cannot be queued is only half a launch.
-		rdb, err := a.openRedis(ctx)
+		// The launch takes no claim: its connection creates no epoch, so a refused launch leaves Redis as it
+		// was.
+		rdb, err := a.openQueueRedis(ctx)
 		if err != nil {
 			return err
 		}

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"log/slog"
 	"net/url"
@@ -28,12 +29,25 @@ const sentinelScheme = "redis+sentinel"
 // after a failover or a restart the epoch is renewed before anything is claimed on the new master, and a
 // connection to a replica is refused. log (may be nil) is told when the epoch was renewed.
 func redisClient(raw string, log *slog.Logger) (*redis.Client, string, error) {
+	return newRedisClient(raw, func(next onConnect) onConnect { return worker.CheckEpochOnConnect(next, log) })
+}
+
+// queueRedisClient is redisClient for a command that queues work but takes no claim (launch): its
+// connections are refused on a replica as well, but they neither create nor renew the epoch
+// (worker.CheckMasterOnConnect), so a launch refused after it connected leaves Redis as it found it.
+func queueRedisClient(raw string) (*redis.Client, string, error) {
+	return newRedisClient(raw, worker.CheckMasterOnConnect)
+}
+
+type onConnect = func(context.Context, *redis.Conn) error
+
+func newRedisClient(raw string, check func(next onConnect) onConnect) (*redis.Client, string, error) {
 	if strings.HasPrefix(raw, sentinelScheme+"://") {
 		opt, err := parseSentinelURL(raw)
 		if err != nil {
 			return nil, "", err
 		}
-		opt.OnConnect = worker.CheckEpochOnConnect(opt.OnConnect, log)
+		opt.OnConnect = check(opt.OnConnect)
 		return redis.NewFailoverClient(opt), "sentinels " + strings.Join(opt.SentinelAddrs, ",") + " master " + opt.MasterName, nil
 	}
 	if strings.HasPrefix(raw, "redis+cluster://") {
@@ -44,7 +58,7 @@ func redisClient(raw string, log *slog.Logger) (*redis.Client, string, error) {
 		// the parser's error quotes the whole URL, password included
 		return nil, "", fmt.Errorf("not a valid Redis URL (%s); use redis://[:password@]host:port/db, rediss:// for TLS, or %s://host:26379,host2:26379/MASTER/db", redact(raw), sentinelScheme)
 	}
-	opt.OnConnect = worker.CheckEpochOnConnect(opt.OnConnect, log)
+	opt.OnConnect = check(opt.OnConnect)
 	return redis.NewClient(opt), opt.Addr, nil
 }
 

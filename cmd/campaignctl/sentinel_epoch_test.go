@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/campaignctl/campaignctl/internal/testredis"
 	"github.com/campaignctl/campaignctl/worker"
 )
@@ -70,12 +72,32 @@ func TestSentinelFailoverToALaggingReplicaRenewsTheEpoch(t *testing.T) {
 func TestRedisURLOfAReplicaIsRefused(t *testing.T) {
 	t.Parallel()
 	replica := testredis.StartServer(t).StartReplica(t)
-	rdb, _, err := redisClient(replica.URL(), nil)
+	clients := map[string]func(string) (*redis.Client, string, error){
+		"a worker's":                     func(u string) (*redis.Client, string, error) { return redisClient(u, nil) },
+		"a launch's (it makes no epoch)": queueRedisClient,
+	}
+	for name, client := range clients {
+		rdb, _, err := client(replica.URL())
+		if err != nil {
+			t.Fatal(err)
+		}
+		err = rdb.Ping(context.Background()).Err()
+		rdb.Close()
+		if !errors.Is(err, worker.ErrNotMaster) {
+			t.Errorf("PING through %s client of a replica: %v, want ErrNotMaster", name, err)
+		}
+	}
+	// The master itself is fine for a launch, and keeps no epoch of it.
+	master := testredis.StartServer(t)
+	rdb, _, err := queueRedisClient(master.URL())
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer rdb.Close()
-	if err := rdb.Ping(context.Background()).Err(); !errors.Is(err, worker.ErrNotMaster) {
-		t.Fatalf("PING through a client of a replica: %v, want ErrNotMaster", err)
+	if err := rdb.Ping(context.Background()).Err(); err != nil {
+		t.Fatalf("PING through a launch's client of a master: %v", err)
+	}
+	if n, err := rdb.DBSize(context.Background()).Result(); err != nil || n != 0 {
+		t.Fatalf("a launch's connection wrote %d keys (%v)", n, err)
 	}
 }

@@ -111,7 +111,7 @@ func (a *app) testSend(ctx context.Context, o launchOptions, spec campaign.Spec,
 	if p == nil {
 		return usagef("no provider is configured for %s: set its settings (see campaignctl worker --help); nothing was sent", ch)
 	}
-	rdb, err := a.openRedis(ctx)
+	rdb, err := a.openQueueRedis(ctx) // no claim: a test send refused here leaves Redis as it was
 	if err != nil {
 		return err
 	}

@@ -42,3 +42,32 @@ func CheckEpochOnConnect(next func(context.Context, *redis.Conn) error, log *slo
 		return nil
 	}
 }
+
+// CheckMasterOnConnect returns a go-redis OnConnect hook for a client that takes no claims (a launch, which
+// only queues): every new connection checks that it reached the master, as CheckEpochOnConnect does, but
+// it neither creates nor renews the epoch. So a command refused after it connected leaves Redis as it
+// found it; the workers' own connections create or renew the epoch before any claim. Connections to a
+// Sentinel are left alone. next, when not nil, runs after the check.
+func CheckMasterOnConnect(next func(context.Context, *redis.Conn) error) func(context.Context, *redis.Conn) error {
+	return func(ctx context.Context, cn *redis.Conn) error {
+		info, err := cn.Info(ctx, "server", "replication").Result()
+		if err != nil {
+			return fmt.Errorf("redis role check on connect: %w", err)
+		}
+		if !strings.Contains(info, "redis_mode:sentinel") {
+			role := "unknown"
+			for _, line := range strings.Split(info, "\n") {
+				if v, ok := strings.CutPrefix(strings.TrimSpace(line), "role:"); ok {
+					role = v
+				}
+			}
+			if role != "master" {
+				return fmt.Errorf("redis role check: %w (role:%s)", ErrNotMaster, role)
+			}
+		}
+		if next != nil {
+			return next(ctx, cn)
+		}
+		return nil
+	}
+}
