@@ -250,6 +250,11 @@ func TestServicesUnreachableSayWhereAndWhatToRun(t *testing.T) {
 	if code != 1 || !strings.Contains(stderr, "Postgres is not reachable at 127.0.0.1:1") || !strings.Contains(stderr, "DATABASE_URL") {
 		t.Fatalf("Postgres down: exit %d, stderr %q", code, stderr)
 	}
+	// Without sslmode pgx tries with TLS and then without: the reason, the same both times, is said once.
+	noPG["DATABASE_URL"] = "postgres://postgres@127.0.0.1:1/campaignctl"
+	if _, stderr, code = cli(t, noPG, "status"); code != 1 || strings.Count(stderr, "connection refused") != 1 {
+		t.Fatalf("Postgres down, sslmode not set: exit %d, want 1 and the reason once; stderr %q", code, stderr)
+	}
 
 	// A server that answers but refuses the URL's user or lacks its database: the URL is the user's to fix
 	// (exit 2), and the message says so rather than "start it"; the password is not printed.

@@ -8,6 +8,7 @@ import (
 	"math"
 	"net/url"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -213,8 +214,23 @@ func dbError(err error, cc *pgx.ConnConfig, envName string) error {
 				addr, envName, cc.Database, pgErr.Message, pgErr.Code)
 		}
 	}
-	return fmt.Errorf("Postgres is not reachable at %s (database %q): %v; start it (scripts/test.sh or scripts/demo.sh install and start it) or point %s at a running server",
-		addr, cc.Database, errors.Unwrap(err), envName)
+	return fmt.Errorf("Postgres is not reachable at %s (database %q): %s; start it (scripts/test.sh or scripts/demo.sh install and start it) or point %s at a running server",
+		addr, cc.Database, distinctLines(errors.Unwrap(err)), envName)
+}
+
+// distinctLines is err's text with each line once: pgx joins the error of every attempt it made, and
+// without sslmode it tries with TLS and then without, so an unreachable server's one reason came twice.
+func distinctLines(err error) string {
+	if err == nil {
+		return "<nil>"
+	}
+	var lines []string
+	for _, l := range strings.Split(err.Error(), "\n") {
+		if !slices.Contains(lines, l) {
+			lines = append(lines, l)
+		}
+	}
+	return strings.Join(lines, "; ")
 }
 
 // openEngine opens the engine database and checks that it carries this version's schema.
