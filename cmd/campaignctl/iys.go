@@ -341,10 +341,11 @@ func importBrand(brand string) string {
 }
 
 // iysRunError is the error of an İYS command that stopped on err, having kept what it did (done): run it
-// again to go on, unless İYS refused the credentials, which running it again cannot mend.
+// again to go on, unless İYS refused the credentials, which running it again cannot mend. Those are the
+// user's settings to fix (exit 2), as a Postgres or Redis that refuses the URL's user is.
 func iysRunError(err error, done string) error {
 	if iys.IsAuth(err) {
-		return fmt.Errorf("%w: İYS refuses the credentials; check IYS_USERNAME and IYS_PASSWORD (and IYS_BASE_URL) and run it again (what was %s)", err, done)
+		return usagef("%w: İYS refuses the credentials; check IYS_USERNAME and IYS_PASSWORD (and IYS_BASE_URL) and run it again (what was %s)", err, done)
 	}
 	return fmt.Errorf("%w (what was %s; run it again to go on)", err, done)
 }

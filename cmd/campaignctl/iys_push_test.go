@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"strings"
 	"testing"
 	"time"
@@ -83,8 +84,15 @@ func TestIYSCredentialsRefusedNameTheSettings(t *testing.T) {
 	if msg := auth.Error(); !strings.Contains(msg, "IYS_USERNAME and IYS_PASSWORD") || strings.Contains(msg, "run it again to go on") {
 		t.Errorf("credentials refused: %q; want the settings named", msg)
 	}
+	var usage usageError
+	if !errors.As(auth, &usage) {
+		t.Errorf("credentials refused: %T, want a usage error (exit 2): the settings are the user's to fix", auth)
+	}
 	other := iysRunError(&iys.APIError{Status: 503, Message: "busy"}, "pulled before the error is stored")
 	if msg := other.Error(); !strings.Contains(msg, "run it again to go on") {
 		t.Errorf("İYS busy: %q; want to run it again", msg)
+	}
+	if errors.As(other, &usage) {
+		t.Errorf("İYS busy is a usage error (exit 2); want a failure (exit 1)")
 	}
 }
