@@ -9,11 +9,11 @@ import (
 	"github.com/campaignctl/campaignctl/internal/testdb"
 )
 
-// A scheduled campaign paused before its start and resumed after it goes straight to running (Start), never
-// through a worker's StartIfDue: started_at was left null, while running and once completed, where status
-// --json promises when it started. Resumed, it starts then; resumed again after another pause, it keeps
-// the first start. A campaign left alone is started by StartIfDue, as before.
-func TestAScheduledCampaignPausedBeforeItsStartGetsItsStartWhenResumed(t *testing.T) {
+// A scheduled campaign paused before its start and resumed after it goes straight to running (Start), not
+// through the scheduled state. Its started_at is when a worker first runs a batch of it (StartIfDue starts
+// a running campaign not started yet), not the resume: a campaign resumed while no worker runs has not
+// started. Resumed again after another pause, it keeps the first start.
+func TestAScheduledCampaignPausedBeforeItsStartStartsWhenAWorkerRunsItAfterTheResume(t *testing.T) {
 	t.Parallel()
 	db, _ := testdb.New(t)
 	seedAudience(t, db, 3)
@@ -39,8 +39,14 @@ func TestAScheduledCampaignPausedBeforeItsStartGetsItsStartWhenResumed(t *testin
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got.StartedAt == nil {
-		t.Fatalf("running after the resume, started_at null")
+	if got.StartedAt != nil {
+		t.Fatalf("resumed, no worker has run a batch: started_at %v, want null", got.StartedAt)
+	}
+	if st, err := store.StartIfDue(ctx, c.ID); err != nil || st != campaign.StateRunning {
+		t.Fatalf("a worker's first run: %s, %v; want running", st, err)
+	}
+	if got, err = store.Get(ctx, c.ID); err != nil || got.StartedAt == nil {
+		t.Fatalf("after a worker's first run: started_at null (%v)", err)
 	}
 	first := *got.StartedAt
 	if _, err := store.Transition(ctx, c.ID, []campaign.State{campaign.StateRunning}, campaign.StatePaused); err != nil {

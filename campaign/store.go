@@ -473,9 +473,8 @@ func (s *Store) transition(ctx context.Context, id int64, from []State, toSQL st
 	var moved bool
 	err := s.pool.QueryRow(ctx, `WITH cur AS (SELECT state FROM campaigns WHERE id = $1 FOR UPDATE),
 			u AS (UPDATE campaigns SET state = `+toSQL+`, state_since = now(),
-				-- Running for the first time: a scheduled campaign paused before its start and resumed after
-				-- it starts here, not in a worker's StartIfDue (it was never scheduled when its start came).
-				started_at = CASE WHEN `+toSQL+` = `+sqlStateRunning+` THEN coalesce(started_at, now()) ELSE started_at END,
+				-- started_at is left to the worker that first runs a batch (StartIfDue, which starts a running
+				-- campaign not started yet): a campaign resumed before any batch of it ran has not started.
 				finished_at = CASE WHEN `+toSQL+` IN (`+sqlStateCompleted+`, `+sqlStateCancelled+`, `+sqlStateFailed+`) THEN now() END
 				WHERE id = $1 AND state = ANY($2) RETURNING state)
 		SELECT coalesce((SELECT state FROM cur), ''), coalesce((SELECT state FROM u), ''), EXISTS (SELECT 1 FROM u)`,
