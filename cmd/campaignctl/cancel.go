@@ -94,6 +94,11 @@ func (a *app) cancel(ctx context.Context, o cancelOptions) error {
 	if c.Planned > 0 {
 		fmt.Fprintf(a.stdout, "; %d sent, %d failed, %d skipped, %d unknown\n", c.Sent, c.Failed, c.Skipped, c.Unknown)
 	}
+	if err != nil && rep.Was != "" {
+		// The cancel is recorded (nothing more is sent); closing its recipients stopped halfway (Postgres
+		// restarted, say). The workers close them as they meet them; the same command finishes it now.
+		return fmt.Errorf("%w; campaign %d is cancelled and nothing more is sent, but not all its recipients are closed yet: run campaignctl cancel %d again", err, o.id, o.id)
+	}
 	if err != nil {
 		return err
 	}

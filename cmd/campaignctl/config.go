@@ -215,15 +215,21 @@ func dbError(err error, cc *pgx.ConnConfig, envName string) error {
 		}
 	}
 	return fmt.Errorf("Postgres is not reachable at %s (database %q): %s; start it (scripts/test.sh or scripts/demo.sh install and start it) or point %s at a running server",
-		addr, cc.Database, distinctLines(errors.Unwrap(err)), envName)
+		addr, cc.Database, distinctLines(cause(err)), envName)
+}
+
+// cause is what err wraps (pgx's connection error around the attempts' errors), or err itself when it
+// wraps nothing: a connection lost during a Postgres restart came as a bare error, and "<nil>" was printed.
+func cause(err error) error {
+	if u := errors.Unwrap(err); u != nil {
+		return u
+	}
+	return err
 }
 
 // distinctLines is err's text with each line once: pgx joins the error of every attempt it made, and
 // without sslmode it tries with TLS and then without, so an unreachable server's one reason came twice.
 func distinctLines(err error) string {
-	if err == nil {
-		return "<nil>"
-	}
 	var lines []string
 	for _, l := range strings.Split(err.Error(), "\n") {
 		if !slices.Contains(lines, l) {
