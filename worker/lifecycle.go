@@ -347,6 +347,8 @@ func Resume(ctx context.Context, o ResumeOptions) (ResumeReport, error) {
 			hint := ""
 			if counts.Unknown > 0 {
 				hint = fmt.Sprintf(" (%d recipients are unknown: `campaignctl resume %d --resend-unknown` sends them again)", counts.Unknown, id)
+			} else if o.ResendUnknown {
+				hint = " and none of its recipients is unknown: --resend-unknown has nobody to send again"
 			}
 			return rep, fmt.Errorf("%w: campaign %d is completed; there is nothing to resume%s", campaign.ErrWrongState, id, hint)
 		}

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"strings"
 	"testing"
 
@@ -31,5 +32,28 @@ func TestResumeQueuesWhatALaunchDidNotAndIsIdempotent(t *testing.T) {
 	_, stderr, code = cli(t, env, "resume", "424242")
 	if code != 2 || !strings.Contains(stderr, "no campaign has id 424242") {
 		t.Fatalf("resume of an unknown campaign: exit %d, %s", code, stderr)
+	}
+}
+
+// A completed campaign has nothing to resume: the refusal says so, and with --resend-unknown says whether
+// any recipient is unknown to send again.
+func TestResumeOfACompletedCampaignSaysWhatThereIsToSendAgain(t *testing.T) {
+	t.Parallel()
+	env, id, db, _ := plannedEnv(t)
+	ctx := context.Background()
+	if _, err := db.Exec(ctx, `UPDATE campaign_recipients SET status = CASE WHEN user_id = 'a' THEN 'unknown' ELSE 'sent' END WHERE campaign_id = $1`, id); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Exec(ctx, `UPDATE campaigns SET state = 'completed', finished_at = now() WHERE id = $1`, id); err != nil {
+		t.Fatal(err)
+	}
+	if _, stderr, code := cli(t, env, "resume", id); code != 2 || !strings.Contains(stderr, "nothing to resume") || !strings.Contains(stderr, "1 recipients are unknown") || !strings.Contains(stderr, "--resend-unknown") {
+		t.Fatalf("resume of a completed campaign with an unknown recipient: exit %d, %s", code, stderr)
+	}
+	if _, err := db.Exec(ctx, `UPDATE campaign_recipients SET status = 'sent' WHERE campaign_id = $1`, id); err != nil {
+		t.Fatal(err)
+	}
+	if _, stderr, code := cli(t, env, "resume", id, "--resend-unknown"); code != 2 || !strings.Contains(stderr, "none of its recipients is unknown") {
+		t.Fatalf("resume --resend-unknown of a completed campaign with none unknown: exit %d, %s", code, stderr)
 	}
 }
