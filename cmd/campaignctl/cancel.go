@@ -56,11 +56,16 @@ A cancelled campaign cannot be resumed, and its dead-lettered batches are not re
 }
 
 func (a *app) cancel(ctx context.Context, o cancelOptions) error {
-	svc, err := a.openServices(ctx, o.id)
+	svc, redisErr, err := a.openServicesForHalt(ctx, o.id)
 	if err != nil {
 		return err
 	}
 	defer svc.Close()
+	if redisErr != nil {
+		// Recorded in Postgres, and what no worker holds is closed there; no run can close the rest while
+		// Redis is away (its claims are there): no waiting for one.
+		o.wait = 0
+	}
 	host, _ := os.Hostname()
 	rep, err := worker.Cancel(ctx, worker.CancelOptions{
 		Store: svc.store, Redis: svc.redis, CampaignID: o.id, Wait: o.wait, Logger: a.logger(),
@@ -97,7 +102,7 @@ func (a *app) cancel(ctx context.Context, o cancelOptions) error {
 	if err != nil && rep.Was != "" {
 		// The cancel is recorded (nothing more is sent); closing its recipients stopped halfway (Postgres
 		// restarted, say). The workers close them as they meet them; the same command finishes it now.
-		return fmt.Errorf("%w; campaign %d is cancelled and nothing more is sent, but not all its recipients are closed yet: run campaignctl cancel %d again", err, o.id, o.id)
+		return fmt.Errorf("%w; campaign %d is cancelled and nothing more is sent, but what is left of it is not all closed yet: the workers close it, or run campaignctl cancel %d again", err, o.id, o.id)
 	}
 	if err != nil {
 		return err

@@ -331,6 +331,34 @@ func (a *app) openServices(ctx context.Context, campaignID int64) (*services, er
 	return &services{engine: engine, redis: rdb, store: campaign.NewStore(engine)}, nil
 }
 
+// openServicesForHalt is openServices for pause and cancel, which are recorded in Postgres first: when
+// Redis does not answer (down, stalled), they go on with a client that is not checked, and redisErr says
+// why. Their halt mark cannot be written then; the workers, which send nothing while Redis is away, stop
+// at their next chunk once it is back. A REDIS_URL that is not one stays refused (exit 2).
+func (a *app) openServicesForHalt(ctx context.Context, campaignID int64) (svc *services, redisErr error, err error) {
+	svc, err = a.openServices(ctx, campaignID)
+	var bad usageError
+	if err == nil || errors.As(err, &bad) || errors.Is(err, campaign.ErrNotFound) {
+		return svc, nil, err
+	}
+	engine, perr := a.openEngine(ctx)
+	if perr != nil {
+		return nil, nil, err
+	}
+	if campaignID != 0 {
+		if _, gerr := campaign.NewStore(engine).Get(ctx, campaignID); gerr != nil {
+			engine.Close()
+			return nil, nil, gerr
+		}
+	}
+	rdb, _, cerr := a.newRedis()
+	if cerr != nil {
+		engine.Close()
+		return nil, nil, err
+	}
+	return &services{engine: engine, redis: rdb, store: campaign.NewStore(engine)}, err, nil
+}
+
 // rate reads a messages-per-second cap from the environment.
 func (a *app) rate(env string, def float64) (float64, error) {
 	v := strings.TrimSpace(a.getenv(env))

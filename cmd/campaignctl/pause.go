@@ -36,7 +36,8 @@ back; queued batches wait. Nothing is lost: the recipients stay pending until ` 
 }
 
 func (a *app) pause(ctx context.Context, o pauseOptions) error {
-	svc, err := a.openServices(ctx, o.id)
+	// Redis not answering: the pause is recorded in Postgres, and says its halt mark is not written.
+	svc, _, err := a.openServicesForHalt(ctx, o.id)
 	if err != nil {
 		return err
 	}

@@ -1,0 +1,58 @@
+package main
+
+import (
+	"encoding/json"
+	"strings"
+	"testing"
+	"time"
+)
+
+// An operator who cannot reach Redis (it is down, stalled, or cut off from the operator's machine while the
+// workers still reach it) can still pause and cancel: both are recorded in Postgres, say that the halt
+// mark could not be written, and the workers stop at their next chunk. Both used to refuse (exit 1), and the
+// campaign went on sending, or started again the moment Redis came back.
+func TestPauseAndCancelWithoutRedisAreRecordedAndTheWorkersStop(t *testing.T) {
+	t.Parallel()
+	e, sandboxAddr, audience := smsSandboxEnv(t, 600, "0")
+	id, _ := launchSMS(e, "halt-without-redis", audience, "Merhaba {{.first_name}} {{.code}}", "--rate", "40")
+	e.start("worker", "worker", "--concurrency", "4")
+	waitFor(t, 30*time.Second, func() bool { n, _ := chaosAccepted(sandboxAddr); return n >= 40 })
+
+	cut := &e2eEnv{t: t, bin: e.bin, env: append(append([]string(nil), e.env...), "REDIS_URL=redis://127.0.0.1:1/0")}
+	out, stderr, code := cut.run("pause", id)
+	if code != 0 || !strings.Contains(out, "paused in Postgres, but the halt mark could not be written to Redis") {
+		t.Fatalf("pause without Redis: exit %d\nstdout: %s\nstderr: %s", code, out, stderr)
+	}
+	// The chunk a run holds goes on (under --rate 40, about a second of sends); then nothing more.
+	time.Sleep(3 * time.Second)
+	after, err := chaosAccepted(sandboxAddr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(3 * time.Second)
+	if n, _ := chaosAccepted(sandboxAddr); n != after || n >= 600 {
+		t.Fatalf("paused without Redis: %d accepted 3 s after the pause, %d 3 s later (of 600); want the sends stopped", after, n)
+	}
+	var st struct {
+		State   string `json:"state"`
+		Pending int    `json:"pending"`
+	}
+	if err := json.Unmarshal([]byte(e.mustRun("status", id, "--json")), &st); err != nil || st.State != "paused" || st.Pending == 0 {
+		t.Fatalf("status after the pause: %+v (%v); want paused with recipients pending", st, err)
+	}
+
+	// Cancelled without Redis: recorded, and the recipients no run holds are closed at once.
+	out, stderr, code = cut.run("cancel", id)
+	if code > 1 || !strings.Contains(out, "cancelled in Postgres (was paused), but the halt mark could not be written to Redis") ||
+		code == 1 && !strings.Contains(stderr, "run campaignctl cancel "+id+" again") {
+		t.Fatalf("cancel without Redis: exit %d\nstdout: %s\nstderr: %s", code, out, stderr)
+	}
+	// Run again with Redis, the cancel closes what is left.
+	e.mustRun("cancel", id)
+	if err := json.Unmarshal([]byte(e.mustRun("status", id, "--json")), &st); err != nil || st.State != "cancelled" || st.Pending != 0 {
+		t.Fatalf("status after the cancels: %+v (%v); want cancelled with nobody pending", st, err)
+	}
+	if n, _ := chaosAccepted(sandboxAddr); n != after {
+		t.Fatalf("%d accepted after the cancels, %d at the pause: a cancelled campaign sent", n, after)
+	}
+}
