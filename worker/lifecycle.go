@@ -295,6 +295,10 @@ type ResumeReport struct {
 	// (queued, scheduled, retrying or running); FromDLQ those taken back from the dead-letter queue with
 	// a fresh retry budget.
 	Enqueued, AlreadyQueued, FromDLQ int
+	// FollowUps counts the batches already queued whose task was found still running (a dead worker's,
+	// which Asynq gives back only a minute or more later) and that got a follow-up task to run beside it
+	// (counted in AlreadyQueued, not in Enqueued).
+	FollowUps int
 	// Hastened counts the queued batch tasks that were waiting for a later retry or their scheduled time
 	// and were made to run now (a running campaign whose send window is open).
 	Hastened int
@@ -471,7 +475,8 @@ func Resume(ctx context.Context, o ResumeOptions) (ResumeReport, error) {
 		// when it meets the pause): the sweep, which queues a dead run's batch again, does not while the
 		// campaign is paused, and the task comes back only when Asynq gives it back, a minute or more on.
 		again, followUps, err := enqueueAfterActive(ctx, o.Redis, o.Store, c, activeEndWait)
-		rep.Enqueued += again + followUps
+		rep.Enqueued += again
+		rep.FollowUps = followUps
 		rep.AlreadyQueued = max(rep.AlreadyQueued-again, 0)
 		if err != nil {
 			return rep, err

@@ -106,8 +106,8 @@ func TestAResendBesideATaskThatStaysRunningQueuesAFollowUp(t *testing.T) {
 	h := newHeldBatch(t, 2)
 	defer close(h.release) // held: the dead worker's task, never ending while the test looks
 	rep := h.resend(t)
-	if rep.Enqueued != 1 || rep.AlreadyQueued != 1 {
-		t.Errorf("resume said %d queued, %d already queued; want the running task (1 already queued) and a follow-up (1 queued)", rep.Enqueued, rep.AlreadyQueued)
+	if rep.Enqueued != 0 || rep.AlreadyQueued != 1 || rep.FollowUps != 1 {
+		t.Errorf("resume said %d queued, %d already queued, %d follow-ups; want the running task (1 already queued) with a follow-up, and nothing more: the campaign has one batch", rep.Enqueued, rep.AlreadyQueued, rep.FollowUps)
 	}
 	if id := h.ranAgain(t, "its old task stayed running"); !strings.HasPrefix(id, worker.TaskID(h.id, 0)+"/resumed-") {
 		t.Errorf("the batch ran again as task %q, want a follow-up %s/resumed-…", id, worker.TaskID(h.id, 0))
@@ -126,8 +126,8 @@ func TestAResumeOfAPausedCampaignBesideATaskThatStaysRunningQueuesAFollowUp(t *t
 	h.e.exec(t, `UPDATE campaign_recipients SET status = CASE user_id WHEN 'u3' THEN 'sent' ELSE 'pending' END WHERE campaign_id = $1`, h.id)
 	h.e.exec(t, `UPDATE campaigns SET state = 'paused' WHERE id = $1`, h.id)
 	rep, err := worker.Resume(context.Background(), worker.ResumeOptions{Store: h.e.store, Redis: h.e.rdb, CampaignID: h.id})
-	if err != nil || rep.Enqueued != 1 || rep.AlreadyQueued != 1 {
-		t.Fatalf("resume: %+v, %v; want the running task (1 already queued) and a follow-up (1 queued)", rep, err)
+	if err != nil || rep.Enqueued != 0 || rep.AlreadyQueued != 1 || rep.FollowUps != 1 {
+		t.Fatalf("resume: %+v, %v; want the running task (1 already queued) with a follow-up, and nothing more: the campaign has one batch", rep, err)
 	}
 	if id := h.ranAgain(t, "its old task stayed running"); !strings.HasPrefix(id, worker.TaskID(h.id, 0)+"/resumed-") {
 		t.Errorf("the batch ran again as task %q, want a follow-up %s/resumed-…", id, worker.TaskID(h.id, 0))

@@ -88,6 +88,9 @@ func (a *app) printResume(rep worker.ResumeReport, o resumeOptions, err error) {
 	c := rep.Counts
 	fmt.Fprintf(a.stdout, "campaign %d: %d batches re-enqueued, %d already queued, %d taken back from the DLQ; %d recipients pending, %d unknown\n",
 		id, rep.Enqueued, rep.AlreadyQueued, rep.FromDLQ, c.Pending, c.Unknown)
+	if rep.FollowUps > 0 {
+		fmt.Fprintf(a.stdout, "%d of the queued batches still had a task running (a stopped worker's, which Asynq gives back a minute or more later): each got a follow-up task that runs now\n", rep.FollowUps)
+	}
 	if rep.Hastened > 0 {
 		fmt.Fprintf(a.stdout, "%d of the queued batches were waiting to be retried and run now\n", rep.Hastened)
 	}
