@@ -89,6 +89,10 @@ type CancelOptions struct {
 	// Recorded, when set, is called once the cancel is recorded (CampaignID, Was and Halted set), before
 	// the batches are closed, which may take up to Wait.
 	Recorded func(CancelReport)
+	// RedisAway: Redis did not answer when the command began (the cancel is recorded in Postgres alone).
+	// The recipients runs hold are left to the workers (their claims are in Redis: reading them would only
+	// wait on each timeout), and nothing is queued or taken out of the queue; the cancel says what is left.
+	RedisAway bool
 	// Waiting, when set, is told once, two seconds into the wait, how many batches workers still hold and
 	// how long the cancel waits for them at most: a dead worker's lease runs out before its batch is
 	// closed, and the command must not look hung meanwhile.
@@ -182,7 +186,7 @@ func Cancel(ctx context.Context, o CancelOptions) (CancelReport, error) {
 	start := time.Now()
 	deadline := start.Add(o.Wait)
 	told := false
-	for {
+	for !o.RedisAway {
 		batches, err := o.Store.PendingBatches(ctx, id, false)
 		if err != nil {
 			return rep, err
@@ -220,11 +224,18 @@ func Cancel(ctx context.Context, o CancelOptions) (CancelReport, error) {
 		return rep, err
 	}
 	rep.Counts, rep.Cancelled, rep.CodePool = counts, cancelled, c.CodePool
+	if o.RedisAway {
+		if counts.Pending > 0 {
+			return rep, fmt.Errorf("%s that runs hold are not closed yet: Redis, which holds their claims, did not answer", countRecipients(int(counts.Pending)))
+		}
+		log.Warn("the cancelled campaign's batches left in the queue or the DLQ were not taken out, Redis not answering (run campaignctl cancel again once it does); none has anything left to do", "campaign_id", id)
+		return rep, nil
+	}
 	if counts.Pending == 0 {
 		// Nothing is left to close: a batch of the campaign in the DLQ has no work left, and would only
 		// stand in the campaign's status as one.
-		// Redis away (the cancel is recorded in Postgres alone): what it leaves in the DLQ and the queue has
-		// nothing to do; a cancel run again takes it out.
+		// Redis failing now: what it leaves in the DLQ and the queue has nothing to do; a cancel run again
+		// takes it out.
 		if _, err := PurgeDLQ(ctx, DLQOptions{Store: o.Store, Redis: o.Redis, CampaignID: id}); err != nil {
 			log.Warn("the cancelled campaign's batches in the DLQ were not taken out (run campaignctl cancel again once Redis answers); none has anything left to do", "campaign_id", id, "err", err)
 			return rep, nil

@@ -61,14 +61,11 @@ func (a *app) cancel(ctx context.Context, o cancelOptions) error {
 		return err
 	}
 	defer svc.Close()
-	if redisErr != nil {
-		// Recorded in Postgres, and what no worker holds is closed there; no run can close the rest while
-		// Redis is away (its claims are there): no waiting for one.
-		o.wait = 0
-	}
+	// Redis not answering: recorded in Postgres, and what no run holds is closed there; the rest is the
+	// workers' to close once Redis answers.
 	host, _ := os.Hostname()
 	rep, err := worker.Cancel(ctx, worker.CancelOptions{
-		Store: svc.store, Redis: svc.redis, CampaignID: o.id, Wait: o.wait, Logger: a.logger(),
+		Store: svc.store, Redis: svc.redis, CampaignID: o.id, Wait: o.wait, Logger: a.logger(), RedisAway: redisErr != nil,
 		Owner: fmt.Sprintf("%s:%d:cancel", host, os.Getpid()),
 		Recorded: func(r worker.CancelReport) {
 			if r.Was == campaign.StateCancelled {
