@@ -119,6 +119,9 @@ type CancelReport struct {
 	// Dequeued counts the batch tasks taken out of the queue (waiting, scheduled or retrying) once nothing
 	// was left pending: they had nothing to do.
 	Dequeued int
+	// QueueLeft: the campaign's batches still in Redis's queue or DLQ were not taken out (RedisAway); each
+	// finds nothing to do, and a cancel run again once Redis answers takes them out.
+	QueueLeft bool
 }
 
 // dropQueued deletes the queued tasks (pending, scheduled, retrying) of the batches of a campaign whose
@@ -228,7 +231,7 @@ func Cancel(ctx context.Context, o CancelOptions) (CancelReport, error) {
 		if counts.Pending > 0 {
 			return rep, fmt.Errorf("%s that runs hold are not closed yet: Redis, which holds their claims, did not answer", countRecipients(int(counts.Pending)))
 		}
-		log.Warn("the cancelled campaign's batches left in the queue or the DLQ were not taken out, Redis not answering (run campaignctl cancel again once it does); none has anything left to do", "campaign_id", id)
+		rep.QueueLeft = true
 		return rep, nil
 	}
 	if counts.Pending == 0 {

@@ -104,6 +104,9 @@ func (a *app) cancel(ctx context.Context, o cancelOptions) error {
 	if err != nil {
 		return err
 	}
+	if rep.QueueLeft {
+		fmt.Fprintf(a.stdout, "its batches still in Redis's queue or DLQ were not taken out (Redis did not answer); each finds nothing to do. Run `campaignctl cancel %d` again once Redis answers to take them out and write the halt mark\n", rep.CampaignID)
+	}
 	if rep.Dequeued > 0 {
 		fmt.Fprintf(a.stdout, "%d batches of it still queued taken out of the queue (nothing left to do)\n", rep.Dequeued)
 	}

@@ -260,22 +260,23 @@ func (a *app) newRedis() (rdb *redis.Client, where string, err error) {
 
 // openRedis connects to Redis and checks it answers.
 func (a *app) openRedis(ctx context.Context) (*redis.Client, error) {
-	return a.pingRedis(ctx, a.newRedis)
+	return a.pingRedis(ctx, a.newRedis, 5*time.Second)
 }
 
 // openQueueRedis is openRedis for a command that takes no claim (launch): see queueRedisClient.
 func (a *app) openQueueRedis(ctx context.Context) (*redis.Client, error) {
 	return a.pingRedis(ctx, func() (*redis.Client, string, error) {
 		return queueRedisClient(a.setting(a.redisURL, "REDIS_URL", defaultRedisURL))
-	})
+	}, 5*time.Second)
 }
 
-func (a *app) pingRedis(ctx context.Context, newRedis func() (*redis.Client, string, error)) (*redis.Client, error) {
+// pingRedis builds the client newRedis gives and checks, within wait, that Redis answers.
+func (a *app) pingRedis(ctx context.Context, newRedis func() (*redis.Client, string, error), wait time.Duration) (*redis.Client, error) {
 	rdb, where, err := newRedis()
 	if err != nil {
 		return nil, usagef("%s: %v", a.redisName(), err)
 	}
-	pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	pctx, cancel := context.WithTimeout(ctx, wait)
 	defer cancel()
 	if err := rdb.Ping(pctx).Err(); err != nil {
 		rdb.Close()
@@ -332,31 +333,37 @@ func (a *app) openServices(ctx context.Context, campaignID int64) (*services, er
 }
 
 // openServicesForHalt is openServices for pause and cancel, which are recorded in Postgres first: when
-// Redis does not answer (down, stalled), they go on with a client that is not checked, and redisErr says
-// why. Their halt mark cannot be written then; the workers, which send nothing while Redis is away, stop
-// at their next chunk once it is back. A REDIS_URL that is not one stays refused (exit 2).
+// Redis does not answer within a second (down, stalled, out of this machine's reach), they go on with a
+// client that is not checked, and redisErr says why. Their halt mark cannot be written then; the workers,
+// which send nothing while Redis is away from them, stop at their next chunk. Redis is given a second, not
+// the five other commands wait: where the workers still reach it, they send meanwhile. A REDIS_URL that
+// is not one, or that Redis refuses (its password, its DB number), stays refused (exit 2), before
+// anything is written.
 func (a *app) openServicesForHalt(ctx context.Context, campaignID int64) (svc *services, redisErr error, err error) {
-	svc, err = a.openServices(ctx, campaignID)
-	var bad usageError
-	if err == nil || errors.As(err, &bad) || errors.Is(err, campaign.ErrNotFound) {
-		return svc, nil, err
-	}
-	engine, perr := a.openEngine(ctx)
-	if perr != nil {
+	engine, err := a.openEngine(ctx)
+	if err != nil {
 		return nil, nil, err
 	}
-	if campaignID != 0 {
-		if _, gerr := campaign.NewStore(engine).Get(ctx, campaignID); gerr != nil {
-			engine.Close()
-			return nil, nil, gerr
-		}
-	}
-	rdb, _, cerr := a.newRedis()
-	if cerr != nil {
+	store := campaign.NewStore(engine)
+	if _, err := store.Get(ctx, campaignID); err != nil {
 		engine.Close()
 		return nil, nil, err
 	}
-	return &services{engine: engine, redis: rdb, store: campaign.NewStore(engine)}, err, nil
+	rdb, err := a.pingRedis(ctx, a.newRedis, time.Second)
+	var bad usageError
+	switch {
+	case err == nil:
+	case errors.As(err, &bad):
+		engine.Close()
+		return nil, nil, err
+	default:
+		redisErr = err
+		if rdb, _, err = a.newRedis(); err != nil {
+			engine.Close()
+			return nil, nil, err
+		}
+	}
+	return &services{engine: engine, redis: rdb, store: store}, redisErr, nil
 }
 
 // rate reads a messages-per-second cap from the environment.

@@ -160,6 +160,7 @@ func (a *app) newIYSCheckCmd() *cobra.Command {
 			}
 			defer pool.Close()
 			view := iysCheckView{Recipient: canon, Type: typ, RecipientType: recipientType}
+			var refused error // İYS refused the credentials: said after the view (exit 2)
 			c, err := iys.LookupBrand(ctx, pool, brand, canon, typ, recipientType)
 			if errors.Is(err, iys.ErrNoConsent) && brand != "" {
 				// Consents imported without a brand are this brand's too until a sync records it.
@@ -195,11 +196,18 @@ func (a *app) newIYSCheckCmd() *cobra.Command {
 						view.IYSError = "İYS holds no consent for this recipient"
 					default:
 						view.IYSError = err.Error()
+						if iys.IsAuth(err) {
+							// What is stored here is shown all the same; the settings are the user's to fix.
+							refused = usagef("İYS refuses the credentials: check IYS_USERNAME and IYS_PASSWORD (and IYS_BASE_URL); what this engine holds is shown above")
+						}
 					}
 				}
 			}
 			if asJSON {
-				return json.NewEncoder(a.stdout).Encode(view)
+				if err := json.NewEncoder(a.stdout).Encode(view); err != nil {
+					return err
+				}
+				return refused
 			}
 			fmt.Fprintf(a.stdout, "%s %s %s\n", providers.MaskAddress(canon), typ, recipientType)
 			if view.Local != nil {
@@ -222,7 +230,7 @@ func (a *app) newIYSCheckCmd() *cobra.Command {
 				}
 				fmt.Fprintf(a.stdout, "  %s  %s %s via %s%s\n", h.RecordedAt.Format(time.RFC3339), h.Status, h.Source, h.Origin, txn)
 			}
-			return nil
+			return refused
 		},
 	}
 	cmd.Flags().StringVar(&typ, "type", "", "MESAJ or EPOSTA (default: from the address)")

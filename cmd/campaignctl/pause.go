@@ -51,7 +51,7 @@ func (a *app) pause(ctx context.Context, o pauseOptions) error {
 		return nil
 	}
 	if rep.Was == campaign.StatePaused {
-		fmt.Fprintf(a.stdout, "campaign %d is paused already; no new send starts on any worker. Continue with `campaignctl resume %d`\n", rep.CampaignID, rep.CampaignID)
+		fmt.Fprintf(a.stdout, "campaign %d is paused already; its halt mark is written in Redis: no new send starts on any worker. Continue with `campaignctl resume %d`\n", rep.CampaignID, rep.CampaignID)
 		return nil
 	}
 	fmt.Fprintf(a.stdout, "campaign %d paused (was %s); no new send starts on any worker. Continue with `campaignctl resume %d`\n", rep.CampaignID, rep.Was, rep.CampaignID)

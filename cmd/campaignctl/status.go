@@ -111,7 +111,7 @@ func (a *app) status(ctx context.Context, o statusOptions) error {
 	}
 	defer svc.Close()
 	if rdbErr != nil {
-		a.logger().Warn("Redis is unreachable: the status below is Postgres's alone (no DLQ count, no waiting reason); nothing is sent until Redis is back", "err", rdbErr)
+		a.logger().Warn("Redis is unreachable from here: the status below is Postgres's alone (no DLQ count, no waiting reason); a worker that cannot reach Redis either sends nothing until it is back", "err", rdbErr)
 	}
 	opts := worker.StatusOptions{Store: svc.store, CampaignID: o.id}
 	if svc.redis != nil {
