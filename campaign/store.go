@@ -264,7 +264,7 @@ func (s *Store) Record(ctx context.Context, campaignID int64, outcomes []Outcome
 					WHEN r.delivery IS NULL AND o.status IN (`+sqlSkipped+`, `+sqlFailed+`) AND `+everUnknown+`
 					THEN 'not sent again (' || coalesce(NULLIF(o.reason, ''), o.status) || ')' || `+sqlResendNotSentTail+`
 					WHEN r.delivery IS NOT NULL AND o.status <> `+sqlSent+`
-					THEN 'accepted by the provider (its receipt says ' || r.delivery || ')' ELSE NULLIF(o.reason, '') END,
+					THEN `+acceptedBecause("r.delivery_via", "r.delivery")+` ELSE NULLIF(o.reason, '') END,
 				last_error = CASE WHEN r.status = `+sqlUnknown+` THEN coalesce(r.last_error, r.reason)
 					WHEN o.status IN (`+sqlFailed+`, `+sqlUnknown+`) OR (r.delivery IS NOT NULL AND o.status <> `+sqlSent+`)
 						OR (o.status = `+sqlSkipped+` AND `+everUnknown+`)

@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/campaignctl/campaignctl/internal/pgtext"
+	"github.com/campaignctl/campaignctl/iys"
 )
 
 // Delivery statuses, from the providers' receipts.
@@ -126,6 +127,14 @@ func (s *Store) RecordDeliveries(ctx context.Context, ds []Delivery) (Deliveries
 // that first message proves it went: the recipient was sent.
 const closedAfterUnknown = `(r.status IN (` + sqlSkipped + `, ` + sqlFailed + `) AND r.ever_unknown)`
 
+// acceptedBecause is the SQL text of the reason of a recipient that evidence proves the provider accepted:
+// the delivery status status (SQL) of a receipt from via (SQL: a provider's name, or one_click for the
+// message's unsubscribe link used).
+func acceptedBecause(via, status string) string {
+	return `'accepted by the provider (' || CASE WHEN ` + via + ` = ` + quoteLiteral(iys.ViaOneClick) +
+		` THEN 'the recipient used its unsubscribe link' ELSE 'its receipt says ' || ` + status + ` END || ')'`
+}
+
 // provedSent is the SQL condition that a receipt proves recipient r sent where its row does not say so.
 const provedSent = `(r.status = ` + sqlUnknown + ` OR ` + closedAfterUnknown + `)`
 
@@ -177,7 +186,7 @@ var recordDeliveriesSQL = `
 			RETURNING provider, event_id
 		), keyed AS (
 			-- A join, not EXISTS in the select list: that would scan fresh once per receipt.
-			SELECT k.*, d.event_id = '' OR f.event_id IS NOT NULL AS new
+			SELECT k.*, d.event_id = '' OR f.event_id IS NOT NULL AS new, d.provider AS via
 			FROM keyed0 k JOIN d ON d.ord = k.ord
 			LEFT JOIN fresh f ON f.provider = d.provider AND f.event_id = d.event_id
 		), unkeyed AS (
@@ -202,13 +211,13 @@ var recordDeliveriesSQL = `
 			FOR UPDATE OF r
 		), upd AS (
 			UPDATE campaign_recipients r SET
-				delivery = b.status, delivery_error = NULLIF(b.error, ''), delivery_at = b.at,
+				delivery = b.status, delivery_error = NULLIF(b.error, ''), delivery_at = b.at, delivery_via = NULLIF(b.via, ''),
 				status = CASE WHEN ` + provedSent + ` THEN ` + sqlSent + ` ELSE r.status END,
 				provider_message_id = coalesce(r.provider_message_id, NULLIF(b.msgid, '')),
 				sent_at = coalesce(r.sent_at, CASE WHEN ` + provedSent + ` THEN b.at END),
 				-- An unknown proved sent says so, as one recorded after its receipt does (Record); what the
 				-- worker saw stays in last_error.
-				reason = CASE WHEN ` + provedSent + ` THEN 'accepted by the provider (its receipt says ' || b.status || ')' ELSE r.reason END,
+				reason = CASE WHEN ` + provedSent + ` THEN ` + acceptedBecause("b.via", "b.status") + ` ELSE r.reason END,
 				last_error = CASE WHEN ` + provedSent + ` THEN coalesce(r.last_error, r.reason) ELSE r.last_error END,
 				updated_at = now()
 			FROM best b JOIN locked l ON l.campaign_id = b.campaign_id AND l.user_id = b.user_id
@@ -220,7 +229,7 @@ var recordDeliveriesSQL = `
 			       OR b.rank > ` + deliveryRank("r.delivery") + `
 			       OR (b.rank = ` + deliveryRank("r.delivery") + `
 			           AND b.at >= r.delivery_at))
-			RETURNING r.campaign_id, r.user_id, l.was, r.status, r.provider_message_id, b.status AS delivery, r.address, b.error
+			RETURNING r.campaign_id, r.user_id, l.was, r.status, r.provider_message_id, b.status AS delivery, r.address, b.error, b.via
 		), invalid AS (
 			-- An e-mail address the receiving server refused (a bounce; a "blocked" one is about the sender,
 			-- and its error says so) is condemned, as an unregistered push token is: later launches exclude
@@ -235,7 +244,7 @@ var recordDeliveriesSQL = `
 			-- A recipient recorded unknown that a receipt proves sent: the transition is audited like the
 			-- others (and a later launch's frequency cap finds the send there).
 			INSERT INTO send_log (campaign_id, user_id, status, reason, provider_message_id, channel, template_hash)
-			SELECT upd.campaign_id, upd.user_id, upd.status, 'accepted by the provider (its receipt says ' || upd.delivery || ')',
+			SELECT upd.campaign_id, upd.user_id, upd.status, ` + acceptedBecause("upd.via", "upd.delivery") + `,
 				upd.provider_message_id, c.channel, c.template_hash
 			FROM upd JOIN campaigns c ON c.id = upd.campaign_id
 			WHERE upd.was <> ` + sqlSent + ` AND upd.status = ` + sqlSent + `

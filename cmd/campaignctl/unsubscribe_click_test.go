@@ -321,6 +321,22 @@ func TestAOneClickOfAnUnknownRecipientProvesItsMessageWasDelivered(t *testing.T)
 			if w.Code != http.StatusOK || status != tc.want || (delivery != nil && *delivery == receipts.StatusDelivered) != tc.delivered {
 				t.Fatalf("one-click of a recipient %s: %d, recipient %s (delivery %v); want 200, %s, delivered %v", tc.name, w.Code, status, delivery, tc.want, tc.delivered)
 			}
+			// The evidence is named as what it was, on the row and in the audit: the link used, not a
+			// receipt the provider never sent.
+			var reason, via, audited *string
+			if err := db.QueryRow(ctx, `SELECT reason, delivery_via, (SELECT reason FROM send_log l WHERE l.campaign_id = r.campaign_id AND l.user_id = r.user_id AND l.status = 'sent' ORDER BY id DESC LIMIT 1)
+				FROM campaign_recipients r WHERE campaign_id = $1 AND user_id = 'u1'`, id).Scan(&reason, &via, &audited); err != nil {
+				t.Fatal(err)
+			}
+			if tc.delivered && (via == nil || *via != "one_click") {
+				t.Errorf("one-click of a recipient %s: delivery_via %v, want one_click", tc.name, via)
+			}
+			if tc.want == "sent" {
+				const want = "accepted by the provider (the recipient used its unsubscribe link)"
+				if reason == nil || *reason != want || audited == nil || *audited != want {
+					t.Errorf("one-click of a recipient %s: reason %v, audited %v; want %q for both", tc.name, reason, audited, want)
+				}
+			}
 		})
 	}
 }
