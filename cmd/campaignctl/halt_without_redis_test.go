@@ -5,6 +5,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/campaignctl/campaignctl/internal/testredis"
 )
 
 // An operator who cannot reach Redis (it is down, stalled, or cut off from the operator's machine while the
@@ -54,5 +56,53 @@ func TestPauseAndCancelWithoutRedisAreRecordedAndTheWorkersStop(t *testing.T) {
 	}
 	if n, _ := chaosAccepted(sandboxAddr); n != after {
 		t.Fatalf("%d accepted after the cancels, %d at the pause: a cancelled campaign sent", n, after)
+	}
+}
+
+// A cancel while Redis is frozen for everyone (SIGSTOP): recorded in Postgres at once, the recipients no
+// run holds closed, and the command returns within seconds. It used to read, batch after batch, the
+// claims of what runs held, each read waiting out Redis's timeouts: minutes for a campaign of 64 batches.
+func TestACancelWhileRedisIsFrozenReturnsWithinSeconds(t *testing.T) {
+	t.Parallel()
+	e, sandboxAddr, audience := smsSandboxEnv(t, 600, "0")
+	srv := testredis.StartServer(t)
+	e.env = append(e.env, "REDIS_URL="+srv.URL())
+	id, _ := launchSMS(e, "cancel-frozen", audience, "Merhaba {{.first_name}} {{.code}}", "--rate", "40")
+	e.start("worker", "worker", "--concurrency", "8")
+	waitFor(t, 30*time.Second, func() bool { n, _ := chaosAccepted(sandboxAddr); return n >= 40 })
+
+	srv.Freeze()
+	thawed := false
+	defer func() {
+		if !thawed {
+			srv.Thaw()
+		}
+	}()
+	start := time.Now()
+	out, stderr, code := e.run("cancel", id)
+	took := time.Since(start)
+	if code > 1 || !strings.Contains(out, "cancelled in Postgres (was running), but the halt mark could not be written to Redis") ||
+		code == 1 && !strings.Contains(stderr, "that runs hold are not closed yet") {
+		t.Fatalf("cancel with Redis frozen: exit %d after %v\nstdout: %s\nstderr: %s", code, took, out, stderr)
+	}
+	if took > 20*time.Second {
+		t.Fatalf("cancel with Redis frozen took %v: it waited on Redis for the batches runs hold", took)
+	}
+	t.Logf("cancel with Redis frozen: exit %d in %v", code, took.Round(time.Millisecond))
+	srv.Thaw()
+	thawed = true
+	// With Redis back, the cancel run again closes what is left, and nothing more was sent.
+	sent, _ := chaosAccepted(sandboxAddr)
+	e.mustRun("cancel", id)
+	var st struct {
+		State   string `json:"state"`
+		Pending int    `json:"pending"`
+	}
+	if err := json.Unmarshal([]byte(e.mustRun("status", id, "--json")), &st); err != nil || st.State != "cancelled" || st.Pending != 0 {
+		t.Fatalf("status after the cancels: %+v (%v); want cancelled with nobody pending", st, err)
+	}
+	time.Sleep(2 * time.Second)
+	if n, _ := chaosAccepted(sandboxAddr); n != sent || n >= 600 {
+		t.Fatalf("%d accepted after the second cancel, %d before it (of 600): a cancelled campaign sent", n, sent)
 	}
 }
