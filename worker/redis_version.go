@@ -7,6 +7,8 @@ import (
 	"strings"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/campaignctl/campaignctl/internal/state"
 )
 
 // CheckRedisVersion refuses a Redis older than 7.0: the claim scripts take a free claim and read a
@@ -34,11 +36,4 @@ func checkVersionInfo(info string) error {
 }
 
 // redisVersion is the redis_version field of INFO's server section ("" when absent).
-func redisVersion(info string) string {
-	for _, line := range strings.Split(info, "\n") {
-		if v, ok := strings.CutPrefix(strings.TrimSpace(line), "redis_version:"); ok {
-			return v
-		}
-	}
-	return ""
-}
+func redisVersion(info string) string { return state.InfoField(info, "redis_version") }

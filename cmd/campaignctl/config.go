@@ -314,6 +314,21 @@ func (s *services) Close() {
 // Redis is opened, since the first connection writes the Redis epoch where there is none yet, and a
 // refused command writes nothing.
 func (a *app) openServices(ctx context.Context, campaignID int64) (*services, error) {
+	engine, err := a.openCampaignEngine(ctx, campaignID)
+	if err != nil {
+		return nil, err
+	}
+	rdb, err := a.openRedis(ctx)
+	if err != nil {
+		engine.Close()
+		return nil, err
+	}
+	return &services{engine: engine, redis: rdb, store: campaign.NewStore(engine)}, nil
+}
+
+// openCampaignEngine opens the engine database and, when campaignID is not 0, checks the campaign exists
+// (campaign.ErrNotFound otherwise): before Redis is opened, whose first connection may write.
+func (a *app) openCampaignEngine(ctx context.Context, campaignID int64) (*pgxpool.Pool, error) {
 	engine, err := a.openEngine(ctx)
 	if err != nil {
 		return nil, err
@@ -324,12 +339,7 @@ func (a *app) openServices(ctx context.Context, campaignID int64) (*services, er
 			return nil, err
 		}
 	}
-	rdb, err := a.openRedis(ctx)
-	if err != nil {
-		engine.Close()
-		return nil, err
-	}
-	return &services{engine: engine, redis: rdb, store: campaign.NewStore(engine)}, nil
+	return engine, nil
 }
 
 // openServicesForHalt is openServices for pause and cancel, which are recorded in Postgres first: when
@@ -340,15 +350,11 @@ func (a *app) openServices(ctx context.Context, campaignID int64) (*services, er
 // is not one, or that Redis refuses (its password, its DB number), stays refused (exit 2), before
 // anything is written.
 func (a *app) openServicesForHalt(ctx context.Context, campaignID int64) (svc *services, redisErr error, err error) {
-	engine, err := a.openEngine(ctx)
+	engine, err := a.openCampaignEngine(ctx, campaignID)
 	if err != nil {
 		return nil, nil, err
 	}
 	store := campaign.NewStore(engine)
-	if _, err := store.Get(ctx, campaignID); err != nil {
-		engine.Close()
-		return nil, nil, err
-	}
 	rdb, err := a.pingRedis(ctx, a.newRedis, time.Second)
 	var bad usageError
 	switch {

@@ -55,13 +55,7 @@ func CheckMasterOnConnect(next func(context.Context, *redis.Conn) error) func(co
 			return fmt.Errorf("redis role check on connect: %w", err)
 		}
 		if !strings.Contains(info, "redis_mode:sentinel") {
-			role := "unknown"
-			for _, line := range strings.Split(info, "\n") {
-				if v, ok := strings.CutPrefix(strings.TrimSpace(line), "role:"); ok {
-					role = v
-				}
-			}
-			if role != "master" {
+			if role := InfoField(info, "role"); role != "master" {
 				return fmt.Errorf("redis role check: %w (role:%s)", ErrNotMaster, role)
 			}
 		}
@@ -70,4 +64,14 @@ func CheckMasterOnConnect(next func(context.Context, *redis.Conn) error) func(co
 		}
 		return nil
 	}
+}
+
+// InfoField is the value of field name in the text of Redis's INFO ("" when absent).
+func InfoField(info, name string) string {
+	for _, line := range strings.Split(info, "\n") {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), name+":"); ok {
+			return v
+		}
+	}
+	return ""
 }
