@@ -23,6 +23,9 @@ type PauseOptions struct {
 	CampaignID int64
 	// Logger is told when the pause is recorded in Postgres but not in Redis; nil discards.
 	Logger *slog.Logger
+	// RedisAway: Redis did not answer when the command began. The halt mark is tried once, for a second
+	// (a Redis back by then takes it), not through a frozen Redis's timeouts and retries.
+	RedisAway bool
 }
 
 // PauseReport is what Pause did.
@@ -50,7 +53,7 @@ func Pause(ctx context.Context, o PauseOptions) (PauseReport, error) {
 		return rep, fmt.Errorf("%w; only a running or scheduled campaign can be paused", err)
 	}
 	rep.Was = was
-	if err := haltAs(ctx, o.Redis, o.CampaignID, campaign.StatePaused); err != nil {
+	if err := haltAs(ctx, o.Redis, o.CampaignID, campaign.StatePaused, o.RedisAway); err != nil {
 		orDiscard(o.Logger).Warn("pause recorded in Postgres, but not in Redis; workers stop at their next chunk instead of their next send", "err", err)
 	} else {
 		rep.Halted = true
@@ -92,6 +95,7 @@ type CancelOptions struct {
 	// RedisAway: Redis did not answer when the command began (the cancel is recorded in Postgres alone).
 	// The recipients runs hold are left to the workers (their claims are in Redis: reading them would only
 	// wait on each timeout), and nothing is queued or taken out of the queue; the cancel says what is left.
+	// Cancel does the same when Redis stops answering its halt mark.
 	RedisAway bool
 	// Waiting, when set, is told once, two seconds into the wait, how many batches workers still hold and
 	// how long the cancel waits for them at most: a dead worker's lease runs out before its batch is
@@ -162,8 +166,13 @@ func Cancel(ctx context.Context, o CancelOptions) (CancelReport, error) {
 	}
 	rep.Was = was
 	log := orDiscard(o.Logger)
-	if err := haltAs(ctx, o.Redis, id, campaign.StateCancelled); err != nil {
+	away := o.RedisAway
+	if err := haltAs(ctx, o.Redis, id, campaign.StateCancelled, o.RedisAway); err != nil {
 		log.Warn("cancel recorded in Postgres, but not in Redis; workers stop at their next chunk instead of their next send", "err", err)
+		// Redis stopped answering since the command began (it answered its ping): the recipients runs hold
+		// are left to the workers as when it did not answer at all, rather than read from claims one
+		// timeout after another.
+		away = away || redisUnanswered(err)
 	} else {
 		rep.Halted = true
 		settleHalt(ctx, was)
@@ -189,7 +198,7 @@ func Cancel(ctx context.Context, o CancelOptions) (CancelReport, error) {
 	start := time.Now()
 	deadline := start.Add(o.Wait)
 	told := false
-	for !o.RedisAway {
+	for !away {
 		batches, err := o.Store.PendingBatches(ctx, id, false)
 		if err != nil {
 			return rep, err
@@ -227,7 +236,7 @@ func Cancel(ctx context.Context, o CancelOptions) (CancelReport, error) {
 		return rep, err
 	}
 	rep.Counts, rep.Cancelled, rep.CodePool = counts, cancelled, c.CodePool
-	if o.RedisAway {
+	if away {
 		if counts.Pending > 0 {
 			return rep, fmt.Errorf("%s that runs hold are not closed yet: Redis, which holds their claims, did not answer", countRecipients(int(counts.Pending)))
 		}
@@ -267,12 +276,26 @@ func Cancel(ctx context.Context, o CancelOptions) (CancelReport, error) {
 	return rep, nil
 }
 
+// redisUnanswered says whether err is Redis not answering (a timeout, a connection refused or lost)
+// rather than an answer that refused the command (out of memory, read-only), after which Redis still
+// answers reads at once.
+func redisUnanswered(err error) bool {
+	var reply redis.Error
+	return err != nil && !errors.As(err, &reply) && !errors.Is(err, context.Canceled)
+}
+
 // haltAs writes the halt mark of a campaign paused or cancelled (st): a pause's lasts until Resume clears
-// it, a cancel's as long as the claims, which it outlives.
-func haltAs(ctx context.Context, rdb redis.UniversalClient, id int64, st campaign.State) error {
+// it, a cancel's as long as the claims, which it outlives. When Redis did not answer the command (away),
+// the write gets a second: the client's retries stop there (its first read still waits out its timeout).
+func haltAs(ctx context.Context, rdb redis.UniversalClient, id int64, st campaign.State, away bool) error {
 	ttl := time.Duration(0)
 	if st == campaign.StateCancelled {
 		ttl = DefaultClaimTTL
+	}
+	if away {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, time.Second)
+		defer cancel()
 	}
 	return Halt(ctx, rdb, id, string(st), ttl)
 }
@@ -419,7 +442,7 @@ func Resume(ctx context.Context, o ResumeOptions) (ResumeReport, error) {
 		}
 	}
 	if now.State == campaign.StatePaused || now.State == campaign.StateCancelled {
-		if err := haltAs(ctx, o.Redis, id, now.State); err != nil {
+		if err := haltAs(ctx, o.Redis, id, now.State, false); err != nil {
 			return rep, err
 		}
 		// It did not go on: the report must not say it runs again (it said both).

@@ -355,7 +355,10 @@ func (a *app) openServicesForHalt(ctx context.Context, campaignID int64) (svc *s
 		return nil, nil, err
 	}
 	store := campaign.NewStore(engine)
-	rdb, err := a.pingRedis(ctx, a.newRedis, time.Second)
+	newRedis := func() (*redis.Client, string, error) {
+		return haltRedisClient(a.setting(a.redisURL, "REDIS_URL", defaultRedisURL), a.logger())
+	}
+	rdb, err := a.pingRedis(ctx, newRedis, time.Second)
 	var bad usageError
 	switch {
 	case err == nil:
@@ -364,7 +367,7 @@ func (a *app) openServicesForHalt(ctx context.Context, campaignID int64) (svc *s
 		return nil, nil, err
 	default:
 		redisErr = err
-		if rdb, _, err = a.newRedis(); err != nil {
+		if rdb, _, err = newRedis(); err != nil {
 			engine.Close()
 			return nil, nil, err
 		}

@@ -29,25 +29,36 @@ const sentinelScheme = "redis+sentinel"
 // after a failover or a restart the epoch is renewed before anything is claimed on the new master, and a
 // connection to a replica is refused. log (may be nil) is told when the epoch was renewed.
 func redisClient(raw string, log *slog.Logger) (*redis.Client, string, error) {
-	return newRedisClient(raw, func(next onConnect) onConnect { return worker.CheckEpochOnConnect(next, log) })
+	return newRedisClient(raw, func(next onConnect) onConnect { return worker.CheckEpochOnConnect(next, log) }, false)
+}
+
+// haltRedisClient is redisClient for pause and cancel, whose contexts' deadlines bound each command's
+// reads and writes too (by default only the retries stop there, and each read waits out the client's
+// timeout): a frozen Redis holds them for the second they give it, not for a timeout per connection and
+// retry.
+func haltRedisClient(raw string, log *slog.Logger) (*redis.Client, string, error) {
+	return newRedisClient(raw, func(next onConnect) onConnect { return worker.CheckEpochOnConnect(next, log) }, true)
 }
 
 // queueRedisClient is redisClient for a command that queues work but takes no claim (launch): its
 // connections are refused on a replica as well, but they neither create nor renew the epoch
 // (worker.CheckMasterOnConnect), so a launch refused after it connected leaves Redis as it found it.
 func queueRedisClient(raw string) (*redis.Client, string, error) {
-	return newRedisClient(raw, worker.CheckMasterOnConnect)
+	return newRedisClient(raw, worker.CheckMasterOnConnect, false)
 }
 
 type onConnect = func(context.Context, *redis.Conn) error
 
-func newRedisClient(raw string, check func(next onConnect) onConnect) (*redis.Client, string, error) {
+// newRedisClient builds the client of redisClient with the connection check check; bounded makes the
+// contexts' deadlines bound the commands' reads and writes (haltRedisClient).
+func newRedisClient(raw string, check func(next onConnect) onConnect, bounded bool) (*redis.Client, string, error) {
 	if strings.HasPrefix(raw, sentinelScheme+"://") {
 		opt, err := parseSentinelURL(raw)
 		if err != nil {
 			return nil, "", err
 		}
 		opt.OnConnect = check(opt.OnConnect)
+		opt.ContextTimeoutEnabled = bounded
 		return redis.NewFailoverClient(opt), "sentinels " + strings.Join(opt.SentinelAddrs, ",") + " master " + opt.MasterName, nil
 	}
 	if strings.HasPrefix(raw, "redis+cluster://") {
@@ -59,6 +70,7 @@ func newRedisClient(raw string, check func(next onConnect) onConnect) (*redis.Cl
 		return nil, "", fmt.Errorf("not a valid Redis URL (%s); use redis://[:password@]host:port/db, rediss:// for TLS, or %s://host:26379,host2:26379/MASTER/db", redact(raw), sentinelScheme)
 	}
 	opt.OnConnect = check(opt.OnConnect)
+	opt.ContextTimeoutEnabled = bounded
 	return redis.NewClient(opt), opt.Addr, nil
 }
 
