@@ -55,10 +55,28 @@ func consentsFirst(c *campaign.Campaign) string {
 // channel) when that came after the campaign could send; when the provider went down or was paused; when
 // the last batch in the DLQ failed; when Redis lost its data (lostSince).
 func waitingOf(ctx context.Context, env *waitEnv, c *campaign.Campaign, counts campaign.Counts, dlq dlqBatches, now time.Time) (*Waiting, error) {
-	if c.State.Over() || counts.Pending == 0 {
+	if counts.Pending == 0 {
 		return nil, nil
 	}
 	id := c.ID
+	if c.State == campaign.StateCancelled {
+		// Recipients of a cancelled campaign still pending: a worker closes them when it runs their batch,
+		// unless none is queued (Redis lost its data under a cancel that left them to the workers): then
+		// only a cancel run again closes them, and resume refuses a cancelled campaign.
+		queued, err := env.queued(id)
+		if err != nil || queued > 0 {
+			return nil, err
+		}
+		since, err := env.lostSince(ctx, c)
+		if err != nil {
+			return nil, err
+		}
+		return &Waiting{Reason: WaitRedisLostData, Detail: fmt.Sprintf("the campaign is cancelled, but %d of its recipients are not closed yet and none of its batches is queued for a worker to close them (Redis lost its data, or they are in the dead-letter queue): run campaignctl cancel %d again, which closes them (nothing is sent)", counts.Pending, id),
+			Since: since}, nil
+	}
+	if c.State.Over() {
+		return nil, nil
+	}
 	// Paused first: a scheduled campaign that was paused waits for its resume, not for its start.
 	if c.State == campaign.StatePaused {
 		w := &Waiting{Reason: WaitPaused, Detail: fmt.Sprintf("by campaignctl pause; campaignctl resume %d goes on, campaignctl cancel %d ends it", id, id)}
