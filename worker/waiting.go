@@ -596,19 +596,26 @@ func queuedByCampaign(rdb redis.UniversalClient) (map[int64]map[int]bool, map[in
 
 // Heartbeat publishes info (what this worker sends) now and every state.WorkerTTL/3 until ctx ends, and
 // removes it then: campaignctl status reads the heartbeats to tell "no worker" and "no worker for the
-// channel" apart from a campaign that moves. A failed write is retried at the next beat. Each update, if
-// any, brings info up to date before a beat (Handler.NoteFailover).
+// channel" apart from a campaign that moves. Between beats it looks every state.WorkerLook whether the
+// heartbeat is still there, and writes it again at once when Redis lost it with its data. A failed write
+// is retried at the next look. Each update, if any, brings info up to date before a beat
+// (Handler.NoteFailover).
 func Heartbeat(ctx context.Context, rdb redis.UniversalClient, info state.WorkerInfo, update ...func(*state.WorkerInfo)) {
 	if info.Started.IsZero() {
 		info.Started = time.Now().UTC()
 	}
-	t := time.NewTicker(state.WorkerTTL / 3)
+	t := time.NewTicker(state.WorkerLook)
 	defer t.Stop()
+	var last time.Time // the last beat written
 	for {
-		for _, u := range update {
-			u(&info)
+		if last.IsZero() || time.Since(last) >= state.WorkerTTL/3-state.WorkerLook/2 || !state.WorkerPublished(ctx, rdb, info.Owner) {
+			for _, u := range update {
+				u(&info)
+			}
+			if state.PublishWorker(ctx, rdb, info) == nil {
+				last = time.Now()
+			}
 		}
-		state.PublishWorker(ctx, rdb, info) //nolint:errcheck // retried at the next beat
 		select {
 		case <-ctx.Done():
 			rm, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)

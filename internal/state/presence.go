@@ -44,6 +44,18 @@ func WaitingKey(campaignID int64) string {
 // WorkerTTL is how long a worker's heartbeat lasts unrenewed; a worker renews it every WorkerTTL/3.
 const WorkerTTL = 30 * time.Second
 
+// WorkerLook is how often a worker looks, between two beats, whether its heartbeat is still in Redis:
+// one that Redis lost with its data is written again at once, so that status does not say "no worker is
+// running" for up to a beat while the worker sends.
+const WorkerLook = 2 * time.Second
+
+// WorkerPublished says whether owner's heartbeat is in Redis; false when Redis does not answer (a write
+// of it is tried then, and fails or restores it).
+func WorkerPublished(ctx context.Context, rdb redis.UniversalClient, owner string) bool {
+	n, err := rdb.Exists(ctx, WorkerKey(owner)).Result()
+	return err == nil && n == 1
+}
+
 // WaitingTTL is how long a waiting note lasts unrenewed: a batch that waits notes it again at each try.
 const WaitingTTL = 2 * time.Minute
 
