@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"maps"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -170,6 +171,15 @@ func (a *app) refusalsOverdue(ctx context.Context, svc *services) int {
 	return sum.Overdue
 }
 
+// utcTime matches the UTC times (RFC 3339) that a waiting reason's detail gives, as --json keeps them.
+var utcTime = regexp.MustCompile(`\b\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d+)?Z\b`)
+
+// detailInZone writes the UTC times of a waiting detail in loc, as the text view writes the times around
+// it (a start in UTC beside its until in Istanbul time read as two different times).
+func detailInZone(detail string, loc *time.Location) string {
+	return utcTime.ReplaceAllStringFunc(detail, func(s string) string { return inZone(s, loc) })
+}
+
 func (a *app) printStatus(v worker.CampaignStatus, loc *time.Location) {
 	a.printStatusTo(a.stdout, v, loc)
 }
@@ -187,7 +197,7 @@ func (a *app) printStatusTo(out io.Writer, v worker.CampaignStatus, loc *time.Lo
 		fmt.Fprintf(w, "redis\tunreachable: figures from Postgres alone (no DLQ count, no waiting reason)\n")
 	}
 	if v.Waiting != nil {
-		fmt.Fprintf(w, "waiting\t%s: %s\n", v.Waiting.Reason, v.Waiting.Detail)
+		fmt.Fprintf(w, "waiting\t%s: %s\n", v.Waiting.Reason, detailInZone(v.Waiting.Detail, loc))
 		if v.Waiting.Since != nil {
 			fmt.Fprintf(w, "  since\t%s\n", at(v.Waiting.Since))
 		}
