@@ -25,6 +25,10 @@ func TestPauseAndCancelWithoutRedisAreRecordedAndTheWorkersStop(t *testing.T) {
 	if code != 0 || !strings.Contains(out, "paused in Postgres, but the halt mark could not be written to Redis") {
 		t.Fatalf("pause without Redis: exit %d\nstdout: %s\nstderr: %s", code, out, stderr)
 	}
+	// Repeated, still without Redis: said to be paused already, its halt mark still not written.
+	if out, stderr, code := cut.run("pause", id); code != 0 || !strings.Contains(out, "is paused already; its halt mark could not be written to Redis") {
+		t.Fatalf("second pause without Redis: exit %d\nstdout: %s\nstderr: %s", code, out, stderr)
+	}
 	// The chunk a run holds goes on (under --rate 40, about a second of sends); then nothing more.
 	time.Sleep(3 * time.Second)
 	after, err := chaosAccepted(sandboxAddr)
