@@ -95,6 +95,11 @@ func (a *app) cancel(ctx context.Context, o cancelOptions) error {
 	}
 	if c.Planned > 0 {
 		fmt.Fprintf(a.stdout, "; %d sent, %d failed, %d skipped, %d unknown\n", c.Sent, c.Failed, c.Skipped, c.Unknown)
+		if !rep.Halted && rep.Was != "" {
+			// The runs still hold answers of their chunks (in Redis's claims, or in hand) that reach Postgres
+			// with the chunk's end, or once Redis answers.
+			fmt.Fprintf(a.stdout, "(Postgres's figures: the sends the workers' runs still hold are counted once they record them)\n")
+		}
 	}
 	if err != nil && rep.Was != "" {
 		// The cancel is recorded (nothing more is sent); closing its recipients stopped halfway (Postgres

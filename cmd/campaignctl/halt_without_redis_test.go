@@ -50,6 +50,7 @@ func TestPauseAndCancelWithoutRedisAreRecordedAndTheWorkersStop(t *testing.T) {
 	// Cancelled without Redis: recorded, and the recipients no run holds are closed at once.
 	out, stderr, code = cut.run("cancel", id)
 	if code > 1 || !strings.Contains(out, "cancelled in Postgres (was paused), but the halt mark could not be written to Redis") ||
+		!strings.Contains(out, "the sends the workers' runs still hold are counted once they record them") ||
 		code == 1 && !strings.Contains(stderr, "run campaignctl cancel "+id+" again") {
 		t.Fatalf("cancel without Redis: exit %d\nstdout: %s\nstderr: %s", code, out, stderr)
 	}
