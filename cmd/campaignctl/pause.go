@@ -46,12 +46,12 @@ func (a *app) pause(ctx context.Context, o pauseOptions) error {
 	if err != nil {
 		return err
 	}
-	if !rep.Halted && rep.Was == campaign.StatePaused {
-		fmt.Fprintf(a.stdout, "campaign %d is paused already; its halt mark could not be written to Redis: each worker stops at its next chunk, after the sends of the chunk it holds. Run `campaignctl pause %d` again once Redis is reachable to stop them at once; continue with `campaignctl resume %d`\n", rep.CampaignID, rep.CampaignID, rep.CampaignID)
-		return nil
-	}
 	if !rep.Halted {
-		fmt.Fprintf(a.stdout, "campaign %d paused in Postgres, but the halt mark could not be written to Redis: each worker stops at its next chunk, after the sends of the chunk it holds. Run `campaignctl pause %d` again once Redis is reachable to stop them at once; continue with `campaignctl resume %d`\n", rep.CampaignID, rep.CampaignID, rep.CampaignID)
+		what := "paused in Postgres, but the halt mark could not be written to Redis"
+		if rep.Was == campaign.StatePaused {
+			what = "is paused already; its halt mark could not be written to Redis"
+		}
+		fmt.Fprintf(a.stdout, "campaign %d %s: each worker stops at its next chunk, after the sends of the chunk it holds. Run `campaignctl pause %d` again once Redis is reachable to stop them at once; continue with `campaignctl resume %d`\n", rep.CampaignID, what, rep.CampaignID, rep.CampaignID)
 		return nil
 	}
 	if rep.Was == campaign.StatePaused {
