@@ -23,9 +23,6 @@ type PauseOptions struct {
 	CampaignID int64
 	// Logger is told when the pause is recorded in Postgres but not in Redis; nil discards.
 	Logger *slog.Logger
-	// RedisAway: Redis did not answer when the command began. The halt mark is tried once, for a second
-	// (a Redis back by then takes it), not through a frozen Redis's timeouts and retries.
-	RedisAway bool
 }
 
 // PauseReport is what Pause did.
@@ -53,7 +50,7 @@ func Pause(ctx context.Context, o PauseOptions) (PauseReport, error) {
 		return rep, fmt.Errorf("%w; only a running or scheduled campaign can be paused", err)
 	}
 	rep.Was = was
-	if err := haltAs(ctx, o.Redis, o.CampaignID, campaign.StatePaused, o.RedisAway); err != nil {
+	if err := haltAs(ctx, o.Redis, o.CampaignID, campaign.StatePaused); err != nil {
 		orDiscard(o.Logger).Warn("pause recorded in Postgres, but not in Redis; workers stop at their next chunk instead of their next send", "err", err)
 	} else {
 		rep.Halted = true
@@ -92,11 +89,6 @@ type CancelOptions struct {
 	// Recorded, when set, is called once the cancel is recorded (CampaignID, Was and Halted set), before
 	// the batches are closed, which may take up to Wait.
 	Recorded func(CancelReport)
-	// RedisAway: Redis did not answer when the command began (the cancel is recorded in Postgres alone).
-	// The recipients runs hold are left to the workers (their claims are in Redis: reading them would only
-	// wait on each timeout), and nothing is queued or taken out of the queue; the cancel says what is left.
-	// Cancel does the same when Redis stops answering its halt mark.
-	RedisAway bool
 	// Waiting, when set, is told once, two seconds into the wait, how many batches workers still hold and
 	// how long the cancel waits for them at most: a dead worker's lease runs out before its batch is
 	// closed, and the command must not look hung meanwhile.
@@ -123,7 +115,8 @@ type CancelReport struct {
 	// Dequeued counts the batch tasks taken out of the queue (waiting, scheduled or retrying) once nothing
 	// was left pending: they had nothing to do.
 	Dequeued int
-	// QueueLeft: the campaign's batches still in Redis's queue or DLQ were not taken out (RedisAway); each
+	// QueueLeft: the campaign's batches still in Redis's queue or DLQ were not taken out (Redis did not
+	// answer the halt mark); each
 	// finds nothing to do, and a cancel run again once Redis answers takes them out.
 	QueueLeft bool
 }
@@ -166,13 +159,14 @@ func Cancel(ctx context.Context, o CancelOptions) (CancelReport, error) {
 	}
 	rep.Was = was
 	log := orDiscard(o.Logger)
-	away := o.RedisAway
-	if err := haltAs(ctx, o.Redis, id, campaign.StateCancelled, o.RedisAway); err != nil {
+	// away: Redis did not answer the halt mark (down, frozen, out of reach): the cancel is recorded in
+	// Postgres alone. The recipients runs hold are left to the workers (their claims are in Redis: reading
+	// them would only wait on each timeout), and nothing is queued or taken out of the queue; the cancel
+	// says what is left.
+	away := false
+	if err := haltAs(ctx, o.Redis, id, campaign.StateCancelled); err != nil {
 		log.Warn("cancel recorded in Postgres, but not in Redis; workers stop at their next chunk instead of their next send", "err", err)
-		// Redis stopped answering since the command began (it answered its ping): the recipients runs hold
-		// are left to the workers as when it did not answer at all, rather than read from claims one
-		// timeout after another.
-		away = away || redisUnanswered(err)
+		away = redisUnanswered(err)
 	} else {
 		rep.Halted = true
 		settleHalt(ctx, was)
@@ -284,19 +278,21 @@ func redisUnanswered(err error) bool {
 	return err != nil && !errors.As(err, &reply) && !errors.Is(err, context.Canceled)
 }
 
+// haltWait is how long a halt mark's write may take: a Redis that answers takes it in milliseconds, and
+// one that does not is not waited for through its client's timeouts and retries (the state is in Postgres
+// already, and the workers stop at their next chunk).
+const haltWait = time.Second
+
 // haltAs writes the halt mark of a campaign paused or cancelled (st): a pause's lasts until Resume clears
-// it, a cancel's as long as the claims, which it outlives. When Redis did not answer the command (away),
-// the write gets a second: the client's retries stop there (its first read still waits out its timeout).
-func haltAs(ctx context.Context, rdb redis.UniversalClient, id int64, st campaign.State, away bool) error {
+// it, a cancel's as long as the claims, which it outlives. The write gets haltWait: the client's retries
+// stop there, and so do its reads when its contexts bound them (the commands' client does).
+func haltAs(ctx context.Context, rdb redis.UniversalClient, id int64, st campaign.State) error {
 	ttl := time.Duration(0)
 	if st == campaign.StateCancelled {
 		ttl = DefaultClaimTTL
 	}
-	if away {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, time.Second)
-		defer cancel()
-	}
+	ctx, cancel := context.WithTimeout(ctx, haltWait)
+	defer cancel()
 	return Halt(ctx, rdb, id, string(st), ttl)
 }
 
@@ -442,7 +438,7 @@ func Resume(ctx context.Context, o ResumeOptions) (ResumeReport, error) {
 		}
 	}
 	if now.State == campaign.StatePaused || now.State == campaign.StateCancelled {
-		if err := haltAs(ctx, o.Redis, id, now.State, false); err != nil {
+		if err := haltAs(ctx, o.Redis, id, now.State); err != nil {
 			return rep, err
 		}
 		// It did not go on: the report must not say it runs again (it said both).

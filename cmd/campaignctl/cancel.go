@@ -56,7 +56,7 @@ A cancelled campaign cannot be resumed, and its dead-lettered batches are not re
 }
 
 func (a *app) cancel(ctx context.Context, o cancelOptions) error {
-	svc, redisErr, err := a.openServicesForHalt(ctx, o.id)
+	svc, err := a.openServicesForHalt(ctx, o.id)
 	if err != nil {
 		return err
 	}
@@ -65,7 +65,7 @@ func (a *app) cancel(ctx context.Context, o cancelOptions) error {
 	// workers' to close once Redis answers.
 	host, _ := os.Hostname()
 	rep, err := worker.Cancel(ctx, worker.CancelOptions{
-		Store: svc.store, Redis: svc.redis, CampaignID: o.id, Wait: o.wait, Logger: a.logger(), RedisAway: redisErr != nil,
+		Store: svc.store, Redis: svc.redis, CampaignID: o.id, Wait: o.wait, Logger: a.logger(),
 		Owner: fmt.Sprintf("%s:%d:cancel", host, os.Getpid()),
 		Recorded: func(r worker.CancelReport) {
 			if r.Was == campaign.StateCancelled {

@@ -344,15 +344,15 @@ func (a *app) openCampaignEngine(ctx context.Context, campaignID int64) (*pgxpoo
 
 // openServicesForHalt is openServices for pause and cancel, which are recorded in Postgres first: when
 // Redis does not answer within a second (down, stalled, out of this machine's reach), they go on with a
-// client that is not checked, and redisErr says why. Their halt mark cannot be written then; the workers,
-// which send nothing while Redis is away from them, stop at their next chunk. Redis is given a second, not
-// the five other commands wait: where the workers still reach it, they send meanwhile. A REDIS_URL that
-// is not one, or that Redis refuses (its password, its DB number), stays refused (exit 2), before
-// anything is written.
-func (a *app) openServicesForHalt(ctx context.Context, campaignID int64) (svc *services, redisErr error, err error) {
+// client that is not checked. Their halt mark cannot be written then (worker.Pause and worker.Cancel say
+// so); the workers, which send nothing while Redis is away from them, stop at their next chunk. Redis is
+// given a second, not the five other commands wait: where the workers still reach it, they send
+// meanwhile. A REDIS_URL that is not one, or that Redis refuses (its password, its DB number), stays
+// refused (exit 2), before anything is written.
+func (a *app) openServicesForHalt(ctx context.Context, campaignID int64) (*services, error) {
 	engine, err := a.openCampaignEngine(ctx, campaignID)
 	if err != nil {
-		return nil, nil, err
+		return nil, err
 	}
 	store := campaign.NewStore(engine)
 	newRedis := func() (*redis.Client, string, error) {
@@ -364,15 +364,14 @@ func (a *app) openServicesForHalt(ctx context.Context, campaignID int64) (svc *s
 	case err == nil:
 	case errors.As(err, &bad):
 		engine.Close()
-		return nil, nil, err
+		return nil, err
 	default:
-		redisErr = err
 		if rdb, _, err = newRedis(); err != nil {
 			engine.Close()
-			return nil, nil, err
+			return nil, err
 		}
 	}
-	return &services{engine: engine, redis: rdb, store: store}, redisErr, nil
+	return &services{engine: engine, redis: rdb, store: store}, nil
 }
 
 // rate reads a messages-per-second cap from the environment.

@@ -37,12 +37,12 @@ back; queued batches wait. Nothing is lost: the recipients stay pending until ` 
 
 func (a *app) pause(ctx context.Context, o pauseOptions) error {
 	// Redis not answering: the pause is recorded in Postgres, and says its halt mark is not written.
-	svc, redisErr, err := a.openServicesForHalt(ctx, o.id)
+	svc, err := a.openServicesForHalt(ctx, o.id)
 	if err != nil {
 		return err
 	}
 	defer svc.Close()
-	rep, err := worker.Pause(ctx, worker.PauseOptions{Store: svc.store, Redis: svc.redis, CampaignID: o.id, Logger: a.logger(), RedisAway: redisErr != nil})
+	rep, err := worker.Pause(ctx, worker.PauseOptions{Store: svc.store, Redis: svc.redis, CampaignID: o.id, Logger: a.logger()})
 	if err != nil {
 		return err
 	}

@@ -29,7 +29,12 @@ const sentinelScheme = "redis+sentinel"
 // after a failover or a restart the epoch is renewed before anything is claimed on the new master, and a
 // connection to a replica is refused. log (may be nil) is told when the epoch was renewed.
 func redisClient(raw string, log *slog.Logger) (*redis.Client, string, error) {
-	return newRedisClient(raw, func(next onConnect) onConnect { return worker.CheckEpochOnConnect(next, log) }, false)
+	return newRedisClient(raw, epochCheck(log), false)
+}
+
+// epochCheck is the connection check of redisClient (worker.CheckEpochOnConnect), telling log.
+func epochCheck(log *slog.Logger) func(next onConnect) onConnect {
+	return func(next onConnect) onConnect { return worker.CheckEpochOnConnect(next, log) }
 }
 
 // haltRedisClient is redisClient for pause and cancel, whose contexts' deadlines bound each command's
@@ -37,7 +42,7 @@ func redisClient(raw string, log *slog.Logger) (*redis.Client, string, error) {
 // timeout): a frozen Redis holds them for the second they give it, not for a timeout per connection and
 // retry.
 func haltRedisClient(raw string, log *slog.Logger) (*redis.Client, string, error) {
-	return newRedisClient(raw, func(next onConnect) onConnect { return worker.CheckEpochOnConnect(next, log) }, true)
+	return newRedisClient(raw, epochCheck(log), true)
 }
 
 // queueRedisClient is redisClient for a command that queues work but takes no claim (launch): its
