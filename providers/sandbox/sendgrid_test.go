@@ -533,15 +533,7 @@ func BenchmarkSendGridHandler(b *testing.B) {
 	b.ReportAllocs()
 	for i := 0; b.Loop(); i++ {
 		raw := bodies[i%len(bodies)]
-		r := *tmpl
-		r.Body = io.NopCloser(bytes.NewReader(raw))
-		r.ContentLength = int64(len(raw))
-		clear(w.header)
-		w.status = 0
-		s.ServeHTTP(w, &r)
-		if w.status != http.StatusAccepted {
-			b.Fatalf("status %d", w.status)
-		}
+		w.serve(b, s, tmpl, bytes.NewReader(raw), len(raw), http.StatusAccepted)
 	}
 	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*1000), "ns/e-mail")
 }

@@ -256,11 +256,16 @@ send_scenario() {
     awk -F: '/^used_memory:/ { v = $2 + 0; if (v > m) { m = v; print m > f; close(f) } }' f="$peak_file") 2>/dev/null &
   local sampler=$!
   local peak=$base used deadline=$((SECONDS + SEND_TIMEOUT)) accepted=0 state="" polls=0 st
+  local busy_from="" busy_to="" busy_t0="" busy_t1=""
   while [ $SECONDS -lt $deadline ]; do
     sleep 1
     st=$(sandbox_peek /_sandbox/stats)
     [[ $st =~ \"accepted\":[[:space:]]*([0-9]+) ]] && accepted=${BASH_REMATCH[1]}
     polls=$((polls + 1))
+    # The machine's CPU from the first poll that sees acceptances to the one that sees them all: whether
+    # the run was bound by the cores (all busy) or by waits (some idle).
+    if [ "$accepted" -gt 0 ] && [ -z "$busy_from" ]; then busy_from=$(machine_ticks) busy_t0=$EPOCHREALTIME; fi
+    if [ "$accepted" -ge "$s_planned" ] && [ -z "$busy_to" ]; then busy_to=$(machine_ticks) busy_t1=$EPOCHREALTIME; fi
     # Once everyone is accepted, or every few seconds (a campaign may complete with recipients failed).
     if [ "$accepted" -ge "$s_planned" ] || [ $((polls % 5)) = 0 ]; then
       state=$(psql_bench -Atc "SELECT state FROM campaigns WHERE id = $id")
@@ -285,6 +290,13 @@ send_scenario() {
     'BEGIN { if (n > 0) printf "%.1f %.1f %.1f %.1f", pg * 1e6 / n, rd * 1e6 / n, wk * 1e6 / n, sb * 1e6 / n; else print "0 0 0 0" }')
   notes+=("$name: CPU used while the workers ran: $s_cpu; $(awk -v u="$s_us" 'BEGIN { split(u, v, " ")
     printf "µs a planned recipient: postgres %.0f, redis %.0f, workers %.0f (all in %.0f), sandbox %.0f", v[1], v[2], v[3], v[1] + v[2] + v[3], v[4] }')")
+  if [ -n "$busy_to" ]; then
+    # Whole polls a second apart: read only over a span of two seconds or more.
+    local busy
+    busy=$(awk -v a="$busy_from" -v b="$busy_to" -v t0="$busy_t0" -v t1="$busy_t1" -v hz="$(getconf CLK_TCK)" -v n="$(nproc)" \
+      'BEGIN { if (t1 - t0 >= 2) printf "%.0f %% of %d cores over %.1f s", (b - a) / hz / (t1 - t0) / n * 100, n, t1 - t0 }')
+    [ -z "$busy" ] || notes+=("$name: the machine was busy $busy, from the first poll that saw acceptances to the one that saw them all (everything it ran, the sandbox too)")
+  fi
   for i in "${!wpids[@]}"; do
     local hwm
     hwm=$(awk '/^VmHWM/ { printf "%.0f", $2 / 1024 }' "/proc/${wpids[$i]}/status" 2>/dev/null || echo 0)
