@@ -316,6 +316,13 @@ type ResumeReport struct {
 	Found *campaign.Counts
 	// Resent counts the unknown recipients moved back to pending (ResendUnknown).
 	Resent int64
+	// Unprovable counts the unknown recipients found with no provider message ID, when the campaign's
+	// sends went through a provider whose receipts cannot name a recipient (UnprovableVia: those
+	// providers, with the recipients sent or left unknown through each). Nothing can show whether such a
+	// provider accepted their messages: a resend sends a second message to each one it did. Zero when the
+	// campaign used none.
+	Unprovable    int64
+	UnprovableVia map[string]int64
 	// StillInFlight counts the unknown recipients not resent because their claims were taken, or they
 	// were recorded unknown, less than Grace ago: the calls they were taken for may still be answered.
 	StillInFlight int
@@ -347,6 +354,12 @@ type ResumeReport struct {
 // longer when a worker noted a longer one (its heartbeat: state.NoteInFlightGrace). A younger claim may belong to a call still
 // under way, whose worker was judged dead while it was only slow or paused.
 const ResendGrace = 30 * time.Second
+
+// noRecipientReceipts names the providers whose receipts cannot name a recipient whose answer was lost:
+// Netgsm's reports are asked for by job ID, which comes only in the answer; FCM and webhooks send none.
+// Twilio's status callbacks (with TWILIO_STATUS_CALLBACK) and SendGrid's events name the campaign and
+// user (providers.ReceiptsNameRecipient).
+var noRecipientReceipts = []string{"fcm", "netgsm", "webhook"}
 
 // Resume continues a campaign after a pause or after any incident (a killed worker or launch, Redis
 // restarted empty, Postgres restarted), from Postgres, the source of truth: a paused campaign runs again
@@ -447,6 +460,16 @@ func Resume(ctx context.Context, o ResumeOptions) (ResumeReport, error) {
 	}
 	found := counts
 	rep.Found = &found
+	if counts.Unknown > 0 {
+		// Whether anything can still clear the unknown recipients that a resend sends again.
+		proof, err := o.Store.UnknownProof(ctx, id, noRecipientReceipts)
+		if err != nil {
+			return rep, err
+		}
+		if proof.NoMessageID > 0 && len(proof.Via) > 0 {
+			rep.Unprovable, rep.UnprovableVia = proof.NoMessageID, proof.Via
+		}
+	}
 
 	if o.ResendUnknown && counts.Unknown > 0 {
 		// Claims first: a recipient back in pending with its old claim would only be found unknown again.

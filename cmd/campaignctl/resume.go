@@ -1,8 +1,12 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"fmt"
+	"maps"
+	"slices"
+	"strings"
 
 	"github.com/spf13/cobra"
 
@@ -33,9 +37,11 @@ and prints what it found and did.
 
 Recipients whose outcome is unknown (the provider's answer was lost, or a worker died after claiming
 them) are not sent again unless you say so with --resend-unknown: then each is sent once more with the
-same promo code, unless its claim shows the provider had accepted it. A completed campaign can be resumed
-only with --resend-unknown. A campaign whose İYS consents are older than its --max-consent-age is not
-resumed (nothing is changed): run campaignctl iys sync first.`,
+same promo code, unless its claim or a receipt shows the provider had accepted it. Netgsm, FCM and webhooks
+give no receipt that can name a recipient whose answer was lost: resume warns when the campaign sent
+through them and such recipients are unknown. A completed campaign can be resumed only with
+--resend-unknown. A campaign whose İYS consents are older than its --max-consent-age is not resumed
+(nothing is changed): run campaignctl iys sync first.`,
 		Example: `  campaignctl resume 42
   campaignctl resume 42 --resend-unknown`,
 		Args: exactlyOne("a campaign ID", campaignIDHint("resume")),
@@ -74,6 +80,14 @@ func (a *app) printResume(rep worker.ResumeReport, o resumeOptions, err error) {
 	f := rep.Found
 	fmt.Fprintf(a.stdout, "campaign %d found: %d planned, %d sent, %d failed, %d skipped, %d unknown, %d pending\n",
 		id, f.Planned, f.Sent, f.Failed, f.Skipped, f.Unknown, f.Pending)
+	if rep.Unprovable > 0 {
+		then := fmt.Sprintf("`--resend-unknown` would send a second message to each whose first was accepted: check them against the provider's own records first (SELECT user_id, address FROM campaign_recipients WHERE campaign_id = %d AND status = 'unknown')", id)
+		if o.resendUnknown {
+			then = "those made pending again get a second message wherever the first was accepted"
+		}
+		fmt.Fprintf(a.stderr, "warning: %d of the unknown recipients have no provider message ID, and this campaign sent through %s, whose receipts cannot name a recipient (Netgsm's reports are asked for by message ID; FCM and webhooks send none): nothing can show whether their messages were accepted; %s\n",
+			rep.Unprovable, viaList(rep.UnprovableVia), then)
+	}
 	// "0 will be sent again" only when nothing failed and nothing was held back as still in flight.
 	if o.resendUnknown && f.Unknown > 0 && (rep.Resent > 0 || err == nil && rep.StillInFlight == 0) {
 		fmt.Fprintf(a.stdout, "%d unknown recipients will be sent again, with the codes they already hold\n", rep.Resent)
@@ -103,4 +117,20 @@ func (a *app) printResume(rep worker.ResumeReport, o resumeOptions, err error) {
 	if rep.QueuePaused {
 		fmt.Fprintf(a.stderr, "warning: the Asynq queue %s is paused (asynqmon's Pause): no worker takes a batch of any campaign until it is unpaused there (campaignctl ui: Queues, %s, Resume)\n", worker.Queue, worker.Queue)
 	}
+}
+
+// viaList writes providers and their recipients as "netgsm (3417 recipients) and fcm (2 recipients)",
+// the most used first.
+func viaList(via map[string]int64) string {
+	names := slices.SortedFunc(maps.Keys(via), func(a, b string) int {
+		if c := cmp.Compare(via[b], via[a]); c != 0 {
+			return c
+		}
+		return strings.Compare(a, b)
+	})
+	parts := make([]string, len(names))
+	for i, n := range names {
+		parts[i] = fmt.Sprintf("%s (%d recipients)", n, via[n])
+	}
+	return strings.Join(parts, " and ")
 }

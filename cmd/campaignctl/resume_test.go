@@ -57,3 +57,41 @@ func TestResumeOfACompletedCampaignSaysWhatThereIsToSendAgain(t *testing.T) {
 		t.Fatalf("resume --resend-unknown of a completed campaign with none unknown: exit %d, %s", code, stderr)
 	}
 }
+
+// An unknown recipient with no message ID, in a campaign sent through Netgsm: Netgsm's reports are asked
+// for by message ID, so nothing can show whether it took the message, and resume says that a resend sends
+// a second message to each whose first was accepted, before the resend and with it. Sent through Twilio
+// (whose status callbacks name the recipient), the campaign gets no such warning.
+func TestResumeWarnsOfUnknownRecipientsNoReceiptCanClear(t *testing.T) {
+	t.Parallel()
+	env, id, db, _ := plannedEnv(t)
+	ctx := context.Background()
+	exec := func(sql string) {
+		t.Helper()
+		if _, err := db.Exec(ctx, sql, id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// a: unknown, its answer lost; b: sent through Netgsm; c: pending, so that the campaign runs on.
+	exec(`UPDATE campaign_recipients SET status = CASE WHEN user_id = 'a' THEN 'unknown' ELSE 'sent' END,
+		provider = CASE WHEN user_id = 'a' THEN NULL ELSE 'netgsm' END,
+		provider_message_id = CASE WHEN user_id = 'a' THEN NULL ELSE '17' || user_id END,
+		updated_at = now() - interval '1 hour' WHERE campaign_id = $1 AND user_id <> 'c'`)
+	_, stderr, code := cli(t, env, "resume", id)
+	if code != 0 || !strings.Contains(stderr, "warning: 1 of the unknown recipients have no provider message ID, and this campaign sent through netgsm (1 recipients)") ||
+		!strings.Contains(stderr, "`--resend-unknown` would send a second message to each whose first was accepted") {
+		t.Fatalf("resume of a Netgsm campaign with an unknown recipient without message ID: exit %d, %s", code, stderr)
+	}
+
+	exec(`UPDATE campaign_recipients SET provider = 'twilio' WHERE campaign_id = $1 AND status = 'sent'`)
+	if _, stderr, code := cli(t, env, "resume", id); code != 0 || strings.Contains(stderr, "message ID") {
+		t.Fatalf("resume of a Twilio campaign: exit %d, %s", code, stderr)
+	}
+
+	exec(`UPDATE campaign_recipients SET provider = 'netgsm' WHERE campaign_id = $1 AND status = 'sent'`)
+	out, stderr, code := cli(t, env, "resume", id, "--resend-unknown")
+	if code != 0 || !strings.Contains(out, "1 unknown recipients will be sent again") ||
+		!strings.Contains(stderr, "those made pending again get a second message wherever the first was accepted") {
+		t.Fatalf("resume --resend-unknown of the Netgsm campaign: exit %d\n%s%s", code, out, stderr)
+	}
+}
