@@ -426,24 +426,27 @@ func (s *Store) UnknownToResend(ctx context.Context, id int64, grace time.Durati
 // UnknownProof is what a campaign's rows say of the evidence that can still come for its unknown
 // recipients (Store.UnknownProof).
 type UnknownProof struct {
-	// NoMessageID counts the unknown recipients with no provider message ID and no receipt: their answers
-	// were lost, and only a receipt that names the recipient itself can still show that their messages
-	// were accepted.
+	// NoMessageID counts the unknown recipients with no provider message ID and no receipt, left unknown
+	// through one of the providers asked about or through none known (the claim that named it was lost):
+	// their answers were lost, and only a receipt that names the recipient itself could still show that
+	// their messages were accepted.
 	NoMessageID int64
 	// Via counts, for each provider asked about that the campaign's sends went through, its recipients
 	// sent or left unknown through it.
 	Via map[string]int64
 }
 
-// UnknownProof reads, for campaign id, how many of its unknown recipients have no message ID, and how
-// many of its recipients went through each of providers (one scan of the campaign's rows).
+// UnknownProof reads, for campaign id, how many of its unknown recipients have no message ID (and went
+// through one of providers, or none known), and how many of its recipients went through each of providers
+// (one scan of the campaign's rows).
 func (s *Store) UnknownProof(ctx context.Context, id int64, providers []string) (UnknownProof, error) {
 	p := UnknownProof{Via: map[string]int64{}}
 	rows, err := s.pool.Query(ctx, `
 		SELECT coalesce(provider, ''),
 			count(*) FILTER (WHERE status IN (`+sqlSent+`, `+sqlUnknown+`)),
-			count(*) FILTER (WHERE status = `+sqlUnknown+` AND coalesce(provider_message_id, '') = '' AND delivery IS NULL)
-		FROM campaign_recipients WHERE campaign_id = $1 GROUP BY 1`, id)
+			count(*) FILTER (WHERE status = `+sqlUnknown+` AND coalesce(provider_message_id, '') = '' AND delivery IS NULL
+				AND (coalesce(provider, '') = '' OR provider = ANY($2)))
+		FROM campaign_recipients WHERE campaign_id = $1 GROUP BY 1`, id, providers)
 	if err != nil {
 		return p, fmt.Errorf("unknown recipients' evidence: %w", err)
 	}
