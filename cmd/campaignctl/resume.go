@@ -81,12 +81,12 @@ func (a *app) printResume(rep worker.ResumeReport, o resumeOptions, err error) {
 	fmt.Fprintf(a.stdout, "campaign %d found: %d planned, %d sent, %d failed, %d skipped, %d unknown, %d pending\n",
 		id, f.Planned, f.Sent, f.Failed, f.Skipped, f.Unknown, f.Pending)
 	if rep.Unprovable > 0 {
-		then := fmt.Sprintf("`--resend-unknown` would send a second message to each whose first was accepted: check them against the provider's own records first (SELECT user_id, address FROM campaign_recipients WHERE campaign_id = %d AND status = 'unknown')", id)
+		then := fmt.Sprintf("`--resend-unknown` would send a second message to each whose first was accepted: check them against the provider's own records first (SELECT user_id, address FROM campaign_recipients WHERE campaign_id = %d AND status = 'unknown' AND coalesce(provider_message_id, '') = '' AND delivery IS NULL)", id)
 		if o.resendUnknown {
 			then = "those made pending again get a second message wherever the first was accepted"
 		}
-		fmt.Fprintf(a.stderr, "warning: %d of the unknown recipients have no provider message ID, and this campaign sent through %s, whose receipts cannot name a recipient (Netgsm's reports are asked for by message ID; FCM and webhooks send none): nothing can show whether their messages were accepted; %s\n",
-			rep.Unprovable, viaList(rep.UnprovableVia), then)
+		fmt.Fprintf(a.stderr, "warning: %d of the unknown recipients have no provider message ID, and this campaign's messages went through %s: %s; nothing can show whether their messages were accepted; %s\n",
+			rep.Unprovable, viaList(rep.UnprovableVia), whyNoReceipt(rep.UnprovableVia), then)
 	}
 	// "0 will be sent again" only when nothing failed and nothing was held back as still in flight.
 	if o.resendUnknown && f.Unknown > 0 && (rep.Resent > 0 || err == nil && rep.StillInFlight == 0) {
@@ -119,18 +119,43 @@ func (a *app) printResume(rep worker.ResumeReport, o resumeOptions, err error) {
 	}
 }
 
-// viaList writes providers and their recipients as "netgsm (3417 recipients) and fcm (2 recipients)",
-// the most used first.
+// viaList writes providers and their recipients as "netgsm (3417 recipients sent or left unknown through
+// it) and fcm (2 ...)", the most used first.
 func viaList(via map[string]int64) string {
-	names := slices.SortedFunc(maps.Keys(via), func(a, b string) int {
+	parts := make([]string, 0, len(via))
+	for i, n := range byUse(via) {
+		if i == 0 {
+			parts = append(parts, fmt.Sprintf("%s (%d recipients sent or left unknown through it)", n, via[n]))
+		} else {
+			parts = append(parts, fmt.Sprintf("%s (%d)", n, via[n]))
+		}
+	}
+	return strings.Join(parts, " and ")
+}
+
+// whyNoReceipt says, for each provider of via, why its receipts cannot name a recipient whose answer was
+// lost.
+func whyNoReceipt(via map[string]int64) string {
+	why := map[string]string{
+		"netgsm":  "Netgsm's reports are asked for by job ID, which came only in the lost answer",
+		"fcm":     "FCM sends no receipts",
+		"webhook": "webhooks send no receipts",
+	}
+	parts := make([]string, 0, len(via))
+	for _, n := range byUse(via) {
+		if w, ok := why[n]; ok {
+			parts = append(parts, w)
+		}
+	}
+	return strings.Join(parts, "; ")
+}
+
+// byUse is via's providers, the most used first.
+func byUse(via map[string]int64) []string {
+	return slices.SortedFunc(maps.Keys(via), func(a, b string) int {
 		if c := cmp.Compare(via[b], via[a]); c != 0 {
 			return c
 		}
 		return strings.Compare(a, b)
 	})
-	parts := make([]string, len(names))
-	for i, n := range names {
-		parts[i] = fmt.Sprintf("%s (%d recipients)", n, via[n])
-	}
-	return strings.Join(parts, " and ")
 }

@@ -78,8 +78,8 @@ func TestResumeWarnsOfUnknownRecipientsNoReceiptCanClear(t *testing.T) {
 		provider_message_id = CASE WHEN user_id = 'a' THEN NULL ELSE '17' || user_id END,
 		updated_at = now() - interval '1 hour' WHERE campaign_id = $1 AND user_id <> 'c'`)
 	_, stderr, code := cli(t, env, "resume", id)
-	if code != 0 || !strings.Contains(stderr, "warning: 1 of the unknown recipients have no provider message ID, and this campaign sent through netgsm (1 recipients)") ||
-		!strings.Contains(stderr, "`--resend-unknown` would send a second message to each whose first was accepted") {
+	if code != 0 || !strings.Contains(stderr, "warning: 1 of the unknown recipients have no provider message ID, and this campaign's messages went through netgsm (1 recipients sent or left unknown through it): Netgsm's reports are asked for by job ID") ||
+		strings.Contains(stderr, "FCM") || !strings.Contains(stderr, "`--resend-unknown` would send a second message to each whose first was accepted") {
 		t.Fatalf("resume of a Netgsm campaign with an unknown recipient without message ID: exit %d, %s", code, stderr)
 	}
 
