@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"slices"
 	"time"
 
@@ -116,8 +117,8 @@ type CancelReport struct {
 	// was left pending: they had nothing to do.
 	Dequeued int
 	// QueueLeft: the campaign's batches still in Redis's queue or DLQ were not taken out (Redis did not
-	// answer the halt mark); each
-	// finds nothing to do, and a cancel run again once Redis answers takes them out.
+	// answer the halt mark); each finds nothing to do, and a cancel run again once Redis answers takes
+	// them out.
 	QueueLeft bool
 }
 
@@ -355,11 +356,14 @@ type ResumeReport struct {
 // under way, whose worker was judged dead while it was only slow or paused.
 const ResendGrace = 30 * time.Second
 
-// noRecipientReceipts names the providers whose receipts cannot name a recipient whose answer was lost:
-// Netgsm's reports are asked for by job ID, which comes only in the answer; FCM and webhooks send none.
-// Twilio's status callbacks (with TWILIO_STATUS_CALLBACK) and SendGrid's events name the campaign and
-// user (providers.ReceiptsNameRecipient).
-var noRecipientReceipts = []string{"fcm", "netgsm", "webhook"}
+// NoRecipientReceipts names the providers whose receipts cannot name a recipient whose answer was lost,
+// each with why. Twilio's status callbacks (with TWILIO_STATUS_CALLBACK) and SendGrid's events name the
+// campaign and user (providers.ReceiptsNameRecipient).
+var NoRecipientReceipts = map[string]string{
+	"netgsm":  "Netgsm's reports are asked for by job ID, which came only in the lost answer",
+	"fcm":     "FCM sends no receipts",
+	"webhook": "webhooks send no receipts",
+}
 
 // Resume continues a campaign after a pause or after any incident (a killed worker or launch, Redis
 // restarted empty, Postgres restarted), from Postgres, the source of truth: a paused campaign runs again
@@ -462,7 +466,7 @@ func Resume(ctx context.Context, o ResumeOptions) (ResumeReport, error) {
 	rep.Found = &found
 	if counts.Unknown > 0 {
 		// Whether anything can still clear the unknown recipients that a resend sends again.
-		proof, err := o.Store.UnknownProof(ctx, id, noRecipientReceipts)
+		proof, err := o.Store.UnknownProof(ctx, id, slices.Sorted(maps.Keys(NoRecipientReceipts)))
 		if err != nil {
 			return rep, err
 		}

@@ -85,8 +85,9 @@ func (a *app) printResume(rep worker.ResumeReport, o resumeOptions, err error) {
 		if o.resendUnknown {
 			then = "those made pending again get a second message wherever the first was accepted"
 		}
+		via, why := viaList(rep.UnprovableVia)
 		fmt.Fprintf(a.stderr, "warning: %d of the unknown recipients have no provider message ID, and this campaign's messages went through %s: %s; nothing can show whether their messages were accepted; %s\n",
-			rep.Unprovable, viaList(rep.UnprovableVia), whyNoReceipt(rep.UnprovableVia), then)
+			rep.Unprovable, via, why, then)
 	}
 	// "0 will be sent again" only when nothing failed and nothing was held back as still in flight.
 	if o.resendUnknown && f.Unknown > 0 && (rep.Resent > 0 || err == nil && rep.StillInFlight == 0) {
@@ -120,42 +121,20 @@ func (a *app) printResume(rep worker.ResumeReport, o resumeOptions, err error) {
 }
 
 // viaList writes providers and their recipients as "netgsm (3417 recipients sent or left unknown through
-// it) and fcm (2 ...)", the most used first.
-func viaList(via map[string]int64) string {
-	parts := make([]string, 0, len(via))
-	for i, n := range byUse(via) {
-		if i == 0 {
-			parts = append(parts, fmt.Sprintf("%s (%d recipients sent or left unknown through it)", n, via[n]))
-		} else {
-			parts = append(parts, fmt.Sprintf("%s (%d)", n, via[n]))
-		}
-	}
-	return strings.Join(parts, " and ")
-}
-
-// whyNoReceipt says, for each provider of via, why its receipts cannot name a recipient whose answer was
-// lost.
-func whyNoReceipt(via map[string]int64) string {
-	why := map[string]string{
-		"netgsm":  "Netgsm's reports are asked for by job ID, which came only in the lost answer",
-		"fcm":     "FCM sends no receipts",
-		"webhook": "webhooks send no receipts",
-	}
-	parts := make([]string, 0, len(via))
-	for _, n := range byUse(via) {
-		if w, ok := why[n]; ok {
-			parts = append(parts, w)
-		}
-	}
-	return strings.Join(parts, "; ")
-}
-
-// byUse is via's providers, the most used first.
-func byUse(via map[string]int64) []string {
-	return slices.SortedFunc(maps.Keys(via), func(a, b string) int {
+// it) and fcm (2)", the most used first, and why says why each cannot clear an unknown recipient
+// (worker.NoRecipientReceipts).
+func viaList(via map[string]int64) (list, why string) {
+	names := slices.SortedFunc(maps.Keys(via), func(a, b string) int {
 		if c := cmp.Compare(via[b], via[a]); c != 0 {
 			return c
 		}
 		return strings.Compare(a, b)
 	})
+	parts, whys := make([]string, len(names)), make([]string, len(names))
+	for i, n := range names {
+		parts[i] = fmt.Sprintf("%s (%d)", n, via[n])
+		whys[i] = worker.NoRecipientReceipts[n]
+	}
+	parts[0] = fmt.Sprintf("%s (%d recipients sent or left unknown through it)", names[0], via[names[0]])
+	return strings.Join(parts, " and "), strings.Join(whys, "; ")
 }

@@ -487,6 +487,37 @@ func TestSendGridLogs(t *testing.T) {
 	}
 }
 
+// A message's headers are the request's with its personalization's over them, as SendGrid's are; with
+// none for the request, the personalization's alone; with neither, none.
+func TestSendGridHeadersOfAPersonalizationWin(t *testing.T) {
+	t.Parallel()
+	s, srv := newSendGridSandbox(t, sandbox.Options{})
+	both := sgPersonalization("both@example.com", nil, nil)
+	both["headers"] = map[string]string{"X-Kind": "own"}
+	top := sgMail(both, sgPersonalization("top@example.com", nil, nil))
+	top["headers"] = sgObj{"X-Kind": "request", "X-List": "kampanya"}
+	own := sgPersonalization("own@example.com", nil, nil)
+	own["headers"] = map[string]string{"List-Unsubscribe": "<https://example.com/u/1>"}
+	for _, m := range []sgObj{top, sgMail(own, sgPersonalization("none@example.com", nil, nil))} {
+		if a := sgPost(t, srv, sgTestKey, m); a.status != http.StatusAccepted {
+			t.Fatalf("send: %d %s", a.status, a.raw)
+		}
+	}
+	got := map[string]map[string]string{}
+	for _, m := range s.Messages() {
+		got[m.To] = m.Headers
+	}
+	want := map[string]map[string]string{
+		"both@example.com": {"X-Kind": "own", "X-List": "kampanya"},
+		"top@example.com":  {"X-Kind": "request", "X-List": "kampanya"},
+		"own@example.com":  {"List-Unsubscribe": "<https://example.com/u/1>"},
+		"none@example.com": nil,
+	}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("headers by recipient (-want +got):\n%s", diff)
+	}
+}
+
 // BenchmarkSendGridHandler measures the sandbox's own work for one accepted request of 1000
 // personalizations shaped as the SendGrid adapter writes a campaign's (the shared text and HTML once, each
 // recipient's subject, four substitutions, the unsubscribe headers and the custom_args naming the
