@@ -38,19 +38,10 @@ func benchClaimWindow(b *testing.B, transactional bool) {
 	}
 	g := Guard{Epoch: epoch, Halt: HaltKey(c.ID), CheckHalt: true}
 	nonce := Nonce(c)
-	cpu := func() float64 {
-		info, err := rdb.Info(ctx, "cpu").Result()
-		if err != nil {
-			b.Fatal(err)
-		}
-		u, _ := strconv.ParseFloat(testredis.InfoField(info, "used_cpu_user_main_thread"), 64)
-		s, _ := strconv.ParseFloat(testredis.InfoField(info, "used_cpu_sys_main_thread"), 64)
-		return u + s
-	}
 	var prev []Answer
 	scs := make([]SendClaim, window)
 	claims, i := 0, 0
-	before := cpu()
+	before := redisCPU(b, rdb)
 	for b.Loop() {
 		mine := InFlightValue(time.Now(), "bench")
 		for k := range scs {
@@ -71,5 +62,5 @@ func benchClaimWindow(b *testing.B, transactional bool) {
 		}
 		claims += window
 	}
-	b.ReportMetric((cpu()-before)*1e9/float64(claims), "redis-cpu-ns/claim")
+	b.ReportMetric((redisCPU(b, rdb)-before)*1e9/float64(claims), "redis-cpu-ns/claim")
 }
