@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -378,8 +377,21 @@ func (s *Store) CancelUnleased(ctx context.Context, id int64) (int64, error) {
 // only its deletion): the transaction's commit then waits for the WAL to be flushed up to the lock, past
 // every outcome the read saw.
 func (s *Store) Unknown(ctx context.Context, id int64) ([]string, error) {
-	users, _, err := s.UnknownToResend(ctx, id, 0)
-	return users, err
+	h, err := s.UnknownToResend(ctx, id, 0, 0, nil)
+	return h.Resend, err
+}
+
+// UnknownHeld is what UnknownToResend found: the unknown users to resend, and those held back.
+type UnknownHeld struct {
+	// Resend are the users to send again.
+	Resend []string
+	// Held were recorded unknown less than the grace ago: their calls may still be answered.
+	Held []string
+	// AwaitingReceipts were recorded unknown less than the receipt grace ago, through a provider whose
+	// receipts name the recipient (or through none known): a receipt may still show their first message
+	// was accepted. Wait is how long until the last of them is out of it.
+	AwaitingReceipts []string
+	Wait             time.Duration
 }
 
 // UnknownToResend is Unknown for `resume --resend-unknown`, in one read: it holds back (held) the users
@@ -389,25 +401,42 @@ func (s *Store) Unknown(ctx context.Context, id int64) ([]string, error) {
 // (Unverifiable) records them while the run that held the chunk may only have been stopped or cut off,
 // its call still waiting for the answer. Either way the call began before the recipient was recorded, and
 // that time is the one age every unknown recipient has, whatever its claim says.
-func (s *Store) UnknownToResend(ctx context.Context, id int64, grace time.Duration) (resend, held []string, err error) {
+//
+// It also holds back (AwaitingReceipts) those recorded unknown less than receiptGrace ago through a
+// provider that is not one of noReceipts, or through none known (the claim naming it was lost): the
+// provider's receipts name the recipient (Twilio's status callbacks, SendGrid's events), and they can come
+// minutes after the message (SendGrid posts its events in batches); one that comes meanwhile proves the
+// first message, which a resend would have doubled.
+func (s *Store) UnknownToResend(ctx context.Context, id int64, grace, receiptGrace time.Duration, noReceipts []string) (UnknownHeld, error) {
+	var h UnknownHeld
+	if noReceipts == nil {
+		noReceipts = []string{}
+	}
 	b := &pgx.Batch{}
 	b.Queue(`SELECT count(*) FROM (SELECT 1 FROM campaigns WHERE id = $1 FOR KEY SHARE) x`, id)
-	b.Queue(`SELECT user_id, updated_at > now() - $2 * interval '1 millisecond'
+	b.Queue(`SELECT user_id, updated_at > now() - $2 * interval '1 millisecond',
+			NOT (coalesce(provider, '') <> '' AND provider = ANY($4::text[])) AND updated_at > now() - $3::bigint * interval '1 millisecond',
+			greatest(0, (extract(epoch FROM updated_at - now()) * 1000)::bigint + $3::bigint)
 		FROM campaign_recipients WHERE campaign_id = $1 AND status = `+sqlUnknown+` AND delivery IS NULL`,
-		id, grace.Milliseconds())
+		id, grace.Milliseconds(), receiptGrace.Milliseconds(), noReceipts)
 	br := s.pool.SendBatch(ctx, b)
 	var one int
-	err = br.QueryRow().Scan(&one)
+	err := br.QueryRow().Scan(&one)
 	if err == nil {
 		var rows pgx.Rows
 		if rows, err = br.Query(); err == nil {
 			var user string
-			var hold bool
-			_, err = pgx.ForEachRow(rows, []any{&user, &hold}, func() error {
-				if hold {
-					held = append(held, user)
-				} else {
-					resend = append(resend, user)
+			var hold, await bool
+			var left int64
+			_, err = pgx.ForEachRow(rows, []any{&user, &hold, &await, &left}, func() error {
+				switch {
+				case hold:
+					h.Held = append(h.Held, user)
+				case await:
+					h.AwaitingReceipts = append(h.AwaitingReceipts, user)
+					h.Wait = max(h.Wait, time.Duration(left)*time.Millisecond)
+				default:
+					h.Resend = append(h.Resend, user)
 				}
 				return nil
 			})
@@ -418,45 +447,45 @@ func (s *Store) UnknownToResend(ctx context.Context, id int64, grace time.Durati
 		err = cerr
 	}
 	if err != nil {
-		return nil, nil, fmt.Errorf("unknown recipients: %w", err)
+		return UnknownHeld{}, fmt.Errorf("unknown recipients: %w", err)
 	}
-	return resend, held, nil
+	return h, nil
 }
 
 // UnknownProof is what a campaign's rows say of the evidence that can still come for its unknown
-// recipients (Store.UnknownProof).
-type UnknownProof struct {
-	// NoMessageID counts the unknown recipients with no provider message ID and no receipt, left unknown
-	// through one of the providers asked about or through none known (the claim that named it was lost):
-	// their answers were lost, and only a receipt that names the recipient itself could still show that
-	// their messages were accepted.
+// recipients (Store.UnknownProof), by the provider they were sent or left unknown through ("": none
+// known, the claim that named it was lost).
+type UnknownProof map[string]ProviderProof
+
+// ProviderProof is UnknownProof for one provider.
+type ProviderProof struct {
+	// Via counts the recipients sent or left unknown through the provider.
+	Via int64
+	// Receipts counts its recipients with a delivery receipt: none at all says its receipts do not reach
+	// this engine (not set up, or the endpoint down), so none will clear an unknown recipient either.
+	Receipts int64
+	// NoMessageID counts its unknown recipients with no provider message ID and no receipt: their answers
+	// were lost, and only a receipt that names the recipient itself could still show that their messages
+	// were accepted.
 	NoMessageID int64
-	// Via counts, for each provider asked about that the campaign's sends went through, its recipients
-	// sent or left unknown through it.
-	Via map[string]int64
 }
 
-// UnknownProof reads, for campaign id, how many of its unknown recipients have no message ID (and went
-// through one of providers, or none known), and how many of its recipients went through each of providers
-// (one scan of the campaign's rows).
-func (s *Store) UnknownProof(ctx context.Context, id int64, providers []string) (UnknownProof, error) {
-	p := UnknownProof{Via: map[string]int64{}}
+// UnknownProof reads, for campaign id, UnknownProof (one scan of the campaign's rows).
+func (s *Store) UnknownProof(ctx context.Context, id int64) (UnknownProof, error) {
+	p := UnknownProof{}
 	rows, err := s.pool.Query(ctx, `
 		SELECT coalesce(provider, ''),
 			count(*) FILTER (WHERE status IN (`+sqlSent+`, `+sqlUnknown+`)),
-			count(*) FILTER (WHERE status = `+sqlUnknown+` AND coalesce(provider_message_id, '') = '' AND delivery IS NULL
-				AND (coalesce(provider, '') = '' OR provider = ANY($2)))
-		FROM campaign_recipients WHERE campaign_id = $1 GROUP BY 1`, id, providers)
+			count(*) FILTER (WHERE delivery IS NOT NULL),
+			count(*) FILTER (WHERE status = `+sqlUnknown+` AND coalesce(provider_message_id, '') = '' AND delivery IS NULL)
+		FROM campaign_recipients WHERE campaign_id = $1 GROUP BY 1`, id)
 	if err != nil {
 		return p, fmt.Errorf("unknown recipients' evidence: %w", err)
 	}
 	var name string
-	var via, noID int64
-	_, err = pgx.ForEachRow(rows, []any{&name, &via, &noID}, func() error {
-		p.NoMessageID += noID
-		if via > 0 && slices.Contains(providers, name) {
-			p.Via[name] = via
-		}
+	var pp ProviderProof
+	_, err = pgx.ForEachRow(rows, []any{&name, &pp.Via, &pp.Receipts, &pp.NoMessageID}, func() error {
+		p[name] = pp
 		return nil
 	})
 	if err != nil {

@@ -324,9 +324,19 @@ type ResumeReport struct {
 	// campaign used none.
 	Unprovable    int64
 	UnprovableVia map[string]int64
+	// UnprovableWhy says, for each provider of UnprovableVia, why its receipts cannot clear those
+	// recipients: it sends none that names the recipient (NoRecipientReceipts), or none of its receipts
+	// has reached this engine for the campaign (NoReceiptCame).
+	UnprovableWhy map[string]string
 	// StillInFlight counts the unknown recipients not resent because their claims were taken, or they
 	// were recorded unknown, less than Grace ago: the calls they were taken for may still be answered.
 	StillInFlight int
+	// AwaitingReceipts counts the unknown recipients not resent because they were recorded unknown less
+	// than ReceiptGrace ago through a provider whose receipts name the recipient: a receipt may still
+	// show that their first message was accepted. ReceiptWait is how long until the last of them may be
+	// resent.
+	AwaitingReceipts int
+	ReceiptWait      time.Duration
 	// Grace is how old a claim in flight had to be for its recipient to be resent: ResendGrace, or the
 	// longest in-flight grace a worker noted (3 × its --provider-timeout) when longer.
 	Grace time.Duration
@@ -356,6 +366,19 @@ type ResumeReport struct {
 // under way, whose worker was judged dead while it was only slow or paused.
 const ResendGrace = 30 * time.Second
 
+// ReceiptGrace is how long `resume --resend-unknown` holds back an unknown recipient whose provider's
+// receipts name the recipient (Twilio's status callbacks, SendGrid's events), from when it was recorded
+// unknown: such a receipt proves its first message was accepted, and it can come minutes after the
+// message (SendGrid posts its events in batches, and retries a post its endpoint did not take).
+const ReceiptGrace = 10 * time.Minute
+
+// NoReceiptCame is why a provider that does send receipts naming the recipient cannot clear a
+// campaign's unknown recipients when none of its receipts reached this engine for the campaign.
+var NoReceiptCame = map[string]string{
+	"twilio":   "no status callback has come for any of this campaign's messages through Twilio (TWILIO_STATUS_CALLBACK not set on the workers, or its callbacks do not reach `campaignctl webhooks`)",
+	"sendgrid": "no event has come for any of this campaign's e-mails through SendGrid (the Event Webhook not set up, or its posts do not reach `campaignctl webhooks`)",
+}
+
 // NoRecipientReceipts names the providers whose receipts cannot name a recipient whose answer was lost,
 // each with why. Twilio's status callbacks (with TWILIO_STATUS_CALLBACK) and SendGrid's events name the
 // campaign and user (providers.ReceiptsNameRecipient).
@@ -363,6 +386,39 @@ var NoRecipientReceipts = map[string]string{
 	"netgsm":  "Netgsm's reports are asked for by job ID, which came only in the lost answer",
 	"fcm":     "FCM sends no receipts",
 	"webhook": "webhooks send no receipts",
+}
+
+// unprovable reads proof for the unknown recipients nothing can clear: those with no message ID left
+// unknown through a provider whose receipts cannot name them (NoRecipientReceipts) or whose receipts never
+// reached this engine for the campaign (NoReceiptCame), or through none known while the campaign used
+// such a provider. It returns their count, the recipients sent or left unknown through each such
+// provider, and why each cannot clear them; zero when there are none.
+func unprovable(proof campaign.UnknownProof) (n int64, via map[string]int64, why map[string]string) {
+	via, why = map[string]int64{}, map[string]string{}
+	for p, pp := range proof {
+		if p == "" || pp.Via == 0 {
+			continue
+		}
+		if w, ok := NoRecipientReceipts[p]; ok {
+			via[p], why[p] = pp.Via, w
+			n += pp.NoMessageID
+		} else if pp.Receipts == 0 {
+			w, ok := NoReceiptCame[p]
+			if !ok {
+				w = "no receipt has come for any of this campaign's messages through " + p
+			}
+			via[p], why[p] = pp.Via, w
+			n += pp.NoMessageID
+		}
+	}
+	if len(via) == 0 {
+		return 0, nil, nil
+	}
+	n += proof[""].NoMessageID
+	if n == 0 {
+		return 0, nil, nil
+	}
+	return n, via, why
 }
 
 // Resume continues a campaign after a pause or after any incident (a killed worker or launch, Redis
@@ -466,13 +522,11 @@ func Resume(ctx context.Context, o ResumeOptions) (ResumeReport, error) {
 	rep.Found = &found
 	if counts.Unknown > 0 {
 		// Whether anything can still clear the unknown recipients that a resend sends again.
-		proof, err := o.Store.UnknownProof(ctx, id, slices.Sorted(maps.Keys(NoRecipientReceipts)))
+		proof, err := o.Store.UnknownProof(ctx, id)
 		if err != nil {
 			return rep, err
 		}
-		if proof.NoMessageID > 0 && len(proof.Via) > 0 {
-			rep.Unprovable, rep.UnprovableVia = proof.NoMessageID, proof.Via
-		}
+		rep.Unprovable, rep.UnprovableVia, rep.UnprovableWhy = unprovable(proof)
 	}
 
 	if o.ResendUnknown && counts.Unknown > 0 {
@@ -486,15 +540,24 @@ func Resume(ctx context.Context, o ResumeOptions) (ResumeReport, error) {
 		// Those recorded unknown less than the grace ago are held back (UnknownToResend): a worker that gave
 		// up on the answer records them at once, while the provider may still take the request; and a
 		// takeover that found the claims gone with Redis's data has no claim to say how old the calls are.
-		users, held, err := o.Store.UnknownToResend(ctx, id, rep.Grace)
+		// Those recorded unknown less than ReceiptGrace ago through a provider whose receipts name the
+		// recipient are held back too: its receipt may still come (a channel whose providers send none
+		// holds nobody back for it).
+		receiptGrace := time.Duration(0)
+		if c.Channel == campaign.ChannelSMS || c.Channel == campaign.ChannelEmail {
+			receiptGrace = ReceiptGrace
+		}
+		h, err := o.Store.UnknownToResend(ctx, id, rep.Grace, receiptGrace, slices.Sorted(maps.Keys(NoRecipientReceipts)))
 		if err != nil {
 			return rep, err
 		}
+		users := h.Resend
+		rep.AwaitingReceipts, rep.ReceiptWait = len(h.AwaitingReceipts), h.Wait.Round(time.Second)
 		kept, err := ForgetUnanswered(ctx, o.Redis, c, users, rep.Grace)
 		if err != nil {
 			return rep, err
 		}
-		rep.StillInFlight = len(held) + len(kept)
+		rep.StillInFlight = len(h.Held) + len(kept)
 		if len(kept) > 0 {
 			skip := make(map[string]bool, len(kept))
 			for _, u := range kept {

@@ -154,6 +154,14 @@ func TestAResendSendsASuspectRecipientOnceSettled(t *testing.T) {
 	if _, err := f.db.Exec(ctx, `UPDATE campaign_recipients SET updated_at = updated_at - interval '31 seconds' WHERE campaign_id = $1`, f.id); err != nil {
 		t.Fatal(err)
 	}
+	// Past the in-flight grace, a receipt naming them may still come (ReceiptGrace): still held back.
+	rep, err = Resume(ctx, ResumeOptions{Store: f.store, Redis: f.rdb, CampaignID: f.id, ResendUnknown: true})
+	if err != nil || rep.Resent != 0 || rep.StillInFlight != 0 || rep.AwaitingReceipts != 5 {
+		t.Fatalf("resume --resend-unknown 31 s after the takeover: %+v, %v; want the 5 awaiting their receipts", rep, err)
+	}
+	if _, err := f.db.Exec(ctx, `UPDATE campaign_recipients SET updated_at = updated_at - $2 * interval '1 millisecond' WHERE campaign_id = $1`, f.id, ReceiptGrace.Milliseconds()); err != nil {
+		t.Fatal(err)
+	}
 	rep, err = Resume(ctx, ResumeOptions{Store: f.store, Redis: f.rdb, CampaignID: f.id, ResendUnknown: true})
 	if err != nil || rep.Resent != 5 {
 		t.Fatalf("resume --resend-unknown: %+v, %v; want the 5 unknown resent", rep, err)

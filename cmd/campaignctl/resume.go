@@ -37,9 +37,12 @@ and prints what it found and did.
 
 Recipients whose outcome is unknown (the provider's answer was lost, or a worker died after claiming
 them) are not sent again unless you say so with --resend-unknown: then each is sent once more with the
-same promo code, unless its claim or a receipt shows the provider had accepted it. Netgsm, FCM and webhooks
-give no receipt that can name a recipient whose answer was lost: resume warns when the campaign sent
-through them and such recipients are unknown. A completed campaign can be resumed only with
+same promo code, unless its claim or a receipt shows the provider had accepted it. A recipient left
+unknown through Twilio or SendGrid, whose receipts can come minutes late, is held back for 10 minutes
+from when it was recorded unknown, so that its receipt can still show its first message went. Netgsm, FCM
+and webhooks give no receipt that can name a recipient whose answer was lost: resume warns when the
+campaign sent through them and such recipients are unknown, and so it does for Twilio or SendGrid when
+none of their receipts came for the campaign. A completed campaign can be resumed only with
 --resend-unknown. A campaign whose İYS consents are older than its --max-consent-age is not resumed
 (nothing is changed): run campaignctl iys sync first.`,
 		Example: `  campaignctl resume 42
@@ -85,17 +88,21 @@ func (a *app) printResume(rep worker.ResumeReport, o resumeOptions, err error) {
 		if o.resendUnknown {
 			then = "those made pending again get a second message wherever the first was accepted"
 		}
-		via, why := viaList(rep.UnprovableVia)
+		via, why := viaList(rep.UnprovableVia, rep.UnprovableWhy)
 		fmt.Fprintf(a.stderr, "warning: %d of the unknown recipients have no provider message ID, and this campaign's messages went through %s: %s; nothing can show whether their messages were accepted; %s\n",
 			rep.Unprovable, via, why, then)
 	}
 	// "0 will be sent again" only when nothing failed and nothing was held back as still in flight.
-	if o.resendUnknown && f.Unknown > 0 && (rep.Resent > 0 || err == nil && rep.StillInFlight == 0) {
+	if o.resendUnknown && f.Unknown > 0 && (rep.Resent > 0 || err == nil && rep.StillInFlight == 0 && rep.AwaitingReceipts == 0) {
 		fmt.Fprintf(a.stdout, "%d unknown recipients will be sent again, with the codes they already hold\n", rep.Resent)
 	}
 	if rep.StillInFlight > 0 {
 		fmt.Fprintf(a.stdout, "%d unknown recipients were claimed or recorded unknown less than %v ago and may still be answered (a provider may take a request after its sender gave up, and say so in a receipt): they stay unknown; run `campaignctl resume %d --resend-unknown` again after %v\n",
 			rep.StillInFlight, rep.Grace, id, rep.Grace)
+	}
+	if rep.AwaitingReceipts > 0 {
+		fmt.Fprintf(a.stdout, "%d unknown recipients were recorded unknown less than %v ago through a provider whose receipts name the recipient (Twilio's status callbacks, SendGrid's events), which can come minutes after the message: they stay unknown, so that a receipt coming meanwhile proves their first message; run `campaignctl resume %d --resend-unknown` again in %v\n",
+			rep.AwaitingReceipts, worker.ReceiptGrace, id, rep.ReceiptWait)
 	}
 	if err != nil {
 		return
@@ -122,19 +129,19 @@ func (a *app) printResume(rep worker.ResumeReport, o resumeOptions, err error) {
 
 // viaList writes providers and their recipients as "netgsm (3417 recipients sent or left unknown through
 // it) and fcm (2)", the most used first, and why says why each cannot clear an unknown recipient
-// (worker.NoRecipientReceipts).
-func viaList(via map[string]int64) (list, why string) {
+// (whys, from worker.ResumeReport.UnprovableWhy).
+func viaList(via map[string]int64, whys map[string]string) (list, why string) {
 	names := slices.SortedFunc(maps.Keys(via), func(a, b string) int {
 		if c := cmp.Compare(via[b], via[a]); c != 0 {
 			return c
 		}
 		return strings.Compare(a, b)
 	})
-	parts, whys := make([]string, len(names)), make([]string, len(names))
+	parts, reasons := make([]string, len(names)), make([]string, len(names))
 	for i, n := range names {
 		parts[i] = fmt.Sprintf("%s (%d)", n, via[n])
-		whys[i] = worker.NoRecipientReceipts[n]
+		reasons[i] = whys[n]
 	}
 	parts[0] = fmt.Sprintf("%s (%d recipients sent or left unknown through it)", names[0], via[names[0]])
-	return strings.Join(parts, " and "), strings.Join(whys, "; ")
+	return strings.Join(parts, " and "), strings.Join(reasons, "; ")
 }

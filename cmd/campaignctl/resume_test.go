@@ -83,18 +83,40 @@ func TestResumeWarnsOfUnknownRecipientsNoReceiptCanClear(t *testing.T) {
 		t.Fatalf("resume of a Netgsm campaign with an unknown recipient without message ID: exit %d, %s", code, stderr)
 	}
 
-	exec(`UPDATE campaign_recipients SET provider = 'twilio' WHERE campaign_id = $1 AND status = 'sent'`)
+	// Twilio's status callbacks come for the campaign (b's did): one can still clear a, whether its claim
+	// named Twilio or was lost.
+	exec(`UPDATE campaign_recipients SET provider = 'twilio', delivery = 'delivered' WHERE campaign_id = $1 AND status = 'sent'`)
 	if _, stderr, code := cli(t, env, "resume", id); code != 0 || strings.Contains(stderr, "message ID") {
-		t.Fatalf("resume of a Twilio campaign: exit %d, %s", code, stderr)
+		t.Fatalf("resume of a Twilio campaign whose callbacks come: exit %d, %s", code, stderr)
 	}
-	// Left unknown by Twilio (its answer timed out) in a campaign that also sent through Netgsm: Twilio's
-	// callback can still clear it.
-	exec(`UPDATE campaign_recipients SET provider = CASE WHEN status = 'sent' THEN 'netgsm' ELSE 'twilio' END WHERE campaign_id = $1 AND user_id <> 'c'`)
+	exec(`UPDATE campaign_recipients SET provider = 'twilio' WHERE campaign_id = $1 AND user_id = 'a'`)
 	if _, stderr, code := cli(t, env, "resume", id); code != 0 || strings.Contains(stderr, "message ID") {
-		t.Fatalf("resume of a campaign whose unknown recipient went through Twilio: exit %d, %s", code, stderr)
+		t.Fatalf("resume of a Twilio campaign whose callbacks come, a left unknown through Twilio: exit %d, %s", code, stderr)
+	}
+	// No callback has come for any of its messages (TWILIO_STATUS_CALLBACK unset, or the callbacks do not
+	// reach the receipts endpoint): none will clear a either, and a resend would double its message.
+	exec(`UPDATE campaign_recipients SET delivery = NULL WHERE campaign_id = $1`)
+	if _, stderr, code := cli(t, env, "resume", id); code != 0 ||
+		!strings.Contains(stderr, "warning: 1 of the unknown recipients have no provider message ID, and this campaign's messages went through twilio (2 recipients sent or left unknown through it): no status callback has come for any of this campaign's messages through Twilio (TWILIO_STATUS_CALLBACK not set on the workers") {
+		t.Fatalf("resume of a Twilio campaign no callback came for: exit %d, %s", code, stderr)
+	}
+	// Left unknown by Twilio (its answer timed out) in a campaign that also sent through Netgsm, with no
+	// Twilio callback come: both are named, each with why.
+	exec(`UPDATE campaign_recipients SET provider = CASE WHEN status = 'sent' THEN 'netgsm' ELSE 'twilio' END WHERE campaign_id = $1 AND user_id <> 'c'`)
+	if _, stderr, code := cli(t, env, "resume", id); code != 0 ||
+		!strings.Contains(stderr, "went through netgsm (1 recipients sent or left unknown through it) and twilio (1): Netgsm's reports are asked for by job ID, which came only in the lost answer; no status callback has come") {
+		t.Fatalf("resume of a campaign whose unknown recipient went through Twilio, no callback come, beside Netgsm: exit %d, %s", code, stderr)
 	}
 
-	exec(`UPDATE campaign_recipients SET provider = CASE WHEN status = 'sent' THEN 'netgsm' END WHERE campaign_id = $1 AND user_id <> 'c'`)
+	// Recorded unknown through Twilio 2 minutes ago: its callback may still come, so it is not resent yet.
+	exec(`UPDATE campaign_recipients SET updated_at = now() - interval '2 minutes' WHERE campaign_id = $1 AND user_id = 'a'`)
+	if out, stderr, code := cli(t, env, "resume", id, "--resend-unknown"); code != 0 || strings.Contains(out, "will be sent again") ||
+		!strings.Contains(out, "1 unknown recipients were recorded unknown less than 10m0s ago through a provider whose receipts name the recipient") ||
+		!strings.Contains(out, "--resend-unknown` again in 7m5") && !strings.Contains(out, "--resend-unknown` again in 8m0s") {
+		t.Fatalf("resume --resend-unknown 2 minutes after a was recorded unknown through Twilio: exit %d\n%s%s", code, out, stderr)
+	}
+	exec(`UPDATE campaign_recipients SET provider = CASE WHEN status = 'sent' THEN 'netgsm' END,
+		updated_at = now() - interval '1 hour' WHERE campaign_id = $1 AND user_id <> 'c'`)
 	out, stderr, code := cli(t, env, "resume", id, "--resend-unknown")
 	if code != 0 || !strings.Contains(out, "1 unknown recipients will be sent again") ||
 		!strings.Contains(stderr, "those made pending again get a second message wherever the first was accepted") {
