@@ -30,15 +30,7 @@ func TestAResendHoldsBackWhatALiveWorkerJustRecordedUnknown(t *testing.T) {
 	}
 	f.runAll(t)
 	f.provider.fail = nil
-	resend := func(step string) ResumeReport {
-		t.Helper()
-		rep, err := Resume(ctx, ResumeOptions{Store: f.store, Redis: f.rdb, CampaignID: f.id, ResendUnknown: true})
-		if err != nil {
-			t.Fatalf("%s: %v", step, err)
-		}
-		return rep
-	}
-	rep := resend("at once")
+	rep := f.resumeWithResend(t, "at once")
 	if rep.Resent != 0 || rep.StillInFlight != 2 {
 		t.Fatalf("resume --resend-unknown at once: resent %d, held %d; want none resent, u4 and u7 held back for %v", rep.Resent, rep.StillInFlight, rep.Grace)
 	}
@@ -49,7 +41,7 @@ func TestAResendHoldsBackWhatALiveWorkerJustRecordedUnknown(t *testing.T) {
 	}
 	// The grace is over (as if it had passed): u7, with no evidence, is resent; u4 is sent, never again.
 	f.ageUnknown(t)
-	if rep := resend("after the grace"); rep.Resent != 1 || rep.StillInFlight != 0 {
+	if rep := f.resumeWithResend(t, "after the grace"); rep.Resent != 1 || rep.StillInFlight != 0 {
 		t.Fatalf("resume --resend-unknown after the grace: resent %d, held %d; want u7 alone resent", rep.Resent, rep.StillInFlight)
 	}
 	f.runAll(t)
@@ -94,15 +86,7 @@ func TestAResendWaitsForReceiptsThatCanStillCome(t *testing.T) {
 	// ago, past the 30 s grace and within ReceiptGrace.
 	exec(`UPDATE campaign_recipients SET provider = CASE WHEN user_id = 'u8' THEN 'netgsm' ELSE provider END,
 		updated_at = now() - interval '2 minutes' WHERE campaign_id = $1 AND status = 'unknown'`)
-	resend := func(step string) ResumeReport {
-		t.Helper()
-		rep, err := Resume(ctx, ResumeOptions{Store: f.store, Redis: f.rdb, CampaignID: f.id, ResendUnknown: true})
-		if err != nil {
-			t.Fatalf("%s: %v", step, err)
-		}
-		return rep
-	}
-	rep := resend("2 minutes after")
+	rep := f.resumeWithResend(t, "2 minutes after")
 	if rep.Resent != 1 || rep.AwaitingReceipts != 2 || rep.StillInFlight != 0 ||
 		rep.ReceiptWait < ReceiptGrace-3*time.Minute || rep.ReceiptWait > ReceiptGrace-time.Minute {
 		t.Fatalf("resume --resend-unknown 2 minutes after: resent %d, awaiting receipts %d (for %v), held %d; want u8 resent, u4 and u7 awaiting theirs for about %v",
@@ -117,7 +101,7 @@ func TestAResendWaitsForReceiptsThatCanStillCome(t *testing.T) {
 		t.Fatal(err)
 	}
 	exec(`UPDATE campaign_recipients SET updated_at = now() - interval '11 minutes' WHERE campaign_id = $1 AND status = 'unknown'`)
-	if rep := resend("11 minutes after"); rep.Resent != 1 || rep.AwaitingReceipts != 0 {
+	if rep := f.resumeWithResend(t, "11 minutes after"); rep.Resent != 1 || rep.AwaitingReceipts != 0 {
 		t.Fatalf("resume --resend-unknown 11 minutes after: resent %d, awaiting %d; want u7 alone resent", rep.Resent, rep.AwaitingReceipts)
 	}
 	f.runAll(t)
@@ -149,4 +133,14 @@ func TestAResendDoesNotReopenRecipientsOfACancelledCampaign(t *testing.T) {
 	if st, _, _ := f.status(t, "u4"); st != campaign.StatusUnknown {
 		t.Errorf("u4 is %s, want unknown still", st)
 	}
+}
+
+// resumeWithResend runs `resume --resend-unknown` on f's campaign (step names it in a failure).
+func (f *fixture) resumeWithResend(t *testing.T, step string) ResumeReport {
+	t.Helper()
+	rep, err := Resume(context.Background(), ResumeOptions{Store: f.store, Redis: f.rdb, CampaignID: f.id, ResendUnknown: true})
+	if err != nil {
+		t.Fatalf("%s: %v", step, err)
+	}
+	return rep
 }
