@@ -74,7 +74,15 @@ type DeliveriesApplied struct {
 	// kept, and applied once the worker records the send (RetryEarlyReceipts), or dropped as strays after
 	// EarlyReceiptsKept.
 	Early []int
+	// SecondSends counts the messages the receipts proved a second time to recipients already sent
+	// (SecondSendByReceipt), audited now.
+	SecondSends int64
 }
+
+// SecondSendByReceipt is the audit reason of a message a receipt proves the provider accepted for a
+// recipient sent again by `resume --resend-unknown`, under another message ID: its first message, whose
+// answer was lost, went too.
+const SecondSendByReceipt = "a second message: a receipt shows the provider accepted it for a recipient sent again under another message ID (resume --resend-unknown, the first message's receipt late)"
 
 // RecordDeliveries applies receipts in one statement and returns how many recipients they changed
 // (DeliveriesApplied.Changed). A
@@ -108,7 +116,7 @@ func (s *Store) RecordDeliveries(ctx context.Context, ds []Delivery) (Deliveries
 		pgtext.CleanAll(ss)
 	}
 	var unmatched, early []int32
-	err := s.pool.QueryRow(ctx, recordDeliveriesSQL, prov, msg, camp, user, st, errs, ev, at, addr, created).Scan(&res.Changed, &unmatched, &early)
+	err := s.pool.QueryRow(ctx, recordDeliveriesSQL, prov, msg, camp, user, st, errs, ev, at, addr, created).Scan(&res.Changed, &unmatched, &early, &res.SecondSends)
 	if err != nil {
 		return DeliveriesApplied{}, fmt.Errorf("record delivery receipts: %w", err)
 	}
@@ -153,9 +161,9 @@ var recordDeliveriesSQL = `
 			-- are indexed: migration 0014), then the primary key.
 			-- Each a lookup per receipt (OFFSET 0 keeps the subquery a lookup): keyed is read twice, so it is
 			-- planned on its own, where a join could hash the whole recipients table.
-			SELECT d.ord, r.campaign_id, r.user_id, r.was, d.msgid, d.status, d.error, d.at, d.rank
+			SELECT d.ord, r.campaign_id, r.user_id, r.was, r.ever_unknown, r.rid, d.msgid, d.status, d.error, d.at, d.rank
 			FROM todo d JOIN LATERAL (
-				SELECT r.campaign_id, r.user_id, r.status AS was FROM campaign_recipients r
+				SELECT r.campaign_id, r.user_id, r.status AS was, r.ever_unknown, r.provider_message_id AS rid FROM campaign_recipients r
 				WHERE r.campaign_id = d.campaign_id AND r.user_id = d.user_id
 				  -- Named by campaign and user: only for that recipient's address (the message ID branch
 				  -- below matches the message ID the send recorded instead).
@@ -167,7 +175,7 @@ var recordDeliveriesSQL = `
 				OFFSET 0) r ON true
 			WHERE d.campaign_id > 0
 			UNION ALL
-			SELECT d.ord, r.campaign_id, r.user_id, r.status AS was, d.msgid, d.status, d.error, d.at, d.rank
+			SELECT d.ord, r.campaign_id, r.user_id, r.status AS was, r.ever_unknown, r.provider_message_id AS rid, d.msgid, d.status, d.error, d.at, d.rank
 			FROM todo d
 			JOIN LATERAL (SELECT DISTINCT l.campaign_id, l.user_id FROM send_log l
 				WHERE hashtext(l.provider_message_id) = hashtext(d.msgid) AND l.provider_message_id IS NOT NULL
@@ -248,11 +256,28 @@ var recordDeliveriesSQL = `
 				upd.provider_message_id, c.channel, c.template_hash
 			FROM upd JOIN campaigns c ON c.id = upd.campaign_id
 			WHERE upd.was <> ` + sqlSent + ` AND upd.status = ` + sqlSent + `
+		), second AS (
+			-- A receipt for another message than the one a recipient sent again records (the resend's, under
+			-- its own message ID): the provider accepted the first message too, whose answer was lost, and the
+			-- recipient got two. Audited once a message (the message-ID index finds an entry made already:
+			-- these are not receipt_keyed).
+			INSERT INTO send_log (campaign_id, user_id, status, reason, provider_message_id, channel, template_hash)
+			SELECT DISTINCT ON (k.campaign_id, k.user_id, k.msgid) k.campaign_id, k.user_id, ` + sqlSent + `, ` + quoteLiteral(SecondSendByReceipt) + `,
+				k.msgid, c.channel, c.template_hash
+			FROM keyed k JOIN campaigns c ON c.id = k.campaign_id
+			WHERE k.new AND k.msgid <> '' AND k.was = ` + sqlSent + ` AND k.ever_unknown
+			  AND k.rid IS NOT NULL AND k.rid <> k.msgid
+			  AND NOT EXISTS (SELECT 1 FROM send_log l
+				WHERE hashtext(l.provider_message_id) = hashtext(k.msgid) AND l.provider_message_id IS NOT NULL
+				  AND NOT l.receipt_keyed AND l.provider_message_id = k.msgid
+				  AND l.campaign_id = k.campaign_id AND l.user_id = k.user_id)
+			RETURNING 1
 		)
 		SELECT (SELECT count(*) FROM upd),
 			-- The strays (a callback that names nobody of ours), delivered again or not, and those kept.
 			array(SELECT ord::int FROM unkeyed WHERE NOT kept ORDER BY ord),
-			array(SELECT ord::int FROM unkeyed WHERE kept ORDER BY ord)`
+			array(SELECT ord::int FROM unkeyed WHERE kept ORDER BY ord),
+			(SELECT count(*) FROM second)`
 
 // EarlyReceiptsKept is how long RetryEarlyReceipts keeps a receipt that came before its send was
 // recorded: longer than a worker holds its chunk's outcomes while Postgres is away (worker --record-wait,

@@ -113,6 +113,31 @@ func TestAResendWaitsForReceiptsThatCanStillCome(t *testing.T) {
 			t.Errorf("%s's number reached %d times by this engine's sends, want %d", u, n, want)
 		}
 	}
+	// u7's first message was taken after all, its receipt 12 minutes late: u7 got two messages. The
+	// audit says so, once a message however often the receipt comes; the row keeps the resend's.
+	var resendID string
+	if err := f.db.QueryRow(ctx, `SELECT provider_message_id FROM campaign_recipients WHERE campaign_id = $1 AND user_id = 'u7'`, f.id).Scan(&resendID); err != nil || resendID == "" {
+		t.Fatalf("u7's message ID %q, %v", resendID, err)
+	}
+	for i, ev := range []string{"SMu7first-delivered", "SMu7first-read"} {
+		applied, err := f.store.RecordDeliveries(ctx, []campaign.Delivery{{Provider: "test", CampaignID: f.id, UserID: "u7",
+			MessageID: "SMu7first", Status: campaign.DeliveryDelivered, EventID: ev}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := int64(1 - i); applied.SecondSends != want {
+			t.Errorf("receipt %s of u7's first message: %d second messages, want %d", ev, applied.SecondSends, want)
+		}
+	}
+	var n int
+	var id string
+	if err := f.db.QueryRow(ctx, `SELECT (SELECT count(*) FROM send_log WHERE campaign_id = $1 AND user_id = 'u7' AND provider_message_id = 'SMu7first' AND status = 'sent' AND reason = $2),
+		(SELECT provider_message_id FROM campaign_recipients WHERE campaign_id = $1 AND user_id = 'u7')`, f.id, campaign.SecondSendByReceipt).Scan(&n, &id); err != nil {
+		t.Fatal(err)
+	}
+	if n != 1 || id != resendID {
+		t.Errorf("u7's first message audited %d times as a second message, its row names %q; want once, and %q", n, id, resendID)
+	}
 }
 
 // A cancel that commits after `resume --resend-unknown` read the campaign (the two overlapping) wins:

@@ -221,6 +221,7 @@ requests under way are answered before the process ends.`,
 			defer engine.Close()
 			refusals.pool = engine
 			deliveries.batcher = newDeliveryBatcher(campaign.NewStore(engine))
+			deliveries.batcher.log = log
 			go deliveries.batcher.run(ctx)
 			if spool != nil {
 				// While refusals wait in the spool, the workers lease nothing to send: the consents they would
@@ -489,6 +490,7 @@ func writeJSONResponse(w http.ResponseWriter, v any) {
 type deliveryBatcher struct {
 	store *campaign.Store
 	in    chan deliveryRequest
+	log   *slog.Logger // nil: no warning of second messages
 }
 
 type deliveryRequest struct {
@@ -593,6 +595,10 @@ func (b *deliveryBatcher) write(ctx context.Context, batch []deliveryRequest, n 
 	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 	applied, err := b.store.RecordDeliveries(wctx, all)
 	cancel()
+	if applied.SecondSends > 0 && b.log != nil {
+		b.log.Warn("receipts proved second messages: recipients sent again by resume --resend-unknown had got their first message too (audited in send_log)",
+			"second_messages", applied.SecondSends)
+	}
 	results := make([]deliveryResult, len(batch))
 	for i := range results {
 		results[i].err = err
