@@ -421,6 +421,23 @@ func unprovable(proof campaign.UnknownProof) (n int64, via map[string]int64, why
 	return n, via, why
 }
 
+// receiptsMayCome says whether a receipt may still name one of the campaign's unknown recipients, by the
+// providers its rows name (proof): one of them is not in NoRecipientReceipts, or none is named at all
+// (every claim that named one was lost), so any of the channel's might have sent.
+func receiptsMayCome(proof campaign.UnknownProof) bool {
+	named := false
+	for p, pp := range proof {
+		if p == "" || pp.Via == 0 {
+			continue
+		}
+		if _, never := NoRecipientReceipts[p]; !never {
+			return true
+		}
+		named = true
+	}
+	return !named
+}
+
 // Resume continues a campaign after a pause or after any incident (a killed worker or launch, Redis
 // restarted empty, Postgres restarted), from Postgres, the source of truth: a paused campaign runs again
 // (or waits for its start), its halt mark is cleared, with ResendUnknown the unknown recipients go back
@@ -520,10 +537,10 @@ func Resume(ctx context.Context, o ResumeOptions) (ResumeReport, error) {
 	}
 	found := counts
 	rep.Found = &found
+	var proof campaign.UnknownProof
 	if counts.Unknown > 0 {
 		// Whether anything can still clear the unknown recipients that a resend sends again.
-		proof, err := o.Store.UnknownProof(ctx, id)
-		if err != nil {
+		if proof, err = o.Store.UnknownProof(ctx, id); err != nil {
 			return rep, err
 		}
 		rep.Unprovable, rep.UnprovableVia, rep.UnprovableWhy = unprovable(proof)
@@ -541,10 +558,10 @@ func Resume(ctx context.Context, o ResumeOptions) (ResumeReport, error) {
 		// up on the answer records them at once, while the provider may still take the request; and a
 		// takeover that found the claims gone with Redis's data has no claim to say how old the calls are.
 		// Those recorded unknown less than ReceiptGrace ago through a provider whose receipts name the
-		// recipient are held back too: its receipt may still come (a channel whose providers send none
-		// holds nobody back for it).
+		// recipient are held back too: its receipt may still come. A campaign that sent only through
+		// providers whose receipts never can holds nobody back for it.
 		receiptGrace := time.Duration(0)
-		if c.Channel == campaign.ChannelSMS || c.Channel == campaign.ChannelEmail {
+		if receiptsMayCome(proof) {
 			receiptGrace = ReceiptGrace
 		}
 		h, err := o.Store.UnknownToResend(ctx, id, rep.Grace, receiptGrace, slices.Sorted(maps.Keys(NoRecipientReceipts)))

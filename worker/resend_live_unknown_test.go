@@ -169,3 +169,51 @@ func (f *fixture) resumeWithResend(t *testing.T, step string) ResumeReport {
 	}
 	return rep
 }
+
+// A recipient left unknown is held back for its receipt only when one may come: the campaign's rows name
+// a provider whose receipts name the recipient, or name none (every claim that named one was lost). A
+// campaign that went only through Netgsm or FCM holds nobody back for receipts that never come.
+func TestReceiptsMayComeOnlyThroughAProviderThatSendsThem(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name  string
+		proof campaign.UnknownProof
+		want  bool
+	}{
+		{"netgsm only", campaign.UnknownProof{"netgsm": {Via: 5}, "": {Via: 2, NoMessageID: 2}}, false},
+		{"fcm only", campaign.UnknownProof{"fcm": {Via: 5}}, false},
+		{"twilio", campaign.UnknownProof{"twilio": {Via: 5}}, true},
+		{"netgsm and sendgrid", campaign.UnknownProof{"netgsm": {Via: 5}, "sendgrid": {Via: 1}}, true},
+		{"no provider named", campaign.UnknownProof{"": {Via: 3, NoMessageID: 3}}, true},
+		{"twilio named by no recipient", campaign.UnknownProof{"twilio": {}, "netgsm": {Via: 1}}, false},
+	} {
+		if got := receiptsMayCome(tc.proof); got != tc.want {
+			t.Errorf("%s: receipts may come %v, want %v", tc.name, got, tc.want)
+		}
+	}
+}
+
+// The same through Resume: a campaign sent only through Netgsm resends its unknown recipient whose provider
+// is no longer known once the in-flight grace is over, with no wait for a receipt (mutation: the receipt
+// grace for every campaign).
+func TestAResendOfACampaignWithoutReceiptsDoesNotWaitForThem(t *testing.T) {
+	t.Parallel()
+	f := plan(t, 10)
+	f.provider.fail = func(_ int, m providers.Message) error {
+		if m.To == phone(4) {
+			return &providers.Error{Provider: "test", Class: providers.Ambiguous, Err: context.DeadlineExceeded}
+		}
+		return nil
+	}
+	f.runAll(t)
+	// The others went through Netgsm; u4's claim, which named its provider, was lost with Redis's data.
+	if _, err := f.db.Exec(context.Background(), `UPDATE campaign_recipients SET
+		provider = CASE WHEN status = 'sent' THEN 'netgsm' END,
+		updated_at = CASE WHEN status = 'unknown' THEN now() - interval '2 minutes' ELSE updated_at END
+		WHERE campaign_id = $1 AND status IN ('sent', 'unknown')`, f.id); err != nil {
+		t.Fatal(err)
+	}
+	if rep := f.resumeWithResend(t, "2 minutes after"); rep.Resent != 1 || rep.AwaitingReceipts != 0 {
+		t.Fatalf("resume --resend-unknown of a Netgsm campaign 2 minutes after: resent %d, awaiting receipts %d; want u4 resent", rep.Resent, rep.AwaitingReceipts)
+	}
+}
